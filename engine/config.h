@@ -1,0 +1,77 @@
+/* The run config: a YAML file (axolotl's key names where one exists) plus
+ * `--set key=value` overrides.  Unknown keys and wrong types are errors
+ * naming the key, the file and line, and the nearest valid key. */
+#ifndef MT_ENGINE_CONFIG_H
+#define MT_ENGINE_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/status.h"
+
+#define ENG_MAX_DATASETS 16
+
+typedef enum { ENG_LR_CONSTANT = 0, ENG_LR_CONSTANT_WITH_WARMUP, ENG_LR_LINEAR, ENG_LR_COSINE } eng_lr_sched_t;
+typedef enum { ENG_BACKEND_AUTO = 0, ENG_BACKEND_CPU, ENG_BACKEND_CUDA } eng_backend_choice_t;
+
+typedef struct {
+    char path[1024]; /* resolved relative to the run config's folder */
+} eng_dataset_entry_t;
+
+typedef struct {
+    /* where the config came from (for messages and relative paths) */
+    char source_path[1024];
+
+    char base_model[1024];          /* checkpoint directory */
+    eng_dataset_entry_t datasets[ENG_MAX_DATASETS];
+    int num_datasets;
+    int sequence_len;               /* default 512 */
+    int micro_batch_size;           /* default 1 */
+    int gradient_accumulation_steps;/* default 1 */
+    int max_steps;                  /* 0 = from num_epochs */
+    int num_epochs;                 /* default 1 */
+    double learning_rate;           /* default 2e-5 */
+    eng_lr_sched_t lr_scheduler;    /* default cosine (axolotl's default) */
+    int warmup_steps;               /* default 0 */
+    double adam_beta1, adam_beta2, adam_epsilon; /* 0.9, 0.999, 1e-8 */
+    double weight_decay;            /* default 0 */
+    double max_grad_norm;           /* default 1.0; 0 = no clipping */
+    bool shuffle;                   /* default true */
+    uint64_t seed;                  /* default 42 */
+    char output_dir[1024];          /* default "./outputs/run" */
+    int logging_steps;              /* default 1 */
+    int save_steps;                 /* 0 = only at the end */
+    bool save_final;                /* default true */
+    bool bf16;                      /* default false: fp32 everywhere */
+    eng_backend_choice_t backend;   /* default auto */
+    char *model_config_json;        /* `model_config:` overrides as a JSON object text, or NULL */
+    size_t save_max_shard_bytes;    /* default 5 GB, as HF's max_shard_size */
+    /* memory budgets (0 = unlimited / backend default), sizes like "80GiB" */
+    size_t memory_device, memory_pinned, memory_host;
+    /* CPU backend link throttling for measurement (0 = off) */
+    double link_gbps, link_latency_us;
+    bool progress;                  /* default true: live bar on a terminal */
+} eng_run_config_t;
+
+/* Sets every field to its default. */
+void eng_run_config_defaults(eng_run_config_t *cfg);
+/* Parses YAML text; `path` names it in messages and anchors relative paths. */
+mt_status_t eng_run_config_parse(const char *yaml_text, size_t len, const char *path,
+                                 eng_run_config_t *cfg, mt_error_t *err);
+mt_status_t eng_run_config_load(const char *path, eng_run_config_t *cfg, mt_error_t *err);
+/* Applies one `key=value` override (value parsed as a YAML scalar or flow
+ * node, e.g. `model_config={output_router_logits: true}`). */
+mt_status_t eng_run_config_set(eng_run_config_t *cfg, const char *assignment, mt_error_t *err);
+/* Checks cross-field constraints (a dataset given, sizes positive, ...). */
+mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err);
+void eng_run_config_free(eng_run_config_t *cfg);
+
+/* transformers' get_scheduler lr multiplier for optimizer step `step`
+ * (0-based) of `total` steps. */
+double eng_lr_at(const eng_run_config_t *cfg, int step, int total);
+
+/* "80GiB", "512MB", "1e9", "4096" -> bytes. */
+mt_status_t eng_parse_size(const char *text, size_t *out, mt_error_t *err);
+
+#endif

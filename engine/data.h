@@ -1,0 +1,69 @@
+/* Training data: tokenized JSONL (axolotl "tokenized" format) and llm.c
+ * token files, turned into micro-batches of shifted targets.
+ *
+ * Every example becomes one row of T = sequence_len positions:
+ *   inputs  (T)  token ids (padding: pad id 0)
+ *   targets (T)  the label of the *next* position, i.e. labels[t+1], with
+ *               -100 for ignored / padded positions and for the last position
+ *               (HF shifts inside the model; we shift once, here).
+ *   mask    (T)  attention_mask (1 real, 0 padding), used by the aux loss.
+ * JSONL: labels absent -> labels = input_ids; examples longer than T are
+ * truncated, shorter ones padded with label -100 and mask 0.
+ * llm.c .bin: one stream; row i is tokens [i*T, i*T + T] (T + 1 tokens),
+ * inputs the first T, targets the last T; all mask 1.
+ * Token ids >= vocab_size (or < 0) are errors naming file and line / offset. */
+#ifndef MT_ENGINE_DATA_H
+#define MT_ENGINE_DATA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/status.h"
+
+typedef struct {
+    int T;
+    int64_t num_rows;
+    int32_t *inputs;  /* (num_rows, T) */
+    int32_t *targets; /* (num_rows, T) */
+    uint8_t *mask;    /* (num_rows, T) */
+} eng_dataset_t;
+
+/* Loads and concatenates the files in order (format from extension:
+ * .jsonl / .json lines, .bin). */
+mt_status_t eng_dataset_load(eng_dataset_t *ds, const char *const *paths, int num_paths, int T,
+                             int vocab_size, mt_error_t *err);
+void eng_dataset_free(eng_dataset_t *ds);
+
+typedef struct {
+    int B, T;        /* B rows actually present (the last batch of an epoch may be smaller) */
+    int32_t *inputs; /* (B, T), owned by the loader, valid until the next call */
+    int32_t *targets;
+    uint8_t *mask;
+    int64_t counted; /* number of targets != -100 */
+} eng_batch_t;
+
+typedef struct {
+    const eng_dataset_t *ds;
+    int micro_batch;
+    bool shuffle;
+    uint64_t seed;
+    int64_t *order;  /* permutation of rows for the current epoch */
+    int64_t cursor;  /* next position in order */
+    int epoch;       /* 0-based */
+    int32_t *buf_inputs, *buf_targets;
+    uint8_t *buf_mask;
+} eng_loader_t;
+
+/* Micro-batches walk the rows in order (or in a per-epoch permutation
+ * drawn from seed and epoch when shuffle), the last one of an epoch being
+ * smaller when rows do not divide evenly, as torch's DataLoader does. */
+void eng_loader_init(eng_loader_t *ld, const eng_dataset_t *ds, int micro_batch, bool shuffle,
+                     uint64_t seed);
+void eng_loader_free(eng_loader_t *ld);
+/* Fills *batch with the next micro-batch, starting a new epoch when one
+ * ends; returns true when this batch starts a new epoch (after the first). */
+bool eng_loader_next(eng_loader_t *ld, eng_batch_t *batch);
+/* Micro-batches in one epoch. */
+int64_t eng_loader_batches_per_epoch(const eng_loader_t *ld);
+
+#endif

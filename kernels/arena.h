@@ -1,0 +1,42 @@
+/* A budget-limited sub-allocator over one contiguous address range.
+ *
+ * Shared by the CPU backend (range = an aligned host slab) and the CUDA
+ * backend (range = one cudaMalloc).  It only does bookkeeping on offsets,
+ * never touches the memory, so it works for device addresses.
+ *
+ * Policy: best fit over a free list kept sorted by offset, neighbours
+ * coalesced on free, every block aligned to KERN_ARENA_ALIGN.  Blocks are
+ * tracked in an offset-ordered array: O(blocks) per call, which is fine for
+ * the few thousand live tensors of a step. */
+#ifndef MT_KERNELS_ARENA_H
+#define MT_KERNELS_ARENA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define KERN_ARENA_ALIGN 256
+
+typedef struct {
+    size_t offset;
+    size_t size;
+    bool used;
+} kern_arena_block_t;
+
+typedef struct {
+    size_t capacity;
+    size_t in_use; /* bytes in used blocks (aligned sizes) */
+    size_t peak;
+    kern_arena_block_t *blocks; /* sorted by offset, tiling [0, capacity) */
+    int nblocks, cap_blocks;
+} kern_arena_t;
+
+void kern_arena_init(kern_arena_t *a, size_t capacity);
+void kern_arena_free_all(kern_arena_t *a); /* releases bookkeeping */
+/* Returns true and the offset on success; false when no free block fits. */
+bool kern_arena_alloc(kern_arena_t *a, size_t bytes, size_t *offset);
+/* Frees the block starting at offset; aborts on an offset never returned. */
+void kern_arena_release(kern_arena_t *a, size_t offset);
+/* Largest free block, for the over-budget message (fragmentation shows). */
+size_t kern_arena_largest_free(const kern_arena_t *a);
+
+#endif

@@ -1,0 +1,139 @@
+/* The device layer: one small vtable per backend, in the spirit of ggml's
+ * backend interface.
+ *
+ * A device owns: an arena of "device memory" with a hard budget (going over
+ * it is an error naming the tensor), pinned host memory, three streams
+ * (compute, host-to-device copies, device-to-host copies), events for every
+ * cross-stream dependency, and a kernel table (ops.h).
+ *
+ * CPU backend: device memory is a budget-limited arena separate from host
+ * tensors; copy streams are worker threads executing their queues in order,
+ * optionally throttled to a link bandwidth and per-copy latency so that
+ * overlap and the cost model can be measured without a GPU.  The compute
+ * stream executes on the thread that issues to it (the host *is* the
+ * compute engine), so a compute-stream wait on an event blocks the caller
+ * until the event has fired; kernel calls return when their result is ready.
+ *
+ * CUDA backend: a cudaMalloc'd arena sub-allocated by the same allocator
+ * (arena.h), cudaHostAlloc'd pinned memory, real streams and events.
+ *
+ * All pointers returned by kern_alloc are device pointers: only kernels and
+ * kern_memcpy_* may touch them.  On the CPU backend they happen to be host
+ * addressable, which the engine must not rely on. */
+#ifndef MT_KERNELS_DEVICE_H
+#define MT_KERNELS_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/arena.h"
+#include "kernels/status.h"
+
+typedef struct kern_device kern_device_t;
+typedef struct kern_stream kern_stream_t;
+typedef struct kern_event kern_event_t;
+typedef struct kern_ops kern_ops_t;
+
+typedef enum {
+    KERN_BACKEND_CPU = 0,
+    KERN_BACKEND_CUDA,
+} kern_backend_kind_t;
+
+typedef enum {
+    KERN_STREAM_COMPUTE = 0,
+    KERN_STREAM_H2D,
+    KERN_STREAM_D2H,
+    KERN_STREAM_COUNT,
+} kern_stream_role_t;
+
+typedef struct {
+    size_t device_budget_bytes; /* arena capacity; 0 = backend default */
+    int device_index;           /* CUDA ordinal */
+    int host_threads;           /* CPU backend worker threads for kernels; 0 = all cores */
+    /* CPU backend only: copy-stream throttling (0 = as fast as memcpy). */
+    double link_h2d_bytes_per_s;
+    double link_d2h_bytes_per_s;
+    double link_latency_s;
+} kern_device_opts_t;
+
+/* Counters every backend keeps; read with kern_device_stats. */
+typedef struct {
+    size_t device_in_use, device_peak, device_capacity;
+    size_t pinned_in_use, pinned_peak;
+    uint64_t h2d_copies, d2h_copies;
+    uint64_t h2d_bytes, d2h_bytes;
+} kern_device_stats_t;
+
+typedef void (*kern_host_fn)(void *arg);
+
+typedef struct kern_device_i {
+    const char *name;
+    void (*destroy)(kern_device_t *dev);
+    /* Device memory: `base` is the start of the arena's address range. */
+    mt_status_t (*arena_reserve)(kern_device_t *dev, size_t capacity, void **base, mt_error_t *err);
+    void (*arena_release)(kern_device_t *dev, void *base);
+    void *(*pinned_alloc)(kern_device_t *dev, size_t bytes);
+    void (*pinned_free)(kern_device_t *dev, void *p, size_t bytes);
+    kern_event_t *(*event_create)(kern_device_t *dev);
+    void (*event_destroy)(kern_event_t *ev);
+    void (*event_record)(kern_event_t *ev, kern_stream_t *s);
+    void (*stream_wait_event)(kern_stream_t *s, kern_event_t *ev);
+    void (*event_sync)(kern_event_t *ev);
+    bool (*event_query)(kern_event_t *ev); /* true when fired */
+    void (*stream_sync)(kern_stream_t *s);
+    void (*memcpy_h2d)(kern_stream_t *s, void *dst, const void *src, size_t bytes);
+    void (*memcpy_d2h)(kern_stream_t *s, void *dst, const void *src, size_t bytes);
+    void (*memcpy_d2d)(kern_stream_t *s, void *dst, const void *src, size_t bytes);
+    void (*memset)(kern_stream_t *s, void *dst, int value, size_t bytes);
+    /* Runs fn(arg) on the host in stream order (after earlier work on s). */
+    void (*launch_host_fn)(kern_stream_t *s, kern_host_fn fn, void *arg);
+} kern_device_i;
+
+/* Backends embed this struct first in their own. */
+struct kern_device {
+    const kern_device_i *vt;
+    const kern_ops_t *ops;
+    kern_backend_kind_t kind;
+    kern_device_opts_t opts;
+    kern_stream_t *streams[KERN_STREAM_COUNT];
+    kern_arena_t arena; /* sub-allocates [arena_base, arena_base + capacity) */
+    void *arena_base;
+    kern_device_stats_t stats; /* copies counted by the backend; memory by device.c */
+};
+
+/* Creates a backend. KERN_BACKEND_CUDA on a machine without a usable GPU
+ * returns MT_ERR_DEVICE with the CUDA error text (e.g. error 35). */
+mt_status_t kern_device_create(kern_backend_kind_t kind, const kern_device_opts_t *opts,
+                               kern_device_t **out, mt_error_t *err);
+void kern_device_destroy(kern_device_t *dev);
+/* True if a CUDA device can be opened (never aborts). */
+bool kern_cuda_available(char *why, size_t why_len);
+
+/* Device memory from the budget-limited arena.  `tag` names the tensor in
+ * the over-budget error. Returns NULL and sets err when it does not fit. */
+void *kern_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *err);
+void kern_free(kern_device_t *dev, void *p);
+
+void *kern_pinned_alloc(kern_device_t *dev, size_t bytes);
+void kern_pinned_free(kern_device_t *dev, void *p, size_t bytes);
+
+kern_stream_t *kern_stream(kern_device_t *dev, kern_stream_role_t role);
+kern_event_t *kern_event_create(kern_device_t *dev);
+void kern_event_destroy(kern_device_t *dev, kern_event_t *ev);
+void kern_event_record(kern_device_t *dev, kern_event_t *ev, kern_stream_t *s);
+void kern_stream_wait_event(kern_device_t *dev, kern_stream_t *s, kern_event_t *ev);
+void kern_event_sync(kern_device_t *dev, kern_event_t *ev);
+void kern_stream_sync(kern_device_t *dev, kern_stream_t *s);
+void kern_device_sync(kern_device_t *dev); /* all streams */
+
+void kern_memcpy_h2d(kern_device_t *dev, kern_stream_t *s, void *dst, const void *src, size_t bytes);
+void kern_memcpy_d2h(kern_device_t *dev, kern_stream_t *s, void *dst, const void *src, size_t bytes);
+void kern_memcpy_d2d(kern_device_t *dev, kern_stream_t *s, void *dst, const void *src, size_t bytes);
+void kern_memset(kern_device_t *dev, kern_stream_t *s, void *dst, int value, size_t bytes);
+void kern_launch_host_fn(kern_device_t *dev, kern_stream_t *s, kern_host_fn fn, void *arg);
+
+kern_device_stats_t kern_device_stats(const kern_device_t *dev);
+void kern_device_reset_peaks(kern_device_t *dev);
+
+#endif

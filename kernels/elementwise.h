@@ -1,0 +1,69 @@
+/* Element-wise ops and small reductions.  n counts elements (size_t). */
+#ifndef MT_KERNELS_ELEMENTWISE_H
+#define MT_KERNELS_ELEMENTWISE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/hd.h"
+
+typedef struct kern_stream kern_stream_t;
+
+/* SiLU-gated product of the expert FFN, down(silu(gate(x)) * up(x)). */
+MT_HD float kern_silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
+MT_HD float kern_sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
+
+/* y = a + b (y may alias a or b). */
+typedef void (*kern_add_fn)(kern_stream_t *s, float *y, const float *a, const float *b, size_t n);
+void kern_add_cpu(kern_stream_t *s, float *y, const float *a, const float *b, size_t n);
+void kern_add_cuda(kern_stream_t *s, float *y, const float *a, const float *b, size_t n);
+
+/* y += alpha * x. */
+typedef void (*kern_axpy_fn)(kern_stream_t *s, float *y, float alpha, const float *x, size_t n);
+void kern_axpy_cpu(kern_stream_t *s, float *y, float alpha, const float *x, size_t n);
+void kern_axpy_cuda(kern_stream_t *s, float *y, float alpha, const float *x, size_t n);
+
+/* x *= alpha. */
+typedef void (*kern_scale_fn)(kern_stream_t *s, float *x, float alpha, size_t n);
+void kern_scale_cpu(kern_stream_t *s, float *x, float alpha, size_t n);
+void kern_scale_cuda(kern_stream_t *s, float *x, float alpha, size_t n);
+
+/* y (rows, cols) += b (cols). */
+typedef void (*kern_bias_fwd_fn)(kern_stream_t *s, float *y, const float *b, int rows, int cols);
+void kern_bias_fwd_cpu(kern_stream_t *s, float *y, const float *b, int rows, int cols);
+void kern_bias_fwd_cuda(kern_stream_t *s, float *y, const float *b, int rows, int cols);
+
+/* db (cols) += sum over rows of dy (rows, cols)   (accumulate). */
+typedef void (*kern_bias_bwd_fn)(kern_stream_t *s, float *db, const float *dy, int rows, int cols);
+void kern_bias_bwd_cpu(kern_stream_t *s, float *db, const float *dy, int rows, int cols);
+void kern_bias_bwd_cuda(kern_stream_t *s, float *db, const float *dy, int rows, int cols);
+
+/* h = silu(g) * u. */
+typedef void (*kern_swiglu_fwd_fn)(kern_stream_t *s, float *h, const float *g, const float *u,
+                                   size_t n);
+void kern_swiglu_fwd_cpu(kern_stream_t *s, float *h, const float *g, const float *u, size_t n);
+void kern_swiglu_fwd_cuda(kern_stream_t *s, float *h, const float *g, const float *u, size_t n);
+
+/* dg = dh * u * silu'(g), du = dh * silu(g)   (overwrite; dg/du may alias g/u). */
+typedef void (*kern_swiglu_bwd_fn)(kern_stream_t *s, float *dg, float *du, const float *dh,
+                                   const float *g, const float *u, size_t n);
+void kern_swiglu_bwd_cpu(kern_stream_t *s, float *dg, float *du, const float *dh, const float *g,
+                         const float *u, size_t n);
+void kern_swiglu_bwd_cuda(kern_stream_t *s, float *dg, float *du, const float *dh,
+                          const float *g, const float *u, size_t n);
+
+/* *out (one device float) = sum x^2, accumulated in double, for the global
+ * gradient norm. Overwrites *out. */
+typedef void (*kern_sumsq_fn)(kern_stream_t *s, float *out, const float *x, size_t n);
+void kern_sumsq_cpu(kern_stream_t *s, float *out, const float *x, size_t n);
+void kern_sumsq_cuda(kern_stream_t *s, float *out, const float *x, size_t n);
+
+/* Round-to-nearest-even conversions (dtype.h's formulas). */
+typedef void (*kern_f32_to_bf16_fn)(kern_stream_t *s, uint16_t *dst, const float *src, size_t n);
+void kern_f32_to_bf16_cpu(kern_stream_t *s, uint16_t *dst, const float *src, size_t n);
+void kern_f32_to_bf16_cuda(kern_stream_t *s, uint16_t *dst, const float *src, size_t n);
+typedef void (*kern_bf16_to_f32_fn)(kern_stream_t *s, float *dst, const uint16_t *src, size_t n);
+void kern_bf16_to_f32_cpu(kern_stream_t *s, float *dst, const uint16_t *src, size_t n);
+void kern_bf16_to_f32_cuda(kern_stream_t *s, float *dst, const uint16_t *src, size_t n);
+
+#endif
