@@ -1,0 +1,14 @@
+/* What CPU kernels and the device layer may ask of the CPU backend. */
+#ifndef MT_KERNELS_CPU_BACKEND_CPU_H
+#define MT_KERNELS_CPU_BACKEND_CPU_H
+
+#include "kernels/cpu/threadpool.h"
+#include "kernels/device.h"
+
+/* The backend's pool for bandwidth-bound kernels; NULL means run inline. */
+kern_threadpool_t *kern_cpu_stream_threadpool(kern_stream_t *s);
+
+mt_status_t kern_cpu_device_create(const kern_device_opts_t *opts, kern_device_t **out,
+                                   mt_error_t *err);
+
+#endif
