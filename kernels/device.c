@@ -1,0 +1,129 @@
+/* Backend-independent half of the device layer: creation, the arena's
+ * bookkeeping and budget errors, statistics, and thin wrappers over the
+ * vtable (see device.h). */
+#include "kernels/device.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/cpu/backend_cpu.h"
+#include "kernels/cuda/backend_cuda.h"
+
+mt_status_t kern_device_create(kern_backend_kind_t kind, const kern_device_opts_t *opts,
+                               kern_device_t **out, mt_error_t *err) {
+    kern_device_opts_t o = opts ? *opts : (kern_device_opts_t){0};
+    kern_device_t *dev = NULL;
+    mt_status_t st = kind == KERN_BACKEND_CUDA ? kern_cuda_device_create(&o, &dev, err)
+                                               : kern_cpu_device_create(&o, &dev, err);
+    if (st != MT_OK) return st;
+    size_t capacity = dev->opts.device_budget_bytes;
+    st = dev->vt->arena_reserve(dev, capacity, &dev->arena_base, err);
+    if (st != MT_OK) {
+        dev->vt->destroy(dev);
+        return st;
+    }
+    kern_arena_init(&dev->arena, capacity);
+    dev->stats.device_capacity = dev->arena.capacity;
+    *out = dev;
+    return MT_OK;
+}
+
+void kern_device_destroy(kern_device_t *dev) {
+    if (!dev) return;
+    kern_device_sync(dev);
+    dev->vt->arena_release(dev, dev->arena_base);
+    kern_arena_free_all(&dev->arena);
+    dev->vt->destroy(dev);
+}
+
+bool kern_cuda_available(char *why, size_t why_len) { return kern_cuda_probe(why, why_len); }
+
+static char *arena_ptr(kern_device_t *dev, size_t offset) { return (char *)dev->arena_base + offset; }
+
+void *kern_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *err) {
+    size_t off;
+    if (!kern_arena_alloc(&dev->arena, bytes, &off)) {
+        mt_error_set(err, MT_ERR_BUDGET,
+                     "device memory budget exceeded allocating %s (%zu bytes): %zu of %zu bytes in "
+                     "use, largest free block %zu bytes",
+                     tag ? tag : "a tensor", bytes, dev->arena.in_use, dev->arena.capacity,
+                     kern_arena_largest_free(&dev->arena));
+        return NULL;
+    }
+    dev->stats.device_in_use = dev->arena.in_use;
+    if (dev->arena.in_use > dev->stats.device_peak) dev->stats.device_peak = dev->arena.in_use;
+    return arena_ptr(dev, off);
+}
+
+void kern_free(kern_device_t *dev, void *p) {
+    if (!p) return;
+    kern_arena_release(&dev->arena, (size_t)((char *)p - (char *)dev->arena_base));
+    dev->stats.device_in_use = dev->arena.in_use;
+}
+
+void *kern_pinned_alloc(kern_device_t *dev, size_t bytes) {
+    void *p = dev->vt->pinned_alloc(dev, bytes);
+    if (p) {
+        dev->stats.pinned_in_use += bytes;
+        if (dev->stats.pinned_in_use > dev->stats.pinned_peak)
+            dev->stats.pinned_peak = dev->stats.pinned_in_use;
+    }
+    return p;
+}
+
+void kern_pinned_free(kern_device_t *dev, void *p, size_t bytes) {
+    if (!p) return;
+    dev->vt->pinned_free(dev, p, bytes);
+    dev->stats.pinned_in_use -= bytes;
+}
+
+kern_stream_t *kern_stream(kern_device_t *dev, kern_stream_role_t role) { return dev->streams[role]; }
+kern_event_t *kern_event_create(kern_device_t *dev) { return dev->vt->event_create(dev); }
+void kern_event_destroy(kern_device_t *dev, kern_event_t *ev) {
+    if (ev) dev->vt->event_destroy(ev);
+}
+void kern_event_record(kern_device_t *dev, kern_event_t *ev, kern_stream_t *s) {
+    dev->vt->event_record(ev, s);
+}
+void kern_stream_wait_event(kern_device_t *dev, kern_stream_t *s, kern_event_t *ev) {
+    dev->vt->stream_wait_event(s, ev);
+}
+void kern_event_sync(kern_device_t *dev, kern_event_t *ev) { dev->vt->event_sync(ev); }
+void kern_stream_sync(kern_device_t *dev, kern_stream_t *s) { dev->vt->stream_sync(s); }
+
+void kern_device_sync(kern_device_t *dev) {
+    for (int r = 0; r < KERN_STREAM_COUNT; r++)
+        if (dev->streams[r]) dev->vt->stream_sync(dev->streams[r]);
+}
+
+void kern_memcpy_h2d(kern_device_t *dev, kern_stream_t *s, void *dst, const void *src, size_t bytes) {
+    dev->stats.h2d_copies++;
+    dev->stats.h2d_bytes += bytes;
+    dev->vt->memcpy_h2d(s, dst, src, bytes);
+}
+
+void kern_memcpy_d2h(kern_device_t *dev, kern_stream_t *s, void *dst, const void *src, size_t bytes) {
+    dev->stats.d2h_copies++;
+    dev->stats.d2h_bytes += bytes;
+    dev->vt->memcpy_d2h(s, dst, src, bytes);
+}
+
+void kern_memcpy_d2d(kern_device_t *dev, kern_stream_t *s, void *dst, const void *src, size_t bytes) {
+    dev->vt->memcpy_d2d(s, dst, src, bytes);
+}
+
+void kern_memset(kern_device_t *dev, kern_stream_t *s, void *dst, int value, size_t bytes) {
+    dev->vt->memset(s, dst, value, bytes);
+}
+
+void kern_launch_host_fn(kern_device_t *dev, kern_stream_t *s, kern_host_fn fn, void *arg) {
+    dev->vt->launch_host_fn(s, fn, arg);
+}
+
+kern_device_stats_t kern_device_stats(const kern_device_t *dev) { return dev->stats; }
+
+void kern_device_reset_peaks(kern_device_t *dev) {
+    dev->stats.device_peak = dev->arena.in_use;
+    dev->arena.peak = dev->arena.in_use;
+    dev->stats.pinned_peak = dev->stats.pinned_in_use;
+}
