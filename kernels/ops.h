@@ -26,6 +26,8 @@
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 
+typedef struct kern_ops kern_ops_t;
+
 struct kern_ops {
     kern_matmul_fn matmul;
     kern_matmul_grouped_fn matmul_grouped;

@@ -26,7 +26,13 @@ mt_status_t mt_error_prefix(mt_error_t *err, const char *fmt, ...) {
     va_end(ap);
     char old[sizeof err->msg];
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s%s", prefix, old);
+    /* prefix first, then as much of the old message as still fits */
+    size_t np = strnlen(prefix, sizeof prefix);
+    memcpy(err->msg, prefix, np);
+    size_t room = sizeof err->msg - 1 - np;
+    size_t no = strnlen(old, room);
+    memcpy(err->msg + np, old, no);
+    err->msg[np + no] = '\0';
     return err->code;
 }
 

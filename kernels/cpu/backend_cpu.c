@@ -1,0 +1,317 @@
+/* The CPU backend (see device.h for the model).
+ *
+ * - Device memory: one anonymous mapping of the budget (MAP_NORESERVE, so an
+ *   unused budget costs nothing), sub-allocated by device.c's arena.
+ * - Compute stream: runs on the issuing thread; a wait on an event blocks
+ *   the caller until the event fires.
+ * - Copy streams (H2D, D2H): one worker thread each, executing a FIFO of
+ *   commands (copy, memset, host function, event signal, event wait).  A
+ *   copy can be throttled to `link_*_bytes_per_s` and `link_latency_s`: it
+ *   does the memcpy, then sleeps until latency + bytes / bandwidth has
+ *   passed since it started, so transfer time behaves like a real link and
+ *   overlap with compute can be measured.
+ * - Events: a counter of records and of completions; a wait targets the
+ *   record count seen when it was issued, as cudaStreamWaitEvent does. */
+#include "kernels/cpu/backend_cpu.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/ops.h"
+
+typedef enum { CMD_COPY, CMD_MEMSET, CMD_HOST_FN, CMD_SIGNAL, CMD_WAIT } cmd_kind_t;
+
+struct kern_event {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    uint64_t recorded;  /* times recorded */
+    uint64_t completed; /* highest record ticket that has fired */
+};
+
+typedef struct cmd {
+    cmd_kind_t kind;
+    void *dst;
+    const void *src;
+    size_t bytes;
+    int value;
+    kern_host_fn fn;
+    void *arg;
+    kern_event_t *ev;
+    uint64_t ticket;
+    struct cmd *next;
+} cmd_t;
+
+struct kern_stream {
+    struct cpu_device *dev;
+    kern_stream_role_t role;
+    bool threaded;
+    double bytes_per_s, latency_s;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    cmd_t *head, *tail;
+    uint64_t submitted, finished; /* commands */
+    bool stopping;
+};
+
+typedef struct cpu_device {
+    kern_device_t base; /* first: the generic layer casts */
+    struct kern_stream stream_storage[KERN_STREAM_COUNT];
+    kern_threadpool_t *pool;
+    size_t arena_bytes;
+} cpu_device_t;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void sleep_until(double deadline) {
+    for (;;) {
+        double left = deadline - now_s();
+        if (left <= 0) return;
+        struct timespec ts = {.tv_sec = (time_t)left, .tv_nsec = (long)((left - (double)(time_t)left) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void event_fire(kern_event_t *ev, uint64_t ticket) {
+    pthread_mutex_lock(&ev->lock);
+    if (ticket > ev->completed) ev->completed = ticket;
+    pthread_cond_broadcast(&ev->cond);
+    pthread_mutex_unlock(&ev->lock);
+}
+
+static void event_wait_ticket(kern_event_t *ev, uint64_t ticket) {
+    pthread_mutex_lock(&ev->lock);
+    while (ev->completed < ticket) pthread_cond_wait(&ev->cond, &ev->lock);
+    pthread_mutex_unlock(&ev->lock);
+}
+
+static void run_cmd(kern_stream_t *s, const cmd_t *c) {
+    switch (c->kind) {
+    case CMD_COPY: {
+        double start = now_s();
+        memcpy(c->dst, c->src, c->bytes);
+        if (s->bytes_per_s > 0 || s->latency_s > 0)
+            sleep_until(start + s->latency_s + (s->bytes_per_s > 0 ? (double)c->bytes / s->bytes_per_s : 0));
+        break;
+    }
+    case CMD_MEMSET: memset(c->dst, c->value, c->bytes); break;
+    case CMD_HOST_FN: c->fn(c->arg); break;
+    case CMD_SIGNAL: event_fire(c->ev, c->ticket); break;
+    case CMD_WAIT: event_wait_ticket(c->ev, c->ticket); break;
+    }
+}
+
+static void *stream_main(void *arg) {
+    kern_stream_t *s = arg;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        while (!s->head && !s->stopping) pthread_cond_wait(&s->cond, &s->lock);
+        if (!s->head) break; /* stopping and drained */
+        cmd_t *c = s->head;
+        s->head = c->next;
+        if (!s->head) s->tail = NULL;
+        pthread_mutex_unlock(&s->lock);
+        run_cmd(s, c);
+        free(c);
+        pthread_mutex_lock(&s->lock);
+        s->finished++;
+        pthread_cond_broadcast(&s->cond);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+/* Inline streams run the command now; threaded ones queue it. */
+static void submit(kern_stream_t *s, cmd_t c) {
+    if (!s->threaded) {
+        run_cmd(s, &c);
+        return;
+    }
+    cmd_t *n = malloc(sizeof *n);
+    MT_CHECK_ALLOC(n, "stream command");
+    *n = c;
+    n->next = NULL;
+    pthread_mutex_lock(&s->lock);
+    if (s->tail) s->tail->next = n; else s->head = n;
+    s->tail = n;
+    s->submitted++;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void cpu_stream_sync(kern_stream_t *s) {
+    if (!s->threaded) return;
+    pthread_mutex_lock(&s->lock);
+    while (s->finished < s->submitted) pthread_cond_wait(&s->cond, &s->lock);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void cpu_destroy(kern_device_t *d) {
+    cpu_device_t *dev = (cpu_device_t *)d;
+    for (int r = 0; r < KERN_STREAM_COUNT; r++) {
+        kern_stream_t *s = &dev->stream_storage[r];
+        if (!s->threaded) continue;
+        pthread_mutex_lock(&s->lock);
+        s->stopping = true;
+        pthread_cond_broadcast(&s->cond);
+        pthread_mutex_unlock(&s->lock);
+        pthread_join(s->thread, NULL);
+        pthread_cond_destroy(&s->cond);
+        pthread_mutex_destroy(&s->lock);
+    }
+    kern_threadpool_destroy(dev->pool);
+    free(dev);
+}
+
+static mt_status_t cpu_arena_reserve(kern_device_t *d, size_t capacity, void **base, mt_error_t *err) {
+    cpu_device_t *dev = (cpu_device_t *)d;
+    void *p = mmap(NULL, capacity ? capacity : 4096, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return mt_error_set(err, MT_ERR_NOMEM, "CPU backend: cannot reserve a %zu-byte device arena: %s",
+                            capacity, strerror(errno));
+    dev->arena_bytes = capacity ? capacity : 4096;
+    *base = p;
+    return MT_OK;
+}
+
+static void cpu_arena_release(kern_device_t *d, void *base) {
+    cpu_device_t *dev = (cpu_device_t *)d;
+    if (base) munmap(base, dev->arena_bytes);
+}
+
+static void *cpu_pinned_alloc(kern_device_t *d, size_t bytes) {
+    (void)d;
+    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    (void)mlock(p, bytes); /* best effort: RLIMIT_MEMLOCK may forbid it */
+    return p;
+}
+
+static void cpu_pinned_free(kern_device_t *d, void *p, size_t bytes) {
+    (void)d;
+    munlock(p, bytes);
+    munmap(p, bytes ? bytes : 1);
+}
+
+static kern_event_t *cpu_event_create(kern_device_t *d) {
+    (void)d;
+    kern_event_t *ev = calloc(1, sizeof *ev);
+    MT_CHECK_ALLOC(ev, "event");
+    pthread_mutex_init(&ev->lock, NULL);
+    pthread_cond_init(&ev->cond, NULL);
+    return ev;
+}
+
+static void cpu_event_destroy(kern_event_t *ev) {
+    pthread_cond_destroy(&ev->cond);
+    pthread_mutex_destroy(&ev->lock);
+    free(ev);
+}
+
+static void cpu_event_record(kern_event_t *ev, kern_stream_t *s) {
+    pthread_mutex_lock(&ev->lock);
+    uint64_t ticket = ++ev->recorded;
+    pthread_mutex_unlock(&ev->lock);
+    submit(s, (cmd_t){.kind = CMD_SIGNAL, .ev = ev, .ticket = ticket});
+}
+
+static void cpu_stream_wait_event(kern_stream_t *s, kern_event_t *ev) {
+    pthread_mutex_lock(&ev->lock);
+    uint64_t ticket = ev->recorded;
+    pthread_mutex_unlock(&ev->lock);
+    submit(s, (cmd_t){.kind = CMD_WAIT, .ev = ev, .ticket = ticket});
+}
+
+static void cpu_event_sync(kern_event_t *ev) {
+    pthread_mutex_lock(&ev->lock);
+    uint64_t ticket = ev->recorded;
+    pthread_mutex_unlock(&ev->lock);
+    event_wait_ticket(ev, ticket);
+}
+
+static bool cpu_event_query(kern_event_t *ev) {
+    pthread_mutex_lock(&ev->lock);
+    bool done = ev->completed >= ev->recorded;
+    pthread_mutex_unlock(&ev->lock);
+    return done;
+}
+
+static void cpu_copy(kern_stream_t *s, void *dst, const void *src, size_t bytes) {
+    submit(s, (cmd_t){.kind = CMD_COPY, .dst = dst, .src = src, .bytes = bytes});
+}
+
+static void cpu_memset(kern_stream_t *s, void *dst, int value, size_t bytes) {
+    submit(s, (cmd_t){.kind = CMD_MEMSET, .dst = dst, .value = value, .bytes = bytes});
+}
+
+static void cpu_launch_host_fn(kern_stream_t *s, kern_host_fn fn, void *arg) {
+    submit(s, (cmd_t){.kind = CMD_HOST_FN, .fn = fn, .arg = arg});
+}
+
+static const kern_device_i k_cpu_vtable = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .arena_reserve = cpu_arena_reserve,
+    .arena_release = cpu_arena_release,
+    .pinned_alloc = cpu_pinned_alloc,
+    .pinned_free = cpu_pinned_free,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait_event = cpu_stream_wait_event,
+    .event_sync = cpu_event_sync,
+    .event_query = cpu_event_query,
+    .stream_sync = cpu_stream_sync,
+    .memcpy_h2d = cpu_copy,
+    .memcpy_d2h = cpu_copy,
+    .memcpy_d2d = cpu_copy,
+    .memset = cpu_memset,
+    .launch_host_fn = cpu_launch_host_fn,
+};
+
+kern_threadpool_t *kern_cpu_stream_threadpool(kern_stream_t *s) { return s ? s->dev->pool : NULL; }
+
+mt_status_t kern_cpu_device_create(const kern_device_opts_t *opts, kern_device_t **out,
+                                   mt_error_t *err) {
+    (void)err;
+    cpu_device_t *dev = calloc(1, sizeof *dev);
+    MT_CHECK_ALLOC(dev, "CPU device");
+    dev->base.vt = &k_cpu_vtable;
+    dev->base.ops = &kern_ops_cpu;
+    dev->base.kind = KERN_BACKEND_CPU;
+    dev->base.opts = *opts;
+    if (dev->base.opts.device_budget_bytes == 0) {
+        /* default budget: the machine's physical memory */
+        dev->base.opts.device_budget_bytes =
+            (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    }
+    dev->pool = kern_threadpool_create(opts->host_threads);
+    for (int r = 0; r < KERN_STREAM_COUNT; r++) {
+        kern_stream_t *s = &dev->stream_storage[r];
+        s->dev = dev;
+        s->role = (kern_stream_role_t)r;
+        s->threaded = r != KERN_STREAM_COMPUTE;
+        if (r == KERN_STREAM_H2D) s->bytes_per_s = opts->link_h2d_bytes_per_s;
+        if (r == KERN_STREAM_D2H) s->bytes_per_s = opts->link_d2h_bytes_per_s;
+        if (r != KERN_STREAM_COMPUTE) s->latency_s = opts->link_latency_s;
+        if (s->threaded) {
+            pthread_mutex_init(&s->lock, NULL);
+            pthread_cond_init(&s->cond, NULL);
+            MT_CHECK(pthread_create(&s->thread, NULL, stream_main, s) == 0,
+                     "cannot start CPU copy stream thread");
+        }
+        dev->base.streams[r] = s;
+    }
+    *out = &dev->base;
+    return MT_OK;
+}
