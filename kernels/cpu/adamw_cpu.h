@@ -1,0 +1,60 @@
+/* Host AdamW entry points beyond the kernel table's kern_adamw_cpu.
+ *
+ * kern_adamw_cpu(s, ...) (kernels/adamw.h) runs over the CPU backend's pool
+ * (kern_cpu_stream_threadpool(s)); these take the pool directly, so tests,
+ * the benchmark and the engine's host-optimizer threads can run the kernel
+ * without a backend, and pick the instruction set (tests compare the paths
+ * on one machine).
+ *
+ * Numerics (all paths, bit-identical to each other): each element follows
+ * PyTorch's AdamW op by op in fp32, as its vectorised CPU kernels round:
+ *   g   = g * grad_scale
+ *   p   = p * decay                          decay = (float)(1 - lr*wd)
+ *   m   = fma(w, g - m, m)                   torch lerp_, w = (float)(1-beta1)
+ *         (fma(w - 1, g - m, g) when w >= 0.5, lerp's other branch)
+ *   v   = v*beta2 + ((1-beta2)*g)*g          mul_ then addcmul_, no fusion
+ *   den = sqrt(v) / bc2_sqrt + eps           bc2_sqrt = (float)sqrt(1-beta2^t)
+ *   p   = p + ((-step_size) * m) / den       addcdiv_, step_size =
+ *                                            (float)(lr / (1-beta1^t))
+ * Bias corrections are computed in double (as Python does) and rounded to
+ * float once. The only fused operation is the lerp's, which torch's AVX2 /
+ * AVX-512 lerp kernel also fuses; the scalar path uses fmaf() so that every
+ * path gives the same bits (and results don't depend on the machine). */
+#ifndef MT_KERNELS_CPU_ADAMW_CPU_H
+#define MT_KERNELS_CPU_ADAMW_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/adamw.h"
+#include "kernels/cpu/threadpool.h"
+
+typedef enum {
+    KERN_ISA_AUTO = 0, /* the widest this CPU supports */
+    KERN_ISA_SCALAR,
+    KERN_ISA_AVX2,   /* AVX2 + FMA */
+    KERN_ISA_AVX512, /* AVX-512F */
+} kern_cpu_isa_t;
+
+/* The widest path this CPU (and OS) can run. */
+kern_cpu_isa_t kern_cpu_isa_best(void);
+/* 1 when this CPU can run isa (AUTO and SCALAR always). */
+int kern_cpu_isa_supported(kern_cpu_isa_t isa);
+const char *kern_cpu_isa_name(kern_cpu_isa_t isa);
+
+/* Same semantics as kern_adamw_cpu; pool NULL runs on the calling thread. */
+void kern_adamw_cpu_pool(kern_threadpool_t *pool, float *p, float *m, float *v, const float *g,
+                         const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
+                         const kern_adamw_params_t *hp);
+
+/* As kern_adamw_cpu_pool on a chosen path. An ISA the CPU lacks is a broken
+ * invariant (fatal); ask kern_cpu_isa_supported first. */
+void kern_adamw_cpu_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, float *m, float *v,
+                        const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
+                        const kern_adamw_params_t *hp);
+
+/* Elements per thread-pool task for a tensor of n elements on nthreads
+ * (exposed for the benchmark, which splits its ceiling pass the same way). */
+size_t kern_adamw_chunk_elems(size_t n, int nthreads);
+
+#endif
