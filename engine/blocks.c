@@ -1,0 +1,299 @@
+/* Attention and MLP halves of a decoder layer (see blocks.h). */
+#include "engine/blocks.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define ALLOC(ptr, count, tag)                                                         \
+    do {                                                                               \
+        (ptr) = (float *)kern_alloc(m->dev, (size_t)(count) * sizeof(float), (tag), err); \
+        if (!(ptr)) goto fail;                                                         \
+    } while (0)
+
+static float *W(eng_model_t *m, int i) { return i >= 0 ? m->params[i].w : NULL; }
+static float *G(eng_model_t *m, int i) {
+    if (i < 0) return NULL;
+    m->params[i].has_grad = true;
+    return m->params[i].g;
+}
+
+static void dfree(kern_device_t *dev, float **p) {
+    if (*p) kern_free(dev, *p);
+    *p = NULL;
+}
+
+/* ---- attention half -------------------------------------------------- */
+
+mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in,
+                             float *x_mid, eng_attn_acts_t *a, mt_error_t *err) {
+    const eng_model_config_t *c = &m->cfg;
+    const eng_layer_index_t *L = &m->layers[layer];
+    const kern_ops_t *ops = m->dev->ops;
+    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const int n = sh->n, H = c->hidden_size, hd = c->head_dim;
+    const int nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+    const int qd = nh * hd, kd = nkv * hd;
+    memset(a, 0, sizeof *a);
+
+    ALLOC(a->xn, (size_t)n * H, "attention input norm");
+    ALLOC(a->rstd, n, "attention input norm rstd");
+    ops->rmsnorm_fwd(s, a->xn, a->rstd, x_in, W(m, L->attn_norm), n, H, c->rms_norm_eps);
+    ALLOC(a->q, (size_t)n * qd, "attention q");
+    ALLOC(a->k, (size_t)n * kd, "attention k");
+    ALLOC(a->v, (size_t)n * kd, "attention v");
+    float *qp = a->q, *kp = a->k;
+    if (c->qk_norm) {
+        ALLOC(a->q_pre, (size_t)n * qd, "attention q before q_norm");
+        ALLOC(a->k_pre, (size_t)n * kd, "attention k before k_norm");
+        ALLOC(a->q_rstd, (size_t)n * nh, "q_norm rstd");
+        ALLOC(a->k_rstd, (size_t)n * nkv, "k_norm rstd");
+        qp = a->q_pre;
+        kp = a->k_pre;
+    }
+    ops->matmul(s, qp, a->xn, W(m, L->q), n, qd, H, false, true, 1.0f, 0.0f);
+    ops->matmul(s, kp, a->xn, W(m, L->k), n, kd, H, false, true, 1.0f, 0.0f);
+    ops->matmul(s, a->v, a->xn, W(m, L->v), n, kd, H, false, true, 1.0f, 0.0f);
+    if (L->q_bias >= 0) {
+        ops->bias_fwd(s, qp, W(m, L->q_bias), n, qd);
+        ops->bias_fwd(s, kp, W(m, L->k_bias), n, kd);
+        ops->bias_fwd(s, a->v, W(m, L->v_bias), n, kd);
+    }
+    if (c->qk_norm) {
+        ops->rmsnorm_fwd(s, a->q, a->q_rstd, a->q_pre, W(m, L->q_norm), n * nh, hd, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, a->k, a->k_rstd, a->k_pre, W(m, L->k_norm), n * nkv, hd, c->rms_norm_eps);
+    }
+    ops->rope_fwd(s, a->q, m->rope_cos, m->rope_sin, sh->B, sh->T, nh, hd);
+    ops->rope_fwd(s, a->k, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);
+    ALLOC(a->att, (size_t)n * qd, "attention output");
+    ALLOC(a->lse, (size_t)n * nh, "attention logsumexp");
+    ops->attention_fwd(s, a->att, a->lse, a->q, a->k, a->v, sh->B, sh->T, nh, nkv, hd,
+                       c->sliding_window);
+    /* x_mid = x_in + att o^T */
+    kern_memcpy_d2d(m->dev, s, x_mid, x_in, (size_t)n * H * sizeof(float));
+    ops->matmul(s, x_mid, a->att, W(m, L->o), n, H, qd, false, true, 1.0f, 1.0f);
+    return MT_OK;
+fail:
+    eng_attn_acts_release(m->dev, a);
+    return err->code;
+}
+
+mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in,
+                              float *dx, eng_attn_acts_t *a, mt_error_t *err) {
+    const eng_model_config_t *c = &m->cfg;
+    const eng_layer_index_t *L = &m->layers[layer];
+    const kern_ops_t *ops = m->dev->ops;
+    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const int n = sh->n, H = c->hidden_size, hd = c->head_dim;
+    const int nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+    const int qd = nh * hd, kd = nkv * hd;
+    float *datt = NULL, *dq = NULL, *dk = NULL, *dv = NULL, *dxn = NULL, *tmp = NULL;
+
+    ALLOC(datt, (size_t)n * qd, "d(attention output)");
+    ops->matmul(s, datt, dx, W(m, L->o), n, qd, H, false, false, 1.0f, 0.0f);
+    ops->matmul(s, G(m, L->o), dx, a->att, H, qd, n, true, false, 1.0f, 1.0f);
+    ALLOC(dq, (size_t)n * qd, "d(q)");
+    ALLOC(dk, (size_t)n * kd, "d(k)");
+    ALLOC(dv, (size_t)n * kd, "d(v)");
+    ops->attention_bwd(s, dq, dk, dv, datt, a->q, a->k, a->v, a->att, a->lse, sh->B, sh->T, nh,
+                       nkv, hd, c->sliding_window);
+    dfree(m->dev, &datt);
+    ops->rope_bwd(s, dq, m->rope_cos, m->rope_sin, sh->B, sh->T, nh, hd);
+    ops->rope_bwd(s, dk, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);
+    if (c->qk_norm) { /* through the per-head norm, into the pre-norm projections */
+        ALLOC(tmp, (size_t)n * qd, "d(q before q_norm)");
+        ops->rmsnorm_bwd(s, tmp, G(m, L->q_norm), dq, a->q_pre, W(m, L->q_norm), a->q_rstd, n * nh, hd);
+        kern_memcpy_d2d(m->dev, s, dq, tmp, (size_t)n * qd * sizeof(float));
+        ops->rmsnorm_bwd(s, tmp, G(m, L->k_norm), dk, a->k_pre, W(m, L->k_norm), a->k_rstd, n * nkv, hd);
+        kern_memcpy_d2d(m->dev, s, dk, tmp, (size_t)n * kd * sizeof(float));
+        dfree(m->dev, &tmp);
+    }
+    if (L->q_bias >= 0) {
+        ops->bias_bwd(s, G(m, L->q_bias), dq, n, qd);
+        ops->bias_bwd(s, G(m, L->k_bias), dk, n, kd);
+        ops->bias_bwd(s, G(m, L->v_bias), dv, n, kd);
+    }
+    ops->matmul(s, G(m, L->q), dq, a->xn, qd, H, n, true, false, 1.0f, 1.0f);
+    ops->matmul(s, G(m, L->k), dk, a->xn, kd, H, n, true, false, 1.0f, 1.0f);
+    ops->matmul(s, G(m, L->v), dv, a->xn, kd, H, n, true, false, 1.0f, 1.0f);
+    ALLOC(dxn, (size_t)n * H, "d(attention input norm)");
+    ops->matmul(s, dxn, dq, W(m, L->q), n, H, qd, false, false, 1.0f, 0.0f);
+    ops->matmul(s, dxn, dk, W(m, L->k), n, H, kd, false, false, 1.0f, 1.0f);
+    ops->matmul(s, dxn, dv, W(m, L->v), n, H, kd, false, false, 1.0f, 1.0f);
+    dfree(m->dev, &dq);
+    dfree(m->dev, &dk);
+    dfree(m->dev, &dv);
+    ALLOC(tmp, (size_t)n * H, "d(attention input)");
+    ops->rmsnorm_bwd(s, tmp, G(m, L->attn_norm), dxn, x_in, W(m, L->attn_norm), a->rstd, n, H);
+    ops->add(s, dx, dx, tmp, (size_t)n * H);
+    dfree(m->dev, &tmp);
+    dfree(m->dev, &dxn);
+    eng_attn_acts_release(m->dev, a);
+    return MT_OK;
+fail:
+    dfree(m->dev, &datt);
+    dfree(m->dev, &dq);
+    dfree(m->dev, &dk);
+    dfree(m->dev, &dv);
+    dfree(m->dev, &dxn);
+    dfree(m->dev, &tmp);
+    eng_attn_acts_release(m->dev, a);
+    return err->code;
+}
+
+void eng_attn_acts_release(kern_device_t *dev, eng_attn_acts_t *a) {
+    float **ptrs[] = {&a->xn, &a->rstd, &a->q, &a->k, &a->v, &a->q_pre, &a->k_pre,
+                      &a->q_rstd, &a->k_rstd, &a->att, &a->lse};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) dfree(dev, ptrs[i]);
+}
+
+/* ---- MLP half --------------------------------------------------------- */
+
+moe_layer_dims_t eng_moe_dims(const eng_model_t *m) {
+    const eng_model_config_t *c = &m->cfg;
+    return (moe_layer_dims_t){
+        .H = c->hidden_size,
+        .E = c->num_experts,
+        .k = c->num_experts_per_tok,
+        .I = c->moe_intermediate_size,
+        .Is = c->shared_expert_intermediate_size,
+        .router_mode = c->norm_topk_prob ? KERN_ROUTER_SOFTMAX_TOPK_RENORM : KERN_ROUTER_SOFTMAX_TOPK,
+    };
+}
+
+void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_t *out,
+                    float **scratch) {
+    const eng_layer_index_t *L = &m->layers[layer];
+    const int E = m->cfg.num_experts;
+    float *(*get)(eng_model_t *, int) = gradients ? G : W;
+    /* Gradients of experts are fetched without marking has_grad: only
+     * experts that receive tokens are marked (by the caller). */
+    out->router = get(m, L->router);
+    out->gate = scratch;
+    out->up = scratch + E;
+    out->down = scratch + 2 * E;
+    for (int e = 0; e < E; e++) {
+        const int ig = L->exp_gate[e], iu = L->exp_up[e], id = L->exp_down[e];
+        out->gate[e] = gradients ? m->params[ig].g : m->params[ig].w;
+        out->up[e] = gradients ? m->params[iu].g : m->params[iu].w;
+        out->down[e] = gradients ? m->params[id].g : m->params[id].w;
+    }
+    out->sh_gate = get(m, L->sh_gate);
+    out->sh_up = get(m, L->sh_up);
+    out->sh_down = get(m, L->sh_down);
+    out->sh_expert_gate = get(m, L->sh_expert_gate);
+}
+
+mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_mid,
+                            float *x_out, eng_mlp_acts_t *a, mt_error_t *err) {
+    const eng_model_config_t *c = &m->cfg;
+    const eng_layer_index_t *L = &m->layers[layer];
+    const kern_ops_t *ops = m->dev->ops;
+    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const int n = sh->n, H = c->hidden_size;
+    float *y = NULL, *h = NULL;
+    memset(a, 0, sizeof *a);
+    a->is_moe = c->layer_is_moe[layer];
+
+    ALLOC(a->xn, (size_t)n * H, "mlp input norm");
+    ALLOC(a->rstd, n, "mlp input norm rstd");
+    ops->rmsnorm_fwd(s, a->xn, a->rstd, x_mid, W(m, L->mlp_norm), n, H, c->rms_norm_eps);
+    ALLOC(y, (size_t)n * H, "mlp output");
+    if (a->is_moe) {
+        const int E = c->num_experts;
+        float **scratch = malloc((size_t)3 * E * sizeof *scratch);
+        MT_CHECK_ALLOC(scratch, "expert pointer table");
+        moe_layer_params_t p;
+        eng_moe_params(m, layer, false, &p, scratch);
+        moe_layer_dims_t d = eng_moe_dims(m);
+        mt_status_t st = moe_layer_forward(m->dev, &d, &p, a->xn, n, y, &a->moe, err);
+        free(scratch);
+        if (st != MT_OK) goto fail;
+    } else {
+        const int Id = c->intermediate_size;
+        ALLOC(a->g, (size_t)n * Id, "dense mlp gate activations");
+        ALLOC(a->u, (size_t)n * Id, "dense mlp up activations");
+        ALLOC(h, (size_t)n * Id, "dense mlp hidden");
+        ops->matmul(s, a->g, a->xn, W(m, L->dense_gate), n, Id, H, false, true, 1.0f, 0.0f);
+        ops->matmul(s, a->u, a->xn, W(m, L->dense_up), n, Id, H, false, true, 1.0f, 0.0f);
+        ops->swiglu_fwd(s, h, a->g, a->u, (size_t)n * Id);
+        ops->matmul(s, y, h, W(m, L->dense_down), n, H, Id, false, true, 1.0f, 0.0f);
+        dfree(m->dev, &h);
+    }
+    ops->add(s, x_out, x_mid, y, (size_t)n * H);
+    dfree(m->dev, &y);
+    return MT_OK;
+fail:
+    dfree(m->dev, &y);
+    dfree(m->dev, &h);
+    eng_mlp_acts_release(m->dev, a);
+    return err->code;
+}
+
+mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_mid,
+                             float *dx, const float *aux_dp, const float *tok_w,
+                             eng_mlp_acts_t *a, mt_error_t *err) {
+    const eng_model_config_t *c = &m->cfg;
+    const eng_layer_index_t *L = &m->layers[layer];
+    const kern_ops_t *ops = m->dev->ops;
+    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const int n = sh->n, H = c->hidden_size;
+    float *dxn = NULL, *h = NULL, *dh = NULL, *tmp = NULL;
+
+    ALLOC(dxn, (size_t)n * H, "d(mlp input norm)");
+    if (a->is_moe) {
+        const int E = c->num_experts;
+        float **scratch = malloc((size_t)6 * E * sizeof *scratch);
+        MT_CHECK_ALLOC(scratch, "expert pointer table");
+        moe_layer_params_t p, gp;
+        eng_moe_params(m, layer, false, &p, scratch);
+        eng_moe_params(m, layer, true, &gp, scratch + 3 * E);
+        moe_layer_dims_t d = eng_moe_dims(m);
+        /* experts with tokens get gradients; remember them before acts are freed */
+        for (int e = 0; e < E; e++)
+            if (a->moe.counts_host[e] > 0) {
+                m->params[L->exp_gate[e]].has_grad = true;
+                m->params[L->exp_up[e]].has_grad = true;
+                m->params[L->exp_down[e]].has_grad = true;
+            }
+        mt_status_t st = moe_layer_backward(m->dev, &d, &p, &gp, a->xn, dx, aux_dp, tok_w, &a->moe,
+                                            dxn, err);
+        free(scratch);
+        if (st != MT_OK) goto fail;
+    } else {
+        const int Id = c->intermediate_size;
+        ALLOC(h, (size_t)n * Id, "dense mlp hidden (recomputed)");
+        ALLOC(dh, (size_t)n * Id, "d(dense mlp hidden)");
+        ops->swiglu_fwd(s, h, a->g, a->u, (size_t)n * Id);
+        ops->matmul(s, dh, dx, W(m, L->dense_down), n, Id, H, false, false, 1.0f, 0.0f);
+        ops->matmul(s, G(m, L->dense_down), dx, h, H, Id, n, true, false, 1.0f, 1.0f);
+        ops->swiglu_bwd(s, a->g, a->u, dh, a->g, a->u, (size_t)n * Id);
+        ops->matmul(s, G(m, L->dense_gate), a->g, a->xn, Id, H, n, true, false, 1.0f, 1.0f);
+        ops->matmul(s, G(m, L->dense_up), a->u, a->xn, Id, H, n, true, false, 1.0f, 1.0f);
+        ops->matmul(s, dxn, a->g, W(m, L->dense_gate), n, H, Id, false, false, 1.0f, 0.0f);
+        ops->matmul(s, dxn, a->u, W(m, L->dense_up), n, H, Id, false, false, 1.0f, 1.0f);
+        dfree(m->dev, &h);
+        dfree(m->dev, &dh);
+    }
+    ALLOC(tmp, (size_t)n * H, "d(mlp input)");
+    ops->rmsnorm_bwd(s, tmp, G(m, L->mlp_norm), dxn, x_mid, W(m, L->mlp_norm), a->rstd, n, H);
+    ops->add(s, dx, dx, tmp, (size_t)n * H);
+    dfree(m->dev, &tmp);
+    dfree(m->dev, &dxn);
+    eng_mlp_acts_release(m->dev, a);
+    return MT_OK;
+fail:
+    dfree(m->dev, &dxn);
+    dfree(m->dev, &h);
+    dfree(m->dev, &dh);
+    dfree(m->dev, &tmp);
+    eng_mlp_acts_release(m->dev, a);
+    return err->code;
+}
+
+void eng_mlp_acts_release(kern_device_t *dev, eng_mlp_acts_t *a) {
+    dfree(dev, &a->xn);
+    dfree(dev, &a->rstd);
+    dfree(dev, &a->g);
+    dfree(dev, &a->u);
+    if (a->is_moe) moe_layer_acts_release(dev, &a->moe);
+}

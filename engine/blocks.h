@@ -1,0 +1,55 @@
+/* The decoder layer's two halves, forward and backward, for the step
+ * (engine/step.c).  Internal to the engine.
+ *
+ *   attention half: x_mid = x_in + o_proj(attn(rope(norm_qk(qkv(rmsnorm(x_in))))))
+ *   MLP half:       x_out = x_mid + mlp(rmsnorm(x_mid)), mlp = dense SwiGLU or MoE
+ *
+ * Forward allocates the half's saved activations from the device arena;
+ * backward consumes and frees them.  Gradients are accumulated (+=). */
+#ifndef MT_ENGINE_BLOCKS_H
+#define MT_ENGINE_BLOCKS_H
+
+#include "engine/model.h"
+#include "moe/moe_layer.h"
+
+typedef struct {
+    int B, T, n; /* n = B * T tokens */
+} eng_shape_t;
+
+typedef struct {
+    float *xn, *rstd;            /* (n, H), (n) input norm */
+    float *q, *k, *v;            /* (n, nh*hd), (n, nkv*hd) x2: after q/k norm and RoPE */
+    float *q_pre, *k_pre;        /* before the per-head norm (Qwen3) */
+    float *q_rstd, *k_rstd;      /* (n*nh), (n*nkv) */
+    float *att;                  /* (n, nh*hd) attention output */
+    float *lse;                  /* (B, nh, T) */
+} eng_attn_acts_t;
+
+typedef struct {
+    float *xn, *rstd;            /* (n, H), (n) post-attention norm */
+    float *g, *u;                /* dense MLP: (n, Id) */
+    moe_layer_acts_t moe;        /* sparse MLP */
+    bool is_moe;
+} eng_mlp_acts_t;
+
+mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in,
+                             float *x_mid, eng_attn_acts_t *a, mt_error_t *err);
+/* dx (n, H): on entry d(x_mid), on return d(x_in). */
+mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in,
+                              float *dx, eng_attn_acts_t *a, mt_error_t *err);
+void eng_attn_acts_release(kern_device_t *dev, eng_attn_acts_t *a);
+
+mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_mid,
+                            float *x_out, eng_mlp_acts_t *a, mt_error_t *err);
+/* dx (n, H): on entry d(x_out), on return d(x_mid). aux_dp/tok_w: see moe_layer.h. */
+mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_mid,
+                             float *dx, const float *aux_dp, const float *tok_w,
+                             eng_mlp_acts_t *a, mt_error_t *err);
+void eng_mlp_acts_release(kern_device_t *dev, eng_mlp_acts_t *a);
+
+/* The MoE weights (or gradients) of a layer as moe/ wants them. */
+void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_t *out,
+                    float **scratch_ptrs /* 3*E */);
+moe_layer_dims_t eng_moe_dims(const eng_model_t *m);
+
+#endif

@@ -1,0 +1,194 @@
+/* Model lifetime: build the parameter table from the spec, load weights
+ * onto the device, save them back (see model.h). */
+#include "engine/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/checkpoint.h"
+#include "kernels/rope.h"
+
+static int spec_index_or_neg(const eng_model_spec_t *spec, const char *name) {
+    return eng_model_spec_find(spec, name);
+}
+
+static void build_layer_index(eng_model_t *m) {
+    const eng_model_config_t *c = &m->cfg;
+    m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    MT_CHECK_ALLOC(m->layers, "layer index");
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        eng_layer_index_t *L = &m->layers[l];
+        int *fields[] = {&L->attn_norm, &L->q, &L->k, &L->v, &L->o, &L->q_bias, &L->k_bias,
+                         &L->v_bias, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->router,
+                         &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_expert_gate,
+                         &L->dense_gate, &L->dense_up, &L->dense_down};
+        for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) *fields[i] = -1;
+        if (c->layer_is_moe[l]) {
+            L->exp_gate = malloc((size_t)c->num_experts * sizeof(int));
+            L->exp_up = malloc((size_t)c->num_experts * sizeof(int));
+            L->exp_down = malloc((size_t)c->num_experts * sizeof(int));
+            MT_CHECK(L->exp_gate && L->exp_up && L->exp_down, "out of memory for expert index");
+        }
+    }
+    m->embed = m->final_norm = m->lm_head = -1;
+    for (int i = 0; i < m->spec.count; i++) {
+        const eng_param_spec_t *p = &m->spec.params[i];
+        if (p->layer < 0) {
+            if (p->role == ENG_P_EMBED) m->embed = i;
+            else if (p->role == ENG_P_FINAL_NORM) m->final_norm = i;
+            else if (p->role == ENG_P_LM_HEAD) m->lm_head = i;
+            continue;
+        }
+        eng_layer_index_t *L = &m->layers[p->layer];
+        switch (p->role) {
+        case ENG_P_ATTN_NORM: L->attn_norm = i; break;
+        case ENG_P_Q: L->q = i; break;
+        case ENG_P_K: L->k = i; break;
+        case ENG_P_V: L->v = i; break;
+        case ENG_P_O: L->o = i; break;
+        case ENG_P_Q_BIAS: L->q_bias = i; break;
+        case ENG_P_K_BIAS: L->k_bias = i; break;
+        case ENG_P_V_BIAS: L->v_bias = i; break;
+        case ENG_P_Q_NORM: L->q_norm = i; break;
+        case ENG_P_K_NORM: L->k_norm = i; break;
+        case ENG_P_MLP_NORM: L->mlp_norm = i; break;
+        case ENG_P_ROUTER: L->router = i; break;
+        case ENG_P_EXP_GATE: L->exp_gate[p->expert] = i; break;
+        case ENG_P_EXP_UP: L->exp_up[p->expert] = i; break;
+        case ENG_P_EXP_DOWN: L->exp_down[p->expert] = i; break;
+        case ENG_P_SHARED_GATE: L->sh_gate = i; break;
+        case ENG_P_SHARED_UP: L->sh_up = i; break;
+        case ENG_P_SHARED_DOWN: L->sh_down = i; break;
+        case ENG_P_SHARED_EXPERT_GATE: L->sh_expert_gate = i; break;
+        case ENG_P_DENSE_GATE: L->dense_gate = i; break;
+        case ENG_P_DENSE_UP: L->dense_up = i; break;
+        case ENG_P_DENSE_DOWN: L->dense_down = i; break;
+        default: break;
+        }
+    }
+    if (m->lm_head < 0) m->lm_head = m->embed; /* tied */
+    (void)spec_index_or_neg;
+}
+
+mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
+                           const char *overrides_json, mt_error_t *err) {
+    memset(m, 0, sizeof *m);
+    m->dev = dev;
+    mt_status_t st = eng_model_config_load(dir, overrides_json, &m->cfg, err);
+    if (st != MT_OK) return st;
+    st = eng_model_spec_build(&m->cfg, &m->spec, err);
+    if (st != MT_OK) goto fail;
+    build_layer_index(m);
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) m->num_moe_layers += m->cfg.layer_is_moe[l];
+
+    m->params = calloc((size_t)m->spec.count, sizeof *m->params);
+    MT_CHECK_ALLOC(m->params, "parameter table");
+    for (int i = 0; i < m->spec.count; i++) {
+        eng_param_t *p = &m->params[i];
+        p->spec = &m->spec.params[i];
+        char tag[192];
+        snprintf(tag, sizeof tag, "weight %s", p->spec->name);
+        p->w = kern_alloc(dev, p->spec->numel * sizeof(float), tag, err);
+        if (!p->w) { st = err->code; goto fail; }
+        snprintf(tag, sizeof tag, "gradient of %s", p->spec->name);
+        p->g = kern_alloc(dev, p->spec->numel * sizeof(float), tag, err);
+        if (!p->g) { st = err->code; goto fail; }
+        kern_memset(dev, kern_stream(dev, KERN_STREAM_COMPUTE), p->g, 0, p->spec->numel * sizeof(float));
+    }
+
+    /* Load through host staging buffers, then copy to the device. */
+    eng_checkpoint_t ck;
+    st = eng_checkpoint_open(dir, &ck, err);
+    if (st != MT_OK) goto fail;
+    float **host = calloc((size_t)m->spec.count, sizeof *host);
+    MT_CHECK_ALLOC(host, "checkpoint staging table");
+    for (int i = 0; i < m->spec.count; i++) {
+        host[i] = malloc(m->spec.params[i].numel * sizeof(float));
+        MT_CHECK_ALLOC(host[i], m->spec.params[i].name);
+    }
+    eng_ckpt_load_report_t report = {0};
+    st = eng_checkpoint_load(&ck, &m->spec, host, &report, err);
+    if (st == MT_OK) {
+        if (report.unexpected_count > 0) {
+            fprintf(stderr, "moetune: note: %d tensor(s) in %s are not used by %s (first: %s)\n",
+                    report.unexpected_count, dir, m->cfg.model_type, report.unexpected[0]);
+        }
+        kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+        for (int i = 0; i < m->spec.count; i++)
+            kern_memcpy_h2d(dev, s, m->params[i].w, host[i], m->spec.params[i].numel * sizeof(float));
+        kern_stream_sync(dev, s);
+    }
+    eng_ckpt_load_report_free(&report);
+    for (int i = 0; i < m->spec.count; i++) free(host[i]);
+    free(host);
+    eng_checkpoint_close(&ck);
+    if (st != MT_OK) goto fail;
+    return MT_OK;
+fail:
+    eng_model_free(m);
+    return st;
+}
+
+void eng_model_free(eng_model_t *m) {
+    if (m->params) {
+        for (int i = 0; i < m->spec.count; i++) {
+            eng_param_t *p = &m->params[i];
+            if (p->w) kern_free(m->dev, p->w);
+            if (p->g) kern_free(m->dev, p->g);
+            if (p->m) kern_free(m->dev, p->m);
+            if (p->v) kern_free(m->dev, p->v);
+        }
+        free(m->params);
+    }
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+            free(m->layers[l].exp_gate);
+            free(m->layers[l].exp_up);
+            free(m->layers[l].exp_down);
+        }
+        free(m->layers);
+    }
+    if (m->rope_cos) kern_free(m->dev, m->rope_cos);
+    if (m->rope_sin) kern_free(m->dev, m->rope_sin);
+    eng_model_spec_free(&m->spec);
+    eng_model_config_free(&m->cfg);
+    memset(m, 0, sizeof *m);
+}
+
+void eng_model_zero_grad(eng_model_t *m) {
+    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    for (int i = 0; i < m->spec.count; i++) {
+        eng_param_t *p = &m->params[i];
+        kern_memset(m->dev, s, p->g, 0, p->spec->numel * sizeof(float));
+        p->has_grad = false;
+    }
+}
+
+void eng_model_read_param(eng_model_t *m, int i, float *host, bool gradient) {
+    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const eng_param_t *p = &m->params[i];
+    kern_memcpy_d2h(m->dev, s, host, gradient ? p->g : p->w, p->spec->numel * sizeof(float));
+    kern_stream_sync(m->dev, s);
+}
+
+mt_status_t eng_model_save(eng_model_t *m, const char *dir, size_t max_shard_bytes, bool bf16,
+                           mt_error_t *err) {
+    const int n = m->spec.count;
+    eng_ckpt_tensor_t *t = calloc((size_t)n, sizeof *t);
+    float **host = calloc((size_t)n, sizeof *host);
+    MT_CHECK(t && host, "out of memory preparing checkpoint");
+    for (int i = 0; i < n; i++) {
+        const eng_param_spec_t *ps = &m->spec.params[i];
+        host[i] = malloc(ps->numel * sizeof(float));
+        MT_CHECK_ALLOC(host[i], ps->name);
+        eng_model_read_param(m, i, host[i], false);
+        t[i] = (eng_ckpt_tensor_t){.name = ps->name, .dtype = bf16 ? MT_BF16 : MT_F32,
+                                   .ndim = ps->ndim, .shape = ps->shape, .data = host[i]};
+    }
+    mt_status_t st = eng_checkpoint_save(dir, m->cfg.config_json, t, n, max_shard_bytes, err);
+    for (int i = 0; i < n; i++) free(host[i]);
+    free(host);
+    free(t);
+    return st;
+}

@@ -1,0 +1,27 @@
+/* The optimizer step: global gradient-norm clipping and AdamW over every
+ * parameter that received a gradient in this optimizer step.
+ *
+ * PyTorch semantics: clip_grad_norm_ scales by max_norm / (norm + 1e-6)
+ * when that is below 1, over the parameters that have a gradient; AdamW
+ * keeps one step count per parameter, so an expert that got no token in
+ * this step is neither updated nor counted (as torch does for p.grad None). */
+#ifndef MT_ENGINE_OPTIM_H
+#define MT_ENGINE_OPTIM_H
+
+#include "engine/model.h"
+
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+    double max_grad_norm; /* 0 = no clipping */
+} eng_optim_hparams_t;
+
+typedef struct {
+    double grad_norm;     /* before clipping */
+    double clip_scale;    /* the factor applied (1 when not clipped) */
+    int updated, skipped; /* parameters updated / without gradient */
+} eng_optim_stats_t;
+
+mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_optim_stats_t *out,
+                           mt_error_t *err);
+
+#endif

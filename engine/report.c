@@ -1,0 +1,127 @@
+/* metrics.jsonl and progress output (see report.h). */
+#include "engine/report.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+double eng_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+mt_status_t eng_mkdirs(const char *path, mt_error_t *err) {
+    char buf[4096];
+    size_t len = strlen(path);
+    if (len == 0 || len >= sizeof buf) return mt_error_set(err, MT_ERR_IO, "bad directory path '%s'", path);
+    memcpy(buf, path, len + 1);
+    for (size_t i = 1; i <= len; i++) {
+        if (buf[i] != '/' && buf[i] != '\0') continue;
+        char saved = buf[i];
+        buf[i] = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return mt_error_set(err, MT_ERR_IO, "cannot create directory '%s': %s", buf, strerror(errno));
+        buf[i] = saved;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return mt_error_set(err, MT_ERR_IO, "'%s' exists and is not a directory", path);
+    return MT_OK;
+}
+
+mt_status_t eng_reporter_open(eng_reporter_t *r, const char *output_dir, bool progress,
+                              mt_error_t *err) {
+    memset(r, 0, sizeof *r);
+    mt_status_t st = eng_mkdirs(output_dir, err);
+    if (st != MT_OK) return st;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", output_dir);
+    r->metrics = fopen(path, "w");
+    if (!r->metrics) return mt_error_set(err, MT_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+    r->tty = isatty(STDERR_FILENO);
+    r->progress = progress;
+    r->start_s = eng_now_s();
+    return MT_OK;
+}
+
+static void fmt_duration(char *buf, size_t n, double s) {
+    if (s < 0 || s > 1e7) {
+        snprintf(buf, n, "--:--");
+        return;
+    }
+    int t = (int)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%d:%02d:%02d", t / 3600, (t / 60) % 60, t % 60);
+    else snprintf(buf, n, "%d:%02d", t / 60, t % 60);
+}
+
+void eng_reporter_step(eng_reporter_t *r, const eng_step_report_t *s, bool log_line) {
+    if (log_line && r->metrics) {
+        json_t *o = json_object();
+        json_object_set_new(o, "step", json_integer(s->step));
+        json_object_set_new(o, "loss", json_real(s->loss));
+        json_object_set_new(o, "ce_loss", json_real(s->ce_loss));
+        json_object_set_new(o, "aux_loss", json_real(s->aux_loss));
+        json_object_set_new(o, "lr", json_real(s->lr));
+        json_object_set_new(o, "grad_norm", json_real(s->grad_norm));
+        json_object_set_new(o, "tokens_per_s", json_real(s->tokens_per_s));
+        json_object_set_new(o, "step_time_s", json_real(s->step_time_s));
+        json_object_set_new(o, "tokens", json_integer(s->tokens));
+        json_object_set_new(o, "epoch", json_integer(s->epoch));
+        json_object_set_new(o, "peak_device_bytes", json_integer((json_int_t)s->peak_device_bytes));
+        json_object_set_new(o, "peak_pinned_bytes", json_integer((json_int_t)s->peak_pinned_bytes));
+        json_object_set_new(o, "peak_host_bytes", json_integer((json_int_t)s->peak_host_bytes));
+        json_object_set_new(o, "host_allocated_bytes", json_integer((json_int_t)s->host_allocated_bytes));
+        char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
+        fprintf(r->metrics, "%s\n", line);
+        fflush(r->metrics);
+        free(line);
+        json_decref(o);
+    }
+    if (!r->progress) return;
+    const double elapsed = eng_now_s() - r->start_s;
+    const double eta = s->step > 0 ? elapsed / s->step * (s->total_steps - s->step) : -1;
+    char eta_s[32];
+    fmt_duration(eta_s, sizeof eta_s, eta);
+    if (r->tty) {
+        const int width = 24;
+        int filled = s->total_steps > 0 ? (int)((double)width * s->step / s->total_steps) : 0;
+        char bar[64];
+        for (int i = 0; i < width; i++) bar[i] = i < filled ? '#' : '.';
+        bar[width] = '\0';
+        int len = fprintf(stderr, "\r[%s] step %d/%d  loss %.4f  lr %.2e  %.0f tok/s  ETA %s", bar,
+                          s->step, s->total_steps, s->loss, s->lr, s->tokens_per_s, eta_s);
+        for (int i = len; i < r->last_len; i++) fputc(' ', stderr);
+        r->last_len = len;
+        if (s->step == s->total_steps) {
+            fputc('\n', stderr);
+            r->last_len = 0;
+        }
+        fflush(stderr);
+    } else if (log_line) {
+        fprintf(stderr, "step %d/%d loss %.6f lr %.3e grad_norm %.4f tokens/s %.1f step_time %.3fs ETA %s\n",
+                s->step, s->total_steps, s->loss, s->lr, s->grad_norm, s->tokens_per_s,
+                s->step_time_s, eta_s);
+    }
+}
+
+void eng_reporter_note(eng_reporter_t *r, const char *fmt, ...) {
+    if (r->tty && r->last_len > 0) {
+        fputc('\n', stderr);
+        r->last_len = 0;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+void eng_reporter_close(eng_reporter_t *r) {
+    if (r->metrics) fclose(r->metrics);
+    r->metrics = NULL;
+}

@@ -1,0 +1,49 @@
+/* What a run tells its user: metrics.jsonl (one JSON object per logged
+ * step) and progress on the terminal (a live bar when stderr is a TTY,
+ * plain log lines otherwise). */
+#ifndef MT_ENGINE_REPORT_H
+#define MT_ENGINE_REPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kernels/status.h"
+
+typedef struct {
+    int step;              /* 1-based */
+    int total_steps;
+    double loss;           /* mean over the step's micro-batches, before the update */
+    double ce_loss, aux_loss;
+    double lr;
+    double grad_norm;
+    double tokens_per_s;
+    double step_time_s;
+    int64_t tokens;
+    int epoch;
+    size_t peak_device_bytes, peak_pinned_bytes, peak_host_bytes;
+    size_t host_allocated_bytes; /* jemalloc stats.allocated */
+} eng_step_report_t;
+
+typedef struct {
+    FILE *metrics;   /* output_dir/metrics.jsonl */
+    bool tty;        /* live progress bar */
+    bool progress;
+    double start_s;
+    int last_len;
+} eng_reporter_t;
+
+mt_status_t eng_reporter_open(eng_reporter_t *r, const char *output_dir, bool progress,
+                              mt_error_t *err);
+/* Appends a metrics line and prints progress. */
+void eng_reporter_step(eng_reporter_t *r, const eng_step_report_t *s, bool log_line);
+/* A message on its own line (keeps the bar intact). */
+void eng_reporter_note(eng_reporter_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void eng_reporter_close(eng_reporter_t *r);
+
+/* mkdir -p. */
+mt_status_t eng_mkdirs(const char *path, mt_error_t *err);
+double eng_now_s(void);
+
+#endif

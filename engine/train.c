@@ -1,0 +1,172 @@
+/* The training loop (see train.h).
+ *
+ * One optimizer step = gradient_accumulation_steps micro-batches, each
+ * forward+backward with its loss divided by the number of micro-batches,
+ * then clipping and AdamW at the learning rate the schedule gives for this
+ * step (transformers' get_scheduler, 0-based step).  The logged loss is the
+ * mean of the micro-batch losses, measured in the forward pass before the
+ * update, as the HF Trainer logs it. */
+#include "engine/train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/data.h"
+#include "engine/host_mem.h"
+#include "engine/model.h"
+#include "engine/optim.h"
+#include "engine/report.h"
+
+mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_error_t *err) {
+    kern_device_opts_t o = {0};
+    o.device_budget_bytes = rc->memory_device;
+    if (rc->link_gbps > 0) o.link_h2d_bytes_per_s = o.link_d2h_bytes_per_s = rc->link_gbps * 1e9;
+    o.link_latency_s = rc->link_latency_us * 1e-6;
+    char why[512];
+    switch (rc->backend) {
+    case ENG_BACKEND_CPU: return kern_device_create(KERN_BACKEND_CPU, &o, out, err);
+    case ENG_BACKEND_CUDA:
+        if (!kern_cuda_available(why, sizeof why))
+            return mt_error_set(err, MT_ERR_DEVICE,
+                                "backend: cuda was requested but no usable GPU was found (%s); "
+                                "use backend: cpu or backend: auto",
+                                why);
+        return kern_device_create(KERN_BACKEND_CUDA, &o, out, err);
+    case ENG_BACKEND_AUTO:
+    default:
+        if (kern_cuda_available(why, sizeof why)) return kern_device_create(KERN_BACKEND_CUDA, &o, out, err);
+        fprintf(stderr, "moetune: no usable GPU (%s); running on the CPU backend\n", why);
+        return kern_device_create(KERN_BACKEND_CPU, &o, out, err);
+    }
+}
+
+static int total_steps(const eng_run_config_t *rc, const eng_loader_t *ld) {
+    if (rc->max_steps > 0) return rc->max_steps;
+    /* HF Trainer: update steps per epoch = max(batches // accumulation, 1) */
+    int64_t per_epoch = eng_loader_batches_per_epoch(ld) / rc->gradient_accumulation_steps;
+    if (per_epoch < 1) per_epoch = 1;
+    return (int)ceil((double)rc->num_epochs * (double)per_epoch);
+}
+
+static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+                                   eng_reporter_t *rep, mt_error_t *err) {
+    mt_status_t st = eng_model_save(m, dir, rc->save_max_shard_bytes, rc->bf16, err);
+    if (st == MT_OK) eng_reporter_note(rep, "moetune: saved checkpoint to %s", dir);
+    return st;
+}
+
+mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt_error_t *err) {
+    memset(result, 0, sizeof *result);
+    if (rc->adapter == ENG_ADAPTER_LORA)
+        return mt_error_set(err, MT_ERR_UNSUPPORTED,
+                            "%s: adapter: lora is not supported yet by moetune train; remove it for "
+                            "full fine-tuning",
+                            rc->source_path);
+    if (rc->bf16 && rc->backend == ENG_BACKEND_CPU)
+        fprintf(stderr, "moetune: note: bf16: true on the CPU backend computes in fp32 and saves bf16\n");
+
+    kern_device_t *dev = NULL;
+    mt_status_t st = eng_open_device(rc, &dev, err);
+    if (st != MT_OK) return st;
+
+    eng_model_t model;
+    st = eng_model_load(&model, dev, rc->base_model, rc->model_config_json, err);
+    if (st != MT_OK) {
+        kern_device_destroy(dev);
+        return st;
+    }
+
+    const char *paths[ENG_MAX_DATASETS];
+    for (int i = 0; i < rc->num_datasets; i++) paths[i] = rc->datasets[i].path;
+    eng_dataset_t ds;
+    st = eng_dataset_load(&ds, paths, rc->num_datasets, rc->sequence_len, model.cfg.vocab_size, err);
+    if (st != MT_OK) {
+        eng_model_free(&model);
+        kern_device_destroy(dev);
+        return st;
+    }
+    eng_loader_t ld;
+    eng_loader_init(&ld, &ds, rc->micro_batch_size, rc->shuffle, rc->seed);
+    const int total = total_steps(rc, &ld);
+
+    eng_reporter_t rep;
+    st = eng_reporter_open(&rep, rc->output_dir, rc->progress, err);
+    if (st != MT_OK) goto out;
+    eng_reporter_note(&rep,
+                      "moetune: %s, %d layers, %d experts (top-%d), %lld examples of %d tokens, "
+                      "%d steps x %d micro-batches of %d on %s",
+                      model.cfg.model_type, model.cfg.num_hidden_layers, model.cfg.num_experts,
+                      model.cfg.num_experts_per_tok, (long long)ds.num_rows, rc->sequence_len, total,
+                      rc->gradient_accumulation_steps, rc->micro_batch_size, dev->vt->name);
+
+    const eng_optim_hparams_t hp_base = {
+        .beta1 = rc->adam_beta1, .beta2 = rc->adam_beta2, .eps = rc->adam_epsilon,
+        .weight_decay = rc->weight_decay, .max_grad_norm = rc->max_grad_norm};
+    const double t_run = eng_now_s();
+    for (int step = 0; step < total; step++) {
+        const double t0 = eng_now_s();
+        kern_device_reset_peaks(dev);
+        const int accum = rc->gradient_accumulation_steps;
+        double loss = 0, ce = 0, aux = 0;
+        int64_t tokens = 0;
+        for (int micro = 0; micro < accum; micro++) {
+            eng_batch_t batch;
+            eng_loader_next(&ld, &batch);
+            eng_micro_stats_t ms;
+            st = eng_model_forward_backward(&model, &batch, 1.0f / (float)accum, NULL, &ms, err);
+            if (st != MT_OK) {
+                mt_error_prefix(err, "step %d, micro-batch %d: ", step + 1, micro + 1);
+                goto out;
+            }
+            loss += ms.loss / accum;
+            ce += ms.ce_loss / accum;
+            aux += ms.aux_loss / accum;
+            tokens += ms.tokens;
+        }
+        eng_optim_hparams_t hp = hp_base;
+        hp.lr = eng_lr_at(rc, step, total);
+        eng_optim_stats_t os;
+        st = eng_optim_step(&model, &hp, &os, err);
+        if (st != MT_OK) {
+            mt_error_prefix(err, "step %d, optimizer: ", step + 1);
+            goto out;
+        }
+        const double dt = eng_now_s() - t0;
+        const kern_device_stats_t ds_stats = kern_device_stats(dev);
+        const eng_host_mem_t hm = eng_host_mem_read();
+        eng_step_report_t r = {
+            .step = step + 1, .total_steps = total, .loss = loss, .ce_loss = ce, .aux_loss = aux,
+            .lr = hp.lr, .grad_norm = os.grad_norm, .tokens_per_s = dt > 0 ? (double)tokens / dt : 0,
+            .step_time_s = dt, .tokens = tokens, .epoch = ld.epoch,
+            .peak_device_bytes = ds_stats.device_peak, .peak_pinned_bytes = ds_stats.pinned_peak,
+            .peak_host_bytes = hm.peak_rss, .host_allocated_bytes = hm.allocated};
+        const bool log_line = (step + 1) % (rc->logging_steps > 0 ? rc->logging_steps : 1) == 0 ||
+                              step + 1 == total || step == 0;
+        eng_reporter_step(&rep, &r, log_line);
+        if (!isfinite(loss)) {
+            st = mt_error_set(err, MT_ERR_DATA, "step %d: loss is %f; stopping (lower learning_rate?)",
+                              step + 1, loss);
+            goto out;
+        }
+        if (step == 0) result->first_loss = loss;
+        result->last_loss = loss;
+        result->steps_done = step + 1;
+        if (rc->save_steps > 0 && (step + 1) % rc->save_steps == 0 && step + 1 < total) {
+            char dir[1200];
+            snprintf(dir, sizeof dir, "%s/checkpoint-%d", rc->output_dir, step + 1);
+            st = save_checkpoint(&model, rc, dir, &rep, err);
+            if (st != MT_OK) goto out;
+        }
+    }
+    result->seconds = eng_now_s() - t_run;
+    if (rc->save_final) st = save_checkpoint(&model, rc, rc->output_dir, &rep, err);
+out:
+    eng_reporter_close(&rep);
+    eng_loader_free(&ld);
+    eng_dataset_free(&ds);
+    eng_model_free(&model);
+    kern_device_destroy(dev);
+    return st;
+}

@@ -1,0 +1,236 @@
+/* Sparse MoE block forward/backward (see moe_layer.h).
+ *
+ * Data flow of the forward pass, n tokens, m = n*k permuted rows:
+ *   logits = xn router^T -> router -> (topw, idx) -> plan (counts, perm)
+ *   xp = gather(xn) -> per expert: g = xp gate^T, u = xp up^T,
+ *   ep = (silu(g) * u) down^T  -> y = sum_k topw * ep   [+ shared]
+ * The counts go to the host once per layer (one small D2H copy) because
+ * they size the grouped products; everything else stays on the device.
+ * h = silu(g) * u is recomputed in backward instead of being saved: it is
+ * as large as g and costs one element-wise pass. */
+#include "moe/moe_layer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define ALLOC(ptr, count, type, tag)                                              \
+    do {                                                                          \
+        (ptr) = (type *)kern_alloc(dev, (size_t)(count) * sizeof(type), (tag), err); \
+        if (!(ptr)) goto fail;                                                    \
+    } while (0)
+
+static void dfree(kern_device_t *dev, void *p) {
+    if (p) kern_free(dev, p);
+}
+
+/* Descriptors for one grouped product over the experts that have tokens. */
+typedef struct {
+    kern_gemm_desc_t *d;
+    int count;
+} groups_t;
+
+static groups_t groups_new(int E) {
+    groups_t g = {.d = calloc((size_t)E, sizeof(kern_gemm_desc_t)), .count = 0};
+    MT_CHECK_ALLOC(g.d, "expert GEMM descriptors");
+    return g;
+}
+
+static void groups_push(groups_t *g, float *C, const float *A, const float *B, int M, int N, int K) {
+    g->d[g->count++] = (kern_gemm_desc_t){.C = C, .A = A, .B = B, .M = M, .N = N, .K = K};
+}
+
+mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
+                              const moe_layer_params_t *p, const float *xn, int n, float *y,
+                              moe_layer_acts_t *a, mt_error_t *err) {
+    const kern_ops_t *ops = dev->ops;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    const int H = d->H, E = d->E, k = d->k, I = d->I, m = n * k;
+    float *h = NULL, *sh = NULL;
+    groups_t gg = groups_new(E);
+    memset(a, 0, sizeof *a);
+    a->n = n;
+    a->m = m;
+
+    ALLOC(a->logits, (size_t)n * E, float, "moe router logits");
+    ALLOC(a->probs, (size_t)n * E, float, "moe router probs");
+    ALLOC(a->topw, (size_t)n * k, float, "moe top-k weights");
+    ALLOC(a->idx, (size_t)n * k, int32_t, "moe top-k experts");
+    ops->matmul(s, a->logits, xn, p->router, n, E, H, false, true, 1.0f, 0.0f);
+    ops->router_fwd(s, a->topw, a->idx, a->probs, a->logits, n, E, k, d->router_mode);
+
+    ALLOC(a->counts, E, int32_t, "moe expert counts");
+    ALLOC(a->offsets, E + 1, int32_t, "moe expert offsets");
+    ALLOC(a->perm_tok, m, int32_t, "moe permutation");
+    ALLOC(a->inv, m, int32_t, "moe inverse permutation");
+    ops->moe_plan(s, a->counts, a->offsets, a->perm_tok, a->inv, a->idx, n, k, E);
+    a->counts_host = malloc((size_t)E * sizeof *a->counts_host);
+    a->offsets_host = malloc((size_t)(E + 1) * sizeof *a->offsets_host);
+    MT_CHECK_ALLOC(a->counts_host && a->offsets_host ? a : NULL, "moe counts (host)");
+    kern_memcpy_d2h(dev, s, a->counts_host, a->counts, (size_t)E * sizeof(int32_t));
+    kern_memcpy_d2h(dev, s, a->offsets_host, a->offsets, (size_t)(E + 1) * sizeof(int32_t));
+    kern_stream_sync(dev, s);
+
+    ALLOC(a->xp, (size_t)m * H, float, "moe gathered tokens");
+    ops->moe_gather(s, a->xp, xn, a->perm_tok, m, H);
+    ALLOC(a->g, (size_t)m * I, float, "moe expert gate activations");
+    ALLOC(a->u, (size_t)m * I, float, "moe expert up activations");
+    ALLOC(h, (size_t)m * I, float, "moe expert hidden");
+    ALLOC(a->ep, (size_t)m * H, float, "moe expert outputs");
+
+    /* g = xp gate^T and u = xp up^T for every expert with tokens */
+    for (int pass = 0; pass < 2; pass++) {
+        gg.count = 0;
+        float *dst = pass == 0 ? a->g : a->u;
+        float **w = pass == 0 ? p->gate : p->up;
+        for (int e = 0; e < E; e++) {
+            const int off = a->offsets_host[e], cnt = a->counts_host[e];
+            if (cnt) groups_push(&gg, dst + (size_t)off * I, a->xp + (size_t)off * H, w[e], cnt, I, H);
+        }
+        ops->matmul_grouped(s, gg.d, gg.count, false, true, 1.0f, 0.0f);
+    }
+    ops->swiglu_fwd(s, h, a->g, a->u, (size_t)m * I);
+    gg.count = 0;
+    for (int e = 0; e < E; e++) {
+        const int off = a->offsets_host[e], cnt = a->counts_host[e];
+        if (cnt) groups_push(&gg, a->ep + (size_t)off * H, h + (size_t)off * I, p->down[e], cnt, H, I);
+    }
+    ops->matmul_grouped(s, gg.d, gg.count, false, true, 1.0f, 0.0f);
+    kern_free(dev, h);
+    h = NULL;
+    ops->moe_unpermute_sum(s, y, a->ep, a->topw, a->inv, n, k, H, 0);
+
+    if (d->Is > 0) {
+        const int Is = d->Is;
+        ALLOC(a->sg, (size_t)n * Is, float, "shared expert gate activations");
+        ALLOC(a->su, (size_t)n * Is, float, "shared expert up activations");
+        ALLOC(sh, (size_t)n * Is, float, "shared expert hidden");
+        ALLOC(a->so, (size_t)n * H, float, "shared expert output");
+        ALLOC(a->sgl, n, float, "shared expert gate logit");
+        ops->matmul(s, a->sg, xn, p->sh_gate, n, Is, H, false, true, 1.0f, 0.0f);
+        ops->matmul(s, a->su, xn, p->sh_up, n, Is, H, false, true, 1.0f, 0.0f);
+        ops->swiglu_fwd(s, sh, a->sg, a->su, (size_t)n * Is);
+        ops->matmul(s, a->so, sh, p->sh_down, n, H, Is, false, true, 1.0f, 0.0f);
+        ops->matmul(s, a->sgl, xn, p->sh_expert_gate, n, 1, H, false, true, 1.0f, 0.0f);
+        ops->gate_scale_fwd(s, y, a->so, a->sgl, n, H);
+        kern_free(dev, sh);
+        sh = NULL;
+    }
+    free(gg.d);
+    return MT_OK;
+fail:
+    dfree(dev, h);
+    dfree(dev, sh);
+    free(gg.d);
+    moe_layer_acts_release(dev, a);
+    return err ? err->code : MT_ERR_BUDGET;
+}
+
+mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
+                               const moe_layer_params_t *p, const moe_layer_params_t *gp,
+                               const float *xn, const float *dy, const float *aux_dp,
+                               const float *tok_w, moe_layer_acts_t *a, float *dxn,
+                               mt_error_t *err) {
+    const kern_ops_t *ops = dev->ops;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    const int H = d->H, E = d->E, k = d->k, I = d->I, n = a->n, m = a->m;
+    float *dtopw = NULL, *dep = NULL, *h = NULL, *dh = NULL, *dlogits = NULL;
+    float *dso = NULL, *dsgl = NULL, *sh = NULL, *dsh = NULL;
+    groups_t gg = groups_new(E);
+
+    ALLOC(dtopw, (size_t)n * k, float, "moe d(top-k weights)");
+    ALLOC(dep, (size_t)m * H, float, "moe d(expert outputs)");
+    ops->moe_combine_bwd(s, dep, dtopw, dy, a->ep, a->topw, a->inv, n, k, H);
+    ALLOC(h, (size_t)m * I, float, "moe expert hidden (recomputed)");
+    ops->swiglu_fwd(s, h, a->g, a->u, (size_t)m * I);
+    ALLOC(dh, (size_t)m * I, float, "moe d(expert hidden)");
+
+#define FOR_EXPERTS(body)                                                   \
+    do {                                                                    \
+        gg.count = 0;                                                       \
+        for (int e = 0; e < E; e++) {                                       \
+            const int off = a->offsets_host[e], cnt = a->counts_host[e];    \
+            if (cnt) { body; }                                              \
+        }                                                                   \
+    } while (0)
+
+    /* dh = dep down ; d(down) += dep^T h */
+    FOR_EXPERTS(groups_push(&gg, dh + (size_t)off * I, dep + (size_t)off * H, p->down[e], cnt, I, H));
+    ops->matmul_grouped(s, gg.d, gg.count, false, false, 1.0f, 0.0f);
+    FOR_EXPERTS(groups_push(&gg, gp->down[e], dep + (size_t)off * H, h + (size_t)off * I, H, I, cnt));
+    ops->matmul_grouped(s, gg.d, gg.count, true, false, 1.0f, 1.0f);
+    kern_free(dev, h);
+    h = NULL;
+    /* dg, du in place of g, u (saved activations are not needed after this) */
+    ops->swiglu_bwd(s, a->g, a->u, dh, a->g, a->u, (size_t)m * I);
+    kern_free(dev, dh);
+    dh = NULL;
+    FOR_EXPERTS(groups_push(&gg, gp->gate[e], a->g + (size_t)off * I, a->xp + (size_t)off * H, I, H, cnt));
+    ops->matmul_grouped(s, gg.d, gg.count, true, false, 1.0f, 1.0f);
+    FOR_EXPERTS(groups_push(&gg, gp->up[e], a->u + (size_t)off * I, a->xp + (size_t)off * H, I, H, cnt));
+    ops->matmul_grouped(s, gg.d, gg.count, true, false, 1.0f, 1.0f);
+    /* dxp (reusing dep) = dg gate + du up */
+    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, a->g + (size_t)off * I, p->gate[e], cnt, H, I));
+    ops->matmul_grouped(s, gg.d, gg.count, false, false, 1.0f, 0.0f);
+    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, a->u + (size_t)off * I, p->up[e], cnt, H, I));
+    ops->matmul_grouped(s, gg.d, gg.count, false, false, 1.0f, 1.0f);
+#undef FOR_EXPERTS
+    ops->moe_unpermute_sum(s, dxn, dep, NULL, a->inv, n, k, H, 0);
+    kern_free(dev, dep);
+    dep = NULL;
+
+    ALLOC(dlogits, (size_t)n * E, float, "moe d(router logits)");
+    ops->router_bwd(s, dlogits, dtopw, a->probs, a->idx, aux_dp, tok_w, n, E, k, d->router_mode);
+    ops->matmul(s, gp->router, dlogits, xn, E, H, n, true, false, 1.0f, 1.0f);
+    ops->matmul(s, dxn, dlogits, p->router, n, H, E, false, false, 1.0f, 1.0f);
+    kern_free(dev, dlogits);
+    dlogits = NULL;
+
+    if (d->Is > 0) {
+        const int Is = d->Is;
+        ALLOC(dso, (size_t)n * H, float, "shared expert d(output)");
+        ALLOC(dsgl, n, float, "shared expert d(gate logit)");
+        ops->gate_scale_bwd(s, dso, dsgl, dy, a->so, a->sgl, n, H);
+        ops->matmul(s, gp->sh_expert_gate, dsgl, xn, 1, H, n, true, false, 1.0f, 1.0f);
+        ops->matmul(s, dxn, dsgl, p->sh_expert_gate, n, H, 1, false, false, 1.0f, 1.0f);
+        ALLOC(sh, (size_t)n * Is, float, "shared expert hidden (recomputed)");
+        ALLOC(dsh, (size_t)n * Is, float, "shared expert d(hidden)");
+        ops->swiglu_fwd(s, sh, a->sg, a->su, (size_t)n * Is);
+        ops->matmul(s, dsh, dso, p->sh_down, n, Is, H, false, false, 1.0f, 0.0f);
+        ops->matmul(s, gp->sh_down, dso, sh, H, Is, n, true, false, 1.0f, 1.0f);
+        ops->swiglu_bwd(s, a->sg, a->su, dsh, a->sg, a->su, (size_t)n * Is);
+        ops->matmul(s, gp->sh_gate, a->sg, xn, Is, H, n, true, false, 1.0f, 1.0f);
+        ops->matmul(s, gp->sh_up, a->su, xn, Is, H, n, true, false, 1.0f, 1.0f);
+        ops->matmul(s, dxn, a->sg, p->sh_gate, n, H, Is, false, false, 1.0f, 1.0f);
+        ops->matmul(s, dxn, a->su, p->sh_up, n, H, Is, false, false, 1.0f, 1.0f);
+    }
+    dfree(dev, dso);
+    dfree(dev, dsgl);
+    dfree(dev, sh);
+    dfree(dev, dsh);
+    dfree(dev, dtopw);
+    free(gg.d);
+    moe_layer_acts_release(dev, a);
+    return MT_OK;
+fail:
+    dfree(dev, dtopw);
+    dfree(dev, dep);
+    dfree(dev, h);
+    dfree(dev, dh);
+    dfree(dev, dlogits);
+    dfree(dev, dso);
+    dfree(dev, dsgl);
+    dfree(dev, sh);
+    dfree(dev, dsh);
+    free(gg.d);
+    moe_layer_acts_release(dev, a);
+    return err ? err->code : MT_ERR_BUDGET;
+}
+
+void moe_layer_acts_release(kern_device_t *dev, moe_layer_acts_t *a) {
+    void *dev_ptrs[] = {a->logits, a->probs, a->topw, a->idx, a->counts, a->offsets, a->perm_tok,
+                        a->inv, a->xp, a->g, a->u, a->ep, a->sg, a->su, a->so, a->sgl};
+    for (size_t i = 0; i < sizeof dev_ptrs / sizeof dev_ptrs[0]; i++) dfree(dev, dev_ptrs[i]);
+    free(a->counts_host);
+    free(a->offsets_host);
+    memset(a, 0, sizeof *a);
+}

@@ -1,0 +1,71 @@
+/* One sparse MoE block, forward and backward, on any backend.
+ *
+ * Input xn (n, H) (the post-attention-normed hidden states), output
+ * y (n, H) = sum over the k chosen experts of w * expert(xn)
+ *           [+ sigmoid(shared_gate . xn) * shared_expert(xn)]   (Qwen2-MoE)
+ * Each expert is down(silu(gate(x)) * up(x)).  Tokens are permuted so that
+ * each expert's rows are contiguous and every expert runs as one product of
+ * a grouped GEMM; experts that received no token are not run and get no
+ * gradient (their `used` flag stays false).
+ *
+ * The block allocates its activations from the device arena in forward and
+ * frees them in backward (moe_layer_acts_release), so the device budget
+ * sees them.  Nothing here knows about the engine's parameter registry:
+ * the caller passes device pointers. */
+#ifndef MT_MOE_MOE_LAYER_H
+#define MT_MOE_MOE_LAYER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/device.h"
+#include "kernels/ops.h"
+
+typedef struct {
+    int H, E, k, I;      /* hidden, experts, top-k, expert width */
+    int Is;              /* shared expert width, 0 = none */
+    kern_router_mode_t router_mode;
+} moe_layer_dims_t;
+
+/* Device pointers of one layer's parameters (or of their gradients). */
+typedef struct {
+    float *router;               /* (E, H) */
+    float **gate, **up, **down;  /* E pointers: (I, H), (I, H), (H, I) */
+    float *sh_gate, *sh_up, *sh_down; /* (Is, H), (Is, H), (H, Is) */
+    float *sh_expert_gate;       /* (1, H) */
+} moe_layer_params_t;
+
+/* What forward saves for backward. */
+typedef struct {
+    int n, m;                 /* tokens, permuted rows (n * k) */
+    float *logits, *probs;    /* (n, E) */
+    float *topw;              /* (n, k) */
+    int32_t *idx;             /* (n, k) */
+    int32_t *counts, *offsets, *perm_tok, *inv; /* device plan */
+    int32_t *counts_host;     /* (E) host copy: sizes of the grouped products */
+    int32_t *offsets_host;    /* (E + 1) */
+    float *xp;                /* (m, H) gathered inputs */
+    float *g, *u;             /* (m, I) gate and up projections */
+    float *ep;                /* (m, H) expert outputs */
+    float *sg, *su, *so;      /* (n, Is), (n, Is), (n, H) shared expert */
+    float *sgl;               /* (n) shared gate logit */
+} moe_layer_acts_t;
+
+/* Forward: y (n, H) is overwritten. On return acts holds saved tensors and
+ * counts_host says which experts received tokens. */
+mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
+                              const moe_layer_params_t *p, const float *xn, int n, float *y,
+                              moe_layer_acts_t *acts, mt_error_t *err);
+
+/* Backward: dxn (n, H) is overwritten with the input gradient; parameter
+ * gradients are accumulated (+=) into gp, for experts with tokens only.
+ * aux_dp (E) / tok_w (n) carry the load-balancing loss term (may be NULL). */
+mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
+                               const moe_layer_params_t *p, const moe_layer_params_t *gp,
+                               const float *xn, const float *dy, const float *aux_dp,
+                               const float *tok_w, moe_layer_acts_t *acts, float *dxn,
+                               mt_error_t *err);
+
+void moe_layer_acts_release(kern_device_t *dev, moe_layer_acts_t *acts);
+
+#endif
