@@ -71,6 +71,7 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
     /* x_mid = x_in + att o^T */
     kern_memcpy_d2d(m->dev, s, x_mid, x_in, (size_t)n * H * sizeof(float));
     ops->matmul(s, x_mid, a->att, W(m, L->o), n, H, qd, false, true, 1.0f, 1.0f);
+    if (L->o_bias >= 0) ops->bias_fwd(s, x_mid, W(m, L->o_bias), n, H);
     return MT_OK;
 fail:
     eng_attn_acts_release(m->dev, a);
@@ -91,6 +92,7 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
     ALLOC(datt, (size_t)n * qd, "d(attention output)");
     ops->matmul(s, datt, dx, W(m, L->o), n, qd, H, false, false, 1.0f, 0.0f);
     ops->matmul(s, G(m, L->o), dx, a->att, H, qd, n, true, false, 1.0f, 1.0f);
+    if (L->o_bias >= 0) ops->bias_bwd(s, G(m, L->o_bias), dx, n, H);
     ALLOC(dq, (size_t)n * qd, "d(q)");
     ALLOC(dk, (size_t)n * kd, "d(k)");
     ALLOC(dv, (size_t)n * kd, "d(v)");

@@ -9,10 +9,6 @@
 #include "engine/checkpoint.h"
 #include "kernels/rope.h"
 
-static int spec_index_or_neg(const eng_model_spec_t *spec, const char *name) {
-    return eng_model_spec_find(spec, name);
-}
-
 static void build_layer_index(eng_model_t *m) {
     const eng_model_config_t *c = &m->cfg;
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
@@ -20,7 +16,7 @@ static void build_layer_index(eng_model_t *m) {
     for (int l = 0; l < c->num_hidden_layers; l++) {
         eng_layer_index_t *L = &m->layers[l];
         int *fields[] = {&L->attn_norm, &L->q, &L->k, &L->v, &L->o, &L->q_bias, &L->k_bias,
-                         &L->v_bias, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->router,
+                         &L->v_bias, &L->o_bias, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->router,
                          &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_expert_gate,
                          &L->dense_gate, &L->dense_up, &L->dense_down};
         for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) *fields[i] = -1;
@@ -50,6 +46,7 @@ static void build_layer_index(eng_model_t *m) {
         case ENG_P_Q_BIAS: L->q_bias = i; break;
         case ENG_P_K_BIAS: L->k_bias = i; break;
         case ENG_P_V_BIAS: L->v_bias = i; break;
+        case ENG_P_O_BIAS: L->o_bias = i; break;
         case ENG_P_Q_NORM: L->q_norm = i; break;
         case ENG_P_K_NORM: L->k_norm = i; break;
         case ENG_P_MLP_NORM: L->mlp_norm = i; break;
@@ -68,7 +65,6 @@ static void build_layer_index(eng_model_t *m) {
         }
     }
     if (m->lm_head < 0) m->lm_head = m->embed; /* tied */
-    (void)spec_index_or_neg;
 }
 
 mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,

@@ -35,7 +35,7 @@ typedef struct {
 
 /* Indices into eng_model_t.params for one decoder layer (-1 = absent). */
 typedef struct {
-    int attn_norm, q, k, v, o, q_bias, k_bias, v_bias, q_norm, k_norm, mlp_norm;
+    int attn_norm, q, k, v, o, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm, mlp_norm;
     int router, sh_gate, sh_up, sh_down, sh_expert_gate;
     int dense_gate, dense_up, dense_down;
     int *exp_gate, *exp_up, *exp_down; /* (E) when the layer is MoE */

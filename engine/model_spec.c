@@ -20,6 +20,7 @@ static const char *const k_role_names[ENG_P_ROLE_COUNT] = {
     [ENG_P_Q_BIAS] = "q_bias",
     [ENG_P_K_BIAS] = "k_bias",
     [ENG_P_V_BIAS] = "v_bias",
+    [ENG_P_O_BIAS] = "o_bias",
     [ENG_P_Q_NORM] = "q_norm",
     [ENG_P_K_NORM] = "k_norm",
     [ENG_P_MLP_NORM] = "mlp_norm",
@@ -99,6 +100,9 @@ mt_status_t eng_model_spec_build(const eng_model_config_t *cfg, eng_model_spec_t
         add(&b, ENG_P_V, l, -1, kv_out, H, "%s.%d.self_attn.v_proj.weight", pre, l);
         if (cfg->qkv_bias) add(&b, ENG_P_V_BIAS, l, -1, kv_out, 0, "%s.%d.self_attn.v_proj.bias", pre, l);
         add(&b, ENG_P_O, l, -1, H, q_out, "%s.%d.self_attn.o_proj.weight", pre, l);
+        /* Qwen3's o_proj takes its bias from attention_bias too; Qwen2-MoE's never has one */
+        if (cfg->qkv_bias && cfg->arch == ENG_ARCH_QWEN3_MOE)
+            add(&b, ENG_P_O_BIAS, l, -1, H, 0, "%s.%d.self_attn.o_proj.bias", pre, l);
         if (cfg->qk_norm) {
             add(&b, ENG_P_Q_NORM, l, -1, hd, 0, "%s.%d.self_attn.q_norm.weight", pre, l);
             add(&b, ENG_P_K_NORM, l, -1, hd, 0, "%s.%d.self_attn.k_norm.weight", pre, l);

@@ -15,6 +15,7 @@ typedef enum {
     ENG_P_ATTN_NORM,     /* input_layernorm (H) */
     ENG_P_Q, ENG_P_K, ENG_P_V, ENG_P_O, /* (nh*hd, H), (nkv*hd, H), (nkv*hd, H), (H, nh*hd) */
     ENG_P_Q_BIAS, ENG_P_K_BIAS, ENG_P_V_BIAS,
+    ENG_P_O_BIAS,        /* Qwen3 with attention_bias: o_proj has a bias too */
     ENG_P_Q_NORM, ENG_P_K_NORM, /* (hd) */
     ENG_P_MLP_NORM,      /* post_attention_layernorm (H) */
     ENG_P_ROUTER,        /* (E, H) */
