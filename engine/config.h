@@ -11,9 +11,11 @@
 #include "kernels/status.h"
 
 #define ENG_MAX_DATASETS 16
+#define ENG_MAX_LORA_TARGETS 32
 
 typedef enum { ENG_LR_CONSTANT = 0, ENG_LR_CONSTANT_WITH_WARMUP, ENG_LR_LINEAR, ENG_LR_COSINE } eng_lr_sched_t;
 typedef enum { ENG_BACKEND_AUTO = 0, ENG_BACKEND_CPU, ENG_BACKEND_CUDA } eng_backend_choice_t;
+typedef enum { ENG_ADAPTER_NONE = 0, ENG_ADAPTER_LORA } eng_adapter_t;
 
 typedef struct {
     char path[1024]; /* resolved relative to the run config's folder */
@@ -24,6 +26,8 @@ typedef struct {
     char source_path[1024];
 
     char base_model[1024];          /* checkpoint directory */
+    char base_model_init[1024];     /* HF config.json that `moetune init` creates base_model from
+                                       (random weights); "" = none */
     eng_dataset_entry_t datasets[ENG_MAX_DATASETS];
     int num_datasets;
     int sequence_len;               /* default 512 */
@@ -52,26 +56,43 @@ typedef struct {
     /* CPU backend link throttling for measurement (0 = off) */
     double link_gbps, link_latency_us;
     bool progress;                  /* default true: live bar on a terminal */
+    /* axolotl's LoRA keys; stored here, used when adapter == ENG_ADAPTER_LORA */
+    eng_adapter_t adapter;          /* default none = full fine-tuning; `adapter: lora` */
+    int lora_r;                     /* default 8 (peft's LoraConfig) */
+    double lora_alpha;              /* default 8 (peft's LoraConfig); scale = alpha / r */
+    double lora_dropout;            /* default 0 */
+    char lora_target_modules[ENG_MAX_LORA_TARGETS][128]; /* module names, e.g. "q_proj" */
+    int num_lora_target_modules;
 } eng_run_config_t;
 
 /* Sets every field to its default. */
 void eng_run_config_defaults(eng_run_config_t *cfg);
-/* Parses YAML text; `path` names it in messages and anchors relative paths. */
+/* Parses YAML text into *cfg, starting from the defaults (previous contents
+ * are overwritten, not freed); `path` names it in messages and anchors
+ * relative paths (NULL: "<run config>", paths kept as written).  A null
+ * value (`key:` / `key: ~`) leaves a key at its default.  On error *cfg is
+ * left so that eng_run_config_free is safe. */
 mt_status_t eng_run_config_parse(const char *yaml_text, size_t len, const char *path,
                                  eng_run_config_t *cfg, mt_error_t *err);
 mt_status_t eng_run_config_load(const char *path, eng_run_config_t *cfg, mt_error_t *err);
 /* Applies one `key=value` override (value parsed as a YAML scalar or flow
- * node, e.g. `model_config={output_router_logits: true}`). */
+ * node, e.g. `model_config={output_router_logits: true}`).  Dotted keys
+ * reach into sections (`memory.device=8GiB`) and into model_config
+ * (`model_config.router_aux_loss_coef=0.02` sets one key, keeping the
+ * rest).  Relative paths stay relative to the working directory. */
 mt_status_t eng_run_config_set(eng_run_config_t *cfg, const char *assignment, mt_error_t *err);
 /* Checks cross-field constraints (a dataset given, sizes positive, ...). */
 mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err);
 void eng_run_config_free(eng_run_config_t *cfg);
 
-/* transformers' get_scheduler lr multiplier for optimizer step `step`
- * (0-based) of `total` steps. */
+/* The learning rate for optimizer step `step` (0-based) of `total` steps:
+ * learning_rate times the multiplier transformers' get_scheduler gives
+ * (LambdaLR's lambda(step)), i.e. the actual lr, not the multiplier. */
 double eng_lr_at(const eng_run_config_t *cfg, int step, int total);
 
-/* "80GiB", "512MB", "1e9", "4096" -> bytes. */
+/* "80GiB", "512MB", "1.5GB", "1e9", "4096" -> bytes.  KB/MB/GB/TB are
+ * decimal, KiB/MiB/GiB/TiB binary (units case-insensitive, "5Gb" refused as
+ * ambiguous); fractions round to the nearest byte. */
 mt_status_t eng_parse_size(const char *text, size_t *out, mt_error_t *err);
 
 #endif

@@ -1,0 +1,772 @@
+/* The run config: YAML (libyaml's document API, so every node carries its
+ * line) -> eng_run_config_t, plus `--set key=value` overrides.
+ *
+ * Design notes:
+ * - One table per nesting level (top level, memory:, backend_options:);
+ *   a row names the key, its kind and where it lands in eng_run_config_t.
+ *   A later section (scheduler:, staging:) is a new table plus one
+ *   K_SECTION row: the walker, the "did you mean" suggestions, null resets
+ *   and --set all follow the tables, nothing else changes.
+ * - YAML files and --set share one path: `--set a.b=v` parses v as a
+ *   one-node YAML document and applies it to the row found by walking the
+ *   dotted key, so types are checked the same way; only the "where" of a
+ *   message differs (file:line vs --set 'a.b=v').
+ * - Scalars are typed as PyYAML (YAML 1.1, what axolotl reads configs
+ *   with) types them: only plain (unquoted) scalars get implicit types, so
+ *   a quoted "4" is a string and is refused for an integer key.  One
+ *   deliberate extension: exponent forms without a dot or without an
+ *   exponent sign (2e-5, 1.0e5) are floats here; PyYAML leaves them strings
+ *   and axolotl's pydantic coerces them, and HF config values written that
+ *   way must reach config.json as numbers.
+ * - A null value (`key:` / `key: ~`) puts the field back to its default,
+ *   as axolotl treats empty keys as unset.
+ * - Every run-config problem, malformed YAML included, is MT_ERR_CONFIG;
+ *   only failing to read the file is MT_ERR_IO. */
+#include "engine/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "engine/config_values.h" /* YAML 1.1 scalar typing, YAML -> JSON */
+
+/* ---- key tables ---------------------------------------------------------- */
+
+typedef enum {
+    K_INT,      /* int */
+    K_U64,      /* uint64_t, non-negative */
+    K_DOUBLE,   /* double; integers accepted */
+    K_BOOL,     /* bool, YAML 1.1 words */
+    K_PATH,     /* char[], relative paths anchored at the YAML's folder */
+    K_SIZE,     /* size_t from eng_parse_size */
+    K_ENUM,     /* C enum from a name list */
+    K_DATASETS, /* list of {path, type} */
+    K_JSON,     /* mapping -> JSON object text (model_config) */
+    K_STRLIST,  /* list of strings (lora_target_modules) */
+    K_SECTION,  /* nested mapping with its own table */
+} key_kind_t;
+
+typedef struct {
+    const char *name;
+    int value;
+} enum_name_t;
+
+typedef struct key_row {
+    const char *name;
+    key_kind_t kind;
+    size_t offset, size; /* the field in eng_run_config_t */
+    const enum_name_t *enums;
+    const struct key_row *section;
+} key_row_t;
+
+#define FIELD(f) offsetof(eng_run_config_t, f), sizeof(((eng_run_config_t *)0)->f)
+#define ROW(name, kind, f) {name, kind, FIELD(f), NULL, NULL}
+#define ROW_ENUM(name, f, names) {name, K_ENUM, FIELD(f), names, NULL}
+#define ROW_SECTION(name, rows) {name, K_SECTION, 0, 0, NULL, rows}
+
+static const enum_name_t k_lr_names[] = {
+    {"constant", ENG_LR_CONSTANT},
+    {"constant_with_warmup", ENG_LR_CONSTANT_WITH_WARMUP},
+    {"linear", ENG_LR_LINEAR},
+    {"cosine", ENG_LR_COSINE},
+    {NULL, 0},
+};
+static const enum_name_t k_backend_names[] = {
+    {"cpu", ENG_BACKEND_CPU},
+    {"cuda", ENG_BACKEND_CUDA},
+    {"auto", ENG_BACKEND_AUTO},
+    {NULL, 0},
+};
+/* axolotl also knows qlora; moetune trains LoRA on unquantised weights only. */
+static const enum_name_t k_adapter_names[] = {
+    {"lora", ENG_ADAPTER_LORA},
+    {NULL, 0},
+};
+
+static const key_row_t k_memory_rows[] = {
+    ROW("device", K_SIZE, memory_device),
+    ROW("pinned", K_SIZE, memory_pinned),
+    ROW("host", K_SIZE, memory_host),
+    {0},
+};
+
+static const key_row_t k_backend_options_rows[] = {
+    ROW("link_gbps", K_DOUBLE, link_gbps),
+    ROW("link_latency_us", K_DOUBLE, link_latency_us),
+    {0},
+};
+
+/* The keys of one `datasets:` entry; only for lookup and suggestions. */
+static const key_row_t k_dataset_rows[] = {
+    {"path", K_PATH, 0, 0, NULL, NULL},
+    {"type", K_PATH, 0, 0, NULL, NULL},
+    {0},
+};
+
+static const key_row_t k_top_rows[] = {
+    ROW("base_model", K_PATH, base_model),
+    ROW("base_model_init", K_PATH, base_model_init),
+    ROW("datasets", K_DATASETS, datasets),
+    ROW("sequence_len", K_INT, sequence_len),
+    ROW("micro_batch_size", K_INT, micro_batch_size),
+    ROW("gradient_accumulation_steps", K_INT, gradient_accumulation_steps),
+    ROW("max_steps", K_INT, max_steps),
+    ROW("num_epochs", K_INT, num_epochs),
+    ROW("learning_rate", K_DOUBLE, learning_rate),
+    ROW_ENUM("lr_scheduler", lr_scheduler, k_lr_names),
+    ROW("warmup_steps", K_INT, warmup_steps),
+    ROW("adam_beta1", K_DOUBLE, adam_beta1),
+    ROW("adam_beta2", K_DOUBLE, adam_beta2),
+    ROW("adam_epsilon", K_DOUBLE, adam_epsilon),
+    ROW("weight_decay", K_DOUBLE, weight_decay),
+    ROW("max_grad_norm", K_DOUBLE, max_grad_norm),
+    ROW("shuffle", K_BOOL, shuffle),
+    ROW("seed", K_U64, seed),
+    ROW("output_dir", K_PATH, output_dir),
+    ROW("logging_steps", K_INT, logging_steps),
+    ROW("save_steps", K_INT, save_steps),
+    ROW("save_final", K_BOOL, save_final),
+    ROW("bf16", K_BOOL, bf16),
+    ROW_ENUM("backend", backend, k_backend_names),
+    ROW("model_config", K_JSON, model_config_json),
+    ROW_SECTION("memory", k_memory_rows),
+    ROW_SECTION("backend_options", k_backend_options_rows),
+    ROW("save_max_shard_size", K_SIZE, save_max_shard_bytes),
+    ROW("progress", K_BOOL, progress),
+    ROW_ENUM("adapter", adapter, k_adapter_names),
+    ROW("lora_r", K_INT, lora_r),
+    ROW("lora_alpha", K_DOUBLE, lora_alpha),
+    ROW("lora_dropout", K_DOUBLE, lora_dropout),
+    ROW("lora_target_modules", K_STRLIST, lora_target_modules),
+    {0},
+};
+
+void eng_run_config_defaults(eng_run_config_t *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->sequence_len = 512;
+    cfg->micro_batch_size = 1;
+    cfg->gradient_accumulation_steps = 1;
+    cfg->max_steps = 0;
+    cfg->num_epochs = 1;
+    cfg->learning_rate = 2e-5;
+    cfg->lr_scheduler = ENG_LR_COSINE;
+    cfg->warmup_steps = 0;
+    cfg->adam_beta1 = 0.9;
+    cfg->adam_beta2 = 0.999;
+    cfg->adam_epsilon = 1e-8;
+    cfg->weight_decay = 0.0;
+    cfg->max_grad_norm = 1.0;
+    cfg->shuffle = true;
+    cfg->seed = 42;
+    snprintf(cfg->output_dir, sizeof cfg->output_dir, "%s", "./outputs/run");
+    cfg->logging_steps = 1;
+    cfg->save_steps = 0;
+    cfg->save_final = true;
+    cfg->bf16 = false;
+    cfg->backend = ENG_BACKEND_AUTO;
+    cfg->model_config_json = NULL;
+    cfg->save_max_shard_bytes = (size_t)5000000000ull; /* HF's max_shard_size="5GB" */
+    cfg->progress = true;
+    cfg->adapter = ENG_ADAPTER_NONE;
+    cfg->lora_r = 8;
+    cfg->lora_alpha = 8.0;
+    cfg->lora_dropout = 0.0;
+}
+
+void eng_run_config_free(eng_run_config_t *cfg) {
+    if (!cfg) return;
+    free(cfg->model_config_json);
+    cfg->model_config_json = NULL;
+}
+
+/* ---- the walk ------------------------------------------------------------ */
+
+typedef struct {
+    const char *file;    /* names the YAML in messages */
+    const char *set_arg; /* the --set assignment, or NULL while reading a file */
+    char base_dir[1024]; /* anchor of relative paths; "" = keep as written */
+    yaml_document_t *doc;
+    eng_run_config_t *cfg;
+    mt_error_t *err;
+} pctx_t;
+
+static mt_status_t fail(const pctx_t *c, const yaml_node_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static mt_status_t fail(const pctx_t *c, const yaml_node_t *at, const char *fmt, ...) {
+    char what[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (c->set_arg) return mt_error_set(c->err, MT_ERR_CONFIG, "--set '%.400s': %s", c->set_arg, what);
+    if (at)
+        return mt_error_set(c->err, MT_ERR_CONFIG, "%.400s:%zu: %s", c->file, (size_t)at->start_mark.line + 1,
+                            what);
+    return mt_error_set(c->err, MT_ERR_CONFIG, "%.400s: %s", c->file, what);
+}
+
+static const key_row_t *find_row(const key_row_t *rows, const char *name) {
+    for (const key_row_t *r = rows; r->name; r++)
+        if (strcmp(r->name, name) == 0) return r;
+    return NULL;
+}
+
+/* Optimal-string-alignment distance (Levenshtein plus adjacent swaps),
+ * case-insensitive: typos and transposed letters both count as one edit. */
+static size_t edit_distance(const char *a, const char *b) {
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 126 || m > 126) return (size_t)-1;
+    size_t d[128][128];
+    for (size_t i = 0; i <= n; i++) d[i][0] = i;
+    for (size_t j = 0; j <= m; j++) d[0][j] = j;
+    for (size_t i = 1; i <= n; i++) {
+        for (size_t j = 1; j <= m; j++) {
+            int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
+            size_t cost = ca != cb;
+            size_t v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + cost < v) v = d[i - 1][j - 1] + cost;
+            if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
+                tolower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    }
+    return d[n][m];
+}
+
+static mt_status_t unknown_key(const pctx_t *c, const yaml_node_t *at, const key_row_t *rows,
+                               const char *prefix, const char *key) {
+    const key_row_t *best = NULL;
+    size_t best_d = (size_t)-1;
+    for (const key_row_t *r = rows; r->name; r++) {
+        size_t d = edit_distance(key, r->name);
+        if (d < best_d) best_d = d, best = r;
+    }
+    /* A suggestion far from what was typed is noise: above a third of the
+     * key's length (at least 2 edits), list the valid keys instead. */
+    size_t limit = strlen(key) / 3;
+    if (limit < 2) limit = 2;
+    if (best && best_d <= limit)
+        return fail(c, at, "unknown key '%s%.200s', did you mean '%s%s'?", prefix, key, prefix, best->name);
+    char list[1024] = "";
+    size_t used = 0;
+    for (const key_row_t *r = rows; r->name && used < sizeof list; r++) {
+        int w = snprintf(list + used, sizeof list - used, "%s%s%s", r == rows ? "" : ", ", prefix, r->name);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+    return fail(c, at, "unknown key '%s%.200s'; valid keys here: %s", prefix, key, list);
+}
+
+/* What a node is, for "expected X, got Y" messages. */
+static void describe(const yaml_node_t *n, char *out, size_t cap) {
+    if (!n) {
+        snprintf(out, cap, "nothing");
+    } else if (n->type == YAML_MAPPING_NODE) {
+        snprintf(out, cap, "a mapping");
+    } else if (n->type == YAML_SEQUENCE_NODE) {
+        snprintf(out, cap, "a list");
+    } else if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE) {
+        snprintf(out, cap, "'%.200s'", (const char *)n->data.scalar.value);
+    } else {
+        snprintf(out, cap, "the quoted string \"%.200s\"", (const char *)n->data.scalar.value);
+    }
+}
+
+static mt_status_t expected(const pctx_t *c, const yaml_node_t *n, const char *key, const char *what) {
+    char got[256];
+    describe(n, got, sizeof got);
+    return fail(c, n, "%s: expected %s, got %s", key, what, got);
+}
+
+static void put(eng_run_config_t *cfg, const key_row_t *row, const void *v, size_t size) {
+    MT_CHECK(size == row->size, "config table: key %s has size %zu, value %zu", row->name, row->size, size);
+    memcpy((char *)cfg + row->offset, v, size);
+}
+
+/* Null resets a key (or a whole section) to its default. */
+static void reset_row(eng_run_config_t *cfg, const key_row_t *row) {
+    if (row->kind == K_SECTION) {
+        for (const key_row_t *r = row->section; r->name; r++) reset_row(cfg, r);
+        return;
+    }
+    if (row->kind == K_JSON) {
+        free(cfg->model_config_json);
+        cfg->model_config_json = NULL;
+        return;
+    }
+    eng_run_config_t def;
+    eng_run_config_defaults(&def);
+    memcpy((char *)cfg + row->offset, (const char *)&def + row->offset, row->size);
+    if (row->kind == K_DATASETS) cfg->num_datasets = def.num_datasets;
+    if (row->kind == K_STRLIST) cfg->num_lora_target_modules = def.num_lora_target_modules;
+}
+
+/* A scalar holding a string (any style, not null, no NUL inside) copied
+ * into dst; relative paths joined to the config's folder when `path`. */
+static mt_status_t take_string(const pctx_t *c, const yaml_node_t *n, const char *key, bool path, char *dst,
+                               size_t cap) {
+    if (!n || n->type != YAML_SCALAR_NODE || eng_yaml_is_null(n)) return expected(c, n, key, "a string");
+    const char *s = (const char *)n->data.scalar.value;
+    if (strlen(s) != n->data.scalar.length) return fail(c, n, "%s: the string contains a NUL byte", key);
+    int w;
+    if (path && s[0] != '/' && c->base_dir[0])
+        w = snprintf(dst, cap, "%s/%s", c->base_dir, s);
+    else
+        w = snprintf(dst, cap, "%s", s);
+    if (w < 0 || (size_t)w >= cap) return fail(c, n, "%s: '%.200s' is longer than %zu bytes", key, s, cap - 1);
+    return MT_OK;
+}
+
+static mt_status_t walk_mapping(pctx_t *c, const key_row_t *rows, const char *prefix, yaml_node_t *map);
+
+static mt_status_t apply_datasets(pctx_t *c, const char *key, yaml_node_t *n) {
+    if (n->type != YAML_SEQUENCE_NODE) return expected(c, n, key, "a list of {path: FILE}");
+    eng_dataset_entry_t list[ENG_MAX_DATASETS];
+    int count = 0;
+    for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
+        yaml_node_t *e = yaml_document_get_node(c->doc, *it);
+        if (!e || e->type != YAML_MAPPING_NODE) return expected(c, e, key, "each entry to be a mapping {path: FILE}");
+        if (count == ENG_MAX_DATASETS) return fail(c, e, "%s: more than %d datasets", key, ENG_MAX_DATASETS);
+        bool have_path = false;
+        for (yaml_node_pair_t *p = e->data.mapping.pairs.start; p < e->data.mapping.pairs.top; p++) {
+            yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
+            yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
+            if (!k || k->type != YAML_SCALAR_NODE) return expected(c, k, key, "string keys in a dataset entry");
+            const char *name = (const char *)k->data.scalar.value;
+            if (!find_row(k_dataset_rows, name)) return unknown_key(c, k, k_dataset_rows, "datasets[].", name);
+            if (strcmp(name, "path") == 0) {
+                mt_status_t st = take_string(c, v, "datasets[].path", true, list[count].path, sizeof list[count].path);
+                if (st != MT_OK) return st;
+                have_path = true;
+            } else if (!v || v->type != YAML_SCALAR_NODE) {
+                /* `type:` is axolotl's prompt format; the data is pre-tokenized here. */
+                return expected(c, v, "datasets[].type", "a string");
+            }
+        }
+        if (!have_path) return fail(c, e, "%s: entry %d has no 'path'", key, count);
+        count++;
+    }
+    memcpy(c->cfg->datasets, list, sizeof list[0] * (size_t)count);
+    c->cfg->num_datasets = count;
+    return MT_OK;
+}
+
+static mt_status_t apply_strlist(pctx_t *c, const char *key, yaml_node_t *n) {
+    if (n->type != YAML_SEQUENCE_NODE) return expected(c, n, key, "a list of strings");
+    eng_run_config_t *cfg = c->cfg;
+    int count = 0;
+    char tmp[ENG_MAX_LORA_TARGETS][sizeof cfg->lora_target_modules[0]];
+    for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
+        yaml_node_t *e = yaml_document_get_node(c->doc, *it);
+        if (count == ENG_MAX_LORA_TARGETS) return fail(c, e, "%s: more than %d entries", key, ENG_MAX_LORA_TARGETS);
+        mt_status_t st = take_string(c, e, key, false, tmp[count], sizeof tmp[count]);
+        if (st != MT_OK) return st;
+        count++;
+    }
+    memcpy(cfg->lora_target_modules, tmp, sizeof tmp[0] * (size_t)count);
+    cfg->num_lora_target_modules = count;
+    return MT_OK;
+}
+
+static mt_status_t apply_json(pctx_t *c, const char *key, yaml_node_t *n) {
+    if (n->type != YAML_MAPPING_NODE) return expected(c, n, key, "a mapping (HF config.json keys)");
+    char msg[512];
+    const yaml_node_t *bad = NULL;
+    json_t *obj = eng_yaml_to_json(c->doc, n, msg, sizeof msg, &bad);
+    if (!obj) return fail(c, bad ? bad : n, "%s: %s", key, msg);
+    char *text = json_dumps(obj, JSON_COMPACT);
+    json_decref(obj);
+    MT_CHECK_ALLOC(text, "model_config JSON text");
+    free(c->cfg->model_config_json);
+    c->cfg->model_config_json = text;
+    return MT_OK;
+}
+
+/* Applies node n (NULL = an empty --set value, i.e. null) to one row. */
+static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
+    eng_run_config_t *cfg = c->cfg;
+    if (!n || eng_yaml_is_null(n)) {
+        reset_row(cfg, row);
+        return MT_OK;
+    }
+    switch (row->kind) {
+    case K_INT: {
+        int64_t v;
+        if (!eng_yaml_int(n, &v)) return expected(c, n, key, "an integer");
+        if (v < -2147483647 - 1 || v > 2147483647) return fail(c, n, "%s: %lld is out of range", key, (long long)v);
+        int iv = (int)v;
+        put(cfg, row, &iv, sizeof iv);
+        return MT_OK;
+    }
+    case K_U64: {
+        uint64_t v;
+        if (!eng_yaml_u64(n, &v)) return expected(c, n, key, "a non-negative integer");
+        put(cfg, row, &v, sizeof v);
+        return MT_OK;
+    }
+    case K_DOUBLE: {
+        double v;
+        if (!eng_yaml_number(n, &v)) return expected(c, n, key, "a number");
+        put(cfg, row, &v, sizeof v);
+        return MT_OK;
+    }
+    case K_BOOL: {
+        bool v;
+        if (!eng_yaml_bool(n, &v)) return expected(c, n, key, "a boolean (true or false)");
+        put(cfg, row, &v, sizeof v);
+        return MT_OK;
+    }
+    case K_PATH: {
+        char tmp[1024];
+        MT_CHECK(row->size <= sizeof tmp, "config table: path key %s too large", row->name);
+        mt_status_t st = take_string(c, n, key, true, tmp, row->size);
+        if (st == MT_OK) memcpy((char *)cfg + row->offset, tmp, row->size);
+        return st;
+    }
+    case K_SIZE: {
+        if (n->type != YAML_SCALAR_NODE) return expected(c, n, key, "a size such as 80GiB");
+        size_t v;
+        mt_error_t sub;
+        if (eng_parse_size((const char *)n->data.scalar.value, &v, &sub) != MT_OK)
+            return fail(c, n, "%s: %s", key, sub.msg);
+        put(cfg, row, &v, sizeof v);
+        return MT_OK;
+    }
+    case K_ENUM: {
+        if (n->type == YAML_SCALAR_NODE) {
+            for (const enum_name_t *e = row->enums; e->name; e++) {
+                if (strcmp(e->name, (const char *)n->data.scalar.value) == 0) {
+                    int v = e->value;
+                    put(cfg, row, &v, sizeof v);
+                    return MT_OK;
+                }
+            }
+        }
+        char list[256] = "", got[256];
+        size_t used = 0;
+        for (const enum_name_t *e = row->enums; e->name; e++) {
+            int w = snprintf(list + used, sizeof list - used, "%s%s", e == row->enums ? "" : ", ", e->name);
+            if (w < 0 || (size_t)w >= sizeof list - used) break;
+            used += (size_t)w;
+        }
+        describe(n, got, sizeof got);
+        return fail(c, n, "%s: got %s, expected one of: %s", key, got, list);
+    }
+    case K_DATASETS: return apply_datasets(c, key, n);
+    case K_STRLIST: return apply_strlist(c, key, n);
+    case K_JSON: return apply_json(c, key, n);
+    case K_SECTION: {
+        if (n->type != YAML_MAPPING_NODE) return expected(c, n, key, "a mapping");
+        char prefix[128];
+        snprintf(prefix, sizeof prefix, "%s.", key);
+        return walk_mapping(c, row->section, prefix, n);
+    }
+    }
+    return fail(c, n, "%s: internal error: unhandled key kind", key);
+}
+
+static mt_status_t walk_mapping(pctx_t *c, const key_row_t *rows, const char *prefix, yaml_node_t *map) {
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
+        if (!k || k->type != YAML_SCALAR_NODE) return fail(c, k, "keys must be strings");
+        const char *name = (const char *)k->data.scalar.value;
+        /* YAML forbids duplicate keys but libyaml lets them through; the
+         * second would silently win, so refuse it. */
+        for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
+            yaml_node_t *qk = yaml_document_get_node(c->doc, q->key);
+            if (qk && qk->type == YAML_SCALAR_NODE && strcmp((const char *)qk->data.scalar.value, name) == 0)
+                return fail(c, k, "duplicate key '%s%.200s' (first at line %zu)", prefix, name,
+                            (size_t)qk->start_mark.line + 1);
+        }
+        const key_row_t *row = find_row(rows, name);
+        if (!row) return unknown_key(c, k, rows, prefix, name);
+        char key[256];
+        snprintf(key, sizeof key, "%s%s", prefix, row->name);
+        mt_status_t st = apply(c, row, key, v);
+        if (st != MT_OK) return st;
+    }
+    return MT_OK;
+}
+
+/* libyaml's own description of a syntax error, with line and column. */
+static mt_status_t yaml_syntax_error(const char *where, const yaml_parser_t *p, mt_error_t *err) {
+    if (p->error == YAML_MEMORY_ERROR) return mt_error_set(err, MT_ERR_NOMEM, "%s: out of memory parsing YAML", where);
+    const char *problem = p->problem ? p->problem : "unknown error";
+    if (p->error == YAML_READER_ERROR)
+        return mt_error_set(err, MT_ERR_CONFIG, "%s: invalid YAML: %s at byte %zu", where, problem,
+                            (size_t)p->problem_offset);
+    size_t line = p->problem_mark.line + 1, col = p->problem_mark.column + 1;
+    if (p->context)
+        return mt_error_set(err, MT_ERR_CONFIG, "%s:%zu:%zu: invalid YAML: %s (%s at line %zu, column %zu)", where,
+                            line, col, problem, p->context, (size_t)p->context_mark.line + 1,
+                            (size_t)p->context_mark.column + 1);
+    return mt_error_set(err, MT_ERR_CONFIG, "%s:%zu:%zu: invalid YAML: %s", where, line, col, problem);
+}
+
+mt_status_t eng_run_config_parse(const char *yaml_text, size_t len, const char *path, eng_run_config_t *cfg,
+                                 mt_error_t *err) {
+    eng_run_config_defaults(cfg);
+    const char *name = path ? path : "<run config>";
+    pctx_t c = {.file = name, .set_arg = NULL, .cfg = cfg, .err = err};
+    if (path) {
+        int w = snprintf(cfg->source_path, sizeof cfg->source_path, "%s", path);
+        if (w < 0 || (size_t)w >= sizeof cfg->source_path)
+            return mt_error_set(err, MT_ERR_CONFIG, "%.400s: path longer than %zu bytes", path,
+                                sizeof cfg->source_path - 1);
+        const char *slash = strrchr(path, '/');
+        if (slash == path) snprintf(c.base_dir, sizeof c.base_dir, "/");
+        else if (slash) snprintf(c.base_dir, sizeof c.base_dir, "%.*s", (int)(slash - path), path);
+        if (strcmp(c.base_dir, "/") == 0) c.base_dir[0] = '\0'; /* "/x" joins as "//x" otherwise */
+    }
+
+    yaml_parser_t parser;
+    MT_CHECK(yaml_parser_initialize(&parser), "yaml_parser_initialize: out of memory");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml_text, len);
+    yaml_document_t doc;
+    if (!yaml_parser_load(&parser, &doc)) {
+        mt_status_t st = yaml_syntax_error(name, &parser, err);
+        yaml_parser_delete(&parser);
+        return st;
+    }
+    c.doc = &doc;
+    mt_status_t st = MT_OK;
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root && !eng_yaml_is_null(root)) {
+        if (root->type != YAML_MAPPING_NODE) st = fail(&c, root, "the run config must be a mapping of keys");
+        else st = walk_mapping(&c, k_top_rows, "", root);
+    }
+    yaml_document_delete(&doc);
+    if (st == MT_OK) {
+        /* libyaml stops after the first document: load the rest so a syntax
+         * error further down is not silently ignored. */
+        yaml_document_t more;
+        if (!yaml_parser_load(&parser, &more)) {
+            st = yaml_syntax_error(name, &parser, err);
+        } else {
+            yaml_node_t *r2 = yaml_document_get_root_node(&more);
+            if (r2)
+                st = mt_error_set(err, MT_ERR_CONFIG, "%s:%zu: a second YAML document; a run config is one document",
+                                  name, (size_t)r2->start_mark.line + 1);
+            yaml_document_delete(&more);
+        }
+    }
+    yaml_parser_delete(&parser);
+    if (st != MT_OK) eng_run_config_free(cfg);
+    return st;
+}
+
+mt_status_t eng_run_config_load(const char *path, eng_run_config_t *cfg, mt_error_t *err) {
+    eng_run_config_defaults(cfg);
+    FILE *f = fopen(path, "rb");
+    if (!f) return mt_error_set(err, MT_ERR_IO, "%s: cannot open run config: %s", path, strerror(errno));
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    MT_CHECK_ALLOC(buf, "run config text");
+    for (;;) {
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (len < cap) break;
+        cap *= 2;
+        buf = realloc(buf, cap);
+        MT_CHECK_ALLOC(buf, "run config text");
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        return mt_error_set(err, MT_ERR_IO, "%s: read error", path);
+    }
+    mt_status_t st = eng_run_config_parse(buf, len, path, cfg, err);
+    free(buf);
+    return st;
+}
+
+/* ---- --set --------------------------------------------------------------- */
+
+/* `model_config.a.b=v`: sets one key of the model_config object, creating
+ * intermediate objects, keeping every other key. */
+static mt_status_t set_json_path(pctx_t *c, const char *path, yaml_node_t *n) {
+    eng_run_config_t *cfg = c->cfg;
+    json_t *root;
+    if (cfg->model_config_json) {
+        json_error_t je;
+        root = json_loads(cfg->model_config_json, 0, &je);
+        if (!root || !json_is_object(root)) {
+            json_decref(root);
+            return fail(c, n, "model_config: the current value is not a JSON object");
+        }
+    } else {
+        root = json_object();
+        MT_CHECK_ALLOC(root, "model_config object");
+    }
+    char msg[512];
+    const yaml_node_t *bad = NULL;
+    json_t *value = n ? eng_yaml_to_json(c->doc, n, msg, sizeof msg, &bad) : json_null();
+    if (!value) {
+        json_decref(root);
+        return fail(c, bad, "model_config.%s: %s", path, msg);
+    }
+    json_t *obj = root;
+    char seg[256];
+    const char *p = path;
+    for (;;) {
+        const char *dot = strchr(p, '.');
+        size_t l = dot ? (size_t)(dot - p) : strlen(p);
+        if (l == 0 || l >= sizeof seg) {
+            json_decref(root);
+            json_decref(value);
+            return fail(c, n, "model_config.%s: empty or overlong key segment", path);
+        }
+        memcpy(seg, p, l);
+        seg[l] = '\0';
+        if (!dot) break;
+        json_t *next = json_object_get(obj, seg);
+        if (!next) {
+            next = json_object();
+            MT_CHECK_ALLOC(next, "model_config object");
+            json_object_set_new(obj, seg, next);
+        } else if (!json_is_object(next)) {
+            json_decref(root);
+            json_decref(value);
+            return fail(c, n, "model_config.%s: '%s' is not an object", path, seg);
+        }
+        obj = next;
+        p = dot + 1;
+    }
+    json_object_set_new(obj, seg, value);
+    char *text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    MT_CHECK_ALLOC(text, "model_config JSON text");
+    free(cfg->model_config_json);
+    cfg->model_config_json = text;
+    return MT_OK;
+}
+
+static mt_status_t set_node(pctx_t *c, const char *key, yaml_node_t *n) {
+    const key_row_t *rows = k_top_rows;
+    char prefix[256] = "", seg[256];
+    const char *p = key;
+    for (;;) {
+        const char *dot = strchr(p, '.');
+        size_t l = dot ? (size_t)(dot - p) : strlen(p);
+        if (l == 0 || l >= sizeof seg) return fail(c, n, "'%s' is not a valid key", key);
+        memcpy(seg, p, l);
+        seg[l] = '\0';
+        const key_row_t *row = find_row(rows, seg);
+        if (!row) return unknown_key(c, n, rows, prefix, seg);
+        char full[256];
+        snprintf(full, sizeof full, "%s%s", prefix, row->name);
+        if (!dot) return apply(c, row, full, n);
+        if (row->kind == K_JSON) return set_json_path(c, dot + 1, n);
+        if (row->kind != K_SECTION) return fail(c, n, "'%s' has no sub-keys (in '%s')", full, key);
+        size_t fl = strlen(full);
+        if (fl + 2 > sizeof prefix) return fail(c, n, "'%s' is not a valid key", key);
+        memcpy(prefix, full, fl);
+        memcpy(prefix + fl, ".", 2);
+        rows = row->section;
+        p = dot + 1;
+    }
+}
+
+mt_status_t eng_run_config_set(eng_run_config_t *cfg, const char *assignment, mt_error_t *err) {
+    pctx_t c = {.file = "--set", .set_arg = assignment, .cfg = cfg, .err = err};
+    const char *eq = strchr(assignment, '=');
+    if (!eq) return fail(&c, NULL, "expected key=value");
+    /* the key without surrounding blanks */
+    const char *ks = assignment, *ke = eq;
+    while (ks < ke && isspace((unsigned char)*ks)) ks++;
+    while (ke > ks && isspace((unsigned char)ke[-1])) ke--;
+    if (ke == ks) return fail(&c, NULL, "expected key=value, the key is empty");
+    char key[256];
+    if ((size_t)(ke - ks) >= sizeof key) return fail(&c, NULL, "the key is too long");
+    memcpy(key, ks, (size_t)(ke - ks));
+    key[ke - ks] = '\0';
+
+    const char *value = eq + 1;
+    yaml_parser_t parser;
+    MT_CHECK(yaml_parser_initialize(&parser), "yaml_parser_initialize: out of memory");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)value, strlen(value));
+    yaml_document_t doc;
+    if (!yaml_parser_load(&parser, &doc)) {
+        char where[512];
+        snprintf(where, sizeof where, "--set '%.400s' (value)", assignment);
+        mt_status_t st = yaml_syntax_error(where, &parser, err);
+        yaml_parser_delete(&parser);
+        return st;
+    }
+    yaml_parser_delete(&parser);
+    c.doc = &doc;
+    mt_status_t st = set_node(&c, key, yaml_document_get_root_node(&doc));
+    yaml_document_delete(&doc);
+    return st;
+}
+
+/* ---- cross-field checks -------------------------------------------------- */
+
+mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err) {
+    const char *src = cfg->source_path[0] ? cfg->source_path : "run config";
+#define NEED(cond, ...)                                                                     \
+    do {                                                                                    \
+        if (!(cond)) {                                                                      \
+            char what_[1024];                                                               \
+            snprintf(what_, sizeof what_, __VA_ARGS__);                                     \
+            return mt_error_set(err, MT_ERR_CONFIG, "%.900s: %s", src, what_);              \
+        }                                                                                   \
+    } while (0)
+    NEED(cfg->base_model[0], "base_model is not set (the checkpoint directory)");
+    NEED(cfg->num_datasets >= 1, "datasets is empty; give at least one {path: FILE}");
+    for (int i = 0; i < cfg->num_datasets; i++) NEED(cfg->datasets[i].path[0], "datasets[%d].path is empty", i);
+    NEED(cfg->output_dir[0], "output_dir is empty");
+    NEED(cfg->sequence_len >= 1, "sequence_len must be >= 1, got %d", cfg->sequence_len);
+    NEED(cfg->micro_batch_size >= 1, "micro_batch_size must be >= 1, got %d", cfg->micro_batch_size);
+    NEED(cfg->gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1, got %d",
+         cfg->gradient_accumulation_steps);
+    NEED(cfg->max_steps >= 0, "max_steps must be >= 0, got %d", cfg->max_steps);
+    NEED(cfg->num_epochs >= 0, "num_epochs must be >= 0, got %d", cfg->num_epochs);
+    NEED(cfg->max_steps > 0 || cfg->num_epochs > 0, "one of max_steps or num_epochs must be > 0");
+    NEED(isfinite(cfg->learning_rate) && cfg->learning_rate >= 0, "learning_rate must be >= 0, got %g",
+         cfg->learning_rate);
+    NEED(cfg->warmup_steps >= 0, "warmup_steps must be >= 0, got %d", cfg->warmup_steps);
+    /* torch.optim.AdamW's own checks: 0 <= beta < 1, eps >= 0, wd >= 0 */
+    NEED(cfg->adam_beta1 >= 0 && cfg->adam_beta1 < 1, "adam_beta1 must be in [0, 1), got %g", cfg->adam_beta1);
+    NEED(cfg->adam_beta2 >= 0 && cfg->adam_beta2 < 1, "adam_beta2 must be in [0, 1), got %g", cfg->adam_beta2);
+    NEED(isfinite(cfg->adam_epsilon) && cfg->adam_epsilon >= 0, "adam_epsilon must be >= 0, got %g",
+         cfg->adam_epsilon);
+    NEED(isfinite(cfg->weight_decay) && cfg->weight_decay >= 0, "weight_decay must be >= 0, got %g",
+         cfg->weight_decay);
+    NEED(isfinite(cfg->max_grad_norm) && cfg->max_grad_norm >= 0, "max_grad_norm must be >= 0 (0 = off), got %g",
+         cfg->max_grad_norm);
+    NEED(cfg->logging_steps >= 1, "logging_steps must be >= 1, got %d", cfg->logging_steps);
+    NEED(cfg->save_steps >= 0, "save_steps must be >= 0 (0 = only at the end), got %d", cfg->save_steps);
+    NEED(cfg->save_max_shard_bytes > 0, "save_max_shard_size must be > 0");
+    NEED(isfinite(cfg->link_gbps) && cfg->link_gbps >= 0, "backend_options.link_gbps must be >= 0, got %g",
+         cfg->link_gbps);
+    NEED(isfinite(cfg->link_latency_us) && cfg->link_latency_us >= 0,
+         "backend_options.link_latency_us must be >= 0, got %g", cfg->link_latency_us);
+    if (cfg->adapter == ENG_ADAPTER_LORA) {
+        NEED(cfg->lora_r >= 1, "lora_r must be >= 1, got %d", cfg->lora_r);
+        NEED(isfinite(cfg->lora_alpha) && cfg->lora_alpha > 0, "lora_alpha must be > 0, got %g", cfg->lora_alpha);
+        NEED(cfg->lora_dropout >= 0 && cfg->lora_dropout < 1, "lora_dropout must be in [0, 1), got %g",
+             cfg->lora_dropout);
+        NEED(cfg->num_lora_target_modules >= 1, "adapter: lora needs lora_target_modules (e.g. [q_proj, v_proj])");
+    }
+    if (cfg->model_config_json) {
+        json_error_t je;
+        json_t *j = json_loads(cfg->model_config_json, 0, &je);
+        bool ok = j && json_is_object(j);
+        json_decref(j);
+        NEED(ok, "model_config is not a JSON object");
+    }
+#undef NEED
+    return MT_OK;
+}
