@@ -11,7 +11,8 @@
  * truncated, shorter ones padded with label -100 and mask 0.
  * llm.c .bin: one stream; row i is tokens [i*T, i*T + T] (T + 1 tokens),
  * inputs the first T, targets the last T; all mask 1.
- * Token ids >= vocab_size (or < 0) are errors naming file and line / offset. */
+ * Token ids >= vocab_size (or < 0) are errors naming file and line / offset
+ * (vocab_size <= 0: ids are only checked to fit int32). */
 #ifndef MT_ENGINE_DATA_H
 #define MT_ENGINE_DATA_H
 
