@@ -1,0 +1,155 @@
+/* The `moetune` command: a thin dispatcher over the engine's library side.
+ *
+ *   moetune train RUN.yaml [--set key=value]...
+ *   moetune init RUN.yaml [--set key=value]...   create base_model from base_model_init
+ *   moetune inspect CHECKPOINT_DIR
+ *   moetune bench adam [options]
+ *
+ * Exit codes: 0 success, 1 a run failed (the message says what and where),
+ * 2 a bad command line. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine/config.h"
+#include "engine/init_random.h"
+#include "engine/inspect.h"
+#include "engine/train.h"
+#include "tools/bench/adam_bench.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: moetune <command> [args]\n"
+            "\n"
+            "commands:\n"
+            "  train RUN.yaml [--set key=value]...  fine-tune as the run config says\n"
+            "  init RUN.yaml [--set key=value]...   create the run's base_model from its\n"
+            "                                       base_model_init config (random weights)\n"
+            "  inspect CHECKPOINT_DIR               architecture, parameter counts, tensor sizes\n"
+            "  bench adam [--params N] [--threads T] [--json]\n"
+            "                                       host AdamW vs this machine's memory ceiling\n");
+}
+
+static int fail(const mt_error_t *err) {
+    fprintf(stderr, "moetune: error: %s\n", err->msg);
+    return 1;
+}
+
+/* Parses RUN.yaml and the --set overrides that follow it. */
+static int load_run_config(int argc, char **argv, eng_run_config_t *rc, mt_error_t *err) {
+    if (argc < 1) {
+        fprintf(stderr, "moetune: missing RUN.yaml\n");
+        return 2;
+    }
+    if (eng_run_config_load(argv[0], rc, err) != MT_OK) return fail(err);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--set") == 0 && i + 1 < argc) a = argv[++i];
+        else if (strncmp(a, "--set=", 6) == 0) a += 6;
+        else {
+            fprintf(stderr, "moetune: unexpected argument '%s' (expected --set key=value)\n", argv[i]);
+            return 2;
+        }
+        if (eng_run_config_set(rc, a, err) != MT_OK) return fail(err);
+    }
+    if (eng_run_config_validate(rc, err) != MT_OK) return fail(err);
+    return 0;
+}
+
+static bool dir_has_config(const char *dir) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Creates base_model from base_model_init when it does not exist yet. */
+static int ensure_base_model(const eng_run_config_t *rc, bool verbose, mt_error_t *err) {
+    if (dir_has_config(rc->base_model)) {
+        if (verbose) fprintf(stderr, "moetune: %s already exists; leaving it as it is\n", rc->base_model);
+        return 0;
+    }
+    if (rc->base_model_init[0] == '\0') {
+        if (!verbose) return 0; /* training reports the missing checkpoint itself */
+        fprintf(stderr, "moetune: %s: base_model_init is not set; nothing to create\n", rc->source_path);
+        return 1;
+    }
+    FILE *f = fopen(rc->base_model_init, "rb");
+    if (!f) {
+        mt_error_set(err, MT_ERR_IO, "%s: base_model_init '%s' cannot be read", rc->source_path,
+                     rc->base_model_init);
+        return fail(err);
+    }
+    static char text[1 << 20];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    fprintf(stderr, "moetune: creating %s with random weights from %s (seed %llu)\n", rc->base_model,
+            rc->base_model_init, (unsigned long long)rc->seed);
+    if (eng_checkpoint_init_random(rc->base_model, text, rc->seed, err) != MT_OK) return fail(err);
+    return 0;
+}
+
+static int cmd_train(int argc, char **argv) {
+    eng_run_config_t rc;
+    mt_error_t err = {0};
+    int rcode = load_run_config(argc, argv, &rc, &err);
+    if (rcode == 0) rcode = ensure_base_model(&rc, false, &err);
+    if (rcode == 0) {
+        eng_train_result_t res;
+        if (eng_train(&rc, &res, &err) != MT_OK) {
+            rcode = fail(&err);
+        } else {
+            printf("trained %d steps in %.1f s: loss %.4f -> %.4f; model saved in %s\n", res.steps_done,
+                   res.seconds, res.first_loss, res.last_loss, rc.output_dir);
+        }
+    }
+    eng_run_config_free(&rc);
+    return rcode;
+}
+
+static int cmd_init(int argc, char **argv) {
+    eng_run_config_t rc;
+    mt_error_t err = {0};
+    int rcode = load_run_config(argc, argv, &rc, &err);
+    if (rcode == 0) rcode = ensure_base_model(&rc, true, &err);
+    eng_run_config_free(&rc);
+    return rcode;
+}
+
+static int cmd_inspect(int argc, char **argv) {
+    if (argc != 1) {
+        fprintf(stderr, "usage: moetune inspect CHECKPOINT_DIR\n");
+        return 2;
+    }
+    mt_error_t err = {0};
+    if (eng_inspect(argv[0], stdout, &err) != MT_OK) return fail(&err);
+    return 0;
+}
+
+static int cmd_bench(int argc, char **argv) {
+    if (argc >= 1 && strcmp(argv[0], "adam") == 0) return mt_bench_adam_main(argc, argv);
+    fprintf(stderr, "usage: moetune bench adam [options]\n");
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    /* Under `bazel run` the process starts in the runfiles tree; paths on the
+     * command line are meant relative to where the user typed them. */
+    const char *wd = getenv("BUILD_WORKING_DIRECTORY");
+    if (wd && chdir(wd) != 0) fprintf(stderr, "moetune: cannot enter %s\n", wd);
+    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
+    if (strcmp(cmd, "init") == 0) return cmd_init(argc - 2, argv + 2);
+    if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
+    if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 2, argv + 2);
+    fprintf(stderr, "moetune: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}
