@@ -1,0 +1,440 @@
+/* HF checkpoint directories: open, load into fp32, save (see checkpoint.h).
+ *
+ * Which weights file wins follows transformers' loader: model.safetensors
+ * if present, else model.safetensors.index.json.  Saving therefore removes
+ * a stale single file only after a new index is in place, and a stale index
+ * and shards only after a new single file is in place, so at every instant
+ * the directory holds one complete checkpoint (old or new) as a loader sees
+ * it, except for same-named shards being replaced one by one. */
+#include "engine/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char *path_join(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    MT_CHECK_ALLOC(p, "path");
+    snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+static bool file_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static void shape_to_str(char *buf, size_t cap, int ndim, const int64_t *s64, const uint64_t *su) {
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < ndim && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "",
+                              s64 ? (long long)s64[i] : (long long)su[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+static int cmp_entry(const void *a, const void *b) {
+    return strcmp(((const eng_ckpt_entry_t *)a)->name, ((const eng_ckpt_entry_t *)b)->name);
+}
+
+/* A shard name from an index must be a plain file in the directory. */
+static bool plain_file_name(const char *s) {
+    return s[0] != '\0' && strchr(s, '/') == NULL && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
+static mt_status_t open_sharded(eng_checkpoint_t *ck, const char *index_path, mt_error_t *err) {
+    json_error_t jerr;
+    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return mt_error_set(err, MT_ERR_FORMAT, "%s: not valid JSON: %s (line %d)", index_path,
+                            jerr.text, jerr.line);
+    mt_status_t st = MT_OK;
+    json_t *wm = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
+    if (!json_is_object(wm)) {
+        st = mt_error_set(err, MT_ERR_FORMAT, "%s: key 'weight_map' missing or not an object",
+                          index_path);
+        goto out;
+    }
+    /* Distinct shard names in first-seen order. */
+    size_t n = json_object_size(wm);
+    const char **shards = calloc(n ? n : 1, sizeof *shards);
+    MT_CHECK_ALLOC(shards, "shard list");
+    int nshards = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(wm, key, val) {
+        if (!json_is_string(val) || !plain_file_name(json_string_value(val))) {
+            st = mt_error_set(err, MT_ERR_FORMAT,
+                              "%s: weight_map['%s'] is not a file name in the checkpoint directory",
+                              index_path, key);
+            free(shards);
+            goto out;
+        }
+        const char *s = json_string_value(val);
+        int k = 0;
+        while (k < nshards && strcmp(shards[k], s) != 0) k++;
+        if (k == nshards) shards[nshards++] = s;
+    }
+    ck->files = calloc(nshards ? (size_t)nshards : 1, sizeof *ck->files);
+    MT_CHECK_ALLOC(ck->files, "shards");
+    for (int k = 0; k < nshards; k++) {
+        char *sp = path_join(ck->dir, shards[k]);
+        if (!file_exists(sp)) {
+            const char *example = "?";
+            json_object_foreach(wm, key, val) {
+                if (strcmp(json_string_value(val), shards[k]) == 0) {
+                    example = key;
+                    break;
+                }
+            }
+            st = mt_error_set(err, MT_ERR_IO,
+                              "%s: shard '%s' named in %s (for tensor '%s' and others) is missing",
+                              ck->dir, shards[k], ENG_CKPT_INDEX_FILE, example);
+            free(sp);
+            free(shards);
+            goto out;
+        }
+        st = eng_st_open(sp, &ck->files[k], err);
+        free(sp);
+        if (st != MT_OK) {
+            free(shards);
+            goto out;
+        }
+        ck->file_count = k + 1;
+        ck->disk_bytes += ck->files[k].file_size;
+    }
+    ck->entries = calloc(n ? n : 1, sizeof *ck->entries);
+    MT_CHECK_ALLOC(ck->entries, "checkpoint index");
+    json_object_foreach(wm, key, val) {
+        const char *s = json_string_value(val);
+        int k = 0;
+        while (strcmp(shards[k], s) != 0) k++;
+        const eng_st_tensor_t *t = eng_st_find(&ck->files[k], key);
+        if (!t) {
+            st = mt_error_set(err, MT_ERR_FORMAT,
+                              "%s: tensor '%s' is listed in %s under shard '%s' but that shard does "
+                              "not contain it",
+                              ck->dir, key, ENG_CKPT_INDEX_FILE, s);
+            free(shards);
+            goto out;
+        }
+        ck->entries[ck->count++] = (eng_ckpt_entry_t){t->name, k, t};
+    }
+    free(shards);
+out:
+    json_decref(root);
+    return st;
+}
+
+mt_status_t eng_checkpoint_open(const char *dir, eng_checkpoint_t *out, mt_error_t *err) {
+    memset(out, 0, sizeof *out);
+    out->dir = strdup(dir);
+    MT_CHECK_ALLOC(out->dir, "path");
+    mt_status_t st;
+    char *single = path_join(dir, ENG_CKPT_SINGLE_FILE);
+    char *index = path_join(dir, ENG_CKPT_INDEX_FILE);
+    if (file_exists(single)) {
+        out->files = calloc(1, sizeof *out->files);
+        MT_CHECK_ALLOC(out->files, "checkpoint");
+        st = eng_st_open(single, &out->files[0], err);
+        if (st == MT_OK) {
+            out->file_count = 1;
+            out->disk_bytes = out->files[0].file_size;
+            const eng_st_file_t *f = &out->files[0];
+            out->entries = calloc(f->count ? (size_t)f->count : 1, sizeof *out->entries);
+            MT_CHECK_ALLOC(out->entries, "checkpoint index");
+            for (int i = 0; i < f->count; i++)
+                out->entries[out->count++] = (eng_ckpt_entry_t){f->tensors[i].name, 0, &f->tensors[i]};
+        }
+    } else if (file_exists(index)) {
+        st = open_sharded(out, index, err);
+    } else {
+        char *bin = path_join(dir, "pytorch_model.bin");
+        bool has_bin = file_exists(bin);
+        free(bin);
+        st = has_bin ? mt_error_set(err, MT_ERR_UNSUPPORTED,
+                                    "%s: only safetensors checkpoints are supported (found "
+                                    "pytorch_model.bin); convert it with save_pretrained",
+                                    dir)
+                     : mt_error_set(err, MT_ERR_IO, "%s: no %s or %s in the directory", dir,
+                                    ENG_CKPT_SINGLE_FILE, ENG_CKPT_INDEX_FILE);
+    }
+    free(single);
+    free(index);
+    if (st != MT_OK) {
+        eng_checkpoint_close(out);
+        return st;
+    }
+    qsort(out->entries, (size_t)out->count, sizeof *out->entries, cmp_entry);
+    return MT_OK;
+}
+
+void eng_checkpoint_close(eng_checkpoint_t *ck) {
+    for (int i = 0; i < ck->file_count; i++) eng_st_close(&ck->files[i]);
+    free(ck->files);
+    free(ck->entries);
+    free(ck->dir);
+    memset(ck, 0, sizeof *ck);
+}
+
+const eng_ckpt_entry_t *eng_checkpoint_find(const eng_checkpoint_t *ck, const char *name) {
+    eng_ckpt_entry_t key = {.name = name};
+    return bsearch(&key, ck->entries, (size_t)ck->count, sizeof key, cmp_entry);
+}
+
+mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name, int ndim,
+                                    const int64_t *expect_shape, float *dst, mt_error_t *err) {
+    char want[128], got[128];
+    shape_to_str(want, sizeof want, ndim, expect_shape, NULL);
+    const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, name);
+    if (!e)
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: missing tensor '%s' (config.json implies shape %s)", ck->dir, name,
+                            want);
+    const eng_st_file_t *f = &ck->files[e->file];
+    const eng_st_tensor_t *t = e->tensor;
+    bool same = t->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++) same = (int64_t)t->shape[d] == expect_shape[d];
+    if (!same) {
+        shape_to_str(got, sizeof got, t->ndim, NULL, t->shape);
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: tensor '%s' has shape %s but config.json implies %s", f->path,
+                            name, got, want);
+    }
+    return eng_st_read_f32(f, t, dst, err);
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_spec_t *spec,
+                                float *const *dst, eng_ckpt_load_report_t *report, mt_error_t *err) {
+    if (report) memset(report, 0, sizeof *report);
+    for (int i = 0; i < spec->count; i++) {
+        const eng_param_spec_t *p = &spec->params[i];
+        mt_status_t st = eng_checkpoint_read_f32(ck, p->name, p->ndim, p->shape, dst[i], err);
+        if (st != MT_OK) return st;
+    }
+    if (!report) return MT_OK;
+    /* Unexpected tensors: a merge of two sorted name lists. */
+    const char **names = malloc((spec->count ? (size_t)spec->count : 1) * sizeof *names);
+    MT_CHECK_ALLOC(names, "spec names");
+    for (int i = 0; i < spec->count; i++) names[i] = spec->params[i].name;
+    qsort(names, (size_t)spec->count, sizeof *names, cmp_str);
+    report->unexpected = malloc((ck->count ? (size_t)ck->count : 1) * sizeof *report->unexpected);
+    MT_CHECK_ALLOC(report->unexpected, "load report");
+    int j = 0;
+    for (int i = 0; i < ck->count; i++) {
+        const char *n = ck->entries[i].name;
+        while (j < spec->count && strcmp(names[j], n) < 0) j++;
+        if (j < spec->count && strcmp(names[j], n) == 0) continue;
+        report->unexpected[report->unexpected_count++] = n;
+    }
+    free(names);
+    return MT_OK;
+}
+
+void eng_ckpt_load_report_free(eng_ckpt_load_report_t *report) {
+    free(report->unexpected);
+    memset(report, 0, sizeof *report);
+}
+
+/* ---- saving ----------------------------------------------------------- */
+
+static mt_status_t mkdir_p(const char *dir, mt_error_t *err) {
+    char *p = strdup(dir);
+    MT_CHECK_ALLOC(p, "path");
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') p[--n] = '\0';
+    for (char *s = p + 1;; s++) {
+        bool end = *s == '\0';
+        if (*s == '/' || end) {
+            char c = *s;
+            *s = '\0';
+            if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+                mt_status_t st = mt_error_set(err, MT_ERR_IO, "%s: cannot create directory: %s", p,
+                                              strerror(errno));
+                free(p);
+                return st;
+            }
+            *s = c;
+        }
+        if (end) break;
+    }
+    struct stat sb;
+    bool ok = stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+    free(p);
+    return ok ? MT_OK : mt_error_set(err, MT_ERR_IO, "%s: not a directory", dir);
+}
+
+/* "model-00002-of-00005.safetensors" -> (2, 5); false for other names. */
+static bool parse_shard_name(const char *s, int *idx, int *total) {
+    if (strlen(s) != 32 || strncmp(s, "model-", 6) != 0 || strncmp(s + 11, "-of-", 4) != 0 ||
+        strcmp(s + 20, ".safetensors") != 0)
+        return false;
+    for (int i = 0; i < 5; i++)
+        if (s[6 + i] < '0' || s[6 + i] > '9' || s[15 + i] < '0' || s[15 + i] > '9') return false;
+    *idx = atoi(s + 6);
+    *total = atoi(s + 15);
+    return true;
+}
+
+/* Removes shard files whose count differs from keep_total (0: all shards). */
+static void remove_stale_shards(const char *dir, int keep_total) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        int idx, total;
+        if (!parse_shard_name(de->d_name, &idx, &total)) continue;
+        if (total == keep_total && idx >= 1 && idx <= total) continue;
+        char *p = path_join(dir, de->d_name);
+        unlink(p); /* best effort: a leftover stale shard is ignored by every loader */
+        free(p);
+    }
+    closedir(d);
+}
+
+static uint64_t tensor_bytes(const eng_ckpt_tensor_t *t) {
+    uint64_t n = mt_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++) n *= (uint64_t)t->shape[d];
+    return n;
+}
+
+static mt_status_t write_shard(const char *path, const eng_ckpt_tensor_t *ts, const int *members,
+                               int nm, mt_error_t *err) {
+    eng_st_write_tensor_t *w = calloc(nm ? (size_t)nm : 1, sizeof *w);
+    MT_CHECK_ALLOC(w, "shard");
+    for (int i = 0; i < nm; i++) {
+        const eng_ckpt_tensor_t *t = &ts[members[i]];
+        w[i] = (eng_st_write_tensor_t){.name = t->name,
+                                       .dtype = eng_st_dtype_from_mt(t->dtype),
+                                       .ndim = t->ndim,
+                                       .shape = t->shape,
+                                       .f32 = t->data};
+    }
+    mt_status_t st = eng_st_write(path, w, nm, NULL, 0, err);
+    free(w);
+    return st;
+}
+
+mt_status_t eng_checkpoint_save(const char *dir, const char *config_json,
+                                const eng_ckpt_tensor_t *tensors, int count,
+                                uint64_t max_shard_bytes, mt_error_t *err) {
+    for (int i = 0; i < count; i++) {
+        mt_dtype_t dt = tensors[i].dtype;
+        if (dt != MT_F32 && dt != MT_BF16 && dt != MT_F16)
+            return mt_error_set(err, MT_ERR_UNSUPPORTED, "tensor '%s': cannot save as %s",
+                                tensors[i].name, mt_dtype_name(dt));
+    }
+    mt_status_t st = mkdir_p(dir, err);
+    if (st != MT_OK) return st;
+    if (config_json) {
+        char *cp = path_join(dir, "config.json");
+        st = eng_write_file_atomic(cp, config_json, strlen(config_json), err);
+        free(cp);
+        if (st != MT_OK) return st;
+    }
+
+    /* Shard plan, as huggingface_hub's split_state_dict_into_shards_factory:
+     * a tensor larger than the limit gets a shard of its own (placed before
+     * the shard being filled); otherwise a new shard starts when the next
+     * tensor would push the current one over the limit. */
+    int *shard_of = malloc((count ? (size_t)count : 1) * sizeof *shard_of);
+    int *order = malloc((count ? (size_t)count : 1) * sizeof *order);
+    MT_CHECK_ALLOC(shard_of, "shard plan");
+    MT_CHECK_ALLOC(order, "shard plan");
+    uint64_t limit = max_shard_bytes ? max_shard_bytes : UINT64_MAX;
+    uint64_t total_size = 0, cur_size = 0;
+    int nshards = 0, open_from = -1; /* members of the open shard have shard_of == -1 */
+    for (int i = 0; i <= count; i++) {
+        uint64_t b = i < count ? tensor_bytes(&tensors[i]) : 0;
+        bool close_open = open_from >= 0 && (i == count || (b <= limit && cur_size + b > limit));
+        if (close_open) { /* the open shard gets its number when it is closed, as in HF */
+            for (int j = open_from; j < i; j++)
+                if (shard_of[j] == -1) shard_of[j] = nshards;
+            nshards++;
+            open_from = -1;
+        }
+        if (i == count) break;
+        total_size += b;
+        if (b > limit) {
+            shard_of[i] = nshards++;
+            continue;
+        }
+        if (open_from < 0) {
+            open_from = i;
+            cur_size = 0;
+        }
+        shard_of[i] = -1;
+        cur_size += b;
+    }
+    if (nshards == 0) nshards = 1; /* an empty model still gets a (header-only) file */
+
+    if (nshards == 1) {
+        char *p = path_join(dir, ENG_CKPT_SINGLE_FILE);
+        for (int i = 0; i < count; i++) order[i] = i;
+        st = write_shard(p, tensors, order, count, err);
+        free(p);
+        if (st == MT_OK) {
+            char *ip = path_join(dir, ENG_CKPT_INDEX_FILE);
+            unlink(ip);
+            free(ip);
+            remove_stale_shards(dir, 0);
+        }
+        free(shard_of);
+        free(order);
+        return st;
+    }
+
+    char (*fname)[48] = calloc((size_t)nshards, sizeof *fname);
+    MT_CHECK_ALLOC(fname, "shard names");
+    for (int s = 0; s < nshards && st == MT_OK; s++) {
+        snprintf(fname[s], sizeof fname[s], "model-%05d-of-%05d.safetensors", s + 1, nshards);
+        int nm = 0;
+        for (int i = 0; i < count; i++)
+            if (shard_of[i] == s) order[nm++] = i;
+        char *p = path_join(dir, fname[s]);
+        st = write_shard(p, tensors, order, nm, err);
+        free(p);
+    }
+    if (st == MT_OK) {
+        /* Index as transformers writes it: json.dumps(index, indent=2, sort_keys=True) + "\n". */
+        json_t *root = json_object(), *meta = json_object(), *wm = json_object();
+        json_object_set_new(meta, "total_size", json_integer((json_int_t)total_size));
+        for (int i = 0; i < count; i++)
+            json_object_set_new(wm, tensors[i].name, json_string(fname[shard_of[i]]));
+        json_object_set_new(root, "metadata", meta);
+        json_object_set_new(root, "weight_map", wm);
+        char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+        json_decref(root);
+        MT_CHECK_ALLOC(text, "index");
+        size_t len = strlen(text);
+        char *withnl = malloc(len + 2);
+        MT_CHECK_ALLOC(withnl, "index");
+        memcpy(withnl, text, len);
+        withnl[len] = '\n';
+        withnl[len + 1] = '\0';
+        free(text);
+        char *ip = path_join(dir, ENG_CKPT_INDEX_FILE);
+        st = eng_write_file_atomic(ip, withnl, len + 1, err);
+        free(ip);
+        free(withnl);
+    }
+    if (st == MT_OK) {
+        char *sp = path_join(dir, ENG_CKPT_SINGLE_FILE);
+        unlink(sp); /* it would take precedence over the new index */
+        free(sp);
+        remove_stale_shards(dir, nshards);
+    }
+    free(fname);
+    free(shard_of);
+    free(order);
+    return st;
+}

@@ -1,0 +1,92 @@
+/* HF checkpoint directories: config.json plus model.safetensors, or
+ * model.safetensors.index.json plus the shards its weight_map names.
+ *
+ * Loading converts every parameter of a model spec to fp32 in buffers the
+ * caller owns (the caller decides where host tensors live), checking each
+ * tensor's shape against what config.json implies.  Tensors the spec does
+ * not know are ignored and reported, as HF's "unexpected keys" warning does.
+ *
+ * Saving writes the HF layout (save_pretrained's file names, shard split and
+ * index format).  Every file goes to a temp name and is renamed when
+ * complete, so an existing checkpoint in the directory is replaced file by
+ * file and a crash never leaves a truncated file under a final name. */
+#ifndef MT_ENGINE_CHECKPOINT_H
+#define MT_ENGINE_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model_config.h"
+#include "engine/model_spec.h"
+#include "engine/safetensors.h"
+#include "kernels/dtype.h"
+#include "kernels/status.h"
+
+#define ENG_CKPT_SINGLE_FILE "model.safetensors"
+#define ENG_CKPT_INDEX_FILE "model.safetensors.index.json"
+/* save_pretrained's default max_shard_size ("5GB", decimal). */
+#define ENG_CKPT_DEFAULT_MAX_SHARD_BYTES 5000000000ull
+
+typedef struct {
+    const char *name;  /* owned by the file that holds it */
+    int file;          /* index into files */
+    const eng_st_tensor_t *tensor;
+} eng_ckpt_entry_t;
+
+typedef struct {
+    char *dir;
+    eng_st_file_t *files; /* (file_count) mapped shards */
+    int file_count;
+    eng_ckpt_entry_t *entries; /* (count) every tensor, sorted by name */
+    int count;
+    uint64_t disk_bytes;   /* sum of the shard file sizes */
+} eng_checkpoint_t;
+
+/* Opens (maps and validates) the weights of DIR.  Errors name the directory
+ * and the file: neither weights file present (MT_ERR_IO), a shard named in
+ * the index missing (MT_ERR_IO, naming shard and index), a tensor listed in
+ * the index but absent from its shard (MT_ERR_FORMAT, naming both), and any
+ * safetensors format error. */
+mt_status_t eng_checkpoint_open(const char *dir, eng_checkpoint_t *out, mt_error_t *err);
+void eng_checkpoint_close(eng_checkpoint_t *ck);
+/* The entry for a tensor name, or NULL.  O(log count). */
+const eng_ckpt_entry_t *eng_checkpoint_find(const eng_checkpoint_t *ck, const char *name);
+
+/* Reads one tensor as fp32 into dst (numel floats), checking its shape
+ * against expect_shape (ndim dims; a spec's 1-D params use ndim 1). */
+mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name, int ndim,
+                                    const int64_t *expect_shape, float *dst, mt_error_t *err);
+
+typedef struct {
+    int unexpected_count;     /* tensors in the checkpoint that the spec does not name */
+    const char **unexpected;  /* (unexpected_count) names, valid while the checkpoint is open */
+} eng_ckpt_load_report_t;
+
+/* Loads every parameter of spec: dst[i] receives spec->params[i].numel
+ * floats.  Missing tensor, wrong shape or a dtype other than F32/BF16/F16
+ * are errors naming the tensor (and the directory / expected shape).
+ * report may be NULL; otherwise free it with eng_ckpt_load_report_free. */
+mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_spec_t *spec,
+                                float *const *dst, eng_ckpt_load_report_t *report, mt_error_t *err);
+void eng_ckpt_load_report_free(eng_ckpt_load_report_t *report);
+
+/* One tensor to save, from fp32 host memory. */
+typedef struct {
+    const char *name;
+    mt_dtype_t dtype;      /* on disk: MT_F32, MT_BF16 or MT_F16 */
+    int ndim;
+    const int64_t *shape;  /* (ndim) */
+    const float *data;     /* prod(shape) floats */
+} eng_ckpt_tensor_t;
+
+/* Writes DIR/config.json (config_json, if non-NULL) and the weights:
+ * model.safetensors when everything fits in max_shard_bytes (0 = never
+ * shard), else model-0000i-of-0000n.safetensors + index, split like
+ * save_pretrained.  Creates DIR (mkdir -p).  Files from an earlier save that
+ * the new one does not use (other shard counts, the single file / index of
+ * the other layout) are removed once the new weights are complete. */
+mt_status_t eng_checkpoint_save(const char *dir, const char *config_json,
+                                const eng_ckpt_tensor_t *tensors, int count,
+                                uint64_t max_shard_bytes, mt_error_t *err);
+
+#endif

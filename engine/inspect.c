@@ -1,0 +1,251 @@
+/* `moetune inspect` (see inspect.h).  Everything printed is derived from
+ * the model spec (the same list the loader and planner use) plus what the
+ * safetensors headers say; no tensor data is read, so inspecting a 60 GB
+ * checkpoint costs only its headers. */
+#include "engine/inspect.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine/checkpoint.h"
+#include "engine/model_config.h"
+#include "engine/model_spec.h"
+
+static const char *human(char *buf, size_t cap, double v) {
+    if (v >= 1e9) snprintf(buf, cap, "%.2fB", v / 1e9);
+    else if (v >= 1e6) snprintf(buf, cap, "%.2fM", v / 1e6);
+    else if (v >= 1e3) snprintf(buf, cap, "%.1fK", v / 1e3);
+    else snprintf(buf, cap, "%.0f", v);
+    return buf;
+}
+
+static const char *human_bytes(char *buf, size_t cap, double v) {
+    if (v >= 1024.0 * 1024 * 1024) snprintf(buf, cap, "%.2f GiB", v / (1024.0 * 1024 * 1024));
+    else if (v >= 1024.0 * 1024) snprintf(buf, cap, "%.2f MiB", v / (1024.0 * 1024));
+    else if (v >= 1024.0) snprintf(buf, cap, "%.1f KiB", v / 1024.0);
+    else snprintf(buf, cap, "%.0f B", v);
+    return buf;
+}
+
+static const char *arch_title(eng_arch_t a) {
+    switch (a) {
+    case ENG_ARCH_MIXTRAL: return "Mixtral";
+    case ENG_ARCH_QWEN2_MOE: return "Qwen2-MoE";
+    case ENG_ARCH_QWEN3_MOE: return "Qwen3-MoE";
+    }
+    return "?";
+}
+
+/* Per-layer parameter counts by group. */
+enum { G_NORM, G_ATTN, G_ROUTER, G_EXPERTS, G_SHARED, G_DENSE, G_COUNT };
+static const char *const k_group_names[G_COUNT] = {"norms", "attention", "router", "experts",
+                                                   "shared", "dense mlp"};
+
+static int group_of(eng_param_role_t r) {
+    switch (r) {
+    case ENG_P_ATTN_NORM:
+    case ENG_P_MLP_NORM: return G_NORM;
+    case ENG_P_Q: case ENG_P_K: case ENG_P_V: case ENG_P_O:
+    case ENG_P_Q_BIAS: case ENG_P_K_BIAS: case ENG_P_V_BIAS: case ENG_P_O_BIAS:
+    case ENG_P_Q_NORM: case ENG_P_K_NORM: return G_ATTN;
+    case ENG_P_ROUTER: return G_ROUTER;
+    case ENG_P_EXP_GATE: case ENG_P_EXP_UP: case ENG_P_EXP_DOWN: return G_EXPERTS;
+    case ENG_P_SHARED_GATE: case ENG_P_SHARED_UP: case ENG_P_SHARED_DOWN:
+    case ENG_P_SHARED_EXPERT_GATE: return G_SHARED;
+    case ENG_P_DENSE_GATE: case ENG_P_DENSE_UP: case ENG_P_DENSE_DOWN: return G_DENSE;
+    default: return -1;
+    }
+}
+
+/* "0-3,5,7-9" from a boolean list; "none" when empty. */
+static void ranges(char *buf, size_t cap, const bool *on, int n) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && len < cap; i++) {
+        if (!on[i]) continue;
+        int j = i;
+        while (j + 1 < n && on[j + 1]) j++;
+        len += (size_t)snprintf(buf + len, cap - len, j > i ? "%s%d-%d" : "%s%d", len ? "," : "", i, j);
+        i = j;
+    }
+    if (len == 0) snprintf(buf, cap, "none");
+}
+
+static void print_arch(FILE *out, const char *dir, const eng_model_config_t *c) {
+    char b[1024];
+    fprintf(out, "checkpoint   %s\n", dir);
+    fprintf(out, "model_type   %s (%s)\n", c->model_type, arch_title(c->arch));
+    fprintf(out, "layers       %d, hidden %d, vocab %d, max positions %d\n", c->num_hidden_layers,
+            c->hidden_size, c->vocab_size, c->max_position_embeddings);
+    fprintf(out, "attention    %d heads, %d kv heads, head_dim %d, qkv bias %s, qk norm %s, ",
+            c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->qkv_bias ? "yes" : "no",
+            c->qk_norm ? "yes" : "no");
+    if (c->sliding_window) fprintf(out, "sliding window %d\n", c->sliding_window);
+    else fprintf(out, "full causal\n");
+    fprintf(out, "rope         theta %g; rms_norm_eps %g; tied embeddings %s\n", (double)c->rope_theta,
+            (double)c->rms_norm_eps, c->tie_word_embeddings ? "yes" : "no");
+    fprintf(out, "experts      %d routed, top-%d, width %d, renormalise top-k %s", c->num_experts,
+            c->num_experts_per_tok, c->moe_intermediate_size, c->norm_topk_prob ? "yes" : "no");
+    if (c->shared_expert_intermediate_size > 0)
+        fprintf(out, "; shared expert width %d (sigmoid gate)", c->shared_expert_intermediate_size);
+    fprintf(out, "\n");
+    ranges(b, sizeof b, c->layer_is_moe, c->num_hidden_layers);
+    fprintf(out, "MoE layers   %s", b);
+    bool dense[ENG_MAX_LAYERS];
+    int nd = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) nd += dense[l] = !c->layer_is_moe[l];
+    if (nd) {
+        ranges(b, sizeof b, dense, c->num_hidden_layers);
+        fprintf(out, "; dense (width %d): %s", c->intermediate_size, b);
+    }
+    fprintf(out, "\n");
+    fprintf(out, "aux loss     %s (router_aux_loss_coef %g)\n",
+            c->output_router_logits ? "on" : "off", (double)c->router_aux_loss_coef);
+}
+
+static void print_layers(FILE *out, const eng_model_config_t *c, const eng_model_spec_t *spec) {
+    int L = c->num_hidden_layers;
+    size_t (*cnt)[G_COUNT] = calloc((size_t)L, sizeof *cnt);
+    MT_CHECK_ALLOC(cnt, "inspect");
+    size_t embed = 0, head = 0, fnorm = 0;
+    for (int i = 0; i < spec->count; i++) {
+        const eng_param_spec_t *p = &spec->params[i];
+        int g = group_of(p->role);
+        if (p->layer >= 0 && g >= 0) cnt[p->layer][g] += p->numel;
+        else if (p->role == ENG_P_EMBED) embed += p->numel;
+        else if (p->role == ENG_P_LM_HEAD) head += p->numel;
+        else fnorm += p->numel;
+    }
+    char b[8][32];
+    fprintf(out, "\nparameters by layer (identical consecutive layers merged; per layer)\n");
+    fprintf(out, "  %-9s %-6s", "layers", "kind");
+    for (int g = 0; g < G_COUNT; g++) fprintf(out, " %10s", k_group_names[g]);
+    fprintf(out, " %10s\n", "total");
+    for (int l = 0; l < L;) {
+        int m = l;
+        while (m + 1 < L && c->layer_is_moe[m + 1] == c->layer_is_moe[l] &&
+               memcmp(cnt[m + 1], cnt[l], sizeof cnt[l]) == 0)
+            m++;
+        char lr[24];
+        if (m > l) snprintf(lr, sizeof lr, "%d-%d", l, m);
+        else snprintf(lr, sizeof lr, "%d", l);
+        fprintf(out, "  %-9s %-6s", lr, c->layer_is_moe[l] ? "moe" : "dense");
+        size_t tot = 0;
+        for (int g = 0; g < G_COUNT; g++) {
+            tot += cnt[l][g];
+            fprintf(out, " %10s", cnt[l][g] ? human(b[0], sizeof b[0], (double)cnt[l][g]) : "-");
+        }
+        fprintf(out, " %10s\n", human(b[0], sizeof b[0], (double)tot));
+        l = m + 1;
+    }
+    fprintf(out, "  embed_tokens %s, final norm %s, lm_head %s\n", human(b[0], sizeof b[0], (double)embed),
+            human(b[1], sizeof b[1], (double)fnorm),
+            head ? human(b[2], sizeof b[2], (double)head) : "tied to embed_tokens");
+    free(cnt);
+
+    /* One expert, described once: its tensors and shapes. */
+    size_t per_expert = 0;
+    int first = -1;
+    for (int i = 0; i < spec->count; i++) {
+        const eng_param_spec_t *p = &spec->params[i];
+        if (p->expert != 0) continue;
+        if (first < 0) first = p->layer;
+        if (p->layer != first) break;
+        if (per_expert == 0) fprintf(out, "\none expert (every MoE layer has %d):\n", c->num_experts);
+        const char *tail = strstr(p->name, ".experts.0.");
+        fprintf(out, "  %-28s [%lld, %lld]\n", tail ? tail + 11 : p->name, (long long)p->shape[0],
+                (long long)p->shape[1]);
+        per_expert += p->numel;
+    }
+    if (per_expert) {
+        int nmoe = 0;
+        for (int l = 0; l < L; l++) nmoe += c->layer_is_moe[l];
+        double all = (double)per_expert * c->num_experts * nmoe;
+        fprintf(out, "  = %s per expert, %s per layer, %s in all experts (%.1f%% of the model)\n",
+                human(b[0], sizeof b[0], (double)per_expert),
+                human(b[1], sizeof b[1], (double)per_expert * c->num_experts),
+                human(b[2], sizeof b[2], all), 100.0 * all / (double)eng_model_spec_numel(spec));
+    }
+}
+
+static mt_status_t print_weights(FILE *out, const char *dir, const eng_model_spec_t *spec,
+                                 mt_error_t *err) {
+    char b[3][32];
+    size_t dl = strlen(dir) + 64;
+    char *p1 = malloc(dl), *p2 = malloc(dl);
+    MT_CHECK_ALLOC(p1, "path");
+    MT_CHECK_ALLOC(p2, "path");
+    snprintf(p1, dl, "%s/%s", dir, ENG_CKPT_SINGLE_FILE);
+    snprintf(p2, dl, "%s/%s", dir, ENG_CKPT_INDEX_FILE);
+    struct stat sb;
+    bool any = stat(p1, &sb) == 0 || stat(p2, &sb) == 0;
+    free(p1);
+    free(p2);
+    fprintf(out, "\nweights      ");
+    if (!any) {
+        fprintf(out, "none (config.json only)\n");
+        return MT_OK;
+    }
+    eng_checkpoint_t ck;
+    mt_status_t st = eng_checkpoint_open(dir, &ck, err);
+    if (st != MT_OK) return st;
+    fprintf(out, "%d file%s, %s on disk, %d tensors\n", ck.file_count, ck.file_count == 1 ? "" : "s",
+            human_bytes(b[0], sizeof b[0], (double)ck.disk_bytes), ck.count);
+    int n_by[ENG_ST_DTYPE_COUNT] = {0};
+    uint64_t bytes_by[ENG_ST_DTYPE_COUNT] = {0};
+    for (int i = 0; i < ck.count; i++) {
+        const eng_st_tensor_t *t = ck.entries[i].tensor;
+        n_by[t->dtype]++;
+        bytes_by[t->dtype] += t->end - t->begin;
+    }
+    for (int d = 0; d < ENG_ST_DTYPE_COUNT; d++)
+        if (n_by[d])
+            fprintf(out, "  %-5s %6d tensors, %s\n", eng_st_dtype_name((eng_st_dtype_t)d), n_by[d],
+                    human_bytes(b[0], sizeof b[0], (double)bytes_by[d]));
+    /* Agreement with config.json: missing, wrong shape, unexpected. */
+    int missing = 0, wrong = 0, shown = 0;
+    for (int i = 0; i < spec->count; i++) {
+        const eng_param_spec_t *p = &spec->params[i];
+        const eng_ckpt_entry_t *e = eng_checkpoint_find(&ck, p->name);
+        bool ok = e && e->tensor->ndim == p->ndim;
+        for (int d = 0; ok && d < p->ndim; d++) ok = (int64_t)e->tensor->shape[d] == p->shape[d];
+        if (ok) continue;
+        if (e) wrong++;
+        else missing++;
+        if (shown++ < 5)
+            fprintf(out, "  %s: %s\n", e ? "WRONG SHAPE" : "MISSING", p->name);
+    }
+    int used = spec->count - missing;
+    int unexpected = ck.count - used;
+    if (missing || wrong || unexpected)
+        fprintf(out, "  vs config.json: %d missing, %d wrong shape, %d unexpected (ignored)\n", missing,
+                wrong, unexpected);
+    else
+        fprintf(out, "  vs config.json: all %d tensors present with the expected shapes\n", spec->count);
+    eng_checkpoint_close(&ck);
+    return MT_OK;
+}
+
+mt_status_t eng_inspect(const char *dir, FILE *out, mt_error_t *err) {
+    eng_model_config_t cfg;
+    mt_status_t st = eng_model_config_load(dir, NULL, &cfg, err);
+    if (st != MT_OK) return st;
+    eng_model_spec_t spec;
+    st = eng_model_spec_build(&cfg, &spec, err);
+    if (st != MT_OK) {
+        eng_model_config_free(&cfg);
+        return st;
+    }
+    print_arch(out, dir, &cfg);
+    char b[2][32];
+    size_t total = eng_model_spec_numel(&spec), active = eng_model_spec_active_numel(&spec, &cfg);
+    fprintf(out, "parameters   %s total (%zu), %s active per token (%zu)\n",
+            human(b[0], sizeof b[0], (double)total), total, human(b[1], sizeof b[1], (double)active),
+            active);
+    print_layers(out, &cfg, &spec);
+    st = print_weights(out, dir, &spec, err);
+    eng_model_spec_free(&spec);
+    eng_model_config_free(&cfg);
+    return st;
+}

@@ -1,0 +1,430 @@
+/* HF config.json -> eng_model_config_t (see model_config.h).
+ *
+ * Defaults are those of transformers' MixtralConfig, Qwen2MoeConfig and
+ * Qwen3MoeConfig for every key a file may omit, so a config.json means the
+ * same model here as in transformers.  Exceptions, on purpose: the keys that
+ * fix the model's size (vocab_size, hidden_size, num_hidden_layers,
+ * num_attention_heads and the expert width) are required, because a file
+ * without them is almost surely not the checkpoint's config, and silently
+ * assuming Mixtral-8x7B's sizes would only fail later at a shape check.
+ * Features moetune does not implement (RoPE scaling, router jitter,
+ * attention dropout, activations other than SiLU, per-layer sliding
+ * windows) are refused with MT_ERR_UNSUPPORTED naming the key, rather than
+ * trained with different semantics. */
+#include "engine/model_config.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    json_t *obj;
+    const char *path;
+    mt_error_t *err;
+} reader_t;
+
+static const char *json_type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+static mt_status_t type_error(reader_t *r, const char *key, const char *want, const json_t *v) {
+    return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' must be %s, found %s", r->path, key,
+                        want, json_type_name(v));
+}
+
+/* required: missing key is an error; nullable: JSON null counts as absent. */
+static mt_status_t get_int(reader_t *r, const char *key, bool required, bool nullable, int def,
+                           int *out) {
+    json_t *v = json_object_get(r->obj, key);
+    if (!v || (nullable && json_is_null(v))) {
+        if (required)
+            return mt_error_set(r->err, MT_ERR_CONFIG, "%s: missing required key '%s'", r->path, key);
+        *out = def;
+        return MT_OK;
+    }
+    if (!json_is_integer(v)) return type_error(r, key, "an integer", v);
+    json_int_t x = json_integer_value(v);
+    if (x < -2147483647 || x > 2147483647)
+        return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' = %lld is out of range", r->path,
+                            key, (long long)x);
+    *out = (int)x;
+    return MT_OK;
+}
+
+static mt_status_t get_double(reader_t *r, const char *key, double def, double *out) {
+    json_t *v = json_object_get(r->obj, key);
+    if (!v) {
+        *out = def;
+        return MT_OK;
+    }
+    if (!json_is_number(v)) return type_error(r, key, "a number", v);
+    *out = json_number_value(v);
+    return MT_OK;
+}
+
+static mt_status_t get_bool(reader_t *r, const char *key, bool def, bool *out) {
+    json_t *v = json_object_get(r->obj, key);
+    if (!v) {
+        *out = def;
+        return MT_OK;
+    }
+    if (!json_is_boolean(v)) return type_error(r, key, "true or false", v);
+    *out = json_is_true(v);
+    return MT_OK;
+}
+
+static mt_status_t positive(reader_t *r, const char *key, int v) {
+    if (v > 0) return MT_OK;
+    return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' must be positive, found %d", r->path,
+                        key, v);
+}
+
+#define TRY(x)                          \
+    do {                                \
+        mt_status_t st_ = (x);          \
+        if (st_ != MT_OK) return st_;   \
+    } while (0)
+
+/* RoPE: rope_theta (transformers v4) or rope_parameters (v5); only the
+ * default (unscaled) rotary embedding is implemented. */
+static mt_status_t read_rope(reader_t *r, double def_theta, float *theta) {
+    json_t *rs = json_object_get(r->obj, "rope_scaling");
+    if (rs && !json_is_null(rs)) {
+        json_t *ty = json_is_object(rs) ? json_object_get(rs, "rope_type") : NULL;
+        if (!ty && json_is_object(rs)) ty = json_object_get(rs, "type");
+        bool is_default = json_is_string(ty) && strcmp(json_string_value(ty), "default") == 0;
+        if (!is_default)
+            return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
+                                "%s: key 'rope_scaling' is set; scaled RoPE variants are not "
+                                "supported (only rope_scaling: null)",
+                                r->path);
+    }
+    double t;
+    TRY(get_double(r, "rope_theta", def_theta, &t));
+    json_t *rp = json_object_get(r->obj, "rope_parameters");
+    if (rp && !json_is_null(rp)) {
+        if (!json_is_object(rp)) return type_error(r, "rope_parameters", "an object", rp);
+        json_t *ty = json_object_get(rp, "rope_type");
+        if (ty && !(json_is_string(ty) && strcmp(json_string_value(ty), "default") == 0))
+            return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
+                                "%s: key 'rope_parameters.rope_type' is not \"default\"; scaled "
+                                "RoPE variants are not supported",
+                                r->path);
+        json_t *th = json_object_get(rp, "rope_theta");
+        if (th) {
+            if (!json_is_number(th)) return type_error(r, "rope_parameters.rope_theta", "a number", th);
+            t = json_number_value(th);
+        }
+    }
+    if (!(t > 0))
+        return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'rope_theta' must be positive", r->path);
+    *theta = (float)t;
+    return MT_OK;
+}
+
+static mt_status_t read_common(reader_t *r, eng_model_config_t *c, int def_nkv, double def_eps,
+                               int def_max_pos) {
+    TRY(get_int(r, "vocab_size", true, false, 0, &c->vocab_size));
+    TRY(positive(r, "vocab_size", c->vocab_size));
+    TRY(get_int(r, "hidden_size", true, false, 0, &c->hidden_size));
+    TRY(positive(r, "hidden_size", c->hidden_size));
+    TRY(get_int(r, "num_hidden_layers", true, false, 0, &c->num_hidden_layers));
+    TRY(positive(r, "num_hidden_layers", c->num_hidden_layers));
+    if (c->num_hidden_layers > ENG_MAX_LAYERS)
+        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
+                            "%s: key 'num_hidden_layers' = %d exceeds moetune's limit of %d", r->path,
+                            c->num_hidden_layers, ENG_MAX_LAYERS);
+    TRY(get_int(r, "num_attention_heads", true, false, 0, &c->num_attention_heads));
+    TRY(positive(r, "num_attention_heads", c->num_attention_heads));
+    /* null means "same as num_attention_heads" (MHA) in every config class. */
+    json_t *kv = json_object_get(r->obj, "num_key_value_heads");
+    TRY(get_int(r, "num_key_value_heads", false, true,
+                kv && json_is_null(kv) ? c->num_attention_heads : def_nkv, &c->num_key_value_heads));
+    TRY(positive(r, "num_key_value_heads", c->num_key_value_heads));
+    if (c->num_attention_heads % c->num_key_value_heads != 0)
+        return mt_error_set(r->err, MT_ERR_CONFIG,
+                            "%s: key 'num_attention_heads' (%d) must be a multiple of "
+                            "'num_key_value_heads' (%d)",
+                            r->path, c->num_attention_heads, c->num_key_value_heads);
+    /* getattr(config, "head_dim", None) or hidden_size // num_attention_heads */
+    TRY(get_int(r, "head_dim", false, true, 0, &c->head_dim));
+    if (c->head_dim == 0) c->head_dim = c->hidden_size / c->num_attention_heads;
+    TRY(positive(r, "head_dim", c->head_dim));
+
+    json_t *act = json_object_get(r->obj, "hidden_act");
+    if (act && !json_is_string(act)) return type_error(r, "hidden_act", "a string", act);
+    if (act && strcmp(json_string_value(act), "silu") != 0)
+        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
+                            "%s: key 'hidden_act' = \"%s\" is not supported (only \"silu\")", r->path,
+                            json_string_value(act));
+    double d;
+    TRY(get_double(r, "rms_norm_eps", def_eps, &d));
+    c->rms_norm_eps = (float)d;
+    TRY(get_int(r, "max_position_embeddings", false, false, def_max_pos, &c->max_position_embeddings));
+    TRY(get_bool(r, "tie_word_embeddings", false, &c->tie_word_embeddings));
+    TRY(get_bool(r, "output_router_logits", false, &c->output_router_logits));
+    TRY(get_double(r, "router_aux_loss_coef", 0.001, &d));
+    c->router_aux_loss_coef = (float)d;
+    TRY(get_double(r, "router_jitter_noise", 0.0, &d));
+    if (d > 0)
+        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
+                            "%s: key 'router_jitter_noise' = %g is not supported (only 0)", r->path, d);
+    TRY(get_double(r, "attention_dropout", 0.0, &d));
+    if (d > 0)
+        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
+                            "%s: key 'attention_dropout' = %g is not supported (only 0)", r->path, d);
+    return MT_OK;
+}
+
+static mt_status_t read_experts(reader_t *r, eng_model_config_t *c, const char *key_e, int def_e,
+                                int def_k) {
+    TRY(get_int(r, key_e, false, false, def_e, &c->num_experts));
+    TRY(get_int(r, "num_experts_per_tok", false, false, def_k, &c->num_experts_per_tok));
+    if (c->num_experts < 0)
+        return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' must not be negative", r->path, key_e);
+    if (c->num_experts > 0 && (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts))
+        return mt_error_set(r->err, MT_ERR_CONFIG,
+                            "%s: key 'num_experts_per_tok' = %d must be between 1 and %s (%d)",
+                            r->path, c->num_experts_per_tok, key_e, c->num_experts);
+    return MT_OK;
+}
+
+static mt_status_t parse_mixtral(reader_t *r, eng_model_config_t *c) {
+    c->arch = ENG_ARCH_MIXTRAL;
+    TRY(read_common(r, c, 8, 1e-5, 4096 * 32));
+    TRY(get_int(r, "intermediate_size", true, false, 0, &c->intermediate_size));
+    TRY(positive(r, "intermediate_size", c->intermediate_size));
+    c->moe_intermediate_size = c->intermediate_size;
+    c->shared_expert_intermediate_size = 0;
+    TRY(read_experts(r, c, "num_local_experts", 8, 2));
+    TRY(positive(r, "num_local_experts", c->num_experts));
+    c->norm_topk_prob = true; /* Mixtral always renormalises the top-k weights */
+    c->qkv_bias = false;
+    c->qk_norm = false;
+    TRY(read_rope(r, 1e6, &c->rope_theta));
+    TRY(get_int(r, "sliding_window", false, true, 0, &c->sliding_window));
+    if (c->sliding_window < 0)
+        return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'sliding_window' must not be negative",
+                            r->path);
+    for (int l = 0; l < c->num_hidden_layers; l++) c->layer_is_moe[l] = true;
+    return MT_OK;
+}
+
+/* Qwen sparse layers: i not in mlp_only_layers and (i+1) % decoder_sparse_step == 0. */
+static mt_status_t read_qwen_layers(reader_t *r, eng_model_config_t *c) {
+    int step;
+    TRY(get_int(r, "decoder_sparse_step", false, false, 1, &step));
+    TRY(positive(r, "decoder_sparse_step", step));
+    bool mlp_only[ENG_MAX_LAYERS] = {false};
+    json_t *mo = json_object_get(r->obj, "mlp_only_layers");
+    if (mo && !json_is_null(mo)) {
+        if (!json_is_array(mo)) return type_error(r, "mlp_only_layers", "a list of integers", mo);
+        for (size_t i = 0; i < json_array_size(mo); i++) {
+            json_t *v = json_array_get(mo, i);
+            if (!json_is_integer(v)) return type_error(r, "mlp_only_layers", "a list of integers", v);
+            json_int_t l = json_integer_value(v);
+            if (l >= 0 && l < c->num_hidden_layers) mlp_only[l] = true; /* others match no layer */
+        }
+    }
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        c->layer_is_moe[l] = !mlp_only[l] && c->num_experts > 0 && (l + 1) % step == 0;
+    return MT_OK;
+}
+
+static mt_status_t read_qwen_common(reader_t *r, eng_model_config_t *c, int def_nkv, int def_inter,
+                                    int def_e, int def_k) {
+    TRY(read_common(r, c, def_nkv, 1e-6, 32768));
+    TRY(get_int(r, "intermediate_size", false, false, def_inter, &c->intermediate_size));
+    TRY(positive(r, "intermediate_size", c->intermediate_size));
+    /* The expert width sizes the model: required (transformers' default is
+     * 1408 for Qwen2-MoE, 768 for Qwen3-MoE), see the note on top. */
+    TRY(get_int(r, "moe_intermediate_size", true, false, 0, &c->moe_intermediate_size));
+    TRY(positive(r, "moe_intermediate_size", c->moe_intermediate_size));
+    TRY(read_experts(r, c, "num_experts", def_e, def_k));
+    TRY(get_bool(r, "norm_topk_prob", false, &c->norm_topk_prob));
+    TRY(read_rope(r, 10000.0, &c->rope_theta));
+    TRY(read_qwen_layers(r, c));
+    return MT_OK;
+}
+
+/* Qwen2-MoE attention layer types (Qwen2MoeConfig.__post_init__): layer i
+ * slides when use_sliding_window, i is even and i < max_window_layers,
+ * unless the file lists layer_types itself.  One window for all layers is
+ * all eng_model_config_t can express. */
+static mt_status_t qwen2_sliding(reader_t *r, eng_model_config_t *c) {
+    bool use = false;
+    TRY(get_bool(r, "use_sliding_window", false, &use));
+    int window, max_window_layers;
+    TRY(get_int(r, "sliding_window", false, true, 0, &window));
+    TRY(get_int(r, "max_window_layers", false, false, 28, &max_window_layers));
+    json_t *lt = json_object_get(r->obj, "layer_types");
+    int nslide = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        bool slide;
+        if (lt && !json_is_null(lt)) {
+            json_t *v = json_is_array(lt) ? json_array_get(lt, (size_t)l) : NULL;
+            if (!json_is_string(v))
+                return mt_error_set(r->err, MT_ERR_CONFIG,
+                                    "%s: key 'layer_types' must list a string for each of the %d "
+                                    "layers",
+                                    r->path, c->num_hidden_layers);
+            slide = strcmp(json_string_value(v), "sliding_attention") == 0;
+        } else {
+            slide = use && (l + 1) % 2 != 0 && l < max_window_layers;
+        }
+        nslide += slide;
+    }
+    if (nslide == 0 || window == 0) {
+        c->sliding_window = 0;
+    } else if (nslide == c->num_hidden_layers) {
+        c->sliding_window = window;
+    } else {
+        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
+                            "%s: key 'use_sliding_window' is true and gives sliding-window "
+                            "attention to %d of %d layers; per-layer windows are not supported",
+                            r->path, nslide, c->num_hidden_layers);
+    }
+    return MT_OK;
+}
+
+static mt_status_t parse_qwen2_moe(reader_t *r, eng_model_config_t *c) {
+    c->arch = ENG_ARCH_QWEN2_MOE;
+    TRY(read_qwen_common(r, c, 16, 5632, 60, 4));
+    TRY(get_int(r, "shared_expert_intermediate_size", false, false, 5632,
+                &c->shared_expert_intermediate_size));
+    if (c->shared_expert_intermediate_size < 0)
+        return mt_error_set(r->err, MT_ERR_CONFIG,
+                            "%s: key 'shared_expert_intermediate_size' must not be negative", r->path);
+    /* Qwen2MoeAttention's q/k/v_proj have bias=True; newer transformers
+     * spell it out as the key qkv_bias (default true). */
+    TRY(get_bool(r, "qkv_bias", true, &c->qkv_bias));
+    c->qk_norm = false;
+    return qwen2_sliding(r, c);
+}
+
+static mt_status_t parse_qwen3_moe(reader_t *r, eng_model_config_t *c) {
+    c->arch = ENG_ARCH_QWEN3_MOE;
+    TRY(read_qwen_common(r, c, 4, 6144, 128, 8));
+    c->shared_expert_intermediate_size = 0;
+    TRY(get_bool(r, "attention_bias", false, &c->qkv_bias));
+    c->qk_norm = true;
+    /* Qwen3MoeConfig: sliding_window if use_sliding_window else None; the
+     * attention then uses config.sliding_window in every layer. */
+    bool use = false;
+    TRY(get_bool(r, "use_sliding_window", false, &use));
+    int window;
+    TRY(get_int(r, "sliding_window", false, true, 0, &window));
+    c->sliding_window = use ? window : 0;
+    if (c->sliding_window < 0)
+        return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'sliding_window' must not be negative",
+                            r->path);
+    return MT_OK;
+}
+
+mt_status_t eng_model_config_parse(const char *json_text, const char *path,
+                                   const char *overrides_json, eng_model_config_t *out,
+                                   mt_error_t *err) {
+    memset(out, 0, sizeof *out);
+    if (!path) path = "config.json";
+    json_error_t jerr;
+    json_t *root = json_loads(json_text, 0, &jerr);
+    if (!root)
+        return mt_error_set(err, MT_ERR_CONFIG, "%s: not valid JSON: %s (line %d, column %d)", path,
+                            jerr.text, jerr.line, jerr.column);
+    mt_status_t st = MT_OK;
+    if (!json_is_object(root)) {
+        st = mt_error_set(err, MT_ERR_CONFIG, "%s: top level must be a JSON object", path);
+        goto out;
+    }
+    if (overrides_json) {
+        json_t *ov = json_loads(overrides_json, 0, &jerr);
+        if (!ov || !json_is_object(ov)) {
+            st = mt_error_set(err, MT_ERR_CONFIG, "model config overrides for %s: %s", path,
+                              ov ? "must be a JSON object" : jerr.text);
+            json_decref(ov);
+            goto out;
+        }
+        json_object_update(root, ov);
+        json_decref(ov);
+    }
+    reader_t r = {root, path, err};
+    json_t *mt = json_object_get(root, "model_type");
+    if (!mt) {
+        st = mt_error_set(err, MT_ERR_CONFIG, "%s: missing required key 'model_type'", path);
+        goto out;
+    }
+    if (!json_is_string(mt)) {
+        st = type_error(&r, "model_type", "a string", mt);
+        goto out;
+    }
+    const char *type = json_string_value(mt);
+    snprintf(out->model_type, sizeof out->model_type, "%s", type);
+    if (strcmp(type, "mixtral") == 0) st = parse_mixtral(&r, out);
+    else if (strcmp(type, "qwen2_moe") == 0) st = parse_qwen2_moe(&r, out);
+    else if (strcmp(type, "qwen3_moe") == 0) st = parse_qwen3_moe(&r, out);
+    else
+        st = mt_error_set(err, MT_ERR_UNSUPPORTED,
+                          "%s: model_type '%s' is not supported (supported: mixtral, qwen2_moe, "
+                          "qwen3_moe)",
+                          path, type);
+    if (st == MT_OK) {
+        out->config_json = strdup(json_text);
+        MT_CHECK_ALLOC(out->config_json, "config.json text");
+    }
+out:
+    json_decref(root);
+    if (st != MT_OK) eng_model_config_free(out);
+    return st;
+}
+
+mt_status_t eng_model_config_load(const char *dir, const char *overrides_json,
+                                  eng_model_config_t *out, mt_error_t *err) {
+    memset(out, 0, sizeof *out);
+    size_t n = strlen(dir) + sizeof "/config.json";
+    char *path = malloc(n);
+    MT_CHECK_ALLOC(path, "path");
+    snprintf(path, n, "%s/config.json", dir);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        mt_status_t st = mt_error_set(err, MT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        free(path);
+        return st;
+    }
+    size_t cap = 1 << 14, len = 0;
+    char *text = malloc(cap);
+    MT_CHECK_ALLOC(text, "config.json text");
+    size_t got;
+    while ((got = fread(text + len, 1, cap - len - 1, fp)) > 0) {
+        len += got;
+        if (cap - len - 1 == 0) {
+            cap *= 2;
+            text = realloc(text, cap);
+            MT_CHECK_ALLOC(text, "config.json text");
+        }
+    }
+    bool bad = ferror(fp);
+    fclose(fp);
+    text[len] = '\0';
+    mt_status_t st = bad ? mt_error_set(err, MT_ERR_IO, "%s: read failed", path)
+                         : eng_model_config_parse(text, path, overrides_json, out, err);
+    free(text);
+    free(path);
+    return st;
+}
+
+void eng_model_config_free(eng_model_config_t *cfg) {
+    free(cfg->config_json);
+    cfg->config_json = NULL;
+}
