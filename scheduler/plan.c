@@ -1,0 +1,54 @@
+/* Plan helpers (see plan.h). */
+#include "scheduler/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/status.h"
+
+void sched_plan_init_uniform(sched_plan_t *plan, int num_blocks, sched_policy_t policy) {
+    memset(plan, 0, sizeof *plan);
+    plan->num_blocks = num_blocks;
+    plan->policy = policy;
+    plan->prefetch_window = 1;
+    plan->blocks = calloc((size_t)num_blocks, sizeof *plan->blocks);
+    MT_CHECK_ALLOC(plan->blocks, "plan blocks");
+    for (int b = 0; b < num_blocks; b++) {
+        sched_block_plan_t *p = &plan->blocks[b];
+        switch (policy) {
+        case SCHED_POLICY_AUTO:
+        case SCHED_POLICY_KEEP_ALL:
+            *p = (sched_block_plan_t){SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_DEVICE,
+                                      SCHED_ACTS_KEEP};
+            break;
+        case SCHED_POLICY_OFFLOAD_ALL:
+            *p = (sched_block_plan_t){SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST,
+                                      SCHED_ACTS_OFFLOAD};
+            break;
+        case SCHED_POLICY_MIN_MEMORY:
+            *p = (sched_block_plan_t){SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST,
+                                      SCHED_ACTS_RECOMPUTE};
+            break;
+        }
+    }
+}
+
+void sched_plan_free(sched_plan_t *plan) {
+    free(plan->blocks);
+    memset(plan, 0, sizeof *plan);
+}
+
+static const char *const k_names[] = {"auto", "keep_all", "offload_all", "min_memory"};
+
+const char *sched_policy_name(sched_policy_t p) {
+    return (unsigned)p < sizeof k_names / sizeof k_names[0] ? k_names[p] : "?";
+}
+
+bool sched_policy_parse(const char *name, sched_policy_t *out) {
+    for (size_t i = 0; i < sizeof k_names / sizeof k_names[0]; i++)
+        if (strcmp(name, k_names[i]) == 0) {
+            *out = (sched_policy_t)i;
+            return true;
+        }
+    return false;
+}

@@ -1,0 +1,69 @@
+/* A plan: where every tensor of a training step lives and when it moves.
+ *
+ * The unit of decision is a block of the step program: block 0 is the
+ * embedding, blocks 1..L the decoder layers, block L+1 the final norm and
+ * lm_head (tied embeddings: block L+1 has no weights of its own).  Per
+ * block the planner decides, jointly, where its weights, gradients,
+ * optimizer state and saved activations live; the executor
+ * (engine/exec) carries that out on a backend, and the simulator
+ * (scheduler/simulate) predicts its time and memory.
+ *
+ * Invariant: a plan changes where and when, never what is computed: on the
+ * CPU backend every feasible plan gives bit-identical losses and weights. */
+#ifndef MT_SCHEDULER_PLAN_H
+#define MT_SCHEDULER_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef enum {
+    SCHED_WEIGHTS_RESIDENT = 0, /* working copy on the device for the whole run */
+    SCHED_WEIGHTS_STREAM,       /* home in host memory; fetched before forward use and again
+                                   before backward use (routed experts: only those with tokens) */
+} sched_weight_place_t;
+
+typedef enum {
+    SCHED_GRADS_DEVICE = 0, /* accumulated on the device */
+    SCHED_GRADS_HOST,       /* sent to host memory as the block's backward ends */
+} sched_grad_place_t;
+
+typedef enum {
+    SCHED_OPTIM_DEVICE = 0, /* fp32 master, m, v on the device; AdamW on the device */
+    SCHED_OPTIM_HOST,       /* on the host; host AdamW as the block's gradients arrive */
+} sched_optim_place_t;
+
+typedef enum {
+    SCHED_ACTS_KEEP = 0, /* saved activations stay on the device until backward */
+    SCHED_ACTS_OFFLOAD,  /* D2H after forward, H2D before backward */
+    SCHED_ACTS_RECOMPUTE /* only the block input is kept; forward re-run before backward */
+} sched_act_place_t;
+
+typedef struct {
+    sched_weight_place_t weights;
+    sched_grad_place_t grads;
+    sched_optim_place_t optim;
+    sched_act_place_t acts;
+} sched_block_plan_t;
+
+typedef enum {
+    SCHED_POLICY_AUTO = 0, /* least predicted step time within the budgets */
+    SCHED_POLICY_KEEP_ALL, /* everything on the device */
+    SCHED_POLICY_OFFLOAD_ALL, /* weights streamed, grads and optimizer on host, activations offloaded */
+    SCHED_POLICY_MIN_MEMORY,  /* as offload_all but activations recomputed */
+} sched_policy_t;
+
+typedef struct {
+    int num_blocks;              /* L + 2 */
+    sched_block_plan_t *blocks;  /* (num_blocks), owned */
+    int prefetch_window;         /* blocks fetched ahead of the one computing (>= 1: double buffering) */
+    sched_policy_t policy;
+} sched_plan_t;
+
+/* Uniform plans for the fixed policies (auto needs the planner). */
+void sched_plan_init_uniform(sched_plan_t *plan, int num_blocks, sched_policy_t policy);
+void sched_plan_free(sched_plan_t *plan);
+const char *sched_policy_name(sched_policy_t p);
+/* "auto", "keep_all", ... ; false when unknown. */
+bool sched_policy_parse(const char *name, sched_policy_t *out);
+
+#endif
