@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/backend_cpu.h"
 #include "kernels/status.h"
 
 static int g_failures;
@@ -78,14 +79,15 @@ tu_env_t tu_env_open(void) {
     tu_env_t env = {0};
     kern_device_opts_t opts = {.device_budget_bytes = 1 << 20};
     mt_error_t err = {0};
-    mt_status_t st = kern_device_create(KERN_BACKEND_CPU, &opts, &env.dev, &err);
+    mt_status_t st = kern_cpu_device_create(&opts, &env.dev, &err);
     MT_CHECK(st == MT_OK, "cannot create the CPU test device: %s", err.msg);
-    env.s = kern_stream(env.dev, KERN_STREAM_COMPUTE);
+    env.s = env.dev->streams[KERN_STREAM_COMPUTE];
     return env;
 }
 
 void tu_env_close(tu_env_t *env) {
-    kern_device_destroy(env->dev);
+    for (int r = 0; r < KERN_STREAM_COUNT; r++) env->dev->vt->stream_sync(env->dev->streams[r]);
+    env->dev->vt->destroy(env->dev);
     env->dev = NULL;
     env->s = NULL;
 }

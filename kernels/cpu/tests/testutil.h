@@ -3,10 +3,13 @@
  * Why these and not more: every op test does the same four things, and doing
  * them one way keeps the tolerances comparable across ops.
  *  - a deterministic RNG (splitmix64), so a failure reproduces bit for bit;
- *  - a CPU device whose compute stream the kernels receive, so kernels that
+ *  - a CPU backend whose compute stream the kernels receive, so kernels that
  *    use the backend's thread pool are exercised exactly as the engine runs
  *    them (tensors are plain host buffers: on the CPU backend device pointers
- *    are host addressable, which only these kernel tests rely on);
+ *    are host addressable, which only these kernel tests rely on). It is made
+ *    with kern_cpu_device_create, not kern_device_create, so these tests link
+ *    only the CPU backend and never need the CUDA toolchain; no arena is
+ *    reserved, kern_alloc is not used here (device_test covers it);
  *  - comparisons against double-precision references with an explicit
  *    tolerance (the caller states it and its reason);
  *  - a central finite-difference driver in double: the loss is a scalar
