@@ -1,0 +1,438 @@
+/* The CUDA backend of the device layer (device.h): one device ordinal, its
+ * arena carved from a single cudaMalloc, pinned host memory from
+ * cudaHostAlloc, three non-blocking streams (compute, H2D, D2H), events
+ * without timing, asynchronous copies, and the cuBLASLt handle.  The kernel
+ * table is kern_ops_cuda (ops_table_cuda.c); kernels live in the .cu files.
+ *
+ * Failure policy (status.h): "no usable GPU", "budget larger than free
+ * memory" and "cudaMalloc refused" are recoverable and come back as
+ * mt_status_t with the CUDA error text; any other failing CUDA call is a
+ * broken invariant and aborts through MT_CUDA_CHECK naming the call.
+ * Never managed memory: the arena is plain device memory and the budget is
+ * checked against cudaMemGetInfo's free bytes before anything is reserved.
+ *
+ * Every entry point makes the stream's (or event's) device current first,
+ * so one process may drive two devices from one thread. */
+#include "kernels/cuda/backend_cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/backend_cuda_internal.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/ops.h"
+
+/* Compute capability the objects carry code for (sm_80 SASS upwards). */
+#define KERN_CUDA_MIN_CC_MAJOR 8
+
+int kern_cuda_current_device(void) {
+    int d = -1;
+    if (cudaGetDevice(&d) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return d;
+}
+
+static kern_cuda_device_t *as_cuda(kern_device_t *dev) { return (kern_cuda_device_t *)dev; }
+
+static void set_device(int ordinal) { MT_CUDA_CHECK(cudaSetDevice(ordinal)); }
+
+cudaStream_t kern_cuda_stream_begin(kern_stream_t *s) {
+    MT_CHECK(s != NULL, "CUDA kernel called with a NULL stream (use kern_stream(dev, role))");
+    set_device(s->dev->ordinal);
+    return s->cs;
+}
+
+void *kern_cuda_scratch(kern_stream_t *s, size_t bytes, const char *what) {
+    MT_CHECK(bytes <= s->scratch_bytes,
+             "%s needs %zu bytes of stream scratch, the %s stream of CUDA device %d has %zu "
+             "(KERN_CUDA_SCRATCH_*_BYTES in kernels/cuda/backend_cuda_internal.h)",
+             what, bytes, s->role == KERN_STREAM_COMPUTE ? "compute" : "copy", s->dev->ordinal,
+             s->scratch_bytes);
+    return s->scratch;
+}
+
+void kern_cuda_after_launch(kern_stream_t *s, const char *file, int line, const char *what) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && s->dev->sync_check) e = cudaStreamSynchronize(s->cs);
+    if (e != cudaSuccess)
+        mt_fatal(file, line, "CUDA error %d (%s: %s) in kernel %s on device %d%s", (int)e,
+                 cudaGetErrorName(e), cudaGetErrorString(e), what, s->dev->ordinal,
+                 s->dev->sync_check ? "" : " (set MOETUNE_CUDA_SYNC=1 to attribute faults)");
+}
+
+bool kern_cuda_probe(char *why, size_t why_len) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (why && why_len)
+            snprintf(why, why_len,
+                     "no usable CUDA device: cudaGetDeviceCount failed with CUDA error %d (%s: %s)",
+                     (int)e, cudaGetErrorName(e), cudaGetErrorString(e));
+        return false;
+    }
+    if (n == 0) {
+        if (why && why_len) snprintf(why, why_len, "no CUDA device found");
+        return false;
+    }
+    int usable = 0;
+    for (int i = 0; i < n; i++) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, i) != cudaSuccess) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        if (major >= KERN_CUDA_MIN_CC_MAJOR) usable++;
+    }
+    if (!usable) {
+        if (why && why_len)
+            snprintf(why, why_len,
+                     "%d CUDA device(s) found, none of compute capability %d.0 or newer (this build "
+                     "carries sm_80/sm_90 code)",
+                     n, KERN_CUDA_MIN_CC_MAJOR);
+        return false;
+    }
+    if (why && why_len) snprintf(why, why_len, "%d usable CUDA device(s) of %d", usable, n);
+    return true;
+}
+
+/* Bytes of arena_reserve's region that are not arena. */
+static size_t backend_extra_bytes(void) {
+    return KERN_CUDA_LT_WORKSPACE_BYTES + KERN_CUDA_SCRATCH_COMPUTE_BYTES +
+           2 * KERN_CUDA_SCRATCH_COPY_BYTES;
+}
+
+static void cuda_destroy(kern_device_t *dev) {
+    kern_cuda_device_t *d = as_cuda(dev);
+    set_device(d->ordinal);
+    for (int r = 0; r < KERN_STREAM_COUNT; r++) {
+        struct kern_stream *s = &d->streams[r];
+        if (s->cs) {
+            MT_CUDA_CHECK(cudaStreamSynchronize(s->cs));
+            MT_CUDA_CHECK(cudaStreamDestroy(s->cs));
+        }
+        kern_cuda_gemm_cache_free(s->gemm_cache);
+    }
+    if (d->lt) MT_CUBLAS_CHECK(cublasLtDestroy(d->lt));
+    if (d->region) MT_CUDA_CHECK(cudaFree(d->region));
+    free(d);
+}
+
+static mt_status_t cuda_arena_reserve(kern_device_t *dev, size_t capacity, void **base,
+                                      mt_error_t *err) {
+    kern_cuda_device_t *d = as_cuda(dev);
+    set_device(d->ordinal);
+    size_t extra = backend_extra_bytes();
+    size_t free_b = 0, total_b = 0;
+    MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (capacity > free_b || extra > free_b - capacity)
+        return mt_error_set(err, MT_ERR_BUDGET,
+                            "CUDA device %d (%s): device budget of %zu bytes plus %zu bytes of "
+                            "backend workspace exceeds the %zu bytes free (of %zu)",
+                            d->ordinal, d->name, capacity, extra, free_b, total_b);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, capacity + extra);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return mt_error_set(err, MT_ERR_BUDGET,
+                            "CUDA device %d (%s): cudaMalloc of %zu bytes (budget %zu + workspace "
+                            "%zu) failed with CUDA error %d (%s)",
+                            d->ordinal, d->name, capacity + extra, capacity, extra, (int)e,
+                            cudaGetErrorString(e));
+    }
+    d->region = p;
+    d->region_bytes = capacity + extra;
+    /* Every piece is a multiple of 1 MiB, so each starts 256-byte aligned
+     * like the cudaMalloc itself. */
+    char *c = p;
+    struct kern_stream *cs = &d->streams[KERN_STREAM_COMPUTE];
+    cs->lt_workspace = c;
+    cs->lt_workspace_bytes = KERN_CUDA_LT_WORKSPACE_BYTES;
+    c += KERN_CUDA_LT_WORKSPACE_BYTES;
+    cs->scratch = c;
+    cs->scratch_bytes = KERN_CUDA_SCRATCH_COMPUTE_BYTES;
+    c += KERN_CUDA_SCRATCH_COMPUTE_BYTES;
+    for (int r = KERN_STREAM_H2D; r <= KERN_STREAM_D2H; r++) {
+        d->streams[r].scratch = c;
+        d->streams[r].scratch_bytes = KERN_CUDA_SCRATCH_COPY_BYTES;
+        c += KERN_CUDA_SCRATCH_COPY_BYTES;
+    }
+    *base = c;
+    return MT_OK;
+}
+
+static void cuda_arena_release(kern_device_t *dev, void *base) {
+    (void)base;
+    kern_cuda_device_t *d = as_cuda(dev);
+    if (!d->region) return;
+    set_device(d->ordinal);
+    for (int r = 0; r < KERN_STREAM_COUNT; r++)
+        if (d->streams[r].cs) MT_CUDA_CHECK(cudaStreamSynchronize(d->streams[r].cs));
+    MT_CUDA_CHECK(cudaFree(d->region));
+    d->region = NULL;
+    d->region_bytes = 0;
+    for (int r = 0; r < KERN_STREAM_COUNT; r++) {
+        d->streams[r].scratch = NULL;
+        d->streams[r].scratch_bytes = 0;
+        d->streams[r].lt_workspace = NULL;
+        d->streams[r].lt_workspace_bytes = 0;
+    }
+}
+
+/* Portable: the staging slabs are pinned for every device of the process
+ * (two-GPU runs share them). NULL when the OS refuses. */
+static void *cuda_pinned_alloc(kern_device_t *dev, size_t bytes) {
+    set_device(as_cuda(dev)->ordinal);
+    void *p = NULL;
+    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_pinned_free(kern_device_t *dev, void *p, size_t bytes) {
+    (void)bytes;
+    set_device(as_cuda(dev)->ordinal);
+    MT_CUDA_CHECK(cudaFreeHost(p));
+}
+
+static kern_event_t *cuda_event_create(kern_device_t *dev) {
+    kern_event_t *ev = calloc(1, sizeof *ev);
+    MT_CHECK_ALLOC(ev, "CUDA event");
+    ev->ordinal = as_cuda(dev)->ordinal;
+    set_device(ev->ordinal);
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming));
+    return ev;
+}
+
+static void cuda_event_destroy(kern_event_t *ev) {
+    set_device(ev->ordinal);
+    MT_CUDA_CHECK(cudaEventDestroy(ev->ev));
+    free(ev);
+}
+
+static void cuda_event_record(kern_event_t *ev, kern_stream_t *s) {
+    MT_CUDA_CHECK(cudaEventRecord(ev->ev, kern_cuda_stream_begin(s)));
+}
+
+static void cuda_stream_wait_event(kern_stream_t *s, kern_event_t *ev) {
+    MT_CUDA_CHECK(cudaStreamWaitEvent(kern_cuda_stream_begin(s), ev->ev, 0));
+}
+
+static void cuda_event_sync(kern_event_t *ev) {
+    set_device(ev->ordinal);
+    MT_CUDA_CHECK(cudaEventSynchronize(ev->ev));
+}
+
+static bool cuda_event_query(kern_event_t *ev) {
+    set_device(ev->ordinal);
+    cudaError_t e = cudaEventQuery(ev->ev);
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* "not ready" is an answer, not an error to keep */
+        return false;
+    }
+    MT_CUDA_CHECK(e);
+    return true;
+}
+
+static void cuda_stream_sync(kern_stream_t *s) {
+    MT_CUDA_CHECK(cudaStreamSynchronize(kern_cuda_stream_begin(s)));
+}
+
+/* A pageable host buffer also works: CUDA then stages it and the call
+ * returns once the host side has been read (H2D) or written (D2H). */
+static void cuda_memcpy(kern_stream_t *s, void *dst, const void *src, size_t bytes,
+                        enum cudaMemcpyKind kind) {
+    if (!bytes) return;
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, kern_cuda_stream_begin(s)));
+}
+
+static void cuda_memcpy_h2d(kern_stream_t *s, void *dst, const void *src, size_t bytes) {
+    cuda_memcpy(s, dst, src, bytes, cudaMemcpyHostToDevice);
+}
+static void cuda_memcpy_d2h(kern_stream_t *s, void *dst, const void *src, size_t bytes) {
+    cuda_memcpy(s, dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+static void cuda_memcpy_d2d(kern_stream_t *s, void *dst, const void *src, size_t bytes) {
+    cuda_memcpy(s, dst, src, bytes, cudaMemcpyDeviceToDevice);
+}
+
+static void cuda_memset(kern_stream_t *s, void *dst, int value, size_t bytes) {
+    if (!bytes) return;
+    MT_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, kern_cuda_stream_begin(s)));
+}
+
+static void cuda_launch_host_fn(kern_stream_t *s, kern_host_fn fn, void *arg) {
+    MT_CUDA_CHECK(cudaLaunchHostFunc(kern_cuda_stream_begin(s), fn, arg));
+}
+
+static const kern_device_i cuda_vtable = {
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .arena_reserve = cuda_arena_reserve,
+    .arena_release = cuda_arena_release,
+    .pinned_alloc = cuda_pinned_alloc,
+    .pinned_free = cuda_pinned_free,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .stream_wait_event = cuda_stream_wait_event,
+    .event_sync = cuda_event_sync,
+    .event_query = cuda_event_query,
+    .stream_sync = cuda_stream_sync,
+    .memcpy_h2d = cuda_memcpy_h2d,
+    .memcpy_d2h = cuda_memcpy_d2h,
+    .memcpy_d2d = cuda_memcpy_d2d,
+    .memset = cuda_memset,
+    .launch_host_fn = cuda_launch_host_fn,
+};
+
+static mt_status_t cuda_failed(mt_error_t *err, int ordinal, const char *what, cudaError_t e) {
+    (void)cudaGetLastError();
+    return mt_error_set(err, MT_ERR_DEVICE, "CUDA device %d: %s failed with CUDA error %d (%s: %s)",
+                        ordinal, what, (int)e, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_t **out,
+                                    mt_error_t *err) {
+    *out = NULL;
+    char why[512];
+    if (!kern_cuda_probe(why, sizeof why))
+        return mt_error_set(err, MT_ERR_DEVICE, "backend cuda is not usable: %s", why);
+    int n = 0;
+    MT_CUDA_CHECK(cudaGetDeviceCount(&n));
+    int ord = opts->device_index;
+    if (ord < 0 || ord >= n)
+        return mt_error_set(err, MT_ERR_DEVICE,
+                            "CUDA device index %d is out of range: this machine has %d device(s)",
+                            ord, n);
+    struct cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, ord);
+    if (e != cudaSuccess) return cuda_failed(err, ord, "cudaGetDeviceProperties", e);
+    if (prop.major < KERN_CUDA_MIN_CC_MAJOR)
+        return mt_error_set(err, MT_ERR_DEVICE,
+                            "CUDA device %d (%s) has compute capability %d.%d; this build needs "
+                            "%d.0 or newer",
+                            ord, prop.name, prop.major, prop.minor, KERN_CUDA_MIN_CC_MAJOR);
+    e = cudaSetDevice(ord);
+    if (e != cudaSuccess) return cuda_failed(err, ord, "cudaSetDevice", e);
+    size_t free_b = 0, total_b = 0;
+    e = cudaMemGetInfo(&free_b, &total_b); /* also creates the context: may fail if busy */
+    if (e != cudaSuccess) return cuda_failed(err, ord, "cudaMemGetInfo", e);
+
+    size_t extra = backend_extra_bytes();
+    size_t budget = opts->device_budget_bytes;
+    if (budget == 0) {
+        size_t dflt = (size_t)((double)free_b * KERN_CUDA_DEFAULT_BUDGET_FRACTION);
+        if (dflt <= extra)
+            return mt_error_set(err, MT_ERR_BUDGET,
+                                "CUDA device %d (%s): only %zu bytes free, less than the backend's "
+                                "%zu bytes of workspace",
+                                ord, prop.name, free_b, extra);
+        budget = dflt - extra;
+    }
+    if (budget > free_b || extra > free_b - budget)
+        return mt_error_set(err, MT_ERR_BUDGET,
+                            "CUDA device %d (%s): device budget of %zu bytes plus %zu bytes of "
+                            "backend workspace exceeds the %zu bytes free (of %zu); lower the "
+                            "device memory budget",
+                            ord, prop.name, budget, extra, free_b, total_b);
+
+    kern_cuda_device_t *d = calloc(1, sizeof *d);
+    MT_CHECK_ALLOC(d, "CUDA device");
+    d->ordinal = ord;
+    d->cc_major = prop.major;
+    d->cc_minor = prop.minor;
+    d->sm_count = prop.multiProcessorCount;
+    d->max_smem_optin = prop.sharedMemPerBlockOptin;
+    snprintf(d->name, sizeof d->name, "%s", prop.name);
+    const char *sync = getenv("MOETUNE_CUDA_SYNC");
+    d->sync_check = sync && *sync && strcmp(sync, "0") != 0;
+    d->base.vt = &cuda_vtable;
+    d->base.ops = &kern_ops_cuda;
+    d->base.kind = KERN_BACKEND_CUDA;
+    d->base.opts = *opts;
+    d->base.opts.device_budget_bytes = budget;
+    for (int r = 0; r < KERN_STREAM_COUNT; r++) {
+        struct kern_stream *s = &d->streams[r];
+        s->dev = d;
+        s->role = (kern_stream_role_t)r;
+        MT_CUDA_CHECK(cudaStreamCreateWithFlags(&s->cs, cudaStreamNonBlocking));
+        d->base.streams[r] = s;
+    }
+    MT_CUBLAS_CHECK(cublasLtCreate(&d->lt));
+    *out = &d->base;
+    return MT_OK;
+}
+
+/* ---- NCCL ---------------------------------------------------------------- */
+
+struct kern_cuda_nccl {
+    int ndev;
+    int *ordinals;
+    ncclComm_t *comms;
+};
+
+mt_status_t kern_cuda_nccl_create(const int *ordinals, int ndev, kern_cuda_nccl_t **out,
+                                  mt_error_t *err) {
+    *out = NULL;
+    char why[512];
+    if (!kern_cuda_probe(why, sizeof why))
+        return mt_error_set(err, MT_ERR_DEVICE, "NCCL needs CUDA devices: %s", why);
+    int n = 0;
+    MT_CUDA_CHECK(cudaGetDeviceCount(&n));
+    if (ndev < 1) return mt_error_set(err, MT_ERR_DEVICE, "NCCL: %d devices requested", ndev);
+    for (int i = 0; i < ndev; i++)
+        if (ordinals[i] < 0 || ordinals[i] >= n)
+            return mt_error_set(err, MT_ERR_DEVICE,
+                                "NCCL: device %d requested but this machine has %d device(s)",
+                                ordinals[i], n);
+    kern_cuda_nccl_t *nc = calloc(1, sizeof *nc);
+    MT_CHECK_ALLOC(nc, "NCCL communicator set");
+    nc->ndev = ndev;
+    nc->ordinals = malloc((size_t)ndev * sizeof *nc->ordinals);
+    nc->comms = calloc((size_t)ndev, sizeof *nc->comms);
+    MT_CHECK_ALLOC(nc->ordinals, "NCCL ordinals");
+    MT_CHECK_ALLOC(nc->comms, "NCCL communicators");
+    memcpy(nc->ordinals, ordinals, (size_t)ndev * sizeof *ordinals);
+    ncclResult_t r = ncclCommInitAll(nc->comms, ndev, nc->ordinals);
+    if (r != ncclSuccess) {
+        free(nc->comms);
+        free(nc->ordinals);
+        free(nc);
+        return mt_error_set(err, MT_ERR_DEVICE, "NCCL: ncclCommInitAll over %d device(s) failed: %s",
+                            ndev, ncclGetErrorString(r));
+    }
+    *out = nc;
+    return MT_OK;
+}
+
+void kern_cuda_nccl_destroy(kern_cuda_nccl_t *nc) {
+    if (!nc) return;
+    for (int i = 0; i < nc->ndev; i++) MT_NCCL_CHECK(ncclCommDestroy(nc->comms[i]));
+    free(nc->comms);
+    free(nc->ordinals);
+    free(nc);
+}
+
+int kern_cuda_nccl_size(const kern_cuda_nccl_t *nc) { return nc->ndev; }
+
+void kern_cuda_nccl_allreduce_sum(kern_cuda_nccl_t *nc, kern_stream_t *const *streams,
+                                  float *const *bufs, size_t n) {
+    /* One thread drives every device: the calls must form one NCCL group. */
+    MT_NCCL_CHECK(ncclGroupStart());
+    for (int i = 0; i < nc->ndev; i++) {
+        MT_CHECK(streams[i]->dev->ordinal == nc->ordinals[i],
+                 "NCCL all-reduce: stream %d belongs to device %d, communicator rank %d to %d", i,
+                 streams[i]->dev->ordinal, i, nc->ordinals[i]);
+        set_device(nc->ordinals[i]);
+        MT_NCCL_CHECK(ncclAllReduce(bufs[i], bufs[i], n, ncclFloat32, ncclSum, nc->comms[i],
+                                    streams[i]->cs));
+    }
+    MT_NCCL_CHECK(ncclGroupEnd());
+}

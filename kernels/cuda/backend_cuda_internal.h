@@ -1,0 +1,95 @@
+/* What the CUDA backend's files share: the concrete stream, event and
+ * device structs behind device.h's opaque types, and the helpers every
+ * kernel entry point uses.  C, so backend_cuda.c, gemm_cuda.c and the .cu
+ * files (through kern_cuda.cuh) all see one definition.
+ *
+ * Memory of the backend itself: arena_reserve makes ONE cudaMalloc of
+ *   [cuBLASLt workspace | compute scratch | H2D scratch | D2H scratch | arena]
+ * so the fixed workspaces are checked against free memory together with the
+ * budget and nothing else is allocated on the device behind the arena's
+ * back.  Scratch is stream-ordered temporary memory for kernels that need
+ * it (column-sum partials, sort buffers): work on one stream runs in order,
+ * so consecutive ops may reuse it; an op never keeps it past its return.
+ *
+ * Threading: a stream's ops are issued by one host thread at a time (the
+ * engine's executor); the per-stream GEMM algorithm cache relies on it. */
+#ifndef MT_KERNELS_CUDA_BACKEND_CUDA_INTERNAL_H
+#define MT_KERNELS_CUDA_BACKEND_CUDA_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include "kernels/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cuBLASLt's recommended workspace for Hopper; Ampere needs less. */
+#define KERN_CUDA_LT_WORKSPACE_BYTES ((size_t)32 << 20)
+/* Kernel temporaries on the compute stream: the largest user is the radix
+ * sort of moe_plan / embedding_bwd (about 20 bytes per routed slot, so a
+ * million slots fit), then column-sum partials (at most 64 x cols floats). */
+#define KERN_CUDA_SCRATCH_COMPUTE_BYTES ((size_t)64 << 20)
+/* Copy streams only run conversions and small kernels. */
+#define KERN_CUDA_SCRATCH_COPY_BYTES ((size_t)1 << 20)
+/* Budget when the run config gives none: this fraction of free memory. */
+#define KERN_CUDA_DEFAULT_BUDGET_FRACTION 0.90
+
+typedef struct kern_cuda_device kern_cuda_device_t;
+typedef struct kern_cuda_gemm_cache kern_cuda_gemm_cache_t;
+
+struct kern_stream {
+    cudaStream_t cs;
+    kern_cuda_device_t *dev;
+    kern_stream_role_t role;
+    void *lt_workspace; /* NULL/0 except on the compute stream */
+    size_t lt_workspace_bytes;
+    void *scratch; /* stream-ordered kernel temporaries (see above) */
+    size_t scratch_bytes;
+    kern_cuda_gemm_cache_t *gemm_cache; /* cuBLASLt algorithms by shape; gemm_cuda.c */
+};
+
+struct kern_event {
+    cudaEvent_t ev;
+    int ordinal;
+};
+
+struct kern_cuda_device {
+    kern_device_t base; /* first: device.c sees a kern_device_t */
+    int ordinal;
+    int cc_major, cc_minor;
+    int sm_count;
+    size_t max_smem_optin; /* bytes of shared memory a block may opt in to */
+    char name[256];
+    bool sync_check; /* MOETUNE_CUDA_SYNC=1: synchronise after every launch */
+    cublasLtHandle_t lt;
+    struct kern_stream streams[KERN_STREAM_COUNT];
+    void *region; /* the one cudaMalloc of arena_reserve */
+    size_t region_bytes;
+};
+
+/* Makes the stream's device current and returns its CUDA stream; every
+ * kernel entry point starts with it. Aborts on a NULL stream. */
+cudaStream_t kern_cuda_stream_begin(kern_stream_t *s);
+
+/* The stream's scratch, at least `bytes` long; aborts naming `what` when the
+ * fixed scratch is too small (raise KERN_CUDA_SCRATCH_COMPUTE_BYTES). */
+void *kern_cuda_scratch(kern_stream_t *s, size_t bytes, const char *what);
+
+/* After a kernel launch: reports launch errors naming the kernel; with
+ * MOETUNE_CUDA_SYNC=1 also synchronises so asynchronous faults are reported
+ * at the kernel that caused them. */
+void kern_cuda_after_launch(kern_stream_t *s, const char *file, int line, const char *what);
+
+/* Releases a stream's GEMM algorithm cache (gemm_cuda.c). */
+void kern_cuda_gemm_cache_free(kern_cuda_gemm_cache_t *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,160 @@
+// Element-wise ops, small reductions and dtype conversions (elementwise.h).
+//
+// Grid-stride loops over size_t indices, 256 threads a block.  This file
+// is compiled with --fmad=false: the ops are memory-bound, and without
+// contraction y += alpha * x rounds exactly as the CPU twin's C does, so
+// add/axpy/scale/bias/conversions match the CPU bit for bit.
+//
+// sumsq accumulates squares in double (products of floats are exact in
+// double): per-block partials in a fixed grid, then one block adds them in
+// block order.  bias_bwd is the deterministic column sum of kern_cuda.cuh.
+#include "kernels/cuda/kern_cuda.cuh"
+
+extern "C" {
+#include "kernels/act_math.h"
+}
+
+#define EW_THREADS 256
+
+#define EW_LOOP(i, n) \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+static __global__ void ew_add_kernel(float *y, const float *a, const float *b, size_t n) {
+    EW_LOOP(i, n) y[i] = a[i] + b[i];
+}
+
+static __global__ void ew_axpy_kernel(float *y, float alpha, const float *x, size_t n) {
+    EW_LOOP(i, n) y[i] += alpha * x[i];
+}
+
+static __global__ void ew_scale_kernel(float *x, float alpha, size_t n) {
+    EW_LOOP(i, n) x[i] *= alpha;
+}
+
+static __global__ void ew_bias_fwd_kernel(float *y, const float *b, size_t n, int cols) {
+    EW_LOOP(i, n) y[i] += b[i % (size_t)cols];
+}
+
+static __global__ void ew_swiglu_fwd_kernel(float *h, const float *g, const float *u, size_t n) {
+    EW_LOOP(i, n) h[i] = kern_silu(g[i]) * u[i];
+}
+
+static __global__ void ew_swiglu_bwd_kernel(float *dg, float *du, const float *dh, const float *g,
+                                     const float *u, size_t n) {
+    EW_LOOP(i, n) {
+        float a, b;
+        kern_swiglu_bwd_elem(dh[i], g[i], u[i], &a, &b); // reads before the (aliased) writes
+        dg[i] = a;
+        du[i] = b;
+    }
+}
+
+static __global__ void ew_f32_to_bf16_kernel(uint16_t *dst, const float *src, size_t n) {
+    EW_LOOP(i, n) dst[i] = mt_f32_to_bf16(src[i]);
+}
+
+static __global__ void ew_bf16_to_f32_kernel(float *dst, const uint16_t *src, size_t n) {
+    EW_LOOP(i, n) dst[i] = mt_bf16_to_f32(src[i]);
+}
+
+static __global__ void ew_sumsq_partial_kernel(double *part, const float *x, size_t n) {
+    __shared__ double sh[32];
+    double acc = 0.0;
+    EW_LOOP(i, n) {
+        const double v = (double)x[i];
+        acc += v * v;
+    }
+    acc = kc_block_sum(acc, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+
+static __global__ void ew_sumsq_final_kernel(float *out, const double *part, int nparts) {
+    __shared__ double sh[32];
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < nparts; i += blockDim.x) acc += part[i];
+    acc = kc_block_sum(acc, sh);
+    if (threadIdx.x == 0) *out = (float)acc;
+}
+
+struct ew_colsum_dy {
+    const float *dy;
+    int cols;
+    __device__ float operator()(int r, int c) const { return dy[(size_t)r * cols + c]; }
+};
+
+extern "C" {
+
+void kern_add_cuda(kern_stream_t *s, float *y, const float *a, const float *b, size_t n) {
+    if (!n) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    ew_add_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(y, a, b, n);
+    KC_LAUNCHED(s, "add");
+}
+
+void kern_axpy_cuda(kern_stream_t *s, float *y, float alpha, const float *x, size_t n) {
+    if (!n) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    ew_axpy_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(y, alpha, x, n);
+    KC_LAUNCHED(s, "axpy");
+}
+
+void kern_scale_cuda(kern_stream_t *s, float *x, float alpha, size_t n) {
+    if (!n) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    ew_scale_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(x, alpha, n);
+    KC_LAUNCHED(s, "scale");
+}
+
+void kern_bias_fwd_cuda(kern_stream_t *s, float *y, const float *b, int rows, int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    const size_t n = (size_t)rows * cols;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    ew_bias_fwd_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(y, b, n, cols);
+    KC_LAUNCHED(s, "bias_fwd");
+}
+
+void kern_bias_bwd_cuda(kern_stream_t *s, float *db, const float *dy, int rows, int cols) {
+    kc_colsum(s, ew_colsum_dy{dy, cols}, db, rows, cols, "bias_bwd");
+}
+
+void kern_swiglu_fwd_cuda(kern_stream_t *s, float *h, const float *g, const float *u, size_t n) {
+    if (!n) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    ew_swiglu_fwd_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(h, g, u, n);
+    KC_LAUNCHED(s, "swiglu_fwd");
+}
+
+void kern_swiglu_bwd_cuda(kern_stream_t *s, float *dg, float *du, const float *dh, const float *g,
+                          const float *u, size_t n) {
+    if (!n) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    ew_swiglu_bwd_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(dg, du, dh, g, u, n);
+    KC_LAUNCHED(s, "swiglu_bwd");
+}
+
+// 4 elements per thread before the grid caps at 1024 blocks.
+void kern_sumsq_cuda(kern_stream_t *s, float *out, const float *x, size_t n) {
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    const unsigned nb = kc_blocks(n, EW_THREADS * 4, 1024);
+    double *part = (double *)kern_cuda_scratch(s, nb * sizeof(double), "sumsq");
+    ew_sumsq_partial_kernel<<<nb, EW_THREADS, 0, cs>>>(part, x, n);
+    KC_LAUNCHED(s, "sumsq");
+    ew_sumsq_final_kernel<<<1, 1024, 0, cs>>>(out, part, (int)nb);
+    KC_LAUNCHED(s, "sumsq");
+}
+
+void kern_f32_to_bf16_cuda(kern_stream_t *s, uint16_t *dst, const float *src, size_t n) {
+    if (!n) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    ew_f32_to_bf16_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(dst, src, n);
+    KC_LAUNCHED(s, "f32_to_bf16");
+}
+
+void kern_bf16_to_f32_cuda(kern_stream_t *s, float *dst, const uint16_t *src, size_t n) {
+    if (!n) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    ew_bf16_to_f32_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(dst, src, n);
+    KC_LAUNCHED(s, "bf16_to_f32");
+}
+
+} // extern "C"
