@@ -89,6 +89,7 @@ void kern_stream_wait_event(kern_device_t *dev, kern_stream_t *s, kern_event_t *
     dev->vt->stream_wait_event(s, ev);
 }
 void kern_event_sync(kern_device_t *dev, kern_event_t *ev) { dev->vt->event_sync(ev); }
+bool kern_event_query(kern_device_t *dev, kern_event_t *ev) { return dev->vt->event_query(ev); }
 void kern_stream_sync(kern_device_t *dev, kern_stream_t *s) { dev->vt->stream_sync(s); }
 
 void kern_device_sync(kern_device_t *dev) {

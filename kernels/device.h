@@ -120,10 +120,14 @@ void kern_pinned_free(kern_device_t *dev, void *p, size_t bytes);
 
 kern_stream_t *kern_stream(kern_device_t *dev, kern_stream_role_t role);
 kern_event_t *kern_event_create(kern_device_t *dev);
+/* Allowed while a record is still pending (as cudaEventDestroy): waits
+ * already issued still complete. */
 void kern_event_destroy(kern_device_t *dev, kern_event_t *ev);
 void kern_event_record(kern_device_t *dev, kern_event_t *ev, kern_stream_t *s);
 void kern_stream_wait_event(kern_device_t *dev, kern_stream_t *s, kern_event_t *ev);
 void kern_event_sync(kern_device_t *dev, kern_event_t *ev);
+/* True when the latest record has completed (or the event was never recorded). */
+bool kern_event_query(kern_device_t *dev, kern_event_t *ev);
 void kern_stream_sync(kern_device_t *dev, kern_stream_t *s);
 void kern_device_sync(kern_device_t *dev); /* all streams */
 

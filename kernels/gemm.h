@@ -25,8 +25,8 @@ void kern_matmul_cpu(kern_stream_t *s, float *C, const float *A, const float *B,
 void kern_matmul_cuda(kern_stream_t *s, float *C, const float *A, const float *B, int M, int N,
                       int K, bool trans_a, bool trans_b, float alpha, float beta);
 
-/* One product of a group (e.g. one expert). Groups with M, N or K == 0 are
- * skipped, except that K == 0 with beta == 0 zeroes C (an empty sum). */
+/* One product of a group (e.g. one expert). Groups with M or N == 0 are
+ * skipped; K == 0 is an empty sum: C = beta * C (zeroes C when beta == 0). */
 typedef struct {
     float *C;
     const float *A;

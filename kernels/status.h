@@ -13,6 +13,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" { /* included by the .cu files too */
+#endif
+
 typedef enum {
     MT_OK = 0,
     MT_ERR_IO,          /* a file could not be opened, read or written */
@@ -57,5 +61,9 @@ void mt_fatal(const char *file, int line, const char *fmt, ...)
 /* Allocation that cannot fail silently: aborts through the hook naming what. */
 #define MT_CHECK_ALLOC(ptr, what) \
     MT_CHECK((ptr) != NULL, "out of host memory allocating %s", (what))
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -10,8 +10,9 @@
  *   does the memcpy, then sleeps until latency + bytes / bandwidth has
  *   passed since it started, so transfer time behaves like a real link and
  *   overlap with compute can be measured.
- * - Events: a counter of records and of completions; a wait targets the
- *   record count seen when it was issued, as cudaStreamWaitEvent does. */
+ * - Events: each record is a reference-counted node; a wait targets the
+ *   node current when it was issued, as cudaStreamWaitEvent does, and an
+ *   event may be destroyed while a record is pending. */
 #include "kernels/cpu/backend_cpu.h"
 
 #include <errno.h>
@@ -26,23 +27,31 @@
 
 typedef enum { CMD_COPY, CMD_MEMSET, CMD_HOST_FN, CMD_SIGNAL, CMD_WAIT } cmd_kind_t;
 
+/* One record of an event: waits issued after a record target that record's
+ * node, so a later re-record (on any stream) cannot release them early, as
+ * with cudaStreamWaitEvent.  Nodes are reference counted: the event holds
+ * its latest, each queued signal or wait holds the one it names, so an
+ * event may be destroyed while its record is still pending (CUDA allows it). */
+typedef struct record_node {
+    int fired;
+    int refs;
+} record_node_t;
+
 struct kern_event {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    uint64_t recorded;  /* times recorded */
-    uint64_t completed; /* highest record ticket that has fired */
+    struct cpu_device *dev;
+    record_node_t *latest; /* NULL until first recorded */
 };
 
 typedef struct cmd {
     cmd_kind_t kind;
+    bool throttled; /* a host<->device copy (D2D and memset never cross the link) */
     void *dst;
     const void *src;
     size_t bytes;
     int value;
     kern_host_fn fn;
     void *arg;
-    kern_event_t *ev;
-    uint64_t ticket;
+    record_node_t *node;
     struct cmd *next;
 } cmd_t;
 
@@ -61,6 +70,8 @@ struct kern_stream {
 
 typedef struct cpu_device {
     kern_device_t base; /* first: the generic layer casts */
+    pthread_mutex_t ev_lock; /* guards every record node; ev_cond signals any firing */
+    pthread_cond_t ev_cond;
     struct kern_stream stream_storage[KERN_STREAM_COUNT];
     kern_threadpool_t *pool;
     size_t arena_bytes;
@@ -81,17 +92,34 @@ static void sleep_until(double deadline) {
     }
 }
 
-static void event_fire(kern_event_t *ev, uint64_t ticket) {
-    pthread_mutex_lock(&ev->lock);
-    if (ticket > ev->completed) ev->completed = ticket;
-    pthread_cond_broadcast(&ev->cond);
-    pthread_mutex_unlock(&ev->lock);
+static void node_unref_locked(record_node_t *n) {
+    if (n && --n->refs == 0) free(n);
 }
 
-static void event_wait_ticket(kern_event_t *ev, uint64_t ticket) {
-    pthread_mutex_lock(&ev->lock);
-    while (ev->completed < ticket) pthread_cond_wait(&ev->cond, &ev->lock);
-    pthread_mutex_unlock(&ev->lock);
+static void node_fire(struct cpu_device *dev, record_node_t *n) {
+    pthread_mutex_lock(&dev->ev_lock);
+    n->fired = 1;
+    node_unref_locked(n);
+    pthread_cond_broadcast(&dev->ev_cond);
+    pthread_mutex_unlock(&dev->ev_lock);
+}
+
+/* Waits for n to fire, then drops the reference the caller held. */
+static void node_wait(struct cpu_device *dev, record_node_t *n) {
+    if (!n) return;
+    pthread_mutex_lock(&dev->ev_lock);
+    while (!n->fired) pthread_cond_wait(&dev->ev_cond, &dev->ev_lock);
+    node_unref_locked(n);
+    pthread_mutex_unlock(&dev->ev_lock);
+}
+
+/* The event's latest record with one more reference, or NULL. */
+static record_node_t *event_latest_ref(kern_event_t *ev) {
+    pthread_mutex_lock(&ev->dev->ev_lock);
+    record_node_t *n = ev->latest;
+    if (n) n->refs++;
+    pthread_mutex_unlock(&ev->dev->ev_lock);
+    return n;
 }
 
 static void run_cmd(kern_stream_t *s, const cmd_t *c) {
@@ -99,14 +127,14 @@ static void run_cmd(kern_stream_t *s, const cmd_t *c) {
     case CMD_COPY: {
         double start = now_s();
         memcpy(c->dst, c->src, c->bytes);
-        if (s->bytes_per_s > 0 || s->latency_s > 0)
+        if (c->throttled && (s->bytes_per_s > 0 || s->latency_s > 0))
             sleep_until(start + s->latency_s + (s->bytes_per_s > 0 ? (double)c->bytes / s->bytes_per_s : 0));
         break;
     }
     case CMD_MEMSET: memset(c->dst, c->value, c->bytes); break;
     case CMD_HOST_FN: c->fn(c->arg); break;
-    case CMD_SIGNAL: event_fire(c->ev, c->ticket); break;
-    case CMD_WAIT: event_wait_ticket(c->ev, c->ticket); break;
+    case CMD_SIGNAL: node_fire(s->dev, c->node); break;
+    case CMD_WAIT: node_wait(s->dev, c->node); break;
     }
 }
 
@@ -169,6 +197,8 @@ static void cpu_destroy(kern_device_t *d) {
         pthread_mutex_destroy(&s->lock);
     }
     kern_threadpool_destroy(dev->pool);
+    pthread_cond_destroy(&dev->ev_cond);
+    pthread_mutex_destroy(&dev->ev_lock);
     free(dev);
 }
 
@@ -204,50 +234,50 @@ static void cpu_pinned_free(kern_device_t *d, void *p, size_t bytes) {
 }
 
 static kern_event_t *cpu_event_create(kern_device_t *d) {
-    (void)d;
     kern_event_t *ev = calloc(1, sizeof *ev);
     MT_CHECK_ALLOC(ev, "event");
-    pthread_mutex_init(&ev->lock, NULL);
-    pthread_cond_init(&ev->cond, NULL);
+    ev->dev = (cpu_device_t *)d;
     return ev;
 }
 
 static void cpu_event_destroy(kern_event_t *ev) {
-    pthread_cond_destroy(&ev->cond);
-    pthread_mutex_destroy(&ev->lock);
+    pthread_mutex_lock(&ev->dev->ev_lock);
+    node_unref_locked(ev->latest);
+    pthread_mutex_unlock(&ev->dev->ev_lock);
     free(ev);
 }
 
 static void cpu_event_record(kern_event_t *ev, kern_stream_t *s) {
-    pthread_mutex_lock(&ev->lock);
-    uint64_t ticket = ++ev->recorded;
-    pthread_mutex_unlock(&ev->lock);
-    submit(s, (cmd_t){.kind = CMD_SIGNAL, .ev = ev, .ticket = ticket});
+    record_node_t *n = calloc(1, sizeof *n);
+    MT_CHECK_ALLOC(n, "event record");
+    n->refs = 2; /* the event's and the signal command's */
+    pthread_mutex_lock(&ev->dev->ev_lock);
+    node_unref_locked(ev->latest);
+    ev->latest = n;
+    pthread_mutex_unlock(&ev->dev->ev_lock);
+    submit(s, (cmd_t){.kind = CMD_SIGNAL, .node = n});
 }
 
 static void cpu_stream_wait_event(kern_stream_t *s, kern_event_t *ev) {
-    pthread_mutex_lock(&ev->lock);
-    uint64_t ticket = ev->recorded;
-    pthread_mutex_unlock(&ev->lock);
-    submit(s, (cmd_t){.kind = CMD_WAIT, .ev = ev, .ticket = ticket});
+    record_node_t *n = event_latest_ref(ev);
+    if (n) submit(s, (cmd_t){.kind = CMD_WAIT, .node = n});
 }
 
-static void cpu_event_sync(kern_event_t *ev) {
-    pthread_mutex_lock(&ev->lock);
-    uint64_t ticket = ev->recorded;
-    pthread_mutex_unlock(&ev->lock);
-    event_wait_ticket(ev, ticket);
-}
+static void cpu_event_sync(kern_event_t *ev) { node_wait(ev->dev, event_latest_ref(ev)); }
 
 static bool cpu_event_query(kern_event_t *ev) {
-    pthread_mutex_lock(&ev->lock);
-    bool done = ev->completed >= ev->recorded;
-    pthread_mutex_unlock(&ev->lock);
+    pthread_mutex_lock(&ev->dev->ev_lock);
+    bool done = !ev->latest || ev->latest->fired;
+    pthread_mutex_unlock(&ev->dev->ev_lock);
     return done;
 }
 
-static void cpu_copy(kern_stream_t *s, void *dst, const void *src, size_t bytes) {
-    submit(s, (cmd_t){.kind = CMD_COPY, .dst = dst, .src = src, .bytes = bytes});
+static void cpu_copy_link(kern_stream_t *s, void *dst, const void *src, size_t bytes) {
+    submit(s, (cmd_t){.kind = CMD_COPY, .throttled = true, .dst = dst, .src = src, .bytes = bytes});
+}
+
+static void cpu_copy_local(kern_stream_t *s, void *dst, const void *src, size_t bytes) {
+    submit(s, (cmd_t){.kind = CMD_COPY, .throttled = false, .dst = dst, .src = src, .bytes = bytes});
 }
 
 static void cpu_memset(kern_stream_t *s, void *dst, int value, size_t bytes) {
@@ -272,9 +302,9 @@ static const kern_device_i k_cpu_vtable = {
     .event_sync = cpu_event_sync,
     .event_query = cpu_event_query,
     .stream_sync = cpu_stream_sync,
-    .memcpy_h2d = cpu_copy,
-    .memcpy_d2h = cpu_copy,
-    .memcpy_d2d = cpu_copy,
+    .memcpy_h2d = cpu_copy_link,
+    .memcpy_d2h = cpu_copy_link,
+    .memcpy_d2d = cpu_copy_local,
     .memset = cpu_memset,
     .launch_host_fn = cpu_launch_host_fn,
 };
@@ -295,6 +325,8 @@ mt_status_t kern_cpu_device_create(const kern_device_opts_t *opts, kern_device_t
         dev->base.opts.device_budget_bytes =
             (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
     }
+    pthread_mutex_init(&dev->ev_lock, NULL);
+    pthread_cond_init(&dev->ev_cond, NULL);
     dev->pool = kern_threadpool_create(opts->host_threads);
     for (int r = 0; r < KERN_STREAM_COUNT; r++) {
         kern_stream_t *s = &dev->stream_storage[r];
