@@ -16,9 +16,6 @@
 #include <string.h>
 #include <time.h>
 
-/* device.h has no kern_event_query wrapper (only the vtable entry), so the
- * test calls dev->vt->event_query directly; see the report. */
-
 static int failures;
 #define EXPECT(c, ...)                                                        \
     do {                                                                      \
@@ -223,7 +220,7 @@ static void test_event_ordering(void) {
 
     kern_event_t *ev = kern_event_create(dev);
     /* CUDA: cudaEventQuery on a never-recorded event returns cudaSuccess */
-    EXPECT(dev->vt->event_query(ev), "a never-recorded event counts as complete (CUDA semantics)");
+    EXPECT(kern_event_query(dev, ev), "a never-recorded event counts as complete (CUDA semantics)");
 
     gate_t gate = {0};
     kern_launch_host_fn(dev, h2d, gate_fn, &gate);
@@ -235,12 +232,12 @@ static void test_event_ordering(void) {
     kern_launch_host_fn(dev, d2h, verify_fn, &v);
 
     sleep_s(0.05);
-    EXPECT(!dev->vt->event_query(ev), "event behind a closed gate reported complete");
+    EXPECT(!kern_event_query(dev, ev), "event behind a closed gate reported complete");
     EXPECT(!atomic_load(&v.ran), "D2H ran past stream_wait_event before the event fired");
     EXPECT(memcmp(B, zero, n) == 0, "D2H copied before the H2D copy it waits on");
     atomic_store(&gate.open, 1);
     kern_event_sync(dev, ev);
-    EXPECT(dev->vt->event_query(ev), "event not complete after event_sync");
+    EXPECT(kern_event_query(dev, ev), "event not complete after event_sync");
     kern_stream_sync(dev, d2h);
     EXPECT(atomic_load(&v.ran) && atomic_load(&v.ok),
            "host fn after the D2H copy saw data %s", atomic_load(&v.ok) ? "ok" : "stale");
@@ -268,10 +265,10 @@ static void test_wait_targets_issued_record(void) {
     kern_event_record(dev, ev, h2d);         /* record 2: held by the gate */
     const int ran = wait_flag(&flag, 5.0);
     EXPECT(ran, "D2H waited for a record issued after its wait (5 s timeout)");
-    EXPECT(!dev->vt->event_query(ev), "record 2 is behind the gate but query says complete");
+    EXPECT(!kern_event_query(dev, ev), "record 2 is behind the gate but query says complete");
     atomic_store(&gate.open, 1);
     kern_device_sync(dev);
-    EXPECT(dev->vt->event_query(ev), "event incomplete after device sync");
+    EXPECT(kern_event_query(dev, ev), "event incomplete after device sync");
     kern_event_destroy(dev, ev);
     kern_device_destroy(dev);
 }
@@ -453,7 +450,7 @@ static void test_wait_survives_rerecord_on_other_stream(void) {
     EXPECT(!atomic_load(&flag),
            "test_wait_survives_rerecord_on_other_stream: D2H passed its wait on record 1 of an "
            "event while record 1 (H2D, gated) had not fired; record 2 on the compute stream "
-           "released it (backend_cpu.c tracks only the highest fired ticket)");
+           "released it (completion must be tracked per record, not as the highest fired one)");
     atomic_store(&gate.open, 1);
     kern_device_sync(dev);
     EXPECT(atomic_load(&flag), "D2H host function never ran");
@@ -540,9 +537,9 @@ int main(void) {
     test_wait_survives_rerecord_on_other_stream();
     test_d2d_not_throttled();
     test_cuda_probe();
-    /* last: until backend_cpu.c keeps pending events alive, this writes freed
-     * memory, which ASan reports and which could upset later tests */
-    printf("test_event_destroy_while_pending (a crash here is that bug)\n");
+    /* last: were pending events freed early again, this would write freed
+     * memory (ASan reports it) and could upset the tests after it */
+    printf("test_event_destroy_while_pending (a crash here means that regression)\n");
     fflush(stdout);
     test_event_destroy_while_pending();
     if (failures) {
