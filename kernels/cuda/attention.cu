@@ -95,7 +95,7 @@ static void attn_fwd_launch(kern_stream_t *s, float *out, float *lse, const floa
                             const float *v, const attn_shape_t &a) {
     const size_t smem = (size_t)(ATTN_ROWS * a.hd + ATTN_TILE * (a.hd + 1) + ATTN_TILE * a.hd) *
                         sizeof(float);
-    attn_smem_optin(s, (const void *)attn_fwd_kernel<NPL>, smem, "attention_fwd");
+    kern_cuda_smem_optin(s, (const void *)attn_fwd_kernel<NPL>, smem, "attention_fwd");
     const dim3 grid(kc_div_up((size_t)a.T, ATTN_ROWS), a.nh, a.B);
     attn_fwd_kernel<NPL><<<grid, ATTN_THREADS, smem, kern_cuda_stream_begin(s)>>>(out, lse, q, k, v, a);
     KC_LAUNCHED(s, "attention_fwd");

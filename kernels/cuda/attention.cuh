@@ -60,17 +60,6 @@ static inline int attn_npl(int hd) {
     return need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : 8;
 }
 
-// Opts a kernel in to more than 48 KB of dynamic shared memory when needed.
-static inline void attn_smem_optin(kern_stream_t *s, const void *kernel, size_t bytes,
-                                   const char *what) {
-    MT_CHECK(bytes <= s->dev->max_smem_optin,
-             "%s: head_dim needs %zu bytes of shared memory per block, device %d allows %zu", what,
-             bytes, s->dev->ordinal, s->dev->max_smem_optin);
-    if (bytes > 48 * 1024)
-        MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)bytes));
-}
-
 static inline attn_shape_t attn_shape(int B, int T, int nh, int nkv, int hd, int window,
                                       const char *what) {
     MT_CHECK(B >= 0 && T >= 0 && nh >= 1 && nkv >= 1 && nh % nkv == 0,

@@ -199,14 +199,14 @@ static void attn_bwd_launch(kern_stream_t *s, float *dq, float *dk, float *dv, c
     cudaStream_t cs = kern_cuda_stream_begin(s);
     const size_t hd = (size_t)a.hd;
     const size_t smem_dq = (2 * ATTN_ROWS * hd + 2 * ATTN_TILE * (hd + 1)) * sizeof(float);
-    attn_smem_optin(s, (const void *)attn_bwd_dq_kernel<NPL>, smem_dq, "attention_bwd dq");
+    kern_cuda_smem_optin(s, (const void *)attn_bwd_dq_kernel<NPL>, smem_dq, "attention_bwd dq");
     const dim3 grid_q(kc_div_up((size_t)a.T, ATTN_ROWS), a.nh, a.B);
     attn_bwd_dq_kernel<NPL><<<grid_q, ATTN_THREADS, smem_dq, cs>>>(dq, dout, q, k, v, lse, D, a);
     KC_LAUNCHED(s, "attention_bwd dq");
 
     const size_t smem_kv =
         (2 * ATTN_ROWS * hd + 2 * ATTN_TILE * (hd + 1) + 2 * ATTN_TILE) * sizeof(float);
-    attn_smem_optin(s, (const void *)attn_bwd_dkdv_kernel<NPL>, smem_kv, "attention_bwd dk/dv");
+    kern_cuda_smem_optin(s, (const void *)attn_bwd_dkdv_kernel<NPL>, smem_kv, "attention_bwd dk/dv");
     const dim3 grid_k(kc_div_up((size_t)a.T, ATTN_ROWS), a.nkv, a.B);
     attn_bwd_dkdv_kernel<NPL><<<grid_k, ATTN_THREADS, smem_kv, cs>>>(dk, dv, dout, q, k, v, lse, D, a);
     KC_LAUNCHED(s, "attention_bwd dk/dv");

@@ -54,6 +54,15 @@ void *kern_cuda_scratch(kern_stream_t *s, size_t bytes, const char *what) {
     return s->scratch;
 }
 
+void kern_cuda_smem_optin(kern_stream_t *s, const void *kernel, size_t bytes, const char *what) {
+    MT_CHECK(bytes <= s->dev->max_smem_optin,
+             "%s needs %zu bytes of shared memory per block, CUDA device %d allows %zu", what, bytes,
+             s->dev->ordinal, s->dev->max_smem_optin);
+    if (bytes > 48 * 1024)
+        MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)bytes));
+}
+
 void kern_cuda_after_launch(kern_stream_t *s, const char *file, int line, const char *what) {
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && s->dev->sync_check) e = cudaStreamSynchronize(s->cs);

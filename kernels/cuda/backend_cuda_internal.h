@@ -85,6 +85,11 @@ void *kern_cuda_scratch(kern_stream_t *s, size_t bytes, const char *what);
  * at the kernel that caused them. */
 void kern_cuda_after_launch(kern_stream_t *s, const char *file, int line, const char *what);
 
+/* Lets `kernel` (a __global__ function) use `bytes` of dynamic shared
+ * memory on the stream's device, opting in beyond 48 KB; aborts naming
+ * `what` when the device allows less. */
+void kern_cuda_smem_optin(kern_stream_t *s, const void *kernel, size_t bytes, const char *what);
+
 /* Releases a stream's GEMM algorithm cache (gemm_cuda.c). */
 void kern_cuda_gemm_cache_free(kern_cuda_gemm_cache_t *c);
 

@@ -1,0 +1,160 @@
+/* GPU suite: element-wise ops, bias, SwiGLU, sumsq and bf16 conversions.
+ *
+ * Tolerances and why:
+ *  - add, axpy, scale, bias_fwd, f32<->bf16: the same single operation per
+ *    element on both sides (no fused multiply-add on the GPU): bit-identical;
+ *  - bias_bwd: fp32 column sums in a different order: atol 1e-5 * rows^0.5
+ *    (inputs in [-1, 1)) + rtol 1e-5;
+ *  - swiglu: device expf is within 2 ulp of glibc's, so sigmoid/silu differ
+ *    by a few ulp: rtol 4e-6; dg's factor 1 + g (1 - sig) cancels near
+ *    g = -1.28, hence an atol of 1e-6 as well;
+ *  - sumsq: double accumulation on both sides, rounded once to float: rtol
+ *    1e-6 (summation order moves the double by ~1e-16 relative). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/dtype.h"
+#include "tests/gpu/gpu_test.h"
+
+static void simple_ops(gt_ctx_t *t, size_t n) {
+    float *ha = gt_host_rand(t, n, 3.0f), *hb = gt_host_rand(t, n, 3.0f);
+    gt_buf_t A = gt_from_host(t, ha, n * 4, "a"), Bv = gt_from_host(t, hb, n * 4, "b");
+    gt_buf_t Y = gt_alloc(t, n * 4, "y");
+    char what[96];
+    t->cpu->ops->add(t->sc, GT_C(Y), GT_C(A), GT_C(Bv), n);
+    t->gpu->ops->add(t->sg, GT_G(Y), GT_G(A), GT_G(Bv), n);
+    snprintf(what, sizeof what, "add n=%zu", n);
+    gt_check_exact(t, what, &Y, Y.bytes);
+    t->cpu->ops->add(t->sc, GT_C(A), GT_C(A), GT_C(Bv), n); /* y aliases a */
+    t->gpu->ops->add(t->sg, GT_G(A), GT_G(A), GT_G(Bv), n);
+    snprintf(what, sizeof what, "add in place n=%zu", n);
+    gt_check_exact(t, what, &A, A.bytes);
+    t->cpu->ops->axpy(t->sc, GT_C(Y), -0.37f, GT_C(Bv), n);
+    t->gpu->ops->axpy(t->sg, GT_G(Y), -0.37f, GT_G(Bv), n);
+    snprintf(what, sizeof what, "axpy n=%zu", n);
+    gt_check_exact(t, what, &Y, Y.bytes);
+    t->cpu->ops->scale(t->sc, GT_C(Y), 1.0f / 3.0f, n);
+    t->gpu->ops->scale(t->sg, GT_G(Y), 1.0f / 3.0f, n);
+    snprintf(what, sizeof what, "scale n=%zu", n);
+    gt_check_exact(t, what, &Y, Y.bytes);
+
+    gt_buf_t S = gt_alloc(t, 4, "sumsq");
+    t->cpu->ops->sumsq(t->sc, GT_C(S), GT_C(Y), n);
+    t->gpu->ops->sumsq(t->sg, GT_G(S), GT_G(Y), n);
+    snprintf(what, sizeof what, "sumsq n=%zu", n);
+    gt_check_f32(t, what, &S, 1, 0.0f, 1e-6f);
+    float first;
+    gt_save_gpu(t, &S, &first);
+    t->gpu->ops->sumsq(t->sg, GT_G(S), GT_G(Y), n);
+    gt_check_same_gpu(t, what, &S, &first);
+    gt_free(t, &A);
+    gt_free(t, &Bv);
+    gt_free(t, &Y);
+    gt_free(t, &S);
+    free(ha);
+    free(hb);
+}
+
+static void bias_case(gt_ctx_t *t, int rows, int cols) {
+    const size_t n = (size_t)rows * cols;
+    float *hy = gt_host_rand(t, n, 1.0f), *hb = gt_host_rand(t, (size_t)cols, 1.0f);
+    float *hdb = gt_host_rand(t, (size_t)cols, 1.0f);
+    gt_buf_t Y = gt_from_host(t, hy, n * 4, "y"), Bb = gt_from_host(t, hb, (size_t)cols * 4, "b");
+    gt_buf_t DB = gt_from_host(t, hdb, (size_t)cols * 4, "db");
+    char what[96];
+    t->cpu->ops->bias_fwd(t->sc, GT_C(Y), GT_C(Bb), rows, cols);
+    t->gpu->ops->bias_fwd(t->sg, GT_G(Y), GT_G(Bb), rows, cols);
+    snprintf(what, sizeof what, "bias_fwd rows=%d cols=%d", rows, cols);
+    gt_check_exact(t, what, &Y, Y.bytes);
+    gt_set(t, &Y, hy);
+    t->cpu->ops->bias_bwd(t->sc, GT_C(DB), GT_C(Y), rows, cols);
+    t->gpu->ops->bias_bwd(t->sg, GT_G(DB), GT_G(Y), rows, cols);
+    snprintf(what, sizeof what, "bias_bwd (accumulate) rows=%d cols=%d", rows, cols);
+    gt_check_f32(t, what, &DB, (size_t)cols, 1e-5f * sqrtf((float)rows + 1.0f), 1e-5f);
+    float *first = gt_host_alloc((size_t)cols);
+    gt_save_gpu(t, &DB, first);
+    gt_set(t, &DB, hdb);
+    t->gpu->ops->bias_bwd(t->sg, GT_G(DB), GT_G(Y), rows, cols);
+    gt_check_same_gpu(t, what, &DB, first);
+    gt_free(t, &Y);
+    gt_free(t, &Bb);
+    gt_free(t, &DB);
+    free(hy);
+    free(hb);
+    free(hdb);
+    free(first);
+}
+
+static void swiglu_case(gt_ctx_t *t, size_t n) {
+    float *hg = gt_host_rand(t, n, 6.0f), *hu = gt_host_rand(t, n, 1.0f), *hdh = gt_host_rand(t, n, 1.0f);
+    gt_buf_t G = gt_from_host(t, hg, n * 4, "g"), U = gt_from_host(t, hu, n * 4, "u");
+    gt_buf_t DH = gt_from_host(t, hdh, n * 4, "dh"), H = gt_alloc(t, n * 4, "h");
+    gt_buf_t DG = gt_alloc(t, n * 4, "dg"), DU = gt_alloc(t, n * 4, "du");
+    char what[96];
+    t->cpu->ops->swiglu_fwd(t->sc, GT_C(H), GT_C(G), GT_C(U), n);
+    t->gpu->ops->swiglu_fwd(t->sg, GT_G(H), GT_G(G), GT_G(U), n);
+    snprintf(what, sizeof what, "swiglu_fwd n=%zu", n);
+    gt_check_f32(t, what, &H, n, 1e-7f, 4e-6f);
+    t->cpu->ops->swiglu_bwd(t->sc, GT_C(DG), GT_C(DU), GT_C(DH), GT_C(G), GT_C(U), n);
+    t->gpu->ops->swiglu_bwd(t->sg, GT_G(DG), GT_G(DU), GT_G(DH), GT_G(G), GT_G(U), n);
+    snprintf(what, sizeof what, "swiglu_bwd dg n=%zu", n);
+    gt_check_f32(t, what, &DG, n, 1e-6f, 4e-6f);
+    snprintf(what, sizeof what, "swiglu_bwd du n=%zu", n);
+    gt_check_f32(t, what, &DU, n, 1e-7f, 4e-6f);
+    /* In place: dg over g and du over u (allowed by elementwise.h). */
+    t->cpu->ops->swiglu_bwd(t->sc, GT_C(G), GT_C(U), GT_C(DH), GT_C(G), GT_C(U), n);
+    t->gpu->ops->swiglu_bwd(t->sg, GT_G(G), GT_G(U), GT_G(DH), GT_G(G), GT_G(U), n);
+    snprintf(what, sizeof what, "swiglu_bwd in place dg n=%zu", n);
+    gt_check_f32(t, what, &G, n, 1e-6f, 4e-6f);
+    snprintf(what, sizeof what, "swiglu_bwd in place du n=%zu", n);
+    gt_check_f32(t, what, &U, n, 1e-7f, 4e-6f);
+    gt_buf_t *bufs[] = {&G, &U, &DH, &H, &DG, &DU};
+    for (size_t i = 0; i < 6; i++) gt_free(t, bufs[i]);
+    free(hg);
+    free(hu);
+    free(hdh);
+}
+
+/* Conversions: random values plus the cases rounding gets wrong. */
+static void convert_case(gt_ctx_t *t, size_t n) {
+    float *hx = gt_host_rand(t, n, 1e3f);
+    static const uint32_t special[] = {
+        0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, /* zeros, infs, NaNs */
+        0x00000001u, 0x807fffffu, 0x00800000u, 0x7f7fffffu, 0xff7fffffu,             /* subnormals, extremes */
+        0x3f808000u, 0x3f818000u, 0x3f80c000u, 0x3f807fffu, 0x7f7f8000u,             /* ties and overflow */
+    };
+    for (size_t i = 0; i < sizeof special / sizeof special[0] && i < n; i++) memcpy(&hx[i], &special[i], 4);
+    gt_buf_t X = gt_from_host(t, hx, n * 4, "x"), H = gt_alloc(t, n * 2, "bf16");
+    gt_buf_t Y = gt_alloc(t, n * 4, "back");
+    char what[96];
+    t->cpu->ops->f32_to_bf16(t->sc, GT_CU16(H), GT_C(X), n);
+    t->gpu->ops->f32_to_bf16(t->sg, GT_GU16(H), GT_G(X), n);
+    snprintf(what, sizeof what, "f32_to_bf16 n=%zu", n);
+    gt_check_exact(t, what, &H, H.bytes);
+    t->cpu->ops->bf16_to_f32(t->sc, GT_C(Y), GT_CU16(H), n);
+    t->gpu->ops->bf16_to_f32(t->sg, GT_G(Y), GT_GU16(H), n);
+    snprintf(what, sizeof what, "bf16_to_f32 n=%zu", n);
+    gt_check_exact(t, what, &Y, Y.bytes);
+    gt_free(t, &X);
+    gt_free(t, &H);
+    gt_free(t, &Y);
+    free(hx);
+}
+
+int main(void) {
+    gt_ctx_t t;
+    gt_open(&t, "elementwise_test", 0xe1e);
+    static const size_t sizes[] = {0, 1, 1000, 65537, ((size_t)1 << 20) + 3};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        simple_ops(&t, sizes[i]);
+        swiglu_case(&t, sizes[i]);
+        convert_case(&t, sizes[i]);
+    }
+    bias_case(&t, 1, 1);
+    bias_case(&t, 3, 1000);
+    bias_case(&t, 2048, 96);
+    bias_case(&t, 10000, 33);
+    return gt_close(&t);
+}

@@ -1,0 +1,196 @@
+/* GPU suite: matrix products (gemm.h) — cuBLASLt against OpenBLAS.
+ *
+ * Covers every transpose combination, alpha/beta (beta = 0 must ignore a C
+ * full of NaN), empty sums (K = 0), pointers only 4-byte aligned (expert
+ * slices of packed buffers), the grouped product over ragged experts with
+ * zero-token experts, the bf16-input path with bf16 and fp32 outputs, and
+ * determinism of repeated calls.
+ *
+ * Tolerance for fp32 products: normwise 1e-5, i.e. max |gpu - cpu| <= 1e-5 *
+ * max |cpu|.  Two fp32 GEMMs that differ only in summation order agree to a
+ * few 1e-7 here (K <= 512, inputs in [-1, 1)); a TF32 product would be off
+ * by ~1e-4, so this tolerance also proves TF32 is off. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/dtype.h"
+#include "tests/gpu/gpu_test.h"
+
+#define FP32_GEMM_TOL 1e-5f
+
+/* One matmul on both devices.  `misalign` floats are skipped at the start
+ * of every buffer, so the pointers are only that aligned. */
+static void matmul_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, float alpha,
+                        float beta, int misalign) {
+    const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N, o = (size_t)misalign;
+    float *ha = gt_host_rand(t, na + o, 1.0f), *hb = gt_host_rand(t, nb + o, 1.0f);
+    float *hc = gt_host_rand(t, nc + o, 1.0f);
+    gt_buf_t A = gt_from_host(t, ha, (na + o) * 4, "A"), B = gt_from_host(t, hb, (nb + o) * 4, "B");
+    gt_buf_t C = gt_alloc(t, (nc + o) * 4, "C"); /* NaN: must not leak when beta == 0 */
+    if (beta != 0.0f) gt_set(t, &C, hc);
+    t->cpu->ops->matmul(t->sc, GT_C(C) + o, GT_C(A) + o, GT_C(B) + o, M, N, K, ta, tb, alpha, beta);
+    t->gpu->ops->matmul(t->sg, GT_G(C) + o, GT_G(A) + o, GT_G(B) + o, M, N, K, ta, tb, alpha, beta);
+    char what[160];
+    snprintf(what, sizeof what, "matmul M=%d N=%d K=%d ta=%d tb=%d alpha=%g beta=%g misalign=%d", M,
+             N, K, ta, tb, (double)alpha, (double)beta, misalign);
+    /* The skipped prefix is compared too: it must be untouched (NaN both). */
+    if (K == 0) gt_check_exact(t, what, &C, C.bytes); /* empty sum: beta * C exactly */
+    else gt_check_f32_norm(t, what, &C, nc + o, FP32_GEMM_TOL);
+    if (beta == 0.0f && K > 0) {
+        float *first = gt_host_alloc(nc + o);
+        gt_save_gpu(t, &C, first);
+        t->gpu->ops->matmul(t->sg, GT_G(C) + o, GT_G(A) + o, GT_G(B) + o, M, N, K, ta, tb, alpha,
+                            beta);
+        gt_check_same_gpu(t, what, &C, first);
+        free(first);
+    }
+    gt_free(t, &A);
+    gt_free(t, &B);
+    gt_free(t, &C);
+    free(ha);
+    free(hb);
+    free(hc);
+}
+
+/* Experts as a grouped product: y_e (M_e, N) = x_e (M_e, K) W_e^T (the up
+ * projection, trans_b) and dW_e (N, K) (+)= dy_e^T x_e (the weight gradient,
+ * trans_a, K = M_e tokens), over packed buffers with ragged M_e. */
+static void grouped_case(gt_ctx_t *t, const int *counts, int E, int N, int K, float beta) {
+    int m = 0;
+    for (int e = 0; e < E; e++) m += counts[e];
+    float *hx = gt_host_rand(t, (size_t)m * K + 1, 1.0f), *hw = gt_host_rand(t, (size_t)E * N * K, 1.0f);
+    float *hdy = gt_host_rand(t, (size_t)m * N + 1, 1.0f), *hdw = gt_host_rand(t, (size_t)E * N * K, 1.0f);
+    gt_buf_t X = gt_from_host(t, hx, ((size_t)m * K + 1) * 4, "x packed");
+    gt_buf_t W = gt_from_host(t, hw, (size_t)E * N * K * 4, "W");
+    gt_buf_t Y = gt_alloc(t, ((size_t)m * N + 1) * 4, "y packed");
+    gt_buf_t DY = gt_from_host(t, hdy, ((size_t)m * N + 1) * 4, "dy packed");
+    gt_buf_t DW = gt_alloc(t, (size_t)E * N * K * 4, "dW");
+    if (beta != 0.0f) gt_set(t, &DW, hdw);
+    kern_gemm_desc_t *dc = calloc((size_t)E, sizeof *dc), *dg = calloc((size_t)E, sizeof *dg);
+    kern_gemm_desc_t *wc = calloc((size_t)E, sizeof *wc), *wg = calloc((size_t)E, sizeof *wg);
+    MT_CHECK(dc && dg && wc && wg, "out of host memory allocating gemm descriptors");
+    /* Packed buffers start one float in, so the slices are only 4-byte
+     * aligned, as expert slices of the engine's packed buffers are. */
+    size_t row = 0;
+    for (int e = 0; e < E; e++) {
+        const size_t xo = 1 + row * K, yo = 1 + row * N, wo = (size_t)e * N * K;
+        dc[e] = (kern_gemm_desc_t){GT_C(Y) + yo, GT_C(X) + xo, GT_C(W) + wo, counts[e], N, K};
+        dg[e] = (kern_gemm_desc_t){GT_G(Y) + yo, GT_G(X) + xo, GT_G(W) + wo, counts[e], N, K};
+        wc[e] = (kern_gemm_desc_t){GT_C(DW) + wo, GT_C(DY) + yo, GT_C(X) + xo, N, K, counts[e]};
+        wg[e] = (kern_gemm_desc_t){GT_G(DW) + wo, GT_G(DY) + yo, GT_G(X) + xo, N, K, counts[e]};
+        row += (size_t)counts[e];
+    }
+    t->cpu->ops->matmul_grouped(t->sc, dc, E, false, true, 1.0f, 0.0f);
+    t->gpu->ops->matmul_grouped(t->sg, dg, E, false, true, 1.0f, 0.0f);
+    t->cpu->ops->matmul_grouped(t->sc, wc, E, true, false, 1.0f, beta);
+    t->gpu->ops->matmul_grouped(t->sg, wg, E, true, false, 1.0f, beta);
+    char what[160];
+    snprintf(what, sizeof what, "matmul_grouped up-proj E=%d N=%d K=%d", E, N, K);
+    /* Y[0] belongs to no expert: it must stay NaN on both, which the
+     * comparison accepts only if both are NaN. */
+    gt_check_f32_norm(t, what, &Y, (size_t)m * N + 1, FP32_GEMM_TOL);
+    snprintf(what, sizeof what, "matmul_grouped weight-grad beta=%g (zero-token experts: %s)",
+             (double)beta, beta == 0.0f ? "zeroed" : "unchanged");
+    gt_check_f32_norm(t, what, &DW, (size_t)E * N * K, FP32_GEMM_TOL);
+    gt_free(t, &X);
+    gt_free(t, &W);
+    gt_free(t, &Y);
+    gt_free(t, &DY);
+    gt_free(t, &DW);
+    free(dc);
+    free(dg);
+    free(wc);
+    free(wg);
+    free(hx);
+    free(hw);
+    free(hdy);
+    free(hdw);
+}
+
+/* bf16 inputs, fp32 accumulation (GPU only, kern_matmul_ex_cuda), against
+ * the CPU product of the same bf16 values widened to fp32. */
+static void bf16_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, mt_dtype_t c_dt) {
+    const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+    float *ha = gt_host_rand(t, na, 1.0f), *hb = gt_host_rand(t, nb, 1.0f);
+    uint16_t *ha16 = gt_host_bytes(na * 2), *hb16 = gt_host_bytes(nb * 2);
+    mt_convert_from_f32(ha16, MT_BF16, ha, na);
+    mt_convert_from_f32(hb16, MT_BF16, hb, nb);
+    mt_convert_to_f32(ha, ha16, MT_BF16, na); /* the exact values the GPU multiplies */
+    mt_convert_to_f32(hb, hb16, MT_BF16, nb);
+    gt_buf_t A = gt_from_host(t, ha, na * 4, "A"), B = gt_from_host(t, hb, nb * 4, "B");
+    gt_buf_t A16 = gt_from_host(t, ha16, na * 2, "A bf16"), B16 = gt_from_host(t, hb16, nb * 2, "B bf16");
+    gt_buf_t C = gt_alloc(t, nc * 4, "C"), C16 = gt_alloc(t, nc * mt_dtype_size(c_dt), "C out");
+    t->cpu->ops->matmul(t->sc, GT_C(C), GT_C(A), GT_C(B), M, N, K, ta, tb, 1.0f, 0.0f);
+    kern_matmul_ex_cuda(t->sg, C16.g, c_dt, A16.g, B16.g, MT_BF16, M, N, K, ta, tb, 1.0f, 0.0f);
+    float *ref = gt_host_alloc(nc), *got = gt_host_alloc(nc);
+    void *raw = gt_host_bytes(C16.bytes);
+    gt_download(t, &C, ref, NULL);
+    gt_download(t, &C16, NULL, raw);
+    mt_convert_to_f32(got, raw, c_dt, nc);
+    double refmax = 0.0;
+    for (size_t i = 0; i < nc; i++) refmax = fmax(refmax, fabs(ref[i]));
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < nc; i++) {
+        double lim;
+        if (c_dt == MT_BF16) {
+            /* The fp32 sums differ only in order (~1e-6 relative), but the
+             * final rounding to bf16 can then land one bf16 ulp (2^-8
+             * relative) apart: allow 2^-7 of the value, plus a sliver of
+             * the output's scale for sums that cancel to near zero. */
+            lim = ldexp(fabs(ref[i]), -7) + 1e-5 * refmax;
+        } else {
+            lim = FP32_GEMM_TOL * refmax; /* products of bf16 values are exact in fp32 */
+        }
+        if (!isfinite(got[i]) || fabs((double)got[i] - ref[i]) > lim) {
+            if (!bad++) first = i;
+        }
+    }
+    gt_expect(t, bad == 0, "matmul bf16 M=%d N=%d K=%d ta=%d tb=%d -> %s: %zu bad, first at %zu cpu %.7g gpu %.7g",
+              M, N, K, ta, tb, mt_dtype_name(c_dt), bad, first, (double)ref[first], (double)got[first]);
+    if (!bad) printf("ok   matmul bf16 M=%d N=%d K=%d ta=%d tb=%d -> %s\n", M, N, K, ta, tb, mt_dtype_name(c_dt));
+    gt_free(t, &A);
+    gt_free(t, &B);
+    gt_free(t, &A16);
+    gt_free(t, &B16);
+    gt_free(t, &C);
+    gt_free(t, &C16);
+    free(ha);
+    free(hb);
+    free(ha16);
+    free(hb16);
+    free(ref);
+    free(got);
+    free(raw);
+}
+
+int main(void) {
+    gt_ctx_t t;
+    gt_open(&t, "gemm_test", 0x6e6d);
+    static const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {37, 53, 19}, {128, 96, 512}, {257, 130, 64}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int tr = 0; tr < 4; tr++) {
+            const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            matmul_case(&t, M, N, K, tr & 1, tr & 2, 1.0f, 0.0f, 0);
+            matmul_case(&t, M, N, K, tr & 1, tr & 2, 0.5f, 1.0f, 0);
+            matmul_case(&t, M, N, K, tr & 1, tr & 2, 1.0f, 0.0f, 1);
+        }
+    matmul_case(&t, 4, 5, 0, false, false, 1.0f, 0.0f, 0);
+    matmul_case(&t, 4, 5, 0, false, true, 1.0f, 1.0f, 0);
+    matmul_case(&t, 4, 5, 0, true, false, 1.0f, 0.5f, 0);
+    matmul_case(&t, 0, 5, 3, false, false, 1.0f, 0.0f, 0);
+
+    static const int ragged[] = {5, 0, 17, 1, 0, 33, 2, 0};
+    grouped_case(&t, ragged, 8, 24, 40, 0.0f);
+    grouped_case(&t, ragged, 8, 24, 40, 1.0f);
+    static const int big[] = {64, 0, 129, 7};
+    grouped_case(&t, big, 4, 96, 128, 0.0f);
+
+    for (int tr = 0; tr < 4; tr++) {
+        bf16_case(&t, 64, 48, 256, tr & 1, tr & 2, MT_BF16);
+        bf16_case(&t, 33, 17, 100, tr & 1, tr & 2, MT_F32);
+    }
+    return gt_close(&t);
+}
