@@ -11,11 +11,8 @@
     } while (0)
 
 static float *W(eng_model_t *m, int i) { return i >= 0 ? m->params[i].w : NULL; }
-static float *G(eng_model_t *m, int i) {
-    if (i < 0) return NULL;
-    m->params[i].has_grad = true;
-    return m->params[i].g;
-}
+/* The gradient target the executor prepared for this backward. */
+static float *G(eng_model_t *m, int i) { return i >= 0 ? m->params[i].g : NULL; }
 
 static void dfree(kern_device_t *dev, float **p) {
     if (*p) kern_free(dev, *p);
@@ -167,8 +164,6 @@ void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_
     const eng_layer_index_t *L = &m->layers[layer];
     const int E = m->cfg.num_experts;
     float *(*get)(eng_model_t *, int) = gradients ? G : W;
-    /* Gradients of experts are fetched without marking has_grad: only
-     * experts that receive tokens are marked (by the caller). */
     out->router = get(m, L->router);
     out->gate = scratch;
     out->up = scratch + E;
@@ -183,10 +178,34 @@ void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_
     out->sh_up = get(m, L->sh_up);
     out->sh_down = get(m, L->sh_down);
     out->sh_expert_gate = get(m, L->sh_expert_gate);
+    out->fetch_experts = NULL;
+    out->fetch_ctx = NULL;
+}
+
+typedef struct {
+    eng_model_t *m;
+    int layer;
+    eng_fetch_experts_fn fetch;
+} fetch_ctx_t;
+
+/* Adapts the engine's fetch to moe/'s hook and refreshes the pointers. */
+static mt_status_t fetch_trampoline(void *ctx, const int32_t *counts, float **gate, float **up,
+                                    float **down, mt_error_t *err) {
+    fetch_ctx_t *c = ctx;
+    mt_status_t st = c->fetch(c->m, c->layer, counts, err);
+    if (st != MT_OK) return st;
+    const eng_layer_index_t *L = &c->m->layers[c->layer];
+    for (int e = 0; e < c->m->cfg.num_experts; e++) {
+        gate[e] = c->m->params[L->exp_gate[e]].w;
+        up[e] = c->m->params[L->exp_up[e]].w;
+        down[e] = c->m->params[L->exp_down[e]].w;
+    }
+    return MT_OK;
 }
 
 mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_mid,
-                            float *x_out, eng_mlp_acts_t *a, mt_error_t *err) {
+                            float *x_out, eng_fetch_experts_fn fetch, eng_mlp_acts_t *a,
+                            mt_error_t *err) {
     const eng_model_config_t *c = &m->cfg;
     const eng_layer_index_t *L = &m->layers[layer];
     const kern_ops_t *ops = m->dev->ops;
@@ -206,6 +225,11 @@ mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, co
         MT_CHECK_ALLOC(scratch, "expert pointer table");
         moe_layer_params_t p;
         eng_moe_params(m, layer, false, &p, scratch);
+        fetch_ctx_t fc = {m, layer, fetch};
+        if (fetch) {
+            p.fetch_experts = fetch_trampoline;
+            p.fetch_ctx = &fc;
+        }
         moe_layer_dims_t d = eng_moe_dims(m);
         mt_status_t st = moe_layer_forward(m->dev, &d, &p, a->xn, n, y, &a->moe, err);
         free(scratch);
@@ -250,13 +274,6 @@ mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, c
         eng_moe_params(m, layer, false, &p, scratch);
         eng_moe_params(m, layer, true, &gp, scratch + 3 * E);
         moe_layer_dims_t d = eng_moe_dims(m);
-        /* experts with tokens get gradients; remember them before acts are freed */
-        for (int e = 0; e < E; e++)
-            if (a->moe.counts_host[e] > 0) {
-                m->params[L->exp_gate[e]].has_grad = true;
-                m->params[L->exp_up[e]].has_grad = true;
-                m->params[L->exp_down[e]].has_grad = true;
-            }
         mt_status_t st = moe_layer_backward(m->dev, &d, &p, &gp, a->xn, dx, aux_dp, tok_w, &a->moe,
                                             dxn, err);
         free(scratch);

@@ -12,6 +12,11 @@
 #include "engine/model.h"
 #include "moe/moe_layer.h"
 
+/* Streamed expert weights: called by the MoE forward once routing is known
+ * (engine/exec.c provides it; NULL when all weights are resident). */
+typedef mt_status_t (*eng_fetch_experts_fn)(eng_model_t *m, int layer, const int32_t *counts,
+                                            mt_error_t *err);
+
 typedef struct {
     int B, T, n; /* n = B * T tokens */
 } eng_shape_t;
@@ -40,7 +45,8 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
 void eng_attn_acts_release(kern_device_t *dev, eng_attn_acts_t *a);
 
 mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_mid,
-                            float *x_out, eng_mlp_acts_t *a, mt_error_t *err);
+                            float *x_out, eng_fetch_experts_fn fetch, eng_mlp_acts_t *a,
+                            mt_error_t *err);
 /* dx (n, H): on entry d(x_out), on return d(x_mid). aux_dp/tok_w: see moe_layer.h. */
 mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_mid,
                              float *dx, const float *aux_dp, const float *tok_w,

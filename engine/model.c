@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "engine/checkpoint.h"
-#include "kernels/rope.h"
+#include "engine/exec.h"
 
 static void build_layer_index(eng_model_t *m) {
     const eng_model_config_t *c = &m->cfg;
@@ -67,8 +67,15 @@ static void build_layer_index(eng_model_t *m) {
     if (m->lm_head < 0) m->lm_head = m->embed; /* tied */
 }
 
+int eng_model_num_blocks(const eng_model_t *m) { return m->cfg.num_hidden_layers + 2; }
+
+static int owning_block(const eng_model_t *m, const eng_param_spec_t *ps) {
+    if (ps->layer >= 0) return ps->layer + 1;
+    return ps->role == ENG_P_EMBED ? 0 : m->cfg.num_hidden_layers + 1;
+}
+
 mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
-                           const char *overrides_json, mt_error_t *err) {
+                           const char *overrides_json, const sched_plan_t *plan, mt_error_t *err) {
     memset(m, 0, sizeof *m);
     m->dev = dev;
     mt_status_t st = eng_model_config_load(dir, overrides_json, &m->cfg, err);
@@ -78,47 +85,42 @@ mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
     build_layer_index(m);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) m->num_moe_layers += m->cfg.layer_is_moe[l];
 
+    /* The model's home is host memory: every master starts there. */
     m->params = calloc((size_t)m->spec.count, sizeof *m->params);
     MT_CHECK_ALLOC(m->params, "parameter table");
-    for (int i = 0; i < m->spec.count; i++) {
-        eng_param_t *p = &m->params[i];
-        p->spec = &m->spec.params[i];
-        char tag[192];
-        snprintf(tag, sizeof tag, "weight %s", p->spec->name);
-        p->w = kern_alloc(dev, p->spec->numel * sizeof(float), tag, err);
-        if (!p->w) { st = err->code; goto fail; }
-        snprintf(tag, sizeof tag, "gradient of %s", p->spec->name);
-        p->g = kern_alloc(dev, p->spec->numel * sizeof(float), tag, err);
-        if (!p->g) { st = err->code; goto fail; }
-        kern_memset(dev, kern_stream(dev, KERN_STREAM_COMPUTE), p->g, 0, p->spec->numel * sizeof(float));
-    }
-
-    /* Load through host staging buffers, then copy to the device. */
-    eng_checkpoint_t ck;
-    st = eng_checkpoint_open(dir, &ck, err);
-    if (st != MT_OK) goto fail;
     float **host = calloc((size_t)m->spec.count, sizeof *host);
     MT_CHECK_ALLOC(host, "checkpoint staging table");
     for (int i = 0; i < m->spec.count; i++) {
-        host[i] = malloc(m->spec.params[i].numel * sizeof(float));
-        MT_CHECK_ALLOC(host[i], m->spec.params[i].name);
+        eng_param_t *p = &m->params[i];
+        p->spec = &m->spec.params[i];
+        p->block = owning_block(m, p->spec);
+        p->host_w = malloc(p->spec->numel * sizeof(float));
+        MT_CHECK_ALLOC(p->host_w, p->spec->name);
+        host[i] = p->host_w;
+    }
+    eng_checkpoint_t ck;
+    st = eng_checkpoint_open(dir, &ck, err);
+    if (st != MT_OK) {
+        free(host);
+        goto fail;
     }
     eng_ckpt_load_report_t report = {0};
     st = eng_checkpoint_load(&ck, &m->spec, host, &report, err);
-    if (st == MT_OK) {
-        if (report.unexpected_count > 0) {
-            fprintf(stderr, "moetune: note: %d tensor(s) in %s are not used by %s (first: %s)\n",
-                    report.unexpected_count, dir, m->cfg.model_type, report.unexpected[0]);
-        }
-        kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
-        for (int i = 0; i < m->spec.count; i++)
-            kern_memcpy_h2d(dev, s, m->params[i].w, host[i], m->spec.params[i].numel * sizeof(float));
-        kern_stream_sync(dev, s);
-    }
+    if (st == MT_OK && report.unexpected_count > 0)
+        fprintf(stderr, "moetune: note: %d tensor(s) in %s are not used by %s (first: %s)\n",
+                report.unexpected_count, dir, m->cfg.model_type, report.unexpected[0]);
     eng_ckpt_load_report_free(&report);
-    for (int i = 0; i < m->spec.count; i++) free(host[i]);
-    free(host);
     eng_checkpoint_close(&ck);
+    free(host);
+    if (st != MT_OK) goto fail;
+
+    sched_plan_t keep_all;
+    if (!plan) {
+        sched_plan_init_uniform(&keep_all, eng_model_num_blocks(m), SCHED_POLICY_KEEP_ALL);
+        plan = &keep_all;
+    }
+    st = eng_exec_create(m, plan, err);
+    if (plan == &keep_all) sched_plan_free(&keep_all);
     if (st != MT_OK) goto fail;
     return MT_OK;
 fail:
@@ -127,13 +129,14 @@ fail:
 }
 
 void eng_model_free(eng_model_t *m) {
+    if (m->exec) eng_exec_destroy(m);
     if (m->params) {
         for (int i = 0; i < m->spec.count; i++) {
             eng_param_t *p = &m->params[i];
-            if (p->w) kern_free(m->dev, p->w);
-            if (p->g) kern_free(m->dev, p->g);
-            if (p->m) kern_free(m->dev, p->m);
-            if (p->v) kern_free(m->dev, p->v);
+            free(p->host_w);
+            free(p->host_g);
+            free(p->host_m);
+            free(p->host_v);
         }
         free(m->params);
     }
@@ -145,27 +148,10 @@ void eng_model_free(eng_model_t *m) {
         }
         free(m->layers);
     }
-    if (m->rope_cos) kern_free(m->dev, m->rope_cos);
-    if (m->rope_sin) kern_free(m->dev, m->rope_sin);
+    sched_plan_free(&m->plan);
     eng_model_spec_free(&m->spec);
     eng_model_config_free(&m->cfg);
     memset(m, 0, sizeof *m);
-}
-
-void eng_model_zero_grad(eng_model_t *m) {
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-    for (int i = 0; i < m->spec.count; i++) {
-        eng_param_t *p = &m->params[i];
-        kern_memset(m->dev, s, p->g, 0, p->spec->numel * sizeof(float));
-        p->has_grad = false;
-    }
-}
-
-void eng_model_read_param(eng_model_t *m, int i, float *host, bool gradient) {
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-    const eng_param_t *p = &m->params[i];
-    kern_memcpy_d2h(m->dev, s, host, gradient ? p->g : p->w, p->spec->numel * sizeof(float));
-    kern_stream_sync(m->dev, s);
 }
 
 mt_status_t eng_model_save(eng_model_t *m, const char *dir, size_t max_shard_bytes, bool bf16,

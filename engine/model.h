@@ -23,14 +23,31 @@
 #include "engine/model_spec.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"
+#include "scheduler/plan.h"
 
+/* One parameter tensor and every copy of it the plan asks for.  Which of
+ * these exist depends on the plan of the block that owns it (block 0 the
+ * embedding, 1..L the layers, L+1 the final norm and lm_head):
+ *   weights RESIDENT: w lives on the device for the whole run;
+ *           STREAM:   w exists only while a block that uses it computes;
+ *   grads   DEVICE:   g_acc accumulates on the device over micro-batches;
+ *           HOST:     host_g accumulates in host memory;
+ *   optim   DEVICE:   master = w, AdamW state m, v on the device;
+ *           HOST:     master = host_w, AdamW state host_m, host_v. */
 typedef struct {
     const eng_param_spec_t *spec;
-    float *w;       /* device: the weight (fp32 master) */
-    float *g;       /* device: gradient, accumulated over micro-batches */
-    float *m, *v;   /* device: AdamW moments (allocated on first update) */
-    int64_t step;   /* this tensor's AdamW step count (PyTorch keeps one per parameter) */
-    bool has_grad;  /* received a gradient in the current optimizer step */
+    int block;          /* owning block */
+    float *host_w;      /* host fp32 master (home); NULL when the master is on the device */
+    float *w;           /* device copy, NULL when not on the device */
+    float *g;           /* device gradient target of the running backward (see exec.c) */
+    float *g_acc;       /* device accumulator (grads DEVICE) */
+    float *host_g;      /* host accumulator (grads HOST or optimizer HOST) */
+    float *m, *v;       /* device AdamW state (optimizer DEVICE), lazily allocated */
+    float *host_m, *host_v; /* host AdamW state (optimizer HOST), lazily allocated */
+    int64_t step;       /* this tensor's AdamW step count (PyTorch keeps one per parameter) */
+    bool has_grad;      /* received a gradient in the current optimizer step */
+    bool acc_has_data;  /* the accumulator already holds an earlier micro-batch's gradient */
+    bool g_transient;   /* g is a per-micro-batch buffer to fold into the accumulator */
 } eng_param_t;
 
 /* Indices into eng_model_t.params for one decoder layer (-1 = absent). */
@@ -52,6 +69,9 @@ typedef struct {
     /* RoPE tables on the device for sequence length rope_T */
     float *rope_cos, *rope_sin;
     int rope_T;
+    /* Placement and the executor's state (engine/exec.c) */
+    sched_plan_t plan;
+    struct eng_exec *exec;
 } eng_model_t;
 
 /* Statistics of one micro-batch's forward/backward. */
@@ -63,10 +83,11 @@ typedef struct {
     int64_t counted;   /* targets != -100 */
 } eng_micro_stats_t;
 
-/* Builds the spec, allocates parameters and gradients on dev and loads the
- * checkpoint in dir (config from dir/config.json with overrides). */
+/* Builds the spec and loads the checkpoint in dir into host memory (config
+ * from dir/config.json with overrides), then places it on dev as plan says
+ * (NULL: keep everything on the device, the keep_all plan). */
 mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
-                           const char *overrides_json, mt_error_t *err);
+                           const char *overrides_json, const sched_plan_t *plan, mt_error_t *err);
 void eng_model_free(eng_model_t *m);
 
 /* Forward and backward of one micro-batch; gradients are accumulated (+=)
@@ -81,11 +102,11 @@ mt_status_t eng_model_forward_backward(eng_model_t *m, const eng_batch_t *batch,
 mt_status_t eng_model_forward(eng_model_t *m, const eng_batch_t *batch, float *logits_out,
                               eng_micro_stats_t *stats, mt_error_t *err);
 
-/* Zeroes every gradient and clears has_grad. */
-void eng_model_zero_grad(eng_model_t *m);
-
-/* Copies parameter i's weight (or gradient) to host memory (numel floats). */
+/* Copies parameter i's weight (its master) or its accumulated gradient to
+ * host memory (numel floats); waits for pending work first. */
 void eng_model_read_param(eng_model_t *m, int i, float *host, bool gradient);
+/* L + 2: the embedding, each decoder layer, the head. */
+int eng_model_num_blocks(const eng_model_t *m);
 
 /* Saves the weights as an HF checkpoint directory (config.json + safetensors). */
 mt_status_t eng_model_save(eng_model_t *m, const char *dir, size_t max_shard_bytes, bool bf16,

@@ -72,7 +72,7 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
     if (st != MT_OK) return st;
 
     eng_model_t model;
-    st = eng_model_load(&model, dev, rc->base_model, rc->model_config_json, err);
+    st = eng_model_load(&model, dev, rc->base_model, rc->model_config_json, NULL, err);
     if (st != MT_OK) {
         kern_device_destroy(dev);
         return st;

@@ -55,15 +55,25 @@ bool kern_arena_alloc(kern_arena_t *a, size_t bytes, size_t *offset) {
     return true;
 }
 
-void kern_arena_release(kern_arena_t *a, size_t offset) {
-    int lo = 0, hi = a->nblocks - 1, i = -1;
+static int find_block(const kern_arena_t *a, size_t offset) {
+    int lo = 0, hi = a->nblocks - 1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
-        if (a->blocks[mid].offset == offset) { i = mid; break; }
+        if (a->blocks[mid].offset == offset) return a->blocks[mid].used ? mid : -1;
         if (a->blocks[mid].offset < offset) lo = mid + 1; else hi = mid - 1;
     }
-    MT_CHECK(i >= 0 && a->blocks[i].used, "arena: freeing offset %zu that is not an allocated block",
-             offset);
+    return -1;
+}
+
+size_t kern_arena_block_size(const kern_arena_t *a, size_t offset) {
+    int i = find_block(a, offset);
+    MT_CHECK(i >= 0, "arena: offset %zu is not an allocated block", offset);
+    return a->blocks[i].size;
+}
+
+void kern_arena_release(kern_arena_t *a, size_t offset) {
+    int i = find_block(a, offset);
+    MT_CHECK(i >= 0, "arena: freeing offset %zu that is not an allocated block", offset);
     a->blocks[i].used = false;
     a->in_use -= a->blocks[i].size;
     if (i + 1 < a->nblocks && !a->blocks[i + 1].used) { /* merge with next */

@@ -36,6 +36,8 @@ void kern_arena_free_all(kern_arena_t *a); /* releases bookkeeping */
 bool kern_arena_alloc(kern_arena_t *a, size_t bytes, size_t *offset);
 /* Frees the block starting at offset; aborts on an offset never returned. */
 void kern_arena_release(kern_arena_t *a, size_t offset);
+/* Size of the allocated block starting at offset; aborts on an offset never returned. */
+size_t kern_arena_block_size(const kern_arena_t *a, size_t offset);
 /* Largest free block, for the over-budget message (fragmentation shows). */
 size_t kern_arena_largest_free(const kern_arena_t *a);
 

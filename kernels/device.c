@@ -42,7 +42,9 @@ static char *arena_ptr(kern_device_t *dev, size_t offset) { return (char *)dev->
 
 void *kern_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *err) {
     size_t off;
-    if (!kern_arena_alloc(&dev->arena, bytes, &off)) {
+    bool ok = kern_arena_alloc(&dev->arena, bytes, &off);
+    while (!ok && dev->reclaim && dev->reclaim(dev->reclaim_ctx)) ok = kern_arena_alloc(&dev->arena, bytes, &off);
+    if (!ok) {
         mt_error_set(err, MT_ERR_BUDGET,
                      "device memory budget exceeded allocating %s (%zu bytes): %zu of %zu bytes in "
                      "use, largest free block %zu bytes",
@@ -55,10 +57,19 @@ void *kern_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *
     return arena_ptr(dev, off);
 }
 
+void kern_set_reclaim_hook(kern_device_t *dev, bool (*fn)(void *ctx), void *ctx) {
+    dev->reclaim = fn;
+    dev->reclaim_ctx = ctx;
+}
+
 void kern_free(kern_device_t *dev, void *p) {
     if (!p) return;
     kern_arena_release(&dev->arena, (size_t)((char *)p - (char *)dev->arena_base));
     dev->stats.device_in_use = dev->arena.in_use;
+}
+
+size_t kern_alloc_size(const kern_device_t *dev, const void *p) {
+    return kern_arena_block_size(&dev->arena, (size_t)((const char *)p - (const char *)dev->arena_base));
 }
 
 void *kern_pinned_alloc(kern_device_t *dev, size_t bytes) {

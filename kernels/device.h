@@ -100,6 +100,11 @@ struct kern_device {
     kern_arena_t arena; /* sub-allocates [arena_base, arena_base + capacity) */
     void *arena_base;
     kern_device_stats_t stats; /* copies counted by the backend; memory by device.c */
+    /* Called by kern_alloc when a request does not fit, before it fails: a
+     * user with memory waiting on pending copies frees it and returns true
+     * to have the request retried (see kern_set_reclaim_hook). */
+    bool (*reclaim)(void *ctx);
+    void *reclaim_ctx;
 };
 
 /* Creates a backend. KERN_BACKEND_CUDA on a machine without a usable GPU
@@ -114,6 +119,10 @@ bool kern_cuda_available(char *why, size_t why_len);
  * the over-budget error. Returns NULL and sets err when it does not fit. */
 void *kern_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *err);
 void kern_free(kern_device_t *dev, void *p);
+/* Installs (or, with fn NULL, removes) the reclaim hook described above. */
+void kern_set_reclaim_hook(kern_device_t *dev, bool (*fn)(void *ctx), void *ctx);
+/* The size of the arena block behind p (its request rounded up to the arena's alignment). */
+size_t kern_alloc_size(const kern_device_t *dev, const void *p);
 
 void *kern_pinned_alloc(kern_device_t *dev, size_t bytes);
 void kern_pinned_free(kern_device_t *dev, void *p, size_t bytes);

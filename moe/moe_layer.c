@@ -65,11 +65,14 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
     ops->moe_plan(s, a->counts, a->offsets, a->perm_tok, a->inv, a->idx, n, k, E);
     a->counts_host = malloc((size_t)E * sizeof *a->counts_host);
     a->offsets_host = malloc((size_t)(E + 1) * sizeof *a->offsets_host);
-    MT_CHECK_ALLOC(a->counts_host && a->offsets_host ? a : NULL, "moe counts (host)");
+    MT_CHECK(a->counts_host && a->offsets_host, "out of host memory for moe counts");
     kern_memcpy_d2h(dev, s, a->counts_host, a->counts, (size_t)E * sizeof(int32_t));
     kern_memcpy_d2h(dev, s, a->offsets_host, a->offsets, (size_t)(E + 1) * sizeof(int32_t));
     kern_stream_sync(dev, s);
 
+    if (p->fetch_experts &&
+        p->fetch_experts(p->fetch_ctx, a->counts_host, p->gate, p->up, p->down, err) != MT_OK)
+        goto fail;
     ALLOC(a->xp, (size_t)m * H, float, "moe gathered tokens");
     ops->moe_gather(s, a->xp, xn, a->perm_tok, m, H);
     ALLOC(a->g, (size_t)m * I, float, "moe expert gate activations");

@@ -33,6 +33,13 @@ typedef struct {
     float **gate, **up, **down;  /* E pointers: (I, H), (I, H), (H, I) */
     float *sh_gate, *sh_up, *sh_down; /* (Is, H), (Is, H), (H, Is) */
     float *sh_expert_gate;       /* (1, H) */
+    /* Forward only, may be NULL: called once routing is known and before any
+     * expert runs, with the tokens per expert (host), to make the weights of
+     * the experts that received tokens available and store their device
+     * pointers in gate/up/down (weights streamed from host memory). */
+    mt_status_t (*fetch_experts)(void *ctx, const int32_t *counts, float **gate, float **up,
+                                 float **down, mt_error_t *err);
+    void *fetch_ctx;
 } moe_layer_params_t;
 
 /* What forward saves for backward. */

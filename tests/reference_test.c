@@ -98,7 +98,7 @@ static void check_case(const char *dir) {
         return;
     }
     eng_model_t m;
-    if (eng_model_load(&m, dev, rc.base_model, rc.model_config_json, &err) != MT_OK) {
+    if (eng_model_load(&m, dev, rc.base_model, rc.model_config_json, NULL, &err) != MT_OK) {
         CHECK(0, "model: %s", err.msg);
         kern_device_destroy(dev);
         return;

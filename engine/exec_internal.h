@@ -1,0 +1,66 @@
+/* Executor state shared by exec.c (placement, streaming, gradients),
+ * exec_step.c (the forward/backward program) and exec_optim.c (the
+ * optimizer step).  Private to the engine. */
+#ifndef MT_ENGINE_EXEC_INTERNAL_H
+#define MT_ENGINE_EXEC_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/exec.h"
+#include "kernels/cpu/threadpool.h"
+
+typedef struct {
+    void *dev;      /* device buffer to free, or NULL */
+    void *pinned;   /* pinned host buffer to free, or NULL */
+    size_t pinned_bytes;
+    kern_event_t *ev; /* fires when the copy reading them is done */
+} exec_pending_t;
+
+typedef struct {
+    int *idx;  /* parameters this block holds a device reference to */
+    int n, cap;
+    bool fetched;
+} exec_held_t;
+
+typedef struct {
+    void **slot;  /* where the device pointer lives in the block's activation structs */
+    void *host;   /* pinned copy while offloaded */
+    size_t bytes;
+} exec_offload_entry_t;
+
+typedef struct {
+    exec_offload_entry_t *e;
+    int n, cap;
+    bool fetched;
+} exec_offload_t;
+
+typedef struct eng_exec {
+    int nb;                 /* blocks: L + 2 */
+    int **used, *nused;     /* dense parameters each block computes with */
+    kern_event_t **w_ready; /* per block: its weight fetches are done */
+    kern_event_t **a_ready; /* per block: its offloaded activations are back */
+    kern_event_t **o_done;  /* per block: its activations have reached host memory */
+    exec_held_t *holding;   /* per block: streamed weights it holds */
+    int *param_refs;        /* per parameter: blocks holding its device copy */
+    exec_offload_t *offl;   /* per block: activations offloaded to host */
+    int32_t **layer_counts; /* per MoE layer: tokens per expert in this micro-batch's forward */
+    exec_pending_t *pending;
+    int npending, cap_pending;
+    kern_threadpool_t *pool; /* host optimizer threads */
+} eng_exec_t;
+
+bool exec_param_streamed(const eng_model_t *m, const eng_param_t *p);
+void exec_defer_free(eng_model_t *m, void *dev_ptr, void *pinned, size_t pinned_bytes,
+                     kern_stream_t *after);
+void exec_process_pending(eng_model_t *m, bool force);
+mt_status_t exec_fetch_block(eng_model_t *m, int b, bool backward, mt_error_t *err);
+void exec_wait_block(eng_model_t *m, int b);
+mt_status_t exec_fetch_experts(eng_model_t *m, int l, const int32_t *counts, mt_error_t *err);
+void exec_release_block(eng_model_t *m, int b);
+mt_status_t exec_offload_acts(eng_model_t *m, int b, void **const *slots, int nslots, mt_error_t *err);
+mt_status_t exec_fetch_acts(eng_model_t *m, int b, mt_error_t *err);
+void exec_wait_acts(eng_model_t *m, int b);
+mt_status_t exec_prepare_grad(eng_model_t *m, int i, mt_error_t *err);
+
+#endif

@@ -1,0 +1,107 @@
+/* The optimizer step under the plan (see optim.h).
+ *
+ * The global gradient norm is summed over the parameters that have a
+ * gradient, in parameter order, in double, from wherever each accumulator
+ * lives (the CPU backend's device sum-of-squares is the same function as
+ * the host's, so every plan gets the same norm).  AdamW then runs where the
+ * plan keeps the optimizer state: the device kernel, or the host kernel
+ * over the thread pool on the fp32 master in host memory, after which
+ * resident weights are refreshed from the master. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/exec_internal.h"
+#include "kernels/cpu/adamw_cpu.h"
+
+static double param_sumsq(eng_model_t *m, const eng_param_t *p, float *dev_scalar) {
+    float part;
+    if (m->plan.blocks[p->block].grads == SCHED_GRADS_HOST) {
+        kern_sumsq_cpu(NULL, &part, p->host_g, p->spec->numel);
+        return part;
+    }
+    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    m->dev->ops->sumsq(s, dev_scalar, p->g_acc, p->spec->numel);
+    kern_memcpy_d2h(m->dev, s, &part, dev_scalar, sizeof part);
+    kern_stream_sync(m->dev, s);
+    return part;
+}
+
+mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_optim_stats_t *out,
+                           mt_error_t *err) {
+    kern_device_t *dev = m->dev;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    memset(out, 0, sizeof *out);
+    eng_exec_drain(m); /* every gradient has landed */
+
+    float *scalar = kern_alloc(dev, sizeof(float), "gradient norm scalar", err);
+    if (!scalar) return err->code;
+    double total = 0;
+    for (int i = 0; i < m->spec.count; i++)
+        if (m->params[i].has_grad) total += param_sumsq(m, &m->params[i], scalar);
+    kern_free(dev, scalar);
+    out->grad_norm = sqrt(total);
+    out->clip_scale = 1.0;
+    if (hp->max_grad_norm > 0) {
+        /* torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6), applied when < 1 */
+        const double coef = hp->max_grad_norm / (out->grad_norm + 1e-6);
+        if (coef < 1.0) out->clip_scale = coef;
+    }
+    const kern_adamw_params_t base = {
+        .lr = (float)hp->lr,
+        .beta1 = (float)hp->beta1,
+        .beta2 = (float)hp->beta2,
+        .eps = (float)hp->eps,
+        .weight_decay = (float)hp->weight_decay,
+        .grad_scale = (float)out->clip_scale,
+    };
+
+    for (int i = 0; i < m->spec.count; i++) {
+        eng_param_t *p = &m->params[i];
+        if (!p->has_grad) {
+            out->skipped++;
+            continue;
+        }
+        const sched_block_plan_t *bp = &m->plan.blocks[p->block];
+        const size_t n = p->spec->numel, bytes = n * sizeof(float);
+        kern_adamw_params_t ap = base;
+        ap.step = ++p->step;
+        if (bp->optim == SCHED_OPTIM_DEVICE) {
+            if (!p->m) { /* lazily, as torch creates state on the first step */
+                char tag[200];
+                snprintf(tag, sizeof tag, "AdamW m of %s", p->spec->name);
+                p->m = kern_alloc(dev, bytes, tag, err);
+                if (!p->m) return err->code;
+                snprintf(tag, sizeof tag, "AdamW v of %s", p->spec->name);
+                p->v = kern_alloc(dev, bytes, tag, err);
+                if (!p->v) return err->code;
+                kern_memset(dev, s, p->m, 0, bytes);
+                kern_memset(dev, s, p->v, 0, bytes);
+            }
+            dev->ops->adamw(s, p->w, p->m, p->v, p->g_acc, NULL, NULL, n, &ap);
+        } else {
+            if (bp->grads == SCHED_GRADS_DEVICE) {
+                kern_memcpy_d2h(dev, s, p->host_g, p->g_acc, bytes);
+                kern_stream_sync(dev, s);
+            }
+            if (!p->host_m) {
+                p->host_m = calloc(n, sizeof(float));
+                p->host_v = calloc(n, sizeof(float));
+                MT_CHECK(p->host_m && p->host_v, "out of host memory for AdamW state of %s", p->spec->name);
+            }
+            kern_adamw_cpu_pool(m->exec->pool, p->host_w, p->host_m, p->host_v, p->host_g, NULL, NULL, n, &ap);
+            if (bp->weights == SCHED_WEIGHTS_RESIDENT) kern_memcpy_h2d(dev, s, p->w, p->host_w, bytes);
+        }
+        out->updated++;
+    }
+    /* ready for the next step's first micro-batch */
+    for (int i = 0; i < m->spec.count; i++) {
+        eng_param_t *p = &m->params[i];
+        if (p->g_acc && p->acc_has_data) kern_memset(dev, s, p->g_acc, 0, p->spec->numel * sizeof(float));
+        p->has_grad = false;
+        p->acc_has_data = false;
+    }
+    kern_stream_sync(dev, s);
+    return MT_OK;
+}

@@ -1,0 +1,410 @@
+/* Forward and backward of one micro-batch under the model's plan (see
+ * model.h and exec.h).  Layer halves live in blocks.c, the MoE block in moe/.
+ *
+ * Blocks run in order 0..L+1 forward and L+1..0 backward.  Before a block
+ * computes, its streamed weights (and, backward, its offloaded
+ * activations) must have arrived; the fetches of the next
+ * `prefetch_window` blocks are issued first so the copies overlap this
+ * block's compute.  After a block's forward its activations are kept,
+ * offloaded (D2H, freed when the copy is done) or dropped to be recomputed
+ * from the block input before its backward.
+ *
+ * Residual stream: xin[l] is layer l's input (xin[L] the final norm's input);
+ * these block inputs stay on the device.  x_mid (after attention) belongs
+ * to the layer's saved activations.
+ *
+ * Loss: CE over the shifted targets, mean over counted tokens, plus
+ * router_aux_loss_coef * aux when output_router_logits (HF's
+ * load_balancing_loss_func over all MoE layers with the attention mask).
+ * The aux statistics are gathered layer by layer during the forward pass;
+ * their gradient is known once the forward pass ends. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/blocks.h"
+#include "engine/exec_internal.h"
+#include "kernels/rope.h"
+
+typedef struct {
+    eng_shape_t sh;
+    int32_t *ids, *targets;
+    float *tok_w;          /* (n) attention mask as weights */
+    float **xin;           /* (L + 1) block inputs */
+    float **xmid;          /* (L) */
+    eng_attn_acts_t *aa;   /* (L) */
+    eng_mlp_acts_t *ma;    /* (L) */
+    float *xf, *rstdf, *logits, *aux_dp, *dx;
+    /* aux loss statistics over all MoE layers */
+    double *auxF, *auxP, auxN;
+    bool use_aux;
+} step_t;
+
+static void dfree(kern_device_t *dev, void *p) {
+    if (p) kern_free(dev, p);
+}
+
+#define DALLOC(ptr, bytes, tag)                              \
+    do {                                                     \
+        (ptr) = kern_alloc(m->dev, (bytes), (tag), err);     \
+        if (!(ptr)) return err->code;                        \
+    } while (0)
+
+static mt_status_t ensure_rope(eng_model_t *m, int T, mt_error_t *err) {
+    if (m->rope_T == T) return MT_OK;
+    const int half = m->cfg.head_dim / 2;
+    dfree(m->dev, m->rope_cos);
+    dfree(m->dev, m->rope_sin);
+    m->rope_T = 0;
+    m->rope_cos = kern_alloc(m->dev, (size_t)T * half * sizeof(float), "rope cos table", err);
+    m->rope_sin = m->rope_cos ? kern_alloc(m->dev, (size_t)T * half * sizeof(float), "rope sin table", err) : NULL;
+    if (!m->rope_cos || !m->rope_sin) return err->code;
+    float *c = malloc((size_t)T * half * sizeof *c), *s = malloc((size_t)T * half * sizeof *s);
+    MT_CHECK(c && s, "out of host memory for rope tables");
+    kern_rope_table(c, s, T, m->cfg.head_dim, m->cfg.rope_theta);
+    kern_stream_t *st = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    kern_memcpy_h2d(m->dev, st, m->rope_cos, c, (size_t)T * half * sizeof(float));
+    kern_memcpy_h2d(m->dev, st, m->rope_sin, s, (size_t)T * half * sizeof(float));
+    kern_stream_sync(m->dev, st);
+    free(c);
+    free(s);
+    m->rope_T = T;
+    return MT_OK;
+}
+
+/* Adds one MoE layer's routing to the aux statistics (HF's masked
+ * load_balancing_loss_func: token fractions and mean probabilities over
+ * the unmasked tokens of every MoE layer). */
+static void aux_accumulate(eng_model_t *m, step_t *st, const moe_layer_acts_t *a, const uint8_t *mask) {
+    const int E = m->cfg.num_experts, k = m->cfg.num_experts_per_tok, n = st->sh.n;
+    int32_t *idx = malloc((size_t)n * k * sizeof *idx);
+    float *probs = malloc((size_t)n * E * sizeof *probs);
+    MT_CHECK(idx && probs, "out of host memory for the aux loss");
+    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    kern_memcpy_d2h(m->dev, s, idx, a->idx, (size_t)n * k * sizeof *idx);
+    kern_memcpy_d2h(m->dev, s, probs, a->probs, (size_t)n * E * sizeof *probs);
+    kern_stream_sync(m->dev, s);
+    for (int t = 0; t < n; t++) {
+        if (!mask[t]) continue;
+        for (int j = 0; j < k; j++) st->auxF[idx[(size_t)t * k + j]] += 1.0;
+        for (int e = 0; e < E; e++) st->auxP[e] += probs[(size_t)t * E + e];
+        st->auxN += 1.0;
+    }
+    free(idx);
+    free(probs);
+}
+
+/* aux = E * sum_e F[e] P[e]; d aux / d probs_l[t, e] = E * F[e] / N * mask[t]. */
+static mt_status_t aux_finish(eng_model_t *m, step_t *st, float loss_scale, double *aux_out,
+                              mt_error_t *err) {
+    const int E = m->cfg.num_experts;
+    const double N = st->auxN;
+    double aux = 0;
+    float *coef = malloc((size_t)E * sizeof *coef);
+    MT_CHECK_ALLOC(coef, "aux loss gradient");
+    for (int e = 0; e < E; e++) {
+        const double f = N > 0 ? st->auxF[e] / N : 0, p = N > 0 ? st->auxP[e] / N : 0;
+        aux += f * p;
+        coef[e] = (float)((N > 0 ? (double)E * f / N : 0) * m->cfg.router_aux_loss_coef * loss_scale);
+    }
+    *aux_out = aux * E;
+    st->aux_dp = kern_alloc(m->dev, (size_t)E * sizeof(float), "aux loss gradient", err);
+    if (st->aux_dp) {
+        kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+        kern_memcpy_h2d(m->dev, s, st->aux_dp, coef, (size_t)E * sizeof(float));
+        kern_stream_sync(m->dev, s);
+    }
+    free(coef);
+    return st->aux_dp ? MT_OK : err->code;
+}
+
+static mt_status_t fetch_experts_hook(eng_model_t *m, int layer, const int32_t *counts, mt_error_t *err) {
+    return exec_fetch_experts(m, layer, counts, err);
+}
+
+/* Forward of decoder layer l (block l + 1). */
+static mt_status_t layer_forward(eng_model_t *m, step_t *st, int l, bool recompute, mt_error_t *err) {
+    const size_t act = (size_t)st->sh.n * m->cfg.hidden_size * sizeof(float);
+    const bool streamed = m->plan.blocks[l + 1].weights == SCHED_WEIGHTS_STREAM;
+    float *xout = NULL;
+    DALLOC(st->xmid[l], act, "residual after attention");
+    mt_status_t s = eng_attn_forward(m, l, &st->sh, st->xin[l], st->xmid[l], &st->aa[l], err);
+    if (s != MT_OK) return s;
+    if (recompute) { /* the layer's output is already stored as the next block's input */
+        DALLOC(xout, act, "recomputed layer output");
+    } else {
+        DALLOC(st->xin[l + 1], act, "residual after mlp");
+        xout = st->xin[l + 1];
+    }
+    s = eng_mlp_forward(m, l, &st->sh, st->xmid[l], xout, streamed ? fetch_experts_hook : NULL,
+                        &st->ma[l], err);
+    if (recompute) dfree(m->dev, xout);
+    return s;
+}
+
+/* Every device pointer of layer l's saved activations, for offloading. */
+static int layer_act_slots(step_t *st, int l, void ***slots) {
+    eng_attn_acts_t *a = &st->aa[l];
+    eng_mlp_acts_t *p = &st->ma[l];
+    moe_layer_acts_t *q = &p->moe;
+    void **list[] = {
+        (void **)&st->xmid[l], (void **)&a->xn, (void **)&a->rstd, (void **)&a->q, (void **)&a->k,
+        (void **)&a->v, (void **)&a->q_pre, (void **)&a->k_pre, (void **)&a->q_rstd,
+        (void **)&a->k_rstd, (void **)&a->att, (void **)&a->lse, (void **)&p->xn, (void **)&p->rstd,
+        (void **)&p->g, (void **)&p->u, (void **)&q->logits, (void **)&q->probs, (void **)&q->topw,
+        (void **)&q->idx, (void **)&q->counts, (void **)&q->offsets, (void **)&q->perm_tok,
+        (void **)&q->inv, (void **)&q->xp, (void **)&q->g, (void **)&q->u, (void **)&q->ep,
+        (void **)&q->sg, (void **)&q->su, (void **)&q->so, (void **)&q->sgl,
+    };
+    const int n = (int)(sizeof list / sizeof list[0]);
+    for (int i = 0; i < n; i++) slots[i] = list[i];
+    return n;
+}
+
+static void layer_acts_drop(eng_model_t *m, step_t *st, int l) {
+    eng_attn_acts_release(m->dev, &st->aa[l]);
+    eng_mlp_acts_release(m->dev, &st->ma[l]);
+    dfree(m->dev, st->xmid[l]);
+    st->xmid[l] = NULL;
+}
+
+/* Issues the fetches a block needs (weights; backward also activations). */
+static mt_status_t fetch_ahead(eng_model_t *m, int b, bool backward, mt_error_t *err) {
+    if (b < 0 || b >= m->exec->nb) return MT_OK;
+    mt_status_t s = exec_fetch_block(m, b, backward, err);
+    if (s == MT_OK && backward && m->plan.blocks[b].acts == SCHED_ACTS_OFFLOAD) s = exec_fetch_acts(m, b, err);
+    return s;
+}
+
+/* Sets the gradient targets of everything block b's backward writes. */
+static mt_status_t prepare_grads(eng_model_t *m, int b, mt_error_t *err) {
+    eng_exec_t *x = m->exec;
+    for (int k = 0; k < x->nused[b]; k++) {
+        mt_status_t s = exec_prepare_grad(m, x->used[b][k], err);
+        if (s != MT_OK) return s;
+    }
+    const int l = b - 1;
+    if (l >= 0 && l < m->cfg.num_hidden_layers && m->cfg.layer_is_moe[l]) {
+        const eng_layer_index_t *Lx = &m->layers[l];
+        for (int e = 0; e < m->cfg.num_experts; e++) {
+            if (x->layer_counts[l][e] == 0) continue; /* no token, no gradient */
+            const int ids[3] = {Lx->exp_gate[e], Lx->exp_up[e], Lx->exp_down[e]};
+            for (int j = 0; j < 3; j++) {
+                mt_status_t s = exec_prepare_grad(m, ids[j], err);
+                if (s != MT_OK) return s;
+            }
+        }
+    }
+    return MT_OK;
+}
+
+/* Folds the gradients whose last contribution of this micro-batch was in
+ * block b (a tied embedding's last one is block 0). */
+static void finish_grads(eng_model_t *m, int b) {
+    for (int i = 0; i < m->spec.count; i++)
+        if (m->params[i].block == b && m->params[i].g) eng_exec_finish_grad(m, i);
+}
+
+static void step_free(eng_model_t *m, step_t *st) {
+    const int L = m->cfg.num_hidden_layers;
+    kern_device_sync(m->dev);
+    for (int l = 0; l < L; l++) {
+        layer_acts_drop(m, st, l);
+        exec_offload_t *o = &m->exec->offl[l + 1];
+        for (int k = 0; k < o->n; k++) /* offloaded but never fetched back (forward only, errors) */
+            if (o->e[k].host) kern_pinned_free(m->dev, o->e[k].host, o->e[k].bytes);
+        o->n = 0;
+        o->fetched = false;
+    }
+    for (int l = 0; l <= L; l++) dfree(m->dev, st->xin[l]);
+    void *bufs[] = {st->ids, st->targets, st->tok_w, st->xf, st->rstdf, st->logits, st->aux_dp, st->dx};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(m->dev, bufs[i]);
+    for (int b = 0; b < m->exec->nb; b++) exec_release_block(m, b);
+    exec_process_pending(m, true);
+    free(st->xin);
+    free(st->xmid);
+    free(st->aa);
+    free(st->ma);
+    free(st->auxF);
+    free(st->auxP);
+}
+
+static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *batch, float loss_scale,
+                               float *logits_out, bool backward, eng_micro_stats_t *stats,
+                               mt_error_t *err) {
+    const eng_model_config_t *c = &m->cfg;
+    const kern_ops_t *ops = m->dev->ops;
+    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const int L = c->num_hidden_layers, H = c->hidden_size, V = c->vocab_size, n = st->sh.n;
+    const int W = m->plan.prefetch_window;
+    const size_t act = (size_t)n * H * sizeof(float);
+    mt_status_t r;
+
+    for (int b = 0; b < m->exec->nb; b++) {
+        for (int w = 0; w <= W; w++)
+            if ((r = fetch_ahead(m, b + w, false, err)) != MT_OK) return r;
+        exec_wait_block(m, b);
+        if (b == 0) {
+            DALLOC(st->xin[0], act, "embeddings");
+            ops->embedding_fwd(s, st->xin[0], m->params[m->embed].w, st->ids, n, H);
+        } else if (b <= L) {
+            const int l = b - 1;
+            if ((r = layer_forward(m, st, l, false, err)) != MT_OK) return r;
+            if (st->ma[l].is_moe) {
+                memcpy(m->exec->layer_counts[l], st->ma[l].moe.counts_host, (size_t)c->num_experts * sizeof(int32_t));
+                if (st->use_aux) aux_accumulate(m, st, &st->ma[l].moe, batch->mask);
+            }
+            const sched_act_place_t ap = m->plan.blocks[b].acts;
+            if (ap == SCHED_ACTS_OFFLOAD) {
+                void **slots[64];
+                const int ns = layer_act_slots(st, l, slots);
+                if ((r = exec_offload_acts(m, b, slots, ns, err)) != MT_OK) return r;
+            } else if (ap == SCHED_ACTS_RECOMPUTE) {
+                layer_acts_drop(m, st, l);
+            }
+        } else {
+            DALLOC(st->xf, act, "final norm output");
+            DALLOC(st->rstdf, (size_t)n * sizeof(float), "final norm rstd");
+            ops->rmsnorm_fwd(s, st->xf, st->rstdf, st->xin[L], m->params[m->final_norm].w, n, H, c->rms_norm_eps);
+            DALLOC(st->logits, (size_t)n * V * sizeof(float), "logits");
+            ops->matmul(s, st->logits, st->xf, m->params[m->lm_head].w, n, V, H, false, true, 1.0f, 0.0f);
+            if (logits_out) {
+                kern_memcpy_d2h(m->dev, s, logits_out, st->logits, (size_t)n * V * sizeof(float));
+                kern_stream_sync(m->dev, s);
+            }
+        }
+        /* the head's weights serve its backward right away */
+        if (!(backward && b == L + 1)) exec_release_block(m, b);
+        exec_process_pending(m, false);
+    }
+
+    if (st->use_aux && (r = aux_finish(m, st, loss_scale, &stats->aux_loss, err)) != MT_OK) return r;
+    stats->tokens = n;
+    stats->counted = batch->counted;
+    const float grad_scale = batch->counted > 0 ? loss_scale / (float)batch->counted : 0.0f;
+    float *loss_rows = kern_alloc(m->dev, (size_t)n * sizeof(float), "per-token loss", err);
+    if (!loss_rows) return err->code;
+    float *host_loss = malloc((size_t)n * sizeof *host_loss);
+    MT_CHECK_ALLOC(host_loss, "per-token loss (host)");
+    ops->xent(s, loss_rows, backward ? st->logits : NULL, st->logits, st->targets, n, V, grad_scale);
+    kern_memcpy_d2h(m->dev, s, host_loss, loss_rows, (size_t)n * sizeof(float));
+    kern_stream_sync(m->dev, s);
+    kern_free(m->dev, loss_rows);
+    double sum = 0;
+    for (int t = 0; t < n; t++) sum += host_loss[t];
+    free(host_loss);
+    stats->ce_loss = batch->counted > 0 ? sum / (double)batch->counted : 0.0;
+    stats->loss = stats->ce_loss + (st->use_aux ? c->router_aux_loss_coef * stats->aux_loss : 0.0);
+    return MT_OK;
+}
+
+static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
+    const eng_model_config_t *c = &m->cfg;
+    const kern_ops_t *ops = m->dev->ops;
+    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const int L = c->num_hidden_layers, H = c->hidden_size, V = c->vocab_size, n = st->sh.n;
+    const int W = m->plan.prefetch_window;
+    const size_t act = (size_t)n * H * sizeof(float);
+    mt_status_t r;
+
+    for (int b = m->exec->nb - 1; b >= 0; b--) {
+        for (int w = 0; w <= W; w++)
+            if ((r = fetch_ahead(m, b - w, true, err)) != MT_OK) return r;
+        exec_wait_block(m, b);
+        if (b >= 1 && b <= L) {
+            const int l = b - 1;
+            const sched_act_place_t ap = m->plan.blocks[b].acts;
+            if (ap == SCHED_ACTS_OFFLOAD) exec_wait_acts(m, b);
+            if (ap == SCHED_ACTS_RECOMPUTE && (r = layer_forward(m, st, l, true, err)) != MT_OK) return r;
+        }
+        if ((r = prepare_grads(m, b, err)) != MT_OK) return r;
+        if (b == L + 1) {
+            float *dxf;
+            DALLOC(dxf, act, "d(final norm output)");
+            /* st->logits now holds d(logits) (xent wrote it in place) */
+            ops->matmul(s, dxf, st->logits, m->params[m->lm_head].w, n, H, V, false, false, 1.0f, 0.0f);
+            ops->matmul(s, m->params[m->lm_head].g, st->logits, st->xf, V, H, n, true, false, 1.0f, 1.0f);
+            dfree(m->dev, st->logits);
+            st->logits = NULL;
+            DALLOC(st->dx, act, "d(residual)");
+            ops->rmsnorm_bwd(s, st->dx, m->params[m->final_norm].g, dxf, st->xin[L],
+                             m->params[m->final_norm].w, st->rstdf, n, H);
+            dfree(m->dev, dxf);
+        } else if (b >= 1) {
+            const int l = b - 1;
+            r = eng_mlp_backward(m, l, &st->sh, st->xmid[l], st->dx, st->ma[l].is_moe ? st->aux_dp : NULL,
+                                 st->tok_w, &st->ma[l], err);
+            if (r != MT_OK) return r;
+            r = eng_attn_backward(m, l, &st->sh, st->xin[l], st->dx, &st->aa[l], err);
+            if (r != MT_OK) return r;
+            dfree(m->dev, st->xmid[l]);
+            st->xmid[l] = NULL;
+            dfree(m->dev, st->xin[l + 1]);
+            st->xin[l + 1] = NULL;
+        } else {
+            ops->embedding_bwd(s, m->params[m->embed].g, st->dx, st->ids, n, H);
+        }
+        finish_grads(m, b);
+        exec_release_block(m, b);
+        exec_process_pending(m, false);
+    }
+    return MT_OK;
+}
+
+static mt_status_t run(eng_model_t *m, const eng_batch_t *batch, float loss_scale, float *logits_out,
+                       eng_micro_stats_t *stats, bool backward, mt_error_t *err) {
+    const eng_model_config_t *c = &m->cfg;
+    const int L = c->num_hidden_layers;
+    step_t st = {.sh = {.B = batch->B, .T = batch->T, .n = batch->B * batch->T}};
+    const int n = st.sh.n;
+    memset(stats, 0, sizeof *stats);
+    st.xin = calloc((size_t)L + 1, sizeof *st.xin);
+    st.xmid = calloc((size_t)L, sizeof *st.xmid);
+    st.aa = calloc((size_t)L, sizeof *st.aa);
+    st.ma = calloc((size_t)L, sizeof *st.ma);
+    st.auxF = calloc((size_t)c->num_experts + 1, sizeof *st.auxF);
+    st.auxP = calloc((size_t)c->num_experts + 1, sizeof *st.auxP);
+    MT_CHECK(st.xin && st.xmid && st.aa && st.ma && st.auxF && st.auxP, "out of host memory for the step");
+    st.use_aux = c->output_router_logits && m->num_moe_layers > 0;
+
+    mt_status_t r = ensure_rope(m, st.sh.T, err);
+    float *host_tw = malloc((size_t)n * sizeof *host_tw);
+    MT_CHECK_ALLOC(host_tw, "attention mask weights");
+    if (r == MT_OK) {
+        st.ids = kern_alloc(m->dev, (size_t)n * sizeof(int32_t), "input ids", err);
+        st.targets = st.ids ? kern_alloc(m->dev, (size_t)n * sizeof(int32_t), "targets", err) : NULL;
+        st.tok_w = st.targets ? kern_alloc(m->dev, (size_t)n * sizeof(float), "attention mask weights", err) : NULL;
+        if (!st.tok_w) r = err->code;
+    }
+    if (r == MT_OK) {
+        kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+        for (int t = 0; t < n; t++) host_tw[t] = batch->mask[t] ? 1.0f : 0.0f;
+        kern_memcpy_h2d(m->dev, s, st.ids, batch->inputs, (size_t)n * sizeof(int32_t));
+        kern_memcpy_h2d(m->dev, s, st.targets, batch->targets, (size_t)n * sizeof(int32_t));
+        kern_memcpy_h2d(m->dev, s, st.tok_w, host_tw, (size_t)n * sizeof(float));
+        kern_stream_sync(m->dev, s);
+        r = run_forward(m, &st, batch, loss_scale, logits_out, backward, stats, err);
+    }
+    if (r == MT_OK && backward) r = run_backward(m, &st, err);
+    if (r != MT_OK) { /* drop half-made gradient targets of this micro-batch */
+        for (int i = 0; i < m->spec.count; i++) {
+            eng_param_t *p = &m->params[i];
+            if (p->g && p->g_transient) kern_free(m->dev, p->g);
+            p->g = NULL;
+            p->g_transient = false;
+        }
+    }
+    free(host_tw);
+    step_free(m, &st);
+    return r;
+}
+
+mt_status_t eng_model_forward_backward(eng_model_t *m, const eng_batch_t *batch, float loss_scale,
+                                       float *logits_out, eng_micro_stats_t *stats, mt_error_t *err) {
+    return run(m, batch, loss_scale, logits_out, stats, true, err);
+}
+
+mt_status_t eng_model_forward(eng_model_t *m, const eng_batch_t *batch, float *logits_out,
+                              eng_micro_stats_t *stats, mt_error_t *err) {
+    return run(m, batch, 1.0f, logits_out, stats, false, err);
+}

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# End-to-end checks of the `moetune` command as a user meets it: a small
+# successful run, then bad input of every kind the foundation issue names.
+# Each bad case must exit nonzero (never crash or hang) with a message that
+# names what is wrong and where.
+set -u
+MOETUNE="$1"
+[ -x "$MOETUNE" ] || { echo "usage: cli_test.sh PATH_TO_MOETUNE"; exit 2; }
+MOETUNE="$(cd "$(dirname "$MOETUNE")" && pwd)/$(basename "$MOETUNE")"
+W="${TEST_TMPDIR:-$(mktemp -d)}/cli"
+rm -rf "$W"; mkdir -p "$W"; cd "$W" || exit 2
+failures=0
+
+# expect_fail NAME PATTERN CMD...: CMD exits with 1 (a handled error, not a
+# signal: a crash gives 128+) within 60 s and its stderr matches PATTERN.
+expect_fail() {
+  local name="$1" pattern="$2"; shift 2
+  timeout 60 "$@" >"$name.out" 2>"$name.err"; local rc=$?
+  if [ "$rc" -ne 1 ]; then
+    echo "FAIL $name: exit code $rc, expected 1"; cat "$name.err"; failures=$((failures + 1)); return
+  fi
+  if ! grep -qE -- "$pattern" "$name.err"; then
+    echo "FAIL $name: message does not match /$pattern/:"; cat "$name.err"; failures=$((failures + 1)); return
+  fi
+  echo "ok   $name: $(head -c 300 "$name.err" | tr '\n' ' ')"
+}
+
+cat > tiny.json <<'JSON'
+{"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+ "num_local_experts": 4, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5,
+ "rope_theta": 10000.0, "tie_word_embeddings": false, "output_router_logits": true}
+JSON
+python3 - <<'PY' 2>/dev/null || for i in $(seq 1 40); do echo '{"input_ids": [1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45]}'; done > data.jsonl
+import json, random
+random.seed(0)
+with open("data.jsonl", "w") as f:
+    for i in range(40):
+        f.write(json.dumps({"input_ids": [random.randrange(64) for _ in range(random.randrange(8, 20))]}) + "\n")
+PY
+cat > run.yaml <<'YAML'
+base_model: ckpt
+base_model_init: tiny.json
+datasets:
+  - path: data.jsonl
+sequence_len: 16
+micro_batch_size: 4
+max_steps: 6
+learning_rate: 1.0e-3
+lr_scheduler: linear
+warmup_steps: 2
+output_dir: out
+backend: cpu
+logging_steps: 1
+YAML
+
+# --- a good run -------------------------------------------------------------
+if timeout 120 "$MOETUNE" train run.yaml --set gradient_accumulation_steps=2 >good.out 2>good.err; then
+  lines=$(wc -l < out/metrics.jsonl)
+  if [ "$lines" -eq 6 ] && [ -f out/model.safetensors ] && [ -f out/config.json ] && [ -f ckpt/config.json ]; then
+    echo "ok   good run: 6 metrics lines, checkpoint written"
+  else
+    echo "FAIL good run: metrics lines $lines or missing files"; failures=$((failures + 1))
+  fi
+else
+  echo "FAIL good run"; cat good.err; failures=$((failures + 1))
+fi
+# a second run resumes from the fine-tuned model: output dirs are reusable
+if ! timeout 120 "$MOETUNE" train run.yaml --set base_model=out --set output_dir=out2 >/dev/null 2>good2.err; then
+  echo "FAIL training from a saved checkpoint"; cat good2.err; failures=$((failures + 1))
+else
+  echo "ok   training from moetune's own saved checkpoint"
+fi
+"$MOETUNE" inspect ckpt > inspect.out 2>&1 && grep -q "mixtral" inspect.out \
+  && echo "ok   inspect" || { echo "FAIL inspect"; cat inspect.out; failures=$((failures + 1)); }
+
+# --- bad run configs ------------------------------------------------------------
+expect_fail missing_config "nope\.yaml" "$MOETUNE" train nope.yaml
+printf 'base_model: ckpt\ndatasets: [\n' > bad_yaml.yaml
+expect_fail bad_yaml "bad_yaml\.yaml.*line" "$MOETUNE" train bad_yaml.yaml
+sed 's/micro_batch_size/micro_batch_sise/' run.yaml > typo.yaml
+expect_fail unknown_key "typo\.yaml.*micro_batch_sise.*micro_batch_size" "$MOETUNE" train typo.yaml
+expect_fail wrong_type "learning_rate" "$MOETUNE" train run.yaml --set learning_rate=fast
+expect_fail cuda_without_gpu "cuda.*(GPU|no CUDA)" "$MOETUNE" train run.yaml --set backend=cuda
+
+# --- bad checkpoints ---------------------------------------------------------------
+expect_fail missing_checkpoint "nowhere" "$MOETUNE" train run.yaml --set base_model=nowhere --set base_model_init=
+cp -r ckpt trunc; truncate -s 1000 trunc/model.safetensors
+expect_fail truncated_safetensors "trunc/model\.safetensors" "$MOETUNE" train run.yaml --set base_model=trunc
+cp -r ckpt shape; sed -i 's/"intermediate_size": 48/"intermediate_size": 40/' shape/config.json
+expect_fail shape_mismatch "experts\.0\.w1\.weight.*(40|48)" "$MOETUNE" train run.yaml --set base_model=shape
+cp -r ckpt mtype; sed -i 's/"mixtral"/"gpt_oss"/' mtype/config.json
+expect_fail unsupported_model_type "gpt_oss" "$MOETUNE" train run.yaml --set base_model=mtype
+cp -r ckpt noconfig; rm noconfig/config.json
+expect_fail missing_config_json "noconfig/config\.json" "$MOETUNE" train run.yaml --set base_model=noconfig
+
+# --- bad data -----------------------------------------------------------------------
+{ head -n 3 data.jsonl; echo '{"input_ids": [1, 2, '; } > badjson.jsonl
+expect_fail bad_jsonl "badjson\.jsonl.*4" "$MOETUNE" train run.yaml --set 'datasets=[{path: badjson.jsonl}]'
+{ head -n 2 data.jsonl; echo '{"input_ids": [1, 2, 999]}'; } > oor.jsonl
+expect_fail out_of_range_token "oor\.jsonl.*3.*999" "$MOETUNE" train run.yaml --set 'datasets=[{path: oor.jsonl}]'
+
+# the good run's files survived all the failures
+[ -f out/model.safetensors ] && echo "ok   earlier output intact" || { echo "FAIL earlier output lost"; failures=$((failures + 1)); }
+
+if [ "$failures" -ne 0 ]; then echo "cli_test: $failures failures"; exit 1; fi
+echo "cli_test: all ok"

@@ -1,0 +1,250 @@
+/* Plan invariance: "the plan changes where and when, never what is
+ * computed".  For each reference fixture (tiny Mixtral with gradient
+ * accumulation, Qwen2-MoE with a dense layer and shared expert, Qwen3-MoE),
+ * three optimizer steps under keep_all, offload_all, min_memory and mixed
+ * per-block plans with different prefetch windows must give bit-identical
+ * losses, gradient norms and final weights.  One run also has a device
+ * budget smaller than the model's weights and must stay within it. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/config.h"
+#include "engine/init_random.h"
+#include "engine/data.h"
+#include "engine/model.h"
+#include "engine/optim.h"
+
+static int failures;
+#define CHECK(cond, ...)                                              \
+    do {                                                              \
+        if (!(cond)) {                                                \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);      \
+            fprintf(stderr, __VA_ARGS__);                             \
+            fputc('\n', stderr);                                      \
+            failures++;                                               \
+        }                                                             \
+    } while (0)
+
+enum { STEPS = 3 };
+
+typedef struct {
+    double loss[STEPS], norm[STEPS];
+    float **weights; /* per parameter */
+    size_t *weight_sizes; /* bytes */
+    int nparams;
+    size_t peak_device, weight_bytes;
+    bool ok;
+} run_result_t;
+
+static void run_plan(const char *dir, const char *base_model, const sched_plan_t *plan, size_t budget,
+                     run_result_t *out) {
+    memset(out, 0, sizeof *out);
+    char path[1024];
+    mt_error_t err = {0};
+    snprintf(path, sizeof path, "%s/run.yaml", dir);
+    eng_run_config_t rc;
+    if (eng_run_config_load(path, &rc, &err) != MT_OK) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    if (base_model) snprintf(rc.base_model, sizeof rc.base_model, "%s", base_model);
+    kern_device_t *dev = NULL;
+    kern_device_opts_t o = {.device_budget_bytes = budget};
+    CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
+    eng_model_t m;
+    if (eng_model_load(&m, dev, rc.base_model, rc.model_config_json, plan, &err) != MT_OK) {
+        CHECK(0, "load under plan %s: %s", sched_policy_name(plan->policy), err.msg);
+        kern_device_destroy(dev);
+        eng_run_config_free(&rc);
+        return;
+    }
+    const char *paths[ENG_MAX_DATASETS];
+    for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
+    eng_dataset_t ds;
+    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, m.cfg.vocab_size, &err) == MT_OK,
+          "%s", err.msg);
+    eng_loader_t ld;
+    eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
+    kern_device_reset_peaks(dev);
+    out->ok = true;
+    for (int step = 0; step < STEPS && out->ok; step++) {
+        const int accum = rc.gradient_accumulation_steps;
+        double loss = 0;
+        for (int mb = 0; mb < accum; mb++) {
+            eng_batch_t b;
+            eng_loader_next(&ld, &b);
+            eng_micro_stats_t ms;
+            if (eng_model_forward_backward(&m, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
+                CHECK(0, "plan %s step %d: %s", sched_policy_name(plan->policy), step + 1, err.msg);
+                out->ok = false;
+                break;
+            }
+            loss += ms.loss / accum;
+        }
+        eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
+                                  .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
+                                  .max_grad_norm = rc.max_grad_norm};
+        eng_optim_stats_t os;
+        if (out->ok && eng_optim_step(&m, &hp, &os, &err) != MT_OK) {
+            CHECK(0, "optimizer: %s", err.msg);
+            out->ok = false;
+        }
+        out->loss[step] = loss;
+        out->norm[step] = os.grad_norm;
+    }
+    out->peak_device = kern_device_stats(dev).device_peak;
+    out->nparams = m.spec.count;
+    out->weights = calloc((size_t)m.spec.count, sizeof *out->weights);
+    out->weight_sizes = calloc((size_t)m.spec.count, sizeof *out->weight_sizes);
+    for (int i = 0; i < m.spec.count; i++) {
+        out->weight_sizes[i] = m.spec.params[i].numel * sizeof(float);
+        out->weight_bytes += m.spec.params[i].numel * sizeof(float);
+        out->weights[i] = malloc(m.spec.params[i].numel * sizeof(float));
+        eng_model_read_param(&m, i, out->weights[i], false);
+    }
+    eng_loader_free(&ld);
+    eng_dataset_free(&ds);
+    eng_model_free(&m);
+    kern_device_destroy(dev);
+    eng_run_config_free(&rc);
+}
+
+static void free_result(run_result_t *r) {
+    for (int i = 0; i < r->nparams; i++) free(r->weights[i]);
+    free(r->weights);
+    free(r->weight_sizes);
+}
+
+static void compare(const char *what, const run_result_t *a, const run_result_t *b, const char *dir) {
+    if (!a->ok || !b->ok) return;
+    for (int s = 0; s < STEPS; s++) {
+        CHECK(a->loss[s] == b->loss[s], "%s %s: step %d loss %.17g vs %.17g", dir, what, s + 1, a->loss[s],
+              b->loss[s]);
+        CHECK(a->norm[s] == b->norm[s], "%s %s: step %d grad norm %.17g vs %.17g", dir, what, s + 1,
+              a->norm[s], b->norm[s]);
+    }
+    /* weights are compared bit for bit */
+    int differing = 0;
+    for (int i = 0; i < a->nparams; i++)
+        if (memcmp(a->weights[i], b->weights[i], a->weight_sizes[i]) != 0) differing++;
+    CHECK(differing == 0, "%s %s: %d parameters differ after %d steps", dir, what, differing, STEPS);
+}
+
+static void check_case(const char *dir) {
+    fprintf(stderr, "== %s\n", dir);
+    /* block count from a keep_all probe */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/ckpt", dir);
+    eng_model_config_t cfg;
+    mt_error_t err = {0};
+    if (eng_model_config_load(path, NULL, &cfg, &err) != MT_OK) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    const int nb = cfg.num_hidden_layers + 2;
+    eng_model_config_free(&cfg);
+
+    sched_plan_t keep, off, minm, mixed;
+    sched_plan_init_uniform(&keep, nb, SCHED_POLICY_KEEP_ALL);
+    sched_plan_init_uniform(&off, nb, SCHED_POLICY_OFFLOAD_ALL);
+    sched_plan_init_uniform(&minm, nb, SCHED_POLICY_MIN_MEMORY);
+    sched_plan_init_uniform(&mixed, nb, SCHED_POLICY_KEEP_ALL);
+    off.prefetch_window = 2;
+    /* mixed: every combination the executor supports, block by block */
+    const sched_block_plan_t kinds[] = {
+        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_HOST, SCHED_ACTS_OFFLOAD},
+        {SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_KEEP},
+        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_RECOMPUTE},
+        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_DEVICE, SCHED_ACTS_OFFLOAD},
+    };
+    for (int b = 0; b < nb; b++) mixed.blocks[b] = kinds[b % 4];
+
+    run_result_t rk, ro, rm, rx;
+    run_plan(dir, NULL, &keep, 0, &rk);
+    run_plan(dir, NULL, &off, 0, &ro);
+    run_plan(dir, NULL, &minm, 0, &rm);
+    run_plan(dir, NULL, &mixed, 0, &rx);
+    compare("offload_all vs keep_all", &rk, &ro, dir);
+    compare("min_memory vs keep_all", &rk, &rm, dir);
+    compare("mixed vs keep_all", &rk, &rx, dir);
+    fprintf(stderr, "   losses %.9g %.9g %.9g; peak device bytes keep_all %zu, offload_all %zu, min_memory %zu\n",
+            rk.loss[0], rk.loss[1], rk.loss[2], rk.peak_device, ro.peak_device, rm.peak_device);
+    CHECK(rm.peak_device < rk.peak_device, "min_memory should need less device memory than keep_all");
+    CHECK(ro.peak_device < rk.peak_device, "offload_all should need less device memory than keep_all");
+
+    free_result(&rk);
+    free_result(&ro);
+    free_result(&rm);
+    free_result(&rx);
+    sched_plan_free(&keep);
+    sched_plan_free(&off);
+    sched_plan_free(&minm);
+    sched_plan_free(&mixed);
+}
+
+/* A model whose weights dominate (as real MoE models' do): min_memory must
+ * train it under a device budget of 3/4 of its weights, stay within the
+ * budget, and still match keep_all bit for bit; keep_all under that budget
+ * is refused with an error naming a tensor. */
+static void check_budget(const char *data_dir) {
+    fprintf(stderr, "== device budget below the weights\n");
+    const char *tmp = getenv("TEST_TMPDIR");
+    char ckpt[1024];
+    snprintf(ckpt, sizeof ckpt, "%s/budget-ckpt", tmp ? tmp : "/tmp");
+    const char *config =
+        "{\"model_type\": \"mixtral\", \"vocab_size\": 96, \"hidden_size\": 64, \"intermediate_size\": 192,"
+        " \"num_hidden_layers\": 6, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+        " \"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"rms_norm_eps\": 1e-5,"
+        " \"rope_theta\": 10000.0, \"tie_word_embeddings\": false, \"output_router_logits\": true,"
+        " \"router_aux_loss_coef\": 0.02}";
+    mt_error_t err = {0};
+    if (eng_checkpoint_init_random(ckpt, config, 3, &err) != MT_OK) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    const int nb = 6 + 2;
+    sched_plan_t keep, minm;
+    sched_plan_init_uniform(&keep, nb, SCHED_POLICY_KEEP_ALL);
+    sched_plan_init_uniform(&minm, nb, SCHED_POLICY_MIN_MEMORY);
+    run_result_t rk, rb;
+    run_plan(data_dir, ckpt, &keep, 0, &rk);
+    run_result_t ru;
+    run_plan(data_dir, ckpt, &minm, 0, &ru);
+    fprintf(stderr, "   min_memory without a budget peaks at %zu bytes\n", ru.peak_device);
+    free_result(&ru);
+    const size_t budget = rk.weight_bytes * 3 / 4;
+    run_plan(data_dir, ckpt, &minm, budget, &rb);
+    CHECK(rb.ok, "min_memory under a %zu-byte budget (weights are %zu bytes) failed", budget, rk.weight_bytes);
+    CHECK(rb.peak_device <= budget, "peak device bytes %zu exceed the budget %zu", rb.peak_device, budget);
+    compare("min_memory under budget vs keep_all", &rk, &rb, "budget");
+    fprintf(stderr, "   weights %zu bytes; budget %zu bytes; peak device: keep_all %zu, min_memory %zu\n",
+            rk.weight_bytes, budget, rk.peak_device, rb.peak_device);
+
+    kern_device_t *dev = NULL;
+    kern_device_opts_t o = {.device_budget_bytes = budget};
+    kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err);
+    eng_model_t m;
+    mt_status_t st = eng_model_load(&m, dev, ckpt, NULL, &keep, &err);
+    CHECK(st == MT_ERR_BUDGET && strstr(err.msg, "model.") != NULL,
+          "keep_all over budget: status %d, message '%s'", (int)st, err.msg);
+    if (st == MT_OK) eng_model_free(&m);
+    else fprintf(stderr, "   keep_all under that budget: %s\n", err.msg);
+    kern_device_destroy(dev);
+    free_result(&rk);
+    free_result(&rb);
+    sched_plan_free(&keep);
+    sched_plan_free(&minm);
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) check_case(argv[i]);
+    if (argc > 1) check_budget(argv[1]);
+    if (failures) {
+        fprintf(stderr, "plan_invariance_test: %d failures\n", failures);
+        return 1;
+    }
+    fprintf(stderr, "plan_invariance_test: all plans bit-identical\n");
+    return 0;
+}
