@@ -58,16 +58,16 @@ static int load_run_config(int argc, char **argv, eng_run_config_t *rc, mt_error
     return 0;
 }
 
-static bool dir_has_config(const char *dir) {
-    char path[1100];
-    snprintf(path, sizeof path, "%s/config.json", dir);
+static bool path_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;
 }
 
-/* Creates base_model from base_model_init when it does not exist yet. */
+/* Creates base_model from base_model_init when it does not exist at all. A
+ * folder that exists is never written into: if it is broken, training says
+ * what is missing instead of replacing it with random weights. */
 static int ensure_base_model(const eng_run_config_t *rc, bool verbose, mt_error_t *err) {
-    if (dir_has_config(rc->base_model)) {
+    if (path_exists(rc->base_model)) {
         if (verbose) fprintf(stderr, "moetune: %s already exists; leaving it as it is\n", rc->base_model);
         return 0;
     }
