@@ -149,6 +149,9 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, mt_error_t
     x->param_refs = calloc((size_t)m->spec.count, sizeof *x->param_refs);
     x->offl = calloc((size_t)nb, sizeof *x->offl);
     x->layer_counts = calloc((size_t)m->cfg.num_hidden_layers, sizeof *x->layer_counts);
+    x->opt_done = calloc((size_t)m->spec.count, sizeof *x->opt_done);
+    x->opt_queue = calloc((size_t)nb + 1, sizeof *x->opt_queue);
+    MT_CHECK(x->opt_done && x->opt_queue, "out of memory for the host optimizer queue");
     MT_CHECK(x->w_ready && x->a_ready && x->holding && x->param_refs && x->offl && x->layer_counts,
              "out of memory for executor state");
     for (int b = 0; b < nb; b++) {
@@ -183,6 +186,7 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, mt_error_t
 void eng_exec_destroy(eng_model_t *m) {
     eng_exec_t *x = m->exec;
     if (!x) return;
+    exec_optim_worker_stop(m);
     eng_exec_drain(m);
     kern_set_reclaim_hook(m->dev, NULL, NULL);
     for (int i = 0; i < m->spec.count; i++) {
@@ -216,6 +220,8 @@ void eng_exec_destroy(eng_model_t *m) {
     free(x->param_refs);
     free(x->offl);
     free(x->pending);
+    free(x->opt_done);
+    free(x->opt_queue);
     free(x);
     m->exec = NULL;
 }

@@ -4,6 +4,7 @@
 #ifndef MT_ENGINE_EXEC_INTERNAL_H
 #define MT_ENGINE_EXEC_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -48,7 +49,23 @@ typedef struct eng_exec {
     exec_pending_t *pending;
     int npending, cap_pending;
     kern_threadpool_t *pool; /* host optimizer threads */
+    /* host optimizer worker: AdamW per block during backward (see optim.h) */
+    pthread_t opt_thread;
+    pthread_mutex_t opt_lock;
+    pthread_cond_t opt_cond;
+    int *opt_queue, opt_head, opt_tail; /* FIFO of block indices (capacity nb + 1) */
+    int opt_outstanding;                /* queued or running */
+    bool opt_stop, opt_started;
+    bool overlap_step;   /* this step's last micro-batch updates blocks as they finish */
+    int micro_left;      /* micro-batches of this step still to run */
+    bool in_last_micro;  /* the running backward is the step's last */
+    eng_optim_hparams_t step_hp;
+    bool *opt_done;      /* per parameter: updated during backward this step */
 } eng_exec_t;
+
+/* Called after block b's gradients were folded, on the last micro-batch. */
+void exec_optim_block_ready(eng_model_t *m, int b);
+void exec_optim_worker_stop(eng_model_t *m);
 
 bool exec_param_streamed(const eng_model_t *m, const eng_param_t *p);
 void exec_defer_free(eng_model_t *m, void *dev_ptr, void *pinned, size_t pinned_bytes,

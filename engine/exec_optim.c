@@ -13,7 +13,129 @@
 #include <string.h>
 
 #include "engine/exec_internal.h"
+#include "engine/report.h"
 #include "kernels/cpu/adamw_cpu.h"
+
+/* ---- host AdamW, overlapped with backward ------------------------------ */
+
+static kern_adamw_params_t adamw_params(const eng_optim_hparams_t *hp, double clip_scale) {
+    return (kern_adamw_params_t){
+        .lr = (float)hp->lr,
+        .beta1 = (float)hp->beta1,
+        .beta2 = (float)hp->beta2,
+        .eps = (float)hp->eps,
+        .weight_decay = (float)hp->weight_decay,
+        .grad_scale = (float)clip_scale,
+    };
+}
+
+static void host_adamw(eng_model_t *m, eng_param_t *p, const kern_adamw_params_t *base) {
+    const size_t n = p->spec->numel;
+    if (!p->host_m) {
+        p->host_m = calloc(n, sizeof(float));
+        p->host_v = calloc(n, sizeof(float));
+        MT_CHECK(p->host_m && p->host_v, "out of host memory for AdamW state of %s", p->spec->name);
+    }
+    kern_adamw_params_t ap = *base;
+    ap.step = ++p->step;
+    kern_adamw_cpu_pool(m->exec->pool, p->host_w, p->host_m, p->host_v, p->host_g, NULL, NULL, n, &ap);
+}
+
+static void *optim_worker_main(void *arg) {
+    eng_model_t *m = arg;
+    eng_exec_t *x = m->exec;
+    const int cap = x->nb + 1;
+    pthread_mutex_lock(&x->opt_lock);
+    for (;;) {
+        while (!x->opt_stop && x->opt_head == x->opt_tail) pthread_cond_wait(&x->opt_cond, &x->opt_lock);
+        if (x->opt_head == x->opt_tail) break; /* stopping, queue empty */
+        const int b = x->opt_queue[x->opt_head];
+        x->opt_head = (x->opt_head + 1) % cap;
+        const kern_adamw_params_t base = adamw_params(&x->step_hp, 1.0); /* no clipping in overlap mode */
+        pthread_mutex_unlock(&x->opt_lock);
+        for (int i = 0; i < m->spec.count; i++) {
+            eng_param_t *p = &m->params[i];
+            if (p->block != b || !p->has_grad) continue;
+            host_adamw(m, p, &base);
+            x->opt_done[i] = true;
+        }
+        pthread_mutex_lock(&x->opt_lock);
+        x->opt_outstanding--;
+        pthread_cond_broadcast(&x->opt_cond);
+    }
+    pthread_mutex_unlock(&x->opt_lock);
+    return NULL;
+}
+
+typedef struct {
+    eng_exec_t *x;
+    int block;
+} enqueue_arg_t;
+
+/* Runs on the D2H stream after the block's gradient copies and adds. */
+static void enqueue_block(void *arg) {
+    enqueue_arg_t *a = arg;
+    eng_exec_t *x = a->x;
+    pthread_mutex_lock(&x->opt_lock);
+    x->opt_queue[x->opt_tail] = a->block;
+    x->opt_tail = (x->opt_tail + 1) % (x->nb + 1);
+    pthread_cond_broadcast(&x->opt_cond);
+    pthread_mutex_unlock(&x->opt_lock);
+    free(a);
+}
+
+void eng_optim_begin_step(eng_model_t *m, const eng_optim_hparams_t *hp, int micro_batches,
+                          bool overlap) {
+    eng_exec_t *x = m->exec;
+    x->step_hp = *hp;
+    x->micro_left = micro_batches;
+    x->overlap_step = overlap && hp->max_grad_norm == 0;
+    if (x->overlap_step && !x->opt_started) {
+        pthread_mutex_init(&x->opt_lock, NULL);
+        pthread_cond_init(&x->opt_cond, NULL);
+        MT_CHECK(pthread_create(&x->opt_thread, NULL, optim_worker_main, m) == 0,
+                 "cannot start the host optimizer thread");
+        x->opt_started = true;
+    }
+}
+
+void exec_optim_block_ready(eng_model_t *m, int b) {
+    eng_exec_t *x = m->exec;
+    const sched_block_plan_t *bp = &m->plan.blocks[b];
+    if (!x->overlap_step || !x->in_last_micro || bp->optim != SCHED_OPTIM_HOST || bp->grads != SCHED_GRADS_HOST)
+        return;
+    enqueue_arg_t *a = malloc(sizeof *a);
+    MT_CHECK_ALLOC(a, "optimizer job");
+    *a = (enqueue_arg_t){x, b};
+    pthread_mutex_lock(&x->opt_lock);
+    x->opt_outstanding++;
+    pthread_mutex_unlock(&x->opt_lock);
+    kern_launch_host_fn(m->dev, kern_stream(m->dev, KERN_STREAM_D2H), enqueue_block, a);
+}
+
+static void optim_worker_wait(eng_exec_t *x) {
+    if (!x->opt_started) return;
+    pthread_mutex_lock(&x->opt_lock);
+    while (x->opt_outstanding > 0) pthread_cond_wait(&x->opt_cond, &x->opt_lock);
+    pthread_mutex_unlock(&x->opt_lock);
+}
+
+void exec_optim_worker_stop(eng_model_t *m) {
+    eng_exec_t *x = m->exec;
+    if (!x->opt_started) return;
+    kern_device_sync(m->dev); /* queued enqueue_block calls have run */
+    optim_worker_wait(x);
+    pthread_mutex_lock(&x->opt_lock);
+    x->opt_stop = true;
+    pthread_cond_broadcast(&x->opt_cond);
+    pthread_mutex_unlock(&x->opt_lock);
+    pthread_join(x->opt_thread, NULL);
+    pthread_cond_destroy(&x->opt_cond);
+    pthread_mutex_destroy(&x->opt_lock);
+    x->opt_started = false;
+}
+
+/* ---- the step ----------------------------------------------------------- */
 
 static double param_sumsq(eng_model_t *m, const eng_param_t *p, float *dev_scalar) {
     float part;
@@ -32,8 +154,11 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
                            mt_error_t *err) {
     kern_device_t *dev = m->dev;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    eng_exec_t *x = m->exec;
+    const double t0 = eng_now_s();
     memset(out, 0, sizeof *out);
     eng_exec_drain(m); /* every gradient has landed */
+    optim_worker_wait(x);
 
     float *scalar = kern_alloc(dev, sizeof(float), "gradient norm scalar", err);
     if (!scalar) return err->code;
@@ -48,14 +173,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         const double coef = hp->max_grad_norm / (out->grad_norm + 1e-6);
         if (coef < 1.0) out->clip_scale = coef;
     }
-    const kern_adamw_params_t base = {
-        .lr = (float)hp->lr,
-        .beta1 = (float)hp->beta1,
-        .beta2 = (float)hp->beta2,
-        .eps = (float)hp->eps,
-        .weight_decay = (float)hp->weight_decay,
-        .grad_scale = (float)out->clip_scale,
-    };
+    const kern_adamw_params_t base = adamw_params(hp, out->clip_scale);
 
     for (int i = 0; i < m->spec.count; i++) {
         eng_param_t *p = &m->params[i];
@@ -65,9 +183,16 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         }
         const sched_block_plan_t *bp = &m->plan.blocks[p->block];
         const size_t n = p->spec->numel, bytes = n * sizeof(float);
-        kern_adamw_params_t ap = base;
-        ap.step = ++p->step;
+        if (x->opt_done[i]) { /* updated while backward ran */
+            x->opt_done[i] = false;
+            if (bp->weights == SCHED_WEIGHTS_RESIDENT) kern_memcpy_h2d(dev, s, p->w, p->host_w, bytes);
+            out->updated++;
+            out->updated_during_backward++;
+            continue;
+        }
         if (bp->optim == SCHED_OPTIM_DEVICE) {
+            kern_adamw_params_t ap = base;
+            ap.step = ++p->step;
             if (!p->m) { /* lazily, as torch creates state on the first step */
                 char tag[200];
                 snprintf(tag, sizeof tag, "AdamW m of %s", p->spec->name);
@@ -85,12 +210,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
                 kern_memcpy_d2h(dev, s, p->host_g, p->g_acc, bytes);
                 kern_stream_sync(dev, s);
             }
-            if (!p->host_m) {
-                p->host_m = calloc(n, sizeof(float));
-                p->host_v = calloc(n, sizeof(float));
-                MT_CHECK(p->host_m && p->host_v, "out of host memory for AdamW state of %s", p->spec->name);
-            }
-            kern_adamw_cpu_pool(m->exec->pool, p->host_w, p->host_m, p->host_v, p->host_g, NULL, NULL, n, &ap);
+            host_adamw(m, p, &base);
             if (bp->weights == SCHED_WEIGHTS_RESIDENT) kern_memcpy_h2d(dev, s, p->w, p->host_w, bytes);
         }
         out->updated++;
@@ -103,5 +223,8 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         p->acc_has_data = false;
     }
     kern_stream_sync(dev, s);
+    x->overlap_step = false;
+    x->micro_left = 0;
+    out->optim_wall_s = eng_now_s() - t0;
     return MT_OK;
 }

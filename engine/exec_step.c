@@ -307,6 +307,7 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
     const size_t act = (size_t)n * H * sizeof(float);
     mt_status_t r;
 
+    m->exec->in_last_micro = m->exec->micro_left == 1;
     for (int b = m->exec->nb - 1; b >= 0; b--) {
         for (int w = 0; w <= W; w++)
             if ((r = fetch_ahead(m, b - w, true, err)) != MT_OK) return r;
@@ -345,6 +346,7 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
             ops->embedding_bwd(s, m->params[m->embed].g, st->dx, st->ids, n, H);
         }
         finish_grads(m, b);
+        exec_optim_block_ready(m, b);
         exec_release_block(m, b);
         exec_process_pending(m, false);
     }
@@ -385,7 +387,10 @@ static mt_status_t run(eng_model_t *m, const eng_batch_t *batch, float loss_scal
         kern_stream_sync(m->dev, s);
         r = run_forward(m, &st, batch, loss_scale, logits_out, backward, stats, err);
     }
-    if (r == MT_OK && backward) r = run_backward(m, &st, err);
+    if (r == MT_OK && backward) {
+        r = run_backward(m, &st, err);
+        if (m->exec->micro_left > 0) m->exec->micro_left--;
+    }
     if (r != MT_OK) { /* drop half-made gradient targets of this micro-batch */
         for (int i = 0; i < m->spec.count; i++) {
             eng_param_t *p = &m->params[i];

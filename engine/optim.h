@@ -19,7 +19,20 @@ typedef struct {
     double grad_norm;     /* before clipping */
     double clip_scale;    /* the factor applied (1 when not clipped) */
     int updated, skipped; /* parameters updated / without gradient */
+    int updated_during_backward; /* host AdamW runs that overlapped the backward pass */
+    double optim_wall_s;  /* time eng_optim_step took (the optimizer's share on the critical path) */
 } eng_optim_stats_t;
+
+/* Announces the next optimizer step: its hyper-parameters and how many
+ * micro-batches it has.  With `overlap` and optimizer state on the host, the
+ * host AdamW of each block starts as soon as that block's gradients of the
+ * last micro-batch have landed in host memory, while backward goes on with
+ * the blocks below — possible only without clipping (max_grad_norm 0),
+ * since the clipping factor needs the global norm, known only when backward
+ * ends.  Results are bit-identical either way. Optional: without it every
+ * update happens in eng_optim_step. */
+void eng_optim_begin_step(eng_model_t *m, const eng_optim_hparams_t *hp, int micro_batches,
+                          bool overlap);
 
 mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_optim_stats_t *out,
                            mt_error_t *err);

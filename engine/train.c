@@ -109,6 +109,10 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
         const double t0 = eng_now_s();
         kern_device_reset_peaks(dev);
         const int accum = rc->gradient_accumulation_steps;
+        eng_optim_hparams_t hp = hp_base;
+        hp.lr = eng_lr_at(rc, step, total);
+        /* host AdamW overlaps backward when the plan puts it on the host and nothing clips */
+        eng_optim_begin_step(&model, &hp, accum, true);
         double loss = 0, ce = 0, aux = 0;
         int64_t tokens = 0;
         for (int micro = 0; micro < accum; micro++) {
@@ -125,8 +129,6 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
             aux += ms.aux_loss / accum;
             tokens += ms.tokens;
         }
-        eng_optim_hparams_t hp = hp_base;
-        hp.lr = eng_lr_at(rc, step, total);
         eng_optim_stats_t os;
         st = eng_optim_step(&model, &hp, &os, err);
         if (st != MT_OK) {
