@@ -18,6 +18,7 @@
 #include "engine/inspect.h"
 #include "engine/train.h"
 #include "tools/bench/adam_bench.h"
+#include "tools/bench/step_bench.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -29,7 +30,10 @@ static void usage(FILE *f) {
             "                                       base_model_init config (random weights)\n"
             "  inspect CHECKPOINT_DIR               architecture, parameter counts, tensor sizes\n"
             "  bench adam [--params N] [--threads T] [--json]\n"
-            "                                       host AdamW vs this machine's memory ceiling\n");
+            "                                       host AdamW vs this machine's memory ceiling\n"
+            "  bench step [--layers N] [--link-gbps G] [--json] ...\n"
+            "                                       training steps under keep_all / offload_all /\n"
+            "                                       min_memory with throttled links\n");
 }
 
 static int fail(const mt_error_t *err) {
@@ -131,7 +135,8 @@ static int cmd_inspect(int argc, char **argv) {
 
 static int cmd_bench(int argc, char **argv) {
     if (argc >= 1 && strcmp(argv[0], "adam") == 0) return mt_bench_adam_main(argc, argv);
-    fprintf(stderr, "usage: moetune bench adam [options]\n");
+    if (argc >= 1 && strcmp(argv[0], "step") == 0) return mt_bench_step_main(argc, argv);
+    fprintf(stderr, "usage: moetune bench adam|step [options]\n");
     return 2;
 }
 

@@ -1,0 +1,263 @@
+/* `moetune bench step`: training steps of a synthetic MoE under different
+ * plans on the CPU backend, with the copy streams throttled to a link.
+ *
+ * It measures, in one run and on one machine:
+ *   - the median step time of keep_all, offload_all and min_memory, and
+ *     offload_all / keep_all (weights, gradients, optimizer state and
+ *     activations all cross the link, so this is how well copies hide
+ *     behind compute: MegaTrain reports near-zero overhead);
+ *   - the host optimizer's share of the step with and without overlapping
+ *     backward (offload_all, no clipping), i.e. issue 6's overlap;
+ *   - peak device bytes of each plan.
+ * The link is either given (--link-gbps) or chosen so that the bytes one
+ * offload_all step moves H2D take `--link-fraction` (default 0.8) of
+ * keep_all's compute time: transfers then fit behind compute. */
+#include "tools/bench/step_bench.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/data.h"
+#include "engine/init_random.h"
+#include "engine/model.h"
+#include "engine/optim.h"
+#include "engine/report.h"
+#include "scheduler/plan.h"
+
+typedef struct {
+    int layers, hidden, experts, topk, expert_width, vocab, heads, kv_heads;
+    int seq, batch, steps;
+    double link_gbps, link_latency_us, link_fraction;
+    bool json;
+} opts_t;
+
+typedef struct {
+    double median_s, optim_s; /* median step time; median optimizer wall time */
+    size_t peak_device;
+    uint64_t h2d_bytes, d2h_bytes; /* per step */
+    int overlapped;
+    bool ok;
+} measure_t;
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Synthetic data: uniformly random tokens, every target counted. */
+static void make_dataset(eng_dataset_t *ds, const opts_t *o, int rows) {
+    memset(ds, 0, sizeof *ds);
+    ds->T = o->seq;
+    ds->num_rows = rows;
+    const size_t n = (size_t)rows * o->seq;
+    ds->inputs = malloc(n * sizeof *ds->inputs);
+    ds->targets = malloc(n * sizeof *ds->targets);
+    ds->mask = malloc(n);
+    MT_CHECK(ds->inputs && ds->targets && ds->mask, "out of memory for the synthetic dataset");
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        ds->inputs[i] = (int32_t)(x % (uint64_t)o->vocab);
+        ds->mask[i] = 1;
+    }
+    for (size_t i = 0; i < n; i++) ds->targets[i] = (i + 1) % (size_t)o->seq ? ds->inputs[i + 1] : -100;
+}
+
+static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, double link_bps, bool overlap,
+                    measure_t *out) {
+    memset(out, 0, sizeof *out);
+    mt_error_t err = {0};
+    kern_device_opts_t dopts = {.link_h2d_bytes_per_s = link_bps, .link_d2h_bytes_per_s = link_bps,
+                                .link_latency_s = o->link_latency_us * 1e-6};
+    kern_device_t *dev = NULL;
+    if (kern_device_create(KERN_BACKEND_CPU, &dopts, &dev, &err) != MT_OK) {
+        fprintf(stderr, "bench step: %s\n", err.msg);
+        return;
+    }
+    sched_plan_t plan;
+    sched_plan_init_uniform(&plan, o->layers + 2, policy);
+    eng_model_t m;
+    if (eng_model_load(&m, dev, ckpt, NULL, &plan, &err) != MT_OK) {
+        fprintf(stderr, "bench step: %s\n", err.msg);
+        sched_plan_free(&plan);
+        kern_device_destroy(dev);
+        return;
+    }
+    eng_dataset_t ds;
+    make_dataset(&ds, o, o->batch * (o->steps + 1));
+    eng_loader_t ld;
+    eng_loader_init(&ld, &ds, o->batch, false, 0);
+    const eng_optim_hparams_t hp = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                                    .weight_decay = 0.0, .max_grad_norm = 0.0};
+    double *times = malloc((size_t)o->steps * sizeof *times), *optim = malloc((size_t)o->steps * sizeof *optim);
+    MT_CHECK(times && optim, "out of memory");
+    out->ok = true;
+    for (int step = -1; step < o->steps && out->ok; step++) { /* step -1 warms up */
+        const kern_device_stats_t before = kern_device_stats(dev);
+        const double t0 = eng_now_s();
+        eng_optim_begin_step(&m, &hp, 1, overlap);
+        eng_batch_t b;
+        eng_loader_next(&ld, &b);
+        eng_micro_stats_t ms;
+        eng_optim_stats_t os;
+        if (eng_model_forward_backward(&m, &b, 1.0f, NULL, &ms, &err) != MT_OK ||
+            eng_optim_step(&m, &hp, &os, &err) != MT_OK) {
+            fprintf(stderr, "bench step (%s): %s\n", sched_policy_name(policy), err.msg);
+            out->ok = false;
+            break;
+        }
+        const double dt = eng_now_s() - t0;
+        if (step >= 0) {
+            const kern_device_stats_t after = kern_device_stats(dev);
+            times[step] = dt;
+            optim[step] = os.optim_wall_s;
+            out->h2d_bytes = after.h2d_bytes - before.h2d_bytes;
+            out->d2h_bytes = after.d2h_bytes - before.d2h_bytes;
+            out->overlapped = os.updated_during_backward;
+        }
+    }
+    if (out->ok) {
+        out->median_s = median(times, o->steps);
+        out->optim_s = median(optim, o->steps);
+        out->peak_device = kern_device_stats(dev).device_peak;
+    }
+    free(times);
+    free(optim);
+    eng_loader_free(&ld);
+    eng_dataset_free(&ds);
+    eng_model_free(&m);
+    sched_plan_free(&plan);
+    kern_device_destroy(dev);
+}
+
+static int parse(int argc, char **argv, opts_t *o) {
+    *o = (opts_t){.layers = 4, .hidden = 256, .experts = 8, .topk = 2, .expert_width = 512, .vocab = 512,
+                  .heads = 8, .kv_heads = 4, .seq = 128, .batch = 4, .steps = 5, .link_gbps = 0,
+                  .link_latency_us = 10, .link_fraction = 0.8};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define INT_OPT(name, field)                          \
+    if (strcmp(a, name) == 0 && v) {                  \
+        o->field = atoi(v);                           \
+        i++;                                          \
+        if (o->field <= 0) goto bad;                  \
+        continue;                                     \
+    }
+#define DBL_OPT(name, field)                          \
+    if (strcmp(a, name) == 0 && v) {                  \
+        o->field = atof(v);                           \
+        i++;                                          \
+        if (o->field < 0) goto bad;                   \
+        continue;                                     \
+    }
+        INT_OPT("--layers", layers)
+        INT_OPT("--hidden", hidden)
+        INT_OPT("--experts", experts)
+        INT_OPT("--topk", topk)
+        INT_OPT("--expert-width", expert_width)
+        INT_OPT("--vocab", vocab)
+        INT_OPT("--seq", seq)
+        INT_OPT("--batch", batch)
+        INT_OPT("--steps", steps)
+        DBL_OPT("--link-gbps", link_gbps)
+        DBL_OPT("--link-latency-us", link_latency_us)
+        DBL_OPT("--link-fraction", link_fraction)
+        if (strcmp(a, "--json") == 0) {
+            o->json = true;
+            continue;
+        }
+    bad:
+        fprintf(stderr,
+                "usage: moetune bench step [--layers N] [--hidden H] [--experts E] [--topk K]\n"
+                "       [--expert-width I] [--vocab V] [--seq T] [--batch B] [--steps S]\n"
+                "       [--link-gbps G | --link-fraction F] [--link-latency-us U] [--json]\n"
+                "bad or unknown option: %s\n",
+                a);
+        return 2;
+    }
+    if (o->topk > o->experts || o->hidden % o->heads) {
+        fprintf(stderr, "bench step: need topk <= experts and hidden divisible by heads\n");
+        return 2;
+    }
+    return 0;
+}
+
+int mt_bench_step_main(int argc, char **argv) {
+    opts_t o;
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc;
+    char ckpt[256];
+    snprintf(ckpt, sizeof ckpt, "/tmp/moetune-bench-step-%d", (int)getpid());
+    char config[1024];
+    snprintf(config, sizeof config,
+             "{\"model_type\": \"mixtral\", \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d,"
+             " \"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d,"
+             " \"num_local_experts\": %d, \"num_experts_per_tok\": %d, \"rms_norm_eps\": 1e-5,"
+             " \"rope_theta\": 10000.0, \"tie_word_embeddings\": false, \"output_router_logits\": true}",
+             o.vocab, o.hidden, o.expert_width, o.layers, o.heads, o.kv_heads, o.experts, o.topk);
+    mt_error_t err = {0};
+    if (eng_checkpoint_init_random(ckpt, config, 1, &err) != MT_OK) {
+        fprintf(stderr, "bench step: %s\n", err.msg);
+        return 1;
+    }
+
+    measure_t keep, probe, off, off_overlap, minm;
+    measure(ckpt, &o, SCHED_POLICY_KEEP_ALL, 0, false, &keep);
+    double link_bps = o.link_gbps * 1e9;
+    if (link_bps == 0 && keep.ok) {
+        /* size the link so offload_all's H2D bytes take link_fraction of keep_all's step */
+        opts_t one = o;
+        one.steps = 1;
+        measure(ckpt, &one, SCHED_POLICY_OFFLOAD_ALL, 0, false, &probe);
+        if (probe.ok && keep.median_s > 0)
+            link_bps = (double)probe.h2d_bytes / (o.link_fraction * keep.median_s);
+    }
+    measure(ckpt, &o, SCHED_POLICY_OFFLOAD_ALL, link_bps, false, &off);
+    measure(ckpt, &o, SCHED_POLICY_OFFLOAD_ALL, link_bps, true, &off_overlap);
+    measure(ckpt, &o, SCHED_POLICY_MIN_MEMORY, link_bps, true, &minm);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
+    if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
+    if (!keep.ok || !off.ok || !off_overlap.ok || !minm.ok) return 1;
+
+    const double ratio = off_overlap.median_s / keep.median_s;
+    const double share_off = off.optim_s / off.median_s, share_on = off_overlap.optim_s / off_overlap.median_s;
+    if (o.json) {
+        printf("{\"link_bytes_per_s\": %.6g, \"link_latency_us\": %g, \"h2d_bytes_per_step\": %llu,"
+               " \"d2h_bytes_per_step\": %llu,"
+               " \"keep_all_step_s\": %.6g, \"offload_all_step_s\": %.6g, \"offload_all_no_overlap_step_s\": %.6g,"
+               " \"min_memory_step_s\": %.6g, \"offload_over_keep\": %.4f,"
+               " \"optimizer_share_no_overlap\": %.4f, \"optimizer_share_overlap\": %.4f,"
+               " \"peak_device_keep_all\": %zu, \"peak_device_offload_all\": %zu, \"peak_device_min_memory\": %zu}\n",
+               link_bps, o.link_latency_us, (unsigned long long)off.h2d_bytes, (unsigned long long)off.d2h_bytes,
+               keep.median_s, off_overlap.median_s, off.median_s, minm.median_s, ratio, share_off, share_on,
+               keep.peak_device, off_overlap.peak_device, minm.peak_device);
+        return 0;
+    }
+    printf("synthetic mixtral: %d layers, hidden %d, %d experts (top-%d) of width %d, vocab %d; batch %d x %d tokens\n",
+           o.layers, o.hidden, o.experts, o.topk, o.expert_width, o.vocab, o.batch, o.seq);
+    printf("link: %.3f GB/s each way, %.0f us per copy (%s); offload_all moves %.1f MB H2D and %.1f MB D2H per step\n",
+           link_bps / 1e9, o.link_latency_us, o.link_gbps > 0 ? "given" : "sized so H2D takes 80% of keep_all's step",
+           off.h2d_bytes / 1e6, off.d2h_bytes / 1e6);
+    printf("%-34s %12s %14s %16s\n", "plan", "step (ms)", "optimizer (ms)", "peak device (MB)");
+    printf("%-34s %12.2f %14.2f %16.2f\n", "keep_all", keep.median_s * 1e3, keep.optim_s * 1e3, keep.peak_device / 1e6);
+    printf("%-34s %12.2f %14.2f %16.2f\n", "offload_all, optimizer after bwd", off.median_s * 1e3, off.optim_s * 1e3,
+           off.peak_device / 1e6);
+    printf("%-34s %12.2f %14.2f %16.2f\n", "offload_all, optimizer overlapped", off_overlap.median_s * 1e3,
+           off_overlap.optim_s * 1e3, off_overlap.peak_device / 1e6);
+    printf("%-34s %12.2f %14.2f %16.2f\n", "min_memory, optimizer overlapped", minm.median_s * 1e3, minm.optim_s * 1e3,
+           minm.peak_device / 1e6);
+    printf("offload_all / keep_all step time: %.3f\n", ratio);
+    printf("host optimizer share of the step (offload_all): %.1f%% after backward -> %.1f%% overlapped\n",
+           100 * share_off, 100 * share_on);
+    return 0;
+}
