@@ -119,7 +119,7 @@ static void kc_colsum(kern_stream_t *s, F f, float *dst, int rows, int cols, con
     kc_colsum_partial_kernel<F><<<dim3(kc_div_up((size_t)cols, 32), nchunks), dim3(32, 8), 0, cs>>>(
         f, partial, rows, cols, per);
     KC_LAUNCHED(s, what);
-    kc_colsum_final_kernel<<<kc_div_up((size_t)cols, 256), 256, 0, cs>>>(dst, partial, nchunks, cols);
+    kc_colsum_final_kernel<0><<<kc_div_up((size_t)cols, 256), 256, 0, cs>>>(dst, partial, nchunks, cols);
     KC_LAUNCHED(s, what);
 }
 

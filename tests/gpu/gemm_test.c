@@ -38,7 +38,7 @@ static void matmul_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, floa
              N, K, ta, tb, (double)alpha, (double)beta, misalign);
     /* The skipped prefix is compared too: it must be untouched (NaN both). */
     if (K == 0) gt_check_exact(t, what, &C, C.bytes); /* empty sum: beta * C exactly */
-    else gt_check_f32_norm(t, what, &C, nc + o, FP32_GEMM_TOL);
+    else gt_check_f32_norm(t, what, &C, nc + o, FP32_GEMM_TOL, 0.0f);
     if (beta == 0.0f && K > 0) {
         float *first = gt_host_alloc(nc + o);
         gt_save_gpu(t, &C, first);
@@ -91,10 +91,10 @@ static void grouped_case(gt_ctx_t *t, const int *counts, int E, int N, int K, fl
     snprintf(what, sizeof what, "matmul_grouped up-proj E=%d N=%d K=%d", E, N, K);
     /* Y[0] belongs to no expert: it must stay NaN on both, which the
      * comparison accepts only if both are NaN. */
-    gt_check_f32_norm(t, what, &Y, (size_t)m * N + 1, FP32_GEMM_TOL);
+    gt_check_f32_norm(t, what, &Y, (size_t)m * N + 1, FP32_GEMM_TOL, 0.0f);
     snprintf(what, sizeof what, "matmul_grouped weight-grad beta=%g (zero-token experts: %s)",
              (double)beta, beta == 0.0f ? "zeroed" : "unchanged");
-    gt_check_f32_norm(t, what, &DW, (size_t)E * N * K, FP32_GEMM_TOL);
+    gt_check_f32_norm(t, what, &DW, (size_t)E * N * K, FP32_GEMM_TOL, 0.0f);
     gt_free(t, &X);
     gt_free(t, &W);
     gt_free(t, &Y);

@@ -1,0 +1,112 @@
+// The CUDA backend's host-side helpers as the CPU emulator build needs them
+// (tests/gpu/emu): streams are the CPU backend's, scratch is host memory,
+// the stable sort is std::stable_sort, GEMMs are the CPU twin's (cuBLASLt
+// is not emulated; tests/gpu/gemm_test covers it on a GPU).  Creating a
+// real CUDA device is refused: this build has no GPU code.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda_emu.h"
+
+extern "C" {
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/backend_cuda_internal.h"
+#include "kernels/gemm.h"
+}
+
+// sort.cuh's declaration (C++ linkage), implemented here instead of CUB.
+void kc_sort_positions(kern_stream_t *s, const int32_t *keys, int n, int key_bits,
+                       int32_t **keys_out, int32_t **pos_out, const char *what);
+
+namespace {
+constexpr size_t kScratchBytes = KERN_CUDA_SCRATCH_COMPUTE_BYTES;
+}
+
+extern "C" {
+
+int kern_cuda_current_device(void) { return 0; }
+
+cudaStream_t kern_cuda_stream_begin(kern_stream_t *s) {
+    MT_CHECK(s != NULL, "CUDA kernel called with a NULL stream (use kern_stream(dev, role))");
+    return nullptr;
+}
+
+void *kern_cuda_scratch(kern_stream_t *s, size_t bytes, const char *what) {
+    (void)s;
+    static std::vector<unsigned char> scratch(kScratchBytes);
+    MT_CHECK(bytes <= kScratchBytes, "%s needs %zu bytes of stream scratch, the emulator has %zu", what,
+             bytes, kScratchBytes);
+    memset(scratch.data(), 0xFF, bytes); // ops must not rely on what scratch held
+    return scratch.data();
+}
+
+void kern_cuda_after_launch(kern_stream_t *s, const char *file, int line, const char *what) {
+    (void)s;
+    (void)file;
+    (void)line;
+    (void)what;
+}
+
+void kern_cuda_smem_optin(kern_stream_t *s, const void *kernel, size_t bytes, const char *what) {
+    (void)s;
+    MT_CHECK(bytes <= 227 * 1024, "%s needs %zu bytes of shared memory per block", what, bytes);
+    emu_note_smem_optin(kernel, bytes);
+}
+
+void kern_cuda_gemm_cache_free(kern_cuda_gemm_cache_t *c) { (void)c; }
+
+void kern_matmul_cuda(kern_stream_t *s, float *C, const float *A, const float *B, int M, int N, int K,
+                      bool trans_a, bool trans_b, float alpha, float beta) {
+    (void)s;
+    kern_matmul_cpu(NULL, C, A, B, M, N, K, trans_a, trans_b, alpha, beta);
+}
+
+void kern_matmul_grouped_cuda(kern_stream_t *s, const kern_gemm_desc_t *descs, int count, bool trans_a,
+                              bool trans_b, float alpha, float beta) {
+    (void)s;
+    kern_matmul_grouped_cpu(NULL, descs, count, trans_a, trans_b, alpha, beta);
+}
+
+mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_t **out,
+                                    mt_error_t *err) {
+    (void)opts;
+    *out = NULL;
+    return mt_error_set(err, MT_ERR_DEVICE, "the CUDA emulator build has no CUDA device");
+}
+
+bool kern_cuda_probe(char *why, size_t why_len) {
+    snprintf(why, why_len, "the CUDA emulator build has no CUDA device");
+    return false;
+}
+
+} // extern "C"
+
+void kc_sort_positions(kern_stream_t *s, const int32_t *keys, int n, int key_bits,
+                       int32_t **keys_out, int32_t **pos_out, const char *what) {
+    MT_CHECK(n > 0 && key_bits >= 1 && key_bits <= 32, "%s: sort of %d keys of %d bits", what, n,
+             key_bits);
+    std::vector<std::pair<int32_t, int32_t>> kv((size_t)n);
+    for (int i = 0; i < n; i++) {
+        MT_CHECK(key_bits == 32 || (keys[i] >= 0 && keys[i] < (int32_t)(1u << key_bits)),
+                 "%s: key %d at %d does not fit in %d bits (the radix sort would misplace it)", what,
+                 keys[i], i, key_bits);
+        kv[(size_t)i] = {keys[i], i};
+    }
+    std::stable_sort(kv.begin(), kv.end(),
+                     [](const std::pair<int32_t, int32_t> &a, const std::pair<int32_t, int32_t> &b) {
+                         return a.first < b.first;
+                     });
+    const size_t arr = ((size_t)n * sizeof(int32_t) + 255) & ~(size_t)255;
+    char *base = (char *)kern_cuda_scratch(s, 3 * arr, what);
+    int32_t *ko = (int32_t *)base, *po = (int32_t *)(base + 2 * arr);
+    for (int i = 0; i < n; i++) {
+        ko[i] = kv[(size_t)i].first;
+        po[i] = kv[(size_t)i].second;
+    }
+    *keys_out = ko;
+    *pos_out = po;
+}
