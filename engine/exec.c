@@ -17,7 +17,30 @@
 #include <string.h>
 
 #include "engine/exec_internal.h"
+#include "engine/trace.h"
 #include "kernels/cpu/backend_cpu.h"
+
+/* ---- tracing ------------------------------------------------------------ */
+
+static void copy_observer(void *ctx, kern_stream_role_t role, size_t bytes, double t0, double t1) {
+    eng_model_t *m = ctx;
+    if (!m->trace) return;
+    eng_trace_span(m->trace, role == KERN_STREAM_H2D ? ENG_TRACK_H2D : ENG_TRACK_D2H,
+                   role == KERN_STREAM_H2D ? "H2D" : "D2H", "copy", t0, t1, bytes);
+}
+
+void eng_model_set_trace(eng_model_t *m, struct eng_trace *trace) {
+    m->trace = trace;
+    m->dev->copy_observer = trace ? copy_observer : NULL;
+    m->dev->copy_observer_ctx = trace ? m : NULL;
+}
+
+void exec_trace_memory(eng_model_t *m, double t) {
+    if (!m->trace) return;
+    const kern_device_stats_t st = kern_device_stats(m->dev);
+    eng_trace_counter(m->trace, "device bytes", t, (double)st.device_in_use);
+    eng_trace_counter(m->trace, "pinned bytes", t, (double)st.pinned_in_use);
+}
 
 /* ---- deferred frees ----------------------------------------------------- */
 
@@ -188,6 +211,7 @@ void eng_exec_destroy(eng_model_t *m) {
     if (!x) return;
     exec_optim_worker_stop(m);
     eng_exec_drain(m);
+    if (m->trace) eng_model_set_trace(m, NULL);
     kern_set_reclaim_hook(m->dev, NULL, NULL);
     for (int i = 0; i < m->spec.count; i++) {
         eng_param_t *p = &m->params[i];
@@ -277,8 +301,13 @@ mt_status_t exec_fetch_block(eng_model_t *m, int b, bool backward, mt_error_t *e
         if (st != MT_OK) return st;
     }
     const int l = b - 1;
-    if (backward && l >= 0 && l < m->cfg.num_hidden_layers && m->cfg.layer_is_moe[l]) {
-        /* backward knows which experts the forward used */
+    if (l >= 0 && l < m->cfg.num_hidden_layers && m->cfg.layer_is_moe[l] && (backward || x->counts_valid)) {
+        /* Backward knows which experts this forward used.  Forward cannot
+         * know before the router runs, so it prefetches the experts the
+         * previous micro-batch used in this layer (with many tokens per
+         * micro-batch that is nearly every expert); the router's choice then
+         * fetches whatever is missing (exec_fetch_experts), and a prefetched
+         * expert that gets no token is dropped unused. */
         mt_status_t st = hold_experts(m, b, l, x->layer_counts[l], err);
         if (st != MT_OK) return st;
     }

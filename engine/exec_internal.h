@@ -45,7 +45,8 @@ typedef struct eng_exec {
     exec_held_t *holding;   /* per block: streamed weights it holds */
     int *param_refs;        /* per parameter: blocks holding its device copy */
     exec_offload_t *offl;   /* per block: activations offloaded to host */
-    int32_t **layer_counts; /* per MoE layer: tokens per expert in this micro-batch's forward */
+    int32_t **layer_counts; /* per MoE layer: tokens per expert in the latest forward */
+    bool counts_valid;      /* layer_counts hold a finished forward (prefetch predictor) */
     exec_pending_t *pending;
     int npending, cap_pending;
     kern_threadpool_t *pool; /* host optimizer threads */
@@ -62,6 +63,9 @@ typedef struct eng_exec {
     eng_optim_hparams_t step_hp;
     bool *opt_done;      /* per parameter: updated during backward this step */
 } eng_exec_t;
+
+/* Samples device and pinned bytes into the trace (if any) at time t. */
+void exec_trace_memory(eng_model_t *m, double t);
 
 /* Called after block b's gradients were folded, on the last micro-batch. */
 void exec_optim_block_ready(eng_model_t *m, int b);

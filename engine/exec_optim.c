@@ -14,6 +14,7 @@
 
 #include "engine/exec_internal.h"
 #include "engine/report.h"
+#include "engine/trace.h"
 #include "kernels/cpu/adamw_cpu.h"
 
 /* ---- host AdamW, overlapped with backward ------------------------------ */
@@ -53,11 +54,19 @@ static void *optim_worker_main(void *arg) {
         x->opt_head = (x->opt_head + 1) % cap;
         const kern_adamw_params_t base = adamw_params(&x->step_hp, 1.0); /* no clipping in overlap mode */
         pthread_mutex_unlock(&x->opt_lock);
+        const double t0 = eng_now_s();
+        size_t bytes = 0;
         for (int i = 0; i < m->spec.count; i++) {
             eng_param_t *p = &m->params[i];
             if (p->block != b || !p->has_grad) continue;
             host_adamw(m, p, &base);
             x->opt_done[i] = true;
+            bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
+        }
+        if (m->trace) {
+            char name[32];
+            snprintf(name, sizeof name, "AdamW block %d", b);
+            eng_trace_span(m->trace, ENG_TRACK_HOST_OPTIM, name, "optimizer", t0, eng_now_s(), bytes);
         }
         pthread_mutex_lock(&x->opt_lock);
         x->opt_outstanding--;
@@ -223,6 +232,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         p->acc_has_data = false;
     }
     kern_stream_sync(dev, s);
+    if (m->trace) eng_trace_span(m->trace, ENG_TRACK_HOST_OPTIM, "optimizer step", "optimizer", t0, eng_now_s(), 0);
     x->overlap_step = false;
     x->micro_left = 0;
     out->optim_wall_s = eng_now_s() - t0;

@@ -19,11 +19,14 @@
  * The aux statistics are gathered layer by layer during the forward pass;
  * their gradient is known once the forward pass ends. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/blocks.h"
 #include "engine/exec_internal.h"
+#include "engine/report.h"
+#include "engine/trace.h"
 #include "kernels/rope.h"
 
 typedef struct {
@@ -244,6 +247,7 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
         for (int w = 0; w <= W; w++)
             if ((r = fetch_ahead(m, b + w, false, err)) != MT_OK) return r;
         exec_wait_block(m, b);
+        const double t0 = eng_now_s();
         if (b == 0) {
             DALLOC(st->xin[0], act, "embeddings");
             ops->embedding_fwd(s, st->xin[0], m->params[m->embed].w, st->ids, n, H);
@@ -273,11 +277,19 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
                 kern_stream_sync(m->dev, s);
             }
         }
+        if (m->trace) {
+            char name[32];
+            snprintf(name, sizeof name, b == 0 ? "embed fwd" : b <= L ? "layer %d fwd" : "head fwd", b - 1);
+            const double t1 = eng_now_s();
+            eng_trace_span(m->trace, ENG_TRACK_COMPUTE, name, "forward", t0, t1, 0);
+            exec_trace_memory(m, t1);
+        }
         /* the head's weights serve its backward right away */
         if (!(backward && b == L + 1)) exec_release_block(m, b);
         exec_process_pending(m, false);
     }
 
+    m->exec->counts_valid = true;
     if (st->use_aux && (r = aux_finish(m, st, loss_scale, &stats->aux_loss, err)) != MT_OK) return r;
     stats->tokens = n;
     stats->counted = batch->counted;
@@ -312,6 +324,7 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
         for (int w = 0; w <= W; w++)
             if ((r = fetch_ahead(m, b - w, true, err)) != MT_OK) return r;
         exec_wait_block(m, b);
+        const double t0 = eng_now_s();
         if (b >= 1 && b <= L) {
             const int l = b - 1;
             const sched_act_place_t ap = m->plan.blocks[b].acts;
@@ -344,6 +357,13 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
             st->xin[l + 1] = NULL;
         } else {
             ops->embedding_bwd(s, m->params[m->embed].g, st->dx, st->ids, n, H);
+        }
+        if (m->trace) {
+            char name[32];
+            snprintf(name, sizeof name, b == 0 ? "embed bwd" : b <= L ? "layer %d bwd" : "head bwd", b - 1);
+            const double t1 = eng_now_s();
+            eng_trace_span(m->trace, ENG_TRACK_COMPUTE, name, "backward", t0, t1, 0);
+            exec_trace_memory(m, t1);
         }
         finish_grads(m, b);
         exec_optim_block_ready(m, b);

@@ -72,6 +72,7 @@ typedef struct {
     /* Placement and the executor's state (engine/exec.c) */
     sched_plan_t plan;
     struct eng_exec *exec;
+    struct eng_trace *trace; /* not owned; NULL = no trace (eng_model_set_trace) */
 } eng_model_t;
 
 /* Statistics of one micro-batch's forward/backward. */
@@ -105,6 +106,11 @@ mt_status_t eng_model_forward(eng_model_t *m, const eng_batch_t *batch, float *l
 /* Copies parameter i's weight (its master) or its accumulated gradient to
  * host memory (numel floats); waits for pending work first. */
 void eng_model_read_param(eng_model_t *m, int i, float *host, bool gradient);
+/* Records this model's steps into trace (NULL stops): block spans on the
+ * compute track, copies on the H2D/D2H tracks, host AdamW jobs, memory
+ * counters.  See engine/trace.h. */
+void eng_model_set_trace(eng_model_t *m, struct eng_trace *trace);
+
 /* L + 2: the embedding, each decoder layer, the head. */
 int eng_model_num_blocks(const eng_model_t *m);
 

@@ -105,6 +105,10 @@ struct kern_device {
      * to have the request retried (see kern_set_reclaim_hook). */
     bool (*reclaim)(void *ctx);
     void *reclaim_ctx;
+    /* Optional, for traces: told of every host<->device copy when it has
+     * completed, on the copy stream's thread (times in CLOCK_MONOTONIC s). */
+    void (*copy_observer)(void *ctx, kern_stream_role_t role, size_t bytes, double t0_s, double t1_s);
+    void *copy_observer_ctx;
 };
 
 /* Creates a backend. KERN_BACKEND_CUDA on a machine without a usable GPU

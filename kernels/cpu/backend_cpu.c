@@ -129,6 +129,8 @@ static void run_cmd(kern_stream_t *s, const cmd_t *c) {
         memcpy(c->dst, c->src, c->bytes);
         if (c->throttled && (s->bytes_per_s > 0 || s->latency_s > 0))
             sleep_until(start + s->latency_s + (s->bytes_per_s > 0 ? (double)c->bytes / s->bytes_per_s : 0));
+        const kern_device_t *d = &s->dev->base;
+        if (c->throttled && d->copy_observer) d->copy_observer(d->copy_observer_ctx, s->role, c->bytes, start, now_s());
         break;
     }
     case CMD_MEMSET: memset(c->dst, c->value, c->bytes); break;

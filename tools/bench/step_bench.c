@@ -25,6 +25,7 @@
 #include "engine/model.h"
 #include "engine/optim.h"
 #include "engine/report.h"
+#include "engine/trace.h"
 #include "scheduler/plan.h"
 
 typedef struct {
@@ -32,6 +33,7 @@ typedef struct {
     int seq, batch, steps;
     double link_gbps, link_latency_us, link_fraction;
     bool json;
+    const char *trace; /* write the overlapped offload_all run's trace.json here */
 } opts_t;
 
 typedef struct {
@@ -72,7 +74,7 @@ static void make_dataset(eng_dataset_t *ds, const opts_t *o, int rows) {
 }
 
 static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, double link_bps, bool overlap,
-                    measure_t *out) {
+                    const char *trace_path, measure_t *out) {
     memset(out, 0, sizeof *out);
     mt_error_t err = {0};
     kern_device_opts_t dopts = {.link_h2d_bytes_per_s = link_bps, .link_d2h_bytes_per_s = link_bps,
@@ -91,6 +93,8 @@ static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, do
         kern_device_destroy(dev);
         return;
     }
+    eng_trace_t *trace = NULL;
+    if (trace_path && eng_trace_open(trace_path, &trace, &err) == MT_OK) eng_model_set_trace(&m, trace);
     eng_dataset_t ds;
     make_dataset(&ds, o, o->batch * (o->steps + 1));
     eng_loader_t ld;
@@ -131,6 +135,11 @@ static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, do
     }
     free(times);
     free(optim);
+    if (trace) {
+        eng_model_set_trace(&m, NULL);
+        if (eng_trace_close(trace, &err) != MT_OK) fprintf(stderr, "bench step: %s\n", err.msg);
+        else fprintf(stderr, "bench step: trace of offload_all (overlapped) written to %s\n", trace_path);
+    }
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
     eng_model_free(&m);
@@ -171,6 +180,11 @@ static int parse(int argc, char **argv, opts_t *o) {
         DBL_OPT("--link-gbps", link_gbps)
         DBL_OPT("--link-latency-us", link_latency_us)
         DBL_OPT("--link-fraction", link_fraction)
+        if (strcmp(a, "--trace") == 0 && v) {
+            o->trace = v;
+            i++;
+            continue;
+        }
         if (strcmp(a, "--json") == 0) {
             o->json = true;
             continue;
@@ -179,7 +193,7 @@ static int parse(int argc, char **argv, opts_t *o) {
         fprintf(stderr,
                 "usage: moetune bench step [--layers N] [--hidden H] [--experts E] [--topk K]\n"
                 "       [--expert-width I] [--vocab V] [--seq T] [--batch B] [--steps S]\n"
-                "       [--link-gbps G | --link-fraction F] [--link-latency-us U] [--json]\n"
+                "       [--link-gbps G | --link-fraction F] [--link-latency-us U] [--trace FILE] [--json]\n"
                 "bad or unknown option: %s\n",
                 a);
         return 2;
@@ -211,19 +225,19 @@ int mt_bench_step_main(int argc, char **argv) {
     }
 
     measure_t keep, probe, off, off_overlap, minm;
-    measure(ckpt, &o, SCHED_POLICY_KEEP_ALL, 0, false, &keep);
+    measure(ckpt, &o, SCHED_POLICY_KEEP_ALL, 0, false, NULL, &keep);
     double link_bps = o.link_gbps * 1e9;
     if (link_bps == 0 && keep.ok) {
         /* size the link so offload_all's H2D bytes take link_fraction of keep_all's step */
         opts_t one = o;
         one.steps = 1;
-        measure(ckpt, &one, SCHED_POLICY_OFFLOAD_ALL, 0, false, &probe);
+        measure(ckpt, &one, SCHED_POLICY_OFFLOAD_ALL, 0, false, NULL, &probe);
         if (probe.ok && keep.median_s > 0)
             link_bps = (double)probe.h2d_bytes / (o.link_fraction * keep.median_s);
     }
-    measure(ckpt, &o, SCHED_POLICY_OFFLOAD_ALL, link_bps, false, &off);
-    measure(ckpt, &o, SCHED_POLICY_OFFLOAD_ALL, link_bps, true, &off_overlap);
-    measure(ckpt, &o, SCHED_POLICY_MIN_MEMORY, link_bps, true, &minm);
+    measure(ckpt, &o, SCHED_POLICY_OFFLOAD_ALL, link_bps, false, NULL, &off);
+    measure(ckpt, &o, SCHED_POLICY_OFFLOAD_ALL, link_bps, true, o.trace, &off_overlap);
+    measure(ckpt, &o, SCHED_POLICY_MIN_MEMORY, link_bps, true, NULL, &minm);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
     if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
