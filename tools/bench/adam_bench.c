@@ -1,0 +1,411 @@
+/* `moetune bench adam` (see adam_bench.h): how close host AdamW comes to
+ * the memory bandwidth this machine gives its access pattern.
+ *
+ * What is measured, all in one run on the same arrays and thread pool:
+ * - moetune's AdamW (kern_adamw_cpu_isa), fp32 state and gradient: 28 bytes
+ *   per parameter (read p m v g, write p m v), and again writing the bf16
+ *   working copy too (30 bytes).
+ * - the ceiling: an in-place streaming pass with the same traffic and no
+ *   arithmetic to speak of (p += g; m += g; v += g, plus the bf16 store for
+ *   the 30-byte variant), vectorised with the same instruction set and split
+ *   into the same tasks on the same pool. STREAM's triad would be the wrong
+ *   yardstick: it writes a separate array and pays for write-allocate reads.
+ * - a plain fused scalar loop (what one writes first), on one thread and on
+ *   all threads, to show what the SIMD and threading buy.
+ * Pages are touched first (in parallel, so they spread as the kernel will
+ * use them) and each kernel runs once untimed; the report is the median of
+ * --repeats runs, the kernels interleaved so drift on a shared machine hits
+ * them alike. Buffers are 2 MB aligned and, unless --no-hugepages, advised
+ * to use transparent huge pages (fewer TLB misses on 7 streams). */
+#include "tools/bench/adam_bench.h"
+
+#include <errno.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/cpu/adamw_cpu.h"
+#include "kernels/cpu/threadpool.h"
+#include "kernels/dtype.h"
+
+#define MAX_REPEATS 101
+
+typedef struct {
+    size_t params;
+    int threads;
+    int repeats;
+    int json;
+    int hugepages;
+    kern_cpu_isa_t isa;
+} bench_opts_t;
+
+typedef struct {
+    float *p, *m, *v, *g; /* (n) */
+    uint16_t *pb;         /* (n) bf16 copy, or NULL for the 28-byte variant */
+    size_t n, chunk;
+    int prefetch; /* ceiling: software prefetch like moetune's kernel */
+    kern_cpu_isa_t isa;
+    kern_adamw_params_t hp; /* for the plain loop */
+} bench_arrays_t;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *big_alloc(size_t bytes, int hugepages) {
+    const size_t align = (size_t)2 << 20;
+    bytes = (bytes + align - 1) / align * align;
+    void *q = aligned_alloc(align, bytes);
+    if (q && hugepages) (void)madvise(q, bytes, MADV_HUGEPAGE); /* advice only */
+    return q;
+}
+
+static size_t ntasks_of(const bench_arrays_t *a) { return (a->n + a->chunk - 1) / a->chunk; }
+static void task_range(const bench_arrays_t *a, size_t task, size_t *b, size_t *e) {
+    *b = task * a->chunk;
+    *e = *b + a->chunk < a->n ? *b + a->chunk : a->n;
+}
+
+/* ---- first touch ---- */
+
+static void fill_task(void *ctx, size_t task) {
+    const bench_arrays_t *a = ctx;
+    size_t b, e;
+    task_range(a, task, &b, &e);
+    for (size_t i = b; i < e; i++) {
+        const uint32_t h = (uint32_t)(i * 2654435761u);
+        a->p[i] = (float)(int32_t)h * 0x1p-37f; /* |p| < 0.016 */
+        a->m[i] = 0.0f;
+        a->v[i] = 0.0f;
+        a->g[i] = 1e-4f + (float)(h >> 20) * 1e-7f; /* positive: keeps the ceiling's v >= 0 */
+        if (a->pb) a->pb[i] = 0;
+    }
+}
+
+/* ---- the ceiling: same traffic, trivial arithmetic ---- */
+
+#define MT_AVX2 __attribute__((target("avx2,fma")))
+#define MT_AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+static void ceil_scalar(const bench_arrays_t *a, size_t b, size_t e) {
+    for (size_t i = b; i < e; i++) {
+        const float g = a->g[i];
+        const float p = a->p[i] + g;
+        a->p[i] = p;
+        a->m[i] += g;
+        a->v[i] += g;
+        if (a->pb) a->pb[i] = mt_f32_to_bf16(p);
+    }
+}
+
+/* The same prefetch distance as kernels/cpu/adamw.c (512 bytes). */
+#define CEIL_PF_BYTES 512
+static inline __attribute__((always_inline)) void ceil_prefetch(const bench_arrays_t *a, size_t i) {
+    const size_t d = CEIL_PF_BYTES / sizeof(float);
+    _mm_prefetch((const char *)(a->p + i + d), _MM_HINT_T0);
+    _mm_prefetch((const char *)(a->m + i + d), _MM_HINT_T0);
+    _mm_prefetch((const char *)(a->v + i + d), _MM_HINT_T0);
+    _mm_prefetch((const char *)(a->g + i + d), _MM_HINT_T0);
+}
+
+MT_AVX2 __attribute__((always_inline)) static inline __m256 ceil_avx2_8(const bench_arrays_t *a,
+                                                                       size_t i) {
+    const __m256 g = _mm256_loadu_ps(a->g + i);
+    const __m256 p = _mm256_add_ps(_mm256_loadu_ps(a->p + i), g);
+    _mm256_storeu_ps(a->p + i, p);
+    _mm256_storeu_ps(a->m + i, _mm256_add_ps(_mm256_loadu_ps(a->m + i), g));
+    _mm256_storeu_ps(a->v + i, _mm256_add_ps(_mm256_loadu_ps(a->v + i), g));
+    return p;
+}
+
+/* 16 per iteration as two halves, like moetune's AVX2 path */
+MT_AVX2 __attribute__((always_inline)) static inline void ceil_avx2_body(const bench_arrays_t *a,
+                                                                        size_t b, size_t e,
+                                                                        const int pbf16) {
+    size_t i = b;
+    for (; i + 16 <= e; i += 16) {
+        if (a->prefetch) ceil_prefetch(a, i);
+        const __m256 lo = ceil_avx2_8(a, i), hi = ceil_avx2_8(a, i + 8);
+        if (pbf16) {
+            const __m256i pk = _mm256_packus_epi32(_mm256_srli_epi32(_mm256_castps_si256(lo), 16),
+                                                   _mm256_srli_epi32(_mm256_castps_si256(hi), 16));
+            _mm256_storeu_si256((__m256i *)(a->pb + i), _mm256_permute4x64_epi64(pk, 0xD8));
+        }
+    }
+    ceil_scalar(a, i, e);
+}
+MT_AVX2 static void ceil_avx2(const bench_arrays_t *a, size_t b, size_t e) {
+    if (a->pb) ceil_avx2_body(a, b, e, 1);
+    else ceil_avx2_body(a, b, e, 0);
+}
+
+MT_AVX512 __attribute__((always_inline)) static inline void ceil_avx512_body(
+    const bench_arrays_t *a, size_t b, size_t e, const int pbf16) {
+    size_t i = b;
+    for (; i + 16 <= e; i += 16) {
+        if (a->prefetch) ceil_prefetch(a, i);
+        const __m512 g = _mm512_loadu_ps(a->g + i);
+        const __m512 p = _mm512_add_ps(_mm512_loadu_ps(a->p + i), g);
+        _mm512_storeu_ps(a->p + i, p);
+        _mm512_storeu_ps(a->m + i, _mm512_add_ps(_mm512_loadu_ps(a->m + i), g));
+        _mm512_storeu_ps(a->v + i, _mm512_add_ps(_mm512_loadu_ps(a->v + i), g));
+        if (pbf16)
+            _mm256_storeu_si256((__m256i *)(a->pb + i),
+                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(p), 16)));
+    }
+    ceil_scalar(a, i, e);
+}
+MT_AVX512 static void ceil_avx512(const bench_arrays_t *a, size_t b, size_t e) {
+    if (a->pb) ceil_avx512_body(a, b, e, 1);
+    else ceil_avx512_body(a, b, e, 0);
+}
+
+static void ceil_task(void *ctx, size_t task) {
+    const bench_arrays_t *a = ctx;
+    size_t b, e;
+    task_range(a, task, &b, &e);
+    if (a->isa == KERN_ISA_AVX512) ceil_avx512(a, b, e);
+    else if (a->isa == KERN_ISA_AVX2) ceil_avx2(a, b, e);
+    else ceil_scalar(a, b, e);
+}
+
+/* ---- the plain fused scalar loop: the obvious C translation of the
+ * formula, coefficients in float, no SIMD, no care for op order ---- */
+
+static void plain_range(const bench_arrays_t *a, size_t b, size_t e) {
+    const kern_adamw_params_t *hp = &a->hp;
+    const float bc1 = 1.0f - powf(hp->beta1, (float)hp->step);
+    const float bc2_sqrt = sqrtf(1.0f - powf(hp->beta2, (float)hp->step));
+    const float step_size = hp->lr / bc1;
+    const float decay = 1.0f - hp->lr * hp->weight_decay;
+    for (size_t i = b; i < e; i++) {
+        const float g = a->g[i] * hp->grad_scale;
+        float p = a->p[i] * decay;
+        const float m = hp->beta1 * a->m[i] + (1.0f - hp->beta1) * g;
+        const float v = hp->beta2 * a->v[i] + (1.0f - hp->beta2) * g * g;
+        p -= step_size * m / (sqrtf(v) / bc2_sqrt + hp->eps);
+        a->p[i] = p;
+        a->m[i] = m;
+        a->v[i] = v;
+        if (a->pb) a->pb[i] = mt_f32_to_bf16(p);
+    }
+}
+
+static void plain_task(void *ctx, size_t task) {
+    const bench_arrays_t *a = ctx;
+    size_t b, e;
+    task_range(a, task, &b, &e);
+    plain_range(a, b, e);
+}
+
+/* ---- measurements ---- */
+
+typedef enum {
+    M_CEIL28 = 0,
+    M_CEIL28_PF,
+    M_OURS28,
+    M_CEIL30,
+    M_CEIL30_PF,
+    M_OURS30,
+    M_PLAIN1,
+    M_PLAINT,
+    M_COUNT,
+} meas_t;
+
+static const char *const k_meas_name[M_COUNT] = {
+    "ceiling: in-place stream, 28 B/param",
+    "  same, with software prefetch",
+    "moetune AdamW, fp32 (28 B/param)",
+    "ceiling + bf16 store, 30 B/param",
+    "  same, with software prefetch",
+    "moetune AdamW + bf16 copy (30 B/param)",
+    "plain scalar loop, 1 thread",
+    "plain scalar loop, all threads",
+};
+static const double k_meas_bytes[M_COUNT] = {28, 28, 28, 30, 30, 30, 28, 28};
+
+static double run_once(meas_t which, bench_arrays_t *a, uint16_t *pb, kern_threadpool_t *pool) {
+    a->pb = (which == M_CEIL30 || which == M_CEIL30_PF || which == M_OURS30) ? pb : NULL;
+    a->prefetch = which == M_CEIL28_PF || which == M_CEIL30_PF;
+    a->hp.step++;
+    const double t0 = now_s();
+    switch (which) {
+    case M_CEIL28:
+    case M_CEIL28_PF:
+    case M_CEIL30:
+    case M_CEIL30_PF: kern_threadpool_parallel_for(pool, ntasks_of(a), ceil_task, a); break;
+    case M_OURS28:
+    case M_OURS30:
+        kern_adamw_cpu_isa(pool, a->isa, a->p, a->m, a->v, a->g, NULL, a->pb, a->n, &a->hp);
+        break;
+    case M_PLAIN1: plain_range(a, 0, a->n); break;
+    case M_PLAINT: kern_threadpool_parallel_for(pool, ntasks_of(a), plain_task, a); break;
+    default: break;
+    }
+    return now_s() - t0;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    const double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static int usage(const char *msg) {
+    if (msg) fprintf(stderr, "moetune bench adam: %s\n", msg);
+    fprintf(stderr,
+            "usage: moetune bench adam [--params N] [--threads T] [--repeats R]\n"
+            "                          [--isa auto|scalar|avx2|avx512] [--no-hugepages] [--json]\n"
+            "  --params N      parameters (default 200000000; needs ~18 bytes each)\n"
+            "  --threads T     threads (default: one per online core)\n"
+            "  --repeats R     timed runs per kernel, the median is reported (default 5)\n"
+            "  --isa           SIMD path for moetune's AdamW and the ceiling (default auto)\n"
+            "  --no-hugepages  do not advise transparent huge pages on the buffers\n"
+            "  --json          print one JSON object instead of the table\n");
+    return 2;
+}
+
+static int parse_size(const char *s, size_t lo, size_t hi, size_t *out) {
+    if (!s || !*s) return 0;
+    errno = 0;
+    char *end = NULL;
+    const double d = strtod(s, &end); /* accepts 2e8 as well as 200000000 */
+    if (errno || *end || d != floor(d) || d < (double)lo || d > (double)hi) return 0;
+    *out = (size_t)d;
+    return 1;
+}
+
+static int parse_opts(int argc, char **argv, bench_opts_t *o) {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    *o = (bench_opts_t){.params = 200000000, .threads = ncpu > 0 ? (int)ncpu : 1, .repeats = 5,
+                        .hugepages = 1, .isa = KERN_ISA_AUTO};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        size_t x;
+        if (!strcmp(a, "--json")) o->json = 1;
+        else if (!strcmp(a, "--no-hugepages")) o->hugepages = 0;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(NULL);
+        else if (!strcmp(a, "--params")) {
+            if (!parse_size(val, 1, (size_t)1 << 40, &x)) return usage("--params wants a count >= 1");
+            o->params = x, i++;
+        } else if (!strcmp(a, "--threads")) {
+            if (!parse_size(val, 1, 1024, &x)) return usage("--threads wants 1..1024");
+            o->threads = (int)x, i++;
+        } else if (!strcmp(a, "--repeats")) {
+            if (!parse_size(val, 1, MAX_REPEATS, &x)) return usage("--repeats wants 1..101");
+            o->repeats = (int)x, i++;
+        } else if (!strcmp(a, "--isa")) {
+            if (!val) return usage("--isa wants auto, scalar, avx2 or avx512");
+            if (!strcmp(val, "auto")) o->isa = KERN_ISA_AUTO;
+            else if (!strcmp(val, "scalar")) o->isa = KERN_ISA_SCALAR;
+            else if (!strcmp(val, "avx2")) o->isa = KERN_ISA_AVX2;
+            else if (!strcmp(val, "avx512")) o->isa = KERN_ISA_AVX512;
+            else return usage("--isa wants auto, scalar, avx2 or avx512");
+            i++;
+        } else {
+            char msg[128];
+            snprintf(msg, sizeof msg, "unknown option '%s'", a);
+            return usage(msg);
+        }
+    }
+    if (o->isa == KERN_ISA_AUTO) o->isa = kern_cpu_isa_best();
+    if (!kern_cpu_isa_supported(o->isa)) {
+        fprintf(stderr, "moetune bench adam: this CPU cannot run the %s path (best: %s)\n",
+                kern_cpu_isa_name(o->isa), kern_cpu_isa_name(kern_cpu_isa_best()));
+        return 2;
+    }
+    return 0;
+}
+
+static void print_report(const bench_opts_t *o, const double med[M_COUNT]) {
+    const double n = (double)o->params;
+    double pps[M_COUNT], bps[M_COUNT];
+    for (int k = 0; k < M_COUNT; k++) {
+        pps[k] = n / med[k];
+        bps[k] = pps[k] * k_meas_bytes[k];
+    }
+    /* the ceiling is the faster of the two ways to stream */
+    const double ceil28 = fmax(bps[M_CEIL28], bps[M_CEIL28_PF]);
+    const double ceil30 = fmax(bps[M_CEIL30], bps[M_CEIL30_PF]);
+    const double r_ceil = bps[M_OURS28] / ceil28;
+    const double r_ceil30 = bps[M_OURS30] / ceil30;
+    const double r_plain1 = pps[M_OURS28] / pps[M_PLAIN1];
+    const double r_plaint = pps[M_OURS28] / pps[M_PLAINT];
+    if (o->json) {
+        printf("{\"params\": %zu, \"threads\": %d, \"isa\": \"%s\", \"repeats\": %d, "
+               "\"hugepages\": %s, "
+               "\"params_per_s\": %.6g, \"bytes_per_s\": %.6g, \"seconds\": %.6g, "
+               "\"ceiling_bytes_per_s\": %.6g, \"ratio_vs_ceiling\": %.4f, "
+               "\"bf16_copy_params_per_s\": %.6g, \"bf16_copy_bytes_per_s\": %.6g, "
+               "\"bf16_copy_ceiling_bytes_per_s\": %.6g, \"bf16_copy_ratio_vs_ceiling\": %.4f, "
+               "\"scalar_1t_params_per_s\": %.6g, \"scalar_threads_params_per_s\": %.6g, "
+               "\"ratio_vs_scalar_1t\": %.4f, \"ratio_vs_scalar_threads\": %.4f}\n",
+               o->params, o->threads, kern_cpu_isa_name(o->isa), o->repeats,
+               o->hugepages ? "true" : "false", pps[M_OURS28], bps[M_OURS28], med[M_OURS28],
+               ceil28, r_ceil, pps[M_OURS30], bps[M_OURS30], ceil30, r_ceil30,
+               pps[M_PLAIN1], pps[M_PLAINT], r_plain1, r_plaint);
+        return;
+    }
+    printf("moetune bench adam: %zu params, %d thread(s), %s path, median of %d, huge pages %s\n",
+           o->params, o->threads, kern_cpu_isa_name(o->isa), o->repeats,
+           o->hugepages ? "advised" : "off");
+    printf("  %-40s %9s %12s %9s\n", "", "time (s)", "G params/s", "GB/s");
+    for (int k = 0; k < M_COUNT; k++)
+        printf("  %-40s %9.4f %12.3f %9.2f\n", k_meas_name[k], med[k], pps[k] * 1e-9,
+               bps[k] * 1e-9);
+    printf("  moetune / ceiling:                 %6.1f%%   (with bf16 copy: %.1f%%)\n",
+           100 * r_ceil, 100 * r_ceil30);
+    printf("  moetune / plain scalar loop:       %6.2fx on 1 thread, %.2fx on %d threads\n",
+           r_plain1, r_plaint, o->threads);
+}
+
+int mt_bench_adam_main(int argc, char **argv) {
+    bench_opts_t o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc) return rc;
+
+    bench_arrays_t a = {.n = o.params, .isa = o.isa};
+    a.hp = (kern_adamw_params_t){.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                 .weight_decay = 0.01f, .grad_scale = 1.0f, .step = 0};
+    a.chunk = kern_adamw_chunk_elems(a.n, o.threads);
+    const size_t n = a.n;
+    a.p = big_alloc(n * 4, o.hugepages);
+    a.m = big_alloc(n * 4, o.hugepages);
+    a.v = big_alloc(n * 4, o.hugepages);
+    a.g = big_alloc(n * 4, o.hugepages);
+    uint16_t *pb = big_alloc(n * 2, o.hugepages);
+    if (!a.p || !a.m || !a.v || !a.g || !pb) {
+        fprintf(stderr, "moetune bench adam: cannot allocate %.2f GB for %zu params; try a smaller "
+                        "--params\n", (double)n * 18 * 1e-9, n);
+        free(a.p), free(a.m), free(a.v), free(a.g), free(pb);
+        return 1;
+    }
+    kern_threadpool_t *pool = kern_threadpool_create(o.threads);
+
+    /* first touch, in the same task split the kernels use */
+    a.pb = pb;
+    kern_threadpool_parallel_for(pool, ntasks_of(&a), fill_task, &a);
+    for (int k = 0; k < M_COUNT; k++) (void)run_once((meas_t)k, &a, pb, pool); /* warm-up */
+
+    double times[M_COUNT][MAX_REPEATS];
+    for (int r = 0; r < o.repeats; r++)
+        for (int k = 0; k < M_COUNT; k++) times[k][r] = run_once((meas_t)k, &a, pb, pool);
+    double med[M_COUNT];
+    for (int k = 0; k < M_COUNT; k++) {
+        qsort(times[k], (size_t)o.repeats, sizeof(double), cmp_double);
+        med[k] = o.repeats % 2 ? times[k][o.repeats / 2]
+                               : 0.5 * (times[k][o.repeats / 2 - 1] + times[k][o.repeats / 2]);
+    }
+    print_report(&o, med);
+
+    kern_threadpool_destroy(pool);
+    free(a.p), free(a.m), free(a.v), free(a.g), free(pb);
+    return 0;
+}
