@@ -18,6 +18,7 @@
 #include "engine/inspect.h"
 #include "engine/train.h"
 #include "tools/bench/adam_bench.h"
+#include "tools/bench/gemm_bench.h"
 #include "tools/bench/step_bench.h"
 
 static void usage(FILE *f) {
@@ -31,6 +32,8 @@ static void usage(FILE *f) {
             "  inspect CHECKPOINT_DIR               architecture, parameter counts, tensor sizes\n"
             "  bench adam [--params N] [--threads T] [--json]\n"
             "                                       host AdamW vs this machine's memory ceiling\n"
+            "  bench gemm [--backend cpu|cuda] [--json]\n"
+            "                                       matrix products vs the machine's peak\n"
             "  bench step [--layers N] [--link-gbps G] [--json] ...\n"
             "                                       training steps under keep_all / offload_all /\n"
             "                                       min_memory with throttled links\n");
@@ -136,7 +139,8 @@ static int cmd_inspect(int argc, char **argv) {
 static int cmd_bench(int argc, char **argv) {
     if (argc >= 1 && strcmp(argv[0], "adam") == 0) return mt_bench_adam_main(argc, argv);
     if (argc >= 1 && strcmp(argv[0], "step") == 0) return mt_bench_step_main(argc, argv);
-    fprintf(stderr, "usage: moetune bench adam|step [options]\n");
+    if (argc >= 1 && strcmp(argv[0], "gemm") == 0) return mt_bench_gemm_main(argc, argv);
+    fprintf(stderr, "usage: moetune bench adam|gemm|step [options]\n");
     return 2;
 }
 

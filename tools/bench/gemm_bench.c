@@ -1,0 +1,173 @@
+/* `moetune bench gemm`: matrix-product throughput of the backend's kernel
+ * table against the machine's peak, measured in one run.
+ *
+ * CPU backend: OpenBLAS sgemm through kern_matmul_cpu, reported in GFLOP/s
+ * against the theoretical fp32 peak of this CPU (cores x clock x FLOPs per
+ * cycle, from /proc/cpuinfo and the widest FMA the CPU has; the assumptions
+ * are printed; a VM may report a clock it does not sustain, and some CPUs
+ * have one AVX-512 FMA unit, so read the percentage with that in mind).
+ * CUDA backend (when a GPU is present, or --backend cuda): the same table
+ * through cuBLASLt fp32, in TFLOP/s.  The shapes are the step's: square
+ * products, a linear layer's forward and weight gradient, and the grouped
+ * expert products of a MoE layer. */
+#include "tools/bench/gemm_bench.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/report.h"
+#include "kernels/device.h"
+#include "kernels/ops.h"
+
+typedef struct {
+    const char *name;
+    int M, N, K;
+    bool ta, tb;
+    int groups; /* > 1: a grouped product of `groups` experts, each M x N x K */
+} shape_t;
+
+static const shape_t k_shapes[] = {
+    {"square 512", 512, 512, 512, false, false, 1},
+    {"square 1024", 1024, 1024, 1024, false, false, 1},
+    {"square 2048", 2048, 2048, 2048, false, false, 1},
+    {"linear fwd 2048x1024 <- 1024 (x W^T)", 2048, 1024, 1024, false, true, 1},
+    {"weight grad 1024x1024 <- 2048 (dY^T X)", 1024, 1024, 2048, true, false, 1},
+    {"8 experts: 256 tok x 1024 -> 2816", 256, 2816, 1024, false, true, 8},
+};
+
+/* Theoretical fp32 peak: cores x MHz x FLOPs/cycle (2 FMA units of the
+ * widest vector width: AVX-512 32 lanes*2, AVX2 16*2). */
+static double cpu_peak_gflops(char *why, size_t n) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double mhz = 0;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "cpu MHz", 7) == 0) {
+            const char *c = strchr(line, ':');
+            if (c) mhz = atof(c + 1);
+            break;
+        }
+    if (f) fclose(f);
+    __builtin_cpu_init();
+    const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
+    const int flops_per_cycle = avx512 ? 64 : avx2 ? 32 : 8;
+    snprintf(why, n, "%ld cores x %.0f MHz x %d FLOP/cycle (%s, 2 FMA units assumed)", cores, mhz,
+             flops_per_cycle, avx512 ? "AVX-512" : avx2 ? "AVX2+FMA" : "SSE");
+    return (double)cores * mhz * 1e-3 * flops_per_cycle;
+}
+
+static void fill(float *x, size_t n, uint32_t seed) {
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = (float)((seed >> 9) & 0xffff) / 65536.0f - 0.5f;
+    }
+}
+
+/* Median seconds of one product (or grouped product). */
+static double time_shape(kern_device_t *dev, const shape_t *sh, int reps, mt_error_t *err) {
+    const size_t a_n = (size_t)sh->M * sh->K * sh->groups, b_n = (size_t)sh->K * sh->N * sh->groups,
+                 c_n = (size_t)sh->M * sh->N * sh->groups;
+    float *ha = malloc(a_n * sizeof *ha), *hb = malloc(b_n * sizeof *hb);
+    MT_CHECK(ha && hb, "out of memory");
+    fill(ha, a_n, 1);
+    fill(hb, b_n, 2);
+    float *a = kern_alloc(dev, a_n * sizeof(float), "bench A", err);
+    float *b = a ? kern_alloc(dev, b_n * sizeof(float), "bench B", err) : NULL;
+    float *c = b ? kern_alloc(dev, c_n * sizeof(float), "bench C", err) : NULL;
+    double result = -1;
+    if (c) {
+        kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+        kern_memcpy_h2d(dev, s, a, ha, a_n * sizeof(float));
+        kern_memcpy_h2d(dev, s, b, hb, b_n * sizeof(float));
+        kern_gemm_desc_t *d = calloc((size_t)sh->groups, sizeof *d);
+        MT_CHECK_ALLOC(d, "descriptors");
+        for (int g = 0; g < sh->groups; g++)
+            d[g] = (kern_gemm_desc_t){c + (size_t)g * sh->M * sh->N, a + (size_t)g * sh->M * sh->K,
+                                      b + (size_t)g * sh->K * sh->N, sh->M, sh->N, sh->K};
+        double *t = malloc((size_t)(reps + 1) * sizeof *t);
+        MT_CHECK_ALLOC(t, "timings");
+        for (int r = 0; r <= reps; r++) { /* r = 0 warms up */
+            kern_stream_sync(dev, s);
+            const double t0 = eng_now_s();
+            if (sh->groups > 1) dev->ops->matmul_grouped(s, d, sh->groups, sh->ta, sh->tb, 1.0f, 0.0f);
+            else dev->ops->matmul(s, c, a, b, sh->M, sh->N, sh->K, sh->ta, sh->tb, 1.0f, 0.0f);
+            kern_stream_sync(dev, s);
+            t[r] = eng_now_s() - t0;
+        }
+        /* median of the timed repetitions */
+        for (int i = 1; i <= reps; i++)
+            for (int j = i + 1; j <= reps; j++)
+                if (t[j] < t[i]) {
+                    const double tmp = t[i];
+                    t[i] = t[j];
+                    t[j] = tmp;
+                }
+        result = t[1 + reps / 2];
+        free(t);
+        free(d);
+    }
+    if (c) kern_free(dev, c);
+    if (b) kern_free(dev, b);
+    if (a) kern_free(dev, a);
+    free(ha);
+    free(hb);
+    return result;
+}
+
+int mt_bench_gemm_main(int argc, char **argv) {
+    int reps = 5;
+    bool json = false, want_cuda = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0) json = true;
+        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) want_cuda = strcmp(argv[++i], "cuda") == 0;
+        else {
+            fprintf(stderr, "usage: moetune bench gemm [--backend cpu|cuda] [--reps N] [--json]\n");
+            return 2;
+        }
+    }
+    if (reps < 1) reps = 1;
+    mt_error_t err = {0};
+    char why[256];
+    const bool cuda = want_cuda;
+    if (cuda && !kern_cuda_available(why, sizeof why)) {
+        fprintf(stderr, "moetune bench gemm: no usable GPU (%s)\n", why);
+        return 1;
+    }
+    kern_device_t *dev = NULL;
+    if (kern_device_create(cuda ? KERN_BACKEND_CUDA : KERN_BACKEND_CPU, NULL, &dev, &err) != MT_OK) {
+        fprintf(stderr, "moetune bench gemm: %s\n", err.msg);
+        return 1;
+    }
+    char peak_why[256] = "";
+    const double peak = cuda ? 0 : cpu_peak_gflops(peak_why, sizeof peak_why);
+    if (!json) {
+        printf("backend %s; %s\n", dev->vt->name, cuda ? "" : peak_why);
+        printf("%-40s %12s %12s\n", "shape", cuda ? "TFLOP/s" : "GFLOP/s", "% of peak");
+    } else {
+        printf("{\"backend\": \"%s\", \"peak_gflops\": %.1f, \"results\": [", dev->vt->name, peak);
+    }
+    int rc = 0;
+    for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++) {
+        const shape_t *sh = &k_shapes[i];
+        const double s = time_shape(dev, sh, reps, &err);
+        if (s < 0) {
+            fprintf(stderr, "moetune bench gemm: %s\n", err.msg);
+            rc = 1;
+            break;
+        }
+        const double gflops = 2.0 * sh->M * sh->N * sh->K * sh->groups / s / 1e9;
+        if (json)
+            printf("%s{\"shape\": \"%s\", \"gflops\": %.2f, \"fraction_of_peak\": %.4f}", i ? ", " : "", sh->name,
+                   gflops, peak > 0 ? gflops / peak : 0);
+        else
+            printf("%-40s %12.2f %11.1f%%\n", sh->name, cuda ? gflops / 1e3 : gflops, peak > 0 ? 100 * gflops / peak : 0);
+    }
+    if (json) printf("]}\n");
+    kern_device_destroy(dev);
+    return rc;
+}
