@@ -1,9 +1,8 @@
 /* Matrix products on the GPU through cuBLASLt (gemm.h semantics).
  *
- * Row-major without copies: a row-major (r, c) matrix is a column-major
- * (c, r) one, so C (M, N) = op(A) op(B) is computed as the column-major
- * C^T (N, M) = op(B)^T op(A)^T, i.e. cuBLASLt's "A" is our B and its "B" is
- * our A, each with the transpose flag the caller gave.
+ * Row-major without copies: gemm_plan.h maps C (M, N) = op(A) op(B) onto
+ * cuBLASLt's column-major C^T = op(B)^T op(A)^T (tested on the CPU by
+ * tests/gpu/gemm_plan_test).
  *
  * Precision: CUBLAS_COMPUTE_32F with fp32 scale.  cuBLASLt has no math mode
  * and uses TF32 only when asked for CUBLAS_COMPUTE_32F_FAST_TF32, so fp32
@@ -28,6 +27,7 @@
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm_plan.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 
@@ -97,21 +97,17 @@ static void lt_matmul(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A,
     cudaStream_t cs = kern_cuda_stream_begin(s);
     const cudaDataType_t abt = lt_type(ab_dt), ct = lt_type(c_dt);
 
+    const kern_cuda_gemm_plan_t pl = kern_cuda_gemm_plan(M, N, K, ta, tb);
     cublasLtMatmulDescOpaque_t desc_mem;
     cublasLtMatmulDesc_t desc = &desc_mem;
     MT_CUBLAS_CHECK(cublasLtMatmulDescInit(desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    set_attr(desc, CUBLASLT_MATMUL_DESC_TRANSA, tb ? CUBLAS_OP_T : CUBLAS_OP_N);
-    set_attr(desc, CUBLASLT_MATMUL_DESC_TRANSB, ta ? CUBLAS_OP_T : CUBLAS_OP_N);
-
-    /* Lt A = our B: stored (K, N) row-major = (N x K, ld N) column-major, or
-     * (N, K) = (K x N, ld K) when tb.  Lt B = our A likewise. */
+    set_attr(desc, CUBLASLT_MATMUL_DESC_TRANSA, pl.trans_la ? CUBLAS_OP_T : CUBLAS_OP_N);
+    set_attr(desc, CUBLASLT_MATMUL_DESC_TRANSB, pl.trans_lb ? CUBLAS_OP_T : CUBLAS_OP_N);
     cublasLtMatrixLayoutOpaque_t la_mem, lb_mem, lc_mem;
     cublasLtMatrixLayout_t la = &la_mem, lb = &lb_mem, lc = &lc_mem;
-    MT_CUBLAS_CHECK(tb ? cublasLtMatrixLayoutInit(la, abt, (uint64_t)K, (uint64_t)N, K)
-                       : cublasLtMatrixLayoutInit(la, abt, (uint64_t)N, (uint64_t)K, N));
-    MT_CUBLAS_CHECK(ta ? cublasLtMatrixLayoutInit(lb, abt, (uint64_t)M, (uint64_t)K, M)
-                       : cublasLtMatrixLayoutInit(lb, abt, (uint64_t)K, (uint64_t)M, K));
-    MT_CUBLAS_CHECK(cublasLtMatrixLayoutInit(lc, ct, (uint64_t)N, (uint64_t)M, N));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutInit(la, abt, pl.la_rows, pl.la_cols, pl.lda));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutInit(lb, abt, pl.lb_rows, pl.lb_cols, pl.ldb));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutInit(lc, ct, pl.lc_rows, pl.lc_cols, pl.ldc));
 
     gemm_key_t key = {
         .M = M, .N = N, .K = K,
@@ -201,8 +197,8 @@ void kern_matmul_grouped_cuda(kern_stream_t *s, const kern_gemm_desc_t *descs, i
         MT_CHECK(d->M >= 0 && d->N >= 0 && d->K >= 0,
                  "matmul_grouped: group %d has a negative size M=%d N=%d K=%d", g, d->M, d->N, d->K);
         if (d->M == 0 || d->N == 0) continue;
-        if (d->K == 0) {
-            if (beta == 0.0f) scale_only(s, d->C, MT_F32, d->M, d->N, 0.0f);
+        if (d->K == 0) { /* an empty sum: beta * C, as the CPU twin does */
+            scale_only(s, d->C, MT_F32, d->M, d->N, beta);
             continue;
         }
         lt_matmul(s, d->C, MT_F32, d->A, d->B, MT_F32, d->M, d->N, d->K, trans_a, trans_b, alpha,
