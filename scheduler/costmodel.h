@@ -1,0 +1,80 @@
+/* Cost model: registry + hardware profile -> per-block times and bytes
+ * (a workload the simulator runs under a plan).
+ *
+ *   op time        = max(FLOPs / achievable FLOP/s, bytes / device bandwidth)
+ *                    (matmul-class ops at the run's matmul rate: bf16 with
+ *                    bf16 working copies, fp32 otherwise; other ops at fp32)
+ *   transfer time  = bytes / link bandwidth of its direction
+ *                    + copies x per-copy latency (one copy per tensor moved)
+ *   host AdamW     = bytes touched / host memory bandwidth
+ *   device AdamW   = bytes touched / device memory bandwidth
+ *
+ * The workload is plain numbers so that tests can write one by hand. */
+#ifndef MT_SCHEDULER_COSTMODEL_H
+#define MT_SCHEDULER_COSTMODEL_H
+
+#include <stdbool.h>
+
+#include "kernels/status.h"
+#include "scheduler/hw.h"
+#include "scheduler/registry.h"
+
+typedef struct {
+    /* compute stream, seconds per micro-batch */
+    double fwd_s;            /* forward */
+    double bwd_s;            /* backward, without recomputation */
+    double recompute_s;      /* the forward again before the backward (acts RECOMPUTE) */
+    /* weights */
+    double w_resident_bytes; /* device footprint when RESIDENT (all experts) */
+    double w_fetch_bytes;    /* one H2D fetch when STREAM (experts with tokens only) */
+    double w_fetch_copies;
+    double w_home_bytes;     /* host home copy when STREAM */
+    /* trainable state */
+    double grad_bytes;       /* device footprint of DEVICE grads; size of the host grad buffer */
+    double grad_mb_bytes;    /* gradients one micro-batch produces (experts with tokens) */
+    double grad_mb_copies;
+    double grad_step_bytes;  /* gradients of a step (DEVICE grads sent once to a HOST optimizer) */
+    double grad_step_copies;
+    double optim_bytes;      /* master (bf16 runs) + m + v */
+    double host_weight_bytes;/* fp32 host copy host AdamW needs when weights are RESIDENT and the
+                                working copy is the fp32 master itself (fp32 runs, LoRA adapters) */
+    double w_update_bytes;   /* H2D of updated working copies after host AdamW (RESIDENT weights) */
+    double w_update_copies;
+    double adam_device_s, adam_host_s;
+    double grad_copy_host_s; /* first micro-batch: staging -> host gradient buffer */
+    double grad_add_host_s;  /* later micro-batches: accumulate into it */
+    double norm_device_s, norm_host_s; /* reading gradients for the global norm (clipping) */
+    /* activations (device bytes) */
+    double act_saved_bytes;  /* KEEP / OFFLOAD */
+    double act_input_bytes;  /* RECOMPUTE keeps only this */
+    double act_copies;
+    double fwd_temp_bytes, bwd_temp_bytes;
+} sched_block_cost_t;
+
+typedef struct {
+    int num_blocks;
+    int grad_accum;
+    bool clip;               /* max_grad_norm > 0: host AdamW waits for the global norm */
+    bool tied_head;          /* the last block reads block 0's weights */
+    bool has_trainable;      /* false: nothing to optimize (no optimizer tasks) */
+    double h2d_bw, d2h_bw;   /* bytes/s, achievable */
+    double latency_s;        /* per copy */
+    sched_block_cost_t *blocks; /* (num_blocks), owned */
+    /* for reports */
+    double model_flops;      /* one step's useful FLOPs */
+    double peak_flops;       /* datasheet peak of the matmul dtype (MFU denominator) */
+    double tokens_per_step;
+} sched_workload_t;
+
+/* The rate matmul-class ops run at for this run. */
+sched_rate_t sched_matmul_rate(const sched_registry_t *reg);
+double sched_op_time(const sched_op_t *op, const sched_hw_t *hw, sched_rate_t matmul_rate);
+double sched_transfer_time(const sched_workload_t *w, bool h2d, double bytes, double copies);
+
+mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *hw, sched_workload_t *out,
+                                 mt_error_t *err);
+/* An empty workload of n blocks (tests fill it by hand). */
+void sched_workload_init(sched_workload_t *w, int num_blocks);
+void sched_workload_free(sched_workload_t *w);
+
+#endif

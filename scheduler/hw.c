@@ -1,0 +1,410 @@
+/* Hardware profiles: YAML loader, --hw resolution, calibration -> profile
+ * (see hw.h).
+ *
+ * Design notes: one key table per mapping level (as engine/config.c does
+ * for run configs), each row naming the field it fills.  Numeric fields
+ * start as NaN and a key left unset is found by walking the tables after
+ * the parse, so "missing key" and "unknown key" both come from the tables.
+ * Sizes and bandwidths carry their unit in the file ("80GiB", "25GB/s"):
+ * a bare number would leave GB vs GiB, and bytes vs bits, to guesswork. */
+#include "scheduler/hw.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <yaml.h>
+
+typedef enum {
+    H_STR,     /* char[] */
+    H_SIZE,    /* double, bytes: "80GiB" */
+    H_BW,      /* double, bytes/s: "25GB/s" */
+    H_TFLOPS,  /* double FLOP/s, written in TFLOP/s */
+    H_FRAC,    /* double in (0, 1] */
+    H_US,      /* double seconds, written in microseconds (>= 0) */
+    H_INT,     /* int > 0 */
+    H_SECTION,
+} hkind_t;
+
+typedef struct hrow {
+    const char *name;
+    hkind_t kind;
+    size_t offset, size;
+    bool required;
+    const struct hrow *section;
+} hrow_t;
+
+#define F(f) offsetof(sched_hw_t, f), sizeof(((sched_hw_t *)0)->f)
+#define REQ(name, kind, f) {name, kind, F(f), true, NULL}
+#define OPT(name, kind, f) {name, kind, F(f), false, NULL}
+#define SEC(name, rows) {name, H_SECTION, 0, 0, true, rows}
+
+static const hrow_t k_peak_rows[] = {
+    REQ("fp32", H_TFLOPS, peak_flops[SCHED_RATE_FP32]),
+    REQ("tf32", H_TFLOPS, peak_flops[SCHED_RATE_TF32]),
+    REQ("bf16", H_TFLOPS, peak_flops[SCHED_RATE_BF16]),
+    {0},
+};
+static const hrow_t k_frac_rows[] = {
+    REQ("fp32", H_FRAC, flops_frac[SCHED_RATE_FP32]),
+    REQ("tf32", H_FRAC, flops_frac[SCHED_RATE_TF32]),
+    REQ("bf16", H_FRAC, flops_frac[SCHED_RATE_BF16]),
+    {0},
+};
+static const hrow_t k_device_rows[] = {
+    OPT("name", H_STR, device_name),
+    REQ("memory", H_SIZE, device_memory),
+    REQ("memory_bandwidth", H_BW, device_bw_peak),
+    REQ("memory_bandwidth_achievable", H_FRAC, device_bw_frac),
+    SEC("peak_tflops", k_peak_rows),
+    SEC("achievable", k_frac_rows),
+    {0},
+};
+static const hrow_t k_link_rows[] = {
+    OPT("name", H_STR, link_name),
+    REQ("peak_bandwidth", H_BW, link_bw_peak),
+    REQ("h2d_achievable", H_FRAC, h2d_frac),
+    REQ("d2h_achievable", H_FRAC, d2h_frac),
+    REQ("copy_latency_us", H_US, copy_latency_s),
+    {0},
+};
+static const hrow_t k_host_rows[] = {
+    OPT("name", H_STR, host_name),
+    REQ("memory", H_SIZE, host_memory),
+    REQ("pinned", H_SIZE, pinned_memory),
+    REQ("memory_bandwidth", H_BW, host_bw_peak),
+    REQ("memory_bandwidth_achievable", H_FRAC, host_bw_frac),
+    REQ("cores", H_INT, host_cores),
+    {0},
+};
+static const hrow_t k_top_rows[] = {
+    REQ("name", H_STR, name),
+    SEC("device", k_device_rows),
+    SEC("link", k_link_rows),
+    SEC("host", k_host_rows),
+    {0},
+};
+
+static const char *const k_rate_names[SCHED_RATE_COUNT] = {"fp32", "tf32", "bf16"};
+
+const char *sched_rate_name(sched_rate_t r) { return (unsigned)r < SCHED_RATE_COUNT ? k_rate_names[r] : "?"; }
+double sched_hw_flops(const sched_hw_t *hw, sched_rate_t r) { return hw->peak_flops[r] * hw->flops_frac[r]; }
+double sched_hw_device_bw(const sched_hw_t *hw) { return hw->device_bw_peak * hw->device_bw_frac; }
+double sched_hw_h2d_bw(const sched_hw_t *hw) { return hw->link_bw_peak * hw->h2d_frac; }
+double sched_hw_d2h_bw(const sched_hw_t *hw) { return hw->link_bw_peak * hw->d2h_frac; }
+double sched_hw_host_bw(const sched_hw_t *hw) { return hw->host_bw_peak * hw->host_bw_frac; }
+
+/* ---- values ----------------------------------------------------------------- */
+
+/* "80GiB", "1.5 TB", "25GB/s" (per_second: the "/s" is required). */
+static bool parse_quantity(const char *s, bool per_second, double *out) {
+    static const struct {
+        const char *unit;
+        double mult;
+    } units[] = {
+        {"B", 1.0},           {"KB", 1e3},           {"MB", 1e6},  {"GB", 1e9}, {"TB", 1e12},
+        {"KIB", 1024.0},      {"MIB", 1048576.0},    {"GIB", 1073741824.0}, {"TIB", 1099511627776.0},
+    };
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno == ERANGE || !isfinite(v) || v < 0) return false;
+    while (*end == ' ') end++;
+    char unit[16];
+    size_t n = 0;
+    while (*end && *end != '/' && n + 1 < sizeof unit) unit[n++] = *end++;
+    unit[n] = '\0';
+    /* "Gb" reads as gigabits to some: only the byte spelling B is accepted */
+    if (n >= 1 && unit[n - 1] == 'b') return false;
+    for (size_t i = 0; i < n; i++) unit[i] = (char)toupper((unsigned char)unit[i]);
+    if (per_second) {
+        if (strcmp(end, "/s") != 0) return false;
+    } else if (*end) {
+        return false;
+    }
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcmp(unit, units[i].unit) == 0) {
+            *out = v * units[i].mult;
+            return true;
+        }
+    return false;
+}
+
+typedef struct {
+    const char *file;
+    yaml_document_t *doc;
+    sched_hw_t *hw;
+    mt_error_t *err;
+} hctx_t;
+
+static mt_status_t hfail(const hctx_t *c, const yaml_node_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static mt_status_t hfail(const hctx_t *c, const yaml_node_t *at, const char *fmt, ...) {
+    char what[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (at) return mt_error_set(c->err, MT_ERR_CONFIG, "%.600s:%zu: %s", c->file, (size_t)at->start_mark.line + 1, what);
+    return mt_error_set(c->err, MT_ERR_CONFIG, "%.600s: %s", c->file, what);
+}
+
+static void set_nan(sched_hw_t *hw, const hrow_t *rows) {
+    for (const hrow_t *r = rows; r->name; r++) {
+        if (r->kind == H_SECTION) set_nan(hw, r->section);
+        else if (r->kind == H_INT) *(int *)((char *)hw + r->offset) = -1;
+        else if (r->kind != H_STR) *(double *)((char *)hw + r->offset) = NAN;
+    }
+}
+
+static mt_status_t check_required(const hctx_t *c, const hrow_t *rows, const char *prefix) {
+    for (const hrow_t *r = rows; r->name; r++) {
+        char key[128];
+        snprintf(key, sizeof key, "%s%s", prefix, r->name);
+        const char *p = (const char *)c->hw + r->offset;
+        bool missing = false;
+        if (r->kind == H_SECTION) {
+            char sub[140];
+            snprintf(sub, sizeof sub, "%s.", key);
+            mt_status_t st = check_required(c, r->section, sub);
+            if (st != MT_OK) return st;
+            continue;
+        }
+        if (!r->required) continue;
+        if (r->kind == H_STR) missing = p[0] == '\0';
+        else if (r->kind == H_INT) missing = *(const int *)p < 0;
+        else missing = isnan(*(const double *)p);
+        if (missing) return hfail(c, NULL, "missing key '%s'", key);
+    }
+    return MT_OK;
+}
+
+static mt_status_t walk(hctx_t *c, const hrow_t *rows, const char *prefix, yaml_node_t *map);
+
+static mt_status_t apply(hctx_t *c, const hrow_t *row, const char *key, yaml_node_t *v) {
+    char *dst = (char *)c->hw + row->offset;
+    if (row->kind == H_SECTION) {
+        if (!v || v->type != YAML_MAPPING_NODE) return hfail(c, v, "%s: expected a mapping", key);
+        char prefix[160];
+        snprintf(prefix, sizeof prefix, "%s.", key);
+        return walk(c, row->section, prefix, v);
+    }
+    if (!v || v->type != YAML_SCALAR_NODE) return hfail(c, v, "%s: expected a single value", key);
+    const char *s = (const char *)v->data.scalar.value;
+    char *end;
+    double d;
+    switch (row->kind) {
+    case H_STR:
+        if (strlen(s) >= row->size) return hfail(c, v, "%s: longer than %zu characters", key, row->size - 1);
+        snprintf(dst, row->size, "%s", s);
+        return MT_OK;
+    case H_SIZE:
+        if (!parse_quantity(s, false, &d) || d <= 0)
+            return hfail(c, v, "%s: expected a size such as 80GiB or 512GB, got '%.100s'", key, s);
+        *(double *)dst = d;
+        return MT_OK;
+    case H_BW:
+        if (!parse_quantity(s, true, &d) || d <= 0)
+            return hfail(c, v, "%s: expected a bandwidth such as 25GB/s or 3.35TB/s, got '%.100s'", key, s);
+        *(double *)dst = d;
+        return MT_OK;
+    case H_TFLOPS:
+    case H_FRAC:
+    case H_US:
+        errno = 0;
+        d = strtod(s, &end);
+        if (end == s || *end || errno == ERANGE || !isfinite(d))
+            return hfail(c, v, "%s: expected a number, got '%.100s'", key, s);
+        if (row->kind == H_FRAC && !(d > 0 && d <= 1))
+            return hfail(c, v, "%s: expected a fraction of peak in (0, 1], got %g", key, d);
+        if (row->kind == H_TFLOPS && !(d > 0)) return hfail(c, v, "%s: expected TFLOP/s > 0, got %g", key, d);
+        if (row->kind == H_US && d < 0) return hfail(c, v, "%s: expected microseconds >= 0, got %g", key, d);
+        *(double *)dst = row->kind == H_TFLOPS ? d * 1e12 : row->kind == H_US ? d * 1e-6 : d;
+        return MT_OK;
+    case H_INT: {
+        errno = 0;
+        long x = strtol(s, &end, 10);
+        if (end == s || *end || errno == ERANGE || x <= 0 || x > 1000000)
+            return hfail(c, v, "%s: expected a positive integer, got '%.100s'", key, s);
+        *(int *)dst = (int)x;
+        return MT_OK;
+    }
+    case H_SECTION: break;
+    }
+    return hfail(c, v, "%s: internal error", key);
+}
+
+static mt_status_t walk(hctx_t *c, const hrow_t *rows, const char *prefix, yaml_node_t *map) {
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
+        if (!k || k->type != YAML_SCALAR_NODE) return hfail(c, k, "keys must be strings");
+        const char *name = (const char *)k->data.scalar.value;
+        for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
+            yaml_node_t *qk = yaml_document_get_node(c->doc, q->key);
+            if (qk && qk->type == YAML_SCALAR_NODE && strcmp((const char *)qk->data.scalar.value, name) == 0)
+                return hfail(c, k, "duplicate key '%s%.100s'", prefix, name);
+        }
+        const hrow_t *row = NULL;
+        for (const hrow_t *r = rows; r->name; r++)
+            if (strcmp(r->name, name) == 0) row = r;
+        if (!row) {
+            char list[512] = "";
+            size_t used = 0;
+            for (const hrow_t *r = rows; r->name && used < sizeof list; r++) {
+                int w = snprintf(list + used, sizeof list - used, "%s%s%s", r == rows ? "" : ", ", prefix, r->name);
+                if (w < 0) break;
+                used += (size_t)w;
+            }
+            return hfail(c, k, "unknown key '%s%.100s'; valid keys here: %s", prefix, name, list);
+        }
+        char key[140];
+        snprintf(key, sizeof key, "%s%s", prefix, row->name);
+        mt_status_t st = apply(c, row, key, v);
+        if (st != MT_OK) return st;
+    }
+    return MT_OK;
+}
+
+mt_status_t sched_hw_parse(const char *yaml_text, size_t len, const char *path, sched_hw_t *out, mt_error_t *err) {
+    memset(out, 0, sizeof *out);
+    set_nan(out, k_top_rows);
+    const char *file = path ? path : "<hardware profile>";
+    snprintf(out->source, sizeof out->source, "%s", file);
+    hctx_t c = {.file = file, .hw = out, .err = err};
+    yaml_parser_t parser;
+    MT_CHECK(yaml_parser_initialize(&parser), "yaml_parser_initialize: out of memory");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml_text, len);
+    yaml_document_t doc;
+    if (!yaml_parser_load(&parser, &doc)) {
+        mt_status_t st = mt_error_set(err, MT_ERR_CONFIG, "%.600s:%zu:%zu: invalid YAML: %s", file,
+                                      (size_t)parser.problem_mark.line + 1, (size_t)parser.problem_mark.column + 1,
+                                      parser.problem ? parser.problem : "syntax error");
+        yaml_parser_delete(&parser);
+        return st;
+    }
+    yaml_parser_delete(&parser);
+    c.doc = &doc;
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    mt_status_t st;
+    if (!root || root->type != YAML_MAPPING_NODE) st = hfail(&c, root, "a hardware profile must be a mapping of keys");
+    else st = walk(&c, k_top_rows, "", root);
+    yaml_document_delete(&doc);
+    if (st == MT_OK) st = check_required(&c, k_top_rows, "");
+    return st;
+}
+
+mt_status_t sched_hw_load(const char *path, sched_hw_t *out, mt_error_t *err) {
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f) return mt_error_set(err, MT_ERR_IO, "%s: cannot open hardware profile: %s", path, strerror(errno));
+    size_t cap = 1 << 14, len = 0;
+    char *buf = malloc(cap);
+    MT_CHECK_ALLOC(buf, "hardware profile text");
+    for (;;) {
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (len < cap) break;
+        cap *= 2;
+        buf = realloc(buf, cap);
+        MT_CHECK_ALLOC(buf, "hardware profile text");
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    mt_status_t st = bad ? mt_error_set(err, MT_ERR_IO, "%s: read error", path) : sched_hw_parse(buf, len, path, out, err);
+    free(buf);
+    return st;
+}
+
+/* ---- --hw resolution ---------------------------------------------------------- */
+
+static bool is_file(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static void dir_of(const char *path, char *out, size_t cap) {
+    const char *slash = path ? strrchr(path, '/') : NULL;
+    if (!slash) snprintf(out, cap, ".");
+    else if (slash == path) snprintf(out, cap, "/");
+    else snprintf(out, cap, "%.*s", (int)(slash - path), path);
+}
+
+mt_status_t sched_hw_resolve(const char *spec, const char *run_config, char *path, size_t cap, mt_error_t *err) {
+    if (!spec || !spec[0]) return mt_error_set(err, MT_ERR_CONFIG, "no hardware profile given (--hw NAME|FILE|calibrate)");
+    if (strcmp(spec, "calibrate") == 0) {
+        snprintf(path, cap, "calibrate");
+        return MT_OK;
+    }
+    char tried[1536] = "";
+    size_t used = 0;
+    char cand[1200], dir[1024];
+    dir_of(run_config, dir, sizeof dir);
+    const size_t sl = strlen(spec);
+    const bool file = strchr(spec, '/') || (sl > 5 && strcmp(spec + sl - 5, ".yaml") == 0) ||
+                      (sl > 4 && strcmp(spec + sl - 4, ".yml") == 0);
+#define TRY_PATH(...)                                                                   \
+    do {                                                                                \
+        snprintf(cand, sizeof cand, __VA_ARGS__);                                       \
+        if (is_file(cand)) {                                                            \
+            if (strlen(cand) >= cap) return mt_error_set(err, MT_ERR_CONFIG, "hardware profile path too long"); \
+            snprintf(path, cap, "%s", cand);                                            \
+            return MT_OK;                                                               \
+        }                                                                               \
+        int w_ = snprintf(tried + used, sizeof tried - used, "%s%s", used ? ", " : "", cand); \
+        if (w_ > 0 && (size_t)w_ < sizeof tried - used) used += (size_t)w_;             \
+    } while (0)
+    if (file) {
+        TRY_PATH("%s", spec);
+        if (spec[0] != '/' && run_config) TRY_PATH("%s/%s", dir, spec);
+        return mt_error_set(err, MT_ERR_IO, "hardware profile '%s' not found (tried %s)", spec, tried);
+    }
+    for (size_t i = 0; i < sl; i++)
+        if (!(isalnum((unsigned char)spec[i]) || spec[i] == '-' || spec[i] == '_' || spec[i] == '.'))
+            return mt_error_set(err, MT_ERR_CONFIG, "hardware profile name '%s' has characters other than letters, digits, '-', '_', '.'",
+                                spec);
+    if (run_config) TRY_PATH("%s/../hw/%s.yaml", dir, spec);
+    const char *env = getenv("MOETUNE_HW_DIR");
+    if (env && env[0]) TRY_PATH("%s/%s.yaml", env, spec);
+    env = getenv("BUILD_WORKSPACE_DIRECTORY");
+    if (env && env[0]) TRY_PATH("%s/configs/hw/%s.yaml", env, spec);
+    TRY_PATH("configs/hw/%s.yaml", spec);
+#undef TRY_PATH
+    return mt_error_set(err, MT_ERR_IO,
+                        "hardware profile '%s' not found (tried %s); give a file, set MOETUNE_HW_DIR, or use "
+                        "--hw calibrate",
+                        spec, tried);
+}
+
+/* ---- calibration ------------------------------------------------------------------ */
+
+void sched_hw_from_calibration(const sched_calibration_t *c, sched_hw_t *out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "calibrated-cpu");
+    snprintf(out->source, sizeof out->source, "calibrate");
+    snprintf(out->device_name, sizeof out->device_name, "CPU backend (measured)");
+    snprintf(out->link_name, sizeof out->link_name, "%s", c->link_bw > 0 ? "throttled copy streams" : "memcpy");
+    snprintf(out->host_name, sizeof out->host_name, "%d cores (measured)", c->cores);
+    out->measured = true;
+    /* measured rates are what is achieved: fraction 1 */
+    for (int r = 0; r < SCHED_RATE_COUNT; r++) {
+        out->peak_flops[r] = c->sgemm_flops; /* the CPU backend computes every dtype in fp32 */
+        out->flops_frac[r] = 1.0;
+    }
+    out->device_memory = c->host_memory; /* the CPU backend's "device" arena is host memory */
+    out->device_bw_peak = c->stream_bw;
+    out->device_bw_frac = 1.0;
+    out->link_bw_peak = c->link_bw > 0 ? c->link_bw : c->memcpy_bw;
+    out->h2d_frac = out->d2h_frac = 1.0;
+    out->copy_latency_s = c->link_latency_s;
+    out->host_memory = c->host_memory;
+    out->pinned_memory = c->host_memory;
+    out->host_bw_peak = c->stream_bw;
+    out->host_bw_frac = 1.0;
+    out->host_cores = c->cores > 0 ? c->cores : 1;
+}

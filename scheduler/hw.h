@@ -1,0 +1,101 @@
+/* Hardware profiles: what the cost model knows about a machine.
+ *
+ * A profile is a YAML file (configs/hw/NAME.yaml) with datasheet peaks and
+ * an "achievable" fraction for each rate, each with its source and reason
+ * in a comment there; or it is measured on the machine at hand by the
+ * calibration entry point (`--hw calibrate`): the measurement lives in the
+ * engine (engine/calibrate.c, it needs the CPU backend), the scheduler only
+ * turns the measured numbers into a profile.
+ *
+ * File layout (every key required unless marked optional):
+ *
+ *   name: h100-80gb-pcie
+ *   device:
+ *     name: "NVIDIA H100 80GB PCIe"          # optional
+ *     memory: 80GiB                           # capacity (sizes: B, KB..TB, KiB..TiB)
+ *     memory_bandwidth: 2.0TB/s               # datasheet peak
+ *     memory_bandwidth_achievable: 0.85       # fraction of peak
+ *     peak_tflops: {fp32: 51.2, tf32: 378, bf16: 756}   # dense (no sparsity)
+ *     achievable: {fp32: 0.7, tf32: 0.6, bf16: 0.65}
+ *   link:
+ *     name: "PCIe 5.0 x16"                    # optional
+ *     peak_bandwidth: 63GB/s                  # per direction
+ *     h2d_achievable: 0.8
+ *     d2h_achievable: 0.8
+ *     copy_latency_us: 10                     # fixed cost of one copy
+ *   host:
+ *     name: "2x Xeon 8480+"                   # optional
+ *     memory: 1TiB
+ *     pinned: 256GiB                          # page-locked memory the OS grants
+ *     memory_bandwidth: 614GB/s
+ *     memory_bandwidth_achievable: 0.5
+ *     cores: 112
+ *
+ * Errors name the file, the line and the key (`device.peak_tflops.bf16`). */
+#ifndef MT_SCHEDULER_HW_H
+#define MT_SCHEDULER_HW_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "kernels/status.h"
+
+typedef enum { SCHED_RATE_FP32 = 0, SCHED_RATE_TF32, SCHED_RATE_BF16, SCHED_RATE_COUNT } sched_rate_t;
+
+typedef struct {
+    char name[64];
+    char source[1024];         /* the file read, or "calibrate" */
+    char device_name[128], link_name[128], host_name[128];
+    bool measured;             /* from calibration (the CPU backend: fp32 everywhere) */
+    /* device */
+    double device_memory;      /* bytes */
+    double device_bw_peak;     /* bytes/s */
+    double device_bw_frac;
+    double peak_flops[SCHED_RATE_COUNT]; /* FLOP/s, dense */
+    double flops_frac[SCHED_RATE_COUNT];
+    /* link, per direction */
+    double link_bw_peak;       /* bytes/s */
+    double h2d_frac, d2h_frac;
+    double copy_latency_s;
+    /* host */
+    double host_memory, pinned_memory; /* bytes */
+    double host_bw_peak;       /* bytes/s */
+    double host_bw_frac;
+    int host_cores;
+} sched_hw_t;
+
+/* Achievable rates: peak x fraction. */
+double sched_hw_flops(const sched_hw_t *hw, sched_rate_t r);
+double sched_hw_device_bw(const sched_hw_t *hw);
+double sched_hw_h2d_bw(const sched_hw_t *hw);
+double sched_hw_d2h_bw(const sched_hw_t *hw);
+double sched_hw_host_bw(const sched_hw_t *hw);
+const char *sched_rate_name(sched_rate_t r);
+
+mt_status_t sched_hw_parse(const char *yaml_text, size_t len, const char *path, sched_hw_t *out, mt_error_t *err);
+mt_status_t sched_hw_load(const char *path, sched_hw_t *out, mt_error_t *err);
+
+/* `--hw NAME|FILE` -> a file path, or "calibrate" (returned as is).  FILE
+ * (contains '/' or ends in .yaml): as given, else relative to the run
+ * config's folder.  NAME: NAME.yaml looked up in <run config folder>/../hw,
+ * $MOETUNE_HW_DIR, $BUILD_WORKSPACE_DIRECTORY/configs/hw (bazel run) and
+ * ./configs/hw, in that order.  run_config may be NULL.  Not found: an
+ * error listing every place tried. */
+mt_status_t sched_hw_resolve(const char *spec, const char *run_config, char *path, size_t cap, mt_error_t *err);
+
+/* What the calibration (engine/calibrate.c) measures on the machine at hand. */
+typedef struct {
+    double sgemm_flops;     /* fp32 GEMM FLOP/s through the CPU backend's kernel table */
+    double memcpy_bw;       /* bytes/s copied by a large memcpy */
+    double stream_bw;       /* bytes/s moved by a streaming read-modify-write pass (host bandwidth) */
+    int cores;
+    double host_memory;     /* physical memory, bytes */
+    double link_bw;         /* copy streams' throttle (backend_options.link_gbps), 0 = unthrottled (memcpy) */
+    double link_latency_s;  /* copy streams' per-copy latency */
+} sched_calibration_t;
+
+/* A profile of the CPU backend from measured numbers: every rate is fp32
+ * (the CPU backend computes in fp32), "device" memory is host memory. */
+void sched_hw_from_calibration(const sched_calibration_t *c, sched_hw_t *out);
+
+#endif

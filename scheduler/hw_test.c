@@ -1,0 +1,200 @@
+/* Hardware profiles: every profile in configs/hw loads with sane rates;
+ * malformed files are refused naming the file, the line and the key;
+ * --hw NAME resolution; calibration numbers -> profile. */
+#include "scheduler/hw.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int failures;
+#define EXPECT(c, ...)                                                                  \
+    do {                                                                                \
+        if (!(c)) {                                                                     \
+            fprintf(stderr, "%s:%d: expectation failed: %s: ", __FILE__, __LINE__, #c); \
+            fprintf(stderr, __VA_ARGS__);                                               \
+            fprintf(stderr, "\n");                                                      \
+            failures++;                                                                 \
+        }                                                                               \
+    } while (0)
+
+static const char *k_valid =
+    "name: test\n"
+    "device:\n"
+    "  memory: 80GiB\n"
+    "  memory_bandwidth: 2TB/s\n"
+    "  memory_bandwidth_achievable: 0.5\n"
+    "  peak_tflops: {fp32: 50, tf32: 400, bf16: 800}\n"
+    "  achievable: {fp32: 0.5, tf32: 0.5, bf16: 0.5}\n"
+    "link:\n"
+    "  peak_bandwidth: 64GB/s\n"
+    "  h2d_achievable: 0.75\n"
+    "  d2h_achievable: 0.5\n"
+    "  copy_latency_us: 8\n"
+    "host:\n"
+    "  memory: 1TiB\n"
+    "  pinned: 64GiB\n"
+    "  memory_bandwidth: 300GB/s\n"
+    "  memory_bandwidth_achievable: 0.5\n"
+    "  cores: 32\n";
+
+/* k_valid with line `line` (1-based) replaced by `repl` ("" removes it). */
+static void edit(char *out, size_t cap, int line, const char *repl) {
+    const char *p = k_valid;
+    size_t used = 0;
+    for (int l = 1; *p; l++) {
+        const char *e = strchr(p, '\n');
+        size_t len = (size_t)(e - p) + 1;
+        if (l == line) used += (size_t)snprintf(out + used, cap - used, "%s", repl);
+        else used += (size_t)snprintf(out + used, cap - used, "%.*s", (int)len, p);
+        p = e + 1;
+    }
+}
+
+static void expect_error(const char *text, const char *n1, const char *n2, int line) {
+    sched_hw_t hw;
+    mt_error_t err = {0};
+    mt_status_t st = sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err);
+    if (st != MT_ERR_CONFIG || !strstr(err.msg, n1) || (n2 && !strstr(err.msg, n2))) {
+        fprintf(stderr, "hw_test.c:%d: expected an error with '%s' and '%s', got %s: %s\n", line, n1, n2 ? n2 : "",
+                mt_status_name(st), err.msg);
+        failures++;
+    }
+}
+#define EXPECT_ERROR(text, n1, n2) expect_error(text, n1, n2, __LINE__)
+
+static void test_parse(void) {
+    sched_hw_t hw;
+    mt_error_t err = {0};
+    mt_status_t st = sched_hw_parse(k_valid, strlen(k_valid), "cfg/hw.yaml", &hw, &err);
+    EXPECT(st == MT_OK, "%s", err.msg);
+    EXPECT(hw.device_memory == 80.0 * 1073741824.0 && hw.host_memory == 1099511627776.0, "sizes");
+    EXPECT(sched_hw_flops(&hw, SCHED_RATE_BF16) == 400e12 && sched_hw_flops(&hw, SCHED_RATE_FP32) == 25e12, "flops");
+    EXPECT(sched_hw_device_bw(&hw) == 1e12 && sched_hw_host_bw(&hw) == 150e9, "bandwidths");
+    EXPECT(sched_hw_h2d_bw(&hw) == 48e9 && sched_hw_d2h_bw(&hw) == 32e9, "link each way");
+    EXPECT(fabs(hw.copy_latency_s - 8e-6) < 1e-15 && hw.host_cores == 32, "latency, cores");
+
+    char text[2048];
+    edit(text, sizeof text, 3, "  memroy: 80GiB\n");
+    EXPECT_ERROR(text, "cfg/hw.yaml:3: unknown key 'device.memroy'", "device.memory");
+    edit(text, sizeof text, 18, "");
+    EXPECT_ERROR(text, "cfg/hw.yaml: missing key 'host.cores'", NULL);
+    edit(text, sizeof text, 3, "  memory: 80\n");
+    EXPECT_ERROR(text, "cfg/hw.yaml:3: device.memory: expected a size", NULL);
+    edit(text, sizeof text, 9, "  peak_bandwidth: 64GB\n");
+    EXPECT_ERROR(text, "cfg/hw.yaml:9: link.peak_bandwidth: expected a bandwidth", NULL);
+    edit(text, sizeof text, 9, "  peak_bandwidth: 64Gb/s\n");
+    EXPECT_ERROR(text, "link.peak_bandwidth", "64Gb/s");
+    edit(text, sizeof text, 10, "  h2d_achievable: 1.5\n");
+    EXPECT_ERROR(text, "cfg/hw.yaml:10: link.h2d_achievable: expected a fraction of peak in (0, 1]", NULL);
+    edit(text, sizeof text, 6, "  peak_tflops: {fp32: 50, tf32: 400}\n");
+    EXPECT_ERROR(text, "missing key 'device.peak_tflops.bf16'", NULL);
+    edit(text, sizeof text, 6, "  peak_tflops: {fp32: 50, tf32: 400, bf16: lots}\n");
+    EXPECT_ERROR(text, "cfg/hw.yaml:6: device.peak_tflops.bf16: expected a number", NULL);
+    edit(text, sizeof text, 18, "  cores: 0\n");
+    EXPECT_ERROR(text, "host.cores: expected a positive integer", NULL);
+    EXPECT_ERROR("name: x\ndevice: 5\n", "cfg/hw.yaml:2: device: expected a mapping", NULL);
+    EXPECT_ERROR("name: x\nname: y\n", "cfg/hw.yaml:2: duplicate key 'name'", NULL);
+    EXPECT_ERROR("[1, 2]\n", "must be a mapping", NULL);
+    EXPECT_ERROR("name: [\n", "cfg/hw.yaml:", "invalid YAML");
+    EXPECT(sched_hw_load("/nonexistent/hw.yaml", &hw, &err) == MT_ERR_IO && strstr(err.msg, "/nonexistent/hw.yaml"),
+           "%s", err.msg);
+}
+
+/* The shipped profiles: each loads, and its achievable rates are sane. */
+static void test_profiles(void) {
+    static const char *names[] = {"rtx4090", "a100-80gb-pcie", "h100-80gb-pcie", "h100-sxm", "h200", "gh200"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "configs/hw/%s.yaml", names[i]);
+        sched_hw_t hw;
+        mt_error_t err = {0};
+        mt_status_t st = sched_hw_load(path, &hw, &err);
+        EXPECT(st == MT_OK, "%s", err.msg);
+        if (st != MT_OK) continue;
+        EXPECT(strcmp(hw.name, names[i]) == 0, "%s: name %s", path, hw.name);
+        /* tensor cores beat CUDA cores; links are slower than device memory; host is slower still than HBM */
+        EXPECT(sched_hw_flops(&hw, SCHED_RATE_BF16) > sched_hw_flops(&hw, SCHED_RATE_FP32), "%s: bf16 > fp32", path);
+        EXPECT(sched_hw_h2d_bw(&hw) < sched_hw_device_bw(&hw), "%s: link < HBM", path);
+        EXPECT(hw.device_memory >= 24e9 && hw.host_memory > hw.device_memory, "%s: capacities", path);
+    }
+    sched_hw_t hw;
+    mt_error_t err = {0};
+    if (sched_hw_load("configs/hw/h100-80gb-pcie.yaml", &hw, &err) == MT_OK) {
+        EXPECT(hw.peak_flops[SCHED_RATE_BF16] == 756e12 && hw.device_memory == 80.0 * 1073741824.0, "h100 pcie");
+        EXPECT(fabs(sched_hw_h2d_bw(&hw) - 50.4e9) < 1e3, "PCIe 5 x16: ~50 GB/s each way: %g", sched_hw_h2d_bw(&hw));
+    }
+    if (sched_hw_load("configs/hw/gh200.yaml", &hw, &err) == MT_OK)
+        EXPECT(sched_hw_h2d_bw(&hw) > 300e9, "NVLink-C2C: %g", sched_hw_h2d_bw(&hw));
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    EXPECT(f != NULL, "cannot write %s", path);
+    if (!f) return;
+    fputs(text, f);
+    fclose(f);
+}
+
+static void test_resolve(void) {
+    const char *tmp = getenv("TEST_TMPDIR");
+    if (!tmp) tmp = "/tmp";
+    char dir[512], path[1200], run[600];
+    snprintf(dir, sizeof dir, "%s/hwres", tmp);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/configs", dir);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/configs/runs", dir);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/configs/hw", dir);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/configs/hw/mybox.yaml", dir);
+    write_file(path, k_valid);
+    snprintf(run, sizeof run, "%s/configs/runs/run.yaml", dir);
+    write_file(run, "base_model: x\n");
+    mt_error_t err = {0};
+    char out[1200];
+    mt_status_t st = sched_hw_resolve("mybox", run, out, sizeof out, &err);
+    EXPECT(st == MT_OK && strstr(out, "/configs/runs/../hw/mybox.yaml"), "%s %s", out, err.msg);
+    sched_hw_t hw;
+    EXPECT(st == MT_OK && sched_hw_load(out, &hw, &err) == MT_OK && strcmp(hw.name, "test") == 0, "load resolved");
+    EXPECT(sched_hw_resolve("calibrate", run, out, sizeof out, &err) == MT_OK && strcmp(out, "calibrate") == 0,
+           "calibrate");
+    /* a file relative to the run config's folder */
+    EXPECT(sched_hw_resolve("../hw/mybox.yaml", run, out, sizeof out, &err) == MT_OK && strstr(out, "mybox.yaml"),
+           "%s", err.msg);
+    st = sched_hw_resolve("nosuchbox", run, out, sizeof out, &err);
+    EXPECT(st == MT_ERR_IO && strstr(err.msg, "nosuchbox") && strstr(err.msg, "configs/hw/nosuchbox.yaml"), "%s",
+           err.msg);
+    st = sched_hw_resolve("bad name", run, out, sizeof out, &err);
+    EXPECT(st == MT_ERR_CONFIG, "%s", err.msg);
+    /* the repository's profiles by name from the working directory */
+    EXPECT(sched_hw_resolve("h100-sxm", NULL, out, sizeof out, &err) == MT_OK, "%s", err.msg);
+}
+
+static void test_calibration(void) {
+    sched_calibration_t c = {.sgemm_flops = 1e11, .memcpy_bw = 10e9, .stream_bw = 20e9, .cores = 2,
+                             .host_memory = 16e9, .link_bw = 0, .link_latency_s = 0};
+    sched_hw_t hw;
+    sched_hw_from_calibration(&c, &hw);
+    EXPECT(hw.measured && strcmp(hw.source, "calibrate") == 0, "measured");
+    EXPECT(sched_hw_flops(&hw, SCHED_RATE_BF16) == 1e11 && sched_hw_flops(&hw, SCHED_RATE_FP32) == 1e11,
+           "the CPU backend computes fp32 for every dtype");
+    EXPECT(sched_hw_h2d_bw(&hw) == 10e9 && sched_hw_host_bw(&hw) == 20e9 && sched_hw_device_bw(&hw) == 20e9, "bws");
+    c.link_bw = 1e9;
+    c.link_latency_s = 5e-6;
+    sched_hw_from_calibration(&c, &hw);
+    EXPECT(sched_hw_d2h_bw(&hw) == 1e9 && hw.copy_latency_s == 5e-6, "throttled copy streams");
+}
+
+int main(void) {
+    test_parse();
+    test_profiles();
+    test_resolve();
+    test_calibration();
+    if (failures) fprintf(stderr, "hw_test: %d failure(s)\n", failures);
+    else printf("hw_test: all passed\n");
+    return failures != 0;
+}

@@ -1,0 +1,462 @@
+/* Planner (see planner.h for the policy and the search).
+ *
+ * Design notes:
+ * - Moves only ever go one way (recompute -> offload -> keep, stream ->
+ *   resident, host -> device, window up), so the walk ends; its length is
+ *   at most a few moves per block.
+ * - Candidates are simulated on the current plan with one block changed
+ *   (change, simulate, restore).  Scoring all of them at every step costs
+ *   O(blocks^2) per step; the walk scores lazily instead (see walk()),
+ *   which takes a few simulations per step on uniform models.
+ * - Ties in the ratio go to the smaller device cost, then to the earlier
+ *   block, so the walk is deterministic. */
+#include "scheduler/planner.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    double time, peak[SCHED_MEM_COUNT], traffic;
+} eval_t;
+
+typedef struct {
+    sched_plan_t *plans;
+    eval_t *evals;
+    int count, cap;
+} path_t;
+
+typedef enum { M_OFFLOAD = 0, M_KEEP, M_RESIDENT, M_GRADS_DEVICE, M_OPTIM_DEVICE, M_WINDOW, M_COUNT } move_t;
+
+void sched_planner_opts_default(sched_planner_opts_t *o) {
+    memset(o, 0, sizeof *o);
+    o->policy = SCHED_POLICY_AUTO;
+    o->weights = o->grads = o->optim = o->acts = SCHED_AUTO_CHOICE;
+}
+
+static void plan_copy(sched_plan_t *dst, const sched_plan_t *src) {
+    *dst = *src;
+    dst->blocks = malloc((size_t)src->num_blocks * sizeof *dst->blocks);
+    MT_CHECK_ALLOC(dst->blocks, "plan copy");
+    memcpy(dst->blocks, src->blocks, (size_t)src->num_blocks * sizeof *dst->blocks);
+}
+
+static mt_status_t evaluate(const sched_workload_t *w, const sched_plan_t *p, eval_t *e, int *nsims, mt_error_t *err) {
+    sched_sim_result_t r;
+    mt_status_t st = sched_simulate(w, p, NULL, &r, err);
+    if (st != MT_OK) return st;
+    (*nsims)++;
+    e->time = r.step_time;
+    memcpy(e->peak, r.peak, sizeof e->peak);
+    /* what runs off the compute stream: link traffic and host memory */
+    e->traffic = r.h2d_bytes + r.d2h_bytes + r.peak[SCHED_MEM_HOST];
+    sched_sim_result_free(&r);
+    return MT_OK;
+}
+
+static bool fits(const eval_t *e, const double *budget) {
+    for (int m = 0; m < SCHED_MEM_COUNT; m++)
+        if (budget[m] > 0 && e->peak[m] > budget[m]) return false;
+    return true;
+}
+
+/* Per-kind overrides, then the one combination the executor cannot run. */
+static mt_status_t apply_overrides(sched_plan_t *p, const sched_planner_opts_t *o, mt_error_t *err) {
+    if (o->grads == SCHED_GRADS_HOST && o->optim == SCHED_OPTIM_DEVICE)
+        return mt_error_set(err, MT_ERR_CONFIG,
+                            "scheduler: grads: host with optimizer: device is not a valid combination (the device "
+                            "optimizer reads device gradients); use grads: device or optimizer: host");
+    for (int b = 0; b < p->num_blocks; b++) {
+        sched_block_plan_t *bp = &p->blocks[b];
+        if (o->weights != SCHED_AUTO_CHOICE) bp->weights = (sched_weight_place_t)o->weights;
+        if (o->grads != SCHED_AUTO_CHOICE) bp->grads = (sched_grad_place_t)o->grads;
+        if (o->optim != SCHED_AUTO_CHOICE) bp->optim = (sched_optim_place_t)o->optim;
+        if (o->acts != SCHED_AUTO_CHOICE) bp->acts = (sched_act_place_t)o->acts;
+        if (bp->grads == SCHED_GRADS_HOST && bp->optim == SCHED_OPTIM_DEVICE) {
+            if (o->grads == SCHED_AUTO_CHOICE) bp->grads = SCHED_GRADS_DEVICE;
+            else bp->optim = SCHED_OPTIM_HOST;
+        }
+    }
+    if (o->prefetch_window > 0) p->prefetch_window = o->prefetch_window;
+    return MT_OK;
+}
+
+/* Applies move m to block b of p; false when it does not apply. */
+static bool apply_move(sched_plan_t *p, int b, move_t m, const sched_planner_opts_t *o, int max_window) {
+    sched_block_plan_t *bp = b >= 0 ? &p->blocks[b] : NULL;
+    switch (m) {
+    case M_OFFLOAD:
+        if (o->acts != SCHED_AUTO_CHOICE || bp->acts != SCHED_ACTS_RECOMPUTE) return false;
+        bp->acts = SCHED_ACTS_OFFLOAD;
+        return true;
+    case M_KEEP:
+        if (o->acts != SCHED_AUTO_CHOICE || bp->acts == SCHED_ACTS_KEEP) return false;
+        bp->acts = SCHED_ACTS_KEEP;
+        return true;
+    case M_RESIDENT:
+        if (o->weights != SCHED_AUTO_CHOICE || bp->weights == SCHED_WEIGHTS_RESIDENT) return false;
+        bp->weights = SCHED_WEIGHTS_RESIDENT;
+        return true;
+    case M_GRADS_DEVICE:
+        if (o->grads != SCHED_AUTO_CHOICE || bp->grads == SCHED_GRADS_DEVICE) return false;
+        bp->grads = SCHED_GRADS_DEVICE;
+        return true;
+    case M_OPTIM_DEVICE:
+        if (o->optim != SCHED_AUTO_CHOICE || bp->optim == SCHED_OPTIM_DEVICE) return false;
+        if (bp->grads == SCHED_GRADS_HOST) {
+            if (o->grads != SCHED_AUTO_CHOICE) return false;
+            bp->grads = SCHED_GRADS_DEVICE;
+        }
+        bp->optim = SCHED_OPTIM_DEVICE;
+        return true;
+    case M_WINDOW:
+        if (o->prefetch_window > 0 || p->prefetch_window >= max_window) return false;
+        p->prefetch_window++;
+        return true;
+    case M_COUNT: break;
+    }
+    return false;
+}
+
+static void path_push(path_t *path, const sched_plan_t *p, const eval_t *e) {
+    if (path->count == path->cap) {
+        path->cap = path->cap ? 2 * path->cap : 64;
+        path->plans = realloc(path->plans, (size_t)path->cap * sizeof *path->plans);
+        path->evals = realloc(path->evals, (size_t)path->cap * sizeof *path->evals);
+        MT_CHECK(path->plans && path->evals, "out of host memory for the planner path");
+    }
+    plan_copy(&path->plans[path->count], p);
+    path->evals[path->count++] = *e;
+}
+
+static void path_free(path_t *path) {
+    for (int i = 0; i < path->count; i++) sched_plan_free(&path->plans[i]);
+    free(path->plans);
+    free(path->evals);
+    memset(path, 0, sizeof *path);
+}
+
+typedef struct {
+    int b;          /* block, -1 for the window */
+    move_t m;
+    double ratio;   /* gain per device byte added; <= 0: not worth taking (or not applicable) */
+    double dm;      /* device peak added */
+    eval_t e;       /* the plan with the move */
+    bool fresh;     /* scored against the current plan */
+} cand_t;
+
+typedef struct {
+    const sched_workload_t *w;
+    const sched_planner_opts_t *o;
+    int mode;       /* 0: time walk, 1: least host memory within the device budget */
+    bool secondary; /* time walk, second phase: no time lost, less traffic */
+    int max_window;
+    int *nsims;
+} walk_t;
+
+/* Scores move c against the current plan cur (evaluation ce). */
+static mt_status_t score(const walk_t *k, sched_plan_t *cur, const eval_t *ce, cand_t *c, mt_error_t *err) {
+    c->fresh = true;
+    c->ratio = -1;
+    if (k->mode == 1 && !(c->m == M_RESIDENT || c->m == M_OPTIM_DEVICE)) return MT_OK;
+    sched_block_plan_t saved = c->b >= 0 ? cur->blocks[c->b] : (sched_block_plan_t){0};
+    const int saved_w = cur->prefetch_window;
+    if (!apply_move(cur, c->b, c->m, k->o, k->max_window)) return MT_OK;
+    mt_status_t st = evaluate(k->w, cur, &c->e, k->nsims, err);
+    if (c->b >= 0) cur->blocks[c->b] = saved;
+    cur->prefetch_window = saved_w;
+    if (st != MT_OK) return st;
+    const eval_t *e = &c->e;
+    c->dm = e->peak[SCHED_MEM_DEVICE] - ce->peak[SCHED_MEM_DEVICE];
+    double gain;
+    if (k->mode == 1) {
+        const double B = k->o->budget[SCHED_MEM_DEVICE];
+        if (B > 0 && e->peak[SCHED_MEM_DEVICE] > B) return MT_OK;
+        gain = ce->peak[SCHED_MEM_HOST] - e->peak[SCHED_MEM_HOST];
+    } else if (!k->secondary) {
+        gain = ce->time - e->time;
+        if (gain <= 1e-9 * ce->time + 1e-15) return MT_OK;
+    } else {
+        if (e->time > ce->time * (1 + 1e-9) + 1e-15) return MT_OK;
+        gain = ce->traffic - e->traffic;
+    }
+    if (gain > 0) c->ratio = gain / (c->dm > 1.0 ? c->dm : 1.0);
+    return MT_OK;
+}
+
+/* Best candidate by ratio, ties to the smaller device cost, then the earlier one. */
+static int best_cand(const cand_t *c, int n, int skip) {
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+        if (i == skip || c[i].ratio <= 0) continue;
+        if (best < 0 || c[i].ratio > c[best].ratio * (1 + 1e-12) ||
+            (fabs(c[i].ratio - c[best].ratio) <= c[best].ratio * 1e-12 && c[i].dm < c[best].dm))
+            best = i;
+    }
+    return best;
+}
+
+/* One greedy walk from `start` (see planner.h).  Lazy evaluation: scores
+ * go stale when a move is taken; the best stale candidate is re-scored and
+ * taken if it still beats every other score, else the next is tried.  The
+ * block a move changed and the window are re-scored at once, everything
+ * every 16 moves and whenever no candidate is left. */
+static mt_status_t walk(const sched_workload_t *w, const sched_plan_t *start, const sched_planner_opts_t *o, int mode,
+                        path_t *path, int *nsims, mt_error_t *err) {
+    walk_t k = {.w = w, .o = o, .mode = mode, .max_window = o->max_window > 0 ? o->max_window : 4, .nsims = nsims};
+    const int n = (w->num_blocks + 1) * M_COUNT;
+    cand_t *c = calloc((size_t)n, sizeof *c);
+    MT_CHECK_ALLOC(c, "planner candidates");
+    int nc = 0;
+    for (int b = -1; b < w->num_blocks; b++)
+        for (int m = 0; m < M_COUNT; m++)
+            if ((b < 0) == (m == M_WINDOW)) c[nc++] = (cand_t){.b = b, .m = (move_t)m};
+    sched_plan_t cur;
+    plan_copy(&cur, start);
+    eval_t ce;
+    mt_status_t st = evaluate(w, &cur, &ce, nsims, err);
+    if (st != MT_OK) goto out;
+    path_push(path, &cur, &ce);
+    bool need_full = true;
+    int since_full = 0;
+    for (;;) {
+        if (need_full || since_full >= 16) {
+            for (int i = 0; i < nc && st == MT_OK; i++) st = score(&k, &cur, &ce, &c[i], err);
+            if (st != MT_OK) goto out;
+            need_full = false;
+            since_full = 0;
+        }
+        int i = best_cand(c, nc, -1);
+        if (i < 0) {
+            bool all_fresh = true;
+            for (int j = 0; j < nc; j++) all_fresh &= c[j].fresh;
+            if (!all_fresh) {
+                need_full = true;
+                continue;
+            }
+            if (mode == 0 && !k.secondary) {
+                k.secondary = true;
+                need_full = true;
+                continue;
+            }
+            break;
+        }
+        if (!c[i].fresh) {
+            st = score(&k, &cur, &ce, &c[i], err);
+            if (st != MT_OK) goto out;
+            const int j = best_cand(c, nc, i);
+            if (c[i].ratio <= 0 || (j >= 0 && c[j].ratio > c[i].ratio * (1 + 1e-12))) continue;
+        }
+        const cand_t taken = c[i];
+        apply_move(&cur, taken.b, taken.m, o, k.max_window);
+        ce = taken.e;
+        path_push(path, &cur, &ce);
+        since_full++;
+        for (int j = 0; j < nc; j++) {
+            c[j].fresh = false;
+            if (c[j].b == taken.b || c[j].b < 0) {
+                st = score(&k, &cur, &ce, &c[j], err);
+                if (st != MT_OK) goto out;
+            }
+        }
+    }
+out:
+    free(c);
+    sched_plan_free(&cur);
+    return st;
+}
+
+static double gib(double b) { return b / 1073741824.0; }
+
+static void describe_host(const sched_workload_t *w, const sched_plan_t *p, double peak, char *buf, size_t cap) {
+    double home = 0, optim = 0, grads = 0;
+    for (int b = 0; b < w->num_blocks; b++) {
+        const sched_block_cost_t *c = &w->blocks[b];
+        const sched_block_plan_t *bp = &p->blocks[b];
+        if (bp->weights == SCHED_WEIGHTS_STREAM) home += c->w_home_bytes;
+        if (bp->optim == SCHED_OPTIM_HOST) {
+            optim += c->optim_bytes + (bp->weights == SCHED_WEIGHTS_RESIDENT ? c->host_weight_bytes : 0);
+            grads += c->grad_bytes;
+        }
+    }
+    const double acts = peak - home - optim - grads;
+    snprintf(buf, cap, "weights %.1f GiB, optimizer state %.1f GiB, gradients %.1f GiB, offloaded activations %.1f GiB",
+             gib(home), gib(optim), gib(grads), gib(acts > 0 ? acts : 0));
+}
+
+static double working_set(const sched_workload_t *w, int b) {
+    const sched_block_cost_t *c = &w->blocks[b];
+    const double temp = c->fwd_temp_bytes > c->bwd_temp_bytes ? c->fwd_temp_bytes : c->bwd_temp_bytes;
+    return c->w_fetch_bytes + c->act_saved_bytes + temp;
+}
+
+static void block_working_set(const sched_workload_t *w, sched_planner_result_t *out) {
+    out->largest_block = 0;
+    out->block_working_set = 0;
+    for (int b = 0; b < w->num_blocks; b++)
+        if (working_set(w, b) > out->block_working_set) out->block_working_set = working_set(w, b), out->largest_block = b;
+}
+
+static void block_name(const sched_workload_t *w, int b, char *buf, size_t cap) {
+    if (b == 0) snprintf(buf, cap, "the embedding");
+    else if (b == w->num_blocks - 1) snprintf(buf, cap, "the head (final norm, lm_head, logits)");
+    else snprintf(buf, cap, "layer %d", b - 1);
+}
+
+/* Fills out->why / needed / short_of for an infeasible result. */
+static void diagnose(const sched_workload_t *w, const sched_planner_opts_t *o, const path_t *path, const path_t *hostpath,
+                     bool fixed, sched_planner_result_t *out) {
+    const eval_t *e0 = &path->evals[0];
+    const double *B = o->budget;
+    size_t used = 0;
+    char *buf = out->why;
+    const size_t cap = sizeof out->why;
+#define SAY(...)                                                                  \
+    do {                                                                          \
+        int w_ = snprintf(buf + used, cap - used, __VA_ARGS__);                   \
+        if (w_ > 0) used = used + (size_t)w_ < cap ? used + (size_t)w_ : cap - 1; \
+    } while (0)
+    if (B[SCHED_MEM_DEVICE] > 0 && e0->peak[SCHED_MEM_DEVICE] > B[SCHED_MEM_DEVICE]) {
+        out->short_of[SCHED_MEM_DEVICE] = true;
+        out->needed[SCHED_MEM_DEVICE] = e0->peak[SCHED_MEM_DEVICE];
+        char bn[64];
+        block_name(w, out->largest_block, bn, sizeof bn);
+        const sched_block_cost_t *c = &w->blocks[out->largest_block];
+        const double temp = c->fwd_temp_bytes > c->bwd_temp_bytes ? c->fwd_temp_bytes : c->bwd_temp_bytes;
+        SAY("device memory is short: %s peaks at %.2f GiB on the device, the budget is %.2f GiB (needs at least %.2f GiB). ",
+            fixed ? "this plan" : "the plan needing the least device memory (weights streamed, gradients and optimizer "
+                                  "on the host, activations recomputed, prefetch window 1)",
+            gib(e0->peak[SCHED_MEM_DEVICE]), gib(B[SCHED_MEM_DEVICE]), gib(e0->peak[SCHED_MEM_DEVICE]));
+        int layer = 1;
+        for (int b = 2; b < w->num_blocks - 1; b++)
+            if (working_set(w, b) > working_set(w, layer)) layer = b;
+        if (out->block_working_set > B[SCHED_MEM_DEVICE]) {
+            SAY("The budget is smaller than one block's working set: %s alone needs %.2f GiB while it computes "
+                "(weights %.2f GiB, saved activations %.2f GiB, temporaries %.2f GiB)",
+                bn, gib(out->block_working_set), gib(c->w_fetch_bytes), gib(c->act_saved_bytes), gib(temp));
+            if (layer != out->largest_block && layer < w->num_blocks - 1)
+                SAY("; the largest decoder layer (layer %d) needs %.2f GiB", layer - 1, gib(working_set(w, layer)));
+            SAY("; lower micro_batch_size or sequence_len. ");
+        }
+        else
+            SAY("The largest block (%s) needs %.2f GiB while it computes. ", bn, gib(out->block_working_set));
+    }
+    /* among plans within the device budget: least pinned, least host */
+    double min_pin = INFINITY, min_host = INFINITY;
+    int host_i = -1;
+    const path_t *paths[2] = {path, hostpath};
+    const sched_plan_t *host_plan = NULL;
+    for (int k = 0; k < 2; k++) {
+        if (!paths[k]) continue;
+        for (int i = 0; i < paths[k]->count; i++) {
+            const eval_t *e = &paths[k]->evals[i];
+            if (B[SCHED_MEM_DEVICE] > 0 && e->peak[SCHED_MEM_DEVICE] > B[SCHED_MEM_DEVICE]) continue;
+            if (e->peak[SCHED_MEM_PINNED] < min_pin) min_pin = e->peak[SCHED_MEM_PINNED];
+            if (e->peak[SCHED_MEM_HOST] < min_host) min_host = e->peak[SCHED_MEM_HOST], host_i = i, host_plan = &paths[k]->plans[i];
+        }
+    }
+    if (!isfinite(min_pin)) min_pin = e0->peak[SCHED_MEM_PINNED];
+    if (!isfinite(min_host)) min_host = e0->peak[SCHED_MEM_HOST], host_plan = &path->plans[0];
+    (void)host_i;
+    if (B[SCHED_MEM_PINNED] > 0 && min_pin > B[SCHED_MEM_PINNED]) {
+        out->short_of[SCHED_MEM_PINNED] = true;
+        out->needed[SCHED_MEM_PINNED] = min_pin;
+        SAY("pinned memory is short: the copies in flight need %.2f GiB of pinned staging, the budget is %.2f GiB. ",
+            gib(min_pin), gib(B[SCHED_MEM_PINNED]));
+    }
+    if (B[SCHED_MEM_HOST] > 0 && min_host > B[SCHED_MEM_HOST]) {
+        out->short_of[SCHED_MEM_HOST] = true;
+        out->needed[SCHED_MEM_HOST] = min_host;
+        char parts[256];
+        describe_host(w, host_plan, min_host, parts, sizeof parts);
+        double opt_all = 0;
+        for (int b = 0; b < w->num_blocks; b++) opt_all += w->blocks[b].optim_bytes + w->blocks[b].host_weight_bytes;
+        SAY("host memory is short: %s needs %.1f GiB of host memory (%s), the budget is %.1f GiB. "
+            "The optimizer state (fp32 master weights, Adam m and v) alone is %.1f GB (%.1f GiB). ",
+            fixed ? "this plan" : "the plan needing the least host memory within the device budget", gib(min_host), parts,
+            gib(B[SCHED_MEM_HOST]), opt_all / 1e9, gib(opt_all));
+    }
+    if (used == 0) SAY("no plan fits the budgets");
+    while (used > 0 && buf[used - 1] == ' ') buf[--used] = '\0';
+#undef SAY
+}
+
+mt_status_t sched_plan_make(const sched_workload_t *w, const sched_planner_opts_t *o, sched_planner_result_t *out,
+                            mt_error_t *err) {
+    memset(out, 0, sizeof *out);
+    block_working_set(w, out);
+    const int N = w->num_blocks;
+    const bool fixed = o->policy != SCHED_POLICY_AUTO;
+    sched_plan_t start;
+    sched_plan_init_uniform(&start, N, fixed ? o->policy : SCHED_POLICY_MIN_MEMORY);
+    start.policy = o->policy;
+    if (!fixed) { /* adjacent forward and backward: recomputing or offloading saves nothing */
+        start.blocks[0].acts = SCHED_ACTS_KEEP;
+        start.blocks[N - 1].acts = SCHED_ACTS_KEEP;
+    }
+    mt_status_t st = apply_overrides(&start, o, err);
+    path_t path = {0}, hostpath = {0};
+    int chosen = -1;
+    if (st != MT_OK) goto out;
+
+    if (fixed) {
+        /* the plan is given; choose the window when it is not */
+        const int max_window = o->max_window > 0 ? o->max_window : 4;
+        const int lo = o->prefetch_window > 0 ? o->prefetch_window : 1;
+        const int hi = o->prefetch_window > 0 ? o->prefetch_window : max_window;
+        for (int W = lo; W <= hi; W++) {
+            start.prefetch_window = W;
+            eval_t e;
+            st = evaluate(w, &start, &e, &out->simulations, err);
+            if (st != MT_OK) goto out;
+            path_push(&path, &start, &e);
+        }
+        for (int i = 0; i < path.count; i++)
+            if (fits(&path.evals[i], o->budget) &&
+                (chosen < 0 || path.evals[i].time < path.evals[chosen].time * (1 - 1e-9)))
+                chosen = i;
+    } else {
+        st = walk(w, &start, o, 0, &path, &out->simulations, err);
+        if (st != MT_OK) goto out;
+        for (int i = 0; i < path.count; i++)
+            if (fits(&path.evals[i], o->budget) &&
+                (chosen < 0 || path.evals[i].time <= path.evals[chosen].time * (1 + 1e-12)))
+                chosen = i;
+    }
+    out->plans_walked = path.count;
+    const sched_plan_t *pick = NULL;
+    if (chosen >= 0) {
+        out->feasible = true;
+        pick = &path.plans[chosen];
+    } else {
+        if (!fixed) {
+            /* the time walk found nothing: look for the least host memory within the device budget */
+            st = walk(w, &path.plans[0], o, 1, &hostpath, &out->simulations, err);
+            if (st != MT_OK) goto out;
+            for (int i = hostpath.count - 1; i >= 0 && !pick; i--)
+                if (fits(&hostpath.evals[i], o->budget)) pick = &hostpath.plans[i], out->feasible = true;
+        }
+        if (!out->feasible) {
+            diagnose(w, o, &path, fixed ? NULL : &hostpath, fixed, out);
+            pick = &path.plans[0];
+        }
+    }
+    plan_copy(&out->plan, pick);
+    out->plan.policy = o->policy;
+    sched_sim_opts_t so = {.timelines = true, .tasks = true};
+    st = sched_simulate(w, &out->plan, &so, &out->sim, err);
+    out->simulations++;
+out:
+    sched_plan_free(&start);
+    path_free(&path);
+    path_free(&hostpath);
+    if (st != MT_OK) sched_planner_result_free(out);
+    return st;
+}
+
+void sched_planner_result_free(sched_planner_result_t *r) {
+    if (!r) return;
+    if (r->plan.blocks) sched_plan_free(&r->plan);
+    sched_sim_result_free(&r->sim);
+}

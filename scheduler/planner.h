@@ -1,0 +1,69 @@
+/* Planner: a plan (scheduler/plan.h) for a workload within memory budgets.
+ *
+ * Policies: keep_all, offload_all and min_memory are the uniform plans of
+ * plan.h with the run config's per-kind overrides applied; auto searches.
+ *
+ * auto: start from the plan that needs the least device memory (weights
+ * streamed, gradients and optimizer on the host, activations recomputed;
+ * the embedding's and the head's activations kept, as their forward and
+ * backward are adjacent and recomputing or offloading them saves nothing),
+ * then repeatedly take the single change with the most predicted time
+ * saved per byte of device peak added (keep instead of recompute or
+ * offload, offload instead of recompute, resident weights, device
+ * gradients, device optimizer, a wider prefetch window), simulating each
+ * candidate.  Once nothing saves time, changes that cost no time but move
+ * traffic or host memory off the link and the host are taken the same way.
+ * The search ignores the budgets, so the sequence of plans it walks is the
+ * same for every budget; the answer is the fastest plan of that sequence
+ * within all budgets.  More device budget therefore never predicts a
+ * slower step.
+ *
+ * Infeasible: which budget is short and the smallest that would work: for
+ * the device, the peak of the least-memory plan; for pinned memory, the
+ * least pinned peak of any plan considered within the device budget; for
+ * the host, the least host peak reachable within the device budget (a
+ * greedy that moves host state to the device by host bytes saved per
+ * device byte added). */
+#ifndef MT_SCHEDULER_PLANNER_H
+#define MT_SCHEDULER_PLANNER_H
+
+#include <stdbool.h>
+
+#include "kernels/status.h"
+#include "scheduler/costmodel.h"
+#include "scheduler/plan.h"
+#include "scheduler/simulate.h"
+
+#define SCHED_AUTO_CHOICE (-1)
+
+typedef struct {
+    sched_policy_t policy;
+    int prefetch_window;     /* 0 = the planner chooses (1..max_window) */
+    int max_window;          /* 0 = 4 */
+    /* per-kind overrides: SCHED_AUTO_CHOICE or a sched_*_place_t value */
+    int weights, grads, optim, acts;
+    double budget[SCHED_MEM_COUNT]; /* bytes; 0 = unlimited */
+} sched_planner_opts_t;
+
+void sched_planner_opts_default(sched_planner_opts_t *o);
+
+typedef struct {
+    bool feasible;
+    sched_plan_t plan;         /* the plan chosen; when infeasible, the one the diagnosis refers to */
+    sched_sim_result_t sim;    /* its simulation, with timelines and tasks */
+    bool short_of[SCHED_MEM_COUNT];
+    double needed[SCHED_MEM_COUNT]; /* smallest budget that would work (for the short ones) */
+    char why[1536];            /* infeasible: what is short and by how much */
+    int largest_block;         /* block with the largest working set */
+    double block_working_set;  /* its weights + saved activations + temporaries */
+    int plans_walked;          /* plans on the search path (auto) */
+    int simulations;
+} sched_planner_result_t;
+
+/* MT_ERR_CONFIG for contradictory overrides (grads host with optimizer
+ * device); an infeasible budget is not an error: feasible = false. */
+mt_status_t sched_plan_make(const sched_workload_t *w, const sched_planner_opts_t *opts, sched_planner_result_t *out,
+                            mt_error_t *err);
+void sched_planner_result_free(sched_planner_result_t *r);
+
+#endif

@@ -1,0 +1,256 @@
+/* Planner: the issue's cases (Mixtral-8x7B full fine-tuning on an H100
+ * PCIe with 1 TiB / 512 GiB of host memory; Qwen3-30B-A3B LoRA on an RTX
+ * 4090 with 128 GiB, and with a device budget below one block's working
+ * set), monotonicity in the device budget, fixed policies and overrides.
+ * Model descriptions are written out here (the scheduler does not read
+ * config.json); the hardware profiles are the shipped files. */
+#include "scheduler/planner.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static int failures;
+#define EXPECT(c, ...)                                                                  \
+    do {                                                                                \
+        if (!(c)) {                                                                     \
+            fprintf(stderr, "%s:%d: expectation failed: %s: ", __FILE__, __LINE__, #c); \
+            fprintf(stderr, __VA_ARGS__);                                               \
+            fprintf(stderr, "\n");                                                      \
+            failures++;                                                                 \
+        }                                                                               \
+    } while (0)
+
+static const double GiB = 1073741824.0;
+
+typedef struct {
+    sched_registry_t reg;
+    sched_hw_t hw;
+    sched_workload_t w;
+    bool ok;
+} setup_t;
+
+static void setup(setup_t *s, const sched_model_desc_t *m, const sched_run_shape_t *sh, const char *hw_path) {
+    memset(s, 0, sizeof *s);
+    mt_error_t err = {0};
+    s->ok = sched_hw_load(hw_path, &s->hw, &err) == MT_OK && sched_registry_build(m, sh, &s->reg, &err) == MT_OK &&
+            sched_workload_build(&s->reg, &s->hw, &s->w, &err) == MT_OK;
+    EXPECT(s->ok, "setup: %s", err.msg);
+}
+
+static void teardown(setup_t *s) {
+    sched_workload_free(&s->w);
+    sched_registry_free(&s->reg);
+}
+
+static sched_model_desc_t mixtral(void) {
+    sched_model_desc_t m = {0};
+    m.family = SCHED_FAMILY_MIXTRAL;
+    m.num_layers = 32, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.head_dim = 128, m.vocab = 32000;
+    m.num_experts = 8, m.top_k = 2, m.expert_inter = 14336, m.dense_inter = 14336;
+    for (int l = 0; l < 32; l++) m.layer_is_moe[l] = true;
+    return m;
+}
+
+static sched_model_desc_t qwen3(void) {
+    sched_model_desc_t m = {0};
+    m.family = SCHED_FAMILY_QWEN3_MOE;
+    m.num_layers = 48, m.hidden = 2048, m.heads = 32, m.kv_heads = 4, m.head_dim = 128, m.vocab = 151936;
+    m.num_experts = 128, m.top_k = 8, m.expert_inter = 768, m.dense_inter = 6144, m.qk_norm = SCHED_QK_NORM_PER_HEAD;
+    for (int l = 0; l < 48; l++) m.layer_is_moe[l] = true;
+    return m;
+}
+
+static sched_run_shape_t full_ft(int T) {
+    sched_run_shape_t s = {0};
+    s.micro_batch_size = 1, s.sequence_len = T, s.grad_accum = 1, s.bf16 = true, s.max_grad_norm = 1.0;
+    return s;
+}
+
+static sched_run_shape_t lora(int T) {
+    sched_run_shape_t s = full_ft(T);
+    s.lora = true, s.lora_r = 16, s.num_lora_targets = 4;
+    const char *t[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    for (int i = 0; i < 4; i++) snprintf(s.lora_targets[i], sizeof s.lora_targets[i], "%s", t[i]);
+    return s;
+}
+
+static bool plan(const setup_t *s, sched_planner_opts_t *o, sched_planner_result_t *r) {
+    mt_error_t err = {0};
+    mt_status_t st = sched_plan_make(&s->w, o, r, &err);
+    EXPECT(st == MT_OK, "%s", err.msg);
+    return st == MT_OK;
+}
+
+static bool within(const sched_planner_result_t *r, const sched_planner_opts_t *o) {
+    for (int m = 0; m < SCHED_MEM_COUNT; m++)
+        if (o->budget[m] > 0 && r->sim.peak[m] > o->budget[m]) return false;
+    return true;
+}
+
+static void test_mixtral_full(void) {
+    sched_model_desc_t m = mixtral();
+    sched_run_shape_t sh = full_ft(4096);
+    setup_t s;
+    setup(&s, &m, &sh, "configs/hw/h100-80gb-pcie.yaml");
+    if (!s.ok) return;
+    sched_planner_opts_t o;
+    sched_planner_opts_default(&o);
+    o.budget[SCHED_MEM_DEVICE] = 80 * GiB;
+    o.budget[SCHED_MEM_PINNED] = 256 * GiB;
+    o.budget[SCHED_MEM_HOST] = 1024 * GiB;
+    sched_planner_result_t r;
+    if (plan(&s, &o, &r)) {
+        EXPECT(r.feasible, "1 TiB host: %s", r.why);
+        EXPECT(within(&r, &o), "peaks within budgets: device %.1f GiB host %.1f GiB", r.sim.peak[0] / GiB,
+               r.sim.peak[2] / GiB);
+        EXPECT(r.sim.step_time > 0.5 && r.sim.step_time < 600, "step time %g s", r.sim.step_time);
+        /* fp32 master + m + v of 46.7 B parameters cannot sit in 80 GB: the host holds most of it */
+        EXPECT(r.sim.peak[SCHED_MEM_HOST] > 500 * GiB, "host peak %.1f GiB", r.sim.peak[SCHED_MEM_HOST] / GiB);
+        sched_planner_result_free(&r);
+    }
+    o.budget[SCHED_MEM_HOST] = 512 * GiB;
+    if (plan(&s, &o, &r)) {
+        EXPECT(!r.feasible, "512 GiB host must not fit");
+        EXPECT(r.short_of[SCHED_MEM_HOST] && !r.short_of[SCHED_MEM_DEVICE], "host is the short budget");
+        EXPECT(r.needed[SCHED_MEM_HOST] > 512 * GiB && r.needed[SCHED_MEM_HOST] < 1024 * GiB, "needed %.1f GiB",
+               r.needed[SCHED_MEM_HOST] / GiB);
+        EXPECT(strstr(r.why, "host memory is short") && strstr(r.why, "560.4 GB"), "why: %s", r.why);
+        sched_planner_result_free(&r);
+    }
+    /* fixed policies: keep_all needs ~18 B/param on the device */
+    o.budget[SCHED_MEM_HOST] = 1024 * GiB;
+    o.policy = SCHED_POLICY_KEEP_ALL;
+    if (plan(&s, &o, &r)) {
+        EXPECT(!r.feasible && r.short_of[SCHED_MEM_DEVICE] && r.needed[SCHED_MEM_DEVICE] > 46.7e9 * 18,
+               "keep_all: %s", r.why);
+        sched_planner_result_free(&r);
+    }
+    o.policy = SCHED_POLICY_MIN_MEMORY;
+    double t_min = 0;
+    if (plan(&s, &o, &r)) {
+        EXPECT(r.feasible, "min_memory: %s", r.why);
+        for (int b = 1; b < r.plan.num_blocks - 1; b++)
+            EXPECT(r.plan.blocks[b].acts == SCHED_ACTS_RECOMPUTE && r.plan.blocks[b].weights == SCHED_WEIGHTS_STREAM,
+                   "uniform min_memory");
+        t_min = r.sim.step_time;
+        sched_planner_result_free(&r);
+    }
+    o.policy = SCHED_POLICY_AUTO;
+    if (plan(&s, &o, &r)) {
+        EXPECT(r.sim.step_time <= t_min * (1 + 1e-9), "auto (%g s) is no slower than min_memory (%g s)",
+               r.sim.step_time, t_min);
+        sched_planner_result_free(&r);
+    }
+    teardown(&s);
+}
+
+static void test_qwen3_lora(void) {
+    sched_model_desc_t m = qwen3();
+    sched_run_shape_t sh = lora(2048);
+    setup_t s;
+    setup(&s, &m, &sh, "configs/hw/rtx4090.yaml");
+    if (!s.ok) return;
+    sched_planner_opts_t o;
+    sched_planner_opts_default(&o);
+    o.budget[SCHED_MEM_DEVICE] = 24 * GiB;
+    o.budget[SCHED_MEM_PINNED] = 64 * GiB;
+    o.budget[SCHED_MEM_HOST] = 128 * GiB;
+    sched_planner_result_t r;
+    if (plan(&s, &o, &r)) {
+        EXPECT(r.feasible && within(&r, &o), "Qwen3 LoRA on a 4090 with 128 GiB: %s", r.why);
+        sched_planner_result_free(&r);
+    }
+    o.budget[SCHED_MEM_DEVICE] = 1 * GiB;
+    if (plan(&s, &o, &r)) {
+        EXPECT(!r.feasible && r.short_of[SCHED_MEM_DEVICE], "1 GiB device must not fit");
+        EXPECT(strstr(r.why, "device memory is short") && strstr(r.why, "smaller than one block's working set"),
+               "why: %s", r.why);
+        EXPECT(r.block_working_set > 1 * GiB, "working set %.2f GiB", r.block_working_set / GiB);
+        sched_planner_result_free(&r);
+    }
+    teardown(&s);
+}
+
+/* More device budget never predicts a slower step, and a budget that fits
+ * keeps fitting. */
+static void test_monotone(const sched_model_desc_t *m, const sched_run_shape_t *sh, const char *hw,
+                          const double *budgets_gib, int n) {
+    setup_t s;
+    setup(&s, m, sh, hw);
+    if (!s.ok) return;
+    sched_planner_opts_t o;
+    sched_planner_opts_default(&o);
+    o.budget[SCHED_MEM_HOST] = 8192 * GiB;
+    double prev = INFINITY;
+    bool was_feasible = false;
+    for (int i = 0; i < n; i++) {
+        o.budget[SCHED_MEM_DEVICE] = budgets_gib[i] * GiB;
+        sched_planner_result_t r;
+        if (!plan(&s, &o, &r)) break;
+        if (r.feasible) {
+            EXPECT(within(&r, &o), "%s at %g GiB: over budget", hw, budgets_gib[i]);
+            EXPECT(r.sim.step_time <= prev * (1 + 1e-12), "%s: %g GiB predicts %g s, less budget gave %g s", hw,
+                   budgets_gib[i], r.sim.step_time, prev);
+            prev = r.sim.step_time;
+        }
+        EXPECT(r.feasible || !was_feasible, "%s: %g GiB infeasible after a smaller budget fit", hw, budgets_gib[i]);
+        was_feasible |= r.feasible;
+        sched_planner_result_free(&r);
+    }
+    EXPECT(was_feasible, "%s: some budget fits", hw);
+    teardown(&s);
+}
+
+static void test_overrides(void) {
+    sched_model_desc_t m = mixtral();
+    m.num_layers = 4; /* smaller: the point is the decisions, not the numbers */
+    sched_run_shape_t sh = full_ft(1024);
+    setup_t s;
+    setup(&s, &m, &sh, "configs/hw/h100-sxm.yaml");
+    if (!s.ok) return;
+    sched_planner_opts_t o;
+    sched_planner_opts_default(&o);
+    o.budget[SCHED_MEM_DEVICE] = 80 * GiB;
+    o.acts = SCHED_ACTS_OFFLOAD;
+    o.prefetch_window = 2;
+    sched_planner_result_t r;
+    if (plan(&s, &o, &r)) {
+        for (int b = 0; b < r.plan.num_blocks; b++)
+            EXPECT(r.plan.blocks[b].acts == SCHED_ACTS_OFFLOAD, "block %d acts %d", b, r.plan.blocks[b].acts);
+        EXPECT(r.plan.prefetch_window == 2, "window %d", r.plan.prefetch_window);
+        sched_planner_result_free(&r);
+    }
+    sched_planner_opts_default(&o);
+    o.policy = SCHED_POLICY_OFFLOAD_ALL;
+    o.optim = SCHED_OPTIM_DEVICE; /* grads follow to the device: host grads + device optimizer is invalid */
+    if (plan(&s, &o, &r)) {
+        for (int b = 0; b < r.plan.num_blocks; b++)
+            EXPECT(r.plan.blocks[b].grads == SCHED_GRADS_DEVICE && r.plan.blocks[b].optim == SCHED_OPTIM_DEVICE &&
+                       r.plan.blocks[b].weights == SCHED_WEIGHTS_STREAM,
+                   "offload_all with optimizer device, block %d", b);
+        sched_planner_result_free(&r);
+    }
+    o.grads = SCHED_GRADS_HOST;
+    mt_error_t err = {0};
+    EXPECT(sched_plan_make(&s.w, &o, &r, &err) == MT_ERR_CONFIG && strstr(err.msg, "grads: host"), "%s", err.msg);
+    teardown(&s);
+}
+
+int main(void) {
+    test_mixtral_full();
+    test_qwen3_lora();
+    sched_model_desc_t m = mixtral();
+    sched_run_shape_t sh = full_ft(4096);
+    const double mix[] = {4, 8, 12, 16, 24, 32, 48, 64, 80, 120, 200, 400, 1000};
+    test_monotone(&m, &sh, "configs/hw/h100-80gb-pcie.yaml", mix, (int)(sizeof mix / sizeof mix[0]));
+    m = qwen3();
+    sh = lora(2048);
+    sh.grad_accum = 2;
+    const double q3[] = {2, 4, 6, 8, 12, 16, 24, 48, 96};
+    test_monotone(&m, &sh, "configs/hw/rtx4090.yaml", q3, (int)(sizeof q3 / sizeof q3[0]));
+    test_overrides();
+    if (failures) fprintf(stderr, "planner_test: %d failure(s)\n", failures);
+    else printf("planner_test: all passed\n");
+    return failures != 0;
+}

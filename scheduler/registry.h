@@ -1,0 +1,204 @@
+/* The tensor registry: every tensor of one training step and every op that
+ * produces or consumes one, with bytes and FLOPs, from a model description
+ * and a run shape alone (no checkpoint, no device).
+ *
+ * Design notes:
+ * - The scheduler does not include engine headers (layering: engine ->
+ *   scheduler -> kernels), so it defines its own model description
+ *   (sched_model_desc_t); engine/program.c fills it from the HF config and
+ *   the run config.
+ * - Blocks are the unit the plan decides on (scheduler/plan.h): block 0 is
+ *   the embedding, 1..L the decoder layers, L+1 the final norm and lm_head.
+ *   Every tensor and op belongs to one block.
+ * - Tensors: the working copy of each parameter (kind WEIGHT, HF name; bf16
+ *   when the run keeps bf16 working copies, fp32 otherwise), its fp32
+ *   master copy (only with bf16 working copies), gradient, Adam m and v
+ *   (only trainable parameters: all of them in full fine-tuning, the LoRA
+ *   A/B matrices with an adapter), the saved activations of each block
+ *   (what the forward keeps for the backward, in the engine's layout:
+ *   engine/blocks.c, moe/moe_layer.c, engine/step.c) and the temporaries of
+ *   each block (buffers that live only while the block computes).
+ * - Gradients are fp32 whatever the working dtype: they are summed over
+ *   micro-batches, and AdamW reads fp32 gradients.  This is the dominant
+ *   choice in mixed-precision trainers and keeps host accumulation exact.
+ * - Routed experts: a micro-batch of n tokens with top-k routing over E
+ *   experts touches on average E * (1 - (1 - k/E)^n) distinct experts
+ *   (uniform routing).  Expert weights are read (and fetched, when
+ *   streamed) only for those; expert GEMM FLOPs do not depend on the
+ *   routing (n * k rows in total).
+ * - Per-block aggregates (sched_block_info_t) are what the cost model and
+ *   simulator use; the tensor and op lists are the detailed view (names,
+ *   producers, consumers) for reports and the executor. */
+#ifndef MT_SCHEDULER_REGISTRY_H
+#define MT_SCHEDULER_REGISTRY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/dtype.h"
+#include "kernels/status.h"
+
+#define SCHED_MAX_LAYERS 256
+#define SCHED_MAX_LORA_TARGETS 32
+#define SCHED_MAX_CONSUMERS 4
+
+/* Which HF naming and small architectural details apply. */
+typedef enum {
+    SCHED_FAMILY_MIXTRAL = 0, /* block_sparse_moe.experts.E.w1/w2/w3 */
+    SCHED_FAMILY_QWEN2_MOE,   /* mlp.experts.E.*_proj, shared expert with sigmoid gate */
+    SCHED_FAMILY_QWEN3_MOE,   /* mlp.experts.E.*_proj, per-head q/k norm */
+    SCHED_FAMILY_OLMOE,       /* mlp.experts.E.*_proj, q/k norm over the whole projection */
+} sched_family_t;
+
+typedef enum {
+    SCHED_QK_NORM_NONE = 0,
+    SCHED_QK_NORM_PER_HEAD, /* Qwen3: weights (hd), one RMSNorm per head */
+    SCHED_QK_NORM_FULL,     /* OLMoE: weights (nh*hd) and (nkv*hd) over the whole projection */
+} sched_qk_norm_t;
+
+/* The architecture, as the scheduler needs it. */
+typedef struct {
+    sched_family_t family;
+    int num_layers;    /* L */
+    int hidden;        /* H */
+    int heads;         /* nh */
+    int kv_heads;      /* nkv */
+    int head_dim;      /* hd */
+    int vocab;         /* V */
+    int num_experts;   /* E (0 = no MoE layer) */
+    int top_k;         /* k */
+    int expert_inter;  /* I: routed expert width */
+    int shared_inter;  /* Is: shared expert width, 0 = none */
+    bool shared_expert_gate; /* sigmoid gate (1, H) on the shared expert (Qwen2-MoE) */
+    int dense_inter;   /* width of the dense MLP of non-MoE layers */
+    bool layer_is_moe[SCHED_MAX_LAYERS];
+    bool tied_embeddings;
+    bool qkv_bias;     /* q/k/v_proj have a bias */
+    bool o_bias;       /* o_proj has a bias */
+    sched_qk_norm_t qk_norm;
+    int sliding_window; /* 0 = full causal attention */
+} sched_model_desc_t;
+
+/* One optimizer step's shape. */
+typedef struct {
+    int micro_batch_size;   /* B */
+    int sequence_len;       /* T */
+    int grad_accum;         /* micro-batches per optimizer step */
+    bool bf16;              /* bf16 working copies (weights, activations) + fp32 master */
+    bool lora;              /* adapter: lora (base weights frozen) */
+    int lora_r;
+    /* PEFT target_modules semantics: a module is targeted when its name's
+     * last component equals an entry ("q_proj", "w1", "gate" = router),
+     * or the entry is "all-linear" (every linear but lm_head). */
+    char lora_targets[SCHED_MAX_LORA_TARGETS][128];
+    int num_lora_targets;
+    double max_grad_norm;   /* 0 = no clipping */
+} sched_run_shape_t;
+
+typedef enum {
+    SCHED_T_WEIGHT = 0, /* the working copy compute reads (HF name) */
+    SCHED_T_MASTER,     /* fp32 master copy (bf16 working copies only) */
+    SCHED_T_GRAD,       /* fp32 gradient */
+    SCHED_T_ADAM_M,
+    SCHED_T_ADAM_V,
+    SCHED_T_ACT,        /* saved for the backward */
+    SCHED_T_TEMP,       /* lives while its block computes */
+    SCHED_T_KIND_COUNT,
+} sched_tensor_kind_t;
+
+typedef enum { SCHED_PHASE_FWD = 0, SCHED_PHASE_BWD, SCHED_PHASE_OPTIM } sched_phase_t;
+
+typedef struct {
+    int id;
+    char name[112];      /* HF name for weights ("...#master", "#grad", "#adam_m" suffixes for derived) */
+    sched_tensor_kind_t kind;
+    int block;           /* 0 = embedding, 1..L = layers, L+1 = head */
+    int layer;           /* HF layer index, -1 for embedding / head */
+    int expert;          /* routed expert index, -1 otherwise */
+    mt_dtype_t dtype;
+    int64_t numel;
+    size_t bytes;
+    bool trainable;      /* WEIGHT only: receives a gradient */
+    int producer;        /* op id; -1 = loaded from the checkpoint / initialised */
+    int consumers[SCHED_MAX_CONSUMERS];
+    int num_consumers;
+} sched_tensor_t;
+
+typedef struct {
+    int id;
+    char name[64];       /* e.g. "L3.q_proj.fwd" */
+    int block;
+    sched_phase_t phase;
+    bool matmul;         /* runs at the matmul rate; else an elementwise-class op */
+    double flops;
+    double bytes;        /* device memory traffic (reads + writes) */
+} sched_op_t;
+
+/* What the cost model and simulator need of one block. */
+typedef struct {
+    int layer;               /* HF layer, -1 for embedding / head */
+    bool is_moe;
+    /* weights (working copies) */
+    double w_bytes;          /* all of the block's weights: the resident footprint */
+    double w_dense_bytes;    /* everything but routed experts */
+    double w_expert_bytes;   /* one routed expert's tensors */
+    double experts_hit;      /* expected distinct experts per micro-batch */
+    double experts_hit_step; /* expected over the step's micro-batches */
+    double w_fetch_bytes;    /* one fetch when streamed: dense + experts_hit experts */
+    double params;           /* parameter count (base weights; LoRA adapters not included) */
+    /* trainable state (LoRA: the adapters only) */
+    double train_params;     /* trainable parameters */
+    double train_params_step;/* of those, expected to receive a gradient in a step */
+    double train_params_mb;  /* ... in one micro-batch */
+    double grad_bytes;       /* fp32 gradients of all trainable parameters */
+    double optim_bytes;      /* master (bf16 runs) + m + v */
+    double adam_bytes_per_param; /* 28 (fp32 p, g, m, v read; p, m, v written) + 2 with a bf16 copy */
+    double train_w_bytes_step;   /* working-copy bytes of the trainable tensors updated in a step */
+    double train_fp32_params;    /* trainable params whose working copy is the fp32 master itself */
+    /* tensor counts: one copy each when moved (per-copy latency) */
+    int w_dense_tensors, w_expert_tensors; /* expert: tensors of one routed expert */
+    int train_dense_tensors, train_expert_tensors;
+    int act_tensors;
+    /* activations */
+    double act_saved_bytes;  /* KEEP / OFFLOAD footprint, the block input included */
+    double act_input_bytes;  /* what RECOMPUTE keeps: the block input */
+    double fwd_temp_bytes;   /* peak of temporaries while the forward runs */
+    double bwd_temp_bytes;   /* ... while the backward runs (the gradient stream included) */
+    /* ops */
+    int first_op, num_ops;
+    double fwd_flops, bwd_flops;
+} sched_block_info_t;
+
+typedef struct {
+    sched_model_desc_t model;
+    sched_run_shape_t shape;
+    int num_blocks;          /* L + 2 */
+    sched_block_info_t *blocks;
+    sched_tensor_t *tensors;
+    int num_tensors;
+    sched_op_t *ops;
+    int num_ops;
+    /* totals */
+    double params;           /* base parameters (HF count) */
+    double active_params;    /* per token: all but the routed experts it is not sent to */
+    double train_params;     /* trainable (LoRA: adapters) */
+    double tokens_per_step;  /* B * T * grad_accum */
+    double model_flops;      /* one step's useful FLOPs: forward + backward, no recomputation */
+    double kind_bytes[SCHED_T_KIND_COUNT]; /* sum of bytes per tensor kind */
+} sched_registry_t;
+
+/* Builds the registry.  Errors (MT_ERR_CONFIG) name the field: sizes not
+ * positive, heads not dividing, a LoRA target that matches no module, more
+ * layers than SCHED_MAX_LAYERS. */
+mt_status_t sched_registry_build(const sched_model_desc_t *model, const sched_run_shape_t *shape,
+                                 sched_registry_t *out, mt_error_t *err);
+void sched_registry_free(sched_registry_t *reg);
+
+const char *sched_tensor_kind_name(sched_tensor_kind_t k);
+/* "embed", "layer 3", "head" */
+void sched_block_label(const sched_registry_t *reg, int block, char *buf, size_t cap);
+/* Expected distinct experts hit by `tokens` tokens with top-k of E (uniform routing). */
+double sched_expected_experts_hit(int num_experts, int top_k, double tokens);
+
+#endif
