@@ -2,7 +2,8 @@
  * line) -> eng_run_config_t, plus `--set key=value` overrides.
  *
  * Design notes:
- * - One table per nesting level (top level, memory:, backend_options:);
+ * - One table per nesting level (top level, memory:, backend_options:,
+ *   scheduler:);
  *   a row names the key, its kind and where it lands in eng_run_config_t.
  *   A later section (scheduler:, staging:) is a new table plus one
  *   K_SECTION row: the walker, the "did you mean" suggestions, null resets
@@ -44,6 +45,7 @@ typedef enum {
     K_DOUBLE,   /* double; integers accepted */
     K_BOOL,     /* bool, YAML 1.1 words */
     K_PATH,     /* char[], relative paths anchored at the YAML's folder */
+    K_STRING,   /* char[], kept as written (names that may also be paths, e.g. hardware) */
     K_SIZE,     /* size_t from eng_parse_size */
     K_ENUM,     /* C enum from a name list */
     K_DATASETS, /* list of {path, type} */
@@ -87,6 +89,43 @@ static const enum_name_t k_backend_names[] = {
 static const enum_name_t k_adapter_names[] = {
     {"lora", ENG_ADAPTER_LORA},
     {NULL, 0},
+};
+
+static const enum_name_t k_policy_names[] = {
+    {"auto", ENG_SCHED_AUTO},
+    {"keep_all", ENG_SCHED_KEEP_ALL},
+    {"offload_all", ENG_SCHED_OFFLOAD_ALL},
+    {"min_memory", ENG_SCHED_MIN_MEMORY},
+    {NULL, 0},
+};
+static const enum_name_t k_weights_names[] = {
+    {"auto", ENG_WEIGHTS_AUTO},
+    {"resident", ENG_WEIGHTS_RESIDENT},
+    {"stream", ENG_WEIGHTS_STREAM},
+    {NULL, 0},
+};
+static const enum_name_t k_place_names[] = {
+    {"auto", ENG_PLACE_AUTO},
+    {"device", ENG_PLACE_DEVICE},
+    {"host", ENG_PLACE_HOST},
+    {NULL, 0},
+};
+static const enum_name_t k_acts_names[] = {
+    {"auto", ENG_ACTS_AUTO},
+    {"keep", ENG_ACTS_KEEP},
+    {"offload", ENG_ACTS_OFFLOAD},
+    {"recompute", ENG_ACTS_RECOMPUTE},
+    {NULL, 0},
+};
+
+static const key_row_t k_scheduler_rows[] = {
+    ROW_ENUM("policy", sched_policy, k_policy_names),
+    ROW("prefetch_window", K_INT, sched_prefetch_window),
+    ROW_ENUM("weights", sched_weights, k_weights_names),
+    ROW_ENUM("grads", sched_grads, k_place_names),
+    ROW_ENUM("optimizer", sched_optimizer, k_place_names),
+    ROW_ENUM("activations", sched_activations, k_acts_names),
+    {0},
 };
 
 static const key_row_t k_memory_rows[] = {
@@ -137,6 +176,8 @@ static const key_row_t k_top_rows[] = {
     ROW("model_config", K_JSON, model_config_json),
     ROW_SECTION("memory", k_memory_rows),
     ROW_SECTION("backend_options", k_backend_options_rows),
+    ROW("hardware", K_STRING, hardware),
+    ROW_SECTION("scheduler", k_scheduler_rows),
     ROW("save_max_shard_size", K_SIZE, save_max_shard_bytes),
     ROW("progress", K_BOOL, progress),
     ROW_ENUM("adapter", adapter, k_adapter_names),
@@ -425,10 +466,11 @@ static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_
         put(cfg, row, &v, sizeof v);
         return MT_OK;
     }
-    case K_PATH: {
+    case K_PATH:
+    case K_STRING: {
         char tmp[1024];
         MT_CHECK(row->size <= sizeof tmp, "config table: path key %s too large", row->name);
-        mt_status_t st = take_string(c, n, key, true, tmp, row->size);
+        mt_status_t st = take_string(c, n, key, row->kind == K_PATH, tmp, row->size);
         if (st == MT_OK) memcpy((char *)cfg + row->offset, tmp, row->size);
         return st;
     }
@@ -753,6 +795,11 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
          cfg->link_gbps);
     NEED(isfinite(cfg->link_latency_us) && cfg->link_latency_us >= 0,
          "backend_options.link_latency_us must be >= 0, got %g", cfg->link_latency_us);
+    NEED(cfg->sched_prefetch_window >= 0 && cfg->sched_prefetch_window <= 64,
+         "scheduler.prefetch_window must be 0 (the planner decides) to 64, got %d", cfg->sched_prefetch_window);
+    NEED(!(cfg->sched_grads == ENG_PLACE_HOST && cfg->sched_optimizer == ENG_PLACE_DEVICE),
+         "scheduler: grads: host with optimizer: device is not a valid combination (the device optimizer reads "
+         "device gradients); use grads: device or optimizer: host");
     if (cfg->adapter == ENG_ADAPTER_LORA) {
         NEED(cfg->lora_r >= 1, "lora_r must be >= 1, got %d", cfg->lora_r);
         NEED(isfinite(cfg->lora_alpha) && cfg->lora_alpha > 0, "lora_alpha must be > 0, got %g", cfg->lora_alpha);

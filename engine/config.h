@@ -16,6 +16,16 @@
 typedef enum { ENG_LR_CONSTANT = 0, ENG_LR_CONSTANT_WITH_WARMUP, ENG_LR_LINEAR, ENG_LR_COSINE } eng_lr_sched_t;
 typedef enum { ENG_BACKEND_AUTO = 0, ENG_BACKEND_CPU, ENG_BACKEND_CUDA } eng_backend_choice_t;
 typedef enum { ENG_ADAPTER_NONE = 0, ENG_ADAPTER_LORA } eng_adapter_t;
+/* scheduler: section (scheduler/plan.h has the semantics; engine/program.c maps these) */
+typedef enum {
+    ENG_SCHED_AUTO = 0,     /* least predicted step time within the budgets */
+    ENG_SCHED_KEEP_ALL,
+    ENG_SCHED_OFFLOAD_ALL,
+    ENG_SCHED_MIN_MEMORY,
+} eng_sched_policy_t;
+typedef enum { ENG_WEIGHTS_AUTO = 0, ENG_WEIGHTS_RESIDENT, ENG_WEIGHTS_STREAM } eng_weights_place_t;
+typedef enum { ENG_PLACE_AUTO = 0, ENG_PLACE_DEVICE, ENG_PLACE_HOST } eng_place_t; /* grads, optimizer */
+typedef enum { ENG_ACTS_AUTO = 0, ENG_ACTS_KEEP, ENG_ACTS_OFFLOAD, ENG_ACTS_RECOMPUTE } eng_acts_place_t;
 
 typedef struct {
     char path[1024]; /* resolved relative to the run config's folder */
@@ -55,6 +65,16 @@ typedef struct {
     size_t memory_device, memory_pinned, memory_host;
     /* CPU backend link throttling for measurement (0 = off) */
     double link_gbps, link_latency_us;
+    /* `hardware: NAME|FILE`: the profile plans are made for (configs/hw/NAME.yaml, a file, or
+       "calibrate"); "" = none: training calibrates on the CPU backend, `moetune plan` needs --hw */
+    char hardware[1024];
+    /* `scheduler:` section */
+    eng_sched_policy_t sched_policy;        /* default auto */
+    int sched_prefetch_window;              /* default 0 = the planner decides */
+    eng_weights_place_t sched_weights;      /* default auto */
+    eng_place_t sched_grads;                /* default auto */
+    eng_place_t sched_optimizer;            /* default auto */
+    eng_acts_place_t sched_activations;     /* default auto */
     bool progress;                  /* default true: live bar on a terminal */
     /* axolotl's LoRA keys; stored here, used when adapter == ENG_ADAPTER_LORA */
     eng_adapter_t adapter;          /* default none = full fine-tuning; `adapter: lora` */

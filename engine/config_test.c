@@ -408,8 +408,64 @@ static void test_load(void) {
     remove(path);
 }
 
+/* scheduler: section and hardware: key (issue 3) */
+static void test_scheduler(void) {
+    eng_run_config_t c;
+    eng_run_config_defaults(&c);
+    EXPECT(c.sched_policy == ENG_SCHED_AUTO && c.sched_prefetch_window == 0 && c.hardware[0] == '\0');
+    EXPECT(c.sched_weights == ENG_WEIGHTS_AUTO && c.sched_grads == ENG_PLACE_AUTO);
+    EXPECT(c.sched_optimizer == ENG_PLACE_AUTO && c.sched_activations == ENG_ACTS_AUTO);
+    const char *y = "hardware: h100-sxm\n"
+                    "scheduler:\n"
+                    "  policy: offload_all\n"
+                    "  prefetch_window: 3\n"
+                    "  weights: stream\n"
+                    "  grads: device\n"
+                    "  optimizer: host\n"
+                    "  activations: recompute\n";
+    mt_error_t err = {0};
+    mt_status_t st = eng_run_config_parse(y, strlen(y), "cfgs/run.yaml", &c, &err);
+    if (st != MT_OK) fprintf(stderr, "scheduler parse: %s\n", err.msg);
+    EXPECT(st == MT_OK);
+    /* a name is not a path: not joined with the config's folder */
+    EXPECT(strcmp(c.hardware, "h100-sxm") == 0);
+    EXPECT(c.sched_policy == ENG_SCHED_OFFLOAD_ALL && c.sched_prefetch_window == 3);
+    EXPECT(c.sched_weights == ENG_WEIGHTS_STREAM && c.sched_grads == ENG_PLACE_DEVICE);
+    EXPECT(c.sched_optimizer == ENG_PLACE_HOST && c.sched_activations == ENG_ACTS_RECOMPUTE);
+    EXPECT(set_ok(&c, "scheduler.policy=min_memory") && c.sched_policy == ENG_SCHED_MIN_MEMORY);
+    EXPECT(set_ok(&c, "scheduler.activations=keep") && c.sched_activations == ENG_ACTS_KEEP);
+    EXPECT(set_ok(&c, "hardware=../hw/mine.yaml") && strcmp(c.hardware, "../hw/mine.yaml") == 0);
+    EXPECT(set_ok(&c, "scheduler=~") && c.sched_policy == ENG_SCHED_AUTO && c.sched_prefetch_window == 0);
+    EXPECT_SET_ERROR(&c, "scheduler.policy=fastest", "scheduler.policy", "keep_all");
+    EXPECT_SET_ERROR(&c, "scheduler.grads=gpu", "scheduler.grads", "device, host");
+    EXPECT_SET_ERROR(&c, "scheduler.polcy=auto", "did you mean 'scheduler.policy'", NULL);
+    eng_run_config_free(&c);
+    EXPECT_ERROR("scheduler:\n  activations: swap\n", MT_ERR_CONFIG, "run.yaml:2", "keep, offload, recompute");
+    EXPECT_ERROR("scheduler:\n  prefetch_windw: 2\n", MT_ERR_CONFIG, "did you mean 'scheduler.prefetch_window'", NULL);
+    EXPECT_ERROR("scheduler:\n  swap: yes\n", MT_ERR_CONFIG, "valid keys here", "scheduler.activations");
+    EXPECT_ERROR("hardwre: rtx4090\n", MT_ERR_CONFIG, "did you mean 'hardware'", NULL);
+    EXPECT_ERROR("scheduler: auto\n", MT_ERR_CONFIG, "scheduler", "a mapping");
+
+    /* validation: the window's range and the one invalid combination */
+    const char *base = "base_model: m\ndatasets: [{path: d.jsonl}]\n";
+    char text[512];
+    snprintf(text, sizeof text, "%sscheduler: {grads: host, optimizer: device}\n", base);
+    st = eng_run_config_parse(text, strlen(text), "cfgs/run.yaml", &c, &err);
+    EXPECT(st == MT_OK);
+    st = eng_run_config_validate(&c, &err);
+    EXPECT(st == MT_ERR_CONFIG && strstr(err.msg, "grads: host with optimizer: device"));
+    eng_run_config_free(&c);
+    snprintf(text, sizeof text, "%sscheduler: {prefetch_window: -1}\n", base);
+    st = eng_run_config_parse(text, strlen(text), "cfgs/run.yaml", &c, &err);
+    EXPECT(st == MT_OK);
+    st = eng_run_config_validate(&c, &err);
+    EXPECT(st == MT_ERR_CONFIG && strstr(err.msg, "prefetch_window"));
+    eng_run_config_free(&c);
+}
+
 int main(void) {
     test_defaults();
+    test_scheduler();
     test_every_key();
     test_null_and_scalars();
     test_errors();

@@ -33,6 +33,7 @@ static const char *arch_title(eng_arch_t a) {
     case ENG_ARCH_MIXTRAL: return "Mixtral";
     case ENG_ARCH_QWEN2_MOE: return "Qwen2-MoE";
     case ENG_ARCH_QWEN3_MOE: return "Qwen3-MoE";
+    case ENG_ARCH_OLMOE: return "OLMoE";
     }
     return "?";
 }

@@ -1,7 +1,7 @@
 /* HF config.json -> eng_model_config_t (see model_config.h).
  *
- * Defaults are those of transformers' MixtralConfig, Qwen2MoeConfig and
- * Qwen3MoeConfig for every key a file may omit, so a config.json means the
+ * Defaults are those of transformers' MixtralConfig, Qwen2MoeConfig,
+ * Qwen3MoeConfig and OlmoeConfig for every key a file may omit, so a config.json means the
  * same model here as in transformers.  Exceptions, on purpose: the keys that
  * fix the model's size (vocab_size, hidden_size, num_hidden_layers,
  * num_attention_heads and the expert width) are required, because a file
@@ -333,6 +333,41 @@ static mt_status_t parse_qwen3_moe(reader_t *r, eng_model_config_t *c) {
     return MT_OK;
 }
 
+/* OLMoE (OlmoeConfig): every layer sparse, the expert width is
+ * intermediate_size, q/k RMSNorm over the whole projection, o_proj has a
+ * bias when attention_bias is set (as q/k/v). */
+static mt_status_t parse_olmoe(reader_t *r, eng_model_config_t *c) {
+    c->arch = ENG_ARCH_OLMOE;
+    /* num_key_value_heads defaults to num_attention_heads (None in OlmoeConfig) */
+    json_t *nh = json_object_get(r->obj, "num_attention_heads");
+    const int def_nkv = json_is_integer(nh) && json_integer_value(nh) > 0 && json_integer_value(nh) < 1 << 20
+                            ? (int)json_integer_value(nh)
+                            : 16;
+    TRY(read_common(r, c, def_nkv, 1e-5, 4096));
+    double d;
+    TRY(get_double(r, "router_aux_loss_coef", 0.01, &d)); /* OlmoeConfig's default, not 0.001 */
+    c->router_aux_loss_coef = (float)d;
+    TRY(get_int(r, "intermediate_size", true, false, 0, &c->intermediate_size));
+    TRY(positive(r, "intermediate_size", c->intermediate_size));
+    c->moe_intermediate_size = c->intermediate_size;
+    c->shared_expert_intermediate_size = 0;
+    TRY(read_experts(r, c, "num_experts", 64, 8));
+    TRY(positive(r, "num_experts", c->num_experts));
+    TRY(get_bool(r, "norm_topk_prob", false, &c->norm_topk_prob));
+    TRY(get_bool(r, "attention_bias", false, &c->qkv_bias));
+    c->qk_norm = true;
+    c->qk_norm_whole = true;
+    json_t *clip = json_object_get(r->obj, "clip_qkv");
+    if (clip && !json_is_null(clip))
+        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
+                            "%s: key 'clip_qkv' is set; clamping q/k/v is not supported (only clip_qkv: null)",
+                            r->path);
+    TRY(read_rope(r, 10000.0, &c->rope_theta));
+    c->sliding_window = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) c->layer_is_moe[l] = true;
+    return MT_OK;
+}
+
 mt_status_t eng_model_config_parse(const char *json_text, const char *path,
                                    const char *overrides_json, eng_model_config_t *out,
                                    mt_error_t *err) {
@@ -374,10 +409,11 @@ mt_status_t eng_model_config_parse(const char *json_text, const char *path,
     if (strcmp(type, "mixtral") == 0) st = parse_mixtral(&r, out);
     else if (strcmp(type, "qwen2_moe") == 0) st = parse_qwen2_moe(&r, out);
     else if (strcmp(type, "qwen3_moe") == 0) st = parse_qwen3_moe(&r, out);
+    else if (strcmp(type, "olmoe") == 0) st = parse_olmoe(&r, out);
     else
         st = mt_error_set(err, MT_ERR_UNSUPPORTED,
                           "%s: model_type '%s' is not supported (supported: mixtral, qwen2_moe, "
-                          "qwen3_moe)",
+                          "qwen3_moe, olmoe)",
                           path, type);
     if (st == MT_OK) {
         out->config_json = strdup(json_text);

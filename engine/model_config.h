@@ -15,6 +15,7 @@ typedef enum {
     ENG_ARCH_MIXTRAL = 0,
     ENG_ARCH_QWEN2_MOE,
     ENG_ARCH_QWEN3_MOE,
+    ENG_ARCH_OLMOE,
 } eng_arch_t;
 
 typedef struct {
@@ -33,7 +34,9 @@ typedef struct {
     int num_experts_per_tok;      /* k */
     bool norm_topk_prob;          /* Mixtral: always true */
     bool qkv_bias;                /* Qwen2-MoE: true; Qwen3: attention_bias */
-    bool qk_norm;                 /* Qwen3: per-head RMSNorm on q and k */
+    bool qk_norm;                 /* Qwen3: per-head RMSNorm on q and k; OLMoE: see qk_norm_whole */
+    bool qk_norm_whole;           /* OLMoE: the norm spans the whole q / k projection, weights
+                                     (nh*hd) and (nkv*hd), applied before splitting into heads */
     bool tie_word_embeddings;
     bool output_router_logits;    /* aux loss added to the loss when true */
     float router_aux_loss_coef;

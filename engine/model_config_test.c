@@ -289,9 +289,46 @@ static void test_load(tctx_t *t) {
     rmdir(dir);
 }
 
+/* OLMoE-1B-7B (allenai/OLMoE-1B-7B-0924): every layer sparse, expert width
+ * from intermediate_size, whole-projection q/k norm, OlmoeConfig defaults. */
+static void test_olmoe(tctx_t *t) {
+    static const char *k_olmoe =
+        "{\"architectures\": [\"OlmoeForCausalLM\"], \"attention_bias\": false, \"clip_qkv\": null,"
+        " \"hidden_act\": \"silu\", \"hidden_size\": 2048, \"intermediate_size\": 1024,"
+        " \"max_position_embeddings\": 4096, \"model_type\": \"olmoe\", \"norm_topk_prob\": false,"
+        " \"num_attention_heads\": 16, \"num_experts\": 64, \"num_experts_per_tok\": 8,"
+        " \"num_hidden_layers\": 16, \"num_key_value_heads\": 16, \"rms_norm_eps\": 1e-05,"
+        " \"rope_scaling\": null, \"rope_theta\": 10000.0, \"router_aux_loss_coef\": 0.01,"
+        " \"tie_word_embeddings\": false, \"vocab_size\": 50304}";
+    eng_model_config_t c;
+    mt_error_t err = {0};
+    mt_status_t st = eng_model_config_parse(k_olmoe, "olmoe/config.json", NULL, &c, &err);
+    EXPECT(t, st == MT_OK, "%s", err.msg);
+    EXPECT(t, c.arch == ENG_ARCH_OLMOE && strcmp(c.model_type, "olmoe") == 0, "olmoe arch");
+    EXPECT(t, c.num_experts == 64 && c.num_experts_per_tok == 8 && c.moe_intermediate_size == 1024, "olmoe experts");
+    EXPECT(t, c.qk_norm && c.qk_norm_whole && !c.qkv_bias && !c.norm_topk_prob && c.head_dim == 128, "olmoe flags");
+    EXPECT(t, fabsf(c.router_aux_loss_coef - 0.01f) < 1e-9f && c.rope_theta == 10000.0f, "olmoe aux/rope");
+    for (int l = 0; l < 16; l++) EXPECT(t, c.layer_is_moe[l], "olmoe layer %d", l);
+    eng_model_config_free(&c);
+    /* defaults: no kv heads (= heads), no router_aux_loss_coef (0.01), experts 64 top-8 */
+    st = eng_model_config_parse("{\"model_type\": \"olmoe\", \"vocab_size\": 64, \"hidden_size\": 32,"
+                                " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"intermediate_size\": 16}",
+                                "olmoe-min/config.json", NULL, &c, &err);
+    EXPECT(t, st == MT_OK, "%s", err.msg);
+    EXPECT(t, c.num_key_value_heads == 4 && c.num_experts == 64 && c.num_experts_per_tok == 8, "olmoe defaults");
+    EXPECT(t, fabsf(c.router_aux_loss_coef - 0.01f) < 1e-9f && c.rms_norm_eps == 1e-5f, "olmoe default coef/eps");
+    eng_model_config_free(&c);
+    st = eng_model_config_parse("{\"model_type\": \"olmoe\", \"vocab_size\": 64, \"hidden_size\": 32,"
+                                " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"intermediate_size\": 16,"
+                                " \"clip_qkv\": 8.0}",
+                                "olmoe-clip/config.json", NULL, &c, &err);
+    EXPECT(t, st == MT_ERR_UNSUPPORTED && strstr(err.msg, "clip_qkv"), "clip_qkv refused: %s", err.msg);
+}
+
 int main(void) {
     tctx_t t = {0};
     test_real_configs(&t);
+    test_olmoe(&t);
     test_defaults(&t);
     test_layers_and_overrides(&t);
     test_refusals(&t);

@@ -1,0 +1,140 @@
+/* Calibration (see calibrate.h).
+ *
+ * Design notes: buffers are 64 MiB by default, several times a server's
+ * last-level cache, so the passes measure memory, not cache; the stream
+ * pass splits the buffer across one thread per online core, as host AdamW
+ * does.  The GEMM goes through a CPU device and its kernel table rather
+ * than calling OpenBLAS directly, so that it includes what the engine's
+ * matmul includes. */
+#include "engine/calibrate.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/device.h"
+#include "kernels/ops.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static mt_status_t measure_gemm(int n, int reps, double *flops, mt_error_t *err) {
+    const size_t bytes = (size_t)n * (size_t)n * sizeof(float);
+    kern_device_opts_t o = {.device_budget_bytes = 3 * bytes + (1u << 20)};
+    kern_device_t *dev = NULL;
+    mt_status_t st = kern_device_create(KERN_BACKEND_CPU, &o, &dev, err);
+    if (st != MT_OK) return mt_error_prefix(err, "calibration: ");
+    float *a = kern_alloc(dev, bytes, "calibration A", err);
+    float *b = a ? kern_alloc(dev, bytes, "calibration B", err) : NULL;
+    float *c = b ? kern_alloc(dev, bytes, "calibration C", err) : NULL;
+    if (!c) {
+        kern_device_destroy(dev);
+        return err->code;
+    }
+    float *host = malloc(bytes);
+    MT_CHECK_ALLOC(host, "calibration matrix");
+    for (size_t i = 0; i < (size_t)n * (size_t)n; i++) host[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    kern_memcpy_h2d(dev, s, a, host, bytes);
+    kern_memcpy_h2d(dev, s, b, host, bytes);
+    kern_stream_sync(dev, s);
+    double best = 1e30;
+    for (int r = 0; r < reps + 1; r++) { /* +1: the first run warms the thread pool */
+        double t0 = now_s();
+        dev->ops->matmul(s, c, a, b, n, n, n, false, true, 1.0f, 0.0f);
+        kern_stream_sync(dev, s);
+        double t = now_s() - t0;
+        if (r > 0 && t < best) best = t;
+    }
+    free(host);
+    kern_free(dev, a);
+    kern_free(dev, b);
+    kern_free(dev, c);
+    kern_device_destroy(dev);
+    *flops = 2.0 * n * (double)n * n / best;
+    return MT_OK;
+}
+
+typedef struct {
+    float *a;
+    const float *b, *c;
+    size_t n;
+} triad_t;
+
+static void *triad(void *arg) {
+    triad_t *t = arg;
+    for (size_t i = 0; i < t->n; i++) t->a[i] = t->b[i] + 0.5f * t->c[i];
+    return NULL;
+}
+
+static double measure_stream(size_t bytes, int reps, int threads) {
+    const size_t n = bytes / sizeof(float);
+    float *a = malloc(bytes), *b = malloc(bytes), *c = malloc(bytes);
+    MT_CHECK(a && b && c, "out of host memory for the calibration buffers");
+    for (size_t i = 0; i < n; i++) a[i] = 0, b[i] = (float)(i & 1023), c[i] = 1.0f;
+    pthread_t *tid = malloc((size_t)threads * sizeof *tid);
+    triad_t *parts = malloc((size_t)threads * sizeof *parts);
+    MT_CHECK(tid && parts, "out of host memory for calibration threads");
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        for (int k = 0; k < threads; k++) {
+            size_t lo = n * (size_t)k / (size_t)threads, hi = n * (size_t)(k + 1) / (size_t)threads;
+            parts[k] = (triad_t){a + lo, b + lo, c + lo, hi - lo};
+            MT_CHECK(pthread_create(&tid[k], NULL, triad, &parts[k]) == 0, "pthread_create failed");
+        }
+        for (int k = 0; k < threads; k++) pthread_join(tid[k], NULL);
+        double t = now_s() - t0;
+        if (t < best) best = t;
+    }
+    free(tid);
+    free(parts);
+    free(a);
+    free(b);
+    free(c);
+    return 3.0 * (double)bytes / best; /* two buffers read, one written */
+}
+
+static double measure_memcpy(size_t bytes, int reps) {
+    char *src = malloc(bytes), *dst = malloc(bytes);
+    MT_CHECK(src && dst, "out of host memory for the calibration buffers");
+    memset(src, 1, bytes);
+    memset(dst, 0, bytes);
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        memcpy(dst, src, bytes);
+        double t = now_s() - t0;
+        if (t < best) best = t;
+    }
+    volatile char sink = dst[bytes / 2]; /* keep the copy */
+    (void)sink;
+    free(src);
+    free(dst);
+    return (double)bytes / best;
+}
+
+mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_opts_t *opts, sched_calibration_t *out,
+                          mt_error_t *err) {
+    memset(out, 0, sizeof *out);
+    const int n = opts && opts->gemm_n > 0 ? opts->gemm_n : 1024;
+    const size_t bytes = opts && opts->stream_bytes > 0 ? opts->stream_bytes : (size_t)64 << 20;
+    const int reps = opts && opts->reps > 0 ? opts->reps : 3;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    out->cores = cores > 0 ? (int)cores : 1;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    out->host_memory = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    mt_status_t st = measure_gemm(n, reps, &out->sgemm_flops, err);
+    if (st != MT_OK) return st;
+    out->memcpy_bw = measure_memcpy(bytes, reps);
+    out->stream_bw = measure_stream(bytes, reps, out->cores);
+    if (rc && rc->link_gbps > 0) out->link_bw = rc->link_gbps * 1e9;
+    out->link_latency_s = rc ? rc->link_latency_us * 1e-6 : 0;
+    return MT_OK;
+}

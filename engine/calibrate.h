@@ -1,0 +1,33 @@
+/* Calibration: measure the machine at hand so that `--hw calibrate` plans
+ * for it (scheduler/hw.h turns the numbers into a profile).
+ *
+ * What is measured, each as the best of a few repetitions (the first run
+ * pays page faults and thread start-up):
+ *  - fp32 GEMM rate: square products through the CPU backend's kernel
+ *    table (OpenBLAS sgemm), the rate the engine's matmuls run at;
+ *  - memcpy bandwidth: one thread copying a buffer much larger than the
+ *    caches (the CPU backend's copy streams are memcpy);
+ *  - host memory bandwidth: a streaming a = b + s*c pass on every core
+ *    (what host AdamW and gradient accumulation are bound by).
+ * Copy streams throttled by backend_options (link_gbps, link_latency_us)
+ * are planned at the throttled rate, as the executor will run them. */
+#ifndef MT_ENGINE_CALIBRATE_H
+#define MT_ENGINE_CALIBRATE_H
+
+#include <stddef.h>
+
+#include "engine/config.h"
+#include "kernels/status.h"
+#include "scheduler/hw.h"
+
+typedef struct {
+    int gemm_n;           /* square GEMM size; 0 = 1024 */
+    size_t stream_bytes;  /* bytes per buffer of the bandwidth passes; 0 = 64 MiB */
+    int reps;             /* repetitions (best kept); 0 = 3 */
+} eng_calibrate_opts_t;
+
+/* rc may be NULL (no link throttle). */
+mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_opts_t *opts, sched_calibration_t *out,
+                          mt_error_t *err);
+
+#endif

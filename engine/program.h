@@ -1,0 +1,29 @@
+/* The step program as the scheduler sees it: the model description and
+ * run shape (scheduler/registry.h) from the HF config and the run config,
+ * and the planner's options from the run config's scheduler: and memory:
+ * sections.  The scheduler cannot include engine headers (layering:
+ * engine -> scheduler -> kernels), so this is where the two meet. */
+#ifndef MT_ENGINE_PROGRAM_H
+#define MT_ENGINE_PROGRAM_H
+
+#include <stdbool.h>
+
+#include "engine/config.h"
+#include "engine/model_config.h"
+#include "kernels/status.h"
+#include "scheduler/hw.h"
+#include "scheduler/planner.h"
+#include "scheduler/registry.h"
+
+/* bf16_storage: the run keeps bf16 working copies (the run config's bf16 on
+ * a GPU); false on the CPU backend, which stores every tensor in fp32 (its
+ * bf16 option only rounds values). */
+mt_status_t eng_program_describe(const eng_model_config_t *mc, const eng_run_config_t *rc, bool bf16_storage,
+                                 sched_model_desc_t *md, sched_run_shape_t *shape, mt_error_t *err);
+
+/* Policy, window and per-kind overrides from scheduler:, budgets from
+ * memory: (a size of 0 takes the hardware profile's capacity). */
+mt_status_t eng_program_planner_opts(const eng_run_config_t *rc, const sched_hw_t *hw, sched_planner_opts_t *o,
+                                     mt_error_t *err);
+
+#endif
