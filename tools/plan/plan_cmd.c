@@ -1,0 +1,172 @@
+/* `moetune plan` (see plan_cmd.h): run config + config.json + hardware
+ * profile -> registry -> workload -> planner -> report.
+ *
+ * Design note: the run config is not put through eng_run_config_validate,
+ * which wants datasets and an output directory a plan does not need; the
+ * checks that matter here (sizes, LoRA targets, scheduler overrides) are
+ * made by the registry and the planner, with the same messages. */
+#include "tools/plan/plan_cmd.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine/calibrate.h"
+#include "engine/program.h"
+#include "tools/plan/plan_report.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: moetune plan RUN.yaml [--hw NAME|FILE|calibrate] [--json] [--trace FILE] [--set key=value]...\n"
+            "  --hw       hardware profile: configs/hw/NAME.yaml, a YAML file, or 'calibrate' (measure this\n"
+            "             machine's CPU backend); default: the run config's hardware: key\n"
+            "  --json     print the plan as one JSON document (schema moetune.plan/1)\n"
+            "  --trace    write the predicted step as a Chrome trace (open in Perfetto)\n"
+            "  --set      override a run-config key, e.g. --set memory.host=512GiB\n"
+            "exit codes: 0 a plan fits, 3 no plan fits the budgets, 1 error, 2 bad command line\n");
+}
+
+static int fail(const mt_error_t *err) {
+    fprintf(stderr, "moetune plan: error: %s\n", err->msg);
+    return 1;
+}
+
+static bool is_file(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* base_model/config.json, else base_model_init (a config.json file). */
+static mt_status_t load_model_config(plan_ctx_t *c, mt_error_t *err) {
+    const eng_run_config_t *rc = &c->rc;
+    if (!rc->base_model[0] && !rc->base_model_init[0])
+        return mt_error_set(err, MT_ERR_CONFIG, "%s: base_model is not set (a folder with config.json)",
+                            rc->source_path);
+    snprintf(c->model_config_path, sizeof c->model_config_path, "%s/config.json", rc->base_model);
+    if (rc->base_model[0] && is_file(c->model_config_path))
+        return eng_model_config_load(rc->base_model, rc->model_config_json, &c->mc, err);
+    if (!rc->base_model_init[0])
+        return mt_error_set(err, MT_ERR_IO, "%s: cannot open (base_model needs at least its config.json)",
+                            c->model_config_path);
+    snprintf(c->model_config_path, sizeof c->model_config_path, "%s", rc->base_model_init);
+    FILE *f = fopen(rc->base_model_init, "rb");
+    if (!f) return mt_error_set(err, MT_ERR_IO, "%s: cannot open base_model_init", rc->base_model_init);
+    size_t cap = 1 << 14, len = 0;
+    char *text = malloc(cap);
+    MT_CHECK_ALLOC(text, "config.json text");
+    size_t got;
+    while ((got = fread(text + len, 1, cap - len - 1, f)) > 0) {
+        len += got;
+        if (len + 1 == cap) {
+            cap *= 2;
+            text = realloc(text, cap);
+            MT_CHECK_ALLOC(text, "config.json text");
+        }
+    }
+    fclose(f);
+    text[len] = '\0';
+    mt_status_t st = eng_model_config_parse(text, rc->base_model_init, rc->model_config_json, &c->mc, err);
+    free(text);
+    return st;
+}
+
+static mt_status_t load_hardware(plan_ctx_t *c, const char *spec, mt_error_t *err) {
+    char path[1200];
+    mt_status_t st = sched_hw_resolve(spec, c->rc.source_path, path, sizeof path, err);
+    if (st != MT_OK) return st;
+    if (strcmp(path, "calibrate") != 0) return sched_hw_load(path, &c->hw, err);
+    sched_calibration_t cal;
+    st = eng_calibrate(&c->rc, NULL, &cal, err);
+    if (st != MT_OK) return st;
+    sched_hw_from_calibration(&cal, &c->hw);
+    return MT_OK;
+}
+
+static void ctx_free(plan_ctx_t *c) {
+    sched_planner_result_free(&c->res);
+    sched_workload_free(&c->w);
+    sched_registry_free(&c->reg);
+    eng_model_config_free(&c->mc);
+    eng_run_config_free(&c->rc);
+}
+
+int mt_plan_main(int argc, char **argv) {
+    const char *run = NULL, *hw_spec = NULL, *trace = NULL;
+    bool json = false;
+    const char *sets[64];
+    int nsets = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--json") == 0) json = true;
+        else if (strcmp(a, "--hw") == 0 && i + 1 < argc) hw_spec = argv[++i];
+        else if (strncmp(a, "--hw=", 5) == 0) hw_spec = a + 5;
+        else if (strcmp(a, "--trace") == 0 && i + 1 < argc) trace = argv[++i];
+        else if (strncmp(a, "--trace=", 8) == 0) trace = a + 8;
+        else if ((strcmp(a, "--set") == 0 && i + 1 < argc) || strncmp(a, "--set=", 6) == 0) {
+            if (nsets == 64) {
+                fprintf(stderr, "moetune plan: more than 64 --set overrides\n");
+                return 2;
+            }
+            sets[nsets++] = a[5] == '=' ? a + 6 : argv[++i];
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (a[0] == '-' || run) {
+            fprintf(stderr, "moetune plan: unexpected argument '%s'\n", a);
+            usage(stderr);
+            return 2;
+        } else {
+            run = a;
+        }
+    }
+    if (!run) {
+        fprintf(stderr, "moetune plan: missing RUN.yaml\n");
+        usage(stderr);
+        return 2;
+    }
+    plan_ctx_t c;
+    memset(&c, 0, sizeof c);
+    c.run_path = run;
+    mt_error_t err = {0};
+    int rcode = 1;
+    if (eng_run_config_load(run, &c.rc, &err) != MT_OK) goto done;
+    for (int i = 0; i < nsets; i++)
+        if (eng_run_config_set(&c.rc, sets[i], &err) != MT_OK) goto done;
+    if (!hw_spec && c.rc.hardware[0]) hw_spec = c.rc.hardware;
+    if (!hw_spec) {
+        mt_error_set(&err, MT_ERR_CONFIG,
+                     "%s: no hardware profile: give --hw NAME|FILE|calibrate or set hardware: in the run config "
+                     "(profiles: configs/hw/*.yaml)",
+                     run);
+        goto done;
+    }
+    if (load_model_config(&c, &err) != MT_OK) goto done;
+    if (load_hardware(&c, hw_spec, &err) != MT_OK) goto done;
+    sched_model_desc_t md;
+    sched_run_shape_t shape;
+    /* bf16 working copies on a GPU; the CPU backend stores fp32 whatever bf16 says */
+    if (eng_program_describe(&c.mc, &c.rc, c.rc.bf16 && !c.hw.measured, &md, &shape, &err) != MT_OK) goto done;
+    if (sched_registry_build(&md, &shape, &c.reg, &err) != MT_OK) goto done;
+    if (sched_workload_build(&c.reg, &c.hw, &c.w, &err) != MT_OK) goto done;
+    if (eng_program_planner_opts(&c.rc, &c.hw, &c.opts, &err) != MT_OK) goto done;
+    if (sched_plan_make(&c.w, &c.opts, &c.res, &err) != MT_OK) goto done;
+    if (json) {
+        json_t *doc = plan_report_json(&c);
+        char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
+        json_decref(doc);
+        MT_CHECK_ALLOC(text, "plan JSON text");
+        fputs(text, stdout);
+        fputc('\n', stdout);
+        free(text);
+    } else {
+        plan_report_text(stdout, &c);
+    }
+    if (trace && plan_write_trace(&c, trace, &err) != MT_OK) goto done;
+    rcode = c.res.feasible ? 0 : 3;
+done:
+    if (rcode == 1) fail(&err);
+    ctx_free(&c);
+    return rcode;
+}

@@ -1,0 +1,62 @@
+/* `moetune plan RUN.yaml [--hw NAME|FILE|calibrate] [--json] [--trace FILE] [--set key=value]...`
+ *
+ * Plans a run from its config alone: base_model needs only config.json
+ * (or base_model_init, a config.json file).  Prints whether it fits and
+ * why not; the predicted step time, tokens/s, model TFLOPS and MFU; peak
+ * device, pinned and host memory against the budgets; the decisions per
+ * block (runs of identical layers compressed) and per tensor kind; and
+ * what bounds the step.  --trace writes the predicted step as a Chrome
+ * trace (one track per stream, memory counters).
+ *
+ * The hardware profile: --hw, else the run config's `hardware:`; one of
+ * them is required.  Budgets: memory.{device,pinned,host} from the run
+ * config, else the profile's capacities.
+ *
+ * Exit codes: 0 a plan fits, 3 no plan fits the budgets (the output says
+ * which budget is short and what would work), 1 an error, 2 a bad command
+ * line.
+ *
+ * --json prints one document (schema "moetune.plan/1"; keys are only ever
+ * added, never renamed).  Sizes in bytes, times in seconds, rates per second:
+ *
+ *   schema            "moetune.plan/1"
+ *   run_config        path of RUN.yaml
+ *   model             {model_type, config (path of config.json), layers, hidden, heads,
+ *                      kv_heads, vocab, experts, top_k, params, active_params,
+ *                      trainable_params}
+ *   run               {micro_batch_size, sequence_len, gradient_accumulation_steps,
+ *                      tokens_per_step, adapter ("none"|"lora"), lora_r,
+ *                      bf16_working_copies, max_grad_norm}
+ *   hardware          {name, source, device, link, host, matmul_flops_per_s (achievable),
+ *                      peak_flops_per_s (MFU denominator), device_bytes_per_s,
+ *                      h2d_bytes_per_s, d2h_bytes_per_s, host_bytes_per_s,
+ *                      copy_latency_s}
+ *   policy            "auto"|"keep_all"|"offload_all"|"min_memory"
+ *   feasible          true|false
+ *   reason            (infeasible only) the explanation printed in text mode
+ *   short             (infeasible only) list of "device"|"pinned"|"host"
+ *   needed_bytes      (infeasible only) {device?, pinned?, host?}: smallest budgets that work
+ *   prediction        {step_time_s, tokens_per_s, model_flops, model_tflops, mfu,
+ *                      compute_busy_s, compute_idle_s, recompute_s, bound_by
+ *                      ("compute"|"h2d"|"d2h"|"host optimizer"),
+ *                      busy_s {compute, h2d, d2h, host}, waited_s {compute, h2d, d2h, host},
+ *                      h2d_bytes, d2h_bytes}
+ *                      (for an infeasible run: the numbers of the plan the reason refers to)
+ *   memory            {device, pinned, host}: each {peak_bytes, budget_bytes, static_bytes}
+ *   plan              {prefetch_window,
+ *                      blocks [{block, name, weights ("resident"|"stream"), grads
+ *                               ("device"|"host"), optimizer ("device"|"host"),
+ *                               activations ("keep"|"offload"|"recompute")}],
+ *                      runs [{first, last, label, weights, grads, optimizer, activations}]}
+ *   kinds             {weights {resident_blocks, stream_blocks, resident_bytes, fetched_bytes},
+ *                      grads {device_blocks, host_blocks, d2h_bytes},
+ *                      optimizer {device_blocks, host_blocks, device_bytes, host_bytes},
+ *                      activations {keep_blocks, offload_blocks, recompute_blocks}}
+ */
+#ifndef MT_TOOLS_PLAN_PLAN_CMD_H
+#define MT_TOOLS_PLAN_PLAN_CMD_H
+
+/* argv[0] is the command's name ("plan"); output goes to stdout, errors to stderr. */
+int mt_plan_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,260 @@
+/* `moetune plan` end to end on the shipped config.json files and hardware
+ * profiles: the issue's four cases (exit codes, the short budget, what is
+ * needed), --json parses and holds the documented keys, every model config
+ * plans, --trace writes a Chrome trace, bad command lines are refused. */
+#include "tools/plan/plan_cmd.h"
+
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int failures;
+#define EXPECT(c, ...)                                                                  \
+    do {                                                                                \
+        if (!(c)) {                                                                     \
+            fprintf(stderr, "%s:%d: expectation failed: %s: ", __FILE__, __LINE__, #c); \
+            fprintf(stderr, __VA_ARGS__);                                               \
+            fprintf(stderr, "\n");                                                      \
+            failures++;                                                                 \
+        }                                                                               \
+    } while (0)
+
+static const double GiB = 1073741824.0;
+static char g_tmp[512], g_cwd[1024];
+
+/* Runs mt_plan_main with stdout and stderr captured into files; returns its exit code. */
+static int run_plan(const char *const *args, int nargs, char **out, char **errtext) {
+    char *argv[32];
+    int argc = 0;
+    argv[argc++] = (char *)"plan";
+    for (int i = 0; i < nargs && argc < 31; i++) argv[argc++] = (char *)args[i];
+    argv[argc] = NULL;
+    char opath[700], epath[700];
+    snprintf(opath, sizeof opath, "%s/out.txt", g_tmp);
+    snprintf(epath, sizeof epath, "%s/err.txt", g_tmp);
+    fflush(stdout);
+    fflush(stderr);
+    int so = dup(1), se = dup(2);
+    int fo = open(opath, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(epath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fo, 1);
+    dup2(fe, 2);
+    int rc = mt_plan_main(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(so, 1);
+    dup2(se, 2);
+    close(so), close(se), close(fo), close(fe);
+    const char *paths[2] = {opath, epath};
+    char **dst[2] = {out, errtext};
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fopen(paths[k], "rb");
+        fseek(f, 0, SEEK_END);
+        long n = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        *dst[k] = malloc((size_t)n + 1);
+        size_t got = fread(*dst[k], 1, (size_t)n, f);
+        (*dst[k])[got] = '\0';
+        fclose(f);
+    }
+    return rc;
+}
+
+/* A run config under $TEST_TMPDIR/runs/NAME.yaml for configs/models/MODEL. */
+static void write_run(const char *name, const char *model, const char *extra) {
+    char path[800];
+    snprintf(path, sizeof path, "%s/runs", g_tmp);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/runs/%s.yaml", g_tmp, name);
+    FILE *f = fopen(path, "w");
+    EXPECT(f != NULL, "cannot write %s", path);
+    if (!f) return;
+    fprintf(f, "base_model: %s/configs/models/%s\n%s", g_cwd, model, extra);
+    fclose(f);
+}
+
+static json_t *plan_json(const char *run, const char *hw, const char *set1, const char *set2, int *rc) {
+    char path[800];
+    snprintf(path, sizeof path, "%s/runs/%s.yaml", g_tmp, run);
+    const char *args[10];
+    int n = 0;
+    args[n++] = path;
+    args[n++] = "--json";
+    if (hw) args[n++] = "--hw", args[n++] = hw;
+    if (set1) args[n++] = "--set", args[n++] = set1;
+    if (set2) args[n++] = "--set", args[n++] = set2;
+    char *out, *err;
+    *rc = run_plan(args, n, &out, &err);
+    json_error_t je;
+    json_t *doc = json_loads(out, 0, &je);
+    EXPECT(doc != NULL, "%s: --json output does not parse (%s): %.300s / stderr %.300s", run, je.text, out, err);
+    free(out);
+    free(err);
+    return doc;
+}
+
+static double num(json_t *doc, const char *a, const char *b) {
+    json_t *x = json_object_get(doc, a);
+    if (b) x = json_object_get(x, b);
+    return json_is_number(x) ? json_number_value(x) : NAN;
+}
+
+static void test_mixtral(void) {
+    write_run("mixtral", "mixtral-8x7b",
+              "sequence_len: 4096\nbf16: true\nmax_grad_norm: 1.0\nmemory: {device: 80GiB, host: 1TiB}\n");
+    int rc;
+    json_t *d = plan_json("mixtral", "h100-80gb-pcie", NULL, NULL, &rc);
+    if (!d) return;
+    EXPECT(rc == 0, "exit %d", rc);
+    EXPECT(strcmp(json_string_value(json_object_get(d, "schema")), "moetune.plan/1") == 0, "schema");
+    EXPECT(json_is_true(json_object_get(d, "feasible")), "feasible");
+    EXPECT(num(d, "model", "params") == 46702792704.0, "params %.0f", num(d, "model", "params"));
+    EXPECT(num(d, "prediction", "step_time_s") > 0 && num(d, "prediction", "tokens_per_s") > 0, "prediction");
+    EXPECT(num(d, "prediction", "mfu") > 0 && num(d, "prediction", "mfu") < 1, "mfu %g", num(d, "prediction", "mfu"));
+    json_t *mem = json_object_get(d, "memory");
+    const char *kinds[] = {"device", "pinned", "host"};
+    for (int i = 0; i < 3; i++) {
+        json_t *k = json_object_get(mem, kinds[i]);
+        EXPECT(num(k, "peak_bytes", NULL) <= num(k, "budget_bytes", NULL), "%s within budget", kinds[i]);
+    }
+    EXPECT(num(mem, "device", "budget_bytes") == 80 * GiB, "device budget from memory.device");
+    json_t *plan = json_object_get(d, "plan");
+    EXPECT(json_array_size(json_object_get(plan, "blocks")) == 34, "34 blocks");
+    EXPECT(json_array_size(json_object_get(plan, "runs")) >= 3, "runs");
+    EXPECT(json_is_string(json_object_get(json_object_get(d, "prediction"), "bound_by")), "bound_by");
+    EXPECT(json_is_object(json_object_get(json_object_get(d, "kinds"), "activations")), "kinds");
+    json_decref(d);
+
+    d = plan_json("mixtral", "h100-80gb-pcie", "memory.host=512GiB", NULL, &rc);
+    if (!d) return;
+    EXPECT(rc == 3, "infeasible exits 3, got %d", rc);
+    EXPECT(json_is_false(json_object_get(d, "feasible")), "512 GiB host is not enough");
+    json_t *sh = json_object_get(d, "short");
+    EXPECT(json_array_size(sh) == 1 && strcmp(json_string_value(json_array_get(sh, 0)), "host") == 0, "host short");
+    double need = num(d, "needed_bytes", "host");
+    EXPECT(need > 512 * GiB && need < 1024 * GiB, "needed host %.1f GiB", need / GiB);
+    const char *why = json_string_value(json_object_get(d, "reason"));
+    EXPECT(why && strstr(why, "host memory is short") && strstr(why, "560.4 GB"), "reason %s", why);
+    json_decref(d);
+
+    /* text mode says the same */
+    char path[800];
+    snprintf(path, sizeof path, "%s/runs/mixtral.yaml", g_tmp);
+    const char *args[] = {path, "--hw", "h100-80gb-pcie", "--set", "memory.host=512GiB"};
+    char *out, *err;
+    rc = run_plan(args, 5, &out, &err);
+    EXPECT(rc == 3 && strstr(out, "INFEASIBLE: ") && strstr(out, "host memory is short") && strstr(out, "<- short"),
+           "text: %.400s", out);
+    free(out);
+    free(err);
+}
+
+static void test_qwen3(void) {
+    write_run("qwen3", "qwen3-30b-a3b",
+              "sequence_len: 2048\nbf16: true\nadapter: lora\nlora_r: 16\n"
+              "lora_target_modules: [q_proj, k_proj, v_proj, o_proj]\nhardware: rtx4090\n"
+              "memory: {host: 128GiB}\n");
+    int rc;
+    json_t *d = plan_json("qwen3", NULL, NULL, NULL, &rc); /* hardware: from the run config */
+    if (!d) return;
+    EXPECT(rc == 0 && json_is_true(json_object_get(d, "feasible")), "Qwen3 LoRA on a 4090: exit %d", rc);
+    EXPECT(num(d, "model", "params") == 30532122624.0, "qwen3 params %.0f", num(d, "model", "params"));
+    EXPECT(strcmp(json_string_value(json_object_get(json_object_get(d, "run"), "adapter")), "lora") == 0, "lora");
+    /* memory.device not set: the profile's capacity is the budget; memory.host from the run config */
+    json_t *mem = json_object_get(d, "memory");
+    EXPECT(num(mem, "device", "budget_bytes") == 24 * GiB && num(mem, "host", "budget_bytes") == 128 * GiB,
+           "budgets %g %g", num(mem, "device", "budget_bytes"), num(mem, "host", "budget_bytes"));
+    json_decref(d);
+    d = plan_json("qwen3", NULL, "memory.device=1GiB", NULL, &rc);
+    if (!d) return;
+    EXPECT(rc == 3 && json_is_false(json_object_get(d, "feasible")), "1 GiB device: exit %d", rc);
+    const char *why = json_string_value(json_object_get(d, "reason"));
+    EXPECT(why && strstr(why, "device memory is short") && strstr(why, "smaller than one block's working set"),
+           "reason %s", why);
+    EXPECT(num(d, "needed_bytes", "device") > 1 * GiB, "needed device");
+    json_decref(d);
+}
+
+static void test_every_model(void) {
+    static const struct {
+        const char *dir;
+        double params_lo, params_hi; /* model cards' totals, +-1% */
+    } models[] = {
+        {"mixtral-8x22b", 139e9, 142e9},   {"qwen2-57b-a14b", 57.0e9, 57.8e9},
+        {"qwen1.5-moe-a2.7b", 14.2e9, 14.4e9}, {"olmoe-1b-7b", 6.9e9, 6.95e9},
+        {"mixtral-8x7b", 46.7e9, 46.71e9},  {"qwen3-30b-a3b", 30.5e9, 30.6e9},
+    };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        write_run(models[i].dir, models[i].dir, "sequence_len: 1024\nbf16: true\nmax_grad_norm: 0\n");
+        int rc;
+        json_t *d = plan_json(models[i].dir, "h200", NULL, NULL, &rc);
+        if (!d) continue;
+        EXPECT(rc == 0 || rc == 3, "%s: exit %d", models[i].dir, rc);
+        double p = num(d, "model", "params");
+        EXPECT(p >= models[i].params_lo && p <= models[i].params_hi, "%s: params %.4g", models[i].dir, p);
+        EXPECT(num(d, "prediction", "step_time_s") > 0, "%s: step time", models[i].dir);
+        json_decref(d);
+    }
+}
+
+static void test_cli(void) {
+    char path[800], trace[800];
+    snprintf(path, sizeof path, "%s/runs/olmoe-1b-7b.yaml", g_tmp);
+    snprintf(trace, sizeof trace, "%s/trace.json", g_tmp);
+    char *out, *err;
+    /* no hardware anywhere */
+    const char *a1[] = {path};
+    int rc = run_plan(a1, 1, &out, &err);
+    EXPECT(rc == 1 && strstr(err, "--hw"), "no profile: %d %s", rc, err);
+    free(out), free(err);
+    const char *a2[] = {path, "--frobnicate"};
+    rc = run_plan(a2, 2, &out, &err);
+    EXPECT(rc == 2 && strstr(err, "unexpected argument"), "bad flag: %d %s", rc, err);
+    free(out), free(err);
+    const char *a3[] = {path, "--hw", "no-such-gpu"};
+    rc = run_plan(a3, 3, &out, &err);
+    EXPECT(rc == 1 && strstr(err, "no-such-gpu"), "unknown profile: %d %s", rc, err);
+    free(out), free(err);
+    /* text output and a trace */
+    const char *a4[] = {path, "--hw", "gh200", "--trace", trace};
+    rc = run_plan(a4, 5, &out, &err);
+    EXPECT(rc == 0 && strstr(out, "FEASIBLE") && strstr(out, "decisions") && strstr(out, "bound by"), "text: %.300s",
+           out);
+    free(out), free(err);
+    json_error_t je;
+    json_t *t = json_load_file(trace, 0, &je);
+    EXPECT(t && json_array_size(json_object_get(t, "traceEvents")) > 10, "trace: %s", je.text);
+    json_decref(t);
+    /* a LoRA target that is not in the model */
+    const char *a5[] = {path, "--hw", "gh200", "--set", "adapter=lora", "--set", "lora_target_modules=[w1]"};
+    rc = run_plan(a5, 7, &out, &err);
+    EXPECT(rc == 1 && strstr(err, "'w1' matches no module"), "bad target: %d %s", rc, err);
+    free(out), free(err);
+    /* measuring this machine instead of a profile */
+    const char *a6[] = {path, "--hw", "calibrate", "--set", "sequence_len=64", "--json"};
+    rc = run_plan(a6, 6, &out, &err);
+    json_t *d = json_loads(out, 0, &je);
+    EXPECT(d && strcmp(json_string_value(json_object_get(json_object_get(d, "hardware"), "source")), "calibrate") == 0,
+           "calibrate: %d %.200s %s", rc, out, err);
+    EXPECT(d && json_is_false(json_object_get(json_object_get(d, "run"), "bf16_working_copies")),
+           "the CPU backend stores fp32");
+    json_decref(d);
+    free(out), free(err);
+}
+
+int main(void) {
+    const char *tmp = getenv("TEST_TMPDIR");
+    snprintf(g_tmp, sizeof g_tmp, "%s", tmp ? tmp : "/tmp");
+    if (!getcwd(g_cwd, sizeof g_cwd)) return 1;
+    test_mixtral();
+    test_qwen3();
+    test_every_model();
+    test_cli();
+    if (failures) fprintf(stderr, "plan_cmd_test: %d failure(s)\n", failures);
+    else printf("plan_cmd_test: all passed\n");
+    return failures != 0;
+}

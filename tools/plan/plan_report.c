@@ -1,0 +1,345 @@
+/* `moetune plan` output: text, JSON (schema in plan_cmd.h), Chrome trace.
+ *
+ * Design note: text and JSON are built from the same summaries (runs of
+ * identical layers, per-kind totals, the bound explanation) so they cannot
+ * disagree. */
+#include "tools/plan/plan_report.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *weights_name(sched_weight_place_t p) { return p == SCHED_WEIGHTS_RESIDENT ? "resident" : "stream"; }
+static const char *grads_name(sched_grad_place_t p) { return p == SCHED_GRADS_DEVICE ? "device" : "host"; }
+static const char *optim_name(sched_optim_place_t p) { return p == SCHED_OPTIM_DEVICE ? "device" : "host"; }
+static const char *acts_name(sched_act_place_t p) {
+    return p == SCHED_ACTS_KEEP ? "keep" : p == SCHED_ACTS_OFFLOAD ? "offload" : "recompute";
+}
+/* Human-readable numbers for the text report: 46.70 B, 13.37 M; 78.23 GiB, 12.0 MiB; 756 TFLOPS, 95 GFLOPS. */
+typedef struct {
+    char s[32];
+} str_t;
+
+static str_t count_s(double v) {
+    str_t o;
+    if (v >= 1e9) snprintf(o.s, sizeof o.s, "%.2f B", v / 1e9);
+    else if (v >= 1e6) snprintf(o.s, sizeof o.s, "%.2f M", v / 1e6);
+    else if (v >= 1e3) snprintf(o.s, sizeof o.s, "%.1f K", v / 1e3);
+    else snprintf(o.s, sizeof o.s, "%.0f", v);
+    return o;
+}
+
+static str_t bytes_s(double v) {
+    str_t o;
+    if (v >= 1073741824.0) snprintf(o.s, sizeof o.s, "%.2f GiB", v / 1073741824.0);
+    else if (v >= 1048576.0) snprintf(o.s, sizeof o.s, "%.1f MiB", v / 1048576.0);
+    else if (v >= 1024.0) snprintf(o.s, sizeof o.s, "%.1f KiB", v / 1024.0);
+    else snprintf(o.s, sizeof o.s, "%.0f B", v);
+    return o;
+}
+
+static str_t flops_s(double v) {
+    str_t o;
+    if (v >= 1e12) snprintf(o.s, sizeof o.s, "%.1f TFLOPS", v / 1e12);
+    else snprintf(o.s, sizeof o.s, "%.1f GFLOPS", v / 1e9);
+    return o;
+}
+
+typedef struct {
+    int first, last;
+    char label[48];
+} run_t;
+
+static bool same(const sched_block_plan_t *a, const sched_block_plan_t *b) {
+    return a->weights == b->weights && a->grads == b->grads && a->optim == b->optim && a->acts == b->acts;
+}
+
+/* Embedding and head alone; decoder layers in runs of identical decisions. */
+static int make_runs(const plan_ctx_t *c, run_t *runs) {
+    const sched_plan_t *p = &c->res.plan;
+    const int N = p->num_blocks;
+    int n = 0;
+    for (int b = 0; b < N;) {
+        int e = b;
+        if (b > 0 && b < N - 1)
+            while (e + 1 < N - 1 && same(&p->blocks[e + 1], &p->blocks[b])) e++;
+        runs[n].first = b;
+        runs[n].last = e;
+        if (b == 0) snprintf(runs[n].label, sizeof runs[n].label, "embed");
+        else if (b == N - 1) snprintf(runs[n].label, sizeof runs[n].label, "head");
+        else if (e == b) snprintf(runs[n].label, sizeof runs[n].label, "layer %d", b - 1);
+        else snprintf(runs[n].label, sizeof runs[n].label, "layers %d-%d", b - 1, e - 1);
+        n++;
+        b = e + 1;
+    }
+    return n;
+}
+
+typedef struct {
+    int resident, stream, gdev, ghost, odev, ohost, keep, offload, recompute;
+    double resident_bytes, fetched_bytes, odev_bytes, ohost_bytes, grads_d2h;
+} kinds_t;
+
+static kinds_t kinds(const plan_ctx_t *c) {
+    kinds_t k = {0};
+    const sched_plan_t *p = &c->res.plan;
+    for (int b = 0; b < p->num_blocks; b++) {
+        const sched_block_plan_t *bp = &p->blocks[b];
+        const sched_block_cost_t *bc = &c->w.blocks[b];
+        if (bp->weights == SCHED_WEIGHTS_RESIDENT) k.resident++, k.resident_bytes += bc->w_resident_bytes;
+        else k.stream++;
+        if (bp->grads == SCHED_GRADS_DEVICE) k.gdev++;
+        else k.ghost++;
+        if (bp->optim == SCHED_OPTIM_DEVICE) k.odev++, k.odev_bytes += bc->optim_bytes;
+        else k.ohost++, k.ohost_bytes += bc->optim_bytes;
+        k.keep += bp->acts == SCHED_ACTS_KEEP;
+        k.offload += bp->acts == SCHED_ACTS_OFFLOAD;
+        k.recompute += bp->acts == SCHED_ACTS_RECOMPUTE;
+    }
+    for (int i = 0; i < c->res.sim.num_tasks; i++) {
+        const sched_task_t *t = &c->res.sim.tasks[i];
+        if (t->kind == SCHED_TASK_FETCH_W) k.fetched_bytes += t->bytes;
+        if (t->kind == SCHED_TASK_GRAD_D2H) k.grads_d2h += t->bytes;
+    }
+    return k;
+}
+
+static void bound_text(const plan_ctx_t *c, char *buf, size_t cap) {
+    const sched_sim_result_t *s = &c->res.sim;
+    const double idle = s->waited[s->bottleneck];
+    switch (s->bottleneck) {
+    case SCHED_RES_COMPUTE:
+        snprintf(buf, cap, "compute: the compute stream is busy %.0f%% of the step", 100 * s->busy[0] / s->step_time);
+        break;
+    case SCHED_RES_H2D:
+        snprintf(buf, cap, "H2D link: the compute stream waits %.3g s for weight and activation fetches", idle);
+        break;
+    case SCHED_RES_D2H:
+        snprintf(buf, cap, "D2H link: the compute stream waits %.3g s for gradients and activations to drain", idle);
+        break;
+    case SCHED_RES_HOST:
+        snprintf(buf, cap, "host optimizer: %.3g s of host AdamW %s", idle,
+                 c->w.clip ? "after the backward (max_grad_norm > 0: it waits for the global gradient norm; "
+                             "max_grad_norm: 0 lets it overlap the backward)"
+                           : "beyond the end of the backward");
+        break;
+    default: snprintf(buf, cap, "?"); break;
+    }
+}
+
+static double mfu(const plan_ctx_t *c) {
+    const double t = c->res.sim.step_time;
+    return t > 0 && c->w.peak_flops > 0 ? c->reg.model_flops / t / c->w.peak_flops : 0;
+}
+
+void plan_report_text(FILE *f, const plan_ctx_t *c) {
+    const sched_registry_t *r = &c->reg;
+    const sched_model_desc_t *m = &r->model;
+    const sched_run_shape_t *sh = &r->shape;
+    const sched_hw_t *hw = &c->hw;
+    const sched_sim_result_t *s = &c->res.sim;
+    fprintf(f, "moetune plan: %s\n", c->run_path);
+    fprintf(f, "model      %s (%s): %d layers, hidden %d, %d experts top-%d; %s parameters, %s active per token\n",
+            c->mc.model_type, c->model_config_path, m->num_layers, m->hidden, m->num_experts, m->top_k,
+            count_s(r->params).s, count_s(r->active_params).s);
+    if (sh->lora)
+        fprintf(f, "run        LoRA r=%d (%s trainable parameters)", sh->lora_r, count_s(r->train_params).s);
+    else
+        fprintf(f, "run        full fine-tuning (%s trainable parameters)", count_s(r->train_params).s);
+    fprintf(f, ", %s; micro-batch %d x %d tokens, %d per step = %.0f tokens/step; max_grad_norm %g\n",
+            !sh->bf16  ? "fp32 weights and activations"
+            : sh->lora ? "bf16 base weights, fp32 adapters"
+                       : "bf16 working copies, fp32 master weights",
+            sh->micro_batch_size, sh->sequence_len, sh->grad_accum, r->tokens_per_step, sh->max_grad_norm);
+    fprintf(f, "hardware   %s (%s): %s; %s %.1f/%.1f GB/s h2d/d2h; host %.0f GB/s\n", hw->name, hw->source,
+            hw->device_name[0] ? hw->device_name : "device", hw->link_name[0] ? hw->link_name : "link",
+            sched_hw_h2d_bw(hw) / 1e9, sched_hw_d2h_bw(hw) / 1e9, sched_hw_host_bw(hw) / 1e9);
+    fprintf(f, "policy     %s, prefetch window %d\n\n", sched_policy_name(c->opts.policy), c->res.plan.prefetch_window);
+
+    if (c->res.feasible) {
+        fprintf(f, "FEASIBLE\n");
+    } else {
+        fprintf(f, "INFEASIBLE: %s\n", c->res.why);
+        fprintf(f, "(the numbers below are for %s)\n",
+                c->opts.policy == SCHED_POLICY_AUTO ? "the plan that needs the least memory" : "the policy's plan");
+    }
+    char bound[512];
+    bound_text(c, bound, sizeof bound);
+    fprintf(f, "step time       %.3f s (compute busy %.3f s, idle %.3f s; recomputation %.3f s)\n", s->step_time,
+            s->busy[SCHED_RES_COMPUTE], s->compute_idle, s->recompute_s);
+    fprintf(f, "tokens/s        %.0f\n", r->tokens_per_step / s->step_time);
+    fprintf(f, "model TFLOPS    %.3g   MFU %.1f%% of %s %s peak\n", r->model_flops / s->step_time / 1e12, 100 * mfu(c),
+            flops_s(c->w.peak_flops).s, sh->bf16 ? "bf16" : "fp32");
+    fprintf(f, "bound by        %s\n", bound);
+    fprintf(f, "stream busy     compute %.3f s, h2d %.3f s (%s), d2h %.3f s (%s), host %.3f s\n\n",
+            s->busy[SCHED_RES_COMPUTE], s->busy[SCHED_RES_H2D], bytes_s(s->h2d_bytes).s, s->busy[SCHED_RES_D2H],
+            bytes_s(s->d2h_bytes).s, s->busy[SCHED_RES_HOST]);
+
+    fprintf(f, "memory                peak         budget\n");
+    for (int mm = 0; mm < SCHED_MEM_COUNT; mm++) {
+        str_t budget = bytes_s(c->opts.budget[mm]);
+        if (!(c->opts.budget[mm] > 0)) snprintf(budget.s, sizeof budget.s, "unlimited");
+        fprintf(f, "  %-8s %14s %14s%s\n", sched_mem_name((sched_mem_t)mm), bytes_s(s->peak[mm]).s, budget.s,
+                c->res.short_of[mm] ? "   <- short" : "");
+    }
+
+    run_t *runs = malloc((size_t)c->res.plan.num_blocks * sizeof *runs);
+    MT_CHECK_ALLOC(runs, "plan runs");
+    int nr = make_runs(c, runs);
+    fprintf(f, "\ndecisions       weights   grads   optimizer  activations\n");
+    for (int i = 0; i < nr; i++) {
+        const sched_block_plan_t *bp = &c->res.plan.blocks[runs[i].first];
+        fprintf(f, "  %-13s %-9s %-7s %-10s %s\n", runs[i].label, weights_name(bp->weights), grads_name(bp->grads),
+                optim_name(bp->optim), acts_name(bp->acts));
+    }
+    free(runs);
+    kinds_t k = kinds(c);
+    fprintf(f, "\nper tensor kind\n");
+    fprintf(f, "  weights       resident %d blocks (%s on the device), streamed %d blocks (%s fetched per step)\n",
+            k.resident, bytes_s(k.resident_bytes).s, k.stream, bytes_s(k.fetched_bytes).s);
+    fprintf(f, "  gradients     device %d blocks, host %d blocks (%s D2H per step)\n", k.gdev, k.ghost,
+            bytes_s(k.grads_d2h).s);
+    fprintf(f, "  optimizer     device %d blocks (%s), host %d blocks (%s)\n", k.odev, bytes_s(k.odev_bytes).s, k.ohost,
+            bytes_s(k.ohost_bytes).s);
+    fprintf(f, "  activations   keep %d, offload %d, recompute %d blocks\n", k.keep, k.offload, k.recompute);
+}
+
+/* Whole numbers (byte counts, parameters) as JSON integers, so they print exactly. */
+static json_t *num(double v) {
+    if (v == (double)(json_int_t)v && v > -9007199254740992.0 && v < 9007199254740992.0) return json_integer((json_int_t)v);
+    return json_real(v);
+}
+
+json_t *plan_report_json(const plan_ctx_t *c) {
+    const sched_registry_t *r = &c->reg;
+    const sched_model_desc_t *m = &r->model;
+    const sched_run_shape_t *sh = &r->shape;
+    const sched_hw_t *hw = &c->hw;
+    const sched_sim_result_t *s = &c->res.sim;
+    json_t *doc = json_object();
+    MT_CHECK_ALLOC(doc, "plan JSON");
+    json_object_set_new(doc, "schema", json_string("moetune.plan/1"));
+    json_object_set_new(doc, "run_config", json_string(c->run_path));
+    json_object_set_new(doc, "model",
+                        json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:o, s:o}", "model_type",
+                                  c->mc.model_type, "config", c->model_config_path, "layers", m->num_layers, "hidden",
+                                  m->hidden, "heads", m->heads, "kv_heads", m->kv_heads, "vocab", m->vocab, "experts",
+                                  m->num_experts, "top_k", m->top_k, "params", num(r->params), "active_params",
+                                  num(r->active_params), "trainable_params", num(r->train_params)));
+    json_object_set_new(doc, "run",
+                        json_pack("{s:i, s:i, s:i, s:o, s:s, s:i, s:b, s:o}", "micro_batch_size", sh->micro_batch_size,
+                                  "sequence_len", sh->sequence_len, "gradient_accumulation_steps", sh->grad_accum,
+                                  "tokens_per_step", num(r->tokens_per_step), "adapter", sh->lora ? "lora" : "none",
+                                  "lora_r", sh->lora ? sh->lora_r : 0, "bf16_working_copies", sh->bf16,
+                                  "max_grad_norm", num(sh->max_grad_norm)));
+    json_object_set_new(
+        doc, "hardware",
+        json_pack("{s:s, s:s, s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "name", hw->name, "source",
+                  hw->source, "device", hw->device_name, "link", hw->link_name, "host", hw->host_name,
+                  "matmul_flops_per_s", num(sched_hw_flops(hw, sched_matmul_rate(r))), "peak_flops_per_s",
+                  num(c->w.peak_flops), "device_bytes_per_s", num(sched_hw_device_bw(hw)), "h2d_bytes_per_s",
+                  num(sched_hw_h2d_bw(hw)), "d2h_bytes_per_s", num(sched_hw_d2h_bw(hw)), "host_bytes_per_s",
+                  num(sched_hw_host_bw(hw)), "copy_latency_s", num(hw->copy_latency_s)));
+    json_object_set_new(doc, "policy", json_string(sched_policy_name(c->opts.policy)));
+    json_object_set_new(doc, "feasible", json_boolean(c->res.feasible));
+    if (!c->res.feasible) {
+        json_object_set_new(doc, "reason", json_string(c->res.why));
+        json_t *shorts = json_array(), *needed = json_object();
+        for (int mm = 0; mm < SCHED_MEM_COUNT; mm++)
+            if (c->res.short_of[mm]) {
+                json_array_append_new(shorts, json_string(sched_mem_name((sched_mem_t)mm)));
+                json_object_set_new(needed, sched_mem_name((sched_mem_t)mm), num(c->res.needed[mm]));
+            }
+        json_object_set_new(doc, "short", shorts);
+        json_object_set_new(doc, "needed_bytes", needed);
+    }
+    const char *res_keys[SCHED_RES_COUNT] = {"compute", "h2d", "d2h", "host"};
+    json_t *busy = json_object(), *waited = json_object();
+    for (int i = 0; i < SCHED_RES_COUNT; i++) {
+        json_object_set_new(busy, res_keys[i], num(s->busy[i]));
+        json_object_set_new(waited, res_keys[i], num(s->waited[i]));
+    }
+    json_object_set_new(
+        doc, "prediction",
+        json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:s, s:o, s:o, s:o, s:o}", "step_time_s", num(s->step_time),
+                  "tokens_per_s", num(r->tokens_per_step / s->step_time), "model_flops", num(r->model_flops),
+                  "model_tflops", num(r->model_flops / s->step_time / 1e12), "mfu", num(mfu(c)), "compute_busy_s",
+                  num(s->busy[SCHED_RES_COMPUTE]), "compute_idle_s", num(s->compute_idle), "recompute_s",
+                  num(s->recompute_s), "bound_by", sched_resource_name(s->bottleneck), "busy_s", busy, "waited_s",
+                  waited, "h2d_bytes", num(s->h2d_bytes), "d2h_bytes", num(s->d2h_bytes)));
+    json_t *memo = json_object();
+    for (int mm = 0; mm < SCHED_MEM_COUNT; mm++)
+        json_object_set_new(memo, sched_mem_name((sched_mem_t)mm),
+                            json_pack("{s:o, s:o, s:o}", "peak_bytes", num(s->peak[mm]), "budget_bytes",
+                                      num(c->opts.budget[mm]), "static_bytes", num(s->static_bytes[mm])));
+    json_object_set_new(doc, "memory", memo);
+
+    const sched_plan_t *p = &c->res.plan;
+    json_t *blocks = json_array();
+    for (int b = 0; b < p->num_blocks; b++) {
+        char name[32];
+        sched_block_label(r, b, name, sizeof name);
+        const sched_block_plan_t *bp = &p->blocks[b];
+        json_array_append_new(blocks, json_pack("{s:i, s:s, s:s, s:s, s:s, s:s}", "block", b, "name", name, "weights",
+                                                weights_name(bp->weights), "grads", grads_name(bp->grads), "optimizer",
+                                                optim_name(bp->optim), "activations", acts_name(bp->acts)));
+    }
+    run_t *runs = malloc((size_t)p->num_blocks * sizeof *runs);
+    MT_CHECK_ALLOC(runs, "plan runs");
+    int nr = make_runs(c, runs);
+    json_t *jr = json_array();
+    for (int i = 0; i < nr; i++) {
+        const sched_block_plan_t *bp = &p->blocks[runs[i].first];
+        json_array_append_new(jr, json_pack("{s:i, s:i, s:s, s:s, s:s, s:s, s:s}", "first", runs[i].first, "last",
+                                            runs[i].last, "label", runs[i].label, "weights", weights_name(bp->weights),
+                                            "grads", grads_name(bp->grads), "optimizer", optim_name(bp->optim),
+                                            "activations", acts_name(bp->acts)));
+    }
+    free(runs);
+    json_object_set_new(doc, "plan", json_pack("{s:i, s:o, s:o}", "prefetch_window", p->prefetch_window, "blocks",
+                                               blocks, "runs", jr));
+    kinds_t k = kinds(c);
+    json_object_set_new(
+        doc, "kinds",
+        json_pack("{s:{s:i, s:i, s:o, s:o}, s:{s:i, s:i, s:o}, s:{s:i, s:i, s:o, s:o}, s:{s:i, s:i, s:i}}", "weights",
+                  "resident_blocks", k.resident, "stream_blocks", k.stream, "resident_bytes", num(k.resident_bytes),
+                  "fetched_bytes", num(k.fetched_bytes), "grads", "device_blocks", k.gdev, "host_blocks", k.ghost,
+                  "d2h_bytes", num(k.grads_d2h), "optimizer", "device_blocks", k.odev, "host_blocks", k.ohost,
+                  "device_bytes", num(k.odev_bytes), "host_bytes", num(k.ohost_bytes), "activations", "keep_blocks",
+                  k.keep, "offload_blocks", k.offload, "recompute_blocks", k.recompute));
+    return doc;
+}
+
+mt_status_t plan_write_trace(const plan_ctx_t *c, const char *path, mt_error_t *err) {
+    const sched_sim_result_t *s = &c->res.sim;
+    json_t *ev = json_array();
+    MT_CHECK_ALLOC(ev, "trace events");
+    for (int r = 0; r < SCHED_RES_COUNT; r++)
+        json_array_append_new(ev, json_pack("{s:s, s:s, s:i, s:i, s:{s:s}}", "ph", "M", "name", "thread_name", "pid", 1,
+                                            "tid", r, "args", "name", sched_resource_name((sched_resource_t)r)));
+    for (int i = 0; i < s->num_tasks; i++) {
+        const sched_task_t *t = &s->tasks[i];
+        char name[64], blk[32];
+        if (t->block >= 0) sched_block_label(&c->reg, t->block, blk, sizeof blk);
+        else snprintf(blk, sizeof blk, "all");
+        snprintf(name, sizeof name, "%s %s", sched_task_kind_name(t->kind), blk);
+        json_array_append_new(ev, json_pack("{s:s, s:s, s:s, s:o, s:o, s:i, s:i, s:{s:i, s:o}}", "ph", "X", "name", name,
+                                            "cat", sched_resource_name(t->res), "ts", json_real(t->start * 1e6), "dur",
+                                            json_real((t->end - t->start) * 1e6), "pid", 1, "tid", (int)t->res, "args",
+                                            "micro_batch", t->micro, "bytes", json_real(t->bytes)));
+    }
+    for (int m = 0; m < SCHED_MEM_COUNT; m++) {
+        const sched_timeline_t *tl = &s->timeline[m];
+        char cname[32];
+        snprintf(cname, sizeof cname, "%s bytes", sched_mem_name((sched_mem_t)m));
+        for (int i = 0; i < tl->count; i++)
+            json_array_append_new(ev, json_pack("{s:s, s:s, s:o, s:i, s:{s:o}}", "ph", "C", "name", cname, "ts",
+                                                json_real(tl->pts[i].t * 1e6), "pid", 1, "args", "bytes",
+                                                json_real(tl->pts[i].bytes)));
+    }
+    json_t *doc = json_pack("{s:o}", "traceEvents", ev);
+    int rc = json_dump_file(doc, path, JSON_COMPACT);
+    json_decref(doc);
+    if (rc != 0) return mt_error_set(err, MT_ERR_IO, "%s: cannot write the trace: %s", path, strerror(errno));
+    return MT_OK;
+}
