@@ -1,0 +1,760 @@
+/* Tests of the staging pool (moe/staging.h) on the CPU backend:
+ *  - the slab sub-allocator never overlaps, stays aligned and coalesces
+ *    (randomised, both fits);
+ *  - pool regions of every mode never overlap (pattern check, randomised);
+ *  - backpressure: a 2 MiB pool with throttled copies makes a third 1 MiB
+ *    reservation wait for the first copy, without growing;
+ *  - H2D / D2H batches are bit-identical round trips in every mode, with
+ *    and without the pack thread, contiguous and scattered device ranges,
+ *    and never write device bytes outside the items (sentinels);
+ *  - compact on a realistic window reserves <= 1.10x the payload with
+ *    waste <= 10% and moves each layer in at most 3 copies;
+ *  - sizing: max_slot >= 4x compact for Qwen3-30B-A3B's window (planned
+ *    and measured on a scaled-down window);
+ *  - bad settings are refused, naming the setting, before pinning anything;
+ *  - the CSV / SVG / trace writers produce what they promise. */
+#include "moe/staging.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "moe/staging_alloc.h"
+#include "moe/staging_report.h"
+
+static int g_failures;
+
+#define EXPECT(cond, ...)                                        \
+    do {                                                         \
+        if (!(cond)) {                                           \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fprintf(stderr, "\n");                               \
+            g_failures++;                                        \
+        }                                                        \
+    } while (0)
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) { /* xorshift64*: deterministic across runs */
+    g_rng ^= g_rng >> 12;
+    g_rng ^= g_rng << 25;
+    g_rng ^= g_rng >> 27;
+    return g_rng * 2685821657736338717ull;
+}
+static size_t rnd_in(size_t lo, size_t hi) { return lo + (size_t)(rnd() % (hi - lo + 1)); }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static kern_device_t *cpu_device(size_t budget, double bytes_per_s, double latency_s) {
+    kern_device_opts_t o = {.device_budget_bytes = budget, .host_threads = 1, .link_h2d_bytes_per_s = bytes_per_s,
+                            .link_d2h_bytes_per_s = bytes_per_s, .link_latency_s = latency_s};
+    kern_device_t *dev = NULL;
+    mt_error_t err = {0};
+    if (kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) != MT_OK) {
+        fprintf(stderr, "cannot create the CPU device: %s\n", err.msg);
+        exit(1);
+    }
+    return dev;
+}
+
+static moe_staging_t *make_pool(kern_device_t *dev, moe_staging_mode_t mode, size_t capacity, size_t max_tensor,
+                                bool pack_thread) {
+    moe_staging_opts_t o;
+    moe_staging_opts_init(&o, mode);
+    o.capacity_bytes = capacity;
+    o.max_tensor_bytes = max_tensor;
+    o.pack_thread = pack_thread;
+    moe_staging_t *p = NULL;
+    mt_error_t err = {0};
+    if (moe_staging_create(dev, &o, &p, &err) != MT_OK) {
+        fprintf(stderr, "cannot create a %s pool: %s\n", moe_staging_mode_name(mode), err.msg);
+        exit(1);
+    }
+    return p;
+}
+
+/* ---- sub-allocator -------------------------------------------------------- */
+
+static void test_alloc_random(void) {
+    for (int fit = 0; fit < 2; fit++) {
+        const size_t align = fit ? 64 : 256;
+        moe_salloc_t a;
+        moe_salloc_init(&a, (size_t)1 << 20, align, (moe_staging_fit_t)fit);
+        enum { MAXLIVE = 200 };
+        size_t off[MAXLIVE], len[MAXLIVE];
+        int live = 0;
+        char why[256];
+        for (int it = 0; it < 20000; it++) {
+            const int op = (int)(rnd() % 10);
+            if (op < 5 && live < MAXLIVE) {
+                const size_t want = rnd_in(1, 40000);
+                size_t o;
+                if (moe_salloc_alloc(&a, want, &o)) {
+                    EXPECT(o % align == 0, "offset %zu not aligned to %zu", o, align);
+                    EXPECT(moe_salloc_size(&a, o) >= want && moe_salloc_size(&a, o) < want + align,
+                           "block of %zu bytes for a %zu-byte request (align %zu): rounding beyond the alignment",
+                           moe_salloc_size(&a, o), want, align);
+                    for (int k = 0; k < live; k++)
+                        EXPECT(o + want <= off[k] || off[k] + len[k] <= o,
+                               "new block [%zu,+%zu) overlaps live [%zu,+%zu)", o, want, off[k], len[k]);
+                    off[live] = o, len[live] = want, live++;
+                } else {
+                    EXPECT(moe_salloc_largest_free(&a) < ((want + align - 1) & ~(align - 1)),
+                           "alloc of %zu failed with a free block of %zu", want, moe_salloc_largest_free(&a));
+                }
+            } else if (op < 7 && live > 0) {
+                const int k = (int)(rnd() % (size_t)live);
+                const size_t keep = rnd_in(1, len[k]);
+                moe_salloc_shrink(&a, off[k], keep);
+                len[k] = keep;
+            } else if (live > 0) {
+                const int k = (int)(rnd() % (size_t)live);
+                moe_salloc_release(&a, off[k]);
+                off[k] = off[live - 1], len[k] = len[live - 1], live--;
+            }
+            if (!moe_salloc_check(&a, why, sizeof why)) {
+                EXPECT(false, "sub-allocator invariant broken after op %d: %s", it, why);
+                break;
+            }
+        }
+        while (live > 0) moe_salloc_release(&a, off[--live]);
+        EXPECT(a.n == 1 && a.in_use == 0 && moe_salloc_largest_free(&a) == a.capacity,
+               "after freeing everything: %d blocks, %zu in use (free space not coalesced)", a.n, a.in_use);
+        moe_salloc_free_all(&a);
+    }
+}
+
+/* ---- regions through the pool ---------------------------------------------- */
+
+static void test_pool_regions_random(void) {
+    kern_device_t *dev = cpu_device((size_t)8 << 20, 0, 0);
+    kern_stream_t *h2d = kern_stream(dev, KERN_STREAM_H2D);
+    for (int mode = 0; mode < MOE_STAGING_MODE_COUNT; mode++) {
+        moe_staging_t *p = make_pool(dev, (moe_staging_mode_t)mode, (size_t)1 << 20, 64 << 10, false);
+        enum { MAXLIVE = 64 };
+        moe_staging_region_t r[MAXLIVE];
+        unsigned char tag[MAXLIVE];
+        int live = 0;
+        mt_error_t err = {0};
+        for (int it = 0; it < 1500; it++) {
+            if (live < MAXLIVE && rnd() % 3 != 0) {
+                const size_t want = rnd_in(1, 64 << 10);
+                moe_staging_region_t x;
+                mt_status_t st = moe_staging_reserve(p, want, "random region", &x, &err);
+                if (st == MT_ERR_BUDGET) { /* full and nothing pending: hand some back */
+                    while (live > 0) moe_staging_release_after(p, &r[--live], h2d);
+                    continue;
+                }
+                EXPECT(st == MT_OK, "%s reserve: %s", moe_staging_mode_name(mode), err.msg);
+                if (st != MT_OK) break;
+                const size_t a = mode == MOE_STAGING_COMPACT ? MOE_STAGING_DEFAULT_ALIGN : MOE_STAGING_PAGE;
+                EXPECT((uintptr_t)x.host % a == 0, "%s region %p not aligned to %zu", moe_staging_mode_name(mode),
+                       x.host, a);
+                EXPECT(x.bytes == want, "region of %zu bytes for %zu", x.bytes, want);
+                tag[live] = (unsigned char)(it * 7 + 1);
+                memset(x.host, tag[live], x.bytes);
+                r[live++] = x;
+            } else if (live > 0) {
+                const int k = (int)(rnd() % (size_t)live);
+                /* the pattern survives: no other live region overlapped it */
+                const unsigned char *b = r[k].host;
+                size_t bad = r[k].bytes;
+                for (size_t j = 0; j < r[k].bytes && bad == r[k].bytes; j++)
+                    if (b[j] != tag[k]) bad = j;
+                EXPECT(bad == r[k].bytes, "%s: byte %zu of a live region was overwritten (overlap)",
+                       moe_staging_mode_name(mode), bad);
+                if (rnd() % 2) moe_staging_release_now(p, &r[k]);
+                else moe_staging_release_after(p, &r[k], h2d);
+                r[k] = r[live - 1];
+                tag[k] = tag[live - 1];
+                live--;
+            }
+        }
+        while (live > 0) moe_staging_release_now(p, &r[--live]);
+        moe_staging_stats_t s;
+        moe_staging_get_stats(p, MOE_STAGING_SCOPE_TOTAL, &s);
+        EXPECT(s.peak_reserved <= s.capacity, "%s grew past its capacity: %zu > %zu", moe_staging_mode_name(mode),
+               s.peak_reserved, s.capacity);
+        moe_staging_destroy(p);
+    }
+    EXPECT(kern_device_stats(dev).pinned_in_use == 0, "pinned memory left after destroying the pools: %zu bytes",
+           kern_device_stats(dev).pinned_in_use);
+    kern_device_destroy(dev);
+}
+
+/* ---- backpressure --------------------------------------------------------- */
+
+static void test_backpressure(void) {
+    const size_t MiB = (size_t)1 << 20;
+    /* 100 MB/s: each 1 MiB copy takes >= 10 ms on the throttled link */
+    kern_device_t *dev = cpu_device(8 * MiB, 100e6, 0);
+    kern_stream_t *h2d = kern_stream(dev, KERN_STREAM_H2D);
+    char *dst = kern_alloc(dev, 3 * MiB, "backpressure target", NULL);
+    for (int mode = 0; mode < MOE_STAGING_MODE_COUNT; mode++) {
+        const char *mn = moe_staging_mode_name(mode);
+        const size_t pinned_before = kern_device_stats(dev).pinned_in_use;
+        moe_staging_t *p = make_pool(dev, (moe_staging_mode_t)mode, 2 * MiB, MiB, false);
+        mt_error_t err = {0};
+        moe_staging_region_t a, b, c;
+        kern_event_t *a_done = kern_event_create(dev);
+        EXPECT(moe_staging_reserve(p, MiB, "A", &a, &err) == MT_OK, "%s A: %s", mn, err.msg);
+        void *a_host = a.host;
+        kern_memcpy_h2d(dev, h2d, dst, a.host, MiB);
+        kern_event_record(dev, a_done, h2d);
+        moe_staging_release_after(p, &a, h2d);
+        EXPECT(moe_staging_reserve(p, MiB, "B", &b, &err) == MT_OK, "%s B: %s", mn, err.msg);
+        kern_memcpy_h2d(dev, h2d, dst + MiB, b.host, MiB);
+        moe_staging_release_after(p, &b, h2d);
+        const double t0 = now_s();
+        EXPECT(moe_staging_reserve(p, MiB, "C", &c, &err) == MT_OK, "%s C: %s", mn, err.msg);
+        const double waited = now_s() - t0;
+        EXPECT(kern_event_query(dev, a_done), "%s: the third reservation returned before the first copy completed",
+               mn);
+        EXPECT(c.host == a_host, "%s: the third reservation did not reuse the first one's space", mn);
+        moe_staging_stats_t s;
+        moe_staging_get_stats(p, MOE_STAGING_SCOPE_TOTAL, &s);
+        EXPECT(s.waits == 1, "%s: %llu waits counted, expected 1", mn, (unsigned long long)s.waits);
+        /* lower bound only (a loaded machine makes copies slower, never faster):
+         * A's 10 ms copy had barely started when C asked */
+        EXPECT(s.wait_s > 0.004 && waited > 0.004, "%s: waited %.4f s (counted %.4f s), expected > 4 ms", mn,
+               waited, s.wait_s);
+        EXPECT(s.peak_reserved == 2 * MiB, "%s: peak reserved %zu bytes, expected the 2 MiB pool (no growth)", mn,
+               s.peak_reserved);
+        EXPECT(kern_device_stats(dev).pinned_peak - pinned_before <= 2 * MiB,
+               "%s: the device saw %zu pinned bytes for a 2 MiB pool (the pool grew)", mn,
+               kern_device_stats(dev).pinned_peak - pinned_before);
+        moe_staging_release_now(p, &c);
+        kern_event_destroy(dev, a_done);
+        kern_stream_sync(dev, h2d);
+        moe_staging_destroy(p);
+    }
+    kern_free(dev, dst);
+    kern_device_destroy(dev);
+}
+
+static void test_full_without_pending(void) {
+    kern_device_t *dev = cpu_device((size_t)4 << 20, 0, 0);
+    for (int mode = 0; mode < MOE_STAGING_MODE_COUNT; mode++) {
+        const char *mn = moe_staging_mode_name(mode);
+        moe_staging_t *p = make_pool(dev, (moe_staging_mode_t)mode, 256 << 10, 128 << 10, false);
+        mt_error_t err = {0};
+        moe_staging_region_t a, b, c;
+        EXPECT(moe_staging_reserve(p, 128 << 10, "first", &a, &err) == MT_OK, "%s: %s", mn, err.msg);
+        EXPECT(moe_staging_reserve(p, 128 << 10, "second", &b, &err) == MT_OK, "%s: %s", mn, err.msg);
+        err = (mt_error_t){0};
+        EXPECT(moe_staging_reserve(p, 100 << 10, "third tensor", &c, &err) == MT_ERR_BUDGET &&
+                   strstr(err.msg, "nothing is pending") && strstr(err.msg, "third tensor"),
+               "%s: a full pool with nothing pending should fail naming the tensor, got %d: %s", mn, err.code,
+               err.msg);
+        err = (mt_error_t){0};
+        EXPECT(moe_staging_reserve(p, 1 << 20, "huge tensor", &c, &err) == MT_ERR_BUDGET &&
+                   strstr(err.msg, "huge tensor"),
+               "%s: a tensor larger than the pool should fail naming it: %s", mn, err.msg);
+        moe_staging_release_now(p, &a);
+        moe_staging_release_now(p, &b);
+        moe_staging_destroy(p);
+    }
+    kern_device_destroy(dev);
+}
+
+/* ---- data integrity ------------------------------------------------------- */
+
+typedef struct {
+    int n;
+    size_t *bytes;
+    float **src, **back, **acc, **ref;
+    void **dev;
+    void *span;       /* contiguous layout: one device block */
+    void **others;    /* scattered layout: sentinel tensors between the items */
+    int nothers;
+} case_t;
+
+enum { SENTINEL = 0x5a };
+
+static void fill_random(float *x, size_t bytes) {
+    for (size_t k = 0; k < bytes / sizeof(float); k++) x[k] = (float)((double)(rnd() >> 11) / 9007199254740992.0 - 0.5);
+}
+
+static void case_make(kern_device_t *dev, case_t *c, int n, bool contiguous) {
+    memset(c, 0, sizeof *c);
+    c->n = n;
+    c->bytes = calloc((size_t)n, sizeof *c->bytes);
+    c->src = calloc((size_t)n, sizeof *c->src);
+    c->back = calloc((size_t)n, sizeof *c->back);
+    c->acc = calloc((size_t)n, sizeof *c->acc);
+    c->ref = calloc((size_t)n, sizeof *c->ref);
+    c->dev = calloc((size_t)n, sizeof *c->dev);
+    c->others = calloc((size_t)n, sizeof *c->others);
+    size_t *off = calloc((size_t)n, sizeof *off);
+    MT_CHECK(c->bytes && c->src && c->back && c->acc && c->ref && c->dev && c->others && off, "test memory");
+    for (int k = 0; k < n; k++) {
+        /* mostly expert-sized, some tiny (norms), some odd sizes (not multiples of the alignment) */
+        const int kind = (int)(rnd() % 4);
+        c->bytes[k] = 4 * (kind == 0 ? rnd_in(1, 64) : kind == 1 ? rnd_in(1000, 24000) : 24576);
+        c->src[k] = malloc(c->bytes[k]);
+        c->back[k] = malloc(c->bytes[k]);
+        c->acc[k] = malloc(c->bytes[k]);
+        c->ref[k] = malloc(c->bytes[k]);
+        MT_CHECK(c->src[k] && c->back[k] && c->acc[k] && c->ref[k], "test memory");
+        fill_random(c->src[k], c->bytes[k]);
+        fill_random(c->acc[k], c->bytes[k]);
+        for (size_t j = 0; j < c->bytes[k] / 4; j++) c->ref[k][j] = c->acc[k][j] + c->src[k][j];
+    }
+    kern_stream_t *cs = kern_stream(dev, KERN_STREAM_COMPUTE);
+    if (contiguous) {
+        const size_t span = moe_staging_layout(c->bytes, n, KERN_ARENA_ALIGN, off);
+        c->span = kern_alloc(dev, span, "test span", NULL);
+        MT_CHECK(c->span, "test span");
+        kern_memset(dev, cs, c->span, SENTINEL, span);
+        for (int k = 0; k < n; k++) c->dev[k] = (char *)c->span + off[k];
+    } else {
+        for (int k = 0; k < n; k++) {
+            c->dev[k] = kern_alloc(dev, c->bytes[k], "test tensor", NULL);
+            MT_CHECK(c->dev[k], "test tensor");
+            if (rnd() % 3 == 0) { /* a neighbour that is not part of the batch */
+                c->others[c->nothers] = kern_alloc(dev, 1000, "sentinel tensor", NULL);
+                MT_CHECK(c->others[c->nothers], "sentinel");
+                kern_memset(dev, cs, c->others[c->nothers++], SENTINEL, 1000);
+            }
+        }
+    }
+    kern_stream_sync(dev, cs);
+    free(off);
+}
+
+static void case_free(kern_device_t *dev, case_t *c) {
+    for (int k = 0; k < c->n; k++) {
+        free(c->src[k]);
+        free(c->back[k]);
+        free(c->acc[k]);
+        free(c->ref[k]);
+        if (!c->span) kern_free(dev, c->dev[k]);
+    }
+    for (int k = 0; k < c->nothers; k++) kern_free(dev, c->others[k]);
+    if (c->span) kern_free(dev, c->span);
+    free(c->bytes);
+    free(c->src);
+    free(c->back);
+    free(c->acc);
+    free(c->ref);
+    free(c->dev);
+    free(c->others);
+}
+
+static void test_integrity(void) {
+    kern_device_t *dev = cpu_device((size_t)64 << 20, 0, 0);
+    kern_stream_t *h2d = kern_stream(dev, KERN_STREAM_H2D), *d2h = kern_stream(dev, KERN_STREAM_D2H);
+    for (int mode = 0; mode < MOE_STAGING_MODE_COUNT; mode++)
+        for (int thread = 0; thread < 2; thread++)
+            for (int contiguous = 0; contiguous < 2; contiguous++) {
+                const char *mn = moe_staging_mode_name(mode);
+                case_t c;
+                const int n = 150;
+                case_make(dev, &c, n, contiguous);
+                /* small pool: batches are chunked and wait for space (about 10 windows' worth) */
+                moe_staging_t *p = make_pool(dev, (moe_staging_mode_t)mode, mode == MOE_STAGING_MAX_SLOT ? 16 * 98304 : 320 << 10,
+                                             98304, thread);
+                moe_staging_xfer_t *it = calloc((size_t)n, sizeof *it);
+                MT_CHECK_ALLOC(it, "items");
+                const moe_staging_batch_t b = {"integrity batch", KERN_ARENA_ALIGN};
+                mt_error_t err = {0};
+                for (int k = 0; k < n; k++) it[k] = (moe_staging_xfer_t){c.src[k], c.dev[k], c.bytes[k], MOE_STAGING_COPY};
+                mt_status_t st = moe_staging_h2d_batch(p, h2d, it, n, &b, &err);
+                EXPECT(st == MT_OK, "%s h2d: %s", mn, err.msg);
+                /* the D2H stream reads what H2D wrote */
+                kern_event_t *ev = kern_event_create(dev);
+                kern_event_record(dev, ev, h2d);
+                kern_stream_wait_event(dev, d2h, ev);
+                for (int k = 0; k < n; k++) it[k] = (moe_staging_xfer_t){c.back[k], c.dev[k], c.bytes[k], MOE_STAGING_COPY};
+                st = moe_staging_d2h_batch(p, d2h, it, n, &b, &err);
+                EXPECT(st == MT_OK, "%s d2h: %s", mn, err.msg);
+                for (int k = 0; k < n; k++) it[k] = (moe_staging_xfer_t){c.acc[k], c.dev[k], c.bytes[k], MOE_STAGING_ADD_F32};
+                st = moe_staging_d2h_batch(p, d2h, it, n, &b, &err);
+                EXPECT(st == MT_OK, "%s d2h add: %s", mn, err.msg);
+                kern_stream_sync(dev, d2h);
+                int bad = 0;
+                for (int k = 0; k < n; k++) {
+                    bad += memcmp(c.back[k], c.src[k], c.bytes[k]) != 0;
+                    bad += memcmp(c.acc[k], c.ref[k], c.bytes[k]) != 0;
+                }
+                EXPECT(bad == 0, "%s (thread %d, contiguous %d): %d tensors differ after the round trip", mn, thread,
+                       contiguous, bad);
+                /* nothing outside the items was written on the device */
+                unsigned char probe[1000];
+                for (int k = 0; k < c.nothers; k++) {
+                    kern_memcpy_d2h(dev, d2h, probe, c.others[k], sizeof probe);
+                    kern_stream_sync(dev, d2h);
+                    int clobbered = 0;
+                    for (size_t j = 0; j < sizeof probe; j++) clobbered += probe[j] != SENTINEL;
+                    EXPECT(clobbered == 0, "%s: %d bytes of a neighbouring device tensor were overwritten", mn,
+                           clobbered);
+                }
+                moe_staging_stats_t s;
+                moe_staging_get_stats(p, MOE_STAGING_SCOPE_TOTAL, &s);
+                EXPECT(s.tensors[0] == (uint64_t)n && s.tensors[1] == 2 * (uint64_t)n, "%s: tensors counted %llu/%llu",
+                       mn, (unsigned long long)s.tensors[0], (unsigned long long)s.tensors[1]);
+                /* compact: a chunk per slab-sized piece (>= half a slab each, slabs of 160 KiB here),
+                 * plus a copy per break in the device ranges when scattered */
+                size_t total = 0;
+                for (int k = 0; k < n; k++) total += c.bytes[k];
+                const uint64_t chunks = 2 * total / (160 << 10) + 2;
+                if (mode == MOE_STAGING_COMPACT)
+                    EXPECT(contiguous ? s.copies[0] <= chunks : s.copies[0] < (uint64_t)n,
+                           "compact (contiguous %d) issued %llu H2D copies for %d tensors (%zu bytes): not coalesced",
+                           contiguous, (unsigned long long)s.copies[0], n, total);
+                else
+                    EXPECT(s.copies[0] == (uint64_t)n, "%s issued %llu H2D copies for %d tensors (one each expected)",
+                           mn, (unsigned long long)s.copies[0], n);
+                EXPECT(s.peak_reserved <= s.capacity, "%s grew: %zu > %zu", mn, s.peak_reserved, s.capacity);
+                kern_event_destroy(dev, ev);
+                free(it);
+                moe_staging_destroy(p);
+                case_free(dev, &c);
+            }
+    kern_device_destroy(dev);
+}
+
+/* ---- efficiency on a realistic window ------------------------------------------ */
+
+/* One scaled-down Qwen3-MoE layer: attention, norms, router and the active
+ * experts (gate, up, down of 96 x 256 fp32). */
+static int layer_tensors(size_t *t, int active) {
+    const size_t H = 256, I = 96, E = 64, f = sizeof(float);
+    int n = 0;
+    t[n++] = H * f;           /* input_layernorm */
+    t[n++] = 256 * H * f;     /* q_proj */
+    t[n++] = 64 * H * f;      /* k_proj */
+    t[n++] = 64 * H * f;      /* v_proj */
+    t[n++] = H * 256 * f;     /* o_proj */
+    t[n++] = 32 * f;          /* q_norm (head_dim) */
+    t[n++] = 32 * f;          /* k_norm */
+    t[n++] = H * f;           /* post_attention_layernorm */
+    t[n++] = E * H * f;       /* router */
+    for (int e = 0; e < 3 * active; e++) t[n++] = I * H * f;
+    return n;
+}
+
+static void test_compact_window(void) {
+    const int active = 48, L = 4;
+    size_t t[2][512];
+    int nt[2];
+    for (int l = 0; l < 2; l++) nt[l] = layer_tensors(t[l], active);
+    size_t window[1024], payload = 0;
+    int nw = 0;
+    for (int l = 0; l < 2; l++)
+        for (int k = 0; k < nt[l]; k++) window[nw++] = t[l][k], payload += t[l][k];
+    const size_t cap = moe_staging_plan_bytes(MOE_STAGING_COMPACT, window, nw, NULL);
+    EXPECT(cap <= payload + payload / 10, "planned compact %zu bytes > 1.10 x payload %zu", cap, payload);
+
+    /* 2 GB/s, 10 us: the window's copies are in flight together */
+    kern_device_t *dev = cpu_device((size_t)64 << 20, 2e9, 10e-6);
+    kern_stream_t *h2d = kern_stream(dev, KERN_STREAM_H2D);
+    moe_staging_t *p = make_pool(dev, MOE_STAGING_COMPACT, cap, 256 * 256 * 4, true);
+    size_t off[512];
+    const size_t span = moe_staging_layout(t[0], nt[0], KERN_ARENA_ALIGN, off);
+    float *host = malloc(span);
+    MT_CHECK_ALLOC(host, "layer host");
+    memset(host, 1, span);
+    void *bufs[2] = {kern_alloc(dev, span, "layer buffer 0", NULL), kern_alloc(dev, span, "layer buffer 1", NULL)};
+    moe_staging_xfer_t it[512];
+    mt_error_t err = {0};
+    for (int l = 0; l < L; l++) {
+        moe_staging_step_begin(p);
+        for (int k = 0; k < nt[0]; k++)
+            it[k] = (moe_staging_xfer_t){(char *)host + off[k], (char *)bufs[l % 2] + off[k], t[0][k], MOE_STAGING_COPY};
+        EXPECT(moe_staging_h2d_batch(p, h2d, it, nt[0], &(moe_staging_batch_t){"layer", KERN_ARENA_ALIGN}, &err) == MT_OK,
+               "layer %d: %s", l, err.msg);
+        moe_staging_count_skipped(p, 64 - active);
+        moe_staging_stats_t s;
+        moe_staging_get_stats(p, MOE_STAGING_SCOPE_STEP, &s);
+        EXPECT(s.copies[0] >= 1 && s.copies[0] <= 3, "layer %d moved in %llu copies (at most 3 expected)", l,
+               (unsigned long long)s.copies[0]);
+        EXPECT(s.experts_skipped == (uint64_t)(64 - active), "step counter of skipped experts: %llu",
+               (unsigned long long)s.experts_skipped);
+    }
+    kern_stream_sync(dev, h2d);
+    moe_staging_stats_t s;
+    moe_staging_get_stats(p, MOE_STAGING_SCOPE_TOTAL, &s);
+    EXPECT(s.peak_reserved <= payload + payload / 10, "compact reserved %zu bytes for a %zu-byte window (> 1.10x)",
+           s.peak_reserved, payload);
+    EXPECT(s.waste_pct <= 10.0, "compact internal waste %.2f%% at peak (> 10%%)", s.waste_pct);
+    EXPECT(s.peak_payload >= payload * 9 / 10, "the window was not in flight: peak payload %zu of %zu",
+           s.peak_payload, payload);
+    EXPECT(s.experts_skipped == (uint64_t)L * (64 - active), "total skipped %llu", (unsigned long long)s.experts_skipped);
+    printf("compact window: payload %zu, reserved %zu (%.3fx), waste %.2f%%, %llu H2D copies for %d layers\n",
+           payload, s.peak_reserved, (double)s.peak_reserved / (double)payload, s.waste_pct,
+           (unsigned long long)s.copies[0], L);
+    moe_staging_destroy(p);
+    kern_free(dev, bufs[0]);
+    kern_free(dev, bufs[1]);
+    free(host);
+    kern_device_destroy(dev);
+}
+
+/* ---- sizing ---------------------------------------------------------------- */
+
+/* A window of `layers` MoE layers of a real model: attention, norms,
+ * router and all `experts` experts (every expert receives tokens at
+ * realistic batch sizes).  Returns the tensor count. */
+static int model_window(size_t *t, int layers, size_t H, size_t I, int experts, size_t q, size_t kv, size_t hd,
+                        size_t dt) {
+    int n = 0;
+    for (int l = 0; l < layers; l++) {
+        t[n++] = H * dt, t[n++] = H * dt;                 /* layernorms */
+        t[n++] = q * H * dt, t[n++] = kv * H * dt, t[n++] = kv * H * dt, t[n++] = H * q * dt;
+        if (hd) t[n++] = hd * dt, t[n++] = hd * dt;        /* q_norm, k_norm (Qwen3) */
+        t[n++] = (size_t)experts * H * dt;                 /* router */
+        for (int e = 0; e < 3 * experts; e++) t[n++] = I * H * dt;
+    }
+    return n;
+}
+
+static void test_plan_sizes(void) {
+    static size_t t[2048];
+    for (int bf16 = 1; bf16 >= 0; bf16--) {
+        const size_t dt = bf16 ? 2 : 4;
+        /* Qwen3-30B-A3B: H 2048, 128 experts of 768, 32 heads x 128, 4 kv heads, vocab 151936 */
+        int n = model_window(t, 2, 2048, 768, 128, 4096, 512, 128, dt);
+        moe_staging_plan_opts_t o = {.largest_tensor = (size_t)151936 * 2048 * dt};
+        moe_staging_plan_t q;
+        moe_staging_plan_all(t, n, &o, &q);
+        moe_staging_plan_print(stdout, bf16 ? "Qwen3-30B-A3B (bf16, 2 MoE layers in flight)"
+                                            : "Qwen3-30B-A3B (fp32, 2 MoE layers in flight)", &q);
+        EXPECT(q.max_slot >= 4 * q.compact, "Qwen3-30B-A3B: max_slot %zu < 4 x compact %zu", q.max_slot, q.compact);
+        EXPECT(q.compact <= q.payload + q.payload / 10, "Qwen3 compact %zu > 1.10 x payload %zu", q.compact,
+               q.payload);
+        EXPECT(q.per_tensor_pow2 > q.per_tensor && q.per_tensor >= q.compact,
+               "ordering compact <= per_tensor < per_tensor_pow2 broken: %zu %zu %zu", q.compact, q.per_tensor,
+               q.per_tensor_pow2);
+        /* Mixtral-8x7B: H 4096, 8 experts of 14336, 32 heads x 128, 8 kv heads, vocab 32000 */
+        n = model_window(t, 2, 4096, 14336, 8, 4096, 1024, 0, dt);
+        o.largest_tensor = (size_t)32000 * 4096 * dt;
+        moe_staging_plan_all(t, n, &o, &q);
+        moe_staging_plan_print(stdout, bf16 ? "Mixtral-8x7B (bf16, 2 MoE layers in flight)"
+                                            : "Mixtral-8x7B (fp32, 2 MoE layers in flight)", &q);
+        EXPECT(q.max_slot > q.compact && q.compact <= q.payload + q.payload / 10, "Mixtral sizes: %zu %zu %zu",
+               q.max_slot, q.compact, q.payload);
+    }
+    /* explicit knobs */
+    const size_t one[] = {135790592}; /* 129.5 MiB */
+    moe_staging_plan_opts_t o = {.pow2_round = true};
+    EXPECT(moe_staging_plan_bytes(MOE_STAGING_PER_TENSOR, one, 1, &o) == (size_t)1 << 28,
+           "a 129.5 MB tensor should take 256 MiB with power-of-two rounding (MemAscend's example)");
+    o.pow2_round = false;
+    EXPECT(moe_staging_plan_bytes(MOE_STAGING_PER_TENSOR, one, 1, &o) == (135790592 + 4095) / 4096 * 4096,
+           "page rounding of a 129.5 MB tensor");
+    o.slots = 5;
+    o.largest_tensor = 1000;
+    EXPECT(moe_staging_plan_bytes(MOE_STAGING_MAX_SLOT, one, 1, &o) == 5 * ((135790592 + 255) / 256 * 256),
+           "5 fixed slots of the largest tensor");
+}
+
+/* Measured on a scaled window with Qwen3's expert/embedding proportions:
+ * max_slot (one slot per tensor in flight) reserves >= 4x compact. */
+static void test_measured_ratio(void) {
+    const size_t expert = 32 * 64 * 4, embed = 2048 * 64 * 4; /* 64x an expert */
+    const int n = 96;
+    size_t t[96];
+    for (int k = 0; k < n; k++) t[k] = expert;
+    moe_staging_plan_opts_t o = {.largest_tensor = embed};
+    kern_device_t *dev = cpu_device((size_t)16 << 20, 0, 0);
+    kern_stream_t *h2d = kern_stream(dev, KERN_STREAM_H2D);
+    size_t off[96];
+    const size_t span = moe_staging_layout(t, n, 0, off);
+    char *host = calloc(1, span);
+    char *buf = kern_alloc(dev, span, "window", NULL);
+    moe_staging_xfer_t it[96];
+    for (int k = 0; k < n; k++) it[k] = (moe_staging_xfer_t){host + off[k], buf + off[k], t[k], MOE_STAGING_COPY};
+    size_t reserved[MOE_STAGING_MODE_COUNT];
+    for (int mode = 0; mode < MOE_STAGING_MODE_COUNT; mode++) {
+        moe_staging_t *p = make_pool(dev, (moe_staging_mode_t)mode,
+                                     moe_staging_plan_bytes((moe_staging_mode_t)mode, t, n, &o), embed, true);
+        mt_error_t err = {0};
+        EXPECT(moe_staging_h2d_batch(p, h2d, it, n, &(moe_staging_batch_t){"window", KERN_ARENA_ALIGN}, &err) == MT_OK,
+               "%s: %s", moe_staging_mode_name(mode), err.msg);
+        kern_stream_sync(dev, h2d);
+        moe_staging_stats_t s;
+        moe_staging_get_stats(p, MOE_STAGING_SCOPE_TOTAL, &s);
+        reserved[mode] = s.peak_reserved;
+        moe_staging_destroy(p);
+    }
+    EXPECT(reserved[MOE_STAGING_MAX_SLOT] >= 4 * reserved[MOE_STAGING_COMPACT],
+           "measured max_slot %zu < 4 x compact %zu", reserved[MOE_STAGING_MAX_SLOT], reserved[MOE_STAGING_COMPACT]);
+    EXPECT(reserved[MOE_STAGING_COMPACT] <= reserved[MOE_STAGING_PER_TENSOR],
+           "measured compact %zu > per_tensor %zu", reserved[MOE_STAGING_COMPACT], reserved[MOE_STAGING_PER_TENSOR]);
+    kern_free(dev, buf);
+    free(host);
+    kern_device_destroy(dev);
+}
+
+/* ---- settings --------------------------------------------------------------- */
+
+static void expect_refused(kern_device_t *dev, const moe_staging_opts_t *o, const char *needle, const char *what) {
+    moe_staging_t *p = NULL;
+    mt_error_t err = {0};
+    const mt_status_t st = moe_staging_create(dev, o, &p, &err);
+    EXPECT(st == MT_ERR_CONFIG && p == NULL, "%s: accepted (status %d)", what, st);
+    EXPECT(strstr(err.msg, needle) != NULL, "%s: message does not name %s: %s", what, needle, err.msg);
+    EXPECT(kern_device_stats(dev).pinned_in_use == 0, "%s: pinned memory allocated before refusing", what);
+    if (p) moe_staging_destroy(p);
+}
+
+static void test_bad_settings(void) {
+    kern_device_t *dev = cpu_device((size_t)1 << 20, 0, 0);
+    const size_t MiB = (size_t)1 << 20;
+    moe_staging_opts_t o;
+    for (int mode = 0; mode < MOE_STAGING_MODE_COUNT; mode++) {
+        moe_staging_opts_init(&o, (moe_staging_mode_t)mode);
+        o.capacity_bytes = 64 * MiB;
+        o.max_tensor_bytes = 4 * MiB;
+        o.max_tensor_name = "model.embed_tokens.weight";
+        o.cap_bytes = 2 * MiB;
+        expect_refused(dev, &o, "memory.pinned", "cap below the largest tensor");
+        expect_refused(dev, &o, "model.embed_tokens.weight", "cap below the largest tensor (tensor named)");
+        o.cap_bytes = 0;
+        o.capacity_bytes = 0;
+        expect_refused(dev, &o, "capacity", "zero capacity");
+        o.capacity_bytes = 3 * MiB;
+        expect_refused(dev, &o, "smaller than model.embed_tokens.weight", "capacity below the largest tensor");
+        o.capacity_bytes = 64 * MiB;
+        o.align = 3;
+        expect_refused(dev, &o, "staging.align", "alignment not a power of two");
+    }
+    moe_staging_opts_init(&o, MOE_STAGING_COMPACT);
+    o.capacity_bytes = 64 * MiB;
+    o.max_tensor_bytes = 4 * MiB;
+    o.num_slabs = 0;
+    expect_refused(dev, &o, "staging.num_slabs", "zero slabs");
+    o.num_slabs = 4;
+    o.slab_bytes = MiB; /* 4 x 1 MiB: even the total is below one 4 MiB tensor */
+    expect_refused(dev, &o, "staging.slab_bytes", "slabs smaller than the largest tensor");
+    o.slab_bytes = 8 * MiB;
+    o.cap_bytes = 16 * MiB;
+    expect_refused(dev, &o, "exceeds memory.pinned", "explicit slabs over the cap");
+    moe_staging_opts_init(&o, MOE_STAGING_MAX_SLOT);
+    o.capacity_bytes = 64 * MiB;
+    expect_refused(dev, &o, "max_tensor_bytes", "max_slot without the largest tensor");
+    /* accepted: the cap clamps the capacity */
+    moe_staging_opts_init(&o, MOE_STAGING_COMPACT);
+    o.capacity_bytes = 8 * MiB;
+    o.cap_bytes = 2 * MiB;
+    o.max_tensor_bytes = MiB;
+    moe_staging_t *p = NULL;
+    mt_error_t err = {0};
+    EXPECT(moe_staging_create(dev, &o, &p, &err) == MT_OK, "clamped pool refused: %s", err.msg);
+    if (p) {
+        moe_staging_stats_t s;
+        moe_staging_get_stats(p, MOE_STAGING_SCOPE_TOTAL, &s);
+        EXPECT(s.capacity == 2 * MiB && s.peak_reserved == 2 * MiB, "capacity %zu not clamped to the 2 MiB cap",
+               s.capacity);
+        moe_staging_destroy(p);
+    }
+    kern_device_destroy(dev);
+}
+
+/* ---- reports ----------------------------------------------------------------- */
+
+static size_t count_str(const char *hay, const char *needle) {
+    size_t n = 0;
+    for (const char *s = strstr(hay, needle); s; s = strstr(s + 1, needle)) n++;
+    return n;
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    const long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)len + 1);
+    MT_CHECK_ALLOC(b, "file");
+    const size_t got = fread(b, 1, (size_t)len, f);
+    b[got] = 0;
+    fclose(f);
+    return b;
+}
+
+static void test_reports(void) {
+    kern_device_t *dev = cpu_device((size_t)8 << 20, 1e9, 5e-6);
+    kern_stream_t *h2d = kern_stream(dev, KERN_STREAM_H2D);
+    size_t t[40], off[40];
+    for (int k = 0; k < 40; k++) t[k] = 24576;
+    const size_t span = moe_staging_layout(t, 40, 0, off);
+    char *host = calloc(1, span), *buf = kern_alloc(dev, span, "report buffer", NULL);
+    moe_staging_xfer_t it[40];
+    for (int k = 0; k < 40; k++) it[k] = (moe_staging_xfer_t){host + off[k], buf + off[k], t[k], MOE_STAGING_COPY};
+    moe_staging_timeline_t *tl[2];
+    for (int m = 0; m < 2; m++) {
+        moe_staging_t *p = make_pool(dev, (moe_staging_mode_t)m, 300 << 10, 24576, true);
+        mt_error_t err = {0};
+        for (int rep = 0; rep < 3; rep++)
+            EXPECT(moe_staging_h2d_batch(p, h2d, it, 40, &(moe_staging_batch_t){"r", KERN_ARENA_ALIGN}, &err) == MT_OK,
+                   "%s", err.msg);
+        kern_stream_sync(dev, h2d);
+        moe_staging_poll(p);
+        tl[m] = moe_staging_timeline_copy(p);
+        moe_staging_destroy(p);
+    }
+    const char *dir = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
+    char csv[4096], svg[4096];
+    snprintf(csv, sizeof csv, "%s/staging.csv", dir);
+    snprintf(svg, sizeof svg, "%s/staging.svg", dir);
+    mt_error_t err = {0};
+    const moe_staging_timeline_t *const ctl[2] = {tl[0], tl[1]};
+    EXPECT(moe_staging_write_csv_timelines(ctl, 2, csv, &err) == MT_OK, "csv: %s", err.msg);
+    EXPECT(moe_staging_write_svg(ctl, 2, svg, &err) == MT_OK, "svg: %s", err.msg);
+    char *c = slurp(csv), *s = slurp(svg);
+    EXPECT(c && count_str(c, "\n") == 1 + tl[0]->n + tl[1]->n, "csv has %zu lines for %zu samples",
+           c ? count_str(c, "\n") : 0, tl[0]->n + tl[1]->n);
+    EXPECT(c && strncmp(c, "mode,t_ms,reserved_bytes,in_use_bytes,", 38) == 0, "csv header: %.60s", c ? c : "");
+    EXPECT(s && strstr(s, "<svg") && strstr(s, "</svg>"), "svg not a complete document");
+    EXPECT(s && strstr(s, "time (ms)") && strstr(s, "pinned host memory (") && strstr(s, ">compact<") &&
+               strstr(s, ">per_tensor<") && count_str(s, "<polyline") == 4,
+           "svg lacks axes labels, legend entries or the 4 lines (2 modes x in use / reserved)");
+    EXPECT(moe_staging_write_svg(ctl, 2, "/nonexistent-dir/x.svg", &err) == MT_ERR_IO && strstr(err.msg, "/nonexistent-dir"),
+           "unwritable path: %s", err.msg);
+    /* trace counters */
+    char *mem = NULL;
+    size_t memlen = 0;
+    FILE *f = open_memstream(&mem, &memlen);
+    const size_t events = moe_staging_trace_counters(f, tl[0], 7, 100.0, false);
+    fclose(f);
+    EXPECT(events >= tl[0]->n && count_str(mem, "\"ph\":\"C\"") == events && mem[0] == '{',
+           "trace: %zu events written, %zu found", events, count_str(mem, "\"ph\":\"C\""));
+    EXPECT(strstr(mem, "\"pid\":7") && strstr(mem, "\"name\":\"staging compact\""), "trace fields: %.200s", mem);
+    char small[16];
+    const size_t need = moe_staging_trace_counter_event(small, sizeof small, tl[0], 0, 1, 0);
+    EXPECT(need > sizeof small && strlen(small) == sizeof small - 1, "formatter must truncate and report %zu", need);
+    free(mem);
+    free(c);
+    free(s);
+    moe_staging_timeline_free(tl[0]);
+    moe_staging_timeline_free(tl[1]);
+    kern_free(dev, buf);
+    free(host);
+    kern_device_destroy(dev);
+}
+
+int main(void) {
+    test_alloc_random();
+    test_pool_regions_random();
+    test_backpressure();
+    test_full_without_pending();
+    test_integrity();
+    test_compact_window();
+    test_plan_sizes();
+    test_measured_ratio();
+    test_bad_settings();
+    test_reports();
+    if (g_failures) {
+        fprintf(stderr, "%d check(s) failed\n", g_failures);
+        return 1;
+    }
+    printf("staging_test: all checks passed\n");
+    return 0;
+}

@@ -1,0 +1,391 @@
+/* Batched transfers through the staging pool (see staging.h) and the
+ * helper thread that packs pageable sources into staging.
+ *
+ * A batch is issued in groups.  A group is a set of regions whose host
+ * side is handled by one job (a list of memcpys, or adds for gradients)
+ * and whose copies are issued together; it is flushed (job handed over,
+ * copies issued, regions released after them) when a reservation would
+ * have to wait for space, when it has gathered FLUSH_BYTES, and at the end
+ * of the batch.  Flushing before waiting matters: the space a full pool
+ * waits for may be held by this group's own regions.
+ *
+ * Compact layout.  Items are sorted by device address and cut into runs of
+ * adjacent device ranges (see moe_staging_batch_t.dev_pad_align).  A chunk
+ * region is laid out like the device: each run starts aligned, items sit
+ * at their device offset from the run's start, so each run moves in one
+ * copy.  A chunk asks for the whole remaining batch (at most a slab); when
+ * no free block holds that, it takes the largest free block if that holds
+ * at least half of what the batch first asked for, else it waits.  So a
+ * batch that fits a slab moves in at most two chunks.
+ *
+ * H2D packing.  With the pack thread the job is queued to it and the copy
+ * stream gets a host function that waits for the job before the copies
+ * (stream order keeps the copies behind it), so packing batch k+1 overlaps
+ * the transfer of batch k.  Without it the caller packs inline.  D2H
+ * unpacking runs as a host function on the copy stream after the copies,
+ * so the destinations are complete when the stream passes the batch. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/staging_internal.h"
+
+enum { FLUSH_BYTES = 2 << 20 };
+
+static size_t align_to(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
+
+/* ---- jobs and the pack thread ------------------------------------------- */
+
+static staging_pack_job_t *job_new(moe_staging_t *p) {
+    staging_pack_job_t *j = calloc(1, sizeof *j);
+    MT_CHECK_ALLOC(j, "staging pack job");
+    j->pool = p;
+    return j;
+}
+
+static void job_add(staging_pack_job_t *j, void *dst, const void *src, size_t bytes, moe_staging_op_t op) {
+    if (j->n == j->cap) {
+        j->cap = j->cap ? 2 * j->cap : 16;
+        j->cp = realloc(j->cp, (size_t)j->cap * sizeof *j->cp);
+        MT_CHECK_ALLOC(j->cp, "staging pack job");
+    }
+    j->cp[j->n].dst = dst;
+    j->cp[j->n].src = src;
+    j->cp[j->n].bytes = bytes;
+    j->cp[j->n].op = op;
+    j->n++;
+}
+
+static void job_free(staging_pack_job_t *j) {
+    free(j->cp);
+    free(j);
+}
+
+/* dst += src as floats, element by element (the executor's host gradient
+ * add: same order, same rounding). */
+static void add_f32(void *dst, const void *src, size_t bytes) {
+    const size_t n = bytes / sizeof(float);
+    if (((uintptr_t)dst | (uintptr_t)src) % _Alignof(float) == 0) {
+        float *d = dst;
+        const float *s = src;
+        for (size_t k = 0; k < n; k++) d[k] += s[k];
+        return;
+    }
+    for (size_t k = 0; k < n; k++) { /* unaligned: through memcpy, same arithmetic */
+        float a, b;
+        memcpy(&a, (char *)dst + k * sizeof a, sizeof a);
+        memcpy(&b, (const char *)src + k * sizeof b, sizeof b);
+        a += b;
+        memcpy((char *)dst + k * sizeof a, &a, sizeof a);
+    }
+}
+
+static double job_run(staging_pack_job_t *j) {
+    const double t0 = staging_now();
+    for (int k = 0; k < j->n; k++) {
+        if (j->cp[k].op == MOE_STAGING_ADD_F32) add_f32(j->cp[k].dst, j->cp[k].src, j->cp[k].bytes);
+        else memcpy(j->cp[k].dst, j->cp[k].src, j->cp[k].bytes);
+    }
+    return staging_now() - t0;
+}
+
+static void *pack_main(void *arg) {
+    moe_staging_t *p = arg;
+    pthread_mutex_lock(&p->lock);
+    for (;;) {
+        while (!p->qhead && !p->stopping) pthread_cond_wait(&p->cond, &p->lock);
+        staging_pack_job_t *j = p->qhead;
+        if (!j) break; /* stopping with an empty queue */
+        p->qhead = j->next;
+        if (!p->qhead) p->qtail = NULL;
+        pthread_mutex_unlock(&p->lock);
+        const double dt = job_run(j);
+        pthread_mutex_lock(&p->lock);
+        p->st[0].pack_s += dt;
+        p->st[1].pack_s += dt;
+        j->done = true;
+        pthread_cond_broadcast(&p->cond);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+void staging_pack_start(moe_staging_t *p) {
+    p->stopping = false;
+    MT_CHECK(pthread_create(&p->thread, NULL, pack_main, p) == 0, "cannot start the staging pack thread");
+    p->thread_on = true;
+}
+
+void staging_pack_stop(moe_staging_t *p) {
+    if (!p->thread_on) return;
+    pthread_mutex_lock(&p->lock);
+    p->stopping = true;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+    pthread_join(p->thread, NULL);
+    p->thread_on = false;
+}
+
+/* Host function on the H2D stream: holds the stream until the job is packed. */
+static void wait_job_fn(void *arg) {
+    staging_pack_job_t *j = arg;
+    moe_staging_t *p = j->pool;
+    pthread_mutex_lock(&p->lock);
+    while (!j->done) pthread_cond_wait(&p->cond, &p->lock);
+    pthread_mutex_unlock(&p->lock);
+    job_free(j);
+}
+
+/* Host function on the D2H stream: unpacks into the pageable destinations. */
+static void unpack_fn(void *arg) {
+    staging_pack_job_t *j = arg;
+    staging_add_pack_time(j->pool, job_run(j));
+    job_free(j);
+}
+
+/* ---- groups --------------------------------------------------------------- */
+
+typedef struct {
+    int reg;     /* index into the group's regions */
+    size_t off;  /* offset in that region */
+    char *dev;
+    size_t bytes;
+} group_copy_t;
+
+typedef struct {
+    int dir;
+    kern_stream_t *stream;
+    moe_staging_region_t *reg;
+    int nreg, cap_reg;
+    group_copy_t *cp;
+    int ncp, cap_cp;
+    staging_pack_job_t *job;
+    size_t bytes;
+} group_t;
+
+static int group_add_region(group_t *g, const moe_staging_region_t *r) {
+    if (g->nreg == g->cap_reg) {
+        g->cap_reg = g->cap_reg ? 2 * g->cap_reg : 16;
+        g->reg = realloc(g->reg, (size_t)g->cap_reg * sizeof *g->reg);
+        MT_CHECK_ALLOC(g->reg, "staging batch regions");
+    }
+    g->reg[g->nreg] = *r;
+    return g->nreg++;
+}
+
+static void group_add_copy(group_t *g, int reg, size_t off, char *dev, size_t bytes) {
+    if (g->ncp == g->cap_cp) {
+        g->cap_cp = g->cap_cp ? 2 * g->cap_cp : 16;
+        g->cp = realloc(g->cp, (size_t)g->cap_cp * sizeof *g->cp);
+        MT_CHECK_ALLOC(g->cp, "staging batch copies");
+    }
+    g->cp[g->ncp++] = (group_copy_t){reg, off, dev, bytes};
+}
+
+/* Places item bytes at region `reg` + off: a memcpy (H2D: pack) or op (D2H: unpack) in the job. */
+static void group_add_item(moe_staging_t *p, group_t *g, int reg, size_t off, const moe_staging_xfer_t *it) {
+    if (!g->job) g->job = job_new(p);
+    char *staged = (char *)g->reg[reg].host + off;
+    if (g->dir == MOE_STAGING_H2D) job_add(g->job, staged, it->host, it->bytes, MOE_STAGING_COPY);
+    else job_add(g->job, it->host, staged, it->bytes, it->op);
+    g->bytes += it->bytes;
+}
+
+static void group_flush(moe_staging_t *p, group_t *g) {
+    kern_device_t *dev = p->dev;
+    if (g->dir == MOE_STAGING_H2D && g->job) {
+        if (p->thread_on) {
+            pthread_mutex_lock(&p->lock);
+            if (p->qtail) p->qtail->next = g->job;
+            else p->qhead = g->job;
+            p->qtail = g->job;
+            pthread_cond_broadcast(&p->cond);
+            pthread_mutex_unlock(&p->lock);
+            kern_launch_host_fn(dev, g->stream, wait_job_fn, g->job);
+        } else {
+            staging_add_pack_time(p, job_run(g->job));
+            job_free(g->job);
+        }
+        g->job = NULL;
+    }
+    for (int c = 0; c < g->ncp; c++) {
+        const group_copy_t *cp = &g->cp[c];
+        char *staged = (char *)g->reg[cp->reg].host + cp->off;
+        if (g->dir == MOE_STAGING_H2D) kern_memcpy_h2d(dev, g->stream, cp->dev, staged, cp->bytes);
+        else kern_memcpy_d2h(dev, g->stream, staged, cp->dev, cp->bytes);
+        staging_count_copy(p, g->dir, cp->bytes);
+    }
+    if (g->dir == MOE_STAGING_D2H && g->job) {
+        kern_launch_host_fn(dev, g->stream, unpack_fn, g->job);
+        g->job = NULL;
+    }
+    for (int r = 0; r < g->nreg; r++) moe_staging_release_after(p, &g->reg[r], g->stream);
+    g->nreg = g->ncp = 0;
+    g->bytes = 0;
+}
+
+static void group_free(group_t *g) {
+    if (g->job) job_free(g->job);
+    free(g->reg);
+    free(g->cp);
+}
+
+/* ---- the batch ------------------------------------------------------------ */
+
+static int cmp_dev(const void *a, const void *b) {
+    const moe_staging_xfer_t *x = *(const moe_staging_xfer_t *const *)a, *y = *(const moe_staging_xfer_t *const *)b;
+    const uintptr_t u = (uintptr_t)x->dev, v = (uintptr_t)y->dev;
+    return u < v ? -1 : u > v;
+}
+
+/* True when item b continues item a's device run (see dev_pad_align). */
+static bool adjacent(const moe_staging_xfer_t *a, const moe_staging_xfer_t *b, size_t pad_align) {
+    const uintptr_t end = (uintptr_t)a->dev + a->bytes, next = (uintptr_t)b->dev;
+    if (next == end) return true;
+    return pad_align && next > end && next <= align_to(end, pad_align);
+}
+
+/* Staging bytes items [i, n) need as one chunk laid out like the device. */
+static size_t chunk_span(const moe_staging_xfer_t *const *it, int i, int n, size_t align, size_t pad) {
+    size_t pos = 0, run_pos = 0;
+    uintptr_t run_dev = 0;
+    for (int k = i; k < n; k++) {
+        if (k == i || !adjacent(it[k - 1], it[k], pad)) {
+            run_pos = align_to(pos, align);
+            run_dev = (uintptr_t)it[k]->dev;
+        }
+        pos = run_pos + ((uintptr_t)it[k]->dev - run_dev) + it[k]->bytes;
+    }
+    return pos;
+}
+
+static mt_status_t batch_compact(moe_staging_t *p, group_t *g, const moe_staging_xfer_t *const *it, int n,
+                                 const moe_staging_batch_t *b, mt_error_t *err) {
+    const size_t pad = b ? b->dev_pad_align : 0, largest_slab = staging_largest_slab(p);
+    const char *tag = b && b->tag ? b->tag : "a staged batch";
+    size_t first_want = 0;
+    int i = 0;
+    while (i < n) {
+        size_t want = chunk_span(it, i, n, p->align, pad);
+        if (want > largest_slab) want = largest_slab;
+        if (!first_want) first_want = want;
+        const size_t min = it[i]->bytes, accept = first_want / 2 < want ? first_want / 2 : want;
+        moe_staging_region_t r;
+        bool got = false;
+        mt_status_t st = staging_reserve_flex(p, min, want, accept, tag, false, &r, &got, err);
+        if (st == MT_OK && !got) {
+            group_flush(p, g); /* what we hold may be what we would wait for */
+            st = staging_reserve_flex(p, min, want, accept, tag, true, &r, &got, err);
+        }
+        if (st != MT_OK) return st;
+        const size_t room = p->rec[r.id].size;
+        const int reg = group_add_region(g, &r);
+        size_t pos = 0, run_pos = 0, payload = 0;
+        uintptr_t run_dev = 0;
+        int j = i;
+        for (; j < n; j++) {
+            const bool new_run = j == i || !adjacent(it[j - 1], it[j], pad);
+            const size_t start = new_run ? align_to(pos, p->align) : run_pos;
+            const uintptr_t dev0 = new_run ? (uintptr_t)it[j]->dev : run_dev;
+            const size_t at = start + ((uintptr_t)it[j]->dev - dev0);
+            if (at + it[j]->bytes > room) break;
+            if (new_run) {
+                run_pos = start;
+                run_dev = dev0;
+                group_add_copy(g, reg, at, it[j]->dev, it[j]->bytes);
+            } else {
+                group_copy_t *c = &g->cp[g->ncp - 1];
+                c->bytes = at + it[j]->bytes - c->off; /* the run grows: padding between items rides along */
+            }
+            group_add_item(p, g, reg, at, it[j]);
+            pos = at + it[j]->bytes;
+            payload += it[j]->bytes;
+        }
+        MT_CHECK(j > i, "staging: a %zu-byte region cannot hold a %zu-byte item", room, it[i]->bytes);
+        staging_shrink(p, &g->reg[reg], pos, payload);
+        i = j;
+        if (g->bytes >= FLUSH_BYTES) group_flush(p, g);
+    }
+    return MT_OK;
+}
+
+static mt_status_t batch_each(moe_staging_t *p, group_t *g, const moe_staging_xfer_t *const *it, int n,
+                              const moe_staging_batch_t *b, mt_error_t *err) {
+    const char *tag = b && b->tag ? b->tag : "a staged tensor";
+    for (int i = 0; i < n; i++) {
+        moe_staging_region_t r;
+        bool got = false;
+        mt_status_t st = staging_try_reserve(p, it[i]->bytes, tag, &r, &got, err);
+        if (st == MT_OK && !got) {
+            group_flush(p, g);
+            st = moe_staging_reserve(p, it[i]->bytes, tag, &r, err);
+        }
+        if (st != MT_OK) return st;
+        const int reg = group_add_region(g, &r);
+        group_add_copy(g, reg, 0, it[i]->dev, it[i]->bytes);
+        group_add_item(p, g, reg, 0, it[i]);
+        if (g->bytes >= FLUSH_BYTES) group_flush(p, g);
+    }
+    return MT_OK;
+}
+
+static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const moe_staging_xfer_t *items, int n,
+                         const moe_staging_batch_t *b, mt_error_t *err) {
+    if (n <= 0) return MT_OK;
+    const char *tag = b && b->tag ? b->tag : "staged batch";
+    const size_t pad = b ? b->dev_pad_align : 0;
+    if (pad & (pad - 1))
+        return mt_error_set(err, MT_ERR_INTERNAL, "%s: dev_pad_align %zu is not a power of two", tag, pad);
+    const moe_staging_xfer_t **it = malloc((size_t)n * sizeof *it);
+    MT_CHECK_ALLOC(it, "staging batch");
+    int m = 0;
+    for (int k = 0; k < n; k++) {
+        if (items[k].bytes == 0) continue;
+        if (!items[k].host || !items[k].dev) {
+            free(it);
+            return mt_error_set(err, MT_ERR_INTERNAL, "%s: item %d has no %s address", tag, k,
+                                items[k].host ? "device" : "host");
+        }
+        if (dir == MOE_STAGING_D2H && items[k].op == MOE_STAGING_ADD_F32 && items[k].bytes % sizeof(float)) {
+            free(it);
+            return mt_error_set(err, MT_ERR_INTERNAL, "%s: item %d adds floats but has %zu bytes", tag, k,
+                                items[k].bytes);
+        }
+        it[m++] = &items[k];
+    }
+    if (p->o.mode == MOE_STAGING_COMPACT) qsort(it, (size_t)m, sizeof *it, cmp_dev);
+    for (int k = 1; k < m && p->o.mode == MOE_STAGING_COMPACT; k++)
+        if ((uintptr_t)it[k]->dev < (uintptr_t)it[k - 1]->dev + it[k - 1]->bytes) {
+            free(it);
+            return mt_error_set(err, MT_ERR_INTERNAL, "%s: device ranges of two items overlap", tag);
+        }
+    group_t g = {.dir = dir, .stream = stream};
+    mt_status_t st = p->o.mode == MOE_STAGING_COMPACT ? batch_compact(p, &g, it, m, b, err)
+                                                      : batch_each(p, &g, it, m, b, err);
+    if (st == MT_OK) staging_count_tensors(p, dir, m);
+    group_flush(p, &g); /* also on error: what was laid out is issued, nothing leaks */
+    group_free(&g);
+    free(it);
+    return st;
+}
+
+mt_status_t moe_staging_h2d_batch(moe_staging_t *p, kern_stream_t *stream, const moe_staging_xfer_t *items, int n,
+                                  const moe_staging_batch_t *b, mt_error_t *err) {
+    return batch(p, MOE_STAGING_H2D, stream, items, n, b, err);
+}
+
+mt_status_t moe_staging_d2h_batch(moe_staging_t *p, kern_stream_t *stream, const moe_staging_xfer_t *items, int n,
+                                  const moe_staging_batch_t *b, mt_error_t *err) {
+    return batch(p, MOE_STAGING_D2H, stream, items, n, b, err);
+}
+
+size_t moe_staging_layout(const size_t *bytes, int n, size_t align, size_t *offsets) {
+    if (!align) align = KERN_ARENA_ALIGN;
+    size_t pos = 0;
+    for (int k = 0; k < n; k++) {
+        pos = align_to(pos, align);
+        offsets[k] = pos;
+        pos += bytes[k];
+    }
+    return align_to(pos, align);
+}
