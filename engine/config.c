@@ -800,6 +800,9 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
     NEED(!(cfg->sched_grads == ENG_PLACE_HOST && cfg->sched_optimizer == ENG_PLACE_DEVICE),
          "scheduler: grads: host with optimizer: device is not a valid combination (the device optimizer reads "
          "device gradients); use grads: device or optimizer: host");
+    NEED(!(cfg->sched_weights == ENG_WEIGHTS_STREAM && cfg->sched_optimizer == ENG_PLACE_DEVICE),
+         "scheduler: weights: stream with optimizer: device is not a valid combination (the device optimizer "
+         "updates resident weights in place); use weights: resident or optimizer: host");
     if (cfg->adapter == ENG_ADAPTER_LORA) {
         NEED(cfg->lora_r >= 1, "lora_r must be >= 1, got %d", cfg->lora_r);
         NEED(isfinite(cfg->lora_alpha) && cfg->lora_alpha > 0, "lora_alpha must be > 0, got %g", cfg->lora_alpha);

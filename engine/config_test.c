@@ -455,6 +455,12 @@ static void test_scheduler(void) {
     st = eng_run_config_validate(&c, &err);
     EXPECT(st == MT_ERR_CONFIG && strstr(err.msg, "grads: host with optimizer: device"));
     eng_run_config_free(&c);
+    snprintf(text, sizeof text, "%sscheduler: {weights: stream, optimizer: device}\n", base);
+    st = eng_run_config_parse(text, strlen(text), "cfgs/run.yaml", &c, &err);
+    EXPECT(st == MT_OK);
+    st = eng_run_config_validate(&c, &err);
+    EXPECT(st == MT_ERR_CONFIG && strstr(err.msg, "weights: stream with optimizer: device"));
+    eng_run_config_free(&c);
     snprintf(text, sizeof text, "%sscheduler: {prefetch_window: -1}\n", base);
     st = eng_run_config_parse(text, strlen(text), "cfgs/run.yaml", &c, &err);
     EXPECT(st == MT_OK);

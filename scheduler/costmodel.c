@@ -4,9 +4,9 @@
  * - The roofline max(FLOPs / rate, bytes / bandwidth) per op, summed over a
  *   block's ops: ops of one stream run one after another, so their times
  *   add; overlap happens between streams, which is the simulator's job.
- * - Host gradient handling costs host memory bandwidth: the first
- *   micro-batch copies staging -> buffer (read 4 + write 4 bytes per
- *   parameter), later ones accumulate (read 8 + write 4).
+ * - Gradient accumulation: the first micro-batch's gradients land in the
+ *   accumulator directly; later ones are added into it (read 8 + write 4
+ *   bytes per parameter) at the bandwidth of the side that holds it.
  * - The global gradient norm reads every gradient once (4 bytes per
  *   parameter) on the side that holds it. */
 #include "scheduler/costmodel.h"
@@ -101,8 +101,8 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
         const double adam_bytes = bi->adam_bytes_per_param * bi->train_params_step;
         c->adam_device_s = adam_bytes / dev_bw;
         c->adam_host_s = adam_bytes / host_bw;
-        c->grad_copy_host_s = 8.0 * bi->train_params_mb / host_bw;
-        c->grad_add_host_s = 12.0 * bi->train_params_mb / host_bw;
+        c->grad_add_host_s = 12.0 * bi->train_params_mb / host_bw; /* read 2 x 4 B, write 4 B */
+        c->grad_add_device_s = 12.0 * bi->train_params_mb / dev_bw;
         c->norm_device_s = 4.0 * bi->train_params_step / dev_bw;
         c->norm_host_s = 4.0 * bi->train_params_step / host_bw;
         c->act_saved_bytes = bi->act_saved_bytes;

@@ -41,8 +41,9 @@ typedef struct {
     double w_update_bytes;   /* H2D of updated working copies after host AdamW (RESIDENT weights) */
     double w_update_copies;
     double adam_device_s, adam_host_s;
-    double grad_copy_host_s; /* first micro-batch: staging -> host gradient buffer */
-    double grad_add_host_s;  /* later micro-batches: accumulate into it */
+    double grad_add_host_s;  /* micro-batches after the first: add the staged gradients into the host
+                                buffer (the first lands in it directly) */
+    double grad_add_device_s;/* ... or into the device accumulator */
     double norm_device_s, norm_host_s; /* reading gradients for the global norm (clipping) */
     /* activations (device bytes) */
     double act_saved_bytes;  /* KEEP / OFFLOAD */

@@ -61,21 +61,31 @@ static bool fits(const eval_t *e, const double *budget) {
     return true;
 }
 
-/* Per-kind overrides, then the one combination the executor cannot run. */
+/* Per-kind overrides, then what the executor cannot run: the optimizer on
+ * the device needs resident weights and device gradients (it updates the
+ * device copies in place).  A forced choice wins over an automatic one. */
 static mt_status_t apply_overrides(sched_plan_t *p, const sched_planner_opts_t *o, mt_error_t *err) {
-    if (o->grads == SCHED_GRADS_HOST && o->optim == SCHED_OPTIM_DEVICE)
+    if (o->optim == SCHED_OPTIM_DEVICE && o->grads == SCHED_GRADS_HOST)
         return mt_error_set(err, MT_ERR_CONFIG,
                             "scheduler: grads: host with optimizer: device is not a valid combination (the device "
                             "optimizer reads device gradients); use grads: device or optimizer: host");
+    if (o->optim == SCHED_OPTIM_DEVICE && o->weights == SCHED_WEIGHTS_STREAM)
+        return mt_error_set(err, MT_ERR_CONFIG,
+                            "scheduler: weights: stream with optimizer: device is not a valid combination (the device "
+                            "optimizer updates resident weights in place); use weights: resident or optimizer: host");
     for (int b = 0; b < p->num_blocks; b++) {
         sched_block_plan_t *bp = &p->blocks[b];
         if (o->weights != SCHED_AUTO_CHOICE) bp->weights = (sched_weight_place_t)o->weights;
         if (o->grads != SCHED_AUTO_CHOICE) bp->grads = (sched_grad_place_t)o->grads;
         if (o->optim != SCHED_AUTO_CHOICE) bp->optim = (sched_optim_place_t)o->optim;
         if (o->acts != SCHED_AUTO_CHOICE) bp->acts = (sched_act_place_t)o->acts;
-        if (bp->grads == SCHED_GRADS_HOST && bp->optim == SCHED_OPTIM_DEVICE) {
-            if (o->grads == SCHED_AUTO_CHOICE) bp->grads = SCHED_GRADS_DEVICE;
-            else bp->optim = SCHED_OPTIM_HOST;
+        if (bp->optim == SCHED_OPTIM_DEVICE && (bp->grads == SCHED_GRADS_HOST || bp->weights == SCHED_WEIGHTS_STREAM)) {
+            if (o->optim == SCHED_AUTO_CHOICE) {
+                bp->optim = SCHED_OPTIM_HOST;
+            } else {
+                bp->grads = SCHED_GRADS_DEVICE; /* both automatic here: the forced pairs were refused above */
+                bp->weights = SCHED_WEIGHTS_RESIDENT;
+            }
         }
     }
     if (o->prefetch_window > 0) p->prefetch_window = o->prefetch_window;
@@ -102,12 +112,13 @@ static bool apply_move(sched_plan_t *p, int b, move_t m, const sched_planner_opt
         if (o->grads != SCHED_AUTO_CHOICE || bp->grads == SCHED_GRADS_DEVICE) return false;
         bp->grads = SCHED_GRADS_DEVICE;
         return true;
-    case M_OPTIM_DEVICE:
+    case M_OPTIM_DEVICE: /* brings resident weights and device gradients along when they are automatic */
         if (o->optim != SCHED_AUTO_CHOICE || bp->optim == SCHED_OPTIM_DEVICE) return false;
-        if (bp->grads == SCHED_GRADS_HOST) {
-            if (o->grads != SCHED_AUTO_CHOICE) return false;
-            bp->grads = SCHED_GRADS_DEVICE;
-        }
+        if ((bp->grads == SCHED_GRADS_HOST && o->grads != SCHED_AUTO_CHOICE) ||
+            (bp->weights == SCHED_WEIGHTS_STREAM && o->weights != SCHED_AUTO_CHOICE))
+            return false;
+        bp->grads = SCHED_GRADS_DEVICE;
+        bp->weights = SCHED_WEIGHTS_RESIDENT;
         bp->optim = SCHED_OPTIM_DEVICE;
         return true;
     case M_WINDOW:

@@ -223,17 +223,20 @@ static void test_overrides(void) {
     }
     sched_planner_opts_default(&o);
     o.policy = SCHED_POLICY_OFFLOAD_ALL;
-    o.optim = SCHED_OPTIM_DEVICE; /* grads follow to the device: host grads + device optimizer is invalid */
+    o.optim = SCHED_OPTIM_DEVICE; /* a device optimizer brings resident weights and device grads along */
     if (plan(&s, &o, &r)) {
         for (int b = 0; b < r.plan.num_blocks; b++)
             EXPECT(r.plan.blocks[b].grads == SCHED_GRADS_DEVICE && r.plan.blocks[b].optim == SCHED_OPTIM_DEVICE &&
-                       r.plan.blocks[b].weights == SCHED_WEIGHTS_STREAM,
+                       r.plan.blocks[b].weights == SCHED_WEIGHTS_RESIDENT && r.plan.blocks[b].acts == SCHED_ACTS_OFFLOAD,
                    "offload_all with optimizer device, block %d", b);
         sched_planner_result_free(&r);
     }
     o.grads = SCHED_GRADS_HOST;
     mt_error_t err = {0};
     EXPECT(sched_plan_make(&s.w, &o, &r, &err) == MT_ERR_CONFIG && strstr(err.msg, "grads: host"), "%s", err.msg);
+    o.grads = SCHED_AUTO_CHOICE;
+    o.weights = SCHED_WEIGHTS_STREAM;
+    EXPECT(sched_plan_make(&s.w, &o, &r, &err) == MT_ERR_CONFIG && strstr(err.msg, "weights: stream"), "%s", err.msg);
     teardown(&s);
 }
 

@@ -135,13 +135,32 @@ mt_status_t sched_plan_check(const sched_plan_t *plan, int num_blocks, mt_error_
         return mt_error_set(err, MT_ERR_INTERNAL, "plan has %d blocks, the model %d", plan->num_blocks, num_blocks);
     if (plan->prefetch_window < 0)
         return mt_error_set(err, MT_ERR_CONFIG, "prefetch_window must be >= 0, got %d", plan->prefetch_window);
-    for (int b = 0; b < num_blocks; b++)
-        if (plan->blocks[b].grads == SCHED_GRADS_HOST && plan->blocks[b].optim == SCHED_OPTIM_DEVICE)
+    for (int b = 0; b < num_blocks; b++) {
+        const sched_block_plan_t *p = &plan->blocks[b];
+        if (p->optim == SCHED_OPTIM_DEVICE && (p->grads != SCHED_GRADS_DEVICE || p->weights != SCHED_WEIGHTS_RESIDENT))
             return mt_error_set(err, MT_ERR_CONFIG,
-                                "block %d: gradients on the host with the optimizer on the device is not a valid "
-                                "plan (the device optimizer reads device gradients)",
+                                "block %d: the optimizer on the device needs resident weights and device gradients "
+                                "(it updates the device copies in place); this is not a valid plan",
                                 b);
+    }
     return MT_OK;
+}
+
+/* Tasks of the optimizer phase: the phase is one sequence (the executor
+ * runs it on one thread), so each starts when the previous one ended; the
+ * compute stream is idle meanwhile, which is charged to the task's resource. */
+static double opt_run(sim_t *s, sched_resource_t res, sched_task_kind_t kind, int block, double t, double dur) {
+    if (dur <= 0) return t;
+    double start, end = run(s, res, kind, block, -1, t, dur, 0, &start);
+    if (res != SCHED_RES_COMPUTE) s->waited[res] += end - start;
+    return end;
+}
+
+static double opt_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, double t, double bytes, double copies) {
+    if (bytes <= 0) return t;
+    double start, end = copy(s, h2d, kind, block, -1, t, bytes, copies, &start);
+    s->waited[h2d ? SCHED_RES_H2D : SCHED_RES_D2H] += end - start;
+    return end;
 }
 
 mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, const sched_sim_opts_t *opts,
@@ -165,55 +184,54 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
             if (p->weights == SCHED_WEIGHTS_RESIDENT) stat[SCHED_MEM_HOST] += c->host_weight_bytes;
         }
     }
-    double *slot_end = malloc((size_t)(2 * N * ga + 1) * sizeof *slot_end); /* compute end per H2D use */
-    double *d2h_end = malloc((size_t)(2 * N * ga + 1) * sizeof *d2h_end);   /* D2H end per D2H use */
+    double *phase_end = malloc((size_t)N * sizeof *phase_end);  /* compute end per position of this phase */
+    double *d2h_end = malloc((size_t)(2 * N * ga + 1) * sizeof *d2h_end); /* D2H end per D2H use */
     double *offload_end = calloc((size_t)N, sizeof *offload_end);
-    double *grads_on_host = calloc((size_t)N, sizeof *grads_on_host);
-    double *adam_end = calloc((size_t)N, sizeof *adam_end);
-    MT_CHECK(slot_end && d2h_end && offload_end && grads_on_host && adam_end, "out of host memory in the simulator");
-    int n_slots = 0, n_d2h = 0;
-    double last_compute_end = 0;
+    bool *adam_done = calloc((size_t)N, sizeof *adam_done);
+    MT_CHECK(phase_end && d2h_end && offload_end && adam_done, "out of host memory in the simulator");
+    const bool overlap = !w->clip && w->has_trainable;
+    int n_d2h = 0;
+    double last_compute_end = 0, head_w = 0;
 
     for (int mb = 0; mb < ga; mb++) {
         const bool last_mb = mb == ga - 1;
         for (int phase = 0; phase < 2; phase++) {
             const bool fwd = phase == 0;
+            const double phase_start = last_compute_end;
             for (int i = 0; i < N; i++) {
                 const int b = fwd ? i : N - 1 - i;
                 const sched_block_plan_t *p = &plan->blocks[b];
                 const sched_block_cost_t *c = &w->blocks[b];
-                double fw = p->weights == SCHED_WEIGHTS_STREAM ? c->w_fetch_bytes : 0;
-                double fw_copies = p->weights == SCHED_WEIGHTS_STREAM ? c->w_fetch_copies : 0;
-                if (b == N - 1 && w->tied_head && plan->blocks[0].weights == SCHED_WEIGHTS_STREAM) {
+                /* the fetches for position i are issued just before position i - W computes */
+                const double issue = i - W - 1 >= 0 ? phase_end[i - W - 1] : phase_start;
+                /* the head's weights stay from its forward to its backward */
+                const bool held = !fwd && b == N - 1;
+                double fw = 0, fw_copies = 0;
+                if (!held && p->weights == SCHED_WEIGHTS_STREAM) fw = c->w_fetch_bytes, fw_copies = c->w_fetch_copies;
+                if (!held && b == N - 1 && w->tied_head && plan->blocks[0].weights == SCHED_WEIGHTS_STREAM) {
                     fw += w->blocks[0].w_fetch_bytes;
                     fw_copies += w->blocks[0].w_fetch_copies;
                 }
-                const double fa = !fwd && p->acts == SCHED_ACTS_OFFLOAD ? c->act_saved_bytes : 0;
+                const double off = c->act_saved_bytes - c->act_input_bytes; /* the input stays on the device */
+                const double fa = !fwd && p->acts == SCHED_ACTS_OFFLOAD ? off : 0;
                 double ready = 0;
                 sched_resource_t ready_res = SCHED_RES_COMPUTE;
-                int slot = -1;
-                if (fw > 0 || fa > 0) {
-                    const double gate = n_slots > W ? slot_end[n_slots - W - 1] : 0;
-                    slot = n_slots++;
-                    if (fw > 0) {
-                        double t0, t1 = copy(&s, true, SCHED_TASK_FETCH_W, b, mb, gate, fw, fw_copies, &t0);
-                        mem(&s, SCHED_MEM_DEVICE, t0, fw);
-                        ready = t1, ready_res = SCHED_RES_H2D;
-                    }
-                    if (fa > 0) {
-                        const double r = gate > offload_end[b] ? gate : offload_end[b];
-                        double t0, t1 = copy(&s, true, SCHED_TASK_FETCH_ACT, b, mb, r, fa, c->act_copies, &t0);
-                        mem(&s, SCHED_MEM_DEVICE, t0, fa);
-                        mem(&s, SCHED_MEM_HOST, t1, -fa);
-                        if (t1 > ready) ready = t1, ready_res = SCHED_RES_H2D;
-                    }
+                if (fw > 0) {
+                    double t1 = copy(&s, true, SCHED_TASK_FETCH_W, b, mb, issue, fw, fw_copies, NULL);
+                    mem(&s, SCHED_MEM_DEVICE, issue, fw); /* allocated when issued */
+                    ready = t1, ready_res = SCHED_RES_H2D;
                 }
-                /* uses that send their activations or gradients D2H take slots of a
-                 * ring of W + 1 as well: the compute waits until the D2H issued
-                 * W + 1 such uses earlier has drained (bounded device memory and
-                 * staging, the backpressure the executor applies) */
-                const bool sends = fwd ? p->acts == SCHED_ACTS_OFFLOAD && c->act_saved_bytes > 0
-                                       : w->has_trainable && p->grads == SCHED_GRADS_HOST && c->grad_mb_bytes > 0;
+                if (fa > 0) {
+                    const double r = issue > offload_end[b] ? issue : offload_end[b];
+                    double t1 = copy(&s, true, SCHED_TASK_FETCH_ACT, b, mb, r, fa, c->act_copies, NULL);
+                    mem(&s, SCHED_MEM_DEVICE, issue, fa);
+                    mem(&s, SCHED_MEM_PINNED, t1, -fa); /* the offloaded copy lived in pinned memory */
+                    if (t1 > ready) ready = t1, ready_res = SCHED_RES_H2D;
+                }
+                /* uses that send activations or gradients D2H wait for the D2H
+                 * issued W + 1 such uses earlier (bounded device memory) */
+                const bool grads_d2h = !fwd && w->has_trainable && p->grads == SCHED_GRADS_HOST && c->grad_mb_bytes > 0;
+                const bool sends = fwd ? p->acts == SCHED_ACTS_OFFLOAD && off > 0 : grads_d2h;
                 int dslot = -1;
                 if (sends) {
                     const double gate = n_d2h > W ? d2h_end[n_d2h - W - 1] : 0;
@@ -228,106 +246,82 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
                     mem(&s, SCHED_MEM_DEVICE, end, -c->fwd_temp_bytes);
                 } else {
                     const bool rc = p->acts == SCHED_ACTS_RECOMPUTE;
-                    const double dur = c->bwd_s + (rc ? c->recompute_s : 0);
+                    /* later micro-batches compute device gradients into a fresh buffer, then add */
+                    const bool dev_add = mb > 0 && w->has_trainable && p->grads == SCHED_GRADS_DEVICE;
+                    const double dur = c->bwd_s + (rc ? c->recompute_s : 0) + (dev_add ? c->grad_add_device_s : 0);
                     end = compute(&s, SCHED_TASK_BWD, b, mb, ready, ready_res, dur, &start);
                     if (rc) out->recompute_s += c->recompute_s;
                     const double temp = rc && c->fwd_temp_bytes > c->bwd_temp_bytes ? c->fwd_temp_bytes : c->bwd_temp_bytes;
-                    const double grads = p->grads == SCHED_GRADS_HOST ? c->grad_mb_bytes : 0;
+                    const double grads = grads_d2h || dev_add ? c->grad_mb_bytes : 0;
                     mem(&s, SCHED_MEM_DEVICE, start, temp + grads + (rc ? c->act_saved_bytes - c->act_input_bytes : 0));
-                    /* KEEP and RECOMPUTE free the whole saved set here; OFFLOAD frees the fetched copy */
-                    mem(&s, SCHED_MEM_DEVICE, end, -temp - c->act_saved_bytes);
+                    mem(&s, SCHED_MEM_DEVICE, end, -temp - c->act_saved_bytes - (dev_add ? grads : 0));
                 }
-                if (fw > 0) mem(&s, SCHED_MEM_DEVICE, end, -fw);
-                if (slot >= 0) slot_end[slot] = end;
+                if (fw > 0 && !(fwd && b == N - 1)) mem(&s, SCHED_MEM_DEVICE, end, -fw);
+                if (fwd && b == N - 1) head_w = fw;
+                if (held) mem(&s, SCHED_MEM_DEVICE, end, -head_w);
+                phase_end[i] = end;
                 last_compute_end = end;
 
-                if (fwd && p->acts == SCHED_ACTS_OFFLOAD && c->act_saved_bytes > 0) {
+                if (fwd && p->acts == SCHED_ACTS_OFFLOAD && off > 0) {
                     double t0;
-                    offload_end[b] = copy(&s, false, SCHED_TASK_OFFLOAD_ACT, b, mb, end, c->act_saved_bytes,
-                                          c->act_copies, &t0);
+                    offload_end[b] = copy(&s, false, SCHED_TASK_OFFLOAD_ACT, b, mb, end, off, c->act_copies, &t0);
+                    /* the copy stays in pinned memory until fetched back */
+                    mem(&s, SCHED_MEM_PINNED, offload_end[b], off);
+                    mem(&s, SCHED_MEM_DEVICE, offload_end[b], -off);
                     if (dslot >= 0) d2h_end[dslot] = offload_end[b];
-                    mem(&s, SCHED_MEM_HOST, t0, c->act_saved_bytes);
-                    mem(&s, SCHED_MEM_DEVICE, offload_end[b], -c->act_saved_bytes);
                 }
-                if (fwd || !w->has_trainable) continue;
-                if (p->grads == SCHED_GRADS_HOST && c->grad_mb_bytes > 0) {
-                    double d2h = copy(&s, false, SCHED_TASK_GRAD_D2H, b, mb, end, c->grad_mb_bytes, c->grad_mb_copies, NULL);
-                    mem(&s, SCHED_MEM_DEVICE, d2h, -c->grad_mb_bytes);
-                    if (dslot >= 0) d2h_end[dslot] = d2h;
-                    grads_on_host[b] = run(&s, SCHED_RES_HOST, SCHED_TASK_GRAD_HOST, b, mb, d2h,
-                                           mb == 0 ? c->grad_copy_host_s : c->grad_add_host_s, c->grad_mb_bytes, NULL);
-                } else if (p->grads == SCHED_GRADS_DEVICE && p->optim == SCHED_OPTIM_HOST && last_mb &&
-                           c->grad_step_bytes > 0) {
-                    double d2h = copy(&s, false, SCHED_TASK_GRAD_D2H, b, mb, end, c->grad_step_bytes,
-                                      c->grad_step_copies, NULL);
-                    const double scale = c->grad_mb_bytes > 0 ? c->grad_step_bytes / c->grad_mb_bytes : 1;
-                    grads_on_host[b] = run(&s, SCHED_RES_HOST, SCHED_TASK_GRAD_HOST, b, mb, d2h,
-                                           c->grad_copy_host_s * scale, c->grad_step_bytes, NULL);
+                if (!grads_d2h) continue;
+                /* first micro-batch: straight into the host buffer; later ones:
+                 * staging, then added on the host in the D2H stream's order */
+                double t = copy(&s, false, SCHED_TASK_GRAD_D2H, b, mb, end, c->grad_mb_bytes, c->grad_mb_copies, NULL);
+                mem(&s, SCHED_MEM_DEVICE, t, -c->grad_mb_bytes);
+                if (mb > 0) t = run(&s, SCHED_RES_D2H, SCHED_TASK_GRAD_HOST, b, mb, t, c->grad_add_host_s, c->grad_mb_bytes, NULL);
+                d2h_end[dslot] = t;
+                if (last_mb && overlap && p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
+                    run(&s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, t, c->adam_host_s, 0, NULL);
+                    adam_done[b] = true;
                 }
-                if (last_mb && !w->clip && p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0)
-                    adam_end[b] = run(&s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, grads_on_host[b], c->adam_host_s,
-                                      0, NULL);
             }
         }
     }
 
-    /* optimizer after the backward */
-    double dev_adam = 0, dev_norm = 0, host_norm = 0, host_grads_ready = 0;
-    bool any_host = false;
-    for (int b = 0; b < N && w->has_trainable; b++) {
-        const sched_block_cost_t *c = &w->blocks[b];
-        if (plan->blocks[b].optim == SCHED_OPTIM_DEVICE) {
-            dev_adam += c->adam_device_s;
-            dev_norm += c->norm_device_s;
-        } else if (c->grad_step_bytes > 0) {
-            any_host = true;
-            host_norm += c->norm_host_s;
-            if (grads_on_host[b] > host_grads_ready) host_grads_ready = grads_on_host[b];
+    /* the optimizer step: after every copy and the overlapped host AdamW
+     * have finished, one sequence: the global norm, then block by block
+     * (device AdamW; or gradients D2H if on the device, host AdamW, the
+     * updated working copy H2D if resident) */
+    double t = 0;
+    for (int r = 0; r < SCHED_RES_COUNT; r++)
+        if (s.free_at[r] > t) t = s.free_at[r];
+    if (t > last_compute_end) s.waited[s.end_res] += t - last_compute_end;
+    if (w->has_trainable) {
+        double norm_host = 0, norm_dev = 0;
+        for (int b = 0; b < N; b++) {
+            if (w->blocks[b].grad_step_bytes <= 0) continue;
+            if (plan->blocks[b].grads == SCHED_GRADS_HOST) norm_host += w->blocks[b].norm_host_s;
+            else norm_dev += w->blocks[b].norm_device_s;
         }
-    }
-    double norm_done = last_compute_end;
-    sched_resource_t norm_res = SCHED_RES_COMPUTE;
-    if (w->clip && w->has_trainable) {
-        if (dev_norm > 0) norm_done = compute(&s, SCHED_TASK_NORM, -1, -1, last_compute_end, SCHED_RES_COMPUTE, dev_norm, NULL);
-        if (any_host) {
-            double h = run(&s, SCHED_RES_HOST, SCHED_TASK_NORM, -1, -1, host_grads_ready, host_norm, 0, NULL);
-            if (h > norm_done) norm_done = h, norm_res = SCHED_RES_HOST;
-        }
-        for (int i = 0; i < N; i++) {
-            const int b = N - 1 - i; /* gradients arrived in backward order */
+        t = opt_run(&s, SCHED_RES_HOST, SCHED_TASK_NORM, -1, t, norm_host);
+        t = opt_run(&s, SCHED_RES_COMPUTE, SCHED_TASK_NORM, -1, t, norm_dev);
+        for (int b = 0; b < N; b++) {
+            const sched_block_plan_t *p = &plan->blocks[b];
             const sched_block_cost_t *c = &w->blocks[b];
-            if (plan->blocks[b].optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0)
-                adam_end[b] = run(&s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, norm_done, c->adam_host_s, 0, NULL);
+            if (c->grad_step_bytes <= 0) continue;
+            const bool resident = p->weights == SCHED_WEIGHTS_RESIDENT;
+            if (p->optim == SCHED_OPTIM_DEVICE) {
+                t = opt_run(&s, SCHED_RES_COMPUTE, SCHED_TASK_ADAM, b, t, c->adam_device_s);
+                continue;
+            }
+            if (!adam_done[b]) {
+                if (p->grads == SCHED_GRADS_DEVICE)
+                    t = opt_copy(&s, false, SCHED_TASK_GRAD_D2H, b, t, c->grad_step_bytes, c->grad_step_copies);
+                t = opt_run(&s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, t, c->adam_host_s);
+            }
+            if (resident && c->w_update_bytes > 0)
+                t = opt_copy(&s, true, SCHED_TASK_W_UPDATE, b, t, c->w_update_bytes, c->w_update_copies);
         }
-    }
-    if (dev_adam > 0) {
-        const double adam_done = compute(&s, SCHED_TASK_ADAM, -1, -1, norm_done, norm_res, dev_adam, NULL);
-        /* streamed weights updated on the device go back to their home copy on the host */
-        for (int b = 0; b < N; b++) {
-            const sched_block_plan_t *p = &plan->blocks[b];
-            if (p->optim == SCHED_OPTIM_DEVICE && p->weights == SCHED_WEIGHTS_STREAM && w->blocks[b].w_update_bytes > 0)
-                copy(&s, false, SCHED_TASK_W_UPDATE, b, -1, adam_done, w->blocks[b].w_update_bytes,
-                     w->blocks[b].w_update_copies, NULL);
-        }
-    }
-    /* updated working copies of resident weights back to the device, as host AdamW finishes */
-    for (int pass = 0; pass < N; pass++) {
-        int best = -1;
-        for (int b = 0; b < N; b++) {
-            const sched_block_plan_t *p = &plan->blocks[b];
-            if (p->optim != SCHED_OPTIM_HOST || p->weights != SCHED_WEIGHTS_RESIDENT || adam_end[b] <= 0) continue;
-            if (w->blocks[b].w_update_bytes <= 0) continue;
-            if (best < 0 || adam_end[b] < adam_end[best]) best = b;
-        }
-        if (best < 0) break;
-        copy(&s, true, SCHED_TASK_W_UPDATE, best, -1, adam_end[best], w->blocks[best].w_update_bytes,
-             w->blocks[best].w_update_copies, NULL);
-        adam_end[best] = -1;
     }
 
-    out->step_time = s.end_max;
-    const double compute_end = s.free_at[SCHED_RES_COMPUTE];
-    if (out->step_time > compute_end) s.waited[s.end_res] += out->step_time - compute_end;
+    out->step_time = s.end_max > t ? s.end_max : t;
     memcpy(out->busy, s.busy, sizeof out->busy);
     memcpy(out->waited, s.waited, sizeof out->waited);
     out->compute_idle = out->step_time - s.busy[SCHED_RES_COMPUTE];
@@ -344,11 +338,10 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
     out->d2h_bytes = s.d2h_bytes;
     out->tasks = s.tasks;
     out->num_tasks = s.ntasks;
-    free(slot_end);
+    free(phase_end);
     free(d2h_end);
     free(offload_end);
-    free(grads_on_host);
-    free(adam_end);
+    free(adam_done);
     return MT_OK;
 }
 

@@ -1,57 +1,59 @@
 /* Simulator: one optimizer step (all micro-batches) of a workload under a
  * plan, on four resources that each run their tasks in issue order: the
  * compute stream, the H2D and D2H copy streams, and the host (host AdamW
- * and gradient accumulation, on a thread pool bound by host memory
- * bandwidth).
+ * on a thread pool bound by host memory bandwidth).
  *
- * The mechanics are the executor's (engine/exec), and must stay so:
+ * The mechanics are the executor's (engine/exec*.c), and must stay so:
  *
- * forward, blocks 0..N-1, then backward N-1..0, per micro-batch:
- *  - weights STREAM: an H2D fetch before each use (forward and again
- *    backward) of w_fetch_bytes (routed experts: those with tokens).  The
- *    tied head also fetches block 0's weights when block 0 is streamed.
- *  - activations OFFLOAD: D2H of the saved activations after the forward
- *    (compute goes on), H2D before the backward (after that D2H is done).
- *  - activations RECOMPUTE: only the block input is kept; the backward
- *    first re-runs the forward (recompute_s on the compute stream).
- *  - prefetch window W: uses that need an H2D copy take slots of a ring of
- *    W + 1; the copies for such a use start once the compute of the use
- *    W + 1 slots earlier has ended (W = 0: fetch, compute, fetch, ...).
- *  - uses that send activations (OFFLOAD, forward) or gradients (grads
- *    HOST, backward) D2H take slots of a second ring of W + 1: their
- *    compute waits until the D2H of the use W + 1 slots earlier has ended
- *    (backpressure: device memory and staging for D2H stay bounded).
- *  - grads HOST: after each backward, D2H of the block's gradients (experts
- *    with tokens), then on the host: copy (first micro-batch) or add into
- *    the host gradient buffer.  grads DEVICE with optimizer HOST: the
- *    gradients go D2H once, after the block's backward in the last
- *    micro-batch.
- *  - optimizer HOST, no clipping (max_grad_norm = 0): host AdamW of a block
- *    starts when its last gradients are on the host, overlapping the rest
- *    of the backward.  With clipping: the global norm needs every gradient
- *    first, so host AdamW of all blocks starts after the norm (host part
- *    after the last gradient arrives; device part after the backward).
- *  - optimizer DEVICE: AdamW on the compute stream after the backward
- *    (after the global norm when clipping).
- *  - weights RESIDENT with optimizer HOST: the updated working copy goes
- *    H2D after the block's host AdamW.  Weights STREAM with optimizer
- *    DEVICE: the updated working copy goes D2H (to its home on the host)
- *    after the device AdamW.
- *  - grads HOST with optimizer DEVICE is not a valid plan.
+ * per micro-batch, forward over blocks 0..N-1, then backward N-1..0:
+ *  - prefetch window W: in each phase, the copies for the block at
+ *    position i are issued just before position i - W computes (the first
+ *    W + 1 positions at the start of the phase); device memory for them is
+ *    taken when issued.
+ *  - weights STREAM: an H2D fetch of w_fetch_bytes (routed experts: those
+ *    with tokens) before each forward and each backward, freed when the
+ *    block's compute ends; the head keeps its weights from its forward to
+ *    its backward (no second fetch).  A tied head also fetches block 0's
+ *    weights when block 0 is streamed.
+ *  - activations: KEEP holds the saved set (block input included) from the
+ *    forward to the end of the backward.  OFFLOAD sends the saved set minus
+ *    the block input (which stays on the device) D2H after the forward
+ *    (compute goes on), into pinned memory that holds it until the H2D
+ *    fetch before the backward (issued with the weights, after that D2H).
+ *    RECOMPUTE keeps only the input; the backward first re-runs the
+ *    forward (recompute_s).
+ *  - blocks that send activations (forward, OFFLOAD) or gradients
+ *    (backward, grads HOST) D2H wait before computing until the D2H issued
+ *    W + 1 such blocks earlier has drained, so device memory and staging
+ *    for D2H stay bounded.
+ *  - grads HOST: after each backward, D2H of the block's gradients
+ *    (experts with tokens); the first micro-batch lands in the host buffer,
+ *    later ones are staged and added on the host in the D2H stream's order.
+ *    grads DEVICE: later micro-batches compute into a fresh buffer and add
+ *    it on the compute stream.
+ *  - max_grad_norm = 0: host AdamW of a block with grads HOST and optimizer
+ *    HOST starts when its last gradients are on the host (last micro-batch),
+ *    overlapping the rest of the backward.
+ *  - then the optimizer step, once every copy and overlapped AdamW is done,
+ *    as one sequence: the global norm (host part, device part), then block
+ *    by block: optimizer DEVICE: AdamW on the compute stream; optimizer
+ *    HOST: gradients D2H if they are on the device, host AdamW (unless done
+ *    during the backward), the updated working copy H2D if weights are
+ *    RESIDENT.  With clipping every host AdamW is in this sequence.
+ *  - the optimizer on the device needs resident weights and device
+ *    gradients; other plans with it are invalid.
  *
  * Memory (events at task starts and ends; frees before allocations at
  * equal times):
  *  device: resident weights, DEVICE grads, DEVICE optimizer state (whole
- *    step); streamed weights from fetch start to the end of their use;
- *    saved activations from forward start (KEEP, OFFLOAD) to the end of the
- *    backward (KEEP) or of the D2H (OFFLOAD; again from the H2D fetch to
- *    the end of the backward); RECOMPUTE: the input from forward start, the
- *    rest during the backward; temporaries while the block computes; HOST
- *    gradients from the backward start to the end of their D2H.
- *  pinned: the bytes of every copy in flight (staging).
+ *    step); streamed weights and fetched activations from issue to the end
+ *    of their use; saved activations from the forward's start; temporaries
+ *    while the block computes; gradients of a micro-batch from the backward
+ *    start to the end of their D2H (grads HOST) or of the backward (the
+ *    fresh buffer of a later micro-batch, grads DEVICE).
+ *  pinned: every copy while it runs; offloaded activations until fetched.
  *  host: home copies of streamed weights, HOST optimizer state and the host
- *    gradient buffer (whole step); offloaded activations from D2H start to
- *    the end of their H2D. */
+ *    gradient buffer (whole step). */
 #ifndef MT_SCHEDULER_SIMULATE_H
 #define MT_SCHEDULER_SIMULATE_H
 
