@@ -202,6 +202,9 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
                 const int b = fwd ? i : N - 1 - i;
                 const sched_block_plan_t *p = &plan->blocks[b];
                 const sched_block_cost_t *c = &w->blocks[b];
+                /* the embedding's and the head's forward and backward are adjacent: the executor keeps their
+                 * activations whatever the plan says */
+                const sched_act_place_t acts = b == 0 || b == N - 1 ? SCHED_ACTS_KEEP : p->acts;
                 /* the fetches for position i are issued just before position i - W computes */
                 const double issue = i - W - 1 >= 0 ? phase_end[i - W - 1] : phase_start;
                 /* the head's weights stay from its forward to its backward */
@@ -213,7 +216,7 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
                     fw_copies += w->blocks[0].w_fetch_copies;
                 }
                 const double off = c->act_saved_bytes - c->act_input_bytes; /* the input stays on the device */
-                const double fa = !fwd && p->acts == SCHED_ACTS_OFFLOAD ? off : 0;
+                const double fa = !fwd && acts == SCHED_ACTS_OFFLOAD ? off : 0;
                 double ready = 0;
                 sched_resource_t ready_res = SCHED_RES_COMPUTE;
                 if (fw > 0) {
@@ -231,7 +234,7 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
                 /* uses that send activations or gradients D2H wait for the D2H
                  * issued W + 1 such uses earlier (bounded device memory) */
                 const bool grads_d2h = !fwd && w->has_trainable && p->grads == SCHED_GRADS_HOST && c->grad_mb_bytes > 0;
-                const bool sends = fwd ? p->acts == SCHED_ACTS_OFFLOAD && off > 0 : grads_d2h;
+                const bool sends = fwd ? acts == SCHED_ACTS_OFFLOAD && off > 0 : grads_d2h;
                 int dslot = -1;
                 if (sends) {
                     const double gate = n_d2h > W ? d2h_end[n_d2h - W - 1] : 0;
@@ -241,11 +244,11 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
                 double start, end;
                 if (fwd) {
                     end = compute(&s, SCHED_TASK_FWD, b, mb, ready, ready_res, c->fwd_s, &start);
-                    const double saved = p->acts == SCHED_ACTS_RECOMPUTE ? c->act_input_bytes : c->act_saved_bytes;
+                    const double saved = acts == SCHED_ACTS_RECOMPUTE ? c->act_input_bytes : c->act_saved_bytes;
                     mem(&s, SCHED_MEM_DEVICE, start, saved + c->fwd_temp_bytes);
                     mem(&s, SCHED_MEM_DEVICE, end, -c->fwd_temp_bytes);
                 } else {
-                    const bool rc = p->acts == SCHED_ACTS_RECOMPUTE;
+                    const bool rc = acts == SCHED_ACTS_RECOMPUTE;
                     /* later micro-batches compute device gradients into a fresh buffer, then add */
                     const bool dev_add = mb > 0 && w->has_trainable && p->grads == SCHED_GRADS_DEVICE;
                     const double dur = c->bwd_s + (rc ? c->recompute_s : 0) + (dev_add ? c->grad_add_device_s : 0);
@@ -262,7 +265,7 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
                 phase_end[i] = end;
                 last_compute_end = end;
 
-                if (fwd && p->acts == SCHED_ACTS_OFFLOAD && off > 0) {
+                if (fwd && acts == SCHED_ACTS_OFFLOAD && off > 0) {
                     double t0;
                     offload_end[b] = copy(&s, false, SCHED_TASK_OFFLOAD_ACT, b, mb, end, off, c->act_copies, &t0);
                     /* the copy stays in pinned memory until fetched back */

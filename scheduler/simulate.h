@@ -21,7 +21,9 @@
  *    (compute goes on), into pinned memory that holds it until the H2D
  *    fetch before the backward (issued with the weights, after that D2H).
  *    RECOMPUTE keeps only the input; the backward first re-runs the
- *    forward (recompute_s).
+ *    forward (recompute_s).  The embedding's and the head's activations
+ *    are always kept (their forward and backward are adjacent; the
+ *    executor offloads and recomputes decoder layers only).
  *  - blocks that send activations (forward, OFFLOAD) or gradients
  *    (backward, grads HOST) D2H wait before computing until the D2H issued
  *    W + 1 such blocks earlier has drained, so device memory and staging
