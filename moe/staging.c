@@ -51,7 +51,7 @@ bool moe_staging_mode_parse(const char *name, moe_staging_mode_t *out) {
 void moe_staging_opts_init(moe_staging_opts_t *o, moe_staging_mode_t mode) {
     memset(o, 0, sizeof *o);
     o->mode = mode;
-    o->num_slabs = 2;
+    o->num_slabs = MOE_STAGING_SLABS_AUTO;
     o->align = MOE_STAGING_DEFAULT_ALIGN;
     o->fit = MOE_STAGING_FIRST_FIT;
     o->pack_thread = true;
@@ -88,18 +88,23 @@ static mt_status_t plan_layout(moe_staging_t *p, mt_error_t *err) {
     size_t total = o->capacity_bytes;
     const bool explicit_slabs = o->mode == MOE_STAGING_COMPACT && o->slab_bytes > 0;
     const bool explicit_slots = o->mode == MOE_STAGING_MAX_SLOT && o->num_slots > 0;
+    int nslabs = o->num_slabs; /* compact; MOE_STAGING_SLABS_AUTO until decided */
 
     if (o->mode == MOE_STAGING_COMPACT) {
-        if (o->num_slabs < 1)
+        if (o->num_slabs < 1 && o->num_slabs != MOE_STAGING_SLABS_AUTO)
             return mt_error_set(err, MT_ERR_CONFIG, "staging.num_slabs = %d: the compact pool needs at least one slab",
                                 o->num_slabs);
         if (explicit_slabs) {
+            /* slab_bytes alone: as many slabs as the capacity needs */
+            nslabs = o->num_slabs != MOE_STAGING_SLABS_AUTO
+                         ? o->num_slabs
+                         : (int)((o->capacity_bytes + o->slab_bytes - 1) / o->slab_bytes);
             if (o->slab_bytes < floor)
                 return mt_error_set(err, MT_ERR_CONFIG,
                                     "staging.slab_bytes = %zu is smaller than %s (%zu bytes): a tensor cannot "
                                     "span two slabs (%d slabs x %zu bytes)",
-                                    o->slab_bytes, tname, maxt, o->num_slabs, o->slab_bytes);
-            total = (size_t)o->num_slabs * round_up(o->slab_bytes, p->align);
+                                    o->slab_bytes, tname, maxt, nslabs, o->slab_bytes);
+            total = (size_t)nslabs * round_up(o->slab_bytes, p->align);
         }
     } else if (o->mode == MOE_STAGING_MAX_SLOT) {
         if (maxt == 0)
@@ -114,10 +119,11 @@ static mt_status_t plan_layout(moe_staging_t *p, mt_error_t *err) {
     if (total == 0)
         return mt_error_set(err, MT_ERR_CONFIG,
                             "staging capacity is 0 bytes: give the plan's in-flight window (capacity_bytes)%s",
-                            o->mode == MOE_STAGING_COMPACT ? " or staging.slab_bytes" : "");
+                            o->mode == MOE_STAGING_COMPACT ? " or staging.num_slabs with staging.slab_bytes"
+                            : o->mode == MOE_STAGING_MAX_SLOT ? " or staging.num_slots" : "");
     if ((explicit_slabs || explicit_slots) && o->cap_bytes && total > o->cap_bytes)
         return mt_error_set(err, MT_ERR_CONFIG, "staging: %d %s x %zu bytes = %zu bytes exceeds memory.pinned = %zu bytes",
-                            explicit_slabs ? o->num_slabs : o->num_slots, explicit_slabs ? "slabs" : "slots",
+                            explicit_slabs ? nslabs : o->num_slots, explicit_slabs ? "slabs" : "slots",
                             explicit_slabs ? o->slab_bytes : p->slot_bytes, total, o->cap_bytes);
     p->capacity = o->cap_bytes && total > o->cap_bytes ? o->cap_bytes : total;
     if (p->capacity < floor)
@@ -128,15 +134,16 @@ static mt_status_t plan_layout(moe_staging_t *p, mt_error_t *err) {
                             tname, maxt, floor, moe_staging_mode_name(o->mode));
 
     if (o->mode == MOE_STAGING_COMPACT) {
-        p->slab = calloc((size_t)o->num_slabs, sizeof *p->slab);
-        p->slab_bytes = calloc((size_t)o->num_slabs, sizeof *p->slab_bytes);
-        p->alloc = calloc((size_t)o->num_slabs, sizeof *p->alloc);
+        const int ns = nslabs > 0 ? nslabs
+                                  : (int)((p->capacity + MOE_STAGING_AUTO_SLAB_MAX - 1) / MOE_STAGING_AUTO_SLAB_MAX);
+        p->slab = calloc((size_t)ns, sizeof *p->slab);
+        p->slab_bytes = calloc((size_t)ns, sizeof *p->slab_bytes);
+        p->alloc = calloc((size_t)ns, sizeof *p->alloc);
         MT_CHECK(p->slab && p->slab_bytes && p->alloc, "out of host memory for staging slabs");
         size_t left = p->capacity & ~(p->align - 1);
-        for (int i = 0; i < o->num_slabs && left >= p->align; i++) {
+        for (int i = 0; i < ns && left >= p->align; i++) {
             size_t share = explicit_slabs ? round_up(o->slab_bytes, p->align)
-                                          : round_up((left + (size_t)(o->num_slabs - i) - 1) / (size_t)(o->num_slabs - i),
-                                                     p->align);
+                                          : round_up((left + (size_t)(ns - i) - 1) / (size_t)(ns - i), p->align);
             if (i == 0 && share < floor) share = floor; /* the largest tensor needs one slab to itself */
             if (share > left) share = left;
             p->slab_bytes[p->nslabs++] = share;

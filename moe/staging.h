@@ -64,6 +64,8 @@ bool moe_staging_mode_parse(const char *name, moe_staging_mode_t *out);
 typedef enum { MOE_STAGING_FIRST_FIT = 0, MOE_STAGING_BEST_FIT } moe_staging_fit_t;
 
 #define MOE_STAGING_DEFAULT_ALIGN 256
+#define MOE_STAGING_SLABS_AUTO (-1)
+#define MOE_STAGING_AUTO_SLAB_MAX ((size_t)4 << 30)
 #define MOE_STAGING_PAGE 4096
 
 typedef struct {
@@ -79,9 +81,12 @@ typedef struct {
      * against slabs and the cap in every mode when non-zero. */
     size_t max_tensor_bytes;
     const char *max_tensor_name;
-    /* compact: number of slabs (>= 1, default 2) and their size (0 = split
-     * capacity_bytes among them, the first enlarged to hold the largest
-     * tensor).  With slab_bytes set, capacity = num_slabs * slab_bytes. */
+    /* compact: number of slabs (>= 1; MOE_STAGING_SLABS_AUTO, the default,
+     * = one per MOE_STAGING_AUTO_SLAB_MAX bytes of capacity) and their size
+     * (0 = split capacity_bytes among them, the first enlarged to hold the
+     * largest tensor).  With slab_bytes set, capacity = num_slabs *
+     * slab_bytes.  Fewer slabs fragment less (a batch never spans two);
+     * several bound the size of one pinned allocation. */
     int num_slabs;
     size_t slab_bytes;
     size_t align;            /* compact sub-allocation alignment, power of two (default 256) */

@@ -1,16 +1,18 @@
 /* The staging profiler's writers (see staging_report.h).
  *
  * The SVG is meant to be read at a glance: one colour per mode, in-use as
- * a solid step line and reserved as a dashed one of the same colour, so a
- * mode whose dashed line sits far above its solid line is wasting pinned
- * memory.  Time runs in ms (s for runs over 10 s), bytes in the binary
- * unit that suits the largest peak.  Long timelines are reduced to a few
- * points per pixel column keeping each column's extremes, so no peak is
- * lost by the reduction. */
+ * a solid line over a faint min-max band and reserved as a dashed line of
+ * the same colour, so a mode whose dashed line sits far above its solid
+ * line is wasting pinned memory.  Lines show the time-weighted mean over
+ * buckets of a few pixels (a pool that fills and drains every few
+ * microseconds would otherwise paint a solid block); the band keeps every
+ * extreme visible and the legend prints the exact peaks.  Time runs in ms
+ * (s for runs over 10 s), bytes in the binary unit that suits the peak. */
 #include "moe/staging_report.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *moe_staging_fmt_bytes(double b, char *buf, size_t cap) {
@@ -60,7 +62,7 @@ mt_status_t moe_staging_write_csv(const moe_staging_t *pool, const char *path, m
 
 /* ---- SVG ------------------------------------------------------------------ */
 
-enum { W = 1000, H = 560, ML = 96, MR = 280, MT = 56, MB = 78 };
+enum { W = 1000, H = 590, ML = 96, MR = 280, MT = 66, MB = 100 };
 static const char *const k_colors[] = {"#1b7837", "#d6604d", "#2166ac", "#762a83", "#e08214", "#4d4d4d"};
 
 static void xml_text(FILE *f, const char *s) {
@@ -90,38 +92,74 @@ typedef struct {
 static double fx(const frame_t *fr, double x) { return fr->px0 + (x - fr->x0) / (fr->x1 - fr->x0) * (fr->px1 - fr->px0); }
 static double fy(const frame_t *fr, double y) { return fr->py0 - (y - fr->y0) / (fr->y1 - fr->y0) * (fr->py0 - fr->py1); }
 
-/* A step line of one series (field: 0 reserved, 1 in use), reduced per pixel column. */
+/* One series (field: 0 reserved, 1 in use) reduced to buckets of BUCKET_PX
+ * pixels: the time-weighted mean of the step function in each bucket, and
+ * its minimum and maximum.  A pool that fills and drains every few
+ * microseconds would otherwise paint a solid block. */
+enum { BUCKET_PX = 3 };
+
+typedef struct {
+    double sum, min, max, covered;
+} bucket_t;
+
+static size_t sample_value(const moe_staging_sample_t *s, int field) { return field ? s->in_use : s->reserved; }
+
+static int bucketize(const frame_t *fr, const moe_staging_timeline_t *tl, int field, double tscale, double uscale,
+                     bucket_t *b, int nb) {
+    for (int k = 0; k < nb; k++) b[k] = (bucket_t){0, 1e300, -1e300, 0};
+    const double span = (fr->x1 - fr->x0) / nb; /* data units per bucket */
+    int last = -1;
+    for (size_t i = 0; i + 1 < tl->n; i++) {
+        const double v = (double)sample_value(&tl->s[i], field) / uscale;
+        double t0 = tl->s[i].t_s * tscale, t1 = tl->s[i + 1].t_s * tscale;
+        int k = (int)((t0 - fr->x0) / span);
+        if (k >= nb) k = nb - 1;
+        if (k < 0) k = 0;
+        do { /* spread [t0, t1) over the buckets it covers */
+            const double bend = fr->x0 + (k + 1) * span, piece = (t1 < bend ? t1 : bend) - t0;
+            if (piece >= 0) {
+                b[k].sum += v * piece;
+                b[k].covered += piece;
+                if (v < b[k].min) b[k].min = v;
+                if (v > b[k].max) b[k].max = v;
+                if (k > last) last = k;
+            }
+            t0 = bend;
+            k++;
+        } while (t0 < t1 && k < nb);
+    }
+    return last + 1;
+}
+
 static void series(FILE *f, const frame_t *fr, const moe_staging_timeline_t *tl, int field, double tscale,
                    double uscale, const char *color, bool dashed) {
-    if (tl->n == 0) return;
-    fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\"%s points=\"", color,
-            dashed ? "1.6" : "2.2", dashed ? " stroke-dasharray=\"7 4\"" : "");
-    long col = -1;
-    double last = 0, vmax = 0, vmin = 0, cx = 0;
-    int written = 0;
-    for (size_t i = 0; i <= tl->n; i++) {
-        const bool end = i == tl->n;
-        const double t = end ? tl->s[tl->n - 1].t_s : tl->s[i].t_s;
-        const double v = end ? 0 : (double)(field ? tl->s[i].in_use : tl->s[i].reserved) / uscale;
-        const double x = fx(fr, t * tscale);
-        const long c = (long)floor(x);
-        if (end || c != col) {
-            if (col >= 0) { /* close the previous column: its extremes, then where it ended */
-                fprintf(f, "%.1f,%.1f %.1f,%.1f %.1f,%.1f ", cx, fy(fr, vmax), cx, fy(fr, vmin), cx, fy(fr, last));
-                written++;
-            }
-            if (end) break;
-            if (col >= 0) fprintf(f, "%.1f,%.1f ", x, fy(fr, last)); /* the step's horizontal run */
-            col = c;
-            cx = x;
-            vmax = vmin = v;
-        }
-        if (v > vmax) vmax = v;
-        if (v < vmin) vmin = v;
-        last = v;
+    if (tl->n < 2) return;
+    const int nb = (int)((fr->px1 - fr->px0) / BUCKET_PX);
+    bucket_t *b = malloc((size_t)nb * sizeof *b);
+    MT_CHECK_ALLOC(b, "svg buckets");
+    const int used = bucketize(fr, tl, field, tscale, uscale, b, nb);
+    const double w = (fr->px1 - fr->px0) / nb;
+    if (!dashed) { /* the min..max band behind the in-use line */
+        fprintf(f, "<polygon fill=\"%s\" fill-opacity=\"0.15\" stroke=\"none\" points=\"", color);
+        for (int k = 0; k < used; k++)
+            if (b[k].covered > 0)
+                fprintf(f, "%.1f,%.1f %.1f,%.1f ", fr->px0 + k * w, fy(fr, b[k].max), fr->px0 + (k + 1) * w,
+                        fy(fr, b[k].max));
+        for (int k = used - 1; k >= 0; k--)
+            if (b[k].covered > 0)
+                fprintf(f, "%.1f,%.1f %.1f,%.1f ", fr->px0 + (k + 1) * w, fy(fr, b[k].min), fr->px0 + k * w,
+                        fy(fr, b[k].min));
+        fprintf(f, "\"/>\n");
     }
+    fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\"%s points=\"", color,
+            dashed ? "1.8" : "2.2", dashed ? " stroke-dasharray=\"8 4\"" : "");
+    for (int k = 0; k < used; k++)
+        if (b[k].covered > 0) {
+            const double mean = b[k].sum / b[k].covered;
+            fprintf(f, "%.1f,%.1f %.1f,%.1f ", fr->px0 + k * w, fy(fr, mean), fr->px0 + (k + 1) * w, fy(fr, mean));
+        }
     fprintf(f, "\"/>\n");
-    (void)written;
+    free(b);
 }
 
 mt_status_t moe_staging_write_svg(const moe_staging_timeline_t *const *tl, int n, const char *path,
@@ -152,6 +190,8 @@ mt_status_t moe_staging_write_svg(const moe_staging_timeline_t *const *tl, int n
     fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", W, H);
     fprintf(f, "<text x=\"%d\" y=\"28\" font-size=\"17\" font-weight=\"bold\">Pinned staging memory over time"
                "%s</text>\n", ML, n > 1 ? ": staging modes compared" : "");
+    fprintf(f, "<text x=\"%d\" y=\"46\" font-size=\"12\" fill=\"#555\">solid: bytes in live staging regions; "
+               "dashed: pinned bytes the pool holds; each run ends where its lines end</text>\n", ML);
     /* grid and ticks */
     for (double y = 0; y <= fr.y1 + ystep * 1e-9; y += ystep) {
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#e5e5e5\"/>\n", ML, fy(&fr, y), W - MR,
@@ -165,20 +205,34 @@ mt_status_t moe_staging_write_svg(const moe_staging_timeline_t *const *tl, int n
     }
     fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", ML, H - MB, W - MR, H - MB);
     fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", ML, MT, ML, H - MB);
-    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">time (%s)</text>\n", (ML + W - MR) / 2, H - MB + 40,
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">time (%s)</text>\n", (ML + W - MR) / 2, H - MB + 72,
             secs ? "s" : "ms");
     fprintf(f, "<text transform=\"translate(24 %d) rotate(-90)\" text-anchor=\"middle\">pinned host memory (%s)"
                "</text>\n", (MT + H - MB) / 2, unames[u]);
-    /* waiting marks: one thin row per mode under the axis */
+    /* waiting marks: one thin row per mode under the tick labels */
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-size=\"11\">waiting</text>\n", ML - 8,
+            H - MB + 30 + 3 * n + 2);
     for (int k = 0; k < n; k++) {
         const char *c = k_colors[k % 6];
-        const double y = H - MB + 24 + 5.0 * k;
-        for (size_t i = 0; i + 1 < tl[k]->n; i++)
-            if (tl[k]->s[i].waiting) {
-                const double xa = fx(&fr, tl[k]->s[i].t_s * tscale), xb = fx(&fr, tl[k]->s[i + 1].t_s * tscale);
+        const double y = H - MB + 30 + 6.0 * k;
+        double xa = -1, xb = -1; /* the current mark; waits less than a pixel apart merge into it */
+        for (size_t i = 0; i + 1 <= tl[k]->n; i++) {
+            const bool last = i + 1 == tl[k]->n;
+            if (!last && tl[k]->s[i].waiting) {
+                const double a = fx(&fr, tl[k]->s[i].t_s * tscale), b = fx(&fr, tl[k]->s[i + 1].t_s * tscale);
+                if (xa >= 0 && a <= xb + 1.0) {
+                    if (b > xb) xb = b;
+                    continue;
+                }
+                if (xa >= 0)
+                    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"3\" fill=\"%s\"/>\n", xa, y,
+                            xb - xa > 0.8 ? xb - xa : 0.8, c);
+                xa = a, xb = b;
+            }
+            if (last && xa >= 0)
                 fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"3\" fill=\"%s\"/>\n", xa, y,
                         xb - xa > 0.8 ? xb - xa : 0.8, c);
-            }
+        }
     }
     for (int k = 0; k < n; k++) {
         series(f, &fr, tl[k], 0, tscale, uscale, k_colors[k % 6], true);
@@ -190,14 +244,14 @@ mt_status_t moe_staging_write_svg(const moe_staging_timeline_t *const *tl, int n
     fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">Legend</text>\n", lx, ly);
     ly += 20;
     fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\" stroke-width=\"2.2\"/>"
-               "<text x=\"%d\" y=\"%d\">in use (live regions)</text>\n", lx, ly - 4, lx + 28, ly - 4, lx + 36, ly);
+               "<text x=\"%d\" y=\"%d\">in use (mean; band: min-max)</text>\n", lx, ly - 4, lx + 28, ly - 4, lx + 36, ly);
     ly += 18;
     fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\" stroke-width=\"1.6\" "
                "stroke-dasharray=\"7 4\"/><text x=\"%d\" y=\"%d\">reserved (pinned)</text>\n",
             lx, ly - 4, lx + 28, ly - 4, lx + 36, ly);
     ly += 18;
     fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"28\" height=\"3\" fill=\"black\"/><text x=\"%d\" y=\"%d\">"
-               "waiting for space (below axis)</text>\n", lx, ly - 6, lx + 36, ly);
+               "waiting for space (under the axis)</text>\n", lx, ly - 6, lx + 36, ly);
     ly += 28;
     for (int k = 0; k < n; k++) {
         size_t pr = 0, pu = 0;

@@ -62,10 +62,11 @@ static kern_device_t *cpu_device(size_t budget, double bytes_per_s, double laten
     return dev;
 }
 
-static moe_staging_t *make_pool(kern_device_t *dev, moe_staging_mode_t mode, size_t capacity, size_t max_tensor,
-                                bool pack_thread) {
+static moe_staging_t *make_pool_slabs(kern_device_t *dev, moe_staging_mode_t mode, size_t capacity, size_t max_tensor,
+                                      bool pack_thread, int slabs) {
     moe_staging_opts_t o;
     moe_staging_opts_init(&o, mode);
+    o.num_slabs = slabs;
     o.capacity_bytes = capacity;
     o.max_tensor_bytes = max_tensor;
     o.pack_thread = pack_thread;
@@ -76,6 +77,11 @@ static moe_staging_t *make_pool(kern_device_t *dev, moe_staging_mode_t mode, siz
         exit(1);
     }
     return p;
+}
+
+static moe_staging_t *make_pool(kern_device_t *dev, moe_staging_mode_t mode, size_t capacity, size_t max_tensor,
+                                bool pack_thread) {
+    return make_pool_slabs(dev, mode, capacity, max_tensor, pack_thread, MOE_STAGING_SLABS_AUTO);
 }
 
 /* ---- sub-allocator -------------------------------------------------------- */
@@ -356,9 +362,11 @@ static void test_integrity(void) {
                 case_t c;
                 const int n = 150;
                 case_make(dev, &c, n, contiguous);
-                /* small pool: batches are chunked and wait for space (about 10 windows' worth) */
-                moe_staging_t *p = make_pool(dev, (moe_staging_mode_t)mode, mode == MOE_STAGING_MAX_SLOT ? 16 * 98304 : 320 << 10,
-                                             98304, thread);
+                /* small pool: batches are chunked and wait for space; compact with one slab,
+                 * or three (a batch then also breaks at slab ends) */
+                moe_staging_t *p = make_pool_slabs(dev, (moe_staging_mode_t)mode,
+                                                   mode == MOE_STAGING_MAX_SLOT ? 16 * 98304 : 320 << 10, 98304, thread,
+                                                   thread ? 3 : MOE_STAGING_SLABS_AUTO);
                 moe_staging_xfer_t *it = calloc((size_t)n, sizeof *it);
                 MT_CHECK_ALLOC(it, "items");
                 const moe_staging_batch_t b = {"integrity batch", KERN_ARENA_ALIGN};
@@ -398,11 +406,11 @@ static void test_integrity(void) {
                 moe_staging_get_stats(p, MOE_STAGING_SCOPE_TOTAL, &s);
                 EXPECT(s.tensors[0] == (uint64_t)n && s.tensors[1] == 2 * (uint64_t)n, "%s: tensors counted %llu/%llu",
                        mn, (unsigned long long)s.tensors[0], (unsigned long long)s.tensors[1]);
-                /* compact: a chunk per slab-sized piece (>= half a slab each, slabs of 160 KiB here),
+                /* compact: a chunk per slab-sized piece (>= half a slab each, slabs >= 106 KiB here),
                  * plus a copy per break in the device ranges when scattered */
                 size_t total = 0;
                 for (int k = 0; k < n; k++) total += c.bytes[k];
-                const uint64_t chunks = 2 * total / (160 << 10) + 2;
+                const uint64_t chunks = 2 * total / (106 << 10) + 3;
                 if (mode == MOE_STAGING_COMPACT)
                     EXPECT(contiguous ? s.copies[0] <= chunks : s.copies[0] < (uint64_t)n,
                            "compact (contiguous %d) issued %llu H2D copies for %d tensors (%zu bytes): not coalesced",
