@@ -180,6 +180,7 @@ static const key_row_t k_top_rows[] = {
     ROW_SECTION("scheduler", k_scheduler_rows),
     ROW("save_max_shard_size", K_SIZE, save_max_shard_bytes),
     ROW("progress", K_BOOL, progress),
+    ROW("trace", K_BOOL, trace),
     ROW_ENUM("adapter", adapter, k_adapter_names),
     ROW("lora_r", K_INT, lora_r),
     ROW("lora_alpha", K_DOUBLE, lora_alpha),

@@ -76,6 +76,7 @@ typedef struct {
     eng_place_t sched_optimizer;            /* default auto */
     eng_acts_place_t sched_activations;     /* default auto */
     bool progress;                  /* default true: live bar on a terminal */
+    bool trace;                     /* default false: write output_dir/trace.json (Chrome trace) */
     /* axolotl's LoRA keys; stored here, used when adapter == ENG_ADAPTER_LORA */
     eng_adapter_t adapter;          /* default none = full fine-tuning; `adapter: lora` */
     int lora_r;                     /* default 8 (peft's LoraConfig) */

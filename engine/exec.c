@@ -159,6 +159,21 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, mt_error_t
     MT_CHECK_ALLOC(m->plan.blocks, "plan copy");
     memcpy(m->plan.blocks, plan->blocks, (size_t)nb * sizeof *plan->blocks);
     if (m->plan.prefetch_window < 1) m->plan.prefetch_window = 1;
+    if (m->dev->kind == KERN_BACKEND_CUDA)
+        for (int b = 0; b < nb; b++) {
+            const sched_block_plan_t *bp = &plan->blocks[b];
+            /* Streamed weights, offloaded activations and host gradients free
+             * device buffers as soon as compute has been issued; that is
+             * exact on the CPU backend (compute runs in order on the issuing
+             * thread) but on a GPU needs stream-ordered frees first. */
+            if (bp->weights != SCHED_WEIGHTS_RESIDENT || bp->acts == SCHED_ACTS_OFFLOAD ||
+                bp->grads != SCHED_GRADS_DEVICE)
+                return mt_error_set(err, MT_ERR_UNSUPPORTED,
+                                    "the CUDA backend runs keep-everything plans only for now (block %d "
+                                    "asks for streamed weights, offloaded activations or host "
+                                    "gradients); use backend: cpu for offloading plans",
+                                    b);
+        }
 
     eng_exec_t *x = calloc(1, sizeof *x);
     MT_CHECK_ALLOC(x, "executor");

@@ -18,6 +18,8 @@
 #include "engine/model.h"
 #include "engine/optim.h"
 #include "engine/report.h"
+#include "engine/trace.h"
+#include "engine/train_plan.h"
 
 mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_error_t *err) {
     kern_device_opts_t o = {0};
@@ -71,12 +73,28 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
     mt_status_t st = eng_open_device(rc, &dev, err);
     if (st != MT_OK) return st;
 
-    eng_model_t model;
-    st = eng_model_load(&model, dev, rc->base_model, rc->model_config_json, NULL, err);
+    /* plan from config.json alone, before any weight is read */
+    eng_model_config_t mc;
+    st = eng_model_config_load(rc->base_model, rc->model_config_json, &mc, err);
     if (st != MT_OK) {
         kern_device_destroy(dev);
         return st;
     }
+    eng_train_plan_t tp;
+    st = eng_train_plan(rc, &mc, dev, &tp, err);
+    eng_model_config_free(&mc);
+    if (st != MT_OK) {
+        kern_device_destroy(dev);
+        return st;
+    }
+    eng_model_t model;
+    st = eng_model_load(&model, dev, rc->base_model, rc->model_config_json, &tp.plan, err);
+    if (st != MT_OK) {
+        eng_train_plan_free(&tp);
+        kern_device_destroy(dev);
+        return st;
+    }
+    eng_trace_t *trace = NULL;
 
     const char *paths[ENG_MAX_DATASETS];
     for (int i = 0; i < rc->num_datasets; i++) paths[i] = rc->datasets[i].path;
@@ -84,6 +102,7 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
     st = eng_dataset_load(&ds, paths, rc->num_datasets, rc->sequence_len, model.cfg.vocab_size, err);
     if (st != MT_OK) {
         eng_model_free(&model);
+        eng_train_plan_free(&tp);
         kern_device_destroy(dev);
         return st;
     }
@@ -94,12 +113,25 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
     eng_reporter_t rep;
     st = eng_reporter_open(&rep, rc->output_dir, rc->progress, err);
     if (st != MT_OK) goto out;
+    if (rc->trace) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/trace.json", rc->output_dir);
+        st = eng_trace_open(path, &trace, err);
+        if (st != MT_OK) goto out;
+        eng_model_set_trace(&model, trace);
+    }
     eng_reporter_note(&rep,
                       "moetune: %s, %d layers, %d experts (top-%d), %lld examples of %d tokens, "
                       "%d steps x %d micro-batches of %d on %s",
                       model.cfg.model_type, model.cfg.num_hidden_layers, model.cfg.num_experts,
                       model.cfg.num_experts_per_tok, (long long)ds.num_rows, rc->sequence_len, total,
                       rc->gradient_accumulation_steps, rc->micro_batch_size, dev->vt->name);
+    if (tp.predicted_step_s > 0)
+        eng_reporter_note(&rep, "moetune: %s; predicted step %.3f s, peak device %.1f MiB", tp.summary,
+                          tp.predicted_step_s, tp.predicted_peak_device / 1048576.0);
+    else
+        eng_reporter_note(&rep, "moetune: %s", tp.summary);
+    result->predicted_step_s = tp.predicted_step_s;
 
     const eng_optim_hparams_t hp_base = {
         .beta1 = rc->adam_beta1, .beta2 = rc->adam_beta2, .eps = rc->adam_epsilon,
@@ -165,6 +197,12 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
     result->seconds = eng_now_s() - t_run;
     if (rc->save_final) st = save_checkpoint(&model, rc, rc->output_dir, &rep, err);
 out:
+    if (trace) {
+        eng_model_set_trace(&model, NULL);
+        mt_error_t terr = {0};
+        if (eng_trace_close(trace, &terr) != MT_OK && st == MT_OK) st = mt_error_set(err, terr.code, "%s", terr.msg);
+    }
+    eng_train_plan_free(&tp);
     eng_reporter_close(&rep);
     eng_loader_free(&ld);
     eng_dataset_free(&ds);

@@ -9,6 +9,7 @@ typedef struct {
     int steps_done;
     double first_loss, last_loss;
     double seconds;
+    double predicted_step_s; /* the planner's prediction for the chosen plan (0 if none) */
 } eng_train_result_t;
 
 /* Chooses the backend as the config says (auto: CUDA when a GPU is found,

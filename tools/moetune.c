@@ -20,6 +20,7 @@
 #include "tools/bench/adam_bench.h"
 #include "tools/bench/gemm_bench.h"
 #include "tools/bench/step_bench.h"
+#include "tools/plan/plan_cmd.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -29,6 +30,10 @@ static void usage(FILE *f) {
             "  train RUN.yaml [--set key=value]...  fine-tune as the run config says\n"
             "  init RUN.yaml [--set key=value]...   create the run's base_model from its\n"
             "                                       base_model_init config (random weights)\n"
+            "  plan RUN.yaml [--hw NAME|FILE] [--json] [--set key=value]...\n"
+            "                                       will it fit, how fast: the planner's choice of\n"
+            "                                       what to keep, offload or recompute (needs only\n"
+            "                                       config.json; exit 3 when infeasible)\n"
             "  inspect CHECKPOINT_DIR               architecture, parameter counts, tensor sizes\n"
             "  bench adam [--params N] [--threads T] [--json]\n"
             "                                       host AdamW vs this machine's memory ceiling\n"
@@ -157,6 +162,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
     if (strcmp(cmd, "init") == 0) return cmd_init(argc - 2, argv + 2);
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
+    if (strcmp(cmd, "plan") == 0) return mt_plan_main(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 2, argv + 2);
     fprintf(stderr, "moetune: unknown command '%s'\n\n", cmd);
     usage(stderr);

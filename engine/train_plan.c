@@ -1,0 +1,82 @@
+/* Planning a training run (see train_plan.h). */
+#include "engine/train_plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/calibrate.h"
+#include "engine/program.h"
+#include "scheduler/costmodel.h"
+#include "scheduler/hw.h"
+#include "scheduler/planner.h"
+#include "scheduler/registry.h"
+
+static void summarize(const sched_plan_t *p, char *buf, size_t n) {
+    int stream = 0, off = 0, rec = 0, hostopt = 0;
+    for (int b = 0; b < p->num_blocks; b++) {
+        stream += p->blocks[b].weights == SCHED_WEIGHTS_STREAM;
+        off += p->blocks[b].acts == SCHED_ACTS_OFFLOAD;
+        rec += p->blocks[b].acts == SCHED_ACTS_RECOMPUTE;
+        hostopt += p->blocks[b].optim == SCHED_OPTIM_HOST;
+    }
+    snprintf(buf, n,
+             "plan %s: %d of %d blocks stream their weights, %d offload and %d recompute activations, %d "
+             "keep the optimizer on the host; prefetch window %d",
+             sched_policy_name(p->policy), stream, p->num_blocks, off, rec, hostopt, p->prefetch_window);
+}
+
+mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t *mc, const kern_device_t *dev,
+                           eng_train_plan_t *out, mt_error_t *err) {
+    memset(out, 0, sizeof *out);
+    const int nb = mc->num_hidden_layers + 2;
+    if (dev->kind == KERN_BACKEND_CUDA) {
+        /* the executor streams only on the CPU backend for now (see exec.c) */
+        sched_plan_init_uniform(&out->plan, nb, SCHED_POLICY_KEEP_ALL);
+        summarize(&out->plan, out->summary, sizeof out->summary);
+        return MT_OK;
+    }
+    sched_hw_t hw;
+    char path[1200];
+    const char *spec = rc->hardware[0] ? rc->hardware : "calibrate";
+    mt_status_t st = sched_hw_resolve(spec, rc->source_path, path, sizeof path, err);
+    if (st != MT_OK) return st;
+    if (strcmp(path, "calibrate") == 0) {
+        sched_calibration_t cal;
+        st = eng_calibrate(rc, NULL, &cal, err);
+        if (st != MT_OK) return st;
+        sched_hw_from_calibration(&cal, &hw);
+    } else {
+        st = sched_hw_load(path, &hw, err);
+        if (st != MT_OK) return st;
+    }
+    sched_model_desc_t md;
+    sched_run_shape_t shape;
+    sched_registry_t reg;
+    sched_workload_t w;
+    sched_planner_opts_t opts;
+    sched_planner_result_t res;
+    memset(&reg, 0, sizeof reg);
+    memset(&w, 0, sizeof w);
+    memset(&res, 0, sizeof res);
+    st = eng_program_describe(mc, rc, false, &md, &shape, err);
+    if (st == MT_OK) st = sched_registry_build(&md, &shape, &reg, err);
+    if (st == MT_OK) st = sched_workload_build(&reg, &hw, &w, err);
+    if (st == MT_OK) st = eng_program_planner_opts(rc, &hw, &opts, err);
+    if (st == MT_OK) st = sched_plan_make(&w, &opts, &res, err);
+    if (st == MT_OK && !res.feasible) st = mt_error_set(err, MT_ERR_BUDGET, "%s: %s", rc->source_path, res.why);
+    if (st == MT_OK) {
+        out->plan = res.plan;
+        out->plan.blocks = malloc((size_t)res.plan.num_blocks * sizeof *out->plan.blocks);
+        MT_CHECK_ALLOC(out->plan.blocks, "plan");
+        memcpy(out->plan.blocks, res.plan.blocks, (size_t)res.plan.num_blocks * sizeof *out->plan.blocks);
+        out->predicted_step_s = res.sim.step_time;
+        out->predicted_peak_device = res.sim.peak[SCHED_MEM_DEVICE];
+        summarize(&out->plan, out->summary, sizeof out->summary);
+    }
+    sched_planner_result_free(&res);
+    sched_workload_free(&w);
+    sched_registry_free(&reg);
+    return st;
+}
+
+void eng_train_plan_free(eng_train_plan_t *p) { sched_plan_free(&p->plan); }
