@@ -631,6 +631,26 @@ void moe_staging_release_now(moe_staging_t *p, moe_staging_region_t *r) {
     sample(p);
 }
 
+static void raw_copy_check(moe_staging_t *p, const moe_staging_region_t *r, size_t off, size_t bytes) {
+    rec_get(p, r, REC_HELD);
+    MT_CHECK(off <= r->bytes && bytes <= r->bytes - off,
+             "staging: copy of %zu bytes at offset %zu outside a %zu-byte region", bytes, off, r->bytes);
+}
+
+void moe_staging_copy_h2d(moe_staging_t *p, kern_stream_t *s, void *dev, const moe_staging_region_t *r, size_t off,
+                          size_t bytes) {
+    raw_copy_check(p, r, off, bytes);
+    kern_memcpy_h2d(p->dev, s, dev, (const char *)r->host + off, bytes);
+    staging_count_copy(p, MOE_STAGING_H2D, bytes);
+}
+
+void moe_staging_copy_d2h(moe_staging_t *p, kern_stream_t *s, const moe_staging_region_t *r, size_t off,
+                          const void *dev, size_t bytes) {
+    raw_copy_check(p, r, off, bytes);
+    kern_memcpy_d2h(p->dev, s, (char *)r->host + off, dev, bytes);
+    staging_count_copy(p, MOE_STAGING_D2H, bytes);
+}
+
 void moe_staging_poll(moe_staging_t *p) {
     enum { MAX_BLOCKED = 8 };
     kern_stream_t *blocked[MAX_BLOCKED];

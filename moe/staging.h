@@ -138,6 +138,14 @@ mt_status_t moe_staging_reserve(moe_staging_t *pool, size_t bytes, const char *t
 void moe_staging_release_after(moe_staging_t *pool, moe_staging_region_t *region, kern_stream_t *stream);
 /* Releases a region no queued work reads (never used, or already synced). */
 void moe_staging_release_now(moe_staging_t *pool, moe_staging_region_t *region);
+/* Raw copies between part of a held region and device memory, counted in
+ * the stats like batch copies (for callers that keep a region across
+ * copies, e.g. activations held from forward to backward).  Aborts when
+ * [offset, offset + bytes) is outside the region. */
+void moe_staging_copy_h2d(moe_staging_t *pool, kern_stream_t *stream, void *dev, const moe_staging_region_t *region,
+                          size_t offset, size_t bytes);
+void moe_staging_copy_d2h(moe_staging_t *pool, kern_stream_t *stream, const moe_staging_region_t *region,
+                          size_t offset, const void *dev, size_t bytes);
 /* Frees regions whose events have fired (done by every reserve anyway). */
 void moe_staging_poll(moe_staging_t *pool);
 /* Waits for every pending release and performs it. */

@@ -11,6 +11,8 @@
  *    waste <= 10% and moves each layer in at most 3 copies;
  *  - sizing: max_slot >= 4x compact for Qwen3-30B-A3B's window (planned
  *    and measured on a scaled-down window);
+ *  - per_tensor rounds to pages or (pow2_round) powers of two; raw copies
+ *    into a held region are counted; slab_bytes alone sets the slab count;
  *  - bad settings are refused, naming the setting, before pinning anything;
  *  - the CSV / SVG / trace writers produce what they promise. */
 #include "moe/staging.h"
@@ -240,6 +242,65 @@ static void test_backpressure(void) {
         moe_staging_destroy(p);
     }
     kern_free(dev, dst);
+    kern_device_destroy(dev);
+}
+
+/* per_tensor's two granularities, and a region kept across raw copies
+ * (activations held from forward to backward), counted like batches. */
+static void test_per_tensor_rounding_and_raw_copies(void) {
+    kern_device_t *dev = cpu_device((size_t)8 << 20, 0, 0);
+    const size_t MiB = (size_t)1 << 20, req = 3 * MiB + 1;
+    for (int pow2 = 0; pow2 < 2; pow2++) {
+        moe_staging_opts_t o;
+        moe_staging_opts_init(&o, MOE_STAGING_PER_TENSOR);
+        o.capacity_bytes = 16 * MiB;
+        o.max_tensor_bytes = 4 * MiB;
+        o.pow2_round = pow2;
+        moe_staging_t *p = NULL;
+        mt_error_t err = {0};
+        EXPECT(moe_staging_create(dev, &o, &p, &err) == MT_OK, "%s", err.msg);
+        if (!p) continue;
+        moe_staging_region_t r;
+        EXPECT(moe_staging_reserve(p, req, "activation", &r, &err) == MT_OK, "%s", err.msg);
+        moe_staging_stats_t s;
+        moe_staging_get_stats(p, MOE_STAGING_SCOPE_TOTAL, &s);
+        const size_t want = pow2 ? 4 * MiB : 3 * MiB + 4096; /* next power of two, or the next page */
+        EXPECT(s.peak_in_use == want && s.peak_reserved == want, "pow2_round %d: %zu bytes pinned for %zu, expected %zu",
+               pow2, s.peak_in_use, req, want);
+        char *d = kern_alloc(dev, 4096, "activation", NULL);
+        memset(r.host, 7, 4096);
+        kern_stream_t *h2d = kern_stream(dev, KERN_STREAM_H2D), *d2h = kern_stream(dev, KERN_STREAM_D2H);
+        moe_staging_copy_h2d(p, h2d, d, &r, 0, 4096);
+        kern_stream_sync(dev, h2d);
+        moe_staging_copy_d2h(p, d2h, &r, 8192, d, 4096);
+        kern_stream_sync(dev, d2h);
+        EXPECT(((unsigned char *)r.host)[8192 + 4095] == 7, "raw copies did not round-trip");
+        moe_staging_get_stats(p, MOE_STAGING_SCOPE_TOTAL, &s);
+        EXPECT(s.copies[0] == 1 && s.copies[1] == 1 && s.bytes[0] == 4096 && s.bytes[1] == 4096,
+               "raw copies not counted: %llu/%llu", (unsigned long long)s.copies[0], (unsigned long long)s.copies[1]);
+        moe_staging_release_after(p, &r, d2h);
+        kern_free(dev, d);
+        moe_staging_destroy(p);
+    }
+    /* slab_bytes alone: as many slabs as the capacity needs */
+    moe_staging_opts_t o;
+    moe_staging_opts_init(&o, MOE_STAGING_COMPACT);
+    o.capacity_bytes = 5 * MiB;
+    o.slab_bytes = 2 * MiB;
+    o.max_tensor_bytes = MiB;
+    moe_staging_t *p = NULL;
+    mt_error_t err = {0};
+    EXPECT(moe_staging_create(dev, &o, &p, &err) == MT_OK, "%s", err.msg);
+    if (p) {
+        moe_staging_stats_t s;
+        moe_staging_get_stats(p, MOE_STAGING_SCOPE_TOTAL, &s);
+        EXPECT(s.capacity == 6 * MiB, "5 MiB in 2 MiB slabs should give 3 slabs, got %zu bytes", s.capacity);
+        moe_staging_region_t r;
+        err = (mt_error_t){0};
+        EXPECT(moe_staging_reserve(p, 3 * MiB, "spanning", &r, &err) == MT_ERR_BUDGET && strstr(err.msg, "slab"),
+               "a region larger than a slab must be refused: %s", err.msg);
+        moe_staging_destroy(p);
+    }
     kern_device_destroy(dev);
 }
 
@@ -752,6 +813,7 @@ int main(void) {
     test_alloc_random();
     test_pool_regions_random();
     test_backpressure();
+    test_per_tensor_rounding_and_raw_copies();
     test_full_without_pending();
     test_integrity();
     test_compact_window();
