@@ -35,11 +35,47 @@ void eng_model_set_trace(eng_model_t *m, struct eng_trace *trace) {
     m->dev->copy_observer_ctx = trace ? m : NULL;
 }
 
+void eng_model_block_times(eng_model_t *m, double *fwd_s, double *bwd_s, bool reset) {
+    eng_exec_t *x = m->exec;
+    const double k = x->timed_micro > 0 ? 1.0 / x->timed_micro : 0.0;
+    for (int b = 0; b < x->nb; b++) {
+        if (fwd_s) fwd_s[b] = x->fwd_s[b] * k;
+        if (bwd_s) bwd_s[b] = x->bwd_s[b] * k;
+        if (reset) x->fwd_s[b] = x->bwd_s[b] = 0;
+    }
+    if (reset) x->timed_micro = 0;
+}
+
 void exec_trace_memory(eng_model_t *m, double t) {
     if (!m->trace) return;
     const kern_device_stats_t st = kern_device_stats(m->dev);
     eng_trace_counter(m->trace, "device bytes", t, (double)st.device_in_use);
     eng_trace_counter(m->trace, "pinned bytes", t, (double)st.pinned_in_use);
+}
+
+/* ---- pinned buffer cache ---------------------------------------------- */
+
+void *exec_pinned_get(eng_model_t *m, size_t bytes) {
+    eng_exec_t *x = m->exec;
+    for (int i = x->npin_cache - 1; i >= 0; i--)
+        if (x->pin_cache[i].bytes == bytes) {
+            void *p = x->pin_cache[i].p;
+            x->pin_cache[i] = x->pin_cache[--x->npin_cache];
+            return p;
+        }
+    return kern_pinned_alloc(m->dev, bytes);
+}
+
+void exec_pinned_put(eng_model_t *m, void *p, size_t bytes) {
+    eng_exec_t *x = m->exec;
+    if (x->npin_cache == x->cap_pin_cache) {
+        x->cap_pin_cache = x->cap_pin_cache ? 2 * x->cap_pin_cache : 64;
+        x->pin_cache = realloc(x->pin_cache, (size_t)x->cap_pin_cache * sizeof *x->pin_cache);
+        MT_CHECK_ALLOC(x->pin_cache, "pinned buffer cache");
+    }
+    x->pin_cache[x->npin_cache].p = p;
+    x->pin_cache[x->npin_cache].bytes = bytes;
+    x->npin_cache++;
 }
 
 /* ---- deferred frees ----------------------------------------------------- */
@@ -65,7 +101,7 @@ void exec_process_pending(eng_model_t *m, bool force) {
         if (force) kern_event_sync(m->dev, p->ev);
         if (force || kern_event_query(m->dev, p->ev)) {
             if (p->dev) kern_free(m->dev, p->dev);
-            if (p->pinned) kern_pinned_free(m->dev, p->pinned, p->pinned_bytes);
+            if (p->pinned) exec_pinned_put(m, p->pinned, p->pinned_bytes);
             kern_event_destroy(m->dev, p->ev);
         } else {
             x->pending[keep++] = *p;
@@ -190,6 +226,9 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, mt_error_t
     x->opt_done = calloc((size_t)m->spec.count, sizeof *x->opt_done);
     x->opt_queue = calloc((size_t)nb + 1, sizeof *x->opt_queue);
     MT_CHECK(x->opt_done && x->opt_queue, "out of memory for the host optimizer queue");
+    x->fwd_s = calloc((size_t)nb, sizeof *x->fwd_s);
+    x->bwd_s = calloc((size_t)nb, sizeof *x->bwd_s);
+    MT_CHECK(x->fwd_s && x->bwd_s, "out of memory for block timings");
     MT_CHECK(x->w_ready && x->a_ready && x->holding && x->param_refs && x->offl && x->layer_counts,
              "out of memory for executor state");
     for (int b = 0; b < nb; b++) {
@@ -241,10 +280,12 @@ void eng_exec_destroy(eng_model_t *m) {
         kern_event_destroy(m->dev, x->o_done[b]);
         free(x->used[b]);
         for (int k = 0; k < x->offl[b].n; k++)
-            if (x->offl[b].e[k].host) kern_pinned_free(m->dev, x->offl[b].e[k].host, x->offl[b].e[k].bytes);
+            if (x->offl[b].e[k].host) exec_pinned_put(m, x->offl[b].e[k].host, x->offl[b].e[k].bytes);
         free(x->offl[b].e);
         free(x->holding[b].idx);
     }
+    for (int i = 0; i < x->npin_cache; i++) kern_pinned_free(m->dev, x->pin_cache[i].p, x->pin_cache[i].bytes);
+    free(x->pin_cache);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) free(x->layer_counts[l]);
     if (m->rope_cos) kern_free(m->dev, m->rope_cos);
     if (m->rope_sin) kern_free(m->dev, m->rope_sin);
@@ -261,6 +302,8 @@ void eng_exec_destroy(eng_model_t *m) {
     free(x->pending);
     free(x->opt_done);
     free(x->opt_queue);
+    free(x->fwd_s);
+    free(x->bwd_s);
     free(x);
     m->exec = NULL;
 }
@@ -381,7 +424,7 @@ mt_status_t exec_offload_acts(eng_model_t *m, int b, void **const *slots, int ns
         void *dev_ptr = *slots[k];
         if (!dev_ptr) continue;
         const size_t bytes = kern_alloc_size(m->dev, dev_ptr);
-        void *host = kern_pinned_alloc(m->dev, bytes);
+        void *host = exec_pinned_get(m, bytes);
         if (!host)
             return mt_error_set(err, MT_ERR_NOMEM, "cannot allocate %zu bytes of pinned memory to offload "
                                 "activations of block %d", bytes, b);
@@ -477,7 +520,7 @@ void eng_exec_finish_grad(eng_model_t *m, int i) {
             kern_memcpy_d2h(m->dev, d2h, p->host_g, p->g, bytes);
             exec_defer_free(m, p->g, NULL, 0, d2h);
         } else {
-            float *staging = kern_pinned_alloc(m->dev, bytes);
+            float *staging = exec_pinned_get(m, bytes);
             MT_CHECK(staging != NULL, "cannot allocate pinned staging for the gradient of %s", p->spec->name);
             kern_memcpy_d2h(m->dev, d2h, staging, p->g, bytes);
             host_add_t *a = malloc(sizeof *a);

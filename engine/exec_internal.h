@@ -62,6 +62,15 @@ typedef struct eng_exec {
     bool in_last_micro;  /* the running backward is the step's last */
     eng_optim_hparams_t step_hp;
     bool *opt_done;      /* per parameter: updated during backward this step */
+    /* pinned buffers returned by finished copies, kept for reuse: a step asks
+     * for the same sizes every time, and pinning fresh pages (mlock faults
+     * them in) on the compute thread costs more than the copy itself.  The
+     * staging pool (moe/staging) is the compact successor of this cache. */
+    struct { void *p; size_t bytes; } *pin_cache;
+    int npin_cache, cap_pin_cache;
+    /* profiling: compute seconds per block, summed over micro-batches since the last reset */
+    double *fwd_s, *bwd_s;
+    int timed_micro;
 } eng_exec_t;
 
 /* Samples device and pinned bytes into the trace (if any) at time t. */
@@ -71,6 +80,8 @@ void exec_trace_memory(eng_model_t *m, double t);
 void exec_optim_block_ready(eng_model_t *m, int b);
 void exec_optim_worker_stop(eng_model_t *m);
 
+void *exec_pinned_get(eng_model_t *m, size_t bytes);
+void exec_pinned_put(eng_model_t *m, void *p, size_t bytes);
 bool exec_param_streamed(const eng_model_t *m, const eng_param_t *p);
 void exec_defer_free(eng_model_t *m, void *dev_ptr, void *pinned, size_t pinned_bytes,
                      kern_stream_t *after);

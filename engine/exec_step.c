@@ -215,7 +215,7 @@ static void step_free(eng_model_t *m, step_t *st) {
         layer_acts_drop(m, st, l);
         exec_offload_t *o = &m->exec->offl[l + 1];
         for (int k = 0; k < o->n; k++) /* offloaded but never fetched back (forward only, errors) */
-            if (o->e[k].host) kern_pinned_free(m->dev, o->e[k].host, o->e[k].bytes);
+            if (o->e[k].host) exec_pinned_put(m, o->e[k].host, o->e[k].bytes);
         o->n = 0;
         o->fetched = false;
     }
@@ -277,6 +277,7 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
                 kern_stream_sync(m->dev, s);
             }
         }
+        m->exec->fwd_s[b] += eng_now_s() - t0;
         if (m->trace) {
             char name[32];
             snprintf(name, sizeof name, b == 0 ? "embed fwd" : b <= L ? "layer %d fwd" : "head fwd", b - 1);
@@ -358,6 +359,7 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
         } else {
             ops->embedding_bwd(s, m->params[m->embed].g, st->dx, st->ids, n, H);
         }
+        m->exec->bwd_s[b] += eng_now_s() - t0;
         if (m->trace) {
             char name[32];
             snprintf(name, sizeof name, b == 0 ? "embed bwd" : b <= L ? "layer %d bwd" : "head bwd", b - 1);
@@ -409,6 +411,7 @@ static mt_status_t run(eng_model_t *m, const eng_batch_t *batch, float loss_scal
     }
     if (r == MT_OK && backward) {
         r = run_backward(m, &st, err);
+        m->exec->timed_micro++;
         if (m->exec->micro_left > 0) m->exec->micro_left--;
     }
     if (r != MT_OK) { /* drop half-made gradient targets of this micro-batch */

@@ -111,6 +111,12 @@ void eng_model_read_param(eng_model_t *m, int i, float *host, bool gradient);
  * counters.  See engine/trace.h. */
 void eng_model_set_trace(eng_model_t *m, struct eng_trace *trace);
 
+/* Mean compute seconds per block (forward including any wait for its
+ * fetches, backward including recomputation) per micro-batch since the
+ * last reset: a profiled step, for the planner (Ratel profiles one step the
+ * same way).  Arrays of eng_model_num_blocks entries; either may be NULL. */
+void eng_model_block_times(eng_model_t *m, double *fwd_s, double *bwd_s, bool reset);
+
 /* L + 2: the embedding, each decoder layer, the head. */
 int eng_model_num_blocks(const eng_model_t *m);
 

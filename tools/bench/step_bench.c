@@ -26,7 +26,15 @@
 #include "engine/optim.h"
 #include "engine/report.h"
 #include "engine/trace.h"
+#include "engine/calibrate.h"
+#include "engine/config.h"
+#include "engine/program.h"
+#include "scheduler/costmodel.h"
+#include "scheduler/hw.h"
 #include "scheduler/plan.h"
+#include "scheduler/planner.h"
+#include "scheduler/registry.h"
+#include "scheduler/simulate.h"
 
 typedef struct {
     int layers, hidden, experts, topk, expert_width, vocab, heads, kv_heads;
@@ -38,6 +46,7 @@ typedef struct {
 
 typedef struct {
     double median_s, optim_s; /* median step time; median optimizer wall time */
+    double *fwd_s, *bwd_s;    /* per-block compute seconds (profiled; keep_all run) */
     size_t peak_device;
     uint64_t h2d_bytes, d2h_bytes; /* per step */
     int overlapped;
@@ -73,8 +82,9 @@ static void make_dataset(eng_dataset_t *ds, const opts_t *o, int rows) {
     for (size_t i = 0; i < n; i++) ds->targets[i] = (i + 1) % (size_t)o->seq ? ds->inputs[i + 1] : -100;
 }
 
-static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, double link_bps, bool overlap,
-                    const char *trace_path, measure_t *out) {
+static void measure_plan(const char *ckpt, const opts_t *o, const sched_plan_t *given, double link_bps,
+                         bool overlap, const char *trace_path, measure_t *out) {
+    const sched_policy_t policy = given->policy;
     memset(out, 0, sizeof *out);
     mt_error_t err = {0};
     kern_device_opts_t dopts = {.link_h2d_bytes_per_s = link_bps, .link_d2h_bytes_per_s = link_bps,
@@ -84,12 +94,9 @@ static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, do
         fprintf(stderr, "bench step: %s\n", err.msg);
         return;
     }
-    sched_plan_t plan;
-    sched_plan_init_uniform(&plan, o->layers + 2, policy);
     eng_model_t m;
-    if (eng_model_load(&m, dev, ckpt, NULL, &plan, &err) != MT_OK) {
+    if (eng_model_load(&m, dev, ckpt, NULL, given, &err) != MT_OK) {
         fprintf(stderr, "bench step: %s\n", err.msg);
-        sched_plan_free(&plan);
         kern_device_destroy(dev);
         return;
     }
@@ -119,6 +126,7 @@ static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, do
             break;
         }
         const double dt = eng_now_s() - t0;
+        if (step < 0) eng_model_block_times(&m, NULL, NULL, true); /* drop the warm-up */
         if (step >= 0) {
             const kern_device_stats_t after = kern_device_stats(dev);
             times[step] = dt;
@@ -132,6 +140,11 @@ static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, do
         out->median_s = median(times, o->steps);
         out->optim_s = median(optim, o->steps);
         out->peak_device = kern_device_stats(dev).device_peak;
+        const int nb = eng_model_num_blocks(&m);
+        out->fwd_s = calloc((size_t)nb, sizeof *out->fwd_s);
+        out->bwd_s = calloc((size_t)nb, sizeof *out->bwd_s);
+        MT_CHECK(out->fwd_s && out->bwd_s, "out of memory");
+        eng_model_block_times(&m, out->fwd_s, out->bwd_s, true);
     }
     free(times);
     free(optim);
@@ -143,8 +156,100 @@ static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, do
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
     eng_model_free(&m);
-    sched_plan_free(&plan);
     kern_device_destroy(dev);
+}
+
+static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, double link_bps, bool overlap,
+                    const char *trace_path, measure_t *out) {
+    sched_plan_t plan;
+    sched_plan_init_uniform(&plan, o->layers + 2, policy);
+    measure_plan(ckpt, o, &plan, link_bps, overlap, trace_path, out);
+    sched_plan_free(&plan);
+}
+
+static void measure_free(measure_t *m) {
+    free(m->fwd_s);
+    free(m->bwd_s);
+}
+
+/* The planner's view of this run: the workload from the cost model with the
+ * compute times of a profiled keep_all step (forward, backward, recompute =
+ * forward; AdamW scaled to the measured optimizer time), links as throttled. */
+typedef struct {
+    sched_workload_t w;
+    sched_registry_t reg;
+    sched_hw_t hw;
+    bool ok;
+} predictor_t;
+
+static void predictor_init(predictor_t *p, const char *ckpt, const opts_t *o, double link_bps,
+                           const measure_t *keep) {
+    memset(p, 0, sizeof *p);
+    mt_error_t err = {0};
+    eng_model_config_t mc;
+    if (eng_model_config_load(ckpt, NULL, &mc, &err) != MT_OK) {
+        fprintf(stderr, "bench step: %s\n", err.msg);
+        return;
+    }
+    eng_run_config_t rc;
+    eng_run_config_defaults(&rc);
+    rc.sequence_len = o->seq;
+    rc.micro_batch_size = o->batch;
+    rc.gradient_accumulation_steps = 1;
+    rc.max_grad_norm = 0;
+    rc.link_gbps = link_bps / 1e9;
+    rc.link_latency_us = o->link_latency_us;
+    sched_calibration_t cal;
+    sched_model_desc_t md;
+    sched_run_shape_t shape;
+    if (eng_calibrate(&rc, NULL, &cal, &err) != MT_OK || eng_program_describe(&mc, &rc, false, &md, &shape, &err) != MT_OK ||
+        sched_registry_build(&md, &shape, &p->reg, &err) != MT_OK) {
+        fprintf(stderr, "bench step: %s\n", err.msg);
+        eng_model_config_free(&mc);
+        eng_run_config_free(&rc);
+        return;
+    }
+    sched_hw_from_calibration(&cal, &p->hw);
+    if (sched_workload_build(&p->reg, &p->hw, &p->w, &err) != MT_OK) {
+        fprintf(stderr, "bench step: %s\n", err.msg);
+    } else {
+        double adam_model = 0;
+        for (int b = 0; b < p->w.num_blocks; b++) adam_model += p->w.blocks[b].adam_device_s;
+        const double adam_scale = adam_model > 0 ? keep->optim_s / adam_model : 1.0;
+        for (int b = 0; b < p->w.num_blocks; b++) {
+            sched_block_cost_t *c = &p->w.blocks[b];
+            c->fwd_s = keep->fwd_s[b];
+            c->bwd_s = keep->bwd_s[b];
+            c->recompute_s = keep->fwd_s[b];
+            c->adam_device_s *= adam_scale;
+            c->adam_host_s = c->adam_device_s; /* the same kernel on this backend */
+        }
+        p->ok = true;
+    }
+    eng_model_config_free(&mc);
+    eng_run_config_free(&rc);
+}
+
+static double predict(const predictor_t *p, const sched_plan_t *plan) {
+    if (!p->ok) return 0;
+    sched_sim_result_t r;
+    mt_error_t err = {0};
+    const sched_sim_opts_t so = {0};
+    if (sched_simulate(&p->w, plan, &so, &r, &err) != MT_OK) {
+        fprintf(stderr, "bench step: %s\n", err.msg);
+        return 0;
+    }
+    const double t = r.step_time;
+    sched_sim_result_free(&r);
+    return t;
+}
+
+static double predict_uniform(const predictor_t *p, int nb, sched_policy_t policy) {
+    sched_plan_t plan;
+    sched_plan_init_uniform(&plan, nb, policy);
+    const double t = predict(p, &plan);
+    sched_plan_free(&plan);
+    return t;
 }
 
 static int parse(int argc, char **argv, opts_t *o) {
@@ -224,7 +329,7 @@ int mt_bench_step_main(int argc, char **argv) {
         return 1;
     }
 
-    measure_t keep, probe, off, off_overlap, minm;
+    measure_t keep, probe = {0}, off, off_overlap, minm;
     measure(ckpt, &o, SCHED_POLICY_KEEP_ALL, 0, false, NULL, &keep);
     double link_bps = o.link_gbps * 1e9;
     if (link_bps == 0 && keep.ok) {
@@ -238,10 +343,42 @@ int mt_bench_step_main(int argc, char **argv) {
     measure(ckpt, &o, SCHED_POLICY_OFFLOAD_ALL, link_bps, false, NULL, &off);
     measure(ckpt, &o, SCHED_POLICY_OFFLOAD_ALL, link_bps, true, o.trace, &off_overlap);
     measure(ckpt, &o, SCHED_POLICY_MIN_MEMORY, link_bps, true, NULL, &minm);
+
+    /* auto: the planner's choice under a device budget of half keep_all's peak,
+     * planned on the profiled workload, then run */
+    predictor_t pr;
+    predictor_init(&pr, ckpt, &o, link_bps, &keep);
+    const int nb = o.layers + 2;
+    measure_t autom = {0};
+    double pred_auto = 0;
+    size_t auto_budget = keep.peak_device / 2;
+    if (pr.ok) {
+        sched_planner_opts_t po;
+        sched_planner_opts_default(&po);
+        po.policy = SCHED_POLICY_AUTO;
+        po.budget[SCHED_MEM_DEVICE] = (double)auto_budget;
+        sched_planner_result_t res;
+        mt_error_t perr = {0};
+        if (sched_plan_make(&pr.w, &po, &res, &perr) == MT_OK && res.feasible) {
+            measure_plan(ckpt, &o, &res.plan, link_bps, true, NULL, &autom);
+            pred_auto = res.sim.step_time;
+        } else {
+            fprintf(stderr, "bench step: auto plan under %zu bytes: %s\n", auto_budget, res.feasible ? perr.msg : res.why);
+        }
+        sched_planner_result_free(&res);
+    }
+    const double pred_keep = predict_uniform(&pr, nb, SCHED_POLICY_KEEP_ALL);
+    const double pred_off = predict_uniform(&pr, nb, SCHED_POLICY_OFFLOAD_ALL);
+    const double pred_min = predict_uniform(&pr, nb, SCHED_POLICY_MIN_MEMORY);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
     if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
+    measure_free(&probe);
     if (!keep.ok || !off.ok || !off_overlap.ok || !minm.ok) return 1;
+    if (pr.ok) {
+        sched_workload_free(&pr.w);
+        sched_registry_free(&pr.reg);
+    }
 
     const double ratio = off_overlap.median_s / keep.median_s;
     const double share_off = off.optim_s / off.median_s, share_on = off_overlap.optim_s / off_overlap.median_s;
@@ -251,10 +388,13 @@ int mt_bench_step_main(int argc, char **argv) {
                " \"keep_all_step_s\": %.6g, \"offload_all_step_s\": %.6g, \"offload_all_no_overlap_step_s\": %.6g,"
                " \"min_memory_step_s\": %.6g, \"offload_over_keep\": %.4f,"
                " \"optimizer_share_no_overlap\": %.4f, \"optimizer_share_overlap\": %.4f,"
-               " \"peak_device_keep_all\": %zu, \"peak_device_offload_all\": %zu, \"peak_device_min_memory\": %zu}\n",
+               " \"peak_device_keep_all\": %zu, \"peak_device_offload_all\": %zu, \"peak_device_min_memory\": %zu,"
+               " \"predicted_keep_all_s\": %.6g, \"predicted_offload_all_s\": %.6g, \"predicted_min_memory_s\": %.6g,"
+               " \"auto_budget_bytes\": %zu, \"auto_step_s\": %.6g, \"predicted_auto_s\": %.6g, \"peak_device_auto\": %zu}\n",
                link_bps, o.link_latency_us, (unsigned long long)off.h2d_bytes, (unsigned long long)off.d2h_bytes,
                keep.median_s, off_overlap.median_s, off.median_s, minm.median_s, ratio, share_off, share_on,
-               keep.peak_device, off_overlap.peak_device, minm.peak_device);
+               keep.peak_device, off_overlap.peak_device, minm.peak_device, pred_keep, pred_off, pred_min, auto_budget,
+               autom.median_s, pred_auto, autom.peak_device);
         return 0;
     }
     printf("synthetic mixtral: %d layers, hidden %d, %d experts (top-%d) of width %d, vocab %d; batch %d x %d tokens\n",
@@ -270,7 +410,18 @@ int mt_bench_step_main(int argc, char **argv) {
            off_overlap.optim_s * 1e3, off_overlap.peak_device / 1e6);
     printf("%-34s %12.2f %14.2f %16.2f\n", "min_memory, optimizer overlapped", minm.median_s * 1e3, minm.optim_s * 1e3,
            minm.peak_device / 1e6);
+    if (autom.ok)
+        printf("%-34s %12.2f %14.2f %16.2f\n", "auto (device budget keep_all/2)", autom.median_s * 1e3,
+               autom.optim_s * 1e3, autom.peak_device / 1e6);
     printf("offload_all / keep_all step time: %.3f\n", ratio);
+    printf("\npredicted (simulator on the profiled keep_all step) vs measured median step time:\n");
+    printf("  keep_all     %8.2f ms vs %8.2f ms  ratio %.3f\n", pred_keep * 1e3, keep.median_s * 1e3, pred_keep / keep.median_s);
+    printf("  offload_all  %8.2f ms vs %8.2f ms  ratio %.3f\n", pred_off * 1e3, off_overlap.median_s * 1e3,
+           pred_off / off_overlap.median_s);
+    printf("  min_memory   %8.2f ms vs %8.2f ms  ratio %.3f\n", pred_min * 1e3, minm.median_s * 1e3, pred_min / minm.median_s);
+    if (autom.ok)
+        printf("  auto         %8.2f ms vs %8.2f ms  ratio %.3f  (budget %.1f MB, peak %.1f MB)\n", pred_auto * 1e3,
+               autom.median_s * 1e3, pred_auto / autom.median_s, auto_budget / 1e6, autom.peak_device / 1e6);
     printf("host optimizer share of the step (offload_all): %.1f%% after backward -> %.1f%% overlapped\n",
            100 * share_off, 100 * share_on);
     return 0;
