@@ -3,7 +3,7 @@
  * into host accumulators) on the CPU backend with throttled links.
  *
  * Usage: staging [--layers L] [--experts E] [--active A] [--hidden H] [--inter I] [--vocab V]
- *                [--window W] [--steps S] [--gbps G] [--latency-us U] [--compute-us C]
+ *                [--window W] [--steps S] [--repeats R] [--gbps G] [--latency-us U] [--compute-us C]
  *                [--slots N] [--slabs N] [--modes compact,per_tensor,max_slot] [--no-pack-thread]
  *                [--seed X] [--svg PATH] [--csv PATH] [--json]
  * argv[0] is the subcommand's name (ignored); options start at argv[1].

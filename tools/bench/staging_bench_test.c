@@ -37,7 +37,7 @@ int main(void) {
         return 1;
     }
     char *ok[] = {"staging", "--layers", "3", "--experts", "8", "--active", "5", "--hidden", "64", "--inter",
-                  "32", "--vocab", "512", "--steps", "1", "--gbps", "4", "--latency-us", "5", "--svg", svg,
+                  "32", "--vocab", "512", "--steps", "1", "--repeats", "2", "--gbps", "4", "--latency-us", "5", "--svg", svg,
                   "--json", NULL};
     const int rc = run(ok);
     fflush(stdout);
