@@ -426,10 +426,13 @@ static int run_mode(model_t *m, moe_staging_mode_t mode, result_t *r) {
     }
     for (int b = 0; b < m->nb; b++) R.ready[b] = kern_event_create(R.dev);
 
-    /* step 0 warms up (first touch of pinned pages, thread start); then timed steps */
+    /* step 0 warms up (first touch of pinned pages, thread start); counters
+     * are then taken over the timed steps, peaks over the whole run */
     double t_total = 0;
+    moe_staging_stats_t warm = {0};
     for (int s = 0; s <= o->steps && rc == 0; s++) {
         moe_staging_step_begin(R.pool);
+        if (s == 1) moe_staging_get_stats(R.pool, MOE_STAGING_SCOPE_TOTAL, &warm);
         const double t0 = now_s();
         if (step(&R, s, &err) != MT_OK) {
             fprintf(stderr, "bench staging (%s): %s\n", moe_staging_mode_name(mode), err.msg);
@@ -438,8 +441,19 @@ static int run_mode(model_t *m, moe_staging_mode_t mode, result_t *r) {
         if (s > 0) t_total += now_s() - t0;
     }
     moe_staging_get_stats(R.pool, MOE_STAGING_SCOPE_TOTAL, &r->st);
+    for (int d = 0; d < MOE_STAGING_DIRS; d++) {
+        r->st.copies[d] -= warm.copies[d];
+        r->st.bytes[d] -= warm.bytes[d];
+        r->st.tensors[d] -= warm.tensors[d];
+        r->st.mean_copy_bytes[d] = r->st.copies[d] ? (double)r->st.bytes[d] / (double)r->st.copies[d] : 0;
+    }
+    r->st.experts_skipped -= warm.experts_skipped;
+    r->st.reservations -= warm.reservations;
+    r->st.waits -= warm.waits;
+    r->st.wait_s -= warm.wait_s;
+    r->st.pack_s -= warm.pack_s;
     r->step_s = t_total / o->steps;
-    r->bytes_per_step = (double)(r->st.bytes[0] + r->st.bytes[1]) / (o->steps + 1);
+    r->bytes_per_step = (double)(r->st.bytes[0] + r->st.bytes[1]) / o->steps;
     r->tl = moe_staging_timeline_copy(R.pool);
     r->grad_hash = hash_grads(m);
     moe_staging_destroy(R.pool);
@@ -500,7 +514,7 @@ int mt_bench_staging_main(int argc, char **argv) {
             if (m.blk[b].bytes[k] > largest) largest = m.blk[b].bytes[k];
     const double planned_ratio = (double)window_capacity(&m, MOE_STAGING_MAX_SLOT, largest, 0) /
                                  (double)window_capacity(&m, MOE_STAGING_COMPACT, largest, 0);
-    const double steps_run = o.steps + 1;
+    const double steps_run = o.steps; /* counters cover the timed steps */
     if (o.json) {
         printf("{\"config\": {\"layers\": %d, \"experts\": %d, \"active\": %d, \"hidden\": %d, \"inter\": %d, "
                "\"vocab\": %d, \"window\": %d, \"steps\": %d, \"repeats\": %d, \"gbps\": %g, \"latency_us\": %g, "
