@@ -5,9 +5,12 @@
  *   p, m, v, g and writes p, m, v (28 bytes; 26 with a bf16 gradient, +2
  *   for the bf16 working copy). One pass touches each byte once; torch's
  *   per-op AdamW makes ~10 passes over the same arrays.
- * - The arithmetic must still fit under the memory time: per 16 elements
- *   one sqrt and two divides (~35 cycles of the divider on AVX-512), well
- *   under the ~60 cycles 2 cores take to stream 16 elements at ~35 GB/s.
+ * - The arithmetic must still fit under the memory time, and only just
+ *   does on a machine with few cores: one sqrt and two divides per element
+ *   (the divider is the busiest unit) take ~0.85 ns per element per core
+ *   with data in cache (AVX-512 or AVX2), against ~1.5 ns per element per
+ *   core to stream 28 bytes when 2 cores share ~38 GB/s. Software prefetch
+ *   (below) keeps loads in flight while the core waits on the divider.
  * - Every path (scalar, AVX2+FMA, AVX-512) rounds exactly like the others
  *   (see adamw_cpu.h for the op order): the only fused op is the lerp's FMA,
  *   which the scalar path gets from fmaf(). So results are bit-identical
@@ -329,6 +332,13 @@ size_t kern_adamw_chunk_elems(size_t n, int nthreads) {
     return per < lo ? lo : per > hi ? hi : per;
 }
 
+/* Below this many elements one thread does the whole tensor: waking the
+ * pool's workers costs about as much as streaming half a megabyte.
+ * Measured (2 cores, 64M params as tensors of n): n = 16K ran at 19.8 GB/s
+ * inline and 17.4 GB/s on the pool; n = 24K at 20 inline, 25.6 pooled;
+ * n = 64K at 28.7 pooled; n >= 1M at the ceiling (~38). */
+#define ADAMW_INLINE_BELOW 24576
+
 static void adamw_task(void *ctx, size_t task) {
     const adamw_job_t *j = ctx;
     /* Task k covers [k*chunk, (k+1)*chunk) of p's line-aligned index space. */
@@ -362,8 +372,8 @@ void kern_adamw_cpu_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, f
     j.chunk = kern_adamw_chunk_elems(n, nthreads);
     j.mis = ((uintptr_t)p & 3u) ? 0 : ((uintptr_t)p & 63u) / sizeof(float);
     const size_t ntasks = (j.mis + n + j.chunk - 1) / j.chunk;
-    if (ntasks == 1 || nthreads == 1) {
-        j.fn(&j, 0, n); /* too small to be worth waking the pool */
+    if (ntasks == 1 || nthreads == 1 || n < ADAMW_INLINE_BELOW) {
+        j.fn(&j, 0, n);
         return;
     }
     kern_threadpool_parallel_for(pool, ntasks, adamw_task, &j);

@@ -8,15 +8,19 @@
  * - the ceiling: an in-place streaming pass with the same traffic and no
  *   arithmetic to speak of (p += g; m += g; v += g, plus the bf16 store for
  *   the 30-byte variant), vectorised with the same instruction set and split
- *   into the same tasks on the same pool. STREAM's triad would be the wrong
- *   yardstick: it writes a separate array and pays for write-allocate reads.
+ *   into the same tasks on the same pool, with and without the kernel's
+ *   software prefetch; the faster of the two is the ceiling. STREAM's triad
+ *   would be the wrong yardstick: it writes a separate array and pays for
+ *   write-allocate reads.
  * - a plain fused scalar loop (what one writes first), on one thread and on
  *   all threads, to show what the SIMD and threading buy.
  * Pages are touched first (in parallel, so they spread as the kernel will
  * use them) and each kernel runs once untimed; the report is the median of
  * --repeats runs, the kernels interleaved so drift on a shared machine hits
- * them alike. Buffers are 2 MB aligned and, unless --no-hugepages, advised
- * to use transparent huge pages (fewer TLB misses on 7 streams). */
+ * them alike, and ratios are medians of per-repeat ratios. Buffers are 2 MB aligned; --hugepages also advises
+ * transparent huge pages (on the machine this was written on that made no
+ * difference beyond run-to-run noise, so the default is plain pages, as the
+ * engine's allocations get). */
 #include "tools/bench/adam_bench.h"
 
 #include <errno.h>
@@ -262,12 +266,12 @@ static int usage(const char *msg) {
     if (msg) fprintf(stderr, "moetune bench adam: %s\n", msg);
     fprintf(stderr,
             "usage: moetune bench adam [--params N] [--threads T] [--repeats R]\n"
-            "                          [--isa auto|scalar|avx2|avx512] [--no-hugepages] [--json]\n"
+            "                          [--isa auto|scalar|avx2|avx512] [--hugepages] [--json]\n"
             "  --params N      parameters (default 200000000; needs ~18 bytes each)\n"
             "  --threads T     threads (default: one per online core)\n"
             "  --repeats R     timed runs per kernel, the median is reported (default 5)\n"
             "  --isa           SIMD path for moetune's AdamW and the ceiling (default auto)\n"
-            "  --no-hugepages  do not advise transparent huge pages on the buffers\n"
+            "  --hugepages     advise transparent huge pages on the buffers\n"
             "  --json          print one JSON object instead of the table\n");
     return 2;
 }
@@ -285,12 +289,12 @@ static int parse_size(const char *s, size_t lo, size_t hi, size_t *out) {
 static int parse_opts(int argc, char **argv, bench_opts_t *o) {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     *o = (bench_opts_t){.params = 200000000, .threads = ncpu > 0 ? (int)ncpu : 1, .repeats = 5,
-                        .hugepages = 1, .isa = KERN_ISA_AUTO};
+                        .hugepages = 0, .isa = KERN_ISA_AUTO};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         size_t x;
         if (!strcmp(a, "--json")) o->json = 1;
-        else if (!strcmp(a, "--no-hugepages")) o->hugepages = 0;
+        else if (!strcmp(a, "--hugepages")) o->hugepages = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(NULL);
         else if (!strcmp(a, "--params")) {
             if (!parse_size(val, 1, (size_t)1 << 40, &x)) return usage("--params wants a count >= 1");
@@ -324,20 +328,55 @@ static int parse_opts(int argc, char **argv, bench_opts_t *o) {
     return 0;
 }
 
-static void print_report(const bench_opts_t *o, const double med[M_COUNT]) {
+/* Medians of the repeats. Ratios are medians of per-repeat ratios of runs
+ * taken back to back, which cancels most of the drift a shared machine
+ * shows between repeats; the ceiling of a repeat is the faster of its two
+ * variants (with and without software prefetch). */
+typedef struct {
+    double med[M_COUNT];  /* seconds */
+    double ceil28, ceil30; /* seconds, the faster variant */
+    double r_ceil, r_ceil30, r_plain1, r_plaint;
+} bench_result_t;
+
+static double median(const double *x, int n) {
+    double tmp[MAX_REPEATS];
+    memcpy(tmp, x, (size_t)n * sizeof *x);
+    qsort(tmp, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+}
+
+static bench_result_t summarise(double times[M_COUNT][MAX_REPEATS], int n) {
+    bench_result_t r;
+    double c28[MAX_REPEATS], c30[MAX_REPEATS], q[4][MAX_REPEATS];
+    for (int k = 0; k < M_COUNT; k++) r.med[k] = median(times[k], n);
+    for (int i = 0; i < n; i++) {
+        c28[i] = fmin(times[M_CEIL28][i], times[M_CEIL28_PF][i]);
+        c30[i] = fmin(times[M_CEIL30][i], times[M_CEIL30_PF][i]);
+        q[0][i] = c28[i] / times[M_OURS28][i];
+        q[1][i] = c30[i] / times[M_OURS30][i];
+        q[2][i] = times[M_PLAIN1][i] / times[M_OURS28][i];
+        q[3][i] = times[M_PLAINT][i] / times[M_OURS28][i];
+    }
+    r.ceil28 = median(c28, n);
+    r.ceil30 = median(c30, n);
+    r.r_ceil = median(q[0], n);
+    r.r_ceil30 = median(q[1], n);
+    r.r_plain1 = median(q[2], n);
+    r.r_plaint = median(q[3], n);
+    return r;
+}
+
+static void print_report(const bench_opts_t *o, const bench_result_t *res) {
     const double n = (double)o->params;
+    const double *med = res->med;
     double pps[M_COUNT], bps[M_COUNT];
     for (int k = 0; k < M_COUNT; k++) {
         pps[k] = n / med[k];
         bps[k] = pps[k] * k_meas_bytes[k];
     }
-    /* the ceiling is the faster of the two ways to stream */
-    const double ceil28 = fmax(bps[M_CEIL28], bps[M_CEIL28_PF]);
-    const double ceil30 = fmax(bps[M_CEIL30], bps[M_CEIL30_PF]);
-    const double r_ceil = bps[M_OURS28] / ceil28;
-    const double r_ceil30 = bps[M_OURS30] / ceil30;
-    const double r_plain1 = pps[M_OURS28] / pps[M_PLAIN1];
-    const double r_plaint = pps[M_OURS28] / pps[M_PLAINT];
+    const double ceil28 = n * 28 / res->ceil28, ceil30 = n * 30 / res->ceil30;
+    const double r_ceil = res->r_ceil, r_ceil30 = res->r_ceil30;
+    const double r_plain1 = res->r_plain1, r_plaint = res->r_plaint;
     if (o->json) {
         printf("{\"params\": %zu, \"threads\": %d, \"isa\": \"%s\", \"repeats\": %d, "
                "\"hugepages\": %s, "
@@ -360,6 +399,10 @@ static void print_report(const bench_opts_t *o, const double med[M_COUNT]) {
     for (int k = 0; k < M_COUNT; k++)
         printf("  %-40s %9.4f %12.3f %9.2f\n", k_meas_name[k], med[k], pps[k] * 1e-9,
                bps[k] * 1e-9);
+    printf("  ceiling (faster variant):                          %12.3f %9.2f\n", ceil28 / 28e9,
+           ceil28 * 1e-9);
+    printf("  ceiling + bf16 store (faster variant):             %12.3f %9.2f\n", ceil30 / 30e9,
+           ceil30 * 1e-9);
     printf("  moetune / ceiling:                 %6.1f%%   (with bf16 copy: %.1f%%)\n",
            100 * r_ceil, 100 * r_ceil30);
     printf("  moetune / plain scalar loop:       %6.2fx on 1 thread, %.2fx on %d threads\n",
@@ -397,13 +440,8 @@ int mt_bench_adam_main(int argc, char **argv) {
     double times[M_COUNT][MAX_REPEATS];
     for (int r = 0; r < o.repeats; r++)
         for (int k = 0; k < M_COUNT; k++) times[k][r] = run_once((meas_t)k, &a, pb, pool);
-    double med[M_COUNT];
-    for (int k = 0; k < M_COUNT; k++) {
-        qsort(times[k], (size_t)o.repeats, sizeof(double), cmp_double);
-        med[k] = o.repeats % 2 ? times[k][o.repeats / 2]
-                               : 0.5 * (times[k][o.repeats / 2 - 1] + times[k][o.repeats / 2]);
-    }
-    print_report(&o, med);
+    const bench_result_t res = summarise(times, o.repeats);
+    print_report(&o, &res);
 
     kern_threadpool_destroy(pool);
     free(a.p), free(a.m), free(a.v), free(a.g), free(pb);

@@ -1,7 +1,7 @@
 /* `moetune bench adam`: host AdamW against this machine's memory ceiling.
  *
  * Usage: adam [--params N] [--threads T] [--repeats R] [--isa auto|scalar|avx2|avx512]
- *             [--no-hugepages] [--json]
+ *             [--hugepages] [--json]
  * argv[0] is the subcommand's name (ignored); options start at argv[1].
  * Returns 0 on success, 1 when the run could not be done (memory), 2 on a
  * bad command line; never exits. */
