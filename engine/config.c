@@ -3,7 +3,7 @@
  *
  * Design notes:
  * - One table per nesting level (top level, memory:, backend_options:,
- *   scheduler:);
+ *   scheduler:, staging:);
  *   a row names the key, its kind and where it lands in eng_run_config_t.
  *   A later section (scheduler:, staging:) is a new table plus one
  *   K_SECTION row: the walker, the "did you mean" suggestions, null resets
@@ -128,6 +128,23 @@ static const key_row_t k_scheduler_rows[] = {
     {0},
 };
 
+static const enum_name_t k_staging_mode_names[] = {
+    {"compact", ENG_STAGING_COMPACT},
+    {"per_tensor", ENG_STAGING_PER_TENSOR},
+    {"max_slot", ENG_STAGING_MAX_SLOT},
+    {NULL, 0},
+};
+
+/* Values are checked by the pool itself when the run starts (moe_staging_create), where the
+   model's largest tensor is known: a cap below it or zero slabs is refused there. */
+static const key_row_t k_staging_rows[] = {
+    ROW_ENUM("mode", staging_mode, k_staging_mode_names),
+    ROW("cap", K_SIZE, staging_cap),
+    ROW("num_slabs", K_INT, staging_num_slabs),
+    ROW("slab_size", K_SIZE, staging_slab_size),
+    {0},
+};
+
 static const key_row_t k_memory_rows[] = {
     ROW("device", K_SIZE, memory_device),
     ROW("pinned", K_SIZE, memory_pinned),
@@ -178,6 +195,7 @@ static const key_row_t k_top_rows[] = {
     ROW_SECTION("backend_options", k_backend_options_rows),
     ROW("hardware", K_STRING, hardware),
     ROW_SECTION("scheduler", k_scheduler_rows),
+    ROW_SECTION("staging", k_staging_rows),
     ROW("save_max_shard_size", K_SIZE, save_max_shard_bytes),
     ROW("progress", K_BOOL, progress),
     ROW("trace", K_BOOL, trace),
@@ -215,6 +233,8 @@ void eng_run_config_defaults(eng_run_config_t *cfg) {
     cfg->model_config_json = NULL;
     cfg->save_max_shard_bytes = (size_t)5000000000ull; /* HF's max_shard_size="5GB" */
     cfg->progress = true;
+    cfg->staging_mode = ENG_STAGING_COMPACT;
+    cfg->staging_num_slabs = -1; /* automatic: one slab per 4 GiB of capacity */
     cfg->adapter = ENG_ADAPTER_NONE;
     cfg->lora_r = 8;
     cfg->lora_alpha = 8.0;
@@ -752,72 +772,4 @@ mt_status_t eng_run_config_set(eng_run_config_t *cfg, const char *assignment, mt
     mt_status_t st = set_node(&c, key, yaml_document_get_root_node(&doc));
     yaml_document_delete(&doc);
     return st;
-}
-
-/* ---- cross-field checks -------------------------------------------------- */
-
-mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err) {
-    const char *src = cfg->source_path[0] ? cfg->source_path : "run config";
-#define NEED(cond, ...)                                                                     \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            char what_[1024];                                                               \
-            snprintf(what_, sizeof what_, __VA_ARGS__);                                     \
-            return mt_error_set(err, MT_ERR_CONFIG, "%.900s: %s", src, what_);              \
-        }                                                                                   \
-    } while (0)
-    NEED(cfg->base_model[0], "base_model is not set (the checkpoint directory)");
-    NEED(cfg->num_datasets >= 1, "datasets is empty; give at least one {path: FILE}");
-    for (int i = 0; i < cfg->num_datasets; i++) NEED(cfg->datasets[i].path[0], "datasets[%d].path is empty", i);
-    NEED(cfg->output_dir[0], "output_dir is empty");
-    NEED(cfg->sequence_len >= 1, "sequence_len must be >= 1, got %d", cfg->sequence_len);
-    NEED(cfg->micro_batch_size >= 1, "micro_batch_size must be >= 1, got %d", cfg->micro_batch_size);
-    NEED(cfg->gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1, got %d",
-         cfg->gradient_accumulation_steps);
-    NEED(cfg->max_steps >= 0, "max_steps must be >= 0, got %d", cfg->max_steps);
-    NEED(cfg->num_epochs >= 0, "num_epochs must be >= 0, got %d", cfg->num_epochs);
-    NEED(cfg->max_steps > 0 || cfg->num_epochs > 0, "one of max_steps or num_epochs must be > 0");
-    NEED(isfinite(cfg->learning_rate) && cfg->learning_rate >= 0, "learning_rate must be >= 0, got %g",
-         cfg->learning_rate);
-    NEED(cfg->warmup_steps >= 0, "warmup_steps must be >= 0, got %d", cfg->warmup_steps);
-    /* torch.optim.AdamW's own checks: 0 <= beta < 1, eps >= 0, wd >= 0 */
-    NEED(cfg->adam_beta1 >= 0 && cfg->adam_beta1 < 1, "adam_beta1 must be in [0, 1), got %g", cfg->adam_beta1);
-    NEED(cfg->adam_beta2 >= 0 && cfg->adam_beta2 < 1, "adam_beta2 must be in [0, 1), got %g", cfg->adam_beta2);
-    NEED(isfinite(cfg->adam_epsilon) && cfg->adam_epsilon >= 0, "adam_epsilon must be >= 0, got %g",
-         cfg->adam_epsilon);
-    NEED(isfinite(cfg->weight_decay) && cfg->weight_decay >= 0, "weight_decay must be >= 0, got %g",
-         cfg->weight_decay);
-    NEED(isfinite(cfg->max_grad_norm) && cfg->max_grad_norm >= 0, "max_grad_norm must be >= 0 (0 = off), got %g",
-         cfg->max_grad_norm);
-    NEED(cfg->logging_steps >= 1, "logging_steps must be >= 1, got %d", cfg->logging_steps);
-    NEED(cfg->save_steps >= 0, "save_steps must be >= 0 (0 = only at the end), got %d", cfg->save_steps);
-    NEED(cfg->save_max_shard_bytes > 0, "save_max_shard_size must be > 0");
-    NEED(isfinite(cfg->link_gbps) && cfg->link_gbps >= 0, "backend_options.link_gbps must be >= 0, got %g",
-         cfg->link_gbps);
-    NEED(isfinite(cfg->link_latency_us) && cfg->link_latency_us >= 0,
-         "backend_options.link_latency_us must be >= 0, got %g", cfg->link_latency_us);
-    NEED(cfg->sched_prefetch_window >= 0 && cfg->sched_prefetch_window <= 64,
-         "scheduler.prefetch_window must be 0 (the planner decides) to 64, got %d", cfg->sched_prefetch_window);
-    NEED(!(cfg->sched_grads == ENG_PLACE_HOST && cfg->sched_optimizer == ENG_PLACE_DEVICE),
-         "scheduler: grads: host with optimizer: device is not a valid combination (the device optimizer reads "
-         "device gradients); use grads: device or optimizer: host");
-    NEED(!(cfg->sched_weights == ENG_WEIGHTS_STREAM && cfg->sched_optimizer == ENG_PLACE_DEVICE),
-         "scheduler: weights: stream with optimizer: device is not a valid combination (the device optimizer "
-         "updates resident weights in place); use weights: resident or optimizer: host");
-    if (cfg->adapter == ENG_ADAPTER_LORA) {
-        NEED(cfg->lora_r >= 1, "lora_r must be >= 1, got %d", cfg->lora_r);
-        NEED(isfinite(cfg->lora_alpha) && cfg->lora_alpha > 0, "lora_alpha must be > 0, got %g", cfg->lora_alpha);
-        NEED(cfg->lora_dropout >= 0 && cfg->lora_dropout < 1, "lora_dropout must be in [0, 1), got %g",
-             cfg->lora_dropout);
-        NEED(cfg->num_lora_target_modules >= 1, "adapter: lora needs lora_target_modules (e.g. [q_proj, v_proj])");
-    }
-    if (cfg->model_config_json) {
-        json_error_t je;
-        json_t *j = json_loads(cfg->model_config_json, 0, &je);
-        bool ok = j && json_is_object(j);
-        json_decref(j);
-        NEED(ok, "model_config is not a JSON object");
-    }
-#undef NEED
-    return MT_OK;
 }

@@ -26,6 +26,8 @@ typedef enum {
 typedef enum { ENG_WEIGHTS_AUTO = 0, ENG_WEIGHTS_RESIDENT, ENG_WEIGHTS_STREAM } eng_weights_place_t;
 typedef enum { ENG_PLACE_AUTO = 0, ENG_PLACE_DEVICE, ENG_PLACE_HOST } eng_place_t; /* grads, optimizer */
 typedef enum { ENG_ACTS_AUTO = 0, ENG_ACTS_KEEP, ENG_ACTS_OFFLOAD, ENG_ACTS_RECOMPUTE } eng_acts_place_t;
+/* staging: section; the same order as moe/staging.h's moe_staging_mode_t (engine/exec.c maps them) */
+typedef enum { ENG_STAGING_COMPACT = 0, ENG_STAGING_PER_TENSOR, ENG_STAGING_MAX_SLOT } eng_staging_mode_t;
 
 typedef struct {
     char path[1024]; /* resolved relative to the run config's folder */
@@ -75,6 +77,12 @@ typedef struct {
     eng_place_t sched_grads;                /* default auto */
     eng_place_t sched_optimizer;            /* default auto */
     eng_acts_place_t sched_activations;     /* default auto */
+    /* `staging:` section: the pinned pool host<->device transfers go through (moe/staging.h).
+       The pool's size comes from the plan's in-flight window; these only choose and bound it. */
+    eng_staging_mode_t staging_mode;        /* default compact */
+    size_t staging_cap;                     /* pinned bytes the pool may hold; 0 = memory.pinned */
+    int staging_num_slabs;                  /* compact: default -1 = automatic (0 is refused) */
+    size_t staging_slab_size;               /* compact: bytes per slab; 0 = split the capacity */
     bool progress;                  /* default true: live bar on a terminal */
     bool trace;                     /* default false: write output_dir/trace.json (Chrome trace) */
     /* axolotl's LoRA keys; stored here, used when adapter == ENG_ADAPTER_LORA */

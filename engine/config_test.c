@@ -469,9 +469,46 @@ static void test_scheduler(void) {
     eng_run_config_free(&c);
 }
 
+/* staging: section (issue 4).  The values are checked by the pool itself
+ * when the run starts (it knows the largest tensor); here only types. */
+static void test_staging(void) {
+    eng_run_config_t c;
+    eng_run_config_defaults(&c);
+    EXPECT(c.staging_mode == ENG_STAGING_COMPACT && c.staging_cap == 0);
+    EXPECT(c.staging_num_slabs == -1 && c.staging_slab_size == 0);
+    const char *y = "staging:\n"
+                    "  mode: per_tensor\n"
+                    "  cap: 2GiB\n"
+                    "  num_slabs: 3\n"
+                    "  slab_size: 64MiB\n";
+    mt_error_t err = {0};
+    mt_status_t st = eng_run_config_parse(y, strlen(y), "cfgs/run.yaml", &c, &err);
+    if (st != MT_OK) fprintf(stderr, "staging parse: %s\n", err.msg);
+    EXPECT(st == MT_OK);
+    EXPECT(c.staging_mode == ENG_STAGING_PER_TENSOR && c.staging_cap == (size_t)2 << 30);
+    EXPECT(c.staging_num_slabs == 3 && c.staging_slab_size == (size_t)64 << 20);
+    EXPECT(set_ok(&c, "staging.mode=max_slot") && c.staging_mode == ENG_STAGING_MAX_SLOT);
+    EXPECT(set_ok(&c, "staging={mode: compact, cap: 512MB}") && c.staging_mode == ENG_STAGING_COMPACT);
+    EXPECT(c.staging_cap == 512000000u && c.staging_num_slabs == 3); /* keys not given keep their values */
+    /* zero slabs parses (an integer); the pool refuses it when the run starts */
+    EXPECT(set_ok(&c, "staging.num_slabs=0") && c.staging_num_slabs == 0);
+    EXPECT(set_ok(&c, "staging=~") && c.staging_mode == ENG_STAGING_COMPACT && c.staging_num_slabs == -1 &&
+           c.staging_cap == 0 && c.staging_slab_size == 0);
+    EXPECT_SET_ERROR(&c, "staging.mode=pinned", "staging.mode", "compact, per_tensor, max_slot");
+    EXPECT_SET_ERROR(&c, "staging.cap=lots", "staging.cap", NULL);
+    EXPECT_SET_ERROR(&c, "staging.num_slab=2", "did you mean 'staging.num_slabs'", NULL);
+    eng_run_config_free(&c);
+    EXPECT_ERROR("staging:\n  mode: zero_copy\n", MT_ERR_CONFIG, "run.yaml:2", "compact, per_tensor, max_slot");
+    EXPECT_ERROR("staging:\n  slab_sise: 1GiB\n", MT_ERR_CONFIG, "did you mean 'staging.slab_size'", NULL);
+    EXPECT_ERROR("staging:\n  num_slabs: two\n", MT_ERR_CONFIG, "staging.num_slabs", "an integer");
+    EXPECT_ERROR("stagin:\n  mode: compact\n", MT_ERR_CONFIG, "did you mean 'staging'", NULL);
+    EXPECT_ERROR("staging: compact\n", MT_ERR_CONFIG, "staging", "a mapping");
+}
+
 int main(void) {
     test_defaults();
     test_scheduler();
+    test_staging();
     test_every_key();
     test_null_and_scalars();
     test_errors();
