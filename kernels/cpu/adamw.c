@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/adamw_math.h"
 #include "kernels/cpu/backend_cpu.h"
 #include "kernels/dtype.h"
 #include "kernels/status.h"
@@ -38,25 +39,11 @@
  * when the backend made it, so then the symbol is always there. */
 #pragma weak kern_cpu_stream_threadpool
 
-/* Per-call constants, each rounded to float once, as torch rounds its
- * Python-double scalars when it applies them to an fp32 tensor. */
-typedef struct {
-    float gscale;   /* grad_scale */
-    float decay;    /* 1 - lr*wd */
-    float lcoef;    /* lerp coefficient: w, or w - 1 on lerp's large-weight branch */
-    int lbase_m;    /* lerp base: m (w < 0.5) or g */
-    float beta2;
-    float omb2;     /* 1 - beta2 */
-    float bc2_sqrt; /* sqrt(1 - beta2^t) */
-    float eps;
-    float neg_step; /* -(lr / (1 - beta1^t)) */
-} adamw_coef_t;
-
 typedef struct adamw_job adamw_job_t;
 typedef void (*adamw_range_fn)(const adamw_job_t *j, size_t b, size_t e);
 
 struct adamw_job {
-    adamw_coef_t c;
+    kern_adamw_coef_t c;
     float *p, *m, *v;    /* (n) */
     const float *g;      /* (n) or NULL */
     const uint16_t *gb;  /* (n) bf16 gradient, or NULL */
@@ -67,47 +54,19 @@ struct adamw_job {
     adamw_range_fn fn;
 };
 
-static adamw_coef_t adamw_coef(const kern_adamw_params_t *hp) {
-    adamw_coef_t c;
-    const double lr = hp->lr, b1 = hp->beta1, b2 = hp->beta2, t = (double)hp->step;
-    c.gscale = hp->grad_scale;
-    c.decay = (float)(1.0 - lr * (double)hp->weight_decay);
-    const float w = (float)(1.0 - b1);
-    /* torch's lerp: self + w*(end-self) when |w| < 0.5, else end + (w-1)*(end-self) */
-    c.lbase_m = fabsf(w) < 0.5f;
-    c.lcoef = c.lbase_m ? w : w - 1.0f;
-    c.beta2 = hp->beta2;
-    c.omb2 = (float)(1.0 - b2);
-    c.bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
-    c.eps = hp->eps;
-    c.neg_step = (float)(-(lr / (1.0 - pow(b1, t))));
-    return c;
-}
-
-/* ---- scalar: the definition every SIMD path reproduces bit for bit ---- */
-
-static inline void adamw_elem(const adamw_coef_t *c, float *p, float *m, float *v, float g,
-                              uint16_t *pb) {
-    g = g * c->gscale;
-    float pi = *p * c->decay;
-    float mi = *m;
-    const float d = g - mi;
-    mi = fmaf(c->lcoef, d, c->lbase_m ? mi : g);
-    float vi = *v * c->beta2;
-    const float gg = (c->omb2 * g) * g;
-    vi = vi + gg;
-    const float den = sqrtf(vi) / c->bc2_sqrt + c->eps;
-    const float upd = (c->neg_step * mi) / den;
-    pi = pi + upd;
-    *p = pi;
-    *m = mi;
-    *v = vi;
-    if (pb) *pb = mt_f32_to_bf16(pi);
-}
+/* ---- scalar: the definition every SIMD path reproduces bit for bit ----
+ * The per-call constants (kern_adamw_coef: each rounded to float once, as
+ * torch rounds its Python-double scalars when it applies them to an fp32
+ * tensor) and the per-element arithmetic (kern_adamw_elem) come from
+ * kernels/adamw_math.h, which the CUDA twin compiles too: one definition
+ * for the scalar path and the device, and the tests hold the SIMD paths
+ * to it bit for bit. */
 
 static inline void adamw_elem_at(const adamw_job_t *j, size_t i) {
     const float g = j->g ? j->g[i] : mt_bf16_to_f32(j->gb[i]);
-    adamw_elem(&j->c, j->p + i, j->m + i, j->v + i, g, j->pb ? j->pb + i : NULL);
+    const float p = kern_adamw_elem(&j->c, j->p[i], j->m + i, j->v + i, g);
+    j->p[i] = p;
+    if (j->pb) j->pb[i] = mt_f32_to_bf16(p);
 }
 
 static void adamw_range_scalar(const adamw_job_t *j, size_t b, size_t e) {
@@ -181,7 +140,7 @@ MT_AVX2 __attribute__((always_inline)) static inline __m256 adamw_avx2_8(
  * the job after every store. */
 MT_AVX2 __attribute__((always_inline)) static inline void adamw_avx2_body(
     const adamw_job_t *j, size_t b, size_t e, const int gbf16, const int pbf16) {
-    const adamw_coef_t *c = &j->c;
+    const kern_adamw_coef_t *c = &j->c;
     float *restrict p = j->p, *restrict m = j->m, *restrict v = j->v;
     const float *restrict g = j->g;
     const uint16_t *restrict gb = j->gb;
@@ -238,7 +197,7 @@ MT_AVX512 static inline __m256i bf16_round_avx512(__m512 x) {
 
 MT_AVX512 __attribute__((always_inline)) static inline void adamw_avx512_body(
     const adamw_job_t *j, size_t b, size_t e, const int gbf16, const int pbf16) {
-    const adamw_coef_t *c = &j->c;
+    const kern_adamw_coef_t *c = &j->c;
     float *restrict p = j->p, *restrict m = j->m, *restrict v = j->v;
     const float *restrict g = j->g;
     const uint16_t *restrict gb = j->gb;
@@ -362,9 +321,8 @@ void kern_adamw_cpu_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, f
     MT_CHECK(kern_cpu_isa_supported(isa), "kern_adamw_cpu: this CPU cannot run the %s path",
              kern_cpu_isa_name(isa));
 
-    adamw_job_t j = {
-        .c = adamw_coef(hp), .p = p, .m = m, .v = v, .g = g, .gb = g_bf16, .pb = p_bf16, .n = n,
-    };
+    adamw_job_t j = {.c = kern_adamw_coef(hp), .p = p, .m = m, .v = v,
+                     .g = g, .gb = g_bf16, .pb = p_bf16, .n = n};
     j.fn = isa == KERN_ISA_AVX512 ? adamw_range_avx512
          : isa == KERN_ISA_AVX2   ? adamw_range_avx2
                                   : adamw_range_scalar;

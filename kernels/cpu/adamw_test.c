@@ -289,7 +289,8 @@ static void test_multistep(kern_threadpool_t *pool) {
             snprintf(what, sizeof what, "multistep t=%d beta1=%g", t, (double)hp.beta1);
             check_vs_ref(what, &hp, &prev, &cur[0], 0);
             for (int k = 1; k < 3; k++)
-                if (kern_cpu_isa_supported(k_isas[k - 1])) run(pool, k_isas[k - 1], &cur[k], 0, 1, &hp);
+                if (kern_cpu_isa_supported(k_isas[k - 1]))
+                    run(pool, k_isas[k - 1], &cur[k], 0, 1, &hp);
             /* next step's gradient */
             uint64_t r = 1000 + (uint64_t)t;
             for (size_t i = 0; i < n; i++) {

@@ -17,10 +17,10 @@
  * Pages are touched first (in parallel, so they spread as the kernel will
  * use them) and each kernel runs once untimed; the report is the median of
  * --repeats runs, the kernels interleaved so drift on a shared machine hits
- * them alike, and ratios are medians of per-repeat ratios. Buffers are 2 MB aligned; --hugepages also advises
- * transparent huge pages (on the machine this was written on that made no
- * difference beyond run-to-run noise, so the default is plain pages, as the
- * engine's allocations get). */
+ * them alike, and ratios are medians of per-repeat ratios. Buffers are 2 MB
+ * aligned; --hugepages also advises transparent huge pages (on the machine
+ * this was written on that made no difference beyond run-to-run noise, so
+ * the default is plain pages, as the engine's allocations get). */
 #include "tools/bench/adam_bench.h"
 
 #include <errno.h>
@@ -161,9 +161,10 @@ MT_AVX512 __attribute__((always_inline)) static inline void ceil_avx512_body(
         _mm512_storeu_ps(a->p + i, p);
         _mm512_storeu_ps(a->m + i, _mm512_add_ps(_mm512_loadu_ps(a->m + i), g));
         _mm512_storeu_ps(a->v + i, _mm512_add_ps(_mm512_loadu_ps(a->v + i), g));
-        if (pbf16)
-            _mm256_storeu_si256((__m256i *)(a->pb + i),
-                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(p), 16)));
+        if (pbf16) {
+            const __m512i h = _mm512_srli_epi32(_mm512_castps_si512(p), 16);
+            _mm256_storeu_si256((__m256i *)(a->pb + i), _mm512_cvtepi32_epi16(h));
+        }
     }
     ceil_scalar(a, i, e);
 }
@@ -297,7 +298,8 @@ static int parse_opts(int argc, char **argv, bench_opts_t *o) {
         else if (!strcmp(a, "--hugepages")) o->hugepages = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(NULL);
         else if (!strcmp(a, "--params")) {
-            if (!parse_size(val, 1, (size_t)1 << 40, &x)) return usage("--params wants a count >= 1");
+            if (!parse_size(val, 1, (size_t)1 << 40, &x))
+                return usage("--params wants a count >= 1");
             o->params = x, i++;
         } else if (!strcmp(a, "--threads")) {
             if (!parse_size(val, 1, 1024, &x)) return usage("--threads wants 1..1024");
