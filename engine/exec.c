@@ -1,15 +1,18 @@
-/* The executor (see exec.h): placement of a model under a plan, weight
- * streaming, activation offload / recompute, and the per-block gradient
- * flow.  The forward/backward program itself is in exec_step.c.
+/* The executor (see exec.h): its lifetime, placement of a model under a
+ * plan, deferred frees and reading back.  Weight streaming, activation
+ * offload and the gradient flow through the staging pool are in
+ * exec_stage.c; the forward/backward program in exec_step.c; the optimizer
+ * step in exec_optim.c.
  *
  * Gradients and plan invariance.  Every plan must give bit-identical
  * results, so gradients are accumulated the same way whatever their home:
  * the first micro-batch of an optimizer step computes into a zeroed buffer
  * (the accumulator itself when it lives on the device), later micro-batches
  * compute into a fresh zeroed buffer that is then added element-wise into
- * the accumulator (on the device or, for host gradients, on the host).
- * Adding in the GEMM (beta = 1 on a non-zero C) would round differently
- * from that add, so it is used only on zeroed buffers. */
+ * the accumulator (on the device or, for host gradients, on the host, by
+ * the staging pool's ADD_F32 unpack: the same float adds in the same
+ * order).  Adding in the GEMM (beta = 1 on a non-zero C) would round
+ * differently from that add, so it is used only on zeroed buffers. */
 #include "engine/exec.h"
 
 #include <stdio.h>
@@ -53,31 +56,6 @@ void exec_trace_memory(eng_model_t *m, double t) {
     eng_trace_counter(m->trace, "pinned bytes", t, (double)st.pinned_in_use);
 }
 
-/* ---- pinned buffer cache ---------------------------------------------- */
-
-void *exec_pinned_get(eng_model_t *m, size_t bytes) {
-    eng_exec_t *x = m->exec;
-    for (int i = x->npin_cache - 1; i >= 0; i--)
-        if (x->pin_cache[i].bytes == bytes) {
-            void *p = x->pin_cache[i].p;
-            x->pin_cache[i] = x->pin_cache[--x->npin_cache];
-            return p;
-        }
-    return kern_pinned_alloc(m->dev, bytes);
-}
-
-void exec_pinned_put(eng_model_t *m, void *p, size_t bytes) {
-    eng_exec_t *x = m->exec;
-    if (x->npin_cache == x->cap_pin_cache) {
-        x->cap_pin_cache = x->cap_pin_cache ? 2 * x->cap_pin_cache : 64;
-        x->pin_cache = realloc(x->pin_cache, (size_t)x->cap_pin_cache * sizeof *x->pin_cache);
-        MT_CHECK_ALLOC(x->pin_cache, "pinned buffer cache");
-    }
-    x->pin_cache[x->npin_cache].p = p;
-    x->pin_cache[x->npin_cache].bytes = bytes;
-    x->npin_cache++;
-}
-
 /* ---- deferred frees ----------------------------------------------------- */
 
 void exec_defer_free(eng_model_t *m, void *dev_ptr, void *pinned, size_t pinned_bytes,
@@ -101,13 +79,14 @@ void exec_process_pending(eng_model_t *m, bool force) {
         if (force) kern_event_sync(m->dev, p->ev);
         if (force || kern_event_query(m->dev, p->ev)) {
             if (p->dev) kern_free(m->dev, p->dev);
-            if (p->pinned) exec_pinned_put(m, p->pinned, p->pinned_bytes);
+            if (p->pinned) kern_pinned_free(m->dev, p->pinned, p->pinned_bytes);
             kern_event_destroy(m->dev, p->ev);
         } else {
             x->pending[keep++] = *p;
         }
     }
     x->npending = keep;
+    if (x->stage) moe_staging_poll(x->stage);
 }
 
 /* Reclaim hook: an allocation did not fit; buffers still read by copies in
@@ -122,14 +101,15 @@ static bool reclaim_pending(void *ctx) {
 void eng_exec_drain(eng_model_t *m) {
     kern_device_sync(m->dev);
     exec_process_pending(m, true);
+    if (m->exec->stage) moe_staging_drain(m->exec->stage);
 }
 
 /* ---- placement ---------------------------------------------------------- */
 
-static const sched_block_plan_t *block_plan(const eng_model_t *m, int b) { return &m->plan.blocks[b]; }
+const sched_block_plan_t *exec_block_plan(const eng_model_t *m, int b) { return &m->plan.blocks[b]; }
 
 bool exec_param_streamed(const eng_model_t *m, const eng_param_t *p) {
-    return block_plan(m, p->block)->weights == SCHED_WEIGHTS_STREAM;
+    return exec_block_plan(m, p->block)->weights == SCHED_WEIGHTS_STREAM;
 }
 
 static void add_used(eng_exec_t *x, int b, int i) {
@@ -157,21 +137,14 @@ static void build_block_lists(eng_model_t *m) {
 }
 
 static mt_status_t place_param(eng_model_t *m, eng_param_t *p, mt_error_t *err) {
-    const sched_block_plan_t *bp = block_plan(m, p->block);
+    const sched_block_plan_t *bp = exec_block_plan(m, p->block);
     const size_t bytes = p->spec->numel * sizeof(float);
     kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
     char tag[200];
-    if (bp->optim == SCHED_OPTIM_DEVICE &&
-        (bp->weights != SCHED_WEIGHTS_RESIDENT || bp->grads != SCHED_GRADS_DEVICE))
-        return mt_error_set(err, MT_ERR_CONFIG,
-                            "invalid plan for block %d: a device optimizer needs resident weights "
-                            "and device gradients",
-                            p->block);
     if (bp->weights == SCHED_WEIGHTS_RESIDENT) {
         snprintf(tag, sizeof tag, "weight %s", p->spec->name);
         p->w = kern_alloc(m->dev, bytes, tag, err);
         if (!p->w) return err->code;
-        kern_memcpy_h2d(m->dev, s, p->w, p->host_w, bytes);
     }
     if (bp->grads == SCHED_GRADS_DEVICE) {
         snprintf(tag, sizeof tag, "gradient of %s", p->spec->name);
@@ -186,57 +159,93 @@ static mt_status_t place_param(eng_model_t *m, eng_param_t *p, mt_error_t *err) 
     return MT_OK;
 }
 
-mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, mt_error_t *err) {
+void eng_staging_settings_init(eng_staging_settings_t *s) {
+    memset(s, 0, sizeof *s);
+    s->mode = MOE_STAGING_COMPACT;
+    s->num_slabs = MOE_STAGING_SLABS_AUTO;
+}
+
+void eng_staging_settings_from_run(const eng_run_config_t *rc, eng_staging_settings_t *out) {
+    eng_staging_settings_init(out);
+    switch (rc->staging_mode) {
+    case ENG_STAGING_PER_TENSOR: out->mode = MOE_STAGING_PER_TENSOR; break;
+    case ENG_STAGING_MAX_SLOT: out->mode = MOE_STAGING_MAX_SLOT; break;
+    case ENG_STAGING_COMPACT:
+    default: out->mode = MOE_STAGING_COMPACT; break;
+    }
+    out->cap_bytes = rc->staging_cap ? rc->staging_cap : rc->memory_pinned;
+    /* -1 is the config's "automatic"; anything else (0 included) goes to the pool to judge */
+    out->num_slabs = rc->staging_num_slabs == -1 ? MOE_STAGING_SLABS_AUTO : rc->staging_num_slabs;
+    out->slab_bytes = rc->staging_slab_size;
+    const long long tok = (long long)rc->micro_batch_size * rc->sequence_len;
+    out->tokens = tok > 0 && tok < (1 << 30) ? (int)tok : 0;
+}
+
+mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_staging_settings_t *staging,
+                            mt_error_t *err) {
     const int nb = eng_model_num_blocks(m);
     if (plan->num_blocks != nb)
         return mt_error_set(err, MT_ERR_INTERNAL, "plan has %d blocks, model has %d", plan->num_blocks, nb);
+    for (int b = 0; b < nb; b++) {
+        const sched_block_plan_t *bp = &plan->blocks[b];
+        if (bp->optim == SCHED_OPTIM_DEVICE &&
+            (bp->weights != SCHED_WEIGHTS_RESIDENT || bp->grads != SCHED_GRADS_DEVICE))
+            return mt_error_set(err, MT_ERR_CONFIG,
+                                "invalid plan for block %d: a device optimizer needs resident weights "
+                                "and device gradients",
+                                b);
+        /* Streamed weights, offloaded activations and host gradients free
+         * device buffers as soon as compute has been issued; that is exact
+         * on the CPU backend (compute runs in order on the issuing thread)
+         * but on a GPU needs stream-ordered frees first. */
+        if (m->dev->kind == KERN_BACKEND_CUDA &&
+            (bp->weights != SCHED_WEIGHTS_RESIDENT || bp->acts == SCHED_ACTS_OFFLOAD || bp->grads != SCHED_GRADS_DEVICE))
+            return mt_error_set(err, MT_ERR_UNSUPPORTED,
+                                "the CUDA backend runs keep-everything plans only for now (block %d "
+                                "asks for streamed weights, offloaded activations or host "
+                                "gradients); use backend: cpu for offloading plans",
+                                b);
+    }
     m->plan = *plan;
     m->plan.blocks = malloc((size_t)nb * sizeof *m->plan.blocks);
     MT_CHECK_ALLOC(m->plan.blocks, "plan copy");
     memcpy(m->plan.blocks, plan->blocks, (size_t)nb * sizeof *plan->blocks);
     if (m->plan.prefetch_window < 1) m->plan.prefetch_window = 1;
-    if (m->dev->kind == KERN_BACKEND_CUDA)
-        for (int b = 0; b < nb; b++) {
-            const sched_block_plan_t *bp = &plan->blocks[b];
-            /* Streamed weights, offloaded activations and host gradients free
-             * device buffers as soon as compute has been issued; that is
-             * exact on the CPU backend (compute runs in order on the issuing
-             * thread) but on a GPU needs stream-ordered frees first. */
-            if (bp->weights != SCHED_WEIGHTS_RESIDENT || bp->acts == SCHED_ACTS_OFFLOAD ||
-                bp->grads != SCHED_GRADS_DEVICE)
-                return mt_error_set(err, MT_ERR_UNSUPPORTED,
-                                    "the CUDA backend runs keep-everything plans only for now (block %d "
-                                    "asks for streamed weights, offloaded activations or host "
-                                    "gradients); use backend: cpu for offloading plans",
-                                    b);
-        }
 
     eng_exec_t *x = calloc(1, sizeof *x);
     MT_CHECK_ALLOC(x, "executor");
     m->exec = x;
     x->nb = nb;
     build_block_lists(m);
+    const int P = m->spec.count, L = m->cfg.num_hidden_layers;
     x->w_ready = calloc((size_t)nb, sizeof *x->w_ready);
     x->a_ready = calloc((size_t)nb, sizeof *x->a_ready);
     x->o_done = calloc((size_t)nb, sizeof *x->o_done);
     x->holding = calloc((size_t)nb, sizeof *x->holding);
-    x->param_refs = calloc((size_t)m->spec.count, sizeof *x->param_refs);
+    x->param_refs = calloc((size_t)P, sizeof *x->param_refs);
+    x->w_span = malloc((size_t)P * sizeof *x->w_span);
+    x->g_span = malloc((size_t)P * sizeof *x->g_span);
+    x->mark = calloc((size_t)P, sizeof *x->mark);
     x->offl = calloc((size_t)nb, sizeof *x->offl);
-    x->layer_counts = calloc((size_t)m->cfg.num_hidden_layers, sizeof *x->layer_counts);
-    x->opt_done = calloc((size_t)m->spec.count, sizeof *x->opt_done);
+    x->layer_counts = calloc((size_t)(L > 0 ? L : 1), sizeof *x->layer_counts);
+    x->mb_copies = calloc((size_t)(L > 0 ? L : 1), sizeof *x->mb_copies);
+    x->opt_done = calloc((size_t)P, sizeof *x->opt_done);
     x->opt_queue = calloc((size_t)nb + 1, sizeof *x->opt_queue);
-    MT_CHECK(x->opt_done && x->opt_queue, "out of memory for the host optimizer queue");
     x->fwd_s = calloc((size_t)nb, sizeof *x->fwd_s);
     x->bwd_s = calloc((size_t)nb, sizeof *x->bwd_s);
-    MT_CHECK(x->fwd_s && x->bwd_s, "out of memory for block timings");
-    MT_CHECK(x->w_ready && x->a_ready && x->holding && x->param_refs && x->offl && x->layer_counts,
+    MT_CHECK(x->w_ready && x->a_ready && x->o_done && x->holding && x->param_refs && x->w_span && x->g_span &&
+                 x->mark && x->offl && x->layer_counts && x->mb_copies && x->opt_done && x->opt_queue && x->fwd_s &&
+                 x->bwd_s,
              "out of memory for executor state");
+    x->free_span = -1;
+    for (int i = 0; i < P; i++) x->w_span[i] = x->g_span[i] = -1;
     for (int b = 0; b < nb; b++) {
         x->w_ready[b] = kern_event_create(m->dev);
         x->a_ready[b] = kern_event_create(m->dev);
         x->o_done[b] = kern_event_create(m->dev);
+        x->offl[b].region.id = -1;
     }
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+    for (int l = 0; l < L; l++)
         if (m->cfg.layer_is_moe[l]) {
             x->layer_counts[l] = calloc((size_t)m->cfg.num_experts, sizeof(int32_t));
             MT_CHECK_ALLOC(x->layer_counts[l], "expert counts");
@@ -244,15 +253,39 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, mt_error_t
     kern_set_reclaim_hook(m->dev, reclaim_pending, m);
     x->pool = m->dev->kind == KERN_BACKEND_CPU ? kern_cpu_stream_threadpool(kern_stream(m->dev, KERN_STREAM_COMPUTE))
                                                : NULL;
+    if (staging) x->stage_set = *staging;
+    else eng_staging_settings_init(&x->stage_set);
+    return exec_stage_create(m, x->stage_set.tokens, err);
+}
+
+mt_status_t eng_exec_place(eng_model_t *m, mt_error_t *err) {
+    eng_exec_t *x = m->exec;
     for (int i = 0; i < m->spec.count; i++) {
         mt_status_t st = place_param(m, &m->params[i], err);
         if (st != MT_OK) return st;
     }
-    kern_stream_sync(m->dev, kern_stream(m->dev, KERN_STREAM_COMPUTE));
+    /* resident weights cross once, a block at a time through the pool */
+    moe_staging_xfer_t *items = malloc((size_t)(m->spec.count > 0 ? m->spec.count : 1) * sizeof *items);
+    MT_CHECK_ALLOC(items, "placement batch");
+    mt_status_t st = MT_OK;
+    for (int b = 0; b < x->nb && st == MT_OK; b++) {
+        int n = 0;
+        for (int i = 0; i < m->spec.count; i++) {
+            eng_param_t *p = &m->params[i];
+            if (p->block == b && p->w)
+                items[n++] = (moe_staging_xfer_t){p->host_w, p->w, p->spec->numel * sizeof(float), MOE_STAGING_COPY};
+        }
+        char tag[64];
+        snprintf(tag, sizeof tag, "resident weights of block %d", b);
+        st = exec_stage_h2d(m, items, n, tag, err);
+    }
+    free(items);
+    eng_exec_drain(m);
+    if (st != MT_OK) return st;
     /* A device optimizer owns the master: the host copy would only go stale. */
     for (int i = 0; i < m->spec.count; i++) {
         eng_param_t *p = &m->params[i];
-        if (block_plan(m, p->block)->optim == SCHED_OPTIM_DEVICE) {
+        if (exec_block_plan(m, p->block)->optim == SCHED_OPTIM_DEVICE) {
             free(p->host_w);
             p->host_w = NULL;
         }
@@ -264,33 +297,37 @@ void eng_exec_destroy(eng_model_t *m) {
     eng_exec_t *x = m->exec;
     if (!x) return;
     exec_optim_worker_stop(m);
+    kern_device_sync(m->dev);
+    exec_drop_offloads(m);
     eng_exec_drain(m);
     if (m->trace) eng_model_set_trace(m, NULL);
     kern_set_reclaim_hook(m->dev, NULL, NULL);
     for (int i = 0; i < m->spec.count; i++) {
         eng_param_t *p = &m->params[i];
-        void *bufs[] = {p->w, p->g_transient ? p->g : NULL, p->g_acc, p->m, p->v};
+        /* streamed weights and host-bound gradients live in spans, freed below */
+        void *bufs[] = {x->w_span[i] < 0 ? p->w : NULL, p->g_transient && x->g_span[i] < 0 ? p->g : NULL,
+                        p->g_acc, p->m, p->v};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             if (bufs[k]) kern_free(m->dev, bufs[k]);
         p->w = p->g = p->g_acc = p->m = p->v = NULL;
     }
+    for (int s = 0; s < x->nspans; s++)
+        if (x->spans[s].base) kern_free(m->dev, x->spans[s].base);
+    exec_stage_destroy(m);
     for (int b = 0; b < x->nb; b++) {
         kern_event_destroy(m->dev, x->w_ready[b]);
         kern_event_destroy(m->dev, x->a_ready[b]);
         kern_event_destroy(m->dev, x->o_done[b]);
         free(x->used[b]);
-        for (int k = 0; k < x->offl[b].n; k++)
-            if (x->offl[b].e[k].host) exec_pinned_put(m, x->offl[b].e[k].host, x->offl[b].e[k].bytes);
         free(x->offl[b].e);
         free(x->holding[b].idx);
     }
-    for (int i = 0; i < x->npin_cache; i++) kern_pinned_free(m->dev, x->pin_cache[i].p, x->pin_cache[i].bytes);
-    free(x->pin_cache);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) free(x->layer_counts[l]);
     if (m->rope_cos) kern_free(m->dev, m->rope_cos);
     if (m->rope_sin) kern_free(m->dev, m->rope_sin);
     m->rope_cos = m->rope_sin = NULL;
     free(x->layer_counts);
+    free(x->mb_copies);
     free(x->used);
     free(x->nused);
     free(x->w_ready);
@@ -298,6 +335,10 @@ void eng_exec_destroy(eng_model_t *m) {
     free(x->o_done);
     free(x->holding);
     free(x->param_refs);
+    free(x->w_span);
+    free(x->g_span);
+    free(x->mark);
+    free(x->spans);
     free(x->offl);
     free(x->pending);
     free(x->opt_done);
@@ -306,233 +347,6 @@ void eng_exec_destroy(eng_model_t *m) {
     free(x->bwd_s);
     free(x);
     m->exec = NULL;
-}
-
-/* ---- weight streaming -------------------------------------------------- */
-
-static mt_status_t hold_param(eng_model_t *m, int b, int i, mt_error_t *err) {
-    eng_exec_t *x = m->exec;
-    eng_param_t *p = &m->params[i];
-    if (!exec_param_streamed(m, p)) return MT_OK;
-    if (x->param_refs[i]++ == 0) {
-        char tag[200];
-        snprintf(tag, sizeof tag, "streamed weight %s", p->spec->name);
-        p->w = kern_alloc(m->dev, p->spec->numel * sizeof(float), tag, err);
-        if (!p->w) {
-            x->param_refs[i]--;
-            return err->code;
-        }
-        kern_memcpy_h2d(m->dev, kern_stream(m->dev, KERN_STREAM_H2D), p->w, p->host_w,
-                        p->spec->numel * sizeof(float));
-    }
-    exec_held_t *h = &x->holding[b];
-    if (h->n == h->cap) {
-        h->cap = h->cap ? 2 * h->cap : 32;
-        h->idx = realloc(h->idx, (size_t)h->cap * sizeof *h->idx);
-        MT_CHECK_ALLOC(h->idx, "held weights");
-    }
-    h->idx[h->n++] = i;
-    return MT_OK;
-}
-
-/* Experts of layer l with tokens according to counts (NULL: none). */
-static mt_status_t hold_experts(eng_model_t *m, int b, int l, const int32_t *counts, mt_error_t *err) {
-    const eng_layer_index_t *Lx = &m->layers[l];
-    for (int e = 0; e < m->cfg.num_experts; e++) {
-        if (!counts || counts[e] == 0) continue;
-        const int ids[3] = {Lx->exp_gate[e], Lx->exp_up[e], Lx->exp_down[e]};
-        for (int k = 0; k < 3; k++) {
-            if (m->params[ids[k]].w && !exec_param_streamed(m, &m->params[ids[k]])) continue;
-            mt_status_t st = hold_param(m, b, ids[k], err);
-            if (st != MT_OK) return st;
-        }
-    }
-    return MT_OK;
-}
-
-mt_status_t exec_fetch_block(eng_model_t *m, int b, bool backward, mt_error_t *err) {
-    eng_exec_t *x = m->exec;
-    if (b < 0 || b >= x->nb || x->holding[b].fetched) return MT_OK;
-    x->holding[b].fetched = true;
-    for (int k = 0; k < x->nused[b]; k++) {
-        mt_status_t st = hold_param(m, b, x->used[b][k], err);
-        if (st != MT_OK) return st;
-    }
-    const int l = b - 1;
-    if (l >= 0 && l < m->cfg.num_hidden_layers && m->cfg.layer_is_moe[l] && (backward || x->counts_valid)) {
-        /* Backward knows which experts this forward used.  Forward cannot
-         * know before the router runs, so it prefetches the experts the
-         * previous micro-batch used in this layer (with many tokens per
-         * micro-batch that is nearly every expert); the router's choice then
-         * fetches whatever is missing (exec_fetch_experts), and a prefetched
-         * expert that gets no token is dropped unused. */
-        mt_status_t st = hold_experts(m, b, l, x->layer_counts[l], err);
-        if (st != MT_OK) return st;
-    }
-    kern_event_record(m->dev, x->w_ready[b], kern_stream(m->dev, KERN_STREAM_H2D));
-    return MT_OK;
-}
-
-void exec_wait_block(eng_model_t *m, int b) {
-    kern_stream_wait_event(m->dev, kern_stream(m->dev, KERN_STREAM_COMPUTE), m->exec->w_ready[b]);
-}
-
-/* Forward: the router has run; fetch the experts that got tokens now. */
-mt_status_t exec_fetch_experts(eng_model_t *m, int l, const int32_t *counts, mt_error_t *err) {
-    eng_exec_t *x = m->exec;
-    const int b = l + 1;
-    if (block_plan(m, b)->weights != SCHED_WEIGHTS_STREAM) return MT_OK;
-    mt_status_t st = hold_experts(m, b, l, counts, err);
-    if (st != MT_OK) return st;
-    kern_event_record(m->dev, x->w_ready[b], kern_stream(m->dev, KERN_STREAM_H2D));
-    exec_wait_block(m, b);
-    return MT_OK;
-}
-
-void exec_release_block(eng_model_t *m, int b) {
-    eng_exec_t *x = m->exec;
-    exec_held_t *h = &x->holding[b];
-    for (int k = 0; k < h->n; k++) {
-        const int i = h->idx[k];
-        if (--x->param_refs[i] == 0) {
-            /* compute is done with it; the copy that filled it fired before use */
-            kern_free(m->dev, m->params[i].w);
-            m->params[i].w = NULL;
-        }
-    }
-    h->n = 0;
-    h->fetched = false;
-}
-
-/* ---- activation offload ------------------------------------------------- */
-
-mt_status_t exec_offload_acts(eng_model_t *m, int b, void **const *slots, int nslots, mt_error_t *err) {
-    eng_exec_t *x = m->exec;
-    kern_stream_t *d2h = kern_stream(m->dev, KERN_STREAM_D2H);
-    kern_event_t *ready = kern_event_create(m->dev);
-    kern_event_record(m->dev, ready, kern_stream(m->dev, KERN_STREAM_COMPUTE));
-    kern_stream_wait_event(m->dev, d2h, ready);
-    kern_event_destroy(m->dev, ready);
-    exec_offload_t *o = &x->offl[b];
-    o->n = 0;
-    if (o->cap < nslots) {
-        o->cap = nslots;
-        o->e = realloc(o->e, (size_t)o->cap * sizeof *o->e);
-        MT_CHECK_ALLOC(o->e, "offload table");
-    }
-    for (int k = 0; k < nslots; k++) {
-        void *dev_ptr = *slots[k];
-        if (!dev_ptr) continue;
-        const size_t bytes = kern_alloc_size(m->dev, dev_ptr);
-        void *host = exec_pinned_get(m, bytes);
-        if (!host)
-            return mt_error_set(err, MT_ERR_NOMEM, "cannot allocate %zu bytes of pinned memory to offload "
-                                "activations of block %d", bytes, b);
-        kern_memcpy_d2h(m->dev, d2h, host, dev_ptr, bytes);
-        o->e[o->n++] = (exec_offload_entry_t){slots[k], host, bytes};
-        exec_defer_free(m, dev_ptr, NULL, 0, d2h);
-        *slots[k] = NULL;
-    }
-    kern_event_record(m->dev, x->o_done[b], d2h);
-    return MT_OK;
-}
-
-mt_status_t exec_fetch_acts(eng_model_t *m, int b, mt_error_t *err) {
-    eng_exec_t *x = m->exec;
-    exec_offload_t *o = &x->offl[b];
-    if (o->fetched || o->n == 0) return MT_OK;
-    kern_stream_t *h2d = kern_stream(m->dev, KERN_STREAM_H2D);
-    kern_stream_wait_event(m->dev, h2d, x->o_done[b]); /* the offload copies have landed */
-    for (int k = 0; k < o->n; k++) {
-        exec_offload_entry_t *e = &o->e[k];
-        void *dev_ptr = kern_alloc(m->dev, e->bytes, "activation fetched back for backward", err);
-        if (!dev_ptr) return err->code;
-        kern_memcpy_h2d(m->dev, h2d, dev_ptr, e->host, e->bytes);
-        *e->slot = dev_ptr;
-        exec_defer_free(m, NULL, e->host, e->bytes, h2d);
-        e->host = NULL;
-    }
-    kern_event_record(m->dev, x->a_ready[b], h2d);
-    o->fetched = true;
-    return MT_OK;
-}
-
-void exec_wait_acts(eng_model_t *m, int b) {
-    eng_exec_t *x = m->exec;
-    if (!x->offl[b].fetched) return;
-    kern_stream_wait_event(m->dev, kern_stream(m->dev, KERN_STREAM_COMPUTE), x->a_ready[b]);
-    x->offl[b].fetched = false;
-    x->offl[b].n = 0;
-}
-
-/* ---- gradients ---------------------------------------------------------- */
-
-mt_status_t exec_prepare_grad(eng_model_t *m, int i, mt_error_t *err) {
-    eng_param_t *p = &m->params[i];
-    if (p->g) return MT_OK; /* already the target in this micro-batch (tied weights) */
-    const sched_block_plan_t *bp = block_plan(m, p->block);
-    if (bp->grads == SCHED_GRADS_DEVICE && !p->acc_has_data) {
-        p->g = p->g_acc; /* zeroed: computing into it is exact */
-        p->g_transient = false;
-        return MT_OK;
-    }
-    char tag[200];
-    snprintf(tag, sizeof tag, "gradient of %s (this micro-batch)", p->spec->name);
-    const size_t bytes = p->spec->numel * sizeof(float);
-    p->g = kern_alloc(m->dev, bytes, tag, err);
-    if (!p->g) return err->code;
-    kern_memset(m->dev, kern_stream(m->dev, KERN_STREAM_COMPUTE), p->g, 0, bytes);
-    p->g_transient = true;
-    return MT_OK;
-}
-
-typedef struct {
-    float *dst;
-    const float *src;
-    size_t n;
-} host_add_t;
-
-static void host_add_fn(void *arg) {
-    host_add_t *a = arg;
-    for (size_t j = 0; j < a->n; j++) a->dst[j] += a->src[j];
-    free(a);
-}
-
-void eng_exec_finish_grad(eng_model_t *m, int i) {
-    eng_param_t *p = &m->params[i];
-    if (!p->g) return;
-    const sched_block_plan_t *bp = block_plan(m, p->block);
-    const size_t n = p->spec->numel, bytes = n * sizeof(float);
-    kern_stream_t *cs = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-    p->has_grad = true;
-    if (bp->grads == SCHED_GRADS_DEVICE) {
-        if (p->g_transient) {
-            m->dev->ops->add(cs, p->g_acc, p->g_acc, p->g, n);
-            kern_free(m->dev, p->g); /* the compute stream is the only user */
-        }
-    } else {
-        kern_stream_t *d2h = kern_stream(m->dev, KERN_STREAM_D2H);
-        kern_event_t *ready = kern_event_create(m->dev);
-        kern_event_record(m->dev, ready, cs);
-        kern_stream_wait_event(m->dev, d2h, ready);
-        kern_event_destroy(m->dev, ready);
-        if (!p->acc_has_data) {
-            kern_memcpy_d2h(m->dev, d2h, p->host_g, p->g, bytes);
-            exec_defer_free(m, p->g, NULL, 0, d2h);
-        } else {
-            float *staging = exec_pinned_get(m, bytes);
-            MT_CHECK(staging != NULL, "cannot allocate pinned staging for the gradient of %s", p->spec->name);
-            kern_memcpy_d2h(m->dev, d2h, staging, p->g, bytes);
-            host_add_t *a = malloc(sizeof *a);
-            MT_CHECK_ALLOC(a, "host gradient add");
-            *a = (host_add_t){p->host_g, staging, n};
-            kern_launch_host_fn(m->dev, d2h, host_add_fn, a);
-            exec_defer_free(m, p->g, staging, bytes, d2h);
-        }
-    }
-    p->acc_has_data = true;
-    p->g = NULL;
-    p->g_transient = false;
 }
 
 /* ---- reading back ------------------------------------------------------- */
@@ -544,7 +358,7 @@ void eng_model_read_param(eng_model_t *m, int i, float *host, bool gradient) {
     kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
     const void *src_host = gradient ? p->host_g : p->host_w;
     const void *src_dev = gradient ? p->g_acc : p->w;
-    if (gradient && block_plan(m, p->block)->grads == SCHED_GRADS_DEVICE) src_host = NULL;
+    if (gradient && exec_block_plan(m, p->block)->grads == SCHED_GRADS_DEVICE) src_host = NULL;
     if (src_host) {
         memcpy(host, src_host, bytes);
     } else if (src_dev) {

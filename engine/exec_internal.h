@@ -1,6 +1,7 @@
-/* Executor state shared by exec.c (placement, streaming, gradients),
- * exec_step.c (the forward/backward program) and exec_optim.c (the
- * optimizer step).  Private to the engine. */
+/* Executor state shared by exec.c (placement, pending frees, reading back),
+ * exec_stage.c (the staging pool: weight streaming, activation offload,
+ * gradient copies), exec_step.c (the forward/backward program) and
+ * exec_optim.c (the optimizer step).  Private to the engine. */
 #ifndef MT_ENGINE_EXEC_INTERNAL_H
 #define MT_ENGINE_EXEC_INTERNAL_H
 
@@ -18,6 +19,15 @@ typedef struct {
     kern_event_t *ev; /* fires when the copy reading them is done */
 } exec_pending_t;
 
+/* One device allocation holding several tensors fetched or produced
+ * together (a block's streamed weights, its host-bound gradients), laid out
+ * by moe_staging_layout so that they move in one copy per direction. */
+typedef struct {
+    void *base;    /* NULL: the slot is free */
+    int live;      /* tensors inside still in use; the span is freed at 0 */
+    int next_free;
+} exec_span_t;
+
 typedef struct {
     int *idx;  /* parameters this block holds a device reference to */
     int n, cap;
@@ -26,13 +36,17 @@ typedef struct {
 
 typedef struct {
     void **slot;  /* where the device pointer lives in the block's activation structs */
-    void *host;   /* pinned copy while offloaded */
-    size_t bytes;
+    size_t bytes; /* the device buffer's size (kern_alloc_size) */
+    size_t off;   /* its place in the block's pinned copy */
+    void *dev;    /* the buffer while it is being offloaded */
 } exec_offload_entry_t;
 
 typedef struct {
-    exec_offload_entry_t *e;
+    exec_offload_entry_t *e; /* sorted by `off` */
     int n, cap;
+    moe_staging_region_t region; /* the block's activations in the staging pool, held forward to backward */
+    void *direct;                /* or a plain pinned buffer when the pool could not hold them */
+    size_t direct_bytes;
     bool fetched;
 } exec_offload_t;
 
@@ -44,6 +58,11 @@ typedef struct eng_exec {
     kern_event_t **o_done;  /* per block: its activations have reached host memory */
     exec_held_t *holding;   /* per block: streamed weights it holds */
     int *param_refs;        /* per parameter: blocks holding its device copy */
+    int *w_span, *g_span;   /* per parameter: span of its streamed weight / host-bound gradient, -1 = none */
+    int *mark;              /* per parameter: scratch stamps for de-duplicating a list */
+    int mark_gen;
+    exec_span_t *spans;
+    int nspans, cap_spans, free_span;
     exec_offload_t *offl;   /* per block: activations offloaded to host */
     int32_t **layer_counts; /* per MoE layer: tokens per expert in the latest forward */
     bool counts_valid;      /* layer_counts hold a finished forward (prefetch predictor) */
@@ -62,12 +81,15 @@ typedef struct eng_exec {
     bool in_last_micro;  /* the running backward is the step's last */
     eng_optim_hparams_t step_hp;
     bool *opt_done;      /* per parameter: updated during backward this step */
-    /* pinned buffers returned by finished copies, kept for reuse: a step asks
-     * for the same sizes every time, and pinning fresh pages (mlock faults
-     * them in) on the compute thread costs more than the copy itself.  The
-     * staging pool (moe/staging) is the compact successor of this cache. */
-    struct { void *p; size_t bytes; } *pin_cache;
-    int npin_cache, cap_pin_cache;
+    /* the staging pool (moe/staging.h): every transfer between pageable host
+     * memory and the device goes through it; sized for the plan's window */
+    moe_staging_t *stage;
+    eng_staging_settings_t stage_set;  /* as given (label copied below) */
+    char stage_label[64];
+    int stage_tokens;                  /* tokens per micro-batch its activation share is sized for */
+    eng_exec_staging_info_t stage_info;
+    eng_exec_staging_counters_t ctr;   /* since eng_optim_begin_step */
+    int (*mb_copies)[2];               /* per layer: expert-batch copies this micro-batch, per direction */
     /* profiling: compute seconds per block, summed over micro-batches since the last reset */
     double *fwd_s, *bwd_s;
     int timed_micro;
@@ -80,12 +102,30 @@ void exec_trace_memory(eng_model_t *m, double t);
 void exec_optim_block_ready(eng_model_t *m, int b);
 void exec_optim_worker_stop(eng_model_t *m);
 
-void *exec_pinned_get(eng_model_t *m, size_t bytes);
-void exec_pinned_put(eng_model_t *m, void *p, size_t bytes);
 bool exec_param_streamed(const eng_model_t *m, const eng_param_t *p);
+const sched_block_plan_t *exec_block_plan(const eng_model_t *m, int b);
 void exec_defer_free(eng_model_t *m, void *dev_ptr, void *pinned, size_t pinned_bytes,
                      kern_stream_t *after);
 void exec_process_pending(eng_model_t *m, bool force);
+
+/* ---- exec_stage.c -------------------------------------------------------- */
+
+/* Creates the staging pool for micro-batches of `tokens` tokens (0: without
+ * the offloaded activations' share, learnt at the first micro-batch). */
+mt_status_t exec_stage_create(eng_model_t *m, int tokens, mt_error_t *err);
+/* Before a micro-batch of n tokens: re-sizes the pool when the plan
+ * offloads activations and it was sized for another n. */
+mt_status_t exec_stage_prepare(eng_model_t *m, int tokens, mt_error_t *err);
+void exec_stage_destroy(eng_model_t *m);
+/* Copies between pageable host tensors and device memory through the pool
+ * (stream-ordered on the H2D / D2H stream; `tag` names the batch in errors). */
+mt_status_t exec_stage_h2d(eng_model_t *m, const moe_staging_xfer_t *items, int n, const char *tag,
+                           mt_error_t *err);
+mt_status_t exec_stage_d2h(eng_model_t *m, const moe_staging_xfer_t *items, int n, const char *tag,
+                           mt_error_t *err);
+/* Bytes of layer l's saved activations for n tokens, as the forward allocates them (exec_step.c). */
+size_t exec_layer_act_bytes(const eng_model_t *m, int l, int n);
+
 mt_status_t exec_fetch_block(eng_model_t *m, int b, bool backward, mt_error_t *err);
 void exec_wait_block(eng_model_t *m, int b);
 mt_status_t exec_fetch_experts(eng_model_t *m, int l, const int32_t *counts, mt_error_t *err);
@@ -93,6 +133,17 @@ void exec_release_block(eng_model_t *m, int b);
 mt_status_t exec_offload_acts(eng_model_t *m, int b, void **const *slots, int nslots, mt_error_t *err);
 mt_status_t exec_fetch_acts(eng_model_t *m, int b, mt_error_t *err);
 void exec_wait_acts(eng_model_t *m, int b);
-mt_status_t exec_prepare_grad(eng_model_t *m, int i, mt_error_t *err);
+/* Drops offloaded copies never fetched back (forward only, errors); streams idle. */
+void exec_drop_offloads(eng_model_t *m);
+/* Gradient targets of everything block b's backward writes. */
+mt_status_t exec_prepare_grads(eng_model_t *m, int b, mt_error_t *err);
+/* Folds the gradients whose last contribution of this micro-batch was in
+ * block b (a tied embedding's last one is block 0). */
+mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err);
+/* Frees this micro-batch's gradient targets after an error. */
+void exec_drop_grads(eng_model_t *m);
+/* Micro-batch bookkeeping of the per-layer copy counters. */
+void exec_stage_micro_begin(eng_model_t *m);
+void exec_stage_micro_end(eng_model_t *m);
 
 #endif

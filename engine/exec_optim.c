@@ -6,7 +6,9 @@
  * the host's, so every plan gets the same norm).  AdamW then runs where the
  * plan keeps the optimizer state: the device kernel, or the host kernel
  * over the thread pool on the fp32 master in host memory, after which
- * resident weights are refreshed from the master. */
+ * resident weights are refreshed from the master.  The host optimizer's
+ * transfers (device gradients read back, resident weights refreshed) go a
+ * block at a time through the staging pool, like every other transfer. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +98,9 @@ static void enqueue_block(void *arg) {
 void eng_optim_begin_step(eng_model_t *m, const eng_optim_hparams_t *hp, int micro_batches,
                           bool overlap) {
     eng_exec_t *x = m->exec;
+    /* staging counters and peaks are per step */
+    if (x->stage) moe_staging_step_begin(x->stage);
+    memset(&x->ctr, 0, sizeof x->ctr);
     x->step_hp = *hp;
     x->micro_left = micro_batches;
     x->overlap_step = overlap && hp->max_grad_norm == 0;
@@ -184,46 +189,68 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     }
     const kern_adamw_params_t base = adamw_params(hp, out->clip_scale);
 
-    for (int i = 0; i < m->spec.count; i++) {
-        eng_param_t *p = &m->params[i];
-        if (!p->has_grad) {
-            out->skipped++;
-            continue;
+    /* block by block, so the host optimizer's copies move as one batch each */
+    moe_staging_xfer_t *items = malloc((size_t)(m->spec.count > 0 ? m->spec.count : 1) * sizeof *items);
+    MT_CHECK_ALLOC(items, "optimizer transfers");
+    mt_status_t st = MT_OK;
+    for (int b = 0; b < x->nb && st == MT_OK; b++) {
+        const sched_block_plan_t *bp = &m->plan.blocks[b];
+        char tag[64];
+        int n = 0;
+        /* host AdamW reads device-accumulated gradients from host memory */
+        if (bp->optim == SCHED_OPTIM_HOST && bp->grads == SCHED_GRADS_DEVICE) {
+            for (int i = 0; i < m->spec.count; i++) {
+                eng_param_t *p = &m->params[i];
+                if (p->block == b && p->has_grad && !x->opt_done[i])
+                    items[n++] = (moe_staging_xfer_t){p->host_g, p->g_acc, p->spec->numel * sizeof(float), MOE_STAGING_COPY};
+            }
+            snprintf(tag, sizeof tag, "gradients of block %d for the host optimizer", b);
+            st = exec_stage_d2h(m, items, n, tag, err);
+            if (n > 0) kern_stream_sync(dev, kern_stream(dev, KERN_STREAM_D2H));
         }
-        const sched_block_plan_t *bp = &m->plan.blocks[p->block];
-        const size_t n = p->spec->numel, bytes = n * sizeof(float);
-        if (x->opt_done[i]) { /* updated while backward ran */
-            x->opt_done[i] = false;
-            if (bp->weights == SCHED_WEIGHTS_RESIDENT) kern_memcpy_h2d(dev, s, p->w, p->host_w, bytes);
+        n = 0;
+        for (int i = 0; i < m->spec.count && st == MT_OK; i++) {
+            eng_param_t *p = &m->params[i];
+            if (p->block != b) continue;
+            if (!p->has_grad) {
+                out->skipped++;
+                continue;
+            }
+            const size_t numel = p->spec->numel, bytes = numel * sizeof(float);
+            const bool refresh = bp->optim == SCHED_OPTIM_HOST && bp->weights == SCHED_WEIGHTS_RESIDENT;
             out->updated++;
-            out->updated_during_backward++;
-            continue;
-        }
-        if (bp->optim == SCHED_OPTIM_DEVICE) {
-            kern_adamw_params_t ap = base;
-            ap.step = ++p->step;
-            if (!p->m) { /* lazily, as torch creates state on the first step */
-                char tag[200];
-                snprintf(tag, sizeof tag, "AdamW m of %s", p->spec->name);
-                p->m = kern_alloc(dev, bytes, tag, err);
-                if (!p->m) return err->code;
-                snprintf(tag, sizeof tag, "AdamW v of %s", p->spec->name);
-                p->v = kern_alloc(dev, bytes, tag, err);
-                if (!p->v) return err->code;
-                kern_memset(dev, s, p->m, 0, bytes);
-                kern_memset(dev, s, p->v, 0, bytes);
+            if (x->opt_done[i]) { /* updated while backward ran */
+                x->opt_done[i] = false;
+                out->updated_during_backward++;
+            } else if (bp->optim == SCHED_OPTIM_DEVICE) {
+                kern_adamw_params_t ap = base;
+                ap.step = ++p->step;
+                if (!p->m) { /* lazily, as torch creates state on the first step */
+                    char t[200];
+                    snprintf(t, sizeof t, "AdamW m of %s", p->spec->name);
+                    p->m = kern_alloc(dev, bytes, t, err);
+                    snprintf(t, sizeof t, "AdamW v of %s", p->spec->name);
+                    if (p->m) p->v = kern_alloc(dev, bytes, t, err);
+                    if (!p->m || !p->v) {
+                        free(items);
+                        return err->code;
+                    }
+                    kern_memset(dev, s, p->m, 0, bytes);
+                    kern_memset(dev, s, p->v, 0, bytes);
+                }
+                dev->ops->adamw(s, p->w, p->m, p->v, p->g_acc, NULL, NULL, numel, &ap);
+            } else {
+                host_adamw(m, p, &base);
             }
-            dev->ops->adamw(s, p->w, p->m, p->v, p->g_acc, NULL, NULL, n, &ap);
-        } else {
-            if (bp->grads == SCHED_GRADS_DEVICE) {
-                kern_memcpy_d2h(dev, s, p->host_g, p->g_acc, bytes);
-                kern_stream_sync(dev, s);
-            }
-            host_adamw(m, p, &base);
-            if (bp->weights == SCHED_WEIGHTS_RESIDENT) kern_memcpy_h2d(dev, s, p->w, p->host_w, bytes);
+            if (refresh) items[n++] = (moe_staging_xfer_t){p->host_w, p->w, bytes, MOE_STAGING_COPY};
         }
-        out->updated++;
+        /* resident weights take the new master values */
+        snprintf(tag, sizeof tag, "weights of block %d after the host optimizer", b);
+        if (st == MT_OK) st = exec_stage_h2d(m, items, n, tag, err);
     }
+    free(items);
+    kern_stream_sync(dev, kern_stream(dev, KERN_STREAM_H2D));
+    if (st != MT_OK) return st;
     /* ready for the next step's first micro-batch */
     for (int i = 0; i < m->spec.count; i++) {
         eng_param_t *p = &m->params[i];

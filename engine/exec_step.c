@@ -164,6 +164,38 @@ static int layer_act_slots(step_t *st, int l, void ***slots) {
     return n;
 }
 
+/* Bytes of layer l's saved activations for n tokens: the buffers
+ * layer_act_slots lists, as eng_attn_forward, eng_mlp_forward and
+ * moe_layer_forward allocate them (arena blocks of KERN_ARENA_ALIGN).  The
+ * staging pool is sized with it before the first micro-batch;
+ * staging_modes_test checks it against what the forward allocates. */
+size_t exec_layer_act_bytes(const eng_model_t *m, int l, int n) {
+    const eng_model_config_t *c = &m->cfg;
+    const size_t N = (size_t)n, H = (size_t)c->hidden_size, hd = (size_t)c->head_dim;
+    const size_t nh = (size_t)c->num_attention_heads, nkv = (size_t)c->num_key_value_heads;
+    const size_t qd = nh * hd, kd = nkv * hd;
+    size_t words[40], nw = 0; /* 4-byte elements per buffer (floats and int32) */
+    words[nw++] = N * H;                                     /* x_mid */
+    words[nw++] = N * H, words[nw++] = N;                    /* attention input norm, rstd */
+    words[nw++] = N * qd, words[nw++] = N * kd, words[nw++] = N * kd; /* q, k, v */
+    if (c->qk_norm) words[nw++] = N * qd, words[nw++] = N * kd, words[nw++] = N * nh, words[nw++] = N * nkv;
+    words[nw++] = N * qd, words[nw++] = N * nh;              /* attention output, logsumexp */
+    words[nw++] = N * H, words[nw++] = N;                    /* mlp input norm, rstd */
+    if (c->layer_is_moe[l]) {
+        const size_t E = (size_t)c->num_experts, k = (size_t)c->num_experts_per_tok, M = N * k;
+        const size_t I = (size_t)c->moe_intermediate_size, Is = (size_t)c->shared_expert_intermediate_size;
+        words[nw++] = N * E, words[nw++] = N * E, words[nw++] = N * k, words[nw++] = N * k; /* router */
+        words[nw++] = E, words[nw++] = E + 1, words[nw++] = M, words[nw++] = M;             /* plan */
+        words[nw++] = M * H, words[nw++] = M * I, words[nw++] = M * I, words[nw++] = M * H; /* experts */
+        if (Is > 0) words[nw++] = N * Is, words[nw++] = N * Is, words[nw++] = N * H, words[nw++] = N;
+    } else {
+        words[nw++] = N * (size_t)c->intermediate_size, words[nw++] = N * (size_t)c->intermediate_size;
+    }
+    size_t bytes = 0;
+    for (size_t i = 0; i < nw; i++) bytes += (words[i] * 4 + KERN_ARENA_ALIGN - 1) / KERN_ARENA_ALIGN * KERN_ARENA_ALIGN;
+    return bytes;
+}
+
 static void layer_acts_drop(eng_model_t *m, step_t *st, int l) {
     eng_attn_acts_release(m->dev, &st->aa[l]);
     eng_mlp_acts_release(m->dev, &st->ma[l]);
@@ -179,46 +211,11 @@ static mt_status_t fetch_ahead(eng_model_t *m, int b, bool backward, mt_error_t 
     return s;
 }
 
-/* Sets the gradient targets of everything block b's backward writes. */
-static mt_status_t prepare_grads(eng_model_t *m, int b, mt_error_t *err) {
-    eng_exec_t *x = m->exec;
-    for (int k = 0; k < x->nused[b]; k++) {
-        mt_status_t s = exec_prepare_grad(m, x->used[b][k], err);
-        if (s != MT_OK) return s;
-    }
-    const int l = b - 1;
-    if (l >= 0 && l < m->cfg.num_hidden_layers && m->cfg.layer_is_moe[l]) {
-        const eng_layer_index_t *Lx = &m->layers[l];
-        for (int e = 0; e < m->cfg.num_experts; e++) {
-            if (x->layer_counts[l][e] == 0) continue; /* no token, no gradient */
-            const int ids[3] = {Lx->exp_gate[e], Lx->exp_up[e], Lx->exp_down[e]};
-            for (int j = 0; j < 3; j++) {
-                mt_status_t s = exec_prepare_grad(m, ids[j], err);
-                if (s != MT_OK) return s;
-            }
-        }
-    }
-    return MT_OK;
-}
-
-/* Folds the gradients whose last contribution of this micro-batch was in
- * block b (a tied embedding's last one is block 0). */
-static void finish_grads(eng_model_t *m, int b) {
-    for (int i = 0; i < m->spec.count; i++)
-        if (m->params[i].block == b && m->params[i].g) eng_exec_finish_grad(m, i);
-}
-
 static void step_free(eng_model_t *m, step_t *st) {
     const int L = m->cfg.num_hidden_layers;
     kern_device_sync(m->dev);
-    for (int l = 0; l < L; l++) {
-        layer_acts_drop(m, st, l);
-        exec_offload_t *o = &m->exec->offl[l + 1];
-        for (int k = 0; k < o->n; k++) /* offloaded but never fetched back (forward only, errors) */
-            if (o->e[k].host) exec_pinned_put(m, o->e[k].host, o->e[k].bytes);
-        o->n = 0;
-        o->fetched = false;
-    }
+    for (int l = 0; l < L; l++) layer_acts_drop(m, st, l);
+    exec_drop_offloads(m); /* offloaded but never fetched back (forward only, errors) */
     for (int l = 0; l <= L; l++) dfree(m->dev, st->xin[l]);
     void *bufs[] = {st->ids, st->targets, st->tok_w, st->xf, st->rstdf, st->logits, st->aux_dp, st->dx};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(m->dev, bufs[i]);
@@ -332,7 +329,7 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
             if (ap == SCHED_ACTS_OFFLOAD) exec_wait_acts(m, b);
             if (ap == SCHED_ACTS_RECOMPUTE && (r = layer_forward(m, st, l, true, err)) != MT_OK) return r;
         }
-        if ((r = prepare_grads(m, b, err)) != MT_OK) return r;
+        if ((r = exec_prepare_grads(m, b, err)) != MT_OK) return r;
         if (b == L + 1) {
             float *dxf;
             DALLOC(dxf, act, "d(final norm output)");
@@ -367,7 +364,7 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
             eng_trace_span(m->trace, ENG_TRACK_COMPUTE, name, "backward", t0, t1, 0);
             exec_trace_memory(m, t1);
         }
-        finish_grads(m, b);
+        if ((r = exec_finish_grads(m, b, err)) != MT_OK) return r;
         exec_optim_block_ready(m, b);
         exec_release_block(m, b);
         exec_process_pending(m, false);
@@ -391,7 +388,9 @@ static mt_status_t run(eng_model_t *m, const eng_batch_t *batch, float loss_scal
     MT_CHECK(st.xin && st.xmid && st.aa && st.ma && st.auxF && st.auxP, "out of host memory for the step");
     st.use_aux = c->output_router_logits && m->num_moe_layers > 0;
 
-    mt_status_t r = ensure_rope(m, st.sh.T, err);
+    mt_status_t r = exec_stage_prepare(m, n, err);
+    if (r == MT_OK) r = ensure_rope(m, st.sh.T, err);
+    exec_stage_micro_begin(m);
     float *host_tw = malloc((size_t)n * sizeof *host_tw);
     MT_CHECK_ALLOC(host_tw, "attention mask weights");
     if (r == MT_OK) {
@@ -414,14 +413,8 @@ static mt_status_t run(eng_model_t *m, const eng_batch_t *batch, float loss_scal
         m->exec->timed_micro++;
         if (m->exec->micro_left > 0) m->exec->micro_left--;
     }
-    if (r != MT_OK) { /* drop half-made gradient targets of this micro-batch */
-        for (int i = 0; i < m->spec.count; i++) {
-            eng_param_t *p = &m->params[i];
-            if (p->g && p->g_transient) kern_free(m->dev, p->g);
-            p->g = NULL;
-            p->g_transient = false;
-        }
-    }
+    if (r != MT_OK) exec_drop_grads(m); /* half-made gradient targets of this micro-batch */
+    else exec_stage_micro_end(m);
     free(host_tw);
     step_free(m, &st);
     return r;

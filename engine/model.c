@@ -76,6 +76,11 @@ static int owning_block(const eng_model_t *m, const eng_param_spec_t *ps) {
 
 mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
                            const char *overrides_json, const sched_plan_t *plan, mt_error_t *err) {
+    return eng_model_load_ex(m, dev, dir, overrides_json, plan, NULL, err);
+}
+
+mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *dir, const char *overrides_json,
+                              const sched_plan_t *plan, const eng_staging_settings_t *staging, mt_error_t *err) {
     memset(m, 0, sizeof *m);
     m->dev = dev;
     mt_status_t st = eng_model_config_load(dir, overrides_json, &m->cfg, err);
@@ -98,6 +103,19 @@ mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
         MT_CHECK_ALLOC(p->host_w, p->spec->name);
         host[i] = p->host_w;
     }
+    /* The executor and its staging pool first: settings it refuses fail
+     * before a large checkpoint is read. */
+    sched_plan_t keep_all;
+    if (!plan) {
+        sched_plan_init_uniform(&keep_all, eng_model_num_blocks(m), SCHED_POLICY_KEEP_ALL);
+        plan = &keep_all;
+    }
+    st = eng_exec_create(m, plan, staging, err);
+    if (plan == &keep_all) sched_plan_free(&keep_all);
+    if (st != MT_OK) {
+        free(host);
+        goto fail;
+    }
     eng_checkpoint_t ck;
     st = eng_checkpoint_open(dir, &ck, err);
     if (st != MT_OK) {
@@ -113,14 +131,7 @@ mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
     eng_checkpoint_close(&ck);
     free(host);
     if (st != MT_OK) goto fail;
-
-    sched_plan_t keep_all;
-    if (!plan) {
-        sched_plan_init_uniform(&keep_all, eng_model_num_blocks(m), SCHED_POLICY_KEEP_ALL);
-        plan = &keep_all;
-    }
-    st = eng_exec_create(m, plan, err);
-    if (plan == &keep_all) sched_plan_free(&keep_all);
+    st = eng_exec_place(m, err);
     if (st != MT_OK) goto fail;
     return MT_OK;
 fail:

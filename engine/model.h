@@ -23,6 +23,7 @@
 #include "engine/model_spec.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"
+#include "moe/staging.h"
 #include "scheduler/plan.h"
 
 /* One parameter tensor and every copy of it the plan asks for.  Which of
@@ -86,9 +87,29 @@ typedef struct {
 
 /* Builds the spec and loads the checkpoint in dir into host memory (config
  * from dir/config.json with overrides), then places it on dev as plan says
- * (NULL: keep everything on the device, the keep_all plan). */
+ * (NULL: keep everything on the device, the keep_all plan).  Transfers are
+ * staged through a compact pool sized from the plan (see engine/exec.h). */
 mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
                            const char *overrides_json, const sched_plan_t *plan, mt_error_t *err);
+
+/* How the model's host<->device transfers are staged (the run config's
+ * staging: section; engine/exec.h fills it from a run config). */
+typedef struct {
+    moe_staging_mode_t mode; /* default compact */
+    size_t cap_bytes;        /* pinned bytes the pool may hold (staging.cap, else memory.pinned); 0 = no cap */
+    int num_slabs;           /* compact: MOE_STAGING_SLABS_AUTO (default) or >= 1 */
+    size_t slab_bytes;       /* compact: 0 = split the capacity */
+    /* tokens per micro-batch (B * T): sizes the share of offloaded
+     * activations before the first step, so bad settings fail before
+     * training; 0 = sized at the first micro-batch */
+    int tokens;
+} eng_staging_settings_t;
+
+void eng_staging_settings_init(eng_staging_settings_t *s);
+/* eng_model_load with staging settings (NULL = defaults).  Bad settings
+ * fail with MT_ERR_CONFIG before the checkpoint is read. */
+mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *dir, const char *overrides_json,
+                              const sched_plan_t *plan, const eng_staging_settings_t *staging, mt_error_t *err);
 void eng_model_free(eng_model_t *m);
 
 /* Forward and backward of one micro-batch; gradients are accumulated (+=)

@@ -24,6 +24,7 @@ struct eng_trace {
     size_t n, cap;
     double origin; /* first event's time: trace timestamps start near 0 */
     int have_origin;
+    json_t *extra; /* events from eng_trace_add_events_json, "ts" on the absolute clock */
 };
 
 mt_status_t eng_trace_open(const char *path, eng_trace_t **out, mt_error_t *err) {
@@ -83,6 +84,37 @@ void eng_trace_counter(eng_trace_t *t, const char *name, double t_s, double valu
     pthread_mutex_unlock(&t->lock);
 }
 
+mt_status_t eng_trace_add_events_json(eng_trace_t *t, const char *events, mt_error_t *err) {
+    if (!t || !events) return MT_OK;
+    const size_t len = strlen(events);
+    char *text = malloc(len + 3);
+    MT_CHECK_ALLOC(text, "trace events text");
+    text[0] = '[';
+    memcpy(text + 1, events, len);
+    text[len + 1] = ']';
+    text[len + 2] = '\0';
+    json_error_t je;
+    json_t *arr = json_loads(text, 0, &je);
+    free(text);
+    if (!arr || !json_is_array(arr)) {
+        json_decref(arr);
+        return mt_error_set(err, MT_ERR_INTERNAL, "trace: extra events do not parse: %s (column %d)", je.text,
+                            je.column);
+    }
+    pthread_mutex_lock(&t->lock);
+    if (!t->extra) t->extra = json_array();
+    size_t i;
+    json_t *e;
+    json_array_foreach(arr, i, e) {
+        json_t *ts = json_object_get(e, "ts");
+        if (json_is_number(ts)) set_origin(t, json_number_value(ts) * 1e-6);
+    }
+    json_array_extend(t->extra, arr);
+    pthread_mutex_unlock(&t->lock);
+    json_decref(arr);
+    return MT_OK;
+}
+
 mt_status_t eng_trace_close(eng_trace_t *t, mt_error_t *err) {
     if (!t) return MT_OK;
     static const char *const k_tracks[] = {NULL, "compute", "H2D copies", "D2H copies", "host optimizer"};
@@ -106,6 +138,14 @@ mt_status_t eng_trace_close(eng_trace_t *t, mt_error_t *err) {
         }
         json_array_append_new(events, o);
     }
+    size_t i;
+    json_t *e;
+    json_array_foreach(t->extra, i, e) {
+        json_t *ts = json_object_get(e, "ts");
+        if (json_is_number(ts)) json_object_set_new(e, "ts", json_real(json_number_value(ts) - t->origin * 1e6));
+        json_array_append(events, e);
+    }
+    json_decref(t->extra);
     json_t *root = json_pack("{s:o, s:s}", "traceEvents", events, "displayTimeUnit", "ms");
     char tmp[1200];
     snprintf(tmp, sizeof tmp, "%s.tmp", t->path);

@@ -1,0 +1,747 @@
+/* The executor's transfers through the staging pool (see exec.h, and
+ * moe/staging.h for the pool itself).
+ *
+ * Sizing.  The pool holds the plan's in-flight window: the prefetch_window
+ * + 1 consecutive blocks of streamed weights with the most bytes (every
+ * expert, as with many tokens per micro-batch every expert is hit), one
+ * block of host-bound gradients, and the saved activations of every block
+ * that offloads them (held from forward to backward, one region per block).
+ * moe_staging_plan_bytes turns that list into each mode's capacity; the
+ * largest tensor of the model (or activation region) bounds slots and
+ * slabs.  Activation sizes depend on the micro-batch, so a model loaded
+ * without a token count re-sizes its pool at its first micro-batch.
+ *
+ * Spans.  The tensors a block fetches together (its dense weights and the
+ * experts the router chose) get one device allocation laid out by
+ * moe_staging_layout, so the pool moves them in one copy; so do the
+ * gradients a block sends to the host.  A span is freed when the last
+ * tensor in it is released (tensors can outlive their block: a tied
+ * embedding is held by the embedding and the head).  If the arena has no
+ * contiguous room, each tensor gets its own allocation (more copies, same
+ * results).
+ *
+ * Gradients go D2H a block at a time in one batch: the first micro-batch
+ * of a step copies (MOE_STAGING_COPY), later ones add (ADD_F32, the same
+ * float adds in the same order as a plain host loop), then the spans are
+ * freed once the D2H stream has passed the batch. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/exec_internal.h"
+#include "moe/staging_report.h"
+
+static size_t tensor_bytes(const eng_param_t *p) { return p->spec->numel * sizeof(float); }
+
+static bool layer_is_moe(const eng_model_t *m, int l) {
+    return l >= 0 && l < m->cfg.num_hidden_layers && m->cfg.layer_is_moe[l];
+}
+
+/* ---- spans ------------------------------------------------------------------ */
+
+static int span_new(eng_exec_t *x, void *base, int live) {
+    int s = x->free_span;
+    if (s >= 0) {
+        x->free_span = x->spans[s].next_free;
+    } else {
+        if (x->nspans == x->cap_spans) {
+            x->cap_spans = x->cap_spans ? 2 * x->cap_spans : 64;
+            x->spans = realloc(x->spans, (size_t)x->cap_spans * sizeof *x->spans);
+            MT_CHECK_ALLOC(x->spans, "device spans");
+        }
+        s = x->nspans++;
+    }
+    x->spans[s] = (exec_span_t){base, live, -1};
+    return s;
+}
+
+/* One tensor of span s is done; the last frees it (after `after` passes the
+ * current point, or now when after is NULL). */
+static void span_put(eng_model_t *m, int s, kern_stream_t *after) {
+    eng_exec_t *x = m->exec;
+    exec_span_t *sp = &x->spans[s];
+    MT_CHECK(sp->base && sp->live > 0, "executor: span %d released twice", s);
+    if (--sp->live > 0) return;
+    if (after) exec_defer_free(m, sp->base, NULL, 0, after);
+    else kern_free(m->dev, sp->base);
+    sp->base = NULL;
+    sp->next_free = x->free_span;
+    x->free_span = s;
+}
+
+/* Device memory for the tensors ids[0..k): one span laid out for one copy,
+ * else one allocation each.  spans[j] receives tensor j's span, ptrs[j] its
+ * address.  Nothing stays allocated on failure. */
+static mt_status_t alloc_spans(eng_model_t *m, const int *ids, int k, const char *tag, int *spans, float **ptrs,
+                               mt_error_t *err) {
+    eng_exec_t *x = m->exec;
+    if (k <= 0) return MT_OK;
+    size_t *sz = calloc((size_t)k * 2, sizeof *sz);
+    MT_CHECK_ALLOC(sz, "span layout");
+    size_t *off = sz + k;
+    for (int j = 0; j < k; j++) sz[j] = tensor_bytes(&m->params[ids[j]]);
+    const size_t total = moe_staging_layout(sz, k, KERN_ARENA_ALIGN, off);
+    mt_error_t quiet = {0};
+    char *base = k > 1 ? kern_alloc(m->dev, total, tag, &quiet) : NULL;
+    if (base) {
+        const int s = span_new(x, base, k);
+        for (int j = 0; j < k; j++) {
+            spans[j] = s;
+            ptrs[j] = (float *)(base + off[j]);
+        }
+        free(sz);
+        return MT_OK;
+    }
+    for (int j = 0; j < k; j++) { /* no contiguous room: one allocation per tensor */
+        char t[240];
+        snprintf(t, sizeof t, "%s: %s", tag, m->params[ids[j]].spec->name);
+        ptrs[j] = kern_alloc(m->dev, sz[j], t, err);
+        if (!ptrs[j]) {
+            for (int q = 0; q < j; q++) span_put(m, spans[q], NULL);
+            free(sz);
+            return err->code;
+        }
+        spans[j] = span_new(x, ptrs[j], 1);
+    }
+    free(sz);
+    return MT_OK;
+}
+
+/* ---- sizing and the pool ------------------------------------------------------ */
+
+typedef struct {
+    size_t *t;
+    int n, cap;
+} tlist_t;
+
+static void tl_add(tlist_t *l, size_t bytes) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 256;
+        l->t = realloc(l->t, (size_t)l->cap * sizeof *l->t);
+        MT_CHECK_ALLOC(l->t, "staging window");
+    }
+    l->t[l->n++] = bytes;
+}
+
+/* Streamed weight bytes of blocks [b0, b0 + w), every expert included; the
+ * tensors go to out when given. */
+static size_t window_weights(eng_model_t *m, int b0, int w, tlist_t *out) {
+    eng_exec_t *x = m->exec;
+    const int gen = ++x->mark_gen;
+    size_t sum = 0;
+    for (int b = b0; b < b0 + w && b < x->nb; b++) {
+        const int l = b - 1, E = layer_is_moe(m, l) ? m->cfg.num_experts : 0;
+        for (int k = 0; k < x->nused[b] + 3 * E; k++) {
+            int i;
+            if (k < x->nused[b]) {
+                i = x->used[b][k];
+            } else {
+                const int e = (k - x->nused[b]) / 3, r = (k - x->nused[b]) % 3;
+                const eng_layer_index_t *Lx = &m->layers[l];
+                i = r == 0 ? Lx->exp_gate[e] : r == 1 ? Lx->exp_up[e] : Lx->exp_down[e];
+            }
+            if (x->mark[i] == gen || !exec_param_streamed(m, &m->params[i])) continue;
+            x->mark[i] = gen;
+            sum += tensor_bytes(&m->params[i]);
+            if (out) tl_add(out, tensor_bytes(&m->params[i]));
+        }
+    }
+    return sum;
+}
+
+/* The in-flight window for micro-batches of `tokens` tokens. */
+static void stage_window(eng_model_t *m, int tokens, tlist_t *t, eng_exec_staging_info_t *info) {
+    eng_exec_t *x = m->exec;
+    const int W1 = m->plan.prefetch_window + 1;
+    int best0 = -1;
+    size_t best = 0;
+    for (int b0 = 0; b0 < x->nb; b0++) {
+        const size_t s = window_weights(m, b0, W1, NULL);
+        if (s > best) best = s, best0 = b0;
+    }
+    if (best0 >= 0) window_weights(m, best0, W1, t);
+    info->window_weights = best;
+    /* one block of gradients on their way to the host */
+    int gb = -1;
+    size_t gbest = 0;
+    for (int b = 0; b < x->nb; b++) {
+        if (exec_block_plan(m, b)->grads != SCHED_GRADS_HOST) continue;
+        size_t s = 0;
+        for (int i = 0; i < m->spec.count; i++)
+            if (m->params[i].block == b) s += tensor_bytes(&m->params[i]);
+        if (s > gbest) gbest = s, gb = b;
+    }
+    for (int i = 0; gb >= 0 && i < m->spec.count; i++)
+        if (m->params[i].block == gb) tl_add(t, tensor_bytes(&m->params[i]));
+    info->window_grads = gbest;
+    /* every offloaded block's activations, held from its forward to its backward */
+    info->window_acts = 0;
+    for (int l = 0; tokens > 0 && l < m->cfg.num_hidden_layers; l++)
+        if (exec_block_plan(m, l + 1)->acts == SCHED_ACTS_OFFLOAD) {
+            const size_t a = exec_layer_act_bytes(m, l, tokens);
+            tl_add(t, a);
+            info->window_acts += a;
+            if (a > info->largest_tensor) {
+                info->largest_tensor = a;
+                snprintf(info->largest_name, sizeof info->largest_name, "the saved activations of layer %d", l);
+            }
+        }
+}
+
+mt_status_t exec_stage_create(eng_model_t *m, int tokens, mt_error_t *err) {
+    eng_exec_t *x = m->exec;
+    const eng_staging_settings_t *set = &x->stage_set;
+    eng_exec_staging_info_t *info = &x->stage_info;
+    memset(info, 0, sizeof *info);
+    info->mode = set->mode;
+    info->tokens = tokens;
+    info->window_blocks = m->plan.prefetch_window + 1;
+    /* anything may cross once (placement), so the largest parameter bounds slots and slabs */
+    for (int i = 0; i < m->spec.count; i++)
+        if (tensor_bytes(&m->params[i]) > info->largest_tensor) {
+            info->largest_tensor = tensor_bytes(&m->params[i]);
+            snprintf(info->largest_name, sizeof info->largest_name, "%s", m->params[i].spec->name);
+        }
+    tlist_t t = {0};
+    stage_window(m, tokens, &t, info);
+    info->window_tensors = t.n;
+    for (int k = 0; k < t.n; k++) info->window_payload += t.t[k];
+    const moe_staging_plan_opts_t po = {.largest_tensor = info->largest_tensor};
+    info->window_need = moe_staging_plan_bytes(set->mode, t.t, t.n, &po);
+    free(t.t);
+
+    moe_staging_opts_t o;
+    moe_staging_opts_init(&o, set->mode);
+    o.capacity_bytes = info->window_need;
+    o.cap_bytes = set->cap_bytes;
+    o.max_tensor_bytes = info->largest_tensor;
+    o.max_tensor_name = info->largest_name;
+    o.num_slabs = set->num_slabs;
+    o.slab_bytes = set->slab_bytes;
+    snprintf(x->stage_label, sizeof x->stage_label, "%s", moe_staging_mode_name(set->mode));
+    o.label = x->stage_label;
+    mt_status_t st = moe_staging_create(m->dev, &o, &x->stage, err);
+    if (st != MT_OK) return mt_error_prefix(err, "staging (mode %s): ", moe_staging_mode_name(set->mode));
+    moe_staging_stats_t s;
+    moe_staging_get_stats(x->stage, MOE_STAGING_SCOPE_TOTAL, &s);
+    info->capacity = s.capacity;
+    x->stage_tokens = tokens;
+    return MT_OK;
+}
+
+mt_status_t exec_stage_prepare(eng_model_t *m, int tokens, mt_error_t *err) {
+    eng_exec_t *x = m->exec;
+    if (tokens <= x->stage_tokens) return MT_OK; /* a smaller micro-batch (the data's tail) fits */
+    bool offloads = false;
+    for (int b = 0; b < x->nb; b++) offloads |= exec_block_plan(m, b)->acts == SCHED_ACTS_OFFLOAD;
+    if (!offloads) {
+        x->stage_tokens = tokens;
+        return MT_OK;
+    }
+    /* between micro-batches nothing is held: re-size for this shape */
+    eng_exec_drain(m);
+    exec_stage_destroy(m);
+    return exec_stage_create(m, tokens, err);
+}
+
+void exec_stage_destroy(eng_model_t *m) {
+    eng_exec_t *x = m->exec;
+    if (!x->stage) return;
+    moe_staging_destroy(x->stage);
+    x->stage = NULL;
+}
+
+static const moe_staging_batch_t *batch_of(moe_staging_batch_t *b, const char *tag) {
+    *b = (moe_staging_batch_t){tag, KERN_ARENA_ALIGN};
+    return b;
+}
+
+mt_status_t exec_stage_h2d(eng_model_t *m, const moe_staging_xfer_t *items, int n, const char *tag,
+                           mt_error_t *err) {
+    moe_staging_batch_t b;
+    return moe_staging_h2d_batch(m->exec->stage, kern_stream(m->dev, KERN_STREAM_H2D), items, n, batch_of(&b, tag),
+                                 err);
+}
+
+mt_status_t exec_stage_d2h(eng_model_t *m, const moe_staging_xfer_t *items, int n, const char *tag,
+                           mt_error_t *err) {
+    moe_staging_batch_t b;
+    return moe_staging_d2h_batch(m->exec->stage, kern_stream(m->dev, KERN_STREAM_D2H), items, n, batch_of(&b, tag),
+                                 err);
+}
+
+static uint64_t copies_so_far(eng_exec_t *x, int dir) {
+    moe_staging_stats_t s;
+    moe_staging_get_stats(x->stage, MOE_STAGING_SCOPE_TOTAL, &s);
+    return s.copies[dir];
+}
+
+static void count_skipped(eng_exec_t *x, int dir, int experts) {
+    if (experts <= 0) return;
+    x->ctr.experts_skipped[dir] += (uint64_t)experts;
+    moe_staging_count_skipped(x->stage, experts);
+}
+
+/* ---- weight streaming ------------------------------------------------------------ */
+
+/* Block b takes a reference to the streamed parameters among ids; those not
+ * on the device yet are fetched in one batch (one span). */
+static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, mt_error_t *err) {
+    eng_exec_t *x = m->exec;
+    int *need = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *need);
+    float **ptr = malloc((size_t)(n > 0 ? n : 1) * sizeof *ptr);
+    MT_CHECK(need && ptr, "out of memory for a weight fetch");
+    int *spans = need + n, k = 0, experts = 0;
+    const int gen = ++x->mark_gen;
+    for (int j = 0; j < n; j++) {
+        const int i = ids[j];
+        if (!exec_param_streamed(m, &m->params[i]) || x->param_refs[i] > 0 || x->mark[i] == gen) continue;
+        x->mark[i] = gen;
+        need[k++] = i;
+        experts += m->params[i].spec->role == ENG_P_EXP_GATE;
+    }
+    char tag[64];
+    if (b == 0) snprintf(tag, sizeof tag, "streamed weights of the embedding");
+    else if (b == x->nb - 1) snprintf(tag, sizeof tag, "streamed weights of the head");
+    else snprintf(tag, sizeof tag, "streamed weights of layer %d", b - 1);
+    mt_status_t st = alloc_spans(m, need, k, tag, spans, ptr, err);
+    if (st != MT_OK) {
+        free(need);
+        free(ptr);
+        return st;
+    }
+    exec_held_t *h = &x->holding[b];
+    for (int j = 0; j < n; j++) {
+        const int i = ids[j];
+        if (!exec_param_streamed(m, &m->params[i])) continue;
+        x->param_refs[i]++;
+        if (h->n == h->cap) {
+            h->cap = h->cap ? 2 * h->cap : 32;
+            h->idx = realloc(h->idx, (size_t)h->cap * sizeof *h->idx);
+            MT_CHECK_ALLOC(h->idx, "held weights");
+        }
+        h->idx[h->n++] = i;
+    }
+    if (k > 0) {
+        moe_staging_xfer_t *items = malloc((size_t)k * sizeof *items);
+        MT_CHECK_ALLOC(items, "weight fetch batch");
+        for (int j = 0; j < k; j++) {
+            eng_param_t *p = &m->params[need[j]];
+            p->w = ptr[j];
+            x->w_span[need[j]] = spans[j];
+            items[j] = (moe_staging_xfer_t){p->host_w, p->w, tensor_bytes(p), MOE_STAGING_COPY};
+        }
+        const uint64_t before = copies_so_far(x, MOE_STAGING_H2D);
+        st = exec_stage_h2d(m, items, k, tag, err);
+        if (experts > 0 && layer_is_moe(m, b - 1)) {
+            x->mb_copies[b - 1][0] += (int)(copies_so_far(x, MOE_STAGING_H2D) - before);
+            x->ctr.experts_moved[0] += (uint64_t)experts;
+        }
+        free(items);
+    }
+    free(need);
+    free(ptr);
+    return st;
+}
+
+/* ids of the tensors of layer l's experts with tokens (counts NULL: none) appended to ids[n..]. */
+static int expert_ids(const eng_model_t *m, int l, const int32_t *counts, int *ids, int n) {
+    const eng_layer_index_t *Lx = &m->layers[l];
+    for (int e = 0; counts && e < m->cfg.num_experts; e++)
+        if (counts[e] > 0) {
+            ids[n++] = Lx->exp_gate[e];
+            ids[n++] = Lx->exp_up[e];
+            ids[n++] = Lx->exp_down[e];
+        }
+    return n;
+}
+
+static int *id_buffer(const eng_model_t *m, int b) {
+    const int n = m->exec->nused[b] + 3 * m->cfg.num_experts + 1;
+    int *ids = malloc((size_t)n * sizeof *ids);
+    MT_CHECK_ALLOC(ids, "parameter list");
+    return ids;
+}
+
+mt_status_t exec_fetch_block(eng_model_t *m, int b, bool backward, mt_error_t *err) {
+    eng_exec_t *x = m->exec;
+    if (b < 0 || b >= x->nb || x->holding[b].fetched) return MT_OK;
+    x->holding[b].fetched = true;
+    int *ids = id_buffer(m, b);
+    int n = x->nused[b];
+    memcpy(ids, x->used[b], (size_t)n * sizeof *ids);
+    const int l = b - 1;
+    const bool streamed = exec_block_plan(m, b)->weights == SCHED_WEIGHTS_STREAM;
+    if (layer_is_moe(m, l) && (backward || x->counts_valid)) {
+        /* Backward knows which experts this forward used.  Forward cannot
+         * know before the router runs, so it prefetches the experts the
+         * previous micro-batch used in this layer (with many tokens per
+         * micro-batch that is nearly every expert); the router's choice then
+         * fetches whatever is missing (exec_fetch_experts), and a prefetched
+         * expert that gets no token is dropped unused.  Dense weights and
+         * experts come in one batch. */
+        n = expert_ids(m, l, x->layer_counts[l], ids, n);
+        if (backward && streamed) {
+            int none = 0;
+            for (int e = 0; e < m->cfg.num_experts; e++) none += x->layer_counts[l][e] == 0;
+            count_skipped(x, MOE_STAGING_H2D, none);
+        }
+    }
+    mt_status_t st = hold_params(m, b, ids, n, err);
+    free(ids);
+    kern_event_record(m->dev, x->w_ready[b], kern_stream(m->dev, KERN_STREAM_H2D));
+    return st;
+}
+
+void exec_wait_block(eng_model_t *m, int b) {
+    kern_stream_wait_event(m->dev, kern_stream(m->dev, KERN_STREAM_COMPUTE), m->exec->w_ready[b]);
+}
+
+/* Forward: the router has run; fetch the experts that got tokens now. */
+mt_status_t exec_fetch_experts(eng_model_t *m, int l, const int32_t *counts, mt_error_t *err) {
+    eng_exec_t *x = m->exec;
+    const int b = l + 1;
+    if (exec_block_plan(m, b)->weights != SCHED_WEIGHTS_STREAM) return MT_OK;
+    int skipped = 0, unused = 0;
+    for (int e = 0; e < m->cfg.num_experts; e++)
+        if (counts[e] == 0) {
+            if (m->params[m->layers[l].exp_gate[e]].w) unused++;
+            else skipped++;
+        }
+    count_skipped(x, MOE_STAGING_H2D, skipped);
+    x->ctr.experts_unused += (uint64_t)unused;
+    int *ids = id_buffer(m, b);
+    const int n = expert_ids(m, l, counts, ids, 0);
+    mt_status_t st = hold_params(m, b, ids, n, err);
+    free(ids);
+    if (st != MT_OK) return st;
+    kern_event_record(m->dev, x->w_ready[b], kern_stream(m->dev, KERN_STREAM_H2D));
+    exec_wait_block(m, b);
+    return MT_OK;
+}
+
+void exec_release_block(eng_model_t *m, int b) {
+    eng_exec_t *x = m->exec;
+    exec_held_t *h = &x->holding[b];
+    for (int k = 0; k < h->n; k++) {
+        const int i = h->idx[k];
+        if (--x->param_refs[i] == 0) {
+            /* compute is done with it; the copy that filled it fired before use */
+            if (x->w_span[i] >= 0) span_put(m, x->w_span[i], NULL);
+            x->w_span[i] = -1;
+            m->params[i].w = NULL;
+        }
+    }
+    h->n = 0;
+    h->fetched = false;
+}
+
+/* ---- activation offload ------------------------------------------------------------ */
+
+static int cmp_entry_dev(const void *a, const void *b) {
+    const uintptr_t u = (uintptr_t)((const exec_offload_entry_t *)a)->dev;
+    const uintptr_t v = (uintptr_t)((const exec_offload_entry_t *)b)->dev;
+    return u < v ? -1 : u > v;
+}
+
+/* Entries [k0, end) whose device buffers follow each other (one copy). */
+static int run_end(const exec_offload_entry_t *e, int k0, int n) {
+    int k = k0 + 1;
+    while (k < n && (char *)e[k].dev == (char *)e[k - 1].dev + e[k - 1].bytes) k++;
+    return k;
+}
+
+mt_status_t exec_offload_acts(eng_model_t *m, int b, void **const *slots, int nslots, mt_error_t *err) {
+    eng_exec_t *x = m->exec;
+    kern_stream_t *d2h = kern_stream(m->dev, KERN_STREAM_D2H);
+    kern_event_t *ready = kern_event_create(m->dev);
+    kern_event_record(m->dev, ready, kern_stream(m->dev, KERN_STREAM_COMPUTE));
+    kern_stream_wait_event(m->dev, d2h, ready);
+    kern_event_destroy(m->dev, ready);
+    exec_offload_t *o = &x->offl[b];
+    o->n = 0;
+    if (o->cap < nslots) {
+        o->cap = nslots;
+        o->e = realloc(o->e, (size_t)o->cap * sizeof *o->e);
+        MT_CHECK_ALLOC(o->e, "offload table");
+    }
+    for (int k = 0; k < nslots; k++)
+        if (*slots[k]) o->e[o->n++] = (exec_offload_entry_t){slots[k], kern_alloc_size(m->dev, *slots[k]), 0, *slots[k]};
+    if (o->n == 0) return MT_OK;
+    /* one pinned region per block, laid out like the device (arena blocks
+     * are multiples of the pool's alignment), so neighbours move together */
+    qsort(o->e, (size_t)o->n, sizeof *o->e, cmp_entry_dev);
+    size_t total = 0;
+    for (int k = 0; k < o->n; k++) {
+        o->e[k].off = total;
+        total += o->e[k].bytes;
+    }
+    char tag[64];
+    snprintf(tag, sizeof tag, "the saved activations of layer %d", b - 1);
+    x->ctr.acts_offloaded += total;
+    mt_error_t quiet = {0};
+    if (moe_staging_reserve(x->stage, total, tag, &o->region, &quiet) != MT_OK) {
+        /* the pool was sized for other activations (or capped): a plain pinned buffer, counted */
+        o->direct = kern_pinned_alloc(m->dev, total);
+        if (!o->direct)
+            return mt_error_set(err, MT_ERR_NOMEM, "cannot pin %zu bytes to offload %s (%s)", total, tag, quiet.msg);
+        o->direct_bytes = total;
+        x->ctr.acts_unstaged++;
+    }
+    for (int k0 = 0; k0 < o->n;) {
+        const int k1 = run_end(o->e, k0, o->n);
+        const size_t len = o->e[k1 - 1].off + o->e[k1 - 1].bytes - o->e[k0].off;
+        if (o->direct) kern_memcpy_d2h(m->dev, d2h, (char *)o->direct + o->e[k0].off, o->e[k0].dev, len);
+        else moe_staging_copy_d2h(x->stage, d2h, &o->region, o->e[k0].off, o->e[k0].dev, len);
+        k0 = k1;
+    }
+    for (int k = 0; k < o->n; k++) {
+        exec_defer_free(m, o->e[k].dev, NULL, 0, d2h);
+        *o->e[k].slot = NULL;
+        o->e[k].dev = NULL;
+    }
+    kern_event_record(m->dev, x->o_done[b], d2h);
+    return MT_OK;
+}
+
+mt_status_t exec_fetch_acts(eng_model_t *m, int b, mt_error_t *err) {
+    eng_exec_t *x = m->exec;
+    exec_offload_t *o = &x->offl[b];
+    if (o->fetched || o->n == 0) return MT_OK;
+    kern_stream_t *h2d = kern_stream(m->dev, KERN_STREAM_H2D);
+    kern_stream_wait_event(m->dev, h2d, x->o_done[b]); /* the offload copies have landed */
+    for (int k = 0; k < o->n; k++) {
+        o->e[k].dev = kern_alloc(m->dev, o->e[k].bytes, "activation fetched back for backward", err);
+        if (!o->e[k].dev) return err->code;
+        *o->e[k].slot = o->e[k].dev;
+    }
+    for (int k0 = 0; k0 < o->n;) { /* offsets are contiguous: runs follow the new buffers */
+        const int k1 = run_end(o->e, k0, o->n);
+        const size_t len = o->e[k1 - 1].off + o->e[k1 - 1].bytes - o->e[k0].off;
+        if (o->direct) kern_memcpy_h2d(m->dev, h2d, o->e[k0].dev, (char *)o->direct + o->e[k0].off, len);
+        else moe_staging_copy_h2d(x->stage, h2d, o->e[k0].dev, &o->region, o->e[k0].off, len);
+        k0 = k1;
+    }
+    if (o->direct) {
+        exec_defer_free(m, NULL, o->direct, o->direct_bytes, h2d);
+        o->direct = NULL;
+    } else {
+        moe_staging_release_after(x->stage, &o->region, h2d);
+    }
+    kern_event_record(m->dev, x->a_ready[b], h2d);
+    o->fetched = true;
+    return MT_OK;
+}
+
+void exec_wait_acts(eng_model_t *m, int b) {
+    eng_exec_t *x = m->exec;
+    if (!x->offl[b].fetched) return;
+    kern_stream_wait_event(m->dev, kern_stream(m->dev, KERN_STREAM_COMPUTE), x->a_ready[b]);
+    x->offl[b].fetched = false;
+    x->offl[b].n = 0;
+}
+
+void exec_drop_offloads(eng_model_t *m) {
+    eng_exec_t *x = m->exec;
+    for (int b = 0; b < x->nb; b++) {
+        exec_offload_t *o = &x->offl[b];
+        if (o->region.id >= 0 && x->stage) moe_staging_release_now(x->stage, &o->region);
+        o->region.id = -1;
+        if (o->direct) kern_pinned_free(m->dev, o->direct, o->direct_bytes);
+        o->direct = NULL;
+        o->n = 0;
+        o->fetched = false;
+    }
+}
+
+/* ---- gradients ------------------------------------------------------------------------ */
+
+mt_status_t exec_prepare_grads(eng_model_t *m, int b, mt_error_t *err) {
+    eng_exec_t *x = m->exec;
+    kern_stream_t *cs = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    int *ids = id_buffer(m, b);
+    int n = x->nused[b];
+    memcpy(ids, x->used[b], (size_t)n * sizeof *ids);
+    if (layer_is_moe(m, b - 1)) n = expert_ids(m, b - 1, x->layer_counts[b - 1], ids, n); /* no token, no gradient */
+    int *host = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *host), nh = 0;
+    float **ptr = malloc((size_t)(n > 0 ? n : 1) * sizeof *ptr);
+    MT_CHECK(host && ptr, "out of memory for gradient targets");
+    int *spans = host + n;
+    mt_status_t st = MT_OK;
+    const int gen = ++x->mark_gen;
+    for (int j = 0; j < n && st == MT_OK; j++) {
+        eng_param_t *p = &m->params[ids[j]];
+        if (p->g || x->mark[ids[j]] == gen) continue; /* already the target in this micro-batch (tied weights) */
+        const sched_block_plan_t *bp = exec_block_plan(m, p->block);
+        if (bp->grads == SCHED_GRADS_HOST) {
+            x->mark[ids[j]] = gen;
+            host[nh++] = ids[j];
+            continue;
+        }
+        if (!p->acc_has_data) {
+            p->g = p->g_acc; /* zeroed: computing into it is exact */
+            p->g_transient = false;
+            continue;
+        }
+        char tag[200];
+        snprintf(tag, sizeof tag, "gradient of %s (this micro-batch)", p->spec->name);
+        p->g = kern_alloc(m->dev, tensor_bytes(p), tag, err);
+        if (!p->g) {
+            st = err->code;
+            break;
+        }
+        kern_memset(m->dev, cs, p->g, 0, tensor_bytes(p));
+        p->g_transient = true;
+    }
+    char tag[64];
+    snprintf(tag, sizeof tag, "gradients of block %d (this micro-batch)", b);
+    if (st == MT_OK) st = alloc_spans(m, host, nh, tag, spans, ptr, err);
+    if (st == MT_OK) {
+        int last = -1;
+        for (int j = 0; j < nh; j++) {
+            eng_param_t *p = &m->params[host[j]];
+            p->g = ptr[j];
+            p->g_transient = true;
+            x->g_span[host[j]] = spans[j];
+            if (spans[j] != last) { /* one memset per span, padding included */
+                const exec_span_t *sp = &x->spans[spans[j]];
+                kern_memset(m->dev, cs, sp->base, 0, kern_alloc_size(m->dev, sp->base));
+                last = spans[j];
+            }
+        }
+    }
+    free(ids);
+    free(host);
+    free(ptr);
+    return st;
+}
+
+mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err) {
+    eng_exec_t *x = m->exec;
+    kern_stream_t *cs = kern_stream(m->dev, KERN_STREAM_COMPUTE), *d2h = kern_stream(m->dev, KERN_STREAM_D2H);
+    moe_staging_xfer_t *items = NULL;
+    int *which = NULL, n = 0, experts = 0;
+    for (int i = 0; i < m->spec.count; i++) {
+        eng_param_t *p = &m->params[i];
+        if (p->block != b || !p->g) continue;
+        p->has_grad = true;
+        if (exec_block_plan(m, b)->grads == SCHED_GRADS_DEVICE) {
+            if (p->g_transient) {
+                m->dev->ops->add(cs, p->g_acc, p->g_acc, p->g, p->spec->numel);
+                kern_free(m->dev, p->g); /* the compute stream is the only user */
+            }
+            p->acc_has_data = true;
+            p->g = NULL;
+            p->g_transient = false;
+            continue;
+        }
+        if (!items) {
+            items = malloc((size_t)m->spec.count * sizeof *items);
+            which = malloc((size_t)m->spec.count * sizeof *which);
+            MT_CHECK(items && which, "out of memory for a gradient batch");
+        }
+        /* first micro-batch: the copy is the accumulator; later ones add into it */
+        items[n] = (moe_staging_xfer_t){p->host_g, p->g, tensor_bytes(p),
+                                        p->acc_has_data ? MOE_STAGING_ADD_F32 : MOE_STAGING_COPY};
+        which[n++] = i;
+        experts += p->spec->role == ENG_P_EXP_GATE;
+    }
+    mt_status_t st = MT_OK;
+    if (n > 0) {
+        kern_event_t *ready = kern_event_create(m->dev);
+        kern_event_record(m->dev, ready, cs);
+        kern_stream_wait_event(m->dev, d2h, ready);
+        kern_event_destroy(m->dev, ready);
+        char tag[64];
+        snprintf(tag, sizeof tag, "gradients of block %d", b);
+        const uint64_t before = copies_so_far(x, MOE_STAGING_D2H);
+        st = exec_stage_d2h(m, items, n, tag, err);
+        if (experts > 0 && layer_is_moe(m, b - 1)) {
+            x->mb_copies[b - 1][1] += (int)(copies_so_far(x, MOE_STAGING_D2H) - before);
+            x->ctr.experts_moved[1] += (uint64_t)experts;
+        }
+        for (int j = 0; j < n; j++) {
+            eng_param_t *p = &m->params[which[j]];
+            if (x->g_span[which[j]] >= 0) span_put(m, x->g_span[which[j]], d2h); /* freed once the D2H passed */
+            x->g_span[which[j]] = -1;
+            p->acc_has_data = true;
+            p->g = NULL;
+            p->g_transient = false;
+        }
+        if (layer_is_moe(m, b - 1)) {
+            int none = 0;
+            for (int e = 0; e < m->cfg.num_experts; e++) none += x->layer_counts[b - 1][e] == 0;
+            count_skipped(x, MOE_STAGING_D2H, none);
+        }
+    }
+    free(items);
+    free(which);
+    return st;
+}
+
+void exec_drop_grads(eng_model_t *m) {
+    eng_exec_t *x = m->exec;
+    for (int i = 0; i < m->spec.count; i++) {
+        eng_param_t *p = &m->params[i];
+        if (p->g && p->g_transient) {
+            if (x->g_span[i] >= 0) span_put(m, x->g_span[i], kern_stream(m->dev, KERN_STREAM_D2H));
+            else kern_free(m->dev, p->g);
+        }
+        x->g_span[i] = -1;
+        p->g = NULL;
+        p->g_transient = false;
+    }
+}
+
+/* ---- counters and reports ------------------------------------------------------------- */
+
+void exec_stage_micro_begin(eng_model_t *m) {
+    memset(m->exec->mb_copies, 0, (size_t)(m->cfg.num_hidden_layers > 0 ? m->cfg.num_hidden_layers : 1) *
+                                      sizeof *m->exec->mb_copies);
+}
+
+void exec_stage_micro_end(eng_model_t *m) {
+    eng_exec_t *x = m->exec;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        for (int d = 0; d < 2; d++) {
+            const int c = x->mb_copies[l][d];
+            if (c <= 0) continue;
+            x->ctr.moe_passes[d]++;
+            x->ctr.moe_copies[d] += (uint64_t)c;
+            if (c > x->ctr.max_moe_copies[d]) x->ctr.max_moe_copies[d] = c;
+        }
+}
+
+size_t eng_exec_offload_bytes(const eng_model_t *m, int tokens) {
+    size_t sum = 0;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        if (exec_block_plan(m, l + 1)->acts == SCHED_ACTS_OFFLOAD) sum += exec_layer_act_bytes(m, l, tokens);
+    return sum;
+}
+
+moe_staging_t *eng_exec_staging(eng_model_t *m) { return m->exec ? m->exec->stage : NULL; }
+
+void eng_exec_staging_info(const eng_model_t *m, eng_exec_staging_info_t *out) { *out = m->exec->stage_info; }
+
+void eng_exec_staging_counters(const eng_model_t *m, eng_exec_staging_counters_t *out) { *out = m->exec->ctr; }
+
+mt_status_t eng_exec_trace_staging(eng_model_t *m, eng_trace_t *t, double since_s, mt_error_t *err) {
+    eng_exec_t *x = m->exec;
+    if (!t || !x->stage) return MT_OK;
+    const moe_staging_timeline_t *tl = moe_staging_timeline(x->stage);
+    moe_staging_timeline_t view = *tl; /* the samples of the traced run only */
+    size_t first = 0;
+    while (first < tl->n && tl->epoch_s + tl->s[first].t_s < since_s) first++;
+    view.s = tl->s + first;
+    view.n = tl->n - first;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    MT_CHECK(f != NULL, "open_memstream failed");
+    /* timestamps in microseconds of CLOCK_MONOTONIC: the trace shifts them to its origin */
+    moe_staging_trace_counters(f, &view, 1, tl->epoch_s * 1e6, false);
+    fclose(f);
+    mt_status_t st = eng_trace_add_events_json(t, text, err);
+    free(text);
+    return st;
+}
