@@ -76,6 +76,15 @@ void eng_reporter_step(eng_reporter_t *r, const eng_step_report_t *s, bool log_l
         json_object_set_new(o, "peak_pinned_bytes", json_integer((json_int_t)s->peak_pinned_bytes));
         json_object_set_new(o, "peak_host_bytes", json_integer((json_int_t)s->peak_host_bytes));
         json_object_set_new(o, "host_allocated_bytes", json_integer((json_int_t)s->host_allocated_bytes));
+        if (s->has_staging) {
+            json_object_set_new(o, "staging_peak_in_use_bytes", json_integer((json_int_t)s->staging_peak_in_use_bytes));
+            json_object_set_new(o, "staging_h2d_copies", json_integer((json_int_t)s->staging_copies[0]));
+            json_object_set_new(o, "staging_d2h_copies", json_integer((json_int_t)s->staging_copies[1]));
+            json_object_set_new(o, "staging_h2d_mean_copy_bytes", json_real(s->staging_mean_copy_bytes[0]));
+            json_object_set_new(o, "staging_d2h_mean_copy_bytes", json_real(s->staging_mean_copy_bytes[1]));
+            json_object_set_new(o, "staging_experts_skipped", json_integer((json_int_t)s->staging_experts_skipped));
+            json_object_set_new(o, "staging_wait_s", json_real(s->staging_wait_s));
+        }
         char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
         fprintf(r->metrics, "%s\n", line);
         fflush(r->metrics);

@@ -24,6 +24,13 @@ typedef struct {
     int epoch;
     size_t peak_device_bytes, peak_pinned_bytes, peak_host_bytes;
     size_t host_allocated_bytes; /* jemalloc stats.allocated */
+    /* the staging pool this step (engine/exec.h; extra metrics keys when has_staging) */
+    bool has_staging;
+    uint64_t staging_copies[2];        /* H2D, D2H copies through the pool */
+    double staging_mean_copy_bytes[2];
+    uint64_t staging_experts_skipped;  /* expert transfers not made: the expert got no token */
+    double staging_wait_s;             /* time transfers waited for pinned space */
+    size_t staging_peak_in_use_bytes;  /* of the peak_pinned_bytes reserved */
 } eng_step_report_t;
 
 typedef struct {

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "engine/data.h"
+#include "engine/exec.h"
 #include "engine/host_mem.h"
 #include "engine/model.h"
 #include "engine/optim.h"
@@ -88,13 +89,16 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
         return st;
     }
     eng_model_t model;
-    st = eng_model_load(&model, dev, rc->base_model, rc->model_config_json, &tp.plan, err);
+    eng_staging_settings_t staging;
+    eng_staging_settings_from_run(rc, &staging);
+    st = eng_model_load_ex(&model, dev, rc->base_model, rc->model_config_json, &tp.plan, &staging, err);
     if (st != MT_OK) {
         eng_train_plan_free(&tp);
         kern_device_destroy(dev);
         return st;
     }
     eng_trace_t *trace = NULL;
+    double t_trace = 0; /* when tracing started */
 
     const char *paths[ENG_MAX_DATASETS];
     for (int i = 0; i < rc->num_datasets; i++) paths[i] = rc->datasets[i].path;
@@ -119,6 +123,7 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
         st = eng_trace_open(path, &trace, err);
         if (st != MT_OK) goto out;
         eng_model_set_trace(&model, trace);
+        t_trace = eng_now_s();
     }
     eng_reporter_note(&rep,
                       "moetune: %s, %d layers, %d experts (top-%d), %lld examples of %d tokens, "
@@ -132,6 +137,11 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
     else
         eng_reporter_note(&rep, "moetune: %s", tp.summary);
     result->predicted_step_s = tp.predicted_step_s;
+    eng_exec_staging_info_t si;
+    eng_exec_staging_info(&model, &si);
+    eng_reporter_note(&rep, "moetune: staging %s: %.1f MiB pinned for an in-flight window of %.1f MiB (%d tensors)",
+                      moe_staging_mode_name(si.mode), si.capacity / 1048576.0, si.window_payload / 1048576.0,
+                      si.window_tensors);
 
     const eng_optim_hparams_t hp_base = {
         .beta1 = rc->adam_beta1, .beta2 = rc->adam_beta2, .eps = rc->adam_epsilon,
@@ -170,12 +180,18 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
         const double dt = eng_now_s() - t0;
         const kern_device_stats_t ds_stats = kern_device_stats(dev);
         const eng_host_mem_t hm = eng_host_mem_read();
+        moe_staging_stats_t ss; /* this step's (eng_optim_begin_step restarted the counters) */
+        moe_staging_get_stats(eng_exec_staging(&model), MOE_STAGING_SCOPE_STEP, &ss);
         eng_step_report_t r = {
             .step = step + 1, .total_steps = total, .loss = loss, .ce_loss = ce, .aux_loss = aux,
             .lr = hp.lr, .grad_norm = os.grad_norm, .tokens_per_s = dt > 0 ? (double)tokens / dt : 0,
             .step_time_s = dt, .tokens = tokens, .epoch = ld.epoch,
-            .peak_device_bytes = ds_stats.device_peak, .peak_pinned_bytes = ds_stats.pinned_peak,
-            .peak_host_bytes = hm.peak_rss, .host_allocated_bytes = hm.allocated};
+            .peak_device_bytes = ds_stats.device_peak, .peak_pinned_bytes = ss.peak_reserved,
+            .peak_host_bytes = hm.peak_rss, .host_allocated_bytes = hm.allocated, .has_staging = true,
+            .staging_copies = {ss.copies[0], ss.copies[1]},
+            .staging_mean_copy_bytes = {ss.mean_copy_bytes[0], ss.mean_copy_bytes[1]},
+            .staging_experts_skipped = ss.experts_skipped, .staging_wait_s = ss.wait_s,
+            .staging_peak_in_use_bytes = ss.peak_in_use};
         const bool log_line = (step + 1) % (rc->logging_steps > 0 ? rc->logging_steps : 1) == 0 ||
                               step + 1 == total || step == 0;
         eng_reporter_step(&rep, &r, log_line);
@@ -198,6 +214,9 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
     if (rc->save_final) st = save_checkpoint(&model, rc, rc->output_dir, &rep, err);
 out:
     if (trace) {
+        mt_error_t serr = {0}; /* the staging pool's counter tracks */
+        if (eng_exec_trace_staging(&model, trace, t_trace, &serr) != MT_OK && st == MT_OK)
+            st = mt_error_set(err, serr.code, "%s", serr.msg);
         eng_model_set_trace(&model, NULL);
         mt_error_t terr = {0};
         if (eng_trace_close(trace, &terr) != MT_OK && st == MT_OK) st = mt_error_set(err, terr.code, "%s", terr.msg);

@@ -100,6 +100,10 @@ expect_fail bad_jsonl "badjson\.jsonl.*4" "$MOETUNE" train run.yaml --set 'datas
 { head -n 2 data.jsonl; echo '{"input_ids": [1, 2, 999]}'; } > oor.jsonl
 expect_fail out_of_range_token "oor\.jsonl.*3.*999" "$MOETUNE" train run.yaml --set 'datasets=[{path: oor.jsonl}]'
 
+# --- bad staging settings (issue 4): refused by the pool before training starts ------------
+expect_fail staging_cap_too_small "staging.*smaller than model\.embed_tokens\.weight" "$MOETUNE" train run.yaml --set staging.cap=1KiB
+expect_fail staging_zero_slabs "staging\.num_slabs = 0" "$MOETUNE" train run.yaml --set staging.num_slabs=0
+
 # the good run's files survived all the failures
 [ -f out/model.safetensors ] && echo "ok   earlier output intact" || { echo "FAIL earlier output lost"; failures=$((failures + 1)); }
 
