@@ -1,111 +1,424 @@
 /* Causal GQA attention on the CPU (see attention.h).
  *
- * Per (batch, query head) the scores are one sgemm over the strided q and k
- * rows, masked and soft-maxed row by row, then one sgemm with v.  Only the
- * row logsumexp is saved; backward recomputes the probabilities (the same
- * trade as flash attention, so saved activations stay O(T), not O(T^2)).
- * The upper triangle is computed and discarded: at the sequence lengths the
- * CPU backend runs, one full sgemm beats a blocked triangular product. */
+ * Why it is shaped this way
+ * - One task per (batch, kv head) over the backend's pool; a task runs the
+ *   kv head's query heads in order and owns everything it writes (their
+ *   out/lse/dq rows, and the kv head's dk/dv rows), so results do not
+ *   depend on the number of threads. No BLAS inside tasks: OpenBLAS runs
+ *   its own threads, and calling it from two of ours at once would fight
+ *   them.
+ * - Query rows go in blocks of AR = 4; a block only visits key columns up
+ *   to its last row (and from its first row's window start), in 16-wide
+ *   vectors: the causal upper triangle is skipped, not computed and
+ *   discarded. Scores are q.k summed over the head dimension in order
+ *   (c = 0..hd-1), times 1/sqrt(hd); K is transposed once per task into
+ *   (hd, T) so a vector holds 16 keys.
+ * - Softmax in fp32 with vec.h's exp (<= 1 ulp); row sums in double, in 16
+ *   lane partials indexed by key (j mod 16), folded in a fixed tree. Masked
+ *   lanes are -inf and contribute exact zeros, so what a row computes does
+ *   not depend on which block it is in. Only the row logsumexp is saved;
+ *   backward recomputes P (flash-attention style, nothing O(T^2) is kept).
+ * - Backward accumulates dk, dv of a kv head over its query heads (in head
+ *   order) and rows (in row order) in a (T, hd) scratch; dk is scaled by
+ *   1/sqrt(hd) once at the end. */
 #include "kernels/attention.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/attention_blas.h"
+#include "kernels/cpu/par.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/status.h"
 
-static inline int key_allowed(int i, int j, int window) {
-    return j <= i && (window <= 0 || i - j < window);
+#define AR 4 /* query rows per block */
+
+typedef struct {
+    const float *q, *k, *v, *dout, *out, *lse_in;
+    float *o, *lse, *dq, *dk, *dv;
+    int B, T, nh, nkv, hd, window;
+    float scale;
+} attn_job_t;
+
+static int round16(int x) { return (x + KERN_VL - 1) / KERN_VL * KERN_VL; }
+
+/* (T, ld) strided rows of width hd -> (hd, Tp) transposed, zero padded. */
+static void transpose_pad(float *dst, const float *src, int T, int Tp, int hd, int ld) {
+    for (int c = 0; c < hd; c++) {
+        float *d = dst + (size_t)c * Tp;
+        for (int j = 0; j < T; j++) d[j] = src[(size_t)j * ld + c];
+        for (int j = T; j < Tp; j++) d[j] = 0.0f;
+    }
 }
 
+/* (T, ld) strided rows of width hd -> (T, hdp) contiguous, zero padded. */
+static void copy_pad(float *dst, const float *src, int T, int hdp, int hd, int ld) {
+    for (int j = 0; j < T; j++) {
+        memcpy(dst + (size_t)j * hdp, src + (size_t)j * ld, (size_t)hd * sizeof *dst);
+        for (int c = hd; c < hdp; c++) dst[(size_t)j * hdp + c] = 0.0f;
+    }
+}
+
+/* qs[c * AR + r] = rows[r][c] broadcast, once per row block (a broadcast
+ * costs two instructions here; see kern_vf_splat). */
+KERN_VINLINE void splat_rows(kern_vf_t *qs, const float *const rows[AR], int hd) {
+    for (int c = 0; c < hd; c++)
+        for (int r = 0; r < AR; r++) qs[c * AR + r] = kern_vf_splat(rows[r][c]);
+}
+
+/* S[r][j] = alpha * sum_c a_r[c] * bT[c][j] for j in [jb0, jb1) (multiples
+ * of 16), r < AR, summed over c in order; qs holds the a_r[c] broadcast
+ * (splat_rows). Two key vectors at a time when there are two (8
+ * independent sums). */
+KERN_VINLINE void dot_block(float *S, int Tp, const kern_vf_t *qs, const float *bT, int hd, int jb0,
+                            int jb1, float alpha) {
+    const kern_vf_t va = kern_vf_splat(alpha);
+    int jb = jb0;
+    for (; jb + KERN_VL < jb1; jb += 2 * KERN_VL) {
+        kern_vf_t s0 = kern_vf_splat(0.0f), s1 = s0, s2 = s0, s3 = s0;
+        kern_vf_t t0 = s0, t1 = s0, t2 = s0, t3 = s0;
+        for (int c = 0; c < hd; c++) {
+            const float *kc = bT + (size_t)c * Tp + jb;
+            const kern_vf_t k0 = kern_vf_load(kc), k1 = kern_vf_load(kc + KERN_VL);
+            const kern_vf_t *q = qs + c * AR;
+            s0 += q[0] * k0, t0 += q[0] * k1;
+            s1 += q[1] * k0, t1 += q[1] * k1;
+            s2 += q[2] * k0, t2 += q[2] * k1;
+            s3 += q[3] * k0, t3 += q[3] * k1;
+        }
+        kern_vf_store(S + jb, s0 * va);
+        kern_vf_store(S + Tp + jb, s1 * va);
+        kern_vf_store(S + 2 * (size_t)Tp + jb, s2 * va);
+        kern_vf_store(S + 3 * (size_t)Tp + jb, s3 * va);
+        kern_vf_store(S + jb + KERN_VL, t0 * va);
+        kern_vf_store(S + Tp + jb + KERN_VL, t1 * va);
+        kern_vf_store(S + 2 * (size_t)Tp + jb + KERN_VL, t2 * va);
+        kern_vf_store(S + 3 * (size_t)Tp + jb + KERN_VL, t3 * va);
+    }
+    if (jb < jb1) {
+        kern_vf_t s0 = kern_vf_splat(0.0f), s1 = s0, s2 = s0, s3 = s0;
+        for (int c = 0; c < hd; c++) {
+            const kern_vf_t k0 = kern_vf_load(bT + (size_t)c * Tp + jb);
+            const kern_vf_t *q = qs + c * AR;
+            s0 += q[0] * k0;
+            s1 += q[1] * k0;
+            s2 += q[2] * k0;
+            s3 += q[3] * k0;
+        }
+        kern_vf_store(S + jb, s0 * va);
+        kern_vf_store(S + Tp + jb, s1 * va);
+        kern_vf_store(S + 2 * (size_t)Tp + jb, s2 * va);
+        kern_vf_store(S + 3 * (size_t)Tp + jb, s3 * va);
+    }
+}
+
+/* Masking without lane compares (GCC lowers integer-vector compares used
+ * as select masks lane by lane): adding keep_first[k] (0 in lanes < k,
+ * -inf in the others) keeps the first k lanes of a block and sets the rest
+ * to -inf (scores are finite); keep_from[k] keeps lanes >= k. */
+typedef struct {
+    float keep_first[KERN_VL + 1][KERN_VL];
+    float keep_from[KERN_VL + 1][KERN_VL];
+} mask_tab_t;
+
+static void mask_tab_init(mask_tab_t *t) {
+    for (int k = 0; k <= KERN_VL; k++)
+        for (int l = 0; l < KERN_VL; l++) {
+            t->keep_first[k][l] = l < k ? 0.0f : -INFINITY;
+            t->keep_from[k][l] = l >= k ? 0.0f : -INFINITY;
+        }
+}
+
+/* Masks row i's scores S[j], j in [jb0, jb1), to the keys it may see
+ * (lo <= j <= i, lo from the window; the others become -inf) and returns
+ * their max. */
+KERN_VINLINE float mask_row(float *S, const mask_tab_t *mt, int i, int window, int jb0, int jb1) {
+    const int lo = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+    kern_vf_t vmx = kern_vf_splat(-INFINITY);
+    for (int jb = jb0; jb < jb1; jb += KERN_VL) {
+        kern_vf_t s = kern_vf_load(S + jb);
+        if (jb + KERN_VL - 1 > i) { /* keep lanes j <= i */
+            const int k = i - jb + 1;
+            s = s + kern_vf_load(mt->keep_first[k < 0 ? 0 : k]);
+        }
+        if (jb < lo) { /* keep lanes j >= lo */
+            const int k = lo - jb;
+            s = s + kern_vf_load(mt->keep_from[k > KERN_VL ? KERN_VL : k]);
+        }
+        kern_vf_store(S + jb, s);
+        vmx = kern_vf_max(vmx, s);
+    }
+    return kern_vf_hmax(vmx);
+}
+
+/* S[r][j] = exp(S[r][j] - sub[r]) for j in [jb0, jb1), the AR rows side by
+ * side (four independent exps in flight); masked keys (-inf) give 0. With
+ * sums != NULL, sums[r] = the row's sum in double (16 lane partials by key,
+ * fixed fold). */
+KERN_VINLINE void exp_rows(float *S, int Tp, const float sub[AR], int jb0, int jb1, double *sums) {
+    const kern_vf_t v0 = kern_vf_splat(sub[0]), v1 = kern_vf_splat(sub[1]);
+    const kern_vf_t v2 = kern_vf_splat(sub[2]), v3 = kern_vf_splat(sub[3]);
+    float *S0 = S, *S1 = S + Tp, *S2 = S + 2 * (size_t)Tp, *S3 = S + 3 * (size_t)Tp;
+    kern_vdacc_t a0 = kern_vdacc_zero(), a1 = a0, a2 = a0, a3 = a0;
+    for (int jb = jb0; jb < jb1; jb += KERN_VL) {
+        const kern_vf_t p0 = kern_vf_exp(kern_vf_load(S0 + jb) - v0);
+        const kern_vf_t p1 = kern_vf_exp(kern_vf_load(S1 + jb) - v1);
+        const kern_vf_t p2 = kern_vf_exp(kern_vf_load(S2 + jb) - v2);
+        const kern_vf_t p3 = kern_vf_exp(kern_vf_load(S3 + jb) - v3);
+        kern_vf_store(S0 + jb, p0);
+        kern_vf_store(S1 + jb, p1);
+        kern_vf_store(S2 + jb, p2);
+        kern_vf_store(S3 + jb, p3);
+        if (sums) {
+            kern_vdacc_add(&a0, p0);
+            kern_vdacc_add(&a1, p1);
+            kern_vdacc_add(&a2, p2);
+            kern_vdacc_add(&a3, p3);
+        }
+    }
+    if (sums) {
+        sums[0] = kern_vdacc_hsum(a0);
+        sums[1] = kern_vdacc_hsum(a1);
+        sums[2] = kern_vdacc_hsum(a2);
+        sums[3] = kern_vdacc_hsum(a3);
+    }
+}
+
+/* acc_r[0..hdp) = sum_{j in [j0, j1]} P[r][j] * X[j][0..hdp) for r < AR; X is
+ * (T, hdp). Even and odd j are summed apart (8 independent sums), then
+ * added: a fixed order. */
+KERN_VINLINE void pv_block(float *acc, int hdp, const float *P, int Tp, const float *X, int j0, int j1) {
+    const float *P0 = P, *P1 = P + Tp, *P2 = P + 2 * (size_t)Tp, *P3 = P + 3 * (size_t)Tp;
+    for (int cv = 0; cv < hdp; cv += KERN_VL) {
+        kern_vf_t a0 = kern_vf_splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+        kern_vf_t b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        int j = j0;
+        for (; j < j1; j += 2) {
+            const kern_vf_t x = kern_vf_load(X + (size_t)j * hdp + cv);
+            const kern_vf_t y = kern_vf_load(X + (size_t)(j + 1) * hdp + cv);
+            a0 += kern_vf_splat(P0[j]) * x, b0 += kern_vf_splat(P0[j + 1]) * y;
+            a1 += kern_vf_splat(P1[j]) * x, b1 += kern_vf_splat(P1[j + 1]) * y;
+            a2 += kern_vf_splat(P2[j]) * x, b2 += kern_vf_splat(P2[j + 1]) * y;
+            a3 += kern_vf_splat(P3[j]) * x, b3 += kern_vf_splat(P3[j + 1]) * y;
+        }
+        if (j == j1) {
+            const kern_vf_t x = kern_vf_load(X + (size_t)j * hdp + cv);
+            a0 += kern_vf_splat(P0[j]) * x;
+            a1 += kern_vf_splat(P1[j]) * x;
+            a2 += kern_vf_splat(P2[j]) * x;
+            a3 += kern_vf_splat(P3[j]) * x;
+        }
+        kern_vf_store(acc + cv, a0 + b0);
+        kern_vf_store(acc + hdp + cv, a1 + b1);
+        kern_vf_store(acc + 2 * (size_t)hdp + cv, a2 + b2);
+        kern_vf_store(acc + 3 * (size_t)hdp + cv, a3 + b3);
+    }
+}
+
+/* dT[c][j] += sum_r W[r][j] * x_r[c] for j in [jb0, jb1), c < hd, r in
+ * order; dT is (hd, Tp), W is (AR, Tp) and qs holds the x_r[c] broadcast.
+ * Rows of W past the last query row must be zero. */
+KERN_VINLINE void rank_update(float *dT, int Tp, const float *W, const kern_vf_t *qs, int hd,
+                              int jb0, int jb1) {
+    for (int jb = jb0; jb < jb1; jb += KERN_VL) {
+        const kern_vf_t w0 = kern_vf_load(W + jb), w1 = kern_vf_load(W + Tp + jb);
+        const kern_vf_t w2 = kern_vf_load(W + 2 * (size_t)Tp + jb);
+        const kern_vf_t w3 = kern_vf_load(W + 3 * (size_t)Tp + jb);
+        for (int c = 0; c < hd; c++) {
+            float *d = dT + (size_t)c * Tp + jb;
+            const kern_vf_t *q = qs + c * AR;
+            kern_vf_store(d, kern_vf_load(d) + w0 * q[0] + w1 * q[1] + w2 * q[2] + w3 * q[3]);
+        }
+    }
+}
+
+/* Block-aligned key range [jb0, jb1) and last key j1 of query rows [i0, i0 + AR). */
+static void key_range(int i0, int T, int window, int *jb0, int *jb1, int *j1) {
+    const int ilast = i0 + AR - 1 < T - 1 ? i0 + AR - 1 : T - 1;
+    const int lo = window > 0 && i0 - window + 1 > 0 ? i0 - window + 1 : 0;
+    *jb0 = lo / KERN_VL * KERN_VL;
+    *j1 = ilast;
+    *jb1 = round16(ilast + 1);
+}
+
+KERN_CPU_CLONES static void fwd_task_body(const attn_job_t *J, int b, int hk, kern_vf_t *qs) {
+    const int T = J->T, hd = J->hd, Tp = round16(T), hdp = round16(hd);
+    const int group = J->nh / J->nkv, ldq = J->nh * hd, ldk = J->nkv * hd;
+    float *kT = (float *)(qs + (size_t)hd * AR), *vP = kT + (size_t)hd * Tp;
+    float *S = vP + (size_t)T * hdp, *acc = S + (size_t)AR * Tp;
+    mask_tab_t mt;
+    mask_tab_init(&mt);
+    transpose_pad(kT, J->k + (size_t)b * T * ldk + (size_t)hk * hd, T, Tp, hd, ldk);
+    copy_pad(vP, J->v + (size_t)b * T * ldk + (size_t)hk * hd, T, hdp, hd, ldk);
+    for (int g = 0; g < group; g++) {
+        const int h = hk * group + g;
+        const float *qb = J->q + (size_t)b * T * ldq + (size_t)h * hd;
+        float *ob = J->o + (size_t)b * T * ldq + (size_t)h * hd;
+        float *lb = J->lse + ((size_t)b * J->nh + h) * T;
+        for (int i0 = 0; i0 < T; i0 += AR) {
+            int jb0, jb1, j1;
+            key_range(i0, T, J->window, &jb0, &jb1, &j1);
+            const float *qr[AR];
+            for (int r = 0; r < AR; r++) qr[r] = qb + (size_t)(i0 + r < T ? i0 + r : T - 1) * ldq;
+            splat_rows(qs, qr, hd);
+            dot_block(S, Tp, qs, kT, hd, jb0, jb1, J->scale);
+            float mx[AR];
+            double sum[AR];
+            for (int r = 0; r < AR; r++)
+                mx[r] = mask_row(S + (size_t)r * Tp, &mt, i0 + r < T ? i0 + r : T - 1, J->window, jb0, jb1);
+            exp_rows(S, Tp, mx, jb0, jb1, sum);
+            for (int r = 0; r < AR; r++) {
+                const kern_vf_t inv = kern_vf_splat((float)(1.0 / sum[r]));
+                float *sr = S + (size_t)r * Tp;
+                for (int jj = jb0; jj < jb1; jj += KERN_VL) kern_vf_store(sr + jj, kern_vf_load(sr + jj) * inv);
+                if (i0 + r < T) lb[i0 + r] = mx[r] + (float)log(sum[r]);
+            }
+            pv_block(acc, hdp, S, Tp, vP, jb0, j1);
+            for (int r = 0; r < AR && i0 + r < T; r++)
+                memcpy(ob + (size_t)(i0 + r) * ldq, acc + (size_t)r * hdp, (size_t)hd * sizeof *ob);
+        }
+    }
+}
+
+/* One task's scratch: 2 * hd * AR broadcast vectors (64-byte aligned, as
+ * kern_vf_t requires), then `floats` floats. */
+static kern_vf_t *scratch_alloc(int hd, size_t floats) {
+    const size_t vbytes = sizeof(kern_vf_t);
+    const size_t bytes = 2 * (size_t)hd * AR * vbytes + floats * sizeof(float);
+    kern_vf_t *p = aligned_alloc(vbytes, (bytes + vbytes - 1) / vbytes * vbytes);
+    MT_CHECK_ALLOC(p, "attention scratch");
+    return p;
+}
+
+static void fwd_task(void *ctx, size_t t) {
+    const attn_job_t *J = ctx;
+    const int T = J->T, Tp = round16(T), hdp = round16(J->hd);
+    const size_t n = (size_t)J->hd * Tp + (size_t)T * hdp + (size_t)AR * Tp + (size_t)AR * hdp;
+    kern_vf_t *scratch = scratch_alloc(J->hd, n);
+    fwd_task_body(J, (int)(t / (size_t)J->nkv), (int)(t % (size_t)J->nkv), scratch);
+    free(scratch);
+}
+
+void kern_attention_fwd_cpu_vec(kern_stream_t *s, float *out, float *lse, const float *q,
+                                const float *k, const float *v, int B, int T, int nh, int nkv,
+                                int hd, int window) {
+    if (B <= 0 || T <= 0) return;
+    attn_job_t J = {.q = q, .k = k, .v = v, .o = out, .lse = lse, .B = B, .T = T, .nh = nh,
+                    .nkv = nkv, .hd = hd, .window = window, .scale = 1.0f / sqrtf((float)hd)};
+    kern_cpu_parallel_for(s, (size_t)B * nkv, fwd_task, &J);
+}
+
+KERN_CPU_CLONES static void bwd_task_body(const attn_job_t *J, int b, int hk, kern_vf_t *qs) {
+    const int T = J->T, hd = J->hd, Tp = round16(T), hdp = round16(hd);
+    const int group = J->nh / J->nkv, ldq = J->nh * hd, ldk = J->nkv * hd;
+    const size_t koff = (size_t)b * T * ldk + (size_t)hk * hd;
+    kern_vf_t *ds = qs + (size_t)hd * AR; /* dout rows broadcast; qs: q rows */
+    float *kT = (float *)(ds + (size_t)hd * AR), *vT = kT + (size_t)hd * Tp;
+    float *kP = vT + (size_t)hd * Tp;
+    float *dkT = kP + (size_t)T * hdp, *dvT = dkT + (size_t)hd * Tp; /* (hd, Tp) */
+    float *P = dvT + (size_t)hd * Tp, *dS = P + (size_t)AR * Tp, *acc = dS + (size_t)AR * Tp;
+    mask_tab_t mt;
+    mask_tab_init(&mt);
+    transpose_pad(kT, J->k + koff, T, Tp, hd, ldk);
+    transpose_pad(vT, J->v + koff, T, Tp, hd, ldk);
+    copy_pad(kP, J->k + koff, T, hdp, hd, ldk);
+    memset(dkT, 0, 2 * (size_t)hd * Tp * sizeof *dkT);
+    const kern_vf_t vsc = kern_vf_splat(J->scale);
+    for (int g = 0; g < group; g++) {
+        const int h = hk * group + g;
+        const size_t qoff = (size_t)b * T * ldq + (size_t)h * hd;
+        const float *lb = J->lse_in + ((size_t)b * J->nh + h) * T;
+        for (int i0 = 0; i0 < T; i0 += AR) {
+            int jb0, jb1, j1;
+            key_range(i0, T, J->window, &jb0, &jb1, &j1);
+            const int nr = T - i0 < AR ? T - i0 : AR;
+            const float *qr[AR], *gr[AR];
+            float sub[AR];
+            for (int r = 0; r < AR; r++) {
+                const int i = i0 + r < T ? i0 + r : T - 1;
+                qr[r] = J->q + qoff + (size_t)i * ldq;
+                gr[r] = J->dout + qoff + (size_t)i * ldq;
+                sub[r] = lb[i];
+            }
+            splat_rows(qs, qr, hd);
+            splat_rows(ds, gr, hd);
+            dot_block(P, Tp, qs, kT, hd, jb0, jb1, J->scale); /* S */
+            dot_block(dS, Tp, ds, vT, hd, jb0, jb1, 1.0f);    /* dP = dout V^T */
+            for (int r = 0; r < AR; r++)
+                mask_row(P + (size_t)r * Tp, &mt, i0 + r < T ? i0 + r : T - 1, J->window, jb0, jb1);
+            exp_rows(P, Tp, sub, jb0, jb1, NULL); /* P = exp(S - lse) */
+            for (int r = 0; r < AR; r++) {
+                float *pr = P + (size_t)r * Tp, *sr = dS + (size_t)r * Tp;
+                if (r >= nr) { /* past the last row: contributes nothing to dk, dv */
+                    memset(pr + jb0, 0, (size_t)(jb1 - jb0) * sizeof *pr);
+                    memset(sr + jb0, 0, (size_t)(jb1 - jb0) * sizeof *sr);
+                    continue;
+                }
+                const float *o = J->out + qoff + (size_t)(i0 + r) * ldq;
+                double dd = 0.0;
+                for (int c = 0; c < hd; c++) dd += (double)o[c] * gr[r][c];
+                const kern_vf_t D = kern_vf_splat((float)dd);
+                for (int jj = jb0; jj < jb1; jj += KERN_VL) /* dS = P * (dP - D) */
+                    kern_vf_store(sr + jj, kern_vf_load(pr + jj) * (kern_vf_load(sr + jj) - D));
+            }
+            pv_block(acc, hdp, dS, Tp, kP, jb0, j1); /* dq = dS K / sqrt(hd) */
+            for (int r = 0; r < nr; r++) {
+                float *ar = acc + (size_t)r * hdp;
+                for (int cv = 0; cv < hdp; cv += KERN_VL) kern_vf_store(ar + cv, kern_vf_load(ar + cv) * vsc);
+                memcpy(J->dq + qoff + (size_t)(i0 + r) * ldq, ar, (size_t)hd * sizeof *ar);
+            }
+            rank_update(dvT, Tp, P, ds, hd, jb0, jb1);  /* dv += P^T dout */
+            rank_update(dkT, Tp, dS, qs, hd, jb0, jb1); /* dk += dS^T q (scaled below) */
+        }
+    }
+    for (int j = 0; j < T; j++) {
+        float *dkr = J->dk + koff + (size_t)j * ldk, *dvr = J->dv + koff + (size_t)j * ldk;
+        for (int c = 0; c < hd; c++) {
+            dkr[c] = J->scale * dkT[(size_t)c * Tp + j];
+            dvr[c] = dvT[(size_t)c * Tp + j];
+        }
+    }
+}
+
+static void bwd_task(void *ctx, size_t t) {
+    const attn_job_t *J = ctx;
+    const int T = J->T, Tp = round16(T), hdp = round16(J->hd);
+    const size_t n = 4 * (size_t)J->hd * Tp + (size_t)T * hdp + 2 * (size_t)AR * Tp +
+                     (size_t)AR * hdp;
+    kern_vf_t *scratch = scratch_alloc(J->hd, n);
+    bwd_task_body(J, (int)(t / (size_t)J->nkv), (int)(t % (size_t)J->nkv), scratch);
+    free(scratch);
+}
+
+void kern_attention_bwd_cpu_vec(kern_stream_t *s, float *dq, float *dk, float *dv,
+                                const float *dout, const float *q, const float *k, const float *v,
+                                const float *out, const float *lse, int B, int T, int nh, int nkv,
+                                int hd, int window) {
+    if (B <= 0 || T <= 0) return;
+    attn_job_t J = {.q = q, .k = k, .v = v, .dout = dout, .out = out, .lse_in = lse, .dq = dq,
+                    .dk = dk, .dv = dv, .B = B, .T = T, .nh = nh, .nkv = nkv, .hd = hd,
+                    .window = window, .scale = 1.0f / sqrtf((float)hd)};
+    kern_cpu_parallel_for(s, (size_t)B * nkv, bwd_task, &J);
+}
+
+/* The 16-lane loops above keep 8-16 vectors live; without AVX-512's 32
+ * registers GCC spills them and the result is slower than OpenBLAS, so
+ * other CPUs take the sgemm path (attention_blas.c). */
 void kern_attention_fwd_cpu(kern_stream_t *s, float *out, float *lse, const float *q,
                             const float *k, const float *v, int B, int T, int nh, int nkv, int hd,
                             int window) {
-    (void)s;
-    const int group = nh / nkv;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int ldq = nh * hd, ldk = nkv * hd;
-    float *S = malloc((size_t)T * T * sizeof *S);
-    MT_CHECK_ALLOC(S, "attention scores");
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < nh; h++) {
-            const int hk = h / group;
-            const float *qb = q + (size_t)b * T * ldq + (size_t)h * hd;
-            const float *kb = k + (size_t)b * T * ldk + (size_t)hk * hd;
-            const float *vb = v + (size_t)b * T * ldk + (size_t)hk * hd;
-            float *ob = out + (size_t)b * T * ldq + (size_t)h * hd;
-            float *lb = lse + ((size_t)b * nh + h) * T;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, qb, ldq, kb, ldk,
-                        0.0f, S, T);
-            for (int i = 0; i < T; i++) {
-                float *row = S + (size_t)i * T;
-                float mx = -INFINITY;
-                for (int j = 0; j < T; j++)
-                    if (key_allowed(i, j, window) && row[j] > mx) mx = row[j];
-                double sum = 0.0;
-                for (int j = 0; j < T; j++) {
-                    float p = key_allowed(i, j, window) ? expf(row[j] - mx) : 0.0f;
-                    row[j] = p;
-                    sum += p;
-                }
-                const float inv = (float)(1.0 / sum);
-                for (int j = 0; j < T; j++) row[j] *= inv;
-                lb[i] = mx + (float)log(sum);
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, S, T, vb, ldk,
-                        0.0f, ob, ldq);
-        }
-    free(S);
+    if (__builtin_cpu_supports("avx512f"))
+        kern_attention_fwd_cpu_vec(s, out, lse, q, k, v, B, T, nh, nkv, hd, window);
+    else
+        kern_attention_fwd_cpu_blas(s, out, lse, q, k, v, B, T, nh, nkv, hd, window);
 }
 
 void kern_attention_bwd_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
                             const float *q, const float *k, const float *v, const float *out,
                             const float *lse, int B, int T, int nh, int nkv, int hd, int window) {
-    (void)s;
-    const int group = nh / nkv;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int ldq = nh * hd, ldk = nkv * hd;
-    float *P = malloc((size_t)T * T * sizeof *P);
-    float *dP = malloc((size_t)T * T * sizeof *dP);
-    float *D = malloc((size_t)T * sizeof *D);
-    MT_CHECK(P && dP && D, "out of host memory allocating attention backward scratch");
-    memset(dk, 0, (size_t)B * T * ldk * sizeof *dk);
-    memset(dv, 0, (size_t)B * T * ldk * sizeof *dv);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < nh; h++) {
-            const int hk = h / group;
-            const size_t qoff = (size_t)b * T * ldq + (size_t)h * hd;
-            const size_t koff = (size_t)b * T * ldk + (size_t)hk * hd;
-            const float *lb = lse + ((size_t)b * nh + h) * T;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, q + qoff, ldq,
-                        k + koff, ldk, 0.0f, P, T);
-            for (int i = 0; i < T; i++) {
-                float *row = P + (size_t)i * T;
-                for (int j = 0; j < T; j++)
-                    row[j] = key_allowed(i, j, window) ? expf(row[j] - lb[i]) : 0.0f;
-                const float *o = out + qoff + (size_t)i * ldq, *d = dout + qoff + (size_t)i * ldq;
-                double acc = 0.0;
-                for (int c = 0; c < hd; c++) acc += (double)o[c] * d[c];
-                D[i] = (float)acc;
-            }
-            /* dv += P^T dout */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, dout + qoff,
-                        ldq, 1.0f, dv + koff, ldk);
-            /* dP = dout v^T, then dS = P * (dP - D) in place */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dout + qoff, ldq,
-                        v + koff, ldk, 0.0f, dP, T);
-            for (int i = 0; i < T; i++) {
-                float *pr = P + (size_t)i * T, *dr = dP + (size_t)i * T;
-                for (int j = 0; j < T; j++) dr[j] = pr[j] * (dr[j] - D[i]);
-            }
-            /* dq = dS k * scale (overwrite), dk += dS^T q * scale */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, scale, dP, T, k + koff,
-                        ldk, 0.0f, dq + qoff, ldq);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, scale, dP, T, q + qoff,
-                        ldq, 1.0f, dk + koff, ldk);
-        }
-    free(P);
-    free(dP);
-    free(D);
+    if (__builtin_cpu_supports("avx512f"))
+        kern_attention_bwd_cpu_vec(s, dq, dk, dv, dout, q, k, v, out, lse, B, T, nh, nkv, hd, window);
+    else
+        kern_attention_bwd_cpu_blas(s, dq, dk, dv, dout, q, k, v, out, lse, B, T, nh, nkv, hd, window);
 }

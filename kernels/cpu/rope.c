@@ -1,8 +1,13 @@
-/* Rotary embedding on the CPU, rotate_half convention (see rope.h). */
+/* Rotary embedding on the CPU, rotate_half convention (see rope.h). The
+ * per-element formulas are the header's, in the same order, on vec.h's
+ * lanes when hd/2 is a multiple of 16 (scalar otherwise). */
 #include "kernels/rope.h"
 
 #include <math.h>
 #include <stddef.h>
+
+#include "kernels/cpu/par.h"
+#include "kernels/cpu/vec.h"
 
 void kern_rope_table(float *cos_out, float *sin_out, int T, int hd, float theta) {
     const int half = hd / 2;
@@ -18,33 +23,65 @@ void kern_rope_table(float *cos_out, float *sin_out, int T, int hd, float theta)
     }
 }
 
-static void rope_apply(float *x, const float *cos_tab, const float *sin_tab, int B, int T,
-                       int heads, int hd, float sign) {
-    const int half = hd / 2;
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            const float *c = cos_tab + (size_t)t * half, *sn = sin_tab + (size_t)t * half;
-            float *row = x + ((size_t)b * T + t) * (size_t)heads * hd;
-            for (int h = 0; h < heads; h++) {
-                float *v = row + (size_t)h * hd;
-                for (int i = 0; i < half; i++) {
-                    const float x1 = v[i], x2 = v[i + half];
-                    const float si = sign * sn[i];
-                    v[i] = x1 * c[i] - x2 * si;
-                    v[i + half] = x2 * c[i] + x1 * si;
+typedef struct {
+    float *x;
+    const float *cos_tab, *sin_tab;
+    int B, T, heads, hd, per;
+    float sign;
+} rope_job_t;
+
+/* Rows (b, t) in [r0, r1): every head of the row rotated by position t. */
+KERN_CPU_CLONES static void rope_rows(const rope_job_t *J, int r0, int r1) {
+    const int half = J->hd / 2;
+    for (int row = r0; row < r1; row++) {
+        const int t = row % J->T;
+        const float *c = J->cos_tab + (size_t)t * half, *sn = J->sin_tab + (size_t)t * half;
+        float *xr = J->x + (size_t)row * J->heads * J->hd;
+        for (int h = 0; h < J->heads; h++) {
+            float *v = xr + (size_t)h * J->hd;
+            int i = 0;
+            if (half % KERN_VL == 0) {
+                const kern_vf_t sg = kern_vf_splat(J->sign);
+                for (; i < half; i += KERN_VL) {
+                    const kern_vf_t x1 = kern_vf_load(v + i), x2 = kern_vf_load(v + i + half);
+                    const kern_vf_t ci = kern_vf_load(c + i), si = sg * kern_vf_load(sn + i);
+                    kern_vf_store(v + i, x1 * ci - x2 * si);
+                    kern_vf_store(v + i + half, x2 * ci + x1 * si);
                 }
             }
+            for (; i < half; i++) {
+                const float x1 = v[i], x2 = v[i + half];
+                const float si = J->sign * sn[i];
+                v[i] = x1 * c[i] - x2 * si;
+                v[i + half] = x2 * c[i] + x1 * si;
+            }
         }
+    }
+}
+
+static void rope_task(void *ctx, size_t t) {
+    const rope_job_t *J = ctx;
+    const int rows = J->B * J->T;
+    const int r0 = (int)t * J->per, r1 = r0 + J->per < rows ? r0 + J->per : rows;
+    rope_rows(J, r0, r1);
+}
+
+/* Rows are independent: fixed blocks of rows over the backend's pool. */
+static void rope_apply(kern_stream_t *s, float *x, const float *cos_tab, const float *sin_tab,
+                       int B, int T, int heads, int hd, float sign) {
+    const int width = heads * hd;
+    if (B <= 0 || T <= 0 || width <= 0) return;
+    rope_job_t J = {.x = x, .cos_tab = cos_tab, .sin_tab = sin_tab, .B = B, .T = T, .heads = heads,
+                    .hd = hd, .per = width < 16384 ? 16384 / width : 1, .sign = sign};
+    kern_cpu_parallel_for(s, kern_cpu_tasks((size_t)B * T, (size_t)J.per), rope_task, &J);
 }
 
 void kern_rope_fwd_cpu(kern_stream_t *s, float *x, const float *cos_tab, const float *sin_tab,
                        int B, int T, int heads, int hd) {
-    (void)s;
-    rope_apply(x, cos_tab, sin_tab, B, T, heads, hd, 1.0f);
+    rope_apply(s, x, cos_tab, sin_tab, B, T, heads, hd, 1.0f);
 }
 
 void kern_rope_bwd_cpu(kern_stream_t *s, float *x, const float *cos_tab, const float *sin_tab,
                        int B, int T, int heads, int hd) {
-    (void)s;
-    rope_apply(x, cos_tab, sin_tab, B, T, heads, hd, -1.0f);
+    rope_apply(s, x, cos_tab, sin_tab, B, T, heads, hd, -1.0f);
 }

@@ -1,0 +1,112 @@
+/* Causal GQA attention on the CPU through OpenBLAS: the path for CPUs
+ * without AVX-512 (attention.c picks it; see there why).
+ *
+ * Per (batch, query head) the scores are one sgemm over the strided q and k
+ * rows, masked and soft-maxed row by row, then one sgemm with v.  Only the
+ * row logsumexp is saved; backward recomputes the probabilities (the same
+ * trade as flash attention, so saved activations stay O(T), not O(T^2)).
+ * The upper triangle is computed and discarded: at the sequence lengths the
+ * CPU backend runs, one full sgemm beats a blocked triangular product. */
+#include "kernels/cpu/attention_blas.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/status.h"
+
+static inline int key_allowed(int i, int j, int window) {
+    return j <= i && (window <= 0 || i - j < window);
+}
+
+void kern_attention_fwd_cpu_blas(kern_stream_t *s, float *out, float *lse, const float *q,
+                            const float *k, const float *v, int B, int T, int nh, int nkv, int hd,
+                            int window) {
+    (void)s;
+    const int group = nh / nkv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int ldq = nh * hd, ldk = nkv * hd;
+    float *S = malloc((size_t)T * T * sizeof *S);
+    MT_CHECK_ALLOC(S, "attention scores");
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            const int hk = h / group;
+            const float *qb = q + (size_t)b * T * ldq + (size_t)h * hd;
+            const float *kb = k + (size_t)b * T * ldk + (size_t)hk * hd;
+            const float *vb = v + (size_t)b * T * ldk + (size_t)hk * hd;
+            float *ob = out + (size_t)b * T * ldq + (size_t)h * hd;
+            float *lb = lse + ((size_t)b * nh + h) * T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, qb, ldq, kb, ldk,
+                        0.0f, S, T);
+            for (int i = 0; i < T; i++) {
+                float *row = S + (size_t)i * T;
+                float mx = -INFINITY;
+                for (int j = 0; j < T; j++)
+                    if (key_allowed(i, j, window) && row[j] > mx) mx = row[j];
+                double sum = 0.0;
+                for (int j = 0; j < T; j++) {
+                    float p = key_allowed(i, j, window) ? expf(row[j] - mx) : 0.0f;
+                    row[j] = p;
+                    sum += p;
+                }
+                const float inv = (float)(1.0 / sum);
+                for (int j = 0; j < T; j++) row[j] *= inv;
+                lb[i] = mx + (float)log(sum);
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, S, T, vb, ldk,
+                        0.0f, ob, ldq);
+        }
+    free(S);
+}
+
+void kern_attention_bwd_cpu_blas(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
+                            const float *q, const float *k, const float *v, const float *out,
+                            const float *lse, int B, int T, int nh, int nkv, int hd, int window) {
+    (void)s;
+    const int group = nh / nkv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int ldq = nh * hd, ldk = nkv * hd;
+    float *P = malloc((size_t)T * T * sizeof *P);
+    float *dP = malloc((size_t)T * T * sizeof *dP);
+    float *D = malloc((size_t)T * sizeof *D);
+    MT_CHECK(P && dP && D, "out of host memory allocating attention backward scratch");
+    memset(dk, 0, (size_t)B * T * ldk * sizeof *dk);
+    memset(dv, 0, (size_t)B * T * ldk * sizeof *dv);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            const int hk = h / group;
+            const size_t qoff = (size_t)b * T * ldq + (size_t)h * hd;
+            const size_t koff = (size_t)b * T * ldk + (size_t)hk * hd;
+            const float *lb = lse + ((size_t)b * nh + h) * T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, q + qoff, ldq,
+                        k + koff, ldk, 0.0f, P, T);
+            for (int i = 0; i < T; i++) {
+                float *row = P + (size_t)i * T;
+                for (int j = 0; j < T; j++)
+                    row[j] = key_allowed(i, j, window) ? expf(row[j] - lb[i]) : 0.0f;
+                const float *o = out + qoff + (size_t)i * ldq, *d = dout + qoff + (size_t)i * ldq;
+                double acc = 0.0;
+                for (int c = 0; c < hd; c++) acc += (double)o[c] * d[c];
+                D[i] = (float)acc;
+            }
+            /* dv += P^T dout */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, dout + qoff,
+                        ldq, 1.0f, dv + koff, ldk);
+            /* dP = dout v^T, then dS = P * (dP - D) in place */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dout + qoff, ldq,
+                        v + koff, ldk, 0.0f, dP, T);
+            for (int i = 0; i < T; i++) {
+                float *pr = P + (size_t)i * T, *dr = dP + (size_t)i * T;
+                for (int j = 0; j < T; j++) dr[j] = pr[j] * (dr[j] - D[i]);
+            }
+            /* dq = dS k * scale (overwrite), dk += dS^T q * scale */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, scale, dP, T, k + koff,
+                        ldk, 0.0f, dq + qoff, ldq);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, scale, dP, T, q + qoff,
+                        ldq, 1.0f, dk + koff, ldk);
+        }
+    free(P);
+    free(dP);
+    free(D);
+}
