@@ -2,8 +2,9 @@
  *
  *   moetune train RUN.yaml [--set key=value]...
  *   moetune init RUN.yaml [--set key=value]...   create base_model from base_model_init
+ *   moetune profile RUN.yaml [--compare] [--steps N] [--set key=value]...
  *   moetune inspect CHECKPOINT_DIR
- *   moetune bench adam [options]
+ *   moetune bench adam|gemm|step|staging [options]
  *
  * Exit codes: 0 success, 1 a run failed (the message says what and where),
  * 2 a bad command line. */
@@ -16,9 +17,11 @@
 #include "engine/config.h"
 #include "engine/init_random.h"
 #include "engine/inspect.h"
+#include "engine/profile.h"
 #include "engine/train.h"
 #include "tools/bench/adam_bench.h"
 #include "tools/bench/gemm_bench.h"
+#include "tools/bench/staging_bench.h"
 #include "tools/bench/step_bench.h"
 #include "tools/plan/plan_cmd.h"
 
@@ -34,6 +37,11 @@ static void usage(FILE *f) {
             "                                       will it fit, how fast: the planner's choice of\n"
             "                                       what to keep, offload or recompute (needs only\n"
             "                                       config.json; exit 3 when infeasible)\n"
+            "  profile RUN.yaml [--compare] [--steps N] [--set key=value]...\n"
+            "                                       a few steps of the run with the staging pool's\n"
+            "                                       report: pinned bytes, waste, copies, waits, experts\n"
+            "                                       skipped (output_dir/staging/: CSV, SVG); --compare\n"
+            "                                       runs compact, per_tensor and max_slot side by side\n"
             "  inspect CHECKPOINT_DIR               architecture, parameter counts, tensor sizes\n"
             "  bench adam [--params N] [--threads T] [--json]\n"
             "                                       host AdamW vs this machine's memory ceiling\n"
@@ -41,7 +49,10 @@ static void usage(FILE *f) {
             "                                       matrix products vs the machine's peak\n"
             "  bench step [--layers N] [--link-gbps G] [--json] ...\n"
             "                                       training steps under keep_all / offload_all /\n"
-            "                                       min_memory with throttled links\n");
+            "                                       min_memory with throttled links\n"
+            "  bench staging [--layers N] [--experts E] [--gbps G] [--json] ...\n"
+            "                                       the staging modes moving a scaled-down MoE's weights\n"
+            "                                       and gradients over throttled links\n");
 }
 
 static int fail(const mt_error_t *err) {
@@ -131,6 +142,39 @@ static int cmd_init(int argc, char **argv) {
     return rcode;
 }
 
+static int cmd_profile(int argc, char **argv) {
+    eng_profile_opts_t po = {.steps = 3, .compare = false, .out = stdout};
+    /* --compare and --steps may come anywhere; the rest is RUN.yaml and --set */
+    char **rest = malloc((size_t)(argc > 0 ? argc : 1) * sizeof *rest);
+    if (!rest) return 1;
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--compare") == 0) {
+            po.compare = true;
+        } else if (strcmp(argv[i], "--steps") == 0 || strncmp(argv[i], "--steps=", 8) == 0) {
+            const char *v = argv[i][7] == '=' ? argv[i] + 8 : i + 1 < argc ? argv[++i] : NULL;
+            char *end = NULL;
+            const long k = v ? strtol(v, &end, 10) : 0;
+            if (!v || *end || k < 1 || k > 100000) {
+                fprintf(stderr, "moetune profile: --steps needs a positive number, got %s\n", v ? v : "nothing");
+                free(rest);
+                return 2;
+            }
+            po.steps = (int)k;
+        } else {
+            rest[n++] = argv[i];
+        }
+    }
+    eng_run_config_t rc;
+    mt_error_t err = {0};
+    int rcode = load_run_config(n, rest, &rc, &err);
+    free(rest);
+    if (rcode == 0) rcode = ensure_base_model(&rc, false, &err);
+    if (rcode == 0 && eng_profile(&rc, &po, &err) != MT_OK) rcode = fail(&err);
+    eng_run_config_free(&rc);
+    return rcode;
+}
+
 static int cmd_inspect(int argc, char **argv) {
     if (argc != 1) {
         fprintf(stderr, "usage: moetune inspect CHECKPOINT_DIR\n");
@@ -145,7 +189,8 @@ static int cmd_bench(int argc, char **argv) {
     if (argc >= 1 && strcmp(argv[0], "adam") == 0) return mt_bench_adam_main(argc, argv);
     if (argc >= 1 && strcmp(argv[0], "step") == 0) return mt_bench_step_main(argc, argv);
     if (argc >= 1 && strcmp(argv[0], "gemm") == 0) return mt_bench_gemm_main(argc, argv);
-    fprintf(stderr, "usage: moetune bench adam|gemm|step [options]\n");
+    if (argc >= 1 && strcmp(argv[0], "staging") == 0) return mt_bench_staging_main(argc, argv);
+    fprintf(stderr, "usage: moetune bench adam|gemm|step|staging [options]\n");
     return 2;
 }
 
@@ -162,6 +207,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
     if (strcmp(cmd, "init") == 0) return cmd_init(argc - 2, argv + 2);
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
+    if (strcmp(cmd, "profile") == 0) return cmd_profile(argc - 2, argv + 2);
     if (strcmp(cmd, "plan") == 0) return mt_plan_main(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 2, argv + 2);
     fprintf(stderr, "moetune: unknown command '%s'\n\n", cmd);
