@@ -4,8 +4,9 @@
  * (or base_model_init, a config.json file).  Prints whether it fits and
  * why not; the predicted step time, tokens/s, model TFLOPS and MFU; peak
  * device, pinned and host memory against the budgets; the decisions per
- * block (runs of identical layers compressed) and per tensor kind; and
- * what bounds the step.  --trace writes the predicted step as a Chrome
+ * block (runs of identical layers compressed) and per tensor kind; what
+ * bounds the step; and the pinned staging each staging mode needs for the
+ * plan's window, with host memory in total.  --trace writes the predicted step as a Chrome
  * trace (one track per stream, memory counters).
  *
  * The hardware profile: --hw, else the run config's `hardware:`; one of
@@ -52,6 +53,13 @@
  *                      grads {device_blocks, host_blocks, d2h_bytes},
  *                      optimizer {device_blocks, host_blocks, device_bytes, host_bytes},
  *                      activations {keep_blocks, offload_blocks, recompute_blocks}}
+ *   staging           pinned staging per mode of moe/staging for the plan's in-flight window
+ *                     (prefetch_window + 1 streamed blocks, one block of host gradients, offloaded
+ *                     activations): {window_blocks, hypothetical (the plan stages nothing: shown for
+ *                     streamed layers), tensors, payload_bytes, weights_bytes, grads_bytes, acts_bytes,
+ *                     largest_tensor_bytes, compact_bytes, per_tensor_bytes, per_tensor_pow2_bytes,
+ *                     max_slot_bytes, max_slot_slots, host_total_bytes {compact, per_tensor, max_slot}
+ *                     (pageable peak + that mode's staging)}
  */
 #ifndef MT_TOOLS_PLAN_PLAN_CMD_H
 #define MT_TOOLS_PLAN_PLAN_CMD_H

@@ -168,6 +168,17 @@ static void test_qwen3(void) {
     json_t *mem = json_object_get(d, "memory");
     EXPECT(num(mem, "device", "budget_bytes") == 24 * GiB && num(mem, "host", "budget_bytes") == 128 * GiB,
            "budgets %g %g", num(mem, "device", "budget_bytes"), num(mem, "host", "budget_bytes"));
+    /* issue 4: pinned staging for the plan's window; max_slot needs >= 4x compact (128 experts of
+       768x2048 against a 151936x2048 embedding), compact stays within 1.10x of the payload */
+    json_t *stg = json_object_get(d, "staging");
+    EXPECT(num(stg, "max_slot_bytes", NULL) >= 4 * num(stg, "compact_bytes", NULL), "max_slot %g vs compact %g",
+           num(stg, "max_slot_bytes", NULL), num(stg, "compact_bytes", NULL));
+    EXPECT(num(stg, "compact_bytes", NULL) <= 1.10 * num(stg, "payload_bytes", NULL) &&
+               num(stg, "per_tensor_bytes", NULL) >= num(stg, "compact_bytes", NULL),
+           "compact %g, per_tensor %g, payload %g", num(stg, "compact_bytes", NULL), num(stg, "per_tensor_bytes", NULL),
+           num(stg, "payload_bytes", NULL));
+    EXPECT(num(json_object_get(stg, "host_total_bytes"), "compact", NULL) > num(mem, "host", "peak_bytes"),
+           "host total includes the pinned staging");
     json_decref(d);
     d = plan_json("qwen3", NULL, "memory.device=1GiB", NULL, &rc);
     if (!d) return;

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe/staging.h"
+#include "moe/staging_report.h"
+
 static const char *weights_name(sched_weight_place_t p) { return p == SCHED_WEIGHTS_RESIDENT ? "resident" : "stream"; }
 static const char *grads_name(sched_grad_place_t p) { return p == SCHED_GRADS_DEVICE ? "device" : "host"; }
 static const char *optim_name(sched_optim_place_t p) { return p == SCHED_OPTIM_DEVICE ? "device" : "host"; }
@@ -102,6 +105,131 @@ static kinds_t kinds(const plan_ctx_t *c) {
         if (t->kind == SCHED_TASK_GRAD_D2H) k.grads_d2h += t->bytes;
     }
     return k;
+}
+
+/* The pinned staging each mode of moe/staging needs for the plan's
+ * in-flight window, as the executor sizes its pool (engine/exec_stage.c):
+ * prefetch_window + 1 consecutive blocks of streamed weights with every
+ * expert, one block of host-bound gradients, and the saved activations of
+ * every offloading block (one region each, held forward to backward).  A
+ * plan that moves nothing through staging is shown for a window of
+ * streamed layers instead, to compare the modes on the model. */
+typedef struct {
+    moe_staging_plan_t p;
+    int window_blocks;
+    bool hypothetical;
+    double weights, grads, acts; /* the payload's parts */
+} staging_need_t;
+
+static void add_t(size_t **t, int *n, int *cap, size_t bytes) {
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 1024;
+        *t = realloc(*t, (size_t)*cap * sizeof **t);
+        MT_CHECK_ALLOC(*t, "staging window");
+    }
+    (*t)[(*n)++] = bytes;
+}
+
+static double block_kind_bytes(const sched_registry_t *r, int b, sched_tensor_kind_t kind, size_t **t, int *n,
+                               int *cap) {
+    double sum = 0;
+    for (int i = 0; i < r->num_tensors; i++)
+        if (r->tensors[i].block == b && r->tensors[i].kind == kind) {
+            sum += (double)r->tensors[i].bytes;
+            if (t) add_t(t, n, cap, r->tensors[i].bytes);
+        }
+    return sum;
+}
+
+static staging_need_t staging_need(const plan_ctx_t *c) {
+    const sched_registry_t *r = &c->reg;
+    const sched_plan_t *p = &c->res.plan;
+    staging_need_t out;
+    memset(&out, 0, sizeof out);
+    const int N = p->num_blocks, W1 = (p->prefetch_window > 0 ? p->prefetch_window : 1) + 1;
+    out.window_blocks = W1;
+    bool any = false;
+    for (int b = 0; b < N; b++)
+        any |= p->blocks[b].weights == SCHED_WEIGHTS_STREAM || p->blocks[b].grads == SCHED_GRADS_HOST ||
+                p->blocks[b].acts == SCHED_ACTS_OFFLOAD;
+    out.hypothetical = !any;
+    size_t largest = 0, *t = NULL;
+    int n = 0, cap = 0;
+    for (int i = 0; i < r->num_tensors; i++)
+        if (r->tensors[i].kind == SCHED_T_WEIGHT && r->tensors[i].bytes > largest) largest = r->tensors[i].bytes;
+    /* weights: the W1 consecutive streamed blocks with the most bytes */
+    int best0 = -1;
+    double best = 0;
+    for (int b0 = 0; b0 < N; b0++) {
+        double sum = 0;
+        for (int b = b0; b < b0 + W1 && b < N; b++)
+            if (out.hypothetical || p->blocks[b].weights == SCHED_WEIGHTS_STREAM)
+                sum += block_kind_bytes(r, b, SCHED_T_WEIGHT, NULL, NULL, NULL);
+        if (sum > best) best = sum, best0 = b0;
+    }
+    for (int b = best0; best0 >= 0 && b < best0 + W1 && b < N; b++)
+        if (out.hypothetical || p->blocks[b].weights == SCHED_WEIGHTS_STREAM)
+            block_kind_bytes(r, b, SCHED_T_WEIGHT, &t, &n, &cap);
+    out.weights = best;
+    /* one block of gradients on their way to the host */
+    int gb = -1;
+    for (int b = 0; b < N; b++) {
+        if (!out.hypothetical && p->blocks[b].grads != SCHED_GRADS_HOST) continue;
+        const double g = block_kind_bytes(r, b, SCHED_T_GRAD, NULL, NULL, NULL);
+        if (g > out.grads) out.grads = g, gb = b;
+    }
+    if (gb >= 0) block_kind_bytes(r, gb, SCHED_T_GRAD, &t, &n, &cap);
+    /* activations held in pinned memory from forward to backward */
+    for (int b = 0; b < N && !out.hypothetical; b++)
+        if (p->blocks[b].acts == SCHED_ACTS_OFFLOAD) {
+            const double a = block_kind_bytes(r, b, SCHED_T_ACT, NULL, NULL, NULL);
+            if (a <= 0) continue;
+            add_t(&t, &n, &cap, (size_t)a);
+            out.acts += a;
+            if ((size_t)a > largest) largest = (size_t)a;
+        }
+    const moe_staging_plan_opts_t po = {.largest_tensor = largest};
+    moe_staging_plan_all(t, n, &po, &out.p);
+    free(t);
+    return out;
+}
+
+static void staging_text(FILE *f, const plan_ctx_t *c) {
+    const staging_need_t st = staging_need(c);
+    char what[256];
+    snprintf(what, sizeof what, "%s (%d blocks in flight%s)", c->mc.model_type, st.window_blocks,
+             st.hypothetical ? "; this plan stages nothing, shown for streamed layers" : "");
+    fprintf(f, "\nstaging         weights %s + gradients %s + offloaded activations %s in flight\n",
+            bytes_s(st.weights).s, bytes_s(st.grads).s, bytes_s(st.acts).s);
+    moe_staging_plan_print(f, what, &st.p);
+    const double host = c->res.sim.peak[SCHED_MEM_HOST];
+    fprintf(f, "host memory in total (pageable %s + pinned staging): compact %s, per_tensor %s, max_slot %s\n",
+            bytes_s(host).s, bytes_s(host + (double)st.p.compact).s, bytes_s(host + (double)st.p.per_tensor).s,
+            bytes_s(host + (double)st.p.max_slot).s);
+}
+
+static json_t *staging_json(const plan_ctx_t *c) {
+    const staging_need_t st = staging_need(c);
+    const double host = c->res.sim.peak[SCHED_MEM_HOST];
+    json_t *o = json_object();
+    MT_CHECK_ALLOC(o, "staging JSON");
+    json_object_set_new(o, "window_blocks", json_integer(st.window_blocks));
+    json_object_set_new(o, "hypothetical", json_boolean(st.hypothetical));
+    json_object_set_new(o, "tensors", json_integer(st.p.tensors));
+    json_object_set_new(o, "payload_bytes", json_integer((json_int_t)st.p.payload));
+    json_object_set_new(o, "weights_bytes", json_real(st.weights));
+    json_object_set_new(o, "grads_bytes", json_real(st.grads));
+    json_object_set_new(o, "acts_bytes", json_real(st.acts));
+    json_object_set_new(o, "largest_tensor_bytes", json_integer((json_int_t)st.p.largest_tensor));
+    json_object_set_new(o, "compact_bytes", json_integer((json_int_t)st.p.compact));
+    json_object_set_new(o, "per_tensor_bytes", json_integer((json_int_t)st.p.per_tensor));
+    json_object_set_new(o, "per_tensor_pow2_bytes", json_integer((json_int_t)st.p.per_tensor_pow2));
+    json_object_set_new(o, "max_slot_bytes", json_integer((json_int_t)st.p.max_slot));
+    json_object_set_new(o, "max_slot_slots", json_integer(st.p.max_slot_slots));
+    json_object_set_new(o, "host_total_bytes",
+                        json_pack("{s:f, s:f, s:f}", "compact", host + (double)st.p.compact, "per_tensor",
+                                  host + (double)st.p.per_tensor, "max_slot", host + (double)st.p.max_slot));
+    return o;
 }
 
 static void bound_text(const plan_ctx_t *c, char *buf, size_t cap) {
@@ -202,6 +330,7 @@ void plan_report_text(FILE *f, const plan_ctx_t *c) {
     fprintf(f, "  optimizer     device %d blocks (%s), host %d blocks (%s)\n", k.odev, bytes_s(k.odev_bytes).s, k.ohost,
             bytes_s(k.ohost_bytes).s);
     fprintf(f, "  activations   keep %d, offload %d, recompute %d blocks\n", k.keep, k.offload, k.recompute);
+    staging_text(f, c);
 }
 
 /* Whole numbers (byte counts, parameters) as JSON integers, so they print exactly. */
@@ -307,6 +436,7 @@ json_t *plan_report_json(const plan_ctx_t *c) {
                   "d2h_bytes", num(k.grads_d2h), "optimizer", "device_blocks", k.odev, "host_blocks", k.ohost,
                   "device_bytes", num(k.odev_bytes), "host_bytes", num(k.ohost_bytes), "activations", "keep_blocks",
                   k.keep, "offload_blocks", k.offload, "recompute_blocks", k.recompute));
+    json_object_set_new(doc, "staging", staging_json(c));
     return doc;
 }
 
