@@ -226,6 +226,28 @@ mt_status_t exec_stage_create(eng_model_t *m, int tokens, mt_error_t *err) {
     moe_staging_get_stats(x->stage, MOE_STAGING_SCOPE_TOTAL, &s);
     info->capacity = s.capacity;
     x->stage_tokens = tokens;
+    /* offloaded activations stay held from forward to backward: a cap that
+     * leaves no room beside them for the largest tensor would stall the run */
+    if (info->window_acts > 0) {
+        size_t *must = malloc((size_t)(m->cfg.num_hidden_layers + 1) * sizeof *must);
+        MT_CHECK_ALLOC(must, "staging check");
+        int n = 0;
+        for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+            if (exec_block_plan(m, l + 1)->acts == SCHED_ACTS_OFFLOAD) must[n++] = exec_layer_act_bytes(m, l, tokens);
+        must[n++] = info->largest_tensor;
+        const size_t need = moe_staging_plan_bytes(set->mode, must, n, &po);
+        free(must);
+        if (s.capacity < need) {
+            exec_stage_destroy(m);
+            return mt_error_set(err, MT_ERR_CONFIG,
+                                "staging (mode %s): the pinned cap leaves %zu bytes, but the plan holds %zu bytes of "
+                                "offloaded activations from forward to backward and still needs room for %s (%zu "
+                                "bytes): %zu bytes at least; raise staging.cap / memory.pinned or recompute "
+                                "activations instead of offloading them",
+                                moe_staging_mode_name(set->mode), s.capacity, info->window_acts, info->largest_name,
+                                info->largest_tensor, need);
+        }
+    }
     return MT_OK;
 }
 

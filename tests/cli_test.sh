@@ -100,6 +100,17 @@ expect_fail bad_jsonl "badjson\.jsonl.*4" "$MOETUNE" train run.yaml --set 'datas
 { head -n 2 data.jsonl; echo '{"input_ids": [1, 2, 999]}'; } > oor.jsonl
 expect_fail out_of_range_token "oor\.jsonl.*3.*999" "$MOETUNE" train run.yaml --set 'datasets=[{path: oor.jsonl}]'
 
+# --- the staging profiler (issue 4): three modes on the same plan and data ------------------
+if timeout 120 "$MOETUNE" profile run.yaml --compare --steps 2 --set scheduler.policy=offload_all \
+     --set output_dir=prof >profile.out 2>profile.err \
+   && grep -qE "identical losses across modes +yes" profile.out \
+   && grep -qE "compact <= 3 copies per MoE layer.*yes" profile.out \
+   && [ -s prof/staging/staging.csv ] && grep -q "<svg" prof/staging/staging.svg; then
+  echo "ok   profile --compare: identical losses, staging.csv and staging.svg written"
+else
+  echo "FAIL profile --compare"; cat profile.out profile.err; failures=$((failures + 1))
+fi
+
 # --- bad staging settings (issue 4): refused by the pool before training starts ------------
 expect_fail staging_cap_too_small "staging.*smaller than model\.embed_tokens\.weight" "$MOETUNE" train run.yaml --set staging.cap=1KiB
 expect_fail staging_zero_slabs "staging\.num_slabs = 0" "$MOETUNE" train run.yaml --set staging.num_slabs=0

@@ -279,6 +279,22 @@ static void check_bad_settings(const char *dir) {
     st = eng_model_load_ex(&m, dev, ckpt, NULL, NULL, &s, &err);
     CHECK(st == MT_ERR_CONFIG && strstr(err.msg, "num_slabs"), "zero slabs: status %d, '%s'", (int)st, err.msg);
     fprintf(stderr, "   zero slabs: %s\n", err.msg);
+    /* a cap that leaves no room beside the offloaded activations for the largest tensor */
+    eng_model_config_t mc;
+    char cfgdir[600];
+    snprintf(cfgdir, sizeof cfgdir, "%s/ckpt", dir);
+    CHECK(eng_model_config_load(cfgdir, NULL, &mc, &err) == MT_OK, "%s", err.msg);
+    sched_plan_t off;
+    sched_plan_init_uniform(&off, mc.num_hidden_layers + 2, SCHED_POLICY_OFFLOAD_ALL);
+    eng_staging_settings_init(&s);
+    s.tokens = 2; /* activations smaller than the embedding each, larger together with it than the cap */
+    s.cap_bytes = (size_t)mc.vocab_size * mc.hidden_size * sizeof(float) * 3 / 2;
+    eng_model_config_free(&mc);
+    st = eng_model_load_ex(&m, dev, ckpt, NULL, &off, &s, &err);
+    CHECK(st == MT_ERR_CONFIG && strstr(err.msg, "offloaded activations"), "cap below the activations: %d '%s'",
+          (int)st, err.msg);
+    fprintf(stderr, "   cap below the activations: %s\n", err.msg);
+    sched_plan_free(&off);
     /* good settings get as far as the broken checkpoint */
     eng_staging_settings_init(&s);
     st = eng_model_load_ex(&m, dev, ckpt, NULL, NULL, &s, &err);

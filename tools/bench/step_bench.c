@@ -8,7 +8,12 @@
  *     behind compute: MegaTrain reports near-zero overhead);
  *   - the host optimizer's share of the step with and without overlapping
  *     backward (offload_all, no clipping), i.e. issue 6's overlap;
- *   - peak device bytes of each plan.
+ *   - peak device bytes of each plan;
+ *   - the staging pool (issue 4): offload_all's step time with the compact
+ *     pool against per_tensor (one pinned block and one copy per tensor),
+ *     modes alternating over --staging-rounds rounds so load drift hits both,
+ *     the median of every timed step of each; copies per step and pinned
+ *     bytes beside it.
  * The link is either given (--link-gbps) or chosen so that the bytes one
  * offload_all step moves H2D take `--link-fraction` (default 0.8) of
  * keep_all's compute time: transfers then fit behind compute. */
@@ -21,6 +26,7 @@
 #include <unistd.h>
 
 #include "engine/data.h"
+#include "engine/exec.h"
 #include "engine/init_random.h"
 #include "engine/model.h"
 #include "engine/optim.h"
@@ -38,9 +44,9 @@
 
 typedef struct {
     int layers, hidden, experts, topk, expert_width, vocab, heads, kv_heads;
-    int seq, batch, steps;
+    int seq, batch, steps, staging_rounds;
     double link_gbps, link_latency_us, link_fraction;
-    bool json;
+    bool json, staging_only;
     const char *trace; /* write the overlapped offload_all run's trace.json here */
 } opts_t;
 
@@ -50,6 +56,9 @@ typedef struct {
     size_t peak_device;
     uint64_t h2d_bytes, d2h_bytes; /* per step */
     int overlapped;
+    double *times;                 /* every timed step */
+    uint64_t staging_copies[2];    /* per step, through the staging pool */
+    size_t pinned_peak;            /* the pool's peak reserved */
     bool ok;
 } measure_t;
 
@@ -82,8 +91,8 @@ static void make_dataset(eng_dataset_t *ds, const opts_t *o, int rows) {
     for (size_t i = 0; i < n; i++) ds->targets[i] = (i + 1) % (size_t)o->seq ? ds->inputs[i + 1] : -100;
 }
 
-static void measure_plan(const char *ckpt, const opts_t *o, const sched_plan_t *given, double link_bps,
-                         bool overlap, const char *trace_path, measure_t *out) {
+static void measure_plan_staged(const char *ckpt, const opts_t *o, const sched_plan_t *given, double link_bps,
+                                bool overlap, const char *trace_path, moe_staging_mode_t mode, measure_t *out) {
     const sched_policy_t policy = given->policy;
     memset(out, 0, sizeof *out);
     mt_error_t err = {0};
@@ -95,7 +104,11 @@ static void measure_plan(const char *ckpt, const opts_t *o, const sched_plan_t *
         return;
     }
     eng_model_t m;
-    if (eng_model_load(&m, dev, ckpt, NULL, given, &err) != MT_OK) {
+    eng_staging_settings_t ss;
+    eng_staging_settings_init(&ss);
+    ss.mode = mode;
+    ss.tokens = o->batch * o->seq;
+    if (eng_model_load_ex(&m, dev, ckpt, NULL, given, &ss, &err) != MT_OK) {
         fprintf(stderr, "bench step: %s\n", err.msg);
         kern_device_destroy(dev);
         return;
@@ -134,9 +147,17 @@ static void measure_plan(const char *ckpt, const opts_t *o, const sched_plan_t *
             out->h2d_bytes = after.h2d_bytes - before.h2d_bytes;
             out->d2h_bytes = after.d2h_bytes - before.d2h_bytes;
             out->overlapped = os.updated_during_backward;
+            moe_staging_stats_t ss_step;
+            moe_staging_get_stats(eng_exec_staging(&m), MOE_STAGING_SCOPE_STEP, &ss_step);
+            out->staging_copies[0] = ss_step.copies[0];
+            out->staging_copies[1] = ss_step.copies[1];
+            if (ss_step.peak_reserved > out->pinned_peak) out->pinned_peak = ss_step.peak_reserved;
         }
     }
     if (out->ok) {
+        out->times = malloc((size_t)o->steps * sizeof *out->times);
+        MT_CHECK_ALLOC(out->times, "step times");
+        memcpy(out->times, times, (size_t)o->steps * sizeof *times);
         out->median_s = median(times, o->steps);
         out->optim_s = median(optim, o->steps);
         out->peak_device = kern_device_stats(dev).device_peak;
@@ -159,6 +180,11 @@ static void measure_plan(const char *ckpt, const opts_t *o, const sched_plan_t *
     kern_device_destroy(dev);
 }
 
+static void measure_plan(const char *ckpt, const opts_t *o, const sched_plan_t *given, double link_bps,
+                         bool overlap, const char *trace_path, measure_t *out) {
+    measure_plan_staged(ckpt, o, given, link_bps, overlap, trace_path, MOE_STAGING_COMPACT, out);
+}
+
 static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, double link_bps, bool overlap,
                     const char *trace_path, measure_t *out) {
     sched_plan_t plan;
@@ -170,6 +196,50 @@ static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, do
 static void measure_free(measure_t *m) {
     free(m->fwd_s);
     free(m->bwd_s);
+    free(m->times);
+}
+
+/* offload_all (overlapped) with the compact pool and with per_tensor staging,
+ * alternating over rounds; the medians of all timed steps of each mode. */
+typedef struct {
+    double step_s[2];          /* [0] compact, [1] per_tensor */
+    uint64_t copies[2][2];     /* mode, direction: per step */
+    size_t pinned[2];
+    int rounds;
+    bool ok;
+} staging_cmp_t;
+
+static void measure_staging(const char *ckpt, const opts_t *o, double link_bps, staging_cmp_t *out) {
+    memset(out, 0, sizeof *out);
+    const int R = o->staging_rounds, n = R * o->steps;
+    double *t[2] = {malloc((size_t)n * sizeof(double)), malloc((size_t)n * sizeof(double))};
+    MT_CHECK(t[0] && t[1], "out of memory");
+    sched_plan_t plan;
+    sched_plan_init_uniform(&plan, o->layers + 2, SCHED_POLICY_OFFLOAD_ALL);
+    out->ok = true;
+    for (int r = 0; r < R && out->ok; r++)
+        for (int k = 0; k < 2 && out->ok; k++) {
+            const int mode = (r % 2) ? 1 - k : k; /* ABBA: neither mode always runs first */
+            measure_t mm;
+            measure_plan_staged(ckpt, o, &plan, link_bps, true, NULL,
+                                mode == 0 ? MOE_STAGING_COMPACT : MOE_STAGING_PER_TENSOR, &mm);
+            out->ok = mm.ok;
+            if (mm.ok) {
+                memcpy(t[mode] + (size_t)r * o->steps, mm.times, (size_t)o->steps * sizeof(double));
+                out->copies[mode][0] = mm.staging_copies[0];
+                out->copies[mode][1] = mm.staging_copies[1];
+                out->pinned[mode] = mm.pinned_peak;
+            }
+            measure_free(&mm);
+        }
+    if (out->ok) {
+        out->step_s[0] = median(t[0], n);
+        out->step_s[1] = median(t[1], n);
+        out->rounds = R;
+    }
+    sched_plan_free(&plan);
+    free(t[0]);
+    free(t[1]);
 }
 
 /* The planner's view of this run: the workload from the cost model with the
@@ -255,7 +325,7 @@ static double predict_uniform(const predictor_t *p, int nb, sched_policy_t polic
 static int parse(int argc, char **argv, opts_t *o) {
     *o = (opts_t){.layers = 4, .hidden = 256, .experts = 8, .topk = 2, .expert_width = 512, .vocab = 512,
                   .heads = 8, .kv_heads = 4, .seq = 128, .batch = 4, .steps = 5, .link_gbps = 0,
-                  .link_latency_us = 10, .link_fraction = 0.8};
+                  .link_latency_us = 10, .link_fraction = 0.8, .staging_rounds = 3};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -282,6 +352,7 @@ static int parse(int argc, char **argv, opts_t *o) {
         INT_OPT("--seq", seq)
         INT_OPT("--batch", batch)
         INT_OPT("--steps", steps)
+        INT_OPT("--staging-rounds", staging_rounds)
         DBL_OPT("--link-gbps", link_gbps)
         DBL_OPT("--link-latency-us", link_latency_us)
         DBL_OPT("--link-fraction", link_fraction)
@@ -294,11 +365,16 @@ static int parse(int argc, char **argv, opts_t *o) {
             o->json = true;
             continue;
         }
+        if (strcmp(a, "--staging-only") == 0) {
+            o->staging_only = true;
+            continue;
+        }
     bad:
         fprintf(stderr,
                 "usage: moetune bench step [--layers N] [--hidden H] [--experts E] [--topk K]\n"
                 "       [--expert-width I] [--vocab V] [--seq T] [--batch B] [--steps S]\n"
-                "       [--link-gbps G | --link-fraction F] [--link-latency-us U] [--trace FILE] [--json]\n"
+                "       [--link-gbps G | --link-fraction F] [--link-latency-us U] [--staging-rounds R]\n"
+                "       [--staging-only] [--trace FILE] [--json]\n"
                 "bad or unknown option: %s\n",
                 a);
         return 2;
@@ -340,6 +416,24 @@ int mt_bench_step_main(int argc, char **argv) {
         if (probe.ok && keep.median_s > 0)
             link_bps = (double)probe.h2d_bytes / (o.link_fraction * keep.median_s);
     }
+    if (o.staging_only) { /* just the staging comparison, on the link chosen as above */
+        staging_cmp_t sc;
+        if (keep.ok) measure_staging(ckpt, &o, link_bps, &sc);
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
+        if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
+        const bool ok = keep.ok && sc.ok;
+        measure_free(&keep), measure_free(&probe);
+        if (!ok) return 1;
+        printf("staging, offload_all on a %.3f GB/s + %.0f us link (median of %d rounds x %d steps per mode, "
+               "modes alternating):\n", link_bps / 1e9, o.link_latency_us, sc.rounds, o.steps);
+        for (int k = 0; k < 2; k++)
+            printf("  %-10s  %8.2f ms per step, %llu H2D + %llu D2H copies per step, pinned peak %.2f MB\n",
+                   k ? "per_tensor" : "compact", sc.step_s[k] * 1e3, (unsigned long long)sc.copies[k][0],
+                   (unsigned long long)sc.copies[k][1], sc.pinned[k] / 1e6);
+        printf("  compact throughput / per_tensor: %.3f (goal >= 0.95)\n", sc.step_s[1] / sc.step_s[0]);
+        return 0;
+    }
     measure(ckpt, &o, SCHED_POLICY_OFFLOAD_ALL, link_bps, false, NULL, &off);
     measure(ckpt, &o, SCHED_POLICY_OFFLOAD_ALL, link_bps, true, o.trace, &off_overlap);
     measure(ckpt, &o, SCHED_POLICY_MIN_MEMORY, link_bps, true, NULL, &minm);
@@ -367,6 +461,9 @@ int mt_bench_step_main(int argc, char **argv) {
         }
         sched_planner_result_free(&res);
     }
+    staging_cmp_t sc;
+    measure_staging(ckpt, &o, link_bps, &sc);
+    const double staging_ratio = sc.ok && sc.step_s[0] > 0 ? sc.step_s[1] / sc.step_s[0] : 0;
     const double pred_keep = predict_uniform(&pr, nb, SCHED_POLICY_KEEP_ALL);
     const double pred_off = predict_uniform(&pr, nb, SCHED_POLICY_OFFLOAD_ALL);
     const double pred_min = predict_uniform(&pr, nb, SCHED_POLICY_MIN_MEMORY);
@@ -374,7 +471,7 @@ int mt_bench_step_main(int argc, char **argv) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
     if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
     measure_free(&probe);
-    if (!keep.ok || !off.ok || !off_overlap.ok || !minm.ok) return 1;
+    if (!keep.ok || !off.ok || !off_overlap.ok || !minm.ok || !sc.ok) return 1;
     if (pr.ok) {
         sched_workload_free(&pr.w);
         sched_registry_free(&pr.reg);
@@ -390,11 +487,18 @@ int mt_bench_step_main(int argc, char **argv) {
                " \"optimizer_share_no_overlap\": %.4f, \"optimizer_share_overlap\": %.4f,"
                " \"peak_device_keep_all\": %zu, \"peak_device_offload_all\": %zu, \"peak_device_min_memory\": %zu,"
                " \"predicted_keep_all_s\": %.6g, \"predicted_offload_all_s\": %.6g, \"predicted_min_memory_s\": %.6g,"
-               " \"auto_budget_bytes\": %zu, \"auto_step_s\": %.6g, \"predicted_auto_s\": %.6g, \"peak_device_auto\": %zu}\n",
+               " \"auto_budget_bytes\": %zu, \"auto_step_s\": %.6g, \"predicted_auto_s\": %.6g, \"peak_device_auto\": %zu,"
+               " \"staging_compact_step_s\": %.6g, \"staging_per_tensor_step_s\": %.6g,"
+               " \"staging_compact_vs_per_tensor_throughput\": %.4f, \"staging_rounds\": %d,"
+               " \"staging_copies_per_step\": {\"compact\": [%llu, %llu], \"per_tensor\": [%llu, %llu]},"
+               " \"staging_pinned_peak\": {\"compact\": %zu, \"per_tensor\": %zu}}\n",
                link_bps, o.link_latency_us, (unsigned long long)off.h2d_bytes, (unsigned long long)off.d2h_bytes,
                keep.median_s, off_overlap.median_s, off.median_s, minm.median_s, ratio, share_off, share_on,
                keep.peak_device, off_overlap.peak_device, minm.peak_device, pred_keep, pred_off, pred_min, auto_budget,
-               autom.median_s, pred_auto, autom.peak_device);
+               autom.median_s, pred_auto, autom.peak_device, sc.step_s[0], sc.step_s[1], staging_ratio, sc.rounds,
+               (unsigned long long)sc.copies[0][0], (unsigned long long)sc.copies[0][1],
+               (unsigned long long)sc.copies[1][0], (unsigned long long)sc.copies[1][1], sc.pinned[0], sc.pinned[1]);
+        measure_free(&keep), measure_free(&off), measure_free(&off_overlap), measure_free(&minm), measure_free(&autom);
         return 0;
     }
     printf("synthetic mixtral: %d layers, hidden %d, %d experts (top-%d) of width %d, vocab %d; batch %d x %d tokens\n",
@@ -424,5 +528,15 @@ int mt_bench_step_main(int argc, char **argv) {
                autom.median_s * 1e3, pred_auto / autom.median_s, auto_budget / 1e6, autom.peak_device / 1e6);
     printf("host optimizer share of the step (offload_all): %.1f%% after backward -> %.1f%% overlapped\n",
            100 * share_off, 100 * share_on);
+    printf("\nstaging (offload_all, overlapped; median of %d rounds x %d steps per mode, modes alternating):\n",
+           sc.rounds, o.steps);
+    printf("  compact     %8.2f ms per step, %llu H2D + %llu D2H copies per step, pinned peak %.2f MB\n",
+           sc.step_s[0] * 1e3, (unsigned long long)sc.copies[0][0], (unsigned long long)sc.copies[0][1],
+           sc.pinned[0] / 1e6);
+    printf("  per_tensor  %8.2f ms per step, %llu H2D + %llu D2H copies per step, pinned peak %.2f MB\n",
+           sc.step_s[1] * 1e3, (unsigned long long)sc.copies[1][0], (unsigned long long)sc.copies[1][1],
+           sc.pinned[1] / 1e6);
+    printf("  compact throughput / per_tensor: %.3f (goal >= 0.95)\n", staging_ratio);
+    measure_free(&keep), measure_free(&off), measure_free(&off_overlap), measure_free(&minm), measure_free(&autom);
     return 0;
 }
