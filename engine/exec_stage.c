@@ -218,6 +218,7 @@ mt_status_t exec_stage_create(eng_model_t *m, int tokens, mt_error_t *err) {
     o.max_tensor_name = info->largest_name;
     o.num_slabs = set->num_slabs;
     o.slab_bytes = set->slab_bytes;
+    if (set->timeline_samples) o.max_samples = set->timeline_samples;
     snprintf(x->stage_label, sizeof x->stage_label, "%s", moe_staging_mode_name(set->mode));
     o.label = x->stage_label;
     mt_status_t st = moe_staging_create(m->dev, &o, &x->stage, err);

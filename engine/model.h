@@ -103,6 +103,7 @@ typedef struct {
      * activations before the first step, so bad settings fail before
      * training; 0 = sized at the first micro-batch */
     int tokens;
+    size_t timeline_samples; /* pool timeline samples kept (0 = moe/staging's default, about 40 MB at most) */
 } eng_staging_settings_t;
 
 void eng_staging_settings_init(eng_staging_settings_t *s);

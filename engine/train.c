@@ -91,6 +91,7 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
     eng_model_t model;
     eng_staging_settings_t staging;
     eng_staging_settings_from_run(rc, &staging);
+    if (!rc->trace) staging.timeline_samples = (size_t)1 << 14; /* only a trace reads the timeline */
     st = eng_model_load_ex(&model, dev, rc->base_model, rc->model_config_json, &tp.plan, &staging, err);
     if (st != MT_OK) {
         eng_train_plan_free(&tp);
