@@ -10,9 +10,10 @@
  *     backward (offload_all, no clipping), i.e. issue 6's overlap;
  *   - peak device bytes of each plan;
  *   - the staging pool (issue 4): offload_all's step time with the compact
- *     pool against per_tensor (one pinned block and one copy per tensor),
- *     modes alternating over --staging-rounds rounds so load drift hits both,
- *     the median of every timed step of each; copies per step and pinned
+ *     pool against per_tensor (one pinned block and one copy per tensor), two
+ *     models side by side with their steps alternating, the median of the
+ *     per-pair ratios over --staging-rounds x --steps pairs (load from other
+ *     processes hits both members of a pair); copies per step and pinned
  *     bytes beside it.
  * The link is either given (--link-gbps) or chosen so that the bytes one
  * offload_all step moves H2D take `--link-fraction` (default 0.8) of
@@ -56,9 +57,6 @@ typedef struct {
     size_t peak_device;
     uint64_t h2d_bytes, d2h_bytes; /* per step */
     int overlapped;
-    double *times;                 /* every timed step */
-    uint64_t staging_copies[2];    /* per step, through the staging pool */
-    size_t pinned_peak;            /* the pool's peak reserved */
     bool ok;
 } measure_t;
 
@@ -147,17 +145,9 @@ static void measure_plan_staged(const char *ckpt, const opts_t *o, const sched_p
             out->h2d_bytes = after.h2d_bytes - before.h2d_bytes;
             out->d2h_bytes = after.d2h_bytes - before.d2h_bytes;
             out->overlapped = os.updated_during_backward;
-            moe_staging_stats_t ss_step;
-            moe_staging_get_stats(eng_exec_staging(&m), MOE_STAGING_SCOPE_STEP, &ss_step);
-            out->staging_copies[0] = ss_step.copies[0];
-            out->staging_copies[1] = ss_step.copies[1];
-            if (ss_step.peak_reserved > out->pinned_peak) out->pinned_peak = ss_step.peak_reserved;
         }
     }
     if (out->ok) {
-        out->times = malloc((size_t)o->steps * sizeof *out->times);
-        MT_CHECK_ALLOC(out->times, "step times");
-        memcpy(out->times, times, (size_t)o->steps * sizeof *times);
         out->median_s = median(times, o->steps);
         out->optim_s = median(optim, o->steps);
         out->peak_device = kern_device_stats(dev).device_peak;
@@ -196,50 +186,124 @@ static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, do
 static void measure_free(measure_t *m) {
     free(m->fwd_s);
     free(m->bwd_s);
-    free(m->times);
 }
 
-/* offload_all (overlapped) with the compact pool and with per_tensor staging,
- * alternating over rounds; the medians of all timed steps of each mode. */
+/* offload_all (overlapped) with the compact pool and with per_tensor staging.
+ * The machine is shared, so the two run side by side as a paired
+ * comparison: one model per mode (each on its own device), steps
+ * alternating A B B A, and the ratio taken per pair of neighbouring steps;
+ * load from other processes then slows both members of a pair alike. */
 typedef struct {
-    double step_s[2];          /* [0] compact, [1] per_tensor */
+    double step_s[2];          /* [0] compact, [1] per_tensor: medians */
+    double ratio;              /* median of per-pair per_tensor / compact step times */
     uint64_t copies[2][2];     /* mode, direction: per step */
     size_t pinned[2];
-    int rounds;
+    int pairs;
     bool ok;
 } staging_cmp_t;
 
+typedef struct {
+    kern_device_t *dev;
+    eng_model_t m;
+    eng_dataset_t ds;
+    eng_loader_t ld;
+    bool loaded;
+} runner_t;
+
+static bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_plan_t *plan, double link_bps,
+                        moe_staging_mode_t mode, int rows) {
+    memset(r, 0, sizeof *r);
+    mt_error_t err = {0};
+    kern_device_opts_t dopts = {.link_h2d_bytes_per_s = link_bps, .link_d2h_bytes_per_s = link_bps,
+                                .link_latency_s = o->link_latency_us * 1e-6};
+    if (kern_device_create(KERN_BACKEND_CPU, &dopts, &r->dev, &err) != MT_OK) {
+        fprintf(stderr, "bench step: %s\n", err.msg);
+        return false;
+    }
+    eng_staging_settings_t ss;
+    eng_staging_settings_init(&ss);
+    ss.mode = mode;
+    ss.tokens = o->batch * o->seq;
+    if (eng_model_load_ex(&r->m, r->dev, ckpt, NULL, plan, &ss, &err) != MT_OK) {
+        fprintf(stderr, "bench step (%s): %s\n", moe_staging_mode_name(mode), err.msg);
+        kern_device_destroy(r->dev);
+        r->dev = NULL;
+        return false;
+    }
+    r->loaded = true;
+    make_dataset(&r->ds, o, rows);
+    eng_loader_init(&r->ld, &r->ds, o->batch, false, 0);
+    return true;
+}
+
+static bool runner_step(runner_t *r, double *dt, moe_staging_stats_t *st) {
+    const eng_optim_hparams_t hp = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .max_grad_norm = 0.0};
+    mt_error_t err = {0};
+    const double t0 = eng_now_s();
+    eng_optim_begin_step(&r->m, &hp, 1, true);
+    eng_batch_t b;
+    eng_loader_next(&r->ld, &b);
+    eng_micro_stats_t ms;
+    eng_optim_stats_t os;
+    if (eng_model_forward_backward(&r->m, &b, 1.0f, NULL, &ms, &err) != MT_OK ||
+        eng_optim_step(&r->m, &hp, &os, &err) != MT_OK) {
+        fprintf(stderr, "bench step (staging): %s\n", err.msg);
+        return false;
+    }
+    *dt = eng_now_s() - t0;
+    moe_staging_get_stats(eng_exec_staging(&r->m), MOE_STAGING_SCOPE_STEP, st);
+    return true;
+}
+
+static void runner_free(runner_t *r) {
+    if (!r->dev) return;
+    eng_loader_free(&r->ld);
+    eng_dataset_free(&r->ds);
+    if (r->loaded) eng_model_free(&r->m);
+    kern_device_destroy(r->dev);
+}
+
 static void measure_staging(const char *ckpt, const opts_t *o, double link_bps, staging_cmp_t *out) {
     memset(out, 0, sizeof *out);
-    const int R = o->staging_rounds, n = R * o->steps;
+    const int n = o->staging_rounds * o->steps; /* timed steps per mode */
     double *t[2] = {malloc((size_t)n * sizeof(double)), malloc((size_t)n * sizeof(double))};
-    MT_CHECK(t[0] && t[1], "out of memory");
+    double *ratio = malloc((size_t)n * sizeof(double));
+    MT_CHECK(t[0] && t[1] && ratio, "out of memory");
     sched_plan_t plan;
     sched_plan_init_uniform(&plan, o->layers + 2, SCHED_POLICY_OFFLOAD_ALL);
-    out->ok = true;
-    for (int r = 0; r < R && out->ok; r++)
+    runner_t r[2];
+    out->ok = runner_init(&r[0], ckpt, o, &plan, link_bps, MOE_STAGING_COMPACT, o->batch * (n + 1)) &&
+              runner_init(&r[1], ckpt, o, &plan, link_bps, MOE_STAGING_PER_TENSOR, o->batch * (n + 1));
+    for (int i = -1; i < n && out->ok; i++) { /* step -1 warms both up */
+        double dt[2];
         for (int k = 0; k < 2 && out->ok; k++) {
-            const int mode = (r % 2) ? 1 - k : k; /* ABBA: neither mode always runs first */
-            measure_t mm;
-            measure_plan_staged(ckpt, o, &plan, link_bps, true, NULL,
-                                mode == 0 ? MOE_STAGING_COMPACT : MOE_STAGING_PER_TENSOR, &mm);
-            out->ok = mm.ok;
-            if (mm.ok) {
-                memcpy(t[mode] + (size_t)r * o->steps, mm.times, (size_t)o->steps * sizeof(double));
-                out->copies[mode][0] = mm.staging_copies[0];
-                out->copies[mode][1] = mm.staging_copies[1];
-                out->pinned[mode] = mm.pinned_peak;
+            const int mode = (i & 1) ? 1 - k : k; /* A B, B A, ... */
+            moe_staging_stats_t st;
+            out->ok = runner_step(&r[mode], &dt[mode], &st);
+            if (out->ok && i >= 0) {
+                out->copies[mode][0] = st.copies[0];
+                out->copies[mode][1] = st.copies[1];
+                if (st.peak_reserved > out->pinned[mode]) out->pinned[mode] = st.peak_reserved;
             }
-            measure_free(&mm);
         }
+        if (out->ok && i >= 0) {
+            t[0][i] = dt[0];
+            t[1][i] = dt[1];
+            ratio[i] = dt[1] / dt[0];
+        }
+    }
     if (out->ok) {
         out->step_s[0] = median(t[0], n);
         out->step_s[1] = median(t[1], n);
-        out->rounds = R;
+        out->ratio = median(ratio, n);
+        out->pairs = n;
     }
+    runner_free(&r[0]);
+    runner_free(&r[1]);
     sched_plan_free(&plan);
     free(t[0]);
     free(t[1]);
+    free(ratio);
 }
 
 /* The planner's view of this run: the workload from the cost model with the
@@ -425,13 +489,13 @@ int mt_bench_step_main(int argc, char **argv) {
         const bool ok = keep.ok && sc.ok;
         measure_free(&keep), measure_free(&probe);
         if (!ok) return 1;
-        printf("staging, offload_all on a %.3f GB/s + %.0f us link (median of %d rounds x %d steps per mode, "
-               "modes alternating):\n", link_bps / 1e9, o.link_latency_us, sc.rounds, o.steps);
+        printf("staging, offload_all on a %.3f GB/s + %.0f us link (%d paired steps, modes alternating A B B A):\n",
+               link_bps / 1e9, o.link_latency_us, sc.pairs);
         for (int k = 0; k < 2; k++)
             printf("  %-10s  %8.2f ms per step, %llu H2D + %llu D2H copies per step, pinned peak %.2f MB\n",
                    k ? "per_tensor" : "compact", sc.step_s[k] * 1e3, (unsigned long long)sc.copies[k][0],
                    (unsigned long long)sc.copies[k][1], sc.pinned[k] / 1e6);
-        printf("  compact throughput / per_tensor: %.3f (goal >= 0.95)\n", sc.step_s[1] / sc.step_s[0]);
+        printf("  compact throughput / per_tensor: %.3f (median of the pairs' ratios; goal >= 0.95)\n", sc.ratio);
         return 0;
     }
     measure(ckpt, &o, SCHED_POLICY_OFFLOAD_ALL, link_bps, false, NULL, &off);
@@ -463,7 +527,7 @@ int mt_bench_step_main(int argc, char **argv) {
     }
     staging_cmp_t sc;
     measure_staging(ckpt, &o, link_bps, &sc);
-    const double staging_ratio = sc.ok && sc.step_s[0] > 0 ? sc.step_s[1] / sc.step_s[0] : 0;
+    const double staging_ratio = sc.ok ? sc.ratio : 0;
     const double pred_keep = predict_uniform(&pr, nb, SCHED_POLICY_KEEP_ALL);
     const double pred_off = predict_uniform(&pr, nb, SCHED_POLICY_OFFLOAD_ALL);
     const double pred_min = predict_uniform(&pr, nb, SCHED_POLICY_MIN_MEMORY);
@@ -489,13 +553,13 @@ int mt_bench_step_main(int argc, char **argv) {
                " \"predicted_keep_all_s\": %.6g, \"predicted_offload_all_s\": %.6g, \"predicted_min_memory_s\": %.6g,"
                " \"auto_budget_bytes\": %zu, \"auto_step_s\": %.6g, \"predicted_auto_s\": %.6g, \"peak_device_auto\": %zu,"
                " \"staging_compact_step_s\": %.6g, \"staging_per_tensor_step_s\": %.6g,"
-               " \"staging_compact_vs_per_tensor_throughput\": %.4f, \"staging_rounds\": %d,"
+               " \"staging_compact_vs_per_tensor_throughput\": %.4f, \"staging_pairs\": %d,"
                " \"staging_copies_per_step\": {\"compact\": [%llu, %llu], \"per_tensor\": [%llu, %llu]},"
                " \"staging_pinned_peak\": {\"compact\": %zu, \"per_tensor\": %zu}}\n",
                link_bps, o.link_latency_us, (unsigned long long)off.h2d_bytes, (unsigned long long)off.d2h_bytes,
                keep.median_s, off_overlap.median_s, off.median_s, minm.median_s, ratio, share_off, share_on,
                keep.peak_device, off_overlap.peak_device, minm.peak_device, pred_keep, pred_off, pred_min, auto_budget,
-               autom.median_s, pred_auto, autom.peak_device, sc.step_s[0], sc.step_s[1], staging_ratio, sc.rounds,
+               autom.median_s, pred_auto, autom.peak_device, sc.step_s[0], sc.step_s[1], staging_ratio, sc.pairs,
                (unsigned long long)sc.copies[0][0], (unsigned long long)sc.copies[0][1],
                (unsigned long long)sc.copies[1][0], (unsigned long long)sc.copies[1][1], sc.pinned[0], sc.pinned[1]);
         measure_free(&keep), measure_free(&off), measure_free(&off_overlap), measure_free(&minm), measure_free(&autom);
@@ -528,15 +592,14 @@ int mt_bench_step_main(int argc, char **argv) {
                autom.median_s * 1e3, pred_auto / autom.median_s, auto_budget / 1e6, autom.peak_device / 1e6);
     printf("host optimizer share of the step (offload_all): %.1f%% after backward -> %.1f%% overlapped\n",
            100 * share_off, 100 * share_on);
-    printf("\nstaging (offload_all, overlapped; median of %d rounds x %d steps per mode, modes alternating):\n",
-           sc.rounds, o.steps);
+    printf("\nstaging (offload_all, overlapped; %d paired steps, modes alternating A B B A; medians):\n", sc.pairs);
     printf("  compact     %8.2f ms per step, %llu H2D + %llu D2H copies per step, pinned peak %.2f MB\n",
            sc.step_s[0] * 1e3, (unsigned long long)sc.copies[0][0], (unsigned long long)sc.copies[0][1],
            sc.pinned[0] / 1e6);
     printf("  per_tensor  %8.2f ms per step, %llu H2D + %llu D2H copies per step, pinned peak %.2f MB\n",
            sc.step_s[1] * 1e3, (unsigned long long)sc.copies[1][0], (unsigned long long)sc.copies[1][1],
            sc.pinned[1] / 1e6);
-    printf("  compact throughput / per_tensor: %.3f (goal >= 0.95)\n", staging_ratio);
+    printf("  compact throughput / per_tensor: %.3f (median of the pairs' ratios; goal >= 0.95)\n", staging_ratio);
     measure_free(&keep), measure_free(&off), measure_free(&off_overlap), measure_free(&minm), measure_free(&autom);
     return 0;
 }
