@@ -19,8 +19,12 @@
  *   not depend on which block it is in. Only the row logsumexp is saved;
  *   backward recomputes P (flash-attention style, nothing O(T^2) is kept).
  * - Backward accumulates dk, dv of a kv head over its query heads (in head
- *   order) and rows (in row order) in a (T, hd) scratch; dk is scaled by
- *   1/sqrt(hd) once at the end. */
+ *   order) and rows (in row order) in (hd, T) transposed scratch, so the
+ *   updates run over 16 keys per vector with the q / dout values broadcast
+ *   once per row block; dk is scaled by 1/sqrt(hd) once at the end.
+ * - This is the AVX-512 path (about 2-3x the old sgemm code on one core at
+ *   T = 128, hd = 16, and it runs on every core); other CPUs run
+ *   attention_blas.c, see kern_attention_fwd_cpu at the end. */
 #include "kernels/attention.h"
 
 #include <math.h>

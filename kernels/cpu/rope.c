@@ -1,6 +1,6 @@
 /* Rotary embedding on the CPU, rotate_half convention (see rope.h). The
  * per-element formulas are the header's, in the same order, on vec.h's
- * lanes when hd/2 is a multiple of 16 (scalar otherwise). */
+ * lanes when hd/2 is a multiple of 16 or hd is 16 (scalar otherwise). */
 #include "kernels/rope.h"
 
 #include <math.h>
@@ -33,13 +33,29 @@ typedef struct {
 /* Rows (b, t) in [r0, r1): every head of the row rotated by position t. */
 KERN_CPU_CLONES static void rope_rows(const rope_job_t *J, int r0, int r1) {
     const int half = J->hd / 2;
+    const kern_vf_t pm = {-1, -1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 1, 1, 1, 1, 1};
     for (int row = r0; row < r1; row++) {
         const int t = row % J->T;
         const float *c = J->cos_tab + (size_t)t * half, *sn = J->sin_tab + (size_t)t * half;
         float *xr = J->x + (size_t)row * J->heads * J->hd;
+        float cs2[KERN_VL], sn2[KERN_VL]; /* hd 16: [c | c] and [sign s | sign s] */
+        if (half == KERN_VL / 2)
+            for (int i = 0; i < half; i++) {
+                cs2[i] = cs2[i + half] = c[i];
+                sn2[i] = sn2[i + half] = J->sign * sn[i];
+            }
         for (int h = 0; h < J->heads; h++) {
             float *v = xr + (size_t)h * J->hd;
             int i = 0;
+            if (half == KERN_VL / 2) { /* hd 16: the head is one vector [x1 | x2] */
+                const kern_vf_t v16 = kern_vf_load(v);
+                const kern_vf_t sw = __builtin_shufflevector(v16, v16, 8, 9, 10, 11, 12, 13, 14, 15,
+                                                             0, 1, 2, 3, 4, 5, 6, 7); /* [x2 | x1] */
+                const kern_vf_t c2 = kern_vf_load(cs2), s2 = kern_vf_load(sn2);
+                /* [x1 c - x2 s | x2 c + x1 s]: a - b is a + (-b) exactly */
+                kern_vf_store(v, v16 * c2 + sw * s2 * pm);
+                continue;
+            }
             if (half % KERN_VL == 0) {
                 const kern_vf_t sg = kern_vf_splat(J->sign);
                 for (; i < half; i += KERN_VL) {

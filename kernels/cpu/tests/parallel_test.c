@@ -12,7 +12,8 @@
  * Both attention paths (the 16-lane one, and the sgemm one that CPUs
  * without AVX-512 use) are checked against a double reference here on
  * bigger shapes than attention_test's: T = 70 and 150 (several 16-key
- * blocks and a 4-row tail), head_dim 24 (a vector tail), windows. */
+ * blocks and a 4-row tail), head_dim 24 (a vector tail), windows. RoPE's
+ * vector paths must equal its scalar formula bit for bit. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -364,6 +365,37 @@ static void gemm_ref_check(kern_stream_t *s) {
     }
 }
 
+/* RoPE's vector paths (hd 16 by a half swap, hd 64 by halves) do the
+ * header's per-element float operations exactly: bit-identical to them. */
+static void rope_exact(kern_stream_t *s, int hd) {
+    tu_rng_t r;
+    tu_rng_seed(&r, 99);
+    const int B = 2, T = 9, heads = 3, half = hd / 2;
+    const size_t n = (size_t)B * T * heads * hd;
+    float *x = tu_rand(&r, n, 2.0f), *want = tu_copy(x, n);
+    float *ct = tu_rand(&r, (size_t)T * half, 1.0f), *st = tu_rand(&r, (size_t)T * half, 1.0f);
+    for (int dir = 0; dir < 2; dir++) {
+        const float sign = dir ? -1.0f : 1.0f;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < heads; h++) {
+                    float *v = want + (((size_t)b * T + t) * heads + h) * hd;
+                    for (int i = 0; i < half; i++) {
+                        const float x1 = v[i], x2 = v[i + half], si = sign * st[(size_t)t * half + i];
+                        const float c = ct[(size_t)t * half + i];
+                        v[i] = x1 * c - x2 * si;
+                        v[i + half] = x2 * c + x1 * si;
+                    }
+                }
+        if (dir == 0) kern_ops_cpu.rope_fwd(s, x, ct, st, B, T, heads, hd);
+        else kern_ops_cpu.rope_bwd(s, x, ct, st, B, T, heads, hd);
+        char tag[64];
+        snprintf(tag, sizeof tag, "rope %s hd=%d vs the scalar formula", dir ? "bwd" : "fwd", hd);
+        tu_check_bitwise(tag, x, want, n);
+    }
+    free(x), free(want), free(ct), free(st);
+}
+
 int main(void) {
     /* The backend may run OpenBLAS on one thread and split products itself:
      * exercise that path (the uncut one is matmul_test's). */
@@ -377,6 +409,9 @@ int main(void) {
         for (int w = 0; w < 2; w++) attention_paths(e1.s, 2, T[a], 4, 2, 24, W[w]);
     attention_paths(e1.s, 1, 37, 3, 3, 8, 0);
     attention_paths(e1.s, 2, 33, 8, 1, 64, 5);
+    rope_exact(e1.s, 16);
+    rope_exact(e1.s, 64);
+    rope_exact(e1.s, 12);
     tu_env_close(&e1);
     for (int threads = 1; threads <= 3; threads++) {
         tu_env_t e = env_open(threads);
