@@ -360,9 +360,12 @@ KERN_CPU_CLONES static void bwd_task_body(const attn_job_t *J, int b, int hk, ke
                     continue;
                 }
                 const float *o = J->out + qoff + (size_t)(i0 + r) * ldq;
-                double dd = 0.0;
-                for (int c = 0; c < hd; c++) dd += (double)o[c] * gr[r][c];
-                const kern_vf_t D = kern_vf_splat((float)dd);
+                kern_vdacc_t dd = kern_vdacc_zero(); /* D = dout . out in double */
+                for (int c = 0; c < hd; c += KERN_VL) {
+                    const size_t m = hd - c < KERN_VL ? (size_t)(hd - c) : KERN_VL;
+                    kern_vdacc_add_prod(&dd, kern_vf_load_n(o + c, m, 0.0f), kern_vf_load_n(gr[r] + c, m, 0.0f));
+                }
+                const kern_vf_t D = kern_vf_splat((float)kern_vdacc_hsum(dd));
                 for (int jj = jb0; jj < jb1; jj += KERN_VL) /* dS = P * (dP - D) */
                     kern_vf_store(sr + jj, kern_vf_load(pr + jj) * (kern_vf_load(sr + jj) - D));
             }
