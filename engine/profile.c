@@ -32,7 +32,7 @@ typedef struct {
     int steps, micro;
     double *loss, *step_s;
     uint64_t copies[2], bytes[2], skipped, waits;
-    double wait_s;
+    double wait_s, pack_s;
     size_t peak_reserved, peak_in_use, peak_payload, pinned_peak;
     double waste_pct; /* internal: (in use - payload) / in use when in use peaked */
     eng_exec_staging_counters_t ctr; /* summed; max_moe_copies the largest */
@@ -141,6 +141,7 @@ static mt_status_t run_mode(const eng_run_config_t *rc, kern_device_t *dev, cons
         r->skipped += s.experts_skipped;
         r->waits += s.waits;
         r->wait_s += s.wait_s;
+        r->pack_s += s.pack_s;
         if (s.peak_reserved > r->peak_reserved) r->peak_reserved = s.peak_reserved;
         if (s.peak_in_use > r->peak_in_use) r->peak_in_use = s.peak_in_use;
         if (s.peak_payload > r->peak_payload) r->peak_payload = s.peak_payload;
@@ -195,9 +196,10 @@ static void print_modes(FILE *f, const mode_result_t *r, int n) {
                 x->info.window_payload ? (double)x->peak_reserved / (double)x->info.window_payload : 0,
                 1e3 * median(x->step_s, x->steps));
     }
-    fprintf(f, "\n%-11s %24s %24s %28s %9s %10s\n", "per step", "H2D copies (mean size)", "D2H copies (mean size)",
-            "per MoE layer & micro-batch", "experts", "waited");
-    fprintf(f, "%-11s %24s %24s %28s %9s %10s\n", "", "", "", "H2D max/mean  D2H max/mean", "skipped", "for space");
+    fprintf(f, "\n%-11s %24s %24s %28s %9s %10s %9s\n", "per step", "H2D copies (mean size)", "D2H copies (mean size)",
+            "per MoE layer & micro-batch", "experts", "waited", "host");
+    fprintf(f, "%-11s %24s %24s %28s %9s %10s %9s\n", "", "", "", "H2D max/mean  D2H max/mean", "skipped", "for space",
+            "packing");
     for (int k = 0; k < n; k++) {
         const mode_result_t *x = &r[k];
         char h[48], dd[48], l[48];
@@ -209,8 +211,9 @@ static void print_modes(FILE *f, const mode_result_t *r, int n) {
                  x->ctr.moe_passes[0] ? (double)x->ctr.moe_copies[0] / (double)x->ctr.moe_passes[0] : 0,
                  x->ctr.max_moe_copies[1],
                  x->ctr.moe_passes[1] ? (double)x->ctr.moe_copies[1] / (double)x->ctr.moe_passes[1] : 0);
-        fprintf(f, "%-11s %24s %24s %28s %9.1f %8.1fms\n", moe_staging_mode_name(x->mode), h, dd, l,
-                per(x->skipped, x->steps), 1e3 * x->wait_s / (x->steps ? x->steps : 1));
+        fprintf(f, "%-11s %24s %24s %28s %9.1f %8.1fms %7.1fms\n", moe_staging_mode_name(x->mode), h, dd, l,
+                per(x->skipped, x->steps), 1e3 * x->wait_s / (x->steps ? x->steps : 1),
+                1e3 * x->pack_s / (x->steps ? x->steps : 1));
     }
 }
 
