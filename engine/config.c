@@ -79,6 +79,12 @@ static const enum_name_t k_lr_names[] = {
     {"cosine", ENG_LR_COSINE},
     {NULL, 0},
 };
+static const enum_name_t k_optimizer_names[] = {
+    {"adamw_torch", 0},
+    {"adamw_torch_fused", 0},
+    {"adamw", 0},
+    {NULL, 0},
+};
 static const enum_name_t k_backend_names[] = {
     {"cpu", ENG_BACKEND_CPU},
     {"cuda", ENG_BACKEND_CUDA},
@@ -190,6 +196,8 @@ static const key_row_t k_top_rows[] = {
     ROW("save_final", K_BOOL, save_final),
     ROW("bf16", K_BOOL, bf16),
     ROW_ENUM("backend", backend, k_backend_names),
+    ROW_ENUM("optimizer", optimizer, k_optimizer_names),
+    ROW("gradient_checkpointing", K_BOOL, gradient_checkpointing),
     ROW("model_config", K_JSON, model_config_json),
     ROW_SECTION("memory", k_memory_rows),
     ROW_SECTION("backend_options", k_backend_options_rows),

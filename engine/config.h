@@ -71,6 +71,12 @@ typedef struct {
        "calibrate"); "" = none: training calibrates on the CPU backend, `moetune plan` needs --hw */
     char hardware[1024];
     /* `scheduler:` section */
+    /* axolotl's optimizer name: every accepted spelling is PyTorch AdamW
+     * (moetune's only optimizer); others are refused with the valid list */
+    int optimizer;                          /* default adamw_torch */
+    /* axolotl's gradient_checkpointing: true asks for recomputed activations
+     * where the scheduler's activations choice is auto */
+    bool gradient_checkpointing;            /* default false */
     eng_sched_policy_t sched_policy;        /* default auto */
     int sched_prefetch_window;              /* default 0 = the planner decides */
     eng_weights_place_t sched_weights;      /* default auto */

@@ -439,6 +439,10 @@ static void test_scheduler(void) {
     EXPECT_SET_ERROR(&c, "scheduler.policy=fastest", "scheduler.policy", "keep_all");
     EXPECT_SET_ERROR(&c, "scheduler.grads=gpu", "scheduler.grads", "device, host");
     EXPECT_SET_ERROR(&c, "scheduler.polcy=auto", "did you mean 'scheduler.policy'", NULL);
+    /* axolotl's optimizer spellings of AdamW are accepted, others refused with the list */
+    EXPECT(set_ok(&c, "optimizer=adamw_torch") && set_ok(&c, "optimizer=adamw_torch_fused"));
+    EXPECT_SET_ERROR(&c, "optimizer=adamw_bnb_8bit", "optimizer", "adamw_torch");
+    EXPECT(set_ok(&c, "gradient_checkpointing=true") && c.gradient_checkpointing);
     eng_run_config_free(&c);
     EXPECT_ERROR("scheduler:\n  activations: swap\n", MT_ERR_CONFIG, "run.yaml:2", "keep, offload, recompute");
     EXPECT_ERROR("scheduler:\n  prefetch_windw: 2\n", MT_ERR_CONFIG, "did you mean 'scheduler.prefetch_window'", NULL);

@@ -86,6 +86,7 @@ mt_status_t eng_program_planner_opts(const eng_run_config_t *rc, const sched_hw_
     o->acts = rc->sched_activations == ENG_ACTS_KEEP        ? SCHED_ACTS_KEEP
               : rc->sched_activations == ENG_ACTS_OFFLOAD   ? SCHED_ACTS_OFFLOAD
               : rc->sched_activations == ENG_ACTS_RECOMPUTE ? SCHED_ACTS_RECOMPUTE
+              : rc->gradient_checkpointing                  ? SCHED_ACTS_RECOMPUTE
                                                             : SCHED_AUTO_CHOICE;
     o->budget[SCHED_MEM_DEVICE] = rc->memory_device ? (double)rc->memory_device : hw->device_memory;
     o->budget[SCHED_MEM_PINNED] = rc->memory_pinned ? (double)rc->memory_pinned : hw->pinned_memory;
