@@ -30,6 +30,11 @@ KERN_CPU_CLONES static void xent_rows(float *loss_rows, float *dlogits, const fl
             if (dr) memset(dr, 0, (size_t)V * sizeof *dr);
             continue;
         }
+        if (t < 0 || t >= V) { /* as the CUDA twin: a NaN loss says so, nothing read out of bounds */
+            loss_rows[r] = NAN;
+            if (dr) memset(dr, 0, (size_t)V * sizeof *dr);
+            continue;
+        }
         const float target_logit = lr[t];
         kern_vf_t vmx = kern_vf_splat(-INFINITY);
         int j = 0;
