@@ -19,6 +19,21 @@ static void dfree(kern_device_t *dev, float **p) {
     *p = NULL;
 }
 
+/* Both halves end the same way: the residual's gradient dx (n, H) gains
+ * the pre-norm branch's, rmsnorm_bwd(dxn) through norm weight `norm`. */
+static mt_status_t norm_bwd_into_residual(eng_model_t *m, int norm, float *dx, const float *dxn,
+                                          const float *x, const float *rstd, int n, const char *tag,
+                                          mt_error_t *err) {
+    const int H = m->cfg.hidden_size;
+    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    float *tmp = kern_alloc(m->dev, (size_t)n * H * sizeof(float), tag, err);
+    if (!tmp) return err->code;
+    m->dev->ops->rmsnorm_bwd(s, tmp, G(m, norm), dxn, x, W(m, norm), rstd, n, H);
+    m->dev->ops->add(s, dx, dx, tmp, (size_t)n * H);
+    kern_free(m->dev, tmp);
+    return MT_OK;
+}
+
 /* ---- attention half -------------------------------------------------- */
 
 mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in,
@@ -121,10 +136,8 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
     dfree(m->dev, &dq);
     dfree(m->dev, &dk);
     dfree(m->dev, &dv);
-    ALLOC(tmp, (size_t)n * H, "d(attention input)");
-    ops->rmsnorm_bwd(s, tmp, G(m, L->attn_norm), dxn, x_in, W(m, L->attn_norm), a->rstd, n, H);
-    ops->add(s, dx, dx, tmp, (size_t)n * H);
-    dfree(m->dev, &tmp);
+    if (norm_bwd_into_residual(m, L->attn_norm, dx, dxn, x_in, a->rstd, n, "d(attention input)", err) != MT_OK)
+        goto fail;
     dfree(m->dev, &dxn);
     eng_attn_acts_release(m->dev, a);
     return MT_OK;
@@ -263,7 +276,7 @@ mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, c
     const kern_ops_t *ops = m->dev->ops;
     kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
     const int n = sh->n, H = c->hidden_size;
-    float *dxn = NULL, *h = NULL, *dh = NULL, *tmp = NULL;
+    float *dxn = NULL, *h = NULL, *dh = NULL;
 
     ALLOC(dxn, (size_t)n * H, "d(mlp input norm)");
     if (a->is_moe) {
@@ -293,10 +306,8 @@ mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, c
         dfree(m->dev, &h);
         dfree(m->dev, &dh);
     }
-    ALLOC(tmp, (size_t)n * H, "d(mlp input)");
-    ops->rmsnorm_bwd(s, tmp, G(m, L->mlp_norm), dxn, x_mid, W(m, L->mlp_norm), a->rstd, n, H);
-    ops->add(s, dx, dx, tmp, (size_t)n * H);
-    dfree(m->dev, &tmp);
+    if (norm_bwd_into_residual(m, L->mlp_norm, dx, dxn, x_mid, a->rstd, n, "d(mlp input)", err) != MT_OK)
+        goto fail;
     dfree(m->dev, &dxn);
     eng_mlp_acts_release(m->dev, a);
     return MT_OK;
@@ -304,7 +315,6 @@ fail:
     dfree(m->dev, &dxn);
     dfree(m->dev, &h);
     dfree(m->dev, &dh);
-    dfree(m->dev, &tmp);
     eng_mlp_acts_release(m->dev, a);
     return err->code;
 }
