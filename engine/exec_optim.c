@@ -18,6 +18,7 @@
 #include "engine/report.h"
 #include "engine/trace.h"
 #include "kernels/cpu/adamw_cpu.h"
+#include "kernels/cpu/backend_cpu.h"
 
 /* ---- host AdamW, overlapped with backward ------------------------------ */
 
@@ -32,7 +33,7 @@ static kern_adamw_params_t adamw_params(const eng_optim_hparams_t *hp, double cl
     };
 }
 
-static void host_adamw(eng_model_t *m, eng_param_t *p, const kern_adamw_params_t *base) {
+static void host_adamw(kern_threadpool_t *pool, eng_param_t *p, const kern_adamw_params_t *base) {
     const size_t n = p->spec->numel;
     if (!p->host_m) {
         p->host_m = calloc(n, sizeof(float));
@@ -41,13 +42,21 @@ static void host_adamw(eng_model_t *m, eng_param_t *p, const kern_adamw_params_t
     }
     kern_adamw_params_t ap = *base;
     ap.step = ++p->step;
-    kern_adamw_cpu_pool(m->exec->pool, p->host_w, p->host_m, p->host_v, p->host_g, NULL, NULL, n, &ap);
+    kern_adamw_cpu_pool(pool, p->host_w, p->host_m, p->host_v, p->host_g, NULL, NULL, n, &ap);
 }
 
 static void *optim_worker_main(void *arg) {
     eng_model_t *m = arg;
     eng_exec_t *x = m->exec;
     const int cap = x->nb + 1;
+    /* On a device that keeps its compute cores to itself, the host
+     * optimizer runs on the host cores with a pool of its own (started
+     * here, so its workers inherit this thread's cores); otherwise it shares
+     * the kernel pool with compute, one parallel pass at a time. */
+    kern_device_pin_host_thread(m->dev);
+    const int host_cores = kern_cpu_host_cores(m->dev);
+    kern_threadpool_t *own = host_cores > 0 ? kern_threadpool_create(host_cores) : NULL;
+    kern_threadpool_t *pool = own ? own : x->pool;
     pthread_mutex_lock(&x->opt_lock);
     for (;;) {
         while (!x->opt_stop && x->opt_head == x->opt_tail) pthread_cond_wait(&x->opt_cond, &x->opt_lock);
@@ -61,7 +70,7 @@ static void *optim_worker_main(void *arg) {
         for (int i = 0; i < m->spec.count; i++) {
             eng_param_t *p = &m->params[i];
             if (p->block != b || !p->has_grad) continue;
-            host_adamw(m, p, &base);
+            host_adamw(pool, p, &base);
             x->opt_done[i] = true;
             bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
         }
@@ -75,6 +84,7 @@ static void *optim_worker_main(void *arg) {
         pthread_cond_broadcast(&x->opt_cond);
     }
     pthread_mutex_unlock(&x->opt_lock);
+    kern_threadpool_destroy(own);
     return NULL;
 }
 
@@ -240,7 +250,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
                 }
                 dev->ops->adamw(s, p->w, p->m, p->v, p->g_acc, NULL, NULL, numel, &ap);
             } else {
-                host_adamw(m, p, &base);
+                host_adamw(x->pool, p, &base);
             }
             if (refresh) items[n++] = (moe_staging_xfer_t){p->host_w, p->w, bytes, MOE_STAGING_COPY};
         }

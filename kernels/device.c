@@ -132,6 +132,10 @@ void kern_launch_host_fn(kern_device_t *dev, kern_stream_t *s, kern_host_fn fn, 
     dev->vt->launch_host_fn(s, fn, arg);
 }
 
+void kern_device_pin_host_thread(kern_device_t *dev) {
+    if (dev && dev->vt->pin_host_thread) dev->vt->pin_host_thread(dev);
+}
+
 kern_device_stats_t kern_device_stats(const kern_device_t *dev) { return dev->stats; }
 
 void kern_device_reset_peaks(kern_device_t *dev) {

@@ -51,6 +51,14 @@ typedef struct {
     size_t device_budget_bytes; /* arena capacity; 0 = backend default */
     int device_index;           /* CUDA ordinal */
     int host_threads;           /* CPU backend worker threads for kernels; 0 = all cores */
+    /* CPU backend only: with 0 < host_threads < the cores this process may
+     * use, pin the creating thread and the kernel pool to the first
+     * host_threads of them and every other thread (copy streams, the
+     * staging pack thread, the host optimizer: kern_device_pin_host_thread) to
+     * the rest.  A GPU computes apart from its copy engines and from the
+     * host's cores; without pinning, the OS puts a copy or AdamW thread on
+     * the compute core now and then and the compute stream stalls. */
+    bool pin_threads;
     /* CPU backend only: copy-stream throttling (0 = as fast as memcpy). */
     double link_h2d_bytes_per_s;
     double link_d2h_bytes_per_s;
@@ -88,6 +96,8 @@ typedef struct kern_device_i {
     void (*memset)(kern_stream_t *s, void *dst, int value, size_t bytes);
     /* Runs fn(arg) on the host in stream order (after earlier work on s). */
     void (*launch_host_fn)(kern_stream_t *s, kern_host_fn fn, void *arg);
+    /* Optional (NULL: nothing to do): see kern_device_pin_host_thread. */
+    void (*pin_host_thread)(kern_device_t *dev);
 } kern_device_i;
 
 /* Backends embed this struct first in their own. */
@@ -127,6 +137,11 @@ void kern_free(kern_device_t *dev, void *p);
 void kern_set_reclaim_hook(kern_device_t *dev, bool (*fn)(void *ctx), void *ctx);
 /* The size of the arena block behind p (its request rounded up to the arena's alignment). */
 size_t kern_alloc_size(const kern_device_t *dev, const void *p);
+
+/* Called at the start of a thread that stands for the host or a copy
+ * engine (staging pack thread, host optimizer): keeps it off the compute
+ * cores of a CPU device created with pin_threads; otherwise nothing. */
+void kern_device_pin_host_thread(kern_device_t *dev);
 
 void *kern_pinned_alloc(kern_device_t *dev, size_t bytes);
 void kern_pinned_free(kern_device_t *dev, void *p, size_t bytes);

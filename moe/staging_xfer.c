@@ -91,6 +91,7 @@ static double job_run(staging_pack_job_t *j) {
 
 static void *pack_main(void *arg) {
     moe_staging_t *p = arg;
+    kern_device_pin_host_thread(p->dev); /* host work: off the compute cores */
     pthread_mutex_lock(&p->lock);
     for (;;) {
         while (!p->qhead && !p->stopping) pthread_cond_wait(&p->cond, &p->lock);

@@ -77,6 +77,10 @@ typedef struct cpu_device {
     struct kern_stream stream_storage[KERN_STREAM_COUNT];
     kern_threadpool_t *pool;
     size_t arena_bytes;
+    /* pin_threads: compute cores, the rest, and the creator's mask to restore */
+    bool pinned;
+    cpu_set_t compute_cpus, host_cpus, creator_cpus;
+    pthread_t creator;
 } cpu_device_t;
 
 static double now_s(void) {
@@ -142,8 +146,11 @@ static void run_cmd(kern_stream_t *s, const cmd_t *c) {
     }
 }
 
+static void cpu_pin_host_thread(kern_device_t *d);
+
 static void *stream_main(void *arg) {
     kern_stream_t *s = arg;
+    cpu_pin_host_thread(&s->dev->base); /* a copy engine, not the compute cores */
     pthread_mutex_lock(&s->lock);
     for (;;) {
         while (!s->head && !s->stopping) pthread_cond_wait(&s->cond, &s->lock);
@@ -201,6 +208,8 @@ static void cpu_destroy(kern_device_t *d) {
         pthread_mutex_destroy(&s->lock);
     }
     kern_threadpool_destroy(dev->pool);
+    if (dev->pinned && pthread_equal(dev->creator, pthread_self()))
+        pthread_setaffinity_np(dev->creator, sizeof dev->creator_cpus, &dev->creator_cpus);
     pthread_cond_destroy(&dev->ev_cond);
     pthread_mutex_destroy(&dev->ev_lock);
     free(dev);
@@ -295,6 +304,7 @@ static void cpu_launch_host_fn(kern_stream_t *s, kern_host_fn fn, void *arg) {
 static const kern_device_i k_cpu_vtable = {
     .name = "cpu",
     .destroy = cpu_destroy,
+    .pin_host_thread = cpu_pin_host_thread,
     .arena_reserve = cpu_arena_reserve,
     .arena_release = cpu_arena_release,
     .pinned_alloc = cpu_pinned_alloc,
@@ -312,6 +322,37 @@ static const kern_device_i k_cpu_vtable = {
     .memset = cpu_memset,
     .launch_host_fn = cpu_launch_host_fn,
 };
+
+/* Splits the cores this process may use: the first host_threads compute
+ * (the creating thread is pinned there, and so the pool it starts), the
+ * rest are the host's.  Without enough cores nothing is pinned. */
+static void pin_compute(cpu_device_t *dev) {
+    const int want = dev->base.opts.host_threads;
+    if (!dev->base.opts.pin_threads || want <= 0) return;
+    dev->creator = pthread_self();
+    if (pthread_getaffinity_np(dev->creator, sizeof dev->creator_cpus, &dev->creator_cpus) != 0) return;
+    if (CPU_COUNT(&dev->creator_cpus) <= want) return;
+    CPU_ZERO(&dev->compute_cpus);
+    CPU_ZERO(&dev->host_cpus);
+    int taken = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, &dev->creator_cpus)) continue;
+        if (taken++ < want) CPU_SET(c, &dev->compute_cpus);
+        else CPU_SET(c, &dev->host_cpus);
+    }
+    dev->pinned = pthread_setaffinity_np(dev->creator, sizeof dev->compute_cpus, &dev->compute_cpus) == 0;
+}
+
+static void cpu_pin_host_thread(kern_device_t *d) {
+    cpu_device_t *dev = (cpu_device_t *)d;
+    if (dev->pinned) pthread_setaffinity_np(pthread_self(), sizeof dev->host_cpus, &dev->host_cpus);
+}
+
+int kern_cpu_host_cores(kern_device_t *d) {
+    if (!d || d->kind != KERN_BACKEND_CPU) return 0;
+    const cpu_device_t *dev = (const cpu_device_t *)d;
+    return dev->pinned ? CPU_COUNT(&dev->host_cpus) : 0;
+}
 
 kern_threadpool_t *kern_cpu_stream_threadpool(kern_stream_t *s) { return s ? s->dev->pool : NULL; }
 
@@ -338,7 +379,8 @@ mt_status_t kern_cpu_device_create(const kern_device_opts_t *opts, kern_device_t
      * (measured: 37-48% of samples; quick start 46k -> 58k tokens/s).
      * Process-wide, as OpenBLAS's setting is. */
     openblas_set_num_threads(1);
-    dev->pool = kern_threadpool_create(opts->host_threads);
+    pin_compute(dev);
+    dev->pool = kern_threadpool_create(opts->host_threads); /* workers inherit the compute cores */
     for (int r = 0; r < KERN_STREAM_COUNT; r++) {
         kern_stream_t *s = &dev->stream_storage[r];
         s->dev = dev;

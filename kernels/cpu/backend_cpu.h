@@ -8,6 +8,9 @@
 /* The backend's pool for bandwidth-bound kernels; NULL means run inline. */
 kern_threadpool_t *kern_cpu_stream_threadpool(kern_stream_t *s);
 
+/* How many host cores a pinned device leaves (0 when it does not pin). */
+int kern_cpu_host_cores(kern_device_t *dev);
+
 mt_status_t kern_cpu_device_create(const kern_device_opts_t *opts, kern_device_t **out,
                                    mt_error_t *err);
 
