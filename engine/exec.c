@@ -112,6 +112,16 @@ bool exec_param_streamed(const eng_model_t *m, const eng_param_t *p) {
     return exec_block_plan(m, p->block)->weights == SCHED_WEIGHTS_STREAM;
 }
 
+bool exec_turn_held(const eng_model_t *m, int b) {
+    const int L = m->cfg.num_hidden_layers;
+    return L > 0 && b == L && m->plan.prefetch_window >= 1;
+}
+
+bool exec_acts_offloaded(const eng_model_t *m, int b) {
+    const int L = m->cfg.num_hidden_layers;
+    return b >= 1 && b <= L && m->plan.blocks[b].acts == SCHED_ACTS_OFFLOAD && !exec_turn_held(m, b);
+}
+
 static void add_used(eng_exec_t *x, int b, int i) {
     if (i < 0) return;
     x->used[b][x->nused[b]++] = i;

@@ -103,6 +103,17 @@ void exec_optim_block_ready(eng_model_t *m, int b);
 void exec_optim_worker_stop(eng_model_t *m);
 
 bool exec_param_streamed(const eng_model_t *m, const eng_param_t *p);
+/* At the turn from forward to backward, the last layer's streamed weights
+ * and offloaded activations would go to the host and come straight back:
+ * with a prefetch window of at least 1 the backward's first fetches put
+ * them on the device during the head's backward anyway, so the executor
+ * keeps them from the forward instead (no transfer, no wait, and the
+ * head's peak is no higher than its backward's).  The simulator models the
+ * same (scheduler/simulate.c). */
+bool exec_turn_held(const eng_model_t *m, int b);
+/* Block b's saved activations go to the host between its forward and its
+ * backward: the plan says offload and b is not held at the turn. */
+bool exec_acts_offloaded(const eng_model_t *m, int b);
 const sched_block_plan_t *exec_block_plan(const eng_model_t *m, int b);
 void exec_defer_free(eng_model_t *m, void *dev_ptr, void *pinned, size_t pinned_bytes,
                      kern_stream_t *after);

@@ -177,7 +177,7 @@ static void stage_window(eng_model_t *m, int tokens, tlist_t *t, eng_exec_stagin
     /* every offloaded block's activations, held from its forward to its backward */
     info->window_acts = 0;
     for (int l = 0; tokens > 0 && l < m->cfg.num_hidden_layers; l++)
-        if (exec_block_plan(m, l + 1)->acts == SCHED_ACTS_OFFLOAD) {
+        if (exec_acts_offloaded(m, l + 1)) {
             const size_t a = exec_layer_act_bytes(m, l, tokens);
             tl_add(t, a);
             info->window_acts += a;
@@ -234,7 +234,7 @@ mt_status_t exec_stage_create(eng_model_t *m, int tokens, mt_error_t *err) {
         MT_CHECK_ALLOC(must, "staging check");
         int n = 0;
         for (int l = 0; l < m->cfg.num_hidden_layers; l++)
-            if (exec_block_plan(m, l + 1)->acts == SCHED_ACTS_OFFLOAD) must[n++] = exec_layer_act_bytes(m, l, tokens);
+            if (exec_acts_offloaded(m, l + 1)) must[n++] = exec_layer_act_bytes(m, l, tokens);
         must[n++] = info->largest_tensor;
         const size_t need = moe_staging_plan_bytes(set->mode, must, n, &po);
         free(must);
@@ -256,7 +256,7 @@ mt_status_t exec_stage_prepare(eng_model_t *m, int tokens, mt_error_t *err) {
     eng_exec_t *x = m->exec;
     if (tokens <= x->stage_tokens) return MT_OK; /* a smaller micro-batch (the data's tail) fits */
     bool offloads = false;
-    for (int b = 0; b < x->nb; b++) offloads |= exec_block_plan(m, b)->acts == SCHED_ACTS_OFFLOAD;
+    for (int b = 0; b < x->nb; b++) offloads |= exec_acts_offloaded(m, b);
     if (!offloads) {
         x->stage_tokens = tokens;
         return MT_OK;
@@ -309,7 +309,9 @@ static void count_skipped(eng_exec_t *x, int dir, int experts) {
 
 /* Block b takes a reference to the streamed parameters among ids; those not
  * on the device yet are fetched in one batch (one span). */
-static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, mt_error_t *err) {
+/* Block b takes a reference to each streamed tensor of ids; those not on the
+ * device yet are fetched in one batch on the H2D stream (*issued: how many). */
+static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, int *issued, mt_error_t *err) {
     eng_exec_t *x = m->exec;
     int *need = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *need);
     float **ptr = malloc((size_t)(n > 0 ? n : 1) * sizeof *ptr);
@@ -333,6 +335,7 @@ static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, mt_
         free(ptr);
         return st;
     }
+    *issued = k;
     exec_held_t *h = &x->holding[b];
     for (int j = 0; j < n; j++) {
         const int i = ids[j];
@@ -410,7 +413,8 @@ mt_status_t exec_fetch_block(eng_model_t *m, int b, bool backward, mt_error_t *e
             count_skipped(x, MOE_STAGING_H2D, none);
         }
     }
-    mt_status_t st = hold_params(m, b, ids, n, err);
+    int issued;
+    mt_status_t st = hold_params(m, b, ids, n, &issued, err);
     free(ids);
     kern_event_record(m->dev, x->w_ready[b], kern_stream(m->dev, KERN_STREAM_H2D));
     return st;
@@ -435,9 +439,15 @@ mt_status_t exec_fetch_experts(eng_model_t *m, int l, const int32_t *counts, mt_
     x->ctr.experts_unused += (uint64_t)unused;
     int *ids = id_buffer(m, b);
     const int n = expert_ids(m, l, counts, ids, 0);
-    mt_status_t st = hold_params(m, b, ids, n, err);
+    int issued = 0;
+    mt_status_t st = hold_params(m, b, ids, n, &issued, err);
     free(ids);
-    if (st != MT_OK) return st;
+    if (st != MT_OK || issued == 0) return st;
+    /* only a miss of the prediction waits, and then also for whatever the
+     * H2D stream took on before it (the next blocks' prefetch): the stream
+     * is in order.  A hit must not wait at all: w_ready[b] already covers
+     * the prefetched experts, and recording it again here would make this
+     * block's forward wait for the next block's weights. */
     kern_event_record(m->dev, x->w_ready[b], kern_stream(m->dev, KERN_STREAM_H2D));
     exec_wait_block(m, b);
     return MT_OK;
@@ -738,7 +748,7 @@ void exec_stage_micro_end(eng_model_t *m) {
 size_t eng_exec_offload_bytes(const eng_model_t *m, int tokens) {
     size_t sum = 0;
     for (int l = 0; l < m->cfg.num_hidden_layers; l++)
-        if (exec_block_plan(m, l + 1)->acts == SCHED_ACTS_OFFLOAD) sum += exec_layer_act_bytes(m, l, tokens);
+        if (exec_acts_offloaded(m, l + 1)) sum += exec_layer_act_bytes(m, l, tokens);
     return sum;
 }
 

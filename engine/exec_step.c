@@ -207,7 +207,7 @@ static void layer_acts_drop(eng_model_t *m, step_t *st, int l) {
 static mt_status_t fetch_ahead(eng_model_t *m, int b, bool backward, mt_error_t *err) {
     if (b < 0 || b >= m->exec->nb) return MT_OK;
     mt_status_t s = exec_fetch_block(m, b, backward, err);
-    if (s == MT_OK && backward && m->plan.blocks[b].acts == SCHED_ACTS_OFFLOAD) s = exec_fetch_acts(m, b, err);
+    if (s == MT_OK && backward && exec_acts_offloaded(m, b)) s = exec_fetch_acts(m, b, err);
     return s;
 }
 
@@ -256,7 +256,7 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
                 if (st->use_aux) aux_accumulate(m, st, &st->ma[l].moe, batch->mask);
             }
             const sched_act_place_t ap = m->plan.blocks[b].acts;
-            if (ap == SCHED_ACTS_OFFLOAD) {
+            if (exec_acts_offloaded(m, b)) {
                 void **slots[64];
                 const int ns = layer_act_slots(st, l, slots);
                 if ((r = exec_offload_acts(m, b, slots, ns, err)) != MT_OK) return r;
@@ -282,8 +282,9 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
             eng_trace_span(m->trace, ENG_TRACK_COMPUTE, name, "forward", t0, t1, 0);
             exec_trace_memory(m, t1);
         }
-        /* the head's weights serve its backward right away */
-        if (!(backward && b == L + 1)) exec_release_block(m, b);
+        /* the head's weights serve its backward right away, and so do the
+         * last layer's at the turn (exec_turn_held) */
+        if (!(backward && (b == L + 1 || exec_turn_held(m, b)))) exec_release_block(m, b);
         exec_process_pending(m, false);
     }
 
@@ -322,13 +323,12 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
         for (int w = 0; w <= W; w++)
             if ((r = fetch_ahead(m, b - w, true, err)) != MT_OK) return r;
         exec_wait_block(m, b);
+        /* waiting is not compute: the block's clock starts once its inputs are here */
+        if (exec_acts_offloaded(m, b)) exec_wait_acts(m, b);
         const double t0 = eng_now_s();
-        if (b >= 1 && b <= L) {
-            const int l = b - 1;
-            const sched_act_place_t ap = m->plan.blocks[b].acts;
-            if (ap == SCHED_ACTS_OFFLOAD) exec_wait_acts(m, b);
-            if (ap == SCHED_ACTS_RECOMPUTE && (r = layer_forward(m, st, l, true, err)) != MT_OK) return r;
-        }
+        if (b >= 1 && b <= L && m->plan.blocks[b].acts == SCHED_ACTS_RECOMPUTE &&
+            (r = layer_forward(m, st, b - 1, true, err)) != MT_OK)
+            return r;
         if ((r = exec_prepare_grads(m, b, err)) != MT_OK) return r;
         if (b == L + 1) {
             float *dxf;

@@ -191,7 +191,7 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
     MT_CHECK(phase_end && d2h_end && offload_end && adam_done, "out of host memory in the simulator");
     const bool overlap = !w->clip && w->has_trainable;
     int n_d2h = 0;
-    double last_compute_end = 0, head_w = 0;
+    double last_compute_end = 0, head_w = 0, turn_w = 0;
 
     for (int mb = 0; mb < ga; mb++) {
         const bool last_mb = mb == ga - 1;
@@ -202,13 +202,18 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
                 const int b = fwd ? i : N - 1 - i;
                 const sched_block_plan_t *p = &plan->blocks[b];
                 const sched_block_cost_t *c = &w->blocks[b];
+                /* the last layer at the turn from forward to backward (engine/exec_internal.h,
+                 * exec_turn_held): with a window of at least 1 its streamed weights and offloaded
+                 * activations stay on the device from its forward to its backward */
+                const bool turn = W >= 1 && N >= 3 && b == N - 2;
                 /* the embedding's and the head's forward and backward are adjacent: the executor keeps their
                  * activations whatever the plan says */
-                const sched_act_place_t acts = b == 0 || b == N - 1 ? SCHED_ACTS_KEEP : p->acts;
+                const sched_act_place_t acts =
+                    b == 0 || b == N - 1 || (turn && p->acts == SCHED_ACTS_OFFLOAD) ? SCHED_ACTS_KEEP : p->acts;
                 /* the fetches for position i are issued just before position i - W computes */
                 const double issue = i - W - 1 >= 0 ? phase_end[i - W - 1] : phase_start;
-                /* the head's weights stay from its forward to its backward */
-                const bool held = !fwd && b == N - 1;
+                /* the head's weights stay from its forward to its backward, and so do the turn's */
+                const bool held = !fwd && (b == N - 1 || turn);
                 double fw = 0, fw_copies = 0;
                 if (!held && p->weights == SCHED_WEIGHTS_STREAM) fw = c->w_fetch_bytes, fw_copies = c->w_fetch_copies;
                 if (!held && b == N - 1 && w->tied_head && plan->blocks[0].weights == SCHED_WEIGHTS_STREAM) {
@@ -259,9 +264,10 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
                     mem(&s, SCHED_MEM_DEVICE, start, temp + grads + (rc ? c->act_saved_bytes - c->act_input_bytes : 0));
                     mem(&s, SCHED_MEM_DEVICE, end, -temp - c->act_saved_bytes - (dev_add ? grads : 0));
                 }
-                if (fw > 0 && !(fwd && b == N - 1)) mem(&s, SCHED_MEM_DEVICE, end, -fw);
+                if (fw > 0 && !(fwd && (b == N - 1 || turn))) mem(&s, SCHED_MEM_DEVICE, end, -fw);
                 if (fwd && b == N - 1) head_w = fw;
-                if (held) mem(&s, SCHED_MEM_DEVICE, end, -head_w);
+                if (fwd && turn) turn_w = fw;
+                if (held) mem(&s, SCHED_MEM_DEVICE, end, b == N - 1 ? -head_w : -turn_w);
                 phase_end[i] = end;
                 last_compute_end = end;
 
