@@ -583,6 +583,16 @@ int mt_bench_step_main(int argc, char **argv) {
         sched_planner_result_t res;
         mt_error_t perr = {0};
         if (sched_plan_make(&pr.w, &po, &res, &perr) == MT_OK && res.feasible) {
+            if (o.blocks && !o.json) { /* what the planner chose, block by block */
+                printf("auto plan (window %d): block weights/grads/optimizer/activations:", res.plan.prefetch_window);
+                for (int b = 0; b < res.plan.num_blocks; b++) {
+                    const sched_block_plan_t *bp = &res.plan.blocks[b];
+                    printf(" %d:%c%c%c%c", b, bp->weights == SCHED_WEIGHTS_STREAM ? 'S' : 'R',
+                           bp->grads == SCHED_GRADS_HOST ? 'H' : 'D', bp->optim == SCHED_OPTIM_HOST ? 'H' : 'D',
+                           "KOR"[bp->acts]);
+                }
+                printf("  (S stream, R resident; H host, D device; K keep, O offload, R recompute)\n");
+            }
             measure_plan(ckpt, &o, &res.plan, link_bps, true, NULL, &autom);
             pred_auto = res.sim.step_time;
             pred_auto_traffic = predict(&pr_traffic, &res.plan);
