@@ -24,9 +24,10 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static mt_status_t measure_gemm(int n, int reps, double *flops, mt_error_t *err) {
+/* threads: the kernel pool's size, as the run will have it (0 = every core) */
+static mt_status_t measure_gemm(int n, int reps, int threads, double *flops, mt_error_t *err) {
     const size_t bytes = (size_t)n * (size_t)n * sizeof(float);
-    kern_device_opts_t o = {.device_budget_bytes = 3 * bytes + (1u << 20)};
+    kern_device_opts_t o = {.device_budget_bytes = 3 * bytes + (1u << 20), .host_threads = threads};
     kern_device_t *dev = NULL;
     mt_status_t st = kern_device_create(KERN_BACKEND_CPU, &o, &dev, err);
     if (st != MT_OK) return mt_error_prefix(err, "calibration: ");
@@ -130,7 +131,7 @@ mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_opts_t
     out->cores = cores > 0 ? (int)cores : 1;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     out->host_memory = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
-    mt_status_t st = measure_gemm(n, reps, &out->sgemm_flops, err);
+    mt_status_t st = measure_gemm(n, reps, rc ? rc->compute_threads : 0, &out->sgemm_flops, err);
     if (st != MT_OK) return st;
     out->memcpy_bw = measure_memcpy(bytes, reps);
     out->stream_bw = measure_stream(bytes, reps, out->cores);

@@ -161,6 +161,7 @@ static const key_row_t k_memory_rows[] = {
 static const key_row_t k_backend_options_rows[] = {
     ROW("link_gbps", K_DOUBLE, link_gbps),
     ROW("link_latency_us", K_DOUBLE, link_latency_us),
+    ROW("compute_threads", K_INT, compute_threads),
     {0},
 };
 

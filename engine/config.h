@@ -67,6 +67,10 @@ typedef struct {
     size_t memory_device, memory_pinned, memory_host;
     /* CPU backend link throttling for measurement (0 = off) */
     double link_gbps, link_latency_us;
+    /* CPU backend: kernel threads, 0 = every core; N > 0 also pins compute
+     * to N cores and copies and the host optimizer to the rest, as a GPU
+     * computes apart from its copy engines (kern_device_opts_t.pin_threads) */
+    int compute_threads;
     /* `hardware: NAME|FILE`: the profile plans are made for (configs/hw/NAME.yaml, a file, or
        "calibrate"); "" = none: training calibrates on the CPU backend, `moetune plan` needs --hw */
     char hardware[1024];

@@ -122,7 +122,7 @@ static const char *k_full =
     "  device: 80GiB\n"
     "  pinned: 512MiB\n"
     "  host: 1.5GB\n"
-    "backend_options: {link_gbps: 25, link_latency_us: 7.5}\n"
+    "backend_options: {link_gbps: 25, link_latency_us: 7.5, compute_threads: 1}\n"
     "save_max_shard_size: 2GB\n"
     "progress: off\n"
     "adapter: lora\n"
@@ -157,7 +157,7 @@ static void test_every_key(void) {
     EXPECT(c.logging_steps == 5 && c.save_steps == 50 && !c.save_final && c.bf16);
     EXPECT(c.backend == ENG_BACKEND_CPU);
     EXPECT(c.memory_device == 80ull << 30 && c.memory_pinned == 512ull << 20 && c.memory_host == 1500000000ull);
-    EXPECT(c.link_gbps == 25.0 && c.link_latency_us == 7.5);
+    EXPECT(c.link_gbps == 25.0 && c.link_latency_us == 7.5 && c.compute_threads == 1);
     EXPECT(c.save_max_shard_bytes == 2000000000ull && !c.progress);
     EXPECT(c.adapter == ENG_ADAPTER_LORA && c.lora_r == 16 && c.lora_alpha == 32.0 && c.lora_dropout == 0.05);
     EXPECT(c.num_lora_target_modules == 3 && strcmp(c.lora_target_modules[0], "q_proj") == 0 &&
@@ -347,6 +347,7 @@ static void test_validate(void) {
     EXPECT_INVALID("save_max_shard_size=0", "save_max_shard_size");
     EXPECT_INVALID("logging_steps=0", "logging_steps");
     EXPECT_INVALID("backend_options.link_gbps=-1", "link_gbps");
+    EXPECT_INVALID("backend_options.compute_threads=-2", "compute_threads");
     EXPECT_INVALID("num_epochs=0", "max_steps or num_epochs");
     EXPECT_INVALID("adapter=lora", "lora_target_modules");
     EXPECT_INVALID("datasets=[]", "datasets is empty");

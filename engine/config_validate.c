@@ -45,6 +45,8 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
     NEED(cfg->save_max_shard_bytes > 0, "save_max_shard_size must be > 0");
     NEED(isfinite(cfg->link_gbps) && cfg->link_gbps >= 0, "backend_options.link_gbps must be >= 0, got %g",
          cfg->link_gbps);
+    NEED(cfg->compute_threads >= 0, "backend_options.compute_threads must be >= 0 (0 = every core), got %d",
+         cfg->compute_threads);
     NEED(isfinite(cfg->link_latency_us) && cfg->link_latency_us >= 0,
          "backend_options.link_latency_us must be >= 0, got %g", cfg->link_latency_us);
     NEED(cfg->sched_prefetch_window >= 0 && cfg->sched_prefetch_window <= 64,

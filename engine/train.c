@@ -27,6 +27,8 @@ mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_
     o.device_budget_bytes = rc->memory_device;
     if (rc->link_gbps > 0) o.link_h2d_bytes_per_s = o.link_d2h_bytes_per_s = rc->link_gbps * 1e9;
     o.link_latency_s = rc->link_latency_us * 1e-6;
+    o.host_threads = rc->compute_threads;
+    o.pin_threads = rc->compute_threads > 0;
     char why[512];
     switch (rc->backend) {
     case ENG_BACKEND_CPU: return kern_device_create(KERN_BACKEND_CPU, &o, out, err);
