@@ -58,7 +58,7 @@ static kern_arena_epoch_t *open_epoch(kern_arena_defer_t *d) {
         const int cap = d->cap ? 2 * d->cap : 8;
         kern_arena_epoch_t *r = calloc((size_t)cap, sizeof *r);
         MT_CHECK_ALLOC(r, "arena_defer epochs");
-        for (int k = 0; k < d->cap; k++) r[k] = *slot(d, k); /* the live ones first, then the idle ones */
+        for (int k = 0; k < d->cap; k++) r[k] = *slot(d, k); /* full: every slot is live, oldest first */
         free(d->ring);
         d->ring = r;
         d->head = 0;
