@@ -205,16 +205,8 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
                                 "and device gradients",
                                 b);
         /* Streamed weights, offloaded activations and host gradients free
-         * device buffers as soon as compute has been issued; that is exact
-         * on the CPU backend (compute runs in order on the issuing thread)
-         * but on a GPU needs stream-ordered frees first. */
-        if (m->dev->kind == KERN_BACKEND_CUDA &&
-            (bp->weights != SCHED_WEIGHTS_RESIDENT || bp->acts == SCHED_ACTS_OFFLOAD || bp->grads != SCHED_GRADS_DEVICE))
-            return mt_error_set(err, MT_ERR_UNSUPPORTED,
-                                "the CUDA backend runs keep-everything plans only for now (block %d "
-                                "asks for streamed weights, offloaded activations or host "
-                                "gradients); use backend: cpu for offloading plans",
-                                b);
+         * device buffers as soon as work using them has been issued; the
+         * CUDA backend frees in stream order (kernels/arena_defer.h). */
     }
     m->plan = *plan;
     m->plan.blocks = malloc((size_t)nb * sizeof *m->plan.blocks);

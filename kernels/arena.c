@@ -44,7 +44,7 @@ bool kern_arena_alloc(kern_arena_t *a, size_t bytes, size_t *offset) {
         b = &a->blocks[best];
         memmove(&a->blocks[best + 2], &a->blocks[best + 1],
                 (size_t)(a->nblocks - best - 1) * sizeof *a->blocks);
-        a->blocks[best + 1] = (kern_arena_block_t){b->offset + need, b->size - need, false};
+        a->blocks[best + 1] = (kern_arena_block_t){.offset = b->offset + need, .size = b->size - need};
         b->size = need;
         a->nblocks++;
     }
@@ -71,10 +71,19 @@ size_t kern_arena_block_size(const kern_arena_t *a, size_t offset) {
     return a->blocks[i].size;
 }
 
+size_t kern_arena_retire(kern_arena_t *a, size_t offset) {
+    int i = find_block(a, offset);
+    MT_CHECK(i >= 0, "arena: freeing offset %zu that is not an allocated block", offset);
+    MT_CHECK(!a->blocks[i].retired, "arena: freeing offset %zu twice (it waits for its streams already)", offset);
+    a->blocks[i].retired = true;
+    return a->blocks[i].size;
+}
+
 void kern_arena_release(kern_arena_t *a, size_t offset) {
     int i = find_block(a, offset);
     MT_CHECK(i >= 0, "arena: freeing offset %zu that is not an allocated block", offset);
     a->blocks[i].used = false;
+    a->blocks[i].retired = false;
     a->in_use -= a->blocks[i].size;
     if (i + 1 < a->nblocks && !a->blocks[i + 1].used) { /* merge with next */
         a->blocks[i].size += a->blocks[i + 1].size;

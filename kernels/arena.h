@@ -20,6 +20,7 @@ typedef struct {
     size_t offset;
     size_t size;
     bool used;
+    bool retired; /* used, but freed by its owner: waits for stream-ordered release (arena_defer.h) */
 } kern_arena_block_t;
 
 typedef struct {
@@ -34,8 +35,12 @@ void kern_arena_init(kern_arena_t *a, size_t capacity);
 void kern_arena_free_all(kern_arena_t *a); /* releases bookkeeping */
 /* Returns true and the offset on success; false when no free block fits. */
 bool kern_arena_alloc(kern_arena_t *a, size_t bytes, size_t *offset);
-/* Frees the block starting at offset; aborts on an offset never returned. */
+/* Frees the block starting at offset (retired or not); aborts on an offset never returned. */
 void kern_arena_release(kern_arena_t *a, size_t offset);
+/* Marks the block starting at offset as freed by its owner but not reusable
+ * yet (it stays in use until kern_arena_release); returns its size.  Aborts
+ * on an offset never returned and on a block retired already (a double free). */
+size_t kern_arena_retire(kern_arena_t *a, size_t offset);
 /* Size of the allocated block starting at offset; aborts on an offset never returned. */
 size_t kern_arena_block_size(const kern_arena_t *a, size_t offset);
 /* Largest free block, for the over-budget message (fragmentation shows). */

@@ -1,6 +1,7 @@
 /* Backend-independent half of the device layer: creation, the arena's
- * bookkeeping and budget errors, statistics, and thin wrappers over the
- * vtable (see device.h). */
+ * bookkeeping and budget errors, stream-ordered frees (arena_defer.h, its
+ * markers are the backend's events), statistics, and thin wrappers over
+ * the vtable (see device.h). */
 #include "kernels/device.h"
 
 #include <stdio.h>
@@ -8,6 +9,22 @@
 
 #include "kernels/cpu/backend_cpu.h"
 #include "kernels/cuda/backend_cuda.h"
+
+/* ---- hooks of the pending-free queue: one marker per stream ---- */
+
+static void *defer_event_create(void *ctx) {
+    kern_device_t *dev = ctx;
+    return dev->vt->event_create(dev);
+}
+static void defer_event_destroy(void *ctx, void *ev) { ((kern_device_t *)ctx)->vt->event_destroy(ev); }
+static void defer_event_record(void *ctx, void *ev, int stream) {
+    kern_device_t *dev = ctx;
+    dev->vt->event_record(ev, dev->streams[stream]);
+}
+static bool defer_event_query(void *ctx, void *ev) { return ((kern_device_t *)ctx)->vt->event_query(ev); }
+static void defer_event_sync(void *ctx, void *ev) { ((kern_device_t *)ctx)->vt->event_sync(ev); }
+
+static bool defer_on(const kern_device_t *dev) { return dev->opts.stream_ordered_frees; }
 
 mt_status_t kern_device_create(kern_backend_kind_t kind, const kern_device_opts_t *opts,
                                kern_device_t **out, mt_error_t *err) {
@@ -24,6 +41,20 @@ mt_status_t kern_device_create(kern_backend_kind_t kind, const kern_device_opts_
     }
     kern_arena_init(&dev->arena, capacity);
     dev->stats.device_capacity = dev->arena.capacity;
+    if (defer_on(dev)) {
+        for (int r = 0; r < KERN_STREAM_COUNT; r++)
+            MT_CHECK(dev->streams[r] != NULL, "backend %s: stream %d missing", dev->vt->name, r);
+        const kern_arena_defer_hooks_t h = {
+            .ctx = dev,
+            .nstreams = KERN_STREAM_COUNT,
+            .event_create = defer_event_create,
+            .event_destroy = defer_event_destroy,
+            .event_record = defer_event_record,
+            .event_query = defer_event_query,
+            .event_sync = defer_event_sync,
+        };
+        kern_arena_defer_init(&dev->defer, &dev->arena, &h);
+    }
     *out = dev;
     return MT_OK;
 }
@@ -31,6 +62,7 @@ mt_status_t kern_device_create(kern_backend_kind_t kind, const kern_device_opts_
 void kern_device_destroy(kern_device_t *dev) {
     if (!dev) return;
     kern_device_sync(dev);
+    if (defer_on(dev)) kern_arena_defer_destroy(&dev->defer); /* its markers are the backend's events */
     dev->vt->arena_release(dev, dev->arena_base);
     kern_arena_free_all(&dev->arena);
     dev->vt->destroy(dev);
@@ -40,10 +72,16 @@ bool kern_cuda_available(char *why, size_t why_len) { return kern_cuda_probe(why
 
 static char *arena_ptr(kern_device_t *dev, size_t offset) { return (char *)dev->arena_base + offset; }
 
+/* With stream-ordered frees: reuses completed frees, waits for pending ones before failing. */
+static bool arena_alloc(kern_device_t *dev, size_t bytes, size_t *off) {
+    return defer_on(dev) ? kern_arena_defer_alloc(&dev->defer, bytes, off) : kern_arena_alloc(&dev->arena, bytes, off);
+}
+
 void *kern_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *err) {
     size_t off;
-    bool ok = kern_arena_alloc(&dev->arena, bytes, &off);
-    while (!ok && dev->reclaim && dev->reclaim(dev->reclaim_ctx)) ok = kern_arena_alloc(&dev->arena, bytes, &off);
+    bool ok = arena_alloc(dev, bytes, &off);
+    /* what the hook frees may be stream-ordered too: arena_alloc waits for it */
+    while (!ok && dev->reclaim && dev->reclaim(dev->reclaim_ctx)) ok = arena_alloc(dev, bytes, &off);
     if (!ok) {
         mt_error_set(err, MT_ERR_BUDGET,
                      "device memory budget exceeded allocating %s (%zu bytes): %zu of %zu bytes in "
@@ -64,7 +102,9 @@ void kern_set_reclaim_hook(kern_device_t *dev, bool (*fn)(void *ctx), void *ctx)
 
 void kern_free(kern_device_t *dev, void *p) {
     if (!p) return;
-    kern_arena_release(&dev->arena, (size_t)((char *)p - (char *)dev->arena_base));
+    const size_t off = (size_t)((char *)p - (char *)dev->arena_base);
+    if (defer_on(dev)) kern_arena_defer_free(&dev->defer, off);
+    else kern_arena_release(&dev->arena, off);
     dev->stats.device_in_use = dev->arena.in_use;
 }
 
@@ -106,6 +146,10 @@ void kern_stream_sync(kern_device_t *dev, kern_stream_t *s) { dev->vt->stream_sy
 void kern_device_sync(kern_device_t *dev) {
     for (int r = 0; r < KERN_STREAM_COUNT; r++)
         if (dev->streams[r]) dev->vt->stream_sync(dev->streams[r]);
+    if (defer_on(dev)) { /* every stream is idle: nothing pending can still be touched */
+        kern_arena_defer_release_all(&dev->defer);
+        dev->stats.device_in_use = dev->arena.in_use;
+    }
 }
 
 void kern_memcpy_h2d(kern_device_t *dev, kern_stream_t *s, void *dst, const void *src, size_t bytes) {
@@ -136,10 +180,20 @@ void kern_device_pin_host_thread(kern_device_t *dev) {
     if (dev && dev->vt->pin_host_thread) dev->vt->pin_host_thread(dev);
 }
 
-kern_device_stats_t kern_device_stats(const kern_device_t *dev) { return dev->stats; }
+kern_device_stats_t kern_device_stats(const kern_device_t *dev) {
+    kern_device_stats_t st = dev->stats;
+    if (defer_on(dev)) {
+        st.device_pending = dev->defer.pending_bytes;
+        st.device_pending_peak = dev->defer.pending_peak;
+        st.deferred_frees = dev->defer.frees;
+        st.free_waits = dev->defer.waits;
+    }
+    return st;
+}
 
 void kern_device_reset_peaks(kern_device_t *dev) {
     dev->stats.device_peak = dev->arena.in_use;
     dev->arena.peak = dev->arena.in_use;
+    dev->defer.pending_peak = dev->defer.pending_bytes;
     dev->stats.pinned_peak = dev->stats.pinned_in_use;
 }

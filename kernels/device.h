@@ -17,6 +17,16 @@
  * CUDA backend: a cudaMalloc'd arena sub-allocated by the same allocator
  * (arena.h), cudaHostAlloc'd pinned memory, real streams and events.
  *
+ * Frees.  kern_free may be called as soon as the work that uses a buffer
+ * has been issued, on any stream.  Where kernels run asynchronously to the
+ * host (CUDA) the freed block is handed out again only after every stream
+ * has finished the work issued before the free (stream-ordered frees,
+ * arena_defer.h); an allocation that only pending frees can satisfy waits
+ * for them instead of failing.  The CPU backend frees at once by default:
+ * its kernels have finished when they return and its copy streams' users
+ * defer their frees themselves; opts.stream_ordered_frees gives it the
+ * CUDA policy (for tests of that policy on its threaded copy streams).
+ *
  * All pointers returned by kern_alloc are device pointers: only kernels and
  * kern_memcpy_* may touch them.  On the CPU backend they happen to be host
  * addressable, which the engine must not rely on. */
@@ -28,6 +38,7 @@
 #include <stdint.h>
 
 #include "kernels/arena.h"
+#include "kernels/arena_defer.h"
 #include "kernels/status.h"
 
 typedef struct kern_device kern_device_t;
@@ -63,6 +74,9 @@ typedef struct {
     double link_h2d_bytes_per_s;
     double link_d2h_bytes_per_s;
     double link_latency_s;
+    /* Free device memory in stream order (see "Frees" above).  The CUDA
+     * backend always does; the CPU backend does when this is set. */
+    bool stream_ordered_frees;
 } kern_device_opts_t;
 
 /* Counters every backend keeps; read with kern_device_stats. */
@@ -71,6 +85,11 @@ typedef struct {
     size_t pinned_in_use, pinned_peak;
     uint64_t h2d_copies, d2h_copies;
     uint64_t h2d_bytes, d2h_bytes;
+    /* Stream-ordered frees: bytes freed but not reusable yet (counted in
+     * device_in_use, as they still occupy the arena), and their peak; blocks
+     * that went through the queue; allocations that had to wait for them. */
+    size_t device_pending, device_pending_peak;
+    uint64_t deferred_frees, free_waits;
 } kern_device_stats_t;
 
 typedef void (*kern_host_fn)(void *arg);
@@ -109,6 +128,7 @@ struct kern_device {
     kern_stream_t *streams[KERN_STREAM_COUNT];
     kern_arena_t arena; /* sub-allocates [arena_base, arena_base + capacity) */
     void *arena_base;
+    kern_arena_defer_t defer; /* pending frees, when opts.stream_ordered_frees */
     kern_device_stats_t stats; /* copies counted by the backend; memory by device.c */
     /* Called by kern_alloc when a request does not fit, before it fails: a
      * user with memory waiting on pending copies frees it and returns true
@@ -130,8 +150,12 @@ void kern_device_destroy(kern_device_t *dev);
 bool kern_cuda_available(char *why, size_t why_len);
 
 /* Device memory from the budget-limited arena.  `tag` names the tensor in
- * the over-budget error. Returns NULL and sets err when it does not fit. */
+ * the over-budget error. Returns NULL and sets err when it does not fit
+ * (after waiting for pending stream-ordered frees, and the reclaim hook). */
 void *kern_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *err);
+/* Frees p; with stream-ordered frees the memory is reused only after every
+ * stream has passed this point (see "Frees" above).  p must not be used by
+ * work issued after the call. */
 void kern_free(kern_device_t *dev, void *p);
 /* Installs (or, with fn NULL, removes) the reclaim hook described above. */
 void kern_set_reclaim_hook(kern_device_t *dev, bool (*fn)(void *ctx), void *ctx);
@@ -157,7 +181,8 @@ void kern_event_sync(kern_device_t *dev, kern_event_t *ev);
 /* True when the latest record has completed (or the event was never recorded). */
 bool kern_event_query(kern_device_t *dev, kern_event_t *ev);
 void kern_stream_sync(kern_device_t *dev, kern_stream_t *s);
-void kern_device_sync(kern_device_t *dev); /* all streams */
+/* All streams; pending stream-ordered frees become reusable. */
+void kern_device_sync(kern_device_t *dev);
 
 void kern_memcpy_h2d(kern_device_t *dev, kern_stream_t *s, void *dst, const void *src, size_t bytes);
 void kern_memcpy_d2h(kern_device_t *dev, kern_stream_t *s, void *dst, const void *src, size_t bytes);

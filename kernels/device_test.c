@@ -500,6 +500,161 @@ static void test_d2d_not_throttled(void) {
     kern_device_destroy(dev);
 }
 
+/* ---- stream-ordered frees (the CUDA backend's policy) on the CPU backend ---- */
+
+static kern_device_t *make_ordered_dev(size_t budget, double d2h_bps) {
+    kern_device_opts_t o = {.device_budget_bytes = budget,
+                            .host_threads = 1,
+                            .link_d2h_bytes_per_s = d2h_bps,
+                            .stream_ordered_frees = true};
+    kern_device_t *dev = NULL;
+    mt_error_t err = {0};
+    if (kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) != MT_OK) {
+        fprintf(stderr, "cannot create CPU device: %s\n", err.msg);
+        exit(2);
+    }
+    return dev;
+}
+
+static bool all_bytes(const unsigned char *p, size_t n, unsigned char v) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != v) return false;
+    return true;
+}
+
+/* A buffer freed while a D2H copy (held by a gate) still reads it is not
+ * handed out again: the next allocation of the same size gets other memory,
+ * and writing that memory leaves the copy's source intact. */
+static void test_ordered_free_no_alias(void) {
+    const size_t n = 1u << 20;
+    kern_device_t *dev = make_ordered_dev(2 * n, 0);
+    kern_stream_t *h2d = kern_stream(dev, KERN_STREAM_H2D), *d2h = kern_stream(dev, KERN_STREAM_D2H);
+    mt_error_t err = {0};
+    unsigned char *A = kern_alloc(dev, n, "A", &err), *B = calloc(n, 1);
+    if (!A || !B) {
+        fprintf(stderr, "allocation failed\n");
+        exit(2);
+    }
+    kern_memset(dev, h2d, A, 0x11, n);
+    kern_stream_sync(dev, h2d);
+    gate_t gate = {0};
+    kern_launch_host_fn(dev, d2h, gate_fn, &gate);
+    kern_memcpy_d2h(dev, d2h, B, A, n); /* queued behind the gate: still to read A */
+    kern_free(dev, A);
+    unsigned char *C = kern_alloc(dev, n, "C", &err);
+    EXPECT(C != NULL, "a second buffer fits the 2-buffer budget: %s", err.msg);
+    EXPECT(C && (C + n <= A || A + n <= C),
+           "test_ordered_free_no_alias: the allocation after freeing A (%p) overlaps it (%p) while a D2H copy "
+           "queued before the free still reads A",
+           (void *)A, (void *)C);
+    kern_device_stats_t st = kern_device_stats(dev);
+    EXPECT(st.device_pending == n && st.device_in_use == 2 * n && st.deferred_frees == 1,
+           "pending %zu in use %zu deferred %llu; want %zu, %zu, 1", st.device_pending, st.device_in_use,
+           (unsigned long long)st.deferred_frees, n, 2 * n);
+    if (C) {
+        kern_memset(dev, h2d, C, 0x22, n); /* on another stream, while the copy waits */
+        kern_stream_sync(dev, h2d);
+    }
+    atomic_store(&gate.open, 1);
+    kern_stream_sync(dev, d2h);
+    EXPECT(all_bytes(B, n, 0x11), "the D2H copy read A after it was freed and reused");
+    kern_device_sync(dev);
+    st = kern_device_stats(dev);
+    EXPECT(st.device_pending == 0 && st.device_in_use == n, "after device sync: pending %zu in use %zu",
+           st.device_pending, st.device_in_use);
+    /* once everything is done the block is reused as usual */
+    unsigned char *D = kern_alloc(dev, n, "D", &err);
+    EXPECT(D == A, "A's block not reused after the copy finished: %p vs %p", (void *)D, (void *)A);
+    kern_free(dev, C);
+    kern_free(dev, D);
+    free(B);
+    kern_device_destroy(dev);
+}
+
+/* Under a budget of one buffer: the only way to satisfy the next allocation
+ * is the block a throttled D2H copy still reads.  The allocation waits for
+ * the copy (it never fails), returns only after it, and the copy's data is
+ * intact.  A request that cannot fit even then fails naming its tensor. */
+static void test_ordered_free_waits(void) {
+    const size_t n = 1u << 20;
+    const double link = 20e6; /* 1 MiB in >= 52 ms */
+    kern_device_t *dev = make_ordered_dev(n, link);
+    kern_stream_t *d2h = kern_stream(dev, KERN_STREAM_D2H);
+    mt_error_t err = {0};
+    unsigned char *A = kern_alloc(dev, n, "A", &err), *B = calloc(n, 1);
+    if (!A || !B) {
+        fprintf(stderr, "allocation failed\n");
+        exit(2);
+    }
+    atomic_int copied = 0;
+    kern_memset(dev, d2h, A, 0x33, n);
+    const double t0 = now_s();
+    kern_memcpy_d2h(dev, d2h, B, A, n);
+    kern_launch_host_fn(dev, d2h, set_flag_fn, &copied);
+    kern_free(dev, A);
+    unsigned char *C = kern_alloc(dev, n, "C", &err);
+    const double waited = now_s() - t0;
+    EXPECT(C != NULL, "test_ordered_free_waits: an allocation only a pending free can satisfy failed: %s", err.msg);
+    EXPECT(atomic_load(&copied), "the allocation returned before the copy reading the freed block finished");
+    EXPECT(waited >= 0.99 * (double)n / link, "returned after %.3f s, the throttled copy takes >= %.3f s", waited,
+           (double)n / link);
+    printf("stream-ordered free: the allocation waited %.3f s for a 1 MiB D2H copy at 20 MB/s\n", waited);
+    kern_device_stats_t st = kern_device_stats(dev);
+    EXPECT(st.free_waits == 1 && st.device_pending == 0 && st.device_peak == n,
+           "waits %llu pending %zu peak %zu", (unsigned long long)st.free_waits, st.device_pending, st.device_peak);
+    EXPECT(all_bytes(B, n, 0x33), "the copy's data changed");
+    /* nothing pending can help a request over the budget: a clear error, no hang */
+    kern_free(dev, C);
+    err = (mt_error_t){0};
+    EXPECT(kern_alloc(dev, 2 * n, "layer.9.too_big", &err) == NULL && err.code == MT_ERR_BUDGET &&
+               strstr(err.msg, "layer.9.too_big"),
+           "over budget with pending frees: \"%s\"", err.msg);
+    EXPECT(kern_device_stats(dev).device_pending == 0, "a failed allocation waits for every pending free first");
+    free(B);
+    kern_device_destroy(dev);
+}
+
+/* The reclaim hook's frees are stream-ordered too: kern_alloc waits for them. */
+typedef struct {
+    kern_device_t *dev;
+    void *held;
+    int calls;
+} reclaim_ctx_t;
+static bool reclaim_fn(void *arg) {
+    reclaim_ctx_t *r = arg;
+    r->calls++;
+    if (!r->held) return false;
+    kern_free(r->dev, r->held);
+    r->held = NULL;
+    return true;
+}
+
+static void test_ordered_free_reclaim_and_fatal(void) {
+    const size_t n = 64u << 10;
+    kern_device_t *dev = make_ordered_dev(n, 1e6);
+    kern_stream_t *d2h = kern_stream(dev, KERN_STREAM_D2H);
+    mt_error_t err = {0};
+    unsigned char *X = kern_alloc(dev, n, "X", &err), *B = malloc(n / 4);
+    kern_memcpy_d2h(dev, d2h, B, X, n / 4); /* 16 ms at 1 MB/s: X is still read when the hook frees it */
+    reclaim_ctx_t rc = {dev, X, 0};
+    kern_set_reclaim_hook(dev, reclaim_fn, &rc);
+    void *Y = kern_alloc(dev, n, "Y", &err);
+    EXPECT(Y == X && rc.calls == 1, "reclaimed block: %p (want %p), hook called %d times: %s", Y, (void *)X, rc.calls,
+           err.msg);
+    kern_set_reclaim_hook(dev, NULL, NULL);
+    volatile int fatal = 0;
+    mt_set_fatal_hook(fatal_to_longjmp);
+    kern_free(dev, Y);
+    if (setjmp(g_fatal_jmp) == 0) kern_free(dev, Y); /* twice, while the first is pending */
+    else fatal++;
+    mt_set_fatal_hook(NULL);
+    EXPECT(fatal == 1, "a double free while pending must go through the fatal hook");
+    kern_device_sync(dev);
+    EXPECT(kern_device_stats(dev).device_in_use == 0, "arena consistent after the fatal");
+    free(B);
+    kern_device_destroy(dev);
+}
+
 static void test_cuda_probe(void) {
     char why[256] = "";
     const bool avail = kern_cuda_available(why, sizeof why);
@@ -537,6 +692,9 @@ int main(void) {
     test_wait_survives_rerecord_on_other_stream();
     test_d2d_not_throttled();
     test_cuda_probe();
+    test_ordered_free_no_alias();
+    test_ordered_free_waits();
+    test_ordered_free_reclaim_and_fatal();
     /* last: were pending events freed early again, this would write freed
      * memory (ASan reports it) and could upset the tests after it */
     printf("test_event_destroy_while_pending (a crash here means that regression)\n");

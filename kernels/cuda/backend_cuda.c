@@ -12,7 +12,11 @@
  * checked against cudaMemGetInfo's free bytes before anything is reserved.
  *
  * Every entry point makes the stream's (or event's) device current first,
- * so one process may drive two devices from one thread. */
+ * so one process may drive two devices from one thread.
+ *
+ * Kernels and copies run asynchronously to the host, so device memory is
+ * freed in stream order (device.h, arena_defer.h): the device is created
+ * with opts.stream_ordered_frees set, whatever the caller asked. */
 #include "kernels/cuda/backend_cuda.h"
 
 #include <stdio.h>
@@ -367,6 +371,7 @@ mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_
     d->base.kind = KERN_BACKEND_CUDA;
     d->base.opts = *opts;
     d->base.opts.device_budget_bytes = budget;
+    d->base.opts.stream_ordered_frees = true; /* a freed block may still be read by queued work */
     for (int r = 0; r < KERN_STREAM_COUNT; r++) {
         struct kern_stream *s = &d->streams[r];
         s->dev = d;

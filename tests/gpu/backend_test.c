@@ -5,10 +5,16 @@
  * reuses freed space; pinned memory; a pipeline over the three streams
  * (H2D copy -> event -> compute -> event -> D2H copy -> host function) gives
  * the right data in the right order; memset, D2D copies and the copy
- * counters; event query; NCCL over one device (and two when present). */
+ * counters; event query; stream-ordered frees (a buffer freed while a
+ * queued kernel still reads it is not handed to an H2D copy, and an
+ * allocation only that free can satisfy waits for the kernel instead of
+ * failing); NCCL over one device (and two when present). */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/cuda/backend_cuda.h"
 #include "tests/gpu/gpu_test.h"
@@ -107,6 +113,92 @@ static void stream_pipeline(gt_ctx_t *t) {
     printf("ok   stream pipeline, memset, d2d, counters\n");
 }
 
+static void sleep_s(double s) {
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* A host function that holds its stream until the test opens it. */
+static void gate_fn(void *arg) {
+    while (!atomic_load((atomic_int *)arg)) sleep_s(1e-3);
+}
+
+static void *open_gate_later(void *arg) {
+    sleep_s(0.1);
+    atomic_store((atomic_int *)arg, 1);
+    return NULL;
+}
+
+/* Stream-ordered frees: the compute stream is held by a gate with a scale
+ * of buffer A and its D2H copy queued behind it; A is freed at once, then
+ * an allocation of the same size is filled with zeros by an H2D copy (a
+ * stream the gate does not hold).  Freed-on-issue memory would let the
+ * zeros land in A before the scale reads it.  Budget 2 buffers: the new
+ * one must be elsewhere; budget 1 buffer: the allocation must wait for the
+ * gate (opened by a thread after 0.1 s) and still succeed. */
+static void ordered_frees(gt_ctx_t *t) {
+    const size_t n = (size_t)1 << 20, bytes = n * 4;
+    for (int room = 2; room >= 1; room--) {
+        mt_error_t err;
+        kern_device_t *d = NULL;
+        kern_device_opts_t o = {.device_budget_bytes = room * bytes};
+        if (kern_device_create(KERN_BACKEND_CUDA, &o, &d, &err) != MT_OK) {
+            gt_expect(t, false, "device with a %d-buffer budget: %s", room, err.msg);
+            return;
+        }
+        float *pin_in = kern_pinned_alloc(d, bytes), *pin_out = kern_pinned_alloc(d, bytes);
+        float *pin_zero = kern_pinned_alloc(d, bytes);
+        MT_CHECK(pin_in && pin_out && pin_zero, "pinned buffers");
+        for (size_t i = 0; i < n; i++) pin_in[i] = (float)(i % 977) - 400.0f;
+        memset(pin_out, 0xff, bytes);
+        memset(pin_zero, 0, bytes);
+        kern_stream_t *cmp = kern_stream(d, KERN_STREAM_COMPUTE), *h2d = kern_stream(d, KERN_STREAM_H2D);
+        float *A = kern_alloc(d, bytes, "A", &err);
+        MT_CHECK(A, "A: %s", err.msg);
+        kern_memcpy_h2d(d, cmp, A, pin_in, bytes);
+        kern_stream_sync(d, cmp);
+
+        atomic_int gate = 0;
+        kern_launch_host_fn(d, cmp, gate_fn, &gate);
+        d->ops->scale(cmp, A, 2.0f, n);
+        kern_memcpy_d2h(d, cmp, pin_out, A, bytes);
+        kern_free(d, A); /* issued, not run: the gate holds the compute stream */
+        pthread_t opener;
+        if (room == 1) MT_CHECK(pthread_create(&opener, NULL, open_gate_later, &gate) == 0, "thread");
+        float *C = kern_alloc(d, bytes, "C", &err);
+        const int opened = atomic_load(&gate);
+        gt_expect(t, C != NULL, "budget %d buffer(s): the allocation after the free failed: %s", room,
+                  C ? "" : err.msg);
+        if (room == 2)
+            gt_expect(t, C && ((char *)C + bytes <= (char *)A || (char *)A + bytes <= (char *)C),
+                      "budget 2: the new buffer %p overlaps A %p, freed while a queued kernel reads it",
+                      (void *)C, (void *)A);
+        else
+            gt_expect(t, opened, "budget 1: the allocation returned before the kernel using the freed block ran");
+        if (C) {
+            kern_memcpy_h2d(d, h2d, C, pin_zero, bytes);
+            kern_stream_sync(d, h2d);
+        }
+        atomic_store(&gate, 1);
+        if (room == 1) pthread_join(opener, NULL);
+        kern_device_sync(d);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) bad += pin_out[i] != 2.0f * pin_in[i];
+        gt_expect(t, bad == 0, "budget %d: %zu elements of the scaled buffer were overwritten after its free",
+                  room, bad);
+        const kern_device_stats_t st = kern_device_stats(d);
+        gt_expect(t, st.deferred_frees == 1 && st.device_pending == 0 && st.free_waits == (room == 1 ? 1u : 0u),
+                  "budget %d: deferred %llu pending %zu waits %llu", room, (unsigned long long)st.deferred_frees,
+                  st.device_pending, (unsigned long long)st.free_waits);
+        kern_free(d, C);
+        kern_pinned_free(d, pin_in, bytes);
+        kern_pinned_free(d, pin_out, bytes);
+        kern_pinned_free(d, pin_zero, bytes);
+        kern_device_destroy(d);
+    }
+    printf("ok   stream-ordered frees (no reuse under a queued kernel; waiting allocation)\n");
+}
+
 static void nccl_checks(gt_ctx_t *t) {
     mt_error_t err;
     kern_cuda_nccl_t *nc = NULL;
@@ -168,6 +260,7 @@ int main(void) {
     gt_open(&t, "backend_test", 0xbac);
     budget_checks(&t);
     stream_pipeline(&t);
+    ordered_frees(&t);
     nccl_checks(&t);
     return gt_close(&t);
 }
