@@ -459,7 +459,10 @@ void exec_release_block(eng_model_t *m, int b) {
     for (int k = 0; k < h->n; k++) {
         const int i = h->idx[k];
         if (--x->param_refs[i] == 0) {
-            /* compute is done with it; the copy that filled it fired before use */
+            /* its users are issued; kern_free is stream-ordered where
+             * streams run asynchronously (CUDA: the memory is reused only
+             * after every stream's work issued so far, including an H2D
+             * copy still filling an expert that got no token) */
             if (x->w_span[i] >= 0) span_put(m, x->w_span[i], NULL);
             x->w_span[i] = -1;
             m->params[i].w = NULL;
