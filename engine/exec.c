@@ -253,8 +253,14 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
             MT_CHECK_ALLOC(x->layer_counts[l], "expert counts");
         }
     kern_set_reclaim_hook(m->dev, reclaim_pending, m);
-    x->pool = m->dev->kind == KERN_BACKEND_CPU ? kern_cpu_stream_threadpool(kern_stream(m->dev, KERN_STREAM_COMPUTE))
-                                               : NULL;
+    /* host AdamW's threads: on the CPU backend the kernel pool (compute is
+     * idle while the optimizer step runs); beside a GPU, every host core */
+    if (m->dev->kind == KERN_BACKEND_CPU) {
+        x->pool = kern_cpu_stream_threadpool(kern_stream(m->dev, KERN_STREAM_COMPUTE));
+    } else {
+        x->own_pool = kern_threadpool_create(0);
+        x->pool = x->own_pool;
+    }
     if (staging) x->stage_set = *staging;
     else eng_staging_settings_init(&x->stage_set);
     return exec_stage_create(m, x->stage_set.tokens, err);
@@ -299,6 +305,7 @@ void eng_exec_destroy(eng_model_t *m) {
     eng_exec_t *x = m->exec;
     if (!x) return;
     exec_optim_worker_stop(m);
+    kern_threadpool_destroy(x->own_pool);
     kern_device_sync(m->dev);
     exec_drop_offloads(m);
     eng_exec_drain(m);

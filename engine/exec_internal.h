@@ -69,6 +69,7 @@ typedef struct eng_exec {
     exec_pending_t *pending;
     int npending, cap_pending;
     kern_threadpool_t *pool; /* host optimizer threads */
+    kern_threadpool_t *own_pool; /* the pool above when the executor made it (GPU backends) */
     /* host optimizer worker: AdamW per block during backward (see optim.h) */
     pthread_t opt_thread;
     pthread_mutex_t opt_lock;
