@@ -231,12 +231,14 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
     x->offl = calloc((size_t)nb, sizeof *x->offl);
     x->layer_counts = calloc((size_t)(L > 0 ? L : 1), sizeof *x->layer_counts);
     x->mb_copies = calloc((size_t)(L > 0 ? L : 1), sizeof *x->mb_copies);
+    x->carry_copies = calloc((size_t)(L > 0 ? L : 1), sizeof *x->carry_copies);
     x->opt_done = calloc((size_t)P, sizeof *x->opt_done);
+    x->gnorm_part = calloc((size_t)P, sizeof *x->gnorm_part);
     x->opt_queue = calloc((size_t)nb + 1, sizeof *x->opt_queue);
     x->fwd_s = calloc((size_t)nb, sizeof *x->fwd_s);
     x->bwd_s = calloc((size_t)nb, sizeof *x->bwd_s);
     MT_CHECK(x->w_ready && x->a_ready && x->o_done && x->holding && x->param_refs && x->w_span && x->g_span &&
-                 x->mark && x->offl && x->layer_counts && x->mb_copies && x->opt_done && x->opt_queue && x->fwd_s &&
+                 x->mark && x->offl && x->layer_counts && x->mb_copies && x->carry_copies && x->opt_done && x->gnorm_part && x->opt_queue && x->fwd_s &&
                  x->bwd_s,
              "out of memory for executor state");
     x->free_span = -1;
@@ -337,6 +339,7 @@ void eng_exec_destroy(eng_model_t *m) {
     m->rope_cos = m->rope_sin = NULL;
     free(x->layer_counts);
     free(x->mb_copies);
+    free(x->carry_copies);
     free(x->used);
     free(x->nused);
     free(x->w_ready);
@@ -351,6 +354,7 @@ void eng_exec_destroy(eng_model_t *m) {
     free(x->offl);
     free(x->pending);
     free(x->opt_done);
+    free(x->gnorm_part);
     free(x->opt_queue);
     free(x->fwd_s);
     free(x->bwd_s);

@@ -82,6 +82,8 @@ typedef struct eng_exec {
     bool in_last_micro;  /* the running backward is the step's last */
     eng_optim_hparams_t step_hp;
     bool *opt_done;      /* per parameter: updated during backward this step */
+    float *gnorm_part;   /* per parameter updated during backward: its gradient's sum of squares, taken
+                            then by the same function the optimizer step would use (bit-identical norm) */
     /* the staging pool (moe/staging.h): every transfer between pageable host
      * memory and the device goes through it; sized for the plan's window */
     moe_staging_t *stage;
@@ -91,6 +93,10 @@ typedef struct eng_exec {
     eng_exec_staging_info_t stage_info;
     eng_exec_staging_counters_t ctr;   /* since eng_optim_begin_step */
     int (*mb_copies)[2];               /* per layer: expert-batch copies this micro-batch, per direction */
+    /* the optimizer step's fetches for the next step (between_steps), counted in its first micro-batch */
+    bool between_steps;
+    int *carry_copies;                 /* per layer, H2D */
+    uint64_t carry_experts;
     /* profiling: compute seconds per block, summed over micro-batches since the last reset */
     double *fwd_s, *bwd_s;
     int timed_micro;

@@ -70,6 +70,8 @@ static void *optim_worker_main(void *arg) {
         for (int i = 0; i < m->spec.count; i++) {
             eng_param_t *p = &m->params[i];
             if (p->block != b || !p->has_grad) continue;
+            /* the norm's share while the gradient is at hand, off the step's tail */
+            kern_sumsq_cpu(NULL, &x->gnorm_part[i], p->host_g, p->spec->numel);
             host_adamw(pool, p, &base);
             x->opt_done[i] = true;
             bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
@@ -188,7 +190,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     if (!scalar) return err->code;
     double total = 0;
     for (int i = 0; i < m->spec.count; i++)
-        if (m->params[i].has_grad) total += param_sumsq(m, &m->params[i], scalar);
+        if (m->params[i].has_grad) total += x->opt_done[i] ? x->gnorm_part[i] : param_sumsq(m, &m->params[i], scalar);
     kern_free(dev, scalar);
     out->grad_norm = sqrt(total);
     out->clip_scale = 1.0;
@@ -203,6 +205,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     moe_staging_xfer_t *items = malloc((size_t)(m->spec.count > 0 ? m->spec.count : 1) * sizeof *items);
     MT_CHECK_ALLOC(items, "optimizer transfers");
     mt_status_t st = MT_OK;
+    bool refreshed = false;
     for (int b = 0; b < x->nb && st == MT_OK; b++) {
         const sched_block_plan_t *bp = &m->plan.blocks[b];
         char tag[64];
@@ -257,9 +260,18 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         /* resident weights take the new master values */
         snprintf(tag, sizeof tag, "weights of block %d after the host optimizer", b);
         if (st == MT_OK) st = exec_stage_h2d(m, items, n, tag, err);
+        refreshed |= n > 0;
     }
     free(items);
-    kern_stream_sync(dev, kern_stream(dev, KERN_STREAM_H2D));
+    if (refreshed) kern_stream_sync(dev, kern_stream(dev, KERN_STREAM_H2D));
+    if (st != MT_OK) return st;
+    /* The next step's first blocks start on their way now rather than when
+     * its forward begins: their home copies are final, and this hides part
+     * of the chain every offloading step ends with (the first layer's
+     * gradients down, its AdamW, its weights up) behind this step's tail. */
+    x->between_steps = true;
+    for (int b = 0; b <= m->plan.prefetch_window && b < x->nb && st == MT_OK; b++) st = exec_fetch_block(m, b, false, err);
+    x->between_steps = false;
     if (st != MT_OK) return st;
     /* ready for the next step's first micro-batch */
     for (int i = 0; i < m->spec.count; i++) {

@@ -360,8 +360,15 @@ static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, int
         const uint64_t before = copies_so_far(x, MOE_STAGING_H2D);
         st = exec_stage_h2d(m, items, k, tag, err);
         if (experts > 0 && layer_is_moe(m, b - 1)) {
-            x->mb_copies[b - 1][0] += (int)(copies_so_far(x, MOE_STAGING_H2D) - before);
-            x->ctr.experts_moved[0] += (uint64_t)experts;
+            /* a fetch for the next step, issued by the optimizer step, counts in that step's first micro-batch */
+            const int copies = (int)(copies_so_far(x, MOE_STAGING_H2D) - before);
+            if (x->between_steps) {
+                x->carry_copies[b - 1] += copies;
+                x->carry_experts += (uint64_t)experts;
+            } else {
+                x->mb_copies[b - 1][0] += copies;
+                x->ctr.experts_moved[0] += (uint64_t)experts;
+            }
         }
         free(items);
     }
@@ -732,8 +739,14 @@ void exec_drop_grads(eng_model_t *m) {
 /* ---- counters and reports ------------------------------------------------------------- */
 
 void exec_stage_micro_begin(eng_model_t *m) {
-    memset(m->exec->mb_copies, 0, (size_t)(m->cfg.num_hidden_layers > 0 ? m->cfg.num_hidden_layers : 1) *
-                                      sizeof *m->exec->mb_copies);
+    eng_exec_t *x = m->exec;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        x->mb_copies[l][0] = x->carry_copies[l];
+        x->mb_copies[l][1] = 0;
+        x->carry_copies[l] = 0;
+    }
+    x->ctr.experts_moved[0] += x->carry_experts;
+    x->carry_experts = 0;
 }
 
 void exec_stage_micro_end(eng_model_t *m) {
