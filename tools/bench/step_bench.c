@@ -432,7 +432,7 @@ static double predict_uniform(const predictor_t *p, int nb, sched_policy_t polic
 }
 
 static int parse(int argc, char **argv, opts_t *o) {
-    *o = (opts_t){.layers = 4, .hidden = 256, .experts = 8, .topk = 2, .expert_width = 512, .vocab = 512,
+    *o = (opts_t){.layers = 8, .hidden = 256, .experts = 8, .topk = 2, .expert_width = 512, .vocab = 512,
                   .heads = 8, .kv_heads = 4, .seq = 128, .batch = 4, .steps = 5, .link_gbps = 0,
                   .link_latency_us = 10, .link_fraction = 0.9, .staging_rounds = 3, .compute_threads = 0};
     for (int i = 1; i < argc; i++) {
