@@ -111,6 +111,19 @@ else
   echo "FAIL profile --compare"; cat profile.out profile.err; failures=$((failures + 1))
 fi
 
+# --- bench step (issue 3): every plan runs, and the numbers it reports are there ----------------
+# (what the numbers are is the benchmark's business; here: it runs to the end and reports them)
+if timeout 300 "$MOETUNE" bench step --layers 2 --hidden 64 --experts 4 --expert-width 64 --vocab 64 --seq 16 \
+     --batch 2 --steps 2 --staging-rounds 1 --compute-threads 1 --link-latency-us 0 --json >bench.out 2>bench.err \
+   && grep -qE '"offload_over_keep": [0-9.]+' bench.out \
+   && grep -qE '"predicted_offload_all_s": [0-9.]*[1-9]' bench.out \
+   && grep -qE '"auto_step_s": [0-9.]*[1-9]' bench.out \
+   && grep -qE '"link_bytes_per_s": [0-9.]*[1-9]' bench.out; then
+  echo "ok   bench step --json: $(head -c 200 bench.out)"
+else
+  echo "FAIL bench step"; cat bench.out bench.err; failures=$((failures + 1))
+fi
+
 # --- bad staging settings (issue 4): refused by the pool before training starts ------------
 expect_fail staging_cap_too_small "staging.*smaller than model\.embed_tokens\.weight" "$MOETUNE" train run.yaml --set staging.cap=1KiB
 expect_fail staging_zero_slabs "staging\.num_slabs = 0" "$MOETUNE" train run.yaml --set staging.num_slabs=0

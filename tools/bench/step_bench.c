@@ -531,7 +531,14 @@ int mt_bench_step_main(int argc, char **argv) {
         pr.w.h2d_bw = pr.w.d2h_bw = link_bps;
     }
     if (!keep.ok || !(link_bps > 0) || !isfinite(link_bps)) {
-        fprintf(stderr, "bench step: could not size the link (keep_all %s)\n", keep.ok ? "ran" : "failed");
+        if (keep.ok)
+            fprintf(stderr,
+                    "bench step: no link speed fits every layer's transfers in %.0f%% of its compute: the copies' "
+                    "latency (%g us each) alone takes longer; give --link-gbps, a lower --link-latency-us or a "
+                    "bigger model\n",
+                    100 * o.link_fraction, o.link_latency_us);
+        else
+            fprintf(stderr, "bench step: keep_all failed, nothing to size the link on\n");
         measure_free(&keep);
         return 1;
     }
