@@ -1,41 +1,65 @@
-/* Causal scaled-dot-product attention with grouped-query heads (GQA).
+/* Causal scaled-dot-product attention with grouped-query heads (GQA) and
+ * HF's key-padding mask.
  *
  *   q (B, T, nh, hd), k, v (B, T, nkv, hd), out (B, T, nh, hd)
  *   query head h reads kv head h / (nh / nkv)  (HF repeat_kv)
- *   score[i,j] = (q_i . k_j) / sqrt(hd) for j <= i (and i - j < window when
- *   window > 0, HF's sliding window), softmax over j in fp32.
+ *   kv_len (B) int32, device memory, or NULL (every row has T valid keys):
+ *   the keys of row b that may be attended, j < kv_len[b] (right padding:
+ *   the number of real tokens, attention_mask's leading run of ones). Values are
+ *   clamped to [0, T], so kv_len[b] >= T is the same as NULL for that row.
+ *   Query i of row b may see key j iff
+ *     j <= i  and  (window <= 0 || i - j < window)  and  j < kv_len[b]
+ *   (HF: the causal mask, the sliding window, and attention_mask's padded
+ *   keys). score[i,j] = (q_i . k_j) / sqrt(hd) over those keys, softmax over
+ *   j in fp32.
  *   lse (B, nh, T) = logsumexp of each row's scores, saved for backward so
  *   probabilities are recomputed there (flash-attention style; nothing of
  *   size T*T is kept between forward and backward).
  *
+ * A query with no key it may see (kv_len[b] == 0, or a sliding window that
+ * lies wholly in the padding: i - window + 1 >= kv_len[b]) gets out = 0 and
+ * lse = -inf, and backward gives it dq = 0 and takes nothing from it into
+ * dk, dv. HF differs there and only there: its additive mask turns such a
+ * row into a uniform average over all T values (eager) or unmasks the row
+ * (sdpa). Those queries are padding, so with right padding no real token's
+ * output, loss or gradient depends on the choice. A padded query i >=
+ * kv_len[b] still sees keys 0..kv_len[b]-1 (when the window allows), as in
+ * HF, so its output is defined the same on both sides. With kv_len NULL, or
+ * every kv_len[b] >= T, results are bit-identical to plain causal attention.
+ *
  * Backward (overwrite dq, dk, dv):
  *   P = exp(S - lse), D_i = sum_d dout_i * out_i, dS = P * (dout V^T - D),
- *   dq = dS K / sqrt(hd), dk = dS^T Q / sqrt(hd) (summed over the group), dv = P^T dout. */
+ *   dq = dS K / sqrt(hd), dk = dS^T Q / sqrt(hd) (summed over the group), dv = P^T dout.
+ *   Keys j >= kv_len[b] get dk = dv = 0 (no query sees them). */
 #ifndef MT_KERNELS_ATTENTION_H
 #define MT_KERNELS_ATTENTION_H
+
+#include <stdint.h>
 
 typedef struct kern_stream kern_stream_t;
 
 typedef void (*kern_attention_fwd_fn)(kern_stream_t *s, float *out, float *lse, const float *q,
-                                      const float *k, const float *v, int B, int T, int nh,
-                                      int nkv, int hd, int window);
+                                      const float *k, const float *v, const int32_t *kv_len,
+                                      int B, int T, int nh, int nkv, int hd, int window);
 void kern_attention_fwd_cpu(kern_stream_t *s, float *out, float *lse, const float *q,
-                            const float *k, const float *v, int B, int T, int nh, int nkv, int hd,
-                            int window);
+                            const float *k, const float *v, const int32_t *kv_len, int B, int T,
+                            int nh, int nkv, int hd, int window);
 void kern_attention_fwd_cuda(kern_stream_t *s, float *out, float *lse, const float *q,
-                             const float *k, const float *v, int B, int T, int nh, int nkv,
-                             int hd, int window);
+                             const float *k, const float *v, const int32_t *kv_len, int B, int T,
+                             int nh, int nkv, int hd, int window);
 
 typedef void (*kern_attention_bwd_fn)(kern_stream_t *s, float *dq, float *dk, float *dv,
                                       const float *dout, const float *q, const float *k,
-                                      const float *v, const float *out, const float *lse, int B,
-                                      int T, int nh, int nkv, int hd, int window);
+                                      const float *v, const float *out, const float *lse,
+                                      const int32_t *kv_len, int B, int T, int nh, int nkv, int hd,
+                                      int window);
 void kern_attention_bwd_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
                             const float *q, const float *k, const float *v, const float *out,
-                            const float *lse, int B, int T, int nh, int nkv, int hd, int window);
+                            const float *lse, const int32_t *kv_len, int B, int T, int nh, int nkv,
+                            int hd, int window);
 void kern_attention_bwd_cuda(kern_stream_t *s, float *dq, float *dk, float *dv,
                              const float *dout, const float *q, const float *k, const float *v,
-                             const float *out, const float *lse, int B, int T, int nh, int nkv,
-                             int hd, int window);
+                             const float *out, const float *lse, const int32_t *kv_len, int B,
+                             int T, int nh, int nkv, int hd, int window);
 
 #endif

@@ -1,4 +1,4 @@
-/* Causal GQA attention on the CPU (see attention.h).
+/* Causal GQA attention with the key-padding mask on the CPU (see attention.h).
  *
  * Why it is shaped this way
  * - One task per (batch, kv head) over the backend's pool; a task runs the
@@ -22,6 +22,13 @@
  *   order) and rows (in row order) in (hd, T) transposed scratch, so the
  *   updates run over 16 keys per vector with the q / dout values broadcast
  *   once per row block; dk is scaled by 1/sqrt(hd) once at the end.
+ * - Padding: a row's keys stop at kv_len[b]. The block's key range ends at
+ *   min(last row, kv_len[b] - 1) and mask_row clamps each row there too,
+ *   so padded keys are skipped like the upper triangle. A row left with no
+ *   key has max -inf: its exps are taken against 0 instead (all zero), its
+ *   output is 0 and its lse -inf; backward takes exps against 0 for an lse
+ *   of -inf, so its P row is 0. Rows that have keys compute exactly what
+ *   they did without kv_len (kv_len NULL or >= T is bit-identical).
  * - This is the AVX-512 path (about 2-3x the old sgemm code on one core at
  *   T = 128, hd = 16, and it runs on every core); other CPUs run
  *   attention_blas.c, see kern_attention_fwd_cpu at the end. */
@@ -40,12 +47,19 @@
 
 typedef struct {
     const float *q, *k, *v, *dout, *out, *lse_in;
+    const int32_t *kv_len; /* (B) or NULL */
     float *o, *lse, *dq, *dk, *dv;
     int B, T, nh, nkv, hd, window;
     float scale;
 } attn_job_t;
 
 static int round16(int x) { return (x + KERN_VL - 1) / KERN_VL * KERN_VL; }
+
+/* Row b's valid keys, kv_len clamped to [0, T] (attention.h). */
+static int row_kv_len(const attn_job_t *J, int b) {
+    const int T = J->T;
+    return !J->kv_len || J->kv_len[b] >= T ? T : J->kv_len[b] < 0 ? 0 : J->kv_len[b];
+}
 
 /* (T, ld) strided rows of width hd -> (hd, Tp) transposed, zero padded. */
 static void transpose_pad(float *dst, const float *src, int T, int Tp, int hd, int ld) {
@@ -135,15 +149,17 @@ static void mask_tab_init(mask_tab_t *t) {
 }
 
 /* Masks row i's scores S[j], j in [jb0, jb1), to the keys it may see
- * (lo <= j <= i, lo from the window; the others become -inf) and returns
- * their max. */
-KERN_VINLINE float mask_row(float *S, const mask_tab_t *mt, int i, int window, int jb0, int jb1) {
+ * (lo <= j <= hi, lo from the window, hi = min(i, kvl - 1); the others
+ * become -inf) and returns their max (-inf when there are none). */
+KERN_VINLINE float mask_row(float *S, const mask_tab_t *mt, int i, int window, int kvl, int jb0,
+                            int jb1) {
     const int lo = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+    const int hi = i < kvl - 1 ? i : kvl - 1;
     kern_vf_t vmx = kern_vf_splat(-INFINITY);
     for (int jb = jb0; jb < jb1; jb += KERN_VL) {
         kern_vf_t s = kern_vf_load(S + jb);
-        if (jb + KERN_VL - 1 > i) { /* keep lanes j <= i */
-            const int k = i - jb + 1;
+        if (jb + KERN_VL - 1 > hi) { /* keep lanes j <= hi */
+            const int k = hi - jb + 1;
             s = s + kern_vf_load(mt->keep_first[k < 0 ? 0 : k]);
         }
         if (jb < lo) { /* keep lanes j >= lo */
@@ -237,18 +253,20 @@ KERN_VINLINE void rank_update(float *dT, int Tp, const float *W, const kern_vf_t
     }
 }
 
-/* Block-aligned key range [jb0, jb1) and last key j1 of query rows [i0, i0 + AR). */
-static void key_range(int i0, int T, int window, int *jb0, int *jb1, int *j1) {
+/* Block-aligned key range [jb0, jb1) and last key j1 of query rows
+ * [i0, i0 + AR) with kvl valid keys; empty (jb1 == jb0, j1 < jb0) when no
+ * row of the block has a key. */
+static void key_range(int i0, int T, int window, int kvl, int *jb0, int *jb1, int *j1) {
     const int ilast = i0 + AR - 1 < T - 1 ? i0 + AR - 1 : T - 1;
     const int lo = window > 0 && i0 - window + 1 > 0 ? i0 - window + 1 : 0;
     *jb0 = lo / KERN_VL * KERN_VL;
-    *j1 = ilast;
-    *jb1 = round16(ilast + 1);
+    *j1 = ilast < kvl - 1 ? ilast : kvl - 1;
+    *jb1 = round16(*j1 + 1) > *jb0 ? round16(*j1 + 1) : *jb0;
 }
 
 KERN_CPU_CLONES static void fwd_task_body(const attn_job_t *J, int b, int hk, kern_vf_t *qs) {
     const int T = J->T, hd = J->hd, Tp = round16(T), hdp = round16(hd);
-    const int group = J->nh / J->nkv, ldq = J->nh * hd, ldk = J->nkv * hd;
+    const int group = J->nh / J->nkv, ldq = J->nh * hd, ldk = J->nkv * hd, kvl = row_kv_len(J, b);
     float *kT = (float *)(qs + (size_t)hd * AR), *vP = kT + (size_t)hd * Tp;
     float *S = vP + (size_t)T * hdp, *acc = S + (size_t)AR * Tp;
     mask_tab_t mt;
@@ -262,21 +280,24 @@ KERN_CPU_CLONES static void fwd_task_body(const attn_job_t *J, int b, int hk, ke
         float *lb = J->lse + ((size_t)b * J->nh + h) * T;
         for (int i0 = 0; i0 < T; i0 += AR) {
             int jb0, jb1, j1;
-            key_range(i0, T, J->window, &jb0, &jb1, &j1);
+            key_range(i0, T, J->window, kvl, &jb0, &jb1, &j1);
             const float *qr[AR];
             for (int r = 0; r < AR; r++) qr[r] = qb + (size_t)(i0 + r < T ? i0 + r : T - 1) * ldq;
             splat_rows(qs, qr, hd);
             dot_block(S, Tp, qs, kT, hd, jb0, jb1, J->scale);
-            float mx[AR];
+            float mx[AR], sub[AR];
             double sum[AR];
-            for (int r = 0; r < AR; r++)
-                mx[r] = mask_row(S + (size_t)r * Tp, &mt, i0 + r < T ? i0 + r : T - 1, J->window, jb0, jb1);
-            exp_rows(S, Tp, mx, jb0, jb1, sum);
             for (int r = 0; r < AR; r++) {
-                const kern_vf_t inv = kern_vf_splat((float)(1.0 / sum[r]));
+                mx[r] = mask_row(S + (size_t)r * Tp, &mt, i0 + r < T ? i0 + r : T - 1, J->window, kvl,
+                                 jb0, jb1);
+                sub[r] = mx[r] == -INFINITY ? 0.0f : mx[r]; /* no key: exps of -inf, all 0 */
+            }
+            exp_rows(S, Tp, sub, jb0, jb1, sum);
+            for (int r = 0; r < AR; r++) { /* a row with a key has sum >= 1 (its max gives exp 0) */
+                const kern_vf_t inv = kern_vf_splat(sum[r] > 0 ? (float)(1.0 / sum[r]) : 0.0f);
                 float *sr = S + (size_t)r * Tp;
                 for (int jj = jb0; jj < jb1; jj += KERN_VL) kern_vf_store(sr + jj, kern_vf_load(sr + jj) * inv);
-                if (i0 + r < T) lb[i0 + r] = mx[r] + (float)log(sum[r]);
+                if (i0 + r < T) lb[i0 + r] = sum[r] > 0 ? mx[r] + (float)log(sum[r]) : -INFINITY;
             }
             pv_block(acc, hdp, S, Tp, vP, jb0, j1);
             for (int r = 0; r < AR && i0 + r < T; r++)
@@ -305,17 +326,18 @@ static void fwd_task(void *ctx, size_t t) {
 }
 
 void kern_attention_fwd_cpu_vec(kern_stream_t *s, float *out, float *lse, const float *q,
-                                const float *k, const float *v, int B, int T, int nh, int nkv,
-                                int hd, int window) {
+                                const float *k, const float *v, const int32_t *kv_len, int B,
+                                int T, int nh, int nkv, int hd, int window) {
     if (B <= 0 || T <= 0) return;
-    attn_job_t J = {.q = q, .k = k, .v = v, .o = out, .lse = lse, .B = B, .T = T, .nh = nh,
-                    .nkv = nkv, .hd = hd, .window = window, .scale = 1.0f / sqrtf((float)hd)};
+    attn_job_t J = {.q = q, .k = k, .v = v, .kv_len = kv_len, .o = out, .lse = lse, .B = B,
+                    .T = T, .nh = nh, .nkv = nkv, .hd = hd, .window = window,
+                    .scale = 1.0f / sqrtf((float)hd)};
     kern_cpu_parallel_for(s, (size_t)B * nkv, fwd_task, &J);
 }
 
 KERN_CPU_CLONES static void bwd_task_body(const attn_job_t *J, int b, int hk, kern_vf_t *qs) {
     const int T = J->T, hd = J->hd, Tp = round16(T), hdp = round16(hd);
-    const int group = J->nh / J->nkv, ldq = J->nh * hd, ldk = J->nkv * hd;
+    const int group = J->nh / J->nkv, ldq = J->nh * hd, ldk = J->nkv * hd, kvl = row_kv_len(J, b);
     const size_t koff = (size_t)b * T * ldk + (size_t)hk * hd;
     kern_vf_t *ds = qs + (size_t)hd * AR; /* dout rows broadcast; qs: q rows */
     float *kT = (float *)(ds + (size_t)hd * AR), *vT = kT + (size_t)hd * Tp;
@@ -335,7 +357,7 @@ KERN_CPU_CLONES static void bwd_task_body(const attn_job_t *J, int b, int hk, ke
         const float *lb = J->lse_in + ((size_t)b * J->nh + h) * T;
         for (int i0 = 0; i0 < T; i0 += AR) {
             int jb0, jb1, j1;
-            key_range(i0, T, J->window, &jb0, &jb1, &j1);
+            key_range(i0, T, J->window, kvl, &jb0, &jb1, &j1);
             const int nr = T - i0 < AR ? T - i0 : AR;
             const float *qr[AR], *gr[AR];
             float sub[AR];
@@ -343,14 +365,14 @@ KERN_CPU_CLONES static void bwd_task_body(const attn_job_t *J, int b, int hk, ke
                 const int i = i0 + r < T ? i0 + r : T - 1;
                 qr[r] = J->q + qoff + (size_t)i * ldq;
                 gr[r] = J->dout + qoff + (size_t)i * ldq;
-                sub[r] = lb[i];
+                sub[r] = lb[i] == -INFINITY ? 0.0f : lb[i]; /* a row with no key: P = 0 */
             }
             splat_rows(qs, qr, hd);
             splat_rows(ds, gr, hd);
             dot_block(P, Tp, qs, kT, hd, jb0, jb1, J->scale); /* S */
             dot_block(dS, Tp, ds, vT, hd, jb0, jb1, 1.0f);    /* dP = dout V^T */
             for (int r = 0; r < AR; r++)
-                mask_row(P + (size_t)r * Tp, &mt, i0 + r < T ? i0 + r : T - 1, J->window, jb0, jb1);
+                mask_row(P + (size_t)r * Tp, &mt, i0 + r < T ? i0 + r : T - 1, J->window, kvl, jb0, jb1);
             exp_rows(P, Tp, sub, jb0, jb1, NULL); /* P = exp(S - lse) */
             for (int r = 0; r < AR; r++) {
                 float *pr = P + (size_t)r * Tp, *sr = dS + (size_t)r * Tp;
@@ -400,12 +422,12 @@ static void bwd_task(void *ctx, size_t t) {
 
 void kern_attention_bwd_cpu_vec(kern_stream_t *s, float *dq, float *dk, float *dv,
                                 const float *dout, const float *q, const float *k, const float *v,
-                                const float *out, const float *lse, int B, int T, int nh, int nkv,
-                                int hd, int window) {
+                                const float *out, const float *lse, const int32_t *kv_len, int B,
+                                int T, int nh, int nkv, int hd, int window) {
     if (B <= 0 || T <= 0) return;
-    attn_job_t J = {.q = q, .k = k, .v = v, .dout = dout, .out = out, .lse_in = lse, .dq = dq,
-                    .dk = dk, .dv = dv, .B = B, .T = T, .nh = nh, .nkv = nkv, .hd = hd,
-                    .window = window, .scale = 1.0f / sqrtf((float)hd)};
+    attn_job_t J = {.q = q, .k = k, .v = v, .kv_len = kv_len, .dout = dout, .out = out,
+                    .lse_in = lse, .dq = dq, .dk = dk, .dv = dv, .B = B, .T = T, .nh = nh,
+                    .nkv = nkv, .hd = hd, .window = window, .scale = 1.0f / sqrtf((float)hd)};
     kern_cpu_parallel_for(s, (size_t)B * nkv, bwd_task, &J);
 }
 
@@ -413,19 +435,22 @@ void kern_attention_bwd_cpu_vec(kern_stream_t *s, float *dq, float *dk, float *d
  * registers GCC spills them and the result is slower than OpenBLAS, so
  * other CPUs take the sgemm path (attention_blas.c). */
 void kern_attention_fwd_cpu(kern_stream_t *s, float *out, float *lse, const float *q,
-                            const float *k, const float *v, int B, int T, int nh, int nkv, int hd,
-                            int window) {
+                            const float *k, const float *v, const int32_t *kv_len, int B, int T,
+                            int nh, int nkv, int hd, int window) {
     if (__builtin_cpu_supports("avx512f"))
-        kern_attention_fwd_cpu_vec(s, out, lse, q, k, v, B, T, nh, nkv, hd, window);
+        kern_attention_fwd_cpu_vec(s, out, lse, q, k, v, kv_len, B, T, nh, nkv, hd, window);
     else
-        kern_attention_fwd_cpu_blas(s, out, lse, q, k, v, B, T, nh, nkv, hd, window);
+        kern_attention_fwd_cpu_blas(s, out, lse, q, k, v, kv_len, B, T, nh, nkv, hd, window);
 }
 
 void kern_attention_bwd_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
                             const float *q, const float *k, const float *v, const float *out,
-                            const float *lse, int B, int T, int nh, int nkv, int hd, int window) {
+                            const float *lse, const int32_t *kv_len, int B, int T, int nh, int nkv,
+                            int hd, int window) {
     if (__builtin_cpu_supports("avx512f"))
-        kern_attention_bwd_cpu_vec(s, dq, dk, dv, dout, q, k, v, out, lse, B, T, nh, nkv, hd, window);
+        kern_attention_bwd_cpu_vec(s, dq, dk, dv, dout, q, k, v, out, lse, kv_len, B, T, nh, nkv, hd,
+                                   window);
     else
-        kern_attention_bwd_cpu_blas(s, dq, dk, dv, dout, q, k, v, out, lse, B, T, nh, nkv, hd, window);
+        kern_attention_bwd_cpu_blas(s, dq, dk, dv, dout, q, k, v, out, lse, kv_len, B, T, nh, nkv, hd,
+                                    window);
 }

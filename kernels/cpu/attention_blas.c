@@ -1,6 +1,10 @@
 /* Causal GQA attention on the CPU through OpenBLAS: the path for CPUs
  * without AVX-512 (attention.c picks it; see there why).
  *
+ * Keys at or past a row's kv_len are masked like the causal upper
+ * triangle; a query with no key left gets out = 0, lse = -inf and a zero
+ * probability row in backward (so dq = 0 and it adds nothing to dk, dv).
+ *
  * Per (batch, query head) the scores are one sgemm over the strided q and k
  * rows, masked and soft-maxed row by row, then one sgemm with v.  Only the
  * row logsumexp is saved; backward recomputes the probabilities (the same
@@ -11,18 +15,24 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/status.h"
 
-static inline int key_allowed(int i, int j, int window) {
-    return j <= i && (window <= 0 || i - j < window);
+static inline int key_allowed(int i, int j, int window, int kvl) {
+    return j <= i && (window <= 0 || i - j < window) && j < kvl;
+}
+
+/* Row b's valid keys, kv_len clamped to [0, T] (attention.h). */
+static inline int row_kv_len(const int32_t *kv_len, int b, int T) {
+    return !kv_len || kv_len[b] >= T ? T : kv_len[b] < 0 ? 0 : kv_len[b];
 }
 
 void kern_attention_fwd_cpu_blas(kern_stream_t *s, float *out, float *lse, const float *q,
-                            const float *k, const float *v, int B, int T, int nh, int nkv, int hd,
-                            int window) {
+                                 const float *k, const float *v, const int32_t *kv_len, int B, int T,
+                                 int nh, int nkv, int hd, int window) {
     (void)s;
     const int group = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -31,7 +41,7 @@ void kern_attention_fwd_cpu_blas(kern_stream_t *s, float *out, float *lse, const
     MT_CHECK_ALLOC(S, "attention scores");
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nh; h++) {
-            const int hk = h / group;
+            const int hk = h / group, kvl = row_kv_len(kv_len, b, T);
             const float *qb = q + (size_t)b * T * ldq + (size_t)h * hd;
             const float *kb = k + (size_t)b * T * ldk + (size_t)hk * hd;
             const float *vb = v + (size_t)b * T * ldk + (size_t)hk * hd;
@@ -43,10 +53,15 @@ void kern_attention_fwd_cpu_blas(kern_stream_t *s, float *out, float *lse, const
                 float *row = S + (size_t)i * T;
                 float mx = -INFINITY;
                 for (int j = 0; j < T; j++)
-                    if (key_allowed(i, j, window) && row[j] > mx) mx = row[j];
+                    if (key_allowed(i, j, window, kvl) && row[j] > mx) mx = row[j];
+                if (mx == -INFINITY) { /* no key to see: out = 0, lse = -inf (attention.h) */
+                    memset(row, 0, (size_t)T * sizeof *row);
+                    lb[i] = -INFINITY;
+                    continue;
+                }
                 double sum = 0.0;
                 for (int j = 0; j < T; j++) {
-                    float p = key_allowed(i, j, window) ? expf(row[j] - mx) : 0.0f;
+                    float p = key_allowed(i, j, window, kvl) ? expf(row[j] - mx) : 0.0f;
                     row[j] = p;
                     sum += p;
                 }
@@ -60,9 +75,10 @@ void kern_attention_fwd_cpu_blas(kern_stream_t *s, float *out, float *lse, const
     free(S);
 }
 
-void kern_attention_bwd_cpu_blas(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
-                            const float *q, const float *k, const float *v, const float *out,
-                            const float *lse, int B, int T, int nh, int nkv, int hd, int window) {
+void kern_attention_bwd_cpu_blas(kern_stream_t *s, float *dq, float *dk, float *dv,
+                                 const float *dout, const float *q, const float *k, const float *v,
+                                 const float *out, const float *lse, const int32_t *kv_len, int B,
+                                 int T, int nh, int nkv, int hd, int window) {
     (void)s;
     const int group = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -75,7 +91,7 @@ void kern_attention_bwd_cpu_blas(kern_stream_t *s, float *dq, float *dk, float *
     memset(dv, 0, (size_t)B * T * ldk * sizeof *dv);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nh; h++) {
-            const int hk = h / group;
+            const int hk = h / group, kvl = row_kv_len(kv_len, b, T);
             const size_t qoff = (size_t)b * T * ldq + (size_t)h * hd;
             const size_t koff = (size_t)b * T * ldk + (size_t)hk * hd;
             const float *lb = lse + ((size_t)b * nh + h) * T;
@@ -84,7 +100,7 @@ void kern_attention_bwd_cpu_blas(kern_stream_t *s, float *dq, float *dk, float *
             for (int i = 0; i < T; i++) {
                 float *row = P + (size_t)i * T;
                 for (int j = 0; j < T; j++)
-                    row[j] = key_allowed(i, j, window) ? expf(row[j] - lb[i]) : 0.0f;
+                    row[j] = key_allowed(i, j, window, kvl) ? expf(row[j] - lb[i]) : 0.0f;
                 const float *o = out + qoff + (size_t)i * ldq, *d = dout + qoff + (size_t)i * ldq;
                 double acc = 0.0;
                 for (int c = 0; c < hd; c++) acc += (double)o[c] * d[c];

@@ -1,28 +1,29 @@
-// Causal GQA attention forward (attention.h), flash-style: scores are
-// never stored; each query row keeps a running max m, a running sum l and
-// an unnormalised output o, rescaled as key tiles stream past (online
-// softmax), and the row's logsumexp m + log(l) is saved for the backward.
+// Causal GQA attention forward with the key-padding mask (attention.h),
+// flash-style: scores are never stored; each query row keeps a running max
+// m, a running sum l and an unnormalised output o, rescaled as key tiles
+// stream past (online softmax), and the row's logsumexp m + log(l) is saved
+// for the backward.
 //
 // Block: ATTN_ROWS (16) consecutive queries of one (batch, head), two per
 // warp; the block streams the keys its rows may see ([first key of the
-// sliding window, last query]) through shared memory 32 at a time.  Per
-// tile a lane scores one key (a dot product over hd in shared memory),
-// the warp takes the tile's max and sum with butterflies, and the output
-// is accumulated lane-per-dimension.  Everything runs in a fixed order, so
+// sliding window, min(last query, kv_len - 1)]) through shared memory 32 at
+// a time.  Per tile a lane scores one key (a dot product over hd in shared
+// memory), the warp takes the tile's max and sum with butterflies, and the
+// output is accumulated lane-per-dimension.  Everything runs in a fixed order, so
 // results are deterministic; fp32 throughout (TF32 is never used).
 #include "kernels/cuda/attention.cuh"
 
 template <int NPL>
 static __global__ void __launch_bounds__(ATTN_THREADS)
     attn_fwd_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
-                    attn_shape_t a) {
+                    const int32_t *kv_len, attn_shape_t a) {
     extern __shared__ float smem[];
     const int hd = a.hd, hdp = a.hd + 1;
     float *sQ = smem;                       // [ATTN_ROWS][hd]
     float *sK = sQ + ATTN_ROWS * hd;        // [ATTN_TILE][hd + 1]
     float *sV = sK + ATTN_TILE * hdp;       // [ATTN_TILE][hd]
     const int b = blockIdx.z, h = blockIdx.y, g = h / (a.nh / a.nkv);
-    const int t0 = blockIdx.x * ATTN_ROWS;
+    const int t0 = blockIdx.x * ATTN_ROWS, kvl = attn_kv_len(kv_len, b, a.T);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
     for (int x = threadIdx.x; x < ATTN_ROWS * hd; x += ATTN_THREADS) {
@@ -40,7 +41,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
     }
 
     const int kbeg = a.window > 0 ? max(0, t0 - a.window + 1) : 0;
-    const int kend = min(a.T, t0 + ATTN_ROWS); // exclusive
+    const int kend = min(kvl, t0 + ATTN_ROWS); // exclusive
     for (int j0 = kbeg; j0 < kend; j0 += ATTN_TILE) {
         __syncthreads(); // previous tile fully consumed (and sQ written, first time)
         for (int x = threadIdx.x; x < ATTN_TILE * hd; x += ATTN_THREADS) {
@@ -54,7 +55,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
 #pragma unroll
         for (int rr = 0; rr < ATTN_ROWS_PER_WARP; rr++) {
             const int r = warp * ATTN_ROWS_PER_WARP + rr, i = t0 + r;
-            const bool ok = attn_allowed(i, j, a.T, a.window);
+            const bool ok = attn_allowed(i, j, a.T, kvl, a.window);
             const float sc = ok ? attn_dot(sQ + r * hd, sK + lane * hdp, hd) * a.scale : -INFINITY;
             const float mnew = fmaxf(m[rr], kc_warp_max(sc));
             if (mnew == -INFINITY) continue; // nothing visible yet (warp-uniform)
@@ -79,38 +80,41 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
     for (int rr = 0; rr < ATTN_ROWS_PER_WARP; rr++) {
         const int i = t0 + warp * ATTN_ROWS_PER_WARP + rr;
         if (i >= a.T) continue;
-        const float inv = 1.0f / l[rr];
+        // l >= 1 once a key was seen (its max gives exp(0)); l == 0: no key, out 0, lse -inf
+        const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
         float *orow = out + attn_q_off(a, b, i, h);
 #pragma unroll
         for (int c = 0; c < NPL; c++) {
             const int d = lane + 32 * c;
             if (d < hd) orow[d] = o[rr][c] * inv;
         }
-        if (lane == 0) lse[attn_row_off(a, b, h, i)] = m[rr] + logf(l[rr]);
+        if (lane == 0)
+            lse[attn_row_off(a, b, h, i)] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
     }
 }
 
 template <int NPL>
 static void attn_fwd_launch(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
-                            const float *v, const attn_shape_t &a) {
+                            const float *v, const int32_t *kv_len, const attn_shape_t &a) {
     const size_t smem = (size_t)(ATTN_ROWS * a.hd + ATTN_TILE * (a.hd + 1) + ATTN_TILE * a.hd) *
                         sizeof(float);
     kern_cuda_smem_optin(s, (const void *)attn_fwd_kernel<NPL>, smem, "attention_fwd");
     const dim3 grid(kc_div_up((size_t)a.T, ATTN_ROWS), a.nh, a.B);
-    attn_fwd_kernel<NPL><<<grid, ATTN_THREADS, smem, kern_cuda_stream_begin(s)>>>(out, lse, q, k, v, a);
+    attn_fwd_kernel<NPL><<<grid, ATTN_THREADS, smem, kern_cuda_stream_begin(s)>>>(out, lse, q, k, v,
+                                                                                 kv_len, a);
     KC_LAUNCHED(s, "attention_fwd");
 }
 
 extern "C" void kern_attention_fwd_cuda(kern_stream_t *s, float *out, float *lse, const float *q,
-                                        const float *k, const float *v, int B, int T, int nh,
-                                        int nkv, int hd, int window) {
+                                        const float *k, const float *v, const int32_t *kv_len,
+                                        int B, int T, int nh, int nkv, int hd, int window) {
     const attn_shape_t a = attn_shape(B, T, nh, nkv, hd, window, "attention_fwd");
     if (B == 0 || T == 0) return;
     kern_cuda_stream_begin(s);
     switch (attn_npl(hd)) {
-    case 1: attn_fwd_launch<1>(s, out, lse, q, k, v, a); break;
-    case 2: attn_fwd_launch<2>(s, out, lse, q, k, v, a); break;
-    case 4: attn_fwd_launch<4>(s, out, lse, q, k, v, a); break;
-    default: attn_fwd_launch<8>(s, out, lse, q, k, v, a); break;
+    case 1: attn_fwd_launch<1>(s, out, lse, q, k, v, kv_len, a); break;
+    case 2: attn_fwd_launch<2>(s, out, lse, q, k, v, kv_len, a); break;
+    case 4: attn_fwd_launch<4>(s, out, lse, q, k, v, kv_len, a); break;
+    default: attn_fwd_launch<8>(s, out, lse, q, k, v, kv_len, a); break;
     }
 }

@@ -1,6 +1,14 @@
 // Pieces shared by the attention forward (attention.cu) and backward
-// (attention_bwd.cu) kernels: shapes, the causal/sliding-window mask, tile
-// sizes and the dispatch on the per-lane width of a head.
+// (attention_bwd.cu) kernels: shapes, the causal / sliding-window /
+// key-padding mask, tile sizes and the dispatch on the per-lane width of a
+// head.
+//
+// Key padding: kv_len (B) int32 on the device, or NULL; a block reads its
+// row's entry once (attn_kv_len, clamped to [0, T]) and passes it to
+// attn_allowed as kvl, and the key ranges blocks stream stop at kvl.  A
+// query with no allowed key keeps l = 0 in the forward and writes out = 0,
+// lse = -inf; the backward never evaluates exp for a pair that is not
+// allowed, so that row has P = 0 (attention.h).
 //
 // Layouts (attention.h): q, out, dout (B, T, nh, hd); k, v, dk, dv
 // (B, T, nkv, hd); lse and D (B, nh, T).  Query head h reads kv head
@@ -31,8 +39,14 @@ typedef struct {
     float scale; // 1 / sqrt(hd), as the CPU twin computes it
 } attn_shape_t;
 
-__device__ __forceinline__ bool attn_allowed(int i, int j, int T, int window) {
-    return j < T && i < T && j <= i && (window <= 0 || i - j < window);
+// kvl <= T, so j < kvl also keeps j inside the sequence.
+__device__ __forceinline__ bool attn_allowed(int i, int j, int T, int kvl, int window) {
+    return j < kvl && i < T && j <= i && (window <= 0 || i - j < window);
+}
+
+// Row b's valid keys (attention.h): kv_len[b] clamped to [0, T]; T without kv_len.
+__device__ __forceinline__ int attn_kv_len(const int32_t *kv_len, int b, int T) {
+    return kv_len ? min(max(kv_len[b], 0), T) : T;
 }
 
 __device__ __forceinline__ size_t attn_q_off(const attn_shape_t &a, int b, int t, int h) {

@@ -1,5 +1,6 @@
-// Causal GQA attention backward (attention.h), flash-style and without
-// atomics: probabilities are recomputed from the saved logsumexp,
+// Causal GQA attention backward with the key-padding mask (attention.h),
+// flash-style and without atomics: probabilities are recomputed from the
+// saved logsumexp,
 //   P = exp(S - lse), D_i = dout_i . out_i, dS = P * (dout V^T - D),
 // and each gradient is written by the one block that owns it:
 //   1. attn_bwd_D:    D (B, nh, T) into stream scratch, one warp per row,
@@ -9,6 +10,8 @@
 //   3. attn_bwd_dkdv: a block owns 16 keys of one kv head and streams, for
 //                     each query head of its group in turn, the queries
 //                     that see them: dv = P^T dout, dk = scale dS^T Q.
+// Keys at or past kv_len[b] are never streamed in step 2, and a step-3
+// block whose keys all lie there writes zeros without streaming queries.
 // The score of a (query, key) pair is computed twice (steps 2 and 3), the
 // price of owning each output; in exchange every sum runs in a fixed order
 // (deterministic) and dk/dv need no zeroing or atomics.
@@ -31,7 +34,7 @@ static __global__ void attn_bwd_D_kernel(float *D, const float *dout, const floa
 template <int NPL>
 static __global__ void __launch_bounds__(ATTN_THREADS)
     attn_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k, const float *v,
-                       const float *lse, const float *D, attn_shape_t a) {
+                       const float *lse, const float *D, const int32_t *kv_len, attn_shape_t a) {
     extern __shared__ float smem[];
     const int hd = a.hd, hdp = a.hd + 1;
     float *sQ = smem;                    // [ATTN_ROWS][hd]
@@ -39,7 +42,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
     float *sK = sO + ATTN_ROWS * hd;     // [ATTN_TILE][hd + 1]
     float *sV = sK + ATTN_TILE * hdp;    // [ATTN_TILE][hd + 1]
     const int b = blockIdx.z, h = blockIdx.y, g = h / (a.nh / a.nkv);
-    const int t0 = blockIdx.x * ATTN_ROWS;
+    const int t0 = blockIdx.x * ATTN_ROWS, kvl = attn_kv_len(kv_len, b, a.T);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
     for (int x = threadIdx.x; x < ATTN_ROWS * hd; x += ATTN_THREADS) {
@@ -59,7 +62,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
     }
 
     const int kbeg = a.window > 0 ? max(0, t0 - a.window + 1) : 0;
-    const int kend = min(a.T, t0 + ATTN_ROWS);
+    const int kend = min(kvl, t0 + ATTN_ROWS);
     for (int j0 = kbeg; j0 < kend; j0 += ATTN_TILE) {
         __syncthreads();
         for (int x = threadIdx.x; x < ATTN_TILE * hd; x += ATTN_THREADS) {
@@ -74,7 +77,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
         for (int rr = 0; rr < ATTN_ROWS_PER_WARP; rr++) {
             const int r = warp * ATTN_ROWS_PER_WARP + rr, i = t0 + r;
             float ds = 0.0f;
-            if (attn_allowed(i, j, a.T, a.window)) {
+            if (attn_allowed(i, j, a.T, kvl, a.window)) {
                 const float sc = attn_dot(sQ + r * hd, sK + lane * hdp, hd) * a.scale;
                 const float p = expf(sc - row_lse[rr]);
                 const float dp = attn_dot(sO + r * hd, sV + lane * hdp, hd);
@@ -106,7 +109,8 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
 template <int NPL>
 static __global__ void __launch_bounds__(ATTN_THREADS)
     attn_bwd_dkdv_kernel(float *dk, float *dv, const float *dout, const float *q, const float *k,
-                         const float *v, const float *lse, const float *D, attn_shape_t a) {
+                         const float *v, const float *lse, const float *D, const int32_t *kv_len,
+                         attn_shape_t a) {
     extern __shared__ float smem[];
     const int hd = a.hd, hdp = a.hd + 1;
     float *sK = smem;                    // [ATTN_ROWS][hd]   this block's keys
@@ -116,7 +120,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
     float *sL = sO + ATTN_TILE * hdp;    // [ATTN_TILE] lse
     float *sD = sL + ATTN_TILE;          // [ATTN_TILE] D
     const int b = blockIdx.z, g = blockIdx.y, group = a.nh / a.nkv;
-    const int j0 = blockIdx.x * ATTN_ROWS;
+    const int j0 = blockIdx.x * ATTN_ROWS, kvl = attn_kv_len(kv_len, b, a.T);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
     for (int x = threadIdx.x; x < ATTN_ROWS * hd; x += ATTN_THREADS) {
@@ -132,9 +136,12 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
         for (int c = 0; c < NPL; c++) gk[rr][c] = gv[rr][c] = 0.0f;
 
     // Queries that see any of keys [j0, j0 + ATTN_ROWS): i >= j0 and, with a
-    // window, i < last key + window.
+    // window, i < last key + window; none when every key is padding (j0 >=
+    // kvl; kvl is the block's own, so the loop bounds stay block-uniform).
     const int qbeg = j0;
-    const int qend = a.window > 0 ? min(a.T, j0 + ATTN_ROWS - 1 + a.window) : a.T;
+    const int qend = j0 >= kvl         ? j0
+                     : a.window > 0 ? min(a.T, j0 + ATTN_ROWS - 1 + a.window)
+                                    : a.T;
     for (int h = g * group; h < (g + 1) * group; h++) {
         for (int i0 = qbeg; i0 < qend; i0 += ATTN_TILE) {
             __syncthreads();
@@ -155,7 +162,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
             for (int rr = 0; rr < ATTN_ROWS_PER_WARP; rr++) {
                 const int r = warp * ATTN_ROWS_PER_WARP + rr, j = j0 + r;
                 float p = 0.0f, ds = 0.0f;
-                if (attn_allowed(i, j, a.T, a.window)) {
+                if (attn_allowed(i, j, a.T, kvl, a.window)) {
                     const float sc = attn_dot(sQ + lane * hdp, sK + r * hd, hd) * a.scale;
                     p = expf(sc - sL[lane]);
                     const float dp = attn_dot(sO + lane * hdp, sV + r * hd, hd);
@@ -195,27 +202,30 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
 template <int NPL>
 static void attn_bwd_launch(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
                             const float *q, const float *k, const float *v, const float *lse,
-                            const float *D, const attn_shape_t &a) {
+                            const float *D, const int32_t *kv_len, const attn_shape_t &a) {
     cudaStream_t cs = kern_cuda_stream_begin(s);
     const size_t hd = (size_t)a.hd;
     const size_t smem_dq = (2 * ATTN_ROWS * hd + 2 * ATTN_TILE * (hd + 1)) * sizeof(float);
     kern_cuda_smem_optin(s, (const void *)attn_bwd_dq_kernel<NPL>, smem_dq, "attention_bwd dq");
     const dim3 grid_q(kc_div_up((size_t)a.T, ATTN_ROWS), a.nh, a.B);
-    attn_bwd_dq_kernel<NPL><<<grid_q, ATTN_THREADS, smem_dq, cs>>>(dq, dout, q, k, v, lse, D, a);
+    attn_bwd_dq_kernel<NPL><<<grid_q, ATTN_THREADS, smem_dq, cs>>>(dq, dout, q, k, v, lse, D, kv_len,
+                                                                   a);
     KC_LAUNCHED(s, "attention_bwd dq");
 
     const size_t smem_kv =
         (2 * ATTN_ROWS * hd + 2 * ATTN_TILE * (hd + 1) + 2 * ATTN_TILE) * sizeof(float);
     kern_cuda_smem_optin(s, (const void *)attn_bwd_dkdv_kernel<NPL>, smem_kv, "attention_bwd dk/dv");
     const dim3 grid_k(kc_div_up((size_t)a.T, ATTN_ROWS), a.nkv, a.B);
-    attn_bwd_dkdv_kernel<NPL><<<grid_k, ATTN_THREADS, smem_kv, cs>>>(dk, dv, dout, q, k, v, lse, D, a);
+    attn_bwd_dkdv_kernel<NPL><<<grid_k, ATTN_THREADS, smem_kv, cs>>>(dk, dv, dout, q, k, v, lse, D,
+                                                                     kv_len, a);
     KC_LAUNCHED(s, "attention_bwd dk/dv");
 }
 
 extern "C" void kern_attention_bwd_cuda(kern_stream_t *s, float *dq, float *dk, float *dv,
                                         const float *dout, const float *q, const float *k,
-                                        const float *v, const float *out, const float *lse, int B,
-                                        int T, int nh, int nkv, int hd, int window) {
+                                        const float *v, const float *out, const float *lse,
+                                        const int32_t *kv_len, int B, int T, int nh, int nkv,
+                                        int hd, int window) {
     const attn_shape_t a = attn_shape(B, T, nh, nkv, hd, window, "attention_bwd");
     if (B == 0 || T == 0) return;
     cudaStream_t cs = kern_cuda_stream_begin(s);
@@ -224,9 +234,9 @@ extern "C" void kern_attention_bwd_cuda(kern_stream_t *s, float *dq, float *dk, 
     attn_bwd_D_kernel<<<kc_div_up(rows, ATTN_WARPS), ATTN_THREADS, 0, cs>>>(D, dout, out, a);
     KC_LAUNCHED(s, "attention_bwd D");
     switch (attn_npl(hd)) {
-    case 1: attn_bwd_launch<1>(s, dq, dk, dv, dout, q, k, v, lse, D, a); break;
-    case 2: attn_bwd_launch<2>(s, dq, dk, dv, dout, q, k, v, lse, D, a); break;
-    case 4: attn_bwd_launch<4>(s, dq, dk, dv, dout, q, k, v, lse, D, a); break;
-    default: attn_bwd_launch<8>(s, dq, dk, dv, dout, q, k, v, lse, D, a); break;
+    case 1: attn_bwd_launch<1>(s, dq, dk, dv, dout, q, k, v, lse, D, kv_len, a); break;
+    case 2: attn_bwd_launch<2>(s, dq, dk, dv, dout, q, k, v, lse, D, kv_len, a); break;
+    case 4: attn_bwd_launch<4>(s, dq, dk, dv, dout, q, k, v, lse, D, kv_len, a); break;
+    default: attn_bwd_launch<8>(s, dq, dk, dv, dout, q, k, v, lse, D, kv_len, a); break;
     }
 }

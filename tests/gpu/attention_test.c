@@ -1,6 +1,8 @@
 /* GPU suite: causal GQA attention forward and backward, with and without a
  * sliding window, head sizes that are and are not multiples of 32, sequence
- * lengths that do not fill a tile, and determinism of repeated runs.
+ * lengths that do not fill a tile, key padding (kv_len inside a tile, on a
+ * tile edge, 0, > T, and with windows that leave padded queries no key:
+ * out 0 and lse -inf on both sides), and determinism of repeated runs.
  *
  * The backward on both devices takes the CPU forward's out and lse, so it is
  * compared on identical inputs.  Tolerances and why:
@@ -20,7 +22,9 @@
 
 #include "tests/gpu/gpu_test.h"
 
-static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int window) {
+/* kv_len: B entries, or NULL. */
+static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int window,
+                           const int32_t *kv_len) {
     const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
     float *hq = gt_host_rand(t, nq, 1.0f), *hk = gt_host_rand(t, nk, 1.0f);
     float *hv = gt_host_rand(t, nk, 1.0f), *hdo = gt_host_rand(t, nq, 1.0f);
@@ -28,11 +32,18 @@ static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, i
     gt_buf_t V = gt_from_host(t, hv, nk * 4, "v"), DO = gt_from_host(t, hdo, nq * 4, "dout");
     gt_buf_t O = gt_alloc(t, nq * 4, "out"), L = gt_alloc(t, nl * 4, "lse");
     gt_buf_t DQ = gt_alloc(t, nq * 4, "dq"), DK = gt_alloc(t, nk * 4, "dk"), DV = gt_alloc(t, nk * 4, "dv");
-    char what[160], tag[96];
-    snprintf(tag, sizeof tag, "B=%d T=%d nh=%d nkv=%d hd=%d window=%d", B, T, nh, nkv, hd, window);
+    gt_buf_t KL = {0};
+    if (kv_len) KL = gt_from_host(t, kv_len, (size_t)B * 4, "kv_len");
+    const int32_t *klc = kv_len ? GT_CI(KL) : NULL, *klg = kv_len ? GT_GI(KL) : NULL;
+    char what[192], tag[128];
+    int n = snprintf(tag, sizeof tag, "B=%d T=%d nh=%d nkv=%d hd=%d window=%d kv_len=", B, T, nh, nkv,
+                     hd, window);
+    if (!kv_len) snprintf(tag + n, sizeof tag - (size_t)n, "NULL");
+    for (int b = 0; kv_len && b < B && n < (int)sizeof tag - 12; b++)
+        n += snprintf(tag + n, sizeof tag - (size_t)n, "%s%d", b ? "," : "", kv_len[b]);
 
-    t->cpu->ops->attention_fwd(t->sc, GT_C(O), GT_C(L), GT_C(Q), GT_C(K), GT_C(V), B, T, nh, nkv, hd, window);
-    t->gpu->ops->attention_fwd(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), B, T, nh, nkv, hd, window);
+    t->cpu->ops->attention_fwd(t->sc, GT_C(O), GT_C(L), GT_C(Q), GT_C(K), GT_C(V), klc, B, T, nh, nkv, hd, window);
+    t->gpu->ops->attention_fwd(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), klg, B, T, nh, nkv, hd, window);
     snprintf(what, sizeof what, "attention_fwd out %s", tag);
     gt_check_f32(t, what, &O, nq, 1e-5f, 1e-4f);
     snprintf(what, sizeof what, "attention_fwd lse %s", tag);
@@ -40,7 +51,7 @@ static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, i
     float *o1 = gt_host_alloc(nq), *l1 = gt_host_alloc(nl);
     gt_save_gpu(t, &O, o1);
     gt_save_gpu(t, &L, l1);
-    t->gpu->ops->attention_fwd(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), B, T, nh, nkv, hd, window);
+    t->gpu->ops->attention_fwd(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), klg, B, T, nh, nkv, hd, window);
     snprintf(what, sizeof what, "attention_fwd out %s", tag);
     gt_check_same_gpu(t, what, &O, o1);
     snprintf(what, sizeof what, "attention_fwd lse %s", tag);
@@ -53,9 +64,9 @@ static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, i
     gt_set(t, &O, hout);
     gt_set(t, &L, hlse);
     t->cpu->ops->attention_bwd(t->sc, GT_C(DQ), GT_C(DK), GT_C(DV), GT_C(DO), GT_C(Q), GT_C(K), GT_C(V),
-                               GT_C(O), GT_C(L), B, T, nh, nkv, hd, window);
+                               GT_C(O), GT_C(L), klc, B, T, nh, nkv, hd, window);
     t->gpu->ops->attention_bwd(t->sg, GT_G(DQ), GT_G(DK), GT_G(DV), GT_G(DO), GT_G(Q), GT_G(K), GT_G(V),
-                               GT_G(O), GT_G(L), B, T, nh, nkv, hd, window);
+                               GT_G(O), GT_G(L), klg, B, T, nh, nkv, hd, window);
     snprintf(what, sizeof what, "attention_bwd dq %s", tag);
     gt_check_f32_norm(t, what, &DQ, nq, 1e-4f, 1.0f);
     snprintf(what, sizeof what, "attention_bwd dk %s", tag);
@@ -67,7 +78,7 @@ static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, i
     gt_save_gpu(t, &DK, dk1);
     gt_save_gpu(t, &DV, dv1);
     t->gpu->ops->attention_bwd(t->sg, GT_G(DQ), GT_G(DK), GT_G(DV), GT_G(DO), GT_G(Q), GT_G(K), GT_G(V),
-                               GT_G(O), GT_G(L), B, T, nh, nkv, hd, window);
+                               GT_G(O), GT_G(L), klg, B, T, nh, nkv, hd, window);
     snprintf(what, sizeof what, "attention_bwd dq/dk/dv %s", tag);
     gt_check_same_gpu(t, what, &DQ, dq1);
     gt_check_same_gpu(t, what, &DK, dk1);
@@ -75,6 +86,7 @@ static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, i
 
     gt_buf_t *bufs[] = {&Q, &K, &V, &DO, &O, &L, &DQ, &DK, &DV};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gt_free(t, bufs[i]);
+    if (kv_len) gt_free(t, &KL);
     float *hs[] = {hq, hk, hv, hdo, o1, l1, hout, hlse, dq1, dk1, dv1};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) free(hs[i]);
 }
@@ -82,13 +94,23 @@ static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, i
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "attention_test", 0xa77e);
-    attention_case(&t, 1, 1, 1, 1, 16, 0);
-    attention_case(&t, 2, 37, 4, 2, 64, 0);   /* GQA group 2, T not a tile multiple */
-    attention_case(&t, 1, 70, 8, 2, 128, 16); /* sliding window, group 4 */
-    attention_case(&t, 2, 100, 6, 3, 32, 1);  /* window 1: each query sees itself */
-    attention_case(&t, 1, 33, 2, 1, 80, 0);   /* head_dim not a multiple of 32 */
-    attention_case(&t, 1, 40, 2, 2, 256, 0);  /* largest head_dim, > 48 KB shared memory */
-    attention_case(&t, 1, 300, 4, 1, 128, 0); /* many key tiles, group 4 (MQA-like) */
-    attention_case(&t, 1, 300, 4, 4, 128, 64);
+    attention_case(&t, 1, 1, 1, 1, 16, 0, NULL);
+    attention_case(&t, 2, 37, 4, 2, 64, 0, NULL);   /* GQA group 2, T not a tile multiple */
+    attention_case(&t, 1, 70, 8, 2, 128, 16, NULL); /* sliding window, group 4 */
+    attention_case(&t, 2, 100, 6, 3, 32, 1, NULL);  /* window 1: each query sees itself */
+    attention_case(&t, 1, 33, 2, 1, 80, 0, NULL);   /* head_dim not a multiple of 32 */
+    attention_case(&t, 1, 40, 2, 2, 256, 0, NULL);  /* largest head_dim, > 48 KB shared memory */
+    attention_case(&t, 1, 300, 4, 1, 128, 0, NULL); /* many key tiles, group 4 (MQA-like) */
+    attention_case(&t, 1, 300, 4, 4, 128, 64, NULL);
+    /* key padding (kv_len per row) */
+    const int32_t k1[1] = {0}, k2[2] = {20, 0}, k3[3] = {5, 70, 33}, k4[2] = {51, 99};
+    const int32_t k5[2] = {40, 16}, k6[1] = {257}, k7[2] = {37, 37};
+    attention_case(&t, 1, 1, 1, 1, 16, 0, k1);      /* the only query has no key */
+    attention_case(&t, 2, 37, 4, 2, 64, 0, k2);     /* inside a tile; a padding-only row */
+    attention_case(&t, 3, 70, 8, 2, 128, 16, k3);   /* window: queries i >= kv_len + 15 see nothing */
+    attention_case(&t, 2, 100, 6, 3, 32, 1, k4);    /* window 1: every padded query is empty */
+    attention_case(&t, 2, 33, 2, 1, 80, 0, k5);     /* > T (clamped); on a 16-row block edge */
+    attention_case(&t, 1, 300, 4, 1, 128, 64, k6);  /* past the last full key tile */
+    attention_case(&t, 2, 37, 4, 2, 64, 0, k7);     /* == T: as NULL */
     return gt_close(&t);
 }

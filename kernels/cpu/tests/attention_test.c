@@ -1,12 +1,24 @@
-/* Causal GQA attention (kernels/attention.h).
+/* Causal GQA attention with the key-padding mask (kernels/attention.h).
  *
  * Forward: out and lse against a naive double reference (explicit mask,
- * softmax over the allowed keys). Backward: dq, dk, dv (overwrite; outputs
- * preset to NaN so a kernel that reads them fails) against central finite
- * differences of L = sum(out * R), with the saved out/lse of the forward.
+ * softmax over the allowed keys; out = 0 and lse = -inf for a query with
+ * none). Backward: dq, dk, dv (overwrite; outputs preset to NaN so a kernel
+ * that reads them fails) against central finite differences of
+ * L = sum(out * R), with the saved out/lse of the forward.
  * Shapes: T = 1, 7, 33; nh/nkv = 1, 2 (and 4); sliding windows narrower
  * than T; B = 2 so batch offsets are exercised. Also: determinism (two
- * backward runs are bit-identical) and that a window >= T equals no window. */
+ * backward runs are bit-identical) and that a window >= T equals no window.
+ *
+ * kv_len (right padding): cases with kv_len < T, 0 (a row of padding only)
+ * and > T (clamped), alone and with windows that leave padded queries no
+ * key. Besides the reference and finite differences:
+ *  - kv_len NULL, all T and all > T give bit-identical out, lse, dq, dk, dv
+ *    (kv_len == T changes nothing);
+ *  - queries with no key: out 0, lse -inf, dq 0, exactly; padded keys get
+ *    dk = dv = 0 exactly;
+ *  - real tokens are unaffected: queries i < kv_len[b] get the same out and
+ *    lse as without kv_len, and when dout is 0 at the padded queries (their
+ *    labels are -100) dq, dk, dv at real positions are the same too. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,46 +47,60 @@
 typedef struct {
     tu_env_t *env;
     float *q, *k, *v, *R, *out, *lse;
+    const int32_t *kv_len;
     int B, T, nh, nkv, hd, window;
 } ctx_t;
 
 static double loss(void *p) {
     ctx_t *c = p;
-    kern_attention_fwd_cpu(c->env->s, c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->nh, c->nkv,
-                           c->hd, c->window);
+    kern_attention_fwd_cpu(c->env->s, c->out, c->lse, c->q, c->k, c->v, c->kv_len, c->B, c->T,
+                           c->nh, c->nkv, c->hd, c->window);
     return tu_dot(c->out, c->R, (size_t)c->B * c->T * c->nh * c->hd);
 }
 
-static int allowed(int i, int j, int window) { return j <= i && (window <= 0 || i - j < window); }
+/* Row b's valid keys as attention.h defines them: kv_len[b] clamped to [0, T]. */
+static int kvl_of(const int32_t *kv_len, int b, int T) {
+    return !kv_len ? T : kv_len[b] < 0 ? 0 : kv_len[b] > T ? T : kv_len[b];
+}
 
-/* Naive reference: materialised masked score matrix, softmax in double. */
+static int allowed(int i, int j, int window, int kvl) {
+    return j <= i && (window <= 0 || i - j < window) && j < kvl;
+}
+
+/* Naive reference: materialised masked score matrix, softmax in double;
+ * a query with no allowed key gets out 0 and lse -inf. */
 static void reference(double *out, double *lse, const float *q, const float *k, const float *v,
-                      int B, int T, int nh, int nkv, int hd, int window) {
+                      const int32_t *kv_len, int B, int T, int nh, int nkv, int hd, int window) {
     const int group = nh / nkv;
     const double scale = 1.0 / sqrt((double)hd);
     double *s = tu_alloc_d((size_t)T);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nh; h++) {
             const int hk = h / group; /* HF repeat_kv: query head h reads kv head h / group */
+            const int kvl = kvl_of(kv_len, b, T);
             for (int i = 0; i < T; i++) {
                 const float *qi = q + (((size_t)b * T + i) * nh + h) * hd;
                 double mx = -INFINITY;
                 for (int j = 0; j < T; j++) {
                     s[j] = -INFINITY;
-                    if (!allowed(i, j, window)) continue;
+                    if (!allowed(i, j, window, kvl)) continue;
                     const float *kj = k + (((size_t)b * T + j) * nkv + hk) * hd;
                     double d = 0;
                     for (int c = 0; c < hd; c++) d += (double)qi[c] * kj[c];
                     s[j] = d * scale;
                     if (s[j] > mx) mx = s[j];
                 }
-                double sum = 0;
-                for (int j = 0; j < T; j++) sum += allowed(i, j, window) ? exp(s[j] - mx) : 0.0;
-                lse[((size_t)b * nh + h) * T + i] = mx + log(sum);
                 double *oi = out + (((size_t)b * T + i) * nh + h) * hd;
                 for (int c = 0; c < hd; c++) oi[c] = 0;
+                if (mx == -INFINITY) { /* no key */
+                    lse[((size_t)b * nh + h) * T + i] = -INFINITY;
+                    continue;
+                }
+                double sum = 0;
+                for (int j = 0; j < T; j++) sum += allowed(i, j, window, kvl) ? exp(s[j] - mx) : 0.0;
+                lse[((size_t)b * nh + h) * T + i] = mx + log(sum);
                 for (int j = 0; j < T; j++) {
-                    if (!allowed(i, j, window)) continue;
+                    if (!allowed(i, j, window, kvl)) continue;
                     const double pr = exp(s[j] - mx) / sum;
                     const float *vj = v + (((size_t)b * T + j) * nkv + hk) * hd;
                     for (int c = 0; c < hd; c++) oi[c] += pr * vj[c];
@@ -84,16 +110,145 @@ static void reference(double *out, double *lse, const float *q, const float *k, 
     free(s);
 }
 
+/* Values equal element by element (+0 == -0), at the positions keep(b, t) selects. */
+typedef bool (*pos_fn)(const int32_t *kv_len, int b, int t, int T);
+static bool real_pos(const int32_t *kv_len, int b, int t, int T) { return t < kvl_of(kv_len, b, T); }
+
+static void check_same_at(const char *what, const float *got, const float *ref, const int32_t *kv_len,
+                          int B, int T, size_t per_pos, pos_fn keep) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            if (!keep(kv_len, b, t, T)) continue;
+            const size_t o = ((size_t)b * T + t) * per_pos;
+            for (size_t c = 0; c < per_pos; c++)
+                if (!(got[o + c] == ref[o + c])) {
+                    tu_expect(false, "%s: b=%d t=%d [%zu]: %.9g vs %.9g (expected equal)", what, b, t, c,
+                              (double)got[o + c], (double)ref[o + c]);
+                    return;
+                }
+        }
+}
+
+static void fwd(tu_env_t *env, ctx_t *c, float *out, float *lse, const int32_t *kv_len) {
+    kern_attention_fwd_cpu(env->s, out, lse, c->q, c->k, c->v, kv_len, c->B, c->T, c->nh, c->nkv,
+                           c->hd, c->window);
+}
+
+static void bwd(tu_env_t *env, ctx_t *c, float *dq, float *dk, float *dv, const float *dout,
+                const float *out, const float *lse, const int32_t *kv_len) {
+    kern_attention_bwd_cpu(env->s, dq, dk, dv, dout, c->q, c->k, c->v, out, lse, kv_len, c->B,
+                           c->T, c->nh, c->nkv, c->hd, c->window);
+}
+
+/* kv_len NULL, all T and all T + 5 give the same bits (forward and backward). */
+static void check_full_lengths(tu_env_t *env, ctx_t *c, const char *tag) {
+    const int B = c->B, T = c->T;
+    const size_t nq = (size_t)B * T * c->nh * c->hd, nk = (size_t)B * T * c->nkv * c->hd;
+    const size_t nl = (size_t)B * c->nh * T;
+    int32_t *full = malloc((size_t)B * sizeof *full), *over = malloc((size_t)B * sizeof *over);
+    MT_CHECK(full && over, "kv_len");
+    for (int b = 0; b < B; b++) full[b] = T, over[b] = T + 5;
+    float *o0 = tu_alloc(nq), *l0 = tu_alloc(nl), *q0 = tu_alloc(nq), *k0 = tu_alloc(nk), *v0 = tu_alloc(nk);
+    fwd(env, c, o0, l0, NULL);
+    bwd(env, c, q0, k0, v0, c->R, o0, l0, NULL);
+    const int32_t *lens[2] = {full, over};
+    for (int x = 0; x < 2; x++) {
+        char what[260];
+        float *o = tu_alloc(nq), *l = tu_alloc(nl), *dq = tu_alloc(nq), *dk = tu_alloc(nk), *dv = tu_alloc(nk);
+        fwd(env, c, o, l, lens[x]);
+        bwd(env, c, dq, dk, dv, c->R, o, l, lens[x]);
+#define SAME(name, a, b, n)                                                                    \
+    snprintf(what, sizeof what, "%s: kv_len %s vs NULL: %s bit-identical", tag, x ? "T+5" : "T", name); \
+    tu_check_bitwise(what, a, b, n)
+        SAME("out", o, o0, nq);
+        SAME("lse", l, l0, nl);
+        SAME("dq", dq, q0, nq);
+        SAME("dk", dk, k0, nk);
+        SAME("dv", dv, v0, nk);
+#undef SAME
+        free(o), free(l), free(dq), free(dk), free(dv);
+    }
+    free(o0), free(l0), free(q0), free(k0), free(v0), free(full), free(over);
+}
+
+/* With kv_len: exact zeros where attention.h promises them, and real tokens
+ * as without padding. out/lse/dq/dk/dv are this case's results. */
+static void check_padding(tu_env_t *env, ctx_t *c, const char *tag, const float *out, const float *lse,
+                          const float *dq, const float *dk, const float *dv) {
+    const int B = c->B, T = c->T, nh = c->nh, nkv = c->nkv, hd = c->hd;
+    const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    char what[260];
+    int empty = 0;
+    for (int b = 0; b < B; b++) {
+        const int kvl = kvl_of(c->kv_len, b, T);
+        for (int i = 0; i < T; i++) {
+            bool any = false;
+            for (int j = 0; j < T; j++) any |= allowed(i, j, c->window, kvl) != 0;
+            for (int h = 0; h < nh && !any; h++) {
+                const size_t o = (((size_t)b * T + i) * nh + h) * hd;
+                bool zero = lse[((size_t)b * nh + h) * T + i] == -INFINITY;
+                for (int d = 0; d < hd; d++) zero &= out[o + d] == 0.0f && dq[o + d] == 0.0f;
+                tu_expect(zero, "%s: b=%d query %d has no key: want out 0, lse -inf, dq 0", tag, b, i);
+                empty++;
+            }
+            for (int g = 0; g < nkv && i >= kvl; g++) { /* key i is padding */
+                const size_t o = (((size_t)b * T + i) * nkv + g) * hd;
+                bool zero = true;
+                for (int d = 0; d < hd; d++) zero &= dk[o + d] == 0.0f && dv[o + d] == 0.0f;
+                tu_expect(zero, "%s: b=%d padded key %d: want dk = dv = 0", tag, b, i);
+            }
+        }
+    }
+    printf("  %s: %d (query, head) rows with no key\n", tag, empty);
+
+    /* real queries: out and lse as without kv_len */
+    float *o0 = tu_alloc(nq), *l0 = tu_alloc(nl), *lt = tu_alloc(nl), *l0t = tu_alloc(nl);
+    fwd(env, c, o0, l0, NULL);
+    snprintf(what, sizeof what, "%s: real queries' out as without kv_len", tag);
+    check_same_at(what, out, o0, c->kv_len, B, T, (size_t)nh * hd, real_pos);
+    for (int b = 0; b < B; b++) /* lse (B, nh, T) -> (B, T, nh) to reuse check_same_at */
+        for (int h = 0; h < nh; h++)
+            for (int t = 0; t < T; t++) {
+                lt[((size_t)b * T + t) * nh + h] = lse[((size_t)b * nh + h) * T + t];
+                l0t[((size_t)b * T + t) * nh + h] = l0[((size_t)b * nh + h) * T + t];
+            }
+    snprintf(what, sizeof what, "%s: real queries' lse as without kv_len", tag);
+    check_same_at(what, lt, l0t, c->kv_len, B, T, nh, real_pos);
+
+    /* dout 0 at padded queries: gradients at real positions as without kv_len */
+    float *R0 = tu_copy(c->R, nq);
+    for (int b = 0; b < B; b++)
+        for (int t = kvl_of(c->kv_len, b, T); t < T; t++)
+            for (size_t x = 0; x < (size_t)nh * hd; x++) R0[((size_t)b * T + t) * nh * hd + x] = 0.0f;
+    float *a_q = tu_alloc(nq), *a_k = tu_alloc(nk), *a_v = tu_alloc(nk);
+    float *b_q = tu_alloc(nq), *b_k = tu_alloc(nk), *b_v = tu_alloc(nk);
+    bwd(env, c, a_q, a_k, a_v, R0, out, lse, c->kv_len);
+    bwd(env, c, b_q, b_k, b_v, R0, o0, l0, NULL);
+    snprintf(what, sizeof what, "%s: dq at real queries (padded dout 0) as without kv_len", tag);
+    check_same_at(what, a_q, b_q, c->kv_len, B, T, (size_t)nh * hd, real_pos);
+    snprintf(what, sizeof what, "%s: dk at real keys (padded dout 0) as without kv_len", tag);
+    check_same_at(what, a_k, b_k, c->kv_len, B, T, (size_t)nkv * hd, real_pos);
+    snprintf(what, sizeof what, "%s: dv at real keys (padded dout 0) as without kv_len", tag);
+    check_same_at(what, a_v, b_v, c->kv_len, B, T, (size_t)nkv * hd, real_pos);
+    free(o0), free(l0), free(lt), free(l0t), free(R0);
+    free(a_q), free(a_k), free(a_v), free(b_q), free(b_k), free(b_v);
+}
+
 static void run_case(tu_env_t *env, int B, int T, int nh, int nkv, int hd, int window,
-                     uint64_t seed) {
-    char tag[96], what[160];
-    snprintf(tag, sizeof tag, "B=%d T=%d nh=%d nkv=%d hd=%d window=%d", B, T, nh, nkv, hd, window);
+                     const int32_t *kv_len, uint64_t seed) {
+    char tag[160], what[220];
+    int n = snprintf(tag, sizeof tag, "B=%d T=%d nh=%d nkv=%d hd=%d window=%d kv_len=", B, T, nh,
+                     nkv, hd, window);
+    if (!kv_len) snprintf(tag + n, sizeof tag - (size_t)n, "NULL");
+    for (int b = 0; kv_len && b < B && n < (int)sizeof tag - 12; b++)
+        n += snprintf(tag + n, sizeof tag - (size_t)n, "%s%d", b ? "," : "", kv_len[b]);
     printf("case %s\n", tag);
     tu_rng_t rng;
     tu_rng_seed(&rng, seed);
     const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
     const size_t nl = (size_t)B * nh * T;
-    ctx_t c = {.env = env, .B = B, .T = T, .nh = nh, .nkv = nkv, .hd = hd, .window = window};
+    ctx_t c = {.env = env, .kv_len = kv_len, .B = B, .T = T, .nh = nh, .nkv = nkv, .hd = hd,
+               .window = window};
     /* scale 1.5 gives peaked-but-not-one-hot softmax rows with hd up to 16 */
     c.q = tu_rand(&rng, nq, 1.5f);
     c.k = tu_rand(&rng, nk, 1.5f);
@@ -104,10 +259,10 @@ static void run_case(tu_env_t *env, int B, int T, int nh, int nkv, int hd, int w
 
     /* forward vs reference */
     double *oref = tu_alloc_d(nq), *lref = tu_alloc_d(nl);
-    reference(oref, lref, c.q, c.k, c.v, B, T, nh, nkv, hd, window);
+    reference(oref, lref, c.q, c.k, c.v, kv_len, B, T, nh, nkv, hd, window);
     tu_fill_nan(c.out, nq); /* outputs are overwritten */
     tu_fill_nan(c.lse, nl);
-    kern_attention_fwd_cpu(env->s, c.out, c.lse, c.q, c.k, c.v, B, T, nh, nkv, hd, window);
+    fwd(env, &c, c.out, c.lse, kv_len);
     snprintf(what, sizeof what, "%s: forward out", tag);
     tu_check_close(what, c.out, oref, nq, FWD_RTOL, FWD_ATOL);
     snprintf(what, sizeof what, "%s: forward lse", tag);
@@ -119,15 +274,13 @@ static void run_case(tu_env_t *env, int B, int T, int nh, int nkv, int hd, int w
     tu_fill_nan(dq, nq);
     tu_fill_nan(dk, nk);
     tu_fill_nan(dv, nk);
-    kern_attention_bwd_cpu(env->s, dq, dk, dv, c.R, c.q, c.k, c.v, out_saved, lse_saved, B, T, nh,
-                           nkv, hd, window);
+    bwd(env, &c, dq, dk, dv, c.R, out_saved, lse_saved, kv_len);
 
     /* determinism: a second run, from different garbage, is bit-identical */
     float *dq2 = tu_alloc(nq), *dk2 = tu_alloc(nk), *dv2 = tu_alloc(nk);
     for (size_t i = 0; i < nq; i++) dq2[i] = 7.0f;
     for (size_t i = 0; i < nk; i++) dk2[i] = dv2[i] = -3.0f;
-    kern_attention_bwd_cpu(env->s, dq2, dk2, dv2, c.R, c.q, c.k, c.v, out_saved, lse_saved, B, T,
-                           nh, nkv, hd, window);
+    bwd(env, &c, dq2, dk2, dv2, c.R, out_saved, lse_saved, kv_len);
     snprintf(what, sizeof what, "%s: dq deterministic and overwritten", tag);
     tu_check_bitwise(what, dq2, dq, nq);
     snprintf(what, sizeof what, "%s: dk deterministic and overwritten", tag);
@@ -146,14 +299,19 @@ static void run_case(tu_env_t *env, int B, int T, int nh, int nkv, int hd, int w
     snprintf(what, sizeof what, "%s: dv", tag);
     tu_check_grad(what, dv, fv, nk, GRAD_NORM_TOL, GRAD_ELEM_RTOL, GRAD_FLOOR);
 
-    /* a window of at least T masks nothing more than causality */
-    if (window == 0 && T > 1) {
-        float *o2 = tu_alloc(nq), *l2 = tu_alloc(nl);
-        kern_attention_fwd_cpu(env->s, o2, l2, c.q, c.k, c.v, B, T, nh, nkv, hd, T);
-        snprintf(what, sizeof what, "%s: window=T equals no window", tag);
-        tu_check_bitwise(what, o2, out_saved, nq);
-        free(o2);
-        free(l2);
+    if (kv_len) {
+        check_padding(env, &c, tag, out_saved, lse_saved, dq, dk, dv);
+    } else {
+        check_full_lengths(env, &c, tag);
+        /* a window of at least T masks nothing more than causality */
+        if (window == 0 && T > 1) {
+            float *o2 = tu_alloc(nq), *l2 = tu_alloc(nl);
+            kern_attention_fwd_cpu(env->s, o2, l2, c.q, c.k, c.v, NULL, B, T, nh, nkv, hd, T);
+            snprintf(what, sizeof what, "%s: window=T equals no window", tag);
+            tu_check_bitwise(what, o2, out_saved, nq);
+            free(o2);
+            free(l2);
+        }
     }
 
     free(c.q); free(c.k); free(c.v); free(c.R); free(c.out); free(c.lse);
@@ -164,16 +322,23 @@ static void run_case(tu_env_t *env, int B, int T, int nh, int nkv, int hd, int w
 
 int main(void) {
     tu_env_t env = tu_env_open();
-    /* B, T, nh, nkv, hd, window */
-    run_case(&env, 1, 1, 2, 1, 8, 0, 101);  /* T = 1: a single key, softmax = 1 */
-    run_case(&env, 2, 1, 2, 2, 4, 0, 102);
-    run_case(&env, 2, 7, 4, 2, 8, 0, 103);  /* GQA, group 2 */
-    run_case(&env, 1, 7, 2, 2, 8, 0, 104);  /* MHA, group 1 */
-    run_case(&env, 2, 7, 4, 4, 4, 3, 105);  /* sliding window 3 */
-    run_case(&env, 1, 33, 4, 2, 8, 0, 106);
-    run_case(&env, 1, 33, 2, 2, 16, 0, 107);
-    run_case(&env, 1, 33, 4, 2, 8, 5, 108); /* window 5 with GQA */
-    run_case(&env, 1, 33, 8, 2, 4, 1, 109); /* window 1: attends to itself only; group 4 */
+    /* B, T, nh, nkv, hd, window, kv_len */
+    run_case(&env, 1, 1, 2, 1, 8, 0, NULL, 101);  /* T = 1: a single key, softmax = 1 */
+    run_case(&env, 2, 1, 2, 2, 4, 0, NULL, 102);
+    run_case(&env, 2, 7, 4, 2, 8, 0, NULL, 103);  /* GQA, group 2 */
+    run_case(&env, 1, 7, 2, 2, 8, 0, NULL, 104);  /* MHA, group 1 */
+    run_case(&env, 2, 7, 4, 4, 4, 3, NULL, 105);  /* sliding window 3 */
+    run_case(&env, 1, 33, 4, 2, 8, 0, NULL, 106);
+    run_case(&env, 1, 33, 2, 2, 16, 0, NULL, 107);
+    run_case(&env, 1, 33, 4, 2, 8, 5, NULL, 108); /* window 5 with GQA */
+    run_case(&env, 1, 33, 8, 2, 4, 1, NULL, 109); /* window 1: attends to itself only; group 4 */
+    /* key padding */
+    const int32_t l1[2] = {0, 1}, l2[2] = {4, 7}, l3[3] = {17, 0, 38}, l4[2] = {10, 1}, l5[2] = {3, 16};
+    run_case(&env, 2, 1, 2, 1, 8, 0, l1, 110);  /* T = 1: a padding-only row, and a full one */
+    run_case(&env, 2, 7, 4, 2, 8, 0, l2, 111);  /* right padding; the second row full */
+    run_case(&env, 3, 33, 4, 2, 8, 0, l3, 112); /* a block boundary inside, an empty row, > T */
+    run_case(&env, 2, 33, 4, 2, 8, 5, l4, 113); /* window 5: padded queries i >= kv_len + 4 see no key */
+    run_case(&env, 2, 20, 8, 2, 4, 1, l5, 114); /* window 1: every padded query is empty */
     tu_env_close(&env);
     return tu_finish("attention_test");
 }

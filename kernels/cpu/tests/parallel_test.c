@@ -12,7 +12,8 @@
  * Both attention paths (the 16-lane one, and the sgemm one that CPUs
  * without AVX-512 use) are checked against a double reference here on
  * bigger shapes than attention_test's: T = 70 and 150 (several 16-key
- * blocks and a 4-row tail), head_dim 24 (a vector tail), windows. RoPE's
+ * blocks and a 4-row tail), head_dim 24 (a vector tail), windows, and key
+ * padding (kv_len inside a 16-key block, on a block edge, 0, > T). RoPE's
  * vector paths must equal its scalar formula bit for bit. */
 #include <math.h>
 #include <stdio.h>
@@ -116,18 +117,21 @@ static void run_all(kern_stream_t *s, outs_t *O) {
         ops->xent(s, loss, lg, lg, t, n, V, 1.0f / 560);
         free(t);
     }
-    { /* attention: B 3, T 70, 6 heads on 2 kv heads, hd 24; windows 0 and 17 */
+    { /* attention: B 3, T 70, 6 heads on 2 kv heads, hd 24; windows 0 and 17, without and
+       * with key padding (kv_len 41, 0, 70) */
         const int B = 3, T = 70, nh = 6, nkv = 2, hd = 24;
         const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
         float *q = tu_rand(&r, nq, 1.5f), *k = tu_rand(&r, nk, 1.5f), *v = tu_rand(&r, nk, 1.0f);
         float *dout = tu_rand(&r, nq, 1.0f);
-        for (int wi = 0; wi < 2; wi++) {
-            const int window = wi ? 17 : 0;
+        const int32_t kv_len[3] = {41, 0, 70};
+        for (int wi = 0; wi < 4; wi++) {
+            const int window = wi & 1 ? 17 : 0;
+            const int32_t *kl = wi & 2 ? kv_len : NULL;
             float *o = keep(O, "attention out", nq), *l = keep(O, "attention lse", (size_t)B * nh * T);
-            ops->attention_fwd(s, o, l, q, k, v, B, T, nh, nkv, hd, window);
+            ops->attention_fwd(s, o, l, q, k, v, kl, B, T, nh, nkv, hd, window);
             float *dq = keep(O, "attention dq", nq), *dk = keep(O, "attention dk", nk);
             float *dv = keep(O, "attention dv", nk);
-            ops->attention_bwd(s, dq, dk, dv, dout, q, k, v, o, l, B, T, nh, nkv, hd, window);
+            ops->attention_bwd(s, dq, dk, dv, dout, q, k, v, o, l, kl, B, T, nh, nkv, hd, window);
         }
         free(q), free(k), free(v), free(dout);
     }
@@ -228,25 +232,29 @@ static void compare_runs(const outs_t *ref, const outs_t *got, const char *what)
 
 /* ---- attention against a double reference (both paths) ---- */
 
-static int allowed(int i, int j, int window) { return j <= i && (window <= 0 || i - j < window); }
+static int allowed(int i, int j, int window, int kvl) {
+    return j <= i && (window <= 0 || i - j < window) && j < kvl;
+}
 
-/* out, lse and, given dout, dq/dk/dv in double. */
+/* out, lse and, given dout, dq/dk/dv in double; a query with no key gets
+ * out 0, lse -inf and dq 0 (attention.h). */
 static void attn_ref(double *out, double *lse, double *dq, double *dk, double *dv, const float *q,
-                     const float *k, const float *v, const float *dout, int B, int T, int nh,
-                     int nkv, int hd, int window) {
+                     const float *k, const float *v, const float *dout, const int32_t *kv_len,
+                     int B, int T, int nh, int nkv, int hd, int window) {
     const int group = nh / nkv;
     const double sc = 1.0 / sqrt((double)hd);
     double *p = tu_alloc_d((size_t)T), *dp = tu_alloc_d((size_t)T);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nh; h++) {
             const int hk = h / group;
+            const int kvl = !kv_len || kv_len[b] > T ? T : kv_len[b] < 0 ? 0 : kv_len[b];
             for (int i = 0; i < T; i++) {
                 const float *qi = q + (((size_t)b * T + i) * nh + h) * hd;
                 const float *gi = dout + (((size_t)b * T + i) * nh + h) * hd;
                 double mx = -INFINITY;
                 for (int j = 0; j < T; j++) {
                     p[j] = -INFINITY;
-                    if (!allowed(i, j, window)) continue;
+                    if (!allowed(i, j, window, kvl)) continue;
                     const float *kj = k + (((size_t)b * T + j) * nkv + hk) * hd;
                     double s = 0;
                     for (int c = 0; c < hd; c++) s += (double)qi[c] * kj[c];
@@ -254,9 +262,9 @@ static void attn_ref(double *out, double *lse, double *dq, double *dk, double *d
                     mx = p[j] > mx ? p[j] : mx;
                 }
                 double sum = 0;
-                for (int j = 0; j < T; j++) sum += allowed(i, j, window) ? exp(p[j] - mx) : 0.0;
-                lse[((size_t)b * nh + h) * T + i] = mx + log(sum);
-                for (int j = 0; j < T; j++) p[j] = allowed(i, j, window) ? exp(p[j] - mx) / sum : 0.0;
+                for (int j = 0; j < T; j++) sum += allowed(i, j, window, kvl) ? exp(p[j] - mx) : 0.0;
+                lse[((size_t)b * nh + h) * T + i] = mx == -INFINITY ? -INFINITY : mx + log(sum);
+                for (int j = 0; j < T; j++) p[j] = allowed(i, j, window, kvl) ? exp(p[j] - mx) / sum : 0.0;
                 double *oi = out + (((size_t)b * T + i) * nh + h) * hd;
                 double D = 0;
                 for (int c = 0; c < hd; c++) {
@@ -267,7 +275,7 @@ static void attn_ref(double *out, double *lse, double *dq, double *dk, double *d
                 }
                 for (int j = 0; j < T; j++) {
                     dp[j] = 0;
-                    if (!allowed(i, j, window)) continue;
+                    if (!allowed(i, j, window, kvl)) continue;
                     const float *vj = v + (((size_t)b * T + j) * nkv + hk) * hd;
                     double t = 0;
                     for (int c = 0; c < hd; c++) t += (double)gi[c] * vj[c];
@@ -276,7 +284,7 @@ static void attn_ref(double *out, double *lse, double *dq, double *dk, double *d
                 double *dqi = dq + (((size_t)b * T + i) * nh + h) * hd;
                 for (int c = 0; c < hd; c++) dqi[c] = 0;
                 for (int j = 0; j < T; j++) {
-                    if (!allowed(i, j, window)) continue;
+                    if (!allowed(i, j, window, kvl)) continue;
                     const size_t kr = (((size_t)b * T + j) * nkv + hk) * hd;
                     for (int c = 0; c < hd; c++) {
                         dqi[c] += dp[j] * k[kr + c] * sc;
@@ -291,20 +299,21 @@ static void attn_ref(double *out, double *lse, double *dq, double *dk, double *d
 }
 
 typedef void (*att_fwd_fn)(kern_stream_t *, float *, float *, const float *, const float *,
-                           const float *, int, int, int, int, int, int);
+                           const float *, const int32_t *, int, int, int, int, int, int);
 typedef void (*att_bwd_fn)(kern_stream_t *, float *, float *, float *, const float *, const float *,
-                           const float *, const float *, const float *, const float *, int, int,
-                           int, int, int, int);
+                           const float *, const float *, const float *, const float *,
+                           const int32_t *, int, int, int, int, int, int);
 
-static void attention_paths(kern_stream_t *s, int B, int T, int nh, int nkv, int hd, int window) {
+static void attention_paths(kern_stream_t *s, int B, int T, int nh, int nkv, int hd, int window,
+                            const int32_t *kv_len) {
     tu_rng_t r;
-    tu_rng_seed(&r, (uint64_t)(T * 131 + hd * 7 + window));
+    tu_rng_seed(&r, (uint64_t)(T * 131 + hd * 7 + window + (kv_len ? 1000 : 0)));
     const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
     float *q = tu_rand(&r, nq, 1.5f), *k = tu_rand(&r, nk, 1.5f), *v = tu_rand(&r, nk, 1.0f);
     float *dout = tu_rand(&r, nq, 1.0f);
     double *ro = tu_alloc_d(nq), *rl = tu_alloc_d(nl), *rq = tu_alloc_d(nq), *rk = tu_alloc_d(nk),
            *rv = tu_alloc_d(nk);
-    attn_ref(ro, rl, rq, rk, rv, q, k, v, dout, B, T, nh, nkv, hd, window);
+    attn_ref(ro, rl, rq, rk, rv, q, k, v, dout, kv_len, B, T, nh, nkv, hd, window);
     const att_fwd_fn fwd[2] = {kern_attention_fwd_cpu_vec, kern_attention_fwd_cpu_blas};
     const att_bwd_fn bwd[2] = {kern_attention_bwd_cpu_vec, kern_attention_bwd_cpu_blas};
     const char *name[2] = {"vector", "sgemm"};
@@ -312,11 +321,11 @@ static void attention_paths(kern_stream_t *s, int B, int T, int nh, int nkv, int
         char tag[160];
         float *o = tu_alloc(nq), *l = tu_alloc(nl), *dq = tu_alloc(nq), *dk = tu_alloc(nk), *dv = tu_alloc(nk);
         tu_fill_nan(o, nq), tu_fill_nan(l, nl), tu_fill_nan(dq, nq), tu_fill_nan(dk, nk), tu_fill_nan(dv, nk);
-        fwd[p](s, o, l, q, k, v, B, T, nh, nkv, hd, window);
-        bwd[p](s, dq, dk, dv, dout, q, k, v, o, l, B, T, nh, nkv, hd, window);
+        fwd[p](s, o, l, q, k, v, kv_len, B, T, nh, nkv, hd, window);
+        bwd[p](s, dq, dk, dv, dout, q, k, v, o, l, kv_len, B, T, nh, nkv, hd, window);
 #define CHK(what, got, ref, n, rt, at)                                                             \
-    snprintf(tag, sizeof tag, "attention %s path T=%d hd=%d nh=%d nkv=%d window=%d: %s", name[p], T, \
-             hd, nh, nkv, window, what);                                                           \
+    snprintf(tag, sizeof tag, "attention %s path T=%d hd=%d nh=%d nkv=%d window=%d kv_len[0]=%d: %s", \
+             name[p], T, hd, nh, nkv, window, kv_len ? kv_len[0] : -1, what);                      \
     tu_check_close(tag, got, ref, n, rt, at)
         CHK("out", o, ro, nq, ATT_FWD_RTOL, ATT_FWD_ATOL);
         CHK("lse", l, rl, nl, ATT_FWD_RTOL, ATT_FWD_ATOL);
@@ -406,9 +415,16 @@ int main(void) {
     gemm_ref_check(e1.s);
     const int T[2] = {70, 150}, W[2] = {0, 33};
     for (int a = 0; a < 2; a++)
-        for (int w = 0; w < 2; w++) attention_paths(e1.s, 2, T[a], 4, 2, 24, W[w]);
-    attention_paths(e1.s, 1, 37, 3, 3, 8, 0);
-    attention_paths(e1.s, 2, 33, 8, 1, 64, 5);
+        for (int w = 0; w < 2; w++) attention_paths(e1.s, 2, T[a], 4, 2, 24, W[w], NULL);
+    attention_paths(e1.s, 1, 37, 3, 3, 8, 0, NULL);
+    attention_paths(e1.s, 2, 33, 8, 1, 64, 5, NULL);
+    /* key padding: inside a 16-key block and on a block edge; 0 and > T; a window 33
+     * that leaves padded queries i >= kv_len + 32 with no key */
+    const int32_t kl1[2] = {53, 64}, kl2[2] = {0, 200}, kl3[2] = {21, 150}, kl4[2] = {9, 34};
+    attention_paths(e1.s, 2, 70, 4, 2, 24, 0, kl1);
+    attention_paths(e1.s, 2, 150, 4, 2, 24, 0, kl2);
+    attention_paths(e1.s, 2, 150, 4, 2, 24, 33, kl3);
+    attention_paths(e1.s, 2, 33, 8, 1, 64, 5, kl4);
     rope_exact(e1.s, 16);
     rope_exact(e1.s, 64);
     rope_exact(e1.s, 12);

@@ -65,7 +65,8 @@ int tu_failures(void);
 int tu_finish(const char *test_name);
 
 /* ---- comparisons ---- */
-/* Element-wise |got - ref| <= atol + rtol * |ref|. Prints the worst element
+/* Element-wise |got - ref| <= atol + rtol * |ref|, or got == ref (so an
+ * infinity matches only the same infinity). Prints the worst element
  * and the count of violations; returns true when all pass. */
 bool tu_check_close(const char *what, const float *got, const double *ref, size_t n, double rtol,
                     double atol);
