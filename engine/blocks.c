@@ -78,8 +78,8 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
     ops->rope_fwd(s, a->k, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);
     ALLOC(a->att, (size_t)n * qd, "attention output");
     ALLOC(a->lse, (size_t)n * nh, "attention logsumexp");
-    ops->attention_fwd(s, a->att, a->lse, a->q, a->k, a->v, NULL, sh->B, sh->T, nh, nkv, hd,
-                       c->sliding_window);
+    ops->attention_fwd(s, a->att, a->lse, a->q, a->k, a->v, sh->kv_len, sh->B, sh->T, nh, nkv,
+                       hd, c->sliding_window);
     /* x_mid = x_in + att o^T */
     kern_memcpy_d2d(m->dev, s, x_mid, x_in, (size_t)n * H * sizeof(float));
     ops->matmul(s, x_mid, a->att, W(m, L->o), n, H, qd, false, true, 1.0f, 1.0f);
@@ -108,8 +108,8 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
     ALLOC(dq, (size_t)n * qd, "d(q)");
     ALLOC(dk, (size_t)n * kd, "d(k)");
     ALLOC(dv, (size_t)n * kd, "d(v)");
-    ops->attention_bwd(s, dq, dk, dv, datt, a->q, a->k, a->v, a->att, a->lse, NULL, sh->B, sh->T, nh,
-                       nkv, hd, c->sliding_window);
+    ops->attention_bwd(s, dq, dk, dv, datt, a->q, a->k, a->v, a->att, a->lse, sh->kv_len, sh->B,
+                       sh->T, nh, nkv, hd, c->sliding_window);
     dfree(m->dev, &datt);
     ops->rope_bwd(s, dq, m->rope_cos, m->rope_sin, sh->B, sh->T, nh, hd);
     ops->rope_bwd(s, dk, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);

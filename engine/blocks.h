@@ -18,7 +18,9 @@ typedef mt_status_t (*eng_fetch_experts_fn)(eng_model_t *m, int layer, const int
                                             mt_error_t *err);
 
 typedef struct {
-    int B, T, n; /* n = B * T tokens */
+    int B, T, n;           /* n = B * T tokens */
+    const int32_t *kv_len; /* (B) device: keys attention may read per row (attention.h);
+                            * NULL when every row has all T */
 } eng_shape_t;
 
 typedef struct {

@@ -44,6 +44,8 @@ typedef struct {
     int64_t rows, cap;
     int32_t *inputs, *targets;
     uint8_t *mask;
+    int64_t mask_holes;         /* see eng_dataset_t */
+    char mask_holes_first[600];
 } rows_t;
 
 static void rows_reserve(rows_t *r, int64_t more) {
@@ -131,6 +133,11 @@ static mt_status_t jsonl_example(rows_t *r, json_t *obj, const char *path, int64
         /* position t predicts token t+1; the last kept position has no target */
         tg[t] = t + 1 < L ? (int32_t)json_integer_value(json_array_get(lab_src, (size_t)(t + 1))) : IGNORE_INDEX;
     }
+    const int kvl = eng_mask_kv_len(mk, T);
+    bool holes = false;
+    for (int t = 0; t < kvl && !holes; t++) holes = !mk[t];
+    if (holes && r->mask_holes++ == 0)
+        snprintf(r->mask_holes_first, sizeof r->mask_holes_first, "%s:%" PRId64, path, line);
     r->rows++;
     return MT_OK;
 }
@@ -296,7 +303,25 @@ mt_status_t eng_dataset_load(eng_dataset_t *ds, const char *const *paths, int nu
     ds->inputs = r.inputs;
     ds->targets = r.targets;
     ds->mask = r.mask;
+    ds->mask_holes = r.mask_holes;
+    memcpy(ds->mask_holes_first, r.mask_holes_first, sizeof ds->mask_holes_first);
     return MT_OK;
+}
+
+int eng_mask_kv_len(const uint8_t *mask, int T) {
+    int n = T;
+    while (n > 0 && !mask[n - 1]) n--;
+    return n;
+}
+
+bool eng_dataset_mask_warning(const eng_dataset_t *ds, char *buf, size_t cap) {
+    if (ds->mask_holes <= 0) return false;
+    snprintf(buf, cap,
+             "%" PRId64 " row(s) have attention_mask zeros before their last 1 (left padding or holes; the first "
+             "at %s). Attention masks only the keys after a row's last 1; HF masks every 0 key, so those rows' "
+             "logits and losses differ from HF's. Pad on the right to match it.",
+             ds->mask_holes, ds->mask_holes_first);
+    return true;
 }
 
 void eng_dataset_free(eng_dataset_t *ds) {
@@ -375,7 +400,9 @@ void eng_loader_init(eng_loader_t *ld, const eng_dataset_t *ds, int micro_batch,
     ld->buf_inputs = malloc(n * sizeof *ld->buf_inputs);
     ld->buf_targets = malloc(n * sizeof *ld->buf_targets);
     ld->buf_mask = malloc(n * sizeof *ld->buf_mask);
+    ld->buf_kv_len = malloc((size_t)micro_batch * sizeof *ld->buf_kv_len);
     MT_CHECK_ALLOC(ld->buf_inputs, "batch inputs");
+    MT_CHECK_ALLOC(ld->buf_kv_len, "batch key lengths");
     MT_CHECK_ALLOC(ld->buf_targets, "batch targets");
     MT_CHECK_ALLOC(ld->buf_mask, "batch mask");
     build_order(ld);
@@ -387,6 +414,7 @@ void eng_loader_free(eng_loader_t *ld) {
     free(ld->buf_inputs);
     free(ld->buf_targets);
     free(ld->buf_mask);
+    free(ld->buf_kv_len);
     memset(ld, 0, sizeof *ld);
 }
 
@@ -403,11 +431,14 @@ bool eng_loader_next(eng_loader_t *ld, eng_batch_t *batch) {
     const int B = left < ld->micro_batch ? (int)left : ld->micro_batch;
     const int T = ds->T;
     int64_t counted = 0;
+    bool padded = false;
     for (int b = 0; b < B; b++) {
         const int64_t row = ld->order[ld->cursor + b];
         memcpy(ld->buf_inputs + (size_t)b * T, ds->inputs + row * T, (size_t)T * sizeof(int32_t));
         memcpy(ld->buf_targets + (size_t)b * T, ds->targets + row * T, (size_t)T * sizeof(int32_t));
         memcpy(ld->buf_mask + (size_t)b * T, ds->mask + row * T, (size_t)T);
+        ld->buf_kv_len[b] = eng_mask_kv_len(ds->mask + row * T, T);
+        padded |= ld->buf_kv_len[b] < T;
         for (int t = 0; t < T; t++) counted += ds->targets[row * T + t] != IGNORE_INDEX;
     }
     ld->cursor += B;
@@ -416,6 +447,8 @@ bool eng_loader_next(eng_loader_t *ld, eng_batch_t *batch) {
     batch->inputs = ld->buf_inputs;
     batch->targets = ld->buf_targets;
     batch->mask = ld->buf_mask;
+    batch->kv_len = ld->buf_kv_len;
+    batch->padded = padded;
     batch->counted = counted;
     return new_epoch;
 }

@@ -7,6 +7,12 @@
  *               -100 for ignored / padded positions and for the last position
  *               (HF shifts inside the model; we shift once, here).
  *   mask    (T)  attention_mask (1 real, 0 padding), used by the aux loss.
+ *   kv_len       per batch row: the keys attention may read, the position
+ *               of the row's last mask 1, plus 1 (eng_mask_kv_len). With
+ *               right padding that is HF's key-padding mask exactly; a 0
+ *               before the last 1 (left padding, holes) is not masked, and
+ *               the dataset counts such rows (mask_holes) so the run can
+ *               say so once.
  * JSONL: labels absent -> labels = input_ids; examples longer than T are
  * truncated, shorter ones padded with label -100 and mask 0.
  * llm.c .bin: one stream; row i is tokens [i*T, i*T + T] (T + 1 tokens),
@@ -17,6 +23,7 @@
 #define MT_ENGINE_DATA_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/status.h"
@@ -27,6 +34,8 @@ typedef struct {
     int32_t *inputs;  /* (num_rows, T) */
     int32_t *targets; /* (num_rows, T) */
     uint8_t *mask;    /* (num_rows, T) */
+    int64_t mask_holes;          /* rows whose mask has a 0 before its last 1 */
+    char mask_holes_first[600];  /* "FILE:LINE" of the first such row */
 } eng_dataset_t;
 
 /* Loads and concatenates the files in order (format from extension:
@@ -35,11 +44,20 @@ mt_status_t eng_dataset_load(eng_dataset_t *ds, const char *const *paths, int nu
                              int vocab_size, mt_error_t *err);
 void eng_dataset_free(eng_dataset_t *ds);
 
+/* Keys attention may read in a row of mask (T): the last 1's position + 1
+ * (0 when the row has no 1). */
+int eng_mask_kv_len(const uint8_t *mask, int T);
+/* When some rows' mask is not right padding (ds->mask_holes > 0), writes a
+ * one-line warning for the user into buf and returns true. */
+bool eng_dataset_mask_warning(const eng_dataset_t *ds, char *buf, size_t cap);
+
 typedef struct {
     int B, T;        /* B rows actually present (the last batch of an epoch may be smaller) */
     int32_t *inputs; /* (B, T), owned by the loader, valid until the next call */
     int32_t *targets;
     uint8_t *mask;
+    int32_t *kv_len; /* (B) eng_mask_kv_len of each row */
+    bool padded;     /* some kv_len < T */
     int64_t counted; /* number of targets != -100 */
 } eng_batch_t;
 
@@ -51,7 +69,7 @@ typedef struct {
     int64_t *order;  /* permutation of rows for the current epoch */
     int64_t cursor;  /* next position in order */
     int epoch;       /* 0-based */
-    int32_t *buf_inputs, *buf_targets;
+    int32_t *buf_inputs, *buf_targets, *buf_kv_len;
     uint8_t *buf_mask;
 } eng_loader_t;
 

@@ -102,6 +102,22 @@ static void test_jsonl(void) {
     /* truncation to T = 4 keeps labels[1..3] = -100, 7, 6; labels[4] is cut off like HF's truncation */
     EXPECT(row_is(&ds, 2, (int32_t[]){9, 8, 7, 6}, (int32_t[]){-100, 7, 6, -100}, m1111));
     EXPECT(row_is(&ds, 3, (int32_t[]){4, 3, 2, 0}, (int32_t[]){3, 2, -100, -100}, m0110));
+    /* attention's key lengths: the last 1 + 1; row 3 (left padding) is counted and named once */
+    EXPECT(eng_mask_kv_len(m1110, 4) == 3 && eng_mask_kv_len(m0110, 4) == 3 &&
+           eng_mask_kv_len(m1111, 4) == 4 && eng_mask_kv_len((const uint8_t[]){0, 0, 0, 0}, 4) == 0);
+    EXPECT(ds.mask_holes == 1 && strstr(ds.mask_holes_first, "a.jsonl:6"));
+    char warn[1024];
+    EXPECT(eng_dataset_mask_warning(&ds, warn, sizeof warn) && strstr(warn, "1 row(s)") &&
+           strstr(warn, "a.jsonl:6") && strstr(warn, "left padding"));
+    eng_loader_t ld;
+    eng_batch_t b;
+    eng_loader_init(&ld, &ds, 2, false, 1);
+    EXPECT(!eng_loader_next(&ld, &b) && b.B == 2 && b.kv_len[0] == 4 && b.kv_len[1] == 3 && b.padded);
+    EXPECT(!eng_loader_next(&ld, &b) && b.B == 2 && b.kv_len[0] == 4 && b.kv_len[1] == 3 && b.padded);
+    eng_loader_free(&ld);
+    eng_loader_init(&ld, &ds, 1, false, 1);
+    EXPECT(!eng_loader_next(&ld, &b) && b.B == 1 && b.kv_len[0] == 4 && !b.padded); /* row 0 is full */
+    eng_loader_free(&ld);
     eng_dataset_free(&ds);
 
     /* two files concatenate in order */
@@ -109,6 +125,14 @@ static void test_jsonl(void) {
     const char *two[] = {q, p};
     EXPECT(eng_dataset_load(&ds, two, 2, 4, 10, &err) == MT_OK && ds.num_rows == 5 && ds.inputs[0] == 1 &&
            ds.inputs[4] == 5);
+    EXPECT(ds.mask_holes == 1 && strstr(ds.mask_holes_first, "a.jsonl:6"));
+    eng_dataset_free(&ds);
+    /* right padding only: nothing to warn about */
+    const char *rp = write_text("c.jsonl", "{\"input_ids\": [4, 3, 2], \"attention_mask\": [1, 1, 0]}\n"
+                                           "{\"input_ids\": [4]}\n");
+    const char *one[] = {rp};
+    EXPECT(eng_dataset_load(&ds, one, 1, 4, 10, &err) == MT_OK && ds.mask_holes == 0 &&
+           !eng_dataset_mask_warning(&ds, warn, sizeof warn));
     eng_dataset_free(&ds);
 }
 

@@ -32,6 +32,7 @@
 typedef struct {
     eng_shape_t sh;
     int32_t *ids, *targets;
+    int32_t *kv_len;       /* (B) attention's key lengths (sh.kv_len), NULL without padding */
     float *tok_w;          /* (n) attention mask as weights */
     float **xin;           /* (L + 1) block inputs */
     float **xmid;          /* (L) */
@@ -217,7 +218,8 @@ static void step_free(eng_model_t *m, step_t *st) {
     for (int l = 0; l < L; l++) layer_acts_drop(m, st, l);
     exec_drop_offloads(m); /* offloaded but never fetched back (forward only, errors) */
     for (int l = 0; l <= L; l++) dfree(m->dev, st->xin[l]);
-    void *bufs[] = {st->ids, st->targets, st->tok_w, st->xf, st->rstdf, st->logits, st->aux_dp, st->dx};
+    void *bufs[] = {st->ids,   st->targets, st->kv_len, st->tok_w, st->xf,
+                    st->rstdf, st->logits,  st->aux_dp, st->dx};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(m->dev, bufs[i]);
     for (int b = 0; b < m->exec->nb; b++) exec_release_block(m, b);
     exec_process_pending(m, true);
@@ -399,12 +401,18 @@ static mt_status_t run(eng_model_t *m, const eng_batch_t *batch, float loss_scal
         st.tok_w = st.targets ? kern_alloc(m->dev, (size_t)n * sizeof(float), "attention mask weights", err) : NULL;
         if (!st.tok_w) r = err->code;
     }
+    if (r == MT_OK && batch->padded) { /* padded keys are masked in attention; else NULL */
+        st.kv_len = kern_alloc(m->dev, (size_t)batch->B * sizeof(int32_t), "attention key lengths", err);
+        if (!st.kv_len) r = err->code;
+        st.sh.kv_len = st.kv_len;
+    }
     if (r == MT_OK) {
         kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
         for (int t = 0; t < n; t++) host_tw[t] = batch->mask[t] ? 1.0f : 0.0f;
         kern_memcpy_h2d(m->dev, s, st.ids, batch->inputs, (size_t)n * sizeof(int32_t));
         kern_memcpy_h2d(m->dev, s, st.targets, batch->targets, (size_t)n * sizeof(int32_t));
         kern_memcpy_h2d(m->dev, s, st.tok_w, host_tw, (size_t)n * sizeof(float));
+        if (st.kv_len) kern_memcpy_h2d(m->dev, s, st.kv_len, batch->kv_len, (size_t)batch->B * sizeof(int32_t));
         kern_stream_sync(m->dev, s);
         r = run_forward(m, &st, batch, loss_scale, logits_out, backward, stats, err);
     }

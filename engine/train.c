@@ -113,6 +113,9 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
         kern_device_destroy(dev);
         return st;
     }
+    char mask_warning[1024];
+    if (eng_dataset_mask_warning(&ds, mask_warning, sizeof mask_warning))
+        fprintf(stderr, "moetune: warning: %s\n", mask_warning);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc->micro_batch_size, rc->shuffle, rc->seed);
     const int total = total_steps(rc, &ld);
