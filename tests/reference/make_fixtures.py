@@ -1,9 +1,14 @@
-"""Writes the golden fixtures tests/fixtures/ref_{mixtral,qwen2_moe,qwen3_moe}/
-from the independent torch reference in hf_moe_ref.py, and checks the
-reference itself (finite differences in float64, float32 vs float64
-trajectories, loss falls, padding-mask independence).
+"""Writes the golden fixtures
+tests/fixtures/ref_{mixtral,qwen2_moe,qwen3_moe,mixtral_padded}/ from the
+independent torch reference in hf_moe_ref.py, and checks the reference
+itself (finite differences in float64, float32 vs float64 trajectories, loss
+falls, padding-mask independence, or for the padded case, that the padding
+mask matters).
 
-    /usr/bin/python3 tests/reference/make_fixtures.py [--check-only]
+    /usr/bin/python3 tests/reference/make_fixtures.py [--check-only] [--case NAME]...
+
+--case limits the run to the named cases (the others' files are left as
+they are).
 
 Deterministic: fixed torch seeds, one thread. See README.md beside it for the
 files and the tolerances a C test should use.
@@ -159,6 +164,10 @@ CASES = [
      "force_unused": [(2, 1)]},
     {"name": "ref_qwen3_moe", "config": QWEN3_MOE_CONFIG, "seed": 3239, "ga": 1,
      "force_unused": [(1, 5)]},
+    # right-padded rows with attention_mask, some with counted labels on the
+    # padding, so HF's key-padding mask changes losses and gradients
+    {"name": "ref_mixtral_padded", "config": MIXTRAL_CONFIG, "seed": 4059, "ga": 1,
+     "force_unused": [(0, 3)], "examples": "padded"},
 ]
 
 # Embedding: every row carries this constant on dimension 0, so the router
@@ -189,6 +198,29 @@ def make_examples():
     ids = tok_seq(11, 3, 14)
     ex.append({"input_ids": ids, "labels": [-100] * 6 + ids[6:]})
     ex.append({"input_ids": tok_seq(80, 5, 13)})
+    return ex
+
+
+def make_padded_examples():
+    """Six right-padded examples for ref_mixtral_padded. Explicit padding is
+    pad id 0 with attention_mask 0 inside input_ids. With labels -100 on the
+    padding (rows 1, 4) or no explicit padding (row 2, padded by the loader),
+    nothing flows back from padded positions; with labels absent (rows 0, 5)
+    labels = input_ids, so the padded positions count in the loss as in HF,
+    and their logits depend on the key-padding mask. Micro-batch 0 (rows 0,
+    1) has both kinds, so its loss and step 1's gradients depend on the
+    mask too."""
+    ex = []
+    ex.append({"input_ids": tok_seq(50, 3, 12) + [0] * 4, "attention_mask": [1] * 12 + [0] * 4})
+    ids = tok_seq(7, 5, 10)
+    ex.append({"input_ids": ids + [0] * 6, "attention_mask": [1] * 10 + [0] * 6,
+               "labels": ids + [-100] * 6})
+    ex.append({"input_ids": tok_seq(30, 11, 7)})
+    ex.append({"input_ids": tok_seq(13, 7, 16)})
+    ids = tok_seq(71, 9, 5)
+    ex.append({"input_ids": ids + [0] * 11, "attention_mask": [1] * 5 + [0] * 11,
+               "labels": [-100] * 2 + ids[2:] + [-100] * 11})
+    ex.append({"input_ids": tok_seq(24, 13, 9) + [0] * 7, "attention_mask": [1] * 9 + [0] * 7})
     return ex
 
 
@@ -424,7 +456,8 @@ def run_case(case, write=True):
     cfg = ref.Config(cfg_dict)
     run = dict(RUN_BASE)
     run["gradient_accumulation_steps"] = case["ga"]
-    examples = make_examples()
+    padded = case.get("examples") == "padded"
+    examples = make_padded_examples() if padded else make_examples()
     rows = rows_from_examples(examples)
     torch.set_num_threads(1)
 
@@ -453,7 +486,8 @@ def run_case(case, write=True):
     report = {}
     same_routing = all(torch.equal(a[3], b[3]) for a, b in zip(res["routing"], res64["routing"]))
     assert same_routing, f"{name}: float32 and float64 route differently"
-    assert res["unused"] == res64["unused"] == resnp["unused"], f"{name}: unused sets differ"
+    assert res["unused"] == res64["unused"], f"{name}: unused sets differ (fp32 vs fp64)"
+    assert padded or res["unused"] == resnp["unused"], f"{name}: unused sets differ (pad mask)"
     loss_rel = max(abs(a - b) / abs(b) for a, b in zip(res["losses"], res64["losses"]))
     gn_rel = max(abs(a - b) / abs(b) for a, b in zip(res["grad_norm"], res64["grad_norm"]))
     grad_rel = 0.0
@@ -487,8 +521,12 @@ def run_case(case, write=True):
     assert loss5_batch0 < loss0_batch0 - 0.01, f"{name}: loss on batch 0 did not fall"
     assert res["losses"][-1] < res["losses"][0], f"{name}: logged loss did not fall"
     assert res["min_topk_margin"] > 1e-4, f"{name}: routing too close to a tie"
-    assert not res["pad_only_hits"], f"{name}: experts hit only by padding {res['pad_only_hits']}"
-    assert np_w < 1e-6 and np_loss < 1e-6, f"{name}: padding mask changes training"
+    if padded:  # the fixture must tell key masking from pure causal attention
+        assert np_loss > 1e-3 and np_w > 1e-5 and np_logit_pad > 1e-2, \
+            f"{name}: the padding mask hardly changes training ({np_loss}, {np_w}, {np_logit_pad})"
+    else:
+        assert not res["pad_only_hits"], f"{name}: experts hit only by padding {res['pad_only_hits']}"
+        assert np_w < 1e-6 and np_loss < 1e-6, f"{name}: padding mask changes training"
     assert any(g > 1.0 for g in res["grad_norm"]), f"{name}: clipping never active"
     for le in case["force_unused"]:
         assert list(le) in res["unused"][0], f"{name}: forced unused expert {le} got tokens"
@@ -507,6 +545,8 @@ def run_case(case, write=True):
           f"final weights abs {w_abs:.1e}")
     print(f"  pad mask vs pure causal: final weights {np_w:.1e}, losses {np_loss:.1e}, "
           f"logits real {np_logit_real:.1e} pad {np_logit_pad:.1e}")
+    if res["pad_only_hits"]:
+        print(f"  experts hit only by padding (zero gradient, AdamW still steps): {res['pad_only_hits']}")
     print(f"  min top-k margin {res['min_topk_margin']:.2e}; finite differences (float64) worst rel {fd_worst:.1e}")
     for ln in fd_lines:
         print(ln)
@@ -557,7 +597,11 @@ def run_case(case, write=True):
         f"offset dimension 0): {[list(x) for x in case['force_unused']]}; unused_experts_per_step lists what actually got no token. "
         "never_updated_experts got no token in any step: their final weights equal the initial ones bit for bit. "
         "logits follow HF (padded keys masked in attention); logits_nopadmask = pure causal attention; "
-        "both agree at attention_mask == 1 positions, and training is identical either way. "
+        "both agree at attention_mask == 1 positions, and "
+        + ("training differs: padded positions with labels count in the loss, so the key-padding mask "
+           "changes losses, gradients and final weights (self_check.padmask_vs_nopadmask_*). "
+           if padded else "training is identical either way. ")
+        + 
         "AdamW step counts are per parameter (torch state['step']): a skipped expert's first update "
         "uses bias correction for t = 1."
     )
@@ -577,6 +621,8 @@ def run_case(case, write=True):
         "self_check": report,
         "notes": notes,
     }
+    if padded:  # the other cases assert there are none
+        meta["pad_only_hits"] = res["pad_only_hits"]
     with open(os.path.join(d, "expected.json"), "w") as fh:
         # one key per line, values compact: easy to read and to diff
         fh.write("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in meta.items())
@@ -591,8 +637,12 @@ def run_case(case, write=True):
 
 def main():
     write = "--check-only" not in sys.argv
+    only = [sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--case"]
+    unknown = set(only) - {c["name"] for c in CASES}
+    assert not unknown, f"unknown --case {sorted(unknown)}; cases: {[c['name'] for c in CASES]}"
     for case in CASES:
-        run_case(case, write=write)
+        if not only or case["name"] in only:
+            run_case(case, write=write)
     print("all reference self-checks passed" + ("; fixtures written under " + FIXTURES if write else ""))
 
 
