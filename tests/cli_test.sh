@@ -71,6 +71,18 @@ if ! timeout 120 "$MOETUNE" train run.yaml --set base_model=out --set output_dir
 else
   echo "ok   training from moetune's own saved checkpoint"
 fi
+# left padding is not masked as HF does: the run goes on and says so once, naming the first row
+printf '{"input_ids": [0, 0, 5, 9, 13], "attention_mask": [0, 0, 1, 1, 1]}\n{"input_ids": [3, 4]}\n%.0s' \
+  1 2 3 > leftpad.jsonl
+sed 's/data\.jsonl/leftpad.jsonl/' run.yaml > leftpad.yaml
+if timeout 120 "$MOETUNE" train leftpad.yaml --set max_steps=1 --set output_dir=out_leftpad \
+     >/dev/null 2>leftpad.err \
+   && [ "$(grep -c 'warning: 3 row(s) have attention_mask zeros before their last 1' leftpad.err)" -eq 1 ] \
+   && grep -q 'leftpad.jsonl:1' leftpad.err; then
+  echo "ok   left padding: one warning naming leftpad.jsonl:1"
+else
+  echo "FAIL left padding warning"; cat leftpad.err; failures=$((failures + 1))
+fi
 "$MOETUNE" inspect ckpt > inspect.out 2>&1 && grep -q "mixtral" inspect.out \
   && echo "ok   inspect" || { echo "FAIL inspect"; cat inspect.out; failures=$((failures + 1)); }
 
