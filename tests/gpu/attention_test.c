@@ -103,14 +103,14 @@ int main(void) {
     attention_case(&t, 1, 300, 4, 1, 128, 0, NULL); /* many key tiles, group 4 (MQA-like) */
     attention_case(&t, 1, 300, 4, 4, 128, 64, NULL);
     /* key padding (kv_len per row) */
-    const int32_t k1[1] = {0}, k2[2] = {20, 0}, k3[3] = {5, 70, 33}, k4[2] = {51, 99};
-    const int32_t k5[2] = {40, 16}, k6[1] = {257}, k7[2] = {37, 37};
+    const int32_t k1[1] = {0}, k2[2] = {20, 0}, k3[2] = {5, 33}, k4[2] = {51, 99};
+    const int32_t k5[2] = {40, 16}, k6[1] = {83}, k7[2] = {37, 37};
     attention_case(&t, 1, 1, 1, 1, 16, 0, k1);      /* the only query has no key */
     attention_case(&t, 2, 37, 4, 2, 64, 0, k2);     /* inside a tile; a padding-only row */
-    attention_case(&t, 3, 70, 8, 2, 128, 16, k3);   /* window: queries i >= kv_len + 15 see nothing */
+    attention_case(&t, 2, 70, 8, 2, 128, 16, k3);   /* window: queries i >= kv_len + 15 see nothing */
     attention_case(&t, 2, 100, 6, 3, 32, 1, k4);    /* window 1: every padded query is empty */
     attention_case(&t, 2, 33, 2, 1, 80, 0, k5);     /* > T (clamped); on a 16-row block edge */
-    attention_case(&t, 1, 300, 4, 1, 128, 64, k6);  /* past the last full key tile */
+    attention_case(&t, 1, 100, 4, 1, 128, 64, k6);  /* inside the third key tile, window 64 */
     attention_case(&t, 2, 37, 4, 2, 64, 0, k7);     /* == T: as NULL */
     return gt_close(&t);
 }
