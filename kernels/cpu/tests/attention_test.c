@@ -333,12 +333,12 @@ int main(void) {
     run_case(&env, 1, 33, 4, 2, 8, 5, NULL, 108); /* window 5 with GQA */
     run_case(&env, 1, 33, 8, 2, 4, 1, NULL, 109); /* window 1: attends to itself only; group 4 */
     /* key padding */
-    const int32_t l1[2] = {0, 1}, l2[2] = {4, 7}, l3[3] = {17, 0, 38}, l4[2] = {10, 1}, l5[2] = {3, 16};
+    const int32_t l1[2] = {0, 1}, l2[2] = {4, 7}, l3[3] = {17, 0, 25}, l4[2] = {10, 1}, l5[2] = {3, 16};
     run_case(&env, 2, 1, 2, 1, 8, 0, l1, 110);  /* T = 1: a padding-only row, and a full one */
     run_case(&env, 2, 7, 4, 2, 8, 0, l2, 111);  /* right padding; the second row full */
-    run_case(&env, 3, 33, 4, 2, 8, 0, l3, 112); /* a block boundary inside, an empty row, > T */
-    run_case(&env, 2, 33, 4, 2, 8, 5, l4, 113); /* window 5: padded queries i >= kv_len + 4 see no key */
-    run_case(&env, 2, 20, 8, 2, 4, 1, l5, 114); /* window 1: every padded query is empty */
+    run_case(&env, 3, 21, 2, 1, 8, 0, l3, 112); /* past a 16-key block, an empty row, > T */
+    run_case(&env, 2, 21, 4, 2, 8, 5, l4, 113); /* window 5: padded queries i >= kv_len + 4 see no key */
+    run_case(&env, 2, 20, 4, 2, 4, 1, l5, 114); /* window 1: every padded query is empty */
     tu_env_close(&env);
     return tu_finish("attention_test");
 }
