@@ -9,12 +9,14 @@
 #include "engine/calibrate.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/cpu/backend_cpu.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"
 
@@ -121,6 +123,80 @@ static double measure_memcpy(size_t bytes, int reps) {
     return (double)bytes / best;
 }
 
+/* ---- how much the host's copies slow compute kept on its own cores ------ */
+
+typedef struct {
+    kern_device_t *dev;
+    atomic_int stop;
+} busy_arg_t;
+
+/* memcpy of 16 MiB again and again on a host core: a copy stream flat out */
+static void *host_busy(void *arg) {
+    busy_arg_t *a = arg;
+    kern_device_pin_host_thread(a->dev);
+    const size_t n = (size_t)16 << 20;
+    char *src = malloc(n), *dst = malloc(n);
+    MT_CHECK(src && dst, "out of host memory for the interference probe");
+    memset(src, 1, n);
+    memset(dst, 0, n);
+    while (!atomic_load(&a->stop)) memcpy(dst, src, n);
+    free(src);
+    free(dst);
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median time of a 512^3 product on the device's compute cores. */
+static double gemm_median(kern_device_t *dev, float *a, float *b, float *c, int reps) {
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    double t[32];
+    if (reps > 32) reps = 32;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = now_s();
+        dev->ops->matmul(s, c, a, b, 512, 512, 512, false, true, 1.0f, 0.0f);
+        kern_stream_sync(dev, s);
+        t[r] = now_s() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    return t[reps / 2];
+}
+
+/* A product on `threads` pinned compute cores with one host core copying
+ * flat out, over the product alone, minus 1 (0: nothing to measure). */
+static double measure_interference(int threads) {
+    const size_t bytes = (size_t)512 * 512 * sizeof(float);
+    kern_device_opts_t o = {.device_budget_bytes = 3 * bytes + (1u << 20), .host_threads = threads, .pin_threads = true};
+    kern_device_t *dev = NULL;
+    mt_error_t err = {0};
+    if (threads <= 0 || kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) != MT_OK) return 0;
+    double extra = 0;
+    float *a = kern_alloc(dev, bytes, "probe A", &err);
+    float *b = a ? kern_alloc(dev, bytes, "probe B", &err) : NULL;
+    float *c = b ? kern_alloc(dev, bytes, "probe C", &err) : NULL;
+    if (c && kern_cpu_host_cores(dev) > 0) {
+        for (int i = 0; i < 512 * 512; i++) a[i] = b[i] = (float)(i % 17) * 0.01f;
+        gemm_median(dev, a, b, c, 3); /* warm-up */
+        const double alone = gemm_median(dev, a, b, c, 15);
+        busy_arg_t arg = {.dev = dev};
+        pthread_t th;
+        if (pthread_create(&th, NULL, host_busy, &arg) == 0) {
+            const double busy = gemm_median(dev, a, b, c, 15);
+            atomic_store(&arg.stop, 1);
+            pthread_join(th, NULL);
+            extra = busy > alone ? busy / alone - 1 : 0;
+        }
+    }
+    if (c) kern_free(dev, c);
+    if (b) kern_free(dev, b);
+    if (a) kern_free(dev, a);
+    kern_device_destroy(dev);
+    return extra;
+}
+
 mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_opts_t *opts, sched_calibration_t *out,
                           mt_error_t *err) {
     memset(out, 0, sizeof *out);
@@ -137,5 +213,6 @@ mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_opts_t
     out->stream_bw = measure_stream(bytes, reps, out->cores);
     if (rc && rc->link_gbps > 0) out->link_bw = rc->link_gbps * 1e9;
     out->link_latency_s = rc ? rc->link_latency_us * 1e-6 : 0;
+    if (rc && rc->compute_threads > 0) out->compute_interference = measure_interference(rc->compute_threads);
     return MT_OK;
 }

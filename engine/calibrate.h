@@ -8,7 +8,11 @@
  *  - memcpy bandwidth: one thread copying a buffer much larger than the
  *    caches (the CPU backend's copy streams are memcpy);
  *  - host memory bandwidth: a streaming a = b + s*c pass on every core
- *    (what host AdamW and gradient accumulation are bound by).
+ *    (what host AdamW and gradient accumulation are bound by);
+ *  - with backend_options.compute_threads (compute kept on its own cores):
+ *    how much longer a product takes there while one host core copies
+ *    flat out (the median of 15 each way), which the simulator uses to
+ *    slow compute by the host cores' share of copy and optimizer work.
  * Copy streams throttled by backend_options (link_gbps, link_latency_us)
  * are planned at the throttled rate, as the executor will run them. */
 #ifndef MT_ENGINE_CALIBRATE_H

@@ -69,6 +69,8 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
     out->h2d_bw = sched_hw_h2d_bw(hw);
     out->d2h_bw = sched_hw_d2h_bw(hw);
     out->latency_s = hw->copy_latency_s;
+    out->compute_interference = hw->compute_interference;
+    out->host_copy_s_per_byte = hw->host_copy_s_per_byte;
     out->model_flops = reg->model_flops;
     out->peak_flops = hw->peak_flops[sched_matmul_rate(reg)];
     out->tokens_per_step = reg->tokens_per_step;

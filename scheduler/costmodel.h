@@ -60,6 +60,7 @@ typedef struct {
     bool has_trainable;      /* false: nothing to optimize (no optimizer tasks) */
     double h2d_bw, d2h_bw;   /* bytes/s, achievable */
     double latency_s;        /* per copy */
+    double compute_interference, host_copy_s_per_byte; /* see sched_hw_t */
     sched_block_cost_t *blocks; /* (num_blocks), owned */
     /* for reports */
     double model_flops;      /* one step's useful FLOPs */

@@ -407,4 +407,8 @@ void sched_hw_from_calibration(const sched_calibration_t *c, sched_hw_t *out) {
     out->host_bw_peak = c->stream_bw;
     out->host_bw_frac = 1.0;
     out->host_cores = c->cores > 0 ? c->cores : 1;
+    out->compute_interference = c->compute_interference;
+    /* a transfer is two memcpys on the host cores: through the staging pool
+     * and over the (emulated) link */
+    out->host_copy_s_per_byte = c->memcpy_bw > 0 ? 2.0 / c->memcpy_bw : 0;
 }

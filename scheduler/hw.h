@@ -62,6 +62,13 @@ typedef struct {
     double host_bw_peak;       /* bytes/s */
     double host_bw_frac;
     int host_cores;
+    /* Where the host's copy and optimizer work slows the device's compute
+     * (the CPU backend, whose "device" cores share a physical core or the
+     * memory system with the host's): compute runs 1 + interference x
+     * (the host cores' busy fraction) times as long, and every byte copied
+     * costs the host host_copy_s_per_byte.  0 on a GPU (DMA engines). */
+    double compute_interference;
+    double host_copy_s_per_byte;
 } sched_hw_t;
 
 /* Achievable rates: peak x fraction. */
@@ -92,6 +99,10 @@ typedef struct {
     double host_memory;     /* physical memory, bytes */
     double link_bw;         /* copy streams' throttle (backend_options.link_gbps), 0 = unthrottled (memcpy) */
     double link_latency_s;  /* copy streams' per-copy latency */
+    /* compute kept on its own cores (backend_options.compute_threads): a
+     * GEMM's time on them while one host core copies flat out, over its time
+     * alone, minus 1; 0 when compute is not kept apart */
+    double compute_interference;
 } sched_calibration_t;
 
 /* A profile of the CPU backend from measured numbers: every rate is fp32

@@ -163,9 +163,10 @@ static double opt_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, do
     return end;
 }
 
-mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, const sched_sim_opts_t *opts,
-                           sched_sim_result_t *out, mt_error_t *err) {
+static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *plan, const sched_sim_opts_t *opts,
+                                 sched_sim_result_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
+    out->compute_stretch = 1.0;
     mt_status_t st = sched_plan_check(plan, w->num_blocks, err);
     if (st != MT_OK) return st;
     const int N = w->num_blocks, ga = w->grad_accum > 0 ? w->grad_accum : 1, W = plan->prefetch_window;
@@ -352,6 +353,33 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
     free(offload_end);
     free(adam_done);
     return MT_OK;
+}
+
+mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, const sched_sim_opts_t *opts,
+                           sched_sim_result_t *out, mt_error_t *err) {
+    mt_status_t st = simulate_once(w, plan, opts, out, err);
+    if (st != MT_OK || !(w->compute_interference > 0) || !(out->step_time > 0)) return st;
+    /* the host cores' work: every transfer's memcpys and the host optimizer */
+    const double host_s = (out->h2d_bytes + out->d2h_bytes) * w->host_copy_s_per_byte + out->busy[SCHED_RES_HOST];
+    const double duty = host_s < out->step_time ? host_s / out->step_time : 1.0;
+    if (duty <= 0) return st;
+    const double stretch = 1.0 + w->compute_interference * duty;
+    sched_workload_t slow = *w;
+    slow.blocks = malloc((size_t)w->num_blocks * sizeof *slow.blocks);
+    MT_CHECK_ALLOC(slow.blocks, "simulator workload copy");
+    memcpy(slow.blocks, w->blocks, (size_t)w->num_blocks * sizeof *slow.blocks);
+    for (int b = 0; b < w->num_blocks; b++) {
+        sched_block_cost_t *c = &slow.blocks[b];
+        c->fwd_s *= stretch;
+        c->bwd_s *= stretch;
+        c->recompute_s *= stretch;
+        c->grad_add_device_s *= stretch;
+    }
+    sched_sim_result_free(out);
+    st = simulate_once(&slow, plan, opts, out, err);
+    out->compute_stretch = stretch;
+    free(slow.blocks);
+    return st;
 }
 
 void sched_sim_result_free(sched_sim_result_t *r) {

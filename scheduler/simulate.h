@@ -24,6 +24,10 @@
  *    forward (recompute_s).  The embedding's and the head's activations
  *    are always kept (their forward and backward are adjacent; the
  *    executor offloads and recomputes decoder layers only).
+ *  - the turn: with W >= 1 the last decoder layer keeps its streamed
+ *    weights and OFFLOAD activations on the device from its forward to its
+ *    backward (no transfer; the backward's first fetches would have them
+ *    there during the head's backward anyway).
  *  - blocks that send activations (forward, OFFLOAD) or gradients
  *    (backward, grads HOST) D2H wait before computing until the D2H issued
  *    W + 1 such blocks earlier has drained, so device memory and staging
@@ -44,6 +48,11 @@
  *    RESIDENT.  With clipping every host AdamW is in this sequence.
  *  - the optimizer on the device needs resident weights and device
  *    gradients; other plans with it are invalid.
+ *  - host interference (workload.compute_interference > 0, the CPU
+ *    backend): the step is simulated once, the host cores' busy fraction
+ *    d = (bytes copied x host_copy_s_per_byte + host optimizer time) /
+ *    step time is taken from it, and the step is simulated again with
+ *    every compute task 1 + interference x d times as long.
  *
  * Memory (events at task starts and ends; frees before allocations at
  * equal times):
@@ -118,6 +127,7 @@ typedef struct {
     double static_bytes[SCHED_MEM_COUNT]; /* held for the whole step */
     double h2d_bytes, d2h_bytes;
     double recompute_s;           /* compute time spent recomputing */
+    double compute_stretch;       /* factor compute ran slower by for host interference (1: none) */
     sched_timeline_t timeline[SCHED_MEM_COUNT];
     sched_task_t *tasks;
     int num_tasks;

@@ -91,6 +91,29 @@ static void test_overlap(void) {
     sched_workload_free(&w);
 }
 
+/* Host interference (the CPU backend): compute slows by the host cores' busy share. */
+static void test_interference(void) {
+    sched_workload_t w;
+    sched_plan_t p = {0};
+    sched_sim_result_t r;
+    blocks3(&w, 3, 3, 1);
+    w.compute_interference = 1.0;
+    w.host_copy_s_per_byte = 0.5;
+    /* first pass as in test_overlap: 19 s with 4 B fetched; the host copies
+     * for 4 x 0.5 = 2 s of them, so compute runs 1 + 2/19 times as long and
+     * the fetches stay hidden: 1 + 18 x 21/19 */
+    plan_all(&p, SCHED_WEIGHTS_STREAM, SCHED_ACTS_KEEP, 1);
+    EXPECT(fabs(step(&w, &p, &r) - (1 + 18.0 * 21 / 19)) < 1e-9, "interference step %g", r.step_time);
+    EXPECT(fabs(r.compute_stretch - 21.0 / 19) < 1e-12, "stretch %g", r.compute_stretch);
+    sched_sim_result_free(&r);
+    /* resident: nothing crosses, nothing slows */
+    plan_all(&p, SCHED_WEIGHTS_RESIDENT, SCHED_ACTS_KEEP, 1);
+    EXPECT(NEAR(step(&w, &p, &r), 18) && r.compute_stretch == 1.0, "resident %g x%g", r.step_time, r.compute_stretch);
+    sched_sim_result_free(&r);
+    sched_plan_free(&p);
+    sched_workload_free(&w);
+}
+
 static void test_memory(void) {
     sched_workload_t w;
     sched_plan_t p = {0};
@@ -222,6 +245,7 @@ static void test_grad_accumulation(void) {
 int main(void) {
     test_overlap();
     test_memory();
+    test_interference();
     test_host_optimizer();
     test_grad_accumulation();
     if (failures) fprintf(stderr, "simulate_test: %d failure(s)\n", failures);

@@ -24,8 +24,6 @@
 #include "tools/bench/step_bench.h"
 
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,8 +36,6 @@
 #include "engine/optim.h"
 #include "engine/report.h"
 #include "engine/trace.h"
-#include "kernels/cpu/backend_cpu.h"
-#include "kernels/ops.h"
 #include "engine/calibrate.h"
 #include "engine/config.h"
 #include "engine/program.h"
@@ -197,75 +193,6 @@ static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, do
     sched_plan_free(&plan);
 }
 
-/* ---- how much work on the host cores slows the compute core ------------- */
-
-typedef struct {
-    kern_device_t *dev;
-    atomic_int stop;
-} busy_arg_t;
-
-/* memcpy of 16 MiB, again and again, on a host core: what a copy stream does */
-static void *host_busy(void *arg) {
-    busy_arg_t *a = arg;
-    kern_device_pin_host_thread(a->dev);
-    const size_t n = (size_t)16 << 20;
-    char *src = malloc(n), *dst = malloc(n);
-    MT_CHECK(src && dst, "out of memory for the interference probe");
-    memset(src, 1, n);
-    while (!atomic_load(&a->stop)) memcpy(dst, src, n);
-    free(src);
-    free(dst);
-    return NULL;
-}
-
-/* Median time of a 512^3 product through the backend, on its compute cores. */
-static double gemm_time(kern_device_t *dev, float *a, float *b, float *c, int reps) {
-    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
-    double *t = malloc((size_t)reps * sizeof *t);
-    MT_CHECK_ALLOC(t, "probe times");
-    for (int r = 0; r < reps; r++) {
-        const double t0 = eng_now_s();
-        dev->ops->matmul(s, c, a, b, 512, 512, 512, false, true, 1.0f, 0.0f);
-        kern_stream_sync(dev, s);
-        t[r] = eng_now_s() - t0;
-    }
-    const double m = median(t, reps);
-    free(t);
-    return m;
-}
-
-/* The product's time with a memcpy loop on the host cores over its time
- * alone (0 when the device does not keep compute apart, or on error). */
-static double host_interference(int compute_threads) {
-    kern_device_opts_t o = {.device_budget_bytes = (size_t)4 << 20, .host_threads = compute_threads,
-                            .pin_threads = compute_threads > 0};
-    kern_device_t *dev = NULL;
-    mt_error_t err = {0};
-    if (compute_threads <= 0 || kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) != MT_OK) return 0;
-    double ratio = 0;
-    float *a = kern_alloc(dev, 512 * 512 * sizeof(float), "probe a", &err);
-    float *b = a ? kern_alloc(dev, 512 * 512 * sizeof(float), "probe b", &err) : NULL;
-    float *c = b ? kern_alloc(dev, 512 * 512 * sizeof(float), "probe c", &err) : NULL;
-    if (c && kern_cpu_host_cores(dev) > 0) {
-        for (int i = 0; i < 512 * 512; i++) a[i] = b[i] = (float)(i % 17) * 0.01f;
-        gemm_time(dev, a, b, c, 3); /* warm up */
-        const double alone = gemm_time(dev, a, b, c, 15);
-        busy_arg_t arg = {.dev = dev};
-        pthread_t th;
-        if (pthread_create(&th, NULL, host_busy, &arg) == 0) {
-            const double busy = gemm_time(dev, a, b, c, 15);
-            atomic_store(&arg.stop, 1);
-            pthread_join(th, NULL);
-            ratio = busy / alone;
-        }
-    }
-    if (c) kern_free(dev, c);
-    if (b) kern_free(dev, b);
-    if (a) kern_free(dev, a);
-    kern_device_destroy(dev);
-    return ratio;
-}
-
 /* Seconds of block compute in one step (forward + backward, all blocks). */
 static double compute_s(const measure_t *m, int nb) {
     double t = 0;
@@ -404,6 +331,7 @@ typedef struct {
     sched_workload_t w;
     sched_registry_t reg;
     sched_hw_t hw;
+    sched_calibration_t cal;
     bool ok;
 } predictor_t;
 
@@ -426,17 +354,18 @@ static void predictor_init(predictor_t *p, const char *ckpt, const opts_t *o, do
     rc.max_grad_norm = 0;
     rc.link_gbps = link_bps / 1e9;
     rc.link_latency_us = o->link_latency_us;
-    sched_calibration_t cal;
+    rc.compute_threads = o->compute_threads;
+    sched_calibration_t *cal = &p->cal;
     sched_model_desc_t md;
     sched_run_shape_t shape;
-    if (eng_calibrate(&rc, NULL, &cal, &err) != MT_OK || eng_program_describe(&mc, &rc, false, &md, &shape, &err) != MT_OK ||
+    if (eng_calibrate(&rc, NULL, cal, &err) != MT_OK || eng_program_describe(&mc, &rc, false, &md, &shape, &err) != MT_OK ||
         sched_registry_build(&md, &shape, &p->reg, &err) != MT_OK) {
         fprintf(stderr, "bench step: %s\n", err.msg);
         eng_model_config_free(&mc);
         eng_run_config_free(&rc);
         return;
     }
-    sched_hw_from_calibration(&cal, &p->hw);
+    sched_hw_from_calibration(cal, &p->hw);
     if (sched_workload_build(&p->reg, &p->hw, &p->w, &err) != MT_OK) {
         fprintf(stderr, "bench step: %s\n", err.msg);
     } else {
@@ -651,6 +580,7 @@ int mt_bench_step_main(int argc, char **argv) {
     if (off_overlap.ok) {
         predictor_init(&pr_traffic, ckpt, &o, link_bps, &off_overlap, keep.optim_s);
         pr_traffic.w.h2d_bw = pr_traffic.w.d2h_bw = link_bps;
+        pr_traffic.w.compute_interference = 0; /* already in these compute times */
     }
     measure_t autom = {0};
     double pred_auto = 0, pred_auto_traffic = 0;
@@ -777,12 +707,13 @@ int mt_bench_step_main(int argc, char **argv) {
            (off_overlap.median_s - off_c) * 1e3);
     printf("  offload_all / keep_all with offload_all's compute at keep_all's speed: %.3f\n",
            (keep_c + off_overlap.median_s - off_c) / keep.median_s);
-    const double probe = host_interference(o.compute_threads);
+    const double probe = pr.ok && pr.cal.compute_interference > 0 ? 1 + pr.cal.compute_interference : 0;
     if (probe > 0)
         printf("  probe: a 512^3 product on the compute core takes x%.3f as long while one memcpy loop runs on the\n"
                "  host core (this machine's cores share more than a GPU and its copy engines do)\n",
                probe);
-    printf("\npredicted (simulator on the profiled keep_all step) vs measured median step time:\n");
+    printf("\npredicted (simulator on the profiled keep_all step and the calibrated interference) vs measured median"
+           " step time:\n");
     printf("  keep_all     %8.2f ms vs %8.2f ms  ratio %.3f\n", pred_keep * 1e3, keep.median_s * 1e3, pred_keep / keep.median_s);
     printf("  offload_all  %8.2f ms vs %8.2f ms  ratio %.3f\n", pred_off * 1e3, off_overlap.median_s * 1e3,
            pred_off / off_overlap.median_s);
