@@ -127,10 +127,11 @@ static double measure_memcpy(size_t bytes, int reps) {
 
 typedef struct {
     kern_device_t *dev;
-    atomic_int stop;
+    atomic_int stop, copying;
 } busy_arg_t;
 
-/* memcpy of 16 MiB again and again on a host core: a copy stream flat out */
+/* On a host core: memcpy of 16 MiB again and again while `copying`, a
+ * copy stream flat out; idle (sleeping) otherwise. */
 static void *host_busy(void *arg) {
     busy_arg_t *a = arg;
     kern_device_pin_host_thread(a->dev);
@@ -139,7 +140,11 @@ static void *host_busy(void *arg) {
     MT_CHECK(src && dst, "out of host memory for the interference probe");
     memset(src, 1, n);
     memset(dst, 0, n);
-    while (!atomic_load(&a->stop)) memcpy(dst, src, n);
+    const struct timespec nap = {0, 100000};
+    while (!atomic_load(&a->stop)) {
+        if (atomic_load(&a->copying)) memcpy(dst, src, n);
+        else nanosleep(&nap, NULL);
+    }
     free(src);
     free(dst);
     return NULL;
@@ -150,24 +155,21 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Median time of a 512^3 product on the device's compute cores. */
-static double gemm_median(kern_device_t *dev, float *a, float *b, float *c, int reps) {
+static double gemm_once(kern_device_t *dev, float *a, float *b, float *c) {
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
-    double t[32];
-    if (reps > 32) reps = 32;
-    for (int r = 0; r < reps; r++) {
-        const double t0 = now_s();
-        dev->ops->matmul(s, c, a, b, 512, 512, 512, false, true, 1.0f, 0.0f);
-        kern_stream_sync(dev, s);
-        t[r] = now_s() - t0;
-    }
-    qsort(t, (size_t)reps, sizeof *t, cmp_double);
-    return t[reps / 2];
+    const double t0 = now_s();
+    dev->ops->matmul(s, c, a, b, 512, 512, 512, false, true, 1.0f, 0.0f);
+    kern_stream_sync(dev, s);
+    return now_s() - t0;
 }
 
-/* A product on `threads` pinned compute cores with one host core copying
- * flat out, over the product alone, minus 1 (0: nothing to measure). */
+/* A 512^3 product on `threads` pinned compute cores with one host core
+ * copying flat out, over the product with that core idle, minus 1 (0:
+ * nothing to measure).  The two alternate, and the median of the pairs'
+ * ratios is kept, so that a neighbour's load on a shared machine, which
+ * comes and goes, weighs on both members of a pair. */
 static double measure_interference(int threads) {
+    enum { PAIRS = 31 };
     const size_t bytes = (size_t)512 * 512 * sizeof(float);
     kern_device_opts_t o = {.device_budget_bytes = 3 * bytes + (1u << 20), .host_threads = threads, .pin_threads = true};
     kern_device_t *dev = NULL;
@@ -177,18 +179,23 @@ static double measure_interference(int threads) {
     float *a = kern_alloc(dev, bytes, "probe A", &err);
     float *b = a ? kern_alloc(dev, bytes, "probe B", &err) : NULL;
     float *c = b ? kern_alloc(dev, bytes, "probe C", &err) : NULL;
-    if (c && kern_cpu_host_cores(dev) > 0) {
+    busy_arg_t arg = {.dev = dev};
+    pthread_t th;
+    if (c && kern_cpu_host_cores(dev) > 0 && pthread_create(&th, NULL, host_busy, &arg) == 0) {
         for (int i = 0; i < 512 * 512; i++) a[i] = b[i] = (float)(i % 17) * 0.01f;
-        gemm_median(dev, a, b, c, 3); /* warm-up */
-        const double alone = gemm_median(dev, a, b, c, 15);
-        busy_arg_t arg = {.dev = dev};
-        pthread_t th;
-        if (pthread_create(&th, NULL, host_busy, &arg) == 0) {
-            const double busy = gemm_median(dev, a, b, c, 15);
-            atomic_store(&arg.stop, 1);
-            pthread_join(th, NULL);
-            extra = busy > alone ? busy / alone - 1 : 0;
+        for (int w = 0; w < 3; w++) gemm_once(dev, a, b, c); /* warm-up */
+        double ratio[PAIRS];
+        for (int k = 0; k < PAIRS; k++) {
+            const double alone = gemm_once(dev, a, b, c);
+            atomic_store(&arg.copying, 1);
+            const double busy = gemm_once(dev, a, b, c);
+            atomic_store(&arg.copying, 0);
+            ratio[k] = busy / alone;
         }
+        atomic_store(&arg.stop, 1);
+        pthread_join(th, NULL);
+        qsort(ratio, PAIRS, sizeof *ratio, cmp_double);
+        extra = ratio[PAIRS / 2] > 1 ? ratio[PAIRS / 2] - 1 : 0;
     }
     if (c) kern_free(dev, c);
     if (b) kern_free(dev, b);
