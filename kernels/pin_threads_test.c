@@ -110,6 +110,20 @@ int main(void) {
         kern_device_destroy(dev);
         m = mask_of_self();
         EXPECT(CPU_EQUAL(&m, &all), "destroy did not give the creator its cores back");
+
+        /* two pinned devices alive at once, destroyed in creation order:
+         * the second splits the same cores, and the creator gets them back
+         * only when the last one goes */
+        kern_device_t *d1 = make(true, 1), *d2 = make(true, 1);
+        EXPECT(kern_cpu_host_cores(d2) == n - 1, "second device: %d host cores, want %d", kern_cpu_host_cores(d2), n - 1);
+        const cpu_set_t copy2 = mask_of_copy_stream(d2);
+        EXPECT(CPU_EQUAL(&copy2, &copy), "the second device's copy stream is not on the host cores");
+        kern_device_destroy(d1);
+        m = mask_of_self();
+        EXPECT(CPU_EQUAL(&m, &compute), "the creator left the compute cores while a pinned device lives");
+        kern_device_destroy(d2);
+        m = mask_of_self();
+        EXPECT(CPU_EQUAL(&m, &all), "the last pinned device did not give the creator its cores back");
     } else {
         dev = make(true, 1);
         m = mask_of_self();

@@ -77,9 +77,9 @@ typedef struct cpu_device {
     struct kern_stream stream_storage[KERN_STREAM_COUNT];
     kern_threadpool_t *pool;
     size_t arena_bytes;
-    /* pin_threads: compute cores, the rest, and the creator's mask to restore */
+    /* pin_threads: compute cores and the rest (see pin_compute) */
     bool pinned;
-    cpu_set_t compute_cpus, host_cpus, creator_cpus;
+    cpu_set_t compute_cpus, host_cpus;
     pthread_t creator;
 } cpu_device_t;
 
@@ -147,6 +147,7 @@ static void run_cmd(kern_stream_t *s, const cmd_t *c) {
 }
 
 static void cpu_pin_host_thread(kern_device_t *d);
+static void unpin_compute(cpu_device_t *dev);
 
 static void *stream_main(void *arg) {
     kern_stream_t *s = arg;
@@ -208,8 +209,7 @@ static void cpu_destroy(kern_device_t *d) {
         pthread_mutex_destroy(&s->lock);
     }
     kern_threadpool_destroy(dev->pool);
-    if (dev->pinned && pthread_equal(dev->creator, pthread_self()))
-        pthread_setaffinity_np(dev->creator, sizeof dev->creator_cpus, &dev->creator_cpus);
+    unpin_compute(dev);
     pthread_cond_destroy(&dev->ev_cond);
     pthread_mutex_destroy(&dev->ev_lock);
     free(dev);
@@ -325,22 +325,48 @@ static const kern_device_i k_cpu_vtable = {
 
 /* Splits the cores this process may use: the first host_threads compute
  * (the creating thread is pinned there, and so the pool it starts), the
- * rest are the host's.  Without enough cores nothing is pinned. */
+ * rest are the host's.  Without enough cores nothing is pinned.  Several
+ * pinned devices may live at once (bench step runs plans side by side):
+ * the split is made from the creator's cores before the first of them, and
+ * the last one destroyed gives them back. */
+static pthread_mutex_t g_pin_lock = PTHREAD_MUTEX_INITIALIZER;
+static cpu_set_t g_pin_original; /* the creator's cores before the first live pinned device */
+static int g_pin_live;
+
 static void pin_compute(cpu_device_t *dev) {
     const int want = dev->base.opts.host_threads;
     if (!dev->base.opts.pin_threads || want <= 0) return;
-    dev->creator = pthread_self();
-    if (pthread_getaffinity_np(dev->creator, sizeof dev->creator_cpus, &dev->creator_cpus) != 0) return;
-    if (CPU_COUNT(&dev->creator_cpus) <= want) return;
-    CPU_ZERO(&dev->compute_cpus);
-    CPU_ZERO(&dev->host_cpus);
-    int taken = 0;
-    for (int c = 0; c < CPU_SETSIZE; c++) {
-        if (!CPU_ISSET(c, &dev->creator_cpus)) continue;
-        if (taken++ < want) CPU_SET(c, &dev->compute_cpus);
-        else CPU_SET(c, &dev->host_cpus);
+    pthread_mutex_lock(&g_pin_lock);
+    cpu_set_t all;
+    if (g_pin_live > 0) {
+        all = g_pin_original;
+    } else if (pthread_getaffinity_np(pthread_self(), sizeof all, &all) != 0) {
+        pthread_mutex_unlock(&g_pin_lock);
+        return;
     }
-    dev->pinned = pthread_setaffinity_np(dev->creator, sizeof dev->compute_cpus, &dev->compute_cpus) == 0;
+    if (CPU_COUNT(&all) > want) {
+        CPU_ZERO(&dev->compute_cpus);
+        CPU_ZERO(&dev->host_cpus);
+        int taken = 0;
+        for (int c = 0; c < CPU_SETSIZE; c++) {
+            if (!CPU_ISSET(c, &all)) continue;
+            if (taken++ < want) CPU_SET(c, &dev->compute_cpus);
+            else CPU_SET(c, &dev->host_cpus);
+        }
+        dev->creator = pthread_self();
+        dev->pinned = pthread_setaffinity_np(dev->creator, sizeof dev->compute_cpus, &dev->compute_cpus) == 0;
+        if (dev->pinned && g_pin_live++ == 0) g_pin_original = all;
+    }
+    pthread_mutex_unlock(&g_pin_lock);
+}
+
+/* The last pinned device gives its creator the cores it had. */
+static void unpin_compute(cpu_device_t *dev) {
+    if (!dev->pinned) return;
+    pthread_mutex_lock(&g_pin_lock);
+    if (--g_pin_live == 0 && pthread_equal(dev->creator, pthread_self()))
+        pthread_setaffinity_np(dev->creator, sizeof g_pin_original, &g_pin_original);
+    pthread_mutex_unlock(&g_pin_lock);
 }
 
 static void cpu_pin_host_thread(kern_device_t *d) {
