@@ -9,6 +9,7 @@
 #include "engine/calibrate.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -127,23 +128,31 @@ static double measure_memcpy(size_t bytes, int reps) {
 
 typedef struct {
     kern_device_t *dev;
-    atomic_int stop, copying;
+    atomic_int stop, copying, idle; /* idle: the thread has seen copying == 0 and copies no more */
 } busy_arg_t;
 
-/* On a host core: memcpy of 16 MiB again and again while `copying`, a
- * copy stream flat out; idle (sleeping) otherwise. */
+/* On a host core: memcpy over a 16 MiB buffer, 1 MiB at a time, while
+ * `copying` (a copy stream flat out); idle (sleeping) otherwise.  The small
+ * pieces make it stop within a fraction of a millisecond. */
 static void *host_busy(void *arg) {
     busy_arg_t *a = arg;
     kern_device_pin_host_thread(a->dev);
-    const size_t n = (size_t)16 << 20;
+    const size_t n = (size_t)16 << 20, piece = (size_t)1 << 20;
     char *src = malloc(n), *dst = malloc(n);
     MT_CHECK(src && dst, "out of host memory for the interference probe");
     memset(src, 1, n);
     memset(dst, 0, n);
-    const struct timespec nap = {0, 100000};
+    const struct timespec nap = {0, 50000};
+    size_t off = 0;
     while (!atomic_load(&a->stop)) {
-        if (atomic_load(&a->copying)) memcpy(dst, src, n);
-        else nanosleep(&nap, NULL);
+        if (atomic_load(&a->copying)) {
+            atomic_store(&a->idle, 0);
+            memcpy(dst + off, src + off, piece);
+            off = (off + piece) % n;
+        } else {
+            atomic_store(&a->idle, 1);
+            nanosleep(&nap, NULL);
+        }
     }
     free(src);
     free(dst);
@@ -179,15 +188,17 @@ static double measure_interference(int threads) {
     float *a = kern_alloc(dev, bytes, "probe A", &err);
     float *b = a ? kern_alloc(dev, bytes, "probe B", &err) : NULL;
     float *c = b ? kern_alloc(dev, bytes, "probe C", &err) : NULL;
-    busy_arg_t arg = {.dev = dev};
+    busy_arg_t arg = {.dev = dev, .idle = 1};
     pthread_t th;
     if (c && kern_cpu_host_cores(dev) > 0 && pthread_create(&th, NULL, host_busy, &arg) == 0) {
         for (int i = 0; i < 512 * 512; i++) a[i] = b[i] = (float)(i % 17) * 0.01f;
         for (int w = 0; w < 3; w++) gemm_once(dev, a, b, c); /* warm-up */
         double ratio[PAIRS];
         for (int k = 0; k < PAIRS; k++) {
+            while (!atomic_load(&arg.idle)) sched_yield(); /* the last piece is done */
             const double alone = gemm_once(dev, a, b, c);
             atomic_store(&arg.copying, 1);
+            while (atomic_load(&arg.idle)) sched_yield(); /* copying has started */
             const double busy = gemm_once(dev, a, b, c);
             atomic_store(&arg.copying, 0);
             ratio[k] = busy / alone;

@@ -62,7 +62,8 @@ typedef struct {
 
 typedef struct {
     double median_s, optim_s; /* median step time; median optimizer wall time */
-    double *fwd_s, *bwd_s;    /* per-block compute seconds (profiled; keep_all run) */
+    double *fwd_s, *bwd_s;    /* per-block compute seconds, mean per step (profiled) */
+    double compute_med_s;     /* median over steps of the step's block compute (0: not measured) */
     size_t peak_device;
     uint64_t h2d_bytes, d2h_bytes; /* per step */
     int overlapped;
@@ -193,8 +194,137 @@ static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, do
     sched_plan_free(&plan);
 }
 
+/* Plans side by side: one model per plan, each on its own device, one step
+ * of each in turn (the order rotating every round), so that load from other
+ * processes and a shared host's steal time, which come and go, weigh on
+ * every plan alike; medians over the rounds.  ratio[i] is the median over
+ * rounds of plan i's step over plan 0's in the same round. */
+static void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans,
+                                 const bool *overlap, int n, double link_bps, int trace_idx, measure_t *out,
+                                 double *ratio) {
+    typedef struct {
+        kern_device_t *dev;
+        eng_model_t m;
+        eng_dataset_t ds;
+        eng_loader_t ld;
+        eng_trace_t *trace;
+        bool loaded;
+        double *t, *opt, *comp; /* per step: wall, optimizer, block compute */
+        double *fwd, *bwd;      /* per block: summed over steps */
+    } run_t;
+    run_t *r = calloc((size_t)n, sizeof *r);
+    double *rr = malloc((size_t)o->steps * sizeof *rr);
+    MT_CHECK(r && rr, "out of memory");
+    mt_error_t err = {0};
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        kern_device_opts_t dopts = {.link_h2d_bytes_per_s = link_bps, .link_d2h_bytes_per_s = link_bps,
+                                    .link_latency_s = o->link_latency_us * 1e-6, .host_threads = o->compute_threads,
+                                    .pin_threads = o->compute_threads > 0};
+        eng_staging_settings_t ss;
+        eng_staging_settings_init(&ss);
+        ss.tokens = o->batch * o->seq;
+        ok = kern_device_create(KERN_BACKEND_CPU, &dopts, &r[i].dev, &err) == MT_OK &&
+             eng_model_load_ex(&r[i].m, r[i].dev, ckpt, NULL, plans[i], &ss, &err) == MT_OK;
+        if (!ok) {
+            fprintf(stderr, "bench step (%s): %s\n", sched_policy_name(plans[i]->policy), err.msg);
+            break;
+        }
+        r[i].loaded = true;
+        make_dataset(&r[i].ds, o, o->batch * (o->steps + 1));
+        eng_loader_init(&r[i].ld, &r[i].ds, o->batch, false, 0);
+        r[i].t = malloc((size_t)o->steps * sizeof(double));
+        r[i].opt = malloc((size_t)o->steps * sizeof(double));
+        r[i].comp = malloc((size_t)o->steps * sizeof(double));
+        r[i].fwd = calloc((size_t)(o->layers + 2), sizeof(double));
+        r[i].bwd = calloc((size_t)(o->layers + 2), sizeof(double));
+        MT_CHECK(r[i].t && r[i].opt && r[i].comp && r[i].fwd && r[i].bwd, "out of memory");
+        if (i == trace_idx && o->trace && eng_trace_open(o->trace, &r[i].trace, &err) == MT_OK)
+            eng_model_set_trace(&r[i].m, r[i].trace);
+    }
+    const eng_optim_hparams_t hp = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .max_grad_norm = 0.0};
+    for (int step = -1; step < o->steps && ok; step++) { /* step -1 warms every plan up */
+        for (int k = 0; k < n && ok; k++) {
+            const int i = (k + (step > 0 ? step : 0)) % n;
+            run_t *q = &r[i];
+            const kern_device_stats_t before = kern_device_stats(q->dev);
+            const double t0 = eng_now_s();
+            eng_optim_begin_step(&q->m, &hp, 1, overlap[i]);
+            eng_batch_t b;
+            eng_loader_next(&q->ld, &b);
+            eng_micro_stats_t ms;
+            eng_optim_stats_t os;
+            if (eng_model_forward_backward(&q->m, &b, 1.0f, NULL, &ms, &err) != MT_OK ||
+                eng_optim_step(&q->m, &hp, &os, &err) != MT_OK) {
+                fprintf(stderr, "bench step (%s): %s\n", sched_policy_name(plans[i]->policy), err.msg);
+                ok = false;
+                break;
+            }
+            const double dt = eng_now_s() - t0;
+            if (step < 0) {
+                eng_model_block_times(&q->m, NULL, NULL, true); /* drop the warm-up */
+                continue;
+            }
+            const kern_device_stats_t after = kern_device_stats(q->dev);
+            q->t[step] = dt;
+            q->opt[step] = os.optim_wall_s;
+            {
+                const int nbk = o->layers + 2;
+                double f[nbk], g[nbk], c = 0;
+                eng_model_block_times(&q->m, f, g, true);
+                for (int b = 0; b < nbk; b++) c += f[b] + g[b], q->fwd[b] += f[b], q->bwd[b] += g[b];
+                q->comp[step] = c;
+            }
+            out[i].h2d_bytes = after.h2d_bytes - before.h2d_bytes;
+            out[i].d2h_bytes = after.d2h_bytes - before.d2h_bytes;
+            out[i].overlapped = os.updated_during_backward;
+        }
+    }
+    const int nb = o->layers + 2;
+    for (int i = 0; i < n && ok; i++) { /* before the medians: they sort */
+        for (int k = 0; k < o->steps; k++) rr[k] = r[i].t[k] / r[0].t[k];
+        ratio[i] = median(rr, o->steps);
+    }
+    for (int i = 0; i < n; i++) {
+        if (ok) {
+            out[i].ok = true;
+            out[i].fwd_s = calloc((size_t)nb, sizeof *out[i].fwd_s);
+            out[i].bwd_s = calloc((size_t)nb, sizeof *out[i].bwd_s);
+            MT_CHECK(out[i].fwd_s && out[i].bwd_s, "out of memory");
+            for (int b = 0; b < nb; b++) out[i].fwd_s[b] = r[i].fwd[b] / o->steps, out[i].bwd_s[b] = r[i].bwd[b] / o->steps;
+            out[i].compute_med_s = median(r[i].comp, o->steps);
+            out[i].peak_device = kern_device_stats(r[i].dev).device_peak;
+            out[i].median_s = median(r[i].t, o->steps);
+            out[i].optim_s = median(r[i].opt, o->steps);
+        }
+        if (r[i].trace) {
+            eng_model_set_trace(&r[i].m, NULL);
+            if (eng_trace_close(r[i].trace, &err) != MT_OK) fprintf(stderr, "bench step: %s\n", err.msg);
+            else fprintf(stderr, "bench step: trace of offload_all (overlapped) written to %s\n", o->trace);
+        }
+    }
+    for (int i = n - 1; i >= 0; i--) { /* last created first: pinned devices give the cores back in order */
+        free(r[i].t);
+        free(r[i].opt);
+        free(r[i].comp);
+        free(r[i].fwd);
+        free(r[i].bwd);
+        if (!r[i].dev) continue;
+        if (r[i].loaded) {
+            eng_loader_free(&r[i].ld);
+            eng_dataset_free(&r[i].ds);
+            eng_model_free(&r[i].m);
+        }
+        kern_device_destroy(r[i].dev);
+    }
+    free(r);
+    free(rr);
+}
+
 /* Seconds of block compute in one step (forward + backward, all blocks). */
 static double compute_s(const measure_t *m, int nb) {
+    if (m->compute_med_s > 0) return m->compute_med_s;
     double t = 0;
     for (int b = 0; m->fwd_s && b < nb; b++) t += m->fwd_s[b] + m->bwd_s[b];
     return t;
@@ -372,11 +502,16 @@ static void predictor_init(predictor_t *p, const char *ckpt, const opts_t *o, do
         double adam_model = 0;
         for (int b = 0; b < p->w.num_blocks; b++) adam_model += p->w.blocks[b].adam_device_s;
         const double adam_scale = adam_model > 0 ? optim_s / adam_model : 1.0;
+        /* per-block means, scaled to the median step's compute (a step that
+         * a neighbour's load slowed should not pull the profile up) */
+        double mean = 0;
+        for (int b = 0; b < p->w.num_blocks; b++) mean += prof->fwd_s[b] + prof->bwd_s[b];
+        const double k = prof->compute_med_s > 0 && mean > 0 ? prof->compute_med_s / mean : 1.0;
         for (int b = 0; b < p->w.num_blocks; b++) {
             sched_block_cost_t *c = &p->w.blocks[b];
-            c->fwd_s = prof->fwd_s[b];
-            c->bwd_s = prof->bwd_s[b];
-            c->recompute_s = prof->fwd_s[b];
+            c->fwd_s = prof->fwd_s[b] * k;
+            c->bwd_s = prof->bwd_s[b] * k;
+            c->recompute_s = prof->fwd_s[b] * k;
             c->adam_device_s *= adam_scale;
             c->adam_host_s = c->adam_device_s; /* the same kernel on this backend */
         }
@@ -521,7 +656,7 @@ int mt_bench_step_main(int argc, char **argv) {
         return 1;
     }
 
-    measure_t keep, off, off_overlap, minm;
+    measure_t keep;
     measure(ckpt, &o, SCHED_POLICY_KEEP_ALL, 0, false, NULL, &keep);
     /* the planner's view of this run, on the profiled keep_all step */
     predictor_t pr = {0};
@@ -563,28 +698,12 @@ int mt_bench_step_main(int argc, char **argv) {
         printf("  compact throughput / per_tensor: %.3f (median of the pairs' ratios; goal >= 0.95)\n", sc.ratio);
         return 0;
     }
-    measure(ckpt, &o, SCHED_POLICY_OFFLOAD_ALL, link_bps, false, NULL, &off);
-    measure(ckpt, &o, SCHED_POLICY_OFFLOAD_ALL, link_bps, true, o.trace, &off_overlap);
-    measure(ckpt, &o, SCHED_POLICY_MIN_MEMORY, link_bps, true, NULL, &minm);
-
-    /* auto: the planner's choice under a device budget of half keep_all's peak,
-     * planned on the profiled workload, then run */
+    /* auto: the planner's choice under a device budget of half keep_all's
+     * peak, planned on the profiled workload */
     const int nb = o.layers + 2;
-    /* A second view: block compute as profiled in the offload_all run, i.e.
-     * under copy and host-optimizer traffic.  On this backend copies and
-     * host AdamW are memcpy and memory passes on the same memory system as
-     * compute (on a GPU, DMA engines and the host's DRAM), so they slow
-     * compute; the simulator's own job, the overlap and the waits, is then
-     * judged apart from that. */
-    predictor_t pr_traffic = {0};
-    if (off_overlap.ok) {
-        predictor_init(&pr_traffic, ckpt, &o, link_bps, &off_overlap, keep.optim_s);
-        pr_traffic.w.h2d_bw = pr_traffic.w.d2h_bw = link_bps;
-        pr_traffic.w.compute_interference = 0; /* already in these compute times */
-    }
-    measure_t autom = {0};
-    double pred_auto = 0, pred_auto_traffic = 0;
     size_t auto_budget = keep.peak_device / 2;
+    sched_plan_t auto_plan = {0};
+    bool have_auto = false;
     if (pr.ok) {
         sched_planner_opts_t po;
         sched_planner_opts_default(&po);
@@ -603,14 +722,55 @@ int mt_bench_step_main(int argc, char **argv) {
                 }
                 printf("  (S stream, R resident; H host, D device; K keep, O offload, R recompute)\n");
             }
-            measure_plan(ckpt, &o, &res.plan, link_bps, true, NULL, &autom);
-            pred_auto = res.sim.step_time;
-            pred_auto_traffic = predict(&pr_traffic, &res.plan);
+            auto_plan = res.plan; /* taken over */
+            res.plan.blocks = NULL;
+            have_auto = true;
         } else {
             fprintf(stderr, "bench step: auto plan under %zu bytes: %s\n", auto_budget, res.feasible ? perr.msg : res.why);
         }
         sched_planner_result_free(&res);
     }
+
+    /* every plan side by side (see measure_side_by_side) */
+    sched_plan_t p_keep, p_off, p_min;
+    sched_plan_init_uniform(&p_keep, nb, SCHED_POLICY_KEEP_ALL);
+    sched_plan_init_uniform(&p_off, nb, SCHED_POLICY_OFFLOAD_ALL);
+    sched_plan_init_uniform(&p_min, nb, SCHED_POLICY_MIN_MEMORY);
+    const sched_plan_t *plans[] = {&p_keep, &p_off, &p_off, &p_min, &auto_plan};
+    const bool overlaps[] = {false, false, true, true, true};
+    measure_t ms[5];
+    double pair_ratio[5] = {0};
+    measure_free(&keep);
+    measure_side_by_side(ckpt, &o, plans, overlaps, have_auto ? 5 : 4, link_bps, 2, ms, pair_ratio);
+    measure_t keep2 = ms[0], off = ms[1], off_overlap = ms[2], minm = ms[3], autom = have_auto ? ms[4] : (measure_t){0};
+    keep = keep2;
+    sched_plan_free(&p_keep);
+    sched_plan_free(&p_off);
+    sched_plan_free(&p_min);
+
+    /* the predictions, on this run's keep_all profile (the planner's view) */
+    if (pr.ok) {
+        sched_workload_free(&pr.w);
+        sched_registry_free(&pr.reg);
+        pr.ok = false;
+    }
+    if (keep.ok) {
+        predictor_init(&pr, ckpt, &o, link_bps, &keep, keep.optim_s);
+        pr.w.h2d_bw = pr.w.d2h_bw = link_bps;
+    }
+    /* A second view: block compute as profiled in the offload_all run, i.e.
+     * under copy and host-optimizer traffic, so that the simulator's own job,
+     * the overlap and the waits, is judged apart from what the traffic does
+     * to compute on this backend. */
+    predictor_t pr_traffic = {0};
+    if (off_overlap.ok) {
+        predictor_init(&pr_traffic, ckpt, &o, link_bps, &off_overlap, keep.optim_s);
+        pr_traffic.w.h2d_bw = pr_traffic.w.d2h_bw = link_bps;
+        pr_traffic.w.compute_interference = 0; /* already in these compute times */
+    }
+    const double pred_auto = have_auto ? predict(&pr, &auto_plan) : 0;
+    const double pred_auto_traffic = have_auto ? predict(&pr_traffic, &auto_plan) : 0;
+    if (have_auto) sched_plan_free(&auto_plan);
     staging_cmp_t sc;
     measure_staging(ckpt, &o, link_bps, &sc);
     const double staging_ratio = sc.ok ? sc.ratio : 0;
@@ -632,7 +792,7 @@ int mt_bench_step_main(int argc, char **argv) {
         sched_registry_free(&pr_traffic.reg);
     }
 
-    const double ratio = off_overlap.median_s / keep.median_s;
+    const double ratio = pair_ratio[2]; /* offload_all (overlapped) over keep_all, paired */
     const double share_off = off.optim_s / off.median_s, share_on = off_overlap.optim_s / off_overlap.median_s;
     if (o.json) {
         printf("{\"link_bytes_per_s\": %.6g, \"link_latency_us\": %g, \"h2d_bytes_per_step\": %llu,"
