@@ -804,6 +804,7 @@ int mt_bench_step_main(int argc, char **argv) {
                " \"predicted_keep_all_s\": %.6g, \"predicted_offload_all_s\": %.6g, \"predicted_min_memory_s\": %.6g,"
                " \"predicted_under_traffic\": {\"offload_all_s\": %.6g, \"min_memory_s\": %.6g, \"auto_s\": %.6g},"
                " \"compute_s\": {\"keep_all\": %.6g, \"offload_all\": %.6g, \"min_memory\": %.6g, \"auto\": %.6g},"
+               " \"offload_over_keep_at_keep_compute\": %.4f, \"compute_interference_probe\": %.4f,"
                " \"auto_budget_bytes\": %zu, \"auto_step_s\": %.6g, \"predicted_auto_s\": %.6g, \"peak_device_auto\": %zu,"
                " \"staging_compact_step_s\": %.6g, \"staging_per_tensor_step_s\": %.6g,"
                " \"staging_compact_vs_per_tensor_throughput\": %.4f, \"staging_pairs\": %d,"
@@ -813,7 +814,9 @@ int mt_bench_step_main(int argc, char **argv) {
                keep.median_s, off_overlap.median_s, off.median_s, minm.median_s, ratio, share_off, share_on,
                keep.peak_device, off_overlap.peak_device, minm.peak_device, pred_keep, pred_off, pred_min,
                pred_off_traffic, pred_min_traffic, pred_auto_traffic, compute_s(&keep, nb), compute_s(&off_overlap, nb),
-               compute_s(&minm, nb), compute_s(&autom, nb), auto_budget,
+               compute_s(&minm, nb), compute_s(&autom, nb),
+               (compute_s(&keep, nb) + off_overlap.median_s - compute_s(&off_overlap, nb)) / keep.median_s,
+               pr.ok ? 1 + pr.cal.compute_interference : 0, auto_budget,
                autom.median_s, pred_auto, autom.peak_device, sc.step_s[0], sc.step_s[1], staging_ratio, sc.pairs,
                (unsigned long long)sc.copies[0][0], (unsigned long long)sc.copies[0][1],
                (unsigned long long)sc.copies[1][0], (unsigned long long)sc.copies[1][1], sc.pinned[0], sc.pinned[1]);
