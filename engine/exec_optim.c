@@ -163,19 +163,6 @@ void exec_optim_worker_stop(eng_model_t *m) {
 
 /* ---- the step ----------------------------------------------------------- */
 
-static double param_sumsq(eng_model_t *m, const eng_param_t *p, float *dev_scalar) {
-    float part;
-    if (m->plan.blocks[p->block].grads == SCHED_GRADS_HOST) {
-        kern_sumsq_cpu(NULL, &part, p->host_g, p->spec->numel);
-        return part;
-    }
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-    m->dev->ops->sumsq(s, dev_scalar, p->g_acc, p->spec->numel);
-    kern_memcpy_d2h(m->dev, s, &part, dev_scalar, sizeof part);
-    kern_stream_sync(m->dev, s);
-    return part;
-}
-
 mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_optim_stats_t *out,
                            mt_error_t *err) {
     kern_device_t *dev = m->dev;
@@ -186,12 +173,46 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     eng_exec_drain(m); /* every gradient has landed */
     optim_worker_wait(x);
 
-    float *scalar = kern_alloc(dev, sizeof(float), "gradient norm scalar", err);
-    if (!scalar) return err->code;
+    /* Each parameter's sum of squares, where its gradient is: on the host
+     * (or already taken by the overlapped AdamW), or on the device, where
+     * every one goes into a slot of one small buffer that comes back in one
+     * copy and one sync (a GPU step would otherwise sync once per
+     * parameter).  Then one double sum in parameter order: the same norm
+     * wherever the gradients were. */
+    const int P = m->spec.count;
+    float *dev_parts = kern_alloc(dev, (size_t)(P > 0 ? P : 1) * sizeof(float), "gradient norm parts", err);
+    if (!dev_parts) return err->code;
+    float *parts = malloc((size_t)(P > 0 ? P : 1) * sizeof *parts);
+    MT_CHECK_ALLOC(parts, "gradient norm parts");
+    bool any_device = false;
+    for (int i = 0; i < P; i++) {
+        const eng_param_t *p = &m->params[i];
+        if (!p->has_grad) continue;
+        if (x->opt_done[i]) {
+            parts[i] = x->gnorm_part[i];
+        } else if (m->plan.blocks[p->block].grads == SCHED_GRADS_HOST) {
+            kern_sumsq_cpu(NULL, &parts[i], p->host_g, p->spec->numel);
+        } else {
+            dev->ops->sumsq(s, dev_parts + i, p->g_acc, p->spec->numel);
+            any_device = true;
+        }
+    }
+    if (any_device) {
+        float *back = malloc((size_t)P * sizeof *back);
+        MT_CHECK_ALLOC(back, "gradient norm parts");
+        kern_memcpy_d2h(dev, s, back, dev_parts, (size_t)P * sizeof(float));
+        kern_stream_sync(dev, s);
+        for (int i = 0; i < P; i++) {
+            const eng_param_t *p = &m->params[i];
+            if (p->has_grad && !x->opt_done[i] && m->plan.blocks[p->block].grads != SCHED_GRADS_HOST) parts[i] = back[i];
+        }
+        free(back);
+    }
+    kern_free(dev, dev_parts);
     double total = 0;
-    for (int i = 0; i < m->spec.count; i++)
-        if (m->params[i].has_grad) total += x->opt_done[i] ? x->gnorm_part[i] : param_sumsq(m, &m->params[i], scalar);
-    kern_free(dev, scalar);
+    for (int i = 0; i < P; i++)
+        if (m->params[i].has_grad) total += parts[i];
+    free(parts);
     out->grad_norm = sqrt(total);
     out->clip_scale = 1.0;
     if (hp->max_grad_norm > 0) {
