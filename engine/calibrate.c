@@ -172,47 +172,73 @@ static double gemm_once(kern_device_t *dev, float *a, float *b, float *c) {
     return now_s() - t0;
 }
 
-/* A 512^3 product on `threads` pinned compute cores with one host core
- * copying flat out, over the product with that core idle, minus 1 (0:
- * nothing to measure).  The two alternate, and the median of the pairs'
- * ratios is kept, so that a neighbour's load on a shared machine, which
- * comes and goes, weighs on both members of a pair. */
-static double measure_interference(int threads) {
-    enum { PAIRS = 31 };
+struct eng_interference_probe {
+    kern_device_t *dev;
+    float *a, *b, *c;
+    busy_arg_t arg;
+    pthread_t th;
+};
+
+eng_interference_probe_t *eng_interference_probe_open(int threads) {
     const size_t bytes = (size_t)512 * 512 * sizeof(float);
     kern_device_opts_t o = {.device_budget_bytes = 3 * bytes + (1u << 20), .host_threads = threads, .pin_threads = true};
-    kern_device_t *dev = NULL;
     mt_error_t err = {0};
-    if (threads <= 0 || kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) != MT_OK) return 0;
-    double extra = 0;
-    float *a = kern_alloc(dev, bytes, "probe A", &err);
-    float *b = a ? kern_alloc(dev, bytes, "probe B", &err) : NULL;
-    float *c = b ? kern_alloc(dev, bytes, "probe C", &err) : NULL;
-    busy_arg_t arg = {.dev = dev, .idle = 1};
-    pthread_t th;
-    if (c && kern_cpu_host_cores(dev) > 0 && pthread_create(&th, NULL, host_busy, &arg) == 0) {
-        for (int i = 0; i < 512 * 512; i++) a[i] = b[i] = (float)(i % 17) * 0.01f;
-        for (int w = 0; w < 3; w++) gemm_once(dev, a, b, c); /* warm-up */
-        double ratio[PAIRS];
-        for (int k = 0; k < PAIRS; k++) {
-            while (!atomic_load(&arg.idle)) sched_yield(); /* the last piece is done */
-            const double alone = gemm_once(dev, a, b, c);
-            atomic_store(&arg.copying, 1);
-            while (atomic_load(&arg.idle)) sched_yield(); /* copying has started */
-            const double busy = gemm_once(dev, a, b, c);
-            atomic_store(&arg.copying, 0);
-            ratio[k] = busy / alone;
-        }
-        atomic_store(&arg.stop, 1);
-        pthread_join(th, NULL);
-        qsort(ratio, PAIRS, sizeof *ratio, cmp_double);
-        extra = ratio[PAIRS / 2] > 1 ? ratio[PAIRS / 2] - 1 : 0;
+    eng_interference_probe_t *p = calloc(1, sizeof *p);
+    MT_CHECK_ALLOC(p, "interference probe");
+    if (threads <= 0 || kern_device_create(KERN_BACKEND_CPU, &o, &p->dev, &err) != MT_OK) {
+        free(p);
+        return NULL;
     }
-    if (c) kern_free(dev, c);
-    if (b) kern_free(dev, b);
-    if (a) kern_free(dev, a);
-    kern_device_destroy(dev);
-    return extra;
+    p->a = kern_alloc(p->dev, bytes, "probe A", &err);
+    p->b = p->a ? kern_alloc(p->dev, bytes, "probe B", &err) : NULL;
+    p->c = p->b ? kern_alloc(p->dev, bytes, "probe C", &err) : NULL;
+    p->arg = (busy_arg_t){.dev = p->dev, .idle = 1};
+    if (!p->c || kern_cpu_host_cores(p->dev) == 0 || pthread_create(&p->th, NULL, host_busy, &p->arg) != 0) {
+        if (p->c) kern_free(p->dev, p->c);
+        if (p->b) kern_free(p->dev, p->b);
+        if (p->a) kern_free(p->dev, p->a);
+        kern_device_destroy(p->dev);
+        free(p);
+        return NULL;
+    }
+    for (int i = 0; i < 512 * 512; i++) p->a[i] = p->b[i] = (float)(i % 17) * 0.01f;
+    for (int w = 0; w < 3; w++) gemm_once(p->dev, p->a, p->b, p->c); /* warm-up */
+    return p;
+}
+
+double eng_interference_probe_pair(eng_interference_probe_t *p) {
+    while (!atomic_load(&p->arg.idle)) sched_yield(); /* the last piece is done */
+    const double alone = gemm_once(p->dev, p->a, p->b, p->c);
+    atomic_store(&p->arg.copying, 1);
+    while (atomic_load(&p->arg.idle)) sched_yield(); /* copying has started */
+    const double busy = gemm_once(p->dev, p->a, p->b, p->c);
+    atomic_store(&p->arg.copying, 0);
+    return busy / alone;
+}
+
+void eng_interference_probe_close(eng_interference_probe_t *p) {
+    if (!p) return;
+    atomic_store(&p->arg.stop, 1);
+    pthread_join(p->th, NULL);
+    kern_free(p->dev, p->c);
+    kern_free(p->dev, p->b);
+    kern_free(p->dev, p->a);
+    kern_device_destroy(p->dev);
+    free(p);
+}
+
+/* The median of 31 pairs' ratios, minus 1 (0: nothing to measure).  The
+ * two members of a pair alternate, so that a neighbour's load on a shared
+ * machine, which comes and goes, weighs on both. */
+static double measure_interference(int threads) {
+    enum { PAIRS = 31 };
+    eng_interference_probe_t *p = eng_interference_probe_open(threads);
+    if (!p) return 0;
+    double ratio[PAIRS];
+    for (int k = 0; k < PAIRS; k++) ratio[k] = eng_interference_probe_pair(p);
+    eng_interference_probe_close(p);
+    qsort(ratio, PAIRS, sizeof *ratio, cmp_double);
+    return ratio[PAIRS / 2] > 1 ? ratio[PAIRS / 2] - 1 : 0;
 }
 
 mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_opts_t *opts, sched_calibration_t *out,

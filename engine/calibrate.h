@@ -30,6 +30,16 @@ typedef struct {
     int reps;             /* repetitions (best kept); 0 = 3 */
 } eng_calibrate_opts_t;
 
+/* The interference probe on its own, for measuring beside a run: a pinned
+ * CPU device with `compute_threads` compute cores and a thread on a host
+ * core that copies on demand.  open returns NULL when there is nothing to
+ * split (one core, or compute_threads <= 0); a pair times a 512^3 product
+ * with the host core idle, then copying flat out, and returns busy / idle. */
+typedef struct eng_interference_probe eng_interference_probe_t;
+eng_interference_probe_t *eng_interference_probe_open(int compute_threads);
+double eng_interference_probe_pair(eng_interference_probe_t *p);
+void eng_interference_probe_close(eng_interference_probe_t *p);
+
 /* rc may be NULL (no link throttle). */
 mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_opts_t *opts, sched_calibration_t *out,
                           mt_error_t *err);

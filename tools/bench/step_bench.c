@@ -201,7 +201,7 @@ static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, do
  * rounds of plan i's step over plan 0's in the same round. */
 static void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans,
                                  const bool *overlap, int n, double link_bps, int trace_idx, measure_t *out,
-                                 double *ratio) {
+                                 double *ratio, double *probe_out) {
     typedef struct {
         kern_device_t *dev;
         eng_model_t m;
@@ -244,7 +244,16 @@ static void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_
             eng_model_set_trace(&r[i].m, r[i].trace);
     }
     const eng_optim_hparams_t hp = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .max_grad_norm = 0.0};
+    /* the interference probe, a few pairs every round, so that it sees the
+     * machine as the plans do (on this shared host it changes over minutes) */
+    enum { PROBE_PAIRS = 3 };
+    eng_interference_probe_t *probe = eng_interference_probe_open(o->compute_threads);
+    double *probe_r = malloc((size_t)o->steps * PROBE_PAIRS * sizeof *probe_r);
+    MT_CHECK_ALLOC(probe_r, "probe ratios");
+    int nprobe = 0;
     for (int step = -1; step < o->steps && ok; step++) { /* step -1 warms every plan up */
+        if (probe && step >= 0)
+            for (int k = 0; k < PROBE_PAIRS; k++) probe_r[nprobe++] = eng_interference_probe_pair(probe);
         for (int k = 0; k < n && ok; k++) {
             const int i = (k + (step > 0 ? step : 0)) % n;
             run_t *q = &r[i];
@@ -281,6 +290,9 @@ static void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_
             out[i].overlapped = os.updated_during_backward;
         }
     }
+    eng_interference_probe_close(probe);
+    *probe_out = nprobe > 0 ? median(probe_r, nprobe) : 0;
+    free(probe_r);
     const int nb = o->layers + 2;
     for (int i = 0; i < n && ok; i++) { /* before the medians: they sort */
         for (int k = 0; k < o->steps; k++) rr[k] = r[i].t[k] / r[0].t[k];
@@ -741,7 +753,8 @@ int mt_bench_step_main(int argc, char **argv) {
     measure_t ms[5];
     double pair_ratio[5] = {0};
     measure_free(&keep);
-    measure_side_by_side(ckpt, &o, plans, overlaps, have_auto ? 5 : 4, link_bps, 2, ms, pair_ratio);
+    double run_probe = 0; /* the interference probe's median during the run (busy / idle) */
+    measure_side_by_side(ckpt, &o, plans, overlaps, have_auto ? 5 : 4, link_bps, 2, ms, pair_ratio, &run_probe);
     measure_t keep2 = ms[0], off = ms[1], off_overlap = ms[2], minm = ms[3], autom = have_auto ? ms[4] : (measure_t){0};
     keep = keep2;
     sched_plan_free(&p_keep);
@@ -757,6 +770,8 @@ int mt_bench_step_main(int argc, char **argv) {
     if (keep.ok) {
         predictor_init(&pr, ckpt, &o, link_bps, &keep, keep.optim_s);
         pr.w.h2d_bw = pr.w.d2h_bw = link_bps;
+        if (pr.ok && run_probe > 0) /* the probe taken beside the run, rather than the calibration's own */
+            pr.cal.compute_interference = pr.w.compute_interference = run_probe > 1 ? run_probe - 1 : 0;
     }
     /* A second view: block compute as profiled in the offload_all run, i.e.
      * under copy and host-optimizer traffic, so that the simulator's own job,
@@ -873,7 +888,8 @@ int mt_bench_step_main(int argc, char **argv) {
     const double probe = pr.ok && pr.cal.compute_interference > 0 ? 1 + pr.cal.compute_interference : 0;
     if (probe > 0)
         printf("  probe: a 512^3 product on the compute core takes x%.3f as long while one memcpy loop runs on the\n"
-               "  host core (this machine's cores share more than a GPU and its copy engines do)\n",
+               "  host core (median of pairs taken between the rounds; this machine's cores share more than a GPU\n"
+               "  and its copy engines do)\n",
                probe);
     printf("\npredicted (simulator on the profiled keep_all step and the calibrated interference) vs measured median"
            " step time:\n");
