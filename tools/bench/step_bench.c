@@ -29,556 +29,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/data.h"
-#include "engine/exec.h"
 #include "engine/init_random.h"
-#include "engine/model.h"
-#include "engine/optim.h"
-#include "engine/report.h"
-#include "engine/trace.h"
-#include "engine/calibrate.h"
-#include "engine/config.h"
-#include "engine/program.h"
-#include "scheduler/costmodel.h"
-#include "scheduler/hw.h"
-#include "scheduler/plan.h"
 #include "scheduler/planner.h"
-#include "scheduler/registry.h"
-#include "scheduler/simulate.h"
-
-typedef struct {
-    int layers, hidden, experts, topk, expert_width, vocab, heads, kv_heads;
-    int seq, batch, steps, staging_rounds;
-    double link_gbps, link_latency_us, link_fraction;
-    /* threads of the CPU backend's compute pool (0 = all cores).  On a GPU,
-     * copies run on DMA engines beside compute and the host optimizer on
-     * the host's cores; on this backend they are threads of their own, so
-     * with N given, compute is pinned to N cores and copies, staging and
-     * the host optimizer to the others (kern_device_opts_t.pin_threads). */
-    int compute_threads;
-    bool json, staging_only, blocks;
-    const char *trace; /* write the overlapped offload_all run's trace.json here */
-} opts_t;
-
-typedef struct {
-    double median_s, optim_s; /* median step time; median optimizer wall time */
-    double *fwd_s, *bwd_s;    /* per-block compute seconds, mean per step (profiled) */
-    double compute_med_s;     /* median over steps of the step's block compute (0: not measured) */
-    size_t peak_device;
-    uint64_t h2d_bytes, d2h_bytes; /* per step */
-    int overlapped;
-    bool ok;
-} measure_t;
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/* Synthetic data: uniformly random tokens, every target counted. */
-static void make_dataset(eng_dataset_t *ds, const opts_t *o, int rows) {
-    memset(ds, 0, sizeof *ds);
-    ds->T = o->seq;
-    ds->num_rows = rows;
-    const size_t n = (size_t)rows * o->seq;
-    ds->inputs = malloc(n * sizeof *ds->inputs);
-    ds->targets = malloc(n * sizeof *ds->targets);
-    ds->mask = malloc(n);
-    MT_CHECK(ds->inputs && ds->targets && ds->mask, "out of memory for the synthetic dataset");
-    uint64_t x = 0x9e3779b97f4a7c15ull;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        ds->inputs[i] = (int32_t)(x % (uint64_t)o->vocab);
-        ds->mask[i] = 1;
-    }
-    for (size_t i = 0; i < n; i++) ds->targets[i] = (i + 1) % (size_t)o->seq ? ds->inputs[i + 1] : -100;
-}
-
-static void measure_plan_staged(const char *ckpt, const opts_t *o, const sched_plan_t *given, double link_bps,
-                                bool overlap, const char *trace_path, moe_staging_mode_t mode, measure_t *out) {
-    const sched_policy_t policy = given->policy;
-    memset(out, 0, sizeof *out);
-    mt_error_t err = {0};
-    kern_device_opts_t dopts = {.link_h2d_bytes_per_s = link_bps, .link_d2h_bytes_per_s = link_bps,
-                                .link_latency_s = o->link_latency_us * 1e-6, .host_threads = o->compute_threads,
-                                .pin_threads = o->compute_threads > 0};
-    kern_device_t *dev = NULL;
-    if (kern_device_create(KERN_BACKEND_CPU, &dopts, &dev, &err) != MT_OK) {
-        fprintf(stderr, "bench step: %s\n", err.msg);
-        return;
-    }
-    eng_model_t m;
-    eng_staging_settings_t ss;
-    eng_staging_settings_init(&ss);
-    ss.mode = mode;
-    ss.tokens = o->batch * o->seq;
-    if (eng_model_load_ex(&m, dev, ckpt, NULL, given, &ss, &err) != MT_OK) {
-        fprintf(stderr, "bench step: %s\n", err.msg);
-        kern_device_destroy(dev);
-        return;
-    }
-    eng_trace_t *trace = NULL;
-    if (trace_path && eng_trace_open(trace_path, &trace, &err) == MT_OK) eng_model_set_trace(&m, trace);
-    eng_dataset_t ds;
-    make_dataset(&ds, o, o->batch * (o->steps + 1));
-    eng_loader_t ld;
-    eng_loader_init(&ld, &ds, o->batch, false, 0);
-    const eng_optim_hparams_t hp = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-                                    .weight_decay = 0.0, .max_grad_norm = 0.0};
-    double *times = malloc((size_t)o->steps * sizeof *times), *optim = malloc((size_t)o->steps * sizeof *optim);
-    MT_CHECK(times && optim, "out of memory");
-    out->ok = true;
-    for (int step = -1; step < o->steps && out->ok; step++) { /* step -1 warms up */
-        const kern_device_stats_t before = kern_device_stats(dev);
-        const double t0 = eng_now_s();
-        eng_optim_begin_step(&m, &hp, 1, overlap);
-        eng_batch_t b;
-        eng_loader_next(&ld, &b);
-        eng_micro_stats_t ms;
-        eng_optim_stats_t os;
-        if (eng_model_forward_backward(&m, &b, 1.0f, NULL, &ms, &err) != MT_OK ||
-            eng_optim_step(&m, &hp, &os, &err) != MT_OK) {
-            fprintf(stderr, "bench step (%s): %s\n", sched_policy_name(policy), err.msg);
-            out->ok = false;
-            break;
-        }
-        const double dt = eng_now_s() - t0;
-        if (step < 0) eng_model_block_times(&m, NULL, NULL, true); /* drop the warm-up */
-        if (step >= 0) {
-            const kern_device_stats_t after = kern_device_stats(dev);
-            times[step] = dt;
-            optim[step] = os.optim_wall_s;
-            out->h2d_bytes = after.h2d_bytes - before.h2d_bytes;
-            out->d2h_bytes = after.d2h_bytes - before.d2h_bytes;
-            out->overlapped = os.updated_during_backward;
-        }
-    }
-    if (out->ok) {
-        out->median_s = median(times, o->steps);
-        out->optim_s = median(optim, o->steps);
-        out->peak_device = kern_device_stats(dev).device_peak;
-        const int nb = eng_model_num_blocks(&m);
-        out->fwd_s = calloc((size_t)nb, sizeof *out->fwd_s);
-        out->bwd_s = calloc((size_t)nb, sizeof *out->bwd_s);
-        MT_CHECK(out->fwd_s && out->bwd_s, "out of memory");
-        eng_model_block_times(&m, out->fwd_s, out->bwd_s, true);
-    }
-    free(times);
-    free(optim);
-    if (trace) {
-        eng_model_set_trace(&m, NULL);
-        if (eng_trace_close(trace, &err) != MT_OK) fprintf(stderr, "bench step: %s\n", err.msg);
-        else fprintf(stderr, "bench step: trace of offload_all (overlapped) written to %s\n", trace_path);
-    }
-    eng_loader_free(&ld);
-    eng_dataset_free(&ds);
-    eng_model_free(&m);
-    kern_device_destroy(dev);
-}
-
-static void measure_plan(const char *ckpt, const opts_t *o, const sched_plan_t *given, double link_bps,
-                         bool overlap, const char *trace_path, measure_t *out) {
-    measure_plan_staged(ckpt, o, given, link_bps, overlap, trace_path, MOE_STAGING_COMPACT, out);
-}
-
-static void measure(const char *ckpt, const opts_t *o, sched_policy_t policy, double link_bps, bool overlap,
-                    const char *trace_path, measure_t *out) {
-    sched_plan_t plan;
-    sched_plan_init_uniform(&plan, o->layers + 2, policy);
-    measure_plan(ckpt, o, &plan, link_bps, overlap, trace_path, out);
-    sched_plan_free(&plan);
-}
-
-/* Plans side by side: one model per plan, each on its own device, one step
- * of each in turn (the order rotating every round), so that load from other
- * processes and a shared host's steal time, which come and go, weigh on
- * every plan alike; medians over the rounds.  ratio[i] is the median over
- * rounds of plan i's step over plan 0's in the same round. */
-static void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans,
-                                 const bool *overlap, int n, double link_bps, int trace_idx, measure_t *out,
-                                 double *ratio, double *probe_out) {
-    typedef struct {
-        kern_device_t *dev;
-        eng_model_t m;
-        eng_dataset_t ds;
-        eng_loader_t ld;
-        eng_trace_t *trace;
-        bool loaded;
-        double *t, *opt, *comp; /* per step: wall, optimizer, block compute */
-        double *fwd, *bwd;      /* per block: summed over steps */
-    } run_t;
-    run_t *r = calloc((size_t)n, sizeof *r);
-    double *rr = malloc((size_t)o->steps * sizeof *rr);
-    MT_CHECK(r && rr, "out of memory");
-    mt_error_t err = {0};
-    bool ok = true;
-    for (int i = 0; i < n && ok; i++) {
-        memset(&out[i], 0, sizeof out[i]);
-        kern_device_opts_t dopts = {.link_h2d_bytes_per_s = link_bps, .link_d2h_bytes_per_s = link_bps,
-                                    .link_latency_s = o->link_latency_us * 1e-6, .host_threads = o->compute_threads,
-                                    .pin_threads = o->compute_threads > 0};
-        eng_staging_settings_t ss;
-        eng_staging_settings_init(&ss);
-        ss.tokens = o->batch * o->seq;
-        ok = kern_device_create(KERN_BACKEND_CPU, &dopts, &r[i].dev, &err) == MT_OK &&
-             eng_model_load_ex(&r[i].m, r[i].dev, ckpt, NULL, plans[i], &ss, &err) == MT_OK;
-        if (!ok) {
-            fprintf(stderr, "bench step (%s): %s\n", sched_policy_name(plans[i]->policy), err.msg);
-            break;
-        }
-        r[i].loaded = true;
-        make_dataset(&r[i].ds, o, o->batch * (o->steps + 1));
-        eng_loader_init(&r[i].ld, &r[i].ds, o->batch, false, 0);
-        r[i].t = malloc((size_t)o->steps * sizeof(double));
-        r[i].opt = malloc((size_t)o->steps * sizeof(double));
-        r[i].comp = malloc((size_t)o->steps * sizeof(double));
-        r[i].fwd = calloc((size_t)(o->layers + 2), sizeof(double));
-        r[i].bwd = calloc((size_t)(o->layers + 2), sizeof(double));
-        MT_CHECK(r[i].t && r[i].opt && r[i].comp && r[i].fwd && r[i].bwd, "out of memory");
-        if (i == trace_idx && o->trace && eng_trace_open(o->trace, &r[i].trace, &err) == MT_OK)
-            eng_model_set_trace(&r[i].m, r[i].trace);
-    }
-    const eng_optim_hparams_t hp = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .max_grad_norm = 0.0};
-    /* the interference probe, a few pairs every round, so that it sees the
-     * machine as the plans do (on this shared host it changes over minutes) */
-    enum { PROBE_PAIRS = 3 };
-    eng_interference_probe_t *probe = eng_interference_probe_open(o->compute_threads);
-    double *probe_r = malloc((size_t)o->steps * PROBE_PAIRS * sizeof *probe_r);
-    MT_CHECK_ALLOC(probe_r, "probe ratios");
-    int nprobe = 0;
-    for (int step = -1; step < o->steps && ok; step++) { /* step -1 warms every plan up */
-        if (probe && step >= 0)
-            for (int k = 0; k < PROBE_PAIRS; k++) probe_r[nprobe++] = eng_interference_probe_pair(probe);
-        for (int k = 0; k < n && ok; k++) {
-            const int i = (k + (step > 0 ? step : 0)) % n;
-            run_t *q = &r[i];
-            const kern_device_stats_t before = kern_device_stats(q->dev);
-            const double t0 = eng_now_s();
-            eng_optim_begin_step(&q->m, &hp, 1, overlap[i]);
-            eng_batch_t b;
-            eng_loader_next(&q->ld, &b);
-            eng_micro_stats_t ms;
-            eng_optim_stats_t os;
-            if (eng_model_forward_backward(&q->m, &b, 1.0f, NULL, &ms, &err) != MT_OK ||
-                eng_optim_step(&q->m, &hp, &os, &err) != MT_OK) {
-                fprintf(stderr, "bench step (%s): %s\n", sched_policy_name(plans[i]->policy), err.msg);
-                ok = false;
-                break;
-            }
-            const double dt = eng_now_s() - t0;
-            if (step < 0) {
-                eng_model_block_times(&q->m, NULL, NULL, true); /* drop the warm-up */
-                continue;
-            }
-            const kern_device_stats_t after = kern_device_stats(q->dev);
-            q->t[step] = dt;
-            q->opt[step] = os.optim_wall_s;
-            {
-                const int nbk = o->layers + 2;
-                double f[nbk], g[nbk], c = 0;
-                eng_model_block_times(&q->m, f, g, true);
-                for (int b = 0; b < nbk; b++) c += f[b] + g[b], q->fwd[b] += f[b], q->bwd[b] += g[b];
-                q->comp[step] = c;
-            }
-            out[i].h2d_bytes = after.h2d_bytes - before.h2d_bytes;
-            out[i].d2h_bytes = after.d2h_bytes - before.d2h_bytes;
-            out[i].overlapped = os.updated_during_backward;
-        }
-    }
-    eng_interference_probe_close(probe);
-    *probe_out = nprobe > 0 ? median(probe_r, nprobe) : 0;
-    free(probe_r);
-    const int nb = o->layers + 2;
-    for (int i = 0; i < n && ok; i++) { /* before the medians: they sort */
-        for (int k = 0; k < o->steps; k++) rr[k] = r[i].t[k] / r[0].t[k];
-        ratio[i] = median(rr, o->steps);
-    }
-    for (int i = 0; i < n; i++) {
-        if (ok) {
-            out[i].ok = true;
-            out[i].fwd_s = calloc((size_t)nb, sizeof *out[i].fwd_s);
-            out[i].bwd_s = calloc((size_t)nb, sizeof *out[i].bwd_s);
-            MT_CHECK(out[i].fwd_s && out[i].bwd_s, "out of memory");
-            for (int b = 0; b < nb; b++) out[i].fwd_s[b] = r[i].fwd[b] / o->steps, out[i].bwd_s[b] = r[i].bwd[b] / o->steps;
-            out[i].compute_med_s = median(r[i].comp, o->steps);
-            out[i].peak_device = kern_device_stats(r[i].dev).device_peak;
-            out[i].median_s = median(r[i].t, o->steps);
-            out[i].optim_s = median(r[i].opt, o->steps);
-        }
-        if (r[i].trace) {
-            eng_model_set_trace(&r[i].m, NULL);
-            if (eng_trace_close(r[i].trace, &err) != MT_OK) fprintf(stderr, "bench step: %s\n", err.msg);
-            else fprintf(stderr, "bench step: trace of offload_all (overlapped) written to %s\n", o->trace);
-        }
-    }
-    for (int i = n - 1; i >= 0; i--) { /* last created first: pinned devices give the cores back in order */
-        free(r[i].t);
-        free(r[i].opt);
-        free(r[i].comp);
-        free(r[i].fwd);
-        free(r[i].bwd);
-        if (!r[i].dev) continue;
-        if (r[i].loaded) {
-            eng_loader_free(&r[i].ld);
-            eng_dataset_free(&r[i].ds);
-            eng_model_free(&r[i].m);
-        }
-        kern_device_destroy(r[i].dev);
-    }
-    free(r);
-    free(rr);
-}
-
-/* Seconds of block compute in one step (forward + backward, all blocks). */
-static double compute_s(const measure_t *m, int nb) {
-    if (m->compute_med_s > 0) return m->compute_med_s;
-    double t = 0;
-    for (int b = 0; m->fwd_s && b < nb; b++) t += m->fwd_s[b] + m->bwd_s[b];
-    return t;
-}
-
-static void measure_free(measure_t *m) {
-    free(m->fwd_s);
-    free(m->bwd_s);
-}
-
-/* offload_all (overlapped) with the compact pool and with per_tensor staging.
- * The machine is shared, so the two run side by side as a paired
- * comparison: one model per mode (each on its own device), steps
- * alternating A B B A, and the ratio taken per pair of neighbouring steps;
- * load from other processes then slows both members of a pair alike. */
-typedef struct {
-    double step_s[2];          /* [0] compact, [1] per_tensor: medians */
-    double ratio;              /* median of per-pair per_tensor / compact step times */
-    uint64_t copies[2][2];     /* mode, direction: per step */
-    size_t pinned[2];
-    int pairs;
-    bool ok;
-} staging_cmp_t;
-
-typedef struct {
-    kern_device_t *dev;
-    eng_model_t m;
-    eng_dataset_t ds;
-    eng_loader_t ld;
-    bool loaded;
-} runner_t;
-
-static bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_plan_t *plan, double link_bps,
-                        moe_staging_mode_t mode, int rows) {
-    memset(r, 0, sizeof *r);
-    mt_error_t err = {0};
-    kern_device_opts_t dopts = {.link_h2d_bytes_per_s = link_bps, .link_d2h_bytes_per_s = link_bps,
-                                .link_latency_s = o->link_latency_us * 1e-6, .host_threads = o->compute_threads,
-                                .pin_threads = o->compute_threads > 0};
-    if (kern_device_create(KERN_BACKEND_CPU, &dopts, &r->dev, &err) != MT_OK) {
-        fprintf(stderr, "bench step: %s\n", err.msg);
-        return false;
-    }
-    eng_staging_settings_t ss;
-    eng_staging_settings_init(&ss);
-    ss.mode = mode;
-    ss.tokens = o->batch * o->seq;
-    if (eng_model_load_ex(&r->m, r->dev, ckpt, NULL, plan, &ss, &err) != MT_OK) {
-        fprintf(stderr, "bench step (%s): %s\n", moe_staging_mode_name(mode), err.msg);
-        kern_device_destroy(r->dev);
-        r->dev = NULL;
-        return false;
-    }
-    r->loaded = true;
-    make_dataset(&r->ds, o, rows);
-    eng_loader_init(&r->ld, &r->ds, o->batch, false, 0);
-    return true;
-}
-
-static bool runner_step(runner_t *r, double *dt, moe_staging_stats_t *st) {
-    const eng_optim_hparams_t hp = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .max_grad_norm = 0.0};
-    mt_error_t err = {0};
-    const double t0 = eng_now_s();
-    eng_optim_begin_step(&r->m, &hp, 1, true);
-    eng_batch_t b;
-    eng_loader_next(&r->ld, &b);
-    eng_micro_stats_t ms;
-    eng_optim_stats_t os;
-    if (eng_model_forward_backward(&r->m, &b, 1.0f, NULL, &ms, &err) != MT_OK ||
-        eng_optim_step(&r->m, &hp, &os, &err) != MT_OK) {
-        fprintf(stderr, "bench step (staging): %s\n", err.msg);
-        return false;
-    }
-    *dt = eng_now_s() - t0;
-    moe_staging_get_stats(eng_exec_staging(&r->m), MOE_STAGING_SCOPE_STEP, st);
-    return true;
-}
-
-static void runner_free(runner_t *r) {
-    if (!r->dev) return;
-    eng_loader_free(&r->ld);
-    eng_dataset_free(&r->ds);
-    if (r->loaded) eng_model_free(&r->m);
-    kern_device_destroy(r->dev);
-}
-
-static void measure_staging(const char *ckpt, const opts_t *o, double link_bps, staging_cmp_t *out) {
-    memset(out, 0, sizeof *out);
-    const int n = o->staging_rounds * o->steps; /* timed steps per mode */
-    double *t[2] = {malloc((size_t)n * sizeof(double)), malloc((size_t)n * sizeof(double))};
-    double *ratio = malloc((size_t)n * sizeof(double));
-    MT_CHECK(t[0] && t[1] && ratio, "out of memory");
-    sched_plan_t plan;
-    sched_plan_init_uniform(&plan, o->layers + 2, SCHED_POLICY_OFFLOAD_ALL);
-    runner_t r[2];
-    out->ok = runner_init(&r[0], ckpt, o, &plan, link_bps, MOE_STAGING_COMPACT, o->batch * (n + 1)) &&
-              runner_init(&r[1], ckpt, o, &plan, link_bps, MOE_STAGING_PER_TENSOR, o->batch * (n + 1));
-    for (int i = -1; i < n && out->ok; i++) { /* step -1 warms both up */
-        double dt[2];
-        for (int k = 0; k < 2 && out->ok; k++) {
-            const int mode = (i & 1) ? 1 - k : k; /* A B, B A, ... */
-            moe_staging_stats_t st;
-            out->ok = runner_step(&r[mode], &dt[mode], &st);
-            if (out->ok && i >= 0) {
-                out->copies[mode][0] = st.copies[0];
-                out->copies[mode][1] = st.copies[1];
-                if (st.peak_reserved > out->pinned[mode]) out->pinned[mode] = st.peak_reserved;
-            }
-        }
-        if (out->ok && i >= 0) {
-            t[0][i] = dt[0];
-            t[1][i] = dt[1];
-            ratio[i] = dt[1] / dt[0];
-        }
-    }
-    if (out->ok) {
-        out->step_s[0] = median(t[0], n);
-        out->step_s[1] = median(t[1], n);
-        out->ratio = median(ratio, n);
-        out->pairs = n;
-    }
-    runner_free(&r[0]);
-    runner_free(&r[1]);
-    sched_plan_free(&plan);
-    free(t[0]);
-    free(t[1]);
-    free(ratio);
-}
-
-/* The planner's view of this run: the workload from the cost model with the
- * compute times of a profiled keep_all step (forward, backward, recompute =
- * forward; AdamW scaled to the measured optimizer time), links as throttled. */
-typedef struct {
-    sched_workload_t w;
-    sched_registry_t reg;
-    sched_hw_t hw;
-    sched_calibration_t cal;
-    bool ok;
-} predictor_t;
-
-/* `prof`: the run whose block compute times to use; `optim_s`: the measured
- * time of one whole (not overlapped) AdamW pass, to scale the model's. */
-static void predictor_init(predictor_t *p, const char *ckpt, const opts_t *o, double link_bps,
-                           const measure_t *prof, double optim_s) {
-    memset(p, 0, sizeof *p);
-    mt_error_t err = {0};
-    eng_model_config_t mc;
-    if (eng_model_config_load(ckpt, NULL, &mc, &err) != MT_OK) {
-        fprintf(stderr, "bench step: %s\n", err.msg);
-        return;
-    }
-    eng_run_config_t rc;
-    eng_run_config_defaults(&rc);
-    rc.sequence_len = o->seq;
-    rc.micro_batch_size = o->batch;
-    rc.gradient_accumulation_steps = 1;
-    rc.max_grad_norm = 0;
-    rc.link_gbps = link_bps / 1e9;
-    rc.link_latency_us = o->link_latency_us;
-    rc.compute_threads = o->compute_threads;
-    sched_calibration_t *cal = &p->cal;
-    sched_model_desc_t md;
-    sched_run_shape_t shape;
-    if (eng_calibrate(&rc, NULL, cal, &err) != MT_OK || eng_program_describe(&mc, &rc, false, &md, &shape, &err) != MT_OK ||
-        sched_registry_build(&md, &shape, &p->reg, &err) != MT_OK) {
-        fprintf(stderr, "bench step: %s\n", err.msg);
-        eng_model_config_free(&mc);
-        eng_run_config_free(&rc);
-        return;
-    }
-    sched_hw_from_calibration(cal, &p->hw);
-    if (sched_workload_build(&p->reg, &p->hw, &p->w, &err) != MT_OK) {
-        fprintf(stderr, "bench step: %s\n", err.msg);
-    } else {
-        double adam_model = 0;
-        for (int b = 0; b < p->w.num_blocks; b++) adam_model += p->w.blocks[b].adam_device_s;
-        const double adam_scale = adam_model > 0 ? optim_s / adam_model : 1.0;
-        /* per-block means, scaled to the median step's compute (a step that
-         * a neighbour's load slowed should not pull the profile up) */
-        double mean = 0;
-        for (int b = 0; b < p->w.num_blocks; b++) mean += prof->fwd_s[b] + prof->bwd_s[b];
-        const double k = prof->compute_med_s > 0 && mean > 0 ? prof->compute_med_s / mean : 1.0;
-        for (int b = 0; b < p->w.num_blocks; b++) {
-            sched_block_cost_t *c = &p->w.blocks[b];
-            c->fwd_s = prof->fwd_s[b] * k;
-            c->bwd_s = prof->bwd_s[b] * k;
-            c->recompute_s = prof->fwd_s[b] * k;
-            c->adam_device_s *= adam_scale;
-            c->adam_host_s = c->adam_device_s; /* the same kernel on this backend */
-        }
-        p->ok = true;
-    }
-    eng_model_config_free(&mc);
-    eng_run_config_free(&rc);
-}
-
-/* The slowest link under which every layer's offload_all transfers fit in
- * `fraction` of its compute (see the top of the file). */
-static double layer_bound_link(const sched_workload_t *w, const measure_t *keep, double fraction, double latency_s) {
-    double need = 0;
-    for (int b = 1; b + 1 < w->num_blocks; b++) {
-        const sched_block_cost_t *c = &w->blocks[b];
-        const double off = c->act_saved_bytes - c->act_input_bytes;
-        const struct {
-            double bytes, copies, compute_s;
-        } moves[4] = {
-            {c->w_fetch_bytes, c->w_fetch_copies, keep->fwd_s[b]},                       /* forward H2D */
-            {off, c->act_copies, keep->fwd_s[b]},                                        /* forward D2H */
-            {c->w_fetch_bytes + off, c->w_fetch_copies + c->act_copies, keep->bwd_s[b]}, /* backward H2D */
-            {c->grad_mb_bytes, c->grad_mb_copies, keep->bwd_s[b]},                       /* backward D2H */
-        };
-        for (int k = 0; k < 4; k++) {
-            const double room = fraction * moves[k].compute_s - moves[k].copies * latency_s;
-            if (moves[k].bytes <= 0) continue;
-            const double bw = room > 0 ? moves[k].bytes / room : INFINITY;
-            if (bw > need) need = bw;
-        }
-    }
-    return need;
-}
-
-static double predict(const predictor_t *p, const sched_plan_t *plan) {
-    if (!p->ok) return 0;
-    sched_sim_result_t r;
-    mt_error_t err = {0};
-    const sched_sim_opts_t so = {0};
-    if (sched_simulate(&p->w, plan, &so, &r, &err) != MT_OK) {
-        fprintf(stderr, "bench step: %s\n", err.msg);
-        return 0;
-    }
-    const double t = r.step_time;
-    sched_sim_result_free(&r);
-    return t;
-}
-
-static double predict_uniform(const predictor_t *p, int nb, sched_policy_t policy) {
-    sched_plan_t plan;
-    sched_plan_init_uniform(&plan, nb, policy);
-    const double t = predict(p, &plan);
-    sched_plan_free(&plan);
-    return t;
-}
+#include "tools/bench/step_bench_internal.h"
 
 static int parse(int argc, char **argv, opts_t *o) {
     *o = (opts_t){.layers = 8, .hidden = 256, .experts = 8, .topk = 2, .expert_width = 512, .vocab = 512,
@@ -668,8 +121,17 @@ int mt_bench_step_main(int argc, char **argv) {
         return 1;
     }
 
+    /* keep_all alone and unthrottled first: its block times size the link */
     measure_t keep;
-    measure(ckpt, &o, SCHED_POLICY_KEEP_ALL, 0, false, NULL, &keep);
+    {
+        sched_plan_t p_keep;
+        sched_plan_init_uniform(&p_keep, o.layers + 2, SCHED_POLICY_KEEP_ALL);
+        const sched_plan_t *one[] = {&p_keep};
+        const bool no_overlap[] = {false};
+        double unused_ratio, unused_probe;
+        measure_side_by_side(ckpt, &o, one, no_overlap, 1, 0, -1, &keep, &unused_ratio, &unused_probe);
+        sched_plan_free(&p_keep);
+    }
     /* the planner's view of this run, on the profiled keep_all step */
     predictor_t pr = {0};
     double link_bps = o.link_gbps * 1e9;
@@ -699,7 +161,7 @@ int mt_bench_step_main(int argc, char **argv) {
         if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
         const bool ok = keep.ok && sc.ok;
         measure_free(&keep);
-        if (pr.ok) sched_workload_free(&pr.w), sched_registry_free(&pr.reg);
+        predictor_free(&pr);
         if (!ok) return 1;
         printf("staging, offload_all on a %.3f GB/s + %.0f us link (%d paired steps, modes alternating A B B A):\n",
                link_bps / 1e9, o.link_latency_us, sc.pairs);
@@ -762,11 +224,7 @@ int mt_bench_step_main(int argc, char **argv) {
     sched_plan_free(&p_min);
 
     /* the predictions, on this run's keep_all profile (the planner's view) */
-    if (pr.ok) {
-        sched_workload_free(&pr.w);
-        sched_registry_free(&pr.reg);
-        pr.ok = false;
-    }
+    predictor_free(&pr);
     if (keep.ok) {
         predictor_init(&pr, ckpt, &o, link_bps, &keep, keep.optim_s);
         pr.w.h2d_bw = pr.w.d2h_bw = link_bps;
@@ -798,14 +256,9 @@ int mt_bench_step_main(int argc, char **argv) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
     if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
     if (!keep.ok || !off.ok || !off_overlap.ok || !minm.ok || !sc.ok) return 1;
-    if (pr.ok) {
-        sched_workload_free(&pr.w);
-        sched_registry_free(&pr.reg);
-    }
-    if (pr_traffic.ok) {
-        sched_workload_free(&pr_traffic.w);
-        sched_registry_free(&pr_traffic.reg);
-    }
+    const double probe = pr.ok && pr.cal.compute_interference > 0 ? 1 + pr.cal.compute_interference : 0;
+    predictor_free(&pr);
+    predictor_free(&pr_traffic);
 
     const double ratio = pair_ratio[2]; /* offload_all (overlapped) over keep_all, paired */
     const double share_off = off.optim_s / off.median_s, share_on = off_overlap.optim_s / off_overlap.median_s;
@@ -831,7 +284,7 @@ int mt_bench_step_main(int argc, char **argv) {
                pred_off_traffic, pred_min_traffic, pred_auto_traffic, compute_s(&keep, nb), compute_s(&off_overlap, nb),
                compute_s(&minm, nb), compute_s(&autom, nb),
                (compute_s(&keep, nb) + off_overlap.median_s - compute_s(&off_overlap, nb)) / keep.median_s,
-               pr.ok ? 1 + pr.cal.compute_interference : 0, auto_budget,
+               probe, auto_budget,
                autom.median_s, pred_auto, autom.peak_device, sc.step_s[0], sc.step_s[1], staging_ratio, sc.pairs,
                (unsigned long long)sc.copies[0][0], (unsigned long long)sc.copies[0][1],
                (unsigned long long)sc.copies[1][0], (unsigned long long)sc.copies[1][1], sc.pinned[0], sc.pinned[1]);
@@ -885,7 +338,6 @@ int mt_bench_step_main(int argc, char **argv) {
            (off_overlap.median_s - off_c) * 1e3);
     printf("  offload_all / keep_all with offload_all's compute at keep_all's speed: %.3f\n",
            (keep_c + off_overlap.median_s - off_c) / keep.median_s);
-    const double probe = pr.ok && pr.cal.compute_interference > 0 ? 1 + pr.cal.compute_interference : 0;
     if (probe > 0)
         printf("  probe: a 512^3 product on the compute core takes x%.3f as long while one memcpy loop runs on the\n"
                "  host core (median of pairs taken between the rounds; this machine's cores share more than a GPU\n"

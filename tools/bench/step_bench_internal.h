@@ -1,0 +1,115 @@
+/* Shared by the parts of `moetune bench step` (see step_bench.c): the
+ * options, one plan's measurements, and the functions that take them
+ * (step_measure.c) and predict them (step_predict.c). */
+#ifndef MT_TOOLS_BENCH_STEP_BENCH_INTERNAL_H
+#define MT_TOOLS_BENCH_STEP_BENCH_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/data.h"
+#include "engine/model.h"
+#include "engine/optim.h"
+#include "moe/staging.h"
+#include "scheduler/costmodel.h"
+#include "scheduler/hw.h"
+#include "scheduler/plan.h"
+#include "scheduler/registry.h"
+
+typedef struct {
+    int layers, hidden, experts, topk, expert_width, vocab, heads, kv_heads;
+    int seq, batch, steps, staging_rounds;
+    double link_gbps, link_latency_us, link_fraction;
+    /* threads of the CPU backend's compute pool (0 = all cores).  On a GPU,
+     * copies run on DMA engines beside compute and the host optimizer on
+     * the host's cores; on this backend they are threads of their own, so
+     * with N given, compute is pinned to N cores and copies, staging and
+     * the host optimizer to the others (kern_device_opts_t.pin_threads). */
+    int compute_threads;
+    bool json, staging_only, blocks;
+    const char *trace; /* write the overlapped offload_all run's trace.json here */
+} opts_t;
+
+typedef struct {
+    double median_s, optim_s; /* median step time; median optimizer wall time */
+    double *fwd_s, *bwd_s;    /* per-block compute seconds, mean per step (profiled) */
+    double compute_med_s;     /* median over steps of the step's block compute (0: not measured) */
+    size_t peak_device;
+    uint64_t h2d_bytes, d2h_bytes; /* per step */
+    int overlapped;
+    bool ok;
+} measure_t;
+
+/* Median of v[0..n) (sorts v). */
+double step_median(double *v, int n);
+
+/* One model on its own CPU device (link throttled, compute pinned as the
+ * options say), with synthetic data of `rows` rows. */
+typedef struct {
+    kern_device_t *dev;
+    eng_model_t m;
+    eng_dataset_t ds;
+    eng_loader_t ld;
+    bool loaded;
+} runner_t;
+
+bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_plan_t *plan, double link_bps,
+                 moe_staging_mode_t mode, int rows);
+/* One optimizer step of one micro-batch (host AdamW overlapped with the
+ * backward when `overlap`); its wall time and the optimizer's stats. */
+bool runner_step(runner_t *r, bool overlap, double *dt, eng_optim_stats_t *os);
+void runner_free(runner_t *r);
+
+/* Plans side by side: one runner per plan, one step of each in turn (the
+ * order rotating every round), so that load from other processes and a
+ * shared host's steal time, which come and go, weigh on every plan alike;
+ * medians over the rounds.  ratio[i]: the median over rounds of plan i's
+ * step over plan 0's in the same round.  trace_idx: the plan whose run
+ * writes o->trace (-1: none).  *probe_out: the median of the interference
+ * probe's pairs taken between the rounds (0: not measured). */
+void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans, const bool *overlap,
+                          int n, double link_bps, int trace_idx, measure_t *out, double *ratio, double *probe_out);
+double compute_s(const measure_t *m, int nb);
+void measure_free(measure_t *m);
+
+/* offload_all (overlapped) with the compact pool and with per_tensor staging.
+ * The machine is shared, so the two run side by side as a paired
+ * comparison: one model per mode (each on its own device), steps
+ * alternating A B B A, and the ratio taken per pair of neighbouring steps;
+ * load from other processes then slows both members of a pair alike. */
+typedef struct {
+    double step_s[2];          /* [0] compact, [1] per_tensor: medians */
+    double ratio;              /* median of per-pair per_tensor / compact step times */
+    uint64_t copies[2][2];     /* mode, direction: per step */
+    size_t pinned[2];
+    int pairs;
+    bool ok;
+} staging_cmp_t;
+
+void measure_staging(const char *ckpt, const opts_t *o, double link_bps, staging_cmp_t *out);
+
+/* The planner's view of this run: the workload from the cost model with the
+ * compute times of a profiled keep_all step (forward, backward, recompute =
+ * forward; AdamW scaled to the measured optimizer time), links as throttled. */
+typedef struct {
+    sched_workload_t w;
+    sched_registry_t reg;
+    sched_hw_t hw;
+    sched_calibration_t cal;
+    bool ok;
+} predictor_t;
+
+/* `prof`: the run whose block compute times to use; `optim_s`: the measured
+ * time of one whole (not overlapped) AdamW pass, to scale the model's. */
+void predictor_init(predictor_t *p, const char *ckpt, const opts_t *o, double link_bps, const measure_t *prof,
+                    double optim_s);
+void predictor_free(predictor_t *p);
+/* The slowest link under which every layer's offload_all transfers fit in
+ * `fraction` of its compute (see step_bench.c). */
+double layer_bound_link(const sched_workload_t *w, const measure_t *keep, double fraction, double latency_s);
+/* Simulated step time of a plan (0 on error or without a workload). */
+double predict(const predictor_t *p, const sched_plan_t *plan);
+double predict_uniform(const predictor_t *p, int nb, sched_policy_t policy);
+
+#endif
