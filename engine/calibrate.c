@@ -20,12 +20,7 @@
 #include "kernels/cpu/backend_cpu.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "base/clock.h"
 
 /* threads: the kernel pool's size, as the run will have it (0 = every core) */
 static mt_status_t measure_gemm(int n, int reps, int threads, double *flops, mt_error_t *err) {
@@ -50,10 +45,10 @@ static mt_status_t measure_gemm(int n, int reps, int threads, double *flops, mt_
     kern_stream_sync(dev, s);
     double best = 1e30;
     for (int r = 0; r < reps + 1; r++) { /* +1: the first run warms the thread pool */
-        double t0 = now_s();
+        double t0 = mt_now_s();
         dev->ops->matmul(s, c, a, b, n, n, n, false, true, 1.0f, 0.0f);
         kern_stream_sync(dev, s);
-        double t = now_s() - t0;
+        double t = mt_now_s() - t0;
         if (r > 0 && t < best) best = t;
     }
     free(host);
@@ -87,14 +82,14 @@ static double measure_stream(size_t bytes, int reps, int threads) {
     MT_CHECK(tid && parts, "out of host memory for calibration threads");
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = mt_now_s();
         for (int k = 0; k < threads; k++) {
             size_t lo = n * (size_t)k / (size_t)threads, hi = n * (size_t)(k + 1) / (size_t)threads;
             parts[k] = (triad_t){a + lo, b + lo, c + lo, hi - lo};
             MT_CHECK(pthread_create(&tid[k], NULL, triad, &parts[k]) == 0, "pthread_create failed");
         }
         for (int k = 0; k < threads; k++) pthread_join(tid[k], NULL);
-        double t = now_s() - t0;
+        double t = mt_now_s() - t0;
         if (t < best) best = t;
     }
     free(tid);
@@ -112,9 +107,9 @@ static double measure_memcpy(size_t bytes, int reps) {
     memset(dst, 0, bytes);
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = mt_now_s();
         memcpy(dst, src, bytes);
-        double t = now_s() - t0;
+        double t = mt_now_s() - t0;
         if (t < best) best = t;
     }
     volatile char sink = dst[bytes / 2]; /* keep the copy */
@@ -166,10 +161,10 @@ static int cmp_double(const void *a, const void *b) {
 
 static double gemm_once(kern_device_t *dev, float *a, float *b, float *c) {
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
-    const double t0 = now_s();
+    const double t0 = mt_now_s();
     dev->ops->matmul(s, c, a, b, 512, 512, 512, false, true, 1.0f, 0.0f);
     kern_stream_sync(dev, s);
-    return now_s() - t0;
+    return mt_now_s() - t0;
 }
 
 struct eng_interference_probe {

@@ -21,7 +21,7 @@
 #include <stddef.h>
 
 #include "engine/config.h"
-#include "kernels/status.h"
+#include "base/status.h"
 #include "scheduler/hw.h"
 
 typedef struct {

@@ -19,8 +19,8 @@
 #include "engine/model_config.h"
 #include "engine/model_spec.h"
 #include "engine/safetensors.h"
-#include "kernels/dtype.h"
-#include "kernels/status.h"
+#include "base/dtype.h"
+#include "base/status.h"
 
 #define ENG_CKPT_SINGLE_FILE "model.safetensors"
 #define ENG_CKPT_INDEX_FILE "model.safetensors.index.json"

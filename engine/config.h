@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 #define ENG_MAX_DATASETS 16
 #define ENG_MAX_LORA_TARGETS 32

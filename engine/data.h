@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 typedef struct {
     int T;

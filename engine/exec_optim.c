@@ -19,6 +19,7 @@
 #include "engine/trace.h"
 #include "kernels/cpu/adamw_cpu.h"
 #include "kernels/cpu/backend_cpu.h"
+#include "base/clock.h"
 
 /* ---- host AdamW, overlapped with backward ------------------------------ */
 
@@ -65,7 +66,7 @@ static void *optim_worker_main(void *arg) {
         x->opt_head = (x->opt_head + 1) % cap;
         const kern_adamw_params_t base = adamw_params(&x->step_hp, 1.0); /* no clipping in overlap mode */
         pthread_mutex_unlock(&x->opt_lock);
-        const double t0 = eng_now_s();
+        const double t0 = mt_now_s();
         size_t bytes = 0;
         for (int i = 0; i < m->spec.count; i++) {
             eng_param_t *p = &m->params[i];
@@ -79,7 +80,7 @@ static void *optim_worker_main(void *arg) {
         if (m->trace) {
             char name[32];
             snprintf(name, sizeof name, "AdamW block %d", b);
-            eng_trace_span(m->trace, ENG_TRACK_HOST_OPTIM, name, "optimizer", t0, eng_now_s(), bytes);
+            eng_trace_span(m->trace, ENG_TRACK_HOST_OPTIM, name, "optimizer", t0, mt_now_s(), bytes);
         }
         pthread_mutex_lock(&x->opt_lock);
         x->opt_outstanding--;
@@ -168,7 +169,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     kern_device_t *dev = m->dev;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
     eng_exec_t *x = m->exec;
-    const double t0 = eng_now_s();
+    const double t0 = mt_now_s();
     memset(out, 0, sizeof *out);
     eng_exec_drain(m); /* every gradient has landed */
     optim_worker_wait(x);
@@ -302,9 +303,9 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         p->acc_has_data = false;
     }
     kern_stream_sync(dev, s);
-    if (m->trace) eng_trace_span(m->trace, ENG_TRACK_HOST_OPTIM, "optimizer step", "optimizer", t0, eng_now_s(), 0);
+    if (m->trace) eng_trace_span(m->trace, ENG_TRACK_HOST_OPTIM, "optimizer step", "optimizer", t0, mt_now_s(), 0);
     x->overlap_step = false;
     x->micro_left = 0;
-    out->optim_wall_s = eng_now_s() - t0;
+    out->optim_wall_s = mt_now_s() - t0;
     return MT_OK;
 }

@@ -80,7 +80,7 @@ static mt_status_t alloc_spans(eng_model_t *m, const int *ids, int k, const char
     MT_CHECK_ALLOC(sz, "span layout");
     size_t *off = sz + k;
     for (int j = 0; j < k; j++) sz[j] = tensor_bytes(&m->params[ids[j]]);
-    const size_t total = moe_staging_layout(sz, k, KERN_ARENA_ALIGN, off);
+    const size_t total = moe_staging_layout(sz, k, MT_ARENA_ALIGN, off);
     mt_error_t quiet = {0};
     char *base = k > 1 ? kern_alloc(m->dev, total, tag, &quiet) : NULL;
     if (base) {
@@ -275,7 +275,7 @@ void exec_stage_destroy(eng_model_t *m) {
 }
 
 static const moe_staging_batch_t *batch_of(moe_staging_batch_t *b, const char *tag) {
-    *b = (moe_staging_batch_t){tag, KERN_ARENA_ALIGN};
+    *b = (moe_staging_batch_t){tag, MT_ARENA_ALIGN};
     return b;
 }
 

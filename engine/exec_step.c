@@ -28,6 +28,7 @@
 #include "engine/report.h"
 #include "engine/trace.h"
 #include "kernels/rope.h"
+#include "base/clock.h"
 
 typedef struct {
     eng_shape_t sh;
@@ -167,7 +168,7 @@ static int layer_act_slots(step_t *st, int l, void ***slots) {
 
 /* Bytes of layer l's saved activations for n tokens: the buffers
  * layer_act_slots lists, as eng_attn_forward, eng_mlp_forward and
- * moe_layer_forward allocate them (arena blocks of KERN_ARENA_ALIGN).  The
+ * moe_layer_forward allocate them (arena blocks of MT_ARENA_ALIGN).  The
  * staging pool is sized with it before the first micro-batch;
  * staging_modes_test checks it against what the forward allocates. */
 size_t exec_layer_act_bytes(const eng_model_t *m, int l, int n) {
@@ -193,7 +194,7 @@ size_t exec_layer_act_bytes(const eng_model_t *m, int l, int n) {
         words[nw++] = N * (size_t)c->intermediate_size, words[nw++] = N * (size_t)c->intermediate_size;
     }
     size_t bytes = 0;
-    for (size_t i = 0; i < nw; i++) bytes += (words[i] * 4 + KERN_ARENA_ALIGN - 1) / KERN_ARENA_ALIGN * KERN_ARENA_ALIGN;
+    for (size_t i = 0; i < nw; i++) bytes += (words[i] * 4 + MT_ARENA_ALIGN - 1) / MT_ARENA_ALIGN * MT_ARENA_ALIGN;
     return bytes;
 }
 
@@ -246,7 +247,7 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
         for (int w = 0; w <= W; w++)
             if ((r = fetch_ahead(m, b + w, false, err)) != MT_OK) return r;
         exec_wait_block(m, b);
-        const double t0 = eng_now_s();
+        const double t0 = mt_now_s();
         if (b == 0) {
             DALLOC(st->xin[0], act, "embeddings");
             ops->embedding_fwd(s, st->xin[0], m->params[m->embed].w, st->ids, n, H);
@@ -276,11 +277,11 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
                 kern_stream_sync(m->dev, s);
             }
         }
-        m->exec->fwd_s[b] += eng_now_s() - t0;
+        m->exec->fwd_s[b] += mt_now_s() - t0;
         if (m->trace) {
             char name[32];
             snprintf(name, sizeof name, b == 0 ? "embed fwd" : b <= L ? "layer %d fwd" : "head fwd", b - 1);
-            const double t1 = eng_now_s();
+            const double t1 = mt_now_s();
             eng_trace_span(m->trace, ENG_TRACK_COMPUTE, name, "forward", t0, t1, 0);
             exec_trace_memory(m, t1);
         }
@@ -327,7 +328,7 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
         exec_wait_block(m, b);
         /* waiting is not compute: the block's clock starts once its inputs are here */
         if (exec_acts_offloaded(m, b)) exec_wait_acts(m, b);
-        const double t0 = eng_now_s();
+        const double t0 = mt_now_s();
         if (b >= 1 && b <= L && m->plan.blocks[b].acts == SCHED_ACTS_RECOMPUTE &&
             (r = layer_forward(m, st, b - 1, true, err)) != MT_OK)
             return r;
@@ -358,11 +359,11 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
         } else {
             ops->embedding_bwd(s, m->params[m->embed].g, st->dx, st->ids, n, H);
         }
-        m->exec->bwd_s[b] += eng_now_s() - t0;
+        m->exec->bwd_s[b] += mt_now_s() - t0;
         if (m->trace) {
             char name[32];
             snprintf(name, sizeof name, b == 0 ? "embed bwd" : b <= L ? "layer %d bwd" : "head bwd", b - 1);
-            const double t1 = eng_now_s();
+            const double t1 = mt_now_s();
             eng_trace_span(m->trace, ENG_TRACK_COMPUTE, name, "backward", t0, t1, 0);
             exec_trace_memory(m, t1);
         }

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "engine/model_spec.h"
-#include "kernels/status.h"
+#include "base/status.h"
 
 /* Fills dst[i] (spec->params[i].numel floats) for every parameter.
  * pad_token_id < 0: no padding row. */

@@ -10,7 +10,7 @@
 
 #include <stdio.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 /* Errors: missing/invalid config.json, unreadable or malformed weights
  * files.  Tensors missing from or unexpected in the weights are reported in

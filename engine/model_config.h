@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 #define ENG_MAX_LAYERS 256
 

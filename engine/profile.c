@@ -25,6 +25,7 @@
 #include "engine/train.h"
 #include "engine/train_plan.h"
 #include "moe/staging_report.h"
+#include "base/clock.h"
 
 typedef struct {
     moe_staging_mode_t mode;
@@ -100,7 +101,7 @@ static mt_status_t run_mode(const eng_run_config_t *rc, kern_device_t *dev, cons
             return st;
         }
         eng_model_set_trace(&m, trace);
-        t_trace = eng_now_s();
+        t_trace = mt_now_s();
     }
     kern_device_reset_peaks(dev);
     eng_loader_t ld;
@@ -109,7 +110,7 @@ static mt_status_t run_mode(const eng_run_config_t *rc, kern_device_t *dev, cons
     const eng_optim_hparams_t base = {.beta1 = rc->adam_beta1, .beta2 = rc->adam_beta2, .eps = rc->adam_epsilon,
                                       .weight_decay = rc->weight_decay, .max_grad_norm = rc->max_grad_norm};
     for (int step = 0; step < steps && st == MT_OK; step++) {
-        const double t0 = eng_now_s();
+        const double t0 = mt_now_s();
         eng_optim_hparams_t hp = base;
         hp.lr = eng_lr_at(rc, step, total);
         const int accum = rc->gradient_accumulation_steps;
@@ -130,7 +131,7 @@ static mt_status_t run_mode(const eng_run_config_t *rc, kern_device_t *dev, cons
             break;
         }
         r->loss[step] = loss;
-        r->step_s[step] = eng_now_s() - t0;
+        r->step_s[step] = mt_now_s() - t0;
         r->steps = step + 1;
         moe_staging_stats_t s;
         moe_staging_get_stats(eng_exec_staging(&m), MOE_STAGING_SCOPE_STEP, &s);

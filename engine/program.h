@@ -10,7 +10,7 @@
 
 #include "engine/config.h"
 #include "engine/model_config.h"
-#include "kernels/status.h"
+#include "base/status.h"
 #include "scheduler/hw.h"
 #include "scheduler/planner.h"
 #include "scheduler/registry.h"

@@ -1,5 +1,6 @@
 /* metrics.jsonl and progress output (see report.h). */
 #include "engine/report.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -8,12 +9,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-double eng_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 mt_status_t eng_mkdirs(const char *path, mt_error_t *err) {
     char buf[4096];
@@ -45,7 +40,7 @@ mt_status_t eng_reporter_open(eng_reporter_t *r, const char *output_dir, bool pr
     if (!r->metrics) return mt_error_set(err, MT_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
     r->tty = isatty(STDERR_FILENO);
     r->progress = progress;
-    r->start_s = eng_now_s();
+    r->start_s = mt_now_s();
     return MT_OK;
 }
 
@@ -92,7 +87,7 @@ void eng_reporter_step(eng_reporter_t *r, const eng_step_report_t *s, bool log_l
         json_decref(o);
     }
     if (!r->progress) return;
-    const double elapsed = eng_now_s() - r->start_s;
+    const double elapsed = mt_now_s() - r->start_s;
     const double eta = s->step > 0 ? elapsed / s->step * (s->total_steps - s->step) : -1;
     char eta_s[32];
     fmt_duration(eta_s, sizeof eta_s, eta);

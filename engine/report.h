@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 typedef struct {
     int step;              /* 1-based */

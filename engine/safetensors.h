@@ -20,8 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/dtype.h"
-#include "kernels/status.h"
+#include "base/dtype.h"
+#include "base/status.h"
 
 /* The reference reader's header size limit (MAX_HEADER_SIZE). */
 #define ENG_ST_MAX_HEADER_BYTES 100000000ull

@@ -10,7 +10,7 @@
 
 #include <stddef.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 typedef enum {
     ENG_TRACK_COMPUTE = 1,

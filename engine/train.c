@@ -21,6 +21,7 @@
 #include "engine/report.h"
 #include "engine/trace.h"
 #include "engine/train_plan.h"
+#include "base/clock.h"
 
 mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_error_t *err) {
     kern_device_opts_t o = {0};
@@ -129,7 +130,7 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
         st = eng_trace_open(path, &trace, err);
         if (st != MT_OK) goto out;
         eng_model_set_trace(&model, trace);
-        t_trace = eng_now_s();
+        t_trace = mt_now_s();
     }
     eng_reporter_note(&rep,
                       "moetune: %s, %d layers, %d experts (top-%d), %lld examples of %d tokens, "
@@ -152,9 +153,9 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
     const eng_optim_hparams_t hp_base = {
         .beta1 = rc->adam_beta1, .beta2 = rc->adam_beta2, .eps = rc->adam_epsilon,
         .weight_decay = rc->weight_decay, .max_grad_norm = rc->max_grad_norm};
-    const double t_run = eng_now_s();
+    const double t_run = mt_now_s();
     for (int step = 0; step < total; step++) {
-        const double t0 = eng_now_s();
+        const double t0 = mt_now_s();
         kern_device_reset_peaks(dev);
         const int accum = rc->gradient_accumulation_steps;
         eng_optim_hparams_t hp = hp_base;
@@ -183,7 +184,7 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
             mt_error_prefix(err, "step %d, optimizer: ", step + 1);
             goto out;
         }
-        const double dt = eng_now_s() - t0;
+        const double dt = mt_now_s() - t0;
         const kern_device_stats_t ds_stats = kern_device_stats(dev);
         const eng_host_mem_t hm = eng_host_mem_read();
         moe_staging_stats_t ss; /* this step's (eng_optim_begin_step restarted the counters) */
@@ -216,7 +217,7 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
             if (st != MT_OK) goto out;
         }
     }
-    result->seconds = eng_now_s() - t_run;
+    result->seconds = mt_now_s() - t_run;
     if (rc->save_final) st = save_checkpoint(&model, rc, rc->output_dir, &rep, err);
 out:
     if (trace) {

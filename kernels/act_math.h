@@ -4,7 +4,7 @@
 #define MT_KERNELS_ACT_MATH_H
 
 #include "kernels/elementwise.h"
-#include "kernels/hd.h"
+#include "base/hd.h"
 
 /* h = silu(g) * u:  du = dh * (g * sig(g)),
  * dg = (dh * u) * silu'(g),  silu'(g) = sig(g) * (1 + g * (1 - sig(g)))

@@ -19,7 +19,7 @@
 #include <math.h>
 
 #include "kernels/adamw.h"
-#include "kernels/hd.h"
+#include "base/hd.h"
 
 typedef struct {
     float gscale;   /* grad_scale */

@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
-void kern_arena_defer_init(kern_arena_defer_t *d, kern_arena_t *arena, const kern_arena_defer_hooks_t *hooks) {
+void kern_arena_defer_init(kern_arena_defer_t *d, mt_arena_t *arena, const kern_arena_defer_hooks_t *hooks) {
     MT_CHECK(hooks->nstreams >= 1 && hooks->nstreams <= KERN_ARENA_DEFER_MAX_STREAMS,
              "arena_defer: %d streams (1..%d)", hooks->nstreams, KERN_ARENA_DEFER_MAX_STREAMS);
     memset(d, 0, sizeof *d);
@@ -29,7 +29,7 @@ static void spare_put(kern_arena_defer_t *d, void *ev) {
 /* The oldest epoch goes back to the arena; its markers are kept for reuse. */
 static void release_oldest(kern_arena_defer_t *d) {
     kern_arena_epoch_t *e = slot(d, 0);
-    for (int k = 0; k < e->n; k++) kern_arena_release(d->arena, e->offs[k]);
+    for (int k = 0; k < e->n; k++) mt_arena_release(d->arena, e->offs[k]);
     d->pending_bytes -= e->bytes;
     for (int s = 0; s < d->h.nstreams; s++) {
         spare_put(d, e->ev[s]);
@@ -70,7 +70,7 @@ static kern_arena_epoch_t *open_epoch(kern_arena_defer_t *d) {
 }
 
 void kern_arena_defer_free(kern_arena_defer_t *d, size_t offset) {
-    const size_t size = kern_arena_retire(d->arena, offset); /* aborts on a bad or double free */
+    const size_t size = mt_arena_retire(d->arena, offset); /* aborts on a bad or double free */
     kern_arena_epoch_t *e = open_epoch(d);
     if (e->n == e->cap) {
         e->cap = e->cap ? 2 * e->cap : 16;
@@ -128,10 +128,10 @@ void kern_arena_defer_release_all(kern_arena_defer_t *d) {
 bool kern_arena_defer_alloc(kern_arena_defer_t *d, size_t bytes, size_t *offset) {
     kern_arena_defer_close(d);
     kern_arena_defer_poll(d);
-    bool waited = false, ok = kern_arena_alloc(d->arena, bytes, offset);
+    bool waited = false, ok = mt_arena_alloc(d->arena, bytes, offset);
     while (!ok && kern_arena_defer_wait_oldest(d)) {
         waited = true;
-        ok = kern_arena_alloc(d->arena, bytes, offset);
+        ok = mt_arena_alloc(d->arena, bytes, offset);
     }
     if (waited) d->waits++;
     return ok;

@@ -39,7 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/arena.h"
+#include "base/arena.h"
 
 #define KERN_ARENA_DEFER_MAX_STREAMS 4
 
@@ -62,7 +62,7 @@ typedef struct {
 } kern_arena_epoch_t;
 
 typedef struct {
-    kern_arena_t *arena;
+    mt_arena_t *arena;
     kern_arena_defer_hooks_t h;
     kern_arena_epoch_t *ring; /* (cap) epochs oldest first from `head`; the last is open when `open` */
     int head, count, cap;
@@ -76,7 +76,7 @@ typedef struct {
     uint64_t waits;         /* allocations that synchronised on a pending epoch */
 } kern_arena_defer_t;
 
-void kern_arena_defer_init(kern_arena_defer_t *d, kern_arena_t *arena, const kern_arena_defer_hooks_t *hooks);
+void kern_arena_defer_init(kern_arena_defer_t *d, mt_arena_t *arena, const kern_arena_defer_hooks_t *hooks);
 /* Every stream has been synchronised by the caller: pending blocks return
  * to the arena and the markers are destroyed. */
 void kern_arena_defer_destroy(kern_arena_defer_t *d);
@@ -84,7 +84,7 @@ void kern_arena_defer_destroy(kern_arena_defer_t *d);
 /* Frees the block at offset once every stream has passed this point.
  * Aborts on an offset that is not an allocated block, or one already freed. */
 void kern_arena_defer_free(kern_arena_defer_t *d, size_t offset);
-/* Allocates as kern_arena_alloc, reusing pending blocks as they complete and
+/* Allocates as mt_arena_alloc, reusing pending blocks as they complete and
  * waiting for them (oldest first) before it gives up.  False only when the
  * request does not fit with nothing pending. */
 bool kern_arena_defer_alloc(kern_arena_defer_t *d, size_t bytes, size_t *offset);

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 static int failures;
 #define EXPECT(c, ...)                                                     \
@@ -73,17 +73,17 @@ static void fe_sync(void *ctx, void *ev) {
     f->syncs++;
 }
 
-static void setup(kern_arena_t *a, kern_arena_defer_t *d, fake_dev_t *f, size_t capacity) {
+static void setup(mt_arena_t *a, kern_arena_defer_t *d, fake_dev_t *f, size_t capacity) {
     memset(f, 0, sizeof *f);
-    kern_arena_init(a, capacity);
+    mt_arena_init(a, capacity);
     const kern_arena_defer_hooks_t h = {f, NS, fe_create, fe_destroy, fe_record, fe_query, fe_sync};
     kern_arena_defer_init(d, a, &h);
 }
 
-static void teardown(kern_arena_t *a, kern_arena_defer_t *d, fake_dev_t *f) {
+static void teardown(mt_arena_t *a, kern_arena_defer_t *d, fake_dev_t *f) {
     kern_arena_defer_destroy(d);
     EXPECT(f->live_events == 0, "%d markers not destroyed", f->live_events);
-    kern_arena_free_all(a);
+    mt_arena_free_all(a);
 }
 
 static void issue(fake_dev_t *f, int s) { f->issued[s]++; }
@@ -91,7 +91,7 @@ static void finish_all(fake_dev_t *f) { memcpy(f->completed, f->issued, sizeof f
 
 /* A block freed behind unfinished work on one stream is not reused until that work is done. */
 static void test_no_reuse_while_pending(void) {
-    kern_arena_t a;
+    mt_arena_t a;
     kern_arena_defer_t d;
     fake_dev_t f;
     setup(&a, &d, &f, 4096);
@@ -113,7 +113,7 @@ static void test_no_reuse_while_pending(void) {
 
 /* Frees between two allocations share one epoch: one marker per stream. */
 static void test_epoch_batching(void) {
-    kern_arena_t a;
+    mt_arena_t a;
     kern_arena_defer_t d;
     fake_dev_t f;
     setup(&a, &d, &f, 1 << 16);
@@ -137,7 +137,7 @@ static void test_epoch_batching(void) {
 
 /* Only pending frees can satisfy the request: it waits, oldest epoch first, no further than needed. */
 static void test_wait_for_pending(void) {
-    kern_arena_t a;
+    mt_arena_t a;
     kern_arena_defer_t d;
     fake_dev_t f;
     setup(&a, &d, &f, 4096);
@@ -163,7 +163,7 @@ static void test_wait_for_pending(void) {
 
 /* Later epochs are held back by an earlier incomplete one (streams complete in order). */
 static void test_in_order(void) {
-    kern_arena_t a;
+    mt_arena_t a;
     kern_arena_defer_t d;
     fake_dev_t f;
     setup(&a, &d, &f, 1 << 14);
@@ -193,7 +193,7 @@ static void fatal_to_longjmp(const char *msg) {
 }
 
 static void test_bad_frees(void) {
-    kern_arena_t a;
+    mt_arena_t a;
     kern_arena_defer_t d;
     fake_dev_t f;
     setup(&a, &d, &f, 4096);
@@ -216,7 +216,7 @@ static void test_bad_frees(void) {
  * block is remembered with the work issued on each stream when it was
  * freed; whenever an allocation overlaps it, that work must be done. */
 static void test_random(void) {
-    kern_arena_t a;
+    mt_arena_t a;
     kern_arena_defer_t d;
     fake_dev_t f;
     setup(&a, &d, &f, 1 << 18);

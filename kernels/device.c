@@ -39,7 +39,7 @@ mt_status_t kern_device_create(kern_backend_kind_t kind, const kern_device_opts_
         dev->vt->destroy(dev);
         return st;
     }
-    kern_arena_init(&dev->arena, capacity);
+    mt_arena_init(&dev->arena, capacity);
     dev->stats.device_capacity = dev->arena.capacity;
     if (defer_on(dev)) {
         for (int r = 0; r < KERN_STREAM_COUNT; r++)
@@ -64,7 +64,7 @@ void kern_device_destroy(kern_device_t *dev) {
     kern_device_sync(dev);
     if (defer_on(dev)) kern_arena_defer_destroy(&dev->defer); /* its markers are the backend's events */
     dev->vt->arena_release(dev, dev->arena_base);
-    kern_arena_free_all(&dev->arena);
+    mt_arena_free_all(&dev->arena);
     dev->vt->destroy(dev);
 }
 
@@ -74,7 +74,7 @@ static char *arena_ptr(kern_device_t *dev, size_t offset) { return (char *)dev->
 
 /* With stream-ordered frees: reuses completed frees, waits for pending ones before failing. */
 static bool arena_alloc(kern_device_t *dev, size_t bytes, size_t *off) {
-    return defer_on(dev) ? kern_arena_defer_alloc(&dev->defer, bytes, off) : kern_arena_alloc(&dev->arena, bytes, off);
+    return defer_on(dev) ? kern_arena_defer_alloc(&dev->defer, bytes, off) : mt_arena_alloc(&dev->arena, bytes, off);
 }
 
 void *kern_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *err) {
@@ -87,7 +87,7 @@ void *kern_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *
                      "device memory budget exceeded allocating %s (%zu bytes): %zu of %zu bytes in "
                      "use, largest free block %zu bytes",
                      tag ? tag : "a tensor", bytes, dev->arena.in_use, dev->arena.capacity,
-                     kern_arena_largest_free(&dev->arena));
+                     mt_arena_largest_free(&dev->arena));
         return NULL;
     }
     dev->stats.device_in_use = dev->arena.in_use;
@@ -104,12 +104,12 @@ void kern_free(kern_device_t *dev, void *p) {
     if (!p) return;
     const size_t off = (size_t)((char *)p - (char *)dev->arena_base);
     if (defer_on(dev)) kern_arena_defer_free(&dev->defer, off);
-    else kern_arena_release(&dev->arena, off);
+    else mt_arena_release(&dev->arena, off);
     dev->stats.device_in_use = dev->arena.in_use;
 }
 
 size_t kern_alloc_size(const kern_device_t *dev, const void *p) {
-    return kern_arena_block_size(&dev->arena, (size_t)((const char *)p - (const char *)dev->arena_base));
+    return mt_arena_block_size(&dev->arena, (size_t)((const char *)p - (const char *)dev->arena_base));
 }
 
 void *kern_pinned_alloc(kern_device_t *dev, size_t bytes) {

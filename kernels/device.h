@@ -37,9 +37,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/arena.h"
+#include "base/arena.h"
 #include "kernels/arena_defer.h"
-#include "kernels/status.h"
+#include "base/status.h"
 
 typedef struct kern_device kern_device_t;
 typedef struct kern_stream kern_stream_t;
@@ -126,7 +126,7 @@ struct kern_device {
     kern_backend_kind_t kind;
     kern_device_opts_t opts;
     kern_stream_t *streams[KERN_STREAM_COUNT];
-    kern_arena_t arena; /* sub-allocates [arena_base, arena_base + capacity) */
+    mt_arena_t arena; /* sub-allocates [arena_base, arena_base + capacity) */
     void *arena_base;
     kern_arena_defer_t defer; /* pending frees, when opts.stream_ordered_frees */
     kern_device_stats_t stats; /* copies counted by the backend; memory by device.c */

@@ -8,6 +8,7 @@
  * the configured link); nothing asserts that something is fast, so a loaded
  * machine or ASan cannot make them fail. */
 #include "kernels/device.h"
+#include "base/clock.h"
 
 #include <setjmp.h>
 #include <stdatomic.h>
@@ -27,12 +28,6 @@ static int failures;
         }                                                                     \
     } while (0)
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void sleep_s(double s) {
     struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
@@ -40,8 +35,8 @@ static void sleep_s(double s) {
 
 /* Polls flag until it is nonzero or `timeout` seconds pass. */
 static int wait_flag(atomic_int *flag, double timeout) {
-    const double end = now_s() + timeout;
-    while (!atomic_load(flag) && now_s() < end) sleep_s(1e-3);
+    const double end = mt_now_s() + timeout;
+    while (!atomic_load(flag) && mt_now_s() < end) sleep_s(1e-3);
     return atomic_load(flag);
 }
 
@@ -285,12 +280,12 @@ static void test_compute_wait_blocks(void) {
     for (int i = 0; i < 256; i++) src[i] = (float)i * 0.5f;
     kern_event_t *ev = kern_event_create(dev);
     double delay = 0.06;
-    const double t0 = now_s();
+    const double t0 = mt_now_s();
     kern_launch_host_fn(dev, h2d, sleep_fn, &delay);
     kern_memcpy_h2d(dev, h2d, D, src, sizeof src);
     kern_event_record(dev, ev, h2d);
     kern_stream_wait_event(dev, comp, ev);
-    const double waited = now_s() - t0;
+    const double waited = mt_now_s() - t0;
     EXPECT(waited >= 0.05, "compute-stream wait returned after %.3f s, before the event (0.06 s)",
            waited);
     kern_memcpy_d2h(dev, comp, back, D, sizeof back); /* inline on the compute stream */
@@ -353,19 +348,19 @@ static void test_throttle(void) {
         exit(2);
     }
     for (size_t i = 0; i < n; i += 4096) H[i] = (unsigned char)(i >> 12);
-    double t0 = now_s();
+    double t0 = mt_now_s();
     kern_memcpy_h2d(dev, h2d, D, H, n);
     kern_stream_sync(dev, h2d);
-    double t = now_s() - t0;
+    double t = mt_now_s() - t0;
     const double want_h2d = (double)n / 100e6;
     printf("throttled H2D: %zu bytes in %.3f s (link 100 MB/s -> >= %.3f s)\n", n, t, want_h2d);
     EXPECT(t >= 0.99 * want_h2d, "10 MiB at 100 MB/s took %.3f s < %.3f s", t, want_h2d);
 
     const size_t n2 = 1u << 20;
-    t0 = now_s();
+    t0 = mt_now_s();
     kern_memcpy_d2h(dev, d2h, B, D, n2);
     kern_stream_sync(dev, d2h);
-    t = now_s() - t0;
+    t = mt_now_s() - t0;
     const double want_d2h = (double)n2 / 50e6;
     printf("throttled D2H: %zu bytes in %.3f s (link 50 MB/s -> >= %.3f s)\n", n2, t, want_d2h);
     EXPECT(t >= 0.99 * want_d2h, "1 MiB at 50 MB/s took %.3f s < %.3f s", t, want_d2h);
@@ -377,10 +372,10 @@ static void test_throttle(void) {
     dev = make_dev(1 << 16, 0, 0, 0.02);
     h2d = kern_stream(dev, KERN_STREAM_H2D);
     D = kern_alloc(dev, 1024, "D", &err);
-    t0 = now_s();
+    t0 = mt_now_s();
     for (int i = 0; i < 5; i++) kern_memcpy_h2d(dev, h2d, D, H, 1024);
     kern_stream_sync(dev, h2d);
-    t = now_s() - t0;
+    t = mt_now_s() - t0;
     printf("latency: 5 copies of 1 KiB in %.3f s (20 ms each -> >= 0.100 s)\n", t);
     EXPECT(t >= 0.099, "5 copies with 20 ms latency took %.3f s", t);
     kern_free(dev, D);
@@ -487,10 +482,10 @@ static void test_d2d_not_throttled(void) {
     mt_error_t err = {0};
     void *a = kern_alloc(dev, n, "a", &err), *b = kern_alloc(dev, n, "b", &err);
     kern_memset(dev, h2d, a, 7, n);
-    const double t0 = now_s();
+    const double t0 = mt_now_s();
     kern_memcpy_d2d(dev, h2d, b, a, n);
     kern_stream_sync(dev, h2d);
-    const double t = now_s() - t0;
+    const double t = mt_now_s() - t0;
     printf("D2D 1 MiB on a copy stream with a 1 MB/s link: %.3f s\n", t);
     EXPECT(t < 0.5,
            "test_d2d_not_throttled: a 1 MiB device-to-device copy took %.3f s: the H2D link "
@@ -588,12 +583,12 @@ static void test_ordered_free_waits(void) {
     }
     atomic_int copied = 0;
     kern_memset(dev, d2h, A, 0x33, n);
-    const double t0 = now_s();
+    const double t0 = mt_now_s();
     kern_memcpy_d2h(dev, d2h, B, A, n);
     kern_launch_host_fn(dev, d2h, set_flag_fn, &copied);
     kern_free(dev, A);
     unsigned char *C = kern_alloc(dev, n, "C", &err);
-    const double waited = now_s() - t0;
+    const double waited = mt_now_s() - t0;
     EXPECT(C != NULL, "test_ordered_free_waits: an allocation only a pending free can satisfy failed: %s", err.msg);
     EXPECT(atomic_load(&copied), "the allocation returned before the copy reading the freed block finished");
     EXPECT(waited >= 0.99 * (double)n / link, "returned after %.3f s, the throttled copy takes >= %.3f s", waited,

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/hd.h"
+#include "base/hd.h"
 
 typedef struct kern_stream kern_stream_t;
 

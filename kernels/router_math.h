@@ -4,7 +4,7 @@
 #ifndef MT_KERNELS_ROUTER_MATH_H
 #define MT_KERNELS_ROUTER_MATH_H
 
-#include "kernels/hd.h"
+#include "base/hd.h"
 
 /* Top-k order: larger probability first, ties to the lower expert index. */
 MT_HD int kern_router_before(float pa, int ia, float pb, int ib) {

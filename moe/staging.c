@@ -17,12 +17,7 @@
 #include <time.h>
 
 #include "moe/staging_internal.h"
-
-double staging_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "base/clock.h"
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 static bool is_pow2(size_t x) { return x && (x & (x - 1)) == 0; }
@@ -185,7 +180,7 @@ mt_status_t moe_staging_create(kern_device_t *dev, const moe_staging_opts_t *opt
     snprintf(p->tl.label, sizeof p->tl.label, "%s", p->label);
     p->tl.mode = opts->mode;
     for (int s = 0; s < 2; s++) p->st[s].capacity = p->capacity;
-    p->t0 = staging_now();
+    p->t0 = mt_now_s();
     p->tl.epoch_s = p->t0;
     *out = p; /* from here destroy cleans up a partial pool */
 
@@ -271,7 +266,7 @@ static void sample(moe_staging_t *p) {
         tl->s = realloc(tl->s, tl->cap * sizeof *tl->s);
         MT_CHECK_ALLOC(tl->s, "staging timeline");
     }
-    tl->s[tl->n++] = (moe_staging_sample_t){staging_now() - p->t0, p->reserved, p->in_use, p->payload, p->step,
+    tl->s[tl->n++] = (moe_staging_sample_t){mt_now_s() - p->t0, p->reserved, p->in_use, p->payload, p->step,
                                             (uint8_t)p->waiting};
 }
 
@@ -524,13 +519,13 @@ static mt_status_t full_error(moe_staging_t *p, size_t bytes, const char *tag, m
 
 bool staging_wait_one(moe_staging_t *p) {
     if (p->npend == 0) return false;
-    const double t0 = staging_now();
+    const double t0 = mt_now_s();
     p->waiting = true;
     sample(p);
     kern_event_sync(p->dev, p->rec[p->pend[0]].ev);
     moe_staging_poll(p);
     p->waiting = false;
-    const double dt = staging_now() - t0;
+    const double dt = mt_now_s() - t0;
     for (int s = 0; s < 2; s++) p->st[s].wait_s += dt;
     sample(p);
     return true;

@@ -171,7 +171,7 @@ typedef struct {
      * ranges are exactly adjacent.  A (a power of two): the bytes from an
      * item's end up to the next multiple of A belong to that item, so items
      * separated only by that padding move in one copy (the padding bytes
-     * are copied too).  True for kern_alloc blocks with KERN_ARENA_ALIGN and
+     * are copied too).  True for kern_alloc blocks with MT_ARENA_ALIGN and
      * for spans laid out by moe_staging_layout with the same alignment. */
     size_t dev_pad_align;
 } moe_staging_batch_t;
@@ -193,7 +193,7 @@ mt_status_t moe_staging_d2h_batch(moe_staging_t *pool, kern_stream_t *stream, co
                                   int n, const moe_staging_batch_t *batch, mt_error_t *err);
 
 /* Offsets for tensors packed into one device span, each aligned to `align`
- * (0 = KERN_ARENA_ALIGN): fills offsets[n] and returns the span's bytes.
+ * (0 = MT_ARENA_ALIGN): fills offsets[n] and returns the span's bytes.
  * A caller that kern_allocs the span once and places a layer's experts at
  * these offsets gets one H2D copy per layer with dev_pad_align = align. */
 size_t moe_staging_layout(const size_t *bytes, int n, size_t align, size_t *offsets);

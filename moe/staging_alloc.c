@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 static size_t align_up(const moe_salloc_t *a, size_t x) { return (x + a->align - 1) & ~(a->align - 1); }
 

@@ -1,6 +1,6 @@
 /* Sub-allocator of one compact staging slab (internal to moe/staging).
  *
- * Like kernels/arena.h it keeps an offset-ordered array of blocks tiling
+ * Like base/arena.h it keeps an offset-ordered array of blocks tiling
  * [0, capacity), coalesces free neighbours on release and never touches
  * the memory; unlike the arena the alignment is chosen per slab (the
  * pool's `align`, no power-of-two rounding of sizes), the policy is first

@@ -95,7 +95,7 @@ static void test_measured_ratio(void) {
         moe_staging_t *p = staging_test_pool(dev, (moe_staging_mode_t)mode,
                                      moe_staging_plan_bytes((moe_staging_mode_t)mode, t, n, &o), embed, true);
         mt_error_t err = {0};
-        EXPECT(moe_staging_h2d_batch(p, h2d, it, n, &(moe_staging_batch_t){"window", KERN_ARENA_ALIGN}, &err) == MT_OK,
+        EXPECT(moe_staging_h2d_batch(p, h2d, it, n, &(moe_staging_batch_t){"window", MT_ARENA_ALIGN}, &err) == MT_OK,
                "%s: %s", moe_staging_mode_name(mode), err.msg);
         kern_stream_sync(dev, h2d);
         moe_staging_stats_t s;
@@ -213,7 +213,7 @@ static void test_reports(void) {
         moe_staging_t *p = staging_test_pool(dev, (moe_staging_mode_t)m, 300 << 10, 24576, true);
         mt_error_t err = {0};
         for (int rep = 0; rep < 3; rep++)
-            EXPECT(moe_staging_h2d_batch(p, h2d, it, 40, &(moe_staging_batch_t){"r", KERN_ARENA_ALIGN}, &err) == MT_OK,
+            EXPECT(moe_staging_h2d_batch(p, h2d, it, 40, &(moe_staging_batch_t){"r", MT_ARENA_ALIGN}, &err) == MT_OK,
                    "%s", err.msg);
         kern_stream_sync(dev, h2d);
         moe_staging_poll(p);

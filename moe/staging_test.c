@@ -20,6 +20,7 @@
 
 #include "moe/staging_alloc.h"
 #include "moe/staging_testutil.h"
+#include "base/clock.h"
 
 static int g_failures;
 
@@ -164,9 +165,9 @@ static void test_backpressure(void) {
         EXPECT(moe_staging_reserve(p, MiB, "B", &b, &err) == MT_OK, "%s B: %s", mn, err.msg);
         kern_memcpy_h2d(dev, h2d, dst + MiB, b.host, MiB);
         moe_staging_release_after(p, &b, h2d);
-        const double t0 = staging_test_now();
+        const double t0 = mt_now_s();
         EXPECT(moe_staging_reserve(p, MiB, "C", &c, &err) == MT_OK, "%s C: %s", mn, err.msg);
-        const double waited = staging_test_now() - t0;
+        const double waited = mt_now_s() - t0;
         EXPECT(kern_event_query(dev, a_done), "%s: the third reservation returned before the first copy completed",
                mn);
         EXPECT(c.host == a_host, "%s: the third reservation did not reuse the first one's space", mn);
@@ -320,7 +321,7 @@ static void case_make(kern_device_t *dev, case_t *c, int n, bool contiguous) {
     }
     kern_stream_t *cs = kern_stream(dev, KERN_STREAM_COMPUTE);
     if (contiguous) {
-        const size_t span = moe_staging_layout(c->bytes, n, KERN_ARENA_ALIGN, off);
+        const size_t span = moe_staging_layout(c->bytes, n, MT_ARENA_ALIGN, off);
         c->span = kern_alloc(dev, span, "test span", NULL);
         MT_CHECK(c->span, "test span");
         kern_memset(dev, cs, c->span, SENTINEL, span);
@@ -376,7 +377,7 @@ static void test_integrity(void) {
                                                    thread ? 3 : MOE_STAGING_SLABS_AUTO);
                 moe_staging_xfer_t *it = calloc((size_t)n, sizeof *it);
                 MT_CHECK_ALLOC(it, "items");
-                const moe_staging_batch_t b = {"integrity batch", KERN_ARENA_ALIGN};
+                const moe_staging_batch_t b = {"integrity batch", MT_ARENA_ALIGN};
                 mt_error_t err = {0};
                 for (int k = 0; k < n; k++) it[k] = (moe_staging_xfer_t){c.src[k], c.dev[k], c.bytes[k], MOE_STAGING_COPY};
                 mt_status_t st = moe_staging_h2d_batch(p, h2d, it, n, &b, &err);
@@ -471,7 +472,7 @@ static void test_compact_window(void) {
     kern_stream_t *h2d = kern_stream(dev, KERN_STREAM_H2D);
     moe_staging_t *p = staging_test_pool(dev, MOE_STAGING_COMPACT, cap, 256 * 256 * 4, true);
     size_t off[512];
-    const size_t span = moe_staging_layout(t[0], nt[0], KERN_ARENA_ALIGN, off);
+    const size_t span = moe_staging_layout(t[0], nt[0], MT_ARENA_ALIGN, off);
     float *host = malloc(span);
     MT_CHECK_ALLOC(host, "layer host");
     memset(host, 1, span);
@@ -482,7 +483,7 @@ static void test_compact_window(void) {
         moe_staging_step_begin(p);
         for (int k = 0; k < nt[0]; k++)
             it[k] = (moe_staging_xfer_t){(char *)host + off[k], (char *)bufs[l % 2] + off[k], t[0][k], MOE_STAGING_COPY};
-        EXPECT(moe_staging_h2d_batch(p, h2d, it, nt[0], &(moe_staging_batch_t){"layer", KERN_ARENA_ALIGN}, &err) == MT_OK,
+        EXPECT(moe_staging_h2d_batch(p, h2d, it, nt[0], &(moe_staging_batch_t){"layer", MT_ARENA_ALIGN}, &err) == MT_OK,
                "layer %d: %s", l, err.msg);
         moe_staging_count_skipped(p, 64 - active);
         moe_staging_stats_t s;

@@ -1,14 +1,9 @@
 /* Helpers shared by the staging tests (see staging_testutil.h). */
 #include "moe/staging_testutil.h"
+#include "base/clock.h"
 
 #include <stdlib.h>
 #include <time.h>
-
-double staging_test_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 kern_device_t *staging_test_device(size_t budget, double bytes_per_s, double latency_s) {
     kern_device_opts_t o = {.device_budget_bytes = budget, .host_threads = 1, .link_h2d_bytes_per_s = bytes_per_s,

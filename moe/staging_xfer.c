@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "moe/staging_internal.h"
+#include "base/clock.h"
 
 enum { FLUSH_BYTES = 2 << 20 };
 
@@ -81,12 +82,12 @@ static void add_f32(void *dst, const void *src, size_t bytes) {
 }
 
 static double job_run(staging_pack_job_t *j) {
-    const double t0 = staging_now();
+    const double t0 = mt_now_s();
     for (int k = 0; k < j->n; k++) {
         if (j->cp[k].op == MOE_STAGING_ADD_F32) add_f32(j->cp[k].dst, j->cp[k].src, j->cp[k].bytes);
         else memcpy(j->cp[k].dst, j->cp[k].src, j->cp[k].bytes);
     }
-    return staging_now() - t0;
+    return mt_now_s() - t0;
 }
 
 static void *pack_main(void *arg) {
@@ -381,7 +382,7 @@ mt_status_t moe_staging_d2h_batch(moe_staging_t *p, kern_stream_t *stream, const
 }
 
 size_t moe_staging_layout(const size_t *bytes, int n, size_t align, size_t *offsets) {
-    if (!align) align = KERN_ARENA_ALIGN;
+    if (!align) align = MT_ARENA_ALIGN;
     size_t pos = 0;
     for (int k = 0; k < n; k++) {
         pos = align_to(pos, align);

@@ -15,7 +15,7 @@
 
 #include <stdbool.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 #include "scheduler/hw.h"
 #include "scheduler/registry.h"
 

@@ -38,7 +38,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 typedef enum { SCHED_RATE_FP32 = 0, SCHED_RATE_TF32, SCHED_RATE_BF16, SCHED_RATE_COUNT } sched_rate_t;
 

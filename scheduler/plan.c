@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 void sched_plan_init_uniform(sched_plan_t *plan, int num_blocks, sched_policy_t policy) {
     memset(plan, 0, sizeof *plan);

@@ -36,8 +36,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/dtype.h"
-#include "kernels/status.h"
+#include "base/dtype.h"
+#include "base/status.h"
 
 #define SCHED_MAX_LAYERS 256
 #define SCHED_MAX_LORA_TARGETS 32

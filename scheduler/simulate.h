@@ -70,7 +70,7 @@
 
 #include <stdbool.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 #include "scheduler/costmodel.h"
 #include "scheduler/plan.h"
 

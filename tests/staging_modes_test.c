@@ -22,6 +22,7 @@
 #include "engine/optim.h"
 #include "engine/report.h"
 #include "engine/trace.h"
+#include "base/clock.h"
 
 static int failures;
 #define CHECK(cond, ...)                                         \
@@ -82,7 +83,7 @@ static void run(const char *dir, const sched_plan_t *plan, moe_staging_mode_t mo
     eng_trace_t *trace = NULL;
     if (trace_path) CHECK(eng_trace_open(trace_path, &trace, &err) == MT_OK, "%s", err.msg);
     if (trace) eng_model_set_trace(&m, trace);
-    const double t_start = eng_now_s();
+    const double t_start = mt_now_s();
     const char *paths[ENG_MAX_DATASETS];
     for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;

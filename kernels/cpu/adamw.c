@@ -31,8 +31,8 @@
 
 #include "kernels/adamw_math.h"
 #include "kernels/cpu/backend_cpu.h"
-#include "kernels/dtype.h"
-#include "kernels/status.h"
+#include "base/dtype.h"
+#include "base/status.h"
 
 /* The backend defines this; a weak reference lets the kernel (and its tests
  * and benchmark) link without the backend. A non-NULL stream exists only

@@ -20,7 +20,7 @@
 
 #include "kernels/cpu/adamw_cpu.h"
 #include "kernels/cpu/threadpool.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 static int g_failures;
 

@@ -41,7 +41,7 @@
 #include "kernels/cpu/attention_blas.h"
 #include "kernels/cpu/par.h"
 #include "kernels/cpu/vec.h"
-#include "kernels/status.h"
+#include "base/status.h"
 
 #define AR 4 /* query rows per block */
 

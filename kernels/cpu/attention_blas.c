@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 static inline int key_allowed(int i, int j, int window, int kvl) {
     return j <= i && (window <= 0 || i - j < window) && j < kvl;

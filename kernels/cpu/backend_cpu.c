@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "kernels/ops.h"
+#include "base/clock.h"
 
 void openblas_set_num_threads(int num_threads); /* OpenBLAS, linked by //kernels/cpu:kernels */
 
@@ -83,15 +84,9 @@ typedef struct cpu_device {
     pthread_t creator;
 } cpu_device_t;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void sleep_until(double deadline) {
     for (;;) {
-        double left = deadline - now_s();
+        double left = deadline - mt_now_s();
         if (left <= 0) return;
         struct timespec ts = {.tv_sec = (time_t)left, .tv_nsec = (long)((left - (double)(time_t)left) * 1e9)};
         nanosleep(&ts, NULL);
@@ -131,12 +126,12 @@ static record_node_t *event_latest_ref(kern_event_t *ev) {
 static void run_cmd(kern_stream_t *s, const cmd_t *c) {
     switch (c->kind) {
     case CMD_COPY: {
-        double start = now_s();
+        double start = mt_now_s();
         memcpy(c->dst, c->src, c->bytes);
         if (c->throttled && (s->bytes_per_s > 0 || s->latency_s > 0))
             sleep_until(start + s->latency_s + (s->bytes_per_s > 0 ? (double)c->bytes / s->bytes_per_s : 0));
         const kern_device_t *d = &s->dev->base;
-        if (c->throttled && d->copy_observer) d->copy_observer(d->copy_observer_ctx, s->role, c->bytes, start, now_s());
+        if (c->throttled && d->copy_observer) d->copy_observer(d->copy_observer_ctx, s->role, c->bytes, start, mt_now_s());
         break;
     }
     case CMD_MEMSET: memset(c->dst, c->value, c->bytes); break;

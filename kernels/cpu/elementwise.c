@@ -21,8 +21,8 @@
 
 #include "kernels/cpu/par.h"
 #include "kernels/cpu/vec.h"
-#include "kernels/dtype.h"
-#include "kernels/status.h"
+#include "base/dtype.h"
+#include "base/status.h"
 
 /* 16 K elements: 64 KB per operand, a few microseconds of work per task. */
 #define ELEM_CHUNK ((size_t)16384)

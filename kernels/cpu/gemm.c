@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "kernels/cpu/par.h"
-#include "kernels/status.h"
+#include "base/status.h"
 
 /* OpenBLAS's own query; weak so that another CBLAS still links (then the
  * products are never split: we cannot know whether that BLAS threads). */

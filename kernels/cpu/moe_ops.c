@@ -21,7 +21,7 @@
 #include "kernels/cpu/vec.h"
 #include "kernels/elementwise.h"
 #include "kernels/router_math.h"
-#include "kernels/status.h"
+#include "base/status.h"
 
 #define MOE_CHUNK 16384 /* floats of a row block per task */
 

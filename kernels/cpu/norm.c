@@ -17,7 +17,7 @@
 
 #include "kernels/cpu/par.h"
 #include "kernels/cpu/vec.h"
-#include "kernels/status.h"
+#include "base/status.h"
 
 #define NORM_CHUNK 16384
 

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 struct kern_threadpool {
     int nthreads;

@@ -12,7 +12,7 @@
 #include <stddef.h>
 
 #include "kernels/device.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_t **out,
                                     mt_error_t *err);

@@ -15,7 +15,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -21,7 +21,7 @@
 #include <cuda_runtime.h>
 
 extern "C" {
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/ops.h"
 }
 #include "kernels/cuda/backend_cuda_internal.h"

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "tests/gpu/gpu_test.h"
 
 static void adamw_case(gt_ctx_t *t, size_t n, float beta1, int bf16_grad, int bf16_copy) {

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "tests/gpu/gpu_test.h"
 
 static void simple_ops(gt_ctx_t *t, size_t n) {

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "kernels/cuda/backend_cuda.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "tests/gpu/gpu_test.h"
 
 #define FP32_GEMM_TOL 1e-5f

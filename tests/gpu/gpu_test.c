@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 /* Device budgets: the CPU arena is MAP_NORESERVE (costs nothing unused);
  * 1 GiB of GPU memory fits every test's tensors with room to spare. */

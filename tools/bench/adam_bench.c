@@ -36,7 +36,8 @@
 
 #include "kernels/cpu/adamw_cpu.h"
 #include "kernels/cpu/threadpool.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
+#include "base/clock.h"
 
 #define MAX_REPEATS 101
 
@@ -57,12 +58,6 @@ typedef struct {
     kern_cpu_isa_t isa;
     kern_adamw_params_t hp; /* for the plain loop */
 } bench_arrays_t;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void *big_alloc(size_t bytes, int hugepages) {
     const size_t align = (size_t)2 << 20;
@@ -241,7 +236,7 @@ static double run_once(meas_t which, bench_arrays_t *a, uint16_t *pb, kern_threa
     a->pb = (which == M_CEIL30 || which == M_CEIL30_PF || which == M_OURS30) ? pb : NULL;
     a->prefetch = which == M_CEIL28_PF || which == M_CEIL30_PF;
     a->hp.step++;
-    const double t0 = now_s();
+    const double t0 = mt_now_s();
     switch (which) {
     case M_CEIL28:
     case M_CEIL28_PF:
@@ -255,7 +250,7 @@ static double run_once(meas_t which, bench_arrays_t *a, uint16_t *pb, kern_threa
     case M_PLAINT: kern_threadpool_parallel_for(pool, ntasks_of(a), plain_task, a); break;
     default: break;
     }
-    return now_s() - t0;
+    return mt_now_s() - t0;
 }
 
 static int cmp_double(const void *x, const void *y) {

@@ -21,6 +21,7 @@
 #include "engine/report.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"
+#include "base/clock.h"
 
 typedef struct {
     const char *name;
@@ -92,11 +93,11 @@ static double time_shape(kern_device_t *dev, const shape_t *sh, int reps, mt_err
         MT_CHECK_ALLOC(t, "timings");
         for (int r = 0; r <= reps; r++) { /* r = 0 warms up */
             kern_stream_sync(dev, s);
-            const double t0 = eng_now_s();
+            const double t0 = mt_now_s();
             if (sh->groups > 1) dev->ops->matmul_grouped(s, d, sh->groups, sh->ta, sh->tb, 1.0f, 0.0f);
             else dev->ops->matmul(s, c, a, b, sh->M, sh->N, sh->K, sh->ta, sh->tb, 1.0f, 0.0f);
             kern_stream_sync(dev, s);
-            t[r] = eng_now_s() - t0;
+            t[r] = mt_now_s() - t0;
         }
         /* median of the timed repetitions */
         for (int i = 1; i <= reps; i++)

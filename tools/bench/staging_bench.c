@@ -31,6 +31,7 @@
 #include "kernels/device.h"
 #include "moe/staging.h"
 #include "moe/staging_report.h"
+#include "base/clock.h"
 
 typedef struct {
     int layers, experts, active, hidden, inter, vocab, window, steps, slots, slabs, repeats;
@@ -64,12 +65,6 @@ typedef struct {
     uint64_t grad_hash;
     moe_staging_timeline_t *tl;
 } result_t;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t rng_next(uint64_t *s) {
     *s ^= *s >> 12;
@@ -268,7 +263,7 @@ static int layout_block(run_t *R, int s, int b) {
     const block_t *B = &R->m->blk[b];
     const int n = block_tensors(R->m, s, b, R->idx);
     for (int k = 0; k < n; k++) R->sz[k] = B->bytes[R->idx[k]];
-    moe_staging_layout(R->sz, n, KERN_ARENA_ALIGN, R->off);
+    moe_staging_layout(R->sz, n, MT_ARENA_ALIGN, R->off);
     return n;
 }
 
@@ -287,7 +282,7 @@ static mt_status_t fetch(run_t *R, int s, int b, mt_error_t *err) {
     snprintf(tag, sizeof tag, "weights of block %d", b);
     moe_staging_stats_t before;
     moe_staging_get_stats(R->pool, MOE_STAGING_SCOPE_TOTAL, &before);
-    mt_status_t st = moe_staging_h2d_batch(R->pool, h2d, R->items, n, &(moe_staging_batch_t){tag, KERN_ARENA_ALIGN}, err);
+    mt_status_t st = moe_staging_h2d_batch(R->pool, h2d, R->items, n, &(moe_staging_batch_t){tag, MT_ARENA_ALIGN}, err);
     track_batch(R, MOE_STAGING_H2D, &before);
     kern_event_record(dev, R->ready[b], h2d);
     return st;
@@ -306,7 +301,7 @@ static mt_status_t grads(run_t *R, int s, int b, mt_error_t *err) {
     snprintf(tag, sizeof tag, "gradients of block %d", b);
     moe_staging_stats_t before;
     moe_staging_get_stats(R->pool, MOE_STAGING_SCOPE_TOTAL, &before);
-    mt_status_t st = moe_staging_d2h_batch(R->pool, d2h, R->items, n, &(moe_staging_batch_t){tag, KERN_ARENA_ALIGN}, err);
+    mt_status_t st = moe_staging_d2h_batch(R->pool, d2h, R->items, n, &(moe_staging_batch_t){tag, MT_ARENA_ALIGN}, err);
     track_batch(R, MOE_STAGING_D2H, &before);
     kern_event_record(dev, R->buf_free[slot], d2h);
     return st;
@@ -315,8 +310,8 @@ static mt_status_t grads(run_t *R, int s, int b, mt_error_t *err) {
 static void compute(run_t *R, int b) {
     kern_event_sync(R->dev, R->ready[b]); /* the compute stream would wait here */
     if (R->m->o.compute_us > 0) {
-        const double until = now_s() + R->m->o.compute_us * 1e-6;
-        while (now_s() < until) {
+        const double until = mt_now_s() + R->m->o.compute_us * 1e-6;
+        while (mt_now_s() < until) {
         }
     }
 }
@@ -382,7 +377,7 @@ static int run_mode(model_t *m, moe_staging_mode_t mode, result_t *r) {
         size_t sz = 0;
         for (int k = 0; k < m->blk[b].n; k++) {
             if (m->blk[b].bytes[k] > largest) largest = m->blk[b].bytes[k];
-            sz += (m->blk[b].bytes[k] + KERN_ARENA_ALIGN - 1) / KERN_ARENA_ALIGN * KERN_ARENA_ALIGN;
+            sz += (m->blk[b].bytes[k] + MT_ARENA_ALIGN - 1) / MT_ARENA_ALIGN * MT_ARENA_ALIGN;
         }
         if (sz > span) span = sz;
     }
@@ -433,12 +428,12 @@ static int run_mode(model_t *m, moe_staging_mode_t mode, result_t *r) {
     for (int s = 0; s <= o->steps && rc == 0; s++) {
         moe_staging_step_begin(R.pool);
         if (s == 1) moe_staging_get_stats(R.pool, MOE_STAGING_SCOPE_TOTAL, &warm);
-        const double t0 = now_s();
+        const double t0 = mt_now_s();
         if (step(&R, s, &err) != MT_OK) {
             fprintf(stderr, "bench staging (%s): %s\n", moe_staging_mode_name(mode), err.msg);
             rc = 1;
         }
-        if (s > 0) t_total += now_s() - t0;
+        if (s > 0) t_total += mt_now_s() - t0;
     }
     moe_staging_get_stats(R.pool, MOE_STAGING_SCOPE_TOTAL, &r->st);
     for (int d = 0; d < MOE_STAGING_DIRS; d++) {

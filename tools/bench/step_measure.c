@@ -9,6 +9,7 @@
 #include "engine/report.h"
 #include "engine/trace.h"
 #include "tools/bench/step_bench_internal.h"
+#include "base/clock.h"
 
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -70,7 +71,7 @@ bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_pla
 bool runner_step(runner_t *r, bool overlap, double *dt, eng_optim_stats_t *os) {
     const eng_optim_hparams_t hp = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .max_grad_norm = 0.0};
     mt_error_t err = {0};
-    const double t0 = eng_now_s();
+    const double t0 = mt_now_s();
     eng_optim_begin_step(&r->m, &hp, 1, overlap);
     eng_batch_t b;
     eng_loader_next(&r->ld, &b);
@@ -80,7 +81,7 @@ bool runner_step(runner_t *r, bool overlap, double *dt, eng_optim_stats_t *os) {
         fprintf(stderr, "bench step (%s): %s\n", sched_policy_name(r->m.plan.policy), err.msg);
         return false;
     }
-    *dt = eng_now_s() - t0;
+    *dt = mt_now_s() - t0;
     return true;
 }
 

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "kernels/cpu/tests/testutil.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/elementwise.h"
 
 /* FD on element-wise ops: each perturbation changes one output, so L's

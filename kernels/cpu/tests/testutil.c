@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "kernels/cpu/backend_cpu.h"
-#include "kernels/status.h"
+#include "base/status.h"
 
 static int g_failures;
 

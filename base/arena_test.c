@@ -1,6 +1,6 @@
 /* Arena allocator: alignment, best fit, coalescing, budget exhaustion, and a
  * randomised run checked against a shadow model of live blocks. */
-#include "kernels/arena.h"
+#include "base/arena.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -16,27 +16,27 @@ static int failures;
     } while (0)
 
 int main(void) {
-    kern_arena_t a;
-    kern_arena_init(&a, 4096);
+    mt_arena_t a;
+    mt_arena_init(&a, 4096);
     size_t o1, o2, o3, o4;
-    EXPECT(kern_arena_alloc(&a, 1, &o1) && o1 == 0);
-    EXPECT(kern_arena_alloc(&a, 300, &o2) && o2 == 256); /* aligned to 256 */
-    EXPECT(kern_arena_alloc(&a, 256, &o3) && o3 == 768);
+    EXPECT(mt_arena_alloc(&a, 1, &o1) && o1 == 0);
+    EXPECT(mt_arena_alloc(&a, 300, &o2) && o2 == 256); /* aligned to 256 */
+    EXPECT(mt_arena_alloc(&a, 256, &o3) && o3 == 768);
     EXPECT(a.in_use == 1024);
-    EXPECT(!kern_arena_alloc(&a, 4096, &o4)); /* over budget */
-    kern_arena_release(&a, o2);
-    EXPECT(kern_arena_largest_free(&a) == 3072);
+    EXPECT(!mt_arena_alloc(&a, 4096, &o4)); /* over budget */
+    mt_arena_release(&a, o2);
+    EXPECT(mt_arena_largest_free(&a) == 3072);
     /* best fit: the 512-byte hole is chosen for a 400-byte request */
-    EXPECT(kern_arena_alloc(&a, 400, &o4) && o4 == 256);
-    kern_arena_release(&a, o1);
-    kern_arena_release(&a, o3);
-    kern_arena_release(&a, o4);
-    EXPECT(a.in_use == 0 && a.nblocks == 1 && kern_arena_largest_free(&a) == 4096);
+    EXPECT(mt_arena_alloc(&a, 400, &o4) && o4 == 256);
+    mt_arena_release(&a, o1);
+    mt_arena_release(&a, o3);
+    mt_arena_release(&a, o4);
+    EXPECT(a.in_use == 0 && a.nblocks == 1 && mt_arena_largest_free(&a) == 4096);
     EXPECT(a.peak == 1024 + 0 || a.peak >= 1024);
-    kern_arena_free_all(&a);
+    mt_arena_free_all(&a);
 
     /* random alloc/free against a shadow list: no overlap, exact in_use */
-    kern_arena_init(&a, 1 << 20);
+    mt_arena_init(&a, 1 << 20);
     enum { N = 64 };
     size_t off[N], sz[N];
     int live[N] = {0};
@@ -44,14 +44,14 @@ int main(void) {
     for (int it = 0; it < 20000; it++) {
         int i = rand() % N;
         if (live[i]) {
-            kern_arena_release(&a, off[i]);
+            mt_arena_release(&a, off[i]);
             live[i] = 0;
         } else {
             size_t want = (size_t)(rand() % 40000) + 1;
-            if (kern_arena_alloc(&a, want, &off[i])) {
+            if (mt_arena_alloc(&a, want, &off[i])) {
                 sz[i] = (want + 255) & ~(size_t)255;
                 live[i] = 1;
-                EXPECT(off[i] % KERN_ARENA_ALIGN == 0 && off[i] + sz[i] <= a.capacity);
+                EXPECT(off[i] % MT_ARENA_ALIGN == 0 && off[i] + sz[i] <= a.capacity);
             }
         }
         size_t total = 0;
@@ -64,7 +64,7 @@ int main(void) {
         EXPECT(total == a.in_use);
         if (failures) break;
     }
-    kern_arena_free_all(&a);
+    mt_arena_free_all(&a);
     if (failures) {
         fprintf(stderr, "arena_test: %d failures\n", failures);
         return 1;

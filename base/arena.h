@@ -5,45 +5,45 @@
  * never touches the memory, so it works for device addresses.
  *
  * Policy: best fit over a free list kept sorted by offset, neighbours
- * coalesced on free, every block aligned to KERN_ARENA_ALIGN.  Blocks are
+ * coalesced on free, every block aligned to MT_ARENA_ALIGN.  Blocks are
  * tracked in an offset-ordered array: O(blocks) per call, which is fine for
  * the few thousand live tensors of a step. */
-#ifndef MT_KERNELS_ARENA_H
-#define MT_KERNELS_ARENA_H
+#ifndef MT_BASE_ARENA_H
+#define MT_BASE_ARENA_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
-#define KERN_ARENA_ALIGN 256
+#define MT_ARENA_ALIGN 256
 
 typedef struct {
     size_t offset;
     size_t size;
     bool used;
     bool retired; /* used, but freed by its owner: waits for stream-ordered release (arena_defer.h) */
-} kern_arena_block_t;
+} mt_arena_block_t;
 
 typedef struct {
     size_t capacity;
     size_t in_use; /* bytes in used blocks (aligned sizes) */
     size_t peak;
-    kern_arena_block_t *blocks; /* sorted by offset, tiling [0, capacity) */
+    mt_arena_block_t *blocks; /* sorted by offset, tiling [0, capacity) */
     int nblocks, cap_blocks;
-} kern_arena_t;
+} mt_arena_t;
 
-void kern_arena_init(kern_arena_t *a, size_t capacity);
-void kern_arena_free_all(kern_arena_t *a); /* releases bookkeeping */
+void mt_arena_init(mt_arena_t *a, size_t capacity);
+void mt_arena_free_all(mt_arena_t *a); /* releases bookkeeping */
 /* Returns true and the offset on success; false when no free block fits. */
-bool kern_arena_alloc(kern_arena_t *a, size_t bytes, size_t *offset);
+bool mt_arena_alloc(mt_arena_t *a, size_t bytes, size_t *offset);
 /* Frees the block starting at offset (retired or not); aborts on an offset never returned. */
-void kern_arena_release(kern_arena_t *a, size_t offset);
+void mt_arena_release(mt_arena_t *a, size_t offset);
 /* Marks the block starting at offset as freed by its owner but not reusable
- * yet (it stays in use until kern_arena_release); returns its size.  Aborts
+ * yet (it stays in use until mt_arena_release); returns its size.  Aborts
  * on an offset never returned and on a block retired already (a double free). */
-size_t kern_arena_retire(kern_arena_t *a, size_t offset);
+size_t mt_arena_retire(mt_arena_t *a, size_t offset);
 /* Size of the allocated block starting at offset; aborts on an offset never returned. */
-size_t kern_arena_block_size(const kern_arena_t *a, size_t offset);
+size_t mt_arena_block_size(const mt_arena_t *a, size_t offset);
 /* Largest free block, for the over-budget message (fragmentation shows). */
-size_t kern_arena_largest_free(const kern_arena_t *a);
+size_t mt_arena_largest_free(const mt_arena_t *a);
 
 #endif

@@ -8,8 +8,8 @@
  * Fatal errors (a broken invariant, a failed CUDA/cuBLAS/NCCL call, an
  * allocation the OS refused) go through MT_CHECK / mt_fatal, which print
  * file:line and the failing call, then abort through one settable hook. */
-#ifndef MT_KERNELS_STATUS_H
-#define MT_KERNELS_STATUS_H
+#ifndef MT_BASE_STATUS_H
+#define MT_BASE_STATUS_H
 
 #include <stddef.h>
 

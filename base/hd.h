@@ -2,8 +2,8 @@
  * CUDA kernels (.cu) compile, so the CPU tests exercise the GPU's
  * per-element arithmetic too. These are the only functions defined in
  * headers. */
-#ifndef MT_KERNELS_HD_H
-#define MT_KERNELS_HD_H
+#ifndef MT_BASE_HD_H
+#define MT_BASE_HD_H
 
 #ifdef __CUDACC__
 #define MT_HD __host__ __device__ static inline

@@ -1,5 +1,5 @@
 /* Error messages and the fatal hook (see status.h). */
-#include "kernels/status.h"
+#include "base/status.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* Bulk dtype conversions on the host (checkpoint load/save, bf16 rounding). */
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
-#include "kernels/status.h"
+#include "base/status.h"
 
 size_t mt_dtype_size(mt_dtype_t dt) {
     switch (dt) {

@@ -3,14 +3,14 @@
  * Compute is fp32 everywhere on the CPU backend; bf16/f16 appear in
  * checkpoints (converted on load) and as the device working copy on CUDA.
  * Conversions round to nearest even, as torch's .to(torch.bfloat16) does. */
-#ifndef MT_KERNELS_DTYPE_H
-#define MT_KERNELS_DTYPE_H
+#ifndef MT_BASE_DTYPE_H
+#define MT_BASE_DTYPE_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels/hd.h"
+#include "base/hd.h"
 
 typedef enum {
     MT_F32 = 0,

@@ -1,14 +1,14 @@
 /* Best-fit sub-allocation over offsets (see arena.h). */
-#include "kernels/arena.h"
+#include "base/arena.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/status.h"
+#include "base/status.h"
 
-static size_t align_up(size_t x) { return (x + KERN_ARENA_ALIGN - 1) & ~(size_t)(KERN_ARENA_ALIGN - 1); }
+static size_t align_up(size_t x) { return (x + MT_ARENA_ALIGN - 1) & ~(size_t)(MT_ARENA_ALIGN - 1); }
 
-static void ensure_blocks(kern_arena_t *a, int need) {
+static void ensure_blocks(mt_arena_t *a, int need) {
     if (need <= a->cap_blocks) return;
     int cap = a->cap_blocks ? a->cap_blocks * 2 : 64;
     while (cap < need) cap *= 2;
@@ -17,34 +17,34 @@ static void ensure_blocks(kern_arena_t *a, int need) {
     a->cap_blocks = cap;
 }
 
-void kern_arena_init(kern_arena_t *a, size_t capacity) {
+void mt_arena_init(mt_arena_t *a, size_t capacity) {
     memset(a, 0, sizeof *a);
-    a->capacity = capacity & ~(size_t)(KERN_ARENA_ALIGN - 1);
+    a->capacity = capacity & ~(size_t)(MT_ARENA_ALIGN - 1);
     ensure_blocks(a, 1);
-    a->blocks[0] = (kern_arena_block_t){.offset = 0, .size = a->capacity, .used = false};
+    a->blocks[0] = (mt_arena_block_t){.offset = 0, .size = a->capacity, .used = false};
     a->nblocks = a->capacity ? 1 : 0;
 }
 
-void kern_arena_free_all(kern_arena_t *a) {
+void mt_arena_free_all(mt_arena_t *a) {
     free(a->blocks);
     memset(a, 0, sizeof *a);
 }
 
-bool kern_arena_alloc(kern_arena_t *a, size_t bytes, size_t *offset) {
+bool mt_arena_alloc(mt_arena_t *a, size_t bytes, size_t *offset) {
     size_t need = align_up(bytes ? bytes : 1);
     int best = -1;
     for (int i = 0; i < a->nblocks; i++) {
-        const kern_arena_block_t *b = &a->blocks[i];
+        const mt_arena_block_t *b = &a->blocks[i];
         if (!b->used && b->size >= need && (best < 0 || b->size < a->blocks[best].size)) best = i;
     }
     if (best < 0) return false;
-    kern_arena_block_t *b = &a->blocks[best];
+    mt_arena_block_t *b = &a->blocks[best];
     if (b->size > need) { /* split: the tail stays free */
         ensure_blocks(a, a->nblocks + 1);
         b = &a->blocks[best];
         memmove(&a->blocks[best + 2], &a->blocks[best + 1],
                 (size_t)(a->nblocks - best - 1) * sizeof *a->blocks);
-        a->blocks[best + 1] = (kern_arena_block_t){.offset = b->offset + need, .size = b->size - need};
+        a->blocks[best + 1] = (mt_arena_block_t){.offset = b->offset + need, .size = b->size - need};
         b->size = need;
         a->nblocks++;
     }
@@ -55,7 +55,7 @@ bool kern_arena_alloc(kern_arena_t *a, size_t bytes, size_t *offset) {
     return true;
 }
 
-static int find_block(const kern_arena_t *a, size_t offset) {
+static int find_block(const mt_arena_t *a, size_t offset) {
     int lo = 0, hi = a->nblocks - 1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
@@ -65,13 +65,13 @@ static int find_block(const kern_arena_t *a, size_t offset) {
     return -1;
 }
 
-size_t kern_arena_block_size(const kern_arena_t *a, size_t offset) {
+size_t mt_arena_block_size(const mt_arena_t *a, size_t offset) {
     int i = find_block(a, offset);
     MT_CHECK(i >= 0, "arena: offset %zu is not an allocated block", offset);
     return a->blocks[i].size;
 }
 
-size_t kern_arena_retire(kern_arena_t *a, size_t offset) {
+size_t mt_arena_retire(mt_arena_t *a, size_t offset) {
     int i = find_block(a, offset);
     MT_CHECK(i >= 0, "arena: freeing offset %zu that is not an allocated block", offset);
     MT_CHECK(!a->blocks[i].retired, "arena: freeing offset %zu twice (it waits for its streams already)", offset);
@@ -79,7 +79,7 @@ size_t kern_arena_retire(kern_arena_t *a, size_t offset) {
     return a->blocks[i].size;
 }
 
-void kern_arena_release(kern_arena_t *a, size_t offset) {
+void mt_arena_release(mt_arena_t *a, size_t offset) {
     int i = find_block(a, offset);
     MT_CHECK(i >= 0, "arena: freeing offset %zu that is not an allocated block", offset);
     a->blocks[i].used = false;
@@ -97,7 +97,7 @@ void kern_arena_release(kern_arena_t *a, size_t offset) {
     }
 }
 
-size_t kern_arena_largest_free(const kern_arena_t *a) {
+size_t mt_arena_largest_free(const mt_arena_t *a) {
     size_t best = 0;
     for (int i = 0; i < a->nblocks; i++)
         if (!a->blocks[i].used && a->blocks[i].size > best) best = a->blocks[i].size;
