@@ -15,8 +15,57 @@
 #define MT_KERNELS_GEMM_H
 
 #include <stdbool.h>
+#include <stdint.h>
+
+#include "base/dtype.h"
 
 typedef struct kern_stream kern_stream_t;
+
+/* ---- typed products (what the engine calls) -------------------------------
+ *
+ * A view of a row-major, contiguous matrix on the device: `rows` x `cols`
+ * elements of `dtype` (MT_F32 or MT_BF16) at `data`. */
+typedef struct {
+    void *data;
+    mt_dtype_t dtype;
+    int64_t rows, cols;
+} kern_mat_t;
+
+/* One product C = alpha * op(A) @ op(B) + beta * C, with op(A) (M, K),
+ * op(B) (K, N), C (M, N) taken from the views' shapes and the trans flags
+ * (a mismatch is a fatal error naming the three shapes).
+ *
+ * `compute` says how the products are formed, whatever the operands'
+ * storage:
+ *   MT_F32:  A and B must be stored F32; fp32 products (no TF32);
+ *   MT_BF16: each operand is rounded to bf16 (round to nearest even) if it
+ *            is stored F32, so an fp32 activation times a bf16 weight works
+ *            as torch.autocast does; the products of two bf16 values are
+ *            exact in fp32 and are accumulated in fp32, as cuBLASLt's
+ *            CUBLAS_COMPUTE_32F does.
+ * The result alpha * acc + beta * C is written in C's dtype (rounded to
+ * nearest even once when C is BF16).  Sums over K may be ordered
+ * differently on CPU and CUDA (so results agree to a tolerance, not
+ * bitwise), but each backend is deterministic. */
+typedef struct {
+    kern_mat_t C, A, B;
+    bool trans_a, trans_b;
+    float alpha, beta;
+    mt_dtype_t compute;
+} kern_mm_t;
+
+typedef void (*kern_mm_fn)(kern_stream_t *s, const kern_mm_t *p);
+void kern_mm_cpu(kern_stream_t *s, const kern_mm_t *p);
+void kern_mm_cuda(kern_stream_t *s, const kern_mm_t *p);
+
+/* Several independent products (e.g. the experts of a layer) in one call;
+ * `p` is host memory.  Products with M or N == 0 are skipped; K == 0 is an
+ * empty sum (C = beta * C). */
+typedef void (*kern_mm_grouped_fn)(kern_stream_t *s, const kern_mm_t *p, int count);
+void kern_mm_grouped_cpu(kern_stream_t *s, const kern_mm_t *p, int count);
+void kern_mm_grouped_cuda(kern_stream_t *s, const kern_mm_t *p, int count);
+
+/* ---- fp32 products (the original entry points; being replaced by kern_mm) */
 
 typedef void (*kern_matmul_fn)(kern_stream_t *s, float *C, const float *A, const float *B, int M,
                                int N, int K, bool trans_a, bool trans_b, float alpha, float beta);
