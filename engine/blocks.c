@@ -10,9 +10,27 @@
         if (!(ptr)) goto fail;                                                         \
     } while (0)
 
-static float *W(eng_model_t *m, int i) { return i >= 0 ? m->params[i].w : NULL; }
+/* A weight's device working copy (fp32, or bf16 in a bf16 run): only
+ * products read the bf16 ones, so norms and biases get plain floats. */
+static eng_operand_t W(eng_model_t *m, int i) {
+    return i >= 0 ? (eng_operand_t){m->params[i].w, m->params[i].w_dtype} : (eng_operand_t){NULL, MT_F32};
+}
+static float *WF(eng_model_t *m, int i) {
+    if (i < 0) return NULL;
+    MT_CHECK(m->params[i].w_dtype == MT_F32, "%s: an fp32 kernel was given its bf16 working copy", m->params[i].spec->name);
+    return m->params[i].w;
+}
 /* The gradient target the executor prepared for this backward. */
 static float *G(eng_model_t *m, int i) { return i >= 0 ? m->params[i].g : NULL; }
+
+eng_operand_t eng_f32(const float *p) { return (eng_operand_t){p, MT_F32}; }
+
+void eng_mm(eng_model_t *m, float *C, eng_operand_t A, eng_operand_t B, int M, int N, int K, bool trans_a,
+            bool trans_b, float alpha, float beta) {
+    const kern_mm_t p = kern_mm_make(C, A.data, A.dtype, B.data, B.dtype, M, N, K, trans_a, trans_b, alpha, beta,
+                                     m->compute);
+    m->dev->ops->mm(kern_stream(m->dev, KERN_STREAM_COMPUTE), &p);
+}
 
 static void dfree(kern_device_t *dev, float **p) {
     if (*p) kern_free(dev, *p);
@@ -28,7 +46,7 @@ static mt_status_t norm_bwd_into_residual(eng_model_t *m, int norm, float *dx, c
     kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
     float *tmp = kern_alloc(m->dev, (size_t)n * H * sizeof(float), tag, err);
     if (!tmp) return err->code;
-    m->dev->ops->rmsnorm_bwd(s, tmp, G(m, norm), dxn, x, W(m, norm), rstd, n, H);
+    m->dev->ops->rmsnorm_bwd(s, tmp, G(m, norm), dxn, x, WF(m, norm), rstd, n, H);
     m->dev->ops->add(s, dx, dx, tmp, (size_t)n * H);
     kern_free(m->dev, tmp);
     return MT_OK;
@@ -49,7 +67,7 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
 
     ALLOC(a->xn, (size_t)n * H, "attention input norm");
     ALLOC(a->rstd, n, "attention input norm rstd");
-    ops->rmsnorm_fwd(s, a->xn, a->rstd, x_in, W(m, L->attn_norm), n, H, c->rms_norm_eps);
+    ops->rmsnorm_fwd(s, a->xn, a->rstd, x_in, WF(m, L->attn_norm), n, H, c->rms_norm_eps);
     ALLOC(a->q, (size_t)n * qd, "attention q");
     ALLOC(a->k, (size_t)n * kd, "attention k");
     ALLOC(a->v, (size_t)n * kd, "attention v");
@@ -62,17 +80,17 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
         qp = a->q_pre;
         kp = a->k_pre;
     }
-    ops->matmul(s, qp, a->xn, W(m, L->q), n, qd, H, false, true, 1.0f, 0.0f);
-    ops->matmul(s, kp, a->xn, W(m, L->k), n, kd, H, false, true, 1.0f, 0.0f);
-    ops->matmul(s, a->v, a->xn, W(m, L->v), n, kd, H, false, true, 1.0f, 0.0f);
+    eng_mm(m, qp, eng_f32(a->xn), W(m, L->q), n, qd, H, false, true, 1.0f, 0.0f);
+    eng_mm(m, kp, eng_f32(a->xn), W(m, L->k), n, kd, H, false, true, 1.0f, 0.0f);
+    eng_mm(m, a->v, eng_f32(a->xn), W(m, L->v), n, kd, H, false, true, 1.0f, 0.0f);
     if (L->q_bias >= 0) {
-        ops->bias_fwd(s, qp, W(m, L->q_bias), n, qd);
-        ops->bias_fwd(s, kp, W(m, L->k_bias), n, kd);
-        ops->bias_fwd(s, a->v, W(m, L->v_bias), n, kd);
+        ops->bias_fwd(s, qp, WF(m, L->q_bias), n, qd);
+        ops->bias_fwd(s, kp, WF(m, L->k_bias), n, kd);
+        ops->bias_fwd(s, a->v, WF(m, L->v_bias), n, kd);
     }
     if (c->qk_norm) {
-        ops->rmsnorm_fwd(s, a->q, a->q_rstd, a->q_pre, W(m, L->q_norm), n * nh, hd, c->rms_norm_eps);
-        ops->rmsnorm_fwd(s, a->k, a->k_rstd, a->k_pre, W(m, L->k_norm), n * nkv, hd, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, a->q, a->q_rstd, a->q_pre, WF(m, L->q_norm), n * nh, hd, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, a->k, a->k_rstd, a->k_pre, WF(m, L->k_norm), n * nkv, hd, c->rms_norm_eps);
     }
     ops->rope_fwd(s, a->q, m->rope_cos, m->rope_sin, sh->B, sh->T, nh, hd);
     ops->rope_fwd(s, a->k, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);
@@ -82,8 +100,8 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
                        hd, c->sliding_window);
     /* x_mid = x_in + att o^T */
     kern_memcpy_d2d(m->dev, s, x_mid, x_in, (size_t)n * H * sizeof(float));
-    ops->matmul(s, x_mid, a->att, W(m, L->o), n, H, qd, false, true, 1.0f, 1.0f);
-    if (L->o_bias >= 0) ops->bias_fwd(s, x_mid, W(m, L->o_bias), n, H);
+    eng_mm(m, x_mid, eng_f32(a->att), W(m, L->o), n, H, qd, false, true, 1.0f, 1.0f);
+    if (L->o_bias >= 0) ops->bias_fwd(s, x_mid, WF(m, L->o_bias), n, H);
     return MT_OK;
 fail:
     eng_attn_acts_release(m->dev, a);
@@ -102,8 +120,8 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
     float *datt = NULL, *dq = NULL, *dk = NULL, *dv = NULL, *dxn = NULL, *tmp = NULL;
 
     ALLOC(datt, (size_t)n * qd, "d(attention output)");
-    ops->matmul(s, datt, dx, W(m, L->o), n, qd, H, false, false, 1.0f, 0.0f);
-    ops->matmul(s, G(m, L->o), dx, a->att, H, qd, n, true, false, 1.0f, 1.0f);
+    eng_mm(m, datt, eng_f32(dx), W(m, L->o), n, qd, H, false, false, 1.0f, 0.0f);
+    eng_mm(m, G(m, L->o), eng_f32(dx), eng_f32(a->att), H, qd, n, true, false, 1.0f, 1.0f);
     if (L->o_bias >= 0) ops->bias_bwd(s, G(m, L->o_bias), dx, n, H);
     ALLOC(dq, (size_t)n * qd, "d(q)");
     ALLOC(dk, (size_t)n * kd, "d(k)");
@@ -115,9 +133,9 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
     ops->rope_bwd(s, dk, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);
     if (c->qk_norm) { /* through the per-head norm, into the pre-norm projections */
         ALLOC(tmp, (size_t)n * qd, "d(q before q_norm)");
-        ops->rmsnorm_bwd(s, tmp, G(m, L->q_norm), dq, a->q_pre, W(m, L->q_norm), a->q_rstd, n * nh, hd);
+        ops->rmsnorm_bwd(s, tmp, G(m, L->q_norm), dq, a->q_pre, WF(m, L->q_norm), a->q_rstd, n * nh, hd);
         kern_memcpy_d2d(m->dev, s, dq, tmp, (size_t)n * qd * sizeof(float));
-        ops->rmsnorm_bwd(s, tmp, G(m, L->k_norm), dk, a->k_pre, W(m, L->k_norm), a->k_rstd, n * nkv, hd);
+        ops->rmsnorm_bwd(s, tmp, G(m, L->k_norm), dk, a->k_pre, WF(m, L->k_norm), a->k_rstd, n * nkv, hd);
         kern_memcpy_d2d(m->dev, s, dk, tmp, (size_t)n * kd * sizeof(float));
         dfree(m->dev, &tmp);
     }
@@ -126,13 +144,13 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
         ops->bias_bwd(s, G(m, L->k_bias), dk, n, kd);
         ops->bias_bwd(s, G(m, L->v_bias), dv, n, kd);
     }
-    ops->matmul(s, G(m, L->q), dq, a->xn, qd, H, n, true, false, 1.0f, 1.0f);
-    ops->matmul(s, G(m, L->k), dk, a->xn, kd, H, n, true, false, 1.0f, 1.0f);
-    ops->matmul(s, G(m, L->v), dv, a->xn, kd, H, n, true, false, 1.0f, 1.0f);
+    eng_mm(m, G(m, L->q), eng_f32(dq), eng_f32(a->xn), qd, H, n, true, false, 1.0f, 1.0f);
+    eng_mm(m, G(m, L->k), eng_f32(dk), eng_f32(a->xn), kd, H, n, true, false, 1.0f, 1.0f);
+    eng_mm(m, G(m, L->v), eng_f32(dv), eng_f32(a->xn), kd, H, n, true, false, 1.0f, 1.0f);
     ALLOC(dxn, (size_t)n * H, "d(attention input norm)");
-    ops->matmul(s, dxn, dq, W(m, L->q), n, H, qd, false, false, 1.0f, 0.0f);
-    ops->matmul(s, dxn, dk, W(m, L->k), n, H, kd, false, false, 1.0f, 1.0f);
-    ops->matmul(s, dxn, dv, W(m, L->v), n, H, kd, false, false, 1.0f, 1.0f);
+    eng_mm(m, dxn, eng_f32(dq), W(m, L->q), n, H, qd, false, false, 1.0f, 0.0f);
+    eng_mm(m, dxn, eng_f32(dk), W(m, L->k), n, H, kd, false, false, 1.0f, 1.0f);
+    eng_mm(m, dxn, eng_f32(dv), W(m, L->v), n, H, kd, false, false, 1.0f, 1.0f);
     dfree(m->dev, &dq);
     dfree(m->dev, &dk);
     dfree(m->dev, &dv);
@@ -169,15 +187,23 @@ moe_layer_dims_t eng_moe_dims(const eng_model_t *m) {
         .I = c->moe_intermediate_size,
         .Is = c->shared_expert_intermediate_size,
         .router_mode = c->norm_topk_prob ? KERN_ROUTER_SOFTMAX_TOPK_RENORM : KERN_ROUTER_SOFTMAX_TOPK,
+        .compute = m->compute,
     };
 }
 
+/* Parameter i's working copy (or its gradient target); -1 gives NULL. */
+static void *param_ptr(eng_model_t *m, int i, bool gradient) {
+    if (i < 0) return NULL;
+    return gradient ? (void *)m->params[i].g : m->params[i].w;
+}
+
 void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_t *out,
-                    float **scratch) {
+                    void **scratch) {
     const eng_layer_index_t *L = &m->layers[layer];
     const int E = m->cfg.num_experts;
-    float *(*get)(eng_model_t *, int) = gradients ? G : W;
-    out->router = get(m, L->router);
+    /* every matrix of a MoE layer has the same working dtype (see eng_param_t) */
+    out->dtype = gradients ? MT_F32 : m->params[L->router].w_dtype;
+    out->router = param_ptr(m, L->router, gradients);
     out->gate = scratch;
     out->up = scratch + E;
     out->down = scratch + 2 * E;
@@ -187,10 +213,10 @@ void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_
         out->up[e] = gradients ? m->params[iu].g : m->params[iu].w;
         out->down[e] = gradients ? m->params[id].g : m->params[id].w;
     }
-    out->sh_gate = get(m, L->sh_gate);
-    out->sh_up = get(m, L->sh_up);
-    out->sh_down = get(m, L->sh_down);
-    out->sh_expert_gate = get(m, L->sh_expert_gate);
+    out->sh_gate = param_ptr(m, L->sh_gate, gradients);
+    out->sh_up = param_ptr(m, L->sh_up, gradients);
+    out->sh_down = param_ptr(m, L->sh_down, gradients);
+    out->sh_expert_gate = param_ptr(m, L->sh_expert_gate, gradients);
     out->fetch_experts = NULL;
     out->fetch_ctx = NULL;
 }
@@ -202,8 +228,8 @@ typedef struct {
 } fetch_ctx_t;
 
 /* Adapts the engine's fetch to moe/'s hook and refreshes the pointers. */
-static mt_status_t fetch_trampoline(void *ctx, const int32_t *counts, float **gate, float **up,
-                                    float **down, mt_error_t *err) {
+static mt_status_t fetch_trampoline(void *ctx, const int32_t *counts, void **gate, void **up,
+                                    void **down, mt_error_t *err) {
     fetch_ctx_t *c = ctx;
     mt_status_t st = c->fetch(c->m, c->layer, counts, err);
     if (st != MT_OK) return st;
@@ -230,11 +256,11 @@ mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, co
 
     ALLOC(a->xn, (size_t)n * H, "mlp input norm");
     ALLOC(a->rstd, n, "mlp input norm rstd");
-    ops->rmsnorm_fwd(s, a->xn, a->rstd, x_mid, W(m, L->mlp_norm), n, H, c->rms_norm_eps);
+    ops->rmsnorm_fwd(s, a->xn, a->rstd, x_mid, WF(m, L->mlp_norm), n, H, c->rms_norm_eps);
     ALLOC(y, (size_t)n * H, "mlp output");
     if (a->is_moe) {
         const int E = c->num_experts;
-        float **scratch = malloc((size_t)3 * E * sizeof *scratch);
+        void **scratch = malloc((size_t)3 * E * sizeof *scratch);
         MT_CHECK_ALLOC(scratch, "expert pointer table");
         moe_layer_params_t p;
         eng_moe_params(m, layer, false, &p, scratch);
@@ -252,10 +278,10 @@ mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, co
         ALLOC(a->g, (size_t)n * Id, "dense mlp gate activations");
         ALLOC(a->u, (size_t)n * Id, "dense mlp up activations");
         ALLOC(h, (size_t)n * Id, "dense mlp hidden");
-        ops->matmul(s, a->g, a->xn, W(m, L->dense_gate), n, Id, H, false, true, 1.0f, 0.0f);
-        ops->matmul(s, a->u, a->xn, W(m, L->dense_up), n, Id, H, false, true, 1.0f, 0.0f);
+        eng_mm(m, a->g, eng_f32(a->xn), W(m, L->dense_gate), n, Id, H, false, true, 1.0f, 0.0f);
+        eng_mm(m, a->u, eng_f32(a->xn), W(m, L->dense_up), n, Id, H, false, true, 1.0f, 0.0f);
         ops->swiglu_fwd(s, h, a->g, a->u, (size_t)n * Id);
-        ops->matmul(s, y, h, W(m, L->dense_down), n, H, Id, false, true, 1.0f, 0.0f);
+        eng_mm(m, y, eng_f32(h), W(m, L->dense_down), n, H, Id, false, true, 1.0f, 0.0f);
         dfree(m->dev, &h);
     }
     ops->add(s, x_out, x_mid, y, (size_t)n * H);
@@ -281,7 +307,7 @@ mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, c
     ALLOC(dxn, (size_t)n * H, "d(mlp input norm)");
     if (a->is_moe) {
         const int E = c->num_experts;
-        float **scratch = malloc((size_t)6 * E * sizeof *scratch);
+        void **scratch = malloc((size_t)6 * E * sizeof *scratch);
         MT_CHECK_ALLOC(scratch, "expert pointer table");
         moe_layer_params_t p, gp;
         eng_moe_params(m, layer, false, &p, scratch);
@@ -296,13 +322,13 @@ mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, c
         ALLOC(h, (size_t)n * Id, "dense mlp hidden (recomputed)");
         ALLOC(dh, (size_t)n * Id, "d(dense mlp hidden)");
         ops->swiglu_fwd(s, h, a->g, a->u, (size_t)n * Id);
-        ops->matmul(s, dh, dx, W(m, L->dense_down), n, Id, H, false, false, 1.0f, 0.0f);
-        ops->matmul(s, G(m, L->dense_down), dx, h, H, Id, n, true, false, 1.0f, 1.0f);
+        eng_mm(m, dh, eng_f32(dx), W(m, L->dense_down), n, Id, H, false, false, 1.0f, 0.0f);
+        eng_mm(m, G(m, L->dense_down), eng_f32(dx), eng_f32(h), H, Id, n, true, false, 1.0f, 1.0f);
         ops->swiglu_bwd(s, a->g, a->u, dh, a->g, a->u, (size_t)n * Id);
-        ops->matmul(s, G(m, L->dense_gate), a->g, a->xn, Id, H, n, true, false, 1.0f, 1.0f);
-        ops->matmul(s, G(m, L->dense_up), a->u, a->xn, Id, H, n, true, false, 1.0f, 1.0f);
-        ops->matmul(s, dxn, a->g, W(m, L->dense_gate), n, H, Id, false, false, 1.0f, 0.0f);
-        ops->matmul(s, dxn, a->u, W(m, L->dense_up), n, H, Id, false, false, 1.0f, 1.0f);
+        eng_mm(m, G(m, L->dense_gate), eng_f32(a->g), eng_f32(a->xn), Id, H, n, true, false, 1.0f, 1.0f);
+        eng_mm(m, G(m, L->dense_up), eng_f32(a->u), eng_f32(a->xn), Id, H, n, true, false, 1.0f, 1.0f);
+        eng_mm(m, dxn, eng_f32(a->g), W(m, L->dense_gate), n, H, Id, false, false, 1.0f, 0.0f);
+        eng_mm(m, dxn, eng_f32(a->u), W(m, L->dense_up), n, H, Id, false, false, 1.0f, 1.0f);
         dfree(m->dev, &h);
         dfree(m->dev, &dh);
     }

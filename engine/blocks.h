@@ -57,7 +57,20 @@ void eng_mlp_acts_release(kern_device_t *dev, eng_mlp_acts_t *a);
 
 /* The MoE weights (or gradients) of a layer as moe/ wants them. */
 void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_t *out,
-                    float **scratch_ptrs /* 3*E */);
+                    void **scratch_ptrs /* 3*E */);
+
+/* An operand of a product: a device tensor and its storage dtype. */
+typedef struct {
+    const void *data;
+    mt_dtype_t dtype;
+} eng_operand_t;
+
+/* An fp32 activation or gradient as an operand. */
+eng_operand_t eng_f32(const float *p);
+/* C (F32) = alpha * op(A) op(B) + beta * C on the compute stream, formed in
+ * the model's compute dtype (kernels/gemm.h); argument order as kern_mm_make. */
+void eng_mm(eng_model_t *m, float *C, eng_operand_t A, eng_operand_t B, int M, int N, int K, bool trans_a,
+            bool trans_b, float alpha, float beta);
 moe_layer_dims_t eng_moe_dims(const eng_model_t *m);
 
 #endif

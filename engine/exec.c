@@ -122,6 +122,16 @@ bool exec_acts_offloaded(const eng_model_t *m, int b) {
     return b >= 1 && b <= L && m->plan.blocks[b].acts == SCHED_ACTS_OFFLOAD && !exec_turn_held(m, b);
 }
 
+size_t exec_w_bytes(const eng_param_t *p) { return p->spec->numel * mt_dtype_size(p->w_dtype); }
+size_t exec_f32_bytes(const eng_param_t *p) { return p->spec->numel * sizeof(float); }
+moe_staging_op_t exec_w_upload_op(const eng_param_t *p) {
+    return p->w_dtype == MT_BF16 ? MOE_STAGING_F32_TO_BF16 : MOE_STAGING_COPY;
+}
+float *exec_dev_master(const eng_param_t *p) {
+    if (p->dev_master) return p->dev_master;
+    return p->w_dtype == MT_F32 ? (float *)p->w : NULL;
+}
+
 static void add_used(eng_exec_t *x, int b, int i) {
     if (i < 0) return;
     x->used[b][x->nused[b]++] = i;
@@ -148,13 +158,18 @@ static void build_block_lists(eng_model_t *m) {
 
 static mt_status_t place_param(eng_model_t *m, eng_param_t *p, mt_error_t *err) {
     const sched_block_plan_t *bp = exec_block_plan(m, p->block);
-    const size_t bytes = p->spec->numel * sizeof(float);
+    const size_t bytes = exec_f32_bytes(p);
     kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
     char tag[200];
     if (bp->weights == SCHED_WEIGHTS_RESIDENT) {
         snprintf(tag, sizeof tag, "weight %s", p->spec->name);
-        p->w = kern_alloc(m->dev, bytes, tag, err);
+        p->w = kern_alloc(m->dev, exec_w_bytes(p), tag, err);
         if (!p->w) return err->code;
+    }
+    if (bp->optim == SCHED_OPTIM_DEVICE && p->w_dtype != MT_F32) {
+        snprintf(tag, sizeof tag, "fp32 master of %s", p->spec->name);
+        p->dev_master = kern_alloc(m->dev, bytes, tag, err);
+        if (!p->dev_master) return err->code;
     }
     if (bp->grads == SCHED_GRADS_DEVICE) {
         snprintf(tag, sizeof tag, "gradient of %s", p->spec->name);
@@ -275,15 +290,17 @@ mt_status_t eng_exec_place(eng_model_t *m, mt_error_t *err) {
         if (st != MT_OK) return st;
     }
     /* resident weights cross once, a block at a time through the pool */
-    moe_staging_xfer_t *items = malloc((size_t)(m->spec.count > 0 ? m->spec.count : 1) * sizeof *items);
+    moe_staging_xfer_t *items = malloc((size_t)(m->spec.count > 0 ? 2 * m->spec.count : 1) * sizeof *items);
     MT_CHECK_ALLOC(items, "placement batch");
     mt_status_t st = MT_OK;
     for (int b = 0; b < x->nb && st == MT_OK; b++) {
         int n = 0;
         for (int i = 0; i < m->spec.count; i++) {
             eng_param_t *p = &m->params[i];
-            if (p->block == b && p->w)
-                items[n++] = (moe_staging_xfer_t){p->host_w, p->w, p->spec->numel * sizeof(float), MOE_STAGING_COPY};
+            if (p->block != b) continue;
+            if (p->w) items[n++] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
+            if (p->dev_master)
+                items[n++] = (moe_staging_xfer_t){p->host_w, p->dev_master, exec_f32_bytes(p), MOE_STAGING_COPY};
         }
         char tag[64];
         snprintf(tag, sizeof tag, "resident weights of block %d", b);
@@ -317,10 +334,11 @@ void eng_exec_destroy(eng_model_t *m) {
         eng_param_t *p = &m->params[i];
         /* streamed weights and host-bound gradients live in spans, freed below */
         void *bufs[] = {x->w_span[i] < 0 ? p->w : NULL, p->g_transient && x->g_span[i] < 0 ? p->g : NULL,
-                        p->g_acc, p->m, p->v};
+                        p->g_acc, p->m, p->v, p->dev_master};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             if (bufs[k]) kern_free(m->dev, bufs[k]);
-        p->w = p->g = p->g_acc = p->m = p->v = NULL;
+        p->w = NULL;
+        p->g = p->g_acc = p->m = p->v = p->dev_master = NULL;
     }
     for (int s = 0; s < x->nspans; s++)
         if (x->spans[s].base) kern_free(m->dev, x->spans[s].base);
@@ -367,10 +385,10 @@ void eng_exec_destroy(eng_model_t *m) {
 void eng_model_read_param(eng_model_t *m, int i, float *host, bool gradient) {
     eng_exec_drain(m);
     const eng_param_t *p = &m->params[i];
-    const size_t bytes = p->spec->numel * sizeof(float);
+    const size_t bytes = exec_f32_bytes(p);
     kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
     const void *src_host = gradient ? p->host_g : p->host_w;
-    const void *src_dev = gradient ? p->g_acc : p->w;
+    const void *src_dev = gradient ? p->g_acc : exec_dev_master(p);
     if (gradient && exec_block_plan(m, p->block)->grads == SCHED_GRADS_DEVICE) src_host = NULL;
     if (src_host) {
         memcpy(host, src_host, bytes);

@@ -110,6 +110,15 @@ void exec_optim_block_ready(eng_model_t *m, int b);
 void exec_optim_worker_stop(eng_model_t *m);
 
 bool exec_param_streamed(const eng_model_t *m, const eng_param_t *p);
+/* Bytes of p's device working copy (w_dtype) and of its fp32 tensors
+ * (master, gradient, AdamW state). */
+size_t exec_w_bytes(const eng_param_t *p);
+size_t exec_f32_bytes(const eng_param_t *p);
+/* The staging op that makes the working copy from the fp32 host master. */
+moe_staging_op_t exec_w_upload_op(const eng_param_t *p);
+/* The device fp32 master a device optimizer updates: dev_master, or the
+ * working copy itself when it is fp32. */
+float *exec_dev_master(const eng_param_t *p);
 /* At the turn from forward to backward, the last layer's streamed weights
  * and offloaded activations would go to the host and come straight back:
  * with a prefetch window of at least 1 the backward's first fetches put

@@ -273,11 +273,13 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
                     kern_memset(dev, s, p->m, 0, bytes);
                     kern_memset(dev, s, p->v, 0, bytes);
                 }
-                dev->ops->adamw(s, p->w, p->m, p->v, p->g_acc, NULL, NULL, numel, &ap);
+                /* a bf16 working copy is rewritten from the new master in the same pass */
+                dev->ops->adamw(s, exec_dev_master(p), p->m, p->v, p->g_acc, NULL,
+                                p->w_dtype == MT_BF16 ? (uint16_t *)p->w : NULL, numel, &ap);
             } else {
                 host_adamw(x->pool, p, &base);
             }
-            if (refresh) items[n++] = (moe_staging_xfer_t){p->host_w, p->w, bytes, MOE_STAGING_COPY};
+            if (refresh) items[n++] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
         }
         /* resident weights take the new master values */
         snprintf(tag, sizeof tag, "weights of block %d after the host optimizer", b);

@@ -31,7 +31,6 @@
 #include "engine/exec_internal.h"
 #include "moe/staging_report.h"
 
-static size_t tensor_bytes(const eng_param_t *p) { return p->spec->numel * sizeof(float); }
 
 static bool layer_is_moe(const eng_model_t *m, int l) {
     return l >= 0 && l < m->cfg.num_hidden_layers && m->cfg.layer_is_moe[l];
@@ -72,14 +71,17 @@ static void span_put(eng_model_t *m, int s, kern_stream_t *after) {
 /* Device memory for the tensors ids[0..k): one span laid out for one copy,
  * else one allocation each.  spans[j] receives tensor j's span, ptrs[j] its
  * address.  Nothing stays allocated on failure. */
-static mt_status_t alloc_spans(eng_model_t *m, const int *ids, int k, const char *tag, int *spans, float **ptrs,
-                               mt_error_t *err) {
+static mt_status_t alloc_spans(eng_model_t *m, const int *ids, int k, bool weights, const char *tag, int *spans,
+                               void **ptrs, mt_error_t *err) {
     eng_exec_t *x = m->exec;
     if (k <= 0) return MT_OK;
     size_t *sz = calloc((size_t)k * 2, sizeof *sz);
     MT_CHECK_ALLOC(sz, "span layout");
     size_t *off = sz + k;
-    for (int j = 0; j < k; j++) sz[j] = tensor_bytes(&m->params[ids[j]]);
+    for (int j = 0; j < k; j++) {
+        const eng_param_t *p = &m->params[ids[j]];
+        sz[j] = weights ? exec_w_bytes(p) : exec_f32_bytes(p);
+    }
     const size_t total = moe_staging_layout(sz, k, MT_ARENA_ALIGN, off);
     mt_error_t quiet = {0};
     char *base = k > 1 ? kern_alloc(m->dev, total, tag, &quiet) : NULL;
@@ -87,7 +89,7 @@ static mt_status_t alloc_spans(eng_model_t *m, const int *ids, int k, const char
         const int s = span_new(x, base, k);
         for (int j = 0; j < k; j++) {
             spans[j] = s;
-            ptrs[j] = (float *)(base + off[j]);
+            ptrs[j] = base + off[j];
         }
         free(sz);
         return MT_OK;
@@ -142,8 +144,8 @@ static size_t window_weights(eng_model_t *m, int b0, int w, tlist_t *out) {
             }
             if (x->mark[i] == gen || !exec_param_streamed(m, &m->params[i])) continue;
             x->mark[i] = gen;
-            sum += tensor_bytes(&m->params[i]);
-            if (out) tl_add(out, tensor_bytes(&m->params[i]));
+            sum += exec_w_bytes(&m->params[i]);
+            if (out) tl_add(out, exec_w_bytes(&m->params[i]));
         }
     }
     return sum;
@@ -168,11 +170,11 @@ static void stage_window(eng_model_t *m, int tokens, tlist_t *t, eng_exec_stagin
         if (exec_block_plan(m, b)->grads != SCHED_GRADS_HOST) continue;
         size_t s = 0;
         for (int i = 0; i < m->spec.count; i++)
-            if (m->params[i].block == b) s += tensor_bytes(&m->params[i]);
+            if (m->params[i].block == b) s += exec_f32_bytes(&m->params[i]);
         if (s > gbest) gbest = s, gb = b;
     }
     for (int i = 0; gb >= 0 && i < m->spec.count; i++)
-        if (m->params[i].block == gb) tl_add(t, tensor_bytes(&m->params[i]));
+        if (m->params[i].block == gb) tl_add(t, exec_f32_bytes(&m->params[i]));
     info->window_grads = gbest;
     /* every offloaded block's activations, held from its forward to its backward */
     info->window_acts = 0;
@@ -198,8 +200,8 @@ mt_status_t exec_stage_create(eng_model_t *m, int tokens, mt_error_t *err) {
     info->window_blocks = m->plan.prefetch_window + 1;
     /* anything may cross once (placement), so the largest parameter bounds slots and slabs */
     for (int i = 0; i < m->spec.count; i++)
-        if (tensor_bytes(&m->params[i]) > info->largest_tensor) {
-            info->largest_tensor = tensor_bytes(&m->params[i]);
+        if (exec_f32_bytes(&m->params[i]) > info->largest_tensor) {
+            info->largest_tensor = exec_f32_bytes(&m->params[i]);
             snprintf(info->largest_name, sizeof info->largest_name, "%s", m->params[i].spec->name);
         }
     tlist_t t = {0};
@@ -314,7 +316,7 @@ static void count_skipped(eng_exec_t *x, int dir, int experts) {
 static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, int *issued, mt_error_t *err) {
     eng_exec_t *x = m->exec;
     int *need = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *need);
-    float **ptr = malloc((size_t)(n > 0 ? n : 1) * sizeof *ptr);
+    void **ptr = malloc((size_t)(n > 0 ? n : 1) * sizeof *ptr);
     MT_CHECK(need && ptr, "out of memory for a weight fetch");
     int *spans = need + n, k = 0, experts = 0;
     const int gen = ++x->mark_gen;
@@ -329,7 +331,7 @@ static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, int
     if (b == 0) snprintf(tag, sizeof tag, "streamed weights of the embedding");
     else if (b == x->nb - 1) snprintf(tag, sizeof tag, "streamed weights of the head");
     else snprintf(tag, sizeof tag, "streamed weights of layer %d", b - 1);
-    mt_status_t st = alloc_spans(m, need, k, tag, spans, ptr, err);
+    mt_status_t st = alloc_spans(m, need, k, true, tag, spans, ptr, err);
     if (st != MT_OK) {
         free(need);
         free(ptr);
@@ -355,7 +357,7 @@ static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, int
             eng_param_t *p = &m->params[need[j]];
             p->w = ptr[j];
             x->w_span[need[j]] = spans[j];
-            items[j] = (moe_staging_xfer_t){p->host_w, p->w, tensor_bytes(p), MOE_STAGING_COPY};
+            items[j] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
         }
         const uint64_t before = copies_so_far(x, MOE_STAGING_H2D);
         st = exec_stage_h2d(m, items, k, tag, err);
@@ -607,7 +609,7 @@ mt_status_t exec_prepare_grads(eng_model_t *m, int b, mt_error_t *err) {
     memcpy(ids, x->used[b], (size_t)n * sizeof *ids);
     if (layer_is_moe(m, b - 1)) n = expert_ids(m, b - 1, x->layer_counts[b - 1], ids, n); /* no token, no gradient */
     int *host = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *host), nh = 0;
-    float **ptr = malloc((size_t)(n > 0 ? n : 1) * sizeof *ptr);
+    void **ptr = malloc((size_t)(n > 0 ? n : 1) * sizeof *ptr);
     MT_CHECK(host && ptr, "out of memory for gradient targets");
     int *spans = host + n;
     mt_status_t st = MT_OK;
@@ -628,17 +630,17 @@ mt_status_t exec_prepare_grads(eng_model_t *m, int b, mt_error_t *err) {
         }
         char tag[200];
         snprintf(tag, sizeof tag, "gradient of %s (this micro-batch)", p->spec->name);
-        p->g = kern_alloc(m->dev, tensor_bytes(p), tag, err);
+        p->g = kern_alloc(m->dev, exec_f32_bytes(p), tag, err);
         if (!p->g) {
             st = err->code;
             break;
         }
-        kern_memset(m->dev, cs, p->g, 0, tensor_bytes(p));
+        kern_memset(m->dev, cs, p->g, 0, exec_f32_bytes(p));
         p->g_transient = true;
     }
     char tag[64];
     snprintf(tag, sizeof tag, "gradients of block %d (this micro-batch)", b);
-    if (st == MT_OK) st = alloc_spans(m, host, nh, tag, spans, ptr, err);
+    if (st == MT_OK) st = alloc_spans(m, host, nh, false, tag, spans, ptr, err);
     if (st == MT_OK) {
         int last = -1;
         for (int j = 0; j < nh; j++) {
@@ -684,7 +686,7 @@ mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err) {
             MT_CHECK(items && which, "out of memory for a gradient batch");
         }
         /* first micro-batch: the copy is the accumulator; later ones add into it */
-        items[n] = (moe_staging_xfer_t){p->host_g, p->g, tensor_bytes(p),
+        items[n] = (moe_staging_xfer_t){p->host_g, p->g, exec_f32_bytes(p),
                                         p->acc_has_data ? MOE_STAGING_ADD_F32 : MOE_STAGING_COPY};
         which[n++] = i;
         experts += p->spec->role == ENG_P_EXP_GATE;

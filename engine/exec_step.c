@@ -147,6 +147,13 @@ static mt_status_t layer_forward(eng_model_t *m, step_t *st, int l, bool recompu
     return s;
 }
 
+/* lm_head's working copy as a product operand (the embedding table's, in
+ * its dtype, when tied). */
+static eng_operand_t head_weight(const eng_model_t *m) {
+    const eng_param_t *p = &m->params[m->lm_head];
+    return (eng_operand_t){p->w, p->w_dtype};
+}
+
 /* Every device pointer of layer l's saved activations, for offloading. */
 static int layer_act_slots(step_t *st, int l, void ***slots) {
     eng_attn_acts_t *a = &st->aa[l];
@@ -271,7 +278,7 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
             DALLOC(st->rstdf, (size_t)n * sizeof(float), "final norm rstd");
             ops->rmsnorm_fwd(s, st->xf, st->rstdf, st->xin[L], m->params[m->final_norm].w, n, H, c->rms_norm_eps);
             DALLOC(st->logits, (size_t)n * V * sizeof(float), "logits");
-            ops->matmul(s, st->logits, st->xf, m->params[m->lm_head].w, n, V, H, false, true, 1.0f, 0.0f);
+            eng_mm(m, st->logits, eng_f32(st->xf), head_weight(m), n, V, H, false, true, 1.0f, 0.0f);
             if (logits_out) {
                 kern_memcpy_d2h(m->dev, s, logits_out, st->logits, (size_t)n * V * sizeof(float));
                 kern_stream_sync(m->dev, s);
@@ -337,8 +344,9 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
             float *dxf;
             DALLOC(dxf, act, "d(final norm output)");
             /* st->logits now holds d(logits) (xent wrote it in place) */
-            ops->matmul(s, dxf, st->logits, m->params[m->lm_head].w, n, H, V, false, false, 1.0f, 0.0f);
-            ops->matmul(s, m->params[m->lm_head].g, st->logits, st->xf, V, H, n, true, false, 1.0f, 1.0f);
+            eng_mm(m, dxf, eng_f32(st->logits), head_weight(m), n, H, V, false, false, 1.0f, 0.0f);
+            eng_mm(m, m->params[m->lm_head].g, eng_f32(st->logits), eng_f32(st->xf), V, H, n, true, false, 1.0f,
+                   1.0f);
             dfree(m->dev, st->logits);
             st->logits = NULL;
             DALLOC(st->dx, act, "d(residual)");

@@ -76,13 +76,34 @@ static int owning_block(const eng_model_t *m, const eng_param_spec_t *ps) {
 
 mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
                            const char *overrides_json, const sched_plan_t *plan, mt_error_t *err) {
-    return eng_model_load_ex(m, dev, dir, overrides_json, plan, NULL, err);
+    const eng_model_opts_t o = {.overrides_json = overrides_json, .plan = plan};
+    return eng_model_open(m, dev, dir, &o, err);
 }
 
 mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *dir, const char *overrides_json,
                               const sched_plan_t *plan, const eng_staging_settings_t *staging, mt_error_t *err) {
+    const eng_model_opts_t o = {.overrides_json = overrides_json, .plan = plan, .staging = staging};
+    return eng_model_open(m, dev, dir, &o, err);
+}
+
+/* The working copy's dtype (see eng_param_t): bf16 for matrices that only
+ * products read, in a bf16 run. */
+static mt_dtype_t working_dtype(const eng_model_t *m, const eng_param_spec_t *ps) {
+    if (m->compute != MT_BF16) return MT_F32;
+    return ps->ndim == 2 && ps->role != ENG_P_EMBED ? MT_BF16 : MT_F32;
+}
+
+mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
+                           mt_error_t *err) {
+    const char *overrides_json = opts->overrides_json;
+    const sched_plan_t *plan = opts->plan;
+    const eng_staging_settings_t *staging = opts->staging;
     memset(m, 0, sizeof *m);
     m->dev = dev;
+    if (opts->compute != MT_F32 && opts->compute != MT_BF16)
+        return mt_error_set(err, MT_ERR_UNSUPPORTED, "compute dtype %s is not supported (F32 or BF16)",
+                            mt_dtype_name(opts->compute));
+    m->compute = opts->compute;
     mt_status_t st = eng_model_config_load(dir, overrides_json, &m->cfg, err);
     if (st != MT_OK) return st;
     st = eng_model_spec_build(&m->cfg, &m->spec, err);
@@ -99,6 +120,7 @@ mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *di
         eng_param_t *p = &m->params[i];
         p->spec = &m->spec.params[i];
         p->block = owning_block(m, p->spec);
+        p->w_dtype = working_dtype(m, p->spec);
         p->host_w = malloc(p->spec->numel * sizeof(float));
         MT_CHECK_ALLOC(p->host_w, p->spec->name);
         host[i] = p->host_w;

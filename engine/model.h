@@ -33,13 +33,23 @@
  *           STREAM:   w exists only while a block that uses it computes;
  *   grads   DEVICE:   g_acc accumulates on the device over micro-batches;
  *           HOST:     host_g accumulates in host memory;
- *   optim   DEVICE:   master = w, AdamW state m, v on the device;
- *           HOST:     master = host_w, AdamW state host_m, host_v. */
+ *   optim   DEVICE:   the fp32 master (dev_master, or w itself when w is
+ *                     fp32) and AdamW state m, v on the device;
+ *           HOST:     master = host_w, AdamW state host_m, host_v.
+ *
+ * The working copy w is what compute reads, in w_dtype: bf16 in a bf16
+ * run for every matrix that only matrix products read (all 2-D weights but
+ * the embedding table, whose rows are gathered as autocast leaves them:
+ * fp32), fp32 otherwise.  A bf16 working copy is made from the master by
+ * rounding to nearest even: on the host while it is staged (so it crosses
+ * the link at half the bytes), or on the device by AdamW's bf16 output. */
 typedef struct {
     const eng_param_spec_t *spec;
     int block;          /* owning block */
     float *host_w;      /* host fp32 master (home); NULL when the master is on the device */
-    float *w;           /* device copy, NULL when not on the device */
+    void *w;            /* device working copy in w_dtype, NULL when not on the device */
+    mt_dtype_t w_dtype; /* MT_F32 or MT_BF16 */
+    float *dev_master;  /* device fp32 master when the optimizer is on the device and w is bf16 */
     float *g;           /* device gradient target of the running backward (see exec.c) */
     float *g_acc;       /* device accumulator (grads DEVICE) */
     float *host_g;      /* host accumulator (grads HOST or optimizer HOST) */
@@ -66,6 +76,10 @@ typedef struct {
     eng_param_t *params;       /* spec.count */
     eng_layer_index_t *layers; /* num_hidden_layers */
     int embed, final_norm, lm_head; /* lm_head == embed when tied */
+    /* How products are formed (kernels/gemm.h): MT_F32, or MT_BF16 for
+     * bf16 mixed precision (bf16 operands, fp32 accumulation; norms,
+     * softmax, attention, router probabilities and the loss stay fp32). */
+    mt_dtype_t compute;
     int num_moe_layers;
     /* RoPE tables on the device for sequence length rope_T */
     float *rope_cos, *rope_sin;
@@ -107,6 +121,18 @@ typedef struct {
 } eng_staging_settings_t;
 
 void eng_staging_settings_init(eng_staging_settings_t *s);
+
+/* Everything eng_model_open takes beside the device and the checkpoint. */
+typedef struct {
+    const char *overrides_json;            /* the run config's model_config: (JSON), or NULL */
+    const sched_plan_t *plan;              /* NULL: keep everything on the device (keep_all) */
+    const eng_staging_settings_t *staging; /* NULL: defaults */
+    mt_dtype_t compute;                    /* MT_F32 (the default, 0) or MT_BF16 */
+} eng_model_opts_t;
+
+/* Loads the checkpoint in dir (see eng_model_load) with these options. */
+mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
+                           mt_error_t *err);
 /* eng_model_load with staging settings (NULL = defaults).  Bad settings
  * fail with MT_ERR_CONFIG before the checkpoint is read. */
 mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *dir, const char *overrides_json,

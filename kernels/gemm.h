@@ -65,6 +65,14 @@ typedef void (*kern_mm_grouped_fn)(kern_stream_t *s, const kern_mm_t *p, int cou
 void kern_mm_grouped_cpu(kern_stream_t *s, const kern_mm_t *p, int count);
 void kern_mm_grouped_cuda(kern_stream_t *s, const kern_mm_t *p, int count);
 
+/* The product the fp32 argument list describes (row-major, C (M, N) =
+ * alpha * op(A) op(B) + beta * C; A stored (M, K) or (K, M) when trans_a, B
+ * stored (K, N) or (N, K) when trans_b), with each operand's storage dtype
+ * and the compute dtype: the views' shapes follow from M, N, K and the
+ * flags.  C is F32. */
+kern_mm_t kern_mm_make(float *C, const void *A, mt_dtype_t a_dt, const void *B, mt_dtype_t b_dt, int M, int N,
+                       int K, bool trans_a, bool trans_b, float alpha, float beta, mt_dtype_t compute);
+
 /* ---- fp32 products (the original entry points; being replaced by kern_mm) */
 
 typedef void (*kern_matmul_fn)(kern_stream_t *s, float *C, const float *A, const float *B, int M,

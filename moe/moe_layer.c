@@ -23,20 +23,52 @@ static void dfree(kern_device_t *dev, void *p) {
     if (p) kern_free(dev, p);
 }
 
-/* Descriptors for one grouped product over the experts that have tokens. */
+/* One product with the layer's compute dtype: C (F32) = alpha op(A) op(B) + beta C. */
+static void mm(kern_device_t *dev, const moe_layer_dims_t *d, void *C, const void *A, mt_dtype_t a_dt,
+               const void *B, mt_dtype_t b_dt, int M, int N, int K, bool ta, bool tb, float alpha, float beta) {
+    const kern_mm_t p = kern_mm_make(C, A, a_dt, B, b_dt, M, N, K, ta, tb, alpha, beta, d->compute);
+    dev->ops->mm(kern_stream(dev, KERN_STREAM_COMPUTE), &p);
+}
+
+/* One grouped product over the experts that have tokens: operands are
+ * collected with their dtypes, the flags given when it runs. */
 typedef struct {
-    kern_gemm_desc_t *d;
+    void *C;
+    const void *A, *B;
+    mt_dtype_t a_dt, b_dt;
+    int M, N, K;
+} group_operands_t;
+
+typedef struct {
+    group_operands_t *d;
+    kern_mm_t *mm;
     int count;
 } groups_t;
 
 static groups_t groups_new(int E) {
-    groups_t g = {.d = calloc((size_t)E, sizeof(kern_gemm_desc_t)), .count = 0};
-    MT_CHECK_ALLOC(g.d, "expert GEMM descriptors");
+    groups_t g = {.d = calloc((size_t)E, sizeof(group_operands_t)), .mm = calloc((size_t)E, sizeof(kern_mm_t))};
+    MT_CHECK(g.d && g.mm, "out of host memory for %d expert product descriptors", E);
     return g;
 }
 
-static void groups_push(groups_t *g, float *C, const float *A, const float *B, int M, int N, int K) {
-    g->d[g->count++] = (kern_gemm_desc_t){.C = C, .A = A, .B = B, .M = M, .N = N, .K = K};
+static void groups_free(groups_t *g) {
+    free(g->d);
+    free(g->mm);
+}
+
+static void groups_push(groups_t *g, void *C, const void *A, mt_dtype_t a_dt, const void *B, mt_dtype_t b_dt, int M,
+                        int N, int K) {
+    g->d[g->count++] = (group_operands_t){C, A, B, a_dt, b_dt, M, N, K};
+}
+
+static void groups_run(kern_device_t *dev, const moe_layer_dims_t *d, groups_t *g, bool ta, bool tb, float alpha,
+                       float beta) {
+    for (int i = 0; i < g->count; i++) {
+        const group_operands_t *o = &g->d[i];
+        g->mm[i] = kern_mm_make(o->C, o->A, o->a_dt, o->B, o->b_dt, o->M, o->N, o->K, ta, tb, alpha, beta,
+                                d->compute);
+    }
+    dev->ops->mm_grouped(kern_stream(dev, KERN_STREAM_COMPUTE), g->mm, g->count);
 }
 
 mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
@@ -55,7 +87,7 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
     ALLOC(a->probs, (size_t)n * E, float, "moe router probs");
     ALLOC(a->topw, (size_t)n * k, float, "moe top-k weights");
     ALLOC(a->idx, (size_t)n * k, int32_t, "moe top-k experts");
-    ops->matmul(s, a->logits, xn, p->router, n, E, H, false, true, 1.0f, 0.0f);
+    mm(dev, d, a->logits, xn, MT_F32, p->router, p->dtype, n, E, H, false, true, 1.0f, 0.0f);
     ops->router_fwd(s, a->topw, a->idx, a->probs, a->logits, n, E, k, d->router_mode);
 
     ALLOC(a->counts, E, int32_t, "moe expert counts");
@@ -84,20 +116,20 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
     for (int pass = 0; pass < 2; pass++) {
         gg.count = 0;
         float *dst = pass == 0 ? a->g : a->u;
-        float **w = pass == 0 ? p->gate : p->up;
+        void **w = pass == 0 ? p->gate : p->up;
         for (int e = 0; e < E; e++) {
             const int off = a->offsets_host[e], cnt = a->counts_host[e];
-            if (cnt) groups_push(&gg, dst + (size_t)off * I, a->xp + (size_t)off * H, w[e], cnt, I, H);
+            if (cnt) groups_push(&gg, dst + (size_t)off * I, a->xp + (size_t)off * H, MT_F32, w[e], p->dtype, cnt, I, H);
         }
-        ops->matmul_grouped(s, gg.d, gg.count, false, true, 1.0f, 0.0f);
+        groups_run(dev, d, &gg, false, true, 1.0f, 0.0f);
     }
     ops->swiglu_fwd(s, h, a->g, a->u, (size_t)m * I);
     gg.count = 0;
     for (int e = 0; e < E; e++) {
         const int off = a->offsets_host[e], cnt = a->counts_host[e];
-        if (cnt) groups_push(&gg, a->ep + (size_t)off * H, h + (size_t)off * I, p->down[e], cnt, H, I);
+        if (cnt) groups_push(&gg, a->ep + (size_t)off * H, h + (size_t)off * I, MT_F32, p->down[e], p->dtype, cnt, H, I);
     }
-    ops->matmul_grouped(s, gg.d, gg.count, false, true, 1.0f, 0.0f);
+    groups_run(dev, d, &gg, false, true, 1.0f, 0.0f);
     kern_free(dev, h);
     h = NULL;
     ops->moe_unpermute_sum(s, y, a->ep, a->topw, a->inv, n, k, H, 0);
@@ -109,21 +141,21 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
         ALLOC(sh, (size_t)n * Is, float, "shared expert hidden");
         ALLOC(a->so, (size_t)n * H, float, "shared expert output");
         ALLOC(a->sgl, n, float, "shared expert gate logit");
-        ops->matmul(s, a->sg, xn, p->sh_gate, n, Is, H, false, true, 1.0f, 0.0f);
-        ops->matmul(s, a->su, xn, p->sh_up, n, Is, H, false, true, 1.0f, 0.0f);
+        mm(dev, d, a->sg, xn, MT_F32, p->sh_gate, p->dtype, n, Is, H, false, true, 1.0f, 0.0f);
+        mm(dev, d, a->su, xn, MT_F32, p->sh_up, p->dtype, n, Is, H, false, true, 1.0f, 0.0f);
         ops->swiglu_fwd(s, sh, a->sg, a->su, (size_t)n * Is);
-        ops->matmul(s, a->so, sh, p->sh_down, n, H, Is, false, true, 1.0f, 0.0f);
-        ops->matmul(s, a->sgl, xn, p->sh_expert_gate, n, 1, H, false, true, 1.0f, 0.0f);
+        mm(dev, d, a->so, sh, MT_F32, p->sh_down, p->dtype, n, H, Is, false, true, 1.0f, 0.0f);
+        mm(dev, d, a->sgl, xn, MT_F32, p->sh_expert_gate, p->dtype, n, 1, H, false, true, 1.0f, 0.0f);
         ops->gate_scale_fwd(s, y, a->so, a->sgl, n, H);
         kern_free(dev, sh);
         sh = NULL;
     }
-    free(gg.d);
+    groups_free(&gg);
     return MT_OK;
 fail:
     dfree(dev, h);
     dfree(dev, sh);
-    free(gg.d);
+    groups_free(&gg);
     moe_layer_acts_release(dev, a);
     return err ? err->code : MT_ERR_BUDGET;
 }
@@ -157,25 +189,25 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
     } while (0)
 
     /* dh = dep down ; d(down) += dep^T h */
-    FOR_EXPERTS(groups_push(&gg, dh + (size_t)off * I, dep + (size_t)off * H, p->down[e], cnt, I, H));
-    ops->matmul_grouped(s, gg.d, gg.count, false, false, 1.0f, 0.0f);
-    FOR_EXPERTS(groups_push(&gg, gp->down[e], dep + (size_t)off * H, h + (size_t)off * I, H, I, cnt));
-    ops->matmul_grouped(s, gg.d, gg.count, true, false, 1.0f, 1.0f);
+    FOR_EXPERTS(groups_push(&gg, dh + (size_t)off * I, dep + (size_t)off * H, MT_F32, p->down[e], p->dtype, cnt, I, H));
+    groups_run(dev, d, &gg, false, false, 1.0f, 0.0f);
+    FOR_EXPERTS(groups_push(&gg, gp->down[e], dep + (size_t)off * H, MT_F32, h + (size_t)off * I, MT_F32, H, I, cnt));
+    groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
     kern_free(dev, h);
     h = NULL;
     /* dg, du in place of g, u (saved activations are not needed after this) */
     ops->swiglu_bwd(s, a->g, a->u, dh, a->g, a->u, (size_t)m * I);
     kern_free(dev, dh);
     dh = NULL;
-    FOR_EXPERTS(groups_push(&gg, gp->gate[e], a->g + (size_t)off * I, a->xp + (size_t)off * H, I, H, cnt));
-    ops->matmul_grouped(s, gg.d, gg.count, true, false, 1.0f, 1.0f);
-    FOR_EXPERTS(groups_push(&gg, gp->up[e], a->u + (size_t)off * I, a->xp + (size_t)off * H, I, H, cnt));
-    ops->matmul_grouped(s, gg.d, gg.count, true, false, 1.0f, 1.0f);
+    FOR_EXPERTS(groups_push(&gg, gp->gate[e], a->g + (size_t)off * I, MT_F32, a->xp + (size_t)off * H, MT_F32, I, H, cnt));
+    groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
+    FOR_EXPERTS(groups_push(&gg, gp->up[e], a->u + (size_t)off * I, MT_F32, a->xp + (size_t)off * H, MT_F32, I, H, cnt));
+    groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
     /* dxp (reusing dep) = dg gate + du up */
-    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, a->g + (size_t)off * I, p->gate[e], cnt, H, I));
-    ops->matmul_grouped(s, gg.d, gg.count, false, false, 1.0f, 0.0f);
-    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, a->u + (size_t)off * I, p->up[e], cnt, H, I));
-    ops->matmul_grouped(s, gg.d, gg.count, false, false, 1.0f, 1.0f);
+    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, a->g + (size_t)off * I, MT_F32, p->gate[e], p->dtype, cnt, H, I));
+    groups_run(dev, d, &gg, false, false, 1.0f, 0.0f);
+    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, a->u + (size_t)off * I, MT_F32, p->up[e], p->dtype, cnt, H, I));
+    groups_run(dev, d, &gg, false, false, 1.0f, 1.0f);
 #undef FOR_EXPERTS
     ops->moe_unpermute_sum(s, dxn, dep, NULL, a->inv, n, k, H, 0);
     kern_free(dev, dep);
@@ -183,8 +215,8 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
 
     ALLOC(dlogits, (size_t)n * E, float, "moe d(router logits)");
     ops->router_bwd(s, dlogits, dtopw, a->probs, a->idx, aux_dp, tok_w, n, E, k, d->router_mode);
-    ops->matmul(s, gp->router, dlogits, xn, E, H, n, true, false, 1.0f, 1.0f);
-    ops->matmul(s, dxn, dlogits, p->router, n, H, E, false, false, 1.0f, 1.0f);
+    mm(dev, d, gp->router, dlogits, MT_F32, xn, MT_F32, E, H, n, true, false, 1.0f, 1.0f);
+    mm(dev, d, dxn, dlogits, MT_F32, p->router, p->dtype, n, H, E, false, false, 1.0f, 1.0f);
     kern_free(dev, dlogits);
     dlogits = NULL;
 
@@ -193,25 +225,25 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
         ALLOC(dso, (size_t)n * H, float, "shared expert d(output)");
         ALLOC(dsgl, n, float, "shared expert d(gate logit)");
         ops->gate_scale_bwd(s, dso, dsgl, dy, a->so, a->sgl, n, H);
-        ops->matmul(s, gp->sh_expert_gate, dsgl, xn, 1, H, n, true, false, 1.0f, 1.0f);
-        ops->matmul(s, dxn, dsgl, p->sh_expert_gate, n, H, 1, false, false, 1.0f, 1.0f);
+        mm(dev, d, gp->sh_expert_gate, dsgl, MT_F32, xn, MT_F32, 1, H, n, true, false, 1.0f, 1.0f);
+        mm(dev, d, dxn, dsgl, MT_F32, p->sh_expert_gate, p->dtype, n, H, 1, false, false, 1.0f, 1.0f);
         ALLOC(sh, (size_t)n * Is, float, "shared expert hidden (recomputed)");
         ALLOC(dsh, (size_t)n * Is, float, "shared expert d(hidden)");
         ops->swiglu_fwd(s, sh, a->sg, a->su, (size_t)n * Is);
-        ops->matmul(s, dsh, dso, p->sh_down, n, Is, H, false, false, 1.0f, 0.0f);
-        ops->matmul(s, gp->sh_down, dso, sh, H, Is, n, true, false, 1.0f, 1.0f);
+        mm(dev, d, dsh, dso, MT_F32, p->sh_down, p->dtype, n, Is, H, false, false, 1.0f, 0.0f);
+        mm(dev, d, gp->sh_down, dso, MT_F32, sh, MT_F32, H, Is, n, true, false, 1.0f, 1.0f);
         ops->swiglu_bwd(s, a->sg, a->su, dsh, a->sg, a->su, (size_t)n * Is);
-        ops->matmul(s, gp->sh_gate, a->sg, xn, Is, H, n, true, false, 1.0f, 1.0f);
-        ops->matmul(s, gp->sh_up, a->su, xn, Is, H, n, true, false, 1.0f, 1.0f);
-        ops->matmul(s, dxn, a->sg, p->sh_gate, n, H, Is, false, false, 1.0f, 1.0f);
-        ops->matmul(s, dxn, a->su, p->sh_up, n, H, Is, false, false, 1.0f, 1.0f);
+        mm(dev, d, gp->sh_gate, a->sg, MT_F32, xn, MT_F32, Is, H, n, true, false, 1.0f, 1.0f);
+        mm(dev, d, gp->sh_up, a->su, MT_F32, xn, MT_F32, Is, H, n, true, false, 1.0f, 1.0f);
+        mm(dev, d, dxn, a->sg, MT_F32, p->sh_gate, p->dtype, n, H, Is, false, false, 1.0f, 1.0f);
+        mm(dev, d, dxn, a->su, MT_F32, p->sh_up, p->dtype, n, H, Is, false, false, 1.0f, 1.0f);
     }
     dfree(dev, dso);
     dfree(dev, dsgl);
     dfree(dev, sh);
     dfree(dev, dsh);
     dfree(dev, dtopw);
-    free(gg.d);
+    groups_free(&gg);
     moe_layer_acts_release(dev, a);
     return MT_OK;
 fail:
@@ -224,7 +256,7 @@ fail:
     dfree(dev, dsgl);
     dfree(dev, sh);
     dfree(dev, dsh);
-    free(gg.d);
+    groups_free(&gg);
     moe_layer_acts_release(dev, a);
     return err ? err->code : MT_ERR_BUDGET;
 }

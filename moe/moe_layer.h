@@ -25,20 +25,24 @@ typedef struct {
     int H, E, k, I;      /* hidden, experts, top-k, expert width */
     int Is;              /* shared expert width, 0 = none */
     kern_router_mode_t router_mode;
+    mt_dtype_t compute;  /* how products are formed (kernels/gemm.h): MT_F32 or MT_BF16 */
 } moe_layer_dims_t;
 
-/* Device pointers of one layer's parameters (or of their gradients). */
+/* Device pointers of one layer's parameters (or of their gradients), all
+ * stored as `dtype`: the weights' working dtype (F32 or BF16), F32 for
+ * gradients. */
 typedef struct {
-    float *router;               /* (E, H) */
-    float **gate, **up, **down;  /* E pointers: (I, H), (I, H), (H, I) */
-    float *sh_gate, *sh_up, *sh_down; /* (Is, H), (Is, H), (H, Is) */
-    float *sh_expert_gate;       /* (1, H) */
+    void *router;                /* (E, H) */
+    void **gate, **up, **down;   /* E pointers: (I, H), (I, H), (H, I) */
+    void *sh_gate, *sh_up, *sh_down; /* (Is, H), (Is, H), (H, Is) */
+    void *sh_expert_gate;        /* (1, H) */
+    mt_dtype_t dtype;
     /* Forward only, may be NULL: called once routing is known and before any
      * expert runs, with the tokens per expert (host), to make the weights of
      * the experts that received tokens available and store their device
      * pointers in gate/up/down (weights streamed from host memory). */
-    mt_status_t (*fetch_experts)(void *ctx, const int32_t *counts, float **gate, float **up,
-                                 float **down, mt_error_t *err);
+    mt_status_t (*fetch_experts)(void *ctx, const int32_t *counts, void **gate, void **up,
+                                 void **down, mt_error_t *err);
     void *fetch_ctx;
 } moe_layer_params_t;
 

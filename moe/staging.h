@@ -154,15 +154,18 @@ void moe_staging_drain(moe_staging_t *pool);
 /* ---- batched transfers --------------------------------------------------- */
 
 typedef enum {
-    MOE_STAGING_COPY = 0, /* D2H: host = staged bytes (H2D items always copy) */
-    MOE_STAGING_ADD_F32,  /* D2H: host[j] += staged[j] as floats (gradient accumulation) */
+    MOE_STAGING_COPY = 0,     /* host = staged bytes (D2H), staged = host bytes (H2D) */
+    MOE_STAGING_ADD_F32,      /* D2H: host[j] += staged[j] as floats (gradient accumulation) */
+    MOE_STAGING_F32_TO_BF16,  /* H2D: the host holds bytes / 2 floats; they are packed rounded to
+                               * bf16 (nearest even), so a bf16 working copy crosses the link at
+                               * half the bytes of its fp32 master; `bytes` are the device bytes */
 } moe_staging_op_t;
 
 typedef struct {
     void *host;          /* pageable host tensor: source (H2D) or destination (D2H) */
     void *dev;           /* device address (kern_alloc'd, or inside a caller-owned span) */
     size_t bytes;
-    moe_staging_op_t op; /* D2H only */
+    moe_staging_op_t op;
 } moe_staging_xfer_t;
 
 typedef struct {

@@ -30,6 +30,7 @@
 
 #include "moe/staging_internal.h"
 #include "base/clock.h"
+#include "base/dtype.h"
 
 enum { FLUSH_BYTES = 2 << 20 };
 
@@ -85,6 +86,8 @@ static double job_run(staging_pack_job_t *j) {
     const double t0 = mt_now_s();
     for (int k = 0; k < j->n; k++) {
         if (j->cp[k].op == MOE_STAGING_ADD_F32) add_f32(j->cp[k].dst, j->cp[k].src, j->cp[k].bytes);
+        else if (j->cp[k].op == MOE_STAGING_F32_TO_BF16)
+            mt_convert_from_f32(j->cp[k].dst, MT_BF16, j->cp[k].src, j->cp[k].bytes / 2);
         else memcpy(j->cp[k].dst, j->cp[k].src, j->cp[k].bytes);
     }
     return mt_now_s() - t0;
@@ -188,7 +191,7 @@ static void group_add_copy(group_t *g, int reg, size_t off, char *dev, size_t by
 static void group_add_item(moe_staging_t *p, group_t *g, int reg, size_t off, const moe_staging_xfer_t *it) {
     if (!g->job) g->job = job_new(p);
     char *staged = (char *)g->reg[reg].host + off;
-    if (g->dir == MOE_STAGING_H2D) job_add(g->job, staged, it->host, it->bytes, MOE_STAGING_COPY);
+    if (g->dir == MOE_STAGING_H2D) job_add(g->job, staged, it->host, it->bytes, it->op);
     else job_add(g->job, it->host, staged, it->bytes, it->op);
     g->bytes += it->bytes;
 }
@@ -347,6 +350,14 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
             free(it);
             return mt_error_set(err, MT_ERR_INTERNAL, "%s: item %d has no %s address", tag, k,
                                 items[k].host ? "device" : "host");
+        }
+        const bool h2d_op_ok = items[k].op == MOE_STAGING_COPY ||
+                               (items[k].op == MOE_STAGING_F32_TO_BF16 && items[k].bytes % 2 == 0);
+        const bool d2h_op_ok = items[k].op == MOE_STAGING_COPY || items[k].op == MOE_STAGING_ADD_F32;
+        if (dir == MOE_STAGING_H2D ? !h2d_op_ok : !d2h_op_ok) {
+            free(it);
+            return mt_error_set(err, MT_ERR_INTERNAL, "%s: item %d: operation %d does not apply to %s copies of %zu bytes",
+                                tag, k, (int)items[k].op, dir == MOE_STAGING_H2D ? "H2D" : "D2H", items[k].bytes);
         }
         if (dir == MOE_STAGING_D2H && items[k].op == MOE_STAGING_ADD_F32 && items[k].bytes % sizeof(float)) {
             free(it);
