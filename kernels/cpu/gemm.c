@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/gemm_internal.h"
 #include "kernels/cpu/par.h"
 #include "base/status.h"
 
@@ -35,39 +36,33 @@ int openblas_get_num_threads(void);
 #define GEMM_MAX_PIECES 8
 #define GEMM_ROW_ALIGN 16
 
+/* One sgemm call: a product, or a piece of one (a block of C's rows or
+ * columns, with the operands' leading dimensions of the whole product). */
 typedef struct {
     float *C;
     const float *A, *B;
-    int M, N, K, ldc;
-} piece_t;
-
-typedef struct {
-    const piece_t *pieces;
+    int M, N, K, lda, ldb, ldc;
     bool ta, tb;
     float alpha, beta;
-    const int *lda, *ldb; /* per piece */
-} gemm_job_t;
+} piece_t;
 
-static void sgemm_piece(const piece_t *p, bool ta, bool tb, int lda, int ldb, float alpha,
-                        float beta) {
+static void sgemm_piece(const piece_t *p) {
     if (p->M == 0 || p->N == 0) return;
     if (p->K == 0) { /* an empty sum: beta * C */
         for (int r = 0; r < p->M; r++) {
             float *c = p->C + (size_t)r * p->ldc;
-            if (beta == 0.0f) memset(c, 0, (size_t)p->N * sizeof *c);
-            else if (beta != 1.0f)
-                for (int j = 0; j < p->N; j++) c[j] *= beta;
+            if (p->beta == 0.0f) memset(c, 0, (size_t)p->N * sizeof *c);
+            else if (p->beta != 1.0f)
+                for (int j = 0; j < p->N; j++) c[j] *= p->beta;
         }
         return;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, p->M,
-                p->N, p->K, alpha, p->A, lda, p->B, ldb, beta, p->C, p->ldc);
+    cblas_sgemm(CblasRowMajor, p->ta ? CblasTrans : CblasNoTrans,
+                p->tb ? CblasTrans : CblasNoTrans, p->M, p->N, p->K, p->alpha, p->A, p->lda, p->B,
+                p->ldb, p->beta, p->C, p->ldc);
 }
 
-static void piece_task(void *ctx, size_t t) {
-    const gemm_job_t *j = ctx;
-    sgemm_piece(&j->pieces[t], j->ta, j->tb, j->lda[t], j->ldb[t], j->alpha, j->beta);
-}
+static void piece_task(void *ctx, size_t t) { sgemm_piece(&((const piece_t *)ctx)[t]); }
 
 static bool blas_single_threaded(void) {
     return openblas_get_num_threads && openblas_get_num_threads() == 1;
@@ -85,76 +80,77 @@ static int piece_count(int M, int N, int K, bool *by_cols) {
     return n < 1 ? 1 : n;
 }
 
-/* Appends the pieces of one product to p/lda/ldb; returns how many. */
-static int cut(piece_t *p, int *lda, int *ldb, float *C, const float *A, const float *B, int M,
-               int N, int K, bool ta, bool tb, int pieces, bool by_cols) {
-    const int a_ld = ta ? M : K, b_ld = tb ? K : N;
+/* Appends the pieces of one product to p; returns how many. */
+static int cut(piece_t *p, const kern_cpu_sgemm_t *g, int pieces, bool by_cols) {
+    const int M = g->M, N = g->N, K = g->K;
+    const int a_ld = g->ta ? M : K, b_ld = g->tb ? K : N;
+    const piece_t whole = {.C = g->C, .A = g->A, .B = g->B, .M = M, .N = N, .K = K, .lda = a_ld,
+                           .ldb = b_ld, .ldc = N, .ta = g->ta, .tb = g->tb, .alpha = g->alpha,
+                           .beta = g->beta};
     const int side = by_cols ? N : M;
     int step = (side + pieces - 1) / pieces;
     step = (step + GEMM_ROW_ALIGN - 1) / GEMM_ROW_ALIGN * GEMM_ROW_ALIGN;
     int n = 0;
     for (int x0 = 0; x0 < side; x0 += step, n++) {
         const int w = side - x0 < step ? side - x0 : step;
+        p[n] = whole;
         if (by_cols) { /* C[:, x0:x0+w] = op(A) op(B)[:, x0:x0+w] */
-            p[n] = (piece_t){.C = C + x0, .A = A, .B = tb ? B + (size_t)x0 * b_ld : B + x0,
-                             .M = M, .N = w, .K = K, .ldc = N};
+            p[n].C = g->C + x0;
+            p[n].B = g->tb ? g->B + (size_t)x0 * b_ld : g->B + x0;
+            p[n].N = w;
         } else { /* C[x0:x0+w, :] = op(A)[x0:x0+w, :] op(B) */
-            p[n] = (piece_t){.C = C + (size_t)x0 * N, .A = ta ? A + x0 : A + (size_t)x0 * a_ld,
-                             .B = B, .M = w, .N = N, .K = K, .ldc = N};
+            p[n].C = g->C + (size_t)x0 * N;
+            p[n].A = g->ta ? g->A + x0 : g->A + (size_t)x0 * a_ld;
+            p[n].M = w;
         }
-        lda[n] = a_ld;
-        ldb[n] = b_ld;
     }
     return n;
 }
 
-static void run_pieces(kern_stream_t *s, const piece_t *p, const int *lda, const int *ldb, int n,
-                       bool ta, bool tb, float alpha, float beta) {
-    gemm_job_t j = {.pieces = p, .ta = ta, .tb = tb, .alpha = alpha, .beta = beta, .lda = lda, .ldb = ldb};
-    kern_cpu_parallel_for(s, (size_t)n, piece_task, &j);
+void kern_cpu_sgemm_batch(kern_stream_t *s, const kern_cpu_sgemm_t *prods, int count) {
+    if (count <= 0) return;
+    for (int g = 0; g < count; g++)
+        MT_CHECK(prods[g].M >= 0 && prods[g].N >= 0 && prods[g].K >= 0,
+                 "matmul: product %d has a negative size M=%d N=%d K=%d", g, prods[g].M,
+                 prods[g].N, prods[g].K);
+    if (!blas_single_threaded()) { /* OpenBLAS splits each call itself */
+        for (int g = 0; g < count; g++) {
+            piece_t p;
+            cut(&p, &prods[g], 1, false);
+            sgemm_piece(&p);
+        }
+        return;
+    }
+    piece_t one[GEMM_MAX_PIECES];
+    piece_t *p = count == 1 ? one : malloc((size_t)count * GEMM_MAX_PIECES * sizeof *p);
+    MT_CHECK(p, "out of host memory for %d grouped-matmul descriptors", count);
+    int n = 0;
+    for (int g = 0; g < count; g++) {
+        const kern_cpu_sgemm_t *d = &prods[g];
+        if (d->M == 0 || d->N == 0) continue;
+        bool by_cols = false;
+        n += cut(p + n, d, piece_count(d->M, d->N, d->K, &by_cols), by_cols);
+    }
+    kern_cpu_parallel_for(s, (size_t)n, piece_task, p);
+    if (p != one) free(p);
 }
 
 void kern_matmul_cpu(kern_stream_t *s, float *C, const float *A, const float *B, int M, int N,
                      int K, bool trans_a, bool trans_b, float alpha, float beta) {
-    bool by_cols = false;
-    const int pieces = blas_single_threaded() ? piece_count(M, N, K, &by_cols) : 1;
-    if (pieces == 1) {
-        const piece_t p = {.C = C, .A = A, .B = B, .M = M, .N = N, .K = K, .ldc = N};
-        sgemm_piece(&p, trans_a, trans_b, trans_a ? M : K, trans_b ? K : N, alpha, beta);
-        return;
-    }
-    piece_t p[GEMM_MAX_PIECES];
-    int lda[GEMM_MAX_PIECES], ldb[GEMM_MAX_PIECES];
-    const int n = cut(p, lda, ldb, C, A, B, M, N, K, trans_a, trans_b, pieces, by_cols);
-    run_pieces(s, p, lda, ldb, n, trans_a, trans_b, alpha, beta);
+    const kern_cpu_sgemm_t g = {.C = C, .A = A, .B = B, .M = M, .N = N, .K = K, .ta = trans_a,
+                                .tb = trans_b, .alpha = alpha, .beta = beta};
+    kern_cpu_sgemm_batch(s, &g, 1);
 }
 
 void kern_matmul_grouped_cpu(kern_stream_t *s, const kern_gemm_desc_t *descs, int count,
                              bool trans_a, bool trans_b, float alpha, float beta) {
     if (count <= 0) return;
-    if (!blas_single_threaded()) {
-        for (int g = 0; g < count; g++) {
-            const kern_gemm_desc_t *d = &descs[g];
-            const piece_t p = {.C = d->C, .A = d->A, .B = d->B, .M = d->M, .N = d->N, .K = d->K, .ldc = d->N};
-            sgemm_piece(&p, trans_a, trans_b, trans_a ? d->M : d->K, trans_b ? d->K : d->N, alpha, beta);
-        }
-        return;
-    }
-    piece_t *p = malloc((size_t)count * GEMM_MAX_PIECES * sizeof *p);
-    int *lda = malloc((size_t)count * GEMM_MAX_PIECES * sizeof *lda);
-    int *ldb = malloc((size_t)count * GEMM_MAX_PIECES * sizeof *ldb);
-    MT_CHECK(p && lda && ldb, "out of host memory for %d grouped-matmul descriptors", count);
-    int n = 0;
-    for (int g = 0; g < count; g++) {
-        const kern_gemm_desc_t *d = &descs[g];
-        if (d->M == 0 || d->N == 0) continue;
-        bool by_cols = false;
-        const int pieces = piece_count(d->M, d->N, d->K, &by_cols);
-        n += cut(p + n, lda + n, ldb + n, d->C, d->A, d->B, d->M, d->N, d->K, trans_a, trans_b,
-                 pieces, by_cols);
-    }
-    run_pieces(s, p, lda, ldb, n, trans_a, trans_b, alpha, beta);
-    free(p);
-    free(lda);
-    free(ldb);
+    kern_cpu_sgemm_t *g = malloc((size_t)count * sizeof *g);
+    MT_CHECK(g, "out of host memory for %d grouped-matmul descriptors", count);
+    for (int i = 0; i < count; i++)
+        g[i] = (kern_cpu_sgemm_t){.C = descs[i].C, .A = descs[i].A, .B = descs[i].B,
+                                  .M = descs[i].M, .N = descs[i].N, .K = descs[i].K,
+                                  .ta = trans_a, .tb = trans_b, .alpha = alpha, .beta = beta};
+    kern_cpu_sgemm_batch(s, g, count);
+    free(g);
 }
