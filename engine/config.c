@@ -44,6 +44,7 @@ typedef enum {
     K_U64,      /* uint64_t, non-negative */
     K_DOUBLE,   /* double; integers accepted */
     K_BOOL,     /* bool, YAML 1.1 words */
+    K_BF16,     /* eng_bf16_choice_t: a YAML 1.1 boolean, or "auto" */
     K_PATH,     /* char[], relative paths anchored at the YAML's folder */
     K_STRING,   /* char[], kept as written (names that may also be paths, e.g. hardware) */
     K_SIZE,     /* size_t from eng_parse_size */
@@ -85,6 +86,14 @@ static const enum_name_t k_optimizer_names[] = {
     {"adamw", 0},
     {NULL, 0},
 };
+static const enum_name_t k_save_dtype_names[] = {
+    {"auto", ENG_SAVE_DTYPE_AUTO},
+    {"float32", ENG_SAVE_DTYPE_F32},
+    {"bfloat16", ENG_SAVE_DTYPE_BF16},
+    {"float16", ENG_SAVE_DTYPE_F16},
+    {NULL, 0},
+};
+
 static const enum_name_t k_backend_names[] = {
     {"cpu", ENG_BACKEND_CPU},
     {"cuda", ENG_BACKEND_CUDA},
@@ -195,7 +204,8 @@ static const key_row_t k_top_rows[] = {
     ROW("logging_steps", K_INT, logging_steps),
     ROW("save_steps", K_INT, save_steps),
     ROW("save_final", K_BOOL, save_final),
-    ROW("bf16", K_BOOL, bf16),
+    ROW("bf16", K_BF16, bf16),
+    ROW_ENUM("save_dtype", save_dtype, k_save_dtype_names),
     ROW_ENUM("backend", backend, k_backend_names),
     ROW_ENUM("optimizer", optimizer, k_optimizer_names),
     ROW("gradient_checkpointing", K_BOOL, gradient_checkpointing),
@@ -237,7 +247,8 @@ void eng_run_config_defaults(eng_run_config_t *cfg) {
     cfg->logging_steps = 1;
     cfg->save_steps = 0;
     cfg->save_final = true;
-    cfg->bf16 = false;
+    cfg->bf16 = ENG_BF16_OFF;
+    cfg->save_dtype = ENG_SAVE_DTYPE_AUTO;
     cfg->backend = ENG_BACKEND_AUTO;
     cfg->model_config_json = NULL;
     cfg->save_max_shard_bytes = (size_t)5000000000ull; /* HF's max_shard_size="5GB" */
@@ -494,6 +505,18 @@ static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_
         bool v;
         if (!eng_yaml_bool(n, &v)) return expected(c, n, key, "a boolean (true or false)");
         put(cfg, row, &v, sizeof v);
+        return MT_OK;
+    }
+    case K_BF16: {
+        bool v;
+        eng_bf16_choice_t choice;
+        if (n->type == YAML_SCALAR_NODE && strcmp((const char *)n->data.scalar.value, "auto") == 0)
+            choice = ENG_BF16_AUTO;
+        else if (eng_yaml_bool(n, &v))
+            choice = v ? ENG_BF16_ON : ENG_BF16_OFF;
+        else
+            return expected(c, n, key, "true, false or auto");
+        put(cfg, row, &choice, sizeof choice);
         return MT_OK;
     }
     case K_PATH:

@@ -15,6 +15,10 @@
 
 typedef enum { ENG_LR_CONSTANT = 0, ENG_LR_CONSTANT_WITH_WARMUP, ENG_LR_LINEAR, ENG_LR_COSINE } eng_lr_sched_t;
 typedef enum { ENG_BACKEND_AUTO = 0, ENG_BACKEND_CPU, ENG_BACKEND_CUDA } eng_backend_choice_t;
+/* bf16 mixed precision: off, on, or on where the device computes bf16 products natively. */
+typedef enum { ENG_BF16_OFF = 0, ENG_BF16_ON, ENG_BF16_AUTO } eng_bf16_choice_t;
+/* The dtype a saved model is written in; AUTO = the base checkpoint's own. */
+typedef enum { ENG_SAVE_DTYPE_AUTO = 0, ENG_SAVE_DTYPE_F32, ENG_SAVE_DTYPE_BF16, ENG_SAVE_DTYPE_F16 } eng_save_dtype_t;
 typedef enum { ENG_ADAPTER_NONE = 0, ENG_ADAPTER_LORA } eng_adapter_t;
 /* scheduler: section (scheduler/plan.h has the semantics; engine/program.c maps these) */
 typedef enum {
@@ -59,7 +63,8 @@ typedef struct {
     int logging_steps;              /* default 1 */
     int save_steps;                 /* 0 = only at the end */
     bool save_final;                /* default true */
-    bool bf16;                      /* default false: fp32 everywhere */
+    eng_bf16_choice_t bf16;         /* default off: fp32 everywhere */
+    eng_save_dtype_t save_dtype;    /* default auto: the base checkpoint's dtype */
     eng_backend_choice_t backend;   /* default auto */
     char *model_config_json;        /* `model_config:` overrides as a JSON object text, or NULL */
     size_t save_max_shard_bytes;    /* default 5 GB, as HF's max_shard_size */

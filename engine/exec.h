@@ -67,6 +67,11 @@ typedef struct {
     uint64_t experts_unused;    /* prefetched for a forward, then got no token */
     uint64_t acts_unstaged;     /* offloads that fell back to a plain pinned buffer (pool too small) */
     uint64_t acts_offloaded;    /* bytes of saved activations offloaded */
+    /* Bytes that crossed the link: weight working copies host -> device
+     * (streamed fetches and resident weights refreshed by a host optimizer;
+     * bf16 copies count their bf16 bytes) and gradients device -> host. */
+    uint64_t weight_h2d_bytes;
+    uint64_t grad_d2h_bytes;
 } eng_exec_staging_counters_t;
 
 moe_staging_t *eng_exec_staging(eng_model_t *m);

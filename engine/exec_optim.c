@@ -236,8 +236,9 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         if (bp->optim == SCHED_OPTIM_HOST && bp->grads == SCHED_GRADS_DEVICE) {
             for (int i = 0; i < m->spec.count; i++) {
                 eng_param_t *p = &m->params[i];
-                if (p->block == b && p->has_grad && !x->opt_done[i])
-                    items[n++] = (moe_staging_xfer_t){p->host_g, p->g_acc, p->spec->numel * sizeof(float), MOE_STAGING_COPY};
+                if (p->block != b || !p->has_grad || x->opt_done[i]) continue;
+                items[n++] = (moe_staging_xfer_t){p->host_g, p->g_acc, exec_f32_bytes(p), MOE_STAGING_COPY};
+                x->ctr.grad_d2h_bytes += exec_f32_bytes(p);
             }
             snprintf(tag, sizeof tag, "gradients of block %d for the host optimizer", b);
             st = exec_stage_d2h(m, items, n, tag, err);
@@ -279,7 +280,10 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
             } else {
                 host_adamw(x->pool, p, &base);
             }
-            if (refresh) items[n++] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
+            if (refresh) {
+                items[n++] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
+                x->ctr.weight_h2d_bytes += exec_w_bytes(p);
+            }
         }
         /* resident weights take the new master values */
         snprintf(tag, sizeof tag, "weights of block %d after the host optimizer", b);

@@ -358,6 +358,7 @@ static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, int
             p->w = ptr[j];
             x->w_span[need[j]] = spans[j];
             items[j] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
+            x->ctr.weight_h2d_bytes += exec_w_bytes(p);
         }
         const uint64_t before = copies_so_far(x, MOE_STAGING_H2D);
         st = exec_stage_h2d(m, items, k, tag, err);
@@ -688,6 +689,7 @@ mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err) {
         /* first micro-batch: the copy is the accumulator; later ones add into it */
         items[n] = (moe_staging_xfer_t){p->host_g, p->g, exec_f32_bytes(p),
                                         p->acc_has_data ? MOE_STAGING_ADD_F32 : MOE_STAGING_COPY};
+        x->ctr.grad_d2h_bytes += exec_f32_bytes(p);
         which[n++] = i;
         experts += p->spec->role == ENG_P_EXP_GATE;
     }

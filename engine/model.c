@@ -74,6 +74,23 @@ static int owning_block(const eng_model_t *m, const eng_param_spec_t *ps) {
     return ps->role == ENG_P_EMBED ? 0 : m->cfg.num_hidden_layers + 1;
 }
 
+/* The dtype most of the checkpoint's parameter bytes are stored in. */
+static mt_dtype_t checkpoint_dtype(const eng_checkpoint_t *ck, const eng_model_spec_t *spec) {
+    double bytes[MT_DTYPE_COUNT] = {0};
+    for (int i = 0; i < spec->count; i++) {
+        const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, spec->params[i].name);
+        if (!e) continue;
+        switch (e->tensor->dtype) {
+        case ENG_ST_BF16: bytes[MT_BF16] += (double)spec->params[i].numel; break;
+        case ENG_ST_F16: bytes[MT_F16] += (double)spec->params[i].numel; break;
+        default: bytes[MT_F32] += (double)spec->params[i].numel; break;
+        }
+    }
+    if (bytes[MT_BF16] > bytes[MT_F32] && bytes[MT_BF16] >= bytes[MT_F16]) return MT_BF16;
+    if (bytes[MT_F16] > bytes[MT_F32]) return MT_F16;
+    return MT_F32;
+}
+
 mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
                            const char *overrides_json, const sched_plan_t *plan, mt_error_t *err) {
     const eng_model_opts_t o = {.overrides_json = overrides_json, .plan = plan};
@@ -144,6 +161,7 @@ mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, 
         free(host);
         goto fail;
     }
+    m->storage_dtype = checkpoint_dtype(&ck, &m->spec);
     eng_ckpt_load_report_t report = {0};
     st = eng_checkpoint_load(&ck, &m->spec, host, &report, err);
     if (st == MT_OK && report.unexpected_count > 0)
@@ -187,7 +205,17 @@ void eng_model_free(eng_model_t *m) {
     memset(m, 0, sizeof *m);
 }
 
-mt_status_t eng_model_save(eng_model_t *m, const char *dir, size_t max_shard_bytes, bool bf16,
+mt_dtype_t eng_save_dtype(const eng_model_t *m, const eng_run_config_t *rc) {
+    switch (rc->save_dtype) {
+    case ENG_SAVE_DTYPE_F32: return MT_F32;
+    case ENG_SAVE_DTYPE_BF16: return MT_BF16;
+    case ENG_SAVE_DTYPE_F16: return MT_F16;
+    case ENG_SAVE_DTYPE_AUTO:
+    default: return m->storage_dtype;
+    }
+}
+
+mt_status_t eng_model_save(eng_model_t *m, const char *dir, size_t max_shard_bytes, mt_dtype_t dtype,
                            mt_error_t *err) {
     const int n = m->spec.count;
     eng_ckpt_tensor_t *t = calloc((size_t)n, sizeof *t);
@@ -198,7 +226,7 @@ mt_status_t eng_model_save(eng_model_t *m, const char *dir, size_t max_shard_byt
         host[i] = malloc(ps->numel * sizeof(float));
         MT_CHECK_ALLOC(host[i], ps->name);
         eng_model_read_param(m, i, host[i], false);
-        t[i] = (eng_ckpt_tensor_t){.name = ps->name, .dtype = bf16 ? MT_BF16 : MT_F32,
+        t[i] = (eng_ckpt_tensor_t){.name = ps->name, .dtype = dtype,
                                    .ndim = ps->ndim, .shape = ps->shape, .data = host[i]};
     }
     mt_status_t st = eng_checkpoint_save(dir, m->cfg.config_json, t, n, max_shard_bytes, err);

@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/config.h"
 #include "engine/data.h"
 #include "engine/model_config.h"
 #include "engine/model_spec.h"
@@ -80,6 +81,7 @@ typedef struct {
      * bf16 mixed precision (bf16 operands, fp32 accumulation; norms,
      * softmax, attention, router probabilities and the loss stay fp32). */
     mt_dtype_t compute;
+    mt_dtype_t storage_dtype; /* the base checkpoint's weights on disk: MT_F32, MT_BF16 or MT_F16 */
     int num_moe_layers;
     /* RoPE tables on the device for sequence length rope_T */
     float *rope_cos, *rope_sin;
@@ -168,8 +170,13 @@ void eng_model_block_times(eng_model_t *m, double *fwd_s, double *bwd_s, bool re
 /* L + 2: the embedding, each decoder layer, the head. */
 int eng_model_num_blocks(const eng_model_t *m);
 
-/* Saves the weights as an HF checkpoint directory (config.json + safetensors). */
-mt_status_t eng_model_save(eng_model_t *m, const char *dir, size_t max_shard_bytes, bool bf16,
+/* Saves the weights (their fp32 masters, converted to dtype: MT_F32,
+ * MT_BF16 or MT_F16) as an HF checkpoint directory (config.json +
+ * safetensors). */
+mt_status_t eng_model_save(eng_model_t *m, const char *dir, size_t max_shard_bytes, mt_dtype_t dtype,
                            mt_error_t *err);
+/* The dtype the run config asks a saved model to have: save_dtype, or with
+ * auto the dtype the base checkpoint stores its weights in. */
+mt_dtype_t eng_save_dtype(const eng_model_t *m, const eng_run_config_t *rc);
 
 #endif

@@ -79,6 +79,8 @@ void eng_reporter_step(eng_reporter_t *r, const eng_step_report_t *s, bool log_l
             json_object_set_new(o, "staging_d2h_mean_copy_bytes", json_real(s->staging_mean_copy_bytes[1]));
             json_object_set_new(o, "staging_experts_skipped", json_integer((json_int_t)s->staging_experts_skipped));
             json_object_set_new(o, "staging_wait_s", json_real(s->staging_wait_s));
+            json_object_set_new(o, "weight_h2d_bytes", json_integer((json_int_t)s->weight_h2d_bytes));
+            json_object_set_new(o, "grad_d2h_bytes", json_integer((json_int_t)s->grad_d2h_bytes));
         }
         char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
         fprintf(r->metrics, "%s\n", line);

@@ -58,7 +58,7 @@ static int total_steps(const eng_run_config_t *rc, const eng_loader_t *ld) {
 
 static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
                                    eng_reporter_t *rep, mt_error_t *err) {
-    mt_status_t st = eng_model_save(m, dir, rc->save_max_shard_bytes, rc->bf16, err);
+    mt_status_t st = eng_model_save(m, dir, rc->save_max_shard_bytes, eng_save_dtype(m, rc), err);
     if (st == MT_OK) eng_reporter_note(rep, "moetune: saved checkpoint to %s", dir);
     return st;
 }
@@ -70,8 +70,6 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
                             "%s: adapter: lora is not supported yet by moetune train; remove it for "
                             "full fine-tuning",
                             rc->source_path);
-    if (rc->bf16 && rc->backend == ENG_BACKEND_CPU)
-        fprintf(stderr, "moetune: note: bf16: true on the CPU backend computes in fp32 and saves bf16\n");
 
     kern_device_t *dev = NULL;
     mt_status_t st = eng_open_device(rc, &dev, err);
@@ -95,7 +93,11 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
     eng_staging_settings_t staging;
     eng_staging_settings_from_run(rc, &staging);
     if (!rc->trace) staging.timeline_samples = (size_t)1 << 14; /* only a trace reads the timeline */
-    st = eng_model_load_ex(&model, dev, rc->base_model, rc->model_config_json, &tp.plan, &staging, err);
+    const eng_model_opts_t mo = {.overrides_json = rc->model_config_json,
+                                 .plan = &tp.plan,
+                                 .staging = &staging,
+                                 .compute = eng_compute_dtype(rc, dev)};
+    st = eng_model_open(&model, dev, rc->base_model, &mo, err);
     if (st != MT_OK) {
         eng_train_plan_free(&tp);
         kern_device_destroy(dev);
@@ -189,6 +191,8 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
         const eng_host_mem_t hm = eng_host_mem_read();
         moe_staging_stats_t ss; /* this step's (eng_optim_begin_step restarted the counters) */
         moe_staging_get_stats(eng_exec_staging(&model), MOE_STAGING_SCOPE_STEP, &ss);
+        eng_exec_staging_counters_t xc;
+        eng_exec_staging_counters(&model, &xc);
         eng_step_report_t r = {
             .step = step + 1, .total_steps = total, .loss = loss, .ce_loss = ce, .aux_loss = aux,
             .lr = hp.lr, .grad_norm = os.grad_norm, .tokens_per_s = dt > 0 ? (double)tokens / dt : 0,
@@ -198,7 +202,8 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
             .staging_copies = {ss.copies[0], ss.copies[1]},
             .staging_mean_copy_bytes = {ss.mean_copy_bytes[0], ss.mean_copy_bytes[1]},
             .staging_experts_skipped = ss.experts_skipped, .staging_wait_s = ss.wait_s,
-            .staging_peak_in_use_bytes = ss.peak_in_use};
+            .staging_peak_in_use_bytes = ss.peak_in_use, .weight_h2d_bytes = xc.weight_h2d_bytes,
+            .grad_d2h_bytes = xc.grad_d2h_bytes};
         const bool log_line = (step + 1) % (rc->logging_steps > 0 ? rc->logging_steps : 1) == 0 ||
                               step + 1 == total || step == 0;
         eng_reporter_step(&rep, &r, log_line);

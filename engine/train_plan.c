@@ -25,6 +25,15 @@ static void summarize(const sched_plan_t *p, char *buf, size_t n) {
              sched_policy_name(p->policy), stream, p->num_blocks, off, rec, hostopt, p->prefetch_window);
 }
 
+mt_dtype_t eng_compute_dtype(const eng_run_config_t *rc, const kern_device_t *dev) {
+    switch (rc->bf16) {
+    case ENG_BF16_ON: return MT_BF16;
+    case ENG_BF16_AUTO: return kern_device_caps(dev).bf16_products ? MT_BF16 : MT_F32;
+    case ENG_BF16_OFF:
+    default: return MT_F32;
+    }
+}
+
 mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t *mc, const kern_device_t *dev,
                            eng_train_plan_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
@@ -61,7 +70,7 @@ mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t 
     memset(&reg, 0, sizeof reg);
     memset(&w, 0, sizeof w);
     memset(&res, 0, sizeof res);
-    st = eng_program_describe(mc, rc, false, &md, &shape, err);
+    st = eng_program_describe(mc, rc, eng_compute_dtype(rc, dev) == MT_BF16, &md, &shape, err);
     if (st == MT_OK) st = sched_registry_build(&md, &shape, &reg, err);
     if (st == MT_OK) st = sched_workload_build(&reg, &hw, &w, err);
     if (st == MT_OK) st = eng_program_planner_opts(rc, &hw, &opts, err);

@@ -197,3 +197,5 @@ void kern_device_reset_peaks(kern_device_t *dev) {
     dev->defer.pending_peak = dev->defer.pending_bytes;
     dev->stats.pinned_peak = dev->stats.pinned_in_use;
 }
+
+kern_device_caps_t kern_device_caps(const kern_device_t *dev) { return dev->caps; }

@@ -92,6 +92,17 @@ typedef struct {
     uint64_t deferred_frees, free_waits;
 } kern_device_stats_t;
 
+/* What a device can do, so that code above the device layer asks for a
+ * capability rather than for a backend. */
+typedef struct {
+    /* bf16 products run on bf16 hardware (tensor cores; AVX512-BF16 or AMX
+     * on a CPU), so bf16 mixed precision is faster than fp32 there. */
+    bool bf16_products;
+    /* Kernels may still run when their call returns (CUDA); false when a
+     * kernel call returns with its result in place (the CPU backend). */
+    bool kernels_async;
+} kern_device_caps_t;
+
 typedef void (*kern_host_fn)(void *arg);
 
 typedef struct kern_device_i {
@@ -130,6 +141,7 @@ struct kern_device {
     void *arena_base;
     kern_arena_defer_t defer; /* pending frees, when opts.stream_ordered_frees */
     kern_device_stats_t stats; /* copies counted by the backend; memory by device.c */
+    kern_device_caps_t caps;   /* filled by the backend when it creates the device */
     /* Called by kern_alloc when a request does not fit, before it fails: a
      * user with memory waiting on pending copies frees it and returns true
      * to have the request retried (see kern_set_reclaim_hook). */
@@ -190,6 +202,7 @@ void kern_memcpy_d2d(kern_device_t *dev, kern_stream_t *s, void *dst, const void
 void kern_memset(kern_device_t *dev, kern_stream_t *s, void *dst, int value, size_t bytes);
 void kern_launch_host_fn(kern_device_t *dev, kern_stream_t *s, kern_host_fn fn, void *arg);
 
+kern_device_caps_t kern_device_caps(const kern_device_t *dev);
 kern_device_stats_t kern_device_stats(const kern_device_t *dev);
 void kern_device_reset_peaks(kern_device_t *dev);
 

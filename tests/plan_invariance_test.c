@@ -4,7 +4,10 @@
  * three optimizer steps under keep_all, offload_all, min_memory and mixed
  * per-block plans with different prefetch windows must give bit-identical
  * losses, gradient norms and final weights.  One run also has a device
- * budget smaller than the model's weights and must stay within it. */
+ * budget smaller than the model's weights and must stay within it.  With
+ * --bf16 every run is in bf16 mixed precision, where the same must hold
+ * (bf16 working copies made on the host while staged, or on the device by
+ * AdamW, must round the same master the same way). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +20,8 @@
 #include "engine/optim.h"
 
 static int failures;
+/* --bf16: every run in bf16 mixed precision (bf16 working copies and products) */
+static mt_dtype_t g_compute = MT_F32;
 #define CHECK(cond, ...)                                              \
     do {                                                              \
         if (!(cond)) {                                                \
@@ -57,7 +62,8 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
     kern_device_opts_t o = {.device_budget_bytes = budget};
     CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
     eng_model_t m;
-    if (eng_model_load(&m, dev, rc.base_model, rc.model_config_json, plan, &err) != MT_OK) {
+    const eng_model_opts_t mo = {.overrides_json = rc.model_config_json, .plan = plan, .compute = g_compute};
+    if (eng_model_open(&m, dev, rc.base_model, &mo, &err) != MT_OK) {
         CHECK(0, "load under plan %s: %s", sched_policy_name(plan->policy), err.msg);
         kern_device_destroy(dev);
         eng_run_config_free(&rc);
@@ -260,8 +266,14 @@ static void check_budget(const char *data_dir) {
 }
 
 int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) check_case(argv[i]);
-    if (argc > 1) check_budget(argv[1]);
+    int first = 1;
+    if (argc > 1 && strcmp(argv[1], "--bf16") == 0) {
+        g_compute = MT_BF16;
+        first = 2;
+        fprintf(stderr, "every run in bf16 mixed precision\n");
+    }
+    for (int i = first; i < argc; i++) check_case(argv[i]);
+    if (argc > first) check_budget(argv[first]);
     if (failures) {
         fprintf(stderr, "plan_invariance_test: %d failures\n", failures);
         return 1;

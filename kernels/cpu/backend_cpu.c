@@ -25,6 +25,7 @@
 
 #include "kernels/ops.h"
 #include "base/clock.h"
+#include "kernels/cpu/gemm_internal.h"
 
 void openblas_set_num_threads(int num_threads); /* OpenBLAS, linked by //kernels/cpu:kernels */
 
@@ -385,6 +386,10 @@ mt_status_t kern_cpu_device_create(const kern_device_opts_t *opts, kern_device_t
     dev->base.vt = &k_cpu_vtable;
     dev->base.ops = &kern_ops_cpu;
     dev->base.kind = KERN_BACKEND_CPU;
+    dev->base.caps = (kern_device_caps_t){
+        .bf16_products = kern_cpu_bf16_path_default() != KERN_CPU_BF16_SGEMM,
+        .kernels_async = false,
+    };
     dev->base.opts = *opts;
     if (dev->base.opts.device_budget_bytes == 0) {
         /* default budget: the machine's physical memory */

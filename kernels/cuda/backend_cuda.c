@@ -369,6 +369,7 @@ mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_
     d->base.vt = &cuda_vtable;
     d->base.ops = &kern_ops_cuda;
     d->base.kind = KERN_BACKEND_CUDA;
+    d->base.caps = (kern_device_caps_t){.bf16_products = true, .kernels_async = true}; /* sm_80 and later */
     d->base.opts = *opts;
     d->base.opts.device_budget_bytes = budget;
     d->base.opts.stream_ordered_frees = true; /* a freed block may still be read by queued work */

@@ -147,7 +147,7 @@ int mt_plan_main(int argc, char **argv) {
     sched_model_desc_t md;
     sched_run_shape_t shape;
     /* bf16 working copies on a GPU; the CPU backend stores fp32 whatever bf16 says */
-    if (eng_program_describe(&c.mc, &c.rc, c.rc.bf16 && !c.hw.measured, &md, &shape, &err) != MT_OK) goto done;
+    if (eng_program_describe(&c.mc, &c.rc, c.rc.bf16 == ENG_BF16_ON || (c.rc.bf16 == ENG_BF16_AUTO && !c.hw.measured), &md, &shape, &err) != MT_OK) goto done;
     if (sched_registry_build(&md, &shape, &c.reg, &err) != MT_OK) goto done;
     if (sched_workload_build(&c.reg, &c.hw, &c.w, &err) != MT_OK) goto done;
     if (eng_program_planner_opts(&c.rc, &c.hw, &c.opts, &err) != MT_OK) goto done;
