@@ -201,8 +201,9 @@ void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_
                     void **scratch) {
     const eng_layer_index_t *L = &m->layers[layer];
     const int E = m->cfg.num_experts;
-    /* every matrix of a MoE layer has the same working dtype (see eng_param_t) */
-    out->dtype = gradients ? MT_F32 : m->params[L->router].w_dtype;
+    /* every expert matrix of a MoE layer has the same working dtype (see
+     * eng_param_t); the router's is always fp32 (moe/moe_layer.c) */
+    out->dtype = gradients ? MT_F32 : m->params[L->exp_gate[0]].w_dtype;
     out->router = param_ptr(m, L->router, gradients);
     out->gate = scratch;
     out->up = scratch + E;

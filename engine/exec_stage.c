@@ -231,24 +231,29 @@ mt_status_t exec_stage_create(eng_model_t *m, int tokens, mt_error_t *err) {
     x->stage_tokens = tokens;
     /* offloaded activations stay held from forward to backward: a cap that
      * leaves no room beside them for the largest tensor would stall the run */
+    size_t largest_param = 0;
     if (info->window_acts > 0) {
         size_t *must = malloc((size_t)(m->cfg.num_hidden_layers + 1) * sizeof *must);
         MT_CHECK_ALLOC(must, "staging check");
         int n = 0;
         for (int l = 0; l < m->cfg.num_hidden_layers; l++)
             if (exec_acts_offloaded(m, l + 1)) must[n++] = exec_layer_act_bytes(m, l, tokens);
-        must[n++] = info->largest_tensor;
+        /* beside them, room for the largest parameter tensor (the largest
+         * "tensor" may be one of the activation regions just counted) */
+        largest_param = 0;
+        for (int i = 0; i < m->spec.count; i++)
+            if (exec_f32_bytes(&m->params[i]) > largest_param) largest_param = exec_f32_bytes(&m->params[i]);
+        must[n++] = largest_param;
         const size_t need = moe_staging_plan_bytes(set->mode, must, n, &po);
         free(must);
         if (s.capacity < need) {
             exec_stage_destroy(m);
             return mt_error_set(err, MT_ERR_CONFIG,
                                 "staging (mode %s): the pinned cap leaves %zu bytes, but the plan holds %zu bytes of "
-                                "offloaded activations from forward to backward and still needs room for %s (%zu "
-                                "bytes): %zu bytes at least; raise staging.cap / memory.pinned or recompute "
-                                "activations instead of offloading them",
-                                moe_staging_mode_name(set->mode), s.capacity, info->window_acts, info->largest_name,
-                                info->largest_tensor, need);
+                                "offloaded activations from forward to backward and still needs room for the "
+                                "largest parameter (%zu bytes): %zu bytes at least; raise staging.cap / "
+                                "memory.pinned or recompute activations instead of offloading them",
+                                moe_staging_mode_name(set->mode), s.capacity, info->window_acts, largest_param, need);
         }
     }
     return MT_OK;

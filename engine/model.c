@@ -107,7 +107,7 @@ mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *di
  * products read, in a bf16 run. */
 static mt_dtype_t working_dtype(const eng_model_t *m, const eng_param_spec_t *ps) {
     if (m->compute != MT_BF16) return MT_F32;
-    return ps->ndim == 2 && ps->role != ENG_P_EMBED ? MT_BF16 : MT_F32;
+    return ps->ndim == 2 && ps->role != ENG_P_EMBED && ps->role != ENG_P_ROUTER ? MT_BF16 : MT_F32;
 }
 
 mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,

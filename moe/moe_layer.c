@@ -24,11 +24,21 @@ static void dfree(kern_device_t *dev, void *p) {
 }
 
 /* One product with the layer's compute dtype: C (F32) = alpha op(A) op(B) + beta C. */
-static void mm(kern_device_t *dev, const moe_layer_dims_t *d, void *C, const void *A, mt_dtype_t a_dt,
-               const void *B, mt_dtype_t b_dt, int M, int N, int K, bool ta, bool tb, float alpha, float beta) {
-    const kern_mm_t p = kern_mm_make(C, A, a_dt, B, b_dt, M, N, K, ta, tb, alpha, beta, d->compute);
+static void mm_in(kern_device_t *dev, mt_dtype_t compute, void *C, const void *A, mt_dtype_t a_dt, const void *B,
+                  mt_dtype_t b_dt, int M, int N, int K, bool ta, bool tb, float alpha, float beta) {
+    const kern_mm_t p = kern_mm_make(C, A, a_dt, B, b_dt, M, N, K, ta, tb, alpha, beta, compute);
     dev->ops->mm(kern_stream(dev, KERN_STREAM_COMPUTE), &p);
 }
+
+static void mm(kern_device_t *dev, const moe_layer_dims_t *d, void *C, const void *A, mt_dtype_t a_dt,
+               const void *B, mt_dtype_t b_dt, int M, int N, int K, bool ta, bool tb, float alpha, float beta) {
+    mm_in(dev, d->compute, C, A, a_dt, B, b_dt, M, N, K, ta, tb, alpha, beta);
+}
+
+/* The router's products run in fp32 whatever the compute dtype: the choice
+ * of experts is discrete, and bf16 logits flip near-ties between experts
+ * that fp32 keeps apart, which then changes which weights a token trains
+ * (the router weight stays fp32 on the device for the same reason). */
 
 /* One grouped product over the experts that have tokens: operands are
  * collected with their dtypes, the flags given when it runs. */
@@ -87,7 +97,7 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
     ALLOC(a->probs, (size_t)n * E, float, "moe router probs");
     ALLOC(a->topw, (size_t)n * k, float, "moe top-k weights");
     ALLOC(a->idx, (size_t)n * k, int32_t, "moe top-k experts");
-    mm(dev, d, a->logits, xn, MT_F32, p->router, p->dtype, n, E, H, false, true, 1.0f, 0.0f);
+    mm_in(dev, MT_F32, a->logits, xn, MT_F32, p->router, MT_F32, n, E, H, false, true, 1.0f, 0.0f);
     ops->router_fwd(s, a->topw, a->idx, a->probs, a->logits, n, E, k, d->router_mode);
 
     ALLOC(a->counts, E, int32_t, "moe expert counts");
@@ -215,8 +225,8 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
 
     ALLOC(dlogits, (size_t)n * E, float, "moe d(router logits)");
     ops->router_bwd(s, dlogits, dtopw, a->probs, a->idx, aux_dp, tok_w, n, E, k, d->router_mode);
-    mm(dev, d, gp->router, dlogits, MT_F32, xn, MT_F32, E, H, n, true, false, 1.0f, 1.0f);
-    mm(dev, d, dxn, dlogits, MT_F32, p->router, p->dtype, n, H, E, false, false, 1.0f, 1.0f);
+    mm_in(dev, MT_F32, gp->router, dlogits, MT_F32, xn, MT_F32, E, H, n, true, false, 1.0f, 1.0f);
+    mm_in(dev, MT_F32, dxn, dlogits, MT_F32, p->router, MT_F32, n, H, E, false, false, 1.0f, 1.0f);
     kern_free(dev, dlogits);
     dlogits = NULL;
 

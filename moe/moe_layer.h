@@ -32,7 +32,7 @@ typedef struct {
  * stored as `dtype`: the weights' working dtype (F32 or BF16), F32 for
  * gradients. */
 typedef struct {
-    void *router;                /* (E, H) */
+    void *router;                /* (E, H), always F32 (see moe_layer.c) */
     void **gate, **up, **down;   /* E pointers: (I, H), (I, H), (H, I) */
     void *sh_gate, *sh_up, *sh_down; /* (Is, H), (Is, H), (H, Is) */
     void *sh_expert_gate;        /* (1, H) */
