@@ -251,8 +251,8 @@ static void test_cli(void) {
     json_t *d = json_loads(out, 0, &je);
     EXPECT(d && strcmp(json_string_value(json_object_get(json_object_get(d, "hardware"), "source")), "calibrate") == 0,
            "calibrate: %d %.200s %s", rc, out, err);
-    EXPECT(d && json_is_false(json_object_get(json_object_get(d, "run"), "bf16_working_copies")),
-           "the CPU backend stores fp32");
+    EXPECT(d && json_is_true(json_object_get(json_object_get(d, "run"), "bf16_working_copies")),
+           "bf16: true keeps bf16 working copies on the CPU backend too");
     json_decref(d);
     free(out), free(err);
 }
