@@ -54,6 +54,11 @@ typedef struct {
     mt_dtype_t compute;
 } kern_mm_t;
 
+/* Checks product `idx` of a call (dtypes, shapes, int range; fatal errors
+ * naming the product and its shapes) and returns its M, N, K.  Both twins
+ * call it first (//kernels:gemm_check). */
+void kern_mm_dims(const kern_mm_t *p, int idx, int *M, int *N, int *K);
+
 typedef void (*kern_mm_fn)(kern_stream_t *s, const kern_mm_t *p);
 void kern_mm_cpu(kern_stream_t *s, const kern_mm_t *p);
 void kern_mm_cuda(kern_stream_t *s, const kern_mm_t *p);
