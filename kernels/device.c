@@ -180,6 +180,12 @@ void kern_device_pin_host_thread(kern_device_t *dev) {
     if (dev && dev->vt->pin_host_thread) dev->vt->pin_host_thread(dev);
 }
 
+kern_device_caps_t kern_device_caps(kern_device_t *dev) { return dev->vt->caps(dev); }
+
+kern_threadpool_t *kern_device_host_pool(kern_device_t *dev) {
+    return dev->vt->host_pool ? dev->vt->host_pool(dev) : NULL;
+}
+
 kern_device_stats_t kern_device_stats(const kern_device_t *dev) {
     kern_device_stats_t st = dev->stats;
     if (defer_on(dev)) {

@@ -45,6 +45,7 @@ typedef struct kern_device kern_device_t;
 typedef struct kern_stream kern_stream_t;
 typedef struct kern_event kern_event_t;
 typedef struct kern_ops kern_ops_t;
+typedef struct kern_threadpool kern_threadpool_t; /* kernels/host/threadpool.h */
 
 typedef enum {
     KERN_BACKEND_CPU = 0,
@@ -94,6 +95,30 @@ typedef struct {
 
 typedef void (*kern_host_fn)(void *arg);
 
+/* What a device can do.  Callers ask for the capability they rely on, not
+ * which backend they run on, so a new backend (or a CPU with other
+ * features) needs no change above the device layer. */
+typedef struct {
+    /* kern_mm's MT_BF16 compute runs on bf16 hardware (tensor cores, AVX512
+     * vdpbf16ps) and is faster than fp32; false: it is emulated through
+     * fp32 products (still correct, no faster than fp32). */
+    bool bf16_compute;
+    /* Kernels and copies may still be running when the call that issued
+     * them returns (CUDA): host code must sync (event or stream) before it
+     * reads what they write.  False: a compute-stream op has finished when
+     * it returns (the CPU backend; its copy streams still run behind). */
+    bool kernels_async;
+    /* Host code may read and write device memory through device pointers
+     * (the CPU backend, where device memory is host memory). */
+    bool device_memory_host_addressable;
+    /* Copies that can run at the same time as compute (and each other):
+     * CUDA's copy engines; the CPU backend's copy-stream threads. */
+    int copy_engines;
+    /* Host cores a pinned device leaves to host work (the host optimizer);
+     * 0 when the device does not pin and host work shares every core. */
+    int host_cores;
+} kern_device_caps_t;
+
 typedef struct kern_device_i {
     const char *name;
     void (*destroy)(kern_device_t *dev);
@@ -117,6 +142,9 @@ typedef struct kern_device_i {
     void (*launch_host_fn)(kern_stream_t *s, kern_host_fn fn, void *arg);
     /* Optional (NULL: nothing to do): see kern_device_pin_host_thread. */
     void (*pin_host_thread)(kern_device_t *dev);
+    kern_device_caps_t (*caps)(kern_device_t *dev);
+    /* Optional (NULL: none): see kern_device_host_pool. */
+    kern_threadpool_t *(*host_pool)(kern_device_t *dev);
 } kern_device_i;
 
 /* Backends embed this struct first in their own. */
@@ -189,6 +217,13 @@ void kern_memcpy_d2h(kern_device_t *dev, kern_stream_t *s, void *dst, const void
 void kern_memcpy_d2d(kern_device_t *dev, kern_stream_t *s, void *dst, const void *src, size_t bytes);
 void kern_memset(kern_device_t *dev, kern_stream_t *s, void *dst, int value, size_t bytes);
 void kern_launch_host_fn(kern_device_t *dev, kern_stream_t *s, kern_host_fn fn, void *arg);
+
+kern_device_caps_t kern_device_caps(kern_device_t *dev);
+/* The host thread pool the device's own kernels run on, which host work
+ * (the host optimizer) may share while the device's compute is idle: the
+ * CPU backend's kernel pool.  NULL when the device has none (CUDA): make a
+ * pool of your own (kernels/host/threadpool.h). */
+kern_threadpool_t *kern_device_host_pool(kern_device_t *dev);
 
 kern_device_stats_t kern_device_stats(const kern_device_t *dev);
 void kern_device_reset_peaks(kern_device_t *dev);

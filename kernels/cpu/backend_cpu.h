@@ -2,7 +2,7 @@
 #ifndef MT_KERNELS_CPU_BACKEND_CPU_H
 #define MT_KERNELS_CPU_BACKEND_CPU_H
 
-#include "kernels/cpu/threadpool.h"
+#include "kernels/host/threadpool.h"
 #include "kernels/device.h"
 
 /* The backend's pool for bandwidth-bound kernels; NULL means run inline. */

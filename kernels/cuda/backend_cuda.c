@@ -284,6 +284,17 @@ static void cuda_launch_host_fn(kern_stream_t *s, kern_host_fn fn, void *arg) {
     MT_CUDA_CHECK(cudaLaunchHostFunc(kern_cuda_stream_begin(s), fn, arg));
 }
 
+static kern_device_caps_t cuda_caps(kern_device_t *d) {
+    const kern_cuda_device_t *dev = (const kern_cuda_device_t *)d;
+    return (kern_device_caps_t){
+        .bf16_compute = dev->cc_major >= 8, /* bf16 tensor cores: Ampere on */
+        .kernels_async = true,
+        .device_memory_host_addressable = false,
+        .copy_engines = dev->copy_engines,
+        .host_cores = 0,
+    };
+}
+
 static const kern_device_i cuda_vtable = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -303,6 +314,7 @@ static const kern_device_i cuda_vtable = {
     .memcpy_d2d = cuda_memcpy_d2d,
     .memset = cuda_memset,
     .launch_host_fn = cuda_launch_host_fn,
+    .caps = cuda_caps,
 };
 
 static mt_status_t cuda_failed(mt_error_t *err, int ordinal, const char *what, cudaError_t e) {
@@ -362,6 +374,7 @@ mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_
     d->cc_major = prop.major;
     d->cc_minor = prop.minor;
     d->sm_count = prop.multiProcessorCount;
+    d->copy_engines = prop.asyncEngineCount;
     d->max_smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(d->name, sizeof d->name, "%s", prop.name);
     const char *sync = getenv("MOETUNE_CUDA_SYNC");
