@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #include "base/arena.h"
+#include "base/dtype.h"
 #include "kernels/arena_defer.h"
 #include "base/status.h"
 
@@ -46,6 +47,7 @@ typedef struct kern_stream kern_stream_t;
 typedef struct kern_event kern_event_t;
 typedef struct kern_ops kern_ops_t;
 typedef struct kern_threadpool kern_threadpool_t; /* kernels/host/threadpool.h */
+typedef struct kern_comm kern_comm_t;
 
 typedef enum {
     KERN_BACKEND_CPU = 0,
@@ -145,7 +147,22 @@ typedef struct kern_device_i {
     kern_device_caps_t (*caps)(kern_device_t *dev);
     /* Optional (NULL: none): see kern_device_host_pool. */
     kern_threadpool_t *(*host_pool)(kern_device_t *dev);
+    /* Optional (NULL: MT_ERR_UNSUPPORTED): see kern_comm_create; every
+     * device in devs has this vtable. */
+    mt_status_t (*comm_create)(kern_device_t *const *devs, int n, kern_comm_t **out,
+                               mt_error_t *err);
 } kern_device_i;
+
+/* A communicator's operations; backends embed struct kern_comm first. */
+typedef struct {
+    void (*destroy)(kern_comm_t *c);
+    void (*allreduce_sum)(kern_comm_t *c, int rank, void *buf, size_t count, mt_dtype_t dt);
+} kern_comm_i;
+
+struct kern_comm {
+    const kern_comm_i *vt;
+    int size;
+};
 
 /* Backends embed this struct first in their own. */
 struct kern_device {
@@ -219,6 +236,29 @@ void kern_memset(kern_device_t *dev, kern_stream_t *s, void *dst, int value, siz
 void kern_launch_host_fn(kern_device_t *dev, kern_stream_t *s, kern_host_fn fn, void *arg);
 
 kern_device_caps_t kern_device_caps(kern_device_t *dev);
+
+/* ---- Collectives over several devices of this process ----------------------
+ *
+ * A communicator over devs[0..n-1] (one backend; rank r is devs[r]), as
+ * NCCL's: each rank calls every collective from its own thread, all ranks
+ * the same collectives in the same order.  kern_comm_allreduce_sum replaces
+ * buf (count elements of dt, F32 or BF16, on devs[rank]) with the sum over
+ * the ranks' buffers, issued on rank's compute stream (it runs after the
+ * work before it there, later work there sees the sum).
+ *
+ * Deterministic: every element is summed in rank order 0..n-1 (in fp32,
+ * rounded once for BF16), so the result is bit-identical on every rank
+ * and run to run, and equals a sequential sum in rank order.
+ *
+ * CPU backend: in-process, ranks meet at barriers.  CUDA: NCCL, for two
+ * devices (ncclAllReduce of two buffers is a + b on both ranks, the rank
+ * order; NCCL's rings order three or more differently, so more devices are
+ * MT_ERR_UNSUPPORTED), F32 only.  Errors: n < 1, mixed backends, a backend
+ * without collectives (MT_ERR_UNSUPPORTED), NCCL failing (MT_ERR_DEVICE). */
+mt_status_t kern_comm_create(kern_device_t *const *devs, int n, kern_comm_t **out, mt_error_t *err);
+void kern_comm_destroy(kern_comm_t *c);
+int kern_comm_size(const kern_comm_t *c);
+void kern_comm_allreduce_sum(kern_comm_t *c, int rank, void *buf, size_t count, mt_dtype_t dt);
 /* The host thread pool the device's own kernels run on, which host work
  * (the host optimizer) may share while the device's compute is idle: the
  * CPU backend's kernel pool.  NULL when the device has none (CUDA): make a

@@ -322,6 +322,7 @@ static const kern_device_i k_cpu_vtable = {
     .launch_host_fn = cpu_launch_host_fn,
     .caps = cpu_caps,
     .host_pool = cpu_host_pool,
+    .comm_create = kern_cpu_comm_create,
 };
 
 /* Splits the cores this process may use: the first host_threads compute
