@@ -17,7 +17,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kernels/cpu/backend_cpu.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"
 #include "base/clock.h"
@@ -188,7 +187,7 @@ eng_interference_probe_t *eng_interference_probe_open(int threads) {
     p->b = p->a ? kern_alloc(p->dev, bytes, "probe B", &err) : NULL;
     p->c = p->b ? kern_alloc(p->dev, bytes, "probe C", &err) : NULL;
     p->arg = (busy_arg_t){.dev = p->dev, .idle = 1};
-    if (!p->c || kern_cpu_host_cores(p->dev) == 0 || pthread_create(&p->th, NULL, host_busy, &p->arg) != 0) {
+    if (!p->c || kern_device_caps(p->dev).host_cores == 0 || pthread_create(&p->th, NULL, host_busy, &p->arg) != 0) {
         if (p->c) kern_free(p->dev, p->c);
         if (p->b) kern_free(p->dev, p->b);
         if (p->a) kern_free(p->dev, p->a);

@@ -21,7 +21,6 @@
 
 #include "engine/exec_internal.h"
 #include "engine/trace.h"
-#include "kernels/cpu/backend_cpu.h"
 
 /* ---- tracing ------------------------------------------------------------ */
 
@@ -273,7 +272,7 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
     /* host AdamW's threads: on the CPU backend the kernel pool (compute is
      * idle while the optimizer step runs); beside a GPU, every host core */
     if (m->dev->kind == KERN_BACKEND_CPU) {
-        x->pool = kern_cpu_stream_threadpool(kern_stream(m->dev, KERN_STREAM_COMPUTE));
+        x->pool = kern_device_host_pool(m->dev);
     } else {
         x->own_pool = kern_threadpool_create(0);
         x->pool = x->own_pool;

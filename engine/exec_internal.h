@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "engine/exec.h"
-#include "kernels/cpu/threadpool.h"
+#include "kernels/host/threadpool.h"
 
 typedef struct {
     void *dev;      /* device buffer to free, or NULL */

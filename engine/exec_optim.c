@@ -17,8 +17,7 @@
 #include "engine/exec_internal.h"
 #include "engine/report.h"
 #include "engine/trace.h"
-#include "kernels/cpu/adamw_cpu.h"
-#include "kernels/cpu/backend_cpu.h"
+#include "kernels/host/adamw_host.h"
 #include "base/clock.h"
 
 /* ---- host AdamW, overlapped with backward ------------------------------ */
@@ -55,7 +54,7 @@ static void *optim_worker_main(void *arg) {
      * here, so its workers inherit this thread's cores); otherwise it shares
      * the kernel pool with compute, one parallel pass at a time. */
     kern_device_pin_host_thread(m->dev);
-    const int host_cores = kern_cpu_host_cores(m->dev);
+    const int host_cores = kern_device_caps(m->dev).host_cores;
     kern_threadpool_t *own = host_cores > 0 ? kern_threadpool_create(host_cores) : NULL;
     kern_threadpool_t *pool = own ? own : x->pool;
     pthread_mutex_lock(&x->opt_lock);

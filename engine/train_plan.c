@@ -25,16 +25,16 @@ static void summarize(const sched_plan_t *p, char *buf, size_t n) {
              sched_policy_name(p->policy), stream, p->num_blocks, off, rec, hostopt, p->prefetch_window);
 }
 
-mt_dtype_t eng_compute_dtype(const eng_run_config_t *rc, const kern_device_t *dev) {
+mt_dtype_t eng_compute_dtype(const eng_run_config_t *rc, kern_device_t *dev) {
     switch (rc->bf16) {
     case ENG_BF16_ON: return MT_BF16;
-    case ENG_BF16_AUTO: return kern_device_caps(dev).bf16_products ? MT_BF16 : MT_F32;
+    case ENG_BF16_AUTO: return kern_device_caps(dev).bf16_compute ? MT_BF16 : MT_F32;
     case ENG_BF16_OFF:
     default: return MT_F32;
     }
 }
 
-mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t *mc, const kern_device_t *dev,
+mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t *mc, kern_device_t *dev,
                            eng_train_plan_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
     const int nb = mc->num_hidden_layers + 2;

@@ -23,13 +23,13 @@ typedef struct {
 
 /* Plans a run of the model config mc on dev.  Infeasible budgets are an
  * MT_ERR_BUDGET naming the short budget and what would fit. */
-mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t *mc, const kern_device_t *dev,
+mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t *mc, kern_device_t *dev,
                            eng_train_plan_t *out, mt_error_t *err);
 void eng_train_plan_free(eng_train_plan_t *p);
 
 /* The run's compute dtype on dev (bf16: true, false or auto): MT_BF16 for
  * bf16 mixed precision, MT_F32 otherwise.  auto is bf16 where the device
  * forms bf16 products in hardware. */
-mt_dtype_t eng_compute_dtype(const eng_run_config_t *rc, const kern_device_t *dev);
+mt_dtype_t eng_compute_dtype(const eng_run_config_t *rc, kern_device_t *dev);
 
 #endif

@@ -1,5 +1,5 @@
 /* AdamW's per-element arithmetic (adamw.h semantics) in the exact op order
- * of the host kernel (kernels/cpu/adamw_cpu.h, torch's fp32 AdamW op by op):
+ * of the host kernel (kernels/host/adamw_host.h, torch's fp32 AdamW op by op):
  *   g   = g * grad_scale
  *   p   = p * decay                          decay = (float)(1 - lr*wd)
  *   m   = fma(w, g - m, m)                   torch lerp_, w = (float)(1-beta1)

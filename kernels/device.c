@@ -180,6 +180,49 @@ void kern_device_pin_host_thread(kern_device_t *dev) {
     if (dev && dev->vt->pin_host_thread) dev->vt->pin_host_thread(dev);
 }
 
+kern_device_caps_t kern_device_caps(kern_device_t *dev) { return dev->vt->caps(dev); }
+
+mt_status_t kern_comm_create(kern_device_t *const *devs, int n, kern_comm_t **out, mt_error_t *err) {
+    *out = NULL;
+    if (n < 1 || !devs)
+        return mt_error_set(err, MT_ERR_CONFIG, "kern_comm_create: %d devices (want at least 1)", n);
+    for (int r = 0; r < n; r++) {
+        if (!devs[r])
+            return mt_error_set(err, MT_ERR_CONFIG, "kern_comm_create: device of rank %d is NULL", r);
+        if (devs[r]->vt != devs[0]->vt)
+            return mt_error_set(err, MT_ERR_UNSUPPORTED,
+                                "kern_comm_create: rank %d is a %s device, rank 0 a %s one (one "
+                                "backend per communicator)",
+                                r, devs[r]->vt->name, devs[0]->vt->name);
+        for (int q = 0; q < r; q++)
+            if (devs[q] == devs[r])
+                return mt_error_set(err, MT_ERR_CONFIG,
+                                    "kern_comm_create: ranks %d and %d are the same device", q, r);
+    }
+    if (!devs[0]->vt->comm_create)
+        return mt_error_set(err, MT_ERR_UNSUPPORTED, "kern_comm_create: the %s backend has no collectives",
+                            devs[0]->vt->name);
+    return devs[0]->vt->comm_create(devs, n, out, err);
+}
+
+void kern_comm_destroy(kern_comm_t *c) {
+    if (c) c->vt->destroy(c);
+}
+
+int kern_comm_size(const kern_comm_t *c) { return c->size; }
+
+void kern_comm_allreduce_sum(kern_comm_t *c, int rank, void *buf, size_t count, mt_dtype_t dt) {
+    MT_CHECK(rank >= 0 && rank < c->size, "kern_comm_allreduce_sum: rank %d of a communicator of %d",
+             rank, c->size);
+    MT_CHECK(dt == MT_F32 || dt == MT_BF16, "kern_comm_allreduce_sum: dtype %s (want F32 or BF16)",
+             mt_dtype_name(dt));
+    c->vt->allreduce_sum(c, rank, buf, count, dt);
+}
+
+kern_threadpool_t *kern_device_host_pool(kern_device_t *dev) {
+    return dev->vt->host_pool ? dev->vt->host_pool(dev) : NULL;
+}
+
 kern_device_stats_t kern_device_stats(const kern_device_t *dev) {
     kern_device_stats_t st = dev->stats;
     if (defer_on(dev)) {
@@ -198,4 +241,3 @@ void kern_device_reset_peaks(kern_device_t *dev) {
     dev->stats.pinned_peak = dev->stats.pinned_in_use;
 }
 
-kern_device_caps_t kern_device_caps(const kern_device_t *dev) { return dev->caps; }

@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #include "base/arena.h"
+#include "base/dtype.h"
 #include "kernels/arena_defer.h"
 #include "base/status.h"
 
@@ -45,6 +46,8 @@ typedef struct kern_device kern_device_t;
 typedef struct kern_stream kern_stream_t;
 typedef struct kern_event kern_event_t;
 typedef struct kern_ops kern_ops_t;
+typedef struct kern_threadpool kern_threadpool_t; /* kernels/host/threadpool.h */
+typedef struct kern_comm kern_comm_t;
 
 typedef enum {
     KERN_BACKEND_CPU = 0,
@@ -92,18 +95,31 @@ typedef struct {
     uint64_t deferred_frees, free_waits;
 } kern_device_stats_t;
 
-/* What a device can do, so that code above the device layer asks for a
- * capability rather than for a backend. */
-typedef struct {
-    /* bf16 products run on bf16 hardware (tensor cores; AVX512-BF16 or AMX
-     * on a CPU), so bf16 mixed precision is faster than fp32 there. */
-    bool bf16_products;
-    /* Kernels may still run when their call returns (CUDA); false when a
-     * kernel call returns with its result in place (the CPU backend). */
-    bool kernels_async;
-} kern_device_caps_t;
-
 typedef void (*kern_host_fn)(void *arg);
+
+/* What a device can do.  Callers ask for the capability they rely on, not
+ * which backend they run on, so a new backend (or a CPU with other
+ * features) needs no change above the device layer. */
+typedef struct {
+    /* kern_mm's MT_BF16 compute runs on bf16 hardware (tensor cores, AVX512
+     * vdpbf16ps) and is faster than fp32; false: it is emulated through
+     * fp32 products (still correct, no faster than fp32). */
+    bool bf16_compute;
+    /* Kernels and copies may still be running when the call that issued
+     * them returns (CUDA): host code must sync (event or stream) before it
+     * reads what they write.  False: a compute-stream op has finished when
+     * it returns (the CPU backend; its copy streams still run behind). */
+    bool kernels_async;
+    /* Host code may read and write device memory through device pointers
+     * (the CPU backend, where device memory is host memory). */
+    bool device_memory_host_addressable;
+    /* Copies that can run at the same time as compute (and each other):
+     * CUDA's copy engines; the CPU backend's copy-stream threads. */
+    int copy_engines;
+    /* Host cores a pinned device leaves to host work (the host optimizer);
+     * 0 when the device does not pin and host work shares every core. */
+    int host_cores;
+} kern_device_caps_t;
 
 typedef struct kern_device_i {
     const char *name;
@@ -128,7 +144,25 @@ typedef struct kern_device_i {
     void (*launch_host_fn)(kern_stream_t *s, kern_host_fn fn, void *arg);
     /* Optional (NULL: nothing to do): see kern_device_pin_host_thread. */
     void (*pin_host_thread)(kern_device_t *dev);
+    kern_device_caps_t (*caps)(kern_device_t *dev);
+    /* Optional (NULL: none): see kern_device_host_pool. */
+    kern_threadpool_t *(*host_pool)(kern_device_t *dev);
+    /* Optional (NULL: MT_ERR_UNSUPPORTED): see kern_comm_create; every
+     * device in devs has this vtable. */
+    mt_status_t (*comm_create)(kern_device_t *const *devs, int n, kern_comm_t **out,
+                               mt_error_t *err);
 } kern_device_i;
+
+/* A communicator's operations; backends embed struct kern_comm first. */
+typedef struct {
+    void (*destroy)(kern_comm_t *c);
+    void (*allreduce_sum)(kern_comm_t *c, int rank, void *buf, size_t count, mt_dtype_t dt);
+} kern_comm_i;
+
+struct kern_comm {
+    const kern_comm_i *vt;
+    int size;
+};
 
 /* Backends embed this struct first in their own. */
 struct kern_device {
@@ -141,7 +175,6 @@ struct kern_device {
     void *arena_base;
     kern_arena_defer_t defer; /* pending frees, when opts.stream_ordered_frees */
     kern_device_stats_t stats; /* copies counted by the backend; memory by device.c */
-    kern_device_caps_t caps;   /* filled by the backend when it creates the device */
     /* Called by kern_alloc when a request does not fit, before it fails: a
      * user with memory waiting on pending copies frees it and returns true
      * to have the request retried (see kern_set_reclaim_hook). */
@@ -202,7 +235,36 @@ void kern_memcpy_d2d(kern_device_t *dev, kern_stream_t *s, void *dst, const void
 void kern_memset(kern_device_t *dev, kern_stream_t *s, void *dst, int value, size_t bytes);
 void kern_launch_host_fn(kern_device_t *dev, kern_stream_t *s, kern_host_fn fn, void *arg);
 
-kern_device_caps_t kern_device_caps(const kern_device_t *dev);
+kern_device_caps_t kern_device_caps(kern_device_t *dev);
+
+/* ---- Collectives over several devices of this process ----------------------
+ *
+ * A communicator over devs[0..n-1] (one backend; rank r is devs[r]), as
+ * NCCL's: each rank calls every collective from its own thread, all ranks
+ * the same collectives in the same order.  kern_comm_allreduce_sum replaces
+ * buf (count elements of dt, F32 or BF16, on devs[rank]) with the sum over
+ * the ranks' buffers, issued on rank's compute stream (it runs after the
+ * work before it there, later work there sees the sum).
+ *
+ * Deterministic: every element is summed in rank order 0..n-1 (in fp32,
+ * rounded once for BF16), so the result is bit-identical on every rank
+ * and run to run, and equals a sequential sum in rank order.
+ *
+ * CPU backend: in-process, ranks meet at barriers.  CUDA: NCCL, for two
+ * devices (ncclAllReduce of two buffers is a + b on both ranks, the rank
+ * order; NCCL's rings order three or more differently, so more devices are
+ * MT_ERR_UNSUPPORTED), F32 only.  Errors: n < 1, mixed backends, a backend
+ * without collectives (MT_ERR_UNSUPPORTED), NCCL failing (MT_ERR_DEVICE). */
+mt_status_t kern_comm_create(kern_device_t *const *devs, int n, kern_comm_t **out, mt_error_t *err);
+void kern_comm_destroy(kern_comm_t *c);
+int kern_comm_size(const kern_comm_t *c);
+void kern_comm_allreduce_sum(kern_comm_t *c, int rank, void *buf, size_t count, mt_dtype_t dt);
+/* The host thread pool the device's own kernels run on, which host work
+ * (the host optimizer) may share while the device's compute is idle: the
+ * CPU backend's kernel pool.  NULL when the device has none (CUDA): make a
+ * pool of your own (kernels/host/threadpool.h). */
+kern_threadpool_t *kern_device_host_pool(kern_device_t *dev);
+
 kern_device_stats_t kern_device_stats(const kern_device_t *dev);
 void kern_device_reset_peaks(kern_device_t *dev);
 

@@ -8,6 +8,7 @@
  * the configured link); nothing asserts that something is fast, so a loaded
  * machine or ASan cannot make them fail. */
 #include "kernels/device.h"
+#include "kernels/host/threadpool.h"
 #include "base/clock.h"
 
 #include <setjmp.h>
@@ -674,7 +675,39 @@ static void test_cuda_probe(void) {
     EXPECT(memchr(tiny, '\0', sizeof tiny) != NULL, "reason not NUL-terminated in a 4-byte buffer");
 }
 
+/* bump(ctx, task): counts the tasks a pool ran */
+static void count_task(void *ctx, size_t t) {
+    (void)t;
+    atomic_fetch_add((atomic_int *)ctx, 1);
+}
+
+/* The CPU backend's capabilities, and its kernel pool lent to host work. */
+static void test_caps(void) {
+    kern_device_opts_t o = {.device_budget_bytes = 1 << 20, .host_threads = 2};
+    kern_device_t *dev = NULL;
+    mt_error_t err = {0};
+    EXPECT(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
+    if (!dev) return;
+    const kern_device_caps_t c = kern_device_caps(dev);
+    __builtin_cpu_init();
+    const bool has_dpbf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+    EXPECT(c.bf16_compute == has_dpbf16, "caps.bf16_compute %d on a CPU %s avx512_bf16",
+           c.bf16_compute, has_dpbf16 ? "with" : "without");
+    EXPECT(!c.kernels_async, "the CPU backend's kernels finish before they return");
+    EXPECT(c.device_memory_host_addressable, "CPU device memory is host memory");
+    EXPECT(c.copy_engines == 2, "copy_engines %d, want 2 (H2D and D2H threads)", c.copy_engines);
+    EXPECT(c.host_cores == 0, "unpinned: host_cores %d, want 0", c.host_cores);
+    kern_threadpool_t *pool = kern_device_host_pool(dev);
+    EXPECT(pool != NULL && kern_threadpool_size(pool) == 2, "host pool %p of %d threads, want 2",
+           (void *)pool, pool ? kern_threadpool_size(pool) : 0);
+    atomic_int ran = 0;
+    if (pool) kern_threadpool_parallel_for(pool, 37, count_task, &ran);
+    EXPECT(atomic_load(&ran) == 37, "host pool ran %d of 37 tasks", atomic_load(&ran));
+    kern_device_destroy(dev);
+}
+
 int main(void) {
+    test_caps();
     test_budget();
     test_free_unknown_is_fatal();
     test_event_ordering();

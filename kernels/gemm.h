@@ -9,8 +9,9 @@
  * its input gradient dx = dy W is matmul(dx, dy, W, rows, in, out, false, false, 1, 0),
  * its weight gradient dW += dy^T x is matmul(dW, dy, x, out, in, rows, true, false, 1, 1).
  *
- * CPU: OpenBLAS sgemm.  CUDA: cuBLASLt, fp32 (TF32 off) or bf16 in/out with
- * fp32 accumulation. */
+ * CPU: OpenBLAS sgemm for fp32; bf16 on AVX512-BF16 vdpbf16ps where the CPU
+ * has it, else bf16-rounded operands through sgemm (kernels/cpu/gemm_typed.c).
+ * CUDA: cuBLASLt, fp32 (TF32 off) or bf16 in/out with fp32 accumulation. */
 #ifndef MT_KERNELS_GEMM_H
 #define MT_KERNELS_GEMM_H
 
@@ -53,6 +54,11 @@ typedef struct {
     float alpha, beta;
     mt_dtype_t compute;
 } kern_mm_t;
+
+/* Checks product `idx` of a call (dtypes, shapes, int range; fatal errors
+ * naming the product and its shapes) and returns its M, N, K.  Both twins
+ * call it first (//kernels:gemm_check). */
+void kern_mm_dims(const kern_mm_t *p, int idx, int *M, int *N, int *K);
 
 typedef void (*kern_mm_fn)(kern_stream_t *s, const kern_mm_t *p);
 void kern_mm_cpu(kern_stream_t *s, const kern_mm_t *p);

@@ -84,6 +84,8 @@ int main(void) {
     cpu_set_t m = mask_of_self();
     EXPECT(CPU_EQUAL(&m, &all), "unpinned device changed the creator's cores");
     EXPECT(kern_cpu_host_cores(dev) == 0, "unpinned device reports %d host cores", kern_cpu_host_cores(dev));
+    EXPECT(kern_device_caps(dev).host_cores == 0, "unpinned device's caps report %d host cores",
+           kern_device_caps(dev).host_cores);
     m = mask_of_copy_stream(dev);
     EXPECT(CPU_EQUAL(&m, &all), "unpinned copy stream was pinned");
     kern_device_destroy(dev);
@@ -99,6 +101,8 @@ int main(void) {
         const cpu_set_t compute = mask_of_self();
         EXPECT(CPU_COUNT(&compute) == 1, "the creator runs on %d cores, want 1", CPU_COUNT(&compute));
         EXPECT(kern_cpu_host_cores(dev) == n - 1, "host cores %d, want %d", kern_cpu_host_cores(dev), n - 1);
+        EXPECT(kern_device_caps(dev).host_cores == n - 1, "caps: host cores %d, want %d",
+               kern_device_caps(dev).host_cores, n - 1);
         const cpu_set_t copy = mask_of_copy_stream(dev), host = mask_of_new_host_thread(dev);
         cpu_set_t both;
         CPU_AND(&both, &copy, &compute);

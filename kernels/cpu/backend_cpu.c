@@ -23,9 +23,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/cpu/gemm_internal.h"
 #include "kernels/ops.h"
 #include "base/clock.h"
-#include "kernels/cpu/gemm_internal.h"
 
 void openblas_set_num_threads(int num_threads); /* OpenBLAS, linked by //kernels/cpu:kernels */
 
@@ -297,6 +297,9 @@ static void cpu_launch_host_fn(kern_stream_t *s, kern_host_fn fn, void *arg) {
     submit(s, (cmd_t){.kind = CMD_HOST_FN, .fn = fn, .arg = arg});
 }
 
+static kern_device_caps_t cpu_caps(kern_device_t *d);
+static kern_threadpool_t *cpu_host_pool(kern_device_t *d);
+
 static const kern_device_i k_cpu_vtable = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -317,6 +320,9 @@ static const kern_device_i k_cpu_vtable = {
     .memcpy_d2d = cpu_copy_local,
     .memset = cpu_memset,
     .launch_host_fn = cpu_launch_host_fn,
+    .caps = cpu_caps,
+    .host_pool = cpu_host_pool,
+    .comm_create = kern_cpu_comm_create,
 };
 
 /* Splits the cores this process may use: the first host_threads compute
@@ -378,6 +384,18 @@ int kern_cpu_host_cores(kern_device_t *d) {
 
 kern_threadpool_t *kern_cpu_stream_threadpool(kern_stream_t *s) { return s ? s->dev->pool : NULL; }
 
+static kern_device_caps_t cpu_caps(kern_device_t *d) {
+    return (kern_device_caps_t){
+        .bf16_compute = kern_cpu_bf16_path_default() != KERN_CPU_BF16_SGEMM,
+        .kernels_async = false,
+        .device_memory_host_addressable = true,
+        .copy_engines = 2, /* one thread per copy stream (H2D, D2H) */
+        .host_cores = kern_cpu_host_cores(d),
+    };
+}
+
+static kern_threadpool_t *cpu_host_pool(kern_device_t *d) { return ((cpu_device_t *)d)->pool; }
+
 mt_status_t kern_cpu_device_create(const kern_device_opts_t *opts, kern_device_t **out,
                                    mt_error_t *err) {
     (void)err;
@@ -386,10 +404,6 @@ mt_status_t kern_cpu_device_create(const kern_device_opts_t *opts, kern_device_t
     dev->base.vt = &k_cpu_vtable;
     dev->base.ops = &kern_ops_cpu;
     dev->base.kind = KERN_BACKEND_CPU;
-    dev->base.caps = (kern_device_caps_t){
-        .bf16_products = kern_cpu_bf16_path_default() != KERN_CPU_BF16_SGEMM,
-        .kernels_async = false,
-    };
     dev->base.opts = *opts;
     if (dev->base.opts.device_budget_bytes == 0) {
         /* default budget: the machine's physical memory */

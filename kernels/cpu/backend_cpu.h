@@ -2,7 +2,7 @@
 #ifndef MT_KERNELS_CPU_BACKEND_CPU_H
 #define MT_KERNELS_CPU_BACKEND_CPU_H
 
-#include "kernels/cpu/threadpool.h"
+#include "kernels/host/threadpool.h"
 #include "kernels/device.h"
 
 /* The backend's pool for bandwidth-bound kernels; NULL means run inline. */
@@ -10,6 +10,10 @@ kern_threadpool_t *kern_cpu_stream_threadpool(kern_stream_t *s);
 
 /* How many host cores a pinned device leaves (0 when it does not pin). */
 int kern_cpu_host_cores(kern_device_t *dev);
+
+/* Collectives between CPU devices of this process (comm_cpu.c). */
+mt_status_t kern_cpu_comm_create(kern_device_t *const *devs, int n, kern_comm_t **out,
+                                 mt_error_t *err);
 
 mt_status_t kern_cpu_device_create(const kern_device_opts_t *opts, kern_device_t **out,
                                    mt_error_t *err);

@@ -19,7 +19,6 @@
  * cut into fixed-size chunks over the backend's pool (chunking depends on
  * sizes only, and each element is converted alone, so results do not
  * depend on the thread count). */
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,47 +52,6 @@ bool kern_cpu_bf16_path_available(kern_cpu_bf16_path_t path) {
 kern_cpu_bf16_path_t kern_cpu_bf16_path_default(void) {
     return kern_cpu_bf16_path_available(KERN_CPU_BF16_DPBF16) ? KERN_CPU_BF16_DPBF16
                                                                : KERN_CPU_BF16_SGEMM;
-}
-
-/* ---- validation ---------------------------------------------------------- */
-
-static int as_int(int64_t v, const char *what, int idx) {
-    MT_CHECK(v >= 0 && v <= INT_MAX, "kern_mm: product %d: %s = %lld is out of range [0, %d]", idx,
-             what, (long long)v, INT_MAX);
-    return (int)v;
-}
-
-static void check_dtype(mt_dtype_t dt, const char *name, int idx) {
-    MT_CHECK(dt == MT_F32 || dt == MT_BF16, "kern_mm: product %d: %s has dtype %s (want F32 or BF16)",
-             idx, name, mt_dtype_name(dt));
-}
-
-/* Checks one product's dtypes and shapes; returns M, N, K. */
-static void mm_shape(const kern_mm_t *p, int idx, int *M, int *N, int *K) {
-    check_dtype(p->A.dtype, "A", idx);
-    check_dtype(p->B.dtype, "B", idx);
-    check_dtype(p->C.dtype, "C", idx);
-    MT_CHECK(p->compute == MT_F32 || p->compute == MT_BF16,
-             "kern_mm: product %d: compute %s is not supported (F32 or BF16)", idx,
-             mt_dtype_name(p->compute));
-    MT_CHECK(p->compute == MT_BF16 || (p->A.dtype == MT_F32 && p->B.dtype == MT_F32),
-             "kern_mm: product %d: F32 compute needs F32 operands, got A %s and B %s (use BF16 "
-             "compute for bf16 operands)",
-             idx, mt_dtype_name(p->A.dtype), mt_dtype_name(p->B.dtype));
-    const int64_t m = p->trans_a ? p->A.cols : p->A.rows, ka = p->trans_a ? p->A.rows : p->A.cols;
-    const int64_t kb = p->trans_b ? p->B.cols : p->B.rows, n = p->trans_b ? p->B.rows : p->B.cols;
-    MT_CHECK(ka == kb && p->C.rows == m && p->C.cols == n,
-             "kern_mm: product %d: shapes do not match: C (%lld, %lld) = op(A) of A (%lld, %lld)%s "
-             "@ op(B) of B (%lld, %lld)%s",
-             idx, (long long)p->C.rows, (long long)p->C.cols, (long long)p->A.rows,
-             (long long)p->A.cols, p->trans_a ? "^T" : "", (long long)p->B.rows,
-             (long long)p->B.cols, p->trans_b ? "^T" : "");
-    *M = as_int(m, "M", idx);
-    *N = as_int(n, "N", idx);
-    *K = as_int(ka, "K", idx);
-    MT_CHECK(*M == 0 || *N == 0 || (p->C.data && (*K == 0 || (p->A.data && p->B.data))),
-             "kern_mm: product %d: NULL data for a non-empty product (M=%d N=%d K=%d)", idx, *M, *N,
-             *K);
 }
 
 /* ---- conversions into and out of fp32 scratch ---------------------------- */
@@ -184,7 +142,7 @@ void kern_mm_grouped_cpu_path(kern_stream_t *s, const kern_mm_t *p, int count,
              kern_cpu_bf16_path_name(path));
     for (int g = 0; g < count; g++) { /* every check before any allocation */
         int M, N, K;
-        mm_shape(&p[g], g, &M, &N, &K);
+        kern_mm_dims(&p[g], g, &M, &N, &K);
     }
     kern_cpu_sgemm_t *sg = malloc((size_t)count * sizeof *sg);
     kern_mm_t *dp = malloc((size_t)count * sizeof *dp);
@@ -194,7 +152,7 @@ void kern_mm_grouped_cpu_path(kern_stream_t *s, const kern_mm_t *p, int count,
     size_t scratch_n = 0;
     for (int g = 0; g < count; g++) {
         int M, N, K;
-        mm_shape(&p[g], g, &M, &N, &K);
+        kern_mm_dims(&p[g], g, &M, &N, &K);
         if (M == 0 || N == 0) continue;
         /* K == 0 (C = beta C) needs no kernel: the sgemm route does it */
         if (p[g].compute == MT_BF16 && path == KERN_CPU_BF16_DPBF16 && K > 0) {

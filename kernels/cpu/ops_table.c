@@ -2,10 +2,10 @@
 #include "kernels/ops.h"
 
 const kern_ops_t kern_ops_cpu = {
-    .mm = kern_mm_cpu,
-    .mm_grouped = kern_mm_grouped_cpu,
     .matmul = kern_matmul_cpu,
     .matmul_grouped = kern_matmul_grouped_cpu,
+    .mm = kern_mm_cpu,
+    .mm_grouped = kern_mm_grouped_cpu,
     .rmsnorm_fwd = kern_rmsnorm_fwd_cpu,
     .rmsnorm_bwd = kern_rmsnorm_bwd_cpu,
     .rope_fwd = kern_rope_fwd_cpu,

@@ -12,7 +12,7 @@
 
 #include <stddef.h>
 
-#include "kernels/cpu/threadpool.h"
+#include "kernels/host/threadpool.h"
 
 typedef struct kern_stream kern_stream_t;
 

@@ -284,6 +284,20 @@ static void cuda_launch_host_fn(kern_stream_t *s, kern_host_fn fn, void *arg) {
     MT_CUDA_CHECK(cudaLaunchHostFunc(kern_cuda_stream_begin(s), fn, arg));
 }
 
+static kern_device_caps_t cuda_caps(kern_device_t *d) {
+    const kern_cuda_device_t *dev = (const kern_cuda_device_t *)d;
+    return (kern_device_caps_t){
+        .bf16_compute = dev->cc_major >= 8, /* bf16 tensor cores: Ampere on */
+        .kernels_async = true,
+        .device_memory_host_addressable = false,
+        .copy_engines = dev->copy_engines,
+        .host_cores = 0,
+    };
+}
+
+static mt_status_t cuda_comm_create(kern_device_t *const *devs, int n, kern_comm_t **out,
+                                    mt_error_t *err);
+
 static const kern_device_i cuda_vtable = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -303,6 +317,8 @@ static const kern_device_i cuda_vtable = {
     .memcpy_d2d = cuda_memcpy_d2d,
     .memset = cuda_memset,
     .launch_host_fn = cuda_launch_host_fn,
+    .caps = cuda_caps,
+    .comm_create = cuda_comm_create,
 };
 
 static mt_status_t cuda_failed(mt_error_t *err, int ordinal, const char *what, cudaError_t e) {
@@ -362,6 +378,7 @@ mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_
     d->cc_major = prop.major;
     d->cc_minor = prop.minor;
     d->sm_count = prop.multiProcessorCount;
+    d->copy_engines = prop.asyncEngineCount;
     d->max_smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(d->name, sizeof d->name, "%s", prop.name);
     const char *sync = getenv("MOETUNE_CUDA_SYNC");
@@ -369,7 +386,6 @@ mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_
     d->base.vt = &cuda_vtable;
     d->base.ops = &kern_ops_cuda;
     d->base.kind = KERN_BACKEND_CUDA;
-    d->base.caps = (kern_device_caps_t){.bf16_products = true, .kernels_async = true}; /* sm_80 and later */
     d->base.opts = *opts;
     d->base.opts.device_budget_bytes = budget;
     d->base.opts.stream_ordered_frees = true; /* a freed block may still be read by queued work */
@@ -450,4 +466,59 @@ void kern_cuda_nccl_allreduce_sum(kern_cuda_nccl_t *nc, kern_stream_t *const *st
                                     streams[i]->cs));
     }
     MT_NCCL_CHECK(ncclGroupEnd());
+}
+
+/* ---- kern_comm over NCCL (device.h) --------------------------------------- */
+
+typedef struct {
+    kern_comm_t base; /* first: device.c sees a kern_comm_t */
+    kern_cuda_nccl_t *nc;
+    kern_stream_t **streams; /* per rank: its device's compute stream */
+} cuda_comm_t;
+
+static void cuda_comm_destroy(kern_comm_t *c) {
+    cuda_comm_t *cc = (cuda_comm_t *)c;
+    kern_cuda_nccl_destroy(cc->nc);
+    free(cc->streams);
+    free(cc);
+}
+
+/* Each rank from its own thread: one ncclAllReduce on its communicator and
+ * compute stream (no group: NCCL matches the ranks' calls by order). */
+static void cuda_comm_allreduce(kern_comm_t *c, int rank, void *buf, size_t count, mt_dtype_t dt) {
+    cuda_comm_t *cc = (cuda_comm_t *)c;
+    MT_CHECK(dt == MT_F32, "kern_comm_allreduce_sum on CUDA: dtype %s (F32 only)", mt_dtype_name(dt));
+    kern_stream_t *s = cc->streams[rank];
+    const cudaStream_t cs = kern_cuda_stream_begin(s);
+    MT_NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, cc->nc->comms[rank], cs));
+}
+
+static const kern_comm_i k_cuda_comm_vtable = {
+    .destroy = cuda_comm_destroy,
+    .allreduce_sum = cuda_comm_allreduce,
+};
+
+static mt_status_t cuda_comm_create(kern_device_t *const *devs, int n, kern_comm_t **out,
+                                    mt_error_t *err) {
+    if (n > 2)
+        return mt_error_set(err, MT_ERR_UNSUPPORTED,
+                            "kern_comm_create: %d CUDA devices; NCCL sums three or more in ring "
+                            "order, not rank order, so at most 2 are supported",
+                            n);
+    int ordinals[2];
+    for (int r = 0; r < n; r++) ordinals[r] = ((kern_cuda_device_t *)devs[r])->ordinal;
+    cuda_comm_t *cc = calloc(1, sizeof *cc);
+    MT_CHECK_ALLOC(cc, "CUDA communicator");
+    cc->streams = calloc((size_t)n, sizeof *cc->streams);
+    MT_CHECK_ALLOC(cc->streams, "CUDA communicator streams");
+    for (int r = 0; r < n; r++) cc->streams[r] = devs[r]->streams[KERN_STREAM_COMPUTE];
+    mt_status_t st = kern_cuda_nccl_create(ordinals, n, &cc->nc, err);
+    if (st != MT_OK) {
+        free(cc->streams);
+        free(cc);
+        return st;
+    }
+    cc->base = (kern_comm_t){.vt = &k_cuda_comm_vtable, .size = n};
+    *out = &cc->base;
+    return MT_OK;
 }

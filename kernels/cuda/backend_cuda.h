@@ -29,7 +29,9 @@ void kern_matmul_ex_cuda(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void 
                          float alpha, float beta);
 
 /* NCCL communicators over local GPUs of this process (ncclCommInitAll), for
- * two-GPU data parallelism. */
+ * two-GPU data parallelism.  Other code should use device.h's kern_comm
+ * (built on these, one rank per thread); these stay for the backend's own
+ * tests. */
 typedef struct kern_cuda_nccl kern_cuda_nccl_t;
 /* ordinals: ndev CUDA device ordinals. MT_ERR_DEVICE when they cannot be
  * opened (no GPU, too few GPUs, NCCL failure), with the reason. */

@@ -63,6 +63,7 @@ struct kern_cuda_device {
     int ordinal;
     int cc_major, cc_minor;
     int sm_count;
+    int copy_engines; /* cudaDeviceProp.asyncEngineCount */
     size_t max_smem_optin; /* bytes of shared memory a block may opt in to */
     char name[256];
     bool sync_check; /* MOETUNE_CUDA_SYNC=1: synchronise after every launch */

@@ -4,6 +4,8 @@
 const kern_ops_t kern_ops_cuda = {
     .matmul = kern_matmul_cuda,
     .matmul_grouped = kern_matmul_grouped_cuda,
+    .mm = kern_mm_cuda,
+    .mm_grouped = kern_mm_grouped_cuda,
     .rmsnorm_fwd = kern_rmsnorm_fwd_cuda,
     .rmsnorm_bwd = kern_rmsnorm_bwd_cuda,
     .rope_fwd = kern_rope_fwd_cuda,

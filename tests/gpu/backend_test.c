@@ -255,9 +255,21 @@ static void nccl_checks(gt_ctx_t *t) {
     kern_cuda_nccl_destroy(nc);
 }
 
+/* What a CUDA device says it can do (kern_device_caps). */
+static void caps_checks(gt_ctx_t *t) {
+    const kern_device_caps_t c = kern_device_caps(t->gpu);
+    gt_expect(t, c.bf16_compute, "caps: a supported GPU (cc >= 8.0) has bf16 tensor cores");
+    gt_expect(t, c.kernels_async, "caps: CUDA kernels run after the call returns");
+    gt_expect(t, !c.device_memory_host_addressable, "caps: device memory is not host memory");
+    gt_expect(t, c.copy_engines >= 1, "caps: copy_engines %d, want >= 1", c.copy_engines);
+    gt_expect(t, c.host_cores == 0, "caps: host_cores %d, want 0 (CUDA pins nothing)", c.host_cores);
+    gt_expect(t, kern_device_host_pool(t->gpu) == NULL, "caps: a GPU lends no host pool");
+}
+
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "backend_test", 0xbac);
+    caps_checks(&t);
     budget_checks(&t);
     stream_pipeline(&t);
     ordered_frees(&t);

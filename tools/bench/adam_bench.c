@@ -34,8 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kernels/cpu/adamw_cpu.h"
-#include "kernels/cpu/threadpool.h"
+#include "kernels/host/adamw_host.h"
+#include "kernels/host/threadpool.h"
 #include "base/dtype.h"
 #include "base/clock.h"
 

@@ -1,4 +1,4 @@
-/* The CPU backend's parallel-for pool (kernels/cpu/threadpool.h): every task
+/* The CPU backend's parallel-for pool (kernels/host/threadpool.h): every task
  * runs exactly once per call, for pool sizes 1..4 and "all cores" and task
  * counts 0..1000, over many consecutive calls (the generation counter must
  * never let a worker skip or repeat a job), with two threads calling one
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #include "kernels/cpu/tests/testutil.h"
-#include "kernels/cpu/threadpool.h"
+#include "kernels/host/threadpool.h"
 
 typedef struct {
     atomic_int *hits;

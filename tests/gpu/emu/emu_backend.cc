@@ -15,6 +15,7 @@
 extern "C" {
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/backend_cuda_internal.h"
+#include "kernels/cpu/gemm_internal.h"
 #include "kernels/gemm.h"
 }
 
@@ -69,6 +70,29 @@ void kern_matmul_grouped_cuda(kern_stream_t *s, const kern_gemm_desc_t *descs, i
                               bool trans_b, float alpha, float beta) {
     (void)s;
     kern_matmul_grouped_cpu(NULL, descs, count, trans_a, trans_b, alpha, beta);
+}
+
+// cuBLASLt's typed product (bf16 A/B multiplied exactly, fp32 accumulation)
+// as the CPU twin's convert + sgemm path forms it.
+void kern_matmul_ex_cuda(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, const void *B,
+                         mt_dtype_t ab_dt, int M, int N, int K, bool trans_a, bool trans_b,
+                         float alpha, float beta) {
+    (void)s;
+    MT_CHECK(ab_dt == MT_BF16 || c_dt == MT_F32, "cuBLASLt has no F32 x F32 -> %s product",
+             mt_dtype_name(c_dt));
+    kern_mm_t p = {};
+    p.C = {C, c_dt, M, N};
+    p.A = {const_cast<void *>(A), ab_dt, trans_a ? K : M, trans_a ? M : K};
+    p.B = {const_cast<void *>(B), ab_dt, trans_b ? N : K, trans_b ? K : N};
+    p.trans_a = trans_a;
+    p.trans_b = trans_b;
+    p.alpha = alpha;
+    p.beta = beta;
+    p.compute = ab_dt;
+    if (K == 0 && c_dt == MT_BF16)
+        MT_CHECK(beta == 0.0f || beta == 1.0f, "matmul with K == 0 and beta %g on a BF16 output",
+                 (double)beta);
+    kern_mm_grouped_cpu_path(NULL, &p, 1, KERN_CPU_BF16_SGEMM);
 }
 
 mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_t **out,

@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cpu/adamw_cpu.h"
-#include "kernels/cpu/threadpool.h"
+#include "kernels/host/adamw_host.h"
+#include "kernels/host/threadpool.h"
 #include "base/dtype.h"
 
 static int g_failures;
@@ -320,7 +320,7 @@ static void test_multistep(kern_threadpool_t *pool) {
 }
 
 /* Same bits with 1, 2 and 4 threads (and no pool), through the public
- * entry points kern_adamw_cpu_pool and kern_adamw_cpu (s = NULL). */
+ * entry point kern_adamw_cpu_pool (pool NULL: the calling thread). */
 static void test_determinism(void) {
     const size_t n = 1000003;
     const int off[6] = {0, 1, 2, 3, 0, 0};
@@ -335,7 +335,7 @@ static void test_determinism(void) {
     state_t ref;
     state_init(&ref, n, off);
     state_copy(&ref, &base);
-    kern_adamw_cpu(NULL, ref.p, ref.m, ref.v, NULL, ref.gb, ref.pb, n, &hp);
+    kern_adamw_cpu_pool(NULL, ref.p, ref.m, ref.v, NULL, ref.gb, ref.pb, n, &hp);
     for (int k = 0; k < 3; k++) {
         state_copy(&out, &base);
         kern_adamw_cpu_pool(pools[k], out.p, out.m, out.v, NULL, out.gb, out.pb, n, &hp);

@@ -3,7 +3,7 @@
  * Workers sleep on a condition variable between jobs; a job is published
  * with a generation counter so a worker never runs the same job twice, and
  * tasks are claimed with an atomic counter. A mutex serialises callers. */
-#include "kernels/cpu/threadpool.h"
+#include "kernels/host/threadpool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -4,8 +4,8 @@
  * that are bound by memory bandwidth rather than by BLAS (AdamW, large
  * element-wise passes) split their work over it.  The calling thread takes
  * part in the work, so a pool of n threads runs n-1 workers. */
-#ifndef MT_KERNELS_CPU_THREADPOOL_H
-#define MT_KERNELS_CPU_THREADPOOL_H
+#ifndef MT_KERNELS_HOST_THREADPOOL_H
+#define MT_KERNELS_HOST_THREADPOOL_H
 
 #include <stddef.h>
 

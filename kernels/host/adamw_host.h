@@ -1,10 +1,12 @@
-/* Host AdamW entry points beyond the kernel table's kern_adamw_cpu.
+/* Host AdamW: the optimizer step on host memory, over a host thread pool.
  *
- * kern_adamw_cpu(s, ...) (kernels/adamw.h) runs over the CPU backend's pool
- * (kern_cpu_stream_threadpool(s)); these take the pool directly, so tests,
- * the benchmark and the engine's host-optimizer threads can run the kernel
- * without a backend, and pick the instruction set (tests compare the paths
- * on one machine).
+ * Host work, not a device's kernel: the engine runs it on host copies of
+ * the weights beside any device (//kernels/host is below both backends and
+ * the engine), and the CPU backend's table entry kern_adamw_cpu(s, ...)
+ * (kernels/adamw.h) is this over the backend's pool.  These take the pool
+ * directly, so tests, the benchmark and the engine's host-optimizer threads
+ * run the kernel without a backend, and pick the instruction set (tests
+ * compare the paths on one machine).
  *
  * Numerics (all paths, bit-identical to each other and to the CUDA twin):
  * kernels/adamw_math.h defines the per-element op order, torch's fp32 AdamW
@@ -32,14 +34,14 @@
  * Against a double-precision evaluation of the formula, adamw_test.c checks
  * a derived first-order bound (m within u(|m'|+|g|+2|g-m|), v within 6u v',
  * p within u(|p'|+2|p*decay|+(step/den)(M+10|m'|)), u = 2^-24). */
-#ifndef MT_KERNELS_CPU_ADAMW_CPU_H
-#define MT_KERNELS_CPU_ADAMW_CPU_H
+#ifndef MT_KERNELS_HOST_ADAMW_HOST_H
+#define MT_KERNELS_HOST_ADAMW_HOST_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/adamw.h"
-#include "kernels/cpu/threadpool.h"
+#include "kernels/host/threadpool.h"
 
 typedef enum {
     KERN_ISA_AUTO = 0, /* the widest this CPU supports */
