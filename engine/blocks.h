@@ -58,6 +58,12 @@ void eng_mlp_acts_release(kern_device_t *dev, eng_mlp_acts_t *a);
 /* The MoE weights (or gradients) of a layer as moe/ wants them. */
 void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_t *out,
                     float **scratch_ptrs /* 3*E */);
-moe_layer_dims_t eng_moe_dims(const eng_model_t *m);
+/* The dtype "compute"-class saved activations are stored in (the model
+ * description's classes resolve against it). */
+mt_dtype_t eng_act_storage_dtype(const eng_model_t *m);
+
+/* moe/'s dimensions of layer `layer`, its saved activations sized from the
+ * model description. */
+moe_layer_dims_t eng_moe_dims(const eng_model_t *m, int layer);
 
 #endif
