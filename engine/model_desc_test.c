@@ -3,7 +3,8 @@
  * of a layer counted by hand, and what the scheduler receives from a
  * description (every parameter as a weight, the layer's activations as the
  * description lists them, LoRA adapters and their names, an unknown LoRA
- * target refused naming the family's modules). */
+ * target refused naming the family's modules), and a non-trainable buffer
+ * through the checkpoint saver, loader and `inspect`. */
 #include "engine/model_desc.h"
 
 #include <math.h>
@@ -11,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/inspect.h"
 #include "engine/program.h"
 #include "scheduler/registry.h"
 
@@ -233,9 +236,86 @@ static void test_tiny_acts(void) {
     eng_model_config_free(&cfg);
 }
 
+/* A buffer (as DeepSeek-V3's e_score_correction_bias will be) saved, found
+ * expected by the loader, loaded with its values, shown by inspect. */
+static void test_buffers(void) {
+    eng_model_config_t cfg;
+    mt_error_t err = {0};
+    if (eng_model_config_parse(k_tiny, "tiny", NULL, &cfg, &err) != MT_OK) {
+        EXPECT(false, "%s", err.msg);
+        return;
+    }
+    eng_model_desc_t d;
+    if (eng_model_desc_build(&cfg, &d, &err) != MT_OK) {
+        EXPECT(false, "%s", err.msg);
+        eng_model_config_free(&cfg);
+        return;
+    }
+    d.buffers = calloc(1, sizeof *d.buffers);
+    d.num_buffers = 1;
+    eng_param_spec_t *bp = &d.buffers[0];
+    snprintf(bp->name, sizeof bp->name, "model.layers.0.block_sparse_moe.gate.e_score_correction_bias");
+    bp->role = ENG_P_ROUTER_BIAS, bp->kind = ENG_TENSOR_BUFFER, bp->layer = 0, bp->expert = -1;
+    bp->ndim = 1, bp->shape[0] = 4, bp->numel = 4, bp->dtype = MT_F32, bp->trainable = false;
+    const int n = d.count + 1;
+    eng_ckpt_tensor_t *ts = calloc((size_t)n, sizeof *ts);
+    float **data = calloc((size_t)n, sizeof *data);
+    for (int i = 0; i < n; i++) {
+        const eng_param_spec_t *p = i < d.count ? &d.params[i] : bp;
+        data[i] = calloc(p->numel, sizeof(float));
+        for (size_t j = 0; j < p->numel; j++) data[i][j] = 0.25f * (float)(i + j);
+        ts[i] = (eng_ckpt_tensor_t){p->name, MT_F32, p->ndim, p->shape, data[i]};
+    }
+    const char *tmp = getenv("TEST_TMPDIR");
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/with_buffer", tmp ? tmp : "/tmp");
+    mt_status_t st = eng_checkpoint_save(dir, cfg.config_json, ts, n, 0, &err);
+    EXPECT(st == MT_OK, "save: %s", err.msg);
+    eng_checkpoint_t ck;
+    if (st == MT_OK && (st = eng_checkpoint_open(dir, &ck, &err)) == MT_OK) {
+        float **dst = calloc((size_t)d.count, sizeof *dst);
+        for (int i = 0; i < d.count; i++) dst[i] = calloc(d.params[i].numel, sizeof(float));
+        eng_ckpt_load_report_t rep;
+        st = eng_checkpoint_load(&ck, &d, dst, &rep, &err);
+        EXPECT(st == MT_OK && rep.unexpected_count == 0, "load: %s, %d unexpected", err.msg, rep.unexpected_count);
+        if (st == MT_OK) eng_ckpt_load_report_free(&rep);
+        float buf[4] = {0};
+        float *bdst[1] = {buf};
+        st = eng_checkpoint_load_buffers(&ck, &d, bdst, &err);
+        EXPECT(st == MT_OK && buf[0] == 0.25f * d.count && buf[3] == 0.25f * (d.count + 3), "buffer values %g %g: %s",
+               buf[0], buf[3], err.msg);
+        /* without the buffer in the description the checkpoint's tensor is unexpected */
+        d.num_buffers = 0;
+        st = eng_checkpoint_load(&ck, &d, dst, &rep, &err);
+        EXPECT(st == MT_OK && rep.unexpected_count == 1 && strstr(rep.unexpected[0], "e_score_correction_bias"),
+               "undescribed buffer: %d unexpected", rep.unexpected_count);
+        if (st == MT_OK) eng_ckpt_load_report_free(&rep);
+        d.num_buffers = 1;
+        for (int i = 0; i < d.count; i++) free(dst[i]);
+        free(dst);
+        eng_checkpoint_close(&ck);
+    }
+    /* inspect describes the file from its own description: no buffers for Mixtral */
+    char *out = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&out, &len);
+    st = eng_inspect(dir, mem, &err);
+    fclose(mem);
+    char want[96];
+    snprintf(want, sizeof want, "storage      (the checkpoint's) F32 %d; %d parameters, 0 buffers", d.count, d.count);
+    EXPECT(st == MT_OK && strstr(out, "1 unexpected") && strstr(out, want), "inspect: %s\n%s", err.msg, out);
+    free(out);
+    for (int i = 0; i < n; i++) free(data[i]);
+    free(data);
+    free(ts);
+    eng_model_desc_free(&d);
+    eng_model_config_free(&cfg);
+}
+
 int main(void) {
     test_real_models();
     test_tiny_acts();
+    test_buffers();
     if (failures) fprintf(stderr, "model_desc_test: %d failure(s)\n", failures);
     else printf("model_desc_test: all passed\n");
     return failures != 0;
