@@ -10,6 +10,28 @@
         if (!(ptr)) goto fail;                                                         \
     } while (0)
 
+mt_dtype_t eng_act_storage_dtype(const eng_model_t *m) {
+    (void)m; /* fp32 on every backend today: the halves and moe/ compute on float buffers */
+    return MT_F32;
+}
+
+/* A saved activation: its size (and element type) from the model
+ * description (engine/model_desc.h), which the executor and the scheduler
+ * read too.  The block code allocating one its family's description does
+ * not list is a bug, caught here. */
+static size_t act_bytes(const eng_model_t *m, int layer, eng_act_id_t id, int n) {
+    const eng_act_desc_t *a = eng_model_desc_act(&m->spec, layer, id);
+    MT_CHECK(a, "layer %d allocates activation id %d, which its model description does not list", layer, (int)id);
+    return eng_act_numel(a, n) * mt_dtype_size(eng_act_dtype(a->cls, eng_act_storage_dtype(m)));
+}
+
+#define ALLOC_ACT(ptr, id, tag)                                                            \
+    do {                                                                                   \
+        (ptr) = (float *)kern_alloc(m->dev, act_bytes(m, layer, (id), n), (tag), err);   \
+        if (!(ptr)) goto fail;                                                             \
+    } while (0)
+
+
 /* A weight's device working copy (fp32, or bf16 in a bf16 run): only
  * products read the bf16 ones, so norms and biases get plain floats. */
 static eng_operand_t W(eng_model_t *m, int i) {
@@ -65,18 +87,18 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
     const int qd = nh * hd, kd = nkv * hd;
     memset(a, 0, sizeof *a);
 
-    ALLOC(a->xn, (size_t)n * H, "attention input norm");
-    ALLOC(a->rstd, n, "attention input norm rstd");
+    ALLOC_ACT(a->xn, ENG_A_ATTN_XN, "attention input norm");
+    ALLOC_ACT(a->rstd, ENG_A_ATTN_RSTD, "attention input norm rstd");
     ops->rmsnorm_fwd(s, a->xn, a->rstd, x_in, WF(m, L->attn_norm), n, H, c->rms_norm_eps);
-    ALLOC(a->q, (size_t)n * qd, "attention q");
-    ALLOC(a->k, (size_t)n * kd, "attention k");
-    ALLOC(a->v, (size_t)n * kd, "attention v");
+    ALLOC_ACT(a->q, ENG_A_Q, "attention q");
+    ALLOC_ACT(a->k, ENG_A_K, "attention k");
+    ALLOC_ACT(a->v, ENG_A_V, "attention v");
     float *qp = a->q, *kp = a->k;
     if (c->qk_norm) {
-        ALLOC(a->q_pre, (size_t)n * qd, "attention q before q_norm");
-        ALLOC(a->k_pre, (size_t)n * kd, "attention k before k_norm");
-        ALLOC(a->q_rstd, (size_t)n * nh, "q_norm rstd");
-        ALLOC(a->k_rstd, (size_t)n * nkv, "k_norm rstd");
+        ALLOC_ACT(a->q_pre, ENG_A_Q_PRE, "attention q before q_norm");
+        ALLOC_ACT(a->k_pre, ENG_A_K_PRE, "attention k before k_norm");
+        ALLOC_ACT(a->q_rstd, ENG_A_Q_RSTD, "q_norm rstd");
+        ALLOC_ACT(a->k_rstd, ENG_A_K_RSTD, "k_norm rstd");
         qp = a->q_pre;
         kp = a->k_pre;
     }
@@ -94,8 +116,8 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
     }
     ops->rope_fwd(s, a->q, m->rope_cos, m->rope_sin, sh->B, sh->T, nh, hd);
     ops->rope_fwd(s, a->k, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);
-    ALLOC(a->att, (size_t)n * qd, "attention output");
-    ALLOC(a->lse, (size_t)n * nh, "attention logsumexp");
+    ALLOC_ACT(a->att, ENG_A_ATT, "attention output");
+    ALLOC_ACT(a->lse, ENG_A_LSE, "attention logsumexp");
     ops->attention_fwd(s, a->att, a->lse, a->q, a->k, a->v, sh->kv_len, sh->B, sh->T, nh, nkv,
                        hd, c->sliding_window);
     /* x_mid = x_in + att o^T */
@@ -178,9 +200,21 @@ void eng_attn_acts_release(kern_device_t *dev, eng_attn_acts_t *a) {
 
 /* ---- MLP half --------------------------------------------------------- */
 
-moe_layer_dims_t eng_moe_dims(const eng_model_t *m) {
+/* moe/'s saved activations as the description names them */
+static const eng_act_id_t k_moe_acts[MOE_ACT_COUNT] = {
+    [MOE_ACT_LOGITS] = ENG_A_ROUTER_LOGITS, [MOE_ACT_PROBS] = ENG_A_ROUTER_PROBS,
+    [MOE_ACT_TOPW] = ENG_A_TOPW,            [MOE_ACT_IDX] = ENG_A_TOPK_IDX,
+    [MOE_ACT_COUNTS] = ENG_A_EXPERT_COUNTS, [MOE_ACT_OFFSETS] = ENG_A_EXPERT_OFFSETS,
+    [MOE_ACT_PERM] = ENG_A_PERM,            [MOE_ACT_INV] = ENG_A_INV_PERM,
+    [MOE_ACT_XP] = ENG_A_EXPERT_X,          [MOE_ACT_G] = ENG_A_EXPERT_G,
+    [MOE_ACT_U] = ENG_A_EXPERT_U,           [MOE_ACT_EP] = ENG_A_EXPERT_OUT,
+    [MOE_ACT_SG] = ENG_A_SHARED_G,          [MOE_ACT_SU] = ENG_A_SHARED_U,
+    [MOE_ACT_SO] = ENG_A_SHARED_OUT,        [MOE_ACT_SGL] = ENG_A_SHARED_GATE_LOGIT,
+};
+
+moe_layer_dims_t eng_moe_dims(const eng_model_t *m, int layer) {
     const eng_model_config_t *c = &m->cfg;
-    return (moe_layer_dims_t){
+    moe_layer_dims_t d = {
         .H = c->hidden_size,
         .E = c->num_experts,
         .k = c->num_experts_per_tok,
@@ -189,6 +223,14 @@ moe_layer_dims_t eng_moe_dims(const eng_model_t *m) {
         .router_mode = c->norm_topk_prob ? KERN_ROUTER_SOFTMAX_TOPK_RENORM : KERN_ROUTER_SOFTMAX_TOPK,
         .compute = m->compute,
     };
+    /* sizes of the saved activations from the description (moe/ cannot read it) */
+    for (int i = 0; i < MOE_ACT_COUNT; i++) {
+        const eng_act_desc_t *a = eng_model_desc_act(&m->spec, layer, k_moe_acts[i]);
+        if (a)
+            d.acts[i] = (moe_act_size_t){a->per_token, a->fixed,
+                                          mt_dtype_size(eng_act_dtype(a->cls, eng_act_storage_dtype(m)))};
+    }
+    return d;
 }
 
 /* Parameter i's working copy (or its gradient target); -1 gives NULL. */
@@ -255,8 +297,8 @@ mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, co
     memset(a, 0, sizeof *a);
     a->is_moe = c->layer_is_moe[layer];
 
-    ALLOC(a->xn, (size_t)n * H, "mlp input norm");
-    ALLOC(a->rstd, n, "mlp input norm rstd");
+    ALLOC_ACT(a->xn, ENG_A_MLP_XN, "mlp input norm");
+    ALLOC_ACT(a->rstd, ENG_A_MLP_RSTD, "mlp input norm rstd");
     ops->rmsnorm_fwd(s, a->xn, a->rstd, x_mid, WF(m, L->mlp_norm), n, H, c->rms_norm_eps);
     ALLOC(y, (size_t)n * H, "mlp output");
     if (a->is_moe) {
@@ -270,14 +312,14 @@ mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, co
             p.fetch_experts = fetch_trampoline;
             p.fetch_ctx = &fc;
         }
-        moe_layer_dims_t d = eng_moe_dims(m);
+        moe_layer_dims_t d = eng_moe_dims(m, layer);
         mt_status_t st = moe_layer_forward(m->dev, &d, &p, a->xn, n, y, &a->moe, err);
         free(scratch);
         if (st != MT_OK) goto fail;
     } else {
         const int Id = c->intermediate_size;
-        ALLOC(a->g, (size_t)n * Id, "dense mlp gate activations");
-        ALLOC(a->u, (size_t)n * Id, "dense mlp up activations");
+        ALLOC_ACT(a->g, ENG_A_DENSE_G, "dense mlp gate activations");
+        ALLOC_ACT(a->u, ENG_A_DENSE_U, "dense mlp up activations");
         ALLOC(h, (size_t)n * Id, "dense mlp hidden");
         eng_mm(m, a->g, eng_f32(a->xn), W(m, L->dense_gate), n, Id, H, false, true, 1.0f, 0.0f);
         eng_mm(m, a->u, eng_f32(a->xn), W(m, L->dense_up), n, Id, H, false, true, 1.0f, 0.0f);
@@ -313,7 +355,7 @@ mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, c
         moe_layer_params_t p, gp;
         eng_moe_params(m, layer, false, &p, scratch);
         eng_moe_params(m, layer, true, &gp, scratch + 3 * E);
-        moe_layer_dims_t d = eng_moe_dims(m);
+        moe_layer_dims_t d = eng_moe_dims(m, layer);
         mt_status_t st = moe_layer_backward(m->dev, &d, &p, &gp, a->xn, dx, aux_dp, tok_w, &a->moe,
                                             dxn, err);
         free(scratch);

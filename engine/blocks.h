@@ -58,6 +58,13 @@ void eng_mlp_acts_release(kern_device_t *dev, eng_mlp_acts_t *a);
 /* The MoE weights (or gradients) of a layer as moe/ wants them. */
 void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_t *out,
                     void **scratch_ptrs /* 3*E */);
+/* The dtype "compute"-class saved activations are stored in (the model
+ * description's classes resolve against it). */
+mt_dtype_t eng_act_storage_dtype(const eng_model_t *m);
+
+/* moe/'s dimensions of layer `layer`, its saved activations sized from the
+ * model description. */
+moe_layer_dims_t eng_moe_dims(const eng_model_t *m, int layer);
 
 /* An operand of a product: a device tensor and its storage dtype. */
 typedef struct {
@@ -71,6 +78,5 @@ eng_operand_t eng_f32(const float *p);
  * the model's compute dtype (kernels/gemm.h); argument order as kern_mm_make. */
 void eng_mm(eng_model_t *m, float *C, eng_operand_t A, eng_operand_t B, int M, int N, int K, bool trans_a,
             bool trans_b, float alpha, float beta);
-moe_layer_dims_t eng_moe_dims(const eng_model_t *m);
 
 #endif

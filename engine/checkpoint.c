@@ -222,21 +222,33 @@ mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_spec
         if (st != MT_OK) return st;
     }
     if (!report) return MT_OK;
-    /* Unexpected tensors: a merge of two sorted name lists. */
-    const char **names = malloc((spec->count ? (size_t)spec->count : 1) * sizeof *names);
+    /* Unexpected tensors: a merge of two sorted name lists (a buffer is expected too). */
+    const int described = spec->count + spec->num_buffers;
+    const char **names = malloc((described ? (size_t)described : 1) * sizeof *names);
     MT_CHECK_ALLOC(names, "spec names");
     for (int i = 0; i < spec->count; i++) names[i] = spec->params[i].name;
-    qsort(names, (size_t)spec->count, sizeof *names, cmp_str);
+    for (int i = 0; i < spec->num_buffers; i++) names[spec->count + i] = spec->buffers[i].name;
+    qsort(names, (size_t)described, sizeof *names, cmp_str);
     report->unexpected = malloc((ck->count ? (size_t)ck->count : 1) * sizeof *report->unexpected);
     MT_CHECK_ALLOC(report->unexpected, "load report");
     int j = 0;
     for (int i = 0; i < ck->count; i++) {
         const char *n = ck->entries[i].name;
-        while (j < spec->count && strcmp(names[j], n) < 0) j++;
-        if (j < spec->count && strcmp(names[j], n) == 0) continue;
+        while (j < described && strcmp(names[j], n) < 0) j++;
+        if (j < described && strcmp(names[j], n) == 0) continue;
         report->unexpected[report->unexpected_count++] = n;
     }
     free(names);
+    return MT_OK;
+}
+
+mt_status_t eng_checkpoint_load_buffers(const eng_checkpoint_t *ck, const eng_model_spec_t *spec, float *const *dst,
+                                        mt_error_t *err) {
+    for (int i = 0; i < spec->num_buffers; i++) {
+        const eng_param_spec_t *p = &spec->buffers[i];
+        mt_status_t st = eng_checkpoint_read_f32(ck, p->name, p->ndim, p->shape, dst[i], err);
+        if (st != MT_OK) return st;
+    }
     return MT_OK;
 }
 

@@ -69,6 +69,12 @@ typedef struct {
 mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_spec_t *spec,
                                 float *const *dst, eng_ckpt_load_report_t *report, mt_error_t *err);
 void eng_ckpt_load_report_free(eng_ckpt_load_report_t *report);
+/* Loads the description's non-trainable buffers (spec->buffers, e.g. a
+ * router's score correction bias): dst[i] receives spec->buffers[i].numel
+ * floats, with the same checks as eng_checkpoint_load.  Saving writes them
+ * like any tensor (eng_checkpoint_save's list). */
+mt_status_t eng_checkpoint_load_buffers(const eng_checkpoint_t *ck, const eng_model_spec_t *spec, float *const *dst,
+                                        mt_error_t *err);
 
 /* One tensor to save, from fp32 host memory. */
 typedef struct {

@@ -19,6 +19,7 @@
  * The aux statistics are gathered layer by layer during the forward pass;
  * their gradient is known once the forward pass ends. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,7 +133,10 @@ static mt_status_t layer_forward(eng_model_t *m, step_t *st, int l, bool recompu
     const size_t act = (size_t)st->sh.n * m->cfg.hidden_size * sizeof(float);
     const bool streamed = m->plan.blocks[l + 1].weights == SCHED_WEIGHTS_STREAM;
     float *xout = NULL;
-    DALLOC(st->xmid[l], act, "residual after attention");
+    const eng_act_desc_t *mid = eng_model_desc_act(&m->spec, l, ENG_A_X_MID); /* a saved activation */
+    MT_CHECK(mid, "layer %d: the model description lists no x_mid", l);
+    DALLOC(st->xmid[l], eng_act_numel(mid, st->sh.n) * mt_dtype_size(eng_act_dtype(mid->cls, eng_act_storage_dtype(m))),
+           "residual after attention");
     mt_status_t s = eng_attn_forward(m, l, &st->sh, st->xin[l], st->xmid[l], &st->aa[l], err);
     if (s != MT_OK) return s;
     if (recompute) { /* the layer's output is already stored as the next block's input */
@@ -154,55 +158,97 @@ static eng_operand_t head_weight(const eng_model_t *m) {
     return (eng_operand_t){p->w, p->w_dtype};
 }
 
-/* Every device pointer of layer l's saved activations, for offloading. */
-static int layer_act_slots(step_t *st, int l, void ***slots) {
-    eng_attn_acts_t *a = &st->aa[l];
-    eng_mlp_acts_t *p = &st->ma[l];
-    moe_layer_acts_t *q = &p->moe;
-    void **list[] = {
-        (void **)&st->xmid[l], (void **)&a->xn, (void **)&a->rstd, (void **)&a->q, (void **)&a->k,
-        (void **)&a->v, (void **)&a->q_pre, (void **)&a->k_pre, (void **)&a->q_rstd,
-        (void **)&a->k_rstd, (void **)&a->att, (void **)&a->lse, (void **)&p->xn, (void **)&p->rstd,
-        (void **)&p->g, (void **)&p->u, (void **)&q->logits, (void **)&q->probs, (void **)&q->topw,
-        (void **)&q->idx, (void **)&q->counts, (void **)&q->offsets, (void **)&q->perm_tok,
-        (void **)&q->inv, (void **)&q->xp, (void **)&q->g, (void **)&q->u, (void **)&q->ep,
-        (void **)&q->sg, (void **)&q->su, (void **)&q->so, (void **)&q->sgl,
-    };
-    const int n = (int)(sizeof list / sizeof list[0]);
-    for (int i = 0; i < n; i++) slots[i] = list[i];
-    return n;
+/* Where each activation the description may list lives in the step's
+ * structs: x_mid in the step, the rest in the layer's attention, MLP or
+ * MoE acts.  Which of them a layer saves, and their sizes, come from the
+ * model description (engine/model_desc.h); this table only says where. */
+typedef enum { IN_STEP = 0, IN_ATTN, IN_MLP, IN_MOE } act_home_t;
+
+static const struct {
+    act_home_t home;
+    size_t off;
+} k_act_slot[ENG_ACT_COUNT] = {
+    [ENG_A_X_MID] = {IN_STEP, 0},
+    [ENG_A_ATTN_XN] = {IN_ATTN, offsetof(eng_attn_acts_t, xn)},
+    [ENG_A_ATTN_RSTD] = {IN_ATTN, offsetof(eng_attn_acts_t, rstd)},
+    [ENG_A_Q] = {IN_ATTN, offsetof(eng_attn_acts_t, q)},
+    [ENG_A_K] = {IN_ATTN, offsetof(eng_attn_acts_t, k)},
+    [ENG_A_V] = {IN_ATTN, offsetof(eng_attn_acts_t, v)},
+    [ENG_A_Q_PRE] = {IN_ATTN, offsetof(eng_attn_acts_t, q_pre)},
+    [ENG_A_K_PRE] = {IN_ATTN, offsetof(eng_attn_acts_t, k_pre)},
+    [ENG_A_Q_RSTD] = {IN_ATTN, offsetof(eng_attn_acts_t, q_rstd)},
+    [ENG_A_K_RSTD] = {IN_ATTN, offsetof(eng_attn_acts_t, k_rstd)},
+    [ENG_A_ATT] = {IN_ATTN, offsetof(eng_attn_acts_t, att)},
+    [ENG_A_LSE] = {IN_ATTN, offsetof(eng_attn_acts_t, lse)},
+    [ENG_A_MLP_XN] = {IN_MLP, offsetof(eng_mlp_acts_t, xn)},
+    [ENG_A_MLP_RSTD] = {IN_MLP, offsetof(eng_mlp_acts_t, rstd)},
+    [ENG_A_DENSE_G] = {IN_MLP, offsetof(eng_mlp_acts_t, g)},
+    [ENG_A_DENSE_U] = {IN_MLP, offsetof(eng_mlp_acts_t, u)},
+    [ENG_A_ROUTER_LOGITS] = {IN_MOE, offsetof(moe_layer_acts_t, logits)},
+    [ENG_A_ROUTER_PROBS] = {IN_MOE, offsetof(moe_layer_acts_t, probs)},
+    [ENG_A_TOPW] = {IN_MOE, offsetof(moe_layer_acts_t, topw)},
+    [ENG_A_TOPK_IDX] = {IN_MOE, offsetof(moe_layer_acts_t, idx)},
+    [ENG_A_EXPERT_COUNTS] = {IN_MOE, offsetof(moe_layer_acts_t, counts)},
+    [ENG_A_EXPERT_OFFSETS] = {IN_MOE, offsetof(moe_layer_acts_t, offsets)},
+    [ENG_A_PERM] = {IN_MOE, offsetof(moe_layer_acts_t, perm_tok)},
+    [ENG_A_INV_PERM] = {IN_MOE, offsetof(moe_layer_acts_t, inv)},
+    [ENG_A_EXPERT_X] = {IN_MOE, offsetof(moe_layer_acts_t, xp)},
+    [ENG_A_EXPERT_G] = {IN_MOE, offsetof(moe_layer_acts_t, g)},
+    [ENG_A_EXPERT_U] = {IN_MOE, offsetof(moe_layer_acts_t, u)},
+    [ENG_A_EXPERT_OUT] = {IN_MOE, offsetof(moe_layer_acts_t, ep)},
+    [ENG_A_SHARED_G] = {IN_MOE, offsetof(moe_layer_acts_t, sg)},
+    [ENG_A_SHARED_U] = {IN_MOE, offsetof(moe_layer_acts_t, su)},
+    [ENG_A_SHARED_OUT] = {IN_MOE, offsetof(moe_layer_acts_t, so)},
+    [ENG_A_SHARED_GATE_LOGIT] = {IN_MOE, offsetof(moe_layer_acts_t, sgl)},
+};
+
+static void **act_slot(step_t *st, int l, eng_act_id_t id) {
+    char *base = NULL;
+    switch (k_act_slot[id].home) {
+    case IN_STEP: return (void **)&st->xmid[l];
+    case IN_ATTN: base = (char *)&st->aa[l]; break;
+    case IN_MLP: base = (char *)&st->ma[l]; break;
+    case IN_MOE: base = (char *)&st->ma[l].moe; break;
+    }
+    return (void **)(base + k_act_slot[id].off);
 }
 
-/* Bytes of layer l's saved activations for n tokens: the buffers
- * layer_act_slots lists, as eng_attn_forward, eng_mlp_forward and
- * moe_layer_forward allocate them (arena blocks of MT_ARENA_ALIGN).  The
- * staging pool is sized with it before the first micro-batch;
- * staging_modes_test checks it against what the forward allocates. */
-size_t exec_layer_act_bytes(const eng_model_t *m, int l, int n) {
-    const eng_model_config_t *c = &m->cfg;
-    const size_t N = (size_t)n, H = (size_t)c->hidden_size, hd = (size_t)c->head_dim;
-    const size_t nh = (size_t)c->num_attention_heads, nkv = (size_t)c->num_key_value_heads;
-    const size_t qd = nh * hd, kd = nkv * hd;
-    size_t words[40], nw = 0; /* 4-byte elements per buffer (floats and int32) */
-    words[nw++] = N * H;                                     /* x_mid */
-    words[nw++] = N * H, words[nw++] = N;                    /* attention input norm, rstd */
-    words[nw++] = N * qd, words[nw++] = N * kd, words[nw++] = N * kd; /* q, k, v */
-    if (c->qk_norm) words[nw++] = N * qd, words[nw++] = N * kd, words[nw++] = N * nh, words[nw++] = N * nkv;
-    words[nw++] = N * qd, words[nw++] = N * nh;              /* attention output, logsumexp */
-    words[nw++] = N * H, words[nw++] = N;                    /* mlp input norm, rstd */
-    if (c->layer_is_moe[l]) {
-        const size_t E = (size_t)c->num_experts, k = (size_t)c->num_experts_per_tok, M = N * k;
-        const size_t I = (size_t)c->moe_intermediate_size, Is = (size_t)c->shared_expert_intermediate_size;
-        words[nw++] = N * E, words[nw++] = N * E, words[nw++] = N * k, words[nw++] = N * k; /* router */
-        words[nw++] = E, words[nw++] = E + 1, words[nw++] = M, words[nw++] = M;             /* plan */
-        words[nw++] = M * H, words[nw++] = M * I, words[nw++] = M * I, words[nw++] = M * H; /* experts */
-        if (Is > 0) words[nw++] = N * Is, words[nw++] = N * Is, words[nw++] = N * H, words[nw++] = N;
-    } else {
-        words[nw++] = N * (size_t)c->intermediate_size, words[nw++] = N * (size_t)c->intermediate_size;
+/* Every device pointer of layer l's saved activations, for offloading: the
+ * description's list.  Each is checked against the description (allocated,
+ * of the described size, and nothing saved that it does not list), so the
+ * forward, the staging pool's sizing (exec_layer_act_bytes) and the
+ * scheduler, which all read the description, cannot drift apart. */
+static mt_status_t layer_act_slots(eng_model_t *m, step_t *st, int l, void ***slots, int *count, mt_error_t *err) {
+    const eng_layer_acts_t *la = &m->spec.layer_acts[l];
+    const mt_dtype_t cdt = eng_act_storage_dtype(m);
+    for (int id = 0; id < ENG_ACT_COUNT; id++) {
+        void **slot = act_slot(st, l, (eng_act_id_t)id);
+        if (la->index[id] < 0) {
+            if (*slot)
+                return mt_error_set(err, MT_ERR_INTERNAL,
+                                    "layer %d saved activation id %d, which %s's model description does not list", l,
+                                    id, eng_model_desc_family_name(&m->spec));
+            continue;
+        }
+        const eng_act_desc_t *a = &la->act[la->index[id]];
+        const size_t raw = eng_act_numel(a, st->sh.n) * mt_dtype_size(eng_act_dtype(a->cls, cdt));
+        const size_t want = (raw + MT_ARENA_ALIGN - 1) / MT_ARENA_ALIGN * MT_ARENA_ALIGN;
+        if (!*slot || kern_alloc_size(m->dev, *slot) != want)
+            return mt_error_set(err, MT_ERR_INTERNAL,
+                                "layer %d activation %s: the forward saved %zu bytes, the model description says %zu", l,
+                                a->name, *slot ? kern_alloc_size(m->dev, *slot) : 0, want);
+        slots[(*count)++] = slot;
     }
-    size_t bytes = 0;
-    for (size_t i = 0; i < nw; i++) bytes += (words[i] * 4 + MT_ARENA_ALIGN - 1) / MT_ARENA_ALIGN * MT_ARENA_ALIGN;
-    return bytes;
+    return MT_OK;
+}
+
+/* Bytes of layer l's saved activations for n tokens, as the arena holds
+ * them (blocks of MT_ARENA_ALIGN): the description's list.  The staging
+ * pool is sized with it before the first micro-batch; layer_act_slots
+ * checks each buffer against it when it offloads, and staging_modes_test
+ * compares the total with what the forward offloads. */
+size_t exec_layer_act_bytes(const eng_model_t *m, int l, int n) {
+    return eng_model_desc_layer_act_bytes(&m->spec, l, n, eng_act_storage_dtype(m), MT_ARENA_ALIGN);
 }
 
 static void layer_acts_drop(eng_model_t *m, step_t *st, int l) {
@@ -267,8 +313,9 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
             }
             const sched_act_place_t ap = m->plan.blocks[b].acts;
             if (exec_acts_offloaded(m, b)) {
-                void **slots[64];
-                const int ns = layer_act_slots(st, l, slots);
+                void **slots[ENG_ACT_COUNT];
+                int ns = 0;
+                if ((r = layer_act_slots(m, st, l, slots, &ns, err)) != MT_OK) return r;
                 if ((r = exec_offload_acts(m, b, slots, ns, err)) != MT_OK) return r;
             } else if (ap == SCHED_ACTS_RECOMPUTE) {
                 layer_acts_drop(m, st, l);

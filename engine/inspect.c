@@ -10,7 +10,8 @@
 
 #include "engine/checkpoint.h"
 #include "engine/model_config.h"
-#include "engine/model_spec.h"
+#include "engine/model_desc.h"
+#include "engine/safetensors.h"
 
 static const char *human(char *buf, size_t cap, double v) {
     if (v >= 1e9) snprintf(buf, cap, "%.2fB", v / 1e9);
@@ -26,16 +27,6 @@ static const char *human_bytes(char *buf, size_t cap, double v) {
     else if (v >= 1024.0) snprintf(buf, cap, "%.1f KiB", v / 1024.0);
     else snprintf(buf, cap, "%.0f B", v);
     return buf;
-}
-
-static const char *arch_title(eng_arch_t a) {
-    switch (a) {
-    case ENG_ARCH_MIXTRAL: return "Mixtral";
-    case ENG_ARCH_QWEN2_MOE: return "Qwen2-MoE";
-    case ENG_ARCH_QWEN3_MOE: return "Qwen3-MoE";
-    case ENG_ARCH_OLMOE: return "OLMoE";
-    }
-    return "?";
 }
 
 /* Per-layer parameter counts by group. */
@@ -73,10 +64,10 @@ static void ranges(char *buf, size_t cap, const bool *on, int n) {
     if (len == 0) snprintf(buf, cap, "none");
 }
 
-static void print_arch(FILE *out, const char *dir, const eng_model_config_t *c) {
+static void print_arch(FILE *out, const char *dir, const eng_model_config_t *c, const eng_model_desc_t *d) {
     char b[1024];
     fprintf(out, "checkpoint   %s\n", dir);
-    fprintf(out, "model_type   %s (%s)\n", c->model_type, arch_title(c->arch));
+    fprintf(out, "model_type   %s (%s)\n", c->model_type, eng_model_desc_family_name(d));
     fprintf(out, "layers       %d, hidden %d, vocab %d, max positions %d\n", c->num_hidden_layers,
             c->hidden_size, c->vocab_size, c->max_position_embeddings);
     fprintf(out, "attention    %d heads, %d kv heads, head_dim %d, qkv bias %s, qk norm %s, ",
@@ -170,7 +161,32 @@ static void print_layers(FILE *out, const eng_model_config_t *c, const eng_model
     }
 }
 
-static mt_status_t print_weights(FILE *out, const char *dir, const eng_model_spec_t *spec,
+/* Storage dtypes of the description's tensors: config.json's until a
+ * checkpoint says otherwise (eng_model_desc_note_dtype). */
+static void print_storage(FILE *out, const eng_model_desc_t *d, const char *source) {
+    int n_by[MT_DTYPE_COUNT] = {0};
+    for (int i = 0; i < d->count; i++) n_by[d->params[i].dtype]++;
+    for (int i = 0; i < d->num_buffers; i++) n_by[d->buffers[i].dtype]++;
+    fprintf(out, "storage      (%s)", source);
+    for (int t = 0; t < MT_DTYPE_COUNT; t++)
+        if (n_by[t]) fprintf(out, " %s %d", mt_dtype_name((mt_dtype_t)t), n_by[t]);
+    fprintf(out, "; %d parameters, %d buffers", d->count, d->num_buffers);
+    for (int i = 0; i < d->num_buffers && i < 3; i++) fprintf(out, "%s%s", i ? ", " : " (", d->buffers[i].name);
+    fprintf(out, "%s\n", d->num_buffers > 3 ? ", ...)" : d->num_buffers ? ")" : "");
+}
+
+/* Where a description tensor stands in the checkpoint: 0 = present with its
+ * shape (its dtype noted), 1 = wrong shape, 2 = missing. */
+static int check_tensor(const eng_checkpoint_t *ck, eng_model_desc_t *spec, const eng_param_spec_t *p) {
+    const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->name);
+    bool ok = e && e->tensor->ndim == p->ndim;
+    for (int d = 0; ok && d < p->ndim; d++) ok = (int64_t)e->tensor->shape[d] == p->shape[d];
+    mt_dtype_t dt;
+    if (ok && eng_st_dtype_to_mt(e->tensor->dtype, &dt)) eng_model_desc_note_dtype(spec, p->name, dt);
+    return ok ? 0 : e ? 1 : 2;
+}
+
+static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *spec,
                                  mt_error_t *err) {
     char b[3][32];
     size_t dl = strlen(dir) + 64;
@@ -186,6 +202,7 @@ static mt_status_t print_weights(FILE *out, const char *dir, const eng_model_spe
     fprintf(out, "\nweights      ");
     if (!any) {
         fprintf(out, "none (config.json only)\n");
+        print_storage(out, spec, "config.json");
         return MT_OK;
     }
     eng_checkpoint_t ck;
@@ -204,26 +221,26 @@ static mt_status_t print_weights(FILE *out, const char *dir, const eng_model_spe
         if (n_by[d])
             fprintf(out, "  %-5s %6d tensors, %s\n", eng_st_dtype_name((eng_st_dtype_t)d), n_by[d],
                     human_bytes(b[0], sizeof b[0], (double)bytes_by[d]));
-    /* Agreement with config.json: missing, wrong shape, unexpected. */
+    /* Agreement with config.json: missing, wrong shape, unexpected (parameters and buffers). */
     int missing = 0, wrong = 0, shown = 0;
-    for (int i = 0; i < spec->count; i++) {
-        const eng_param_spec_t *p = &spec->params[i];
-        const eng_ckpt_entry_t *e = eng_checkpoint_find(&ck, p->name);
-        bool ok = e && e->tensor->ndim == p->ndim;
-        for (int d = 0; ok && d < p->ndim; d++) ok = (int64_t)e->tensor->shape[d] == p->shape[d];
-        if (ok) continue;
-        if (e) wrong++;
+    const int described = spec->count + spec->num_buffers;
+    for (int i = 0; i < described; i++) {
+        const eng_param_spec_t *p = i < spec->count ? &spec->params[i] : &spec->buffers[i - spec->count];
+        const int where = check_tensor(&ck, spec, p);
+        if (where == 0) continue;
+        if (where == 1) wrong++;
         else missing++;
         if (shown++ < 5)
-            fprintf(out, "  %s: %s\n", e ? "WRONG SHAPE" : "MISSING", p->name);
+            fprintf(out, "  %s: %s\n", where == 1 ? "WRONG SHAPE" : "MISSING", p->name);
     }
-    int used = spec->count - missing;
+    int used = described - missing;
     int unexpected = ck.count - used;
     if (missing || wrong || unexpected)
         fprintf(out, "  vs config.json: %d missing, %d wrong shape, %d unexpected (ignored)\n", missing,
                 wrong, unexpected);
     else
-        fprintf(out, "  vs config.json: all %d tensors present with the expected shapes\n", spec->count);
+        fprintf(out, "  vs config.json: all %d tensors present with the expected shapes\n", described);
+    print_storage(out, spec, "the checkpoint's");
     eng_checkpoint_close(&ck);
     return MT_OK;
 }
@@ -238,7 +255,7 @@ mt_status_t eng_inspect(const char *dir, FILE *out, mt_error_t *err) {
         eng_model_config_free(&cfg);
         return st;
     }
-    print_arch(out, dir, &cfg);
+    print_arch(out, dir, &cfg, &spec);
     char b[2][32];
     size_t total = eng_model_spec_numel(&spec), active = eng_model_spec_active_numel(&spec, &cfg);
     fprintf(out, "parameters   %s total (%zu), %s active per token (%zu)\n",

@@ -1,45 +1,20 @@
-/* Engine -> scheduler descriptions (see program.h).
- *
- * Per-family details follow engine/model_spec.c (the tensors the engine
- * allocates): Qwen3's o_proj has a bias when attention_bias is set, Qwen2-
- * MoE's never; OLMoE's o_proj follows attention_bias like q/k/v. */
+/* Engine -> scheduler (see program.h): the generic list comes from the
+ * model's description (engine/model_desc.h), through its family's ops
+ * function; nothing here knows a family. */
 #include "engine/program.h"
+
+#include "engine/model_desc_family.h"
 
 #include <stdio.h>
 #include <string.h>
 
 mt_status_t eng_program_describe(const eng_model_config_t *mc, const eng_run_config_t *rc, bool bf16_storage,
-                                 sched_model_desc_t *md, sched_run_shape_t *shape, mt_error_t *err) {
-    memset(md, 0, sizeof *md);
+                                 sched_program_t *prog, sched_run_shape_t *shape, mt_error_t *err) {
+    memset(prog, 0, sizeof *prog);
     memset(shape, 0, sizeof *shape);
     if (mc->num_hidden_layers > SCHED_MAX_LAYERS)
         return mt_error_set(err, MT_ERR_UNSUPPORTED, "num_hidden_layers %d exceeds the scheduler's limit %d",
                             mc->num_hidden_layers, SCHED_MAX_LAYERS);
-    switch (mc->arch) {
-    case ENG_ARCH_MIXTRAL: md->family = SCHED_FAMILY_MIXTRAL; break;
-    case ENG_ARCH_QWEN2_MOE: md->family = SCHED_FAMILY_QWEN2_MOE; break;
-    case ENG_ARCH_QWEN3_MOE: md->family = SCHED_FAMILY_QWEN3_MOE; break;
-    case ENG_ARCH_OLMOE: md->family = SCHED_FAMILY_OLMOE; break;
-    }
-    md->num_layers = mc->num_hidden_layers;
-    md->hidden = mc->hidden_size;
-    md->heads = mc->num_attention_heads;
-    md->kv_heads = mc->num_key_value_heads;
-    md->head_dim = mc->head_dim;
-    md->vocab = mc->vocab_size;
-    md->num_experts = mc->num_experts;
-    md->top_k = mc->num_experts_per_tok;
-    md->expert_inter = mc->moe_intermediate_size;
-    md->shared_inter = mc->shared_expert_intermediate_size;
-    md->shared_expert_gate = mc->arch == ENG_ARCH_QWEN2_MOE && mc->shared_expert_intermediate_size > 0;
-    md->dense_inter = mc->intermediate_size;
-    for (int l = 0; l < mc->num_hidden_layers; l++) md->layer_is_moe[l] = mc->layer_is_moe[l];
-    md->tied_embeddings = mc->tie_word_embeddings;
-    md->qkv_bias = mc->qkv_bias;
-    md->o_bias = mc->qkv_bias && (mc->arch == ENG_ARCH_QWEN3_MOE || mc->arch == ENG_ARCH_OLMOE);
-    md->qk_norm = !mc->qk_norm ? SCHED_QK_NORM_NONE : mc->qk_norm_whole ? SCHED_QK_NORM_FULL : SCHED_QK_NORM_PER_HEAD;
-    md->sliding_window = mc->sliding_window;
-
     shape->micro_batch_size = rc->micro_batch_size;
     shape->sequence_len = rc->sequence_len;
     shape->grad_accum = rc->gradient_accumulation_steps;
@@ -58,7 +33,20 @@ mt_status_t eng_program_describe(const eng_model_config_t *mc, const eng_run_con
         }
         shape->num_lora_targets = rc->num_lora_target_modules;
     }
-    return MT_OK;
+    /* the run's shape must be sound before the description's ops are sized by it */
+    if (shape->micro_batch_size < 1 || shape->sequence_len < 1 || shape->grad_accum < 1)
+        return mt_error_set(err, MT_ERR_CONFIG,
+                            "run: micro_batch_size (%d), sequence_len (%d) and gradient_accumulation_steps (%d) must "
+                            "be >= 1",
+                            shape->micro_batch_size, shape->sequence_len, shape->grad_accum);
+    if (shape->lora && (shape->lora_r < 1 || shape->num_lora_targets < 1))
+        return mt_error_set(err, MT_ERR_CONFIG, "run: LoRA needs lora_r >= 1 and target modules");
+    eng_model_desc_t d;
+    mt_status_t st = eng_model_desc_build(mc, &d, err);
+    if (st != MT_OK) return st;
+    st = d.family->ops(d.family, &d, mc, shape, prog, err);
+    eng_model_desc_free(&d);
+    return st;
 }
 
 mt_status_t eng_program_planner_opts(const eng_run_config_t *rc, const sched_hw_t *hw, sched_planner_opts_t *o,

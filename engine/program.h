@@ -1,4 +1,5 @@
-/* The step program as the scheduler sees it: the model description and
+/* The step program as the scheduler sees it: the generic list of blocks,
+ * tensors and ops (sched_program_t, from the model's description) and the
  * run shape (scheduler/registry.h) from the HF config and the run config,
  * and the planner's options from the run config's scheduler: and memory:
  * sections.  The scheduler cannot include engine headers (layering:
@@ -15,11 +16,13 @@
 #include "scheduler/planner.h"
 #include "scheduler/registry.h"
 
-/* bf16_storage: the run keeps bf16 working copies (the run config's bf16 on
- * a GPU); false on the CPU backend, which stores every tensor in fp32 (its
- * bf16 option only rounds values). */
+/* bf16_storage: the run keeps bf16 working copies and bf16 saved
+ * activations of the compute class (the run config's bf16 on a GPU); false
+ * on the CPU backend, which stores every tensor in fp32 (its bf16 option
+ * only rounds values).  On MT_OK the caller frees *prog
+ * (sched_program_free). */
 mt_status_t eng_program_describe(const eng_model_config_t *mc, const eng_run_config_t *rc, bool bf16_storage,
-                                 sched_model_desc_t *md, sched_run_shape_t *shape, mt_error_t *err);
+                                 sched_program_t *prog, sched_run_shape_t *shape, mt_error_t *err);
 
 /* Policy, window and per-kind overrides from scheduler:, budgets from
  * memory: (a size of 0 takes the hardware profile's capacity). */

@@ -61,7 +61,7 @@ mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t 
         st = sched_hw_load(path, &hw, err);
         if (st != MT_OK) return st;
     }
-    sched_model_desc_t md;
+    sched_program_t prog;
     sched_run_shape_t shape;
     sched_registry_t reg;
     sched_workload_t w;
@@ -70,8 +70,9 @@ mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t 
     memset(&reg, 0, sizeof reg);
     memset(&w, 0, sizeof w);
     memset(&res, 0, sizeof res);
-    st = eng_program_describe(mc, rc, eng_compute_dtype(rc, dev) == MT_BF16, &md, &shape, err);
-    if (st == MT_OK) st = sched_registry_build(&md, &shape, &reg, err);
+    st = eng_program_describe(mc, rc, eng_compute_dtype(rc, dev) == MT_BF16, &prog, &shape, err);
+    if (st == MT_OK) st = sched_registry_build(&prog, &shape, &reg, err);
+    sched_program_free(&prog);
     if (st == MT_OK) st = sched_workload_build(&reg, &hw, &w, err);
     if (st == MT_OK) st = eng_program_planner_opts(rc, &hw, &opts, err);
     if (st == MT_OK) st = sched_plan_make(&w, &opts, &res, err);

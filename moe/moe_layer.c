@@ -19,6 +19,15 @@
         if (!(ptr)) goto fail;                                                    \
     } while (0)
 
+/* A saved activation, sized by the caller's description (moe_layer_dims_t.acts). */
+#define ALLOC_ACT(ptr, id, type, tag)                                                  \
+    do {                                                                               \
+        const moe_act_size_t *sz_ = &d->acts[(id)];                                    \
+        MT_CHECK(sz_->elem_bytes == sizeof(type), "%s: described as %zu-byte elements", (tag), sz_->elem_bytes); \
+        (ptr) = (type *)kern_alloc(dev, (size_t)(sz_->per_token * n + sz_->fixed) * sz_->elem_bytes, (tag), err); \
+        if (!(ptr)) goto fail;                                                         \
+    } while (0)
+
 static void dfree(kern_device_t *dev, void *p) {
     if (p) kern_free(dev, p);
 }
@@ -93,17 +102,17 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
     a->n = n;
     a->m = m;
 
-    ALLOC(a->logits, (size_t)n * E, float, "moe router logits");
-    ALLOC(a->probs, (size_t)n * E, float, "moe router probs");
-    ALLOC(a->topw, (size_t)n * k, float, "moe top-k weights");
-    ALLOC(a->idx, (size_t)n * k, int32_t, "moe top-k experts");
+    ALLOC_ACT(a->logits, MOE_ACT_LOGITS, float, "moe router logits");
+    ALLOC_ACT(a->probs, MOE_ACT_PROBS, float, "moe router probs");
+    ALLOC_ACT(a->topw, MOE_ACT_TOPW, float, "moe top-k weights");
+    ALLOC_ACT(a->idx, MOE_ACT_IDX, int32_t, "moe top-k experts");
     mm_in(dev, MT_F32, a->logits, xn, MT_F32, p->router, MT_F32, n, E, H, false, true, 1.0f, 0.0f);
     ops->router_fwd(s, a->topw, a->idx, a->probs, a->logits, n, E, k, d->router_mode);
 
-    ALLOC(a->counts, E, int32_t, "moe expert counts");
-    ALLOC(a->offsets, E + 1, int32_t, "moe expert offsets");
-    ALLOC(a->perm_tok, m, int32_t, "moe permutation");
-    ALLOC(a->inv, m, int32_t, "moe inverse permutation");
+    ALLOC_ACT(a->counts, MOE_ACT_COUNTS, int32_t, "moe expert counts");
+    ALLOC_ACT(a->offsets, MOE_ACT_OFFSETS, int32_t, "moe expert offsets");
+    ALLOC_ACT(a->perm_tok, MOE_ACT_PERM, int32_t, "moe permutation");
+    ALLOC_ACT(a->inv, MOE_ACT_INV, int32_t, "moe inverse permutation");
     ops->moe_plan(s, a->counts, a->offsets, a->perm_tok, a->inv, a->idx, n, k, E);
     a->counts_host = malloc((size_t)E * sizeof *a->counts_host);
     a->offsets_host = malloc((size_t)(E + 1) * sizeof *a->offsets_host);
@@ -115,12 +124,12 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
     if (p->fetch_experts &&
         p->fetch_experts(p->fetch_ctx, a->counts_host, p->gate, p->up, p->down, err) != MT_OK)
         goto fail;
-    ALLOC(a->xp, (size_t)m * H, float, "moe gathered tokens");
+    ALLOC_ACT(a->xp, MOE_ACT_XP, float, "moe gathered tokens");
     ops->moe_gather(s, a->xp, xn, a->perm_tok, m, H);
-    ALLOC(a->g, (size_t)m * I, float, "moe expert gate activations");
-    ALLOC(a->u, (size_t)m * I, float, "moe expert up activations");
+    ALLOC_ACT(a->g, MOE_ACT_G, float, "moe expert gate activations");
+    ALLOC_ACT(a->u, MOE_ACT_U, float, "moe expert up activations");
     ALLOC(h, (size_t)m * I, float, "moe expert hidden");
-    ALLOC(a->ep, (size_t)m * H, float, "moe expert outputs");
+    ALLOC_ACT(a->ep, MOE_ACT_EP, float, "moe expert outputs");
 
     /* g = xp gate^T and u = xp up^T for every expert with tokens */
     for (int pass = 0; pass < 2; pass++) {
@@ -146,11 +155,11 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
 
     if (d->Is > 0) {
         const int Is = d->Is;
-        ALLOC(a->sg, (size_t)n * Is, float, "shared expert gate activations");
-        ALLOC(a->su, (size_t)n * Is, float, "shared expert up activations");
+        ALLOC_ACT(a->sg, MOE_ACT_SG, float, "shared expert gate activations");
+        ALLOC_ACT(a->su, MOE_ACT_SU, float, "shared expert up activations");
         ALLOC(sh, (size_t)n * Is, float, "shared expert hidden");
-        ALLOC(a->so, (size_t)n * H, float, "shared expert output");
-        ALLOC(a->sgl, n, float, "shared expert gate logit");
+        ALLOC_ACT(a->so, MOE_ACT_SO, float, "shared expert output");
+        ALLOC_ACT(a->sgl, MOE_ACT_SGL, float, "shared expert gate logit");
         mm(dev, d, a->sg, xn, MT_F32, p->sh_gate, p->dtype, n, Is, H, false, true, 1.0f, 0.0f);
         mm(dev, d, a->su, xn, MT_F32, p->sh_up, p->dtype, n, Is, H, false, true, 1.0f, 0.0f);
         ops->swiglu_fwd(s, sh, a->sg, a->su, (size_t)n * Is);

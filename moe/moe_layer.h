@@ -21,11 +21,30 @@
 #include "kernels/device.h"
 #include "kernels/ops.h"
 
+/* The activations forward saves for backward (moe_layer_acts_t's fields). */
+typedef enum {
+    MOE_ACT_LOGITS = 0, MOE_ACT_PROBS, MOE_ACT_TOPW, MOE_ACT_IDX,
+    MOE_ACT_COUNTS, MOE_ACT_OFFSETS, MOE_ACT_PERM, MOE_ACT_INV,
+    MOE_ACT_XP, MOE_ACT_G, MOE_ACT_U, MOE_ACT_EP,
+    MOE_ACT_SG, MOE_ACT_SU, MOE_ACT_SO, MOE_ACT_SGL,
+    MOE_ACT_COUNT,
+} moe_act_t;
+
+/* One saved activation's size for n tokens: (per_token * n + fixed)
+ * elements of elem_bytes.  The caller fills these from its model
+ * description (the engine's eng_moe_dims), so the block allocates exactly
+ * what the description says it saves. */
+typedef struct {
+    int64_t per_token, fixed;
+    size_t elem_bytes;
+} moe_act_size_t;
+
 typedef struct {
     int H, E, k, I;      /* hidden, experts, top-k, expert width */
     int Is;              /* shared expert width, 0 = none */
     kern_router_mode_t router_mode;
     mt_dtype_t compute;  /* how products are formed (kernels/gemm.h): MT_F32 or MT_BF16 */
+    moe_act_size_t acts[MOE_ACT_COUNT];
 } moe_layer_dims_t;
 
 /* Device pointers of one layer's parameters (or of their gradients), all

@@ -64,7 +64,7 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
     sched_workload_init(out, reg->num_blocks);
     out->grad_accum = reg->shape.grad_accum;
     out->clip = reg->shape.max_grad_norm > 0;
-    out->tied_head = reg->model.tied_embeddings;
+    out->tied_head = reg->tied_head;
     out->has_trainable = reg->train_params > 0;
     out->h2d_bw = sched_hw_h2d_bw(hw);
     out->d2h_bw = sched_hw_d2h_bw(hw);

@@ -2,9 +2,11 @@
  * PCIe with 1 TiB / 512 GiB of host memory; Qwen3-30B-A3B LoRA on an RTX
  * 4090 with 128 GiB, and with a device budget below one block's working
  * set), monotonicity in the device budget, fixed policies and overrides.
- * Model descriptions are written out here (the scheduler does not read
- * config.json); the hardware profiles are the shipped files. */
+ * The models are decoder-shaped generic lists built from their sizes
+ * (scheduler/testutil.h: the scheduler sees no engine description); the
+ * hardware profiles are the shipped files. */
 #include "scheduler/planner.h"
+#include "scheduler/testutil.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -30,11 +32,14 @@ typedef struct {
     bool ok;
 } setup_t;
 
-static void setup(setup_t *s, const sched_model_desc_t *m, const sched_run_shape_t *sh, const char *hw_path) {
+static void setup(setup_t *s, const sched_test_model_t *m, const sched_run_shape_t *sh, const char *hw_path) {
     memset(s, 0, sizeof *s);
     mt_error_t err = {0};
-    s->ok = sched_hw_load(hw_path, &s->hw, &err) == MT_OK && sched_registry_build(m, sh, &s->reg, &err) == MT_OK &&
+    sched_program_t prog;
+    sched_test_program(m, sh, &prog);
+    s->ok = sched_hw_load(hw_path, &s->hw, &err) == MT_OK && sched_registry_build(&prog, sh, &s->reg, &err) == MT_OK &&
             sched_workload_build(&s->reg, &s->hw, &s->w, &err) == MT_OK;
+    sched_program_free(&prog);
     EXPECT(s->ok, "setup: %s", err.msg);
 }
 
@@ -43,21 +48,19 @@ static void teardown(setup_t *s) {
     sched_registry_free(&s->reg);
 }
 
-static sched_model_desc_t mixtral(void) {
-    sched_model_desc_t m = {0};
-    m.family = SCHED_FAMILY_MIXTRAL;
+/* Mixtral-8x7B's sizes (46.70 B parameters) */
+static sched_test_model_t mixtral(void) {
+    sched_test_model_t m = {0};
     m.num_layers = 32, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.head_dim = 128, m.vocab = 32000;
-    m.num_experts = 8, m.top_k = 2, m.expert_inter = 14336, m.dense_inter = 14336;
-    for (int l = 0; l < 32; l++) m.layer_is_moe[l] = true;
+    m.num_experts = 8, m.top_k = 2, m.expert_inter = 14336;
     return m;
 }
 
-static sched_model_desc_t qwen3(void) {
-    sched_model_desc_t m = {0};
-    m.family = SCHED_FAMILY_QWEN3_MOE;
+/* Qwen3-30B-A3B's sizes (without its q/k norms) */
+static sched_test_model_t qwen3(void) {
+    sched_test_model_t m = {0};
     m.num_layers = 48, m.hidden = 2048, m.heads = 32, m.kv_heads = 4, m.head_dim = 128, m.vocab = 151936;
-    m.num_experts = 128, m.top_k = 8, m.expert_inter = 768, m.dense_inter = 6144, m.qk_norm = SCHED_QK_NORM_PER_HEAD;
-    for (int l = 0; l < 48; l++) m.layer_is_moe[l] = true;
+    m.num_experts = 128, m.top_k = 8, m.expert_inter = 768;
     return m;
 }
 
@@ -89,7 +92,7 @@ static bool within(const sched_planner_result_t *r, const sched_planner_opts_t *
 }
 
 static void test_mixtral_full(void) {
-    sched_model_desc_t m = mixtral();
+    sched_test_model_t m = mixtral();
     sched_run_shape_t sh = full_ft(4096);
     setup_t s;
     setup(&s, &m, &sh, "configs/hw/h100-80gb-pcie.yaml");
@@ -146,7 +149,7 @@ static void test_mixtral_full(void) {
 }
 
 static void test_qwen3_lora(void) {
-    sched_model_desc_t m = qwen3();
+    sched_test_model_t m = qwen3();
     sched_run_shape_t sh = lora(2048);
     setup_t s;
     setup(&s, &m, &sh, "configs/hw/rtx4090.yaml");
@@ -174,7 +177,7 @@ static void test_qwen3_lora(void) {
 
 /* More device budget never predicts a slower step, and a budget that fits
  * keeps fitting. */
-static void test_monotone(const sched_model_desc_t *m, const sched_run_shape_t *sh, const char *hw,
+static void test_monotone(const sched_test_model_t *m, const sched_run_shape_t *sh, const char *hw,
                           const double *budgets_gib, int n) {
     setup_t s;
     setup(&s, m, sh, hw);
@@ -203,7 +206,7 @@ static void test_monotone(const sched_model_desc_t *m, const sched_run_shape_t *
 }
 
 static void test_overrides(void) {
-    sched_model_desc_t m = mixtral();
+    sched_test_model_t m = mixtral();
     m.num_layers = 4; /* smaller: the point is the decisions, not the numbers */
     sched_run_shape_t sh = full_ft(1024);
     setup_t s;
@@ -243,7 +246,7 @@ static void test_overrides(void) {
 int main(void) {
     test_mixtral_full();
     test_qwen3_lora();
-    sched_model_desc_t m = mixtral();
+    sched_test_model_t m = mixtral();
     sched_run_shape_t sh = full_ft(4096);
     const double mix[] = {4, 8, 12, 16, 24, 32, 48, 64, 80, 120, 200, 400, 1000};
     test_monotone(&m, &sh, "configs/hw/h100-80gb-pcie.yaml", mix, (int)(sizeof mix / sizeof mix[0]));

@@ -4,9 +4,9 @@
  *
  * Design notes:
  * - The scheduler does not include engine headers (layering: engine ->
- *   scheduler -> kernels), so it defines its own model description
- *   (sched_model_desc_t); engine/program.c fills it from the HF config and
- *   the run config.
+ *   scheduler -> kernels) and knows no model family: the engine gives it a
+ *   generic list of blocks, tensors and ops (sched_program_t), filled from
+ *   its model description (engine/model_desc.h) by engine/program.c.
  * - Blocks are the unit the plan decides on (scheduler/plan.h): block 0 is
  *   the embedding, 1..L the decoder layers, L+1 the final norm and lm_head.
  *   Every tensor and op belongs to one block.
@@ -15,9 +15,9 @@
  *   master copy (only with bf16 working copies), gradient, Adam m and v
  *   (only trainable parameters: all of them in full fine-tuning, the LoRA
  *   A/B matrices with an adapter), the saved activations of each block
- *   (what the forward keeps for the backward, in the engine's layout:
- *   engine/blocks.c, moe/moe_layer.c, engine/step.c) and the temporaries of
- *   each block (buffers that live only while the block computes).
+ *   (what the forward keeps for the backward, as the engine's description
+ *   lists them) and the temporaries of each block (buffers that live only
+ *   while the block computes).
  * - Gradients are fp32 whatever the working dtype: they are summed over
  *   micro-batches, and AdamW reads fp32 gradients.  This is the dominant
  *   choice in mixed-precision trainers and keeps host accumulation exact.
@@ -42,43 +42,6 @@
 #define SCHED_MAX_LAYERS 256
 #define SCHED_MAX_LORA_TARGETS 32
 #define SCHED_MAX_CONSUMERS 4
-
-/* Which HF naming and small architectural details apply. */
-typedef enum {
-    SCHED_FAMILY_MIXTRAL = 0, /* block_sparse_moe.experts.E.w1/w2/w3 */
-    SCHED_FAMILY_QWEN2_MOE,   /* mlp.experts.E.*_proj, shared expert with sigmoid gate */
-    SCHED_FAMILY_QWEN3_MOE,   /* mlp.experts.E.*_proj, per-head q/k norm */
-    SCHED_FAMILY_OLMOE,       /* mlp.experts.E.*_proj, q/k norm over the whole projection */
-} sched_family_t;
-
-typedef enum {
-    SCHED_QK_NORM_NONE = 0,
-    SCHED_QK_NORM_PER_HEAD, /* Qwen3: weights (hd), one RMSNorm per head */
-    SCHED_QK_NORM_FULL,     /* OLMoE: weights (nh*hd) and (nkv*hd) over the whole projection */
-} sched_qk_norm_t;
-
-/* The architecture, as the scheduler needs it. */
-typedef struct {
-    sched_family_t family;
-    int num_layers;    /* L */
-    int hidden;        /* H */
-    int heads;         /* nh */
-    int kv_heads;      /* nkv */
-    int head_dim;      /* hd */
-    int vocab;         /* V */
-    int num_experts;   /* E (0 = no MoE layer) */
-    int top_k;         /* k */
-    int expert_inter;  /* I: routed expert width */
-    int shared_inter;  /* Is: shared expert width, 0 = none */
-    bool shared_expert_gate; /* sigmoid gate (1, H) on the shared expert (Qwen2-MoE) */
-    int dense_inter;   /* width of the dense MLP of non-MoE layers */
-    bool layer_is_moe[SCHED_MAX_LAYERS];
-    bool tied_embeddings;
-    bool qkv_bias;     /* q/k/v_proj have a bias */
-    bool o_bias;       /* o_proj has a bias */
-    sched_qk_norm_t qk_norm;
-    int sliding_window; /* 0 = full causal attention */
-} sched_model_desc_t;
 
 /* One optimizer step's shape. */
 typedef struct {
@@ -135,6 +98,62 @@ typedef struct {
     double bytes;        /* device memory traffic (reads + writes) */
 } sched_op_t;
 
+/* ---- the generic list the engine gives ---------------------------------------
+ *
+ * A model's step as the scheduler sees it, knowing no model family: blocks
+ * with the routing facts that size expert traffic, the tensors of each
+ * block (working copies of weights, saved activations, temporaries) and
+ * the ops of each block with their FLOPs and bytes.  The engine fills it
+ * from its model description (engine/program.c); the registry derives the
+ * rest (master copies, gradients, Adam state, the optimizer op, per-block
+ * aggregates).  Tensors and ops are listed block by block, blocks in
+ * ascending order; consumers and producers are indices into ops. */
+typedef struct {
+    char name[112];
+    sched_tensor_kind_t kind; /* WEIGHT, ACT or TEMP */
+    int block;
+    int layer;                /* HF layer, -1 outside the decoder layers */
+    int expert;               /* routed expert index, -1 otherwise */
+    mt_dtype_t dtype;         /* as stored: the run's working / compute dtype already applied */
+    int64_t numel;
+    bool trainable;           /* WEIGHT: receives a gradient and optimizer state */
+    bool adapter;             /* WEIGHT: a LoRA adapter (not counted as a model parameter) */
+    sched_phase_t phase;      /* TEMP: the pass it lives in */
+    int group;                /* TEMP: temporaries of one group of a block are alive together;
+                               * the block's peak is its largest group */
+    int producer;             /* op; -1 = loaded from the checkpoint / the batch */
+    int consumers[SCHED_MAX_CONSUMERS];
+    int num_consumers;
+} sched_prog_tensor_t;
+
+typedef struct {
+    int layer;                /* HF layer, -1 for the embedding / head */
+    bool is_moe;              /* routed experts: expected experts hit from num_experts and top_k */
+    int num_experts, top_k;
+    double act_input_bytes;   /* what RECOMPUTE keeps: the block input */
+    double bwd_stream_bytes;  /* the gradient stream alive through the block's backward */
+} sched_prog_block_t;
+
+typedef struct {
+    sched_prog_block_t *blocks; /* 0 = embedding, 1..L = layers, last = head */
+    int num_blocks;
+    sched_prog_tensor_t *tensors;
+    int num_tensors, cap_tensors;
+    sched_op_t *ops;          /* id = index */
+    int num_ops, cap_ops;
+    bool tied_head;           /* the head reads the embedding's weight (no tensor of its own) */
+} sched_program_t;
+
+void sched_program_init(sched_program_t *p, int num_blocks);
+void sched_program_free(sched_program_t *p);
+/* Appends an op to block `block`; returns its index. */
+int sched_program_add_op(sched_program_t *p, int block, sched_phase_t phase, bool matmul, double flops,
+                         double bytes, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+/* Appends a tensor (consumers empty); returns its index. */
+int sched_program_add_tensor(sched_program_t *p, const sched_prog_tensor_t *t);
+/* Adds op to tensor t's consumers (ignored when op < 0, already listed, or full). */
+void sched_program_add_consumer(sched_program_t *p, int t, int op);
+
 /* What the cost model and simulator need of one block. */
 typedef struct {
     int layer;               /* HF layer, -1 for embedding / head */
@@ -171,8 +190,8 @@ typedef struct {
 } sched_block_info_t;
 
 typedef struct {
-    sched_model_desc_t model;
     sched_run_shape_t shape;
+    bool tied_head;          /* the head reads the embedding's weight */
     int num_blocks;          /* L + 2 */
     sched_block_info_t *blocks;
     sched_tensor_t *tensors;
@@ -188,10 +207,12 @@ typedef struct {
     double kind_bytes[SCHED_T_KIND_COUNT]; /* sum of bytes per tensor kind */
 } sched_registry_t;
 
-/* Builds the registry.  Errors (MT_ERR_CONFIG) name the field: sizes not
- * positive, heads not dividing, a LoRA target that matches no module, more
- * layers than SCHED_MAX_LAYERS. */
-mt_status_t sched_registry_build(const sched_model_desc_t *model, const sched_run_shape_t *shape,
+/* Builds the registry from the engine's list.  Errors (MT_ERR_CONFIG) name
+ * the field: a run shape that is not positive, blocks or ops out of order,
+ * an op index out of range.  The list has the run shape applied already
+ * (bf16 working copies, LoRA adapters); the registry takes the shape's
+ * bf16 flag for the optimizer's bytes and its batch for experts hit. */
+mt_status_t sched_registry_build(const sched_program_t *prog, const sched_run_shape_t *shape,
                                  sched_registry_t *out, mt_error_t *err);
 void sched_registry_free(sched_registry_t *reg);
 

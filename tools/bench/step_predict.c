@@ -32,15 +32,17 @@ void predictor_init(predictor_t *p, const char *ckpt, const opts_t *o, double li
     rc.link_latency_us = o->link_latency_us;
     rc.compute_threads = o->compute_threads;
     sched_calibration_t *cal = &p->cal;
-    sched_model_desc_t md;
+    sched_program_t prog = {0};
     sched_run_shape_t shape;
-    if (eng_calibrate(&rc, NULL, cal, &err) != MT_OK || eng_program_describe(&mc, &rc, false, &md, &shape, &err) != MT_OK ||
-        sched_registry_build(&md, &shape, &p->reg, &err) != MT_OK) {
+    if (eng_calibrate(&rc, NULL, cal, &err) != MT_OK || eng_program_describe(&mc, &rc, false, &prog, &shape, &err) != MT_OK ||
+        sched_registry_build(&prog, &shape, &p->reg, &err) != MT_OK) {
+        sched_program_free(&prog);
         fprintf(stderr, "bench step: %s\n", err.msg);
         eng_model_config_free(&mc);
         eng_run_config_free(&rc);
         return;
     }
+    sched_program_free(&prog);
     sched_hw_from_calibration(cal, &p->hw);
     if (sched_workload_build(&p->reg, &p->hw, &p->w, &err) != MT_OK) {
         fprintf(stderr, "bench step: %s\n", err.msg);

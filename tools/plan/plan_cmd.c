@@ -144,11 +144,15 @@ int mt_plan_main(int argc, char **argv) {
     }
     if (load_model_config(&c, &err) != MT_OK) goto done;
     if (load_hardware(&c, hw_spec, &err) != MT_OK) goto done;
-    sched_model_desc_t md;
+    sched_program_t prog;
     sched_run_shape_t shape;
-    /* bf16 working copies on a GPU; the CPU backend stores fp32 whatever bf16 says */
-    if (eng_program_describe(&c.mc, &c.rc, c.rc.bf16 == ENG_BF16_ON || (c.rc.bf16 == ENG_BF16_AUTO && !c.hw.measured), &md, &shape, &err) != MT_OK) goto done;
-    if (sched_registry_build(&md, &shape, &c.reg, &err) != MT_OK) goto done;
+    mt_status_t st;
+    /* bf16 working copies with bf16: true (auto: with a GPU profile) */
+    const bool bf16 = c.rc.bf16 == ENG_BF16_ON || (c.rc.bf16 == ENG_BF16_AUTO && !c.hw.measured);
+    if (eng_program_describe(&c.mc, &c.rc, bf16, &prog, &shape, &err) != MT_OK) goto done;
+    st = sched_registry_build(&prog, &shape, &c.reg, &err);
+    sched_program_free(&prog);
+    if (st != MT_OK) goto done;
     if (sched_workload_build(&c.reg, &c.hw, &c.w, &err) != MT_OK) goto done;
     if (eng_program_planner_opts(&c.rc, &c.hw, &c.opts, &err) != MT_OK) goto done;
     if (sched_plan_make(&c.w, &c.opts, &c.res, &err) != MT_OK) goto done;

@@ -262,13 +262,13 @@ static double mfu(const plan_ctx_t *c) {
 
 void plan_report_text(FILE *f, const plan_ctx_t *c) {
     const sched_registry_t *r = &c->reg;
-    const sched_model_desc_t *m = &r->model;
+    const eng_model_config_t *m = &c->mc;
     const sched_run_shape_t *sh = &r->shape;
     const sched_hw_t *hw = &c->hw;
     const sched_sim_result_t *s = &c->res.sim;
     fprintf(f, "moetune plan: %s\n", c->run_path);
     fprintf(f, "model      %s (%s): %d layers, hidden %d, %d experts top-%d; %s parameters, %s active per token\n",
-            c->mc.model_type, c->model_config_path, m->num_layers, m->hidden, m->num_experts, m->top_k,
+            c->mc.model_type, c->model_config_path, m->num_hidden_layers, m->hidden_size, m->num_experts, m->num_experts_per_tok,
             count_s(r->params).s, count_s(r->active_params).s);
     if (sh->lora)
         fprintf(f, "run        LoRA r=%d (%s trainable parameters)", sh->lora_r, count_s(r->train_params).s);
@@ -341,7 +341,7 @@ static json_t *num(double v) {
 
 json_t *plan_report_json(const plan_ctx_t *c) {
     const sched_registry_t *r = &c->reg;
-    const sched_model_desc_t *m = &r->model;
+    const eng_model_config_t *m = &c->mc;
     const sched_run_shape_t *sh = &r->shape;
     const sched_hw_t *hw = &c->hw;
     const sched_sim_result_t *s = &c->res.sim;
@@ -351,9 +351,10 @@ json_t *plan_report_json(const plan_ctx_t *c) {
     json_object_set_new(doc, "run_config", json_string(c->run_path));
     json_object_set_new(doc, "model",
                         json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:o, s:o}", "model_type",
-                                  c->mc.model_type, "config", c->model_config_path, "layers", m->num_layers, "hidden",
-                                  m->hidden, "heads", m->heads, "kv_heads", m->kv_heads, "vocab", m->vocab, "experts",
-                                  m->num_experts, "top_k", m->top_k, "params", num(r->params), "active_params",
+                                  c->mc.model_type, "config", c->model_config_path, "layers", m->num_hidden_layers,
+                                  "hidden", m->hidden_size, "heads", m->num_attention_heads, "kv_heads",
+                                  m->num_key_value_heads, "vocab", m->vocab_size, "experts", m->num_experts, "top_k",
+                                  m->num_experts_per_tok, "params", num(r->params), "active_params",
                                   num(r->active_params), "trainable_params", num(r->train_params)));
     json_object_set_new(doc, "run",
                         json_pack("{s:i, s:i, s:i, s:o, s:s, s:i, s:b, s:o}", "micro_batch_size", sh->micro_batch_size,
