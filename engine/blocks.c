@@ -10,10 +10,7 @@
         if (!(ptr)) goto fail;                                                         \
     } while (0)
 
-mt_dtype_t eng_act_storage_dtype(const eng_model_t *m) {
-    (void)m; /* fp32 on every backend today: the halves and moe/ compute on float buffers */
-    return MT_F32;
-}
+mt_dtype_t eng_act_storage_dtype(const eng_model_t *m) { return m->compute; }
 
 /* A saved activation: its size (and element type) from the model
  * description (engine/model_desc.h), which the executor and the scheduler
@@ -23,6 +20,13 @@ static size_t act_bytes(const eng_model_t *m, int layer, eng_act_id_t id, int n)
     const eng_act_desc_t *a = eng_model_desc_act(&m->spec, layer, id);
     MT_CHECK(a, "layer %d allocates activation id %d, which its model description does not list", layer, (int)id);
     return eng_act_numel(a, n) * mt_dtype_size(eng_act_dtype(a->cls, eng_act_storage_dtype(m)));
+}
+
+/* The dtype an activation is saved in (from its class in the description). */
+static mt_dtype_t act_dtype(const eng_model_t *m, int layer, eng_act_id_t id) {
+    const eng_act_desc_t *a = eng_model_desc_act(&m->spec, layer, id);
+    MT_CHECK(a, "layer %d uses activation id %d, which its model description does not list", layer, (int)id);
+    return eng_act_dtype(a->cls, eng_act_storage_dtype(m));
 }
 
 #define ALLOC_ACT(ptr, id, tag)                                                            \
@@ -89,7 +93,17 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
 
     ALLOC_ACT(a->xn, ENG_A_ATTN_XN, "attention input norm");
     ALLOC_ACT(a->rstd, ENG_A_ATTN_RSTD, "attention input norm rstd");
-    ops->rmsnorm_fwd(s, a->xn, a->rstd, x_in, WF(m, L->attn_norm), n, H, c->rms_norm_eps);
+    const mt_dtype_t xn_dt = act_dtype(m, layer, ENG_A_ATTN_XN);
+    if (xn_dt == MT_F32) {
+        ops->rmsnorm_fwd(s, a->xn, a->rstd, x_in, WF(m, L->attn_norm), n, H, c->rms_norm_eps);
+    } else { /* normed in fp32, saved rounded: only q/k/v's products read it */
+        float *xn32 = NULL;
+        ALLOC(xn32, (size_t)n * H, "attention input norm (fp32)");
+        ops->rmsnorm_fwd(s, xn32, a->rstd, x_in, WF(m, L->attn_norm), n, H, c->rms_norm_eps);
+        ops->f32_to_bf16(s, (uint16_t *)a->xn, xn32, (size_t)n * H);
+        kern_free(m->dev, xn32);
+    }
+    const eng_operand_t xn = {a->xn, xn_dt};
     ALLOC_ACT(a->q, ENG_A_Q, "attention q");
     ALLOC_ACT(a->k, ENG_A_K, "attention k");
     ALLOC_ACT(a->v, ENG_A_V, "attention v");
@@ -102,9 +116,9 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
         qp = a->q_pre;
         kp = a->k_pre;
     }
-    eng_mm(m, qp, eng_f32(a->xn), W(m, L->q), n, qd, H, false, true, 1.0f, 0.0f);
-    eng_mm(m, kp, eng_f32(a->xn), W(m, L->k), n, kd, H, false, true, 1.0f, 0.0f);
-    eng_mm(m, a->v, eng_f32(a->xn), W(m, L->v), n, kd, H, false, true, 1.0f, 0.0f);
+    eng_mm(m, qp, xn, W(m, L->q), n, qd, H, false, true, 1.0f, 0.0f);
+    eng_mm(m, kp, xn, W(m, L->k), n, kd, H, false, true, 1.0f, 0.0f);
+    eng_mm(m, a->v, xn, W(m, L->v), n, kd, H, false, true, 1.0f, 0.0f);
     if (L->q_bias >= 0) {
         ops->bias_fwd(s, qp, WF(m, L->q_bias), n, qd);
         ops->bias_fwd(s, kp, WF(m, L->k_bias), n, kd);
@@ -166,9 +180,10 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
         ops->bias_bwd(s, G(m, L->k_bias), dk, n, kd);
         ops->bias_bwd(s, G(m, L->v_bias), dv, n, kd);
     }
-    eng_mm(m, G(m, L->q), eng_f32(dq), eng_f32(a->xn), qd, H, n, true, false, 1.0f, 1.0f);
-    eng_mm(m, G(m, L->k), eng_f32(dk), eng_f32(a->xn), kd, H, n, true, false, 1.0f, 1.0f);
-    eng_mm(m, G(m, L->v), eng_f32(dv), eng_f32(a->xn), kd, H, n, true, false, 1.0f, 1.0f);
+    const eng_operand_t xn = {a->xn, act_dtype(m, layer, ENG_A_ATTN_XN)};
+    eng_mm(m, G(m, L->q), eng_f32(dq), xn, qd, H, n, true, false, 1.0f, 1.0f);
+    eng_mm(m, G(m, L->k), eng_f32(dk), xn, kd, H, n, true, false, 1.0f, 1.0f);
+    eng_mm(m, G(m, L->v), eng_f32(dv), xn, kd, H, n, true, false, 1.0f, 1.0f);
     ALLOC(dxn, (size_t)n * H, "d(attention input norm)");
     eng_mm(m, dxn, eng_f32(dq), W(m, L->q), n, H, qd, false, false, 1.0f, 0.0f);
     eng_mm(m, dxn, eng_f32(dk), W(m, L->k), n, H, kd, false, false, 1.0f, 1.0f);
@@ -228,7 +243,7 @@ moe_layer_dims_t eng_moe_dims(const eng_model_t *m, int layer) {
         const eng_act_desc_t *a = eng_model_desc_act(&m->spec, layer, k_moe_acts[i]);
         if (a)
             d.acts[i] = (moe_act_size_t){a->per_token, a->fixed,
-                                          mt_dtype_size(eng_act_dtype(a->cls, eng_act_storage_dtype(m)))};
+                                          eng_act_dtype(a->cls, eng_act_storage_dtype(m))};
     }
     return d;
 }

@@ -70,8 +70,14 @@ typedef struct {
 
 /* What a saved activation's elements are stored as. */
 typedef enum {
-    ENG_ACT_COMPUTE = 0, /* the compute dtype: fp32 today, bf16 in a bf16-storage run */
-    ENG_ACT_FP32,        /* fp32 always: norm rstd, logsumexp, router logits and probs */
+    /* the compute dtype (bf16 in a bf16 run): only for activations that
+     * nothing but products reads, which round their operands to the
+     * compute dtype anyway, so storing them rounded changes no result */
+    ENG_ACT_COMPUTE = 0,
+    /* fp32 always: what fp32 kernels read (residuals, attention's q/k/v and
+     * output, SwiGLU's inputs, the router's input), norm rstd, logsumexp,
+     * router logits and probabilities */
+    ENG_ACT_FP32,
     ENG_ACT_INT32,       /* routing indices and counts */
 } eng_act_class_t;
 

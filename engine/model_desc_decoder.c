@@ -7,31 +7,35 @@
 
 #include "engine/model_desc_family.h"
 
+/* Storage classes: see eng_act_class_t.  The attention input norm (read
+ * by q/k/v's products) and the experts' gathered inputs (read by their
+ * gate/up products) are the products-only ones; the MLP input norm also
+ * feeds the router, whose products are fp32 (moe/moe_layer.c). */
 static void layer_acts(const eng_model_config_t *cfg, eng_desc_builder_t *b, int l) {
     const int64_t H = cfg->hidden_size, hd = cfg->head_dim;
     const int64_t nh = cfg->num_attention_heads, nkv = cfg->num_key_value_heads;
     const int64_t qd = nh * hd, kd = nkv * hd;
-    eng_desc_act(b, l, ENG_A_X_MID, "mid", ENG_ACT_COMPUTE, H, 0);
+    eng_desc_act(b, l, ENG_A_X_MID, "mid", ENG_ACT_FP32, H, 0);
     eng_desc_act(b, l, ENG_A_ATTN_XN, "attn.xn", ENG_ACT_COMPUTE, H, 0);
     eng_desc_act(b, l, ENG_A_ATTN_RSTD, "attn.rstd", ENG_ACT_FP32, 1, 0);
-    eng_desc_act(b, l, ENG_A_Q, "attn.q", ENG_ACT_COMPUTE, qd, 0);
-    eng_desc_act(b, l, ENG_A_K, "attn.k", ENG_ACT_COMPUTE, kd, 0);
-    eng_desc_act(b, l, ENG_A_V, "attn.v", ENG_ACT_COMPUTE, kd, 0);
+    eng_desc_act(b, l, ENG_A_Q, "attn.q", ENG_ACT_FP32, qd, 0);
+    eng_desc_act(b, l, ENG_A_K, "attn.k", ENG_ACT_FP32, kd, 0);
+    eng_desc_act(b, l, ENG_A_V, "attn.v", ENG_ACT_FP32, kd, 0);
     if (cfg->qk_norm) {
         /* per head (Qwen3) one rstd per head and token; over the whole
          * projection (OLMoE) one per token */
-        eng_desc_act(b, l, ENG_A_Q_PRE, "attn.q_pre", ENG_ACT_COMPUTE, qd, 0);
-        eng_desc_act(b, l, ENG_A_K_PRE, "attn.k_pre", ENG_ACT_COMPUTE, kd, 0);
+        eng_desc_act(b, l, ENG_A_Q_PRE, "attn.q_pre", ENG_ACT_FP32, qd, 0);
+        eng_desc_act(b, l, ENG_A_K_PRE, "attn.k_pre", ENG_ACT_FP32, kd, 0);
         eng_desc_act(b, l, ENG_A_Q_RSTD, "attn.q_rstd", ENG_ACT_FP32, cfg->qk_norm_whole ? 1 : nh, 0);
         eng_desc_act(b, l, ENG_A_K_RSTD, "attn.k_rstd", ENG_ACT_FP32, cfg->qk_norm_whole ? 1 : nkv, 0);
     }
-    eng_desc_act(b, l, ENG_A_ATT, "attn.out", ENG_ACT_COMPUTE, qd, 0);
+    eng_desc_act(b, l, ENG_A_ATT, "attn.out", ENG_ACT_FP32, qd, 0);
     eng_desc_act(b, l, ENG_A_LSE, "attn.lse", ENG_ACT_FP32, nh, 0);
-    eng_desc_act(b, l, ENG_A_MLP_XN, "mlp.xn", ENG_ACT_COMPUTE, H, 0);
+    eng_desc_act(b, l, ENG_A_MLP_XN, "mlp.xn", ENG_ACT_FP32, H, 0);
     eng_desc_act(b, l, ENG_A_MLP_RSTD, "mlp.rstd", ENG_ACT_FP32, 1, 0);
     if (!cfg->layer_is_moe[l]) {
-        eng_desc_act(b, l, ENG_A_DENSE_G, "mlp.g", ENG_ACT_COMPUTE, cfg->intermediate_size, 0);
-        eng_desc_act(b, l, ENG_A_DENSE_U, "mlp.u", ENG_ACT_COMPUTE, cfg->intermediate_size, 0);
+        eng_desc_act(b, l, ENG_A_DENSE_G, "mlp.g", ENG_ACT_FP32, cfg->intermediate_size, 0);
+        eng_desc_act(b, l, ENG_A_DENSE_U, "mlp.u", ENG_ACT_FP32, cfg->intermediate_size, 0);
         return;
     }
     const int64_t E = cfg->num_experts, k = cfg->num_experts_per_tok, I = cfg->moe_intermediate_size;
@@ -44,14 +48,14 @@ static void layer_acts(const eng_model_config_t *cfg, eng_desc_builder_t *b, int
     eng_desc_act(b, l, ENG_A_PERM, "moe.perm", ENG_ACT_INT32, k, 0);
     eng_desc_act(b, l, ENG_A_INV_PERM, "moe.inv", ENG_ACT_INT32, k, 0);
     eng_desc_act(b, l, ENG_A_EXPERT_X, "moe.xp", ENG_ACT_COMPUTE, k * H, 0);
-    eng_desc_act(b, l, ENG_A_EXPERT_G, "moe.g", ENG_ACT_COMPUTE, k * I, 0);
-    eng_desc_act(b, l, ENG_A_EXPERT_U, "moe.u", ENG_ACT_COMPUTE, k * I, 0);
-    eng_desc_act(b, l, ENG_A_EXPERT_OUT, "moe.ep", ENG_ACT_COMPUTE, k * H, 0);
+    eng_desc_act(b, l, ENG_A_EXPERT_G, "moe.g", ENG_ACT_FP32, k * I, 0);
+    eng_desc_act(b, l, ENG_A_EXPERT_U, "moe.u", ENG_ACT_FP32, k * I, 0);
+    eng_desc_act(b, l, ENG_A_EXPERT_OUT, "moe.ep", ENG_ACT_FP32, k * H, 0);
     if (cfg->shared_expert_intermediate_size > 0) {
         const int64_t Is = cfg->shared_expert_intermediate_size;
-        eng_desc_act(b, l, ENG_A_SHARED_G, "shared.g", ENG_ACT_COMPUTE, Is, 0);
-        eng_desc_act(b, l, ENG_A_SHARED_U, "shared.u", ENG_ACT_COMPUTE, Is, 0);
-        eng_desc_act(b, l, ENG_A_SHARED_OUT, "shared.out", ENG_ACT_COMPUTE, H, 0);
+        eng_desc_act(b, l, ENG_A_SHARED_G, "shared.g", ENG_ACT_FP32, Is, 0);
+        eng_desc_act(b, l, ENG_A_SHARED_U, "shared.u", ENG_ACT_FP32, Is, 0);
+        eng_desc_act(b, l, ENG_A_SHARED_OUT, "shared.out", ENG_ACT_FP32, H, 0);
         /* the shared expert's sigmoid gate: fp32, as the router's logits */
         eng_desc_act(b, l, ENG_A_SHARED_GATE_LOGIT, "shared.gate_logit", ENG_ACT_FP32, 1, 0);
     }

@@ -23,8 +23,10 @@
 #define ALLOC_ACT(ptr, id, type, tag)                                                  \
     do {                                                                               \
         const moe_act_size_t *sz_ = &d->acts[(id)];                                    \
-        MT_CHECK(sz_->elem_bytes == sizeof(type), "%s: described as %zu-byte elements", (tag), sz_->elem_bytes); \
-        (ptr) = (type *)kern_alloc(dev, (size_t)(sz_->per_token * n + sz_->fixed) * sz_->elem_bytes, (tag), err); \
+        MT_CHECK(mt_dtype_size(sz_->dtype) == sizeof(type), "%s: described as %s elements", (tag),           \
+                 mt_dtype_name(sz_->dtype));                                                                    \
+        (ptr) = (type *)kern_alloc(dev, (size_t)(sz_->per_token * n + sz_->fixed) * mt_dtype_size(sz_->dtype),   \
+                                   (tag), err);                                                                 \
         if (!(ptr)) goto fail;                                                         \
     } while (0)
 
@@ -124,8 +126,22 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
     if (p->fetch_experts &&
         p->fetch_experts(p->fetch_ctx, a->counts_host, p->gate, p->up, p->down, err) != MT_OK)
         goto fail;
-    ALLOC_ACT(a->xp, MOE_ACT_XP, float, "moe gathered tokens");
-    ops->moe_gather(s, a->xp, xn, a->perm_tok, m, H);
+    /* the gathered inputs, stored in their described dtype (gathered in
+     * fp32, then rounded once when that is bf16) */
+    const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype;
+    const size_t xp_elem = mt_dtype_size(xp_dt);
+    a->xp = kern_alloc(dev, (size_t)(d->acts[MOE_ACT_XP].per_token * n + d->acts[MOE_ACT_XP].fixed) * xp_elem,
+                       "moe gathered tokens", err);
+    if (!a->xp) goto fail;
+    if (xp_dt == MT_F32) {
+        ops->moe_gather(s, a->xp, xn, a->perm_tok, m, H);
+    } else {
+        ALLOC(h, (size_t)m * H, float, "moe gathered tokens (fp32)");
+        ops->moe_gather(s, h, xn, a->perm_tok, m, H);
+        ops->f32_to_bf16(s, a->xp, h, (size_t)m * H);
+        kern_free(dev, h);
+        h = NULL;
+    }
     ALLOC_ACT(a->g, MOE_ACT_G, float, "moe expert gate activations");
     ALLOC_ACT(a->u, MOE_ACT_U, float, "moe expert up activations");
     ALLOC(h, (size_t)m * I, float, "moe expert hidden");
@@ -138,7 +154,7 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
         void **w = pass == 0 ? p->gate : p->up;
         for (int e = 0; e < E; e++) {
             const int off = a->offsets_host[e], cnt = a->counts_host[e];
-            if (cnt) groups_push(&gg, dst + (size_t)off * I, a->xp + (size_t)off * H, MT_F32, w[e], p->dtype, cnt, I, H);
+            if (cnt) groups_push(&gg, dst + (size_t)off * I, (char *)a->xp + (size_t)off * H * xp_elem, xp_dt, w[e], p->dtype, cnt, I, H);
         }
         groups_run(dev, d, &gg, false, true, 1.0f, 0.0f);
     }
@@ -187,6 +203,8 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
     const kern_ops_t *ops = dev->ops;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
     const int H = d->H, E = d->E, k = d->k, I = d->I, n = a->n, m = a->m;
+    const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype;
+    const size_t xp_elem = mt_dtype_size(xp_dt);
     float *dtopw = NULL, *dep = NULL, *h = NULL, *dh = NULL, *dlogits = NULL;
     float *dso = NULL, *dsgl = NULL, *sh = NULL, *dsh = NULL;
     groups_t gg = groups_new(E);
@@ -218,9 +236,9 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
     ops->swiglu_bwd(s, a->g, a->u, dh, a->g, a->u, (size_t)m * I);
     kern_free(dev, dh);
     dh = NULL;
-    FOR_EXPERTS(groups_push(&gg, gp->gate[e], a->g + (size_t)off * I, MT_F32, a->xp + (size_t)off * H, MT_F32, I, H, cnt));
+    FOR_EXPERTS(groups_push(&gg, gp->gate[e], a->g + (size_t)off * I, MT_F32, (char *)a->xp + (size_t)off * H * xp_elem, xp_dt, I, H, cnt));
     groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
-    FOR_EXPERTS(groups_push(&gg, gp->up[e], a->u + (size_t)off * I, MT_F32, a->xp + (size_t)off * H, MT_F32, I, H, cnt));
+    FOR_EXPERTS(groups_push(&gg, gp->up[e], a->u + (size_t)off * I, MT_F32, (char *)a->xp + (size_t)off * H * xp_elem, xp_dt, I, H, cnt));
     groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
     /* dxp (reusing dep) = dg gate + du up */
     FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, a->g + (size_t)off * I, MT_F32, p->gate[e], p->dtype, cnt, H, I));

@@ -31,12 +31,12 @@ typedef enum {
 } moe_act_t;
 
 /* One saved activation's size for n tokens: (per_token * n + fixed)
- * elements of elem_bytes.  The caller fills these from its model
- * description (the engine's eng_moe_dims), so the block allocates exactly
- * what the description says it saves. */
+ * elements of dtype.  The caller fills these from its model description
+ * (the engine's eng_moe_dims), so the block allocates exactly what the
+ * description says it saves. */
 typedef struct {
     int64_t per_token, fixed;
-    size_t elem_bytes;
+    mt_dtype_t dtype;
 } moe_act_size_t;
 
 typedef struct {
@@ -74,7 +74,8 @@ typedef struct {
     int32_t *counts, *offsets, *perm_tok, *inv; /* device plan */
     int32_t *counts_host;     /* (E) host copy: sizes of the grouped products */
     int32_t *offsets_host;    /* (E + 1) */
-    float *xp;                /* (m, H) gathered inputs */
+    void *xp;                 /* (m, H) gathered inputs in acts[MOE_ACT_XP].dtype: bf16 in a bf16
+                               * run, as only the experts' products read them (rounded anyway) */
     float *g, *u;             /* (m, I) gate and up projections */
     float *ep;                /* (m, H) expert outputs */
     float *sg, *su, *so;      /* (n, Is), (n, Is), (n, H) shared expert */
