@@ -25,6 +25,8 @@
  *   only failing to read the file is MT_ERR_IO. */
 #include "engine/config.h"
 
+#include "base/fileio.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
@@ -639,8 +641,9 @@ mt_status_t eng_run_config_parse(const char *yaml_text, size_t len, const char *
 
 mt_status_t eng_run_config_load(const char *path, eng_run_config_t *cfg, mt_error_t *err) {
     eng_run_config_defaults(cfg);
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_error_set(err, MT_ERR_IO, "%s: cannot open run config: %s", path, strerror(errno));
+    FILE *f;
+    mt_status_t ost = mt_fopen_regular(path, "run config", &f, err);
+    if (ost != MT_OK) return ost;
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
     MT_CHECK_ALLOC(buf, "run config text");

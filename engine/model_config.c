@@ -13,6 +13,8 @@
  * trained with different semantics. */
 #include "engine/model_config.h"
 
+#include "base/fileio.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -432,11 +434,11 @@ mt_status_t eng_model_config_load(const char *dir, const char *overrides_json,
     char *path = malloc(n);
     MT_CHECK_ALLOC(path, "path");
     snprintf(path, n, "%s/config.json", dir);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        mt_status_t st = mt_error_set(err, MT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *fp;
+    mt_status_t ost = mt_fopen_regular(path, "model config", &fp, err);
+    if (ost != MT_OK) {
         free(path);
-        return st;
+        return ost;
     }
     size_t cap = 1 << 14, len = 0;
     char *text = malloc(cap);

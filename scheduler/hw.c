@@ -9,6 +9,8 @@
  * a bare number would leave GB vs GiB, and bytes vs bits, to guesswork. */
 #include "scheduler/hw.h"
 
+#include "base/fileio.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -301,8 +303,9 @@ mt_status_t sched_hw_parse(const char *yaml_text, size_t len, const char *path, 
 
 mt_status_t sched_hw_load(const char *path, sched_hw_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_error_set(err, MT_ERR_IO, "%s: cannot open hardware profile: %s", path, strerror(errno));
+    FILE *f;
+    mt_status_t ost = mt_fopen_regular(path, "hardware profile", &f, err);
+    if (ost != MT_OK) return ost;
     size_t cap = 1 << 14, len = 0;
     char *buf = malloc(cap);
     MT_CHECK_ALLOC(buf, "hardware profile text");
