@@ -231,9 +231,9 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
                                 "the gradient norm overflows (each parameter's sum of squares is "
                                 "finite, their total is not)");
         return mt_error_set(err, MT_ERR_DATA,
-                            "the gradient norm is %g; the first parameter whose gradient is "
+                            "the gradient norm is %s; the first parameter whose gradient is "
                             "non-finite is '%s'",
-                            out->grad_norm, m->params[first].spec->name);
+                            isnan(out->grad_norm) ? "NaN" : "+Inf", m->params[first].spec->name);
     }
     free(parts);
     out->clip_scale = 1.0;

@@ -70,12 +70,15 @@ static mt_status_t diverged(mt_error_t *err, int step, double loss, const eng_ru
                  rc->max_grad_norm);
     else
         snprintf(clip, sizeof clip, "or set max_grad_norm (e.g. 1.0) to clip large gradients");
+    char lbuf[32];
+    if (isnan(loss)) snprintf(lbuf, sizeof lbuf, "NaN");
+    else snprintf(lbuf, sizeof lbuf, "%g", loss);
     return mt_error_set(err, MT_ERR_DATA,
-                        "step %d: loss is %g; %s. The checkpoint's weights were all finite when "
+                        "step %d: loss is %s; %s. The checkpoint's weights were all finite when "
                         "loaded, so training diverged: lower learning_rate (now %g) %s, and check "
                         "the data for extreme or corrupted examples; nothing was saved from this "
                         "step",
-                        step, loss, found, rc->learning_rate, clip);
+                        step, lbuf, found, rc->learning_rate, clip);
 }
 
 static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, const char *dir,

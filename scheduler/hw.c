@@ -327,8 +327,10 @@ mt_status_t sched_hw_load(const char *path, sched_hw_t *out, mt_error_t *err) {
 /* ---- --hw resolution ---------------------------------------------------------- */
 
 static bool is_file(const char *p) {
+    /* Any kind of file: a FIFO or directory found here is then refused by
+     * sched_hw_load with what it is, rather than reported as missing. */
     struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+    return stat(p, &sb) == 0;
 }
 
 static void dir_of(const char *path, char *out, size_t cap) {

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# moetune validates its inputs before it works, and is defined on
+# non-finite values: each case below must exit 1 (a handled error, never a
+# crash, a sanitizer report or a hang) with a message naming the file, key
+# or tensor at fault, and must not overwrite a good model.
+set -u
+MOETUNE="$1"
+[ -x "$MOETUNE" ] || { echo "usage: validation_test.sh PATH_TO_MOETUNE"; exit 2; }
+MOETUNE="$(cd "$(dirname "$MOETUNE")" && pwd)/$(basename "$MOETUNE")"
+W="${TEST_TMPDIR:-$(mktemp -d)}/validation"
+rm -rf "$W"; mkdir -p "$W"; cd "$W" || exit 2
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+# expect_fail NAME PATTERN CMD...: CMD exits with 1 within 60 s, its stderr
+# matches PATTERN and carries no sanitizer report.
+expect_fail() {
+  local name="$1" pattern="$2"; shift 2
+  timeout 60 "$@" >"$name.out" 2>"$name.err"; local rc=$?
+  if [ "$rc" -ne 1 ]; then fail "$name: exit code $rc, expected 1"; cat "$name.err"; return; fi
+  if grep -qE "Sanitizer|runtime error" "$name.err"; then fail "$name: sanitizer report"; cat "$name.err"; return; fi
+  if ! grep -qE -- "$pattern" "$name.err"; then
+    fail "$name: message does not match /$pattern/:"; cat "$name.err"; return
+  fi
+  echo "ok   $name: $(head -c 400 "$name.err" | tr '\n' ' ')"
+}
+
+# expect_ok NAME CMD...: exits 0 without a sanitizer report.
+expect_ok() {
+  local name="$1"; shift
+  timeout 120 "$@" >"$name.out" 2>"$name.err"; local rc=$?
+  if [ "$rc" -ne 0 ] || grep -qE "Sanitizer|runtime error" "$name.err"; then
+    fail "$name: exit code $rc"; cat "$name.err"; return
+  fi
+  echo "ok   $name"
+}
+
+cat > tiny.json <<'JSON'
+{"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+ "num_local_experts": 4, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5,
+ "rope_theta": 10000.0, "tie_word_embeddings": false, "output_router_logits": true}
+JSON
+for i in $(seq 1 24); do echo "{\"input_ids\": [$((i % 60)), 5, 9, 13, 17, 21, 25, 29, 33, $((i % 50)), 41, 45]}"; done > data.jsonl
+cat > run.yaml <<'YAML'
+base_model: ckpt
+base_model_init: tiny.json
+datasets:
+  - path: data.jsonl
+sequence_len: 16
+micro_batch_size: 4
+max_steps: 2
+learning_rate: 1.0e-3
+output_dir: out
+backend: cpu
+logging_steps: 1
+YAML
+expect_ok good_run "$MOETUNE" train run.yaml
+[ -f out/model.safetensors ] || fail "good run saved no model"
+before=$(md5sum < out/model.safetensors)
+
+# poke FILE TENSOR INDEX VALUE: overwrite one element of a safetensors tensor in place.
+poke() {
+  python3 - "$@" <<'PY'
+import json, struct, sys
+path, name, index, value = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+with open(path, "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    info = json.loads(f.read(n))[name]
+    dt = info["dtype"]
+    raw = struct.pack("<f", value)
+    if dt == "BF16": raw = raw[2:]
+    elif dt != "F32": sys.exit("poke: dtype %s" % dt)
+    f.seek(8 + n + info["data_offsets"][0] + index * len(raw))
+    f.write(raw)
+PY
+}
+
+# --- non-finite values in the checkpoint: refused at load, naming file, tensor, index -----
+cp -r ckpt nanw
+poke nanw/model.safetensors model.layers.1.block_sparse_moe.experts.3.w2.weight 7 nan
+expect_fail nan_in_unused_weight \
+  "nanw/model\.safetensors: tensor 'model\.layers\.1\.block_sparse_moe\.experts\.3\.w2\.weight' holds a non-finite value \(NaN\) at index \[0, 7\]" \
+  "$MOETUNE" train run.yaml --set base_model=nanw --set output_dir=out_nanw
+[ ! -e out_nanw/model.safetensors ] || fail "nan_in_unused_weight: a model was saved"
+cp -r ckpt infw
+poke infw/model.safetensors model.embed_tokens.weight 70 inf
+expect_fail inf_in_embedding "infw/model\.safetensors.*model\.embed_tokens\.weight.*\+Inf.*\[2, 6\]" \
+  "$MOETUNE" train run.yaml --set base_model=infw --set output_dir=out_infw
+
+# --- a run that diverges: stops with the step and the first non-finite gradient -------------
+expect_fail huge_learning_rate \
+  "step [0-9]+: loss is .*(first parameter whose gradient is non-finite is 'model\.[a-z_.0-9]+'|gradient norm).*learning_rate" \
+  "$MOETUNE" train run.yaml --set learning_rate=1e30 --set max_steps=20 --set output_dir=out_lr
+[ ! -e out_lr/model.safetensors ] || fail "huge_learning_rate: a diverged model was saved"
+
+expect_fail negative_rms_norm_eps "config\.json: key 'rms_norm_eps' = -1 must be positive" \
+  "$MOETUNE" train run.yaml --set model_config.rms_norm_eps=-1 --set output_dir=out_eps
+
+# --- data with nothing to learn ------------------------------------------------------------------
+for i in 1 2 3 4 5; do echo '{"input_ids": [1, 2, 3], "labels": [-100, -100, -100]}'; done > ignored.jsonl
+expect_fail all_labels_ignored "ignored\.jsonl: no example has a token to learn" \
+  "$MOETUNE" train run.yaml --set 'datasets=[{path: ignored.jsonl}]'
+for i in 1 2 3 4 5; do echo "{\"input_ids\": [$i]}"; done > single.jsonl
+expect_fail one_token_examples "single\.jsonl: no example has a token to learn" \
+  "$MOETUNE" train run.yaml --set 'datasets=[{path: single.jsonl}]'
+
+# --- inputs that are not regular files: an error, never a hang ------------------------------------
+cp -r ckpt fifo_ckpt; rm fifo_ckpt/model.safetensors; mkfifo fifo_ckpt/model.safetensors
+expect_fail fifo_checkpoint "fifo_ckpt/model\.safetensors is a FIFO" \
+  "$MOETUNE" train run.yaml --set base_model=fifo_ckpt --set base_model_init=
+mkfifo fifo.yaml
+expect_fail fifo_run_config "run config fifo\.yaml is a FIFO" "$MOETUNE" train fifo.yaml
+mkfifo fifo.jsonl
+expect_fail fifo_data "data file fifo\.jsonl is a FIFO" "$MOETUNE" train run.yaml --set 'datasets=[{path: fifo.jsonl}]'
+cp -r ckpt fifo_cfg; rm fifo_cfg/config.json; mkfifo fifo_cfg/config.json
+expect_fail fifo_config_json "fifo_cfg/config\.json is a FIFO" "$MOETUNE" train run.yaml --set base_model=fifo_cfg
+mkfifo fifo_hw.yaml
+expect_fail fifo_hw_profile "fifo_hw\.yaml is a FIFO" "$MOETUNE" plan run.yaml --hw ./fifo_hw.yaml
+mkdir dir.jsonl
+expect_fail directory_data "dir\.jsonl is a directory" "$MOETUNE" train run.yaml --set 'datasets=[{path: dir.jsonl}]'
+
+# the good model survived every failure
+[ "$(md5sum < out/model.safetensors)" = "$before" ] && echo "ok   good model intact" || fail "good model changed"
+
+if [ "$failures" -ne 0 ]; then echo "validation_test: $failures failures"; exit 1; fi
+echo "validation_test: all ok"
