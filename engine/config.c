@@ -67,12 +67,19 @@ typedef struct key_row {
     size_t offset, size; /* the field in eng_run_config_t */
     const enum_name_t *enums;
     const struct key_row *section;
+    int64_t lo, hi; /* K_INT: the accepted range, inclusive */
 } key_row_t;
 
 #define FIELD(f) offsetof(eng_run_config_t, f), sizeof(((eng_run_config_t *)0)->f)
-#define ROW(name, kind, f) {name, kind, FIELD(f), NULL, NULL}
-#define ROW_ENUM(name, f, names) {name, K_ENUM, FIELD(f), names, NULL}
-#define ROW_SECTION(name, rows) {name, K_SECTION, 0, 0, NULL, rows}
+#define ROW(name, kind, f) {name, kind, FIELD(f), NULL, NULL, 0, 0}
+#define ROW_ENUM(name, f, names) {name, K_ENUM, FIELD(f), names, NULL, 0, 0}
+#define ROW_SECTION(name, rows) {name, K_SECTION, 0, 0, NULL, rows, 0, 0}
+/* Every integer key has a range, so that no accepted value overflows the
+ * int arithmetic downstream (tokens per step = micro_batch_size *
+ * sequence_len * gradient_accumulation_steps stays far inside int64, each
+ * factor inside int) and nonsense (a negative batch) is refused by name. */
+#define ROW_INT(name, f, lo, hi) {name, K_INT, FIELD(f), NULL, NULL, lo, hi}
+#define STEPS_MAX 1000000000 /* max_steps, warmup_steps, save_steps, logging_steps */
 
 static const enum_name_t k_lr_names[] = {
     {"constant", ENG_LR_CONSTANT},
@@ -128,7 +135,7 @@ static const enum_name_t k_acts_names[] = {
 
 static const key_row_t k_scheduler_rows[] = {
     ROW_ENUM("policy", sched_policy, k_policy_names),
-    ROW("prefetch_window", K_INT, sched_prefetch_window),
+    ROW_INT("prefetch_window", sched_prefetch_window, 0, 64),
     ROW_ENUM("weights", sched_weights, k_weights_names),
     ROW_ENUM("grads", sched_grads, k_place_names),
     ROW_ENUM("optimizer", sched_optimizer, k_place_names),
@@ -148,7 +155,7 @@ static const enum_name_t k_staging_mode_names[] = {
 static const key_row_t k_staging_rows[] = {
     ROW_ENUM("mode", staging_mode, k_staging_mode_names),
     ROW("cap", K_SIZE, staging_cap),
-    ROW("num_slabs", K_INT, staging_num_slabs),
+    ROW_INT("num_slabs", staging_num_slabs, -1, 65536),
     ROW("slab_size", K_SIZE, staging_slab_size),
     {0},
 };
@@ -163,14 +170,14 @@ static const key_row_t k_memory_rows[] = {
 static const key_row_t k_backend_options_rows[] = {
     ROW("link_gbps", K_DOUBLE, link_gbps),
     ROW("link_latency_us", K_DOUBLE, link_latency_us),
-    ROW("compute_threads", K_INT, compute_threads),
+    ROW_INT("compute_threads", compute_threads, 0, 4096),
     {0},
 };
 
 /* The keys of one `datasets:` entry; only for lookup and suggestions. */
 static const key_row_t k_dataset_rows[] = {
-    {"path", K_PATH, 0, 0, NULL, NULL},
-    {"type", K_PATH, 0, 0, NULL, NULL},
+    {"path", K_PATH, 0, 0, NULL, NULL, 0, 0},
+    {"type", K_PATH, 0, 0, NULL, NULL, 0, 0},
     {0},
 };
 
@@ -178,14 +185,14 @@ static const key_row_t k_top_rows[] = {
     ROW("base_model", K_PATH, base_model),
     ROW("base_model_init", K_PATH, base_model_init),
     ROW("datasets", K_DATASETS, datasets),
-    ROW("sequence_len", K_INT, sequence_len),
-    ROW("micro_batch_size", K_INT, micro_batch_size),
-    ROW("gradient_accumulation_steps", K_INT, gradient_accumulation_steps),
-    ROW("max_steps", K_INT, max_steps),
-    ROW("num_epochs", K_INT, num_epochs),
+    ROW_INT("sequence_len", sequence_len, 1, 1048576),
+    ROW_INT("micro_batch_size", micro_batch_size, 1, 65536),
+    ROW_INT("gradient_accumulation_steps", gradient_accumulation_steps, 1, 1000000),
+    ROW_INT("max_steps", max_steps, 0, STEPS_MAX),
+    ROW_INT("num_epochs", num_epochs, 0, 1000000),
     ROW("learning_rate", K_DOUBLE, learning_rate),
     ROW_ENUM("lr_scheduler", lr_scheduler, k_lr_names),
-    ROW("warmup_steps", K_INT, warmup_steps),
+    ROW_INT("warmup_steps", warmup_steps, 0, STEPS_MAX),
     ROW("adam_beta1", K_DOUBLE, adam_beta1),
     ROW("adam_beta2", K_DOUBLE, adam_beta2),
     ROW("adam_epsilon", K_DOUBLE, adam_epsilon),
@@ -194,8 +201,8 @@ static const key_row_t k_top_rows[] = {
     ROW("shuffle", K_BOOL, shuffle),
     ROW("seed", K_U64, seed),
     ROW("output_dir", K_PATH, output_dir),
-    ROW("logging_steps", K_INT, logging_steps),
-    ROW("save_steps", K_INT, save_steps),
+    ROW_INT("logging_steps", logging_steps, 1, STEPS_MAX),
+    ROW_INT("save_steps", save_steps, 0, STEPS_MAX),
     ROW("save_final", K_BOOL, save_final),
     ROW("bf16", K_BOOL, bf16),
     ROW_ENUM("backend", backend, k_backend_names),
@@ -211,7 +218,7 @@ static const key_row_t k_top_rows[] = {
     ROW("progress", K_BOOL, progress),
     ROW("trace", K_BOOL, trace),
     ROW_ENUM("adapter", adapter, k_adapter_names),
-    ROW("lora_r", K_INT, lora_r),
+    ROW_INT("lora_r", lora_r, 1, 65536),
     ROW("lora_alpha", K_DOUBLE, lora_alpha),
     ROW("lora_dropout", K_DOUBLE, lora_dropout),
     ROW("lora_target_modules", K_STRLIST, lora_target_modules),
@@ -475,7 +482,9 @@ static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_
     case K_INT: {
         int64_t v;
         if (!eng_yaml_int(n, &v)) return expected(c, n, key, "an integer");
-        if (v < -2147483647 - 1 || v > 2147483647) return fail(c, n, "%s: %lld is out of range", key, (long long)v);
+        if (v < row->lo || v > row->hi)
+            return fail(c, n, "%s: %lld is out of range; expected an integer from %lld to %lld", key, (long long)v,
+                        (long long)row->lo, (long long)row->hi);
         int iv = (int)v;
         put(cfg, row, &iv, sizeof iv);
         return MT_OK;

@@ -7,6 +7,8 @@ set -u
 MOETUNE="$1"
 [ -x "$MOETUNE" ] || { echo "usage: validation_test.sh PATH_TO_MOETUNE"; exit 2; }
 MOETUNE="$(cd "$(dirname "$MOETUNE")" && pwd)/$(basename "$MOETUNE")"
+HW="$(pwd)/configs/hw/h100-sxm.yaml"
+[ -f "$HW" ] || HW="$(cd "$(dirname "$0")/.." && pwd)/configs/hw/h100-sxm.yaml"
 W="${TEST_TMPDIR:-$(mktemp -d)}/validation"
 rm -rf "$W"; mkdir -p "$W"; cd "$W" || exit 2
 failures=0
@@ -119,6 +121,22 @@ mkfifo fifo_hw.yaml
 expect_fail fifo_hw_profile "fifo_hw\.yaml is a FIFO" "$MOETUNE" plan run.yaml --hw ./fifo_hw.yaml
 mkdir dir.jsonl
 expect_fail directory_data "dir\.jsonl is a directory" "$MOETUNE" train run.yaml --set 'datasets=[{path: dir.jsonl}]'
+
+# --- integer keys have ranges; the planner and simulator take their extremes ---------------------
+expect_fail accumulation_overflow \
+  "gradient_accumulation_steps: 2147483647 is out of range; expected an integer from 1 to 1000000" \
+  "$MOETUNE" train run.yaml --set gradient_accumulation_steps=2147483647
+sed 's/^max_steps: 2$/max_steps: -4/' run.yaml > negative_steps.yaml
+expect_fail negative_max_steps "negative_steps\.yaml:[0-9]+.*max_steps: -4 is out of range" \
+  "$MOETUNE" train negative_steps.yaml
+timeout 60 "$MOETUNE" plan run.yaml --hw "$HW" --set gradient_accumulation_steps=1000000 \
+  --set micro_batch_size=65536 --set sequence_len=1048576 >extremes.out 2>extremes.err; rc=$?
+if { [ "$rc" -eq 0 ] || [ "$rc" -eq 3 ]; } && ! grep -qE "Sanitizer|runtime error" extremes.err \
+   && grep -qE "step" extremes.out; then
+  echo "ok   plan at the largest accepted sizes (exit $rc)"
+else
+  fail "plan at the largest accepted sizes: exit $rc"; cat extremes.err
+fi
 
 # the good model survived every failure
 [ "$(md5sum < out/model.safetensors)" = "$before" ] && echo "ok   good model intact" || fail "good model changed"
