@@ -204,6 +204,7 @@ static const key_row_t k_top_rows[] = {
     ROW_INT("logging_steps", logging_steps, 1, STEPS_MAX),
     ROW_INT("save_steps", save_steps, 0, STEPS_MAX),
     ROW("save_final", K_BOOL, save_final),
+    ROW("allow_unused_tensors", K_BOOL, allow_unused_tensors),
     ROW("bf16", K_BOOL, bf16),
     ROW_ENUM("backend", backend, k_backend_names),
     ROW_ENUM("optimizer", optimizer, k_optimizer_names),

@@ -59,6 +59,9 @@ typedef struct {
     int logging_steps;              /* default 1 */
     int save_steps;                 /* 0 = only at the end */
     bool save_final;                /* default true */
+    /* default false: checkpoint tensors config.json does not explain (an
+       expert past num_local_experts) are an error; true makes them a note */
+    bool allow_unused_tensors;
     bool bf16;                      /* default false: fp32 everywhere */
     eng_backend_choice_t backend;   /* default auto */
     char *model_config_json;        /* `model_config:` overrides as a JSON object text, or NULL */

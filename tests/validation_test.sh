@@ -90,6 +90,53 @@ poke infw/model.safetensors model.embed_tokens.weight 70 inf
 expect_fail inf_in_embedding "infw/model\.safetensors.*model\.embed_tokens\.weight.*\+Inf.*\[2, 6\]" \
   "$MOETUNE" train run.yaml --set base_model=infw --set output_dir=out_infw
 
+# --- config.json against the checkpoint's shapes and names -----------------------------------------
+cp -r ckpt shape; sed -i 's/"intermediate_size": 48/"intermediate_size": 40/' shape/config.json
+expect_fail config_shape_mismatch \
+  "shape/config\.json disagrees with the checkpoint: tensor 'model\.layers\.0\.block_sparse_moe\.experts\.0\.w1\.weight' in shape/model\.safetensors has shape \[48, 32\] but shape/config\.json implies \[40, 32\]; dimension 0 is 40, set by intermediate_size" \
+  "$MOETUNE" train run.yaml --set base_model=shape --set base_model_init=
+# reported as the config's fault even when the wrong sizes would not fit the device budget either
+cp -r ckpt wide; sed -i 's/"hidden_size": 32/"hidden_size": 4096/' wide/config.json
+expect_fail config_shape_before_budget "wide/config\.json disagrees.*model\.embed_tokens\.weight.*set by hidden_size" \
+  "$MOETUNE" train run.yaml --set base_model=wide --set base_model_init= --set memory.device=1MiB
+! grep -q "memory is short" config_shape_before_budget.err || fail "config_shape_before_budget: reported as memory"
+# an expert beyond num_local_experts: an error, or a note with allow_unused_tensors
+# add_tensor FILE NEW_NAME COPY_OF: append a copy of a tensor under a new name.
+add_tensor() {
+  python3 - "$@" <<'PY'
+import json, struct, sys
+path, name, like = sys.argv[1:4]
+with open(path, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    hdr = json.loads(f.read(n)); data = f.read()
+src = hdr[like]
+a, b = src["data_offsets"]
+hdr[name] = {"dtype": src["dtype"], "shape": src["shape"], "data_offsets": [len(data), len(data) + b - a]}
+data += data[a:b]
+h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
+with open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(h))); f.write(h); f.write(data)
+PY
+}
+cp -r ckpt extra
+add_tensor extra/model.safetensors model.layers.1.block_sparse_moe.experts.4.w1.weight \
+  model.layers.1.block_sparse_moe.experts.3.w1.weight
+expect_fail unexplained_expert \
+  "extra holds 1 tensor\(s\) that extra/config\.json does not explain, first 'model\.layers\.1\.block_sparse_moe\.experts\.4\.w1\.weight' \(expert 4, while num_local_experts is 4\).*allow_unused_tensors" \
+  "$MOETUNE" train run.yaml --set base_model=extra --set base_model_init= --set output_dir=out_extra
+expect_ok unexplained_expert_allowed "$MOETUNE" train run.yaml --set base_model=extra --set base_model_init= \
+  --set allow_unused_tensors=true --set output_dir=out_extra --set max_steps=1
+grep -q "note: 1 tensor(s) in extra are not used" unexplained_expert_allowed.err \
+  || fail "unexplained_expert_allowed: no note naming the unused tensor"
+
+# a buffer transformers itself drops on load (older checkpoints saved RoPE's inv_freq): a note only
+cp -r ckpt invfreq
+add_tensor invfreq/model.safetensors model.layers.0.self_attn.rotary_emb.inv_freq model.norm.weight
+expect_ok ignored_buffer "$MOETUNE" train run.yaml --set base_model=invfreq --set base_model_init= \
+  --set output_dir=out_invfreq --set max_steps=1
+grep -q "note: 1 tensor(s) in invfreq are not used.*inv_freq" ignored_buffer.err \
+  || fail "ignored_buffer: no note naming inv_freq"
+
 # --- a run that diverges: stops with the step and the first non-finite gradient -------------
 expect_fail huge_learning_rate \
   "step [0-9]+: loss is .*(first parameter whose gradient is non-finite is 'model\.[a-z_.0-9]+'|gradient norm).*learning_rate" \
