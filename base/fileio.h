@@ -22,6 +22,12 @@ mt_status_t mt_open_regular(const char *path, const char *what, int *fd_out, mt_
 /* The same as a stdio stream ("rb"). */
 mt_status_t mt_fopen_regular(const char *path, const char *what, FILE **fp_out, mt_error_t *err);
 
+/* Reads the whole regular file path into *buf_out (NUL-terminated, caller
+ * frees) and *len_out; a file over max_bytes is refused before it is read,
+ * naming its size and the limit. */
+mt_status_t mt_read_regular_file(const char *path, const char *what, size_t max_bytes, char **buf_out,
+                                 size_t *len_out, mt_error_t *err);
+
 /* "a directory", "a FIFO (named pipe)", ... for a stat mode that is not a
  * regular file. */
 const char *mt_file_kind(unsigned mode);

@@ -26,6 +26,7 @@
 #include "engine/config.h"
 
 #include "base/fileio.h"
+#include "base/yaml_doc.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -582,21 +583,6 @@ static mt_status_t walk_mapping(pctx_t *c, const key_row_t *rows, const char *pr
     return MT_OK;
 }
 
-/* libyaml's own description of a syntax error, with line and column. */
-static mt_status_t yaml_syntax_error(const char *where, const yaml_parser_t *p, mt_error_t *err) {
-    if (p->error == YAML_MEMORY_ERROR) return mt_error_set(err, MT_ERR_NOMEM, "%s: out of memory parsing YAML", where);
-    const char *problem = p->problem ? p->problem : "unknown error";
-    if (p->error == YAML_READER_ERROR)
-        return mt_error_set(err, MT_ERR_CONFIG, "%s: invalid YAML: %s at byte %zu", where, problem,
-                            (size_t)p->problem_offset);
-    size_t line = p->problem_mark.line + 1, col = p->problem_mark.column + 1;
-    if (p->context)
-        return mt_error_set(err, MT_ERR_CONFIG, "%s:%zu:%zu: invalid YAML: %s (%s at line %zu, column %zu)", where,
-                            line, col, problem, p->context, (size_t)p->context_mark.line + 1,
-                            (size_t)p->context_mark.column + 1);
-    return mt_error_set(err, MT_ERR_CONFIG, "%s:%zu:%zu: invalid YAML: %s", where, line, col, problem);
-}
-
 mt_status_t eng_run_config_parse(const char *yaml_text, size_t len, const char *path, eng_run_config_t *cfg,
                                  mt_error_t *err) {
     eng_run_config_defaults(cfg);
@@ -613,65 +599,27 @@ mt_status_t eng_run_config_parse(const char *yaml_text, size_t len, const char *
         if (strcmp(c.base_dir, "/") == 0) c.base_dir[0] = '\0'; /* "/x" joins as "//x" otherwise */
     }
 
-    yaml_parser_t parser;
-    MT_CHECK(yaml_parser_initialize(&parser), "yaml_parser_initialize: out of memory");
-    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml_text, len);
-    yaml_document_t doc;
-    if (!yaml_parser_load(&parser, &doc)) {
-        mt_status_t st = yaml_syntax_error(name, &parser, err);
-        yaml_parser_delete(&parser);
-        return st;
-    }
-    c.doc = &doc;
-    mt_status_t st = MT_OK;
-    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    mt_yaml_doc_t yd;
+    mt_status_t st = mt_yaml_doc_parse(&yd, yaml_text, len, name, "run config", MT_ERR_CONFIG, err);
+    if (st != MT_OK) return st;
+    c.doc = &yd.doc;
+    yaml_node_t *root = yd.root;
     if (root && !eng_yaml_is_null(root)) {
         if (root->type != YAML_MAPPING_NODE) st = fail(&c, root, "the run config must be a mapping of keys");
         else st = walk_mapping(&c, k_top_rows, "", root);
     }
-    yaml_document_delete(&doc);
-    if (st == MT_OK) {
-        /* libyaml stops after the first document: load the rest so a syntax
-         * error further down is not silently ignored. */
-        yaml_document_t more;
-        if (!yaml_parser_load(&parser, &more)) {
-            st = yaml_syntax_error(name, &parser, err);
-        } else {
-            yaml_node_t *r2 = yaml_document_get_root_node(&more);
-            if (r2)
-                st = mt_error_set(err, MT_ERR_CONFIG, "%s:%zu: a second YAML document; a run config is one document",
-                                  name, (size_t)r2->start_mark.line + 1);
-            yaml_document_delete(&more);
-        }
-    }
-    yaml_parser_delete(&parser);
+    mt_yaml_doc_free(&yd);
     if (st != MT_OK) eng_run_config_free(cfg);
     return st;
 }
 
 mt_status_t eng_run_config_load(const char *path, eng_run_config_t *cfg, mt_error_t *err) {
     eng_run_config_defaults(cfg);
-    FILE *f;
-    mt_status_t ost = mt_fopen_regular(path, "run config", &f, err);
-    if (ost != MT_OK) return ost;
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    MT_CHECK_ALLOC(buf, "run config text");
-    for (;;) {
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (len < cap) break;
-        cap *= 2;
-        buf = realloc(buf, cap);
-        MT_CHECK_ALLOC(buf, "run config text");
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return mt_error_set(err, MT_ERR_IO, "%s: read error", path);
-    }
-    mt_status_t st = eng_run_config_parse(buf, len, path, cfg, err);
+    char *buf;
+    size_t len;
+    mt_status_t st = mt_read_regular_file(path, "run config", MT_YAML_MAX_BYTES, &buf, &len, err);
+    if (st != MT_OK) return st;
+    st = eng_run_config_parse(buf, len, path, cfg, err);
     free(buf);
     return st;
 }
@@ -778,20 +726,13 @@ mt_status_t eng_run_config_set(eng_run_config_t *cfg, const char *assignment, mt
     key[ke - ks] = '\0';
 
     const char *value = eq + 1;
-    yaml_parser_t parser;
-    MT_CHECK(yaml_parser_initialize(&parser), "yaml_parser_initialize: out of memory");
-    yaml_parser_set_input_string(&parser, (const unsigned char *)value, strlen(value));
-    yaml_document_t doc;
-    if (!yaml_parser_load(&parser, &doc)) {
-        char where[512];
-        snprintf(where, sizeof where, "--set '%.400s' (value)", assignment);
-        mt_status_t st = yaml_syntax_error(where, &parser, err);
-        yaml_parser_delete(&parser);
-        return st;
-    }
-    yaml_parser_delete(&parser);
-    c.doc = &doc;
-    mt_status_t st = set_node(&c, key, yaml_document_get_root_node(&doc));
-    yaml_document_delete(&doc);
+    char where[512];
+    snprintf(where, sizeof where, "--set '%.400s' (value)", assignment);
+    mt_yaml_doc_t yd;
+    mt_status_t st = mt_yaml_doc_parse(&yd, value, strlen(value), where, "--set value", MT_ERR_CONFIG, err);
+    if (st != MT_OK) return st;
+    c.doc = &yd.doc;
+    st = set_node(&c, key, yd.root);
+    mt_yaml_doc_free(&yd);
     return st;
 }

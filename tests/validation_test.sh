@@ -185,6 +185,20 @@ else
   fail "plan at the largest accepted sizes: exit $rc"; cat extremes.err
 fi
 
+# --- bounded YAML: an alias bomb under model_config:, an oversized config, a bomb in a hardware profile
+{ cat run.yaml; echo "model_config:"; echo "  a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"
+  for l in 1 2 3 4 5 6 7 8 9; do p=$((l - 1)); echo "  a$l: &a$l [*a$p, *a$p, *a$p, *a$p, *a$p, *a$p, *a$p, *a$p, *a$p, *a$p]"; done
+} > bomb.yaml
+expect_fail alias_bomb "bomb\.yaml:[0-9]+: aliases expand to more than 10000 nodes" "$MOETUNE" train bomb.yaml
+{ cat run.yaml; head -c 1100000 /dev/zero | tr '\0' '#'; echo; } > huge.yaml
+expect_fail oversized_run_config "run config huge\.yaml is [0-9]+ bytes, over the limit of 1048576 bytes" \
+  "$MOETUNE" train huge.yaml
+{ echo "name: bomb"; echo "a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"
+  for l in 1 2 3 4 5 6 7 8 9; do p=$((l - 1)); echo "a$l: &a$l [*a$p, *a$p, *a$p, *a$p, *a$p, *a$p, *a$p, *a$p, *a$p, *a$p]"; done
+} > bomb_hw.yaml
+expect_fail alias_bomb_hw_profile "bomb_hw\.yaml:[0-9]+: aliases expand to more than 10000 nodes" \
+  "$MOETUNE" plan run.yaml --hw ./bomb_hw.yaml
+
 # the good model survived every failure
 [ "$(md5sum < out/model.safetensors)" = "$before" ] && echo "ok   good model intact" || fail "good model changed"
 
