@@ -8,6 +8,10 @@
  * it, except for same-named shards being replaced one by one. */
 #include "engine/checkpoint.h"
 
+#include "base/fileio.h"
+
+#include "base/finite.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -49,7 +53,11 @@ static bool plain_file_name(const char *s) {
 
 static mt_status_t open_sharded(eng_checkpoint_t *ck, const char *index_path, mt_error_t *err) {
     json_error_t jerr;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+    FILE *ifp;
+    mt_status_t ost = mt_fopen_regular(index_path, "checkpoint index", &ifp, err);
+    if (ost != MT_OK) return ost;
+    json_t *root = json_loadf(ifp, JSON_REJECT_DUPLICATES, &jerr);
+    fclose(ifp);
     if (!root)
         return mt_error_set(err, MT_ERR_FORMAT, "%s: not valid JSON: %s (line %d)", index_path,
                             jerr.text, jerr.line);
@@ -206,7 +214,22 @@ mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name
                             "%s: tensor '%s' has shape %s but config.json implies %s", f->path,
                             name, got, want);
     }
-    return eng_st_read_f32(f, t, dst, err);
+    mt_status_t st = eng_st_read_f32(f, t, dst, err);
+    if (st != MT_OK) return st;
+    /* A NaN or Inf in a weight would otherwise surface steps later as a NaN
+     * loss (or, in a weight the data never touches, be saved again as is):
+     * refuse it here, where the file and tensor are known. */
+    const size_t bad = mt_first_nonfinite_f32(dst, t->numel);
+    if (bad != MT_ALL_FINITE) {
+        char at[128];
+        mt_index_to_str(at, sizeof at, bad, ndim, expect_shape);
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: tensor '%s' holds a non-finite value (%s) at index %s (element "
+                            "%zu of %zu); the checkpoint is damaged or was saved from a diverged "
+                            "run",
+                            f->path, name, mt_nonfinite_name(dst[bad]), at, bad, t->numel);
+    }
+    return MT_OK;
 }
 
 static int cmp_str(const void *a, const void *b) {

@@ -57,6 +57,17 @@ const eng_ckpt_entry_t *eng_checkpoint_find(const eng_checkpoint_t *ck, const ch
 mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name, int ndim,
                                     const int64_t *expect_shape, float *dst, mt_error_t *err);
 
+/* Every tensor spec names is present with the shape config.json implies,
+ * and every tensor of the checkpoint is one spec names, from the headers
+ * alone (nothing is read).  A shape that disagrees is an error naming
+ * config_path, the key(s) that set the dimension, the tensor and both
+ * shapes; tensors the config does not explain are an error naming the first
+ * (and why: an expert or layer past the config's count) unless allow_unused
+ * or transformers itself ignores them for this family. */
+mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_config_t *cfg,
+                                 const eng_model_spec_t *spec, const char *config_path, bool allow_unused,
+                                 mt_error_t *err);
+
 typedef struct {
     int unexpected_count;     /* tensors in the checkpoint that the spec does not name */
     const char **unexpected;  /* (unexpected_count) names, valid while the checkpoint is open */

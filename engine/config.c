@@ -25,6 +25,9 @@
  *   only failing to read the file is MT_ERR_IO. */
 #include "engine/config.h"
 
+#include "base/fileio.h"
+#include "base/yaml_doc.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
@@ -66,12 +69,19 @@ typedef struct key_row {
     size_t offset, size; /* the field in eng_run_config_t */
     const enum_name_t *enums;
     const struct key_row *section;
+    int64_t lo, hi; /* K_INT: the accepted range, inclusive */
 } key_row_t;
 
 #define FIELD(f) offsetof(eng_run_config_t, f), sizeof(((eng_run_config_t *)0)->f)
-#define ROW(name, kind, f) {name, kind, FIELD(f), NULL, NULL}
-#define ROW_ENUM(name, f, names) {name, K_ENUM, FIELD(f), names, NULL}
-#define ROW_SECTION(name, rows) {name, K_SECTION, 0, 0, NULL, rows}
+#define ROW(name, kind, f) {name, kind, FIELD(f), NULL, NULL, 0, 0}
+#define ROW_ENUM(name, f, names) {name, K_ENUM, FIELD(f), names, NULL, 0, 0}
+#define ROW_SECTION(name, rows) {name, K_SECTION, 0, 0, NULL, rows, 0, 0}
+/* Every integer key has a range, so that no accepted value overflows the
+ * int arithmetic downstream (tokens per step = micro_batch_size *
+ * sequence_len * gradient_accumulation_steps stays far inside int64, each
+ * factor inside int) and nonsense (a negative batch) is refused by name. */
+#define ROW_INT(name, f, lo, hi) {name, K_INT, FIELD(f), NULL, NULL, lo, hi}
+#define STEPS_MAX 1000000000 /* max_steps, warmup_steps, save_steps, logging_steps */
 
 static const enum_name_t k_lr_names[] = {
     {"constant", ENG_LR_CONSTANT},
@@ -135,7 +145,7 @@ static const enum_name_t k_acts_names[] = {
 
 static const key_row_t k_scheduler_rows[] = {
     ROW_ENUM("policy", sched_policy, k_policy_names),
-    ROW("prefetch_window", K_INT, sched_prefetch_window),
+    ROW_INT("prefetch_window", sched_prefetch_window, 0, 64),
     ROW_ENUM("weights", sched_weights, k_weights_names),
     ROW_ENUM("grads", sched_grads, k_place_names),
     ROW_ENUM("optimizer", sched_optimizer, k_place_names),
@@ -155,7 +165,7 @@ static const enum_name_t k_staging_mode_names[] = {
 static const key_row_t k_staging_rows[] = {
     ROW_ENUM("mode", staging_mode, k_staging_mode_names),
     ROW("cap", K_SIZE, staging_cap),
-    ROW("num_slabs", K_INT, staging_num_slabs),
+    ROW_INT("num_slabs", staging_num_slabs, -1, 65536),
     ROW("slab_size", K_SIZE, staging_slab_size),
     {0},
 };
@@ -170,14 +180,14 @@ static const key_row_t k_memory_rows[] = {
 static const key_row_t k_backend_options_rows[] = {
     ROW("link_gbps", K_DOUBLE, link_gbps),
     ROW("link_latency_us", K_DOUBLE, link_latency_us),
-    ROW("compute_threads", K_INT, compute_threads),
+    ROW_INT("compute_threads", compute_threads, 0, 4096),
     {0},
 };
 
 /* The keys of one `datasets:` entry; only for lookup and suggestions. */
 static const key_row_t k_dataset_rows[] = {
-    {"path", K_PATH, 0, 0, NULL, NULL},
-    {"type", K_PATH, 0, 0, NULL, NULL},
+    {"path", K_PATH, 0, 0, NULL, NULL, 0, 0},
+    {"type", K_PATH, 0, 0, NULL, NULL, 0, 0},
     {0},
 };
 
@@ -185,14 +195,14 @@ static const key_row_t k_top_rows[] = {
     ROW("base_model", K_PATH, base_model),
     ROW("base_model_init", K_PATH, base_model_init),
     ROW("datasets", K_DATASETS, datasets),
-    ROW("sequence_len", K_INT, sequence_len),
-    ROW("micro_batch_size", K_INT, micro_batch_size),
-    ROW("gradient_accumulation_steps", K_INT, gradient_accumulation_steps),
-    ROW("max_steps", K_INT, max_steps),
-    ROW("num_epochs", K_INT, num_epochs),
+    ROW_INT("sequence_len", sequence_len, 1, 1048576),
+    ROW_INT("micro_batch_size", micro_batch_size, 1, 65536),
+    ROW_INT("gradient_accumulation_steps", gradient_accumulation_steps, 1, 1000000),
+    ROW_INT("max_steps", max_steps, 0, STEPS_MAX),
+    ROW_INT("num_epochs", num_epochs, 0, 1000000),
     ROW("learning_rate", K_DOUBLE, learning_rate),
     ROW_ENUM("lr_scheduler", lr_scheduler, k_lr_names),
-    ROW("warmup_steps", K_INT, warmup_steps),
+    ROW_INT("warmup_steps", warmup_steps, 0, STEPS_MAX),
     ROW("adam_beta1", K_DOUBLE, adam_beta1),
     ROW("adam_beta2", K_DOUBLE, adam_beta2),
     ROW("adam_epsilon", K_DOUBLE, adam_epsilon),
@@ -201,9 +211,10 @@ static const key_row_t k_top_rows[] = {
     ROW("shuffle", K_BOOL, shuffle),
     ROW("seed", K_U64, seed),
     ROW("output_dir", K_PATH, output_dir),
-    ROW("logging_steps", K_INT, logging_steps),
-    ROW("save_steps", K_INT, save_steps),
+    ROW_INT("logging_steps", logging_steps, 1, STEPS_MAX),
+    ROW_INT("save_steps", save_steps, 0, STEPS_MAX),
     ROW("save_final", K_BOOL, save_final),
+    ROW("allow_unused_tensors", K_BOOL, allow_unused_tensors),
     ROW("bf16", K_BF16, bf16),
     ROW_ENUM("save_dtype", save_dtype, k_save_dtype_names),
     ROW_ENUM("backend", backend, k_backend_names),
@@ -219,7 +230,7 @@ static const key_row_t k_top_rows[] = {
     ROW("progress", K_BOOL, progress),
     ROW("trace", K_BOOL, trace),
     ROW_ENUM("adapter", adapter, k_adapter_names),
-    ROW("lora_r", K_INT, lora_r),
+    ROW_INT("lora_r", lora_r, 1, 65536),
     ROW("lora_alpha", K_DOUBLE, lora_alpha),
     ROW("lora_dropout", K_DOUBLE, lora_dropout),
     ROW("lora_target_modules", K_STRLIST, lora_target_modules),
@@ -484,7 +495,9 @@ static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_
     case K_INT: {
         int64_t v;
         if (!eng_yaml_int(n, &v)) return expected(c, n, key, "an integer");
-        if (v < -2147483647 - 1 || v > 2147483647) return fail(c, n, "%s: %lld is out of range", key, (long long)v);
+        if (v < row->lo || v > row->hi)
+            return fail(c, n, "%s: %lld is out of range; expected an integer from %lld to %lld", key, (long long)v,
+                        (long long)row->lo, (long long)row->hi);
         int iv = (int)v;
         put(cfg, row, &iv, sizeof iv);
         return MT_OK;
@@ -593,21 +606,6 @@ static mt_status_t walk_mapping(pctx_t *c, const key_row_t *rows, const char *pr
     return MT_OK;
 }
 
-/* libyaml's own description of a syntax error, with line and column. */
-static mt_status_t yaml_syntax_error(const char *where, const yaml_parser_t *p, mt_error_t *err) {
-    if (p->error == YAML_MEMORY_ERROR) return mt_error_set(err, MT_ERR_NOMEM, "%s: out of memory parsing YAML", where);
-    const char *problem = p->problem ? p->problem : "unknown error";
-    if (p->error == YAML_READER_ERROR)
-        return mt_error_set(err, MT_ERR_CONFIG, "%s: invalid YAML: %s at byte %zu", where, problem,
-                            (size_t)p->problem_offset);
-    size_t line = p->problem_mark.line + 1, col = p->problem_mark.column + 1;
-    if (p->context)
-        return mt_error_set(err, MT_ERR_CONFIG, "%s:%zu:%zu: invalid YAML: %s (%s at line %zu, column %zu)", where,
-                            line, col, problem, p->context, (size_t)p->context_mark.line + 1,
-                            (size_t)p->context_mark.column + 1);
-    return mt_error_set(err, MT_ERR_CONFIG, "%s:%zu:%zu: invalid YAML: %s", where, line, col, problem);
-}
-
 mt_status_t eng_run_config_parse(const char *yaml_text, size_t len, const char *path, eng_run_config_t *cfg,
                                  mt_error_t *err) {
     eng_run_config_defaults(cfg);
@@ -624,64 +622,27 @@ mt_status_t eng_run_config_parse(const char *yaml_text, size_t len, const char *
         if (strcmp(c.base_dir, "/") == 0) c.base_dir[0] = '\0'; /* "/x" joins as "//x" otherwise */
     }
 
-    yaml_parser_t parser;
-    MT_CHECK(yaml_parser_initialize(&parser), "yaml_parser_initialize: out of memory");
-    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml_text, len);
-    yaml_document_t doc;
-    if (!yaml_parser_load(&parser, &doc)) {
-        mt_status_t st = yaml_syntax_error(name, &parser, err);
-        yaml_parser_delete(&parser);
-        return st;
-    }
-    c.doc = &doc;
-    mt_status_t st = MT_OK;
-    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    mt_yaml_doc_t yd;
+    mt_status_t st = mt_yaml_doc_parse(&yd, yaml_text, len, name, "run config", MT_ERR_CONFIG, err);
+    if (st != MT_OK) return st;
+    c.doc = &yd.doc;
+    yaml_node_t *root = yd.root;
     if (root && !eng_yaml_is_null(root)) {
         if (root->type != YAML_MAPPING_NODE) st = fail(&c, root, "the run config must be a mapping of keys");
         else st = walk_mapping(&c, k_top_rows, "", root);
     }
-    yaml_document_delete(&doc);
-    if (st == MT_OK) {
-        /* libyaml stops after the first document: load the rest so a syntax
-         * error further down is not silently ignored. */
-        yaml_document_t more;
-        if (!yaml_parser_load(&parser, &more)) {
-            st = yaml_syntax_error(name, &parser, err);
-        } else {
-            yaml_node_t *r2 = yaml_document_get_root_node(&more);
-            if (r2)
-                st = mt_error_set(err, MT_ERR_CONFIG, "%s:%zu: a second YAML document; a run config is one document",
-                                  name, (size_t)r2->start_mark.line + 1);
-            yaml_document_delete(&more);
-        }
-    }
-    yaml_parser_delete(&parser);
+    mt_yaml_doc_free(&yd);
     if (st != MT_OK) eng_run_config_free(cfg);
     return st;
 }
 
 mt_status_t eng_run_config_load(const char *path, eng_run_config_t *cfg, mt_error_t *err) {
     eng_run_config_defaults(cfg);
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_error_set(err, MT_ERR_IO, "%s: cannot open run config: %s", path, strerror(errno));
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    MT_CHECK_ALLOC(buf, "run config text");
-    for (;;) {
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (len < cap) break;
-        cap *= 2;
-        buf = realloc(buf, cap);
-        MT_CHECK_ALLOC(buf, "run config text");
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return mt_error_set(err, MT_ERR_IO, "%s: read error", path);
-    }
-    mt_status_t st = eng_run_config_parse(buf, len, path, cfg, err);
+    char *buf;
+    size_t len;
+    mt_status_t st = mt_read_regular_file(path, "run config", MT_YAML_MAX_BYTES, &buf, &len, err);
+    if (st != MT_OK) return st;
+    st = eng_run_config_parse(buf, len, path, cfg, err);
     free(buf);
     return st;
 }
@@ -788,20 +749,13 @@ mt_status_t eng_run_config_set(eng_run_config_t *cfg, const char *assignment, mt
     key[ke - ks] = '\0';
 
     const char *value = eq + 1;
-    yaml_parser_t parser;
-    MT_CHECK(yaml_parser_initialize(&parser), "yaml_parser_initialize: out of memory");
-    yaml_parser_set_input_string(&parser, (const unsigned char *)value, strlen(value));
-    yaml_document_t doc;
-    if (!yaml_parser_load(&parser, &doc)) {
-        char where[512];
-        snprintf(where, sizeof where, "--set '%.400s' (value)", assignment);
-        mt_status_t st = yaml_syntax_error(where, &parser, err);
-        yaml_parser_delete(&parser);
-        return st;
-    }
-    yaml_parser_delete(&parser);
-    c.doc = &doc;
-    mt_status_t st = set_node(&c, key, yaml_document_get_root_node(&doc));
-    yaml_document_delete(&doc);
+    char where[512];
+    snprintf(where, sizeof where, "--set '%.400s' (value)", assignment);
+    mt_yaml_doc_t yd;
+    mt_status_t st = mt_yaml_doc_parse(&yd, value, strlen(value), where, "--set value", MT_ERR_CONFIG, err);
+    if (st != MT_OK) return st;
+    c.doc = &yd.doc;
+    st = set_node(&c, key, yd.root);
+    mt_yaml_doc_free(&yd);
     return st;
 }

@@ -63,6 +63,9 @@ typedef struct {
     int logging_steps;              /* default 1 */
     int save_steps;                 /* 0 = only at the end */
     bool save_final;                /* default true */
+    /* default false: checkpoint tensors config.json does not explain (an
+       expert past num_local_experts) are an error; true makes them a note */
+    bool allow_unused_tensors;
     eng_bf16_choice_t bf16;         /* default off: fp32 everywhere */
     eng_save_dtype_t save_dtype;    /* default auto: the base checkpoint's dtype */
     eng_backend_choice_t backend;   /* default auto */

@@ -18,6 +18,8 @@
  *   as such; this code assumes a little-endian host (checked below). */
 #include "engine/data.h"
 
+#include "base/fileio.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -143,8 +145,9 @@ static mt_status_t jsonl_example(rows_t *r, json_t *obj, const char *path, int64
 }
 
 static mt_status_t load_jsonl(rows_t *r, const char *path, int vocab, mt_error_t *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_error_set(err, MT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    mt_status_t ost = mt_fopen_regular(path, "data file", &f, err);
+    if (ost != MT_OK) return ost;
     char *buf = NULL;
     size_t cap = 0;
     ssize_t got;
@@ -181,8 +184,9 @@ static mt_status_t load_jsonl(rows_t *r, const char *path, int vocab, mt_error_t
 /* ---- llm.c token files --------------------------------------------------- */
 
 static mt_status_t load_llmc(rows_t *r, const char *path, int vocab, mt_error_t *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_error_set(err, MT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    mt_status_t ost = mt_fopen_regular(path, "data file", &f, err);
+    if (ost != MT_OK) return ost;
     mt_status_t st = MT_OK;
     uint8_t *raw = NULL;
     int32_t hdr[LLMC_HEADER_INTS];
@@ -297,6 +301,25 @@ mt_status_t eng_dataset_load(eng_dataset_t *ds, const char *const *paths, int nu
         free(r.targets);
         free(r.mask);
         return st;
+    }
+    /* A data set without one trainable target would train on the aux loss
+     * alone (or on nothing) and still exit 0: refuse it, naming the files. */
+    int64_t counted = 0;
+    for (int64_t i = 0; i < r.rows * (int64_t)T && counted == 0; i++) counted += r.targets[i] != IGNORE_INDEX;
+    if (counted == 0) {
+        char names[1024];
+        size_t n = 0;
+        names[0] = '\0';
+        for (int i = 0; i < num_paths && n < sizeof names; i++)
+            n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", paths[i]);
+        free(r.inputs);
+        free(r.targets);
+        free(r.mask);
+        return mt_error_set(err, MT_ERR_DATA,
+                            "%s: no example has a token to learn: every label is -100 or every example is "
+                            "one token long (position t learns token t+1, so a 1-token example has no "
+                            "target); training would see no language-model loss",
+                            names);
     }
     ds->T = T;
     ds->num_rows = r.rows;

@@ -1,13 +1,17 @@
 /* Data: JSONL rows (labels, -100, attention_mask, truncation, padding,
  * shifted targets), JSONL errors naming file and line, llm.c .bin v1/v7
  * round trips and header errors, and the loader (order with and without
- * shuffle, smaller last batch, reproducibility).  Fixtures are written to
- * $TEST_TMPDIR by the test itself. */
+ * shuffle, smaller last batch, reproducibility), data with nothing to learn
+ * (all labels -100, every example one token) and inputs that are not
+ * regular files (a FIFO must not hang, a directory).  Fixtures are written
+ * to $TEST_TMPDIR by the test itself. */
 #include "engine/data.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static int failures;
 #define EXPECT(c)                                                                       \
@@ -288,6 +292,43 @@ static void test_loader(void) {
     eng_dataset_free(&ds);
 }
 
+static void test_nothing_to_learn(void) {
+    eng_dataset_t ds;
+    mt_error_t err = {0};
+    const char *all_ignored = write_text("ignored.jsonl",
+                                         "{\"input_ids\": [1, 2, 3], \"labels\": [-100, -100, -100]}\n"
+                                         "{\"input_ids\": [4, 5], \"labels\": [-100, -100]}\n");
+    const char *one_token = write_text("one_token.jsonl", "{\"input_ids\": [1]}\n{\"input_ids\": [7]}\n");
+    const char *paths[2] = {all_ignored, one_token};
+    EXPECT(eng_dataset_load(&ds, paths, 2, 4, 10, &err) == MT_ERR_DATA);
+    EXPECT(strstr(err.msg, "ignored.jsonl") && strstr(err.msg, "one_token.jsonl") && strstr(err.msg, "-100"));
+    EXPECT(eng_dataset_load(&ds, paths + 1, 1, 4, 10, &err) == MT_ERR_DATA && strstr(err.msg, "one_token.jsonl"));
+    /* labels -100 except the first position: still nothing, the first label is never a target */
+    const char *first_only = write_text("first_only.jsonl", "{\"input_ids\": [1, 2], \"labels\": [1, -100]}\n");
+    EXPECT(eng_dataset_load(&ds, &first_only, 1, 4, 10, &err) == MT_ERR_DATA);
+    /* one trainable label among many ignored ones is enough */
+    const char *one_label = write_text("one_label.jsonl",
+                                       "{\"input_ids\": [1]}\n{\"input_ids\": [1, 2], \"labels\": [-100, 2]}\n");
+    const char *mixed[2] = {all_ignored, one_label};
+    EXPECT(eng_dataset_load(&ds, mixed, 2, 4, 10, &err) == MT_OK && ds.num_rows == 4);
+    eng_dataset_free(&ds);
+}
+
+static void test_not_regular(void) {
+    eng_dataset_t ds;
+    mt_error_t err = {0};
+    const char *fifo = tmp_path("fifo.jsonl");
+    unlink(fifo);
+    EXPECT(mkfifo(fifo, 0600) == 0);
+    EXPECT(eng_dataset_load(&ds, &fifo, 1, 4, 10, &err) == MT_ERR_IO); /* returns: no writer, no hang */
+    EXPECT(strstr(err.msg, "fifo.jsonl") && strstr(err.msg, "FIFO"));
+    const char *dir = tmp_path("dir.jsonl");
+    mkdir(dir, 0700);
+    EXPECT(eng_dataset_load(&ds, &dir, 1, 4, 10, &err) == MT_ERR_IO);
+    EXPECT(strstr(err.msg, "dir.jsonl") && strstr(err.msg, "directory"));
+    unlink(fifo);
+}
+
 int main(void) {
     const char *tmp = getenv("TEST_TMPDIR");
     snprintf(g_dir, sizeof g_dir, "%s", tmp ? tmp : "/tmp");
@@ -295,6 +336,8 @@ int main(void) {
     test_jsonl_errors();
     test_bin();
     test_loader();
+    test_nothing_to_learn();
+    test_not_regular();
     if (failures) fprintf(stderr, "data_test: %d failure(s)\n", failures);
     else printf("data_test: all passed\n");
     return failures != 0;

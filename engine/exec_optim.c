@@ -212,8 +212,29 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     double total = 0;
     for (int i = 0; i < P; i++)
         if (m->params[i].has_grad) total += parts[i];
-    free(parts);
     out->grad_norm = sqrt(total);
+    if (!isfinite(total)) {
+        /* An update from a NaN or Inf gradient would poison every weight it
+         * reaches (clipping too: its factor is 0 or NaN then).  Refuse the
+         * step and name the first parameter, in model order, whose
+         * gradient's sum of squares is not finite: where the blow-up shows
+         * first. */
+        int first = -1;
+        for (int i = 0; i < P && first < 0; i++)
+            if (m->params[i].has_grad && !isfinite(parts[i])) first = i;
+        free(parts);
+        x->overlap_step = false;
+        x->micro_left = 0;
+        if (first < 0)
+            return mt_error_set(err, MT_ERR_DATA,
+                                "the gradient norm overflows (each parameter's sum of squares is "
+                                "finite, their total is not)");
+        return mt_error_set(err, MT_ERR_DATA,
+                            "the gradient norm is %s; the first parameter whose gradient is "
+                            "non-finite is '%s'",
+                            isnan(out->grad_norm) ? "NaN" : "+Inf", m->params[first].spec->name);
+    }
+    free(parts);
     out->clip_scale = 1.0;
     if (hp->max_grad_norm > 0) {
         /* torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6), applied when < 1 */

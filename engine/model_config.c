@@ -13,6 +13,8 @@
  * trained with different semantics. */
 #include "engine/model_config.h"
 
+#include "base/fileio.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -171,6 +173,11 @@ static mt_status_t read_common(reader_t *r, eng_model_config_t *c, int def_nkv, 
                             json_string_value(act));
     double d;
     TRY(get_double(r, "rms_norm_eps", def_eps, &d));
+    /* x / sqrt(mean(x^2) + eps): eps <= 0 divides by zero (or takes the root
+     * of a negative number) on a zero row, and a NaN there routes nowhere. */
+    if (!(d > 0 && d < 1))
+        return mt_error_set(r->err, MT_ERR_CONFIG,
+                            "%s: key 'rms_norm_eps' = %g must be positive and below 1", r->path, d);
     c->rms_norm_eps = (float)d;
     TRY(get_int(r, "max_position_embeddings", false, false, def_max_pos, &c->max_position_embeddings));
     TRY(get_bool(r, "tie_word_embeddings", false, &c->tie_word_embeddings));
@@ -432,11 +439,11 @@ mt_status_t eng_model_config_load(const char *dir, const char *overrides_json,
     char *path = malloc(n);
     MT_CHECK_ALLOC(path, "path");
     snprintf(path, n, "%s/config.json", dir);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        mt_status_t st = mt_error_set(err, MT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *fp;
+    mt_status_t ost = mt_fopen_regular(path, "model config", &fp, err);
+    if (ost != MT_OK) {
         free(path);
-        return st;
+        return ost;
     }
     size_t cap = 1 << 14, len = 0;
     char *text = malloc(cap);

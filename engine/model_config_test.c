@@ -259,6 +259,10 @@ static void test_refusals(tctx_t *t) {
                    NULL, MT_ERR_CONFIG, "num_experts_per_tok");
     expect_refused(t, __LINE__, "{\"model_type\":\"qwen3_moe\"," BASE_Q3 ",\"decoder_sparse_step\":0}",
                    NULL, MT_ERR_CONFIG, "decoder_sparse_step");
+    expect_refused(t, __LINE__, "{\"model_type\":\"qwen3_moe\"," BASE_Q3 ",\"rms_norm_eps\":-1}",
+                   NULL, MT_ERR_CONFIG, "'rms_norm_eps' = -1");
+    expect_refused(t, __LINE__, "{\"model_type\":\"qwen3_moe\"," BASE_Q3 ",\"rms_norm_eps\":0}",
+                   NULL, MT_ERR_CONFIG, "'rms_norm_eps' = 0");
     expect_refused(t, __LINE__, "{\"model_type\":\"qwen3_moe\"," BASE_Q3 ", ", NULL, MT_ERR_CONFIG,
                    "not valid JSON");
     expect_refused(t, __LINE__, "{\"model_type\":\"qwen3_moe\"," BASE_Q3 "}", "[1]", MT_ERR_CONFIG,

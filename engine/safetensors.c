@@ -11,6 +11,8 @@
  * JSON_REJECT_DUPLICATES) rather than letting one silently win. */
 #include "engine/safetensors.h"
 
+#include "base/fileio.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -349,11 +351,9 @@ mt_status_t eng_st_open(const char *path, eng_st_file_t *out, mt_error_t *err) {
     MT_CHECK_ALLOC(out->path, "path");
     mt_status_t st = MT_OK;
     json_t *root = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        st = mt_error_set(err, MT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        goto fail;
-    }
+    int fd;
+    st = mt_open_regular(path, "checkpoint file", &fd, err);
+    if (st != MT_OK) goto fail;
     out->fd = fd;
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {

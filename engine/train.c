@@ -56,6 +56,31 @@ static int total_steps(const eng_run_config_t *rc, const eng_loader_t *ld) {
     return (int)ceil((double)rc->num_epochs * (double)per_epoch);
 }
 
+/* A step whose loss or gradient is not finite stops the run before any
+ * save.  The loader refuses a checkpoint holding NaN or Inf, so the cause is
+ * the step itself, and the advice is about what makes steps diverge.
+ * err holds the optimizer's finding (the gradient norm, the first
+ * parameter whose gradient is non-finite); this adds where and what next. */
+static mt_status_t diverged(mt_error_t *err, int step, double loss, const eng_run_config_t *rc) {
+    char found[sizeof err->msg];
+    snprintf(found, sizeof found, "%s", err->msg);
+    char clip[160];
+    if (rc->max_grad_norm > 0)
+        snprintf(clip, sizeof clip, "(max_grad_norm: %g already clips finite gradients)",
+                 rc->max_grad_norm);
+    else
+        snprintf(clip, sizeof clip, "or set max_grad_norm (e.g. 1.0) to clip large gradients");
+    char lbuf[32];
+    if (isnan(loss)) snprintf(lbuf, sizeof lbuf, "NaN");
+    else snprintf(lbuf, sizeof lbuf, "%g", loss);
+    return mt_error_set(err, MT_ERR_DATA,
+                        "step %d: loss is %s; %s. The checkpoint's weights were all finite when "
+                        "loaded, so training diverged: lower learning_rate (now %g) %s, and check "
+                        "the data for extreme or corrupted examples; nothing was saved from this "
+                        "step",
+                        step, lbuf, found, rc->learning_rate, clip);
+}
+
 static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
                                    eng_reporter_t *rep, mt_error_t *err) {
     mt_status_t st = eng_model_save(m, dir, rc->save_max_shard_bytes, eng_save_dtype(m, rc), err);
@@ -182,6 +207,10 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
         }
         eng_optim_stats_t os;
         st = eng_optim_step(&model, &hp, &os, err);
+        if (st == MT_ERR_DATA) { /* a non-finite gradient: nothing was updated */
+            st = diverged(err, step + 1, loss, rc);
+            goto out;
+        }
         if (st != MT_OK) {
             mt_error_prefix(err, "step %d, optimizer: ", step + 1);
             goto out;
@@ -208,8 +237,8 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
                               step + 1 == total || step == 0;
         eng_reporter_step(&rep, &r, log_line);
         if (!isfinite(loss)) {
-            st = mt_error_set(err, MT_ERR_DATA, "step %d: loss is %f; stopping (lower learning_rate?)",
-                              step + 1, loss);
+            mt_error_set(err, MT_ERR_DATA, "the gradient norm is %g", os.grad_norm);
+            st = diverged(err, step + 1, loss, rc);
             goto out;
         }
         if (step == 0) result->first_loss = loss;

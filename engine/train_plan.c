@@ -1,10 +1,13 @@
 /* Planning a training run (see train_plan.h). */
 #include "engine/train_plan.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/calibrate.h"
+#include "engine/checkpoint.h"
+#include "engine/model_spec.h"
 #include "engine/program.h"
 #include "scheduler/costmodel.h"
 #include "scheduler/hw.h"
@@ -25,6 +28,30 @@ static void summarize(const sched_plan_t *p, char *buf, size_t n) {
              sched_policy_name(p->policy), stream, p->num_blocks, off, rec, hostopt, p->prefetch_window);
 }
 
+/* The checkpoint's headers against config.json, before any budget is
+ * judged: wrong sizes in config.json would otherwise read as a memory
+ * budget they do not fit.  A directory without weights is left to the
+ * loader to report. */
+static mt_status_t check_checkpoint(const eng_run_config_t *rc, const eng_model_config_t *mc, mt_error_t *err) {
+    eng_checkpoint_t ck;
+    mt_error_t open_err = {0};
+    if (eng_checkpoint_open(rc->base_model, &ck, &open_err) != MT_OK) {
+        if (open_err.code == MT_ERR_IO) return MT_OK; /* no weights file: the load says so */
+        *err = open_err;
+        return open_err.code;
+    }
+    eng_model_spec_t spec;
+    mt_status_t st = eng_model_spec_build(mc, &spec, err);
+    if (st == MT_OK) {
+        char path[1100];
+        snprintf(path, sizeof path, "%s/config.json", rc->base_model);
+        st = eng_checkpoint_check(&ck, mc, &spec, path, rc->allow_unused_tensors, err);
+        eng_model_spec_free(&spec);
+    }
+    eng_checkpoint_close(&ck);
+    return st;
+}
+
 mt_dtype_t eng_compute_dtype(const eng_run_config_t *rc, kern_device_t *dev) {
     switch (rc->bf16) {
     case ENG_BF16_ON: return MT_BF16;
@@ -37,6 +64,8 @@ mt_dtype_t eng_compute_dtype(const eng_run_config_t *rc, kern_device_t *dev) {
 mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t *mc, kern_device_t *dev,
                            eng_train_plan_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
+    mt_status_t cst = check_checkpoint(rc, mc, err);
+    if (cst != MT_OK) return cst;
     const int nb = mc->num_hidden_layers + 2;
     if (dev->kind == KERN_BACKEND_CUDA) {
         /* The executor runs streamed plans on CUDA (stream-ordered frees,

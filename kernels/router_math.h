@@ -6,8 +6,16 @@
 
 #include "base/hd.h"
 
-/* Top-k order: larger probability first, ties to the lower expert index. */
+/* Top-k order: larger probability first, ties to the lower expert index.
+ * NaN ranks below every number (two NaNs: lower index first), so this is a
+ * strict total order on (p, e) pairs whatever the values: a row of NaN or
+ * Inf probabilities (a NaN weight, a huge learning rate) still yields k
+ * distinct experts in [0, E), never the "none found" index -1 that a
+ * comparison false for NaN would leave and that the plan would then write
+ * through. */
 MT_HD int kern_router_before(float pa, int ia, float pb, int ib) {
+    const int na = pa != pa, nb = pb != pb;
+    if (na | nb) return na == nb ? ia < ib : nb;
     return pa > pb || (pa == pb && ia < ib);
 }
 

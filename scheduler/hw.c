@@ -9,6 +9,9 @@
  * a bare number would leave GB vs GiB, and bytes vs bits, to guesswork. */
 #include "scheduler/hw.h"
 
+#include "base/fileio.h"
+#include "base/yaml_doc.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -277,46 +280,26 @@ mt_status_t sched_hw_parse(const char *yaml_text, size_t len, const char *path, 
     const char *file = path ? path : "<hardware profile>";
     snprintf(out->source, sizeof out->source, "%s", file);
     hctx_t c = {.file = file, .hw = out, .err = err};
-    yaml_parser_t parser;
-    MT_CHECK(yaml_parser_initialize(&parser), "yaml_parser_initialize: out of memory");
-    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml_text, len);
-    yaml_document_t doc;
-    if (!yaml_parser_load(&parser, &doc)) {
-        mt_status_t st = mt_error_set(err, MT_ERR_CONFIG, "%.600s:%zu:%zu: invalid YAML: %s", file,
-                                      (size_t)parser.problem_mark.line + 1, (size_t)parser.problem_mark.column + 1,
-                                      parser.problem ? parser.problem : "syntax error");
-        yaml_parser_delete(&parser);
-        return st;
-    }
-    yaml_parser_delete(&parser);
-    c.doc = &doc;
-    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    mt_yaml_doc_t yd;
+    mt_status_t pst = mt_yaml_doc_parse(&yd, yaml_text, len, file, "hardware profile", MT_ERR_CONFIG, err);
+    if (pst != MT_OK) return pst;
+    c.doc = &yd.doc;
+    yaml_node_t *root = yd.root;
     mt_status_t st;
     if (!root || root->type != YAML_MAPPING_NODE) st = hfail(&c, root, "a hardware profile must be a mapping of keys");
     else st = walk(&c, k_top_rows, "", root);
-    yaml_document_delete(&doc);
+    mt_yaml_doc_free(&yd);
     if (st == MT_OK) st = check_required(&c, k_top_rows, "");
     return st;
 }
 
 mt_status_t sched_hw_load(const char *path, sched_hw_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_error_set(err, MT_ERR_IO, "%s: cannot open hardware profile: %s", path, strerror(errno));
-    size_t cap = 1 << 14, len = 0;
-    char *buf = malloc(cap);
-    MT_CHECK_ALLOC(buf, "hardware profile text");
-    for (;;) {
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (len < cap) break;
-        cap *= 2;
-        buf = realloc(buf, cap);
-        MT_CHECK_ALLOC(buf, "hardware profile text");
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    mt_status_t st = bad ? mt_error_set(err, MT_ERR_IO, "%s: read error", path) : sched_hw_parse(buf, len, path, out, err);
+    char *buf;
+    size_t len;
+    mt_status_t st = mt_read_regular_file(path, "hardware profile", MT_YAML_MAX_BYTES, &buf, &len, err);
+    if (st != MT_OK) return st;
+    st = sched_hw_parse(buf, len, path, out, err);
     free(buf);
     return st;
 }
@@ -324,8 +307,10 @@ mt_status_t sched_hw_load(const char *path, sched_hw_t *out, mt_error_t *err) {
 /* ---- --hw resolution ---------------------------------------------------------- */
 
 static bool is_file(const char *p) {
+    /* Any kind of file: a FIFO or directory found here is then refused by
+     * sched_hw_load with what it is, rather than reported as missing. */
     struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+    return stat(p, &sb) == 0;
 }
 
 static void dir_of(const char *path, char *out, size_t cap) {

@@ -186,7 +186,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
         }
     }
     double *phase_end = malloc((size_t)N * sizeof *phase_end);  /* compute end per position of this phase */
-    double *d2h_end = malloc((size_t)(2 * N * ga + 1) * sizeof *d2h_end); /* D2H end per D2H use */
+    double *d2h_end = malloc(((size_t)2 * (size_t)N * (size_t)ga + 1) * sizeof *d2h_end); /* D2H end per D2H use */
     double *offload_end = calloc((size_t)N, sizeof *offload_end);
     bool *adam_done = calloc((size_t)N, sizeof *adam_done);
     MT_CHECK(phase_end && d2h_end && offload_end && adam_done, "out of host memory in the simulator");
@@ -355,9 +355,50 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     return MT_OK;
 }
 
+/* Micro-batches simulated one by one; past this, the step is extrapolated.
+ * Every micro-batch after the first few repeats the same pattern (same
+ * costs, same prefetch state), so one more of them adds a fixed amount to
+ * every time and byte total and nothing to the peaks: simulate K and K - 1
+ * micro-batches and add (ga - K) times the difference.  This keeps an
+ * accepted gradient_accumulation_steps (up to 10^6) from costing 10^6
+ * simulated micro-batches and an array of 2 * blocks * 10^6 doubles.
+ * simulate_test checks the extrapolation against a full simulation. */
+#define SIM_MAX_MICRO 16
+
+static mt_status_t simulate_micro(const sched_workload_t *w, const sched_plan_t *plan, const sched_sim_opts_t *opts,
+                                  sched_sim_result_t *out, mt_error_t *err) {
+    const int ga = w->grad_accum > 0 ? w->grad_accum : 1;
+    if (ga <= SIM_MAX_MICRO || (opts && opts->every_micro_batch)) return simulate_once(w, plan, opts, out, err);
+    sched_workload_t k = *w;
+    k.grad_accum = SIM_MAX_MICRO - 1;
+    sched_sim_result_t prev;
+    mt_status_t st = simulate_once(&k, plan, NULL, &prev, err);
+    if (st != MT_OK) return st;
+    k.grad_accum = SIM_MAX_MICRO;
+    st = simulate_once(&k, plan, opts, out, err);
+    if (st != MT_OK) {
+        sched_sim_result_free(&prev);
+        return st;
+    }
+    const double more = (double)ga - SIM_MAX_MICRO;
+#define SIM_EXTEND(f) out->f += more * (out->f - prev.f)
+    SIM_EXTEND(step_time);
+    SIM_EXTEND(compute_idle);
+    SIM_EXTEND(h2d_bytes);
+    SIM_EXTEND(d2h_bytes);
+    SIM_EXTEND(recompute_s);
+    for (int r = 0; r < SCHED_RES_COUNT; r++) {
+        SIM_EXTEND(busy[r]);
+        SIM_EXTEND(waited[r]);
+    }
+#undef SIM_EXTEND
+    sched_sim_result_free(&prev);
+    return MT_OK;
+}
+
 mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, const sched_sim_opts_t *opts,
                            sched_sim_result_t *out, mt_error_t *err) {
-    mt_status_t st = simulate_once(w, plan, opts, out, err);
+    mt_status_t st = simulate_micro(w, plan, opts, out, err);
     if (st != MT_OK || !(w->compute_interference > 0) || !(out->step_time > 0)) return st;
     /* the host cores' work: every transfer's memcpys and the host optimizer */
     const double host_s = (out->h2d_bytes + out->d2h_bytes) * w->host_copy_s_per_byte + out->busy[SCHED_RES_HOST];
@@ -376,7 +417,7 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
         c->grad_add_device_s *= stretch;
     }
     sched_sim_result_free(out);
-    st = simulate_once(&slow, plan, opts, out, err);
+    st = simulate_micro(&slow, plan, opts, out, err);
     out->compute_stretch = stretch;
     free(slow.blocks);
     return st;

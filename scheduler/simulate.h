@@ -112,6 +112,9 @@ typedef struct {
 typedef struct {
     bool timelines; /* fill timeline[] */
     bool tasks;     /* fill tasks */
+    /* simulate every micro-batch even past the first few (the default
+     * extrapolates the repeating ones; see simulate.c); for tests */
+    bool every_micro_batch;
 } sched_sim_opts_t;
 
 typedef struct {

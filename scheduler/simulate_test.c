@@ -242,12 +242,66 @@ static void test_grad_accumulation(void) {
     sched_workload_free(&w);
 }
 
+/* Past 16 micro-batches the simulator extrapolates the repeating ones: the
+ * result must equal a simulation of every micro-batch, for streamed,
+ * offloaded and host-optimizer plans, with and without clipping and
+ * interference; and the largest accepted gradient_accumulation_steps
+ * (10^6) must simulate at once, without overflow. */
+static void test_many_micro_batches(void) {
+    const sched_act_place_t acts[3] = {SCHED_ACTS_KEEP, SCHED_ACTS_OFFLOAD, SCHED_ACTS_RECOMPUTE};
+    for (int a = 0; a < 3; a++)
+        for (int clip = 0; clip < 2; clip++) {
+            sched_workload_t w;
+            sched_plan_t p = {0};
+            blocks3(&w, 1, 2, 1.5);
+            w.has_trainable = true;
+            w.clip = clip;
+            w.compute_interference = clip ? 0.25 : 0;
+            w.host_copy_s_per_byte = 0.1;
+            for (int b = 0; b < 3; b++) {
+                w.blocks[b].grad_bytes = 0.5;
+                w.blocks[b].grad_mb_bytes = 0.5;
+                w.blocks[b].grad_mb_copies = 1;
+                w.blocks[b].grad_add_host_s = 0.125;
+                w.blocks[b].optim_bytes = 2;
+                w.blocks[b].adam_host_s = 0.5;
+                w.blocks[b].act_saved_bytes = 0.75;
+                w.blocks[b].act_input_bytes = 0.25;
+                w.blocks[b].act_copies = 1;
+            }
+            plan_all(&p, SCHED_WEIGHTS_STREAM, acts[a], 1);
+            w.grad_accum = 41;
+            mt_error_t err = {0};
+            sched_sim_result_t ex, full;
+            sched_sim_opts_t o_full = {.every_micro_batch = true};
+            EXPECT(sched_simulate(&w, &p, NULL, &ex, &err) == MT_OK, "%s", err.msg);
+            EXPECT(sched_simulate(&w, &p, &o_full, &full, &err) == MT_OK, "%s", err.msg);
+            const double tol = 1e-9 * full.step_time;
+            EXPECT(fabs(ex.step_time - full.step_time) <= tol && fabs(ex.h2d_bytes - full.h2d_bytes) <= 1e-9 * full.h2d_bytes &&
+                       fabs(ex.busy[SCHED_RES_COMPUTE] - full.busy[SCHED_RES_COMPUTE]) <= tol,
+                   "acts %d clip %d: extrapolated step %.17g s, h2d %.17g vs simulated %.17g s, %.17g", a, clip,
+                   ex.step_time, ex.h2d_bytes, full.step_time, full.h2d_bytes);
+            for (int m = 0; m < SCHED_MEM_COUNT; m++)
+                EXPECT(ex.peak[m] == full.peak[m], "acts %d clip %d: peak %d %g vs %g", a, clip, m, ex.peak[m],
+                       full.peak[m]);
+            sched_sim_result_free(&ex);
+            sched_sim_result_free(&full);
+            w.grad_accum = 1000000;
+            EXPECT(sched_simulate(&w, &p, NULL, &ex, &err) == MT_OK && isfinite(ex.step_time) && ex.step_time > 1e6,
+                   "ga=10^6: step %g", ex.step_time);
+            sched_sim_result_free(&ex);
+            sched_plan_free(&p);
+            sched_workload_free(&w);
+        }
+}
+
 int main(void) {
     test_overlap();
     test_memory();
     test_interference();
     test_host_optimizer();
     test_grad_accumulation();
+    test_many_micro_batches();
     if (failures) fprintf(stderr, "simulate_test: %d failure(s)\n", failures);
     else printf("simulate_test: all passed\n");
     return failures != 0;

@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 
 #include "engine/config.h"
+
+#include "base/fileio.h"
 #include "engine/init_random.h"
 #include "engine/inspect.h"
 #include "engine/profile.h"
@@ -99,10 +101,9 @@ static int ensure_base_model(const eng_run_config_t *rc, bool verbose, mt_error_
         fprintf(stderr, "moetune: %s: base_model_init is not set; nothing to create\n", rc->source_path);
         return 1;
     }
-    FILE *f = fopen(rc->base_model_init, "rb");
-    if (!f) {
-        mt_error_set(err, MT_ERR_IO, "%s: base_model_init '%s' cannot be read", rc->source_path,
-                     rc->base_model_init);
+    FILE *f;
+    if (mt_fopen_regular(rc->base_model_init, "base_model_init", &f, err) != MT_OK) {
+        mt_error_prefix(err, "%s: ", rc->source_path);
         return fail(err);
     }
     static char text[1 << 20];

@@ -10,7 +10,11 @@
  *   slot order). Dot products (combine_bwd's dw, gate_scale_bwd) sum in
  *   double in 16 lane partials folded in a fixed tree.
  * - Router softmax: vec.h's exp (<= 1 ulp), the sum in expert order in
- *   fp32 as before; top-k by repeated selection (k is 1..8). */
+ *   fp32 as before; top-k by repeated selection (k is 1..8).
+ * - Non-finite rows: the max ignores NaN (as CUDA's fmaxf), so a NaN or Inf
+ *   logit gives NaN probabilities, and kern_router_before's total order
+ *   (NaN lowest, ties by index) still picks k distinct experts; the plan
+ *   refuses an expert index outside [0, E) rather than write through it. */
 #include "kernels/moe_ops.h"
 
 #include <math.h>
@@ -137,7 +141,13 @@ void kern_moe_plan_cpu(kern_stream_t *s, int32_t *counts, int32_t *offsets, int3
                        int32_t *inv, const int32_t *idx, int n, int k, int E) {
     (void)s;
     memset(counts, 0, (size_t)E * sizeof *counts);
-    for (int i = 0; i < n * k; i++) counts[idx[i]]++;
+    for (size_t i = 0; i < (size_t)n * (size_t)k; i++) {
+        /* The router never yields such an index (see router_math.h); one
+         * here is a caller's bug, and counting it would write out of bounds. */
+        MT_CHECK(idx[i] >= 0 && idx[i] < E, "moe_plan: slot %zu routes to expert %d, outside [0, %d)",
+                 i, (int)idx[i], E);
+        counts[idx[i]]++;
+    }
     offsets[0] = 0;
     for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + counts[e];
     int32_t *cursor = malloc((size_t)E * sizeof *cursor);

@@ -14,7 +14,10 @@
  *    multiply-adds): bit-identical;
  *  - combine dw and gate dglogit: double dot products in another order,
  *    rounded once: rtol 1e-6 (+ atol 1e-6 for dots that cancel);
- *  - gate sigmoid: device expf within 2 ulp: rtol 4e-6. */
+ *  - gate sigmoid: device expf within 2 ulp: rtol 4e-6.
+ * Non-finite router rows (NaN, +Inf, all -Inf logits): the indices must be
+ * identical (NaN ranks lowest, ties by index: k distinct valid experts), and
+ * NaN probabilities/weights matched in kind; the plan over them exact. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,6 +185,53 @@ static void permute_case(gt_ctx_t *t, int n, int k, int E, int H) {
     free(hc);
 }
 
+/* Rows of the logits poisoned with NaN / +Inf / -Inf among finite ones. */
+static void router_nonfinite_case(gt_ctx_t *t, int n, int E, int k, kern_router_mode_t mode) {
+    float *hl = router_logits(t, n, E);
+    for (int r = 0; r < n; r++) {
+        float *row = hl + (size_t)r * E;
+        switch (r % 5) {
+        case 0: row[gt_int(t, E)] = NAN; break;
+        case 1: row[gt_int(t, E)] = INFINITY; break;
+        case 2: for (int e = 0; e < E; e++) row[e] = -INFINITY; break;
+        case 3: for (int e = 0; e < E; e++) if (e % 3) row[e] = -INFINITY; break;
+        default: break; /* finite */
+        }
+    }
+    gt_buf_t L = gt_from_host(t, hl, (size_t)n * E * 4, "logits");
+    gt_buf_t W = gt_alloc(t, (size_t)n * k * 4, "weights"), I = gt_alloc(t, (size_t)n * k * 4, "idx");
+    gt_buf_t P = gt_alloc(t, (size_t)n * E * 4, "probs");
+    gt_buf_t CNT = gt_alloc(t, (size_t)E * 4, "counts"), OFF = gt_alloc(t, (size_t)(E + 1) * 4, "offsets");
+    gt_buf_t PT = gt_alloc(t, (size_t)n * k * 4, "perm_tok"), INV = gt_alloc(t, (size_t)n * k * 4, "inv");
+    char what[160];
+    t->cpu->ops->router_fwd(t->sc, GT_C(W), GT_CI(I), GT_C(P), GT_C(L), n, E, k, mode);
+    t->gpu->ops->router_fwd(t->sg, GT_G(W), GT_GI(I), GT_G(P), GT_G(L), n, E, k, mode);
+    snprintf(what, sizeof what, "router_fwd non-finite idx n=%d E=%d k=%d", n, E, k);
+    gt_check_exact(t, what, &I, I.bytes);
+    snprintf(what, sizeof what, "router_fwd non-finite probs n=%d E=%d k=%d", n, E, k);
+    gt_check_f32(t, what, &P, (size_t)n * E, 1e-9f, 1e-5f);
+    snprintf(what, sizeof what, "router_fwd non-finite weights n=%d E=%d k=%d", n, E, k);
+    gt_check_f32(t, what, &W, (size_t)n * k, 1e-9f, 1e-5f);
+    int32_t *hi = gt_host_bytes((size_t)n * k * 4);
+    gt_download(t, &I, hi, NULL);
+    int bad = 0;
+    for (int r = 0; r < n; r++)
+        for (int s = 0; s < k; s++) {
+            const int32_t e = hi[(size_t)r * k + s];
+            bad += e < 0 || e >= E;
+            for (int q = 0; q < s; q++) bad += hi[(size_t)r * k + q] == e;
+        }
+    gt_expect(t, bad == 0, "router_fwd non-finite: %d slots out of range or repeated", bad);
+    t->cpu->ops->moe_plan(t->sc, GT_CI(CNT), GT_CI(OFF), GT_CI(PT), GT_CI(INV), GT_CI(I), n, k, E);
+    t->gpu->ops->moe_plan(t->sg, GT_GI(CNT), GT_GI(OFF), GT_GI(PT), GT_GI(INV), GT_GI(I), n, k, E);
+    gt_check_exact(t, "moe_plan after non-finite routing: offsets", &OFF, OFF.bytes);
+    gt_check_exact(t, "moe_plan after non-finite routing: inv", &INV, INV.bytes);
+    gt_buf_t *bufs[] = {&L, &W, &I, &P, &CNT, &OFF, &PT, &INV};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gt_free(t, bufs[i]);
+    free(hl);
+    free(hi);
+}
+
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "moe_test", 0x30e);
@@ -190,6 +240,9 @@ int main(void) {
     router_case(&t, 100, 60, 4, KERN_ROUTER_SOFTMAX_TOPK, 1, 1);        /* Qwen2-MoE */
     router_case(&t, 64, 128, 8, KERN_ROUTER_SOFTMAX_TOPK_RENORM, 1, 1); /* Qwen3-MoE */
     router_case(&t, 9, 256, 8, KERN_ROUTER_SOFTMAX_TOPK, 0, 0);
+    router_nonfinite_case(&t, 20, 8, 2, KERN_ROUTER_SOFTMAX_TOPK_RENORM);
+    router_nonfinite_case(&t, 20, 60, 4, KERN_ROUTER_SOFTMAX_TOPK);
+    router_nonfinite_case(&t, 10, 128, 8, KERN_ROUTER_SOFTMAX_TOPK_RENORM);
     permute_case(&t, 0, 2, 8, 16);
     permute_case(&t, 1, 1, 3, 5);
     permute_case(&t, 37, 2, 8, 64);

@@ -7,6 +7,8 @@
  * made by the registry and the planner, with the same messages. */
 #include "tools/plan/plan_cmd.h"
 
+#include "base/fileio.h"
+
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,8 +53,9 @@ static mt_status_t load_model_config(plan_ctx_t *c, mt_error_t *err) {
         return mt_error_set(err, MT_ERR_IO, "%s: cannot open (base_model needs at least its config.json)",
                             c->model_config_path);
     snprintf(c->model_config_path, sizeof c->model_config_path, "%s", rc->base_model_init);
-    FILE *f = fopen(rc->base_model_init, "rb");
-    if (!f) return mt_error_set(err, MT_ERR_IO, "%s: cannot open base_model_init", rc->base_model_init);
+    FILE *f;
+    mt_status_t ost = mt_fopen_regular(rc->base_model_init, "base_model_init", &f, err);
+    if (ost != MT_OK) return ost;
     size_t cap = 1 << 14, len = 0;
     char *text = malloc(cap);
     MT_CHECK_ALLOC(text, "config.json text");

@@ -10,7 +10,10 @@
  * load-balancing loss is linear in the mean probabilities), in both modes,
  * with aux_dp NULL, with tok_w NULL (weight 1) and with both set.
  * Logits are built with gaps between ranks far larger than the FD step so a
- * perturbation never changes the top-k set (FD across a switch is meaningless). */
+ * perturbation never changes the top-k set (FD across a switch is meaningless).
+ * Non-finite rows (a NaN or +Inf logit makes every prob NaN): top-k still
+ * returns k distinct experts in [0, E), in index order, finite rows beside
+ * them are untouched, and the plan and backward over them stay in bounds. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,9 +204,48 @@ static void check_ties(tu_env_t *env) {
     tu_expect(bad == 0, "k = E: order or weights wrong in %d places", bad);
 }
 
+/* NaN ranks lowest (ties by index): a row whose probabilities are all NaN
+ * selects experts 0..k-1; a -Inf logit is an ordinary zero probability. */
+static void check_nonfinite(tu_env_t *env) {
+    enum { N = 6, E = 5, K = 3 };
+    const float inf = INFINITY, nan = NAN;
+    const float logits[N * E] = {
+        nan, 1.0f, 2.0f, 3.0f, 4.0f,   /* one NaN: the sum, so every prob, is NaN */
+        nan, nan, nan, nan, nan,       /* all NaN */
+        1.0f, inf, 0.0f, 2.0f, -1.0f,  /* +Inf: Inf - Inf = NaN */
+        -inf, -inf, -inf, -inf, -inf,  /* all -Inf: max -Inf, -Inf - -Inf = NaN */
+        -inf, 1.0f, -inf, 0.5f, -inf,  /* -Inf are zero probs: 1, 3, then 0 (tie, lowest index) */
+        0.1f, 0.2f, 0.3f, 0.4f, 0.5f,  /* finite: 4, 3, 2 */
+    };
+    const int32_t want[N * K] = {0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 1, 3, 0, 4, 3, 2};
+    float w[N * K], p[N * E], dl[N * E], dw[N * K];
+    int32_t idx[N * K];
+    for (int mode = 0; mode < 2; mode++) {
+        for (int i = 0; i < N * K; i++) idx[i] = -7;
+        kern_router_fwd_cpu(env->s, w, idx, p, logits, N, E, K, (kern_router_mode_t)mode);
+        int bad = 0;
+        for (int i = 0; i < N * K; i++) bad += idx[i] != want[i];
+        tu_expect(bad == 0, "non-finite %s: %d selected experts differ from NaN-lowest order", mode_name(mode), bad);
+        for (int r = 0; r < 4; r++)
+            tu_expect(isnan(p[r * E]) && isnan(w[r * K]), "non-finite %s: row %d should give NaN probs/weights",
+                      mode_name(mode), r);
+        tu_expect(isfinite(w[5 * K]) && w[5 * K] > w[5 * K + 1],
+                  "non-finite %s: the finite row's weights must stay finite and descending", mode_name(mode));
+        tu_expect(p[4 * E] == 0.0f && isfinite(w[4 * K]), "non-finite %s: -Inf logit must be a zero prob", mode_name(mode));
+
+        int32_t counts[E], offsets[E + 1], perm[N * K], inv[N * K];
+        kern_moe_plan_cpu(env->s, counts, offsets, perm, inv, idx, N, K, E);
+        tu_expect(offsets[E] == N * K, "non-finite %s: plan covers %d of %d slots", mode_name(mode), offsets[E], N * K);
+        for (int i = 0; i < N * K; i++) dw[i] = 1.0f;
+        kern_router_bwd_cpu(env->s, dl, dw, p, idx, NULL, NULL, N, E, K, (kern_router_mode_t)mode);
+        tu_expect(isfinite(dl[5 * E]), "non-finite %s: the finite row's gradient must stay finite", mode_name(mode));
+    }
+}
+
 int main(void) {
     tu_env_t env = tu_env_open();
     check_ties(&env);
+    check_nonfinite(&env);
     uint64_t seed = 40;
     for (int mode = 0; mode < 2; mode++)
         for (int aux = 0; aux < 3; aux++) {

@@ -1,0 +1,178 @@
+/* A checkpoint's tensors against config.json (see checkpoint.h).
+ *
+ * Run when a run is planned, from the safetensors headers alone (opening a
+ * checkpoint maps it and parses its headers; no weight is read), so that a
+ * config.json whose sizes disagree with the weights is reported as that,
+ * naming the key that sets the disagreeing dimension, rather than as a
+ * memory budget the wrong sizes do not fit, or steps later.
+ *
+ * Tensors config.json does not explain (an expert past num_local_experts, a
+ * layer past num_hidden_layers) mean the config and the weights are not a
+ * pair, so they are an error unless the run says allow_unused_tensors, or
+ * the family is known to carry tensors transformers ignores on load
+ * (k_ignored below): those stay a note, as in transformers. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/checkpoint.h"
+
+/* Names transformers drops on load (a model class's
+ * _keys_to_ignore_on_load_unexpected, or buffers older checkpoints saved). */
+typedef enum {
+    IGN_SUFFIX,      /* any family: the name ends in `text` */
+    IGN_EXTRA_LAYER, /* model_type `text`: layers past num_hidden_layers (multi-token prediction) */
+} ignore_kind_t;
+
+static const struct {
+    ignore_kind_t kind;
+    const char *text;
+} k_ignored[] = {
+    {IGN_SUFFIX, ".rotary_emb.inv_freq"},
+    {IGN_EXTRA_LAYER, "deepseek_v3"}, /* model.layers.61.*: DeepSeek-V3's MTP layer */
+};
+
+static const char *experts_key(const eng_model_config_t *c) {
+    return c->arch == ENG_ARCH_MIXTRAL ? "num_local_experts" : "num_experts";
+}
+
+static const char *expert_width_key(const eng_model_config_t *c) {
+    return c->arch == ENG_ARCH_QWEN2_MOE || c->arch == ENG_ARCH_QWEN3_MOE ? "moe_intermediate_size"
+                                                                         : "intermediate_size";
+}
+
+/* The config.json key(s) that set dimension d of p's shape. */
+static const char *dim_keys(const eng_model_config_t *c, const eng_param_spec_t *p, int d) {
+    static const char *const hidden = "hidden_size";
+    const char *q = "num_attention_heads x head_dim (head_dim defaults to hidden_size / num_attention_heads)";
+    const char *kv = "num_key_value_heads x head_dim (head_dim defaults to hidden_size / num_attention_heads)";
+    switch (p->role) {
+    case ENG_P_EMBED:
+    case ENG_P_LM_HEAD: return d == 0 ? "vocab_size" : hidden;
+    case ENG_P_ATTN_NORM:
+    case ENG_P_MLP_NORM:
+    case ENG_P_FINAL_NORM:
+    case ENG_P_O_BIAS: return hidden;
+    case ENG_P_Q: return d == 0 ? q : hidden;
+    case ENG_P_K:
+    case ENG_P_V: return d == 0 ? kv : hidden;
+    case ENG_P_O: return d == 0 ? hidden : q;
+    case ENG_P_Q_BIAS: return q;
+    case ENG_P_K_BIAS:
+    case ENG_P_V_BIAS: return kv;
+    case ENG_P_Q_NORM: return p->shape[0] == c->head_dim ? "head_dim" : q;
+    case ENG_P_K_NORM: return p->shape[0] == c->head_dim ? "head_dim" : kv;
+    case ENG_P_ROUTER: return d == 0 ? experts_key(c) : hidden;
+    case ENG_P_EXP_GATE:
+    case ENG_P_EXP_UP: return d == 0 ? expert_width_key(c) : hidden;
+    case ENG_P_EXP_DOWN: return d == 0 ? hidden : expert_width_key(c);
+    case ENG_P_SHARED_GATE:
+    case ENG_P_SHARED_UP: return d == 0 ? "shared_expert_intermediate_size" : hidden;
+    case ENG_P_SHARED_DOWN: return d == 0 ? hidden : "shared_expert_intermediate_size";
+    case ENG_P_SHARED_EXPERT_GATE: return d == 0 ? "(1: one gate per token)" : hidden;
+    case ENG_P_DENSE_GATE:
+    case ENG_P_DENSE_UP: return d == 0 ? "intermediate_size" : hidden;
+    case ENG_P_DENSE_DOWN: return d == 0 ? hidden : "intermediate_size";
+    default: return "?";
+    }
+}
+
+static void shape_str(char *buf, size_t cap, int ndim, const int64_t *s64, const uint64_t *su) {
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < ndim && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", s64 ? (long long)s64[i] : (long long)su[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+/* The integer after `key` ("layers.", "experts.") in name, or -1. */
+static long index_after(const char *name, const char *key) {
+    const char *p = strstr(name, key);
+    if (!p) return -1;
+    char *end;
+    long v = strtol(p + strlen(key), &end, 10);
+    return end != p + strlen(key) && *end == '.' ? v : -1;
+}
+
+static bool ignored_by_transformers(const eng_model_config_t *c, const char *name) {
+    for (size_t i = 0; i < sizeof k_ignored / sizeof k_ignored[0]; i++) {
+        if (k_ignored[i].kind == IGN_SUFFIX) {
+            const size_t n = strlen(name), m = strlen(k_ignored[i].text);
+            if (n >= m && strcmp(name + n - m, k_ignored[i].text) == 0) return true;
+        } else if (strcmp(c->model_type, k_ignored[i].text) == 0 &&
+                   index_after(name, "model.layers.") >= c->num_hidden_layers) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Why config.json does not explain name, for the message. */
+static void why_unexplained(const eng_model_config_t *c, const char *name, char *buf, size_t cap) {
+    const long layer = index_after(name, "model.layers."), expert = index_after(name, ".experts.");
+    if (layer >= c->num_hidden_layers)
+        snprintf(buf, cap, "layer %ld, while num_hidden_layers is %d", layer, c->num_hidden_layers);
+    else if (expert >= 0 && expert >= c->num_experts)
+        snprintf(buf, cap, "expert %ld, while %s is %d", expert, experts_key(c), c->num_experts);
+    else
+        snprintf(buf, cap, "a tensor %s does not have", c->model_type);
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_config_t *cfg,
+                                 const eng_model_spec_t *spec, const char *config_path, bool allow_unused,
+                                 mt_error_t *err) {
+    char want[128], got[128];
+    for (int i = 0; i < spec->count; i++) {
+        const eng_param_spec_t *p = &spec->params[i];
+        shape_str(want, sizeof want, p->ndim, p->shape, NULL);
+        const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->name);
+        if (!e)
+            return mt_error_set(err, MT_ERR_FORMAT,
+                                "%s: missing tensor '%s', which %s implies with shape %s (%s)", ck->dir, p->name,
+                                config_path, want, dim_keys(cfg, p, 0));
+        const eng_st_tensor_t *t = e->tensor;
+        int bad = t->ndim == p->ndim ? -1 : 0;
+        for (int d = 0; bad < 0 && d < p->ndim; d++)
+            if ((int64_t)t->shape[d] != p->shape[d]) bad = d;
+        if (bad >= 0) {
+            shape_str(got, sizeof got, t->ndim, NULL, t->shape);
+            char dimv[64] = "";
+            if (t->ndim == p->ndim)
+                snprintf(dimv, sizeof dimv, " (%lld in the checkpoint)", (long long)t->shape[bad]);
+            return mt_error_set(err, MT_ERR_FORMAT,
+                                "%s disagrees with the checkpoint: tensor '%s' in %s has shape %s but %s "
+                                "implies %s; dimension %d is %lld, set by %s%s. Use the config.json that "
+                                "came with these weights",
+                                config_path, p->name, ck->files[e->file].path, got, config_path, want, bad,
+                                (long long)p->shape[bad], dim_keys(cfg, p, bad), dimv);
+        }
+    }
+    /* Tensors nothing in the spec names: a merge of two sorted lists. */
+    const char **names = malloc((spec->count ? (size_t)spec->count : 1) * sizeof *names);
+    MT_CHECK_ALLOC(names, "spec names");
+    for (int i = 0; i < spec->count; i++) names[i] = spec->params[i].name;
+    qsort(names, (size_t)spec->count, sizeof *names, cmp_str);
+    int j = 0, unexplained = 0;
+    const char *first = NULL;
+    for (int i = 0; i < ck->count; i++) {
+        const char *n = ck->entries[i].name;
+        while (j < spec->count && strcmp(names[j], n) < 0) j++;
+        if (j < spec->count && strcmp(names[j], n) == 0) continue;
+        if (ignored_by_transformers(cfg, n)) continue;
+        if (!first) first = n;
+        unexplained++;
+    }
+    free(names);
+    if (unexplained == 0 || allow_unused) return MT_OK;
+    char why[160];
+    why_unexplained(cfg, first, why, sizeof why);
+    return mt_error_set(err, MT_ERR_FORMAT,
+                        "%s holds %d tensor(s) that %s does not explain, first '%s' (%s): the config and the "
+                        "weights do not belong together. Use the config.json that came with these weights, or "
+                        "set allow_unused_tensors: true in the run config to train without them (they are not "
+                        "saved)",
+                        ck->dir, unexplained, config_path, first, why);
+}
