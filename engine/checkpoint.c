@@ -132,10 +132,8 @@ out:
     return st;
 }
 
-mt_status_t eng_checkpoint_open(const char *dir, eng_checkpoint_t *out, mt_error_t *err) {
+static mt_status_t open_weights(const char *dir, eng_checkpoint_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
-    mt_status_t cst = eng_ckpt_dir_check(dir, err); /* never a partial or mixed save */
-    if (cst != MT_OK) return cst;
     out->dir = strdup(dir);
     MT_CHECK_ALLOC(out->dir, "path");
     mt_status_t st;
@@ -175,6 +173,28 @@ mt_status_t eng_checkpoint_open(const char *dir, eng_checkpoint_t *out, mt_error
     }
     qsort(out->entries, (size_t)out->count, sizeof *out->entries, cmp_entry);
     return MT_OK;
+}
+
+/* The files' own errors (a truncated shard, a missing one) say most about a
+ * damaged directory, so they come first; a directory whose files all parse
+ * is then checked as a whole against its completion manifest (engine/outdir),
+ * which is what catches a mix of two saves. */
+mt_status_t eng_checkpoint_open(const char *dir, eng_checkpoint_t *out, mt_error_t *err) {
+    mt_error_t cerr = {0};
+    const mt_status_t cst = eng_ckpt_dir_check(dir, &cerr);
+    mt_status_t st = open_weights(dir, out, err);
+    if (st != MT_OK) {
+        if (cst != MT_OK) {
+            size_t n = strlen(err->msg);
+            snprintf(err->msg + n, sizeof err->msg - n, "; %s", cerr.msg);
+        }
+        return st;
+    }
+    if (cst != MT_OK) {
+        eng_checkpoint_close(out);
+        *err = cerr;
+    }
+    return cst;
 }
 
 void eng_checkpoint_close(eng_checkpoint_t *ck) {

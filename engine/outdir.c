@@ -393,12 +393,12 @@ static bool manifest_matches(const char *dir, json_t *man, char *why, size_t cap
         struct stat sb;
         char got[64];
         bool ok = stat(p, &sb) == 0;
-        if (!ok) snprintf(why, cap, "'%s' is listed but missing", name);
+        if (!ok) snprintf(why, cap, "%s is listed but missing", p);
         else if ((json_int_t)sb.st_size != json_integer_value(bytes))
-            snprintf(why, cap, "'%s' has %lld bytes, the manifest says %lld", name, (long long)sb.st_size,
+            snprintf(why, cap, "%s has %lld bytes, the manifest says %lld", p, (long long)sb.st_size,
                      (long long)json_integer_value(bytes)), ok = false;
         else if (is_safetensors(name) && (st_save_id(p, got, sizeof got), strcmp(got, id) != 0))
-            snprintf(why, cap, "'%s' is from another save (%s, the manifest's is %s)", name,
+            snprintf(why, cap, "%s is from another save (%s, the manifest's is %s)", p,
                      got[0] ? got : "no save id", id), ok = false;
         free(p);
         if (!ok) return false;
@@ -408,7 +408,7 @@ static bool manifest_matches(const char *dir, json_t *man, char *why, size_t cap
     bool stray = !lists_single && exists(single);
     free(single);
     if (stray) {
-        snprintf(why, cap, "'model.safetensors' is not part of the save the manifest lists");
+        snprintf(why, cap, "%s/model.safetensors is not part of the save the manifest lists", dir);
         return false;
     }
     return true;
@@ -437,9 +437,9 @@ mt_status_t eng_ckpt_dir_check(const char *dir, mt_error_t *err) {
                               dir, why, pid, dir, staging ? staging : "?");
         else if (!ok)
             st = mt_error_set(err, MT_ERR_FORMAT,
-                              "%s: not a complete checkpoint: %s; its files changed after moetune wrote "
-                              "them, so it is refused rather than loaded mixed",
-                              dir, why);
+                              "%s: not a complete checkpoint: %s; its files no longer match the %s moetune "
+                              "wrote with them, so it is refused rather than loaded mixed",
+                              dir, why, ENG_CKPT_MANIFEST_FILE);
     } else if (marked) {
         st = mt_error_set(err, MT_ERR_FORMAT,
                           "%s: moetune (pid %lld) was writing this checkpoint and did not finish (%s is "
