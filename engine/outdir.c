@@ -458,6 +458,9 @@ mt_status_t eng_ckpt_dir_check(const char *dir, mt_error_t *err) {
 
 /* ---- checkpoint directories ---------------------------------------------------- */
 
+/* The stem of a MERGE staging directory (".save.moetune-tmp-<pid>-<n>" in target). */
+#define MERGE_STEM "save"
+
 /* Counted over the whole process, so a test can reach every point of every
  * save a run makes (checkpoint-N, then the final model) with one number. */
 static atomic_long g_crash_points;
@@ -491,7 +494,7 @@ mt_status_t eng_ckpt_dir_begin(eng_ckpt_dir_t *tx, const char *target, eng_ckpt_
     mt_status_t st;
     if (mode == ENG_CKPT_DIR_MERGE) {
         st = mkdirs(target, err);
-        eng_outdir_tmp_name(tmp, sizeof tmp, target, "save");
+        eng_outdir_tmp_name(tmp, sizeof tmp, target, MERGE_STEM);
     } else {
         char *parent = parent_of(target);
         st = mkdirs(parent, err);
@@ -689,9 +692,24 @@ mt_status_t eng_outdir_recover(const char *dir, char *note, size_t note_cap, mt_
     DIR *d = opendir(dir);
     struct dirent *de;
     while (d && (de = readdir(d)) != NULL) {
-        if (!strstr(de->d_name, ENG_OUTDIR_TMP_TAG)) continue;
+        const char *tag = strstr(de->d_name, ENG_OUTDIR_TMP_TAG);
+        if (!tag) continue;
         char *p = join(dir, de->d_name);
-        if (!keep || strcmp(keep, p) != 0) remove_tree(p); /* ours, and no run but us writes here */
+        /* A SWAP killed between its two renames (file systems without an atomic
+         * exchange) leaves NAME missing and complete checkpoints beside it: one
+         * goes back to NAME instead of being deleted with the rest. */
+        char name[NAME_MAX + 1];
+        snprintf(name, sizeof name, "%.*s", (int)(tag - de->d_name - 1), de->d_name + 1);
+        char *np = de->d_name[0] == '.' && name[0] && strcmp(name, MERGE_STEM) != 0 ? join(dir, name) : NULL;
+        mt_error_t cerr = {0};
+        char *man = join(p, ENG_CKPT_MANIFEST_FILE);
+        if (np && !exists(np) && exists(man) && eng_ckpt_dir_check(p, &cerr) == MT_OK && rename(p, np) == 0) {
+            if (note) snprintf(note, note_cap, "moetune: restored %s from %s, left by an interrupted save", np, p);
+        } else if (!keep || strcmp(keep, p) != 0) {
+            remove_tree(p); /* ours, and no run but us writes here */
+        }
+        free(man);
+        free(np);
         free(p);
     }
     if (d) closedir(d);

@@ -67,10 +67,11 @@ typedef struct {
 mt_status_t eng_outdir_lock(eng_outdir_lock_t *l, const char *dir, mt_error_t *err);
 void eng_outdir_unlock(eng_outdir_lock_t *l);
 
-/* Under the lock: finishes a MERGE switch a killed run left half done and
- * removes staging directories and moved-aside checkpoints of runs that are
- * gone.  note (may be NULL) receives a line for the user when something was
- * done. */
+/* Under the lock: finishes a MERGE switch a killed run left half done, puts
+ * a complete checkpoint back under its name when a killed SWAP left the name
+ * empty, and removes the other staging directories and moved-aside
+ * checkpoints of runs that are gone.  note (may be NULL) receives a line for
+ * the user when something was done. */
 mt_status_t eng_outdir_recover(const char *dir, char *note, size_t note_cap, mt_error_t *err);
 
 /* "<dir>/.<stem>.moetune-tmp-<pid>-<n>": unique per process and call. */

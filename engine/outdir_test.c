@@ -297,6 +297,34 @@ static void test_recover(tctx_t *t) {
     EXPECT(t, stat(staging, &sb) != 0 && stat(mp, &sb) != 0, "staging or mark left after recovery");
 }
 
+/* A SWAP stopped between moving the previous checkpoint aside and renaming
+ * the new one in (file systems without an atomic exchange): recovery puts a
+ * complete one back under its name and deletes an incomplete staging dir. */
+static void test_recover_swap(tctx_t *t) {
+    char root[700], dir[800], aside[800], partial[800], p[1700];
+    mt_error_t err = {0};
+    snprintf(root, sizeof root, "%s/recover_swap", t->root);
+    snprintf(dir, sizeof dir, "%s/checkpoint-3", root);
+    EXPECT(t, save(dir, ENG_CKPT_DIR_SWAP, 1.0f, &err) == MT_OK, "%s", err.msg);
+    snprintf(aside, sizeof aside, "%s/.checkpoint-3" ENG_OUTDIR_TMP_TAG "99999-1", root);
+    EXPECT(t, rename(dir, aside) == 0, "rename");
+    eng_ckpt_dir_t tx; /* a second save that never finished */
+    EXPECT(t, eng_ckpt_dir_begin(&tx, dir, ENG_CKPT_DIR_SWAP, &err) == MT_OK, "%s", err.msg);
+    snprintf(partial, sizeof partial, "%s", tx.staging);
+    for (int i = 0; i < tx.file_count; i++) free(tx.files[i]);
+    free(tx.files);
+    free(tx.target);
+    free(tx.staging);
+    char note[1200];
+    EXPECT(t, eng_outdir_recover(root, note, sizeof note, &err) == MT_OK, "%s", err.msg);
+    EXPECT(t, eng_ckpt_dir_check(dir, &err) == MT_OK, "%s", err.msg);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    struct stat sb;
+    EXPECT(t, stat(p, &sb) == 0 && stat(aside, &sb) != 0 && stat(partial, &sb) != 0,
+           "restored checkpoint-3, removed the partial staging dir");
+    EXPECT(t, strstr(note, "restored"), "note: %s", note);
+}
+
 int main(void) {
     tctx_t t = {0};
     const char *base = getenv("TEST_TMPDIR");
@@ -309,6 +337,7 @@ int main(void) {
     test_swap(&t);
     test_merge(&t);
     test_recover(&t);
+    test_recover_swap(&t);
     if (t.failures) {
         fprintf(stderr, "outdir_test: %d failures\n", t.failures);
         return 1;
