@@ -13,7 +13,9 @@
 #      refused with a message, and the next run on that output_dir leaves a
 #      loadable checkpoint again;
 #   4. metrics.jsonl of two consecutive runs: both runs' lines, each after
-#      its own header.
+#      its own header; save_final: false claims no saved model;
+#   5. the saved config.json carries the run's model_config overrides and
+#      the dtype actually saved.
 set -u
 MOETUNE="$1"; DIGEST="$2"; HW="$3"
 for b in "$MOETUNE" "$DIGEST"; do [ -x "$b" ] || { echo "usage: outputs_test.sh MOETUNE CKPT_DIGEST HW.yaml"; exit 2; }; done
@@ -197,6 +199,23 @@ else
   ok "kill -9 at $points points of a $shards-shard save: loaded as A $n_as_a, as B $n_as_b, refused $n_refused times; every next run left a loadable checkpoint"
 fi
 
+# a leftover staging directory, as `moetune inspect` and `moetune train` meet it
+rm -rf kill; cp -a runA kill
+MOETUNE_TEST_CRASH_AT=2 "$MOETUNE" train run.yaml --set output_dir=kill --set learning_rate=3e-3 "${save[@]}" >/dev/null 2>&1
+leftover=$(ls -d kill/.checkpoint-2.moetune-tmp-* 2>/dev/null | head -1)
+if [ -z "$leftover" ]; then
+  fail "no staging directory left by a run killed at point 2"
+else
+  "$MOETUNE" inspect "$leftover" >"$L/inspect_left.out" 2>"$L/inspect_left.err"; rci=$?
+  "$MOETUNE" train run.yaml --set "base_model=$leftover" --set output_dir=from_leftover >/dev/null 2>"$L/train_left.err"; rct=$?
+  if [ "$rci" -eq 1 ] && [ "$rct" -eq 1 ] && grep -q "was writing this checkpoint and did not finish" "$L/inspect_left.err" \
+     && grep -q "was writing this checkpoint and did not finish" "$L/train_left.err"; then
+    ok "leftover staging directory refused by inspect and train: $(head -c 200 "$L/inspect_left.err")"
+  else
+    fail "leftover staging directory: inspect exit $rci, train exit $rct"; cat "$L/inspect_left.err" "$L/train_left.err"
+  fi
+fi
+
 # --- 4. metrics.jsonl is appended --------------------------------------------------------
 "$MOETUNE" train run.yaml --set output_dir=metrics --set save_final=false >/dev/null 2>"$L/m1.err" || fail "metrics run 1"
 cp metrics/metrics.jsonl "$L/m1.jsonl"
@@ -216,6 +235,18 @@ if grep -q "model saved" "$L/m2.out" || ! grep -q "no final model was written" "
   fail "save_final: false: $(cat "$L/m2.out")"
 else
   ok "save_final: false: $(cat "$L/m2.out")"
+fi
+
+# --- 5. the saved config.json is what the model was trained with ------------------------
+"$MOETUNE" train run.yaml --set output_dir=cfg --set bf16=true --set model_config.rope_theta=5000.0 \
+  --set max_steps=1 >/dev/null 2>"$L/cfg.err" || { fail "bf16 run with a model_config override"; cat "$L/cfg.err"; }
+"$MOETUNE" inspect cfg >"$L/cfg_inspect.out" 2>&1
+if grep -qE '"rope_theta": 5000(\.0)?,' cfg/config.json && grep -q '"torch_dtype": "bfloat16"' cfg/config.json \
+   && grep -q '"dtype": "bfloat16"' cfg/config.json && grep -qE "BF16 +[0-9]+ tensors" "$L/cfg_inspect.out" \
+   && ! grep -qE "F32 +[0-9]+ tensors" "$L/cfg_inspect.out" && grep -q '"rope_theta": 10000' models/ckpt/config.json; then
+  ok "saved config.json: rope_theta override, torch_dtype/dtype bfloat16 as the BF16 weights"
+else
+  fail "saved config.json:"; cat cfg/config.json "$L/cfg_inspect.out"
 fi
 
 if [ "$failures" -ne 0 ]; then echo "outputs_test: $failures failures"; exit 1; fi
