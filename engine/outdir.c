@@ -393,7 +393,11 @@ static bool manifest_matches(const char *dir, json_t *man, char *why, size_t cap
         struct stat sb;
         char got[64];
         bool ok = stat(p, &sb) == 0;
+        /* Only weights files are held to the save: they are switched in after
+         * config.json and before the index, so a mix always shows in them, and
+         * a user may edit config.json by hand afterwards, as with any HF model. */
         if (!ok) snprintf(why, cap, "%s is listed but missing", p);
+        else if (!is_safetensors(name)) ok = true;
         else if ((json_int_t)sb.st_size != json_integer_value(bytes))
             snprintf(why, cap, "%s has %lld bytes, the manifest says %lld", p, (long long)sb.st_size,
                      (long long)json_integer_value(bytes)), ok = false;

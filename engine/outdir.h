@@ -14,7 +14,8 @@
  *   size) is written last and the result switched into place.  Every
  *   safetensors file carries the save id in its __metadata__, so a reader
  *   can tell a complete checkpoint from a mixed one; eng_ckpt_dir_check is
- *   the reader's side.
+ *   the reader's side (weights files must match the manifest's id and size;
+ *   other listed files must exist, so config.json stays editable by hand).
  *
  * Two ways to switch in, because a checkpoint is sometimes a directory of
  * its own and sometimes files among others:

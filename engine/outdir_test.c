@@ -229,6 +229,16 @@ static void test_merge(tctx_t *t) {
     EXPECT(t, st == MT_ERR_FORMAT && strstr(err.msg, "is from another save") && strstr(err.msg, p), "%s", err.msg);
     EXPECT(t, rename(keep, p) == 0, "rename back");
     EXPECT(t, eng_ckpt_dir_check(dir, &err) == MT_OK, "%s", err.msg);
+    /* config.json edited by hand (another size) is still this save */
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    put(p, "{\"model_type\": \"mixtral\", \"rope_theta\": 500000.0}\n");
+    EXPECT(t, eng_ckpt_dir_check(dir, &err) == MT_OK, "an edited config.json: %s", err.msg);
+    /* a weights file listed in the manifest but gone */
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    EXPECT(t, rename(p, keep) == 0, "rename");
+    st = eng_ckpt_dir_check(dir, &err);
+    EXPECT(t, st == MT_ERR_FORMAT && strstr(err.msg, "is listed but missing") && strstr(err.msg, p), "%s", err.msg);
+    EXPECT(t, rename(keep, p) == 0, "rename back");
 
     /* an ordinary HF directory (no manifest, no mark) passes */
     char hf[700];
