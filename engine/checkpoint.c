@@ -1,12 +1,13 @@
 /* HF checkpoint directories: open, load into fp32, save (see checkpoint.h).
  *
  * Which weights file wins follows transformers' loader: model.safetensors
- * if present, else model.safetensors.index.json.  Saving therefore removes
- * a stale single file only after a new index is in place, and a stale index
- * and shards only after a new single file is in place, so at every instant
- * the directory holds one complete checkpoint (old or new) as a loader sees
- * it, except for same-named shards being replaced one by one. */
+ * if present, else model.safetensors.index.json.  Saving writes a whole new
+ * checkpoint into a staging directory and switches it in through
+ * engine/outdir (which also removes an earlier layout's weights files), and
+ * opening first asks outdir whether the directory is a complete save, so a
+ * mix of two saves is never loaded. */
 #include "engine/checkpoint.h"
+#include "engine/outdir.h"
 
 #include "base/fileio.h"
 
@@ -139,7 +140,7 @@ out:
     return st;
 }
 
-mt_status_t eng_checkpoint_open(const char *dir, eng_checkpoint_t *out, mt_error_t *err) {
+static mt_status_t open_weights(const char *dir, eng_checkpoint_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
     out->dir = strdup(dir);
     MT_CHECK_ALLOC(out->dir, "path");
@@ -180,6 +181,28 @@ mt_status_t eng_checkpoint_open(const char *dir, eng_checkpoint_t *out, mt_error
     }
     qsort(out->entries, (size_t)out->count, sizeof *out->entries, cmp_entry);
     return MT_OK;
+}
+
+/* The files' own errors (a truncated shard, a missing one) say most about a
+ * damaged directory, so they come first; a directory whose files all parse
+ * is then checked as a whole against its completion manifest (engine/outdir),
+ * which is what catches a mix of two saves. */
+mt_status_t eng_checkpoint_open(const char *dir, eng_checkpoint_t *out, mt_error_t *err) {
+    mt_error_t cerr = {0};
+    const mt_status_t cst = eng_ckpt_dir_check(dir, &cerr);
+    mt_status_t st = open_weights(dir, out, err);
+    if (st != MT_OK) {
+        if (cst != MT_OK) {
+            size_t n = strlen(err->msg);
+            snprintf(err->msg + n, sizeof err->msg - n, "; %s", cerr.msg);
+        }
+        return st;
+    }
+    if (cst != MT_OK) {
+        eng_checkpoint_close(out);
+        *err = cerr;
+    }
+    return cst;
 }
 
 void eng_checkpoint_close(eng_checkpoint_t *ck) {
@@ -282,68 +305,15 @@ void eng_ckpt_load_report_free(eng_ckpt_load_report_t *report) {
 
 /* ---- saving ----------------------------------------------------------- */
 
-static mt_status_t mkdir_p(const char *dir, mt_error_t *err) {
-    char *p = strdup(dir);
-    MT_CHECK_ALLOC(p, "path");
-    size_t n = strlen(p);
-    while (n > 1 && p[n - 1] == '/') p[--n] = '\0';
-    for (char *s = p + 1;; s++) {
-        bool end = *s == '\0';
-        if (*s == '/' || end) {
-            char c = *s;
-            *s = '\0';
-            if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-                mt_status_t st = mt_error_set(err, MT_ERR_IO, "%s: cannot create directory: %s", p,
-                                              strerror(errno));
-                free(p);
-                return st;
-            }
-            *s = c;
-        }
-        if (end) break;
-    }
-    struct stat sb;
-    bool ok = stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-    free(p);
-    return ok ? MT_OK : mt_error_set(err, MT_ERR_IO, "%s: not a directory", dir);
-}
-
-/* "model-00002-of-00005.safetensors" -> (2, 5); false for other names. */
-static bool parse_shard_name(const char *s, int *idx, int *total) {
-    if (strlen(s) != 32 || strncmp(s, "model-", 6) != 0 || strncmp(s + 11, "-of-", 4) != 0 ||
-        strcmp(s + 20, ".safetensors") != 0)
-        return false;
-    for (int i = 0; i < 5; i++)
-        if (s[6 + i] < '0' || s[6 + i] > '9' || s[15 + i] < '0' || s[15 + i] > '9') return false;
-    *idx = atoi(s + 6);
-    *total = atoi(s + 15);
-    return true;
-}
-
-/* Removes shard files whose count differs from keep_total (0: all shards). */
-static void remove_stale_shards(const char *dir, int keep_total) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        int idx, total;
-        if (!parse_shard_name(de->d_name, &idx, &total)) continue;
-        if (total == keep_total && idx >= 1 && idx <= total) continue;
-        char *p = path_join(dir, de->d_name);
-        unlink(p); /* best effort: a leftover stale shard is ignored by every loader */
-        free(p);
-    }
-    closedir(d);
-}
-
 static uint64_t tensor_bytes(const eng_ckpt_tensor_t *t) {
     uint64_t n = mt_dtype_size(t->dtype);
     for (int d = 0; d < t->ndim; d++) n *= (uint64_t)t->shape[d];
     return n;
 }
 
-static mt_status_t write_shard(const char *path, const eng_ckpt_tensor_t *ts, const int *members,
-                               int nm, mt_error_t *err) {
+/* Writes one weights file into the save's staging directory and records it. */
+static mt_status_t write_shard(eng_ckpt_dir_t *tx, const char *name, const eng_ckpt_tensor_t *ts,
+                               const int *members, int nm, mt_error_t *err) {
     eng_st_write_tensor_t *w = calloc(nm ? (size_t)nm : 1, sizeof *w);
     MT_CHECK_ALLOC(w, "shard");
     for (int i = 0; i < nm; i++) {
@@ -354,28 +324,36 @@ static mt_status_t write_shard(const char *path, const eng_ckpt_tensor_t *ts, co
                                        .shape = t->shape,
                                        .f32 = t->data};
     }
-    mt_status_t st = eng_st_write(path, w, nm, NULL, 0, err);
+    /* torch's {"format": "pt"} plus the save id readers match against the manifest */
+    const char *meta[] = {"format", "pt", ENG_CKPT_SAVE_ID_KEY, tx->save_id};
+    char *path = eng_ckpt_dir_path(tx, name);
+    mt_status_t st = eng_st_write(path, w, nm, meta, 2, err);
+    free(path);
     free(w);
+    if (st == MT_OK) eng_ckpt_dir_add(tx, name);
     return st;
 }
 
-mt_status_t eng_checkpoint_save(const char *dir, const char *config_json,
-                                const eng_ckpt_tensor_t *tensors, int count,
-                                uint64_t max_shard_bytes, mt_error_t *err) {
+/* The index and config.json: small text files, written whole. */
+static mt_status_t write_text(eng_ckpt_dir_t *tx, const char *name, const char *text, mt_error_t *err) {
+    char *p = eng_ckpt_dir_path(tx, name);
+    mt_status_t st = eng_write_file_atomic(p, text, strlen(text), err);
+    free(p);
+    if (st == MT_OK) eng_ckpt_dir_add(tx, name);
+    return st;
+}
+
+mt_status_t eng_checkpoint_write(eng_ckpt_dir_t *tx, const char *config_json,
+                                 const eng_ckpt_tensor_t *tensors, int count, uint64_t max_shard_bytes,
+                                 mt_error_t *err) {
     for (int i = 0; i < count; i++) {
         mt_dtype_t dt = tensors[i].dtype;
         if (dt != MT_F32 && dt != MT_BF16 && dt != MT_F16)
             return mt_error_set(err, MT_ERR_UNSUPPORTED, "tensor '%s': cannot save as %s",
                                 tensors[i].name, mt_dtype_name(dt));
     }
-    mt_status_t st = mkdir_p(dir, err);
+    mt_status_t st = config_json ? write_text(tx, "config.json", config_json, err) : MT_OK;
     if (st != MT_OK) return st;
-    if (config_json) {
-        char *cp = path_join(dir, "config.json");
-        st = eng_write_file_atomic(cp, config_json, strlen(config_json), err);
-        free(cp);
-        if (st != MT_OK) return st;
-    }
 
     /* Shard plan, as huggingface_hub's split_state_dict_into_shards_factory:
      * a tensor larger than the limit gets a shard of its own (placed before
@@ -413,16 +391,8 @@ mt_status_t eng_checkpoint_save(const char *dir, const char *config_json,
     if (nshards == 0) nshards = 1; /* an empty model still gets a (header-only) file */
 
     if (nshards == 1) {
-        char *p = path_join(dir, ENG_CKPT_SINGLE_FILE);
         for (int i = 0; i < count; i++) order[i] = i;
-        st = write_shard(p, tensors, order, count, err);
-        free(p);
-        if (st == MT_OK) {
-            char *ip = path_join(dir, ENG_CKPT_INDEX_FILE);
-            unlink(ip);
-            free(ip);
-            remove_stale_shards(dir, 0);
-        }
+        st = write_shard(tx, ENG_CKPT_SINGLE_FILE, tensors, order, count, err);
         free(shard_of);
         free(order);
         return st;
@@ -435,9 +405,7 @@ mt_status_t eng_checkpoint_save(const char *dir, const char *config_json,
         int nm = 0;
         for (int i = 0; i < count; i++)
             if (shard_of[i] == s) order[nm++] = i;
-        char *p = path_join(dir, fname[s]);
-        st = write_shard(p, tensors, order, nm, err);
-        free(p);
+        st = write_shard(tx, fname[s], tensors, order, nm, err);
     }
     if (st == MT_OK) {
         /* Index as transformers writes it: json.dumps(index, indent=2, sort_keys=True) + "\n". */
@@ -457,19 +425,29 @@ mt_status_t eng_checkpoint_save(const char *dir, const char *config_json,
         withnl[len] = '\n';
         withnl[len + 1] = '\0';
         free(text);
-        char *ip = path_join(dir, ENG_CKPT_INDEX_FILE);
-        st = eng_write_file_atomic(ip, withnl, len + 1, err);
-        free(ip);
+        st = write_text(tx, ENG_CKPT_INDEX_FILE, withnl, err);
         free(withnl);
-    }
-    if (st == MT_OK) {
-        char *sp = path_join(dir, ENG_CKPT_SINGLE_FILE);
-        unlink(sp); /* it would take precedence over the new index */
-        free(sp);
-        remove_stale_shards(dir, nshards);
     }
     free(fname);
     free(shard_of);
     free(order);
     return st;
+}
+
+mt_status_t eng_checkpoint_save(const char *dir, const char *config_json,
+                                const eng_ckpt_tensor_t *tensors, int count,
+                                uint64_t max_shard_bytes, mt_error_t *err) {
+    /* A directory that does not exist yet is the checkpoint's own (swapped in
+     * whole); one that exists may hold other files and gets the files merged. */
+    struct stat sb;
+    const eng_ckpt_dir_mode_t mode = stat(dir, &sb) == 0 ? ENG_CKPT_DIR_MERGE : ENG_CKPT_DIR_SWAP;
+    eng_ckpt_dir_t tx;
+    mt_status_t st = eng_ckpt_dir_begin(&tx, dir, mode, err);
+    if (st != MT_OK) return st;
+    st = eng_checkpoint_write(&tx, config_json, tensors, count, max_shard_bytes, err);
+    if (st != MT_OK) {
+        eng_ckpt_dir_abort(&tx);
+        return st;
+    }
+    return eng_ckpt_dir_commit(&tx, err);
 }

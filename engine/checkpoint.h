@@ -7,9 +7,9 @@
  * not know are ignored and reported, as HF's "unexpected keys" warning does.
  *
  * Saving writes the HF layout (save_pretrained's file names, shard split and
- * index format).  Every file goes to a temp name and is renamed when
- * complete, so an existing checkpoint in the directory is replaced file by
- * file and a crash never leaves a truncated file under a final name. */
+ * index format) into a staging directory and switches the whole checkpoint
+ * in at once (engine/outdir.h): a crash leaves the previous checkpoint or
+ * the new one, and anything in between is refused by eng_checkpoint_open. */
 #ifndef MT_ENGINE_CHECKPOINT_H
 #define MT_ENGINE_CHECKPOINT_H
 
@@ -18,6 +18,7 @@
 
 #include "engine/model_config.h"
 #include "engine/model_spec.h"
+#include "engine/outdir.h"
 #include "engine/safetensors.h"
 #include "base/dtype.h"
 #include "base/status.h"
@@ -96,12 +97,19 @@ typedef struct {
     const float *data;     /* prod(shape) floats */
 } eng_ckpt_tensor_t;
 
-/* Writes DIR/config.json (config_json, if non-NULL) and the weights:
- * model.safetensors when everything fits in max_shard_bytes (0 = never
- * shard), else model-0000i-of-0000n.safetensors + index, split like
- * save_pretrained.  Creates DIR (mkdir -p).  Files from an earlier save that
- * the new one does not use (other shard counts, the single file / index of
- * the other layout) are removed once the new weights are complete. */
+/* Writes config.json (config_json, if non-NULL) and the weights into the
+ * save's staging directory: model.safetensors when everything fits in
+ * max_shard_bytes (0 = never shard), else model-0000i-of-0000n.safetensors
+ * + index, split like save_pretrained.  Every safetensors file carries
+ * tx->save_id in its metadata.  The caller commits or aborts tx. */
+mt_status_t eng_checkpoint_write(eng_ckpt_dir_t *tx, const char *config_json,
+                                 const eng_ckpt_tensor_t *tensors, int count, uint64_t max_shard_bytes,
+                                 mt_error_t *err);
+
+/* eng_checkpoint_write as one transaction: DIR not existing yet becomes the
+ * checkpoint whole (ENG_CKPT_DIR_SWAP); an existing DIR gets the files
+ * merged in (ENG_CKPT_DIR_MERGE: weights files of an earlier save that the
+ * new one does not use are removed, other files are kept). */
 mt_status_t eng_checkpoint_save(const char *dir, const char *config_json,
                                 const eng_ckpt_tensor_t *tensors, int count,
                                 uint64_t max_shard_bytes, mt_error_t *err);

@@ -3,6 +3,7 @@
  * safetensors headers say; no tensor data is read, so inspecting a 60 GB
  * checkpoint costs only its headers. */
 #include "engine/inspect.h"
+#include "engine/outdir.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -246,8 +247,11 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
 }
 
 mt_status_t eng_inspect(const char *dir, FILE *out, mt_error_t *err) {
+    /* a save moetune did not finish is refused even before its weights exist */
+    mt_status_t st = eng_ckpt_dir_check(dir, err);
+    if (st != MT_OK) return st;
     eng_model_config_t cfg;
-    mt_status_t st = eng_model_config_load(dir, NULL, &cfg, err);
+    st = eng_model_config_load(dir, NULL, &cfg, err);
     if (st != MT_OK) return st;
     eng_model_spec_t spec;
     st = eng_model_spec_build(&cfg, &spec, err);

@@ -219,24 +219,3 @@ mt_dtype_t eng_save_dtype(const eng_model_t *m, const eng_run_config_t *rc) {
     default: return m->storage_dtype;
     }
 }
-
-mt_status_t eng_model_save(eng_model_t *m, const char *dir, size_t max_shard_bytes, mt_dtype_t dtype,
-                           mt_error_t *err) {
-    const int n = m->spec.count;
-    eng_ckpt_tensor_t *t = calloc((size_t)n, sizeof *t);
-    float **host = calloc((size_t)n, sizeof *host);
-    MT_CHECK(t && host, "out of memory preparing checkpoint");
-    for (int i = 0; i < n; i++) {
-        const eng_param_spec_t *ps = &m->spec.params[i];
-        host[i] = malloc(ps->numel * sizeof(float));
-        MT_CHECK_ALLOC(host[i], ps->name);
-        eng_model_read_param(m, i, host[i], false);
-        t[i] = (eng_ckpt_tensor_t){.name = ps->name, .dtype = dtype,
-                                   .ndim = ps->ndim, .shape = ps->shape, .data = host[i]};
-    }
-    mt_status_t st = eng_checkpoint_save(dir, m->cfg.config_json, t, n, max_shard_bytes, err);
-    for (int i = 0; i < n; i++) free(host[i]);
-    free(host);
-    free(t);
-    return st;
-}

@@ -170,11 +170,6 @@ void eng_model_block_times(eng_model_t *m, double *fwd_s, double *bwd_s, bool re
 /* L + 2: the embedding, each decoder layer, the head. */
 int eng_model_num_blocks(const eng_model_t *m);
 
-/* Saves the weights (their fp32 masters, converted to dtype: MT_F32,
- * MT_BF16 or MT_F16) as an HF checkpoint directory (config.json +
- * safetensors). */
-mt_status_t eng_model_save(eng_model_t *m, const char *dir, size_t max_shard_bytes, mt_dtype_t dtype,
-                           mt_error_t *err);
 /* The dtype the run config asks a saved model to have: save_dtype, or with
  * auto the dtype the base checkpoint stores its weights in. */
 mt_dtype_t eng_save_dtype(const eng_model_t *m, const eng_run_config_t *rc);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -34,13 +35,45 @@ mt_status_t eng_reporter_open(eng_reporter_t *r, const char *output_dir, bool pr
     memset(r, 0, sizeof *r);
     mt_status_t st = eng_mkdirs(output_dir, err);
     if (st != MT_OK) return st;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", output_dir);
-    r->metrics = fopen(path, "w");
+    snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", output_dir);
+    const char *path = r->metrics_path;
+    r->metrics = fopen(path, "a"); /* an earlier run's lines are the user's: never truncated */
     if (!r->metrics) return mt_error_set(err, MT_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
     r->tty = isatty(STDERR_FILENO);
     r->progress = progress;
     r->start_s = mt_now_s();
+    return MT_OK;
+}
+
+mt_status_t eng_reporter_run_start(eng_reporter_t *r, const eng_run_header_t *h, mt_error_t *err) {
+    char when[40];
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    json_t *o = json_object();
+    json_object_set_new(o, "run_start", json_string(when));
+    json_object_set_new(o, "pid", json_integer((json_int_t)getpid()));
+    json_object_set_new(o, "config", json_string(h->config_path ? h->config_path : ""));
+    json_object_set_new(o, "base_model", json_string(h->base_model ? h->base_model : ""));
+    json_object_set_new(o, "output_dir", json_string(h->output_dir ? h->output_dir : ""));
+    json_object_set_new(o, "total_steps", json_integer(h->total_steps));
+    json_object_set_new(o, "seed", json_integer((json_int_t)h->seed));
+    char *line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    MT_CHECK_ALLOC(line, "metrics header");
+    /* a line whose end an earlier run lost to a crash must not swallow this one */
+    struct stat sb;
+    bool ok = true;
+    if (stat(r->metrics_path, &sb) == 0 && sb.st_size > 0) {
+        FILE *rd = fopen(r->metrics_path, "rb");
+        if (rd && fseek(rd, (long)sb.st_size - 1, SEEK_SET) == 0 && fgetc(rd) != '\n')
+            ok = fputc('\n', r->metrics) != EOF;
+        if (rd) fclose(rd);
+    }
+    ok = ok && fprintf(r->metrics, "%s\n", line) > 0 && fflush(r->metrics) == 0;
+    free(line);
+    if (!ok) return mt_error_set(err, MT_ERR_IO, "%s: cannot append: %s", r->metrics_path, strerror(errno));
     return MT_OK;
 }
 

@@ -1,6 +1,10 @@
-/* What a run tells its user: metrics.jsonl (one JSON object per logged
- * step) and progress on the terminal (a live bar when stderr is a TTY,
- * plain log lines otherwise). */
+/* What a run tells its user: metrics.jsonl and progress on the terminal (a
+ * live bar when stderr is a TTY, plain log lines otherwise).
+ *
+ * metrics.jsonl is appended to, never truncated: each run first writes a
+ * header line {"run_start": ISO-8601 UTC time, "pid", "config",
+ * "base_model", "output_dir", "total_steps", "seed"}, then one JSON object
+ * per logged step, so the lines after a header are that run's. */
 #ifndef MT_ENGINE_REPORT_H
 #define MT_ENGINE_REPORT_H
 
@@ -36,15 +40,28 @@ typedef struct {
 } eng_step_report_t;
 
 typedef struct {
-    FILE *metrics;   /* output_dir/metrics.jsonl */
+    FILE *metrics;   /* output_dir/metrics.jsonl, appended to */
+    char metrics_path[1100];
     bool tty;        /* live progress bar */
     bool progress;
     double start_s;
     int last_len;
 } eng_reporter_t;
 
+/* The run a header line describes. */
+typedef struct {
+    const char *config_path;
+    const char *base_model;
+    const char *output_dir;
+    int total_steps;
+    uint64_t seed;
+} eng_run_header_t;
+
+/* Opens output_dir/metrics.jsonl for appending (mkdir -p output_dir). */
 mt_status_t eng_reporter_open(eng_reporter_t *r, const char *output_dir, bool progress,
                               mt_error_t *err);
+/* Appends the run's header line; call once, before the first step. */
+mt_status_t eng_reporter_run_start(eng_reporter_t *r, const eng_run_header_t *h, mt_error_t *err);
 /* Appends a metrics line and prints progress. */
 void eng_reporter_step(eng_reporter_t *r, const eng_step_report_t *s, bool log_line);
 /* A message on its own line (keeps the bar intact). */

@@ -14,6 +14,7 @@
 #include "base/fileio.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -515,12 +516,14 @@ static void fsync_parent_dir(const char *path) {
     free(dir);
 }
 
-/* Opens "<path>.tmp" for writing; *tmp_out is malloc'ed. */
+/* Opens "<path>.tmp-<pid>-<n>" for writing; *tmp_out is malloc'ed.  The name
+ * is unique per process and call, so two writers never share a temp file. */
 static mt_status_t open_tmp(const char *path, char **tmp_out, FILE **fp, mt_error_t *err) {
-    size_t n = strlen(path) + 5;
+    static atomic_uint counter;
+    size_t n = strlen(path) + 40;
     char *tmp = malloc(n);
     MT_CHECK_ALLOC(tmp, "path");
-    snprintf(tmp, n, "%s.tmp", path);
+    snprintf(tmp, n, "%s.tmp-%d-%u", path, (int)getpid(), atomic_fetch_add(&counter, 1) + 1);
     *fp = fopen(tmp, "wb");
     if (!*fp) {
         mt_status_t st = mt_error_set(err, MT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));

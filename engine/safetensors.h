@@ -11,7 +11,7 @@
  * The writer pads the header with spaces to a multiple of 8 (so every tensor
  * of a file whose tensors are multiples of 8 bytes is naturally aligned),
  * stores {"format":"pt"} metadata as torch's save_file does, keeps the
- * caller's tensor order, and writes "<path>.tmp" then renames it, so the
+ * caller's tensor order, and writes "<path>.tmp-<pid>-<n>" then renames it, so the
  * final name never holds a half-written file. */
 #ifndef MT_ENGINE_SAFETENSORS_H
 #define MT_ENGINE_SAFETENSORS_H
@@ -116,14 +116,14 @@ typedef struct {
  * on overflow, a negative dim, or a sub-byte total. */
 mt_status_t eng_st_tensor_nbytes(const eng_st_write_tensor_t *t, uint64_t *out, mt_error_t *err);
 
-/* Writes tensors (in this order) to "<path>.tmp", fsyncs it and renames it
+/* Writes tensors (in this order) to a temporary name unique to this process and call, fsyncs it and renames it
  * to `path`.  meta_kv holds meta_count (key, value) pairs; NULL/0 writes
  * {"format":"pt"}.  On error the temp file is removed and `path` is left
  * as it was. */
 mt_status_t eng_st_write(const char *path, const eng_st_write_tensor_t *tensors, int count,
                          const char *const *meta_kv, int meta_count, mt_error_t *err);
 
-/* Writes text to "<path>.tmp", fsyncs and renames it: the helper every
+/* Writes text to a unique temporary name, fsyncs and renames it: the helper every
  * checkpoint file goes through. */
 mt_status_t eng_write_file_atomic(const char *path, const void *bytes, size_t len, mt_error_t *err);
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
     char name[64];
@@ -148,7 +149,7 @@ mt_status_t eng_trace_close(eng_trace_t *t, mt_error_t *err) {
     json_decref(t->extra);
     json_t *root = json_pack("{s:o, s:s}", "traceEvents", events, "displayTimeUnit", "ms");
     char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", t->path);
+    snprintf(tmp, sizeof tmp, "%s.tmp-%d", t->path, (int)getpid()); /* never a name another process writes */
     mt_status_t st = MT_OK;
     if (json_dump_file(root, tmp, JSON_COMPACT) != 0 || rename(tmp, t->path) != 0)
         st = mt_error_set(err, MT_ERR_IO, "cannot write trace %s: %s", t->path, strerror(errno));

@@ -21,6 +21,7 @@
 #include "engine/report.h"
 #include "engine/trace.h"
 #include "engine/train_plan.h"
+#include "engine/train_save.h"
 #include "base/clock.h"
 
 mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_error_t *err) {
@@ -82,11 +83,14 @@ static mt_status_t diverged(mt_error_t *err, int step, double loss, const eng_ru
 }
 
 static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
-                                   eng_reporter_t *rep, mt_error_t *err) {
-    mt_status_t st = eng_model_save(m, dir, rc->save_max_shard_bytes, eng_save_dtype(m, rc), err);
+                                   eng_ckpt_dir_mode_t mode, eng_reporter_t *rep, mt_error_t *err) {
+    mt_status_t st = eng_train_save(m, rc, dir, mode, err);
     if (st == MT_OK) eng_reporter_note(rep, "moetune: saved checkpoint to %s", dir);
     return st;
 }
+
+static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result_t *result,
+                                    mt_error_t *err);
 
 mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt_error_t *err) {
     memset(result, 0, sizeof *result);
@@ -95,6 +99,27 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
                             "%s: adapter: lora is not supported yet by moetune train; remove it for "
                             "full fine-tuning",
                             rc->source_path);
+    /* Before anything is written: inputs are never outputs, and one run per
+     * output_dir (the lock is held until eng_train returns). */
+    mt_status_t st = eng_run_check_paths(rc, err);
+    if (st != MT_OK) return st;
+    eng_outdir_lock_t lock;
+    st = eng_outdir_lock(&lock, rc->output_dir, err);
+    if (st != MT_OK) return st;
+    char note[1200];
+    st = eng_outdir_recover(rc->output_dir, note, sizeof note, err);
+    if (st != MT_OK) {
+        eng_outdir_unlock(&lock);
+        return st;
+    }
+    if (note[0]) fprintf(stderr, "%s\n", note);
+    st = eng_train_locked(rc, result, err);
+    eng_outdir_unlock(&lock);
+    return st;
+}
+
+static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result_t *result,
+                                    mt_error_t *err) {
 
     kern_device_t *dev = NULL;
     mt_status_t st = eng_open_device(rc, &dev, err);
@@ -150,6 +175,10 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
 
     eng_reporter_t rep;
     st = eng_reporter_open(&rep, rc->output_dir, rc->progress, err);
+    if (st != MT_OK) goto out;
+    const eng_run_header_t header = {.config_path = rc->source_path, .base_model = rc->base_model,
+                                     .output_dir = rc->output_dir, .total_steps = total, .seed = rc->seed};
+    st = eng_reporter_run_start(&rep, &header, err);
     if (st != MT_OK) goto out;
     if (rc->trace) {
         char path[1200];
@@ -247,12 +276,16 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
         if (rc->save_steps > 0 && (step + 1) % rc->save_steps == 0 && step + 1 < total) {
             char dir[1200];
             snprintf(dir, sizeof dir, "%s/checkpoint-%d", rc->output_dir, step + 1);
-            st = save_checkpoint(&model, rc, dir, &rep, err);
+            st = save_checkpoint(&model, rc, dir, ENG_CKPT_DIR_SWAP, &rep, err);
             if (st != MT_OK) goto out;
+            result->checkpoints_saved++;
         }
     }
     result->seconds = mt_now_s() - t_run;
-    if (rc->save_final) st = save_checkpoint(&model, rc, rc->output_dir, &rep, err);
+    if (rc->save_final) {
+        st = save_checkpoint(&model, rc, rc->output_dir, ENG_CKPT_DIR_MERGE, &rep, err);
+        result->model_saved = st == MT_OK;
+    }
 out:
     if (trace) {
         mt_error_t serr = {0}; /* the staging pool's counter tracks */

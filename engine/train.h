@@ -10,12 +10,17 @@ typedef struct {
     double first_loss, last_loss;
     double seconds;
     double predicted_step_s; /* the planner's prediction for the chosen plan (0 if none) */
+    bool model_saved;        /* the final model is in output_dir (save_final) */
+    int checkpoints_saved;   /* output_dir/checkpoint-N directories written (save_steps) */
 } eng_train_result_t;
 
 /* Chooses the backend as the config says (auto: CUDA when a GPU is found,
  * else the CPU with a one-line notice; cuda without a GPU is an error). */
 mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_error_t *err);
 
+/* Refuses an output_dir that overlaps an input, then holds output_dir's run
+ * lock (engine/outdir.h) for the whole run: a second run on the same
+ * output_dir fails naming this one's pid. */
 mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt_error_t *err);
 
 #endif

@@ -56,7 +56,7 @@ YAML
 
 # --- a good run -------------------------------------------------------------
 if timeout 120 "$MOETUNE" train run.yaml --set gradient_accumulation_steps=2 >good.out 2>good.err; then
-  lines=$(wc -l < out/metrics.jsonl)
+  lines=$(grep -c '"step"' out/metrics.jsonl)
   if [ "$lines" -eq 6 ] && [ -f out/model.safetensors ] && [ -f out/config.json ] && [ -f ckpt/config.json ]; then
     echo "ok   good run: 6 metrics lines, checkpoint written"
   else

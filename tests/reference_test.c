@@ -217,6 +217,11 @@ static void check_case(const char *dir) {
     int step = 0;
     while (mf && fgets(line, sizeof line, mf)) {
         json_t *o = json_loads(line, 0, &je);
+        if (json_object_get(o, "run_start")) { /* the run's header line, before its steps */
+            CHECK(step == 0, "a run header after step %d", step);
+            json_decref(o);
+            continue;
+        }
         const double loss = json_real_value(json_object_get(o, "loss"));
         const double ref = json_number_value(json_array_get(losses, (size_t)step));
         fprintf(stderr, "   step %d: loss %.9g ref %.9g rel %.2g\n", step + 1, loss, ref,

@@ -117,6 +117,9 @@ h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
 with open(path, "wb") as f:
     f.write(struct.pack("<Q", len(h))); f.write(h); f.write(data)
 PY
+  # edited by hand, the directory is no longer the checkpoint moetune's
+  # completion manifest describes (which would refuse it as mixed)
+  rm -f "$(dirname "$1")/moetune_complete.json"
 }
 cp -r ckpt extra
 add_tensor extra/model.safetensors model.layers.1.block_sparse_moe.experts.4.w1.weight \

@@ -21,6 +21,7 @@
 #include "engine/inspect.h"
 #include "engine/profile.h"
 #include "engine/train.h"
+#include "engine/train_save.h"
 #include "tools/bench/adam_bench.h"
 #include "tools/bench/gemm_bench.h"
 #include "tools/bench/staging_bench.h"
@@ -120,14 +121,21 @@ static int cmd_train(int argc, char **argv) {
     eng_run_config_t rc;
     mt_error_t err = {0};
     int rcode = load_run_config(argc, argv, &rc, &err);
+    /* before base_model_init may create anything */
+    if (rcode == 0 && eng_run_check_paths(&rc, &err) != MT_OK) rcode = fail(&err);
     if (rcode == 0) rcode = ensure_base_model(&rc, false, &err);
     if (rcode == 0) {
         eng_train_result_t res;
         if (eng_train(&rc, &res, &err) != MT_OK) {
             rcode = fail(&err);
-        } else {
+        } else if (res.model_saved) {
             printf("trained %d steps in %.1f s: loss %.4f -> %.4f; model saved in %s\n", res.steps_done,
                    res.seconds, res.first_loss, res.last_loss, rc.output_dir);
+        } else {
+            printf("trained %d steps in %.1f s: loss %.4f -> %.4f; save_final: false, so no final model "
+                   "was written; %s/metrics.jsonl has the run's metrics%s\n",
+                   res.steps_done, res.seconds, res.first_loss, res.last_loss, rc.output_dir,
+                   res.checkpoints_saved > 0 ? " and its checkpoint-N directories the periodic saves" : "");
         }
     }
     eng_run_config_free(&rc);
@@ -138,6 +146,8 @@ static int cmd_init(int argc, char **argv) {
     eng_run_config_t rc;
     mt_error_t err = {0};
     int rcode = load_run_config(argc, argv, &rc, &err);
+    /* the run it prepares would be refused: create nothing for it */
+    if (rcode == 0 && eng_run_check_paths(&rc, &err) != MT_OK) rcode = fail(&err);
     if (rcode == 0) rcode = ensure_base_model(&rc, true, &err);
     eng_run_config_free(&rc);
     return rcode;

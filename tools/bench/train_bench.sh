@@ -103,7 +103,7 @@ for key in variants:
     steps, per_round = [], []
     for r in range(1, rounds + 1):
         if key.startswith("moetune"):
-            rows = [json.loads(l) for l in open(f"{work}/{key}.{r}.metrics")]
+            rows = [x for x in map(json.loads, open(f"{work}/{key}.{r}.metrics")) if "step" in x]  # not the run header
             t = [x["tokens_per_s"] for x in rows[warmup:] if x["tokens"] == tok_per_step]
         else:
             j = json.load(open(f"{work}/{key}.{r}.json"))

@@ -1,0 +1,30 @@
+/* Where a run's outputs go and how it saves its model (see train_save.c). */
+#ifndef MT_ENGINE_TRAIN_SAVE_H
+#define MT_ENGINE_TRAIN_SAVE_H
+
+#include <stdbool.h>
+
+#include "engine/config.h"
+#include "engine/model.h"
+#include "engine/outdir.h"
+#include "base/status.h"
+
+/* Refuses a run whose output_dir is, contains or lies inside base_model or a
+ * dataset path (after '.', '..', symlinks and relative paths).  Writes
+ * nothing. */
+mt_status_t eng_run_check_paths(const eng_run_config_t *rc, mt_error_t *err);
+
+/* The config.json a run saves: base_text (the base model's file) with the
+ * run's model_config overrides merged in (what the model was trained with)
+ * and the dtype actually saved as torch_dtype and transformers 5's dtype.
+ * Returns malloc'ed text (indent 2, as save_pretrained writes it). */
+char *eng_saved_config_json(const char *base_text, const char *overrides_json, mt_dtype_t saved,
+                            const char *source, mt_error_t *err);
+
+/* Saves the model's weights (in eng_save_dtype(m, rc): save_dtype, or the
+ * base checkpoint's own dtype) with that config.json
+ * into dir through an atomic checkpoint transaction (engine/outdir.h). */
+mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+                           eng_ckpt_dir_mode_t mode, mt_error_t *err);
+
+#endif
