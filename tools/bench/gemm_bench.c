@@ -22,6 +22,7 @@
 #include "kernels/device.h"
 #include "kernels/ops.h"
 #include "base/clock.h"
+#include "tools/build_info.h"
 
 typedef struct {
     const char *name;
@@ -146,11 +147,15 @@ int mt_bench_gemm_main(int argc, char **argv) {
     }
     char peak_why[256] = "";
     const double peak = cuda ? 0 : cpu_peak_gflops(peak_why, sizeof peak_why);
+    char build[256];
+    mt_build_info_line(build, sizeof build);
     if (!json) {
+        printf("%s\n", build);
         printf("backend %s; %s\n", dev->vt->name, cuda ? "" : peak_why);
         printf("%-40s %12s %12s\n", "shape", cuda ? "TFLOP/s" : "GFLOP/s", "% of peak");
     } else {
-        printf("{\"backend\": \"%s\", \"peak_gflops\": %.1f, \"results\": [", dev->vt->name, peak);
+        printf("{\"build\": \"%s\", \"backend\": \"%s\", \"peak_gflops\": %.1f, \"results\": [", build,
+               dev->vt->name, peak);
     }
     int rc = 0;
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++) {
