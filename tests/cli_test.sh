@@ -86,6 +86,35 @@ fi
 "$MOETUNE" inspect ckpt > inspect.out 2>&1 && grep -q "mixtral" inspect.out \
   && echo "ok   inspect" || { echo "FAIL inspect"; cat inspect.out; failures=$((failures + 1)); }
 
+# --- --version: version, commit, build kind, backends, the CPU features found here ---
+if ver=$("$MOETUNE" --version 2>&1); then
+  want_kind=optimised; [ -n "${ASAN_OPTIONS:-}" ] && want_kind="sanitised \(ASan\+UBSan\)"
+  flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+  cpu_ok=1
+  for pair in avx2:AVX2 avx512f:AVX-512F avx512_bf16:AVX512_BF16 amx_bf16:AMX-BF16; do
+    f=${pair%%:*}; n=${pair#*:}
+    has_flag=0; case " $flags " in *" $f "*) has_flag=1 ;; esac
+    has_name=0; case " ${ver##*CPU features } " in *" $n "* | *" $n) "*) has_name=1 ;; esac
+    # AMX also needs the OS to enable its tile state, so only "claimed but absent" is wrong there
+    if [ "$has_name" -eq 1 ] && [ "$has_flag" -eq 0 ]; then cpu_ok=0; fi
+    if [ "$f" != amx_bf16 ] && [ "$has_name" -ne "$has_flag" ]; then cpu_ok=0; fi
+  done
+  if printf '%s\n' "$ver" | grep -qE "^moetune [0-9]+\.[0-9]+\.[0-9]+ \(commit ([0-9a-f]{7,}(-dirty)?|unknown), ${want_kind}; backends CPU, CUDA; CPU features [A-Z0-9 _-]+\)$" \
+     && [ "$cpu_ok" -eq 1 ]; then
+    echo "ok   --version: $ver"
+  else
+    echo "FAIL --version: '$ver' (expected build kind $want_kind, CPU features from /proc/cpuinfo: $flags)"; failures=$((failures + 1))
+  fi
+  # the benchmarks carry the same line
+  if timeout 60 "$MOETUNE" bench adam --params 100000 --json 2>&1 | grep -qF "\"build\": \"$ver\""; then
+    echo "ok   bench adam --json carries the --version line"
+  else
+    echo "FAIL bench adam --json lacks \"build\": \"$ver\""; failures=$((failures + 1))
+  fi
+else
+  echo "FAIL --version exited nonzero: $ver"; failures=$((failures + 1))
+fi
+
 # --- bad run configs ------------------------------------------------------------
 expect_fail missing_config "nope\.yaml" "$MOETUNE" train nope.yaml
 printf 'base_model: ckpt\ndatasets: [\n' > bad_yaml.yaml

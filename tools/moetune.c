@@ -5,6 +5,7 @@
  *   moetune profile RUN.yaml [--compare] [--steps N] [--set key=value]...
  *   moetune inspect CHECKPOINT_DIR
  *   moetune bench adam|gemm|step|staging [options]
+ *   moetune --version      version, commit, build kind, backends, CPU features
  *
  * Exit codes: 0 success, 1 a run failed (the message says what and where),
  * 2 a bad command line. */
@@ -22,6 +23,7 @@
 #include "engine/profile.h"
 #include "engine/train.h"
 #include "engine/train_save.h"
+#include "tools/build_info.h"
 #include "tools/bench/adam_bench.h"
 #include "tools/bench/gemm_bench.h"
 #include "tools/bench/staging_bench.h"
@@ -31,6 +33,8 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: moetune <command> [args]\n"
+            "\n"
+            "       moetune --version\n"
             "\n"
             "commands:\n"
             "  train RUN.yaml [--set key=value]...  fine-tune as the run config says\n"
@@ -213,6 +217,10 @@ int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        mt_build_info_print(stdout);
+        return 0;
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);

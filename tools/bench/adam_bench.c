@@ -38,6 +38,7 @@
 #include "kernels/host/threadpool.h"
 #include "base/dtype.h"
 #include "base/clock.h"
+#include "tools/build_info.h"
 
 #define MAX_REPEATS 101
 
@@ -375,7 +376,9 @@ static void print_report(const bench_opts_t *o, const bench_result_t *res) {
     const double r_ceil = res->r_ceil, r_ceil30 = res->r_ceil30;
     const double r_plain1 = res->r_plain1, r_plaint = res->r_plaint;
     if (o->json) {
-        printf("{\"params\": %zu, \"threads\": %d, \"isa\": \"%s\", \"repeats\": %d, "
+        char build[256];
+        mt_build_info_line(build, sizeof build);
+        printf("{\"build\": \"%s\", \"params\": %zu, \"threads\": %d, \"isa\": \"%s\", \"repeats\": %d, "
                "\"hugepages\": %s, "
                "\"params_per_s\": %.6g, \"bytes_per_s\": %.6g, \"seconds\": %.6g, "
                "\"ceiling_bytes_per_s\": %.6g, \"ratio_vs_ceiling\": %.4f, "
@@ -383,12 +386,13 @@ static void print_report(const bench_opts_t *o, const bench_result_t *res) {
                "\"bf16_copy_ceiling_bytes_per_s\": %.6g, \"bf16_copy_ratio_vs_ceiling\": %.4f, "
                "\"scalar_1t_params_per_s\": %.6g, \"scalar_threads_params_per_s\": %.6g, "
                "\"ratio_vs_scalar_1t\": %.4f, \"ratio_vs_scalar_threads\": %.4f}\n",
-               o->params, o->threads, kern_cpu_isa_name(o->isa), o->repeats,
+               build, o->params, o->threads, kern_cpu_isa_name(o->isa), o->repeats,
                o->hugepages ? "true" : "false", pps[M_OURS28], bps[M_OURS28], med[M_OURS28],
                ceil28, r_ceil, pps[M_OURS30], bps[M_OURS30], ceil30, r_ceil30,
                pps[M_PLAIN1], pps[M_PLAINT], r_plain1, r_plaint);
         return;
     }
+    mt_build_info_print(stdout);
     printf("moetune bench adam: %zu params, %d thread(s), %s path, median of %d, huge pages %s\n",
            o->params, o->threads, kern_cpu_isa_name(o->isa), o->repeats,
            o->hugepages ? "advised" : "off");

@@ -28,6 +28,7 @@
 #include "kernels/device.h"
 #include "kernels/ops.h"
 #include "base/clock.h"
+#include "tools/build_info.h"
 
 typedef struct {
     const char *name;
@@ -197,12 +198,16 @@ int mt_bench_gemm_main(int argc, char **argv) {
             vars[nv++] = (variant_t){var_names[pth], true, pth};
         }
     }
+    char build[256];
+    mt_build_info_line(build, sizeof build);
     if (!json) {
+        printf("%s\n", build);
         printf("backend %s; %s\n", dev->vt->name, cuda ? "" : peak_why);
         printf("%-40s %-34s %10s %10s %8s\n", "shape", "compute", cuda ? "TFLOP/s" : "GFLOP/s",
                "% of peak", "vs fp32");
     } else {
-        printf("{\"backend\": \"%s\", \"peak_gflops\": %.1f, \"results\": [", dev->vt->name, peak);
+        printf("{\"build\": \"%s\", \"backend\": \"%s\", \"peak_gflops\": %.1f, \"results\": [", build,
+               dev->vt->name, peak);
     }
     int rc = 0, lines = 0;
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0] && rc == 0; i++) {

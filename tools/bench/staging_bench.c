@@ -32,6 +32,7 @@
 #include "moe/staging.h"
 #include "moe/staging_report.h"
 #include "base/clock.h"
+#include "tools/build_info.h"
 
 typedef struct {
     int layers, experts, active, hidden, inter, vocab, window, steps, slots, slabs, repeats;
@@ -510,12 +511,14 @@ int mt_bench_staging_main(int argc, char **argv) {
     const double planned_ratio = (double)window_capacity(&m, MOE_STAGING_MAX_SLOT, largest, 0) /
                                  (double)window_capacity(&m, MOE_STAGING_COMPACT, largest, 0);
     const double steps_run = o.steps; /* counters cover the timed steps */
+    char build[256];
+    mt_build_info_line(build, sizeof build);
     if (o.json) {
-        printf("{\"config\": {\"layers\": %d, \"experts\": %d, \"active\": %d, \"hidden\": %d, \"inter\": %d, "
+        printf("{\"build\": \"%s\", \"config\": {\"layers\": %d, \"experts\": %d, \"active\": %d, \"hidden\": %d, \"inter\": %d, "
                "\"vocab\": %d, \"window\": %d, \"steps\": %d, \"repeats\": %d, \"gbps\": %g, \"latency_us\": %g, "
                "\"slots\": %d, \"pack_thread\": %s},\n \"modes\": [",
-               o.layers, o.experts, o.active, o.hidden, o.inter, o.vocab, o.window, o.steps, o.repeats, o.gbps, o.latency_us,
-               o.slots, o.pack_thread ? "true" : "false");
+               build, o.layers, o.experts, o.active, o.hidden, o.inter, o.vocab, o.window, o.steps, o.repeats, o.gbps,
+               o.latency_us, o.slots, o.pack_thread ? "true" : "false");
         for (int k = 0; k < o.nmodes; k++) {
             printf("%s\n  {\"step_s\": %.6f, \"gb_per_s\": %.4f, \"copies_per_step\": [%.1f, %.1f], "
                    "\"max_copies_per_block\": [%d, %d], \"stats\": ",
@@ -529,6 +532,7 @@ int mt_bench_staging_main(int argc, char **argv) {
                "\"max_slot_vs_compact_pinned_same_window_planned\": %.3f, \"identical_across_modes\": %s}\n",
                thr_ratio, slot_ratio, planned_ratio, identical ? "true" : "false");
     } else {
+        printf("%s\n", build);
         printf("staging bench: %d MoE layers (%d of %d experts of %dx%d fp32 active) + embedding/lm_head %dx%d, "
                "window %d blocks, link %.1f GB/s + %.0f us per copy, best of %d rounds of %d timed steps\n",
                o.layers, o.active, o.experts, o.inter, o.hidden, o.vocab, o.hidden, o.window, o.gbps, o.latency_us,

@@ -32,6 +32,7 @@
 #include "engine/init_random.h"
 #include "scheduler/planner.h"
 #include "tools/bench/step_bench_internal.h"
+#include "tools/build_info.h"
 
 static int parse(int argc, char **argv, opts_t *o) {
     *o = (opts_t){.layers = 8, .hidden = 256, .experts = 8, .topk = 2, .expert_width = 512, .vocab = 512,
@@ -106,6 +107,7 @@ int mt_bench_step_main(int argc, char **argv) {
     opts_t o;
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
+    if (!o.json) mt_build_info_print(stdout);
     char ckpt[256];
     snprintf(ckpt, sizeof ckpt, "/tmp/moetune-bench-step-%d", (int)getpid());
     char config[1024];
@@ -263,7 +265,9 @@ int mt_bench_step_main(int argc, char **argv) {
     const double ratio = pair_ratio[2]; /* offload_all (overlapped) over keep_all, paired */
     const double share_off = off.optim_s / off.median_s, share_on = off_overlap.optim_s / off_overlap.median_s;
     if (o.json) {
-        printf("{\"link_bytes_per_s\": %.6g, \"link_latency_us\": %g, \"h2d_bytes_per_step\": %llu,"
+        char build[256];
+        mt_build_info_line(build, sizeof build);
+        printf("{\"build\": \"%s\", \"link_bytes_per_s\": %.6g, \"link_latency_us\": %g, \"h2d_bytes_per_step\": %llu,"
                " \"d2h_bytes_per_step\": %llu,"
                " \"keep_all_step_s\": %.6g, \"offload_all_step_s\": %.6g, \"offload_all_no_overlap_step_s\": %.6g,"
                " \"min_memory_step_s\": %.6g, \"offload_over_keep\": %.4f,"
@@ -278,7 +282,7 @@ int mt_bench_step_main(int argc, char **argv) {
                " \"staging_compact_vs_per_tensor_throughput\": %.4f, \"staging_pairs\": %d,"
                " \"staging_copies_per_step\": {\"compact\": [%llu, %llu], \"per_tensor\": [%llu, %llu]},"
                " \"staging_pinned_peak\": {\"compact\": %zu, \"per_tensor\": %zu}}\n",
-               link_bps, o.link_latency_us, (unsigned long long)off.h2d_bytes, (unsigned long long)off.d2h_bytes,
+               build, link_bps, o.link_latency_us, (unsigned long long)off.h2d_bytes, (unsigned long long)off.d2h_bytes,
                keep.median_s, off_overlap.median_s, off.median_s, minm.median_s, ratio, share_off, share_on,
                keep.peak_device, off_overlap.peak_device, minm.peak_device, pred_keep, pred_off, pred_min,
                pred_off_traffic, pred_min_traffic, pred_auto_traffic, compute_s(&keep, nb), compute_s(&off_overlap, nb),

@@ -58,6 +58,7 @@ MOETUNE="$(bazel info output_path 2>/dev/null)/k8-fastbuild/bin/tools/moetune"
 WORK=$(mktemp -d /tmp/train_bench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
+echo "== $("$MOETUNE" --version)"
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== $CONFIG: $STEPS steps per run ($WARMUP warm-up), $ROUNDS rounds"
 

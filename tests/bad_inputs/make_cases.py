@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""Writes the bad-input corpus that tests/bad_inputs_test.sh runs through the
+real `moetune` binary: one directory per case, each with a run.yaml (or the
+command in its `expect` file), the broken files it needs, and `expect`:
+
+    exit 1                     the exit status (always 1: a handled error)
+    stderr TEXT                a substring the message must contain (the file,
+                               key or tensor at fault)
+    cmd ARGS...                moetune's arguments (default: train run.yaml)
+    fifo PATH                  the runner makes PATH a FIFO before running
+    pending WHY                a known gap: reported, not failed
+
+Cases share _shared/ (a tiny valid Mixtral checkpoint and data) through
+relative paths; a case that breaks the checkpoint carries its own copy.
+
+    python3 tests/bad_inputs/make_cases.py          # rewrites every case
+"""
+import json
+import os
+import shutil
+import struct
+from collections import OrderedDict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHARED = os.path.join(HERE, "_shared")
+
+TINY_CONFIG = OrderedDict([
+    ("model_type", "mixtral"), ("vocab_size", 32), ("hidden_size", 16), ("intermediate_size", 16),
+    ("num_hidden_layers", 1), ("num_attention_heads", 2), ("num_key_value_heads", 1),
+    ("num_local_experts", 2), ("num_experts_per_tok", 1), ("rms_norm_eps", 1e-5),
+    ("rope_theta", 10000.0), ("tie_word_embeddings", False), ("torch_dtype", "float32")])
+
+# key order of the run config every case starts from
+BASE_RUN = OrderedDict([
+    ("base_model", "../_shared/ckpt"),
+    ("datasets", "\n  - path: ../_shared/data.jsonl"),
+    ("sequence_len", "8"),
+    ("micro_batch_size", "2"),
+    ("max_steps", "1"),
+    ("learning_rate", "1.0e-3"),
+    ("output_dir", "out"),
+    ("backend", "cpu"),
+])
+
+CASES = []
+
+
+def run_yaml(drop=(), extra="", **over):
+    lines = []
+    for k, v in BASE_RUN.items():
+        if k in drop:
+            continue
+        v = over.pop(k, v)
+        lines.append(f"{k}:{'' if v.startswith(chr(10)) else ' '}{v}")
+    for k, v in over.items():
+        lines.append(f"{k}: {v}")
+    return "\n".join(lines) + "\n" + extra
+
+
+def case(name, stderr, files=None, yaml=None, cmd=None, fifo=None, pending=None):
+    files = dict(files or {})
+    if yaml is not None:
+        files["run.yaml"] = yaml
+    elif "run.yaml" not in files:
+        files["run.yaml"] = run_yaml()
+    CASES.append((name, stderr, files, cmd, fifo, pending))
+
+
+# --- safetensors ------------------------------------------------------------
+
+def read_st(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + n], object_pairs_hook=OrderedDict)
+    return hdr, raw[8 + n:]
+
+
+def st_bytes(hdr, data, n=None):
+    h = hdr if isinstance(hdr, bytes) else json.dumps(hdr, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h) if n is None else n) + h + data
+
+
+class Link(str):
+    """A file the case shares unchanged with _shared/ (written as a symlink)."""
+
+
+def pack(hdr, data, keys):
+    """A safetensors file holding only `keys` of (hdr, data), laid out afresh."""
+    out, pieces, off = OrderedDict(), [], 0
+    for k in keys:
+        b, e = hdr[k]["data_offsets"]
+        out[k] = dict(hdr[k], data_offsets=[off, off + e - b])
+        pieces.append(data[b:e])
+        off += e - b
+    return st_bytes(out, b"".join(pieces))
+
+
+def shared_ckpt_files():
+    return {"ckpt/" + fn: Link("_shared/ckpt/" + fn) for fn in sorted(os.listdir(os.path.join(SHARED, "ckpt")))}
+
+
+def shared_bytes(rel):
+    with open(os.path.join(HERE, rel), "rb") as f:
+        return f.read()
+
+
+def ckpt_case(name, stderr, st=None, config=None, extra_files=None, drop=(), pending=None, yaml=None):
+    files = shared_ckpt_files()
+    if st is not None:
+        files["ckpt/model.safetensors"] = st
+    if config is not None:
+        files["ckpt/config.json"] = config if isinstance(config, (bytes, str)) else json.dumps(config, indent=1)
+    for d in drop:
+        files.pop(d, None)
+    files.update(extra_files or {})
+    case(name, stderr, files, yaml=yaml or run_yaml(base_model="ckpt"), pending=pending)
+
+
+def safetensors_cases():
+    hdr, data = read_st(os.path.join(SHARED, "ckpt", "model.safetensors"))
+    names = [k for k in hdr if k != "__metadata__"]
+    first = min(names, key=lambda k: hdr[k]["data_offsets"][0])
+    second = sorted(names, key=lambda k: hdr[k]["data_offsets"][0])[1]
+    last = max(names, key=lambda k: hdr[k]["data_offsets"][1])
+    good = st_bytes(hdr, data)
+
+    def mut(fn):
+        h = json.loads(json.dumps(hdr), object_pairs_hook=OrderedDict)
+        fn(h)
+        return h
+
+    ST = "model.safetensors"
+    ckpt_case("st_empty_file", ST, st=b"")
+    ckpt_case("st_shorter_than_8", ST, st=b"\x10\x00\x00")
+    ckpt_case("st_header_len_huge", ST, st=st_bytes(hdr, data, n=100_000_001))
+    ckpt_case("st_header_len_past_eof", ST, st=st_bytes(hdr, data, n=len(good) + 8))
+    ckpt_case("st_header_len_zero", ST, st=st_bytes(b"", data, n=0))
+    ckpt_case("st_header_len_u64_max", ST, st=struct.pack("<Q", 2 ** 64 - 1) + good[8:])
+    ckpt_case("st_header_invalid_json", ST, st=st_bytes(b'{"a": {"dtype": "F32",', data))
+    ckpt_case("st_header_not_utf8", ST, st=st_bytes(b'{"\xff\xfe": {"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', b"\0" * 4))
+    ckpt_case("st_header_array", ST, st=st_bytes(b"[1, 2, 3]", data))
+    ckpt_case("st_header_nul_padding", ST, st=struct.pack("<Q", len(json.dumps(hdr)) + 8) + json.dumps(hdr).encode() + b"\0" * 8 + data)
+    dup = json.dumps(hdr, separators=(",", ":"))
+    entry = json.dumps({first: hdr[first]}, separators=(",", ":"))[1:-1]
+    ckpt_case("st_duplicate_name", first, pending="jansson leaves keys over 20 characters out of its duplicate-key "
+              "message, so the duplicated tensor is not named", st=st_bytes(("{" + entry + "," + dup[1:]).encode(), data))
+    ckpt_case("st_unknown_dtype", first, st=st_bytes(mut(lambda h: h[first].__setitem__("dtype", "F33")), data))
+    ckpt_case("st_dtype_not_string", first, st=st_bytes(mut(lambda h: h[first].__setitem__("dtype", 32)), data))
+    ckpt_case("st_missing_dtype", first, st=st_bytes(mut(lambda h: h[first].pop("dtype")), data))
+    ckpt_case("st_shape_not_list", first, st=st_bytes(mut(lambda h: h[first].__setitem__("shape", "2x3")), data))
+    ckpt_case("st_shape_negative", first, st=st_bytes(mut(lambda h: h[first]["shape"].__setitem__(0, -h[first]["shape"][0])), data))
+    ckpt_case("st_shape_float", first, st=st_bytes(mut(lambda h: h[first]["shape"].__setitem__(0, h[first]["shape"][0] + 0.5)), data))
+    ckpt_case("st_shape_overflow", first, st=st_bytes(mut(lambda h: h[first].__setitem__("shape", [2 ** 62, 2 ** 62, 16])), data))
+    ckpt_case("st_missing_offsets", first, st=st_bytes(mut(lambda h: h[first].pop("data_offsets")), data))
+    ckpt_case("st_offsets_three", first, st=st_bytes(mut(lambda h: h[first]["data_offsets"].append(7)), data))
+    ckpt_case("st_offsets_reversed", first, st=st_bytes(mut(lambda h: h[first]["data_offsets"].reverse()), data))
+    ckpt_case("st_offsets_negative", first, st=st_bytes(mut(lambda h: h[first].__setitem__("data_offsets", [-4, h[first]["data_offsets"][1]])), data))
+    ckpt_case("st_bytes_not_shape", first, st=st_bytes(mut(lambda h: h[first]["shape"].__setitem__(-1, h[first]["shape"][-1] - 1)), data))
+
+    def gap(h):  # the second tensor starts 4 bytes late; its end (and every later one) moves too
+        for k in names:
+            b, e = h[k]["data_offsets"]
+            if b >= h[second]["data_offsets"][0]:
+                h[k]["data_offsets"] = [b + 4, e + 4]
+    ckpt_case("st_gap_between_tensors", ST, st=st_bytes(mut(gap), data + b"\0" * 4))
+
+    def overlap(h):
+        b, e = h[second]["data_offsets"]
+        h[second]["data_offsets"] = [b - 4, e - 4]
+    ckpt_case("st_overlapping_tensors", ST, st=st_bytes(mut(overlap), data))
+    ckpt_case("st_first_not_at_zero", ST, st=st_bytes(mut(lambda h: [h[k].__setitem__("data_offsets", [h[k]["data_offsets"][0] + 4, h[k]["data_offsets"][1] + 4]) for k in names]), b"\0" * 4 + data))
+    ckpt_case("st_trailing_bytes", ST, st=good + b"\0" * 8)
+    ckpt_case("st_truncated_data", ST, st=good[:-6])
+    ckpt_case("st_truncated_in_header", ST, st=good[:40])
+    ckpt_case("st_metadata_not_strings", ST, st=st_bytes(mut(lambda h: h.__setitem__("__metadata__", {"format": 1})), data))
+    ckpt_case("st_entry_not_object", first, st=st_bytes(mut(lambda h: h.__setitem__(first, [1, 2])), data))
+    # a weight stored as integers: moetune converts F32/BF16/F16 only
+    def as_i32(h):
+        h[first]["dtype"] = "I32"
+    ckpt_case("st_weight_int32", first, st=st_bytes(mut(as_i32), data))
+
+    # non-finite weights: training would produce NaN losses from step 1
+    b, e = hdr[last]["data_offsets"]
+    nan = bytearray(data)
+    nan[b:b + 4] = struct.pack("<f", float("nan"))
+    ckpt_case("st_weight_nan", last, st=st_bytes(hdr, bytes(nan)),
+              pending="non-finite weights are not rejected at load yet")
+    inf = bytearray(data)
+    inf[b:b + 4] = struct.pack("<f", float("inf"))
+    ckpt_case("st_weight_inf", last, st=st_bytes(hdr, bytes(inf)),
+              pending="non-finite weights are not rejected at load yet")
+
+    # checkpoint vs config.json
+    ckpt_case("st_missing_tensor", "lm_head.weight", st=pack(hdr, data, [k for k in names if k != "lm_head.weight"]))
+    ckpt_case("st_wrong_shape", first, st=st_bytes(mut(lambda h: h[first].__setitem__("shape", list(reversed(h[first]["shape"])))), data)
+              if hdr[first]["shape"][0] != hdr[first]["shape"][-1] else good)
+
+
+def checkpoint_cases():
+    files = shared_ckpt_files()
+    hdr, data = read_st(os.path.join(SHARED, "ckpt", "model.safetensors"))
+    names = [k for k in hdr if k != "__metadata__"]
+    # split into two shards by tensor
+    half = names[: len(names) // 2], names[len(names) // 2:]
+
+    s1, s2 = pack(hdr, data, half[0]), pack(hdr, data, half[1])
+    n1, n2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    wm = OrderedDict([(k, n1) for k in half[0]] + [(k, n2) for k in half[1]])
+    index = {"metadata": {"total_size": len(data)}, "weight_map": wm}
+
+    def sharded(name, stderr, idx=index, shard1=s1, shard2=s2, pending=None):
+        f = {"ckpt/config.json": Link("_shared/ckpt/config.json"), "ckpt/" + n1: shard1,
+             "ckpt/model.safetensors.index.json": idx if isinstance(idx, (str, bytes)) else json.dumps(idx, indent=1)}
+        if shard2 is not None:
+            f["ckpt/" + n2] = shard2
+        case(name, stderr, f, yaml=run_yaml(base_model="ckpt"), pending=pending)
+
+    sharded("shard_missing", n2, shard2=None)
+    sharded("shard_truncated", n2, shard2=s2[:-10])
+    sharded("shard_header_garbage", n2, shard2=b"\x08\0\0\0\0\0\0\0garbage!")
+    wm_absent = OrderedDict(wm)
+    wm_absent["model.not_there.weight"] = n1
+    sharded("index_tensor_not_in_shard", "model.not_there.weight", idx={"weight_map": wm_absent})
+    wm_wrong = OrderedDict(wm)
+    wm_wrong[half[1][0]] = n1
+    sharded("index_tensor_in_other_shard", half[1][0], idx={"weight_map": wm_wrong})
+    sharded("index_invalid_json", "model.safetensors.index.json", idx='{"weight_map": {')
+    sharded("index_no_weight_map", "weight_map", idx={"metadata": {"total_size": 1}})
+    sharded("index_weight_map_list", "weight_map", idx={"weight_map": [n1, n2]})
+    wm_esc = OrderedDict(wm)
+    wm_esc[half[0][0]] = "../" + n1
+    sharded("index_shard_escapes_dir", half[0][0], idx={"weight_map": wm_esc})
+    wm_num = OrderedDict(wm)
+    wm_num[half[0][0]] = 1
+    sharded("index_shard_not_string", half[0][0], idx={"weight_map": wm_num})
+    wm_missing = OrderedDict((k, v) for k, v in wm.items() if k != half[1][-1])
+    sharded("index_omits_tensor", half[1][-1], idx={"weight_map": wm_missing})
+
+    case("ckpt_dir_missing", "no_such_ckpt", yaml=run_yaml(base_model="no_such_ckpt"))
+    case("ckpt_dir_empty", "empty_ckpt", {"empty_ckpt/.keep": ""}, yaml=run_yaml(base_model="empty_ckpt"))
+    case("ckpt_is_a_file", "a_file", {"a_file": "not a directory\n"}, yaml=run_yaml(base_model="a_file"))
+    case("ckpt_pytorch_bin_only", "pytorch_model.bin",
+         {"ckpt/config.json": Link("_shared/ckpt/config.json"), "ckpt/pytorch_model.bin": b"PK\x03\x04"},
+         yaml=run_yaml(base_model="ckpt"))
+
+
+def config_json_cases():
+    def cfg(**over):
+        c = OrderedDict(TINY_CONFIG)
+        for k, v in over.items():
+            if v is DROP:
+                c.pop(k)
+            else:
+                c[k] = v
+        return c
+    CJ = "config.json"
+    ckpt_case("cfg_missing", CJ, drop=["ckpt/config.json"])
+    ckpt_case("cfg_invalid_json", CJ, config='{"model_type": "mixtral",')
+    ckpt_case("cfg_empty", CJ, config="")
+    ckpt_case("cfg_root_array", CJ, config="[1, 2]")
+    ckpt_case("cfg_is_directory", CJ, drop=["ckpt/config.json"], extra_files={"ckpt/config.json/.keep": ""})
+    ckpt_case("cfg_model_type_missing", "model_type", config=cfg(model_type=DROP))
+    ckpt_case("cfg_model_type_unsupported", "gpt_oss", config=cfg(model_type="gpt_oss"))
+    ckpt_case("cfg_model_type_number", "model_type", config=cfg(model_type=7))
+    for key in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads", "intermediate_size"):
+        ckpt_case(f"cfg_{key}_missing", key, config=cfg(**{key: DROP}))
+    # MixtralConfig's default (8 experts), as transformers reads it, disagrees with the checkpoint
+    ckpt_case("cfg_num_local_experts_missing", "block_sparse_moe.gate.weight", config=cfg(num_local_experts=DROP))
+    for key, val in (("hidden_size", "16"), ("num_hidden_layers", 1.5), ("vocab_size", [32]),
+                     ("num_attention_heads", True), ("rms_norm_eps", "small"), ("rope_theta", "big"),
+                     ("tie_word_embeddings", "no")):
+        ckpt_case(f"cfg_{key}_wrong_type", key, config=cfg(**{key: val}))
+    for key, val in (("hidden_size", -16), ("num_hidden_layers", -1), ("vocab_size", 0),
+                     ("num_attention_heads", 0), ("intermediate_size", -16), ("num_local_experts", 0),
+                     ("num_key_value_heads", -1)):
+        ckpt_case(f"cfg_{key}_{'negative' if val < 0 else 'zero'}", key, config=cfg(**{key: val}))
+    ckpt_case("cfg_topk_above_experts", "num_experts_per_tok", config=cfg(num_experts_per_tok=3))
+    # head_dim = hidden_size // num_attention_heads (as HF): the projections' shapes disagree
+    ckpt_case("cfg_heads_not_dividing_hidden", "self_attn.q_proj.weight", config=cfg(num_attention_heads=3))
+    ckpt_case("cfg_kv_heads_not_dividing", "num_key_value_heads", config=cfg(num_key_value_heads=3, num_attention_heads=2))
+    ckpt_case("cfg_hidden_size_huge", "hidden_size", config=cfg(hidden_size=2 ** 40))
+    ckpt_case("cfg_vocab_size_int_overflow", "vocab_size", config=cfg(vocab_size=2 ** 31))
+    ckpt_case("cfg_rms_norm_eps_negative", "rms_norm_eps", config=cfg(rms_norm_eps=-1e-5),
+              pending="a negative rms_norm_eps is not refused yet")
+    # config.json that disagrees with the checkpoint: shape errors name the tensor
+    ckpt_case("cfg_vs_ckpt_intermediate", "experts.0.w1.weight", config=cfg(intermediate_size=24))
+    ckpt_case("cfg_vs_ckpt_vocab", "embed_tokens.weight", config=cfg(vocab_size=48))
+    ckpt_case("cfg_vs_ckpt_layers", "model.layers.1", config=cfg(num_hidden_layers=2))
+    ckpt_case("cfg_vs_ckpt_experts", "block_sparse_moe.gate.weight", config=cfg(num_local_experts=3))
+
+
+class _Drop:
+    pass
+
+
+DROP = _Drop()
+
+
+def yaml_cases():
+    RY = "run.yaml"
+    case("yaml_unclosed_flow", RY, yaml=run_yaml(extra="memory: {device: 8GiB\n"))
+    case("yaml_bad_indent", RY, yaml=run_yaml() + "staging:\n  mode: compact\n mode2: x\n")
+    case("yaml_tab_indent", RY, yaml=run_yaml() + "staging:\n\tmode: compact\n")
+    case("yaml_unterminated_quote", RY, yaml=run_yaml(output_dir='"out'))
+    case("yaml_root_list", RY, yaml="- base_model: ckpt\n- max_steps: 1\n")
+    case("yaml_root_scalar", RY, yaml="just a string\n")
+    case("yaml_empty", RY, yaml="")
+    case("yaml_duplicate_key", "max_steps", yaml=run_yaml() + "max_steps: 2\n")
+    case("yaml_nul_byte", RY, yaml=run_yaml() + "seed: 1\0\n")
+    case("yaml_alias_bomb", RY, yaml=run_yaml() + "".join(
+        f"b{i}: &b{i} [" + ",".join([f"*b{i-1}"] * 9) + "]\n" if i else "b0: &b0 [x,x,x,x,x,x,x,x,x]\n" for i in range(10)))
+    case("yaml_missing_file", "nope.yaml", cmd="train nope.yaml")
+    case("yaml_is_directory", "adir", {"adir/.keep": ""}, cmd="train adir")
+    case("yaml_fifo", "run.yaml", fifo="run.yaml", yaml="", pending="a FIFO given as the run config blocks the reader")
+    # unknown keys, with the nearest valid key suggested
+    case("key_typo_top", "micro_batch_sise", yaml=run_yaml(drop=("micro_batch_size",), micro_batch_sise="2"))
+    case("key_typo_memory", "devcie", yaml=run_yaml(extra="memory:\n  devcie: 8GiB\n"))
+    case("key_typo_staging", "mod", yaml=run_yaml(extra="staging:\n  mod: compact\n"))
+    case("key_typo_scheduler", "polcy", yaml=run_yaml(extra="scheduler:\n  polcy: auto\n"))
+    case("key_typo_dataset", "pth", yaml=run_yaml(datasets="\n  - pth: ../_shared/data.jsonl"))
+    case("key_unknown_section", "optimiser", yaml=run_yaml(extra="optimiser:\n  lr: 1\n"))
+    # wrong types
+    for key, val in (("learning_rate", "fast"), ("max_steps", "many"), ("micro_batch_size", "[2]"),
+                     ("sequence_len", "1.5"), ("bf16", "maybe"), ("datasets", "data.jsonl"),
+                     ("memory", "lots"), ("seed", "-1"), ("shuffle", "{a: 1}"), ("weight_decay", "[]")):
+        case(f"type_{key}", key, yaml=run_yaml(**{key: val}))
+    # out-of-range values
+    for key, val in (("micro_batch_size", "0"), ("micro_batch_size", "-1"), ("sequence_len", "0"),
+                     ("max_steps", "99999999999999999999"), ("micro_batch_size", "4294967297"),
+                     ("gradient_accumulation_steps", "0"), ("learning_rate", "-1.0"),
+                     ("warmup_steps", "-1"), ("adam_beta1", "1.5"), ("adam_beta2", "-0.1"),
+                     ("adam_epsilon", "-1e-8"), ("max_grad_norm", "-1"), ("logging_steps", "-1"),
+                     ("save_steps", "-5"), ("learning_rate", ".nan"), ("learning_rate", ".inf")):
+        slug = val.replace("-", "neg").replace(".", "p")
+        case(f"range_{key}_{slug}", key, yaml=run_yaml(**{key: val}))
+    case("range_memory_device_negative", "memory", yaml=run_yaml(extra="memory:\n  device: -1GiB\n"))
+    case("range_memory_device_huge", "memory", yaml=run_yaml(extra="memory:\n  device: 99999999999999EiB\n"))
+    case("range_staging_num_slabs_zero", "num_slabs", yaml=run_yaml(extra="staging:\n  num_slabs: 0\n"))
+    case("range_compute_threads_negative", "compute_threads", yaml=run_yaml(extra="backend_options:\n  compute_threads: -2\n"))
+    # values outside their set
+    for key, val in (("lr_scheduler", "sawtooth"), ("backend", "tpu"), ("optimizer", "sgd")):
+        case(f"enum_{key}", val, yaml=run_yaml(**{key: val}))
+    case("enum_scheduler_policy", "greedy", yaml=run_yaml(extra="scheduler:\n  policy: greedy\n"))
+    case("enum_staging_mode", "bigslab", yaml=run_yaml(extra="staging:\n  mode: bigslab\n"))
+    case("adapter_lora_refused", "lora", yaml=run_yaml(adapter="lora"))
+    case("datasets_empty", "datasets", yaml=run_yaml(datasets="[]"))
+    case("base_model_missing_key", "base_model", yaml=run_yaml(drop=("base_model",)))
+    case("hardware_unknown_name", "tpu-v9", yaml=run_yaml(hardware="tpu-v9"))
+    case("hardware_file_syntax", "bad_hw.yaml", {"bad_hw.yaml": "device: {memory: 80GiB\n"},
+         yaml=run_yaml(hardware="bad_hw.yaml"))
+    case("hardware_file_unknown_key", "memroy", {"typo_hw.yaml": "name: x\ndevice:\n  memroy: 80GiB\n"},
+         yaml=run_yaml(hardware="typo_hw.yaml"))
+    case("set_unknown_key", "nosuchkey", cmd="train run.yaml --set nosuchkey=1")
+    case("set_wrong_type", "micro_batch_size", cmd="train run.yaml --set micro_batch_size=two")
+
+
+def data_cases():
+    def dcase(name, stderr, content, fn="data.jsonl", pending=None):
+        case(name, stderr, {fn: content}, yaml=run_yaml(datasets=f"\n  - path: {fn}"), pending=pending)
+    ok = '{"input_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9]}\n'
+    dcase("data_bad_json_line", "data.jsonl:3", ok * 2 + '{"input_ids": [1, 2,\n' + ok)
+    dcase("data_token_too_large", "data.jsonl:2", ok + '{"input_ids": [1, 2, 32]}\n')
+    dcase("data_token_negative", "data.jsonl:1", '{"input_ids": [1, -2, 3]}\n' + ok)
+    dcase("data_token_beyond_int32", "data.jsonl:1", '{"input_ids": [1, 4294967297]}\n' + ok)
+    dcase("data_token_float", "data.jsonl:1", '{"input_ids": [1, 2.5]}\n' + ok)
+    dcase("data_token_string", "data.jsonl:2", ok + '{"input_ids": ["1", "2"]}\n')
+    dcase("data_input_ids_missing", "data.jsonl:1", '{"text": "hello"}\n' + ok)
+    dcase("data_input_ids_not_list", "data.jsonl:1", '{"input_ids": 5}\n' + ok)
+    dcase("data_input_ids_empty", "data.jsonl:1", '{"input_ids": []}\n' + ok)
+    dcase("data_line_is_array", "data.jsonl:2", ok + '[1, 2, 3]\n')
+    dcase("data_labels_length", "data.jsonl:1", '{"input_ids": [1, 2, 3], "labels": [1, 2]}\n' + ok)
+    dcase("data_mask_length", "data.jsonl:1", '{"input_ids": [1, 2, 3], "attention_mask": [1, 1]}\n' + ok)
+    dcase("data_mask_value", "data.jsonl:1", '{"input_ids": [1, 2, 3], "attention_mask": [1, 2, 1]}\n' + ok)
+    dcase("data_label_out_of_range", "data.jsonl:1", '{"input_ids": [1, 2, 3], "labels": [1, 99, 3]}\n' + ok)
+    dcase("data_no_labels_at_all", "data.jsonl", '{"input_ids": [1, 2, 3], "labels": [-100, -100, -100]}\n' * 4,
+          pending="data whose every label is -100 trains on nothing and is not refused yet")
+    dcase("data_empty_file", "data.jsonl", "")
+    dcase("data_blank_lines", "data.jsonl", "\n\n\n")
+    dcase("data_unknown_extension", "data.txt", "1 2 3\n", fn="data.txt")
+    case("data_missing_file", "nowhere.jsonl", yaml=run_yaml(datasets="\n  - path: nowhere.jsonl"))
+    case("data_is_directory", "ddir", {"ddir/.keep": ""}, yaml=run_yaml(datasets="\n  - path: ddir"))
+    case("data_fifo", "data.jsonl", fifo="data.jsonl", yaml=run_yaml(datasets="\n  - path: data.jsonl"),
+         pending="a FIFO given as a data file blocks the reader")
+
+    def bin_hdr(magic, version, count):
+        return struct.pack("<256i", magic, version, count, *([0] * 253))
+    toks = list(range(1, 30))
+    dcase("bin_bad_magic", "data.bin", bin_hdr(20240521, 1, len(toks)) + struct.pack(f"<{len(toks)}H", *toks), fn="data.bin")
+    dcase("bin_bad_version", "data.bin", bin_hdr(20240801, 1, len(toks)) + struct.pack(f"<{len(toks)}I", *toks), fn="data.bin")
+    dcase("bin_short_header", "data.bin", bin_hdr(20240520, 1, 4)[:100], fn="data.bin")
+    dcase("bin_count_beyond_file", "data.bin", bin_hdr(20240520, 1, 1000) + struct.pack(f"<{len(toks)}H", *toks), fn="data.bin")
+    dcase("bin_count_negative", "data.bin", bin_hdr(20240520, 1, -5) + struct.pack(f"<{len(toks)}H", *toks), fn="data.bin")
+    dcase("bin_token_out_of_range", "data.bin", bin_hdr(20240801, 7, len(toks)) + struct.pack(f"<{len(toks)}I", *(toks[:-1] + [70000])), fn="data.bin")
+    dcase("bin_too_few_tokens", "data.bin", bin_hdr(20240520, 1, 4) + struct.pack("<4H", 1, 2, 3, 4), fn="data.bin")
+    dcase("bin_odd_payload", "data.bin", bin_hdr(20240520, 1, len(toks)) + struct.pack(f"<{len(toks)}H", *toks) + b"\x01", fn="data.bin")
+
+
+def output_cases():
+    case("out_equals_base_model", "output_dir", files=shared_ckpt_files(),
+         yaml=run_yaml(base_model="ckpt", output_dir="ckpt"),
+         pending="output_dir equal to base_model is not refused yet")
+    case("out_equals_base_model_slash", "output_dir", files=shared_ckpt_files(),
+         yaml=run_yaml(base_model="ckpt", output_dir="./ckpt/"),
+         pending="output_dir equal to base_model is not refused yet")
+    case("out_is_a_file", "out_file", {"out_file": "precious\n"}, yaml=run_yaml(output_dir="out_file"))
+    case("out_parent_is_a_file", "blocker", {"blocker": "precious\n"}, yaml=run_yaml(output_dir="blocker/out"))
+
+
+def inspect_cases():
+    case("inspect_missing_dir", "no_such_dir", cmd="inspect no_such_dir")
+    f = shared_ckpt_files()
+    f["ckpt/model.safetensors"] = shared_bytes("_shared/ckpt/model.safetensors")[:30]
+    case("inspect_truncated", "model.safetensors", f, cmd="inspect ckpt")
+
+
+def main():
+    for name in os.listdir(HERE):
+        p = os.path.join(HERE, name)
+        if os.path.isdir(p) and name != "_shared":
+            shutil.rmtree(p)
+    safetensors_cases()
+    checkpoint_cases()
+    config_json_cases()
+    yaml_cases()
+    data_cases()
+    output_cases()
+    inspect_cases()
+    seen = set()
+    for name, stderr, files, cmd, fifo, pending in CASES:
+        assert name not in seen, name
+        seen.add(name)
+        d = os.path.join(HERE, name)
+        os.makedirs(d)
+        for rel, content in files.items():
+            p = os.path.join(d, rel)
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            if isinstance(content, Link):
+                os.symlink(os.path.relpath(os.path.join(HERE, content), os.path.dirname(p)), p)
+                continue
+            with open(p, "wb") as f:
+                f.write(content.encode() if isinstance(content, str) else content)
+        with open(os.path.join(d, "expect"), "w") as f:
+            f.write("exit 1\n")
+            f.write(f"stderr {stderr}\n")
+            if cmd:
+                f.write(f"cmd {cmd}\n")
+            if fifo:
+                f.write(f"fifo {fifo}\n")
+            if pending:
+                f.write(f"pending {pending}\n")
+    print(f"{len(CASES)} cases, {sum(1 for c in CASES if c[5])} pending")
+
+
+if __name__ == "__main__":
+    main()

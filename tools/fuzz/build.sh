@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer harnesses with clang, outside Bazel (the normal build
+# is gcc; libFuzzer needs clang's -fsanitize=fuzzer), so `bazel test //...`
+# is unaffected. Each harness is linked with ASan and UBSan against the
+# reader's own .c files and base/; jansson and libyaml come from Debian.
+#
+#   tools/fuzz/build.sh [HARNESS...]     (default: all; binaries in $FUZZ_BUILD,
+#                                         default tools/fuzz/build-out/)
+# Exits 3 when clang or its fuzzer runtime is missing, so CI can skip.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+out="${FUZZ_BUILD:-$root/tools/fuzz/build-out}"
+CC="${CC_FUZZ:-clang}"
+
+if ! command -v "$CC" >/dev/null 2>&1; then
+  echo "fuzz build: $CC not found (apt-get install clang)" >&2; exit 3
+fi
+if ! echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { (void)d; (void)n; return 0; }' \
+     | "$CC" -x c -fsanitize=fuzzer -o /dev/null - 2>/dev/null; then
+  echo "fuzz build: $CC cannot link -fsanitize=fuzzer (libclang_rt.fuzzer missing)" >&2; exit 3
+fi
+
+base="base/arena.c base/clock.c base/dtype.c base/grow.c base/status.c"
+util="tools/fuzz/fuzz_util.c"
+# harness: its sources beside the harness file itself
+declare -A srcs=(
+  [fuzz_safetensors]="engine/safetensors.c $util"
+  [fuzz_checkpoint_index]="engine/checkpoint.c engine/safetensors.c engine/model_config.c engine/model_spec.c $util"
+  [fuzz_model_config]="engine/model_config.c engine/model_spec.c $util"
+  [fuzz_run_config]="engine/config.c engine/config_validate.c engine/config_values.c engine/lr_schedule.c $util"
+  [fuzz_data_jsonl]="engine/data.c tools/fuzz/fuzz_data_common.c $util"
+  [fuzz_data_bin]="engine/data.c tools/fuzz/fuzz_data_common.c $util"
+  [fuzz_hw]="scheduler/hw.c"
+)
+all="fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_run_config fuzz_data_jsonl fuzz_data_bin fuzz_hw"
+want="${*:-$all}"
+
+mkdir -p "$out"
+cd "$root"
+for h in $want; do
+  [ -n "${srcs[$h]+x}" ] || { echo "fuzz build: unknown harness $h (one of: $all)" >&2; exit 2; }
+  # shellcheck disable=SC2086
+  "$CC" -std=c17 -D_GNU_SOURCE -g -O1 -march=x86-64-v2 -fno-omit-frame-pointer \
+    -Wall -Wextra -Werror -Wno-unused-command-line-argument \
+    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+    -I. "tools/fuzz/$h.c" ${srcs[$h]} $base \
+    -ljansson -lyaml -lm -lpthread -o "$out/$h"
+  echo "built $out/$h"
+done
