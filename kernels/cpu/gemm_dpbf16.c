@@ -105,17 +105,17 @@ static size_t pack_tasks_b(const prod_t *q) {
     return kern_cpu_tasks((size_t)q->nb, PACK_ROWS / NR);
 }
 
+/* k outer, the block's rows inner: with trans_a those rows are adjacent in
+ * one stored row of A, so each cache line of A is read once. */
 static void pack_a(const prod_t *q, int b0, int b1) {
-    for (int b = b0; b < b1; b++)
-        for (int r = 0; r < MR; r++) {
-            const int i = b * MR + r;
-            uint32_t *dst = q->ap + (size_t)b * q->KP * MR + r;
-            if (i >= q->M) {
-                for (int kp = 0; kp < q->KP; kp++) dst[(size_t)kp * MR] = 0;
-                continue;
+    for (int b = b0; b < b1; b++) {
+        uint32_t *dst = q->ap + (size_t)b * q->KP * MR;
+        for (int kp = 0; kp < q->KP; kp++)
+            for (int r = 0; r < MR; r++) {
+                const int i = b * MR + r;
+                dst[(size_t)kp * MR + r] = i < q->M ? a_pair(q, i, 2 * kp) : 0;
             }
-            for (int kp = 0; kp < q->KP; kp++) dst[(size_t)kp * MR] = a_pair(q, i, 2 * kp);
-        }
+    }
 }
 
 static void pack_b(const prod_t *q, int b0, int b1) {
