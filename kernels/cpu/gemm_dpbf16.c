@@ -105,20 +105,69 @@ static size_t pack_tasks_b(const prod_t *q) {
     return kern_cpu_tasks((size_t)q->nb, PACK_ROWS / NR);
 }
 
-static void pack_a(const prod_t *q, int b0, int b1) {
-    for (int b = b0; b < b1; b++)
-        for (int r = 0; r < MR; r++) {
-            const int i = b * MR + r;
-            uint32_t *dst = q->ap + (size_t)b * q->KP * MR + r;
-            if (i >= q->M) {
-                for (int kp = 0; kp < q->KP; kp++) dst[(size_t)kp * MR] = 0;
-                continue;
-            }
-            for (int kp = 0; kp < q->KP; kp++) dst[(size_t)kp * MR] = a_pair(q, i, 2 * kp);
+/* `pairs` pairs of a stored row whose K elements are contiguous (A not
+ * transposed, B transposed: the layout of x W^T), into dst with a stride:
+ * a BF16 pair is one 32-bit word as it lies in memory (little endian: the
+ * lower k in the low half, as vdpbf16ps pairs them). */
+static void pack_row(uint32_t *dst, size_t stride, const void *row, mt_dtype_t dt, int K) {
+    const int full = K / 2;
+    if (dt == MT_BF16) {
+        const uint16_t *x = row;
+        for (int kp = 0; kp < full; kp++) {
+            uint32_t w;
+            memcpy(&w, x + 2 * kp, sizeof w);
+            dst[(size_t)kp * stride] = w;
         }
+        if (K & 1) dst[(size_t)full * stride] = x[K - 1];
+    } else {
+        const float *x = row;
+        for (int kp = 0; kp < full; kp++)
+            dst[(size_t)kp * stride] =
+                mt_f32_to_bf16(x[2 * kp]) | (uint32_t)mt_f32_to_bf16(x[2 * kp + 1]) << 16;
+        if (K & 1) dst[(size_t)full * stride] = mt_f32_to_bf16(x[K - 1]);
+    }
+}
+
+static const void *row_at(const kern_mat_t *m, int r) {
+    return (const char *)m->data + (size_t)r * (size_t)m->cols * mt_dtype_size(m->dtype);
+}
+
+/* k outer, the block's rows inner: with trans_a those rows are adjacent in
+ * one stored row of A, so each cache line of A is read once. */
+static void pack_a(const prod_t *q, int b0, int b1) {
+    if (!q->p->trans_a) { /* rows of op(A) are stored rows */
+        for (int b = b0; b < b1; b++)
+            for (int r = 0; r < MR; r++) {
+                const int i = b * MR + r;
+                uint32_t *dst = q->ap + (size_t)b * q->KP * MR + r;
+                if (i < q->M) pack_row(dst, MR, row_at(&q->p->A, i), q->p->A.dtype, q->K);
+                else
+                    for (int kp = 0; kp < q->KP; kp++) dst[(size_t)kp * MR] = 0;
+            }
+        return;
+    }
+    for (int b = b0; b < b1; b++) {
+        uint32_t *dst = q->ap + (size_t)b * q->KP * MR;
+        for (int kp = 0; kp < q->KP; kp++)
+            for (int r = 0; r < MR; r++) {
+                const int i = b * MR + r;
+                dst[(size_t)kp * MR + r] = i < q->M ? a_pair(q, i, 2 * kp) : 0;
+            }
+    }
 }
 
 static void pack_b(const prod_t *q, int b0, int b1) {
+    if (q->p->trans_b) { /* columns of op(B) are stored rows */
+        for (int b = b0; b < b1; b++)
+            for (int c = 0; c < NR; c++) {
+                const int j = b * NR + c;
+                uint32_t *dst = q->bp + (size_t)b * q->KP * NR + c;
+                if (j < q->N) pack_row(dst, NR, row_at(&q->p->B, j), q->p->B.dtype, q->K);
+                else
+                    for (int kp = 0; kp < q->KP; kp++) dst[(size_t)kp * NR] = 0;
+            }
+        return;
+    }
     for (int b = b0; b < b1; b++) {
         uint32_t *dst = q->bp + (size_t)b * q->KP * NR;
         for (int kp = 0; kp < q->KP; kp++)

@@ -36,16 +36,17 @@ typedef struct {
 } tmat_t;
 
 static tmat_t tmat(gt_ctx_t *t, int rows, int cols, mt_dtype_t dt, bool nan, const char *tag) {
-    const size_t n = (size_t)rows * cols;
-    float *h = gt_host_rand(t, n + 1, 1.0f);
+    /* one element at least: an empty matrix still gets a buffer */
+    const size_t n = (size_t)rows * cols > 0 ? (size_t)rows * cols : 1;
+    float *h = gt_host_rand(t, n, 1.0f);
     tmat_t m = {.dt = dt, .rows = rows, .cols = cols};
     if (dt == MT_BF16) {
-        uint16_t *hb = gt_host_bytes((n + 1) * 2);
+        uint16_t *hb = gt_host_bytes(n * 2);
         for (size_t i = 0; i < n; i++) hb[i] = mt_f32_to_bf16(h[i]);
-        m.buf = nan ? gt_alloc(t, (n + 1) * 2, tag) : gt_from_host(t, hb, (n + 1) * 2, tag);
+        m.buf = nan ? gt_alloc(t, n * 2, tag) : gt_from_host(t, hb, n * 2, tag);
         free(hb);
     } else {
-        m.buf = nan ? gt_alloc(t, (n + 1) * 4, tag) : gt_from_host(t, h, (n + 1) * 4, tag);
+        m.buf = nan ? gt_alloc(t, n * 4, tag) : gt_from_host(t, h, n * 4, tag);
     }
     free(h);
     return m;
