@@ -84,7 +84,7 @@ static mt_status_t diverged(mt_error_t *err, int step, double loss, const eng_ru
 
 static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
                                    eng_ckpt_dir_mode_t mode, eng_reporter_t *rep, mt_error_t *err) {
-    mt_status_t st = eng_train_save(m, rc, dir, mode, err);
+    mt_status_t st = eng_train_save(m, rc, dir, mode, eng_save_dtype(m, rc), err);
     if (st == MT_OK) eng_reporter_note(rep, "moetune: saved checkpoint to %s", dir);
     return st;
 }

@@ -28,7 +28,7 @@ mt_status_t eng_run_check_paths(const eng_run_config_t *rc, mt_error_t *err) {
     return st;
 }
 
-char *eng_saved_config_json(const char *base_text, const char *overrides_json, mt_dtype_t saved,
+char *eng_saved_config_json(const char *base_text, const char *overrides_json, mt_dtype_t dtype,
                             const char *source, mt_error_t *err) {
     json_error_t je;
     json_t *root = json_loads(base_text, 0, &je);
@@ -48,9 +48,9 @@ char *eng_saved_config_json(const char *base_text, const char *overrides_json, m
         json_object_update(root, ov); /* the same merge the loader made before training */
         json_decref(ov);
     }
-    const char *dtype = saved == MT_BF16 ? "bfloat16" : saved == MT_F16 ? "float16" : "float32";
-    json_object_set_new(root, "torch_dtype", json_string(dtype));
-    json_object_set_new(root, "dtype", json_string(dtype)); /* transformers >= 5 reads this key */
+    const char *name = dtype == MT_BF16 ? "bfloat16" : dtype == MT_F16 ? "float16" : "float32";
+    json_object_set_new(root, "torch_dtype", json_string(name));
+    json_object_set_new(root, "dtype", json_string(name)); /* transformers >= 5 reads this key */
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
     MT_CHECK_ALLOC(text, "config.json");
@@ -62,9 +62,9 @@ char *eng_saved_config_json(const char *base_text, const char *overrides_json, m
 }
 
 mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
-                           eng_ckpt_dir_mode_t mode, mt_error_t *err) {
-    const mt_dtype_t dtype = eng_save_dtype(m, rc);
-    char *config = eng_saved_config_json(m->cfg.config_json, rc->model_config_json, dtype, rc->source_path, err);
+                           eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err) {
+    char *config = eng_saved_config_json(m->cfg.config_json, rc->model_config_json, dtype,
+                                         rc->source_path, err);
     if (!config) return err->code;
     const int n = m->spec.count;
     eng_ckpt_tensor_t *t = calloc(n ? (size_t)n : 1, sizeof *t);

@@ -7,6 +7,7 @@
 #include "engine/config.h"
 #include "engine/model.h"
 #include "engine/outdir.h"
+#include "base/dtype.h"
 #include "base/status.h"
 
 /* Refuses a run whose output_dir is, contains or lies inside base_model or a
@@ -18,13 +19,13 @@ mt_status_t eng_run_check_paths(const eng_run_config_t *rc, mt_error_t *err);
  * run's model_config overrides merged in (what the model was trained with)
  * and the dtype actually saved as torch_dtype and transformers 5's dtype.
  * Returns malloc'ed text (indent 2, as save_pretrained writes it). */
-char *eng_saved_config_json(const char *base_text, const char *overrides_json, mt_dtype_t saved,
+char *eng_saved_config_json(const char *base_text, const char *overrides_json, mt_dtype_t dtype,
                             const char *source, mt_error_t *err);
 
-/* Saves the model's weights (in eng_save_dtype(m, rc): save_dtype, or the
- * base checkpoint's own dtype) with that config.json
- * into dir through an atomic checkpoint transaction (engine/outdir.h). */
+/* Saves the model's weights in dtype (MT_F32, MT_BF16 or MT_F16) with that
+ * config.json into dir through an atomic checkpoint transaction
+ * (engine/outdir.h). */
 mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
-                           eng_ckpt_dir_mode_t mode, mt_error_t *err);
+                           eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err);
 
 #endif

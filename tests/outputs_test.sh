@@ -241,12 +241,14 @@ fi
 "$MOETUNE" train run.yaml --set output_dir=cfg --set bf16=true --set save_dtype=bfloat16 --set model_config.rope_theta=5000.0 \
   --set max_steps=1 >/dev/null 2>"$L/cfg.err" || { fail "bf16 run with a model_config override"; cat "$L/cfg.err"; }
 "$MOETUNE" inspect cfg >"$L/cfg_inspect.out" 2>&1
-if grep -qE '"rope_theta": 5000(\.0)?,' cfg/config.json && grep -q '"torch_dtype": "bfloat16"' cfg/config.json \
-   && grep -q '"dtype": "bfloat16"' cfg/config.json && grep -qE "BF16 +[0-9]+ tensors" "$L/cfg_inspect.out" \
-   && ! grep -qE "F32 +[0-9]+ tensors" "$L/cfg_inspect.out" && grep -q '"rope_theta": 10000' models/ckpt/config.json; then
-  ok "saved config.json: rope_theta override, torch_dtype/dtype bfloat16 as the BF16 weights"
+# the dtype config.json states must be the one the weights were saved in
+saved=$(grep -oE '^  (F32|BF16|F16) +[0-9]+ tensors' "$L/cfg_inspect.out" | awk '{print $1}' | sort -u | tr '\n' ' ')
+case "$saved" in "BF16 ") want=bfloat16;; "F32 ") want=float32;; "F16 ") want=float16;; *) want="one dtype, not '$saved'";; esac
+if grep -qE '"rope_theta": 5000(\.0)?,' cfg/config.json && grep -q "\"torch_dtype\": \"$want\"" cfg/config.json \
+   && grep -q "\"dtype\": \"$want\"" cfg/config.json && grep -q '"rope_theta": 10000' models/ckpt/config.json; then
+  ok "saved config.json: the rope_theta override, torch_dtype and dtype $want as the weights ($saved)"
 else
-  fail "saved config.json:"; cat cfg/config.json "$L/cfg_inspect.out"
+  fail "saved config.json (weights: $saved):"; cat cfg/config.json "$L/cfg_inspect.out"
 fi
 
 if [ "$failures" -ne 0 ]; then echo "outputs_test: $failures failures"; exit 1; fi
