@@ -20,13 +20,13 @@ static void expect(int ok, const char *what) {
 }
 
 int main(void) {
-    enum { N = 1000 };
+    enum { N = 3000 };
     float *x = malloc((N + 1) * sizeof *x);
     if (!x) return 1;
     for (int i = 0; i <= N; i++) x[i] = (i % 3 == 0) ? FLT_MAX : (i % 3 == 1) ? -FLT_MIN / 4 : -0.0f;
     expect(mt_first_nonfinite_f32(x, N + 1) == MT_ALL_FINITE, "finite extremes flagged");
     expect(mt_first_nonfinite_f32(x, 0) == MT_ALL_FINITE, "empty buffer flagged");
-    const size_t at[] = {0, 7, 255, 256, 257, 511, 700, 767, 768, 999};
+    const size_t at[] = {0, 7, 255, 256, 257, 511, 700, 767, 768, 999, 1023, 1024, 1025, 2047, 2500};
     const float vals[] = {NAN, INFINITY, -INFINITY};
     for (size_t a = 0; a < sizeof at / sizeof at[0]; a++)
         for (int v = 0; v < 3; v++) {
