@@ -249,6 +249,10 @@ const eng_act_desc_t *eng_model_desc_act(const eng_model_desc_t *d, int layer, e
     return la->index[id] >= 0 ? &la->act[la->index[id]] : NULL;
 }
 
+size_t eng_act_numel(const eng_act_desc_t *a, int64_t n) {
+    return (size_t)(a->per_token * n + a->fixed);
+}
+
 mt_dtype_t eng_act_dtype(eng_act_class_t cls, mt_dtype_t compute) {
     switch (cls) {
     case ENG_ACT_COMPUTE: return compute;

@@ -155,9 +155,8 @@ void eng_model_desc_note_dtype(eng_model_desc_t *d, const char *name, mt_dtype_t
 
 /* Saved activations of layer l: NULL when the layer does not save `id`. */
 const eng_act_desc_t *eng_model_desc_act(const eng_model_desc_t *d, int layer, eng_act_id_t id);
-static inline size_t eng_act_numel(const eng_act_desc_t *a, int64_t n) {
-    return (size_t)(a->per_token * n + a->fixed);
-}
+/* Elements of a saved activation for n tokens. */
+size_t eng_act_numel(const eng_act_desc_t *a, int64_t n);
 /* The stored dtype of a class, given the run's compute storage dtype. */
 mt_dtype_t eng_act_dtype(eng_act_class_t cls, mt_dtype_t compute);
 /* Bytes of layer l's saved activations for n tokens, each buffer rounded up

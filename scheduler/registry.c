@@ -326,7 +326,8 @@ static mt_status_t check_program(const sched_program_t *p, const sched_run_shape
         NEED(t->kind == SCHED_T_WEIGHT || t->kind == SCHED_T_ACT || t->kind == SCHED_T_TEMP,
              "program: tensor %s has kind %s (the registry derives it)", t->name, sched_tensor_kind_name(t->kind));
         NEED(t->numel >= 0, "program: tensor %s has %lld elements", t->name, (long long)t->numel);
-        NEED(t->producer < p->num_ops, "program: tensor %s: producer op %d of %d", t->name, t->producer, p->num_ops);
+        NEED(t->producer >= -1 && t->producer < p->num_ops, "program: tensor %s: producer op %d of %d", t->name,
+             t->producer, p->num_ops);
         NEED(t->kind != SCHED_T_WEIGHT || !t->trainable || t->num_consumers > 0,
              "program: trainable weight %s has no op using it", t->name);
         NEED(t->expert < 0 || p->blocks[t->block].is_moe, "program: expert tensor %s in block %d without routing",

@@ -1,6 +1,6 @@
 /* The tensor registry: every tensor of one training step and every op that
- * produces or consumes one, with bytes and FLOPs, from a model description
- * and a run shape alone (no checkpoint, no device).
+ * produces or consumes one, with bytes and FLOPs, from the engine's generic
+ * list and a run shape alone (no checkpoint, no device).
  *
  * Design notes:
  * - The scheduler does not include engine headers (layering: engine ->
