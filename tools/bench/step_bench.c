@@ -86,12 +86,16 @@ static int parse(int argc, char **argv, opts_t *o) {
             o->staging_only = true;
             continue;
         }
+        if (strcmp(a, "--precision") == 0) {
+            o->precision = true;
+            continue;
+        }
     bad:
         fprintf(stderr,
                 "usage: moetune bench step [--layers N] [--hidden H] [--experts E] [--topk K]\n"
                 "       [--expert-width I] [--vocab V] [--seq T] [--batch B] [--steps S]\n"
                 "       [--link-gbps G | --link-fraction F] [--link-latency-us U] [--staging-rounds R]\n"
-                "       [--staging-only] [--blocks] [--trace FILE] [--json]\n"
+                "       [--staging-only | --precision] [--blocks] [--trace FILE] [--json]\n"
                 "bad or unknown option: %s\n",
                 a);
         return 2;
@@ -101,6 +105,51 @@ static int parse(int argc, char **argv, opts_t *o) {
         return 2;
     }
     return 0;
+}
+
+/* bf16 mixed precision against fp32: keep_all and offload_all (overlapped)
+ * in each, the four side by side, ratios paired per round. */
+static int precision_report(const char *ckpt, const opts_t *o, double link_bps) {
+    const int nb = o->layers + 2;
+    sched_plan_t p_keep, p_off;
+    sched_plan_init_uniform(&p_keep, nb, SCHED_POLICY_KEEP_ALL);
+    sched_plan_init_uniform(&p_off, nb, SCHED_POLICY_OFFLOAD_ALL);
+    const sched_plan_t *plans[] = {&p_keep, &p_keep, &p_off, &p_off};
+    const bool overlaps[] = {false, false, true, true};
+    const mt_dtype_t compute[] = {MT_F32, MT_BF16, MT_F32, MT_BF16};
+    const char *const names[] = {"keep_all", "keep_all", "offload_all", "offload_all"};
+    measure_t ms[4];
+    double ratio[4], probe;
+    measure_side_by_side_ex(ckpt, o, plans, overlaps, compute, 4, link_bps, -1, ms, ratio, &probe);
+    sched_plan_free(&p_keep);
+    sched_plan_free(&p_off);
+    bool ok = true;
+    for (int i = 0; i < 4; i++) ok &= ms[i].ok;
+    if (ok && o->json) {
+        printf("{\"link_gbps\": %.6g, \"runs\": [", link_bps / 1e9);
+        for (int i = 0; i < 4; i++)
+            printf("%s{\"plan\": \"%s\", \"compute\": \"%s\", \"step_s\": %.6g, \"ratio_to_keep_all_fp32\": %.6g,"
+                   " \"h2d_bytes\": %llu, \"d2h_bytes\": %llu, \"peak_device_bytes\": %zu}",
+                   i ? ", " : "", names[i], compute[i] == MT_BF16 ? "bf16" : "fp32",
+                   ms[i].median_s, ratio[i], (unsigned long long)ms[i].h2d_bytes,
+                   (unsigned long long)ms[i].d2h_bytes, ms[i].peak_device);
+        printf("]}\n");
+    } else if (ok) {
+        printf("bf16 mixed precision against fp32 (%d steps each, side by side; link %.3f GB/s):\n", o->steps,
+               link_bps / 1e9);
+        printf("  %-12s %-5s %10s %9s %12s %12s %12s\n", "plan", "", "step ms", "vs fp32", "H2D MB/step",
+               "D2H MB/step", "peak dev MB");
+        for (int i = 0; i < 4; i++) {
+            const double vs = i % 2 ? ratio[i] / ratio[i - 1] : 1.0;
+            printf("  %-12s %-5s %10.2f %9.3f %12.3f %12.3f %12.3f\n", names[i],
+                   compute[i] == MT_BF16 ? "bf16" : "fp32", ms[i].median_s * 1e3, vs, ms[i].h2d_bytes / 1e6,
+                   ms[i].d2h_bytes / 1e6, ms[i].peak_device / 1e6);
+        }
+        printf("  (\"vs fp32\": bf16 over fp32 for the same plan, from the medians over rounds of each step over\n"
+               "   keep_all fp32's in the same round)\n");
+    }
+    for (int i = 0; i < 4; i++) measure_free(&ms[i]);
+    return ok ? 0 : 1;
 }
 
 int mt_bench_step_main(int argc, char **argv) {
@@ -173,6 +222,15 @@ int mt_bench_step_main(int argc, char **argv) {
                    (unsigned long long)sc.copies[k][1], sc.pinned[k] / 1e6);
         printf("  compact throughput / per_tensor: %.3f (median of the pairs' ratios; goal >= 0.95)\n", sc.ratio);
         return 0;
+    }
+    if (o.precision) { /* fp32 against bf16, on the link chosen as above */
+        const int rc_p = precision_report(ckpt, &o, link_bps);
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
+        if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
+        measure_free(&keep);
+        predictor_free(&pr);
+        return rc_p;
     }
     /* auto: the planner's choice under a device budget of half keep_all's
      * peak, planned on the profiled workload */

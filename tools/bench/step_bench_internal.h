@@ -28,6 +28,7 @@ typedef struct {
      * the host optimizer to the others (kern_device_opts_t.pin_threads). */
     int compute_threads;
     bool json, staging_only, blocks;
+    bool precision; /* fp32 against bf16 mixed precision, keep_all and offload_all side by side */
     const char *trace; /* write the overlapped offload_all run's trace.json here */
 } opts_t;
 
@@ -55,7 +56,7 @@ typedef struct {
 } runner_t;
 
 bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_plan_t *plan, double link_bps,
-                 moe_staging_mode_t mode, int rows);
+                 moe_staging_mode_t mode, mt_dtype_t compute, int rows);
 /* One optimizer step of one micro-batch (host AdamW overlapped with the
  * backward when `overlap`); its wall time and the optimizer's stats. */
 bool runner_step(runner_t *r, bool overlap, double *dt, eng_optim_stats_t *os);
@@ -70,6 +71,10 @@ void runner_free(runner_t *r);
  * probe's pairs taken between the rounds (0: not measured). */
 void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans, const bool *overlap,
                           int n, double link_bps, int trace_idx, measure_t *out, double *ratio, double *probe_out);
+/* The same with each plan's compute dtype (compute[i]: MT_F32 or MT_BF16). */
+void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans,
+                             const bool *overlap, const mt_dtype_t *compute, int n, double link_bps, int trace_idx,
+                             measure_t *out, double *ratio, double *probe_out);
 double compute_s(const measure_t *m, int nb);
 void measure_free(measure_t *m);
 

@@ -41,7 +41,7 @@ static void make_dataset(eng_dataset_t *ds, const opts_t *o, int rows) {
 }
 
 bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_plan_t *plan, double link_bps,
-                 moe_staging_mode_t mode, int rows) {
+                 moe_staging_mode_t mode, mt_dtype_t compute, int rows) {
     memset(r, 0, sizeof *r);
     mt_error_t err = {0};
     kern_device_opts_t dopts = {.link_h2d_bytes_per_s = link_bps, .link_d2h_bytes_per_s = link_bps,
@@ -55,7 +55,8 @@ bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_pla
     eng_staging_settings_init(&ss);
     ss.mode = mode;
     ss.tokens = o->batch * o->seq;
-    if (eng_model_load_ex(&r->m, r->dev, ckpt, NULL, plan, &ss, &err) != MT_OK) {
+    const eng_model_opts_t mo = {.plan = plan, .staging = &ss, .compute = compute};
+    if (eng_model_open(&r->m, r->dev, ckpt, &mo, &err) != MT_OK) {
         fprintf(stderr, "bench step (%s, %s): %s\n", sched_policy_name(plan->policy), moe_staging_mode_name(mode),
                 err.msg);
         kern_device_destroy(r->dev);
@@ -96,6 +97,12 @@ void runner_free(runner_t *r) {
 
 void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans, const bool *overlap,
                           int n, double link_bps, int trace_idx, measure_t *out, double *ratio, double *probe_out) {
+    measure_side_by_side_ex(ckpt, o, plans, overlap, NULL, n, link_bps, trace_idx, out, ratio, probe_out);
+}
+
+void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans,
+                             const bool *overlap, const mt_dtype_t *compute, int n, double link_bps, int trace_idx,
+                             measure_t *out, double *ratio, double *probe_out) {
     const int nb = o->layers + 2;
     typedef struct {
         runner_t run;
@@ -110,7 +117,8 @@ void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_plan_t 
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {
         memset(&out[i], 0, sizeof out[i]);
-        ok = runner_init(&r[i].run, ckpt, o, plans[i], link_bps, MOE_STAGING_COMPACT, o->batch * (o->steps + 1));
+        ok = runner_init(&r[i].run, ckpt, o, plans[i], link_bps, MOE_STAGING_COMPACT, compute ? compute[i] : MT_F32,
+                         o->batch * (o->steps + 1));
         if (!ok) break;
         r[i].t = malloc((size_t)o->steps * sizeof(double));
         r[i].opt = malloc((size_t)o->steps * sizeof(double));
@@ -215,8 +223,8 @@ void measure_staging(const char *ckpt, const opts_t *o, double link_bps, staging
     sched_plan_t plan;
     sched_plan_init_uniform(&plan, o->layers + 2, SCHED_POLICY_OFFLOAD_ALL);
     runner_t r[2];
-    out->ok = runner_init(&r[0], ckpt, o, &plan, link_bps, MOE_STAGING_COMPACT, o->batch * (n + 1)) &&
-              runner_init(&r[1], ckpt, o, &plan, link_bps, MOE_STAGING_PER_TENSOR, o->batch * (n + 1));
+    out->ok = runner_init(&r[0], ckpt, o, &plan, link_bps, MOE_STAGING_COMPACT, MT_F32, o->batch * (n + 1)) &&
+              runner_init(&r[1], ckpt, o, &plan, link_bps, MOE_STAGING_PER_TENSOR, MT_F32, o->batch * (n + 1));
     for (int i = -1; i < n && out->ok; i++) { /* step -1 warms both up */
         double dt[2];
         for (int k = 0; k < 2 && out->ok; k++) {
