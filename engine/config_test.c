@@ -355,6 +355,17 @@ static void test_validate(void) {
     EXPECT_INVALID("save_steps=2000000000", "save_steps");
     EXPECT_INVALID("warmup_steps=-3", "warmup_steps");
     EXPECT_INVALID("sequence_len=1048577", "sequence_len");
+    {
+        /* each in range, their product too large for one micro-batch */
+        eng_run_config_t c;
+        mt_error_t err = {0};
+        const char *y = "base_model: m\ndatasets: [{path: d.jsonl}]\nmicro_batch_size: 65536\nsequence_len: 1048576\n";
+        EXPECT(eng_run_config_parse(y, strlen(y), "v.yaml", &c, &err) == MT_OK);
+        EXPECT(eng_run_config_validate(&c, &err) == MT_ERR_CONFIG &&
+               strstr(err.msg, "micro_batch_size x sequence_len = 68719476736 tokens"));
+        EXPECT(set_ok(&c, "micro_batch_size=64") && eng_run_config_validate(&c, &err) == MT_OK);
+        eng_run_config_free(&c);
+    }
     EXPECT_INVALID("gradient_accumulation_steps=0", "gradient_accumulation_steps");
     EXPECT_INVALID("adam_beta1=1.0", "adam_beta1 must be in [0, 1)");
     EXPECT_INVALID("adam_beta2=-0.1", "adam_beta2");

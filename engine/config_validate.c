@@ -3,6 +3,7 @@
  * the executor cannot run).  Split from config.c, which parses. */
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "engine/config.h"
@@ -25,6 +26,13 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
     NEED(cfg->micro_batch_size >= 1, "micro_batch_size must be >= 1, got %d", cfg->micro_batch_size);
     NEED(cfg->gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1, got %d",
          cfg->gradient_accumulation_steps);
+    /* Each key has its own range (config.c); their product is what the
+     * executor indexes: a micro-batch's routed slots (tokens x experts per
+     * token, up to 32) are counted in int, so tokens stay below 2^26. */
+    NEED((int64_t)cfg->micro_batch_size * cfg->sequence_len <= ((int64_t)1 << 26),
+         "micro_batch_size x sequence_len = %lld tokens per micro-batch; at most %lld (67,108,864) fit the "
+         "executor's indexing; lower one of them and raise gradient_accumulation_steps",
+         (long long)cfg->micro_batch_size * cfg->sequence_len, (long long)1 << 26);
     NEED(cfg->max_steps >= 0, "max_steps must be >= 0, got %d", cfg->max_steps);
     NEED(cfg->num_epochs >= 0, "num_epochs must be >= 0, got %d", cfg->num_epochs);
     NEED(cfg->max_steps > 0 || cfg->num_epochs > 0, "one of max_steps or num_epochs must be > 0");

@@ -8,6 +8,7 @@
  * update, as the HF Trainer logs it. */
 #include "engine/train.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +55,11 @@ static int total_steps(const eng_run_config_t *rc, const eng_loader_t *ld) {
     /* HF Trainer: update steps per epoch = max(batches // accumulation, 1) */
     int64_t per_epoch = eng_loader_batches_per_epoch(ld) / rc->gradient_accumulation_steps;
     if (per_epoch < 1) per_epoch = 1;
-    return (int)ceil((double)rc->num_epochs * (double)per_epoch);
+    /* num_epochs (<= 10^6) x steps per epoch can pass INT_MAX, where the
+     * conversion to int is undefined: a run that long never ends anyway, so
+     * the count is capped there instead. */
+    const double steps = ceil((double)rc->num_epochs * (double)per_epoch);
+    return steps < (double)INT_MAX ? (int)steps : INT_MAX;
 }
 
 /* A step whose loss or gradient is not finite stops the run before any

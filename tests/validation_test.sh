@@ -179,6 +179,8 @@ expect_fail accumulation_overflow \
 sed 's/^max_steps: 2$/max_steps: -4/' run.yaml > negative_steps.yaml
 expect_fail negative_max_steps "negative_steps\.yaml:[0-9]+.*max_steps: -4 is out of range" \
   "$MOETUNE" train negative_steps.yaml
+expect_fail tokens_per_micro_batch "micro_batch_size x sequence_len = 68719476736 tokens per micro-batch" \
+  "$MOETUNE" train run.yaml --set micro_batch_size=65536 --set sequence_len=1048576
 timeout 60 "$MOETUNE" plan run.yaml --hw "$HW" --set gradient_accumulation_steps=1000000 \
   --set micro_batch_size=65536 --set sequence_len=1048576 >extremes.out 2>extremes.err; rc=$?
 if { [ "$rc" -eq 0 ] || [ "$rc" -eq 3 ]; } && ! grep -qE "Sanitizer|runtime error" extremes.err \
