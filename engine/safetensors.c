@@ -12,6 +12,7 @@
 #include "engine/safetensors.h"
 
 #include "base/fileio.h"
+#include "base/grow.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -345,6 +346,44 @@ out:
     return st;
 }
 
+
+/* The first top-level key of a JSON object text that occurs twice (raw,
+ * escapes as written), to name it: jansson's duplicate-key message
+ * truncates long keys, and tensor names are long.  A small scanner over
+ * strings and nesting, enough for text jansson has already tokenised.
+ * Quadratic in the number of keys, which only runs on this error path. */
+static bool first_duplicate_key(const char *t, size_t n, char *out, size_t cap) {
+    size_t (*keys)[2] = NULL;
+    int nk = 0, ck = 0, depth = 0;
+    bool found = false;
+    for (size_t i = 0; i < n && !found; i++) {
+        const char c = t[i];
+        if (c == '{' || c == '[') depth++;
+        else if (c == '}' || c == ']') depth--;
+        else if (c == '"') {
+            const size_t s0 = i + 1;
+            for (i = s0; i < n && t[i] != '"'; i++)
+                if (t[i] == '\\') i++;
+            if (i >= n) break;
+            size_t j = i + 1;
+            while (j < n && (t[j] == ' ' || t[j] == '\t' || t[j] == '\n' || t[j] == '\r')) j++;
+            if (depth != 1 || j >= n || t[j] != ':') continue;
+            const size_t len = i - s0;
+            for (int k = 0; k < nk && !found; k++)
+                if (keys[k][1] == len && memcmp(t + keys[k][0], t + s0, len) == 0) {
+                    snprintf(out, cap, "%.*s", (int)len, t + s0);
+                    found = true;
+                }
+            MT_GROW(keys, ck, nk + 1, "duplicate-key scan");
+            keys[nk][0] = s0;
+            keys[nk][1] = len;
+            nk++;
+        }
+    }
+    free(keys);
+    return found;
+}
+
 mt_status_t eng_st_open(const char *path, eng_st_file_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
     out->fd = -1;
@@ -399,7 +438,10 @@ mt_status_t eng_st_open(const char *path, eng_st_file_t *out, mt_error_t *err) {
     json_error_t jerr;
     root = json_loadb((const char *)p + 8, n, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        if (json_error_code(&jerr) == json_error_duplicate_key)
+        char dup[256];
+        if (json_error_code(&jerr) == json_error_duplicate_key && first_duplicate_key((const char *)p + 8, n, dup, sizeof dup))
+            st = mt_error_set(err, MT_ERR_FORMAT, "%s: header names tensor '%s' twice", path, dup);
+        else if (json_error_code(&jerr) == json_error_duplicate_key)
             st = mt_error_set(err, MT_ERR_FORMAT, "%s: header names a tensor twice: %s", path,
                               jerr.text);
         else
