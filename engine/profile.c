@@ -11,6 +11,9 @@
  * the bytes in use. */
 #include "engine/profile.h"
 
+#include "engine/outdir.h"
+#include "engine/train_save.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +27,8 @@
 #include "engine/trace.h"
 #include "engine/train.h"
 #include "engine/train_plan.h"
+#include "engine/outdir.h"
+#include "engine/train_save.h"
 #include "moe/staging_report.h"
 #include "base/clock.h"
 
@@ -262,7 +267,22 @@ static bool print_checks(FILE *f, const mode_result_t *r, int n) {
     return same;
 }
 
+static mt_status_t profile_locked(const eng_run_config_t *rc, const eng_profile_opts_t *opts, mt_error_t *err);
+
+/* Writes into output_dir as a training run does, so under the same rules:
+ * never into an input, and one run per output_dir (engine/outdir.h). */
 mt_status_t eng_profile(const eng_run_config_t *rc, const eng_profile_opts_t *opts, mt_error_t *err) {
+    mt_status_t st = eng_run_check_paths(rc, err);
+    if (st != MT_OK) return st;
+    eng_outdir_lock_t lock;
+    st = eng_outdir_lock(&lock, rc->output_dir, err);
+    if (st != MT_OK) return st;
+    st = profile_locked(rc, opts, err);
+    eng_outdir_unlock(&lock);
+    return st;
+}
+
+static mt_status_t profile_locked(const eng_run_config_t *rc, const eng_profile_opts_t *opts, mt_error_t *err) {
     FILE *f = opts && opts->out ? opts->out : stdout;
     const int steps = opts && opts->steps > 0 ? opts->steps : 3;
     kern_device_t *dev = NULL;
