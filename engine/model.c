@@ -103,13 +103,6 @@ mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *di
     return eng_model_open(m, dev, dir, &o, err);
 }
 
-/* The working copy's dtype (see eng_param_t): bf16 for matrices that only
- * products read, in a bf16 run. */
-static mt_dtype_t working_dtype(const eng_model_t *m, const eng_param_spec_t *ps) {
-    if (m->compute != MT_BF16) return MT_F32;
-    return ps->ndim == 2 && ps->role != ENG_P_EMBED && ps->role != ENG_P_ROUTER ? MT_BF16 : MT_F32;
-}
-
 mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
                            mt_error_t *err) {
     const char *overrides_json = opts->overrides_json;
@@ -142,7 +135,7 @@ mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, 
         eng_param_t *p = &m->params[i];
         p->spec = &m->spec.params[i];
         p->block = owning_block(m, p->spec);
-        p->w_dtype = working_dtype(m, p->spec);
+        p->w_dtype = eng_param_working_dtype(p->spec, m->compute);
         p->host_w = malloc(p->spec->numel * sizeof(float));
         MT_CHECK_ALLOC(p->host_w, p->spec->name);
         host[i] = p->host_w;

@@ -253,6 +253,11 @@ size_t eng_act_numel(const eng_act_desc_t *a, int64_t n) {
     return (size_t)(a->per_token * n + a->fixed);
 }
 
+mt_dtype_t eng_param_working_dtype(const eng_param_spec_t *p, mt_dtype_t compute) {
+    if (compute != MT_BF16) return MT_F32;
+    return p->ndim == 2 && p->role != ENG_P_EMBED && p->role != ENG_P_ROUTER ? MT_BF16 : MT_F32;
+}
+
 mt_dtype_t eng_act_dtype(eng_act_class_t cls, mt_dtype_t compute) {
     switch (cls) {
     case ENG_ACT_COMPUTE: return compute;

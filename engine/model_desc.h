@@ -158,6 +158,12 @@ const eng_act_desc_t *eng_model_desc_act(const eng_model_desc_t *d, int layer, e
 /* Elements of a saved activation for n tokens. */
 size_t eng_act_numel(const eng_act_desc_t *a, int64_t n);
 /* The stored dtype of a class, given the run's compute storage dtype. */
+/* The dtype of a parameter's device working copy in a run whose products
+ * are formed in `compute`: bf16 in a bf16 run for the matrices only
+ * products read (every 2-D weight but the embedding table, whose rows are
+ * gathered, and the router, whose products stay fp32); fp32 otherwise.
+ * The executor allocates and the planner counts by this one rule. */
+mt_dtype_t eng_param_working_dtype(const eng_param_spec_t *p, mt_dtype_t compute);
 mt_dtype_t eng_act_dtype(eng_act_class_t cls, mt_dtype_t compute);
 /* Bytes of layer l's saved activations for n tokens, each buffer rounded up
  * to `align` (the device arena's block size; 1 for raw bytes). */

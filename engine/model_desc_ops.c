@@ -64,14 +64,25 @@ static int add_tensor(walk_t *w, sched_tensor_kind_t kind, const char *name, mt_
 }
 
 /* A weight's working copy, read by fwd_op and (for its gradient and dX) bwd_op. */
-static void add_weight(walk_t *w, const char *name, double numel, int expert, bool trainable, bool adapter,
-                       int fwd_op, int bwd_op) {
-    /* LoRA adapters stay fp32: they are tiny and trained in full precision. */
-    int t = add_tensor(w, SCHED_T_WEIGHT, name, adapter ? MT_F32 : w->wdt, numel, expert, -1);
+static void add_weight_as(walk_t *w, const char *name, mt_dtype_t dt, double numel, int expert, bool trainable,
+                          bool adapter, int fwd_op, int bwd_op) {
+    int t = add_tensor(w, SCHED_T_WEIGHT, name, dt, numel, expert, -1);
     w->p->tensors[t].trainable = trainable;
     w->p->tensors[t].adapter = adapter;
     sched_program_add_consumer(w->p, t, fwd_op);
     sched_program_add_consumer(w->p, t, bwd_op);
+}
+
+/* A parameter's working copy, in the dtype the executor keeps it in
+ * (eng_param_working_dtype: bf16 only for the matrices only products read). */
+static void add_weight(walk_t *w, const eng_param_spec_t *p, int expert, bool trainable, int fwd_op, int bwd_op) {
+    add_weight_as(w, p->name, eng_param_working_dtype(p, w->wdt), (double)p->numel, expert, trainable, false,
+                  fwd_op, bwd_op);
+}
+
+/* A LoRA adapter matrix: fp32, as they are tiny and trained in full precision. */
+static void add_adapter(walk_t *w, const char *name, double numel, int expert, int fwd_op, int bwd_op) {
+    add_weight_as(w, name, MT_F32, numel, expert, true, true, fwd_op, bwd_op);
 }
 
 /* A parameter of the description by where it sits (it must exist). */
@@ -88,7 +99,7 @@ static bool has_param(walk_t *w, eng_param_role_t role) {
 
 static void add_param(walk_t *w, eng_param_role_t role, int fwd_op, int bwd_op) {
     const eng_param_spec_t *p = param(w, role, -1);
-    add_weight(w, p->name, (double)p->numel, -1, !w->s->lora, false, fwd_op, bwd_op);
+    add_weight(w, p, -1, !w->s->lora, fwd_op, bwd_op);
 }
 
 static int add_act(walk_t *w, const char *name, mt_dtype_t dt, double numel, int producer, int consumer) {
@@ -180,18 +191,18 @@ static int linear(walk_t *w, const char *label, double rows, eng_param_role_t ro
     for (int e = 0; e < count; e++) {
         const eng_param_spec_t *p = experts > 0 ? param(w, role, e) : p0;
         const int ex = experts > 0 ? e : -1;
-        add_weight(w, p->name, (double)p->numel, ex, train_w, false, fwd, bwd);
+        add_weight(w, p, ex, train_w, fwd, bwd);
         if (bias) {
             const eng_param_spec_t *pb = param(w, bias_role, -1);
-            add_weight(w, pb->name, (double)pb->numel, ex, train_w, false, fwd, bwd);
+            add_weight(w, pb, ex, train_w, fwd, bwd);
         }
         if (lora) {
             char m[160], name[256];
             module_of(p, m, sizeof m);
             snprintf(name, sizeof name, "base_model.model.%s.lora_A.weight", m);
-            add_weight(w, name, rk * in, ex, true, true, fwd, bwd);
+            add_adapter(w, name, rk * in, ex, fwd, bwd);
             snprintf(name, sizeof name, "base_model.model.%s.lora_B.weight", m);
-            add_weight(w, name, out * rk, ex, true, true, fwd, bwd);
+            add_adapter(w, name, out * rk, ex, fwd, bwd);
         }
     }
     if (lora) {
