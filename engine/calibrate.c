@@ -22,7 +22,7 @@
 #include "base/clock.h"
 
 /* threads: the kernel pool's size, as the run will have it (0 = every core) */
-static mt_status_t measure_gemm(int n, int reps, int threads, double *flops, mt_error_t *err) {
+static mt_status_t measure_gemm(int n, int reps, int threads, mt_dtype_t compute, double *flops, mt_error_t *err) {
     const size_t bytes = (size_t)n * (size_t)n * sizeof(float);
     kern_device_opts_t o = {.device_budget_bytes = 3 * bytes + (1u << 20), .host_threads = threads};
     kern_device_t *dev = NULL;
@@ -41,11 +41,15 @@ static mt_status_t measure_gemm(int n, int reps, int threads, double *flops, mt_
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
     kern_memcpy_h2d(dev, s, a, host, bytes);
     kern_memcpy_h2d(dev, s, b, host, bytes);
+    if (compute == MT_BF16) /* a bf16 run's weights are bf16 working copies */
+        dev->ops->f32_to_bf16(s, (uint16_t *)b, a, (size_t)n * (size_t)n);
     kern_stream_sync(dev, s);
+    /* fp32 activations times weights, x W^T, in the compute dtype the run forms products in */
+    const kern_mm_t p = kern_mm_make(c, a, MT_F32, b, compute, n, n, n, false, true, 1.0f, 0.0f, compute);
     double best = 1e30;
     for (int r = 0; r < reps + 1; r++) { /* +1: the first run warms the thread pool */
         double t0 = mt_now_s();
-        dev->ops->matmul(s, c, a, b, n, n, n, false, true, 1.0f, 0.0f);
+        dev->ops->mm(s, &p);
         kern_stream_sync(dev, s);
         double t = mt_now_s() - t0;
         if (r > 0 && t < best) best = t;
@@ -160,8 +164,9 @@ static int cmp_double(const void *a, const void *b) {
 
 static double gemm_once(kern_device_t *dev, float *a, float *b, float *c) {
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    const kern_mm_t p = kern_mm_make(c, a, MT_F32, b, MT_F32, 512, 512, 512, false, true, 1.0f, 0.0f, MT_F32);
     const double t0 = mt_now_s();
-    dev->ops->matmul(s, c, a, b, 512, 512, 512, false, true, 1.0f, 0.0f);
+    dev->ops->mm(s, &p);
     kern_stream_sync(dev, s);
     return mt_now_s() - t0;
 }
@@ -245,7 +250,9 @@ mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_opts_t
     out->cores = cores > 0 ? (int)cores : 1;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     out->host_memory = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
-    mt_status_t st = measure_gemm(n, reps, rc ? rc->compute_threads : 0, &out->sgemm_flops, err);
+    mt_status_t st = measure_gemm(n, reps, rc ? rc->compute_threads : 0, MT_F32, &out->sgemm_flops, err);
+    if (st == MT_OK)
+        st = measure_gemm(n, reps, rc ? rc->compute_threads : 0, MT_BF16, &out->bf16_gemm_flops, err);
     if (st != MT_OK) return st;
     out->memcpy_bw = measure_memcpy(bytes, reps);
     out->stream_bw = measure_stream(bytes, reps, out->cores);

@@ -26,13 +26,14 @@ int main(void) {
     EXPECT(st == MT_OK, "%s", err.msg);
     /* lower bounds far below any machine this runs on (and above zero): 100 MFLOP/s, 10 MB/s */
     EXPECT(isfinite(c.sgemm_flops) && c.sgemm_flops > 1e8, "sgemm %g FLOP/s", c.sgemm_flops);
+    EXPECT(isfinite(c.bf16_gemm_flops) && c.bf16_gemm_flops > 1e8, "bf16 gemm %g FLOP/s", c.bf16_gemm_flops);
     EXPECT(isfinite(c.memcpy_bw) && c.memcpy_bw > 1e7, "memcpy %g B/s", c.memcpy_bw);
     EXPECT(isfinite(c.stream_bw) && c.stream_bw > 1e7, "stream %g B/s", c.stream_bw);
     EXPECT(c.cores >= 1 && c.host_memory > 1e8, "cores %d memory %g", c.cores, c.host_memory);
     EXPECT(c.link_bw == 0 && c.link_latency_s == 0, "no throttle without a run config");
     sched_hw_t hw;
     sched_hw_from_calibration(&c, &hw);
-    EXPECT(sched_hw_flops(&hw, SCHED_RATE_BF16) == c.sgemm_flops && sched_hw_h2d_bw(&hw) == c.memcpy_bw,
+    EXPECT(sched_hw_flops(&hw, SCHED_RATE_BF16) == c.bf16_gemm_flops && sched_hw_h2d_bw(&hw) == c.memcpy_bw,
            "profile from the measurement");
 
     eng_run_config_t rc;

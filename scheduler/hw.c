@@ -378,7 +378,8 @@ void sched_hw_from_calibration(const sched_calibration_t *c, sched_hw_t *out) {
     out->measured = true;
     /* measured rates are what is achieved: fraction 1 */
     for (int r = 0; r < SCHED_RATE_COUNT; r++) {
-        out->peak_flops[r] = c->sgemm_flops; /* the CPU backend computes every dtype in fp32 */
+        /* tf32 is a GPU format: the CPU backend forms such products in fp32 */
+        out->peak_flops[r] = r == SCHED_RATE_BF16 && c->bf16_gemm_flops > 0 ? c->bf16_gemm_flops : c->sgemm_flops;
         out->flops_frac[r] = 1.0;
     }
     out->device_memory = c->host_memory; /* the CPU backend's "device" arena is host memory */

@@ -93,6 +93,8 @@ mt_status_t sched_hw_resolve(const char *spec, const char *run_config, char *pat
 /* What the calibration (engine/calibrate.c) measures on the machine at hand. */
 typedef struct {
     double sgemm_flops;     /* fp32 GEMM FLOP/s through the CPU backend's kernel table */
+    double bf16_gemm_flops; /* bf16-compute GEMM FLOP/s (fp32 activations times bf16 weights, as a bf16 run
+                             * forms them); 0: not measured, taken as sgemm_flops */
     double memcpy_bw;       /* bytes/s copied by a large memcpy */
     double stream_bw;       /* bytes/s moved by a streaming read-modify-write pass (host bandwidth) */
     int cores;

@@ -181,7 +181,12 @@ static void test_calibration(void) {
     sched_hw_from_calibration(&c, &hw);
     EXPECT(hw.measured && strcmp(hw.source, "calibrate") == 0, "measured");
     EXPECT(sched_hw_flops(&hw, SCHED_RATE_BF16) == 1e11 && sched_hw_flops(&hw, SCHED_RATE_FP32) == 1e11,
-           "the CPU backend computes fp32 for every dtype");
+           "without a bf16 measurement, bf16 products are taken at the fp32 rate");
+    c.bf16_gemm_flops = 2.5e11;
+    sched_hw_from_calibration(&c, &hw);
+    EXPECT(sched_hw_flops(&hw, SCHED_RATE_BF16) == 2.5e11 && sched_hw_flops(&hw, SCHED_RATE_FP32) == 1e11,
+           "bf16 products at their measured rate");
+    c.bf16_gemm_flops = 0;
     EXPECT(sched_hw_h2d_bw(&hw) == 10e9 && sched_hw_host_bw(&hw) == 20e9 && sched_hw_device_bw(&hw) == 20e9, "bws");
     c.link_bw = 1e9;
     c.link_latency_s = 5e-6;
