@@ -20,13 +20,15 @@ if ! echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { (void)d; (void)n;
   echo "fuzz build: $CC cannot link -fsanitize=fuzzer (libclang_rt.fuzzer missing)" >&2; exit 3
 fi
 
-base="base/arena.c base/clock.c base/dtype.c base/grow.c base/status.c"
+# every base/ source (the bottom layer, small; the linker keeps what is used)
+base="$(cd "$root" && ls base/*.c | grep -v '_test\.c$' | tr '\n' ' ')"
+desc="engine/model_desc.c engine/model_desc_decoder.c engine/model_desc_ops.c scheduler/registry.c"
 util="tools/fuzz/fuzz_util.c"
 # harness: its sources beside the harness file itself
 declare -A srcs=(
   [fuzz_safetensors]="engine/safetensors.c $util"
-  [fuzz_checkpoint_index]="engine/checkpoint.c engine/safetensors.c engine/model_config.c engine/model_spec.c $util"
-  [fuzz_model_config]="engine/model_config.c engine/model_spec.c $util"
+  [fuzz_checkpoint_index]="engine/checkpoint.c engine/outdir.c engine/safetensors.c engine/model_config.c $desc $util"
+  [fuzz_model_config]="engine/model_config.c $desc $util"
   [fuzz_run_config]="engine/config.c engine/config_validate.c engine/config_values.c engine/lr_schedule.c $util"
   [fuzz_data_jsonl]="engine/data.c tools/fuzz/fuzz_data_common.c $util"
   [fuzz_data_bin]="engine/data.c tools/fuzz/fuzz_data_common.c $util"
