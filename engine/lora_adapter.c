@@ -254,9 +254,10 @@ typedef struct {
     const eng_model_desc_t *d;
     int r;
     float **a, **b, **full; /* (d->count) each */
+    int *rank;              /* (d->count) a fused pair's rank; 0 = r */
 } reader_t;
 
-static mt_status_t put(reader_t *rd, float **slot, float *buf, const char *tensor, mt_error_t *err) {
+static mt_status_t put_slot(reader_t *rd, float **slot, float *buf, const char *tensor, mt_error_t *err) {
     if (*slot) {
         free(buf);
         return mt_error_set(err, MT_ERR_FORMAT, "%s: tensor %s: its module's adapter is given twice (per-expert and "
@@ -266,7 +267,50 @@ static mt_status_t put(reader_t *rd, float **slot, float *buf, const char *tenso
     return MT_OK;
 }
 
-/* Splits one fused pair into per-expert (A', B') as lora_adapter.h derives. */
+/* Both factors of parameter p from a fused tensor, with their rank. */
+static mt_status_t put(reader_t *rd, int p, float *a, float *b, int rank, const char *tensor, mt_error_t *err) {
+    mt_status_t st = put_slot(rd, &rd->a[p], a, tensor, err);
+    if (st != MT_OK) {
+        free(b);
+        return st;
+    }
+    rd->rank[p] = rank;
+    return put_slot(rd, &rd->b[p], b, tensor, err);
+}
+
+/* Per-expert factors of a fused pair: A (E*rf, in) read as (E, rf, in), B
+ * (out, E*rf) read as (out, rf, E); expert e's A_e is rows e*rf.., its B_e
+ * column k is B's column k*E + e (PEFT's get_delta_factors). */
+static float *fused_a(const float *A, int e, int rf, int k0, int nk, int64_t in) {
+    float *o = malloc((size_t)nk * (size_t)in * sizeof *o);
+    MT_CHECK_ALLOC(o, "per-expert lora_A");
+    memcpy(o, A + ((size_t)e * rf + k0) * (size_t)in, (size_t)nk * (size_t)in * sizeof *o);
+    return o;
+}
+
+static float *fused_b(const float *B, int e, int E, int rf, int64_t o0, int64_t no, int k0, int nk) {
+    float *o = malloc((size_t)no * (size_t)nk * sizeof *o);
+    MT_CHECK_ALLOC(o, "per-expert lora_B");
+    for (int64_t i = 0; i < no; i++)
+        for (int k = 0; k < nk; k++) o[(size_t)i * nk + k] = B[(size_t)(o0 + i) * E * rf + (size_t)(k0 + k) * E + e];
+    return o;
+}
+
+/* gate_up written from per-expert gate and up adapters is rank 2r with a
+ * block-diagonal B (gate rows use only the first r columns): then it splits
+ * back into two rank-r pairs exactly. */
+static bool block_diagonal(const float *B, int E, int rf, int64_t I) {
+    const int h = rf / 2;
+    for (int64_t o = 0; o < 2 * I; o++)
+        for (int k = 0; k < rf; k++) {
+            bool off = o < I ? k >= h : k < h;
+            for (int e = 0; e < E && off; e++)
+                if (B[(size_t)o * E * rf + (size_t)k * E + e] != 0.0f) return false;
+        }
+    return true;
+}
+
+/* Splits one fused ParamWrapper pair into per-expert pairs (see lora_adapter.h). */
 static mt_status_t convert_fused(reader_t *rd, const eng_st_file_t *f, const fused_t *fu, mt_error_t *err) {
     const eng_model_desc_t *d = rd->d;
     const char *path = rd->path;
@@ -279,21 +323,24 @@ static mt_status_t convert_fused(reader_t *rd, const eng_st_file_t *f, const fus
         return mt_error_set(err, MT_ERR_FORMAT, "%s: tensor %s: layer %d of this model has no routed experts", path,
                             fu->a->name, fu->layer);
     const int64_t I = d->params[pg].shape[0], H = d->params[pg].shape[1];
-    if (fu->a->ndim != 2 || fu->b->ndim != 2 || (int64_t)fu->a->shape[0] != (int64_t)E * r ||
-        (int64_t)fu->b->shape[1] != (int64_t)E * r)
+    if (fu->a->ndim != 2 || fu->b->ndim != 2 || fu->a->shape[0] % (uint64_t)E != 0 ||
+        fu->b->shape[1] != fu->a->shape[0])
         return mt_error_set(err, MT_ERR_FORMAT,
-                            "%s: tensors %s / %s: a fused expert adapter needs lora_A [E*r, d1] and lora_B [d2, E*r] "
-                            "with E*r = %d*%d",
-                            path, fu->a->name, fu->b->name, E, r);
-    const int64_t d1 = (int64_t)fu->a->shape[1], d2 = (int64_t)fu->b->shape[0];
-    bool gate_up = d1 == 2 * I && d2 == H, down = d1 == H && d2 == I;
+                            "%s: tensors %s / %s: a fused expert adapter needs lora_A [E*r, in] and lora_B "
+                            "[out, E*r] with E = %d",
+                            path, fu->a->name, fu->b->name, E);
+    const int rf = (int)(fu->a->shape[0] / (uint64_t)E);
+    const int64_t in = (int64_t)fu->a->shape[1], out = (int64_t)fu->b->shape[0];
+    const bool gate_up = out == 2 * I && in == H, down = out == H && in == I;
     if (!gate_up && !down)
         return mt_error_set(err, MT_ERR_FORMAT,
-                            "%s: tensors %s [%lld, %lld] / %s [%lld, %lld] fit neither gate_up_proj [E, %lld, %lld] "
-                            "nor down_proj [E, %lld, %lld] of layer %d",
-                            path, fu->a->name, (long long)(E * r), (long long)d1, fu->b->name, (long long)d2,
-                            (long long)(E * r), (long long)(2 * I), (long long)H, (long long)H, (long long)I,
-                            fu->layer);
+                            "%s: tensors %s [%d, %lld] / %s [%lld, %d] fit neither gate_up_proj (in %lld, out %lld) "
+                            "nor down_proj (in %lld, out %lld) of layer %d",
+                            path, fu->a->name, E * rf, (long long)in, fu->b->name, (long long)out, E * rf,
+                            (long long)H, (long long)(2 * I), (long long)I, (long long)H, fu->layer);
+    if (rf != r && !(gate_up && rf == 2 * r))
+        return mt_error_set(err, MT_ERR_FORMAT, "%s: tensor %s: rank %d per expert; adapter_config.json says r = %d",
+                            path, fu->a->name, rf, r);
     mt_status_t st;
     float *A = read_tensor(f, fu->a, err, &st);
     if (!A) return st;
@@ -302,35 +349,21 @@ static mt_status_t convert_fused(reader_t *rd, const eng_st_file_t *f, const fus
         free(A);
         return st;
     }
+    const bool split = gate_up && rf == 2 * r && block_diagonal(B, E, rf, I);
     for (int e = 0; e < E && st == MT_OK; e++) {
-        float *na = malloc((size_t)r * (size_t)d2 * sizeof *na); /* A' (r, in = d2) */
-        float *nb = malloc((size_t)d1 * (size_t)r * sizeof *nb); /* B' (out = d1, r) */
-        MT_CHECK(na && nb, "out of host memory allocating %s", "per-expert adapter");
-        for (int k = 0; k < r; k++)
-            for (int64_t j = 0; j < d2; j++) na[(size_t)k * d2 + j] = B[(size_t)j * E * r + (size_t)k * E + e];
-        for (int64_t o = 0; o < d1; o++)
-            for (int k = 0; k < r; k++) nb[(size_t)o * r + k] = A[((size_t)e * r + k) * d1 + o];
         if (down) {
             int p = eng_model_desc_find_role(d, fu->layer, ENG_P_EXP_DOWN, e);
-            if ((st = put(rd, &rd->a[p], na, fu->a->name, err)) == MT_OK) st = put(rd, &rd->b[p], nb, fu->b->name, err);
-            else free(nb);
+            st = put(rd, p, fused_a(A, e, rf, 0, rf, in), fused_b(B, e, E, rf, 0, H, 0, rf), rf, fu->a->name, err);
             continue;
         }
-        /* gate_up: gate rows first, then up; both share A' */
-        int pgate = eng_model_desc_find_role(d, fu->layer, ENG_P_EXP_GATE, e);
-        int pup = eng_model_desc_find_role(d, fu->layer, ENG_P_EXP_UP, e);
-        float *na2 = malloc((size_t)r * (size_t)d2 * sizeof *na2);
-        float *nb2 = malloc((size_t)I * (size_t)r * sizeof *nb2);
-        MT_CHECK(na2 && nb2, "out of host memory allocating %s", "per-expert adapter");
-        memcpy(na2, na, (size_t)r * (size_t)d2 * sizeof *na2);
-        memcpy(nb2, nb + (size_t)I * r, (size_t)I * r * sizeof *nb2);
-        /* nb keeps the gate rows (a prefix), so no copy is needed */
-        float *parts[4] = {na, nb, na2, nb2};
-        float **slots[4] = {&rd->a[pgate], &rd->b[pgate], &rd->a[pup], &rd->b[pup]};
-        for (int i = 0; i < 4; i++) {
-            if (st == MT_OK) st = put(rd, slots[i], parts[i], i % 2 ? fu->b->name : fu->a->name, err);
-            else free(parts[i]);
-        }
+        /* gate rows first, then up rows (transformers 5's gate_up_proj) */
+        const int pgate = eng_model_desc_find_role(d, fu->layer, ENG_P_EXP_GATE, e);
+        const int pup = eng_model_desc_find_role(d, fu->layer, ENG_P_EXP_UP, e);
+        const int nk = split ? r : rf, k_up = split ? r : 0;
+        st = put(rd, pgate, fused_a(A, e, rf, 0, nk, in), fused_b(B, e, E, rf, 0, I, 0, nk), nk, fu->a->name, err);
+        if (st == MT_OK)
+            st = put(rd, pup, fused_a(A, e, rf, k_up, nk, in), fused_b(B, e, E, rf, I, I, k_up, nk), nk,
+                     fu->a->name, err);
     }
     free(A);
     free(B);
@@ -362,7 +395,7 @@ static mt_status_t take_tensor(reader_t *rd, const eng_st_file_t *f, const eng_s
                                 "is [%lld%s%lld]", path, t->name, (unsigned long long)t->numel, t->ndim, ps->name,
                                 (long long)ps->shape[0], ps->ndim == 2 ? ", " : "", ps->ndim == 2 ? (long long)ps->shape[1] : 0LL);
         float *buf = read_tensor(f, t, err, &st);
-        return buf ? put(rd, &rd->full[p], buf, t->name, err) : st;
+        return buf ? put_slot(rd, &rd->full[p], buf, t->name, err) : st;
     }
     char module[256];
     size_t mlen = strlen(rest) - strlen(".lora_A.weight");
@@ -400,7 +433,7 @@ static mt_status_t take_tensor(reader_t *rd, const eng_st_file_t *f, const eng_s
                    : check_shape(path, t, out, rd->r, "lora_B is [out, r]", err)))
         return st;
     float *buf = read_tensor(f, t, err, &st);
-    return buf ? put(rd, is_a ? &rd->a[p] : &rd->b[p], buf, t->name, err) : st;
+    return buf ? put_slot(rd, is_a ? &rd->a[p] : &rd->b[p], buf, t->name, err) : st;
 }
 
 mt_status_t eng_lora_weights_read(const char *path, const eng_model_desc_t *d, int r, eng_lora_weights_t *out,
@@ -413,8 +446,9 @@ mt_status_t eng_lora_weights_read(const char *path, const eng_model_desc_t *d, i
     rd.a = calloc((size_t)d->count + 1, sizeof *rd.a);
     rd.b = calloc((size_t)d->count + 1, sizeof *rd.b);
     rd.full = calloc((size_t)d->count + 1, sizeof *rd.full);
+    rd.rank = calloc((size_t)d->count + 1, sizeof *rd.rank);
     fused_t *fused = calloc((size_t)f.count + 1, sizeof *fused);
-    MT_CHECK(rd.a && rd.b && rd.full && fused, "out of host memory allocating %s", "adapter slots");
+    MT_CHECK(rd.a && rd.b && rd.full && rd.rank && fused, "out of host memory allocating %s", "adapter slots");
     int num_fused = 0;
     for (int i = 0; i < f.count && st == MT_OK; i++) st = take_tensor(&rd, &f, &f.tensors[i], fused, &num_fused, err);
     for (int k = 0; k < num_fused && st == MT_OK; k++) st = convert_fused(&rd, &f, &fused[k], err);
@@ -437,7 +471,8 @@ mt_status_t eng_lora_weights_read(const char *path, const eng_model_desc_t *d, i
             if (rd.a[p]) {
                 const eng_param_spec_t *ps = &d->params[p];
                 out->pairs[out->count++] = (eng_lora_pair_t){.param = p, .out = ps->shape[0],
-                                                             .in = ps->ndim == 2 ? ps->shape[1] : 1, .r = r,
+                                                             .in = ps->ndim == 2 ? ps->shape[1] : 1,
+                                                             .r = rd.rank[p] ? rd.rank[p] : r,
                                                              .a = rd.a[p], .b = rd.b[p]};
                 rd.a[p] = rd.b[p] = NULL;
             }
@@ -455,6 +490,7 @@ mt_status_t eng_lora_weights_read(const char *path, const eng_model_desc_t *d, i
     free(rd.a);
     free(rd.b);
     free(rd.full);
+    free(rd.rank);
     free(fused);
     eng_st_close(&f);
     if (st != MT_OK) eng_lora_weights_free(out);

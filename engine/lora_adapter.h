@@ -12,14 +12,20 @@
  * it writes (`base_model.model.model.layers.N.block_sparse_moe.experts.E.w1
  * .lora_A.weight`), which every PEFT version loads.  PEFT on transformers 5
  * writes routed experts fused instead (its ParamWrapper over the 3-D
- * `gate_up_proj` (E, 2I, H) and `down_proj` (E, H, I)): `…mlp.experts
- * [.base_layer].lora_A.weight` (E·r, d1) and `lora_B.weight` (d2, E·r) for a
- * parameter (E, d1, d2).  PEFT's get_delta_weight reads A as (E, r, d1)
- * and B as (d2, r, E) (note: experts outermost in A, innermost in B) and
- * adds delta[e] = A_e^T B_e^T, which is (d1, d2) = (out, in).  So the
- * per-expert form of expert e is B' = A_e^T (out, r), A' = B_e^T (r, in);
- * for gate_up_proj B' splits into gate rows then up rows sharing A'.  That
- * conversion is exact, and the two nested wrappers are told apart by shape.
+ * `gate_up_proj` (E, 2I, H) and `down_proj` (E, H, I), stored (E, out, in)):
+ * `…mlp.experts.base_layer.lora_*` wraps gate_up_proj and `…mlp.experts.lora_*`
+ * down_proj, lora_A (E·r, in) and lora_B (out, E·r).  PEFT 0.21's
+ * get_delta_factors reads A as (E, r, in) and B as (out, r, E) (experts
+ * outermost in A, innermost in B): expert e's pair is A_e = A[e*r:(e+1)*r]
+ * and B_e[:, k] = B[:, k*E + e], delta = s · B_e A_e.  The two wrappers are
+ * told apart by shape, not by name.  gate_up's B holds gate rows then up
+ * rows; converted from per-expert gate and up adapters it has rank 2r
+ * (their A's stacked, B block-diagonal) and splits back into two rank-r
+ * pairs exactly; otherwise gate and up share the fused A at its own rank
+ * (eng_lora_pair_t.r says which).  Caveat measured with peft 0.21.2: when
+ * it fuses per-expert targets it doubles lora_alpha for gate_up to keep
+ * alpha/r, which is wrong under use_rslora (2a/sqrt(2r) != a/sqrt(r)); moetune
+ * keeps the per-expert scale.
  *
  * modules_to_save tensors are stored under the module's own name
  * (`base_model.model.lm_head.weight`), as PEFT saves them. */

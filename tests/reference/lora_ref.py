@@ -21,8 +21,8 @@ the output head, and moetune (like lora_target_linear here) also leaves out
 the router `gate` and `shared_expert_gate` unless named.
 
 Also here: PEFT's fused-expert layout for transformers 5 (ParamWrapper over
-a 3-D parameter (E, d1, d2)), to write fused fixtures and check that the
-conversion to per-expert pairs reproduces PEFT's own delta formula.
+a 3-D parameter stored (E, out, in)), to write fused fixtures and check that
+they reproduce each expert's delta through PEFT's own formula.
 """
 
 import math
@@ -170,25 +170,29 @@ def merged_copy(model):
 # ---------------------------------------------------------------------------
 
 def to_fused(a_list, b_list):
-    """Per-expert classic pairs A_e (r, in), B_e (out, r) of a 3-D parameter
-    (E, out, in) -> PEFT ParamWrapper lora_A (E*r, out), lora_B (in, E*r).
-    ParamWrapper reads the parameter as (E, d1=in_features, d2=out_features)
-    and get_delta_weight gives delta[e] = A'_e^T B'_e^T with A' viewed as
-    (E, r, d1) and B' as (d2, r, E); so A'_e = B_e^T and B'_e = A_e^T."""
+    """Per-expert pairs A_e (r, in), B_e (out, r) of a parameter stored
+    (E, out, in) -> PEFT's ParamWrapper lora_A (E*r, in), lora_B (out, E*r):
+    get_delta_factors views A as (E, r, in) and B as (out, r, E)."""
     E = len(a_list)
     r = a_list[0].shape[0]
-    d1 = b_list[0].shape[0]   # out
-    d2 = a_list[0].shape[1]   # in
-    A = torch.zeros(E, r, d1)
-    Bf = torch.zeros(d2, r, E)
-    for e in range(E):
-        A[e] = b_list[e].t()
-        Bf[:, :, e] = a_list[e].t()
-    return A.reshape(E * r, d1), Bf.reshape(d2, r * E)
+    out_f = b_list[0].shape[0]
+    A = torch.stack(list(a_list), 0)                        # (E, r, in)
+    Bf = torch.stack(list(b_list), -1)                      # (out, r, E)
+    return A.reshape(E * r, -1), Bf.reshape(out_f, r * E)
+
+
+def gate_up_fused(a_gate, b_gate, a_up, b_up):
+    """How PEFT fuses per-expert gate and up adapters into gate_up_proj's
+    (peft.utils.transformers_weight_conversion): A's stacked along the rank
+    (rank 2r), B block-diagonal (gate rows then up rows)."""
+    a = [torch.cat([g, u], 0) for g, u in zip(a_gate, a_up)]
+    b = [torch.block_diag(g, u) for g, u in zip(b_gate, b_up)]
+    return to_fused(a, b)
 
 
 def fused_delta(A, B, E, scaling):
-    """PEFT ParamWrapper.get_delta_weight for num_experts > 1, verbatim math."""
+    """PEFT 0.21 ParamWrapper.get_delta_weight, (E, out, in) storage
+    (_did_swap_in_out_features): einsum("o r e, e r i -> e o i")."""
     wa = A.reshape(E, -1, A.shape[-1])
     wb = B.reshape(B.shape[0], -1, E)
-    return torch.einsum("o r e, e r i -> e i o", wb, wa) * scaling
+    return torch.einsum("o r e, e r i -> e o i", wb, wa) * scaling

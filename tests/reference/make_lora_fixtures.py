@@ -188,8 +188,8 @@ def check_fd(model, rows):
 
 def fused_adapter(model, cfg, scaling):
     """PEFT's transformers-5 layout for the routed experts: per layer the inner
-    wrapper (experts.base_layer) over gate_up_proj (E, 2I, H), the outer
-    (experts) over down_proj (E, H, I); checked against PEFT's delta formula."""
+    wrapper (experts.base_layer) over gate_up_proj (E, 2I, H) at rank 2r, the
+    outer (experts) over down_proj (E, H, I); checked against PEFT's delta formula."""
     mods = dict(lr.lora_modules(model))
     out = {}
     E = cfg.num_experts
@@ -198,22 +198,15 @@ def fused_adapter(model, cfg, scaling):
         g = [mods[f"{pre}.{e}.gate_proj"] for e in range(E)]
         u = [mods[f"{pre}.{e}.up_proj"] for e in range(E)]
         dn = [mods[f"{pre}.{e}.down_proj"] for e in range(E)]
-        # gate_up: B stacks gate rows then up rows over one shared A, which
-        # needs the two A's equal; the fixture's A of up is set to gate's
-        for e in range(E):
-            with torch.no_grad():
-                u[e].lora_A.weight.copy_(g[e].lora_A.weight)
-        a_gu = [g[e].lora_A.weight.detach() for e in range(E)]
-        b_gu = [torch.cat([g[e].lora_B.weight.detach(), u[e].lora_B.weight.detach()], 0) for e in range(E)]
-        A, B = lr.to_fused(a_gu, b_gu)
+        A, B = lr.gate_up_fused([m.lora_A.weight.detach() for m in g], [m.lora_B.weight.detach() for m in g],
+                                [m.lora_A.weight.detach() for m in u], [m.lora_B.weight.detach() for m in u])
         delta = lr.fused_delta(A, B, E, scaling)
         for e in range(E):
             want = torch.cat([g[e].delta_weight(), u[e].delta_weight()], 0)
             assert torch.allclose(delta[e], want, atol=1e-6, rtol=0), "fused gate_up delta"
         out[f"{lr.PEFT_PREFIX}{pre}.base_layer.lora_A.weight"] = A
         out[f"{lr.PEFT_PREFIX}{pre}.base_layer.lora_B.weight"] = B
-        A, B = lr.to_fused([dn[e].lora_A.weight.detach() for e in range(E)],
-                           [dn[e].lora_B.weight.detach() for e in range(E)])
+        A, B = lr.to_fused([m.lora_A.weight.detach() for m in dn], [m.lora_B.weight.detach() for m in dn])
         delta = lr.fused_delta(A, B, E, scaling)
         for e in range(E):
             assert torch.allclose(delta[e], dn[e].delta_weight(), atol=1e-6, rtol=0), "fused down delta"
