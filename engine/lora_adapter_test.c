@@ -310,8 +310,9 @@ static void test_fused_hand(void) {
 
     /* a fused pair of the wrong shape names both tensors and what fits */
     const int64_t s_bad[2] = {E * r, H + 1};
+    static float abad[4 * 2 * 17];
     const eng_st_write_tensor_t tb[2] = {
-        {"base_model.model.model.layers.1.mlp.experts.lora_A.weight", ENG_ST_F32, 2, s_bad, NULL, agu},
+        {"base_model.model.model.layers.1.mlp.experts.lora_A.weight", ENG_ST_F32, 2, s_bad, NULL, abad},
         {"base_model.model.model.layers.1.mlp.experts.lora_B.weight", ENG_ST_F32, 2, s_bdn, NULL, bdn},
     };
     EXPECT(eng_st_write(p, tb, 2, NULL, 0, &err) == MT_OK, "%s", err.msg);
