@@ -30,7 +30,7 @@ import make_fixtures as mf  # noqa: E402
 import make_lora_fixtures as mlf  # noqa: E402
 
 
-def ref_logits(case, adapter_path, ids, mask):
+def ref_logits(case, adapter_path, ids, mask, drop_routed=False):
     d = os.path.join(mlf.FIXTURES, case["name"])
     cfg = ref.Config(case["config"])
     model = ref.MoeForCausalLM(cfg)
@@ -40,6 +40,11 @@ def ref_logits(case, adapter_path, ids, mask):
     lr.apply_lora(model, targets, case["r"], case["alpha"], case["rslora"])
     ad, _ = ref.load_safetensors(adapter_path)
     lr.load_adapter_state(model, ad)
+    if drop_routed:  # what PEFT computes when it ignores the routed experts' adapters
+        with torch.no_grad():
+            for n, m in lr.lora_modules(model):
+                if ".experts." in n:
+                    m.lora_B.weight.zero_()
     with torch.no_grad():
         return model(ids, mask)["logits"]
 
@@ -94,9 +99,8 @@ def main():
                     ("adapter_final", "adapter_model.safetensors", None)]
         if case.get("fused"):
             variants.append(("adapter_init", "adapter_model_fused.safetensors", None))
-        if case["linear"]:  # PEFT's all-linear skips fused experts; name them instead
-            variants.append(("adapter_init", "adapter_model.safetensors",
-                             ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+        if case["linear"]:  # and as "all-linear", which PEFT resolves itself
+            variants.append(("adapter_init", "adapter_model.safetensors", "all-linear"))
         for sub, fname, targets in variants:
             with tempfile.TemporaryDirectory() as tmp:
                 adir = os.path.join(tmp, "adapter")
@@ -118,6 +122,10 @@ def main():
                     if notes:  # PEFT's own scaling differs from alpha/r (or alpha/sqrt(r)) somewhere
                         entry["peft_scaling_differs"] = notes[:4]
                         entry["max_abs_diff_with_per_expert_scaling"] = (fixed - want).abs().max().item()
+                    if case["config"]["model_type"] == "qwen2_moe":
+                        alt = ref_logits(case, os.path.join(d, sub, "adapter_model.safetensors"), ids, mask, True)
+                        entry["max_abs_diff_vs_reference_without_routed_expert_adapters"] = \
+                            (got - alt).abs().max().item()
                     entry["peft_adapted_modules"] = adapted_modules(os.path.join(d, "ckpt"), adir)
                     entry["adapter_effect_max_abs"] = (want - base).abs().max().item()
                     entry["ok"] = entry["max_abs_diff_vs_reference"] < 1e-4

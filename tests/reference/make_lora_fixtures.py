@@ -223,8 +223,12 @@ def adapter_config(case, targets_written):
             "modules_to_save": None, "inference_mode": True}
 
 
+LEAF_ORDER = ["q_proj", "k_proj", "v_proj", "o_proj", "gate", "w1", "w2", "w3", "gate_proj", "up_proj",
+              "down_proj", "shared_expert_gate"]
+
+
 def write_yaml(path, case):
-    lines = ["# moetune LoRA run for this reference case (see tests/reference/README.md).",
+    lines = ["# moetune LoRA run for this reference case (see tests/reference/lora_README.md).",
              "base_model: ckpt", "datasets:", "  - path: data.jsonl",
              f"sequence_len: {RUN['sequence_len']}", f"micro_batch_size: {RUN['micro_batch_size']}",
              f"gradient_accumulation_steps: {case['ga']}", f"max_steps: {STEPS}",
@@ -273,7 +277,9 @@ def run_case(case, write):
         for e in examples():
             fh.write(json.dumps(e, separators=(", ", ": ")) + "\n")
     write_yaml(os.path.join(d, "run.yaml"), case)
-    tm = "all-linear" if case["linear"] else case["targets"]
+    # lora_target_linear is written as the leaf names it selected, not "all-linear":
+    # PEFT's all-linear would also take shared_expert_gate, which moetune leaves out
+    tm = case["targets"] or sorted({t.rsplit(".", 1)[1] for t in targets}, key=LEAF_ORDER.index)
     for sub in ("adapter_init", "adapter_final"):
         with open(os.path.join(d, sub, "adapter_config.json"), "w") as fh:
             json.dump(adapter_config(case, tm), fh, indent=2)
