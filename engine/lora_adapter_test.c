@@ -308,6 +308,19 @@ static void test_fused_hand(void) {
     EXPECT(bad == 0, "%d elements landed in the wrong place", bad);
     eng_lora_weights_free(&w);
 
+    /* gate_up alone at twice the config's rank with a full (not block-diagonal)
+     * B, as PEFT trains it on transformers 5: gate and up keep rank 2 and share A */
+    EXPECT(eng_st_write(p, t, 2, NULL, 0, &err) == MT_OK, "%s", err.msg);
+    EXPECT(eng_lora_weights_read(p, &m.d, 1, &w, &err) == MT_OK, "%s", err.msg);
+    EXPECT(w.count == 2 * E, "%d pairs", w.count);
+    for (int i = 0; i < w.count; i++) EXPECT(w.pairs[i].r == 2, "pair %d rank %d", i, w.pairs[i].r);
+    if (w.count == 2 * E) EXPECT(!memcmp(w.pairs[0].a, w.pairs[1].a, 2 * H * sizeof(float)), "gate/up A differ");
+    eng_lora_weights_free(&w);
+    /* down at twice the rank is not PEFT's: refused, naming the rank */
+    EXPECT(eng_st_write(p, t + 2, 2, NULL, 0, &err) == MT_OK, "%s", err.msg);
+    EXPECT(eng_lora_weights_read(p, &m.d, 1, &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "rank 2 per expert"),
+           "%s", err.msg);
+
     /* a fused pair of the wrong shape names both tensors and what fits */
     const int64_t s_bad[2] = {E * r, H + 1};
     static float abad[4 * 2 * 17];
