@@ -8,10 +8,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/lora_targets.h"
 #include "engine/safetensors.h"
 
 #define PEFT_PREFIX "base_model.model."
+
+void eng_lora_config_select(const eng_lora_config_t *c, eng_lora_select_t *out) {
+    *out = (eng_lora_select_t){.modules = (const char *const *)c->target_modules,
+                               .num_modules = c->num_target_modules,
+                               .regex = c->target_regex,
+                               .r = c->r,
+                               .modules_to_save = (const char *const *)c->modules_to_save,
+                               .num_modules_to_save = c->num_modules_to_save};
+}
 
 double eng_lora_scale(const eng_lora_config_t *c) {
     return c->use_rslora ? c->lora_alpha / sqrt((double)c->r) : c->lora_alpha / (double)c->r;
@@ -537,4 +545,34 @@ mt_status_t eng_lora_weights_write(const char *path, const eng_model_desc_t *d, 
     free(names);
     free(shapes);
     return st;
+}
+
+mt_status_t eng_lora_weights_match(const eng_lora_weights_t *w, const eng_lora_plan_t *p, const eng_model_desc_t *d,
+                                   const char *path, mt_error_t *err) {
+    /* both lists are in description order: walk them together */
+    int i = 0, j = 0;
+    while (i < w->count || j < p->count) {
+        const int wp = i < w->count ? w->pairs[i].param : d->count;
+        const int pp = j < p->count ? p->targets[j].param : d->count;
+        if (wp == pp) {
+            i++;
+            j++;
+            continue;
+        }
+        const bool missing = pp < wp;
+        return mt_error_set(err, MT_ERR_CONFIG,
+                            "%s: %s %s, but the run's lora_target_modules %s it; use the adapter's own targets "
+                            "or start a new adapter",
+                            path, d->params[missing ? pp : wp].name,
+                            missing ? "has no adapter in the file" : "has an adapter in the file",
+                            missing ? "select" : "do not select");
+    }
+    for (int k = 0; k < p->num_saved; k++) {
+        bool found = false;
+        for (int m = 0; m < w->num_saved && !found; m++) found = w->saved[m].param == p->saved[k];
+        if (!found)
+            return mt_error_set(err, MT_ERR_CONFIG, "%s: modules_to_save %s is not in the file", path,
+                                d->params[p->saved[k]].name);
+    }
+    return MT_OK;
 }

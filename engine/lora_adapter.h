@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "engine/lora_targets.h"
 #include "engine/model_desc.h"
 
 typedef struct {
@@ -52,6 +53,10 @@ typedef struct {
     char **modules_to_save;
     int num_modules_to_save;
 } eng_lora_config_t;
+
+/* The selection an adapter_config.json describes (pointers into c; valid
+ * while c lives).  A string target_modules is a regex, or all-linear. */
+void eng_lora_config_select(const eng_lora_config_t *c, eng_lora_select_t *out);
 
 /* s in y = W x + s · B A x. */
 double eng_lora_scale(const eng_lora_config_t *c);
@@ -97,6 +102,11 @@ mt_status_t eng_lora_weights_read(const char *path, const eng_model_desc_t *d, i
 mt_status_t eng_lora_weights_write(const char *path, const eng_model_desc_t *d, const eng_lora_weights_t *w,
                                    mt_error_t *err);
 void eng_lora_weights_free(eng_lora_weights_t *w);
+/* An adapter loaded to resume or continue (lora_model_dir) must adapt
+ * exactly the modules the run selects: MT_ERR_CONFIG naming the first module
+ * the file lacks or holds beyond the selection, and the file. */
+mt_status_t eng_lora_weights_match(const eng_lora_weights_t *w, const eng_lora_plan_t *p, const eng_model_desc_t *d,
+                                   const char *path, mt_error_t *err);
 /* The pair adapting parameter `param`, or NULL. */
 const eng_lora_pair_t *eng_lora_weights_find(const eng_lora_weights_t *w, int param);
 

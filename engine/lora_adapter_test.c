@@ -203,6 +203,20 @@ static void test_fixture(const char *fixture) {
             EXPECT(i >= (int)json_array_size(mods) || !strcmp(mod, json_string_value(json_array_get(mods, (size_t)i))),
                    "%s: pair %d is %s", path, i, mod);
         }
+        /* the file adapts exactly what its config selects */
+        eng_lora_select_t sel;
+        eng_lora_config_select(&c, &sel);
+        eng_lora_plan_t plan;
+        EXPECT(eng_lora_targets_select(&m.d, &sel, &plan, &err) == MT_OK, "%s", err.msg);
+        EXPECT(eng_lora_weights_match(&w, &plan, &m.d, path, &err) == MT_OK, "%s", err.msg);
+        if (plan.count > 1) { /* one module fewer selected: named */
+            plan.count--;
+            EXPECT(eng_lora_weights_match(&w, &plan, &m.d, path, &err) == MT_ERR_CONFIG &&
+                       strstr(err.msg, m.d.params[w.pairs[w.count - 1].param].name),
+                   "%s", err.msg);
+        }
+        eng_lora_plan_free(&plan);
+
         /* write and read back: same keys, byte-identical data, as the fixture */
         const char *out = tmp_path("adapter_model.safetensors");
         EXPECT(eng_lora_weights_write(out, &m.d, &w, &err) == MT_OK, "%s", err.msg);
