@@ -440,7 +440,7 @@ static void test_inspect(tctx_t *t) {
     mt_status_t st = eng_inspect(d, mem, &err);
     fclose(mem);
     EXPECT(t, st == MT_OK, "%s", err.msg);
-    EXPECT(t, strstr(out, "qwen2_moe") && strstr(out, "MoE layers   1;") && strstr(out, "dense (width 48): 0,2") &&
+    EXPECT(t, strstr(out, "qwen2_moe") && strstr(out, "MoE layers   1 of 3 (index 1);") && strstr(out, "dense (width 48): 0,2") &&
                   strstr(out, "F32") && strstr(out, "all 53 tensors present") &&
                   strstr(out, "4 routed, top-2"),
            "inspect output:\n%s", out);

@@ -84,7 +84,10 @@ static void print_arch(FILE *out, const char *dir, const eng_model_config_t *c, 
         fprintf(out, "; shared expert width %d (sigmoid gate)", c->shared_expert_intermediate_size);
     fprintf(out, "\n");
     ranges(b, sizeof b, c->layer_is_moe, c->num_hidden_layers);
-    fprintf(out, "MoE layers   %s", b);
+    int nmoe = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) nmoe += c->layer_is_moe[l];
+    /* the layers' indices, so "0" alone is layer 0, not a count: say both */
+    fprintf(out, "MoE layers   %d of %d (%s %s)", nmoe, c->num_hidden_layers, nmoe == 1 ? "index" : "indices", b);
     bool dense[ENG_MAX_LAYERS];
     int nd = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) nd += dense[l] = !c->layer_is_moe[l];
