@@ -67,11 +67,12 @@ mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t 
     mt_status_t cst = check_checkpoint(rc, mc, err);
     if (cst != MT_OK) return cst;
     const int nb = mc->num_hidden_layers + 2;
-    if (dev->kind == KERN_BACKEND_CUDA) {
-        /* The executor runs streamed plans on CUDA (stream-ordered frees,
-         * kernels/arena_defer.h), but they have run only on the CPU backend's
-         * copy streams so far, never on a GPU, and calibration measures the
-         * CPU: train keeps everything on the device here until they have. */
+    if (kern_device_caps(dev).kernels_async) {
+        /* The executor runs streamed plans on a device whose kernels run
+         * asynchronously (stream-ordered frees, kernels/arena_defer.h), but
+         * they have run only on the CPU backend's copy streams so far, never
+         * on a GPU, and calibration measures the CPU: train keeps everything
+         * on such a device here until they have. */
         sched_plan_init_uniform(&out->plan, nb, SCHED_POLICY_KEEP_ALL);
         summarize(&out->plan, out->summary, sizeof out->summary);
         return MT_OK;
