@@ -398,3 +398,42 @@ void eng_model_read_param(eng_model_t *m, int i, float *host, bool gradient) {
         memset(host, 0, bytes);
     }
 }
+
+/* ---- a model with its executor ------------------------------------------ */
+
+mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
+                           const char *overrides_json, const sched_plan_t *plan, mt_error_t *err) {
+    const eng_model_opts_t o = {.overrides_json = overrides_json, .plan = plan};
+    return eng_model_open(m, dev, dir, &o, err);
+}
+
+mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *dir, const char *overrides_json,
+                              const sched_plan_t *plan, const eng_staging_settings_t *staging, mt_error_t *err) {
+    const eng_model_opts_t o = {.overrides_json = overrides_json, .plan = plan, .staging = staging};
+    return eng_model_open(m, dev, dir, &o, err);
+}
+
+mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
+                           mt_error_t *err) {
+    mt_status_t st = eng_model_init(m, dev, dir, opts, err);
+    if (st != MT_OK) return st;
+    /* The executor and its staging pool first: settings it refuses fail
+     * before a large checkpoint is read. */
+    const sched_plan_t *plan = opts->plan;
+    sched_plan_t keep_all;
+    if (!plan) {
+        sched_plan_init_uniform(&keep_all, eng_model_num_blocks(m), SCHED_POLICY_KEEP_ALL);
+        plan = &keep_all;
+    }
+    st = eng_exec_create(m, plan, opts->staging, err);
+    if (plan == &keep_all) sched_plan_free(&keep_all);
+    if (st == MT_OK) st = eng_model_read_weights(m, dir, err);
+    if (st == MT_OK) st = eng_exec_place(m, err);
+    if (st != MT_OK) eng_model_free(m);
+    return st;
+}
+
+void eng_model_free(eng_model_t *m) {
+    if (m->exec) eng_exec_destroy(m);
+    eng_model_release(m);
+}
