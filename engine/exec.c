@@ -246,13 +246,10 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
     x->layer_counts = calloc((size_t)(L > 0 ? L : 1), sizeof *x->layer_counts);
     x->mb_copies = calloc((size_t)(L > 0 ? L : 1), sizeof *x->mb_copies);
     x->carry_copies = calloc((size_t)(L > 0 ? L : 1), sizeof *x->carry_copies);
-    x->opt_done = calloc((size_t)P, sizeof *x->opt_done);
-    x->gnorm_part = calloc((size_t)P, sizeof *x->gnorm_part);
-    x->opt_queue = calloc((size_t)nb + 1, sizeof *x->opt_queue);
     x->fwd_s = calloc((size_t)nb, sizeof *x->fwd_s);
     x->bwd_s = calloc((size_t)nb, sizeof *x->bwd_s);
     MT_CHECK(x->w_ready && x->a_ready && x->o_done && x->holding && x->param_refs && x->w_span && x->g_span &&
-                 x->mark && x->offl && x->layer_counts && x->mb_copies && x->carry_copies && x->opt_done && x->gnorm_part && x->opt_queue && x->fwd_s &&
+                 x->mark && x->offl && x->layer_counts && x->mb_copies && x->carry_copies && x->fwd_s &&
                  x->bwd_s,
              "out of memory for executor state");
     x->free_span = -1;
@@ -269,14 +266,7 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
             MT_CHECK_ALLOC(x->layer_counts[l], "expert counts");
         }
     kern_set_reclaim_hook(m->dev, reclaim_pending, m);
-    /* host AdamW's threads: on the CPU backend the kernel pool (compute is
-     * idle while the optimizer step runs); beside a GPU, every host core */
-    if (m->dev->kind == KERN_BACKEND_CPU) {
-        x->pool = kern_device_host_pool(m->dev);
-    } else {
-        x->own_pool = kern_threadpool_create(0);
-        x->pool = x->own_pool;
-    }
+    exec_host_optim_init(&x->hopt, m);
     if (staging) x->stage_set = *staging;
     else eng_staging_settings_init(&x->stage_set);
     return exec_stage_create(m, x->stage_set.tokens, err);
@@ -322,8 +312,7 @@ mt_status_t eng_exec_place(eng_model_t *m, mt_error_t *err) {
 void eng_exec_destroy(eng_model_t *m) {
     eng_exec_t *x = m->exec;
     if (!x) return;
-    exec_optim_worker_stop(m);
-    kern_threadpool_destroy(x->own_pool);
+    exec_host_optim_free(&x->hopt);
     kern_device_sync(m->dev);
     exec_drop_offloads(m);
     eng_exec_drain(m);
@@ -370,9 +359,6 @@ void eng_exec_destroy(eng_model_t *m) {
     free(x->spans);
     free(x->offl);
     free(x->pending);
-    free(x->opt_done);
-    free(x->gnorm_part);
-    free(x->opt_queue);
     free(x->fwd_s);
     free(x->bwd_s);
     free(x);

@@ -1,7 +1,9 @@
 /* Executor state shared by exec.c (placement, pending frees, reading back),
  * exec_stage.c (the staging pool: weight streaming, activation offload,
  * gradient copies), exec_step.c (the forward/backward program) and
- * exec_optim.c (the optimizer step).  Private to the engine. */
+ * exec_optim.c (the optimizer step).  Private to the engine.  Concerns
+ * with a module of their own hang here as one member each: the host
+ * optimizer worker (exec_host_optim.h). */
 #ifndef MT_ENGINE_EXEC_INTERNAL_H
 #define MT_ENGINE_EXEC_INTERNAL_H
 
@@ -10,7 +12,7 @@
 #include <stdint.h>
 
 #include "engine/exec.h"
-#include "kernels/host/threadpool.h"
+#include "engine/exec_host_optim.h"
 
 typedef struct {
     void *dev;      /* device buffer to free, or NULL */
@@ -68,22 +70,10 @@ typedef struct eng_exec {
     bool counts_valid;      /* layer_counts hold a finished forward (prefetch predictor) */
     exec_pending_t *pending;
     int npending, cap_pending;
-    kern_threadpool_t *pool; /* host optimizer threads */
-    kern_threadpool_t *own_pool; /* the pool above when the executor made it (GPU backends) */
-    /* host optimizer worker: AdamW per block during backward (see optim.h) */
-    pthread_t opt_thread;
-    pthread_mutex_t opt_lock;
-    pthread_cond_t opt_cond;
-    int *opt_queue, opt_head, opt_tail; /* FIFO of block indices (capacity nb + 1) */
-    int opt_outstanding;                /* queued or running */
-    bool opt_stop, opt_started;
+    exec_host_optim_t hopt; /* the host AdamW worker, its pool and what it updated (exec_host_optim.h) */
     bool overlap_step;   /* this step's last micro-batch updates blocks as they finish */
     int micro_left;      /* micro-batches of this step still to run */
     bool in_last_micro;  /* the running backward is the step's last */
-    eng_optim_hparams_t step_hp;
-    bool *opt_done;      /* per parameter: updated during backward this step */
-    float *gnorm_part;   /* per parameter updated during backward: its gradient's sum of squares, taken
-                            then by the same function the optimizer step would use (bit-identical norm) */
     /* the staging pool (moe/staging.h): every transfer between pageable host
      * memory and the device goes through it; sized for the plan's window */
     moe_staging_t *stage;
@@ -107,7 +97,6 @@ void exec_trace_memory(eng_model_t *m, double t);
 
 /* Called after block b's gradients were folded, on the last micro-batch. */
 void exec_optim_block_ready(eng_model_t *m, int b);
-void exec_optim_worker_stop(eng_model_t *m);
 
 bool exec_param_streamed(const eng_model_t *m, const eng_param_t *p);
 /* Bytes of p's device working copy (w_dtype) and of its fp32 tensors
