@@ -244,12 +244,10 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
     x->mark = calloc((size_t)P, sizeof *x->mark);
     x->offl = calloc((size_t)nb, sizeof *x->offl);
     x->layer_counts = calloc((size_t)(L > 0 ? L : 1), sizeof *x->layer_counts);
-    x->mb_copies = calloc((size_t)(L > 0 ? L : 1), sizeof *x->mb_copies);
-    x->carry_copies = calloc((size_t)(L > 0 ? L : 1), sizeof *x->carry_copies);
     x->fwd_s = calloc((size_t)nb, sizeof *x->fwd_s);
     x->bwd_s = calloc((size_t)nb, sizeof *x->bwd_s);
     MT_CHECK(x->w_ready && x->a_ready && x->o_done && x->holding && x->param_refs && x->w_span && x->g_span &&
-                 x->mark && x->offl && x->layer_counts && x->mb_copies && x->carry_copies && x->fwd_s &&
+                 x->mark && x->offl && x->layer_counts && x->fwd_s &&
                  x->bwd_s,
              "out of memory for executor state");
     x->free_span = -1;
@@ -267,6 +265,7 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
         }
     kern_set_reclaim_hook(m->dev, reclaim_pending, m);
     exec_host_optim_init(&x->hopt, m);
+    exec_counters_init(&x->cnt, L);
     if (staging) x->stage_set = *staging;
     else eng_staging_settings_init(&x->stage_set);
     return exec_stage_create(m, x->stage_set.tokens, err);
@@ -344,8 +343,7 @@ void eng_exec_destroy(eng_model_t *m) {
     if (m->rope_sin) kern_free(m->dev, m->rope_sin);
     m->rope_cos = m->rope_sin = NULL;
     free(x->layer_counts);
-    free(x->mb_copies);
-    free(x->carry_copies);
+    exec_counters_free(&x->cnt);
     free(x->used);
     free(x->nused);
     free(x->w_ready);

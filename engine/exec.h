@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "engine/config.h"
+#include "engine/exec_counters.h"
 #include "engine/model.h"
 #include "engine/optim.h"
 #include "engine/trace.h"
@@ -118,23 +119,7 @@ typedef struct {
     char largest_name[160];
 } eng_exec_staging_info_t;
 
-/* The executor's own counts, since the last eng_optim_begin_step.  Index
- * [0] is H2D (weight fetches), [1] D2H (gradients). */
-typedef struct {
-    uint64_t moe_passes[2];     /* (MoE layer, micro-batch) pairs whose experts moved that way */
-    uint64_t moe_copies[2];     /* copies the batches holding those experts issued */
-    int max_moe_copies[2];      /* most copies one MoE layer took in one micro-batch */
-    uint64_t experts_moved[2];  /* expert fetches / expert gradient copies */
-    uint64_t experts_skipped[2];/* ... not made because the expert got no token */
-    uint64_t experts_unused;    /* prefetched for a forward, then got no token */
-    uint64_t acts_unstaged;     /* offloads that fell back to a plain pinned buffer (pool too small) */
-    uint64_t acts_offloaded;    /* bytes of saved activations offloaded */
-    /* Bytes that crossed the link: weight working copies host -> device
-     * (streamed fetches and resident weights refreshed by a host optimizer;
-     * bf16 copies count their bf16 bytes) and gradients device -> host. */
-    uint64_t weight_h2d_bytes;
-    uint64_t grad_d2h_bytes;
-} eng_exec_staging_counters_t;
+/* eng_exec_staging_counters_t: engine/exec_counters.h */
 
 moe_staging_t *eng_exec_staging(eng_model_t *m);
 /* Bytes of saved activations the plan offloads in a micro-batch of `tokens` tokens (the pool's share). */

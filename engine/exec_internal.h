@@ -3,7 +3,7 @@
  * gradient copies), exec_step.c (the forward/backward program) and
  * exec_optim.c (the optimizer step).  Private to the engine.  Concerns
  * with a module of their own hang here as one member each: the host
- * optimizer worker (exec_host_optim.h). */
+ * optimizer worker (exec_host_optim.h), the step counters (exec_counters.h). */
 #ifndef MT_ENGINE_EXEC_INTERNAL_H
 #define MT_ENGINE_EXEC_INTERNAL_H
 
@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "engine/exec.h"
+#include "engine/exec_counters.h"
 #include "engine/exec_host_optim.h"
 
 typedef struct {
@@ -81,12 +82,7 @@ typedef struct eng_exec {
     char stage_label[64];
     int stage_tokens;                  /* tokens per micro-batch its activation share is sized for */
     eng_exec_staging_info_t stage_info;
-    eng_exec_staging_counters_t ctr;   /* since eng_optim_begin_step */
-    int (*mb_copies)[2];               /* per layer: expert-batch copies this micro-batch, per direction */
-    /* the optimizer step's fetches for the next step (between_steps), counted in its first micro-batch */
-    bool between_steps;
-    int *carry_copies;                 /* per layer, H2D */
-    uint64_t carry_experts;
+    exec_counters_t cnt;               /* since eng_optim_begin_step (exec_counters.h) */
     /* profiling: compute seconds per block, summed over micro-batches since the last reset */
     double *fwd_s, *bwd_s;
     int timed_micro;
@@ -158,8 +154,5 @@ mt_status_t exec_prepare_grads(eng_model_t *m, int b, mt_error_t *err);
 mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err);
 /* Frees this micro-batch's gradient targets after an error. */
 void exec_drop_grads(eng_model_t *m);
-/* Micro-batch bookkeeping of the per-layer copy counters. */
-void exec_stage_micro_begin(eng_model_t *m);
-void exec_stage_micro_end(eng_model_t *m);
 
 #endif

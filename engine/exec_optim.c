@@ -27,7 +27,7 @@ void eng_optim_begin_step(eng_model_t *m, const eng_optim_hparams_t *hp, int mic
     eng_exec_t *x = m->exec;
     /* staging counters and peaks are per step */
     if (x->stage) moe_staging_step_begin(x->stage);
-    memset(&x->ctr, 0, sizeof x->ctr);
+    exec_counters_step_begin(&x->cnt);
     x->micro_left = micro_batches;
     x->overlap_step = overlap && hp->max_grad_norm == 0;
     if (x->overlap_step) exec_host_optim_start(&x->hopt, hp);
@@ -138,7 +138,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
                 eng_param_t *p = &m->params[i];
                 if (p->block != b || !p->has_grad || x->hopt.done[i]) continue;
                 items[n++] = (moe_staging_xfer_t){p->host_g, p->g_acc, exec_f32_bytes(p), MOE_STAGING_COPY};
-                x->ctr.grad_d2h_bytes += exec_f32_bytes(p);
+                x->cnt.ctr.grad_d2h_bytes += exec_f32_bytes(p);
             }
             snprintf(tag, sizeof tag, "gradients of block %d for the host optimizer", b);
             st = exec_stage_d2h(m, items, n, tag, err);
@@ -182,7 +182,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
             }
             if (refresh) {
                 items[n++] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
-                x->ctr.weight_h2d_bytes += exec_w_bytes(p);
+                x->cnt.ctr.weight_h2d_bytes += exec_w_bytes(p);
             }
         }
         /* resident weights take the new master values */
@@ -197,9 +197,9 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
      * its forward begins: their home copies are final, and this hides part
      * of the chain every offloading step ends with (the first layer's
      * gradients down, its AdamW, its weights up) behind this step's tail. */
-    x->between_steps = true;
+    x->cnt.between_steps = true;
     for (int b = 0; b <= m->plan.prefetch_window && b < x->nb && st == MT_OK; b++) st = exec_fetch_block(m, b, false, err);
-    x->between_steps = false;
+    x->cnt.between_steps = false;
     if (st != MT_OK) return st;
     /* ready for the next step's first micro-batch */
     for (int i = 0; i < m->spec.count; i++) {

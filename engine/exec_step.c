@@ -448,7 +448,7 @@ static mt_status_t run(eng_model_t *m, const eng_batch_t *batch, float loss_scal
 
     mt_status_t r = exec_stage_prepare(m, n, err);
     if (r == MT_OK) r = ensure_rope(m, st.sh.T, err);
-    exec_stage_micro_begin(m);
+    exec_counters_micro_begin(&m->exec->cnt);
     float *host_tw = malloc((size_t)n * sizeof *host_tw);
     MT_CHECK_ALLOC(host_tw, "attention mask weights");
     if (r == MT_OK) {
@@ -478,7 +478,7 @@ static mt_status_t run(eng_model_t *m, const eng_batch_t *batch, float loss_scal
         if (m->exec->micro_left > 0) m->exec->micro_left--;
     }
     if (r != MT_OK) exec_drop_grads(m); /* half-made gradient targets of this micro-batch */
-    else exec_stage_micro_end(m);
+    else exec_counters_micro_end(&m->exec->cnt);
     free(host_tw);
     step_free(m, &st);
     return r;
