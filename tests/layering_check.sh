@@ -8,6 +8,9 @@
 #       engine file includes a backend header;
 #   (b) the scheduler knows no engine: no `#include "engine/...` under
 #       scheduler/ and no //engine label in scheduler/BUILD;
+#   (d) moe/ knows no engine either: no `#include "engine/...` under moe/
+#       and no //engine label in moe/BUILD (MoE specifics are hooks the
+#       executor calls, not callers of the executor);
 #   (c) no include cycle among engine/ modules, a module being a .c and its .h
 #       (model.c + model.h are one node). A cycle found that is not in the
 #       allowlist fails and is printed edge by edge; an allowlisted cycle
@@ -15,15 +18,15 @@
 #
 #   layering_check.sh ROOT [ALLOWLIST]
 #
-# ROOT holds engine/ and scheduler/ (the workspace, or the test's runfiles).
+# ROOT holds engine/, scheduler/ and moe/ (the workspace, or the test's runfiles).
 # ALLOWLIST: one known cycle per line, its modules sorted and separated by
 # spaces; '#' starts a comment. Prints what it checked, exits 1 on a
 # violation, 2 on bad usage.
 set -u
 root="${1:-}"
 allow="${2:-}"
-[ -n "$root" ] && [ -d "$root/engine" ] && [ -d "$root/scheduler" ] ||
-  { echo "usage: layering_check.sh ROOT [ALLOWLIST] (ROOT must hold engine/ and scheduler/)"; exit 2; }
+[ -n "$root" ] && [ -d "$root/engine" ] && [ -d "$root/scheduler" ] && [ -d "$root/moe" ] ||
+  { echo "usage: layering_check.sh ROOT [ALLOWLIST] (ROOT must hold engine/, scheduler/ and moe/)"; exit 2; }
 [ -z "$allow" ] || [ -f "$allow" ] || { echo "layering_check: no allowlist file $allow"; exit 2; }
 failures=0
 fail() { echo "FAIL $*"; failures=$((failures + 1)); }
@@ -46,6 +49,16 @@ hits=$(grep -nE '"//engine([:/"]|$)|"//engine"' "$root/scheduler/BUILD" 2>/dev/n
 [ -z "$hits" ] || fail "(b) scheduler/BUILD depends on the engine:
 $hits"
 [ "$failures" -eq "$before" ] && echo "ok   (b) scheduler includes and depends on no engine code"
+
+# (d) moe -> engine.
+before=$failures
+hits=$(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"engine/' "$root/moe" 2>/dev/null)
+[ -z "$hits" ] || fail "(d) moe/ includes engine headers:
+$hits"
+hits=$(grep -nE '"//engine([:/"]|$)|"//engine"' "$root/moe/BUILD" 2>/dev/null)
+[ -z "$hits" ] || fail "(d) moe/BUILD depends on the engine:
+$hits"
+[ "$failures" -eq "$before" ] && echo "ok   (d) moe/ includes and depends on no engine code"
 
 # (c) include cycles among engine modules. Edges: "FROM TO FILE:LINE".
 edges=$(mktemp)

@@ -7,7 +7,7 @@
 #   layering_test.sh CHECK ALLOWLIST
 set -u
 check="$1"; allow="$2"
-# The runfiles tree has the workspace layout: engine/ and scheduler/ (their
+# The runfiles tree has the workspace layout: engine/, scheduler/, moe/ (their
 # filegroups are data of this test) sit beside tests/, where CHECK is.
 root="$(cd "$(dirname "$check")/.." && pwd)"
 [ -f "$root/engine/BUILD" ] && [ -f "$root/scheduler/BUILD" ] ||
@@ -20,7 +20,7 @@ bash "$check" "$root" "$allow" || { echo "FAIL the real tree breaks the layering
 W="${TEST_TMPDIR:-$(mktemp -d)}/layering"
 # fresh: a tiny tree that keeps every rule; a case then breaks one.
 fresh() {
-  rm -rf "$W"; mkdir -p "$W/engine" "$W/scheduler"
+  rm -rf "$W"; mkdir -p "$W/engine" "$W/scheduler" "$W/moe"
   printf 'cc_library(name = "a", deps = ["//kernels:device"])\n' >"$W/engine/BUILD"
   printf 'cc_library(name = "plan", deps = ["//base"])\n' >"$W/scheduler/BUILD"
   printf '#include "engine/b.h"\n' >"$W/engine/a.c"
@@ -28,6 +28,8 @@ fresh() {
   printf '#include "engine/b.h"\n#include "engine/c.h"\n' >"$W/engine/b.c"
   : >"$W/engine/b.h"; : >"$W/engine/c.h"
   printf '#include "scheduler/plan.h"\n' >"$W/scheduler/plan.c"
+  printf 'cc_library(name = "aux_loss", deps = ["//kernels:device"])\n' >"$W/moe/BUILD"
+  printf '#include "kernels/device.h"\n' >"$W/moe/aux_loss.c"
   : >"$W/allow"
 }
 # expect NAME RC PATTERN: the check on $W exits with RC and prints PATTERN.
@@ -58,6 +60,11 @@ fresh; printf '#include "engine/model.h"\n' >>"$W/scheduler/plan.c"
 expect "the scheduler including an engine header fails" 1 "scheduler/plan.c:2:#include \"engine/"
 fresh; printf 'cc_library(name = "plan", deps = ["//engine:model"])\n' >"$W/scheduler/BUILD"
 expect "scheduler/BUILD depending on the engine fails" 1 "FAIL \(b\) scheduler/BUILD"
+
+fresh; printf '#include "engine/exec.h"\n' >>"$W/moe/aux_loss.c"
+expect "moe/ including an engine header fails" 1 "moe/aux_loss.c:2:#include \"engine/"
+fresh; printf 'cc_library(name = "aux_loss", deps = ["//engine:model"])\n' >"$W/moe/BUILD"
+expect "moe/BUILD depending on the engine fails" 1 "FAIL \(d\) moe/BUILD"
 
 # b.c -> c.h, and now c.h -> a.h, a.c -> b.h: a three-module cycle that only
 # exists through a .c and its .h counting as one module.

@@ -5,7 +5,8 @@
 #   (a) no target under //engine depends directly on a kernel backend
 #       (//kernels/cpu/..., //kernels/cuda/...): the engine reaches kernels
 #       through //kernels:device and asks it for capabilities;
-#   (b) nothing under //scheduler depends, even transitively, on //engine.
+#   (b) nothing under //scheduler or //moe depends, even transitively, on
+#       //engine.
 #
 # Run from anywhere inside the workspace. Prints what it checked and the
 # offending labels; exits 1 on a violation, 2 if bazel query itself fails.
@@ -27,14 +28,16 @@ else
   echo "ok   (a) no //engine target depends directly on //kernels/cpu or //kernels/cuda ($(printf '%s\n' "$direct" | grep -c .) direct deps)"
 fi
 
-up=$(bazel query --noshow_progress 'deps(//scheduler/...) intersect //engine/...' 2>/dev/null) ||
-  { echo "check_layers: bazel query 'deps(//scheduler/...) intersect //engine/...' failed"; exit 2; }
-if [ -n "$up" ]; then
-  echo "FAIL (b) //scheduler depends on the engine:"
-  printf '%s\n' "$up" | sed 's/^/  /'
-  bazel query --noshow_progress "somepath(//scheduler/..., $(printf '%s\n' "$up" | head -1))" 2>/dev/null | sed 's/^/  path: /'
-  failures=$((failures + 1))
-else
-  echo "ok   (b) nothing under //scheduler depends on //engine"
-fi
+for pkg in scheduler moe; do
+  up=$(bazel query --noshow_progress "deps(//$pkg/...) intersect //engine/..." 2>/dev/null) ||
+    { echo "check_layers: bazel query 'deps(//$pkg/...) intersect //engine/...' failed"; exit 2; }
+  if [ -n "$up" ]; then
+    echo "FAIL (b) //$pkg depends on the engine:"
+    printf '%s\n' "$up" | sed 's/^/  /'
+    bazel query --noshow_progress "somepath(//$pkg/..., $(printf '%s\n' "$up" | head -1))" 2>/dev/null | sed 's/^/  path: /'
+    failures=$((failures + 1))
+  else
+    echo "ok   (b) nothing under //$pkg depends on //engine"
+  fi
+done
 [ "$failures" -eq 0 ]
