@@ -243,11 +243,10 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
     x->g_span = malloc((size_t)P * sizeof *x->g_span);
     x->mark = calloc((size_t)P, sizeof *x->mark);
     x->offl = calloc((size_t)nb, sizeof *x->offl);
-    x->layer_counts = calloc((size_t)(L > 0 ? L : 1), sizeof *x->layer_counts);
     x->fwd_s = calloc((size_t)nb, sizeof *x->fwd_s);
     x->bwd_s = calloc((size_t)nb, sizeof *x->bwd_s);
     MT_CHECK(x->w_ready && x->a_ready && x->o_done && x->holding && x->param_refs && x->w_span && x->g_span &&
-                 x->mark && x->offl && x->layer_counts && x->fwd_s &&
+                 x->mark && x->offl && x->fwd_s &&
                  x->bwd_s,
              "out of memory for executor state");
     x->free_span = -1;
@@ -258,11 +257,7 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
         x->o_done[b] = kern_event_create(m->dev);
         x->offl[b].region.id = -1;
     }
-    for (int l = 0; l < L; l++)
-        if (m->cfg.layer_is_moe[l]) {
-            x->layer_counts[l] = calloc((size_t)m->cfg.num_experts, sizeof(int32_t));
-            MT_CHECK_ALLOC(x->layer_counts[l], "expert counts");
-        }
+    moe_predict_init(&x->predict, L, m->cfg.layer_is_moe, m->cfg.num_experts);
     kern_set_reclaim_hook(m->dev, reclaim_pending, m);
     exec_host_optim_init(&x->hopt, m);
     exec_counters_init(&x->cnt, L);
@@ -338,11 +333,10 @@ void eng_exec_destroy(eng_model_t *m) {
         free(x->offl[b].e);
         free(x->holding[b].idx);
     }
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++) free(x->layer_counts[l]);
     if (m->rope_cos) kern_free(m->dev, m->rope_cos);
     if (m->rope_sin) kern_free(m->dev, m->rope_sin);
     m->rope_cos = m->rope_sin = NULL;
-    free(x->layer_counts);
+    moe_predict_free(&x->predict);
     exec_counters_free(&x->cnt);
     free(x->used);
     free(x->nused);

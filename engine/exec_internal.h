@@ -14,6 +14,7 @@
 #include "engine/exec.h"
 #include "engine/exec_counters.h"
 #include "engine/exec_host_optim.h"
+#include "moe/expert_predict.h"
 
 typedef struct {
     void *dev;      /* device buffer to free, or NULL */
@@ -67,8 +68,7 @@ typedef struct eng_exec {
     exec_span_t *spans;
     int nspans, cap_spans, free_span;
     exec_offload_t *offl;   /* per block: activations offloaded to host */
-    int32_t **layer_counts; /* per MoE layer: tokens per expert in the latest forward */
-    bool counts_valid;      /* layer_counts hold a finished forward (prefetch predictor) */
+    moe_predict_t predict;  /* which experts to fetch: the router's counts per MoE layer (moe/expert_predict.h) */
     exec_pending_t *pending;
     int npending, cap_pending;
     exec_host_optim_t hopt; /* the host AdamW worker, its pool and what it updated (exec_host_optim.h) */

@@ -406,18 +406,17 @@ mt_status_t exec_fetch_block(eng_model_t *m, int b, bool backward, mt_error_t *e
     memcpy(ids, x->used[b], (size_t)n * sizeof *ids);
     const int l = b - 1;
     const bool streamed = exec_block_plan(m, b)->weights == SCHED_WEIGHTS_STREAM;
-    if (layer_is_moe(m, l) && (backward || x->counts_valid)) {
-        /* Backward knows which experts this forward used.  Forward cannot
-         * know before the router runs, so it prefetches the experts the
-         * previous micro-batch used in this layer (with many tokens per
-         * micro-batch that is nearly every expert); the router's choice then
-         * fetches whatever is missing (exec_fetch_experts), and a prefetched
-         * expert that gets no token is dropped unused.  Dense weights and
-         * experts come in one batch. */
-        n = expert_ids(m, l, x->layer_counts[l], ids, n);
+    const int32_t *want = layer_is_moe(m, l) ? moe_predict_counts(&x->predict, l, backward) : NULL;
+    if (want) {
+        /* The experts the router chose (backward) or is predicted to choose
+         * (forward, moe/expert_predict.h); in forward the router's choice
+         * then fetches whatever is missing (exec_fetch_experts), and a
+         * prefetched expert that gets no token is dropped unused.  Dense
+         * weights and experts come in one batch. */
+        n = expert_ids(m, l, want, ids, n);
         if (backward && streamed) {
             int none = 0;
-            for (int e = 0; e < m->cfg.num_experts; e++) none += x->layer_counts[l][e] == 0;
+            for (int e = 0; e < m->cfg.num_experts; e++) none += want[e] == 0;
             count_skipped(x, MOE_STAGING_H2D, none);
         }
     }
@@ -606,7 +605,8 @@ mt_status_t exec_prepare_grads(eng_model_t *m, int b, mt_error_t *err) {
     int *ids = id_buffer(m, b);
     int n = x->nused[b];
     memcpy(ids, x->used[b], (size_t)n * sizeof *ids);
-    if (layer_is_moe(m, b - 1)) n = expert_ids(m, b - 1, x->layer_counts[b - 1], ids, n); /* no token, no gradient */
+    if (layer_is_moe(m, b - 1)) /* no token, no gradient */
+        n = expert_ids(m, b - 1, moe_predict_counts(&x->predict, b - 1, true), ids, n);
     int *host = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *host), nh = 0;
     void **ptr = malloc((size_t)(n > 0 ? n : 1) * sizeof *ptr);
     MT_CHECK(host && ptr, "out of memory for gradient targets");
@@ -714,7 +714,8 @@ mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err) {
         }
         if (layer_is_moe(m, b - 1)) {
             int none = 0;
-            for (int e = 0; e < m->cfg.num_experts; e++) none += x->layer_counts[b - 1][e] == 0;
+            const int32_t *routed = moe_predict_counts(&x->predict, b - 1, true);
+            for (int e = 0; e < m->cfg.num_experts; e++) none += routed[e] == 0;
             count_skipped(x, MOE_STAGING_D2H, none);
         }
     }

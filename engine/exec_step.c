@@ -279,7 +279,7 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
             const int l = b - 1;
             if ((r = layer_forward(m, st, l, false, err)) != MT_OK) return r;
             if (st->ma[l].is_moe) {
-                memcpy(m->exec->layer_counts[l], st->ma[l].moe.counts_host, (size_t)c->num_experts * sizeof(int32_t));
+                moe_predict_observe(&m->exec->predict, l, st->ma[l].moe.counts_host);
                 if (st->use_aux) moe_aux_accumulate(&st->aux, m->dev, &st->ma[l].moe, st->sh.n, batch->mask);
             }
             const sched_act_place_t ap = m->plan.blocks[b].acts;
@@ -316,7 +316,7 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
         exec_process_pending(m, false);
     }
 
-    m->exec->counts_valid = true;
+    moe_predict_forward_done(&m->exec->predict);
     if (st->use_aux && (r = aux_finish(m, st, loss_scale, &stats->aux_loss, err)) != MT_OK) return r;
     stats->tokens = n;
     stats->counted = batch->counted;
