@@ -243,16 +243,10 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
     x->g_span = malloc((size_t)P * sizeof *x->g_span);
     x->mark = calloc((size_t)P, sizeof *x->mark);
     x->offl = calloc((size_t)nb, sizeof *x->offl);
-    x->layer_counts = calloc((size_t)(L > 0 ? L : 1), sizeof *x->layer_counts);
-    x->mb_copies = calloc((size_t)(L > 0 ? L : 1), sizeof *x->mb_copies);
-    x->carry_copies = calloc((size_t)(L > 0 ? L : 1), sizeof *x->carry_copies);
-    x->opt_done = calloc((size_t)P, sizeof *x->opt_done);
-    x->gnorm_part = calloc((size_t)P, sizeof *x->gnorm_part);
-    x->opt_queue = calloc((size_t)nb + 1, sizeof *x->opt_queue);
     x->fwd_s = calloc((size_t)nb, sizeof *x->fwd_s);
     x->bwd_s = calloc((size_t)nb, sizeof *x->bwd_s);
     MT_CHECK(x->w_ready && x->a_ready && x->o_done && x->holding && x->param_refs && x->w_span && x->g_span &&
-                 x->mark && x->offl && x->layer_counts && x->mb_copies && x->carry_copies && x->opt_done && x->gnorm_part && x->opt_queue && x->fwd_s &&
+                 x->mark && x->offl && x->fwd_s &&
                  x->bwd_s,
              "out of memory for executor state");
     x->free_span = -1;
@@ -263,20 +257,10 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
         x->o_done[b] = kern_event_create(m->dev);
         x->offl[b].region.id = -1;
     }
-    for (int l = 0; l < L; l++)
-        if (m->cfg.layer_is_moe[l]) {
-            x->layer_counts[l] = calloc((size_t)m->cfg.num_experts, sizeof(int32_t));
-            MT_CHECK_ALLOC(x->layer_counts[l], "expert counts");
-        }
+    moe_predict_init(&x->predict, L, m->cfg.layer_is_moe, m->cfg.num_experts);
     kern_set_reclaim_hook(m->dev, reclaim_pending, m);
-    /* host AdamW's threads: on the CPU backend the kernel pool (compute is
-     * idle while the optimizer step runs); beside a GPU, every host core */
-    if (m->dev->kind == KERN_BACKEND_CPU) {
-        x->pool = kern_device_host_pool(m->dev);
-    } else {
-        x->own_pool = kern_threadpool_create(0);
-        x->pool = x->own_pool;
-    }
+    exec_host_optim_init(&x->hopt, m);
+    exec_counters_init(&x->cnt, L);
     if (staging) x->stage_set = *staging;
     else eng_staging_settings_init(&x->stage_set);
     return exec_stage_create(m, x->stage_set.tokens, err);
@@ -322,8 +306,7 @@ mt_status_t eng_exec_place(eng_model_t *m, mt_error_t *err) {
 void eng_exec_destroy(eng_model_t *m) {
     eng_exec_t *x = m->exec;
     if (!x) return;
-    exec_optim_worker_stop(m);
-    kern_threadpool_destroy(x->own_pool);
+    exec_host_optim_free(&x->hopt);
     kern_device_sync(m->dev);
     exec_drop_offloads(m);
     eng_exec_drain(m);
@@ -350,13 +333,11 @@ void eng_exec_destroy(eng_model_t *m) {
         free(x->offl[b].e);
         free(x->holding[b].idx);
     }
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++) free(x->layer_counts[l]);
     if (m->rope_cos) kern_free(m->dev, m->rope_cos);
     if (m->rope_sin) kern_free(m->dev, m->rope_sin);
     m->rope_cos = m->rope_sin = NULL;
-    free(x->layer_counts);
-    free(x->mb_copies);
-    free(x->carry_copies);
+    moe_predict_free(&x->predict);
+    exec_counters_free(&x->cnt);
     free(x->used);
     free(x->nused);
     free(x->w_ready);
@@ -370,9 +351,6 @@ void eng_exec_destroy(eng_model_t *m) {
     free(x->spans);
     free(x->offl);
     free(x->pending);
-    free(x->opt_done);
-    free(x->gnorm_part);
-    free(x->opt_queue);
     free(x->fwd_s);
     free(x->bwd_s);
     free(x);
@@ -397,4 +375,43 @@ void eng_model_read_param(eng_model_t *m, int i, float *host, bool gradient) {
     } else {
         memset(host, 0, bytes);
     }
+}
+
+/* ---- a model with its executor ------------------------------------------ */
+
+mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
+                           const char *overrides_json, const sched_plan_t *plan, mt_error_t *err) {
+    const eng_model_opts_t o = {.overrides_json = overrides_json, .plan = plan};
+    return eng_model_open(m, dev, dir, &o, err);
+}
+
+mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *dir, const char *overrides_json,
+                              const sched_plan_t *plan, const eng_staging_settings_t *staging, mt_error_t *err) {
+    const eng_model_opts_t o = {.overrides_json = overrides_json, .plan = plan, .staging = staging};
+    return eng_model_open(m, dev, dir, &o, err);
+}
+
+mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
+                           mt_error_t *err) {
+    mt_status_t st = eng_model_init(m, dev, dir, opts, err);
+    if (st != MT_OK) return st;
+    /* The executor and its staging pool first: settings it refuses fail
+     * before a large checkpoint is read. */
+    const sched_plan_t *plan = opts->plan;
+    sched_plan_t keep_all;
+    if (!plan) {
+        sched_plan_init_uniform(&keep_all, eng_model_num_blocks(m), SCHED_POLICY_KEEP_ALL);
+        plan = &keep_all;
+    }
+    st = eng_exec_create(m, plan, opts->staging, err);
+    if (plan == &keep_all) sched_plan_free(&keep_all);
+    if (st == MT_OK) st = eng_model_read_weights(m, dir, err);
+    if (st == MT_OK) st = eng_exec_place(m, err);
+    if (st != MT_OK) eng_model_free(m);
+    return st;
+}
+
+void eng_model_free(eng_model_t *m) {
+    if (m->exec) eng_exec_destroy(m);
+    eng_model_release(m);
 }

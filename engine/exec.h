@@ -1,7 +1,9 @@
 /* The executor: runs the step program of a model under a plan (see
- * scheduler/plan.h) on a backend.  The model's face is model.h
- * (forward/backward of a micro-batch) and optim.h (the step); this header
- * adds the executor's lifetime and its staging pool's reports.
+ * scheduler/plan.h) on a backend.  The model (model.h) is the host side
+ * and knows no executor; this header opens a model with its executor, runs
+ * the forward/backward of a micro-batch, reads parameters back, and holds
+ * the executor's lifetime and its staging pool's reports (the step itself
+ * is optim.h).
  *
  * Streams: compute (kernels), H2D (weight and activation fetches, prefetched
  * `prefetch_window` blocks ahead), D2H (activation offload, gradients),
@@ -22,10 +24,71 @@
 #include <stdint.h>
 
 #include "engine/config.h"
+#include "engine/exec_counters.h"
 #include "engine/model.h"
 #include "engine/optim.h"
 #include "engine/trace.h"
 #include "moe/staging.h"
+
+/* ---- a model with its executor -------------------------------------------
+ * The model (model.h) is the host side: config, description, parameters
+ * with their host homes.  Everything that runs it on a device is the
+ * executor's, so opening a model for training and running it are declared
+ * here, above both. */
+
+/* Builds the spec and loads the checkpoint in dir into host memory (config
+ * from dir/config.json with overrides), then places it on dev as plan says
+ * (NULL: keep everything on the device, the keep_all plan).  Transfers are
+ * staged through a compact pool sized from the plan (see engine/exec.h). */
+mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
+                           const char *overrides_json, const sched_plan_t *plan, mt_error_t *err);
+
+/* eng_model_load with these options: eng_model_init, the executor (bad
+ * staging settings fail here, before a large checkpoint is read),
+ * eng_model_read_weights, eng_exec_place. */
+mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
+                           mt_error_t *err);
+/* eng_model_load with staging settings (NULL = defaults).  Bad settings
+ * fail with MT_ERR_CONFIG before the checkpoint is read. */
+mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *dir, const char *overrides_json,
+                              const sched_plan_t *plan, const eng_staging_settings_t *staging, mt_error_t *err);
+/* Destroys the executor (if any), then the model. */
+void eng_model_free(eng_model_t *m);
+
+/* Statistics of one micro-batch's forward/backward. */
+typedef struct {
+    double loss;       /* ce + aux_coef * aux (what HF returns as .loss) */
+    double ce_loss;
+    double aux_loss;   /* raw load-balancing loss (before the coefficient), 0 when off */
+    int64_t tokens;    /* B * T */
+    int64_t counted;   /* targets != -100 */
+} eng_micro_stats_t;
+
+/* Forward and backward of one micro-batch; gradients are accumulated (+=)
+ * with the loss multiplied by loss_scale (1 / gradient_accumulation_steps).
+ * When logits_out (host, (B*T, V)) is non-NULL the logits are copied there
+ * before the loss consumes them. */
+mt_status_t eng_model_forward_backward(eng_model_t *m, const eng_batch_t *batch,
+                                       float loss_scale, float *logits_out,
+                                       eng_micro_stats_t *stats, mt_error_t *err);
+
+/* Forward only: loss statistics (and logits) without touching gradients. */
+mt_status_t eng_model_forward(eng_model_t *m, const eng_batch_t *batch, float *logits_out,
+                              eng_micro_stats_t *stats, mt_error_t *err);
+
+/* Copies parameter i's weight (its master) or its accumulated gradient to
+ * host memory (numel floats); waits for pending work first. */
+void eng_model_read_param(eng_model_t *m, int i, float *host, bool gradient);
+/* Records this model's steps into trace (NULL stops): block spans on the
+ * compute track, copies on the H2D/D2H tracks, host AdamW jobs, memory
+ * counters.  See engine/trace.h. */
+void eng_model_set_trace(eng_model_t *m, struct eng_trace *trace);
+
+/* Mean compute seconds per block (forward including any wait for its
+ * fetches, backward including recomputation) per micro-batch since the
+ * last reset: a profiled step, for the planner (Ratel profiles one step the
+ * same way).  Arrays of eng_model_num_blocks entries; either may be NULL. */
+void eng_model_block_times(eng_model_t *m, double *fwd_s, double *bwd_s, bool reset);
 
 /* Sets up the executor for plan and creates the staging pool; weights are
  * not placed yet (the model's host copies may still be loading).  Bad
@@ -56,23 +119,7 @@ typedef struct {
     char largest_name[160];
 } eng_exec_staging_info_t;
 
-/* The executor's own counts, since the last eng_optim_begin_step.  Index
- * [0] is H2D (weight fetches), [1] D2H (gradients). */
-typedef struct {
-    uint64_t moe_passes[2];     /* (MoE layer, micro-batch) pairs whose experts moved that way */
-    uint64_t moe_copies[2];     /* copies the batches holding those experts issued */
-    int max_moe_copies[2];      /* most copies one MoE layer took in one micro-batch */
-    uint64_t experts_moved[2];  /* expert fetches / expert gradient copies */
-    uint64_t experts_skipped[2];/* ... not made because the expert got no token */
-    uint64_t experts_unused;    /* prefetched for a forward, then got no token */
-    uint64_t acts_unstaged;     /* offloads that fell back to a plain pinned buffer (pool too small) */
-    uint64_t acts_offloaded;    /* bytes of saved activations offloaded */
-    /* Bytes that crossed the link: weight working copies host -> device
-     * (streamed fetches and resident weights refreshed by a host optimizer;
-     * bf16 copies count their bf16 bytes) and gradients device -> host. */
-    uint64_t weight_h2d_bytes;
-    uint64_t grad_d2h_bytes;
-} eng_exec_staging_counters_t;
+/* eng_exec_staging_counters_t: engine/exec_counters.h */
 
 moe_staging_t *eng_exec_staging(eng_model_t *m);
 /* Bytes of saved activations the plan offloads in a micro-batch of `tokens` tokens (the pool's share). */

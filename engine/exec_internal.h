@@ -1,7 +1,9 @@
 /* Executor state shared by exec.c (placement, pending frees, reading back),
  * exec_stage.c (the staging pool: weight streaming, activation offload,
  * gradient copies), exec_step.c (the forward/backward program) and
- * exec_optim.c (the optimizer step).  Private to the engine. */
+ * exec_optim.c (the optimizer step).  Private to the engine.  Concerns
+ * with a module of their own hang here as one member each: the host
+ * optimizer worker (exec_host_optim.h), the step counters (exec_counters.h). */
 #ifndef MT_ENGINE_EXEC_INTERNAL_H
 #define MT_ENGINE_EXEC_INTERNAL_H
 
@@ -10,7 +12,9 @@
 #include <stdint.h>
 
 #include "engine/exec.h"
-#include "kernels/host/threadpool.h"
+#include "engine/exec_counters.h"
+#include "engine/exec_host_optim.h"
+#include "moe/expert_predict.h"
 
 typedef struct {
     void *dev;      /* device buffer to free, or NULL */
@@ -64,26 +68,13 @@ typedef struct eng_exec {
     exec_span_t *spans;
     int nspans, cap_spans, free_span;
     exec_offload_t *offl;   /* per block: activations offloaded to host */
-    int32_t **layer_counts; /* per MoE layer: tokens per expert in the latest forward */
-    bool counts_valid;      /* layer_counts hold a finished forward (prefetch predictor) */
+    moe_predict_t predict;  /* which experts to fetch: the router's counts per MoE layer (moe/expert_predict.h) */
     exec_pending_t *pending;
     int npending, cap_pending;
-    kern_threadpool_t *pool; /* host optimizer threads */
-    kern_threadpool_t *own_pool; /* the pool above when the executor made it (GPU backends) */
-    /* host optimizer worker: AdamW per block during backward (see optim.h) */
-    pthread_t opt_thread;
-    pthread_mutex_t opt_lock;
-    pthread_cond_t opt_cond;
-    int *opt_queue, opt_head, opt_tail; /* FIFO of block indices (capacity nb + 1) */
-    int opt_outstanding;                /* queued or running */
-    bool opt_stop, opt_started;
+    exec_host_optim_t hopt; /* the host AdamW worker, its pool and what it updated (exec_host_optim.h) */
     bool overlap_step;   /* this step's last micro-batch updates blocks as they finish */
     int micro_left;      /* micro-batches of this step still to run */
     bool in_last_micro;  /* the running backward is the step's last */
-    eng_optim_hparams_t step_hp;
-    bool *opt_done;      /* per parameter: updated during backward this step */
-    float *gnorm_part;   /* per parameter updated during backward: its gradient's sum of squares, taken
-                            then by the same function the optimizer step would use (bit-identical norm) */
     /* the staging pool (moe/staging.h): every transfer between pageable host
      * memory and the device goes through it; sized for the plan's window */
     moe_staging_t *stage;
@@ -91,12 +82,7 @@ typedef struct eng_exec {
     char stage_label[64];
     int stage_tokens;                  /* tokens per micro-batch its activation share is sized for */
     eng_exec_staging_info_t stage_info;
-    eng_exec_staging_counters_t ctr;   /* since eng_optim_begin_step */
-    int (*mb_copies)[2];               /* per layer: expert-batch copies this micro-batch, per direction */
-    /* the optimizer step's fetches for the next step (between_steps), counted in its first micro-batch */
-    bool between_steps;
-    int *carry_copies;                 /* per layer, H2D */
-    uint64_t carry_experts;
+    exec_counters_t cnt;               /* since eng_optim_begin_step (exec_counters.h) */
     /* profiling: compute seconds per block, summed over micro-batches since the last reset */
     double *fwd_s, *bwd_s;
     int timed_micro;
@@ -107,7 +93,6 @@ void exec_trace_memory(eng_model_t *m, double t);
 
 /* Called after block b's gradients were folded, on the last micro-batch. */
 void exec_optim_block_ready(eng_model_t *m, int b);
-void exec_optim_worker_stop(eng_model_t *m);
 
 bool exec_param_streamed(const eng_model_t *m, const eng_param_t *p);
 /* Bytes of p's device working copy (w_dtype) and of its fp32 tensors
@@ -169,8 +154,5 @@ mt_status_t exec_prepare_grads(eng_model_t *m, int b, mt_error_t *err);
 mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err);
 /* Frees this micro-batch's gradient targets after an error. */
 void exec_drop_grads(eng_model_t *m);
-/* Micro-batch bookkeeping of the per-layer copy counters. */
-void exec_stage_micro_begin(eng_model_t *m);
-void exec_stage_micro_end(eng_model_t *m);
 
 #endif

@@ -20,109 +20,17 @@
 #include "kernels/host/adamw_host.h"
 #include "base/clock.h"
 
-/* ---- host AdamW, overlapped with backward ------------------------------ */
-
-static kern_adamw_params_t adamw_params(const eng_optim_hparams_t *hp, double clip_scale) {
-    return (kern_adamw_params_t){
-        .lr = (float)hp->lr,
-        .beta1 = (float)hp->beta1,
-        .beta2 = (float)hp->beta2,
-        .eps = (float)hp->eps,
-        .weight_decay = (float)hp->weight_decay,
-        .grad_scale = (float)clip_scale,
-    };
-}
-
-static void host_adamw(kern_threadpool_t *pool, eng_param_t *p, const kern_adamw_params_t *base) {
-    const size_t n = p->spec->numel;
-    if (!p->host_m) {
-        p->host_m = calloc(n, sizeof(float));
-        p->host_v = calloc(n, sizeof(float));
-        MT_CHECK(p->host_m && p->host_v, "out of host memory for AdamW state of %s", p->spec->name);
-    }
-    kern_adamw_params_t ap = *base;
-    ap.step = ++p->step;
-    kern_adamw_cpu_pool(pool, p->host_w, p->host_m, p->host_v, p->host_g, NULL, NULL, n, &ap);
-}
-
-static void *optim_worker_main(void *arg) {
-    eng_model_t *m = arg;
-    eng_exec_t *x = m->exec;
-    const int cap = x->nb + 1;
-    /* On a device that keeps its compute cores to itself, the host
-     * optimizer runs on the host cores with a pool of its own (started
-     * here, so its workers inherit this thread's cores); otherwise it shares
-     * the kernel pool with compute, one parallel pass at a time. */
-    kern_device_pin_host_thread(m->dev);
-    const int host_cores = kern_device_caps(m->dev).host_cores;
-    kern_threadpool_t *own = host_cores > 0 ? kern_threadpool_create(host_cores) : NULL;
-    kern_threadpool_t *pool = own ? own : x->pool;
-    pthread_mutex_lock(&x->opt_lock);
-    for (;;) {
-        while (!x->opt_stop && x->opt_head == x->opt_tail) pthread_cond_wait(&x->opt_cond, &x->opt_lock);
-        if (x->opt_head == x->opt_tail) break; /* stopping, queue empty */
-        const int b = x->opt_queue[x->opt_head];
-        x->opt_head = (x->opt_head + 1) % cap;
-        const kern_adamw_params_t base = adamw_params(&x->step_hp, 1.0); /* no clipping in overlap mode */
-        pthread_mutex_unlock(&x->opt_lock);
-        const double t0 = mt_now_s();
-        size_t bytes = 0;
-        for (int i = 0; i < m->spec.count; i++) {
-            eng_param_t *p = &m->params[i];
-            if (p->block != b || !p->has_grad) continue;
-            /* the norm's share while the gradient is at hand, off the step's tail */
-            kern_sumsq_cpu(NULL, &x->gnorm_part[i], p->host_g, p->spec->numel);
-            host_adamw(pool, p, &base);
-            x->opt_done[i] = true;
-            bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
-        }
-        if (m->trace) {
-            char name[32];
-            snprintf(name, sizeof name, "AdamW block %d", b);
-            eng_trace_span(m->trace, ENG_TRACK_HOST_OPTIM, name, "optimizer", t0, mt_now_s(), bytes);
-        }
-        pthread_mutex_lock(&x->opt_lock);
-        x->opt_outstanding--;
-        pthread_cond_broadcast(&x->opt_cond);
-    }
-    pthread_mutex_unlock(&x->opt_lock);
-    kern_threadpool_destroy(own);
-    return NULL;
-}
-
-typedef struct {
-    eng_exec_t *x;
-    int block;
-} enqueue_arg_t;
-
-/* Runs on the D2H stream after the block's gradient copies and adds. */
-static void enqueue_block(void *arg) {
-    enqueue_arg_t *a = arg;
-    eng_exec_t *x = a->x;
-    pthread_mutex_lock(&x->opt_lock);
-    x->opt_queue[x->opt_tail] = a->block;
-    x->opt_tail = (x->opt_tail + 1) % (x->nb + 1);
-    pthread_cond_broadcast(&x->opt_cond);
-    pthread_mutex_unlock(&x->opt_lock);
-    free(a);
-}
+/* ---- host AdamW, overlapped with backward (exec_host_optim.c) --------- */
 
 void eng_optim_begin_step(eng_model_t *m, const eng_optim_hparams_t *hp, int micro_batches,
                           bool overlap) {
     eng_exec_t *x = m->exec;
     /* staging counters and peaks are per step */
     if (x->stage) moe_staging_step_begin(x->stage);
-    memset(&x->ctr, 0, sizeof x->ctr);
-    x->step_hp = *hp;
+    exec_counters_step_begin(&x->cnt);
     x->micro_left = micro_batches;
     x->overlap_step = overlap && hp->max_grad_norm == 0;
-    if (x->overlap_step && !x->opt_started) {
-        pthread_mutex_init(&x->opt_lock, NULL);
-        pthread_cond_init(&x->opt_cond, NULL);
-        MT_CHECK(pthread_create(&x->opt_thread, NULL, optim_worker_main, m) == 0,
-                 "cannot start the host optimizer thread");
-        x->opt_started = true;
-    }
+    if (x->overlap_step) exec_host_optim_start(&x->hopt, hp);
 }
 
 void exec_optim_block_ready(eng_model_t *m, int b) {
@@ -130,35 +38,7 @@ void exec_optim_block_ready(eng_model_t *m, int b) {
     const sched_block_plan_t *bp = &m->plan.blocks[b];
     if (!x->overlap_step || !x->in_last_micro || bp->optim != SCHED_OPTIM_HOST || bp->grads != SCHED_GRADS_HOST)
         return;
-    enqueue_arg_t *a = malloc(sizeof *a);
-    MT_CHECK_ALLOC(a, "optimizer job");
-    *a = (enqueue_arg_t){x, b};
-    pthread_mutex_lock(&x->opt_lock);
-    x->opt_outstanding++;
-    pthread_mutex_unlock(&x->opt_lock);
-    kern_launch_host_fn(m->dev, kern_stream(m->dev, KERN_STREAM_D2H), enqueue_block, a);
-}
-
-static void optim_worker_wait(eng_exec_t *x) {
-    if (!x->opt_started) return;
-    pthread_mutex_lock(&x->opt_lock);
-    while (x->opt_outstanding > 0) pthread_cond_wait(&x->opt_cond, &x->opt_lock);
-    pthread_mutex_unlock(&x->opt_lock);
-}
-
-void exec_optim_worker_stop(eng_model_t *m) {
-    eng_exec_t *x = m->exec;
-    if (!x->opt_started) return;
-    kern_device_sync(m->dev); /* queued enqueue_block calls have run */
-    optim_worker_wait(x);
-    pthread_mutex_lock(&x->opt_lock);
-    x->opt_stop = true;
-    pthread_cond_broadcast(&x->opt_cond);
-    pthread_mutex_unlock(&x->opt_lock);
-    pthread_join(x->opt_thread, NULL);
-    pthread_cond_destroy(&x->opt_cond);
-    pthread_mutex_destroy(&x->opt_lock);
-    x->opt_started = false;
+    exec_host_optim_enqueue(&x->hopt, b);
 }
 
 /* ---- the step ----------------------------------------------------------- */
@@ -171,7 +51,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     const double t0 = mt_now_s();
     memset(out, 0, sizeof *out);
     eng_exec_drain(m); /* every gradient has landed */
-    optim_worker_wait(x);
+    exec_host_optim_wait(&x->hopt);
 
     /* Each parameter's sum of squares, where its gradient is: on the host
      * (or already taken by the overlapped AdamW), or on the device, where
@@ -188,8 +68,8 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     for (int i = 0; i < P; i++) {
         const eng_param_t *p = &m->params[i];
         if (!p->has_grad) continue;
-        if (x->opt_done[i]) {
-            parts[i] = x->gnorm_part[i];
+        if (x->hopt.done[i]) {
+            parts[i] = x->hopt.gnorm_part[i];
         } else if (m->plan.blocks[p->block].grads == SCHED_GRADS_HOST) {
             kern_sumsq_cpu(NULL, &parts[i], p->host_g, p->spec->numel);
         } else {
@@ -204,7 +84,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         kern_stream_sync(dev, s);
         for (int i = 0; i < P; i++) {
             const eng_param_t *p = &m->params[i];
-            if (p->has_grad && !x->opt_done[i] && m->plan.blocks[p->block].grads != SCHED_GRADS_HOST) parts[i] = back[i];
+            if (p->has_grad && !x->hopt.done[i] && m->plan.blocks[p->block].grads != SCHED_GRADS_HOST) parts[i] = back[i];
         }
         free(back);
     }
@@ -241,7 +121,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         const double coef = hp->max_grad_norm / (out->grad_norm + 1e-6);
         if (coef < 1.0) out->clip_scale = coef;
     }
-    const kern_adamw_params_t base = adamw_params(hp, out->clip_scale);
+    const kern_adamw_params_t base = exec_adamw_params(hp, out->clip_scale);
 
     /* block by block, so the host optimizer's copies move as one batch each */
     moe_staging_xfer_t *items = malloc((size_t)(m->spec.count > 0 ? m->spec.count : 1) * sizeof *items);
@@ -256,9 +136,9 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         if (bp->optim == SCHED_OPTIM_HOST && bp->grads == SCHED_GRADS_DEVICE) {
             for (int i = 0; i < m->spec.count; i++) {
                 eng_param_t *p = &m->params[i];
-                if (p->block != b || !p->has_grad || x->opt_done[i]) continue;
+                if (p->block != b || !p->has_grad || x->hopt.done[i]) continue;
                 items[n++] = (moe_staging_xfer_t){p->host_g, p->g_acc, exec_f32_bytes(p), MOE_STAGING_COPY};
-                x->ctr.grad_d2h_bytes += exec_f32_bytes(p);
+                x->cnt.ctr.grad_d2h_bytes += exec_f32_bytes(p);
             }
             snprintf(tag, sizeof tag, "gradients of block %d for the host optimizer", b);
             st = exec_stage_d2h(m, items, n, tag, err);
@@ -275,8 +155,8 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
             const size_t numel = p->spec->numel, bytes = numel * sizeof(float);
             const bool refresh = bp->optim == SCHED_OPTIM_HOST && bp->weights == SCHED_WEIGHTS_RESIDENT;
             out->updated++;
-            if (x->opt_done[i]) { /* updated while backward ran */
-                x->opt_done[i] = false;
+            if (x->hopt.done[i]) { /* updated while backward ran */
+                x->hopt.done[i] = false;
                 out->updated_during_backward++;
             } else if (bp->optim == SCHED_OPTIM_DEVICE) {
                 kern_adamw_params_t ap = base;
@@ -298,11 +178,11 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
                 dev->ops->adamw(s, exec_dev_master(p), p->m, p->v, p->g_acc, NULL,
                                 p->w_dtype == MT_BF16 ? (uint16_t *)p->w : NULL, numel, &ap);
             } else {
-                host_adamw(x->pool, p, &base);
+                exec_host_adamw(x->hopt.pool, p, &base);
             }
             if (refresh) {
                 items[n++] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
-                x->ctr.weight_h2d_bytes += exec_w_bytes(p);
+                x->cnt.ctr.weight_h2d_bytes += exec_w_bytes(p);
             }
         }
         /* resident weights take the new master values */
@@ -317,9 +197,9 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
      * its forward begins: their home copies are final, and this hides part
      * of the chain every offloading step ends with (the first layer's
      * gradients down, its AdamW, its weights up) behind this step's tail. */
-    x->between_steps = true;
+    x->cnt.between_steps = true;
     for (int b = 0; b <= m->plan.prefetch_window && b < x->nb && st == MT_OK; b++) st = exec_fetch_block(m, b, false, err);
-    x->between_steps = false;
+    x->cnt.between_steps = false;
     if (st != MT_OK) return st;
     /* ready for the next step's first micro-batch */
     for (int i = 0; i < m->spec.count; i++) {

@@ -308,7 +308,7 @@ static uint64_t copies_so_far(eng_exec_t *x, int dir) {
 
 static void count_skipped(eng_exec_t *x, int dir, int experts) {
     if (experts <= 0) return;
-    x->ctr.experts_skipped[dir] += (uint64_t)experts;
+    x->cnt.ctr.experts_skipped[dir] += (uint64_t)experts;
     moe_staging_count_skipped(x->stage, experts);
 }
 
@@ -363,20 +363,13 @@ static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, int
             p->w = ptr[j];
             x->w_span[need[j]] = spans[j];
             items[j] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
-            x->ctr.weight_h2d_bytes += exec_w_bytes(p);
+            x->cnt.ctr.weight_h2d_bytes += exec_w_bytes(p);
         }
         const uint64_t before = copies_so_far(x, MOE_STAGING_H2D);
         st = exec_stage_h2d(m, items, k, tag, err);
         if (experts > 0 && layer_is_moe(m, b - 1)) {
             /* a fetch for the next step, issued by the optimizer step, counts in that step's first micro-batch */
-            const int copies = (int)(copies_so_far(x, MOE_STAGING_H2D) - before);
-            if (x->between_steps) {
-                x->carry_copies[b - 1] += copies;
-                x->carry_experts += (uint64_t)experts;
-            } else {
-                x->mb_copies[b - 1][0] += copies;
-                x->ctr.experts_moved[0] += (uint64_t)experts;
-            }
+            exec_counters_moe_batch(&x->cnt, b - 1, 0, (int)(copies_so_far(x, MOE_STAGING_H2D) - before), experts);
         }
         free(items);
     }
@@ -413,18 +406,17 @@ mt_status_t exec_fetch_block(eng_model_t *m, int b, bool backward, mt_error_t *e
     memcpy(ids, x->used[b], (size_t)n * sizeof *ids);
     const int l = b - 1;
     const bool streamed = exec_block_plan(m, b)->weights == SCHED_WEIGHTS_STREAM;
-    if (layer_is_moe(m, l) && (backward || x->counts_valid)) {
-        /* Backward knows which experts this forward used.  Forward cannot
-         * know before the router runs, so it prefetches the experts the
-         * previous micro-batch used in this layer (with many tokens per
-         * micro-batch that is nearly every expert); the router's choice then
-         * fetches whatever is missing (exec_fetch_experts), and a prefetched
-         * expert that gets no token is dropped unused.  Dense weights and
-         * experts come in one batch. */
-        n = expert_ids(m, l, x->layer_counts[l], ids, n);
+    const int32_t *want = layer_is_moe(m, l) ? moe_predict_counts(&x->predict, l, backward) : NULL;
+    if (want) {
+        /* The experts the router chose (backward) or is predicted to choose
+         * (forward, moe/expert_predict.h); in forward the router's choice
+         * then fetches whatever is missing (exec_fetch_experts), and a
+         * prefetched expert that gets no token is dropped unused.  Dense
+         * weights and experts come in one batch. */
+        n = expert_ids(m, l, want, ids, n);
         if (backward && streamed) {
             int none = 0;
-            for (int e = 0; e < m->cfg.num_experts; e++) none += x->layer_counts[l][e] == 0;
+            for (int e = 0; e < m->cfg.num_experts; e++) none += want[e] == 0;
             count_skipped(x, MOE_STAGING_H2D, none);
         }
     }
@@ -451,7 +443,7 @@ mt_status_t exec_fetch_experts(eng_model_t *m, int l, const int32_t *counts, mt_
             else skipped++;
         }
     count_skipped(x, MOE_STAGING_H2D, skipped);
-    x->ctr.experts_unused += (uint64_t)unused;
+    x->cnt.ctr.experts_unused += (uint64_t)unused;
     int *ids = id_buffer(m, b);
     const int n = expert_ids(m, l, counts, ids, 0);
     int issued = 0;
@@ -529,7 +521,7 @@ mt_status_t exec_offload_acts(eng_model_t *m, int b, void **const *slots, int ns
     }
     char tag[64];
     snprintf(tag, sizeof tag, "the saved activations of layer %d", b - 1);
-    x->ctr.acts_offloaded += total;
+    x->cnt.ctr.acts_offloaded += total;
     mt_error_t quiet = {0};
     if (moe_staging_reserve(x->stage, total, tag, &o->region, &quiet) != MT_OK) {
         /* the pool was sized for other activations (or capped): a plain pinned buffer, counted */
@@ -537,7 +529,7 @@ mt_status_t exec_offload_acts(eng_model_t *m, int b, void **const *slots, int ns
         if (!o->direct)
             return mt_error_set(err, MT_ERR_NOMEM, "cannot pin %zu bytes to offload %s (%s)", total, tag, quiet.msg);
         o->direct_bytes = total;
-        x->ctr.acts_unstaged++;
+        x->cnt.ctr.acts_unstaged++;
     }
     for (int k0 = 0; k0 < o->n;) {
         const int k1 = run_end(o->e, k0, o->n);
@@ -613,7 +605,8 @@ mt_status_t exec_prepare_grads(eng_model_t *m, int b, mt_error_t *err) {
     int *ids = id_buffer(m, b);
     int n = x->nused[b];
     memcpy(ids, x->used[b], (size_t)n * sizeof *ids);
-    if (layer_is_moe(m, b - 1)) n = expert_ids(m, b - 1, x->layer_counts[b - 1], ids, n); /* no token, no gradient */
+    if (layer_is_moe(m, b - 1)) /* no token, no gradient */
+        n = expert_ids(m, b - 1, moe_predict_counts(&x->predict, b - 1, true), ids, n);
     int *host = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *host), nh = 0;
     void **ptr = malloc((size_t)(n > 0 ? n : 1) * sizeof *ptr);
     MT_CHECK(host && ptr, "out of memory for gradient targets");
@@ -694,7 +687,7 @@ mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err) {
         /* first micro-batch: the copy is the accumulator; later ones add into it */
         items[n] = (moe_staging_xfer_t){p->host_g, p->g, exec_f32_bytes(p),
                                         p->acc_has_data ? MOE_STAGING_ADD_F32 : MOE_STAGING_COPY};
-        x->ctr.grad_d2h_bytes += exec_f32_bytes(p);
+        x->cnt.ctr.grad_d2h_bytes += exec_f32_bytes(p);
         which[n++] = i;
         experts += p->spec->role == ENG_P_EXP_GATE;
     }
@@ -709,8 +702,7 @@ mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err) {
         const uint64_t before = copies_so_far(x, MOE_STAGING_D2H);
         st = exec_stage_d2h(m, items, n, tag, err);
         if (experts > 0 && layer_is_moe(m, b - 1)) {
-            x->mb_copies[b - 1][1] += (int)(copies_so_far(x, MOE_STAGING_D2H) - before);
-            x->ctr.experts_moved[1] += (uint64_t)experts;
+            exec_counters_moe_batch(&x->cnt, b - 1, 1, (int)(copies_so_far(x, MOE_STAGING_D2H) - before), experts);
         }
         for (int j = 0; j < n; j++) {
             eng_param_t *p = &m->params[which[j]];
@@ -722,7 +714,8 @@ mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err) {
         }
         if (layer_is_moe(m, b - 1)) {
             int none = 0;
-            for (int e = 0; e < m->cfg.num_experts; e++) none += x->layer_counts[b - 1][e] == 0;
+            const int32_t *routed = moe_predict_counts(&x->predict, b - 1, true);
+            for (int e = 0; e < m->cfg.num_experts; e++) none += routed[e] == 0;
             count_skipped(x, MOE_STAGING_D2H, none);
         }
     }
@@ -747,29 +740,6 @@ void exec_drop_grads(eng_model_t *m) {
 
 /* ---- counters and reports ------------------------------------------------------------- */
 
-void exec_stage_micro_begin(eng_model_t *m) {
-    eng_exec_t *x = m->exec;
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
-        x->mb_copies[l][0] = x->carry_copies[l];
-        x->mb_copies[l][1] = 0;
-        x->carry_copies[l] = 0;
-    }
-    x->ctr.experts_moved[0] += x->carry_experts;
-    x->carry_experts = 0;
-}
-
-void exec_stage_micro_end(eng_model_t *m) {
-    eng_exec_t *x = m->exec;
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
-        for (int d = 0; d < 2; d++) {
-            const int c = x->mb_copies[l][d];
-            if (c <= 0) continue;
-            x->ctr.moe_passes[d]++;
-            x->ctr.moe_copies[d] += (uint64_t)c;
-            if (c > x->ctr.max_moe_copies[d]) x->ctr.max_moe_copies[d] = c;
-        }
-}
-
 size_t eng_exec_offload_bytes(const eng_model_t *m, int tokens) {
     size_t sum = 0;
     for (int l = 0; l < m->cfg.num_hidden_layers; l++)
@@ -781,7 +751,7 @@ moe_staging_t *eng_exec_staging(eng_model_t *m) { return m->exec ? m->exec->stag
 
 void eng_exec_staging_info(const eng_model_t *m, eng_exec_staging_info_t *out) { *out = m->exec->stage_info; }
 
-void eng_exec_staging_counters(const eng_model_t *m, eng_exec_staging_counters_t *out) { *out = m->exec->ctr; }
+void eng_exec_staging_counters(const eng_model_t *m, eng_exec_staging_counters_t *out) { *out = m->exec->cnt.ctr; }
 
 mt_status_t eng_exec_trace_staging(eng_model_t *m, eng_trace_t *t, double since_s, mt_error_t *err) {
     eng_exec_t *x = m->exec;

@@ -28,6 +28,7 @@
 #include "engine/exec_internal.h"
 #include "engine/report.h"
 #include "engine/trace.h"
+#include "moe/aux_loss.h"
 #include "kernels/rope.h"
 #include "base/clock.h"
 
@@ -42,7 +43,7 @@ typedef struct {
     eng_mlp_acts_t *ma;    /* (L) */
     float *xf, *rstdf, *logits, *aux_dp, *dx;
     /* aux loss statistics over all MoE layers */
-    double *auxF, *auxP, auxN;
+    moe_aux_t aux;
     bool use_aux;
 } step_t;
 
@@ -78,42 +79,13 @@ static mt_status_t ensure_rope(eng_model_t *m, int T, mt_error_t *err) {
     return MT_OK;
 }
 
-/* Adds one MoE layer's routing to the aux statistics (HF's masked
- * load_balancing_loss_func: token fractions and mean probabilities over
- * the unmasked tokens of every MoE layer). */
-static void aux_accumulate(eng_model_t *m, step_t *st, const moe_layer_acts_t *a, const uint8_t *mask) {
-    const int E = m->cfg.num_experts, k = m->cfg.num_experts_per_tok, n = st->sh.n;
-    int32_t *idx = malloc((size_t)n * k * sizeof *idx);
-    float *probs = malloc((size_t)n * E * sizeof *probs);
-    MT_CHECK(idx && probs, "out of host memory for the aux loss");
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-    kern_memcpy_d2h(m->dev, s, idx, a->idx, (size_t)n * k * sizeof *idx);
-    kern_memcpy_d2h(m->dev, s, probs, a->probs, (size_t)n * E * sizeof *probs);
-    kern_stream_sync(m->dev, s);
-    for (int t = 0; t < n; t++) {
-        if (!mask[t]) continue;
-        for (int j = 0; j < k; j++) st->auxF[idx[(size_t)t * k + j]] += 1.0;
-        for (int e = 0; e < E; e++) st->auxP[e] += probs[(size_t)t * E + e];
-        st->auxN += 1.0;
-    }
-    free(idx);
-    free(probs);
-}
-
-/* aux = E * sum_e F[e] P[e]; d aux / d probs_l[t, e] = E * F[e] / N * mask[t]. */
+/* The aux loss (moe/aux_loss.h) and its gradient factors on the device. */
 static mt_status_t aux_finish(eng_model_t *m, step_t *st, float loss_scale, double *aux_out,
                               mt_error_t *err) {
     const int E = m->cfg.num_experts;
-    const double N = st->auxN;
-    double aux = 0;
     float *coef = malloc((size_t)E * sizeof *coef);
     MT_CHECK_ALLOC(coef, "aux loss gradient");
-    for (int e = 0; e < E; e++) {
-        const double f = N > 0 ? st->auxF[e] / N : 0, p = N > 0 ? st->auxP[e] / N : 0;
-        aux += f * p;
-        coef[e] = (float)((N > 0 ? (double)E * f / N : 0) * m->cfg.router_aux_loss_coef * loss_scale);
-    }
-    *aux_out = aux * E;
+    *aux_out = moe_aux_finish(&st->aux, m->cfg.router_aux_loss_coef, loss_scale, coef);
     st->aux_dp = kern_alloc(m->dev, (size_t)E * sizeof(float), "aux loss gradient", err);
     if (st->aux_dp) {
         kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
@@ -281,8 +253,7 @@ static void step_free(eng_model_t *m, step_t *st) {
     free(st->xmid);
     free(st->aa);
     free(st->ma);
-    free(st->auxF);
-    free(st->auxP);
+    moe_aux_free(&st->aux);
 }
 
 static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *batch, float loss_scale,
@@ -308,8 +279,8 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
             const int l = b - 1;
             if ((r = layer_forward(m, st, l, false, err)) != MT_OK) return r;
             if (st->ma[l].is_moe) {
-                memcpy(m->exec->layer_counts[l], st->ma[l].moe.counts_host, (size_t)c->num_experts * sizeof(int32_t));
-                if (st->use_aux) aux_accumulate(m, st, &st->ma[l].moe, batch->mask);
+                moe_predict_observe(&m->exec->predict, l, st->ma[l].moe.counts_host);
+                if (st->use_aux) moe_aux_accumulate(&st->aux, m->dev, &st->ma[l].moe, st->sh.n, batch->mask);
             }
             const sched_act_place_t ap = m->plan.blocks[b].acts;
             if (exec_acts_offloaded(m, b)) {
@@ -345,7 +316,7 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
         exec_process_pending(m, false);
     }
 
-    m->exec->counts_valid = true;
+    moe_predict_forward_done(&m->exec->predict);
     if (st->use_aux && (r = aux_finish(m, st, loss_scale, &stats->aux_loss, err)) != MT_OK) return r;
     stats->tokens = n;
     stats->counted = batch->counted;
@@ -441,14 +412,13 @@ static mt_status_t run(eng_model_t *m, const eng_batch_t *batch, float loss_scal
     st.xmid = calloc((size_t)L, sizeof *st.xmid);
     st.aa = calloc((size_t)L, sizeof *st.aa);
     st.ma = calloc((size_t)L, sizeof *st.ma);
-    st.auxF = calloc((size_t)c->num_experts + 1, sizeof *st.auxF);
-    st.auxP = calloc((size_t)c->num_experts + 1, sizeof *st.auxP);
-    MT_CHECK(st.xin && st.xmid && st.aa && st.ma && st.auxF && st.auxP, "out of host memory for the step");
+    moe_aux_init(&st.aux, c->num_experts, c->num_experts_per_tok);
+    MT_CHECK(st.xin && st.xmid && st.aa && st.ma, "out of host memory for the step");
     st.use_aux = c->output_router_logits && m->num_moe_layers > 0;
 
     mt_status_t r = exec_stage_prepare(m, n, err);
     if (r == MT_OK) r = ensure_rope(m, st.sh.T, err);
-    exec_stage_micro_begin(m);
+    exec_counters_micro_begin(&m->exec->cnt);
     float *host_tw = malloc((size_t)n * sizeof *host_tw);
     MT_CHECK_ALLOC(host_tw, "attention mask weights");
     if (r == MT_OK) {
@@ -478,7 +448,7 @@ static mt_status_t run(eng_model_t *m, const eng_batch_t *batch, float loss_scal
         if (m->exec->micro_left > 0) m->exec->micro_left--;
     }
     if (r != MT_OK) exec_drop_grads(m); /* half-made gradient targets of this micro-batch */
-    else exec_stage_micro_end(m);
+    else exec_counters_micro_end(&m->exec->cnt);
     free(host_tw);
     step_free(m, &st);
     return r;

@@ -1,5 +1,6 @@
-/* Model lifetime: build the parameter table from the spec, load weights
- * onto the device, save them back (see model.h). */
+/* Model lifetime on the host: build the parameter table from the spec,
+ * read the checkpoint into the host homes (see model.h).  The device side
+ * is the executor's (engine/exec.c); this file knows nothing of it. */
 #include "engine/model.h"
 
 #include <stdio.h>
@@ -7,7 +8,6 @@
 #include <string.h>
 
 #include "engine/checkpoint.h"
-#include "engine/exec.h"
 
 static void build_layer_index(eng_model_t *m) {
     const eng_model_config_t *c = &m->cfg;
@@ -91,30 +91,15 @@ static mt_dtype_t checkpoint_dtype(const eng_checkpoint_t *ck, const eng_model_s
     return MT_F32;
 }
 
-mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
-                           const char *overrides_json, const sched_plan_t *plan, mt_error_t *err) {
-    const eng_model_opts_t o = {.overrides_json = overrides_json, .plan = plan};
-    return eng_model_open(m, dev, dir, &o, err);
-}
-
-mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *dir, const char *overrides_json,
-                              const sched_plan_t *plan, const eng_staging_settings_t *staging, mt_error_t *err) {
-    const eng_model_opts_t o = {.overrides_json = overrides_json, .plan = plan, .staging = staging};
-    return eng_model_open(m, dev, dir, &o, err);
-}
-
-mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
+mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
                            mt_error_t *err) {
-    const char *overrides_json = opts->overrides_json;
-    const sched_plan_t *plan = opts->plan;
-    const eng_staging_settings_t *staging = opts->staging;
     memset(m, 0, sizeof *m);
     m->dev = dev;
     if (opts->compute != MT_F32 && opts->compute != MT_BF16)
         return mt_error_set(err, MT_ERR_UNSUPPORTED, "compute dtype %s is not supported (F32 or BF16)",
                             mt_dtype_name(opts->compute));
     m->compute = opts->compute;
-    mt_status_t st = eng_model_config_load(dir, overrides_json, &m->cfg, err);
+    mt_status_t st = eng_model_config_load(dir, opts->overrides_json, &m->cfg, err);
     if (st != MT_OK) return st;
     st = eng_model_spec_build(&m->cfg, &m->spec, err);
     if (st != MT_OK) goto fail;
@@ -126,11 +111,12 @@ mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, 
     build_layer_index(m);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) m->num_moe_layers += m->cfg.layer_is_moe[l];
 
-    /* The model's home is host memory: every master starts there. */
+    /* The model's home is host memory: every master starts there.  (A
+     * description always has parameters; saying so also keeps GCC from
+     * reading the int count as possibly negative.) */
+    MT_CHECK(m->spec.count > 0, "%s: the model description has no parameters", dir);
     m->params = calloc((size_t)m->spec.count, sizeof *m->params);
     MT_CHECK_ALLOC(m->params, "parameter table");
-    float **host = calloc((size_t)m->spec.count, sizeof *host);
-    MT_CHECK_ALLOC(host, "checkpoint staging table");
     for (int i = 0; i < m->spec.count; i++) {
         eng_param_t *p = &m->params[i];
         p->spec = &m->spec.params[i];
@@ -138,26 +124,22 @@ mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, 
         p->w_dtype = eng_param_working_dtype(p->spec, m->compute);
         p->host_w = malloc(p->spec->numel * sizeof(float));
         MT_CHECK_ALLOC(p->host_w, p->spec->name);
-        host[i] = p->host_w;
     }
-    /* The executor and its staging pool first: settings it refuses fail
-     * before a large checkpoint is read. */
-    sched_plan_t keep_all;
-    if (!plan) {
-        sched_plan_init_uniform(&keep_all, eng_model_num_blocks(m), SCHED_POLICY_KEEP_ALL);
-        plan = &keep_all;
-    }
-    st = eng_exec_create(m, plan, staging, err);
-    if (plan == &keep_all) sched_plan_free(&keep_all);
-    if (st != MT_OK) {
-        free(host);
-        goto fail;
-    }
+    return MT_OK;
+fail:
+    eng_model_release(m);
+    return st;
+}
+
+mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *err) {
+    float **host = calloc((size_t)m->spec.count, sizeof *host);
+    MT_CHECK_ALLOC(host, "checkpoint staging table");
+    for (int i = 0; i < m->spec.count; i++) host[i] = m->params[i].host_w;
     eng_checkpoint_t ck;
-    st = eng_checkpoint_open(dir, &ck, err);
+    mt_status_t st = eng_checkpoint_open(dir, &ck, err);
     if (st != MT_OK) {
         free(host);
-        goto fail;
+        return st;
     }
     m->storage_dtype = checkpoint_dtype(&ck, &m->spec);
     eng_ckpt_load_report_t report = {0};
@@ -168,17 +150,11 @@ mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, 
     eng_ckpt_load_report_free(&report);
     eng_checkpoint_close(&ck);
     free(host);
-    if (st != MT_OK) goto fail;
-    st = eng_exec_place(m, err);
-    if (st != MT_OK) goto fail;
-    return MT_OK;
-fail:
-    eng_model_free(m);
     return st;
 }
 
-void eng_model_free(eng_model_t *m) {
-    if (m->exec) eng_exec_destroy(m);
+void eng_model_release(eng_model_t *m) {
+    MT_CHECK(!m->exec, "eng_model_release: the executor is still alive (use eng_model_free)");
     if (m->params) {
         for (int i = 0; i < m->spec.count; i++) {
             eng_param_t *p = &m->params[i];

@@ -1,5 +1,10 @@
-/* A model on a device: its parameters (weights, gradients, AdamW state)
- * and the forward/backward of one micro-batch.
+/* A model: its config, description and parameters (weights, gradients,
+ * AdamW state), with the fp32 masters' host homes.  Running it on a device
+ * (placement, forward/backward of a micro-batch, the optimizer step) is the
+ * executor's: engine/exec.h and engine/optim.h, which include this header;
+ * this header includes neither (//tests:layering_test checks it).  The
+ * per-device fields below (w, g, ..., and `exec`) still live here; they are
+ * the executor's to move into its own state.
  *
  * Parameters are indexed by the model spec (engine/model_spec.h): one
  * eng_param_t per HF tensor, so gradients, optimizer state and checkpoint
@@ -92,22 +97,6 @@ typedef struct {
     struct eng_trace *trace; /* not owned; NULL = no trace (eng_model_set_trace) */
 } eng_model_t;
 
-/* Statistics of one micro-batch's forward/backward. */
-typedef struct {
-    double loss;       /* ce + aux_coef * aux (what HF returns as .loss) */
-    double ce_loss;
-    double aux_loss;   /* raw load-balancing loss (before the coefficient), 0 when off */
-    int64_t tokens;    /* B * T */
-    int64_t counted;   /* targets != -100 */
-} eng_micro_stats_t;
-
-/* Builds the spec and loads the checkpoint in dir into host memory (config
- * from dir/config.json with overrides), then places it on dev as plan says
- * (NULL: keep everything on the device, the keep_all plan).  Transfers are
- * staged through a compact pool sized from the plan (see engine/exec.h). */
-mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
-                           const char *overrides_json, const sched_plan_t *plan, mt_error_t *err);
-
 /* How the model's host<->device transfers are staged (the run config's
  * staging: section; engine/exec.h fills it from a run config). */
 typedef struct {
@@ -124,7 +113,7 @@ typedef struct {
 
 void eng_staging_settings_init(eng_staging_settings_t *s);
 
-/* Everything eng_model_open takes beside the device and the checkpoint. */
+/* Everything eng_model_open (engine/exec.h) takes beside the device and the checkpoint. */
 typedef struct {
     const char *overrides_json;            /* the run config's model_config: (JSON), or NULL */
     const sched_plan_t *plan;              /* NULL: keep everything on the device (keep_all) */
@@ -132,40 +121,18 @@ typedef struct {
     mt_dtype_t compute;                    /* MT_F32 (the default, 0) or MT_BF16 */
 } eng_model_opts_t;
 
-/* Loads the checkpoint in dir (see eng_model_load) with these options. */
-mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
+/* The host side of eng_model_open (engine/exec.h), in its order: the
+ * config (dir/config.json with opts->overrides_json), the description, the
+ * parameter table with every master's host home allocated (no weight read
+ * yet, no device memory: the model knows no executor). */
+mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
                            mt_error_t *err);
-/* eng_model_load with staging settings (NULL = defaults).  Bad settings
- * fail with MT_ERR_CONFIG before the checkpoint is read. */
-mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *dir, const char *overrides_json,
-                              const sched_plan_t *plan, const eng_staging_settings_t *staging, mt_error_t *err);
-void eng_model_free(eng_model_t *m);
-
-/* Forward and backward of one micro-batch; gradients are accumulated (+=)
- * with the loss multiplied by loss_scale (1 / gradient_accumulation_steps).
- * When logits_out (host, (B*T, V)) is non-NULL the logits are copied there
- * before the loss consumes them. */
-mt_status_t eng_model_forward_backward(eng_model_t *m, const eng_batch_t *batch,
-                                       float loss_scale, float *logits_out,
-                                       eng_micro_stats_t *stats, mt_error_t *err);
-
-/* Forward only: loss statistics (and logits) without touching gradients. */
-mt_status_t eng_model_forward(eng_model_t *m, const eng_batch_t *batch, float *logits_out,
-                              eng_micro_stats_t *stats, mt_error_t *err);
-
-/* Copies parameter i's weight (its master) or its accumulated gradient to
- * host memory (numel floats); waits for pending work first. */
-void eng_model_read_param(eng_model_t *m, int i, float *host, bool gradient);
-/* Records this model's steps into trace (NULL stops): block spans on the
- * compute track, copies on the H2D/D2H tracks, host AdamW jobs, memory
- * counters.  See engine/trace.h. */
-void eng_model_set_trace(eng_model_t *m, struct eng_trace *trace);
-
-/* Mean compute seconds per block (forward including any wait for its
- * fetches, backward including recomputation) per micro-batch since the
- * last reset: a profiled step, for the planner (Ratel profiles one step the
- * same way).  Arrays of eng_model_num_blocks entries; either may be NULL. */
-void eng_model_block_times(eng_model_t *m, double *fwd_s, double *bwd_s, bool reset);
+/* Reads the checkpoint in dir into the host homes (and notes the dtype it
+ * stores its weights in, for eng_save_dtype). */
+mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *err);
+/* Frees what eng_model_init made, and the plan copy; the executor must be
+ * gone (eng_model_free in engine/exec.h does both). */
+void eng_model_release(eng_model_t *m);
 
 /* L + 2: the embedding, each decoder layer, the head. */
 int eng_model_num_blocks(const eng_model_t *m);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "engine/checkpoint.h"
+#include "engine/exec.h"
 
 mt_status_t eng_run_check_paths(const eng_run_config_t *rc, mt_error_t *err) {
     mt_status_t st = eng_outdir_check_apart(rc->source_path, "output_dir", rc->output_dir, "base_model",

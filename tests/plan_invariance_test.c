@@ -16,6 +16,7 @@
 #include "engine/config.h"
 #include "engine/init_random.h"
 #include "engine/data.h"
+#include "engine/exec.h"
 #include "engine/model.h"
 #include "engine/optim.h"
 

@@ -37,6 +37,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/data.h"
+#include "engine/exec.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "engine/train.h"

@@ -21,6 +21,7 @@
 
 #include "engine/config.h"
 #include "engine/data.h"
+#include "engine/exec.h"
 #include "engine/model.h"
 #include "engine/optim.h"
 

@@ -1,0 +1,57 @@
+/* The host optimizer of the executor: AdamW on fp32 masters in host
+ * memory, over a thread pool, and the worker thread that runs it for one
+ * block at a time while backward goes on with the blocks below (the
+ * overlapped step of eng_optim_begin_step, engine/optim.h).
+ *
+ * It owns the worker, its FIFO of block indices, the pool it runs on and
+ * the per-parameter record of what it updated during backward with each
+ * gradient's sum of squares (taken then by the same function the step
+ * would use, so the global norm is bit-identical either way).  It knows
+ * nothing of streams' other work, the staging pool or the plan: the step
+ * program tells it when a block's gradients have landed. */
+#ifndef MT_ENGINE_EXEC_HOST_OPTIM_H
+#define MT_ENGINE_EXEC_HOST_OPTIM_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "engine/model.h"
+#include "engine/optim.h"
+#include "kernels/adamw.h"
+#include "kernels/host/threadpool.h"
+
+typedef struct {
+    eng_model_t *m;              /* not owned: the parameters it updates, device, trace */
+    kern_threadpool_t *pool;     /* host AdamW's threads */
+    kern_threadpool_t *own_pool; /* the pool above when made here (GPU backends) */
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int *queue, head, tail, cap; /* FIFO of block indices (capacity blocks + 1) */
+    int outstanding;             /* queued or running */
+    bool stop, started;
+    eng_optim_hparams_t hp;      /* the overlapped step's hyper-parameters (no clipping) */
+    bool *done;                  /* per parameter: updated during backward this step */
+    float *gnorm_part;           /* per parameter updated during backward: its gradient's sum of squares */
+} exec_host_optim_t;
+
+/* For model m (num_blocks blocks, spec.count parameters); the worker is not
+ * started yet. */
+void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m);
+/* Stops the worker (after the jobs queued so far) and frees everything. */
+void exec_host_optim_free(exec_host_optim_t *h);
+
+/* The AdamW kernel's parameters for hp, gradients scaled by clip_scale. */
+kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip_scale);
+/* One AdamW step of p on its host master (state allocated on first use). */
+void exec_host_adamw(kern_threadpool_t *pool, eng_param_t *p, const kern_adamw_params_t *base);
+
+/* Starts the worker if needed, for a step with these hyper-parameters. */
+void exec_host_optim_start(exec_host_optim_t *h, const eng_optim_hparams_t *hp);
+/* Queues block b's update, to run when the work issued so far on the D2H
+ * stream (its gradient copies) is done. */
+void exec_host_optim_enqueue(exec_host_optim_t *h, int b);
+/* Waits until every queued update has run (no-op without a worker). */
+void exec_host_optim_wait(exec_host_optim_t *h);
+
+#endif
