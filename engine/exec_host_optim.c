@@ -20,11 +20,11 @@ void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m) {
     h->done = calloc((size_t)m->spec.count, sizeof *h->done);
     h->gnorm_part = calloc((size_t)m->spec.count, sizeof *h->gnorm_part);
     MT_CHECK(h->queue && h->done && h->gnorm_part, "out of memory for the host optimizer");
-    /* host AdamW's threads: on the CPU backend the kernel pool (compute is
-     * idle while the optimizer step runs); beside a GPU, every host core */
-    if (m->dev->kind == KERN_BACKEND_CPU) {
-        h->pool = kern_device_host_pool(m->dev);
-    } else {
+    /* host AdamW's threads: the device's own host pool where its kernels run
+     * on host cores (compute is idle while the optimizer step runs); beside
+     * a GPU, a pool over every host core */
+    h->pool = kern_device_host_pool(m->dev);
+    if (!h->pool) {
         h->own_pool = kern_threadpool_create(0);
         h->pool = h->own_pool;
     }
