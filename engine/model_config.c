@@ -195,9 +195,24 @@ static mt_status_t read_common(reader_t *r, eng_model_config_t *c, int def_nkv, 
     return MT_OK;
 }
 
+/* The routed-expert count.  transformers accepts both spellings for every
+ * MoE family (transformers 5 writes Qwen3-MoE's as num_local_experts, older
+ * versions num_experts), so either is read, and both present must agree;
+ * with neither, the family's transformers default applies, as it does
+ * there. */
 static mt_status_t read_experts(reader_t *r, eng_model_config_t *c, const char *key_e, int def_e,
                                 int def_k) {
+    const char *alias = strcmp(key_e, "num_experts") == 0 ? "num_local_experts" : "num_experts";
+    const bool has_key = json_object_get(r->obj, key_e) != NULL, has_alias = json_object_get(r->obj, alias) != NULL;
+    if (has_alias && !has_key) key_e = alias;
     TRY(get_int(r, key_e, false, false, def_e, &c->num_experts));
+    if (has_key && has_alias) {
+        int other;
+        TRY(get_int(r, alias, true, false, 0, &other));
+        if (other != c->num_experts)
+            return mt_error_set(r->err, MT_ERR_CONFIG, "%s: '%s' = %d and '%s' = %d disagree", r->path, key_e,
+                                c->num_experts, alias, other);
+    }
     TRY(get_int(r, "num_experts_per_tok", false, false, def_k, &c->num_experts_per_tok));
     if (c->num_experts < 0)
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' must not be negative", r->path, key_e);

@@ -329,8 +329,29 @@ static void test_olmoe(tctx_t *t) {
     EXPECT(t, st == MT_ERR_UNSUPPORTED && strstr(err.msg, "clip_qkv"), "clip_qkv refused: %s", err.msg);
 }
 
+/* Both spellings of the routed-expert count, as transformers accepts them:
+ * transformers 5 writes Qwen3-MoE's as num_local_experts. */
+static void test_expert_count_aliases(tctx_t *t) {
+    static const char *q3 = "{\"model_type\": \"qwen3_moe\", \"vocab_size\": 64, \"hidden_size\": 32,"
+                            " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                            " \"moe_intermediate_size\": 16, \"num_experts_per_tok\": 2, %s}";
+    char text[1024];
+    eng_model_config_t c;
+    mt_error_t err = {0};
+    snprintf(text, sizeof text, q3, "\"num_local_experts\": 6");
+    mt_status_t st = eng_model_config_parse(text, "q3-t5.json", NULL, &c, &err);
+    EXPECT(t, st == MT_OK && c.num_experts == 6, "num_local_experts read for qwen3_moe: %s", err.msg);
+    if (st == MT_OK) eng_model_config_free(&c);
+    snprintf(text, sizeof text, q3, "\"num_local_experts\": 6, \"num_experts\": 8");
+    st = eng_model_config_parse(text, "q3-both.json", NULL, &c, &err);
+    EXPECT(t, st == MT_ERR_CONFIG && strstr(err.msg, "disagree") && strstr(err.msg, "num_local_experts"),
+           "disagreeing spellings refused: %s", err.msg);
+    if (st == MT_OK) eng_model_config_free(&c);
+}
+
 int main(void) {
     tctx_t t = {0};
+    test_expert_count_aliases(&t);
     test_real_configs(&t);
     test_olmoe(&t);
     test_defaults(&t);
