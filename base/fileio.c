@@ -2,6 +2,7 @@
 #include "base/fileio.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,5 +109,24 @@ mt_status_t mt_read_regular_file(const char *path, const char *what, size_t max_
     buf[len] = '\0';
     *buf_out = buf;
     *len_out = len;
+    return MT_OK;
+}
+
+mt_status_t mt_mkdirs(const char *path, mt_error_t *err) {
+    char buf[PATH_MAX];
+    size_t len = strlen(path);
+    if (len == 0 || len >= sizeof buf) return mt_error_set(err, MT_ERR_IO, "bad directory path '%s'", path);
+    memcpy(buf, path, len + 1);
+    for (size_t i = 1; i <= len; i++) {
+        if (buf[i] != '/' && buf[i] != '\0') continue;
+        char saved = buf[i];
+        buf[i] = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return mt_error_set(err, MT_ERR_IO, "cannot create directory '%s': %s", buf, strerror(errno));
+        buf[i] = saved;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return mt_error_set(err, MT_ERR_IO, "'%s' exists and is not a directory", path);
     return MT_OK;
 }

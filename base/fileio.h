@@ -32,4 +32,8 @@ mt_status_t mt_read_regular_file(const char *path, const char *what, size_t max_
  * regular file. */
 const char *mt_file_kind(unsigned mode);
 
+/* mkdir -p: creates path and its missing parents (0755); an error names
+ * the first one that cannot be made, or a path that exists as a file. */
+mt_status_t mt_mkdirs(const char *path, mt_error_t *err);
+
 #endif

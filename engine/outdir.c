@@ -29,6 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/fileio.h"
+
 /* ---- paths -------------------------------------------------------------- */
 
 mt_status_t eng_path_resolve(const char *path, char *out, size_t cap, mt_error_t *err) {
@@ -130,25 +132,6 @@ static mt_status_t fsync_path(const char *path, bool dir, mt_error_t *err) {
     return MT_OK;
 }
 
-static mt_status_t mkdirs(const char *path, mt_error_t *err) {
-    char buf[PATH_MAX];
-    size_t len = strlen(path);
-    if (len == 0 || len >= sizeof buf) return mt_error_set(err, MT_ERR_IO, "bad directory path '%s'", path);
-    memcpy(buf, path, len + 1);
-    for (size_t i = 1; i <= len; i++) {
-        if (buf[i] != '/' && buf[i] != '\0') continue;
-        char saved = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return mt_error_set(err, MT_ERR_IO, "cannot create directory '%s': %s", buf, strerror(errno));
-        buf[i] = saved;
-    }
-    struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return mt_error_set(err, MT_ERR_IO, "'%s' exists and is not a directory", path);
-    return MT_OK;
-}
-
 /* rm -rf of a directory moetune made (no symlinks followed: unlinkat on them). */
 static void remove_tree(const char *path) {
     DIR *d = opendir(path);
@@ -242,7 +225,7 @@ static void iso_now(char *buf, size_t cap) {
 
 mt_status_t eng_outdir_lock(eng_outdir_lock_t *l, const char *dir, mt_error_t *err) {
     l->fd = -1;
-    mt_status_t st = mkdirs(dir, err);
+    mt_status_t st = mt_mkdirs(dir, err);
     if (st != MT_OK) return st;
     char *path = join(dir, ENG_OUTDIR_LOCK_FILE);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -497,11 +480,11 @@ mt_status_t eng_ckpt_dir_begin(eng_ckpt_dir_t *tx, const char *target, eng_ckpt_
     char tmp[PATH_MAX], name[NAME_MAX + 1];
     mt_status_t st;
     if (mode == ENG_CKPT_DIR_MERGE) {
-        st = mkdirs(target, err);
+        st = mt_mkdirs(target, err);
         eng_outdir_tmp_name(tmp, sizeof tmp, target, MERGE_STEM);
     } else {
         char *parent = parent_of(target);
-        st = mkdirs(parent, err);
+        st = mt_mkdirs(parent, err);
         eng_outdir_tmp_name(tmp, sizeof tmp, parent, base_of(target, name, sizeof name));
         free(parent);
     }

@@ -29,6 +29,7 @@
 #include "engine/train_plan.h"
 #include "engine/outdir.h"
 #include "engine/train_save.h"
+#include "base/fileio.h"
 #include "moe/staging_report.h"
 #include "base/clock.h"
 
@@ -326,7 +327,7 @@ static mt_status_t profile_locked(const eng_run_config_t *rc, const eng_profile_
     }
     char dir[1200], path[1300];
     snprintf(dir, sizeof dir, "%s/staging", rc->output_dir);
-    st = eng_mkdirs(dir, err);
+    st = mt_mkdirs(dir, err);
 
     moe_staging_mode_t modes[MOE_STAGING_MODE_COUNT];
     int nmodes = 0;

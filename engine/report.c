@@ -1,6 +1,7 @@
 /* metrics.jsonl and progress output (see report.h). */
 #include "engine/report.h"
 #include "base/clock.h"
+#include "base/fileio.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -11,29 +12,10 @@
 #include <time.h>
 #include <unistd.h>
 
-mt_status_t eng_mkdirs(const char *path, mt_error_t *err) {
-    char buf[4096];
-    size_t len = strlen(path);
-    if (len == 0 || len >= sizeof buf) return mt_error_set(err, MT_ERR_IO, "bad directory path '%s'", path);
-    memcpy(buf, path, len + 1);
-    for (size_t i = 1; i <= len; i++) {
-        if (buf[i] != '/' && buf[i] != '\0') continue;
-        char saved = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return mt_error_set(err, MT_ERR_IO, "cannot create directory '%s': %s", buf, strerror(errno));
-        buf[i] = saved;
-    }
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
-        return mt_error_set(err, MT_ERR_IO, "'%s' exists and is not a directory", path);
-    return MT_OK;
-}
-
 mt_status_t eng_reporter_open(eng_reporter_t *r, const char *output_dir, bool progress,
                               mt_error_t *err) {
     memset(r, 0, sizeof *r);
-    mt_status_t st = eng_mkdirs(output_dir, err);
+    mt_status_t st = mt_mkdirs(output_dir, err);
     if (st != MT_OK) return st;
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", output_dir);
     const char *path = r->metrics_path;

@@ -68,8 +68,6 @@ void eng_reporter_step(eng_reporter_t *r, const eng_step_report_t *s, bool log_l
 void eng_reporter_note(eng_reporter_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void eng_reporter_close(eng_reporter_t *r);
 
-/* mkdir -p. */
-mt_status_t eng_mkdirs(const char *path, mt_error_t *err);
 double eng_now_s(void);
 
 #endif
