@@ -62,6 +62,7 @@ typedef struct {
     float *m, *v;       /* device AdamW state (optimizer DEVICE), lazily allocated */
     float *host_m, *host_v; /* host AdamW state (optimizer HOST), lazily allocated */
     int64_t step;       /* this tensor's AdamW step count (PyTorch keeps one per parameter) */
+    bool frozen;        /* not trained by this run (a LoRA run's base): no gradient, master or AdamW state */
     bool has_grad;      /* received a gradient in the current optimizer step */
     bool acc_has_data;  /* the accumulator already holds an earlier micro-batch's gradient */
     bool g_transient;   /* g is a per-micro-batch buffer to fold into the accumulator */
