@@ -46,8 +46,62 @@ static float *WF(eng_model_t *m, int i) {
     MT_CHECK(m->params[i].w_dtype == MT_F32, "%s: an fp32 kernel was given its bf16 working copy", m->params[i].spec->name);
     return m->params[i].w;
 }
-/* The gradient target the executor prepared for this backward. */
+/* The gradient target the executor prepared for this backward; NULL for
+ * a frozen parameter (a LoRA run's base), whose weight gradient is not
+ * formed at all. */
 static float *G(eng_model_t *m, int i) { return i >= 0 ? m->params[i].g : NULL; }
+
+/* Weight gradient products, skipped for a frozen weight. */
+static void mm_grad(eng_model_t *m, int i, eng_operand_t A, eng_operand_t B, int M, int N, int K) {
+    float *g = G(m, i);
+    if (g) eng_mm(m, g, A, B, M, N, K, true, false, 1.0f, 1.0f);
+}
+
+/* The LoRA factors of module i (kernels/lora.h): a == NULL when it has none.
+ * The gradient targets are set in backward, when the executor prepared them. */
+static kern_lora_t lora_of(const eng_model_t *m, int i) {
+    kern_lora_t l = {0};
+    if (i < 0 || m->params[i].lora_a < 0) return l;
+    const eng_param_t *a = &m->params[m->params[i].lora_a], *b = &m->params[m->params[i].lora_b];
+    l.a = a->w;
+    l.b = b->w;
+    l.dtype = a->w_dtype;
+    l.ga = a->g;
+    l.gb = b->g;
+    l.r = m->lora.r;
+    l.scale = m->lora.scale;
+    return l;
+}
+
+/* y (n, out) += the LoRA term of module i on x (n, in); none: nothing. */
+static mt_status_t lora_fwd(eng_model_t *m, int i, float *y, eng_operand_t x, int n, int in, int out,
+                            mt_error_t *err) {
+    const kern_lora_t l = lora_of(m, i);
+    return kern_lora_fwd(m->dev, m->compute, &l, y, x.data, x.dtype, n, in, out, err);
+}
+
+/* Its backward: the factors' gradients, and dx (n, in) += its input gradient. */
+static mt_status_t lora_bwd(eng_model_t *m, int i, const float *dy, eng_operand_t x, float *dx, int n, int in,
+                            int out, mt_error_t *err) {
+    const kern_lora_t l = lora_of(m, i);
+    return kern_lora_bwd(m->dev, m->compute, &l, dy, x.data, x.dtype, dx, n, in, out, err);
+}
+
+/* A small frozen parameter's kernels (norm and bias backward) still write
+ * a weight gradient: they get a scratch target, dropped afterwards. */
+static float *G_or_scratch(eng_model_t *m, int i, float **scratch, mt_error_t *err) {
+    float *g = G(m, i);
+    if (g || i < 0) return g;
+    const size_t bytes = m->params[i].spec->numel * sizeof(float);
+    *scratch = kern_alloc(m->dev, bytes, "gradient of a frozen parameter (discarded)", err);
+    if (*scratch) kern_memset(m->dev, kern_stream(m->dev, KERN_STREAM_COMPUTE), *scratch, 0, bytes);
+    return *scratch;
+}
+
+#define TRY(call)                       \
+    do {                                \
+        if ((call) != MT_OK) goto fail; \
+    } while (0)
 
 eng_operand_t eng_f32(const float *p) { return (eng_operand_t){p, MT_F32}; }
 
@@ -72,9 +126,15 @@ static mt_status_t norm_bwd_into_residual(eng_model_t *m, int norm, float *dx, c
     kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
     float *tmp = kern_alloc(m->dev, (size_t)n * H * sizeof(float), tag, err);
     if (!tmp) return err->code;
-    m->dev->ops->rmsnorm_bwd(s, tmp, G(m, norm), dxn, x, WF(m, norm), rstd, n, H);
+    float *scratch = NULL, *gw = G_or_scratch(m, norm, &scratch, err);
+    if (!gw) {
+        kern_free(m->dev, tmp);
+        return err->code;
+    }
+    m->dev->ops->rmsnorm_bwd(s, tmp, gw, dxn, x, WF(m, norm), rstd, n, H);
     m->dev->ops->add(s, dx, dx, tmp, (size_t)n * H);
     kern_free(m->dev, tmp);
+    if (scratch) kern_free(m->dev, scratch);
     return MT_OK;
 }
 
@@ -119,6 +179,9 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
     eng_mm(m, qp, xn, W(m, L->q), n, qd, H, false, true, 1.0f, 0.0f);
     eng_mm(m, kp, xn, W(m, L->k), n, kd, H, false, true, 1.0f, 0.0f);
     eng_mm(m, a->v, xn, W(m, L->v), n, kd, H, false, true, 1.0f, 0.0f);
+    TRY(lora_fwd(m, L->q, qp, xn, n, H, qd, err));
+    TRY(lora_fwd(m, L->k, kp, xn, n, H, kd, err));
+    TRY(lora_fwd(m, L->v, a->v, xn, n, H, kd, err));
     if (L->q_bias >= 0) {
         ops->bias_fwd(s, qp, WF(m, L->q_bias), n, qd);
         ops->bias_fwd(s, kp, WF(m, L->k_bias), n, kd);
@@ -137,6 +200,7 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
     /* x_mid = x_in + att o^T */
     kern_memcpy_d2d(m->dev, s, x_mid, x_in, (size_t)n * H * sizeof(float));
     eng_mm(m, x_mid, eng_f32(a->att), W(m, L->o), n, H, qd, false, true, 1.0f, 1.0f);
+    TRY(lora_fwd(m, L->o, x_mid, eng_f32(a->att), n, qd, H, err));
     if (L->o_bias >= 0) ops->bias_fwd(s, x_mid, WF(m, L->o_bias), n, H);
     return MT_OK;
 fail:
@@ -154,11 +218,13 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
     const int nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qd = nh * hd, kd = nkv * hd;
     float *datt = NULL, *dq = NULL, *dk = NULL, *dv = NULL, *dxn = NULL, *tmp = NULL;
+    float *scratch[5] = {0}; /* discarded gradients of frozen biases and norms */
 
     ALLOC(datt, (size_t)n * qd, "d(attention output)");
     eng_mm(m, datt, eng_f32(dx), W(m, L->o), n, qd, H, false, false, 1.0f, 0.0f);
-    eng_mm(m, G(m, L->o), eng_f32(dx), eng_f32(a->att), H, qd, n, true, false, 1.0f, 1.0f);
-    if (L->o_bias >= 0) ops->bias_bwd(s, G(m, L->o_bias), dx, n, H);
+    mm_grad(m, L->o, eng_f32(dx), eng_f32(a->att), H, qd, n);
+    TRY(lora_bwd(m, L->o, dx, eng_f32(a->att), datt, n, qd, H, err));
+    if (L->o_bias >= 0 && G(m, L->o_bias)) ops->bias_bwd(s, G(m, L->o_bias), dx, n, H);
     ALLOC(dq, (size_t)n * qd, "d(q)");
     ALLOC(dk, (size_t)n * kd, "d(k)");
     ALLOC(dv, (size_t)n * kd, "d(v)");
@@ -169,34 +235,41 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
     ops->rope_bwd(s, dk, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);
     if (c->qk_norm) { /* through the per-head norm, into the pre-norm projections */
         ALLOC(tmp, (size_t)n * qd, "d(q before q_norm)");
-        ops->rmsnorm_bwd(s, tmp, G(m, L->q_norm), dq, a->q_pre, WF(m, L->q_norm), a->q_rstd, n * nh, hd);
+        float *gq = G_or_scratch(m, L->q_norm, &scratch[0], err), *gk = G_or_scratch(m, L->k_norm, &scratch[1], err);
+        if (!gq || !gk) goto fail;
+        ops->rmsnorm_bwd(s, tmp, gq, dq, a->q_pre, WF(m, L->q_norm), a->q_rstd, n * nh, hd);
         kern_memcpy_d2d(m->dev, s, dq, tmp, (size_t)n * qd * sizeof(float));
-        ops->rmsnorm_bwd(s, tmp, G(m, L->k_norm), dk, a->k_pre, WF(m, L->k_norm), a->k_rstd, n * nkv, hd);
+        ops->rmsnorm_bwd(s, tmp, gk, dk, a->k_pre, WF(m, L->k_norm), a->k_rstd, n * nkv, hd);
         kern_memcpy_d2d(m->dev, s, dk, tmp, (size_t)n * kd * sizeof(float));
         dfree(m->dev, &tmp);
     }
-    if (L->q_bias >= 0) {
-        ops->bias_bwd(s, G(m, L->q_bias), dq, n, qd);
-        ops->bias_bwd(s, G(m, L->k_bias), dk, n, kd);
-        ops->bias_bwd(s, G(m, L->v_bias), dv, n, kd);
+    if (L->q_bias >= 0) { /* a frozen bias has no gradient to form */
+        if (G(m, L->q_bias)) ops->bias_bwd(s, G(m, L->q_bias), dq, n, qd);
+        if (G(m, L->k_bias)) ops->bias_bwd(s, G(m, L->k_bias), dk, n, kd);
+        if (G(m, L->v_bias)) ops->bias_bwd(s, G(m, L->v_bias), dv, n, kd);
     }
     const eng_operand_t xn = {a->xn, act_dtype(m, layer, ENG_A_ATTN_XN)};
-    eng_mm(m, G(m, L->q), eng_f32(dq), xn, qd, H, n, true, false, 1.0f, 1.0f);
-    eng_mm(m, G(m, L->k), eng_f32(dk), xn, kd, H, n, true, false, 1.0f, 1.0f);
-    eng_mm(m, G(m, L->v), eng_f32(dv), xn, kd, H, n, true, false, 1.0f, 1.0f);
+    mm_grad(m, L->q, eng_f32(dq), xn, qd, H, n);
+    mm_grad(m, L->k, eng_f32(dk), xn, kd, H, n);
+    mm_grad(m, L->v, eng_f32(dv), xn, kd, H, n);
     ALLOC(dxn, (size_t)n * H, "d(attention input norm)");
     eng_mm(m, dxn, eng_f32(dq), W(m, L->q), n, H, qd, false, false, 1.0f, 0.0f);
     eng_mm(m, dxn, eng_f32(dk), W(m, L->k), n, H, kd, false, false, 1.0f, 1.0f);
     eng_mm(m, dxn, eng_f32(dv), W(m, L->v), n, H, kd, false, false, 1.0f, 1.0f);
+    TRY(lora_bwd(m, L->q, dq, xn, dxn, n, H, qd, err));
+    TRY(lora_bwd(m, L->k, dk, xn, dxn, n, H, kd, err));
+    TRY(lora_bwd(m, L->v, dv, xn, dxn, n, H, kd, err));
     dfree(m->dev, &dq);
     dfree(m->dev, &dk);
     dfree(m->dev, &dv);
     if (norm_bwd_into_residual(m, L->attn_norm, dx, dxn, x_in, a->rstd, n, "d(attention input)", err) != MT_OK)
         goto fail;
     dfree(m->dev, &dxn);
+    for (int i = 0; i < 5; i++) dfree(m->dev, &scratch[i]);
     eng_attn_acts_release(m->dev, a);
     return MT_OK;
 fail:
+    for (int i = 0; i < 5; i++) dfree(m->dev, &scratch[i]);
     dfree(m->dev, &datt);
     dfree(m->dev, &dq);
     dfree(m->dev, &dk);
@@ -258,6 +331,7 @@ void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_
                     void **scratch) {
     const eng_layer_index_t *L = &m->layers[layer];
     const int E = m->cfg.num_experts;
+    memset(out, 0, sizeof *out); /* no LoRA factors unless moe_lora adds them */
     /* every expert matrix of a MoE layer has the same working dtype (see
      * eng_param_t); the router's is always fp32 (moe/moe_layer.c) */
     out->dtype = gradients ? MT_F32 : m->params[L->exp_gate[0]].w_dtype;
@@ -279,10 +353,40 @@ void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_
     out->fetch_ctx = NULL;
 }
 
+/* The layer's LoRA factors into p (router, shared expert, and per expert
+ * when any expert module is adapted: a table of 3E entries, returned for
+ * the caller to free; NULL without one). */
+static kern_lora_t *moe_lora(eng_model_t *m, int layer, moe_layer_params_t *p) {
+    const eng_layer_index_t *L = &m->layers[layer];
+    const int E = m->cfg.num_experts;
+    p->lora_router = lora_of(m, L->router);
+    p->lora_sh_gate = lora_of(m, L->sh_gate);
+    p->lora_sh_up = lora_of(m, L->sh_up);
+    p->lora_sh_down = lora_of(m, L->sh_down);
+    p->lora_sh_expert_gate = lora_of(m, L->sh_expert_gate);
+    bool any = false;
+    for (int e = 0; e < E && !any; e++)
+        any = m->params[L->exp_gate[e]].lora_a >= 0 || m->params[L->exp_up[e]].lora_a >= 0 ||
+              m->params[L->exp_down[e]].lora_a >= 0;
+    if (!any) return NULL;
+    kern_lora_t *t = calloc((size_t)3 * E, sizeof *t);
+    MT_CHECK_ALLOC(t, "expert LoRA table");
+    for (int e = 0; e < E; e++) {
+        t[e] = lora_of(m, L->exp_gate[e]);
+        t[E + e] = lora_of(m, L->exp_up[e]);
+        t[2 * E + e] = lora_of(m, L->exp_down[e]);
+    }
+    p->lora_gate = t;
+    p->lora_up = t + E;
+    p->lora_down = t + 2 * E;
+    return t;
+}
+
 typedef struct {
     eng_model_t *m;
     int layer;
     eng_fetch_experts_fn fetch;
+    moe_layer_params_t *p; /* its LoRA table follows the fetched experts too */
 } fetch_ctx_t;
 
 /* Adapts the engine's fetch to moe/'s hook and refreshes the pointers. */
@@ -296,6 +400,11 @@ static mt_status_t fetch_trampoline(void *ctx, const int32_t *counts, void **gat
         gate[e] = c->m->params[L->exp_gate[e]].w;
         up[e] = c->m->params[L->exp_up[e]].w;
         down[e] = c->m->params[L->exp_down[e]].w;
+        if (c->p->lora_gate) {
+            c->p->lora_gate[e] = lora_of(c->m, L->exp_gate[e]);
+            c->p->lora_up[e] = lora_of(c->m, L->exp_up[e]);
+            c->p->lora_down[e] = lora_of(c->m, L->exp_down[e]);
+        }
     }
     return MT_OK;
 }
@@ -322,7 +431,8 @@ mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, co
         MT_CHECK_ALLOC(scratch, "expert pointer table");
         moe_layer_params_t p;
         eng_moe_params(m, layer, false, &p, scratch);
-        fetch_ctx_t fc = {m, layer, fetch};
+        kern_lora_t *lora = moe_lora(m, layer, &p);
+        fetch_ctx_t fc = {m, layer, fetch, &p};
         if (fetch) {
             p.fetch_experts = fetch_trampoline;
             p.fetch_ctx = &fc;
@@ -330,6 +440,7 @@ mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, co
         moe_layer_dims_t d = eng_moe_dims(m, layer);
         mt_status_t st = moe_layer_forward(m->dev, &d, &p, a->xn, n, y, &a->moe, err);
         free(scratch);
+        free(lora);
         if (st != MT_OK) goto fail;
     } else {
         const int Id = c->intermediate_size;
@@ -337,9 +448,12 @@ mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, co
         ALLOC_ACT(a->u, ENG_A_DENSE_U, "dense mlp up activations");
         ALLOC(h, (size_t)n * Id, "dense mlp hidden");
         eng_mm(m, a->g, eng_f32(a->xn), W(m, L->dense_gate), n, Id, H, false, true, 1.0f, 0.0f);
+        TRY(lora_fwd(m, L->dense_gate, a->g, eng_f32(a->xn), n, H, Id, err));
         eng_mm(m, a->u, eng_f32(a->xn), W(m, L->dense_up), n, Id, H, false, true, 1.0f, 0.0f);
+        TRY(lora_fwd(m, L->dense_up, a->u, eng_f32(a->xn), n, H, Id, err));
         ops->swiglu_fwd(s, h, a->g, a->u, (size_t)n * Id);
         eng_mm(m, y, eng_f32(h), W(m, L->dense_down), n, H, Id, false, true, 1.0f, 0.0f);
+        TRY(lora_fwd(m, L->dense_down, y, eng_f32(h), n, Id, H, err));
         dfree(m->dev, &h);
     }
     ops->add(s, x_out, x_mid, y, (size_t)n * H);
@@ -370,10 +484,12 @@ mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, c
         moe_layer_params_t p, gp;
         eng_moe_params(m, layer, false, &p, scratch);
         eng_moe_params(m, layer, true, &gp, scratch + 3 * E);
+        kern_lora_t *lora = moe_lora(m, layer, &p);
         moe_layer_dims_t d = eng_moe_dims(m, layer);
         mt_status_t st = moe_layer_backward(m->dev, &d, &p, &gp, a->xn, dx, aux_dp, tok_w, &a->moe,
                                             dxn, err);
         free(scratch);
+        free(lora);
         if (st != MT_OK) goto fail;
     } else {
         const int Id = c->intermediate_size;
@@ -381,12 +497,15 @@ mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, c
         ALLOC(dh, (size_t)n * Id, "d(dense mlp hidden)");
         ops->swiglu_fwd(s, h, a->g, a->u, (size_t)n * Id);
         eng_mm(m, dh, eng_f32(dx), W(m, L->dense_down), n, Id, H, false, false, 1.0f, 0.0f);
-        eng_mm(m, G(m, L->dense_down), eng_f32(dx), eng_f32(h), H, Id, n, true, false, 1.0f, 1.0f);
+        mm_grad(m, L->dense_down, eng_f32(dx), eng_f32(h), H, Id, n);
+        TRY(lora_bwd(m, L->dense_down, dx, eng_f32(h), dh, n, Id, H, err));
         ops->swiglu_bwd(s, a->g, a->u, dh, a->g, a->u, (size_t)n * Id);
-        eng_mm(m, G(m, L->dense_gate), eng_f32(a->g), eng_f32(a->xn), Id, H, n, true, false, 1.0f, 1.0f);
-        eng_mm(m, G(m, L->dense_up), eng_f32(a->u), eng_f32(a->xn), Id, H, n, true, false, 1.0f, 1.0f);
+        mm_grad(m, L->dense_gate, eng_f32(a->g), eng_f32(a->xn), Id, H, n);
+        mm_grad(m, L->dense_up, eng_f32(a->u), eng_f32(a->xn), Id, H, n);
         eng_mm(m, dxn, eng_f32(a->g), W(m, L->dense_gate), n, H, Id, false, false, 1.0f, 0.0f);
         eng_mm(m, dxn, eng_f32(a->u), W(m, L->dense_up), n, H, Id, false, false, 1.0f, 1.0f);
+        TRY(lora_bwd(m, L->dense_gate, a->g, eng_f32(a->xn), dxn, n, H, Id, err));
+        TRY(lora_bwd(m, L->dense_up, a->u, eng_f32(a->xn), dxn, n, H, Id, err));
         dfree(m->dev, &h);
         dfree(m->dev, &dh);
     }

@@ -234,6 +234,11 @@ static const key_row_t k_top_rows[] = {
     ROW("lora_alpha", K_DOUBLE, lora_alpha),
     ROW("lora_dropout", K_DOUBLE, lora_dropout),
     ROW("lora_target_modules", K_STRLIST, lora_target_modules),
+    ROW("lora_target_linear", K_BOOL, lora_target_linear),
+    ROW("use_rslora", K_BOOL, use_rslora),
+    ROW("lora_modules_to_save", K_STRLIST, lora_modules_to_save),
+    ROW("lora_model_dir", K_PATH, lora_model_dir),
+    ROW("merge_lora", K_BOOL, merge_lora),
     {0},
 };
 
@@ -400,7 +405,12 @@ static void reset_row(eng_run_config_t *cfg, const key_row_t *row) {
     eng_run_config_defaults(&def);
     memcpy((char *)cfg + row->offset, (const char *)&def + row->offset, row->size);
     if (row->kind == K_DATASETS) cfg->num_datasets = def.num_datasets;
-    if (row->kind == K_STRLIST) cfg->num_lora_target_modules = def.num_lora_target_modules;
+    if (row->kind == K_STRLIST && row->offset == offsetof(eng_run_config_t, lora_target_modules)) {
+        cfg->num_lora_target_modules = def.num_lora_target_modules;
+        cfg->lora_target_regex[0] = '\0';
+    }
+    if (row->kind == K_STRLIST && row->offset == offsetof(eng_run_config_t, lora_modules_to_save))
+        cfg->num_lora_modules_to_save = def.num_lora_modules_to_save;
 }
 
 /* A scalar holding a string (any style, not null, no NUL inside) copied
@@ -453,9 +463,21 @@ static mt_status_t apply_datasets(pctx_t *c, const char *key, yaml_node_t *n) {
     return MT_OK;
 }
 
-static mt_status_t apply_strlist(pctx_t *c, const char *key, yaml_node_t *n) {
-    if (n->type != YAML_SEQUENCE_NODE) return expected(c, n, key, "a list of strings");
+/* A list of module names (lora_target_modules, lora_modules_to_save).
+ * lora_target_modules may also be one string, as PEFT's target_modules:
+ * "all-linear" or a regular expression over the whole module name. */
+static mt_status_t apply_strlist(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
     eng_run_config_t *cfg = c->cfg;
+    const bool targets = row->offset == offsetof(eng_run_config_t, lora_target_modules);
+    if (targets && n->type == YAML_SCALAR_NODE && !eng_yaml_is_null(n)) {
+        mt_status_t st = take_string(c, n, key, false, cfg->lora_target_regex, sizeof cfg->lora_target_regex);
+        if (st != MT_OK) return st;
+        cfg->num_lora_target_modules = 0;
+        return MT_OK;
+    }
+    if (n->type != YAML_SEQUENCE_NODE)
+        return expected(c, n, key, targets ? "a list of module names, \"all-linear\" or a regular expression"
+                                           : "a list of module names");
     int count = 0;
     char tmp[ENG_MAX_LORA_TARGETS][sizeof cfg->lora_target_modules[0]];
     for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
@@ -465,8 +487,14 @@ static mt_status_t apply_strlist(pctx_t *c, const char *key, yaml_node_t *n) {
         if (st != MT_OK) return st;
         count++;
     }
-    memcpy(cfg->lora_target_modules, tmp, sizeof tmp[0] * (size_t)count);
-    cfg->num_lora_target_modules = count;
+    if (targets) {
+        memcpy(cfg->lora_target_modules, tmp, sizeof tmp[0] * (size_t)count);
+        cfg->num_lora_target_modules = count;
+        cfg->lora_target_regex[0] = '\0';
+    } else {
+        memcpy(cfg->lora_modules_to_save, tmp, sizeof tmp[0] * (size_t)count);
+        cfg->num_lora_modules_to_save = count;
+    }
     return MT_OK;
 }
 
@@ -570,7 +598,7 @@ static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_
         return fail(c, n, "%s: got %s, expected one of: %s", key, got, list);
     }
     case K_DATASETS: return apply_datasets(c, key, n);
-    case K_STRLIST: return apply_strlist(c, key, n);
+    case K_STRLIST: return apply_strlist(c, row, key, n);
     case K_JSON: return apply_json(c, key, n);
     case K_SECTION: {
         if (n->type != YAML_MAPPING_NODE) return expected(c, n, key, "a mapping");

@@ -110,6 +110,15 @@ typedef struct {
     double lora_dropout;            /* default 0 */
     char lora_target_modules[ENG_MAX_LORA_TARGETS][128]; /* module names, e.g. "q_proj" */
     int num_lora_target_modules;
+    /* lora_target_modules given as one string: PEFT's form, a regular
+     * expression matched against the whole module name, or "all-linear" */
+    char lora_target_regex[512];
+    bool lora_target_linear;        /* every linear layer but the router and lm_head (axolotl) */
+    bool use_rslora;                /* scale = alpha / sqrt(r) (PEFT's use_rslora) */
+    char lora_modules_to_save[ENG_MAX_LORA_TARGETS][128]; /* trained in full, e.g. "embed_tokens" */
+    int num_lora_modules_to_save;
+    char lora_model_dir[1024];      /* start from this PEFT adapter (adapter_config.json + weights) */
+    bool merge_lora;                /* also write the merged full model to output_dir/merged */
 } eng_run_config_t;
 
 /* Sets every field to its default. */

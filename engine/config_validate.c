@@ -70,7 +70,14 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
         NEED(isfinite(cfg->lora_alpha) && cfg->lora_alpha > 0, "lora_alpha must be > 0, got %g", cfg->lora_alpha);
         NEED(cfg->lora_dropout >= 0 && cfg->lora_dropout < 1, "lora_dropout must be in [0, 1), got %g",
              cfg->lora_dropout);
-        NEED(cfg->num_lora_target_modules >= 1, "adapter: lora needs lora_target_modules (e.g. [q_proj, v_proj])");
+        NEED(cfg->num_lora_target_modules >= 1 || cfg->lora_target_regex[0] || cfg->lora_target_linear ||
+                 cfg->lora_model_dir[0],
+             "adapter: lora needs lora_target_modules (e.g. [q_proj, v_proj]), lora_target_linear: true, or "
+             "lora_model_dir (an adapter whose targets to continue)");
+    } else {
+        NEED(!cfg->lora_model_dir[0] && !cfg->merge_lora && !cfg->lora_target_linear &&
+                 cfg->num_lora_modules_to_save == 0,
+             "lora_model_dir, merge_lora, lora_target_linear and lora_modules_to_save need adapter: lora");
     }
     if (cfg->model_config_json) {
         json_error_t je;

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "engine/exec_internal.h"
+#include "engine/lora_model.h"
 #include "engine/trace.h"
 
 /* ---- tracing ------------------------------------------------------------ */
@@ -143,11 +144,11 @@ static void build_block_lists(eng_model_t *m) {
     x->nused = calloc((size_t)x->nb, sizeof *x->nused);
     MT_CHECK(x->used && x->nused, "out of memory for block lists");
     for (int b = 0; b < x->nb; b++) {
-        x->used[b] = malloc((size_t)m->spec.count * sizeof(int));
+        x->used[b] = malloc((size_t)m->num_params * sizeof(int));
         MT_CHECK_ALLOC(x->used[b], "block list");
     }
     /* dense (non-routed) parameters each block computes with */
-    for (int i = 0; i < m->spec.count; i++)
+    for (int i = 0; i < m->num_params; i++)
         if (m->params[i].spec->expert < 0 && m->params[i].block != L + 1 && i != m->embed)
             add_used(x, m->params[i].block, i);
     add_used(x, 0, m->embed);
@@ -165,6 +166,7 @@ static mt_status_t place_param(eng_model_t *m, eng_param_t *p, mt_error_t *err) 
         p->w = kern_alloc(m->dev, exec_w_bytes(p), tag, err);
         if (!p->w) return err->code;
     }
+    if (p->frozen) return MT_OK; /* no master beside the home, no gradient, no optimizer state */
     if (bp->optim == SCHED_OPTIM_DEVICE && p->w_dtype != MT_F32) {
         snprintf(tag, sizeof tag, "fp32 master of %s", p->spec->name);
         p->dev_master = kern_alloc(m->dev, bytes, tag, err);
@@ -233,7 +235,7 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
     m->exec = x;
     x->nb = nb;
     build_block_lists(m);
-    const int P = m->spec.count, L = m->cfg.num_hidden_layers;
+    const int P = m->num_params, L = m->cfg.num_hidden_layers;
     x->w_ready = calloc((size_t)nb, sizeof *x->w_ready);
     x->a_ready = calloc((size_t)nb, sizeof *x->a_ready);
     x->o_done = calloc((size_t)nb, sizeof *x->o_done);
@@ -268,17 +270,17 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
 
 mt_status_t eng_exec_place(eng_model_t *m, mt_error_t *err) {
     eng_exec_t *x = m->exec;
-    for (int i = 0; i < m->spec.count; i++) {
+    for (int i = 0; i < m->num_params; i++) {
         mt_status_t st = place_param(m, &m->params[i], err);
         if (st != MT_OK) return st;
     }
     /* resident weights cross once, a block at a time through the pool */
-    moe_staging_xfer_t *items = malloc((size_t)(m->spec.count > 0 ? 2 * m->spec.count : 1) * sizeof *items);
+    moe_staging_xfer_t *items = malloc((size_t)(m->num_params > 0 ? 2 * m->num_params : 1) * sizeof *items);
     MT_CHECK_ALLOC(items, "placement batch");
     mt_status_t st = MT_OK;
     for (int b = 0; b < x->nb && st == MT_OK; b++) {
         int n = 0;
-        for (int i = 0; i < m->spec.count; i++) {
+        for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
             if (p->block != b) continue;
             if (p->w) items[n++] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
@@ -292,10 +294,11 @@ mt_status_t eng_exec_place(eng_model_t *m, mt_error_t *err) {
     free(items);
     eng_exec_drain(m);
     if (st != MT_OK) return st;
-    /* A device optimizer owns the master: the host copy would only go stale. */
-    for (int i = 0; i < m->spec.count; i++) {
+    /* A device optimizer owns the master: the host copy would only go stale.
+     * A frozen weight keeps its home, which is what a merge reads. */
+    for (int i = 0; i < m->num_params; i++) {
         eng_param_t *p = &m->params[i];
-        if (exec_block_plan(m, p->block)->optim == SCHED_OPTIM_DEVICE) {
+        if (exec_block_plan(m, p->block)->optim == SCHED_OPTIM_DEVICE && !p->frozen) {
             free(p->host_w);
             p->host_w = NULL;
         }
@@ -312,7 +315,7 @@ void eng_exec_destroy(eng_model_t *m) {
     eng_exec_drain(m);
     if (m->trace) eng_model_set_trace(m, NULL);
     kern_set_reclaim_hook(m->dev, NULL, NULL);
-    for (int i = 0; i < m->spec.count; i++) {
+    for (int i = 0; i < m->num_params; i++) {
         eng_param_t *p = &m->params[i];
         /* streamed weights and host-bound gradients live in spans, freed below */
         void *bufs[] = {x->w_span[i] < 0 ? p->w : NULL, p->g_transient && x->g_span[i] < 0 ? p->g : NULL,
@@ -395,6 +398,10 @@ mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, 
                            mt_error_t *err) {
     mt_status_t st = eng_model_init(m, dev, dir, opts, err);
     if (st != MT_OK) return st;
+    if (opts->lora && (st = eng_lora_attach(m, opts->lora, err)) != MT_OK) {
+        eng_model_release(m);
+        return st;
+    }
     /* The executor and its staging pool first: settings it refuses fail
      * before a large checkpoint is read. */
     const sched_plan_t *plan = opts->plan;
@@ -406,6 +413,7 @@ mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, 
     st = eng_exec_create(m, plan, opts->staging, err);
     if (plan == &keep_all) sched_plan_free(&keep_all);
     if (st == MT_OK) st = eng_model_read_weights(m, dir, err);
+    if (st == MT_OK && opts->lora) st = eng_lora_init_weights(m, opts->lora, err);
     if (st == MT_OK) st = eng_exec_place(m, err);
     if (st != MT_OK) eng_model_free(m);
     return st;

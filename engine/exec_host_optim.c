@@ -17,8 +17,8 @@ void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m) {
     h->m = m;
     h->cap = eng_model_num_blocks(m) + 1;
     h->queue = calloc((size_t)h->cap, sizeof *h->queue);
-    h->done = calloc((size_t)m->spec.count, sizeof *h->done);
-    h->gnorm_part = calloc((size_t)m->spec.count, sizeof *h->gnorm_part);
+    h->done = calloc((size_t)m->num_params, sizeof *h->done);
+    h->gnorm_part = calloc((size_t)m->num_params, sizeof *h->gnorm_part);
     MT_CHECK(h->queue && h->done && h->gnorm_part, "out of memory for the host optimizer");
     /* host AdamW's threads: the device's own host pool where its kernels run
      * on host cores (compute is idle while the optimizer step runs); beside
@@ -74,7 +74,7 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&h->lock);
         const double t0 = mt_now_s();
         size_t bytes = 0;
-        for (int i = 0; i < m->spec.count; i++) {
+        for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
             if (p->block != b || !p->has_grad) continue;
             /* the norm's share while the gradient is at hand, off the step's tail */

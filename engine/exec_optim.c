@@ -59,7 +59,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
      * copy and one sync (a GPU step would otherwise sync once per
      * parameter).  Then one double sum in parameter order: the same norm
      * wherever the gradients were. */
-    const int P = m->spec.count;
+    const int P = m->num_params;
     float *dev_parts = kern_alloc(dev, (size_t)(P > 0 ? P : 1) * sizeof(float), "gradient norm parts", err);
     if (!dev_parts) return err->code;
     float *parts = malloc((size_t)(P > 0 ? P : 1) * sizeof *parts);
@@ -124,7 +124,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     const kern_adamw_params_t base = exec_adamw_params(hp, out->clip_scale);
 
     /* block by block, so the host optimizer's copies move as one batch each */
-    moe_staging_xfer_t *items = malloc((size_t)(m->spec.count > 0 ? m->spec.count : 1) * sizeof *items);
+    moe_staging_xfer_t *items = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *items);
     MT_CHECK_ALLOC(items, "optimizer transfers");
     mt_status_t st = MT_OK;
     bool refreshed = false;
@@ -134,7 +134,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         int n = 0;
         /* host AdamW reads device-accumulated gradients from host memory */
         if (bp->optim == SCHED_OPTIM_HOST && bp->grads == SCHED_GRADS_DEVICE) {
-            for (int i = 0; i < m->spec.count; i++) {
+            for (int i = 0; i < m->num_params; i++) {
                 eng_param_t *p = &m->params[i];
                 if (p->block != b || !p->has_grad || x->hopt.done[i]) continue;
                 items[n++] = (moe_staging_xfer_t){p->host_g, p->g_acc, exec_f32_bytes(p), MOE_STAGING_COPY};
@@ -145,7 +145,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
             if (n > 0) kern_stream_sync(dev, kern_stream(dev, KERN_STREAM_D2H));
         }
         n = 0;
-        for (int i = 0; i < m->spec.count && st == MT_OK; i++) {
+        for (int i = 0; i < m->num_params && st == MT_OK; i++) {
             eng_param_t *p = &m->params[i];
             if (p->block != b) continue;
             if (!p->has_grad) {
@@ -202,7 +202,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     x->cnt.between_steps = false;
     if (st != MT_OK) return st;
     /* ready for the next step's first micro-batch */
-    for (int i = 0; i < m->spec.count; i++) {
+    for (int i = 0; i < m->num_params; i++) {
         eng_param_t *p = &m->params[i];
         if (p->g_acc && p->acc_has_data) kern_memset(dev, s, p->g_acc, 0, p->spec->numel * sizeof(float));
         p->has_grad = false;

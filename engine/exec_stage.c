@@ -125,29 +125,39 @@ static void tl_add(tlist_t *l, size_t bytes) {
     l->t[l->n++] = bytes;
 }
 
-/* Streamed weight bytes of blocks [b0, b0 + w), every expert included; the
- * tensors go to out when given. */
+static int expert_ids(const eng_model_t *m, int l, const int32_t *counts, int *ids, int n);
+static int *id_buffer(const eng_model_t *m, int b);
+
+/* Streamed weight bytes of blocks [b0, b0 + w), every expert (and its
+ * LoRA factors) included; the tensors go to out when given. */
 static size_t window_weights(eng_model_t *m, int b0, int w, tlist_t *out) {
     eng_exec_t *x = m->exec;
     const int gen = ++x->mark_gen;
     size_t sum = 0;
+    int32_t *all = NULL;
     for (int b = b0; b < b0 + w && b < x->nb; b++) {
-        const int l = b - 1, E = layer_is_moe(m, l) ? m->cfg.num_experts : 0;
-        for (int k = 0; k < x->nused[b] + 3 * E; k++) {
-            int i;
-            if (k < x->nused[b]) {
-                i = x->used[b][k];
-            } else {
-                const int e = (k - x->nused[b]) / 3, r = (k - x->nused[b]) % 3;
-                const eng_layer_index_t *Lx = &m->layers[l];
-                i = r == 0 ? Lx->exp_gate[e] : r == 1 ? Lx->exp_up[e] : Lx->exp_down[e];
+        const int l = b - 1;
+        int *ids = id_buffer(m, b);
+        int n = x->nused[b];
+        memcpy(ids, x->used[b], (size_t)n * sizeof *ids);
+        if (layer_is_moe(m, l)) {
+            if (!all) {
+                all = malloc((size_t)m->cfg.num_experts * sizeof *all);
+                MT_CHECK_ALLOC(all, "staging window");
+                for (int e = 0; e < m->cfg.num_experts; e++) all[e] = 1;
             }
+            n = expert_ids(m, l, all, ids, n);
+        }
+        for (int k = 0; k < n; k++) {
+            const int i = ids[k];
             if (x->mark[i] == gen || !exec_param_streamed(m, &m->params[i])) continue;
             x->mark[i] = gen;
             sum += exec_w_bytes(&m->params[i]);
             if (out) tl_add(out, exec_w_bytes(&m->params[i]));
         }
+        free(ids);
     }
+    free(all);
     return sum;
 }
 
@@ -169,11 +179,11 @@ static void stage_window(eng_model_t *m, int tokens, tlist_t *t, eng_exec_stagin
     for (int b = 0; b < x->nb; b++) {
         if (exec_block_plan(m, b)->grads != SCHED_GRADS_HOST) continue;
         size_t s = 0;
-        for (int i = 0; i < m->spec.count; i++)
+        for (int i = 0; i < m->num_params; i++)
             if (m->params[i].block == b) s += exec_f32_bytes(&m->params[i]);
         if (s > gbest) gbest = s, gb = b;
     }
-    for (int i = 0; gb >= 0 && i < m->spec.count; i++)
+    for (int i = 0; gb >= 0 && i < m->num_params; i++)
         if (m->params[i].block == gb) tl_add(t, exec_f32_bytes(&m->params[i]));
     info->window_grads = gbest;
     /* every offloaded block's activations, held from its forward to its backward */
@@ -199,7 +209,7 @@ mt_status_t exec_stage_create(eng_model_t *m, int tokens, mt_error_t *err) {
     info->tokens = tokens;
     info->window_blocks = m->plan.prefetch_window + 1;
     /* anything may cross once (placement), so the largest parameter bounds slots and slabs */
-    for (int i = 0; i < m->spec.count; i++)
+    for (int i = 0; i < m->num_params; i++)
         if (exec_f32_bytes(&m->params[i]) > info->largest_tensor) {
             info->largest_tensor = exec_f32_bytes(&m->params[i]);
             snprintf(info->largest_name, sizeof info->largest_name, "%s", m->params[i].spec->name);
@@ -241,7 +251,7 @@ mt_status_t exec_stage_create(eng_model_t *m, int tokens, mt_error_t *err) {
         /* beside them, room for the largest parameter tensor (the largest
          * "tensor" may be one of the activation regions just counted) */
         largest_param = 0;
-        for (int i = 0; i < m->spec.count; i++)
+        for (int i = 0; i < m->num_params; i++)
             if (exec_f32_bytes(&m->params[i]) > largest_param) largest_param = exec_f32_bytes(&m->params[i]);
         must[n++] = largest_param;
         const size_t need = moe_staging_plan_bytes(set->mode, must, n, &po);
@@ -378,20 +388,27 @@ static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, int
     return st;
 }
 
-/* ids of the tensors of layer l's experts with tokens (counts NULL: none) appended to ids[n..]. */
+/* ids of the tensors of layer l's experts with tokens (counts NULL: none),
+ * with their LoRA factors, appended to ids[n..]: an expert's adapter moves
+ * and trains with it, and like it only when the expert got tokens. */
 static int expert_ids(const eng_model_t *m, int l, const int32_t *counts, int *ids, int n) {
     const eng_layer_index_t *Lx = &m->layers[l];
     for (int e = 0; counts && e < m->cfg.num_experts; e++)
         if (counts[e] > 0) {
-            ids[n++] = Lx->exp_gate[e];
-            ids[n++] = Lx->exp_up[e];
-            ids[n++] = Lx->exp_down[e];
+            const int mods[3] = {Lx->exp_gate[e], Lx->exp_up[e], Lx->exp_down[e]};
+            for (int k = 0; k < 3; k++) {
+                ids[n++] = mods[k];
+                if (m->params[mods[k]].lora_a >= 0) {
+                    ids[n++] = m->params[mods[k]].lora_a;
+                    ids[n++] = m->params[mods[k]].lora_b;
+                }
+            }
         }
     return n;
 }
 
 static int *id_buffer(const eng_model_t *m, int b) {
-    const int n = m->exec->nused[b] + 3 * m->cfg.num_experts + 1;
+    const int n = m->exec->nused[b] + 9 * m->cfg.num_experts + 1;
     int *ids = malloc((size_t)n * sizeof *ids);
     MT_CHECK_ALLOC(ids, "parameter list");
     return ids;
@@ -615,7 +632,8 @@ mt_status_t exec_prepare_grads(eng_model_t *m, int b, mt_error_t *err) {
     const int gen = ++x->mark_gen;
     for (int j = 0; j < n && st == MT_OK; j++) {
         eng_param_t *p = &m->params[ids[j]];
-        if (p->g || x->mark[ids[j]] == gen) continue; /* already the target in this micro-batch (tied weights) */
+        if (p->frozen || p->g || x->mark[ids[j]] == gen) continue; /* frozen, or already the target in this
+                                                                       * micro-batch (tied weights) */
         const sched_block_plan_t *bp = exec_block_plan(m, p->block);
         if (bp->grads == SCHED_GRADS_HOST) {
             x->mark[ids[j]] = gen;
@@ -665,7 +683,7 @@ mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err) {
     kern_stream_t *cs = kern_stream(m->dev, KERN_STREAM_COMPUTE), *d2h = kern_stream(m->dev, KERN_STREAM_D2H);
     moe_staging_xfer_t *items = NULL;
     int *which = NULL, n = 0, experts = 0;
-    for (int i = 0; i < m->spec.count; i++) {
+    for (int i = 0; i < m->num_params; i++) {
         eng_param_t *p = &m->params[i];
         if (p->block != b || !p->g) continue;
         p->has_grad = true;
@@ -680,8 +698,8 @@ mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err) {
             continue;
         }
         if (!items) {
-            items = malloc((size_t)m->spec.count * sizeof *items);
-            which = malloc((size_t)m->spec.count * sizeof *which);
+            items = malloc((size_t)m->num_params * sizeof *items);
+            which = malloc((size_t)m->num_params * sizeof *which);
             MT_CHECK(items && which, "out of memory for a gradient batch");
         }
         /* first micro-batch: the copy is the accumulator; later ones add into it */
@@ -726,7 +744,7 @@ mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err) {
 
 void exec_drop_grads(eng_model_t *m) {
     eng_exec_t *x = m->exec;
-    for (int i = 0; i < m->spec.count; i++) {
+    for (int i = 0; i < m->num_params; i++) {
         eng_param_t *p = &m->params[i];
         if (p->g && p->g_transient) {
             if (x->g_span[i] >= 0) span_put(m, x->g_span[i], kern_stream(m->dev, KERN_STREAM_D2H));

@@ -363,13 +363,21 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
             DALLOC(dxf, act, "d(final norm output)");
             /* st->logits now holds d(logits) (xent wrote it in place) */
             eng_mm(m, dxf, eng_f32(st->logits), head_weight(m), n, H, V, false, false, 1.0f, 0.0f);
-            eng_mm(m, m->params[m->lm_head].g, eng_f32(st->logits), eng_f32(st->xf), V, H, n, true, false, 1.0f,
-                   1.0f);
+            if (m->params[m->lm_head].g) /* NULL when frozen (a LoRA run) */
+                eng_mm(m, m->params[m->lm_head].g, eng_f32(st->logits), eng_f32(st->xf), V, H, n, true, false,
+                       1.0f, 1.0f);
             dfree(m->dev, st->logits);
             st->logits = NULL;
             DALLOC(st->dx, act, "d(residual)");
-            ops->rmsnorm_bwd(s, st->dx, m->params[m->final_norm].g, dxf, st->xin[L],
-                             m->params[m->final_norm].w, st->rstdf, n, H);
+            /* a frozen final norm's kernel still writes a weight gradient: into scratch */
+            float *gnorm = m->params[m->final_norm].g, *gscratch = NULL;
+            if (!gnorm) {
+                DALLOC(gscratch, (size_t)H * sizeof(float), "gradient of the frozen final norm (discarded)");
+                kern_memset(m->dev, s, gscratch, 0, (size_t)H * sizeof(float));
+                gnorm = gscratch;
+            }
+            ops->rmsnorm_bwd(s, st->dx, gnorm, dxf, st->xin[L], m->params[m->final_norm].w, st->rstdf, n, H);
+            if (gscratch) dfree(m->dev, gscratch);
             dfree(m->dev, dxf);
         } else if (b >= 1) {
             const int l = b - 1;
@@ -383,7 +391,7 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
             dfree(m->dev, st->xin[l + 1]);
             st->xin[l + 1] = NULL;
         } else {
-            ops->embedding_bwd(s, m->params[m->embed].g, st->dx, st->ids, n, H);
+            if (m->params[m->embed].g) ops->embedding_bwd(s, m->params[m->embed].g, st->dx, st->ids, n, H);
         }
         m->exec->bwd_s[b] += mt_now_s() - t0;
         if (m->trace) {

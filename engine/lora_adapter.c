@@ -506,7 +506,7 @@ mt_status_t eng_lora_weights_read(const char *path, const eng_model_desc_t *d, i
 }
 
 mt_status_t eng_lora_weights_write(const char *path, const eng_model_desc_t *d, const eng_lora_weights_t *w,
-                                   mt_error_t *err) {
+                                   const char *const *meta_kv, int meta_count, mt_error_t *err) {
     const int n = 2 * w->count + w->num_saved;
     eng_st_write_tensor_t *t = calloc((size_t)n + 1, sizeof *t);
     char (*names)[300] = calloc((size_t)n + 1, sizeof *names);
@@ -540,7 +540,7 @@ mt_status_t eng_lora_weights_write(const char *path, const eng_model_desc_t *d, 
             k++;
         }
     }
-    st = eng_st_write(path, t, k, NULL, 0, err);
+    st = eng_st_write(path, t, k, meta_kv, meta_count, err);
     free(t);
     free(names);
     free(shapes);

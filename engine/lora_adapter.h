@@ -98,9 +98,10 @@ typedef struct {
  * shape mismatch both shapes. */
 mt_status_t eng_lora_weights_read(const char *path, const eng_model_desc_t *d, int r, eng_lora_weights_t *out,
                                   mt_error_t *err);
-/* Writes per-expert keys in fp32, A before B, in description order. */
+/* Writes per-expert keys in fp32, A before B, in description order, with
+ * meta_kv (key, value pairs, may be NULL) in the file's __metadata__. */
 mt_status_t eng_lora_weights_write(const char *path, const eng_model_desc_t *d, const eng_lora_weights_t *w,
-                                   mt_error_t *err);
+                                   const char *const *meta_kv, int meta_count, mt_error_t *err);
 void eng_lora_weights_free(eng_lora_weights_t *w);
 /* An adapter loaded to resume or continue (lora_model_dir) must adapt
  * exactly the modules the run selects: MT_ERR_CONFIG naming the first module

@@ -219,7 +219,7 @@ static void test_fixture(const char *fixture) {
 
         /* write and read back: same keys, byte-identical data, as the fixture */
         const char *out = tmp_path("adapter_model.safetensors");
-        EXPECT(eng_lora_weights_write(out, &m.d, &w, &err) == MT_OK, "%s", err.msg);
+        EXPECT(eng_lora_weights_write(out, &m.d, &w, NULL, 0, &err) == MT_OK, "%s", err.msg);
         eng_st_file_t fa, fb;
         if (eng_st_open(path, &fa, &err) == MT_OK) {
             if (eng_st_open(out, &fb, &err) == MT_OK) {
@@ -396,7 +396,7 @@ static void test_weight_errors(void) {
     eng_lora_pair_t pair = {.param = pq, .out = 16, .in = 16, .r = 4, .a = qa, .b = qb};
     eng_lora_full_t full = {.param = pl, .data = head};
     eng_lora_weights_t ws = {.pairs = &pair, .count = 1, .saved = &full, .num_saved = 1};
-    EXPECT(eng_lora_weights_write(p, &m.d, &ws, &err) == MT_OK, "%s", err.msg);
+    EXPECT(eng_lora_weights_write(p, &m.d, &ws, NULL, 0, &err) == MT_OK, "%s", err.msg);
     EXPECT(eng_lora_weights_read(p, &m.d, 4, &w, &err) == MT_OK, "%s", err.msg);
     EXPECT(w.count == 1 && w.num_saved == 1 && w.saved[0].param == pl &&
                !memcmp(w.saved[0].data, head, sizeof head) && !memcmp(w.pairs[0].a, qa, sizeof qa),

@@ -124,7 +124,9 @@ mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, 
         p->w_dtype = eng_param_working_dtype(p->spec, m->compute);
         p->host_w = malloc(p->spec->numel * sizeof(float));
         MT_CHECK_ALLOC(p->host_w, p->spec->name);
+        p->lora_a = p->lora_b = -1;
     }
+    m->num_params = m->spec.count;
     return MT_OK;
 fail:
     eng_model_release(m);
@@ -156,7 +158,7 @@ mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *
 void eng_model_release(eng_model_t *m) {
     MT_CHECK(!m->exec, "eng_model_release: the executor is still alive (use eng_model_free)");
     if (m->params) {
-        for (int i = 0; i < m->spec.count; i++) {
+        for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
             free(p->host_w);
             free(p->host_g);
@@ -174,6 +176,8 @@ void eng_model_release(eng_model_t *m) {
         free(m->layers);
     }
     sched_plan_free(&m->plan);
+    eng_lora_plan_free(&m->lora.plan);
+    free(m->lora.specs);
     eng_model_spec_free(&m->spec);
     eng_model_config_free(&m->cfg);
     memset(m, 0, sizeof *m);

@@ -25,6 +25,7 @@
 
 #include "engine/config.h"
 #include "engine/data.h"
+#include "engine/lora_targets.h"
 #include "engine/model_config.h"
 #include "engine/model_spec.h"
 #include "kernels/device.h"
@@ -63,6 +64,7 @@ typedef struct {
     float *host_m, *host_v; /* host AdamW state (optimizer HOST), lazily allocated */
     int64_t step;       /* this tensor's AdamW step count (PyTorch keeps one per parameter) */
     bool frozen;        /* not trained by this run (a LoRA run's base): no gradient, master or AdamW state */
+    int lora_a, lora_b; /* a LoRA run's factors adapting this module (indices into params), -1 = none */
     bool has_grad;      /* received a gradient in the current optimizer step */
     bool acc_has_data;  /* the accumulator already holds an earlier micro-batch's gradient */
     bool g_transient;   /* g is a per-micro-batch buffer to fold into the accumulator */
@@ -76,9 +78,39 @@ typedef struct {
     int *exp_gate, *exp_up, *exp_down; /* (E) when the layer is MoE */
 } eng_layer_index_t;
 
+/* A LoRA run's adapters: y = W x + scale * B (A dropout(x)) on every
+ * targeted module, A (r, in) and B (out, r) trainable parameters of the
+ * model (after the base's in params[]), the base frozen (engine/lora_model.h). */
+typedef struct {
+    bool on;
+    int r;
+    float scale;             /* alpha / r, or alpha / sqrt(r) with rsLoRA */
+    double alpha;
+    bool use_rslora;
+    float dropout;           /* 0 = exact */
+    uint64_t seed;           /* dropout masks */
+    eng_lora_plan_t plan;    /* the targets, and the modules trained in full */
+    eng_param_spec_t *specs; /* (2 * plan.count): A, B of each target in turn */
+} eng_model_lora_t;
+
+/* What a LoRA run asks of eng_model_open (engine/lora_model.h). */
+typedef struct {
+    eng_lora_select_t select; /* which modules (engine/lora_targets.h) */
+    int r;
+    double alpha;
+    bool use_rslora;
+    double dropout;
+    uint64_t seed;            /* initial A (without init_dir) and dropout masks */
+    const char *init_dir;     /* a PEFT adapter to start from, or NULL */
+} eng_lora_opts_t;
+
 typedef struct {
     eng_model_config_t cfg;
     eng_model_spec_t spec;
+    /* params[0 .. spec.count) are the description's; a LoRA run appends its
+     * adapter factors after them */
+    int num_params;
+    eng_model_lora_t lora;
     kern_device_t *dev;        /* not owned */
     eng_param_t *params;       /* spec.count */
     eng_layer_index_t *layers; /* num_hidden_layers */
@@ -120,6 +152,7 @@ typedef struct {
     const sched_plan_t *plan;              /* NULL: keep everything on the device (keep_all) */
     const eng_staging_settings_t *staging; /* NULL: defaults */
     mt_dtype_t compute;                    /* MT_F32 (the default, 0) or MT_BF16 */
+    const eng_lora_opts_t *lora;           /* NULL: full fine-tuning */
 } eng_model_opts_t;
 
 /* The host side of eng_model_open (engine/exec.h), in its order: the

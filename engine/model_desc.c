@@ -44,6 +44,8 @@ static const char *const k_role_names[ENG_P_ROLE_COUNT] = {
     [ENG_P_FINAL_NORM] = "final_norm",
     [ENG_P_LM_HEAD] = "lm_head",
     [ENG_P_ROUTER_BIAS] = "router_bias",
+    [ENG_P_LORA_A] = "lora_A",
+    [ENG_P_LORA_B] = "lora_B",
 };
 
 const char *eng_param_role_name(eng_param_role_t role) {
@@ -255,7 +257,9 @@ size_t eng_act_numel(const eng_act_desc_t *a, int64_t n) {
 
 mt_dtype_t eng_param_working_dtype(const eng_param_spec_t *p, mt_dtype_t compute) {
     if (compute != MT_BF16) return MT_F32;
-    return p->ndim == 2 && p->role != ENG_P_EMBED && p->role != ENG_P_ROUTER ? MT_BF16 : MT_F32;
+    /* an adapter factor is an operand of the same products as its module */
+    const eng_param_role_t role = p->role == ENG_P_LORA_A || p->role == ENG_P_LORA_B ? p->adapts : p->role;
+    return p->ndim == 2 && role != ENG_P_EMBED && role != ENG_P_ROUTER ? MT_BF16 : MT_F32;
 }
 
 mt_dtype_t eng_act_dtype(eng_act_class_t cls, mt_dtype_t compute) {

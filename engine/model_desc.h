@@ -46,6 +46,10 @@ typedef enum {
     ENG_P_FINAL_NORM,    /* model.norm.weight (H) */
     ENG_P_LM_HEAD,       /* lm_head.weight (V, H); absent when tied */
     ENG_P_ROUTER_BIAS,   /* a router's score correction bias (E): a buffer, never trained */
+    /* A LoRA run's adapter factors (engine/lora_model.h): not in the base
+     * description, added by the run beside the module they adapt */
+    ENG_P_LORA_A,        /* (r, in) */
+    ENG_P_LORA_B,        /* (out, r) */
     ENG_P_ROLE_COUNT,
 } eng_param_role_t;
 
@@ -66,6 +70,7 @@ typedef struct {
     mt_dtype_t dtype;    /* storage dtype: config.json's dtype, or the checkpoint's once known
                           * (eng_model_desc_note_dtype) */
     bool trainable;      /* full fine-tuning trains it (parameters yes, buffers no) */
+    eng_param_role_t adapts; /* ENG_P_LORA_A / _B: the role of the module the factor adapts */
 } eng_param_spec_t;
 
 /* What a saved activation's elements are stored as. */

@@ -32,6 +32,11 @@ mt_status_t eng_program_describe(const eng_model_config_t *mc, const eng_run_con
             snprintf(shape->lora_targets[i], sizeof shape->lora_targets[i], "%s", rc->lora_target_modules[i]);
         }
         shape->num_lora_targets = rc->num_lora_target_modules;
+        /* lora_target_linear, and a regular expression the planner cannot
+         * evaluate, are planned as every linear layer: an upper bound on
+         * the adapters' bytes */
+        if ((rc->lora_target_linear || rc->lora_target_regex[0]) && shape->num_lora_targets < SCHED_MAX_LORA_TARGETS)
+            snprintf(shape->lora_targets[shape->num_lora_targets++], sizeof shape->lora_targets[0], "all-linear");
     }
     /* the run's shape must be sound before the description's ops are sized by it */
     if (shape->micro_batch_size < 1 || shape->sequence_len < 1 || shape->grad_accum < 1)

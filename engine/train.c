@@ -17,6 +17,7 @@
 #include "engine/data.h"
 #include "engine/exec.h"
 #include "engine/host_mem.h"
+#include "engine/lora_model.h"
 #include "engine/model.h"
 #include "engine/optim.h"
 #include "engine/report.h"
@@ -96,14 +97,11 @@ static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, c
 
 static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result_t *result,
                                     mt_error_t *err);
+static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts_t *lora,
+                                 eng_train_result_t *result, mt_error_t *err);
 
 mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt_error_t *err) {
     memset(result, 0, sizeof *result);
-    if (rc->adapter == ENG_ADAPTER_LORA)
-        return mt_error_set(err, MT_ERR_UNSUPPORTED,
-                            "%s: adapter: lora is not supported yet by moetune train; remove it for "
-                            "full fine-tuning",
-                            rc->source_path);
     /* Before anything is written: inputs are never outputs, and one run per
      * output_dir (the lock is held until eng_train returns). */
     mt_status_t st = eng_run_check_paths(rc, err);
@@ -126,6 +124,38 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
 static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result_t *result,
                                     mt_error_t *err) {
 
+    /* A LoRA run's adapter settings, before the device: a lora_model_dir
+     * that disagrees with the run fails first.  A run that names no targets
+     * continues the adapter's, and plans with them. */
+    eng_lora_run_opts_t lora;
+    const bool use_lora = rc->adapter == ENG_ADAPTER_LORA;
+    eng_run_config_t rc_lora;
+    if (use_lora) {
+        mt_status_t st = eng_lora_run_opts(rc, &lora, err);
+        if (st != MT_OK) {
+            eng_lora_run_opts_free(&lora);
+            return st;
+        }
+        rc_lora = *rc;
+        if (rc->num_lora_target_modules == 0 && !rc->lora_target_regex[0] && !rc->lora_target_linear) {
+            const eng_lora_config_t *c = &lora.init_cfg;
+            for (int i = 0; i < c->num_target_modules && i < ENG_MAX_LORA_TARGETS; i++)
+                snprintf(rc_lora.lora_target_modules[i], sizeof rc_lora.lora_target_modules[i], "%s",
+                         c->target_modules[i]);
+            rc_lora.num_lora_target_modules = c->num_target_modules < ENG_MAX_LORA_TARGETS ? c->num_target_modules
+                                                                                             : ENG_MAX_LORA_TARGETS;
+            if (c->target_regex)
+                snprintf(rc_lora.lora_target_regex, sizeof rc_lora.lora_target_regex, "%s", c->target_regex);
+        }
+        rc = &rc_lora;
+    }
+    mt_status_t st = eng_train_run(rc, use_lora ? &lora.opts : NULL, result, err);
+    if (use_lora) eng_lora_run_opts_free(&lora);
+    return st;
+}
+
+static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts_t *lora,
+                                 eng_train_result_t *result, mt_error_t *err) {
     kern_device_t *dev = NULL;
     mt_status_t st = eng_open_device(rc, &dev, err);
     if (st != MT_OK) return st;
@@ -151,7 +181,8 @@ static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result
     const eng_model_opts_t mo = {.overrides_json = rc->model_config_json,
                                  .plan = &tp.plan,
                                  .staging = &staging,
-                                 .compute = eng_compute_dtype(rc, dev)};
+                                 .compute = eng_compute_dtype(rc, dev),
+                                 .lora = lora};
     st = eng_model_open(&model, dev, rc->base_model, &mo, err);
     if (st != MT_OK) {
         eng_train_plan_free(&tp);
@@ -205,6 +236,15 @@ static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result
     else
         eng_reporter_note(&rep, "moetune: %s", tp.summary);
     result->predicted_step_s = tp.predicted_step_s;
+    if (model.lora.on) {
+        /* what is trained, by module kind: an adapter that skips the
+         * experts shows here */
+        char summary[2048];
+        eng_lora_plan_summary(&model.lora.plan, summary, sizeof summary);
+        eng_reporter_note(&rep, "moetune: LoRA r=%d alpha=%g (scale %g%s), base frozen\n%s", model.lora.r,
+                          model.lora.alpha, (double)model.lora.scale, model.lora.use_rslora ? ", rsLoRA" : "",
+                          summary);
+    }
     eng_exec_staging_info_t si;
     eng_exec_staging_info(&model, &si);
     eng_reporter_note(&rep, "moetune: staging %s: %.1f MiB pinned for an in-flight window of %.1f MiB (%d tensors)",

@@ -16,6 +16,8 @@
 
 #include "engine/checkpoint.h"
 #include "engine/exec.h"
+#include "engine/lora_adapter.h"
+#include "engine/lora_model.h"
 
 mt_status_t eng_run_check_paths(const eng_run_config_t *rc, mt_error_t *err) {
     mt_status_t st = eng_outdir_check_apart(rc->source_path, "output_dir", rc->output_dir, "base_model",
@@ -62,8 +64,66 @@ char *eng_saved_config_json(const char *base_text, const char *overrides_json, m
     return out;
 }
 
+/* The adapter in PEFT's format (engine/lora_adapter.h): adapter_model
+ * .safetensors (fp32 factors, per-expert keys, the modules trained in full
+ * under their own names) and adapter_config.json, through the same
+ * transaction as a model. */
+static mt_status_t save_adapter(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+                                eng_ckpt_dir_mode_t mode, mt_error_t *err) {
+    const eng_model_lora_t *lo = &m->lora;
+    eng_lora_weights_t w = {0};
+    w.count = lo->plan.count;
+    w.num_saved = lo->plan.num_saved;
+    w.pairs = calloc((size_t)w.count + 1, sizeof *w.pairs);
+    w.saved = calloc((size_t)w.num_saved + 1, sizeof *w.saved);
+    MT_CHECK(w.pairs && w.saved, "out of host memory preparing the adapter");
+    for (int t = 0; t < w.count; t++) {
+        const eng_lora_target_t *tg = &lo->plan.targets[t];
+        eng_lora_pair_t *pr = &w.pairs[t];
+        *pr = (eng_lora_pair_t){.param = tg->param, .out = tg->out, .in = tg->in, .r = lo->r};
+        pr->a = malloc((size_t)lo->r * (size_t)tg->in * sizeof(float));
+        pr->b = malloc((size_t)tg->out * (size_t)lo->r * sizeof(float));
+        MT_CHECK(pr->a && pr->b, "out of host memory preparing the adapter");
+        eng_model_read_param(m, m->params[tg->param].lora_a, pr->a, false);
+        eng_model_read_param(m, m->params[tg->param].lora_b, pr->b, false);
+    }
+    for (int k = 0; k < w.num_saved; k++) {
+        const int i = lo->plan.saved[k];
+        w.saved[k].param = i;
+        w.saved[k].data = malloc(m->spec.params[i].numel * sizeof(float));
+        MT_CHECK_ALLOC(w.saved[k].data, m->spec.params[i].name);
+        eng_model_read_param(m, i, w.saved[k].data, false);
+    }
+    eng_lora_config_t cfg;
+    eng_lora_saved_config(m, rc, &cfg);
+    eng_ckpt_dir_t tx;
+    mt_status_t st = eng_ckpt_dir_begin(&tx, dir, mode, err);
+    if (st == MT_OK) {
+        const char *meta[] = {"format", "pt", ENG_CKPT_SAVE_ID_KEY, tx.save_id};
+        char *p = eng_ckpt_dir_path(&tx, "adapter_model.safetensors");
+        st = eng_lora_weights_write(p, &m->spec, &w, meta, 2, err);
+        free(p);
+        if (st == MT_OK) {
+            eng_ckpt_dir_add(&tx, "adapter_model.safetensors");
+            p = eng_ckpt_dir_path(&tx, "adapter_config.json");
+            st = eng_lora_config_write(p, &cfg, err);
+            free(p);
+        }
+        if (st == MT_OK) {
+            eng_ckpt_dir_add(&tx, "adapter_config.json");
+            st = eng_ckpt_dir_commit(&tx, err);
+        } else {
+            eng_ckpt_dir_abort(&tx);
+        }
+    }
+    eng_lora_config_free(&cfg);
+    eng_lora_weights_free(&w);
+    return st;
+}
+
 mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
                            eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err) {
+    if (m->lora.on) return save_adapter(m, rc, dir, mode, err);
     char *config = eng_saved_config_json(m->cfg.config_json, rc->model_config_json, dtype,
                                          rc->source_path, err);
     if (!config) return err->code;

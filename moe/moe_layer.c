@@ -30,6 +30,12 @@
         if (!(ptr)) goto fail;                                                         \
     } while (0)
 
+/* A step that can fail (an allocation): on to the cleanup. */
+#define TRY(call)                             \
+    do {                                      \
+        if ((call) != MT_OK) goto fail;       \
+    } while (0)
+
 static void dfree(kern_device_t *dev, void *p) {
     if (p) kern_free(dev, p);
 }
@@ -109,6 +115,7 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
     ALLOC_ACT(a->topw, MOE_ACT_TOPW, float, "moe top-k weights");
     ALLOC_ACT(a->idx, MOE_ACT_IDX, int32_t, "moe top-k experts");
     mm_in(dev, MT_F32, a->logits, xn, MT_F32, p->router, MT_F32, n, E, H, false, true, 1.0f, 0.0f);
+    TRY(kern_lora_fwd(dev, MT_F32, &p->lora_router, a->logits, xn, MT_F32, n, H, E, err));
     ops->router_fwd(s, a->topw, a->idx, a->probs, a->logits, n, E, k, d->router_mode);
 
     ALLOC_ACT(a->counts, MOE_ACT_COUNTS, int32_t, "moe expert counts");
@@ -157,6 +164,11 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
             if (cnt) groups_push(&gg, dst + (size_t)off * I, (char *)a->xp + (size_t)off * H * xp_elem, xp_dt, w[e], p->dtype, cnt, I, H);
         }
         groups_run(dev, d, &gg, false, true, 1.0f, 0.0f);
+        const kern_lora_t *lora = pass == 0 ? p->lora_gate : p->lora_up;
+        for (int e = 0; lora && e < E; e++)
+            TRY(kern_lora_fwd(dev, d->compute, &lora[e], dst + (size_t)a->offsets_host[e] * I,
+                              (char *)a->xp + (size_t)a->offsets_host[e] * H * xp_elem, xp_dt, a->counts_host[e], H, I,
+                              err));
     }
     ops->swiglu_fwd(s, h, a->g, a->u, (size_t)m * I);
     gg.count = 0;
@@ -165,6 +177,9 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
         if (cnt) groups_push(&gg, a->ep + (size_t)off * H, h + (size_t)off * I, MT_F32, p->down[e], p->dtype, cnt, H, I);
     }
     groups_run(dev, d, &gg, false, true, 1.0f, 0.0f);
+    for (int e = 0; p->lora_down && e < E; e++)
+        TRY(kern_lora_fwd(dev, d->compute, &p->lora_down[e], a->ep + (size_t)a->offsets_host[e] * H,
+                          h + (size_t)a->offsets_host[e] * I, MT_F32, a->counts_host[e], I, H, err));
     kern_free(dev, h);
     h = NULL;
     ops->moe_unpermute_sum(s, y, a->ep, a->topw, a->inv, n, k, H, 0);
@@ -177,10 +192,14 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
         ALLOC_ACT(a->so, MOE_ACT_SO, float, "shared expert output");
         ALLOC_ACT(a->sgl, MOE_ACT_SGL, float, "shared expert gate logit");
         mm(dev, d, a->sg, xn, MT_F32, p->sh_gate, p->dtype, n, Is, H, false, true, 1.0f, 0.0f);
+        TRY(kern_lora_fwd(dev, d->compute, &p->lora_sh_gate, a->sg, xn, MT_F32, n, H, Is, err));
         mm(dev, d, a->su, xn, MT_F32, p->sh_up, p->dtype, n, Is, H, false, true, 1.0f, 0.0f);
+        TRY(kern_lora_fwd(dev, d->compute, &p->lora_sh_up, a->su, xn, MT_F32, n, H, Is, err));
         ops->swiglu_fwd(s, sh, a->sg, a->su, (size_t)n * Is);
         mm(dev, d, a->so, sh, MT_F32, p->sh_down, p->dtype, n, H, Is, false, true, 1.0f, 0.0f);
+        TRY(kern_lora_fwd(dev, d->compute, &p->lora_sh_down, a->so, sh, MT_F32, n, Is, H, err));
         mm(dev, d, a->sgl, xn, MT_F32, p->sh_expert_gate, p->dtype, n, 1, H, false, true, 1.0f, 0.0f);
+        TRY(kern_lora_fwd(dev, d->compute, &p->lora_sh_expert_gate, a->sgl, xn, MT_F32, n, H, 1, err));
         ops->gate_scale_fwd(s, y, a->so, a->sgl, n, H);
         kern_free(dev, sh);
         sh = NULL;
@@ -228,17 +247,22 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
     /* dh = dep down ; d(down) += dep^T h */
     FOR_EXPERTS(groups_push(&gg, dh + (size_t)off * I, dep + (size_t)off * H, MT_F32, p->down[e], p->dtype, cnt, I, H));
     groups_run(dev, d, &gg, false, false, 1.0f, 0.0f);
-    FOR_EXPERTS(groups_push(&gg, gp->down[e], dep + (size_t)off * H, MT_F32, h + (size_t)off * I, MT_F32, H, I, cnt));
+    FOR_EXPERTS(if (gp->down[e]) groups_push(&gg, gp->down[e], dep + (size_t)off * H, MT_F32, h + (size_t)off * I, MT_F32, H, I, cnt));
     groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
+    for (int e = 0; p->lora_down && e < E; e++) {
+        const size_t off = (size_t)a->offsets_host[e];
+        TRY(kern_lora_bwd(dev, d->compute, &p->lora_down[e], dep + off * H, h + off * I, MT_F32, dh + off * I,
+                          a->counts_host[e], I, H, err));
+    }
     kern_free(dev, h);
     h = NULL;
     /* dg, du in place of g, u (saved activations are not needed after this) */
     ops->swiglu_bwd(s, a->g, a->u, dh, a->g, a->u, (size_t)m * I);
     kern_free(dev, dh);
     dh = NULL;
-    FOR_EXPERTS(groups_push(&gg, gp->gate[e], a->g + (size_t)off * I, MT_F32, (char *)a->xp + (size_t)off * H * xp_elem, xp_dt, I, H, cnt));
+    FOR_EXPERTS(if (gp->gate[e]) groups_push(&gg, gp->gate[e], a->g + (size_t)off * I, MT_F32, (char *)a->xp + (size_t)off * H * xp_elem, xp_dt, I, H, cnt));
     groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
-    FOR_EXPERTS(groups_push(&gg, gp->up[e], a->u + (size_t)off * I, MT_F32, (char *)a->xp + (size_t)off * H * xp_elem, xp_dt, I, H, cnt));
+    FOR_EXPERTS(if (gp->up[e]) groups_push(&gg, gp->up[e], a->u + (size_t)off * I, MT_F32, (char *)a->xp + (size_t)off * H * xp_elem, xp_dt, I, H, cnt));
     groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
     /* dxp (reusing dep) = dg gate + du up */
     FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, a->g + (size_t)off * I, MT_F32, p->gate[e], p->dtype, cnt, H, I));
@@ -246,14 +270,25 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
     FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, a->u + (size_t)off * I, MT_F32, p->up[e], p->dtype, cnt, H, I));
     groups_run(dev, d, &gg, false, false, 1.0f, 1.0f);
 #undef FOR_EXPERTS
+    for (int e = 0; e < E; e++) {
+        const size_t off = (size_t)a->offsets_host[e];
+        const void *xe = (const char *)a->xp + off * H * xp_elem;
+        if (p->lora_gate)
+            TRY(kern_lora_bwd(dev, d->compute, &p->lora_gate[e], a->g + off * I, xe, xp_dt, dep + off * H,
+                              a->counts_host[e], H, I, err));
+        if (p->lora_up)
+            TRY(kern_lora_bwd(dev, d->compute, &p->lora_up[e], a->u + off * I, xe, xp_dt, dep + off * H,
+                              a->counts_host[e], H, I, err));
+    }
     ops->moe_unpermute_sum(s, dxn, dep, NULL, a->inv, n, k, H, 0);
     kern_free(dev, dep);
     dep = NULL;
 
     ALLOC(dlogits, (size_t)n * E, float, "moe d(router logits)");
     ops->router_bwd(s, dlogits, dtopw, a->probs, a->idx, aux_dp, tok_w, n, E, k, d->router_mode);
-    mm_in(dev, MT_F32, gp->router, dlogits, MT_F32, xn, MT_F32, E, H, n, true, false, 1.0f, 1.0f);
+    if (gp->router) mm_in(dev, MT_F32, gp->router, dlogits, MT_F32, xn, MT_F32, E, H, n, true, false, 1.0f, 1.0f);
     mm_in(dev, MT_F32, dxn, dlogits, MT_F32, p->router, MT_F32, n, H, E, false, false, 1.0f, 1.0f);
+    TRY(kern_lora_bwd(dev, MT_F32, &p->lora_router, dlogits, xn, MT_F32, dxn, n, H, E, err));
     kern_free(dev, dlogits);
     dlogits = NULL;
 
@@ -262,18 +297,22 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
         ALLOC(dso, (size_t)n * H, float, "shared expert d(output)");
         ALLOC(dsgl, n, float, "shared expert d(gate logit)");
         ops->gate_scale_bwd(s, dso, dsgl, dy, a->so, a->sgl, n, H);
-        mm(dev, d, gp->sh_expert_gate, dsgl, MT_F32, xn, MT_F32, 1, H, n, true, false, 1.0f, 1.0f);
+        if (gp->sh_expert_gate) mm(dev, d, gp->sh_expert_gate, dsgl, MT_F32, xn, MT_F32, 1, H, n, true, false, 1.0f, 1.0f);
         mm(dev, d, dxn, dsgl, MT_F32, p->sh_expert_gate, p->dtype, n, H, 1, false, false, 1.0f, 1.0f);
+        TRY(kern_lora_bwd(dev, d->compute, &p->lora_sh_expert_gate, dsgl, xn, MT_F32, dxn, n, H, 1, err));
         ALLOC(sh, (size_t)n * Is, float, "shared expert hidden (recomputed)");
         ALLOC(dsh, (size_t)n * Is, float, "shared expert d(hidden)");
         ops->swiglu_fwd(s, sh, a->sg, a->su, (size_t)n * Is);
         mm(dev, d, dsh, dso, MT_F32, p->sh_down, p->dtype, n, Is, H, false, false, 1.0f, 0.0f);
-        mm(dev, d, gp->sh_down, dso, MT_F32, sh, MT_F32, H, Is, n, true, false, 1.0f, 1.0f);
+        if (gp->sh_down) mm(dev, d, gp->sh_down, dso, MT_F32, sh, MT_F32, H, Is, n, true, false, 1.0f, 1.0f);
+        TRY(kern_lora_bwd(dev, d->compute, &p->lora_sh_down, dso, sh, MT_F32, dsh, n, Is, H, err));
         ops->swiglu_bwd(s, a->sg, a->su, dsh, a->sg, a->su, (size_t)n * Is);
-        mm(dev, d, gp->sh_gate, a->sg, MT_F32, xn, MT_F32, Is, H, n, true, false, 1.0f, 1.0f);
-        mm(dev, d, gp->sh_up, a->su, MT_F32, xn, MT_F32, Is, H, n, true, false, 1.0f, 1.0f);
+        if (gp->sh_gate) mm(dev, d, gp->sh_gate, a->sg, MT_F32, xn, MT_F32, Is, H, n, true, false, 1.0f, 1.0f);
+        if (gp->sh_up) mm(dev, d, gp->sh_up, a->su, MT_F32, xn, MT_F32, Is, H, n, true, false, 1.0f, 1.0f);
         mm(dev, d, dxn, a->sg, MT_F32, p->sh_gate, p->dtype, n, H, Is, false, false, 1.0f, 1.0f);
         mm(dev, d, dxn, a->su, MT_F32, p->sh_up, p->dtype, n, H, Is, false, false, 1.0f, 1.0f);
+        TRY(kern_lora_bwd(dev, d->compute, &p->lora_sh_gate, a->sg, xn, MT_F32, dxn, n, H, Is, err));
+        TRY(kern_lora_bwd(dev, d->compute, &p->lora_sh_up, a->su, xn, MT_F32, dxn, n, H, Is, err));
     }
     dfree(dev, dso);
     dfree(dev, dsgl);

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "kernels/device.h"
+#include "kernels/lora.h"
 #include "kernels/ops.h"
 
 /* The activations forward saves for backward (moe_layer_acts_t's fields). */
@@ -56,6 +57,15 @@ typedef struct {
     void *sh_gate, *sh_up, *sh_down; /* (Is, H), (Is, H), (H, Is) */
     void *sh_expert_gate;        /* (1, H) */
     mt_dtype_t dtype;
+    /* LoRA factors (kernels/lora.h) in the weights' table: per routed expert
+     * (E entries each, or NULL when no expert module is adapted; an entry
+     * with a == NULL has none), and one each for the shared expert, its gate
+     * and the router (a == NULL: none).  In backward their ga / gb are the
+     * factors' gradient targets (NULL: not wanted).  The gradient table's
+     * entries are not read.  Frozen base weights have NULL gradient targets:
+     * their products are skipped. */
+    kern_lora_t *lora_gate, *lora_up, *lora_down;
+    kern_lora_t lora_sh_gate, lora_sh_up, lora_sh_down, lora_sh_expert_gate, lora_router;
     /* Forward only, may be NULL: called once routing is known and before any
      * expert runs, with the tokens per expert (host), to make the weights of
      * the experts that received tokens available and store their device
