@@ -235,7 +235,10 @@ static void test_errors(void) {
     EXPECT_ERROR("datasets:\n  - type: x\n", MT_ERR_CONFIG, "cfgs/run.yaml:2:", "has no 'path'");
     EXPECT_ERROR("model_config: 3\n", MT_ERR_CONFIG, "model_config: expected a mapping", NULL);
     EXPECT_ERROR("model_config: {a: .inf}\n", MT_ERR_CONFIG, "cannot be written to JSON", NULL);
-    EXPECT_ERROR("lora_target_modules: q_proj\n", MT_ERR_CONFIG, "expected a list of strings", NULL);
+    /* one string is PEFT's regular-expression form; a mapping is nothing */
+    EXPECT_ERROR("lora_target_modules: {q: 1}\n", MT_ERR_CONFIG, "expected a list of module names", "regular expression");
+    EXPECT_ERROR("lora_modules_to_save: lm_head\n", MT_ERR_CONFIG, "lora_modules_to_save: expected a list of module names",
+                 NULL);
     EXPECT_ERROR("memory: 8GiB\n", MT_ERR_CONFIG, "memory: expected a mapping", NULL);
     EXPECT_ERROR("memory:\n  device: 8 GiBs\n", MT_ERR_CONFIG, "cfgs/run.yaml:2:", "memory.device: bad size '8 GiBs'");
     /* bad enum values list the valid ones */

@@ -1,0 +1,304 @@
+/* LoRA training against the PyTorch reference, and across plans.
+ *
+ * For each fixture (tests/reference/make_lora_fixtures.py: Mixtral with
+ * attention adapters, Qwen3-MoE with per-expert adapters under rsLoRA and
+ * accumulation 2, Qwen2-MoE with every linear layer incl. the shared expert
+ * and a dense layer under a warmup-cosine schedule; each starting from a
+ * given adapter with non-zero B), `moetune train` on its run.yaml must
+ * give:
+ *   - per-step losses within 1e-5 relative of the reference's;
+ *   - a saved adapter (PEFT's keys) within 1e-5 of the reference's final
+ *     adapter, relative to its largest element, with every key present;
+ *   - the same losses and adapter bit for bit under other plans (weights
+ *     streamed, gradients and AdamW on the host, activations offloaded or
+ *     recomputed), and in bf16 across those plans too;
+ *   - a run whose device budget is below the base model's weights in bf16
+ *     (a larger random Mixtral) completes, its measured device peak within
+ *     the budget.
+ *
+ *   lora_test FIXTURE_DIR... */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/config.h"
+#include "engine/init_random.h"
+#include "engine/safetensors.h"
+#include "engine/train.h"
+
+static int failures;
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        if (!(cond)) {                                           \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fputc('\n', stderr);                                 \
+            failures++;                                          \
+        }                                                        \
+    } while (0)
+
+enum { MAX_STEPS = 64 };
+
+typedef struct {
+    double loss[MAX_STEPS];
+    int steps;
+    double peak_device; /* largest over the steps */
+    bool ok;
+} run_t;
+
+static char g_tmp[256];
+
+/* Trains fixture `dir`'s run.yaml with the assignments `sets` (NULL-ended)
+ * into output directory `out`. */
+static void train(const char *dir, const char *const *sets, const char *out, run_t *r) {
+    memset(r, 0, sizeof *r);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/run.yaml", dir);
+    eng_run_config_t rc;
+    mt_error_t err = {0};
+    mt_status_t st = eng_run_config_load(path, &rc, &err);
+    char assign[1400];
+    snprintf(assign, sizeof assign, "output_dir=%s", out);
+    if (st == MT_OK) st = eng_run_config_set(&rc, assign, &err);
+    if (st == MT_OK) st = eng_run_config_set(&rc, "progress=false", &err);
+    for (int i = 0; sets && sets[i] && st == MT_OK; i++) st = eng_run_config_set(&rc, sets[i], &err);
+    if (st == MT_OK) st = eng_run_config_validate(&rc, &err);
+    eng_train_result_t res;
+    if (st == MT_OK) st = eng_train(&rc, &res, &err);
+    eng_run_config_free(&rc);
+    CHECK(st == MT_OK, "%s: training failed: %s", dir, err.msg);
+    if (st != MT_OK) return;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL, "no %s", path);
+    if (!f) return;
+    char line[8192];
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        json_t *loss = json_object_get(j, "loss");
+        if (json_is_number(loss) && r->steps < MAX_STEPS) {
+            r->loss[r->steps++] = json_number_value(loss);
+            const double peak = json_number_value(json_object_get(j, "peak_device_bytes"));
+            if (peak > r->peak_device) r->peak_device = peak;
+        }
+        json_decref(j);
+    }
+    fclose(f);
+    r->ok = true;
+}
+
+/* Largest |a - b| over every tensor of `ref`, relative to ref's largest
+ * element; keys of one file missing in the other count as failures. */
+static double adapter_diff(const char *got_path, const char *ref_path, int *missing) {
+    eng_st_file_t got, ref;
+    mt_error_t err = {0};
+    *missing = 0;
+    if (eng_st_open(got_path, &got, &err) != MT_OK) {
+        CHECK(false, "%s", err.msg);
+        return INFINITY;
+    }
+    if (eng_st_open(ref_path, &ref, &err) != MT_OK) {
+        CHECK(false, "%s", err.msg);
+        eng_st_close(&got);
+        return INFINITY;
+    }
+    double maxdiff = 0, maxref = 0;
+    int matched = 0;
+    for (int i = 0; i < ref.count; i++) {
+        const eng_st_tensor_t *rt = &ref.tensors[i], *gt = eng_st_find(&got, rt->name);
+        if (!gt || gt->numel != rt->numel) {
+            fprintf(stderr, "  %s: %s in the saved adapter\n", rt->name, gt ? "another shape" : "missing");
+            (*missing)++;
+            continue;
+        }
+        matched++;
+        float *a = malloc(rt->numel * sizeof *a), *b = malloc(rt->numel * sizeof *b);
+        if (eng_st_read_f32(&ref, rt, a, &err) == MT_OK && eng_st_read_f32(&got, gt, b, &err) == MT_OK) {
+            for (uint64_t k = 0; k < rt->numel; k++) {
+                if (fabs(a[k]) > maxref) maxref = fabs(a[k]);
+                if (fabs((double)a[k] - b[k]) > maxdiff) maxdiff = fabs((double)a[k] - b[k]);
+            }
+        }
+        free(a);
+        free(b);
+    }
+    *missing += got.count - matched; /* and those the reference does not have */
+    eng_st_close(&got);
+    eng_st_close(&ref);
+    return maxref > 0 ? maxdiff / maxref : maxdiff;
+}
+
+/* The adapter's tensors, compared bit for bit (the files differ in their
+ * save ids). */
+static bool same_adapter(const char *a, const char *b) {
+    int missing;
+    return adapter_diff(a, b, &missing) == 0 && missing == 0;
+}
+
+static void check_fixture(const char *dir) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/expected.json", dir);
+    json_error_t je;
+    json_t *exp = json_load_file(path, 0, &je);
+    CHECK(exp != NULL, "%s: %s", path, je.text);
+    if (!exp) return;
+    json_t *losses = json_object_get(exp, "losses");
+    const int steps = (int)json_array_size(losses);
+    const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+
+    char out0[512];
+    snprintf(out0, sizeof out0, "%s/%s-auto", g_tmp, name);
+    run_t r0;
+    train(dir, NULL, out0, &r0);
+    if (r0.ok) {
+        CHECK(r0.steps == steps, "%s: %d steps logged, the reference has %d", name, r0.steps, steps);
+        double worst = 0;
+        for (int s = 0; s < steps && s < r0.steps; s++) {
+            const double ref = json_number_value(json_array_get(losses, (size_t)s));
+            const double rel = fabs(r0.loss[s] - ref) / fabs(ref);
+            if (rel > worst) worst = rel;
+            CHECK(rel <= 1e-5, "%s: step %d loss %.9g, reference %.9g (relative %.2e)", name, s + 1, r0.loss[s], ref,
+                  rel);
+        }
+        char got[600], ref[1100];
+        snprintf(got, sizeof got, "%s/adapter_model.safetensors", out0);
+        snprintf(ref, sizeof ref, "%s/adapter_final/adapter_model.safetensors", dir);
+        int missing;
+        const double d = adapter_diff(got, ref, &missing);
+        CHECK(missing == 0, "%s: %d adapter tensors missing or unexpected", name, missing);
+        CHECK(d <= 1e-5, "%s: final adapter differs by %.2e of its largest element", name, d);
+        snprintf(got, sizeof got, "%s/adapter_config.json", out0);
+        CHECK(access(got, R_OK) == 0, "%s: no adapter_config.json saved", name);
+        printf("%-20s losses within %.2e relative, final adapter within %.2e of its max\n", name, worst, d);
+    }
+
+    /* other plans: bit-identical, fp32 and bf16 */
+    static const char *const streamed[] = {"scheduler.weights=stream", "scheduler.grads=host",
+                                           "scheduler.optimizer=host", "scheduler.activations=offload", NULL};
+    static const char *const recomputed[] = {"scheduler.weights=resident", "scheduler.grads=device",
+                                             "scheduler.optimizer=device", "scheduler.activations=recompute", NULL};
+    static const char *const bf16_streamed[] = {"bf16=true", "scheduler.weights=stream", "scheduler.grads=host",
+                                                "scheduler.optimizer=host", "scheduler.activations=offload", NULL};
+    static const char *const bf16_recomputed[] = {"bf16=true", "scheduler.weights=resident",
+                                                  "scheduler.grads=device", "scheduler.optimizer=device",
+                                                  "scheduler.activations=recompute", NULL};
+    const char *const *plans[] = {streamed, recomputed, bf16_streamed, bf16_recomputed};
+    const char *plan_names[] = {"streamed", "recomputed", "bf16-streamed", "bf16-recomputed"};
+    run_t rp[4];
+    char outp[4][512];
+    for (int p = 0; p < 4; p++) {
+        snprintf(outp[p], sizeof outp[p], "%s/%s-%s", g_tmp, name, plan_names[p]);
+        train(dir, plans[p], outp[p], &rp[p]);
+    }
+    for (int p = 0; p < 4; p++) {
+        const run_t *base = p < 2 ? &r0 : &rp[2];
+        const char *base_out = p < 2 ? out0 : outp[2];
+        if (!rp[p].ok || !base->ok || (p == 2)) continue;
+        bool same = rp[p].steps == base->steps;
+        for (int s = 0; same && s < rp[p].steps; s++) same = rp[p].loss[s] == base->loss[s];
+        CHECK(same, "%s: plan %s changes the losses", name, plan_names[p]);
+        char a[600], b[600];
+        snprintf(a, sizeof a, "%s/adapter_model.safetensors", outp[p]);
+        snprintf(b, sizeof b, "%s/adapter_model.safetensors", base_out);
+        CHECK(same_adapter(a, b), "%s: plan %s changes the saved adapter", name, plan_names[p]);
+    }
+    if (rp[2].ok && r0.ok) { /* bf16 is a different computation: close, not equal */
+        double worst = 0;
+        for (int s = 0; s < r0.steps && s < rp[2].steps; s++)
+            worst = fmax(worst, fabs(rp[2].loss[s] - r0.loss[s]) / fabs(r0.loss[s]));
+        CHECK(worst < 0.01 && worst > 0, "%s: bf16 losses %.2e relative from fp32 (expected in (0, 1%%))", name,
+              worst);
+        printf("%-20s plans bit-identical (fp32 and bf16); bf16 within %.2e of fp32\n", name, worst);
+    }
+    json_decref(exp);
+}
+
+/* A device budget below the base's weights in bf16: a random 8-layer
+ * Mixtral of about 14M parameters (28 MB in bf16), every linear layer
+ * adapted, trained under 60% of that budget: it must stream, complete, and
+ * peak within the budget. */
+static void check_small_budget(void) {
+    char cwd[512], yaml[1024], text[4096];
+    if (!getcwd(cwd, sizeof cwd)) return;
+    const char *model_json =
+        "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", \"vocab_size\": 128,"
+          " \"hidden_size\": 256, \"intermediate_size\": 256, \"num_hidden_layers\": 8,"
+          " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 64, \"num_local_experts\": 8,"
+          " \"num_experts_per_tok\": 2, \"max_position_embeddings\": 512, \"rms_norm_eps\": 1e-05,"
+          " \"rope_theta\": 10000.0, \"tie_word_embeddings\": false, \"torch_dtype\": \"float32\"}\n";
+    char base[600];
+    snprintf(base, sizeof base, "%s/budget-base", g_tmp);
+    mt_error_t ierr = {0};
+    const mt_status_t ist = eng_checkpoint_init_random(base, model_json, 3, &ierr);
+    CHECK(ist == MT_OK, "random base: %s", ierr.msg);
+    if (ist != MT_OK) return;
+    /* parameters: per layer attention 2*256*256 + 2*256*128, experts 8*3*256*256, router 8*256, norms 2*256 */
+    const uint64_t per_layer = 2ull * 256 * 256 + 2ull * 256 * 128 + 8ull * 3 * 256 * 256 + 8 * 256 + 2 * 256;
+    const uint64_t numel = 8 * per_layer + 2ull * 128 * 256 + 256;
+    const uint64_t bf16_bytes = 2 * numel, budget = bf16_bytes * 6 / 10;
+    snprintf(yaml, sizeof yaml, "%s/budget.yaml", g_tmp);
+    snprintf(text, sizeof text,
+             "base_model: %s/budget-base\ndatasets:\n  - path: %s/configs/data/quickstart.jsonl\n"
+             "sequence_len: 32\nmicro_batch_size: 2\nmax_steps: 3\nlearning_rate: 1.0e-3\nseed: 3\nbf16: true\n"
+             "backend: cpu\nadapter: lora\nlora_r: 8\nlora_alpha: 16\nlora_target_linear: true\n"
+             "memory:\n  device: %llu\noutput_dir: %s/budget-out\nprogress: false\n",
+             g_tmp, cwd, (unsigned long long)budget, g_tmp);
+    FILE *f = fopen(yaml, "w");
+    CHECK(f != NULL, "cannot write %s", yaml);
+    if (!f) return;
+    fputs(text, f);
+    fclose(f);
+    eng_run_config_t rc;
+    mt_error_t err = {0};
+    eng_train_result_t res;
+    mt_status_t st = eng_run_config_load(yaml, &rc, &err);
+    if (st == MT_OK) st = eng_run_config_validate(&rc, &err);
+    if (st == MT_OK) st = eng_train(&rc, &res, &err);
+    eng_run_config_free(&rc);
+    CHECK(st == MT_OK, "training under a device budget of %llu bytes failed: %s", (unsigned long long)budget, err.msg);
+    if (st != MT_OK) return;
+    char metrics[600];
+    snprintf(metrics, sizeof metrics, "%s/budget-out/metrics.jsonl", g_tmp);
+    f = fopen(metrics, "r");
+    CHECK(f != NULL, "no %s", metrics);
+    if (!f) return;
+    double peak = 0;
+    uint64_t h2d = 0;
+    char line[8192];
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        if (json_is_number(json_object_get(j, "loss"))) {
+            peak = fmax(peak, json_number_value(json_object_get(j, "peak_device_bytes")));
+            h2d = (uint64_t)json_number_value(json_object_get(j, "weight_h2d_bytes"));
+        }
+        json_decref(j);
+    }
+    fclose(f);
+    CHECK(peak > 0 && peak <= (double)budget, "device peak %.0f bytes, budget %llu", peak,
+          (unsigned long long)budget);
+    CHECK(h2d > 0, "nothing was streamed under a budget below the weights");
+    printf("budget %llu bytes (60%% of the %llu bytes of bf16 base weights): completed, device peak %.0f bytes, "
+           "%llu weight bytes streamed in the last step\n",
+           (unsigned long long)budget, (unsigned long long)bf16_bytes, peak, (unsigned long long)h2d);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: lora_test FIXTURE_DIR...\n");
+        return 2;
+    }
+    const char *tmp = getenv("TEST_TMPDIR");
+    snprintf(g_tmp, sizeof g_tmp, "%s/lora_test.XXXXXX", tmp ? tmp : "/tmp");
+    if (!mkdtemp(g_tmp)) {
+        perror("mkdtemp");
+        return 2;
+    }
+    for (int i = 1; i < argc; i++) check_fixture(argv[i]);
+    check_small_budget();
+    if (failures) fprintf(stderr, "lora_test: %d failure(s)\n", failures);
+    else printf("lora_test: ok\n");
+    return failures ? 1 : 0;
+}
