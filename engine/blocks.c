@@ -70,6 +70,13 @@ static kern_lora_t lora_of(const eng_model_t *m, int i) {
     l.gb = b->g;
     l.r = m->lora.r;
     l.scale = m->lora.scale;
+    l.dropout = m->lora.dropout;
+    /* a mask per run seed, micro-batch and module (PEFT draws one per
+     * module call); the forward, its recomputation and the backward agree */
+    uint64_t h = m->lora.seed ^ 0x6c6f7261ull;
+    const uint64_t parts[2] = {m->lora.batch_serial, (uint64_t)m->params[i].lora_a};
+    for (int k = 0; k < 2; k++) h = (h ^ parts[k]) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
+    l.dropout_seed = h;
     return l;
 }
 

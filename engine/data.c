@@ -464,6 +464,8 @@ bool eng_loader_next(eng_loader_t *ld, eng_batch_t *batch) {
         padded |= ld->buf_kv_len[b] < T;
         for (int t = 0; t < T; t++) counted += ds->targets[row * T + t] != IGNORE_INDEX;
     }
+    batch->serial = (uint64_t)ld->epoch * (uint64_t)eng_loader_batches_per_epoch(ld) +
+                    (uint64_t)(ld->cursor / ld->micro_batch);
     ld->cursor += B;
     batch->B = B;
     batch->T = T;

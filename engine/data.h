@@ -59,6 +59,11 @@ typedef struct {
     int32_t *kv_len; /* (B) eng_mask_kv_len of each row */
     bool padded;     /* some kv_len < T */
     int64_t counted; /* number of targets != -100 */
+    /* which micro-batch of the run this is, from its place in the data
+     * (epoch * batches per epoch + index in the epoch): seeds what must be
+     * random per micro-batch yet the same on a rerun or a resume (LoRA's
+     * dropout masks) */
+    uint64_t serial;
 } eng_batch_t;
 
 typedef struct {

@@ -464,10 +464,16 @@ static mt_status_t run(eng_model_t *m, const eng_batch_t *batch, float loss_scal
 
 mt_status_t eng_model_forward_backward(eng_model_t *m, const eng_batch_t *batch, float loss_scale,
                                        float *logits_out, eng_micro_stats_t *stats, mt_error_t *err) {
+    m->lora.batch_serial = batch->serial; /* LoRA dropout masks of this micro-batch */
     return run(m, batch, loss_scale, logits_out, stats, true, err);
 }
 
 mt_status_t eng_model_forward(eng_model_t *m, const eng_batch_t *batch, float *logits_out,
                               eng_micro_stats_t *stats, mt_error_t *err) {
-    return run(m, batch, 1.0f, logits_out, stats, false, err);
+    /* evaluation, as PEFT in eval mode: no dropout */
+    const float dropout = m->lora.dropout;
+    m->lora.dropout = 0;
+    const mt_status_t st = run(m, batch, 1.0f, logits_out, stats, false, err);
+    m->lora.dropout = dropout;
+    return st;
 }

@@ -88,7 +88,8 @@ typedef struct {
     double alpha;
     bool use_rslora;
     float dropout;           /* 0 = exact */
-    uint64_t seed;           /* dropout masks */
+    uint64_t seed;           /* dropout masks, with the running micro-batch's serial (eng_batch_t) */
+    uint64_t batch_serial;
     eng_lora_plan_t plan;    /* the targets, and the modules trained in full */
     eng_param_spec_t *specs; /* (2 * plan.count): A, B of each target in turn */
 } eng_model_lora_t;

@@ -1,7 +1,8 @@
 /* LoRA on a linear layer, built from the device's products (kernels/gemm.h).
  *
- *   forward:  y += s * (x A^T) B^T                      A (r, in), B (out, r)
- *   backward: u = dy B;  dB += s * dy^T (x A^T);  dA += s * u^T x;  dx += s * u A
+ *   forward:  y += s * (xd A^T) B^T,  xd = dropout(x)    A (r, in), B (out, r)
+ *   backward: u = dy B;  dB += s * dy^T (xd A^T);  dA += s * u^T xd;
+ *             dx += dropout'(s * u A)  (the same mask and scale)
  *
  * PEFT's LoRA layer computes lora_B(lora_A(dropout(x))) * scaling and adds it
  * to the base layer's output; this is that, with the scale folded into the
@@ -13,6 +14,7 @@
 #define MT_KERNELS_LORA_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "base/dtype.h"
 #include "base/status.h"
@@ -24,6 +26,11 @@ typedef struct {
     float *ga, *gb;    /* gradient targets (fp32, +=); NULL when not wanted */
     int r;
     float scale;
+    /* PEFT's lora_dropout on the adapter's input (0 = none): the mask comes
+     * from dropout_seed alone (kern_dropout), so backward and any
+     * recomputation see the forward's mask */
+    float dropout;
+    uint64_t dropout_seed;
 } kern_lora_t;
 
 /* y (rows, out) += s (x A^T) B^T; x (rows, in) stored as x_dt.  A no-op

@@ -49,6 +49,7 @@ struct kern_ops {
     kern_sumsq_fn sumsq;
     kern_f32_to_bf16_fn f32_to_bf16;
     kern_bf16_to_f32_fn bf16_to_f32;
+    kern_dropout_fn dropout;
     kern_embedding_fwd_fn embedding_fwd;
     kern_embedding_bwd_fn embedding_bwd;
     kern_router_fwd_fn router_fwd;

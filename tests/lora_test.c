@@ -138,6 +138,8 @@ static bool same_adapter(const char *a, const char *b) {
     return adapter_diff(a, b, &missing) == 0 && missing == 0;
 }
 
+static run_t g_last_auto; /* the last fixture's plan-auto run, for check_dropout */
+
 static void check_fixture(const char *dir) {
     char path[1024];
     snprintf(path, sizeof path, "%s/expected.json", dir);
@@ -175,6 +177,7 @@ static void check_fixture(const char *dir) {
         printf("%-20s losses within %.2e relative, final adapter within %.2e of its max\n", name, worst, d);
     }
 
+    g_last_auto = r0;
     /* other plans: bit-identical, fp32 and bf16 */
     static const char *const streamed[] = {"scheduler.weights=stream", "scheduler.grads=host",
                                            "scheduler.optimizer=host", "scheduler.activations=offload", NULL};
@@ -214,6 +217,28 @@ static void check_fixture(const char *dir) {
         printf("%-20s plans bit-identical (fp32 and bf16); bf16 within %.2e of fp32\n", name, worst);
     }
     json_decref(exp);
+}
+
+/* lora_dropout > 0: reproducible (the same losses under a plan that
+ * recomputes activations, whose masks must be the forward's), and not the
+ * dropout-free run. */
+static void check_dropout(const char *dir, const run_t *no_dropout) {
+    static const char *const kept[] = {"lora_dropout=0.1", "scheduler.activations=keep", NULL};
+    static const char *const recomputed[] = {"lora_dropout=0.1", "scheduler.activations=recompute",
+                                             "scheduler.weights=stream", "scheduler.optimizer=host", NULL};
+    char out_a[512], out_b[512];
+    snprintf(out_a, sizeof out_a, "%s/dropout-kept", g_tmp);
+    snprintf(out_b, sizeof out_b, "%s/dropout-recomputed", g_tmp);
+    run_t a, b;
+    train(dir, kept, out_a, &a);
+    train(dir, recomputed, out_b, &b);
+    if (!a.ok || !b.ok) return;
+    bool same = a.steps == b.steps && a.steps > 0, differs = false;
+    for (int s = 0; same && s < a.steps; s++) same = a.loss[s] == b.loss[s];
+    for (int s = 0; s < a.steps && s < no_dropout->steps; s++) differs |= a.loss[s] != no_dropout->loss[s];
+    CHECK(same, "lora_dropout: recomputing activations changes the losses (masks not reproduced)");
+    CHECK(differs, "lora_dropout 0.1 gives the dropout-free losses");
+    printf("lora_dropout 0.1: losses bit-identical kept vs recomputed, and unlike lora_dropout 0\n");
 }
 
 /* A device budget below the base's weights in bf16: a random 8-layer
@@ -297,6 +322,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     for (int i = 1; i < argc; i++) check_fixture(argv[i]);
+    check_dropout(argv[argc - 1], &g_last_auto);
     check_small_budget();
     if (failures) fprintf(stderr, "lora_test: %d failure(s)\n", failures);
     else printf("lora_test: ok\n");

@@ -19,6 +19,7 @@
 
 #include <stdlib.h>
 
+#include "kernels/act_math.h"
 #include "kernels/cpu/par.h"
 #include "kernels/cpu/vec.h"
 #include "base/dtype.h"
@@ -201,4 +202,10 @@ void kern_f32_to_bf16_cpu(kern_stream_t *s, uint16_t *dst, const float *src, siz
 void kern_bf16_to_f32_cpu(kern_stream_t *s, float *dst, const uint16_t *src, size_t n) {
     (void)s;
     mt_convert_to_f32(dst, src, MT_BF16, n);
+}
+
+void kern_dropout_cpu(kern_stream_t *s, float *dst, const float *src, size_t n, float p, uint64_t seed) {
+    (void)s;
+    const float scale = 1.0f / (1.0f - p);
+    for (size_t i = 0; i < n; i++) dst[i] = kern_dropout_keep(seed, i, p) ? src[i] * scale : 0.0f;
 }

@@ -22,6 +22,7 @@ const kern_ops_t kern_ops_cpu = {
     .sumsq = kern_sumsq_cpu,
     .f32_to_bf16 = kern_f32_to_bf16_cpu,
     .bf16_to_f32 = kern_bf16_to_f32_cpu,
+    .dropout = kern_dropout_cpu,
     .embedding_fwd = kern_embedding_fwd_cpu,
     .embedding_bwd = kern_embedding_bwd_cpu,
     .router_fwd = kern_router_fwd_cpu,

@@ -57,6 +57,11 @@ static __global__ void ew_bf16_to_f32_kernel(float *dst, const uint16_t *src, si
     EW_LOOP(i, n) dst[i] = mt_bf16_to_f32(src[i]);
 }
 
+static __global__ void ew_dropout_kernel(float *dst, const float *src, size_t n, float p, uint64_t seed) {
+    const float scale = 1.0f / (1.0f - p);
+    EW_LOOP(i, n) dst[i] = kern_dropout_keep(seed, i, p) ? src[i] * scale : 0.0f;
+}
+
 static __global__ void ew_sumsq_partial_kernel(double *part, const float *x, size_t n) {
     __shared__ double sh[32];
     double acc = 0.0;
@@ -155,6 +160,13 @@ void kern_bf16_to_f32_cuda(kern_stream_t *s, float *dst, const uint16_t *src, si
     cudaStream_t cs = kern_cuda_stream_begin(s);
     ew_bf16_to_f32_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(dst, src, n);
     KC_LAUNCHED(s, "bf16_to_f32");
+}
+
+void kern_dropout_cuda(kern_stream_t *s, float *dst, const float *src, size_t n, float p, uint64_t seed) {
+    if (!n) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    ew_dropout_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(dst, src, n, p, seed);
+    KC_LAUNCHED(s, "dropout");
 }
 
 } // extern "C"

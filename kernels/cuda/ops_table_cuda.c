@@ -22,6 +22,7 @@ const kern_ops_t kern_ops_cuda = {
     .sumsq = kern_sumsq_cuda,
     .f32_to_bf16 = kern_f32_to_bf16_cuda,
     .bf16_to_f32 = kern_bf16_to_f32_cuda,
+    .dropout = kern_dropout_cuda,
     .embedding_fwd = kern_embedding_fwd_cuda,
     .embedding_bwd = kern_embedding_bwd_cuda,
     .router_fwd = kern_router_fwd_cuda,

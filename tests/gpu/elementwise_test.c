@@ -117,6 +117,20 @@ static void swiglu_case(gt_ctx_t *t, size_t n) {
     free(hdh);
 }
 
+/* Dropout: the same mask and the same scaled values on both backends. */
+static void dropout_case(gt_ctx_t *t, size_t n, float p) {
+    float *hx = gt_host_rand(t, n, 3.0f);
+    gt_buf_t X = gt_from_host(t, hx, n * 4, "x"), Y = gt_alloc(t, n * 4, "dropout");
+    char what[96];
+    t->cpu->ops->dropout(t->sc, GT_C(Y), GT_C(X), n, p, 0x1234abcdull + n);
+    t->gpu->ops->dropout(t->sg, GT_G(Y), GT_G(X), n, p, 0x1234abcdull + n);
+    snprintf(what, sizeof what, "dropout n=%zu p=%g", n, (double)p);
+    gt_check_exact(t, what, &Y, Y.bytes);
+    gt_free(t, &X);
+    gt_free(t, &Y);
+    free(hx);
+}
+
 /* Conversions: random values plus the cases rounding gets wrong. */
 static void convert_case(gt_ctx_t *t, size_t n) {
     float *hx = gt_host_rand(t, n, 1e3f);
@@ -151,6 +165,7 @@ int main(void) {
         simple_ops(&t, sizes[i]);
         swiglu_case(&t, sizes[i]);
         convert_case(&t, sizes[i]);
+        dropout_case(&t, sizes[i], 0.1f);
     }
     bias_case(&t, 1, 1);
     bias_case(&t, 3, 1000);
