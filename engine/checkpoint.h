@@ -75,7 +75,7 @@ typedef struct {
 } eng_ckpt_load_report_t;
 
 /* Loads every parameter of spec: dst[i] receives spec->params[i].numel
- * floats.  Missing tensor, wrong shape or a dtype other than F32/BF16/F16
+ * floats (dst[i] NULL: skipped, for a caller that reads it otherwise).  Missing tensor, wrong shape or a dtype other than F32/BF16/F16
  * are errors naming the tensor (and the directory / expected shape).
  * report may be NULL; otherwise free it with eng_ckpt_load_report_free. */
 mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_spec_t *spec,

@@ -125,8 +125,9 @@ bool exec_acts_offloaded(const eng_model_t *m, int b) {
 size_t exec_w_bytes(const eng_param_t *p) { return p->spec->numel * mt_dtype_size(p->w_dtype); }
 size_t exec_f32_bytes(const eng_param_t *p) { return p->spec->numel * sizeof(float); }
 moe_staging_op_t exec_w_upload_op(const eng_param_t *p) {
-    return p->w_dtype == MT_BF16 ? MOE_STAGING_F32_TO_BF16 : MOE_STAGING_COPY;
+    return p->w_dtype == MT_BF16 && !p->home_bf16 ? MOE_STAGING_F32_TO_BF16 : MOE_STAGING_COPY;
 }
+void *exec_w_home(const eng_param_t *p) { return p->home_bf16 ? (void *)p->home_bf16 : (void *)p->host_w; }
 float *exec_dev_master(const eng_param_t *p) {
     if (p->dev_master) return p->dev_master;
     return p->w_dtype == MT_F32 ? (float *)p->w : NULL;
@@ -283,7 +284,7 @@ mt_status_t eng_exec_place(eng_model_t *m, mt_error_t *err) {
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
             if (p->block != b) continue;
-            if (p->w) items[n++] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
+            if (p->w) items[n++] = (moe_staging_xfer_t){exec_w_home(p), p->w, exec_w_bytes(p), exec_w_upload_op(p)};
             if (p->dev_master)
                 items[n++] = (moe_staging_xfer_t){p->host_w, p->dev_master, exec_f32_bytes(p), MOE_STAGING_COPY};
         }
@@ -370,7 +371,9 @@ void eng_model_read_param(eng_model_t *m, int i, float *host, bool gradient) {
     const void *src_host = gradient ? p->host_g : p->host_w;
     const void *src_dev = gradient ? p->g_acc : exec_dev_master(p);
     if (gradient && exec_block_plan(m, p->block)->grads == SCHED_GRADS_DEVICE) src_host = NULL;
-    if (src_host) {
+    if (!gradient && p->home_bf16) {
+        mt_convert_to_f32(host, p->home_bf16, MT_BF16, p->spec->numel);
+    } else if (src_host) {
         memcpy(host, src_host, bytes);
     } else if (src_dev) {
         kern_memcpy_d2h(m->dev, s, host, src_dev, bytes);

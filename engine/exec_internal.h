@@ -99,8 +99,10 @@ bool exec_param_streamed(const eng_model_t *m, const eng_param_t *p);
  * (master, gradient, AdamW state). */
 size_t exec_w_bytes(const eng_param_t *p);
 size_t exec_f32_bytes(const eng_param_t *p);
-/* The staging op that makes the working copy from the fp32 host master. */
+/* The staging op that makes the working copy from the host home (the fp32
+ * master, or a frozen weight's bf16 home), and that home. */
 moe_staging_op_t exec_w_upload_op(const eng_param_t *p);
+void *exec_w_home(const eng_param_t *p);
 /* The device fp32 master a device optimizer updates: dev_master, or the
  * working copy itself when it is fp32. */
 float *exec_dev_master(const eng_param_t *p);

@@ -372,7 +372,7 @@ static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, int
             eng_param_t *p = &m->params[need[j]];
             p->w = ptr[j];
             x->w_span[need[j]] = spans[j];
-            items[j] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
+            items[j] = (moe_staging_xfer_t){exec_w_home(p), p->w, exec_w_bytes(p), exec_w_upload_op(p)};
             x->cnt.ctr.weight_h2d_bytes += exec_w_bytes(p);
         }
         const uint64_t before = copies_so_far(x, MOE_STAGING_H2D);

@@ -119,6 +119,16 @@ mt_status_t eng_lora_attach(eng_model_t *m, const eng_lora_opts_t *o, mt_error_t
     m->params = grown;
     for (int i = 0; i < base; i++) m->params[i].frozen = true;
     for (int k = 0; k < lo->plan.num_saved; k++) m->params[lo->plan.saved[k]].frozen = false;
+    /* a frozen weight compute reads in bf16 lives in bf16 (nothing would
+     * ever read more bits of it): half the host memory of an fp32 home */
+    for (int i = 0; i < base; i++) {
+        eng_param_t *p = &m->params[i];
+        if (!p->frozen || p->w_dtype != MT_BF16) continue;
+        free(p->host_w);
+        p->host_w = NULL;
+        p->home_bf16 = malloc(p->spec->numel * sizeof *p->home_bf16);
+        MT_CHECK_ALLOC(p->home_bf16, p->spec->name);
+    }
     for (int t = 0; t < T; t++) {
         eng_param_t *target = &m->params[lo->plan.targets[t].param];
         for (int f = 0; f < 2; f++) {

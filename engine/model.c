@@ -133,10 +133,30 @@ fail:
     return st;
 }
 
+/* Frozen weights kept in bf16: read one at a time through an fp32 buffer
+ * of the largest, so loading never holds the base in fp32. */
+static mt_status_t read_bf16_homes(eng_model_t *m, const eng_checkpoint_t *ck, mt_error_t *err) {
+    size_t largest = 0;
+    for (int i = 0; i < m->spec.count; i++)
+        if (m->params[i].home_bf16 && m->params[i].spec->numel > largest) largest = m->params[i].spec->numel;
+    if (!largest) return MT_OK;
+    float *tmp = malloc(largest * sizeof *tmp);
+    MT_CHECK_ALLOC(tmp, "checkpoint read buffer");
+    mt_status_t st = MT_OK;
+    for (int i = 0; i < m->spec.count && st == MT_OK; i++) {
+        const eng_param_t *p = &m->params[i];
+        if (!p->home_bf16) continue;
+        st = eng_checkpoint_read_f32(ck, p->spec->name, p->spec->ndim, p->spec->shape, tmp, err);
+        if (st == MT_OK) mt_convert_from_f32(p->home_bf16, MT_BF16, tmp, p->spec->numel);
+    }
+    free(tmp);
+    return st;
+}
+
 mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *err) {
     float **host = calloc((size_t)m->spec.count, sizeof *host);
     MT_CHECK_ALLOC(host, "checkpoint staging table");
-    for (int i = 0; i < m->spec.count; i++) host[i] = m->params[i].host_w;
+    for (int i = 0; i < m->spec.count; i++) host[i] = m->params[i].host_w; /* NULL: a bf16 home, below */
     eng_checkpoint_t ck;
     mt_status_t st = eng_checkpoint_open(dir, &ck, err);
     if (st != MT_OK) {
@@ -146,6 +166,7 @@ mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *
     m->storage_dtype = checkpoint_dtype(&ck, &m->spec);
     eng_ckpt_load_report_t report = {0};
     st = eng_checkpoint_load(&ck, &m->spec, host, &report, err);
+    st = st == MT_OK ? read_bf16_homes(m, &ck, err) : st;
     if (st == MT_OK && report.unexpected_count > 0)
         fprintf(stderr, "moetune: note: %d tensor(s) in %s are not used by %s (first: %s)\n",
                 report.unexpected_count, dir, m->cfg.model_type, report.unexpected[0]);
@@ -161,6 +182,7 @@ void eng_model_release(eng_model_t *m) {
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
             free(p->host_w);
+            free(p->home_bf16);
             free(p->host_g);
             free(p->host_m);
             free(p->host_v);

@@ -54,6 +54,9 @@ typedef struct {
     const eng_param_spec_t *spec;
     int block;          /* owning block */
     float *host_w;      /* host fp32 master (home); NULL when the master is on the device */
+    uint16_t *home_bf16; /* instead of host_w, a frozen weight's home when its working copy is bf16:
+                          * kept in the dtype compute reads (rounded once on load, as staging
+                          * would round it), so a bf16 base costs its own bytes in host memory */
     void *w;            /* device working copy in w_dtype, NULL when not on the device */
     mt_dtype_t w_dtype; /* MT_F32 or MT_BF16 */
     float *dev_master;  /* device fp32 master when the optimizer is on the device and w is bf16 */
