@@ -121,7 +121,9 @@ mt_status_t eng_checkpoint_init_random(const char *dir, const char *config_json_
         const eng_param_spec_t *p = &spec.params[i];
         bufs[i] = malloc(p->numel ? p->numel * sizeof(float) : 1);
         MT_CHECK_ALLOC(bufs[i], p->name);
-        ts[i] = (eng_ckpt_tensor_t){p->name, MT_F32, p->ndim, p->shape, bufs[i]};
+        /* stored in the dtype config.json names (torch_dtype / dtype), as
+         * save_pretrained would store a model of that dtype */
+        ts[i] = (eng_ckpt_tensor_t){p->name, p->dtype, p->ndim, p->shape, bufs[i]};
     }
     eng_init_random_params(&spec, std, pad, seed, bufs);
     st = eng_checkpoint_save(dir, config_json_text, ts, spec.count, ENG_CKPT_DEFAULT_MAX_SHARD_BYTES,

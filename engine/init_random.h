@@ -23,8 +23,9 @@ void eng_init_random_params(const eng_model_spec_t *spec, double initializer_ran
                             int pad_token_id, uint64_t seed, float *const *dst);
 
 /* Parses config_json_text (initializer_range default 0.02, pad_token_id
- * default none), writes DIR/config.json (the text unchanged) and an fp32
- * checkpoint (sharded past 5 GB like save_pretrained).  Holds the whole
+ * default none), writes DIR/config.json (the text unchanged) and a
+ * checkpoint in the dtype config.json names (fp32 when none; sharded past
+ * 5 GB like save_pretrained).  Holds the whole
  * model in host memory while writing: meant for small models such as the
  * quick-start one. */
 mt_status_t eng_checkpoint_init_random(const char *dir, const char *config_json_text, uint64_t seed,
