@@ -212,8 +212,15 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
     eng_checkpoint_t ck;
     mt_status_t st = eng_checkpoint_open(dir, &ck, err);
     if (st != MT_OK) return st;
-    fprintf(out, "%d file%s, %s on disk, %d tensors\n", ck.file_count, ck.file_count == 1 ? "" : "s",
-            human_bytes(b[0], sizeof b[0], (double)ck.disk_bytes), ck.count);
+    st = eng_checkpoint_resolve(&ck, spec, err);
+    if (st != MT_OK) {
+        eng_checkpoint_close(&ck);
+        return st;
+    }
+    fprintf(out, "%d file%s, %s on disk, %d tensors, experts stored %s\n", ck.file_count, ck.file_count == 1 ? "" : "s",
+            human_bytes(b[0], sizeof b[0], (double)ck.disk_bytes), ck.count,
+            ck.layout == ENG_CKPT_LAYOUT_FUSED ? "fused (transformers 5: experts.gate_up_proj, experts.down_proj)"
+                                               : "per expert (the Hub's layout)");
     int n_by[ENG_ST_DTYPE_COUNT] = {0};
     uint64_t bytes_by[ENG_ST_DTYPE_COUNT] = {0};
     for (int i = 0; i < ck.count; i++) {
@@ -246,7 +253,7 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
         fprintf(out, "  vs config.json: all %d tensors present with the expected shapes\n", described);
     print_storage(out, spec, "the checkpoint's");
     eng_checkpoint_close(&ck);
-    return MT_OK;
+    return st;
 }
 
 mt_status_t eng_inspect(const char *dir, FILE *out, mt_error_t *err) {

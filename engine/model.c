@@ -141,9 +141,10 @@ mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *
         free(host);
         return st;
     }
+    st = eng_checkpoint_resolve(&ck, &m->spec, err);
     m->storage_dtype = checkpoint_dtype(&ck, &m->spec);
     eng_ckpt_load_report_t report = {0};
-    st = eng_checkpoint_load(&ck, &m->spec, host, &report, err);
+    if (st == MT_OK) st = eng_checkpoint_load(&ck, &m->spec, host, &report, err);
     if (st == MT_OK && report.unexpected_count > 0)
         fprintf(stderr, "moetune: note: %d tensor(s) in %s are not used by %s (first: %s)\n",
                 report.unexpected_count, dir, m->cfg.model_type, report.unexpected[0]);
