@@ -234,6 +234,8 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
                     human_bytes(b[0], sizeof b[0], (double)bytes_by[d]));
     /* Agreement with config.json: missing, wrong shape, unexpected (parameters and buffers). */
     int missing = 0, wrong = 0, shown = 0;
+    const eng_param_spec_t *first_bad = NULL;
+    int first_where = 0;
     const int described = spec->count + spec->num_buffers;
     for (int i = 0; i < described; i++) {
         const eng_param_spec_t *p = i < spec->count ? &spec->params[i] : &spec->buffers[i - spec->count];
@@ -241,6 +243,10 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
         if (where == 0) continue;
         if (where == 1) wrong++;
         else missing++;
+        if (!first_bad) {
+            first_bad = p;
+            first_where = where;
+        }
         if (shown++ < 5)
             fprintf(out, "  %s: %s\n", where == 1 ? "WRONG SHAPE" : "MISSING", p->name);
     }
@@ -252,6 +258,19 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
     else
         fprintf(out, "  vs config.json: all %d tensors present with the expected shapes\n", described);
     print_storage(out, spec, "the checkpoint's");
+    /* A checkpoint that lacks a tensor config.json implies (or holds it in
+     * another shape) cannot be trained or loaded by transformers: inspect
+     * says so by failing, naming the first, so scripts can rely on it. */
+    if (first_bad) {
+        char want[96];
+        size_t n = (size_t)snprintf(want, sizeof want, "[");
+        for (int d = 0; d < first_bad->ndim && n < sizeof want; d++)
+            n += (size_t)snprintf(want + n, sizeof want - n, "%s%lld", d ? ", " : "", (long long)first_bad->shape[d]);
+        if (n < sizeof want) snprintf(want + n, sizeof want - n, "]");
+        st = mt_error_set(err, MT_ERR_FORMAT,
+                          "%s: %s tensor '%s' (config.json implies shape %s); %d missing, %d wrong shape in all",
+                          dir, first_where == 1 ? "wrong shape of" : "missing", first_bad->name, want, missing, wrong);
+    }
     eng_checkpoint_close(&ck);
     return st;
 }
