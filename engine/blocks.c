@@ -124,9 +124,13 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
         ops->bias_fwd(s, kp, WF(m, L->k_bias), n, kd);
         ops->bias_fwd(s, a->v, WF(m, L->v_bias), n, kd);
     }
+    /* q/k RMSNorm per head (Qwen3: rows of hd), or over each token's whole
+     * projection (OLMoE: one row of nh*hd, one of nkv*hd). */
+    const int qn_rows = c->qk_norm_whole ? n : n * nh, qn_cols = c->qk_norm_whole ? qd : hd;
+    const int kn_rows = c->qk_norm_whole ? n : n * nkv, kn_cols = c->qk_norm_whole ? kd : hd;
     if (c->qk_norm) {
-        ops->rmsnorm_fwd(s, a->q, a->q_rstd, a->q_pre, WF(m, L->q_norm), n * nh, hd, c->rms_norm_eps);
-        ops->rmsnorm_fwd(s, a->k, a->k_rstd, a->k_pre, WF(m, L->k_norm), n * nkv, hd, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, a->q, a->q_rstd, a->q_pre, WF(m, L->q_norm), qn_rows, qn_cols, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, a->k, a->k_rstd, a->k_pre, WF(m, L->k_norm), kn_rows, kn_cols, c->rms_norm_eps);
     }
     ops->rope_fwd(s, a->q, m->rope_cos, m->rope_sin, sh->B, sh->T, nh, hd);
     ops->rope_fwd(s, a->k, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);
@@ -167,11 +171,13 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
     dfree(m->dev, &datt);
     ops->rope_bwd(s, dq, m->rope_cos, m->rope_sin, sh->B, sh->T, nh, hd);
     ops->rope_bwd(s, dk, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);
-    if (c->qk_norm) { /* through the per-head norm, into the pre-norm projections */
+    if (c->qk_norm) { /* through the q/k norm (per head or whole), into the pre-norm projections */
+        const int qn_rows = c->qk_norm_whole ? n : n * nh, qn_cols = c->qk_norm_whole ? qd : hd;
+        const int kn_rows = c->qk_norm_whole ? n : n * nkv, kn_cols = c->qk_norm_whole ? kd : hd;
         ALLOC(tmp, (size_t)n * qd, "d(q before q_norm)");
-        ops->rmsnorm_bwd(s, tmp, G(m, L->q_norm), dq, a->q_pre, WF(m, L->q_norm), a->q_rstd, n * nh, hd);
+        ops->rmsnorm_bwd(s, tmp, G(m, L->q_norm), dq, a->q_pre, WF(m, L->q_norm), a->q_rstd, qn_rows, qn_cols);
         kern_memcpy_d2d(m->dev, s, dq, tmp, (size_t)n * qd * sizeof(float));
-        ops->rmsnorm_bwd(s, tmp, G(m, L->k_norm), dk, a->k_pre, WF(m, L->k_norm), a->k_rstd, n * nkv, hd);
+        ops->rmsnorm_bwd(s, tmp, G(m, L->k_norm), dk, a->k_pre, WF(m, L->k_norm), a->k_rstd, kn_rows, kn_cols);
         kern_memcpy_d2d(m->dev, s, dk, tmp, (size_t)n * kd * sizeof(float));
         dfree(m->dev, &tmp);
     }

@@ -103,11 +103,6 @@ mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, 
     if (st != MT_OK) return st;
     st = eng_model_spec_build(&m->cfg, &m->spec, err);
     if (st != MT_OK) goto fail;
-    if (m->cfg.qk_norm_whole) { /* described (plan, inspect) but engine/blocks.c norms per head */
-        st = mt_error_set(err, MT_ERR_UNSUPPORTED, "%s: %s's q/k norm over the whole projection has no block code yet",
-                          dir, eng_model_desc_family_name(&m->spec));
-        goto fail;
-    }
     build_layer_index(m);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) m->num_moe_layers += m->cfg.layer_is_moe[l];
 
