@@ -430,10 +430,14 @@ static mt_status_t parse_olmoe(reader_t *r, eng_model_config_t *c) {
     c->qk_norm = true;
     c->qk_norm_whole = true;
     json_t *clip = json_object_get(r->obj, "clip_qkv");
-    if (clip && !json_is_null(clip))
-        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
-                            "%s: key 'clip_qkv' is set; clamping q/k/v is not supported (only clip_qkv: null)",
-                            r->path);
+    if (clip && !json_is_null(clip)) { /* null: no clamp */
+        if (!json_is_number(clip)) return type_error(r, "clip_qkv", "a number or null", clip);
+        const double cq = json_number_value(clip);
+        if (!(cq > 0 && cq < 3.4e38))
+            return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'clip_qkv' = %g must be positive (or null)",
+                                r->path, cq);
+        c->clip_qkv = (float)cq;
+    }
     TRY(read_rope(r, 10000.0, &c->rope_theta));
     c->sliding_window = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) c->layer_is_moe[l] = true;

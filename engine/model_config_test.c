@@ -326,7 +326,12 @@ static void test_olmoe(tctx_t *t) {
                                 " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"intermediate_size\": 16,"
                                 " \"clip_qkv\": 8.0}",
                                 "olmoe-clip/config.json", NULL, &c, &err);
-    EXPECT(t, st == MT_ERR_UNSUPPORTED && strstr(err.msg, "clip_qkv"), "clip_qkv refused: %s", err.msg);
+    EXPECT(t, st == MT_OK && c.clip_qkv == 8.0f, "clip_qkv: %s", err.msg);
+    if (st == MT_OK) eng_model_config_free(&c);
+    expect_refused(t, __LINE__,
+                   "{\"model_type\": \"olmoe\", \"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
+                   " \"num_attention_heads\": 4, \"intermediate_size\": 16, \"clip_qkv\": -1}",
+                   NULL, MT_ERR_CONFIG, "'clip_qkv'");
 }
 
 /* Both spellings of the routed-expert count, as transformers accepts them:

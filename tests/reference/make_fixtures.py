@@ -199,6 +199,9 @@ CASES = [
     # OLMoE: q/k norm over the whole projection, GQA, norm_topk_prob false
     {"name": "ref_olmoe", "config": OLMOE_CONFIG, "seed": 5102, "ga": 1,
      "force_unused": [(1, 5)]},
+    # OLMoE with clip_qkv: about a third of q and k and a tenth of v clamped (step 1)
+    {"name": "ref_olmoe_clip", "config": {**OLMOE_CONFIG, "clip_qkv": 1.0}, "seed": 5102, "ga": 1,
+     "force_unused": [(1, 5)]},
     # right-padded rows with attention_mask, some with counted labels on the
     # padding, so HF's key-padding mask changes losses and gradients
     {"name": "ref_mixtral_padded", "config": MIXTRAL_CONFIG, "seed": 4059, "ga": 1,
