@@ -15,7 +15,8 @@
  *      (Mixtral's block as `mlp`), and that save reads back to exactly the
  *      weights of the per-expert save of the same run;
  *   4. a fused tensor whose shape disagrees with config.json is refused,
- *      naming the tensor and both shapes. */
+ *      naming the tensor and both shapes;
+ *   5. `moetune inspect` names the layout and finds every tensor. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/exec.h"
+#include "engine/inspect.h"
 #include "engine/model.h"
 #include "engine/train.h"
 
@@ -202,7 +204,22 @@ static void check_mismatch(void) {
     kern_device_destroy(dev);
 }
 
+/* 5. inspect names the layout and finds every tensor in either */
+static void check_inspect(const char *dir, const char *layout) {
+    char *out = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&out, &len);
+    mt_error_t err = {0};
+    const mt_status_t st = eng_inspect(dir, mem, &err);
+    fclose(mem);
+    CHECK(st == MT_OK, "inspect %s: %s", dir, err.msg);
+    CHECK(out && strstr(out, layout) && strstr(out, "all 41 tensors present"), "inspect %s:\n%s", dir, out ? out : "");
+    free(out);
+}
+
 int main(void) {
+    check_inspect("tests/fixtures/fused/mixtral_f32", "experts stored fused");
+    check_inspect("tests/fixtures/fused/mixtral_bf16_per_expert", "experts stored per expert");
     check_family("mixtral");
     check_family("qwen3_moe");
     check_mismatch();

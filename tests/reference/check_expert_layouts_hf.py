@@ -14,6 +14,8 @@ committed record is tests/reference/hf_load_expert_layouts.json, made by:
         --set output_dir=/tmp/fl/${c}_${lay}_${dt} --set save_expert_layout=$lay --set save_dtype=$dt \\
         --set save_max_shard_size=50KB
     done; done; done
+    # and from the base checkpoints themselves: ref_qwen2_moe as qwen2_moe_<layout>_float32
+    # (shared expert, a dense layer) and ref_olmoe_clip as olmoe_<layout>_bfloat16
     /tmp/loravenv/bin/python tests/reference/check_expert_layouts_hf.py /tmp/fl/* \\
         --out tests/reference/hf_load_expert_layouts.json
 """
