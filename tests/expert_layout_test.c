@@ -204,6 +204,58 @@ static void check_mismatch(void) {
     kern_device_destroy(dev);
 }
 
+/* 4b. a fused checkpoint that lacks one layer's down_proj: the header check
+ * names the per-expert tensor and the fused one it looked for */
+static void check_missing_fused(void) {
+    const char *src = "tests/fixtures/fused/mixtral_f32";
+    mt_error_t err = {0};
+    eng_model_config_t cfg;
+    eng_model_spec_t spec;
+    eng_checkpoint_t ck;
+    if (eng_model_config_load(src, NULL, &cfg, &err) != MT_OK || eng_model_spec_build(&cfg, &spec, &err) != MT_OK ||
+        eng_checkpoint_open(src, &ck, &err) != MT_OK || eng_checkpoint_resolve(&ck, &spec, &err) != MT_OK) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    /* every tensor as per-expert floats, then the fused list without layer 1's down_proj */
+    float **data = calloc((size_t)spec.count, sizeof *data);
+    eng_ckpt_tensor_t *ts = calloc((size_t)spec.count, sizeof *ts);
+    for (int i = 0; i < spec.count; i++) {
+        const eng_param_spec_t *p = &spec.params[i];
+        data[i] = malloc(p->numel * sizeof **data);
+        CHECK(eng_checkpoint_read_f32(&ck, p->name, p->ndim, p->shape, data[i], &err) == MT_OK, "%s", err.msg);
+        ts[i] = (eng_ckpt_tensor_t){p->name, MT_F32, p->ndim, p->shape, data[i]};
+    }
+    eng_checkpoint_close(&ck);
+    eng_ckpt_fused_t fused;
+    eng_ckpt_fuse_experts(&spec, ts, &fused);
+    int k = 0;
+    for (int i = 0; i < fused.count; i++)
+        if (strcmp(fused.tensors[i].name, "model.layers.1.mlp.experts.down_proj") != 0) fused.tensors[k++] = fused.tensors[i];
+    CHECK(k == fused.count - 1, "the fused list has no model.layers.1.mlp.experts.down_proj");
+    char dir[1024];
+    const char *tmp = getenv("TEST_TMPDIR");
+    snprintf(dir, sizeof dir, "%s/fused-missing-down", tmp ? tmp : "/tmp");
+    CHECK(eng_checkpoint_save(dir, cfg.config_json, fused.tensors, k, 0, &err) == MT_OK, "%s", err.msg);
+    eng_ckpt_fused_free(&fused);
+    for (int i = 0; i < spec.count; i++) free(data[i]);
+    free(data);
+    free(ts);
+    if (eng_checkpoint_open(dir, &ck, &err) == MT_OK) {
+        mt_status_t st = eng_checkpoint_resolve(&ck, &spec, &err);
+        if (st == MT_OK) st = eng_checkpoint_check(&ck, &cfg, &spec, "config.json", false, &err);
+        fprintf(stderr, "== missing fused tensor: %s\n", err.msg);
+        CHECK(st == MT_ERR_FORMAT && strstr(err.msg, "'model.layers.1.block_sparse_moe.experts.0.w2.weight'") &&
+                  strstr(err.msg, "'model.layers.1.mlp.experts.down_proj'"),
+              "the message does not name the per-expert and the fused tensor: %s", err.msg);
+        eng_checkpoint_close(&ck);
+    } else {
+        CHECK(0, "%s", err.msg);
+    }
+    eng_model_spec_free(&spec);
+    eng_model_config_free(&cfg);
+}
+
 /* 5. inspect names the layout and finds every tensor in either */
 static void check_inspect(const char *dir, const char *layout) {
     char *out = NULL;
@@ -223,6 +275,7 @@ int main(void) {
     check_family("mixtral");
     check_family("qwen3_moe");
     check_mismatch();
+    check_missing_fused();
     if (failures) {
         fprintf(stderr, "expert_layout_test: %d failures\n", failures);
         return 1;
