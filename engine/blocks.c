@@ -194,9 +194,18 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
         ops->bias_fwd(s, kp, WF(m, L->k_bias), n, kd);
         ops->bias_fwd(s, a->v, WF(m, L->v_bias), n, kd);
     }
+    /* q/k RMSNorm per head (Qwen3: rows of hd), or over each token's whole
+     * projection (OLMoE: one row of nh*hd, one of nkv*hd). */
+    const int qn_rows = c->qk_norm_whole ? n : n * nh, qn_cols = c->qk_norm_whole ? qd : hd;
+    const int kn_rows = c->qk_norm_whole ? n : n * nkv, kn_cols = c->qk_norm_whole ? kd : hd;
     if (c->qk_norm) {
-        ops->rmsnorm_fwd(s, a->q, a->q_rstd, a->q_pre, WF(m, L->q_norm), n * nh, hd, c->rms_norm_eps);
-        ops->rmsnorm_fwd(s, a->k, a->k_rstd, a->k_pre, WF(m, L->k_norm), n * nkv, hd, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, a->q, a->q_rstd, a->q_pre, WF(m, L->q_norm), qn_rows, qn_cols, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, a->k, a->k_rstd, a->k_pre, WF(m, L->k_norm), kn_rows, kn_cols, c->rms_norm_eps);
+    }
+    if (c->clip_qkv > 0) { /* OLMoE's clip_qkv: after the q/k norm, before RoPE (modeling_olmoe.py) */
+        ops->clamp_fwd(s, a->q, a->q, c->clip_qkv, (size_t)n * qd);
+        ops->clamp_fwd(s, a->k, a->k, c->clip_qkv, (size_t)n * kd);
+        ops->clamp_fwd(s, a->v, a->v, c->clip_qkv, (size_t)n * kd);
     }
     ops->rope_fwd(s, a->q, m->rope_cos, m->rope_sin, sh->B, sh->T, nh, hd);
     ops->rope_fwd(s, a->k, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);
@@ -212,6 +221,48 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
     return MT_OK;
 fail:
     eng_attn_acts_release(m->dev, a);
+    return err->code;
+}
+
+/* Through clip_qkv's clamp: the gradient passes where the clamp's input lay
+ * within [-c, c], as torch's clamp_ backward does.  The input is not saved
+ * (q and k are saved after RoPE, v after the clamp); it is recomputed
+ * exactly as the forward made it, the q/k norm from the saved projections
+ * and v's projection from the saved input norm, so the mask is bit for bit
+ * the forward's. */
+static mt_status_t clip_qkv_bwd(eng_model_t *m, int layer, const eng_shape_t *sh, eng_attn_acts_t *a, float *dq,
+                                float *dk, float *dv, mt_error_t *err) {
+    const eng_model_config_t *c = &m->cfg;
+    const eng_layer_index_t *L = &m->layers[layer];
+    const kern_ops_t *ops = m->dev->ops;
+    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const int n = sh->n, H = c->hidden_size, hd = c->head_dim;
+    const int nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+    const int qd = nh * hd, kd = nkv * hd;
+    const eng_operand_t xn = {a->xn, act_dtype(m, layer, ENG_A_ATTN_XN)};
+    float *x = NULL, *rstd = NULL;
+    ALLOC(x, (size_t)n * qd, "clip_qkv input (recomputed)");
+    ALLOC(rstd, (size_t)n * (nh > nkv ? nh : nkv), "clip_qkv q/k norm rstd (recomputed)");
+    for (int which = 0; which < 3; which++) { /* q, k, v */
+        const int d = which == 0 ? qd : kd, proj = which == 0 ? L->q : which == 1 ? L->k : L->v;
+        const int norm = which == 0 ? L->q_norm : L->k_norm, bias = which == 0 ? L->q_bias : which == 1 ? L->k_bias : L->v_bias;
+        float *grad = which == 0 ? dq : which == 1 ? dk : dv;
+        if (which < 2 && c->qk_norm) {
+            const float *pre = which == 0 ? a->q_pre : a->k_pre;
+            const int rows = c->qk_norm_whole ? n : n * (which == 0 ? nh : nkv), cols = c->qk_norm_whole ? d : hd;
+            ops->rmsnorm_fwd(s, x, rstd, pre, WF(m, norm), rows, cols, c->rms_norm_eps);
+        } else {
+            eng_mm(m, x, xn, W(m, proj), n, d, H, false, true, 1.0f, 0.0f);
+            if (bias >= 0) ops->bias_fwd(s, x, WF(m, bias), n, d);
+        }
+        ops->clamp_bwd(s, grad, grad, x, c->clip_qkv, (size_t)n * d);
+    }
+    dfree(m->dev, &x);
+    dfree(m->dev, &rstd);
+    return MT_OK;
+fail:
+    dfree(m->dev, &x);
+    dfree(m->dev, &rstd);
     return err->code;
 }
 
@@ -240,13 +291,16 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
     dfree(m->dev, &datt);
     ops->rope_bwd(s, dq, m->rope_cos, m->rope_sin, sh->B, sh->T, nh, hd);
     ops->rope_bwd(s, dk, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);
-    if (c->qk_norm) { /* through the per-head norm, into the pre-norm projections */
+    if (c->clip_qkv > 0 && clip_qkv_bwd(m, layer, sh, a, dq, dk, dv, err) != MT_OK) goto fail;
+    if (c->qk_norm) { /* through the q/k norm (per head or whole), into the pre-norm projections */
+        const int qn_rows = c->qk_norm_whole ? n : n * nh, qn_cols = c->qk_norm_whole ? qd : hd;
+        const int kn_rows = c->qk_norm_whole ? n : n * nkv, kn_cols = c->qk_norm_whole ? kd : hd;
         ALLOC(tmp, (size_t)n * qd, "d(q before q_norm)");
         float *gq = G_or_scratch(m, L->q_norm, &scratch[0], err), *gk = G_or_scratch(m, L->k_norm, &scratch[1], err);
         if (!gq || !gk) goto fail;
-        ops->rmsnorm_bwd(s, tmp, gq, dq, a->q_pre, WF(m, L->q_norm), a->q_rstd, n * nh, hd);
+        ops->rmsnorm_bwd(s, tmp, gq, dq, a->q_pre, WF(m, L->q_norm), a->q_rstd, qn_rows, qn_cols);
         kern_memcpy_d2d(m->dev, s, dq, tmp, (size_t)n * qd * sizeof(float));
-        ops->rmsnorm_bwd(s, tmp, gk, dk, a->k_pre, WF(m, L->k_norm), a->k_rstd, n * nkv, hd);
+        ops->rmsnorm_bwd(s, tmp, gk, dk, a->k_pre, WF(m, L->k_norm), a->k_rstd, kn_rows, kn_cols);
         kern_memcpy_d2d(m->dev, s, dk, tmp, (size_t)n * kd * sizeof(float));
         dfree(m->dev, &tmp);
     }

@@ -210,6 +210,9 @@ void eng_checkpoint_close(eng_checkpoint_t *ck) {
     free(ck->files);
     free(ck->entries);
     free(ck->dir);
+    free(ck->views);
+    free(ck->view_names_);
+    free(ck->view_shapes_);
     memset(ck, 0, sizeof *ck);
 }
 

@@ -34,6 +34,18 @@ typedef struct {
     const eng_st_tensor_t *tensor;
 } eng_ckpt_entry_t;
 
+/* How a checkpoint stores routed experts.  PER_EXPERT is the Hub's layout
+ * (`…experts.E.w1.weight`, `…experts.E.gate_proj.weight`): what
+ * save_pretrained writes by default.  FUSED is transformers 5's in-memory
+ * layout, which save_pretrained writes with save_original_format=False and
+ * whenever a PEFT adapter is attached: per MoE layer
+ * `model.layers.N.mlp.experts.gate_up_proj` (E, 2I, H), expert e's gate
+ * rows then its up rows, and `…mlp.experts.down_proj` (E, H, I); Mixtral's
+ * block is named `mlp` there rather than `block_sparse_moe`. */
+typedef enum { ENG_CKPT_LAYOUT_PER_EXPERT = 0, ENG_CKPT_LAYOUT_FUSED } eng_ckpt_layout_t;
+
+const char *eng_ckpt_layout_name(eng_ckpt_layout_t layout); /* "per_expert", "fused" */
+
 typedef struct {
     char *dir;
     eng_st_file_t *files; /* (file_count) mapped shards */
@@ -41,6 +53,13 @@ typedef struct {
     eng_ckpt_entry_t *entries; /* (count) every tensor, sorted by name */
     int count;
     uint64_t disk_bytes;   /* sum of the shard file sizes */
+    /* Set by eng_checkpoint_resolve: the layout found, and the per-expert
+     * views of fused tensors (slices of the mapping) the entries point to. */
+    eng_ckpt_layout_t layout;
+    eng_st_tensor_t *views;   /* (view_count) */
+    int view_count;
+    char *view_names_;        /* internal: the views' names and shapes */
+    uint64_t *view_shapes_;
 } eng_checkpoint_t;
 
 /* Opens (maps and validates) the weights of DIR.  Errors name the directory
@@ -52,6 +71,16 @@ mt_status_t eng_checkpoint_open(const char *dir, eng_checkpoint_t *out, mt_error
 void eng_checkpoint_close(eng_checkpoint_t *ck);
 /* The entry for a tensor name, or NULL.  O(log count). */
 const eng_ckpt_entry_t *eng_checkpoint_find(const eng_checkpoint_t *ck, const char *name);
+
+/* Makes the checkpoint answer to spec's names whatever layout it was saved
+ * in: every spec tensor the checkpoint lacks under its Hub name but holds
+ * in transformers 5's fused layout (see eng_ckpt_layout_t) becomes an entry
+ * under the Hub name, a view of its slice of the fused tensor (no copy: a
+ * slice of expert e is contiguous), and the fused entries leave the list, so
+ * loading, checking and inspecting see one layout.  A fused tensor whose
+ * shape disagrees with config.json is an error naming it, its shape and the
+ * shape config.json implies.  Call once, after eng_checkpoint_open. */
+mt_status_t eng_checkpoint_resolve(eng_checkpoint_t *ck, const eng_model_spec_t *spec, mt_error_t *err);
 
 /* Reads one tensor as fp32 into dst (numel floats), checking its shape
  * against expect_shape (ndim dims; a spec's 1-D params use ndim 1). */
@@ -96,6 +125,26 @@ typedef struct {
     const int64_t *shape;  /* (ndim) */
     const float *data;     /* prod(shape) floats */
 } eng_ckpt_tensor_t;
+
+/* A tensor list in transformers 5's fused layout, made from one in the Hub's
+ * (eng_ckpt_fuse_experts). */
+typedef struct {
+    eng_ckpt_tensor_t *tensors; /* (count) */
+    int count;
+    float **owned_;             /* internal: the fused tensors' data */
+    int owned_count_;
+    char *names_;
+    int64_t *shapes_;
+} eng_ckpt_fused_t;
+
+/* in holds one tensor per spec parameter, in spec order, with spec's names
+ * and shapes.  out gets the same tensors in the fused layout: each MoE
+ * layer's experts as `…mlp.experts.gate_up_proj` (E, 2I, H) and
+ * `…mlp.experts.down_proj` (E, H, I) where its first expert tensor stood,
+ * Mixtral's `block_sparse_moe` renamed `mlp`; other tensors are shared with
+ * in, not copied.  Free with eng_ckpt_fused_free. */
+void eng_ckpt_fuse_experts(const eng_model_spec_t *spec, const eng_ckpt_tensor_t *in, eng_ckpt_fused_t *out);
+void eng_ckpt_fused_free(eng_ckpt_fused_t *f);
 
 /* Writes config.json (config_json, if non-NULL) and the weights into the
  * save's staging directory: model.safetensors when everything fits in

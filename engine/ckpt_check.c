@@ -129,10 +129,20 @@ mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_con
         const eng_param_spec_t *p = &spec->params[i];
         shape_str(want, sizeof want, p->ndim, p->shape, NULL);
         const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->name);
-        if (!e)
+        if (!e) {
+            /* a routed expert may be stored fused (transformers 5): say where it was looked for too */
+            const char *at = p->expert >= 0 ? strstr(p->name, ".experts.") : NULL;
+            char alt[200] = "";
+            if (at) { /* transformers 5 names Mixtral's block_sparse_moe `mlp` */
+                const char *bsm = strstr(p->name, ".block_sparse_moe.");
+                const int keep = (int)((bsm && bsm < at ? bsm : at) - p->name);
+                snprintf(alt, sizeof alt, "; nor fused, as '%.*s%s.experts.%s'", keep, p->name,
+                         bsm && bsm < at ? ".mlp" : "", p->role == ENG_P_EXP_DOWN ? "down_proj" : "gate_up_proj");
+            }
             return mt_error_set(err, MT_ERR_FORMAT,
-                                "%s: missing tensor '%s', which %s implies with shape %s (%s)", ck->dir, p->name,
-                                config_path, want, dim_keys(cfg, p, 0));
+                                "%s: missing tensor '%s', which %s implies with shape %s (%s)%s", ck->dir, p->name,
+                                config_path, want, dim_keys(cfg, p, 0), alt);
+        }
         const eng_st_tensor_t *t = e->tensor;
         int bad = t->ndim == p->ndim ? -1 : 0;
         for (int d = 0; bad < 0 && d < p->ndim; d++)

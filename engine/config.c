@@ -103,6 +103,11 @@ static const enum_name_t k_save_dtype_names[] = {
     {"float16", ENG_SAVE_DTYPE_F16},
     {NULL, 0},
 };
+static const enum_name_t k_save_layout_names[] = {
+    {"per_expert", ENG_SAVE_LAYOUT_PER_EXPERT},
+    {"fused", ENG_SAVE_LAYOUT_FUSED},
+    {NULL, 0},
+};
 
 static const enum_name_t k_backend_names[] = {
     {"cpu", ENG_BACKEND_CPU},
@@ -217,6 +222,7 @@ static const key_row_t k_top_rows[] = {
     ROW("allow_unused_tensors", K_BOOL, allow_unused_tensors),
     ROW("bf16", K_BF16, bf16),
     ROW_ENUM("save_dtype", save_dtype, k_save_dtype_names),
+    ROW_ENUM("save_expert_layout", save_expert_layout, k_save_layout_names),
     ROW_ENUM("backend", backend, k_backend_names),
     ROW_ENUM("optimizer", optimizer, k_optimizer_names),
     ROW("gradient_checkpointing", K_BOOL, gradient_checkpointing),

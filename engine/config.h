@@ -19,6 +19,9 @@ typedef enum { ENG_BACKEND_AUTO = 0, ENG_BACKEND_CPU, ENG_BACKEND_CUDA } eng_bac
 typedef enum { ENG_BF16_OFF = 0, ENG_BF16_ON, ENG_BF16_AUTO } eng_bf16_choice_t;
 /* The dtype a saved model is written in; AUTO = the base checkpoint's own. */
 typedef enum { ENG_SAVE_DTYPE_AUTO = 0, ENG_SAVE_DTYPE_F32, ENG_SAVE_DTYPE_BF16, ENG_SAVE_DTYPE_F16 } eng_save_dtype_t;
+/* How a saved model stores routed experts: the Hub's per-expert tensors, or
+ * transformers 5's fused gate_up_proj / down_proj (engine/checkpoint.h). */
+typedef enum { ENG_SAVE_LAYOUT_PER_EXPERT = 0, ENG_SAVE_LAYOUT_FUSED } eng_save_layout_t;
 typedef enum { ENG_ADAPTER_NONE = 0, ENG_ADAPTER_LORA } eng_adapter_t;
 /* scheduler: section (scheduler/plan.h has the semantics; engine/program.c maps these) */
 typedef enum {
@@ -68,6 +71,7 @@ typedef struct {
     bool allow_unused_tensors;
     eng_bf16_choice_t bf16;         /* default off: fp32 everywhere */
     eng_save_dtype_t save_dtype;    /* default auto: the base checkpoint's dtype */
+    eng_save_layout_t save_expert_layout; /* default per_expert (the Hub's layout) */
     eng_backend_choice_t backend;   /* default auto */
     char *model_config_json;        /* `model_config:` overrides as a JSON object text, or NULL */
     size_t save_max_shard_bytes;    /* default 5 GB, as HF's max_shard_size */

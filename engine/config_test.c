@@ -538,8 +538,28 @@ static void test_staging(void) {
     EXPECT_ERROR("staging: compact\n", MT_ERR_CONFIG, "staging", "a mapping");
 }
 
+/* save_expert_layout: per_expert by default (the Hub's layout), fused on
+ * request; any other value names the key and the choices. */
+static void test_save_expert_layout(void) {
+    eng_run_config_t c;
+    mt_error_t err = {0};
+    eng_run_config_defaults(&c);
+    EXPECT(c.save_expert_layout == ENG_SAVE_LAYOUT_PER_EXPERT);
+    static const char fused[] = "base_model: m\nsave_expert_layout: fused\n";
+    mt_status_t st = eng_run_config_parse(fused, strlen(fused), "run.yaml", &c, &err);
+    EXPECT(st == MT_OK && c.save_expert_layout == ENG_SAVE_LAYOUT_FUSED);
+    if (st == MT_OK) eng_run_config_free(&c);
+    static const char bad[] = "base_model: m\nsave_expert_layout: packed\n";
+    st = eng_run_config_parse(bad, strlen(bad), "run.yaml", &c, &err);
+    EXPECT(st != MT_OK && strstr(err.msg, "save_expert_layout") && strstr(err.msg, "per_expert") &&
+           strstr(err.msg, "fused"));
+    if (st != MT_OK) fprintf(stderr, "   (refused as expected: %s)\n", err.msg);
+    else eng_run_config_free(&c);
+}
+
 int main(void) {
     test_defaults();
+    test_save_expert_layout();
     test_scheduler();
     test_staging();
     test_every_key();

@@ -212,8 +212,15 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
     eng_checkpoint_t ck;
     mt_status_t st = eng_checkpoint_open(dir, &ck, err);
     if (st != MT_OK) return st;
-    fprintf(out, "%d file%s, %s on disk, %d tensors\n", ck.file_count, ck.file_count == 1 ? "" : "s",
-            human_bytes(b[0], sizeof b[0], (double)ck.disk_bytes), ck.count);
+    st = eng_checkpoint_resolve(&ck, spec, err);
+    if (st != MT_OK) {
+        eng_checkpoint_close(&ck);
+        return st;
+    }
+    fprintf(out, "%d file%s, %s on disk, %d tensors, experts stored %s\n", ck.file_count, ck.file_count == 1 ? "" : "s",
+            human_bytes(b[0], sizeof b[0], (double)ck.disk_bytes), ck.count,
+            ck.layout == ENG_CKPT_LAYOUT_FUSED ? "fused (transformers 5: experts.gate_up_proj, experts.down_proj)"
+                                               : "per expert (the Hub's layout)");
     int n_by[ENG_ST_DTYPE_COUNT] = {0};
     uint64_t bytes_by[ENG_ST_DTYPE_COUNT] = {0};
     for (int i = 0; i < ck.count; i++) {
@@ -227,6 +234,8 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
                     human_bytes(b[0], sizeof b[0], (double)bytes_by[d]));
     /* Agreement with config.json: missing, wrong shape, unexpected (parameters and buffers). */
     int missing = 0, wrong = 0, shown = 0;
+    const eng_param_spec_t *first_bad = NULL;
+    int first_where = 0;
     const int described = spec->count + spec->num_buffers;
     for (int i = 0; i < described; i++) {
         const eng_param_spec_t *p = i < spec->count ? &spec->params[i] : &spec->buffers[i - spec->count];
@@ -234,6 +243,10 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
         if (where == 0) continue;
         if (where == 1) wrong++;
         else missing++;
+        if (!first_bad) {
+            first_bad = p;
+            first_where = where;
+        }
         if (shown++ < 5)
             fprintf(out, "  %s: %s\n", where == 1 ? "WRONG SHAPE" : "MISSING", p->name);
     }
@@ -245,8 +258,21 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
     else
         fprintf(out, "  vs config.json: all %d tensors present with the expected shapes\n", described);
     print_storage(out, spec, "the checkpoint's");
+    /* A checkpoint that lacks a tensor config.json implies (or holds it in
+     * another shape) cannot be trained or loaded by transformers: inspect
+     * says so by failing, naming the first, so scripts can rely on it. */
+    if (first_bad) {
+        char want[96];
+        size_t n = (size_t)snprintf(want, sizeof want, "[");
+        for (int d = 0; d < first_bad->ndim && n < sizeof want; d++)
+            n += (size_t)snprintf(want + n, sizeof want - n, "%s%lld", d ? ", " : "", (long long)first_bad->shape[d]);
+        if (n < sizeof want) snprintf(want + n, sizeof want - n, "]");
+        st = mt_error_set(err, MT_ERR_FORMAT,
+                          "%s: %s tensor '%s' (config.json implies shape %s); %d missing, %d wrong shape in all",
+                          dir, first_where == 1 ? "wrong shape of" : "missing", first_bad->name, want, missing, wrong);
+    }
     eng_checkpoint_close(&ck);
-    return MT_OK;
+    return st;
 }
 
 mt_status_t eng_inspect(const char *dir, FILE *out, mt_error_t *err) {

@@ -103,11 +103,6 @@ mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, 
     if (st != MT_OK) return st;
     st = eng_model_spec_build(&m->cfg, &m->spec, err);
     if (st != MT_OK) goto fail;
-    if (m->cfg.qk_norm_whole) { /* described (plan, inspect) but engine/blocks.c norms per head */
-        st = mt_error_set(err, MT_ERR_UNSUPPORTED, "%s: %s's q/k norm over the whole projection has no block code yet",
-                          dir, eng_model_desc_family_name(&m->spec));
-        goto fail;
-    }
     build_layer_index(m);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) m->num_moe_layers += m->cfg.layer_is_moe[l];
 
@@ -163,10 +158,11 @@ mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *
         free(host);
         return st;
     }
+    st = eng_checkpoint_resolve(&ck, &m->spec, err);
     m->storage_dtype = checkpoint_dtype(&ck, &m->spec);
     eng_ckpt_load_report_t report = {0};
-    st = eng_checkpoint_load(&ck, &m->spec, host, &report, err);
-    st = st == MT_OK ? read_bf16_homes(m, &ck, err) : st;
+    if (st == MT_OK) st = eng_checkpoint_load(&ck, &m->spec, host, &report, err);
+    if (st == MT_OK) st = read_bf16_homes(m, &ck, err);
     if (st == MT_OK && report.unexpected_count > 0)
         fprintf(stderr, "moetune: note: %d tensor(s) in %s are not used by %s (first: %s)\n",
                 report.unexpected_count, dir, m->cfg.model_type, report.unexpected[0]);

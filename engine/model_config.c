@@ -99,36 +99,79 @@ static mt_status_t positive(reader_t *r, const char *key, int v) {
         if (st_ != MT_OK) return st_;   \
     } while (0)
 
-/* RoPE: rope_theta (transformers v4) or rope_parameters (v5); only the
- * default (unscaled) rotary embedding is implemented. */
-static mt_status_t read_rope(reader_t *r, double def_theta, float *theta) {
-    json_t *rs = json_object_get(r->obj, "rope_scaling");
-    if (rs && !json_is_null(rs)) {
-        json_t *ty = json_is_object(rs) ? json_object_get(rs, "rope_type") : NULL;
-        if (!ty && json_is_object(rs)) ty = json_object_get(rs, "type");
-        bool is_default = json_is_string(ty) && strcmp(json_string_value(ty), "default") == 0;
-        if (!is_default)
-            return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
-                                "%s: key 'rope_scaling' is set; scaled RoPE variants are not "
-                                "supported (only rope_scaling: null)",
-                                r->path);
+/* One RoPE parameter dict (flat, or one layer type's of a nested one):
+ * only the default (unscaled) rotary embedding over the whole head is
+ * implemented.  `key` names the dict in messages. */
+static mt_status_t read_rope_dict(reader_t *r, const char *key, json_t *d, double *theta) {
+    char k[96];
+    json_t *ty = json_object_get(d, "rope_type");
+    if (!ty) ty = json_object_get(d, "type"); /* transformers 4's spelling inside rope_scaling */
+    if (ty && !(json_is_string(ty) && strcmp(json_string_value(ty), "default") == 0))
+        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
+                            "%s: key '%s' is set to a scaled RoPE variant (rope_type %s); only the default "
+                            "rotary embedding is supported",
+                            r->path, key, json_is_string(ty) ? json_string_value(ty) : "?");
+    json_t *th = json_object_get(d, "rope_theta");
+    if (th && !json_is_null(th)) {
+        snprintf(k, sizeof k, "%s.rope_theta", key);
+        if (!json_is_number(th)) return type_error(r, k, "a number", th);
+        *theta = json_number_value(th);
     }
+    json_t *pf = json_object_get(d, "partial_rotary_factor");
+    if (pf && !json_is_null(pf) && !(json_is_number(pf) && json_number_value(pf) == 1.0))
+        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
+                            "%s: key '%s.partial_rotary_factor' is set; rotating part of each head is not "
+                            "supported (only 1.0)",
+                            r->path, key);
+    return MT_OK;
+}
+
+/* RoPE, as transformers 5 reads it (convert_rope_params_to_dict): a
+ * non-empty rope_scaling (transformers 4) takes the place of
+ * rope_parameters; the dict's rope_theta wins over a top-level rope_theta,
+ * which wins over the family's default.  rope_parameters may be nested by
+ * layer type ({"full_attention": {...}, "sliding_attention": {...}}, for a
+ * config that declares layer_types); moetune has one RoPE for all layers,
+ * so every layer type's must agree. */
+static mt_status_t read_rope(reader_t *r, double def_theta, float *theta) {
     double t;
     TRY(get_double(r, "rope_theta", def_theta, &t));
-    json_t *rp = json_object_get(r->obj, "rope_parameters");
+    json_t *pf = json_object_get(r->obj, "partial_rotary_factor");
+    if (pf && !json_is_null(pf) && !(json_is_number(pf) && json_number_value(pf) == 1.0))
+        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
+                            "%s: key 'partial_rotary_factor' is set; rotating part of each head is not supported "
+                            "(only 1.0)",
+                            r->path);
+    const char *key = "rope_scaling";
+    json_t *rp = json_object_get(r->obj, key);
+    const bool scaling_set = rp && !json_is_null(rp) && !json_is_false(rp) &&
+                             !(json_is_object(rp) && json_object_size(rp) == 0);
+    if (!scaling_set) {
+        key = "rope_parameters";
+        rp = json_object_get(r->obj, key);
+    }
     if (rp && !json_is_null(rp)) {
-        if (!json_is_object(rp)) return type_error(r, "rope_parameters", "an object", rp);
-        json_t *ty = json_object_get(rp, "rope_type");
-        if (ty && !(json_is_string(ty) && strcmp(json_string_value(ty), "default") == 0))
-            return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
-                                "%s: key 'rope_parameters.rope_type' is not \"default\"; scaled "
-                                "RoPE variants are not supported",
-                                r->path);
-        json_t *th = json_object_get(rp, "rope_theta");
-        if (th) {
-            if (!json_is_number(th)) return type_error(r, "rope_parameters.rope_theta", "a number", th);
-            t = json_number_value(th);
+        if (!json_is_object(rp)) return type_error(r, key, "an object", rp);
+        static const char *const k_layer_types[] = {"full_attention", "sliding_attention"};
+        bool nested = false;
+        double first = 0;
+        for (size_t i = 0; i < sizeof k_layer_types / sizeof k_layer_types[0]; i++) {
+            json_t *d = json_object_get(rp, k_layer_types[i]);
+            if (!json_is_object(d)) continue;
+            char k[64];
+            snprintf(k, sizeof k, "%s.%s", key, k_layer_types[i]);
+            double ti = t;
+            TRY(read_rope_dict(r, k, d, &ti));
+            if (nested && ti != first)
+                return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
+                                    "%s: key '%s' gives layer types different rope_theta (%g and %g); one RoPE "
+                                    "for all layers is supported",
+                                    r->path, key, first, ti);
+            nested = true;
+            first = ti;
         }
+        if (nested) t = first;
+        else TRY(read_rope_dict(r, key, rp, &t));
     }
     if (!(t > 0))
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'rope_theta' must be positive", r->path);
@@ -302,7 +345,14 @@ static mt_status_t qwen2_sliding(reader_t *r, eng_model_config_t *c) {
                                     "%s: key 'layer_types' must list a string for each of the %d "
                                     "layers",
                                     r->path, c->num_hidden_layers);
-            slide = strcmp(json_string_value(v), "sliding_attention") == 0;
+            /* transformers 5 also reads the older name "attention" as full attention */
+            const char *ty = json_string_value(v);
+            slide = strcmp(ty, "sliding_attention") == 0;
+            if (!slide && strcmp(ty, "full_attention") != 0 && strcmp(ty, "attention") != 0)
+                return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
+                                    "%s: key 'layer_types' gives layer %d the type \"%s\"; only "
+                                    "\"full_attention\" and \"sliding_attention\" are supported",
+                                    r->path, l, ty);
         } else {
             slide = use && (l + 1) % 2 != 0 && l < max_window_layers;
         }
@@ -380,10 +430,14 @@ static mt_status_t parse_olmoe(reader_t *r, eng_model_config_t *c) {
     c->qk_norm = true;
     c->qk_norm_whole = true;
     json_t *clip = json_object_get(r->obj, "clip_qkv");
-    if (clip && !json_is_null(clip))
-        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
-                            "%s: key 'clip_qkv' is set; clamping q/k/v is not supported (only clip_qkv: null)",
-                            r->path);
+    if (clip && !json_is_null(clip)) { /* null: no clamp */
+        if (!json_is_number(clip)) return type_error(r, "clip_qkv", "a number or null", clip);
+        const double cq = json_number_value(clip);
+        if (!(cq > 0 && cq < 3.4e38))
+            return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'clip_qkv' = %g must be positive (or null)",
+                                r->path, cq);
+        c->clip_qkv = (float)cq;
+    }
     TRY(read_rope(r, 10000.0, &c->rope_theta));
     c->sliding_window = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) c->layer_is_moe[l] = true;

@@ -37,6 +37,8 @@ typedef struct {
     bool qk_norm;                 /* Qwen3: per-head RMSNorm on q and k; OLMoE: see qk_norm_whole */
     bool qk_norm_whole;           /* OLMoE: the norm spans the whole q / k projection, weights
                                      (nh*hd) and (nkv*hd), applied before splitting into heads */
+    float clip_qkv;               /* OLMoE: q, k, v clamped to [-clip_qkv, clip_qkv] after the q/k
+                                     norm, before RoPE; 0 = no clamp (clip_qkv: null) */
     bool tie_word_embeddings;
     bool output_router_logits;    /* aux loss added to the loss when true */
     float router_aux_loss_coef;

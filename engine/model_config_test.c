@@ -326,7 +326,12 @@ static void test_olmoe(tctx_t *t) {
                                 " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"intermediate_size\": 16,"
                                 " \"clip_qkv\": 8.0}",
                                 "olmoe-clip/config.json", NULL, &c, &err);
-    EXPECT(t, st == MT_ERR_UNSUPPORTED && strstr(err.msg, "clip_qkv"), "clip_qkv refused: %s", err.msg);
+    EXPECT(t, st == MT_OK && c.clip_qkv == 8.0f, "clip_qkv: %s", err.msg);
+    if (st == MT_OK) eng_model_config_free(&c);
+    expect_refused(t, __LINE__,
+                   "{\"model_type\": \"olmoe\", \"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
+                   " \"num_attention_heads\": 4, \"intermediate_size\": 16, \"clip_qkv\": -1}",
+                   NULL, MT_ERR_CONFIG, "'clip_qkv'");
 }
 
 /* Both spellings of the routed-expert count, as transformers accepts them:
@@ -349,6 +354,99 @@ static void test_expert_count_aliases(tctx_t *t) {
     if (st == MT_OK) eng_model_config_free(&c);
 }
 
+/* The spellings transformers 5 reads for the keys moetune reads
+ * (configuration_utils.py's torch_dtype, convert_rope_params_to_dict,
+ * remap_legacy_layer_types; each family's attribute_map): the same model
+ * whichever is used. */
+static float theta_of(tctx_t *t, int line, const char *text) {
+    eng_model_config_t c;
+    mt_error_t err = {0};
+    if (eng_model_config_parse(text, "a.json", NULL, &c, &err) != MT_OK) {
+        fprintf(stderr, "FAIL line %d: %s\n", line, err.msg);
+        t->failures++;
+        return -1;
+    }
+    const float th = c.rope_theta;
+    eng_model_config_free(&c);
+    return th;
+}
+
+static void test_transformers5_aliases(tctx_t *t) {
+    /* rope_theta: in rope_parameters, top level, or in a transformers 4
+     * rope_scaling, which replaces rope_parameters when set */
+    EXPECT(t, theta_of(t, __LINE__, "{\"model_type\":\"qwen3_moe\"," BASE_Q3 ",\"rope_theta\":7000.0}") == 7000.0f,
+           "top-level rope_theta");
+    EXPECT(t, theta_of(t, __LINE__, "{\"model_type\":\"qwen3_moe\"," BASE_Q3
+                                    ",\"rope_theta\":7000.0,\"rope_parameters\":{\"rope_type\":\"default\"}}") == 7000.0f,
+           "rope_parameters without rope_theta keeps the top-level one");
+    EXPECT(t, theta_of(t, __LINE__, "{\"model_type\":\"qwen3_moe\"," BASE_Q3
+                                    ",\"rope_theta\":7000.0,\"rope_parameters\":{\"rope_theta\":3000.0}}") == 3000.0f,
+           "rope_parameters.rope_theta wins");
+    EXPECT(t, theta_of(t, __LINE__, "{\"model_type\":\"qwen3_moe\"," BASE_Q3
+                                    ",\"rope_scaling\":{\"type\":\"default\",\"rope_theta\":2000.0},"
+                                    "\"rope_parameters\":{\"rope_theta\":3000.0}}") == 2000.0f,
+           "a set rope_scaling takes rope_parameters' place");
+    EXPECT(t, theta_of(t, __LINE__, "{\"model_type\":\"qwen3_moe\"," BASE_Q3
+                                    ",\"rope_scaling\":{},\"rope_parameters\":{\"rope_theta\":3000.0}}") == 3000.0f,
+           "an empty rope_scaling is not set");
+    EXPECT(t, theta_of(t, __LINE__, "{\"model_type\":\"mixtral\",\"vocab_size\":100,\"hidden_size\":64,"
+                                    "\"intermediate_size\":32,\"num_hidden_layers\":2,\"num_attention_heads\":8,"
+                                    "\"rope_parameters\":{\"rope_type\":\"default\"}}") == 1e6f,
+           "Mixtral's default_theta is 1e6");
+    /* nested by layer type (Qwen2-MoE declares layer_types) */
+    EXPECT(t, theta_of(t, __LINE__, "{\"model_type\":\"qwen2_moe\",\"num_key_value_heads\":4," BASE_Q3
+                                    ",\"rope_parameters\":{\"full_attention\":{\"rope_type\":\"default\","
+                                    "\"rope_theta\":4000.0},\"sliding_attention\":{\"rope_theta\":4000.0}}}") == 4000.0f,
+           "nested rope_parameters");
+    expect_refused(t, __LINE__,
+                   "{\"model_type\":\"qwen2_moe\",\"num_key_value_heads\":4," BASE_Q3
+                   ",\"rope_parameters\":{\"full_attention\":{\"rope_theta\":4000.0},"
+                   "\"sliding_attention\":{\"rope_theta\":10000.0}}}",
+                   NULL, MT_ERR_UNSUPPORTED, "rope_parameters");
+    expect_refused(t, __LINE__,
+                   "{\"model_type\":\"qwen3_moe\"," BASE_Q3 ",\"rope_parameters\":{\"rope_type\":\"default\","
+                   "\"partial_rotary_factor\":0.5}}",
+                   NULL, MT_ERR_UNSUPPORTED, "rope_parameters.partial_rotary_factor");
+    expect_refused(t, __LINE__, "{\"model_type\":\"qwen3_moe\"," BASE_Q3 ",\"partial_rotary_factor\":0.25}", NULL,
+                   MT_ERR_UNSUPPORTED, "partial_rotary_factor");
+    EXPECT(t, theta_of(t, __LINE__, "{\"model_type\":\"qwen3_moe\"," BASE_Q3 ",\"partial_rotary_factor\":1.0}") > 0,
+           "partial_rotary_factor 1.0 is the whole head");
+
+    /* head_dim: absent or null (transformers 5 writes "head_dim": null for
+     * Mixtral) means hidden_size / num_attention_heads */
+    eng_model_config_t c;
+    mt_error_t err = {0};
+    mt_status_t st = eng_model_config_parse("{\"model_type\":\"mixtral\",\"vocab_size\":100,\"hidden_size\":64,"
+                                            "\"intermediate_size\":32,\"num_hidden_layers\":2,"
+                                            "\"num_attention_heads\":8,\"head_dim\":null,\"num_key_value_heads\":null}",
+                                            "a.json", NULL, &c, &err);
+    EXPECT(t, st == MT_OK && c.head_dim == 8 && c.num_key_value_heads == 8, "null head_dim / kv heads: %s", err.msg);
+    if (st == MT_OK) eng_model_config_free(&c);
+
+    /* layer_types: the older name "attention" is full attention */
+    st = eng_model_config_parse("{\"model_type\":\"qwen2_moe\",\"num_key_value_heads\":4," BASE_Q3
+                                ",\"layer_types\":[\"attention\",\"full_attention\"]}",
+                                "a.json", NULL, &c, &err);
+    EXPECT(t, st == MT_OK && c.sliding_window == 0, "legacy layer type: %s", err.msg);
+    if (st == MT_OK) eng_model_config_free(&c);
+    expect_refused(t, __LINE__,
+                   "{\"model_type\":\"qwen2_moe\",\"num_key_value_heads\":4," BASE_Q3 ",\"layer_types\":[\"linear_attention\",\"full_attention\"]}",
+                   NULL, MT_ERR_UNSUPPORTED, "layer_types");
+
+    /* dtype (transformers 5) wins over torch_dtype */
+    st = eng_model_config_parse("{\"model_type\":\"qwen3_moe\"," BASE_Q3
+                                ",\"dtype\":\"bfloat16\",\"torch_dtype\":\"float32\"}",
+                                "a.json", NULL, &c, &err);
+    eng_model_spec_t d;
+    if (st == MT_OK && eng_model_spec_build(&c, &d, &err) == MT_OK) {
+        EXPECT(t, d.params[0].dtype == MT_BF16, "dtype over torch_dtype: %s", mt_dtype_name(d.params[0].dtype));
+        eng_model_spec_free(&d);
+    } else {
+        EXPECT(t, 0, "dtype: %s", err.msg);
+    }
+    if (st == MT_OK) eng_model_config_free(&c);
+}
+
 int main(void) {
     tctx_t t = {0};
     test_expert_count_aliases(&t);
@@ -357,6 +455,7 @@ int main(void) {
     test_defaults(&t);
     test_layers_and_overrides(&t);
     test_refusals(&t);
+    test_transformers5_aliases(&t);
     test_load(&t);
     if (t.failures) {
         fprintf(stderr, "model_config_test: %d failure(s)\n", t.failures);

@@ -45,7 +45,8 @@ static mt_status_t check_checkpoint(const eng_run_config_t *rc, const eng_model_
     if (st == MT_OK) {
         char path[1100];
         snprintf(path, sizeof path, "%s/config.json", rc->base_model);
-        st = eng_checkpoint_check(&ck, mc, &spec, path, rc->allow_unused_tensors, err);
+        st = eng_checkpoint_resolve(&ck, &spec, err);
+        if (st == MT_OK) st = eng_checkpoint_check(&ck, mc, &spec, path, rc->allow_unused_tensors, err);
         eng_model_spec_free(&spec);
     }
     eng_checkpoint_close(&ck);

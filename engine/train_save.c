@@ -7,7 +7,10 @@
  * files, so it cannot be swapped whole; the files are merged in
  * (ENG_CKPT_DIR_MERGE) and readers rely on the completion manifest and the
  * save ids rather than on one rename.  checkpoint-N directories belong to
- * their checkpoint alone and are swapped whole (ENG_CKPT_DIR_SWAP). */
+ * their checkpoint alone and are swapped whole (ENG_CKPT_DIR_SWAP).
+ *
+ * Experts are saved per expert, the Hub's layout, unless the run asks for
+ * save_expert_layout: fused, transformers 5's (eng_ckpt_fuse_experts). */
 #include "engine/train_save.h"
 
 #include <jansson.h>
@@ -142,7 +145,14 @@ mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const cha
     eng_ckpt_dir_t tx;
     mt_status_t st = eng_ckpt_dir_begin(&tx, dir, mode, err);
     if (st == MT_OK) {
-        st = eng_checkpoint_write(&tx, config, t, n, rc->save_max_shard_bytes, err);
+        if (rc->save_expert_layout == ENG_SAVE_LAYOUT_FUSED) {
+            eng_ckpt_fused_t fused;
+            eng_ckpt_fuse_experts(&m->spec, t, &fused);
+            st = eng_checkpoint_write(&tx, config, fused.tensors, fused.count, rc->save_max_shard_bytes, err);
+            eng_ckpt_fused_free(&fused);
+        } else {
+            st = eng_checkpoint_write(&tx, config, t, n, rc->save_max_shard_bytes, err);
+        }
         if (st == MT_OK) st = eng_ckpt_dir_commit(&tx, err);
         else eng_ckpt_dir_abort(&tx);
     }

@@ -52,6 +52,20 @@ void kern_swiglu_bwd_cpu(kern_stream_t *s, float *dg, float *du, const float *dh
 void kern_swiglu_bwd_cuda(kern_stream_t *s, float *dg, float *du, const float *dh,
                           const float *g, const float *u, size_t n);
 
+/* OLMoE's clip_qkv, as torch's clamp: y = min(max(x, -c), c) (y may alias
+ * x; NaN stays NaN), and backward dx = dy where -c <= x <= c, else 0, with x
+ * the input of the forward (dx may alias dy: overwrite). */
+typedef void (*kern_clamp_fwd_fn)(kern_stream_t *s, float *y, const float *x, float c, size_t n);
+void kern_clamp_fwd_cpu(kern_stream_t *s, float *y, const float *x, float c, size_t n);
+void kern_clamp_fwd_cuda(kern_stream_t *s, float *y, const float *x, float c, size_t n);
+typedef void (*kern_clamp_bwd_fn)(kern_stream_t *s, float *dx, const float *dy, const float *x, float c, size_t n);
+void kern_clamp_bwd_cpu(kern_stream_t *s, float *dx, const float *dy, const float *x, float c, size_t n);
+void kern_clamp_bwd_cuda(kern_stream_t *s, float *dx, const float *dy, const float *x, float c, size_t n);
+
+/* Element-wise rules both twins share, so they agree bit for bit. */
+MT_HD float kern_clamp_elem(float x, float c) { return x < -c ? -c : x > c ? c : x; }
+MT_HD float kern_clamp_grad_elem(float dy, float x, float c) { return x >= -c && x <= c ? dy : 0.0f; }
+
 /* *out (one device float) = sum x^2, accumulated in double, for the global
  * gradient norm. Overwrites *out. */
 typedef void (*kern_sumsq_fn)(kern_stream_t *s, float *out, const float *x, size_t n);

@@ -46,6 +46,8 @@ struct kern_ops {
     kern_bias_bwd_fn bias_bwd;
     kern_swiglu_fwd_fn swiglu_fwd;
     kern_swiglu_bwd_fn swiglu_bwd;
+    kern_clamp_fwd_fn clamp_fwd;
+    kern_clamp_bwd_fn clamp_bwd;
     kern_sumsq_fn sumsq;
     kern_f32_to_bf16_fn f32_to_bf16;
     kern_bf16_to_f32_fn bf16_to_f32;

@@ -85,6 +85,10 @@ else
 fi
 "$MOETUNE" inspect ckpt > inspect.out 2>&1 && grep -q "mixtral" inspect.out \
   && echo "ok   inspect" || { echo "FAIL inspect"; cat inspect.out; failures=$((failures + 1)); }
+# inspect fails when the weights lack a tensor config.json implies, naming it
+rm -rf ckpt3 && mkdir ckpt3 && cp ckpt/* ckpt3/ \
+  && sed -i -E 's/"num_hidden_layers": *2/"num_hidden_layers": 3/' ckpt3/config.json
+expect_fail inspect_missing_tensor "missing tensor 'model\.layers\.2\.input_layernorm\.weight'" "$MOETUNE" inspect ckpt3
 
 # --- --version: version, commit, build kind, backends, the CPU features found here ---
 if ver=$("$MOETUNE" --version 2>&1); then

@@ -170,6 +170,18 @@ void kern_bias_bwd_cpu(kern_stream_t *s, float *db, const float *dy, int rows, i
     }
 }
 
+/* clip_qkv's tensors are (n, nh*hd): small next to the products around
+ * them, so one pass on the calling thread. */
+void kern_clamp_fwd_cpu(kern_stream_t *s, float *y, const float *x, float c, size_t n) {
+    (void)s;
+    for (size_t i = 0; i < n; i++) y[i] = kern_clamp_elem(x[i], c);
+}
+
+void kern_clamp_bwd_cpu(kern_stream_t *s, float *dx, const float *dy, const float *x, float c, size_t n) {
+    (void)s;
+    for (size_t i = 0; i < n; i++) dx[i] = kern_clamp_grad_elem(dy[i], x[i], c);
+}
+
 void kern_swiglu_fwd_cpu(kern_stream_t *s, float *h, const float *g, const float *u, size_t n) {
     ew_job_t j = {.kind = EW_SWIGLU_FWD, .y = h, .a = g, .b = u, .n = n};
     ew_run(s, &j);

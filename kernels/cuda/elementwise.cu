@@ -35,6 +35,14 @@ static __global__ void ew_bias_fwd_kernel(float *y, const float *b, size_t n, in
     EW_LOOP(i, n) y[i] += b[i % (size_t)cols];
 }
 
+static __global__ void ew_clamp_fwd_kernel(float *y, const float *x, float c, size_t n) {
+    EW_LOOP(i, n) y[i] = kern_clamp_elem(x[i], c);
+}
+
+static __global__ void ew_clamp_bwd_kernel(float *dx, const float *dy, const float *x, float c, size_t n) {
+    EW_LOOP(i, n) dx[i] = kern_clamp_grad_elem(dy[i], x[i], c);
+}
+
 static __global__ void ew_swiglu_fwd_kernel(float *h, const float *g, const float *u, size_t n) {
     EW_LOOP(i, n) h[i] = kern_silu(g[i]) * u[i];
 }
@@ -108,6 +116,20 @@ void kern_scale_cuda(kern_stream_t *s, float *x, float alpha, size_t n) {
     cudaStream_t cs = kern_cuda_stream_begin(s);
     ew_scale_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(x, alpha, n);
     KC_LAUNCHED(s, "scale");
+}
+
+void kern_clamp_fwd_cuda(kern_stream_t *s, float *y, const float *x, float c, size_t n) {
+    if (n == 0) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    ew_clamp_fwd_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(y, x, c, n);
+    KC_LAUNCHED(s, "clamp_fwd");
+}
+
+void kern_clamp_bwd_cuda(kern_stream_t *s, float *dx, const float *dy, const float *x, float c, size_t n) {
+    if (n == 0) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    ew_clamp_bwd_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(dx, dy, x, c, n);
+    KC_LAUNCHED(s, "clamp_bwd");
 }
 
 void kern_bias_fwd_cuda(kern_stream_t *s, float *y, const float *b, int rows, int cols) {

@@ -157,6 +157,28 @@ static void convert_case(gt_ctx_t *t, size_t n) {
     free(hx);
 }
 
+/* clamp (clip_qkv): the same comparisons on both backends, so bit-identical;
+ * values drawn with scale 2 so that about half fall beyond +-1. */
+static void clamp_case(gt_ctx_t *t, size_t n) {
+    float *hx = gt_host_rand(t, n, 2.0f), *hd = gt_host_rand(t, n, 1.0f);
+    gt_buf_t X = gt_from_host(t, hx, n * 4, "x"), Y = gt_from_host(t, hx, n * 4, "y");
+    gt_buf_t D = gt_from_host(t, hd, n * 4, "dy");
+    char what[96];
+    t->cpu->ops->clamp_fwd(t->sc, GT_C(Y), GT_C(X), 1.0f, n);
+    t->gpu->ops->clamp_fwd(t->sg, GT_G(Y), GT_G(X), 1.0f, n);
+    snprintf(what, sizeof what, "clamp_fwd n=%zu", n);
+    gt_check_exact(t, what, &Y, Y.bytes);
+    t->cpu->ops->clamp_bwd(t->sc, GT_C(D), GT_C(D), GT_C(X), 1.0f, n);
+    t->gpu->ops->clamp_bwd(t->sg, GT_G(D), GT_G(D), GT_G(X), 1.0f, n);
+    snprintf(what, sizeof what, "clamp_bwd in place n=%zu", n);
+    gt_check_exact(t, what, &D, D.bytes);
+    gt_free(t, &X);
+    gt_free(t, &Y);
+    gt_free(t, &D);
+    free(hx);
+    free(hd);
+}
+
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "elementwise_test", 0xe1e);
@@ -166,6 +188,7 @@ int main(void) {
         swiglu_case(&t, sizes[i]);
         convert_case(&t, sizes[i]);
         dropout_case(&t, sizes[i], 0.1f);
+        clamp_case(&t, sizes[i]);
     }
     bias_case(&t, 1, 1);
     bias_case(&t, 3, 1000);

@@ -2,7 +2,7 @@
 
 Mixtral, Qwen2-MoE and Qwen3-MoE written in plain torch, following the
 HuggingFace transformers modeling code line by line (modeling_mixtral.py,
-modeling_qwen2_moe.py, modeling_qwen3_moe.py, load_balancing_loss_func and
+modeling_qwen2_moe.py, modeling_qwen3_moe.py, modeling_olmoe.py, load_balancing_loss_func and
 loss_utils.ForCausalLMLoss), so that the golden fixtures under
 tests/fixtures/ref_*/ do not depend on transformers being installed and do
 not share code with the C engine they check.
@@ -149,7 +149,7 @@ class Config:
     def __init__(self, d):
         self.raw = dict(d)
         mt = d["model_type"]
-        if mt not in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        if mt not in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
             raise ValueError(f"unsupported model_type {mt}")
         self.model_type = mt
         g = d.get
@@ -160,7 +160,9 @@ class Config:
         self.num_attention_heads = d["num_attention_heads"]
         self.num_key_value_heads = g("num_key_value_heads") or self.num_attention_heads
         self.head_dim = g("head_dim") or self.hidden_size // self.num_attention_heads
-        self.rms_norm_eps = g("rms_norm_eps", 1e-6)
+        self.rms_norm_eps = g("rms_norm_eps", 1e-5 if mt == "olmoe" else 1e-6)
+        self.qk_norm_whole = False  # OLMoE: q/k RMSNorm over the whole projection
+        self.clip_qkv = None        # OLMoE: clamp q, k, v to [-clip_qkv, clip_qkv] after the q/k norm
         self.rope_theta = g("rope_theta", 1e6 if mt == "mixtral" else 10000.0)
         if g("rope_scaling"):
             raise ValueError("rope_scaling is not modelled by this reference")
@@ -171,7 +173,8 @@ class Config:
         if self.tie_word_embeddings:
             raise ValueError("tied embeddings are not modelled")
         self.output_router_logits = g("output_router_logits", False)
-        self.router_aux_loss_coef = g("router_aux_loss_coef", 0.02 if mt == "mixtral" else 0.001)
+        self.router_aux_loss_coef = g("router_aux_loss_coef",
+                                      {"mixtral": 0.02, "olmoe": 0.01}.get(mt, 0.001))
         self.num_experts_per_tok = d["num_experts_per_tok"]
         if mt == "mixtral":
             self.num_experts = d["num_local_experts"]
@@ -183,6 +186,22 @@ class Config:
             self.layer_is_moe = [True] * self.num_hidden_layers
             if g("router_jitter_noise", 0.0):
                 raise ValueError("router jitter is not modelled")
+        elif mt == "olmoe":
+            # OlmoeConfig / modeling_olmoe.py: every layer sparse, experts of
+            # intermediate_size, softmax -> top-k -> renormalise only if
+            # norm_topk_prob; q_norm RMSNorm(hidden_size) over q_proj's whole
+            # output, k_norm RMSNorm((H / nh) * nkv) over k_proj's; o_proj
+            # biased like q/k/v when attention_bias.
+            self.num_experts = g("num_experts", g("num_local_experts", 64))
+            self.moe_intermediate_size = self.intermediate_size
+            self.norm_topk_prob = g("norm_topk_prob", False)
+            self.qkv_bias = g("attention_bias", False)
+            self.o_bias = self.qkv_bias
+            self.qk_norm = True
+            self.qk_norm_whole = True
+            self.clip_qkv = g("clip_qkv")
+            self.shared_expert_intermediate_size = 0
+            self.layer_is_moe = [True] * self.num_hidden_layers
         else:
             self.num_experts = d["num_experts"]
             self.moe_intermediate_size = d["moe_intermediate_size"]
@@ -265,17 +284,29 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(H, nkv * hd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(H, nkv * hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(nh * hd, H, bias=cfg.o_bias)
-        if cfg.qk_norm:
+        if cfg.qk_norm_whole:
+            self.q_norm = RMSNorm(nh * hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(nkv * hd, cfg.rms_norm_eps)
+        elif cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask4d):
         B, T, _ = x.shape
         shp = (B, T, -1, self.head_dim)
-        q = self.q_proj(x).view(shp)
-        k = self.k_proj(x).view(shp)
-        v = self.v_proj(x).view(shp).transpose(1, 2)
-        if self.cfg.qk_norm:  # Qwen3: per-head RMSNorm over head_dim, before RoPE
+        if self.cfg.qk_norm_whole:  # OLMoE: norm the whole projection, then clip, then split heads
+            q = self.q_norm(self.q_proj(x))
+            k = self.k_norm(self.k_proj(x))
+            v = self.v_proj(x)
+            c = self.cfg.clip_qkv
+            if c is not None:  # HF: clamp_ in place; the gradient passes where -c <= x <= c
+                q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
+            q, k, v = q.view(shp), k.view(shp), v.view(shp).transpose(1, 2)
+        else:
+            q = self.q_proj(x).view(shp)
+            k = self.k_proj(x).view(shp)
+            v = self.v_proj(x).view(shp).transpose(1, 2)
+        if self.cfg.qk_norm and not self.cfg.qk_norm_whole:  # Qwen3: per-head RMSNorm over head_dim, before RoPE
             q = self.q_norm(q)
             k = self.k_norm(k)
         q = q.transpose(1, 2)

@@ -135,6 +135,38 @@ QWEN3_MOE_CONFIG = {
     "vocab_size": VOCAB,
 }
 
+OLMOE_CONFIG = {
+    "architectures": ["OlmoeForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": None,
+    "clip_qkv": None,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 32,
+    "initializer_range": 0.02,
+    "intermediate_size": 24,
+    "max_position_embeddings": 64,
+    "model_type": "olmoe",
+    "norm_topk_prob": False,
+    "num_attention_heads": 4,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "output_router_logits": True,
+    "pad_token_id": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 10000.0,
+    "router_aux_loss_coef": 0.01,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "transformers_version": "4.46.0",
+    "use_cache": True,
+    "vocab_size": VOCAB,
+}
+
 RUN_BASE = {
     "sequence_len": T,
     "micro_batch_size": 2,
@@ -163,6 +195,12 @@ CASES = [
     {"name": "ref_qwen2_moe", "config": QWEN2_MOE_CONFIG, "seed": 2111, "ga": 1,
      "force_unused": [(2, 1)]},
     {"name": "ref_qwen3_moe", "config": QWEN3_MOE_CONFIG, "seed": 3239, "ga": 1,
+     "force_unused": [(1, 5)]},
+    # OLMoE: q/k norm over the whole projection, GQA, norm_topk_prob false
+    {"name": "ref_olmoe", "config": OLMOE_CONFIG, "seed": 5102, "ga": 1,
+     "force_unused": [(1, 5)]},
+    # OLMoE with clip_qkv: about a third of q and k and a tenth of v clamped (step 1)
+    {"name": "ref_olmoe_clip", "config": {**OLMOE_CONFIG, "clip_qkv": 1.0}, "seed": 5102, "ga": 1,
      "force_unused": [(1, 5)]},
     # right-padded rows with attention_mask, some with counted labels on the
     # padding, so HF's key-padding mask changes losses and gradients

@@ -1,7 +1,8 @@
 /* Element-wise ops (kernels/elementwise.h): SwiGLU forward against a double
  * reference and backward against finite differences (also with dg/du
  * aliasing g/u, which the contract allows); bias forward and backward
- * (accumulate); add (aliased output), axpy, scale, sumsq, bf16 round trips. */
+ * (accumulate); add (aliased output), axpy, scale, sumsq, bf16 round trips;
+ * clamp forward and backward. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -175,11 +176,39 @@ static void test_misc(tu_env_t *env) {
     free(a); free(b); free(y); free(ref); free(a2); free(h);
 }
 
+/* clamp (clip_qkv): values inside, at and beyond +-c, NaN; the backward
+ * passes the gradient exactly where torch's clamp does (inclusive bounds),
+ * also in place. */
+static void test_clamp(tu_env_t *env) {
+    const float c = 1.5f;
+    const float x[] = {-3.0f, -1.5f, -1.4999999f, 0.0f, 0.7f, 1.5f, 1.5000001f, 8.0f, NAN};
+    const float want[] = {-1.5f, -1.5f, -1.4999999f, 0.0f, 0.7f, 1.5f, 1.5f, 1.5f, NAN};
+    const float pass[] = {0, 1, 1, 1, 1, 1, 0, 0, 0};
+    enum { N = sizeof x / sizeof x[0] };
+    float y[N], dy[N], dx[N];
+    kern_clamp_fwd_cpu(env->s, y, x, c, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += isnan(want[i]) ? !isnan(y[i]) : y[i] != want[i];
+    tu_expect(bad == 0, "clamp_fwd: %d of %d wrong", bad, N);
+    for (int i = 0; i < N; i++) dy[i] = 0.25f * (float)(i + 1);
+    kern_clamp_bwd_cpu(env->s, dx, dy, x, c, N);
+    bad = 0;
+    for (int i = 0; i < N; i++) bad += dx[i] != pass[i] * dy[i];
+    tu_expect(bad == 0, "clamp_bwd: %d of %d wrong (the gradient passes where -c <= x <= c)", bad, N);
+    memcpy(y, x, sizeof y);
+    kern_clamp_fwd_cpu(env->s, y, y, c, N); /* in place */
+    kern_clamp_bwd_cpu(env->s, dy, dy, x, c, N);
+    bad = 0;
+    for (int i = 0; i < N; i++) bad += (isnan(want[i]) ? !isnan(y[i]) : y[i] != want[i]) || dy[i] != dx[i];
+    tu_expect(bad == 0, "clamp in place: %d of %d differ", bad, N);
+}
+
 int main(void) {
     tu_env_t env = tu_env_open();
     test_swiglu(&env);
     test_bias(&env);
     test_misc(&env);
+    test_clamp(&env);
     tu_env_close(&env);
     return tu_finish("elementwise_test");
 }
