@@ -331,6 +331,12 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         st = save_checkpoint(&model, rc, rc->output_dir, ENG_CKPT_DIR_MERGE, &rep, err);
         result->model_saved = st == MT_OK;
     }
+    if (st == MT_OK && model.lora.on && rc->merge_lora) {
+        char dir[1200];
+        snprintf(dir, sizeof dir, "%s/merged", rc->output_dir);
+        st = eng_train_save_model(&model, rc, dir, ENG_CKPT_DIR_SWAP, eng_save_dtype(&model, rc), err);
+        if (st == MT_OK) eng_reporter_note(&rep, "moetune: saved the merged model (base + LoRA) to %s", dir);
+    }
 out:
     if (trace) {
         mt_error_t serr = {0}; /* the staging pool's counter tracks */

@@ -124,9 +124,27 @@ static mt_status_t save_adapter(eng_model_t *m, const eng_run_config_t *rc, cons
     return st;
 }
 
+/* W + s * B A into w (out, in), row by row: each row of W gains s times
+ * the combination of A's rows that B's row gives. */
+static void merge_pair(float *w, const float *a, const float *b, int64_t out, int64_t in, int r, float s) {
+    for (int64_t o = 0; o < out; o++) {
+        float *row = w + o * in;
+        for (int k = 0; k < r; k++) {
+            const float c = s * b[o * r + k];
+            const float *ak = a + (int64_t)k * in;
+            for (int64_t i = 0; i < in; i++) row[i] += c * ak[i];
+        }
+    }
+}
+
 mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
                            eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err) {
     if (m->lora.on) return save_adapter(m, rc, dir, mode, err);
+    return eng_train_save_model(m, rc, dir, mode, dtype, err);
+}
+
+mt_status_t eng_train_save_model(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+                                 eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err) {
     char *config = eng_saved_config_json(m->cfg.config_json, rc->model_config_json, dtype,
                                          rc->source_path, err);
     if (!config) return err->code;
@@ -139,6 +157,17 @@ mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const cha
         host[i] = malloc(ps->numel ? ps->numel * sizeof(float) : 1);
         MT_CHECK_ALLOC(host[i], ps->name);
         eng_model_read_param(m, i, host[i], false);
+        const eng_param_t *p = &m->params[i];
+        if (p->lora_a >= 0) { /* a LoRA run's merged model: W + s B A */
+            const eng_param_spec_t *as = m->params[p->lora_a].spec, *bs = m->params[p->lora_b].spec;
+            float *a = malloc(as->numel * sizeof *a), *b = malloc(bs->numel * sizeof *b);
+            MT_CHECK(a && b, "out of host memory merging %s", ps->name);
+            eng_model_read_param(m, p->lora_a, a, false);
+            eng_model_read_param(m, p->lora_b, b, false);
+            merge_pair(host[i], a, b, ps->shape[0], ps->shape[1], m->lora.r, m->lora.scale);
+            free(a);
+            free(b);
+        }
         t[i] = (eng_ckpt_tensor_t){.name = ps->name, .dtype = dtype,
                                    .ndim = ps->ndim, .shape = ps->shape, .data = host[i]};
     }

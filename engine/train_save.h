@@ -22,10 +22,18 @@ mt_status_t eng_run_check_paths(const eng_run_config_t *rc, mt_error_t *err);
 char *eng_saved_config_json(const char *base_text, const char *overrides_json, mt_dtype_t dtype,
                             const char *source, mt_error_t *err);
 
-/* Saves the model's weights in dtype (MT_F32, MT_BF16 or MT_F16) with that
- * config.json into dir through an atomic checkpoint transaction
- * (engine/outdir.h). */
+/* Saves what the run trains through an atomic checkpoint transaction
+ * (engine/outdir.h): the model's weights in dtype (MT_F32, MT_BF16 or
+ * MT_F16) with that config.json, or in a LoRA run the adapter in PEFT's
+ * format (adapter_model.safetensors, adapter_config.json). */
 mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
                            eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err);
+
+/* The full model in HF's layout, in a LoRA run merged as PEFT's
+ * merge_and_unload does: W + s * B A for every adapted module (the
+ * modules trained in full as trained).  Holds one fp32 copy of the model
+ * in host memory while writing. */
+mt_status_t eng_train_save_model(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+                                 eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err);
 
 #endif

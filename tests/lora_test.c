@@ -138,7 +138,8 @@ static bool same_adapter(const char *a, const char *b) {
     return adapter_diff(a, b, &missing) == 0 && missing == 0;
 }
 
-static run_t g_last_auto; /* the last fixture's plan-auto run, for check_dropout */
+static run_t g_last_auto;   /* the last fixture's plan-auto run, for check_dropout */
+static double g_last_scale; /* and its LoRA scale, for check_merge */
 
 static void check_fixture(const char *dir) {
     char path[1024];
@@ -178,6 +179,7 @@ static void check_fixture(const char *dir) {
     }
 
     g_last_auto = r0;
+    g_last_scale = json_number_value(json_object_get(exp, "scaling"));
     /* other plans: bit-identical, fp32 and bf16 */
     static const char *const streamed[] = {"scheduler.weights=stream", "scheduler.grads=host",
                                            "scheduler.optimizer=host", "scheduler.activations=offload", NULL};
@@ -217,6 +219,69 @@ static void check_fixture(const char *dir) {
         printf("%-20s plans bit-identical (fp32 and bf16); bf16 within %.2e of fp32\n", name, worst);
     }
     json_decref(exp);
+}
+
+/* merge_lora: output_dir/merged holds W + s B A for every adapted module
+ * (the saved adapter's factors) and the base's other tensors unchanged. */
+static void check_merge(const char *dir, double scale) {
+    static const char *const sets[] = {"merge_lora=true", NULL};
+    char out[512], path[1100];
+    snprintf(out, sizeof out, "%s/merge", g_tmp);
+    run_t r;
+    train(dir, sets, out, &r);
+    if (!r.ok) return;
+    eng_st_file_t merged, base, adapter;
+    mt_error_t err = {0};
+    snprintf(path, sizeof path, "%s/merged/model.safetensors", out);
+    if (eng_st_open(path, &merged, &err) != MT_OK) {
+        CHECK(false, "%s", err.msg);
+        return;
+    }
+    snprintf(path, sizeof path, "%s/ckpt/model.safetensors", dir);
+    CHECK(eng_st_open(path, &base, &err) == MT_OK, "%s", err.msg);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", out);
+    CHECK(eng_st_open(path, &adapter, &err) == MT_OK, "%s", err.msg);
+    CHECK(merged.count == base.count, "merged model has %d tensors, the base %d", merged.count, base.count);
+    int adapted = 0;
+    double worst = 0;
+    for (int i = 0; i < base.count; i++) {
+        const eng_st_tensor_t *bt = &base.tensors[i], *mt = eng_st_find(&merged, bt->name);
+        CHECK(mt && mt->numel == bt->numel, "merged model: %s missing or reshaped", bt->name);
+        if (!mt || mt->numel != bt->numel) continue;
+        float *w = malloc(bt->numel * sizeof *w), *got = malloc(bt->numel * sizeof *got);
+        eng_st_read_f32(&base, bt, w, &err);
+        eng_st_read_f32(&merged, mt, got, &err);
+        char an[400], bn[400];
+        const size_t stem = strlen(bt->name) - strlen(".weight");
+        snprintf(an, sizeof an, "base_model.model.%.*s.lora_A.weight", (int)stem, bt->name);
+        snprintf(bn, sizeof bn, "base_model.model.%.*s.lora_B.weight", (int)stem, bt->name);
+        const eng_st_tensor_t *at = eng_st_find(&adapter, an), *btl = eng_st_find(&adapter, bn);
+        if (at && btl && bt->ndim == 2) {
+            adapted++;
+            const int64_t out_d = (int64_t)bt->shape[0], in_d = (int64_t)bt->shape[1], rk = (int64_t)at->shape[0];
+            float *a = malloc(at->numel * sizeof *a), *b = malloc(btl->numel * sizeof *b);
+            eng_st_read_f32(&adapter, at, a, &err);
+            eng_st_read_f32(&adapter, btl, b, &err);
+            for (int64_t o = 0; o < out_d; o++)
+                for (int64_t c = 0; c < in_d; c++) {
+                    double d = 0;
+                    for (int64_t k = 0; k < rk; k++) d += (double)b[o * rk + k] * a[k * in_d + c];
+                    w[o * in_d + c] += (float)(scale * d);
+                }
+            free(a);
+            free(b);
+        }
+        for (uint64_t k = 0; k < bt->numel; k++) worst = fmax(worst, fabs((double)got[k] - w[k]));
+        free(w);
+        free(got);
+    }
+    CHECK(adapted > 0, "no adapted module found in the merged model");
+    CHECK(worst <= 1e-6, "merged weights differ from W + s B A by %.2e", worst);
+    printf("merge_lora: %d adapted modules merged as W + s B A (max difference %.2e), the rest unchanged\n", adapted,
+           worst);
+    eng_st_close(&merged);
+    eng_st_close(&base);
+    eng_st_close(&adapter);
 }
 
 /* lora_dropout > 0: reproducible (the same losses under a plan that
@@ -323,6 +388,7 @@ int main(int argc, char **argv) {
     }
     for (int i = 1; i < argc; i++) check_fixture(argv[i]);
     check_dropout(argv[argc - 1], &g_last_auto);
+    check_merge(argv[argc - 1], g_last_scale);
     check_small_budget();
     if (failures) fprintf(stderr, "lora_test: %d failure(s)\n", failures);
     else printf("lora_test: ok\n");
