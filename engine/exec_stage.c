@@ -109,6 +109,8 @@ static mt_status_t alloc_spans(eng_model_t *m, const int *ids, int k, bool weigh
     return MT_OK;
 }
 
+void exec_span_put(eng_model_t *m, int s, kern_stream_t *after) { span_put(m, s, after); }
+
 /* ---- sizing and the pool ------------------------------------------------------ */
 
 typedef struct {
