@@ -365,7 +365,7 @@ static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, int
             p->w = ptr[j];
             x->w_span[need[j]] = spans[j];
             items[j] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
-            x->cnt.ctr.weight_h2d_bytes += exec_w_bytes(p);
+            exec_counters_weight_h2d(&x->cnt, exec_w_bytes(p));
         }
         const uint64_t before = copies_so_far(x, MOE_STAGING_H2D);
         st = exec_stage_h2d(m, items, k, tag, err);
