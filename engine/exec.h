@@ -84,8 +84,8 @@ mt_status_t eng_model_forward_backward(eng_model_t *m, const eng_batch_t *batch,
  * orders give bit-identical results; layer-major holds k micro-batches'
  * block inputs and kept activations at once. */
 
-/* Which order a step of k micro-batches runs in (auto: layer-major when
- * k > 1 and the plan moves weights or gradients over the link). */
+/* Which order a step of k micro-batches runs in (auto: the plan's,
+ * sched_plan_t.layer_major, with k > 1). */
 bool eng_step_order_layer(const eng_model_t *m, eng_step_order_t order, int k);
 const char *eng_step_order_name(eng_step_order_t order);
 /* Forward and backward of batches[0..k) with loss_scale, as k calls of

@@ -59,12 +59,9 @@ typedef struct {
 
 bool eng_step_order_layer(const eng_model_t *m, eng_step_order_t order, int k) {
     if (order == ENG_STEP_ORDER_LAYER) return true;
-    if (order == ENG_STEP_ORDER_MICRO_BATCH || k <= 1) return false;
-    /* auto: only where the link carries weights or gradients is there anything to save */
-    for (int b = 0; b < m->exec->nb; b++)
-        if (m->plan.blocks[b].weights == SCHED_WEIGHTS_STREAM || m->plan.blocks[b].grads == SCHED_GRADS_HOST)
-            return true;
-    return false;
+    /* auto: the planner's choice (sched_plan_t.layer_major), made from the
+     * link traffic it saves against the activation memory it costs */
+    return order == ENG_STEP_ORDER_AUTO && k > 1 && m->plan.layer_major;
 }
 
 const char *eng_step_order_name(eng_step_order_t order) {
