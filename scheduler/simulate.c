@@ -226,9 +226,13 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
                 mem(s, SCHED_MEM_PINNED, t1, -off);
                 if (t1 > ready) ready = t1, ready_res = SCHED_RES_H2D;
             }
+            /* a gradient batch waits for the one W + 1 sends earlier, as in
+             * micro-batch order; activation offloads do not: the staging
+             * pool holds every micro-batch's (the executor sizes it for k
+             * times the tokens), so nothing makes the forward wait for them */
             int dslot = -1;
             if (sends_acts || sends_grads) {
-                const double gate = n_d2h > W ? d2h_end[n_d2h - W - 1] : 0;
+                const double gate = sends_grads && n_d2h > W ? d2h_end[n_d2h - W - 1] : 0;
                 if (gate > ready) ready = gate, ready_res = SCHED_RES_D2H;
                 dslot = n_d2h++;
             }
