@@ -196,6 +196,13 @@ static const key_row_t k_dataset_rows[] = {
     {0},
 };
 
+static const enum_name_t k_step_order_names[] = {
+    {"auto", ENG_STEP_ORDER_AUTO},
+    {"micro_batch", ENG_STEP_ORDER_MICRO_BATCH},
+    {"layer", ENG_STEP_ORDER_LAYER},
+    {NULL, 0},
+};
+
 static const key_row_t k_top_rows[] = {
     ROW("base_model", K_PATH, base_model),
     ROW("base_model_init", K_PATH, base_model_init),
@@ -235,6 +242,7 @@ static const key_row_t k_top_rows[] = {
     ROW("save_max_shard_size", K_SIZE, save_max_shard_bytes),
     ROW("progress", K_BOOL, progress),
     ROW("trace", K_BOOL, trace),
+    ROW_ENUM("step_order", step_order, k_step_order_names),
     ROW_ENUM("adapter", adapter, k_adapter_names),
     ROW_INT("lora_r", lora_r, 1, 65536),
     ROW("lora_alpha", K_DOUBLE, lora_alpha),

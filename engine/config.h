@@ -35,6 +35,8 @@ typedef enum { ENG_PLACE_AUTO = 0, ENG_PLACE_DEVICE, ENG_PLACE_HOST } eng_place_
 typedef enum { ENG_ACTS_AUTO = 0, ENG_ACTS_KEEP, ENG_ACTS_OFFLOAD, ENG_ACTS_RECOMPUTE } eng_acts_place_t;
 /* staging: section; the same order as moe/staging.h's moe_staging_mode_t (engine/exec.c maps them) */
 typedef enum { ENG_STAGING_COMPACT = 0, ENG_STAGING_PER_TENSOR, ENG_STAGING_MAX_SLOT } eng_staging_mode_t;
+/* step_order: how an optimizer step's micro-batches go through the blocks (engine/exec.h) */
+typedef enum { ENG_STEP_ORDER_AUTO = 0, ENG_STEP_ORDER_MICRO_BATCH, ENG_STEP_ORDER_LAYER } eng_step_order_t;
 
 typedef struct {
     char path[1024]; /* resolved relative to the run config's folder */
@@ -107,6 +109,7 @@ typedef struct {
     size_t staging_slab_size;               /* compact: bytes per slab; 0 = split the capacity */
     bool progress;                  /* default true: live bar on a terminal */
     bool trace;                     /* default false: write output_dir/trace.json (Chrome trace) */
+    eng_step_order_t step_order;    /* default auto: layer-major where it saves link traffic */
     /* axolotl's LoRA keys; stored here, used when adapter == ENG_ADAPTER_LORA */
     eng_adapter_t adapter;          /* default none = full fine-tuning; `adapter: lora` */
     int lora_r;                     /* default 8 (peft's LoraConfig) */

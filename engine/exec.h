@@ -72,6 +72,32 @@ mt_status_t eng_model_forward_backward(eng_model_t *m, const eng_batch_t *batch,
                                        float loss_scale, float *logits_out,
                                        eng_micro_stats_t *stats, mt_error_t *err);
 
+/* ---- a whole optimizer step's forward/backward ---------------------------
+ * Micro-batch-major order runs each micro-batch through every block forward
+ * and backward in turn: a streamed block's weights cross the link twice per
+ * micro-batch and host-bound gradients once per micro-batch.  Layer-major
+ * order (engine/exec_layer_major.c) runs block b's forward for all k
+ * micro-batches before block b + 1, then the backward from the top, each
+ * block for all k, so weights cross twice per step and gradients are summed
+ * on the device and sent once.  The gradient of each parameter is summed in
+ * the same order (micro-batch 0 first) with the same float adds, so both
+ * orders give bit-identical results; layer-major holds k micro-batches'
+ * block inputs and kept activations at once. */
+
+/* Which order a step of k micro-batches runs in (auto: the plan's,
+ * sched_plan_t.layer_major, with k > 1). */
+bool eng_step_order_layer(const eng_model_t *m, eng_step_order_t order, int k);
+const char *eng_step_order_name(eng_step_order_t order);
+/* Forward and backward of batches[0..k) with loss_scale, as k calls of
+ * eng_model_forward_backward would do them, in the order `order` picks;
+ * stats[j] is micro-batch j's. */
+mt_status_t eng_model_step_fwd_bwd(eng_model_t *m, const eng_batch_t *batches, int k, float loss_scale,
+                                   eng_step_order_t order, eng_micro_stats_t *stats, mt_error_t *err);
+/* Draws k micro-batches from ld (copies: the loader reuses its buffers) and
+ * runs eng_model_step_fwd_bwd on them with loss_scale 1 / k. */
+mt_status_t eng_model_step_from_loader(eng_model_t *m, eng_loader_t *ld, int k, eng_step_order_t order,
+                                       eng_micro_stats_t *stats, mt_error_t *err);
+
 /* Forward only: loss statistics (and logits) without touching gradients. */
 mt_status_t eng_model_forward(eng_model_t *m, const eng_batch_t *batch, float *logits_out,
                               eng_micro_stats_t *stats, mt_error_t *err);

@@ -20,7 +20,16 @@ void exec_counters_free(exec_counters_t *c) {
     memset(c, 0, sizeof *c);
 }
 
-void exec_counters_step_begin(exec_counters_t *c) { memset(&c->ctr, 0, sizeof c->ctr); }
+void exec_counters_step_begin(exec_counters_t *c) {
+    memset(&c->ctr, 0, sizeof c->ctr);
+    c->ctr.weight_h2d_bytes = c->carry_weight_bytes;
+    c->carry_weight_bytes = 0;
+}
+
+void exec_counters_weight_h2d(exec_counters_t *c, uint64_t bytes) {
+    if (c->between_steps) c->carry_weight_bytes += bytes;
+    else c->ctr.weight_h2d_bytes += bytes;
+}
 
 void exec_counters_micro_begin(exec_counters_t *c) {
     for (int l = 0; l < c->nlayers; l++) {

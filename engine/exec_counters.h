@@ -37,6 +37,7 @@ typedef struct {
     bool between_steps;    /* fetches now are the next step's (exec_counters_moe_batch carries them) */
     int *carry_copies;     /* per layer, H2D, for the next step's first micro-batch */
     uint64_t carry_experts;
+    uint64_t carry_weight_bytes; /* weight bytes fetched between steps, the next step's */
 } exec_counters_t;
 
 void exec_counters_init(exec_counters_t *c, int nlayers);
@@ -49,5 +50,8 @@ void exec_counters_micro_end(exec_counters_t *c);
 /* Layer l's experts moved in one batch direction dir (0 H2D, 1 D2H):
  * `copies` copies for `experts` experts. */
 void exec_counters_moe_batch(exec_counters_t *c, int l, int dir, int copies, int experts);
+/* Weight working-copy bytes sent host -> device (a fetch between steps
+ * counts in the next step, whose forward it serves). */
+void exec_counters_weight_h2d(exec_counters_t *c, uint64_t bytes);
 
 #endif

@@ -33,9 +33,12 @@ int main(void) {
 
     /* the optimizer step fetches layer 0 for step 2: carried, and a D2H
      * batch at that time still counts now */
+    const uint64_t w1 = c.ctr.weight_h2d_bytes;
     c.between_steps = true;
     exec_counters_moe_batch(&c, 0, 0, 4, 6);
+    exec_counters_weight_h2d(&c, 1000); /* step 2's weights: counted in step 2 */
     c.between_steps = false;
+    EXPECT(c.ctr.weight_h2d_bytes == w1);
     EXPECT(c.ctr.experts_moved[0] == 5);
     EXPECT(c.ctr.moe_copies[0] == 2);
 
@@ -43,6 +46,9 @@ int main(void) {
      * first micro-batch together with that micro-batch's own copies */
     exec_counters_step_begin(&c);
     EXPECT(c.ctr.experts_moved[0] == 0 && c.ctr.moe_passes[0] == 0);
+    EXPECT(c.ctr.weight_h2d_bytes == 1000);
+    exec_counters_weight_h2d(&c, 24);
+    EXPECT(c.ctr.weight_h2d_bytes == 1024);
     exec_counters_micro_begin(&c);
     EXPECT(c.ctr.experts_moved[0] == 6);
     exec_counters_moe_batch(&c, 0, 0, 1, 1);

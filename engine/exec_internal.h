@@ -156,5 +156,24 @@ mt_status_t exec_prepare_grads(eng_model_t *m, int b, mt_error_t *err);
 mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err);
 /* Frees this micro-batch's gradient targets after an error. */
 void exec_drop_grads(eng_model_t *m);
+/* One tensor of span s is done with; the last one frees the span (after
+ * `after` passes this point, or stream-ordered now when NULL). */
+void exec_span_put(eng_model_t *m, int s, kern_stream_t *after);
+
+/* ---- exec_step.c: one micro-batch's program, block by block -------------
+ * Micro-batch-major order (eng_model_forward_backward) runs one of these
+ * through every block forward then backward; layer-major order
+ * (exec_layer_major.c) runs K of them through each block in turn.  The
+ * callers fetch, wait for and release weights and fold gradients. */
+typedef struct exec_micro exec_micro_t;
+/* Uploads the batch (ids, targets, mask weights, key lengths); *out is set
+ * even on failure and goes to exec_micro_destroy. */
+mt_status_t exec_micro_create(eng_model_t *m, const eng_batch_t *batch, exec_micro_t **out, mt_error_t *err);
+void exec_micro_destroy(eng_model_t *m, exec_micro_t *st);
+mt_status_t exec_micro_forward_block(eng_model_t *m, exec_micro_t *st, int b, const eng_batch_t *batch,
+                                     float *logits_out, mt_error_t *err);
+mt_status_t exec_micro_loss(eng_model_t *m, exec_micro_t *st, const eng_batch_t *batch, float loss_scale,
+                            bool backward, eng_micro_stats_t *stats, mt_error_t *err);
+mt_status_t exec_micro_backward_block(eng_model_t *m, exec_micro_t *st, int b, mt_error_t *err);
 
 #endif

@@ -109,6 +109,8 @@ static mt_status_t alloc_spans(eng_model_t *m, const int *ids, int k, bool weigh
     return MT_OK;
 }
 
+void exec_span_put(eng_model_t *m, int s, kern_stream_t *after) { span_put(m, s, after); }
+
 /* ---- sizing and the pool ------------------------------------------------------ */
 
 typedef struct {
@@ -373,7 +375,7 @@ static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, int
             p->w = ptr[j];
             x->w_span[need[j]] = spans[j];
             items[j] = (moe_staging_xfer_t){exec_w_home(p), p->w, exec_w_bytes(p), exec_w_upload_op(p)};
-            x->cnt.ctr.weight_h2d_bytes += exec_w_bytes(p);
+            exec_counters_weight_h2d(&x->cnt, exec_w_bytes(p));
         }
         const uint64_t before = copies_so_far(x, MOE_STAGING_H2D);
         st = exec_stage_h2d(m, items, k, tag, err);

@@ -32,8 +32,9 @@
 #include "kernels/rope.h"
 #include "base/clock.h"
 
-typedef struct {
+struct exec_micro {
     eng_shape_t sh;
+    uint64_t serial;       /* the batch's (eng_batch_t.serial): seeds LoRA's dropout masks */
     int32_t *ids, *targets;
     int32_t *kv_len;       /* (B) attention's key lengths (sh.kv_len), NULL without padding */
     float *tok_w;          /* (n) attention mask as weights */
@@ -45,7 +46,8 @@ typedef struct {
     /* aux loss statistics over all MoE layers */
     moe_aux_t aux;
     bool use_aux;
-} step_t;
+};
+typedef struct exec_micro step_t;
 
 static void dfree(kern_device_t *dev, void *p) {
     if (p) kern_free(dev, p);
@@ -238,85 +240,143 @@ static mt_status_t fetch_ahead(eng_model_t *m, int b, bool backward, mt_error_t 
     return s;
 }
 
-static void step_free(eng_model_t *m, step_t *st) {
+/* Frees the micro-batch's buffers and saved activations (after every
+ * stream has finished with them). */
+void exec_micro_destroy(eng_model_t *m, step_t *st) {
+    if (!st) return;
     const int L = m->cfg.num_hidden_layers;
     kern_device_sync(m->dev);
     for (int l = 0; l < L; l++) layer_acts_drop(m, st, l);
-    exec_drop_offloads(m); /* offloaded but never fetched back (forward only, errors) */
     for (int l = 0; l <= L; l++) dfree(m->dev, st->xin[l]);
     void *bufs[] = {st->ids,   st->targets, st->kv_len, st->tok_w, st->xf,
                     st->rstdf, st->logits,  st->aux_dp, st->dx};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(m->dev, bufs[i]);
-    for (int b = 0; b < m->exec->nb; b++) exec_release_block(m, b);
-    exec_process_pending(m, true);
     free(st->xin);
     free(st->xmid);
     free(st->aa);
     free(st->ma);
     moe_aux_free(&st->aux);
+    free(st);
 }
 
-static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *batch, float loss_scale,
-                               float *logits_out, bool backward, eng_micro_stats_t *stats,
-                               mt_error_t *err) {
+/* What a step leaves held once its micro-batches are gone: offloads never
+ * fetched back (forward only, errors), blocks' weights, pending frees. */
+static void step_release(eng_model_t *m) {
+    kern_device_sync(m->dev);
+    exec_drop_offloads(m);
+    for (int b = 0; b < m->exec->nb; b++) exec_release_block(m, b);
+    exec_process_pending(m, true);
+}
+
+mt_status_t exec_micro_create(eng_model_t *m, const eng_batch_t *batch, step_t **out, mt_error_t *err) {
+    const eng_model_config_t *c = &m->cfg;
+    const int L = c->num_hidden_layers;
+    step_t *st = calloc(1, sizeof *st);
+    MT_CHECK_ALLOC(st, "the step");
+    st->sh = (eng_shape_t){.B = batch->B, .T = batch->T, .n = batch->B * batch->T};
+    st->serial = batch->serial;
+    const int n = st->sh.n;
+    st->xin = calloc((size_t)L + 1, sizeof *st->xin);
+    st->xmid = calloc((size_t)L, sizeof *st->xmid);
+    st->aa = calloc((size_t)L, sizeof *st->aa);
+    st->ma = calloc((size_t)L, sizeof *st->ma);
+    moe_aux_init(&st->aux, c->num_experts, c->num_experts_per_tok);
+    MT_CHECK(st->xin && st->xmid && st->aa && st->ma, "out of host memory for the step");
+    st->use_aux = c->output_router_logits && m->num_moe_layers > 0;
+    *out = st;
+
+    mt_status_t r = ensure_rope(m, st->sh.T, err);
+    float *host_tw = malloc((size_t)n * sizeof *host_tw);
+    MT_CHECK_ALLOC(host_tw, "attention mask weights");
+    if (r == MT_OK) {
+        st->ids = kern_alloc(m->dev, (size_t)n * sizeof(int32_t), "input ids", err);
+        st->targets = st->ids ? kern_alloc(m->dev, (size_t)n * sizeof(int32_t), "targets", err) : NULL;
+        st->tok_w = st->targets ? kern_alloc(m->dev, (size_t)n * sizeof(float), "attention mask weights", err) : NULL;
+        if (!st->tok_w) r = err->code;
+    }
+    if (r == MT_OK && batch->padded) { /* padded keys are masked in attention; else NULL */
+        st->kv_len = kern_alloc(m->dev, (size_t)batch->B * sizeof(int32_t), "attention key lengths", err);
+        if (!st->kv_len) r = err->code;
+        st->sh.kv_len = st->kv_len;
+    }
+    if (r == MT_OK) {
+        kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+        for (int t = 0; t < n; t++) host_tw[t] = batch->mask[t] ? 1.0f : 0.0f;
+        kern_memcpy_h2d(m->dev, s, st->ids, batch->inputs, (size_t)n * sizeof(int32_t));
+        kern_memcpy_h2d(m->dev, s, st->targets, batch->targets, (size_t)n * sizeof(int32_t));
+        kern_memcpy_h2d(m->dev, s, st->tok_w, host_tw, (size_t)n * sizeof(float));
+        if (st->kv_len) kern_memcpy_h2d(m->dev, s, st->kv_len, batch->kv_len, (size_t)batch->B * sizeof(int32_t));
+        kern_stream_sync(m->dev, s);
+    }
+    free(host_tw);
+    return r;
+}
+
+/* Block b's forward for this micro-batch; its weights are on the device
+ * (the caller fetched and waited).  Saved activations are kept, offloaded
+ * (exec_offload_acts: the executor's offload table for b) or dropped, as
+ * the plan says. */
+mt_status_t exec_micro_forward_block(eng_model_t *m, step_t *st, int b, const eng_batch_t *batch,
+                                     float *logits_out, mt_error_t *err) {
     const eng_model_config_t *c = &m->cfg;
     const kern_ops_t *ops = m->dev->ops;
     kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
     const int L = c->num_hidden_layers, H = c->hidden_size, V = c->vocab_size, n = st->sh.n;
-    const int W = m->plan.prefetch_window;
     const size_t act = (size_t)n * H * sizeof(float);
     mt_status_t r;
-
-    for (int b = 0; b < m->exec->nb; b++) {
-        for (int w = 0; w <= W; w++)
-            if ((r = fetch_ahead(m, b + w, false, err)) != MT_OK) return r;
-        exec_wait_block(m, b);
-        const double t0 = mt_now_s();
-        if (b == 0) {
-            DALLOC(st->xin[0], act, "embeddings");
-            ops->embedding_fwd(s, st->xin[0], m->params[m->embed].w, st->ids, n, H);
-        } else if (b <= L) {
-            const int l = b - 1;
-            if ((r = layer_forward(m, st, l, false, err)) != MT_OK) return r;
-            if (st->ma[l].is_moe) {
-                moe_predict_observe(&m->exec->predict, l, st->ma[l].moe.counts_host);
-                if (st->use_aux) moe_aux_accumulate(&st->aux, m->dev, &st->ma[l].moe, st->sh.n, batch->mask);
-            }
-            const sched_act_place_t ap = m->plan.blocks[b].acts;
-            if (exec_acts_offloaded(m, b)) {
-                void **slots[ENG_ACT_COUNT];
-                int ns = 0;
-                if ((r = layer_act_slots(m, st, l, slots, &ns, err)) != MT_OK) return r;
-                if ((r = exec_offload_acts(m, b, slots, ns, err)) != MT_OK) return r;
-            } else if (ap == SCHED_ACTS_RECOMPUTE) {
-                layer_acts_drop(m, st, l);
-            }
-        } else {
-            DALLOC(st->xf, act, "final norm output");
-            DALLOC(st->rstdf, (size_t)n * sizeof(float), "final norm rstd");
-            ops->rmsnorm_fwd(s, st->xf, st->rstdf, st->xin[L], m->params[m->final_norm].w, n, H, c->rms_norm_eps);
-            DALLOC(st->logits, (size_t)n * V * sizeof(float), "logits");
-            eng_mm(m, st->logits, eng_f32(st->xf), head_weight(m), n, V, H, false, true, 1.0f, 0.0f);
-            if (logits_out) {
-                kern_memcpy_d2h(m->dev, s, logits_out, st->logits, (size_t)n * V * sizeof(float));
-                kern_stream_sync(m->dev, s);
-            }
+    m->lora.batch_serial = st->serial; /* this micro-batch's dropout masks, in either step order */
+    const double t0 = mt_now_s();
+    if (b == 0) {
+        DALLOC(st->xin[0], act, "embeddings");
+        ops->embedding_fwd(s, st->xin[0], m->params[m->embed].w, st->ids, n, H);
+    } else if (b <= L) {
+        const int l = b - 1;
+        if ((r = layer_forward(m, st, l, false, err)) != MT_OK) return r;
+        if (st->ma[l].is_moe) {
+            moe_predict_observe(&m->exec->predict, l, st->ma[l].moe.counts_host);
+            if (st->use_aux) moe_aux_accumulate(&st->aux, m->dev, &st->ma[l].moe, st->sh.n, batch->mask);
         }
-        m->exec->fwd_s[b] += mt_now_s() - t0;
-        if (m->trace) {
-            char name[32];
-            snprintf(name, sizeof name, b == 0 ? "embed fwd" : b <= L ? "layer %d fwd" : "head fwd", b - 1);
-            const double t1 = mt_now_s();
-            eng_trace_span(m->trace, ENG_TRACK_COMPUTE, name, "forward", t0, t1, 0);
-            exec_trace_memory(m, t1);
+        const sched_act_place_t ap = m->plan.blocks[b].acts;
+        if (exec_acts_offloaded(m, b)) {
+            void **slots[ENG_ACT_COUNT];
+            int ns = 0;
+            if ((r = layer_act_slots(m, st, l, slots, &ns, err)) != MT_OK) return r;
+            if ((r = exec_offload_acts(m, b, slots, ns, err)) != MT_OK) return r;
+        } else if (ap == SCHED_ACTS_RECOMPUTE) {
+            layer_acts_drop(m, st, l);
         }
-        /* the head's weights serve its backward right away, and so do the
-         * last layer's at the turn (exec_turn_held) */
-        if (!(backward && (b == L + 1 || exec_turn_held(m, b)))) exec_release_block(m, b);
-        exec_process_pending(m, false);
+    } else {
+        DALLOC(st->xf, act, "final norm output");
+        DALLOC(st->rstdf, (size_t)n * sizeof(float), "final norm rstd");
+        ops->rmsnorm_fwd(s, st->xf, st->rstdf, st->xin[L], m->params[m->final_norm].w, n, H, c->rms_norm_eps);
+        DALLOC(st->logits, (size_t)n * V * sizeof(float), "logits");
+        eng_mm(m, st->logits, eng_f32(st->xf), head_weight(m), n, V, H, false, true, 1.0f, 0.0f);
+        if (logits_out) {
+            kern_memcpy_d2h(m->dev, s, logits_out, st->logits, (size_t)n * V * sizeof(float));
+            kern_stream_sync(m->dev, s);
+        }
     }
+    m->exec->fwd_s[b] += mt_now_s() - t0;
+    if (m->trace) {
+        char name[32];
+        snprintf(name, sizeof name, b == 0 ? "embed fwd" : b <= L ? "layer %d fwd" : "head fwd", b - 1);
+        const double t1 = mt_now_s();
+        eng_trace_span(m->trace, ENG_TRACK_COMPUTE, name, "forward", t0, t1, 0);
+        exec_trace_memory(m, t1);
+    }
+    return MT_OK;
+}
 
-    moe_predict_forward_done(&m->exec->predict);
+/* The micro-batch's loss once the head's forward has run: the aux loss
+ * (when on) and the cross-entropy, which with `backward` leaves
+ * d(logits) in place of the logits for the head's backward. */
+mt_status_t exec_micro_loss(eng_model_t *m, step_t *st, const eng_batch_t *batch, float loss_scale, bool backward,
+                            eng_micro_stats_t *stats, mt_error_t *err) {
+    const eng_model_config_t *c = &m->cfg;
+    const kern_ops_t *ops = m->dev->ops;
+    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const int V = c->vocab_size, n = st->sh.n;
+    mt_status_t r;
     if (st->use_aux && (r = aux_finish(m, st, loss_scale, &stats->aux_loss, err)) != MT_OK) return r;
     stats->tokens = n;
     stats->counted = batch->counted;
@@ -337,13 +397,94 @@ static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *ba
     return MT_OK;
 }
 
-static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
+/* Block b's backward for this micro-batch: recomputes its activations when
+ * the plan drops them, prepares the gradient targets and computes into
+ * them.  Its weights and offloaded activations are on the device (the
+ * caller fetched and waited); folding the gradients is the caller's
+ * (exec_finish_grads), which depends on the step order. */
+mt_status_t exec_micro_backward_block(eng_model_t *m, step_t *st, int b, mt_error_t *err) {
     const eng_model_config_t *c = &m->cfg;
     const kern_ops_t *ops = m->dev->ops;
     kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
     const int L = c->num_hidden_layers, H = c->hidden_size, V = c->vocab_size, n = st->sh.n;
-    const int W = m->plan.prefetch_window;
     const size_t act = (size_t)n * H * sizeof(float);
+    mt_status_t r;
+    m->lora.batch_serial = st->serial;
+    const double t0 = mt_now_s();
+    if (b >= 1 && b <= L && m->plan.blocks[b].acts == SCHED_ACTS_RECOMPUTE &&
+        (r = layer_forward(m, st, b - 1, true, err)) != MT_OK)
+        return r;
+    if ((r = exec_prepare_grads(m, b, err)) != MT_OK) return r;
+    if (b == L + 1) {
+        float *dxf;
+        DALLOC(dxf, act, "d(final norm output)");
+        /* st->logits now holds d(logits) (xent wrote it in place) */
+        eng_mm(m, dxf, eng_f32(st->logits), head_weight(m), n, H, V, false, false, 1.0f, 0.0f);
+        if (m->params[m->lm_head].g) /* NULL when frozen (a LoRA run) */
+            eng_mm(m, m->params[m->lm_head].g, eng_f32(st->logits), eng_f32(st->xf), V, H, n, true, false, 1.0f,
+                   1.0f);
+        dfree(m->dev, st->logits);
+        st->logits = NULL;
+        DALLOC(st->dx, act, "d(residual)");
+        /* a frozen final norm's kernel still writes a weight gradient: into scratch */
+        float *gnorm = m->params[m->final_norm].g, *gscratch = NULL;
+        if (!gnorm) {
+            DALLOC(gscratch, (size_t)H * sizeof(float), "gradient of the frozen final norm (discarded)");
+            kern_memset(m->dev, s, gscratch, 0, (size_t)H * sizeof(float));
+            gnorm = gscratch;
+        }
+        ops->rmsnorm_bwd(s, st->dx, gnorm, dxf, st->xin[L], m->params[m->final_norm].w, st->rstdf, n, H);
+        if (gscratch) dfree(m->dev, gscratch);
+        dfree(m->dev, dxf);
+    } else if (b >= 1) {
+        const int l = b - 1;
+        r = eng_mlp_backward(m, l, &st->sh, st->xmid[l], st->dx, st->ma[l].is_moe ? st->aux_dp : NULL,
+                             st->tok_w, &st->ma[l], err);
+        if (r != MT_OK) return r;
+        r = eng_attn_backward(m, l, &st->sh, st->xin[l], st->dx, &st->aa[l], err);
+        if (r != MT_OK) return r;
+        dfree(m->dev, st->xmid[l]);
+        st->xmid[l] = NULL;
+        dfree(m->dev, st->xin[l + 1]);
+        st->xin[l + 1] = NULL;
+    } else {
+        if (m->params[m->embed].g) ops->embedding_bwd(s, m->params[m->embed].g, st->dx, st->ids, n, H);
+    }
+    m->exec->bwd_s[b] += mt_now_s() - t0;
+    if (m->trace) {
+        char name[32];
+        snprintf(name, sizeof name, b == 0 ? "embed bwd" : b <= L ? "layer %d bwd" : "head bwd", b - 1);
+        const double t1 = mt_now_s();
+        eng_trace_span(m->trace, ENG_TRACK_COMPUTE, name, "backward", t0, t1, 0);
+        exec_trace_memory(m, t1);
+    }
+    return MT_OK;
+}
+
+static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *batch, float loss_scale,
+                               float *logits_out, bool backward, eng_micro_stats_t *stats,
+                               mt_error_t *err) {
+    const int L = m->cfg.num_hidden_layers;
+    const int W = m->plan.prefetch_window;
+    mt_status_t r;
+
+    for (int b = 0; b < m->exec->nb; b++) {
+        for (int w = 0; w <= W; w++)
+            if ((r = fetch_ahead(m, b + w, false, err)) != MT_OK) return r;
+        exec_wait_block(m, b);
+        if ((r = exec_micro_forward_block(m, st, b, batch, logits_out, err)) != MT_OK) return r;
+        /* the head's weights serve its backward right away, and so do the
+         * last layer's at the turn (exec_turn_held) */
+        if (!(backward && (b == L + 1 || exec_turn_held(m, b)))) exec_release_block(m, b);
+        exec_process_pending(m, false);
+    }
+
+    moe_predict_forward_done(&m->exec->predict);
+    return exec_micro_loss(m, st, batch, loss_scale, backward, stats, err);
+}
+
+static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
+    const int W = m->plan.prefetch_window;
     mt_status_t r;
 
     m->exec->in_last_micro = m->exec->micro_left == 1;
@@ -353,54 +494,7 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
         exec_wait_block(m, b);
         /* waiting is not compute: the block's clock starts once its inputs are here */
         if (exec_acts_offloaded(m, b)) exec_wait_acts(m, b);
-        const double t0 = mt_now_s();
-        if (b >= 1 && b <= L && m->plan.blocks[b].acts == SCHED_ACTS_RECOMPUTE &&
-            (r = layer_forward(m, st, b - 1, true, err)) != MT_OK)
-            return r;
-        if ((r = exec_prepare_grads(m, b, err)) != MT_OK) return r;
-        if (b == L + 1) {
-            float *dxf;
-            DALLOC(dxf, act, "d(final norm output)");
-            /* st->logits now holds d(logits) (xent wrote it in place) */
-            eng_mm(m, dxf, eng_f32(st->logits), head_weight(m), n, H, V, false, false, 1.0f, 0.0f);
-            if (m->params[m->lm_head].g) /* NULL when frozen (a LoRA run) */
-                eng_mm(m, m->params[m->lm_head].g, eng_f32(st->logits), eng_f32(st->xf), V, H, n, true, false,
-                       1.0f, 1.0f);
-            dfree(m->dev, st->logits);
-            st->logits = NULL;
-            DALLOC(st->dx, act, "d(residual)");
-            /* a frozen final norm's kernel still writes a weight gradient: into scratch */
-            float *gnorm = m->params[m->final_norm].g, *gscratch = NULL;
-            if (!gnorm) {
-                DALLOC(gscratch, (size_t)H * sizeof(float), "gradient of the frozen final norm (discarded)");
-                kern_memset(m->dev, s, gscratch, 0, (size_t)H * sizeof(float));
-                gnorm = gscratch;
-            }
-            ops->rmsnorm_bwd(s, st->dx, gnorm, dxf, st->xin[L], m->params[m->final_norm].w, st->rstdf, n, H);
-            if (gscratch) dfree(m->dev, gscratch);
-            dfree(m->dev, dxf);
-        } else if (b >= 1) {
-            const int l = b - 1;
-            r = eng_mlp_backward(m, l, &st->sh, st->xmid[l], st->dx, st->ma[l].is_moe ? st->aux_dp : NULL,
-                                 st->tok_w, &st->ma[l], err);
-            if (r != MT_OK) return r;
-            r = eng_attn_backward(m, l, &st->sh, st->xin[l], st->dx, &st->aa[l], err);
-            if (r != MT_OK) return r;
-            dfree(m->dev, st->xmid[l]);
-            st->xmid[l] = NULL;
-            dfree(m->dev, st->xin[l + 1]);
-            st->xin[l + 1] = NULL;
-        } else {
-            if (m->params[m->embed].g) ops->embedding_bwd(s, m->params[m->embed].g, st->dx, st->ids, n, H);
-        }
-        m->exec->bwd_s[b] += mt_now_s() - t0;
-        if (m->trace) {
-            char name[32];
-            snprintf(name, sizeof name, b == 0 ? "embed bwd" : b <= L ? "layer %d bwd" : "head bwd", b - 1);
-            const double t1 = mt_now_s();
-            eng_trace_span(m->trace, ENG_TRACK_COMPUTE, name, "backward", t0, t1, 0);
-            exec_trace_memory(m, t1);
-        }
+        if ((r = exec_micro_backward_block(m, st, b, err)) != MT_OK) return r;
         if ((r = exec_finish_grads(m, b, err)) != MT_OK) return r;
         exec_optim_block_ready(m, b);
         exec_release_block(m, b);
@@ -411,60 +505,27 @@ static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
 
 static mt_status_t run(eng_model_t *m, const eng_batch_t *batch, float loss_scale, float *logits_out,
                        eng_micro_stats_t *stats, bool backward, mt_error_t *err) {
-    const eng_model_config_t *c = &m->cfg;
-    const int L = c->num_hidden_layers;
-    step_t st = {.sh = {.B = batch->B, .T = batch->T, .n = batch->B * batch->T}};
-    const int n = st.sh.n;
+    const int n = batch->B * batch->T;
     memset(stats, 0, sizeof *stats);
-    st.xin = calloc((size_t)L + 1, sizeof *st.xin);
-    st.xmid = calloc((size_t)L, sizeof *st.xmid);
-    st.aa = calloc((size_t)L, sizeof *st.aa);
-    st.ma = calloc((size_t)L, sizeof *st.ma);
-    moe_aux_init(&st.aux, c->num_experts, c->num_experts_per_tok);
-    MT_CHECK(st.xin && st.xmid && st.aa && st.ma, "out of host memory for the step");
-    st.use_aux = c->output_router_logits && m->num_moe_layers > 0;
-
+    step_t *st = NULL;
     mt_status_t r = exec_stage_prepare(m, n, err);
-    if (r == MT_OK) r = ensure_rope(m, st.sh.T, err);
     exec_counters_micro_begin(&m->exec->cnt);
-    float *host_tw = malloc((size_t)n * sizeof *host_tw);
-    MT_CHECK_ALLOC(host_tw, "attention mask weights");
-    if (r == MT_OK) {
-        st.ids = kern_alloc(m->dev, (size_t)n * sizeof(int32_t), "input ids", err);
-        st.targets = st.ids ? kern_alloc(m->dev, (size_t)n * sizeof(int32_t), "targets", err) : NULL;
-        st.tok_w = st.targets ? kern_alloc(m->dev, (size_t)n * sizeof(float), "attention mask weights", err) : NULL;
-        if (!st.tok_w) r = err->code;
-    }
-    if (r == MT_OK && batch->padded) { /* padded keys are masked in attention; else NULL */
-        st.kv_len = kern_alloc(m->dev, (size_t)batch->B * sizeof(int32_t), "attention key lengths", err);
-        if (!st.kv_len) r = err->code;
-        st.sh.kv_len = st.kv_len;
-    }
-    if (r == MT_OK) {
-        kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-        for (int t = 0; t < n; t++) host_tw[t] = batch->mask[t] ? 1.0f : 0.0f;
-        kern_memcpy_h2d(m->dev, s, st.ids, batch->inputs, (size_t)n * sizeof(int32_t));
-        kern_memcpy_h2d(m->dev, s, st.targets, batch->targets, (size_t)n * sizeof(int32_t));
-        kern_memcpy_h2d(m->dev, s, st.tok_w, host_tw, (size_t)n * sizeof(float));
-        if (st.kv_len) kern_memcpy_h2d(m->dev, s, st.kv_len, batch->kv_len, (size_t)batch->B * sizeof(int32_t));
-        kern_stream_sync(m->dev, s);
-        r = run_forward(m, &st, batch, loss_scale, logits_out, backward, stats, err);
-    }
+    if (r == MT_OK) r = exec_micro_create(m, batch, &st, err);
+    if (r == MT_OK) r = run_forward(m, st, batch, loss_scale, logits_out, backward, stats, err);
     if (r == MT_OK && backward) {
-        r = run_backward(m, &st, err);
+        r = run_backward(m, st, err);
         m->exec->timed_micro++;
         if (m->exec->micro_left > 0) m->exec->micro_left--;
     }
     if (r != MT_OK) exec_drop_grads(m); /* half-made gradient targets of this micro-batch */
     else exec_counters_micro_end(&m->exec->cnt);
-    free(host_tw);
-    step_free(m, &st);
+    exec_micro_destroy(m, st);
+    step_release(m);
     return r;
 }
 
 mt_status_t eng_model_forward_backward(eng_model_t *m, const eng_batch_t *batch, float loss_scale,
                                        float *logits_out, eng_micro_stats_t *stats, mt_error_t *err) {
-    m->lora.batch_serial = batch->serial; /* LoRA dropout masks of this micro-batch */
     return run(m, batch, loss_scale, logits_out, stats, true, err);
 }
 

@@ -81,6 +81,9 @@ mt_status_t eng_program_planner_opts(const eng_run_config_t *rc, const sched_hw_
               : rc->sched_activations == ENG_ACTS_RECOMPUTE ? SCHED_ACTS_RECOMPUTE
               : rc->gradient_checkpointing                  ? SCHED_ACTS_RECOMPUTE
                                                             : SCHED_AUTO_CHOICE;
+    o->step_order = rc->step_order == ENG_STEP_ORDER_LAYER         ? 1
+                    : rc->step_order == ENG_STEP_ORDER_MICRO_BATCH ? 0
+                                                                   : SCHED_AUTO_CHOICE;
     o->budget[SCHED_MEM_DEVICE] = rc->memory_device ? (double)rc->memory_device : hw->device_memory;
     o->budget[SCHED_MEM_PINNED] = rc->memory_pinned ? (double)rc->memory_pinned : hw->pinned_memory;
     o->budget[SCHED_MEM_HOST] = rc->memory_host ? (double)rc->memory_host : hw->host_memory;

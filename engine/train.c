@@ -265,19 +265,20 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         eng_optim_begin_step(&model, &hp, accum, true);
         double loss = 0, ce = 0, aux = 0;
         int64_t tokens = 0;
-        for (int micro = 0; micro < accum; micro++) {
-            eng_batch_t batch;
-            eng_loader_next(&ld, &batch);
-            eng_micro_stats_t ms;
-            st = eng_model_forward_backward(&model, &batch, 1.0f / (float)accum, NULL, &ms, err);
-            if (st != MT_OK) {
-                mt_error_prefix(err, "step %d, micro-batch %d: ", step + 1, micro + 1);
-                goto out;
-            }
-            loss += ms.loss / accum;
-            ce += ms.ce_loss / accum;
-            aux += ms.aux_loss / accum;
-            tokens += ms.tokens;
+        /* the step's micro-batches in the run's step_order (engine/exec.h) */
+        eng_micro_stats_t *ms = calloc((size_t)accum, sizeof *ms);
+        MT_CHECK_ALLOC(ms, "micro-batch statistics");
+        st = eng_model_step_from_loader(&model, &ld, accum, rc->step_order, ms, err);
+        for (int micro = 0; st == MT_OK && micro < accum; micro++) {
+            loss += ms[micro].loss / accum;
+            ce += ms[micro].ce_loss / accum;
+            aux += ms[micro].aux_loss / accum;
+            tokens += ms[micro].tokens;
+        }
+        free(ms);
+        if (st != MT_OK) {
+            mt_error_prefix(err, "step %d, ", step + 1);
+            goto out;
         }
         eng_optim_stats_t os;
         st = eng_optim_step(&model, &hp, &os, err);

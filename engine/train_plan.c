@@ -24,8 +24,9 @@ static void summarize(const sched_plan_t *p, char *buf, size_t n) {
     }
     snprintf(buf, n,
              "plan %s: %d of %d blocks stream their weights, %d offload and %d recompute activations, %d "
-             "keep the optimizer on the host; prefetch window %d",
-             sched_policy_name(p->policy), stream, p->num_blocks, off, rec, hostopt, p->prefetch_window);
+             "keep the optimizer on the host; prefetch window %d; %s order",
+             sched_policy_name(p->policy), stream, p->num_blocks, off, rec, hostopt, p->prefetch_window,
+             p->layer_major ? "layer-major" : "micro-batch-major");
 }
 
 /* The checkpoint's headers against config.json, before any budget is

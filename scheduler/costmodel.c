@@ -90,6 +90,8 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
         c->w_fetch_bytes = bi->w_fetch_bytes;
         c->w_fetch_copies = bi->w_dense_tensors + bi->experts_hit * bi->w_expert_tensors;
         c->w_home_bytes = bi->w_bytes;
+        c->w_fetch_step_bytes = bi->w_dense_bytes + bi->w_expert_bytes * bi->experts_hit_step;
+        c->w_fetch_step_copies = bi->w_dense_tensors + bi->experts_hit_step * bi->w_expert_tensors;
         c->grad_bytes = bi->grad_bytes;
         c->grad_mb_bytes = 4.0 * bi->train_params_mb;
         const double expert_train_tensors = bi->train_expert_tensors;

@@ -29,6 +29,8 @@ typedef struct {
     double w_fetch_bytes;    /* one H2D fetch when STREAM (experts with tokens only) */
     double w_fetch_copies;
     double w_home_bytes;     /* host home copy when STREAM */
+    double w_fetch_step_bytes; /* one fetch for all of a step's micro-batches (layer-major): experts any of them hit */
+    double w_fetch_step_copies;
     /* trainable state */
     double grad_bytes;       /* device footprint of DEVICE grads; size of the host grad buffer */
     double grad_mb_bytes;    /* gradients one micro-batch produces (experts with tokens) */

@@ -57,6 +57,12 @@ typedef struct {
     sched_block_plan_t *blocks;  /* (num_blocks), owned */
     int prefetch_window;         /* blocks fetched ahead of the one computing (>= 1: double buffering) */
     sched_policy_t policy;
+    /* Step order.  false: micro-batch-major, each micro-batch through every
+     * block forward and backward.  true: layer-major, each block for all of
+     * the step's micro-batches in turn, so streamed weights cross the link
+     * once per step each way and host-bound gradients once per step, for k
+     * micro-batches' block inputs and kept activations held at once. */
+    bool layer_major;
 } sched_plan_t;
 
 /* Uniform plans for the fixed policies (auto needs the planner). */

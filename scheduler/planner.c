@@ -33,6 +33,7 @@ void sched_planner_opts_default(sched_planner_opts_t *o) {
     memset(o, 0, sizeof *o);
     o->policy = SCHED_POLICY_AUTO;
     o->weights = o->grads = o->optim = o->acts = SCHED_AUTO_CHOICE;
+    o->step_order = SCHED_AUTO_CHOICE;
 }
 
 static void plan_copy(sched_plan_t *dst, const sched_plan_t *src) {
@@ -393,8 +394,8 @@ static void diagnose(const sched_workload_t *w, const sched_planner_opts_t *o, c
 #undef SAY
 }
 
-mt_status_t sched_plan_make(const sched_workload_t *w, const sched_planner_opts_t *o, sched_planner_result_t *out,
-                            mt_error_t *err) {
+static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planner_opts_t *o, bool layer_major,
+                                   sched_planner_result_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
     block_working_set(w, out);
     const int N = w->num_blocks;
@@ -402,6 +403,7 @@ mt_status_t sched_plan_make(const sched_workload_t *w, const sched_planner_opts_
     sched_plan_t start;
     sched_plan_init_uniform(&start, N, fixed ? o->policy : SCHED_POLICY_MIN_MEMORY);
     start.policy = o->policy;
+    start.layer_major = layer_major;
     if (!fixed) { /* adjacent forward and backward: recomputing or offloading saves nothing */
         start.blocks[0].acts = SCHED_ACTS_KEEP;
         start.blocks[N - 1].acts = SCHED_ACTS_KEEP;
@@ -464,6 +466,44 @@ out:
     path_free(&hostpath);
     if (st != MT_OK) sched_planner_result_free(out);
     return st;
+}
+
+/* Both step orders when the run leaves it open (and has micro-batches to
+ * reorder): each gets the whole search, and the faster feasible plan wins
+ * (micro-batch-major on a tie: it holds one micro-batch at a time). */
+mt_status_t sched_plan_make(const sched_workload_t *w, const sched_planner_opts_t *o, sched_planner_result_t *out,
+                            mt_error_t *err) {
+    const bool want[2] = {o->step_order != 1,
+                          o->step_order == 1 || (o->step_order == SCHED_AUTO_CHOICE && w->grad_accum > 1)};
+    sched_planner_result_t r[2];
+    bool made[2] = {false, false};
+    for (int k = 0; k < 2; k++) {
+        if (!want[k]) continue;
+        const mt_status_t st = plan_make_order(w, o, k == 1, &r[k], err);
+        if (st != MT_OK) {
+            if (made[0]) sched_planner_result_free(&r[0]);
+            return st;
+        }
+        made[k] = true;
+    }
+    int pick = made[0] ? 0 : 1;
+    if (made[0] && made[1] && r[1].feasible &&
+        (!r[0].feasible || r[1].sim.step_time < r[0].sim.step_time * (1 - 1e-9)))
+        pick = 1;
+    *out = r[pick];
+    out->simulations = 0;
+    for (int k = 0; k < 2; k++) {
+        if (!made[k]) continue;
+        out->simulations += r[k].simulations;
+        out->planned[k] = true;
+        out->order_feasible[k] = r[k].feasible;
+        out->order_step_s[k] = r[k].sim.step_time;
+        out->order_h2d_bytes[k] = r[k].sim.h2d_bytes;
+        out->order_d2h_bytes[k] = r[k].sim.d2h_bytes;
+        out->order_peak_device[k] = r[k].sim.peak[SCHED_MEM_DEVICE];
+        if (k != pick) sched_planner_result_free(&r[k]);
+    }
+    return MT_OK;
 }
 
 void sched_planner_result_free(sched_planner_result_t *r) {

@@ -42,6 +42,9 @@ typedef struct {
     int max_window;          /* 0 = 4 */
     /* per-kind overrides: SCHED_AUTO_CHOICE or a sched_*_place_t value */
     int weights, grads, optim, acts;
+    /* step order: SCHED_AUTO_CHOICE (plan both, the faster feasible one
+     * wins), 0 micro-batch-major, 1 layer-major (sched_plan_t.layer_major) */
+    int step_order;
     double budget[SCHED_MEM_COUNT]; /* bytes; 0 = unlimited */
 } sched_planner_opts_t;
 
@@ -58,6 +61,10 @@ typedef struct {
     double block_working_set;  /* its weights + saved activations + temporaries */
     int plans_walked;          /* plans on the search path (auto) */
     int simulations;
+    /* each step order's best plan ([0] micro-batch-major, [1] layer-major),
+     * for the report; planned[o] false when that order was not planned */
+    bool planned[2], order_feasible[2];
+    double order_step_s[2], order_h2d_bytes[2], order_d2h_bytes[2], order_peak_device[2];
 } sched_planner_result_t;
 
 /* MT_ERR_CONFIG for contradictory overrides (grads host with optimizer

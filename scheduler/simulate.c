@@ -163,6 +163,136 @@ static double opt_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, do
     return end;
 }
 
+/* Layer-major order (plan->layer_major; engine/exec_layer_major.c): the
+ * uses of blocks are embedding and layers forward, the head, then layers
+ * and embedding backward, 2N - 1 uses, each running all ga micro-batches;
+ * the fetches for use u are issued as use u - W - 1 ends, once per use
+ * (weights: the experts any micro-batch of the step hits).  Forward: each
+ * micro-batch's saved set (or input) is allocated at its forward and
+ * offloaded after it as in micro-batch order.  The head runs forward and
+ * backward per micro-batch.  Backward: a micro-batch's offloaded
+ * activations are fetched while the previous micro-batch computes;
+ * micro-batches after the first add their gradients on the device (grads
+ * HOST too: the sum stays on the device) and a grads HOST block sends the
+ * step's sum once after its last micro-batch.  Returns the last compute end. */
+static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, bool overlap,
+                              bool *adam_done, sched_sim_result_t *out) {
+    const int N = w->num_blocks, ga = w->grad_accum > 0 ? w->grad_accum : 1, W = plan->prefetch_window;
+    const int U = 2 * N - 1;
+    double *use_end = malloc((size_t)U * sizeof *use_end);
+    double *offload_end = calloc((size_t)N * ga, sizeof *offload_end);
+    double *d2h_end = malloc(((size_t)N * (ga + 1) + 1) * sizeof *d2h_end);
+    MT_CHECK(use_end && offload_end && d2h_end, "out of host memory in the simulator");
+    int n_d2h = 0;
+    double last_end = 0, prev_start = 0, turn_w = 0, head_w = 0;
+    for (int u = 0; u < U; u++) {
+        const bool fwd = u < N - 1, head = u == N - 1;
+        const int b = u < N ? u : 2 * N - 2 - u;
+        const sched_block_plan_t *p = &plan->blocks[b];
+        const sched_block_cost_t *c = &w->blocks[b];
+        const bool turn = W >= 1 && N >= 3 && b == N - 2;
+        const sched_act_place_t acts =
+            b == 0 || b == N - 1 || (turn && p->acts == SCHED_ACTS_OFFLOAD) ? SCHED_ACTS_KEEP : p->acts;
+        const double issue = u - W - 1 >= 0 ? use_end[u - W - 1] : 0;
+        const bool held = !fwd && !head && turn;
+        const double unit = c->w_fetch_step_bytes > 0 ? c->w_fetch_step_bytes : c->w_fetch_bytes;
+        const double unit_copies = c->w_fetch_step_bytes > 0 ? c->w_fetch_step_copies : c->w_fetch_copies;
+        double fw = 0, fw_copies = 0;
+        if (!held && p->weights == SCHED_WEIGHTS_STREAM) fw = unit, fw_copies = unit_copies;
+        if (head && w->tied_head && plan->blocks[0].weights == SCHED_WEIGHTS_STREAM) {
+            const sched_block_cost_t *e = &w->blocks[0];
+            fw += e->w_fetch_step_bytes > 0 ? e->w_fetch_step_bytes : e->w_fetch_bytes;
+            fw_copies += e->w_fetch_step_bytes > 0 ? e->w_fetch_step_copies : e->w_fetch_copies;
+        }
+        double wready = 0;
+        if (fw > 0) {
+            wready = copy(s, true, SCHED_TASK_FETCH_W, b, -1, issue, fw, fw_copies, NULL);
+            mem(s, SCHED_MEM_DEVICE, issue, fw);
+        }
+        const double off = c->act_saved_bytes - c->act_input_bytes;
+        const bool grads_host = !fwd && w->has_trainable && p->grads == SCHED_GRADS_HOST && c->grad_mb_bytes > 0;
+        double end = last_end;
+        for (int mb = 0; mb < ga; mb++) {
+            double ready = mb == 0 ? wready : 0;
+            sched_resource_t ready_res = mb == 0 && fw > 0 ? SCHED_RES_H2D : SCHED_RES_COMPUTE;
+            const bool sends_acts = fwd && acts == SCHED_ACTS_OFFLOAD && off > 0;
+            const bool sends_grads = grads_host && mb == ga - 1;
+            if (!fwd && !head && acts == SCHED_ACTS_OFFLOAD && off > 0) {
+                /* issued while the previous micro-batch computes */
+                const double oe = offload_end[(size_t)b * ga + mb];
+                const double r = prev_start > oe ? prev_start : oe;
+                const double t1 = copy(s, true, SCHED_TASK_FETCH_ACT, b, mb, r, off, c->act_copies, NULL);
+                mem(s, SCHED_MEM_DEVICE, r, off);
+                mem(s, SCHED_MEM_PINNED, t1, -off);
+                if (t1 > ready) ready = t1, ready_res = SCHED_RES_H2D;
+            }
+            /* a gradient batch waits for the one W + 1 sends earlier, as in
+             * micro-batch order; activation offloads do not: the staging
+             * pool holds every micro-batch's (the executor sizes it for k
+             * times the tokens), so nothing makes the forward wait for them */
+            int dslot = -1;
+            if (sends_acts || sends_grads) {
+                const double gate = sends_grads && n_d2h > W ? d2h_end[n_d2h - W - 1] : 0;
+                if (gate > ready) ready = gate, ready_res = SCHED_RES_D2H;
+                dslot = n_d2h++;
+            }
+            double start;
+            if (fwd || head) {
+                end = compute(s, SCHED_TASK_FWD, b, mb, ready, ready_res, c->fwd_s, &start);
+                prev_start = start;
+                const double saved = acts == SCHED_ACTS_RECOMPUTE ? c->act_input_bytes : c->act_saved_bytes;
+                mem(s, SCHED_MEM_DEVICE, start, saved + c->fwd_temp_bytes);
+                mem(s, SCHED_MEM_DEVICE, end, -c->fwd_temp_bytes);
+                if (sends_acts) {
+                    const double oe = copy(s, false, SCHED_TASK_OFFLOAD_ACT, b, mb, end, off, c->act_copies, NULL);
+                    offload_end[(size_t)b * ga + mb] = oe;
+                    mem(s, SCHED_MEM_PINNED, oe, off);
+                    mem(s, SCHED_MEM_DEVICE, oe, -off);
+                    d2h_end[dslot] = oe;
+                }
+            }
+            if (!fwd) {
+                const bool rc = acts == SCHED_ACTS_RECOMPUTE;
+                const bool dev_add = mb > 0 && w->has_trainable && c->grad_mb_bytes > 0;
+                const double dur = c->bwd_s + (rc ? c->recompute_s : 0) + (dev_add ? c->grad_add_device_s : 0);
+                end = compute(s, SCHED_TASK_BWD, b, mb, end > ready ? end : ready, ready_res, dur, &start);
+                prev_start = start;
+                if (rc) out->recompute_s += c->recompute_s;
+                const double temp = rc && c->fwd_temp_bytes > c->bwd_temp_bytes ? c->fwd_temp_bytes : c->bwd_temp_bytes;
+                /* the first micro-batch's gradients (grads HOST: the device sum until sent) */
+                const double g0 = grads_host && mb == 0 ? c->grad_mb_bytes : 0;
+                const double gk = dev_add ? c->grad_mb_bytes : 0;
+                mem(s, SCHED_MEM_DEVICE, start, temp + g0 + gk + (rc ? off : 0));
+                mem(s, SCHED_MEM_DEVICE, end, -temp - c->act_saved_bytes - gk);
+                if (sends_grads) {
+                    const double gb = c->grad_step_bytes > 0 ? c->grad_step_bytes : c->grad_mb_bytes;
+                    const double gc = c->grad_step_bytes > 0 ? c->grad_step_copies : c->grad_mb_copies;
+                    const double t = copy(s, false, SCHED_TASK_GRAD_D2H, b, mb, end, gb, gc, NULL);
+                    mem(s, SCHED_MEM_DEVICE, t, -c->grad_mb_bytes);
+                    d2h_end[dslot] = t;
+                    if (overlap && p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
+                        run(s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, t, c->adam_host_s, 0, NULL);
+                        adam_done[b] = true;
+                    }
+                }
+            }
+        }
+        if (fw > 0) {
+            if (fwd && turn) turn_w = fw;
+            else mem(s, SCHED_MEM_DEVICE, end, -fw);
+            if (head) head_w = fw;
+        }
+        if (held) mem(s, SCHED_MEM_DEVICE, end, -turn_w);
+        use_end[u] = end;
+        last_end = end;
+    }
+    (void)head_w;
+    free(use_end);
+    free(offload_end);
+    free(d2h_end);
+    return last_end;
+}
+
 static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *plan, const sched_sim_opts_t *opts,
                                  sched_sim_result_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
@@ -194,7 +324,8 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     int n_d2h = 0;
     double last_compute_end = 0, head_w = 0, turn_w = 0;
 
-    for (int mb = 0; mb < ga; mb++) {
+    if (plan->layer_major) last_compute_end = sim_layer_major(&s, w, plan, overlap, adam_done, out);
+    for (int mb = 0; mb < (plan->layer_major ? 0 : ga); mb++) {
         const bool last_mb = mb == ga - 1;
         for (int phase = 0; phase < 2; phase++) {
             const bool fwd = phase == 0;
@@ -364,23 +495,28 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
  * simulated micro-batches and an array of 2 * blocks * 10^6 doubles.
  * simulate_test checks the extrapolation against a full simulation. */
 #define SIM_MAX_MICRO 16
+#define SIM_MAX_MICRO_LAYER 256
 
 static mt_status_t simulate_micro(const sched_workload_t *w, const sched_plan_t *plan, const sched_sim_opts_t *opts,
                                   sched_sim_result_t *out, mt_error_t *err) {
     const int ga = w->grad_accum > 0 ? w->grad_accum : 1;
-    if (ga <= SIM_MAX_MICRO || (opts && opts->every_micro_batch)) return simulate_once(w, plan, opts, out, err);
+    /* layer-major: the link's share of a step is fixed and compute grows
+     * with ga, so the step is not linear in ga until compute dominates, and
+     * its peaks grow with ga (every micro-batch's block inputs are held) */
+    const int kmax = plan->layer_major ? SIM_MAX_MICRO_LAYER : SIM_MAX_MICRO;
+    if (ga <= kmax || (opts && opts->every_micro_batch)) return simulate_once(w, plan, opts, out, err);
     sched_workload_t k = *w;
-    k.grad_accum = SIM_MAX_MICRO - 1;
+    k.grad_accum = kmax - 1;
     sched_sim_result_t prev;
     mt_status_t st = simulate_once(&k, plan, NULL, &prev, err);
     if (st != MT_OK) return st;
-    k.grad_accum = SIM_MAX_MICRO;
+    k.grad_accum = kmax;
     st = simulate_once(&k, plan, opts, out, err);
     if (st != MT_OK) {
         sched_sim_result_free(&prev);
         return st;
     }
-    const double more = (double)ga - SIM_MAX_MICRO;
+    const double more = (double)ga - kmax;
 #define SIM_EXTEND(f) out->f += more * (out->f - prev.f)
     SIM_EXTEND(step_time);
     SIM_EXTEND(compute_idle);
@@ -391,6 +527,7 @@ static mt_status_t simulate_micro(const sched_workload_t *w, const sched_plan_t 
         SIM_EXTEND(busy[r]);
         SIM_EXTEND(waited[r]);
     }
+    for (int m = 0; plan->layer_major && m < SCHED_MEM_COUNT; m++) SIM_EXTEND(peak[m]);
 #undef SIM_EXTEND
     sched_sim_result_free(&prev);
     return MT_OK;

@@ -48,6 +48,10 @@
  *    RESIDENT.  With clipping every host AdamW is in this sequence.
  *  - the optimizer on the device needs resident weights and device
  *    gradients; other plans with it are invalid.
+ *  - layer-major (plan.layer_major): each block's use runs every
+ *    micro-batch in turn, one weight fetch per use (the experts any
+ *    micro-batch hits), a grads HOST block sums on the device and sends
+ *    once; see sim_layer_major in simulate.c.
  *  - host interference (workload.compute_interference > 0, the CPU
  *    backend): the step is simulated once, the host cores' busy fraction
  *    d = (bytes copied x host_copy_s_per_byte + host optimizer time) /

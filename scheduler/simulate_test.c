@@ -295,6 +295,46 @@ static void test_many_micro_batches(void) {
         }
 }
 
+/* Layer-major order: with weights streamed and activations kept, the same
+ * fetches as one micro-batch of micro-batch order, so ga times fewer H2D
+ * bytes per step (trainable: ga times fewer gradient D2H bytes too); the
+ * same compute; more device memory, as every micro-batch's activations are
+ * held at once; and a link-bound step gets faster. */
+static void test_layer_major(void) {
+    sched_workload_t w;
+    sched_plan_t p = {0};
+    blocks3(&w, 1.0, 2.0, 4.0);
+    w.has_trainable = true;
+    for (int b = 0; b < 3; b++) {
+        w.blocks[b].grad_mb_bytes = w.blocks[b].grad_step_bytes = 1.0;
+        w.blocks[b].grad_mb_copies = w.blocks[b].grad_step_copies = 1.0;
+        w.blocks[b].act_saved_bytes = 8.0;
+        w.blocks[b].act_input_bytes = 2.0;
+    }
+    plan_all(&p, SCHED_WEIGHTS_STREAM, SCHED_ACTS_KEEP, 1);
+    for (int ga = 1; ga <= 8; ga *= 2) {
+        w.grad_accum = ga;
+        sched_sim_result_t mb, lm;
+        p.layer_major = false;
+        step(&w, &p, &mb);
+        p.layer_major = true;
+        step(&w, &p, &lm);
+        EXPECT(NEAR(lm.h2d_bytes * ga, mb.h2d_bytes), "ga %d: h2d %g x %d vs %g", ga, lm.h2d_bytes, ga, mb.h2d_bytes);
+        EXPECT(NEAR(lm.d2h_bytes * ga, mb.d2h_bytes), "ga %d: d2h %g x %d vs %g", ga, lm.d2h_bytes, ga, mb.d2h_bytes);
+        EXPECT(NEAR(lm.busy[SCHED_RES_COMPUTE], mb.busy[SCHED_RES_COMPUTE]),
+               "ga %d: compute %g vs %g", ga, lm.busy[SCHED_RES_COMPUTE], mb.busy[SCHED_RES_COMPUTE]);
+        if (ga > 1) {
+            EXPECT(lm.peak[SCHED_MEM_DEVICE] > mb.peak[SCHED_MEM_DEVICE], "ga %d: device peak %g vs %g", ga,
+                   lm.peak[SCHED_MEM_DEVICE], mb.peak[SCHED_MEM_DEVICE]);
+            EXPECT(lm.step_time < mb.step_time, "ga %d: link-bound step %g s vs %g s", ga, lm.step_time, mb.step_time);
+        }
+        sched_sim_result_free(&mb);
+        sched_sim_result_free(&lm);
+    }
+    sched_plan_free(&p);
+    sched_workload_free(&w);
+}
+
 int main(void) {
     test_overlap();
     test_memory();
@@ -302,6 +342,7 @@ int main(void) {
     test_host_optimizer();
     test_grad_accumulation();
     test_many_micro_batches();
+    test_layer_major();
     if (failures) fprintf(stderr, "simulate_test: %d failure(s)\n", failures);
     else printf("simulate_test: all passed\n");
     return failures != 0;

@@ -11,7 +11,7 @@
  *     adapter, relative to its largest element, with every key present;
  *   - the same losses and adapter bit for bit under other plans (weights
  *     streamed, gradients and AdamW on the host, activations offloaded or
- *     recomputed), and in bf16 across those plans too;
+ *     recomputed) and in layer-major step order, and in bf16 across plans;
  *   - a run whose device budget is below the base model's weights in bf16
  *     (a larger random Mixtral) completes, its measured device peak within
  *     the budget.
@@ -190,17 +190,23 @@ static void check_fixture(const char *dir) {
     static const char *const bf16_recomputed[] = {"bf16=true", "scheduler.weights=resident",
                                                   "scheduler.grads=device", "scheduler.optimizer=device",
                                                   "scheduler.activations=recompute", NULL};
-    const char *const *plans[] = {streamed, recomputed, bf16_streamed, bf16_recomputed};
-    const char *plan_names[] = {"streamed", "recomputed", "bf16-streamed", "bf16-recomputed"};
-    run_t rp[4];
-    char outp[4][512];
-    for (int p = 0; p < 4; p++) {
+    static const char *const layer_major[] = {"step_order=layer", "scheduler.weights=stream", "scheduler.grads=host",
+                                              "scheduler.optimizer=host", "scheduler.activations=recompute", NULL};
+    static const char *const micro_major[] = {"step_order=micro_batch", "scheduler.weights=stream", NULL};
+    const char *const *plans[] = {streamed, recomputed, bf16_streamed, bf16_recomputed, layer_major, micro_major};
+    const char *plan_names[] = {"streamed", "recomputed", "bf16-streamed", "bf16-recomputed", "layer-major",
+                                "micro-batch-major"};
+    enum { PLANS = 6 };
+    run_t rp[PLANS];
+    char outp[PLANS][512];
+    for (int p = 0; p < PLANS; p++) {
         snprintf(outp[p], sizeof outp[p], "%s/%s-%s", g_tmp, name, plan_names[p]);
         train(dir, plans[p], outp[p], &rp[p]);
     }
-    for (int p = 0; p < 4; p++) {
-        const run_t *base = p < 2 ? &r0 : &rp[2];
-        const char *base_out = p < 2 ? out0 : outp[2];
+    for (int p = 0; p < PLANS; p++) {
+        const bool bf16 = p == 2 || p == 3;
+        const run_t *base = bf16 ? &rp[2] : &r0;
+        const char *base_out = bf16 ? outp[2] : out0;
         if (!rp[p].ok || !base->ok || (p == 2)) continue;
         bool same = rp[p].steps == base->steps;
         for (int s = 0; same && s < rp[p].steps; s++) same = rp[p].loss[s] == base->loss[s];
@@ -216,7 +222,7 @@ static void check_fixture(const char *dir) {
             worst = fmax(worst, fabs(rp[2].loss[s] - r0.loss[s]) / fabs(r0.loss[s]));
         CHECK(worst < 0.01 && worst > 0, "%s: bf16 losses %.2e relative from fp32 (expected in (0, 1%%))", name,
               worst);
-        printf("%-20s plans bit-identical (fp32 and bf16); bf16 within %.2e of fp32\n", name, worst);
+        printf("%-20s plans and step orders bit-identical (fp32 and bf16); bf16 within %.2e of fp32\n", name, worst);
     }
     json_decref(exp);
 }
@@ -290,7 +296,8 @@ static void check_merge(const char *dir, double scale) {
 static void check_dropout(const char *dir, const run_t *no_dropout) {
     static const char *const kept[] = {"lora_dropout=0.1", "scheduler.activations=keep", NULL};
     static const char *const recomputed[] = {"lora_dropout=0.1", "scheduler.activations=recompute",
-                                             "scheduler.weights=stream", "scheduler.optimizer=host", NULL};
+                                             "scheduler.weights=stream", "scheduler.optimizer=host",
+                                             "step_order=layer", NULL};
     char out_a[512], out_b[512];
     snprintf(out_a, sizeof out_a, "%s/dropout-kept", g_tmp);
     snprintf(out_b, sizeof out_b, "%s/dropout-recomputed", g_tmp);
@@ -301,9 +308,11 @@ static void check_dropout(const char *dir, const run_t *no_dropout) {
     bool same = a.steps == b.steps && a.steps > 0, differs = false;
     for (int s = 0; same && s < a.steps; s++) same = a.loss[s] == b.loss[s];
     for (int s = 0; s < a.steps && s < no_dropout->steps; s++) differs |= a.loss[s] != no_dropout->loss[s];
-    CHECK(same, "lora_dropout: recomputing activations changes the losses (masks not reproduced)");
+    CHECK(same, "lora_dropout: recomputing activations in layer-major order changes the losses (masks not "
+                "reproduced)");
     CHECK(differs, "lora_dropout 0.1 gives the dropout-free losses");
-    printf("lora_dropout 0.1: losses bit-identical kept vs recomputed, and unlike lora_dropout 0\n");
+    printf("lora_dropout 0.1: losses bit-identical kept vs recomputed in layer-major order, and unlike lora_dropout "
+           "0\n");
 }
 
 /* A device budget below the base's weights in bf16: a random 8-layer

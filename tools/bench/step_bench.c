@@ -66,6 +66,7 @@ static int parse(int argc, char **argv, opts_t *o) {
         INT_OPT("--steps", steps)
         INT_OPT("--compute-threads", compute_threads)
         INT_OPT("--staging-rounds", staging_rounds)
+        INT_OPT("--accum", accum)
         DBL_OPT("--link-gbps", link_gbps)
         DBL_OPT("--link-latency-us", link_latency_us)
         DBL_OPT("--link-fraction", link_fraction)
@@ -90,12 +91,16 @@ static int parse(int argc, char **argv, opts_t *o) {
             o->precision = true;
             continue;
         }
+        if (strcmp(a, "--step-order") == 0) {
+            o->step_order = true;
+            continue;
+        }
     bad:
         fprintf(stderr,
                 "usage: moetune bench step [--layers N] [--hidden H] [--experts E] [--topk K]\n"
                 "       [--expert-width I] [--vocab V] [--seq T] [--batch B] [--steps S]\n"
                 "       [--link-gbps G | --link-fraction F] [--link-latency-us U] [--staging-rounds R]\n"
-                "       [--staging-only | --precision] [--blocks] [--trace FILE] [--json]\n"
+                "       [--staging-only | --precision | --step-order [--accum K]] [--blocks] [--trace FILE] [--json]\n"
                 "bad or unknown option: %s\n",
                 a);
         return 2;
@@ -222,6 +227,15 @@ int mt_bench_step_main(int argc, char **argv) {
                    (unsigned long long)sc.copies[k][1], sc.pinned[k] / 1e6);
         printf("  compact throughput / per_tensor: %.3f (median of the pairs' ratios; goal >= 0.95)\n", sc.ratio);
         return 0;
+    }
+    if (o.step_order) { /* layer-major against micro-batch-major, on the link chosen as above */
+        const int rc_o = step_order_report(ckpt, &o, link_bps, &keep);
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
+        if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
+        measure_free(&keep);
+        predictor_free(&pr);
+        return rc_o;
     }
     if (o.precision) { /* fp32 against bf16, on the link chosen as above */
         const int rc_p = precision_report(ckpt, &o, link_bps);

@@ -29,6 +29,8 @@ typedef struct {
     int compute_threads;
     bool json, staging_only, blocks;
     bool precision; /* fp32 against bf16 mixed precision, keep_all and offload_all side by side */
+    bool step_order; /* layer-major against micro-batch-major order, `accum` micro-batches per step (step_order.c) */
+    int accum;       /* micro-batches per step for the step-order comparison and its prediction (0: 1) */
     const char *trace; /* write the overlapped offload_all run's trace.json here */
 } opts_t;
 
@@ -116,5 +118,10 @@ double layer_bound_link(const sched_workload_t *w, const measure_t *keep, double
 /* Simulated step time of a plan (0 on error or without a workload). */
 double predict(const predictor_t *p, const sched_plan_t *plan);
 double predict_uniform(const predictor_t *p, int nb, sched_policy_t policy);
+
+/* Layer-major against micro-batch-major order under offload_all, o->accum
+ * micro-batches per step, paired, with each order's link bytes and the
+ * simulator's predictions on keep's profile (step_order.c). */
+int step_order_report(const char *ckpt, const opts_t *o, double link_bps, const measure_t *keep);
 
 #endif

@@ -26,7 +26,7 @@ void predictor_init(predictor_t *p, const char *ckpt, const opts_t *o, double li
     eng_run_config_defaults(&rc);
     rc.sequence_len = o->seq;
     rc.micro_batch_size = o->batch;
-    rc.gradient_accumulation_steps = 1;
+    rc.gradient_accumulation_steps = o->accum > 0 ? o->accum : 1;
     rc.max_grad_norm = 0;
     rc.link_gbps = link_bps / 1e9;
     rc.link_latency_us = o->link_latency_us;

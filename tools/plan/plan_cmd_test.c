@@ -188,6 +188,25 @@ static void test_qwen3(void) {
            "reason %s", why);
     EXPECT(num(d, "needed_bytes", "device") > 1 * GiB, "needed device");
     json_decref(d);
+
+    /* 16 micro-batches of 2048 tokens: weights streamed once per step
+     * instead of once per micro-batch; both orders are planned and reported */
+    d = plan_json("qwen3", NULL, "gradient_accumulation_steps=16", NULL, &rc);
+    if (!d) return;
+    json_t *orders = json_object_get(d, "step_orders");
+    const double mb = num(orders, "micro_batch", "tokens_per_s"), lm = num(orders, "layer", "tokens_per_s");
+    EXPECT(rc == 0 && strcmp(json_string_value(json_object_get(d, "step_order")), "layer") == 0,
+           "16 micro-batches on a 4090: exit %d, order %s", rc, json_string_value(json_object_get(d, "step_order")));
+    EXPECT(lm >= 4 * mb && num(d, "prediction", "tokens_per_s") == lm, "layer-major %.0f tokens/s vs %.0f", lm, mb);
+    EXPECT(num(orders, "layer", "h2d_bytes") * 8 < num(orders, "micro_batch", "h2d_bytes"), "h2d %g vs %g",
+           num(orders, "layer", "h2d_bytes"), num(orders, "micro_batch", "h2d_bytes"));
+    json_decref(d);
+    d = plan_json("qwen3", NULL, "gradient_accumulation_steps=16", "step_order=micro_batch", &rc);
+    if (!d) return;
+    EXPECT(strcmp(json_string_value(json_object_get(d, "step_order")), "micro_batch") == 0 &&
+               json_object_get(json_object_get(d, "step_orders"), "layer") == NULL,
+           "step_order: micro_batch is planned alone");
+    json_decref(d);
 }
 
 static void test_every_model(void) {

@@ -255,6 +255,42 @@ static void bound_text(const plan_ctx_t *c, char *buf, size_t cap) {
     }
 }
 
+/* The step order chosen and why: each order's best plan side by side. */
+static void order_text(FILE *f, const plan_ctx_t *c) {
+    const sched_planner_result_t *r = &c->res;
+    const double tps = c->reg.tokens_per_step;
+    const int ga = c->reg.shape.grad_accum;
+    fprintf(f, "step order      %s", r->plan.layer_major ? "layer-major" : "micro-batch-major");
+    if (!(r->planned[0] && r->planned[1])) {
+        fprintf(f, " (%s)\n", ga <= 1 ? "one micro-batch per step: the orders are the same"
+                                      : "fixed by the run's step_order");
+    } else {
+        const double t0 = r->order_step_s[0], t1 = r->order_step_s[1];
+        const double b0 = r->order_h2d_bytes[0] + r->order_d2h_bytes[0];
+        const double b1 = r->order_h2d_bytes[1] + r->order_d2h_bytes[1];
+        if (r->plan.layer_major)
+            fprintf(f, ": %.2fx the tokens/s of micro-batch-major; each block runs all %d micro-batches before the "
+                       "next, so streamed weights and host-bound gradients cross the link once per step instead of "
+                       "once per micro-batch (%s instead of %s per step)\n",
+                    t1 > 0 ? t0 / t1 : 0, ga, bytes_s(b1).s, bytes_s(b0).s);
+        else if (!r->order_feasible[1])
+            fprintf(f, ": layer-major does not fit: it holds %d micro-batches' block inputs and kept activations "
+                       "at once (device peak %s)\n",
+                    ga, bytes_s(r->order_peak_device[1]).s);
+        else
+            fprintf(f, ": layer-major is predicted no faster (the link is not what bounds this step)\n");
+    }
+    const char *names[2] = {"micro-batch-major", "layer-major"};
+    for (int k = 0; k < 2; k++) {
+        if (!r->planned[k]) continue;
+        const double t = r->order_step_s[k];
+        fprintf(f, "  %-17s %8.3f s/step %8.0f tokens/s  h2d %10s  d2h %10s per step  device peak %10s%s\n", names[k],
+                t, t > 0 ? tps / t : 0, bytes_s(r->order_h2d_bytes[k]).s, bytes_s(r->order_d2h_bytes[k]).s,
+                bytes_s(r->order_peak_device[k]).s, r->order_feasible[k] ? "" : "  (does not fit)");
+    }
+    fputc('\n', f);
+}
+
 static double mfu(const plan_ctx_t *c) {
     const double t = c->res.sim.step_time;
     return t > 0 && c->w.peak_flops > 0 ? c->reg.model_flops / t / c->w.peak_flops : 0;
@@ -283,6 +319,7 @@ void plan_report_text(FILE *f, const plan_ctx_t *c) {
             hw->device_name[0] ? hw->device_name : "device", hw->link_name[0] ? hw->link_name : "link",
             sched_hw_h2d_bw(hw) / 1e9, sched_hw_d2h_bw(hw) / 1e9, sched_hw_host_bw(hw) / 1e9);
     fprintf(f, "policy     %s, prefetch window %d\n\n", sched_policy_name(c->opts.policy), c->res.plan.prefetch_window);
+    order_text(f, c);
 
     if (c->res.feasible) {
         fprintf(f, "FEASIBLE\n");
@@ -372,6 +409,18 @@ json_t *plan_report_json(const plan_ctx_t *c) {
                   num(sched_hw_host_bw(hw)), "copy_latency_s", num(hw->copy_latency_s)));
     json_object_set_new(doc, "policy", json_string(sched_policy_name(c->opts.policy)));
     json_object_set_new(doc, "feasible", json_boolean(c->res.feasible));
+    json_object_set_new(doc, "step_order", json_string(c->res.plan.layer_major ? "layer" : "micro_batch"));
+    json_t *orders = json_object();
+    for (int k = 0; k < 2; k++)
+        if (c->res.planned[k])
+            json_object_set_new(orders, k ? "layer" : "micro_batch",
+                                json_pack("{s:b, s:o, s:o, s:o, s:o, s:o}", "feasible", c->res.order_feasible[k],
+                                          "step_s", num(c->res.order_step_s[k]), "tokens_per_s",
+                                          num(c->res.order_step_s[k] > 0 ? r->tokens_per_step / c->res.order_step_s[k] : 0),
+                                          "h2d_bytes", num(c->res.order_h2d_bytes[k]), "d2h_bytes",
+                                          num(c->res.order_d2h_bytes[k]), "peak_device_bytes",
+                                          num(c->res.order_peak_device[k])));
+    json_object_set_new(doc, "step_orders", orders);
     if (!c->res.feasible) {
         json_object_set_new(doc, "reason", json_string(c->res.why));
         json_t *shorts = json_array(), *needed = json_object();
