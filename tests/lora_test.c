@@ -25,7 +25,10 @@
 #include <unistd.h>
 
 #include "engine/config.h"
+#include "engine/data.h"
+#include "engine/exec.h"
 #include "engine/init_random.h"
+#include "engine/lora_model.h"
 #include "engine/safetensors.h"
 #include "engine/train.h"
 
@@ -138,6 +141,78 @@ static bool same_adapter(const char *a, const char *b) {
     return adapter_diff(a, b, &missing) == 0 && missing == 0;
 }
 
+/* moetune's logits on the first micro-batch with the adapter it saved in
+ * out, against PEFT's on the same files (tests/reference/check_peft_moetune.py
+ * wrote them: PeftModel.from_pretrained on the HF model).  Cases where PEFT
+ * cannot load the adapter as written have no file (see that script). */
+static void check_peft_logits(const char *dir, const char *out) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/peft_logits_moetune.safetensors", dir);
+    if (access(path, R_OK) != 0) {
+        printf("%-20s no PEFT logits recorded (see tests/fixtures/lora_peft_moetune.json)\n", dir);
+        return;
+    }
+    eng_st_file_t want;
+    mt_error_t err = {0};
+    if (eng_st_open(path, &want, &err) != MT_OK) {
+        CHECK(false, "%s", err.msg);
+        return;
+    }
+    const eng_st_tensor_t *wt = eng_st_find(&want, "logits");
+    CHECK(wt != NULL, "%s: no tensor 'logits'", path);
+    eng_run_config_t rc;
+    snprintf(path, sizeof path, "%s/run.yaml", dir);
+    mt_status_t st = eng_run_config_load(path, &rc, &err);
+    snprintf(rc.lora_model_dir, sizeof rc.lora_model_dir, "%s", out);
+    eng_lora_run_opts_t lro;
+    if (st == MT_OK) st = eng_lora_run_opts(&rc, &lro, &err);
+    kern_device_t *dev = NULL;
+    const kern_device_opts_t dopts = {0};
+    if (st == MT_OK) st = kern_device_create(KERN_BACKEND_CPU, &dopts, &dev, &err);
+    eng_model_t m;
+    const eng_model_opts_t mo = {.lora = &lro.opts};
+    if (st == MT_OK) st = eng_model_open(&m, dev, rc.base_model, &mo, &err);
+    CHECK(st == MT_OK, "%s: opening the model with its saved adapter: %s", dir, err.msg);
+    if (st == MT_OK && wt) {
+        const char *paths[1] = {rc.datasets[0].path};
+        eng_dataset_t ds;
+        st = eng_dataset_load(&ds, paths, 1, rc.sequence_len, m.cfg.vocab_size, &err);
+        CHECK(st == MT_OK, "%s", err.msg);
+        if (st == MT_OK) {
+            eng_loader_t ld;
+            eng_loader_init(&ld, &ds, rc.micro_batch_size, false, rc.seed);
+            eng_batch_t batch;
+            eng_loader_next(&ld, &batch);
+            const size_t n = (size_t)batch.B * batch.T * m.cfg.vocab_size;
+            float *got = malloc(n * sizeof *got), *ref = malloc(wt->numel * sizeof *ref);
+            eng_micro_stats_t ms;
+            st = eng_model_forward(&m, &batch, got, &ms, &err);
+            CHECK(st == MT_OK, "%s", err.msg);
+            CHECK(wt->numel == n, "PEFT logits have %llu values, moetune's %zu", (unsigned long long)wt->numel, n);
+            if (st == MT_OK && wt->numel == n && eng_st_read_f32(&want, wt, ref, &err) == MT_OK) {
+                double worst = 0, big = 0;
+                for (size_t i = 0; i < n; i++) {
+                    worst = fmax(worst, fabs((double)got[i] - ref[i]));
+                    big = fmax(big, fabs(ref[i]));
+                }
+                CHECK(worst <= 1e-5 * fmax(big, 1.0), "%s: logits differ from PEFT's by %.2e (largest %.2e)", dir,
+                      worst, big);
+                printf("%-20s logits with the saved adapter within %.2e of PEFT's on the same files\n",
+                       strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir, worst);
+            }
+            free(got);
+            free(ref);
+            eng_loader_free(&ld);
+            eng_dataset_free(&ds);
+        }
+        eng_model_free(&m);
+    }
+    if (dev) kern_device_destroy(dev);
+    eng_lora_run_opts_free(&lro);
+    eng_run_config_free(&rc);
+    eng_st_close(&want);
+}
+
 static run_t g_last_auto;   /* the last fixture's plan-auto run, for check_dropout */
 static double g_last_scale; /* and its LoRA scale, for check_merge */
 
@@ -176,6 +251,7 @@ static void check_fixture(const char *dir) {
         snprintf(got, sizeof got, "%s/adapter_config.json", out0);
         CHECK(access(got, R_OK) == 0, "%s: no adapter_config.json saved", name);
         printf("%-20s losses within %.2e relative, final adapter within %.2e of its max\n", name, worst, d);
+        check_peft_logits(dir, out0);
     }
 
     g_last_auto = r0;
