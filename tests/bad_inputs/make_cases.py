@@ -82,6 +82,27 @@ def st_bytes(hdr, data, n=None):
     return struct.pack("<Q", len(h) if n is None else n) + h + data
 
 
+def adapter_config(r=4, **extra):
+    """A PEFT adapter_config.json for q_proj (the tiny model's, 16 x 16)."""
+    c = OrderedDict([("peft_type", "LORA"), ("task_type", "CAUSAL_LM"), ("r", r), ("lora_alpha", 8),
+                     ("lora_dropout", 0.0), ("target_modules", ["q_proj"]), ("bias", "none"),
+                     ("use_rslora", False), ("use_dora", False)])
+    c.update(extra)
+    return json.dumps(c, indent=2) + "\n"
+
+
+def adapter_weights(r, in_dim):
+    """q_proj's lora_A (r, in_dim) and lora_B (16, r) in fp32 (zeros)."""
+    hdr, data = OrderedDict(), b""
+    names = ["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+             "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
+    for name, shape in zip(names, ([r, in_dim], [16, r])):
+        n = 4 * shape[0] * shape[1]
+        hdr[name] = {"dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + n]}
+        data += b"\0" * n
+    return st_bytes(hdr, data)
+
+
 class Link(str):
     """A file the case shares unchanged with _shared/ (written as a symlink)."""
 
@@ -340,7 +361,29 @@ def yaml_cases():
         case(f"enum_{key}", val, yaml=run_yaml(**{key: val}))
     case("enum_scheduler_policy", "greedy", yaml=run_yaml(extra="scheduler:\n  policy: greedy\n"))
     case("enum_staging_mode", "bigslab", yaml=run_yaml(extra="staging:\n  mode: bigslab\n"))
-    case("adapter_lora_refused", "lora", yaml=run_yaml(adapter="lora"))
+    # LoRA: refused before training, naming what and where
+    case("lora_no_targets", "lora_target_modules", yaml=run_yaml(adapter="lora"))
+    case("lora_target_matches_nothing", "gate_proj",
+         yaml=run_yaml(adapter="lora", lora_target_modules="[gate_proj]"))
+    case("lora_target_bad_regex", "regular expression",
+         yaml=run_yaml(adapter="lora", lora_target_modules="'.*q_proj('"))
+    case("lora_rank_too_large", "q_proj", yaml=run_yaml(adapter="lora", lora_r="64", lora_target_modules="[q_proj]"))
+    case("lora_dropout_out_of_range", "lora_dropout",
+         yaml=run_yaml(adapter="lora", lora_dropout="1.5", lora_target_modules="[q_proj]"))
+    case("lora_head_target", "lm_head", yaml=run_yaml(adapter="lora", lora_target_modules="[lm_head]"))
+    case("lora_keys_without_adapter", "adapter: lora", yaml=run_yaml(merge_lora="true"))
+    lora_run = run_yaml(adapter="lora", lora_r="4", lora_alpha="8", lora_target_modules="[q_proj]",
+                        lora_model_dir="adapter")
+    case("lora_model_dir_missing", "adapter_config.json", yaml=lora_run)
+    case("lora_adapter_dora", "use_dora",
+         {"adapter/adapter_config.json": adapter_config(use_dora=True),
+          "adapter/adapter_model.safetensors": adapter_weights(4, 16)}, yaml=lora_run)
+    case("lora_adapter_rank_disagrees", "lora_r",
+         {"adapter/adapter_config.json": adapter_config(r=8),
+          "adapter/adapter_model.safetensors": adapter_weights(8, 16)}, yaml=lora_run)
+    case("lora_adapter_shape_mismatch", "lora_A",
+         {"adapter/adapter_config.json": adapter_config(),
+          "adapter/adapter_model.safetensors": adapter_weights(4, 32)}, yaml=lora_run)
     case("datasets_empty", "datasets", yaml=run_yaml(datasets="[]"))
     case("base_model_missing_key", "base_model", yaml=run_yaml(drop=("base_model",)))
     case("hardware_unknown_name", "tpu-v9", yaml=run_yaml(hardware="tpu-v9"))
