@@ -175,18 +175,18 @@ static void stage_window(eng_model_t *m, int tokens, tlist_t *t, eng_exec_stagin
     }
     if (best0 >= 0) window_weights(m, best0, W1, t);
     info->window_weights = best;
-    /* one block of gradients on their way to the host */
+    /* one block of gradients on their way to the host (frozen weights have none) */
     int gb = -1;
     size_t gbest = 0;
     for (int b = 0; b < x->nb; b++) {
         if (exec_block_plan(m, b)->grads != SCHED_GRADS_HOST) continue;
         size_t s = 0;
         for (int i = 0; i < m->num_params; i++)
-            if (m->params[i].block == b) s += exec_f32_bytes(&m->params[i]);
+            if (m->params[i].block == b && !m->params[i].frozen) s += exec_f32_bytes(&m->params[i]);
         if (s > gbest) gbest = s, gb = b;
     }
     for (int i = 0; gb >= 0 && i < m->num_params; i++)
-        if (m->params[i].block == gb) tl_add(t, exec_f32_bytes(&m->params[i]));
+        if (m->params[i].block == gb && !m->params[i].frozen) tl_add(t, exec_f32_bytes(&m->params[i]));
     info->window_grads = gbest;
     /* every offloaded block's activations, held from its forward to its backward */
     info->window_acts = 0;
