@@ -46,7 +46,7 @@ typedef enum { ENG_CKPT_LAYOUT_PER_EXPERT = 0, ENG_CKPT_LAYOUT_FUSED } eng_ckpt_
 
 const char *eng_ckpt_layout_name(eng_ckpt_layout_t layout); /* "per_expert", "fused" */
 
-typedef struct {
+typedef struct eng_checkpoint {
     char *dir;
     eng_st_file_t *files; /* (file_count) mapped shards */
     int file_count;

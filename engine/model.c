@@ -128,19 +128,44 @@ fail:
     return st;
 }
 
-/* Frozen weights kept in bf16: read one at a time through an fp32 buffer
- * of the largest, so loading never holds the base in fp32. */
-static mt_status_t read_bf16_homes(eng_model_t *m, const eng_checkpoint_t *ck, mt_error_t *err) {
+/* A bf16 tensor on disk, laid out as the home wants it (contiguous,
+ * 2-byte aligned in the mapping): its home can be the mapping itself. */
+static const uint16_t *mappable_bf16(const eng_checkpoint_t *ck, const eng_param_spec_t *ps) {
+    const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, ps->name);
+    if (!e || e->tensor->dtype != ENG_ST_BF16 || e->tensor->numel != ps->numel) return NULL;
+    if ((uintptr_t)e->tensor->data % sizeof(uint16_t) != 0) return NULL;
+    return (const uint16_t *)e->tensor->data;
+}
+
+/* Frozen weights kept in bf16.  Stored bf16 on disk (a bf16 base): the home
+ * points into the checkpoint's read-only mapping, which stays open, so the
+ * base costs no host memory beyond the page cache (the file must not change
+ * under the run, as with any mmap'd model).  Otherwise read one at a time
+ * through an fp32 buffer of the largest, so loading never holds the base in
+ * fp32.  *keep_open: some home points into ck. */
+static mt_status_t read_bf16_homes(eng_model_t *m, const eng_checkpoint_t *ck, bool *keep_open, mt_error_t *err) {
+    *keep_open = false;
     size_t largest = 0;
-    for (int i = 0; i < m->spec.count; i++)
-        if (m->params[i].home_bf16 && m->params[i].spec->numel > largest) largest = m->params[i].spec->numel;
+    for (int i = 0; i < m->spec.count; i++) {
+        eng_param_t *p = &m->params[i];
+        if (!p->home_bf16) continue;
+        const uint16_t *mapped = mappable_bf16(ck, p->spec);
+        if (mapped) {
+            free(p->home_bf16);
+            p->home_bf16 = (uint16_t *)mapped; /* read-only: nothing writes a frozen weight's home */
+            p->home_mapped = true;
+            *keep_open = true;
+        } else if (p->spec->numel > largest) {
+            largest = p->spec->numel;
+        }
+    }
     if (!largest) return MT_OK;
     float *tmp = malloc(largest * sizeof *tmp);
     MT_CHECK_ALLOC(tmp, "checkpoint read buffer");
     mt_status_t st = MT_OK;
     for (int i = 0; i < m->spec.count && st == MT_OK; i++) {
         const eng_param_t *p = &m->params[i];
-        if (!p->home_bf16) continue;
+        if (!p->home_bf16 || p->home_mapped) continue;
         st = eng_checkpoint_read_f32(ck, p->spec->name, p->spec->ndim, p->spec->shape, tmp, err);
         if (st == MT_OK) mt_convert_from_f32(p->home_bf16, MT_BF16, tmp, p->spec->numel);
     }
@@ -162,12 +187,19 @@ mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *
     m->storage_dtype = checkpoint_dtype(&ck, &m->spec);
     eng_ckpt_load_report_t report = {0};
     if (st == MT_OK) st = eng_checkpoint_load(&ck, &m->spec, host, &report, err);
-    if (st == MT_OK) st = read_bf16_homes(m, &ck, err);
+    bool keep_open = false;
+    if (st == MT_OK) st = read_bf16_homes(m, &ck, &keep_open, err);
     if (st == MT_OK && report.unexpected_count > 0)
         fprintf(stderr, "moetune: note: %d tensor(s) in %s are not used by %s (first: %s)\n",
                 report.unexpected_count, dir, m->cfg.model_type, report.unexpected[0]);
     eng_ckpt_load_report_free(&report);
-    eng_checkpoint_close(&ck);
+    if (st == MT_OK && keep_open) {
+        m->mapped_base = malloc(sizeof *m->mapped_base);
+        MT_CHECK_ALLOC(m->mapped_base, "checkpoint mapping");
+        *m->mapped_base = ck; /* the homes point into its mapping */
+    } else {
+        eng_checkpoint_close(&ck);
+    }
     free(host);
     return st;
 }
@@ -178,7 +210,7 @@ void eng_model_release(eng_model_t *m) {
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
             free(p->host_w);
-            free(p->home_bf16);
+            if (!p->home_mapped) free(p->home_bf16);
             free(p->host_g);
             free(p->host_m);
             free(p->host_v);
@@ -192,6 +224,10 @@ void eng_model_release(eng_model_t *m) {
             free(m->layers[l].exp_down);
         }
         free(m->layers);
+    }
+    if (m->mapped_base) {
+        eng_checkpoint_close(m->mapped_base);
+        free(m->mapped_base);
     }
     sched_plan_free(&m->plan);
     eng_lora_plan_free(&m->lora.plan);

@@ -57,6 +57,8 @@ typedef struct {
     uint16_t *home_bf16; /* instead of host_w, a frozen weight's home when its working copy is bf16:
                           * kept in the dtype compute reads (rounded once on load, as staging
                           * would round it), so a bf16 base costs its own bytes in host memory */
+    bool home_mapped;   /* home_bf16 points into the base checkpoint's read-only mapping (a bf16
+                         * tensor on disk): no copy at all, the page cache holds it */
     void *w;            /* device working copy in w_dtype, NULL when not on the device */
     mt_dtype_t w_dtype; /* MT_F32 or MT_BF16 */
     float *dev_master;  /* device fp32 master when the optimizer is on the device and w is bf16 */
@@ -132,6 +134,9 @@ typedef struct {
     sched_plan_t plan;
     struct eng_exec *exec;
     struct eng_trace *trace; /* not owned; NULL = no trace (eng_model_set_trace) */
+    /* The base checkpoint, kept mapped (read-only) while parameters' homes
+     * point into it (eng_param_t.home_mapped); NULL when none does */
+    struct eng_checkpoint *mapped_base;
 } eng_model_t;
 
 /* How the model's host<->device transfers are staged (the run config's

@@ -130,7 +130,9 @@ static void add_temp(walk_t *w, sched_phase_t phase, const char *name, mt_dtype_
 
 /* ---- LoRA targets ----------------------------------------------------------- */
 
-static bool lora_targeted(walk_t *w, const char *module) {
+/* The run's selection as engine/lora_targets.h states it; all-linear leaves
+ * out the gates that decide routing, as the executor's selection does. */
+static bool lora_targeted(walk_t *w, const char *module, eng_param_role_t role) {
     const sched_run_shape_t *s = w->s;
     if (!s->lora) return false;
     const char *leaf = strrchr(module, '.');
@@ -141,7 +143,8 @@ static bool lora_targeted(walk_t *w, const char *module) {
         size_t tl = strlen(t), ml = strlen(module);
         bool m = strcmp(t, leaf) == 0 || strcmp(t, module) == 0 ||
                  (ml > tl && module[ml - tl - 1] == '.' && strcmp(module + ml - tl, t) == 0) ||
-                 (strcmp(t, "all-linear") == 0 && strcmp(module, "lm_head") != 0);
+                 (strcmp(t, "all-linear") == 0 && strcmp(module, "lm_head") != 0 && role != ENG_P_ROUTER &&
+                  role != ENG_P_SHARED_EXPERT_GATE);
         if (m) w->target_hit[i] = hit = true;
     }
     return hit;
@@ -172,7 +175,7 @@ static int linear(walk_t *w, const char *label, double rows, eng_param_role_t ro
     const double hit = experts > 0 ? w->experts_hit : 1.0;
     char module[160];
     module_of(p0, module, sizeof module);
-    const bool lora = lora_targeted(w, module);
+    const bool lora = lora_targeted(w, module, role);
     const bool train_w = !s->lora;
     const double mm = 2.0 * rows * out * in;
     const double wread = hit * out * in * w->wb;
@@ -180,13 +183,15 @@ static int linear(walk_t *w, const char *label, double rows, eng_param_role_t ro
     char pre[24];
     if (w->layer >= 0) snprintf(pre, sizeof pre, "L%d.", w->layer);
     else pre[0] = '\0';
-    /* LoRA: A x is saved for B's gradient, (rows, r); the adapters' products
-     * add 2 rows r (in + out) forward and twice that backward */
+    /* LoRA: the adapters' products add 2 rows r (in + out) forward; backward
+     * recomputes x A^T (the executor saves nothing for it) and forms dB, dy B,
+     * dA and dx: 2 rows r (3 in + 2 out) */
     const double rk = lora ? s->lora_r : 0;
     int fwd = add_op(w, SCHED_PHASE_FWD, true, mm + 2.0 * rows * rk * (in + out), wread + io, "%s%s.fwd", pre, label);
     /* backward: dX always (the gradient flows down), dW only for trained weights */
     double bflops = mm + (train_w ? mm : 0), bbytes = wread + io + (train_w ? io + hit * out * in * 8.0 : 0);
-    int bwd = add_op(w, SCHED_PHASE_BWD, true, bflops + 4.0 * rows * rk * (in + out), bbytes, "%s%s.bwd", pre, label);
+    int bwd = add_op(w, SCHED_PHASE_BWD, true, bflops + 2.0 * rows * rk * (3.0 * in + 2.0 * out), bbytes, "%s%s.bwd",
+                     pre, label);
     if (bwd_out) *bwd_out = bwd;
     for (int e = 0; e < count; e++) {
         const eng_param_spec_t *p = experts > 0 ? param(w, role, e) : p0;
@@ -204,11 +209,6 @@ static int linear(walk_t *w, const char *label, double rows, eng_param_role_t ro
             snprintf(name, sizeof name, "base_model.model.%s.lora_B.weight", m);
             add_adapter(w, name, out * rk, ex, fwd, bwd);
         }
-    }
-    if (lora) {
-        char an[96];
-        snprintf(an, sizeof an, "%s.lora_ax", label);
-        add_act(w, an, w->adt, rows * rk, fwd, bwd);
     }
     return fwd;
 }
