@@ -19,10 +19,13 @@
 #include "engine/host_mem.h"
 #include "engine/model.h"
 #include "engine/optim.h"
+#include "engine/optim_state.h"
 #include "engine/report.h"
+#include "engine/signals.h"
 #include "engine/trace.h"
 #include "engine/train_plan.h"
 #include "engine/train_save.h"
+#include "engine/train_state.h"
 #include "base/clock.h"
 
 mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_error_t *err) {
@@ -67,7 +70,8 @@ static int total_steps(const eng_run_config_t *rc, const eng_loader_t *ld) {
  * the step itself, and the advice is about what makes steps diverge.
  * err holds the optimizer's finding (the gradient norm, the first
  * parameter whose gradient is non-finite); this adds where and what next. */
-static mt_status_t diverged(mt_error_t *err, int step, double loss, const eng_run_config_t *rc) {
+static mt_status_t diverged(mt_error_t *err, int step, double loss, const eng_run_config_t *rc,
+                            const char *last_good) {
     char found[sizeof err->msg];
     snprintf(found, sizeof found, "%s", err->msg);
     char clip[160];
@@ -83,8 +87,10 @@ static mt_status_t diverged(mt_error_t *err, int step, double loss, const eng_ru
                         "step %d: loss is %s; %s. The checkpoint's weights were all finite when "
                         "loaded, so training diverged: lower learning_rate (now %g) %s, and check "
                         "the data for extreme or corrupted examples; nothing was saved from this "
-                        "step",
-                        step, lbuf, found, rc->learning_rate, clip);
+                        "step; %s%s",
+                        step, lbuf, found, rc->learning_rate, clip,
+                        last_good[0] ? "the last good checkpoint is " : "no checkpoint was saved before it",
+                        last_good);
 }
 
 static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
@@ -92,6 +98,35 @@ static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, c
     mt_status_t st = eng_train_save(m, rc, dir, mode, eng_save_dtype(m, rc), err);
     if (st == MT_OK) eng_reporter_note(rep, "moetune: saved checkpoint to %s", dir);
     return st;
+}
+
+/* checkpoint-N with the training state that resumes it, in one atomic
+ * save; then save_total_limit's deletions, only once the new one is
+ * complete.  dir receives its path. */
+static mt_status_t save_resumable(const eng_train_state_save_t *ss, int n, char *dir, size_t cap,
+                                  eng_reporter_t *rep, mt_error_t *err) {
+    const eng_run_config_t *rc = ss->rc;
+    snprintf(dir, cap, "%s/checkpoint-%d", rc->output_dir, n);
+    mt_status_t st = eng_train_save_with(ss->model, rc, dir, ENG_CKPT_DIR_SWAP, ss->save_dtype,
+                                         eng_train_state_write, (void *)ss, err);
+    if (st != MT_OK) {
+        mt_error_prefix(err, "saving checkpoint-%d: ", n);
+        return st;
+    }
+    eng_reporter_note(rep, "moetune: saved checkpoint to %s", dir);
+    eng_train_state_prune(rc->output_dir, rc->save_total_limit, n);
+    return MT_OK;
+}
+
+/* Whether optimizer step `done` (1-based, just finished) ends with a
+ * checkpoint under save_strategy. */
+static bool save_due(const eng_run_config_t *rc, int done, int total, int64_t steps_per_epoch) {
+    if (done >= total) return false; /* the final save follows */
+    eng_save_strategy_t s = rc->save_strategy;
+    if (s == ENG_SAVE_STRATEGY_AUTO) s = rc->save_steps > 0 ? ENG_SAVE_STRATEGY_STEPS : ENG_SAVE_STRATEGY_NO;
+    if (s == ENG_SAVE_STRATEGY_STEPS) return rc->save_steps > 0 && done % rc->save_steps == 0;
+    if (s == ENG_SAVE_STRATEGY_EPOCH) return steps_per_epoch > 0 && done % steps_per_epoch == 0;
+    return false;
 }
 
 static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result_t *result,
@@ -125,9 +160,13 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
 
 static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result_t *result,
                                     mt_error_t *err) {
+    /* which checkpoint to resume from, before anything heavy is opened */
+    char resume_dir[2048];
+    mt_status_t st = eng_train_state_resolve(rc, resume_dir, sizeof resume_dir, err);
+    if (st != MT_OK) return st;
 
     kern_device_t *dev = NULL;
-    mt_status_t st = eng_open_device(rc, &dev, err);
+    st = eng_open_device(rc, &dev, err);
     if (st != MT_OK) return st;
 
     /* plan from config.json alone, before any weight is read */
@@ -177,6 +216,33 @@ static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc->micro_batch_size, rc->shuffle, rc->seed);
     const int total = total_steps(rc, &ld);
+    eng_train_state_t ts;
+    eng_train_state_init(&ts);
+    char last_ckpt[2048] = "";
+    if (resume_dir[0]) {
+        char note[1024];
+        st = eng_train_state_load(resume_dir, &model, rc, &ld, &ts, note, sizeof note, err);
+        if (st != MT_OK) {
+            mt_error_prefix(err, "resume_from_checkpoint %s: ", resume_dir);
+            eng_train_state_free(&ts);
+            eng_loader_free(&ld);
+            eng_dataset_free(&ds);
+            eng_model_free(&model);
+            eng_train_plan_free(&tp);
+            kern_device_destroy(dev);
+            return st;
+        }
+        fprintf(stderr, "moetune: resuming from %s at step %d of %d\n", resume_dir, ts.global_step, total);
+        if (note[0])
+            fprintf(stderr, "moetune: note: changed since the checkpoint: %s; the run continues with the new values\n",
+                    note);
+        snprintf(last_ckpt, sizeof last_ckpt, "%s", resume_dir);
+    }
+    const eng_train_state_save_t ckpt_state = {.model = &model, .rc = rc, .ts = &ts, .loader = &ld,
+                                               .total_steps = total, .save_dtype = eng_save_dtype(&model, rc)};
+    int64_t steps_per_epoch = eng_loader_batches_per_epoch(&ld) / rc->gradient_accumulation_steps;
+    if (steps_per_epoch < 1) steps_per_epoch = 1;
+    eng_signals_install();
 
     eng_reporter_t rep;
     st = eng_reporter_open(&rep, rc->output_dir, rc->progress, err);
@@ -215,14 +281,16 @@ static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result
         .beta1 = rc->adam_beta1, .beta2 = rc->adam_beta2, .eps = rc->adam_epsilon,
         .weight_decay = rc->weight_decay, .max_grad_norm = rc->max_grad_norm};
     const double t_run = mt_now_s();
-    for (int step = 0; step < total; step++) {
+    for (int step = ts.global_step; step < total; step++) {
         const double t0 = mt_now_s();
         kern_device_reset_peaks(dev);
         const int accum = rc->gradient_accumulation_steps;
         eng_optim_hparams_t hp = hp_base;
         hp.lr = eng_lr_at(rc, step, total);
-        /* host AdamW overlaps backward when the plan puts it on the host and nothing clips */
-        eng_optim_begin_step(&model, &hp, accum, true);
+        /* host AdamW overlaps backward when the plan puts it on the host and nothing clips;
+           not when a non-finite step may be skipped: overlapped blocks are updated before
+           the norm is known */
+        eng_optim_begin_step(&model, &hp, accum, rc->skip_nonfinite_steps == 0);
         double loss = 0, ce = 0, aux = 0;
         int64_t tokens = 0;
         for (int micro = 0; micro < accum; micro++) {
@@ -241,8 +309,21 @@ static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result
         }
         eng_optim_stats_t os;
         st = eng_optim_step(&model, &hp, &os, err);
+        if (st == MT_ERR_DATA && ts.nonfinite_skipped < rc->skip_nonfinite_steps) {
+            /* nothing was updated: drop the gradients and go on, counted */
+            eng_optim_discard_step(&model);
+            ts.nonfinite_skipped++;
+            eng_reporter_note(&rep, "moetune: step %d skipped (%d of skip_nonfinite_steps: %d): %s", step + 1,
+                              ts.nonfinite_skipped, rc->skip_nonfinite_steps, err->msg);
+            eng_train_state_log(&ts, &(eng_log_entry_t){.step = step + 1, .loss = loss, .lr = hp.lr,
+                                                        .grad_norm = NAN, .skipped = true});
+            ts.global_step = step + 1;
+            result->steps_done = step + 1;
+            st = MT_OK;
+            goto step_end;
+        }
         if (st == MT_ERR_DATA) { /* a non-finite gradient: nothing was updated */
-            st = diverged(err, step + 1, loss, rc);
+            st = diverged(err, step + 1, loss, rc, last_ckpt);
             goto out;
         }
         if (st != MT_OK) {
@@ -272,18 +353,28 @@ static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result
         eng_reporter_step(&rep, &r, log_line);
         if (!isfinite(loss)) {
             mt_error_set(err, MT_ERR_DATA, "the gradient norm is %g", os.grad_norm);
-            st = diverged(err, step + 1, loss, rc);
+            st = diverged(err, step + 1, loss, rc, last_ckpt);
             goto out;
         }
-        if (step == 0) result->first_loss = loss;
+        eng_train_state_log(&ts, &(eng_log_entry_t){.step = step + 1, .loss = loss, .lr = hp.lr,
+                                                    .grad_norm = os.grad_norm});
+        ts.global_step = step + 1;
+        if (result->steps_done == 0) result->first_loss = loss; /* this run's first: a resumed one starts later */
         result->last_loss = loss;
         result->steps_done = step + 1;
-        if (rc->save_steps > 0 && (step + 1) % rc->save_steps == 0 && step + 1 < total) {
-            char dir[1200];
-            snprintf(dir, sizeof dir, "%s/checkpoint-%d", rc->output_dir, step + 1);
-            st = save_checkpoint(&model, rc, dir, ENG_CKPT_DIR_SWAP, &rep, err);
+    step_end:;
+        const int stop_sig = eng_signals_pending();
+        if (save_due(rc, step + 1, total, steps_per_epoch) || (stop_sig && step + 1 < total)) {
+            st = save_resumable(&ckpt_state, step + 1, last_ckpt, sizeof last_ckpt, &rep, err);
             if (st != MT_OK) goto out;
             result->checkpoints_saved++;
+        }
+        if (stop_sig && step + 1 < total) {
+            result->stopped_by_signal = stop_sig;
+            result->steps_done = step + 1;
+            snprintf(result->last_checkpoint, sizeof result->last_checkpoint, "%s", last_ckpt);
+            result->seconds = mt_now_s() - t_run;
+            goto out;
         }
     }
     result->seconds = mt_now_s() - t_run;
@@ -300,6 +391,8 @@ out:
         mt_error_t terr = {0};
         if (eng_trace_close(trace, &terr) != MT_OK && st == MT_OK) st = mt_error_set(err, terr.code, "%s", terr.msg);
     }
+    eng_signals_restore();
+    eng_train_state_free(&ts);
     eng_train_plan_free(&tp);
     eng_reporter_close(&rep);
     eng_loader_free(&ld);

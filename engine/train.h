@@ -12,6 +12,8 @@ typedef struct {
     double predicted_step_s; /* the planner's prediction for the chosen plan (0 if none) */
     bool model_saved;        /* the final model is in output_dir (save_final) */
     int checkpoints_saved;   /* output_dir/checkpoint-N directories written (save_steps) */
+    int stopped_by_signal;   /* SIGINT / SIGTERM stopped the run after a checkpoint (0: it ran to the end) */
+    char last_checkpoint[2048]; /* the checkpoint-N written when a signal stopped the run */
 } eng_train_result_t;
 
 /* Chooses the backend as the config says (auto: CUDA when a GPU is found,

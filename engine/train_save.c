@@ -64,6 +64,12 @@ char *eng_saved_config_json(const char *base_text, const char *overrides_json, m
 
 mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
                            eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err) {
+    return eng_train_save_with(m, rc, dir, mode, dtype, NULL, NULL, err);
+}
+
+mt_status_t eng_train_save_with(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+                                eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, eng_save_extra_fn extra, void *ctx,
+                                mt_error_t *err) {
     char *config = eng_saved_config_json(m->cfg.config_json, rc->model_config_json, dtype,
                                          rc->source_path, err);
     if (!config) return err->code;
@@ -83,6 +89,7 @@ mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const cha
     mt_status_t st = eng_ckpt_dir_begin(&tx, dir, mode, err);
     if (st == MT_OK) {
         st = eng_checkpoint_write(&tx, config, t, n, rc->save_max_shard_bytes, err);
+        if (st == MT_OK && extra) st = extra(&tx, ctx, err);
         if (st == MT_OK) st = eng_ckpt_dir_commit(&tx, err);
         else eng_ckpt_dir_abort(&tx);
     }

@@ -21,6 +21,7 @@
 #include "engine/init_random.h"
 #include "engine/inspect.h"
 #include "engine/profile.h"
+#include "engine/signals.h"
 #include "engine/train.h"
 #include "engine/train_save.h"
 #include "tools/build_info.h"
@@ -132,6 +133,13 @@ static int cmd_train(int argc, char **argv) {
         eng_train_result_t res;
         if (eng_train(&rc, &res, &err) != MT_OK) {
             rcode = fail(&err);
+        } else if (res.stopped_by_signal) {
+            /* 128 + the signal, as a shell reports a process the signal ended: scripts tell a
+               stopped run (130 SIGINT, 143 SIGTERM) from a finished (0) or failed (1) one */
+            printf("stopped by %s after step %d: checkpoint saved in %s; resume with --set "
+                   "resume_from_checkpoint=true\n",
+                   eng_signal_name(res.stopped_by_signal), res.steps_done, res.last_checkpoint);
+            rcode = 128 + res.stopped_by_signal;
         } else if (res.model_saved) {
             printf("trained %d steps in %.1f s: loss %.4f -> %.4f; model saved in %s\n", res.steps_done,
                    res.seconds, res.first_loss, res.last_loss, rc.output_dir);
