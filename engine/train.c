@@ -102,17 +102,22 @@ static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, c
 
 /* checkpoint-N with the training state that resumes it, in one atomic
  * save; then save_total_limit's deletions, only once the new one is
- * complete.  dir receives its path. */
+ * complete.  dir holds the last complete checkpoint ("" = none) and
+ * receives the new one's path. */
 static mt_status_t save_resumable(const eng_train_state_save_t *ss, int n, char *dir, size_t cap,
                                   eng_reporter_t *rep, mt_error_t *err) {
     const eng_run_config_t *rc = ss->rc;
-    snprintf(dir, cap, "%s/checkpoint-%d", rc->output_dir, n);
-    mt_status_t st = eng_train_save_with(ss->model, rc, dir, ENG_CKPT_DIR_SWAP, ss->save_dtype,
+    char path[2048];
+    snprintf(path, sizeof path, "%s/checkpoint-%d", rc->output_dir, n);
+    mt_status_t st = eng_train_save_with(ss->model, rc, path, ENG_CKPT_DIR_SWAP, ss->save_dtype,
                                          eng_train_state_write, (void *)ss, err);
     if (st != MT_OK) {
-        mt_error_prefix(err, "saving checkpoint-%d: ", n);
+        /* the save was atomic: what was there before is as it was */
+        mt_error_prefix(err, "saving checkpoint-%d (%s%s): ", n,
+                        dir[0] ? "the last complete checkpoint, intact, is " : "no earlier checkpoint", dir);
         return st;
     }
+    snprintf(dir, cap, "%s", path);
     eng_reporter_note(rep, "moetune: saved checkpoint to %s", dir);
     eng_train_state_prune(rc->output_dir, rc->save_total_limit, n);
     return MT_OK;
