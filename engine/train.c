@@ -248,6 +248,8 @@ static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result
     int64_t steps_per_epoch = eng_loader_batches_per_epoch(&ld) / rc->gradient_accumulation_steps;
     if (steps_per_epoch < 1) steps_per_epoch = 1;
     eng_signals_install();
+    result->first_step = result->steps_done = ts.global_step;
+    bool have_first_loss = false;
 
     eng_reporter_t rep;
     st = eng_reporter_open(&rep, rc->output_dir, rc->progress, err);
@@ -364,7 +366,8 @@ static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result
         eng_train_state_log(&ts, &(eng_log_entry_t){.step = step + 1, .loss = loss, .lr = hp.lr,
                                                     .grad_norm = os.grad_norm});
         ts.global_step = step + 1;
-        if (result->steps_done == 0) result->first_loss = loss; /* this run's first: a resumed one starts later */
+        if (!have_first_loss) result->first_loss = loss; /* this run's first: a resumed one starts later */
+        have_first_loss = true;
         result->last_loss = loss;
         result->steps_done = step + 1;
     step_end:;

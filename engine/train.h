@@ -6,7 +6,8 @@
 #include "kernels/device.h"
 
 typedef struct {
-    int steps_done;
+    int steps_done;          /* the run's step count at the end (a resumed run's includes the earlier steps) */
+    int first_step;          /* steps already done when this run started: those of the resumed checkpoint */
     double first_loss, last_loss;
     double seconds;
     double predicted_step_s; /* the planner's prediction for the chosen plan (0 if none) */

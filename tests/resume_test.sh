@@ -130,6 +130,8 @@ for plan in host device bf16_save stream; do
     || { fail "$plan: the resumed run failed"; cat "$L/res_$plan.out"; continue; }
   grep -q "resuming from stop_$plan/checkpoint-7 at step 7 of 16" "$L/res_$plan.out" \
     || fail "$plan: no 'resuming from ... at step 7' line"
+  grep -q "trained 9 steps (steps 8 to 16, resumed)" "$L/res_$plan.out" \
+    || fail "$plan: the final line does not count this run's steps"
   same "stop_$plan" ref_$plan res_$plan && ok "$plan: resumed at step 7 = uninterrupted (losses, final tensor bytes)"
 done
 # a checkpoint written under one plan resumes under another: the state is plan-free

@@ -126,7 +126,15 @@ static int ensure_base_model(const eng_run_config_t *rc, bool verbose, mt_error_
     return 0;
 }
 
+/* " (steps 8 to 16, resumed)" for a resumed run, "" otherwise. */
+static const char *resumed_note(const eng_train_result_t *res, char *buf, size_t cap) {
+    if (res->first_step == 0) return "";
+    snprintf(buf, cap, " (steps %d to %d, resumed)", res->first_step + 1, res->steps_done);
+    return buf;
+}
+
 static int cmd_train(int argc, char **argv) {
+    char note[64];
     eng_run_config_t rc;
     mt_error_t err = {0};
     int rcode = load_run_config(argc, argv, &rc, &err);
@@ -145,12 +153,14 @@ static int cmd_train(int argc, char **argv) {
                    eng_signal_name(res.stopped_by_signal), res.steps_done, res.last_checkpoint);
             rcode = 128 + res.stopped_by_signal;
         } else if (res.model_saved) {
-            printf("trained %d steps in %.1f s: loss %.4f -> %.4f; model saved in %s\n", res.steps_done,
-                   res.seconds, res.first_loss, res.last_loss, rc.output_dir);
+            printf("trained %d steps%s in %.1f s: loss %.4f -> %.4f; model saved in %s\n",
+                   res.steps_done - res.first_step, resumed_note(&res, note, sizeof note), res.seconds,
+                   res.first_loss, res.last_loss, rc.output_dir);
         } else {
-            printf("trained %d steps in %.1f s: loss %.4f -> %.4f; save_final: false, so no final model "
+            printf("trained %d steps%s in %.1f s: loss %.4f -> %.4f; save_final: false, so no final model "
                    "was written; %s/metrics.jsonl has the run's metrics%s\n",
-                   res.steps_done, res.seconds, res.first_loss, res.last_loss, rc.output_dir,
+                   res.steps_done - res.first_step, resumed_note(&res, note, sizeof note), res.seconds,
+                   res.first_loss, res.last_loss, rc.output_dir,
                    res.checkpoints_saved > 0 ? " and its checkpoint-N directories the periodic saves" : "");
         }
     }
