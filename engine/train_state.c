@@ -81,59 +81,69 @@ static json_t *hparams_json(const eng_run_config_t *rc) {
 
 /* ---- writing ------------------------------------------------------------ */
 
+/* One tensor of optimizer.safetensors, read from the model as it is
+ * written: the file is three times the model's fp32 bytes, more than a
+ * large model's host memory can hold beside it. */
+typedef struct {
+    eng_model_t *m;
+    int param;
+    int what; /* 1 exp_avg, 2 exp_avg_sq, 3 master */
+} optim_fill_t;
+
+static void fill_optim(void *ctx, float *dst) {
+    const optim_fill_t *f = ctx;
+    eng_model_read_optim_state(f->m, f->param, f->what == 3 ? dst : NULL, f->what == 1 ? dst : NULL,
+                               f->what == 2 ? dst : NULL);
+}
+
 static mt_status_t write_optimizer(eng_ckpt_dir_t *tx, const eng_train_state_save_t *s, mt_error_t *err) {
     eng_model_t *m = s->model;
     const int P = m->spec.count;
     const bool keep_master = s->save_dtype != MT_F32;
     /* up to 4 tensors per parameter: step, exp_avg, exp_avg_sq, master */
     eng_st_write_tensor_t *w = calloc((size_t)P * 4 + 1, sizeof *w);
+    optim_fill_t *fills = calloc((size_t)P * 4 + 1, sizeof *fills);
+    eng_st_fill_t *fill_of = calloc((size_t)P * 4 + 1, sizeof *fill_of);
     char **names = calloc((size_t)P * 4 + 1, sizeof *names);
-    float **bufs = calloc((size_t)P * 3 + 1, sizeof *bufs);
     int64_t *steps = calloc((size_t)P + 1, sizeof *steps);
-    MT_CHECK(w && names && bufs && steps, "out of memory preparing %s", ENG_OPTIM_STATE_FILE);
-    int nw = 0, nb = 0;
+    MT_CHECK(w && fills && fill_of && names && steps, "out of memory preparing %s", ENG_OPTIM_STATE_FILE);
+    int nw = 0;
     static const int64_t no_shape[1] = {0};
+    static const char *const sfx[4] = {".step", ".exp_avg", ".exp_avg_sq", ".master"};
     for (int i = 0; i < P; i++) {
         const eng_param_t *p = &m->params[i];
         if (p->frozen) continue;
         const eng_param_spec_t *ps = p->spec;
         steps[i] = eng_model_optim_step_count(m, i);
-        const size_t bytes = ps->numel ? ps->numel * sizeof(float) : 1;
-        float *master = keep_master ? malloc(bytes) : NULL;
-        float *m1 = steps[i] > 0 ? malloc(bytes) : NULL;
-        float *m2 = steps[i] > 0 ? malloc(bytes) : NULL;
-        MT_CHECK((!keep_master || master) && (steps[i] == 0 || (m1 && m2)), "out of memory reading the optimizer state of %s",
-                 ps->name);
-        if (master || m1) eng_model_read_optim_state(m, i, master, m1, m2);
-        const char *sfx[4] = {".step", ".exp_avg", ".exp_avg_sq", ".master"};
-        const float *data[4] = {NULL, m1, m2, master};
         for (int k = 0; k < 4; k++) {
-            if (k > 0 && !data[k]) continue;
+            /* a parameter never stepped has no moments (torch creates them lazily) */
+            if ((k == 1 || k == 2) && steps[i] == 0) continue;
+            if (k == 3 && !keep_master) continue;
             size_t len = strlen(ps->name) + strlen(sfx[k]) + 1;
             names[nw] = malloc(len);
             MT_CHECK_ALLOC(names[nw], "tensor name");
             snprintf(names[nw], len, "%s%s", ps->name, sfx[k]);
-            if (k == 0)
+            if (k == 0) {
                 w[nw] = (eng_st_write_tensor_t){.name = names[nw], .dtype = ENG_ST_I64, .ndim = 0,
                                                 .shape = no_shape, .data = &steps[i]};
-            else
+            } else {
+                fills[nw] = (optim_fill_t){.m = m, .param = i, .what = k};
+                fill_of[nw] = (eng_st_fill_t){.fn = fill_optim, .ctx = &fills[nw]};
                 w[nw] = (eng_st_write_tensor_t){.name = names[nw], .dtype = ENG_ST_F32, .ndim = ps->ndim,
-                                                .shape = ps->shape, .f32 = data[k]};
+                                                .shape = ps->shape};
+            }
             nw++;
         }
-        if (master) bufs[nb++] = master;
-        if (m1) bufs[nb++] = m1;
-        if (m2) bufs[nb++] = m2;
     }
     const char *meta[] = {"format", "pt", ENG_CKPT_SAVE_ID_KEY, tx->save_id};
     char *path = eng_ckpt_dir_path(tx, ENG_OPTIM_STATE_FILE);
-    mt_status_t st = eng_st_write(path, w, nw, meta, 2, err);
+    mt_status_t st = eng_st_write_filled(path, w, fill_of, nw, meta, 2, err);
     free(path);
     if (st == MT_OK) eng_ckpt_dir_add(tx, ENG_OPTIM_STATE_FILE);
     for (int i = 0; i < nw; i++) free(names[i]);
-    for (int i = 0; i < nb; i++) free(bufs[i]);
     free(names);
-    free(bufs);
+    free(fills);
+    free(fill_of);
     free(steps);
     free(w);
     return st;
