@@ -100,40 +100,6 @@ static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, c
     return st;
 }
 
-/* checkpoint-N with the training state that resumes it, in one atomic
- * save; then save_total_limit's deletions, only once the new one is
- * complete.  dir holds the last complete checkpoint ("" = none) and
- * receives the new one's path. */
-static mt_status_t save_resumable(const eng_train_state_save_t *ss, int n, char *dir, size_t cap,
-                                  eng_reporter_t *rep, mt_error_t *err) {
-    const eng_run_config_t *rc = ss->rc;
-    char path[2048];
-    snprintf(path, sizeof path, "%s/checkpoint-%d", rc->output_dir, n);
-    mt_status_t st = eng_train_save_with(ss->model, rc, path, ENG_CKPT_DIR_SWAP, ss->save_dtype,
-                                         eng_train_state_write, (void *)ss, err);
-    if (st != MT_OK) {
-        /* the save was atomic: what was there before is as it was */
-        mt_error_prefix(err, "saving checkpoint-%d (%s%s): ", n,
-                        dir[0] ? "the last complete checkpoint, intact, is " : "no earlier checkpoint", dir);
-        return st;
-    }
-    snprintf(dir, cap, "%s", path);
-    eng_reporter_note(rep, "moetune: saved checkpoint to %s", dir);
-    eng_train_state_prune(rc->output_dir, rc->save_total_limit, n);
-    return MT_OK;
-}
-
-/* Whether optimizer step `done` (1-based, just finished) ends with a
- * checkpoint under save_strategy. */
-static bool save_due(const eng_run_config_t *rc, int done, int total, int64_t steps_per_epoch) {
-    if (done >= total) return false; /* the final save follows */
-    eng_save_strategy_t s = rc->save_strategy;
-    if (s == ENG_SAVE_STRATEGY_AUTO) s = rc->save_steps > 0 ? ENG_SAVE_STRATEGY_STEPS : ENG_SAVE_STRATEGY_NO;
-    if (s == ENG_SAVE_STRATEGY_STEPS) return rc->save_steps > 0 && done % rc->save_steps == 0;
-    if (s == ENG_SAVE_STRATEGY_EPOCH) return steps_per_epoch > 0 && done % steps_per_epoch == 0;
-    return false;
-}
-
 static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result_t *result,
                                     mt_error_t *err);
 
@@ -372,9 +338,10 @@ static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result
         result->steps_done = step + 1;
     step_end:;
         const int stop_sig = eng_signals_pending();
-        if (save_due(rc, step + 1, total, steps_per_epoch) || (stop_sig && step + 1 < total)) {
-            st = save_resumable(&ckpt_state, step + 1, last_ckpt, sizeof last_ckpt, &rep, err);
+        if (eng_train_state_save_due(rc, step + 1, total, steps_per_epoch) || (stop_sig && step + 1 < total)) {
+            st = eng_train_state_checkpoint(&ckpt_state, step + 1, last_ckpt, sizeof last_ckpt, err);
             if (st != MT_OK) goto out;
+            eng_reporter_note(&rep, "moetune: saved checkpoint to %s", last_ckpt);
             result->checkpoints_saved++;
         }
         if (stop_sig && step + 1 < total) {

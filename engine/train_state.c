@@ -24,6 +24,7 @@
 #include "engine/checkpoint.h"
 #include "engine/optim_state.h"
 #include "engine/safetensors.h"
+#include "engine/train_save.h"
 #include "base/fileio.h"
 
 void eng_train_state_init(eng_train_state_t *ts) { memset(ts, 0, sizeof *ts); }
@@ -188,6 +189,33 @@ mt_status_t eng_train_state_write(eng_ckpt_dir_t *tx, void *ctx, mt_error_t *err
     mt_status_t st = write_optimizer(tx, s, err);
     if (st == MT_OK) st = write_trainer_state(tx, s, err);
     return st;
+}
+
+bool eng_train_state_save_due(const eng_run_config_t *rc, int done, int total, int64_t steps_per_epoch) {
+    if (done >= total) return false;
+    eng_save_strategy_t s = rc->save_strategy;
+    if (s == ENG_SAVE_STRATEGY_AUTO) s = rc->save_steps > 0 ? ENG_SAVE_STRATEGY_STEPS : ENG_SAVE_STRATEGY_NO;
+    if (s == ENG_SAVE_STRATEGY_STEPS) return rc->save_steps > 0 && done % rc->save_steps == 0;
+    if (s == ENG_SAVE_STRATEGY_EPOCH) return steps_per_epoch > 0 && done % steps_per_epoch == 0;
+    return false;
+}
+
+mt_status_t eng_train_state_checkpoint(const eng_train_state_save_t *ss, int n, char *last, size_t cap,
+                                       mt_error_t *err) {
+    const eng_run_config_t *rc = ss->rc;
+    char path[2048];
+    snprintf(path, sizeof path, "%s/checkpoint-%d", rc->output_dir, n);
+    mt_status_t st = eng_train_save_with(ss->model, rc, path, ENG_CKPT_DIR_SWAP, ss->save_dtype,
+                                         eng_train_state_write, (void *)ss, err);
+    if (st != MT_OK) {
+        /* the save was atomic: what was there before is as it was */
+        mt_error_prefix(err, "saving checkpoint-%d (%s%s): ", n,
+                        last[0] ? "the last complete checkpoint, intact, is " : "no earlier checkpoint", last);
+        return st;
+    }
+    snprintf(last, cap, "%s", path);
+    eng_train_state_prune(rc->output_dir, rc->save_total_limit, n);
+    return MT_OK;
 }
 
 /* ---- finding the checkpoint --------------------------------------------- */

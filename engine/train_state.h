@@ -68,6 +68,19 @@ typedef struct {
  * tx (ctx is an eng_train_state_save_t); the caller commits. */
 mt_status_t eng_train_state_write(eng_ckpt_dir_t *tx, void *ctx, mt_error_t *err);
 
+/* Whether optimizer step `done` (1-based, just finished) of `total` ends
+ * with a checkpoint under save_strategy (the last step has the final save
+ * instead). */
+bool eng_train_state_save_due(const eng_run_config_t *rc, int done, int total, int64_t steps_per_epoch);
+
+/* Writes output_dir/checkpoint-n with the model and its training state in
+ * one atomic save, then deletes what save_total_limit no longer keeps (only
+ * once the new one is complete).  last holds the last complete checkpoint
+ * ("" = none), named in the error when the save fails (it is intact then),
+ * and receives the new one's path. */
+mt_status_t eng_train_state_checkpoint(const eng_train_state_save_t *ss, int n, char *last, size_t cap,
+                                       mt_error_t *err);
+
 /* The checkpoint resume_from_checkpoint names: the path as given, or the
  * complete checkpoint-N of output_dir with the largest N (latest: true).
  * Incomplete ones (no completion manifest, or one that does not match) are
