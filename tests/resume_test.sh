@@ -7,8 +7,9 @@
 #      plan, the device-optimizer plan, bf16 with a bf16 save (fp32 masters
 #      in optimizer.safetensors) and streamed weights;
 #   2. the same after SIGTERM to a running `moetune train` (exit 143, a
-#      checkpoint named in the output, resume_from_checkpoint: true);
-#      SIGINT exits 130;
+#      checkpoint named in the output, resume_from_checkpoint: true), under
+#      both optimizer plans; SIGINT exits 130; a second signal exits at once
+#      and what is left still resumes exactly;
 #   3. kill -9 at every write and switch point of the saves
 #      (MOETUNE_TEST_CRASH_AT) and at random moments: every complete
 #      checkpoint then resumes to the uninterrupted run's result, and an
@@ -141,34 +142,47 @@ timeout 60 "$MOETUNE" train run.yaml --set output_dir=cross --set scheduler.opti
 
 # --- 2. SIGTERM / SIGINT to a running train ---------------------------------------------------
 long="--set max_steps=400 --set logging_steps=1"
-# shellcheck disable=SC2086
-timeout 120 "$MOETUNE" train run.yaml --set output_dir=ref_long $long >"$L/ref_long.out" 2>&1 || fail "long reference run"
-for sig in TERM INT; do
-  want=$([ $sig = TERM ] && echo 143 || echo 130)
-  rm -rf sig_$sig
+for plan in host device; do
   # shellcheck disable=SC2086
-  "$MOETUNE" train run.yaml --set output_dir=sig_$sig $long >"$L/sig_$sig.out" 2>"$L/sig_$sig.err" &
+  timeout 120 "$MOETUNE" train run.yaml --set output_dir=ref_long_$plan $long ${PLAN[$plan]} >"$L/ref_long_$plan.out" 2>&1 \
+    || fail "long reference run ($plan)"
+done
+for c in TERM:host TERM:device INT:host; do
+  sig=${c%%:*} plan=${c##*:} name=sig_${c%%:*}_${c##*:}
+  want=$([ $sig = TERM ] && echo 143 || echo 130)
+  rm -rf $name
+  # shellcheck disable=SC2086
+  "$MOETUNE" train run.yaml --set output_dir=$name $long ${PLAN[$plan]} >"$L/$name.out" 2>"$L/$name.err" &
   pid=$!
   # wait until it is training, then a moment more
-  for _ in $(seq 1 200); do grep -q '"step":3,' sig_$sig/metrics.jsonl 2>/dev/null && break; sleep 0.02; done
+  for _ in $(seq 1 200); do grep -q '"step":3,' $name/metrics.jsonl 2>/dev/null && break; sleep 0.02; done
   sleep 0.$((RANDOM % 3))
   kill -$sig $pid; wait $pid; rc=$?
-  if [ $rc -ne $want ]; then fail "SIG$sig: exit $rc, expected $want"; cat "$L/sig_$sig.err"; continue; fi
-  grep -q "stopped by SIG$sig after step [0-9]*: checkpoint saved in sig_$sig/checkpoint-" "$L/sig_$sig.out" \
-    || { fail "SIG$sig: the output does not say where the checkpoint is"; cat "$L/sig_$sig.out"; continue; }
+  if [ $rc -ne $want ]; then fail "SIG$sig ($plan): exit $rc, expected $want"; cat "$L/$name.err"; continue; fi
+  grep -q "stopped by SIG$sig after step [0-9]*: checkpoint saved in $name/checkpoint-" "$L/$name.out" \
+    || { fail "SIG$sig ($plan): the output does not say where the checkpoint is"; cat "$L/$name.out"; continue; }
   # shellcheck disable=SC2086
-  timeout 120 "$MOETUNE" train run.yaml --set output_dir=sig_$sig $long --set resume_from_checkpoint=true \
-    >"$L/sig_$sig.res" 2>&1 || { fail "SIG$sig: resume failed"; tail -3 "$L/sig_$sig.res"; continue; }
-  same sig_$sig ref_long sig_$sig && ok "SIG$sig: exit $want, checkpoint, resumed = uninterrupted"
+  timeout 120 "$MOETUNE" train run.yaml --set output_dir=$name $long ${PLAN[$plan]} --set resume_from_checkpoint=true \
+    >"$L/$name.res" 2>&1 || { fail "SIG$sig ($plan): resume failed"; tail -3 "$L/$name.res"; continue; }
+  same $name ref_long_$plan $name && ok "SIG$sig ($plan optimizer): exit $want, checkpoint, resumed = uninterrupted"
 done
-# a second signal exits at once, and what is on disk still loads or is refused, never mixed
+# a second signal exits at once; what is on disk then resumes exactly (or,
+# stopped before its first save, holds no complete checkpoint to resume)
 rm -rf sig2
 # shellcheck disable=SC2086
-"$MOETUNE" train run.yaml --set output_dir=sig2 $long --set save_steps=1 >"$L/sig2.out" 2>&1 &
+"$MOETUNE" train run.yaml --set output_dir=sig2 $long ${PLAN[host]} --set save_steps=1 >"$L/sig2.out" 2>&1 &
 pid=$!
 for _ in $(seq 1 200); do grep -q '"step":3,' sig2/metrics.jsonl 2>/dev/null && break; sleep 0.02; done
 kill -TERM $pid; kill -TERM $pid; wait $pid; rc=$?
-if [ $rc -ne 143 ]; then fail "two SIGTERMs: exit $rc, expected 143"; else ok "two SIGTERMs: exit 143"; fi
+if [ $rc -ne 143 ]; then fail "two SIGTERMs: exit $rc, expected 143"
+else
+  # shellcheck disable=SC2086
+  timeout 120 "$MOETUNE" train run.yaml --set output_dir=sig2 $long ${PLAN[host]} --set resume_from_checkpoint=true \
+    >"$L/sig2.res" 2>&1; rc=$?
+  if [ $rc -eq 0 ] && same sig2 ref_long_host sig2; then ok "two SIGTERMs: exit 143 at once; resumed = uninterrupted"
+  elif [ $rc -eq 1 ] && grep -q "holds no complete checkpoint-N" "$L/sig2.res"; then ok "two SIGTERMs: exit 143 before any save"
+  else fail "two SIGTERMs: the resume exited $rc"; tail -3 "$L/sig2.res"; fi
+fi
 
 # --- 3. kill -9 during saves ------------------------------------------------------------------
 # resume_all DIR NAME: every complete checkpoint-N of DIR resumes to ref_host's
