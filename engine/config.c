@@ -48,6 +48,7 @@ typedef enum {
     K_DOUBLE,   /* double; integers accepted */
     K_BOOL,     /* bool, YAML 1.1 words */
     K_BF16,     /* eng_bf16_choice_t: a YAML 1.1 boolean, or "auto" */
+    K_RESUME,   /* eng_resume_t: a YAML 1.1 boolean, or a path */
     K_PATH,     /* char[], relative paths anchored at the YAML's folder */
     K_STRING,   /* char[], kept as written (names that may also be paths, e.g. hardware) */
     K_SIZE,     /* size_t from eng_parse_size */
@@ -106,6 +107,13 @@ static const enum_name_t k_save_dtype_names[] = {
 static const enum_name_t k_save_layout_names[] = {
     {"per_expert", ENG_SAVE_LAYOUT_PER_EXPERT},
     {"fused", ENG_SAVE_LAYOUT_FUSED},
+    {NULL, 0},
+};
+
+static const enum_name_t k_save_strategy_names[] = {
+    {"steps", ENG_SAVE_STRATEGY_STEPS},
+    {"epoch", ENG_SAVE_STRATEGY_EPOCH},
+    {"no", ENG_SAVE_STRATEGY_NO},
     {NULL, 0},
 };
 
@@ -226,6 +234,10 @@ static const key_row_t k_top_rows[] = {
     ROW_INT("logging_steps", logging_steps, 1, STEPS_MAX),
     ROW_INT("save_steps", save_steps, 0, STEPS_MAX),
     ROW("save_final", K_BOOL, save_final),
+    ROW_ENUM("save_strategy", save_strategy, k_save_strategy_names),
+    ROW_INT("save_total_limit", save_total_limit, 0, 1000000),
+    ROW("resume_from_checkpoint", K_RESUME, resume_from_checkpoint),
+    ROW_INT("skip_nonfinite_steps", skip_nonfinite_steps, 0, STEPS_MAX),
     ROW("allow_unused_tensors", K_BOOL, allow_unused_tensors),
     ROW("bf16", K_BF16, bf16),
     ROW_ENUM("save_dtype", save_dtype, k_save_dtype_names),
@@ -572,6 +584,22 @@ static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_
         else
             return expected(c, n, key, "true, false or auto");
         put(cfg, row, &choice, sizeof choice);
+        return MT_OK;
+    }
+    case K_RESUME: {
+        /* booleans as PyYAML types them (so a plain `no` is false); a
+           quoted "true" is a directory of that name */
+        eng_resume_t r = {0};
+        bool v;
+        if (eng_yaml_bool(n, &v)) {
+            r.latest = v;
+        } else if (n->type != YAML_SCALAR_NODE) {
+            return expected(c, n, key, "a checkpoint directory, true (the latest in output_dir) or false");
+        } else {
+            mt_status_t st = take_string(c, n, key, true, r.path, sizeof r.path);
+            if (st != MT_OK) return st;
+        }
+        put(cfg, row, &r, sizeof r);
         return MT_OK;
     }
     case K_PATH:

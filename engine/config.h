@@ -23,6 +23,21 @@ typedef enum { ENG_SAVE_DTYPE_AUTO = 0, ENG_SAVE_DTYPE_F32, ENG_SAVE_DTYPE_BF16,
  * transformers 5's fused gate_up_proj / down_proj (engine/checkpoint.h). */
 typedef enum { ENG_SAVE_LAYOUT_PER_EXPERT = 0, ENG_SAVE_LAYOUT_FUSED } eng_save_layout_t;
 typedef enum { ENG_ADAPTER_NONE = 0, ENG_ADAPTER_LORA } eng_adapter_t;
+/* When checkpoint-N is written (HF's save_strategy); AUTO = steps when
+ * save_steps > 0, else no. */
+typedef enum {
+    ENG_SAVE_STRATEGY_AUTO = 0,
+    ENG_SAVE_STRATEGY_STEPS,
+    ENG_SAVE_STRATEGY_EPOCH,
+    ENG_SAVE_STRATEGY_NO,
+} eng_save_strategy_t;
+/* resume_from_checkpoint: a checkpoint directory, or `true` for the latest
+ * complete checkpoint-N in output_dir; neither (false, absent) = a fresh run.
+ * One struct so that a null value resets both halves together. */
+typedef struct {
+    bool latest;
+    char path[1024]; /* "" = none; relative paths anchored at the YAML's folder */
+} eng_resume_t;
 /* scheduler: section (scheduler/plan.h has the semantics; engine/program.c maps these) */
 typedef enum {
     ENG_SCHED_AUTO = 0,     /* least predicted step time within the budgets */
@@ -68,6 +83,12 @@ typedef struct {
     int logging_steps;              /* default 1 */
     int save_steps;                 /* 0 = only at the end */
     bool save_final;                /* default true */
+    eng_save_strategy_t save_strategy; /* default auto: steps when save_steps > 0 */
+    int save_total_limit;           /* complete checkpoint-N kept; default 0 = all */
+    eng_resume_t resume_from_checkpoint; /* default none */
+    /* steps whose loss or gradient norm is not finite that are skipped (no
+       update, counted, logged) before the run stops; default 0 */
+    int skip_nonfinite_steps;
     /* default false: checkpoint tensors config.json does not explain (an
        expert past num_local_experts) are an error; true makes them a note */
     bool allow_unused_tensors;

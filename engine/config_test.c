@@ -557,9 +557,40 @@ static void test_save_expert_layout(void) {
     else eng_run_config_free(&c);
 }
 
+/* The keys of resumable runs: defaults, both forms of resume_from_checkpoint,
+ * a null resetting both halves, and errors naming file and key. */
+static void test_resume_keys(void) {
+    eng_run_config_t c;
+    mt_error_t err = {0};
+    const char *y = "save_strategy: epoch\nsave_total_limit: 3\nskip_nonfinite_steps: 2\n"
+                    "resume_from_checkpoint: out/checkpoint-40\n";
+    EXPECT(eng_run_config_parse(y, strlen(y), "cfgs/run.yaml", &c, &err) == MT_OK);
+    EXPECT(c.save_strategy == ENG_SAVE_STRATEGY_EPOCH && c.save_total_limit == 3 && c.skip_nonfinite_steps == 2);
+    /* a path is anchored at the YAML's folder, like every path key */
+    EXPECT(strcmp(c.resume_from_checkpoint.path, "cfgs/out/checkpoint-40") == 0 && !c.resume_from_checkpoint.latest);
+    EXPECT(set_ok(&c, "resume_from_checkpoint=true"));
+    EXPECT(c.resume_from_checkpoint.latest && c.resume_from_checkpoint.path[0] == '\0');
+    EXPECT(set_ok(&c, "resume_from_checkpoint=false"));
+    EXPECT(!c.resume_from_checkpoint.latest && c.resume_from_checkpoint.path[0] == '\0');
+    EXPECT(set_ok(&c, "resume_from_checkpoint=x/checkpoint-2") && set_ok(&c, "resume_from_checkpoint="));
+    EXPECT(!c.resume_from_checkpoint.latest && c.resume_from_checkpoint.path[0] == '\0');
+    EXPECT(set_ok(&c, "save_strategy=no") && c.save_strategy == ENG_SAVE_STRATEGY_NO);
+    eng_run_config_free(&c);
+    eng_run_config_defaults(&c);
+    EXPECT(c.save_strategy == ENG_SAVE_STRATEGY_AUTO && c.save_total_limit == 0 && c.skip_nonfinite_steps == 0 &&
+           !c.resume_from_checkpoint.latest && !c.resume_from_checkpoint.path[0]);
+    eng_run_config_free(&c);
+    EXPECT_ERROR("save_strategy: hourly\n", MT_ERR_CONFIG, "cfgs/run.yaml:1", "save_strategy");
+    EXPECT_ERROR("resume_from_checkpoint: [a]\n", MT_ERR_CONFIG, "resume_from_checkpoint",
+                 "a checkpoint directory, true (the latest in output_dir) or false");
+    EXPECT_ERROR("save_total_limit: -1\n", MT_ERR_CONFIG, "save_total_limit", "out of range");
+    EXPECT_INVALID("save_strategy=steps", "save_strategy: steps needs save_steps > 0");
+}
+
 int main(void) {
     test_defaults();
     test_save_expert_layout();
+    test_resume_keys();
     test_scheduler();
     test_staging();
     test_every_key();

@@ -50,6 +50,10 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
          cfg->max_grad_norm);
     NEED(cfg->logging_steps >= 1, "logging_steps must be >= 1, got %d", cfg->logging_steps);
     NEED(cfg->save_steps >= 0, "save_steps must be >= 0 (0 = only at the end), got %d", cfg->save_steps);
+    NEED(!(cfg->save_strategy == ENG_SAVE_STRATEGY_STEPS && cfg->save_steps <= 0),
+         "save_strategy: steps needs save_steps > 0 (how many optimizer steps between checkpoints)");
+    NEED(cfg->save_total_limit >= 0, "save_total_limit must be >= 0 (0 = keep all), got %d", cfg->save_total_limit);
+    NEED(cfg->skip_nonfinite_steps >= 0, "skip_nonfinite_steps must be >= 0, got %d", cfg->skip_nonfinite_steps);
     NEED(cfg->save_max_shard_bytes > 0, "save_max_shard_size must be > 0");
     NEED(isfinite(cfg->link_gbps) && cfg->link_gbps >= 0, "backend_options.link_gbps must be >= 0, got %g",
          cfg->link_gbps);

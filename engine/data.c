@@ -431,6 +431,14 @@ void eng_loader_init(eng_loader_t *ld, const eng_dataset_t *ds, int micro_batch,
     build_order(ld);
 }
 
+bool eng_loader_seek(eng_loader_t *ld, int epoch, int64_t cursor) {
+    if (epoch < 0 || cursor < 0 || cursor > ld->ds->num_rows) return false;
+    ld->epoch = epoch;
+    ld->cursor = cursor;
+    build_order(ld); /* a function of (seed, epoch) alone */
+    return true;
+}
+
 void eng_loader_free(eng_loader_t *ld) {
     if (!ld) return;
     free(ld->order);

@@ -84,6 +84,10 @@ typedef struct {
 void eng_loader_init(eng_loader_t *ld, const eng_dataset_t *ds, int micro_batch, bool shuffle,
                      uint64_t seed);
 void eng_loader_free(eng_loader_t *ld);
+/* Puts the loader where it was after some batches of a run with the same
+ * dataset, micro-batch size, shuffle and seed (a resumed run): epoch and
+ * cursor as they were.  False when they do not fit the dataset. */
+bool eng_loader_seek(eng_loader_t *ld, int epoch, int64_t cursor);
 /* Fills *batch with the next micro-batch, starting a new epoch when one
  * ends; returns true when this batch starts a new epoch (after the first). */
 bool eng_loader_next(eng_loader_t *ld, eng_batch_t *batch);

@@ -672,6 +672,11 @@ static bool write_converted(FILE *fp, const float *src, eng_st_dtype_t dt, uint6
 
 mt_status_t eng_st_write(const char *path, const eng_st_write_tensor_t *tensors, int count,
                          const char *const *meta_kv, int meta_count, mt_error_t *err) {
+    return eng_st_write_filled(path, tensors, NULL, count, meta_kv, meta_count, err);
+}
+
+mt_status_t eng_st_write_filled(const char *path, const eng_st_write_tensor_t *tensors, const eng_st_fill_t *fills,
+                                int count, const char *const *meta_kv, int meta_count, mt_error_t *err) {
     uint64_t *nbytes = calloc(count > 0 ? (size_t)count : 1, sizeof *nbytes);
     MT_CHECK_ALLOC(nbytes, "safetensors writer");
     mt_status_t st = MT_OK;
@@ -679,10 +684,11 @@ mt_status_t eng_st_write(const char *path, const eng_st_write_tensor_t *tensors,
         const eng_st_write_tensor_t *t = &tensors[i];
         st = eng_st_tensor_nbytes(t, &nbytes[i], err);
         if (st != MT_OK) break;
-        bool has_f32 = t->f32 != NULL, has_raw = t->data != NULL;
-        if (has_f32 && has_raw)
-            st = mt_error_set(err, MT_ERR_INTERNAL, "%s: tensor '%s': both data and f32 given", path,
-                              t->name);
+        const bool filled = fills && fills[i].fn;
+        bool has_f32 = t->f32 != NULL || filled, has_raw = t->data != NULL;
+        if ((has_f32 && has_raw) || (t->f32 && filled))
+            st = mt_error_set(err, MT_ERR_INTERNAL, "%s: tensor '%s': more than one of data, f32, fill given",
+                              path, t->name);
         else if (!has_f32 && !has_raw && nbytes[i] > 0)
             st = mt_error_set(err, MT_ERR_INTERNAL, "%s: tensor '%s': no data given", path, t->name);
         else if (has_f32 && t->dtype != ENG_ST_F32 && t->dtype != ENG_ST_BF16 && t->dtype != ENG_ST_F16)
@@ -710,12 +716,28 @@ mt_status_t eng_st_write(const char *path, const eng_st_write_tensor_t *tensors,
     uint8_t lenbytes[8];
     for (int i = 0; i < 8; i++) lenbytes[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
     bool ok = fwrite(lenbytes, 1, 8, fp) == 8 && fwrite(hdr, 1, hlen, fp) == hlen;
+    float *buf = NULL; /* one buffer for every filled tensor, as large as the largest */
+    uint64_t buf_cap = 0;
     for (int i = 0; i < count && ok; i++) {
         const eng_st_write_tensor_t *t = &tensors[i];
         if (nbytes[i] == 0) continue;
-        if (t->f32) ok = write_converted(fp, t->f32, t->dtype, nbytes[i] * 8 / (uint64_t)eng_st_dtype_bits(t->dtype));
-        else ok = fwrite(t->data, 1, nbytes[i], fp) == nbytes[i];
+        const uint64_t numel = nbytes[i] * 8 / (uint64_t)eng_st_dtype_bits(t->dtype);
+        if (fills && fills[i].fn) {
+            if (numel > buf_cap) {
+                free(buf);
+                buf = malloc(numel * sizeof(float));
+                MT_CHECK_ALLOC(buf, t->name);
+                buf_cap = numel;
+            }
+            fills[i].fn(fills[i].ctx, buf);
+            ok = write_converted(fp, buf, t->dtype, numel);
+        } else if (t->f32) {
+            ok = write_converted(fp, t->f32, t->dtype, numel);
+        } else {
+            ok = fwrite(t->data, 1, nbytes[i], fp) == nbytes[i];
+        }
     }
+    free(buf);
     if (!ok) st = mt_error_set(err, MT_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
     mt_status_t st2 = commit_tmp(fp, tmp, path, ok, err);
     free(iobuf);

@@ -123,6 +123,20 @@ mt_status_t eng_st_tensor_nbytes(const eng_st_write_tensor_t *t, uint64_t *out, 
 mt_status_t eng_st_write(const char *path, const eng_st_write_tensor_t *tensors, int count,
                          const char *const *meta_kv, int meta_count, mt_error_t *err);
 
+/* Produces a tensor's fp32 values into dst (numel floats, the writer's
+ * buffer) just before they are written. */
+typedef struct {
+    void (*fn)(void *ctx, float *dst);
+    void *ctx;
+} eng_st_fill_t;
+
+/* eng_st_write where tensor i with fills[i].fn set (its data and f32 NULL,
+ * dtype F32, BF16 or F16) gets its values from fills[i] as it is written:
+ * a file larger than memory (a model's optimizer state) needs one tensor's
+ * buffer at a time.  fills may be NULL. */
+mt_status_t eng_st_write_filled(const char *path, const eng_st_write_tensor_t *tensors, const eng_st_fill_t *fills,
+                                int count, const char *const *meta_kv, int meta_count, mt_error_t *err);
+
 /* Writes text to a unique temporary name, fsyncs and renames it: the helper every
  * checkpoint file goes through. */
 mt_status_t eng_write_file_atomic(const char *path, const void *bytes, size_t len, mt_error_t *err);

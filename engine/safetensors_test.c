@@ -314,6 +314,45 @@ static void test_write_read(tctx_t *t) {
 }
 
 /* Known bit patterns, and data misaligned by an odd header length. */
+/* Filled tensors: values produced as each is written, converted like f32
+ * ones, beside plain tensors in the same file. */
+static void fill_ramp(void *ctx, float *dst) {
+    const int *n = ctx;
+    for (int i = 0; i < *n; i++) dst[i] = (float)i * 0.5f - 1.0f;
+}
+
+static void test_write_filled(tctx_t *t) {
+    char p[600];
+    tpath(t, p, sizeof p, "filled.safetensors");
+    int n6 = 6, n2 = 2;
+    float plain[2] = {7.0f, 8.0f};
+    const int64_t s6[2] = {2, 3}, s2[1] = {2};
+    eng_st_write_tensor_t ts[] = {
+        {"big", ENG_ST_F32, 2, s6, NULL, NULL},
+        {"plain", ENG_ST_F32, 1, s2, NULL, plain},
+        {"small_bf16", ENG_ST_BF16, 1, s2, NULL, NULL},
+    };
+    const eng_st_fill_t fills[] = {{fill_ramp, &n6}, {NULL, NULL}, {fill_ramp, &n2}};
+    mt_error_t err = {0};
+    mt_status_t st = eng_st_write_filled(p, ts, fills, 3, NULL, 0, &err);
+    EXPECT(t, st == MT_OK, "%s", err.msg);
+    eng_st_file_t f;
+    if (st != MT_OK || eng_st_open(p, &f, &err) != MT_OK) return;
+    float got[6];
+    const char *names[] = {"big", "plain", "small_bf16"};
+    const float want[3][6] = {{-1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 1.5f}, {7.0f, 8.0f}, {-1.0f, -0.5f}};
+    const int len[3] = {6, 2, 2};
+    for (int k = 0; k < 3; k++) {
+        const eng_st_tensor_t *x = eng_st_find(&f, names[k]);
+        EXPECT(t, x && eng_st_read_f32(&f, x, got, &err) == MT_OK, "%s: %s", names[k], err.msg);
+        for (int i = 0; x && i < len[k]; i++) EXPECT(t, got[i] == want[k][i], "%s[%d] = %g", names[k], i, got[i]);
+    }
+    eng_st_close(&f);
+    /* a filled tensor that also has f32 values is a caller's bug, refused */
+    ts[0].f32 = plain;
+    EXPECT(t, eng_st_write_filled(p, ts, fills, 1, NULL, 0, &err) == MT_ERR_INTERNAL, "f32 and fill accepted");
+}
+
 static void test_conversions(tctx_t *t) {
     char p[600];
     tpath(t, p, sizeof p, "bits.safetensors");
@@ -357,6 +396,7 @@ int main(void) {
     test_bad_files(&t);
     test_accepts(&t);
     test_write_read(&t);
+    test_write_filled(&t);
     test_conversions(&t);
     if (t.failures) {
         fprintf(stderr, "safetensors_test: %d failure(s)\n", t.failures);

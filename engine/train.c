@@ -20,10 +20,13 @@
 #include "engine/lora_model.h"
 #include "engine/model.h"
 #include "engine/optim.h"
+#include "engine/optim_state.h"
 #include "engine/report.h"
+#include "engine/signals.h"
 #include "engine/trace.h"
 #include "engine/train_plan.h"
 #include "engine/train_save.h"
+#include "engine/train_state.h"
 #include "base/clock.h"
 
 mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_error_t *err) {
@@ -68,7 +71,8 @@ static int total_steps(const eng_run_config_t *rc, const eng_loader_t *ld) {
  * the step itself, and the advice is about what makes steps diverge.
  * err holds the optimizer's finding (the gradient norm, the first
  * parameter whose gradient is non-finite); this adds where and what next. */
-static mt_status_t diverged(mt_error_t *err, int step, double loss, const eng_run_config_t *rc) {
+static mt_status_t diverged(mt_error_t *err, int step, double loss, const eng_run_config_t *rc,
+                            const char *last_good) {
     char found[sizeof err->msg];
     snprintf(found, sizeof found, "%s", err->msg);
     char clip[160];
@@ -84,8 +88,10 @@ static mt_status_t diverged(mt_error_t *err, int step, double loss, const eng_ru
                         "step %d: loss is %s; %s. The checkpoint's weights were all finite when "
                         "loaded, so training diverged: lower learning_rate (now %g) %s, and check "
                         "the data for extreme or corrupted examples; nothing was saved from this "
-                        "step",
-                        step, lbuf, found, rc->learning_rate, clip);
+                        "step; %s%s",
+                        step, lbuf, found, rc->learning_rate, clip,
+                        last_good[0] ? "the last good checkpoint is " : "no checkpoint was saved before it",
+                        last_good);
 }
 
 static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
@@ -97,7 +103,7 @@ static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, c
 
 static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result_t *result,
                                     mt_error_t *err);
-static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts_t *lora,
+static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts_t *lora, const char *resume_dir,
                                  eng_train_result_t *result, mt_error_t *err);
 
 mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt_error_t *err) {
@@ -123,6 +129,10 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
 
 static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result_t *result,
                                     mt_error_t *err) {
+    /* which checkpoint to resume from, before anything heavy is opened */
+    char resume_dir[2048];
+    mt_status_t st = eng_train_state_resolve(rc, resume_dir, sizeof resume_dir, err);
+    if (st != MT_OK) return st;
 
     /* A LoRA run's adapter settings, before the device: a lora_model_dir
      * that disagrees with the run fails first.  A run that names no targets
@@ -131,7 +141,7 @@ static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result
     const bool use_lora = rc->adapter == ENG_ADAPTER_LORA;
     eng_run_config_t rc_lora;
     if (use_lora) {
-        mt_status_t st = eng_lora_run_opts(rc, &lora, err);
+        st = eng_lora_run_opts(rc, &lora, err);
         if (st != MT_OK) {
             eng_lora_run_opts_free(&lora);
             return st;
@@ -148,13 +158,16 @@ static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result
                 snprintf(rc_lora.lora_target_regex, sizeof rc_lora.lora_target_regex, "%s", c->target_regex);
         }
         rc = &rc_lora;
+        /* resuming: the adapter comes from the checkpoint (its training
+         * state from its optimizer.safetensors, eng_train_state_load) */
+        if (resume_dir[0]) lora.opts.init_dir = resume_dir;
     }
-    mt_status_t st = eng_train_run(rc, use_lora ? &lora.opts : NULL, result, err);
+    st = eng_train_run(rc, use_lora ? &lora.opts : NULL, resume_dir, result, err);
     if (use_lora) eng_lora_run_opts_free(&lora);
     return st;
 }
 
-static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts_t *lora,
+static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts_t *lora, const char *resume_dir,
                                  eng_train_result_t *result, mt_error_t *err) {
     kern_device_t *dev = NULL;
     mt_status_t st = eng_open_device(rc, &dev, err);
@@ -208,6 +221,35 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc->micro_batch_size, rc->shuffle, rc->seed);
     const int total = total_steps(rc, &ld);
+    eng_train_state_t ts;
+    eng_train_state_init(&ts);
+    char last_ckpt[2048] = "";
+    if (resume_dir[0]) {
+        char note[1024];
+        st = eng_train_state_load(resume_dir, &model, rc, &ld, &ts, note, sizeof note, err);
+        if (st != MT_OK) {
+            mt_error_prefix(err, "resume_from_checkpoint %s: ", resume_dir);
+            eng_train_state_free(&ts);
+            eng_loader_free(&ld);
+            eng_dataset_free(&ds);
+            eng_model_free(&model);
+            eng_train_plan_free(&tp);
+            kern_device_destroy(dev);
+            return st;
+        }
+        fprintf(stderr, "moetune: resuming from %s at step %d of %d\n", resume_dir, ts.global_step, total);
+        if (note[0])
+            fprintf(stderr, "moetune: note: changed since the checkpoint: %s; the run continues with the new values\n",
+                    note);
+        snprintf(last_ckpt, sizeof last_ckpt, "%s", resume_dir);
+    }
+    const eng_train_state_save_t ckpt_state = {.model = &model, .rc = rc, .ts = &ts, .loader = &ld,
+                                               .total_steps = total, .save_dtype = eng_save_dtype(&model, rc)};
+    int64_t steps_per_epoch = eng_loader_batches_per_epoch(&ld) / rc->gradient_accumulation_steps;
+    if (steps_per_epoch < 1) steps_per_epoch = 1;
+    eng_signals_install();
+    result->first_step = result->steps_done = ts.global_step;
+    bool have_first_loss = false;
 
     eng_reporter_t rep;
     st = eng_reporter_open(&rep, rc->output_dir, rc->progress, err);
@@ -255,14 +297,16 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         .beta1 = rc->adam_beta1, .beta2 = rc->adam_beta2, .eps = rc->adam_epsilon,
         .weight_decay = rc->weight_decay, .max_grad_norm = rc->max_grad_norm};
     const double t_run = mt_now_s();
-    for (int step = 0; step < total; step++) {
+    for (int step = ts.global_step; step < total; step++) {
         const double t0 = mt_now_s();
         kern_device_reset_peaks(dev);
         const int accum = rc->gradient_accumulation_steps;
         eng_optim_hparams_t hp = hp_base;
         hp.lr = eng_lr_at(rc, step, total);
-        /* host AdamW overlaps backward when the plan puts it on the host and nothing clips */
-        eng_optim_begin_step(&model, &hp, accum, true);
+        /* host AdamW overlaps backward when the plan puts it on the host and nothing clips;
+           not when a non-finite step may be skipped: overlapped blocks are updated before
+           the norm is known */
+        eng_optim_begin_step(&model, &hp, accum, rc->skip_nonfinite_steps == 0);
         double loss = 0, ce = 0, aux = 0;
         int64_t tokens = 0;
         /* the step's micro-batches in the run's step_order (engine/exec.h) */
@@ -282,8 +326,21 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         }
         eng_optim_stats_t os;
         st = eng_optim_step(&model, &hp, &os, err);
+        if (st == MT_ERR_DATA && ts.nonfinite_skipped < rc->skip_nonfinite_steps) {
+            /* nothing was updated: drop the gradients and go on, counted */
+            eng_optim_discard_step(&model);
+            ts.nonfinite_skipped++;
+            eng_reporter_note(&rep, "moetune: step %d skipped (%d of skip_nonfinite_steps: %d): %s", step + 1,
+                              ts.nonfinite_skipped, rc->skip_nonfinite_steps, err->msg);
+            eng_train_state_log(&ts, &(eng_log_entry_t){.step = step + 1, .loss = loss, .lr = hp.lr,
+                                                        .grad_norm = NAN, .skipped = true});
+            ts.global_step = step + 1;
+            result->steps_done = step + 1;
+            st = MT_OK;
+            goto step_end;
+        }
         if (st == MT_ERR_DATA) { /* a non-finite gradient: nothing was updated */
-            st = diverged(err, step + 1, loss, rc);
+            st = diverged(err, step + 1, loss, rc, last_ckpt);
             goto out;
         }
         if (st != MT_OK) {
@@ -313,18 +370,30 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         eng_reporter_step(&rep, &r, log_line);
         if (!isfinite(loss)) {
             mt_error_set(err, MT_ERR_DATA, "the gradient norm is %g", os.grad_norm);
-            st = diverged(err, step + 1, loss, rc);
+            st = diverged(err, step + 1, loss, rc, last_ckpt);
             goto out;
         }
-        if (step == 0) result->first_loss = loss;
+        eng_train_state_log(&ts, &(eng_log_entry_t){.step = step + 1, .loss = loss, .lr = hp.lr,
+                                                    .grad_norm = os.grad_norm});
+        ts.global_step = step + 1;
+        if (!have_first_loss) result->first_loss = loss; /* this run's first: a resumed one starts later */
+        have_first_loss = true;
         result->last_loss = loss;
         result->steps_done = step + 1;
-        if (rc->save_steps > 0 && (step + 1) % rc->save_steps == 0 && step + 1 < total) {
-            char dir[1200];
-            snprintf(dir, sizeof dir, "%s/checkpoint-%d", rc->output_dir, step + 1);
-            st = save_checkpoint(&model, rc, dir, ENG_CKPT_DIR_SWAP, &rep, err);
+    step_end:;
+        const int stop_sig = eng_signals_pending();
+        if (eng_train_state_save_due(rc, step + 1, total, steps_per_epoch) || (stop_sig && step + 1 < total)) {
+            st = eng_train_state_checkpoint(&ckpt_state, step + 1, last_ckpt, sizeof last_ckpt, err);
             if (st != MT_OK) goto out;
+            eng_reporter_note(&rep, "moetune: saved checkpoint to %s", last_ckpt);
             result->checkpoints_saved++;
+        }
+        if (stop_sig && step + 1 < total) {
+            result->stopped_by_signal = stop_sig;
+            result->steps_done = step + 1;
+            snprintf(result->last_checkpoint, sizeof result->last_checkpoint, "%s", last_ckpt);
+            result->seconds = mt_now_s() - t_run;
+            goto out;
         }
     }
     result->seconds = mt_now_s() - t_run;
@@ -347,6 +416,8 @@ out:
         mt_error_t terr = {0};
         if (eng_trace_close(trace, &terr) != MT_OK && st == MT_OK) st = mt_error_set(err, terr.code, "%s", terr.msg);
     }
+    eng_signals_restore();
+    eng_train_state_free(&ts);
     eng_train_plan_free(&tp);
     eng_reporter_close(&rep);
     eng_loader_free(&ld);

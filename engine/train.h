@@ -6,12 +6,15 @@
 #include "kernels/device.h"
 
 typedef struct {
-    int steps_done;
+    int steps_done;          /* the run's step count at the end (a resumed run's includes the earlier steps) */
+    int first_step;          /* steps already done when this run started: those of the resumed checkpoint */
     double first_loss, last_loss;
     double seconds;
     double predicted_step_s; /* the planner's prediction for the chosen plan (0 if none) */
     bool model_saved;        /* the final model is in output_dir (save_final) */
     int checkpoints_saved;   /* output_dir/checkpoint-N directories written (save_steps) */
+    int stopped_by_signal;   /* SIGINT / SIGTERM stopped the run after a checkpoint (0: it ran to the end) */
+    char last_checkpoint[2048]; /* the checkpoint-N written when a signal stopped the run */
 } eng_train_result_t;
 
 /* Chooses the backend as the config says (auto: CUDA when a GPU is found,

@@ -72,7 +72,7 @@ char *eng_saved_config_json(const char *base_text, const char *overrides_json, m
  * under their own names) and adapter_config.json, through the same
  * transaction as a model. */
 static mt_status_t save_adapter(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
-                                eng_ckpt_dir_mode_t mode, mt_error_t *err) {
+                                eng_ckpt_dir_mode_t mode, eng_save_extra_fn extra, void *ctx, mt_error_t *err) {
     const eng_model_lora_t *lo = &m->lora;
     eng_lora_weights_t w = {0};
     w.count = lo->plan.count;
@@ -114,6 +114,9 @@ static mt_status_t save_adapter(eng_model_t *m, const eng_run_config_t *rc, cons
         }
         if (st == MT_OK) {
             eng_ckpt_dir_add(&tx, "adapter_config.json");
+            if (extra) st = extra(&tx, ctx, err); /* a checkpoint's training state */
+        }
+        if (st == MT_OK) {
             st = eng_ckpt_dir_commit(&tx, err);
         } else {
             eng_ckpt_dir_abort(&tx);
@@ -139,12 +142,26 @@ static void merge_pair(float *w, const float *a, const float *b, int64_t out, in
 
 mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
                            eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err) {
-    if (m->lora.on) return save_adapter(m, rc, dir, mode, err);
-    return eng_train_save_model(m, rc, dir, mode, dtype, err);
+    return eng_train_save_with(m, rc, dir, mode, dtype, NULL, NULL, err);
+}
+
+static mt_status_t save_model(eng_model_t *m, const eng_run_config_t *rc, const char *dir, eng_ckpt_dir_mode_t mode,
+                              mt_dtype_t dtype, eng_save_extra_fn extra, void *ctx, mt_error_t *err);
+
+mt_status_t eng_train_save_with(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+                                eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, eng_save_extra_fn extra, void *ctx,
+                                mt_error_t *err) {
+    if (m->lora.on) return save_adapter(m, rc, dir, mode, extra, ctx, err);
+    return save_model(m, rc, dir, mode, dtype, extra, ctx, err);
 }
 
 mt_status_t eng_train_save_model(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
                                  eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err) {
+    return save_model(m, rc, dir, mode, dtype, NULL, NULL, err);
+}
+
+static mt_status_t save_model(eng_model_t *m, const eng_run_config_t *rc, const char *dir, eng_ckpt_dir_mode_t mode,
+                              mt_dtype_t dtype, eng_save_extra_fn extra, void *ctx, mt_error_t *err) {
     char *config = eng_saved_config_json(m->cfg.config_json, rc->model_config_json, dtype,
                                          rc->source_path, err);
     if (!config) return err->code;
@@ -182,6 +199,7 @@ mt_status_t eng_train_save_model(eng_model_t *m, const eng_run_config_t *rc, con
         } else {
             st = eng_checkpoint_write(&tx, config, t, n, rc->save_max_shard_bytes, err);
         }
+        if (st == MT_OK && extra) st = extra(&tx, ctx, err);
         if (st == MT_OK) st = eng_ckpt_dir_commit(&tx, err);
         else eng_ckpt_dir_abort(&tx);
     }

@@ -36,4 +36,14 @@ mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const cha
 mt_status_t eng_train_save_model(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
                                  eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err);
 
+/* More files for the same transaction, written after the model's (a
+ * checkpoint's training state, engine/train_state.h), so that the
+ * completion manifest covers them too. */
+typedef mt_status_t (*eng_save_extra_fn)(eng_ckpt_dir_t *tx, void *ctx, mt_error_t *err);
+
+/* eng_train_save, with extra(tx, ctx) before the commit (extra may be NULL). */
+mt_status_t eng_train_save_with(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+                                eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, eng_save_extra_fn extra, void *ctx,
+                                mt_error_t *err);
+
 #endif

@@ -213,6 +213,48 @@ static void check_peft_logits(const char *dir, const char *out) {
     eng_st_close(&want);
 }
 
+/* A LoRA run stopped with a checkpoint at step 4 and resumed from it gives
+ * the uninterrupted run's losses for steps 5.. and its adapter, bit for bit
+ * (adapter factors, AdamW moments, per-expert step counts, the data
+ * position, the schedule), with the optimizer on the device or the host. */
+static void check_resume(const char *dir, const run_t *full, const char *full_out) {
+    static const char *const device_plan[] = {"scheduler.optimizer=device", "scheduler.grads=device",
+                                              "scheduler.weights=resident", NULL};
+    static const char *const host_plan[] = {"scheduler.optimizer=host", "scheduler.weights=stream", NULL};
+    const char *const *plans[] = {device_plan, host_plan};
+    const char *names[] = {"device", "host"};
+    const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    for (int p = 0; p < 2; p++) {
+        char first[512], second[512], ckpt[600], set_resume[700];
+        snprintf(first, sizeof first, "%s/%s-resume-%s-a", g_tmp, name, names[p]);
+        snprintf(second, sizeof second, "%s/%s-resume-%s-b", g_tmp, name, names[p]);
+        const char *sets_a[8] = {"save_steps=4", NULL};
+        int n = 1;
+        for (int k = 0; plans[p][k]; k++) sets_a[n++] = plans[p][k];
+        sets_a[n] = NULL;
+        run_t a, b;
+        train(dir, sets_a, first, &a);
+        snprintf(ckpt, sizeof ckpt, "%s/checkpoint-4", first);
+        snprintf(set_resume, sizeof set_resume, "resume_from_checkpoint=%s", ckpt);
+        const char *sets_b[8] = {set_resume, NULL};
+        n = 1;
+        for (int k = 0; plans[p][k]; k++) sets_b[n++] = plans[p][k];
+        sets_b[n] = NULL;
+        train(dir, sets_b, second, &b);
+        if (!a.ok || !b.ok) continue;
+        bool same = b.steps == full->steps - 4 && b.steps > 0;
+        for (int s = 0; same && s < b.steps; s++) same = b.loss[s] == full->loss[4 + s];
+        CHECK(same, "%s: resumed at step 4 (optimizer on the %s), the losses differ from the uninterrupted run's", name,
+              names[p]);
+        char x[700], y[700];
+        snprintf(x, sizeof x, "%s/adapter_model.safetensors", second);
+        snprintf(y, sizeof y, "%s/adapter_model.safetensors", full_out);
+        CHECK(same_adapter(x, y), "%s: resumed run's adapter differs from the uninterrupted run's", name);
+        if (same) printf("%-20s resumed at step 4 (optimizer on the %s): losses and adapter bit-identical\n", name,
+                         names[p]);
+    }
+}
+
 static run_t g_last_auto;   /* the last fixture's plan-auto run, for check_dropout */
 static double g_last_scale; /* and its LoRA scale, for check_merge */
 
@@ -252,6 +294,7 @@ static void check_fixture(const char *dir) {
         CHECK(access(got, R_OK) == 0, "%s: no adapter_config.json saved", name);
         printf("%-20s losses within %.2e relative, final adapter within %.2e of its max\n", name, worst, d);
         check_peft_logits(dir, out0);
+        check_resume(dir, &r0, out0);
     }
 
     g_last_auto = r0;

@@ -4,7 +4,7 @@
  *   moetune init RUN.yaml [--set key=value]...   create base_model from base_model_init
  *   moetune profile RUN.yaml [--compare] [--steps N] [--set key=value]...
  *   moetune inspect CHECKPOINT_DIR
- *   moetune bench adam|gemm|step|staging [options]
+ *   moetune bench adam|gemm|step|staging|save [options]
  *   moetune --version      version, commit, build kind, backends, CPU features
  *
  * Exit codes: 0 success, 1 a run failed (the message says what and where),
@@ -21,11 +21,13 @@
 #include "engine/init_random.h"
 #include "engine/inspect.h"
 #include "engine/profile.h"
+#include "engine/signals.h"
 #include "engine/train.h"
 #include "engine/train_save.h"
 #include "tools/build_info.h"
 #include "tools/bench/adam_bench.h"
 #include "tools/bench/gemm_bench.h"
+#include "tools/bench/save_bench.h"
 #include "tools/bench/staging_bench.h"
 #include "tools/bench/step_bench.h"
 #include "tools/plan/plan_cmd.h"
@@ -59,7 +61,10 @@ static void usage(FILE *f) {
             "                                       min_memory with throttled links\n"
             "  bench staging [--layers N] [--experts E] [--gbps G] [--json] ...\n"
             "                                       the staging modes moving a scaled-down MoE's weights\n"
-            "                                       and gradients over throttled links\n");
+            "                                       and gradients over throttled links\n"
+            "  bench save [--scale K] [--dir DIR] [--repeats R] [--json]\n"
+            "                                       a resumable checkpoint save against the disk's\n"
+            "                                       write + fsync speed\n");
 }
 
 static int fail(const mt_error_t *err) {
@@ -121,7 +126,15 @@ static int ensure_base_model(const eng_run_config_t *rc, bool verbose, mt_error_
     return 0;
 }
 
+/* " (steps 8 to 16, resumed)" for a resumed run, "" otherwise. */
+static const char *resumed_note(const eng_train_result_t *res, char *buf, size_t cap) {
+    if (res->first_step == 0) return "";
+    snprintf(buf, cap, " (steps %d to %d, resumed)", res->first_step + 1, res->steps_done);
+    return buf;
+}
+
 static int cmd_train(int argc, char **argv) {
+    char note[64];
     eng_run_config_t rc;
     mt_error_t err = {0};
     int rcode = load_run_config(argc, argv, &rc, &err);
@@ -132,13 +145,22 @@ static int cmd_train(int argc, char **argv) {
         eng_train_result_t res;
         if (eng_train(&rc, &res, &err) != MT_OK) {
             rcode = fail(&err);
+        } else if (res.stopped_by_signal) {
+            /* 128 + the signal, as a shell reports a process the signal ended: scripts tell a
+               stopped run (130 SIGINT, 143 SIGTERM) from a finished (0) or failed (1) one */
+            printf("stopped by %s after step %d: checkpoint saved in %s; resume with --set "
+                   "resume_from_checkpoint=true\n",
+                   eng_signal_name(res.stopped_by_signal), res.steps_done, res.last_checkpoint);
+            rcode = 128 + res.stopped_by_signal;
         } else if (res.model_saved) {
-            printf("trained %d steps in %.1f s: loss %.4f -> %.4f; model saved in %s\n", res.steps_done,
-                   res.seconds, res.first_loss, res.last_loss, rc.output_dir);
+            printf("trained %d steps%s in %.1f s: loss %.4f -> %.4f; model saved in %s\n",
+                   res.steps_done - res.first_step, resumed_note(&res, note, sizeof note), res.seconds,
+                   res.first_loss, res.last_loss, rc.output_dir);
         } else {
-            printf("trained %d steps in %.1f s: loss %.4f -> %.4f; save_final: false, so no final model "
+            printf("trained %d steps%s in %.1f s: loss %.4f -> %.4f; save_final: false, so no final model "
                    "was written; %s/metrics.jsonl has the run's metrics%s\n",
-                   res.steps_done, res.seconds, res.first_loss, res.last_loss, rc.output_dir,
+                   res.steps_done - res.first_step, resumed_note(&res, note, sizeof note), res.seconds,
+                   res.first_loss, res.last_loss, rc.output_dir,
                    res.checkpoints_saved > 0 ? " and its checkpoint-N directories the periodic saves" : "");
         }
     }
@@ -205,7 +227,8 @@ static int cmd_bench(int argc, char **argv) {
     if (argc >= 1 && strcmp(argv[0], "step") == 0) return mt_bench_step_main(argc, argv);
     if (argc >= 1 && strcmp(argv[0], "gemm") == 0) return mt_bench_gemm_main(argc, argv);
     if (argc >= 1 && strcmp(argv[0], "staging") == 0) return mt_bench_staging_main(argc, argv);
-    fprintf(stderr, "usage: moetune bench adam|gemm|step|staging [options]\n");
+    if (argc >= 1 && strcmp(argv[0], "save") == 0) return mt_bench_save_main(argc, argv);
+    fprintf(stderr, "usage: moetune bench adam|gemm|step|staging|save [options]\n");
     return 2;
 }
 

@@ -23,6 +23,7 @@
  * time in that phase, as profiled in the keep_all run. */
 #include "tools/bench/step_bench.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,8 +163,16 @@ int mt_bench_step_main(int argc, char **argv) {
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
     if (!o.json) mt_build_info_print(stdout);
+    /* a fresh directory: a pid alone is not unique across the PID
+     * namespaces of tests running side by side over one /tmp */
     char ckpt[256];
-    snprintf(ckpt, sizeof ckpt, "/tmp/moetune-bench-step-%d", (int)getpid());
+    const char *tmp = getenv("TMPDIR");
+    snprintf(ckpt, sizeof ckpt, "%s/moetune-bench-step-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    if (!mkdtemp(ckpt)) {
+        fprintf(stderr, "bench step: cannot create a directory under %s: %s\n", tmp && tmp[0] ? tmp : "/tmp",
+                strerror(errno));
+        return 1;
+    }
     char config[1024];
     snprintf(config, sizeof config,
              "{\"model_type\": \"mixtral\", \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d,"
