@@ -189,17 +189,19 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         snprintf(tag, sizeof tag, "weights of block %d after the host optimizer", b);
         if (st == MT_OK) st = exec_stage_h2d(m, items, n, tag, err);
         refreshed |= n > 0;
+        /* The next step's first blocks start on their way as soon as their
+         * own update is done, not when the whole step's is: blocks are
+         * updated in order, so block 0's weights cross the link while the
+         * host AdamW of the layers above it still runs (the copy stream
+         * reads only this block's final home copies). */
+        if (st == MT_OK && b <= m->plan.prefetch_window) {
+            x->cnt.between_steps = true;
+            st = exec_fetch_block(m, b, false, err);
+            x->cnt.between_steps = false;
+        }
     }
     free(items);
     if (refreshed) kern_stream_sync(dev, kern_stream(dev, KERN_STREAM_H2D));
-    if (st != MT_OK) return st;
-    /* The next step's first blocks start on their way now rather than when
-     * its forward begins: their home copies are final, and this hides part
-     * of the chain every offloading step ends with (the first layer's
-     * gradients down, its AdamW, its weights up) behind this step's tail. */
-    x->cnt.between_steps = true;
-    for (int b = 0; b <= m->plan.prefetch_window && b < x->nb && st == MT_OK; b++) st = exec_fetch_block(m, b, false, err);
-    x->cnt.between_steps = false;
     if (st != MT_OK) return st;
     /* ready for the next step's first micro-batch */
     for (int i = 0; i < m->num_params; i++) {
