@@ -440,7 +440,7 @@ static void test_load(void) {
     remove(path);
 }
 
-/* scheduler: section and hardware: key (issue 3) */
+/* scheduler: section and hardware: key */
 static void test_scheduler(void) {
     eng_run_config_t c;
     eng_run_config_defaults(&c);
@@ -502,7 +502,7 @@ static void test_scheduler(void) {
     EXPECT(st == MT_ERR_CONFIG && strstr(err.msg, "cfgs/run.yaml:3") && strstr(err.msg, "prefetch_window"));
 }
 
-/* staging: section (issue 4).  The values are checked by the pool itself
+/* staging: section.  The values are checked by the pool itself
  * when the run starts (it knows the largest tensor); here only types. */
 static void test_staging(void) {
     eng_run_config_t c;

@@ -10,7 +10,7 @@
  * with an event for every cross-stream dependency.  Buffers that a copy
  * still reads are freed only after the copy's event has fired.
  *
- * Staging (issue 4): every transfer between pageable host memory and the
+ * Staging: every transfer between pageable host memory and the
  * device goes through one staging pool per model (moe/staging.h): streamed
  * weights and host-bound gradients a block at a time, batched so that a
  * block's tensors (a layer's experts among them) move in one copy per

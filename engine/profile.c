@@ -230,14 +230,14 @@ static const mode_result_t *find(const mode_result_t *r, int n, moe_staging_mode
     return NULL;
 }
 
-/* Issue 4's checks, printed; returns whether the losses are identical. */
+/* The profile's checks, printed; returns whether the losses are identical. */
 static bool print_checks(FILE *f, const mode_result_t *r, int n) {
     bool same = true;
     for (int k = 1; k < n; k++)
         for (int s = 0; s < r[0].steps && s < r[k].steps; s++) same &= r[k].loss[s] == r[0].loss[s];
     const mode_result_t *c = find(r, n, MOE_STAGING_COMPACT), *t = find(r, n, MOE_STAGING_PER_TENSOR),
                         *x = find(r, n, MOE_STAGING_MAX_SLOT);
-    fprintf(f, "\nchecks (issue 4)\n");
+    fprintf(f, "\nchecks\n");
     fprintf(f, "  identical losses across modes                       %s\n", same ? "yes" : "NO");
     if (c) {
         const double ratio = c->info.window_payload ? (double)c->peak_reserved / (double)c->info.window_payload : 0;

@@ -1,5 +1,5 @@
-/* `moetune profile RUN.yaml [--compare] [--steps N]`: the staging profiler
- * (issue 4).  Runs a few optimizer steps of the run (the run's plan, or
+/* `moetune profile RUN.yaml [--compare] [--steps N]`: the staging
+ * profiler.  Runs a few optimizer steps of the run (the run's plan, or
  * offload_all when that plan moves nothing through staging, which it then
  * says) and reports how the staging pool (moe/staging.h, engine/exec.h)
  * behaved:
@@ -11,7 +11,7 @@
  *                              micro-batch, experts skipped, time waiting for
  *                              space, step time; jemalloc's statistics for
  *                              pageable host memory; with --compare the checks
- *                              of issue 4 (identical losses, compact <= 1.10x
+ *                              of the staging pool (identical losses, compact <= 1.10x
  *                              payload with <= 10% waste, <= 3 copies per MoE
  *                              layer, max_slot > per_tensor >= compact pinned)
  *   output_dir/staging/staging.csv   the timeline (moe/staging_report.h)

@@ -1,6 +1,6 @@
 /* The staging pool: pinned host memory that every host<->device transfer
  * whose host side is pageable goes through (DESIGN.md, "compact staging
- * pool"; issue 4).
+ * pool").
  *
  * Why.  Copies between the device and pageable memory are slow or
  * synchronous on CUDA, so data is staged through page-locked buffers.  How

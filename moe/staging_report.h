@@ -1,4 +1,4 @@
-/* The staging profiler's outputs (issue 4): a CSV timeline, an SVG picture
+/* The staging profiler's outputs: a CSV timeline, an SVG picture
  * comparing modes, Chrome-trace counter events for trace.json, and text
  * summaries of the counters and of the planner's sizing.
  *

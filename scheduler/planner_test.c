@@ -1,4 +1,4 @@
-/* Planner: the issue's cases (Mixtral-8x7B full fine-tuning on an H100
+/* Planner: the planning cases users ask about (Mixtral-8x7B full fine-tuning on an H100
  * PCIe with 1 TiB / 512 GiB of host memory; Qwen3-30B-A3B LoRA on an RTX
  * 4090 with 128 GiB, and with a device budget below one block's working
  * set), monotonicity in the device budget, fixed policies and overrides.

@@ -145,7 +145,7 @@ expect_fail bad_jsonl "badjson\.jsonl.*4" "$MOETUNE" train run.yaml --set 'datas
 { head -n 2 data.jsonl; echo '{"input_ids": [1, 2, 999]}'; } > oor.jsonl
 expect_fail out_of_range_token "oor\.jsonl.*3.*999" "$MOETUNE" train run.yaml --set 'datasets=[{path: oor.jsonl}]'
 
-# --- the staging profiler (issue 4): three modes on the same plan and data ------------------
+# --- the staging profiler: three modes on the same plan and data ------------------
 if timeout 120 "$MOETUNE" profile run.yaml --compare --steps 2 --set scheduler.policy=offload_all \
      --set output_dir=prof >profile.out 2>profile.err \
    && grep -qE "identical losses across modes +yes" profile.out \
@@ -156,7 +156,7 @@ else
   echo "FAIL profile --compare"; cat profile.out profile.err; failures=$((failures + 1))
 fi
 
-# --- bench step (issue 3): every plan runs, and the numbers it reports are there ----------------
+# --- bench step: every plan runs, and the numbers it reports are there ----------------
 # (what the numbers are is the benchmark's business; here: it runs to the end and reports them)
 if timeout 300 "$MOETUNE" bench step --layers 2 --hidden 64 --experts 4 --expert-width 64 --vocab 64 --seq 16 \
      --batch 2 --steps 2 --staging-rounds 1 --compute-threads 1 --link-latency-us 0 --json >bench.out 2>bench.err \
@@ -169,7 +169,7 @@ else
   echo "FAIL bench step"; cat bench.out bench.err; failures=$((failures + 1))
 fi
 
-# --- bad staging settings (issue 4): refused by the pool before training starts ------------
+# --- bad staging settings: refused by the pool before training starts ------------
 expect_fail staging_cap_too_small "staging.*smaller than model\.embed_tokens\.weight" "$MOETUNE" train run.yaml --set staging.cap=1KiB
 expect_fail staging_zero_slabs "staging\.num_slabs = 0" "$MOETUNE" train run.yaml --set staging.num_slabs=0
 

@@ -1,4 +1,4 @@
-/* The executor's staging pool (issue 4) on the reference fixtures:
+/* The executor's staging pool on the reference fixtures:
  *  - the three staging modes (compact, per_tensor, max_slot) give
  *    bit-identical losses, gradient norms and final weights under plans that
  *    stream weights, send gradients to the host and offload activations

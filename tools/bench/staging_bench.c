@@ -1,4 +1,4 @@
-/* `moetune bench staging` (see staging_bench.h; issue 4).
+/* `moetune bench staging` (see staging_bench.h).
  *
  * What it models: the executor's weight streaming with a prefetch window
  * of W blocks (embedding, L MoE layers, final norm + lm_head), forward then

@@ -7,15 +7,15 @@
  *     activations all cross the link, so this is how well copies hide
  *     behind compute: MegaTrain reports near-zero overhead);
  *   - the host optimizer's share of the step with and without overlapping
- *     backward (offload_all, no clipping), i.e. issue 6's overlap;
+ *     backward (offload_all, no clipping), the host AdamW overlap;
  *   - peak device bytes of each plan;
- *   - the staging pool (issue 4): offload_all's step time with the compact
+ *   - the staging pool: offload_all's step time with the compact
  *     pool against per_tensor (one pinned block and one copy per tensor), two
  *     models side by side with their steps alternating, the median of the
  *     per-pair ratios over --staging-rounds x --steps pairs (load from other
  *     processes hits both members of a pair); copies per step and pinned
  *     bytes beside it.
- * The link is either given (--link-gbps) or chosen as issue 3 asks: so
+ * The link is either given (--link-gbps) or chosen so
  * that each layer's transfers under offload_all take no longer than its
  * compute, i.e. for every layer, phase (forward, backward) and direction,
  * the bytes it moves (the cost model's, for the synthetic model) over the

@@ -1,5 +1,5 @@
 /* `moetune plan` end to end on the shipped config.json files and hardware
- * profiles: the issue's four cases (exit codes, the short budget, what is
+ * profiles: the four planning cases (exit codes, the short budget, what is
  * needed), --json parses and holds the documented keys, every model config
  * plans, --trace writes a Chrome trace, bad command lines are refused. */
 #include "tools/plan/plan_cmd.h"
@@ -168,7 +168,7 @@ static void test_qwen3(void) {
     json_t *mem = json_object_get(d, "memory");
     EXPECT(num(mem, "device", "budget_bytes") == 24 * GiB && num(mem, "host", "budget_bytes") == 128 * GiB,
            "budgets %g %g", num(mem, "device", "budget_bytes"), num(mem, "host", "budget_bytes"));
-    /* issue 4: pinned staging for the plan's window; max_slot needs >= 4x compact (128 experts of
+    /* pinned staging for the plan's window; max_slot needs >= 4x compact (128 experts of
        768x2048 against a 151936x2048 embedding), compact stays within 1.10x of the payload */
     json_t *stg = json_object_get(d, "staging");
     EXPECT(num(stg, "max_slot_bytes", NULL) >= 4 * num(stg, "compact_bytes", NULL), "max_slot %g vs compact %g",
