@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/finite.h"
+
 /* ---- run config -> options ------------------------------------------------ */
 
 mt_status_t eng_lora_run_opts(const eng_run_config_t *rc, eng_lora_run_opts_t *out, mt_error_t *err) {
@@ -196,6 +198,37 @@ mt_status_t eng_lora_init_weights(eng_model_t *m, const eng_lora_opts_t *o, mt_e
     if (st != MT_OK) {
         eng_lora_weights_free(&w);
         return mt_error_prefix(err, "lora_model_dir: ");
+    }
+    /* as the base's loader does: a non-finite value would only surface as a
+     * diverged first step, blamed on training */
+    for (int t = 0; t < w.count; t++) {
+        const eng_lora_pair_t *pr = &w.pairs[t];
+        const float *f[2] = {pr->a, pr->b};
+        const size_t n[2] = {(size_t)pr->r * (size_t)pr->in, (size_t)pr->out * (size_t)pr->r};
+        for (int k = 0; k < 2; k++) {
+            const size_t bad = mt_first_nonfinite_f32(f[k], n[k]);
+            if (bad < n[k]) {
+                char module[160];
+                if (!eng_lora_module_of(&m->spec.params[pr->param], module, sizeof module))
+                    snprintf(module, sizeof module, "%s", m->spec.params[pr->param].name);
+                const float v = f[k][bad];
+                eng_lora_weights_free(&w);
+                return mt_error_set(err, MT_ERR_FORMAT,
+                                    "lora_model_dir: %s: %s.lora_%c holds %s at element %zu; the adapter is "
+                                    "corrupt or diverged",
+                                    path, module, k ? 'B' : 'A', mt_nonfinite_name(v), bad);
+            }
+        }
+    }
+    for (int k = 0; k < w.num_saved; k++) {
+        const size_t n = m->spec.params[w.saved[k].param].numel, bad = mt_first_nonfinite_f32(w.saved[k].data, n);
+        if (bad < n) {
+            const char *name = m->spec.params[w.saved[k].param].name;
+            const float v = w.saved[k].data[bad];
+            eng_lora_weights_free(&w);
+            return mt_error_set(err, MT_ERR_FORMAT, "lora_model_dir: %s: %s holds %s at element %zu", path, name,
+                                mt_nonfinite_name(v), bad);
+        }
     }
     for (int t = 0; t < lo->plan.count; t++) {
         const eng_lora_pair_t *pr = eng_lora_weights_find(&w, lo->plan.targets[t].param);

@@ -25,6 +25,11 @@
 mt_status_t eng_run_check_paths(const eng_run_config_t *rc, mt_error_t *err) {
     mt_status_t st = eng_outdir_check_apart(rc->source_path, "output_dir", rc->output_dir, "base_model",
                                             rc->base_model, err);
+    /* a LoRA run's starting adapter is an input too: saving into it (or a
+     * checkpoint-N over it) would replace what the user started from */
+    if (st == MT_OK && rc->lora_model_dir[0])
+        st = eng_outdir_check_apart(rc->source_path, "output_dir", rc->output_dir, "lora_model_dir",
+                                    rc->lora_model_dir, err);
     char key[64];
     for (int i = 0; i < rc->num_datasets && st == MT_OK; i++) {
         snprintf(key, sizeof key, "datasets[%d].path", i);

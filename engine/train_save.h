@@ -10,8 +10,8 @@
 #include "base/dtype.h"
 #include "base/status.h"
 
-/* Refuses a run whose output_dir is, contains or lies inside base_model or a
- * dataset path (after '.', '..', symlinks and relative paths).  Writes
+/* Refuses a run whose output_dir is, contains or lies inside base_model,
+ * lora_model_dir or a dataset path (after '.', '..', symlinks and relative paths).  Writes
  * nothing. */
 mt_status_t eng_run_check_paths(const eng_run_config_t *rc, mt_error_t *err);
 

@@ -91,15 +91,15 @@ def adapter_config(r=4, **extra):
     return json.dumps(c, indent=2) + "\n"
 
 
-def adapter_weights(r, in_dim):
-    """q_proj's lora_A (r, in_dim) and lora_B (16, r) in fp32 (zeros)."""
+def adapter_weights(r, in_dim, fill=b"\0\0\0\0"):
+    """q_proj's lora_A (r, in_dim) and lora_B (16, r) in fp32, every element `fill` (zeros)."""
     hdr, data = OrderedDict(), b""
     names = ["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
              "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
     for name, shape in zip(names, ([r, in_dim], [16, r])):
         n = 4 * shape[0] * shape[1]
         hdr[name] = {"dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + n]}
-        data += b"\0" * n
+        data += fill * (n // 4)
     return st_bytes(hdr, data)
 
 
@@ -375,6 +375,19 @@ def yaml_cases():
     lora_run = run_yaml(adapter="lora", lora_r="4", lora_alpha="8", lora_target_modules="[q_proj]",
                         lora_model_dir="adapter")
     case("lora_model_dir_missing", "adapter_config.json", yaml=lora_run)
+    case("lora_model_dir_is_output_dir", "lora_model_dir",
+         {"out/adapter_config.json": adapter_config(), "out/adapter_model.safetensors": adapter_weights(4, 16)},
+         yaml=run_yaml(adapter="lora", lora_r="4", lora_alpha="8", lora_target_modules="[q_proj]",
+                       lora_model_dir="out"))
+    case("lora_adapter_nan", "holds NaN",
+         {"adapter/adapter_config.json": adapter_config(),
+          "adapter/adapter_model.safetensors": adapter_weights(4, 16, fill=b"\x00\x00\xc0\x7f")}, yaml=lora_run)
+    case("lora_adapter_not_json", "adapter_config.json",
+         {"adapter/adapter_config.json": "{r: 4,\n", "adapter/adapter_model.safetensors": adapter_weights(4, 16)},
+         yaml=lora_run)
+    case("lora_adapter_truncated", "adapter_model.safetensors",
+         {"adapter/adapter_config.json": adapter_config(),
+          "adapter/adapter_model.safetensors": adapter_weights(4, 16)[:-40]}, yaml=lora_run)
     case("lora_adapter_dora", "use_dora",
          {"adapter/adapter_config.json": adapter_config(use_dora=True),
           "adapter/adapter_model.safetensors": adapter_weights(4, 16)}, yaml=lora_run)
