@@ -25,6 +25,7 @@
 
 #include "engine/config.h"
 #include "engine/exec_counters.h"
+#include "engine/exec_types.h"
 #include "engine/model.h"
 #include "engine/optim.h"
 #include "engine/trace.h"
@@ -55,14 +56,6 @@ mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *di
 /* Destroys the executor (if any), then the model. */
 void eng_model_free(eng_model_t *m);
 
-/* Statistics of one micro-batch's forward/backward. */
-typedef struct {
-    double loss;       /* ce + aux_coef * aux (what HF returns as .loss) */
-    double ce_loss;
-    double aux_loss;   /* raw load-balancing loss (before the coefficient), 0 when off */
-    int64_t tokens;    /* B * T */
-    int64_t counted;   /* targets != -100 */
-} eng_micro_stats_t;
 
 /* Forward and backward of one micro-batch; gradients are accumulated (+=)
  * with the loss multiplied by loss_scale (1 / gradient_accumulation_steps).
@@ -131,19 +124,6 @@ void eng_exec_drain(eng_model_t *m);
  * as load settings for micro-batches of micro_batch_size x sequence_len. */
 void eng_staging_settings_from_run(const eng_run_config_t *rc, eng_staging_settings_t *out);
 
-/* How the pool was sized. */
-typedef struct {
-    moe_staging_mode_t mode;
-    int tokens;               /* tokens per micro-batch the activation share is for (0: none yet) */
-    int window_blocks;        /* blocks of streamed weights in flight: prefetch_window + 1 */
-    int window_tensors;       /* tensors (activation regions count as one) */
-    size_t window_payload;    /* their bytes: the floor no pool can beat */
-    size_t window_weights, window_grads, window_acts; /* the payload's parts */
-    size_t window_need;       /* what the mode needs for the window (moe_staging_plan_bytes) */
-    size_t capacity;          /* the pool's pinned capacity (after the cap) */
-    size_t largest_tensor;    /* the largest single staged tensor or activation region */
-    char largest_name[160];
-} eng_exec_staging_info_t;
 
 /* eng_exec_staging_counters_t: engine/exec_counters.h */
 

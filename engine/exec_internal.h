@@ -11,10 +11,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/exec.h"
 #include "engine/exec_counters.h"
+#include "engine/exec_types.h"
 #include "engine/exec_host_optim.h"
+#include "engine/model.h"
+#include "engine/optim.h"
 #include "moe/expert_predict.h"
+#include "moe/staging.h"
 
 typedef struct {
     void *dev;      /* device buffer to free, or NULL */

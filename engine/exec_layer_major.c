@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/exec.h"
 #include "engine/exec_internal.h"
 
 typedef struct {

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/exec.h"
 #include "engine/exec_internal.h"
 #include "engine/report.h"
 #include "engine/trace.h"

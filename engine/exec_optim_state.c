@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/exec.h"
 #include "engine/exec_internal.h"
 
 int64_t eng_model_optim_step_count(const eng_model_t *m, int i) { return m->params[i].step; }

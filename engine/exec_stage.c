@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/exec.h"
 #include "engine/exec_internal.h"
 #include "moe/staging_report.h"
 

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "engine/blocks.h"
+#include "engine/exec.h"
 #include "engine/exec_internal.h"
 #include "engine/report.h"
 #include "engine/trace.h"
