@@ -19,6 +19,7 @@
 #include "engine/host_mem.h"
 #include "engine/lora_model.h"
 #include "engine/model.h"
+#include "engine/multi_device.h"
 #include "engine/optim.h"
 #include "engine/report.h"
 #include "engine/trace.h"
@@ -32,6 +33,7 @@ mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_
     if (rc->link_gbps > 0) o.link_h2d_bytes_per_s = o.link_d2h_bytes_per_s = rc->link_gbps * 1e9;
     o.link_latency_s = rc->link_latency_us * 1e-6;
     o.host_threads = rc->compute_threads;
+    o.device_index = rc->devices.ids[0];
     o.pin_threads = rc->compute_threads > 0;
     char why[512];
     switch (rc->backend) {
@@ -175,6 +177,7 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         return st;
     }
     eng_model_t model;
+    eng_multi_t multi; /* `devices:` > 1: replicas of model on more devices (engine/multi_device.h) */
     eng_staging_settings_t staging;
     eng_staging_settings_from_run(rc, &staging);
     if (!rc->trace) staging.timeline_samples = (size_t)1 << 14; /* only a trace reads the timeline */
@@ -183,7 +186,7 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
                                  .staging = &staging,
                                  .compute = eng_compute_dtype(rc, dev),
                                  .lora = lora};
-    st = eng_model_open(&model, dev, rc->base_model, &mo, err);
+    st = eng_multi_open(&multi, &model, dev, &rc->devices, rc->gradient_accumulation_steps, rc->base_model, &mo, err);
     if (st != MT_OK) {
         eng_train_plan_free(&tp);
         kern_device_destroy(dev);
@@ -197,7 +200,7 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
     eng_dataset_t ds;
     st = eng_dataset_load(&ds, paths, rc->num_datasets, rc->sequence_len, model.cfg.vocab_size, err);
     if (st != MT_OK) {
-        eng_model_free(&model);
+        eng_multi_free(&multi);
         eng_train_plan_free(&tp);
         kern_device_destroy(dev);
         return st;
@@ -230,6 +233,9 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
                       model.cfg.model_type, model.cfg.num_hidden_layers, model.cfg.num_experts,
                       model.cfg.num_experts_per_tok, (long long)ds.num_rows, rc->sequence_len, total,
                       rc->gradient_accumulation_steps, rc->micro_batch_size, dev->vt->name);
+    if (multi.n > 1)
+        eng_reporter_note(&rep, "moetune: data parallel on %d devices sharing one host copy, %d micro-batches each per step",
+                          multi.n, rc->gradient_accumulation_steps / multi.n);
     if (tp.predicted_step_s > 0)
         eng_reporter_note(&rep, "moetune: %s; predicted step %.3f s, peak device %.1f MiB", tp.summary,
                           tp.predicted_step_s, tp.predicted_peak_device / 1048576.0);
@@ -262,13 +268,13 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         eng_optim_hparams_t hp = hp_base;
         hp.lr = eng_lr_at(rc, step, total);
         /* host AdamW overlaps backward when the plan puts it on the host and nothing clips */
-        eng_optim_begin_step(&model, &hp, accum, true);
+        eng_multi_begin_step(&multi, &hp, accum, true);
         double loss = 0, ce = 0, aux = 0;
         int64_t tokens = 0;
         /* the step's micro-batches in the run's step_order (engine/exec.h) */
         eng_micro_stats_t *ms = calloc((size_t)accum, sizeof *ms);
         MT_CHECK_ALLOC(ms, "micro-batch statistics");
-        st = eng_model_step_from_loader(&model, &ld, accum, rc->step_order, ms, err);
+        st = eng_multi_step_from_loader(&multi, &ld, accum, rc->step_order, ms, err);
         for (int micro = 0; st == MT_OK && micro < accum; micro++) {
             loss += ms[micro].loss / accum;
             ce += ms[micro].ce_loss / accum;
@@ -281,7 +287,7 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
             goto out;
         }
         eng_optim_stats_t os;
-        st = eng_optim_step(&model, &hp, &os, err);
+        st = eng_multi_optim_step(&multi, &hp, &os, err);
         if (st == MT_ERR_DATA) { /* a non-finite gradient: nothing was updated */
             st = diverged(err, step + 1, loss, rc);
             goto out;
@@ -351,7 +357,7 @@ out:
     eng_reporter_close(&rep);
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
-    eng_model_free(&model);
+    eng_multi_free(&multi);
     kern_device_destroy(dev);
     return st;
 }
