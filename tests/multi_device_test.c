@@ -6,7 +6,10 @@
  * weights are refreshed from device 0's), offload_all (streamed weights,
  * host gradients and host AdamW) and a streamed plan with device gradients
  * and host AdamW, three optimizer steps with clipping on; and a LoRA run
- * (tests/fixtures/lora_qwen2_all) with K = 2.
+ * (tests/fixtures/lora_qwen2_all) with K = 2.  In fp32, and with --bf16 in
+ * bf16 mixed precision (bf16 working copies: the replica's resident ones
+ * are refreshed from device 0's bf16 copy, or rounded again from the
+ * shared fp32 master).
  *
  * Expectation, from the order of the float adds:
  *  - K = 2: device 0 runs micro-batch 0, device 1 micro-batch 1, and the
@@ -43,6 +46,7 @@
 #include "engine/optim.h"
 
 static int failures;
+static mt_dtype_t g_compute = MT_F32; /* --bf16: bf16 mixed precision */
 #define CHECK(cond, ...)                                         \
     do {                                                         \
         if (!(cond)) {                                           \
@@ -104,7 +108,7 @@ static void run(const char *dir, plan_kind_t pk, int K, int ndev, result_t *out)
     eng_devices_t devs = {.count = ndev, .ids = {0, 1, 2, 3}};
     eng_model_t m;
     eng_multi_t mm;
-    const eng_model_opts_t mo = {.overrides_json = rc.model_config_json, .plan = &plan,
+    const eng_model_opts_t mo = {.overrides_json = rc.model_config_json, .plan = &plan, .compute = g_compute,
                                  .lora = use_lora ? &lora.opts : NULL};
     if (eng_multi_open(&mm, &m, dev, &devs, K, rc.base_model, &mo, &err) != MT_OK) {
         CHECK(0, "%s %s K=%d devices=%d: load: %s", dir, plan_name(pk), K, ndev, err.msg);
@@ -215,7 +219,7 @@ static void compare(const char *what, const result_t *a, const result_t *b, bool
             "   %-38s %d of %d tensors differ; |a-b|/|a| whole model %.3g, worst tensor %.3g (%s); worst element "
             "%.3g%s\n",
             what, differing, a->nparams, all, worst, worst_i >= 0 ? a->names[worst_i] : "-", worst_elem,
-            exact ? " (must be bit-identical)" : " (must be <= 1e-6)");
+            exact ? " (must be bit-identical)" : " (whole model and each tensor must be <= 1e-6)");
     if (exact) {
         CHECK(differing == 0, "%s: %d parameters differ after %d steps", what, differing, STEPS);
     } else {
@@ -257,7 +261,12 @@ static void check_refused(const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    for (int a = 1; a < argc; a++) {
+    int first = 1;
+    if (argc > 1 && strcmp(argv[1], "--bf16") == 0) {
+        g_compute = MT_BF16;
+        first = 2;
+    }
+    for (int a = first; a < argc; a++) {
         const char *dir = argv[a];
         fprintf(stderr, "== %s\n", dir);
         if (strstr(dir, "lora_")) {
@@ -270,7 +279,7 @@ int main(int argc, char **argv) {
             check_case(dir, PLAN_OFFLOAD_ALL, K);
             check_case(dir, PLAN_STREAM_DEVICE_GRADS, K);
         }
-        if (a == 1) check_refused(dir);
+        if (a == first) check_refused(dir);
     }
     if (failures) {
         fprintf(stderr, "%d failure(s)\n", failures);
