@@ -170,7 +170,12 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         return st;
     }
     eng_train_plan_t tp;
-    st = eng_train_plan(rc, &mc, dev, &tp, err);
+    /* with devices: N each device runs K / N of a step's micro-batches
+     * within its own budget: that share is what is planned */
+    eng_run_config_t rc_share = *rc;
+    if (rc->devices.count > 1 && rc->gradient_accumulation_steps % rc->devices.count == 0)
+        rc_share.gradient_accumulation_steps /= rc->devices.count;
+    st = eng_train_plan(&rc_share, &mc, dev, &tp, err);
     eng_model_config_free(&mc);
     if (st != MT_OK) {
         kern_device_destroy(dev);

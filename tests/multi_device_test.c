@@ -44,6 +44,7 @@
 #include "engine/model.h"
 #include "engine/multi_device.h"
 #include "engine/optim.h"
+#include "engine/train.h"
 
 static int failures;
 static mt_dtype_t g_compute = MT_F32; /* --bf16: bf16 mixed precision */
@@ -260,6 +261,62 @@ static void check_refused(const char *dir) {
     eng_run_config_free(&rc);
 }
 
+/* The tensors' bytes of a saved model.safetensors (after its header,
+ * whose metadata carries a per-save id). */
+static unsigned char *tensor_bytes(const char *dir, size_t *n) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    uint64_t hl = 0;
+    unsigned char *buf = NULL;
+    if (fread(&hl, 8, 1, f) == 1 && fseek(f, 0, SEEK_END) == 0) {
+        const long end = ftell(f);
+        *n = (size_t)end - 8 - hl;
+        buf = malloc(*n ? *n : 1);
+        if (fseek(f, (long)(8 + hl), SEEK_SET) != 0 || fread(buf, 1, *n, f) != *n) {
+            free(buf);
+            buf = NULL;
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+/* moetune train end to end (engine/train.c) with devices: 1 and 2, K = 2:
+ * the same losses and the same saved model, bit for bit. */
+static void check_train(const char *dir) {
+    const char *tmp = getenv("TEST_TMPDIR");
+    char path[1024], out[2][1024];
+    double last[2] = {0, 0};
+    for (int n = 1; n <= 2; n++) {
+        mt_error_t err = {0};
+        snprintf(path, sizeof path, "%s/run.yaml", dir);
+        eng_run_config_t rc;
+        CHECK(eng_run_config_load(path, &rc, &err) == MT_OK, "%s", err.msg);
+        snprintf(out[n - 1], sizeof out[n - 1], "%s/train-devices-%d", tmp ? tmp : "/tmp", n);
+        snprintf(rc.output_dir, sizeof rc.output_dir, "%s", out[n - 1]);
+        rc.gradient_accumulation_steps = 2;
+        rc.max_steps = 4;
+        rc.progress = false;
+        rc.devices.count = n;
+        eng_train_result_t res;
+        const mt_status_t st = eng_train(&rc, &res, &err);
+        CHECK(st == MT_OK && res.steps_done == 4, "train on %d device(s): %s", n, err.msg);
+        last[n - 1] = res.last_loss;
+        eng_run_config_free(&rc);
+    }
+    CHECK(last[0] == last[1], "moetune train: last loss %.17g on 1 device, %.17g on 2", last[0], last[1]);
+    size_t n1 = 0, n2 = 0;
+    unsigned char *a = tensor_bytes(out[0], &n1), *b = tensor_bytes(out[1], &n2);
+    CHECK(a && b && n1 == n2 && memcmp(a, b, n1) == 0, "moetune train: the saved models differ (%zu vs %zu bytes)", n1,
+          n2);
+    fprintf(stderr, "   moetune train, devices 1 vs 2, K=2: last loss %.9g, saved tensors %s\n", last[1],
+            a && b && n1 == n2 && memcmp(a, b, n1) == 0 ? "identical" : "DIFFER");
+    free(a);
+    free(b);
+}
+
 int main(int argc, char **argv) {
     int first = 1;
     if (argc > 1 && strcmp(argv[1], "--bf16") == 0) {
@@ -279,7 +336,10 @@ int main(int argc, char **argv) {
             check_case(dir, PLAN_OFFLOAD_ALL, K);
             check_case(dir, PLAN_STREAM_DEVICE_GRADS, K);
         }
-        if (a == first) check_refused(dir);
+        if (a == first) {
+            check_refused(dir);
+            if (g_compute == MT_F32) check_train(dir);
+        }
     }
     if (failures) {
         fprintf(stderr, "%d failure(s)\n", failures);
