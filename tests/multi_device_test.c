@@ -5,7 +5,8 @@
  * under keep_all (device gradients and device AdamW: the replica's resident
  * weights are refreshed from device 0's), offload_all (streamed weights,
  * host gradients and host AdamW) and a streamed plan with device gradients
- * and host AdamW, three optimizer steps with clipping on; and a LoRA run
+ * and host AdamW, three optimizer steps with clipping on (K = 4 also in
+ * layer-major order on both sides); and a LoRA run
  * (tests/fixtures/lora_qwen2_all) with K = 2.  In fp32, and with --bf16 in
  * bf16 mixed precision (bf16 working copies: the replica's resident ones
  * are refreshed from device 0's bf16 copy, or rounded again from the
@@ -85,7 +86,7 @@ static void make_plan(sched_plan_t *plan, int nb, plan_kind_t k) {
     plan->prefetch_window = 2;
 }
 
-static void run(const char *dir, plan_kind_t pk, int K, int ndev, result_t *out) {
+static void run(const char *dir, plan_kind_t pk, int K, int ndev, eng_step_order_t order, result_t *out) {
     memset(out, 0, sizeof *out);
     char path[1024];
     mt_error_t err = {0};
@@ -129,7 +130,7 @@ static void run(const char *dir, plan_kind_t pk, int K, int ndev, result_t *out)
                                   .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
                                   .max_grad_norm = rc.max_grad_norm};
         eng_multi_begin_step(&mm, &hp, K, true);
-        if (eng_multi_step_from_loader(&mm, &ld, K, ENG_STEP_ORDER_AUTO, ms, &err) != MT_OK) {
+        if (eng_multi_step_from_loader(&mm, &ld, K, order, ms, &err) != MT_OK) {
             CHECK(0, "%s %s K=%d devices=%d step %d: %s", dir, plan_name(pk), K, ndev, step + 1, err.msg);
             out->ok = false;
             break;
@@ -229,12 +230,13 @@ static void compare(const char *what, const result_t *a, const result_t *b, bool
     }
 }
 
-static void check_case(const char *dir, plan_kind_t pk, int K) {
+static void check_case(const char *dir, plan_kind_t pk, int K, eng_step_order_t order) {
     result_t one, two;
-    run(dir, pk, K, 1, &one);
-    run(dir, pk, K, 2, &two);
+    run(dir, pk, K, 1, order, &one);
+    run(dir, pk, K, 2, order, &two);
     char what[256];
-    snprintf(what, sizeof what, "%s %s K=%d", strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir, plan_name(pk), K);
+    snprintf(what, sizeof what, "%s %s K=%d%s", strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir, plan_name(pk), K,
+             order == ENG_STEP_ORDER_LAYER ? " layer-major" : "");
     compare(what, &one, &two, K == 2);
     free_result(&one);
     free_result(&two);
@@ -327,15 +329,18 @@ int main(int argc, char **argv) {
         const char *dir = argv[a];
         fprintf(stderr, "== %s\n", dir);
         if (strstr(dir, "lora_")) {
-            check_case(dir, PLAN_KEEP_ALL, 2);
-            check_case(dir, PLAN_OFFLOAD_ALL, 2);
+            check_case(dir, PLAN_KEEP_ALL, 2, ENG_STEP_ORDER_AUTO);
+            check_case(dir, PLAN_OFFLOAD_ALL, 2, ENG_STEP_ORDER_AUTO);
             continue;
         }
         for (int K = 2; K <= 4; K += 2) {
-            check_case(dir, PLAN_KEEP_ALL, K);
-            check_case(dir, PLAN_OFFLOAD_ALL, K);
-            check_case(dir, PLAN_STREAM_DEVICE_GRADS, K);
+            check_case(dir, PLAN_KEEP_ALL, K, ENG_STEP_ORDER_AUTO);
+            check_case(dir, PLAN_OFFLOAD_ALL, K, ENG_STEP_ORDER_AUTO);
+            check_case(dir, PLAN_STREAM_DEVICE_GRADS, K, ENG_STEP_ORDER_AUTO);
         }
+        /* each device runs its 2 micro-batches layer-major (engine/exec_layer_major.c), as does the one device its 4 */
+        check_case(dir, PLAN_OFFLOAD_ALL, 4, ENG_STEP_ORDER_LAYER);
+        check_case(dir, PLAN_STREAM_DEVICE_GRADS, 4, ENG_STEP_ORDER_LAYER);
         if (a == first) {
             check_refused(dir);
             if (g_compute == MT_F32) check_train(dir);
