@@ -8,6 +8,7 @@
 
 #include "engine/exec_internal.h"
 #include "engine/lora_model.h"
+#include "kernels/host/threadpool.h"
 
 /* ---- opening -------------------------------------------------------------- */
 
@@ -182,6 +183,32 @@ static void run_all(eng_multi_t *mm, worker_t *w, void *(*fn)(void *)) {
     free(th);
 }
 
+/* a[e] = a[e] + b[e] over the host optimizer's pool, in chunks: each
+ * element is one float add whatever the chunking, so the sum is the same
+ * as one thread's, at host memory bandwidth rather than one core's. */
+typedef struct {
+    float *a;
+    const float *b;
+    size_t n;
+} add_job_t;
+enum { ADD_CHUNK = 1 << 14 }; /* 64 KiB of each operand per task */
+
+static void add_chunk(void *ctx, size_t t) {
+    const add_job_t *j = ctx;
+    const size_t lo = t * ADD_CHUNK, hi = lo + ADD_CHUNK < j->n ? lo + ADD_CHUNK : j->n;
+    for (size_t e = lo; e < hi; e++) j->a[e] = j->a[e] + j->b[e];
+}
+
+static void host_add(kern_threadpool_t *pool, float *a, const float *b, size_t n) {
+    add_job_t j = {a, b, n};
+    const size_t tasks = (n + ADD_CHUNK - 1) / ADD_CHUNK;
+    if (pool && tasks > 1) {
+        kern_threadpool_parallel_for(pool, tasks, add_chunk, &j);
+    } else {
+        for (size_t t = 0; t < tasks; t++) add_chunk(&j, t);
+    }
+}
+
 /* Sums every device's gradient into the primary's accumulator in rank
  * order, and empties the replicas' for the next step. */
 static void reduce_grads(eng_multi_t *mm, worker_t *w) {
@@ -209,9 +236,7 @@ static void reduce_grads(eng_multi_t *mm, worker_t *w) {
                 if (!p->has_grad) {
                     memcpy(p->host_g, q->host_g, p->spec->numel * sizeof(float));
                 } else {
-                    float *a = p->host_g;
-                    const float *b = q->host_g;
-                    for (size_t e = 0; e < p->spec->numel; e++) a[e] = a[e] + b[e];
+                    host_add(p0->exec->hopt.pool, p->host_g, q->host_g, p->spec->numel);
                 }
                 p->has_grad = true;
             }

@@ -69,7 +69,7 @@ static void free_batch(eng_batch_t *b) {
 }
 
 /* Host bytes held after STEPS steps on ndev devices, above what was held before. */
-static size_t measure(const char *base, bool host_grads, int ndev, size_t *weight_bytes) {
+static size_t measure(const char *base, bool host_grads, int ndev, size_t *weight_bytes, double *norm) {
     const size_t before = eng_host_mem_read().allocated;
     mt_error_t err = {0};
     kern_device_t *dev = NULL;
@@ -104,6 +104,7 @@ static size_t measure(const char *base, bool host_grads, int ndev, size_t *weigh
             CHECK(eng_multi_step_fwd_bwd(&mm, bs, K, ENG_STEP_ORDER_AUTO, ms, &err) == MT_OK, "step: %s", err.msg);
             eng_optim_stats_t os;
             CHECK(eng_multi_optim_step(&mm, &hp, &os, &err) == MT_OK, "optimizer: %s", err.msg);
+            *norm = os.grad_norm;
             for (int j = 0; j < K; j++) free_batch(&bs[j]);
         }
         const size_t now = eng_host_mem_read().allocated;
@@ -137,8 +138,13 @@ int main(void) {
     }
     for (int hg = 0; hg <= 1; hg++) {
         size_t wb = 0;
-        const size_t one = measure(base, hg, 1, &wb);
-        const size_t two = measure(base, hg, 2, &wb);
+        double norm1 = 0, norm2 = 0;
+        const size_t one = measure(base, hg, 1, &wb, &norm1);
+        const size_t two = measure(base, hg, 2, &wb, &norm2);
+        /* K = 2 on two devices is one micro-batch each: the summed gradient
+         * (on the host with offload_all, in chunks over the pool) is the
+         * one device's, bit for bit, so the last step's norm is too */
+        CHECK(norm1 == norm2 && norm1 > 0, "gradient norm %.17g on one device, %.17g on two", norm1, norm2);
         const double mib = 1048576.0;
         const double extra = ((double)two - (double)one) / (double)wb;
         fprintf(stderr,
