@@ -57,6 +57,7 @@ typedef enum {
     K_JSON,     /* mapping -> JSON object text (model_config) */
     K_STRLIST,  /* list of strings (lora_target_modules) */
     K_SECTION,  /* nested mapping with its own table */
+    K_DEVICES,  /* eng_devices_t: a count, or a list of distinct ordinals */
 } key_kind_t;
 
 typedef struct {
@@ -255,6 +256,7 @@ static const key_row_t k_top_rows[] = {
     ROW("progress", K_BOOL, progress),
     ROW("trace", K_BOOL, trace),
     ROW_ENUM("step_order", step_order, k_step_order_names),
+    ROW("devices", K_DEVICES, devices),
     ROW_ENUM("adapter", adapter, k_adapter_names),
     ROW_INT("lora_r", lora_r, 1, 65536),
     ROW("lora_alpha", K_DOUBLE, lora_alpha),
@@ -273,6 +275,8 @@ void eng_run_config_defaults(eng_run_config_t *cfg) {
     cfg->sequence_len = 512;
     cfg->micro_batch_size = 1;
     cfg->gradient_accumulation_steps = 1;
+    cfg->devices.count = 1;
+    for (int i = 0; i < ENG_MAX_DEVICES; i++) cfg->devices.ids[i] = i;
     cfg->max_steps = 0;
     cfg->num_epochs = 1;
     cfg->learning_rate = 2e-5;
@@ -538,6 +542,33 @@ static mt_status_t apply_json(pctx_t *c, const char *key, yaml_node_t *n) {
     return MT_OK;
 }
 
+/* `devices: N` (ordinals 0..N-1) or `devices: [0, 1]` (distinct ordinals). */
+static mt_status_t apply_devices(pctx_t *c, const char *key, yaml_node_t *n) {
+    eng_devices_t d = {0};
+    int64_t v;
+    if (n->type == YAML_SCALAR_NODE) {
+        if (!eng_yaml_int(n, &v) || v < 1 || v > ENG_MAX_DEVICES)
+            return expected(c, n, key, "a device count from 1 to 8, or a list of device ordinals");
+        d.count = (int)v;
+        for (int i = 0; i < ENG_MAX_DEVICES; i++) d.ids[i] = i;
+    } else if (n->type == YAML_SEQUENCE_NODE) {
+        for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
+            yaml_node_t *e = yaml_document_get_node(c->doc, *it);
+            if (!e || e->type != YAML_SCALAR_NODE || !eng_yaml_int(e, &v) || v < 0 || v > 1023)
+                return expected(c, e, key, "each entry to be a device ordinal from 0 to 1023");
+            if (d.count == ENG_MAX_DEVICES) return fail(c, e, "%s: more than %d devices", key, ENG_MAX_DEVICES);
+            for (int i = 0; i < d.count; i++)
+                if (d.ids[i] == (int)v) return fail(c, e, "%s: device %lld is listed twice", key, (long long)v);
+            d.ids[d.count++] = (int)v;
+        }
+        if (d.count == 0) return fail(c, n, "%s: the list names no device", key);
+    } else {
+        return expected(c, n, key, "a device count or a list of device ordinals");
+    }
+    c->cfg->devices = d;
+    return MT_OK;
+}
+
 /* Applies node n (NULL = an empty --set value, i.e. null) to one row. */
 static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
     eng_run_config_t *cfg = c->cfg;
@@ -642,6 +673,7 @@ static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_
     case K_DATASETS: return apply_datasets(c, key, n);
     case K_STRLIST: return apply_strlist(c, row, key, n);
     case K_JSON: return apply_json(c, key, n);
+    case K_DEVICES: return apply_devices(c, key, n);
     case K_SECTION: {
         if (n->type != YAML_MAPPING_NODE) return expected(c, n, key, "a mapping");
         char prefix[128];

@@ -57,6 +57,12 @@ typedef struct {
     char path[1024]; /* resolved relative to the run config's folder */
 } eng_dataset_entry_t;
 
+#define ENG_MAX_DEVICES 8
+typedef struct {
+    int count;                 /* 1..ENG_MAX_DEVICES */
+    int ids[ENG_MAX_DEVICES];  /* device ordinals, distinct */
+} eng_devices_t;
+
 typedef struct {
     /* where the config came from (for messages and relative paths) */
     char source_path[1024];
@@ -96,6 +102,10 @@ typedef struct {
     eng_save_dtype_t save_dtype;    /* default auto: the base checkpoint's dtype */
     eng_save_layout_t save_expert_layout; /* default per_expert (the Hub's layout) */
     eng_backend_choice_t backend;   /* default auto */
+    /* `devices: N` or `devices: [0, 1]`: data parallel over N devices of
+     * this process sharing one host copy (engine/multi_device.h); default 1,
+     * ids 0..N-1 (CUDA ordinals; the CPU backend opens N CPU devices) */
+    eng_devices_t devices;
     char *model_config_json;        /* `model_config:` overrides as a JSON object text, or NULL */
     size_t save_max_shard_bytes;    /* default 5 GB, as HF's max_shard_size */
     /* memory budgets (0 = unlimited / backend default), sizes like "80GiB" */

@@ -587,10 +587,34 @@ static void test_resume_keys(void) {
     EXPECT_INVALID("save_strategy=steps", "save_strategy: steps needs save_steps > 0");
 }
 
+/* devices: a count or a list of distinct ordinals; default one device, 0. */
+static void test_devices(void) {
+    eng_run_config_t c;
+    mt_error_t err = {0};
+    eng_run_config_defaults(&c);
+    EXPECT(c.devices.count == 1 && c.devices.ids[0] == 0);
+    static const char two[] = "base_model: m\ndevices: 2\n";
+    mt_status_t st = eng_run_config_parse(two, strlen(two), "run.yaml", &c, &err);
+    EXPECT(st == MT_OK && c.devices.count == 2 && c.devices.ids[0] == 0 && c.devices.ids[1] == 1);
+    if (st == MT_OK) eng_run_config_free(&c);
+    static const char list[] = "base_model: m\ndevices: [3, 1]\n";
+    st = eng_run_config_parse(list, strlen(list), "run.yaml", &c, &err);
+    EXPECT(st == MT_OK && c.devices.count == 2 && c.devices.ids[0] == 3 && c.devices.ids[1] == 1);
+    if (st == MT_OK) {
+        EXPECT(set_ok(&c, "devices=1") && c.devices.count == 1);
+        eng_run_config_free(&c);
+    }
+    EXPECT_ERROR("base_model: m\ndevices: 0\n", MT_ERR_CONFIG, "devices", "device count");
+    EXPECT_ERROR("base_model: m\ndevices: [0, 0]\n", MT_ERR_CONFIG, "devices", "listed twice");
+    EXPECT_ERROR("base_model: m\ndevices: []\n", MT_ERR_CONFIG, "devices", "no device");
+    EXPECT_ERROR("base_model: m\ndevices: [a]\n", MT_ERR_CONFIG, "devices", "ordinal");
+}
+
 int main(void) {
     test_defaults();
     test_save_expert_layout();
     test_resume_keys();
+    test_devices();
     test_scheduler();
     test_staging();
     test_every_key();

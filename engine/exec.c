@@ -168,7 +168,7 @@ static mt_status_t place_param(eng_model_t *m, eng_param_t *p, mt_error_t *err) 
         if (!p->w) return err->code;
     }
     if (p->frozen) return MT_OK; /* no master beside the home, no gradient, no optimizer state */
-    if (bp->optim == SCHED_OPTIM_DEVICE && p->w_dtype != MT_F32) {
+    if (bp->optim == SCHED_OPTIM_DEVICE && p->w_dtype != MT_F32 && !m->replica) {
         snprintf(tag, sizeof tag, "fp32 master of %s", p->spec->name);
         p->dev_master = kern_alloc(m->dev, bytes, tag, err);
         if (!p->dev_master) return err->code;
@@ -179,7 +179,8 @@ static mt_status_t place_param(eng_model_t *m, eng_param_t *p, mt_error_t *err) 
         if (!p->g_acc) return err->code;
         kern_memset(m->dev, s, p->g_acc, 0, bytes);
     }
-    if (bp->grads == SCHED_GRADS_HOST || bp->optim == SCHED_OPTIM_HOST) {
+    /* a replica's gradients go to replica 0's optimizer, not its own */
+    if (bp->grads == SCHED_GRADS_HOST || (bp->optim == SCHED_OPTIM_HOST && !m->replica)) {
         p->host_g = calloc(p->spec->numel, sizeof(float));
         MT_CHECK_ALLOC(p->host_g, p->spec->name);
     }
@@ -296,8 +297,9 @@ mt_status_t eng_exec_place(eng_model_t *m, mt_error_t *err) {
     eng_exec_drain(m);
     if (st != MT_OK) return st;
     /* A device optimizer owns the master: the host copy would only go stale.
-     * A frozen weight keeps its home, which is what a merge reads. */
-    for (int i = 0; i < m->num_params; i++) {
+     * A frozen weight keeps its home, which is what a merge reads.  A
+     * replica's homes are replica 0's, which frees them. */
+    for (int i = 0; i < m->num_params && !m->replica; i++) {
         eng_param_t *p = &m->params[i];
         if (exec_block_plan(m, p->block)->optim == SCHED_OPTIM_DEVICE && !p->frozen) {
             free(p->host_w);

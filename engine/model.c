@@ -99,6 +99,7 @@ mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, 
         return mt_error_set(err, MT_ERR_UNSUPPORTED, "compute dtype %s is not supported (F32 or BF16)",
                             mt_dtype_name(opts->compute));
     m->compute = opts->compute;
+    m->replica = opts->replica;
     mt_status_t st = eng_model_config_load(dir, opts->overrides_json, &m->cfg, err);
     if (st != MT_OK) return st;
     st = eng_model_spec_build(&m->cfg, &m->spec, err);
@@ -117,8 +118,10 @@ mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, 
         p->spec = &m->spec.params[i];
         p->block = owning_block(m, p->spec);
         p->w_dtype = eng_param_working_dtype(p->spec, m->compute);
-        p->host_w = malloc(p->spec->numel * sizeof(float));
-        MT_CHECK_ALLOC(p->host_w, p->spec->name);
+        if (!m->replica) { /* a replica's homes are replica 0's, set by engine/multi_device.c */
+            p->host_w = malloc(p->spec->numel * sizeof(float));
+            MT_CHECK_ALLOC(p->host_w, p->spec->name);
+        }
         p->lora_a = p->lora_b = -1;
     }
     m->num_params = m->spec.count;
@@ -209,8 +212,10 @@ void eng_model_release(eng_model_t *m) {
     if (m->params) {
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
-            free(p->host_w);
-            if (!p->home_mapped) free(p->home_bf16);
+            if (!m->replica) { /* a replica's homes are replica 0's */
+                free(p->host_w);
+                if (!p->home_mapped) free(p->home_bf16);
+            }
             free(p->host_g);
             free(p->host_m);
             free(p->host_v);

@@ -137,6 +137,11 @@ typedef struct {
     /* The base checkpoint, kept mapped (read-only) while parameters' homes
      * point into it (eng_param_t.home_mapped); NULL when none does */
     struct eng_checkpoint *mapped_base;
+    /* A data-parallel replica (engine/multi_device.h): its host homes
+     * (host_w, home_bf16) are replica 0's and not freed here; it holds no
+     * master beside them and no optimizer state, since replica 0 runs the
+     * one optimizer step over the reduced gradients. */
+    bool replica;
 } eng_model_t;
 
 /* How the model's host<->device transfers are staged (the run config's
@@ -162,6 +167,7 @@ typedef struct {
     const eng_staging_settings_t *staging; /* NULL: defaults */
     mt_dtype_t compute;                    /* MT_F32 (the default, 0) or MT_BF16 */
     const eng_lora_opts_t *lora;           /* NULL: full fine-tuning */
+    bool replica;                          /* a data-parallel replica: allocate no host homes (eng_model_t.replica) */
 } eng_model_opts_t;
 
 /* The host side of eng_model_open (engine/exec.h), in its order: the

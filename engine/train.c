@@ -19,6 +19,7 @@
 #include "engine/host_mem.h"
 #include "engine/lora_model.h"
 #include "engine/model.h"
+#include "engine/multi_device.h"
 #include "engine/optim.h"
 #include "engine/optim_state.h"
 #include "engine/report.h"
@@ -35,6 +36,7 @@ mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_
     if (rc->link_gbps > 0) o.link_h2d_bytes_per_s = o.link_d2h_bytes_per_s = rc->link_gbps * 1e9;
     o.link_latency_s = rc->link_latency_us * 1e-6;
     o.host_threads = rc->compute_threads;
+    o.device_index = rc->devices.ids[0];
     o.pin_threads = rc->compute_threads > 0;
     char why[512];
     switch (rc->backend) {
@@ -181,13 +183,19 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         return st;
     }
     eng_train_plan_t tp;
-    st = eng_train_plan(rc, &mc, dev, &tp, err);
+    /* with devices: N each device runs K / N of a step's micro-batches
+     * within its own budget: that share is what is planned */
+    eng_run_config_t rc_share = *rc;
+    if (rc->devices.count > 1 && rc->gradient_accumulation_steps % rc->devices.count == 0)
+        rc_share.gradient_accumulation_steps /= rc->devices.count;
+    st = eng_train_plan(&rc_share, &mc, dev, &tp, err);
     eng_model_config_free(&mc);
     if (st != MT_OK) {
         kern_device_destroy(dev);
         return st;
     }
     eng_model_t model;
+    eng_multi_t multi; /* `devices:` > 1: replicas of model on more devices (engine/multi_device.h) */
     eng_staging_settings_t staging;
     eng_staging_settings_from_run(rc, &staging);
     if (!rc->trace) staging.timeline_samples = (size_t)1 << 14; /* only a trace reads the timeline */
@@ -196,7 +204,7 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
                                  .staging = &staging,
                                  .compute = eng_compute_dtype(rc, dev),
                                  .lora = lora};
-    st = eng_model_open(&model, dev, rc->base_model, &mo, err);
+    st = eng_multi_open(&multi, &model, dev, &rc->devices, rc->gradient_accumulation_steps, rc->base_model, &mo, err);
     if (st != MT_OK) {
         eng_train_plan_free(&tp);
         kern_device_destroy(dev);
@@ -210,7 +218,7 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
     eng_dataset_t ds;
     st = eng_dataset_load(&ds, paths, rc->num_datasets, rc->sequence_len, model.cfg.vocab_size, err);
     if (st != MT_OK) {
-        eng_model_free(&model);
+        eng_multi_free(&multi);
         eng_train_plan_free(&tp);
         kern_device_destroy(dev);
         return st;
@@ -227,12 +235,14 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
     if (resume_dir[0]) {
         char note[1024];
         st = eng_train_state_load(resume_dir, &model, rc, &ld, &ts, note, sizeof note, err);
+        /* the other devices' resident copies take the loaded weights too */
+        if (st == MT_OK) st = eng_multi_sync_replicas(&multi, err);
         if (st != MT_OK) {
             mt_error_prefix(err, "resume_from_checkpoint %s: ", resume_dir);
             eng_train_state_free(&ts);
             eng_loader_free(&ld);
             eng_dataset_free(&ds);
-            eng_model_free(&model);
+            eng_multi_free(&multi);
             eng_train_plan_free(&tp);
             kern_device_destroy(dev);
             return st;
@@ -272,6 +282,9 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
                       model.cfg.model_type, model.cfg.num_hidden_layers, model.cfg.num_experts,
                       model.cfg.num_experts_per_tok, (long long)ds.num_rows, rc->sequence_len, total,
                       rc->gradient_accumulation_steps, rc->micro_batch_size, dev->vt->name);
+    if (multi.n > 1)
+        eng_reporter_note(&rep, "moetune: data parallel on %d devices sharing one host copy, %d micro-batches each per step",
+                          multi.n, rc->gradient_accumulation_steps / multi.n);
     if (tp.predicted_step_s > 0)
         eng_reporter_note(&rep, "moetune: %s; predicted step %.3f s, peak device %.1f MiB", tp.summary,
                           tp.predicted_step_s, tp.predicted_peak_device / 1048576.0);
@@ -306,13 +319,13 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         /* host AdamW overlaps backward when the plan puts it on the host and nothing clips;
            not when a non-finite step may be skipped: overlapped blocks are updated before
            the norm is known */
-        eng_optim_begin_step(&model, &hp, accum, rc->skip_nonfinite_steps == 0);
+        eng_multi_begin_step(&multi, &hp, accum, rc->skip_nonfinite_steps == 0);
         double loss = 0, ce = 0, aux = 0;
         int64_t tokens = 0;
         /* the step's micro-batches in the run's step_order (engine/exec.h) */
         eng_micro_stats_t *ms = calloc((size_t)accum, sizeof *ms);
         MT_CHECK_ALLOC(ms, "micro-batch statistics");
-        st = eng_model_step_from_loader(&model, &ld, accum, rc->step_order, ms, err);
+        st = eng_multi_step_from_loader(&multi, &ld, accum, rc->step_order, ms, err);
         for (int micro = 0; st == MT_OK && micro < accum; micro++) {
             loss += ms[micro].loss / accum;
             ce += ms[micro].ce_loss / accum;
@@ -325,9 +338,10 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
             goto out;
         }
         eng_optim_stats_t os;
-        st = eng_optim_step(&model, &hp, &os, err);
+        st = eng_multi_optim_step(&multi, &hp, &os, err);
         if (st == MT_ERR_DATA && ts.nonfinite_skipped < rc->skip_nonfinite_steps) {
-            /* nothing was updated: drop the gradients and go on, counted */
+            /* nothing was updated: drop the gradients and go on, counted (the other
+               devices' were cleared when they were summed into this one's) */
             eng_optim_discard_step(&model);
             ts.nonfinite_skipped++;
             eng_reporter_note(&rep, "moetune: step %d skipped (%d of skip_nonfinite_steps: %d): %s", step + 1,
@@ -422,7 +436,7 @@ out:
     eng_reporter_close(&rep);
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
-    eng_model_free(&model);
+    eng_multi_free(&multi);
     kern_device_destroy(dev);
     return st;
 }

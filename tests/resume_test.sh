@@ -113,8 +113,9 @@ declare -A PLAN=(
   [device]="--set scheduler.optimizer=device"
   [bf16_save]="--set scheduler.optimizer=device --set bf16=true --set save_dtype=bfloat16"
   [stream]="--set scheduler.weights=stream --set scheduler.optimizer=host --set bf16=true"
+  [two_devices]="--set devices=2 --set scheduler.weights=resident --set scheduler.optimizer=host"
 )
-for plan in host device bf16_save stream; do
+for plan in host device bf16_save stream two_devices; do
   opts=${PLAN[$plan]}
   # shellcheck disable=SC2086
   timeout 60 "$MOETUNE" train run.yaml --set output_dir=ref_$plan $opts >"$L/ref_$plan.out" 2>&1 \

@@ -17,16 +17,20 @@
 
 #include "engine/calibrate.h"
 #include "engine/program.h"
+#include "tools/plan/plan_devices.h"
 #include "tools/plan/plan_report.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: moetune plan RUN.yaml [--hw NAME|FILE|calibrate] [--json] [--trace FILE] [--set key=value]...\n"
+            "usage: moetune plan RUN.yaml [--hw NAME|FILE|calibrate] [--json] [--trace FILE] [--devices N]\n"
+            "                             [--set key=value]...\n"
             "  --hw       hardware profile: configs/hw/NAME.yaml, a YAML file, or 'calibrate' (measure this\n"
             "             machine's CPU backend); default: the run config's hardware: key\n"
             "  --json     print the plan as one JSON document (schema moetune.plan/1)\n"
             "  --trace    write the predicted step as a Chrome trace (open in Perfetto)\n"
             "  --set      override a run-config key, e.g. --set memory.host=512GiB\n"
+            "  --devices  N devices of this host, data parallel, one host copy (default: the run config's\n"
+            "             devices:): each device's share planned and predicted over its own link\n"
             "exit codes: 0 a plan fits, 3 no plan fits the budgets, 1 error, 2 bad command line\n");
 }
 
@@ -96,7 +100,7 @@ static void ctx_free(plan_ctx_t *c) {
 }
 
 int mt_plan_main(int argc, char **argv) {
-    const char *run = NULL, *hw_spec = NULL, *trace = NULL;
+    const char *run = NULL, *hw_spec = NULL, *trace = NULL, *devices_arg = NULL;
     bool json = false;
     const char *sets[64];
     int nsets = 0;
@@ -106,6 +110,8 @@ int mt_plan_main(int argc, char **argv) {
         else if (strcmp(a, "--hw") == 0 && i + 1 < argc) hw_spec = argv[++i];
         else if (strncmp(a, "--hw=", 5) == 0) hw_spec = a + 5;
         else if (strcmp(a, "--trace") == 0 && i + 1 < argc) trace = argv[++i];
+        else if (strcmp(a, "--devices") == 0 && i + 1 < argc) devices_arg = argv[++i];
+        else if (strncmp(a, "--devices=", 10) == 0) devices_arg = a + 10;
         else if (strncmp(a, "--trace=", 8) == 0) trace = a + 8;
         else if ((strcmp(a, "--set") == 0 && i + 1 < argc) || strncmp(a, "--set=", 6) == 0) {
             if (nsets == 64) {
@@ -137,6 +143,11 @@ int mt_plan_main(int argc, char **argv) {
     if (eng_run_config_load(run, &c.rc, &err) != MT_OK) goto done;
     for (int i = 0; i < nsets; i++)
         if (eng_run_config_set(&c.rc, sets[i], &err) != MT_OK) goto done;
+    if (devices_arg) { /* --devices N is `--set devices=N`, with the same checks */
+        char set[64];
+        snprintf(set, sizeof set, "devices=%.40s", devices_arg);
+        if (eng_run_config_set(&c.rc, set, &err) != MT_OK) goto done;
+    }
     if (!hw_spec && c.rc.hardware[0]) hw_spec = c.rc.hardware;
     if (!hw_spec) {
         mt_error_set(&err, MT_ERR_CONFIG,
@@ -159,8 +170,12 @@ int mt_plan_main(int argc, char **argv) {
     if (sched_workload_build(&c.reg, &c.hw, &c.w, &err) != MT_OK) goto done;
     if (eng_program_planner_opts(&c.rc, &c.hw, &c.opts, &err) != MT_OK) goto done;
     if (sched_plan_make(&c.w, &c.opts, &c.res, &err) != MT_OK) goto done;
+    plan_devices_t dp;
+    const bool multi = c.rc.devices.count > 1;
+    if (multi && plan_devices_make(&c, c.rc.devices.count, &dp, &err) != MT_OK) goto done;
     if (json) {
         json_t *doc = plan_report_json(&c);
+        if (multi) json_object_set_new(doc, "data_parallel", plan_devices_json(&dp));
         char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
         json_decref(doc);
         MT_CHECK_ALLOC(text, "plan JSON text");
@@ -169,7 +184,9 @@ int mt_plan_main(int argc, char **argv) {
         free(text);
     } else {
         plan_report_text(stdout, &c);
+        if (multi) plan_devices_text(stdout, &c, &dp);
     }
+    if (multi) plan_devices_free(&dp);
     if (trace && plan_write_trace(&c, trace, &err) != MT_OK) goto done;
     rcode = c.res.feasible ? 0 : 3;
 done:

@@ -60,6 +60,13 @@
  *                     largest_tensor_bytes, compact_bytes, per_tensor_bytes, per_tensor_pow2_bytes,
  *                     max_slot_bytes, max_slot_slots, host_total_bytes {compact, per_tensor, max_slot}
  *                     (pageable peak + that mode's staging)}
+ *   data_parallel     (with --devices N > 1 or devices: in the run config) data parallel on N
+ *                     devices of one host sharing one host copy, each device's share planned and
+ *                     simulated over its own link (scheduler/data_parallel.h): {devices, feasible,
+ *                     micro_batches_per_device, fwd_bwd_s, reduce_s, optim_s, refresh_s,
+ *                     step_time_s, tokens_per_s (all devices), single_device_step_time_s,
+ *                     reduce_device_bytes, reduce_host_bytes, per_device [{device, h2d_bytes,
+ *                     d2h_bytes}], h2d_bytes_total}
  */
 #ifndef MT_TOOLS_PLAN_PLAN_CMD_H
 #define MT_TOOLS_PLAN_PLAN_CMD_H

@@ -276,6 +276,54 @@ static void test_cli(void) {
     free(out), free(err);
 }
 
+/* --devices 2: data parallel, each device's share planned over its own
+ * link; the JSON's data_parallel section adds up, and a step count that
+ * does not divide is refused naming both keys. */
+static void test_devices(void) {
+    write_run("mixtral_dp", "mixtral-8x7b",
+              "sequence_len: 4096\nbf16: true\ngradient_accumulation_steps: 8\nmemory: {device: 80GiB, host: 1TiB}\n");
+    char path[800];
+    snprintf(path, sizeof path, "%s/runs/mixtral_dp.yaml", g_tmp);
+    const char *a1[] = {path, "--hw", "h100-80gb-pcie", "--devices", "2", "--json"};
+    char *out, *err;
+    int rc = run_plan(a1, 6, &out, &err);
+    json_error_t je;
+    json_t *d = json_loads(out, 0, &je);
+    EXPECT(rc == 0 && d, "exit %d, %s", rc, err);
+    json_t *dp = json_object_get(d, "data_parallel");
+    EXPECT(json_is_object(dp), "data_parallel section: %.300s", out);
+    if (json_is_object(dp)) {
+        const double step = num(dp, "step_time_s", NULL), fb = num(dp, "fwd_bwd_s", NULL);
+        const double parts = fb + num(dp, "reduce_s", NULL) + num(dp, "optim_s", NULL) + num(dp, "refresh_s", NULL);
+        EXPECT(num(dp, "devices", NULL) == 2 && num(dp, "micro_batches_per_device", NULL) == 4, "2 devices x 4");
+        EXPECT(step > 0 && fabs(step - parts) <= 1e-9 * step, "step %g = parts %g", step, parts);
+        EXPECT(num(dp, "reduce_s", NULL) > 0, "the gradients are summed across devices");
+        /* tokens/s counts both devices' micro-batches: 8 x 4096 tokens per step */
+        EXPECT(fabs(num(dp, "tokens_per_s", NULL) * step - 8 * 4096.0) < 1e-6 * 8 * 4096, "tokens/s");
+        json_t *per = json_object_get(dp, "per_device");
+        EXPECT(json_array_size(per) == 2, "per device");
+        double sum = 0;
+        for (size_t i = 0; i < json_array_size(per); i++) sum += num(json_array_get(per, i), "h2d_bytes", NULL);
+        EXPECT(sum > 0 && fabs(sum - num(dp, "h2d_bytes_total", NULL)) <= 1e-9 * sum, "H2D per device adds up");
+        /* each device streams its own copy of the weights over its own link: the
+         * H2D each one moves is at least the single device's weight traffic
+         * for half the micro-batches, not half of it */
+        EXPECT(num(json_array_get(per, 1), "h2d_bytes", NULL) > 0, "device 1 has its own link traffic");
+    }
+    json_decref(d);
+    free(out), free(err);
+    const char *a2[] = {path, "--hw", "h100-80gb-pcie", "--devices", "3"};
+    rc = run_plan(a2, 5, &out, &err);
+    EXPECT(rc == 1 && strstr(err, "gradient_accumulation_steps (8)") && strstr(err, "devices (3)"), "K=8 on 3: %d %s",
+           rc, err);
+    free(out), free(err);
+    const char *a3[] = {path, "--hw", "h100-80gb-pcie", "--devices", "2"};
+    rc = run_plan(a3, 5, &out, &err);
+    EXPECT(rc == 0 && strstr(out, "data parallel on 2 devices") && strstr(out, "each other"), "text: %d %.300s", rc,
+           err);
+    free(out), free(err);
+}
+
 int main(void) {
     const char *tmp = getenv("TEST_TMPDIR");
     snprintf(g_tmp, sizeof g_tmp, "%s", tmp ? tmp : "/tmp");
@@ -284,6 +332,7 @@ int main(void) {
     test_qwen3();
     test_every_model();
     test_cli();
+    test_devices();
     if (failures) fprintf(stderr, "plan_cmd_test: %d failure(s)\n", failures);
     else printf("plan_cmd_test: all passed\n");
     return failures != 0;

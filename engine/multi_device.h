@@ -1,0 +1,76 @@
+/* Data parallel over several devices of one process, sharing one host copy
+ * of the model (`devices: N` in a run config).
+ *
+ * Replica 0 is an ordinary model (engine/exec.h) and owns everything on
+ * the host: the fp32 masters (host_w), a frozen base's bf16 homes, and the
+ * optimizer state.  Replicas 1..N-1 each run their own executor on their
+ * own device (own budget, streams, staging pool) over a parameter table
+ * whose host homes point at replica 0's: nothing is read from the
+ * checkpoint again and no master is copied.  A streamed weight is fetched
+ * from that shared home by whichever device needs it.
+ *
+ * One optimizer step of K micro-batches (K a multiple of N): device d runs
+ * the contiguous share d*K/N .. (d+1)*K/N - 1, all devices at once (one host
+ * thread each), each micro-batch with loss scale 1/K.  Contiguous rather
+ * than interleaved: replica 0's partial sum is then a prefix of the
+ * single-device accumulation (g0 + g1 + ...), so with K = N (one micro-batch
+ * per device) the reduced gradient is bit-identical to one device's.
+ * The gradients are then summed in rank order (replica 0's + replica 1's
+ * + ...): device-resident accumulators through kern_comm_allreduce_sum,
+ * host-resident ones by the same float add on the host.  Then replica 0's
+ * optimizer step runs once over the sum (clipping sees the global norm),
+ * and every other replica's resident weights that changed are refreshed:
+ * from the updated host master, or, when the optimizer lives on replica 0's
+ * device, from replica 0's updated working copy.
+ *
+ * With N = 1 every call is the single-device one, unchanged. */
+#ifndef MT_ENGINE_MULTI_DEVICE_H
+#define MT_ENGINE_MULTI_DEVICE_H
+
+#include <stdbool.h>
+
+#include "engine/config.h"
+#include "engine/exec.h"
+#include "engine/model.h"
+#include "engine/optim.h"
+#include "kernels/device.h"
+
+typedef struct {
+    int n;                 /* devices */
+    eng_model_t *primary;  /* replica 0: the caller's model */
+    eng_model_t *reps;     /* (n) reps[0] unused; reps[1..n) the replicas */
+    kern_device_t **devs;  /* (n) devs[0] the caller's; devs[1..n) opened (and destroyed) here */
+    kern_comm_t *comm;     /* over devs, for device-resident gradients; NULL when n == 1 */
+    bool *updated;         /* (num_params) got a gradient on some device in this step */
+} eng_multi_t;
+
+/* Opens the model in dir on dev0 as `primary` (as eng_model_open does) and
+ * devices->count - 1 replicas on devices of dev0's backend with dev0's
+ * options (device ordinal devices->ids[d]).  accum is the run's
+ * gradient_accumulation_steps: it must be a multiple of the device count
+ * (checked before any weight is read). */
+mt_status_t eng_multi_open(eng_multi_t *mm, eng_model_t *primary, kern_device_t *dev0, const eng_devices_t *devices,
+                           int accum, const char *dir, const eng_model_opts_t *opts, mt_error_t *err);
+/* Frees the replicas, their devices and the primary model (not dev0). */
+void eng_multi_free(eng_multi_t *mm);
+
+/* eng_optim_begin_step on every device (each with its share of the k
+ * micro-batches; with N > 1 the host optimizer never overlaps backward,
+ * since it must wait for the other devices' gradients). */
+void eng_multi_begin_step(eng_multi_t *mm, const eng_optim_hparams_t *hp, int k, bool overlap);
+/* Forward and backward of batches[0..k) with loss scale 1/k, device d on
+ * its contiguous share, then the gradients reduced into the primary.
+ * stats[j] is micro-batch j's, in the global order. */
+mt_status_t eng_multi_step_fwd_bwd(eng_multi_t *mm, const eng_batch_t *batches, int k, eng_step_order_t order,
+                                   eng_micro_stats_t *stats, mt_error_t *err);
+/* Draws k micro-batches from ld and runs eng_multi_step_fwd_bwd. */
+mt_status_t eng_multi_step_from_loader(eng_multi_t *mm, eng_loader_t *ld, int k, eng_step_order_t order,
+                                       eng_micro_stats_t *stats, mt_error_t *err);
+/* Every trained parameter's resident copy on the other devices takes the
+ * primary's current weights (after a resume wrote them). */
+mt_status_t eng_multi_sync_replicas(eng_multi_t *mm, mt_error_t *err);
+/* The primary's optimizer step, then the replicas' resident weights refreshed. */
+mt_status_t eng_multi_optim_step(eng_multi_t *mm, const eng_optim_hparams_t *hp, eng_optim_stats_t *out,
+                                 mt_error_t *err);
+
+#endif
