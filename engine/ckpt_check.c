@@ -30,15 +30,24 @@ static const struct {
 } k_ignored[] = {
     {IGN_SUFFIX, ".rotary_emb.inv_freq"},
     {IGN_EXTRA_LAYER, "deepseek_v3"}, /* model.layers.61.*: DeepSeek-V3's MTP layer */
+    {IGN_EXTRA_LAYER, "glm4_moe"},    /* model.layers.46.* (GLM-4.5-Air), .92.* (GLM-4.5): their MTP layer */
 };
 
 static const char *experts_key(const eng_model_config_t *c) {
-    return c->arch == ENG_ARCH_MIXTRAL ? "num_local_experts" : "num_experts";
+    switch (c->arch) {
+    case ENG_ARCH_MIXTRAL:
+    case ENG_ARCH_GPT_OSS: return "num_local_experts";
+    case ENG_ARCH_DEEPSEEK_V2:
+    case ENG_ARCH_DEEPSEEK_V3:
+    case ENG_ARCH_GLM4_MOE: return "n_routed_experts";
+    default: return "num_experts";
+    }
 }
 
 static const char *expert_width_key(const eng_model_config_t *c) {
-    return c->arch == ENG_ARCH_QWEN2_MOE || c->arch == ENG_ARCH_QWEN3_MOE ? "moe_intermediate_size"
-                                                                         : "intermediate_size";
+    return c->arch == ENG_ARCH_MIXTRAL || c->arch == ENG_ARCH_OLMOE || c->arch == ENG_ARCH_GPT_OSS
+               ? "intermediate_size"
+               : "moe_intermediate_size";
 }
 
 /* The config.json key(s) that set dimension d of p's shape. */
@@ -67,8 +76,25 @@ static const char *dim_keys(const eng_model_config_t *c, const eng_param_spec_t 
     case ENG_P_EXP_UP: return d == 0 ? expert_width_key(c) : hidden;
     case ENG_P_EXP_DOWN: return d == 0 ? hidden : expert_width_key(c);
     case ENG_P_SHARED_GATE:
-    case ENG_P_SHARED_UP: return d == 0 ? "shared_expert_intermediate_size" : hidden;
-    case ENG_P_SHARED_DOWN: return d == 0 ? hidden : "shared_expert_intermediate_size";
+    case ENG_P_SHARED_UP:
+    case ENG_P_SHARED_DOWN: {
+        const char *w = c->n_shared_experts > 0 ? "n_shared_experts x moe_intermediate_size"
+                                                : "shared_expert_intermediate_size";
+        return (d == 0) == (p->role != ENG_P_SHARED_DOWN) ? w : hidden;
+    }
+    case ENG_P_Q_A: return d == 0 ? "q_lora_rank" : hidden;
+    case ENG_P_Q_A_NORM: return "q_lora_rank";
+    case ENG_P_Q_B: return d == 0 ? "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)" : "q_lora_rank";
+    case ENG_P_KV_A: return d == 0 ? "kv_lora_rank + qk_rope_head_dim" : hidden;
+    case ENG_P_KV_A_NORM: return "kv_lora_rank";
+    case ENG_P_KV_B: return d == 0 ? "num_attention_heads x (qk_nope_head_dim + v_head_dim)" : "kv_lora_rank";
+    case ENG_P_ATTN_SINKS: return "num_attention_heads";
+    case ENG_P_ROUTER_B:
+    case ENG_P_ROUTER_BIAS: return experts_key(c);
+    case ENG_P_EXP_GATE_UP_FUSED: return d == 0 ? experts_key(c) : d == 1 ? hidden : "2 x intermediate_size";
+    case ENG_P_EXP_GATE_UP_BIAS: return d == 0 ? experts_key(c) : "2 x intermediate_size";
+    case ENG_P_EXP_DOWN_FUSED: return d == 0 ? experts_key(c) : d == 1 ? "intermediate_size" : hidden;
+    case ENG_P_EXP_DOWN_BIAS: return d == 0 ? experts_key(c) : hidden;
     case ENG_P_SHARED_EXPERT_GATE: return d == 0 ? "(1: one gate per token)" : hidden;
     case ENG_P_DENSE_GATE:
     case ENG_P_DENSE_UP: return d == 0 ? "intermediate_size" : hidden;
