@@ -151,8 +151,10 @@ mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_con
                                  const eng_model_spec_t *spec, const char *config_path, bool allow_unused,
                                  mt_error_t *err) {
     char want[128], got[128];
-    for (int i = 0; i < spec->count; i++) {
-        const eng_param_spec_t *p = &spec->params[i];
+    /* parameters, then buffers (DeepSeek-V3's e_score_correction_bias): both are the checkpoint's */
+    const int described = spec->count + spec->num_buffers;
+    for (int i = 0; i < described; i++) {
+        const eng_param_spec_t *p = i < spec->count ? &spec->params[i] : &spec->buffers[i - spec->count];
         shape_str(want, sizeof want, p->ndim, p->shape, NULL);
         const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->name);
         if (!e) {
@@ -187,16 +189,18 @@ mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_con
         }
     }
     /* Tensors nothing in the spec names: a merge of two sorted lists. */
-    const char **names = malloc((spec->count ? (size_t)spec->count : 1) * sizeof *names);
+    const size_t nnames = described > 0 ? (size_t)described : 1;
+    const char **names = malloc(nnames * sizeof *names);
     MT_CHECK_ALLOC(names, "spec names");
-    for (int i = 0; i < spec->count; i++) names[i] = spec->params[i].name;
-    qsort(names, (size_t)spec->count, sizeof *names, cmp_str);
+    for (int i = 0; i < described; i++)
+        names[i] = i < spec->count ? spec->params[i].name : spec->buffers[i - spec->count].name;
+    qsort(names, (size_t)described, sizeof *names, cmp_str);
     int j = 0, unexplained = 0;
     const char *first = NULL;
     for (int i = 0; i < ck->count; i++) {
         const char *n = ck->entries[i].name;
-        while (j < spec->count && strcmp(names[j], n) < 0) j++;
-        if (j < spec->count && strcmp(names[j], n) == 0) continue;
+        while (j < described && strcmp(names[j], n) < 0) j++;
+        if (j < described && strcmp(names[j], n) == 0) continue;
         if (ignored_by_transformers(cfg, n)) continue;
         if (!first) first = n;
         unexplained++;
