@@ -284,10 +284,13 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
         eng_checkpoint_close(&ck);
         return st;
     }
+    bool own_fused = false; /* gpt-oss: fused over E is the family's only layout */
+    for (int i = 0; i < spec->count && !own_fused; i++) own_fused = eng_param_role_fused_experts(spec->params[i].role);
     fprintf(out, "%d file%s, %s on disk, %d tensors, experts stored %s\n", ck.file_count, ck.file_count == 1 ? "" : "s",
             human_bytes(b[0], sizeof b[0], (double)ck.disk_bytes), ck.count,
-            ck.layout == ENG_CKPT_LAYOUT_FUSED ? "fused (transformers 5: experts.gate_up_proj, experts.down_proj)"
-                                               : "per expert (the Hub's layout)");
+            own_fused ? "fused over E with biases (the family's own layout)"
+            : ck.layout == ENG_CKPT_LAYOUT_FUSED ? "fused (transformers 5: experts.gate_up_proj, experts.down_proj)"
+                                                 : "per expert (the Hub's layout)");
     int n_by[ENG_ST_DTYPE_COUNT] = {0};
     uint64_t bytes_by[ENG_ST_DTYPE_COUNT] = {0};
     for (int i = 0; i < ck.count; i++) {

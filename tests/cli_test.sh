@@ -134,8 +134,8 @@ cp -r ckpt trunc; truncate -s 1000 trunc/model.safetensors
 expect_fail truncated_safetensors "trunc/model\.safetensors" "$MOETUNE" train run.yaml --set base_model=trunc
 cp -r ckpt shape; sed -i 's/"intermediate_size": 48/"intermediate_size": 40/' shape/config.json
 expect_fail shape_mismatch "experts\.0\.w1\.weight.*(40|48)" "$MOETUNE" train run.yaml --set base_model=shape
-cp -r ckpt mtype; sed -i 's/"mixtral"/"gpt_oss"/' mtype/config.json
-expect_fail unsupported_model_type "gpt_oss" "$MOETUNE" train run.yaml --set base_model=mtype
+cp -r ckpt mtype; sed -i 's/"mixtral"/"dbrx"/' mtype/config.json
+expect_fail unsupported_model_type "dbrx" "$MOETUNE" train run.yaml --set base_model=mtype
 cp -r ckpt noconfig; rm noconfig/config.json
 expect_fail missing_config_json "noconfig/config\.json" "$MOETUNE" train run.yaml --set base_model=noconfig
 
@@ -172,6 +172,31 @@ fi
 # --- bad staging settings (issue 4): refused by the pool before training starts ------------
 expect_fail staging_cap_too_small "staging.*smaller than model\.embed_tokens\.weight" "$MOETUNE" train run.yaml --set staging.cap=1KiB
 expect_fail staging_zero_slabs "staging\.num_slabs = 0" "$MOETUNE" train run.yaml --set staging.num_slabs=0
+
+# --- families described for inspect and plan only: init and inspect work, train refuses ------
+cat > tiny-ds.json <<'JSON'
+{"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 16,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 8, "n_shared_experts": 1,
+ "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "q_lora_rank": 16,
+ "kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "rms_norm_eps": 1e-6,
+ "rope_theta": 10000.0, "tie_word_embeddings": false}
+JSON
+cat > tiny-oss.json <<'JSON'
+{"model_type": "gpt_oss", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 16, "head_dim": 8,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+ "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "sliding_window": 4}
+JSON
+for fam in ds oss; do
+  sed -e "s#^base_model:.*#base_model: ./tiny-$fam#" -e "s#^base_model_init:.*#base_model_init: ./tiny-$fam.json#" \
+      -e "s#^output_dir:.*#output_dir: ./out-$fam#" run.yaml > run-$fam.yaml
+  if timeout 60 "$MOETUNE" init run-$fam.yaml >init-$fam.out 2>&1 && timeout 60 "$MOETUNE" inspect tiny-$fam >inspect-$fam.out 2>&1 \
+     && grep -q "all .* tensors present with the expected shapes" inspect-$fam.out; then
+    echo "ok   init + inspect of a tiny $fam model"
+  else
+    echo "FAIL init + inspect $fam"; cat init-$fam.out inspect-$fam.out; failures=$((failures + 1))
+  fi
+  expect_fail train_refused_$fam "model_type (deepseek_v3|gpt_oss) .* cannot be trained yet.*inspect.*plan" "$MOETUNE" train run-$fam.yaml
+done
 
 # the good run's files survived all the failures
 [ -f out/model.safetensors ] && echo "ok   earlier output intact" || { echo "FAIL earlier output lost"; failures=$((failures + 1)); }
