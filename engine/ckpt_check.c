@@ -29,6 +29,8 @@ static const struct {
     const char *text;
 } k_ignored[] = {
     {IGN_SUFFIX, ".rotary_emb.inv_freq"},
+    /* FP8 block scales: consumed by their weight's dequantisation on read (engine/checkpoint.c) */
+    {IGN_SUFFIX, ".weight_scale_inv"},
     {IGN_EXTRA_LAYER, "deepseek_v3"}, /* model.layers.61.*: DeepSeek-V3's MTP layer */
     {IGN_EXTRA_LAYER, "glm4_moe"},    /* model.layers.46.* (GLM-4.5-Air), .92.* (GLM-4.5): their MTP layer */
 };
