@@ -260,11 +260,58 @@ static mt_status_t read_fp8(const eng_checkpoint_t *ck, const eng_st_file_t *f, 
     return st;
 }
 
+bool eng_checkpoint_find_mxfp4(const eng_checkpoint_t *ck, const char *name, const eng_ckpt_entry_t **blocks,
+                               const eng_ckpt_entry_t **scales, int64_t shape[3]) {
+    char bn[300], sn[300];
+    snprintf(bn, sizeof bn, "%s_blocks", name);
+    snprintf(sn, sizeof sn, "%s_scales", name);
+    const eng_ckpt_entry_t *b = eng_checkpoint_find(ck, bn), *s = eng_checkpoint_find(ck, sn);
+    if (!b || !s) return false;
+    const eng_st_tensor_t *bt = b->tensor, *st = s->tensor;
+    if (bt->dtype != ENG_ST_U8 || st->dtype != ENG_ST_U8 || bt->ndim != 4 || st->ndim != 3 || bt->shape[3] != 16)
+        return false;
+    for (int d = 0; d < 3; d++)
+        if (bt->shape[d] != st->shape[d]) return false;
+    *blocks = b;
+    *scales = s;
+    shape[0] = (int64_t)bt->shape[0];
+    shape[1] = (int64_t)bt->shape[2] * 32;
+    shape[2] = (int64_t)bt->shape[1];
+    return true;
+}
+
+/* A gpt-oss expert tensor from its MXFP4 blocks and scales, dequantised
+ * into transformers' layout (E, C, R) and checked for non-finite values. */
+static mt_status_t read_mxfp4(const eng_checkpoint_t *ck, const char *name, int ndim, const int64_t *expect_shape,
+                              const eng_ckpt_entry_t *b, const eng_ckpt_entry_t *s, const int64_t shape[3],
+                              float *dst, mt_error_t *err) {
+    char want[128], got[128];
+    shape_to_str(want, sizeof want, ndim, expect_shape, NULL);
+    shape_to_str(got, sizeof got, 3, shape, NULL);
+    if (ndim != 3 || shape[0] != expect_shape[0] || shape[1] != expect_shape[1] || shape[2] != expect_shape[2])
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: MXFP4 tensor '%s_blocks' dequantises to %s but config.json implies %s",
+                            ck->files[b->file].path, name, got, want);
+    mt_dequant_mxfp4(b->tensor->data, s->tensor->data, shape[0], shape[2], shape[1] / 32, true, dst);
+    const size_t n = (size_t)(shape[0] * shape[1] * shape[2]);
+    const size_t bad = mt_first_nonfinite_f32(dst, n);
+    if (bad != MT_ALL_FINITE)
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: tensor '%s_scales' holds the NaN scale 0xFF, which makes element %zu of '%s' "
+                            "non-finite; the checkpoint is damaged",
+                            ck->files[s->file].path, name, bad, name);
+    return MT_OK;
+}
+
 mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name, int ndim,
                                     const int64_t *expect_shape, float *dst, mt_error_t *err) {
     char want[128], got[128];
     shape_to_str(want, sizeof want, ndim, expect_shape, NULL);
     const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, name);
+    const eng_ckpt_entry_t *mb, *ms;
+    int64_t mshape[3];
+    if (!e && eng_checkpoint_find_mxfp4(ck, name, &mb, &ms, mshape))
+        return read_mxfp4(ck, name, ndim, expect_shape, mb, ms, mshape, dst, err);
     if (!e)
         return mt_error_set(err, MT_ERR_FORMAT,
                             "%s: missing tensor '%s' (config.json implies shape %s)", ck->dir, name,

@@ -31,6 +31,11 @@ static const struct {
     {IGN_SUFFIX, ".rotary_emb.inv_freq"},
     /* FP8 block scales: consumed by their weight's dequantisation on read (engine/checkpoint.c) */
     {IGN_SUFFIX, ".weight_scale_inv"},
+    /* gpt-oss's MXFP4 experts: consumed by the dequantisation of the fused tensor they encode */
+    {IGN_SUFFIX, ".experts.gate_up_proj_blocks"},
+    {IGN_SUFFIX, ".experts.gate_up_proj_scales"},
+    {IGN_SUFFIX, ".experts.down_proj_blocks"},
+    {IGN_SUFFIX, ".experts.down_proj_scales"},
     {IGN_EXTRA_LAYER, "deepseek_v3"}, /* model.layers.61.*: DeepSeek-V3's MTP layer */
     {IGN_EXTRA_LAYER, "glm4_moe"},    /* model.layers.46.* (GLM-4.5-Air), .92.* (GLM-4.5): their MTP layer */
 };
@@ -159,6 +164,20 @@ mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_con
         const eng_param_spec_t *p = i < spec->count ? &spec->params[i] : &spec->buffers[i - spec->count];
         shape_str(want, sizeof want, p->ndim, p->shape, NULL);
         const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->name);
+        const eng_ckpt_entry_t *mb, *ms;
+        int64_t mshape[3];
+        if (!e && eng_checkpoint_find_mxfp4(ck, p->name, &mb, &ms, mshape)) {
+            /* gpt-oss's MXFP4 experts: compare the shape they dequantise to */
+            bool ok = p->ndim == 3;
+            for (int d = 0; ok && d < 3; d++) ok = mshape[d] == p->shape[d];
+            if (ok) continue;
+            shape_str(got, sizeof got, 3, mshape, NULL);
+            return mt_error_set(err, MT_ERR_FORMAT,
+                                "%s disagrees with the checkpoint: MXFP4 tensor '%s_blocks' in %s dequantises to %s "
+                                "but %s implies %s (%s). Use the config.json that came with these weights",
+                                config_path, p->name, ck->files[mb->file].path, got, config_path, want,
+                                dim_keys(cfg, p, 0));
+        }
         if (!e) {
             /* a routed expert may be stored fused (transformers 5): say where it was looked for too */
             const char *at = p->expert >= 0 ? strstr(p->name, ".experts.") : NULL;

@@ -248,8 +248,18 @@ static void print_storage(FILE *out, const eng_model_desc_t *d, const char *sour
 
 /* Where a description tensor stands in the checkpoint: 0 = present with its
  * shape (its dtype noted), 1 = wrong shape, 2 = missing. */
-static int check_tensor(const eng_checkpoint_t *ck, eng_model_desc_t *spec, const eng_param_spec_t *p) {
+static int check_tensor(const eng_checkpoint_t *ck, eng_model_desc_t *spec, const eng_param_spec_t *p,
+                        int *mxfp4) {
     const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->name);
+    const eng_ckpt_entry_t *mb, *ms;
+    int64_t mshape[3];
+    if (!e && eng_checkpoint_find_mxfp4(ck, p->name, &mb, &ms, mshape)) {
+        /* gpt-oss's MXFP4 experts: two tensors in the file for one described */
+        bool ok = p->ndim == 3;
+        for (int d = 0; ok && d < 3; d++) ok = mshape[d] == p->shape[d];
+        *mxfp4 += ok;
+        return ok ? 0 : 1;
+    }
     bool ok = e && e->tensor->ndim == p->ndim;
     for (int d = 0; ok && d < p->ndim; d++) ok = (int64_t)e->tensor->shape[d] == p->shape[d];
     mt_dtype_t dt;
@@ -303,13 +313,13 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
             fprintf(out, "  %-5s %6d tensors, %s\n", eng_st_dtype_name((eng_st_dtype_t)d), n_by[d],
                     human_bytes(b[0], sizeof b[0], (double)bytes_by[d]));
     /* Agreement with config.json: missing, wrong shape, unexpected (parameters and buffers). */
-    int missing = 0, wrong = 0, shown = 0;
+    int missing = 0, wrong = 0, shown = 0, mxfp4 = 0;
     const eng_param_spec_t *first_bad = NULL;
     int first_where = 0;
     const int described = spec->count + spec->num_buffers;
     for (int i = 0; i < described; i++) {
         const eng_param_spec_t *p = i < spec->count ? &spec->params[i] : &spec->buffers[i - spec->count];
-        const int where = check_tensor(&ck, spec, p);
+        const int where = check_tensor(&ck, spec, p, &mxfp4);
         if (where == 0) continue;
         if (where == 1) wrong++;
         else missing++;
@@ -320,13 +330,14 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
         if (shown++ < 5)
             fprintf(out, "  %s: %s\n", where == 1 ? "WRONG SHAPE" : "MISSING", p->name);
     }
-    int used = described - missing;
+    int used = described - missing + mxfp4; /* an MXFP4 tensor is two in the file */
     int unexpected = ck.count - used;
     if (missing || wrong || unexpected)
         fprintf(out, "  vs config.json: %d missing, %d wrong shape, %d unexpected (ignored)\n", missing,
                 wrong, unexpected);
     else
         fprintf(out, "  vs config.json: all %d tensors present with the expected shapes\n", described);
+    if (mxfp4) fprintf(out, "  %d expert tensors in MXFP4 (_blocks + _scales), dequantised when read\n", mxfp4);
     print_storage(out, spec, "the checkpoint's");
     /* A checkpoint that lacks a tensor config.json implies (or holds it in
      * another shape) cannot be trained or loaded by transformers: inspect

@@ -17,7 +17,8 @@
  * save_pretrained of the dequantised model).  The Hub's openai/gpt-oss-*
  * store the two expert matrices in MXFP4 as `<name>_blocks` (E, rows, cols/32,
  * 16) uint8 and `<name>_scales` (E, rows, cols/32) uint8, rows x cols being
- * the transpose of the shapes above (engine/quant.h dequantises them).
+ * the transpose of the shapes above: the checkpoint reader dequantises
+ * them into these tensors (eng_checkpoint_find_mxfp4, base/quant.h).
  *
  * For the scheduler each fused tensor is listed per expert (name[e], 1/E of
  * it, contiguous in the file), so that experts without tokens are neither

@@ -182,7 +182,7 @@ cat > tiny-ds.json <<'JSON'
  "rope_theta": 10000.0, "tie_word_embeddings": false}
 JSON
 cat > tiny-oss.json <<'JSON'
-{"model_type": "gpt_oss", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 16, "head_dim": 8,
+{"model_type": "gpt_oss", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32, "head_dim": 8,
  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
  "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "sliding_window": 4}
 JSON
@@ -197,6 +197,44 @@ for fam in ds oss; do
   fi
   expect_fail train_refused_$fam "model_type (deepseek_v3|gpt_oss) .* cannot be trained yet.*inspect.*plan" "$MOETUNE" train run-$fam.yaml
 done
+
+# gpt-oss as the Hub ships it: the experts in MXFP4 (_blocks + _scales), read by dequantising them
+if python3 - <<'PY' 2>mx.err
+import json, os, struct
+b = open("tiny-oss/model.safetensors", "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); data = b[8 + n:]
+meta = h.pop("__metadata__", None)
+out, blobs, off = {}, [], 0
+def add(name, dtype, shape, raw):
+    global off
+    out[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
+    blobs.append(raw); off += len(raw)
+for name, t in sorted(h.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+    if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        E, C, R = t["shape"]  # transformers' (E, C, R) is stored as (E, R, C/32, 16) blocks + (E, R, C/32) scales
+        add(name + "_blocks", "U8", [E, R, C // 32, 16], bytes([0x21]) * (E * R * C // 2))
+        add(name + "_scales", "U8", [E, R, C // 32], bytes([127]) * (E * R * C // 32))
+    else:
+        add(name, t["dtype"], t["shape"], data[t["data_offsets"][0]:t["data_offsets"][1]])
+if meta: out["__metadata__"] = meta
+hj = json.dumps(out).encode(); hj += b" " * ((8 - len(hj) % 8) % 8)
+os.makedirs("tiny-oss-mx", exist_ok=True)
+open("tiny-oss-mx/model.safetensors", "wb").write(struct.pack("<Q", len(hj)) + hj + b"".join(blobs))
+open("tiny-oss-mx/config.json", "w").write(open("tiny-oss/config.json").read())
+PY
+then
+  if timeout 60 "$MOETUNE" inspect tiny-oss-mx >inspect-mx.out 2>&1 && grep -q "all 37 tensors present" inspect-mx.out \
+     && grep -q "4 expert tensors in MXFP4" inspect-mx.out; then
+    echo "ok   inspect of gpt-oss with MXFP4 experts"
+  else
+    echo "FAIL inspect MXFP4"; cat inspect-mx.out; failures=$((failures + 1))
+  fi
+  sed "s#tiny-oss#tiny-oss-mx#g" run-oss.yaml > run-mx.yaml
+  expect_fail train_refused_mxfp4 "gpt_oss .* cannot be trained yet" "$MOETUNE" train run-mx.yaml
+else
+  echo "skip MXFP4 checkpoint (no python3 to write it): $(head -c 200 mx.err)"
+fi
 
 # the good run's files survived all the failures
 [ -f out/model.safetensors ] && echo "ok   earlier output intact" || { echo "FAIL earlier output lost"; failures=$((failures + 1)); }
