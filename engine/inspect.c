@@ -114,9 +114,12 @@ static void print_arch(FILE *out, const char *dir, const eng_model_config_t *c, 
     fprintf(out, "model_type   %s (%s)\n", c->model_type, eng_model_desc_family_name(d));
     fprintf(out, "layers       %d, hidden %d, vocab %d, max positions %d\n", c->num_hidden_layers,
             c->hidden_size, c->vocab_size, c->max_position_embeddings);
-    fprintf(out, "attention    %d heads, %d kv heads, head_dim %d, qkv bias %s, qk norm %s, ",
-            c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->qkv_bias ? "yes" : "no",
-            c->qk_norm ? "yes" : "no");
+    if (c->mla) /* every head has its own k and v, decompressed from one latent (the MLA line below) */
+        fprintf(out, "attention    MLA, %d heads, ", c->num_attention_heads);
+    else
+        fprintf(out, "attention    %d heads, %d kv heads, head_dim %d, qkv bias %s, qk norm %s, ",
+                c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->qkv_bias ? "yes" : "no",
+                c->qk_norm ? "yes" : "no");
     if (c->sliding_window) fprintf(out, "sliding window %d\n", c->sliding_window);
     else fprintf(out, "full causal\n");
     fprintf(out, "rope         theta %g; rms_norm_eps %g; tied embeddings %s\n", (double)c->rope_theta,

@@ -10,10 +10,12 @@
  * A family is one row of k_families in model_desc.c: its HF names, a
  * function that lists parameters, buffers and per-layer saved activations,
  * and a function that lists the step's ops with their FLOPs and bytes.
- * Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE share the decoder functions and
- * differ in their names table; a family with another layer structure
- * (DeepSeek-V3's MLA attention, gpt-oss) writes its own two functions and
- * its block code.
+ * Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and GLM-4.5 share the decoder
+ * functions and differ in their names table; a family with another layer
+ * structure (DeepSeek's MLA attention, gpt-oss's fused experts) writes its
+ * own describe function and the half of the decoder's ops walk it replaces
+ * (model_desc_walk.h), and its block code (none yet for those two nor for
+ * GLM-4.5: eng_model_desc_trains is false and training refuses them).
  *
  * Shapes of saved activations are affine in the micro-batch's token count
  * n: numel = per_token * n + fixed (e.g. q (n, nh*hd): per_token nh*hd;
@@ -69,8 +71,8 @@ typedef enum {
 } eng_param_role_t;
 
 /* A parameter is trained (or frozen by the run); a buffer is checkpoint
- * state the model reads but no optimizer touches (DeepSeek-V3's
- * e_score_correction_bias).  Today's families have none. */
+ * state the model reads but no optimizer touches (DeepSeek-V3's and
+ * GLM-4.5's e_score_correction_bias).  The trained families have none. */
 typedef enum { ENG_TENSOR_PARAM = 0, ENG_TENSOR_BUFFER } eng_tensor_kind_t;
 
 typedef struct {
