@@ -434,6 +434,31 @@ static void head_block(eng_walk_t *w) {
     w->p->blocks[hb_index].act_input_bytes = n * H * w->ab;
 }
 
+/* The leaves of the model's linear layers, in parameter order, once each
+ * ("q_proj, k_proj, ..., gate (router), w1, w2, w3"), for the message
+ * about a LoRA target that matches nothing. */
+static void linear_leaves(const eng_model_desc_t *d, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < d->count; i++) {
+        const eng_param_spec_t *p = &d->params[i];
+        const size_t nl = strlen(p->name);
+        if (p->layer < 0 || p->ndim != 2 || nl < 7 || strcmp(p->name + nl - 7, ".weight") != 0) continue;
+        char mod[160], item[192];
+        module_of(p, mod, sizeof mod);
+        const char *leaf = strrchr(mod, '.');
+        leaf = leaf ? leaf + 1 : mod;
+        snprintf(item, sizeof item, "%s%s", leaf, p->role == ENG_P_ROUTER && strcmp(leaf, "router") ? " (router)" : "");
+        bool seen = false;
+        for (const char *at = buf; !seen && (at = strstr(at, item)) != NULL; at++)
+            seen = (at == buf || at[-1] == ' ') && (at[strlen(item)] == ',' || at[strlen(item)] == '\0');
+        if (seen) continue;
+        const int n = snprintf(buf + len, cap - len, "%s%s", len ? ", " : "", item);
+        if (n < 0 || (size_t)n >= cap - len) break;
+        len += (size_t)n;
+    }
+}
+
 static mt_status_t check_config(const eng_model_config_t *m, mt_error_t *err) {
 #define NEED(cond, ...)                                                   \
     do {                                                                  \
@@ -502,12 +527,14 @@ mt_status_t eng_decoder_ops(const eng_family_t *f, const eng_model_desc_t *d, co
 
     for (int i = 0; i < shape->num_lora_targets && shape->lora; i++)
         if (!w.target_hit[i]) {
-            char names[96];
-            snprintf(names, sizeof names, "%s, %s, %s", f->experts[0].leaf, f->experts[1].leaf, f->experts[2].leaf);
+            char names[512];
+            linear_leaves(d, names, sizeof names);
             st = mt_error_set(err, MT_ERR_CONFIG,
-                              "lora_target_modules: '%s' matches no module of this model (e.g. q_proj, k_proj, "
-                              "v_proj, o_proj, %s, gate = router, all-linear)",
-                              shape->lora_targets[i], names);
+                              "lora_target_modules: '%s' matches no module of this model (e.g. %s, all-linear)%s",
+                              shape->lora_targets[i], names,
+                              f->moe_ops ? "; its experts are fused tensors (gate_up_proj, down_proj), which "
+                                           "moetune cannot put adapters on yet"
+                                         : "");
             break;
         }
     free(w.target_hit);

@@ -448,6 +448,28 @@ static void test_described_families(void) {
            "sinks, o_proj bias, router bias, expert biases");
     EXPECT(!cfg.layer_full_attention[0] && cfg.layer_full_attention[1] && cfg.sliding_window == 128,
            "layer_types: sliding, full, ...");
+    /* LoRA on the fused experts is refused, saying why; on attention it plans */
+    eng_run_config_t rc;
+    eng_run_config_defaults(&rc);
+    rc.micro_batch_size = 1;
+    rc.sequence_len = 64;
+    rc.gradient_accumulation_steps = 1;
+    rc.adapter = ENG_ADAPTER_LORA;
+    rc.lora_r = 8;
+    rc.num_lora_target_modules = 1;
+    snprintf(rc.lora_target_modules[0], sizeof rc.lora_target_modules[0], "gate_up_proj");
+    sched_program_t prog;
+    sched_run_shape_t shape;
+    mt_status_t st = eng_program_describe(&cfg, &rc, true, &prog, &shape, &err);
+    EXPECT(st == MT_ERR_CONFIG && strstr(err.msg, "'gate_up_proj' matches no module") && strstr(err.msg, "fused") &&
+               strstr(err.msg, "q_proj, k_proj, v_proj, o_proj, router"),
+           "fused experts as a LoRA target: %s", err.msg);
+    if (st == MT_OK) sched_program_free(&prog);
+    snprintf(rc.lora_target_modules[0], sizeof rc.lora_target_modules[0], "o_proj");
+    st = eng_program_describe(&cfg, &rc, true, &prog, &shape, &err);
+    EXPECT(st == MT_OK, "o_proj LoRA on gpt-oss: %s", err.msg);
+    if (st == MT_OK) sched_program_free(&prog);
+    eng_run_config_free(&rc);
     eng_model_desc_free(&d);
     eng_model_config_free(&cfg);
 }
