@@ -474,9 +474,53 @@ static void test_described_families(void) {
     eng_model_config_free(&cfg);
 }
 
+/* DeepSeek-V2-Lite's sizes (deepseek-ai/DeepSeek-V2-Lite, as its model
+ * card states them: 15.7B total, 2.4B active): q_lora_rank null, so q_proj
+ * directly; greedy softmax routing, no score-correction buffer. */
+static void test_deepseek_v2_lite(void) {
+    static const char *k_v2_lite =
+        "{\"model_type\": \"deepseek_v2\", \"vocab_size\": 102400, \"hidden_size\": 2048, \"intermediate_size\": 10944,"
+        " \"moe_intermediate_size\": 1408, \"num_hidden_layers\": 27, \"num_attention_heads\": 16,"
+        " \"num_key_value_heads\": 16, \"n_routed_experts\": 64, \"n_shared_experts\": 2, \"num_experts_per_tok\": 6,"
+        " \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"kv_lora_rank\": 512, \"q_lora_rank\": null,"
+        " \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"topk_method\": \"greedy\","
+        " \"norm_topk_prob\": false, \"scoring_func\": \"softmax\", \"tie_word_embeddings\": false,"
+        " \"torch_dtype\": \"bfloat16\"}";
+    eng_model_config_t cfg;
+    mt_error_t err = {0};
+    if (eng_model_config_parse(k_v2_lite, "v2-lite", NULL, &cfg, &err) != MT_OK) {
+        EXPECT(false, "%s", err.msg);
+        return;
+    }
+    eng_model_desc_t d;
+    if (eng_model_desc_build(&cfg, &d, &err) != MT_OK) {
+        EXPECT(false, "%s", err.msg);
+        eng_model_config_free(&cfg);
+        return;
+    }
+    const double total = (double)eng_model_desc_numel(&d), active = (double)eng_model_desc_active_numel(&d, &cfg);
+    const double embed = 102400.0 * 2048;
+    printf("deepseek-v2-lite total %.2fB (published 15.7B); active %.2fB, %.2fB without the embedding table "
+           "(published 2.4B)\n",
+           total / 1e9, active / 1e9, (active - embed) / 1e9);
+    EXPECT(fabs(total / 15.7e9 - 1) < 0.01, "V2-Lite total %.0f", total);
+    EXPECT(fabs((active - embed) / 2.4e9 - 1) < 0.03, "V2-Lite active %.0f", active - embed);
+    const int q = eng_model_desc_find(&d, "model.layers.0.self_attn.q_proj.weight");
+    EXPECT(q >= 0 && d.params[q].shape[0] == 16 * 192 && d.params[q].shape[1] == 2048, "q_proj without a q latent");
+    EXPECT(eng_model_desc_find(&d, "model.layers.0.self_attn.q_a_proj.weight") < 0 && d.num_buffers == 0,
+           "no q_a_proj, no e_score_correction_bias");
+    EXPECT(eng_model_desc_find(&d, "model.layers.1.mlp.shared_experts.gate_proj.weight") >= 0 &&
+               d.params[eng_model_desc_find(&d, "model.layers.1.mlp.shared_experts.gate_proj.weight")].shape[0] == 2816,
+           "two shared experts: one FFN of twice the width");
+    check_program("deepseek-v2-lite", &cfg, &d, 8);
+    eng_model_desc_free(&d);
+    eng_model_config_free(&cfg);
+}
+
 int main(void) {
     test_real_models();
     test_described_families();
+    test_deepseek_v2_lite();
     test_tiny_acts();
     test_buffers();
     if (failures) fprintf(stderr, "model_desc_test: %d failure(s)\n", failures);
