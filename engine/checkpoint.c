@@ -7,6 +7,8 @@
  * opening first asks outdir whether the directory is a complete save, so a
  * mix of two saves is never loaded. */
 #include "engine/checkpoint.h"
+
+#include "base/quant.h"
 #include "engine/outdir.h"
 
 #include "base/fileio.h"
@@ -221,11 +223,95 @@ const eng_ckpt_entry_t *eng_checkpoint_find(const eng_checkpoint_t *ck, const ch
     return bsearch(&key, ck->entries, (size_t)ck->count, sizeof key, cmp_entry);
 }
 
+/* An F8_E4M3 tensor, as DeepSeek-V3 ships its linear weights
+ * (quant_method fp8): dequantised to fp32 with the block scales of its
+ * sibling `<module>.weight_scale_inv` (base/quant.h), 128 x 128 blocks as
+ * the published quantization_config's weight_block_size says.  Without a
+ * sibling the values are read unscaled. */
+#define ENG_FP8_BLOCK 128
+static mt_status_t read_fp8(const eng_checkpoint_t *ck, const eng_st_file_t *f, const eng_st_tensor_t *t,
+                            const char *name, float *dst, mt_error_t *err) {
+    char sname[300];
+    const size_t n = strlen(name);
+    const bool is_weight = n > 7 && strcmp(name + n - 7, ".weight") == 0;
+    snprintf(sname, sizeof sname, "%s_scale_inv", name);
+    const eng_ckpt_entry_t *se = is_weight ? eng_checkpoint_find(ck, sname) : NULL;
+    if (!se) {
+        const uint8_t *w = t->data;
+        for (size_t i = 0; i < t->numel; i++) dst[i] = mt_fp8_e4m3_to_f32(w[i]);
+        return MT_OK;
+    }
+    const eng_st_tensor_t *s = se->tensor;
+    if (t->ndim != 2 || s->ndim != 2)
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: FP8 tensor '%s' (%d-D) with block scales '%s' (%d-D): both must be 2-D", f->path,
+                            name, t->ndim, sname, s->ndim);
+    float *scale = malloc((s->numel ? s->numel : 1) * sizeof *scale);
+    MT_CHECK_ALLOC(scale, sname);
+    mt_status_t st = eng_st_read_f32(&ck->files[se->file], s, scale, err);
+    if (st == MT_OK) {
+        char what[400];
+        snprintf(what, sizeof what, "%s: '%s'", f->path, name);
+        st = mt_dequant_fp8_e4m3_block(t->data, (int64_t)t->shape[0], (int64_t)t->shape[1], scale,
+                                       (int64_t)s->shape[0], (int64_t)s->shape[1], ENG_FP8_BLOCK, ENG_FP8_BLOCK, dst,
+                                       what, err);
+    }
+    free(scale);
+    return st;
+}
+
+bool eng_checkpoint_find_mxfp4(const eng_checkpoint_t *ck, const char *name, const eng_ckpt_entry_t **blocks,
+                               const eng_ckpt_entry_t **scales, int64_t shape[3]) {
+    char bn[300], sn[300];
+    snprintf(bn, sizeof bn, "%s_blocks", name);
+    snprintf(sn, sizeof sn, "%s_scales", name);
+    const eng_ckpt_entry_t *b = eng_checkpoint_find(ck, bn), *s = eng_checkpoint_find(ck, sn);
+    if (!b || !s) return false;
+    const eng_st_tensor_t *bt = b->tensor, *st = s->tensor;
+    if (bt->dtype != ENG_ST_U8 || st->dtype != ENG_ST_U8 || bt->ndim != 4 || st->ndim != 3 || bt->shape[3] != 16)
+        return false;
+    for (int d = 0; d < 3; d++)
+        if (bt->shape[d] != st->shape[d]) return false;
+    *blocks = b;
+    *scales = s;
+    shape[0] = (int64_t)bt->shape[0];
+    shape[1] = (int64_t)bt->shape[2] * 32;
+    shape[2] = (int64_t)bt->shape[1];
+    return true;
+}
+
+/* A gpt-oss expert tensor from its MXFP4 blocks and scales, dequantised
+ * into transformers' layout (E, C, R) and checked for non-finite values. */
+static mt_status_t read_mxfp4(const eng_checkpoint_t *ck, const char *name, int ndim, const int64_t *expect_shape,
+                              const eng_ckpt_entry_t *b, const eng_ckpt_entry_t *s, const int64_t shape[3],
+                              float *dst, mt_error_t *err) {
+    char want[128], got[128];
+    shape_to_str(want, sizeof want, ndim, expect_shape, NULL);
+    shape_to_str(got, sizeof got, 3, shape, NULL);
+    if (ndim != 3 || shape[0] != expect_shape[0] || shape[1] != expect_shape[1] || shape[2] != expect_shape[2])
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: MXFP4 tensor '%s_blocks' dequantises to %s but config.json implies %s",
+                            ck->files[b->file].path, name, got, want);
+    mt_dequant_mxfp4(b->tensor->data, s->tensor->data, shape[0], shape[2], shape[1] / 32, true, dst);
+    const size_t n = (size_t)(shape[0] * shape[1] * shape[2]);
+    const size_t bad = mt_first_nonfinite_f32(dst, n);
+    if (bad != MT_ALL_FINITE)
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: tensor '%s_scales' holds the NaN scale 0xFF, which makes element %zu of '%s' "
+                            "non-finite; the checkpoint is damaged",
+                            ck->files[s->file].path, name, bad, name);
+    return MT_OK;
+}
+
 mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name, int ndim,
                                     const int64_t *expect_shape, float *dst, mt_error_t *err) {
     char want[128], got[128];
     shape_to_str(want, sizeof want, ndim, expect_shape, NULL);
     const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, name);
+    const eng_ckpt_entry_t *mb, *ms;
+    int64_t mshape[3];
+    if (!e && eng_checkpoint_find_mxfp4(ck, name, &mb, &ms, mshape))
+        return read_mxfp4(ck, name, ndim, expect_shape, mb, ms, mshape, dst, err);
     if (!e)
         return mt_error_set(err, MT_ERR_FORMAT,
                             "%s: missing tensor '%s' (config.json implies shape %s)", ck->dir, name,
@@ -248,7 +334,12 @@ mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name
     const size_t chunk = (size_t)1 << 14; /* elements: 64 KiB of fp32, well inside L2 */
     const size_t es = (size_t)eng_st_dtype_bits(t->dtype) / 8;
     size_t bad = MT_ALL_FINITE;
-    for (size_t off = 0; off < t->numel && bad == MT_ALL_FINITE; off += chunk) {
+    if (t->dtype == ENG_ST_F8_E4M3) {
+        mt_status_t st = read_fp8(ck, f, t, name, dst, err);
+        if (st != MT_OK) return st;
+        bad = mt_first_nonfinite_f32(dst, t->numel);
+    }
+    for (size_t off = 0; off < t->numel && bad == MT_ALL_FINITE && t->dtype != ENG_ST_F8_E4M3; off += chunk) {
         eng_st_tensor_t part = *t;
         part.numel = t->numel - off < chunk ? t->numel - off : chunk;
         part.data = (const uint8_t *)t->data + off * es;

@@ -82,6 +82,15 @@ const eng_ckpt_entry_t *eng_checkpoint_find(const eng_checkpoint_t *ck, const ch
  * shape config.json implies.  Call once, after eng_checkpoint_open. */
 mt_status_t eng_checkpoint_resolve(eng_checkpoint_t *ck, const eng_model_spec_t *spec, mt_error_t *err);
 
+/* gpt-oss's MXFP4 experts (the Hub's openai/gpt-oss-*): a described tensor
+ * NAME of shape (E, C, R), fused over E, that the checkpoint holds as
+ * NAME_blocks (E, R, C/32, 16) and NAME_scales (E, R, C/32), both U8 (see
+ * base/quant.h).  True when both are there with those dtypes and agreeing
+ * shapes; *shape gets (E, C, R), the dequantised shape to compare with the
+ * description.  eng_checkpoint_read_f32 dequantises such a tensor. */
+bool eng_checkpoint_find_mxfp4(const eng_checkpoint_t *ck, const char *name, const eng_ckpt_entry_t **blocks,
+                               const eng_ckpt_entry_t **scales, int64_t shape[3]);
+
 /* Reads one tensor as fp32 into dst (numel floats), checking its shape
  * against expect_shape (ndim dims; a spec's 1-D params use ndim 1). */
 mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name, int ndim,

@@ -464,6 +464,115 @@ static void test_inspect(tctx_t *t) {
     free(out);
 }
 
+/* DeepSeek-V3's FP8 weights: an F8_E4M3 weight with a sibling
+ * weight_scale_inv (128 x 128 blocks, partial at the edges) reads as
+ * fp8 * scale_inv per block; a scale grid of the wrong shape, and a NaN
+ * code, are refused naming the file and tensor. */
+static void test_fp8(tctx_t *t) {
+    char d[600], p[700];
+    snprintf(d, sizeof d, "%s/fp8", t->root);
+    mkdir(d, 0755);
+    const int64_t R = 130, C = 200, wshape[2] = {R, C}, sshape[2] = {2, 2}, bad_shape[2] = {1, 2};
+    uint8_t *w = malloc((size_t)(R * C));
+    for (int64_t i = 0; i < R * C; i++) w[i] = (uint8_t)(i % 7 == 0 ? 0xB8 : 0x30 + i % 8); /* -1, 0.5 .. 0.9375 */
+    const float scale[4] = {0.5f, 2.0f, 4.0f, 0.125f};
+    eng_st_write_tensor_t ts[2] = {
+        {"model.layers.0.self_attn.kv_b_proj.weight", ENG_ST_F8_E4M3, 2, wshape, w, NULL},
+        {"model.layers.0.self_attn.kv_b_proj.weight_scale_inv", ENG_ST_F32, 2, sshape, NULL, scale},
+    };
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    mt_error_t err = {0};
+    mt_status_t st = eng_st_write(p, ts, 2, NULL, 0, &err);
+    EXPECT(t, st == MT_OK, "%s", err.msg);
+    float *out = malloc((size_t)(R * C) * sizeof *out);
+    eng_checkpoint_t ck;
+    if (st == MT_OK && (st = eng_checkpoint_open(d, &ck, &err)) == MT_OK) {
+        st = eng_checkpoint_read_f32(&ck, ts[0].name, 2, wshape, out, &err);
+        EXPECT(t, st == MT_OK, "%s", err.msg);
+        int bad = 0;
+        for (int64_t r = 0; r < R && st == MT_OK; r++)
+            for (int64_t c = 0; c < C; c++) {
+                const uint8_t b = w[r * C + c];
+                const float v = b == 0xB8 ? -1.0f : 0.5f * (1.0f + (float)(b & 7) / 8.0f);
+                bad += out[r * C + c] != v * scale[(r / 128) * 2 + c / 128];
+            }
+        EXPECT(t, bad == 0, "%d values differ from fp8 * scale_inv", bad);
+        eng_checkpoint_close(&ck);
+    }
+    ts[1].shape = bad_shape;
+    w[5] = 0x7F; /* NaN */
+    st = eng_st_write(p, ts, 2, NULL, 0, &err);
+    if (st == MT_OK && (st = eng_checkpoint_open(d, &ck, &err)) == MT_OK) {
+        st = eng_checkpoint_read_f32(&ck, ts[0].name, 2, wshape, out, &err);
+        EXPECT(t, st == MT_ERR_FORMAT && strstr(err.msg, "model.safetensors") && strstr(err.msg, "kv_b_proj.weight") &&
+                      strstr(err.msg, "needs [2, 2]"),
+               "scale grid: %s", err.msg);
+        eng_checkpoint_close(&ck);
+    }
+    ts[1].shape = sshape;
+    st = eng_st_write(p, ts, 2, NULL, 0, &err);
+    if (st == MT_OK && (st = eng_checkpoint_open(d, &ck, &err)) == MT_OK) {
+        st = eng_checkpoint_read_f32(&ck, ts[0].name, 2, wshape, out, &err);
+        EXPECT(t, st == MT_ERR_FORMAT && strstr(err.msg, "non-finite") && strstr(err.msg, "kv_b_proj.weight"),
+               "NaN code: %s", err.msg);
+        eng_checkpoint_close(&ck);
+    }
+    free(out);
+    free(w);
+}
+
+/* gpt-oss's MXFP4 experts: NAME_blocks (E, R, G, 16) and NAME_scales
+ * (E, R, G) read as NAME (E, G*32, R), transformers' layout; a NaN scale
+ * is refused naming the scales tensor. */
+static void test_mxfp4(tctx_t *t) {
+    char d[600], p[700];
+    snprintf(d, sizeof d, "%s/mxfp4", t->root);
+    mkdir(d, 0755);
+    const int64_t E = 2, R = 3, G = 2, bshape[4] = {E, R, G, 16}, sshape[3] = {E, R, G}, want[3] = {E, G * 32, R};
+    uint8_t blocks[2 * 3 * 2 * 16], scales[2 * 3 * 2];
+    for (size_t i = 0; i < sizeof blocks; i++) blocks[i] = (uint8_t)(i * 29 + 7);
+    for (size_t i = 0; i < sizeof scales; i++) scales[i] = (uint8_t)(125 + i % 5);
+    eng_st_write_tensor_t ts[2] = {
+        {"model.layers.0.mlp.experts.gate_up_proj_blocks", ENG_ST_U8, 4, bshape, blocks, NULL},
+        {"model.layers.0.mlp.experts.gate_up_proj_scales", ENG_ST_U8, 3, sshape, scales, NULL},
+    };
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    mt_error_t err = {0};
+    mt_status_t st = eng_st_write(p, ts, 2, NULL, 0, &err);
+    EXPECT(t, st == MT_OK, "%s", err.msg);
+    float out[2 * 64 * 3];
+    eng_checkpoint_t ck;
+    const char *name = "model.layers.0.mlp.experts.gate_up_proj";
+    if (st == MT_OK && (st = eng_checkpoint_open(d, &ck, &err)) == MT_OK) {
+        st = eng_checkpoint_read_f32(&ck, name, 3, want, out, &err);
+        EXPECT(t, st == MT_OK, "%s", err.msg);
+        static const float k_e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+        int bad = 0;
+        for (int64_t e = 0; e < E && st == MT_OK; e++)
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t k = 0; k < G * 32; k++) {
+                    const uint8_t byte = blocks[((e * R + r) * G + k / 32) * 16 + (k % 32) / 2];
+                    const float v = k_e2m1[k % 2 ? byte >> 4 : byte & 0xF] *
+                                    ldexpf(1.0f, scales[(e * R + r) * G + k / 32] - 127);
+                    bad += out[(e * G * 32 + k) * R + r] != v;
+                }
+        EXPECT(t, bad == 0, "%d values differ from e2m1 * 2^(scale - 127) at [e, k, r]", bad);
+        const int64_t wrong[3] = {E, R, G * 32};
+        st = eng_checkpoint_read_f32(&ck, name, 3, wrong, out, &err);
+        EXPECT(t, st == MT_ERR_FORMAT && strstr(err.msg, "gate_up_proj_blocks") && strstr(err.msg, "[2, 64, 3]"),
+               "shape: %s", err.msg);
+        eng_checkpoint_close(&ck);
+    }
+    scales[4] = 0xFF;
+    st = eng_st_write(p, ts, 2, NULL, 0, &err);
+    if (st == MT_OK && (st = eng_checkpoint_open(d, &ck, &err)) == MT_OK) {
+        st = eng_checkpoint_read_f32(&ck, name, 3, want, out, &err);
+        EXPECT(t, st == MT_ERR_FORMAT && strstr(err.msg, "gate_up_proj_scales") && strstr(err.msg, "NaN"),
+               "NaN scale: %s", err.msg);
+        eng_checkpoint_close(&ck);
+    }
+}
+
 int main(void) {
     tctx_t t = {0};
     const char *base = getenv("TEST_TMPDIR");
@@ -480,6 +589,8 @@ int main(void) {
         test_errors(&t, &ref);
     }
     test_inspect(&t);
+    test_fp8(&t);
+    test_mxfp4(&t);
     model_free(&ref);
     if (t.failures) {
         fprintf(stderr, "checkpoint_test: %d failure(s)\n", t.failures);

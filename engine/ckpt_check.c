@@ -29,16 +29,32 @@ static const struct {
     const char *text;
 } k_ignored[] = {
     {IGN_SUFFIX, ".rotary_emb.inv_freq"},
+    /* FP8 block scales: consumed by their weight's dequantisation on read (engine/checkpoint.c) */
+    {IGN_SUFFIX, ".weight_scale_inv"},
+    /* gpt-oss's MXFP4 experts: consumed by the dequantisation of the fused tensor they encode */
+    {IGN_SUFFIX, ".experts.gate_up_proj_blocks"},
+    {IGN_SUFFIX, ".experts.gate_up_proj_scales"},
+    {IGN_SUFFIX, ".experts.down_proj_blocks"},
+    {IGN_SUFFIX, ".experts.down_proj_scales"},
     {IGN_EXTRA_LAYER, "deepseek_v3"}, /* model.layers.61.*: DeepSeek-V3's MTP layer */
+    {IGN_EXTRA_LAYER, "glm4_moe"},    /* model.layers.46.* (GLM-4.5-Air), .92.* (GLM-4.5): their MTP layer */
 };
 
 static const char *experts_key(const eng_model_config_t *c) {
-    return c->arch == ENG_ARCH_MIXTRAL ? "num_local_experts" : "num_experts";
+    switch (c->arch) {
+    case ENG_ARCH_MIXTRAL:
+    case ENG_ARCH_GPT_OSS: return "num_local_experts";
+    case ENG_ARCH_DEEPSEEK_V2:
+    case ENG_ARCH_DEEPSEEK_V3:
+    case ENG_ARCH_GLM4_MOE: return "n_routed_experts";
+    default: return "num_experts";
+    }
 }
 
 static const char *expert_width_key(const eng_model_config_t *c) {
-    return c->arch == ENG_ARCH_QWEN2_MOE || c->arch == ENG_ARCH_QWEN3_MOE ? "moe_intermediate_size"
-                                                                         : "intermediate_size";
+    return c->arch == ENG_ARCH_MIXTRAL || c->arch == ENG_ARCH_OLMOE || c->arch == ENG_ARCH_GPT_OSS
+               ? "intermediate_size"
+               : "moe_intermediate_size";
 }
 
 /* The config.json key(s) that set dimension d of p's shape. */
@@ -67,8 +83,25 @@ static const char *dim_keys(const eng_model_config_t *c, const eng_param_spec_t 
     case ENG_P_EXP_UP: return d == 0 ? expert_width_key(c) : hidden;
     case ENG_P_EXP_DOWN: return d == 0 ? hidden : expert_width_key(c);
     case ENG_P_SHARED_GATE:
-    case ENG_P_SHARED_UP: return d == 0 ? "shared_expert_intermediate_size" : hidden;
-    case ENG_P_SHARED_DOWN: return d == 0 ? hidden : "shared_expert_intermediate_size";
+    case ENG_P_SHARED_UP:
+    case ENG_P_SHARED_DOWN: {
+        const char *w = c->n_shared_experts > 0 ? "n_shared_experts x moe_intermediate_size"
+                                                : "shared_expert_intermediate_size";
+        return (d == 0) == (p->role != ENG_P_SHARED_DOWN) ? w : hidden;
+    }
+    case ENG_P_Q_A: return d == 0 ? "q_lora_rank" : hidden;
+    case ENG_P_Q_A_NORM: return "q_lora_rank";
+    case ENG_P_Q_B: return d == 0 ? "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)" : "q_lora_rank";
+    case ENG_P_KV_A: return d == 0 ? "kv_lora_rank + qk_rope_head_dim" : hidden;
+    case ENG_P_KV_A_NORM: return "kv_lora_rank";
+    case ENG_P_KV_B: return d == 0 ? "num_attention_heads x (qk_nope_head_dim + v_head_dim)" : "kv_lora_rank";
+    case ENG_P_ATTN_SINKS: return "num_attention_heads";
+    case ENG_P_ROUTER_B:
+    case ENG_P_ROUTER_BIAS: return experts_key(c);
+    case ENG_P_EXP_GATE_UP_FUSED: return d == 0 ? experts_key(c) : d == 1 ? hidden : "2 x intermediate_size";
+    case ENG_P_EXP_GATE_UP_BIAS: return d == 0 ? experts_key(c) : "2 x intermediate_size";
+    case ENG_P_EXP_DOWN_FUSED: return d == 0 ? experts_key(c) : d == 1 ? "intermediate_size" : hidden;
+    case ENG_P_EXP_DOWN_BIAS: return d == 0 ? experts_key(c) : hidden;
     case ENG_P_SHARED_EXPERT_GATE: return d == 0 ? "(1: one gate per token)" : hidden;
     case ENG_P_DENSE_GATE:
     case ENG_P_DENSE_UP: return d == 0 ? "intermediate_size" : hidden;
@@ -125,10 +158,26 @@ mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_con
                                  const eng_model_spec_t *spec, const char *config_path, bool allow_unused,
                                  mt_error_t *err) {
     char want[128], got[128];
-    for (int i = 0; i < spec->count; i++) {
-        const eng_param_spec_t *p = &spec->params[i];
+    /* parameters, then buffers (DeepSeek-V3's e_score_correction_bias): both are the checkpoint's */
+    const int described = spec->count + spec->num_buffers;
+    for (int i = 0; i < described; i++) {
+        const eng_param_spec_t *p = i < spec->count ? &spec->params[i] : &spec->buffers[i - spec->count];
         shape_str(want, sizeof want, p->ndim, p->shape, NULL);
         const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->name);
+        const eng_ckpt_entry_t *mb, *ms;
+        int64_t mshape[3];
+        if (!e && eng_checkpoint_find_mxfp4(ck, p->name, &mb, &ms, mshape)) {
+            /* gpt-oss's MXFP4 experts: compare the shape they dequantise to */
+            bool ok = p->ndim == 3;
+            for (int d = 0; ok && d < 3; d++) ok = mshape[d] == p->shape[d];
+            if (ok) continue;
+            shape_str(got, sizeof got, 3, mshape, NULL);
+            return mt_error_set(err, MT_ERR_FORMAT,
+                                "%s disagrees with the checkpoint: MXFP4 tensor '%s_blocks' in %s dequantises to %s "
+                                "but %s implies %s (%s). Use the config.json that came with these weights",
+                                config_path, p->name, ck->files[mb->file].path, got, config_path, want,
+                                dim_keys(cfg, p, 0));
+        }
         if (!e) {
             /* a routed expert may be stored fused (transformers 5): say where it was looked for too */
             const char *at = p->expert >= 0 ? strstr(p->name, ".experts.") : NULL;
@@ -161,16 +210,18 @@ mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_con
         }
     }
     /* Tensors nothing in the spec names: a merge of two sorted lists. */
-    const char **names = malloc((spec->count ? (size_t)spec->count : 1) * sizeof *names);
+    const size_t nnames = described > 0 ? (size_t)described : 1;
+    const char **names = malloc(nnames * sizeof *names);
     MT_CHECK_ALLOC(names, "spec names");
-    for (int i = 0; i < spec->count; i++) names[i] = spec->params[i].name;
-    qsort(names, (size_t)spec->count, sizeof *names, cmp_str);
+    for (int i = 0; i < described; i++)
+        names[i] = i < spec->count ? spec->params[i].name : spec->buffers[i - spec->count].name;
+    qsort(names, (size_t)described, sizeof *names, cmp_str);
     int j = 0, unexplained = 0;
     const char *first = NULL;
     for (int i = 0; i < ck->count; i++) {
         const char *n = ck->entries[i].name;
-        while (j < spec->count && strcmp(names[j], n) < 0) j++;
-        if (j < spec->count && strcmp(names[j], n) == 0) continue;
+        while (j < described && strcmp(names[j], n) < 0) j++;
+        if (j < described && strcmp(names[j], n) == 0) continue;
         if (ignored_by_transformers(cfg, n)) continue;
         if (!first) first = n;
         unexplained++;

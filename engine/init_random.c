@@ -46,12 +46,17 @@ void eng_init_random_params(const eng_model_spec_t *spec, double initializer_ran
         case ENG_P_FINAL_NORM:
         case ENG_P_Q_NORM:
         case ENG_P_K_NORM:
+        case ENG_P_Q_A_NORM:
+        case ENG_P_KV_A_NORM:
             for (size_t k = 0; k < p->numel; k++) d[k] = 1.0f;
             break;
         case ENG_P_Q_BIAS:
         case ENG_P_K_BIAS:
         case ENG_P_V_BIAS:
         case ENG_P_O_BIAS:
+        case ENG_P_ROUTER_B:          /* gpt-oss: _init_weights zeroes every bias */
+        case ENG_P_EXP_GATE_UP_BIAS:
+        case ENG_P_EXP_DOWN_BIAS:
             memset(d, 0, p->numel * sizeof *d);
             break;
         default: {
@@ -113,22 +118,25 @@ mt_status_t eng_checkpoint_init_random(const char *dir, const char *config_json_
     st = read_init_keys(config_json_text, path, &std, &pad, err);
     if (st == MT_OK) st = eng_model_spec_build(&cfg, &spec, err);
     if (st != MT_OK) goto out_cfg;
-    bufs = calloc((size_t)spec.count, sizeof *bufs);
-    ts = calloc((size_t)spec.count, sizeof *ts);
+    /* parameters, then buffers (DeepSeek-V3's e_score_correction_bias),
+     * which transformers initialises to zeros */
+    const int total = spec.count + spec.num_buffers;
+    bufs = calloc((size_t)total, sizeof *bufs);
+    ts = calloc((size_t)total, sizeof *ts);
     MT_CHECK_ALLOC(bufs, "init buffers");
     MT_CHECK_ALLOC(ts, "init tensors");
-    for (int i = 0; i < spec.count; i++) {
-        const eng_param_spec_t *p = &spec.params[i];
-        bufs[i] = malloc(p->numel ? p->numel * sizeof(float) : 1);
+    for (int i = 0; i < total; i++) {
+        const eng_param_spec_t *p = i < spec.count ? &spec.params[i] : &spec.buffers[i - spec.count];
+        bufs[i] = i < spec.count ? malloc(p->numel ? p->numel * sizeof(float) : 1)
+                                 : calloc(p->numel ? p->numel : 1, sizeof(float));
         MT_CHECK_ALLOC(bufs[i], p->name);
         /* stored in the dtype config.json names (torch_dtype / dtype), as
          * save_pretrained would store a model of that dtype */
         ts[i] = (eng_ckpt_tensor_t){p->name, p->dtype, p->ndim, p->shape, bufs[i]};
     }
     eng_init_random_params(&spec, std, pad, seed, bufs);
-    st = eng_checkpoint_save(dir, config_json_text, ts, spec.count, ENG_CKPT_DEFAULT_MAX_SHARD_BYTES,
-                             err);
-    for (int i = 0; i < spec.count; i++) free(bufs[i]);
+    st = eng_checkpoint_save(dir, config_json_text, ts, total, ENG_CKPT_DEFAULT_MAX_SHARD_BYTES, err);
+    for (int i = 0; i < total; i++) free(bufs[i]);
     free(bufs);
     free(ts);
     eng_model_spec_free(&spec);

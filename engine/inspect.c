@@ -41,9 +41,14 @@ static int group_of(eng_param_role_t r) {
     case ENG_P_MLP_NORM: return G_NORM;
     case ENG_P_Q: case ENG_P_K: case ENG_P_V: case ENG_P_O:
     case ENG_P_Q_BIAS: case ENG_P_K_BIAS: case ENG_P_V_BIAS: case ENG_P_O_BIAS:
-    case ENG_P_Q_NORM: case ENG_P_K_NORM: return G_ATTN;
-    case ENG_P_ROUTER: return G_ROUTER;
-    case ENG_P_EXP_GATE: case ENG_P_EXP_UP: case ENG_P_EXP_DOWN: return G_EXPERTS;
+    case ENG_P_Q_NORM: case ENG_P_K_NORM:
+    case ENG_P_Q_A: case ENG_P_Q_A_NORM: case ENG_P_Q_B:
+    case ENG_P_KV_A: case ENG_P_KV_A_NORM: case ENG_P_KV_B:
+    case ENG_P_ATTN_SINKS: return G_ATTN;
+    case ENG_P_ROUTER: case ENG_P_ROUTER_B: return G_ROUTER;
+    case ENG_P_EXP_GATE: case ENG_P_EXP_UP: case ENG_P_EXP_DOWN:
+    case ENG_P_EXP_GATE_UP_FUSED: case ENG_P_EXP_GATE_UP_BIAS:
+    case ENG_P_EXP_DOWN_FUSED: case ENG_P_EXP_DOWN_BIAS: return G_EXPERTS;
     case ENG_P_SHARED_GATE: case ENG_P_SHARED_UP: case ENG_P_SHARED_DOWN:
     case ENG_P_SHARED_EXPERT_GATE: return G_SHARED;
     case ENG_P_DENSE_GATE: case ENG_P_DENSE_UP: case ENG_P_DENSE_DOWN: return G_DENSE;
@@ -65,24 +70,69 @@ static void ranges(char *buf, size_t cap, const bool *on, int n) {
     if (len == 0) snprintf(buf, cap, "none");
 }
 
+/* What the families described for inspect and plan add: MLA's ranks, the
+ * router's rule, RoPE scaling, gpt-oss's attention. */
+static void print_family_extras(FILE *out, const eng_model_config_t *c) {
+    if (c->mla) {
+        fprintf(out, "MLA          q_lora_rank %d%s, kv_lora_rank %d, qk head %d (nope %d + rope %d), v head %d\n",
+                c->q_lora_rank, c->q_lora_rank ? "" : " (q_proj directly)", c->kv_lora_rank,
+                c->qk_nope_head_dim + c->qk_rope_head_dim, c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim);
+    }
+    static const char *const k_route[] = {
+        [ENG_ROUTE_SOFTMAX] = "softmax, top-k",
+        [ENG_ROUTE_SOFTMAX_GROUP] = "softmax, group-limited top-k",
+        [ENG_ROUTE_SIGMOID_GROUP_BIAS] = "sigmoid, group-limited top-k on score + e_score_correction_bias",
+        [ENG_ROUTE_TOPK_SOFTMAX] = "top-k of the logits (router bias), softmax over the k",
+    };
+    if (c->routing != ENG_ROUTE_SOFTMAX || c->n_group > 0 || c->routed_scaling_factor != 1.0f)
+        fprintf(out, "routing      %s; groups %d, top groups %d, routed scale %g\n", k_route[c->routing], c->n_group,
+                c->topk_group, (double)c->routed_scaling_factor);
+    if (strcmp(c->rope_type, "default") != 0 || c->partial_rotary_factor != 1.0f || c->rope_interleave) {
+        fprintf(out, "rope type    %s", c->rope_type);
+        if (strcmp(c->rope_type, "default") != 0)
+            fprintf(out, " (factor %g, original max positions %d)", (double)c->rope_factor,
+                    c->rope_original_max_position_embeddings);
+        fprintf(out, ", rotary fraction %g%s\n", (double)c->partial_rotary_factor,
+                c->rope_interleave ? ", interleaved pairs" : ", rotate halves");
+    }
+    if (c->attn_sinks) {
+        int full = 0;
+        for (int l = 0; l < c->num_hidden_layers; l++) full += c->layer_full_attention[l];
+        fprintf(out, "gpt-oss      attention sinks; %d full-attention layers, %d sliding; experts fused with biases, "
+                "swiglu_limit %g\n",
+                full, c->num_hidden_layers - full, (double)c->swiglu_limit);
+    }
+    if (c->num_nextn_predict_layers > 0)
+        fprintf(out, "MTP          %d multi-token-prediction layer%s in the checkpoint after the last layer: not "
+                "described, not counted, allowed unused\n",
+                c->num_nextn_predict_layers, c->num_nextn_predict_layers == 1 ? "" : "s");
+}
+
 static void print_arch(FILE *out, const char *dir, const eng_model_config_t *c, const eng_model_desc_t *d) {
     char b[1024];
     fprintf(out, "checkpoint   %s\n", dir);
     fprintf(out, "model_type   %s (%s)\n", c->model_type, eng_model_desc_family_name(d));
     fprintf(out, "layers       %d, hidden %d, vocab %d, max positions %d\n", c->num_hidden_layers,
             c->hidden_size, c->vocab_size, c->max_position_embeddings);
-    fprintf(out, "attention    %d heads, %d kv heads, head_dim %d, qkv bias %s, qk norm %s, ",
-            c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->qkv_bias ? "yes" : "no",
-            c->qk_norm ? "yes" : "no");
+    if (c->mla) /* every head has its own k and v, decompressed from one latent (the MLA line below) */
+        fprintf(out, "attention    MLA, %d heads, ", c->num_attention_heads);
+    else
+        fprintf(out, "attention    %d heads, %d kv heads, head_dim %d, qkv bias %s, qk norm %s, ",
+                c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->qkv_bias ? "yes" : "no",
+                c->qk_norm ? "yes" : "no");
     if (c->sliding_window) fprintf(out, "sliding window %d\n", c->sliding_window);
     else fprintf(out, "full causal\n");
     fprintf(out, "rope         theta %g; rms_norm_eps %g; tied embeddings %s\n", (double)c->rope_theta,
             (double)c->rms_norm_eps, c->tie_word_embeddings ? "yes" : "no");
     fprintf(out, "experts      %d routed, top-%d, width %d, renormalise top-k %s", c->num_experts,
             c->num_experts_per_tok, c->moe_intermediate_size, c->norm_topk_prob ? "yes" : "no");
-    if (c->shared_expert_intermediate_size > 0)
+    if (c->n_shared_experts > 0)
+        fprintf(out, "; %d shared expert%s, width %d", c->n_shared_experts, c->n_shared_experts == 1 ? "" : "s",
+                c->shared_expert_intermediate_size);
+    else if (c->shared_expert_intermediate_size > 0)
         fprintf(out, "; shared expert width %d (sigmoid gate)", c->shared_expert_intermediate_size);
     fprintf(out, "\n");
+    print_family_extras(out, c);
     ranges(b, sizeof b, c->layer_is_moe, c->num_hidden_layers);
     int nmoe = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) nmoe += c->layer_is_moe[l];
@@ -154,6 +204,26 @@ static void print_layers(FILE *out, const eng_model_config_t *c, const eng_model
                 (long long)p->shape[1]);
         per_expert += p->numel;
     }
+    /* fused over E (gpt-oss): each tensor holds every expert of its layer */
+    for (int i = 0; i < spec->count && per_expert == 0; i++) {
+        const eng_param_spec_t *p = &spec->params[i];
+        if (!eng_param_role_fused_experts(p->role)) continue;
+        if (first < 0) {
+            first = p->layer;
+            fprintf(out, "\nexperts fused over E (every MoE layer has %d; one expert is 1/%d of each):\n",
+                    c->num_experts, c->num_experts);
+        }
+    }
+    if (per_expert == 0 && first >= 0)
+        for (int i = 0; i < spec->count; i++) {
+            const eng_param_spec_t *p = &spec->params[i];
+            if (p->layer != first || !eng_param_role_fused_experts(p->role)) continue;
+            const char *tail = strstr(p->name, ".experts.");
+            fprintf(out, "  %-28s [%lld, %lld%s", tail ? tail + 9 : p->name, (long long)p->shape[0],
+                    (long long)p->shape[1], p->ndim == 3 ? "" : "]\n");
+            if (p->ndim == 3) fprintf(out, ", %lld]\n", (long long)p->shape[2]);
+            per_expert += p->numel / (size_t)c->num_experts;
+        }
     if (per_expert) {
         int nmoe = 0;
         for (int l = 0; l < L; l++) nmoe += c->layer_is_moe[l];
@@ -181,8 +251,18 @@ static void print_storage(FILE *out, const eng_model_desc_t *d, const char *sour
 
 /* Where a description tensor stands in the checkpoint: 0 = present with its
  * shape (its dtype noted), 1 = wrong shape, 2 = missing. */
-static int check_tensor(const eng_checkpoint_t *ck, eng_model_desc_t *spec, const eng_param_spec_t *p) {
+static int check_tensor(const eng_checkpoint_t *ck, eng_model_desc_t *spec, const eng_param_spec_t *p,
+                        int *mxfp4) {
     const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->name);
+    const eng_ckpt_entry_t *mb, *ms;
+    int64_t mshape[3];
+    if (!e && eng_checkpoint_find_mxfp4(ck, p->name, &mb, &ms, mshape)) {
+        /* gpt-oss's MXFP4 experts: two tensors in the file for one described */
+        bool ok = p->ndim == 3;
+        for (int d = 0; ok && d < 3; d++) ok = mshape[d] == p->shape[d];
+        *mxfp4 += ok;
+        return ok ? 0 : 1;
+    }
     bool ok = e && e->tensor->ndim == p->ndim;
     for (int d = 0; ok && d < p->ndim; d++) ok = (int64_t)e->tensor->shape[d] == p->shape[d];
     mt_dtype_t dt;
@@ -217,10 +297,13 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
         eng_checkpoint_close(&ck);
         return st;
     }
+    bool own_fused = false; /* gpt-oss: fused over E is the family's only layout */
+    for (int i = 0; i < spec->count && !own_fused; i++) own_fused = eng_param_role_fused_experts(spec->params[i].role);
     fprintf(out, "%d file%s, %s on disk, %d tensors, experts stored %s\n", ck.file_count, ck.file_count == 1 ? "" : "s",
             human_bytes(b[0], sizeof b[0], (double)ck.disk_bytes), ck.count,
-            ck.layout == ENG_CKPT_LAYOUT_FUSED ? "fused (transformers 5: experts.gate_up_proj, experts.down_proj)"
-                                               : "per expert (the Hub's layout)");
+            own_fused ? "fused over E with biases (the family's own layout)"
+            : ck.layout == ENG_CKPT_LAYOUT_FUSED ? "fused (transformers 5: experts.gate_up_proj, experts.down_proj)"
+                                                 : "per expert (the Hub's layout)");
     int n_by[ENG_ST_DTYPE_COUNT] = {0};
     uint64_t bytes_by[ENG_ST_DTYPE_COUNT] = {0};
     for (int i = 0; i < ck.count; i++) {
@@ -233,13 +316,13 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
             fprintf(out, "  %-5s %6d tensors, %s\n", eng_st_dtype_name((eng_st_dtype_t)d), n_by[d],
                     human_bytes(b[0], sizeof b[0], (double)bytes_by[d]));
     /* Agreement with config.json: missing, wrong shape, unexpected (parameters and buffers). */
-    int missing = 0, wrong = 0, shown = 0;
+    int missing = 0, wrong = 0, shown = 0, mxfp4 = 0;
     const eng_param_spec_t *first_bad = NULL;
     int first_where = 0;
     const int described = spec->count + spec->num_buffers;
     for (int i = 0; i < described; i++) {
         const eng_param_spec_t *p = i < spec->count ? &spec->params[i] : &spec->buffers[i - spec->count];
-        const int where = check_tensor(&ck, spec, p);
+        const int where = check_tensor(&ck, spec, p, &mxfp4);
         if (where == 0) continue;
         if (where == 1) wrong++;
         else missing++;
@@ -250,13 +333,14 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *s
         if (shown++ < 5)
             fprintf(out, "  %s: %s\n", where == 1 ? "WRONG SHAPE" : "MISSING", p->name);
     }
-    int used = described - missing;
+    int used = described - missing + mxfp4; /* an MXFP4 tensor is two in the file */
     int unexpected = ck.count - used;
     if (missing || wrong || unexpected)
         fprintf(out, "  vs config.json: %d missing, %d wrong shape, %d unexpected (ignored)\n", missing,
                 wrong, unexpected);
     else
         fprintf(out, "  vs config.json: all %d tensors present with the expected shapes\n", described);
+    if (mxfp4) fprintf(out, "  %d expert tensors in MXFP4 (_blocks + _scales), dequantised when read\n", mxfp4);
     print_storage(out, spec, "the checkpoint's");
     /* A checkpoint that lacks a tensor config.json implies (or holds it in
      * another shape) cannot be trained or loaded by transformers: inspect

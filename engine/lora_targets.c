@@ -24,6 +24,7 @@ const char *eng_lora_kind_name(eng_lora_kind_t k) {
 bool eng_lora_role_is_linear(eng_param_role_t role) {
     switch (role) {
     case ENG_P_Q: case ENG_P_K: case ENG_P_V: case ENG_P_O:
+    case ENG_P_Q_A: case ENG_P_Q_B: case ENG_P_KV_A: case ENG_P_KV_B:
     case ENG_P_ROUTER:
     case ENG_P_EXP_GATE: case ENG_P_EXP_UP: case ENG_P_EXP_DOWN:
     case ENG_P_SHARED_GATE: case ENG_P_SHARED_UP: case ENG_P_SHARED_DOWN:
@@ -38,7 +39,8 @@ bool eng_lora_role_is_linear(eng_param_role_t role) {
 
 eng_lora_kind_t eng_lora_role_kind(eng_param_role_t role) {
     switch (role) {
-    case ENG_P_Q: case ENG_P_K: case ENG_P_V: case ENG_P_O: return ENG_LORA_KIND_ATTN;
+    case ENG_P_Q: case ENG_P_K: case ENG_P_V: case ENG_P_O:
+    case ENG_P_Q_A: case ENG_P_Q_B: case ENG_P_KV_A: case ENG_P_KV_B: return ENG_LORA_KIND_ATTN;
     case ENG_P_ROUTER: return ENG_LORA_KIND_ROUTER;
     case ENG_P_EXP_GATE: case ENG_P_EXP_UP: case ENG_P_EXP_DOWN: return ENG_LORA_KIND_EXPERT;
     case ENG_P_SHARED_GATE: case ENG_P_SHARED_UP: case ENG_P_SHARED_DOWN:

@@ -104,6 +104,13 @@ mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, 
     if (st != MT_OK) return st;
     st = eng_model_spec_build(&m->cfg, &m->spec, err);
     if (st != MT_OK) goto fail;
+    if (!eng_model_desc_trains(&m->spec)) {
+        st = mt_error_set(err, MT_ERR_UNSUPPORTED,
+                          "%s: model_type %s (%s) cannot be trained yet: moetune describes it for `moetune inspect` "
+                          "and `moetune plan`, but has no block code for it",
+                          dir, m->cfg.model_type, eng_model_desc_family_name(&m->spec));
+        goto fail;
+    }
     build_layer_index(m);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) m->num_moe_layers += m->cfg.layer_is_moe[l];
 

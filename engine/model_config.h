@@ -16,9 +16,26 @@ typedef enum {
     ENG_ARCH_QWEN2_MOE,
     ENG_ARCH_QWEN3_MOE,
     ENG_ARCH_OLMOE,
+    /* described for `inspect` and `plan`; no block code yet, so training
+     * refuses them (eng_model_desc_trains) */
+    ENG_ARCH_DEEPSEEK_V2,
+    ENG_ARCH_DEEPSEEK_V3,
+    ENG_ARCH_GLM4_MOE,
+    ENG_ARCH_GPT_OSS,
 } eng_arch_t;
 
-typedef struct {
+/* How the router turns logits into expert weights (DeepSeek's
+ * scoring_func / topk_method; gpt-oss's top-k-then-softmax). */
+typedef enum {
+    ENG_ROUTE_SOFTMAX = 0,        /* softmax over all experts, top-k (Mixtral, Qwen, OLMoE, DeepSeek-V2 greedy) */
+    ENG_ROUTE_SOFTMAX_GROUP,      /* DeepSeek-V2 group_limited_greedy: top-k inside the topk_group best groups */
+    ENG_ROUTE_SIGMOID_GROUP_BIAS, /* DeepSeek-V3 / GLM-4.5 noaux_tc: sigmoid scores, groups and top-k chosen on
+                                     score + e_score_correction_bias, weights from the unbiased scores */
+    ENG_ROUTE_TOPK_SOFTMAX,       /* gpt-oss: top-k of the logits (router has a bias), softmax over those k */
+} eng_route_t;
+
+/* (tagged so that model_config_read.h can name it without including this header) */
+typedef struct eng_model_config {
     eng_arch_t arch;
     char model_type[32];          /* as in config.json */
     int vocab_size;
@@ -46,7 +63,46 @@ typedef struct {
     float rms_norm_eps;
     int sliding_window;           /* 0 = full causal attention */
     int max_position_embeddings;
-    bool layer_is_moe[ENG_MAX_LAYERS]; /* from decoder_sparse_step / mlp_only_layers */
+    bool layer_is_moe[ENG_MAX_LAYERS]; /* from decoder_sparse_step / mlp_only_layers; DeepSeek/GLM:
+                                          first_k_dense_replace, moe_layer_freq */
+    /* gpt-oss: layers whose layer_types entry is full_attention ignore
+     * sliding_window (false everywhere for the other families, whose one
+     * window applies to every layer) */
+    bool layer_full_attention[ENG_MAX_LAYERS];
+
+    /* RoPE beyond the default.  The trained families accept only "default";
+     * DeepSeek-V3 and gpt-oss are described with YaRN. */
+    char rope_type[16];           /* "default", "yarn", ... */
+    float rope_factor;            /* rope_scaling.factor (0 = unset) */
+    int rope_original_max_position_embeddings;
+    float rope_beta_fast, rope_beta_slow, rope_mscale, rope_mscale_all_dim;
+    bool rope_interleave;         /* DeepSeek: rotate adjacent pairs (not halves) */
+    float partial_rotary_factor;  /* GLM-4.5: fraction of each head rotated (1 = whole head) */
+
+    /* MLA (DeepSeek-V2/V3).  head_dim is qk_rope_head_dim there, as
+     * transformers sets it; num_key_value_heads = num_attention_heads. */
+    bool mla;
+    int q_lora_rank;              /* 0: q_proj directly (V2-Lite's q_lora_rank null) */
+    int kv_lora_rank;
+    int qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+
+    /* DeepSeek / GLM MoE */
+    int n_shared_experts;         /* shared experts' FFN width = n_shared_experts * moe_intermediate_size
+                                     (also in shared_expert_intermediate_size; no sigmoid gate) */
+    int first_k_dense_replace, moe_layer_freq;
+    int n_group, topk_group;      /* group-limited routing; 0 = not grouped */
+    float routed_scaling_factor;  /* routed output multiplied by it (1 = none) */
+    eng_route_t routing;
+    bool router_score_bias;       /* mlp.gate.e_score_correction_bias: a buffer, never trained */
+    int num_nextn_predict_layers; /* multi-token-prediction layers stored after the last layer; not part of
+                                     the model moetune describes (their tensors are allowed, unused) */
+
+    /* gpt-oss */
+    bool attn_sinks;              /* self_attn.sinks (nh): a learned logit per head in attention's softmax */
+    bool router_bias;             /* mlp.router.bias (E): a trained parameter */
+    bool experts_fused;           /* experts stored as gate_up_proj (E, H, 2I) interleaved gate/up, down_proj
+                                     (E, I, H), each with a bias */
+    float swiglu_limit;           /* gate clamped above, up to [-limit, limit] */
     char *config_json;            /* the file as read (owned), written back on save */
 } eng_model_config_t;
 

@@ -447,6 +447,124 @@ static void test_transformers5_aliases(tctx_t *t) {
     if (st == MT_OK) eng_model_config_free(&c);
 }
 
+/* A config with only the size keys: everything else is the config class's default. */
+static mt_status_t parse_min(const char *type, const char *extra, eng_model_config_t *c, mt_error_t *err) {
+    char json[2048];
+    /* 16 heads: GLM's default of 8 KV heads must divide them */
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"%s\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 6,"
+             " \"num_attention_heads\": 16, \"moe_intermediate_size\": 32%s%s}",
+             type, extra[0] ? ", " : "", extra);
+    return eng_model_config_parse(json, "min.json", NULL, c, err);
+}
+
+/* DeepSeek-V2/V3, GLM-4.5 and gpt-oss: transformers' defaults, the
+ * variants each accepts and what it refuses, naming the key. */
+static void test_described_families(tctx_t *t) {
+    eng_model_config_t c;
+    mt_error_t err = {0};
+    mt_status_t st = parse_min("deepseek_v3", "", &c, &err);
+    EXPECT(t, st == MT_OK, "v3 defaults: %s", err.msg);
+    if (st == MT_OK) {
+        EXPECT(t, c.arch == ENG_ARCH_DEEPSEEK_V3 && c.mla && c.q_lora_rank == 1536 && c.kv_lora_rank == 512 &&
+                      c.qk_nope_head_dim == 128 && c.qk_rope_head_dim == 64 && c.v_head_dim == 128 &&
+                      c.head_dim == 64 && c.num_key_value_heads == 16,
+               "v3 MLA defaults");
+        EXPECT(t, c.num_experts == 256 && c.num_experts_per_tok == 8 && c.n_shared_experts == 1 &&
+                      c.shared_expert_intermediate_size == 32 && c.n_group == 8 && c.topk_group == 4 &&
+                      c.first_k_dense_replace == 3 && c.norm_topk_prob && c.routed_scaling_factor == 2.5f &&
+                      c.routing == ENG_ROUTE_SIGMOID_GROUP_BIAS && c.router_score_bias && c.rope_interleave &&
+                      c.intermediate_size == 18432 && c.rms_norm_eps == 1e-6f && c.rope_theta == 10000.0f,
+               "v3 MoE defaults");
+        EXPECT(t, !c.layer_is_moe[2] && c.layer_is_moe[3] && c.layer_is_moe[5], "v3 first 3 layers dense");
+        eng_model_config_free(&c);
+    }
+    st = parse_min("deepseek_v3",
+                   "\"q_lora_rank\": null, \"moe_layer_freq\": 2, \"first_k_dense_replace\": 1, \"num_nextn_predict_layers\": 1,"
+                   " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40, \"beta_fast\": 32, \"beta_slow\": 1,"
+                   " \"mscale\": 1.0, \"mscale_all_dim\": 1.0, \"original_max_position_embeddings\": 4096}",
+                   &c, &err);
+    EXPECT(t, st == MT_OK, "v3 yarn: %s", err.msg);
+    if (st == MT_OK) {
+        EXPECT(t, c.q_lora_rank == 0 && strcmp(c.rope_type, "yarn") == 0 && c.rope_factor == 40.0f &&
+                      c.rope_original_max_position_embeddings == 4096 && c.rope_mscale_all_dim == 1.0f &&
+                      c.num_nextn_predict_layers == 1,
+               "v3 yarn recorded, q_lora_rank null");
+        EXPECT(t, !c.layer_is_moe[0] && !c.layer_is_moe[1] && c.layer_is_moe[2] && !c.layer_is_moe[3] && c.layer_is_moe[4],
+               "moe_layer_freq 2 after first_k_dense_replace 1");
+        eng_model_config_free(&c);
+    }
+    st = parse_min("deepseek_v3", "\"scoring_func\": \"softmax\"", &c, &err);
+    EXPECT(t, st == MT_ERR_UNSUPPORTED && strstr(err.msg, "min.json") && strstr(err.msg, "'scoring_func'"),
+           "v3 softmax refused: %s", err.msg);
+    st = parse_min("deepseek_v3", "\"n_routed_experts\": 250", &c, &err);
+    EXPECT(t, st == MT_ERR_CONFIG && strstr(err.msg, "'n_group'"), "experts not a multiple of groups: %s", err.msg);
+    st = parse_min("deepseek_v3", "\"attention_bias\": true", &c, &err);
+    EXPECT(t, st == MT_ERR_UNSUPPORTED && strstr(err.msg, "'attention_bias'"), "MLA bias: %s", err.msg);
+
+    /* DeepSeek-V2: num_experts_per_tok has no default; greedy or group-limited softmax */
+    st = parse_min("deepseek_v2", "", &c, &err);
+    EXPECT(t, st == MT_ERR_CONFIG && strstr(err.msg, "'num_experts_per_tok'"), "v2 needs top-k: %s", err.msg);
+    st = parse_min("deepseek_v2", "\"num_experts_per_tok\": 6", &c, &err);
+    EXPECT(t, st == MT_OK, "v2: %s", err.msg);
+    if (st == MT_OK) {
+        EXPECT(t, c.arch == ENG_ARCH_DEEPSEEK_V2 && c.num_experts == 64 && c.n_shared_experts == 2 &&
+                      c.routing == ENG_ROUTE_SOFTMAX && !c.norm_topk_prob && !c.router_score_bias &&
+                      c.first_k_dense_replace == 0 && c.layer_is_moe[0] && c.routed_scaling_factor == 1.0f,
+               "v2 defaults");
+        eng_model_config_free(&c);
+    }
+    st = parse_min("deepseek_v2",
+                   "\"num_experts_per_tok\": 6, \"topk_method\": \"group_limited_greedy\", \"n_group\": 8, \"topk_group\": 3",
+                   &c, &err);
+    EXPECT(t, st == MT_OK && c.routing == ENG_ROUTE_SOFTMAX_GROUP, "v2 group-limited: %s", err.msg);
+    if (st == MT_OK) eng_model_config_free(&c);
+    st = parse_min("deepseek_v2", "\"num_experts_per_tok\": 6, \"topk_method\": \"group_limited_greedy\"", &c, &err);
+    EXPECT(t, st == MT_ERR_CONFIG && strstr(err.msg, "'n_group'"), "v2 groups needed: %s", err.msg);
+
+    /* GLM-4.5 */
+    st = parse_min("glm4_moe", "", &c, &err);
+    EXPECT(t, st == MT_OK, "glm: %s", err.msg);
+    if (st == MT_OK) {
+        EXPECT(t, c.arch == ENG_ARCH_GLM4_MOE && c.partial_rotary_factor == 0.5f && c.num_key_value_heads == 8 &&
+                      c.num_experts == 128 && c.first_k_dense_replace == 1 && !c.layer_is_moe[0] && c.layer_is_moe[1] &&
+                      c.router_score_bias && !c.qkv_bias && !c.qk_norm && !c.mla && c.intermediate_size == 10944,
+               "glm defaults");
+        eng_model_config_free(&c);
+    }
+    st = parse_min("glm4_moe", "\"num_key_value_heads\": 2, \"attention_bias\": true, \"use_qk_norm\": true,"
+                               " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000,"
+                               " \"partial_rotary_factor\": 0.25}",
+                   &c, &err);
+    EXPECT(t, st == MT_OK && c.qkv_bias && c.qk_norm && c.partial_rotary_factor == 0.25f && c.rope_theta == 1e6f,
+           "glm transformers 5 rope_parameters: %s", err.msg);
+    if (st == MT_OK) eng_model_config_free(&c);
+
+    /* gpt-oss: no rope_scaling key means GptOssConfig's YaRN; head_dim 64 */
+    st = parse_min("gpt_oss", "\"num_key_value_heads\": 2", &c, &err);
+    EXPECT(t, st == MT_OK, "gpt-oss: %s", err.msg);
+    if (st == MT_OK) {
+        EXPECT(t, c.arch == ENG_ARCH_GPT_OSS && c.head_dim == 64 && c.num_experts == 128 && c.num_experts_per_tok == 4 &&
+                      c.intermediate_size == 2880 && c.moe_intermediate_size == 2880 && c.sliding_window == 128 &&
+                      strcmp(c.rope_type, "yarn") == 0 && c.rope_factor == 32.0f && c.rope_theta == 150000.0f &&
+                      c.router_aux_loss_coef == 0.9f && c.swiglu_limit == 7.0f && c.attn_sinks && c.router_bias &&
+                      c.experts_fused && c.qkv_bias && c.routing == ENG_ROUTE_TOPK_SOFTMAX,
+               "gpt-oss defaults");
+        EXPECT(t, !c.layer_full_attention[0] && c.layer_full_attention[1] && !c.layer_full_attention[4] &&
+                      c.layer_full_attention[5],
+               "gpt-oss default layer_types alternate");
+        eng_model_config_free(&c);
+    }
+    st = parse_min("gpt_oss", "\"num_key_value_heads\": 2, \"rope_scaling\": null", &c, &err);
+    EXPECT(t, st == MT_OK && strcmp(c.rope_type, "default") == 0, "gpt-oss rope_scaling null: %s", err.msg);
+    if (st == MT_OK) eng_model_config_free(&c);
+    st = parse_min("gpt_oss", "\"num_key_value_heads\": 2, \"layer_types\": [\"full_attention\"]", &c, &err);
+    EXPECT(t, st == MT_ERR_CONFIG && strstr(err.msg, "'layer_types'") && strstr(err.msg, "6 layers"),
+           "layer_types too short: %s", err.msg);
+    st = parse_min("gpt_oss", "\"num_key_value_heads\": 2, \"experts_per_token\": 3", &c, &err);
+    EXPECT(t, st == MT_ERR_CONFIG && strstr(err.msg, "'experts_per_token'"), "top-k disagree: %s", err.msg);
+}
+
 int main(void) {
     tctx_t t = {0};
     test_expert_count_aliases(&t);
@@ -457,6 +575,7 @@ int main(void) {
     test_refusals(&t);
     test_transformers5_aliases(&t);
     test_load(&t);
+    test_described_families(&t);
     if (t.failures) {
         fprintf(stderr, "model_config_test: %d failure(s)\n", t.failures);
         return 1;

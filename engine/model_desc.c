@@ -44,6 +44,18 @@ static const char *const k_role_names[ENG_P_ROLE_COUNT] = {
     [ENG_P_FINAL_NORM] = "final_norm",
     [ENG_P_LM_HEAD] = "lm_head",
     [ENG_P_ROUTER_BIAS] = "router_bias",
+    [ENG_P_Q_A] = "q_a_proj",
+    [ENG_P_Q_A_NORM] = "q_a_layernorm",
+    [ENG_P_Q_B] = "q_b_proj",
+    [ENG_P_KV_A] = "kv_a_proj_with_mqa",
+    [ENG_P_KV_A_NORM] = "kv_a_layernorm",
+    [ENG_P_KV_B] = "kv_b_proj",
+    [ENG_P_ATTN_SINKS] = "sinks",
+    [ENG_P_ROUTER_B] = "router.bias",
+    [ENG_P_EXP_GATE_UP_FUSED] = "experts.gate_up_proj",
+    [ENG_P_EXP_GATE_UP_BIAS] = "experts.gate_up_proj_bias",
+    [ENG_P_EXP_DOWN_FUSED] = "experts.down_proj",
+    [ENG_P_EXP_DOWN_BIAS] = "experts.down_proj_bias",
     [ENG_P_LORA_A] = "lora_A",
     [ENG_P_LORA_B] = "lora_B",
 };
@@ -57,20 +69,29 @@ const char *eng_param_role_name(eng_param_role_t role) {
  * The one place a family is described.  A new family is a row here: its
  * HF names and the two functions that list its tensors and its ops (the
  * decoder's when its layers are built like these). */
+#define HF_EXPERTS {{ENG_P_EXP_GATE, "gate_proj"}, {ENG_P_EXP_UP, "up_proj"}, {ENG_P_EXP_DOWN, "down_proj"}}
 static const eng_family_t k_families[] = {
     {ENG_ARCH_MIXTRAL, "Mixtral", "block_sparse_moe",
      {{ENG_P_EXP_GATE, "w1"}, {ENG_P_EXP_DOWN, "w2"}, {ENG_P_EXP_UP, "w3"}},
-     false, eng_decoder_describe, eng_decoder_ops},
-    {ENG_ARCH_QWEN2_MOE, "Qwen2-MoE", "mlp",
-     {{ENG_P_EXP_GATE, "gate_proj"}, {ENG_P_EXP_UP, "up_proj"}, {ENG_P_EXP_DOWN, "down_proj"}},
-     false, eng_decoder_describe, eng_decoder_ops},
-    {ENG_ARCH_QWEN3_MOE, "Qwen3-MoE", "mlp",
-     {{ENG_P_EXP_GATE, "gate_proj"}, {ENG_P_EXP_UP, "up_proj"}, {ENG_P_EXP_DOWN, "down_proj"}},
-     true, eng_decoder_describe, eng_decoder_ops},
-    {ENG_ARCH_OLMOE, "OLMoE", "mlp",
-     {{ENG_P_EXP_GATE, "gate_proj"}, {ENG_P_EXP_UP, "up_proj"}, {ENG_P_EXP_DOWN, "down_proj"}},
-     true, eng_decoder_describe, eng_decoder_ops},
+     false, "shared_expert", false, true, eng_decoder_describe, eng_decoder_ops, NULL, NULL},
+    {ENG_ARCH_QWEN2_MOE, "Qwen2-MoE", "mlp", HF_EXPERTS,
+     false, "shared_expert", true, true, eng_decoder_describe, eng_decoder_ops, NULL, NULL},
+    {ENG_ARCH_QWEN3_MOE, "Qwen3-MoE", "mlp", HF_EXPERTS,
+     true, "shared_expert", false, true, eng_decoder_describe, eng_decoder_ops, NULL, NULL},
+    {ENG_ARCH_OLMOE, "OLMoE", "mlp", HF_EXPERTS,
+     true, "shared_expert", false, true, eng_decoder_describe, eng_decoder_ops, NULL, NULL},
+    /* described for inspect and plan; no block code yet */
+    {ENG_ARCH_DEEPSEEK_V2, "DeepSeek-V2", "mlp", HF_EXPERTS,
+     false, "shared_experts", false, false, eng_mla_describe, eng_decoder_ops, eng_mla_attention_ops, NULL},
+    {ENG_ARCH_DEEPSEEK_V3, "DeepSeek-V3", "mlp", HF_EXPERTS,
+     false, "shared_experts", false, false, eng_mla_describe, eng_decoder_ops, eng_mla_attention_ops, NULL},
+    /* GLM-4.5: the decoder's layers with DeepSeek-V3's router and shared experts; o_proj never has a bias */
+    {ENG_ARCH_GLM4_MOE, "GLM-4.5", "mlp", HF_EXPERTS,
+     false, "shared_experts", false, false, eng_decoder_describe, eng_decoder_ops, NULL, NULL},
+    {ENG_ARCH_GPT_OSS, "gpt-oss", "mlp", HF_EXPERTS,
+     true, "shared_expert", false, false, eng_gpt_oss_describe, eng_decoder_ops, NULL, eng_gpt_oss_moe_ops},
 };
+#undef HF_EXPERTS
 
 const eng_family_t *eng_family_of(eng_arch_t arch) {
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
@@ -102,15 +123,16 @@ static eng_param_spec_t *push(eng_param_spec_t **list, int *count, int *cap) {
 }
 
 static void fill(eng_desc_builder_t *b, eng_param_spec_t *p, eng_param_role_t role, int layer, int expert,
-                 int64_t d0, int64_t d1, const char *fmt, va_list ap) {
+                 int64_t d0, int64_t d1, int64_t d2, const char *fmt, va_list ap) {
     vsnprintf(p->name, sizeof p->name, fmt, ap);
     p->role = role;
     p->layer = layer;
     p->expert = expert;
-    p->ndim = d1 > 0 ? 2 : 1;
+    p->ndim = d2 > 0 ? 3 : d1 > 0 ? 2 : 1;
     p->shape[0] = d0;
     p->shape[1] = d1 > 0 ? d1 : 0;
-    p->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    p->shape[2] = d2 > 0 ? d2 : 0;
+    p->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1) * (size_t)(d2 > 0 ? d2 : 1);
     p->dtype = b->dtype;
 }
 
@@ -119,7 +141,18 @@ void eng_desc_param(eng_desc_builder_t *b, eng_param_role_t role, int layer, int
     eng_param_spec_t *p = push(&b->d->params, &b->d->count, &b->cap);
     va_list ap;
     va_start(ap, fmt);
-    fill(b, p, role, layer, expert, d0, d1, fmt, ap);
+    fill(b, p, role, layer, expert, d0, d1, 0, fmt, ap);
+    va_end(ap);
+    p->kind = ENG_TENSOR_PARAM;
+    p->trainable = true;
+}
+
+void eng_desc_param3(eng_desc_builder_t *b, eng_param_role_t role, int layer, int64_t d0, int64_t d1, int64_t d2,
+                     const char *fmt, ...) {
+    eng_param_spec_t *p = push(&b->d->params, &b->d->count, &b->cap);
+    va_list ap;
+    va_start(ap, fmt);
+    fill(b, p, role, layer, -1, d0, d1, d2, fmt, ap);
     va_end(ap);
     p->kind = ENG_TENSOR_PARAM;
     p->trainable = true;
@@ -130,7 +163,7 @@ void eng_desc_buffer(eng_desc_builder_t *b, eng_param_role_t role, int layer, in
     eng_param_spec_t *p = push(&b->d->buffers, &b->d->num_buffers, &b->cap_buf);
     va_list ap;
     va_start(ap, fmt);
-    fill(b, p, role, layer, -1, d0, d1, fmt, ap);
+    fill(b, p, role, layer, -1, d0, d1, 0, fmt, ap);
     va_end(ap);
     p->kind = ENG_TENSOR_BUFFER;
     p->trainable = false;
@@ -259,7 +292,7 @@ mt_dtype_t eng_param_working_dtype(const eng_param_spec_t *p, mt_dtype_t compute
     if (compute != MT_BF16) return MT_F32;
     /* an adapter factor is an operand of the same products as its module */
     const eng_param_role_t role = p->role == ENG_P_LORA_A || p->role == ENG_P_LORA_B ? p->adapts : p->role;
-    return p->ndim == 2 && role != ENG_P_EMBED && role != ENG_P_ROUTER ? MT_BF16 : MT_F32;
+    return p->ndim >= 2 && role != ENG_P_EMBED && role != ENG_P_ROUTER ? MT_BF16 : MT_F32;
 }
 
 mt_dtype_t eng_act_dtype(eng_act_class_t cls, mt_dtype_t compute) {
@@ -290,13 +323,22 @@ size_t eng_model_desc_numel(const eng_model_desc_t *d) {
     return n;
 }
 
+bool eng_param_role_fused_experts(eng_param_role_t role) {
+    return role == ENG_P_EXP_GATE_UP_FUSED || role == ENG_P_EXP_GATE_UP_BIAS || role == ENG_P_EXP_DOWN_FUSED ||
+           role == ENG_P_EXP_DOWN_BIAS;
+}
+
+bool eng_model_desc_trains(const eng_model_desc_t *d) {
+    return d->family && d->family->trains;
+}
+
 size_t eng_model_desc_active_numel(const eng_model_desc_t *d, const eng_model_config_t *cfg) {
     /* A token passes through k of E routed experts; everything else is used
      * by every token. The embedding counts once (one row is read, but the
      * convention in model cards counts the whole table). */
     size_t shared = 0, routed = 0;
     for (int i = 0; i < d->count; i++) {
-        if (d->params[i].expert >= 0) routed += d->params[i].numel;
+        if (d->params[i].expert >= 0 || eng_param_role_fused_experts(d->params[i].role)) routed += d->params[i].numel;
         else shared += d->params[i].numel;
     }
     if (cfg->num_experts <= 0) return shared + routed;

@@ -10,10 +10,12 @@
  * A family is one row of k_families in model_desc.c: its HF names, a
  * function that lists parameters, buffers and per-layer saved activations,
  * and a function that lists the step's ops with their FLOPs and bytes.
- * Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE share the decoder functions and
- * differ in their names table; a family with another layer structure
- * (DeepSeek-V3's MLA attention, gpt-oss) writes its own two functions and
- * its block code.
+ * Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and GLM-4.5 share the decoder
+ * functions and differ in their names table; a family with another layer
+ * structure (DeepSeek's MLA attention, gpt-oss's fused experts) writes its
+ * own describe function and the half of the decoder's ops walk it replaces
+ * (model_desc_walk.h), and its block code (none yet for those two nor for
+ * GLM-4.5: eng_model_desc_trains is false and training refuses them).
  *
  * Shapes of saved activations are affine in the micro-batch's token count
  * n: numel = per_token * n + fixed (e.g. q (n, nh*hd): per_token nh*hd;
@@ -46,6 +48,21 @@ typedef enum {
     ENG_P_FINAL_NORM,    /* model.norm.weight (H) */
     ENG_P_LM_HEAD,       /* lm_head.weight (V, H); absent when tied */
     ENG_P_ROUTER_BIAS,   /* a router's score correction bias (E): a buffer, never trained */
+    /* MLA (DeepSeek-V2/V3): q through a low-rank latent, k and v from one
+     * compressed latent shared by all heads plus a rotary key part */
+    ENG_P_Q_A,           /* q_a_proj (q_lora_rank, H) */
+    ENG_P_Q_A_NORM,      /* q_a_layernorm (q_lora_rank) */
+    ENG_P_Q_B,           /* q_b_proj (nh*(qk_nope+qk_rope), q_lora_rank) */
+    ENG_P_KV_A,          /* kv_a_proj_with_mqa (kv_lora_rank + qk_rope, H) */
+    ENG_P_KV_A_NORM,     /* kv_a_layernorm (kv_lora_rank) */
+    ENG_P_KV_B,          /* kv_b_proj (nh*(qk_nope + v_head), kv_lora_rank) */
+    /* gpt-oss */
+    ENG_P_ATTN_SINKS,    /* self_attn.sinks (nh) */
+    ENG_P_ROUTER_B,      /* mlp.router.bias (E): trained, unlike ENG_P_ROUTER_BIAS */
+    ENG_P_EXP_GATE_UP_FUSED, /* experts.gate_up_proj (E, H, 2I): gate and up interleaved in the last dim */
+    ENG_P_EXP_GATE_UP_BIAS,  /* experts.gate_up_proj_bias (E, 2I) */
+    ENG_P_EXP_DOWN_FUSED,    /* experts.down_proj (E, I, H) */
+    ENG_P_EXP_DOWN_BIAS,     /* experts.down_proj_bias (E, H) */
     /* A LoRA run's adapter factors (engine/lora_model.h): not in the base
      * description, added by the run beside the module they adapt */
     ENG_P_LORA_A,        /* (r, in) */
@@ -54,8 +71,8 @@ typedef enum {
 } eng_param_role_t;
 
 /* A parameter is trained (or frozen by the run); a buffer is checkpoint
- * state the model reads but no optimizer touches (DeepSeek-V3's
- * e_score_correction_bias).  Today's families have none. */
+ * state the model reads but no optimizer touches (DeepSeek-V3's and
+ * GLM-4.5's e_score_correction_bias).  The trained families have none. */
 typedef enum { ENG_TENSOR_PARAM = 0, ENG_TENSOR_BUFFER } eng_tensor_kind_t;
 
 typedef struct {
@@ -65,7 +82,7 @@ typedef struct {
     int layer;           /* -1 for embed / final norm / lm_head */
     int expert;          /* -1 unless a routed expert tensor */
     int ndim;
-    int64_t shape[2];
+    int64_t shape[3];    /* 3-D only for experts fused over E (gpt-oss) */
     size_t numel;
     mt_dtype_t dtype;    /* storage dtype: config.json's dtype, or the checkpoint's once known
                           * (eng_model_desc_note_dtype) */
@@ -177,8 +194,15 @@ size_t eng_model_desc_layer_act_bytes(const eng_model_desc_t *d, int layer, int6
 
 const char *eng_param_role_name(eng_param_role_t role);
 size_t eng_model_desc_numel(const eng_model_desc_t *d);
-/* Parameters a token touches: everything but the experts it was not routed to. */
+/* Parameters a token touches: everything but the experts it was not routed
+ * to (k/E of the routed experts' tensors, per-expert or fused).  The
+ * embedding table and lm_head count whole, as most model cards count them. */
 size_t eng_model_desc_active_numel(const eng_model_desc_t *d, const eng_model_config_t *cfg);
+/* A tensor holding every routed expert of its layer (gpt-oss's fused experts). */
+bool eng_param_role_fused_experts(eng_param_role_t role);
+/* Whether the family has block code: false for the families described for
+ * `inspect` and `plan` only, which training refuses. */
+bool eng_model_desc_trains(const eng_model_desc_t *d);
 
 /* Compatibility names (engine/model_spec.h's API). */
 #define eng_model_spec_build eng_model_desc_build

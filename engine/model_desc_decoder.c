@@ -11,7 +11,7 @@
  * by q/k/v's products) and the experts' gathered inputs (read by their
  * gate/up products) are the products-only ones; the MLP input norm also
  * feeds the router, whose products are fp32 (moe/moe_layer.c). */
-static void layer_acts(const eng_model_config_t *cfg, eng_desc_builder_t *b, int l) {
+void eng_decoder_attn_acts(const eng_model_config_t *cfg, eng_desc_builder_t *b, int l) {
     const int64_t H = cfg->hidden_size, hd = cfg->head_dim;
     const int64_t nh = cfg->num_attention_heads, nkv = cfg->num_key_value_heads;
     const int64_t qd = nh * hd, kd = nkv * hd;
@@ -31,6 +31,10 @@ static void layer_acts(const eng_model_config_t *cfg, eng_desc_builder_t *b, int
     }
     eng_desc_act(b, l, ENG_A_ATT, "attn.out", ENG_ACT_FP32, qd, 0);
     eng_desc_act(b, l, ENG_A_LSE, "attn.lse", ENG_ACT_FP32, nh, 0);
+}
+
+void eng_decoder_mlp_acts(const eng_family_t *f, const eng_model_config_t *cfg, eng_desc_builder_t *b, int l) {
+    const int64_t H = cfg->hidden_size;
     eng_desc_act(b, l, ENG_A_MLP_XN, "mlp.xn", ENG_ACT_FP32, H, 0);
     eng_desc_act(b, l, ENG_A_MLP_RSTD, "mlp.rstd", ENG_ACT_FP32, 1, 0);
     if (!cfg->layer_is_moe[l]) {
@@ -57,7 +61,7 @@ static void layer_acts(const eng_model_config_t *cfg, eng_desc_builder_t *b, int
         eng_desc_act(b, l, ENG_A_SHARED_U, "shared.u", ENG_ACT_FP32, Is, 0);
         eng_desc_act(b, l, ENG_A_SHARED_OUT, "shared.out", ENG_ACT_FP32, H, 0);
         /* the shared expert's sigmoid gate: fp32, as the router's logits */
-        eng_desc_act(b, l, ENG_A_SHARED_GATE_LOGIT, "shared.gate_logit", ENG_ACT_FP32, 1, 0);
+        if (f->shared_gate) eng_desc_act(b, l, ENG_A_SHARED_GATE_LOGIT, "shared.gate_logit", ENG_ACT_FP32, 1, 0);
     }
 }
 
@@ -67,7 +71,6 @@ mt_status_t eng_decoder_describe(const eng_family_t *f, const eng_model_config_t
     const int64_t H = cfg->hidden_size, V = cfg->vocab_size, hd = cfg->head_dim;
     const int64_t q_out = (int64_t)cfg->num_attention_heads * hd;
     const int64_t kv_out = (int64_t)cfg->num_key_value_heads * hd;
-    const int64_t I = cfg->moe_intermediate_size;
     const char *pre = "model.layers";
 
     eng_desc_param(b, ENG_P_EMBED, -1, -1, V, H, "model.embed_tokens.weight");
@@ -91,31 +94,50 @@ mt_status_t eng_decoder_describe(const eng_family_t *f, const eng_model_config_t
                            "%s.%d.self_attn.k_norm.weight", pre, l);
         }
         eng_desc_param(b, ENG_P_MLP_NORM, l, -1, H, 0, "%s.%d.post_attention_layernorm.weight", pre, l);
-        layer_acts(cfg, b, l);
-        if (!cfg->layer_is_moe[l]) {
-            const int64_t Id = cfg->intermediate_size;
-            eng_desc_param(b, ENG_P_DENSE_GATE, l, -1, Id, H, "%s.%d.mlp.gate_proj.weight", pre, l);
-            eng_desc_param(b, ENG_P_DENSE_UP, l, -1, Id, H, "%s.%d.mlp.up_proj.weight", pre, l);
-            eng_desc_param(b, ENG_P_DENSE_DOWN, l, -1, H, Id, "%s.%d.mlp.down_proj.weight", pre, l);
-            continue;
-        }
-        const char *moe = f->moe_block;
-        eng_desc_param(b, ENG_P_ROUTER, l, -1, cfg->num_experts, H, "%s.%d.%s.gate.weight", pre, l, moe);
-        for (int e = 0; e < cfg->num_experts; e++)
-            for (int j = 0; j < 3; j++) {
-                const bool down = f->experts[j].role == ENG_P_EXP_DOWN;
-                eng_desc_param(b, f->experts[j].role, l, e, down ? H : I, down ? I : H, "%s.%d.%s.experts.%d.%s.weight",
-                               pre, l, moe, e, f->experts[j].leaf);
-            }
-        if (cfg->shared_expert_intermediate_size > 0) {
-            const int64_t Is = cfg->shared_expert_intermediate_size;
-            eng_desc_param(b, ENG_P_SHARED_GATE, l, -1, Is, H, "%s.%d.mlp.shared_expert.gate_proj.weight", pre, l);
-            eng_desc_param(b, ENG_P_SHARED_UP, l, -1, Is, H, "%s.%d.mlp.shared_expert.up_proj.weight", pre, l);
-            eng_desc_param(b, ENG_P_SHARED_DOWN, l, -1, H, Is, "%s.%d.mlp.shared_expert.down_proj.weight", pre, l);
-            eng_desc_param(b, ENG_P_SHARED_EXPERT_GATE, l, -1, 1, H, "%s.%d.mlp.shared_expert_gate.weight", pre, l);
-        }
+        eng_decoder_attn_acts(cfg, b, l);
+        eng_decoder_mlp_acts(f, cfg, b, l);
+        eng_decoder_describe_mlp(f, cfg, b, l);
     }
+    eng_decoder_describe_head(cfg, b);
+    return MT_OK;
+}
+
+void eng_decoder_describe_mlp(const eng_family_t *f, const eng_model_config_t *cfg, eng_desc_builder_t *b, int l) {
+    const int64_t H = cfg->hidden_size, I = cfg->moe_intermediate_size;
+    const char *pre = "model.layers";
+    if (!cfg->layer_is_moe[l]) {
+        const int64_t Id = cfg->intermediate_size;
+        eng_desc_param(b, ENG_P_DENSE_GATE, l, -1, Id, H, "%s.%d.mlp.gate_proj.weight", pre, l);
+        eng_desc_param(b, ENG_P_DENSE_UP, l, -1, Id, H, "%s.%d.mlp.up_proj.weight", pre, l);
+        eng_desc_param(b, ENG_P_DENSE_DOWN, l, -1, H, Id, "%s.%d.mlp.down_proj.weight", pre, l);
+        return;
+    }
+    const char *moe = f->moe_block;
+    eng_desc_param(b, ENG_P_ROUTER, l, -1, cfg->num_experts, H, "%s.%d.%s.gate.weight", pre, l, moe);
+    /* DeepSeek-V3 / GLM-4.5: the bias added to the scores only to choose
+     * experts, updated outside the gradient (a registered buffer) */
+    if (cfg->router_score_bias)
+        eng_desc_buffer(b, ENG_P_ROUTER_BIAS, l, cfg->num_experts, 0, "%s.%d.%s.gate.e_score_correction_bias", pre, l,
+                        moe);
+    for (int e = 0; e < cfg->num_experts; e++)
+        for (int j = 0; j < 3; j++) {
+            const bool down = f->experts[j].role == ENG_P_EXP_DOWN;
+            eng_desc_param(b, f->experts[j].role, l, e, down ? H : I, down ? I : H, "%s.%d.%s.experts.%d.%s.weight",
+                           pre, l, moe, e, f->experts[j].leaf);
+        }
+    if (cfg->shared_expert_intermediate_size > 0) {
+        const int64_t Is = cfg->shared_expert_intermediate_size;
+        const char *sb = f->shared_block;
+        eng_desc_param(b, ENG_P_SHARED_GATE, l, -1, Is, H, "%s.%d.mlp.%s.gate_proj.weight", pre, l, sb);
+        eng_desc_param(b, ENG_P_SHARED_UP, l, -1, Is, H, "%s.%d.mlp.%s.up_proj.weight", pre, l, sb);
+        eng_desc_param(b, ENG_P_SHARED_DOWN, l, -1, H, Is, "%s.%d.mlp.%s.down_proj.weight", pre, l, sb);
+        if (f->shared_gate)
+            eng_desc_param(b, ENG_P_SHARED_EXPERT_GATE, l, -1, 1, H, "%s.%d.mlp.shared_expert_gate.weight", pre, l);
+    }
+}
+
+void eng_decoder_describe_head(const eng_model_config_t *cfg, eng_desc_builder_t *b) {
+    const int64_t H = cfg->hidden_size, V = cfg->vocab_size;
     eng_desc_param(b, ENG_P_FINAL_NORM, -1, -1, H, 0, "model.norm.weight");
     if (!cfg->tie_word_embeddings) eng_desc_param(b, ENG_P_LM_HEAD, -1, -1, V, H, "lm_head.weight");
-    return MT_OK;
 }

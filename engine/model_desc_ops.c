@@ -17,28 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/model_desc_family.h"
+#include "engine/model_desc_walk.h"
 
-typedef struct {
-    sched_program_t *p;
-    const eng_model_desc_t *d;
-    const eng_model_config_t *cfg;
-    const sched_run_shape_t *s;
-    mt_dtype_t wdt, adt;    /* working copies, compute-class activations */
-    double wb, ab;          /* their sizes in bytes */
-    double n, B, T;         /* tokens per micro-batch, batch, sequence */
-    int block, layer, group;
-    double experts_hit;     /* expected distinct experts per micro-batch in this block */
-    int prev_out_op;        /* op that produced the block input */
-    bool *target_hit;       /* (num_lora_targets) */
-} walk_t;
 
 /* ---- list growth ---------------------------------------------------------- */
 
-static int add_op(walk_t *w, sched_phase_t phase, bool matmul, double flops, double bytes, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-
-static int add_op(walk_t *w, sched_phase_t phase, bool matmul, double flops, double bytes, const char *fmt, ...) {
+int eng_walk_add_op(eng_walk_t *w, sched_phase_t phase, bool matmul, double flops, double bytes, const char *fmt, ...) {
     char name[64];
     va_list ap;
     va_start(ap, fmt);
@@ -47,7 +31,7 @@ static int add_op(walk_t *w, sched_phase_t phase, bool matmul, double flops, dou
     return sched_program_add_op(w->p, w->block, phase, matmul, flops, bytes, "%s", name);
 }
 
-static int add_tensor(walk_t *w, sched_tensor_kind_t kind, const char *name, mt_dtype_t dt, double numel, int expert,
+static int add_tensor(eng_walk_t *w, sched_tensor_kind_t kind, const char *name, mt_dtype_t dt, double numel, int expert,
                       int producer) {
     sched_prog_tensor_t t;
     memset(&t, 0, sizeof t);
@@ -64,7 +48,7 @@ static int add_tensor(walk_t *w, sched_tensor_kind_t kind, const char *name, mt_
 }
 
 /* A weight's working copy, read by fwd_op and (for its gradient and dX) bwd_op. */
-static void add_weight_as(walk_t *w, const char *name, mt_dtype_t dt, double numel, int expert, bool trainable,
+void eng_walk_add_weight_as(eng_walk_t *w, const char *name, mt_dtype_t dt, double numel, int expert, bool trainable,
                           bool adapter, int fwd_op, int bwd_op) {
     int t = add_tensor(w, SCHED_T_WEIGHT, name, dt, numel, expert, -1);
     w->p->tensors[t].trainable = trainable;
@@ -75,34 +59,34 @@ static void add_weight_as(walk_t *w, const char *name, mt_dtype_t dt, double num
 
 /* A parameter's working copy, in the dtype the executor keeps it in
  * (eng_param_working_dtype: bf16 only for the matrices only products read). */
-static void add_weight(walk_t *w, const eng_param_spec_t *p, int expert, bool trainable, int fwd_op, int bwd_op) {
-    add_weight_as(w, p->name, eng_param_working_dtype(p, w->wdt), (double)p->numel, expert, trainable, false,
+static void add_weight(eng_walk_t *w, const eng_param_spec_t *p, int expert, bool trainable, int fwd_op, int bwd_op) {
+    eng_walk_add_weight_as(w, p->name, eng_param_working_dtype(p, w->wdt), (double)p->numel, expert, trainable, false,
                   fwd_op, bwd_op);
 }
 
 /* A LoRA adapter matrix: fp32, as they are tiny and trained in full precision. */
-static void add_adapter(walk_t *w, const char *name, double numel, int expert, int fwd_op, int bwd_op) {
-    add_weight_as(w, name, MT_F32, numel, expert, true, true, fwd_op, bwd_op);
+static void add_adapter(eng_walk_t *w, const char *name, double numel, int expert, int fwd_op, int bwd_op) {
+    eng_walk_add_weight_as(w, name, MT_F32, numel, expert, true, true, fwd_op, bwd_op);
 }
 
 /* A parameter of the description by where it sits (it must exist). */
-static const eng_param_spec_t *param(walk_t *w, eng_param_role_t role, int expert) {
+const eng_param_spec_t *eng_walk_param(eng_walk_t *w, eng_param_role_t role, int expert) {
     const int i = eng_model_desc_find_role(w->d, w->layer, role, expert);
     MT_CHECK(i >= 0, "model description of %s: layer %d has no %s", eng_model_desc_family_name(w->d), w->layer,
              eng_param_role_name(role));
     return &w->d->params[i];
 }
 
-static bool has_param(walk_t *w, eng_param_role_t role) {
+bool eng_walk_has_param(eng_walk_t *w, eng_param_role_t role) {
     return eng_model_desc_find_role(w->d, w->layer, role, -1) >= 0;
 }
 
-static void add_param(walk_t *w, eng_param_role_t role, int fwd_op, int bwd_op) {
-    const eng_param_spec_t *p = param(w, role, -1);
+void eng_walk_add_param(eng_walk_t *w, eng_param_role_t role, int fwd_op, int bwd_op) {
+    const eng_param_spec_t *p = eng_walk_param(w, role, -1);
     add_weight(w, p, -1, !w->s->lora, fwd_op, bwd_op);
 }
 
-static int add_act(walk_t *w, const char *name, mt_dtype_t dt, double numel, int producer, int consumer) {
+int eng_walk_add_act(eng_walk_t *w, const char *name, mt_dtype_t dt, double numel, int producer, int consumer) {
     char full[160];
     if (w->layer >= 0) snprintf(full, sizeof full, "layers.%d.%s", w->layer, name);
     else snprintf(full, sizeof full, "%s", name);
@@ -112,14 +96,14 @@ static int add_act(walk_t *w, const char *name, mt_dtype_t dt, double numel, int
 }
 
 /* A saved activation of the description's layer list (none when the layer does not save it). */
-static int act(walk_t *w, eng_act_id_t id, int producer, int consumer) {
+int eng_walk_act(eng_walk_t *w, eng_act_id_t id, int producer, int consumer) {
     const eng_act_desc_t *a = eng_model_desc_act(w->d, w->layer, id);
     if (!a) return -1;
-    return add_act(w, a->name, eng_act_dtype(a->cls, w->adt), (double)eng_act_numel(a, (int64_t)w->n), producer,
+    return eng_walk_add_act(w, a->name, eng_act_dtype(a->cls, w->adt), (double)eng_act_numel(a, (int64_t)w->n), producer,
                    consumer);
 }
 
-static void add_temp(walk_t *w, sched_phase_t phase, const char *name, mt_dtype_t dt, double numel, int op) {
+void eng_walk_add_temp(eng_walk_t *w, sched_phase_t phase, const char *name, mt_dtype_t dt, double numel, int op) {
     char full[160];
     if (w->layer >= 0) snprintf(full, sizeof full, "layers.%d.%s", w->layer, name);
     else snprintf(full, sizeof full, "%s", name);
@@ -132,7 +116,7 @@ static void add_temp(walk_t *w, sched_phase_t phase, const char *name, mt_dtype_
 
 /* The run's selection as engine/lora_targets.h states it; all-linear leaves
  * out the gates that decide routing, as the executor's selection does. */
-static bool lora_targeted(walk_t *w, const char *module, eng_param_role_t role) {
+static bool lora_targeted(eng_walk_t *w, const char *module, eng_param_role_t role) {
     const sched_run_shape_t *s = w->s;
     if (!s->lora) return false;
     const char *leaf = strrchr(module, '.');
@@ -165,12 +149,12 @@ static void module_of(const eng_param_spec_t *p, char *buf, size_t cap) {
  * the permuted rows of all experts, and weights are read for the expected
  * number of experts hit).  Returns the forward op; *bwd_out gets the
  * backward op. */
-static int linear(walk_t *w, const char *label, double rows, eng_param_role_t role, eng_param_role_t bias_role,
+int eng_walk_linear(eng_walk_t *w, const char *label, double rows, eng_param_role_t role, eng_param_role_t bias_role,
                   int experts, int *bwd_out) {
     const sched_run_shape_t *s = w->s;
-    const eng_param_spec_t *p0 = param(w, role, experts > 0 ? 0 : -1);
+    const eng_param_spec_t *p0 = eng_walk_param(w, role, experts > 0 ? 0 : -1);
     const double out = (double)p0->shape[0], in = (double)p0->shape[1];
-    const bool bias = bias_role != ENG_P_ROLE_COUNT && has_param(w, bias_role);
+    const bool bias = bias_role != ENG_P_ROLE_COUNT && eng_walk_has_param(w, bias_role);
     const int count = experts > 0 ? experts : 1;
     const double hit = experts > 0 ? w->experts_hit : 1.0;
     char module[160];
@@ -187,18 +171,18 @@ static int linear(walk_t *w, const char *label, double rows, eng_param_role_t ro
      * recomputes x A^T (the executor saves nothing for it) and forms dB, dy B,
      * dA and dx: 2 rows r (3 in + 2 out) */
     const double rk = lora ? s->lora_r : 0;
-    int fwd = add_op(w, SCHED_PHASE_FWD, true, mm + 2.0 * rows * rk * (in + out), wread + io, "%s%s.fwd", pre, label);
+    int fwd = eng_walk_add_op(w, SCHED_PHASE_FWD, true, mm + 2.0 * rows * rk * (in + out), wread + io, "%s%s.fwd", pre, label);
     /* backward: dX always (the gradient flows down), dW only for trained weights */
     double bflops = mm + (train_w ? mm : 0), bbytes = wread + io + (train_w ? io + hit * out * in * 8.0 : 0);
-    int bwd = add_op(w, SCHED_PHASE_BWD, true, bflops + 2.0 * rows * rk * (3.0 * in + 2.0 * out), bbytes, "%s%s.bwd",
-                     pre, label);
+    int bwd = eng_walk_add_op(w, SCHED_PHASE_BWD, true, bflops + 2.0 * rows * rk * (3.0 * in + 2.0 * out), bbytes,
+                              "%s%s.bwd", pre, label);
     if (bwd_out) *bwd_out = bwd;
     for (int e = 0; e < count; e++) {
-        const eng_param_spec_t *p = experts > 0 ? param(w, role, e) : p0;
+        const eng_param_spec_t *p = experts > 0 ? eng_walk_param(w, role, e) : p0;
         const int ex = experts > 0 ? e : -1;
         add_weight(w, p, ex, train_w, fwd, bwd);
         if (bias) {
-            const eng_param_spec_t *pb = param(w, bias_role, -1);
+            const eng_param_spec_t *pb = eng_walk_param(w, bias_role, -1);
             add_weight(w, pb, ex, train_w, fwd, bwd);
         }
         if (lora) {
@@ -214,169 +198,185 @@ static int linear(walk_t *w, const char *label, double rows, eng_param_role_t ro
 }
 
 /* An elementwise-class op (norm, rope, softmax, permutation): memory bound. */
-static int elementwise(walk_t *w, sched_phase_t phase, const char *label, double elems, double bytes) {
+int eng_walk_elementwise(eng_walk_t *w, sched_phase_t phase, const char *label, double elems, double bytes) {
     char pre[24];
     if (w->layer >= 0) snprintf(pre, sizeof pre, "L%d.", w->layer);
     else pre[0] = '\0';
-    return add_op(w, phase, false, 5.0 * elems, bytes, "%s%s.%s", pre, label, phase == SCHED_PHASE_FWD ? "fwd" : "bwd");
+    return eng_walk_add_op(w, phase, false, 5.0 * elems, bytes, "%s%s.%s", pre, label, phase == SCHED_PHASE_FWD ? "fwd" : "bwd");
 }
 
 /* ---- blocks ----------------------------------------------------------------- */
 
 /* causal attention pairs per sequence: sum over queries of keys attended */
-static double attn_pairs(double T, int window) {
+double eng_walk_attn_pairs(double T, int window) {
     if (window <= 0 || window >= T) return T * (T + 1) / 2;
     const double W = window;
     return W * (W + 1) / 2 + (T - W) * W;
 }
 
-static void attention_half(walk_t *w) {
+int eng_walk_window(const eng_walk_t *w) {
+    return w->layer >= 0 && w->cfg->layer_full_attention[w->layer] ? 0 : w->cfg->sliding_window;
+}
+
+int eng_walk_attn_input(eng_walk_t *w, int *norm_bwd) {
+    const double n = w->n, H = w->cfg->hidden_size;
+    w->group = 0;
+    int in_act = eng_walk_add_act(w, "input", w->adt, n * H, w->prev_out_op, -1);
+    int f = eng_walk_elementwise(w, SCHED_PHASE_FWD, "attn_norm", n * H, 2 * n * H * w->ab);
+    int g = eng_walk_elementwise(w, SCHED_PHASE_BWD, "attn_norm", n * H, 4 * n * H * w->ab);
+    sched_program_add_consumer(w->p, in_act, g);
+    eng_walk_add_param(w, ENG_P_ATTN_NORM, f, g);
+    int xn = eng_walk_act(w, ENG_A_ATTN_XN, f, -1);
+    eng_walk_act(w, ENG_A_ATTN_RSTD, f, g);
+    *norm_bwd = g;
+    return xn;
+}
+
+static void attention_half(eng_walk_t *w) {
     const eng_model_config_t *c = w->cfg;
     const double n = w->n, H = c->hidden_size, hd = c->head_dim;
     const double qd = (double)c->num_attention_heads * hd, kd = (double)c->num_key_value_heads * hd;
     const mt_dtype_t adt = w->adt;
-    w->group = 0;
-    int in_act = add_act(w, "input", adt, n * H, w->prev_out_op, -1);
-    int f = elementwise(w, SCHED_PHASE_FWD, "attn_norm", n * H, 2 * n * H * w->ab);
-    int g = elementwise(w, SCHED_PHASE_BWD, "attn_norm", n * H, 4 * n * H * w->ab);
-    sched_program_add_consumer(w->p, in_act, g);
-    add_param(w, ENG_P_ATTN_NORM, f, g);
-    int xn = act(w, ENG_A_ATTN_XN, f, -1);
-    act(w, ENG_A_ATTN_RSTD, f, g);
+    int g;
+    int xn = eng_walk_attn_input(w, &g);
     int bq, bk, bv, bo;
-    int fq = linear(w, "q_proj", n, ENG_P_Q, ENG_P_Q_BIAS, 0, &bq);
-    linear(w, "k_proj", n, ENG_P_K, ENG_P_K_BIAS, 0, &bk);
-    int fv = linear(w, "v_proj", n, ENG_P_V, ENG_P_V_BIAS, 0, &bv);
+    int fq = eng_walk_linear(w, "q_proj", n, ENG_P_Q, ENG_P_Q_BIAS, 0, &bq);
+    eng_walk_linear(w, "k_proj", n, ENG_P_K, ENG_P_K_BIAS, 0, &bk);
+    int fv = eng_walk_linear(w, "v_proj", n, ENG_P_V, ENG_P_V_BIAS, 0, &bv);
     sched_program_add_consumer(w->p, xn, bq); /* the weight gradients read the normed input */
     sched_program_add_consumer(w->p, xn, bk);
     sched_program_add_consumer(w->p, xn, bv);
     if (c->qk_norm) {
-        int fn = elementwise(w, SCHED_PHASE_FWD, "qk_norm", n * (qd + kd), 2 * n * (qd + kd) * w->ab);
-        int gn = elementwise(w, SCHED_PHASE_BWD, "qk_norm", n * (qd + kd), 4 * n * (qd + kd) * w->ab);
-        add_param(w, ENG_P_Q_NORM, fn, gn);
-        add_param(w, ENG_P_K_NORM, fn, gn);
-        act(w, ENG_A_Q_PRE, fq, gn);
-        act(w, ENG_A_K_PRE, fq, gn);
-        act(w, ENG_A_Q_RSTD, fn, gn);
-        act(w, ENG_A_K_RSTD, fn, gn);
-        add_temp(w, SCHED_PHASE_BWD, "attn.d_qk_pre", adt, n * qd, gn);
+        int fn = eng_walk_elementwise(w, SCHED_PHASE_FWD, "qk_norm", n * (qd + kd), 2 * n * (qd + kd) * w->ab);
+        int gn = eng_walk_elementwise(w, SCHED_PHASE_BWD, "qk_norm", n * (qd + kd), 4 * n * (qd + kd) * w->ab);
+        eng_walk_add_param(w, ENG_P_Q_NORM, fn, gn);
+        eng_walk_add_param(w, ENG_P_K_NORM, fn, gn);
+        eng_walk_act(w, ENG_A_Q_PRE, fq, gn);
+        eng_walk_act(w, ENG_A_K_PRE, fq, gn);
+        eng_walk_act(w, ENG_A_Q_RSTD, fn, gn);
+        eng_walk_act(w, ENG_A_K_RSTD, fn, gn);
+        eng_walk_add_temp(w, SCHED_PHASE_BWD, "attn.d_qk_pre", adt, n * qd, gn);
     }
-    int fr = elementwise(w, SCHED_PHASE_FWD, "rope", n * (qd + kd), 2 * n * (qd + kd) * w->ab);
-    elementwise(w, SCHED_PHASE_BWD, "rope", n * (qd + kd), 2 * n * (qd + kd) * w->ab);
+    int fr = eng_walk_elementwise(w, SCHED_PHASE_FWD, "rope", n * (qd + kd), 2 * n * (qd + kd) * w->ab);
+    eng_walk_elementwise(w, SCHED_PHASE_BWD, "rope", n * (qd + kd), 2 * n * (qd + kd) * w->ab);
     /* attention core: QK^T and PV over the causal (or windowed) pairs; the
      * backward recomputes the scores (flash-style, only logsumexp saved) */
-    const double pairs = w->B * attn_pairs(w->T, c->sliding_window) * c->num_attention_heads;
+    const double pairs = w->B * eng_walk_attn_pairs(w->T, eng_walk_window(w)) * c->num_attention_heads;
     const double core_io = n * (2 * qd + 2 * kd) * w->ab;
-    int fa = add_op(w, SCHED_PHASE_FWD, true, 4.0 * pairs * hd, core_io, "L%d.attention.fwd", w->layer);
-    int ga = add_op(w, SCHED_PHASE_BWD, true, 10.0 * pairs * hd, 2 * core_io, "L%d.attention.bwd", w->layer);
-    act(w, ENG_A_Q, fr, ga);
-    act(w, ENG_A_K, fr, ga);
-    act(w, ENG_A_V, fv, ga);
-    act(w, ENG_A_ATT, fa, ga);
-    act(w, ENG_A_LSE, fa, ga);
-    int fo = linear(w, "o_proj", n, ENG_P_O, ENG_P_O_BIAS, 0, &bo);
+    int fa = eng_walk_add_op(w, SCHED_PHASE_FWD, true, 4.0 * pairs * hd, core_io, "L%d.attention.fwd", w->layer);
+    int ga = eng_walk_add_op(w, SCHED_PHASE_BWD, true, 10.0 * pairs * hd, 2 * core_io, "L%d.attention.bwd", w->layer);
+    eng_walk_act(w, ENG_A_Q, fr, ga);
+    eng_walk_act(w, ENG_A_K, fr, ga);
+    eng_walk_act(w, ENG_A_V, fv, ga);
+    eng_walk_act(w, ENG_A_ATT, fa, ga);
+    eng_walk_act(w, ENG_A_LSE, fa, ga);
+    /* gpt-oss: one learned logit per head joins each row's softmax */
+    if (eng_walk_has_param(w, ENG_P_ATTN_SINKS)) eng_walk_add_param(w, ENG_P_ATTN_SINKS, fa, ga);
+    int fo = eng_walk_linear(w, "o_proj", n, ENG_P_O, ENG_P_O_BIAS, 0, &bo);
     /* backward temporaries: d(att), dq, dk, dv, d(xn) */
-    add_temp(w, SCHED_PHASE_BWD, "attn.d_out", adt, n * qd, bo);
-    add_temp(w, SCHED_PHASE_BWD, "attn.dq", adt, n * qd, ga);
-    add_temp(w, SCHED_PHASE_BWD, "attn.dk", adt, n * kd, ga);
-    add_temp(w, SCHED_PHASE_BWD, "attn.dv", adt, n * kd, ga);
-    add_temp(w, SCHED_PHASE_BWD, "attn.d_xn", adt, n * H, g);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "attn.d_out", adt, n * qd, bo);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "attn.dq", adt, n * qd, ga);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "attn.dk", adt, n * kd, ga);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "attn.dv", adt, n * kd, ga);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "attn.d_xn", adt, n * H, g);
     w->prev_out_op = fo;
 }
 
-static void moe_mlp(walk_t *w, int xn) {
+static void moe_mlp(eng_walk_t *w, int xn) {
     const eng_model_config_t *c = w->cfg;
     const double n = w->n, H = c->hidden_size;
     const mt_dtype_t adt = w->adt;
     const double E = c->num_experts, k = c->num_experts_per_tok, I = c->moe_intermediate_size, m = n * k;
     int br;
-    int fr = linear(w, "router", n, ENG_P_ROUTER, ENG_P_ROLE_COUNT, 0, &br);
+    int fr = eng_walk_linear(w, "router", n, ENG_P_ROUTER, ENG_P_ROLE_COUNT, 0, &br);
     sched_program_add_consumer(w->p, xn, br);
-    int fs = elementwise(w, SCHED_PHASE_FWD, "route", n * E, 3 * n * E * 4.0);
-    act(w, ENG_A_ROUTER_LOGITS, fr, br);
+    int fs = eng_walk_elementwise(w, SCHED_PHASE_FWD, "route", n * E, 3 * n * E * 4.0);
+    eng_walk_act(w, ENG_A_ROUTER_LOGITS, fr, br);
     const eng_act_id_t routing[] = {ENG_A_ROUTER_PROBS, ENG_A_TOPW,  ENG_A_TOPK_IDX, ENG_A_EXPERT_COUNTS,
                                     ENG_A_EXPERT_OFFSETS, ENG_A_PERM, ENG_A_INV_PERM};
-    for (size_t i = 0; i < sizeof routing / sizeof routing[0]; i++) act(w, routing[i], fs, br);
-    int fp = elementwise(w, SCHED_PHASE_FWD, "permute", m * H, 2 * m * H * w->ab);
-    int gp = elementwise(w, SCHED_PHASE_BWD, "permute", m * H, 2 * m * H * w->ab);
+    for (size_t i = 0; i < sizeof routing / sizeof routing[0]; i++) eng_walk_act(w, routing[i], fs, br);
+    int fp = eng_walk_elementwise(w, SCHED_PHASE_FWD, "permute", m * H, 2 * m * H * w->ab);
+    int gp = eng_walk_elementwise(w, SCHED_PHASE_BWD, "permute", m * H, 2 * m * H * w->ab);
     sched_program_add_consumer(w->p, xn, gp);
-    act(w, ENG_A_EXPERT_X, fp, gp);
+    eng_walk_act(w, ENG_A_EXPERT_X, fp, gp);
     int bg, bu, bd;
-    int fg = linear(w, "experts.gate", m, ENG_P_EXP_GATE, ENG_P_ROLE_COUNT, (int)E, &bg);
-    int fu = linear(w, "experts.up", m, ENG_P_EXP_UP, ENG_P_ROLE_COUNT, (int)E, &bu);
-    int fw = elementwise(w, SCHED_PHASE_FWD, "experts.swiglu", m * I, 3 * m * I * w->ab);
-    int fd = linear(w, "experts.down", m, ENG_P_EXP_DOWN, ENG_P_ROLE_COUNT, (int)E, &bd);
-    act(w, ENG_A_EXPERT_G, fg, bg);
-    act(w, ENG_A_EXPERT_U, fu, bu);
-    act(w, ENG_A_EXPERT_OUT, fd, bd);
-    add_temp(w, SCHED_PHASE_FWD, "moe.h", adt, m * I, fw);
-    int last = elementwise(w, SCHED_PHASE_FWD, "combine", m * H, (m + n) * H * w->ab);
-    int gc = elementwise(w, SCHED_PHASE_BWD, "combine", m * H, 2 * (m + n) * H * w->ab);
-    add_temp(w, SCHED_PHASE_FWD, "mlp.y", adt, n * H, last);
-    add_temp(w, SCHED_PHASE_BWD, "moe.d_topw", MT_F32, n * k, gc);
-    add_temp(w, SCHED_PHASE_BWD, "moe.d_ep", adt, m * H, gc);
-    add_temp(w, SCHED_PHASE_BWD, "moe.h_recomputed", adt, m * I, bd);
-    add_temp(w, SCHED_PHASE_BWD, "moe.dh", adt, m * I, bd);
-    add_temp(w, SCHED_PHASE_BWD, "moe.d_logits", MT_F32, n * E, br);
-    if (!has_param(w, ENG_P_SHARED_GATE)) return;
-    const double Is = (double)param(w, ENG_P_SHARED_GATE, -1)->shape[0];
+    int fg = eng_walk_linear(w, "experts.gate", m, ENG_P_EXP_GATE, ENG_P_ROLE_COUNT, (int)E, &bg);
+    int fu = eng_walk_linear(w, "experts.up", m, ENG_P_EXP_UP, ENG_P_ROLE_COUNT, (int)E, &bu);
+    int fw = eng_walk_elementwise(w, SCHED_PHASE_FWD, "experts.swiglu", m * I, 3 * m * I * w->ab);
+    int fd = eng_walk_linear(w, "experts.down", m, ENG_P_EXP_DOWN, ENG_P_ROLE_COUNT, (int)E, &bd);
+    eng_walk_act(w, ENG_A_EXPERT_G, fg, bg);
+    eng_walk_act(w, ENG_A_EXPERT_U, fu, bu);
+    eng_walk_act(w, ENG_A_EXPERT_OUT, fd, bd);
+    eng_walk_add_temp(w, SCHED_PHASE_FWD, "moe.h", adt, m * I, fw);
+    int last = eng_walk_elementwise(w, SCHED_PHASE_FWD, "combine", m * H, (m + n) * H * w->ab);
+    int gc = eng_walk_elementwise(w, SCHED_PHASE_BWD, "combine", m * H, 2 * (m + n) * H * w->ab);
+    eng_walk_add_temp(w, SCHED_PHASE_FWD, "mlp.y", adt, n * H, last);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "moe.d_topw", MT_F32, n * k, gc);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "moe.d_ep", adt, m * H, gc);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "moe.h_recomputed", adt, m * I, bd);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "moe.dh", adt, m * I, bd);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "moe.d_logits", MT_F32, n * E, br);
+    if (!eng_walk_has_param(w, ENG_P_SHARED_GATE)) return;
+    const double Is = (double)eng_walk_param(w, ENG_P_SHARED_GATE, -1)->shape[0];
     int sg, su, sd;
-    int fsg = linear(w, "shared.gate", n, ENG_P_SHARED_GATE, ENG_P_ROLE_COUNT, 0, &sg);
+    int fsg = eng_walk_linear(w, "shared.gate", n, ENG_P_SHARED_GATE, ENG_P_ROLE_COUNT, 0, &sg);
     sched_program_add_consumer(w->p, xn, sg);
-    int fsu = linear(w, "shared.up", n, ENG_P_SHARED_UP, ENG_P_ROLE_COUNT, 0, &su);
-    int fsd = linear(w, "shared.down", n, ENG_P_SHARED_DOWN, ENG_P_ROLE_COUNT, 0, &sd);
-    act(w, ENG_A_SHARED_G, fsg, sg);
-    act(w, ENG_A_SHARED_U, fsu, su);
-    act(w, ENG_A_SHARED_OUT, fsd, sd);
-    add_temp(w, SCHED_PHASE_FWD, "shared.h", adt, n * Is, fsd);
-    add_temp(w, SCHED_PHASE_BWD, "shared.d_out", adt, n * H, sd);
-    add_temp(w, SCHED_PHASE_BWD, "shared.h_recomputed", adt, n * Is, sd);
-    add_temp(w, SCHED_PHASE_BWD, "shared.dh", adt, n * Is, sd);
-    if (has_param(w, ENG_P_SHARED_EXPERT_GATE)) {
+    int fsu = eng_walk_linear(w, "shared.up", n, ENG_P_SHARED_UP, ENG_P_ROLE_COUNT, 0, &su);
+    int fsd = eng_walk_linear(w, "shared.down", n, ENG_P_SHARED_DOWN, ENG_P_ROLE_COUNT, 0, &sd);
+    eng_walk_act(w, ENG_A_SHARED_G, fsg, sg);
+    eng_walk_act(w, ENG_A_SHARED_U, fsu, su);
+    eng_walk_act(w, ENG_A_SHARED_OUT, fsd, sd);
+    eng_walk_add_temp(w, SCHED_PHASE_FWD, "shared.h", adt, n * Is, fsd);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "shared.d_out", adt, n * H, sd);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "shared.h_recomputed", adt, n * Is, sd);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "shared.dh", adt, n * Is, sd);
+    if (eng_walk_has_param(w, ENG_P_SHARED_EXPERT_GATE)) {
         int sgb;
-        int fsgl = linear(w, "shared_gate", n, ENG_P_SHARED_EXPERT_GATE, ENG_P_ROLE_COUNT, 0, &sgb);
-        act(w, ENG_A_SHARED_GATE_LOGIT, fsgl, sgb);
+        int fsgl = eng_walk_linear(w, "shared_gate", n, ENG_P_SHARED_EXPERT_GATE, ENG_P_ROLE_COUNT, 0, &sgb);
+        eng_walk_act(w, ENG_A_SHARED_GATE_LOGIT, fsgl, sgb);
     }
 }
 
-static void mlp_half(walk_t *w, bool moe) {
+static void mlp_half(eng_walk_t *w, bool moe) {
     const eng_model_config_t *c = w->cfg;
     const double n = w->n, H = c->hidden_size;
     const mt_dtype_t adt = w->adt;
     w->group = 1;
     /* x_mid, the residual after attention: read again by the MLP norm's backward */
-    int mid = act(w, ENG_A_X_MID, w->prev_out_op, -1);
-    int f = elementwise(w, SCHED_PHASE_FWD, "mlp_norm", n * H, 2 * n * H * w->ab);
-    int g = elementwise(w, SCHED_PHASE_BWD, "mlp_norm", n * H, 4 * n * H * w->ab);
+    int mid = eng_walk_act(w, ENG_A_X_MID, w->prev_out_op, -1);
+    int f = eng_walk_elementwise(w, SCHED_PHASE_FWD, "mlp_norm", n * H, 2 * n * H * w->ab);
+    int g = eng_walk_elementwise(w, SCHED_PHASE_BWD, "mlp_norm", n * H, 4 * n * H * w->ab);
     sched_program_add_consumer(w->p, mid, g);
-    add_param(w, ENG_P_MLP_NORM, f, g);
-    int xn = act(w, ENG_A_MLP_XN, f, -1);
-    act(w, ENG_A_MLP_RSTD, f, g);
-    if (moe) {
+    eng_walk_add_param(w, ENG_P_MLP_NORM, f, g);
+    int xn = eng_walk_act(w, ENG_A_MLP_XN, f, -1);
+    eng_walk_act(w, ENG_A_MLP_RSTD, f, g);
+    if (moe && w->f->moe_ops) {
+        w->f->moe_ops(w, xn);
+    } else if (moe) {
         moe_mlp(w, xn);
     } else {
         const double Id = c->intermediate_size;
         int bg, bu, bd;
-        int fg = linear(w, "mlp.gate_proj", n, ENG_P_DENSE_GATE, ENG_P_ROLE_COUNT, 0, &bg);
+        int fg = eng_walk_linear(w, "mlp.gate_proj", n, ENG_P_DENSE_GATE, ENG_P_ROLE_COUNT, 0, &bg);
         sched_program_add_consumer(w->p, xn, bg);
-        int fu = linear(w, "mlp.up_proj", n, ENG_P_DENSE_UP, ENG_P_ROLE_COUNT, 0, &bu);
-        int fw = elementwise(w, SCHED_PHASE_FWD, "mlp.swiglu", n * Id, 3 * n * Id * w->ab);
-        int last = linear(w, "mlp.down_proj", n, ENG_P_DENSE_DOWN, ENG_P_ROLE_COUNT, 0, &bd);
-        act(w, ENG_A_DENSE_G, fg, bg);
-        act(w, ENG_A_DENSE_U, fu, bu);
-        add_temp(w, SCHED_PHASE_FWD, "mlp.h", adt, n * Id, fw);
-        add_temp(w, SCHED_PHASE_FWD, "mlp.y", adt, n * H, last);
-        add_temp(w, SCHED_PHASE_BWD, "mlp.h_recomputed", adt, n * Id, bd);
-        add_temp(w, SCHED_PHASE_BWD, "mlp.dh", adt, n * Id, bd);
+        int fu = eng_walk_linear(w, "mlp.up_proj", n, ENG_P_DENSE_UP, ENG_P_ROLE_COUNT, 0, &bu);
+        int fw = eng_walk_elementwise(w, SCHED_PHASE_FWD, "mlp.swiglu", n * Id, 3 * n * Id * w->ab);
+        int last = eng_walk_linear(w, "mlp.down_proj", n, ENG_P_DENSE_DOWN, ENG_P_ROLE_COUNT, 0, &bd);
+        eng_walk_act(w, ENG_A_DENSE_G, fg, bg);
+        eng_walk_act(w, ENG_A_DENSE_U, fu, bu);
+        eng_walk_add_temp(w, SCHED_PHASE_FWD, "mlp.h", adt, n * Id, fw);
+        eng_walk_add_temp(w, SCHED_PHASE_FWD, "mlp.y", adt, n * H, last);
+        eng_walk_add_temp(w, SCHED_PHASE_BWD, "mlp.h_recomputed", adt, n * Id, bd);
+        eng_walk_add_temp(w, SCHED_PHASE_BWD, "mlp.dh", adt, n * Id, bd);
     }
-    int res = elementwise(w, SCHED_PHASE_FWD, "residual", n * H, 3 * n * H * w->ab);
-    add_temp(w, SCHED_PHASE_FWD, "output", adt, n * H, res);
-    add_temp(w, SCHED_PHASE_BWD, "mlp.d_xn", adt, n * H, g);
-    add_temp(w, SCHED_PHASE_BWD, "mlp.d_mid", adt, n * H, g);
+    int res = eng_walk_elementwise(w, SCHED_PHASE_FWD, "residual", n * H, 3 * n * H * w->ab);
+    eng_walk_add_temp(w, SCHED_PHASE_FWD, "output", adt, n * H, res);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "mlp.d_xn", adt, n * H, g);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "mlp.d_mid", adt, n * H, g);
     w->prev_out_op = res;
 }
 
-static void begin_block(walk_t *w, int block, int layer) {
+static void begin_block(eng_walk_t *w, int block, int layer) {
     w->block = block;
     w->layer = layer;
     w->group = 0;
@@ -386,52 +386,77 @@ static void begin_block(walk_t *w, int block, int layer) {
     pb->bwd_stream_bytes = w->n * w->cfg->hidden_size * w->ab;
 }
 
-static void embedding_block(walk_t *w) {
+static void embedding_block(eng_walk_t *w) {
     const double n = w->n, H = w->cfg->hidden_size;
     begin_block(w, 0, -1);
-    int f = add_op(w, SCHED_PHASE_FWD, false, n * H, n * H * (w->wb + w->ab) + 4 * n, "embed.fwd");
-    int g = add_op(w, SCHED_PHASE_BWD, false, n * H, n * H * (w->ab + 8.0), "embed.bwd");
-    add_param(w, ENG_P_EMBED, f, g);
-    add_act(w, "input_ids", MT_I32, n, -1, g);
-    add_temp(w, SCHED_PHASE_FWD, "embeddings", w->adt, n * H, f);
+    int f = eng_walk_add_op(w, SCHED_PHASE_FWD, false, n * H, n * H * (w->wb + w->ab) + 4 * n, "embed.fwd");
+    int g = eng_walk_add_op(w, SCHED_PHASE_BWD, false, n * H, n * H * (w->ab + 8.0), "embed.bwd");
+    eng_walk_add_param(w, ENG_P_EMBED, f, g);
+    eng_walk_add_act(w, "input_ids", MT_I32, n, -1, g);
+    eng_walk_add_temp(w, SCHED_PHASE_FWD, "embeddings", w->adt, n * H, f);
     w->prev_out_op = f;
     w->p->blocks[0].act_input_bytes = n * 4.0;
 }
 
-static void head_block(walk_t *w) {
+static void head_block(eng_walk_t *w) {
     const eng_model_config_t *c = w->cfg;
     const double n = w->n, H = c->hidden_size, V = c->vocab_size;
     const int hb_index = c->num_hidden_layers + 1;
     begin_block(w, hb_index, -1);
-    int in = add_act(w, "final.input", w->adt, n * H, w->prev_out_op, -1);
-    int f = elementwise(w, SCHED_PHASE_FWD, "final_norm", n * H, 2 * n * H * w->ab);
-    int g = elementwise(w, SCHED_PHASE_BWD, "final_norm", n * H, 4 * n * H * w->ab);
+    int in = eng_walk_add_act(w, "final.input", w->adt, n * H, w->prev_out_op, -1);
+    int f = eng_walk_elementwise(w, SCHED_PHASE_FWD, "final_norm", n * H, 2 * n * H * w->ab);
+    int g = eng_walk_elementwise(w, SCHED_PHASE_BWD, "final_norm", n * H, 4 * n * H * w->ab);
     sched_program_add_consumer(w->p, in, g);
-    add_param(w, ENG_P_FINAL_NORM, f, g);
-    int xn = add_act(w, "final.xn", w->adt, n * H, f, -1);
-    add_act(w, "final.rstd", MT_F32, n, f, g);
+    eng_walk_add_param(w, ENG_P_FINAL_NORM, f, g);
+    int xn = eng_walk_add_act(w, "final.xn", w->adt, n * H, f, -1);
+    eng_walk_add_act(w, "final.rstd", MT_F32, n, f, g);
     int hb, fh;
-    if (!has_param(w, ENG_P_LM_HEAD)) {
+    if (!eng_walk_has_param(w, ENG_P_LM_HEAD)) {
         /* tied: the embedding table is the head's weight, no tensor of its own */
         const bool train = !w->s->lora;
         const double mm = 2.0 * n * V * H;
-        fh = add_op(w, SCHED_PHASE_FWD, true, mm, V * H * w->wb + n * (H + V) * w->ab, "head.lm_head.fwd");
-        hb = add_op(w, SCHED_PHASE_BWD, true, train ? 2 * mm : mm,
+        fh = eng_walk_add_op(w, SCHED_PHASE_FWD, true, mm, V * H * w->wb + n * (H + V) * w->ab, "head.lm_head.fwd");
+        hb = eng_walk_add_op(w, SCHED_PHASE_BWD, true, train ? 2 * mm : mm,
                     V * H * (w->wb + (train ? 8.0 : 0)) + 2 * n * (H + V) * w->ab, "head.lm_head.bwd");
         sched_program_add_consumer(w->p, 0 /* first tensor: the embedding */, fh);
         sched_program_add_consumer(w->p, 0, hb);
         w->p->tied_head = true;
     } else {
-        fh = linear(w, "lm_head", n, ENG_P_LM_HEAD, ENG_P_ROLE_COUNT, 0, &hb);
+        fh = eng_walk_linear(w, "lm_head", n, ENG_P_LM_HEAD, ENG_P_ROLE_COUNT, 0, &hb);
     }
     sched_program_add_consumer(w->p, xn, hb);
     /* logits are fp32 (HF upcasts before the loss); the loss's backward
      * writes d(logits) in place */
-    add_act(w, "logits", MT_F32, n * V, fh, hb);
-    int fl = elementwise(w, SCHED_PHASE_FWD, "loss", n * V, 2 * n * V * 4.0);
-    add_temp(w, SCHED_PHASE_FWD, "loss_rows", MT_F32, n, fl);
-    add_temp(w, SCHED_PHASE_BWD, "d_final_xn", w->adt, n * H, hb);
+    eng_walk_add_act(w, "logits", MT_F32, n * V, fh, hb);
+    int fl = eng_walk_elementwise(w, SCHED_PHASE_FWD, "loss", n * V, 2 * n * V * 4.0);
+    eng_walk_add_temp(w, SCHED_PHASE_FWD, "loss_rows", MT_F32, n, fl);
+    eng_walk_add_temp(w, SCHED_PHASE_BWD, "d_final_xn", w->adt, n * H, hb);
     w->p->blocks[hb_index].act_input_bytes = n * H * w->ab;
+}
+
+/* The leaves of the model's linear layers, in parameter order, once each
+ * ("q_proj, k_proj, ..., gate (router), w1, w2, w3"), for the message
+ * about a LoRA target that matches nothing. */
+static void linear_leaves(const eng_model_desc_t *d, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < d->count; i++) {
+        const eng_param_spec_t *p = &d->params[i];
+        const size_t nl = strlen(p->name);
+        if (p->layer < 0 || p->ndim != 2 || nl < 7 || strcmp(p->name + nl - 7, ".weight") != 0) continue;
+        char mod[160], item[192];
+        module_of(p, mod, sizeof mod);
+        const char *leaf = strrchr(mod, '.');
+        leaf = leaf ? leaf + 1 : mod;
+        snprintf(item, sizeof item, "%s%s", leaf, p->role == ENG_P_ROUTER && strcmp(leaf, "router") ? " (router)" : "");
+        bool seen = false;
+        for (const char *at = buf; !seen && (at = strstr(at, item)) != NULL; at++)
+            seen = (at == buf || at[-1] == ' ') && (at[strlen(item)] == ',' || at[strlen(item)] == '\0');
+        if (seen) continue;
+        const int n = snprintf(buf + len, cap - len, "%s%s", len ? ", " : "", item);
+        if (n < 0 || (size_t)n >= cap - len) break;
+        len += (size_t)n;
+    }
 }
 
 static mt_status_t check_config(const eng_model_config_t *m, mt_error_t *err) {
@@ -470,7 +495,7 @@ mt_status_t eng_decoder_ops(const eng_family_t *f, const eng_model_desc_t *d, co
     if (st != MT_OK) return st;
     const int L = cfg->num_hidden_layers;
     sched_program_init(out, L + 2);
-    walk_t w = {.p = out, .d = d, .cfg = cfg, .s = shape};
+    eng_walk_t w = {.p = out, .f = f, .d = d, .cfg = cfg, .s = shape};
     w.wdt = shape->bf16 ? MT_BF16 : MT_F32;
     w.adt = w.wdt;
     w.wb = (double)mt_dtype_size(w.wdt);
@@ -493,7 +518,8 @@ mt_status_t eng_decoder_ops(const eng_family_t *f, const eng_model_desc_t *d, co
             pb->top_k = cfg->num_experts_per_tok;
             w.experts_hit = sched_expected_experts_hit(pb->num_experts, pb->top_k, w.n);
         }
-        attention_half(&w);
+        if (f->attention_ops) f->attention_ops(&w);
+        else attention_half(&w);
         mlp_half(&w, pb->is_moe);
         pb->act_input_bytes = w.n * cfg->hidden_size * w.ab;
     }
@@ -501,12 +527,14 @@ mt_status_t eng_decoder_ops(const eng_family_t *f, const eng_model_desc_t *d, co
 
     for (int i = 0; i < shape->num_lora_targets && shape->lora; i++)
         if (!w.target_hit[i]) {
-            char names[96];
-            snprintf(names, sizeof names, "%s, %s, %s", f->experts[0].leaf, f->experts[1].leaf, f->experts[2].leaf);
+            char names[512];
+            linear_leaves(d, names, sizeof names);
             st = mt_error_set(err, MT_ERR_CONFIG,
-                              "lora_target_modules: '%s' matches no module of this model (e.g. q_proj, k_proj, "
-                              "v_proj, o_proj, %s, gate = router, all-linear)",
-                              shape->lora_targets[i], names);
+                              "lora_target_modules: '%s' matches no module of this model (e.g. %s, all-linear)%s",
+                              shape->lora_targets[i], names,
+                              f->moe_ops ? "; its experts are fused tensors (gate_up_proj, down_proj), which "
+                                           "moetune cannot put adapters on yet"
+                                         : "");
             break;
         }
     free(w.target_hit);

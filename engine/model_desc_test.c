@@ -72,10 +72,22 @@ static void check_program(const char *what, const eng_model_config_t *cfg, const
     for (int i = 0; i < d->count; i++) a[i] = d->params[i].name;
     for (int i = 0; i < r.num_tensors; i++)
         if (r.tensors[i].kind == SCHED_T_WEIGHT) {
-            b[nb++] = r.tensors[i].name;
-            const int p = eng_model_desc_find(d, r.tensors[i].name);
-            EXPECT(p >= 0 && (int64_t)d->params[p].numel == r.tensors[i].numel, "%s: weight %s not described as such",
-                   what, r.tensors[i].name);
+            /* a tensor fused over E (gpt-oss) is scheduled per expert as name[e], 1/E of it each;
+             * expert 0 stands for the tensor */
+            char base[256];
+            snprintf(base, sizeof base, "%s", r.tensors[i].name);
+            char *br = strchr(base, '[');
+            int64_t parts = 1;
+            if (br) {
+                const bool first = strcmp(br, "[0]") == 0;
+                *br = '\0';
+                parts = cfg->num_experts;
+                if (!first) continue;
+            }
+            const int p = eng_model_desc_find(d, base);
+            EXPECT(p >= 0 && (int64_t)d->params[p].numel == r.tensors[i].numel * parts,
+                   "%s: weight %s not described as such", what, r.tensors[i].name);
+            b[nb++] = p >= 0 ? d->params[p].name : r.tensors[i].name;
         }
     EXPECT(nb == d->count, "%s: %d weights for %d described parameters", what, nb, d->count);
     qsort(a, (size_t)d->count, sizeof *a, cmp_str);
@@ -313,8 +325,202 @@ static void test_buffers(void) {
     eng_model_config_free(&cfg);
 }
 
+
+/* The families described for inspect and plan only: totals within 1% of
+ * the published ones (DeepSeek-V3 without its MTP layer), active
+ * parameters beside the vendors' figures under the convention each uses,
+ * tensors as the Hub names and shapes them, buffers, and the scheduler's
+ * list. */
+static void test_described_families(void) {
+    /* Vendors count active parameters differently: DeepSeek counts the
+     * embedding table and the head whole (37B); OpenAI counts the head but
+     * not the embedding table (3.61B, 5.13B in the gpt-oss model card);
+     * Zhipu's 12B counts neither. */
+    enum { ALL = 0, NO_EMBED, NO_EMBED_HEAD };
+    static const char *const k_conv[] = {"embedding and head counted", "embedding table not counted",
+                                         "embedding and head not counted"};
+    const struct {
+        const char *dir, *family;
+        double total, active;
+        int conv;
+        int buffers;
+    } models[] = {
+        {"deepseek-v3", "DeepSeek-V3", 671e9, 37e9, ALL, 58},
+        {"glm-4.5-air", "GLM-4.5", 106e9, 12e9, NO_EMBED_HEAD, 45},
+        {"gpt-oss-20b", "gpt-oss", 20.91e9, 3.61e9, NO_EMBED, 0},
+        {"gpt-oss-120b", "gpt-oss", 116.83e9, 5.13e9, NO_EMBED, 0},
+    };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        eng_model_config_t cfg;
+        if (!load(models[i].dir, &cfg)) continue;
+        eng_model_desc_t d;
+        mt_error_t err = {0};
+        mt_status_t st = eng_model_desc_build(&cfg, &d, &err);
+        EXPECT(st == MT_OK, "%s: %s", models[i].dir, err.msg);
+        if (st != MT_OK) {
+            eng_model_config_free(&cfg);
+            continue;
+        }
+        const double total = (double)eng_model_desc_numel(&d), active = (double)eng_model_desc_active_numel(&d, &cfg);
+        const int ie = eng_model_desc_find_role(&d, -1, ENG_P_EMBED, -1), ih = eng_model_desc_find_role(&d, -1, ENG_P_LM_HEAD, -1);
+        const double embed = ie >= 0 ? (double)d.params[ie].numel : 0, head = ih >= 0 ? (double)d.params[ih].numel : 0;
+        const double conv[3] = {active, active - embed, active - embed - head};
+        printf("%-13s total %.2fB (published %.2fB, %+.2f%%); active %.2fB with embedding and head, %.2fB without the "
+               "embedding table, %.2fB without either; published %.2fB (%s)\n",
+               models[i].dir, total / 1e9, models[i].total / 1e9, 100 * (total / models[i].total - 1), conv[0] / 1e9,
+               conv[1] / 1e9, conv[2] / 1e9, models[i].active / 1e9, k_conv[models[i].conv]);
+        EXPECT(fabs(total / models[i].total - 1) < 0.01, "%s: %.0f parameters, published %.0f", models[i].dir, total,
+               models[i].total);
+        /* within 3% under the vendor's convention: the figures are rounded (12B, 37B) */
+        EXPECT(fabs(conv[models[i].conv] / models[i].active - 1) < 0.03, "%s: %.0f active (%s), published %.0f",
+               models[i].dir, conv[models[i].conv], k_conv[models[i].conv], models[i].active);
+        EXPECT(strcmp(eng_model_desc_family_name(&d), models[i].family) == 0, "%s: family %s", models[i].dir,
+               eng_model_desc_family_name(&d));
+        EXPECT(!eng_model_desc_trains(&d), "%s: described only, not trained", models[i].dir);
+        EXPECT(d.num_buffers == models[i].buffers, "%s: %d buffers", models[i].dir, d.num_buffers);
+        for (int b = 0; b < d.num_buffers; b++)
+            EXPECT(d.buffers[b].kind == ENG_TENSOR_BUFFER && !d.buffers[b].trainable &&
+                       d.buffers[b].role == ENG_P_ROUTER_BIAS && strstr(d.buffers[b].name, ".mlp.gate.e_score_correction_bias") &&
+                       d.buffers[b].numel == (size_t)cfg.num_experts,
+                   "%s: buffer %s", models[i].dir, d.buffers[b].name);
+        check_program(models[i].dir, &cfg, &d, 8);
+        eng_model_desc_free(&d);
+        eng_model_config_free(&cfg);
+    }
+
+    /* DeepSeek-V3's tensors by where they sit, with the Hub's shapes */
+    eng_model_config_t cfg;
+    if (!load("deepseek-v3", &cfg)) return;
+    eng_model_desc_t d;
+    mt_error_t err = {0};
+    if (eng_model_desc_build(&cfg, &d, &err) != MT_OK) {
+        EXPECT(false, "%s", err.msg);
+        eng_model_config_free(&cfg);
+        return;
+    }
+    const struct {
+        const char *name;
+        int64_t d0, d1;
+    } ds[] = {
+        {"model.layers.0.self_attn.q_a_proj.weight", 1536, 7168},
+        {"model.layers.0.self_attn.q_a_layernorm.weight", 1536, 0},
+        {"model.layers.0.self_attn.q_b_proj.weight", 24576, 1536},
+        {"model.layers.0.self_attn.kv_a_proj_with_mqa.weight", 576, 7168},
+        {"model.layers.0.self_attn.kv_a_layernorm.weight", 512, 0},
+        {"model.layers.0.self_attn.kv_b_proj.weight", 32768, 512},
+        {"model.layers.0.self_attn.o_proj.weight", 7168, 16384},
+        {"model.layers.2.mlp.gate_proj.weight", 18432, 7168},
+        {"model.layers.3.mlp.gate.weight", 256, 7168},
+        {"model.layers.3.mlp.experts.255.down_proj.weight", 7168, 2048},
+        {"model.layers.60.mlp.shared_experts.up_proj.weight", 2048, 7168},
+    };
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
+        const int p = eng_model_desc_find(&d, ds[i].name);
+        EXPECT(p >= 0 && d.params[p].shape[0] == ds[i].d0 && d.params[p].shape[1] == ds[i].d1, "%s: %s", ds[i].name,
+               p >= 0 ? "wrong shape" : "not described");
+    }
+    EXPECT(eng_model_desc_find(&d, "model.layers.3.mlp.gate_proj.weight") < 0 &&
+               eng_model_desc_find(&d, "model.layers.61.self_attn.q_a_proj.weight") < 0,
+           "no dense MLP in a sparse layer, no MTP layer");
+    EXPECT(eng_model_desc_find_role(&d, 3, ENG_P_EXP_GATE, 7) >= 0, "experts indexed by where they sit");
+    eng_model_desc_free(&d);
+    eng_model_config_free(&cfg);
+
+    /* gpt-oss-20b: the fused experts as transformers' GptOssExperts holds them */
+    if (!load("gpt-oss-20b", &cfg)) return;
+    if (eng_model_desc_build(&cfg, &d, &err) != MT_OK) {
+        EXPECT(false, "%s", err.msg);
+        eng_model_config_free(&cfg);
+        return;
+    }
+    int p = eng_model_desc_find(&d, "model.layers.23.mlp.experts.gate_up_proj");
+    EXPECT(p >= 0 && d.params[p].ndim == 3 && d.params[p].shape[0] == 32 && d.params[p].shape[1] == 2880 &&
+               d.params[p].shape[2] == 5760 && eng_param_working_dtype(&d.params[p], MT_BF16) == MT_BF16,
+           "gate_up_proj [E, H, 2I]");
+    p = eng_model_desc_find(&d, "model.layers.0.mlp.experts.down_proj");
+    EXPECT(p >= 0 && d.params[p].ndim == 3 && d.params[p].shape[1] == 2880 && d.params[p].shape[2] == 2880,
+           "down_proj [E, I, H]");
+    EXPECT(eng_model_desc_find(&d, "model.layers.0.self_attn.sinks") >= 0 &&
+               eng_model_desc_find(&d, "model.layers.0.self_attn.o_proj.bias") >= 0 &&
+               eng_model_desc_find(&d, "model.layers.0.mlp.router.bias") >= 0 &&
+               eng_model_desc_find(&d, "model.layers.0.mlp.experts.gate_up_proj_bias") >= 0 &&
+               eng_model_desc_find(&d, "model.layers.0.mlp.experts.down_proj_bias") >= 0,
+           "sinks, o_proj bias, router bias, expert biases");
+    EXPECT(!cfg.layer_full_attention[0] && cfg.layer_full_attention[1] && cfg.sliding_window == 128,
+           "layer_types: sliding, full, ...");
+    /* LoRA on the fused experts is refused, saying why; on attention it plans */
+    eng_run_config_t rc;
+    eng_run_config_defaults(&rc);
+    rc.micro_batch_size = 1;
+    rc.sequence_len = 64;
+    rc.gradient_accumulation_steps = 1;
+    rc.adapter = ENG_ADAPTER_LORA;
+    rc.lora_r = 8;
+    rc.num_lora_target_modules = 1;
+    snprintf(rc.lora_target_modules[0], sizeof rc.lora_target_modules[0], "gate_up_proj");
+    sched_program_t prog;
+    sched_run_shape_t shape;
+    mt_status_t st = eng_program_describe(&cfg, &rc, true, &prog, &shape, &err);
+    EXPECT(st == MT_ERR_CONFIG && strstr(err.msg, "'gate_up_proj' matches no module") && strstr(err.msg, "fused") &&
+               strstr(err.msg, "q_proj, k_proj, v_proj, o_proj, router"),
+           "fused experts as a LoRA target: %s", err.msg);
+    if (st == MT_OK) sched_program_free(&prog);
+    snprintf(rc.lora_target_modules[0], sizeof rc.lora_target_modules[0], "o_proj");
+    st = eng_program_describe(&cfg, &rc, true, &prog, &shape, &err);
+    EXPECT(st == MT_OK, "o_proj LoRA on gpt-oss: %s", err.msg);
+    if (st == MT_OK) sched_program_free(&prog);
+    eng_run_config_free(&rc);
+    eng_model_desc_free(&d);
+    eng_model_config_free(&cfg);
+}
+
+/* DeepSeek-V2-Lite's sizes (deepseek-ai/DeepSeek-V2-Lite, as its model
+ * card states them: 15.7B total, 2.4B active): q_lora_rank null, so q_proj
+ * directly; greedy softmax routing, no score-correction buffer. */
+static void test_deepseek_v2_lite(void) {
+    static const char *k_v2_lite =
+        "{\"model_type\": \"deepseek_v2\", \"vocab_size\": 102400, \"hidden_size\": 2048, \"intermediate_size\": 10944,"
+        " \"moe_intermediate_size\": 1408, \"num_hidden_layers\": 27, \"num_attention_heads\": 16,"
+        " \"num_key_value_heads\": 16, \"n_routed_experts\": 64, \"n_shared_experts\": 2, \"num_experts_per_tok\": 6,"
+        " \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"kv_lora_rank\": 512, \"q_lora_rank\": null,"
+        " \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"topk_method\": \"greedy\","
+        " \"norm_topk_prob\": false, \"scoring_func\": \"softmax\", \"tie_word_embeddings\": false,"
+        " \"torch_dtype\": \"bfloat16\"}";
+    eng_model_config_t cfg;
+    mt_error_t err = {0};
+    if (eng_model_config_parse(k_v2_lite, "v2-lite", NULL, &cfg, &err) != MT_OK) {
+        EXPECT(false, "%s", err.msg);
+        return;
+    }
+    eng_model_desc_t d;
+    if (eng_model_desc_build(&cfg, &d, &err) != MT_OK) {
+        EXPECT(false, "%s", err.msg);
+        eng_model_config_free(&cfg);
+        return;
+    }
+    const double total = (double)eng_model_desc_numel(&d), active = (double)eng_model_desc_active_numel(&d, &cfg);
+    const double embed = 102400.0 * 2048;
+    printf("deepseek-v2-lite total %.2fB (published 15.7B); active %.2fB, %.2fB without the embedding table "
+           "(published 2.4B)\n",
+           total / 1e9, active / 1e9, (active - embed) / 1e9);
+    EXPECT(fabs(total / 15.7e9 - 1) < 0.01, "V2-Lite total %.0f", total);
+    EXPECT(fabs((active - embed) / 2.4e9 - 1) < 0.03, "V2-Lite active %.0f", active - embed);
+    const int q = eng_model_desc_find(&d, "model.layers.0.self_attn.q_proj.weight");
+    EXPECT(q >= 0 && d.params[q].shape[0] == 16 * 192 && d.params[q].shape[1] == 2048, "q_proj without a q latent");
+    EXPECT(eng_model_desc_find(&d, "model.layers.0.self_attn.q_a_proj.weight") < 0 && d.num_buffers == 0,
+           "no q_a_proj, no e_score_correction_bias");
+    EXPECT(eng_model_desc_find(&d, "model.layers.1.mlp.shared_experts.gate_proj.weight") >= 0 &&
+               d.params[eng_model_desc_find(&d, "model.layers.1.mlp.shared_experts.gate_proj.weight")].shape[0] == 2816,
+           "two shared experts: one FFN of twice the width");
+    check_program("deepseek-v2-lite", &cfg, &d, 8);
+    eng_model_desc_free(&d);
+    eng_model_config_free(&cfg);
+}
+
 int main(void) {
     test_real_models();
+    test_described_families();
+    test_deepseek_v2_lite();
     test_tiny_acts();
     test_buffers();
     if (failures) fprintf(stderr, "model_desc_test: %d failure(s)\n", failures);

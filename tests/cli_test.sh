@@ -134,8 +134,8 @@ cp -r ckpt trunc; truncate -s 1000 trunc/model.safetensors
 expect_fail truncated_safetensors "trunc/model\.safetensors" "$MOETUNE" train run.yaml --set base_model=trunc
 cp -r ckpt shape; sed -i 's/"intermediate_size": 48/"intermediate_size": 40/' shape/config.json
 expect_fail shape_mismatch "experts\.0\.w1\.weight.*(40|48)" "$MOETUNE" train run.yaml --set base_model=shape
-cp -r ckpt mtype; sed -i 's/"mixtral"/"gpt_oss"/' mtype/config.json
-expect_fail unsupported_model_type "gpt_oss" "$MOETUNE" train run.yaml --set base_model=mtype
+cp -r ckpt mtype; sed -i 's/"mixtral"/"dbrx"/' mtype/config.json
+expect_fail unsupported_model_type "dbrx" "$MOETUNE" train run.yaml --set base_model=mtype
 cp -r ckpt noconfig; rm noconfig/config.json
 expect_fail missing_config_json "noconfig/config\.json" "$MOETUNE" train run.yaml --set base_model=noconfig
 
@@ -172,6 +172,69 @@ fi
 # --- bad staging settings: refused by the pool before training starts ------------
 expect_fail staging_cap_too_small "staging.*smaller than model\.embed_tokens\.weight" "$MOETUNE" train run.yaml --set staging.cap=1KiB
 expect_fail staging_zero_slabs "staging\.num_slabs = 0" "$MOETUNE" train run.yaml --set staging.num_slabs=0
+
+# --- families described for inspect and plan only: init and inspect work, train refuses ------
+cat > tiny-ds.json <<'JSON'
+{"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 16,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 8, "n_shared_experts": 1,
+ "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "q_lora_rank": 16,
+ "kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "rms_norm_eps": 1e-6,
+ "rope_theta": 10000.0, "tie_word_embeddings": false}
+JSON
+cat > tiny-oss.json <<'JSON'
+{"model_type": "gpt_oss", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32, "head_dim": 8,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+ "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "sliding_window": 4}
+JSON
+for fam in ds oss; do
+  sed -e "s#^base_model:.*#base_model: ./tiny-$fam#" -e "s#^base_model_init:.*#base_model_init: ./tiny-$fam.json#" \
+      -e "s#^output_dir:.*#output_dir: ./out-$fam#" run.yaml > run-$fam.yaml
+  if timeout 60 "$MOETUNE" init run-$fam.yaml >init-$fam.out 2>&1 && timeout 60 "$MOETUNE" inspect tiny-$fam >inspect-$fam.out 2>&1 \
+     && grep -q "all .* tensors present with the expected shapes" inspect-$fam.out; then
+    echo "ok   init + inspect of a tiny $fam model"
+  else
+    echo "FAIL init + inspect $fam"; cat init-$fam.out inspect-$fam.out; failures=$((failures + 1))
+  fi
+  expect_fail train_refused_$fam "model_type (deepseek_v3|gpt_oss) .* cannot be trained yet.*inspect.*plan" "$MOETUNE" train run-$fam.yaml
+done
+
+# gpt-oss as the Hub ships it: the experts in MXFP4 (_blocks + _scales), read by dequantising them
+if python3 - <<'PY' 2>mx.err
+import json, os, struct
+b = open("tiny-oss/model.safetensors", "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); data = b[8 + n:]
+meta = h.pop("__metadata__", None)
+out, blobs, off = {}, [], 0
+def add(name, dtype, shape, raw):
+    global off
+    out[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
+    blobs.append(raw); off += len(raw)
+for name, t in sorted(h.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+    if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        E, C, R = t["shape"]  # transformers' (E, C, R) is stored as (E, R, C/32, 16) blocks + (E, R, C/32) scales
+        add(name + "_blocks", "U8", [E, R, C // 32, 16], bytes([0x21]) * (E * R * C // 2))
+        add(name + "_scales", "U8", [E, R, C // 32], bytes([127]) * (E * R * C // 32))
+    else:
+        add(name, t["dtype"], t["shape"], data[t["data_offsets"][0]:t["data_offsets"][1]])
+if meta: out["__metadata__"] = meta
+hj = json.dumps(out).encode(); hj += b" " * ((8 - len(hj) % 8) % 8)
+os.makedirs("tiny-oss-mx", exist_ok=True)
+open("tiny-oss-mx/model.safetensors", "wb").write(struct.pack("<Q", len(hj)) + hj + b"".join(blobs))
+open("tiny-oss-mx/config.json", "w").write(open("tiny-oss/config.json").read())
+PY
+then
+  if timeout 60 "$MOETUNE" inspect tiny-oss-mx >inspect-mx.out 2>&1 && grep -q "all 37 tensors present" inspect-mx.out \
+     && grep -q "4 expert tensors in MXFP4" inspect-mx.out; then
+    echo "ok   inspect of gpt-oss with MXFP4 experts"
+  else
+    echo "FAIL inspect MXFP4"; cat inspect-mx.out; failures=$((failures + 1))
+  fi
+  sed "s#tiny-oss#tiny-oss-mx#g" run-oss.yaml > run-mx.yaml
+  expect_fail train_refused_mxfp4 "gpt_oss .* cannot be trained yet" "$MOETUNE" train run-mx.yaml
+else
+  echo "skip MXFP4 checkpoint (no python3 to write it): $(head -c 200 mx.err)"
+fi
 
 # the good run's files survived all the failures
 [ -f out/model.safetensors ] && echo "ok   earlier output intact" || { echo "FAIL earlier output lost"; failures=$((failures + 1)); }

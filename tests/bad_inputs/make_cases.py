@@ -280,7 +280,7 @@ def config_json_cases():
     ckpt_case("cfg_root_array", CJ, config="[1, 2]")
     ckpt_case("cfg_is_directory", CJ, drop=["ckpt/config.json"], extra_files={"ckpt/config.json/.keep": ""})
     ckpt_case("cfg_model_type_missing", "model_type", config=cfg(model_type=DROP))
-    ckpt_case("cfg_model_type_unsupported", "gpt_oss", config=cfg(model_type="gpt_oss"))
+    ckpt_case("cfg_model_type_unsupported", "dbrx", config=cfg(model_type="dbrx"))
     ckpt_case("cfg_model_type_number", "model_type", config=cfg(model_type=7))
     for key in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads", "intermediate_size"):
         ckpt_case(f"cfg_{key}_missing", key, config=cfg(**{key: DROP}))
