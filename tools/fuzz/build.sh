@@ -22,13 +22,16 @@ fi
 
 # every base/ source (the bottom layer, small; the linker keeps what is used)
 base="$(cd "$root" && ls base/*.c | grep -v '_test\.c$' | tr '\n' ' ')"
-desc="engine/model_desc.c engine/model_desc_decoder.c engine/model_desc_ops.c scheduler/registry.c"
+# every file of the model description and config libraries (engine/model_desc*.c,
+# engine/model_config*.c), so a new family's file is picked up without an edit here
+desc="$(cd "$root" && ls engine/model_desc*.c | grep -v '_test\.c$' | tr '\n' ' ') scheduler/registry.c"
+mcfg="$(cd "$root" && ls engine/model_config*.c | grep -v '_test\.c$' | tr '\n' ' ')"
 util="tools/fuzz/fuzz_util.c"
 # harness: its sources beside the harness file itself
 declare -A srcs=(
   [fuzz_safetensors]="engine/safetensors.c $util"
-  [fuzz_checkpoint_index]="engine/checkpoint.c engine/outdir.c engine/safetensors.c engine/model_config.c $desc $util"
-  [fuzz_model_config]="engine/model_config.c $desc $util"
+  [fuzz_checkpoint_index]="engine/checkpoint.c engine/outdir.c engine/safetensors.c $mcfg $desc $util"
+  [fuzz_model_config]="$mcfg $desc $util"
   [fuzz_run_config]="engine/config.c engine/config_validate.c engine/config_values.c engine/lr_schedule.c $util"
   [fuzz_data_jsonl]="engine/data.c tools/fuzz/fuzz_data_common.c $util"
   [fuzz_data_bin]="engine/data.c tools/fuzz/fuzz_data_common.c $util"
