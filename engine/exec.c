@@ -99,10 +99,13 @@ static bool reclaim_pending(void *ctx) {
 }
 
 void eng_exec_drain(eng_model_t *m) {
+    exec_host_optim_wait(&m->exec->hopt); /* updates still running from the last optimizer step */
     kern_device_sync(m->dev);
     exec_process_pending(m, true);
     if (m->exec->stage) moe_staging_drain(m->exec->stage);
 }
+
+void eng_model_finish_updates_in_step(eng_model_t *m) { m->exec->finish_updates_in_step = true; }
 
 /* ---- placement ---------------------------------------------------------- */
 

@@ -117,8 +117,14 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
 /* Places the host-resident model on the device as the plan says. */
 mt_status_t eng_exec_place(eng_model_t *m, mt_error_t *err);
 void eng_exec_destroy(eng_model_t *m);
-/* Waits for every stream and frees what pending copies held. */
+/* Waits for every stream and for the optimizer updates still running, and
+ * frees what pending copies held. */
 void eng_exec_drain(eng_model_t *m);
+/* eng_optim_step finishes every update before it returns, instead of
+ * letting the host updates of streamed blocks run on while the next step
+ * starts: for a model whose host homes others read without the executor
+ * (the other devices of a data-parallel run). */
+void eng_model_finish_updates_in_step(eng_model_t *m);
 
 /* The run config's staging: section (and memory.pinned as the default cap)
  * as load settings for micro-batches of micro_batch_size x sequence_len. */

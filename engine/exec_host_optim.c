@@ -15,8 +15,11 @@
 void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m) {
     memset(h, 0, sizeof *h);
     h->m = m;
-    h->cap = eng_model_num_blocks(m) + 1;
+    /* a step's overlapped jobs and the previous step's deferred ones */
+    h->cap = 2 * eng_model_num_blocks(m) + 1;
     h->queue = calloc((size_t)h->cap, sizeof *h->queue);
+    h->block_pending = calloc((size_t)eng_model_num_blocks(m), sizeof *h->block_pending);
+    MT_CHECK_ALLOC(h->block_pending, "host optimizer block table");
     h->done = calloc((size_t)m->num_params, sizeof *h->done);
     h->gnorm_part = calloc((size_t)m->num_params, sizeof *h->gnorm_part);
     MT_CHECK(h->queue && h->done && h->gnorm_part, "out of memory for the host optimizer");
@@ -68,19 +71,25 @@ static void *worker_main(void *arg) {
     for (;;) {
         while (!h->stop && h->head == h->tail) pthread_cond_wait(&h->cond, &h->lock);
         if (h->head == h->tail) break; /* stopping, queue empty */
-        const int b = h->queue[h->head];
+        const exec_host_job_t job = h->queue[h->head];
+        const int b = job.block;
         h->head = (h->head + 1) % h->cap;
-        const kern_adamw_params_t base = exec_adamw_params(&h->hp, 1.0); /* no clipping in overlap mode */
         pthread_mutex_unlock(&h->lock);
         const double t0 = mt_now_s();
         size_t bytes = 0;
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
             if (p->block != b || !p->has_grad) continue;
-            /* the norm's share while the gradient is at hand, off the step's tail */
-            kern_sumsq_cpu(NULL, &h->gnorm_part[i], p->host_g, p->spec->numel);
-            exec_host_adamw(pool, p, &base);
-            h->done[i] = true;
+            if (job.deferred) {
+                exec_host_adamw(pool, p, &job.base);
+                p->has_grad = false; /* as the step leaves every parameter it updated */
+                p->acc_has_data = false;
+            } else {
+                /* the norm's share while the gradient is at hand, off the step's tail */
+                kern_sumsq_cpu(NULL, &h->gnorm_part[i], p->host_g, p->spec->numel);
+                exec_host_adamw(pool, p, &job.base);
+                h->done[i] = true;
+            }
             bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
         }
         if (m->trace) {
@@ -90,6 +99,7 @@ static void *worker_main(void *arg) {
         }
         pthread_mutex_lock(&h->lock);
         h->outstanding--;
+        if (job.deferred) h->block_pending[b]--;
         pthread_cond_broadcast(&h->cond);
     }
     pthread_mutex_unlock(&h->lock);
@@ -108,7 +118,7 @@ void exec_host_optim_start(exec_host_optim_t *h, const eng_optim_hparams_t *hp) 
 
 typedef struct {
     exec_host_optim_t *h;
-    int block;
+    exec_host_job_t job;
 } enqueue_arg_t;
 
 /* Runs on the D2H stream after the block's gradient copies and adds. */
@@ -116,7 +126,7 @@ static void enqueue_block(void *arg) {
     enqueue_arg_t *a = arg;
     exec_host_optim_t *h = a->h;
     pthread_mutex_lock(&h->lock);
-    h->queue[h->tail] = a->block;
+    h->queue[h->tail] = a->job;
     h->tail = (h->tail + 1) % h->cap;
     pthread_cond_broadcast(&h->cond);
     pthread_mutex_unlock(&h->lock);
@@ -127,7 +137,8 @@ void exec_host_optim_enqueue(exec_host_optim_t *h, int b) {
     MT_CHECK(h->started, "host optimizer job queued before the worker started");
     enqueue_arg_t *a = malloc(sizeof *a);
     MT_CHECK_ALLOC(a, "optimizer job");
-    *a = (enqueue_arg_t){h, b};
+    /* no clipping in overlap mode: the norm is not known yet */
+    *a = (enqueue_arg_t){h, {.block = b, .deferred = false, .base = exec_adamw_params(&h->hp, 1.0)}};
     pthread_mutex_lock(&h->lock);
     h->outstanding++;
     pthread_mutex_unlock(&h->lock);
@@ -138,6 +149,25 @@ void exec_host_optim_wait(exec_host_optim_t *h) {
     if (!h->started) return;
     pthread_mutex_lock(&h->lock);
     while (h->outstanding > 0) pthread_cond_wait(&h->cond, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+}
+
+void exec_host_optim_defer(exec_host_optim_t *h, int b, const eng_optim_hparams_t *hp,
+                           const kern_adamw_params_t *base) {
+    exec_host_optim_start(h, hp);
+    pthread_mutex_lock(&h->lock);
+    h->queue[h->tail] = (exec_host_job_t){.block = b, .deferred = true, .base = *base};
+    h->tail = (h->tail + 1) % h->cap;
+    h->outstanding++;
+    h->block_pending[b]++;
+    pthread_cond_broadcast(&h->cond);
+    pthread_mutex_unlock(&h->lock);
+}
+
+void exec_host_optim_wait_block(exec_host_optim_t *h, int b) {
+    if (!h->started) return;
+    pthread_mutex_lock(&h->lock);
+    while (h->block_pending[b] > 0) pthread_cond_wait(&h->cond, &h->lock);
     pthread_mutex_unlock(&h->lock);
 }
 
@@ -156,6 +186,7 @@ void exec_host_optim_free(exec_host_optim_t *h) {
     }
     kern_threadpool_destroy(h->own_pool);
     free(h->queue);
+    free(h->block_pending);
     free(h->done);
     free(h->gnorm_part);
     memset(h, 0, sizeof *h);

@@ -20,6 +20,14 @@
 #include "kernels/adamw.h"
 #include "kernels/host/threadpool.h"
 
+/* One queued update: a block, and the AdamW parameters it runs with (a
+ * job may run after the next step has started and changed the step's). */
+typedef struct {
+    int block;
+    bool deferred;               /* queued by the optimizer step after the norm (see exec_host_optim_defer) */
+    kern_adamw_params_t base;
+} exec_host_job_t;
+
 typedef struct {
     eng_model_t *m;              /* not owned: the parameters it updates, device, trace */
     kern_threadpool_t *pool;     /* host AdamW's threads */
@@ -27,7 +35,9 @@ typedef struct {
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    int *queue, head, tail, cap; /* FIFO of block indices (capacity blocks + 1) */
+    exec_host_job_t *queue;      /* FIFO of jobs (capacity 2 x blocks + 1) */
+    int head, tail, cap;
+    int *block_pending;          /* per block: deferred updates queued or running */
     int outstanding;             /* queued or running */
     bool stop, started;
     eng_optim_hparams_t hp;      /* the overlapped step's hyper-parameters (no clipping) */
@@ -53,5 +63,16 @@ void exec_host_optim_start(exec_host_optim_t *h, const eng_optim_hparams_t *hp);
 void exec_host_optim_enqueue(exec_host_optim_t *h, int b);
 /* Waits until every queued update has run (no-op without a worker). */
 void exec_host_optim_wait(exec_host_optim_t *h);
+
+/* The optimizer step's own update of block b (its gradients already in
+ * host memory, the norm known: base carries the clipping), run by the
+ * worker in queue order while the caller goes on to the next step.  The
+ * worker clears the block's parameters' has_grad / acc_has_data when done.
+ * Everything that reads or writes the block's host tensors first waits for
+ * it (exec_host_optim_wait_block). */
+void exec_host_optim_defer(exec_host_optim_t *h, int b, const eng_optim_hparams_t *hp,
+                           const kern_adamw_params_t *base);
+/* Waits for block b's deferred update, if one is queued or running. */
+void exec_host_optim_wait_block(exec_host_optim_t *h, int b);
 
 #endif

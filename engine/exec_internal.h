@@ -76,6 +76,9 @@ typedef struct eng_exec {
     int npending, cap_pending;
     exec_host_optim_t hopt; /* the host AdamW worker, its pool and what it updated (exec_host_optim.h) */
     bool overlap_step;   /* this step's last micro-batch updates blocks as they finish */
+    /* every update done before eng_optim_step returns (eng_model_finish_updates_in_step):
+     * off by default, so a streamed host-optimizer block's update runs into the next step */
+    bool finish_updates_in_step;
     int micro_left;      /* micro-batches of this step still to run */
     bool in_last_micro;  /* the running backward is the step's last */
     /* the staging pool (moe/staging.h): every transfer between pageable host

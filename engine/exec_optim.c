@@ -129,10 +129,41 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     MT_CHECK_ALLOC(items, "optimizer transfers");
     mt_status_t st = MT_OK;
     bool refreshed = false;
+    bool *deferred = calloc((size_t)x->nb, sizeof *deferred);
+    MT_CHECK_ALLOC(deferred, "optimizer block flags");
     for (int b = 0; b < x->nb && st == MT_OK; b++) {
         const sched_block_plan_t *bp = &m->plan.blocks[b];
         char tag[64];
         int n = 0;
+        /* A streamed block whose gradients and AdamW state are on the host:
+         * its update runs on the host optimizer's worker while the next
+         * step begins, and only that block's next fetch or gradient waits
+         * for it (exec_host_optim_wait_block), not the whole step. */
+        if (!x->finish_updates_in_step && bp->optim == SCHED_OPTIM_HOST && bp->grads == SCHED_GRADS_HOST &&
+            bp->weights == SCHED_WEIGHTS_STREAM) {
+            bool any = false, overlapped = false;
+            for (int i = 0; i < m->num_params; i++) {
+                const eng_param_t *p = &m->params[i];
+                if (p->block != b || !p->has_grad) continue;
+                any = true;
+                overlapped |= x->hopt.done[i]; /* already updated during backward */
+            }
+            if (!overlapped) {
+                for (int i = 0; i < m->num_params; i++) {
+                    if (m->params[i].block != b) continue;
+                    if (m->params[i].has_grad) out->updated++;
+                    else out->skipped++;
+                }
+                if (any) exec_host_optim_defer(&x->hopt, b, hp, &base);
+                deferred[b] = any;
+                if (b <= m->plan.prefetch_window) { /* waits for this block's update only */
+                    x->cnt.between_steps = true;
+                    st = exec_fetch_block(m, b, false, err);
+                    x->cnt.between_steps = false;
+                }
+                continue;
+            }
+        }
         /* host AdamW reads device-accumulated gradients from host memory */
         if (bp->optim == SCHED_OPTIM_HOST && bp->grads == SCHED_GRADS_DEVICE) {
             for (int i = 0; i < m->num_params; i++) {
@@ -203,14 +234,19 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     }
     free(items);
     if (refreshed) kern_stream_sync(dev, kern_stream(dev, KERN_STREAM_H2D));
-    if (st != MT_OK) return st;
+    if (st != MT_OK) {
+        free(deferred);
+        return st;
+    }
     /* ready for the next step's first micro-batch */
     for (int i = 0; i < m->num_params; i++) {
         eng_param_t *p = &m->params[i];
+        if (deferred[p->block]) continue; /* the worker clears them after the update */
         if (p->g_acc && p->acc_has_data) kern_memset(dev, s, p->g_acc, 0, p->spec->numel * sizeof(float));
         p->has_grad = false;
         p->acc_has_data = false;
     }
+    free(deferred);
     kern_stream_sync(dev, s);
     if (m->trace) eng_trace_span(m->trace, ENG_TRACK_HOST_OPTIM, "optimizer step", "optimizer", t0, mt_now_s(), 0);
     x->overlap_step = false;

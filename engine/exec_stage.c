@@ -341,6 +341,8 @@ static mt_status_t hold_params(eng_model_t *m, int b, const int *ids, int n, int
     for (int j = 0; j < n; j++) {
         const int i = ids[j];
         if (!exec_param_streamed(m, &m->params[i]) || x->param_refs[i] > 0 || x->mark[i] == gen) continue;
+        /* its home may still be taking the last step's update (exec_host_optim_defer) */
+        exec_host_optim_wait_block(&x->hopt, m->params[i].block);
         x->mark[i] = gen;
         need[k++] = i;
         experts += m->params[i].spec->role == ENG_P_EXP_GATE;
@@ -635,6 +637,8 @@ mt_status_t exec_prepare_grads(eng_model_t *m, int b, mt_error_t *err) {
     const int gen = ++x->mark_gen;
     for (int j = 0; j < n && st == MT_OK; j++) {
         eng_param_t *p = &m->params[ids[j]];
+        /* a deferred update still reading its host gradient and flags */
+        exec_host_optim_wait_block(&x->hopt, p->block);
         if (p->frozen || p->g || x->mark[ids[j]] == gen) continue; /* frozen, or already the target in this
                                                                        * micro-batch (tied weights) */
         const sched_block_plan_t *bp = exec_block_plan(m, p->block);
@@ -686,6 +690,7 @@ mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err) {
     kern_stream_t *cs = kern_stream(m->dev, KERN_STREAM_COMPUTE), *d2h = kern_stream(m->dev, KERN_STREAM_D2H);
     moe_staging_xfer_t *items = NULL;
     int *which = NULL, n = 0, experts = 0;
+    exec_host_optim_wait_block(&x->hopt, b);
     for (int i = 0; i < m->num_params; i++) {
         eng_param_t *p = &m->params[i];
         if (p->block != b || !p->g) continue;

@@ -82,6 +82,9 @@ mt_status_t eng_multi_open(eng_multi_t *mm, eng_model_t *primary, kern_device_t 
         plan = &keep_all;
     }
     st = eng_exec_create(primary, plan, opts->staging, err);
+    /* the replicas read the shared homes without the primary's executor:
+     * every update must be done when the optimizer step returns */
+    if (st == MT_OK) eng_model_finish_updates_in_step(primary);
     if (st == MT_OK) st = eng_model_read_weights(primary, dir, err);
     if (st == MT_OK && opts->lora) st = eng_lora_init_weights(primary, opts->lora, err);
     for (int d = 1; d < n && st == MT_OK; d++) {
