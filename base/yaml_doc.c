@@ -1,6 +1,7 @@
 /* YAML documents with limits (see yaml_doc.h). */
 #include "base/yaml_doc.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,4 +124,42 @@ mt_status_t mt_yaml_doc_load(mt_yaml_doc_t *d, const char *path, const char *wha
 void mt_yaml_doc_free(mt_yaml_doc_t *d) {
     if (d->loaded) yaml_document_delete(&d->doc);
     memset(d, 0, sizeof *d);
+}
+
+/* Optimal-string-alignment distance (Levenshtein plus adjacent swaps),
+ * case-insensitive: typos and transposed letters both count as one edit. */
+size_t mt_yaml_key_distance(const char *a, const char *b) {
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 126 || m > 126) return (size_t)-1;
+    size_t d[128][128];
+    for (size_t i = 0; i <= n; i++) d[i][0] = i;
+    for (size_t j = 0; j <= m; j++) d[0][j] = j;
+    for (size_t i = 1; i <= n; i++) {
+        for (size_t j = 1; j <= m; j++) {
+            int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
+            size_t cost = ca != cb;
+            size_t v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + cost < v) v = d[i - 1][j - 1] + cost;
+            if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
+                tolower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    }
+    return d[n][m];
+}
+
+void mt_yaml_describe(const yaml_node_t *n, char *out, size_t cap) {
+    if (!n) {
+        snprintf(out, cap, "nothing");
+    } else if (n->type == YAML_MAPPING_NODE) {
+        snprintf(out, cap, "a mapping");
+    } else if (n->type == YAML_SEQUENCE_NODE) {
+        snprintf(out, cap, "a list");
+    } else if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE) {
+        snprintf(out, cap, "'%.200s'", (const char *)n->data.scalar.value);
+    } else {
+        snprintf(out, cap, "the quoted string \"%.200s\"", (const char *)n->data.scalar.value);
+    }
 }

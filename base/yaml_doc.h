@@ -51,4 +51,13 @@ void mt_yaml_doc_free(mt_yaml_doc_t *d);
 /* 1-based line of a node (0 for NULL). */
 size_t mt_yaml_line(const yaml_node_t *n);
 
+/* What a node is, for "expected X, got Y" messages: "a mapping", "a list",
+ * 'value', the quoted string "value", or "nothing" for NULL. */
+void mt_yaml_describe(const yaml_node_t *n, char *out, size_t cap);
+
+/* How far a misspelled key is from a valid one ("did you mean"): the
+ * optimal-string-alignment distance (Levenshtein plus adjacent swaps),
+ * case-insensitive; (size_t)-1 for keys over 126 characters. */
+size_t mt_yaml_key_distance(const char *a, const char *b);
+
 #endif

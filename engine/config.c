@@ -270,49 +270,6 @@ static const key_row_t k_top_rows[] = {
     {0},
 };
 
-void eng_run_config_defaults(eng_run_config_t *cfg) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->sequence_len = 512;
-    cfg->micro_batch_size = 1;
-    cfg->gradient_accumulation_steps = 1;
-    cfg->devices.count = 1;
-    for (int i = 0; i < ENG_MAX_DEVICES; i++) cfg->devices.ids[i] = i;
-    cfg->max_steps = 0;
-    cfg->num_epochs = 1;
-    cfg->learning_rate = 2e-5;
-    cfg->lr_scheduler = ENG_LR_COSINE;
-    cfg->warmup_steps = 0;
-    cfg->adam_beta1 = 0.9;
-    cfg->adam_beta2 = 0.999;
-    cfg->adam_epsilon = 1e-8;
-    cfg->weight_decay = 0.0;
-    cfg->max_grad_norm = 1.0;
-    cfg->shuffle = true;
-    cfg->seed = 42;
-    snprintf(cfg->output_dir, sizeof cfg->output_dir, "%s", "./outputs/run");
-    cfg->logging_steps = 1;
-    cfg->save_steps = 0;
-    cfg->save_final = true;
-    cfg->bf16 = ENG_BF16_OFF;
-    cfg->save_dtype = ENG_SAVE_DTYPE_AUTO;
-    cfg->backend = ENG_BACKEND_AUTO;
-    cfg->model_config_json = NULL;
-    cfg->save_max_shard_bytes = (size_t)5000000000ull; /* HF's max_shard_size="5GB" */
-    cfg->progress = true;
-    cfg->staging_mode = ENG_STAGING_COMPACT;
-    cfg->staging_num_slabs = -1; /* automatic: one slab per 4 GiB of capacity */
-    cfg->adapter = ENG_ADAPTER_NONE;
-    cfg->lora_r = 8;
-    cfg->lora_alpha = 8.0;
-    cfg->lora_dropout = 0.0;
-}
-
-void eng_run_config_free(eng_run_config_t *cfg) {
-    if (!cfg) return;
-    free(cfg->model_config_json);
-    cfg->model_config_json = NULL;
-}
-
 /* ---- the walk ------------------------------------------------------------ */
 
 typedef struct {
@@ -346,36 +303,12 @@ static const key_row_t *find_row(const key_row_t *rows, const char *name) {
     return NULL;
 }
 
-/* Optimal-string-alignment distance (Levenshtein plus adjacent swaps),
- * case-insensitive: typos and transposed letters both count as one edit. */
-static size_t edit_distance(const char *a, const char *b) {
-    size_t n = strlen(a), m = strlen(b);
-    if (n > 126 || m > 126) return (size_t)-1;
-    size_t d[128][128];
-    for (size_t i = 0; i <= n; i++) d[i][0] = i;
-    for (size_t j = 0; j <= m; j++) d[0][j] = j;
-    for (size_t i = 1; i <= n; i++) {
-        for (size_t j = 1; j <= m; j++) {
-            int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
-            size_t cost = ca != cb;
-            size_t v = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
-            if (d[i - 1][j - 1] + cost < v) v = d[i - 1][j - 1] + cost;
-            if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
-                tolower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1 < v)
-                v = d[i - 2][j - 2] + 1;
-            d[i][j] = v;
-        }
-    }
-    return d[n][m];
-}
-
 static mt_status_t unknown_key(const pctx_t *c, const yaml_node_t *at, const key_row_t *rows,
                                const char *prefix, const char *key) {
     const key_row_t *best = NULL;
     size_t best_d = (size_t)-1;
     for (const key_row_t *r = rows; r->name; r++) {
-        size_t d = edit_distance(key, r->name);
+        size_t d = mt_yaml_key_distance(key, r->name);
         if (d < best_d) best_d = d, best = r;
     }
     /* A suggestion far from what was typed is noise: above a third of the
@@ -394,24 +327,9 @@ static mt_status_t unknown_key(const pctx_t *c, const yaml_node_t *at, const key
     return fail(c, at, "unknown key '%s%.200s'; valid keys here: %s", prefix, key, list);
 }
 
-/* What a node is, for "expected X, got Y" messages. */
-static void describe(const yaml_node_t *n, char *out, size_t cap) {
-    if (!n) {
-        snprintf(out, cap, "nothing");
-    } else if (n->type == YAML_MAPPING_NODE) {
-        snprintf(out, cap, "a mapping");
-    } else if (n->type == YAML_SEQUENCE_NODE) {
-        snprintf(out, cap, "a list");
-    } else if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE) {
-        snprintf(out, cap, "'%.200s'", (const char *)n->data.scalar.value);
-    } else {
-        snprintf(out, cap, "the quoted string \"%.200s\"", (const char *)n->data.scalar.value);
-    }
-}
-
 static mt_status_t expected(const pctx_t *c, const yaml_node_t *n, const char *key, const char *what) {
     char got[256];
-    describe(n, got, sizeof got);
+    mt_yaml_describe(n, got, sizeof got);
     return fail(c, n, "%s: expected %s, got %s", key, what, got);
 }
 
@@ -667,7 +585,7 @@ static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_
             if (w < 0 || (size_t)w >= sizeof list - used) break;
             used += (size_t)w;
         }
-        describe(n, got, sizeof got);
+        mt_yaml_describe(n, got, sizeof got);
         return fail(c, n, "%s: got %s, expected one of: %s", key, got, list);
     }
     case K_DATASETS: return apply_datasets(c, key, n);

@@ -19,6 +19,7 @@
 #include "engine/data.h"
 
 #include "base/fileio.h"
+#include "base/rng.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -357,13 +358,6 @@ void eng_dataset_free(eng_dataset_t *ds) {
 
 /* ---- loader -------------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 static uint64_t xoshiro256ss(uint64_t st[4]) {
@@ -398,9 +392,9 @@ static void build_order(eng_loader_t *ld) {
     /* The epoch is hashed into the seed (not added to it) so that streams
      * of (seed, e+1) and (seed+1, e) have nothing in common. */
     uint64_t e = (uint64_t)ld->epoch;
-    uint64_t s = ld->seed ^ splitmix64(&e);
+    uint64_t s = ld->seed ^ mt_splitmix64(&e);
     uint64_t st[4];
-    for (int i = 0; i < 4; i++) st[i] = splitmix64(&s);
+    for (int i = 0; i < 4; i++) st[i] = mt_splitmix64(&s);
     for (int64_t i = n - 1; i > 0; i--) {
         int64_t j = (int64_t)below(st, (uint64_t)i + 1);
         int64_t t = ld->order[i];

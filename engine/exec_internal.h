@@ -1,6 +1,6 @@
 /* Executor state shared by exec.c (placement, pending frees, reading back),
- * exec_stage.c (the staging pool: weight streaming, activation offload,
- * gradient copies), exec_step.c (the forward/backward program) and
+ * exec_stage.c (the staging pool: weight streaming, gradient copies),
+ * exec_acts.c (activations offloaded between forward and backward), exec_step.c (the forward/backward program) and
  * exec_optim.c (the optimizer step).  Private to the engine.  Concerns
  * with a module of their own hang here as one member each: the host
  * optimizer worker (exec_host_optim.h), the step counters (exec_counters.h). */

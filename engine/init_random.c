@@ -7,28 +7,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/rng.h"
 #include "engine/checkpoint.h"
 #include "engine/model_config.h"
-
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t fnv1a(const char *s) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
-    return h;
-}
 
 /* normal(0, std) by Box-Muller; u1 in (0, 1] so log() is finite. */
 static void fill_normal(float *dst, size_t n, double std, uint64_t state) {
     const double two_pi = 6.283185307179586476925286766559;
     for (size_t i = 0; i < n; i += 2) {
-        double u1 = (double)((splitmix64(&state) >> 11) + 1) * 0x1.0p-53;
-        double u2 = (double)(splitmix64(&state) >> 11) * 0x1.0p-53;
+        double u1 = (double)((mt_splitmix64(&state) >> 11) + 1) * 0x1.0p-53;
+        double u2 = (double)(mt_splitmix64(&state) >> 11) * 0x1.0p-53;
         double r = sqrt(-2.0 * log(u1)) * std;
         dst[i] = (float)(r * cos(two_pi * u2));
         if (i + 1 < n) dst[i + 1] = (float)(r * sin(two_pi * u2));
@@ -60,8 +48,8 @@ void eng_init_random_params(const eng_model_spec_t *spec, double initializer_ran
             memset(d, 0, p->numel * sizeof *d);
             break;
         default: {
-            uint64_t state = seed ^ fnv1a(p->name);
-            (void)splitmix64(&state); /* decorrelate nearby seeds */
+            uint64_t state = seed ^ mt_fnv1a64(p->name);
+            (void)mt_splitmix64(&state); /* decorrelate nearby seeds */
             fill_normal(d, p->numel, initializer_range, state);
             if (p->role == ENG_P_EMBED && pad_token_id >= 0 && pad_token_id < p->shape[0])
                 memset(d + (size_t)pad_token_id * (size_t)p->shape[1], 0,

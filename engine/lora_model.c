@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/finite.h"
+#include "base/rng.h"
 
 /* ---- run config -> options ------------------------------------------------ */
 
@@ -157,24 +158,11 @@ mt_status_t eng_lora_attach(eng_model_t *m, const eng_lora_opts_t *o, mt_error_t
  * bound = sqrt(6 / ((1 + 5) * in)) = 1 / sqrt(in).  The draws come from the
  * run's seed and the module's name, so they do not depend on which other
  * modules are adapted. */
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t name_hash(const char *s) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
-    return h;
-}
-
 static void init_a(float *a, const eng_param_spec_t *s, uint64_t seed) {
-    uint64_t state = seed ^ name_hash(s->name);
+    uint64_t state = seed ^ mt_fnv1a64(s->name);
     const double bound = 1.0 / sqrt((double)s->shape[1]);
     for (size_t i = 0; i < s->numel; i++) {
-        const double u = (double)(splitmix64(&state) >> 11) * 0x1.0p-53; /* [0, 1) */
+        const double u = (double)(mt_splitmix64(&state) >> 11) * 0x1.0p-53; /* [0, 1) */
         a[i] = (float)((2.0 * u - 1.0) * bound);
     }
 }
