@@ -12,6 +12,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -260,4 +261,118 @@ mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_opts_t
     out->link_latency_s = rc ? rc->link_latency_us * 1e-6 : 0;
     if (rc && rc->compute_threads > 0) out->compute_interference = measure_interference(rc->compute_threads);
     return MT_OK;
+}
+
+/* ---- a device whose kernels run asynchronously (a GPU) ------------------ */
+
+/* Best-of-reps seconds of `issue` on stream s, synced after each. */
+typedef void (*issue_fn)(kern_device_t *dev, kern_stream_t *s, void *ctx);
+
+static double time_on_stream(kern_device_t *dev, kern_stream_t *s, issue_fn issue, void *ctx, int reps) {
+    issue(dev, s, ctx); /* warm-up: the algorithm heuristic, first-touch of pinned pages */
+    kern_stream_sync(dev, s);
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = mt_now_s();
+        issue(dev, s, ctx);
+        kern_stream_sync(dev, s);
+        double t = mt_now_s() - t0;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t bytes;
+    const kern_mm_t *mm;
+} dev_job_t;
+
+static void issue_mm(kern_device_t *dev, kern_stream_t *s, void *ctx) { dev->ops->mm(s, ((dev_job_t *)ctx)->mm); }
+static void issue_h2d(kern_device_t *dev, kern_stream_t *s, void *ctx) {
+    dev_job_t *j = ctx;
+    kern_memcpy_h2d(dev, s, j->dst, j->src, j->bytes);
+}
+static void issue_d2h(kern_device_t *dev, kern_stream_t *s, void *ctx) {
+    dev_job_t *j = ctx;
+    kern_memcpy_d2h(dev, s, j->dst, j->src, j->bytes);
+}
+static void issue_d2d(kern_device_t *dev, kern_stream_t *s, void *ctx) {
+    dev_job_t *j = ctx;
+    kern_memcpy_d2d(dev, s, j->dst, j->src, j->bytes);
+}
+
+mt_status_t eng_calibrate_device(kern_device_t *dev, const eng_run_config_t *rc, sched_calibration_t *out,
+                                 mt_error_t *err) {
+    memset(out, 0, sizeof *out);
+    out->device_calibrated = true;
+    snprintf(out->device_name, sizeof out->device_name, "%s device %d", dev->vt->name,
+             rc ? rc->devices.ids[0] : 0);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    out->cores = cores > 0 ? (int)cores : 1;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    out->host_memory = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    const size_t stream_bytes = (size_t)64 << 20;
+    out->memcpy_bw = measure_memcpy(stream_bytes, 3);
+    out->stream_bw = measure_stream(stream_bytes, 3, out->cores);
+    const kern_device_stats_t st0 = kern_device_stats(dev);
+    out->device_memory = (double)st0.device_capacity;
+
+    /* The largest square product of 4096, 2048 or 1024 whose three
+     * operands fit in a quarter of the arena: big enough for a GPU's rate,
+     * small enough to leave the run's budget alone (all is freed here). */
+    int n = 4096;
+    while (n > 1024 && 3.0 * n * n * 4 > out->device_memory / 4) n /= 2;
+    const size_t mat = (size_t)n * (size_t)n * sizeof(float);
+    const size_t copy_bytes = (size_t)64 << 20; /* an expert-sized transfer many times over */
+    float *a = kern_alloc(dev, mat, "calibration A", err);
+    float *b = a ? kern_alloc(dev, mat, "calibration B", err) : NULL;
+    float *c = b ? kern_alloc(dev, mat, "calibration C", err) : NULL;
+    char *d1 = c ? kern_alloc(dev, copy_bytes, "calibration copy source", err) : NULL;
+    char *d2 = d1 ? kern_alloc(dev, copy_bytes, "calibration copy target", err) : NULL;
+    char *pinned = d2 ? kern_pinned_alloc(dev, copy_bytes) : NULL;
+    mt_status_t status = MT_OK;
+    if (!d2) {
+        status = mt_error_prefix(err, "calibration of the %s: ", out->device_name);
+    } else if (!pinned) {
+        status = mt_error_set(err, MT_ERR_NOMEM, "calibration of the %s: %zu bytes of pinned host memory refused",
+                              out->device_name, copy_bytes);
+    } else {
+        kern_stream_t *cs = kern_stream(dev, KERN_STREAM_COMPUTE);
+        memset(pinned, 0x3c, copy_bytes); /* small finite floats for the products */
+        for (size_t off = 0; off < mat; off += copy_bytes) {
+            const size_t k = mat - off < copy_bytes ? mat - off : copy_bytes;
+            kern_memcpy_h2d(dev, cs, (char *)a + off, pinned, k);
+            kern_memcpy_h2d(dev, cs, (char *)b + off, pinned, k);
+        }
+        kern_stream_sync(dev, cs);
+        const int reps = 5;
+        /* fp32 activations times weights, x W^T, as the run forms its products */
+        const kern_mm_t p32 = kern_mm_make(c, a, MT_F32, b, MT_F32, n, n, n, false, true, 1.0f, 0.0f, MT_F32);
+        dev_job_t j = {.mm = &p32};
+        out->sgemm_flops = 2.0 * n * (double)n * n / time_on_stream(dev, cs, issue_mm, &j, reps);
+        dev->ops->f32_to_bf16(cs, (uint16_t *)b, a, (size_t)n * (size_t)n); /* weights stored bf16 */
+        const kern_mm_t p16 = kern_mm_make(c, a, MT_F32, b, MT_BF16, n, n, n, false, true, 1.0f, 0.0f, MT_BF16);
+        j.mm = &p16;
+        out->bf16_gemm_flops = 2.0 * n * (double)n * n / time_on_stream(dev, cs, issue_mm, &j, reps);
+        j = (dev_job_t){.dst = d1, .src = pinned, .bytes = copy_bytes};
+        out->link_bw = copy_bytes / time_on_stream(dev, kern_stream(dev, KERN_STREAM_H2D), issue_h2d, &j, reps);
+        j = (dev_job_t){.dst = pinned, .src = d1, .bytes = copy_bytes};
+        out->link_d2h_bw = copy_bytes / time_on_stream(dev, kern_stream(dev, KERN_STREAM_D2H), issue_d2h, &j, reps);
+        /* a copy small enough that its time is the fixed cost */
+        j = (dev_job_t){.dst = d1, .src = pinned, .bytes = 4096};
+        out->link_latency_s = time_on_stream(dev, kern_stream(dev, KERN_STREAM_H2D), issue_h2d, &j, reps);
+        j = (dev_job_t){.dst = d2, .src = d1, .bytes = copy_bytes};
+        out->device_bw = 2.0 * copy_bytes / time_on_stream(dev, cs, issue_d2d, &j, reps); /* read + write */
+    }
+    if (pinned) kern_pinned_free(dev, pinned, copy_bytes);
+    kern_free(dev, d2);
+    kern_free(dev, d1);
+    kern_free(dev, c);
+    kern_free(dev, b);
+    kern_free(dev, a);
+    kern_device_sync(dev);
+    kern_device_reset_peaks(dev);
+    return status;
 }

@@ -14,13 +14,15 @@
  *    flat out (the median of 15 each way), which the simulator uses to
  *    slow compute by the host cores' share of copy and optimizer work.
  * Copy streams throttled by backend_options (link_gbps, link_latency_us)
- * are planned at the throttled rate, as the executor will run them. */
+ * are planned at the throttled rate, as the executor will run them.
+ * A GPU is measured through the run's own device (eng_calibrate_device). */
 #ifndef MT_ENGINE_CALIBRATE_H
 #define MT_ENGINE_CALIBRATE_H
 
 #include <stddef.h>
 
 #include "engine/config.h"
+#include "kernels/device.h"
 #include "base/status.h"
 #include "scheduler/hw.h"
 
@@ -43,5 +45,16 @@ void eng_interference_probe_close(eng_interference_probe_t *p);
 /* rc may be NULL (no link throttle). */
 mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_opts_t *opts, sched_calibration_t *out,
                           mt_error_t *err);
+
+/* The device a run will use, when its kernels run asynchronously (a GPU):
+ * fp32 and bf16 GEMM rates on square products of up to 4096 (a quarter of
+ * the device budget at most), pinned host-to-device and device-to-host
+ * copy bandwidth (64 MiB copies on the copy streams) and the fixed cost of
+ * a 4 KiB copy, device memory bandwidth (a device-to-device copy, bytes
+ * read and written), the device budget; the host's memcpy and streaming
+ * bandwidth as eng_calibrate measures them.  Everything allocated here is
+ * freed before it returns. */
+mt_status_t eng_calibrate_device(kern_device_t *dev, const eng_run_config_t *rc, sched_calibration_t *out,
+                                 mt_error_t *err);
 
 #endif

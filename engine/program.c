@@ -85,6 +85,14 @@ mt_status_t eng_program_planner_opts(const eng_run_config_t *rc, const sched_hw_
                     : rc->step_order == ENG_STEP_ORDER_MICRO_BATCH ? 0
                                                                    : SCHED_AUTO_CHOICE;
     o->budget[SCHED_MEM_DEVICE] = rc->memory_device ? (double)rc->memory_device : hw->device_memory;
+    /* A GPU frees device memory in stream order (kernels/device.h): a block
+     * is reused only after every stream has passed its free, and the arena
+     * fragments.  On an H100, streamed plans predicted at 1761 MiB of a
+     * 2 GiB budget had over 1900 MiB in use and no free block of 92 MB;
+     * with this headroom such a plan ran its first step, and one at 4 GiB
+     * ran through.  Budgets close to the largest tensor (a 500 MB logits
+     * buffer in 2 GiB) can still fragment: the error names the tensor. */
+    o->device_headroom = hw->measured ? 0.0 : ENG_GPU_DEVICE_HEADROOM;
     o->budget[SCHED_MEM_PINNED] = rc->memory_pinned ? (double)rc->memory_pinned : hw->pinned_memory;
     o->budget[SCHED_MEM_HOST] = rc->memory_host ? (double)rc->memory_host : hw->host_memory;
     return MT_OK;

@@ -24,8 +24,13 @@
 mt_status_t eng_program_describe(const eng_model_config_t *mc, const eng_run_config_t *rc, bool bf16_storage,
                                  sched_program_t *prog, sched_run_shape_t *shape, mt_error_t *err);
 
+/* The share of a GPU's device budget plans leave free for stream-ordered
+ * frees and fragmentation (measured: see program.c). */
+#define ENG_GPU_DEVICE_HEADROOM 0.15
+
 /* Policy, window and per-kind overrides from scheduler:, budgets from
- * memory: (a size of 0 takes the hardware profile's capacity). */
+ * memory: (a size of 0 takes the hardware profile's capacity; on a GPU,
+ * less ENG_GPU_DEVICE_HEADROOM of it). */
 mt_status_t eng_program_planner_opts(const eng_run_config_t *rc, const sched_hw_t *hw, sched_planner_opts_t *o,
                                      mt_error_t *err);
 

@@ -68,25 +68,16 @@ mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t 
     memset(out, 0, sizeof *out);
     mt_status_t cst = check_checkpoint(rc, mc, err);
     if (cst != MT_OK) return cst;
-    const int nb = mc->num_hidden_layers + 2;
-    if (kern_device_caps(dev).kernels_async) {
-        /* The executor runs streamed plans on a device whose kernels run
-         * asynchronously (stream-ordered frees, kernels/arena_defer.h), but
-         * they have run only on the CPU backend's copy streams so far, never
-         * on a GPU, and calibration measures the CPU: train keeps everything
-         * on such a device here until they have. */
-        sched_plan_init_uniform(&out->plan, nb, SCHED_POLICY_KEEP_ALL);
-        summarize(&out->plan, out->summary, sizeof out->summary);
-        return MT_OK;
-    }
     sched_hw_t hw;
     char path[1200];
     const char *spec = rc->hardware[0] ? rc->hardware : "calibrate";
     mt_status_t st = sched_hw_resolve(spec, rc->source_path, path, sizeof path, err);
     if (st != MT_OK) return st;
     if (strcmp(path, "calibrate") == 0) {
+        /* a GPU is measured through the device the run will use */
         sched_calibration_t cal;
-        st = eng_calibrate(rc, NULL, &cal, err);
+        st = kern_device_caps(dev).kernels_async ? eng_calibrate_device(dev, rc, &cal, err)
+                                                 : eng_calibrate(rc, NULL, &cal, err);
         if (st != MT_OK) return st;
         sched_hw_from_calibration(&cal, &hw);
     } else {

@@ -368,8 +368,37 @@ mt_status_t sched_hw_resolve(const char *spec, const char *run_config, char *pat
 
 /* ---- calibration ------------------------------------------------------------------ */
 
+static void from_device_calibration(const sched_calibration_t *c, sched_hw_t *out) {
+    snprintf(out->name, sizeof out->name, "calibrated-gpu");
+    snprintf(out->source, sizeof out->source, "calibrate");
+    snprintf(out->device_name, sizeof out->device_name, "%s (measured)", c->device_name);
+    snprintf(out->link_name, sizeof out->link_name, "pinned copies (measured)");
+    snprintf(out->host_name, sizeof out->host_name, "%d cores (measured)", c->cores);
+    /* tf32 is never asked for (fp32 products are true fp32) */
+    out->peak_flops[SCHED_RATE_FP32] = out->peak_flops[SCHED_RATE_TF32] = c->sgemm_flops;
+    out->peak_flops[SCHED_RATE_BF16] = c->bf16_gemm_flops > 0 ? c->bf16_gemm_flops : c->sgemm_flops;
+    for (int r = 0; r < SCHED_RATE_COUNT; r++) out->flops_frac[r] = 1.0;
+    out->device_memory = c->device_memory;
+    out->device_bw_peak = c->device_bw;
+    out->device_bw_frac = 1.0;
+    out->link_bw_peak = c->link_bw;
+    out->h2d_frac = 1.0;
+    out->d2h_frac = c->link_bw > 0 && c->link_d2h_bw > 0 ? c->link_d2h_bw / c->link_bw : 1.0;
+    out->copy_latency_s = c->link_latency_s;
+    out->host_memory = c->host_memory;
+    out->pinned_memory = c->host_memory;
+    out->host_bw_peak = c->stream_bw;
+    out->host_bw_frac = 1.0;
+    out->host_cores = c->cores > 0 ? c->cores : 1;
+    out->host_copy_s_per_byte = c->memcpy_bw > 0 ? 1.0 / c->memcpy_bw : 0;
+}
+
 void sched_hw_from_calibration(const sched_calibration_t *c, sched_hw_t *out) {
     memset(out, 0, sizeof *out);
+    if (c->device_calibrated) {
+        from_device_calibration(c, out);
+        return;
+    }
     snprintf(out->name, sizeof out->name, "calibrated-cpu");
     snprintf(out->source, sizeof out->source, "calibrate");
     snprintf(out->device_name, sizeof out->device_name, "CPU backend (measured)");

@@ -46,7 +46,8 @@ typedef struct {
     char name[64];
     char source[1024];         /* the file read, or "calibrate" */
     char device_name[128], link_name[128], host_name[128];
-    bool measured;             /* from calibration (the CPU backend: fp32 everywhere) */
+    bool measured;             /* the CPU backend, calibrated (a calibrated GPU is not: see
+                                * sched_hw_from_calibration) */
     /* device */
     double device_memory;      /* bytes */
     double device_bw_peak;     /* bytes/s */
@@ -105,10 +106,21 @@ typedef struct {
      * GEMM's time on them while one host core copies flat out, over its time
      * alone, minus 1; 0 when compute is not kept apart */
     double compute_interference;
+    /* Set by a calibration of a GPU (eng_calibrate_device): the rates above
+     * are the device's (sgemm_flops, bf16_gemm_flops), link_bw is host to
+     * device and link_latency_s the fixed cost of one copy, both measured. */
+    bool device_calibrated;
+    char device_name[64];
+    double device_memory;   /* the device budget, bytes */
+    double device_bw;       /* bytes/s read and written by a device-to-device copy */
+    double link_d2h_bw;     /* bytes/s device to host */
 } sched_calibration_t;
 
-/* A profile of the CPU backend from measured numbers: every rate is fp32
- * (the CPU backend computes in fp32), "device" memory is host memory. */
+/* A profile from measured numbers, every fraction 1.  The CPU backend:
+ * "device" memory is host memory and each transfer costs the host two
+ * memcpys.  A GPU (device_calibrated): its measured rates, budget and
+ * link; the host packs each transfer into pinned staging with one memcpy,
+ * and nothing the host does slows the device's compute. */
 void sched_hw_from_calibration(const sched_calibration_t *c, sched_hw_t *out);
 
 #endif

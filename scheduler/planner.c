@@ -331,15 +331,17 @@ static void diagnose(const sched_workload_t *w, const sched_planner_opts_t *o, c
     } while (0)
     if (B[SCHED_MEM_DEVICE] > 0 && e0->peak[SCHED_MEM_DEVICE] > B[SCHED_MEM_DEVICE]) {
         out->short_of[SCHED_MEM_DEVICE] = true;
-        out->needed[SCHED_MEM_DEVICE] = e0->peak[SCHED_MEM_DEVICE];
         char bn[64];
         block_name(w, out->largest_block, bn, sizeof bn);
         const sched_block_cost_t *c = &w->blocks[out->largest_block];
         const double temp = c->fwd_temp_bytes > c->bwd_temp_bytes ? c->fwd_temp_bytes : c->bwd_temp_bytes;
-        SAY("device memory is short: %s peaks at %.2f GiB on the device, the budget is %.2f GiB (needs at least %.2f GiB). ",
+        const double keep = 1.0 - o->device_headroom; /* B is the user's budget times this */
+        out->needed[SCHED_MEM_DEVICE] = e0->peak[SCHED_MEM_DEVICE] / keep;
+        SAY("device memory is short: %s peaks at %.2f GiB on the device, the budget is %.2f GiB (needs at least %.2f GiB%s). ",
             fixed ? "this plan" : "the plan needing the least device memory (weights streamed, gradients and optimizer "
                                   "on the host, activations recomputed, prefetch window 1)",
-            gib(e0->peak[SCHED_MEM_DEVICE]), gib(B[SCHED_MEM_DEVICE]), gib(e0->peak[SCHED_MEM_DEVICE]));
+            gib(e0->peak[SCHED_MEM_DEVICE]), gib(B[SCHED_MEM_DEVICE] / keep), gib(out->needed[SCHED_MEM_DEVICE]),
+            o->device_headroom > 0 ? ": a GPU's plan keeps part of its budget free for stream-ordered frees" : "");
         int layer = 1;
         for (int b = 2; b < w->num_blocks - 1; b++)
             if (working_set(w, b) > working_set(w, layer)) layer = b;
@@ -471,8 +473,13 @@ out:
 /* Both step orders when the run leaves it open (and has micro-batches to
  * reorder): each gets the whole search, and the faster feasible plan wins
  * (micro-batch-major on a tie: it holds one micro-batch at a time). */
-mt_status_t sched_plan_make(const sched_workload_t *w, const sched_planner_opts_t *o, sched_planner_result_t *out,
+mt_status_t sched_plan_make(const sched_workload_t *w, const sched_planner_opts_t *user, sched_planner_result_t *out,
                             mt_error_t *err) {
+    /* plans fit the device budget less its headroom (diagnose reports the
+     * user's budget) */
+    sched_planner_opts_t eff = *user;
+    if (eff.device_headroom > 0) eff.budget[SCHED_MEM_DEVICE] *= 1.0 - eff.device_headroom;
+    const sched_planner_opts_t *o = &eff;
     const bool want[2] = {o->step_order != 1,
                           o->step_order == 1 || (o->step_order == SCHED_AUTO_CHOICE && w->grad_accum > 1)};
     sched_planner_result_t r[2];

@@ -46,6 +46,9 @@ typedef struct {
      * wins), 0 micro-batch-major, 1 layer-major (sched_plan_t.layer_major) */
     int step_order;
     double budget[SCHED_MEM_COUNT]; /* bytes; 0 = unlimited */
+    /* Share of the device budget plans leave free (0..1): a GPU frees in
+     * stream order and its arena fragments (engine/program.c sets it). */
+    double device_headroom;
 } sched_planner_opts_t;
 
 void sched_planner_opts_default(sched_planner_opts_t *o);

@@ -49,6 +49,8 @@ cudaStream_t kern_cuda_stream_begin(kern_stream_t *s) {
     return s->cs;
 }
 
+size_t kern_cuda_scratch_capacity(const kern_stream_t *s) { return s->scratch_bytes; }
+
 void *kern_cuda_scratch(kern_stream_t *s, size_t bytes, const char *what) {
     MT_CHECK(bytes <= s->scratch_bytes,
              "%s needs %zu bytes of stream scratch, the %s stream of CUDA device %d has %zu "

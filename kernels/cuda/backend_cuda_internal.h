@@ -80,6 +80,9 @@ cudaStream_t kern_cuda_stream_begin(kern_stream_t *s);
 /* The stream's scratch, at least `bytes` long; aborts naming `what` when the
  * fixed scratch is too small (raise KERN_CUDA_SCRATCH_COMPUTE_BYTES). */
 void *kern_cuda_scratch(kern_stream_t *s, size_t bytes, const char *what);
+/* How many bytes kern_cuda_scratch can give on s (products that need more
+ * are cut into pieces, gemm_mm_cuda.c). */
+size_t kern_cuda_scratch_capacity(const kern_stream_t *s);
 
 /* After a kernel launch: reports launch errors naming the kernel; with
  * MOETUNE_CUDA_SYNC=1 also synchronises so asynchronous faults are reported

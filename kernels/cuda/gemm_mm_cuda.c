@@ -8,12 +8,19 @@
  * - bf16 compute with an operand stored F32: the operand is rounded to bf16
  *   (round to nearest even, the f32_to_bf16 kernel, as the CPU twin rounds
  *   it) into scratch first;
- * - fp32 compute into a BF16 C (and K == 0 scaling a BF16 C): the product
- *   is formed in an fp32 copy of C (widened first when beta != 0) and
- *   rounded once into C.
- * An operand bigger than the scratch is a fatal error naming it: store it
- * BF16 (the engine's weights are) or raise KERN_CUDA_SCRATCH_COMPUTE_BYTES.
- *
+ * - a BF16 C that is computed in fp32 (fp32 compute) or added to (beta !=
+ *   0): the product is formed in an fp32 copy of C (widened first when
+ *   beta != 0) and rounded once into C.  cuBLASLt's own bf16 epilogue with
+ *   beta 1 was seen on an H100 to come out up to 2 ulps from the
+ *   once-rounded sum for a transposed-A shape, so it is not used.
+ * When what a product needs there is larger than the scratch, the product
+ * is cut into pieces that fit: along M when A is not transposed (rows of A
+ * and C are contiguous), along K when A is transposed and B is not (rows of
+ * A and B; the pieces add into C, kept in fp32 until the last).  An
+ * lm_head's gradient (4096 tokens x a 32000-word vocabulary of fp32
+ * logit gradients, 250 MiB as bf16) needs this.  A product that cannot be
+ * cut so is a fatal error naming it: store the operand BF16 or raise
+ * KERN_CUDA_SCRATCH_COMPUTE_BYTES.
  * This file makes no CUDA call of its own: the CPU emulator (tests/gpu/emu)
  * builds it unchanged over its stand-ins for the scratch, the conversion
  * kernels and kern_matmul_ex_cuda, so the routing is tested without a GPU. */
@@ -33,48 +40,130 @@ static size_t round_up(size_t n) { return (n + MM_SCRATCH_ALIGN - 1) / MM_SCRATC
 
 static size_t mat_elems(const kern_mat_t *m) { return (size_t)m->rows * (size_t)m->cols; }
 
+/* One product, or one piece of one: conv_a / conv_b round an F32 operand to
+ * bf16 into scratch, c32 (non-NULL) is C's fp32 copy in scratch. */
+typedef struct {
+    const void *A, *B;
+    mt_dtype_t a_dt, b_dt;
+    int M, N, K;
+    float beta;
+} mm_piece_t;
+
+static void run_piece(kern_stream_t *s, const kern_mm_t *p, const mm_piece_t *q, void *C, mt_dtype_t c_dt,
+                      char *scratch) {
+    const bool conv_a = p->compute == MT_BF16 && q->a_dt == MT_F32;
+    const bool conv_b = p->compute == MT_BF16 && q->b_dt == MT_F32;
+    const void *A = q->A, *B = q->B;
+    const size_t a_elems = (size_t)q->M * q->K, b_elems = (size_t)q->K * q->N;
+    if (conv_a) {
+        kern_f32_to_bf16_cuda(s, (uint16_t *)scratch, A, a_elems);
+        A = scratch;
+        scratch += round_up(a_elems * 2);
+    }
+    if (conv_b) {
+        kern_f32_to_bf16_cuda(s, (uint16_t *)scratch, B, b_elems);
+        B = scratch;
+    }
+    kern_matmul_ex_cuda(s, C, c_dt, A, B, p->compute == MT_BF16 ? MT_BF16 : MT_F32, q->M, q->N, q->K, p->trans_a,
+                        p->trans_b, p->alpha, q->beta);
+}
+
+static const char *elem_at(const void *base, mt_dtype_t dt, size_t elems) {
+    return (const char *)base + elems * (dt == MT_BF16 ? 2 : 4);
+}
+
 static void mm_one(kern_stream_t *s, const kern_mm_t *p, int idx) {
     int M, N, K;
     kern_mm_dims(p, idx, &M, &N, &K);
     if (M == 0 || N == 0) return;
     const bool conv_a = p->compute == MT_BF16 && p->A.dtype == MT_F32 && K > 0;
     const bool conv_b = p->compute == MT_BF16 && p->B.dtype == MT_F32 && K > 0;
-    /* also an empty sum scaling a BF16 C, which the scale kernel (F32 only)
-     * cannot do in place */
-    const bool c_f32_copy = p->C.dtype == MT_BF16 &&
-                            (p->compute == MT_F32 || (K == 0 && p->beta != 0.0f && p->beta != 1.0f));
+    /* K == 0 scales C, which the scale kernel (F32 only) cannot do in place */
+    const bool c_copy = p->C.dtype == MT_BF16 &&
+                        (p->compute == MT_F32 || (p->beta != 0.0f && (K > 0 || p->beta != 1.0f)));
     const size_t a_bytes = conv_a ? round_up(mat_elems(&p->A) * 2) : 0;
     const size_t b_bytes = conv_b ? round_up(mat_elems(&p->B) * 2) : 0;
-    const size_t c_bytes = c_f32_copy ? round_up((size_t)M * N * 4) : 0;
-    const void *A = p->A.data, *B = p->B.data;
-    void *C = p->C.data;
-    mt_dtype_t c_dt = p->C.dtype;
-    if (a_bytes + b_bytes + c_bytes) {
-        char what[160];
-        snprintf(what, sizeof what,
-                 "kern_mm product %d (M=%d N=%d K=%d: A %s%s, B %s%s, C %s%s)", idx, M, N, K,
-                 mt_dtype_name(p->A.dtype), conv_a ? " rounded to bf16" : "",
-                 mt_dtype_name(p->B.dtype), conv_b ? " rounded to bf16" : "",
-                 mt_dtype_name(p->C.dtype), c_f32_copy ? " formed in fp32" : "");
-        char *scratch = kern_cuda_scratch(s, a_bytes + b_bytes + c_bytes, what);
-        if (conv_a) {
-            kern_f32_to_bf16_cuda(s, (uint16_t *)scratch, p->A.data, mat_elems(&p->A));
-            A = scratch;
-        }
-        if (conv_b) {
-            kern_f32_to_bf16_cuda(s, (uint16_t *)(scratch + a_bytes), p->B.data, mat_elems(&p->B));
-            B = scratch + a_bytes;
-        }
-        if (c_f32_copy) {
+    const size_t c_bytes = c_copy ? round_up((size_t)M * N * 4) : 0;
+    const size_t cap = kern_cuda_scratch_capacity(s);
+    mm_piece_t whole = {p->A.data, p->B.data, p->A.dtype, p->B.dtype, M, N, K, p->beta};
+    char what[200];
+    snprintf(what, sizeof what, "kern_mm product %d (M=%d N=%d K=%d: A %s%s, B %s%s, C %s%s)", idx, M, N, K,
+             mt_dtype_name(p->A.dtype), conv_a ? " rounded to bf16" : "", mt_dtype_name(p->B.dtype),
+             conv_b ? " rounded to bf16" : "", mt_dtype_name(p->C.dtype), c_copy ? " formed in fp32" : "");
+    const size_t need = a_bytes + b_bytes + c_bytes;
+    if (need == 0) {
+        run_piece(s, p, &whole, p->C.data, p->C.dtype, NULL);
+        return;
+    }
+    if (need <= cap || (p->trans_a && p->trans_b)) {
+        char *scratch = kern_cuda_scratch(s, need, what); /* aborts naming the product if it does not fit */
+        void *C = p->C.data;
+        mt_dtype_t c_dt = p->C.dtype;
+        if (c_copy) {
             C = scratch + a_bytes + b_bytes;
             c_dt = MT_F32;
             /* beta == 0 overwrites: C may hold NaN and need not be read */
             if (p->beta != 0.0f) kern_bf16_to_f32_cuda(s, C, p->C.data, (size_t)M * N);
         }
+        run_piece(s, p, &whole, C, c_dt, scratch);
+        if (c_copy) kern_f32_to_bf16_cuda(s, p->C.data, C, (size_t)M * N);
+        return;
     }
-    kern_matmul_ex_cuda(s, C, c_dt, A, B, p->compute == MT_BF16 ? MT_BF16 : MT_F32, M, N, K,
-                        p->trans_a, p->trans_b, p->alpha, p->beta);
-    if (c_f32_copy) kern_f32_to_bf16_cuda(s, p->C.data, C, (size_t)M * N);
+    if (!p->trans_a) {
+        /* along M: B (rounded once) stays, each piece of rows of A and C */
+        const size_t per_row = (conv_a ? (size_t)K * 2 : 0) + (c_copy ? (size_t)N * 4 : 0);
+        const size_t spare = cap > b_bytes + 2 * MM_SCRATCH_ALIGN ? cap - b_bytes - 2 * MM_SCRATCH_ALIGN : 0;
+        const int rows = (int)(spare / per_row < (size_t)M ? spare / per_row : (size_t)M);
+        if (rows < 1) kern_cuda_scratch(s, need, what); /* not one row fits: aborts naming the product */
+        char *scratch = kern_cuda_scratch(s, b_bytes + (conv_a ? round_up((size_t)rows * K * 2) : 0) +
+                                                 (c_copy ? round_up((size_t)rows * N * 4) : 0),
+                                          what);
+        if (conv_b) kern_f32_to_bf16_cuda(s, (uint16_t *)scratch, p->B.data, mat_elems(&p->B));
+        char *piece_scratch = scratch + b_bytes;
+        for (int m0 = 0; m0 < M; m0 += rows) {
+            const int mr = M - m0 < rows ? M - m0 : rows;
+            mm_piece_t q = {elem_at(p->A.data, p->A.dtype, (size_t)m0 * K), conv_b ? scratch : p->B.data,
+                            p->A.dtype, conv_b ? MT_BF16 : p->B.dtype, mr, N, K, p->beta};
+            void *C = (void *)elem_at(p->C.data, p->C.dtype, (size_t)m0 * N);
+            void *Cw = C;
+            mt_dtype_t c_dt = p->C.dtype;
+            char *rest = piece_scratch;
+            if (c_copy) {
+                Cw = piece_scratch;
+                c_dt = MT_F32;
+                rest += round_up((size_t)mr * N * 4);
+                if (p->beta != 0.0f) kern_bf16_to_f32_cuda(s, Cw, C, (size_t)mr * N);
+            }
+            run_piece(s, p, &q, Cw, c_dt, rest);
+            if (c_copy) kern_f32_to_bf16_cuda(s, C, Cw, (size_t)mr * N);
+        }
+        return;
+    }
+    /* along K (A transposed, B not): pieces of rows of A and B add into C,
+     * a BF16 C in its fp32 copy until the last piece */
+    const bool c32 = p->C.dtype == MT_BF16;
+    const size_t c32_bytes = c32 ? round_up((size_t)M * N * 4) : 0;
+    const size_t per_k = (conv_a ? (size_t)M * 2 : 0) + (conv_b ? (size_t)N * 2 : 0);
+    const size_t spare = cap > c32_bytes + 2 * MM_SCRATCH_ALIGN ? cap - c32_bytes - 2 * MM_SCRATCH_ALIGN : 0;
+    const int ks = (int)(per_k == 0 ? (size_t)K : (spare / per_k < (size_t)K ? spare / per_k : (size_t)K));
+    if (ks < 1 || c32_bytes + 2 * MM_SCRATCH_ALIGN > cap)
+        kern_cuda_scratch(s, need, what); /* C's copy and one k do not fit: aborts naming the product */
+    char *scratch = kern_cuda_scratch(s,
+                                      c32_bytes + (conv_a ? round_up((size_t)M * ks * 2) : 0) +
+                                          (conv_b ? round_up((size_t)N * ks * 2) : 0),
+                                      what);
+    void *C = p->C.data;
+    if (c32) {
+        C = scratch;
+        if (p->beta != 0.0f) kern_bf16_to_f32_cuda(s, C, p->C.data, (size_t)M * N);
+    }
+    for (int k0 = 0; k0 < K; k0 += ks) {
+        const int kr = K - k0 < ks ? K - k0 : ks;
+        mm_piece_t q = {elem_at(p->A.data, p->A.dtype, (size_t)k0 * M), elem_at(p->B.data, p->B.dtype, (size_t)k0 * N),
+                        p->A.dtype, p->B.dtype, M, N, kr, k0 == 0 ? p->beta : 1.0f};
+        run_piece(s, p, &q, C, c32 ? MT_F32 : p->C.dtype, scratch + c32_bytes);
+    }
+    if (c32) kern_f32_to_bf16_cuda(s, p->C.data, C, (size_t)M * N);
 }
 
 void kern_mm_cuda(kern_stream_t *s, const kern_mm_t *p) { mm_one(s, p, 0); }

@@ -168,10 +168,44 @@ static void test_grouped(gt_ctx_t *t) {
     }
 }
 
+/* Products whose bf16 roundings or fp32 copy of C need more than the
+ * stream's scratch run in pieces (kernels/cuda/gemm_mm_cuda.c): along M
+ * (A not transposed: an lm_head's input gradient) and along K (A
+ * transposed, B not: a weight gradient over many tokens).  Shapes are
+ * sized to need more than the scratch: the GPU's 64 MiB, or the
+ * emulator's MOETUNE_EMU_SCRATCH_BYTES (mm_pieces_test_emu runs this
+ * alone on 64 KiB).  Pieces along K add into C in another order than one
+ * product: the F32 tolerance covers it (sums of up to 12288 terms). */
+static void test_pieces(gt_ctx_t *t, size_t scratch) {
+    const int K1 = 64, N1 = 48;
+    const int M1 = (int)(2.5 * (double)scratch / (2.0 * K1));
+    mm_case(t, M1, N1, K1, false, true, MT_F32, MT_BF16, MT_F32, MT_BF16, 0.0f);
+    mm_case(t, M1, N1, K1, false, false, MT_F32, MT_F32, MT_BF16, MT_BF16, 1.0f);
+    mm_case(t, M1 / 2, N1, K1, false, true, MT_F32, MT_F32, MT_BF16, MT_F32, 1.0f);
+    /* K of 12288 on the GPU: longer sums part fp32 accumulation orders by
+     * more than the tolerance (seen at 82k terms) */
+    const bool gpu = scratch >= (64u << 20);
+    const int M2 = gpu ? 2048 : 16, N2 = M2;
+    const int K2 = gpu ? 12288 : (int)(2.5 * (double)scratch / (2.0 * (M2 + N2)));
+    mm_case(t, M2, N2, K2, true, false, MT_F32, MT_F32, MT_F32, MT_BF16, 1.0f);
+    mm_case(t, M2, N2, K2, true, false, MT_F32, MT_BF16, MT_BF16, MT_BF16, 1.0f);
+    mm_case(t, M2, N2, K2, true, false, MT_BF16, MT_F32, MT_BF16, MT_BF16, 0.0f);
+}
+
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "mm_test", 81);
+#ifdef GT_EMULATE
+    const char *env = getenv("MOETUNE_EMU_SCRATCH_BYTES");
+    if (env && *env) { /* the pieces alone, on a small scratch */
+        test_pieces(&t, (size_t)strtoull(env, NULL, 10));
+        return gt_close(&t);
+    }
+#endif
     test_single(&t);
     test_grouped(&t);
+#ifndef GT_EMULATE
+    test_pieces(&t, (size_t)64 << 20); /* KERN_CUDA_SCRATCH_COMPUTE_BYTES */
+#endif
     return gt_close(&t);
 }

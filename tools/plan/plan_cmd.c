@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "engine/calibrate.h"
+#include "kernels/device.h"
 #include "engine/program.h"
 #include "tools/plan/plan_devices.h"
 #include "tools/plan/plan_report.h"
@@ -85,7 +86,19 @@ static mt_status_t load_hardware(plan_ctx_t *c, const char *spec, mt_error_t *er
     if (st != MT_OK) return st;
     if (strcmp(path, "calibrate") != 0) return sched_hw_load(path, &c->hw, err);
     sched_calibration_t cal;
-    st = eng_calibrate(&c->rc, NULL, &cal, err);
+    char why[256];
+    const bool gpu = c->rc.backend == ENG_BACKEND_CUDA ||
+                     (c->rc.backend == ENG_BACKEND_AUTO && kern_cuda_available(why, sizeof why));
+    if (gpu) { /* the GPU the run would use, with its budget */
+        kern_device_opts_t o = {.device_budget_bytes = c->rc.memory_device, .device_index = c->rc.devices.ids[0]};
+        kern_device_t *dev = NULL;
+        st = kern_device_create(KERN_BACKEND_CUDA, &o, &dev, err);
+        if (st != MT_OK) return mt_error_prefix(err, "--hw calibrate: ");
+        st = eng_calibrate_device(dev, &c->rc, &cal, err);
+        kern_device_destroy(dev);
+    } else {
+        st = eng_calibrate(&c->rc, NULL, &cal, err);
+    }
     if (st != MT_OK) return st;
     sched_hw_from_calibration(&cal, &c->hw);
     return MT_OK;

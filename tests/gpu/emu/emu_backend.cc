@@ -36,11 +36,26 @@ cudaStream_t kern_cuda_stream_begin(kern_stream_t *s) {
     return nullptr;
 }
 
+// The GPU's size, or MOETUNE_EMU_SCRATCH_BYTES: a small scratch makes the
+// products that would not fit on a GPU run in pieces here on small shapes.
+static size_t scratch_bytes() {
+    static const size_t n = [] {
+        const char *env = getenv("MOETUNE_EMU_SCRATCH_BYTES");
+        return env && *env ? (size_t)strtoull(env, nullptr, 10) : kScratchBytes;
+    }();
+    return n;
+}
+
+size_t kern_cuda_scratch_capacity(const kern_stream_t *s) {
+    (void)s;
+    return scratch_bytes();
+}
+
 void *kern_cuda_scratch(kern_stream_t *s, size_t bytes, const char *what) {
     (void)s;
-    static std::vector<unsigned char> scratch(kScratchBytes);
-    MT_CHECK(bytes <= kScratchBytes, "%s needs %zu bytes of stream scratch, the emulator has %zu", what,
-             bytes, kScratchBytes);
+    static std::vector<unsigned char> scratch(scratch_bytes());
+    MT_CHECK(bytes <= scratch.size(), "%s needs %zu bytes of stream scratch, the emulator has %zu", what,
+             bytes, scratch.size());
     memset(scratch.data(), 0xFF, bytes); // ops must not rely on what scratch held
     return scratch.data();
 }

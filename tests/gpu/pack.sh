@@ -1,0 +1,50 @@
+#!/bin/bash
+# Packs the GPU suite and moetune, with the shared libraries they need
+# beside the CUDA toolkit's, into one folder (default .gpu/, ignore it in
+# git) for a GPU machine that has the CUDA 13 runtime but no Bazel and no
+# Debian packages.  There, from the repository root: bash .gpu/run.sh
+# (each test's output goes to $OUT/suite.log or /tmp/suite.log).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dest=${1:-.gpu}
+tests="adamw_test attention_test backend_test comm_test elementwise_test embedding_loss_test gemm_test
+       mm_test moe_test norm_rope_test train_cpu_vs_cuda_test"
+bazel build //tools:moetune $(for t in $tests; do echo "//tests/gpu:$t"; done)
+rm -rf "$dest/bin" "$dest/lib"
+mkdir -p "$dest/bin" "$dest/lib"
+for t in $tests; do cp -L "bazel-bin/tests/gpu/$t" "$dest/bin/"; done
+cp -L bazel-bin/tools/moetune "$dest/bin/"
+cp -L bazel-bin/_solib_k8/*.so "$dest/lib/"
+# the Debian libraries the binaries link (OpenBLAS compressed: 36 MB)
+for l in libyaml-0.so.2 libjansson.so.4 libgfortran.so.5 libquadmath.so.0 libjemalloc.so.2; do
+    cp -L "/lib/x86_64-linux-gnu/$l" "$dest/lib/"
+done
+xz -T0 -c "$(readlink -f /lib/x86_64-linux-gnu/libopenblas.so.0)" > "$dest/lib/libopenblas.so.0.xz"
+chmod -R u+w "$dest"
+cat > "$dest/run.sh" <<'RUN'
+#!/bin/bash
+# The packed GPU suite; TESTS="a b" runs some.  A failing test is run again
+# with MOETUNE_CUDA_SYNC=1, which reports a fault at the kernel causing it.
+cd "$(dirname "$0")/.." || exit 1
+G=$(cd "$(dirname "$0")" && pwd)
+[ -f "$G/lib/libopenblas.so.0" ] || xz -dk "$G/lib/libopenblas.so.0.xz"
+export LD_LIBRARY_PATH=$G/lib:/usr/local/cuda/lib64
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+log=${OUT:-/tmp}/suite.log
+: > "$log"
+pass=0 fail=0
+for t in ${TESTS:-$(ls "$G/bin" | grep _test)}; do
+    args=""
+    [ "$t" = train_cpu_vs_cuda_test ] && args="tests/fixtures/ref_mixtral tests/fixtures/ref_qwen2_moe tests/fixtures/ref_qwen3_moe tests/fixtures/ref_mixtral_padded"
+    echo "==== $t" >> "$log"
+    if timeout 300 "$G/bin/$t" $args >> "$log" 2>&1; then pass=$((pass + 1)); echo "$t passed"
+    else
+        fail=$((fail + 1)); echo "$t FAILED"
+        echo "==== $t again with MOETUNE_CUDA_SYNC=1" >> "$log"
+        MOETUNE_CUDA_SYNC=1 timeout 300 "$G/bin/$t" $args >> "$log" 2>&1
+    fi
+done
+grep "^FAIL\|^SKIPPED" "$log" | head -40
+echo "$pass passed, $fail failed"
+RUN
+du -sh "$dest"
