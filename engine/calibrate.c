@@ -303,6 +303,43 @@ static void issue_d2d(kern_device_t *dev, kern_stream_t *s, void *ctx) {
     kern_memcpy_d2d(dev, s, j->dst, j->src, j->bytes);
 }
 
+/* The attention kernels, forward then backward, causal, over buffers carved
+ * from two of the GEMM's (their contents are finite, their values do not
+ * matter): FLOPs counted as the cost model counts them (4 and 10 x pairs x
+ * head_dim), so the rate is what the model's attention ops take. */
+typedef struct {
+    float *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
+    int B, T, nh, hd;
+} attn_job_t;
+
+static void issue_attn_fwd(kern_device_t *dev, kern_stream_t *s, void *ctx) {
+    attn_job_t *j = ctx;
+    dev->ops->attention_fwd(s, j->o, j->lse, j->q, j->k, j->v, NULL, j->B, j->T, j->nh, j->nh, j->hd, 0);
+}
+static void issue_attn_bwd(kern_device_t *dev, kern_stream_t *s, void *ctx) {
+    attn_job_t *j = ctx;
+    dev->ops->attention_bwd(s, j->dq, j->dk, j->dv, j->dout, j->q, j->k, j->v, j->o, j->lse, NULL, j->B, j->T,
+                            j->nh, j->nh, j->hd, 0);
+}
+
+static double measure_attention(kern_device_t *dev, kern_stream_t *s, float *buf_a, float *buf_c, size_t bytes,
+                                int reps) {
+    /* head_dim 128, 16 heads, sequences of 1024 (or shorter, to fit) */
+    attn_job_t j = {.B = 1, .T = 1024, .nh = 16, .hd = 128};
+    size_t per = (size_t)j.B * j.T * j.nh * j.hd;
+    while (j.T > 64 && 5 * per * sizeof(float) + (size_t)j.B * j.nh * j.T * sizeof(float) > bytes) {
+        j.T /= 2;
+        per /= 2;
+    }
+    j.q = buf_a, j.k = buf_a + per, j.v = buf_a + 2 * per, j.dout = buf_a + 3 * per, j.o = buf_a + 4 * per;
+    j.lse = buf_a + 5 * per;
+    j.dq = buf_c, j.dk = buf_c + per, j.dv = buf_c + 2 * per;
+    const double t_fwd = time_on_stream(dev, s, issue_attn_fwd, &j, reps);
+    const double t_bwd = time_on_stream(dev, s, issue_attn_bwd, &j, reps);
+    const double pairs = (double)j.B * j.nh * j.T * (j.T + 1) / 2.0;
+    return 14.0 * pairs * j.hd / (t_fwd + t_bwd);
+}
+
 mt_status_t eng_calibrate_device(kern_device_t *dev, const eng_run_config_t *rc, sched_calibration_t *out,
                                  mt_error_t *err) {
     memset(out, 0, sizeof *out);
@@ -365,6 +402,7 @@ mt_status_t eng_calibrate_device(kern_device_t *dev, const eng_run_config_t *rc,
         out->link_latency_s = time_on_stream(dev, kern_stream(dev, KERN_STREAM_H2D), issue_h2d, &j, reps);
         j = (dev_job_t){.dst = d2, .src = d1, .bytes = copy_bytes};
         out->device_bw = 2.0 * copy_bytes / time_on_stream(dev, cs, issue_d2d, &j, reps); /* read + write */
+        out->attention_flops = measure_attention(dev, cs, (float *)a, (float *)c, mat, reps);
     }
     if (pinned) kern_pinned_free(dev, pinned, copy_bytes);
     kern_free(dev, d2);

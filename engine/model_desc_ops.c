@@ -265,6 +265,7 @@ static void attention_half(eng_walk_t *w) {
     const double core_io = n * (2 * qd + 2 * kd) * w->ab;
     int fa = eng_walk_add_op(w, SCHED_PHASE_FWD, true, 4.0 * pairs * hd, core_io, "L%d.attention.fwd", w->layer);
     int ga = eng_walk_add_op(w, SCHED_PHASE_BWD, true, 10.0 * pairs * hd, 2 * core_io, "L%d.attention.bwd", w->layer);
+    w->p->ops[fa].attention = w->p->ops[ga].attention = true;
     eng_walk_act(w, ENG_A_Q, fr, ga);
     eng_walk_act(w, ENG_A_K, fr, ga);
     eng_walk_act(w, ENG_A_V, fv, ga);

@@ -20,7 +20,8 @@ sched_rate_t sched_matmul_rate(const sched_registry_t *reg) {
 }
 
 double sched_op_time(const sched_op_t *op, const sched_hw_t *hw, sched_rate_t matmul_rate) {
-    const double rate = sched_hw_flops(hw, op->matmul ? matmul_rate : SCHED_RATE_FP32);
+    const double rate = op->attention && hw->attention_flops > 0 ? hw->attention_flops
+                                                                  : sched_hw_flops(hw, op->matmul ? matmul_rate : SCHED_RATE_FP32);
     const double t_flops = op->flops / rate;
     const double t_bytes = op->bytes / sched_hw_device_bw(hw);
     return t_flops > t_bytes ? t_flops : t_bytes;

@@ -3,7 +3,9 @@
  *
  *   op time        = max(FLOPs / achievable FLOP/s, bytes / device bandwidth)
  *                    (matmul-class ops at the run's matmul rate: bf16 with
- *                    bf16 working copies, fp32 otherwise; other ops at fp32)
+ *                    bf16 working copies, fp32 otherwise; the attention core
+ *                    at the profile's attention rate when it gives one;
+ *                    other ops at fp32)
  *   transfer time  = bytes / link bandwidth of its direction
  *                    + copies x per-copy latency (one copy per tensor moved)
  *   host AdamW     = bytes touched / host memory bandwidth

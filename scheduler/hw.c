@@ -65,6 +65,7 @@ static const hrow_t k_device_rows[] = {
     REQ("memory_bandwidth_achievable", H_FRAC, device_bw_frac),
     SEC("peak_tflops", k_peak_rows),
     SEC("achievable", k_frac_rows),
+    OPT("attention_tflops", H_TFLOPS, attention_flops),
     {0},
 };
 static const hrow_t k_link_rows[] = {
@@ -378,6 +379,7 @@ static void from_device_calibration(const sched_calibration_t *c, sched_hw_t *ou
     out->peak_flops[SCHED_RATE_FP32] = out->peak_flops[SCHED_RATE_TF32] = c->sgemm_flops;
     out->peak_flops[SCHED_RATE_BF16] = c->bf16_gemm_flops > 0 ? c->bf16_gemm_flops : c->sgemm_flops;
     for (int r = 0; r < SCHED_RATE_COUNT; r++) out->flops_frac[r] = 1.0;
+    out->attention_flops = c->attention_flops;
     out->device_memory = c->device_memory;
     out->device_bw_peak = c->device_bw;
     out->device_bw_frac = 1.0;

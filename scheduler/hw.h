@@ -17,6 +17,9 @@
  *     memory_bandwidth_achievable: 0.85       # fraction of peak
  *     peak_tflops: {fp32: 51.2, tf32: 378, bf16: 756}   # dense (no sparsity)
  *     achievable: {fp32: 0.7, tf32: 0.6, bf16: 0.65}
+ *     attention_tflops: 8                     # optional: what moetune's attention kernels
+ *                                             # achieve (forward and backward together);
+ *                                             # absent: attention runs at the matmul rate
  *   link:
  *     name: "PCIe 5.0 x16"                    # optional
  *     peak_bandwidth: 63GB/s                  # per direction
@@ -54,6 +57,7 @@ typedef struct {
     double device_bw_frac;
     double peak_flops[SCHED_RATE_COUNT]; /* FLOP/s, dense */
     double flops_frac[SCHED_RATE_COUNT];
+    double attention_flops;    /* FLOP/s of the attention kernels; 0: the matmul rate */
     /* link, per direction */
     double link_bw_peak;       /* bytes/s */
     double h2d_frac, d2h_frac;
@@ -114,6 +118,7 @@ typedef struct {
     double device_memory;   /* the device budget, bytes */
     double device_bw;       /* bytes/s read and written by a device-to-device copy */
     double link_d2h_bw;     /* bytes/s device to host */
+    double attention_flops; /* the attention kernels' forward + backward, model FLOPs per second */
 } sched_calibration_t;
 
 /* A profile from measured numbers, every fraction 1.  The CPU backend:

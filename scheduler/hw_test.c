@@ -1,6 +1,7 @@
 /* Hardware profiles: every profile in configs/hw loads with sane rates;
  * malformed files are refused naming the file, the line and the key;
  * --hw NAME resolution; calibration numbers -> profile. */
+#include "scheduler/costmodel.h"
 #include "scheduler/hw.h"
 
 #include <math.h>
@@ -194,11 +195,46 @@ static void test_calibration(void) {
     EXPECT(sched_hw_d2h_bw(&hw) == 1e9 && hw.copy_latency_s == 5e-6, "throttled copy streams");
 }
 
+/* A GPU's calibration: its own rates and budget, fraction 1, one memcpy of
+ * host work per byte moved, not the CPU backend's (measured stays false:
+ * bf16 auto means bf16 there). */
+static void test_device_calibration(void) {
+    sched_calibration_t c = {.device_calibrated = true, .sgemm_flops = 50e12, .bf16_gemm_flops = 600e12,
+                             .memcpy_bw = 10e9, .stream_bw = 100e9, .cores = 16, .host_memory = 128e9,
+                             .link_bw = 55e9, .link_d2h_bw = 50e9, .link_latency_s = 8e-6,
+                             .device_memory = 80e9, .device_bw = 2.8e12, .attention_flops = 8e12};
+    snprintf(c.device_name, sizeof c.device_name, "cuda device 0");
+    sched_hw_t hw;
+    sched_hw_from_calibration(&c, &hw);
+    EXPECT(!hw.measured && strcmp(hw.source, "calibrate") == 0 && strstr(hw.device_name, "cuda device 0"), "gpu");
+    EXPECT(sched_hw_flops(&hw, SCHED_RATE_BF16) == 600e12 && sched_hw_flops(&hw, SCHED_RATE_FP32) == 50e12, "rates");
+    EXPECT(hw.device_memory == 80e9 && sched_hw_device_bw(&hw) == 2.8e12 && hw.attention_flops == 8e12, "device");
+    EXPECT(sched_hw_h2d_bw(&hw) == 55e9 && fabs(sched_hw_d2h_bw(&hw) - 50e9) < 1 && hw.copy_latency_s == 8e-6, "link");
+    EXPECT(hw.compute_interference == 0 && hw.host_copy_s_per_byte == 1.0 / 10e9, "host work: one memcpy");
+    /* the attention core at the attention rate, a product at the matmul rate */
+    sched_op_t mm = {.matmul = true, .flops = 8e12}, att = mm;
+    att.attention = true;
+    EXPECT(sched_op_time(&mm, &hw, SCHED_RATE_BF16) == 8e12 / 600e12 && sched_op_time(&att, &hw, SCHED_RATE_BF16) == 1.0,
+           "attention rate: %g %g", sched_op_time(&mm, &hw, SCHED_RATE_BF16), sched_op_time(&att, &hw, SCHED_RATE_BF16));
+    hw.attention_flops = 0;
+    EXPECT(sched_op_time(&att, &hw, SCHED_RATE_BF16) == 8e12 / 600e12, "no attention rate: the matmul rate");
+    char text[2048];
+    snprintf(text, sizeof text, "%s", k_valid);
+    char *at = strstr(text, "link:\n");
+    const char *line = "  attention_tflops: 8\n";
+    memmove(at + strlen(line), at, strlen(at) + 1);
+    memcpy(at, line, strlen(line));
+    mt_error_t err = {0};
+    EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) == MT_OK && hw.attention_flops == 8e12,
+           "device.attention_tflops: %s %g", err.msg, hw.attention_flops);
+}
+
 int main(void) {
     test_parse();
     test_profiles();
     test_resolve();
     test_calibration();
+    test_device_calibration();
     if (failures) fprintf(stderr, "hw_test: %d failure(s)\n", failures);
     else printf("hw_test: all passed\n");
     return failures != 0;

@@ -365,7 +365,8 @@ mt_status_t sched_registry_build(const sched_program_t *prog, const sched_run_sh
         begin_block(&b, pb, blk);
         for (; oi < prog->num_ops && prog->ops[oi].block == blk; oi++) {
             const sched_op_t *o = &prog->ops[oi];
-            add_op(&b, o->phase, o->matmul, o->flops, o->bytes, "%s", o->name);
+            const int id = add_op(&b, o->phase, o->matmul, o->flops, o->bytes, "%s", o->name);
+            b.r->ops[id].attention = o->attention;
         }
         for (; ti < prog->num_tensors && prog->tensors[ti].block == blk; ti++) {
             const sched_prog_tensor_t *t = &prog->tensors[ti];

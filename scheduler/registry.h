@@ -94,6 +94,7 @@ typedef struct {
     int block;
     sched_phase_t phase;
     bool matmul;         /* runs at the matmul rate; else an elementwise-class op */
+    bool attention;      /* the attention core: at the profile's attention rate when it has one */
     double flops;
     double bytes;        /* device memory traffic (reads + writes) */
 } sched_op_t;

@@ -26,6 +26,7 @@
 #include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/ops.h"
+#include "base/clock.h"
 
 /* Compute capability the objects carry code for (sm_80 SASS upwards). */
 #define KERN_CUDA_MIN_CC_MAJOR 8
@@ -261,10 +262,39 @@ static void cuda_stream_sync(kern_stream_t *s) {
 
 /* A pageable host buffer also works: CUDA then stages it and the call
  * returns once the host side has been read (H2D) or written (D2H). */
+/* A traced copy (kern_device_t.copy_observer set): host functions on the
+ * copy's stream just before and just after it take its start and end times
+ * on the host clock, as the CPU backend's copy threads report theirs.  Only
+ * while tracing: each host function costs the stream some microseconds. */
+typedef struct {
+    kern_device_t *dev;
+    kern_stream_role_t role;
+    size_t bytes;
+    double t0;
+} traced_copy_t;
+
+static void traced_copy_begin(void *arg) { ((traced_copy_t *)arg)->t0 = mt_now_s(); }
+
+static void traced_copy_end(void *arg) {
+    traced_copy_t *c = arg;
+    if (c->dev->copy_observer) c->dev->copy_observer(c->dev->copy_observer_ctx, c->role, c->bytes, c->t0, mt_now_s());
+    free(c);
+}
+
 static void cuda_memcpy(kern_stream_t *s, void *dst, const void *src, size_t bytes,
                         enum cudaMemcpyKind kind) {
     if (!bytes) return;
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, kern_cuda_stream_begin(s)));
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    kern_device_t *dev = &s->dev->base;
+    traced_copy_t *traced = NULL;
+    if (dev->copy_observer && kind != cudaMemcpyDeviceToDevice) {
+        traced = malloc(sizeof *traced);
+        MT_CHECK_ALLOC(traced, "traced copy");
+        *traced = (traced_copy_t){dev, s->role, bytes, 0};
+        MT_CUDA_CHECK(cudaLaunchHostFunc(cs, traced_copy_begin, traced));
+    }
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, cs));
+    if (traced) MT_CUDA_CHECK(cudaLaunchHostFunc(cs, traced_copy_end, traced));
 }
 
 static void cuda_memcpy_h2d(kern_stream_t *s, void *dst, const void *src, size_t bytes) {

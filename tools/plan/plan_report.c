@@ -318,6 +318,10 @@ void plan_report_text(FILE *f, const plan_ctx_t *c) {
     fprintf(f, "hardware   %s (%s): %s; %s %.1f/%.1f GB/s h2d/d2h; host %.0f GB/s\n", hw->name, hw->source,
             hw->device_name[0] ? hw->device_name : "device", hw->link_name[0] ? hw->link_name : "link",
             sched_hw_h2d_bw(hw) / 1e9, sched_hw_d2h_bw(hw) / 1e9, sched_hw_host_bw(hw) / 1e9);
+    fprintf(f, "rates      matmul %.1f TFLOP/s (%s), attention %.1f TFLOP/s%s, device memory %.0f GB/s\n",
+            sched_hw_flops(hw, sched_matmul_rate(r)) / 1e12, sched_rate_name(sched_matmul_rate(r)),
+            (hw->attention_flops > 0 ? hw->attention_flops : sched_hw_flops(hw, sched_matmul_rate(r))) / 1e12,
+            hw->attention_flops > 0 ? "" : " (the matmul rate)", sched_hw_device_bw(hw) / 1e9);
     fprintf(f, "policy     %s, prefetch window %d\n\n", sched_policy_name(c->opts.policy), c->res.plan.prefetch_window);
     order_text(f, c);
 
@@ -407,6 +411,8 @@ json_t *plan_report_json(const plan_ctx_t *c) {
                   num(c->w.peak_flops), "device_bytes_per_s", num(sched_hw_device_bw(hw)), "h2d_bytes_per_s",
                   num(sched_hw_h2d_bw(hw)), "d2h_bytes_per_s", num(sched_hw_d2h_bw(hw)), "host_bytes_per_s",
                   num(sched_hw_host_bw(hw)), "copy_latency_s", num(hw->copy_latency_s)));
+    json_object_set_new(json_object_get(doc, "hardware"), "attention_flops_per_s",
+                        num(hw->attention_flops > 0 ? hw->attention_flops : sched_hw_flops(hw, sched_matmul_rate(r))));
     json_object_set_new(doc, "policy", json_string(sched_policy_name(c->opts.policy)));
     json_object_set_new(doc, "feasible", json_boolean(c->res.feasible));
     json_object_set_new(doc, "step_order", json_string(c->res.plan.layer_major ? "layer" : "micro_batch"));
