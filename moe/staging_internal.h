@@ -9,6 +9,10 @@
 #include "moe/staging.h"
 #include "moe/staging_alloc.h"
 
+/* Pack threads (staging_pack_start): one beside the CPU backend; on a GPU's
+ * host up to this many, one per 4 cores. */
+#define STAGING_MAX_PACK_THREADS 4
+
 typedef enum { REC_FREE = 0, REC_HELD, REC_PENDING } staging_rec_state_t;
 
 /* One reservation. */
@@ -30,7 +34,9 @@ typedef struct {
     size_t size;
 } staging_block_t;
 
-/* A list of host memcpys (H2D packing, run on the pack thread or inline). */
+/* A list of host memcpys (H2D packing, run on the pack threads or inline),
+ * cut into pieces of at most STAGING_PACK_PIECE bytes that pack threads
+ * take one at a time. */
 typedef struct staging_pack_job {
     struct staging_pack_job *next;
     struct moe_staging *pool;
@@ -41,7 +47,8 @@ typedef struct staging_pack_job {
         size_t bytes;
         moe_staging_op_t op;
     } *cp;
-    bool done; /* under pool->lock */
+    int taken, finished; /* pieces handed to pack threads, and done; under pool->lock */
+    bool done;           /* under pool->lock */
 } staging_pack_job_t;
 
 struct moe_staging {
@@ -81,7 +88,8 @@ struct moe_staging {
     /* pack thread and host-side timing (pack_s is written by other threads) */
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    pthread_t thread;
+    pthread_t threads[STAGING_MAX_PACK_THREADS];
+    int nthreads;
     bool thread_on, stopping;
     staging_pack_job_t *qhead, *qtail;
     double pack_s;

@@ -21,6 +21,7 @@
 #include "moe/staging_alloc.h"
 #include "moe/staging_testutil.h"
 #include "base/clock.h"
+#include "base/dtype.h"
 
 static int g_failures;
 
@@ -435,6 +436,60 @@ static void test_integrity(void) {
     kern_device_destroy(dev);
 }
 
+/* Several pack threads on one job: tensors larger than a pack piece (4 MiB)
+ * are cut and packed by three threads at once, copies and fp32-to-bf16
+ * conversions alike; what reaches the device is what one thread makes. */
+static void test_pack_threads(void) {
+    kern_device_t *dev = staging_test_device((size_t)96 << 20, 0, 0);
+    kern_stream_t *h2d = kern_stream(dev, KERN_STREAM_H2D), *d2h = kern_stream(dev, KERN_STREAM_D2H);
+    enum { N = 4 };
+    const size_t elems[N] = {(size_t)3 << 20, 5, (size_t)2 << 20, ((size_t)5 << 20) + 3}; /* floats */
+    const moe_staging_op_t ops[N] = {MOE_STAGING_COPY, MOE_STAGING_COPY, MOE_STAGING_F32_TO_BF16,
+                                     MOE_STAGING_F32_TO_BF16};
+    moe_staging_opts_t o;
+    moe_staging_opts_init(&o, MOE_STAGING_COMPACT);
+    o.capacity_bytes = (size_t)48 << 20;
+    o.max_tensor_bytes = (size_t)24 << 20;
+    o.pack_threads = 3;
+    moe_staging_t *p = NULL;
+    mt_error_t err = {0};
+    EXPECT(moe_staging_create(dev, &o, &p, &err) == MT_OK, "pool: %s", err.msg);
+    float *src[N];
+    void *d[N], *back[N];
+    moe_staging_xfer_t it[N];
+    for (int k = 0; k < N; k++) {
+        const size_t out = elems[k] * (ops[k] == MOE_STAGING_F32_TO_BF16 ? 2 : 4);
+        src[k] = malloc(elems[k] * sizeof(float));
+        back[k] = malloc(out);
+        MT_CHECK(src[k] && back[k], "test buffers");
+        for (size_t i = 0; i < elems[k]; i++) src[k][i] = (float)((i * 2654435761u + (unsigned)k) % 100003) * 1e-3f - 50.0f;
+        d[k] = kern_alloc(dev, out, "pack test tensor", &err);
+        EXPECT(d[k] != NULL, "%s", err.msg);
+        it[k] = (moe_staging_xfer_t){src[k], d[k], out, ops[k]};
+    }
+    const moe_staging_batch_t b = {"pack threads batch", MT_ARENA_ALIGN};
+    EXPECT(moe_staging_h2d_batch(p, h2d, it, N, &b, &err) == MT_OK, "h2d: %s", err.msg);
+    kern_stream_sync(dev, h2d);
+    for (int k = 0; k < N; k++) {
+        kern_memcpy_d2h(dev, d2h, back[k], d[k], it[k].bytes);
+        kern_stream_sync(dev, d2h);
+        size_t bad = 0;
+        if (ops[k] == MOE_STAGING_COPY) {
+            bad = memcmp(back[k], src[k], it[k].bytes) != 0;
+        } else {
+            const uint16_t *h = back[k];
+            for (size_t i = 0; i < elems[k]; i++) bad += h[i] != mt_f32_to_bf16(src[k][i]);
+        }
+        EXPECT(bad == 0, "tensor %d (%zu floats, %s): %zu wrong", k, elems[k],
+               ops[k] == MOE_STAGING_COPY ? "copy" : "to bf16", bad);
+        kern_free(dev, d[k]);
+        free(src[k]);
+        free(back[k]);
+    }
+    moe_staging_destroy(p);
+    kern_device_destroy(dev);
+}
+
 /* ---- efficiency on a realistic window ------------------------------------------ */
 
 /* One scaled-down Qwen3-MoE layer: attention, norms, router and the active
@@ -519,6 +574,7 @@ int main(void) {
     test_per_tensor_rounding_and_raw_copies();
     test_full_without_pending();
     test_integrity();
+    test_pack_threads();
     test_compact_window();
     return staging_test_finish("staging_test", g_failures);
 }
