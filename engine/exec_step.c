@@ -44,6 +44,10 @@ struct exec_micro {
     eng_attn_acts_t *aa;   /* (L) */
     eng_mlp_acts_t *ma;    /* (L) */
     float *xf, *rstdf, *logits, *aux_dp, *dx;
+    /* the head in chunks (eng_head_chunk_rows): no logits kept between the
+     * loss and the backward, which forms them again with the loss's scale */
+    bool head_chunked;
+    float grad_scale;
     /* aux loss statistics over all MoE layers */
     moe_aux_t aux;
     bool use_aux;
@@ -350,11 +354,15 @@ mt_status_t exec_micro_forward_block(eng_model_t *m, step_t *st, int b, const en
         DALLOC(st->xf, act, "final norm output");
         DALLOC(st->rstdf, (size_t)n * sizeof(float), "final norm rstd");
         ops->rmsnorm_fwd(s, st->xf, st->rstdf, st->xin[L], m->params[m->final_norm].w, n, H, c->rms_norm_eps);
-        DALLOC(st->logits, (size_t)n * V * sizeof(float), "logits");
-        eng_mm(m, st->logits, eng_f32(st->xf), head_weight(m), n, V, H, false, true, 1.0f, 0.0f);
-        if (logits_out) {
-            kern_memcpy_d2h(m->dev, s, logits_out, st->logits, (size_t)n * V * sizeof(float));
-            kern_stream_sync(m->dev, s);
+        /* in chunks the loss forms them; logits wanted whole (logits_out) are formed whole */
+        st->head_chunked = !logits_out && eng_head_chunk_rows(V, n) < n;
+        if (!st->head_chunked) {
+            DALLOC(st->logits, (size_t)n * V * sizeof(float), "logits");
+            eng_mm(m, st->logits, eng_f32(st->xf), head_weight(m), n, V, H, false, true, 1.0f, 0.0f);
+            if (logits_out) {
+                kern_memcpy_d2h(m->dev, s, logits_out, st->logits, (size_t)n * V * sizeof(float));
+                kern_stream_sync(m->dev, s);
+            }
         }
     }
     m->exec->fwd_s[b] += mt_now_s() - t0;
@@ -386,7 +394,25 @@ mt_status_t exec_micro_loss(eng_model_t *m, step_t *st, const eng_batch_t *batch
     if (!loss_rows) return err->code;
     float *host_loss = malloc((size_t)n * sizeof *host_loss);
     MT_CHECK_ALLOC(host_loss, "per-token loss (host)");
-    ops->xent(s, loss_rows, backward ? st->logits : NULL, st->logits, st->targets, n, V, grad_scale);
+    st->grad_scale = grad_scale;
+    if (st->head_chunked) {
+        /* each chunk's logits, its rows' loss, dropped (the backward forms them again) */
+        const int H = c->hidden_size, chunk = (int)eng_head_chunk_rows(V, n);
+        float *lc = kern_alloc(m->dev, (size_t)chunk * V * sizeof(float), "logits chunk", err);
+        if (!lc) {
+            kern_free(m->dev, loss_rows);
+            free(host_loss);
+            return err->code;
+        }
+        for (int r0 = 0; r0 < n; r0 += chunk) {
+            const int rows = n - r0 < chunk ? n - r0 : chunk;
+            eng_mm(m, lc, eng_f32(st->xf + (size_t)r0 * H), head_weight(m), rows, V, H, false, true, 1.0f, 0.0f);
+            ops->xent(s, loss_rows + r0, NULL, lc, st->targets + r0, rows, V, grad_scale);
+        }
+        kern_free(m->dev, lc);
+    } else {
+        ops->xent(s, loss_rows, backward ? st->logits : NULL, st->logits, st->targets, n, V, grad_scale);
+    }
     kern_memcpy_d2h(m->dev, s, host_loss, loss_rows, (size_t)n * sizeof(float));
     kern_stream_sync(m->dev, s);
     kern_free(m->dev, loss_rows);
@@ -419,13 +445,31 @@ mt_status_t exec_micro_backward_block(eng_model_t *m, step_t *st, int b, mt_erro
     if (b == L + 1) {
         float *dxf;
         DALLOC(dxf, act, "d(final norm output)");
-        /* st->logits now holds d(logits) (xent wrote it in place) */
-        eng_mm(m, dxf, eng_f32(st->logits), head_weight(m), n, H, V, false, false, 1.0f, 0.0f);
-        if (m->params[m->lm_head].g) /* NULL when frozen (a LoRA run) */
-            eng_mm(m, m->params[m->lm_head].g, eng_f32(st->logits), eng_f32(st->xf), V, H, n, true, false, 1.0f,
-                   1.0f);
-        dfree(m->dev, st->logits);
-        st->logits = NULL;
+        float *g = m->params[m->lm_head].g; /* NULL when frozen (a LoRA run) */
+        if (st->head_chunked) {
+            /* per chunk: its logits again, d(logits) in their place, its
+             * rows of d(x) and its share of the head's gradient */
+            const int chunk = (int)eng_head_chunk_rows(V, n);
+            float *lc, *lrows;
+            DALLOC(lc, (size_t)chunk * V * sizeof(float), "logits chunk");
+            DALLOC(lrows, (size_t)chunk * sizeof(float), "per-token loss of a chunk (discarded)");
+            for (int r0 = 0; r0 < n; r0 += chunk) {
+                const int rows = n - r0 < chunk ? n - r0 : chunk;
+                const eng_operand_t xc = eng_f32(st->xf + (size_t)r0 * H);
+                eng_mm(m, lc, xc, head_weight(m), rows, V, H, false, true, 1.0f, 0.0f);
+                ops->xent(s, lrows, lc, lc, st->targets + r0, rows, V, st->grad_scale);
+                eng_mm(m, dxf + (size_t)r0 * H, eng_f32(lc), head_weight(m), rows, H, V, false, false, 1.0f, 0.0f);
+                if (g) eng_mm(m, g, eng_f32(lc), xc, V, H, rows, true, false, 1.0f, 1.0f);
+            }
+            dfree(m->dev, lrows);
+            dfree(m->dev, lc);
+        } else {
+            /* st->logits now holds d(logits) (xent wrote it in place) */
+            eng_mm(m, dxf, eng_f32(st->logits), head_weight(m), n, H, V, false, false, 1.0f, 0.0f);
+            if (g) eng_mm(m, g, eng_f32(st->logits), eng_f32(st->xf), V, H, n, true, false, 1.0f, 1.0f);
+            dfree(m->dev, st->logits);
+            st->logits = NULL;
+        }
         DALLOC(st->dx, act, "d(residual)");
         /* a frozen final norm's kernel still writes a weight gradient: into scratch */
         float *gnorm = m->params[m->final_norm].g, *gscratch = NULL;

@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "base/dtype.h"
 #include "base/status.h"
@@ -210,5 +211,31 @@ bool eng_model_desc_trains(const eng_model_desc_t *d);
 #define eng_model_spec_find eng_model_desc_find
 #define eng_model_spec_numel eng_model_desc_numel
 #define eng_model_spec_active_numel eng_model_desc_active_numel
+
+/* The head in chunks.  A micro-batch's fp32 logits are tokens x vocab
+ * (4096 x 151936 for Qwen3: 2.3 GiB, and as much again as d(logits)):
+ * above ENG_HEAD_LOGITS_BYTES the lm_head and the loss run over chunks of
+ * rows whose logits fit in it.  The forward then keeps no logits (each
+ * chunk's loss is taken and the chunk dropped) and the backward computes
+ * each chunk's logits again, turns them into d(logits) and takes the
+ * chunk's share of d(x) and of the head's gradient: one more product of
+ * the head's size for a head's memory that no longer grows with the
+ * vocabulary.  Below it, one chunk: the head as it always ran. */
+#define ENG_HEAD_LOGITS_BYTES ((size_t)64 << 20)
+
+/* ENG_HEAD_LOGITS_BYTES, or MOETUNE_HEAD_LOGITS_BYTES when set to a
+ * positive number of bytes (the tests run the reference models in chunks
+ * of a few rows with it). */
+static inline size_t eng_head_logits_bytes(void) {
+    const char *env = getenv("MOETUNE_HEAD_LOGITS_BYTES");
+    char *end = NULL;
+    const unsigned long long v = env && *env ? strtoull(env, &end, 10) : 0;
+    return v > 0 && end && *end == '\0' ? (size_t)v : ENG_HEAD_LOGITS_BYTES;
+}
+
+static inline int64_t eng_head_chunk_rows(int64_t vocab, int64_t rows) {
+    const int64_t fit = (int64_t)(eng_head_logits_bytes() / sizeof(float)) / (vocab > 0 ? vocab : 1);
+    return rows <= fit ? rows : fit > 0 ? fit : 1;
+}
 
 #endif

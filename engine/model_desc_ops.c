@@ -427,8 +427,19 @@ static void head_block(eng_walk_t *w) {
     }
     sched_program_add_consumer(w->p, xn, hb);
     /* logits are fp32 (HF upcasts before the loss); the loss's backward
-     * writes d(logits) in place */
-    eng_walk_add_act(w, "logits", MT_F32, n * V, fh, hb);
+     * writes d(logits) in place.  In chunks (eng_head_chunk_rows): no
+     * logits kept, a chunk's in each pass, and the backward forms them
+     * again (its op counts one more product and the loss's backward) */
+    const double chunk = (double)eng_head_chunk_rows((int64_t)V, (int64_t)n);
+    if (chunk >= n) {
+        eng_walk_add_act(w, "logits", MT_F32, n * V, fh, hb);
+    } else {
+        eng_walk_add_temp(w, SCHED_PHASE_FWD, "logits chunk", MT_F32, chunk * V, fh);
+        eng_walk_add_temp(w, SCHED_PHASE_BWD, "logits chunk", MT_F32, chunk * V, hb);
+        sched_op_t *o = &w->p->ops[hb];
+        o->flops += 2.0 * n * V * H + 5.0 * n * V;
+        o->bytes += 2 * n * V * 4.0;
+    }
     int fl = eng_walk_elementwise(w, SCHED_PHASE_FWD, "loss", n * V, 2 * n * V * 4.0);
     eng_walk_add_temp(w, SCHED_PHASE_FWD, "loss_rows", MT_F32, n, fl);
     eng_walk_add_temp(w, SCHED_PHASE_BWD, "d_final_xn", w->adt, n * H, hb);
