@@ -156,6 +156,7 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
     const int n = sh->n, H = c->hidden_size, hd = c->head_dim;
     const int nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qd = nh * hd, kd = nkv * hd;
+    if (c->mla) return eng_mla_attn_forward(m, layer, sh, x_in, x_mid, a, err);
     memset(a, 0, sizeof *a);
 
     ALLOC_ACT(a->xn, ENG_A_ATTN_XN, "attention input norm");
@@ -207,8 +208,7 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
         ops->clamp_fwd(s, a->k, a->k, c->clip_qkv, (size_t)n * kd);
         ops->clamp_fwd(s, a->v, a->v, c->clip_qkv, (size_t)n * kd);
     }
-    ops->rope_fwd(s, a->q, m->rope_cos, m->rope_sin, sh->B, sh->T, nh, hd);
-    ops->rope_fwd(s, a->k, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);
+    TRY(eng_rope_qk(m, sh, a->q, a->k, false, err));
     ALLOC_ACT(a->att, ENG_A_ATT, "attention output");
     ALLOC_ACT(a->lse, ENG_A_LSE, "attention logsumexp");
     ops->attention_fwd(s, a->att, a->lse, a->q, a->k, a->v, sh->kv_len, sh->B, sh->T, nh, nkv,
@@ -277,6 +277,7 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
     const int qd = nh * hd, kd = nkv * hd;
     float *datt = NULL, *dq = NULL, *dk = NULL, *dv = NULL, *dxn = NULL, *tmp = NULL;
     float *scratch[5] = {0}; /* discarded gradients of frozen biases and norms */
+    if (c->mla) return eng_mla_attn_backward(m, layer, sh, x_in, dx, a, err);
 
     ALLOC(datt, (size_t)n * qd, "d(attention output)");
     eng_mm(m, datt, eng_f32(dx), W(m, L->o), n, qd, H, false, false, 1.0f, 0.0f);
@@ -289,8 +290,7 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
     ops->attention_bwd(s, dq, dk, dv, datt, a->q, a->k, a->v, a->att, a->lse, sh->kv_len, sh->B,
                        sh->T, nh, nkv, hd, c->sliding_window);
     dfree(m->dev, &datt);
-    ops->rope_bwd(s, dq, m->rope_cos, m->rope_sin, sh->B, sh->T, nh, hd);
-    ops->rope_bwd(s, dk, m->rope_cos, m->rope_sin, sh->B, sh->T, nkv, hd);
+    TRY(eng_rope_qk(m, sh, dq, dk, true, err));
     if (c->clip_qkv > 0 && clip_qkv_bwd(m, layer, sh, a, dq, dk, dv, err) != MT_OK) goto fail;
     if (c->qk_norm) { /* through the q/k norm (per head or whole), into the pre-norm projections */
         const int qn_rows = c->qk_norm_whole ? n : n * nh, qn_cols = c->qk_norm_whole ? qd : hd;
@@ -363,6 +363,7 @@ static const eng_act_id_t k_moe_acts[MOE_ACT_COUNT] = {
 
 moe_layer_dims_t eng_moe_dims(const eng_model_t *m, int layer) {
     const eng_model_config_t *c = &m->cfg;
+    kern_router_group_t d_group;
     moe_layer_dims_t d = {
         .H = c->hidden_size,
         .E = c->num_experts,
@@ -370,8 +371,10 @@ moe_layer_dims_t eng_moe_dims(const eng_model_t *m, int layer) {
         .I = c->moe_intermediate_size,
         .Is = c->shared_expert_intermediate_size,
         .router_mode = c->norm_topk_prob ? KERN_ROUTER_SOFTMAX_TOPK_RENORM : KERN_ROUTER_SOFTMAX_TOPK,
+        .router_grouped = eng_router_group_of(c, &d_group),
         .compute = m->compute,
     };
+    d.router_group = d_group;
     /* sizes of the saved activations from the description (moe/ cannot read it) */
     for (int i = 0; i < MOE_ACT_COUNT; i++) {
         const eng_act_desc_t *a = eng_model_desc_act(&m->spec, layer, k_moe_acts[i]);
@@ -499,7 +502,11 @@ mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, co
             p.fetch_ctx = &fc;
         }
         moe_layer_dims_t d = eng_moe_dims(m, layer);
-        mt_status_t st = moe_layer_forward(m->dev, &d, &p, a->xn, n, y, &a->moe, err);
+        float *rbias = NULL;
+        mt_status_t st = eng_router_bias_upload(m, layer, &rbias, err);
+        p.router_bias = rbias;
+        if (st == MT_OK) st = moe_layer_forward(m->dev, &d, &p, a->xn, n, y, &a->moe, err);
+        if (rbias) kern_free(m->dev, rbias);
         free(scratch);
         free(lora);
         if (st != MT_OK) goto fail;
@@ -589,4 +596,19 @@ void eng_mlp_acts_release(kern_device_t *dev, eng_mlp_acts_t *a) {
     dfree(dev, &a->g);
     dfree(dev, &a->u);
     if (a->is_moe) moe_layer_acts_release(dev, &a->moe);
+}
+
+/* ---- shared with the family-specific halves (blocks.h) -------- */
+
+size_t eng_blocks_act_bytes(const eng_model_t *m, int layer, eng_act_id_t id, int n) {
+    return act_bytes(m, layer, id, n);
+}
+mt_dtype_t eng_blocks_act_dtype(const eng_model_t *m, int layer, eng_act_id_t id) { return act_dtype(m, layer, id); }
+kern_lora_t eng_blocks_lora_of(const eng_model_t *m, int i) { return lora_of(m, i); }
+float *eng_blocks_grad_or_scratch(eng_model_t *m, int i, float **scratch, mt_error_t *err) {
+    return G_or_scratch(m, i, scratch, err);
+}
+mt_status_t eng_blocks_norm_bwd_into_residual(eng_model_t *m, int norm, float *dx, const float *dxn, const float *x,
+                                              const float *rstd, int n, const char *tag, mt_error_t *err) {
+    return norm_bwd_into_residual(m, norm, dx, dxn, x, rstd, n, tag, err);
 }

@@ -80,4 +80,52 @@ eng_operand_t eng_f32(const float *p);
 void eng_mm(eng_model_t *m, float *C, eng_operand_t A, eng_operand_t B, int M, int N, int K, bool trans_a,
             bool trans_b, float alpha, float beta);
 
+/* ---- shared with the family-specific halves beside blocks.c (blocks_mla.c,
+ * rope_partial.c, router_bias.c): the same helpers, so every family sizes
+ * its saved activations, forms frozen weights' gradients and closes the
+ * residual the one way. ---- */
+
+/* Bytes and storage dtype of layer `layer`'s saved activation `id` for n
+ * tokens, from the model description (aborts when it is not described). */
+size_t eng_blocks_act_bytes(const eng_model_t *m, int layer, eng_act_id_t id, int n);
+mt_dtype_t eng_blocks_act_dtype(const eng_model_t *m, int layer, eng_act_id_t id);
+/* Parameter i's LoRA factors (a == NULL: none). */
+kern_lora_t eng_blocks_lora_of(const eng_model_t *m, int i);
+/* The gradient target of a small parameter (norm, bias), or a zeroed
+ * scratch when it is frozen (*scratch set; the caller frees it); NULL on an
+ * allocation failure (err set). */
+float *eng_blocks_grad_or_scratch(eng_model_t *m, int i, float **scratch, mt_error_t *err);
+/* dx (n, H) += rmsnorm_bwd(dxn) through norm weight `norm` at input x. */
+mt_status_t eng_blocks_norm_bwd_into_residual(eng_model_t *m, int norm, float *dx, const float *dxn, const float *x,
+                                              const float *rstd, int n, const char *tag, mt_error_t *err);
+
+/* Multi-head Latent Attention (DeepSeek-V2/V3), eng_attn_forward/backward's
+ * half when cfg.mla (blocks_mla.c); same contracts. */
+mt_status_t eng_mla_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in, float *x_mid,
+                                 eng_attn_acts_t *a, mt_error_t *err);
+mt_status_t eng_mla_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in, float *dx,
+                                  eng_attn_acts_t *a, mt_error_t *err);
+
+/* The rotary dims per head RoPE's tables are built for: head_dim, or
+ * int(head_dim * partial_rotary_factor) (GLM-4.5) (rope_partial.c). */
+int eng_rope_dim(const eng_model_config_t *c);
+/* RoPE (backward: its inverse) in place on q (n, nh, hd) and k (n, nkv, hd),
+ * over the whole head or its first eng_rope_dim dims. */
+mt_status_t eng_rope_qk(eng_model_t *m, const eng_shape_t *sh, float *q, float *k, bool backward, mt_error_t *err);
+
+/* YaRN RoPE (rope_yarn.c): whether the model uses it, its cos/sin tables
+ * (T, dim/2) with transformers' frequencies and attention factor, and the
+ * factor MLA's softmax scale gains (mscale_all_dim's, squared; 1 without). */
+bool eng_rope_is_yarn(const eng_model_config_t *c);
+void eng_rope_yarn_table(float *cos_out, float *sin_out, int T, int dim, const eng_model_config_t *c);
+double eng_rope_yarn_softmax_factor(const eng_model_config_t *c);
+
+/* Whether the model routes with kernels/router_group.h (DeepSeek-V2/V3,
+ * GLM-4.5), and its parameters into *g (router_bias.c). */
+bool eng_router_group_of(const eng_model_config_t *c, kern_router_group_t *g);
+/* The grouped router's e_score_correction_bias of `layer` on the device
+ * (E floats, uploaded from its host copy on the compute stream; *out NULL
+ * when the layer has none).  Free with kern_free after the router ran. */
+mt_status_t eng_router_bias_upload(eng_model_t *m, int layer, float **out, mt_error_t *err);
+
 #endif

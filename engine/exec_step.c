@@ -66,7 +66,7 @@ static void dfree(kern_device_t *dev, void *p) {
 
 static mt_status_t ensure_rope(eng_model_t *m, int T, mt_error_t *err) {
     if (m->rope_T == T) return MT_OK;
-    const int half = m->cfg.head_dim / 2;
+    const int rd = eng_rope_dim(&m->cfg), half = rd / 2; /* partial RoPE: the rotated dims only */
     dfree(m->dev, m->rope_cos);
     dfree(m->dev, m->rope_sin);
     m->rope_T = 0;
@@ -75,7 +75,8 @@ static mt_status_t ensure_rope(eng_model_t *m, int T, mt_error_t *err) {
     if (!m->rope_cos || !m->rope_sin) return err->code;
     float *c = malloc((size_t)T * half * sizeof *c), *s = malloc((size_t)T * half * sizeof *s);
     MT_CHECK(c && s, "out of host memory for rope tables");
-    kern_rope_table(c, s, T, m->cfg.head_dim, m->cfg.rope_theta);
+    if (eng_rope_is_yarn(&m->cfg)) eng_rope_yarn_table(c, s, T, rd, &m->cfg);
+    else kern_rope_table(c, s, T, rd, m->cfg.rope_theta);
     kern_stream_t *st = kern_stream(m->dev, KERN_STREAM_COMPUTE);
     kern_memcpy_h2d(m->dev, st, m->rope_cos, c, (size_t)T * half * sizeof(float));
     kern_memcpy_h2d(m->dev, st, m->rope_sin, s, (size_t)T * half * sizeof(float));
@@ -287,7 +288,12 @@ mt_status_t exec_micro_create(eng_model_t *m, const eng_batch_t *batch, step_t *
     st->ma = calloc((size_t)L, sizeof *st->ma);
     moe_aux_init(&st->aux, c->num_experts, c->num_experts_per_tok);
     MT_CHECK(st->xin && st->xmid && st->aa && st->ma, "out of host memory for the step");
-    st->use_aux = c->output_router_logits && m->num_moe_layers > 0;
+    /* transformers' DeepSeek-V2/V3 and GLM-4.5 models add no load-balancing
+     * loss whatever output_router_logits says (their routers are balanced by
+     * the score bias, or not at all) */
+    const bool family_aux = c->arch != ENG_ARCH_DEEPSEEK_V2 && c->arch != ENG_ARCH_DEEPSEEK_V3 &&
+                            c->arch != ENG_ARCH_GLM4_MOE;
+    st->use_aux = c->output_router_logits && family_aux && m->num_moe_layers > 0;
     *out = st;
 
     mt_status_t r = ensure_rope(m, st->sh.T, err);

@@ -18,7 +18,8 @@ static void build_layer_index(eng_model_t *m) {
         int *fields[] = {&L->attn_norm, &L->q, &L->k, &L->v, &L->o, &L->q_bias, &L->k_bias,
                          &L->v_bias, &L->o_bias, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->router,
                          &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_expert_gate,
-                         &L->dense_gate, &L->dense_up, &L->dense_down};
+                         &L->dense_gate, &L->dense_up, &L->dense_down, &L->q_a, &L->q_a_norm,
+                         &L->q_b, &L->kv_a, &L->kv_a_norm, &L->kv_b, &L->router_bias};
         for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) *fields[i] = -1;
         if (c->layer_is_moe[l]) {
             L->exp_gate = malloc((size_t)c->num_experts * sizeof(int));
@@ -61,8 +62,18 @@ static void build_layer_index(eng_model_t *m) {
         case ENG_P_DENSE_GATE: L->dense_gate = i; break;
         case ENG_P_DENSE_UP: L->dense_up = i; break;
         case ENG_P_DENSE_DOWN: L->dense_down = i; break;
+        case ENG_P_Q_A: L->q_a = i; break;
+        case ENG_P_Q_A_NORM: L->q_a_norm = i; break;
+        case ENG_P_Q_B: L->q_b = i; break;
+        case ENG_P_KV_A: L->kv_a = i; break;
+        case ENG_P_KV_A_NORM: L->kv_a_norm = i; break;
+        case ENG_P_KV_B: L->kv_b = i; break;
         default: break;
         }
+    }
+    for (int i = 0; i < m->spec.num_buffers; i++) {
+        const eng_param_spec_t *p = &m->spec.buffers[i];
+        if (p->layer >= 0 && p->role == ENG_P_ROUTER_BIAS) m->layers[p->layer].router_bias = i;
     }
     if (m->lm_head < 0) m->lm_head = m->embed; /* tied */
 }
@@ -81,7 +92,10 @@ static mt_dtype_t checkpoint_dtype(const eng_checkpoint_t *ck, const eng_model_s
         const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, spec->params[i].name);
         if (!e) continue;
         switch (e->tensor->dtype) {
-        case ENG_ST_BF16: bytes[MT_BF16] += (double)spec->params[i].numel; break;
+        case ENG_ST_BF16:
+        case ENG_ST_F8_E4M3: /* an FP8 release's tensors: dequantised, saved as bf16 (its other tensors' dtype) */
+            bytes[MT_BF16] += (double)spec->params[i].numel;
+            break;
         case ENG_ST_F16: bytes[MT_F16] += (double)spec->params[i].numel; break;
         default: bytes[MT_F32] += (double)spec->params[i].numel; break;
         }
@@ -111,6 +125,8 @@ mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, 
                           dir, m->cfg.model_type, eng_model_desc_family_name(&m->spec));
         goto fail;
     }
+    st = eng_model_check_trainable(&m->cfg, opts->overrides_json, dir, err);
+    if (st != MT_OK) goto fail;
     build_layer_index(m);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) m->num_moe_layers += m->cfg.layer_is_moe[l];
 
@@ -132,6 +148,14 @@ mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, 
         p->lora_a = p->lora_b = -1;
     }
     m->num_params = m->spec.count;
+    if (m->spec.num_buffers > 0) {
+        m->buffer_host = calloc((size_t)m->spec.num_buffers, sizeof *m->buffer_host);
+        MT_CHECK_ALLOC(m->buffer_host, "buffer table");
+        for (int i = 0; i < m->spec.num_buffers && !m->replica; i++) {
+            m->buffer_host[i] = malloc(m->spec.buffers[i].numel * sizeof(float));
+            MT_CHECK_ALLOC(m->buffer_host[i], m->spec.buffers[i].name);
+        }
+    }
     return MT_OK;
 fail:
     eng_model_release(m);
@@ -197,6 +221,7 @@ mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *
     m->storage_dtype = checkpoint_dtype(&ck, &m->spec);
     eng_ckpt_load_report_t report = {0};
     if (st == MT_OK) st = eng_checkpoint_load(&ck, &m->spec, host, &report, err);
+    if (st == MT_OK && m->spec.num_buffers > 0) st = eng_checkpoint_load_buffers(&ck, &m->spec, m->buffer_host, err);
     bool keep_open = false;
     if (st == MT_OK) st = read_bf16_homes(m, &ck, &keep_open, err);
     if (st == MT_OK && report.unexpected_count > 0)
@@ -228,6 +253,10 @@ void eng_model_release(eng_model_t *m) {
             free(p->host_v);
         }
         free(m->params);
+    }
+    if (m->buffer_host) {
+        for (int i = 0; i < m->spec.num_buffers && !m->replica; i++) free(m->buffer_host[i]);
+        free(m->buffer_host);
     }
     if (m->layers) {
         for (int l = 0; l < m->cfg.num_hidden_layers; l++) {

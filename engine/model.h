@@ -80,6 +80,8 @@ typedef struct {
     int attn_norm, q, k, v, o, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm, mlp_norm;
     int router, sh_gate, sh_up, sh_down, sh_expert_gate;
     int dense_gate, dense_up, dense_down;
+    int q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b; /* MLA (DeepSeek) */
+    int router_bias; /* index into spec.buffers: the grouped router's e_score_correction_bias */
     int *exp_gate, *exp_up, *exp_down; /* (E) when the layer is MoE */
 } eng_layer_index_t;
 
@@ -119,6 +121,10 @@ typedef struct {
     eng_model_lora_t lora;
     kern_device_t *dev;        /* not owned */
     eng_param_t *params;       /* spec.count */
+    /* The description's buffers (spec.buffers, e.g. DeepSeek-V3's
+     * e_score_correction_bias): fp32 host copies read with the weights,
+     * never trained, saved back as read; a replica's are replica 0's */
+    float **buffer_host;       /* (spec.num_buffers) */
     eng_layer_index_t *layers; /* num_hidden_layers */
     int embed, final_norm, lm_head; /* lm_head == embed when tied */
     /* How products are formed (kernels/gemm.h): MT_F32, or MT_BF16 for
@@ -176,6 +182,12 @@ typedef struct {
  * yet, no device memory: the model knows no executor). */
 mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
                            mt_error_t *err);
+/* What a family that trains cannot train yet (engine/model_trainable.c):
+ * MT_ERR_UNSUPPORTED naming dir, the config key and what is missing.
+ * overrides_json: the run config's model_config (merged over the file's
+ * keys, as the loader did), or NULL. */
+mt_status_t eng_model_check_trainable(const eng_model_config_t *cfg, const char *overrides_json, const char *dir,
+                                      mt_error_t *err);
 /* Reads the checkpoint in dir into the host homes (and notes the dtype it
  * stores its weights in, for eng_save_dtype). */
 mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *err);

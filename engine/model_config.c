@@ -488,7 +488,7 @@ mt_status_t eng_model_config_parse(const char *json_text, const char *path,
     else
         st = mt_error_set(err, MT_ERR_UNSUPPORTED,
                           "%s: model_type '%s' is not supported (supported: mixtral, qwen2_moe, "
-                          "qwen3_moe, olmoe; inspect and plan only: deepseek_v2, deepseek_v3, glm4_moe, gpt_oss)",
+                          "qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe; inspect and plan only: gpt_oss)",
                           path, type);
     if (st == MT_OK) {
         /* the trained families' RoPE: the default one, over the whole head */

@@ -16,11 +16,13 @@ typedef enum {
     ENG_ARCH_QWEN2_MOE,
     ENG_ARCH_QWEN3_MOE,
     ENG_ARCH_OLMOE,
-    /* described for `inspect` and `plan`; no block code yet, so training
-     * refuses them (eng_model_desc_trains) */
+    /* DeepSeek's MLA (engine/blocks_mla.c) and, with GLM-4.5, the grouped
+     * routers (kernels/router_group.h) */
     ENG_ARCH_DEEPSEEK_V2,
     ENG_ARCH_DEEPSEEK_V3,
     ENG_ARCH_GLM4_MOE,
+    /* described for `inspect` and `plan`; no block code yet, so training
+     * refuses it (eng_model_desc_trains) */
     ENG_ARCH_GPT_OSS,
 } eng_arch_t;
 
@@ -70,8 +72,9 @@ typedef struct eng_model_config {
      * window applies to every layer) */
     bool layer_full_attention[ENG_MAX_LAYERS];
 
-    /* RoPE beyond the default.  The trained families accept only "default";
-     * DeepSeek-V3 and gpt-oss are described with YaRN. */
+    /* RoPE beyond the default.  Training accepts "default", and YaRN for
+     * DeepSeek-V2/V3 and GLM-4.5 (engine/rope_yarn.c); gpt-oss is described
+     * with YaRN. */
     char rope_type[16];           /* "default", "yarn", ... */
     float rope_factor;            /* rope_scaling.factor (0 = unset) */
     int rope_original_max_position_embeddings;

@@ -1,20 +1,21 @@
-/* config.json of the families moetune describes for `inspect` and `plan`
- * but cannot train yet: DeepSeek-V2/V3, GLM-4.5, gpt-oss (see
- * model_config.h; the reader and getters are model_config.c's,
- * model_config_read.h). */
+/* config.json of the families added after the decoder's four:
+ * DeepSeek-V2/V3 and GLM-4.5 (trained; what they cannot train yet is
+ * refused by engine/model_trainable.c) and gpt-oss (described for
+ * `inspect` and `plan` only) (see model_config.h; the reader and getters
+ * are model_config.c's, model_config_read.h). */
 #include <stdio.h>
 #include <string.h>
 
 #include "engine/model_config.h"
 #include "engine/model_config_read.h"
 
-/* ---- families described for inspect and plan (DeepSeek-V2/V3, GLM-4.5, gpt-oss) ----
+/* ---- DeepSeek-V2/V3, GLM-4.5, gpt-oss ----
  *
  * Defaults are those of transformers' DeepseekV2Config, DeepseekV3Config,
- * Glm4MoeConfig and GptOssConfig.  These families have no block code yet;
- * their configs are read in full so that `inspect` and `plan` describe
- * them exactly, and RoPE scaling (YaRN) is recorded rather than refused,
- * since nothing computes with it yet. */
+ * Glm4MoeConfig and GptOssConfig.  Their configs are read in full so that
+ * `inspect` and `plan` describe them exactly; RoPE scaling (YaRN) is
+ * recorded here, and training decides what it computes (DeepSeek's YaRN,
+ * engine/rope_yarn.c) or refuses (engine/model_trainable.c). */
 
 static mt_status_t get_string(eng_cfg_reader_t *r, const char *key, const char *def, char *out, size_t cap) {
     json_t *v = json_object_get(r->obj, key);
@@ -257,6 +258,9 @@ mt_status_t eng_cfg_parse_deepseek_v2(eng_cfg_reader_t *r, eng_model_config_t *c
     TRY(eng_cfg_get_int(r, "intermediate_size", false, false, 11008, &c->intermediate_size));
     TRY(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
     TRY(read_mla(r, c));
+    /* transformers' DeepSeek-V2 rotates adjacent pairs (complex products)
+     * whatever the file says: moetune's interleaved RoPE, the same q.k */
+    c->rope_interleave = true;
     /* num_experts_per_tok has no default (None): required when experts exist */
     TRY(read_deepseek_moe(r, c, 64, 0, 2, 1.0, 0, 0, 0, false));
     char s[32];

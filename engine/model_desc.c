@@ -80,14 +80,17 @@ static const eng_family_t k_families[] = {
      true, "shared_expert", false, true, eng_decoder_describe, eng_decoder_ops, NULL, NULL},
     {ENG_ARCH_OLMOE, "OLMoE", "mlp", HF_EXPERTS,
      true, "shared_expert", false, true, eng_decoder_describe, eng_decoder_ops, NULL, NULL},
-    /* described for inspect and plan; no block code yet */
+    /* MLA (engine/blocks_mla.c) and the grouped router (kernels/router_group.h:
+     * softmax for V2, sigmoid for V3); what they cannot train yet (FP8
+     * configs, ...) is refused by engine/model_trainable.c */
     {ENG_ARCH_DEEPSEEK_V2, "DeepSeek-V2", "mlp", HF_EXPERTS,
-     false, "shared_experts", false, false, eng_mla_describe, eng_decoder_ops, eng_mla_attention_ops, NULL},
+     false, "shared_experts", false, true, eng_mla_describe, eng_decoder_ops, eng_mla_attention_ops, NULL},
     {ENG_ARCH_DEEPSEEK_V3, "DeepSeek-V3", "mlp", HF_EXPERTS,
-     false, "shared_experts", false, false, eng_mla_describe, eng_decoder_ops, eng_mla_attention_ops, NULL},
-    /* GLM-4.5: the decoder's layers with DeepSeek-V3's router and shared experts; o_proj never has a bias */
+     false, "shared_experts", false, true, eng_mla_describe, eng_decoder_ops, eng_mla_attention_ops, NULL},
+    /* GLM-4.5: the decoder's layers (partial RoPE, engine/rope_partial.c) with DeepSeek-V3's router and
+     * shared experts; o_proj never has a bias */
     {ENG_ARCH_GLM4_MOE, "GLM-4.5", "mlp", HF_EXPERTS,
-     false, "shared_experts", false, false, eng_decoder_describe, eng_decoder_ops, NULL, NULL},
+     false, "shared_experts", false, true, eng_decoder_describe, eng_decoder_ops, NULL, NULL},
     {ENG_ARCH_GPT_OSS, "gpt-oss", "mlp", HF_EXPERTS,
      true, "shared_expert", false, false, eng_gpt_oss_describe, eng_decoder_ops, NULL, eng_gpt_oss_moe_ops},
 };

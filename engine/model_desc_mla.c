@@ -23,9 +23,13 @@
 
 #include "engine/model_desc_walk.h"
 
+/* q, k, v and the attention output are saved at the attention kernels'
+ * one head width D = max(qk, v_head_dim), the narrower zero-padded
+ * (engine/blocks_mla.c). */
 static void mla_acts(const eng_model_config_t *c, eng_desc_builder_t *b, int l) {
     const int64_t H = c->hidden_size, nh = c->num_attention_heads;
-    const int64_t qk = c->qk_nope_head_dim + c->qk_rope_head_dim, vd = c->v_head_dim;
+    const int64_t qk0 = c->qk_nope_head_dim + c->qk_rope_head_dim, vd0 = c->v_head_dim;
+    const int64_t qk = qk0 > vd0 ? qk0 : vd0, vd = qk;
     eng_desc_act(b, l, ENG_A_X_MID, "mid", ENG_ACT_FP32, H, 0);
     eng_desc_act(b, l, ENG_A_ATTN_XN, "attn.xn", ENG_ACT_COMPUTE, H, 0);
     eng_desc_act(b, l, ENG_A_ATTN_RSTD, "attn.rstd", ENG_ACT_FP32, 1, 0);

@@ -30,6 +30,7 @@ static void share_homes(eng_model_t *rep, const eng_model_t *primary, bool first
         q->home_bf16 = p->home_bf16;
         q->frozen = p->frozen;
     }
+    for (int i = 0; i < rep->spec.num_buffers; i++) rep->buffer_host[i] = primary->buffer_host[i];
 }
 
 static mt_status_t open_replica(eng_multi_t *mm, int d, const char *dir, const eng_model_opts_t *opts,

@@ -60,6 +60,8 @@ char *eng_saved_config_json(const char *base_text, const char *overrides_json, m
         json_decref(ov);
     }
     const char *name = dtype == MT_BF16 ? "bfloat16" : dtype == MT_F16 ? "float16" : "float32";
+    /* an FP8 base was read dequantised; the weights saved are not quantised */
+    json_object_del(root, "quantization_config");
     json_object_set_new(root, "torch_dtype", json_string(name));
     json_object_set_new(root, "dtype", json_string(name)); /* transformers >= 5 reads this key */
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
@@ -170,8 +172,10 @@ static mt_status_t save_model(eng_model_t *m, const eng_run_config_t *rc, const 
     char *config = eng_saved_config_json(m->cfg.config_json, rc->model_config_json, dtype,
                                          rc->source_path, err);
     if (!config) return err->code;
-    const int n = m->spec.count;
-    eng_ckpt_tensor_t *t = calloc(n ? (size_t)n : 1, sizeof *t);
+    const int n = m->spec.count, nb = m->spec.num_buffers;
+    /* the parameters, then the buffers (saved as read, in fp32 as
+     * transformers keeps e_score_correction_bias) */
+    eng_ckpt_tensor_t *t = calloc((size_t)(n + nb) + 1, sizeof *t);
     float **host = calloc(n ? (size_t)n : 1, sizeof *host);
     MT_CHECK(t && host, "out of memory preparing checkpoint");
     for (int i = 0; i < n; i++) {
@@ -193,16 +197,26 @@ static mt_status_t save_model(eng_model_t *m, const eng_run_config_t *rc, const 
         t[i] = (eng_ckpt_tensor_t){.name = ps->name, .dtype = dtype,
                                    .ndim = ps->ndim, .shape = ps->shape, .data = host[i]};
     }
+    for (int i = 0; i < nb; i++) {
+        const eng_param_spec_t *bs = &m->spec.buffers[i];
+        t[n + i] = (eng_ckpt_tensor_t){.name = bs->name, .dtype = MT_F32, .ndim = bs->ndim, .shape = bs->shape,
+                                       .data = m->buffer_host[i]};
+    }
     eng_ckpt_dir_t tx;
     mt_status_t st = eng_ckpt_dir_begin(&tx, dir, mode, err);
     if (st == MT_OK) {
         if (rc->save_expert_layout == ENG_SAVE_LAYOUT_FUSED) {
             eng_ckpt_fused_t fused;
             eng_ckpt_fuse_experts(&m->spec, t, &fused);
-            st = eng_checkpoint_write(&tx, config, fused.tensors, fused.count, rc->save_max_shard_bytes, err);
+            eng_ckpt_tensor_t *all = calloc((size_t)(fused.count + nb) + 1, sizeof *all);
+            MT_CHECK_ALLOC(all, "checkpoint tensor list");
+            memcpy(all, fused.tensors, (size_t)fused.count * sizeof *all);
+            memcpy(all + fused.count, t + n, (size_t)nb * sizeof *all);
+            st = eng_checkpoint_write(&tx, config, all, fused.count + nb, rc->save_max_shard_bytes, err);
+            free(all);
             eng_ckpt_fused_free(&fused);
         } else {
-            st = eng_checkpoint_write(&tx, config, t, n, rc->save_max_shard_bytes, err);
+            st = eng_checkpoint_write(&tx, config, t, n + nb, rc->save_max_shard_bytes, err);
         }
         if (st == MT_OK && extra) st = extra(&tx, ctx, err);
         if (st == MT_OK) st = eng_ckpt_dir_commit(&tx, err);

@@ -18,6 +18,7 @@
 
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "kernels/copy4d.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
@@ -25,6 +26,7 @@
 #include "kernels/moe_ops.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
+#include "kernels/router_group.h"
 
 typedef struct kern_ops kern_ops_t;
 
@@ -56,6 +58,9 @@ struct kern_ops {
     kern_embedding_bwd_fn embedding_bwd;
     kern_router_fwd_fn router_fwd;
     kern_router_bwd_fn router_bwd;
+    kern_router_group_fwd_fn router_group_fwd; /* DeepSeek-V3 / GLM-4.5 (router_group.h) */
+    kern_router_group_bwd_fn router_group_bwd;
+    kern_copy4d_fn copy4d; /* MLA's head splits and broadcasts (copy4d.h) */
     kern_moe_plan_fn moe_plan;
     kern_moe_gather_fn moe_gather;
     kern_moe_unpermute_sum_fn moe_unpermute_sum;

@@ -116,7 +116,10 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
     ALLOC_ACT(a->idx, MOE_ACT_IDX, int32_t, "moe top-k experts");
     mm_in(dev, MT_F32, a->logits, xn, MT_F32, p->router, MT_F32, n, E, H, false, true, 1.0f, 0.0f);
     TRY(kern_lora_fwd(dev, MT_F32, &p->lora_router, a->logits, xn, MT_F32, n, H, E, err));
-    ops->router_fwd(s, a->topw, a->idx, a->probs, a->logits, n, E, k, d->router_mode);
+    if (d->router_grouped)
+        ops->router_group_fwd(s, a->topw, a->idx, a->probs, a->logits, p->router_bias, n, E, k, &d->router_group);
+    else
+        ops->router_fwd(s, a->topw, a->idx, a->probs, a->logits, n, E, k, d->router_mode);
 
     ALLOC_ACT(a->counts, MOE_ACT_COUNTS, int32_t, "moe expert counts");
     ALLOC_ACT(a->offsets, MOE_ACT_OFFSETS, int32_t, "moe expert offsets");
@@ -190,7 +193,7 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
         ALLOC_ACT(a->su, MOE_ACT_SU, float, "shared expert up activations");
         ALLOC(sh, (size_t)n * Is, float, "shared expert hidden");
         ALLOC_ACT(a->so, MOE_ACT_SO, float, "shared expert output");
-        ALLOC_ACT(a->sgl, MOE_ACT_SGL, float, "shared expert gate logit");
+        if (p->sh_expert_gate) ALLOC_ACT(a->sgl, MOE_ACT_SGL, float, "shared expert gate logit");
         mm(dev, d, a->sg, xn, MT_F32, p->sh_gate, p->dtype, n, Is, H, false, true, 1.0f, 0.0f);
         TRY(kern_lora_fwd(dev, d->compute, &p->lora_sh_gate, a->sg, xn, MT_F32, n, H, Is, err));
         mm(dev, d, a->su, xn, MT_F32, p->sh_up, p->dtype, n, Is, H, false, true, 1.0f, 0.0f);
@@ -198,9 +201,13 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
         ops->swiglu_fwd(s, sh, a->sg, a->su, (size_t)n * Is);
         mm(dev, d, a->so, sh, MT_F32, p->sh_down, p->dtype, n, H, Is, false, true, 1.0f, 0.0f);
         TRY(kern_lora_fwd(dev, d->compute, &p->lora_sh_down, a->so, sh, MT_F32, n, Is, H, err));
-        mm(dev, d, a->sgl, xn, MT_F32, p->sh_expert_gate, p->dtype, n, 1, H, false, true, 1.0f, 0.0f);
-        TRY(kern_lora_fwd(dev, d->compute, &p->lora_sh_expert_gate, a->sgl, xn, MT_F32, n, H, 1, err));
-        ops->gate_scale_fwd(s, y, a->so, a->sgl, n, H);
+        if (p->sh_expert_gate) {
+            mm(dev, d, a->sgl, xn, MT_F32, p->sh_expert_gate, p->dtype, n, 1, H, false, true, 1.0f, 0.0f);
+            TRY(kern_lora_fwd(dev, d->compute, &p->lora_sh_expert_gate, a->sgl, xn, MT_F32, n, H, 1, err));
+            ops->gate_scale_fwd(s, y, a->so, a->sgl, n, H);
+        } else { /* DeepSeek's shared experts: a plain sum (the routed part first, as transformers adds) */
+            ops->add(s, y, y, a->so, (size_t)n * H);
+        }
         kern_free(dev, sh);
         sh = NULL;
     }
@@ -285,7 +292,12 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
     dep = NULL;
 
     ALLOC(dlogits, (size_t)n * E, float, "moe d(router logits)");
-    ops->router_bwd(s, dlogits, dtopw, a->probs, a->idx, aux_dp, tok_w, n, E, k, d->router_mode);
+    if (d->router_grouped) {
+        MT_CHECK(!aux_dp, "moe layer: the grouped sigmoid router has no load-balancing term");
+        ops->router_group_bwd(s, dlogits, dtopw, a->probs, a->idx, n, E, k, &d->router_group);
+    } else {
+        ops->router_bwd(s, dlogits, dtopw, a->probs, a->idx, aux_dp, tok_w, n, E, k, d->router_mode);
+    }
     if (gp->router) mm_in(dev, MT_F32, gp->router, dlogits, MT_F32, xn, MT_F32, E, H, n, true, false, 1.0f, 1.0f);
     mm_in(dev, MT_F32, dxn, dlogits, MT_F32, p->router, MT_F32, n, H, E, false, false, 1.0f, 1.0f);
     TRY(kern_lora_bwd(dev, MT_F32, &p->lora_router, dlogits, xn, MT_F32, dxn, n, H, E, err));
@@ -295,11 +307,15 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
     if (d->Is > 0) {
         const int Is = d->Is;
         ALLOC(dso, (size_t)n * H, float, "shared expert d(output)");
-        ALLOC(dsgl, n, float, "shared expert d(gate logit)");
-        ops->gate_scale_bwd(s, dso, dsgl, dy, a->so, a->sgl, n, H);
-        if (gp->sh_expert_gate) mm(dev, d, gp->sh_expert_gate, dsgl, MT_F32, xn, MT_F32, 1, H, n, true, false, 1.0f, 1.0f);
-        mm(dev, d, dxn, dsgl, MT_F32, p->sh_expert_gate, p->dtype, n, H, 1, false, false, 1.0f, 1.0f);
-        TRY(kern_lora_bwd(dev, d->compute, &p->lora_sh_expert_gate, dsgl, xn, MT_F32, dxn, n, H, 1, err));
+        if (p->sh_expert_gate) {
+            ALLOC(dsgl, n, float, "shared expert d(gate logit)");
+            ops->gate_scale_bwd(s, dso, dsgl, dy, a->so, a->sgl, n, H);
+            if (gp->sh_expert_gate) mm(dev, d, gp->sh_expert_gate, dsgl, MT_F32, xn, MT_F32, 1, H, n, true, false, 1.0f, 1.0f);
+            mm(dev, d, dxn, dsgl, MT_F32, p->sh_expert_gate, p->dtype, n, H, 1, false, false, 1.0f, 1.0f);
+            TRY(kern_lora_bwd(dev, d->compute, &p->lora_sh_expert_gate, dsgl, xn, MT_F32, dxn, n, H, 1, err));
+        } else { /* ungated: the output's gradient is dy itself */
+            kern_memcpy_d2d(dev, s, dso, dy, (size_t)n * H * sizeof(float));
+        }
         ALLOC(sh, (size_t)n * Is, float, "shared expert hidden (recomputed)");
         ALLOC(dsh, (size_t)n * Is, float, "shared expert d(hidden)");
         ops->swiglu_fwd(s, sh, a->sg, a->su, (size_t)n * Is);

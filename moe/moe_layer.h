@@ -3,6 +3,7 @@
  * Input xn (n, H) (the post-attention-normed hidden states), output
  * y (n, H) = sum over the k chosen experts of w * expert(xn)
  *           [+ sigmoid(shared_gate . xn) * shared_expert(xn)]   (Qwen2-MoE)
+ *           [+ shared_expert(xn)]      (DeepSeek, GLM-4.5: no sh_expert_gate)
  * Each expert is down(silu(gate(x)) * up(x)).  Tokens are permuted so that
  * each expert's rows are contiguous and every expert runs as one product of
  * a grouped GEMM; experts that received no token are not run and get no
@@ -44,6 +45,10 @@ typedef struct {
     int H, E, k, I;      /* hidden, experts, top-k, expert width */
     int Is;              /* shared expert width, 0 = none */
     kern_router_mode_t router_mode;
+    /* DeepSeek-V3 / GLM-4.5: the grouped sigmoid router (kernels/router_group.h)
+     * instead of router_mode's softmax; it has no load-balancing term */
+    bool router_grouped;
+    kern_router_group_t router_group;
     mt_dtype_t compute;  /* how products are formed (kernels/gemm.h): MT_F32 or MT_BF16 */
     moe_act_size_t acts[MOE_ACT_COUNT];
 } moe_layer_dims_t;
@@ -55,7 +60,9 @@ typedef struct {
     void *router;                /* (E, H), always F32 (see moe_layer.c) */
     void **gate, **up, **down;   /* E pointers: (I, H), (I, H), (H, I) */
     void *sh_gate, *sh_up, *sh_down; /* (Is, H), (Is, H), (H, Is) */
-    void *sh_expert_gate;        /* (1, H) */
+    void *sh_expert_gate;        /* (1, H); NULL: the shared expert's output is added ungated */
+    const float *router_bias;    /* (E) the grouped router's e_score_correction_bias (a buffer, no
+                                  * gradient), NULL = none; read in forward only */
     mt_dtype_t dtype;
     /* LoRA factors (kernels/lora.h) in the weights' table: per routed expert
      * (E entries each, or NULL when no expert module is adapted; an entry
@@ -78,7 +85,7 @@ typedef struct {
 /* What forward saves for backward. */
 typedef struct {
     int n, m;                 /* tokens, permuted rows (n * k) */
-    float *logits, *probs;    /* (n, E) */
+    float *logits, *probs;    /* (n, E); probs are the sigmoid scores for the grouped router */
     float *topw;              /* (n, k) */
     int32_t *idx;             /* (n, k) */
     int32_t *counts, *offsets, *perm_tok, *inv; /* device plan */

@@ -3,7 +3,9 @@
  * For each fixture (tests/reference/make_lora_fixtures.py: Mixtral with
  * attention adapters, Qwen3-MoE with per-expert adapters under rsLoRA and
  * accumulation 2, Qwen2-MoE with every linear layer incl. the shared expert
- * and a dense layer under a warmup-cosine schedule; each starting from a
+ * and a dense layer under a warmup-cosine schedule; and DeepSeek-V3 with
+ * adapters on MLA's five projections, from transformers + PEFT themselves
+ * (tests/reference/make_deepseek_lora_fixture.py); each starting from a
  * given adapter with non-zero B), `moetune train` on its run.yaml must
  * give:
  *   - per-step losses within 1e-5 relative of the reference's;

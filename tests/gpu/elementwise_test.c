@@ -8,6 +8,7 @@
  *  - swiglu: device expf is within 2 ulp of glibc's, so sigmoid/silu differ
  *    by a few ulp: rtol 4e-6; dg's factor 1 + g (1 - sig) cancels near
  *    g = -1.28, hence an atol of 1e-6 as well;
+ *  - copy4d: copies and one float add per element: bit-identical;
  *  - sumsq: double accumulation on both sides, rounded once to float: rtol
  *    1e-6 (summation order moves the double by ~1e-16 relative). */
 #include <math.h>
@@ -179,6 +180,33 @@ static void clamp_case(gt_ctx_t *t, size_t n) {
     free(hd);
 }
 
+/* copy4d as MLA uses it: a head's rotary part de-interleaved out of a
+ * projection (n, nh, qk), one row broadcast to every head (source stride
+ * 0), and the same with += into a prefilled destination. */
+static void copy4d_case(gt_ctx_t *t, int n, int nh, int nope, int rope) {
+    const int qk = nope + rope;
+    const size_t sn = (size_t)n * nh * qk, dn = (size_t)n * (nh + 1) * rope;
+    float *hs = gt_host_rand(t, sn, 1.0f), *hd = gt_host_rand(t, dn, 1.0f);
+    gt_buf_t S = gt_from_host(t, hs, sn * 4, "src"), D = gt_from_host(t, hd, dn * 4, "dst");
+    const kern_copy4d_t cases[2] = {
+        {{n, nh, 2, rope / 2}, {(int64_t)nh * qk, qk, 1, 2}, {(int64_t)(nh + 1) * rope, rope, rope / 2, 1}},
+        {{n, nh, 1, rope}, {(int64_t)nh * qk, 0, 0, 1}, {(int64_t)(nh + 1) * rope, rope, 0, 1}},
+    };
+    char what[96];
+    for (int c = 0; c < 2; c++)
+        for (int acc = 0; acc < 2; acc++) {
+            gt_set(t, &D, hd);
+            t->cpu->ops->copy4d(t->sc, GT_C(D), (const float *)S.c + nope, &cases[c], acc);
+            t->gpu->ops->copy4d(t->sg, GT_G(D), (const float *)S.g + nope, &cases[c], acc);
+            snprintf(what, sizeof what, "copy4d n=%d nh=%d case %d acc %d", n, nh, c, acc);
+            gt_check_exact(t, what, &D, dn * 4);
+        }
+    gt_free(t, &S);
+    gt_free(t, &D);
+    free(hs);
+    free(hd);
+}
+
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "elementwise_test", 0xe1e);
@@ -194,5 +222,8 @@ int main(void) {
     bias_case(&t, 3, 1000);
     bias_case(&t, 2048, 96);
     bias_case(&t, 10000, 33);
+    copy4d_case(&t, 1, 1, 2, 2);
+    copy4d_case(&t, 37, 4, 8, 4);
+    copy4d_case(&t, 300, 16, 128, 64);
     return gt_close(&t);
 }

@@ -15,6 +15,11 @@
  *  - combine dw and gate dglogit: double dot products in another order,
  *    rounded once: rtol 1e-6 (+ atol 1e-6 for dots that cancel);
  *  - gate sigmoid: device expf within 2 ulp: rtol 4e-6.
+ *  - grouped sigmoid router (DeepSeek-V3, GLM-4.5): one code path per row
+ *    (router_group_math.h) on both sides, expf within 2 ulp: scores and
+ *    weights rtol 4e-6; indices identical (choices on a grid 0.8 / E apart,
+ *    group scores whole grid steps apart); dlogits, from the same inputs,
+ *    the same float operations: rtol 1e-6;
  * Non-finite router rows (NaN, +Inf, all -Inf logits): the indices must be
  * identical (NaN ranks lowest, ties by index: k distinct valid experts), and
  * NaN probabilities/weights matched in kind; the plan over them exact. */
@@ -83,6 +88,88 @@ static void router_case(gt_ctx_t *t, int n, int E, int k, kern_router_mode_t mod
     free(haux);
     free(htw);
     free(hp);
+    free(hi);
+}
+
+/* Logits whose choices (score + bias) sit on a shuffled grid of E levels
+ * with no two groups' top-2 sums equal, so rounding cannot swap experts or
+ * groups. */
+static float *group_logits(gt_ctx_t *t, const float *bias, int n, int E, int G) {
+    float *l = gt_host_alloc((size_t)n * E);
+    int *perm = gt_host_bytes((size_t)E * sizeof(int));
+    const int per = E / G;
+    for (int r = 0; r < n; r++) {
+        for (int ok = 0; !ok;) {
+            for (int e = 0; e < E; e++) perm[e] = e;
+            for (int e = E - 1; e > 0; e--) {
+                const int j = gt_int(t, e + 1), x = perm[e];
+                perm[e] = perm[j];
+                perm[j] = x;
+            }
+            int gs[64];
+            ok = 1;
+            for (int q = 0; q < G; q++) {
+                int b1 = -1, b2 = -1;
+                for (int e = q * per; e < (q + 1) * per; e++) {
+                    if (perm[e] > b1) {
+                        b2 = b1;
+                        b1 = perm[e];
+                    } else if (perm[e] > b2) {
+                        b2 = perm[e];
+                    }
+                }
+                gs[q] = b1 + b2;
+                for (int o = 0; o < q; o++) ok &= gs[o] != gs[q];
+            }
+        }
+        for (int e = 0; e < E; e++) {
+            const double sc = 0.1 + 0.8 * ((double)perm[e] + 0.5) / E - bias[e];
+            l[(size_t)r * E + e] = (float)log(sc / (1.0 - sc));
+        }
+    }
+    free(perm);
+    return l;
+}
+
+static void router_group_case_s(gt_ctx_t *t, int n, int E, int k, int G, int keep, int renorm, float scale,
+                                int softmax) {
+    const kern_router_group_t g = {G, keep, renorm, scale, softmax};
+    float *hb = gt_host_rand(t, (size_t)E, 0.04f);
+    /* softmax: the spaced grid of router_logits (group maxima distinct), no bias */
+    float *hl = softmax ? router_logits(t, n, E) : group_logits(t, hb, n, E, G);
+    float *hdw = gt_host_rand(t, (size_t)n * k, 1.0f);
+    gt_buf_t L = gt_from_host(t, hl, (size_t)n * E * 4, "logits"), B = gt_from_host(t, hb, (size_t)E * 4, "bias");
+    gt_buf_t W = gt_alloc(t, (size_t)n * k * 4, "weights"), I = gt_alloc(t, (size_t)n * k * 4, "idx");
+    gt_buf_t S = gt_alloc(t, (size_t)n * E * 4, "scores"), DL = gt_alloc(t, (size_t)n * E * 4, "dlogits");
+    gt_buf_t DW = gt_from_host(t, hdw, (size_t)n * k * 4, "dweights");
+    char tag[96], what[160];
+    snprintf(tag, sizeof tag, "n=%d E=%d k=%d groups=%d keep=%d renorm=%d %s", n, E, k, G, keep, renorm,
+             softmax ? "softmax" : "sigmoid");
+    t->cpu->ops->router_group_fwd(t->sc, GT_C(W), GT_CI(I), GT_C(S), GT_C(L), softmax ? NULL : GT_C(B), n, E, k, &g);
+    t->gpu->ops->router_group_fwd(t->sg, GT_G(W), GT_GI(I), GT_G(S), GT_G(L), softmax ? NULL : GT_G(B), n, E, k, &g);
+    snprintf(what, sizeof what, "router_group_fwd scores %s", tag);
+    gt_check_f32(t, what, &S, (size_t)n * E, 1e-9f, 4e-6f);
+    snprintf(what, sizeof what, "router_group_fwd idx %s", tag);
+    gt_check_exact(t, what, &I, I.bytes);
+    snprintf(what, sizeof what, "router_group_fwd weights %s", tag);
+    gt_check_f32(t, what, &W, (size_t)n * k, 1e-9f, 4e-6f);
+    /* backward from the CPU's scores and idx on both sides */
+    float *hs = gt_host_alloc((size_t)n * E);
+    int32_t *hi = gt_host_bytes((size_t)n * k * 4);
+    gt_download(t, &S, hs, NULL);
+    gt_download(t, &I, hi, NULL);
+    gt_set(t, &S, hs);
+    gt_set(t, &I, hi);
+    t->cpu->ops->router_group_bwd(t->sc, GT_C(DL), GT_C(DW), GT_C(S), GT_CI(I), n, E, k, &g);
+    t->gpu->ops->router_group_bwd(t->sg, GT_G(DL), GT_G(DW), GT_G(S), GT_GI(I), n, E, k, &g);
+    snprintf(what, sizeof what, "router_group_bwd dlogits %s", tag);
+    gt_check_f32(t, what, &DL, (size_t)n * E, 1e-9f, 1e-6f);
+    gt_buf_t *bufs[] = {&L, &B, &W, &I, &S, &DL, &DW};
+    for (size_t i = 0; i < 7; i++) gt_free(t, bufs[i]);
+    free(hb);
+    free(hl);
+    free(hdw);
+    free(hs);
     free(hi);
 }
 
@@ -240,6 +327,12 @@ int main(void) {
     router_case(&t, 100, 60, 4, KERN_ROUTER_SOFTMAX_TOPK, 1, 1);        /* Qwen2-MoE */
     router_case(&t, 64, 128, 8, KERN_ROUTER_SOFTMAX_TOPK_RENORM, 1, 1); /* Qwen3-MoE */
     router_case(&t, 9, 256, 8, KERN_ROUTER_SOFTMAX_TOPK, 0, 0);
+    router_group_case_s(&t, 37, 8, 2, 2, 1, 1, 2.5f, 0);   /* tiny DeepSeek-V3 */
+    router_group_case_s(&t, 50, 16, 4, 1, 1, 1, 1.0f, 0);  /* GLM-4.5: one group */
+    router_group_case_s(&t, 300, 256, 8, 8, 4, 1, 2.5f, 0); /* DeepSeek-V3 (> one block of rows) */
+    router_group_case_s(&t, 20, 64, 6, 8, 3, 0, 1.0f, 0);
+    router_group_case_s(&t, 40, 160, 6, 8, 3, 0, 16.0f, 1); /* DeepSeek-V2: softmax, group_limited_greedy */
+    router_group_case_s(&t, 40, 64, 6, 1, 1, 0, 1.0f, 1);   /* DeepSeek-V2-Lite: greedy */
     router_nonfinite_case(&t, 20, 8, 2, KERN_ROUTER_SOFTMAX_TOPK_RENORM);
     router_nonfinite_case(&t, 20, 60, 4, KERN_ROUTER_SOFTMAX_TOPK);
     router_nonfinite_case(&t, 10, 128, 8, KERN_ROUTER_SOFTMAX_TOPK_RENORM);

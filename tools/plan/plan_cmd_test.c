@@ -217,7 +217,7 @@ static void test_every_model(void) {
         {"mixtral-8x22b", 139e9, 142e9},   {"qwen2-57b-a14b", 57.0e9, 57.8e9},
         {"qwen1.5-moe-a2.7b", 14.2e9, 14.4e9}, {"olmoe-1b-7b", 6.9e9, 6.95e9},
         {"mixtral-8x7b", 46.7e9, 46.71e9},  {"qwen3-30b-a3b", 30.5e9, 30.6e9},
-        /* described for inspect and plan only: 671B without the MTP layer,
+        /* the later families: 671B without the MTP layer,
          * 106B, 21B (20.91B in the model card), 117B (116.83B) */
         {"deepseek-v3", 664.3e9, 677.7e9}, {"glm-4.5-air", 104.9e9, 107.1e9},
         {"gpt-oss-20b", 20.79e9, 21.21e9}, {"gpt-oss-120b", 115.8e9, 118.2e9},
