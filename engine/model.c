@@ -18,9 +18,10 @@ static void build_layer_index(eng_model_t *m) {
         int *fields[] = {&L->attn_norm, &L->q, &L->k, &L->v, &L->o, &L->q_bias, &L->k_bias,
                          &L->v_bias, &L->o_bias, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->router,
                          &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_expert_gate,
-                         &L->dense_gate, &L->dense_up, &L->dense_down};
+                         &L->dense_gate, &L->dense_up, &L->dense_down, &L->sinks, &L->router_b,
+                         &L->gate_up, &L->gate_up_b, &L->down, &L->down_b};
         for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) *fields[i] = -1;
-        if (c->layer_is_moe[l]) {
+        if (c->layer_is_moe[l] && !c->experts_fused) { /* fused experts: one tensor each, below */
             L->exp_gate = malloc((size_t)c->num_experts * sizeof(int));
             L->exp_up = malloc((size_t)c->num_experts * sizeof(int));
             L->exp_down = malloc((size_t)c->num_experts * sizeof(int));
@@ -61,6 +62,12 @@ static void build_layer_index(eng_model_t *m) {
         case ENG_P_DENSE_GATE: L->dense_gate = i; break;
         case ENG_P_DENSE_UP: L->dense_up = i; break;
         case ENG_P_DENSE_DOWN: L->dense_down = i; break;
+        case ENG_P_ATTN_SINKS: L->sinks = i; break;
+        case ENG_P_ROUTER_B: L->router_b = i; break;
+        case ENG_P_EXP_GATE_UP_FUSED: L->gate_up = i; break;
+        case ENG_P_EXP_GATE_UP_BIAS: L->gate_up_b = i; break;
+        case ENG_P_EXP_DOWN_FUSED: L->down = i; break;
+        case ENG_P_EXP_DOWN_BIAS: L->down_b = i; break;
         default: break;
         }
     }
@@ -109,6 +116,16 @@ mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, 
                           "%s: model_type %s (%s) cannot be trained yet: moetune describes it for `moetune inspect` "
                           "and `moetune plan`, but has no block code for it",
                           dir, m->cfg.model_type, eng_model_desc_family_name(&m->spec));
+        goto fail;
+    }
+    /* RoPE scaling is read for the described families (gpt-oss's YaRN)
+     * but the rope tables compute plain RoPE only */
+    if (strcmp(m->cfg.rope_type, "default") != 0) {
+        st = mt_error_set(err, MT_ERR_UNSUPPORTED,
+                          "%s/config.json: RoPE type '%s' (rope_scaling / rope_parameters) is not computed by "
+                          "moetune's RoPE tables yet; only the default RoPE trains (e.g. model_config: "
+                          "{rope_scaling: null} in the run config to train with plain RoPE)",
+                          dir, m->cfg.rope_type);
         goto fail;
     }
     build_layer_index(m);

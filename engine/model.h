@@ -80,7 +80,9 @@ typedef struct {
     int attn_norm, q, k, v, o, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm, mlp_norm;
     int router, sh_gate, sh_up, sh_down, sh_expert_gate;
     int dense_gate, dense_up, dense_down;
-    int *exp_gate, *exp_up, *exp_down; /* (E) when the layer is MoE */
+    int *exp_gate, *exp_up, *exp_down; /* (E) when the layer is MoE with per-expert tensors */
+    /* gpt-oss: attention sinks, the router's bias, experts fused over E */
+    int sinks, router_b, gate_up, gate_up_b, down, down_b;
 } eng_layer_index_t;
 
 /* A LoRA run's adapters: y = W x + scale * B (A dropout(x)) on every

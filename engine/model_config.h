@@ -103,6 +103,7 @@ typedef struct eng_model_config {
     bool experts_fused;           /* experts stored as gate_up_proj (E, H, 2I) interleaved gate/up, down_proj
                                      (E, I, H), each with a bias */
     float swiglu_limit;           /* gate clamped above, up to [-limit, limit] */
+    float swiglu_alpha;           /* gpt-oss: h = (u + 1) * g * sigmoid(alpha * g) */
     char *config_json;            /* the file as read (owned), written back on save */
 } eng_model_config_t;
 

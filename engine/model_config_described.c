@@ -313,7 +313,7 @@ mt_status_t eng_cfg_parse_gpt_oss(eng_cfg_reader_t *r, eng_model_config_t *c) {
     TRY(eng_cfg_read_common(r, c, 8, 1e-5, 131072));
     if (!hd) c->head_dim = 64; /* GptOssConfig's default, not hidden_size / heads */
     double d;
-    TRY(eng_cfg_get_double(r, "router_aux_loss_coef", 0.9, &d));
+    TRY(eng_cfg_get_double(r, "router_aux_loss_coef", 0.001, &d)); /* transformers 5's GptOssConfig default */
     c->router_aux_loss_coef = (float)d;
     TRY(eng_cfg_get_int(r, "intermediate_size", false, false, 2880, &c->intermediate_size));
     TRY(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
@@ -336,6 +336,11 @@ mt_status_t eng_cfg_parse_gpt_oss(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->experts_fused = true;
     TRY(eng_cfg_get_double(r, "swiglu_limit", 7.0, &d));
     c->swiglu_limit = (float)d;
+    if (!(c->swiglu_limit > 0))
+        return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'swiglu_limit' = %g must be positive", r->path,
+                            (double)c->swiglu_limit);
+    TRY(eng_cfg_get_double(r, "swiglu_alpha", 1.702, &d));
+    c->swiglu_alpha = (float)d;
     TRY(eng_cfg_get_int(r, "sliding_window", false, true, 128, &c->sliding_window));
     TRY(nonneg(r, "sliding_window", c->sliding_window));
     json_t *lt = json_object_get(r->obj, "layer_types");

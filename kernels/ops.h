@@ -21,6 +21,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
+#include "kernels/gpt_oss.h"
 #include "kernels/loss.h"
 #include "kernels/moe_ops.h"
 #include "kernels/norm.h"
@@ -63,6 +64,11 @@ struct kern_ops {
     kern_gate_scale_fwd_fn gate_scale_fwd;
     kern_gate_scale_bwd_fn gate_scale_bwd;
     kern_xent_fn xent;
+    /* gpt-oss (gpt_oss.h) */
+    kern_attn_sink_fwd_fn attn_sink_fwd;
+    kern_attn_sink_bwd_fn attn_sink_bwd;
+    kern_swiglu_clamped_fwd_fn swiglu_clamped_fwd;
+    kern_swiglu_clamped_bwd_fn swiglu_clamped_bwd;
     kern_adamw_fn adamw;
 };
 
