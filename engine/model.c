@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/checkpoint.h"
+#include "engine/rope_tables.h"
 
 static void build_layer_index(eng_model_t *m) {
     const eng_model_config_t *c = &m->cfg;
@@ -118,14 +119,14 @@ mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, 
                           dir, m->cfg.model_type, eng_model_desc_family_name(&m->spec));
         goto fail;
     }
-    /* RoPE scaling is read for the described families (gpt-oss's YaRN)
-     * but the rope tables compute plain RoPE only */
-    if (strcmp(m->cfg.rope_type, "default") != 0) {
+    /* RoPE variants are read for the described families; the tables
+     * (engine/rope_tables.h) compute plain RoPE and YaRN, on whole heads */
+    if (!eng_rope_type_computed(&m->cfg) || m->cfg.partial_rotary_factor != 1.0f) {
         st = mt_error_set(err, MT_ERR_UNSUPPORTED,
-                          "%s/config.json: RoPE type '%s' (rope_scaling / rope_parameters) is not computed by "
-                          "moetune's RoPE tables yet; only the default RoPE trains (e.g. model_config: "
-                          "{rope_scaling: null} in the run config to train with plain RoPE)",
-                          dir, m->cfg.rope_type);
+                          "%s/config.json: RoPE type '%s' with partial_rotary_factor %g (rope_scaling / "
+                          "rope_parameters) is not computed by moetune's RoPE tables; training supports the "
+                          "default RoPE and YaRN over whole heads",
+                          dir, m->cfg.rope_type, (double)m->cfg.partial_rotary_factor);
         goto fail;
     }
     build_layer_index(m);

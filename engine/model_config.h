@@ -21,7 +21,7 @@ typedef enum {
     ENG_ARCH_DEEPSEEK_V2,
     ENG_ARCH_DEEPSEEK_V3,
     ENG_ARCH_GLM4_MOE,
-    ENG_ARCH_GPT_OSS,
+    ENG_ARCH_GPT_OSS, /* trained: its block code is engine/blocks_gpt_oss.c */
 } eng_arch_t;
 
 /* How the router turns logits into expert weights (DeepSeek's
@@ -76,6 +76,8 @@ typedef struct eng_model_config {
     float rope_factor;            /* rope_scaling.factor (0 = unset) */
     int rope_original_max_position_embeddings;
     float rope_beta_fast, rope_beta_slow, rope_mscale, rope_mscale_all_dim;
+    float rope_attention_factor;  /* YaRN's attention_factor (0 = unset: from factor and mscale) */
+    bool rope_truncate;           /* YaRN: round the correction range outwards (transformers' default; gpt-oss false) */
     bool rope_interleave;         /* DeepSeek: rotate adjacent pairs (not halves) */
     float partial_rotary_factor;  /* GLM-4.5: fraction of each head rotated (1 = whole head) */
 

@@ -1,5 +1,6 @@
-/* config.json of the families moetune describes for `inspect` and `plan`
- * but cannot train yet: DeepSeek-V2/V3, GLM-4.5, gpt-oss (see
+/* config.json of the families moetune first described for `inspect` and
+ * `plan`: DeepSeek-V2/V3 and GLM-4.5 (not trained yet), and gpt-oss (trained
+ * since it has block code: engine/blocks_gpt_oss.c) (see
  * model_config.h; the reader and getters are model_config.c's,
  * model_config_read.h). */
 #include <stdio.h>
@@ -11,10 +12,10 @@
 /* ---- families described for inspect and plan (DeepSeek-V2/V3, GLM-4.5, gpt-oss) ----
  *
  * Defaults are those of transformers' DeepseekV2Config, DeepseekV3Config,
- * Glm4MoeConfig and GptOssConfig.  These families have no block code yet;
- * their configs are read in full so that `inspect` and `plan` describe
- * them exactly, and RoPE scaling (YaRN) is recorded rather than refused,
- * since nothing computes with it yet. */
+ * Glm4MoeConfig and GptOssConfig.  Their configs are read in full so that
+ * `inspect` and `plan` describe them exactly, and RoPE scaling is recorded
+ * rather than refused; training computes YaRN (engine/rope_tables.h) and
+ * refuses the other scaled variants. */
 
 static mt_status_t get_string(eng_cfg_reader_t *r, const char *key, const char *def, char *out, size_t cap) {
     json_t *v = json_object_get(r->obj, key);
@@ -82,6 +83,16 @@ static mt_status_t read_rope_params(eng_cfg_reader_t *r, const char *key, json_t
     TRY(rope_num(r, key, d, "beta_slow", &c->rope_beta_slow));
     TRY(rope_num(r, key, d, "mscale", &c->rope_mscale));
     TRY(rope_num(r, key, d, "mscale_all_dim", &c->rope_mscale_all_dim));
+    TRY(rope_num(r, key, d, "attention_factor", &c->rope_attention_factor));
+    json_t *tr = json_object_get(d, "truncate");
+    if (tr && !json_is_null(tr)) {
+        if (!json_is_boolean(tr)) {
+            char k[96];
+            snprintf(k, sizeof k, "%s.truncate", key);
+            return eng_cfg_type_error(r, k, "true or false", tr);
+        }
+        c->rope_truncate = json_is_true(tr);
+    }
     return MT_OK;
 }
 
@@ -97,6 +108,7 @@ static mt_status_t read_rope_scaled(eng_cfg_reader_t *r, eng_model_config_t *c, 
     TRY(eng_cfg_get_double(r, "partial_rotary_factor", def_partial, &pf));
     c->partial_rotary_factor = (float)pf;
     snprintf(c->rope_type, sizeof c->rope_type, "default");
+    c->rope_truncate = true; /* transformers' YaRN when the dict has no 'truncate' */
     const char *key = "rope_scaling";
     json_t *rp = json_object_get(r->obj, key);
     if (!rp && def_yarn && !json_object_get(r->obj, "rope_parameters")) {
@@ -106,6 +118,7 @@ static mt_status_t read_rope_scaled(eng_cfg_reader_t *r, eng_model_config_t *c, 
         c->rope_beta_fast = 32.0f;
         c->rope_beta_slow = 1.0f;
         c->rope_original_max_position_embeddings = 4096;
+        c->rope_truncate = false;
     }
     const bool scaling_set = rp && !json_is_null(rp) && !(json_is_object(rp) && json_object_size(rp) == 0);
     if (!scaling_set) {

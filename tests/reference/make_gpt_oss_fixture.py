@@ -12,9 +12,11 @@ reads (see README.md beside this script):
     /tmp/loravenv/bin/python tests/reference/make_gpt_oss_fixture.py
 
 The model: 2 layers (sliding window 4, then full attention), 4 heads / 2 kv
-heads of 8, 4 experts top-2, width 24, sinks, biases everywhere, plain RoPE,
-the load-balancing loss in the loss (output_router_logits, coef 0.02), and
-swiglu_limit 1.0 so the clamps of the experts' SwiGLU are active on both of
+heads of 8, 4 experts top-2, width 24, sinks, biases everywhere,
+the load-balancing loss in the loss (output_router_logits, coef 0.02), YaRN
+RoPE as the released models have it (truncate false; theta 10 and 16
+original positions so that the ramp between the scaled and unscaled
+frequencies has an interior point at head_dim 8), and swiglu_limit 1.0 so the clamps of the experts' SwiGLU are active on both of
 its sides (the released 7.0 never binds at these scales).
 
 Self-checks: routing is never near a tie (the k-th and (k+1)-th router logits
@@ -58,8 +60,9 @@ CONFIG = {
     "output_router_logits": True,
     "pad_token_id": 0,
     "rms_norm_eps": 1e-05,
-    "rope_scaling": None,
-    "rope_theta": 150000.0,
+    "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                     "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False},
+    "rope_theta": 10.0,
     "router_aux_loss_coef": AUX_COEF,
     "sliding_window": 4,
     "swiglu_alpha": 1.702,
@@ -72,7 +75,7 @@ CONFIG = {
 
 def build(sliding_window=None):
     kw = {k: v for k, v in CONFIG.items() if k not in ("architectures", "rope_scaling", "rope_theta", "dtype")}
-    kw["rope_parameters"] = {"rope_type": "default", "rope_theta": CONFIG["rope_theta"]}
+    kw["rope_parameters"] = dict(CONFIG["rope_scaling"], rope_theta=CONFIG["rope_theta"])
     if sliding_window is not None:
         kw["sliding_window"] = sliding_window
     cfg = GptOssConfig(**kw)
