@@ -21,8 +21,11 @@
  * them into these tensors (eng_checkpoint_find_mxfp4, base/quant.h).
  *
  * For the scheduler each fused tensor is listed per expert (name[e], 1/E of
- * it, contiguous in the file), so that experts without tokens are neither
- * moved nor counted as active, as for the per-expert families. */
+ * it, contiguous in the file), but as a dense weight of its block: the
+ * executor moves a fused tensor whole with its block, and every expert's
+ * slice gets a gradient each step as transformers' fused parameters do
+ * (moe/moe_fused.h), so the plan must not count on leaving idle experts
+ * behind. */
 #include <stdio.h>
 
 #include "engine/model_desc_walk.h"
@@ -81,7 +84,8 @@ mt_status_t eng_gpt_oss_describe(const eng_family_t *f, const eng_model_config_t
     return MT_OK;
 }
 
-/* A fused expert tensor as E per-expert weights of fwd / bwd. */
+/* A fused expert tensor as E parts of fwd / bwd, dense weights of the block
+ * (expert -1: moved and updated whole, see the file's note). */
 static void fused_weights(eng_walk_t *w, eng_param_role_t role, int fwd, int bwd) {
     const eng_param_spec_t *p = eng_walk_param(w, role, -1);
     const int E = w->cfg->num_experts;
@@ -89,7 +93,7 @@ static void fused_weights(eng_walk_t *w, eng_param_role_t role, int fwd, int bwd
     for (int e = 0; e < E; e++) {
         char name[160];
         snprintf(name, sizeof name, "%s[%d]", p->name, e);
-        eng_walk_add_weight_as(w, name, dt, (double)p->numel / E, e, !w->s->lora, false, fwd, bwd);
+        eng_walk_add_weight_as(w, name, dt, (double)p->numel / E, -1, !w->s->lora, false, fwd, bwd);
     }
 }
 
