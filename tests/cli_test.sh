@@ -228,7 +228,9 @@ if meta: out["__metadata__"] = meta
 hj = json.dumps(out).encode(); hj += b" " * ((8 - len(hj) % 8) % 8)
 os.makedirs("tiny-oss-mx", exist_ok=True)
 open("tiny-oss-mx/model.safetensors", "wb").write(struct.pack("<Q", len(hj)) + hj + b"".join(blobs))
-open("tiny-oss-mx/config.json", "w").write(open("tiny-oss/config.json").read())
+cfg = json.load(open("tiny-oss/config.json"))
+cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+json.dump(cfg, open("tiny-oss-mx/config.json", "w"), indent=2)
 PY
 then
   if timeout 60 "$MOETUNE" inspect tiny-oss-mx >inspect-mx.out 2>&1 && grep -q "all 37 tensors present" inspect-mx.out \
@@ -240,8 +242,10 @@ then
   sed "s#tiny-oss#tiny-oss-mx#g" run-oss.yaml > run-mx.yaml
   # the MXFP4 experts are dequantised on load (E2M1 0.5 and 1.0 at scale 2^0 here) and train like bf16 ones
   if timeout 120 "$MOETUNE" train run-mx.yaml --set output_dir=./out-mx >train-mx.out 2>&1 \
-     && [ -f out-mx/model.safetensors ] && grep -qE '"step": ?5' out-mx/metrics.jsonl; then
-    echo "ok   train gpt-oss from MXFP4 experts"
+     && [ -f out-mx/model.safetensors ] && grep -qE '"step": ?5' out-mx/metrics.jsonl \
+     && head -c 4096 out-mx/model.safetensors | grep -aq 'experts.gate_up_proj"' \
+     && ! grep -q quantization_config out-mx/config.json && ! grep -q "not used by" train-mx.out; then
+    echo "ok   train gpt-oss from MXFP4 experts (saved dequantised, without quantization_config)"
   else
     echo "FAIL train gpt-oss from MXFP4"; cat train-mx.out; failures=$((failures + 1))
   fi
