@@ -24,11 +24,19 @@
  *   g = min(gate, limit), u = clamp(up, -limit, limit),
  *   h = (u + 1) * g * sigmoid(alpha * g)
  * Backward overwrites dgu (rows, 2I) (may alias gu); the clamps pass the
- * gradient where torch's clamp does (gate <= limit, -limit <= up <= limit). */
+ * gradient where torch's clamp does (gate <= limit, -limit <= up <= limit).
+ *
+ * Expert biases on the permuted rows (moe_ops.h's plan): the rows of expert
+ * e are [offsets[e], offsets[e + 1]) (offsets: device, E + 1); forward adds
+ * b[e] (C) to each of them, backward accumulates db[e] += the sum of those
+ * rows of dy, added in row order into one float per column and then into
+ * db (the CUDA twin adds in the same order: bit-identical).  One launch for
+ * all experts, instead of one bias op per expert. */
 #ifndef MT_KERNELS_GPT_OSS_H
 #define MT_KERNELS_GPT_OSS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct kern_stream kern_stream_t;
 
@@ -59,5 +67,17 @@ void kern_swiglu_clamped_bwd_cpu(kern_stream_t *s, float *dgu, const float *dh, 
                                  float limit, size_t n);
 void kern_swiglu_clamped_bwd_cuda(kern_stream_t *s, float *dgu, const float *dh, const float *gu, float alpha,
                                   float limit, size_t n);
+
+/* y (m, C) += b (E, C) by each row's expert. */
+typedef void (*kern_expert_bias_fwd_fn)(kern_stream_t *s, float *y, const float *b, const int32_t *offsets, int E,
+                                        int C);
+void kern_expert_bias_fwd_cpu(kern_stream_t *s, float *y, const float *b, const int32_t *offsets, int E, int C);
+void kern_expert_bias_fwd_cuda(kern_stream_t *s, float *y, const float *b, const int32_t *offsets, int E, int C);
+
+/* db (E, C) += per expert, the column sums of its rows of dy (m, C). */
+typedef void (*kern_expert_bias_bwd_fn)(kern_stream_t *s, float *db, const float *dy, const int32_t *offsets, int E,
+                                        int C);
+void kern_expert_bias_bwd_cpu(kern_stream_t *s, float *db, const float *dy, const int32_t *offsets, int E, int C);
+void kern_expert_bias_bwd_cuda(kern_stream_t *s, float *db, const float *dy, const int32_t *offsets, int E, int C);
 
 #endif

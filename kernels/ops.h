@@ -69,6 +69,8 @@ struct kern_ops {
     kern_attn_sink_bwd_fn attn_sink_bwd;
     kern_swiglu_clamped_fwd_fn swiglu_clamped_fwd;
     kern_swiglu_clamped_bwd_fn swiglu_clamped_bwd;
+    kern_expert_bias_fwd_fn expert_bias_fwd;
+    kern_expert_bias_bwd_fn expert_bias_bwd;
     kern_adamw_fn adamw;
 };
 

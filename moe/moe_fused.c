@@ -117,10 +117,7 @@ mt_status_t moe_fused_forward(kern_device_t *dev, const moe_layer_dims_t *d, con
                  slice(p->gate_up, p->dtype, e, gu_per), p->dtype, cnt, 2 * I, H, false, false, 0.0f);
     }
     run_groups(dev, &gg);
-    for (int e = 0; e < E; e++)
-        if (a->counts_host[e])
-            ops->bias_fwd(s, a->g + (size_t)a->offsets_host[e] * 2 * I, p->gate_up_b + (size_t)e * 2 * I,
-                          a->counts_host[e], 2 * I);
+    ops->expert_bias_fwd(s, a->g, p->gate_up_b, a->offsets, E, 2 * I);
     ops->swiglu_clamped_fwd(s, h, a->g, p->alpha, p->limit, (size_t)m * I);
     for (int e = 0; e < E; e++) {
         const int off = a->offsets_host[e], cnt = a->counts_host[e];
@@ -129,10 +126,7 @@ mt_status_t moe_fused_forward(kern_device_t *dev, const moe_layer_dims_t *d, con
                  slice(p->down, p->dtype, e, down_per), p->dtype, cnt, H, I, false, false, 0.0f);
     }
     run_groups(dev, &gg);
-    for (int e = 0; e < E; e++)
-        if (a->counts_host[e])
-            ops->bias_fwd(s, a->ep + (size_t)a->offsets_host[e] * H, p->down_b + (size_t)e * H, a->counts_host[e],
-                          H);
+    ops->expert_bias_fwd(s, a->ep, p->down_b, a->offsets, E, H);
     kern_free(dev, h);
     h = NULL;
     ops->moe_unpermute_sum(s, y, a->ep, a->topw, a->inv, n, k, H, 0);
@@ -179,7 +173,7 @@ mt_status_t moe_fused_backward(kern_device_t *dev, const moe_layer_dims_t *d, co
                          MT_F32, I, H, cnt, true, false, 1.0f));
         run_groups(dev, &gg);
     }
-    if (gp->down_b) FOR_EXPERTS(ops->bias_bwd(s, gp->down_b + (size_t)e * H, dep + (size_t)off * H, cnt, H));
+    if (gp->down_b) ops->expert_bias_bwd(s, gp->down_b, dep, a->offsets, E, H);
     kern_free(dev, h);
     h = NULL;
     /* d(gu) in place of the saved gu (not needed after this) */
@@ -191,8 +185,7 @@ mt_status_t moe_fused_backward(kern_device_t *dev, const moe_layer_dims_t *d, co
                          xp_dt, a->g + (size_t)off * 2 * I, MT_F32, H, 2 * I, cnt, true, false, 1.0f));
         run_groups(dev, &gg);
     }
-    if (gp->gate_up_b)
-        FOR_EXPERTS(ops->bias_bwd(s, gp->gate_up_b + (size_t)e * 2 * I, a->g + (size_t)off * 2 * I, cnt, 2 * I));
+    if (gp->gate_up_b) ops->expert_bias_bwd(s, gp->gate_up_b, a->g, a->offsets, E, 2 * I);
     /* d(xp) (reusing dep) = d(gu) gate_up[e]^T */
     FOR_EXPERTS(push(&gg, d, dep + (size_t)off * H, a->g + (size_t)off * 2 * I, MT_F32,
                      slice(p->gate_up, p->dtype, e, gu_per), p->dtype, cnt, H, 2 * I, false, true, 0.0f));

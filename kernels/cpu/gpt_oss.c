@@ -55,3 +55,20 @@ void kern_swiglu_clamped_bwd_cpu(kern_stream_t *s, float *dgu, const float *dh, 
         dgu[2 * i + 1] = du;
     }
 }
+
+void kern_expert_bias_fwd_cpu(kern_stream_t *s, float *y, const float *b, const int32_t *offsets, int E, int C) {
+    (void)s;
+    for (int e = 0; e < E; e++)
+        for (int32_t r = offsets[e]; r < offsets[e + 1]; r++)
+            for (int c = 0; c < C; c++) y[(size_t)r * C + c] += b[(size_t)e * C + c];
+}
+
+void kern_expert_bias_bwd_cpu(kern_stream_t *s, float *db, const float *dy, const int32_t *offsets, int E, int C) {
+    (void)s;
+    for (int e = 0; e < E; e++)
+        for (int c = 0; c < C; c++) {
+            float acc = 0.0f;
+            for (int32_t r = offsets[e]; r < offsets[e + 1]; r++) acc += dy[(size_t)r * C + c];
+            db[(size_t)e * C + c] += acc;
+        }
+}

@@ -66,7 +66,44 @@ static __global__ void go_swiglu_bwd_kernel(float *dgu, const float *dh, const f
     }
 }
 
+// Expert biases: blockIdx.y is the expert, x tiles its columns; forward
+// strides its rows over blockIdx.z, backward gives each thread one column
+// and adds the expert's rows in order (the CPU twin's order).
+#define GO_BIAS_ROW_CHUNKS 8
+
+static __global__ void go_expert_bias_fwd_kernel(float *y, const float *b, const int32_t *offsets, int C) {
+    const int e = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const float be = b[(size_t)e * C + c];
+    for (int32_t r = offsets[e] + (int32_t)blockIdx.z; r < offsets[e + 1]; r += GO_BIAS_ROW_CHUNKS)
+        y[(size_t)r * C + c] += be;
+}
+
+static __global__ void go_expert_bias_bwd_kernel(float *db, const float *dy, const int32_t *offsets, int C) {
+    const int e = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float acc = 0.0f;
+    for (int32_t r = offsets[e]; r < offsets[e + 1]; r++) acc += dy[(size_t)r * C + c];
+    db[(size_t)e * C + c] += acc;
+}
+
 extern "C" {
+
+void kern_expert_bias_fwd_cuda(kern_stream_t *s, float *y, const float *b, const int32_t *offsets, int E, int C) {
+    if (E <= 0 || C <= 0) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    const dim3 grid((unsigned)kc_div_up((size_t)C, GO_THREADS), (unsigned)E, GO_BIAS_ROW_CHUNKS);
+    go_expert_bias_fwd_kernel<<<grid, GO_THREADS, 0, cs>>>(y, b, offsets, C);
+    KC_LAUNCHED(s, "expert_bias_fwd");
+}
+
+void kern_expert_bias_bwd_cuda(kern_stream_t *s, float *db, const float *dy, const int32_t *offsets, int E, int C) {
+    if (E <= 0 || C <= 0) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    const dim3 grid((unsigned)kc_div_up((size_t)C, GO_THREADS), (unsigned)E);
+    go_expert_bias_bwd_kernel<<<grid, GO_THREADS, 0, cs>>>(db, dy, offsets, C);
+    KC_LAUNCHED(s, "expert_bias_bwd");
+}
 
 void kern_attn_sink_fwd_cuda(kern_stream_t *s, float *out, float *lse, const float *sinks, int B, int T,
                                         int nh, int hd) {

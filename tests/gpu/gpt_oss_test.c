@@ -8,7 +8,8 @@
  *    in another order, each term with a device expf (2 ulp): rtol 1e-5 +
  *    atol 1e-6 on the accumulated float; run twice on the GPU, same bits;
  *  - clamped SwiGLU: expf inside the sigmoid (2 ulp): rtol 4e-6, atol 1e-6
- *    where the derivative's terms cancel; the clamps are exact comparisons. */
+ *    where the derivative's terms cancel; the clamps are exact comparisons;
+ *  - expert biases: the same adds in the same order on both sides: bit-identical. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +81,31 @@ static void swiglu_case(gt_ctx_t *t, size_t n, float limit) {
     free(hdh);
 }
 
+static void expert_bias_case(gt_ctx_t *t, int E, int C) {
+    int32_t *off = malloc((size_t)(E + 1) * sizeof *off);
+    off[0] = 0;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + (e % 5 == 3 ? 0 : 1 + gt_int(t, 40)); /* some experts idle */
+    const size_t m = (size_t)off[E];
+    float *hy = gt_host_rand(t, m * C, 1.0f), *hb = gt_host_rand(t, (size_t)E * C, 1.0f);
+    float *hdb = gt_host_rand(t, (size_t)E * C, 1.0f);
+    gt_buf_t Y = gt_from_host(t, hy, m * C * 4, "y"), Bb = gt_from_host(t, hb, (size_t)E * C * 4, "b");
+    gt_buf_t DB = gt_from_host(t, hdb, (size_t)E * C * 4, "db"), O = gt_from_host(t, off, (size_t)(E + 1) * 4, "off");
+    char what[96];
+    t->cpu->ops->expert_bias_bwd(t->sc, GT_C(DB), GT_C(Y), GT_CI(O), E, C);
+    t->gpu->ops->expert_bias_bwd(t->sg, GT_G(DB), GT_G(Y), GT_GI(O), E, C);
+    snprintf(what, sizeof what, "expert_bias_bwd (accumulate) E=%d C=%d", E, C);
+    gt_check_exact(t, what, &DB, DB.bytes);
+    t->cpu->ops->expert_bias_fwd(t->sc, GT_C(Y), GT_C(Bb), GT_CI(O), E, C);
+    t->gpu->ops->expert_bias_fwd(t->sg, GT_G(Y), GT_G(Bb), GT_GI(O), E, C);
+    snprintf(what, sizeof what, "expert_bias_fwd E=%d C=%d", E, C);
+    gt_check_exact(t, what, &Y, Y.bytes);
+    gt_free(t, &Y);
+    gt_free(t, &Bb);
+    gt_free(t, &DB);
+    gt_free(t, &O);
+    free(off); free(hy); free(hb); free(hdb);
+}
+
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "gpt_oss_test", 0x9055);
@@ -91,5 +117,7 @@ int main(void) {
         swiglu_case(&t, sizes[i], 7.0f);
         swiglu_case(&t, sizes[i], 1.0f);
     }
+    expert_bias_case(&t, 4, 48);
+    expert_bias_case(&t, 32, 600); /* more columns than a block's threads */
     return gt_close(&t);
 }
