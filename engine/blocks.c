@@ -212,7 +212,9 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
     ALLOC_ACT(a->att, ENG_A_ATT, "attention output");
     ALLOC_ACT(a->lse, ENG_A_LSE, "attention logsumexp");
     ops->attention_fwd(s, a->att, a->lse, a->q, a->k, a->v, sh->kv_len, sh->B, sh->T, nh, nkv,
-                       hd, c->sliding_window);
+                       hd, eng_layer_window(c, layer));
+    /* gpt-oss's sinks rescale the output and join the saved logsumexp (kernels/gpt_oss.h) */
+    if (L->sinks >= 0) ops->attn_sink_fwd(s, a->att, a->lse, WF(m, L->sinks), sh->B, sh->T, nh, hd);
     /* x_mid = x_in + att o^T */
     kern_memcpy_d2d(m->dev, s, x_mid, x_in, (size_t)n * H * sizeof(float));
     eng_mm(m, x_mid, eng_f32(a->att), W(m, L->o), n, H, qd, false, true, 1.0f, 1.0f);
@@ -284,11 +286,14 @@ mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, 
     mm_grad(m, L->o, eng_f32(dx), eng_f32(a->att), H, qd, n);
     TRY(lora_bwd(m, L->o, dx, eng_f32(a->att), datt, n, qd, H, err));
     if (L->o_bias >= 0 && G(m, L->o_bias)) ops->bias_bwd(s, G(m, L->o_bias), dx, n, H);
+    /* the sinks' own gradient; dq, dk, dv need nothing more (kernels/gpt_oss.h) */
+    if (L->sinks >= 0 && G(m, L->sinks))
+        ops->attn_sink_bwd(s, G(m, L->sinks), datt, a->att, a->lse, WF(m, L->sinks), sh->B, sh->T, nh, hd);
     ALLOC(dq, (size_t)n * qd, "d(q)");
     ALLOC(dk, (size_t)n * kd, "d(k)");
     ALLOC(dv, (size_t)n * kd, "d(v)");
     ops->attention_bwd(s, dq, dk, dv, datt, a->q, a->k, a->v, a->att, a->lse, sh->kv_len, sh->B,
-                       sh->T, nh, nkv, hd, c->sliding_window);
+                       sh->T, nh, nkv, hd, eng_layer_window(c, layer));
     dfree(m->dev, &datt);
     TRY(eng_rope_qk(m, sh, dq, dk, true, err));
     if (c->clip_qkv > 0 && clip_qkv_bwd(m, layer, sh, a, dq, dk, dv, err) != MT_OK) goto fail;
@@ -489,7 +494,9 @@ mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, co
     ALLOC_ACT(a->rstd, ENG_A_MLP_RSTD, "mlp input norm rstd");
     ops->rmsnorm_fwd(s, a->xn, a->rstd, x_mid, WF(m, L->mlp_norm), n, H, c->rms_norm_eps);
     ALLOC(y, (size_t)n * H, "mlp output");
-    if (a->is_moe) {
+    if (a->is_moe && c->experts_fused) {
+        if (eng_gpt_oss_moe_forward(m, layer, n, a, y, err) != MT_OK) goto fail;
+    } else if (a->is_moe) {
         const int E = c->num_experts;
         void **scratch = malloc((size_t)3 * E * sizeof *scratch);
         MT_CHECK_ALLOC(scratch, "expert pointer table");
@@ -545,7 +552,9 @@ mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, c
     float *dxn = NULL, *h = NULL, *dh = NULL;
 
     ALLOC(dxn, (size_t)n * H, "d(mlp input norm)");
-    if (a->is_moe) {
+    if (a->is_moe && c->experts_fused) {
+        if (eng_gpt_oss_moe_backward(m, layer, dx, aux_dp, tok_w, a, dxn, err) != MT_OK) goto fail;
+    } else if (a->is_moe) {
         const int E = c->num_experts;
         void **scratch = malloc((size_t)6 * E * sizeof *scratch);
         MT_CHECK_ALLOC(scratch, "expert pointer table");

@@ -67,6 +67,16 @@ mt_dtype_t eng_act_storage_dtype(const eng_model_t *m);
  * model description. */
 moe_layer_dims_t eng_moe_dims(const eng_model_t *m, int layer);
 
+/* The attention window of layer `layer`: 0 (full causal) on gpt-oss's
+ * full_attention layers, else the config's sliding_window (0 = none). */
+int eng_layer_window(const eng_model_config_t *c, int layer);
+
+/* gpt-oss's MoE half (experts fused over E; engine/blocks_gpt_oss.c): y (n, H)
+ * from a->xn, and its backward into dxn (n, H) from dy. */
+mt_status_t eng_gpt_oss_moe_forward(eng_model_t *m, int layer, int n, eng_mlp_acts_t *a, float *y, mt_error_t *err);
+mt_status_t eng_gpt_oss_moe_backward(eng_model_t *m, int layer, const float *dy, const float *aux_dp,
+                                     const float *tok_w, eng_mlp_acts_t *a, float *dxn, mt_error_t *err);
+
 /* An operand of a product: a device tensor and its storage dtype. */
 typedef struct {
     const void *data;
@@ -112,13 +122,6 @@ int eng_rope_dim(const eng_model_config_t *c);
 /* RoPE (backward: its inverse) in place on q (n, nh, hd) and k (n, nkv, hd),
  * over the whole head or its first eng_rope_dim dims. */
 mt_status_t eng_rope_qk(eng_model_t *m, const eng_shape_t *sh, float *q, float *k, bool backward, mt_error_t *err);
-
-/* YaRN RoPE (rope_yarn.c): whether the model uses it, its cos/sin tables
- * (T, dim/2) with transformers' frequencies and attention factor, and the
- * factor MLA's softmax scale gains (mscale_all_dim's, squared; 1 without). */
-bool eng_rope_is_yarn(const eng_model_config_t *c);
-void eng_rope_yarn_table(float *cos_out, float *sin_out, int T, int dim, const eng_model_config_t *c);
-double eng_rope_yarn_softmax_factor(const eng_model_config_t *c);
 
 /* Whether the model routes with kernels/router_group.h (DeepSeek-V2/V3,
  * GLM-4.5), and its parameters into *g (router_bias.c). */

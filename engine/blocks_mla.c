@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "engine/blocks.h"
+#include "engine/rope_tables.h"
 
 typedef struct {
     int n, H, nh, nope, rope, vd, qk, D, ql, kvl;

@@ -364,6 +364,24 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* A quantised weight's second half, read with it by eng_checkpoint_read_f32:
+ * gpt-oss's MXFP4 NAME_blocks / NAME_scales, an FP8 weight's
+ * NAME_scale_inv; so not an unused tensor.  names: sorted. */
+static bool read_by_dequant(const char **names, int count, const char *n) {
+    static const char *const k_suffix[] = {"_blocks", "_scales", "_scale_inv"};
+    const size_t len = strlen(n);
+    for (size_t k = 0; k < sizeof k_suffix / sizeof k_suffix[0]; k++) {
+        const size_t sl = strlen(k_suffix[k]);
+        char base[512];
+        if (len <= sl || len - sl >= sizeof base || strcmp(n + len - sl, k_suffix[k]) != 0) continue;
+        memcpy(base, n, len - sl);
+        base[len - sl] = '\0';
+        const char *key = base;
+        if (bsearch(&key, names, (size_t)count, sizeof *names, cmp_str)) return true;
+    }
+    return false;
+}
+
 mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_spec_t *spec,
                                 float *const *dst, eng_ckpt_load_report_t *report, mt_error_t *err) {
     if (report) memset(report, 0, sizeof *report);
@@ -388,6 +406,7 @@ mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_spec
         const char *n = ck->entries[i].name;
         while (j < described && strcmp(names[j], n) < 0) j++;
         if (j < described && strcmp(names[j], n) == 0) continue;
+        if (read_by_dequant(names, described, n)) continue;
         report->unexpected[report->unexpected_count++] = n;
     }
     free(names);

@@ -33,8 +33,11 @@
 #include "moe/staging_report.h"
 
 
+/* A MoE layer whose experts are tensors of their own, fetched and given
+ * gradients per expert.  Experts fused over E (gpt-oss) are one tensor per
+ * layer: the block moves them whole, as it moves its dense weights. */
 static bool layer_is_moe(const eng_model_t *m, int l) {
-    return l >= 0 && l < m->cfg.num_hidden_layers && m->cfg.layer_is_moe[l];
+    return l >= 0 && l < m->cfg.num_hidden_layers && m->cfg.layer_is_moe[l] && !m->cfg.experts_fused;
 }
 
 /* ---- spans ------------------------------------------------------------------ */

@@ -28,6 +28,7 @@
 #include "engine/exec.h"
 #include "engine/exec_internal.h"
 #include "engine/report.h"
+#include "engine/rope_tables.h"
 #include "engine/trace.h"
 #include "moe/aux_loss.h"
 #include "kernels/rope.h"
@@ -75,8 +76,7 @@ static mt_status_t ensure_rope(eng_model_t *m, int T, mt_error_t *err) {
     if (!m->rope_cos || !m->rope_sin) return err->code;
     float *c = malloc((size_t)T * half * sizeof *c), *s = malloc((size_t)T * half * sizeof *s);
     MT_CHECK(c && s, "out of host memory for rope tables");
-    if (eng_rope_is_yarn(&m->cfg)) eng_rope_yarn_table(c, s, T, rd, &m->cfg);
-    else kern_rope_table(c, s, T, rd, m->cfg.rope_theta);
+    eng_rope_tables(&m->cfg, T, rd, c, s);
     kern_stream_t *st = kern_stream(m->dev, KERN_STREAM_COMPUTE);
     kern_memcpy_h2d(m->dev, st, m->rope_cos, c, (size_t)T * half * sizeof(float));
     kern_memcpy_h2d(m->dev, st, m->rope_sin, s, (size_t)T * half * sizeof(float));

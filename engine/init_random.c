@@ -42,9 +42,8 @@ void eng_init_random_params(const eng_model_spec_t *spec, double initializer_ran
         case ENG_P_K_BIAS:
         case ENG_P_V_BIAS:
         case ENG_P_O_BIAS:
-        case ENG_P_ROUTER_B:          /* gpt-oss: _init_weights zeroes every bias */
-        case ENG_P_EXP_GATE_UP_BIAS:
-        case ENG_P_EXP_DOWN_BIAS:
+        case ENG_P_EXP_GATE_UP_BIAS: /* gpt-oss's _init_weights zeroes the experts' biases; */
+        case ENG_P_EXP_DOWN_BIAS:    /* the router's bias is drawn like its weight (default) */
             memset(d, 0, p->numel * sizeof *d);
             break;
         default: {

@@ -106,6 +106,15 @@ mt_status_t eng_lora_attach(eng_model_t *m, const eng_lora_opts_t *o, mt_error_t
             return mt_error_set(err, MT_ERR_UNSUPPORTED,
                                 "lora_target_modules: LoRA on the output head (lm_head) is not supported; train it "
                                 "in full with lora_modules_to_save: [lm_head]");
+        } else if (lo->plan.targets[t].kind == ENG_LORA_KIND_ROUTER && m->cfg.experts_fused) {
+            /* gpt-oss's router is no nn.Linear (GptOssTopKRouter): PEFT cannot load an adapter on it */
+            const char *name = m->spec.params[lo->plan.targets[t].param].name;
+            eng_lora_plan_free(&lo->plan);
+            return mt_error_set(err, MT_ERR_UNSUPPORTED,
+                                "lora_target_modules: %s: LoRA on gpt-oss's router is not supported (PEFT cannot "
+                                "adapt GptOssTopKRouter, so no adapter for it would load); target the attention "
+                                "projections",
+                                name);
         }
     lo->on = true;
     lo->r = o->r;

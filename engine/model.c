@@ -19,9 +19,10 @@ static void build_layer_index(eng_model_t *m) {
                          &L->v_bias, &L->o_bias, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->router,
                          &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_expert_gate,
                          &L->dense_gate, &L->dense_up, &L->dense_down, &L->q_a, &L->q_a_norm,
-                         &L->q_b, &L->kv_a, &L->kv_a_norm, &L->kv_b, &L->router_bias};
+                         &L->q_b, &L->kv_a, &L->kv_a_norm, &L->kv_b, &L->router_bias, &L->sinks, &L->router_b,
+                         &L->gate_up, &L->gate_up_b, &L->down, &L->down_b};
         for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) *fields[i] = -1;
-        if (c->layer_is_moe[l]) {
+        if (c->layer_is_moe[l] && !c->experts_fused) { /* fused experts: one tensor each, below */
             L->exp_gate = malloc((size_t)c->num_experts * sizeof(int));
             L->exp_up = malloc((size_t)c->num_experts * sizeof(int));
             L->exp_down = malloc((size_t)c->num_experts * sizeof(int));
@@ -68,6 +69,12 @@ static void build_layer_index(eng_model_t *m) {
         case ENG_P_KV_A: L->kv_a = i; break;
         case ENG_P_KV_A_NORM: L->kv_a_norm = i; break;
         case ENG_P_KV_B: L->kv_b = i; break;
+        case ENG_P_ATTN_SINKS: L->sinks = i; break;
+        case ENG_P_ROUTER_B: L->router_b = i; break;
+        case ENG_P_EXP_GATE_UP_FUSED: L->gate_up = i; break;
+        case ENG_P_EXP_GATE_UP_BIAS: L->gate_up_b = i; break;
+        case ENG_P_EXP_DOWN_FUSED: L->down = i; break;
+        case ENG_P_EXP_DOWN_BIAS: L->down_b = i; break;
         default: break;
         }
     }

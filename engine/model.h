@@ -82,7 +82,9 @@ typedef struct {
     int dense_gate, dense_up, dense_down;
     int q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b; /* MLA (DeepSeek) */
     int router_bias; /* index into spec.buffers: the grouped router's e_score_correction_bias */
-    int *exp_gate, *exp_up, *exp_down; /* (E) when the layer is MoE */
+    int *exp_gate, *exp_up, *exp_down; /* (E) when the layer is MoE with per-expert tensors */
+    /* gpt-oss: attention sinks, the router's bias, experts fused over E */
+    int sinks, router_b, gate_up, gate_up_b, down, down_b;
 } eng_layer_index_t;
 
 /* A LoRA run's adapters: y = W x + scale * B (A dropout(x)) on every

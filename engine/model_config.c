@@ -2,8 +2,8 @@
  *
  * Defaults are those of transformers' MixtralConfig, Qwen2MoeConfig,
  * Qwen3MoeConfig and OlmoeConfig (and DeepseekV2Config, DeepseekV3Config,
- * Glm4MoeConfig, GptOssConfig for the families described for inspect and
- * plan only, model_config_described.c) for every key a file may omit, so a config.json means the
+ * Glm4MoeConfig for the families described for inspect and plan only, and
+ * GptOssConfig, in model_config_described.c) for every key a file may omit, so a config.json means the
  * same model here as in transformers.  Exceptions, on purpose: the keys that
  * fix the model's size (vocab_size, hidden_size, num_hidden_layers,
  * num_attention_heads and the expert width) are required, because a file
@@ -488,7 +488,7 @@ mt_status_t eng_model_config_parse(const char *json_text, const char *path,
     else
         st = mt_error_set(err, MT_ERR_UNSUPPORTED,
                           "%s: model_type '%s' is not supported (supported: mixtral, qwen2_moe, "
-                          "qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe; inspect and plan only: gpt_oss)",
+                          "qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe, gpt_oss)",
                           path, type);
     if (st == MT_OK) {
         /* the trained families' RoPE: the default one, over the whole head */

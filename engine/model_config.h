@@ -21,9 +21,7 @@ typedef enum {
     ENG_ARCH_DEEPSEEK_V2,
     ENG_ARCH_DEEPSEEK_V3,
     ENG_ARCH_GLM4_MOE,
-    /* described for `inspect` and `plan`; no block code yet, so training
-     * refuses it (eng_model_desc_trains) */
-    ENG_ARCH_GPT_OSS,
+    ENG_ARCH_GPT_OSS, /* trained: its block code is engine/blocks_gpt_oss.c */
 } eng_arch_t;
 
 /* How the router turns logits into expert weights (DeepSeek's
@@ -72,13 +70,15 @@ typedef struct eng_model_config {
      * window applies to every layer) */
     bool layer_full_attention[ENG_MAX_LAYERS];
 
-    /* RoPE beyond the default.  Training accepts "default", and YaRN for
-     * DeepSeek-V2/V3 and GLM-4.5 (engine/rope_yarn.c); gpt-oss is described
-     * with YaRN. */
+    /* RoPE beyond the default.  Training computes "default" and YaRN for
+     * every family (engine/rope_tables.h) and refuses the other types
+     * (engine/model_trainable.c). */
     char rope_type[16];           /* "default", "yarn", ... */
     float rope_factor;            /* rope_scaling.factor (0 = unset) */
     int rope_original_max_position_embeddings;
     float rope_beta_fast, rope_beta_slow, rope_mscale, rope_mscale_all_dim;
+    float rope_attention_factor;  /* YaRN's attention_factor (0 = unset: from factor and mscale) */
+    bool rope_truncate;           /* YaRN: round the correction range outwards (transformers' default; gpt-oss false) */
     bool rope_interleave;         /* DeepSeek: rotate adjacent pairs (not halves) */
     float partial_rotary_factor;  /* GLM-4.5: fraction of each head rotated (1 = whole head) */
 
@@ -106,6 +106,7 @@ typedef struct eng_model_config {
     bool experts_fused;           /* experts stored as gate_up_proj (E, H, 2I) interleaved gate/up, down_proj
                                      (E, I, H), each with a bias */
     float swiglu_limit;           /* gate clamped above, up to [-limit, limit] */
+    float swiglu_alpha;           /* gpt-oss: h = (u + 1) * g * sigmoid(alpha * g) */
     char *config_json;            /* the file as read (owned), written back on save */
 } eng_model_config_t;
 

@@ -1,8 +1,7 @@
 /* config.json of the families added after the decoder's four:
- * DeepSeek-V2/V3 and GLM-4.5 (trained; what they cannot train yet is
- * refused by engine/model_trainable.c) and gpt-oss (described for
- * `inspect` and `plan` only) (see model_config.h; the reader and getters
- * are model_config.c's, model_config_read.h). */
+ * DeepSeek-V2/V3 and GLM-4.5 (what they cannot train yet is refused by
+ * engine/model_trainable.c) and gpt-oss (see model_config.h; the reader
+ * and getters are model_config.c's, model_config_read.h). */
 #include <stdio.h>
 #include <string.h>
 
@@ -13,9 +12,9 @@
  *
  * Defaults are those of transformers' DeepseekV2Config, DeepseekV3Config,
  * Glm4MoeConfig and GptOssConfig.  Their configs are read in full so that
- * `inspect` and `plan` describe them exactly; RoPE scaling (YaRN) is
- * recorded here, and training decides what it computes (DeepSeek's YaRN,
- * engine/rope_yarn.c) or refuses (engine/model_trainable.c). */
+ * `inspect` and `plan` describe them exactly, and RoPE scaling is recorded
+ * rather than refused; training computes YaRN (engine/rope_tables.h) and
+ * refuses the other scaled variants (engine/model_trainable.c). */
 
 static mt_status_t get_string(eng_cfg_reader_t *r, const char *key, const char *def, char *out, size_t cap) {
     json_t *v = json_object_get(r->obj, key);
@@ -83,6 +82,16 @@ static mt_status_t read_rope_params(eng_cfg_reader_t *r, const char *key, json_t
     TRY(rope_num(r, key, d, "beta_slow", &c->rope_beta_slow));
     TRY(rope_num(r, key, d, "mscale", &c->rope_mscale));
     TRY(rope_num(r, key, d, "mscale_all_dim", &c->rope_mscale_all_dim));
+    TRY(rope_num(r, key, d, "attention_factor", &c->rope_attention_factor));
+    json_t *tr = json_object_get(d, "truncate");
+    if (tr && !json_is_null(tr)) {
+        if (!json_is_boolean(tr)) {
+            char k[96];
+            snprintf(k, sizeof k, "%s.truncate", key);
+            return eng_cfg_type_error(r, k, "true or false", tr);
+        }
+        c->rope_truncate = json_is_true(tr);
+    }
     return MT_OK;
 }
 
@@ -98,6 +107,7 @@ static mt_status_t read_rope_scaled(eng_cfg_reader_t *r, eng_model_config_t *c, 
     TRY(eng_cfg_get_double(r, "partial_rotary_factor", def_partial, &pf));
     c->partial_rotary_factor = (float)pf;
     snprintf(c->rope_type, sizeof c->rope_type, "default");
+    c->rope_truncate = true; /* transformers' YaRN when the dict has no 'truncate' */
     const char *key = "rope_scaling";
     json_t *rp = json_object_get(r->obj, key);
     if (!rp && def_yarn && !json_object_get(r->obj, "rope_parameters")) {
@@ -107,6 +117,7 @@ static mt_status_t read_rope_scaled(eng_cfg_reader_t *r, eng_model_config_t *c, 
         c->rope_beta_fast = 32.0f;
         c->rope_beta_slow = 1.0f;
         c->rope_original_max_position_embeddings = 4096;
+        c->rope_truncate = false;
     }
     const bool scaling_set = rp && !json_is_null(rp) && !(json_is_object(rp) && json_object_size(rp) == 0);
     if (!scaling_set) {
@@ -317,7 +328,7 @@ mt_status_t eng_cfg_parse_gpt_oss(eng_cfg_reader_t *r, eng_model_config_t *c) {
     TRY(eng_cfg_read_common(r, c, 8, 1e-5, 131072));
     if (!hd) c->head_dim = 64; /* GptOssConfig's default, not hidden_size / heads */
     double d;
-    TRY(eng_cfg_get_double(r, "router_aux_loss_coef", 0.9, &d));
+    TRY(eng_cfg_get_double(r, "router_aux_loss_coef", 0.001, &d)); /* transformers 5's GptOssConfig default */
     c->router_aux_loss_coef = (float)d;
     TRY(eng_cfg_get_int(r, "intermediate_size", false, false, 2880, &c->intermediate_size));
     TRY(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
@@ -340,6 +351,11 @@ mt_status_t eng_cfg_parse_gpt_oss(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->experts_fused = true;
     TRY(eng_cfg_get_double(r, "swiglu_limit", 7.0, &d));
     c->swiglu_limit = (float)d;
+    if (!(c->swiglu_limit > 0))
+        return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'swiglu_limit' = %g must be positive", r->path,
+                            (double)c->swiglu_limit);
+    TRY(eng_cfg_get_double(r, "swiglu_alpha", 1.702, &d));
+    c->swiglu_alpha = (float)d;
     TRY(eng_cfg_get_int(r, "sliding_window", false, true, 128, &c->sliding_window));
     TRY(nonneg(r, "sliding_window", c->sliding_window));
     json_t *lt = json_object_get(r->obj, "layer_types");

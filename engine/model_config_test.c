@@ -547,7 +547,8 @@ static void test_described_families(tctx_t *t) {
         EXPECT(t, c.arch == ENG_ARCH_GPT_OSS && c.head_dim == 64 && c.num_experts == 128 && c.num_experts_per_tok == 4 &&
                       c.intermediate_size == 2880 && c.moe_intermediate_size == 2880 && c.sliding_window == 128 &&
                       strcmp(c.rope_type, "yarn") == 0 && c.rope_factor == 32.0f && c.rope_theta == 150000.0f &&
-                      c.router_aux_loss_coef == 0.9f && c.swiglu_limit == 7.0f && c.attn_sinks && c.router_bias &&
+                      c.router_aux_loss_coef == 0.001f && c.swiglu_limit == 7.0f && c.swiglu_alpha == 1.702f &&
+                      !c.rope_truncate && c.attn_sinks && c.router_bias &&
                       c.experts_fused && c.qkv_bias && c.routing == ENG_ROUTE_TOPK_SOFTMAX,
                "gpt-oss defaults");
         EXPECT(t, !c.layer_full_attention[0] && c.layer_full_attention[1] && !c.layer_full_attention[4] &&
@@ -558,6 +559,19 @@ static void test_described_families(tctx_t *t) {
     st = parse_min("gpt_oss", "\"num_key_value_heads\": 2, \"rope_scaling\": null", &c, &err);
     EXPECT(t, st == MT_OK && strcmp(c.rope_type, "default") == 0, "gpt-oss rope_scaling null: %s", err.msg);
     if (st == MT_OK) eng_model_config_free(&c);
+    /* YaRN's optional keys, as transformers reads them (truncate defaults to true in a given dict) */
+    st = parse_min("gpt_oss",
+                   "\"num_key_value_heads\": 2, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 8.0, "
+                   "\"original_max_position_embeddings\": 512, \"attention_factor\": 1.5}",
+                   &c, &err);
+    EXPECT(t, st == MT_OK && c.rope_truncate && c.rope_attention_factor == 1.5f && c.rope_factor == 8.0f,
+           "gpt-oss YaRN keys: %s", err.msg);
+    if (st == MT_OK) eng_model_config_free(&c);
+    st = parse_min("gpt_oss", "\"num_key_value_heads\": 2, \"rope_scaling\": {\"rope_type\": \"yarn\", \"truncate\": 1}",
+                   &c, &err);
+    EXPECT(t, st == MT_ERR_CONFIG && strstr(err.msg, "rope_scaling.truncate"), "truncate not a bool: %s", err.msg);
+    st = parse_min("gpt_oss", "\"num_key_value_heads\": 2, \"swiglu_limit\": 0", &c, &err);
+    EXPECT(t, st == MT_ERR_CONFIG && strstr(err.msg, "'swiglu_limit'"), "swiglu_limit 0: %s", err.msg);
     st = parse_min("gpt_oss", "\"num_key_value_heads\": 2, \"layer_types\": [\"full_attention\"]", &c, &err);
     EXPECT(t, st == MT_ERR_CONFIG && strstr(err.msg, "'layer_types'") && strstr(err.msg, "6 layers"),
            "layer_types too short: %s", err.msg);

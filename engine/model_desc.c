@@ -92,7 +92,7 @@ static const eng_family_t k_families[] = {
     {ENG_ARCH_GLM4_MOE, "GLM-4.5", "mlp", HF_EXPERTS,
      false, "shared_experts", false, true, eng_decoder_describe, eng_decoder_ops, NULL, NULL},
     {ENG_ARCH_GPT_OSS, "gpt-oss", "mlp", HF_EXPERTS,
-     true, "shared_expert", false, false, eng_gpt_oss_describe, eng_decoder_ops, NULL, eng_gpt_oss_moe_ops},
+     true, "shared_expert", false, true, eng_gpt_oss_describe, eng_decoder_ops, NULL, eng_gpt_oss_moe_ops},
 };
 #undef HF_EXPERTS
 
@@ -295,7 +295,9 @@ mt_dtype_t eng_param_working_dtype(const eng_param_spec_t *p, mt_dtype_t compute
     if (compute != MT_BF16) return MT_F32;
     /* an adapter factor is an operand of the same products as its module */
     const eng_param_role_t role = p->role == ENG_P_LORA_A || p->role == ENG_P_LORA_B ? p->adapts : p->role;
-    return p->ndim >= 2 && role != ENG_P_EMBED && role != ENG_P_ROUTER ? MT_BF16 : MT_F32;
+    /* gpt-oss's expert biases are 2-D (E, .) but read as biases, in fp32 */
+    const bool bias = role == ENG_P_EXP_GATE_UP_BIAS || role == ENG_P_EXP_DOWN_BIAS;
+    return p->ndim >= 2 && role != ENG_P_EMBED && role != ENG_P_ROUTER && !bias ? MT_BF16 : MT_F32;
 }
 
 mt_dtype_t eng_act_dtype(eng_act_class_t cls, mt_dtype_t compute) {

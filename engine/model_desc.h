@@ -14,8 +14,9 @@
  * functions and differ in their names table; a family with another layer
  * structure (DeepSeek's MLA attention, gpt-oss's fused experts) writes its
  * own describe function and the half of the decoder's ops walk it replaces
- * (model_desc_walk.h), and its block code (none yet for those two nor for
- * GLM-4.5: eng_model_desc_trains is false and training refuses them).
+ * (model_desc_walk.h), and its block code (gpt-oss: engine/blocks_gpt_oss.c;
+ * none yet for DeepSeek nor GLM-4.5: eng_model_desc_trains is false and
+ * training refuses them).
  *
  * Shapes of saved activations are affine in the micro-batch's token count
  * n: numel = per_token * n + fixed (e.g. q (n, nh*hd): per_token nh*hd;

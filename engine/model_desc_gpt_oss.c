@@ -21,15 +21,39 @@
  * them into these tensors (eng_checkpoint_find_mxfp4, base/quant.h).
  *
  * For the scheduler each fused tensor is listed per expert (name[e], 1/E of
- * it, contiguous in the file), so that experts without tokens are neither
- * moved nor counted as active, as for the per-expert families. */
+ * it, contiguous in the file), but as a dense weight of its block: the
+ * executor moves a fused tensor whole with its block, and every expert's
+ * slice gets a gradient each step as transformers' fused parameters do
+ * (moe/moe_fused.h), so the plan must not count on leaving idle experts
+ * behind. */
 #include <stdio.h>
 
 #include "engine/model_desc_walk.h"
 
+/* What the MoE half saves (moe/moe_fused.h): the decoder's routing
+ * activations, and per routed row the gathered input, the interleaved
+ * gate_up (2I, as EXPERT_G; no separate up) and the expert's output. */
+static void mlp_acts(const eng_model_config_t *c, eng_desc_builder_t *b, int l) {
+    const int64_t H = c->hidden_size, E = c->num_experts, k = c->num_experts_per_tok, I = c->moe_intermediate_size;
+    eng_desc_act(b, l, ENG_A_MLP_XN, "mlp.xn", ENG_ACT_FP32, H, 0);
+    eng_desc_act(b, l, ENG_A_MLP_RSTD, "mlp.rstd", ENG_ACT_FP32, 1, 0);
+    eng_desc_act(b, l, ENG_A_ROUTER_LOGITS, "moe.logits", ENG_ACT_FP32, E, 0);
+    eng_desc_act(b, l, ENG_A_ROUTER_PROBS, "moe.probs", ENG_ACT_FP32, E, 0);
+    eng_desc_act(b, l, ENG_A_TOPW, "moe.topw", ENG_ACT_FP32, k, 0);
+    eng_desc_act(b, l, ENG_A_TOPK_IDX, "moe.idx", ENG_ACT_INT32, k, 0);
+    eng_desc_act(b, l, ENG_A_EXPERT_COUNTS, "moe.counts", ENG_ACT_INT32, 0, E);
+    eng_desc_act(b, l, ENG_A_EXPERT_OFFSETS, "moe.offsets", ENG_ACT_INT32, 0, E + 1);
+    eng_desc_act(b, l, ENG_A_PERM, "moe.perm", ENG_ACT_INT32, k, 0);
+    eng_desc_act(b, l, ENG_A_INV_PERM, "moe.inv", ENG_ACT_INT32, k, 0);
+    eng_desc_act(b, l, ENG_A_EXPERT_X, "moe.xp", ENG_ACT_COMPUTE, k * H, 0);
+    eng_desc_act(b, l, ENG_A_EXPERT_G, "moe.gate_up", ENG_ACT_FP32, k * 2 * I, 0);
+    eng_desc_act(b, l, ENG_A_EXPERT_OUT, "moe.ep", ENG_ACT_FP32, k * H, 0);
+}
+
 mt_status_t eng_gpt_oss_describe(const eng_family_t *f, const eng_model_config_t *c, eng_desc_builder_t *b,
                                  mt_error_t *err) {
     (void)err;
+    (void)f;
     const int64_t H = c->hidden_size, V = c->vocab_size, hd = c->head_dim, E = c->num_experts;
     const int64_t I = c->moe_intermediate_size;
     const int64_t qd = (int64_t)c->num_attention_heads * hd, kd = (int64_t)c->num_key_value_heads * hd;
@@ -48,7 +72,7 @@ mt_status_t eng_gpt_oss_describe(const eng_family_t *f, const eng_model_config_t
         eng_desc_param(b, ENG_P_ATTN_SINKS, l, -1, c->num_attention_heads, 0, "%s.%d.self_attn.sinks", pre, l);
         eng_desc_param(b, ENG_P_MLP_NORM, l, -1, H, 0, "%s.%d.post_attention_layernorm.weight", pre, l);
         eng_decoder_attn_acts(c, b, l);
-        eng_decoder_mlp_acts(f, c, b, l);
+        mlp_acts(c, b, l);
         eng_desc_param(b, ENG_P_ROUTER, l, -1, E, H, "%s.%d.mlp.router.weight", pre, l);
         eng_desc_param(b, ENG_P_ROUTER_B, l, -1, E, 0, "%s.%d.mlp.router.bias", pre, l);
         eng_desc_param3(b, ENG_P_EXP_GATE_UP_FUSED, l, E, H, 2 * I, "%s.%d.mlp.experts.gate_up_proj", pre, l);
@@ -60,7 +84,8 @@ mt_status_t eng_gpt_oss_describe(const eng_family_t *f, const eng_model_config_t
     return MT_OK;
 }
 
-/* A fused expert tensor as E per-expert weights of fwd / bwd. */
+/* A fused expert tensor as E parts of fwd / bwd, dense weights of the block
+ * (expert -1: moved and updated whole, see the file's note). */
 static void fused_weights(eng_walk_t *w, eng_param_role_t role, int fwd, int bwd) {
     const eng_param_spec_t *p = eng_walk_param(w, role, -1);
     const int E = w->cfg->num_experts;
@@ -68,7 +93,7 @@ static void fused_weights(eng_walk_t *w, eng_param_role_t role, int fwd, int bwd
     for (int e = 0; e < E; e++) {
         char name[160];
         snprintf(name, sizeof name, "%s[%d]", p->name, e);
-        eng_walk_add_weight_as(w, name, dt, (double)p->numel / E, e, !w->s->lora, false, fwd, bwd);
+        eng_walk_add_weight_as(w, name, dt, (double)p->numel / E, -1, !w->s->lora, false, fwd, bwd);
     }
 }
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/model.h"
+#include "engine/rope_tables.h"
 #include "kernels/router_group.h"
 
 /* The grouped sigmoid router's limits (kernels/router_group.h), with the config keys named. */
@@ -43,17 +44,20 @@ static const char *fp8_unsupported(json_t *q) {
 
 mt_status_t eng_model_check_trainable(const eng_model_config_t *c, const char *overrides_json, const char *dir,
                                       mt_error_t *err) {
-    const bool mla = c->arch == ENG_ARCH_DEEPSEEK_V2 || c->arch == ENG_ARCH_DEEPSEEK_V3;
-    if (!mla && c->arch != ENG_ARCH_GLM4_MOE) return MT_OK;
-    const char *fam = c->arch == ENG_ARCH_GLM4_MOE ? "GLM-4.5" : c->arch == ENG_ARCH_DEEPSEEK_V2 ? "DeepSeek-V2" : "DeepSeek-V3";
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    /* the default RoPE or YaRN (engine/rope_yarn.c) */
+    /* every family: the RoPE tables compute the default RoPE and YaRN
+     * (engine/rope_tables.h), over whole heads or a partial share */
     const bool yarn = strcmp(c->rope_type, "yarn") == 0;
-    if (strcmp(c->rope_type, "default") != 0 && !yarn)
+    if (!eng_rope_type_computed(c))
         return mt_error_set(err, MT_ERR_UNSUPPORTED,
-                            "%s: rope_scaling type \"%s\": moetune trains %s with the default RoPE or YaRN only",
-                            path, c->rope_type, fam);
+                            "%s: rope_scaling type \"%s\" (rope_scaling / rope_parameters): moetune trains %s with "
+                            "the default RoPE or YaRN only",
+                            path, c->rope_type, c->model_type);
+    if (yarn && c->rope_original_max_position_embeddings <= 0)
+        return mt_error_set(err, MT_ERR_CONFIG, "%s: YaRN needs rope_scaling.original_max_position_embeddings", path);
+    const bool mla = c->arch == ENG_ARCH_DEEPSEEK_V2 || c->arch == ENG_ARCH_DEEPSEEK_V3;
+    if (!mla && c->arch != ENG_ARCH_GLM4_MOE) return MT_OK;
     /* transformers makes every layer from first_k_dense_replace on sparse;
      * DeepSeek's own code (and the description) also asks i % moe_layer_freq == 0 */
     if (c->moe_layer_freq != 1)
@@ -78,13 +82,6 @@ mt_status_t eng_model_check_trainable(const eng_model_config_t *c, const char *o
     const char *quant = fp8_unsupported(root ? json_object_get(root, "quantization_config") : NULL);
     json_t *mb = root ? json_object_get(root, "mlp_bias") : NULL;
     const bool mlp_bias = mb && json_is_true(mb);
-    /* YaRN keys transformers reads that rope_yarn.c does not */
-    const char *odd = NULL;
-    for (int i = 0; yarn && root && i < 2 && !odd; i++) {
-        json_t *d = json_object_get(root, i == 0 ? "rope_scaling" : "rope_parameters");
-        if (json_is_object(d) && json_object_get(d, "attention_factor")) odd = "attention_factor";
-        if (json_is_object(d) && json_object_get(d, "truncate")) odd = "truncate";
-    }
     json_decref(root);
     if (quant)
         return mt_error_set(err, MT_ERR_UNSUPPORTED,
@@ -93,13 +90,6 @@ mt_status_t eng_model_check_trainable(const eng_model_config_t *c, const char *o
                             path, quant);
     if (mlp_bias)
         return mt_error_set(err, MT_ERR_UNSUPPORTED, "%s: key 'mlp_bias' is true; MLP biases are not described", path);
-    if (odd)
-        return mt_error_set(err, MT_ERR_UNSUPPORTED,
-                            "%s: YaRN key '%s' is set; moetune computes YaRN from factor, beta_fast/slow, mscale and "
-                            "mscale_all_dim only (transformers' defaults for the rest)",
-                            path, odd);
-    if (yarn && c->rope_original_max_position_embeddings <= 0)
-        return mt_error_set(err, MT_ERR_CONFIG, "%s: YaRN needs rope_scaling.original_max_position_embeddings", path);
     if (c->arch == ENG_ARCH_GLM4_MOE) {
         const int rd = c->partial_rotary_factor > 0 && c->partial_rotary_factor < 1
                            ? (int)((double)c->head_dim * (double)c->partial_rotary_factor)

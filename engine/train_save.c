@@ -59,6 +59,10 @@ char *eng_saved_config_json(const char *base_text, const char *overrides_json, m
         json_object_update(root, ov); /* the same merge the loader made before training */
         json_decref(ov);
     }
+    /* weights are saved dequantised (gpt-oss's MXFP4 experts were read into
+     * plain tensors): a quantization_config would send transformers looking
+     * for packed tensors the checkpoint no longer has */
+    json_object_del(root, "quantization_config");
     const char *name = dtype == MT_BF16 ? "bfloat16" : dtype == MT_F16 ? "float16" : "float32";
     /* an FP8 base was read dequantised; the weights saved are not quantised */
     json_object_del(root, "quantization_config");

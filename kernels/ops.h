@@ -22,6 +22,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
+#include "kernels/gpt_oss.h"
 #include "kernels/loss.h"
 #include "kernels/moe_ops.h"
 #include "kernels/norm.h"
@@ -68,6 +69,13 @@ struct kern_ops {
     kern_gate_scale_fwd_fn gate_scale_fwd;
     kern_gate_scale_bwd_fn gate_scale_bwd;
     kern_xent_fn xent;
+    /* gpt-oss (gpt_oss.h) */
+    kern_attn_sink_fwd_fn attn_sink_fwd;
+    kern_attn_sink_bwd_fn attn_sink_bwd;
+    kern_swiglu_clamped_fwd_fn swiglu_clamped_fwd;
+    kern_swiglu_clamped_bwd_fn swiglu_clamped_bwd;
+    kern_expert_bias_fwd_fn expert_bias_fwd;
+    kern_expert_bias_bwd_fn expert_bias_bwd;
     kern_adamw_fn adamw;
 };
 

@@ -39,5 +39,11 @@ const kern_ops_t kern_ops_cpu = {
     .gate_scale_fwd = kern_gate_scale_fwd_cpu,
     .gate_scale_bwd = kern_gate_scale_bwd_cpu,
     .xent = kern_xent_cpu,
+    .attn_sink_fwd = kern_attn_sink_fwd_cpu,
+    .attn_sink_bwd = kern_attn_sink_bwd_cpu,
+    .swiglu_clamped_fwd = kern_swiglu_clamped_fwd_cpu,
+    .swiglu_clamped_bwd = kern_swiglu_clamped_bwd_cpu,
+    .expert_bias_fwd = kern_expert_bias_fwd_cpu,
+    .expert_bias_bwd = kern_expert_bias_bwd_cpu,
     .adamw = kern_adamw_cpu,
 };

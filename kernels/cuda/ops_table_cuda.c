@@ -39,5 +39,11 @@ const kern_ops_t kern_ops_cuda = {
     .gate_scale_fwd = kern_gate_scale_fwd_cuda,
     .gate_scale_bwd = kern_gate_scale_bwd_cuda,
     .xent = kern_xent_cuda,
+    .attn_sink_fwd = kern_attn_sink_fwd_cuda,
+    .attn_sink_bwd = kern_attn_sink_bwd_cuda,
+    .swiglu_clamped_fwd = kern_swiglu_clamped_fwd_cuda,
+    .swiglu_clamped_bwd = kern_swiglu_clamped_bwd_cuda,
+    .expert_bias_fwd = kern_expert_bias_fwd_cuda,
+    .expert_bias_bwd = kern_expert_bias_bwd_cuda,
     .adamw = kern_adamw_cuda,
 };
