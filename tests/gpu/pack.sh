@@ -7,8 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${1:-.gpu}
-tests="adamw_test attention_test backend_test comm_test elementwise_test embedding_loss_test gemm_test
-       mm_test moe_test norm_rope_test train_cpu_vs_cuda_test"
+# the targets of the GPU suite, as tests/gpu/BUILD's gpu_suite lists them
+tests=$(sed -n '/name = "gpu_suite"/,/^    \],/p' tests/gpu/BUILD | grep -o '":[a-z0-9_]*"' | tr -d '":' | tr '\n' ' ')
+[ -n "$tests" ] || { echo "pack.sh: no gpu_suite targets found in tests/gpu/BUILD" >&2; exit 1; }
 bazel build //tools:moetune $(for t in $tests; do echo "//tests/gpu:$t"; done)
 rm -rf "$dest/bin" "$dest/lib"
 mkdir -p "$dest/bin" "$dest/lib"
@@ -20,6 +21,9 @@ for l in libyaml-0.so.2 libjansson.so.4 libgfortran.so.5 libquadmath.so.0 libjem
     cp -L "/lib/x86_64-linux-gnu/$l" "$dest/lib/"
 done
 xz -T0 -c "$(readlink -f /lib/x86_64-linux-gnu/libopenblas.so.0)" > "$dest/lib/libopenblas.so.0.xz"
+# the fixtures tests/gpu/BUILD gives train_cpu_vs_cuda_test
+sed -n '/name = "train_cpu_vs_cuda_test"/,/^    \],/p' tests/gpu/BUILD | grep -o 'tests/fixtures/[a-z0-9_]*' |
+    tr '\n' ' ' > "$dest/train_cpu_vs_cuda_args"
 chmod -R u+w "$dest"
 cat > "$dest/run.sh" <<'RUN'
 #!/bin/bash
@@ -35,7 +39,7 @@ log=${OUT:-/tmp}/suite.log
 pass=0 fail=0
 for t in ${TESTS:-$(ls "$G/bin" | grep _test)}; do
     args=""
-    [ "$t" = train_cpu_vs_cuda_test ] && args="tests/fixtures/ref_mixtral tests/fixtures/ref_qwen2_moe tests/fixtures/ref_qwen3_moe tests/fixtures/ref_mixtral_padded"
+    [ "$t" = train_cpu_vs_cuda_test ] && args="$(cat "$G/train_cpu_vs_cuda_args")"
     echo "==== $t" >> "$log"
     if timeout 300 "$G/bin/$t" $args >> "$log" 2>&1; then pass=$((pass + 1)); echo "$t passed"
     else
