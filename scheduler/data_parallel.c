@@ -15,7 +15,8 @@ mt_status_t sched_dp_predict(const sched_workload_t *w, const sched_plan_t *plan
     if (devices < 1) return mt_error_set(err, MT_ERR_CONFIG, "devices: %d; expected at least 1", devices);
     out->devices = devices;
     out->micro_per_device = w->grad_accum;
-    const sched_sim_opts_t so = {.tasks = true};
+    /* several devices finish every update in the step (engine/multi_device.c) */
+    const sched_sim_opts_t so = {.tasks = true, .updates_in_step = devices > 1};
     sched_sim_result_t sim;
     mt_status_t st = sched_simulate(w, plan, &so, &sim, err);
     if (st != MT_OK) return st;

@@ -43,7 +43,9 @@ typedef struct {
     double waited[SCHED_RES_COUNT];
     double end_max;
     sched_resource_t end_res;
+    bool off_step; /* tasks that run into the next step (deferred AdamW): not the step's end */
     double h2d_bytes, d2h_bytes;
+    double *first_fwd; /* per block: its first forward's start (-1 before it) */
 } sim_t;
 
 static void mem(sim_t *s, sched_mem_t m, double t, double d) {
@@ -64,7 +66,7 @@ static double run(sim_t *s, sched_resource_t res, sched_task_kind_t kind, int bl
     double end = start + dur;
     s->free_at[res] = end;
     s->busy[res] += dur;
-    if (end > s->end_max || (end == s->end_max && res != SCHED_RES_COMPUTE)) {
+    if (!s->off_step && (end > s->end_max || (end == s->end_max && res != SCHED_RES_COMPUTE))) {
         s->end_max = end;
         s->end_res = res;
     }
@@ -84,7 +86,11 @@ static double run(sim_t *s, sched_resource_t res, sched_task_kind_t kind, int bl
 static double compute(sim_t *s, sched_task_kind_t kind, int block, int micro, double ready, sched_resource_t ready_res,
                       double dur, double *start_out) {
     if (ready > s->free_at[SCHED_RES_COMPUTE]) s->waited[ready_res] += ready - s->free_at[SCHED_RES_COMPUTE];
-    return run(s, SCHED_RES_COMPUTE, kind, block, micro, ready, dur, 0, start_out);
+    double start;
+    const double end = run(s, SCHED_RES_COMPUTE, kind, block, micro, ready, dur, 0, &start);
+    if (kind == SCHED_TASK_FWD && s->first_fwd[block] < 0) s->first_fwd[block] = start;
+    if (start_out) *start_out = start;
+    return end;
 }
 
 /* A copy: pinned staging held while it runs. */
@@ -100,6 +106,8 @@ static double copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, int mi
     if (start_out) *start_out = start;
     return end;
 }
+
+static bool opts_in_step(const sched_sim_opts_t *o) { return o && o->updates_in_step; }
 
 static int cmp_ev(const void *a, const void *b) {
     const ev_t *x = a, *y = b;
@@ -301,6 +309,11 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     if (st != MT_OK) return st;
     const int N = w->num_blocks, ga = w->grad_accum > 0 ? w->grad_accum : 1, W = plan->prefetch_window;
     sim_t s = {.w = w, .keep_tasks = opts && opts->tasks};
+    s.first_fwd = malloc((size_t)N * sizeof *s.first_fwd);
+    MT_CHECK_ALLOC(s.first_fwd, "simulator block starts");
+    for (int b = 0; b < N; b++) s.first_fwd[b] = -1;
+    double *deferred_end = calloc((size_t)N, sizeof *deferred_end); /* 0: not deferred */
+    MT_CHECK_ALLOC(deferred_end, "simulator deferred updates");
     double stat[SCHED_MEM_COUNT] = {0};
     for (int b = 0; b < N; b++) {
         const sched_block_plan_t *p = &plan->blocks[b];
@@ -452,6 +465,22 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
                 t = opt_run(&s, SCHED_RES_COMPUTE, SCHED_TASK_ADAM, b, t, c->adam_device_s);
                 continue;
             }
+            /* a streamed block's host update with its gradients on the host
+             * runs on the optimizer worker into the next step (engine/
+             * exec_optim.c): only that block's next fetch waits for it, and
+             * the step end only for the blocks the next step prefetches
+             * (b <= the window) */
+            if (!adam_done[b] && !opts_in_step(opts) && p->grads == SCHED_GRADS_HOST && !resident) {
+                s.off_step = true;
+                double start;
+                deferred_end[b] = run(&s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, t, c->adam_host_s, 0, &start);
+                s.off_step = false;
+                if (b <= plan->prefetch_window) {
+                    s.waited[SCHED_RES_HOST] += deferred_end[b] > t ? deferred_end[b] - t : 0;
+                    t = deferred_end[b] > t ? deferred_end[b] : t;
+                }
+                continue;
+            }
             if (!adam_done[b]) {
                 if (p->grads == SCHED_GRADS_DEVICE)
                     t = opt_copy(&s, false, SCHED_TASK_GRAD_D2H, b, t, c->grad_step_bytes, c->grad_step_copies);
@@ -463,6 +492,22 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     }
 
     out->step_time = s.end_max > t ? s.end_max : t;
+    /* Steady state: the next step starts at step_time, and a block whose
+     * update ran on into it can start its first forward only once the
+     * update is done and its weights have crossed; the worst such block
+     * delays the whole next step (the later blocks' host work queued behind
+     * the updates is not modelled). */
+    double stall = 0;
+    for (int b = 0; b < N; b++) {
+        if (deferred_end[b] <= 0 || s.first_fwd[b] < 0) continue;
+        const double fetch = sched_transfer_time(w, true, w->blocks[b].w_fetch_bytes, w->blocks[b].w_fetch_copies);
+        const double late = deferred_end[b] - out->step_time + fetch - s.first_fwd[b];
+        if (late > stall) stall = late;
+    }
+    if (stall > 0) {
+        out->step_time += stall;
+        s.waited[SCHED_RES_HOST] += stall;
+    }
     memcpy(out->busy, s.busy, sizeof out->busy);
     memcpy(out->waited, s.waited, sizeof out->waited);
     out->compute_idle = out->step_time - s.busy[SCHED_RES_COMPUTE];
@@ -483,6 +528,8 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     free(d2h_end);
     free(offload_end);
     free(adam_done);
+    free(deferred_end);
+    free(s.first_fwd);
     return MT_OK;
 }
 

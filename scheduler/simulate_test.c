@@ -223,6 +223,57 @@ static void test_host_optimizer(void) {
     sched_workload_free(&w);
 }
 
+/* Clipping with streamed blocks whose gradients and AdamW state are on the
+ * host: each block's update runs on into the next step, and the next step
+ * waits only where a block's first forward would come before its update
+ * (plus its fetch).  Three blocks, 1 s compute uses, 0.5 s fetches, window
+ * 1, AdamW 3 s each after the norm. */
+static void test_step_boundary(void) {
+    sched_workload_t w;
+    sched_plan_t p = {0};
+    sched_sim_result_t r;
+    blocks3(&w, 1, 1, 0.5);
+    w.has_trainable = true;
+    w.clip = true;
+    for (int b = 0; b < 3; b++) {
+        sched_block_cost_t *c = &w.blocks[b];
+        c->grad_mb_bytes = c->grad_step_bytes = 1; /* 1 s D2H */
+        c->grad_bytes = 1;
+        c->optim_bytes = 3;
+        c->adam_host_s = 3;
+        c->norm_host_s = 0.25;
+    }
+    plan_all(&p, SCHED_WEIGHTS_STREAM, SCHED_ACTS_KEEP, 1);
+    mt_error_t err = {0};
+    sched_sim_opts_t in_step = {.updates_in_step = true};
+    EXPECT(sched_simulate(&w, &p, &in_step, &r, &err) == MT_OK, "%s", err.msg);
+    const double all_in_step = r.step_time, norm_end = r.step_time - 9; /* three AdamW of 3 s after the norm */
+    sched_sim_result_free(&r);
+    /* blocks 0 and 1 (<= the window) are waited for at the step's end, the
+     * head's update runs on: the step ends 3 s sooner, unless the head's
+     * first forward comes earlier than its update and fetch allow */
+    const double t = step(&w, &p, &r);
+    double head_fwd = -1;
+    for (int i = 0; i < r.num_tasks; i++)
+        if (r.tasks[i].kind == SCHED_TASK_FWD && r.tasks[i].block == 2 && head_fwd < 0) head_fwd = r.tasks[i].start;
+    const double in_step_end = norm_end + 6, head_update = norm_end + 9;
+    const double want = fmax(in_step_end, head_update + 0.5 - head_fwd);
+    EXPECT(NEAR(t, want) && t < all_in_step, "updates into the next step: %g (want %g, all in the step %g)", t,
+           want, all_in_step);
+    printf("step boundary: %g s with updates into the next step, %g s all in the step (head's first forward at %g)\n",
+           t, all_in_step, head_fwd);
+    sched_sim_result_free(&r);
+    /* a window of 2 prefetches every block at the step end: nothing runs on */
+    p.prefetch_window = 2;
+    EXPECT(sched_simulate(&w, &p, &in_step, &r, &err) == MT_OK, "%s", err.msg);
+    const double w2_in_step = r.step_time;
+    sched_sim_result_free(&r);
+    EXPECT(NEAR(step(&w, &p, &r), w2_in_step), "window 2: %g vs %g", r.step_time, w2_in_step);
+    sched_sim_result_free(&r);
+    sched_plan_free(&p);
+    sched_workload_free(&w);
+}
+
 static void test_grad_accumulation(void) {
     sched_workload_t w;
     sched_plan_t p = {0};
@@ -340,6 +391,7 @@ int main(void) {
     test_memory();
     test_interference();
     test_host_optimizer();
+    test_step_boundary();
     test_grad_accumulation();
     test_many_micro_batches();
     test_layer_major();
