@@ -11,26 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ALLOC(ptr, count, type, tag)                                                  \
-    do {                                                                              \
-        (ptr) = (type *)kern_alloc(dev, (size_t)(count) * sizeof(type), (tag), err); \
-        if (!(ptr)) goto fail;                                                        \
-    } while (0)
-
-/* A saved activation, sized by the caller's description (moe_layer_dims_t.acts). */
-#define ALLOC_ACT(ptr, id, type, tag)                                                                          \
-    do {                                                                                                       \
-        const moe_act_size_t *sz_ = &d->acts[(id)];                                                            \
-        MT_CHECK(mt_dtype_size(sz_->dtype) == sizeof(type), "%s: described as %s elements", (tag),             \
-                 mt_dtype_name(sz_->dtype));                                                                   \
-        (ptr) = (type *)kern_alloc(dev, (size_t)(sz_->per_token * n + sz_->fixed) * mt_dtype_size(sz_->dtype), \
-                                   (tag), err);                                                                \
-        if (!(ptr)) goto fail;                                                                                 \
-    } while (0)
-
-static void dfree(kern_device_t *dev, void *p) {
-    if (p) kern_free(dev, p);
-}
+#include "moe/moe_alloc.h"
 
 /* One product over the experts that have rows: C_e = op(A_e) op(B_e), each
  * given by its base pointer and per-expert strides (in elements); rows of
@@ -133,7 +114,7 @@ mt_status_t moe_fused_forward(kern_device_t *dev, const moe_layer_dims_t *d, con
     free(gg.mm);
     return MT_OK;
 fail:
-    dfree(dev, h);
+    moe_dfree(dev, h);
     free(gg.mm);
     moe_layer_acts_release(dev, a);
     return err ? err->code : MT_ERR_BUDGET;
@@ -209,16 +190,16 @@ mt_status_t moe_fused_backward(kern_device_t *dev, const moe_layer_dims_t *d, co
         ops->mm(s, &r);
     }
     kern_free(dev, dlogits);
-    dfree(dev, dtopw);
+    moe_dfree(dev, dtopw);
     free(gg.mm);
     moe_layer_acts_release(dev, a);
     return MT_OK;
 fail:
-    dfree(dev, dtopw);
-    dfree(dev, dep);
-    dfree(dev, h);
-    dfree(dev, dh);
-    dfree(dev, dlogits);
+    moe_dfree(dev, dtopw);
+    moe_dfree(dev, dep);
+    moe_dfree(dev, h);
+    moe_dfree(dev, dh);
+    moe_dfree(dev, dlogits);
     free(gg.mm);
     moe_layer_acts_release(dev, a);
     return err ? err->code : MT_ERR_BUDGET;

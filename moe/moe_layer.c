@@ -13,32 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ALLOC(ptr, count, type, tag)                                              \
-    do {                                                                          \
-        (ptr) = (type *)kern_alloc(dev, (size_t)(count) * sizeof(type), (tag), err); \
-        if (!(ptr)) goto fail;                                                    \
-    } while (0)
-
-/* A saved activation, sized by the caller's description (moe_layer_dims_t.acts). */
-#define ALLOC_ACT(ptr, id, type, tag)                                                  \
-    do {                                                                               \
-        const moe_act_size_t *sz_ = &d->acts[(id)];                                    \
-        MT_CHECK(mt_dtype_size(sz_->dtype) == sizeof(type), "%s: described as %s elements", (tag),           \
-                 mt_dtype_name(sz_->dtype));                                                                    \
-        (ptr) = (type *)kern_alloc(dev, (size_t)(sz_->per_token * n + sz_->fixed) * mt_dtype_size(sz_->dtype),   \
-                                   (tag), err);                                                                 \
-        if (!(ptr)) goto fail;                                                         \
-    } while (0)
+#include "moe/moe_alloc.h"
 
 /* A step that can fail (an allocation): on to the cleanup. */
 #define TRY(call)                             \
     do {                                      \
         if ((call) != MT_OK) goto fail;       \
     } while (0)
-
-static void dfree(kern_device_t *dev, void *p) {
-    if (p) kern_free(dev, p);
-}
 
 /* One product with the layer's compute dtype: C (F32) = alpha op(A) op(B) + beta C. */
 static void mm_in(kern_device_t *dev, mt_dtype_t compute, void *C, const void *A, mt_dtype_t a_dt, const void *B,
@@ -214,8 +195,8 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
     groups_free(&gg);
     return MT_OK;
 fail:
-    dfree(dev, h);
-    dfree(dev, sh);
+    moe_dfree(dev, h);
+    moe_dfree(dev, sh);
     groups_free(&gg);
     moe_layer_acts_release(dev, a);
     return err ? err->code : MT_ERR_BUDGET;
@@ -330,24 +311,24 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
         TRY(kern_lora_bwd(dev, d->compute, &p->lora_sh_gate, a->sg, xn, MT_F32, dxn, n, H, Is, err));
         TRY(kern_lora_bwd(dev, d->compute, &p->lora_sh_up, a->su, xn, MT_F32, dxn, n, H, Is, err));
     }
-    dfree(dev, dso);
-    dfree(dev, dsgl);
-    dfree(dev, sh);
-    dfree(dev, dsh);
-    dfree(dev, dtopw);
+    moe_dfree(dev, dso);
+    moe_dfree(dev, dsgl);
+    moe_dfree(dev, sh);
+    moe_dfree(dev, dsh);
+    moe_dfree(dev, dtopw);
     groups_free(&gg);
     moe_layer_acts_release(dev, a);
     return MT_OK;
 fail:
-    dfree(dev, dtopw);
-    dfree(dev, dep);
-    dfree(dev, h);
-    dfree(dev, dh);
-    dfree(dev, dlogits);
-    dfree(dev, dso);
-    dfree(dev, dsgl);
-    dfree(dev, sh);
-    dfree(dev, dsh);
+    moe_dfree(dev, dtopw);
+    moe_dfree(dev, dep);
+    moe_dfree(dev, h);
+    moe_dfree(dev, dh);
+    moe_dfree(dev, dlogits);
+    moe_dfree(dev, dso);
+    moe_dfree(dev, dsgl);
+    moe_dfree(dev, sh);
+    moe_dfree(dev, dsh);
     groups_free(&gg);
     moe_layer_acts_release(dev, a);
     return err ? err->code : MT_ERR_BUDGET;
@@ -356,7 +337,7 @@ fail:
 void moe_layer_acts_release(kern_device_t *dev, moe_layer_acts_t *a) {
     void *dev_ptrs[] = {a->logits, a->probs, a->topw, a->idx, a->counts, a->offsets, a->perm_tok,
                         a->inv, a->xp, a->g, a->u, a->ep, a->sg, a->su, a->so, a->sgl};
-    for (size_t i = 0; i < sizeof dev_ptrs / sizeof dev_ptrs[0]; i++) dfree(dev, dev_ptrs[i]);
+    for (size_t i = 0; i < sizeof dev_ptrs / sizeof dev_ptrs[0]; i++) moe_dfree(dev, dev_ptrs[i]);
     free(a->counts_host);
     free(a->offsets_host);
     memset(a, 0, sizeof *a);
