@@ -483,3 +483,40 @@ bool eng_loader_next(eng_loader_t *ld, eng_batch_t *batch) {
 int64_t eng_loader_batches_per_epoch(const eng_loader_t *ld) {
     return (ld->ds->num_rows + ld->micro_batch - 1) / ld->micro_batch;
 }
+
+static void batch_copy(const eng_batch_t *src, eng_batch_t *dst) {
+    const size_t n = (size_t)src->B * src->T;
+    *dst = *src;
+    dst->inputs = malloc(n * sizeof *dst->inputs);
+    dst->targets = malloc(n * sizeof *dst->targets);
+    dst->mask = malloc(n ? n : 1);
+    dst->kv_len = src->kv_len ? malloc((size_t)src->B * sizeof *dst->kv_len) : NULL;
+    MT_CHECK(dst->inputs && dst->targets && dst->mask && (dst->kv_len || !src->kv_len),
+             "out of host memory for a micro-batch");
+    memcpy(dst->inputs, src->inputs, n * sizeof *dst->inputs);
+    memcpy(dst->targets, src->targets, n * sizeof *dst->targets);
+    memcpy(dst->mask, src->mask, n);
+    if (src->kv_len) memcpy(dst->kv_len, src->kv_len, (size_t)src->B * sizeof *dst->kv_len);
+}
+
+eng_batch_t *eng_loader_take(eng_loader_t *ld, int k) {
+    eng_batch_t *bs = calloc((size_t)(k > 0 ? k : 1), sizeof *bs);
+    MT_CHECK_ALLOC(bs, "micro-batches");
+    for (int j = 0; j < k; j++) {
+        eng_batch_t b;
+        eng_loader_next(ld, &b);
+        batch_copy(&b, &bs[j]);
+    }
+    return bs;
+}
+
+void eng_batches_free(eng_batch_t *bs, int k) {
+    if (!bs) return;
+    for (int j = 0; j < k; j++) {
+        free(bs[j].inputs);
+        free(bs[j].targets);
+        free(bs[j].mask);
+        free(bs[j].kv_len);
+    }
+    free(bs);
+}

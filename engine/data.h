@@ -93,5 +93,10 @@ bool eng_loader_seek(eng_loader_t *ld, int epoch, int64_t cursor);
 bool eng_loader_next(eng_loader_t *ld, eng_batch_t *batch);
 /* Micro-batches in one epoch. */
 int64_t eng_loader_batches_per_epoch(const eng_loader_t *ld);
+/* The next k micro-batches as copies that outlive the loader's buffers (a
+ * step that holds all of its micro-batches at once); free them with
+ * eng_batches_free. */
+eng_batch_t *eng_loader_take(eng_loader_t *ld, int k);
+void eng_batches_free(eng_batch_t *bs, int k);
 
 #endif

@@ -286,39 +286,12 @@ mt_status_t eng_multi_step_fwd_bwd(eng_multi_t *mm, const eng_batch_t *batches, 
     return st;
 }
 
-static void batch_copy(const eng_batch_t *src, eng_batch_t *dst) {
-    const size_t n = (size_t)src->B * src->T;
-    *dst = *src;
-    dst->inputs = malloc(n * sizeof *dst->inputs);
-    dst->targets = malloc(n * sizeof *dst->targets);
-    dst->mask = malloc(n ? n : 1);
-    dst->kv_len = src->kv_len ? malloc((size_t)src->B * sizeof *dst->kv_len) : NULL;
-    MT_CHECK(dst->inputs && dst->targets && dst->mask && (dst->kv_len || !src->kv_len),
-             "out of host memory for a micro-batch");
-    memcpy(dst->inputs, src->inputs, n * sizeof *dst->inputs);
-    memcpy(dst->targets, src->targets, n * sizeof *dst->targets);
-    memcpy(dst->mask, src->mask, n);
-    if (src->kv_len) memcpy(dst->kv_len, src->kv_len, (size_t)src->B * sizeof *dst->kv_len);
-}
-
 mt_status_t eng_multi_step_from_loader(eng_multi_t *mm, eng_loader_t *ld, int k, eng_step_order_t order,
                                        eng_micro_stats_t *stats, mt_error_t *err) {
     if (mm->n == 1) return eng_model_step_from_loader(mm->primary, ld, k, order, stats, err);
-    eng_batch_t *bs = calloc((size_t)k, sizeof *bs);
-    MT_CHECK_ALLOC(bs, "micro-batches");
-    for (int j = 0; j < k; j++) {
-        eng_batch_t b;
-        eng_loader_next(ld, &b);
-        batch_copy(&b, &bs[j]);
-    }
+    eng_batch_t *bs = eng_loader_take(ld, k);
     const mt_status_t st = eng_multi_step_fwd_bwd(mm, bs, k, order, stats, err);
-    for (int j = 0; j < k; j++) {
-        free(bs[j].inputs);
-        free(bs[j].targets);
-        free(bs[j].mask);
-        free(bs[j].kv_len);
-    }
-    free(bs);
+    eng_batches_free(bs, k);
     return st;
 }
 

@@ -1,7 +1,7 @@
-/* Device allocations of the MoE blocks (moe_layer.c, moe_fused.c): each
- * names its tensor and, failing, goes to the function's `fail:` cleanup
- * (dev, err and, for ALLOC_ACT, the layer's dims `d` and token count `n`
- * in scope). */
+/* What the MoE blocks (moe_layer.c, moe_fused.c) share.  The allocation
+ * macros name their tensor and, failing, go to the function's `fail:`
+ * cleanup (dev, err and, for ALLOC_ACT, the layer's dims `d` and token
+ * count `n` in scope). */
 #ifndef MT_MOE_MOE_ALLOC_H
 #define MT_MOE_MOE_ALLOC_H
 
@@ -26,8 +26,21 @@
         if (!(ptr)) goto fail;                                                                                 \
     } while (0)
 
+/* A step that can fail (an allocation): on to the cleanup. */
+#define TRY(call)                       \
+    do {                                \
+        if ((call) != MT_OK) goto fail; \
+    } while (0)
+
 static inline void moe_dfree(kern_device_t *dev, void *p) {
     if (p) kern_free(dev, p);
 }
+
+/* After the router chose a->idx: the tokens' permutation by expert
+ * (counts, offsets, the permutation and its inverse, saved for backward)
+ * and the counts and offsets on the host, which size the grouped products.
+ * Failing (an allocation), the caller releases a. */
+mt_status_t moe_plan_routes(kern_device_t *dev, const moe_layer_dims_t *d, int n, moe_layer_acts_t *a,
+                            mt_error_t *err);
 
 #endif

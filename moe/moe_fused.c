@@ -60,17 +60,7 @@ mt_status_t moe_fused_forward(kern_device_t *dev, const moe_layer_dims_t *d, con
     ops->bias_fwd(s, a->logits, p->router_b, n, E);
     ops->router_fwd(s, a->topw, a->idx, a->probs, a->logits, n, E, k, d->router_mode);
 
-    ALLOC_ACT(a->counts, MOE_ACT_COUNTS, int32_t, "moe expert counts");
-    ALLOC_ACT(a->offsets, MOE_ACT_OFFSETS, int32_t, "moe expert offsets");
-    ALLOC_ACT(a->perm_tok, MOE_ACT_PERM, int32_t, "moe permutation");
-    ALLOC_ACT(a->inv, MOE_ACT_INV, int32_t, "moe inverse permutation");
-    ops->moe_plan(s, a->counts, a->offsets, a->perm_tok, a->inv, a->idx, n, k, E);
-    a->counts_host = malloc((size_t)E * sizeof *a->counts_host);
-    a->offsets_host = malloc((size_t)(E + 1) * sizeof *a->offsets_host);
-    MT_CHECK(a->counts_host && a->offsets_host, "out of host memory for moe counts");
-    kern_memcpy_d2h(dev, s, a->counts_host, a->counts, (size_t)E * sizeof(int32_t));
-    kern_memcpy_d2h(dev, s, a->offsets_host, a->offsets, (size_t)(E + 1) * sizeof(int32_t));
-    kern_stream_sync(dev, s);
+    TRY(moe_plan_routes(dev, d, n, a, err));
 
     /* the gathered rows in their described dtype (rounded once when bf16) */
     const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype;

@@ -15,12 +15,6 @@
 
 #include "moe/moe_alloc.h"
 
-/* A step that can fail (an allocation): on to the cleanup. */
-#define TRY(call)                             \
-    do {                                      \
-        if ((call) != MT_OK) goto fail;       \
-    } while (0)
-
 /* One product with the layer's compute dtype: C (F32) = alpha op(A) op(B) + beta C. */
 static void mm_in(kern_device_t *dev, mt_dtype_t compute, void *C, const void *A, mt_dtype_t a_dt, const void *B,
                   mt_dtype_t b_dt, int M, int N, int K, bool ta, bool tb, float alpha, float beta) {
@@ -79,6 +73,27 @@ static void groups_run(kern_device_t *dev, const moe_layer_dims_t *d, groups_t *
     dev->ops->mm_grouped(kern_stream(dev, KERN_STREAM_COMPUTE), g->mm, g->count);
 }
 
+mt_status_t moe_plan_routes(kern_device_t *dev, const moe_layer_dims_t *d, int n, moe_layer_acts_t *a,
+                            mt_error_t *err) {
+    const kern_ops_t *ops = dev->ops;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    const int E = d->E, k = d->k;
+    ALLOC_ACT(a->counts, MOE_ACT_COUNTS, int32_t, "moe expert counts");
+    ALLOC_ACT(a->offsets, MOE_ACT_OFFSETS, int32_t, "moe expert offsets");
+    ALLOC_ACT(a->perm_tok, MOE_ACT_PERM, int32_t, "moe permutation");
+    ALLOC_ACT(a->inv, MOE_ACT_INV, int32_t, "moe inverse permutation");
+    ops->moe_plan(s, a->counts, a->offsets, a->perm_tok, a->inv, a->idx, n, k, E);
+    a->counts_host = malloc((size_t)E * sizeof *a->counts_host);
+    a->offsets_host = malloc((size_t)(E + 1) * sizeof *a->offsets_host);
+    MT_CHECK(a->counts_host && a->offsets_host, "out of host memory for moe counts");
+    kern_memcpy_d2h(dev, s, a->counts_host, a->counts, (size_t)E * sizeof(int32_t));
+    kern_memcpy_d2h(dev, s, a->offsets_host, a->offsets, (size_t)(E + 1) * sizeof(int32_t));
+    kern_stream_sync(dev, s);
+    return MT_OK;
+fail:
+    return err->code;
+}
+
 mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
                               const moe_layer_params_t *p, const float *xn, int n, float *y,
                               moe_layer_acts_t *a, mt_error_t *err) {
@@ -102,17 +117,7 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
     else
         ops->router_fwd(s, a->topw, a->idx, a->probs, a->logits, n, E, k, d->router_mode);
 
-    ALLOC_ACT(a->counts, MOE_ACT_COUNTS, int32_t, "moe expert counts");
-    ALLOC_ACT(a->offsets, MOE_ACT_OFFSETS, int32_t, "moe expert offsets");
-    ALLOC_ACT(a->perm_tok, MOE_ACT_PERM, int32_t, "moe permutation");
-    ALLOC_ACT(a->inv, MOE_ACT_INV, int32_t, "moe inverse permutation");
-    ops->moe_plan(s, a->counts, a->offsets, a->perm_tok, a->inv, a->idx, n, k, E);
-    a->counts_host = malloc((size_t)E * sizeof *a->counts_host);
-    a->offsets_host = malloc((size_t)(E + 1) * sizeof *a->offsets_host);
-    MT_CHECK(a->counts_host && a->offsets_host, "out of host memory for moe counts");
-    kern_memcpy_d2h(dev, s, a->counts_host, a->counts, (size_t)E * sizeof(int32_t));
-    kern_memcpy_d2h(dev, s, a->offsets_host, a->offsets, (size_t)(E + 1) * sizeof(int32_t));
-    kern_stream_sync(dev, s);
+    TRY(moe_plan_routes(dev, d, n, a, err));
 
     if (p->fetch_experts &&
         p->fetch_experts(p->fetch_ctx, a->counts_host, p->gate, p->up, p->down, err) != MT_OK)

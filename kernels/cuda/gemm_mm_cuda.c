@@ -86,15 +86,15 @@ static void mm_one(kern_stream_t *s, const kern_mm_t *p, int idx) {
     const size_t c_bytes = c_copy ? round_up((size_t)M * N * 4) : 0;
     const size_t cap = kern_cuda_scratch_capacity(s);
     mm_piece_t whole = {p->A.data, p->B.data, p->A.dtype, p->B.dtype, M, N, K, p->beta};
-    char what[200];
-    snprintf(what, sizeof what, "kern_mm product %d (M=%d N=%d K=%d: A %s%s, B %s%s, C %s%s)", idx, M, N, K,
-             mt_dtype_name(p->A.dtype), conv_a ? " rounded to bf16" : "", mt_dtype_name(p->B.dtype),
-             conv_b ? " rounded to bf16" : "", mt_dtype_name(p->C.dtype), c_copy ? " formed in fp32" : "");
     const size_t need = a_bytes + b_bytes + c_bytes;
     if (need == 0) {
         run_piece(s, p, &whole, p->C.data, p->C.dtype, NULL);
         return;
     }
+    char what[200]; /* names the product if the scratch is too small */
+    snprintf(what, sizeof what, "kern_mm product %d (M=%d N=%d K=%d: A %s%s, B %s%s, C %s%s)", idx, M, N, K,
+             mt_dtype_name(p->A.dtype), conv_a ? " rounded to bf16" : "", mt_dtype_name(p->B.dtype),
+             conv_b ? " rounded to bf16" : "", mt_dtype_name(p->C.dtype), c_copy ? " formed in fp32" : "");
     if (need <= cap || (p->trans_a && p->trans_b)) {
         char *scratch = kern_cuda_scratch(s, need, what); /* aborts naming the product if it does not fit */
         void *C = p->C.data;
