@@ -97,3 +97,19 @@ mt_status_t eng_program_planner_opts(const eng_run_config_t *rc, const sched_hw_
     o->budget[SCHED_MEM_HOST] = rc->memory_host ? (double)rc->memory_host : hw->host_memory;
     return MT_OK;
 }
+
+mt_status_t eng_program_workload(const eng_model_config_t *mc, const eng_run_config_t *rc, const sched_hw_t *hw,
+                                 bool bf16_storage, sched_workload_t *w, mt_error_t *err) {
+    sched_program_t prog;
+    sched_run_shape_t shape;
+    sched_registry_t reg;
+    memset(&reg, 0, sizeof reg);
+    memset(w, 0, sizeof *w);
+    mt_status_t st = eng_program_describe(mc, rc, bf16_storage, &prog, &shape, err);
+    if (st != MT_OK) return st;
+    st = sched_registry_build(&prog, &shape, &reg, err);
+    sched_program_free(&prog);
+    if (st == MT_OK) st = sched_workload_build(&reg, hw, w, err);
+    sched_registry_free(&reg);
+    return st;
+}

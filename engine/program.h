@@ -24,6 +24,12 @@
 mt_status_t eng_program_describe(const eng_model_config_t *mc, const eng_run_config_t *rc, bool bf16_storage,
                                  sched_program_t *prog, sched_run_shape_t *shape, mt_error_t *err);
 
+/* The scheduler's workload of a run (describe, registry, cost model on
+ * hw): what the planner plans over.  On MT_OK the caller frees *w
+ * (sched_workload_free). */
+mt_status_t eng_program_workload(const eng_model_config_t *mc, const eng_run_config_t *rc, const sched_hw_t *hw,
+                                 bool bf16_storage, sched_workload_t *w, mt_error_t *err);
+
 /* The share of a GPU's device budget plans leave free for stream-ordered
  * frees and fragmentation (measured: see program.c). */
 #define ENG_GPU_DEVICE_HEADROOM 0.15

@@ -84,19 +84,11 @@ mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t 
         st = sched_hw_load(path, &hw, err);
         if (st != MT_OK) return st;
     }
-    sched_program_t prog;
-    sched_run_shape_t shape;
-    sched_registry_t reg;
     sched_workload_t w;
     sched_planner_opts_t opts;
     sched_planner_result_t res;
-    memset(&reg, 0, sizeof reg);
-    memset(&w, 0, sizeof w);
     memset(&res, 0, sizeof res);
-    st = eng_program_describe(mc, rc, eng_compute_dtype(rc, dev) == MT_BF16, &prog, &shape, err);
-    if (st == MT_OK) st = sched_registry_build(&prog, &shape, &reg, err);
-    sched_program_free(&prog);
-    if (st == MT_OK) st = sched_workload_build(&reg, &hw, &w, err);
+    st = eng_program_workload(mc, rc, &hw, eng_compute_dtype(rc, dev) == MT_BF16, &w, err);
     if (st == MT_OK) st = eng_program_planner_opts(rc, &hw, &opts, err);
     if (st == MT_OK) st = sched_plan_make(&w, &opts, &res, err);
     if (st == MT_OK && !res.feasible) st = mt_error_set(err, MT_ERR_BUDGET, "%s: %s", rc->source_path, res.why);
@@ -111,7 +103,6 @@ mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t 
     }
     sched_planner_result_free(&res);
     sched_workload_free(&w);
-    sched_registry_free(&reg);
     return st;
 }
 

@@ -18,20 +18,11 @@ mt_status_t plan_devices_make(const plan_ctx_t *c, int n, plan_devices_t *out, m
     eng_run_config_t rc = c->rc;
     rc.gradient_accumulation_steps = K / n;
     const bool bf16 = c->rc.bf16 == ENG_BF16_ON || (c->rc.bf16 == ENG_BF16_AUTO && !c->hw.measured);
-    sched_program_t prog;
-    sched_run_shape_t shape;
-    sched_registry_t reg;
     sched_workload_t w;
     sched_planner_opts_t opts;
     sched_planner_result_t res;
-    memset(&reg, 0, sizeof reg);
-    memset(&w, 0, sizeof w);
     memset(&res, 0, sizeof res);
-    mt_status_t st = eng_program_describe(&c->mc, &rc, bf16, &prog, &shape, err);
-    if (st != MT_OK) return st;
-    st = sched_registry_build(&prog, &shape, &reg, err);
-    sched_program_free(&prog);
-    if (st == MT_OK) st = sched_workload_build(&reg, &c->hw, &w, err);
+    mt_status_t st = eng_program_workload(&c->mc, &rc, &c->hw, bf16, &w, err);
     if (st == MT_OK) st = eng_program_planner_opts(&rc, &c->hw, &opts, err);
     if (st == MT_OK) st = sched_plan_make(&w, &opts, &res, err);
     if (st == MT_OK) {
@@ -42,7 +33,6 @@ mt_status_t plan_devices_make(const plan_ctx_t *c, int n, plan_devices_t *out, m
     }
     sched_planner_result_free(&res);
     sched_workload_free(&w);
-    sched_registry_free(&reg);
     return st;
 }
 
