@@ -19,15 +19,15 @@ void sched_plan_init_uniform(sched_plan_t *plan, int num_blocks, sched_policy_t 
         case SCHED_POLICY_AUTO:
         case SCHED_POLICY_KEEP_ALL:
             *p = (sched_block_plan_t){SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_DEVICE,
-                                      SCHED_ACTS_KEEP};
+                                      SCHED_ACTS_KEEP, false};
             break;
         case SCHED_POLICY_OFFLOAD_ALL:
             *p = (sched_block_plan_t){SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST,
-                                      SCHED_ACTS_OFFLOAD};
+                                      SCHED_ACTS_OFFLOAD, false};
             break;
         case SCHED_POLICY_MIN_MEMORY:
             *p = (sched_block_plan_t){SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST,
-                                      SCHED_ACTS_RECOMPUTE};
+                                      SCHED_ACTS_RECOMPUTE, false};
             break;
         }
     }

@@ -43,6 +43,11 @@ typedef struct {
     sched_grad_place_t grads;
     sched_optim_place_t optim;
     sched_act_place_t acts;
+    /* With several devices, a MoE layer's routed experts are split between
+     * them (expert parallel: each device holds and updates only its own
+     * experts, routed tokens are exchanged) instead of replicated on every
+     * device (data parallel, the default).  Unused on one device. */
+    bool expert_parallel;
 } sched_block_plan_t;
 
 typedef enum {
