@@ -1,12 +1,13 @@
 /* Attention and MLP halves of a decoder layer (see blocks.h). */
 #include "engine/blocks.h"
+#include "engine/exec_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #define ALLOC(ptr, count, tag)                                                         \
     do {                                                                               \
-        (ptr) = (float *)kern_alloc(m->dev, (size_t)(count) * sizeof(float), (tag), err); \
+        (ptr) = (float *)kern_alloc(ex->dev, (size_t)(count) * sizeof(float), (tag), err); \
         if (!(ptr)) goto fail;                                                         \
     } while (0)
 
@@ -31,43 +32,46 @@ static mt_dtype_t act_dtype(const eng_model_t *m, int layer, eng_act_id_t id) {
 
 #define ALLOC_ACT(ptr, id, tag)                                                            \
     do {                                                                                   \
-        (ptr) = (float *)kern_alloc(m->dev, act_bytes(m, layer, (id), n), (tag), err);   \
+        (ptr) = (float *)kern_alloc(ex->dev, act_bytes(ex->model, layer, (id), n), (tag), err);  \
         if (!(ptr)) goto fail;                                                             \
     } while (0)
 
 
 /* A weight's device working copy (fp32, or bf16 in a bf16 run): only
  * products read the bf16 ones, so norms and biases get plain floats. */
-static eng_operand_t W(eng_model_t *m, int i) {
-    return i >= 0 ? (eng_operand_t){m->params[i].w, m->params[i].w_dtype} : (eng_operand_t){NULL, MT_F32};
+static eng_operand_t W(eng_exec_t *ex, int i) {
+    eng_model_t *m = ex->model;
+    return i >= 0 ? (eng_operand_t){ex->dp[i].w, m->params[i].w_dtype} : (eng_operand_t){NULL, MT_F32};
 }
-static float *WF(eng_model_t *m, int i) {
+static float *WF(eng_exec_t *ex, int i) {
+    eng_model_t *m = ex->model;
     if (i < 0) return NULL;
     MT_CHECK(m->params[i].w_dtype == MT_F32, "%s: an fp32 kernel was given its bf16 working copy", m->params[i].spec->name);
-    return m->params[i].w;
+    return ex->dp[i].w;
 }
 /* The gradient target the executor prepared for this backward; NULL for
  * a frozen parameter (a LoRA run's base), whose weight gradient is not
  * formed at all. */
-static float *G(eng_model_t *m, int i) { return i >= 0 ? m->params[i].g : NULL; }
+static float *G(eng_exec_t *ex, int i) { return i >= 0 ? ex->dp[i].g : NULL; }
 
 /* Weight gradient products, skipped for a frozen weight. */
-static void mm_grad(eng_model_t *m, int i, eng_operand_t A, eng_operand_t B, int M, int N, int K) {
-    float *g = G(m, i);
-    if (g) eng_mm(m, g, A, B, M, N, K, true, false, 1.0f, 1.0f);
+static void mm_grad(eng_exec_t *ex, int i, eng_operand_t A, eng_operand_t B, int M, int N, int K) {
+    float *g = G(ex, i);
+    if (g) eng_mm(ex, g, A, B, M, N, K, true, false, 1.0f, 1.0f);
 }
 
 /* The LoRA factors of module i (kernels/lora.h): a == NULL when it has none.
  * The gradient targets are set in backward, when the executor prepared them. */
-static kern_lora_t lora_of(const eng_model_t *m, int i) {
+static kern_lora_t lora_of(const eng_exec_t *ex, int i) {
+    const eng_model_t *m = ex->model;
     kern_lora_t l = {0};
     if (i < 0 || m->params[i].lora_a < 0) return l;
-    const eng_param_t *a = &m->params[m->params[i].lora_a], *b = &m->params[m->params[i].lora_b];
-    l.a = a->w;
-    l.b = b->w;
-    l.dtype = a->w_dtype;
-    l.ga = a->g;
-    l.gb = b->g;
+    const int ia = m->params[i].lora_a, ib = m->params[i].lora_b;
+    l.a = ex->dp[ia].w;
+    l.b = ex->dp[ib].w;
+    l.dtype = m->params[ia].w_dtype;
+    l.ga = ex->dp[ia].g;
+    l.gb = ex->dp[ib].g;
     l.r = m->lora.r;
     l.scale = m->lora.scale;
     l.dropout = m->lora.dropout;
@@ -81,27 +85,30 @@ static kern_lora_t lora_of(const eng_model_t *m, int i) {
 }
 
 /* y (n, out) += the LoRA term of module i on x (n, in); none: nothing. */
-static mt_status_t lora_fwd(eng_model_t *m, int i, float *y, eng_operand_t x, int n, int in, int out,
+static mt_status_t lora_fwd(eng_exec_t *ex, int i, float *y, eng_operand_t x, int n, int in, int out,
                             mt_error_t *err) {
-    const kern_lora_t l = lora_of(m, i);
-    return kern_lora_fwd(m->dev, m->compute, &l, y, x.data, x.dtype, n, in, out, err);
+    eng_model_t *m = ex->model;
+    const kern_lora_t l = lora_of(ex, i);
+    return kern_lora_fwd(ex->dev, m->compute, &l, y, x.data, x.dtype, n, in, out, err);
 }
 
 /* Its backward: the factors' gradients, and dx (n, in) += its input gradient. */
-static mt_status_t lora_bwd(eng_model_t *m, int i, const float *dy, eng_operand_t x, float *dx, int n, int in,
+static mt_status_t lora_bwd(eng_exec_t *ex, int i, const float *dy, eng_operand_t x, float *dx, int n, int in,
                             int out, mt_error_t *err) {
-    const kern_lora_t l = lora_of(m, i);
-    return kern_lora_bwd(m->dev, m->compute, &l, dy, x.data, x.dtype, dx, n, in, out, err);
+    eng_model_t *m = ex->model;
+    const kern_lora_t l = lora_of(ex, i);
+    return kern_lora_bwd(ex->dev, m->compute, &l, dy, x.data, x.dtype, dx, n, in, out, err);
 }
 
 /* A small frozen parameter's kernels (norm and bias backward) still write
  * a weight gradient: they get a scratch target, dropped afterwards. */
-static float *G_or_scratch(eng_model_t *m, int i, float **scratch, mt_error_t *err) {
-    float *g = G(m, i);
+static float *G_or_scratch(eng_exec_t *ex, int i, float **scratch, mt_error_t *err) {
+    eng_model_t *m = ex->model;
+    float *g = G(ex, i);
     if (g || i < 0) return g;
     const size_t bytes = m->params[i].spec->numel * sizeof(float);
-    *scratch = kern_alloc(m->dev, bytes, "gradient of a frozen parameter (discarded)", err);
-    if (*scratch) kern_memset(m->dev, kern_stream(m->dev, KERN_STREAM_COMPUTE), *scratch, 0, bytes);
+    *scratch = kern_alloc(ex->dev, bytes, "gradient of a frozen parameter (discarded)", err);
+    if (*scratch) kern_memset(ex->dev, kern_stream(ex->dev, KERN_STREAM_COMPUTE), *scratch, 0, bytes);
     return *scratch;
 }
 
@@ -112,11 +119,12 @@ static float *G_or_scratch(eng_model_t *m, int i, float **scratch, mt_error_t *e
 
 eng_operand_t eng_f32(const float *p) { return (eng_operand_t){p, MT_F32}; }
 
-void eng_mm(eng_model_t *m, float *C, eng_operand_t A, eng_operand_t B, int M, int N, int K, bool trans_a,
+void eng_mm(eng_exec_t *ex, float *C, eng_operand_t A, eng_operand_t B, int M, int N, int K, bool trans_a,
             bool trans_b, float alpha, float beta) {
+    eng_model_t *m = ex->model;
     const kern_mm_t p = kern_mm_make(C, A.data, A.dtype, B.data, B.dtype, M, N, K, trans_a, trans_b, alpha, beta,
                                      m->compute);
-    m->dev->ops->mm(kern_stream(m->dev, KERN_STREAM_COMPUTE), &p);
+    ex->dev->ops->mm(kern_stream(ex->dev, KERN_STREAM_COMPUTE), &p);
 }
 
 static void dfree(kern_device_t *dev, float **p) {
@@ -126,50 +134,52 @@ static void dfree(kern_device_t *dev, float **p) {
 
 /* Both halves end the same way: the residual's gradient dx (n, H) gains
  * the pre-norm branch's, rmsnorm_bwd(dxn) through norm weight `norm`. */
-static mt_status_t norm_bwd_into_residual(eng_model_t *m, int norm, float *dx, const float *dxn,
+static mt_status_t norm_bwd_into_residual(eng_exec_t *ex, int norm, float *dx, const float *dxn,
                                           const float *x, const float *rstd, int n, const char *tag,
                                           mt_error_t *err) {
+    eng_model_t *m = ex->model;
     const int H = m->cfg.hidden_size;
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-    float *tmp = kern_alloc(m->dev, (size_t)n * H * sizeof(float), tag, err);
+    kern_stream_t *s = kern_stream(ex->dev, KERN_STREAM_COMPUTE);
+    float *tmp = kern_alloc(ex->dev, (size_t)n * H * sizeof(float), tag, err);
     if (!tmp) return err->code;
-    float *scratch = NULL, *gw = G_or_scratch(m, norm, &scratch, err);
+    float *scratch = NULL, *gw = G_or_scratch(ex, norm, &scratch, err);
     if (!gw) {
-        kern_free(m->dev, tmp);
+        kern_free(ex->dev, tmp);
         return err->code;
     }
-    m->dev->ops->rmsnorm_bwd(s, tmp, gw, dxn, x, WF(m, norm), rstd, n, H);
-    m->dev->ops->add(s, dx, dx, tmp, (size_t)n * H);
-    kern_free(m->dev, tmp);
-    if (scratch) kern_free(m->dev, scratch);
+    ex->dev->ops->rmsnorm_bwd(s, tmp, gw, dxn, x, WF(ex, norm), rstd, n, H);
+    ex->dev->ops->add(s, dx, dx, tmp, (size_t)n * H);
+    kern_free(ex->dev, tmp);
+    if (scratch) kern_free(ex->dev, scratch);
     return MT_OK;
 }
 
 /* ---- attention half -------------------------------------------------- */
 
-mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in,
+mt_status_t eng_attn_forward(eng_exec_t *ex, int layer, const eng_shape_t *sh, const float *x_in,
                              float *x_mid, eng_attn_acts_t *a, mt_error_t *err) {
+    eng_model_t *m = ex->model;
     const eng_model_config_t *c = &m->cfg;
     const eng_layer_index_t *L = &m->layers[layer];
-    const kern_ops_t *ops = m->dev->ops;
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const kern_ops_t *ops = ex->dev->ops;
+    kern_stream_t *s = kern_stream(ex->dev, KERN_STREAM_COMPUTE);
     const int n = sh->n, H = c->hidden_size, hd = c->head_dim;
     const int nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qd = nh * hd, kd = nkv * hd;
-    if (c->mla) return eng_mla_attn_forward(m, layer, sh, x_in, x_mid, a, err);
+    if (c->mla) return eng_mla_attn_forward(ex, layer, sh, x_in, x_mid, a, err);
     memset(a, 0, sizeof *a);
 
     ALLOC_ACT(a->xn, ENG_A_ATTN_XN, "attention input norm");
     ALLOC_ACT(a->rstd, ENG_A_ATTN_RSTD, "attention input norm rstd");
-    const mt_dtype_t xn_dt = act_dtype(m, layer, ENG_A_ATTN_XN);
+    const mt_dtype_t xn_dt = act_dtype(ex->model, layer, ENG_A_ATTN_XN);
     if (xn_dt == MT_F32) {
-        ops->rmsnorm_fwd(s, a->xn, a->rstd, x_in, WF(m, L->attn_norm), n, H, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, a->xn, a->rstd, x_in, WF(ex, L->attn_norm), n, H, c->rms_norm_eps);
     } else { /* normed in fp32, saved rounded: only q/k/v's products read it */
         float *xn32 = NULL;
         ALLOC(xn32, (size_t)n * H, "attention input norm (fp32)");
-        ops->rmsnorm_fwd(s, xn32, a->rstd, x_in, WF(m, L->attn_norm), n, H, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, xn32, a->rstd, x_in, WF(ex, L->attn_norm), n, H, c->rms_norm_eps);
         ops->f32_to_bf16(s, (uint16_t *)a->xn, xn32, (size_t)n * H);
-        kern_free(m->dev, xn32);
+        kern_free(ex->dev, xn32);
     }
     const eng_operand_t xn = {a->xn, xn_dt};
     ALLOC_ACT(a->q, ENG_A_Q, "attention q");
@@ -184,45 +194,45 @@ mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, c
         qp = a->q_pre;
         kp = a->k_pre;
     }
-    eng_mm(m, qp, xn, W(m, L->q), n, qd, H, false, true, 1.0f, 0.0f);
-    eng_mm(m, kp, xn, W(m, L->k), n, kd, H, false, true, 1.0f, 0.0f);
-    eng_mm(m, a->v, xn, W(m, L->v), n, kd, H, false, true, 1.0f, 0.0f);
-    TRY(lora_fwd(m, L->q, qp, xn, n, H, qd, err));
-    TRY(lora_fwd(m, L->k, kp, xn, n, H, kd, err));
-    TRY(lora_fwd(m, L->v, a->v, xn, n, H, kd, err));
+    eng_mm(ex, qp, xn, W(ex, L->q), n, qd, H, false, true, 1.0f, 0.0f);
+    eng_mm(ex, kp, xn, W(ex, L->k), n, kd, H, false, true, 1.0f, 0.0f);
+    eng_mm(ex, a->v, xn, W(ex, L->v), n, kd, H, false, true, 1.0f, 0.0f);
+    TRY(lora_fwd(ex, L->q, qp, xn, n, H, qd, err));
+    TRY(lora_fwd(ex, L->k, kp, xn, n, H, kd, err));
+    TRY(lora_fwd(ex, L->v, a->v, xn, n, H, kd, err));
     if (L->q_bias >= 0) {
-        ops->bias_fwd(s, qp, WF(m, L->q_bias), n, qd);
-        ops->bias_fwd(s, kp, WF(m, L->k_bias), n, kd);
-        ops->bias_fwd(s, a->v, WF(m, L->v_bias), n, kd);
+        ops->bias_fwd(s, qp, WF(ex, L->q_bias), n, qd);
+        ops->bias_fwd(s, kp, WF(ex, L->k_bias), n, kd);
+        ops->bias_fwd(s, a->v, WF(ex, L->v_bias), n, kd);
     }
     /* q/k RMSNorm per head (Qwen3: rows of hd), or over each token's whole
      * projection (OLMoE: one row of nh*hd, one of nkv*hd). */
     const int qn_rows = c->qk_norm_whole ? n : n * nh, qn_cols = c->qk_norm_whole ? qd : hd;
     const int kn_rows = c->qk_norm_whole ? n : n * nkv, kn_cols = c->qk_norm_whole ? kd : hd;
     if (c->qk_norm) {
-        ops->rmsnorm_fwd(s, a->q, a->q_rstd, a->q_pre, WF(m, L->q_norm), qn_rows, qn_cols, c->rms_norm_eps);
-        ops->rmsnorm_fwd(s, a->k, a->k_rstd, a->k_pre, WF(m, L->k_norm), kn_rows, kn_cols, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, a->q, a->q_rstd, a->q_pre, WF(ex, L->q_norm), qn_rows, qn_cols, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, a->k, a->k_rstd, a->k_pre, WF(ex, L->k_norm), kn_rows, kn_cols, c->rms_norm_eps);
     }
     if (c->clip_qkv > 0) { /* OLMoE's clip_qkv: after the q/k norm, before RoPE (modeling_olmoe.py) */
         ops->clamp_fwd(s, a->q, a->q, c->clip_qkv, (size_t)n * qd);
         ops->clamp_fwd(s, a->k, a->k, c->clip_qkv, (size_t)n * kd);
         ops->clamp_fwd(s, a->v, a->v, c->clip_qkv, (size_t)n * kd);
     }
-    TRY(eng_rope_qk(m, sh, a->q, a->k, false, err));
+    TRY(eng_rope_qk(ex, sh, a->q, a->k, false, err));
     ALLOC_ACT(a->att, ENG_A_ATT, "attention output");
     ALLOC_ACT(a->lse, ENG_A_LSE, "attention logsumexp");
     ops->attention_fwd(s, a->att, a->lse, a->q, a->k, a->v, sh->kv_len, sh->B, sh->T, nh, nkv,
                        hd, eng_layer_window(c, layer));
     /* gpt-oss's sinks rescale the output and join the saved logsumexp (kernels/gpt_oss.h) */
-    if (L->sinks >= 0) ops->attn_sink_fwd(s, a->att, a->lse, WF(m, L->sinks), sh->B, sh->T, nh, hd);
+    if (L->sinks >= 0) ops->attn_sink_fwd(s, a->att, a->lse, WF(ex, L->sinks), sh->B, sh->T, nh, hd);
     /* x_mid = x_in + att o^T */
-    kern_memcpy_d2d(m->dev, s, x_mid, x_in, (size_t)n * H * sizeof(float));
-    eng_mm(m, x_mid, eng_f32(a->att), W(m, L->o), n, H, qd, false, true, 1.0f, 1.0f);
-    TRY(lora_fwd(m, L->o, x_mid, eng_f32(a->att), n, qd, H, err));
-    if (L->o_bias >= 0) ops->bias_fwd(s, x_mid, WF(m, L->o_bias), n, H);
+    kern_memcpy_d2d(ex->dev, s, x_mid, x_in, (size_t)n * H * sizeof(float));
+    eng_mm(ex, x_mid, eng_f32(a->att), W(ex, L->o), n, H, qd, false, true, 1.0f, 1.0f);
+    TRY(lora_fwd(ex, L->o, x_mid, eng_f32(a->att), n, qd, H, err));
+    if (L->o_bias >= 0) ops->bias_fwd(s, x_mid, WF(ex, L->o_bias), n, H);
     return MT_OK;
 fail:
-    eng_attn_acts_release(m->dev, a);
+    eng_attn_acts_release(ex->dev, a);
     return err->code;
 }
 
@@ -232,16 +242,17 @@ fail:
  * exactly as the forward made it, the q/k norm from the saved projections
  * and v's projection from the saved input norm, so the mask is bit for bit
  * the forward's. */
-static mt_status_t clip_qkv_bwd(eng_model_t *m, int layer, const eng_shape_t *sh, eng_attn_acts_t *a, float *dq,
+static mt_status_t clip_qkv_bwd(eng_exec_t *ex, int layer, const eng_shape_t *sh, eng_attn_acts_t *a, float *dq,
                                 float *dk, float *dv, mt_error_t *err) {
+    eng_model_t *m = ex->model;
     const eng_model_config_t *c = &m->cfg;
     const eng_layer_index_t *L = &m->layers[layer];
-    const kern_ops_t *ops = m->dev->ops;
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const kern_ops_t *ops = ex->dev->ops;
+    kern_stream_t *s = kern_stream(ex->dev, KERN_STREAM_COMPUTE);
     const int n = sh->n, H = c->hidden_size, hd = c->head_dim;
     const int nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qd = nh * hd, kd = nkv * hd;
-    const eng_operand_t xn = {a->xn, act_dtype(m, layer, ENG_A_ATTN_XN)};
+    const eng_operand_t xn = {a->xn, act_dtype(ex->model, layer, ENG_A_ATTN_XN)};
     float *x = NULL, *rstd = NULL;
     ALLOC(x, (size_t)n * qd, "clip_qkv input (recomputed)");
     ALLOC(rstd, (size_t)n * (nh > nkv ? nh : nkv), "clip_qkv q/k norm rstd (recomputed)");
@@ -252,97 +263,98 @@ static mt_status_t clip_qkv_bwd(eng_model_t *m, int layer, const eng_shape_t *sh
         if (which < 2 && c->qk_norm) {
             const float *pre = which == 0 ? a->q_pre : a->k_pre;
             const int rows = c->qk_norm_whole ? n : n * (which == 0 ? nh : nkv), cols = c->qk_norm_whole ? d : hd;
-            ops->rmsnorm_fwd(s, x, rstd, pre, WF(m, norm), rows, cols, c->rms_norm_eps);
+            ops->rmsnorm_fwd(s, x, rstd, pre, WF(ex, norm), rows, cols, c->rms_norm_eps);
         } else {
-            eng_mm(m, x, xn, W(m, proj), n, d, H, false, true, 1.0f, 0.0f);
-            if (bias >= 0) ops->bias_fwd(s, x, WF(m, bias), n, d);
+            eng_mm(ex, x, xn, W(ex, proj), n, d, H, false, true, 1.0f, 0.0f);
+            if (bias >= 0) ops->bias_fwd(s, x, WF(ex, bias), n, d);
         }
         ops->clamp_bwd(s, grad, grad, x, c->clip_qkv, (size_t)n * d);
     }
-    dfree(m->dev, &x);
-    dfree(m->dev, &rstd);
+    dfree(ex->dev, &x);
+    dfree(ex->dev, &rstd);
     return MT_OK;
 fail:
-    dfree(m->dev, &x);
-    dfree(m->dev, &rstd);
+    dfree(ex->dev, &x);
+    dfree(ex->dev, &rstd);
     return err->code;
 }
 
-mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in,
+mt_status_t eng_attn_backward(eng_exec_t *ex, int layer, const eng_shape_t *sh, const float *x_in,
                               float *dx, eng_attn_acts_t *a, mt_error_t *err) {
+    eng_model_t *m = ex->model;
     const eng_model_config_t *c = &m->cfg;
     const eng_layer_index_t *L = &m->layers[layer];
-    const kern_ops_t *ops = m->dev->ops;
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const kern_ops_t *ops = ex->dev->ops;
+    kern_stream_t *s = kern_stream(ex->dev, KERN_STREAM_COMPUTE);
     const int n = sh->n, H = c->hidden_size, hd = c->head_dim;
     const int nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qd = nh * hd, kd = nkv * hd;
     float *datt = NULL, *dq = NULL, *dk = NULL, *dv = NULL, *dxn = NULL, *tmp = NULL;
     float *scratch[5] = {0}; /* discarded gradients of frozen biases and norms */
-    if (c->mla) return eng_mla_attn_backward(m, layer, sh, x_in, dx, a, err);
+    if (c->mla) return eng_mla_attn_backward(ex, layer, sh, x_in, dx, a, err);
 
     ALLOC(datt, (size_t)n * qd, "d(attention output)");
-    eng_mm(m, datt, eng_f32(dx), W(m, L->o), n, qd, H, false, false, 1.0f, 0.0f);
-    mm_grad(m, L->o, eng_f32(dx), eng_f32(a->att), H, qd, n);
-    TRY(lora_bwd(m, L->o, dx, eng_f32(a->att), datt, n, qd, H, err));
-    if (L->o_bias >= 0 && G(m, L->o_bias)) ops->bias_bwd(s, G(m, L->o_bias), dx, n, H);
+    eng_mm(ex, datt, eng_f32(dx), W(ex, L->o), n, qd, H, false, false, 1.0f, 0.0f);
+    mm_grad(ex, L->o, eng_f32(dx), eng_f32(a->att), H, qd, n);
+    TRY(lora_bwd(ex, L->o, dx, eng_f32(a->att), datt, n, qd, H, err));
+    if (L->o_bias >= 0 && G(ex, L->o_bias)) ops->bias_bwd(s, G(ex, L->o_bias), dx, n, H);
     /* the sinks' own gradient; dq, dk, dv need nothing more (kernels/gpt_oss.h) */
-    if (L->sinks >= 0 && G(m, L->sinks))
-        ops->attn_sink_bwd(s, G(m, L->sinks), datt, a->att, a->lse, WF(m, L->sinks), sh->B, sh->T, nh, hd);
+    if (L->sinks >= 0 && G(ex, L->sinks))
+        ops->attn_sink_bwd(s, G(ex, L->sinks), datt, a->att, a->lse, WF(ex, L->sinks), sh->B, sh->T, nh, hd);
     ALLOC(dq, (size_t)n * qd, "d(q)");
     ALLOC(dk, (size_t)n * kd, "d(k)");
     ALLOC(dv, (size_t)n * kd, "d(v)");
     ops->attention_bwd(s, dq, dk, dv, datt, a->q, a->k, a->v, a->att, a->lse, sh->kv_len, sh->B,
                        sh->T, nh, nkv, hd, eng_layer_window(c, layer));
-    dfree(m->dev, &datt);
-    TRY(eng_rope_qk(m, sh, dq, dk, true, err));
-    if (c->clip_qkv > 0 && clip_qkv_bwd(m, layer, sh, a, dq, dk, dv, err) != MT_OK) goto fail;
+    dfree(ex->dev, &datt);
+    TRY(eng_rope_qk(ex, sh, dq, dk, true, err));
+    if (c->clip_qkv > 0 && clip_qkv_bwd(ex, layer, sh, a, dq, dk, dv, err) != MT_OK) goto fail;
     if (c->qk_norm) { /* through the q/k norm (per head or whole), into the pre-norm projections */
         const int qn_rows = c->qk_norm_whole ? n : n * nh, qn_cols = c->qk_norm_whole ? qd : hd;
         const int kn_rows = c->qk_norm_whole ? n : n * nkv, kn_cols = c->qk_norm_whole ? kd : hd;
         ALLOC(tmp, (size_t)n * qd, "d(q before q_norm)");
-        float *gq = G_or_scratch(m, L->q_norm, &scratch[0], err), *gk = G_or_scratch(m, L->k_norm, &scratch[1], err);
+        float *gq = G_or_scratch(ex, L->q_norm, &scratch[0], err), *gk = G_or_scratch(ex, L->k_norm, &scratch[1], err);
         if (!gq || !gk) goto fail;
-        ops->rmsnorm_bwd(s, tmp, gq, dq, a->q_pre, WF(m, L->q_norm), a->q_rstd, qn_rows, qn_cols);
-        kern_memcpy_d2d(m->dev, s, dq, tmp, (size_t)n * qd * sizeof(float));
-        ops->rmsnorm_bwd(s, tmp, gk, dk, a->k_pre, WF(m, L->k_norm), a->k_rstd, kn_rows, kn_cols);
-        kern_memcpy_d2d(m->dev, s, dk, tmp, (size_t)n * kd * sizeof(float));
-        dfree(m->dev, &tmp);
+        ops->rmsnorm_bwd(s, tmp, gq, dq, a->q_pre, WF(ex, L->q_norm), a->q_rstd, qn_rows, qn_cols);
+        kern_memcpy_d2d(ex->dev, s, dq, tmp, (size_t)n * qd * sizeof(float));
+        ops->rmsnorm_bwd(s, tmp, gk, dk, a->k_pre, WF(ex, L->k_norm), a->k_rstd, kn_rows, kn_cols);
+        kern_memcpy_d2d(ex->dev, s, dk, tmp, (size_t)n * kd * sizeof(float));
+        dfree(ex->dev, &tmp);
     }
     if (L->q_bias >= 0) { /* a frozen bias has no gradient to form */
-        if (G(m, L->q_bias)) ops->bias_bwd(s, G(m, L->q_bias), dq, n, qd);
-        if (G(m, L->k_bias)) ops->bias_bwd(s, G(m, L->k_bias), dk, n, kd);
-        if (G(m, L->v_bias)) ops->bias_bwd(s, G(m, L->v_bias), dv, n, kd);
+        if (G(ex, L->q_bias)) ops->bias_bwd(s, G(ex, L->q_bias), dq, n, qd);
+        if (G(ex, L->k_bias)) ops->bias_bwd(s, G(ex, L->k_bias), dk, n, kd);
+        if (G(ex, L->v_bias)) ops->bias_bwd(s, G(ex, L->v_bias), dv, n, kd);
     }
-    const eng_operand_t xn = {a->xn, act_dtype(m, layer, ENG_A_ATTN_XN)};
-    mm_grad(m, L->q, eng_f32(dq), xn, qd, H, n);
-    mm_grad(m, L->k, eng_f32(dk), xn, kd, H, n);
-    mm_grad(m, L->v, eng_f32(dv), xn, kd, H, n);
+    const eng_operand_t xn = {a->xn, act_dtype(ex->model, layer, ENG_A_ATTN_XN)};
+    mm_grad(ex, L->q, eng_f32(dq), xn, qd, H, n);
+    mm_grad(ex, L->k, eng_f32(dk), xn, kd, H, n);
+    mm_grad(ex, L->v, eng_f32(dv), xn, kd, H, n);
     ALLOC(dxn, (size_t)n * H, "d(attention input norm)");
-    eng_mm(m, dxn, eng_f32(dq), W(m, L->q), n, H, qd, false, false, 1.0f, 0.0f);
-    eng_mm(m, dxn, eng_f32(dk), W(m, L->k), n, H, kd, false, false, 1.0f, 1.0f);
-    eng_mm(m, dxn, eng_f32(dv), W(m, L->v), n, H, kd, false, false, 1.0f, 1.0f);
-    TRY(lora_bwd(m, L->q, dq, xn, dxn, n, H, qd, err));
-    TRY(lora_bwd(m, L->k, dk, xn, dxn, n, H, kd, err));
-    TRY(lora_bwd(m, L->v, dv, xn, dxn, n, H, kd, err));
-    dfree(m->dev, &dq);
-    dfree(m->dev, &dk);
-    dfree(m->dev, &dv);
-    if (norm_bwd_into_residual(m, L->attn_norm, dx, dxn, x_in, a->rstd, n, "d(attention input)", err) != MT_OK)
+    eng_mm(ex, dxn, eng_f32(dq), W(ex, L->q), n, H, qd, false, false, 1.0f, 0.0f);
+    eng_mm(ex, dxn, eng_f32(dk), W(ex, L->k), n, H, kd, false, false, 1.0f, 1.0f);
+    eng_mm(ex, dxn, eng_f32(dv), W(ex, L->v), n, H, kd, false, false, 1.0f, 1.0f);
+    TRY(lora_bwd(ex, L->q, dq, xn, dxn, n, H, qd, err));
+    TRY(lora_bwd(ex, L->k, dk, xn, dxn, n, H, kd, err));
+    TRY(lora_bwd(ex, L->v, dv, xn, dxn, n, H, kd, err));
+    dfree(ex->dev, &dq);
+    dfree(ex->dev, &dk);
+    dfree(ex->dev, &dv);
+    if (norm_bwd_into_residual(ex, L->attn_norm, dx, dxn, x_in, a->rstd, n, "d(attention input)", err) != MT_OK)
         goto fail;
-    dfree(m->dev, &dxn);
-    for (int i = 0; i < 5; i++) dfree(m->dev, &scratch[i]);
-    eng_attn_acts_release(m->dev, a);
+    dfree(ex->dev, &dxn);
+    for (int i = 0; i < 5; i++) dfree(ex->dev, &scratch[i]);
+    eng_attn_acts_release(ex->dev, a);
     return MT_OK;
 fail:
-    for (int i = 0; i < 5; i++) dfree(m->dev, &scratch[i]);
-    dfree(m->dev, &datt);
-    dfree(m->dev, &dq);
-    dfree(m->dev, &dk);
-    dfree(m->dev, &dv);
-    dfree(m->dev, &dxn);
-    dfree(m->dev, &tmp);
-    eng_attn_acts_release(m->dev, a);
+    for (int i = 0; i < 5; i++) dfree(ex->dev, &scratch[i]);
+    dfree(ex->dev, &datt);
+    dfree(ex->dev, &dq);
+    dfree(ex->dev, &dk);
+    dfree(ex->dev, &dv);
+    dfree(ex->dev, &dxn);
+    dfree(ex->dev, &tmp);
+    eng_attn_acts_release(ex->dev, a);
     return err->code;
 }
 
@@ -391,33 +403,34 @@ moe_layer_dims_t eng_moe_dims(const eng_model_t *m, int layer) {
 }
 
 /* Parameter i's working copy (or its gradient target); -1 gives NULL. */
-static void *param_ptr(eng_model_t *m, int i, bool gradient) {
+static void *param_ptr(eng_exec_t *ex, int i, bool gradient) {
     if (i < 0) return NULL;
-    return gradient ? (void *)m->params[i].g : m->params[i].w;
+    return gradient ? (void *)ex->dp[i].g : ex->dp[i].w;
 }
 
-void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_t *out,
+void eng_moe_params(eng_exec_t *ex, int layer, bool gradients, moe_layer_params_t *out,
                     void **scratch) {
+    eng_model_t *m = ex->model;
     const eng_layer_index_t *L = &m->layers[layer];
     const int E = m->cfg.num_experts;
     memset(out, 0, sizeof *out); /* no LoRA factors unless moe_lora adds them */
     /* every expert matrix of a MoE layer has the same working dtype (see
      * eng_param_t); the router's is always fp32 (moe/moe_layer.c) */
     out->dtype = gradients ? MT_F32 : m->params[L->exp_gate[0]].w_dtype;
-    out->router = param_ptr(m, L->router, gradients);
+    out->router = param_ptr(ex, L->router, gradients);
     out->gate = scratch;
     out->up = scratch + E;
     out->down = scratch + 2 * E;
     for (int e = 0; e < E; e++) {
         const int ig = L->exp_gate[e], iu = L->exp_up[e], id = L->exp_down[e];
-        out->gate[e] = gradients ? m->params[ig].g : m->params[ig].w;
-        out->up[e] = gradients ? m->params[iu].g : m->params[iu].w;
-        out->down[e] = gradients ? m->params[id].g : m->params[id].w;
+        out->gate[e] = gradients ? ex->dp[ig].g : ex->dp[ig].w;
+        out->up[e] = gradients ? ex->dp[iu].g : ex->dp[iu].w;
+        out->down[e] = gradients ? ex->dp[id].g : ex->dp[id].w;
     }
-    out->sh_gate = param_ptr(m, L->sh_gate, gradients);
-    out->sh_up = param_ptr(m, L->sh_up, gradients);
-    out->sh_down = param_ptr(m, L->sh_down, gradients);
-    out->sh_expert_gate = param_ptr(m, L->sh_expert_gate, gradients);
+    out->sh_gate = param_ptr(ex, L->sh_gate, gradients);
+    out->sh_up = param_ptr(ex, L->sh_up, gradients);
+    out->sh_down = param_ptr(ex, L->sh_down, gradients);
+    out->sh_expert_gate = param_ptr(ex, L->sh_expert_gate, gradients);
     out->fetch_experts = NULL;
     out->fetch_ctx = NULL;
 }
@@ -425,14 +438,15 @@ void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_
 /* The layer's LoRA factors into p (router, shared expert, and per expert
  * when any expert module is adapted: a table of 3E entries, returned for
  * the caller to free; NULL without one). */
-static kern_lora_t *moe_lora(eng_model_t *m, int layer, moe_layer_params_t *p) {
+static kern_lora_t *moe_lora(eng_exec_t *ex, int layer, moe_layer_params_t *p) {
+    eng_model_t *m = ex->model;
     const eng_layer_index_t *L = &m->layers[layer];
     const int E = m->cfg.num_experts;
-    p->lora_router = lora_of(m, L->router);
-    p->lora_sh_gate = lora_of(m, L->sh_gate);
-    p->lora_sh_up = lora_of(m, L->sh_up);
-    p->lora_sh_down = lora_of(m, L->sh_down);
-    p->lora_sh_expert_gate = lora_of(m, L->sh_expert_gate);
+    p->lora_router = lora_of(ex, L->router);
+    p->lora_sh_gate = lora_of(ex, L->sh_gate);
+    p->lora_sh_up = lora_of(ex, L->sh_up);
+    p->lora_sh_down = lora_of(ex, L->sh_down);
+    p->lora_sh_expert_gate = lora_of(ex, L->sh_expert_gate);
     bool any = false;
     for (int e = 0; e < E && !any; e++)
         any = m->params[L->exp_gate[e]].lora_a >= 0 || m->params[L->exp_up[e]].lora_a >= 0 ||
@@ -441,9 +455,9 @@ static kern_lora_t *moe_lora(eng_model_t *m, int layer, moe_layer_params_t *p) {
     kern_lora_t *t = calloc((size_t)3 * E, sizeof *t);
     MT_CHECK_ALLOC(t, "expert LoRA table");
     for (int e = 0; e < E; e++) {
-        t[e] = lora_of(m, L->exp_gate[e]);
-        t[E + e] = lora_of(m, L->exp_up[e]);
-        t[2 * E + e] = lora_of(m, L->exp_down[e]);
+        t[e] = lora_of(ex, L->exp_gate[e]);
+        t[E + e] = lora_of(ex, L->exp_up[e]);
+        t[2 * E + e] = lora_of(ex, L->exp_down[e]);
     }
     p->lora_gate = t;
     p->lora_up = t + E;
@@ -452,7 +466,7 @@ static kern_lora_t *moe_lora(eng_model_t *m, int layer, moe_layer_params_t *p) {
 }
 
 typedef struct {
-    eng_model_t *m;
+    eng_exec_t *ex;
     int layer;
     eng_fetch_experts_fn fetch;
     moe_layer_params_t *p; /* its LoRA table follows the fetched experts too */
@@ -462,29 +476,31 @@ typedef struct {
 static mt_status_t fetch_trampoline(void *ctx, const int32_t *counts, void **gate, void **up,
                                     void **down, mt_error_t *err) {
     fetch_ctx_t *c = ctx;
-    mt_status_t st = c->fetch(c->m, c->layer, counts, err);
+    mt_status_t st = c->fetch(c->ex, c->layer, counts, err);
     if (st != MT_OK) return st;
-    const eng_layer_index_t *L = &c->m->layers[c->layer];
-    for (int e = 0; e < c->m->cfg.num_experts; e++) {
-        gate[e] = c->m->params[L->exp_gate[e]].w;
-        up[e] = c->m->params[L->exp_up[e]].w;
-        down[e] = c->m->params[L->exp_down[e]].w;
+    const eng_model_t *m = c->ex->model;
+    const eng_layer_index_t *L = &m->layers[c->layer];
+    for (int e = 0; e < m->cfg.num_experts; e++) {
+        gate[e] = c->ex->dp[L->exp_gate[e]].w;
+        up[e] = c->ex->dp[L->exp_up[e]].w;
+        down[e] = c->ex->dp[L->exp_down[e]].w;
         if (c->p->lora_gate) {
-            c->p->lora_gate[e] = lora_of(c->m, L->exp_gate[e]);
-            c->p->lora_up[e] = lora_of(c->m, L->exp_up[e]);
-            c->p->lora_down[e] = lora_of(c->m, L->exp_down[e]);
+            c->p->lora_gate[e] = lora_of(c->ex, L->exp_gate[e]);
+            c->p->lora_up[e] = lora_of(c->ex, L->exp_up[e]);
+            c->p->lora_down[e] = lora_of(c->ex, L->exp_down[e]);
         }
     }
     return MT_OK;
 }
 
-mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_mid,
+mt_status_t eng_mlp_forward(eng_exec_t *ex, int layer, const eng_shape_t *sh, const float *x_mid,
                             float *x_out, eng_fetch_experts_fn fetch, eng_mlp_acts_t *a,
                             mt_error_t *err) {
+    eng_model_t *m = ex->model;
     const eng_model_config_t *c = &m->cfg;
     const eng_layer_index_t *L = &m->layers[layer];
-    const kern_ops_t *ops = m->dev->ops;
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const kern_ops_t *ops = ex->dev->ops;
+    kern_stream_t *s = kern_stream(ex->dev, KERN_STREAM_COMPUTE);
     const int n = sh->n, H = c->hidden_size;
     float *y = NULL, *h = NULL;
     memset(a, 0, sizeof *a);
@@ -492,28 +508,28 @@ mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, co
 
     ALLOC_ACT(a->xn, ENG_A_MLP_XN, "mlp input norm");
     ALLOC_ACT(a->rstd, ENG_A_MLP_RSTD, "mlp input norm rstd");
-    ops->rmsnorm_fwd(s, a->xn, a->rstd, x_mid, WF(m, L->mlp_norm), n, H, c->rms_norm_eps);
+    ops->rmsnorm_fwd(s, a->xn, a->rstd, x_mid, WF(ex, L->mlp_norm), n, H, c->rms_norm_eps);
     ALLOC(y, (size_t)n * H, "mlp output");
     if (a->is_moe && c->experts_fused) {
-        if (eng_gpt_oss_moe_forward(m, layer, n, a, y, err) != MT_OK) goto fail;
+        if (eng_gpt_oss_moe_forward(ex, layer, n, a, y, err) != MT_OK) goto fail;
     } else if (a->is_moe) {
         const int E = c->num_experts;
         void **scratch = malloc((size_t)3 * E * sizeof *scratch);
         MT_CHECK_ALLOC(scratch, "expert pointer table");
         moe_layer_params_t p;
-        eng_moe_params(m, layer, false, &p, scratch);
-        kern_lora_t *lora = moe_lora(m, layer, &p);
-        fetch_ctx_t fc = {m, layer, fetch, &p};
+        eng_moe_params(ex, layer, false, &p, scratch);
+        kern_lora_t *lora = moe_lora(ex, layer, &p);
+        fetch_ctx_t fc = {ex, layer, fetch, &p};
         if (fetch) {
             p.fetch_experts = fetch_trampoline;
             p.fetch_ctx = &fc;
         }
         moe_layer_dims_t d = eng_moe_dims(m, layer);
         float *rbias = NULL;
-        mt_status_t st = eng_router_bias_upload(m, layer, &rbias, err);
+        mt_status_t st = eng_router_bias_upload(ex, layer, &rbias, err);
         p.router_bias = rbias;
-        if (st == MT_OK) st = moe_layer_forward(m->dev, &d, &p, a->xn, n, y, &a->moe, err);
-        if (rbias) kern_free(m->dev, rbias);
+        if (st == MT_OK) st = moe_layer_forward(ex->dev, &d, &p, a->xn, n, y, &a->moe, err);
+        if (rbias) kern_free(ex->dev, rbias);
         free(scratch);
         free(lora);
         if (st != MT_OK) goto fail;
@@ -522,48 +538,49 @@ mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, co
         ALLOC_ACT(a->g, ENG_A_DENSE_G, "dense mlp gate activations");
         ALLOC_ACT(a->u, ENG_A_DENSE_U, "dense mlp up activations");
         ALLOC(h, (size_t)n * Id, "dense mlp hidden");
-        eng_mm(m, a->g, eng_f32(a->xn), W(m, L->dense_gate), n, Id, H, false, true, 1.0f, 0.0f);
-        TRY(lora_fwd(m, L->dense_gate, a->g, eng_f32(a->xn), n, H, Id, err));
-        eng_mm(m, a->u, eng_f32(a->xn), W(m, L->dense_up), n, Id, H, false, true, 1.0f, 0.0f);
-        TRY(lora_fwd(m, L->dense_up, a->u, eng_f32(a->xn), n, H, Id, err));
+        eng_mm(ex, a->g, eng_f32(a->xn), W(ex, L->dense_gate), n, Id, H, false, true, 1.0f, 0.0f);
+        TRY(lora_fwd(ex, L->dense_gate, a->g, eng_f32(a->xn), n, H, Id, err));
+        eng_mm(ex, a->u, eng_f32(a->xn), W(ex, L->dense_up), n, Id, H, false, true, 1.0f, 0.0f);
+        TRY(lora_fwd(ex, L->dense_up, a->u, eng_f32(a->xn), n, H, Id, err));
         ops->swiglu_fwd(s, h, a->g, a->u, (size_t)n * Id);
-        eng_mm(m, y, eng_f32(h), W(m, L->dense_down), n, H, Id, false, true, 1.0f, 0.0f);
-        TRY(lora_fwd(m, L->dense_down, y, eng_f32(h), n, Id, H, err));
-        dfree(m->dev, &h);
+        eng_mm(ex, y, eng_f32(h), W(ex, L->dense_down), n, H, Id, false, true, 1.0f, 0.0f);
+        TRY(lora_fwd(ex, L->dense_down, y, eng_f32(h), n, Id, H, err));
+        dfree(ex->dev, &h);
     }
     ops->add(s, x_out, x_mid, y, (size_t)n * H);
-    dfree(m->dev, &y);
+    dfree(ex->dev, &y);
     return MT_OK;
 fail:
-    dfree(m->dev, &y);
-    dfree(m->dev, &h);
-    eng_mlp_acts_release(m->dev, a);
+    dfree(ex->dev, &y);
+    dfree(ex->dev, &h);
+    eng_mlp_acts_release(ex->dev, a);
     return err->code;
 }
 
-mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_mid,
+mt_status_t eng_mlp_backward(eng_exec_t *ex, int layer, const eng_shape_t *sh, const float *x_mid,
                              float *dx, const float *aux_dp, const float *tok_w,
                              eng_mlp_acts_t *a, mt_error_t *err) {
+    eng_model_t *m = ex->model;
     const eng_model_config_t *c = &m->cfg;
     const eng_layer_index_t *L = &m->layers[layer];
-    const kern_ops_t *ops = m->dev->ops;
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const kern_ops_t *ops = ex->dev->ops;
+    kern_stream_t *s = kern_stream(ex->dev, KERN_STREAM_COMPUTE);
     const int n = sh->n, H = c->hidden_size;
     float *dxn = NULL, *h = NULL, *dh = NULL;
 
     ALLOC(dxn, (size_t)n * H, "d(mlp input norm)");
     if (a->is_moe && c->experts_fused) {
-        if (eng_gpt_oss_moe_backward(m, layer, dx, aux_dp, tok_w, a, dxn, err) != MT_OK) goto fail;
+        if (eng_gpt_oss_moe_backward(ex, layer, dx, aux_dp, tok_w, a, dxn, err) != MT_OK) goto fail;
     } else if (a->is_moe) {
         const int E = c->num_experts;
         void **scratch = malloc((size_t)6 * E * sizeof *scratch);
         MT_CHECK_ALLOC(scratch, "expert pointer table");
         moe_layer_params_t p, gp;
-        eng_moe_params(m, layer, false, &p, scratch);
-        eng_moe_params(m, layer, true, &gp, scratch + 3 * E);
-        kern_lora_t *lora = moe_lora(m, layer, &p);
+        eng_moe_params(ex, layer, false, &p, scratch);
+        eng_moe_params(ex, layer, true, &gp, scratch + 3 * E);
+        kern_lora_t *lora = moe_lora(ex, layer, &p);
         moe_layer_dims_t d = eng_moe_dims(m, layer);
-        mt_status_t st = moe_layer_backward(m->dev, &d, &p, &gp, a->xn, dx, aux_dp, tok_w, &a->moe,
+        mt_status_t st = moe_layer_backward(ex->dev, &d, &p, &gp, a->xn, dx, aux_dp, tok_w, &a->moe,
                                             dxn, err);
         free(scratch);
         free(lora);
@@ -573,29 +590,29 @@ mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, c
         ALLOC(h, (size_t)n * Id, "dense mlp hidden (recomputed)");
         ALLOC(dh, (size_t)n * Id, "d(dense mlp hidden)");
         ops->swiglu_fwd(s, h, a->g, a->u, (size_t)n * Id);
-        eng_mm(m, dh, eng_f32(dx), W(m, L->dense_down), n, Id, H, false, false, 1.0f, 0.0f);
-        mm_grad(m, L->dense_down, eng_f32(dx), eng_f32(h), H, Id, n);
-        TRY(lora_bwd(m, L->dense_down, dx, eng_f32(h), dh, n, Id, H, err));
+        eng_mm(ex, dh, eng_f32(dx), W(ex, L->dense_down), n, Id, H, false, false, 1.0f, 0.0f);
+        mm_grad(ex, L->dense_down, eng_f32(dx), eng_f32(h), H, Id, n);
+        TRY(lora_bwd(ex, L->dense_down, dx, eng_f32(h), dh, n, Id, H, err));
         ops->swiglu_bwd(s, a->g, a->u, dh, a->g, a->u, (size_t)n * Id);
-        mm_grad(m, L->dense_gate, eng_f32(a->g), eng_f32(a->xn), Id, H, n);
-        mm_grad(m, L->dense_up, eng_f32(a->u), eng_f32(a->xn), Id, H, n);
-        eng_mm(m, dxn, eng_f32(a->g), W(m, L->dense_gate), n, H, Id, false, false, 1.0f, 0.0f);
-        eng_mm(m, dxn, eng_f32(a->u), W(m, L->dense_up), n, H, Id, false, false, 1.0f, 1.0f);
-        TRY(lora_bwd(m, L->dense_gate, a->g, eng_f32(a->xn), dxn, n, H, Id, err));
-        TRY(lora_bwd(m, L->dense_up, a->u, eng_f32(a->xn), dxn, n, H, Id, err));
-        dfree(m->dev, &h);
-        dfree(m->dev, &dh);
+        mm_grad(ex, L->dense_gate, eng_f32(a->g), eng_f32(a->xn), Id, H, n);
+        mm_grad(ex, L->dense_up, eng_f32(a->u), eng_f32(a->xn), Id, H, n);
+        eng_mm(ex, dxn, eng_f32(a->g), W(ex, L->dense_gate), n, H, Id, false, false, 1.0f, 0.0f);
+        eng_mm(ex, dxn, eng_f32(a->u), W(ex, L->dense_up), n, H, Id, false, false, 1.0f, 1.0f);
+        TRY(lora_bwd(ex, L->dense_gate, a->g, eng_f32(a->xn), dxn, n, H, Id, err));
+        TRY(lora_bwd(ex, L->dense_up, a->u, eng_f32(a->xn), dxn, n, H, Id, err));
+        dfree(ex->dev, &h);
+        dfree(ex->dev, &dh);
     }
-    if (norm_bwd_into_residual(m, L->mlp_norm, dx, dxn, x_mid, a->rstd, n, "d(mlp input)", err) != MT_OK)
+    if (norm_bwd_into_residual(ex, L->mlp_norm, dx, dxn, x_mid, a->rstd, n, "d(mlp input)", err) != MT_OK)
         goto fail;
-    dfree(m->dev, &dxn);
-    eng_mlp_acts_release(m->dev, a);
+    dfree(ex->dev, &dxn);
+    eng_mlp_acts_release(ex->dev, a);
     return MT_OK;
 fail:
-    dfree(m->dev, &dxn);
-    dfree(m->dev, &h);
-    dfree(m->dev, &dh);
-    eng_mlp_acts_release(m->dev, a);
+    dfree(ex->dev, &dxn);
+    dfree(ex->dev, &h);
+    dfree(ex->dev, &dh);
+    eng_mlp_acts_release(ex->dev, a);
     return err->code;
 }
 
@@ -613,11 +630,11 @@ size_t eng_blocks_act_bytes(const eng_model_t *m, int layer, eng_act_id_t id, in
     return act_bytes(m, layer, id, n);
 }
 mt_dtype_t eng_blocks_act_dtype(const eng_model_t *m, int layer, eng_act_id_t id) { return act_dtype(m, layer, id); }
-kern_lora_t eng_blocks_lora_of(const eng_model_t *m, int i) { return lora_of(m, i); }
-float *eng_blocks_grad_or_scratch(eng_model_t *m, int i, float **scratch, mt_error_t *err) {
-    return G_or_scratch(m, i, scratch, err);
+kern_lora_t eng_blocks_lora_of(const eng_exec_t *ex, int i) { return lora_of(ex, i); }
+float *eng_blocks_grad_or_scratch(eng_exec_t *ex, int i, float **scratch, mt_error_t *err) {
+    return G_or_scratch(ex, i, scratch, err);
 }
-mt_status_t eng_blocks_norm_bwd_into_residual(eng_model_t *m, int norm, float *dx, const float *dxn, const float *x,
+mt_status_t eng_blocks_norm_bwd_into_residual(eng_exec_t *ex, int norm, float *dx, const float *dxn, const float *x,
                                               const float *rstd, int n, const char *tag, mt_error_t *err) {
-    return norm_bwd_into_residual(m, norm, dx, dxn, x, rstd, n, tag, err);
+    return norm_bwd_into_residual(ex, norm, dx, dxn, x, rstd, n, tag, err);
 }

@@ -9,12 +9,13 @@
 #ifndef MT_ENGINE_BLOCKS_H
 #define MT_ENGINE_BLOCKS_H
 
+#include "engine/exec_types.h"
 #include "engine/model.h"
 #include "moe/moe_layer.h"
 
 /* Streamed expert weights: called by the MoE forward once routing is known
  * (engine/exec.c provides it; NULL when all weights are resident). */
-typedef mt_status_t (*eng_fetch_experts_fn)(eng_model_t *m, int layer, const int32_t *counts,
+typedef mt_status_t (*eng_fetch_experts_fn)(eng_exec_t *x, int layer, const int32_t *counts,
                                             mt_error_t *err);
 
 typedef struct {
@@ -40,24 +41,24 @@ typedef struct {
     bool is_moe;
 } eng_mlp_acts_t;
 
-mt_status_t eng_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in,
+mt_status_t eng_attn_forward(eng_exec_t *ex, int layer, const eng_shape_t *sh, const float *x_in,
                              float *x_mid, eng_attn_acts_t *a, mt_error_t *err);
 /* dx (n, H): on entry d(x_mid), on return d(x_in). */
-mt_status_t eng_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in,
+mt_status_t eng_attn_backward(eng_exec_t *ex, int layer, const eng_shape_t *sh, const float *x_in,
                               float *dx, eng_attn_acts_t *a, mt_error_t *err);
 void eng_attn_acts_release(kern_device_t *dev, eng_attn_acts_t *a);
 
-mt_status_t eng_mlp_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_mid,
+mt_status_t eng_mlp_forward(eng_exec_t *ex, int layer, const eng_shape_t *sh, const float *x_mid,
                             float *x_out, eng_fetch_experts_fn fetch, eng_mlp_acts_t *a,
                             mt_error_t *err);
 /* dx (n, H): on entry d(x_out), on return d(x_mid). aux_dp/tok_w: see moe_layer.h. */
-mt_status_t eng_mlp_backward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_mid,
+mt_status_t eng_mlp_backward(eng_exec_t *ex, int layer, const eng_shape_t *sh, const float *x_mid,
                              float *dx, const float *aux_dp, const float *tok_w,
                              eng_mlp_acts_t *a, mt_error_t *err);
 void eng_mlp_acts_release(kern_device_t *dev, eng_mlp_acts_t *a);
 
 /* The MoE weights (or gradients) of a layer as moe/ wants them. */
-void eng_moe_params(eng_model_t *m, int layer, bool gradients, moe_layer_params_t *out,
+void eng_moe_params(eng_exec_t *ex, int layer, bool gradients, moe_layer_params_t *out,
                     void **scratch_ptrs /* 3*E */);
 /* The dtype "compute"-class saved activations are stored in (the model
  * description's classes resolve against it). */
@@ -73,8 +74,8 @@ int eng_layer_window(const eng_model_config_t *c, int layer);
 
 /* gpt-oss's MoE half (experts fused over E; engine/blocks_gpt_oss.c): y (n, H)
  * from a->xn, and its backward into dxn (n, H) from dy. */
-mt_status_t eng_gpt_oss_moe_forward(eng_model_t *m, int layer, int n, eng_mlp_acts_t *a, float *y, mt_error_t *err);
-mt_status_t eng_gpt_oss_moe_backward(eng_model_t *m, int layer, const float *dy, const float *aux_dp,
+mt_status_t eng_gpt_oss_moe_forward(eng_exec_t *ex, int layer, int n, eng_mlp_acts_t *a, float *y, mt_error_t *err);
+mt_status_t eng_gpt_oss_moe_backward(eng_exec_t *ex, int layer, const float *dy, const float *aux_dp,
                                      const float *tok_w, eng_mlp_acts_t *a, float *dxn, mt_error_t *err);
 
 /* An operand of a product: a device tensor and its storage dtype. */
@@ -87,7 +88,7 @@ typedef struct {
 eng_operand_t eng_f32(const float *p);
 /* C (F32) = alpha * op(A) op(B) + beta * C on the compute stream, formed in
  * the model's compute dtype (kernels/gemm.h); argument order as kern_mm_make. */
-void eng_mm(eng_model_t *m, float *C, eng_operand_t A, eng_operand_t B, int M, int N, int K, bool trans_a,
+void eng_mm(eng_exec_t *ex, float *C, eng_operand_t A, eng_operand_t B, int M, int N, int K, bool trans_a,
             bool trans_b, float alpha, float beta);
 
 /* ---- shared with the family-specific halves beside blocks.c (blocks_mla.c,
@@ -100,20 +101,20 @@ void eng_mm(eng_model_t *m, float *C, eng_operand_t A, eng_operand_t B, int M, i
 size_t eng_blocks_act_bytes(const eng_model_t *m, int layer, eng_act_id_t id, int n);
 mt_dtype_t eng_blocks_act_dtype(const eng_model_t *m, int layer, eng_act_id_t id);
 /* Parameter i's LoRA factors (a == NULL: none). */
-kern_lora_t eng_blocks_lora_of(const eng_model_t *m, int i);
+kern_lora_t eng_blocks_lora_of(const eng_exec_t *ex, int i);
 /* The gradient target of a small parameter (norm, bias), or a zeroed
  * scratch when it is frozen (*scratch set; the caller frees it); NULL on an
  * allocation failure (err set). */
-float *eng_blocks_grad_or_scratch(eng_model_t *m, int i, float **scratch, mt_error_t *err);
+float *eng_blocks_grad_or_scratch(eng_exec_t *ex, int i, float **scratch, mt_error_t *err);
 /* dx (n, H) += rmsnorm_bwd(dxn) through norm weight `norm` at input x. */
-mt_status_t eng_blocks_norm_bwd_into_residual(eng_model_t *m, int norm, float *dx, const float *dxn, const float *x,
+mt_status_t eng_blocks_norm_bwd_into_residual(eng_exec_t *ex, int norm, float *dx, const float *dxn, const float *x,
                                               const float *rstd, int n, const char *tag, mt_error_t *err);
 
 /* Multi-head Latent Attention (DeepSeek-V2/V3), eng_attn_forward/backward's
  * half when cfg.mla (blocks_mla.c); same contracts. */
-mt_status_t eng_mla_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in, float *x_mid,
+mt_status_t eng_mla_attn_forward(eng_exec_t *ex, int layer, const eng_shape_t *sh, const float *x_in, float *x_mid,
                                  eng_attn_acts_t *a, mt_error_t *err);
-mt_status_t eng_mla_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in, float *dx,
+mt_status_t eng_mla_attn_backward(eng_exec_t *ex, int layer, const eng_shape_t *sh, const float *x_in, float *dx,
                                   eng_attn_acts_t *a, mt_error_t *err);
 
 /* The rotary dims per head RoPE's tables are built for: head_dim, or
@@ -121,7 +122,7 @@ mt_status_t eng_mla_attn_backward(eng_model_t *m, int layer, const eng_shape_t *
 int eng_rope_dim(const eng_model_config_t *c);
 /* RoPE (backward: its inverse) in place on q (n, nh, hd) and k (n, nkv, hd),
  * over the whole head or its first eng_rope_dim dims. */
-mt_status_t eng_rope_qk(eng_model_t *m, const eng_shape_t *sh, float *q, float *k, bool backward, mt_error_t *err);
+mt_status_t eng_rope_qk(eng_exec_t *ex, const eng_shape_t *sh, float *q, float *k, bool backward, mt_error_t *err);
 
 /* Whether the model routes with kernels/router_group.h (DeepSeek-V2/V3,
  * GLM-4.5), and its parameters into *g (router_bias.c). */
@@ -129,6 +130,6 @@ bool eng_router_group_of(const eng_model_config_t *c, kern_router_group_t *g);
 /* The grouped router's e_score_correction_bias of `layer` on the device
  * (E floats, uploaded from its host copy on the compute stream; *out NULL
  * when the layer has none).  Free with kern_free after the router ran. */
-mt_status_t eng_router_bias_upload(eng_model_t *m, int layer, float **out, mt_error_t *err);
+mt_status_t eng_router_bias_upload(eng_exec_t *ex, int layer, float **out, mt_error_t *err);
 
 #endif

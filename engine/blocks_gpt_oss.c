@@ -3,6 +3,7 @@
  * hands the layer's tensors to moe/moe_fused.h as they are.  The sinks are
  * two kernel calls in blocks.c's attention half (kernels/gpt_oss.h). */
 #include "engine/blocks.h"
+#include "engine/exec_internal.h"
 #include "moe/moe_fused.h"
 
 int eng_layer_window(const eng_model_config_t *c, int layer) {
@@ -10,7 +11,8 @@ int eng_layer_window(const eng_model_config_t *c, int layer) {
 }
 
 /* The layer's weights as moe_fused.h wants them. */
-static mt_status_t fused_params(eng_model_t *m, int layer, moe_fused_params_t *p, mt_error_t *err) {
+static mt_status_t fused_params(eng_exec_t *ex, int layer, moe_fused_params_t *p, mt_error_t *err) {
+    eng_model_t *m = ex->model;
     const eng_layer_index_t *L = &m->layers[layer];
     const int ids[] = {L->router, L->router_b, L->gate_up, L->gate_up_b, L->down, L->down_b};
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
@@ -23,17 +25,18 @@ static mt_status_t fused_params(eng_model_t *m, int layer, moe_fused_params_t *p
                                 m->params[ids[i]].spec->name);
     }
     const eng_param_t *P = m->params;
+    const eng_dparam_t *D = ex->dp;
     MT_CHECK(P[L->router].w_dtype == MT_F32 && P[L->router_b].w_dtype == MT_F32 && P[L->gate_up_b].w_dtype == MT_F32 &&
                  P[L->down_b].w_dtype == MT_F32,
              "layer %d: gpt-oss's router and biases must be fp32 on the device", layer);
     MT_CHECK(P[L->gate_up].w_dtype == P[L->down].w_dtype, "layer %d: fused experts in two working dtypes", layer);
     *p = (moe_fused_params_t){
-        .router = P[L->router].w,
-        .router_b = P[L->router_b].w,
-        .gate_up = P[L->gate_up].w,
-        .down = P[L->down].w,
-        .gate_up_b = P[L->gate_up_b].w,
-        .down_b = P[L->down_b].w,
+        .router = D[L->router].w,
+        .router_b = D[L->router_b].w,
+        .gate_up = D[L->gate_up].w,
+        .down = D[L->down].w,
+        .gate_up_b = D[L->gate_up_b].w,
+        .down_b = D[L->down_b].w,
         .dtype = P[L->gate_up].w_dtype,
         .alpha = m->cfg.swiglu_alpha,
         .limit = m->cfg.swiglu_limit,
@@ -41,23 +44,25 @@ static mt_status_t fused_params(eng_model_t *m, int layer, moe_fused_params_t *p
     return MT_OK;
 }
 
-mt_status_t eng_gpt_oss_moe_forward(eng_model_t *m, int layer, int n, eng_mlp_acts_t *a, float *y, mt_error_t *err) {
+mt_status_t eng_gpt_oss_moe_forward(eng_exec_t *ex, int layer, int n, eng_mlp_acts_t *a, float *y, mt_error_t *err) {
+    eng_model_t *m = ex->model;
     moe_fused_params_t p;
-    mt_status_t st = fused_params(m, layer, &p, err);
+    mt_status_t st = fused_params(ex, layer, &p, err);
     if (st != MT_OK) return st;
     const moe_layer_dims_t d = eng_moe_dims(m, layer);
-    return moe_fused_forward(m->dev, &d, &p, a->xn, n, y, &a->moe, err);
+    return moe_fused_forward(ex->dev, &d, &p, a->xn, n, y, &a->moe, err);
 }
 
-mt_status_t eng_gpt_oss_moe_backward(eng_model_t *m, int layer, const float *dy, const float *aux_dp,
+mt_status_t eng_gpt_oss_moe_backward(eng_exec_t *ex, int layer, const float *dy, const float *aux_dp,
                                      const float *tok_w, eng_mlp_acts_t *a, float *dxn, mt_error_t *err) {
+    eng_model_t *m = ex->model;
     moe_fused_params_t p;
-    mt_status_t st = fused_params(m, layer, &p, err);
+    mt_status_t st = fused_params(ex, layer, &p, err);
     if (st != MT_OK) return st;
     const eng_layer_index_t *L = &m->layers[layer];
-    const eng_param_t *P = m->params;
-    const moe_fused_grads_t g = {P[L->router].g, P[L->router_b].g, P[L->gate_up].g,
-                                 P[L->gate_up_b].g, P[L->down].g, P[L->down_b].g};
+    const eng_dparam_t *D = ex->dp;
+    const moe_fused_grads_t g = {D[L->router].g, D[L->router_b].g, D[L->gate_up].g,
+                                 D[L->gate_up_b].g, D[L->down].g, D[L->down_b].g};
     const moe_layer_dims_t d = eng_moe_dims(m, layer);
-    return moe_fused_backward(m->dev, &d, &p, &g, a->xn, dy, aux_dp, tok_w, &a->moe, dxn, err);
+    return moe_fused_backward(ex->dev, &d, &p, &g, a->xn, dy, aux_dp, tok_w, &a->moe, dxn, err);
 }

@@ -38,13 +38,15 @@
 #include <string.h>
 
 #include "engine/blocks.h"
+#include "engine/exec_internal.h"
 #include "engine/rope_tables.h"
 
 typedef struct {
     int n, H, nh, nope, rope, vd, qk, D, ql, kvl;
 } mla_dims_t;
 
-static mla_dims_t dims_of(const eng_model_t *m, int n) {
+static mla_dims_t dims_of(const eng_exec_t *ex, int n) {
+    const eng_model_t *m = ex->model;
     const eng_model_config_t *c = &m->cfg;
     mla_dims_t d = {.n = n, .H = c->hidden_size, .nh = c->num_attention_heads, .nope = c->qk_nope_head_dim,
                     .rope = c->qk_rope_head_dim, .vd = c->v_head_dim, .ql = c->q_lora_rank,
@@ -54,58 +56,62 @@ static mla_dims_t dims_of(const eng_model_t *m, int n) {
     return d;
 }
 
-static eng_operand_t W(eng_model_t *m, int i) { return (eng_operand_t){m->params[i].w, m->params[i].w_dtype}; }
-static float *WF(eng_model_t *m, int i) {
+static eng_operand_t W(eng_exec_t *ex, int i) { return (eng_operand_t){ex->dp[i].w, ex->model->params[i].w_dtype}; }
+static float *WF(eng_exec_t *ex, int i) {
+    eng_model_t *m = ex->model;
     MT_CHECK(m->params[i].w_dtype == MT_F32, "%s: an fp32 kernel was given its bf16 working copy",
              m->params[i].spec->name);
-    return m->params[i].w;
+    return ex->dp[i].w;
 }
-static void mm_grad(eng_model_t *m, int i, eng_operand_t A, eng_operand_t B, int M, int N, int K) {
-    float *g = m->params[i].g;
-    if (g) eng_mm(m, g, A, B, M, N, K, true, false, 1.0f, 1.0f);
+static void mm_grad(eng_exec_t *ex, int i, eng_operand_t A, eng_operand_t B, int M, int N, int K) {
+    float *g = ex->dp[i].g;
+    if (g) eng_mm(ex, g, A, B, M, N, K, true, false, 1.0f, 1.0f);
 }
 
-static void copy4d(eng_model_t *m, float *dst, const float *src, kern_copy4d_t c, int accumulate) {
-    m->dev->ops->copy4d(kern_stream(m->dev, KERN_STREAM_COMPUTE), dst, src, &c, accumulate);
+static void copy4d(eng_exec_t *ex, float *dst, const float *src, kern_copy4d_t c, int accumulate) {
+    ex->dev->ops->copy4d(kern_stream(ex->dev, KERN_STREAM_COMPUTE), dst, src, &c, accumulate);
 }
 
 /* The rotary parts of `heads` heads (token stride ts, head stride hs, the
  * part starting at src) to or from R (n, nh + 1, rope) from head slot
  * `slot` on; de-interleaved on the way in when the model interleaves, and
  * re-interleaved on the way out. */
-static void rope_gather(eng_model_t *m, const mla_dims_t *d, float *R, int slot, const float *src, int heads,
+static void rope_gather(eng_exec_t *ex, const mla_dims_t *d, float *R, int slot, const float *src, int heads,
                         int64_t ts, int64_t hs) {
+    eng_model_t *m = ex->model;
     const int64_t rs = (int64_t)(d->nh + 1) * d->rope;
     kern_copy4d_t c;
     if (m->cfg.rope_interleave)
         c = (kern_copy4d_t){{d->n, heads, 2, d->rope / 2}, {ts, hs, 1, 2}, {rs, d->rope, d->rope / 2, 1}};
     else
         c = (kern_copy4d_t){{d->n, heads, 1, d->rope}, {ts, hs, 0, 1}, {rs, d->rope, 0, 1}};
-    copy4d(m, R + (size_t)slot * d->rope, src, c, 0);
+    copy4d(ex, R + (size_t)slot * d->rope, src, c, 0);
 }
 
-static void rope_scatter(eng_model_t *m, const mla_dims_t *d, float *dst, int64_t ts, int64_t hs, const float *R,
+static void rope_scatter(eng_exec_t *ex, const mla_dims_t *d, float *dst, int64_t ts, int64_t hs, const float *R,
                          int slot, int heads) {
+    eng_model_t *m = ex->model;
     const int64_t rs = (int64_t)(d->nh + 1) * d->rope;
     kern_copy4d_t c;
     if (m->cfg.rope_interleave)
         c = (kern_copy4d_t){{d->n, heads, 2, d->rope / 2}, {rs, d->rope, d->rope / 2, 1}, {ts, hs, 1, 2}};
     else
         c = (kern_copy4d_t){{d->n, heads, 1, d->rope}, {rs, d->rope, 0, 1}, {ts, hs, 0, 1}};
-    copy4d(m, dst, R + (size_t)slot * d->rope, c, 0);
+    copy4d(ex, dst, R + (size_t)slot * d->rope, c, 0);
 }
 
 /* cols columns of each head: dst (n, heads, dst head width) at dst, src likewise. */
-static void head_cols(eng_model_t *m, const mla_dims_t *d, float *dst, int dw, const float *src, int sw, int cols,
+static void head_cols(eng_exec_t *ex, const mla_dims_t *d, float *dst, int dw, const float *src, int sw, int cols,
                       int accumulate) {
-    copy4d(m, dst, src,
+    copy4d(ex, dst, src,
            (kern_copy4d_t){{d->n, d->nh, 1, cols}, {(int64_t)d->nh * sw, sw, 0, 1}, {(int64_t)d->nh * dw, dw, 0, 1}},
            accumulate);
 }
 
 /* The factor q is scaled by so that the kernel's 1/sqrt(D) is transformers'
  * softmax scale 1/sqrt(qk), times YaRN's mscale_all_dim factor squared. */
-static float q_factor(const eng_model_t *m, const mla_dims_t *d) {
+static float q_factor(const eng_exec_t *ex, const mla_dims_t *d) {
+    const eng_model_t *m = ex->model;
     const double f = eng_rope_yarn_softmax_factor(&m->cfg);
     if (d->D == d->qk && f == 1.0) return 1.0f;
     return (float)(sqrt((double)d->D) / sqrt((double)d->qk) * f);
@@ -118,29 +124,31 @@ static void dfree(kern_device_t *dev, float **p) {
 
 #define ALLOC(ptr, count, tag)                                                              \
     do {                                                                                    \
-        (ptr) = (float *)kern_alloc(m->dev, (size_t)(count) * sizeof(float), (tag), err);  \
+        (ptr) = (float *)kern_alloc(ex->dev, (size_t)(count) * sizeof(float), (tag), err); \
         if (!(ptr)) goto fail;                                                              \
     } while (0)
 
 #define ALLOC_ACT(ptr, id, tag)                                                                          \
     do {                                                                                                 \
-        (ptr) = (float *)kern_alloc(m->dev, eng_blocks_act_bytes(m, layer, (id), d.n), (tag), err);     \
+        (ptr) = (float *)kern_alloc(ex->dev, eng_blocks_act_bytes(m, layer, (id), d.n), (tag), err);    \
         if (!(ptr)) goto fail;                                                                           \
     } while (0)
 
 /* LoRA on a projection (kernels/lora.h; a == NULL: none): y (n, out) += its
  * term on x (n, in); its backward adds into dx (n, in) and forms the
  * factors' gradients. */
-static mt_status_t lora_fwd(eng_model_t *m, int i, float *y, eng_operand_t x, int n, int in, int out, mt_error_t *err) {
+static mt_status_t lora_fwd(eng_exec_t *ex, int i, float *y, eng_operand_t x, int n, int in, int out, mt_error_t *err) {
+    eng_model_t *m = ex->model;
     if (i < 0) return MT_OK;
-    const kern_lora_t l = eng_blocks_lora_of(m, i);
-    return kern_lora_fwd(m->dev, m->compute, &l, y, x.data, x.dtype, n, in, out, err);
+    const kern_lora_t l = eng_blocks_lora_of(ex, i);
+    return kern_lora_fwd(ex->dev, m->compute, &l, y, x.data, x.dtype, n, in, out, err);
 }
-static mt_status_t lora_bwd(eng_model_t *m, int i, const float *dy, eng_operand_t x, float *dx, int n, int in, int out,
+static mt_status_t lora_bwd(eng_exec_t *ex, int i, const float *dy, eng_operand_t x, float *dx, int n, int in, int out,
                             mt_error_t *err) {
+    eng_model_t *m = ex->model;
     if (i < 0) return MT_OK;
-    const kern_lora_t l = eng_blocks_lora_of(m, i);
-    return kern_lora_bwd(m->dev, m->compute, &l, dy, x.data, x.dtype, dx, n, in, out, err);
+    const kern_lora_t l = eng_blocks_lora_of(ex, i);
+    return kern_lora_bwd(ex->dev, m->compute, &l, dy, x.data, x.dtype, dx, n, in, out, err);
 }
 
 #define TRY(call)                       \
@@ -148,13 +156,14 @@ static mt_status_t lora_bwd(eng_model_t *m, int i, const float *dy, eng_operand_
         if ((call) != MT_OK) goto fail; \
     } while (0)
 
-mt_status_t eng_mla_attn_forward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in, float *x_mid,
+mt_status_t eng_mla_attn_forward(eng_exec_t *ex, int layer, const eng_shape_t *sh, const float *x_in, float *x_mid,
                                  eng_attn_acts_t *a, mt_error_t *err) {
+    eng_model_t *m = ex->model;
     const eng_model_config_t *c = &m->cfg;
     const eng_layer_index_t *L = &m->layers[layer];
-    const kern_ops_t *ops = m->dev->ops;
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-    const mla_dims_t d = dims_of(m, sh->n);
+    const kern_ops_t *ops = ex->dev->ops;
+    kern_stream_t *s = kern_stream(ex->dev, KERN_STREAM_COMPUTE);
+    const mla_dims_t d = dims_of(ex, sh->n);
     const int n = d.n, H = d.H, nh = d.nh;
     float *qan = NULL, *qf = NULL, *ckv = NULL, *ckvn = NULL, *kvb = NULL, *R = NULL, *ao = NULL;
     memset(a, 0, sizeof *a);
@@ -163,13 +172,13 @@ mt_status_t eng_mla_attn_forward(eng_model_t *m, int layer, const eng_shape_t *s
     ALLOC_ACT(a->rstd, ENG_A_ATTN_RSTD, "attention input norm rstd");
     const mt_dtype_t xn_dt = eng_blocks_act_dtype(m, layer, ENG_A_ATTN_XN);
     if (xn_dt == MT_F32) {
-        ops->rmsnorm_fwd(s, a->xn, a->rstd, x_in, WF(m, L->attn_norm), n, H, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, a->xn, a->rstd, x_in, WF(ex, L->attn_norm), n, H, c->rms_norm_eps);
     } else { /* normed in fp32, saved rounded: only q_a/q and kv_a's products read it */
         float *xn32 = NULL;
         ALLOC(xn32, (size_t)n * H, "attention input norm (fp32)");
-        ops->rmsnorm_fwd(s, xn32, a->rstd, x_in, WF(m, L->attn_norm), n, H, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, xn32, a->rstd, x_in, WF(ex, L->attn_norm), n, H, c->rms_norm_eps);
         ops->f32_to_bf16(s, (uint16_t *)a->xn, xn32, (size_t)n * H);
-        kern_free(m->dev, xn32);
+        kern_free(ex->dev, xn32);
     }
     const eng_operand_t xn = {a->xn, xn_dt};
 
@@ -179,38 +188,38 @@ mt_status_t eng_mla_attn_forward(eng_model_t *m, int layer, const eng_shape_t *s
         ALLOC_ACT(a->q_pre, ENG_A_Q_PRE, "mla q latent");
         ALLOC_ACT(a->q_rstd, ENG_A_Q_RSTD, "mla q latent rstd");
         ALLOC(qan, (size_t)n * d.ql, "mla q latent normed");
-        eng_mm(m, a->q_pre, xn, W(m, L->q_a), n, d.ql, H, false, true, 1.0f, 0.0f);
-        TRY(lora_fwd(m, L->q_a, a->q_pre, xn, n, H, d.ql, err));
-        ops->rmsnorm_fwd(s, qan, a->q_rstd, a->q_pre, WF(m, L->q_a_norm), n, d.ql, c->rms_norm_eps);
-        eng_mm(m, qf, eng_f32(qan), W(m, L->q_b), n, nh * d.qk, d.ql, false, true, 1.0f, 0.0f);
-        TRY(lora_fwd(m, L->q_b, qf, eng_f32(qan), n, d.ql, nh * d.qk, err));
-        dfree(m->dev, &qan);
+        eng_mm(ex, a->q_pre, xn, W(ex, L->q_a), n, d.ql, H, false, true, 1.0f, 0.0f);
+        TRY(lora_fwd(ex, L->q_a, a->q_pre, xn, n, H, d.ql, err));
+        ops->rmsnorm_fwd(s, qan, a->q_rstd, a->q_pre, WF(ex, L->q_a_norm), n, d.ql, c->rms_norm_eps);
+        eng_mm(ex, qf, eng_f32(qan), W(ex, L->q_b), n, nh * d.qk, d.ql, false, true, 1.0f, 0.0f);
+        TRY(lora_fwd(ex, L->q_b, qf, eng_f32(qan), n, d.ql, nh * d.qk, err));
+        dfree(ex->dev, &qan);
     } else {
-        eng_mm(m, qf, xn, W(m, L->q), n, nh * d.qk, H, false, true, 1.0f, 0.0f);
-        TRY(lora_fwd(m, L->q, qf, xn, n, H, nh * d.qk, err));
+        eng_mm(ex, qf, xn, W(ex, L->q), n, nh * d.qk, H, false, true, 1.0f, 0.0f);
+        TRY(lora_fwd(ex, L->q, qf, xn, n, H, nh * d.qk, err));
     }
     /* kv latent and the rotary key */
     const int kva = d.kvl + d.rope;
     ALLOC_ACT(a->k_pre, ENG_A_K_PRE, "mla kv latent");
     ALLOC_ACT(a->k_rstd, ENG_A_K_RSTD, "mla kv latent rstd");
-    eng_mm(m, a->k_pre, xn, W(m, L->kv_a), n, kva, H, false, true, 1.0f, 0.0f);
-    TRY(lora_fwd(m, L->kv_a, a->k_pre, xn, n, H, kva, err));
+    eng_mm(ex, a->k_pre, xn, W(ex, L->kv_a), n, kva, H, false, true, 1.0f, 0.0f);
+    TRY(lora_fwd(ex, L->kv_a, a->k_pre, xn, n, H, kva, err));
     ALLOC(ckv, (size_t)n * d.kvl, "mla kv latent (compressed part)");
     ALLOC(ckvn, (size_t)n * d.kvl, "mla kv latent normed");
-    copy4d(m, ckv, a->k_pre, (kern_copy4d_t){{n, 1, 1, d.kvl}, {kva, 0, 0, 1}, {d.kvl, 0, 0, 1}}, 0);
-    ops->rmsnorm_fwd(s, ckvn, a->k_rstd, ckv, WF(m, L->kv_a_norm), n, d.kvl, c->rms_norm_eps);
-    dfree(m->dev, &ckv);
+    copy4d(ex, ckv, a->k_pre, (kern_copy4d_t){{n, 1, 1, d.kvl}, {kva, 0, 0, 1}, {d.kvl, 0, 0, 1}}, 0);
+    ops->rmsnorm_fwd(s, ckvn, a->k_rstd, ckv, WF(ex, L->kv_a_norm), n, d.kvl, c->rms_norm_eps);
+    dfree(ex->dev, &ckv);
     const int kvw = d.nope + d.vd;
     ALLOC(kvb, (size_t)n * nh * kvw, "mla kv_b output");
-    eng_mm(m, kvb, eng_f32(ckvn), W(m, L->kv_b), n, nh * kvw, d.kvl, false, true, 1.0f, 0.0f);
-    TRY(lora_fwd(m, L->kv_b, kvb, eng_f32(ckvn), n, d.kvl, nh * kvw, err));
-    dfree(m->dev, &ckvn);
+    eng_mm(ex, kvb, eng_f32(ckvn), W(ex, L->kv_b), n, nh * kvw, d.kvl, false, true, 1.0f, 0.0f);
+    TRY(lora_fwd(ex, L->kv_b, kvb, eng_f32(ckvn), n, d.kvl, nh * kvw, err));
+    dfree(ex->dev, &ckvn);
 
     /* RoPE on every head's rotary query part and the shared rotary key */
     ALLOC(R, (size_t)n * (nh + 1) * d.rope, "mla rotary parts");
-    rope_gather(m, &d, R, 0, qf + d.nope, nh, (int64_t)nh * d.qk, d.qk);
-    rope_gather(m, &d, R, nh, a->k_pre + d.kvl, 1, kva, 0);
-    ops->rope_fwd(s, R, m->rope_cos, m->rope_sin, sh->B, sh->T, nh + 1, d.rope);
+    rope_gather(ex, &d, R, 0, qf + d.nope, nh, (int64_t)nh * d.qk, d.qk);
+    rope_gather(ex, &d, R, nh, a->k_pre + d.kvl, 1, kva, 0);
+    ops->rope_fwd(s, R, ex->rope_cos, ex->rope_sin, sh->B, sh->T, nh + 1, d.rope);
 
     /* q, k, v (n, nh, D) */
     ALLOC_ACT(a->q, ENG_A_Q, "mla q");
@@ -218,24 +227,24 @@ mt_status_t eng_mla_attn_forward(eng_model_t *m, int layer, const eng_shape_t *s
     ALLOC_ACT(a->v, ENG_A_V, "mla v");
     const size_t hdD = (size_t)n * nh * d.D;
     if (d.D > d.qk) {
-        kern_memset(m->dev, s, a->q, 0, hdD * sizeof(float));
-        kern_memset(m->dev, s, a->k, 0, hdD * sizeof(float));
+        kern_memset(ex->dev, s, a->q, 0, hdD * sizeof(float));
+        kern_memset(ex->dev, s, a->k, 0, hdD * sizeof(float));
     }
-    if (d.D > d.vd) kern_memset(m->dev, s, a->v, 0, hdD * sizeof(float));
-    head_cols(m, &d, a->q, d.D, qf, d.qk, d.nope, 0);
-    copy4d(m, a->q + d.nope, R,
+    if (d.D > d.vd) kern_memset(ex->dev, s, a->v, 0, hdD * sizeof(float));
+    head_cols(ex, &d, a->q, d.D, qf, d.qk, d.nope, 0);
+    copy4d(ex, a->q + d.nope, R,
            (kern_copy4d_t){{n, nh, 1, d.rope}, {(int64_t)(nh + 1) * d.rope, d.rope, 0, 1},
                            {(int64_t)nh * d.D, d.D, 0, 1}},
            0);
-    head_cols(m, &d, a->k, d.D, kvb, kvw, d.nope, 0);
-    copy4d(m, a->k + d.nope, R + (size_t)nh * d.rope,
+    head_cols(ex, &d, a->k, d.D, kvb, kvw, d.nope, 0);
+    copy4d(ex, a->k + d.nope, R + (size_t)nh * d.rope,
            (kern_copy4d_t){{n, nh, 1, d.rope}, {(int64_t)(nh + 1) * d.rope, 0, 0, 1}, {(int64_t)nh * d.D, d.D, 0, 1}},
            0);
-    head_cols(m, &d, a->v, d.D, kvb + d.nope, kvw, d.vd, 0);
-    dfree(m->dev, &qf);
-    dfree(m->dev, &kvb);
-    dfree(m->dev, &R);
-    const float qs = q_factor(m, &d);
+    head_cols(ex, &d, a->v, d.D, kvb + d.nope, kvw, d.vd, 0);
+    dfree(ex->dev, &qf);
+    dfree(ex->dev, &kvb);
+    dfree(ex->dev, &R);
+    const float qs = q_factor(ex, &d);
     if (qs != 1.0f) ops->scale(s, a->q, qs, hdD);
 
     ALLOC_ACT(a->att, ENG_A_ATT, "mla attention output");
@@ -245,33 +254,34 @@ mt_status_t eng_mla_attn_forward(eng_model_t *m, int layer, const eng_shape_t *s
     const float *o_in = a->att;
     if (d.D != d.vd) {
         ALLOC(ao, (size_t)n * nh * d.vd, "mla attention output (v_head_dim)");
-        head_cols(m, &d, ao, d.vd, a->att, d.D, d.vd, 0);
+        head_cols(ex, &d, ao, d.vd, a->att, d.D, d.vd, 0);
         o_in = ao;
     }
-    kern_memcpy_d2d(m->dev, s, x_mid, x_in, (size_t)n * H * sizeof(float));
-    eng_mm(m, x_mid, eng_f32(o_in), W(m, L->o), n, H, nh * d.vd, false, true, 1.0f, 1.0f);
-    TRY(lora_fwd(m, L->o, x_mid, eng_f32(o_in), n, nh * d.vd, H, err));
-    dfree(m->dev, &ao);
+    kern_memcpy_d2d(ex->dev, s, x_mid, x_in, (size_t)n * H * sizeof(float));
+    eng_mm(ex, x_mid, eng_f32(o_in), W(ex, L->o), n, H, nh * d.vd, false, true, 1.0f, 1.0f);
+    TRY(lora_fwd(ex, L->o, x_mid, eng_f32(o_in), n, nh * d.vd, H, err));
+    dfree(ex->dev, &ao);
     return MT_OK;
 fail:
-    dfree(m->dev, &qan);
-    dfree(m->dev, &qf);
-    dfree(m->dev, &ckv);
-    dfree(m->dev, &ckvn);
-    dfree(m->dev, &kvb);
-    dfree(m->dev, &R);
-    dfree(m->dev, &ao);
-    eng_attn_acts_release(m->dev, a);
+    dfree(ex->dev, &qan);
+    dfree(ex->dev, &qf);
+    dfree(ex->dev, &ckv);
+    dfree(ex->dev, &ckvn);
+    dfree(ex->dev, &kvb);
+    dfree(ex->dev, &R);
+    dfree(ex->dev, &ao);
+    eng_attn_acts_release(ex->dev, a);
     return err->code;
 }
 
-mt_status_t eng_mla_attn_backward(eng_model_t *m, int layer, const eng_shape_t *sh, const float *x_in, float *dx,
+mt_status_t eng_mla_attn_backward(eng_exec_t *ex, int layer, const eng_shape_t *sh, const float *x_in, float *dx,
                                   eng_attn_acts_t *a, mt_error_t *err) {
+    eng_model_t *m = ex->model;
     const eng_model_config_t *c = &m->cfg;
     const eng_layer_index_t *L = &m->layers[layer];
-    const kern_ops_t *ops = m->dev->ops;
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-    const mla_dims_t d = dims_of(m, sh->n);
+    const kern_ops_t *ops = ex->dev->ops;
+    kern_stream_t *s = kern_stream(ex->dev, KERN_STREAM_COMPUTE);
+    const mla_dims_t d = dims_of(ex, sh->n);
     const int n = d.n, H = d.H, nh = d.nh, kva = d.kvl + d.rope, kvw = d.nope + d.vd;
     const size_t hdD = (size_t)n * nh * d.D;
     float *ao = NULL, *datt = NULL, *dq = NULL, *dk = NULL, *dv = NULL, *dR = NULL, *dqf = NULL, *dkva = NULL;
@@ -283,24 +293,24 @@ mt_status_t eng_mla_attn_backward(eng_model_t *m, int layer, const eng_shape_t *
     const float *o_in = a->att;
     if (d.D != d.vd) {
         ALLOC(ao, (size_t)n * nh * d.vd, "mla attention output (v_head_dim, recomputed)");
-        head_cols(m, &d, ao, d.vd, a->att, d.D, d.vd, 0);
+        head_cols(ex, &d, ao, d.vd, a->att, d.D, d.vd, 0);
         o_in = ao;
         float *dao = NULL;
         ALLOC(dao, (size_t)n * nh * d.vd, "mla d(attention output, v_head_dim)");
-        eng_mm(m, dao, eng_f32(dx), W(m, L->o), n, nh * d.vd, H, false, false, 1.0f, 0.0f);
-        if (lora_bwd(m, L->o, dx, eng_f32(o_in), dao, n, nh * d.vd, H, err) != MT_OK) {
-            dfree(m->dev, &dao);
+        eng_mm(ex, dao, eng_f32(dx), W(ex, L->o), n, nh * d.vd, H, false, false, 1.0f, 0.0f);
+        if (lora_bwd(ex, L->o, dx, eng_f32(o_in), dao, n, nh * d.vd, H, err) != MT_OK) {
+            dfree(ex->dev, &dao);
             goto fail;
         }
-        kern_memset(m->dev, s, datt, 0, hdD * sizeof(float));
-        head_cols(m, &d, datt, d.D, dao, d.vd, d.vd, 0);
-        dfree(m->dev, &dao);
+        kern_memset(ex->dev, s, datt, 0, hdD * sizeof(float));
+        head_cols(ex, &d, datt, d.D, dao, d.vd, d.vd, 0);
+        dfree(ex->dev, &dao);
     } else {
-        eng_mm(m, datt, eng_f32(dx), W(m, L->o), n, nh * d.vd, H, false, false, 1.0f, 0.0f);
-        TRY(lora_bwd(m, L->o, dx, eng_f32(o_in), datt, n, nh * d.vd, H, err));
+        eng_mm(ex, datt, eng_f32(dx), W(ex, L->o), n, nh * d.vd, H, false, false, 1.0f, 0.0f);
+        TRY(lora_bwd(ex, L->o, dx, eng_f32(o_in), datt, n, nh * d.vd, H, err));
     }
-    mm_grad(m, L->o, eng_f32(dx), eng_f32(o_in), H, nh * d.vd, n);
-    dfree(m->dev, &ao);
+    mm_grad(ex, L->o, eng_f32(dx), eng_f32(o_in), H, nh * d.vd, n);
+    dfree(ex->dev, &ao);
 
     /* attention core */
     ALLOC(dq, hdD, "mla d(q)");
@@ -308,99 +318,99 @@ mt_status_t eng_mla_attn_backward(eng_model_t *m, int layer, const eng_shape_t *
     ALLOC(dv, hdD, "mla d(v)");
     ops->attention_bwd(s, dq, dk, dv, datt, a->q, a->k, a->v, a->att, a->lse, sh->kv_len, sh->B, sh->T, nh, nh, d.D,
                        c->sliding_window);
-    dfree(m->dev, &datt);
-    const float qs = q_factor(m, &d);
+    dfree(ex->dev, &datt);
+    const float qs = q_factor(ex, &d);
     if (qs != 1.0f) ops->scale(s, dq, qs, hdD);
 
     /* back through RoPE: every head's rotary query part, and the shared key's summed over heads */
     ALLOC(dR, (size_t)n * (nh + 1) * d.rope, "mla d(rotary parts)");
     const int64_t rs = (int64_t)(nh + 1) * d.rope;
-    copy4d(m, dR, dq + d.nope,
+    copy4d(ex, dR, dq + d.nope,
            (kern_copy4d_t){{n, nh, 1, d.rope}, {(int64_t)nh * d.D, d.D, 0, 1}, {rs, d.rope, 0, 1}}, 0);
     for (int h = 0; h < nh; h++)
-        copy4d(m, dR + (size_t)nh * d.rope, dk + (size_t)h * d.D + d.nope,
+        copy4d(ex, dR + (size_t)nh * d.rope, dk + (size_t)h * d.D + d.nope,
                (kern_copy4d_t){{n, 1, 1, d.rope}, {(int64_t)nh * d.D, 0, 0, 1}, {rs, 0, 0, 1}}, h > 0);
-    ops->rope_bwd(s, dR, m->rope_cos, m->rope_sin, sh->B, sh->T, nh + 1, d.rope);
+    ops->rope_bwd(s, dR, ex->rope_cos, ex->rope_sin, sh->B, sh->T, nh + 1, d.rope);
     ALLOC(dqf, (size_t)n * nh * d.qk, "mla d(q projection)");
-    head_cols(m, &d, dqf, d.qk, dq, d.D, d.nope, 0);
-    rope_scatter(m, &d, dqf + d.nope, (int64_t)nh * d.qk, d.qk, dR, 0, nh);
+    head_cols(ex, &d, dqf, d.qk, dq, d.D, d.nope, 0);
+    rope_scatter(ex, &d, dqf + d.nope, (int64_t)nh * d.qk, d.qk, dR, 0, nh);
     ALLOC(dkva, (size_t)n * kva, "mla d(kv latent)");
-    rope_scatter(m, &d, dkva + d.kvl, kva, 0, dR, nh, 1);
-    dfree(m->dev, &dR);
-    dfree(m->dev, &dq);
+    rope_scatter(ex, &d, dkva + d.kvl, kva, 0, dR, nh, 1);
+    dfree(ex->dev, &dR);
+    dfree(ex->dev, &dq);
 
     /* kv_b: d(kv_b output) = [dk_nope, dv] per head */
     ALLOC(dkvb, (size_t)n * nh * kvw, "mla d(kv_b output)");
-    head_cols(m, &d, dkvb, kvw, dk, d.D, d.nope, 0);
-    head_cols(m, &d, dkvb + d.nope, kvw, dv, d.D, d.vd, 0);
-    dfree(m->dev, &dk);
-    dfree(m->dev, &dv);
+    head_cols(ex, &d, dkvb, kvw, dk, d.D, d.nope, 0);
+    head_cols(ex, &d, dkvb + d.nope, kvw, dv, d.D, d.vd, 0);
+    dfree(ex->dev, &dk);
+    dfree(ex->dev, &dv);
     ALLOC(ckv, (size_t)n * d.kvl, "mla kv latent (compressed part, recomputed)");
     ALLOC(ckvn, (size_t)n * d.kvl, "mla kv latent normed (recomputed)");
     ALLOC(rstd, n, "mla latent rstd (recomputed)");
-    copy4d(m, ckv, a->k_pre, (kern_copy4d_t){{n, 1, 1, d.kvl}, {kva, 0, 0, 1}, {d.kvl, 0, 0, 1}}, 0);
-    ops->rmsnorm_fwd(s, ckvn, rstd, ckv, WF(m, L->kv_a_norm), n, d.kvl, c->rms_norm_eps);
-    mm_grad(m, L->kv_b, eng_f32(dkvb), eng_f32(ckvn), nh * kvw, d.kvl, n);
+    copy4d(ex, ckv, a->k_pre, (kern_copy4d_t){{n, 1, 1, d.kvl}, {kva, 0, 0, 1}, {d.kvl, 0, 0, 1}}, 0);
+    ops->rmsnorm_fwd(s, ckvn, rstd, ckv, WF(ex, L->kv_a_norm), n, d.kvl, c->rms_norm_eps);
+    mm_grad(ex, L->kv_b, eng_f32(dkvb), eng_f32(ckvn), nh * kvw, d.kvl, n);
     ALLOC(dlatn, (size_t)n * d.kvl, "mla d(kv latent normed)");
-    eng_mm(m, dlatn, eng_f32(dkvb), W(m, L->kv_b), n, d.kvl, nh * kvw, false, false, 1.0f, 0.0f);
-    TRY(lora_bwd(m, L->kv_b, dkvb, eng_f32(ckvn), dlatn, n, d.kvl, nh * kvw, err));
-    dfree(m->dev, &dkvb);
-    dfree(m->dev, &ckvn);
+    eng_mm(ex, dlatn, eng_f32(dkvb), W(ex, L->kv_b), n, d.kvl, nh * kvw, false, false, 1.0f, 0.0f);
+    TRY(lora_bwd(ex, L->kv_b, dkvb, eng_f32(ckvn), dlatn, n, d.kvl, nh * kvw, err));
+    dfree(ex->dev, &dkvb);
+    dfree(ex->dev, &ckvn);
     ALLOC(dlat, (size_t)n * d.kvl, "mla d(kv latent, compressed part)");
-    float *gw = eng_blocks_grad_or_scratch(m, L->kv_a_norm, &scratch, err);
+    float *gw = eng_blocks_grad_or_scratch(ex, L->kv_a_norm, &scratch, err);
     if (!gw) goto fail;
-    ops->rmsnorm_bwd(s, dlat, gw, dlatn, ckv, WF(m, L->kv_a_norm), a->k_rstd, n, d.kvl);
-    dfree(m->dev, &scratch);
-    copy4d(m, dkva, dlat, (kern_copy4d_t){{n, 1, 1, d.kvl}, {d.kvl, 0, 0, 1}, {kva, 0, 0, 1}}, 0);
-    dfree(m->dev, &dlat);
-    dfree(m->dev, &dlatn);
-    dfree(m->dev, &ckv);
+    ops->rmsnorm_bwd(s, dlat, gw, dlatn, ckv, WF(ex, L->kv_a_norm), a->k_rstd, n, d.kvl);
+    dfree(ex->dev, &scratch);
+    copy4d(ex, dkva, dlat, (kern_copy4d_t){{n, 1, 1, d.kvl}, {d.kvl, 0, 0, 1}, {kva, 0, 0, 1}}, 0);
+    dfree(ex->dev, &dlat);
+    dfree(ex->dev, &dlatn);
+    dfree(ex->dev, &ckv);
 
     /* kv_a and the q path into d(xn) */
     const eng_operand_t xn = {a->xn, eng_blocks_act_dtype(m, layer, ENG_A_ATTN_XN)};
     ALLOC(dxn, (size_t)n * H, "mla d(attention input norm)");
-    mm_grad(m, L->kv_a, eng_f32(dkva), xn, kva, H, n);
-    eng_mm(m, dxn, eng_f32(dkva), W(m, L->kv_a), n, H, kva, false, false, 1.0f, 0.0f);
-    TRY(lora_bwd(m, L->kv_a, dkva, xn, dxn, n, H, kva, err));
-    dfree(m->dev, &dkva);
+    mm_grad(ex, L->kv_a, eng_f32(dkva), xn, kva, H, n);
+    eng_mm(ex, dxn, eng_f32(dkva), W(ex, L->kv_a), n, H, kva, false, false, 1.0f, 0.0f);
+    TRY(lora_bwd(ex, L->kv_a, dkva, xn, dxn, n, H, kva, err));
+    dfree(ex->dev, &dkva);
     if (d.ql > 0) {
         ALLOC(ckvn, (size_t)n * d.ql, "mla q latent normed (recomputed)");
-        dfree(m->dev, &rstd);
+        dfree(ex->dev, &rstd);
         ALLOC(rstd, n, "mla latent rstd (recomputed)");
-        ops->rmsnorm_fwd(s, ckvn, rstd, a->q_pre, WF(m, L->q_a_norm), n, d.ql, c->rms_norm_eps);
-        mm_grad(m, L->q_b, eng_f32(dqf), eng_f32(ckvn), nh * d.qk, d.ql, n);
+        ops->rmsnorm_fwd(s, ckvn, rstd, a->q_pre, WF(ex, L->q_a_norm), n, d.ql, c->rms_norm_eps);
+        mm_grad(ex, L->q_b, eng_f32(dqf), eng_f32(ckvn), nh * d.qk, d.ql, n);
         ALLOC(dlatn, (size_t)n * d.ql, "mla d(q latent normed)");
-        eng_mm(m, dlatn, eng_f32(dqf), W(m, L->q_b), n, d.ql, nh * d.qk, false, false, 1.0f, 0.0f);
-        TRY(lora_bwd(m, L->q_b, dqf, eng_f32(ckvn), dlatn, n, d.ql, nh * d.qk, err));
-        dfree(m->dev, &ckvn);
+        eng_mm(ex, dlatn, eng_f32(dqf), W(ex, L->q_b), n, d.ql, nh * d.qk, false, false, 1.0f, 0.0f);
+        TRY(lora_bwd(ex, L->q_b, dqf, eng_f32(ckvn), dlatn, n, d.ql, nh * d.qk, err));
+        dfree(ex->dev, &ckvn);
         ALLOC(dlat, (size_t)n * d.ql, "mla d(q latent)");
-        gw = eng_blocks_grad_or_scratch(m, L->q_a_norm, &scratch, err);
+        gw = eng_blocks_grad_or_scratch(ex, L->q_a_norm, &scratch, err);
         if (!gw) goto fail;
-        ops->rmsnorm_bwd(s, dlat, gw, dlatn, a->q_pre, WF(m, L->q_a_norm), a->q_rstd, n, d.ql);
-        dfree(m->dev, &scratch);
-        mm_grad(m, L->q_a, eng_f32(dlat), xn, d.ql, H, n);
-        eng_mm(m, dxn, eng_f32(dlat), W(m, L->q_a), n, H, d.ql, false, false, 1.0f, 1.0f);
-        TRY(lora_bwd(m, L->q_a, dlat, xn, dxn, n, H, d.ql, err));
-        dfree(m->dev, &dlat);
-        dfree(m->dev, &dlatn);
+        ops->rmsnorm_bwd(s, dlat, gw, dlatn, a->q_pre, WF(ex, L->q_a_norm), a->q_rstd, n, d.ql);
+        dfree(ex->dev, &scratch);
+        mm_grad(ex, L->q_a, eng_f32(dlat), xn, d.ql, H, n);
+        eng_mm(ex, dxn, eng_f32(dlat), W(ex, L->q_a), n, H, d.ql, false, false, 1.0f, 1.0f);
+        TRY(lora_bwd(ex, L->q_a, dlat, xn, dxn, n, H, d.ql, err));
+        dfree(ex->dev, &dlat);
+        dfree(ex->dev, &dlatn);
     } else {
-        mm_grad(m, L->q, eng_f32(dqf), xn, nh * d.qk, H, n);
-        eng_mm(m, dxn, eng_f32(dqf), W(m, L->q), n, H, nh * d.qk, false, false, 1.0f, 1.0f);
-        TRY(lora_bwd(m, L->q, dqf, xn, dxn, n, H, nh * d.qk, err));
+        mm_grad(ex, L->q, eng_f32(dqf), xn, nh * d.qk, H, n);
+        eng_mm(ex, dxn, eng_f32(dqf), W(ex, L->q), n, H, nh * d.qk, false, false, 1.0f, 1.0f);
+        TRY(lora_bwd(ex, L->q, dqf, xn, dxn, n, H, nh * d.qk, err));
     }
-    dfree(m->dev, &dqf);
-    dfree(m->dev, &rstd);
-    if (eng_blocks_norm_bwd_into_residual(m, L->attn_norm, dx, dxn, x_in, a->rstd, n, "d(attention input)", err) !=
+    dfree(ex->dev, &dqf);
+    dfree(ex->dev, &rstd);
+    if (eng_blocks_norm_bwd_into_residual(ex, L->attn_norm, dx, dxn, x_in, a->rstd, n, "d(attention input)", err) !=
         MT_OK)
         goto fail;
-    dfree(m->dev, &dxn);
-    eng_attn_acts_release(m->dev, a);
+    dfree(ex->dev, &dxn);
+    eng_attn_acts_release(ex->dev, a);
     return MT_OK;
 fail: {
     float **all[] = {&ao, &datt, &dq, &dk, &dv, &dR, &dqf, &dkva, &dkvb, &ckv, &ckvn, &rstd, &dlat, &dlatn, &dxn,
                      &scratch};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dfree(m->dev, all[i]);
-    eng_attn_acts_release(m->dev, a);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dfree(ex->dev, all[i]);
+    eng_attn_acts_release(ex->dev, a);
     return err->code;
 }
 }

@@ -26,20 +26,19 @@
 /* ---- tracing ------------------------------------------------------------ */
 
 static void copy_observer(void *ctx, kern_stream_role_t role, size_t bytes, double t0, double t1) {
-    eng_model_t *m = ctx;
-    if (!m->trace) return;
-    eng_trace_span(m->trace, role == KERN_STREAM_H2D ? ENG_TRACK_H2D : ENG_TRACK_D2H,
+    const eng_exec_t *x = ctx;
+    if (!x->trace) return;
+    eng_trace_span(x->trace, role == KERN_STREAM_H2D ? ENG_TRACK_H2D : ENG_TRACK_D2H,
                    role == KERN_STREAM_H2D ? "H2D" : "D2H", "copy", t0, t1, bytes);
 }
 
-void eng_model_set_trace(eng_model_t *m, struct eng_trace *trace) {
-    m->trace = trace;
-    m->dev->copy_observer = trace ? copy_observer : NULL;
-    m->dev->copy_observer_ctx = trace ? m : NULL;
+void eng_exec_set_trace(eng_exec_t *x, struct eng_trace *trace) {
+    x->trace = trace;
+    x->dev->copy_observer = trace ? copy_observer : NULL;
+    x->dev->copy_observer_ctx = trace ? x : NULL;
 }
 
-void eng_model_block_times(eng_model_t *m, double *fwd_s, double *bwd_s, bool reset) {
-    eng_exec_t *x = m->exec;
+void eng_exec_block_times(eng_exec_t *x, double *fwd_s, double *bwd_s, bool reset) {
     const double k = x->timed_micro > 0 ? 1.0 / x->timed_micro : 0.0;
     for (int b = 0; b < x->nb; b++) {
         if (fwd_s) fwd_s[b] = x->fwd_s[b] * k;
@@ -49,38 +48,36 @@ void eng_model_block_times(eng_model_t *m, double *fwd_s, double *bwd_s, bool re
     if (reset) x->timed_micro = 0;
 }
 
-void exec_trace_memory(eng_model_t *m, double t) {
-    if (!m->trace) return;
-    const kern_device_stats_t st = kern_device_stats(m->dev);
-    eng_trace_counter(m->trace, "device bytes", t, (double)st.device_in_use);
-    eng_trace_counter(m->trace, "pinned bytes", t, (double)st.pinned_in_use);
+void exec_trace_memory(eng_exec_t *x, double t) {
+    if (!x->trace) return;
+    const kern_device_stats_t st = kern_device_stats(x->dev);
+    eng_trace_counter(x->trace, "device bytes", t, (double)st.device_in_use);
+    eng_trace_counter(x->trace, "pinned bytes", t, (double)st.pinned_in_use);
 }
 
 /* ---- deferred frees ----------------------------------------------------- */
 
-void exec_defer_free(eng_model_t *m, void *dev_ptr, void *pinned, size_t pinned_bytes,
+void exec_defer_free(eng_exec_t *x, void *dev_ptr, void *pinned, size_t pinned_bytes,
                      kern_stream_t *after) {
-    eng_exec_t *x = m->exec;
     if (x->npending == x->cap_pending) {
         x->cap_pending = x->cap_pending ? 2 * x->cap_pending : 64;
         x->pending = realloc(x->pending, (size_t)x->cap_pending * sizeof *x->pending);
         MT_CHECK_ALLOC(x->pending, "pending frees");
     }
-    kern_event_t *ev = kern_event_create(m->dev);
-    kern_event_record(m->dev, ev, after);
+    kern_event_t *ev = kern_event_create(x->dev);
+    kern_event_record(x->dev, ev, after);
     x->pending[x->npending++] = (exec_pending_t){dev_ptr, pinned, pinned_bytes, ev};
 }
 
-void exec_process_pending(eng_model_t *m, bool force) {
-    eng_exec_t *x = m->exec;
+void exec_process_pending(eng_exec_t *x, bool force) {
     int keep = 0;
     for (int i = 0; i < x->npending; i++) {
         exec_pending_t *p = &x->pending[i];
-        if (force) kern_event_sync(m->dev, p->ev);
-        if (force || kern_event_query(m->dev, p->ev)) {
-            if (p->dev) kern_free(m->dev, p->dev);
-            if (p->pinned) kern_pinned_free(m->dev, p->pinned, p->pinned_bytes);
-            kern_event_destroy(m->dev, p->ev);
+        if (force) kern_event_sync(x->dev, p->ev);
+        if (force || kern_event_query(x->dev, p->ev)) {
+            if (p->dev) kern_free(x->dev, p->dev);
+            if (p->pinned) kern_pinned_free(x->dev, p->pinned, p->pinned_bytes);
+            kern_event_destroy(x->dev, p->ev);
         } else {
             x->pending[keep++] = *p;
         }
@@ -92,37 +89,39 @@ void exec_process_pending(eng_model_t *m, bool force) {
 /* Reclaim hook: an allocation did not fit; buffers still read by copies in
  * flight are freed once those copies finish. */
 static bool reclaim_pending(void *ctx) {
-    eng_model_t *m = ctx;
-    if (!m->exec || m->exec->npending == 0) return false;
-    exec_process_pending(m, true);
+    eng_exec_t *x = ctx;
+    if (x->npending == 0) return false;
+    exec_process_pending(x, true);
     return true;
 }
 
-void eng_exec_drain(eng_model_t *m) {
-    exec_host_optim_wait(&m->exec->hopt); /* updates still running from the last optimizer step */
-    kern_device_sync(m->dev);
-    exec_process_pending(m, true);
-    if (m->exec->stage) moe_staging_drain(m->exec->stage);
+void eng_exec_drain(eng_exec_t *x) {
+    exec_host_optim_wait(&x->hopt); /* updates still running from the last optimizer step */
+    kern_device_sync(x->dev);
+    exec_process_pending(x, true);
+    if (x->stage) moe_staging_drain(x->stage);
 }
 
-void eng_model_finish_updates_in_step(eng_model_t *m) { m->exec->finish_updates_in_step = true; }
+void eng_exec_finish_updates_in_step(eng_exec_t *x) { x->finish_updates_in_step = true; }
 
 /* ---- placement ---------------------------------------------------------- */
 
-const sched_block_plan_t *exec_block_plan(const eng_model_t *m, int b) { return &m->plan.blocks[b]; }
+const sched_block_plan_t *exec_block_plan(const eng_exec_t *x, int b) { return &x->plan.blocks[b]; }
 
-bool exec_param_streamed(const eng_model_t *m, const eng_param_t *p) {
-    return exec_block_plan(m, p->block)->weights == SCHED_WEIGHTS_STREAM;
+bool exec_param_streamed(const eng_exec_t *x, const eng_param_t *p) {
+    return exec_block_plan(x, p->block)->weights == SCHED_WEIGHTS_STREAM;
 }
 
-bool exec_turn_held(const eng_model_t *m, int b) {
+bool exec_turn_held(const eng_exec_t *x, int b) {
+    const eng_model_t *m = x->model;
     const int L = m->cfg.num_hidden_layers;
-    return L > 0 && b == L && m->plan.prefetch_window >= 1;
+    return L > 0 && b == L && x->plan.prefetch_window >= 1;
 }
 
-bool exec_acts_offloaded(const eng_model_t *m, int b) {
+bool exec_acts_offloaded(const eng_exec_t *x, int b) {
+    const eng_model_t *m = x->model;
     const int L = m->cfg.num_hidden_layers;
-    return b >= 1 && b <= L && m->plan.blocks[b].acts == SCHED_ACTS_OFFLOAD && !exec_turn_held(m, b);
+    return b >= 1 && b <= L && x->plan.blocks[b].acts == SCHED_ACTS_OFFLOAD && !exec_turn_held(x, b);
 }
 
 size_t exec_w_bytes(const eng_param_t *p) { return p->spec->numel * mt_dtype_size(p->w_dtype); }
@@ -131,9 +130,10 @@ moe_staging_op_t exec_w_upload_op(const eng_param_t *p) {
     return p->w_dtype == MT_BF16 && !p->home_bf16 ? MOE_STAGING_F32_TO_BF16 : MOE_STAGING_COPY;
 }
 void *exec_w_home(const eng_param_t *p) { return p->home_bf16 ? (void *)p->home_bf16 : (void *)p->host_w; }
-float *exec_dev_master(const eng_param_t *p) {
-    if (p->dev_master) return p->dev_master;
-    return p->w_dtype == MT_F32 ? (float *)p->w : NULL;
+float *exec_dev_master(const eng_exec_t *x, int i) {
+    const eng_dparam_t *d = &x->dp[i];
+    if (d->dev_master) return d->dev_master;
+    return x->model->params[i].w_dtype == MT_F32 ? (float *)d->w : NULL;
 }
 
 static void add_used(eng_exec_t *x, int b, int i) {
@@ -141,8 +141,8 @@ static void add_used(eng_exec_t *x, int b, int i) {
     x->used[b][x->nused[b]++] = i;
 }
 
-static void build_block_lists(eng_model_t *m) {
-    eng_exec_t *x = m->exec;
+static void build_block_lists(eng_exec_t *x) {
+    eng_model_t *m = x->model;
     const int L = m->cfg.num_hidden_layers;
     x->used = calloc((size_t)x->nb, sizeof *x->used);
     x->nused = calloc((size_t)x->nb, sizeof *x->nused);
@@ -160,32 +160,34 @@ static void build_block_lists(eng_model_t *m) {
     add_used(x, L + 1, m->lm_head);
 }
 
-static mt_status_t place_param(eng_model_t *m, eng_param_t *p, mt_error_t *err) {
-    const sched_block_plan_t *bp = exec_block_plan(m, p->block);
+static mt_status_t place_param(eng_exec_t *x, int i, mt_error_t *err) {
+    const eng_param_t *p = &x->model->params[i];
+    eng_dparam_t *d = &x->dp[i];
+    const sched_block_plan_t *bp = exec_block_plan(x, p->block);
     const size_t bytes = exec_f32_bytes(p);
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
     char tag[200];
     if (bp->weights == SCHED_WEIGHTS_RESIDENT) {
         snprintf(tag, sizeof tag, "weight %s", p->spec->name);
-        p->w = kern_alloc(m->dev, exec_w_bytes(p), tag, err);
-        if (!p->w) return err->code;
+        d->w = kern_alloc(x->dev, exec_w_bytes(p), tag, err);
+        if (!d->w) return err->code;
     }
     if (p->frozen) return MT_OK; /* no master beside the home, no gradient, no optimizer state */
-    if (bp->optim == SCHED_OPTIM_DEVICE && p->w_dtype != MT_F32 && !m->replica) {
+    if (bp->optim == SCHED_OPTIM_DEVICE && p->w_dtype != MT_F32 && !x->replica) {
         snprintf(tag, sizeof tag, "fp32 master of %s", p->spec->name);
-        p->dev_master = kern_alloc(m->dev, bytes, tag, err);
-        if (!p->dev_master) return err->code;
+        d->dev_master = kern_alloc(x->dev, bytes, tag, err);
+        if (!d->dev_master) return err->code;
     }
     if (bp->grads == SCHED_GRADS_DEVICE) {
         snprintf(tag, sizeof tag, "gradient of %s", p->spec->name);
-        p->g_acc = kern_alloc(m->dev, bytes, tag, err);
-        if (!p->g_acc) return err->code;
-        kern_memset(m->dev, s, p->g_acc, 0, bytes);
+        d->g_acc = kern_alloc(x->dev, bytes, tag, err);
+        if (!d->g_acc) return err->code;
+        kern_memset(x->dev, s, d->g_acc, 0, bytes);
     }
-    /* a replica's gradients go to replica 0's optimizer, not its own */
-    if (bp->grads == SCHED_GRADS_HOST || (bp->optim == SCHED_OPTIM_HOST && !m->replica)) {
-        p->host_g = calloc(p->spec->numel, sizeof(float));
-        MT_CHECK_ALLOC(p->host_g, p->spec->name);
+    /* a replica's gradients go to the primary's optimizer, not its own */
+    if (bp->grads == SCHED_GRADS_HOST || (bp->optim == SCHED_OPTIM_HOST && !x->replica)) {
+        d->host_g = calloc(p->spec->numel, sizeof(float));
+        MT_CHECK_ALLOC(d->host_g, p->spec->name);
     }
     return MT_OK;
 }
@@ -212,8 +214,11 @@ void eng_staging_settings_from_run(const eng_run_config_t *rc, eng_staging_setti
     out->tokens = tok > 0 && tok < (1 << 30) ? (int)tok : 0;
 }
 
-mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_staging_settings_t *staging,
-                            mt_error_t *err) {
+static void exec_destroy(eng_exec_t *x);
+
+mt_status_t eng_exec_create(eng_exec_t **out, eng_model_t *m, kern_device_t *dev, const sched_plan_t *plan,
+                            const eng_staging_settings_t *staging, bool replica, mt_error_t *err) {
+    *out = NULL;
     const int nb = eng_model_num_blocks(m);
     if (plan->num_blocks != nb)
         return mt_error_set(err, MT_ERR_INTERNAL, "plan has %d blocks, model has %d", plan->num_blocks, nb);
@@ -229,17 +234,20 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
          * device buffers as soon as work using them has been issued; the
          * CUDA backend frees in stream order (kernels/arena_defer.h). */
     }
-    m->plan = *plan;
-    m->plan.blocks = malloc((size_t)nb * sizeof *m->plan.blocks);
-    MT_CHECK_ALLOC(m->plan.blocks, "plan copy");
-    memcpy(m->plan.blocks, plan->blocks, (size_t)nb * sizeof *plan->blocks);
-    if (m->plan.prefetch_window < 1) m->plan.prefetch_window = 1;
-
     eng_exec_t *x = calloc(1, sizeof *x);
     MT_CHECK_ALLOC(x, "executor");
-    m->exec = x;
+    x->model = m;
+    x->dev = dev;
+    x->replica = replica;
+    x->plan = *plan;
+    x->plan.blocks = malloc((size_t)nb * sizeof *x->plan.blocks);
+    MT_CHECK_ALLOC(x->plan.blocks, "plan copy");
+    memcpy(x->plan.blocks, plan->blocks, (size_t)nb * sizeof *plan->blocks);
+    if (x->plan.prefetch_window < 1) x->plan.prefetch_window = 1;
+    x->dp = calloc((size_t)m->num_params, sizeof *x->dp);
+    MT_CHECK_ALLOC(x->dp, "device parameter table");
     x->nb = nb;
-    build_block_lists(m);
+    build_block_lists(x);
     const int P = m->num_params, L = m->cfg.num_hidden_layers;
     x->w_ready = calloc((size_t)nb, sizeof *x->w_ready);
     x->a_ready = calloc((size_t)nb, sizeof *x->a_ready);
@@ -259,24 +267,30 @@ mt_status_t eng_exec_create(eng_model_t *m, const sched_plan_t *plan, const eng_
     x->free_span = -1;
     for (int i = 0; i < P; i++) x->w_span[i] = x->g_span[i] = -1;
     for (int b = 0; b < nb; b++) {
-        x->w_ready[b] = kern_event_create(m->dev);
-        x->a_ready[b] = kern_event_create(m->dev);
-        x->o_done[b] = kern_event_create(m->dev);
+        x->w_ready[b] = kern_event_create(x->dev);
+        x->a_ready[b] = kern_event_create(x->dev);
+        x->o_done[b] = kern_event_create(x->dev);
         x->offl[b].region.id = -1;
     }
     moe_predict_init(&x->predict, L, m->cfg.layer_is_moe, m->cfg.num_experts);
-    kern_set_reclaim_hook(m->dev, reclaim_pending, m);
-    exec_host_optim_init(&x->hopt, m);
+    kern_set_reclaim_hook(x->dev, reclaim_pending, x);
+    exec_host_optim_init(&x->hopt, m, x->dp, x->dev, &x->trace);
     exec_counters_init(&x->cnt, L);
     if (staging) x->stage_set = *staging;
     else eng_staging_settings_init(&x->stage_set);
-    return exec_stage_create(m, x->stage_set.tokens, err);
+    mt_status_t st = exec_stage_create(x, x->stage_set.tokens, err);
+    if (st != MT_OK) {
+        exec_destroy(x);
+        return st;
+    }
+    *out = x;
+    return MT_OK;
 }
 
-mt_status_t eng_exec_place(eng_model_t *m, mt_error_t *err) {
-    eng_exec_t *x = m->exec;
+mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
+    eng_model_t *m = x->model;
     for (int i = 0; i < m->num_params; i++) {
-        mt_status_t st = place_param(m, &m->params[i], err);
+        mt_status_t st = place_param(x, i, err);
         if (st != MT_OK) return st;
     }
     /* resident weights cross once, a block at a time through the pool */
@@ -287,24 +301,25 @@ mt_status_t eng_exec_place(eng_model_t *m, mt_error_t *err) {
         int n = 0;
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
+            eng_dparam_t *d = &x->dp[i];
             if (p->block != b) continue;
-            if (p->w) items[n++] = (moe_staging_xfer_t){exec_w_home(p), p->w, exec_w_bytes(p), exec_w_upload_op(p)};
-            if (p->dev_master)
-                items[n++] = (moe_staging_xfer_t){p->host_w, p->dev_master, exec_f32_bytes(p), MOE_STAGING_COPY};
+            if (d->w) items[n++] = (moe_staging_xfer_t){exec_w_home(p), d->w, exec_w_bytes(p), exec_w_upload_op(p)};
+            if (d->dev_master)
+                items[n++] = (moe_staging_xfer_t){p->host_w, d->dev_master, exec_f32_bytes(p), MOE_STAGING_COPY};
         }
         char tag[64];
         snprintf(tag, sizeof tag, "resident weights of block %d", b);
-        st = exec_stage_h2d(m, items, n, tag, err);
+        st = exec_stage_h2d(x, items, n, tag, err);
     }
     free(items);
-    eng_exec_drain(m);
+    eng_exec_drain(x);
     if (st != MT_OK) return st;
     /* A device optimizer owns the master: the host copy would only go stale.
      * A frozen weight keeps its home, which is what a merge reads.  A
-     * replica's homes are replica 0's, which frees them. */
-    for (int i = 0; i < m->num_params && !m->replica; i++) {
+     * replica (placed before the primary) leaves the model's homes alone. */
+    for (int i = 0; i < m->num_params && !x->replica; i++) {
         eng_param_t *p = &m->params[i];
-        if (exec_block_plan(m, p->block)->optim == SCHED_OPTIM_DEVICE && !p->frozen) {
+        if (exec_block_plan(x, p->block)->optim == SCHED_OPTIM_DEVICE && !p->frozen) {
             free(p->host_w);
             p->host_w = NULL;
         }
@@ -312,39 +327,39 @@ mt_status_t eng_exec_place(eng_model_t *m, mt_error_t *err) {
     return MT_OK;
 }
 
-void eng_exec_destroy(eng_model_t *m) {
-    eng_exec_t *x = m->exec;
-    if (!x) return;
+static void exec_destroy(eng_exec_t *x) {
+    eng_model_t *m = x->model;
     exec_host_optim_free(&x->hopt);
-    kern_device_sync(m->dev);
-    exec_drop_offloads(m);
-    eng_exec_drain(m);
-    if (m->trace) eng_model_set_trace(m, NULL);
-    kern_set_reclaim_hook(m->dev, NULL, NULL);
+    kern_device_sync(x->dev);
+    exec_drop_offloads(x);
+    eng_exec_drain(x);
+    if (x->trace) eng_exec_set_trace(x, NULL);
+    kern_set_reclaim_hook(x->dev, NULL, NULL);
     for (int i = 0; i < m->num_params; i++) {
-        eng_param_t *p = &m->params[i];
+        eng_dparam_t *d = &x->dp[i];
         /* streamed weights and host-bound gradients live in spans, freed below */
-        void *bufs[] = {x->w_span[i] < 0 ? p->w : NULL, p->g_transient && x->g_span[i] < 0 ? p->g : NULL,
-                        p->g_acc, p->m, p->v, p->dev_master};
+        void *bufs[] = {x->w_span[i] < 0 ? d->w : NULL, d->g_transient && x->g_span[i] < 0 ? d->g : NULL,
+                        d->g_acc, d->m, d->v, d->dev_master};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
-            if (bufs[k]) kern_free(m->dev, bufs[k]);
-        p->w = NULL;
-        p->g = p->g_acc = p->m = p->v = p->dev_master = NULL;
+            if (bufs[k]) kern_free(x->dev, bufs[k]);
+        free(d->host_g);
+        d->w = NULL;
+        d->g = d->g_acc = d->m = d->v = d->dev_master = d->host_g = NULL;
     }
     for (int s = 0; s < x->nspans; s++)
-        if (x->spans[s].base) kern_free(m->dev, x->spans[s].base);
-    exec_stage_destroy(m);
+        if (x->spans[s].base) kern_free(x->dev, x->spans[s].base);
+    exec_stage_destroy(x);
     for (int b = 0; b < x->nb; b++) {
-        kern_event_destroy(m->dev, x->w_ready[b]);
-        kern_event_destroy(m->dev, x->a_ready[b]);
-        kern_event_destroy(m->dev, x->o_done[b]);
+        kern_event_destroy(x->dev, x->w_ready[b]);
+        kern_event_destroy(x->dev, x->a_ready[b]);
+        kern_event_destroy(x->dev, x->o_done[b]);
         free(x->used[b]);
         free(x->offl[b].e);
         free(x->holding[b].idx);
     }
-    if (m->rope_cos) kern_free(m->dev, m->rope_cos);
-    if (m->rope_sin) kern_free(m->dev, m->rope_sin);
-    m->rope_cos = m->rope_sin = NULL;
+    if (x->rope_cos) kern_free(x->dev, x->rope_cos);
+    if (x->rope_sin) kern_free(x->dev, x->rope_sin);
+    x->rope_cos = x->rope_sin = NULL;
     moe_predict_free(&x->predict);
     exec_counters_free(&x->cnt);
     free(x->used);
@@ -362,52 +377,58 @@ void eng_exec_destroy(eng_model_t *m) {
     free(x->pending);
     free(x->fwd_s);
     free(x->bwd_s);
+    free(x->dp);
+    sched_plan_free(&x->plan);
     free(x);
-    m->exec = NULL;
 }
 
 /* ---- reading back ------------------------------------------------------- */
 
-void eng_model_read_param(eng_model_t *m, int i, float *host, bool gradient) {
-    eng_exec_drain(m);
+bool eng_exec_param_has_grad(const eng_exec_t *x, int i) { return x->dp[i].has_grad; }
+
+void eng_exec_read_param(eng_exec_t *x, int i, float *host, bool gradient) {
+    eng_model_t *m = x->model;
+    eng_exec_drain(x);
     const eng_param_t *p = &m->params[i];
+    eng_dparam_t *d = &x->dp[i];
     const size_t bytes = exec_f32_bytes(p);
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-    const void *src_host = gradient ? p->host_g : p->host_w;
-    const void *src_dev = gradient ? p->g_acc : exec_dev_master(p);
-    if (gradient && exec_block_plan(m, p->block)->grads == SCHED_GRADS_DEVICE) src_host = NULL;
+    kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
+    const void *src_host = gradient ? d->host_g : p->host_w;
+    const void *src_dev = gradient ? d->g_acc : exec_dev_master(x, i);
+    if (gradient && exec_block_plan(x, p->block)->grads == SCHED_GRADS_DEVICE) src_host = NULL;
     if (!gradient && p->home_bf16) {
         mt_convert_to_f32(host, p->home_bf16, MT_BF16, p->spec->numel);
     } else if (src_host) {
         memcpy(host, src_host, bytes);
     } else if (src_dev) {
-        kern_memcpy_d2h(m->dev, s, host, src_dev, bytes);
-        kern_stream_sync(m->dev, s);
+        kern_memcpy_d2h(x->dev, s, host, src_dev, bytes);
+        kern_stream_sync(x->dev, s);
     } else {
         memset(host, 0, bytes);
     }
 }
 
-/* ---- a model with its executor ------------------------------------------ */
+/* ---- an executor and the model it holds -------------------------------- */
 
-mt_status_t eng_model_load(eng_model_t *m, kern_device_t *dev, const char *dir,
-                           const char *overrides_json, const sched_plan_t *plan, mt_error_t *err) {
-    const eng_model_opts_t o = {.overrides_json = overrides_json, .plan = plan};
-    return eng_model_open(m, dev, dir, &o, err);
-}
+eng_model_t *eng_exec_model(const eng_exec_t *x) { return x->model; }
+kern_device_t *eng_exec_device(const eng_exec_t *x) { return x->dev; }
+const sched_plan_t *eng_exec_plan(const eng_exec_t *x) { return &x->plan; }
 
-mt_status_t eng_model_load_ex(eng_model_t *m, kern_device_t *dev, const char *dir, const char *overrides_json,
-                              const sched_plan_t *plan, const eng_staging_settings_t *staging, mt_error_t *err) {
+mt_status_t eng_exec_load(eng_exec_t **out, kern_device_t *dev, const char *dir, const char *overrides_json,
+                          const sched_plan_t *plan, const eng_staging_settings_t *staging, mt_error_t *err) {
     const eng_model_opts_t o = {.overrides_json = overrides_json, .plan = plan, .staging = staging};
-    return eng_model_open(m, dev, dir, &o, err);
+    return eng_exec_open(out, dev, dir, &o, err);
 }
 
-mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
-                           mt_error_t *err) {
-    mt_status_t st = eng_model_init(m, dev, dir, opts, err);
-    if (st != MT_OK) return st;
-    if (opts->lora && (st = eng_lora_attach(m, opts->lora, err)) != MT_OK) {
-        eng_model_release(m);
+mt_status_t eng_exec_open(eng_exec_t **out, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
+                          mt_error_t *err) {
+    *out = NULL;
+    eng_model_t *m = calloc(1, sizeof *m);
+    MT_CHECK_ALLOC(m, "model");
+    mt_status_t st = eng_model_init(m, dir, opts, err);
+    if (st == MT_OK && opts->lora && (st = eng_lora_attach(m, opts->lora, err)) != MT_OK) eng_model_release(m);
+    if (st != MT_OK) {
+        free(m);
         return st;
     }
     /* The executor and its staging pool first: settings it refuses fail
@@ -418,16 +439,32 @@ mt_status_t eng_model_open(eng_model_t *m, kern_device_t *dev, const char *dir, 
         sched_plan_init_uniform(&keep_all, eng_model_num_blocks(m), SCHED_POLICY_KEEP_ALL);
         plan = &keep_all;
     }
-    st = eng_exec_create(m, plan, opts->staging, err);
+    eng_exec_t *x = NULL;
+    st = eng_exec_create(&x, m, dev, plan, opts->staging, false, err);
     if (plan == &keep_all) sched_plan_free(&keep_all);
-    if (st == MT_OK) st = eng_model_read_weights(m, dir, err);
+    if (st != MT_OK) {
+        eng_model_release(m);
+        free(m);
+        return st;
+    }
+    x->owns_model = true;
+    st = eng_model_read_weights(m, dir, err);
     if (st == MT_OK && opts->lora) st = eng_lora_init_weights(m, opts->lora, err);
-    if (st == MT_OK) st = eng_exec_place(m, err);
-    if (st != MT_OK) eng_model_free(m);
-    return st;
+    if (st == MT_OK) st = eng_exec_place(x, err);
+    if (st != MT_OK) {
+        eng_exec_free(x);
+        return st;
+    }
+    *out = x;
+    return MT_OK;
 }
 
-void eng_model_free(eng_model_t *m) {
-    if (m->exec) eng_exec_destroy(m);
-    eng_model_release(m);
+void eng_exec_free(eng_exec_t *x) {
+    if (!x) return;
+    eng_model_t *m = x->owns_model ? x->model : NULL;
+    exec_destroy(x);
+    if (m) {
+        eng_model_release(m);
+        free(m);
+    }
 }

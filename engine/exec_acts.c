@@ -24,13 +24,12 @@ static int run_end(const exec_offload_entry_t *e, int k0, int n) {
     return k;
 }
 
-mt_status_t exec_offload_acts(eng_model_t *m, int b, void **const *slots, int nslots, mt_error_t *err) {
-    eng_exec_t *x = m->exec;
-    kern_stream_t *d2h = kern_stream(m->dev, KERN_STREAM_D2H);
-    kern_event_t *ready = kern_event_create(m->dev);
-    kern_event_record(m->dev, ready, kern_stream(m->dev, KERN_STREAM_COMPUTE));
-    kern_stream_wait_event(m->dev, d2h, ready);
-    kern_event_destroy(m->dev, ready);
+mt_status_t exec_offload_acts(eng_exec_t *x, int b, void **const *slots, int nslots, mt_error_t *err) {
+    kern_stream_t *d2h = kern_stream(x->dev, KERN_STREAM_D2H);
+    kern_event_t *ready = kern_event_create(x->dev);
+    kern_event_record(x->dev, ready, kern_stream(x->dev, KERN_STREAM_COMPUTE));
+    kern_stream_wait_event(x->dev, d2h, ready);
+    kern_event_destroy(x->dev, ready);
     exec_offload_t *o = &x->offl[b];
     o->n = 0;
     if (o->cap < nslots) {
@@ -39,7 +38,7 @@ mt_status_t exec_offload_acts(eng_model_t *m, int b, void **const *slots, int ns
         MT_CHECK_ALLOC(o->e, "offload table");
     }
     for (int k = 0; k < nslots; k++)
-        if (*slots[k]) o->e[o->n++] = (exec_offload_entry_t){slots[k], kern_alloc_size(m->dev, *slots[k]), 0, *slots[k]};
+        if (*slots[k]) o->e[o->n++] = (exec_offload_entry_t){slots[k], kern_alloc_size(x->dev, *slots[k]), 0, *slots[k]};
     if (o->n == 0) return MT_OK;
     /* one pinned region per block, laid out like the device (arena blocks
      * are multiples of the pool's alignment), so neighbours move together */
@@ -55,7 +54,7 @@ mt_status_t exec_offload_acts(eng_model_t *m, int b, void **const *slots, int ns
     mt_error_t quiet = {0};
     if (moe_staging_reserve(x->stage, total, tag, &o->region, &quiet) != MT_OK) {
         /* the pool was sized for other activations (or capped): a plain pinned buffer, counted */
-        o->direct = kern_pinned_alloc(m->dev, total);
+        o->direct = kern_pinned_alloc(x->dev, total);
         if (!o->direct)
             return mt_error_set(err, MT_ERR_NOMEM, "cannot pin %zu bytes to offload %s (%s)", total, tag, quiet.msg);
         o->direct_bytes = total;
@@ -64,63 +63,60 @@ mt_status_t exec_offload_acts(eng_model_t *m, int b, void **const *slots, int ns
     for (int k0 = 0; k0 < o->n;) {
         const int k1 = run_end(o->e, k0, o->n);
         const size_t len = o->e[k1 - 1].off + o->e[k1 - 1].bytes - o->e[k0].off;
-        if (o->direct) kern_memcpy_d2h(m->dev, d2h, (char *)o->direct + o->e[k0].off, o->e[k0].dev, len);
+        if (o->direct) kern_memcpy_d2h(x->dev, d2h, (char *)o->direct + o->e[k0].off, o->e[k0].dev, len);
         else moe_staging_copy_d2h(x->stage, d2h, &o->region, o->e[k0].off, o->e[k0].dev, len);
         k0 = k1;
     }
     for (int k = 0; k < o->n; k++) {
-        exec_defer_free(m, o->e[k].dev, NULL, 0, d2h);
+        exec_defer_free(x, o->e[k].dev, NULL, 0, d2h);
         *o->e[k].slot = NULL;
         o->e[k].dev = NULL;
     }
-    kern_event_record(m->dev, x->o_done[b], d2h);
+    kern_event_record(x->dev, x->o_done[b], d2h);
     return MT_OK;
 }
 
-mt_status_t exec_fetch_acts(eng_model_t *m, int b, mt_error_t *err) {
-    eng_exec_t *x = m->exec;
+mt_status_t exec_fetch_acts(eng_exec_t *x, int b, mt_error_t *err) {
     exec_offload_t *o = &x->offl[b];
     if (o->fetched || o->n == 0) return MT_OK;
-    kern_stream_t *h2d = kern_stream(m->dev, KERN_STREAM_H2D);
-    kern_stream_wait_event(m->dev, h2d, x->o_done[b]); /* the offload copies have landed */
+    kern_stream_t *h2d = kern_stream(x->dev, KERN_STREAM_H2D);
+    kern_stream_wait_event(x->dev, h2d, x->o_done[b]); /* the offload copies have landed */
     for (int k = 0; k < o->n; k++) {
-        o->e[k].dev = kern_alloc(m->dev, o->e[k].bytes, "activation fetched back for backward", err);
+        o->e[k].dev = kern_alloc(x->dev, o->e[k].bytes, "activation fetched back for backward", err);
         if (!o->e[k].dev) return err->code;
         *o->e[k].slot = o->e[k].dev;
     }
     for (int k0 = 0; k0 < o->n;) { /* offsets are contiguous: runs follow the new buffers */
         const int k1 = run_end(o->e, k0, o->n);
         const size_t len = o->e[k1 - 1].off + o->e[k1 - 1].bytes - o->e[k0].off;
-        if (o->direct) kern_memcpy_h2d(m->dev, h2d, o->e[k0].dev, (char *)o->direct + o->e[k0].off, len);
+        if (o->direct) kern_memcpy_h2d(x->dev, h2d, o->e[k0].dev, (char *)o->direct + o->e[k0].off, len);
         else moe_staging_copy_h2d(x->stage, h2d, o->e[k0].dev, &o->region, o->e[k0].off, len);
         k0 = k1;
     }
     if (o->direct) {
-        exec_defer_free(m, NULL, o->direct, o->direct_bytes, h2d);
+        exec_defer_free(x, NULL, o->direct, o->direct_bytes, h2d);
         o->direct = NULL;
     } else {
         moe_staging_release_after(x->stage, &o->region, h2d);
     }
-    kern_event_record(m->dev, x->a_ready[b], h2d);
+    kern_event_record(x->dev, x->a_ready[b], h2d);
     o->fetched = true;
     return MT_OK;
 }
 
-void exec_wait_acts(eng_model_t *m, int b) {
-    eng_exec_t *x = m->exec;
+void exec_wait_acts(eng_exec_t *x, int b) {
     if (!x->offl[b].fetched) return;
-    kern_stream_wait_event(m->dev, kern_stream(m->dev, KERN_STREAM_COMPUTE), x->a_ready[b]);
+    kern_stream_wait_event(x->dev, kern_stream(x->dev, KERN_STREAM_COMPUTE), x->a_ready[b]);
     x->offl[b].fetched = false;
     x->offl[b].n = 0;
 }
 
-void exec_drop_offloads(eng_model_t *m) {
-    eng_exec_t *x = m->exec;
+void exec_drop_offloads(eng_exec_t *x) {
     for (int b = 0; b < x->nb; b++) {
         exec_offload_t *o = &x->offl[b];
         if (o->region.id >= 0 && x->stage) moe_staging_release_now(x->stage, &o->region);
         o->region.id = -1;
-        if (o->direct) kern_pinned_free(m->dev, o->direct, o->direct_bytes);
+        if (o->direct) kern_pinned_free(x->dev, o->direct, o->direct_bytes);
         o->direct = NULL;
         o->n = 0;
         o->fetched = false;

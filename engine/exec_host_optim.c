@@ -12,9 +12,13 @@
 #include "kernels/elementwise.h"
 #include "kernels/host/adamw_host.h"
 
-void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m) {
+void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp, kern_device_t *dev,
+                          struct eng_trace *const *trace) {
     memset(h, 0, sizeof *h);
     h->m = m;
+    h->dp = dp;
+    h->dev = dev;
+    h->trace = trace;
     /* a step's overlapped jobs and the previous step's deferred ones */
     h->cap = 2 * eng_model_num_blocks(m) + 1;
     h->queue = calloc((size_t)h->cap, sizeof *h->queue);
@@ -26,7 +30,7 @@ void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m) {
     /* host AdamW's threads: the device's own host pool where its kernels run
      * on host cores (compute is idle while the optimizer step runs); beside
      * a GPU, a pool over every host core */
-    h->pool = kern_device_host_pool(m->dev);
+    h->pool = kern_device_host_pool(dev);
     if (!h->pool) {
         h->own_pool = kern_threadpool_create(0);
         h->pool = h->own_pool;
@@ -44,7 +48,7 @@ kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip
     };
 }
 
-void exec_host_adamw(kern_threadpool_t *pool, eng_param_t *p, const kern_adamw_params_t *base) {
+void exec_host_adamw(kern_threadpool_t *pool, eng_param_t *p, const float *grad, const kern_adamw_params_t *base) {
     const size_t n = p->spec->numel;
     if (!p->host_m) {
         p->host_m = calloc(n, sizeof(float));
@@ -53,7 +57,7 @@ void exec_host_adamw(kern_threadpool_t *pool, eng_param_t *p, const kern_adamw_p
     }
     kern_adamw_params_t ap = *base;
     ap.step = ++p->step;
-    kern_adamw_cpu_pool(pool, p->host_w, p->host_m, p->host_v, p->host_g, NULL, NULL, n, &ap);
+    kern_adamw_cpu_pool(pool, p->host_w, p->host_m, p->host_v, grad, NULL, NULL, n, &ap);
 }
 
 static void *worker_main(void *arg) {
@@ -63,8 +67,8 @@ static void *worker_main(void *arg) {
      * optimizer runs on the host cores with a pool of its own (started
      * here, so its workers inherit this thread's cores); otherwise it shares
      * the kernel pool with compute, one parallel pass at a time. */
-    kern_device_pin_host_thread(m->dev);
-    const int host_cores = kern_device_caps(m->dev).host_cores;
+    kern_device_pin_host_thread(h->dev);
+    const int host_cores = kern_device_caps(h->dev).host_cores;
     kern_threadpool_t *own = host_cores > 0 ? kern_threadpool_create(host_cores) : NULL;
     kern_threadpool_t *pool = own ? own : h->pool;
     pthread_mutex_lock(&h->lock);
@@ -79,23 +83,24 @@ static void *worker_main(void *arg) {
         size_t bytes = 0;
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
-            if (p->block != b || !p->has_grad) continue;
+            eng_dparam_t *d = &h->dp[i];
+            if (p->block != b || !d->has_grad) continue;
             if (job.deferred) {
-                exec_host_adamw(pool, p, &job.base);
-                p->has_grad = false; /* as the step leaves every parameter it updated */
-                p->acc_has_data = false;
+                exec_host_adamw(pool, p, d->host_g, &job.base);
+                d->has_grad = false; /* as the step leaves every parameter it updated */
+                d->acc_has_data = false;
             } else {
                 /* the norm's share while the gradient is at hand, off the step's tail */
-                kern_sumsq_cpu(NULL, &h->gnorm_part[i], p->host_g, p->spec->numel);
-                exec_host_adamw(pool, p, &job.base);
+                kern_sumsq_cpu(NULL, &h->gnorm_part[i], d->host_g, p->spec->numel);
+                exec_host_adamw(pool, p, d->host_g, &job.base);
                 h->done[i] = true;
             }
             bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
         }
-        if (m->trace) {
+        if (*h->trace) {
             char name[32];
             snprintf(name, sizeof name, "AdamW block %d", b);
-            eng_trace_span(m->trace, ENG_TRACK_HOST_OPTIM, name, "optimizer", t0, mt_now_s(), bytes);
+            eng_trace_span(*h->trace, ENG_TRACK_HOST_OPTIM, name, "optimizer", t0, mt_now_s(), bytes);
         }
         pthread_mutex_lock(&h->lock);
         h->outstanding--;
@@ -142,7 +147,7 @@ void exec_host_optim_enqueue(exec_host_optim_t *h, int b) {
     pthread_mutex_lock(&h->lock);
     h->outstanding++;
     pthread_mutex_unlock(&h->lock);
-    kern_launch_host_fn(h->m->dev, kern_stream(h->m->dev, KERN_STREAM_D2H), enqueue_block, a);
+    kern_launch_host_fn(h->dev, kern_stream(h->dev, KERN_STREAM_D2H), enqueue_block, a);
 }
 
 void exec_host_optim_wait(exec_host_optim_t *h) {
@@ -173,7 +178,7 @@ void exec_host_optim_wait_block(exec_host_optim_t *h, int b) {
 
 void exec_host_optim_free(exec_host_optim_t *h) {
     if (h->started) {
-        kern_device_sync(h->m->dev); /* queued enqueue_block calls have run */
+        kern_device_sync(h->dev); /* queued enqueue_block calls have run */
         exec_host_optim_wait(h);
         pthread_mutex_lock(&h->lock);
         h->stop = true;

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
+#include "engine/exec_types.h"
 #include "engine/model.h"
 #include "engine/optim.h"
 #include "kernels/adamw.h"
@@ -29,7 +30,10 @@ typedef struct {
 } exec_host_job_t;
 
 typedef struct {
-    eng_model_t *m;              /* not owned: the parameters it updates, device, trace */
+    eng_model_t *m;              /* not owned: the parameters it updates (their homes) */
+    eng_dparam_t *dp;            /* not owned: their gradients on the executor's device (eng_exec_t.dp) */
+    kern_device_t *dev;          /* not owned */
+    struct eng_trace *const *trace; /* the executor's trace pointer (NULL inside: no trace) */
     kern_threadpool_t *pool;     /* host AdamW's threads */
     kern_threadpool_t *own_pool; /* the pool above when made here (GPU backends) */
     pthread_t thread;
@@ -45,16 +49,18 @@ typedef struct {
     float *gnorm_part;           /* per parameter updated during backward: its gradient's sum of squares */
 } exec_host_optim_t;
 
-/* For model m (num_blocks blocks, spec.count parameters); the worker is not
- * started yet. */
-void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m);
+/* For model m's parameters, their gradients dp on device dev, spans
+ * recorded into *trace; the worker is not started yet. */
+void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp, kern_device_t *dev,
+                          struct eng_trace *const *trace);
 /* Stops the worker (after the jobs queued so far) and frees everything. */
 void exec_host_optim_free(exec_host_optim_t *h);
 
 /* The AdamW kernel's parameters for hp, gradients scaled by clip_scale. */
 kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip_scale);
-/* One AdamW step of p on its host master (state allocated on first use). */
-void exec_host_adamw(kern_threadpool_t *pool, eng_param_t *p, const kern_adamw_params_t *base);
+/* One AdamW step of p on its host master with gradient grad (state
+ * allocated on first use). */
+void exec_host_adamw(kern_threadpool_t *pool, eng_param_t *p, const float *grad, const kern_adamw_params_t *base);
 
 /* Starts the worker if needed, for a step with these hyper-parameters. */
 void exec_host_optim_start(exec_host_optim_t *h, const eng_optim_hparams_t *hp);

@@ -57,7 +57,20 @@ typedef struct {
     bool fetched;
 } exec_offload_t;
 
-typedef struct eng_exec {
+struct eng_exec {
+    eng_model_t *model;     /* the host model it runs (not owned unless owns_model) */
+    bool owns_model;        /* opened by eng_exec_open: freed with the executor */
+    kern_device_t *dev;     /* not owned */
+    eng_dparam_t *dp;       /* (model->num_params) each parameter's copies on this device */
+    sched_plan_t plan;      /* a copy of the plan it runs */
+    /* A data-parallel replica (engine/multi_device.h): another executor of
+     * the same model runs the one optimizer step over the reduced
+     * gradients, so this one keeps no device master and no optimizer state. */
+    bool replica;
+    struct eng_trace *trace; /* not owned; NULL = no trace (eng_exec_set_trace) */
+    /* RoPE tables on the device for sequence length rope_T */
+    float *rope_cos, *rope_sin;
+    int rope_T;
     int nb;                 /* blocks: L + 2 */
     int **used, *nused;     /* dense parameters each block computes with */
     kern_event_t **w_ready; /* per block: its weight fetches are done */
@@ -92,15 +105,15 @@ typedef struct eng_exec {
     /* profiling: compute seconds per block, summed over micro-batches since the last reset */
     double *fwd_s, *bwd_s;
     int timed_micro;
-} eng_exec_t;
+};
 
 /* Samples device and pinned bytes into the trace (if any) at time t. */
-void exec_trace_memory(eng_model_t *m, double t);
+void exec_trace_memory(eng_exec_t *x, double t);
 
 /* Called after block b's gradients were folded, on the last micro-batch. */
-void exec_optim_block_ready(eng_model_t *m, int b);
+void exec_optim_block_ready(eng_exec_t *x, int b);
 
-bool exec_param_streamed(const eng_model_t *m, const eng_param_t *p);
+bool exec_param_streamed(const eng_exec_t *x, const eng_param_t *p);
 /* Bytes of p's device working copy (w_dtype) and of its fp32 tensors
  * (master, gradient, AdamW state). */
 size_t exec_w_bytes(const eng_param_t *p);
@@ -111,7 +124,7 @@ moe_staging_op_t exec_w_upload_op(const eng_param_t *p);
 void *exec_w_home(const eng_param_t *p);
 /* The device fp32 master a device optimizer updates: dev_master, or the
  * working copy itself when it is fp32. */
-float *exec_dev_master(const eng_param_t *p);
+float *exec_dev_master(const eng_exec_t *x, int i);
 /* At the turn from forward to backward, the last layer's streamed weights
  * and offloaded activations would go to the host and come straight back:
  * with a prefetch window of at least 1 the backward's first fetches put
@@ -119,52 +132,52 @@ float *exec_dev_master(const eng_param_t *p);
  * keeps them from the forward instead (no transfer, no wait, and the
  * head's peak is no higher than its backward's).  The simulator models the
  * same (scheduler/simulate.c). */
-bool exec_turn_held(const eng_model_t *m, int b);
+bool exec_turn_held(const eng_exec_t *x, int b);
 /* Block b's saved activations go to the host between its forward and its
  * backward: the plan says offload and b is not held at the turn. */
-bool exec_acts_offloaded(const eng_model_t *m, int b);
-const sched_block_plan_t *exec_block_plan(const eng_model_t *m, int b);
-void exec_defer_free(eng_model_t *m, void *dev_ptr, void *pinned, size_t pinned_bytes,
+bool exec_acts_offloaded(const eng_exec_t *x, int b);
+const sched_block_plan_t *exec_block_plan(const eng_exec_t *x, int b);
+void exec_defer_free(eng_exec_t *x, void *dev_ptr, void *pinned, size_t pinned_bytes,
                      kern_stream_t *after);
-void exec_process_pending(eng_model_t *m, bool force);
+void exec_process_pending(eng_exec_t *x, bool force);
 
 /* ---- exec_stage.c -------------------------------------------------------- */
 
 /* Creates the staging pool for micro-batches of `tokens` tokens (0: without
  * the offloaded activations' share, learnt at the first micro-batch). */
-mt_status_t exec_stage_create(eng_model_t *m, int tokens, mt_error_t *err);
+mt_status_t exec_stage_create(eng_exec_t *x, int tokens, mt_error_t *err);
 /* Before a micro-batch of n tokens: re-sizes the pool when the plan
  * offloads activations and it was sized for another n. */
-mt_status_t exec_stage_prepare(eng_model_t *m, int tokens, mt_error_t *err);
-void exec_stage_destroy(eng_model_t *m);
+mt_status_t exec_stage_prepare(eng_exec_t *x, int tokens, mt_error_t *err);
+void exec_stage_destroy(eng_exec_t *x);
 /* Copies between pageable host tensors and device memory through the pool
  * (stream-ordered on the H2D / D2H stream; `tag` names the batch in errors). */
-mt_status_t exec_stage_h2d(eng_model_t *m, const moe_staging_xfer_t *items, int n, const char *tag,
+mt_status_t exec_stage_h2d(eng_exec_t *x, const moe_staging_xfer_t *items, int n, const char *tag,
                            mt_error_t *err);
-mt_status_t exec_stage_d2h(eng_model_t *m, const moe_staging_xfer_t *items, int n, const char *tag,
+mt_status_t exec_stage_d2h(eng_exec_t *x, const moe_staging_xfer_t *items, int n, const char *tag,
                            mt_error_t *err);
 /* Bytes of layer l's saved activations for n tokens, as the forward allocates them (exec_step.c). */
 size_t exec_layer_act_bytes(const eng_model_t *m, int l, int n);
 
-mt_status_t exec_fetch_block(eng_model_t *m, int b, bool backward, mt_error_t *err);
-void exec_wait_block(eng_model_t *m, int b);
-mt_status_t exec_fetch_experts(eng_model_t *m, int l, const int32_t *counts, mt_error_t *err);
-void exec_release_block(eng_model_t *m, int b);
-mt_status_t exec_offload_acts(eng_model_t *m, int b, void **const *slots, int nslots, mt_error_t *err);
-mt_status_t exec_fetch_acts(eng_model_t *m, int b, mt_error_t *err);
-void exec_wait_acts(eng_model_t *m, int b);
+mt_status_t exec_fetch_block(eng_exec_t *x, int b, bool backward, mt_error_t *err);
+void exec_wait_block(eng_exec_t *x, int b);
+mt_status_t exec_fetch_experts(eng_exec_t *x, int l, const int32_t *counts, mt_error_t *err);
+void exec_release_block(eng_exec_t *x, int b);
+mt_status_t exec_offload_acts(eng_exec_t *x, int b, void **const *slots, int nslots, mt_error_t *err);
+mt_status_t exec_fetch_acts(eng_exec_t *x, int b, mt_error_t *err);
+void exec_wait_acts(eng_exec_t *x, int b);
 /* Drops offloaded copies never fetched back (forward only, errors); streams idle. */
-void exec_drop_offloads(eng_model_t *m);
+void exec_drop_offloads(eng_exec_t *x);
 /* Gradient targets of everything block b's backward writes. */
-mt_status_t exec_prepare_grads(eng_model_t *m, int b, mt_error_t *err);
+mt_status_t exec_prepare_grads(eng_exec_t *x, int b, mt_error_t *err);
 /* Folds the gradients whose last contribution of this micro-batch was in
  * block b (a tied embedding's last one is block 0). */
-mt_status_t exec_finish_grads(eng_model_t *m, int b, mt_error_t *err);
+mt_status_t exec_finish_grads(eng_exec_t *x, int b, mt_error_t *err);
 /* Frees this micro-batch's gradient targets after an error. */
-void exec_drop_grads(eng_model_t *m);
+void exec_drop_grads(eng_exec_t *x);
 /* One tensor of span s is done with; the last one frees the span (after
  * `after` passes this point, or stream-ordered now when NULL). */
-void exec_span_put(eng_model_t *m, int s, kern_stream_t *after);
+void exec_span_put(eng_exec_t *x, int s, kern_stream_t *after);
 
 /* ---- exec_step.c: one micro-batch's program, block by block -------------
  * Micro-batch-major order (eng_model_forward_backward) runs one of these
@@ -174,12 +187,12 @@ void exec_span_put(eng_model_t *m, int s, kern_stream_t *after);
 typedef struct exec_micro exec_micro_t;
 /* Uploads the batch (ids, targets, mask weights, key lengths); *out is set
  * even on failure and goes to exec_micro_destroy. */
-mt_status_t exec_micro_create(eng_model_t *m, const eng_batch_t *batch, exec_micro_t **out, mt_error_t *err);
-void exec_micro_destroy(eng_model_t *m, exec_micro_t *st);
-mt_status_t exec_micro_forward_block(eng_model_t *m, exec_micro_t *st, int b, const eng_batch_t *batch,
+mt_status_t exec_micro_create(eng_exec_t *x, const eng_batch_t *batch, exec_micro_t **out, mt_error_t *err);
+void exec_micro_destroy(eng_exec_t *x, exec_micro_t *st);
+mt_status_t exec_micro_forward_block(eng_exec_t *x, exec_micro_t *st, int b, const eng_batch_t *batch,
                                      float *logits_out, mt_error_t *err);
-mt_status_t exec_micro_loss(eng_model_t *m, exec_micro_t *st, const eng_batch_t *batch, float loss_scale,
+mt_status_t exec_micro_loss(eng_exec_t *x, exec_micro_t *st, const eng_batch_t *batch, float loss_scale,
                             bool backward, eng_micro_stats_t *stats, mt_error_t *err);
-mt_status_t exec_micro_backward_block(eng_model_t *m, exec_micro_t *st, int b, mt_error_t *err);
+mt_status_t exec_micro_backward_block(eng_exec_t *x, exec_micro_t *st, int b, mt_error_t *err);
 
 #endif

@@ -58,11 +58,11 @@ typedef struct {
     int *hspan;      /* its span */
 } lm_t;
 
-bool eng_step_order_layer(const eng_model_t *m, eng_step_order_t order, int k) {
+bool eng_step_order_layer(const eng_exec_t *x, eng_step_order_t order, int k) {
     if (order == ENG_STEP_ORDER_LAYER) return true;
     /* auto: the planner's choice (sched_plan_t.layer_major), made from the
      * link traffic it saves against the activation memory it costs */
-    return order == ENG_STEP_ORDER_AUTO && k > 1 && m->plan.layer_major;
+    return order == ENG_STEP_ORDER_AUTO && k > 1 && x->plan.layer_major;
 }
 
 const char *eng_step_order_name(eng_step_order_t order) {
@@ -74,18 +74,19 @@ const char *eng_step_order_name(eng_step_order_t order) {
     return "?";
 }
 
-static bool is_moe(const eng_model_t *m, int l) {
+static bool is_moe(const eng_exec_t *x, int l) {
+    const eng_model_t *m = x->model;
     return l >= 0 && l < m->cfg.num_hidden_layers && m->cfg.layer_is_moe[l];
 }
 
-static void use_micro(eng_model_t *m, lm_t *lm, int j) {
-    m->exec->offl = lm->offl[j];
-    m->exec->o_done = lm->o_done[j];
-    m->exec->a_ready = lm->a_ready[j];
+static void use_micro(eng_exec_t *x, lm_t *lm, int j) {
+    x->offl = lm->offl[j];
+    x->o_done = lm->o_done[j];
+    x->a_ready = lm->a_ready[j];
 }
 
-static void lm_init(eng_model_t *m, lm_t *lm, int k) {
-    eng_exec_t *x = m->exec;
+static void lm_init(eng_exec_t *x, lm_t *lm, int k) {
+    eng_model_t *m = x->model;
     memset(lm, 0, sizeof *lm);
     lm->k = k;
     lm->nb = x->nb;
@@ -114,8 +115,8 @@ static void lm_init(eng_model_t *m, lm_t *lm, int k) {
         MT_CHECK(lm->offl[j] && lm->o_done[j] && lm->a_ready[j], "out of host memory for a layer-major step");
         for (int b = 0; b < x->nb; b++) {
             lm->offl[j][b].region.id = -1;
-            lm->o_done[j][b] = kern_event_create(m->dev);
-            lm->a_ready[j][b] = kern_event_create(m->dev);
+            lm->o_done[j][b] = kern_event_create(x->dev);
+            lm->a_ready[j][b] = kern_event_create(x->dev);
         }
     }
     for (int j = 0; j < k; j++) {
@@ -126,44 +127,44 @@ static void lm_init(eng_model_t *m, lm_t *lm, int k) {
 
 /* Everything the step held, after success or an error: the streams are
  * idle first (exec_micro_destroy syncs). */
-static void lm_free(eng_model_t *m, lm_t *lm) {
-    eng_exec_t *x = m->exec;
-    for (int j = 0; j < lm->k; j++) exec_micro_destroy(m, lm->mb[j]);
-    kern_device_sync(m->dev);
+static void lm_free(eng_exec_t *x, lm_t *lm) {
+    eng_model_t *m = x->model;
+    for (int j = 0; j < lm->k; j++) exec_micro_destroy(x, lm->mb[j]);
+    kern_device_sync(x->dev);
     /* gradient targets left by an error: each micro-batch's parked ones back in place, then dropped */
     for (int j = 0; j < lm->k; j++) {
         for (int q = 0; q < lm->npark[j]; q++) {
             const parked_t *pk = &lm->park[j][q];
-            eng_param_t *p = &m->params[pk->param];
-            p->g = pk->g;
-            p->g_transient = pk->transient;
+            eng_dparam_t *d = &x->dp[pk->param];
+            d->g = pk->g;
+            d->g_transient = pk->transient;
             x->g_span[pk->param] = pk->span;
         }
-        exec_drop_grads(m);
+        exec_drop_grads(x);
         free(lm->park[j]);
     }
     for (int i = 0; i < m->num_params; i++)
         if (lm->hacc[i]) {
-            if (lm->hspan[i] >= 0) exec_span_put(m, lm->hspan[i], NULL);
-            else kern_free(m->dev, lm->hacc[i]);
+            if (lm->hspan[i] >= 0) exec_span_put(x, lm->hspan[i], NULL);
+            else kern_free(x->dev, lm->hacc[i]);
         }
     for (int j = 0; j < lm->k; j++) {
-        use_micro(m, lm, j);
-        exec_drop_offloads(m);
+        use_micro(x, lm, j);
+        exec_drop_offloads(x);
     }
-    use_micro(m, lm, 0);
+    use_micro(x, lm, 0);
     for (int j = 1; j < lm->k; j++) {
         for (int b = 0; b < lm->nb; b++) {
             free(lm->offl[j][b].e);
-            kern_event_destroy(m->dev, lm->o_done[j][b]);
-            kern_event_destroy(m->dev, lm->a_ready[j][b]);
+            kern_event_destroy(x->dev, lm->o_done[j][b]);
+            kern_event_destroy(x->dev, lm->a_ready[j][b]);
         }
         free(lm->offl[j]);
         free(lm->o_done[j]);
         free(lm->a_ready[j]);
     }
-    for (int b = 0; b < lm->nb; b++) exec_release_block(m, b);
-    exec_process_pending(m, true);
+    for (int b = 0; b < lm->nb; b++) exec_release_block(x, b);
+    exec_process_pending(x, true);
     free(lm->mb);
     free(lm->offl);
     free(lm->o_done);
@@ -179,27 +180,27 @@ static void lm_free(eng_model_t *m, lm_t *lm) {
 static int32_t *counts_of(lm_t *lm, int j, int l) { return lm->counts + ((size_t)j * lm->L + l) * lm->E; }
 
 /* Backward fetch of block b's weights: the experts any micro-batch routed to. */
-static mt_status_t fetch_bwd(eng_model_t *m, lm_t *lm, int b, mt_error_t *err) {
+static mt_status_t fetch_bwd(eng_exec_t *x, lm_t *lm, int b, mt_error_t *err) {
     if (b < 0 || b >= lm->nb) return MT_OK;
-    if (is_moe(m, b - 1)) moe_predict_observe(&m->exec->predict, b - 1, lm->uni + (size_t)(b - 1) * lm->E);
-    return exec_fetch_block(m, b, true, err);
+    if (is_moe(x, b - 1)) moe_predict_observe(&x->predict, b - 1, lm->uni + (size_t)(b - 1) * lm->E);
+    return exec_fetch_block(x, b, true, err);
 }
 
 /* Micro-batch j's offloaded activations of block b, fetched back (no-op when
  * not offloaded, or already on their way). */
-static mt_status_t fetch_acts(eng_model_t *m, lm_t *lm, int b, int j, mt_error_t *err) {
-    if (b < 1 || j >= lm->k || !exec_acts_offloaded(m, b)) return MT_OK;
-    use_micro(m, lm, j);
-    return exec_fetch_acts(m, b, err);
+static mt_status_t fetch_acts(eng_exec_t *x, lm_t *lm, int b, int j, mt_error_t *err) {
+    if (b < 1 || j >= lm->k || !exec_acts_offloaded(x, b)) return MT_OK;
+    use_micro(x, lm, j);
+    return exec_fetch_acts(x, b, err);
 }
 
-static void unpark(eng_model_t *m, lm_t *lm, int j) {
+static void unpark(eng_exec_t *x, lm_t *lm, int j) {
     for (int q = 0; q < lm->npark[j]; q++) {
         const parked_t *pk = &lm->park[j][q];
-        eng_param_t *p = &m->params[pk->param];
-        p->g = pk->g;
-        p->g_transient = pk->transient;
-        m->exec->g_span[pk->param] = pk->span;
+        eng_dparam_t *d = &x->dp[pk->param];
+        d->g = pk->g;
+        d->g_transient = pk->transient;
+        x->g_span[pk->param] = pk->span;
     }
     lm->npark[j] = 0;
 }
@@ -207,163 +208,162 @@ static void unpark(eng_model_t *m, lm_t *lm, int j) {
 /* After block b's backward of micro-batch j: folds what belongs to block b
  * (host-bound gradients into their device sums; on the last micro-batch
  * the sums go to the host) and parks targets that belong to a later block. */
-static mt_status_t fold(eng_model_t *m, lm_t *lm, int b, int j, mt_error_t *err) {
-    eng_exec_t *x = m->exec;
-    kern_stream_t *cs = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+static mt_status_t fold(eng_exec_t *x, lm_t *lm, int b, int j, mt_error_t *err) {
+    eng_model_t *m = x->model;
+    kern_stream_t *cs = kern_stream(x->dev, KERN_STREAM_COMPUTE);
     const bool last = j == lm->k - 1;
     for (int i = 0; i < m->num_params; i++) {
         eng_param_t *p = &m->params[i];
+        eng_dparam_t *d = &x->dp[i];
         if (p->block != b) {
-            if (!p->g) continue;
+            if (!d->g) continue;
             /* a device accumulator computed into directly holds this
              * micro-batch's gradient now: later micro-batches must get a
              * target of their own, as they would after its fold */
-            if (!p->g_transient) p->acc_has_data = true;
-            lm->park[j][lm->npark[j]++] = (parked_t){i, p->g, p->g_transient, x->g_span[i]};
-            p->g = NULL;
-            p->g_transient = false;
+            if (!d->g_transient) d->acc_has_data = true;
+            lm->park[j][lm->npark[j]++] = (parked_t){i, d->g, d->g_transient, x->g_span[i]};
+            d->g = NULL;
+            d->g_transient = false;
             x->g_span[i] = -1;
             continue;
         }
-        if (exec_block_plan(m, b)->grads != SCHED_GRADS_HOST) continue; /* exec_finish_grads folds it */
-        if (p->g) {
-            MT_CHECK(!p->acc_has_data, "layer-major: %s has a host gradient from before the step", p->spec->name);
-            p->has_grad = true;
+        if (exec_block_plan(x, b)->grads != SCHED_GRADS_HOST) continue; /* exec_finish_grads folds it */
+        if (d->g) {
+            MT_CHECK(!d->acc_has_data, "layer-major: %s has a host gradient from before the step", p->spec->name);
+            d->has_grad = true;
             if (!lm->hacc[i]) { /* the first micro-batch's gradient is the sum so far (the host copy's COPY) */
-                lm->hacc[i] = p->g;
+                lm->hacc[i] = d->g;
                 lm->hspan[i] = x->g_span[i];
             } else { /* the host's ADD_F32, on the device */
-                m->dev->ops->add(cs, lm->hacc[i], lm->hacc[i], p->g, p->spec->numel);
-                if (x->g_span[i] >= 0) exec_span_put(m, x->g_span[i], NULL); /* the compute stream is its only user */
-                else kern_free(m->dev, p->g);
+                x->dev->ops->add(cs, lm->hacc[i], lm->hacc[i], d->g, p->spec->numel);
+                if (x->g_span[i] >= 0) exec_span_put(x, x->g_span[i], NULL); /* the compute stream is its only user */
+                else kern_free(x->dev, d->g);
             }
             x->g_span[i] = -1;
-            p->g = NULL;
-            p->g_transient = false;
+            d->g = NULL;
+            d->g_transient = false;
         }
         if (last && lm->hacc[i]) { /* the sum goes to the host in exec_finish_grads' one batch */
-            p->g = lm->hacc[i];
-            p->g_transient = true;
+            d->g = lm->hacc[i];
+            d->g_transient = true;
             x->g_span[i] = lm->hspan[i];
             lm->hacc[i] = NULL;
         }
     }
-    return exec_finish_grads(m, b, err);
+    return exec_finish_grads(x, b, err);
 }
 
-static mt_status_t run_layer_major(eng_model_t *m, lm_t *lm, const eng_batch_t *batches, float loss_scale,
+static mt_status_t run_layer_major(eng_exec_t *x, lm_t *lm, const eng_batch_t *batches, float loss_scale,
                                    eng_micro_stats_t *stats, mt_error_t *err) {
-    eng_exec_t *x = m->exec;
-    const int k = lm->k, L = lm->L, nb = lm->nb, W = m->plan.prefetch_window, E = lm->E;
+    const int k = lm->k, L = lm->L, nb = lm->nb, W = x->plan.prefetch_window, E = lm->E;
     mt_status_t r;
     for (int j = 0; j < k; j++)
-        if ((r = exec_micro_create(m, &batches[j], &lm->mb[j], err)) != MT_OK) return r;
+        if ((r = exec_micro_create(x, &batches[j], &lm->mb[j], err)) != MT_OK) return r;
 
     /* forward: embedding and layers, each for every micro-batch */
     for (int b = 0; b <= L; b++) {
         for (int w = 0; w <= W; w++)
-            if (b + w < nb && (r = exec_fetch_block(m, b + w, false, err)) != MT_OK) return r;
-        exec_wait_block(m, b);
+            if (b + w < nb && (r = exec_fetch_block(x, b + w, false, err)) != MT_OK) return r;
+        exec_wait_block(x, b);
         for (int j = 0; j < k; j++) {
-            use_micro(m, lm, j);
-            if ((r = exec_micro_forward_block(m, lm->mb[j], b, &batches[j], NULL, err)) != MT_OK) return r;
-            if (is_moe(m, b - 1))
+            use_micro(x, lm, j);
+            if ((r = exec_micro_forward_block(x, lm->mb[j], b, &batches[j], NULL, err)) != MT_OK) return r;
+            if (is_moe(x, b - 1))
                 memcpy(counts_of(lm, j, b - 1), moe_predict_counts(&x->predict, b - 1, true), (size_t)E * sizeof(int32_t));
         }
-        if (!exec_turn_held(m, b)) exec_release_block(m, b);
-        exec_process_pending(m, false);
+        if (!exec_turn_held(x, b)) exec_release_block(x, b);
+        exec_process_pending(x, false);
     }
     for (int l = 0; l < L; l++)
-        for (int j = 0; is_moe(m, l) && j < k; j++)
+        for (int j = 0; is_moe(x, l) && j < k; j++)
             for (int e = 0; e < E; e++) lm->uni[(size_t)l * E + e] += counts_of(lm, j, l)[e];
     moe_predict_forward_done(&x->predict);
 
     /* the head: forward, loss and backward per micro-batch */
     const int head = nb - 1;
-    if ((r = exec_fetch_block(m, head, false, err)) != MT_OK) return r;
+    if ((r = exec_fetch_block(x, head, false, err)) != MT_OK) return r;
     for (int w = 1; w <= W; w++)
-        if ((r = fetch_bwd(m, lm, head - w, err)) != MT_OK) return r;
-    exec_wait_block(m, head);
+        if ((r = fetch_bwd(x, lm, head - w, err)) != MT_OK) return r;
+    exec_wait_block(x, head);
     for (int j = 0; j < k; j++) {
-        use_micro(m, lm, j);
+        use_micro(x, lm, j);
         x->in_last_micro = j == k - 1;
         memset(&stats[j], 0, sizeof stats[j]);
-        if ((r = exec_micro_forward_block(m, lm->mb[j], head, &batches[j], NULL, err)) != MT_OK) return r;
-        if ((r = exec_micro_loss(m, lm->mb[j], &batches[j], loss_scale, true, &stats[j], err)) != MT_OK) return r;
-        if ((r = exec_micro_backward_block(m, lm->mb[j], head, err)) != MT_OK) return r;
-        if ((r = fold(m, lm, head, j, err)) != MT_OK) return r;
+        if ((r = exec_micro_forward_block(x, lm->mb[j], head, &batches[j], NULL, err)) != MT_OK) return r;
+        if ((r = exec_micro_loss(x, lm->mb[j], &batches[j], loss_scale, true, &stats[j], err)) != MT_OK) return r;
+        if ((r = exec_micro_backward_block(x, lm->mb[j], head, err)) != MT_OK) return r;
+        if ((r = fold(x, lm, head, j, err)) != MT_OK) return r;
     }
-    exec_optim_block_ready(m, head);
-    exec_release_block(m, head);
-    exec_process_pending(m, false);
+    exec_optim_block_ready(x, head);
+    exec_release_block(x, head);
+    exec_process_pending(x, false);
 
     /* backward: layers and embedding from the top, each for every micro-batch */
     for (int b = head - 1; b >= 0; b--) {
         for (int w = 0; w <= W; w++)
-            if ((r = fetch_bwd(m, lm, b - w, err)) != MT_OK) return r;
-        exec_wait_block(m, b);
+            if ((r = fetch_bwd(x, lm, b - w, err)) != MT_OK) return r;
+        exec_wait_block(x, b);
         for (int j = 0; j < k; j++) {
             /* this micro-batch's activations, and the next ones' on their way during its compute */
-            if ((r = fetch_acts(m, lm, b, j, err)) != MT_OK) return r;
-            if ((r = j + 1 < k ? fetch_acts(m, lm, b, j + 1, err) : fetch_acts(m, lm, b - 1, 0, err)) != MT_OK)
+            if ((r = fetch_acts(x, lm, b, j, err)) != MT_OK) return r;
+            if ((r = j + 1 < k ? fetch_acts(x, lm, b, j + 1, err) : fetch_acts(x, lm, b - 1, 0, err)) != MT_OK)
                 return r;
-            use_micro(m, lm, j);
-            if (exec_acts_offloaded(m, b)) exec_wait_acts(m, b);
-            if (is_moe(m, b - 1)) moe_predict_observe(&x->predict, b - 1, counts_of(lm, j, b - 1));
+            use_micro(x, lm, j);
+            if (exec_acts_offloaded(x, b)) exec_wait_acts(x, b);
+            if (is_moe(x, b - 1)) moe_predict_observe(&x->predict, b - 1, counts_of(lm, j, b - 1));
             x->in_last_micro = j == k - 1;
-            unpark(m, lm, j);
-            if ((r = exec_micro_backward_block(m, lm->mb[j], b, err)) != MT_OK) return r;
-            if ((r = fold(m, lm, b, j, err)) != MT_OK) return r;
+            unpark(x, lm, j);
+            if ((r = exec_micro_backward_block(x, lm->mb[j], b, err)) != MT_OK) return r;
+            if ((r = fold(x, lm, b, j, err)) != MT_OK) return r;
         }
-        use_micro(m, lm, 0);
-        exec_optim_block_ready(m, b);
+        use_micro(x, lm, 0);
+        exec_optim_block_ready(x, b);
         /* the next step's forward prefetch predicts the union of this step's routing */
-        if (is_moe(m, b - 1)) moe_predict_observe(&x->predict, b - 1, lm->uni + (size_t)(b - 1) * E);
-        exec_release_block(m, b);
-        exec_process_pending(m, false);
+        if (is_moe(x, b - 1)) moe_predict_observe(&x->predict, b - 1, lm->uni + (size_t)(b - 1) * E);
+        exec_release_block(x, b);
+        exec_process_pending(x, false);
     }
     for (int j = 0; j < k; j++)
         MT_CHECK(lm->npark[j] == 0, "layer-major: micro-batch %d left gradient targets unfolded", j);
     return MT_OK;
 }
 
-mt_status_t eng_model_step_fwd_bwd(eng_model_t *m, const eng_batch_t *batches, int k, float loss_scale,
+mt_status_t eng_exec_step_fwd_bwd(eng_exec_t *x, const eng_batch_t *batches, int k, float loss_scale,
                                    eng_step_order_t order, eng_micro_stats_t *stats, mt_error_t *err) {
-    if (!eng_step_order_layer(m, order, k)) {
+    if (!eng_step_order_layer(x, order, k)) {
         for (int j = 0; j < k; j++) {
-            const mt_status_t r = eng_model_forward_backward(m, &batches[j], loss_scale, NULL, &stats[j], err);
+            const mt_status_t r = eng_exec_forward_backward(x, &batches[j], loss_scale, NULL, &stats[j], err);
             if (r != MT_OK) return mt_error_prefix(err, "micro-batch %d: ", j + 1);
         }
         return MT_OK;
     }
-    eng_exec_t *x = m->exec;
     int tokens = 0;
     for (int j = 0; j < k; j++)
         if (batches[j].B * batches[j].T > tokens) tokens = batches[j].B * batches[j].T;
     /* offloaded activations of all k micro-batches are held at once: the
      * pool's activation share for k times the tokens */
-    mt_status_t r = exec_stage_prepare(m, tokens * k, err);
+    mt_status_t r = exec_stage_prepare(x, tokens * k, err);
     if (r != MT_OK) return r;
     exec_counters_micro_begin(&x->cnt);
     lm_t lm;
-    lm_init(m, &lm, k);
-    r = run_layer_major(m, &lm, batches, loss_scale, stats, err);
+    lm_init(x, &lm, k);
+    r = run_layer_major(x, &lm, batches, loss_scale, stats, err);
     if (r == MT_OK) {
         x->timed_micro += k;
         x->micro_left = x->micro_left > k ? x->micro_left - k : 0;
         exec_counters_micro_end(&x->cnt);
     } else {
-        exec_drop_grads(m);
+        exec_drop_grads(x);
         mt_error_prefix(err, "layer-major step: ");
     }
-    lm_free(m, &lm);
+    lm_free(x, &lm);
     return r;
 }
 
-mt_status_t eng_model_step_from_loader(eng_model_t *m, eng_loader_t *ld, int k, eng_step_order_t order,
+mt_status_t eng_exec_step_from_loader(eng_exec_t *x, eng_loader_t *ld, int k, eng_step_order_t order,
                                        eng_micro_stats_t *stats, mt_error_t *err) {
     eng_batch_t *bs = eng_loader_take(ld, k);
-    const mt_status_t r = eng_model_step_fwd_bwd(m, bs, k, 1.0f / (float)k, order, stats, err);
+    const mt_status_t r = eng_exec_step_fwd_bwd(x, bs, k, 1.0f / (float)k, order, stats, err);
     eng_batches_free(bs, k);
     return r;
 }

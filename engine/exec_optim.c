@@ -23,9 +23,8 @@
 
 /* ---- host AdamW, overlapped with backward (exec_host_optim.c) --------- */
 
-void eng_optim_begin_step(eng_model_t *m, const eng_optim_hparams_t *hp, int micro_batches,
+void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micro_batches,
                           bool overlap) {
-    eng_exec_t *x = m->exec;
     /* staging counters and peaks are per step */
     if (x->stage) moe_staging_step_begin(x->stage);
     exec_counters_step_begin(&x->cnt);
@@ -34,9 +33,8 @@ void eng_optim_begin_step(eng_model_t *m, const eng_optim_hparams_t *hp, int mic
     if (x->overlap_step) exec_host_optim_start(&x->hopt, hp);
 }
 
-void exec_optim_block_ready(eng_model_t *m, int b) {
-    eng_exec_t *x = m->exec;
-    const sched_block_plan_t *bp = &m->plan.blocks[b];
+void exec_optim_block_ready(eng_exec_t *x, int b) {
+    const sched_block_plan_t *bp = &x->plan.blocks[b];
     if (!x->overlap_step || !x->in_last_micro || bp->optim != SCHED_OPTIM_HOST || bp->grads != SCHED_GRADS_HOST)
         return;
     exec_host_optim_enqueue(&x->hopt, b);
@@ -44,14 +42,14 @@ void exec_optim_block_ready(eng_model_t *m, int b) {
 
 /* ---- the step ----------------------------------------------------------- */
 
-mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_optim_stats_t *out,
+mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_optim_stats_t *out,
                            mt_error_t *err) {
-    kern_device_t *dev = m->dev;
+    eng_model_t *m = x->model;
+    kern_device_t *dev = x->dev;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
-    eng_exec_t *x = m->exec;
     const double t0 = mt_now_s();
     memset(out, 0, sizeof *out);
-    eng_exec_drain(m); /* every gradient has landed */
+    eng_exec_drain(x); /* every gradient has landed */
     exec_host_optim_wait(&x->hopt);
 
     /* Each parameter's sum of squares, where its gradient is: on the host
@@ -68,13 +66,14 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     bool any_device = false;
     for (int i = 0; i < P; i++) {
         const eng_param_t *p = &m->params[i];
-        if (!p->has_grad) continue;
+        eng_dparam_t *d = &x->dp[i];
+        if (!d->has_grad) continue;
         if (x->hopt.done[i]) {
             parts[i] = x->hopt.gnorm_part[i];
-        } else if (m->plan.blocks[p->block].grads == SCHED_GRADS_HOST) {
-            kern_sumsq_cpu(NULL, &parts[i], p->host_g, p->spec->numel);
+        } else if (x->plan.blocks[p->block].grads == SCHED_GRADS_HOST) {
+            kern_sumsq_cpu(NULL, &parts[i], d->host_g, p->spec->numel);
         } else {
-            dev->ops->sumsq(s, dev_parts + i, p->g_acc, p->spec->numel);
+            dev->ops->sumsq(s, dev_parts + i, d->g_acc, p->spec->numel);
             any_device = true;
         }
     }
@@ -85,14 +84,15 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         kern_stream_sync(dev, s);
         for (int i = 0; i < P; i++) {
             const eng_param_t *p = &m->params[i];
-            if (p->has_grad && !x->hopt.done[i] && m->plan.blocks[p->block].grads != SCHED_GRADS_HOST) parts[i] = back[i];
+            eng_dparam_t *d = &x->dp[i];
+            if (d->has_grad && !x->hopt.done[i] && x->plan.blocks[p->block].grads != SCHED_GRADS_HOST) parts[i] = back[i];
         }
         free(back);
     }
     kern_free(dev, dev_parts);
     double total = 0;
     for (int i = 0; i < P; i++)
-        if (m->params[i].has_grad) total += parts[i];
+        if (x->dp[i].has_grad) total += parts[i];
     out->grad_norm = sqrt(total);
     if (!isfinite(total)) {
         /* An update from a NaN or Inf gradient would poison every weight it
@@ -102,7 +102,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
          * first. */
         int first = -1;
         for (int i = 0; i < P && first < 0; i++)
-            if (m->params[i].has_grad && !isfinite(parts[i])) first = i;
+            if (x->dp[i].has_grad && !isfinite(parts[i])) first = i;
         free(parts);
         x->overlap_step = false;
         x->micro_left = 0;
@@ -132,7 +132,7 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     bool *deferred = calloc((size_t)x->nb, sizeof *deferred);
     MT_CHECK_ALLOC(deferred, "optimizer block flags");
     for (int b = 0; b < x->nb && st == MT_OK; b++) {
-        const sched_block_plan_t *bp = &m->plan.blocks[b];
+        const sched_block_plan_t *bp = &x->plan.blocks[b];
         char tag[64];
         int n = 0;
         /* A streamed block whose gradients and AdamW state are on the host:
@@ -144,21 +144,22 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
             bool any = false, overlapped = false;
             for (int i = 0; i < m->num_params; i++) {
                 const eng_param_t *p = &m->params[i];
-                if (p->block != b || !p->has_grad) continue;
+                eng_dparam_t *d = &x->dp[i];
+                if (p->block != b || !d->has_grad) continue;
                 any = true;
                 overlapped |= x->hopt.done[i]; /* already updated during backward */
             }
             if (!overlapped) {
                 for (int i = 0; i < m->num_params; i++) {
                     if (m->params[i].block != b) continue;
-                    if (m->params[i].has_grad) out->updated++;
+                    if (x->dp[i].has_grad) out->updated++;
                     else out->skipped++;
                 }
                 if (any) exec_host_optim_defer(&x->hopt, b, hp, &base);
                 deferred[b] = any;
-                if (b <= m->plan.prefetch_window) { /* waits for this block's update only */
+                if (b <= x->plan.prefetch_window) { /* waits for this block's update only */
                     x->cnt.between_steps = true;
-                    st = exec_fetch_block(m, b, false, err);
+                    st = exec_fetch_block(x, b, false, err);
                     x->cnt.between_steps = false;
                 }
                 continue;
@@ -168,19 +169,21 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
         if (bp->optim == SCHED_OPTIM_HOST && bp->grads == SCHED_GRADS_DEVICE) {
             for (int i = 0; i < m->num_params; i++) {
                 eng_param_t *p = &m->params[i];
-                if (p->block != b || !p->has_grad || x->hopt.done[i]) continue;
-                items[n++] = (moe_staging_xfer_t){p->host_g, p->g_acc, exec_f32_bytes(p), MOE_STAGING_COPY};
+                eng_dparam_t *d = &x->dp[i];
+                if (p->block != b || !d->has_grad || x->hopt.done[i]) continue;
+                items[n++] = (moe_staging_xfer_t){d->host_g, d->g_acc, exec_f32_bytes(p), MOE_STAGING_COPY};
                 x->cnt.ctr.grad_d2h_bytes += exec_f32_bytes(p);
             }
             snprintf(tag, sizeof tag, "gradients of block %d for the host optimizer", b);
-            st = exec_stage_d2h(m, items, n, tag, err);
+            st = exec_stage_d2h(x, items, n, tag, err);
             if (n > 0) kern_stream_sync(dev, kern_stream(dev, KERN_STREAM_D2H));
         }
         n = 0;
         for (int i = 0; i < m->num_params && st == MT_OK; i++) {
             eng_param_t *p = &m->params[i];
+            eng_dparam_t *d = &x->dp[i];
             if (p->block != b) continue;
-            if (!p->has_grad) {
+            if (!d->has_grad) {
                 out->skipped++;
                 continue;
             }
@@ -193,42 +196,42 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
             } else if (bp->optim == SCHED_OPTIM_DEVICE) {
                 kern_adamw_params_t ap = base;
                 ap.step = ++p->step;
-                if (!p->m) { /* lazily, as torch creates state on the first step */
+                if (!d->m) { /* lazily, as torch creates state on the first step */
                     char t[200];
                     snprintf(t, sizeof t, "AdamW m of %s", p->spec->name);
-                    p->m = kern_alloc(dev, bytes, t, err);
+                    d->m = kern_alloc(dev, bytes, t, err);
                     snprintf(t, sizeof t, "AdamW v of %s", p->spec->name);
-                    if (p->m) p->v = kern_alloc(dev, bytes, t, err);
-                    if (!p->m || !p->v) {
+                    if (d->m) d->v = kern_alloc(dev, bytes, t, err);
+                    if (!d->m || !d->v) {
                         free(items);
                         return err->code;
                     }
-                    kern_memset(dev, s, p->m, 0, bytes);
-                    kern_memset(dev, s, p->v, 0, bytes);
+                    kern_memset(dev, s, d->m, 0, bytes);
+                    kern_memset(dev, s, d->v, 0, bytes);
                 }
                 /* a bf16 working copy is rewritten from the new master in the same pass */
-                dev->ops->adamw(s, exec_dev_master(p), p->m, p->v, p->g_acc, NULL,
-                                p->w_dtype == MT_BF16 ? (uint16_t *)p->w : NULL, numel, &ap);
+                dev->ops->adamw(s, exec_dev_master(x, i), d->m, d->v, d->g_acc, NULL,
+                                p->w_dtype == MT_BF16 ? (uint16_t *)d->w : NULL, numel, &ap);
             } else {
-                exec_host_adamw(x->hopt.pool, p, &base);
+                exec_host_adamw(x->hopt.pool, p, d->host_g, &base);
             }
             if (refresh) {
-                items[n++] = (moe_staging_xfer_t){p->host_w, p->w, exec_w_bytes(p), exec_w_upload_op(p)};
+                items[n++] = (moe_staging_xfer_t){p->host_w, d->w, exec_w_bytes(p), exec_w_upload_op(p)};
                 x->cnt.ctr.weight_h2d_bytes += exec_w_bytes(p);
             }
         }
         /* resident weights take the new master values */
         snprintf(tag, sizeof tag, "weights of block %d after the host optimizer", b);
-        if (st == MT_OK) st = exec_stage_h2d(m, items, n, tag, err);
+        if (st == MT_OK) st = exec_stage_h2d(x, items, n, tag, err);
         refreshed |= n > 0;
         /* The next step's first blocks start on their way as soon as their
          * own update is done, not when the whole step's is: blocks are
          * updated in order, so block 0's weights cross the link while the
          * host AdamW of the layers above it still runs (the copy stream
          * reads only this block's final home copies). */
-        if (st == MT_OK && b <= m->plan.prefetch_window) {
+        if (st == MT_OK && b <= x->plan.prefetch_window) {
             x->cnt.between_steps = true;
-            st = exec_fetch_block(m, b, false, err);
+            st = exec_fetch_block(x, b, false, err);
             x->cnt.between_steps = false;
         }
     }
@@ -241,14 +244,15 @@ mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_op
     /* ready for the next step's first micro-batch */
     for (int i = 0; i < m->num_params; i++) {
         eng_param_t *p = &m->params[i];
+        eng_dparam_t *d = &x->dp[i];
         if (deferred[p->block]) continue; /* the worker clears them after the update */
-        if (p->g_acc && p->acc_has_data) kern_memset(dev, s, p->g_acc, 0, p->spec->numel * sizeof(float));
-        p->has_grad = false;
-        p->acc_has_data = false;
+        if (d->g_acc && d->acc_has_data) kern_memset(dev, s, d->g_acc, 0, p->spec->numel * sizeof(float));
+        d->has_grad = false;
+        d->acc_has_data = false;
     }
     free(deferred);
     kern_stream_sync(dev, s);
-    if (m->trace) eng_trace_span(m->trace, ENG_TRACK_HOST_OPTIM, "optimizer step", "optimizer", t0, mt_now_s(), 0);
+    if (x->trace) eng_trace_span(x->trace, ENG_TRACK_HOST_OPTIM, "optimizer step", "optimizer", t0, mt_now_s(), 0);
     x->overlap_step = false;
     x->micro_left = 0;
     out->optim_wall_s = mt_now_s() - t0;

@@ -61,63 +61,66 @@ static void dfree(kern_device_t *dev, void *p) {
 
 #define DALLOC(ptr, bytes, tag)                              \
     do {                                                     \
-        (ptr) = kern_alloc(m->dev, (bytes), (tag), err);     \
+        (ptr) = kern_alloc(x->dev, (bytes), (tag), err);     \
         if (!(ptr)) return err->code;                        \
     } while (0)
 
-static mt_status_t ensure_rope(eng_model_t *m, int T, mt_error_t *err) {
-    if (m->rope_T == T) return MT_OK;
+static mt_status_t ensure_rope(eng_exec_t *x, int T, mt_error_t *err) {
+    eng_model_t *m = x->model;
+    if (x->rope_T == T) return MT_OK;
     const int rd = eng_rope_dim(&m->cfg), half = rd / 2; /* partial RoPE: the rotated dims only */
-    dfree(m->dev, m->rope_cos);
-    dfree(m->dev, m->rope_sin);
-    m->rope_T = 0;
-    m->rope_cos = kern_alloc(m->dev, (size_t)T * half * sizeof(float), "rope cos table", err);
-    m->rope_sin = m->rope_cos ? kern_alloc(m->dev, (size_t)T * half * sizeof(float), "rope sin table", err) : NULL;
-    if (!m->rope_cos || !m->rope_sin) return err->code;
+    dfree(x->dev, x->rope_cos);
+    dfree(x->dev, x->rope_sin);
+    x->rope_T = 0;
+    x->rope_cos = kern_alloc(x->dev, (size_t)T * half * sizeof(float), "rope cos table", err);
+    x->rope_sin = x->rope_cos ? kern_alloc(x->dev, (size_t)T * half * sizeof(float), "rope sin table", err) : NULL;
+    if (!x->rope_cos || !x->rope_sin) return err->code;
     float *c = malloc((size_t)T * half * sizeof *c), *s = malloc((size_t)T * half * sizeof *s);
     MT_CHECK(c && s, "out of host memory for rope tables");
     eng_rope_tables(&m->cfg, T, rd, c, s);
-    kern_stream_t *st = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-    kern_memcpy_h2d(m->dev, st, m->rope_cos, c, (size_t)T * half * sizeof(float));
-    kern_memcpy_h2d(m->dev, st, m->rope_sin, s, (size_t)T * half * sizeof(float));
-    kern_stream_sync(m->dev, st);
+    kern_stream_t *st = kern_stream(x->dev, KERN_STREAM_COMPUTE);
+    kern_memcpy_h2d(x->dev, st, x->rope_cos, c, (size_t)T * half * sizeof(float));
+    kern_memcpy_h2d(x->dev, st, x->rope_sin, s, (size_t)T * half * sizeof(float));
+    kern_stream_sync(x->dev, st);
     free(c);
     free(s);
-    m->rope_T = T;
+    x->rope_T = T;
     return MT_OK;
 }
 
 /* The aux loss (moe/aux_loss.h) and its gradient factors on the device. */
-static mt_status_t aux_finish(eng_model_t *m, step_t *st, float loss_scale, double *aux_out,
+static mt_status_t aux_finish(eng_exec_t *x, step_t *st, float loss_scale, double *aux_out,
                               mt_error_t *err) {
+    eng_model_t *m = x->model;
     const int E = m->cfg.num_experts;
     float *coef = malloc((size_t)E * sizeof *coef);
     MT_CHECK_ALLOC(coef, "aux loss gradient");
     *aux_out = moe_aux_finish(&st->aux, m->cfg.router_aux_loss_coef, loss_scale, coef);
-    st->aux_dp = kern_alloc(m->dev, (size_t)E * sizeof(float), "aux loss gradient", err);
+    st->aux_dp = kern_alloc(x->dev, (size_t)E * sizeof(float), "aux loss gradient", err);
     if (st->aux_dp) {
-        kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-        kern_memcpy_h2d(m->dev, s, st->aux_dp, coef, (size_t)E * sizeof(float));
-        kern_stream_sync(m->dev, s);
+        kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
+        kern_memcpy_h2d(x->dev, s, st->aux_dp, coef, (size_t)E * sizeof(float));
+        kern_stream_sync(x->dev, s);
     }
     free(coef);
     return st->aux_dp ? MT_OK : err->code;
 }
 
-static mt_status_t fetch_experts_hook(eng_model_t *m, int layer, const int32_t *counts, mt_error_t *err) {
-    return exec_fetch_experts(m, layer, counts, err);
+static mt_status_t fetch_experts_hook(eng_exec_t *x, int layer, const int32_t *counts, mt_error_t *err) {
+    return exec_fetch_experts(x, layer, counts, err);
 }
 
 /* Forward of decoder layer l (block l + 1). */
-static mt_status_t layer_forward(eng_model_t *m, step_t *st, int l, bool recompute, mt_error_t *err) {
+static mt_status_t layer_forward(eng_exec_t *x, step_t *st, int l, bool recompute, mt_error_t *err) {
+    eng_model_t *m = x->model;
     const size_t act = (size_t)st->sh.n * m->cfg.hidden_size * sizeof(float);
-    const bool streamed = m->plan.blocks[l + 1].weights == SCHED_WEIGHTS_STREAM;
+    const bool streamed = x->plan.blocks[l + 1].weights == SCHED_WEIGHTS_STREAM;
     float *xout = NULL;
     const eng_act_desc_t *mid = eng_model_desc_act(&m->spec, l, ENG_A_X_MID); /* a saved activation */
     MT_CHECK(mid, "layer %d: the model description lists no x_mid", l);
     DALLOC(st->xmid[l], eng_act_numel(mid, st->sh.n) * mt_dtype_size(eng_act_dtype(mid->cls, eng_act_storage_dtype(m))),
            "residual after attention");
-    mt_status_t s = eng_attn_forward(m, l, &st->sh, st->xin[l], st->xmid[l], &st->aa[l], err);
+    mt_status_t s = eng_attn_forward(x, l, &st->sh, st->xin[l], st->xmid[l], &st->aa[l], err);
     if (s != MT_OK) return s;
     if (recompute) { /* the layer's output is already stored as the next block's input */
         DALLOC(xout, act, "recomputed layer output");
@@ -125,17 +128,19 @@ static mt_status_t layer_forward(eng_model_t *m, step_t *st, int l, bool recompu
         DALLOC(st->xin[l + 1], act, "residual after mlp");
         xout = st->xin[l + 1];
     }
-    s = eng_mlp_forward(m, l, &st->sh, st->xmid[l], xout, streamed ? fetch_experts_hook : NULL,
+    s = eng_mlp_forward(x, l, &st->sh, st->xmid[l], xout, streamed ? fetch_experts_hook : NULL,
                         &st->ma[l], err);
-    if (recompute) dfree(m->dev, xout);
+    if (recompute) dfree(x->dev, xout);
     return s;
 }
 
 /* lm_head's working copy as a product operand (the embedding table's, in
  * its dtype, when tied). */
-static eng_operand_t head_weight(const eng_model_t *m) {
+static eng_operand_t head_weight(const eng_exec_t *x) {
+    const eng_model_t *m = x->model;
     const eng_param_t *p = &m->params[m->lm_head];
-    return (eng_operand_t){p->w, p->w_dtype};
+    const eng_dparam_t *d = &x->dp[m->lm_head];
+    return (eng_operand_t){d->w, p->w_dtype};
 }
 
 /* Where each activation the description may list lives in the step's
@@ -198,7 +203,8 @@ static void **act_slot(step_t *st, int l, eng_act_id_t id) {
  * of the described size, and nothing saved that it does not list), so the
  * forward, the staging pool's sizing (exec_layer_act_bytes) and the
  * scheduler, which all read the description, cannot drift apart. */
-static mt_status_t layer_act_slots(eng_model_t *m, step_t *st, int l, void ***slots, int *count, mt_error_t *err) {
+static mt_status_t layer_act_slots(eng_exec_t *x, step_t *st, int l, void ***slots, int *count, mt_error_t *err) {
+    eng_model_t *m = x->model;
     const eng_layer_acts_t *la = &m->spec.layer_acts[l];
     const mt_dtype_t cdt = eng_act_storage_dtype(m);
     for (int id = 0; id < ENG_ACT_COUNT; id++) {
@@ -213,10 +219,10 @@ static mt_status_t layer_act_slots(eng_model_t *m, step_t *st, int l, void ***sl
         const eng_act_desc_t *a = &la->act[la->index[id]];
         const size_t raw = eng_act_numel(a, st->sh.n) * mt_dtype_size(eng_act_dtype(a->cls, cdt));
         const size_t want = (raw + MT_ARENA_ALIGN - 1) / MT_ARENA_ALIGN * MT_ARENA_ALIGN;
-        if (!*slot || kern_alloc_size(m->dev, *slot) != want)
+        if (!*slot || kern_alloc_size(x->dev, *slot) != want)
             return mt_error_set(err, MT_ERR_INTERNAL,
                                 "layer %d activation %s: the forward saved %zu bytes, the model description says %zu", l,
-                                a->name, *slot ? kern_alloc_size(m->dev, *slot) : 0, want);
+                                a->name, *slot ? kern_alloc_size(x->dev, *slot) : 0, want);
         slots[(*count)++] = slot;
     }
     return MT_OK;
@@ -231,32 +237,33 @@ size_t exec_layer_act_bytes(const eng_model_t *m, int l, int n) {
     return eng_model_desc_layer_act_bytes(&m->spec, l, n, eng_act_storage_dtype(m), MT_ARENA_ALIGN);
 }
 
-static void layer_acts_drop(eng_model_t *m, step_t *st, int l) {
-    eng_attn_acts_release(m->dev, &st->aa[l]);
-    eng_mlp_acts_release(m->dev, &st->ma[l]);
-    dfree(m->dev, st->xmid[l]);
+static void layer_acts_drop(eng_exec_t *x, step_t *st, int l) {
+    eng_attn_acts_release(x->dev, &st->aa[l]);
+    eng_mlp_acts_release(x->dev, &st->ma[l]);
+    dfree(x->dev, st->xmid[l]);
     st->xmid[l] = NULL;
 }
 
 /* Issues the fetches a block needs (weights; backward also activations). */
-static mt_status_t fetch_ahead(eng_model_t *m, int b, bool backward, mt_error_t *err) {
-    if (b < 0 || b >= m->exec->nb) return MT_OK;
-    mt_status_t s = exec_fetch_block(m, b, backward, err);
-    if (s == MT_OK && backward && exec_acts_offloaded(m, b)) s = exec_fetch_acts(m, b, err);
+static mt_status_t fetch_ahead(eng_exec_t *x, int b, bool backward, mt_error_t *err) {
+    if (b < 0 || b >= x->nb) return MT_OK;
+    mt_status_t s = exec_fetch_block(x, b, backward, err);
+    if (s == MT_OK && backward && exec_acts_offloaded(x, b)) s = exec_fetch_acts(x, b, err);
     return s;
 }
 
 /* Frees the micro-batch's buffers and saved activations (after every
  * stream has finished with them). */
-void exec_micro_destroy(eng_model_t *m, step_t *st) {
+void exec_micro_destroy(eng_exec_t *x, step_t *st) {
+    eng_model_t *m = x->model;
     if (!st) return;
     const int L = m->cfg.num_hidden_layers;
-    kern_device_sync(m->dev);
-    for (int l = 0; l < L; l++) layer_acts_drop(m, st, l);
-    for (int l = 0; l <= L; l++) dfree(m->dev, st->xin[l]);
+    kern_device_sync(x->dev);
+    for (int l = 0; l < L; l++) layer_acts_drop(x, st, l);
+    for (int l = 0; l <= L; l++) dfree(x->dev, st->xin[l]);
     void *bufs[] = {st->ids,   st->targets, st->kv_len, st->tok_w, st->xf,
                     st->rstdf, st->logits,  st->aux_dp, st->dx};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(m->dev, bufs[i]);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(x->dev, bufs[i]);
     free(st->xin);
     free(st->xmid);
     free(st->aa);
@@ -267,14 +274,15 @@ void exec_micro_destroy(eng_model_t *m, step_t *st) {
 
 /* What a step leaves held once its micro-batches are gone: offloads never
  * fetched back (forward only, errors), blocks' weights, pending frees. */
-static void step_release(eng_model_t *m) {
-    kern_device_sync(m->dev);
-    exec_drop_offloads(m);
-    for (int b = 0; b < m->exec->nb; b++) exec_release_block(m, b);
-    exec_process_pending(m, true);
+static void step_release(eng_exec_t *x) {
+    kern_device_sync(x->dev);
+    exec_drop_offloads(x);
+    for (int b = 0; b < x->nb; b++) exec_release_block(x, b);
+    exec_process_pending(x, true);
 }
 
-mt_status_t exec_micro_create(eng_model_t *m, const eng_batch_t *batch, step_t **out, mt_error_t *err) {
+mt_status_t exec_micro_create(eng_exec_t *x, const eng_batch_t *batch, step_t **out, mt_error_t *err) {
+    eng_model_t *m = x->model;
     const eng_model_config_t *c = &m->cfg;
     const int L = c->num_hidden_layers;
     step_t *st = calloc(1, sizeof *st);
@@ -296,28 +304,28 @@ mt_status_t exec_micro_create(eng_model_t *m, const eng_batch_t *batch, step_t *
     st->use_aux = c->output_router_logits && family_aux && m->num_moe_layers > 0;
     *out = st;
 
-    mt_status_t r = ensure_rope(m, st->sh.T, err);
+    mt_status_t r = ensure_rope(x, st->sh.T, err);
     float *host_tw = malloc((size_t)n * sizeof *host_tw);
     MT_CHECK_ALLOC(host_tw, "attention mask weights");
     if (r == MT_OK) {
-        st->ids = kern_alloc(m->dev, (size_t)n * sizeof(int32_t), "input ids", err);
-        st->targets = st->ids ? kern_alloc(m->dev, (size_t)n * sizeof(int32_t), "targets", err) : NULL;
-        st->tok_w = st->targets ? kern_alloc(m->dev, (size_t)n * sizeof(float), "attention mask weights", err) : NULL;
+        st->ids = kern_alloc(x->dev, (size_t)n * sizeof(int32_t), "input ids", err);
+        st->targets = st->ids ? kern_alloc(x->dev, (size_t)n * sizeof(int32_t), "targets", err) : NULL;
+        st->tok_w = st->targets ? kern_alloc(x->dev, (size_t)n * sizeof(float), "attention mask weights", err) : NULL;
         if (!st->tok_w) r = err->code;
     }
     if (r == MT_OK && batch->padded) { /* padded keys are masked in attention; else NULL */
-        st->kv_len = kern_alloc(m->dev, (size_t)batch->B * sizeof(int32_t), "attention key lengths", err);
+        st->kv_len = kern_alloc(x->dev, (size_t)batch->B * sizeof(int32_t), "attention key lengths", err);
         if (!st->kv_len) r = err->code;
         st->sh.kv_len = st->kv_len;
     }
     if (r == MT_OK) {
-        kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+        kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
         for (int t = 0; t < n; t++) host_tw[t] = batch->mask[t] ? 1.0f : 0.0f;
-        kern_memcpy_h2d(m->dev, s, st->ids, batch->inputs, (size_t)n * sizeof(int32_t));
-        kern_memcpy_h2d(m->dev, s, st->targets, batch->targets, (size_t)n * sizeof(int32_t));
-        kern_memcpy_h2d(m->dev, s, st->tok_w, host_tw, (size_t)n * sizeof(float));
-        if (st->kv_len) kern_memcpy_h2d(m->dev, s, st->kv_len, batch->kv_len, (size_t)batch->B * sizeof(int32_t));
-        kern_stream_sync(m->dev, s);
+        kern_memcpy_h2d(x->dev, s, st->ids, batch->inputs, (size_t)n * sizeof(int32_t));
+        kern_memcpy_h2d(x->dev, s, st->targets, batch->targets, (size_t)n * sizeof(int32_t));
+        kern_memcpy_h2d(x->dev, s, st->tok_w, host_tw, (size_t)n * sizeof(float));
+        if (st->kv_len) kern_memcpy_h2d(x->dev, s, st->kv_len, batch->kv_len, (size_t)batch->B * sizeof(int32_t));
+        kern_stream_sync(x->dev, s);
     }
     free(host_tw);
     return r;
@@ -327,11 +335,12 @@ mt_status_t exec_micro_create(eng_model_t *m, const eng_batch_t *batch, step_t *
  * (the caller fetched and waited).  Saved activations are kept, offloaded
  * (exec_offload_acts: the executor's offload table for b) or dropped, as
  * the plan says. */
-mt_status_t exec_micro_forward_block(eng_model_t *m, step_t *st, int b, const eng_batch_t *batch,
+mt_status_t exec_micro_forward_block(eng_exec_t *x, step_t *st, int b, const eng_batch_t *batch,
                                      float *logits_out, mt_error_t *err) {
+    eng_model_t *m = x->model;
     const eng_model_config_t *c = &m->cfg;
-    const kern_ops_t *ops = m->dev->ops;
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const kern_ops_t *ops = x->dev->ops;
+    kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
     const int L = c->num_hidden_layers, H = c->hidden_size, V = c->vocab_size, n = st->sh.n;
     const size_t act = (size_t)n * H * sizeof(float);
     mt_status_t r;
@@ -339,45 +348,45 @@ mt_status_t exec_micro_forward_block(eng_model_t *m, step_t *st, int b, const en
     const double t0 = mt_now_s();
     if (b == 0) {
         DALLOC(st->xin[0], act, "embeddings");
-        ops->embedding_fwd(s, st->xin[0], m->params[m->embed].w, st->ids, n, H);
+        ops->embedding_fwd(s, st->xin[0], x->dp[m->embed].w, st->ids, n, H);
     } else if (b <= L) {
         const int l = b - 1;
-        if ((r = layer_forward(m, st, l, false, err)) != MT_OK) return r;
+        if ((r = layer_forward(x, st, l, false, err)) != MT_OK) return r;
         if (st->ma[l].is_moe) {
-            moe_predict_observe(&m->exec->predict, l, st->ma[l].moe.counts_host);
-            if (st->use_aux) moe_aux_accumulate(&st->aux, m->dev, &st->ma[l].moe, st->sh.n, batch->mask);
+            moe_predict_observe(&x->predict, l, st->ma[l].moe.counts_host);
+            if (st->use_aux) moe_aux_accumulate(&st->aux, x->dev, &st->ma[l].moe, st->sh.n, batch->mask);
         }
-        const sched_act_place_t ap = m->plan.blocks[b].acts;
-        if (exec_acts_offloaded(m, b)) {
+        const sched_act_place_t ap = x->plan.blocks[b].acts;
+        if (exec_acts_offloaded(x, b)) {
             void **slots[ENG_ACT_COUNT];
             int ns = 0;
-            if ((r = layer_act_slots(m, st, l, slots, &ns, err)) != MT_OK) return r;
-            if ((r = exec_offload_acts(m, b, slots, ns, err)) != MT_OK) return r;
+            if ((r = layer_act_slots(x, st, l, slots, &ns, err)) != MT_OK) return r;
+            if ((r = exec_offload_acts(x, b, slots, ns, err)) != MT_OK) return r;
         } else if (ap == SCHED_ACTS_RECOMPUTE) {
-            layer_acts_drop(m, st, l);
+            layer_acts_drop(x, st, l);
         }
     } else {
         DALLOC(st->xf, act, "final norm output");
         DALLOC(st->rstdf, (size_t)n * sizeof(float), "final norm rstd");
-        ops->rmsnorm_fwd(s, st->xf, st->rstdf, st->xin[L], m->params[m->final_norm].w, n, H, c->rms_norm_eps);
+        ops->rmsnorm_fwd(s, st->xf, st->rstdf, st->xin[L], x->dp[m->final_norm].w, n, H, c->rms_norm_eps);
         /* in chunks the loss forms them; logits wanted whole (logits_out) are formed whole */
         st->head_chunked = !logits_out && eng_head_chunk_rows(V, n) < n;
         if (!st->head_chunked) {
             DALLOC(st->logits, (size_t)n * V * sizeof(float), "logits");
-            eng_mm(m, st->logits, eng_f32(st->xf), head_weight(m), n, V, H, false, true, 1.0f, 0.0f);
+            eng_mm(x, st->logits, eng_f32(st->xf), head_weight(x), n, V, H, false, true, 1.0f, 0.0f);
             if (logits_out) {
-                kern_memcpy_d2h(m->dev, s, logits_out, st->logits, (size_t)n * V * sizeof(float));
-                kern_stream_sync(m->dev, s);
+                kern_memcpy_d2h(x->dev, s, logits_out, st->logits, (size_t)n * V * sizeof(float));
+                kern_stream_sync(x->dev, s);
             }
         }
     }
-    m->exec->fwd_s[b] += mt_now_s() - t0;
-    if (m->trace) {
+    x->fwd_s[b] += mt_now_s() - t0;
+    if (x->trace) {
         char name[32];
         snprintf(name, sizeof name, b == 0 ? "embed fwd" : b <= L ? "layer %d fwd" : "head fwd", b - 1);
         const double t1 = mt_now_s();
-        eng_trace_span(m->trace, ENG_TRACK_COMPUTE, name, "forward", t0, t1, 0);
-        exec_trace_memory(m, t1);
+        eng_trace_span(x->trace, ENG_TRACK_COMPUTE, name, "forward", t0, t1, 0);
+        exec_trace_memory(x, t1);
     }
     return MT_OK;
 }
@@ -385,18 +394,19 @@ mt_status_t exec_micro_forward_block(eng_model_t *m, step_t *st, int b, const en
 /* The micro-batch's loss once the head's forward has run: the aux loss
  * (when on) and the cross-entropy, which with `backward` leaves
  * d(logits) in place of the logits for the head's backward. */
-mt_status_t exec_micro_loss(eng_model_t *m, step_t *st, const eng_batch_t *batch, float loss_scale, bool backward,
+mt_status_t exec_micro_loss(eng_exec_t *x, step_t *st, const eng_batch_t *batch, float loss_scale, bool backward,
                             eng_micro_stats_t *stats, mt_error_t *err) {
+    eng_model_t *m = x->model;
     const eng_model_config_t *c = &m->cfg;
-    const kern_ops_t *ops = m->dev->ops;
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const kern_ops_t *ops = x->dev->ops;
+    kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
     const int V = c->vocab_size, n = st->sh.n;
     mt_status_t r;
-    if (st->use_aux && (r = aux_finish(m, st, loss_scale, &stats->aux_loss, err)) != MT_OK) return r;
+    if (st->use_aux && (r = aux_finish(x, st, loss_scale, &stats->aux_loss, err)) != MT_OK) return r;
     stats->tokens = n;
     stats->counted = batch->counted;
     const float grad_scale = batch->counted > 0 ? loss_scale / (float)batch->counted : 0.0f;
-    float *loss_rows = kern_alloc(m->dev, (size_t)n * sizeof(float), "per-token loss", err);
+    float *loss_rows = kern_alloc(x->dev, (size_t)n * sizeof(float), "per-token loss", err);
     if (!loss_rows) return err->code;
     float *host_loss = malloc((size_t)n * sizeof *host_loss);
     MT_CHECK_ALLOC(host_loss, "per-token loss (host)");
@@ -404,24 +414,24 @@ mt_status_t exec_micro_loss(eng_model_t *m, step_t *st, const eng_batch_t *batch
     if (st->head_chunked) {
         /* each chunk's logits, its rows' loss, dropped (the backward forms them again) */
         const int H = c->hidden_size, chunk = (int)eng_head_chunk_rows(V, n);
-        float *lc = kern_alloc(m->dev, (size_t)chunk * V * sizeof(float), "logits chunk", err);
+        float *lc = kern_alloc(x->dev, (size_t)chunk * V * sizeof(float), "logits chunk", err);
         if (!lc) {
-            kern_free(m->dev, loss_rows);
+            kern_free(x->dev, loss_rows);
             free(host_loss);
             return err->code;
         }
         for (int r0 = 0; r0 < n; r0 += chunk) {
             const int rows = n - r0 < chunk ? n - r0 : chunk;
-            eng_mm(m, lc, eng_f32(st->xf + (size_t)r0 * H), head_weight(m), rows, V, H, false, true, 1.0f, 0.0f);
+            eng_mm(x, lc, eng_f32(st->xf + (size_t)r0 * H), head_weight(x), rows, V, H, false, true, 1.0f, 0.0f);
             ops->xent(s, loss_rows + r0, NULL, lc, st->targets + r0, rows, V, grad_scale);
         }
-        kern_free(m->dev, lc);
+        kern_free(x->dev, lc);
     } else {
         ops->xent(s, loss_rows, backward ? st->logits : NULL, st->logits, st->targets, n, V, grad_scale);
     }
-    kern_memcpy_d2h(m->dev, s, host_loss, loss_rows, (size_t)n * sizeof(float));
-    kern_stream_sync(m->dev, s);
-    kern_free(m->dev, loss_rows);
+    kern_memcpy_d2h(x->dev, s, host_loss, loss_rows, (size_t)n * sizeof(float));
+    kern_stream_sync(x->dev, s);
+    kern_free(x->dev, loss_rows);
     double sum = 0;
     for (int t = 0; t < n; t++) sum += host_loss[t];
     free(host_loss);
@@ -435,23 +445,24 @@ mt_status_t exec_micro_loss(eng_model_t *m, step_t *st, const eng_batch_t *batch
  * them.  Its weights and offloaded activations are on the device (the
  * caller fetched and waited); folding the gradients is the caller's
  * (exec_finish_grads), which depends on the step order. */
-mt_status_t exec_micro_backward_block(eng_model_t *m, step_t *st, int b, mt_error_t *err) {
+mt_status_t exec_micro_backward_block(eng_exec_t *x, step_t *st, int b, mt_error_t *err) {
+    eng_model_t *m = x->model;
     const eng_model_config_t *c = &m->cfg;
-    const kern_ops_t *ops = m->dev->ops;
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
+    const kern_ops_t *ops = x->dev->ops;
+    kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
     const int L = c->num_hidden_layers, H = c->hidden_size, V = c->vocab_size, n = st->sh.n;
     const size_t act = (size_t)n * H * sizeof(float);
     mt_status_t r;
     m->lora.batch_serial = st->serial;
     const double t0 = mt_now_s();
-    if (b >= 1 && b <= L && m->plan.blocks[b].acts == SCHED_ACTS_RECOMPUTE &&
-        (r = layer_forward(m, st, b - 1, true, err)) != MT_OK)
+    if (b >= 1 && b <= L && x->plan.blocks[b].acts == SCHED_ACTS_RECOMPUTE &&
+        (r = layer_forward(x, st, b - 1, true, err)) != MT_OK)
         return r;
-    if ((r = exec_prepare_grads(m, b, err)) != MT_OK) return r;
+    if ((r = exec_prepare_grads(x, b, err)) != MT_OK) return r;
     if (b == L + 1) {
         float *dxf;
         DALLOC(dxf, act, "d(final norm output)");
-        float *g = m->params[m->lm_head].g; /* NULL when frozen (a LoRA run) */
+        float *g = x->dp[m->lm_head].g; /* NULL when frozen (a LoRA run) */
         if (st->head_chunked) {
             /* per chunk: its logits again, d(logits) in their place, its
              * rows of d(x) and its share of the head's gradient */
@@ -462,130 +473,132 @@ mt_status_t exec_micro_backward_block(eng_model_t *m, step_t *st, int b, mt_erro
             for (int r0 = 0; r0 < n; r0 += chunk) {
                 const int rows = n - r0 < chunk ? n - r0 : chunk;
                 const eng_operand_t xc = eng_f32(st->xf + (size_t)r0 * H);
-                eng_mm(m, lc, xc, head_weight(m), rows, V, H, false, true, 1.0f, 0.0f);
+                eng_mm(x, lc, xc, head_weight(x), rows, V, H, false, true, 1.0f, 0.0f);
                 ops->xent(s, lrows, lc, lc, st->targets + r0, rows, V, st->grad_scale);
-                eng_mm(m, dxf + (size_t)r0 * H, eng_f32(lc), head_weight(m), rows, H, V, false, false, 1.0f, 0.0f);
-                if (g) eng_mm(m, g, eng_f32(lc), xc, V, H, rows, true, false, 1.0f, 1.0f);
+                eng_mm(x, dxf + (size_t)r0 * H, eng_f32(lc), head_weight(x), rows, H, V, false, false, 1.0f, 0.0f);
+                if (g) eng_mm(x, g, eng_f32(lc), xc, V, H, rows, true, false, 1.0f, 1.0f);
             }
-            dfree(m->dev, lrows);
-            dfree(m->dev, lc);
+            dfree(x->dev, lrows);
+            dfree(x->dev, lc);
         } else {
             /* st->logits now holds d(logits) (xent wrote it in place) */
-            eng_mm(m, dxf, eng_f32(st->logits), head_weight(m), n, H, V, false, false, 1.0f, 0.0f);
-            if (g) eng_mm(m, g, eng_f32(st->logits), eng_f32(st->xf), V, H, n, true, false, 1.0f, 1.0f);
-            dfree(m->dev, st->logits);
+            eng_mm(x, dxf, eng_f32(st->logits), head_weight(x), n, H, V, false, false, 1.0f, 0.0f);
+            if (g) eng_mm(x, g, eng_f32(st->logits), eng_f32(st->xf), V, H, n, true, false, 1.0f, 1.0f);
+            dfree(x->dev, st->logits);
             st->logits = NULL;
         }
         DALLOC(st->dx, act, "d(residual)");
         /* a frozen final norm's kernel still writes a weight gradient: into scratch */
-        float *gnorm = m->params[m->final_norm].g, *gscratch = NULL;
+        float *gnorm = x->dp[m->final_norm].g, *gscratch = NULL;
         if (!gnorm) {
             DALLOC(gscratch, (size_t)H * sizeof(float), "gradient of the frozen final norm (discarded)");
-            kern_memset(m->dev, s, gscratch, 0, (size_t)H * sizeof(float));
+            kern_memset(x->dev, s, gscratch, 0, (size_t)H * sizeof(float));
             gnorm = gscratch;
         }
-        ops->rmsnorm_bwd(s, st->dx, gnorm, dxf, st->xin[L], m->params[m->final_norm].w, st->rstdf, n, H);
-        if (gscratch) dfree(m->dev, gscratch);
-        dfree(m->dev, dxf);
+        ops->rmsnorm_bwd(s, st->dx, gnorm, dxf, st->xin[L], x->dp[m->final_norm].w, st->rstdf, n, H);
+        if (gscratch) dfree(x->dev, gscratch);
+        dfree(x->dev, dxf);
     } else if (b >= 1) {
         const int l = b - 1;
-        r = eng_mlp_backward(m, l, &st->sh, st->xmid[l], st->dx, st->ma[l].is_moe ? st->aux_dp : NULL,
+        r = eng_mlp_backward(x, l, &st->sh, st->xmid[l], st->dx, st->ma[l].is_moe ? st->aux_dp : NULL,
                              st->tok_w, &st->ma[l], err);
         if (r != MT_OK) return r;
-        r = eng_attn_backward(m, l, &st->sh, st->xin[l], st->dx, &st->aa[l], err);
+        r = eng_attn_backward(x, l, &st->sh, st->xin[l], st->dx, &st->aa[l], err);
         if (r != MT_OK) return r;
-        dfree(m->dev, st->xmid[l]);
+        dfree(x->dev, st->xmid[l]);
         st->xmid[l] = NULL;
-        dfree(m->dev, st->xin[l + 1]);
+        dfree(x->dev, st->xin[l + 1]);
         st->xin[l + 1] = NULL;
     } else {
-        if (m->params[m->embed].g) ops->embedding_bwd(s, m->params[m->embed].g, st->dx, st->ids, n, H);
+        if (x->dp[m->embed].g) ops->embedding_bwd(s, x->dp[m->embed].g, st->dx, st->ids, n, H);
     }
-    m->exec->bwd_s[b] += mt_now_s() - t0;
-    if (m->trace) {
+    x->bwd_s[b] += mt_now_s() - t0;
+    if (x->trace) {
         char name[32];
         snprintf(name, sizeof name, b == 0 ? "embed bwd" : b <= L ? "layer %d bwd" : "head bwd", b - 1);
         const double t1 = mt_now_s();
-        eng_trace_span(m->trace, ENG_TRACK_COMPUTE, name, "backward", t0, t1, 0);
-        exec_trace_memory(m, t1);
+        eng_trace_span(x->trace, ENG_TRACK_COMPUTE, name, "backward", t0, t1, 0);
+        exec_trace_memory(x, t1);
     }
     return MT_OK;
 }
 
-static mt_status_t run_forward(eng_model_t *m, step_t *st, const eng_batch_t *batch, float loss_scale,
+static mt_status_t run_forward(eng_exec_t *x, step_t *st, const eng_batch_t *batch, float loss_scale,
                                float *logits_out, bool backward, eng_micro_stats_t *stats,
                                mt_error_t *err) {
+    eng_model_t *m = x->model;
     const int L = m->cfg.num_hidden_layers;
-    const int W = m->plan.prefetch_window;
+    const int W = x->plan.prefetch_window;
     mt_status_t r;
 
-    for (int b = 0; b < m->exec->nb; b++) {
+    for (int b = 0; b < x->nb; b++) {
         for (int w = 0; w <= W; w++)
-            if ((r = fetch_ahead(m, b + w, false, err)) != MT_OK) return r;
-        exec_wait_block(m, b);
-        if ((r = exec_micro_forward_block(m, st, b, batch, logits_out, err)) != MT_OK) return r;
+            if ((r = fetch_ahead(x, b + w, false, err)) != MT_OK) return r;
+        exec_wait_block(x, b);
+        if ((r = exec_micro_forward_block(x, st, b, batch, logits_out, err)) != MT_OK) return r;
         /* the head's weights serve its backward right away, and so do the
          * last layer's at the turn (exec_turn_held) */
-        if (!(backward && (b == L + 1 || exec_turn_held(m, b)))) exec_release_block(m, b);
-        exec_process_pending(m, false);
+        if (!(backward && (b == L + 1 || exec_turn_held(x, b)))) exec_release_block(x, b);
+        exec_process_pending(x, false);
     }
 
-    moe_predict_forward_done(&m->exec->predict);
-    return exec_micro_loss(m, st, batch, loss_scale, backward, stats, err);
+    moe_predict_forward_done(&x->predict);
+    return exec_micro_loss(x, st, batch, loss_scale, backward, stats, err);
 }
 
-static mt_status_t run_backward(eng_model_t *m, step_t *st, mt_error_t *err) {
-    const int W = m->plan.prefetch_window;
+static mt_status_t run_backward(eng_exec_t *x, step_t *st, mt_error_t *err) {
+    const int W = x->plan.prefetch_window;
     mt_status_t r;
 
-    m->exec->in_last_micro = m->exec->micro_left == 1;
-    for (int b = m->exec->nb - 1; b >= 0; b--) {
+    x->in_last_micro = x->micro_left == 1;
+    for (int b = x->nb - 1; b >= 0; b--) {
         for (int w = 0; w <= W; w++)
-            if ((r = fetch_ahead(m, b - w, true, err)) != MT_OK) return r;
-        exec_wait_block(m, b);
+            if ((r = fetch_ahead(x, b - w, true, err)) != MT_OK) return r;
+        exec_wait_block(x, b);
         /* waiting is not compute: the block's clock starts once its inputs are here */
-        if (exec_acts_offloaded(m, b)) exec_wait_acts(m, b);
-        if ((r = exec_micro_backward_block(m, st, b, err)) != MT_OK) return r;
-        if ((r = exec_finish_grads(m, b, err)) != MT_OK) return r;
-        exec_optim_block_ready(m, b);
-        exec_release_block(m, b);
-        exec_process_pending(m, false);
+        if (exec_acts_offloaded(x, b)) exec_wait_acts(x, b);
+        if ((r = exec_micro_backward_block(x, st, b, err)) != MT_OK) return r;
+        if ((r = exec_finish_grads(x, b, err)) != MT_OK) return r;
+        exec_optim_block_ready(x, b);
+        exec_release_block(x, b);
+        exec_process_pending(x, false);
     }
     return MT_OK;
 }
 
-static mt_status_t run(eng_model_t *m, const eng_batch_t *batch, float loss_scale, float *logits_out,
+static mt_status_t run(eng_exec_t *x, const eng_batch_t *batch, float loss_scale, float *logits_out,
                        eng_micro_stats_t *stats, bool backward, mt_error_t *err) {
     const int n = batch->B * batch->T;
     memset(stats, 0, sizeof *stats);
     step_t *st = NULL;
-    mt_status_t r = exec_stage_prepare(m, n, err);
-    exec_counters_micro_begin(&m->exec->cnt);
-    if (r == MT_OK) r = exec_micro_create(m, batch, &st, err);
-    if (r == MT_OK) r = run_forward(m, st, batch, loss_scale, logits_out, backward, stats, err);
+    mt_status_t r = exec_stage_prepare(x, n, err);
+    exec_counters_micro_begin(&x->cnt);
+    if (r == MT_OK) r = exec_micro_create(x, batch, &st, err);
+    if (r == MT_OK) r = run_forward(x, st, batch, loss_scale, logits_out, backward, stats, err);
     if (r == MT_OK && backward) {
-        r = run_backward(m, st, err);
-        m->exec->timed_micro++;
-        if (m->exec->micro_left > 0) m->exec->micro_left--;
+        r = run_backward(x, st, err);
+        x->timed_micro++;
+        if (x->micro_left > 0) x->micro_left--;
     }
-    if (r != MT_OK) exec_drop_grads(m); /* half-made gradient targets of this micro-batch */
-    else exec_counters_micro_end(&m->exec->cnt);
-    exec_micro_destroy(m, st);
-    step_release(m);
+    if (r != MT_OK) exec_drop_grads(x); /* half-made gradient targets of this micro-batch */
+    else exec_counters_micro_end(&x->cnt);
+    exec_micro_destroy(x, st);
+    step_release(x);
     return r;
 }
 
-mt_status_t eng_model_forward_backward(eng_model_t *m, const eng_batch_t *batch, float loss_scale,
+mt_status_t eng_exec_forward_backward(eng_exec_t *x, const eng_batch_t *batch, float loss_scale,
                                        float *logits_out, eng_micro_stats_t *stats, mt_error_t *err) {
-    return run(m, batch, loss_scale, logits_out, stats, true, err);
+    return run(x, batch, loss_scale, logits_out, stats, true, err);
 }
 
-mt_status_t eng_model_forward(eng_model_t *m, const eng_batch_t *batch, float *logits_out,
+mt_status_t eng_exec_forward(eng_exec_t *x, const eng_batch_t *batch, float *logits_out,
                               eng_micro_stats_t *stats, mt_error_t *err) {
+    eng_model_t *m = x->model;
     /* evaluation, as PEFT in eval mode: no dropout */
     const float dropout = m->lora.dropout;
     m->lora.dropout = 0;
-    const mt_status_t st = run(m, batch, 1.0f, logits_out, stats, false, err);
+    const mt_status_t st = run(x, batch, 1.0f, logits_out, stats, false, err);
     m->lora.dropout = dropout;
     return st;
 }

@@ -112,15 +112,12 @@ static mt_dtype_t checkpoint_dtype(const eng_checkpoint_t *ck, const eng_model_s
     return MT_F32;
 }
 
-mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
-                           mt_error_t *err) {
+mt_status_t eng_model_init(eng_model_t *m, const char *dir, const eng_model_opts_t *opts, mt_error_t *err) {
     memset(m, 0, sizeof *m);
-    m->dev = dev;
     if (opts->compute != MT_F32 && opts->compute != MT_BF16)
         return mt_error_set(err, MT_ERR_UNSUPPORTED, "compute dtype %s is not supported (F32 or BF16)",
                             mt_dtype_name(opts->compute));
     m->compute = opts->compute;
-    m->replica = opts->replica;
     mt_status_t st = eng_model_config_load(dir, opts->overrides_json, &m->cfg, err);
     if (st != MT_OK) return st;
     st = eng_model_spec_build(&m->cfg, &m->spec, err);
@@ -148,17 +145,15 @@ mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, 
         p->spec = &m->spec.params[i];
         p->block = owning_block(m, p->spec);
         p->w_dtype = eng_param_working_dtype(p->spec, m->compute);
-        if (!m->replica) { /* a replica's homes are replica 0's, set by engine/multi_device.c */
-            p->host_w = malloc(p->spec->numel * sizeof(float));
-            MT_CHECK_ALLOC(p->host_w, p->spec->name);
-        }
+        p->host_w = malloc(p->spec->numel * sizeof(float));
+        MT_CHECK_ALLOC(p->host_w, p->spec->name);
         p->lora_a = p->lora_b = -1;
     }
     m->num_params = m->spec.count;
     if (m->spec.num_buffers > 0) {
         m->buffer_host = calloc((size_t)m->spec.num_buffers, sizeof *m->buffer_host);
         MT_CHECK_ALLOC(m->buffer_host, "buffer table");
-        for (int i = 0; i < m->spec.num_buffers && !m->replica; i++) {
+        for (int i = 0; i < m->spec.num_buffers; i++) {
             m->buffer_host[i] = malloc(m->spec.buffers[i].numel * sizeof(float));
             MT_CHECK_ALLOC(m->buffer_host[i], m->spec.buffers[i].name);
         }
@@ -247,22 +242,18 @@ mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *
 }
 
 void eng_model_release(eng_model_t *m) {
-    MT_CHECK(!m->exec, "eng_model_release: the executor is still alive (use eng_model_free)");
     if (m->params) {
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
-            if (!m->replica) { /* a replica's homes are replica 0's */
-                free(p->host_w);
-                if (!p->home_mapped) free(p->home_bf16);
-            }
-            free(p->host_g);
+            free(p->host_w);
+            if (!p->home_mapped) free(p->home_bf16);
             free(p->host_m);
             free(p->host_v);
         }
         free(m->params);
     }
     if (m->buffer_host) {
-        for (int i = 0; i < m->spec.num_buffers && !m->replica; i++) free(m->buffer_host[i]);
+        for (int i = 0; i < m->spec.num_buffers; i++) free(m->buffer_host[i]);
         free(m->buffer_host);
     }
     if (m->layers) {
@@ -277,7 +268,6 @@ void eng_model_release(eng_model_t *m) {
         eng_checkpoint_close(m->mapped_base);
         free(m->mapped_base);
     }
-    sched_plan_free(&m->plan);
     eng_lora_plan_free(&m->lora.plan);
     free(m->lora.specs);
     eng_model_spec_free(&m->spec);

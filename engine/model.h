@@ -1,16 +1,14 @@
-/* A model: its config, description and parameters (weights, gradients,
- * AdamW state), with the fp32 masters' host homes.  Running it on a device
- * (placement, forward/backward of a micro-batch, the optimizer step) is the
- * executor's: engine/exec.h and engine/optim.h, which include this header;
- * this header includes neither (//tests:layering_test checks it).  The
- * per-device fields below (w, g, ..., and `exec`) still live here; they are
- * the executor's to move into its own state.
+/* A model: its config, description and parameters' host homes (the fp32
+ * masters, a frozen base's bf16 homes, host AdamW state).  This is the
+ * model's one copy in host memory, whatever number of devices run it.
+ * Running it on a device is an executor's (engine/exec.h), which holds the
+ * model and its own copies of each parameter (engine/exec_types.h); several
+ * executors, one per device, can hold the same model.  This header
+ * includes neither (//tests:layering_test checks it).
  *
  * Parameters are indexed by the model spec (engine/model_spec.h): one
  * eng_param_t per HF tensor, so gradients, optimizer state and checkpoint
- * names line up one to one.  In this version every parameter, its gradient
- * and its AdamW moments live in the device arena (the scheduler's keep_all
- * plan); the device budget is enforced on all of them and on activations.
+ * names line up one to one.
  *
  * Semantics follow the HF modeling code of each family (see
  * shared/notes/conventions.md): RMSNorm, rotate_half RoPE, causal GQA
@@ -33,23 +31,22 @@
 #include "moe/staging.h"
 #include "scheduler/plan.h"
 
-/* One parameter tensor and every copy of it the plan asks for.  Which of
- * these exist depends on the plan of the block that owns it (block 0 the
- * embedding, 1..L the layers, L+1 the final norm and lm_head):
- *   weights RESIDENT: w lives on the device for the whole run;
- *           STREAM:   w exists only while a block that uses it computes;
- *   grads   DEVICE:   g_acc accumulates on the device over micro-batches;
- *           HOST:     host_g accumulates in host memory;
- *   optim   DEVICE:   the fp32 master (dev_master, or w itself when w is
- *                     fp32) and AdamW state m, v on the device;
+/* One parameter tensor's home: what the model keeps of it in host memory,
+ * once, however many devices run it.  A device's copies of it (working
+ * copy, device master, gradient accumulators, device AdamW state) are its
+ * executor's (eng_dparam_t, engine/exec_types.h).  Which copies exist
+ * depends on the plan of the block that owns it (block 0 the embedding,
+ * 1..L the layers, L+1 the final norm and lm_head):
+ *   optim   DEVICE:   the fp32 master and AdamW state live on the device
+ *                     (host_w is freed once placed);
  *           HOST:     master = host_w, AdamW state host_m, host_v.
  *
- * The working copy w is what compute reads, in w_dtype: bf16 in a bf16
- * run for every matrix that only matrix products read (all 2-D weights but
- * the embedding table, whose rows are gathered as autocast leaves them:
- * fp32), fp32 otherwise.  A bf16 working copy is made from the master by
- * rounding to nearest even: on the host while it is staged (so it crosses
- * the link at half the bytes), or on the device by AdamW's bf16 output. */
+ * The working copy is what compute reads, in w_dtype: bf16 in a bf16 run
+ * for every matrix that only matrix products read (all 2-D weights but the
+ * embedding table, whose rows are gathered as autocast leaves them: fp32),
+ * fp32 otherwise.  A bf16 working copy is made from the master by rounding
+ * to nearest even: on the host while it is staged (so it crosses the link
+ * at half the bytes), or on the device by AdamW's bf16 output. */
 typedef struct {
     const eng_param_spec_t *spec;
     int block;          /* owning block */
@@ -59,20 +56,11 @@ typedef struct {
                           * would round it), so a bf16 base costs its own bytes in host memory */
     bool home_mapped;   /* home_bf16 points into the base checkpoint's read-only mapping (a bf16
                          * tensor on disk): no copy at all, the page cache holds it */
-    void *w;            /* device working copy in w_dtype, NULL when not on the device */
-    mt_dtype_t w_dtype; /* MT_F32 or MT_BF16 */
-    float *dev_master;  /* device fp32 master when the optimizer is on the device and w is bf16 */
-    float *g;           /* device gradient target of the running backward (see exec.c) */
-    float *g_acc;       /* device accumulator (grads DEVICE) */
-    float *host_g;      /* host accumulator (grads HOST or optimizer HOST) */
-    float *m, *v;       /* device AdamW state (optimizer DEVICE), lazily allocated */
+    mt_dtype_t w_dtype; /* every device's working copy: MT_F32 or MT_BF16 */
     float *host_m, *host_v; /* host AdamW state (optimizer HOST), lazily allocated */
     int64_t step;       /* this tensor's AdamW step count (PyTorch keeps one per parameter) */
     bool frozen;        /* not trained by this run (a LoRA run's base): no gradient, master or AdamW state */
     int lora_a, lora_b; /* a LoRA run's factors adapting this module (indices into params), -1 = none */
-    bool has_grad;      /* received a gradient in the current optimizer step */
-    bool acc_has_data;  /* the accumulator already holds an earlier micro-batch's gradient */
-    bool g_transient;   /* g is a per-micro-batch buffer to fold into the accumulator */
 } eng_param_t;
 
 /* Indices into eng_model_t.params for one decoder layer (-1 = absent). */
@@ -103,7 +91,7 @@ typedef struct {
     eng_param_spec_t *specs; /* (2 * plan.count): A, B of each target in turn */
 } eng_model_lora_t;
 
-/* What a LoRA run asks of eng_model_open (engine/lora_model.h). */
+/* What a LoRA run asks of eng_exec_open (engine/lora_model.h). */
 typedef struct {
     eng_lora_select_t select; /* which modules (engine/lora_targets.h) */
     int r;
@@ -121,11 +109,10 @@ typedef struct {
      * adapter factors after them */
     int num_params;
     eng_model_lora_t lora;
-    kern_device_t *dev;        /* not owned */
     eng_param_t *params;       /* spec.count */
     /* The description's buffers (spec.buffers, e.g. DeepSeek-V3's
      * e_score_correction_bias): fp32 host copies read with the weights,
-     * never trained, saved back as read; a replica's are replica 0's */
+     * never trained, saved back as read */
     float **buffer_host;       /* (spec.num_buffers) */
     eng_layer_index_t *layers; /* num_hidden_layers */
     int embed, final_norm, lm_head; /* lm_head == embed when tied */
@@ -135,21 +122,9 @@ typedef struct {
     mt_dtype_t compute;
     mt_dtype_t storage_dtype; /* the base checkpoint's weights on disk: MT_F32, MT_BF16 or MT_F16 */
     int num_moe_layers;
-    /* RoPE tables on the device for sequence length rope_T */
-    float *rope_cos, *rope_sin;
-    int rope_T;
-    /* Placement and the executor's state (engine/exec.c) */
-    sched_plan_t plan;
-    struct eng_exec *exec;
-    struct eng_trace *trace; /* not owned; NULL = no trace (eng_model_set_trace) */
     /* The base checkpoint, kept mapped (read-only) while parameters' homes
      * point into it (eng_param_t.home_mapped); NULL when none does */
     struct eng_checkpoint *mapped_base;
-    /* A data-parallel replica (engine/multi_device.h): its host homes
-     * (host_w, home_bf16) are replica 0's and not freed here; it holds no
-     * master beside them and no optimizer state, since replica 0 runs the
-     * one optimizer step over the reduced gradients. */
-    bool replica;
 } eng_model_t;
 
 /* How the model's host<->device transfers are staged (the run config's
@@ -168,22 +143,20 @@ typedef struct {
 
 void eng_staging_settings_init(eng_staging_settings_t *s);
 
-/* Everything eng_model_open (engine/exec.h) takes beside the device and the checkpoint. */
+/* Everything eng_exec_open (engine/exec.h) takes beside the device and the checkpoint. */
 typedef struct {
     const char *overrides_json;            /* the run config's model_config: (JSON), or NULL */
     const sched_plan_t *plan;              /* NULL: keep everything on the device (keep_all) */
     const eng_staging_settings_t *staging; /* NULL: defaults */
     mt_dtype_t compute;                    /* MT_F32 (the default, 0) or MT_BF16 */
     const eng_lora_opts_t *lora;           /* NULL: full fine-tuning */
-    bool replica;                          /* a data-parallel replica: allocate no host homes (eng_model_t.replica) */
 } eng_model_opts_t;
 
-/* The host side of eng_model_open (engine/exec.h), in its order: the
+/* The host side of eng_exec_open (engine/exec.h), in its order: the
  * config (dir/config.json with opts->overrides_json), the description, the
  * parameter table with every master's host home allocated (no weight read
  * yet, no device memory: the model knows no executor). */
-mt_status_t eng_model_init(eng_model_t *m, kern_device_t *dev, const char *dir, const eng_model_opts_t *opts,
-                           mt_error_t *err);
+mt_status_t eng_model_init(eng_model_t *m, const char *dir, const eng_model_opts_t *opts, mt_error_t *err);
 /* What a family that trains cannot train yet (engine/model_trainable.c):
  * MT_ERR_UNSUPPORTED naming dir, the config key and what is missing.
  * overrides_json: the run config's model_config (merged over the file's
@@ -193,8 +166,8 @@ mt_status_t eng_model_check_trainable(const eng_model_config_t *cfg, const char 
 /* Reads the checkpoint in dir into the host homes (and notes the dtype it
  * stores its weights in, for eng_save_dtype). */
 mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *err);
-/* Frees what eng_model_init made, and the plan copy; the executor must be
- * gone (eng_model_free in engine/exec.h does both). */
+/* Frees what eng_model_init made; every executor holding the model must be
+ * gone first (eng_exec_free frees a model it opened). */
 void eng_model_release(eng_model_t *m);
 
 /* L + 2: the embedding, each decoder layer, the head. */

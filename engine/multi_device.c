@@ -12,99 +12,71 @@
 
 /* ---- opening -------------------------------------------------------------- */
 
-/* Points the replica's host homes at the primary's.  `first`: the homes the
- * replica's own set-up made (LoRA's attach allocates a frozen base's bf16
- * homes and the adapters' masters) are freed first; later calls only follow
- * the primary (whose placement frees the masters a device optimizer owns). */
-static void share_homes(eng_model_t *rep, const eng_model_t *primary, bool first) {
-    MT_CHECK(rep->num_params == primary->num_params, "replica has %d parameters, replica 0 has %d", rep->num_params,
-             primary->num_params);
-    for (int i = 0; i < rep->num_params; i++) {
-        eng_param_t *q = &rep->params[i];
-        const eng_param_t *p = &primary->params[i];
-        if (first) {
-            free(q->host_w);
-            free(q->home_bf16);
-        }
-        q->host_w = p->host_w;
-        q->home_bf16 = p->home_bf16;
-        q->frozen = p->frozen;
-    }
-    for (int i = 0; i < rep->spec.num_buffers; i++) rep->buffer_host[i] = primary->buffer_host[i];
-}
-
-static mt_status_t open_replica(eng_multi_t *mm, int d, const char *dir, const eng_model_opts_t *opts,
-                                const sched_plan_t *plan, mt_error_t *err) {
-    eng_model_t *rep = &mm->reps[d];
-    eng_model_opts_t ro = *opts;
-    ro.replica = true;
-    mt_status_t st = eng_model_init(rep, mm->devs[d], dir, &ro, err);
-    if (st != MT_OK) return st;
-    if (opts->lora && (st = eng_lora_attach(rep, opts->lora, err)) != MT_OK) return st;
-    share_homes(rep, mm->primary, true);
-    st = eng_exec_create(rep, plan, opts->staging, err);
-    if (st == MT_OK) st = eng_exec_place(rep, err);
-    if (st != MT_OK) mt_error_prefix(err, "device %d: ", d);
-    return st;
-}
-
-static void close_replica(eng_model_t *rep) {
-    if (rep->exec) eng_exec_destroy(rep);
-    if (rep->params || rep->spec.count) eng_model_release(rep);
-}
-
-mt_status_t eng_multi_open(eng_multi_t *mm, eng_model_t *primary, kern_device_t *dev0, const eng_devices_t *devices,
-                           int accum, const char *dir, const eng_model_opts_t *opts, mt_error_t *err) {
+mt_status_t eng_multi_open(eng_multi_t *mm, kern_device_t *dev0, const eng_devices_t *devices, int accum,
+                           const char *dir, const eng_model_opts_t *opts, mt_error_t *err) {
     memset(mm, 0, sizeof *mm);
     const int n = devices && devices->count > 0 ? devices->count : 1;
     mm->n = n;
-    mm->primary = primary;
-    if (n == 1) return eng_model_open(primary, dev0, dir, opts, err);
-    if (accum % n != 0)
+    mm->x = calloc((size_t)n, sizeof *mm->x);
+    mm->devs = calloc((size_t)n, sizeof *mm->devs);
+    MT_CHECK(mm->x && mm->devs, "out of memory for %d devices", n);
+    mm->devs[0] = dev0;
+    if (n == 1) {
+        mt_status_t st = eng_exec_open(&mm->x[0], dev0, dir, opts, err);
+        mm->primary = mm->x[0];
+        if (st != MT_OK) eng_multi_free(mm);
+        return st;
+    }
+    if (accum % n != 0) {
+        eng_multi_free(mm);
         return mt_error_set(err, MT_ERR_CONFIG,
                             "gradient_accumulation_steps (%d) must be a multiple of devices (%d): each device "
                             "runs an equal share of a step's micro-batches",
                             accum, n);
-    mm->reps = calloc((size_t)n, sizeof *mm->reps);
-    mm->devs = calloc((size_t)n, sizeof *mm->devs);
-    MT_CHECK(mm->reps && mm->devs, "out of memory for %d devices", n);
-    mm->devs[0] = dev0;
-    memset(primary, 0, sizeof *primary);
-
-    /* Replica 0 up to its weights in host memory; placed last, because a
-     * device optimizer's placement frees the host masters the replicas
-     * place from. */
-    mt_status_t st = eng_model_init(primary, dev0, dir, opts, err);
-    if (st != MT_OK) goto fail;
-    if (opts->lora && (st = eng_lora_attach(primary, opts->lora, err)) != MT_OK) goto fail;
+    }
+    /* One model, its homes read once; an executor per device over it.  The
+     * primary (device 0) is placed last, because a device optimizer's
+     * placement frees the host masters the others place from. */
+    mt_status_t st = MT_OK;
+    mm->model = calloc(1, sizeof *mm->model);
+    MT_CHECK_ALLOC(mm->model, "model");
+    st = eng_model_init(mm->model, dir, opts, err);
+    if (st != MT_OK) {
+        free(mm->model);
+        mm->model = NULL;
+        goto fail;
+    }
+    if (opts->lora && (st = eng_lora_attach(mm->model, opts->lora, err)) != MT_OK) goto fail;
     sched_plan_t keep_all, *plan = (sched_plan_t *)opts->plan;
     if (!plan) {
-        sched_plan_init_uniform(&keep_all, eng_model_num_blocks(primary), SCHED_POLICY_KEEP_ALL);
+        sched_plan_init_uniform(&keep_all, eng_model_num_blocks(mm->model), SCHED_POLICY_KEEP_ALL);
         plan = &keep_all;
     }
-    st = eng_exec_create(primary, plan, opts->staging, err);
-    /* the replicas read the shared homes without the primary's executor:
-     * every update must be done when the optimizer step returns */
-    if (st == MT_OK) eng_model_finish_updates_in_step(primary);
-    if (st == MT_OK) st = eng_model_read_weights(primary, dir, err);
-    if (st == MT_OK && opts->lora) st = eng_lora_init_weights(primary, opts->lora, err);
+    st = eng_exec_create(&mm->x[0], mm->model, dev0, plan, opts->staging, false, err);
+    mm->primary = mm->x[0];
+    /* the other devices read the shared homes without the primary's
+     * executor: every update must be done when the optimizer step returns */
+    if (st == MT_OK) eng_exec_finish_updates_in_step(mm->x[0]);
+    if (st == MT_OK) st = eng_model_read_weights(mm->model, dir, err);
+    if (st == MT_OK && opts->lora) st = eng_lora_init_weights(mm->model, opts->lora, err);
     for (int d = 1; d < n && st == MT_OK; d++) {
         kern_device_opts_t o = dev0->opts; /* the same budget, link and threads on every device */
         o.device_index = devices->ids[d];
         st = kern_device_create(dev0->kind, &o, &mm->devs[d], err);
         if (st != MT_OK) mt_error_prefix(err, "devices: device %d: ", devices->ids[d]);
-        if (st == MT_OK) st = open_replica(mm, d, dir, opts, plan, err);
+        if (st == MT_OK) st = eng_exec_create(&mm->x[d], mm->model, mm->devs[d], plan, opts->staging, true, err);
+        if (st == MT_OK) st = eng_exec_place(mm->x[d], err);
+        if (st != MT_OK) mt_error_prefix(err, "device %d: ", d);
     }
     if (plan == &keep_all) sched_plan_free(&keep_all);
-    if (st == MT_OK) st = eng_exec_place(primary, err);
+    if (st == MT_OK) st = eng_exec_place(mm->x[0], err);
     if (st != MT_OK) goto fail;
-    for (int d = 1; d < n; d++) share_homes(&mm->reps[d], primary, false);
     st = kern_comm_create(mm->devs, n, &mm->comm, err);
     if (st != MT_OK) {
         mt_error_prefix(err, "devices: ");
         goto fail;
     }
-    mm->updated = calloc((size_t)primary->num_params, sizeof *mm->updated);
+    mm->updated = calloc((size_t)mm->model->num_params, sizeof *mm->updated);
     MT_CHECK_ALLOC(mm->updated, "gradient union");
     return MT_OK;
 fail:
@@ -113,21 +85,24 @@ fail:
 }
 
 void eng_multi_free(eng_multi_t *mm) {
-    if (mm->n > 1) {
-        if (mm->comm) kern_comm_destroy(mm->comm);
-        for (int d = 1; d < mm->n; d++) {
-            if (mm->reps) close_replica(&mm->reps[d]);
-            if (mm->devs && mm->devs[d]) kern_device_destroy(mm->devs[d]);
-        }
+    if (mm->comm) kern_comm_destroy(mm->comm);
+    for (int d = mm->n - 1; d >= 0; d--) {
+        if (mm->x) eng_exec_free(mm->x[d]);
+        if (d > 0 && mm->devs && mm->devs[d]) kern_device_destroy(mm->devs[d]);
     }
-    if (mm->primary && (mm->primary->exec || mm->primary->params)) eng_model_free(mm->primary);
-    free(mm->reps);
+    if (mm->model) {
+        eng_model_release(mm->model);
+        free(mm->model);
+    }
+    free(mm->x);
     free(mm->devs);
     free(mm->updated);
     memset(mm, 0, sizeof *mm);
 }
 
-static eng_model_t *rep_of(eng_multi_t *mm, int d) { return d == 0 ? mm->primary : &mm->reps[d]; }
+eng_model_t *eng_multi_model(const eng_multi_t *mm) { return eng_exec_model(mm->x[0]); }
+
+static eng_exec_t *rep_of(eng_multi_t *mm, int d) { return mm->x[d]; }
 
 /* ---- a step --------------------------------------------------------------- */
 
@@ -153,9 +128,9 @@ typedef struct {
 
 static void *fwd_bwd_main(void *arg) {
     worker_t *w = arg;
-    eng_model_t *m = rep_of(w->mm, w->d);
-    w->st = eng_model_step_fwd_bwd(m, w->batches, w->k, w->scale, w->order, w->stats, &w->err);
-    eng_exec_drain(m); /* every gradient has landed before the reduction reads it */
+    eng_exec_t *x = rep_of(w->mm, w->d);
+    w->st = eng_exec_step_fwd_bwd(x, w->batches, w->k, w->scale, w->order, w->stats, &w->err);
+    eng_exec_drain(x); /* every gradient has landed before the reduction reads it */
     return NULL;
 }
 
@@ -165,13 +140,14 @@ static void *fwd_bwd_main(void *arg) {
 static void *allreduce_main(void *arg) {
     worker_t *w = arg;
     eng_multi_t *mm = w->mm;
-    eng_model_t *m = rep_of(mm, w->d);
+    eng_exec_t *x = rep_of(mm, w->d);
+    const eng_model_t *m = x->model;
     for (int i = 0; i < m->num_params; i++) {
-        eng_param_t *p = &m->params[i];
-        if (!mm->updated[i] || m->plan.blocks[p->block].grads != SCHED_GRADS_DEVICE) continue;
-        kern_comm_allreduce_sum(mm->comm, w->d, p->g_acc, p->spec->numel, MT_F32);
+        const eng_param_t *p = &m->params[i];
+        if (!mm->updated[i] || x->plan.blocks[p->block].grads != SCHED_GRADS_DEVICE) continue;
+        kern_comm_allreduce_sum(mm->comm, w->d, x->dp[i].g_acc, p->spec->numel, MT_F32);
     }
-    kern_stream_sync(m->dev, kern_stream(m->dev, KERN_STREAM_COMPUTE));
+    kern_stream_sync(x->dev, kern_stream(x->dev, KERN_STREAM_COMPUTE));
     return NULL;
 }
 
@@ -216,56 +192,59 @@ static void host_add(kern_threadpool_t *pool, float *a, const float *b, size_t n
 /* Sums every device's gradient into the primary's accumulator in rank
  * order, and empties the replicas' for the next step. */
 static void reduce_grads(eng_multi_t *mm, worker_t *w) {
-    eng_model_t *p0 = mm->primary;
-    const int P = p0->num_params;
+    eng_exec_t *x0 = mm->x[0];
+    const eng_model_t *m = x0->model;
+    const int P = m->num_params;
     bool any_device = false;
     for (int i = 0; i < P; i++) {
         mm->updated[i] = false;
-        for (int d = 0; d < mm->n; d++) mm->updated[i] |= rep_of(mm, d)->params[i].has_grad;
-        any_device |= mm->updated[i] && p0->plan.blocks[p0->params[i].block].grads == SCHED_GRADS_DEVICE;
+        for (int d = 0; d < mm->n; d++) mm->updated[i] |= mm->x[d]->dp[i].has_grad;
+        any_device |= mm->updated[i] && x0->plan.blocks[m->params[i].block].grads == SCHED_GRADS_DEVICE;
     }
     /* a device accumulator without a gradient this step is zero (zeroed at
      * placement and after each optimizer step), so adding it changes nothing */
     if (any_device) run_all(mm, w, allreduce_main);
     for (int i = 0; i < P; i++) {
         if (!mm->updated[i]) continue;
-        eng_param_t *p = &p0->params[i];
-        if (p0->plan.blocks[p->block].grads == SCHED_GRADS_HOST) {
+        const eng_param_t *p = &m->params[i];
+        eng_dparam_t *d0 = &x0->dp[i];
+        if (x0->plan.blocks[p->block].grads == SCHED_GRADS_HOST) {
             /* a host accumulator without a gradient this step holds a stale
              * one: the first contribution is copied, the next ones added,
              * as the staging pool's COPY / ADD_F32 do for one device */
             for (int d = 1; d < mm->n; d++) {
-                const eng_param_t *q = &mm->reps[d].params[i];
+                const eng_dparam_t *q = &mm->x[d]->dp[i];
                 if (!q->has_grad) continue;
-                if (!p->has_grad) {
-                    memcpy(p->host_g, q->host_g, p->spec->numel * sizeof(float));
+                if (!d0->has_grad) {
+                    memcpy(d0->host_g, q->host_g, p->spec->numel * sizeof(float));
                 } else {
-                    host_add(p0->exec->hopt.pool, p->host_g, q->host_g, p->spec->numel);
+                    host_add(x0->hopt.pool, d0->host_g, q->host_g, p->spec->numel);
                 }
-                p->has_grad = true;
+                d0->has_grad = true;
             }
         }
-        p->has_grad = true;
-        p->acc_has_data = true;
+        d0->has_grad = true;
+        d0->acc_has_data = true;
     }
     for (int d = 1; d < mm->n; d++) {
-        eng_model_t *r = &mm->reps[d];
+        eng_exec_t *r = mm->x[d];
         kern_stream_t *s = kern_stream(r->dev, KERN_STREAM_COMPUTE);
         for (int i = 0; i < P; i++) {
-            eng_param_t *q = &r->params[i];
+            eng_dparam_t *q = &r->dp[i];
             /* the allreduce left the sum in every rank's accumulator */
-            if (q->g_acc && mm->updated[i]) kern_memset(r->dev, s, q->g_acc, 0, q->spec->numel * sizeof(float));
+            if (q->g_acc && mm->updated[i])
+                kern_memset(r->dev, s, q->g_acc, 0, m->params[i].spec->numel * sizeof(float));
             q->has_grad = false;
             q->acc_has_data = false;
         }
         kern_stream_sync(r->dev, s);
-        r->exec->micro_left = 0;
+        r->micro_left = 0;
     }
 }
 
 mt_status_t eng_multi_step_fwd_bwd(eng_multi_t *mm, const eng_batch_t *batches, int k, eng_step_order_t order,
                                    eng_micro_stats_t *stats, mt_error_t *err) {
-    if (mm->n == 1) return eng_model_step_fwd_bwd(mm->primary, batches, k, 1.0f / (float)k, order, stats, err);
+    if (mm->n == 1) return eng_exec_step_fwd_bwd(mm->primary, batches, k, 1.0f / (float)k, order, stats, err);
     if (k % mm->n != 0)
         return mt_error_set(err, MT_ERR_CONFIG, "gradient_accumulation_steps (%d) must be a multiple of devices (%d)",
                             k, mm->n);
@@ -288,7 +267,7 @@ mt_status_t eng_multi_step_fwd_bwd(eng_multi_t *mm, const eng_batch_t *batches, 
 
 mt_status_t eng_multi_step_from_loader(eng_multi_t *mm, eng_loader_t *ld, int k, eng_step_order_t order,
                                        eng_micro_stats_t *stats, mt_error_t *err) {
-    if (mm->n == 1) return eng_model_step_from_loader(mm->primary, ld, k, order, stats, err);
+    if (mm->n == 1) return eng_exec_step_from_loader(mm->primary, ld, k, order, stats, err);
     eng_batch_t *bs = eng_loader_take(ld, k);
     const mt_status_t st = eng_multi_step_fwd_bwd(mm, bs, k, order, stats, err);
     eng_batches_free(bs, k);
@@ -299,23 +278,24 @@ mt_status_t eng_multi_step_from_loader(eng_multi_t *mm, eng_loader_t *ld, int k,
 
 /* The replicas' resident working copies of the parameters the step updated
  * take the new values, a block at a time through each device's staging
- * pool: from the shared host master (host optimizer), or from replica 0's
+ * pool: from the shared host master (host optimizer), or from the primary's
  * updated working copy brought to host memory once (device optimizer). */
 static mt_status_t refresh_replicas(eng_multi_t *mm, mt_error_t *err) {
-    eng_model_t *p0 = mm->primary;
-    const int P = p0->num_params;
+    eng_exec_t *x0 = mm->x[0];
+    const eng_model_t *m = x0->model;
+    const int P = m->num_params;
     moe_staging_xfer_t *items = malloc((size_t)(P > 0 ? P : 1) * sizeof *items);
     size_t *off = malloc((size_t)(P > 0 ? P : 1) * sizeof *off);
     int *which = malloc((size_t)(P > 0 ? P : 1) * sizeof *which);
     MT_CHECK(items && off && which, "out of memory for the replicas' refresh");
     mt_status_t st = MT_OK;
-    for (int b = 0; b < eng_model_num_blocks(p0) && st == MT_OK; b++) {
-        const sched_block_plan_t *bp = &p0->plan.blocks[b];
+    for (int b = 0; b < eng_model_num_blocks(m) && st == MT_OK; b++) {
+        const sched_block_plan_t *bp = &x0->plan.blocks[b];
         if (bp->weights != SCHED_WEIGHTS_RESIDENT) continue; /* streamed: fetched from the shared home */
         int n = 0;
         size_t bytes = 0;
         for (int i = 0; i < P; i++) {
-            const eng_param_t *p = &p0->params[i];
+            const eng_param_t *p = &m->params[i];
             if (p->block != b || !mm->updated[i] || p->frozen) continue;
             which[n] = i;
             off[n++] = bytes;
@@ -328,19 +308,20 @@ static mt_status_t refresh_replicas(eng_multi_t *mm, mt_error_t *err) {
             tmp = malloc(bytes);
             MT_CHECK_ALLOC(tmp, "replica refresh buffer");
             for (int j = 0; j < n; j++) {
-                const eng_param_t *p = &p0->params[which[j]];
-                items[j] = (moe_staging_xfer_t){tmp + off[j], p->w, exec_w_bytes(p), MOE_STAGING_COPY};
+                const eng_param_t *p = &m->params[which[j]];
+                items[j] = (moe_staging_xfer_t){tmp + off[j], x0->dp[which[j]].w, exec_w_bytes(p), MOE_STAGING_COPY};
             }
             snprintf(tag, sizeof tag, "updated weights of block %d for the other devices", b);
-            st = exec_stage_d2h(p0, items, n, tag, err);
-            kern_stream_sync(p0->dev, kern_stream(p0->dev, KERN_STREAM_D2H));
+            st = exec_stage_d2h(x0, items, n, tag, err);
+            kern_stream_sync(x0->dev, kern_stream(x0->dev, KERN_STREAM_D2H));
         }
         for (int d = 1; d < mm->n && st == MT_OK; d++) {
-            eng_model_t *r = &mm->reps[d];
+            eng_exec_t *r = mm->x[d];
             for (int j = 0; j < n; j++) {
-                const eng_param_t *q = &r->params[which[j]];
-                items[j] = tmp ? (moe_staging_xfer_t){tmp + off[j], q->w, exec_w_bytes(q), MOE_STAGING_COPY}
-                               : (moe_staging_xfer_t){q->host_w, q->w, exec_w_bytes(q), exec_w_upload_op(q)};
+                const eng_param_t *q = &m->params[which[j]];
+                void *w = r->dp[which[j]].w;
+                items[j] = tmp ? (moe_staging_xfer_t){tmp + off[j], w, exec_w_bytes(q), MOE_STAGING_COPY}
+                               : (moe_staging_xfer_t){q->host_w, w, exec_w_bytes(q), exec_w_upload_op(q)};
             }
             snprintf(tag, sizeof tag, "weights of block %d after the optimizer (device %d)", b, d);
             st = exec_stage_h2d(r, items, n, tag, err);
@@ -356,11 +337,12 @@ static mt_status_t refresh_replicas(eng_multi_t *mm, mt_error_t *err) {
 
 mt_status_t eng_multi_sync_replicas(eng_multi_t *mm, mt_error_t *err) {
     if (mm->n == 1) return MT_OK;
-    eng_exec_drain(mm->primary);
-    for (int i = 0; i < mm->primary->num_params; i++) mm->updated[i] = !mm->primary->params[i].frozen;
+    const eng_model_t *m = mm->x[0]->model;
+    eng_exec_drain(mm->x[0]);
+    for (int i = 0; i < m->num_params; i++) mm->updated[i] = !m->params[i].frozen;
     mt_status_t st = refresh_replicas(mm, err);
-    for (int i = 0; i < mm->primary->num_params; i++) mm->updated[i] = false;
-    for (int d = 1; d < mm->n; d++) eng_exec_drain(&mm->reps[d]);
+    for (int i = 0; i < m->num_params; i++) mm->updated[i] = false;
+    for (int d = 1; d < mm->n; d++) eng_exec_drain(mm->x[d]);
     return st;
 }
 
@@ -369,6 +351,6 @@ mt_status_t eng_multi_optim_step(eng_multi_t *mm, const eng_optim_hparams_t *hp,
     mt_status_t st = eng_optim_step(mm->primary, hp, out, err);
     if (st != MT_OK || mm->n == 1) return st;
     st = refresh_replicas(mm, err);
-    for (int d = 1; d < mm->n; d++) eng_exec_drain(&mm->reps[d]);
+    for (int d = 1; d < mm->n; d++) eng_exec_drain(mm->x[d]);
     return st;
 }

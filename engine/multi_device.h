@@ -1,27 +1,27 @@
 /* Data parallel over several devices of one process, sharing one host copy
  * of the model (`devices: N` in a run config).
  *
- * Replica 0 is an ordinary model (engine/exec.h) and owns everything on
- * the host: the fp32 masters (host_w), a frozen base's bf16 homes, and the
- * optimizer state.  Replicas 1..N-1 each run their own executor on their
- * own device (own budget, streams, staging pool) over a parameter table
- * whose host homes point at replica 0's: nothing is read from the
- * checkpoint again and no master is copied.  A streamed weight is fetched
- * from that shared home by whichever device needs it.
+ * The model (engine/model.h) is opened once: one copy of the fp32 masters
+ * (host_w), of a frozen base's bf16 homes and of the host optimizer state.
+ * Each device runs its own executor (engine/exec.h: own budget, streams,
+ * staging pool, its own copies of the parameters) over that one model;
+ * a streamed weight is fetched from the shared home by whichever device
+ * needs it.  Executor 0 (the primary) runs the optimizer step; the others
+ * are replicas, with no master or optimizer state of their own.
  *
  * One optimizer step of K micro-batches (K a multiple of N): device d runs
  * the contiguous share d*K/N .. (d+1)*K/N - 1, all devices at once (one host
  * thread each), each micro-batch with loss scale 1/K.  Contiguous rather
- * than interleaved: replica 0's partial sum is then a prefix of the
+ * than interleaved: device 0's partial sum is then a prefix of the
  * single-device accumulation (g0 + g1 + ...), so with K = N (one micro-batch
  * per device) the reduced gradient is bit-identical to one device's.
- * The gradients are then summed in rank order (replica 0's + replica 1's
+ * The gradients are then summed in rank order (device 0's + device 1's
  * + ...): device-resident accumulators through kern_comm_allreduce_sum,
- * host-resident ones by the same float add on the host.  Then replica 0's
- * optimizer step runs once over the sum (clipping sees the global norm),
- * and every other replica's resident weights that changed are refreshed:
- * from the updated host master, or, when the optimizer lives on replica 0's
- * device, from replica 0's updated working copy.
+ * host-resident ones by the same float add on the host.  Then the
+ * primary's optimizer step runs once over the sum (clipping sees the
+ * global norm), and every other device's resident weights that changed are
+ * refreshed: from the updated host master, or, when the optimizer lives on
+ * device 0, from the primary's updated working copy.
  *
  * With N = 1 every call is the single-device one, unchanged. */
 #ifndef MT_ENGINE_MULTI_DEVICE_H
@@ -37,22 +37,25 @@
 
 typedef struct {
     int n;                 /* devices */
-    eng_model_t *primary;  /* replica 0: the caller's model */
-    eng_model_t *reps;     /* (n) reps[0] unused; reps[1..n) the replicas */
+    eng_exec_t **x;        /* (n) an executor per device, all over one model */
+    eng_exec_t *primary;   /* x[0]: runs the one optimizer step */
+    eng_model_t *model;    /* the one model, when n > 1 (with n == 1, x[0] owns it) */
     kern_device_t **devs;  /* (n) devs[0] the caller's; devs[1..n) opened (and destroyed) here */
     kern_comm_t *comm;     /* over devs, for device-resident gradients; NULL when n == 1 */
     bool *updated;         /* (num_params) got a gradient on some device in this step */
 } eng_multi_t;
 
-/* Opens the model in dir on dev0 as `primary` (as eng_model_open does) and
- * devices->count - 1 replicas on devices of dev0's backend with dev0's
- * options (device ordinal devices->ids[d]).  accum is the run's
- * gradient_accumulation_steps: it must be a multiple of the device count
- * (checked before any weight is read). */
-mt_status_t eng_multi_open(eng_multi_t *mm, eng_model_t *primary, kern_device_t *dev0, const eng_devices_t *devices,
-                           int accum, const char *dir, const eng_model_opts_t *opts, mt_error_t *err);
-/* Frees the replicas, their devices and the primary model (not dev0). */
+/* Opens the model in dir once and an executor for it on dev0 (`primary`,
+ * as eng_exec_open does) and on devices->count - 1 more devices of dev0's
+ * backend with dev0's options (device ordinal devices->ids[d]).  accum is
+ * the run's gradient_accumulation_steps: it must be a multiple of the
+ * device count (checked before any weight is read). */
+mt_status_t eng_multi_open(eng_multi_t *mm, kern_device_t *dev0, const eng_devices_t *devices, int accum,
+                           const char *dir, const eng_model_opts_t *opts, mt_error_t *err);
+/* Frees the executors, the devices opened here and the model (not dev0). */
 void eng_multi_free(eng_multi_t *mm);
+/* The one model every device runs. */
+eng_model_t *eng_multi_model(const eng_multi_t *mm);
 
 /* eng_optim_begin_step on every device (each with its share of the k
  * micro-batches; with N > 1 the host optimizer never overlaps backward,

@@ -8,6 +8,7 @@
 #ifndef MT_ENGINE_OPTIM_H
 #define MT_ENGINE_OPTIM_H
 
+#include "engine/exec_types.h"
 #include "engine/model.h"
 
 typedef struct {
@@ -31,10 +32,10 @@ typedef struct {
  * since the clipping factor needs the global norm, known only when backward
  * ends.  Results are bit-identical either way. Optional: without it every
  * update happens in eng_optim_step. */
-void eng_optim_begin_step(eng_model_t *m, const eng_optim_hparams_t *hp, int micro_batches,
+void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micro_batches,
                           bool overlap);
 
-mt_status_t eng_optim_step(eng_model_t *m, const eng_optim_hparams_t *hp, eng_optim_stats_t *out,
+mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_optim_stats_t *out,
                            mt_error_t *err);
 
 #endif

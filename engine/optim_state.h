@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/exec_types.h"
 #include "engine/model.h"
 #include "base/status.h"
 
@@ -23,19 +24,19 @@ int64_t eng_model_optim_step_count(const eng_model_t *m, int i);
 /* Copies parameter i's fp32 master and AdamW moments into host memory
  * (numel floats each; any pointer may be NULL).  Moments of a parameter
  * never stepped read as 0.  Waits for pending work first. */
-void eng_model_read_optim_state(eng_model_t *m, int i, float *master, float *mom1, float *mom2);
+void eng_exec_read_optim_state(eng_exec_t *x, int i, float *master, float *mom1, float *mom2);
 
 /* Sets parameter i's fp32 master (NULL: keep it), its AdamW moments (NULL
  * or step 0: none, as before its first step) and its step count, wherever
  * the plan keeps them.  A working copy on the device (bf16 or fp32) is
  * rewritten from the new master, so the next forward computes with it;
  * streamed weights are made from the host master when next fetched. */
-mt_status_t eng_model_write_optim_state(eng_model_t *m, int i, const float *master, const float *mom1,
+mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master, const float *mom1,
                                         const float *mom2, int64_t step, mt_error_t *err);
 
 /* Drops the gradients accumulated for a step that is not applied (a
  * skipped non-finite step), leaving every weight and moment as it was, so
  * the next step starts from zero gradients as after an update. */
-void eng_optim_discard_step(eng_model_t *m);
+void eng_optim_discard_step(eng_exec_t *x);
 
 #endif

@@ -95,18 +95,18 @@ static mt_status_t run_mode(const eng_run_config_t *rc, kern_device_t *dev, cons
     eng_staging_settings_t ss;
     eng_staging_settings_from_run(rc, &ss);
     ss.mode = mode;
-    eng_model_t m;
-    mt_status_t st = eng_model_load_ex(&m, dev, rc->base_model, rc->model_config_json, plan, &ss, err);
+    eng_exec_t *x = NULL;
+    mt_status_t st = eng_exec_load(&x, dev, rc->base_model, rc->model_config_json, plan, &ss, err);
     if (st != MT_OK) return mt_error_prefix(err, "profile (%s): ", moe_staging_mode_name(mode));
     eng_trace_t *trace = NULL;
     double t_trace = 0;
     if (trace_path) {
         st = eng_trace_open(trace_path, &trace, err);
         if (st != MT_OK) {
-            eng_model_free(&m);
+            eng_exec_free(x);
             return st;
         }
-        eng_model_set_trace(&m, trace);
+        eng_exec_set_trace(x, trace);
         t_trace = mt_now_s();
     }
     kern_device_reset_peaks(dev);
@@ -120,18 +120,18 @@ static mt_status_t run_mode(const eng_run_config_t *rc, kern_device_t *dev, cons
         eng_optim_hparams_t hp = base;
         hp.lr = eng_lr_at(rc, step, total);
         const int accum = rc->gradient_accumulation_steps;
-        eng_optim_begin_step(&m, &hp, accum, true);
+        eng_optim_begin_step(x, &hp, accum, true);
         double loss = 0;
         for (int mb = 0; mb < accum && st == MT_OK; mb++) {
             eng_batch_t b;
             eng_loader_next(&ld, &b);
             eng_micro_stats_t ms;
-            st = eng_model_forward_backward(&m, &b, 1.0f / (float)accum, NULL, &ms, err);
+            st = eng_exec_forward_backward(x, &b, 1.0f / (float)accum, NULL, &ms, err);
             loss += ms.loss / accum;
             r->micro++;
         }
         eng_optim_stats_t os;
-        if (st == MT_OK) st = eng_optim_step(&m, &hp, &os, err);
+        if (st == MT_OK) st = eng_optim_step(x, &hp, &os, err);
         if (st != MT_OK) {
             mt_error_prefix(err, "profile (%s), step %d: ", moe_staging_mode_name(mode), step + 1);
             break;
@@ -140,7 +140,7 @@ static mt_status_t run_mode(const eng_run_config_t *rc, kern_device_t *dev, cons
         r->step_s[step] = mt_now_s() - t0;
         r->steps = step + 1;
         moe_staging_stats_t s;
-        moe_staging_get_stats(eng_exec_staging(&m), MOE_STAGING_SCOPE_STEP, &s);
+        moe_staging_get_stats(eng_exec_staging(x), MOE_STAGING_SCOPE_STEP, &s);
         for (int d = 0; d < 2; d++) {
             r->copies[d] += s.copies[d];
             r->bytes[d] += s.bytes[d];
@@ -153,7 +153,7 @@ static mt_status_t run_mode(const eng_run_config_t *rc, kern_device_t *dev, cons
         if (s.peak_in_use > r->peak_in_use) r->peak_in_use = s.peak_in_use;
         if (s.peak_payload > r->peak_payload) r->peak_payload = s.peak_payload;
         eng_exec_staging_counters_t c;
-        eng_exec_staging_counters(&m, &c);
+        eng_exec_staging_counters(x, &c);
         for (int d = 0; d < 2; d++) {
             r->ctr.moe_passes[d] += c.moe_passes[d];
             r->ctr.moe_copies[d] += c.moe_copies[d];
@@ -165,20 +165,20 @@ static mt_status_t run_mode(const eng_run_config_t *rc, kern_device_t *dev, cons
         r->ctr.acts_unstaged += c.acts_unstaged;
         r->ctr.acts_offloaded += c.acts_offloaded;
     }
-    eng_exec_staging_info(&m, &r->info);
-    r->tl = moe_staging_timeline_copy(eng_exec_staging(&m));
+    eng_exec_staging_info(x, &r->info);
+    r->tl = moe_staging_timeline_copy(eng_exec_staging(x));
     r->waste_pct = internal_waste(r->tl);
     r->pinned_peak = kern_device_stats(dev).pinned_peak;
     r->host = eng_host_mem_read();
     if (trace) {
         mt_error_t terr = {0};
-        mt_status_t ts = eng_exec_trace_staging(&m, trace, t_trace, &terr);
-        eng_model_set_trace(&m, NULL);
+        mt_status_t ts = eng_exec_trace_staging(x, trace, t_trace, &terr);
+        eng_exec_set_trace(x, NULL);
         if (eng_trace_close(trace, ts == MT_OK ? &terr : &(mt_error_t){0}) != MT_OK && ts == MT_OK) ts = terr.code;
         if (ts != MT_OK && st == MT_OK) st = mt_error_set(err, ts, "%s", terr.msg);
     }
     eng_loader_free(&ld);
-    eng_model_free(&m);
+    eng_exec_free(x);
     r->ok = st == MT_OK;
     return st;
 }

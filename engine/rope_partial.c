@@ -8,6 +8,7 @@
  * back: the same arithmetic as on a head of width rd.  With the whole head
  * rotated this is the plain kernel call, bit for bit as before. */
 #include "engine/blocks.h"
+#include "engine/exec_internal.h"
 
 int eng_rope_dim(const eng_model_config_t *c) {
     return c->partial_rotary_factor > 0 && c->partial_rotary_factor < 1
@@ -15,31 +16,33 @@ int eng_rope_dim(const eng_model_config_t *c) {
                : c->head_dim;
 }
 
-static mt_status_t rope_part(eng_model_t *m, const eng_shape_t *sh, float *x, int heads, int rd, bool backward,
+static mt_status_t rope_part(eng_exec_t *ex, const eng_shape_t *sh, float *x, int heads, int rd, bool backward,
                              mt_error_t *err) {
+    eng_model_t *m = ex->model;
     const int hd = m->cfg.head_dim, n = sh->n;
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-    float *r = kern_alloc(m->dev, (size_t)n * heads * rd * sizeof(float), "rotary part of the heads", err);
+    kern_stream_t *s = kern_stream(ex->dev, KERN_STREAM_COMPUTE);
+    float *r = kern_alloc(ex->dev, (size_t)n * heads * rd * sizeof(float), "rotary part of the heads", err);
     if (!r) return err->code;
     const kern_copy4d_t in = {{n, heads, 1, rd}, {(int64_t)heads * hd, hd, 0, 1}, {(int64_t)heads * rd, rd, 0, 1}};
     const kern_copy4d_t out = {{n, heads, 1, rd}, {(int64_t)heads * rd, rd, 0, 1}, {(int64_t)heads * hd, hd, 0, 1}};
-    m->dev->ops->copy4d(s, r, x, &in, 0);
-    (backward ? m->dev->ops->rope_bwd : m->dev->ops->rope_fwd)(s, r, m->rope_cos, m->rope_sin, sh->B, sh->T, heads, rd);
-    m->dev->ops->copy4d(s, x, r, &out, 0);
-    kern_free(m->dev, r);
+    ex->dev->ops->copy4d(s, r, x, &in, 0);
+    (backward ? ex->dev->ops->rope_bwd : ex->dev->ops->rope_fwd)(s, r, ex->rope_cos, ex->rope_sin, sh->B, sh->T, heads, rd);
+    ex->dev->ops->copy4d(s, x, r, &out, 0);
+    kern_free(ex->dev, r);
     return MT_OK;
 }
 
-mt_status_t eng_rope_qk(eng_model_t *m, const eng_shape_t *sh, float *q, float *k, bool backward, mt_error_t *err) {
+mt_status_t eng_rope_qk(eng_exec_t *ex, const eng_shape_t *sh, float *q, float *k, bool backward, mt_error_t *err) {
+    eng_model_t *m = ex->model;
     const eng_model_config_t *c = &m->cfg;
     const int rd = eng_rope_dim(c), hd = c->head_dim;
     if (rd == hd) {
-        kern_rope_fn f = backward ? m->dev->ops->rope_bwd : m->dev->ops->rope_fwd;
-        kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-        f(s, q, m->rope_cos, m->rope_sin, sh->B, sh->T, c->num_attention_heads, hd);
-        f(s, k, m->rope_cos, m->rope_sin, sh->B, sh->T, c->num_key_value_heads, hd);
+        kern_rope_fn f = backward ? ex->dev->ops->rope_bwd : ex->dev->ops->rope_fwd;
+        kern_stream_t *s = kern_stream(ex->dev, KERN_STREAM_COMPUTE);
+        f(s, q, ex->rope_cos, ex->rope_sin, sh->B, sh->T, c->num_attention_heads, hd);
+        f(s, k, ex->rope_cos, ex->rope_sin, sh->B, sh->T, c->num_key_value_heads, hd);
         return MT_OK;
     }
-    mt_status_t st = rope_part(m, sh, q, c->num_attention_heads, rd, backward, err);
-    return st == MT_OK ? rope_part(m, sh, k, c->num_key_value_heads, rd, backward, err) : st;
+    mt_status_t st = rope_part(ex, sh, q, c->num_attention_heads, rd, backward, err);
+    return st == MT_OK ? rope_part(ex, sh, k, c->num_key_value_heads, rd, backward, err) : st;
 }

@@ -6,18 +6,20 @@
 #include <string.h>
 
 #include "engine/blocks.h"
+#include "engine/exec_internal.h"
 
-mt_status_t eng_router_bias_upload(eng_model_t *m, int layer, float **out, mt_error_t *err) {
+mt_status_t eng_router_bias_upload(eng_exec_t *ex, int layer, float **out, mt_error_t *err) {
+    eng_model_t *m = ex->model;
     *out = NULL;
     const int b = m->layers[layer].router_bias;
     if (b < 0) return MT_OK;
     const eng_param_spec_t *ps = &m->spec.buffers[b];
     MT_CHECK(m->buffer_host && m->buffer_host[b], "%s: buffer not read from the checkpoint", ps->name);
     const size_t bytes = ps->numel * sizeof(float);
-    float *d = kern_alloc(m->dev, bytes, ps->name, err);
+    float *d = kern_alloc(ex->dev, bytes, ps->name, err);
     if (!d) return err->code;
-    kern_stream_t *s = kern_stream(m->dev, KERN_STREAM_COMPUTE);
-    kern_memcpy_h2d(m->dev, s, d, m->buffer_host[b], bytes);
+    kern_stream_t *s = kern_stream(ex->dev, KERN_STREAM_COMPUTE);
+    kern_memcpy_h2d(ex->dev, s, d, m->buffer_host[b], bytes);
     *out = d;
     return MT_OK;
 }

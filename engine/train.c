@@ -96,9 +96,9 @@ static mt_status_t diverged(mt_error_t *err, int step, double loss, const eng_ru
                         last_good);
 }
 
-static mt_status_t save_checkpoint(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+static mt_status_t save_checkpoint(eng_exec_t *x, const eng_run_config_t *rc, const char *dir,
                                    eng_ckpt_dir_mode_t mode, eng_reporter_t *rep, mt_error_t *err) {
-    mt_status_t st = eng_train_save(m, rc, dir, mode, eng_save_dtype(m, rc), err);
+    mt_status_t st = eng_train_save(x, rc, dir, mode, eng_save_dtype(eng_exec_model(x), rc), err);
     if (st == MT_OK) eng_reporter_note(rep, "moetune: saved checkpoint to %s", dir);
     return st;
 }
@@ -194,8 +194,7 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         kern_device_destroy(dev);
         return st;
     }
-    eng_model_t model;
-    eng_multi_t multi; /* `devices:` > 1: replicas of model on more devices (engine/multi_device.h) */
+    eng_multi_t multi; /* the model and an executor on each of the `devices:` (engine/multi_device.h) */
     eng_staging_settings_t staging;
     eng_staging_settings_from_run(rc, &staging);
     if (!rc->trace) staging.timeline_samples = (size_t)1 << 14; /* only a trace reads the timeline */
@@ -204,19 +203,21 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
                                  .staging = &staging,
                                  .compute = eng_compute_dtype(rc, dev),
                                  .lora = lora};
-    st = eng_multi_open(&multi, &model, dev, &rc->devices, rc->gradient_accumulation_steps, rc->base_model, &mo, err);
+    st = eng_multi_open(&multi, dev, &rc->devices, rc->gradient_accumulation_steps, rc->base_model, &mo, err);
     if (st != MT_OK) {
         eng_train_plan_free(&tp);
         kern_device_destroy(dev);
         return st;
     }
+    eng_exec_t *x = multi.primary; /* device 0: the optimizer step, saves, reports */
+    eng_model_t *model = eng_multi_model(&multi);
     eng_trace_t *trace = NULL;
     double t_trace = 0; /* when tracing started */
 
     const char *paths[ENG_MAX_DATASETS];
     for (int i = 0; i < rc->num_datasets; i++) paths[i] = rc->datasets[i].path;
     eng_dataset_t ds;
-    st = eng_dataset_load(&ds, paths, rc->num_datasets, rc->sequence_len, model.cfg.vocab_size, err);
+    st = eng_dataset_load(&ds, paths, rc->num_datasets, rc->sequence_len, model->cfg.vocab_size, err);
     if (st != MT_OK) {
         eng_multi_free(&multi);
         eng_train_plan_free(&tp);
@@ -234,7 +235,7 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
     char last_ckpt[2048] = "";
     if (resume_dir[0]) {
         char note[1024];
-        st = eng_train_state_load(resume_dir, &model, rc, &ld, &ts, note, sizeof note, err);
+        st = eng_train_state_load(resume_dir, x, rc, &ld, &ts, note, sizeof note, err);
         /* the other devices' resident copies take the loaded weights too */
         if (st == MT_OK) st = eng_multi_sync_replicas(&multi, err);
         if (st != MT_OK) {
@@ -253,8 +254,8 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
                     note);
         snprintf(last_ckpt, sizeof last_ckpt, "%s", resume_dir);
     }
-    const eng_train_state_save_t ckpt_state = {.model = &model, .rc = rc, .ts = &ts, .loader = &ld,
-                                               .total_steps = total, .save_dtype = eng_save_dtype(&model, rc)};
+    const eng_train_state_save_t ckpt_state = {.exec = x, .rc = rc, .ts = &ts, .loader = &ld,
+                                               .total_steps = total, .save_dtype = eng_save_dtype(model, rc)};
     int64_t steps_per_epoch = eng_loader_batches_per_epoch(&ld) / rc->gradient_accumulation_steps;
     if (steps_per_epoch < 1) steps_per_epoch = 1;
     eng_signals_install();
@@ -273,14 +274,14 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         snprintf(path, sizeof path, "%s/trace.json", rc->output_dir);
         st = eng_trace_open(path, &trace, err);
         if (st != MT_OK) goto out;
-        eng_model_set_trace(&model, trace);
+        eng_exec_set_trace(x, trace);
         t_trace = mt_now_s();
     }
     eng_reporter_note(&rep,
                       "moetune: %s, %d layers, %d experts (top-%d), %lld examples of %d tokens, "
                       "%d steps x %d micro-batches of %d on %s",
-                      model.cfg.model_type, model.cfg.num_hidden_layers, model.cfg.num_experts,
-                      model.cfg.num_experts_per_tok, (long long)ds.num_rows, rc->sequence_len, total,
+                      model->cfg.model_type, model->cfg.num_hidden_layers, model->cfg.num_experts,
+                      model->cfg.num_experts_per_tok, (long long)ds.num_rows, rc->sequence_len, total,
                       rc->gradient_accumulation_steps, rc->micro_batch_size, dev->vt->name);
     if (multi.n > 1)
         eng_reporter_note(&rep, "moetune: data parallel on %d devices sharing one host copy, %d micro-batches each per step",
@@ -291,17 +292,17 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
     else
         eng_reporter_note(&rep, "moetune: %s", tp.summary);
     result->predicted_step_s = tp.predicted_step_s;
-    if (model.lora.on) {
+    if (model->lora.on) {
         /* what is trained, by module kind: an adapter that skips the
          * experts shows here */
         char summary[2048];
-        eng_lora_plan_summary(&model.lora.plan, summary, sizeof summary);
-        eng_reporter_note(&rep, "moetune: LoRA r=%d alpha=%g (scale %g%s), base frozen\n%s", model.lora.r,
-                          model.lora.alpha, (double)model.lora.scale, model.lora.use_rslora ? ", rsLoRA" : "",
+        eng_lora_plan_summary(&model->lora.plan, summary, sizeof summary);
+        eng_reporter_note(&rep, "moetune: LoRA r=%d alpha=%g (scale %g%s), base frozen\n%s", model->lora.r,
+                          model->lora.alpha, (double)model->lora.scale, model->lora.use_rslora ? ", rsLoRA" : "",
                           summary);
     }
     eng_exec_staging_info_t si;
-    eng_exec_staging_info(&model, &si);
+    eng_exec_staging_info(x, &si);
     eng_reporter_note(&rep, "moetune: staging %s: %.1f MiB pinned for an in-flight window of %.1f MiB (%d tensors)",
                       moe_staging_mode_name(si.mode), si.capacity / 1048576.0, si.window_payload / 1048576.0,
                       si.window_tensors);
@@ -342,7 +343,7 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         if (st == MT_ERR_DATA && ts.nonfinite_skipped < rc->skip_nonfinite_steps) {
             /* nothing was updated: drop the gradients and go on, counted (the other
                devices' were cleared when they were summed into this one's) */
-            eng_optim_discard_step(&model);
+            eng_optim_discard_step(x);
             ts.nonfinite_skipped++;
             eng_reporter_note(&rep, "moetune: step %d skipped (%d of skip_nonfinite_steps: %d): %s", step + 1,
                               ts.nonfinite_skipped, rc->skip_nonfinite_steps, err->msg);
@@ -365,9 +366,9 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         const kern_device_stats_t ds_stats = kern_device_stats(dev);
         const eng_host_mem_t hm = eng_host_mem_read();
         moe_staging_stats_t ss; /* this step's (eng_optim_begin_step restarted the counters) */
-        moe_staging_get_stats(eng_exec_staging(&model), MOE_STAGING_SCOPE_STEP, &ss);
+        moe_staging_get_stats(eng_exec_staging(x), MOE_STAGING_SCOPE_STEP, &ss);
         eng_exec_staging_counters_t xc;
-        eng_exec_staging_counters(&model, &xc);
+        eng_exec_staging_counters(x, &xc);
         eng_step_report_t r = {
             .step = step + 1, .total_steps = total, .loss = loss, .ce_loss = ce, .aux_loss = aux,
             .lr = hp.lr, .grad_norm = os.grad_norm, .tokens_per_s = dt > 0 ? (double)tokens / dt : 0,
@@ -412,21 +413,21 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
     }
     result->seconds = mt_now_s() - t_run;
     if (rc->save_final) {
-        st = save_checkpoint(&model, rc, rc->output_dir, ENG_CKPT_DIR_MERGE, &rep, err);
+        st = save_checkpoint(x, rc, rc->output_dir, ENG_CKPT_DIR_MERGE, &rep, err);
         result->model_saved = st == MT_OK;
     }
-    if (st == MT_OK && model.lora.on && rc->merge_lora) {
+    if (st == MT_OK && model->lora.on && rc->merge_lora) {
         char dir[1200];
         snprintf(dir, sizeof dir, "%s/merged", rc->output_dir);
-        st = eng_train_save_model(&model, rc, dir, ENG_CKPT_DIR_SWAP, eng_save_dtype(&model, rc), err);
+        st = eng_train_save_model(x, rc, dir, ENG_CKPT_DIR_SWAP, eng_save_dtype(model, rc), err);
         if (st == MT_OK) eng_reporter_note(&rep, "moetune: saved the merged model (base + LoRA) to %s", dir);
     }
 out:
     if (trace) {
         mt_error_t serr = {0}; /* the staging pool's counter tracks */
-        if (eng_exec_trace_staging(&model, trace, t_trace, &serr) != MT_OK && st == MT_OK)
+        if (eng_exec_trace_staging(x, trace, t_trace, &serr) != MT_OK && st == MT_OK)
             st = mt_error_set(err, serr.code, "%s", serr.msg);
-        eng_model_set_trace(&model, NULL);
+        eng_exec_set_trace(x, NULL);
         mt_error_t terr = {0};
         if (eng_trace_close(trace, &terr) != MT_OK && st == MT_OK) st = mt_error_set(err, terr.code, "%s", terr.msg);
     }

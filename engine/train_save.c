@@ -82,8 +82,9 @@ char *eng_saved_config_json(const char *base_text, const char *overrides_json, m
  * .safetensors (fp32 factors, per-expert keys, the modules trained in full
  * under their own names) and adapter_config.json, through the same
  * transaction as a model. */
-static mt_status_t save_adapter(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+static mt_status_t save_adapter(eng_exec_t *x, const eng_run_config_t *rc, const char *dir,
                                 eng_ckpt_dir_mode_t mode, eng_save_extra_fn extra, void *ctx, mt_error_t *err) {
+    eng_model_t *m = eng_exec_model(x);
     const eng_model_lora_t *lo = &m->lora;
     eng_lora_weights_t w = {0};
     w.count = lo->plan.count;
@@ -98,15 +99,15 @@ static mt_status_t save_adapter(eng_model_t *m, const eng_run_config_t *rc, cons
         pr->a = malloc((size_t)lo->r * (size_t)tg->in * sizeof(float));
         pr->b = malloc((size_t)tg->out * (size_t)lo->r * sizeof(float));
         MT_CHECK(pr->a && pr->b, "out of host memory preparing the adapter");
-        eng_model_read_param(m, m->params[tg->param].lora_a, pr->a, false);
-        eng_model_read_param(m, m->params[tg->param].lora_b, pr->b, false);
+        eng_exec_read_param(x, m->params[tg->param].lora_a, pr->a, false);
+        eng_exec_read_param(x, m->params[tg->param].lora_b, pr->b, false);
     }
     for (int k = 0; k < w.num_saved; k++) {
         const int i = lo->plan.saved[k];
         w.saved[k].param = i;
         w.saved[k].data = malloc(m->spec.params[i].numel * sizeof(float));
         MT_CHECK_ALLOC(w.saved[k].data, m->spec.params[i].name);
-        eng_model_read_param(m, i, w.saved[k].data, false);
+        eng_exec_read_param(x, i, w.saved[k].data, false);
     }
     eng_lora_config_t cfg;
     eng_lora_saved_config(m, rc, &cfg);
@@ -151,28 +152,30 @@ static void merge_pair(float *w, const float *a, const float *b, int64_t out, in
     }
 }
 
-mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+mt_status_t eng_train_save(eng_exec_t *x, const eng_run_config_t *rc, const char *dir,
                            eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err) {
-    return eng_train_save_with(m, rc, dir, mode, dtype, NULL, NULL, err);
+    return eng_train_save_with(x, rc, dir, mode, dtype, NULL, NULL, err);
 }
 
-static mt_status_t save_model(eng_model_t *m, const eng_run_config_t *rc, const char *dir, eng_ckpt_dir_mode_t mode,
+static mt_status_t save_model(eng_exec_t *x, const eng_run_config_t *rc, const char *dir, eng_ckpt_dir_mode_t mode,
                               mt_dtype_t dtype, eng_save_extra_fn extra, void *ctx, mt_error_t *err);
 
-mt_status_t eng_train_save_with(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+mt_status_t eng_train_save_with(eng_exec_t *x, const eng_run_config_t *rc, const char *dir,
                                 eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, eng_save_extra_fn extra, void *ctx,
                                 mt_error_t *err) {
-    if (m->lora.on) return save_adapter(m, rc, dir, mode, extra, ctx, err);
-    return save_model(m, rc, dir, mode, dtype, extra, ctx, err);
+    eng_model_t *m = eng_exec_model(x);
+    if (m->lora.on) return save_adapter(x, rc, dir, mode, extra, ctx, err);
+    return save_model(x, rc, dir, mode, dtype, extra, ctx, err);
 }
 
-mt_status_t eng_train_save_model(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+mt_status_t eng_train_save_model(eng_exec_t *x, const eng_run_config_t *rc, const char *dir,
                                  eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err) {
-    return save_model(m, rc, dir, mode, dtype, NULL, NULL, err);
+    return save_model(x, rc, dir, mode, dtype, NULL, NULL, err);
 }
 
-static mt_status_t save_model(eng_model_t *m, const eng_run_config_t *rc, const char *dir, eng_ckpt_dir_mode_t mode,
+static mt_status_t save_model(eng_exec_t *x, const eng_run_config_t *rc, const char *dir, eng_ckpt_dir_mode_t mode,
                               mt_dtype_t dtype, eng_save_extra_fn extra, void *ctx, mt_error_t *err) {
+    eng_model_t *m = eng_exec_model(x);
     char *config = eng_saved_config_json(m->cfg.config_json, rc->model_config_json, dtype,
                                          rc->source_path, err);
     if (!config) return err->code;
@@ -186,14 +189,14 @@ static mt_status_t save_model(eng_model_t *m, const eng_run_config_t *rc, const 
         const eng_param_spec_t *ps = &m->spec.params[i];
         host[i] = malloc(ps->numel ? ps->numel * sizeof(float) : 1);
         MT_CHECK_ALLOC(host[i], ps->name);
-        eng_model_read_param(m, i, host[i], false);
+        eng_exec_read_param(x, i, host[i], false);
         const eng_param_t *p = &m->params[i];
         if (p->lora_a >= 0) { /* a LoRA run's merged model: W + s B A */
             const eng_param_spec_t *as = m->params[p->lora_a].spec, *bs = m->params[p->lora_b].spec;
             float *a = malloc(as->numel * sizeof *a), *b = malloc(bs->numel * sizeof *b);
             MT_CHECK(a && b, "out of host memory merging %s", ps->name);
-            eng_model_read_param(m, p->lora_a, a, false);
-            eng_model_read_param(m, p->lora_b, b, false);
+            eng_exec_read_param(x, p->lora_a, a, false);
+            eng_exec_read_param(x, p->lora_b, b, false);
             merge_pair(host[i], a, b, ps->shape[0], ps->shape[1], m->lora.r, m->lora.scale);
             free(a);
             free(b);

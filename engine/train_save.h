@@ -5,6 +5,7 @@
 #include <stdbool.h>
 
 #include "engine/config.h"
+#include "engine/exec_types.h"
 #include "engine/model.h"
 #include "engine/outdir.h"
 #include "base/dtype.h"
@@ -26,14 +27,14 @@ char *eng_saved_config_json(const char *base_text, const char *overrides_json, m
  * (engine/outdir.h): the model's weights in dtype (MT_F32, MT_BF16 or
  * MT_F16) with that config.json, or in a LoRA run the adapter in PEFT's
  * format (adapter_model.safetensors, adapter_config.json). */
-mt_status_t eng_train_save(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+mt_status_t eng_train_save(eng_exec_t *x, const eng_run_config_t *rc, const char *dir,
                            eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err);
 
 /* The full model in HF's layout, in a LoRA run merged as PEFT's
  * merge_and_unload does: W + s * B A for every adapted module (the
  * modules trained in full as trained).  Holds one fp32 copy of the model
  * in host memory while writing. */
-mt_status_t eng_train_save_model(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+mt_status_t eng_train_save_model(eng_exec_t *x, const eng_run_config_t *rc, const char *dir,
                                  eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err);
 
 /* More files for the same transaction, written after the model's (a
@@ -42,7 +43,7 @@ mt_status_t eng_train_save_model(eng_model_t *m, const eng_run_config_t *rc, con
 typedef mt_status_t (*eng_save_extra_fn)(eng_ckpt_dir_t *tx, void *ctx, mt_error_t *err);
 
 /* eng_train_save, with extra(tx, ctx) before the commit (extra may be NULL). */
-mt_status_t eng_train_save_with(eng_model_t *m, const eng_run_config_t *rc, const char *dir,
+mt_status_t eng_train_save_with(eng_exec_t *x, const eng_run_config_t *rc, const char *dir,
                                 eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, eng_save_extra_fn extra, void *ctx,
                                 mt_error_t *err);
 

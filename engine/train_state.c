@@ -87,19 +87,19 @@ static json_t *hparams_json(const eng_run_config_t *rc) {
  * written: the file is three times the model's fp32 bytes, more than a
  * large model's host memory can hold beside it. */
 typedef struct {
-    eng_model_t *m;
+    eng_exec_t *x;
     int param;
     int what; /* 1 exp_avg, 2 exp_avg_sq, 3 master */
 } optim_fill_t;
 
 static void fill_optim(void *ctx, float *dst) {
     const optim_fill_t *f = ctx;
-    eng_model_read_optim_state(f->m, f->param, f->what == 3 ? dst : NULL, f->what == 1 ? dst : NULL,
+    eng_exec_read_optim_state(f->x, f->param, f->what == 3 ? dst : NULL, f->what == 1 ? dst : NULL,
                                f->what == 2 ? dst : NULL);
 }
 
 static mt_status_t write_optimizer(eng_ckpt_dir_t *tx, const eng_train_state_save_t *s, mt_error_t *err) {
-    eng_model_t *m = s->model;
+    eng_model_t *m = eng_exec_model(s->exec);
     const int P = m->num_params; /* a LoRA run's adapter factors too */
     const bool keep_master = s->save_dtype != MT_F32;
     /* up to 4 tensors per parameter: step, exp_avg, exp_avg_sq, master */
@@ -129,7 +129,7 @@ static mt_status_t write_optimizer(eng_ckpt_dir_t *tx, const eng_train_state_sav
                 w[nw] = (eng_st_write_tensor_t){.name = names[nw], .dtype = ENG_ST_I64, .ndim = 0,
                                                 .shape = no_shape, .data = &steps[i]};
             } else {
-                fills[nw] = (optim_fill_t){.m = m, .param = i, .what = k};
+                fills[nw] = (optim_fill_t){.x = s->exec, .param = i, .what = k};
                 fill_of[nw] = (eng_st_fill_t){.fn = fill_optim, .ctx = &fills[nw]};
                 w[nw] = (eng_st_write_tensor_t){.name = names[nw], .dtype = ENG_ST_F32, .ndim = ps->ndim,
                                                 .shape = ps->shape};
@@ -171,7 +171,7 @@ static mt_status_t write_trainer_state(eng_ckpt_dir_t *tx, const eng_train_state
         s->total_steps, "nonfinite_steps_skipped", s->ts->nonfinite_skipped, "data", "epoch", ld->epoch, "cursor",
         (json_int_t)ld->cursor, "rows", (json_int_t)ld->ds->num_rows, "shuffle", ld->shuffle, "seed",
         (json_int_t)ld->seed, "micro_batch_size", ld->micro_batch, "optimizer_file", ENG_OPTIM_STATE_FILE,
-        "params", params_json(s->model), "adapter", adapter_json(s->rc), "hyperparameters", hparams_json(s->rc),
+        "params", params_json(eng_exec_model(s->exec)), "adapter", adapter_json(s->rc), "hyperparameters", hparams_json(s->rc),
         "log_history", hist);
     MT_CHECK(root, "building %s", ENG_TRAINER_STATE_FILE);
     char *text = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
@@ -206,7 +206,7 @@ mt_status_t eng_train_state_checkpoint(const eng_train_state_save_t *ss, int n, 
     const eng_run_config_t *rc = ss->rc;
     char path[2048];
     snprintf(path, sizeof path, "%s/checkpoint-%d", rc->output_dir, n);
-    mt_status_t st = eng_train_save_with(ss->model, rc, path, ENG_CKPT_DIR_SWAP, ss->save_dtype,
+    mt_status_t st = eng_train_save_with(ss->exec, rc, path, ENG_CKPT_DIR_SWAP, ss->save_dtype,
                                          eng_train_state_write, (void *)ss, err);
     if (st != MT_OK) {
         /* the save was atomic: what was there before is as it was */
@@ -392,7 +392,8 @@ static mt_status_t read_tensor_f32(const eng_st_file_t *f, const char *name, con
     return eng_st_read_f32(f, t, dst, err);
 }
 
-static mt_status_t load_optimizer(const char *dir, eng_model_t *m, mt_error_t *err) {
+static mt_status_t load_optimizer(const char *dir, eng_exec_t *x, mt_error_t *err) {
+    const eng_model_t *m = eng_exec_model(x);
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", dir, ENG_OPTIM_STATE_FILE);
     eng_st_file_t f;
@@ -431,7 +432,7 @@ static mt_status_t load_optimizer(const char *dir, eng_model_t *m, mt_error_t *e
             /* a LoRA checkpoint's adapter file (fp32) is what the model was
              * opened from (lora_model_dir = the checkpoint): its weights are
              * the masters already */
-            eng_model_read_param(m, i, master, false);
+            eng_exec_read_param(x, i, master, false);
         } else if (st == MT_OK) {
             /* the model's own weights are the master when they were saved in fp32 */
             if (!ck_open) {
@@ -446,7 +447,7 @@ static mt_status_t load_optimizer(const char *dir, eng_model_t *m, mt_error_t *e
                                   e ? eng_st_dtype_name(e->tensor->dtype) : "missing");
             if (st == MT_OK) st = eng_checkpoint_read_f32(&ck, ps->name, ps->ndim, ps->shape, master, err);
         }
-        if (st == MT_OK) st = eng_model_write_optim_state(m, i, master, m1, m2, step, err);
+        if (st == MT_OK) st = eng_exec_write_optim_state(x, i, master, m1, m2, step, err);
     }
     if (ck_open) eng_checkpoint_close(&ck);
     eng_st_close(&f);
@@ -456,8 +457,9 @@ static mt_status_t load_optimizer(const char *dir, eng_model_t *m, mt_error_t *e
     return st;
 }
 
-mt_status_t eng_train_state_load(const char *dir, eng_model_t *m, const eng_run_config_t *rc, eng_loader_t *ld,
+mt_status_t eng_train_state_load(const char *dir, eng_exec_t *x, const eng_run_config_t *rc, eng_loader_t *ld,
                                  eng_train_state_t *ts, char *note, size_t note_cap, mt_error_t *err) {
+    const eng_model_t *m = eng_exec_model(x);
     note[0] = '\0';
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", dir, ENG_TRAINER_STATE_FILE);
@@ -481,7 +483,7 @@ mt_status_t eng_train_state_load(const char *dir, eng_model_t *m, const eng_run_
                         !eng_loader_seek(ld, (int)epoch, (int64_t)cursor)))
         st = mt_error_set(err, MT_ERR_FORMAT, "%s: global_step or the data position (epoch, cursor) is out of range",
                           path);
-    if (st == MT_OK) st = load_optimizer(dir, m, err);
+    if (st == MT_OK) st = load_optimizer(dir, x, err);
     if (st == MT_OK) {
         ts->global_step = (int)gstep;
         ts->nonfinite_skipped = (int)json_integer_value(json_object_get(root, "nonfinite_steps_skipped"));

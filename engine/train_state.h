@@ -28,6 +28,7 @@
 
 #include "engine/config.h"
 #include "engine/data.h"
+#include "engine/exec_types.h"
 #include "engine/model.h"
 #include "engine/outdir.h"
 #include "base/dtype.h"
@@ -56,7 +57,7 @@ void eng_train_state_log(eng_train_state_t *ts, const eng_log_entry_t *e);
 
 /* What a checkpoint save adds to the model's files. */
 typedef struct {
-    eng_model_t *model;
+    eng_exec_t *exec;  /* the model is the one it runs */
     const eng_run_config_t *rc;
     const eng_train_state_t *ts;
     const eng_loader_t *loader;
@@ -89,14 +90,14 @@ mt_status_t eng_train_state_checkpoint(const eng_train_state_save_t *ss, int n, 
  * is MT_ERR_CONFIG naming the key and the directory. */
 mt_status_t eng_train_state_resolve(const eng_run_config_t *rc, char *out, size_t cap, mt_error_t *err);
 
-/* Loads a checkpoint's state into a model opened from the run's base_model
+/* Loads a checkpoint's state into the model x runs, opened from the run's base_model
  * and a loader over the run's data: checks the run's identity against it
  * (another model or parameter set, other adapter settings or another
  * dataset is MT_ERR_CONFIG naming the key), writes every trained
  * parameter's master, moments and step count, moves the loader to the
  * saved position and fills ts.  note receives a line about hyperparameters
  * that changed (allowed, as the HF Trainer allows them), or "". */
-mt_status_t eng_train_state_load(const char *dir, eng_model_t *m, const eng_run_config_t *rc,
+mt_status_t eng_train_state_load(const char *dir, eng_exec_t *x, const eng_run_config_t *rc,
                                  eng_loader_t *ld, eng_train_state_t *ts, char *note, size_t note_cap,
                                  mt_error_t *err);
 

@@ -80,13 +80,13 @@ static void train(const char *yaml, const char *ckpt, mt_dtype_t compute, sched_
     sched_plan_t plan;
     sched_plan_init_uniform(&plan, mc.num_hidden_layers + 2, policy);
     eng_model_config_free(&mc);
-    eng_model_t m;
+    eng_exec_t *x = NULL;
     eng_staging_settings_t staging;
     eng_staging_settings_from_run(&rc, &staging);
     staging.cap_bytes = 0; /* the pool as large as the offloading plan needs */
     const eng_model_opts_t mo = {
         .overrides_json = rc.model_config_json, .plan = &plan, .staging = &staging, .compute = compute};
-    if (eng_model_open(&m, dev, rc.base_model, &mo, &err) != MT_OK) {
+    if (eng_exec_open(&x, dev, rc.base_model, &mo, &err) != MT_OK) {
         CHECK(0, "%s: %s", rc.base_model, err.msg);
         sched_plan_free(&plan);
         kern_device_destroy(dev);
@@ -96,7 +96,7 @@ static void train(const char *yaml, const char *ckpt, mt_dtype_t compute, sched_
     const char *paths[ENG_MAX_DATASETS];
     for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, m.cfg.vocab_size, &err) == MT_OK, "%s",
+    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s",
           err.msg);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
@@ -106,31 +106,31 @@ static void train(const char *yaml, const char *ckpt, mt_dtype_t compute, sched_
         eng_optim_hparams_t hp = {.lr = eng_lr_at(&rc, step, steps), .beta1 = rc.adam_beta1,
                                   .beta2 = rc.adam_beta2, .eps = rc.adam_epsilon,
                                   .weight_decay = rc.weight_decay, .max_grad_norm = rc.max_grad_norm};
-        eng_optim_begin_step(&m, &hp, accum, false);
+        eng_optim_begin_step(x, &hp, accum, false);
         double loss = 0;
         for (int mb = 0; mb < accum && out->ok; mb++) {
             eng_batch_t b;
             eng_loader_next(&ld, &b);
             eng_micro_stats_t ms;
-            if (eng_model_forward_backward(&m, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
+            if (eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
                 CHECK(0, "step %d: %s", step + 1, err.msg);
                 out->ok = false;
             }
             loss += ms.loss / accum;
         }
         eng_optim_stats_t os;
-        if (out->ok && eng_optim_step(&m, &hp, &os, &err) != MT_OK) {
+        if (out->ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
             CHECK(0, "optimizer: %s", err.msg);
             out->ok = false;
         }
         out->loss[step] = loss;
         eng_exec_staging_counters_t c;
-        eng_exec_staging_counters(&m, &c);
+        eng_exec_staging_counters(x, &c);
         out->weight_h2d_bytes = c.weight_h2d_bytes;
     }
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
-    eng_model_free(&m);
+    eng_exec_free(x);
     sched_plan_free(&plan);
     kern_device_destroy(dev);
     eng_run_config_free(&rc);

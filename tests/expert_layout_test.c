@@ -192,15 +192,15 @@ static void check_mismatch(void) {
         CHECK(0, "%s", err.msg);
         return;
     }
-    eng_model_t m;
+    eng_exec_t *x = NULL;
     const mt_status_t st =
-        eng_model_load(&m, dev, "tests/fixtures/fused/mixtral_f32", "{\"intermediate_size\": 20}", NULL, &err);
+        eng_exec_load(&x, dev, "tests/fixtures/fused/mixtral_f32", "{\"intermediate_size\": 20}", NULL, NULL, &err);
     fprintf(stderr, "== wrong shape: %s\n", err.msg);
     CHECK(st == MT_ERR_FORMAT, "a fused tensor of the wrong shape was accepted");
     CHECK(strstr(err.msg, "model.layers.0.mlp.experts.gate_up_proj") && strstr(err.msg, "[4, 48, 32]") &&
               strstr(err.msg, "[4, 40, 32]"),
           "the message does not name the tensor and both shapes: %s", err.msg);
-    if (st == MT_OK) eng_model_free(&m);
+    if (st == MT_OK) eng_exec_free(x);
     kern_device_destroy(dev);
 }
 

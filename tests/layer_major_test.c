@@ -63,9 +63,9 @@ static void run_on(const char *dir, const sched_plan_t *plan, int K, eng_step_or
     kern_device_opts_t o = {0};
     if (dopts) o = *dopts;
     CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
-    eng_model_t m;
+    eng_exec_t *x = NULL;
     const eng_model_opts_t mo = {.overrides_json = rc.model_config_json, .plan = plan, .compute = g_compute};
-    if (eng_model_open(&m, dev, rc.base_model, &mo, &err) != MT_OK) {
+    if (eng_exec_open(&x, dev, rc.base_model, &mo, &err) != MT_OK) {
         CHECK(0, "load: %s", err.msg);
         kern_device_destroy(dev);
         eng_run_config_free(&rc);
@@ -74,7 +74,7 @@ static void run_on(const char *dir, const sched_plan_t *plan, int K, eng_step_or
     const char *paths[ENG_MAX_DATASETS];
     for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, m.cfg.vocab_size, &err) == MT_OK, "%s",
+    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s",
           err.msg);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
@@ -84,8 +84,8 @@ static void run_on(const char *dir, const sched_plan_t *plan, int K, eng_step_or
         eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
                                   .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
                                   .max_grad_norm = overlap ? 0.0 : rc.max_grad_norm};
-        eng_optim_begin_step(&m, &hp, K, overlap);
-        if (eng_model_step_from_loader(&m, &ld, K, order, ms, &err) != MT_OK) {
+        eng_optim_begin_step(x, &hp, K, overlap);
+        if (eng_exec_step_from_loader(x, &ld, K, order, ms, &err) != MT_OK) {
             CHECK(0, "%s K=%d order %s step %d: %s", sched_policy_name(plan->policy), K, eng_step_order_name(order),
                   step + 1, err.msg);
             out->ok = false;
@@ -93,11 +93,11 @@ static void run_on(const char *dir, const sched_plan_t *plan, int K, eng_step_or
         }
         for (int j = 0; j < K; j++) out->loss[step] += ms[j].loss / K;
         eng_exec_staging_counters_t xc;
-        eng_exec_staging_counters(&m, &xc);
+        eng_exec_staging_counters(x, &xc);
         out->w_h2d[step] = xc.weight_h2d_bytes;
         out->g_d2h[step] = xc.grad_d2h_bytes;
         eng_optim_stats_t os;
-        if (eng_optim_step(&m, &hp, &os, &err) != MT_OK) {
+        if (eng_optim_step(x, &hp, &os, &err) != MT_OK) {
             CHECK(0, "optimizer: %s", err.msg);
             out->ok = false;
         }
@@ -106,17 +106,17 @@ static void run_on(const char *dir, const sched_plan_t *plan, int K, eng_step_or
     }
     free(ms);
     out->deferred_frees = kern_device_stats(dev).deferred_frees;
-    out->nparams = m.spec.count;
-    out->weights = calloc((size_t)m.spec.count, sizeof *out->weights);
-    out->sizes = calloc((size_t)m.spec.count, sizeof *out->sizes);
-    for (int i = 0; i < m.spec.count; i++) {
-        out->sizes[i] = m.spec.params[i].numel * sizeof(float);
+    out->nparams = eng_exec_model(x)->spec.count;
+    out->weights = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->weights);
+    out->sizes = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->sizes);
+    for (int i = 0; i < eng_exec_model(x)->spec.count; i++) {
+        out->sizes[i] = eng_exec_model(x)->spec.params[i].numel * sizeof(float);
         out->weights[i] = malloc(out->sizes[i]);
-        eng_model_read_param(&m, i, out->weights[i], false);
+        eng_exec_read_param(x, i, out->weights[i], false);
     }
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
-    eng_model_free(&m);
+    eng_exec_free(x);
     kern_device_destroy(dev);
     eng_run_config_free(&rc);
 }

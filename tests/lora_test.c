@@ -171,24 +171,24 @@ static void check_peft_logits(const char *dir, const char *out) {
     kern_device_t *dev = NULL;
     const kern_device_opts_t dopts = {0};
     if (st == MT_OK) st = kern_device_create(KERN_BACKEND_CPU, &dopts, &dev, &err);
-    eng_model_t m;
+    eng_exec_t *x = NULL;
     const eng_model_opts_t mo = {.lora = &lro.opts};
-    if (st == MT_OK) st = eng_model_open(&m, dev, rc.base_model, &mo, &err);
+    if (st == MT_OK) st = eng_exec_open(&x, dev, rc.base_model, &mo, &err);
     CHECK(st == MT_OK, "%s: opening the model with its saved adapter: %s", dir, err.msg);
     if (st == MT_OK && wt) {
         const char *paths[1] = {rc.datasets[0].path};
         eng_dataset_t ds;
-        st = eng_dataset_load(&ds, paths, 1, rc.sequence_len, m.cfg.vocab_size, &err);
+        st = eng_dataset_load(&ds, paths, 1, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err);
         CHECK(st == MT_OK, "%s", err.msg);
         if (st == MT_OK) {
             eng_loader_t ld;
             eng_loader_init(&ld, &ds, rc.micro_batch_size, false, rc.seed);
             eng_batch_t batch;
             eng_loader_next(&ld, &batch);
-            const size_t n = (size_t)batch.B * batch.T * m.cfg.vocab_size;
+            const size_t n = (size_t)batch.B * batch.T * eng_exec_model(x)->cfg.vocab_size;
             float *got = malloc(n * sizeof *got), *ref = malloc(wt->numel * sizeof *ref);
             eng_micro_stats_t ms;
-            st = eng_model_forward(&m, &batch, got, &ms, &err);
+            st = eng_exec_forward(x, &batch, got, &ms, &err);
             CHECK(st == MT_OK, "%s", err.msg);
             CHECK(wt->numel == n, "PEFT logits have %llu values, moetune's %zu", (unsigned long long)wt->numel, n);
             if (st == MT_OK && wt->numel == n && eng_st_read_f32(&want, wt, ref, &err) == MT_OK) {
@@ -207,7 +207,7 @@ static void check_peft_logits(const char *dir, const char *out) {
             eng_loader_free(&ld);
             eng_dataset_free(&ds);
         }
-        eng_model_free(&m);
+        eng_exec_free(x);
     }
     if (dev) kern_device_destroy(dev);
     eng_lora_run_opts_free(&lro);

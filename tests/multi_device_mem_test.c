@@ -86,15 +86,16 @@ static size_t measure(const char *base, bool host_grads, int ndev, size_t *weigh
         plan.blocks[b].acts = SCHED_ACTS_KEEP;
     }
     eng_devices_t devs = {.count = ndev, .ids = {0, 1}};
-    eng_model_t m;
+    eng_exec_t *x = NULL;
     eng_multi_t mm;
     const eng_model_opts_t mo = {.plan = &plan};
     size_t held = 0;
-    if (eng_multi_open(&mm, &m, dev, &devs, K, base, &mo, &err) != MT_OK) {
+    if (eng_multi_open(&mm, dev, &devs, K, base, &mo, &err) != MT_OK) {
         CHECK(0, "open on %d device(s): %s", ndev, err.msg);
     } else {
+        x = mm.primary;
         *weight_bytes = 0;
-        for (int i = 0; i < m.num_params; i++) *weight_bytes += m.params[i].spec->numel * sizeof(float);
+        for (int i = 0; i < eng_exec_model(x)->num_params; i++) *weight_bytes += eng_exec_model(x)->params[i].spec->numel * sizeof(float);
         eng_batch_t bs[K];
         eng_micro_stats_t ms[K];
         for (int step = 0; step < STEPS; step++) {

@@ -108,18 +108,19 @@ static void run(const char *dir, plan_kind_t pk, int K, int ndev, eng_step_order
     make_plan(&plan, mc.num_hidden_layers + 2, pk);
     eng_model_config_free(&mc);
     eng_devices_t devs = {.count = ndev, .ids = {0, 1, 2, 3}};
-    eng_model_t m;
+    eng_exec_t *x = NULL;
     eng_multi_t mm;
     const eng_model_opts_t mo = {.overrides_json = rc.model_config_json, .plan = &plan, .compute = g_compute,
                                  .lora = use_lora ? &lora.opts : NULL};
-    if (eng_multi_open(&mm, &m, dev, &devs, K, rc.base_model, &mo, &err) != MT_OK) {
+    if (eng_multi_open(&mm, dev, &devs, K, rc.base_model, &mo, &err) != MT_OK) {
         CHECK(0, "%s %s K=%d devices=%d: load: %s", dir, plan_name(pk), K, ndev, err.msg);
         goto done;
     }
+    x = mm.primary;
     const char *paths[ENG_MAX_DATASETS];
     for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, m.cfg.vocab_size, &err) == MT_OK, "%s",
+    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s",
           err.msg);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
@@ -145,15 +146,15 @@ static void run(const char *dir, plan_kind_t pk, int K, int ndev, eng_step_order
         out->norm[step] = os.grad_norm;
     }
     free(ms);
-    out->nparams = m.num_params;
-    out->weights = calloc((size_t)m.num_params, sizeof *out->weights);
-    out->numel = calloc((size_t)m.num_params, sizeof *out->numel);
-    out->names = calloc((size_t)m.num_params, sizeof *out->names);
-    for (int i = 0; i < m.num_params; i++) {
-        out->numel[i] = m.params[i].spec->numel;
-        out->names[i] = strdup(m.params[i].spec->name);
+    out->nparams = eng_exec_model(x)->num_params;
+    out->weights = calloc((size_t)eng_exec_model(x)->num_params, sizeof *out->weights);
+    out->numel = calloc((size_t)eng_exec_model(x)->num_params, sizeof *out->numel);
+    out->names = calloc((size_t)eng_exec_model(x)->num_params, sizeof *out->names);
+    for (int i = 0; i < eng_exec_model(x)->num_params; i++) {
+        out->numel[i] = eng_exec_model(x)->params[i].spec->numel;
+        out->names[i] = strdup(eng_exec_model(x)->params[i].spec->name);
         out->weights[i] = malloc(out->numel[i] * sizeof(float));
-        eng_model_read_param(&m, i, out->weights[i], false);
+        eng_exec_read_param(x, i, out->weights[i], false);
     }
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
@@ -252,10 +253,9 @@ static void check_refused(const char *dir) {
     kern_device_opts_t o = {0};
     CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
     eng_devices_t devs = {.count = 2, .ids = {0, 1}};
-    eng_model_t m;
     eng_multi_t mm;
     const eng_model_opts_t mo = {.overrides_json = rc.model_config_json};
-    const mt_status_t st = eng_multi_open(&mm, &m, dev, &devs, 3, rc.base_model, &mo, &err);
+    const mt_status_t st = eng_multi_open(&mm, dev, &devs, 3, rc.base_model, &mo, &err);
     CHECK(st == MT_ERR_CONFIG && strstr(err.msg, "gradient_accumulation_steps (3)") && strstr(err.msg, "devices (2)"),
           "K=3 on 2 devices: status %d, '%s'", (int)st, err.msg);
     if (st == MT_OK) eng_multi_free(&mm);

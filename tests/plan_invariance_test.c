@@ -62,9 +62,9 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
     kern_device_t *dev = NULL;
     kern_device_opts_t o = {.device_budget_bytes = budget};
     CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
-    eng_model_t m;
+    eng_exec_t *x = NULL;
     const eng_model_opts_t mo = {.overrides_json = rc.model_config_json, .plan = plan, .compute = g_compute};
-    if (eng_model_open(&m, dev, rc.base_model, &mo, &err) != MT_OK) {
+    if (eng_exec_open(&x, dev, rc.base_model, &mo, &err) != MT_OK) {
         CHECK(0, "load under plan %s: %s", sched_policy_name(plan->policy), err.msg);
         kern_device_destroy(dev);
         eng_run_config_free(&rc);
@@ -73,7 +73,7 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
     const char *paths[ENG_MAX_DATASETS];
     for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, m.cfg.vocab_size, &err) == MT_OK,
+    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK,
           "%s", err.msg);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
@@ -84,13 +84,13 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
         eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
                                   .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
                                   .max_grad_norm = overlap >= 0 ? 0.0 : rc.max_grad_norm};
-        eng_optim_begin_step(&m, &hp, accum, overlap == 1);
+        eng_optim_begin_step(x, &hp, accum, overlap == 1);
         double loss = 0;
         for (int mb = 0; mb < accum; mb++) {
             eng_batch_t b;
             eng_loader_next(&ld, &b);
             eng_micro_stats_t ms;
-            if (eng_model_forward_backward(&m, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
+            if (eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
                 CHECK(0, "plan %s step %d: %s", sched_policy_name(plan->policy), step + 1, err.msg);
                 out->ok = false;
                 break;
@@ -98,7 +98,7 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
             loss += ms.loss / accum;
         }
         eng_optim_stats_t os;
-        if (out->ok && eng_optim_step(&m, &hp, &os, &err) != MT_OK) {
+        if (out->ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
             CHECK(0, "optimizer: %s", err.msg);
             out->ok = false;
         }
@@ -107,18 +107,18 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
         out->overlapped += os.updated_during_backward;
     }
     out->peak_device = kern_device_stats(dev).device_peak;
-    out->nparams = m.spec.count;
-    out->weights = calloc((size_t)m.spec.count, sizeof *out->weights);
-    out->weight_sizes = calloc((size_t)m.spec.count, sizeof *out->weight_sizes);
-    for (int i = 0; i < m.spec.count; i++) {
-        out->weight_sizes[i] = m.spec.params[i].numel * sizeof(float);
-        out->weight_bytes += m.spec.params[i].numel * sizeof(float);
-        out->weights[i] = malloc(m.spec.params[i].numel * sizeof(float));
-        eng_model_read_param(&m, i, out->weights[i], false);
+    out->nparams = eng_exec_model(x)->spec.count;
+    out->weights = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->weights);
+    out->weight_sizes = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->weight_sizes);
+    for (int i = 0; i < eng_exec_model(x)->spec.count; i++) {
+        out->weight_sizes[i] = eng_exec_model(x)->spec.params[i].numel * sizeof(float);
+        out->weight_bytes += eng_exec_model(x)->spec.params[i].numel * sizeof(float);
+        out->weights[i] = malloc(eng_exec_model(x)->spec.params[i].numel * sizeof(float));
+        eng_exec_read_param(x, i, out->weights[i], false);
     }
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
-    eng_model_free(&m);
+    eng_exec_free(x);
     kern_device_destroy(dev);
     eng_run_config_free(&rc);
 }
@@ -253,11 +253,11 @@ static void check_budget(const char *data_dir) {
     kern_device_t *dev = NULL;
     kern_device_opts_t o = {.device_budget_bytes = budget};
     kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err);
-    eng_model_t m;
-    mt_status_t st = eng_model_load(&m, dev, ckpt, NULL, &keep, &err);
+    eng_exec_t *x = NULL;
+    mt_status_t st = eng_exec_load(&x, dev, ckpt, NULL, &keep, NULL, &err);
     CHECK(st == MT_ERR_BUDGET && strstr(err.msg, "model.") != NULL,
           "keep_all over budget: status %d, message '%s'", (int)st, err.msg);
-    if (st == MT_OK) eng_model_free(&m);
+    if (st == MT_OK) eng_exec_free(x);
     else fprintf(stderr, "   keep_all under that budget: %s\n", err.msg);
     kern_device_destroy(dev);
     free_result(&rk);

@@ -100,8 +100,8 @@ static void check_case(const char *dir) {
         CHECK(0, "%s", err.msg);
         return;
     }
-    eng_model_t m;
-    if (eng_model_load(&m, dev, rc.base_model, rc.model_config_json, NULL, &err) != MT_OK) {
+    eng_exec_t *x = NULL;
+    if (eng_exec_load(&x, dev, rc.base_model, rc.model_config_json, NULL, NULL, &err) != MT_OK) {
         CHECK(0, "model: %s", err.msg);
         kern_device_destroy(dev);
         return;
@@ -109,7 +109,7 @@ static void check_case(const char *dir) {
     const char *paths[ENG_MAX_DATASETS];
     for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    if (eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, m.cfg.vocab_size, &err) != MT_OK) {
+    if (eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) != MT_OK) {
         CHECK(0, "data: %s", err.msg);
         return;
     }
@@ -120,10 +120,10 @@ static void check_case(const char *dir) {
     const int accum = rc.gradient_accumulation_steps;
     eng_batch_t b;
     eng_loader_next(&ld, &b);
-    const int V = m.cfg.vocab_size, n = b.B * b.T;
+    const int V = eng_exec_model(x)->cfg.vocab_size, n = b.B * b.T;
     float *logits = malloc((size_t)n * V * sizeof *logits);
     eng_micro_stats_t ms;
-    if (eng_model_forward_backward(&m, &b, 1.0f / accum, logits, &ms, &err) != MT_OK) {
+    if (eng_exec_forward_backward(x, &b, 1.0f / accum, logits, &ms, &err) != MT_OK) {
         CHECK(0, "forward/backward: %s", err.msg);
         return;
     }
@@ -156,25 +156,25 @@ static void check_case(const char *dir) {
     /* 2. gradients of optimizer step 1 (all of its micro-batches) */
     for (int mb = 1; mb < accum; mb++) {
         eng_loader_next(&ld, &b);
-        CHECK(eng_model_forward_backward(&m, &b, 1.0f / accum, NULL, &ms, &err) == MT_OK, "%s", err.msg);
+        CHECK(eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) == MT_OK, "%s", err.msg);
     }
     double worst_rel = 0;
     const char *worst_name = "";
-    for (int i = 0; i < m.spec.count; i++) {
-        const eng_param_spec_t *ps = &m.spec.params[i];
+    for (int i = 0; i < eng_exec_model(x)->spec.count; i++) {
+        const eng_param_spec_t *ps = &eng_exec_model(x)->spec.params[i];
         snprintf(path, sizeof path, "grad.%s", ps->name);
         uint64_t gn = 0;
         float *ref = read_tensor(&exp, path, &gn);
         if (!ref) {
-            CHECK(!m.params[i].has_grad, "%s has a gradient in moetune but none in the reference",
+            CHECK(!eng_exec_param_has_grad(x, i), "%s has a gradient in moetune but none in the reference",
                   ps->name);
             continue;
         }
-        CHECK(m.params[i].has_grad, "%s has no gradient in moetune but one in the reference", ps->name);
+        CHECK(eng_exec_param_has_grad(x, i), "%s has no gradient in moetune but one in the reference", ps->name);
         CHECK(gn == ps->numel, "%s: reference gradient has %llu elements, expected %zu", ps->name,
               (unsigned long long)gn, ps->numel);
         float *g = malloc(ps->numel * sizeof *g);
-        eng_model_read_param(&m, i, g, true);
+        eng_exec_read_param(x, i, g, true);
         double maxref = 0, maxdiff = 0;
         for (size_t j = 0; j < ps->numel; j++) {
             if (fabs(ref[j]) > maxref) maxref = fabs(ref[j]);
@@ -193,7 +193,7 @@ static void check_case(const char *dir) {
     fprintf(stderr, "   step-1 gradients: worst max|diff|/max|g| = %.3g (%s)\n", worst_rel, worst_name);
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
-    eng_model_free(&m);
+    eng_exec_free(x);
     kern_device_destroy(dev);
 
     /* 3. five training steps through the real training loop */

@@ -73,8 +73,8 @@ static void run(const char *dir, const sched_plan_t *plan, moe_staging_mode_t mo
     rc.staging_mode = (eng_staging_mode_t)mode;
     eng_staging_settings_from_run(&rc, &ss);
     if (!hint) ss.tokens = 0; /* sized at the first micro-batch */
-    eng_model_t m;
-    if (eng_model_load_ex(&m, dev, rc.base_model, rc.model_config_json, plan, &ss, &err) != MT_OK) {
+    eng_exec_t *x = NULL;
+    if (eng_exec_load(&x, dev, rc.base_model, rc.model_config_json, plan, &ss, &err) != MT_OK) {
         CHECK(0, "load (%s): %s", moe_staging_mode_name(mode), err.msg);
         kern_device_destroy(dev);
         eng_run_config_free(&rc);
@@ -82,12 +82,12 @@ static void run(const char *dir, const sched_plan_t *plan, moe_staging_mode_t mo
     }
     eng_trace_t *trace = NULL;
     if (trace_path) CHECK(eng_trace_open(trace_path, &trace, &err) == MT_OK, "%s", err.msg);
-    if (trace) eng_model_set_trace(&m, trace);
+    if (trace) eng_exec_set_trace(x, trace);
     const double t_start = mt_now_s();
     const char *paths[ENG_MAX_DATASETS];
     for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, m.cfg.vocab_size, &err) == MT_OK, "%s",
+    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s",
           err.msg);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
@@ -97,27 +97,27 @@ static void run(const char *dir, const sched_plan_t *plan, moe_staging_mode_t mo
         /* no clipping: the host optimizer overlaps backward, so its order is exercised too */
         eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
                                   .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay, .max_grad_norm = 0};
-        eng_optim_begin_step(&m, &hp, accum, true);
+        eng_optim_begin_step(x, &hp, accum, true);
         double loss = 0;
         for (int mb = 0; mb < accum && out->ok; mb++) {
             eng_batch_t b;
             eng_loader_next(&ld, &b);
             eng_micro_stats_t ms;
-            if (eng_model_forward_backward(&m, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
+            if (eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
                 CHECK(0, "%s step %d: %s", moe_staging_mode_name(mode), step + 1, err.msg);
                 out->ok = false;
             }
             loss += ms.loss / accum;
             out->micro++;
-            out->acts_expected += eng_exec_offload_bytes(&m, b.B * b.T);
+            out->acts_expected += eng_exec_offload_bytes(x, b.B * b.T);
         }
         eng_optim_stats_t os;
-        if (out->ok && eng_optim_step(&m, &hp, &os, &err) != MT_OK) {
+        if (out->ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
             CHECK(0, "optimizer: %s", err.msg);
             out->ok = false;
         }
         eng_exec_staging_counters_t c;
-        eng_exec_staging_counters(&m, &c);
+        eng_exec_staging_counters(x, &c);
         for (int d = 0; d < 2; d++) {
             out->ctr.moe_passes[d] += c.moe_passes[d];
             out->ctr.moe_copies[d] += c.moe_copies[d];
@@ -130,24 +130,24 @@ static void run(const char *dir, const sched_plan_t *plan, moe_staging_mode_t mo
         out->loss[step] = loss;
         out->norm[step] = os.grad_norm;
     }
-    eng_exec_staging_info(&m, &out->info);
-    moe_staging_get_stats(eng_exec_staging(&m), MOE_STAGING_SCOPE_TOTAL, &out->st);
-    out->nparams = m.spec.count;
-    out->weights = calloc((size_t)m.spec.count, sizeof *out->weights);
-    out->sizes = calloc((size_t)m.spec.count, sizeof *out->sizes);
-    for (int i = 0; i < m.spec.count; i++) {
-        out->sizes[i] = m.spec.params[i].numel * sizeof(float);
+    eng_exec_staging_info(x, &out->info);
+    moe_staging_get_stats(eng_exec_staging(x), MOE_STAGING_SCOPE_TOTAL, &out->st);
+    out->nparams = eng_exec_model(x)->spec.count;
+    out->weights = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->weights);
+    out->sizes = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->sizes);
+    for (int i = 0; i < eng_exec_model(x)->spec.count; i++) {
+        out->sizes[i] = eng_exec_model(x)->spec.params[i].numel * sizeof(float);
         out->weights[i] = malloc(out->sizes[i]);
-        eng_model_read_param(&m, i, out->weights[i], false);
+        eng_exec_read_param(x, i, out->weights[i], false);
     }
     if (trace) {
-        CHECK(eng_exec_trace_staging(&m, trace, t_start, &err) == MT_OK, "%s", err.msg);
-        eng_model_set_trace(&m, NULL);
+        CHECK(eng_exec_trace_staging(x, trace, t_start, &err) == MT_OK, "%s", err.msg);
+        eng_exec_set_trace(x, NULL);
         CHECK(eng_trace_close(trace, &err) == MT_OK, "%s", err.msg);
     }
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
-    eng_model_free(&m);
+    eng_exec_free(x);
     kern_device_destroy(dev);
     eng_run_config_free(&rc);
 }
@@ -274,16 +274,16 @@ static void check_bad_settings(const char *dir) {
     kern_device_opts_t o = {0};
     CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
     eng_staging_settings_t s;
-    eng_model_t m;
+    eng_exec_t *x = NULL;
     eng_staging_settings_init(&s);
     s.cap_bytes = 1000;
-    mt_status_t st = eng_model_load_ex(&m, dev, ckpt, NULL, NULL, &s, &err);
+    mt_status_t st = eng_exec_load(&x, dev, ckpt, NULL, NULL, &s, &err);
     CHECK(st == MT_ERR_CONFIG && strstr(err.msg, "model.embed_tokens.weight") && strstr(err.msg, "smaller"),
           "cap below the largest tensor: status %d, '%s'", (int)st, err.msg);
     fprintf(stderr, "   cap 1000 bytes: %s\n", err.msg);
     eng_staging_settings_init(&s);
     s.num_slabs = 0;
-    st = eng_model_load_ex(&m, dev, ckpt, NULL, NULL, &s, &err);
+    st = eng_exec_load(&x, dev, ckpt, NULL, NULL, &s, &err);
     CHECK(st == MT_ERR_CONFIG && strstr(err.msg, "num_slabs"), "zero slabs: status %d, '%s'", (int)st, err.msg);
     fprintf(stderr, "   zero slabs: %s\n", err.msg);
     /* a cap that leaves no room beside the offloaded activations for the largest tensor */
@@ -297,14 +297,14 @@ static void check_bad_settings(const char *dir) {
     s.tokens = 2; /* activations smaller than the embedding each, larger together with it than the cap */
     s.cap_bytes = (size_t)mc.vocab_size * mc.hidden_size * sizeof(float) * 3 / 2;
     eng_model_config_free(&mc);
-    st = eng_model_load_ex(&m, dev, ckpt, NULL, &off, &s, &err);
+    st = eng_exec_load(&x, dev, ckpt, NULL, &off, &s, &err);
     CHECK(st == MT_ERR_CONFIG && strstr(err.msg, "offloaded activations"), "cap below the activations: %d '%s'",
           (int)st, err.msg);
     fprintf(stderr, "   cap below the activations: %s\n", err.msg);
     sched_plan_free(&off);
     /* good settings get as far as the broken checkpoint */
     eng_staging_settings_init(&s);
-    st = eng_model_load_ex(&m, dev, ckpt, NULL, NULL, &s, &err);
+    st = eng_exec_load(&x, dev, ckpt, NULL, NULL, &s, &err);
     CHECK(st != MT_OK && st != MT_ERR_CONFIG, "a broken checkpoint should fail after the staging checks: %d '%s'",
           (int)st, err.msg);
     kern_device_destroy(dev);

@@ -70,8 +70,8 @@ static void run(const char *dir, const char *base_model, const sched_plan_t *pla
         eng_run_config_free(&rc);
         return;
     }
-    eng_model_t m;
-    if (eng_model_load(&m, dev, rc.base_model, rc.model_config_json, plan, &err) != MT_OK) {
+    eng_exec_t *x = NULL;
+    if (eng_exec_load(&x, dev, rc.base_model, rc.model_config_json, plan, NULL, &err) != MT_OK) {
         CHECK(0, "load under %s: %s", sched_policy_name(plan->policy), err.msg);
         kern_device_destroy(dev);
         eng_run_config_free(&rc);
@@ -80,7 +80,7 @@ static void run(const char *dir, const char *base_model, const sched_plan_t *pla
     const char *paths[ENG_MAX_DATASETS];
     for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, m.cfg.vocab_size, &err) == MT_OK, "%s",
+    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s",
           err.msg);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
@@ -91,37 +91,37 @@ static void run(const char *dir, const char *base_model, const sched_plan_t *pla
         eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
                                   .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
                                   .max_grad_norm = overlap ? 0.0 : rc.max_grad_norm};
-        eng_optim_begin_step(&m, &hp, accum, overlap != 0);
+        eng_optim_begin_step(x, &hp, accum, overlap != 0);
         for (int mb = 0; mb < accum && out->ok; mb++) {
             eng_batch_t b;
             eng_loader_next(&ld, &b);
             eng_micro_stats_t ms;
-            if (eng_model_forward_backward(&m, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
+            if (eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
                 CHECK(0, "%s step %d: %s", sched_policy_name(plan->policy), step + 1, err.msg);
                 out->ok = false;
             }
             out->loss[step] += ms.loss / accum;
         }
         eng_optim_stats_t os = {0};
-        if (out->ok && eng_optim_step(&m, &hp, &os, &err) != MT_OK) {
+        if (out->ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
             CHECK(0, "optimizer: %s", err.msg);
             out->ok = false;
         }
         out->norm[step] = os.grad_norm;
     }
-    out->n = m.spec.count;
+    out->n = eng_exec_model(x)->spec.count;
     out->weights = calloc((size_t)out->n, sizeof *out->weights);
     out->sizes = calloc((size_t)out->n, sizeof *out->sizes);
     for (int i = 0; i < out->n; i++) {
-        out->sizes[i] = m.spec.params[i].numel * sizeof(float);
+        out->sizes[i] = eng_exec_model(x)->spec.params[i].numel * sizeof(float);
         out->weight_bytes += out->sizes[i];
         out->weights[i] = malloc(out->sizes[i]);
-        eng_model_read_param(&m, i, out->weights[i], false); /* drains: nothing may stay pending */
+        eng_exec_read_param(x, i, out->weights[i], false); /* drains: nothing may stay pending */
     }
     out->stats = kern_device_stats(dev);
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
-    eng_model_free(&m);
+    eng_exec_free(x);
     kern_device_destroy(dev);
     eng_run_config_free(&rc);
 }

@@ -45,12 +45,12 @@ static int run(const char *dir, kern_backend_kind_t kind, const sched_plan_t *pl
     if (eng_run_config_load(path, &rc, &err) != MT_OK) goto fail;
     kern_device_t *dev = NULL;
     if (kern_device_create(kind, NULL, &dev, &err) != MT_OK) goto fail;
-    eng_model_t m;
-    if (eng_model_load(&m, dev, rc.base_model, rc.model_config_json, plan, &err) != MT_OK) goto fail;
+    eng_exec_t *x = NULL;
+    if (eng_exec_load(&x, dev, rc.base_model, rc.model_config_json, plan, NULL, &err) != MT_OK) goto fail;
     const char *paths[ENG_MAX_DATASETS];
     for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    if (eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, m.cfg.vocab_size, &err) != MT_OK) goto fail;
+    if (eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) != MT_OK) goto fail;
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
     for (int s = 0; s < STEPS; s++) {
@@ -58,28 +58,28 @@ static int run(const char *dir, kern_backend_kind_t kind, const sched_plan_t *pl
         eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
                                   .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
                                   .max_grad_norm = rc.max_grad_norm};
-        eng_optim_begin_step(&m, &hp, accum, true);
+        eng_optim_begin_step(x, &hp, accum, true);
         for (int mb = 0; mb < accum; mb++) {
             eng_batch_t b;
             eng_loader_next(&ld, &b);
             eng_micro_stats_t ms;
-            if (eng_model_forward_backward(&m, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) goto fail;
+            if (eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) goto fail;
             out->loss[s] += ms.loss / accum;
         }
         eng_optim_stats_t os;
-        if (eng_optim_step(&m, &hp, &os, &err) != MT_OK) goto fail;
+        if (eng_optim_step(x, &hp, &os, &err) != MT_OK) goto fail;
     }
-    out->n = m.spec.count;
+    out->n = eng_exec_model(x)->spec.count;
     out->w = calloc((size_t)out->n, sizeof *out->w);
     out->numel = calloc((size_t)out->n, sizeof *out->numel);
     for (int i = 0; i < out->n; i++) {
-        out->numel[i] = m.spec.params[i].numel;
+        out->numel[i] = eng_exec_model(x)->spec.params[i].numel;
         out->w[i] = malloc(out->numel[i] * sizeof(float));
-        eng_model_read_param(&m, i, out->w[i], false);
+        eng_exec_read_param(x, i, out->w[i], false);
     }
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
-    eng_model_free(&m);
+    eng_exec_free(x);
     kern_device_destroy(dev);
     eng_run_config_free(&rc);
     return 0;

@@ -132,17 +132,17 @@ int mt_bench_save_main(int argc, char **argv) {
     snprintf(out, sizeof out, "%s/out", root);
     char *cfg_text = model_config(scale);
     kern_device_t *dev = NULL;
-    eng_model_t model;
+    eng_exec_t *x = NULL;
     bool model_open = false;
     int rcode = 1;
     mt_status_t st = eng_checkpoint_init_random(base, cfg_text, 7, &err);
     if (st == MT_OK) st = kern_device_create(KERN_BACKEND_CPU, &(kern_device_opts_t){0}, &dev, &err);
-    if (st == MT_OK) st = eng_model_load(&model, dev, base, NULL, NULL, &err);
+    if (st == MT_OK) st = eng_exec_load(&x, dev, base, NULL, NULL, NULL, &err);
     model_open = st == MT_OK && dev;
     /* AdamW state for every parameter, as after a first step */
     size_t numel = 0;
-    for (int i = 0; model_open && st == MT_OK && i < model.spec.count; i++) {
-        const size_t n = model.spec.params[i].numel;
+    for (int i = 0; model_open && st == MT_OK && i < eng_exec_model(x)->spec.count; i++) {
+        const size_t n = eng_exec_model(x)->spec.params[i].numel;
         numel += n;
         float *m1 = malloc(n * sizeof(float) + 1), *m2 = malloc(n * sizeof(float) + 1);
         MT_CHECK(m1 && m2, "out of memory");
@@ -150,7 +150,7 @@ int mt_bench_save_main(int argc, char **argv) {
             m1[k] = (float)((k * 2654435761u) % 1000) * 1e-6f;
             m2[k] = m1[k] * m1[k];
         }
-        st = eng_model_write_optim_state(&model, i, NULL, m1, m2, 1, &err);
+        st = eng_exec_write_optim_state(x, i, NULL, m1, m2, 1, &err);
         free(m1);
         free(m2);
     }
@@ -172,10 +172,10 @@ int mt_bench_save_main(int argc, char **argv) {
     char ckpt[1000];
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint-1", out);
     for (int r = 0; r < repeats && st == MT_OK; r++) {
-        const eng_train_state_save_t ss = {.model = &model, .rc = &rc, .ts = &ts, .loader = &ld,
+        const eng_train_state_save_t ss = {.exec = x, .rc = &rc, .ts = &ts, .loader = &ld,
                                            .total_steps = 1, .save_dtype = MT_F32};
         const double t0 = mt_now_s();
-        st = eng_train_save_with(&model, &rc, ckpt, ENG_CKPT_DIR_SWAP, MT_F32, eng_train_state_write, (void *)&ss,
+        st = eng_train_save_with(x, &rc, ckpt, ENG_CKPT_DIR_SWAP, MT_F32, eng_train_state_write, (void *)&ss,
                                  &err);
         const double dt = mt_now_s() - t0;
         if (st != MT_OK) break;
@@ -217,7 +217,7 @@ int mt_bench_save_main(int argc, char **argv) {
     eng_train_state_free(&ts);
     if (ld.order) eng_loader_free(&ld);
     eng_run_config_free(&rc);
-    if (model_open) eng_model_free(&model);
+    if (model_open) eng_exec_free(x);
     if (dev) kern_device_destroy(dev);
     free(cfg_text);
     nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);

@@ -51,7 +51,7 @@ double step_median(double *v, int n);
  * options say), with synthetic data of `rows` rows. */
 typedef struct {
     kern_device_t *dev;
-    eng_model_t m;
+    eng_exec_t *x;
     eng_dataset_t ds;
     eng_loader_t ld;
     bool loaded;

@@ -56,7 +56,7 @@ bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_pla
     ss.mode = mode;
     ss.tokens = o->batch * o->seq;
     const eng_model_opts_t mo = {.plan = plan, .staging = &ss, .compute = compute};
-    if (eng_model_open(&r->m, r->dev, ckpt, &mo, &err) != MT_OK) {
+    if (eng_exec_open(&r->x, r->dev, ckpt, &mo, &err) != MT_OK) {
         fprintf(stderr, "bench step (%s, %s): %s\n", sched_policy_name(plan->policy), moe_staging_mode_name(mode),
                 err.msg);
         kern_device_destroy(r->dev);
@@ -73,13 +73,13 @@ bool runner_step(runner_t *r, bool overlap, double *dt, eng_optim_stats_t *os) {
     const eng_optim_hparams_t hp = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .max_grad_norm = 0.0};
     mt_error_t err = {0};
     const double t0 = mt_now_s();
-    eng_optim_begin_step(&r->m, &hp, 1, overlap);
+    eng_optim_begin_step(r->x, &hp, 1, overlap);
     eng_batch_t b;
     eng_loader_next(&r->ld, &b);
     eng_micro_stats_t ms;
-    if (eng_model_forward_backward(&r->m, &b, 1.0f, NULL, &ms, &err) != MT_OK ||
-        eng_optim_step(&r->m, &hp, os, &err) != MT_OK) {
-        fprintf(stderr, "bench step (%s): %s\n", sched_policy_name(r->m.plan.policy), err.msg);
+    if (eng_exec_forward_backward(r->x, &b, 1.0f, NULL, &ms, &err) != MT_OK ||
+        eng_optim_step(r->x, &hp, os, &err) != MT_OK) {
+        fprintf(stderr, "bench step (%s): %s\n", sched_policy_name(eng_exec_plan(r->x)->policy), err.msg);
         return false;
     }
     *dt = mt_now_s() - t0;
@@ -90,7 +90,7 @@ void runner_free(runner_t *r) {
     if (!r->dev) return;
     eng_loader_free(&r->ld);
     eng_dataset_free(&r->ds);
-    if (r->loaded) eng_model_free(&r->m);
+    if (r->loaded) eng_exec_free(r->x);
     kern_device_destroy(r->dev);
     r->dev = NULL;
 }
@@ -127,7 +127,7 @@ void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan
         r[i].bwd = calloc((size_t)nb, sizeof(double));
         MT_CHECK(r[i].t && r[i].opt && r[i].comp && r[i].fwd && r[i].bwd, "out of memory");
         if (i == trace_idx && o->trace && eng_trace_open(o->trace, &r[i].trace, &err) == MT_OK)
-            eng_model_set_trace(&r[i].run.m, r[i].trace);
+            eng_exec_set_trace(r[i].run.x, r[i].trace);
     }
     /* the interference probe, a few pairs every round, so that it sees the
      * machine as the plans do (on this shared host it changes over minutes) */
@@ -147,14 +147,14 @@ void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan
             eng_optim_stats_t os;
             if (!(ok = runner_step(&q->run, overlap[i], &dt, &os))) break;
             if (step < 0) {
-                eng_model_block_times(&q->run.m, NULL, NULL, true); /* drop the warm-up */
+                eng_exec_block_times(q->run.x, NULL, NULL, true); /* drop the warm-up */
                 continue;
             }
             const kern_device_stats_t after = kern_device_stats(q->run.dev);
             q->t[step] = dt;
             q->opt[step] = os.optim_wall_s;
             double f[nb], g[nb], c = 0;
-            eng_model_block_times(&q->run.m, f, g, true);
+            eng_exec_block_times(q->run.x, f, g, true);
             for (int b = 0; b < nb; b++) c += f[b] + g[b], q->fwd[b] += f[b], q->bwd[b] += g[b];
             q->comp[step] = c;
             out[i].h2d_bytes = after.h2d_bytes - before.h2d_bytes;
@@ -182,7 +182,7 @@ void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan
             out[i].optim_s = step_median(r[i].opt, o->steps);
         }
         if (r[i].trace) {
-            eng_model_set_trace(&r[i].run.m, NULL);
+            eng_exec_set_trace(r[i].run.x, NULL);
             if (eng_trace_close(r[i].trace, &err) != MT_OK) fprintf(stderr, "bench step: %s\n", err.msg);
             else fprintf(stderr, "bench step: trace of %s written to %s\n", sched_policy_name(plans[i]->policy), o->trace);
         }
@@ -232,7 +232,7 @@ void measure_staging(const char *ckpt, const opts_t *o, double link_bps, staging
             moe_staging_stats_t st;
             eng_optim_stats_t os;
             out->ok = runner_step(&r[mode], true, &dt[mode], &os);
-            if (out->ok) moe_staging_get_stats(eng_exec_staging(&r[mode].m), MOE_STAGING_SCOPE_STEP, &st);
+            if (out->ok) moe_staging_get_stats(eng_exec_staging(r[mode].x), MOE_STAGING_SCOPE_STEP, &st);
             if (out->ok && i >= 0) {
                 out->copies[mode][0] = st.copies[0];
                 out->copies[mode][1] = st.copies[1];

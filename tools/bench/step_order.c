@@ -31,12 +31,12 @@ static bool order_step(order_run_t *q, int k, eng_step_order_t order, double *dt
     MT_CHECK_ALLOC(ms, "micro-batch statistics");
     const kern_device_stats_t before = kern_device_stats(q->run.dev);
     const double t0 = mt_now_s();
-    eng_optim_begin_step(&q->run.m, &hp, k, true);
-    bool ok = eng_model_step_from_loader(&q->run.m, &q->run.ld, k, order, ms, &err) == MT_OK;
+    eng_optim_begin_step(q->run.x, &hp, k, true);
+    bool ok = eng_exec_step_from_loader(q->run.x, &q->run.ld, k, order, ms, &err) == MT_OK;
     eng_exec_staging_counters_t xc;
-    eng_exec_staging_counters(&q->run.m, &xc);
+    eng_exec_staging_counters(q->run.x, &xc);
     eng_optim_stats_t os;
-    ok = ok && eng_optim_step(&q->run.m, &hp, &os, &err) == MT_OK;
+    ok = ok && eng_optim_step(q->run.x, &hp, &os, &err) == MT_OK;
     *dt = mt_now_s() - t0;
     free(ms);
     if (!ok) {
