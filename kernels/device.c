@@ -5,6 +5,7 @@
 #include "kernels/device.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/backend_cpu.h"
@@ -216,8 +217,42 @@ void kern_comm_allreduce_sum(kern_comm_t *c, int rank, void *buf, size_t count, 
              rank, c->size);
     MT_CHECK(dt == MT_F32 || dt == MT_BF16, "kern_comm_allreduce_sum: dtype %s (want F32 or BF16)",
              mt_dtype_name(dt));
+    if (kern_comm_aborted(c)) return;
     c->vt->allreduce_sum(c, rank, buf, count, dt);
 }
+
+mt_status_t kern_comm_alltoallv(kern_comm_t *c, int rank, const void *send, const size_t *send_counts,
+                                const size_t *send_offs, void *recv, const size_t *recv_counts,
+                                const size_t *recv_offs, mt_dtype_t dt, mt_error_t *err) {
+    MT_CHECK(rank >= 0 && rank < c->size, "kern_comm_alltoallv: rank %d of a communicator of %d", rank,
+             c->size);
+    if (!c->vt->alltoallv)
+        return mt_error_set(err, MT_ERR_UNSUPPORTED, "kern_comm_alltoallv: this backend's communicator has no all-to-all");
+    if (kern_comm_aborted(c))
+        return mt_error_set(err, MT_ERR_DEVICE, "kern_comm_alltoallv (rank %d): the communicator was aborted", rank);
+    const size_t esz = mt_dtype_size(dt);
+    const int n = c->size;
+    /* bytes for the backends: one conversion here, so they all see the same */
+    size_t stack[4 * 8];
+    size_t *b = n <= 8 ? stack : malloc(4 * (size_t)n * sizeof *b);
+    MT_CHECK_ALLOC(b, "kern_comm_alltoallv byte counts");
+    for (int q = 0; q < n; q++) {
+        b[q] = send_counts[q] * esz;
+        b[n + q] = send_offs[q] * esz;
+        b[2 * n + q] = recv_counts[q] * esz;
+        b[3 * n + q] = recv_offs[q] * esz;
+    }
+    const mt_status_t st = c->vt->alltoallv(c, rank, send, b, b + n, recv, b + 2 * n, b + 3 * n, err);
+    if (b != stack) free(b);
+    return st;
+}
+
+void kern_comm_abort(kern_comm_t *c) {
+    if (!c || __atomic_exchange_n(&c->aborted, 1, __ATOMIC_SEQ_CST)) return;
+    if (c->vt->abort) c->vt->abort(c);
+}
+
+bool kern_comm_aborted(const kern_comm_t *c) { return __atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST) != 0; }
 
 kern_threadpool_t *kern_device_host_pool(kern_device_t *dev) {
     return dev->vt->host_pool ? dev->vt->host_pool(dev) : NULL;

@@ -157,11 +157,22 @@ typedef struct kern_device_i {
 typedef struct {
     void (*destroy)(kern_comm_t *c);
     void (*allreduce_sum)(kern_comm_t *c, int rank, void *buf, size_t count, mt_dtype_t dt);
+    /* Optional (NULL: MT_ERR_UNSUPPORTED): see kern_comm_alltoallv.  Counts
+     * and offsets are in bytes here (device.c converts). */
+    mt_status_t (*alltoallv)(kern_comm_t *c, int rank, const void *send, const size_t *send_bytes,
+                             const size_t *send_offs, void *recv, const size_t *recv_bytes,
+                             const size_t *recv_offs, mt_error_t *err);
+    /* Optional (NULL: only the flag is set): wakes ranks blocked in a
+     * collective; see kern_comm_abort. */
+    void (*abort)(kern_comm_t *c);
 } kern_comm_i;
 
 struct kern_comm {
     const kern_comm_i *vt;
     int size;
+    /* set once by kern_comm_abort, never cleared; read and written with
+     * __atomic builtins (not _Atomic: this header is also C++ for nvcc) */
+    int aborted;
 };
 
 /* Backends embed this struct first in their own. */
@@ -259,6 +270,41 @@ mt_status_t kern_comm_create(kern_device_t *const *devs, int n, kern_comm_t **ou
 void kern_comm_destroy(kern_comm_t *c);
 int kern_comm_size(const kern_comm_t *c);
 void kern_comm_allreduce_sum(kern_comm_t *c, int rank, void *buf, size_t count, mt_dtype_t dt);
+
+/* All-to-all of variable-sized buffers (MPI's alltoallv, NCCL's grouped
+ * send/recv): rank sends, to every rank q (itself included),
+ * send_counts[q] elements of dt starting send_offs[q] elements into `send`,
+ * and receives from every rank q recv_counts[q] elements into `recv` at
+ * recv_offs[q] elements.  Both buffers are on devs[rank] and must not
+ * overlap; the arrays have kern_comm_size entries and are read during the
+ * call only.  Issued on rank's compute stream like the all-reduce: it
+ * reads `send` after the work issued there before it, and work issued
+ * there after it sees `recv`.  A pure copy, so any dtype, bit for bit.
+ *
+ * Every rank must call it (the same number of times, in the same order as
+ * the other collectives), and rank r's send_counts[q] must equal rank q's
+ * recv_counts[r]: the receiver has to know its sizes in advance (exchange
+ * counts first with a small alltoallv of fixed size when they are data
+ * dependent, as an MoE layer's tokens per expert are).  The CPU backend
+ * checks that agreement and every rank returns MT_ERR_CONFIG naming the
+ * first pair that disagrees; NCCL cannot check it (a mismatch there is
+ * undefined, as in NCCL itself).
+ *
+ * Errors: MT_ERR_UNSUPPORTED where the backend has no all-to-all,
+ * MT_ERR_DEVICE when the communicator was aborted (before or during the
+ * call: the receive buffer's contents are then unspecified) or NCCL fails. */
+mt_status_t kern_comm_alltoallv(kern_comm_t *c, int rank, const void *send, const size_t *send_counts,
+                                const size_t *send_offs, void *recv, const size_t *recv_counts,
+                                const size_t *recv_offs, mt_dtype_t dt, mt_error_t *err);
+
+/* Aborts the communicator, from any thread: a rank that fails between two
+ * collectives calls it so that its peers, blocked in (or later entering) a
+ * collective waiting for it, return instead of waiting forever.  After it,
+ * kern_comm_alltoallv returns MT_ERR_DEVICE and kern_comm_allreduce_sum
+ * returns at once leaving its buffer unspecified: callers that continue
+ * check kern_comm_aborted.  Only kern_comm_destroy is useful afterwards. */
+void kern_comm_abort(kern_comm_t *c);
+bool kern_comm_aborted(const kern_comm_t *c);
 /* The host thread pool the device's own kernels run on, which host work
  * (the host optimizer) may share while the device's compute is idle: the
  * CPU backend's kernel pool.  NULL when the device has none (CUDA): make a

@@ -510,7 +510,13 @@ typedef struct {
 
 static void cuda_comm_destroy(kern_comm_t *c) {
     cuda_comm_t *cc = (cuda_comm_t *)c;
-    kern_cuda_nccl_destroy(cc->nc);
+    if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) { /* ncclCommAbort freed the communicators */
+        free(cc->nc->comms);
+        free(cc->nc->ordinals);
+        free(cc->nc);
+    } else {
+        kern_cuda_nccl_destroy(cc->nc);
+    }
     free(cc->streams);
     free(cc);
 }
@@ -525,9 +531,45 @@ static void cuda_comm_allreduce(kern_comm_t *c, int rank, void *buf, size_t coun
     MT_NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, cc->nc->comms[rank], cs));
 }
 
+/* Each rank from its own thread: one NCCL group of a send and a receive per
+ * peer (itself included, which NCCL serves as a local copy), on its
+ * communicator and compute stream.  Bytes as ncclUint8: a copy, any dtype.
+ * Errors are returned, not fatal: a peer that failed may have aborted the
+ * communicator (kern_comm_abort), and this rank must report that and stop. */
+static mt_status_t cuda_comm_alltoallv(kern_comm_t *c, int rank, const void *send, const size_t *send_bytes,
+                                       const size_t *send_offs, void *recv, const size_t *recv_bytes,
+                                       const size_t *recv_offs, mt_error_t *err) {
+    cuda_comm_t *cc = (cuda_comm_t *)c;
+    const cudaStream_t cs = kern_cuda_stream_begin(cc->streams[rank]);
+    ncclComm_t comm = cc->nc->comms[rank];
+    ncclResult_t r = ncclGroupStart();
+    for (int q = 0; q < c->size && r == ncclSuccess; q++) {
+        if (send_bytes[q])
+            r = ncclSend((const char *)send + send_offs[q], send_bytes[q], ncclUint8, q, comm, cs);
+        if (r == ncclSuccess && recv_bytes[q])
+            r = ncclRecv((char *)recv + recv_offs[q], recv_bytes[q], ncclUint8, q, comm, cs);
+    }
+    const ncclResult_t r_end = ncclGroupEnd(); /* always closes the group opened above */
+    if (r == ncclSuccess) r = r_end;
+    if (r != ncclSuccess)
+        return mt_error_set(err, MT_ERR_DEVICE, "kern_comm_alltoallv (rank %d, CUDA device %d): NCCL: %s%s", rank,
+                            kern_cuda_current_device(), ncclGetErrorString(r),
+                            __atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST) ? " (the communicator was aborted)" : "");
+    return MT_OK;
+}
+
+/* ncclCommAbort makes pending and later operations on every rank's
+ * communicator fail instead of waiting for a peer that will not come. */
+static void cuda_comm_abort(kern_comm_t *c) {
+    cuda_comm_t *cc = (cuda_comm_t *)c;
+    for (int i = 0; i < cc->nc->ndev; i++) (void)ncclCommAbort(cc->nc->comms[i]);
+}
+
 static const kern_comm_i k_cuda_comm_vtable = {
     .destroy = cuda_comm_destroy,
     .allreduce_sum = cuda_comm_allreduce,
+    .alltoallv = cuda_comm_alltoallv,
+    .abort = cuda_comm_abort,
 };
 
 static mt_status_t cuda_comm_create(kern_device_t *const *devs, int n, kern_comm_t **out,
@@ -550,7 +592,9 @@ static mt_status_t cuda_comm_create(kern_device_t *const *devs, int n, kern_comm
         free(cc);
         return st;
     }
-    cc->base = (kern_comm_t){.vt = &k_cuda_comm_vtable, .size = n};
+    cc->base.vt = &k_cuda_comm_vtable;
+    cc->base.size = n;
+    cc->base.aborted = 0;
     *out = &cc->base;
     return MT_OK;
 }
