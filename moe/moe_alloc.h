@@ -43,4 +43,37 @@ static inline void moe_dfree(kern_device_t *dev, void *p) {
 mt_status_t moe_plan_routes(kern_device_t *dev, const moe_layer_dims_t *d, int n, moe_layer_acts_t *a,
                             mt_error_t *err);
 
+/* The gathered rows a->xp (a->m rows in the described XP dtype) of xn in
+ * routing order; needs moe_plan_routes first. */
+mt_status_t moe_gather_rows(kern_device_t *dev, const moe_layer_dims_t *d, const float *xn, moe_layer_acts_t *a,
+                            mt_error_t *err);
+
+/* The routed experts on `rows` gathered rows xp: expert e's counts[e] rows
+ * start at row offsets[e] of xp, g, u (rows, I) and ep (rows, H), which
+ * receive the gate and up projections and the experts' outputs.  One
+ * product per expert with rows, as a grouped GEMM.  Shared by the
+ * single-device block and the owner side of expert parallelism, so both
+ * form exactly the same products. */
+mt_status_t moe_experts_forward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
+                                const int32_t *counts, const int32_t *offsets, int rows, const void *xp,
+                                float *g, float *u, float *ep, mt_error_t *err);
+
+/* Its backward: dep (rows, H), the outputs' gradient, is replaced by xp's;
+ * g and u are overwritten; weight gradients accumulate (+=) into gp's
+ * experts (a NULL target is skipped). */
+mt_status_t moe_experts_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
+                                 const moe_layer_params_t *gp, const int32_t *counts, const int32_t *offsets,
+                                 int rows, const void *xp, float *g, float *u, float *dep, mt_error_t *err);
+
+/* Expert parallelism's halves of the block (expert_parallel.c): in forward,
+ * after moe_plan_routes, fill a->ep (m, H) with the outputs of this
+ * device's rows, wherever their experts live; in backward, replace dep
+ * (m, H) with the gathered rows' gradient.  Failing, the caller aborts the
+ * communicator and releases a. */
+mt_status_t moe_ep_forward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
+                           const float *xn, moe_layer_acts_t *a, mt_error_t *err);
+mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
+                            const moe_layer_params_t *gp, moe_layer_acts_t *a, float *dep, mt_error_t *err);
+void moe_ep_acts_free(kern_device_t *dev, struct moe_ep_acts *ea);
+
 #endif

@@ -94,14 +94,86 @@ fail:
     return err->code;
 }
 
+mt_status_t moe_gather_rows(kern_device_t *dev, const moe_layer_dims_t *d, const float *xn, moe_layer_acts_t *a,
+                            mt_error_t *err) {
+    const kern_ops_t *ops = dev->ops;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    const int n = a->n, m = a->m, H = d->H;
+    float *h = NULL;
+    /* the gathered inputs, stored in their described dtype (gathered in
+     * fp32, then rounded once when that is bf16) */
+    const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype;
+    const size_t xp_elem = mt_dtype_size(xp_dt);
+    a->xp = kern_alloc(dev, (size_t)(d->acts[MOE_ACT_XP].per_token * n + d->acts[MOE_ACT_XP].fixed) * xp_elem,
+                       "moe gathered tokens", err);
+    if (!a->xp) goto fail;
+    if (xp_dt == MT_F32) {
+        ops->moe_gather(s, a->xp, xn, a->perm_tok, m, H);
+    } else {
+        ALLOC(h, (size_t)m * H, float, "moe gathered tokens (fp32)");
+        ops->moe_gather(s, h, xn, a->perm_tok, m, H);
+        ops->f32_to_bf16(s, a->xp, h, (size_t)m * H);
+        kern_free(dev, h);
+    }
+    return MT_OK;
+fail:
+    return err->code;
+}
+
+mt_status_t moe_experts_forward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
+                                const int32_t *counts, const int32_t *offsets, int rows, const void *xp,
+                                float *g, float *u, float *ep, mt_error_t *err) {
+    const kern_ops_t *ops = dev->ops;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    const int H = d->H, E = d->E, I = d->I;
+    const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype;
+    const size_t xp_elem = mt_dtype_size(xp_dt);
+    float *h = NULL;
+    groups_t gg = groups_new(E);
+    ALLOC(h, (size_t)rows * I, float, "moe expert hidden");
+
+    /* g = xp gate^T and u = xp up^T for every expert with tokens */
+    for (int pass = 0; pass < 2; pass++) {
+        gg.count = 0;
+        float *dst = pass == 0 ? g : u;
+        void **w = pass == 0 ? p->gate : p->up;
+        for (int e = 0; e < E; e++) {
+            const int off = offsets[e], cnt = counts[e];
+            if (cnt) groups_push(&gg, dst + (size_t)off * I, (const char *)xp + (size_t)off * H * xp_elem, xp_dt, w[e], p->dtype, cnt, I, H);
+        }
+        groups_run(dev, d, &gg, false, true, 1.0f, 0.0f);
+        const kern_lora_t *lora = pass == 0 ? p->lora_gate : p->lora_up;
+        for (int e = 0; lora && e < E; e++)
+            TRY(kern_lora_fwd(dev, d->compute, &lora[e], dst + (size_t)offsets[e] * I,
+                              (const char *)xp + (size_t)offsets[e] * H * xp_elem, xp_dt, counts[e], H, I,
+                              err));
+    }
+    ops->swiglu_fwd(s, h, g, u, (size_t)rows * I);
+    gg.count = 0;
+    for (int e = 0; e < E; e++) {
+        const int off = offsets[e], cnt = counts[e];
+        if (cnt) groups_push(&gg, ep + (size_t)off * H, h + (size_t)off * I, MT_F32, p->down[e], p->dtype, cnt, H, I);
+    }
+    groups_run(dev, d, &gg, false, true, 1.0f, 0.0f);
+    for (int e = 0; p->lora_down && e < E; e++)
+        TRY(kern_lora_fwd(dev, d->compute, &p->lora_down[e], ep + (size_t)offsets[e] * H,
+                          h + (size_t)offsets[e] * I, MT_F32, counts[e], I, H, err));
+    kern_free(dev, h);
+    groups_free(&gg);
+    return MT_OK;
+fail:
+    moe_dfree(dev, h);
+    groups_free(&gg);
+    return err->code;
+}
+
 mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
                               const moe_layer_params_t *p, const float *xn, int n, float *y,
                               moe_layer_acts_t *a, mt_error_t *err) {
     const kern_ops_t *ops = dev->ops;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
-    const int H = d->H, E = d->E, k = d->k, I = d->I, m = n * k;
-    float *h = NULL, *sh = NULL;
-    groups_t gg = groups_new(E);
+    const int H = d->H, E = d->E, k = d->k, m = n * k;
+    float *sh = NULL;
     memset(a, 0, sizeof *a);
     a->n = n;
     a->m = m;
@@ -119,58 +191,18 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
 
     TRY(moe_plan_routes(dev, d, n, a, err));
 
-    if (p->fetch_experts &&
-        p->fetch_experts(p->fetch_ctx, a->counts_host, p->gate, p->up, p->down, err) != MT_OK)
-        goto fail;
-    /* the gathered inputs, stored in their described dtype (gathered in
-     * fp32, then rounded once when that is bf16) */
-    const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype;
-    const size_t xp_elem = mt_dtype_size(xp_dt);
-    a->xp = kern_alloc(dev, (size_t)(d->acts[MOE_ACT_XP].per_token * n + d->acts[MOE_ACT_XP].fixed) * xp_elem,
-                       "moe gathered tokens", err);
-    if (!a->xp) goto fail;
-    if (xp_dt == MT_F32) {
-        ops->moe_gather(s, a->xp, xn, a->perm_tok, m, H);
+    if (p->ep) {
+        TRY(moe_ep_forward(dev, d, p, xn, a, err));
     } else {
-        ALLOC(h, (size_t)m * H, float, "moe gathered tokens (fp32)");
-        ops->moe_gather(s, h, xn, a->perm_tok, m, H);
-        ops->f32_to_bf16(s, a->xp, h, (size_t)m * H);
-        kern_free(dev, h);
-        h = NULL;
+        if (p->fetch_experts &&
+            p->fetch_experts(p->fetch_ctx, a->counts_host, p->gate, p->up, p->down, err) != MT_OK)
+            goto fail;
+        TRY(moe_gather_rows(dev, d, xn, a, err));
+        ALLOC_ACT(a->g, MOE_ACT_G, float, "moe expert gate activations");
+        ALLOC_ACT(a->u, MOE_ACT_U, float, "moe expert up activations");
+        ALLOC_ACT(a->ep, MOE_ACT_EP, float, "moe expert outputs");
+        TRY(moe_experts_forward(dev, d, p, a->counts_host, a->offsets_host, m, a->xp, a->g, a->u, a->ep, err));
     }
-    ALLOC_ACT(a->g, MOE_ACT_G, float, "moe expert gate activations");
-    ALLOC_ACT(a->u, MOE_ACT_U, float, "moe expert up activations");
-    ALLOC(h, (size_t)m * I, float, "moe expert hidden");
-    ALLOC_ACT(a->ep, MOE_ACT_EP, float, "moe expert outputs");
-
-    /* g = xp gate^T and u = xp up^T for every expert with tokens */
-    for (int pass = 0; pass < 2; pass++) {
-        gg.count = 0;
-        float *dst = pass == 0 ? a->g : a->u;
-        void **w = pass == 0 ? p->gate : p->up;
-        for (int e = 0; e < E; e++) {
-            const int off = a->offsets_host[e], cnt = a->counts_host[e];
-            if (cnt) groups_push(&gg, dst + (size_t)off * I, (char *)a->xp + (size_t)off * H * xp_elem, xp_dt, w[e], p->dtype, cnt, I, H);
-        }
-        groups_run(dev, d, &gg, false, true, 1.0f, 0.0f);
-        const kern_lora_t *lora = pass == 0 ? p->lora_gate : p->lora_up;
-        for (int e = 0; lora && e < E; e++)
-            TRY(kern_lora_fwd(dev, d->compute, &lora[e], dst + (size_t)a->offsets_host[e] * I,
-                              (char *)a->xp + (size_t)a->offsets_host[e] * H * xp_elem, xp_dt, a->counts_host[e], H, I,
-                              err));
-    }
-    ops->swiglu_fwd(s, h, a->g, a->u, (size_t)m * I);
-    gg.count = 0;
-    for (int e = 0; e < E; e++) {
-        const int off = a->offsets_host[e], cnt = a->counts_host[e];
-        if (cnt) groups_push(&gg, a->ep + (size_t)off * H, h + (size_t)off * I, MT_F32, p->down[e], p->dtype, cnt, H, I);
-    }
-    groups_run(dev, d, &gg, false, true, 1.0f, 0.0f);
-    for (int e = 0; p->lora_down && e < E; e++)
-        TRY(kern_lora_fwd(dev, d->compute, &p->lora_down[e], a->ep + (size_t)a->offsets_host[e] * H,
-                          h + (size_t)a->offsets_host[e] * I, MT_F32, a->counts_host[e], I, H, err));
-    kern_free(dev, h);
-    h = NULL;
     ops->moe_unpermute_sum(s, y, a->ep, a->topw, a->inv, n, k, H, 0);
 
     if (d->Is > 0) {
@@ -197,42 +229,34 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
         kern_free(dev, sh);
         sh = NULL;
     }
-    groups_free(&gg);
     return MT_OK;
 fail:
-    moe_dfree(dev, h);
+    /* a peer may be waiting for this device in an exchange it will not join */
+    if (p->ep) kern_comm_abort(p->ep->comm);
     moe_dfree(dev, sh);
-    groups_free(&gg);
     moe_layer_acts_release(dev, a);
     return err ? err->code : MT_ERR_BUDGET;
 }
 
-mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
-                               const moe_layer_params_t *p, const moe_layer_params_t *gp,
-                               const float *xn, const float *dy, const float *aux_dp,
-                               const float *tok_w, moe_layer_acts_t *a, float *dxn,
-                               mt_error_t *err) {
+mt_status_t moe_experts_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
+                                 const moe_layer_params_t *gp, const int32_t *counts, const int32_t *offsets,
+                                 int rows, const void *xp, float *g, float *u, float *dep, mt_error_t *err) {
     const kern_ops_t *ops = dev->ops;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
-    const int H = d->H, E = d->E, k = d->k, I = d->I, n = a->n, m = a->m;
+    const int H = d->H, E = d->E, I = d->I;
     const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype;
     const size_t xp_elem = mt_dtype_size(xp_dt);
-    float *dtopw = NULL, *dep = NULL, *h = NULL, *dh = NULL, *dlogits = NULL;
-    float *dso = NULL, *dsgl = NULL, *sh = NULL, *dsh = NULL;
+    float *h = NULL, *dh = NULL;
     groups_t gg = groups_new(E);
-
-    ALLOC(dtopw, (size_t)n * k, float, "moe d(top-k weights)");
-    ALLOC(dep, (size_t)m * H, float, "moe d(expert outputs)");
-    ops->moe_combine_bwd(s, dep, dtopw, dy, a->ep, a->topw, a->inv, n, k, H);
-    ALLOC(h, (size_t)m * I, float, "moe expert hidden (recomputed)");
-    ops->swiglu_fwd(s, h, a->g, a->u, (size_t)m * I);
-    ALLOC(dh, (size_t)m * I, float, "moe d(expert hidden)");
+    ALLOC(h, (size_t)rows * I, float, "moe expert hidden (recomputed)");
+    ops->swiglu_fwd(s, h, g, u, (size_t)rows * I);
+    ALLOC(dh, (size_t)rows * I, float, "moe d(expert hidden)");
 
 #define FOR_EXPERTS(body)                                                   \
     do {                                                                    \
         gg.count = 0;                                                       \
         for (int e = 0; e < E; e++) {                                       \
-            const int off = a->offsets_host[e], cnt = a->counts_host[e];    \
+            const int off = offsets[e], cnt = counts[e];                    \
             if (cnt) { body; }                                              \
         }                                                                   \
     } while (0)
@@ -243,36 +267,61 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
     FOR_EXPERTS(if (gp->down[e]) groups_push(&gg, gp->down[e], dep + (size_t)off * H, MT_F32, h + (size_t)off * I, MT_F32, H, I, cnt));
     groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
     for (int e = 0; p->lora_down && e < E; e++) {
-        const size_t off = (size_t)a->offsets_host[e];
+        const size_t off = (size_t)offsets[e];
         TRY(kern_lora_bwd(dev, d->compute, &p->lora_down[e], dep + off * H, h + off * I, MT_F32, dh + off * I,
-                          a->counts_host[e], I, H, err));
+                          counts[e], I, H, err));
     }
     kern_free(dev, h);
     h = NULL;
     /* dg, du in place of g, u (saved activations are not needed after this) */
-    ops->swiglu_bwd(s, a->g, a->u, dh, a->g, a->u, (size_t)m * I);
+    ops->swiglu_bwd(s, g, u, dh, g, u, (size_t)rows * I);
     kern_free(dev, dh);
     dh = NULL;
-    FOR_EXPERTS(if (gp->gate[e]) groups_push(&gg, gp->gate[e], a->g + (size_t)off * I, MT_F32, (char *)a->xp + (size_t)off * H * xp_elem, xp_dt, I, H, cnt));
+    FOR_EXPERTS(if (gp->gate[e]) groups_push(&gg, gp->gate[e], g + (size_t)off * I, MT_F32, (const char *)xp + (size_t)off * H * xp_elem, xp_dt, I, H, cnt));
     groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
-    FOR_EXPERTS(if (gp->up[e]) groups_push(&gg, gp->up[e], a->u + (size_t)off * I, MT_F32, (char *)a->xp + (size_t)off * H * xp_elem, xp_dt, I, H, cnt));
+    FOR_EXPERTS(if (gp->up[e]) groups_push(&gg, gp->up[e], u + (size_t)off * I, MT_F32, (const char *)xp + (size_t)off * H * xp_elem, xp_dt, I, H, cnt));
     groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
     /* dxp (reusing dep) = dg gate + du up */
-    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, a->g + (size_t)off * I, MT_F32, p->gate[e], p->dtype, cnt, H, I));
+    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, g + (size_t)off * I, MT_F32, p->gate[e], p->dtype, cnt, H, I));
     groups_run(dev, d, &gg, false, false, 1.0f, 0.0f);
-    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, a->u + (size_t)off * I, MT_F32, p->up[e], p->dtype, cnt, H, I));
+    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, u + (size_t)off * I, MT_F32, p->up[e], p->dtype, cnt, H, I));
     groups_run(dev, d, &gg, false, false, 1.0f, 1.0f);
 #undef FOR_EXPERTS
     for (int e = 0; e < E; e++) {
-        const size_t off = (size_t)a->offsets_host[e];
-        const void *xe = (const char *)a->xp + off * H * xp_elem;
+        const size_t off = (size_t)offsets[e];
+        const void *xe = (const char *)xp + off * H * xp_elem;
         if (p->lora_gate)
-            TRY(kern_lora_bwd(dev, d->compute, &p->lora_gate[e], a->g + off * I, xe, xp_dt, dep + off * H,
-                              a->counts_host[e], H, I, err));
+            TRY(kern_lora_bwd(dev, d->compute, &p->lora_gate[e], g + off * I, xe, xp_dt, dep + off * H,
+                              counts[e], H, I, err));
         if (p->lora_up)
-            TRY(kern_lora_bwd(dev, d->compute, &p->lora_up[e], a->u + off * I, xe, xp_dt, dep + off * H,
-                              a->counts_host[e], H, I, err));
+            TRY(kern_lora_bwd(dev, d->compute, &p->lora_up[e], u + off * I, xe, xp_dt, dep + off * H,
+                              counts[e], H, I, err));
     }
+    groups_free(&gg);
+    return MT_OK;
+fail:
+    moe_dfree(dev, h);
+    moe_dfree(dev, dh);
+    groups_free(&gg);
+    return err->code;
+}
+
+mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
+                               const moe_layer_params_t *p, const moe_layer_params_t *gp,
+                               const float *xn, const float *dy, const float *aux_dp,
+                               const float *tok_w, moe_layer_acts_t *a, float *dxn,
+                               mt_error_t *err) {
+    const kern_ops_t *ops = dev->ops;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    const int H = d->H, E = d->E, k = d->k, n = a->n, m = a->m;
+    float *dtopw = NULL, *dep = NULL, *dlogits = NULL;
+    float *dso = NULL, *dsgl = NULL, *sh = NULL, *dsh = NULL;
+
+    ALLOC(dtopw, (size_t)n * k, float, "moe d(top-k weights)");
+    ALLOC(dep, (size_t)m * H, float, "moe d(expert outputs)");
+    ops->moe_combine_bwd(s, dep, dtopw, dy, a->ep, a->topw, a->inv, n, k, H);
+    if (p->ep) TRY(moe_ep_backward(dev, d, p, gp, a, dep, err));
+    else TRY(moe_experts_backward(dev, d, p, gp, a->counts_host, a->offsets_host, m, a->xp, a->g, a->u, dep, err));
     ops->moe_unpermute_sum(s, dxn, dep, NULL, a->inv, n, k, H, 0);
     kern_free(dev, dep);
     dep = NULL;
@@ -321,20 +370,17 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
     moe_dfree(dev, sh);
     moe_dfree(dev, dsh);
     moe_dfree(dev, dtopw);
-    groups_free(&gg);
     moe_layer_acts_release(dev, a);
     return MT_OK;
 fail:
+    if (p->ep) kern_comm_abort(p->ep->comm); /* as in forward */
     moe_dfree(dev, dtopw);
     moe_dfree(dev, dep);
-    moe_dfree(dev, h);
-    moe_dfree(dev, dh);
     moe_dfree(dev, dlogits);
     moe_dfree(dev, dso);
     moe_dfree(dev, dsgl);
     moe_dfree(dev, sh);
     moe_dfree(dev, dsh);
-    groups_free(&gg);
     moe_layer_acts_release(dev, a);
     return err ? err->code : MT_ERR_BUDGET;
 }
@@ -343,6 +389,7 @@ void moe_layer_acts_release(kern_device_t *dev, moe_layer_acts_t *a) {
     void *dev_ptrs[] = {a->logits, a->probs, a->topw, a->idx, a->counts, a->offsets, a->perm_tok,
                         a->inv, a->xp, a->g, a->u, a->ep, a->sg, a->su, a->so, a->sgl};
     for (size_t i = 0; i < sizeof dev_ptrs / sizeof dev_ptrs[0]; i++) moe_dfree(dev, dev_ptrs[i]);
+    moe_ep_acts_free(dev, a->ep_acts);
     free(a->counts_host);
     free(a->offsets_host);
     memset(a, 0, sizeof *a);

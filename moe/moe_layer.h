@@ -22,6 +22,7 @@
 #include "kernels/device.h"
 #include "kernels/lora.h"
 #include "kernels/ops.h"
+#include "moe/expert_parallel.h"
 
 /* The activations forward saves for backward (moe_layer_acts_t's fields). */
 typedef enum {
@@ -80,6 +81,11 @@ typedef struct {
     mt_status_t (*fetch_experts)(void *ctx, const int32_t *counts, void **gate, void **up,
                                  void **down, mt_error_t *err);
     void *fetch_ctx;
+    /* Expert parallelism (moe/expert_parallel.h), NULL: none.  With it the
+     * routed experts' pointers (gate/up/down, and their gradients) are read
+     * only for the experts this rank owns, and fetch_experts is told the
+     * rows this rank's experts receive from every device. */
+    const moe_ep_t *ep;
 } moe_layer_params_t;
 
 /* What forward saves for backward. */
@@ -97,6 +103,9 @@ typedef struct {
     float *ep;                /* (m, H) expert outputs */
     float *sg, *su, *so;      /* (n, Is), (n, Is), (n, H) shared expert */
     float *sgl;               /* (n) shared gate logit */
+    /* expert parallelism: the rows this rank's experts received, and their
+     * activations (g, u above stay NULL; ep above is this rank's own rows) */
+    struct moe_ep_acts *ep_acts;
 } moe_layer_acts_t;
 
 /* Forward: y (n, H) is overwritten. On return acts holds saved tensors and

@@ -1,0 +1,229 @@
+/* Expert parallelism for the sparse MoE block (see expert_parallel.h).
+ *
+ * Layouts.  A source device's gathered rows xp (m, H) are sorted by
+ * expert, so the rows for owner q's experts [lo_q, hi_q) are the one slice
+ * [offsets[lo_q], offsets[hi_q]).  The owner stacks what it receives by
+ * source, rank 0 first; within a source's block the rows keep the source's
+ * order (by expert, then by the source's permutation).  Every exchange
+ * below is one kern_comm_alltoallv between those two layouts, one way or
+ * the other, so the per-pair sizes come from two tables: the source's
+ * offsets_host, and the owner's received counts (moe_ep_acts_t). */
+#include "moe/expert_parallel.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/moe_alloc.h"
+#include "moe/moe_layer.h"
+
+void moe_ep_range(int E, int nranks, int rank, int *lo, int *hi) {
+    *lo = (int)((int64_t)rank * E / nranks);
+    *hi = (int)((int64_t)(rank + 1) * E / nranks);
+}
+
+/* What the owner keeps from forward for backward. */
+struct moe_ep_acts {
+    int nranks;
+    int32_t *rcounts; /* (nranks, E) host: rows from each source per expert, 0 for others' experts */
+    int32_t *roffs;   /* (nranks, E) host: the first row of each, within its source's block */
+    int32_t *rbase;   /* (nranks + 1) host: the first row of each source's block; rbase[nranks] = R */
+    void *xp;         /* (R, H) received rows, in the described XP dtype */
+    float *g, *u;     /* (R, I) gate and up projections of the received rows */
+};
+
+void moe_ep_acts_free(kern_device_t *dev, struct moe_ep_acts *ea) {
+    if (!ea) return;
+    moe_dfree(dev, ea->xp);
+    moe_dfree(dev, ea->g);
+    moe_dfree(dev, ea->u);
+    free(ea->rcounts);
+    free(ea->roffs);
+    free(ea->rbase);
+    free(ea);
+}
+
+/* Device memory for `bytes` that may be 0 (a rank can receive no rows). */
+static void *ep_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *err) {
+    return kern_alloc(dev, bytes ? bytes : 16, tag, err);
+}
+
+/* The element counts and offsets of one exchange of rows of `width`
+ * elements: to_owners true sends this device's rows to their experts'
+ * owners (forward's inputs, backward's output gradients), false the owner's
+ * results back to their sources. */
+typedef struct {
+    size_t *sc, *so, *rc, *ro; /* 4 arrays of nranks */
+} xfer_t;
+
+static void xfer_fill(xfer_t *x, const struct moe_ep_acts *ea, const moe_layer_acts_t *a, int E, size_t width,
+                      bool to_owners) {
+    const int N = ea->nranks;
+    for (int q = 0; q < N; q++) {
+        int lo, hi;
+        moe_ep_range(E, N, q, &lo, &hi);
+        const size_t mine_off = (size_t)a->offsets_host[lo] * width; /* my rows for q's experts */
+        const size_t mine_cnt = (size_t)(a->offsets_host[hi] - a->offsets_host[lo]) * width;
+        const size_t theirs_off = (size_t)ea->rbase[q] * width; /* q's rows for my experts */
+        const size_t theirs_cnt = (size_t)(ea->rbase[q + 1] - ea->rbase[q]) * width;
+        x->sc[q] = to_owners ? mine_cnt : theirs_cnt;
+        x->so[q] = to_owners ? mine_off : theirs_off;
+        x->rc[q] = to_owners ? theirs_cnt : mine_cnt;
+        x->ro[q] = to_owners ? theirs_off : mine_off;
+    }
+}
+
+mt_status_t moe_ep_forward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
+                           const float *xn, moe_layer_acts_t *a, mt_error_t *err) {
+    const moe_ep_t *ep = p->ep;
+    const int N = kern_comm_size(ep->comm), rank = ep->rank, E = d->E, H = d->H, I = d->I, n = a->n;
+    const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype;
+    const size_t xp_elem = mt_dtype_size(xp_dt);
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    int32_t *cnt_dev = NULL, *cnt_host = NULL, *total = NULL;
+    float *ep_r = NULL;
+    size_t *arrays = NULL;
+    if (rank < 0 || rank >= N)
+        return mt_error_set(err, MT_ERR_CONFIG, "moe expert parallel: rank %d of a communicator of %d", rank, N);
+    if (p->lora_gate || p->lora_up || p->lora_down)
+        return mt_error_set(err, MT_ERR_UNSUPPORTED,
+                            "moe expert parallel: LoRA on routed experts is not supported yet (use data "
+                            "parallelism for this layer)");
+    int lo, hi;
+    moe_ep_range(E, N, rank, &lo, &hi);
+    const int own = hi - lo;
+
+    struct moe_ep_acts *ea = calloc(1, sizeof *ea);
+    MT_CHECK_ALLOC(ea, "expert-parallel state");
+    a->ep_acts = ea; /* released with a, whatever happens below */
+    ea->nranks = N;
+    ea->rcounts = calloc((size_t)N * E, sizeof *ea->rcounts);
+    ea->roffs = calloc((size_t)N * E, sizeof *ea->roffs);
+    ea->rbase = calloc((size_t)N + 1, sizeof *ea->rbase);
+    total = calloc((size_t)E, sizeof *total);
+    arrays = calloc(4 * (size_t)N, sizeof *arrays);
+    MT_CHECK(ea->rcounts && ea->roffs && ea->rbase && total && arrays,
+             "out of host memory for the expert-parallel tables of %d ranks", N);
+    xfer_t x = {arrays, arrays + N, arrays + 2 * N, arrays + 3 * N};
+
+    /* 1. counts: to each owner the tokens per expert it owns, from the
+     * device plan (a->counts), so every rank can size what it receives */
+    for (int q = 0; q < N; q++) {
+        int qlo, qhi;
+        moe_ep_range(E, N, q, &qlo, &qhi);
+        x.sc[q] = (size_t)(qhi - qlo);
+        x.so[q] = (size_t)qlo;
+        x.rc[q] = (size_t)own;
+        x.ro[q] = (size_t)q * own;
+    }
+    cnt_dev = ep_alloc(dev, (size_t)N * own * sizeof(int32_t), "moe expert-parallel counts", err);
+    if (!cnt_dev) goto fail;
+    TRY(kern_comm_alltoallv(ep->comm, rank, a->counts, x.sc, x.so, cnt_dev, x.rc, x.ro, MT_I32, err));
+    /* the sizes of every exchange below live on the host (as the
+     * single-device block's counts do: they size the grouped products) */
+    cnt_host = malloc(((size_t)N * own + 1) * sizeof *cnt_host);
+    MT_CHECK_ALLOC(cnt_host, "expert-parallel counts");
+    kern_memcpy_d2h(dev, s, cnt_host, cnt_dev, (size_t)N * own * sizeof(int32_t));
+    kern_stream_sync(dev, s);
+    for (int q = 0; q < N; q++) {
+        int32_t row = 0;
+        for (int e = lo; e < hi; e++) {
+            const int32_t c = cnt_host[(size_t)q * own + (e - lo)];
+            MT_CHECK(c >= 0, "moe expert parallel: rank %d sent %d rows for expert %d", q, c, e);
+            ea->rcounts[(size_t)q * E + e] = c;
+            ea->roffs[(size_t)q * E + e] = row;
+            row += c;
+        }
+        ea->rbase[q + 1] = ea->rbase[q] + row;
+    }
+    free(cnt_host);
+    cnt_host = NULL;
+    kern_free(dev, cnt_dev);
+    cnt_dev = NULL;
+    const int R = ea->rbase[N];
+
+    /* 2. this device's rows to their owners */
+    TRY(moe_gather_rows(dev, d, xn, a, err));
+    ea->xp = ep_alloc(dev, (size_t)R * H * xp_elem, "moe expert-parallel received tokens", err);
+    if (!ea->xp) goto fail;
+    xfer_fill(&x, ea, a, E, (size_t)H, true);
+    TRY(kern_comm_alltoallv(ep->comm, rank, a->xp, x.sc, x.so, ea->xp, x.rc, x.ro, xp_dt, err));
+    /* the owners hold what backward needs of them */
+    kern_free(dev, a->xp);
+    a->xp = NULL;
+
+    /* 3. this rank's experts with rows from any device: streamed weights come now */
+    for (int e = 0; e < E; e++) total[e] = 0;
+    for (int q = 0; q < N; q++)
+        for (int e = lo; e < hi; e++) total[e] += ea->rcounts[(size_t)q * E + e];
+    if (p->fetch_experts && p->fetch_experts(p->fetch_ctx, total, p->gate, p->up, p->down, err) != MT_OK) goto fail;
+
+    /* 4. the owner's products, one source at a time in rank order */
+    ea->g = ep_alloc(dev, (size_t)R * I * sizeof(float), "moe expert-parallel gate activations", err);
+    if (!ea->g) goto fail;
+    ea->u = ep_alloc(dev, (size_t)R * I * sizeof(float), "moe expert-parallel up activations", err);
+    if (!ea->u) goto fail;
+    ep_r = ep_alloc(dev, (size_t)R * H * sizeof(float), "moe expert-parallel outputs", err);
+    if (!ep_r) goto fail;
+    for (int q = 0; q < N; q++) {
+        const int base = ea->rbase[q], rows = ea->rbase[q + 1] - base;
+        if (rows)
+            TRY(moe_experts_forward(dev, d, p, ea->rcounts + (size_t)q * E, ea->roffs + (size_t)q * E, rows,
+                                    (const char *)ea->xp + (size_t)base * H * xp_elem, ea->g + (size_t)base * I,
+                                    ea->u + (size_t)base * I, ep_r + (size_t)base * H, err));
+    }
+
+    /* 5. the outputs back to their sources, for the combine there */
+    ALLOC_ACT(a->ep, MOE_ACT_EP, float, "moe expert outputs");
+    xfer_fill(&x, ea, a, E, (size_t)H, false);
+    TRY(kern_comm_alltoallv(ep->comm, rank, ep_r, x.sc, x.so, a->ep, x.rc, x.ro, MT_F32, err));
+    kern_free(dev, ep_r);
+    free(total);
+    free(arrays);
+    return MT_OK;
+fail:
+    moe_dfree(dev, cnt_dev);
+    moe_dfree(dev, ep_r);
+    free(cnt_host);
+    free(total);
+    free(arrays);
+    return err->code;
+}
+
+mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
+                            const moe_layer_params_t *gp, moe_layer_acts_t *a, float *dep, mt_error_t *err) {
+    const moe_ep_t *ep = p->ep;
+    struct moe_ep_acts *ea = a->ep_acts;
+    MT_CHECK(ea, "moe expert parallel: backward without an expert-parallel forward");
+    const int N = ea->nranks, E = d->E, H = d->H, I = d->I;
+    const size_t xp_elem = mt_dtype_size(d->acts[MOE_ACT_XP].dtype);
+    float *dep_r = NULL;
+    size_t *arrays = calloc(4 * (size_t)N, sizeof *arrays);
+    MT_CHECK_ALLOC(arrays, "expert-parallel transfer sizes");
+    xfer_t x = {arrays, arrays + N, arrays + 2 * N, arrays + 3 * N};
+    const int R = ea->rbase[N];
+
+    /* the output gradients to the experts' owners */
+    dep_r = ep_alloc(dev, (size_t)R * H * sizeof(float), "moe expert-parallel d(outputs)", err);
+    if (!dep_r) goto fail;
+    xfer_fill(&x, ea, a, E, (size_t)H, true);
+    TRY(kern_comm_alltoallv(ep->comm, ep->rank, dep, x.sc, x.so, dep_r, x.rc, x.ro, MT_F32, err));
+    /* per source in rank order: the weight gradients accumulate in the
+     * order the sources' micro-batches would on one device */
+    for (int q = 0; q < N; q++) {
+        const int base = ea->rbase[q], rows = ea->rbase[q + 1] - base;
+        if (rows)
+            TRY(moe_experts_backward(dev, d, p, gp, ea->rcounts + (size_t)q * E, ea->roffs + (size_t)q * E, rows,
+                                     (const char *)ea->xp + (size_t)base * H * xp_elem, ea->g + (size_t)base * I,
+                                     ea->u + (size_t)base * I, dep_r + (size_t)base * H, err));
+    }
+    /* the input gradients back to the tokens' devices */
+    xfer_fill(&x, ea, a, E, (size_t)H, false);
+    TRY(kern_comm_alltoallv(ep->comm, ep->rank, dep_r, x.sc, x.so, dep, x.rc, x.ro, MT_F32, err));
+    kern_free(dev, dep_r);
+    free(arrays);
+    return MT_OK;
+fail:
+    moe_dfree(dev, dep_r);
+    free(arrays);
+    return err->code;
+}
