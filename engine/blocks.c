@@ -1,6 +1,7 @@
 /* Attention and MLP halves of a decoder layer (see blocks.h). */
 #include "engine/blocks.h"
 #include "engine/exec_internal.h"
+#include "engine/multi_expert.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -433,6 +434,7 @@ void eng_moe_params(eng_exec_t *ex, int layer, bool gradients, moe_layer_params_
     out->sh_expert_gate = param_ptr(ex, L->sh_expert_gate, gradients);
     out->fetch_experts = NULL;
     out->fetch_ctx = NULL;
+    out->ep = exec_ep_layer(ex, layer); /* NULL unless the layer's experts are split between devices */
 }
 
 /* The layer's LoRA factors into p (router, shared expert, and per expert

@@ -21,6 +21,7 @@
 
 #include "engine/exec_internal.h"
 #include "engine/lora_model.h"
+#include "engine/multi_expert.h"
 #include "engine/trace.h"
 
 /* ---- tracing ------------------------------------------------------------ */
@@ -167,6 +168,15 @@ static mt_status_t place_param(eng_exec_t *x, int i, mt_error_t *err) {
     const size_t bytes = exec_f32_bytes(p);
     kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
     char tag[200];
+    /* another device's expert (expert parallel): only the primary's host
+     * gradient, which the owner's gradient lands in for the one optimizer */
+    const bool foreign = exec_ep_foreign(x, p);
+    if (foreign && (p->frozen || x->replica || bp->optim != SCHED_OPTIM_HOST)) return MT_OK;
+    if (foreign) {
+        d->host_g = calloc(p->spec->numel, sizeof(float));
+        MT_CHECK_ALLOC(d->host_g, p->spec->name);
+        return MT_OK;
+    }
     if (bp->weights == SCHED_WEIGHTS_RESIDENT) {
         snprintf(tag, sizeof tag, "weight %s", p->spec->name);
         d->w = kern_alloc(x->dev, exec_w_bytes(p), tag, err);

@@ -67,6 +67,9 @@ struct eng_exec {
      * the same model runs the one optimizer step over the reduced
      * gradients, so this one keeps no device master and no optimizer state. */
     bool replica;
+    /* Expert parallelism (engine/multi_expert.h): this device's place, NULL
+     * when it runs every expert itself. */
+    const struct moe_ep *ep;
     struct eng_trace *trace; /* not owned; NULL = no trace (eng_exec_set_trace) */
     /* RoPE tables on the device for sequence length rope_T */
     float *rope_cos, *rope_sin;

@@ -215,7 +215,7 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
             } else {
                 exec_host_adamw(x->hopt.pool, p, d->host_g, &base);
             }
-            if (refresh) {
+            if (refresh && d->w) { /* none: another device's expert (expert parallel) */
                 items[n++] = (moe_staging_xfer_t){p->host_w, d->w, exec_w_bytes(p), exec_w_upload_op(p)};
                 x->cnt.ctr.weight_h2d_bytes += exec_w_bytes(p);
             }

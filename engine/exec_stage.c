@@ -30,6 +30,7 @@
 
 #include "engine/exec.h"
 #include "engine/exec_internal.h"
+#include "engine/multi_expert.h"
 #include "moe/staging_report.h"
 
 
@@ -402,7 +403,7 @@ static int expert_ids(const eng_exec_t *x, int l, const int32_t *counts, int *id
     const eng_model_t *m = x->model;
     const eng_layer_index_t *Lx = &m->layers[l];
     for (int e = 0; counts && e < m->cfg.num_experts; e++)
-        if (counts[e] > 0) {
+        if (counts[e] > 0 && !exec_ep_foreign(x, &m->params[Lx->exp_gate[e]])) {
             const int mods[3] = {Lx->exp_gate[e], Lx->exp_up[e], Lx->exp_down[e]};
             for (int k = 0; k < 3; k++) {
                 ids[n++] = mods[k];

@@ -353,7 +353,7 @@ mt_status_t exec_micro_forward_block(eng_exec_t *x, step_t *st, int b, const eng
         const int l = b - 1;
         if ((r = layer_forward(x, st, l, false, err)) != MT_OK) return r;
         if (st->ma[l].is_moe) {
-            moe_predict_observe(&x->predict, l, st->ma[l].moe.counts_host);
+            moe_predict_observe(&x->predict, l, moe_layer_expert_rows(&st->ma[l].moe));
             if (st->use_aux) moe_aux_accumulate(&st->aux, x->dev, &st->ma[l].moe, st->sh.n, batch->mask);
         }
         const sched_act_place_t ap = x->plan.blocks[b].acts;

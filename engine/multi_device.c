@@ -8,6 +8,7 @@
 
 #include "engine/exec_internal.h"
 #include "engine/lora_model.h"
+#include "engine/multi_expert.h"
 #include "kernels/host/threadpool.h"
 
 /* ---- opening -------------------------------------------------------------- */
@@ -52,6 +53,11 @@ mt_status_t eng_multi_open(eng_multi_t *mm, kern_device_t *dev0, const eng_devic
         sched_plan_init_uniform(&keep_all, eng_model_num_blocks(mm->model), SCHED_POLICY_KEEP_ALL);
         plan = &keep_all;
     }
+    bool expert_parallel = false;
+    if ((st = eng_ep_check(mm->model, plan, n, &expert_parallel, err)) != MT_OK) {
+        if (plan == &keep_all) sched_plan_free(&keep_all);
+        goto fail;
+    }
     st = eng_exec_create(&mm->x[0], mm->model, dev0, plan, opts->staging, false, err);
     mm->primary = mm->x[0];
     /* the other devices read the shared homes without the primary's
@@ -65,17 +71,24 @@ mt_status_t eng_multi_open(eng_multi_t *mm, kern_device_t *dev0, const eng_devic
         st = kern_device_create(dev0->kind, &o, &mm->devs[d], err);
         if (st != MT_OK) mt_error_prefix(err, "devices: device %d: ", devices->ids[d]);
         if (st == MT_OK) st = eng_exec_create(&mm->x[d], mm->model, mm->devs[d], plan, opts->staging, true, err);
-        if (st == MT_OK) st = eng_exec_place(mm->x[d], err);
         if (st != MT_OK) mt_error_prefix(err, "device %d: ", d);
     }
     if (plan == &keep_all) sched_plan_free(&keep_all);
+    /* the communicator before placement: with expert parallelism each
+     * device places only the experts its rank owns */
+    if (st == MT_OK && (st = kern_comm_create(mm->devs, n, &mm->comm, err)) != MT_OK) mt_error_prefix(err, "devices: ");
+    if (st == MT_OK && expert_parallel) {
+        mm->ep = calloc((size_t)n, sizeof *mm->ep);
+        MT_CHECK_ALLOC(mm->ep, "expert-parallel ranks");
+        for (int d = 0; d < n; d++) {
+            mm->ep[d] = (moe_ep_t){mm->comm, d};
+            exec_ep_set(mm->x[d], &mm->ep[d]);
+        }
+    }
+    for (int d = 1; d < n && st == MT_OK; d++)
+        if ((st = eng_exec_place(mm->x[d], err)) != MT_OK) mt_error_prefix(err, "device %d: ", d);
     if (st == MT_OK) st = eng_exec_place(mm->x[0], err);
     if (st != MT_OK) goto fail;
-    st = kern_comm_create(mm->devs, n, &mm->comm, err);
-    if (st != MT_OK) {
-        mt_error_prefix(err, "devices: ");
-        goto fail;
-    }
     mm->updated = calloc((size_t)mm->model->num_params, sizeof *mm->updated);
     MT_CHECK_ALLOC(mm->updated, "gradient union");
     return MT_OK;
@@ -97,6 +110,7 @@ void eng_multi_free(eng_multi_t *mm) {
     free(mm->x);
     free(mm->devs);
     free(mm->updated);
+    free(mm->ep);
     memset(mm, 0, sizeof *mm);
 }
 
@@ -130,6 +144,9 @@ static void *fwd_bwd_main(void *arg) {
     worker_t *w = arg;
     eng_exec_t *x = rep_of(w->mm, w->d);
     w->st = eng_exec_step_fwd_bwd(x, w->batches, w->k, w->scale, w->order, w->stats, &w->err);
+    /* expert-parallel layers exchange tokens: a device that stopped must
+     * not leave the others waiting for it in an exchange */
+    if (w->st != MT_OK && w->mm->ep) kern_comm_abort(w->mm->comm);
     eng_exec_drain(x); /* every gradient has landed before the reduction reads it */
     return NULL;
 }
@@ -317,14 +334,16 @@ static mt_status_t refresh_replicas(eng_multi_t *mm, mt_error_t *err) {
         }
         for (int d = 1; d < mm->n && st == MT_OK; d++) {
             eng_exec_t *r = mm->x[d];
+            int nr = 0;
             for (int j = 0; j < n; j++) {
                 const eng_param_t *q = &m->params[which[j]];
                 void *w = r->dp[which[j]].w;
-                items[j] = tmp ? (moe_staging_xfer_t){tmp + off[j], w, exec_w_bytes(q), MOE_STAGING_COPY}
-                               : (moe_staging_xfer_t){q->host_w, w, exec_w_bytes(q), exec_w_upload_op(q)};
+                if (!w) continue; /* another device's expert (expert parallel): no copy here */
+                items[nr++] = tmp ? (moe_staging_xfer_t){tmp + off[j], w, exec_w_bytes(q), MOE_STAGING_COPY}
+                                  : (moe_staging_xfer_t){q->host_w, w, exec_w_bytes(q), exec_w_upload_op(q)};
             }
             snprintf(tag, sizeof tag, "weights of block %d after the optimizer (device %d)", b, d);
-            st = exec_stage_h2d(r, items, n, tag, err);
+            st = exec_stage_h2d(r, items, nr, tag, err);
             kern_stream_sync(r->dev, kern_stream(r->dev, KERN_STREAM_H2D)); /* tmp is read until here */
         }
         free(tmp);

@@ -34,6 +34,7 @@
 #include "engine/model.h"
 #include "engine/optim.h"
 #include "kernels/device.h"
+#include "moe/expert_parallel.h"
 
 typedef struct {
     int n;                 /* devices */
@@ -43,6 +44,9 @@ typedef struct {
     kern_device_t **devs;  /* (n) devs[0] the caller's; devs[1..n) opened (and destroyed) here */
     kern_comm_t *comm;     /* over devs, for device-resident gradients; NULL when n == 1 */
     bool *updated;         /* (num_params) got a gradient on some device in this step */
+    /* (n) each device's rank for the MoE layers the plan runs expert
+     * parallel (engine/multi_expert.h); NULL when it runs none */
+    moe_ep_t *ep;
 } eng_multi_t;
 
 /* Opens the model in dir once and an executor for it on dev0 (`primary`,

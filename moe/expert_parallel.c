@@ -27,6 +27,7 @@ struct moe_ep_acts {
     int32_t *rcounts; /* (nranks, E) host: rows from each source per expert, 0 for others' experts */
     int32_t *roffs;   /* (nranks, E) host: the first row of each, within its source's block */
     int32_t *rbase;   /* (nranks + 1) host: the first row of each source's block; rbase[nranks] = R */
+    int32_t *ran;     /* (E) host: rows each expert ran here, from every source (0: another rank's) */
     void *xp;         /* (R, H) received rows, in the described XP dtype */
     float *g, *u;     /* (R, I) gate and up projections of the received rows */
 };
@@ -39,6 +40,7 @@ void moe_ep_acts_free(kern_device_t *dev, struct moe_ep_acts *ea) {
     free(ea->rcounts);
     free(ea->roffs);
     free(ea->rbase);
+    free(ea->ran);
     free(ea);
 }
 
@@ -152,6 +154,7 @@ mt_status_t moe_ep_forward(kern_device_t *dev, const moe_layer_dims_t *d, const 
     a->xp = NULL;
 
     /* 3. this rank's experts with rows from any device: streamed weights come now */
+    ea->ran = total; /* kept: moe_layer_expert_rows */
     for (int e = 0; e < E; e++) total[e] = 0;
     for (int q = 0; q < N; q++)
         for (int e = lo; e < hi; e++) total[e] += ea->rcounts[(size_t)q * E + e];
@@ -177,17 +180,18 @@ mt_status_t moe_ep_forward(kern_device_t *dev, const moe_layer_dims_t *d, const 
     xfer_fill(&x, ea, a, E, (size_t)H, false);
     TRY(kern_comm_alltoallv(ep->comm, rank, ep_r, x.sc, x.so, a->ep, x.rc, x.ro, MT_F32, err));
     kern_free(dev, ep_r);
-    free(total);
     free(arrays);
     return MT_OK;
 fail:
     moe_dfree(dev, cnt_dev);
     moe_dfree(dev, ep_r);
     free(cnt_host);
-    free(total);
+    if (ea->ran != total) free(total);
     free(arrays);
     return err->code;
 }
+
+const int32_t *moe_ep_expert_rows(const struct moe_ep_acts *ea) { return ea->ran; }
 
 mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
                             const moe_layer_params_t *gp, moe_layer_acts_t *a, float *dep, mt_error_t *err) {

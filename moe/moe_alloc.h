@@ -75,5 +75,6 @@ mt_status_t moe_ep_forward(kern_device_t *dev, const moe_layer_dims_t *d, const 
 mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
                             const moe_layer_params_t *gp, moe_layer_acts_t *a, float *dep, mt_error_t *err);
 void moe_ep_acts_free(kern_device_t *dev, struct moe_ep_acts *ea);
+const int32_t *moe_ep_expert_rows(const struct moe_ep_acts *ea);
 
 #endif

@@ -385,6 +385,11 @@ fail:
     return err ? err->code : MT_ERR_BUDGET;
 }
 
+const int32_t *moe_layer_expert_rows(const moe_layer_acts_t *a) {
+    const int32_t *ran = a->ep_acts ? moe_ep_expert_rows(a->ep_acts) : NULL;
+    return ran ? ran : a->counts_host;
+}
+
 void moe_layer_acts_release(kern_device_t *dev, moe_layer_acts_t *a) {
     void *dev_ptrs[] = {a->logits, a->probs, a->topw, a->idx, a->counts, a->offsets, a->perm_tok,
                         a->inv, a->xp, a->g, a->u, a->ep, a->sg, a->su, a->so, a->sgl};

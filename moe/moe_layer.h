@@ -125,4 +125,10 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
 
 void moe_layer_acts_release(kern_device_t *dev, moe_layer_acts_t *acts);
 
+/* (E) host, after forward: the rows each routed expert ran on this device,
+ * i.e. which experts get a gradient (and need their weights) here:
+ * counts_host, or under expert parallelism the rows this rank's experts
+ * received from every device (0 for the other ranks' experts). */
+const int32_t *moe_layer_expert_rows(const moe_layer_acts_t *acts);
+
 #endif

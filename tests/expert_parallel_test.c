@@ -1,0 +1,295 @@
+/* Expert parallelism on two CPU devices (engine/multi_expert.h) against one
+ * device and against two devices data parallel, with the same global
+ * batch: for Mixtral, Qwen2-MoE (a dense layer, a gated shared expert) and
+ * Qwen3-MoE fixtures, every MoE layer's block plan marked expert_parallel,
+ * under two plans that keep those layers' gradients and AdamW on the host
+ * (what expert parallelism requires): min_memory (streamed weights,
+ * activations recomputed, so the layer's forward and its exchanges run
+ * twice) and resident weights with kept activations; K = 2 and 4
+ * micro-batches per step, three optimizer steps with clipping on, and
+ * K = 4 in layer-major order.
+ *
+ * Expectation, from the order of the float adds:
+ *  - K = 2 (one micro-batch per device): every token's expert products are
+ *    the ones one device forms (moe/expert_parallel.h); an expert's owner
+ *    accumulates device 0's rows' share, then device 1's, which is the
+ *    single device's micro-batch order; the data-parallel tensors reduce
+ *    as g0 + g1, as one device adds.  Losses, gradient norms and final
+ *    weights must be bit-identical to one device's (and so to data
+ *    parallel's).
+ *  - K = 4: the owner of an expert adds per step (g0 + g2) + (g1 + g3)
+ *    (each of its two micro-batch turns takes both devices' rows), one
+ *    device ((g0 + g1) + g2) + g3, and data parallel (g0 + g1) + (g2 + g3):
+ *    three roundings of the same sum.  The first step's losses are still
+ *    bit-identical; later losses and norms within 1e-6 relative, and the
+ *    weights within 1e-6 relative in L2 over the model and per tensor (as
+ *    in multi_device_test, the k_proj bias, whose exact gradient is zero,
+ *    only in the whole-model bound).
+ * Also: with resident weights each device's arena holds none of the other
+ * device's experts (its bytes in use after placement are smaller than a
+ * data-parallel device's by at least their weights' bytes), and plans that
+ * keep an expert-parallel layer's gradients on the device or offload its
+ * activations are refused by name. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/config.h"
+#include "engine/data.h"
+#include "engine/exec.h"
+#include "engine/model.h"
+#include "engine/multi_device.h"
+#include "engine/optim.h"
+
+static int failures;
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        if (!(cond)) {                                           \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fputc('\n', stderr);                                 \
+            failures++;                                          \
+        }                                                        \
+    } while (0)
+
+enum { STEPS = 3 };
+
+typedef struct {
+    double loss[STEPS], norm[STEPS];
+    float **weights;
+    size_t *numel;
+    char **names;
+    int nparams;
+    size_t dev_in_use[2]; /* after placement */
+    size_t foreign_bytes[2]; /* resident weight bytes of the other device's experts */
+    bool ok;
+} result_t;
+
+typedef enum { PLAN_MIN_MEMORY, PLAN_RESIDENT_HOST_OPTIM, PLAN_KEEP_ALL, PLAN_OFFLOAD_ALL } plan_kind_t;
+typedef enum { MODE_ONE, MODE_DATA, MODE_EXPERT } mode_t_;
+
+static const char *plan_name(plan_kind_t k) {
+    return k == PLAN_MIN_MEMORY            ? "min_memory"
+           : k == PLAN_RESIDENT_HOST_OPTIM ? "resident+host optim"
+           : k == PLAN_OFFLOAD_ALL         ? "offload_all"
+                                           : "keep_all";
+}
+static const char *mode_name(mode_t_ m) {
+    return m == MODE_ONE ? "1 device" : m == MODE_DATA ? "2 devices data parallel" : "2 devices expert parallel";
+}
+
+static void make_plan(sched_plan_t *plan, const eng_model_config_t *mc, plan_kind_t k, bool ep) {
+    const int nb = mc->num_hidden_layers + 2;
+    sched_plan_init_uniform(plan, nb,
+                            k == PLAN_MIN_MEMORY    ? SCHED_POLICY_MIN_MEMORY
+                            : k == PLAN_OFFLOAD_ALL ? SCHED_POLICY_OFFLOAD_ALL
+                                                    : SCHED_POLICY_KEEP_ALL);
+    for (int b = 0; b < nb; b++) {
+        if (k == PLAN_RESIDENT_HOST_OPTIM) {
+            plan->blocks[b].grads = SCHED_GRADS_HOST;
+            plan->blocks[b].optim = SCHED_OPTIM_HOST;
+        }
+        /* until the planner sets it: every MoE layer's experts split */
+        plan->blocks[b].expert_parallel = ep && b >= 1 && b <= mc->num_hidden_layers && mc->layer_is_moe[b - 1];
+    }
+    plan->prefetch_window = 2;
+}
+
+static mt_status_t run(const char *dir, plan_kind_t pk, int K, mode_t_ mode, eng_step_order_t order, result_t *out,
+                       mt_error_t *err) {
+    memset(out, 0, sizeof *out);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/run.yaml", dir);
+    eng_run_config_t rc;
+    if (eng_run_config_load(path, &rc, err) != MT_OK) return err->code;
+    kern_device_t *dev = NULL;
+    kern_device_opts_t o = {0};
+    CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, err) == MT_OK, "%s", err->msg);
+    eng_model_config_t mc;
+    CHECK(eng_model_config_load(rc.base_model, rc.model_config_json, &mc, err) == MT_OK, "%s", err->msg);
+    sched_plan_t plan;
+    make_plan(&plan, &mc, pk, mode == MODE_EXPERT);
+    eng_model_config_free(&mc);
+    eng_devices_t devs = {.count = mode == MODE_ONE ? 1 : 2, .ids = {0, 1}};
+    eng_multi_t mm;
+    const eng_model_opts_t mo = {.overrides_json = rc.model_config_json, .plan = &plan};
+    mt_status_t st = eng_multi_open(&mm, dev, &devs, K, rc.base_model, &mo, err);
+    if (st != MT_OK) goto done;
+    eng_exec_t *x = mm.primary;
+    const eng_model_t *m = eng_exec_model(x);
+    for (int d = 0; d < mm.n; d++) {
+        out->dev_in_use[d] = kern_device_stats(mm.devs[d]).device_in_use;
+        for (int i = 0; i < m->num_params; i++) {
+            const eng_param_t *p = &m->params[i];
+            const int E = m->cfg.num_experts, e = p->spec->expert;
+            const bool other = d == 0 ? e >= E / 2 : e >= 0 && e < E / 2;
+            if (e >= 0 && plan.blocks[p->block].expert_parallel && other &&
+                plan.blocks[p->block].weights == SCHED_WEIGHTS_RESIDENT)
+                out->foreign_bytes[d] += (size_t)p->spec->numel * mt_dtype_size(p->w_dtype);
+        }
+    }
+    const char *paths[ENG_MAX_DATASETS];
+    for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
+    eng_dataset_t ds;
+    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, m->cfg.vocab_size, err) == MT_OK, "%s",
+          err->msg);
+    eng_loader_t ld;
+    eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
+    eng_micro_stats_t *ms = calloc((size_t)K, sizeof *ms);
+    out->ok = true;
+    for (int step = 0; step < STEPS && st == MT_OK; step++) {
+        eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
+                                  .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
+                                  .max_grad_norm = rc.max_grad_norm};
+        eng_multi_begin_step(&mm, &hp, K, true);
+        st = eng_multi_step_from_loader(&mm, &ld, K, order, ms, err);
+        if (st != MT_OK) break;
+        for (int j = 0; j < K; j++) out->loss[step] += ms[j].loss / K; /* as engine/train.c logs it */
+        eng_optim_stats_t os;
+        st = eng_multi_optim_step(&mm, &hp, &os, err);
+        out->norm[step] = os.grad_norm;
+    }
+    out->ok = st == MT_OK;
+    free(ms);
+    out->nparams = m->num_params;
+    out->weights = calloc((size_t)m->num_params, sizeof *out->weights);
+    out->numel = calloc((size_t)m->num_params, sizeof *out->numel);
+    out->names = calloc((size_t)m->num_params, sizeof *out->names);
+    for (int i = 0; i < m->num_params; i++) {
+        out->numel[i] = m->params[i].spec->numel;
+        out->names[i] = strdup(m->params[i].spec->name);
+        out->weights[i] = malloc(out->numel[i] * sizeof(float));
+        eng_exec_read_param(x, i, out->weights[i], false);
+    }
+    eng_loader_free(&ld);
+    eng_dataset_free(&ds);
+    eng_multi_free(&mm);
+done:
+    sched_plan_free(&plan);
+    kern_device_destroy(dev);
+    eng_run_config_free(&rc);
+    return st;
+}
+
+static void free_result(result_t *r) {
+    for (int i = 0; i < r->nparams; i++) {
+        free(r->weights[i]);
+        free(r->names[i]);
+    }
+    free(r->names);
+    free(r->weights);
+    free(r->numel);
+}
+
+static double rel(double a, double b) { return fabs(a - b) / fmax(fmax(fabs(a), fabs(b)), 1e-30); }
+
+static void compare(const char *what, const result_t *a, const result_t *b, bool exact) {
+    if (!a->ok || !b->ok) return;
+    CHECK(a->nparams == b->nparams, "%s: %d vs %d parameters", what, a->nparams, b->nparams);
+    for (int s = 0; s < STEPS; s++) {
+        if (exact || s == 0)
+            CHECK(a->loss[s] == b->loss[s], "%s: step %d loss %.17g vs %.17g", what, s + 1, a->loss[s], b->loss[s]);
+        else
+            CHECK(rel(a->loss[s], b->loss[s]) <= 1e-6, "%s: step %d loss %.17g vs %.17g", what, s + 1, a->loss[s],
+                  b->loss[s]);
+        if (exact)
+            CHECK(a->norm[s] == b->norm[s], "%s: step %d grad norm %.17g vs %.17g", what, s + 1, a->norm[s],
+                  b->norm[s]);
+        else
+            CHECK(rel(a->norm[s], b->norm[s]) <= 1e-6, "%s: step %d grad norm %.17g vs %.17g", what, s + 1,
+                  a->norm[s], b->norm[s]);
+    }
+    int differing = 0, worst_i = -1;
+    double worst = 0, all_dd = 0, all_nn = 0;
+    for (int i = 0; i < a->nparams && i < b->nparams; i++) {
+        if (memcmp(a->weights[i], b->weights[i], a->numel[i] * sizeof(float)) != 0) differing++;
+        const bool noise = strstr(a->names[i], "k_proj.bias") != NULL; /* see the top of the file */
+        double dd = 0, nn = 0;
+        for (size_t e = 0; e < a->numel[i]; e++) {
+            const double x = a->weights[i][e], y = b->weights[i][e];
+            dd += (x - y) * (x - y);
+            nn += x * x;
+        }
+        all_dd += dd;
+        all_nn += nn;
+        const double r = nn > 0 ? sqrt(dd / nn) : sqrt(dd);
+        if (r > worst && !noise) {
+            worst = r;
+            worst_i = i;
+        }
+    }
+    const double all = sqrt(all_dd / all_nn);
+    fprintf(stderr, "   %-62s %3d of %d tensors differ; whole model %.3g, worst tensor %.3g (%s)%s\n", what,
+            differing, a->nparams, all, worst, worst_i >= 0 ? a->names[worst_i] : "-",
+            exact ? " (must be bit-identical)" : " (<= 1e-6)");
+    if (exact) {
+        CHECK(differing == 0, "%s: %d parameters differ after %d steps", what, differing, STEPS);
+    } else {
+        CHECK(all <= 1e-6, "%s: the weights differ by %.3g relative", what, all);
+        CHECK(worst <= 1e-6, "%s: %s differs by %.3g relative", what, a->names[worst_i], worst);
+    }
+}
+
+static void check_case(const char *dir, plan_kind_t pk, int K, eng_step_order_t order) {
+    result_t r[3];
+    const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    for (int mode = MODE_ONE; mode <= MODE_EXPERT; mode++) {
+        mt_error_t err = {0};
+        CHECK(run(dir, pk, K, (mode_t_)mode, order, &r[mode], &err) == MT_OK, "%s %s K=%d %s: %s", base,
+              plan_name(pk), K, mode_name((mode_t_)mode), err.msg);
+    }
+    char what[256];
+    const char *ord = order == ENG_STEP_ORDER_LAYER ? " layer-major" : "";
+    snprintf(what, sizeof what, "%s %s K=%d%s: expert parallel vs 1 device", base, plan_name(pk), K, ord);
+    compare(what, &r[MODE_ONE], &r[MODE_EXPERT], K == 2);
+    snprintf(what, sizeof what, "%s %s K=%d%s: expert vs data parallel", base, plan_name(pk), K, ord);
+    compare(what, &r[MODE_DATA], &r[MODE_EXPERT], K == 2);
+    if (pk == PLAN_RESIDENT_HOST_OPTIM && r[MODE_EXPERT].ok && r[MODE_DATA].ok)
+        for (int d = 0; d < 2; d++) {
+            const size_t dp = r[MODE_DATA].dev_in_use[d], ep = r[MODE_EXPERT].dev_in_use[d];
+            CHECK(ep + r[MODE_EXPERT].foreign_bytes[d] <= dp,
+                  "%s: device %d holds %zu bytes expert parallel, %zu data parallel: not %zu (the other device's "
+                  "experts) less",
+                  base, d, ep, dp, r[MODE_EXPERT].foreign_bytes[d]);
+            fprintf(stderr, "   %s device %d after placement: %zu bytes data parallel, %zu expert parallel (the other "
+                    "device's experts: %zu)\n",
+                    base, d, dp, ep, r[MODE_EXPERT].foreign_bytes[d]);
+        }
+    for (int i = 0; i < 3; i++) free_result(&r[i]);
+}
+
+static void check_refused(const char *dir) {
+    result_t r;
+    mt_error_t err = {0};
+    mt_status_t st = run(dir, PLAN_KEEP_ALL, 2, MODE_EXPERT, ENG_STEP_ORDER_AUTO, &r, &err);
+    CHECK(st == MT_ERR_UNSUPPORTED && strstr(err.msg, "expert parallelism needs") && strstr(err.msg, "grads device"),
+          "expert parallel with device gradients: status %d, '%s'", (int)st, err.msg);
+    fprintf(stderr, "   keep_all plan with expert-parallel layers refused: %s\n", err.msg);
+    if (st == MT_OK) free_result(&r);
+    st = run(dir, PLAN_OFFLOAD_ALL, 2, MODE_EXPERT, ENG_STEP_ORDER_AUTO, &r, &err);
+    CHECK(st == MT_ERR_UNSUPPORTED && strstr(err.msg, "cannot offload"),
+          "expert parallel with offloaded activations: status %d, '%s'", (int)st, err.msg);
+    fprintf(stderr, "   offload_all plan with expert-parallel layers refused: %s\n", err.msg);
+    if (st == MT_OK) free_result(&r);
+}
+
+int main(int argc, char **argv) {
+    for (int a = 1; a < argc; a++) {
+        const char *dir = argv[a];
+        fprintf(stderr, "== %s\n", dir);
+        for (int K = 2; K <= 4; K += 2) {
+            check_case(dir, PLAN_MIN_MEMORY, K, ENG_STEP_ORDER_AUTO);
+            check_case(dir, PLAN_RESIDENT_HOST_OPTIM, K, ENG_STEP_ORDER_AUTO);
+        }
+        check_case(dir, PLAN_MIN_MEMORY, 4, ENG_STEP_ORDER_LAYER);
+        check_case(dir, PLAN_RESIDENT_HOST_OPTIM, 4, ENG_STEP_ORDER_LAYER);
+        if (a == 1) check_refused(dir);
+    }
+    if (failures) {
+        fprintf(stderr, "%d failure(s)\n", failures);
+        return 1;
+    }
+    fprintf(stderr, "all passed\n");
+    return 0;
+}
