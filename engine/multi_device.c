@@ -138,6 +138,7 @@ typedef struct {
     eng_micro_stats_t *stats;
     mt_status_t st;
     mt_error_t err;
+    bool aborted_first; /* this device's failure aborted the communicator (not a peer's) */
 } worker_t;
 
 static void *fwd_bwd_main(void *arg) {
@@ -146,7 +147,10 @@ static void *fwd_bwd_main(void *arg) {
     w->st = eng_exec_step_fwd_bwd(x, w->batches, w->k, w->scale, w->order, w->stats, &w->err);
     /* expert-parallel layers exchange tokens: a device that stopped must
      * not leave the others waiting for it in an exchange */
-    if (w->st != MT_OK && w->mm->ep) kern_comm_abort(w->mm->comm);
+    if (w->st != MT_OK && w->mm->ep) {
+        w->aborted_first = !kern_comm_aborted(w->mm->comm);
+        kern_comm_abort(w->mm->comm);
+    }
     eng_exec_drain(x); /* every gradient has landed before the reduction reads it */
     return NULL;
 }
@@ -273,10 +277,15 @@ mt_status_t eng_multi_step_fwd_bwd(eng_multi_t *mm, const eng_batch_t *batches, 
                           .scale = 1.0f / (float)k, .order = order, .stats = stats + d * share};
     run_all(mm, w, fwd_bwd_main);
     mt_status_t st = MT_OK;
-    for (int d = 0; d < mm->n && st == MT_OK; d++)
-        if (w[d].st != MT_OK) {
-            st = mt_error_set(err, w[d].st, "device %d: %s", d, w[d].err.msg);
-        }
+    /* the device whose failure stopped the others first: their errors (an
+     * exchange aborted under them, MT_ERR_DEVICE) are its consequence.  A
+     * failure inside an MoE block aborts the communicator there already,
+     * so a device that did not abort first but failed otherwise than an
+     * exchange does (budget, data) is a cause too. */
+    for (int pass = 0; pass < 2 && st == MT_OK; pass++)
+        for (int d = 0; d < mm->n && st == MT_OK; d++)
+            if (w[d].st != MT_OK && (pass == 1 || w[d].aborted_first || w[d].st != MT_ERR_DEVICE))
+                st = mt_error_set(err, w[d].st, "device %d: %s", d, w[d].err.msg);
     if (st == MT_OK) reduce_grads(mm, w);
     free(w);
     return st;

@@ -32,7 +32,10 @@
  * device's experts (its bytes in use after placement are smaller than a
  * data-parallel device's by at least their weights' bytes), and plans that
  * keep an expert-parallel layer's gradients on the device or offload its
- * activations are refused by name. */
+ * activations are refused by name.  And a device that goes over its budget
+ * in the middle of a step (its micro-batch has twice the rows of the
+ * other's) stops the step with its own error, its peer freed from the
+ * exchange it was waiting in. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,6 +266,75 @@ static void check_case(const char *dir, plan_kind_t pk, int K, eng_step_order_t 
     for (int i = 0; i < 3; i++) free_result(&r[i]);
 }
 
+/* One step of two micro-batches, device 0's cut to its first row (so
+ * device 1 needs more memory), under a device budget; the devices' peaks
+ * out. */
+static mt_status_t uneven_step(const char *dir, size_t budget, size_t peak[2], mt_error_t *err) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/run.yaml", dir);
+    eng_run_config_t rc;
+    if (eng_run_config_load(path, &rc, err) != MT_OK) return err->code;
+    kern_device_t *dev = NULL;
+    kern_device_opts_t o = {.device_budget_bytes = budget};
+    CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, err) == MT_OK, "%s", err->msg);
+    eng_model_config_t mc;
+    CHECK(eng_model_config_load(rc.base_model, rc.model_config_json, &mc, err) == MT_OK, "%s", err->msg);
+    sched_plan_t plan;
+    make_plan(&plan, &mc, PLAN_RESIDENT_HOST_OPTIM, true);
+    eng_model_config_free(&mc);
+    eng_devices_t devs = {.count = 2, .ids = {0, 1}};
+    eng_multi_t mm;
+    const eng_model_opts_t mo = {.overrides_json = rc.model_config_json, .plan = &plan};
+    mt_status_t st = eng_multi_open(&mm, dev, &devs, 2, rc.base_model, &mo, err);
+    if (st == MT_OK) {
+        const char *paths[ENG_MAX_DATASETS];
+        for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
+        eng_dataset_t ds;
+        CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_multi_model(&mm)->cfg.vocab_size,
+                               err) == MT_OK,
+              "%s", err->msg);
+        eng_loader_t ld;
+        eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
+        eng_batch_t *bs = eng_loader_take(&ld, 2);
+        bs[0].B = 1; /* rows are (B, T) row-major: the first row alone */
+        bs[0].counted = 0;
+        for (int t = 0; t < bs[0].T; t++) bs[0].counted += bs[0].targets[t] != -100;
+        eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
+                                  .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
+                                  .max_grad_norm = rc.max_grad_norm};
+        eng_micro_stats_t ms[2];
+        for (int d = 0; d < 2; d++) kern_device_reset_peaks(mm.devs[d]);
+        eng_multi_begin_step(&mm, &hp, 2, true);
+        st = eng_multi_step_fwd_bwd(&mm, bs, 2, ENG_STEP_ORDER_AUTO, ms, err);
+        for (int d = 0; d < 2; d++) peak[d] = kern_device_stats(mm.devs[d]).device_peak;
+        eng_batches_free(bs, 2);
+        eng_loader_free(&ld);
+        eng_dataset_free(&ds);
+        eng_multi_free(&mm);
+    }
+    sched_plan_free(&plan);
+    kern_device_destroy(dev);
+    eng_run_config_free(&rc);
+    return st;
+}
+
+/* A device that fails in the middle of a step (over its budget) must not
+ * leave the other waiting in an exchange: the step returns, naming the
+ * device that failed and why, not the abort its peer saw. */
+static void check_failure(const char *dir) {
+    size_t peak[2] = {0, 0}, unused[2];
+    mt_error_t err = {0};
+    CHECK(uneven_step(dir, 0, peak, &err) == MT_OK, "uneven step: %s", err.msg);
+    CHECK(peak[1] > peak[0], "device 1 (two rows) peaked at %zu bytes, device 0 (one row) at %zu", peak[1], peak[0]);
+    if (peak[1] <= peak[0]) return;
+    const size_t budget = peak[0] + (peak[1] - peak[0]) / 2;
+    const mt_status_t st = uneven_step(dir, budget, unused, &err);
+    CHECK(st == MT_ERR_BUDGET && strstr(err.msg, "device 1") && strstr(err.msg, "budget"),
+          "device 1 over its budget of %zu bytes: status %d, '%s'", budget, (int)st, err.msg);
+    fprintf(stderr, "   peaks %zu / %zu bytes; with a budget of %zu the step returned: %s\n", peak[0], peak[1],
+            budget, err.msg);
+}
+
 static void check_refused(const char *dir) {
     result_t r;
     mt_error_t err = {0};
@@ -293,7 +365,10 @@ int main(int argc, char **argv) {
         }
         check_case(dir, PLAN_MIN_MEMORY, 4, ENG_STEP_ORDER_LAYER);
         check_case(dir, PLAN_RESIDENT_HOST_OPTIM, 4, ENG_STEP_ORDER_LAYER);
-        if (a == first) check_refused(dir);
+        if (a == first) {
+            check_refused(dir);
+            check_failure(dir);
+        }
     }
     if (failures) {
         fprintf(stderr, "%d failure(s)\n", failures);
