@@ -1,21 +1,22 @@
 /* Expert parallelism for the MoE block against the single-device block.
  *
- * Two CPU devices, each on its own thread with its own micro-batch (13 and
- * 9 tokens), own the routed experts [0, E/2) and [E/2, E) and hold only
- * those (the others' weight pointers are NULL, so touching one crashes);
- * a third device runs the plain block on both micro-batches in turn, as
- * one device accumulating a step's gradients would.  Asserted, bit for bit:
+ * Two (and three) CPU devices, each on its own thread with its own
+ * micro-batch (13, 9 and 11 tokens), own the routed experts
+ * [d*E/N, (d+1)*E/N) and hold only those (the others' weight pointers are
+ * NULL, so touching one crashes); another device runs the plain block on
+ * every micro-batch in turn, as one device accumulating a step's gradients
+ * would.  Asserted, bit for bit:
  *   - each device's output y and input gradient dxn equal the reference's
  *     for that micro-batch;
  *   - every routed expert's weight gradients (gate, up, down) on its owner
- *     equal the reference's after both micro-batches (the owner adds
- *     device 0's rows' share, then device 1's: the micro-batch order; the
+ *     equal the reference's after all micro-batches (the owner adds
+ *     device 0's rows' share, then device 1's, ...: the micro-batch order; the
  *     accumulators start non-zero, so the order shows);
  *   - each device's router and shared-expert gradients equal those of the
  *     plain block run on its micro-batch alone (they stay data parallel).
  * With fp32 and with bf16 compute (bf16 weights and gathered rows), with E
- * even and odd (uneven ownership), and the routing is checked to send rows
- * both ways.  Then a device that fails inside the block (its expert fetch
+ * a multiple of the device count and not (uneven ownership), and the
+ * routing is checked to send rows off every device.  Then a device that fails inside the block (its expert fetch
  * errs) must make its peer return an error, not wait forever. */
 #include <math.h>
 #include <pthread.h>
@@ -39,8 +40,8 @@ static int failures;
         }                                                        \
     } while (0)
 
-enum { NDEV = 2, MAXE = 8 };
-static const int k_tokens[NDEV] = {13, 9};
+enum { NDEV = 3, MAXE = 8 }; /* NDEV: the most devices a case runs */
+static const int k_tokens[NDEV] = {13, 9, 11};
 
 typedef struct {
     moe_layer_dims_t d;
@@ -282,9 +283,9 @@ static bool grads_same(dev_layer_t *a, dev_layer_t *b, void *pa, void *pb, size_
     return ok;
 }
 
-static void run_case(int E, mt_dtype_t compute) {
+static void run_case(int E, mt_dtype_t compute, int ndev) {
     char run[64];
-    snprintf(run, sizeof run, "E=%d %s", E, mt_dtype_name(compute));
+    snprintf(run, sizeof run, "%d devices, E=%d %s", ndev, E, mt_dtype_name(compute));
     host_t h;
     host_init(&h, E, compute);
     const int H = h.d.H, I = h.d.I, Is = h.d.Is;
@@ -292,25 +293,25 @@ static void run_case(int E, mt_dtype_t compute) {
     kern_device_opts_t o = {.device_budget_bytes = 8 << 20, .host_threads = 1};
     kern_device_t *ref_dev = NULL, *devs[NDEV] = {0};
     MT_CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &ref_dev, &err) == MT_OK, "%s", err.msg);
-    for (int q = 0; q < NDEV; q++)
+    for (int q = 0; q < ndev; q++)
         MT_CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &devs[q], &err) == MT_OK, "%s", err.msg);
 
     /* the reference: one device, both micro-batches, gradients accumulated */
     dev_layer_t ref;
     layer_init(&ref, ref_dev, &h, 0, E);
     mb_run_t rr[NDEV];
-    for (int b = 0; b < NDEV; b++) {
+    for (int b = 0; b < ndev; b++) {
         rr[b] = (mb_run_t){.L = &ref, .h = &h, .mb = b};
         mb_forward(&rr[b]);
         MT_CHECK(rr[b].st_fwd == MT_OK, "%s", rr[b].err.msg);
     }
-    for (int b = 0; b < NDEV; b++) {
+    for (int b = 0; b < ndev; b++) {
         mb_backward(&rr[b]);
         MT_CHECK(rr[b].st_bwd == MT_OK, "%s", rr[b].err.msg);
     }
     /* each micro-batch alone: the data-parallel gradients (router, shared) */
     dev_layer_t alone[NDEV];
-    for (int b = 0; b < NDEV; b++) {
+    for (int b = 0; b < ndev; b++) {
         layer_init(&alone[b], ref_dev, &h, 0, E);
         mb_run_t r = {.L = &alone[b], .h = &h, .mb = b};
         mb_forward(&r);
@@ -322,30 +323,31 @@ static void run_case(int E, mt_dtype_t compute) {
 
     /* expert parallel: device q owns [lo_q, hi_q) and runs micro-batch q */
     kern_comm_t *comm = NULL;
-    MT_CHECK(kern_comm_create(devs, NDEV, &comm, &err) == MT_OK, "%s", err.msg);
+    MT_CHECK(kern_comm_create(devs, ndev, &comm, &err) == MT_OK, "%s", err.msg);
     dev_layer_t L[NDEV];
     moe_ep_t ep[NDEV];
     mb_run_t er[NDEV];
     pthread_t th[NDEV];
-    for (int q = 0; q < NDEV; q++) {
+    for (int q = 0; q < ndev; q++) {
         int lo, hi;
-        moe_ep_range(E, NDEV, q, &lo, &hi);
+        moe_ep_range(E, ndev, q, &lo, &hi);
         layer_init(&L[q], devs[q], &h, lo, hi);
         ep[q] = (moe_ep_t){comm, q};
         L[q].p.ep = &ep[q];
         er[q] = (mb_run_t){.L = &L[q], .h = &h, .mb = q};
     }
-    /* rows must cross both ways, or the exchange is not exercised */
+    /* rows must leave every device, or the exchange is not exercised */
     int cross[NDEV] = {0};
-    for (int q = 0; q < NDEV; q++)
+    for (int q = 0; q < ndev; q++) {
         for (int e = 0; e < E; e++)
             if (e < L[q].lo || e >= L[q].hi) cross[q] += rr[q].counts[e];
-    EXPECT(cross[0] > 0 && cross[1] > 0, "%s: rows to the other device: %d and %d", run, cross[0], cross[1]);
+        EXPECT(cross[q] > 0, "%s: no rows from device %d to the others", run, q);
+    }
 
-    for (int q = 0; q < NDEV; q++) pthread_create(&th[q], NULL, ep_thread, &er[q]);
-    for (int q = 0; q < NDEV; q++) pthread_join(th[q], NULL);
+    for (int q = 0; q < ndev; q++) pthread_create(&th[q], NULL, ep_thread, &er[q]);
+    for (int q = 0; q < ndev; q++) pthread_join(th[q], NULL);
     int bad = 0;
-    for (int q = 0; q < NDEV; q++) {
+    for (int q = 0; q < ndev; q++) {
         EXPECT(er[q].st_fwd == MT_OK && er[q].st_bwd == MT_OK, "%s device %d: %s", run, q, er[q].err.msg);
         if (er[q].st_fwd != MT_OK || er[q].st_bwd != MT_OK) continue;
         const size_t nh = (size_t)k_tokens[q] * H;
@@ -367,24 +369,24 @@ static void run_case(int E, mt_dtype_t compute) {
         bad += !grads_same(&L[q], &alone[q], gq->sh_expert_gate, ga->sh_expert_gate, (size_t)H, "shared expert gate gradient, device", q, run);
     }
     EXPECT(bad == 0, "%s: %d tensors not bit-identical to the single-device block", run, bad);
-    printf("%s: rows crossing %d and %d, outputs, input and weight gradients bit-identical: %s\n", run, cross[0],
-           cross[1], bad ? "NO" : "yes");
+    printf("%s: rows leaving devices 0, 1: %d, %d; outputs, input and weight gradients bit-identical: %s\n", run,
+           cross[0], cross[1], bad ? "NO" : "yes");
 
-    for (int q = 0; q < NDEV; q++) {
+    for (int q = 0; q < ndev; q++) {
         free(er[q].y);
         free(er[q].dxn);
         layer_free(&L[q]);
         EXPECT(kern_device_stats(devs[q]).device_in_use == 0, "%s device %d: %zu bytes left allocated", run, q,
                kern_device_stats(devs[q]).device_in_use);
     }
-    for (int b = 0; b < NDEV; b++) {
+    for (int b = 0; b < ndev; b++) {
         free(rr[b].y);
         free(rr[b].dxn);
         layer_free(&alone[b]);
     }
     layer_free(&ref);
     kern_comm_destroy(comm);
-    for (int q = 0; q < NDEV; q++) kern_device_destroy(devs[q]);
+    for (int q = 0; q < ndev; q++) kern_device_destroy(devs[q]);
     kern_device_destroy(ref_dev);
     host_free(&h);
 }
@@ -401,32 +403,33 @@ static void run_failure(void) {
     host_init(&h, 4, MT_F32);
     mt_error_t err = {0};
     kern_device_opts_t o = {.device_budget_bytes = 8 << 20, .host_threads = 1};
-    kern_device_t *devs[NDEV] = {0};
-    for (int q = 0; q < NDEV; q++)
+    enum { N2 = 2 };
+    kern_device_t *devs[N2] = {0};
+    for (int q = 0; q < N2; q++)
         MT_CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &devs[q], &err) == MT_OK, "%s", err.msg);
     kern_comm_t *comm = NULL;
-    MT_CHECK(kern_comm_create(devs, NDEV, &comm, &err) == MT_OK, "%s", err.msg);
-    dev_layer_t L[NDEV];
-    moe_ep_t ep[NDEV];
-    mb_run_t er[NDEV];
-    pthread_t th[NDEV];
-    for (int q = 0; q < NDEV; q++) {
+    MT_CHECK(kern_comm_create(devs, N2, &comm, &err) == MT_OK, "%s", err.msg);
+    dev_layer_t L[N2];
+    moe_ep_t ep[N2];
+    mb_run_t er[N2];
+    pthread_t th[N2];
+    for (int q = 0; q < N2; q++) {
         int lo, hi;
-        moe_ep_range(4, NDEV, q, &lo, &hi);
+        moe_ep_range(4, N2, q, &lo, &hi);
         layer_init(&L[q], devs[q], &h, lo, hi);
         ep[q] = (moe_ep_t){comm, q};
         L[q].p.ep = &ep[q];
         er[q] = (mb_run_t){.L = &L[q], .h = &h, .mb = q};
     }
     L[1].p.fetch_experts = failing_fetch;
-    for (int q = 0; q < NDEV; q++) pthread_create(&th[q], NULL, ep_thread, &er[q]);
-    for (int q = 0; q < NDEV; q++) pthread_join(th[q], NULL);
+    for (int q = 0; q < N2; q++) pthread_create(&th[q], NULL, ep_thread, &er[q]);
+    for (int q = 0; q < N2; q++) pthread_join(th[q], NULL);
     EXPECT(er[1].st_fwd == MT_ERR_BUDGET && strstr(er[1].err.msg, "no room"), "failing device: %d '%s'",
            (int)er[1].st_fwd, er[1].err.msg);
     EXPECT(er[0].st_fwd == MT_ERR_DEVICE && strstr(er[0].err.msg, "aborted"),
            "its peer: %d '%s' (want MT_ERR_DEVICE, the communicator aborted)", (int)er[0].st_fwd, er[0].err.msg);
     printf("a failing device: peer returned '%s'\n", er[0].err.msg);
-    for (int q = 0; q < NDEV; q++) {
+    for (int q = 0; q < N2; q++) {
         free(er[q].y);
         free(er[q].dxn);
         layer_free(&L[q]);
@@ -434,15 +437,17 @@ static void run_failure(void) {
                kern_device_stats(devs[q]).device_in_use);
     }
     kern_comm_destroy(comm);
-    for (int q = 0; q < NDEV; q++) kern_device_destroy(devs[q]);
+    for (int q = 0; q < N2; q++) kern_device_destroy(devs[q]);
     host_free(&h);
 }
 
 int main(void) {
-    run_case(4, MT_F32);
-    run_case(5, MT_F32);
-    run_case(6, MT_BF16);
-    run_case(5, MT_BF16);
+    run_case(4, MT_F32, 2);
+    run_case(5, MT_F32, 2);
+    run_case(6, MT_BF16, 2);
+    run_case(5, MT_BF16, 2);
+    run_case(7, MT_F32, 3);
+    run_case(8, MT_BF16, 3);
     run_failure();
     if (failures) {
         fprintf(stderr, "expert_parallel_test: %d failure(s)\n", failures);
