@@ -57,6 +57,13 @@ typedef enum {
     SCHED_POLICY_MIN_MEMORY,  /* as offload_all but activations recomputed */
 } sched_policy_t;
 
+/* How a MoE layer uses two devices (the run config's parallel:). */
+typedef enum {
+    SCHED_PARALLEL_AUTO = 0, /* the planner's choice per MoE layer */
+    SCHED_PARALLEL_DATA,     /* every layer data parallel */
+    SCHED_PARALLEL_EXPERT,   /* every MoE layer expert parallel */
+} sched_parallel_t;
+
 typedef struct {
     int num_blocks;              /* L + 2 */
     sched_block_plan_t *blocks;  /* (num_blocks), owned */
@@ -74,6 +81,7 @@ typedef struct {
 void sched_plan_init_uniform(sched_plan_t *plan, int num_blocks, sched_policy_t policy);
 void sched_plan_free(sched_plan_t *plan);
 const char *sched_policy_name(sched_policy_t p);
+const char *sched_parallel_name(sched_parallel_t p);
 /* "auto", "keep_all", ... ; false when unknown. */
 bool sched_policy_parse(const char *name, sched_policy_t *out);
 
