@@ -46,7 +46,22 @@ typedef struct {
     /* With several devices, a MoE layer's routed experts are split between
      * them (expert parallel: each device holds and updates only its own
      * experts, routed tokens are exchanged) instead of replicated on every
-     * device (data parallel, the default).  Unused on one device. */
+     * device (data parallel, the default).  Unused on one device.
+     *
+     * What the cost model assumes the executor does (scheduler/costmodel.c,
+     * simulate.c, data_parallel.c), on exactly two devices: of E routed
+     * experts device 0 owns 0 .. ceil(E/2) - 1 and device 1 the rest; both
+     * devices run their micro-batches in lockstep; after routing each sends
+     * the rows routed to the other's experts (hidden-size, compute dtype)
+     * and gets the other's rows for its own, runs its experts on both, and
+     * sends the outputs back before the combine; the backward exchanges the
+     * output gradients and the input gradients the same way (a recomputed
+     * forward exchanges again).  The block's other weights, grads, optimizer
+     * and activations follow this plan on each device as in data parallel;
+     * its experts' too, for the owned ones only (weights/grads/optim here
+     * then describe the device's own experts).  Owned experts' gradients
+     * are not summed between devices; each owner's experts are updated by
+     * the host optimizer (one host copy) or in place on their device. */
     bool expert_parallel;
 } sched_block_plan_t;
 
