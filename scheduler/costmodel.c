@@ -98,8 +98,9 @@ static void ep_costs(const sched_block_info_t *bi, int grad_accum, double expert
     const double te = bi->train_expert_params, train_dense = bi->train_params - E * te;
     const double own_share = bi->train_params > 0 ? (bi->train_params - other * te) / bi->train_params : 1.0;
     const double train_mb = train_dense + te * hit, train_step = train_dense + te * hit_step;
+    const double all_host = c->optim_bytes + c->grad_bytes; /* every expert's */
     c->w_resident_bytes = bi->w_bytes - other * bi->w_expert_bytes;
-    c->w_home_bytes = c->w_resident_bytes;
+    /* w_home_bytes stays every expert's: the one host copy holds them all */
     c->w_fetch_bytes = bi->w_dense_bytes + bi->w_expert_bytes * hit;
     c->w_fetch_copies = bi->w_dense_tensors + hit * bi->w_expert_tensors;
     c->w_fetch_step_bytes = bi->w_dense_bytes + bi->w_expert_bytes * hit_step;
@@ -110,7 +111,8 @@ static void ep_costs(const sched_block_info_t *bi, int grad_accum, double expert
     c->grad_step_bytes = 4.0 * train_step;
     c->grad_step_copies = bi->train_dense_tensors + hit_step * bi->train_expert_tensors;
     c->optim_bytes = bi->optim_bytes * own_share;
-    c->host_weight_bytes = 4.0 * bi->train_fp32_params * own_share;
+    /* host_weight_bytes (a host-only fp32 copy) stays every expert's, as w_home_bytes */
+    c->other_host_bytes = all_host - (c->optim_bytes + c->grad_bytes);
     c->w_update_bytes = bi->train_w_bytes_step - bi->train_expert_w_bytes * (bi->experts_hit_step - hit_step);
     c->w_update_copies = c->grad_step_copies;
     const double adam_bytes = bi->adam_bytes_per_param * train_step;

@@ -65,6 +65,8 @@ typedef struct {
     double owned_grad_bytes;  /* gradients of its own experts: one owner, no reduction between devices */
     double owned_adam_host_s; /* host AdamW of its own experts per step; every device's share runs on
                                  the one host */
+    double other_host_bytes;  /* the other device's experts' optimizer state and host gradients: on
+                                 the one host too when the block's optimizer is there */
     double xchg_fwd_bytes;    /* routed rows this device sends the other per micro-batch, forward:
                                  tokens to the other's experts, then the other's tokens' expert outputs */
     double xchg_bwd_bytes;    /* ... backward: output gradients out, input gradients back */

@@ -3,8 +3,9 @@
  * the per-layer choice (sched_parallel_plan) must get right: each link
  * streams half the expert bytes; only replicated tensors' gradients are
  * summed; the exchange crosses each device's own link when it goes through
- * host memory; expert parallel is chosen when the links bound the step and
- * the peer link is fast, and not when the peer link is slow; a forced
+ * host memory; the one host still holds every expert; expert parallel is
+ * chosen when the links bound the step and the peer link is fast, and not
+ * when the peer link is slow; a forced
  * parallel: is honoured and refused where it cannot apply.  Mixtral-8x7B's
  * sizes (scheduler/testutil.h) on the shipped H100 PCIe profile, each
  * device running half of a step of 8 micro-batches. */
@@ -118,7 +119,7 @@ static void test_streaming_halved(void) {
     if (!s.ok) return;
     const int N = s.w.num_blocks;
     sched_plan_t p[2];
-    double fetched[2] = {0}, exchanged[2] = {0}, peer[2] = {0};
+    double fetched[2] = {0}, exchanged[2] = {0}, peer[2] = {0}, host_static[2] = {0};
     sched_dp_result_t dp[2];
     for (int k = 0; k < 2; k++) {
         sched_plan_init_uniform(&p[k], N, SCHED_POLICY_OFFLOAD_ALL);
@@ -136,11 +137,16 @@ static void test_streaming_halved(void) {
             if (t->kind == SCHED_TASK_EXCHANGE) exchanged[k] += t->bytes;
         }
         peer[k] = r.peer_bytes;
+        host_static[k] = r.static_bytes[SCHED_MEM_HOST];
         sched_sim_result_free(&r);
         EXPECT(sched_dp_predict(&s.w, &p[k], 2, sched_hw_host_bw(&s.hw), &dp[k], &err) == MT_OK, "%s", err.msg);
     }
     EXPECT(fetched[0] > 0 && fabs(fetched[1] - 0.5 * fetched[0]) < 1e-9 * fetched[0],
            "expert bytes fetched per link: expert parallel %g, data parallel %g", fetched[1], fetched[0]);
+    /* one host copy: the other device's experts' homes, optimizer state and
+     * gradients are in the same host memory as this device's */
+    EXPECT(host_static[0] > 0 && fabs(host_static[1] - host_static[0]) < 1e-9 * host_static[0],
+           "host memory: expert parallel %g, data parallel %g", host_static[1], host_static[0]);
     EXPECT(peer[0] == 0 && peer[1] > 0 && fabs(exchanged[1] - 2 * peer[1]) < 1e-6 * peer[1],
            "the rows sent (%g) cross the link out and the other's in (%g)", peer[1], exchanged[1]);
     double dense_grads = 0, all_grads = 0;

@@ -349,7 +349,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
         if (p->optim == SCHED_OPTIM_DEVICE) {
             stat[SCHED_MEM_DEVICE] += c->optim_bytes;
         } else {
-            stat[SCHED_MEM_HOST] += c->optim_bytes + c->grad_bytes;
+            stat[SCHED_MEM_HOST] += c->optim_bytes + c->grad_bytes + c->other_host_bytes;
             if (p->weights == SCHED_WEIGHTS_RESIDENT) stat[SCHED_MEM_HOST] += c->host_weight_bytes;
         }
     }
