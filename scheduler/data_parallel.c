@@ -190,24 +190,46 @@ mt_status_t sched_parallel_plan(const sched_workload_t *w, const sched_planner_o
     memcpy(mix->blocks, out->plan[start].blocks, (size_t)mix->num_blocks * sizeof *mix->blocks);
     sched_dp_result_t cur = out->dp[start];
     bool cur_fits = out->feasible[start];
-    /* each pass switches what helps; a layer's best can change once its
-     * neighbours have switched (prefetch overlaps blocks), so repeat until
-     * a pass switches nothing; each switch strictly lowers the step, so
-     * this ends */
-    for (bool changed = true; changed;) {
+    /* Each pass scores every single switch from the current mix, then tries
+     * them in order of time saved, re-predicting each on the mix as it now
+     * is (an earlier switch can use the memory a later one needed, and
+     * prefetch overlaps neighbours) and keeping those that still help
+     * within the budgets; the largest gains go first, so a small gain does
+     * not take the memory a large one needs.  Passes repeat until none
+     * switches: each kept switch strictly lowers the step, so this ends. */
+    typedef struct {
+        int block;
+        double saved;
+    } cand_t;
+    cand_t *cand = malloc((size_t)w->num_blocks * sizeof *cand);
+    MT_CHECK_ALLOC(cand, "mix candidates");
+    for (bool changed = true; changed && st == MT_OK;) {
         changed = false;
-        for (int b = 0; b < w->num_blocks; b++) {
+        int nc = 0;
+        for (int b = 0; b < w->num_blocks && st == MT_OK; b++) {
             if (!w->moe[b]) continue;
             mix->blocks[b].expert_parallel = !mix->blocks[b].expert_parallel;
             sched_dp_result_t r;
             st = sched_dp_predict(w, mix, SCHED_EP_DEVICES, host_bw, &r, err);
             out->simulations++;
-            if (st != MT_OK) {
-                sched_parallel_result_free(out);
-                return st;
+            mix->blocks[b].expert_parallel = !mix->blocks[b].expert_parallel;
+            if (st == MT_OK && better(&r, fits(&r, budget), &cur, cur_fits))
+                cand[nc++] = (cand_t){b, cur.step_s - r.step_s};
+        }
+        /* by time saved, then block order (insertion sort: deterministic, few) */
+        for (int i = 1; i < nc; i++)
+            for (int j = i; j > 0 && cand[j].saved > cand[j - 1].saved; j--) {
+                const cand_t t = cand[j];
+                cand[j] = cand[j - 1], cand[j - 1] = t;
             }
-            const bool f = fits(&r, budget);
-            if (better(&r, f, &cur, cur_fits) && (f || !cur_fits)) {
+        for (int i = 0; i < nc && st == MT_OK; i++) {
+            const int b = cand[i].block;
+            mix->blocks[b].expert_parallel = !mix->blocks[b].expert_parallel;
+            sched_dp_result_t r;
+            st = sched_dp_predict(w, mix, SCHED_EP_DEVICES, host_bw, &r, err);
+            out->simulations++;
+            const bool f = st == MT_OK && fits(&r, budget);
+            if (st == MT_OK && better(&r, f, &cur, cur_fits) && (f || !cur_fits)) {
                 cur = r;
                 cur_fits = f;
                 changed = true;
@@ -215,6 +237,11 @@ mt_status_t sched_parallel_plan(const sched_workload_t *w, const sched_planner_o
                 mix->blocks[b].expert_parallel = !mix->blocks[b].expert_parallel;
             }
         }
+    }
+    free(cand);
+    if (st != MT_OK) {
+        sched_parallel_result_free(out);
+        return st;
     }
     for (int b = 0; b < w->num_blocks; b++)
         out->switches += mix->blocks[b].expert_parallel != out->plan[start].blocks[b].expert_parallel;

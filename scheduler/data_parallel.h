@@ -68,9 +68,9 @@ mt_status_t sched_dp_predict(const sched_workload_t *w, const sched_plan_t *plan
  * layer data parallel; every MoE layer expert parallel (the planner's
  * placement search run on that layout, so the memory expert parallel frees
  * is spent like any other); and the mix: from the faster of the two that
- * fits, each MoE layer in turn is switched to the other layout, keeping
- * every placement, where that predicts a faster step within the budgets,
- * until no switch helps.  The mix is therefore never slower than the
+ * fits, MoE layers are switched to the other layout one at a time, the
+ * largest predicted saving first, keeping every placement, where that
+ * predicts a faster step within the budgets, until no switch helps.  The mix is therefore never slower than the
  * better uniform layout.  opts->parallel picks the plan the run uses:
  * auto the mix, data and expert the uniform ones. */
 enum { SCHED_LAYOUT_DATA = 0, SCHED_LAYOUT_MIX, SCHED_LAYOUT_EXPERT, SCHED_LAYOUT_COUNT };

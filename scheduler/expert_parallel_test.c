@@ -261,7 +261,55 @@ static void test_forced(void) {
     sched_workload_free(&w);
 }
 
+/* The mix is per layer: of two link-bound MoE layers, one with a cheap
+ * exchange (expert parallel halves its fetch) and one whose exchange costs
+ * far more than its fetch, the planner splits the first only.  The device
+ * budget holds one replicated layer in flight beside a split one, not two
+ * replicated: all-data does not fit, the mix fits and beats all-expert. */
+static void test_mixed_layers(void) {
+    sched_workload_t w;
+    sched_workload_init(&w, 4);
+    w.has_trainable = false;
+    w.h2d_bw = w.d2h_bw = 50e9;
+    w.peer_bw = 200e9;
+    for (int b = 0; b < 4; b++) {
+        sched_block_cost_t *c = &w.blocks[b];
+        c->fwd_s = c->bwd_s = c->recompute_s = 0.01;
+        c->act_saved_bytes = c->act_input_bytes = 1e6;
+        const bool moe = b == 1 || b == 2;
+        c->w_resident_bytes = c->w_fetch_bytes = c->w_home_bytes = moe ? 4e9 : 1e6;
+        c->w_fetch_copies = 1;
+    }
+    sched_workload_alloc_ep(&w);
+    for (int b = 1; b <= 2; b++) {
+        sched_block_cost_t *e = &w.ep_blocks[b];
+        w.moe[b] = true;
+        e->w_resident_bytes = e->w_fetch_bytes = 2e9;
+        e->xchg_fwd_bytes = e->xchg_bwd_bytes = b == 1 ? 1e8 : 4e10;
+        const double x = 2 * e->xchg_fwd_bytes / 2 / w.peer_bw; /* two all-to-alls, half each way */
+        e->fwd_s += x, e->bwd_s += x, e->recompute_s = e->fwd_s;
+    }
+    sched_planner_opts_t o;
+    opts_for(&o, SCHED_PARALLEL_AUTO);
+    o.budget[SCHED_MEM_DEVICE] = 7e9; /* 4 + 2 GB fetched at once fit, 4 + 4 do not */
+    o.device_headroom = 0;
+    sched_parallel_result_t r;
+    mt_error_t err = {0};
+    EXPECT(sched_parallel_plan(&w, &o, 100e9, &r, &err) == MT_OK, "%s", err.msg);
+    const sched_plan_t *m = &r.plan[SCHED_LAYOUT_MIX];
+    EXPECT(r.chosen == SCHED_LAYOUT_MIX && m->blocks && m->blocks[1].expert_parallel && !m->blocks[2].expert_parallel,
+           "layer 0 split, layer 1 replicated");
+    const double sm = r.dp[SCHED_LAYOUT_MIX].step_s;
+    EXPECT(!r.feasible[SCHED_LAYOUT_DATA] && r.feasible[SCHED_LAYOUT_EXPERT] && r.feasible[SCHED_LAYOUT_MIX] &&
+               sm < r.dp[SCHED_LAYOUT_EXPERT].step_s * 0.9,
+           "mix %g (fits %d), data %g (fits %d), expert %g", sm, r.feasible[SCHED_LAYOUT_MIX],
+           r.dp[SCHED_LAYOUT_DATA].step_s, r.feasible[SCHED_LAYOUT_DATA], r.dp[SCHED_LAYOUT_EXPERT].step_s);
+    sched_parallel_result_free(&r);
+    sched_workload_free(&w);
+}
+
 int main(void) {
+    test_mixed_layers();
     test_costs();
     test_streaming_halved();
     test_choice();
