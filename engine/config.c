@@ -212,6 +212,13 @@ static const enum_name_t k_step_order_names[] = {
     {NULL, 0},
 };
 
+static const enum_name_t k_parallel_names[] = {
+    {"auto", ENG_PARALLEL_AUTO},
+    {"data", ENG_PARALLEL_DATA},
+    {"expert", ENG_PARALLEL_EXPERT},
+    {NULL, 0},
+};
+
 static const key_row_t k_top_rows[] = {
     ROW("base_model", K_PATH, base_model),
     ROW("base_model_init", K_PATH, base_model_init),
@@ -257,6 +264,7 @@ static const key_row_t k_top_rows[] = {
     ROW("trace", K_BOOL, trace),
     ROW_ENUM("step_order", step_order, k_step_order_names),
     ROW("devices", K_DEVICES, devices),
+    ROW_ENUM("parallel", parallel, k_parallel_names),
     ROW_ENUM("adapter", adapter, k_adapter_names),
     ROW_INT("lora_r", lora_r, 1, 65536),
     ROW("lora_alpha", K_DOUBLE, lora_alpha),

@@ -52,6 +52,8 @@ typedef enum { ENG_ACTS_AUTO = 0, ENG_ACTS_KEEP, ENG_ACTS_OFFLOAD, ENG_ACTS_RECO
 typedef enum { ENG_STAGING_COMPACT = 0, ENG_STAGING_PER_TENSOR, ENG_STAGING_MAX_SLOT } eng_staging_mode_t;
 /* step_order: how an optimizer step's micro-batches go through the blocks (engine/exec.h) */
 typedef enum { ENG_STEP_ORDER_AUTO = 0, ENG_STEP_ORDER_MICRO_BATCH, ENG_STEP_ORDER_LAYER } eng_step_order_t;
+/* parallel: how a MoE layer uses two devices (scheduler/plan.h's sched_parallel_t) */
+typedef enum { ENG_PARALLEL_AUTO = 0, ENG_PARALLEL_DATA, ENG_PARALLEL_EXPERT } eng_parallel_t;
 
 typedef struct {
     char path[1024]; /* resolved relative to the run config's folder */
@@ -141,6 +143,10 @@ typedef struct {
     bool progress;                  /* default true: live bar on a terminal */
     bool trace;                     /* default false: write output_dir/trace.json (Chrome trace) */
     eng_step_order_t step_order;    /* default auto: layer-major where it saves link traffic */
+    /* with devices: 2, each MoE layer data parallel (experts replicated) or
+     * expert parallel (experts split, routed tokens exchanged); default auto:
+     * the planner's choice per layer; expert needs two devices and MoE layers */
+    eng_parallel_t parallel;
     /* axolotl's LoRA keys; stored here, used when adapter == ENG_ADAPTER_LORA */
     eng_adapter_t adapter;          /* default none = full fine-tuning; `adapter: lora` */
     int lora_r;                     /* default 8 (peft's LoraConfig) */

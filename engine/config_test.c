@@ -610,7 +610,35 @@ static void test_devices(void) {
     EXPECT_ERROR("base_model: m\ndevices: [a]\n", MT_ERR_CONFIG, "devices", "ordinal");
 }
 
+/* parallel: auto (default) | data | expert; expert needs two devices, and
+ * training refuses it until the executor runs it. */
+static void test_parallel(void) {
+    eng_run_config_t c;
+    mt_error_t err = {0};
+    eng_run_config_defaults(&c);
+    EXPECT(c.parallel == ENG_PARALLEL_AUTO);
+    static const char y[] = "base_model: m\ndevices: 2\nparallel: expert\n";
+    mt_status_t st = eng_run_config_parse(y, strlen(y), "run.yaml", &c, &err);
+    EXPECT(st == MT_OK && c.parallel == ENG_PARALLEL_EXPERT);
+    if (st == MT_OK) {
+        EXPECT(set_ok(&c, "parallel=data") && c.parallel == ENG_PARALLEL_DATA);
+        EXPECT(set_ok(&c, "parallel=auto") && c.parallel == ENG_PARALLEL_AUTO);
+        eng_run_config_free(&c);
+    }
+    EXPECT_ERROR("base_model: m\nparallel: tensor\n", MT_ERR_CONFIG, "parallel", "expert");
+    EXPECT_INVALID("parallel=expert", "parallel: expert splits each MoE layer's experts between 2 devices");
+    static const char two[] = "base_model: m\ndatasets: [{path: d.jsonl}]\ndevices: 2\nparallel: expert\n";
+    st = eng_run_config_parse(two, strlen(two), "v.yaml", &c, &err);
+    EXPECT(st == MT_OK);
+    if (st == MT_OK) {
+        EXPECT(eng_run_config_validate(&c, &err) == MT_ERR_CONFIG && strstr(err.msg, "parallel: expert") &&
+               strstr(err.msg, "training does not run it yet"));
+        eng_run_config_free(&c);
+    }
+}
+
 int main(void) {
+    test_parallel();
     test_defaults();
     test_save_expert_layout();
     test_resume_keys();

@@ -84,6 +84,10 @@ mt_status_t eng_program_planner_opts(const eng_run_config_t *rc, const sched_hw_
     o->step_order = rc->step_order == ENG_STEP_ORDER_LAYER         ? 1
                     : rc->step_order == ENG_STEP_ORDER_MICRO_BATCH ? 0
                                                                    : SCHED_AUTO_CHOICE;
+    o->devices = rc->devices.count;
+    o->parallel = rc->parallel == ENG_PARALLEL_EXPERT ? SCHED_PARALLEL_EXPERT
+                  : rc->parallel == ENG_PARALLEL_DATA ? SCHED_PARALLEL_DATA
+                                                      : SCHED_PARALLEL_AUTO;
     o->budget[SCHED_MEM_DEVICE] = rc->memory_device ? (double)rc->memory_device : hw->device_memory;
     /* A GPU frees device memory in stream order (kernels/device.h): a block
      * is reused only after every stream has passed its free, and the arena

@@ -8,7 +8,19 @@
  *   accumulator directly; later ones are added into it (read 8 + write 4
  *   bytes per parameter) at the bandwidth of the side that holds it.
  * - The global gradient norm reads every gradient once (4 bytes per
- *   parameter) on the side that holds it. */
+ *   parameter) on the side that holds it.
+ * - Expert parallel (ep_costs): each of two devices owns ceil(E/2) or
+ *   floor(E/2) of a layer's E routed experts; the devices run their
+ *   micro-batches in lockstep, so a device's experts see both devices'
+ *   tokens: per micro-batch the expected experts hit among its own are
+ *   owned/E of those 2n tokens hit among all E (uniform routing, as the
+ *   registry assumes; no routing trace reaches the planner).  Its routed
+ *   rows are then owned/E of 2nk: as many as data parallel's when E is
+ *   even, and the busier device's (owned = ceil(E/2)) sets the pace when
+ *   it is odd.  A token's k rows go to the other device's experts with
+ *   probability other/E each; the other's rows to this device's with
+ *   owned/E; one all-to-all moves both at once (full duplex), so it takes
+ *   the busier direction's time. */
 #include "scheduler/costmodel.h"
 
 #include <math.h>
@@ -41,8 +53,23 @@ void sched_workload_init(sched_workload_t *w, int num_blocks) {
     MT_CHECK_ALLOC(w->blocks, "workload blocks");
 }
 
+const sched_block_cost_t *sched_block_cost(const sched_workload_t *w, int b, bool expert_parallel) {
+    return expert_parallel && w->ep_blocks ? &w->ep_blocks[b] : &w->blocks[b];
+}
+
+void sched_workload_alloc_ep(sched_workload_t *w) {
+    free(w->ep_blocks);
+    free(w->moe);
+    w->ep_blocks = malloc((size_t)w->num_blocks * sizeof *w->ep_blocks);
+    w->moe = calloc((size_t)w->num_blocks, sizeof *w->moe);
+    MT_CHECK(w->ep_blocks && w->moe, "out of host memory for expert parallel costs");
+    memcpy(w->ep_blocks, w->blocks, (size_t)w->num_blocks * sizeof *w->ep_blocks);
+}
+
 void sched_workload_free(sched_workload_t *w) {
     if (!w) return;
+    free(w->ep_blocks);
+    free(w->moe);
     free(w->blocks);
     memset(w, 0, sizeof *w);
 }
@@ -55,6 +82,61 @@ static mt_status_t check_hw(const sched_hw_t *hw, mt_error_t *err) {
             return mt_error_set(err, MT_ERR_CONFIG, "%s: hardware profile has a rate that is not positive",
                                 hw->source);
     return MT_OK;
+}
+
+/* A MoE block's costs on one of SCHED_EP_DEVICES devices that owns part of
+ * its experts (see the design note), from its data parallel costs c (all
+ * experts) and the block's facts; expert_fwd_s / expert_bwd_s: the time of
+ * its ops that read routed experts' weights. */
+static void ep_costs(const sched_block_info_t *bi, int grad_accum, double expert_fwd_s, double expert_bwd_s,
+                     const sched_workload_t *w, double dev_bw, double host_bw, sched_block_cost_t *c) {
+    const double E = bi->num_experts, D = SCHED_EP_DEVICES;
+    const double owned = ceil(E / D), other = E - owned;
+    const double n = bi->tokens_mb, k = bi->top_k;
+    const double hit = sched_expected_experts_hit(bi->num_experts, bi->top_k, D * n) * owned / E;
+    const double hit_step = sched_expected_experts_hit(bi->num_experts, bi->top_k, D * n * grad_accum) * owned / E;
+    const double te = bi->train_expert_params, train_dense = bi->train_params - E * te;
+    const double own_share = bi->train_params > 0 ? (bi->train_params - other * te) / bi->train_params : 1.0;
+    const double train_mb = train_dense + te * hit, train_step = train_dense + te * hit_step;
+    const double all_host = c->optim_bytes + c->grad_bytes; /* every expert's */
+    c->w_resident_bytes = bi->w_bytes - other * bi->w_expert_bytes;
+    /* w_home_bytes stays every expert's: the one host copy holds them all */
+    c->w_fetch_bytes = bi->w_dense_bytes + bi->w_expert_bytes * hit;
+    c->w_fetch_copies = bi->w_dense_tensors + hit * bi->w_expert_tensors;
+    c->w_fetch_step_bytes = bi->w_dense_bytes + bi->w_expert_bytes * hit_step;
+    c->w_fetch_step_copies = bi->w_dense_tensors + hit_step * bi->w_expert_tensors;
+    c->grad_bytes = bi->grad_bytes - 4.0 * other * te;
+    c->grad_mb_bytes = 4.0 * train_mb;
+    c->grad_mb_copies = bi->train_dense_tensors + hit * bi->train_expert_tensors;
+    c->grad_step_bytes = 4.0 * train_step;
+    c->grad_step_copies = bi->train_dense_tensors + hit_step * bi->train_expert_tensors;
+    c->optim_bytes = bi->optim_bytes * own_share;
+    /* host_weight_bytes (a host-only fp32 copy) stays every expert's, as w_home_bytes */
+    c->other_host_bytes = all_host - (c->optim_bytes + c->grad_bytes);
+    c->w_update_bytes = bi->train_w_bytes_step - bi->train_expert_w_bytes * (bi->experts_hit_step - hit_step);
+    c->w_update_copies = c->grad_step_copies;
+    const double adam_bytes = bi->adam_bytes_per_param * train_step;
+    c->adam_device_s = adam_bytes / dev_bw;
+    c->adam_host_s = adam_bytes / host_bw;
+    c->grad_add_host_s = 12.0 * train_mb / host_bw;
+    c->grad_add_device_s = 12.0 * train_mb / dev_bw;
+    c->norm_device_s = 4.0 * train_step / dev_bw;
+    c->norm_host_s = 4.0 * train_step / host_bw;
+    c->owned_w_update_bytes = bi->train_expert_w_bytes * hit_step;
+    c->owned_grad_bytes = 4.0 * owned * te;
+    c->owned_adam_host_s = bi->adam_bytes_per_param * te * hit_step / host_bw;
+    /* the busier device's experts set the pace: 2n k owned/E rows against
+     * data parallel's n k */
+    const double load = D * owned / E;
+    /* hidden-size rows in the compute dtype: the block input's bytes per token */
+    const double row_bytes = n > 0 ? bi->act_input_bytes / n : 0;
+    const double sent = n * k * row_bytes;                  /* per pass: other/E out, then owned/E back */
+    const double busier = n * k * owned / E * row_bytes;    /* one all-to-all's larger direction */
+    const double a2a_s = w->peer_bw > 0 ? busier / w->peer_bw + w->peer_latency_s : 0;
+    c->xchg_fwd_bytes = c->xchg_bwd_bytes = sent;
+    c->fwd_s += expert_fwd_s * (load - 1.0) + 2.0 * a2a_s;
+    c->bwd_s += expert_bwd_s * (load - 1.0) + 2.0 * a2a_s;
+    c->recompute_s = c->fwd_s; /* the recomputed forward exchanges again */
 }
 
 mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *hw, sched_workload_t *out,
@@ -77,6 +159,21 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
     out->tokens_per_step = reg->tokens_per_step;
     const sched_rate_t mm = sched_matmul_rate(reg);
     const double dev_bw = sched_hw_device_bw(hw), host_bw = sched_hw_host_bw(hw);
+    out->peer_bw = sched_hw_peer_bw(hw);
+    out->peer_latency_s = sched_hw_peer_latency(hw);
+    out->peer_via_host = sched_hw_peer_via_host(hw);
+    /* ops that read routed experts' weights: the part of a MoE block whose
+     * rows move to the experts' owner under expert parallel */
+    bool *routed_op = calloc((size_t)(reg->num_ops > 0 ? reg->num_ops : 1), sizeof *routed_op);
+    MT_CHECK_ALLOC(routed_op, "routed ops");
+    bool any_moe = false;
+    for (int i = 0; i < reg->num_tensors; i++) {
+        const sched_tensor_t *t = &reg->tensors[i];
+        if (t->kind != SCHED_T_WEIGHT || t->expert < 0) continue;
+        for (int j = 0; j < t->num_consumers; j++) routed_op[t->consumers[j]] = true;
+    }
+    for (int b = 0; b < reg->num_blocks; b++) any_moe |= reg->blocks[b].is_moe && reg->blocks[b].num_experts >= 2;
+    if (any_moe) sched_workload_alloc_ep(out);
 
     for (int b = 0; b < reg->num_blocks; b++) {
         const sched_block_info_t *bi = &reg->blocks[b];
@@ -115,6 +212,19 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
         c->act_copies = bi->act_tensors;
         c->fwd_temp_bytes = bi->fwd_temp_bytes;
         c->bwd_temp_bytes = bi->bwd_temp_bytes;
+        if (!any_moe) continue;
+        out->ep_blocks[b] = *c;
+        if (!bi->is_moe || bi->num_experts < 2) continue;
+        out->moe[b] = true;
+        double efwd = 0, ebwd = 0;
+        for (int i = bi->first_op; i < bi->first_op + bi->num_ops; i++) {
+            const sched_op_t *op = &reg->ops[i];
+            if (!routed_op[i]) continue;
+            if (op->phase == SCHED_PHASE_FWD) efwd += sched_op_time(op, hw, mm);
+            else if (op->phase == SCHED_PHASE_BWD) ebwd += sched_op_time(op, hw, mm);
+        }
+        ep_costs(bi, reg->shape.grad_accum, efwd, ebwd, out, dev_bw, host_bw, &out->ep_blocks[b]);
     }
+    free(routed_op);
     return MT_OK;
 }

@@ -10,6 +10,8 @@
  *                    + copies x per-copy latency (one copy per tensor moved)
  *   host AdamW     = bytes touched / host memory bandwidth
  *   device AdamW   = bytes touched / device memory bandwidth
+ *   exchange       = per all-to-all: the busier direction's rows x row bytes
+ *                    / peer bandwidth + peer latency (expert parallel)
  *
  * The workload is plain numbers so that tests can write one by hand. */
 #ifndef MT_SCHEDULER_COSTMODEL_H
@@ -54,7 +56,25 @@ typedef struct {
     double act_input_bytes;  /* RECOMPUTE keeps only this */
     double act_copies;
     double fwd_temp_bytes, bwd_temp_bytes;
+    /* Expert parallel (sched_workload_t.ep_blocks; all 0 in a data parallel
+     * block's costs): the device's own experts and the token exchange.
+     * fwd_s, bwd_s and recompute_s already hold the exchange: the layer's
+     * compute cannot go on until its rows are back (critical path). */
+    double owned_w_update_bytes; /* working-copy bytes of its own experts a step updates: updated by
+                                    their owner, never refreshed from device 0 */
+    double owned_grad_bytes;  /* gradients of its own experts: one owner, no reduction between devices */
+    double owned_adam_host_s; /* host AdamW of its own experts per step; every device's share runs on
+                                 the one host */
+    double other_host_bytes;  /* the other device's experts' optimizer state and host gradients: on
+                                 the one host too when the block's optimizer is there */
+    double xchg_fwd_bytes;    /* routed rows this device sends the other per micro-batch, forward:
+                                 tokens to the other's experts, then the other's tokens' expert outputs */
+    double xchg_bwd_bytes;    /* ... backward: output gradients out, input gradients back */
 } sched_block_cost_t;
+
+/* Expert parallel splits a MoE layer's routed experts between this many
+ * devices (the one count the cost model and the planner handle). */
+#define SCHED_EP_DEVICES 2
 
 typedef struct {
     int num_blocks;
@@ -66,6 +86,16 @@ typedef struct {
     double latency_s;        /* per copy */
     double compute_interference, host_copy_s_per_byte; /* see sched_hw_t */
     sched_block_cost_t *blocks; /* (num_blocks), owned */
+    /* (num_blocks), owned, or NULL (no MoE block): a block's costs on one of
+     * SCHED_EP_DEVICES devices when its routed experts are split between them
+     * (the plan's expert_parallel); moe[b] false: a copy of blocks[b], never
+     * used (the plan check refuses expert parallel there) */
+    sched_block_cost_t *ep_blocks;
+    bool *moe;               /* (num_blocks) or NULL: blocks with routed experts */
+    /* the token exchange between devices: per direction; via host: the rows
+     * also cross each device's own link (D2H out, H2D in) */
+    double peer_bw, peer_latency_s;
+    bool peer_via_host;
     /* for reports */
     double model_flops;      /* one step's useful FLOPs */
     double peak_flops;       /* datasheet peak of the matmul dtype (MFU denominator) */
@@ -81,6 +111,11 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
                                  mt_error_t *err);
 /* An empty workload of n blocks (tests fill it by hand). */
 void sched_workload_init(sched_workload_t *w, int num_blocks);
+/* The costs block b runs at under plan flag expert_parallel. */
+const sched_block_cost_t *sched_block_cost(const sched_workload_t *w, int b, bool expert_parallel);
+/* Gives a hand-made workload expert parallel costs (tests): ep_blocks
+ * copied from blocks, moe[] false; the caller edits them. */
+void sched_workload_alloc_ep(sched_workload_t *w);
 void sched_workload_free(sched_workload_t *w);
 
 #endif

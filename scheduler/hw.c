@@ -74,6 +74,9 @@ static const hrow_t k_link_rows[] = {
     REQ("h2d_achievable", H_FRAC, h2d_frac),
     REQ("d2h_achievable", H_FRAC, d2h_frac),
     REQ("copy_latency_us", H_US, copy_latency_s),
+    OPT("peer_bandwidth", H_BW, peer_bw_peak),
+    OPT("peer_achievable", H_FRAC, peer_frac),
+    OPT("peer_latency_us", H_US, peer_latency_s),
     {0},
 };
 static const hrow_t k_host_rows[] = {
@@ -101,6 +104,22 @@ double sched_hw_device_bw(const sched_hw_t *hw) { return hw->device_bw_peak * hw
 double sched_hw_h2d_bw(const sched_hw_t *hw) { return hw->link_bw_peak * hw->h2d_frac; }
 double sched_hw_d2h_bw(const sched_hw_t *hw) { return hw->link_bw_peak * hw->d2h_frac; }
 double sched_hw_host_bw(const sched_hw_t *hw) { return hw->host_bw_peak * hw->host_bw_frac; }
+
+bool sched_hw_peer_via_host(const sched_hw_t *hw) { return !(hw->peer_bw_peak > 0); }
+
+/* Through host memory a row crosses the sender's link D2H and then the
+ * receiver's H2D; pipelined in chunks it moves at the slower direction's
+ * rate and pays two copies' fixed cost. */
+double sched_hw_peer_bw(const sched_hw_t *hw) {
+    if (!sched_hw_peer_via_host(hw)) return hw->peer_bw_peak * hw->peer_frac;
+    const double h = sched_hw_h2d_bw(hw), d = sched_hw_d2h_bw(hw);
+    return h < d ? h : d;
+}
+
+double sched_hw_peer_latency(const sched_hw_t *hw) {
+    if (sched_hw_peer_via_host(hw)) return 2.0 * hw->copy_latency_s;
+    return hw->peer_latency_s >= 0 ? hw->peer_latency_s : hw->copy_latency_s;
+}
 
 /* ---- values ----------------------------------------------------------------- */
 
@@ -291,6 +310,20 @@ mt_status_t sched_hw_parse(const char *yaml_text, size_t len, const char *path, 
     else st = walk(&c, k_top_rows, "", root);
     mt_yaml_doc_free(&yd);
     if (st == MT_OK) st = check_required(&c, k_top_rows, "");
+    /* a direct peer link's achievable share has no safe default: a wrong
+     * one decides expert parallel either way */
+    if (st == MT_OK && out->peer_bw_peak > 0 && isnan(out->peer_frac))
+        st = hfail(&c, NULL, "missing key 'link.peer_achievable' (required with link.peer_bandwidth: the share of "
+                             "the peer link's peak an all-to-all achieves, in (0, 1])");
+    if (st == MT_OK && !(out->peer_bw_peak > 0) && (!isnan(out->peer_frac) || !isnan(out->peer_latency_s)))
+        st = hfail(&c, NULL, "link.peer_achievable and link.peer_latency_us need link.peer_bandwidth (without it the "
+                             "devices exchange through host memory over their own links)");
+    if (st == MT_OK) {
+        /* absent: no direct link / the copy latency (NaN would poison the arithmetic) */
+        if (isnan(out->peer_bw_peak)) out->peer_bw_peak = 0;
+        if (isnan(out->peer_frac)) out->peer_frac = 0;
+        if (isnan(out->peer_latency_s)) out->peer_latency_s = -1;
+    }
     return st;
 }
 

@@ -26,6 +26,12 @@
  *     h2d_achievable: 0.8
  *     d2h_achievable: 0.8
  *     copy_latency_us: 10                     # fixed cost of one copy
+ *     peer_bandwidth: 450GB/s                 # optional: direct device-to-device link per
+ *                                             # direction (NVLink, PCIe peer-to-peer); absent:
+ *                                             # two devices exchange through host memory
+ *     peer_achievable: 0.8                    # required with peer_bandwidth
+ *     peer_latency_us: 15                     # optional: fixed cost of one exchange; absent:
+ *                                             # copy_latency_us
  *   host:
  *     name: "2x Xeon 8480+"                   # optional
  *     memory: 1TiB
@@ -62,6 +68,11 @@ typedef struct {
     double link_bw_peak;       /* bytes/s */
     double h2d_frac, d2h_frac;
     double copy_latency_s;
+    /* device to device (expert parallel's token exchange); peer_bw_peak 0:
+     * no direct link, the exchange goes through host memory */
+    double peer_bw_peak;       /* bytes/s per direction */
+    double peer_frac;
+    double peer_latency_s;     /* < 0: copy_latency_s */
     /* host */
     double host_memory, pinned_memory; /* bytes */
     double host_bw_peak;       /* bytes/s */
@@ -82,6 +93,12 @@ double sched_hw_device_bw(const sched_hw_t *hw);
 double sched_hw_h2d_bw(const sched_hw_t *hw);
 double sched_hw_d2h_bw(const sched_hw_t *hw);
 double sched_hw_host_bw(const sched_hw_t *hw);
+/* Device to device, per direction: the direct link's achievable rate, or
+ * through host memory (no peer_bandwidth) the slower link direction, the
+ * bytes then also crossing each device's own link. */
+bool sched_hw_peer_via_host(const sched_hw_t *hw);
+double sched_hw_peer_bw(const sched_hw_t *hw);
+double sched_hw_peer_latency(const sched_hw_t *hw); /* one exchange's fixed cost */
 const char *sched_rate_name(sched_rate_t r);
 
 mt_status_t sched_hw_parse(const char *yaml_text, size_t len, const char *path, sched_hw_t *out, mt_error_t *err);

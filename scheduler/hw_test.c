@@ -100,6 +100,18 @@ static void test_parse(void) {
     EXPECT_ERROR("name: x\nname: y\n", "cfg/hw.yaml:2: duplicate key 'name'", NULL);
     EXPECT_ERROR("[1, 2]\n", "must be a mapping", NULL);
     EXPECT_ERROR("name: [\n", "cfg/hw.yaml:", "invalid YAML");
+    /* the peer link: absent, through host memory at the slower link direction with two copies' latency */
+    EXPECT(sched_hw_peer_via_host(&hw) && sched_hw_peer_bw(&hw) == 32e9 && fabs(sched_hw_peer_latency(&hw) - 16e-6) < 1e-15,
+           "peer through host: %g B/s, %g s", sched_hw_peer_bw(&hw), sched_hw_peer_latency(&hw));
+    edit(text, sizeof text, 12, "  copy_latency_us: 8\n  peer_bandwidth: 450GB/s\n  peer_achievable: 0.8\n");
+    st = sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err);
+    EXPECT(st == MT_OK && !sched_hw_peer_via_host(&hw) && fabs(sched_hw_peer_bw(&hw) - 360e9) < 1 &&
+               fabs(sched_hw_peer_latency(&hw) - 8e-6) < 1e-15,
+           "direct peer link: %s", err.msg);
+    edit(text, sizeof text, 12, "  copy_latency_us: 8\n  peer_bandwidth: 450GB/s\n");
+    EXPECT_ERROR(text, "missing key 'link.peer_achievable'", "link.peer_bandwidth");
+    edit(text, sizeof text, 12, "  copy_latency_us: 8\n  peer_latency_us: 3\n");
+    EXPECT_ERROR(text, "need link.peer_bandwidth", NULL);
     EXPECT(sched_hw_load("/nonexistent/hw.yaml", &hw, &err) == MT_ERR_IO && strstr(err.msg, "/nonexistent/hw.yaml"),
            "%s", err.msg);
 }

@@ -40,6 +40,15 @@ void sched_plan_free(sched_plan_t *plan) {
 
 static const char *const k_names[] = {"auto", "keep_all", "offload_all", "min_memory"};
 
+const char *sched_parallel_name(sched_parallel_t p) {
+    switch (p) {
+    case SCHED_PARALLEL_AUTO: return "auto";
+    case SCHED_PARALLEL_DATA: return "data";
+    case SCHED_PARALLEL_EXPERT: return "expert";
+    }
+    return "?";
+}
+
 const char *sched_policy_name(sched_policy_t p) {
     return (unsigned)p < sizeof k_names / sizeof k_names[0] ? k_names[p] : "?";
 }

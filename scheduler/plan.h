@@ -46,7 +46,22 @@ typedef struct {
     /* With several devices, a MoE layer's routed experts are split between
      * them (expert parallel: each device holds and updates only its own
      * experts, routed tokens are exchanged) instead of replicated on every
-     * device (data parallel, the default).  Unused on one device. */
+     * device (data parallel, the default).  Unused on one device.
+     *
+     * What the cost model assumes the executor does (scheduler/costmodel.c,
+     * simulate.c, data_parallel.c), on exactly two devices: of E routed
+     * experts device 0 owns 0 .. ceil(E/2) - 1 and device 1 the rest; both
+     * devices run their micro-batches in lockstep; after routing each sends
+     * the rows routed to the other's experts (hidden-size, compute dtype)
+     * and gets the other's rows for its own, runs its experts on both, and
+     * sends the outputs back before the combine; the backward exchanges the
+     * output gradients and the input gradients the same way (a recomputed
+     * forward exchanges again).  The block's other weights, grads, optimizer
+     * and activations follow this plan on each device as in data parallel;
+     * its experts' too, for the owned ones only (weights/grads/optim here
+     * then describe the device's own experts).  Owned experts' gradients
+     * are not summed between devices; each owner's experts are updated by
+     * the host optimizer (one host copy) or in place on their device. */
     bool expert_parallel;
 } sched_block_plan_t;
 
@@ -56,6 +71,13 @@ typedef enum {
     SCHED_POLICY_OFFLOAD_ALL, /* weights streamed, grads and optimizer on host, activations offloaded */
     SCHED_POLICY_MIN_MEMORY,  /* as offload_all but activations recomputed */
 } sched_policy_t;
+
+/* How a MoE layer uses two devices (the run config's parallel:). */
+typedef enum {
+    SCHED_PARALLEL_AUTO = 0, /* the planner's choice per MoE layer */
+    SCHED_PARALLEL_DATA,     /* every layer data parallel */
+    SCHED_PARALLEL_EXPERT,   /* every MoE layer expert parallel */
+} sched_parallel_t;
 
 typedef struct {
     int num_blocks;              /* L + 2 */
@@ -74,6 +96,7 @@ typedef struct {
 void sched_plan_init_uniform(sched_plan_t *plan, int num_blocks, sched_policy_t policy);
 void sched_plan_free(sched_plan_t *plan);
 const char *sched_policy_name(sched_policy_t p);
+const char *sched_parallel_name(sched_parallel_t p);
 /* "auto", "keep_all", ... ; false when unknown. */
 bool sched_policy_parse(const char *name, sched_policy_t *out);
 

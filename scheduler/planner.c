@@ -411,6 +411,10 @@ static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planne
         start.blocks[N - 1].acts = SCHED_ACTS_KEEP;
     }
     mt_status_t st = apply_overrides(&start, o, err);
+    /* the moves never touch expert_parallel: the walk plans placement for
+     * the layout it starts from */
+    if (o->parallel == SCHED_PARALLEL_EXPERT)
+        for (int b = 0; b < N; b++) start.blocks[b].expert_parallel = w->moe && w->moe[b];
     path_t path = {0}, hostpath = {0};
     int chosen = -1;
     if (st != MT_OK) goto out;
@@ -477,6 +481,19 @@ mt_status_t sched_plan_make(const sched_workload_t *w, const sched_planner_opts_
                             mt_error_t *err) {
     /* plans fit the device budget less its headroom (diagnose reports the
      * user's budget) */
+    if (user->parallel == SCHED_PARALLEL_EXPERT) {
+        bool any = false;
+        for (int b = 0; w->moe && b < w->num_blocks; b++) any |= w->moe[b];
+        if (user->devices != SCHED_EP_DEVICES)
+            return mt_error_set(err, MT_ERR_CONFIG,
+                                "parallel: expert splits each MoE layer's experts between %d devices; the run has %d "
+                                "(set devices: %d, or parallel: auto|data)",
+                                SCHED_EP_DEVICES, user->devices > 0 ? user->devices : 1, SCHED_EP_DEVICES);
+        if (!any)
+            return mt_error_set(err, MT_ERR_CONFIG,
+                                "parallel: expert needs MoE layers (routed experts to split between the devices); this "
+                                "model has none (use parallel: auto or data)");
+    }
     sched_planner_opts_t eff = *user;
     if (eff.device_headroom > 0) eff.budget[SCHED_MEM_DEVICE] *= 1.0 - eff.device_headroom;
     const sched_planner_opts_t *o = &eff;

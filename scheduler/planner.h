@@ -49,6 +49,13 @@ typedef struct {
     /* Share of the device budget plans leave free (0..1): a GPU frees in
      * stream order and its arena fragments (engine/program.c sets it). */
     double device_headroom;
+    /* Devices of the run (0 or 1: one) and parallel: for MoE layers.
+     * sched_plan_make plans one layout: expert sets expert_parallel on
+     * every MoE block (devices must be 2 and the model have MoE layers),
+     * auto and data plan data parallel; the per-layer choice of auto is
+     * sched_parallel_plan's (data_parallel.h). */
+    int devices;
+    sched_parallel_t parallel;
 } sched_planner_opts_t;
 
 void sched_planner_opts_default(sched_planner_opts_t *o);

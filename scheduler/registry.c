@@ -268,6 +268,8 @@ static void begin_block(builder_t *b, const sched_prog_block_t *pb, int block) {
     sched_block_info_t *bi = &b->r->blocks[block];
     bi->layer = pb->layer;
     bi->is_moe = pb->is_moe;
+    bi->tokens_mb = b->n;
+    if (pb->is_moe) bi->num_experts = pb->num_experts, bi->top_k = pb->top_k;
     if (pb->is_moe) {
         bi->experts_hit = sched_expected_experts_hit(pb->num_experts, pb->top_k, b->n);
         bi->experts_hit_step = sched_expected_experts_hit(pb->num_experts, pb->top_k, b->r->tokens_per_step);
@@ -290,6 +292,8 @@ static void end_block(builder_t *b, const sched_prog_block_t *pb) {
     bi->train_params_mb = b->train_dense + b->train_expert * bi->experts_hit;
     bi->train_params_step = b->train_dense + b->train_expert * bi->experts_hit_step;
     bi->train_w_bytes_step = b->train_wb_dense + b->train_wb_expert * bi->experts_hit_step;
+    bi->train_expert_params = b->train_expert;
+    bi->train_expert_w_bytes = b->train_wb_expert;
     if (bi->adam_bytes_per_param == 0) bi->adam_bytes_per_param = b->wdt == MT_F32 ? 28.0 : 30.0;
     sched_op_t *o = &r->ops[b->optim_op];
     o->bytes = bi->adam_bytes_per_param * bi->train_params_step;

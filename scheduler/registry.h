@@ -159,6 +159,8 @@ void sched_program_add_consumer(sched_program_t *p, int t, int op);
 typedef struct {
     int layer;               /* HF layer, -1 for embedding / head */
     bool is_moe;
+    int num_experts, top_k;  /* routing (MoE blocks): what splitting the experts between devices changes */
+    double tokens_mb;        /* tokens of one micro-batch (B * T) */
     /* weights (working copies) */
     double w_bytes;          /* all of the block's weights: the resident footprint */
     double w_dense_bytes;    /* everything but routed experts */
@@ -176,6 +178,8 @@ typedef struct {
     double adam_bytes_per_param; /* 28 (fp32 p, g, m, v read; p, m, v written) + 2 with a bf16 copy */
     double train_w_bytes_step;   /* working-copy bytes of the trainable tensors updated in a step */
     double train_fp32_params;    /* trainable params whose working copy is the fp32 master itself */
+    double train_expert_params;  /* trainable params of one routed expert */
+    double train_expert_w_bytes; /* ... their working-copy bytes */
     /* tensor counts: one copy each when moved (per-copy latency) */
     int w_dense_tensors, w_expert_tensors; /* expert: tensors of one routed expert */
     int train_dense_tensors, train_expert_tensors;

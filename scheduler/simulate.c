@@ -18,7 +18,7 @@ static const char *const k_res_names[SCHED_RES_COUNT] = {"compute", "h2d", "d2h"
 static const char *const k_mem_names[SCHED_MEM_COUNT] = {"device", "pinned", "host"};
 static const char *const k_task_names[SCHED_TASK_KIND_COUNT] = {
     "forward", "backward", "fetch weights", "fetch activations", "offload activations",
-    "gradients d2h", "gradients on host", "grad norm", "adamw", "weights update h2d",
+    "gradients d2h", "gradients on host", "grad norm", "adamw", "weights update h2d", "token exchange",
 };
 
 const char *sched_resource_name(sched_resource_t r) { return (unsigned)r < SCHED_RES_COUNT ? k_res_names[r] : "?"; }
@@ -45,6 +45,7 @@ typedef struct {
     sched_resource_t end_res;
     bool off_step; /* tasks that run into the next step (deferred AdamW): not the step's end */
     double h2d_bytes, d2h_bytes;
+    double peer_bytes; /* expert parallel rows sent to the other device */
     double *first_fwd; /* per block: its first forward's start (-1 before it) */
 } sim_t;
 
@@ -105,6 +106,24 @@ static double copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, int mi
     else s->d2h_bytes += bytes;
     if (start_out) *start_out = start;
     return end;
+}
+
+/* An expert parallel block's token exchange, whose time its compute task
+ * [start, end] already holds.  Through host memory the rows also cross this
+ * device's own link both ways (its rows out D2H, the other's in H2D: two
+ * all-to-alls per pass), queued behind the copies issued before; the
+ * compute cannot end before they have.  Returns the compute's end. */
+static double exchange(sim_t *s, int block, int micro, double start, double end, double bytes) {
+    if (bytes <= 0) return end;
+    s->peer_bytes += bytes;
+    if (!s->w->peer_via_host) return end;
+    const double e1 = copy(s, false, SCHED_TASK_EXCHANGE, block, micro, start, bytes, 2, NULL);
+    const double e2 = copy(s, true, SCHED_TASK_EXCHANGE, block, micro, start, bytes, 2, NULL);
+    const double e = e1 > e2 ? e1 : e2;
+    if (e <= end) return end;
+    s->waited[e1 > e2 ? SCHED_RES_D2H : SCHED_RES_H2D] += e - end;
+    s->free_at[SCHED_RES_COMPUTE] = e;
+    return e;
 }
 
 static bool opts_in_step(const sched_sim_opts_t *o) { return o && o->updates_in_step; }
@@ -197,7 +216,7 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
         const bool fwd = u < N - 1, head = u == N - 1;
         const int b = u < N ? u : 2 * N - 2 - u;
         const sched_block_plan_t *p = &plan->blocks[b];
-        const sched_block_cost_t *c = &w->blocks[b];
+        const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
         const bool turn = W >= 1 && N >= 3 && b == N - 2;
         const sched_act_place_t acts =
             b == 0 || b == N - 1 || (turn && p->acts == SCHED_ACTS_OFFLOAD) ? SCHED_ACTS_KEEP : p->acts;
@@ -247,6 +266,7 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
             double start;
             if (fwd || head) {
                 end = compute(s, SCHED_TASK_FWD, b, mb, ready, ready_res, c->fwd_s, &start);
+                end = exchange(s, b, mb, start, end, c->xchg_fwd_bytes);
                 prev_start = start;
                 const double saved = acts == SCHED_ACTS_RECOMPUTE ? c->act_input_bytes : c->act_saved_bytes;
                 mem(s, SCHED_MEM_DEVICE, start, saved + c->fwd_temp_bytes);
@@ -264,6 +284,7 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
                 const bool dev_add = mb > 0 && w->has_trainable && c->grad_mb_bytes > 0;
                 const double dur = c->bwd_s + (rc ? c->recompute_s : 0) + (dev_add ? c->grad_add_device_s : 0);
                 end = compute(s, SCHED_TASK_BWD, b, mb, end > ready ? end : ready, ready_res, dur, &start);
+                end = exchange(s, b, mb, start, end, c->xchg_bwd_bytes + (rc ? c->xchg_fwd_bytes : 0));
                 prev_start = start;
                 if (rc) out->recompute_s += c->recompute_s;
                 const double temp = rc && c->fwd_temp_bytes > c->bwd_temp_bytes ? c->fwd_temp_bytes : c->bwd_temp_bytes;
@@ -307,6 +328,10 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     out->compute_stretch = 1.0;
     mt_status_t st = sched_plan_check(plan, w->num_blocks, err);
     if (st != MT_OK) return st;
+    for (int b = 0; b < w->num_blocks; b++)
+        if (plan->blocks[b].expert_parallel && !(w->moe && w->moe[b]))
+            return mt_error_set(err, MT_ERR_CONFIG,
+                                "block %d: expert parallel needs a block with routed experts (a MoE layer)", b);
     const int N = w->num_blocks, ga = w->grad_accum > 0 ? w->grad_accum : 1, W = plan->prefetch_window;
     sim_t s = {.w = w, .keep_tasks = opts && opts->tasks};
     s.first_fwd = malloc((size_t)N * sizeof *s.first_fwd);
@@ -317,14 +342,14 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     double stat[SCHED_MEM_COUNT] = {0};
     for (int b = 0; b < N; b++) {
         const sched_block_plan_t *p = &plan->blocks[b];
-        const sched_block_cost_t *c = &w->blocks[b];
+        const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
         if (p->weights == SCHED_WEIGHTS_RESIDENT) stat[SCHED_MEM_DEVICE] += c->w_resident_bytes;
         else stat[SCHED_MEM_HOST] += c->w_home_bytes;
         if (p->grads == SCHED_GRADS_DEVICE) stat[SCHED_MEM_DEVICE] += c->grad_bytes;
         if (p->optim == SCHED_OPTIM_DEVICE) {
             stat[SCHED_MEM_DEVICE] += c->optim_bytes;
         } else {
-            stat[SCHED_MEM_HOST] += c->optim_bytes + c->grad_bytes;
+            stat[SCHED_MEM_HOST] += c->optim_bytes + c->grad_bytes + c->other_host_bytes;
             if (p->weights == SCHED_WEIGHTS_RESIDENT) stat[SCHED_MEM_HOST] += c->host_weight_bytes;
         }
     }
@@ -346,7 +371,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
             for (int i = 0; i < N; i++) {
                 const int b = fwd ? i : N - 1 - i;
                 const sched_block_plan_t *p = &plan->blocks[b];
-                const sched_block_cost_t *c = &w->blocks[b];
+                const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
                 /* the last layer at the turn from forward to backward (engine/exec_internal.h,
                  * exec_turn_held): with a window of at least 1 its streamed weights and offloaded
                  * activations stay on the device from its forward to its backward */
@@ -394,6 +419,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
                 double start, end;
                 if (fwd) {
                     end = compute(&s, SCHED_TASK_FWD, b, mb, ready, ready_res, c->fwd_s, &start);
+                    end = exchange(&s, b, mb, start, end, c->xchg_fwd_bytes);
                     const double saved = acts == SCHED_ACTS_RECOMPUTE ? c->act_input_bytes : c->act_saved_bytes;
                     mem(&s, SCHED_MEM_DEVICE, start, saved + c->fwd_temp_bytes);
                     mem(&s, SCHED_MEM_DEVICE, end, -c->fwd_temp_bytes);
@@ -403,6 +429,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
                     const bool dev_add = mb > 0 && w->has_trainable && p->grads == SCHED_GRADS_DEVICE;
                     const double dur = c->bwd_s + (rc ? c->recompute_s : 0) + (dev_add ? c->grad_add_device_s : 0);
                     end = compute(&s, SCHED_TASK_BWD, b, mb, ready, ready_res, dur, &start);
+                    end = exchange(&s, b, mb, start, end, c->xchg_bwd_bytes + (rc ? c->xchg_fwd_bytes : 0));
                     if (rc) out->recompute_s += c->recompute_s;
                     const double temp = rc && c->fwd_temp_bytes > c->bwd_temp_bytes ? c->fwd_temp_bytes : c->bwd_temp_bytes;
                     const double grads = grads_d2h || dev_add ? c->grad_mb_bytes : 0;
@@ -450,15 +477,16 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     if (w->has_trainable) {
         double norm_host = 0, norm_dev = 0;
         for (int b = 0; b < N; b++) {
-            if (w->blocks[b].grad_step_bytes <= 0) continue;
-            if (plan->blocks[b].grads == SCHED_GRADS_HOST) norm_host += w->blocks[b].norm_host_s;
-            else norm_dev += w->blocks[b].norm_device_s;
+            const sched_block_cost_t *c = sched_block_cost(w, b, plan->blocks[b].expert_parallel);
+            if (c->grad_step_bytes <= 0) continue;
+            if (plan->blocks[b].grads == SCHED_GRADS_HOST) norm_host += c->norm_host_s;
+            else norm_dev += c->norm_device_s;
         }
         t = opt_run(&s, SCHED_RES_HOST, SCHED_TASK_NORM, -1, t, norm_host);
         t = opt_run(&s, SCHED_RES_COMPUTE, SCHED_TASK_NORM, -1, t, norm_dev);
         for (int b = 0; b < N; b++) {
             const sched_block_plan_t *p = &plan->blocks[b];
-            const sched_block_cost_t *c = &w->blocks[b];
+            const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
             if (c->grad_step_bytes <= 0) continue;
             const bool resident = p->weights == SCHED_WEIGHTS_RESIDENT;
             if (p->optim == SCHED_OPTIM_DEVICE) {
@@ -500,7 +528,8 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     double stall = 0;
     for (int b = 0; b < N; b++) {
         if (deferred_end[b] <= 0 || s.first_fwd[b] < 0) continue;
-        const double fetch = sched_transfer_time(w, true, w->blocks[b].w_fetch_bytes, w->blocks[b].w_fetch_copies);
+        const sched_block_cost_t *c = sched_block_cost(w, b, plan->blocks[b].expert_parallel);
+        const double fetch = sched_transfer_time(w, true, c->w_fetch_bytes, c->w_fetch_copies);
         const double late = deferred_end[b] - out->step_time + fetch - s.first_fwd[b];
         if (late > stall) stall = late;
     }
@@ -522,6 +551,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     }
     out->h2d_bytes = s.h2d_bytes;
     out->d2h_bytes = s.d2h_bytes;
+    out->peer_bytes = s.peer_bytes;
     out->tasks = s.tasks;
     out->num_tasks = s.ntasks;
     free(phase_end);
@@ -569,6 +599,7 @@ static mt_status_t simulate_micro(const sched_workload_t *w, const sched_plan_t 
     SIM_EXTEND(compute_idle);
     SIM_EXTEND(h2d_bytes);
     SIM_EXTEND(d2h_bytes);
+    SIM_EXTEND(peer_bytes);
     SIM_EXTEND(recompute_s);
     for (int r = 0; r < SCHED_RES_COUNT; r++) {
         SIM_EXTEND(busy[r]);
@@ -593,8 +624,14 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
     slow.blocks = malloc((size_t)w->num_blocks * sizeof *slow.blocks);
     MT_CHECK_ALLOC(slow.blocks, "simulator workload copy");
     memcpy(slow.blocks, w->blocks, (size_t)w->num_blocks * sizeof *slow.blocks);
-    for (int b = 0; b < w->num_blocks; b++) {
-        sched_block_cost_t *c = &slow.blocks[b];
+    if (w->ep_blocks) {
+        slow.ep_blocks = malloc((size_t)w->num_blocks * sizeof *slow.ep_blocks);
+        MT_CHECK_ALLOC(slow.ep_blocks, "simulator workload copy");
+        memcpy(slow.ep_blocks, w->ep_blocks, (size_t)w->num_blocks * sizeof *slow.ep_blocks);
+    }
+    const int n_costs = (w->ep_blocks ? 2 : 1) * w->num_blocks; /* both layouts' costs */
+    for (int i = 0; i < n_costs; i++) {
+        sched_block_cost_t *c = i < w->num_blocks ? &slow.blocks[i] : &slow.ep_blocks[i - w->num_blocks];
         c->fwd_s *= stretch;
         c->bwd_s *= stretch;
         c->recompute_s *= stretch;
@@ -604,6 +641,7 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
     st = simulate_micro(&slow, plan, opts, out, err);
     out->compute_stretch = stretch;
     free(slow.blocks);
+    free(slow.ep_blocks);
     return st;
 }
 

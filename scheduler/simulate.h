@@ -52,6 +52,12 @@
  *    micro-batch in turn, one weight fetch per use (the experts any
  *    micro-batch hits), a grads HOST block sums on the device and sends
  *    once; see sim_layer_major in simulate.c.
+ *  - expert parallel (block plan expert_parallel, the workload's
+ *    ep_blocks): the block runs at its expert parallel costs (its own
+ *    experts' weights, gradients and optimizer state; the token exchange
+ *    inside its compute time); through host memory the exchanged rows also
+ *    take this device's D2H and H2D streams, behind the copies issued
+ *    before, and the block's compute ends no earlier than they do.
  *  - host interference (workload.compute_interference > 0, the CPU
  *    backend): the step is simulated once, the host cores' busy fraction
  *    d = (bytes copied x host_copy_s_per_byte + host optimizer time) /
@@ -92,6 +98,7 @@ typedef enum {
     SCHED_TASK_NORM,
     SCHED_TASK_ADAM,
     SCHED_TASK_W_UPDATE,     /* updated working copies: H2D (resident, host AdamW) or D2H (streamed, device AdamW) */
+    SCHED_TASK_EXCHANGE,     /* expert parallel through host memory: routed rows over this device's link */
     SCHED_TASK_KIND_COUNT,
 } sched_task_kind_t;
 
@@ -137,6 +144,8 @@ typedef struct {
     double peak[SCHED_MEM_COUNT];
     double static_bytes[SCHED_MEM_COUNT]; /* held for the whole step */
     double h2d_bytes, d2h_bytes;
+    double peer_bytes;            /* expert parallel: rows this device sent the other (through host
+                                     memory these are in h2d_bytes and d2h_bytes as well) */
     double recompute_s;           /* compute time spent recomputing */
     double compute_stretch;       /* factor compute ran slower by for host interference (1: none) */
     sched_timeline_t timeline[SCHED_MEM_COUNT];

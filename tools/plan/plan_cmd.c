@@ -31,7 +31,9 @@ static void usage(FILE *f) {
             "  --trace    write the predicted step as a Chrome trace (open in Perfetto)\n"
             "  --set      override a run-config key, e.g. --set memory.host=512GiB\n"
             "  --devices  N devices of this host, data parallel, one host copy (default: the run config's\n"
-            "             devices:): each device's share planned and predicted over its own link\n"
+            "             devices:): each device's share planned and predicted over its own link; with 2,\n"
+            "             each MoE layer data or expert parallel (parallel: auto|data|expert), all three\n"
+            "             layouts predicted\n"
             "exit codes: 0 a plan fits, 3 no plan fits the budgets, 1 error, 2 bad command line\n");
 }
 
@@ -182,13 +184,17 @@ int mt_plan_main(int argc, char **argv) {
     if (st != MT_OK) goto done;
     if (sched_workload_build(&c.reg, &c.hw, &c.w, &err) != MT_OK) goto done;
     if (eng_program_planner_opts(&c.rc, &c.hw, &c.opts, &err) != MT_OK) goto done;
+    /* the main plan is one device running every micro-batch, the yardstick
+     * the devices are compared with: no experts to split there (a single
+     * device asking for expert parallel is refused by the planner) */
+    if (c.rc.devices.count > 1) c.opts.parallel = SCHED_PARALLEL_DATA, c.opts.devices = 1;
     if (sched_plan_make(&c.w, &c.opts, &c.res, &err) != MT_OK) goto done;
     plan_devices_t dp;
     const bool multi = c.rc.devices.count > 1;
     if (multi && plan_devices_make(&c, c.rc.devices.count, &dp, &err) != MT_OK) goto done;
     if (json) {
         json_t *doc = plan_report_json(&c);
-        if (multi) json_object_set_new(doc, "data_parallel", plan_devices_json(&dp));
+        if (multi) json_object_set_new(doc, "data_parallel", plan_devices_json(&c, &dp));
         char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
         json_decref(doc);
         MT_CHECK_ALLOC(text, "plan JSON text");

@@ -66,7 +66,14 @@
  *                     micro_batches_per_device, fwd_bwd_s, reduce_s, optim_s, refresh_s,
  *                     step_time_s, tokens_per_s (all devices), single_device_step_time_s,
  *                     reduce_device_bytes, reduce_host_bytes, per_device [{device, h2d_bytes,
- *                     d2h_bytes}], h2d_bytes_total}
+ *                     d2h_bytes, peak_device_bytes}], h2d_bytes_total, peer_bytes (rows each device
+ *                     sends the other per step; through host memory also in the link bytes)}; the
+ *                     layout the run uses.  With 2 devices also: parallel ("auto"|"data"|"expert",
+ *                     asked), layout ("data"|"mix"|"expert", used), peer_via_host, layouts {data, mix,
+ *                     expert: each null (no MoE layers) or {feasible, step_time_s, tokens_per_s,
+ *                     expert_parallel_layers, peer_bytes, reduce_device_bytes, per_device [{device,
+ *                     h2d_bytes, d2h_bytes, peak_device_bytes}]}}, moe_layers [{block, layer,
+ *                     expert_parallel}] (the used plan's choice per MoE layer)
  */
 #ifndef MT_TOOLS_PLAN_PLAN_CMD_H
 #define MT_TOOLS_PLAN_PLAN_CMD_H

@@ -344,10 +344,115 @@ static void test_devices(void) {
     EXPECT(rc == 1 && strstr(err, "gradient_accumulation_steps (8)") && strstr(err, "devices (3)"), "K=8 on 3: %d %s",
            rc, err);
     free(out), free(err);
-    const char *a3[] = {path, "--hw", "h100-80gb-pcie", "--devices", "2"};
-    rc = run_plan(a3, 5, &out, &err);
+    const char *a3[] = {path, "--hw", "h100-80gb-pcie", "--devices", "2", "--set", "parallel=data"};
+    rc = run_plan(a3, 7, &out, &err);
     EXPECT(rc == 0 && strstr(out, "data parallel on 2 devices") && strstr(out, "each other"), "text: %d %.300s", rc,
            err);
+    free(out), free(err);
+}
+
+/* One run with --devices 2 and parallel: ASK; the data_parallel section. */
+static json_t *parallel_json(const char *path, const char *hw, const char *ask, char **text) {
+    char set[64];
+    snprintf(set, sizeof set, "parallel=%s", ask);
+    const char *a[] = {path, "--hw", hw, "--devices", "2", "--set", set, "--json"};
+    char *out, *err;
+    int rc = run_plan(a, text ? 7 : 8, &out, &err);
+    EXPECT(rc == 0, "parallel: %s: exit %d, %.300s", ask, rc, err);
+    json_t *d = NULL;
+    if (text) {
+        *text = out;
+    } else {
+        json_error_t je;
+        d = json_loads(out, 0, &je);
+        EXPECT(d != NULL, "parallel: %s: JSON does not parse: %.300s", ask, out);
+        free(out);
+    }
+    free(err);
+    return d;
+}
+
+static double layout_num(json_t *dp, const char *layout, const char *key) {
+    return num(json_object_get(dp, "layouts"), layout, key);
+}
+
+/* --devices 2 with MoE layers: all-data, the planner's per-layer mix and
+ * all-expert, each with its step, per-device link bytes and peaks and the
+ * peer exchange; the choice per MoE layer; parallel: data and expert force
+ * the layout; expert on one device is refused naming the key. */
+static void test_expert_parallel(void) {
+    write_run("mixtral_ep", "mixtral-8x7b",
+              "sequence_len: 4096\nbf16: true\ngradient_accumulation_steps: 8\nmemory: {device: 80GiB, host: 1TiB}\n");
+    char path[800];
+    snprintf(path, sizeof path, "%s/runs/mixtral_ep.yaml", g_tmp);
+    static const char *const asks[3] = {"auto", "data", "expert"};
+    static const char *const used[3] = {"mix", "data", "expert"};
+    double steps[3] = {0};
+    for (int k = 0; k < 3; k++) {
+        json_t *d = parallel_json(path, "h100-80gb-pcie", asks[k], NULL);
+        json_t *dp = json_object_get(d, "data_parallel");
+        EXPECT(json_is_object(json_object_get(dp, "layouts")), "layouts");
+        if (!json_is_object(json_object_get(dp, "layouts"))) {
+            json_decref(d);
+            continue;
+        }
+        const char *lay = json_string_value(json_object_get(dp, "layout"));
+        EXPECT(lay && strcmp(lay, used[k]) == 0 && strcmp(json_string_value(json_object_get(dp, "parallel")), asks[k]) == 0,
+               "parallel: %s uses %s", asks[k], lay ? lay : "?");
+        EXPECT(json_is_true(json_object_get(dp, "peer_via_host")), "the PCIe profile exchanges through the host");
+        const double sd = layout_num(dp, "data", "step_time_s"), sm = layout_num(dp, "mix", "step_time_s"),
+                     se = layout_num(dp, "expert", "step_time_s");
+        EXPECT(sd > 0 && se > 0 && sm > 0 && sm <= sd && sm <= se, "mix %g, data %g, expert %g", sm, sd, se);
+        /* the section's numbers are the used layout's */
+        EXPECT(num(dp, "step_time_s", NULL) == layout_num(dp, used[k], "step_time_s"), "used layout's step");
+        steps[k] = num(dp, "step_time_s", NULL);
+        EXPECT(layout_num(dp, "data", "peer_bytes") == 0 && layout_num(dp, "data", "expert_parallel_layers") == 0,
+               "all data: no exchange");
+        EXPECT(layout_num(dp, "expert", "peer_bytes") > 0 && layout_num(dp, "expert", "expert_parallel_layers") == 32,
+               "all expert: 32 layers exchange");
+        /* only the replicated tensors' gradients are summed between the devices */
+        EXPECT(layout_num(dp, "expert", "reduce_device_bytes") < layout_num(dp, "data", "reduce_device_bytes") ||
+                   layout_num(dp, "data", "reduce_device_bytes") == 0,
+               "fewer gradients reduced");
+        json_t *per = json_object_get(json_object_get(json_object_get(dp, "layouts"), "expert"), "per_device");
+        EXPECT(json_array_size(per) == 2, "per device");
+        for (size_t i = 0; i < json_array_size(per); i++) {
+            json_t *x = json_array_get(per, i);
+            /* through host memory each device's link carries the rows it sends and receives */
+            EXPECT(num(x, "peak_device_bytes", NULL) > 0 && num(x, "peak_device_bytes", NULL) <= 80 * GiB &&
+                       num(x, "h2d_bytes", NULL) > layout_num(dp, "expert", "peer_bytes") &&
+                       num(x, "d2h_bytes", NULL) > layout_num(dp, "expert", "peer_bytes"),
+                   "device %zu", i);
+        }
+        json_t *moe = json_object_get(dp, "moe_layers");
+        int ep = 0;
+        for (size_t i = 0; i < json_array_size(moe); i++)
+            ep += json_is_true(json_object_get(json_array_get(moe, i), "expert_parallel"));
+        EXPECT(json_array_size(moe) == 32 && (k != 1 || ep == 0) && (k != 2 || ep == 32),
+               "moe_layers: %zu, %d expert parallel", json_array_size(moe), ep);
+        EXPECT(k != 0 || ep == (int)layout_num(dp, "mix", "expert_parallel_layers"), "the mix's choice is listed");
+        json_decref(d);
+    }
+    EXPECT(steps[0] <= steps[1] && steps[0] <= steps[2], "auto is never slower: %g %g %g", steps[0], steps[1],
+           steps[2]);
+    char *text;
+    parallel_json(path, "h100-80gb-pcie", "auto", &text);
+    EXPECT(strstr(text, "all data parallel") && strstr(text, "planner's per-layer mix") &&
+               strstr(text, "all expert parallel") && strstr(text, "choice per MoE layer: layers 0-31") &&
+               strstr(text, "device 1: link H2D") && strstr(text, "peak device memory") &&
+               strstr(text, "peer exchange:"),
+           "text: %.2000s", text);
+    free(text);
+    /* a direct peer link (NVLink) makes the exchange cheap and keeps it off the host links */
+    json_t *d = parallel_json(path, "h100-sxm", "expert", NULL);
+    json_t *dp = json_object_get(d, "data_parallel");
+    EXPECT(json_is_false(json_object_get(dp, "peer_via_host")) && num(dp, "peer_bytes", NULL) > 0, "NVLink");
+    json_decref(d);
+    /* expert on one device: refused, naming the key */
+    const char *a[] = {path, "--hw", "h100-80gb-pcie", "--set", "parallel=expert"};
+    char *out, *err;
+    int rc = run_plan(a, 5, &out, &err);
+    EXPECT(rc == 1 && strstr(err, "parallel: expert") && strstr(err, "2 devices"), "one device: %d %s", rc, err);
     free(out), free(err);
 }
 
@@ -361,6 +466,7 @@ int main(void) {
     test_committed_runs();
     test_cli();
     test_devices();
+    test_expert_parallel();
     if (failures) fprintf(stderr, "plan_cmd_test: %d failure(s)\n", failures);
     else printf("plan_cmd_test: all passed\n");
     return failures != 0;

@@ -12,16 +12,22 @@
 
 typedef struct {
     sched_dp_result_t dp;
-    sched_plan_t plan;   /* one device's plan for its share */
+    sched_plan_t plan;   /* one device's plan for its share (two devices: the layout chosen) */
     bool feasible;
     double single_step_s; /* one device running all K micro-batches (the main plan) */
+    /* two devices: data or expert parallel per MoE layer (scheduler/data_parallel.h) */
+    bool layouts;
+    sched_parallel_t parallel; /* asked: the run config's parallel: */
+    sched_parallel_result_t par;
+    bool peer_via_host;
 } plan_devices_t;
 
 /* Plans one device's share (K / n micro-batches) within one device's
- * budgets and predicts the data parallel step. */
+ * budgets and predicts the data parallel step; on two devices with MoE
+ * layers also all-expert-parallel and the planner's per-layer mix. */
 mt_status_t plan_devices_make(const plan_ctx_t *c, int n, plan_devices_t *out, mt_error_t *err);
 void plan_devices_text(FILE *f, const plan_ctx_t *c, const plan_devices_t *d);
-json_t *plan_devices_json(const plan_devices_t *d);
+json_t *plan_devices_json(const plan_ctx_t *c, const plan_devices_t *d);
 void plan_devices_free(plan_devices_t *d);
 
 #endif
