@@ -627,12 +627,22 @@ static void test_parallel(void) {
     }
     EXPECT_ERROR("base_model: m\nparallel: tensor\n", MT_ERR_CONFIG, "parallel", "expert");
     EXPECT_INVALID("parallel=expert", "parallel: expert splits each MoE layer's experts between 2 devices");
+    /* two devices run it, for full fine-tuning */
     static const char two[] = "base_model: m\ndatasets: [{path: d.jsonl}]\ndevices: 2\nparallel: expert\n";
     st = eng_run_config_parse(two, strlen(two), "v.yaml", &c, &err);
     EXPECT(st == MT_OK);
     if (st == MT_OK) {
+        EXPECT(eng_run_config_validate(&c, &err) == MT_OK);
+        eng_run_config_free(&c);
+    }
+    static const char lora[] =
+        "base_model: m\ndatasets: [{path: d.jsonl}]\ndevices: 2\nparallel: expert\nadapter: lora\nlora_r: 8\n"
+        "lora_alpha: 16\nlora_target_modules: [q_proj]\n";
+    st = eng_run_config_parse(lora, strlen(lora), "v.yaml", &c, &err);
+    EXPECT(st == MT_OK);
+    if (st == MT_OK) {
         EXPECT(eng_run_config_validate(&c, &err) == MT_ERR_CONFIG && strstr(err.msg, "parallel: expert") &&
-               strstr(err.msg, "training does not run it yet"));
+               strstr(err.msg, "LoRA"));
         eng_run_config_free(&c);
     }
 }

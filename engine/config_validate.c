@@ -87,11 +87,9 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
          "parallel: expert splits each MoE layer's experts between 2 devices; devices: is %d (set devices: 2, or "
          "parallel: auto|data)",
          cfg->devices.count);
-    /* the executor runs every layer data parallel today: a plan that
-     * counted split experts would under-count its memory */
-    NEED(cfg->parallel != ENG_PARALLEL_EXPERT,
-         "parallel: expert is planned and predicted (moetune plan --devices 2) but training does not run it yet; "
-         "use parallel: auto or data");
+    NEED(cfg->parallel != ENG_PARALLEL_EXPERT || cfg->adapter != ENG_ADAPTER_LORA,
+         "parallel: expert trains full fine-tuning only (a LoRA run's adapters are not split between devices); use "
+         "parallel: auto or data with adapter: lora");
     if (cfg->model_config_json) {
         json_error_t je;
         json_t *j = json_loads(cfg->model_config_json, 0, &je);

@@ -39,5 +39,11 @@ mt_status_t eng_program_workload(const eng_model_config_t *mc, const eng_run_con
  * less ENG_GPU_DEVICE_HEADROOM of it). */
 mt_status_t eng_program_planner_opts(const eng_run_config_t *rc, const sched_hw_t *hw, sched_planner_opts_t *o,
                                      mt_error_t *err);
+/* What expert parallelism the executor runs (engine/multi_expert.h): full
+ * fine-tuning of models whose experts are tensors of their own.  Where it
+ * cannot, o->parallel auto becomes data, and parallel: expert is
+ * MT_ERR_UNSUPPORTED saying why. */
+mt_status_t eng_program_parallel_opts(const eng_model_config_t *mc, const eng_run_config_t *rc,
+                                      sched_planner_opts_t *o, mt_error_t *err);
 
 #endif

@@ -10,13 +10,15 @@
 #include "engine/model_spec.h"
 #include "engine/program.h"
 #include "scheduler/costmodel.h"
+#include "scheduler/data_parallel.h"
 #include "scheduler/hw.h"
 #include "scheduler/planner.h"
 #include "scheduler/registry.h"
 
 static void summarize(const sched_plan_t *p, char *buf, size_t n) {
-    int stream = 0, off = 0, rec = 0, hostopt = 0;
+    int stream = 0, off = 0, rec = 0, hostopt = 0, ep = 0;
     for (int b = 0; b < p->num_blocks; b++) {
+        ep += p->blocks[b].expert_parallel;
         stream += p->blocks[b].weights == SCHED_WEIGHTS_STREAM;
         off += p->blocks[b].acts == SCHED_ACTS_OFFLOAD;
         rec += p->blocks[b].acts == SCHED_ACTS_RECOMPUTE;
@@ -27,6 +29,10 @@ static void summarize(const sched_plan_t *p, char *buf, size_t n) {
              "keep the optimizer on the host; prefetch window %d; %s order",
              sched_policy_name(p->policy), stream, p->num_blocks, off, rec, hostopt, p->prefetch_window,
              p->layer_major ? "layer-major" : "micro-batch-major");
+    if (ep > 0) {
+        const size_t len = strlen(buf);
+        snprintf(buf + len, n - len, "; %d MoE layer(s) expert parallel", ep);
+    }
 }
 
 /* The checkpoint's headers against config.json, before any budget is
@@ -90,6 +96,30 @@ mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t 
     memset(&res, 0, sizeof res);
     st = eng_program_workload(mc, rc, &hw, eng_compute_dtype(rc, dev) == MT_BF16, &w, err);
     if (st == MT_OK) st = eng_program_planner_opts(rc, &hw, &opts, err);
+    if (st == MT_OK) st = eng_program_parallel_opts(mc, rc, &opts, err);
+    if (st == MT_OK && opts.devices == SCHED_EP_DEVICES) {
+        /* two devices: data or expert parallel per MoE layer; the plan is
+         * one device's share, the prediction the whole step */
+        sched_parallel_result_t par;
+        st = sched_parallel_plan(&w, &opts, sched_hw_host_bw(&hw), &par, err);
+        const int k = par.chosen;
+        if (st == MT_OK && !par.feasible[k])
+            st = mt_error_set(err, MT_ERR_BUDGET,
+                              "%s: no %s plan fits each device's budgets (predicted device peak %.1f MiB); lower "
+                              "micro_batch_size or sequence_len, or raise memory.device",
+                              rc->source_path, k == SCHED_LAYOUT_DATA ? "data parallel" : "expert parallel",
+                              par.dp[k].peak_device[0] / 1048576.0);
+        if (st == MT_OK) {
+            out->plan = par.plan[k];
+            par.plan[k].blocks = NULL; /* moved */
+            out->predicted_step_s = par.dp[k].step_s;
+            out->predicted_peak_device = par.dp[k].peak_device[0];
+            summarize(&out->plan, out->summary, sizeof out->summary);
+        }
+        sched_parallel_result_free(&par);
+        sched_workload_free(&w);
+        return st;
+    }
     if (st == MT_OK) st = sched_plan_make(&w, &opts, &res, err);
     if (st == MT_OK && !res.feasible) st = mt_error_set(err, MT_ERR_BUDGET, "%s: %s", rc->source_path, res.why);
     if (st == MT_OK) {

@@ -193,6 +193,44 @@ fail:
 
 const int32_t *moe_ep_expert_rows(const struct moe_ep_acts *ea) { return ea->ran; }
 
+/* Source q's weight gradients for the experts an earlier source already
+ * wrote: formed in zeroed scratch and then added, as one device forms a
+ * later micro-batch's gradient apart and folds it in (engine/exec.c).  A
+ * product accumulating into a non-zero target (beta 1) rounds otherwise
+ * once its inner dimension is cut into blocks.  *gq points the written
+ * experts at the scratch (scratch[e] NULL for the others). */
+static mt_status_t scratch_grads(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *gp,
+                                 const int32_t *counts, const bool *written, moe_layer_params_t *gq, float **scratch,
+                                 mt_error_t *err) {
+    const size_t each = (size_t)d->I * d->H;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    for (int e = 0; e < d->E; e++) {
+        if (!counts[e] || !written[e]) continue;
+        scratch[e] = kern_alloc(dev, 3 * each * sizeof(float), "moe expert-parallel gradients of a later source",
+                                err);
+        if (!scratch[e]) return err->code;
+        kern_memset(dev, s, scratch[e], 0, 3 * each * sizeof(float));
+        if (gp->gate[e]) gq->gate[e] = scratch[e];
+        if (gp->up[e]) gq->up[e] = scratch[e] + each;
+        if (gp->down[e]) gq->down[e] = scratch[e] + 2 * each;
+    }
+    return MT_OK;
+}
+
+/* target += scratch for every expert scratch_grads redirected, then frees it. */
+static void fold_scratch(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *gp, float **scratch) {
+    const size_t each = (size_t)d->I * d->H;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    for (int e = 0; e < d->E; e++) {
+        if (!scratch[e]) continue;
+        float *dst[3] = {gp->gate[e], gp->up[e], gp->down[e]};
+        for (int k = 0; k < 3; k++)
+            if (dst[k]) dev->ops->add(s, dst[k], dst[k], scratch[e] + k * each, each);
+        kern_free(dev, scratch[e]);
+        scratch[e] = NULL;
+    }
+}
+
 mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
                             const moe_layer_params_t *gp, moe_layer_acts_t *a, float *dep, mt_error_t *err) {
     const moe_ep_t *ep = p->ep;
@@ -205,6 +243,9 @@ mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const
     MT_CHECK_ALLOC(arrays, "expert-parallel transfer sizes");
     xfer_t x = {arrays, arrays + N, arrays + 2 * N, arrays + 3 * N};
     const int R = ea->rbase[N];
+    bool *written = calloc((size_t)E, sizeof *written);
+    float **scratch = calloc((size_t)E, sizeof *scratch);
+    MT_CHECK(written && scratch, "out of memory for expert-parallel gradient scratch");
 
     /* the output gradients to the experts' owners */
     dep_r = ep_alloc(dev, (size_t)R * H * sizeof(float), "moe expert-parallel d(outputs)", err);
@@ -212,22 +253,45 @@ mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const
     xfer_fill(&x, ea, a, E, (size_t)H, true);
     TRY(kern_comm_alltoallv(ep->comm, ep->rank, dep, x.sc, x.so, dep_r, x.rc, x.ro, MT_F32, err));
     /* per source in rank order: the weight gradients accumulate in the
-     * order the sources' micro-batches would on one device */
+     * order the sources' micro-batches would on one device, each later
+     * source's formed apart and added (scratch_grads) */
     for (int q = 0; q < N; q++) {
         const int base = ea->rbase[q], rows = ea->rbase[q + 1] - base;
-        if (rows)
-            TRY(moe_experts_backward(dev, d, p, gp, ea->rcounts + (size_t)q * E, ea->roffs + (size_t)q * E, rows,
-                                     (const char *)ea->xp + (size_t)base * H * xp_elem, ea->g + (size_t)base * I,
-                                     ea->u + (size_t)base * I, dep_r + (size_t)base * H, err));
+        if (!rows) continue;
+        const int32_t *cq = ea->rcounts + (size_t)q * E;
+        moe_layer_params_t gq = *gp;
+        void **ptrs = calloc((size_t)3 * E, sizeof *ptrs);
+        MT_CHECK_ALLOC(ptrs, "expert-parallel gradient table");
+        memcpy(ptrs, gp->gate, (size_t)E * sizeof *ptrs);
+        memcpy(ptrs + E, gp->up, (size_t)E * sizeof *ptrs);
+        memcpy(ptrs + 2 * E, gp->down, (size_t)E * sizeof *ptrs);
+        gq.gate = ptrs, gq.up = ptrs + E, gq.down = ptrs + 2 * E;
+        mt_status_t st = scratch_grads(dev, d, gp, cq, written, &gq, scratch, err);
+        if (st == MT_OK)
+            st = moe_experts_backward(dev, d, p, &gq, cq, ea->roffs + (size_t)q * E, rows,
+                                      (const char *)ea->xp + (size_t)base * H * xp_elem, ea->g + (size_t)base * I,
+                                      ea->u + (size_t)base * I, dep_r + (size_t)base * H, err);
+        if (st == MT_OK) fold_scratch(dev, d, gp, scratch);
+        for (int e = 0; e < E; e++) {
+            if (scratch[e]) kern_free(dev, scratch[e]); /* after a failure */
+            scratch[e] = NULL;
+            written[e] |= cq[e] > 0;
+        }
+        free(ptrs);
+        if (st != MT_OK) goto fail;
     }
     /* the input gradients back to the tokens' devices */
     xfer_fill(&x, ea, a, E, (size_t)H, false);
     TRY(kern_comm_alltoallv(ep->comm, ep->rank, dep_r, x.sc, x.so, dep, x.rc, x.ro, MT_F32, err));
     kern_free(dev, dep_r);
     free(arrays);
+    free(written);
+    free(scratch);
     return MT_OK;
 fail:
     moe_dfree(dev, dep_r);
     free(arrays);
+    free(written);
+    free(scratch);
     return err->code;
 }

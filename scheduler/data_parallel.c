@@ -158,6 +158,13 @@ static mt_status_t plan_layout(const sched_workload_t *w, const sched_planner_op
     return st;
 }
 
+/* A switch of one MoE block between data and expert parallel; to expert
+ * parallel it takes the placement the executor runs such a block with. */
+static void toggle_parallel(sched_block_plan_t *bp) {
+    if (bp->expert_parallel) bp->expert_parallel = false;
+    else sched_block_plan_expert_parallel(bp);
+}
+
 mt_status_t sched_parallel_plan(const sched_workload_t *w, const sched_planner_opts_t *opts, double host_bw,
                                 sched_parallel_result_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
@@ -208,11 +215,12 @@ mt_status_t sched_parallel_plan(const sched_workload_t *w, const sched_planner_o
         int nc = 0;
         for (int b = 0; b < w->num_blocks && st == MT_OK; b++) {
             if (!w->moe[b]) continue;
-            mix->blocks[b].expert_parallel = !mix->blocks[b].expert_parallel;
+            const sched_block_plan_t was = mix->blocks[b];
+            toggle_parallel(&mix->blocks[b]);
             sched_dp_result_t r;
             st = sched_dp_predict(w, mix, SCHED_EP_DEVICES, host_bw, &r, err);
             out->simulations++;
-            mix->blocks[b].expert_parallel = !mix->blocks[b].expert_parallel;
+            mix->blocks[b] = was;
             if (st == MT_OK && better(&r, fits(&r, budget), &cur, cur_fits))
                 cand[nc++] = (cand_t){b, cur.step_s - r.step_s};
         }
@@ -224,7 +232,8 @@ mt_status_t sched_parallel_plan(const sched_workload_t *w, const sched_planner_o
             }
         for (int i = 0; i < nc && st == MT_OK; i++) {
             const int b = cand[i].block;
-            mix->blocks[b].expert_parallel = !mix->blocks[b].expert_parallel;
+            const sched_block_plan_t was = mix->blocks[b];
+            toggle_parallel(&mix->blocks[b]);
             sched_dp_result_t r;
             st = sched_dp_predict(w, mix, SCHED_EP_DEVICES, host_bw, &r, err);
             out->simulations++;
@@ -234,7 +243,7 @@ mt_status_t sched_parallel_plan(const sched_workload_t *w, const sched_planner_o
                 cur_fits = f;
                 changed = true;
             } else {
-                mix->blocks[b].expert_parallel = !mix->blocks[b].expert_parallel;
+                mix->blocks[b] = was;
             }
         }
     }

@@ -49,6 +49,17 @@ const char *sched_parallel_name(sched_parallel_t p) {
     return "?";
 }
 
+void sched_block_plan_expert_parallel(sched_block_plan_t *bp) {
+    bp->expert_parallel = true;
+    bp->grads = SCHED_GRADS_HOST;
+    bp->optim = SCHED_OPTIM_HOST;
+    if (bp->acts == SCHED_ACTS_OFFLOAD) bp->acts = SCHED_ACTS_RECOMPUTE;
+}
+
+bool sched_block_plan_ep_runnable(const sched_block_plan_t *bp) {
+    return bp->grads == SCHED_GRADS_HOST && bp->optim == SCHED_OPTIM_HOST && bp->acts != SCHED_ACTS_OFFLOAD;
+}
+
 const char *sched_policy_name(sched_policy_t p) {
     return (unsigned)p < sizeof k_names / sizeof k_names[0] ? k_names[p] : "?";
 }

@@ -50,7 +50,8 @@ typedef struct {
      *
      * What the cost model assumes the executor does (scheduler/costmodel.c,
      * simulate.c, data_parallel.c), on exactly two devices: of E routed
-     * experts device 0 owns 0 .. ceil(E/2) - 1 and device 1 the rest; both
+     * experts device 0 owns 0 .. E/2 - 1 and device 1 the rest (integer
+     * division: device 1 takes an odd one out; engine/multi_expert.h); both
      * devices run their micro-batches in lockstep; after routing each sends
      * the rows routed to the other's experts (hidden-size, compute dtype)
      * and gets the other's rows for its own, runs its experts on both, and
@@ -61,9 +62,20 @@ typedef struct {
      * its experts' too, for the owned ones only (weights/grads/optim here
      * then describe the device's own experts).  Owned experts' gradients
      * are not summed between devices; each owner's experts are updated by
-     * the host optimizer (one host copy) or in place on their device. */
+     * the one host optimizer (one host copy): such a block keeps gradients
+     * and AdamW state on the host, and its activations are kept or
+     * recomputed, not offloaded (sched_block_plan_expert_parallel). */
     bool expert_parallel;
 } sched_block_plan_t;
+
+/* Makes bp expert parallel as the executor runs it: gradients and AdamW
+ * state on the host (every owner's experts are updated through the one
+ * host copy), activations recomputed where they would be offloaded (an
+ * owner's saved rows are other devices' tokens, which the offload path
+ * does not size).  None of these adds device memory. */
+void sched_block_plan_expert_parallel(sched_block_plan_t *bp);
+/* Whether bp is a placement an expert-parallel block can run with. */
+bool sched_block_plan_ep_runnable(const sched_block_plan_t *bp);
 
 typedef enum {
     SCHED_POLICY_AUTO = 0, /* least predicted step time within the budgets */

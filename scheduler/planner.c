@@ -96,6 +96,9 @@ static mt_status_t apply_overrides(sched_plan_t *p, const sched_planner_opts_t *
 /* Applies move m to block b of p; false when it does not apply. */
 static bool apply_move(sched_plan_t *p, int b, move_t m, const sched_planner_opts_t *o, int max_window) {
     sched_block_plan_t *bp = b >= 0 ? &p->blocks[b] : NULL;
+    /* an expert-parallel block's gradients and optimizer stay on the host,
+     * its activations are not offloaded (sched_block_plan_expert_parallel) */
+    if (bp && bp->expert_parallel && (m == M_OFFLOAD || m == M_GRADS_DEVICE || m == M_OPTIM_DEVICE)) return false;
     switch (m) {
     case M_OFFLOAD:
         if (o->acts != SCHED_AUTO_CHOICE || bp->acts != SCHED_ACTS_RECOMPUTE) return false;
@@ -414,7 +417,8 @@ static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planne
     /* the moves never touch expert_parallel: the walk plans placement for
      * the layout it starts from */
     if (o->parallel == SCHED_PARALLEL_EXPERT)
-        for (int b = 0; b < N; b++) start.blocks[b].expert_parallel = w->moe && w->moe[b];
+        for (int b = 0; b < N; b++)
+            if (w->moe && w->moe[b]) sched_block_plan_expert_parallel(&start.blocks[b]);
     path_t path = {0}, hostpath = {0};
     int chosen = -1;
     if (st != MT_OK) goto out;

@@ -5,7 +5,8 @@
 #      per-step losses in metrics.jsonl and the final model's tensor bytes
 #      equal an uninterrupted run's, bit for bit, under the host-optimizer
 #      plan, the device-optimizer plan, bf16 with a bf16 save (fp32 masters
-#      in optimizer.safetensors) and streamed weights;
+#      in optimizer.safetensors), streamed weights, and two devices data and
+#      expert parallel;
 #   2. the same after SIGTERM to a running `moetune train` (exit 143, a
 #      checkpoint named in the output, resume_from_checkpoint: true), under
 #      both optimizer plans; SIGINT exits 130; a second signal exits at once
@@ -114,8 +115,9 @@ declare -A PLAN=(
   [bf16_save]="--set scheduler.optimizer=device --set bf16=true --set save_dtype=bfloat16"
   [stream]="--set scheduler.weights=stream --set scheduler.optimizer=host --set bf16=true"
   [two_devices]="--set devices=2 --set scheduler.weights=resident --set scheduler.optimizer=host"
+  [expert_parallel]="--set devices=2 --set parallel=expert"
 )
-for plan in host device bf16_save stream two_devices; do
+for plan in host device bf16_save stream two_devices expert_parallel; do
   opts=${PLAN[$plan]}
   # shellcheck disable=SC2086
   timeout 60 "$MOETUNE" train run.yaml --set output_dir=ref_$plan $opts >"$L/ref_$plan.out" 2>&1 \

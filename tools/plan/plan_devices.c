@@ -24,6 +24,7 @@ mt_status_t plan_devices_make(const plan_ctx_t *c, int n, plan_devices_t *out, m
     memset(&res, 0, sizeof res);
     mt_status_t st = eng_program_workload(&c->mc, &rc, &c->hw, bf16, &w, err);
     if (st == MT_OK) st = eng_program_planner_opts(&rc, &c->hw, &opts, err);
+    if (st == MT_OK) st = eng_program_parallel_opts(&c->mc, &rc, &opts, err);
     if (st == MT_OK && n == SCHED_EP_DEVICES) {
         out->layouts = true;
         out->parallel = opts.parallel;
