@@ -23,6 +23,7 @@
 #include "engine/lora_model.h"
 #include "engine/multi_expert.h"
 #include "engine/trace.h"
+#include "base/grow.h"
 
 /* ---- tracing ------------------------------------------------------------ */
 
@@ -60,30 +61,26 @@ void exec_trace_memory(eng_exec_t *x, double t) {
 
 void exec_defer_free(eng_exec_t *x, void *dev_ptr, void *pinned, size_t pinned_bytes,
                      kern_stream_t *after) {
-    if (x->npending == x->cap_pending) {
-        x->cap_pending = x->cap_pending ? 2 * x->cap_pending : 64;
-        x->pending = realloc(x->pending, (size_t)x->cap_pending * sizeof *x->pending);
-        MT_CHECK_ALLOC(x->pending, "pending frees");
-    }
+    MT_GROW(x->pend.v, x->pend.cap, x->pend.n + 1, "pending frees");
     kern_event_t *ev = kern_event_create(x->dev);
     kern_event_record(x->dev, ev, after);
-    x->pending[x->npending++] = (exec_pending_t){dev_ptr, pinned, pinned_bytes, ev};
+    x->pend.v[x->pend.n++] = (exec_pending_t){dev_ptr, pinned, pinned_bytes, ev};
 }
 
 void exec_process_pending(eng_exec_t *x, bool force) {
     int keep = 0;
-    for (int i = 0; i < x->npending; i++) {
-        exec_pending_t *p = &x->pending[i];
+    for (int i = 0; i < x->pend.n; i++) {
+        exec_pending_t *p = &x->pend.v[i];
         if (force) kern_event_sync(x->dev, p->ev);
         if (force || kern_event_query(x->dev, p->ev)) {
             if (p->dev) kern_free(x->dev, p->dev);
             if (p->pinned) kern_pinned_free(x->dev, p->pinned, p->pinned_bytes);
             kern_event_destroy(x->dev, p->ev);
         } else {
-            x->pending[keep++] = *p;
+            x->pend.v[keep++] = *p;
         }
     }
-    x->npending = keep;
+    x->pend.n = keep;
     if (x->stage) moe_staging_poll(x->stage);
 }
 
@@ -91,7 +88,7 @@ void exec_process_pending(eng_exec_t *x, bool force) {
  * flight are freed once those copies finish. */
 static bool reclaim_pending(void *ctx) {
     eng_exec_t *x = ctx;
-    if (x->npending == 0) return false;
+    if (x->pend.n == 0) return false;
     exec_process_pending(x, true);
     return true;
 }
@@ -259,28 +256,28 @@ mt_status_t eng_exec_create(eng_exec_t **out, eng_model_t *m, kern_device_t *dev
     x->nb = nb;
     build_block_lists(x);
     const int P = m->num_params, L = m->cfg.num_hidden_layers;
-    x->w_ready = calloc((size_t)nb, sizeof *x->w_ready);
-    x->a_ready = calloc((size_t)nb, sizeof *x->a_ready);
-    x->o_done = calloc((size_t)nb, sizeof *x->o_done);
-    x->holding = calloc((size_t)nb, sizeof *x->holding);
-    x->param_refs = calloc((size_t)P, sizeof *x->param_refs);
-    x->w_span = malloc((size_t)P * sizeof *x->w_span);
-    x->g_span = malloc((size_t)P * sizeof *x->g_span);
-    x->mark = calloc((size_t)P, sizeof *x->mark);
-    x->offl = calloc((size_t)nb, sizeof *x->offl);
+    x->res.w_ready = calloc((size_t)nb, sizeof *x->res.w_ready);
+    x->acts.a_ready = calloc((size_t)nb, sizeof *x->acts.a_ready);
+    x->acts.o_done = calloc((size_t)nb, sizeof *x->acts.o_done);
+    x->res.holding = calloc((size_t)nb, sizeof *x->res.holding);
+    x->res.param_refs = calloc((size_t)P, sizeof *x->res.param_refs);
+    x->res.w_span = malloc((size_t)P * sizeof *x->res.w_span);
+    x->grads.g_span = malloc((size_t)P * sizeof *x->grads.g_span);
+    x->grads.mark = calloc((size_t)P, sizeof *x->grads.mark);
+    x->acts.offl = calloc((size_t)nb, sizeof *x->acts.offl);
     x->fwd_s = calloc((size_t)nb, sizeof *x->fwd_s);
     x->bwd_s = calloc((size_t)nb, sizeof *x->bwd_s);
-    MT_CHECK(x->w_ready && x->a_ready && x->o_done && x->holding && x->param_refs && x->w_span && x->g_span &&
-                 x->mark && x->offl && x->fwd_s &&
+    MT_CHECK(x->res.w_ready && x->acts.a_ready && x->acts.o_done && x->res.holding && x->res.param_refs && x->res.w_span && x->grads.g_span &&
+                 x->grads.mark && x->acts.offl && x->fwd_s &&
                  x->bwd_s,
              "out of memory for executor state");
-    x->free_span = -1;
-    for (int i = 0; i < P; i++) x->w_span[i] = x->g_span[i] = -1;
+    x->spans.free_head = -1;
+    for (int i = 0; i < P; i++) x->res.w_span[i] = x->grads.g_span[i] = -1;
     for (int b = 0; b < nb; b++) {
-        x->w_ready[b] = kern_event_create(x->dev);
-        x->a_ready[b] = kern_event_create(x->dev);
-        x->o_done[b] = kern_event_create(x->dev);
-        x->offl[b].region.id = -1;
+        x->res.w_ready[b] = kern_event_create(x->dev);
+        x->acts.a_ready[b] = kern_event_create(x->dev);
+        x->acts.o_done[b] = kern_event_create(x->dev);
+        x->acts.offl[b].region.id = -1;
     }
     moe_predict_init(&x->predict, L, m->cfg.layer_is_moe, m->cfg.num_experts);
     kern_set_reclaim_hook(x->dev, reclaim_pending, x);
@@ -348,7 +345,7 @@ static void exec_destroy(eng_exec_t *x) {
     for (int i = 0; i < m->num_params; i++) {
         eng_dparam_t *d = &x->dp[i];
         /* streamed weights and host-bound gradients live in spans, freed below */
-        void *bufs[] = {x->w_span[i] < 0 ? d->w : NULL, d->g_transient && x->g_span[i] < 0 ? d->g : NULL,
+        void *bufs[] = {x->res.w_span[i] < 0 ? d->w : NULL, d->g_transient && x->grads.g_span[i] < 0 ? d->g : NULL,
                         d->g_acc, d->m, d->v, d->dev_master};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             if (bufs[k]) kern_free(x->dev, bufs[k]);
@@ -356,16 +353,16 @@ static void exec_destroy(eng_exec_t *x) {
         d->w = NULL;
         d->g = d->g_acc = d->m = d->v = d->dev_master = d->host_g = NULL;
     }
-    for (int s = 0; s < x->nspans; s++)
-        if (x->spans[s].base) kern_free(x->dev, x->spans[s].base);
+    for (int s = 0; s < x->spans.n; s++)
+        if (x->spans.v[s].base) kern_free(x->dev, x->spans.v[s].base);
     exec_stage_destroy(x);
     for (int b = 0; b < x->nb; b++) {
-        kern_event_destroy(x->dev, x->w_ready[b]);
-        kern_event_destroy(x->dev, x->a_ready[b]);
-        kern_event_destroy(x->dev, x->o_done[b]);
+        kern_event_destroy(x->dev, x->res.w_ready[b]);
+        kern_event_destroy(x->dev, x->acts.a_ready[b]);
+        kern_event_destroy(x->dev, x->acts.o_done[b]);
         free(x->used[b]);
-        free(x->offl[b].e);
-        free(x->holding[b].idx);
+        free(x->acts.offl[b].e);
+        free(x->res.holding[b].idx);
     }
     if (x->rope_cos) kern_free(x->dev, x->rope_cos);
     if (x->rope_sin) kern_free(x->dev, x->rope_sin);
@@ -374,17 +371,17 @@ static void exec_destroy(eng_exec_t *x) {
     exec_counters_free(&x->cnt);
     free(x->used);
     free(x->nused);
-    free(x->w_ready);
-    free(x->a_ready);
-    free(x->o_done);
-    free(x->holding);
-    free(x->param_refs);
-    free(x->w_span);
-    free(x->g_span);
-    free(x->mark);
-    free(x->spans);
-    free(x->offl);
-    free(x->pending);
+    free(x->res.w_ready);
+    free(x->acts.a_ready);
+    free(x->acts.o_done);
+    free(x->res.holding);
+    free(x->res.param_refs);
+    free(x->res.w_span);
+    free(x->grads.g_span);
+    free(x->grads.mark);
+    free(x->spans.v);
+    free(x->acts.offl);
+    free(x->pend.v);
     free(x->fwd_s);
     free(x->bwd_s);
     free(x->dp);

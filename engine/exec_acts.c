@@ -30,7 +30,7 @@ mt_status_t exec_offload_acts(eng_exec_t *x, int b, void **const *slots, int nsl
     kern_event_record(x->dev, ready, kern_stream(x->dev, KERN_STREAM_COMPUTE));
     kern_stream_wait_event(x->dev, d2h, ready);
     kern_event_destroy(x->dev, ready);
-    exec_offload_t *o = &x->offl[b];
+    exec_offload_t *o = &x->acts.offl[b];
     o->n = 0;
     if (o->cap < nslots) {
         o->cap = nslots;
@@ -72,15 +72,15 @@ mt_status_t exec_offload_acts(eng_exec_t *x, int b, void **const *slots, int nsl
         *o->e[k].slot = NULL;
         o->e[k].dev = NULL;
     }
-    kern_event_record(x->dev, x->o_done[b], d2h);
+    kern_event_record(x->dev, x->acts.o_done[b], d2h);
     return MT_OK;
 }
 
 mt_status_t exec_fetch_acts(eng_exec_t *x, int b, mt_error_t *err) {
-    exec_offload_t *o = &x->offl[b];
+    exec_offload_t *o = &x->acts.offl[b];
     if (o->fetched || o->n == 0) return MT_OK;
     kern_stream_t *h2d = kern_stream(x->dev, KERN_STREAM_H2D);
-    kern_stream_wait_event(x->dev, h2d, x->o_done[b]); /* the offload copies have landed */
+    kern_stream_wait_event(x->dev, h2d, x->acts.o_done[b]); /* the offload copies have landed */
     for (int k = 0; k < o->n; k++) {
         o->e[k].dev = kern_alloc(x->dev, o->e[k].bytes, "activation fetched back for backward", err);
         if (!o->e[k].dev) return err->code;
@@ -99,21 +99,21 @@ mt_status_t exec_fetch_acts(eng_exec_t *x, int b, mt_error_t *err) {
     } else {
         moe_staging_release_after(x->stage, &o->region, h2d);
     }
-    kern_event_record(x->dev, x->a_ready[b], h2d);
+    kern_event_record(x->dev, x->acts.a_ready[b], h2d);
     o->fetched = true;
     return MT_OK;
 }
 
 void exec_wait_acts(eng_exec_t *x, int b) {
-    if (!x->offl[b].fetched) return;
-    kern_stream_wait_event(x->dev, kern_stream(x->dev, KERN_STREAM_COMPUTE), x->a_ready[b]);
-    x->offl[b].fetched = false;
-    x->offl[b].n = 0;
+    if (!x->acts.offl[b].fetched) return;
+    kern_stream_wait_event(x->dev, kern_stream(x->dev, KERN_STREAM_COMPUTE), x->acts.a_ready[b]);
+    x->acts.offl[b].fetched = false;
+    x->acts.offl[b].n = 0;
 }
 
 void exec_drop_offloads(eng_exec_t *x) {
     for (int b = 0; b < x->nb; b++) {
-        exec_offload_t *o = &x->offl[b];
+        exec_offload_t *o = &x->acts.offl[b];
         if (o->region.id >= 0 && x->stage) moe_staging_release_now(x->stage, &o->region);
         o->region.id = -1;
         if (o->direct) kern_pinned_free(x->dev, o->direct, o->direct_bytes);

@@ -35,11 +35,34 @@ typedef struct {
     int next_free;
 } exec_span_t;
 
+/* The spans of one executor (exec_spans.c): a table with a free list. */
+typedef struct {
+    exec_span_t *v;
+    int n, cap;
+    int free_head; /* first free slot, -1 = none */
+} exec_spans_t;
+
 typedef struct {
     int *idx;  /* parameters this block holds a device reference to */
     int n, cap;
     bool fetched;
 } exec_held_t;
+
+/* Which weights are on the device and why (exec_residency.c): resident
+ * ones for the whole run, streamed ones while a block holds them. */
+typedef struct {
+    kern_event_t **w_ready; /* per block: its weight fetches are done */
+    exec_held_t *holding;   /* per block: streamed weights it holds */
+    int *param_refs;        /* per parameter: blocks holding its device copy */
+    int *w_span;            /* per parameter: span of its streamed weight, -1 = none */
+} exec_residency_t;
+
+/* Where this micro-batch's gradients are formed (exec_grads.c). */
+typedef struct {
+    int *g_span;   /* per parameter: span of its host-bound gradient, -1 = none */
+    int *mark;     /* per parameter: scratch stamps for de-duplicating a list */
+    int mark_gen;
+} exec_grads_t;
 
 typedef struct {
     void **slot;  /* where the device pointer lives in the block's activation structs */
@@ -56,6 +79,20 @@ typedef struct {
     size_t direct_bytes;
     bool fetched;
 } exec_offload_t;
+
+/* Saved activations that go to host memory between forward and backward
+ * (exec_acts.c). */
+typedef struct {
+    kern_event_t **a_ready; /* per block: its offloaded activations are back */
+    kern_event_t **o_done;  /* per block: its activations have reached host memory */
+    exec_offload_t *offl;   /* per block */
+} exec_acts_t;
+
+/* Buffers freed once the copies reading them are done (exec.c). */
+typedef struct {
+    exec_pending_t *v;
+    int n, cap;
+} exec_pending_list_t;
 
 struct eng_exec {
     eng_model_t *model;     /* the host model it runs (not owned unless owns_model) */
@@ -76,20 +113,12 @@ struct eng_exec {
     int rope_T;
     int nb;                 /* blocks: L + 2 */
     int **used, *nused;     /* dense parameters each block computes with */
-    kern_event_t **w_ready; /* per block: its weight fetches are done */
-    kern_event_t **a_ready; /* per block: its offloaded activations are back */
-    kern_event_t **o_done;  /* per block: its activations have reached host memory */
-    exec_held_t *holding;   /* per block: streamed weights it holds */
-    int *param_refs;        /* per parameter: blocks holding its device copy */
-    int *w_span, *g_span;   /* per parameter: span of its streamed weight / host-bound gradient, -1 = none */
-    int *mark;              /* per parameter: scratch stamps for de-duplicating a list */
-    int mark_gen;
-    exec_span_t *spans;
-    int nspans, cap_spans, free_span;
-    exec_offload_t *offl;   /* per block: activations offloaded to host */
+    exec_residency_t res;   /* weights on the device (exec_residency.c) */
+    exec_grads_t grads;     /* gradient targets (exec_grads.c) */
+    exec_spans_t spans;     /* device allocations shared by a block's tensors (exec_spans.c) */
+    exec_acts_t acts;       /* offloaded activations (exec_acts.c) */
     moe_predict_t predict;  /* which experts to fetch: the router's counts per MoE layer (moe/expert_predict.h) */
-    exec_pending_t *pending;
-    int npending, cap_pending;
+    exec_pending_list_t pend; /* deferred frees (exec.c) */
     exec_host_optim_t hopt; /* the host AdamW worker, its pool and what it updated (exec_host_optim.h) */
     bool overlap_step;   /* this step's last micro-batch updates blocks as they finish */
     /* every update done before eng_optim_step returns (eng_model_finish_updates_in_step):
@@ -159,18 +188,44 @@ mt_status_t exec_stage_h2d(eng_exec_t *x, const moe_staging_xfer_t *items, int n
                            mt_error_t *err);
 mt_status_t exec_stage_d2h(eng_exec_t *x, const moe_staging_xfer_t *items, int n, const char *tag,
                            mt_error_t *err);
+/* Copies the pool has made so far in direction dir (MOE_STAGING_H2D / D2H). */
+uint64_t exec_stage_copies(const eng_exec_t *x, int dir);
+/* Counts experts that moved nothing in direction dir (no tokens). */
+void exec_stage_count_skipped(eng_exec_t *x, int dir, int experts);
 /* Bytes of layer l's saved activations for n tokens, as the forward allocates them (exec_step.c). */
 size_t exec_layer_act_bytes(const eng_model_t *m, int l, int n);
 
+/* ---- exec_residency.c: weights on the device --------------------------- */
+
+/* Block b's weights on the device: streamed ones fetched on the H2D stream
+ * (for a MoE layer, the experts the router is predicted to choose). */
 mt_status_t exec_fetch_block(eng_exec_t *x, int b, bool backward, mt_error_t *err);
+/* The compute stream waits for block b's fetches. */
 void exec_wait_block(eng_exec_t *x, int b);
+/* Forward: the router of layer l has run; fetch the experts that got tokens. */
 mt_status_t exec_fetch_experts(eng_exec_t *x, int l, const int32_t *counts, mt_error_t *err);
+/* Block b is done with its streamed weights. */
 void exec_release_block(eng_exec_t *x, int b);
+/* A MoE layer whose experts are tensors of their own, fetched and given
+ * gradients per expert.  Experts fused over E (gpt-oss) are one tensor per
+ * layer: the block moves them whole, as it moves its dense weights. */
+bool exec_layer_per_expert(const eng_exec_t *x, int l);
+/* Appends to ids[n..] the tensors of layer l's experts with tokens on this
+ * device (counts NULL: none) with their LoRA factors; returns the new n. */
+int exec_expert_ids(const eng_exec_t *x, int l, const int32_t *counts, int *ids, int n);
+/* A list big enough for block b's dense tensors and every expert's (free it). */
+int *exec_id_buffer(const eng_exec_t *x, int b);
+
+/* ---- exec_acts.c: offloaded activations ---------------------------------- */
+
 mt_status_t exec_offload_acts(eng_exec_t *x, int b, void **const *slots, int nslots, mt_error_t *err);
 mt_status_t exec_fetch_acts(eng_exec_t *x, int b, mt_error_t *err);
 void exec_wait_acts(eng_exec_t *x, int b);
 /* Drops offloaded copies never fetched back (forward only, errors); streams idle. */
 void exec_drop_offloads(eng_exec_t *x);
+
+/* ---- exec_grads.c: gradient storage ------------------------------------- */
+
 /* Gradient targets of everything block b's backward writes. */
 mt_status_t exec_prepare_grads(eng_exec_t *x, int b, mt_error_t *err);
 /* Folds the gradients whose last contribution of this micro-batch was in
@@ -178,6 +233,15 @@ mt_status_t exec_prepare_grads(eng_exec_t *x, int b, mt_error_t *err);
 mt_status_t exec_finish_grads(eng_exec_t *x, int b, mt_error_t *err);
 /* Frees this micro-batch's gradient targets after an error. */
 void exec_drop_grads(eng_exec_t *x);
+
+/* ---- exec_spans.c --------------------------------------------------------- */
+
+/* Device memory for the tensors ids[0..k) (working copies when weights,
+ * else fp32 gradients): one span laid out for one copy, else one
+ * allocation each.  spans[j] receives tensor j's span, ptrs[j] its
+ * address.  Nothing stays allocated on failure. */
+mt_status_t exec_span_alloc(eng_exec_t *x, const int *ids, int k, bool weights, const char *tag, int *spans,
+                            void **ptrs, mt_error_t *err);
 /* One tensor of span s is done with; the last one frees the span (after
  * `after` passes this point, or stream-ordered now when NULL). */
 void exec_span_put(eng_exec_t *x, int s, kern_stream_t *after);

@@ -41,7 +41,7 @@ typedef struct {
     int param;      /* index into m->params */
     float *g;       /* its gradient target for this micro-batch */
     bool transient; /* p->g_transient */
-    int span;       /* x->g_span */
+    int span;       /* x->grads.g_span */
 } parked_t;
 
 typedef struct {
@@ -80,9 +80,9 @@ static bool is_moe(const eng_exec_t *x, int l) {
 }
 
 static void use_micro(eng_exec_t *x, lm_t *lm, int j) {
-    x->offl = lm->offl[j];
-    x->o_done = lm->o_done[j];
-    x->a_ready = lm->a_ready[j];
+    x->acts.offl = lm->offl[j];
+    x->acts.o_done = lm->o_done[j];
+    x->acts.a_ready = lm->a_ready[j];
 }
 
 static void lm_init(eng_exec_t *x, lm_t *lm, int k) {
@@ -105,9 +105,9 @@ static void lm_init(eng_exec_t *x, lm_t *lm, int k) {
     MT_CHECK(lm->mb && lm->offl && lm->o_done && lm->a_ready && lm->counts && lm->uni && lm->park && lm->npark &&
                  lm->hacc && lm->hspan,
              "out of host memory for a layer-major step");
-    lm->offl[0] = x->offl;
-    lm->o_done[0] = x->o_done;
-    lm->a_ready[0] = x->a_ready;
+    lm->offl[0] = x->acts.offl;
+    lm->o_done[0] = x->acts.o_done;
+    lm->a_ready[0] = x->acts.a_ready;
     for (int j = 1; j < k; j++) {
         lm->offl[j] = calloc((size_t)x->nb, sizeof **lm->offl);
         lm->o_done[j] = calloc((size_t)x->nb, sizeof **lm->o_done);
@@ -138,7 +138,7 @@ static void lm_free(eng_exec_t *x, lm_t *lm) {
             eng_dparam_t *d = &x->dp[pk->param];
             d->g = pk->g;
             d->g_transient = pk->transient;
-            x->g_span[pk->param] = pk->span;
+            x->grads.g_span[pk->param] = pk->span;
         }
         exec_drop_grads(x);
         free(lm->park[j]);
@@ -200,7 +200,7 @@ static void unpark(eng_exec_t *x, lm_t *lm, int j) {
         eng_dparam_t *d = &x->dp[pk->param];
         d->g = pk->g;
         d->g_transient = pk->transient;
-        x->g_span[pk->param] = pk->span;
+        x->grads.g_span[pk->param] = pk->span;
     }
     lm->npark[j] = 0;
 }
@@ -221,10 +221,10 @@ static mt_status_t fold(eng_exec_t *x, lm_t *lm, int b, int j, mt_error_t *err) 
              * micro-batch's gradient now: later micro-batches must get a
              * target of their own, as they would after its fold */
             if (!d->g_transient) d->acc_has_data = true;
-            lm->park[j][lm->npark[j]++] = (parked_t){i, d->g, d->g_transient, x->g_span[i]};
+            lm->park[j][lm->npark[j]++] = (parked_t){i, d->g, d->g_transient, x->grads.g_span[i]};
             d->g = NULL;
             d->g_transient = false;
-            x->g_span[i] = -1;
+            x->grads.g_span[i] = -1;
             continue;
         }
         if (exec_block_plan(x, b)->grads != SCHED_GRADS_HOST) continue; /* exec_finish_grads folds it */
@@ -233,20 +233,20 @@ static mt_status_t fold(eng_exec_t *x, lm_t *lm, int b, int j, mt_error_t *err) 
             d->has_grad = true;
             if (!lm->hacc[i]) { /* the first micro-batch's gradient is the sum so far (the host copy's COPY) */
                 lm->hacc[i] = d->g;
-                lm->hspan[i] = x->g_span[i];
+                lm->hspan[i] = x->grads.g_span[i];
             } else { /* the host's ADD_F32, on the device */
                 x->dev->ops->add(cs, lm->hacc[i], lm->hacc[i], d->g, p->spec->numel);
-                if (x->g_span[i] >= 0) exec_span_put(x, x->g_span[i], NULL); /* the compute stream is its only user */
+                if (x->grads.g_span[i] >= 0) exec_span_put(x, x->grads.g_span[i], NULL); /* the compute stream is its only user */
                 else kern_free(x->dev, d->g);
             }
-            x->g_span[i] = -1;
+            x->grads.g_span[i] = -1;
             d->g = NULL;
             d->g_transient = false;
         }
         if (last && lm->hacc[i]) { /* the sum goes to the host in exec_finish_grads' one batch */
             d->g = lm->hacc[i];
             d->g_transient = true;
-            x->g_span[i] = lm->hspan[i];
+            x->grads.g_span[i] = lm->hspan[i];
             lm->hacc[i] = NULL;
         }
     }

@@ -11,19 +11,9 @@
  * slabs.  Activation sizes depend on the micro-batch, so a model loaded
  * without a token count re-sizes its pool at its first micro-batch.
  *
- * Spans.  The tensors a block fetches together (its dense weights and the
- * experts the router chose) get one device allocation laid out by
- * moe_staging_layout, so the pool moves them in one copy; so do the
- * gradients a block sends to the host.  A span is freed when the last
- * tensor in it is released (tensors can outlive their block: a tied
- * embedding is held by the embedding and the head).  If the arena has no
- * contiguous room, each tensor gets its own allocation (more copies, same
- * results).
- *
- * Gradients go D2H a block at a time in one batch: the first micro-batch
- * of a step copies (MOE_STAGING_COPY), later ones add (ADD_F32, the same
- * float adds in the same order as a plain host loop), then the spans are
- * freed once the D2H stream has passed the batch. */
+ * What moves through it: weights (exec_residency.c), gradients
+ * (exec_grads.c), activations (exec_acts.c), each a batch per block laid
+ * out in spans (exec_spans.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,89 +22,7 @@
 #include "engine/exec_internal.h"
 #include "engine/multi_expert.h"
 #include "moe/staging_report.h"
-
-
-/* A MoE layer whose experts are tensors of their own, fetched and given
- * gradients per expert.  Experts fused over E (gpt-oss) are one tensor per
- * layer: the block moves them whole, as it moves its dense weights. */
-static bool layer_is_moe(const eng_exec_t *x, int l) {
-    const eng_model_t *m = x->model;
-    return l >= 0 && l < m->cfg.num_hidden_layers && m->cfg.layer_is_moe[l] && !m->cfg.experts_fused;
-}
-
-/* ---- spans ------------------------------------------------------------------ */
-
-static int span_new(eng_exec_t *x, void *base, int live) {
-    int s = x->free_span;
-    if (s >= 0) {
-        x->free_span = x->spans[s].next_free;
-    } else {
-        if (x->nspans == x->cap_spans) {
-            x->cap_spans = x->cap_spans ? 2 * x->cap_spans : 64;
-            x->spans = realloc(x->spans, (size_t)x->cap_spans * sizeof *x->spans);
-            MT_CHECK_ALLOC(x->spans, "device spans");
-        }
-        s = x->nspans++;
-    }
-    x->spans[s] = (exec_span_t){base, live, -1};
-    return s;
-}
-
-/* One tensor of span s is done; the last frees it (after `after` passes the
- * current point, or now when after is NULL). */
-static void span_put(eng_exec_t *x, int s, kern_stream_t *after) {
-    exec_span_t *sp = &x->spans[s];
-    MT_CHECK(sp->base && sp->live > 0, "executor: span %d released twice", s);
-    if (--sp->live > 0) return;
-    if (after) exec_defer_free(x, sp->base, NULL, 0, after);
-    else kern_free(x->dev, sp->base);
-    sp->base = NULL;
-    sp->next_free = x->free_span;
-    x->free_span = s;
-}
-
-/* Device memory for the tensors ids[0..k): one span laid out for one copy,
- * else one allocation each.  spans[j] receives tensor j's span, ptrs[j] its
- * address.  Nothing stays allocated on failure. */
-static mt_status_t alloc_spans(eng_exec_t *x, const int *ids, int k, bool weights, const char *tag, int *spans,
-                               void **ptrs, mt_error_t *err) {
-    eng_model_t *m = x->model;
-    if (k <= 0) return MT_OK;
-    size_t *sz = calloc((size_t)k * 2, sizeof *sz);
-    MT_CHECK_ALLOC(sz, "span layout");
-    size_t *off = sz + k;
-    for (int j = 0; j < k; j++) {
-        const eng_param_t *p = &m->params[ids[j]];
-        sz[j] = weights ? exec_w_bytes(p) : exec_f32_bytes(p);
-    }
-    const size_t total = moe_staging_layout(sz, k, MT_ARENA_ALIGN, off);
-    mt_error_t quiet = {0};
-    char *base = k > 1 ? kern_alloc(x->dev, total, tag, &quiet) : NULL;
-    if (base) {
-        const int s = span_new(x, base, k);
-        for (int j = 0; j < k; j++) {
-            spans[j] = s;
-            ptrs[j] = base + off[j];
-        }
-        free(sz);
-        return MT_OK;
-    }
-    for (int j = 0; j < k; j++) { /* no contiguous room: one allocation per tensor */
-        char t[240];
-        snprintf(t, sizeof t, "%s: %s", tag, m->params[ids[j]].spec->name);
-        ptrs[j] = kern_alloc(x->dev, sz[j], t, err);
-        if (!ptrs[j]) {
-            for (int q = 0; q < j; q++) span_put(x, spans[q], NULL);
-            free(sz);
-            return err->code;
-        }
-        spans[j] = span_new(x, ptrs[j], 1);
-    }
-    free(sz);
-    return MT_OK;
-}
-
-void exec_span_put(eng_exec_t *x, int s, kern_stream_t *after) { span_put(x, s, after); }
+#include "base/grow.h"
 
 /* ---- sizing and the pool ------------------------------------------------------ */
 
@@ -124,41 +32,34 @@ typedef struct {
 } tlist_t;
 
 static void tl_add(tlist_t *l, size_t bytes) {
-    if (l->n == l->cap) {
-        l->cap = l->cap ? 2 * l->cap : 256;
-        l->t = realloc(l->t, (size_t)l->cap * sizeof *l->t);
-        MT_CHECK_ALLOC(l->t, "staging window");
-    }
+    MT_GROW(l->t, l->cap, l->n + 1, "staging window");
     l->t[l->n++] = bytes;
 }
-
-static int expert_ids(const eng_exec_t *x, int l, const int32_t *counts, int *ids, int n);
-static int *id_buffer(const eng_exec_t *x, int b);
 
 /* Streamed weight bytes of blocks [b0, b0 + w), every expert (and its
  * LoRA factors) included; the tensors go to out when given. */
 static size_t window_weights(eng_exec_t *x, int b0, int w, tlist_t *out) {
     eng_model_t *m = x->model;
-    const int gen = ++x->mark_gen;
+    const int gen = ++x->grads.mark_gen;
     size_t sum = 0;
     int32_t *all = NULL;
     for (int b = b0; b < b0 + w && b < x->nb; b++) {
         const int l = b - 1;
-        int *ids = id_buffer(x, b);
+        int *ids = exec_id_buffer(x, b);
         int n = x->nused[b];
         memcpy(ids, x->used[b], (size_t)n * sizeof *ids);
-        if (layer_is_moe(x, l)) {
+        if (exec_layer_per_expert(x, l)) {
             if (!all) {
                 all = malloc((size_t)m->cfg.num_experts * sizeof *all);
                 MT_CHECK_ALLOC(all, "staging window");
                 for (int e = 0; e < m->cfg.num_experts; e++) all[e] = 1;
             }
-            n = expert_ids(x, l, all, ids, n);
+            n = exec_expert_ids(x, l, all, ids, n);
         }
         for (int k = 0; k < n; k++) {
             const int i = ids[k];
-            if (x->mark[i] == gen || !exec_param_streamed(x, &m->params[i])) continue;
-            x->mark[i] = gen;
+            if (x->grads.mark[i] == gen || !exec_param_streamed(x, &m->params[i])) continue;
+            x->grads.mark[i] = gen;
             sum += exec_w_bytes(&m->params[i]);
             if (out) tl_add(out, exec_w_bytes(&m->params[i]));
         }
@@ -315,341 +216,16 @@ mt_status_t exec_stage_d2h(eng_exec_t *x, const moe_staging_xfer_t *items, int n
                                  err);
 }
 
-static uint64_t copies_so_far(eng_exec_t *x, int dir) {
+uint64_t exec_stage_copies(const eng_exec_t *x, int dir) {
     moe_staging_stats_t s;
     moe_staging_get_stats(x->stage, MOE_STAGING_SCOPE_TOTAL, &s);
     return s.copies[dir];
 }
 
-static void count_skipped(eng_exec_t *x, int dir, int experts) {
+void exec_stage_count_skipped(eng_exec_t *x, int dir, int experts) {
     if (experts <= 0) return;
     x->cnt.ctr.experts_skipped[dir] += (uint64_t)experts;
     moe_staging_count_skipped(x->stage, experts);
-}
-
-/* ---- weight streaming ------------------------------------------------------------ */
-
-/* Block b takes a reference to the streamed parameters among ids; those not
- * on the device yet are fetched in one batch (one span). */
-/* Block b takes a reference to each streamed tensor of ids; those not on the
- * device yet are fetched in one batch on the H2D stream (*issued: how many). */
-static mt_status_t hold_params(eng_exec_t *x, int b, const int *ids, int n, int *issued, mt_error_t *err) {
-    eng_model_t *m = x->model;
-    int *need = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *need);
-    void **ptr = malloc((size_t)(n > 0 ? n : 1) * sizeof *ptr);
-    MT_CHECK(need && ptr, "out of memory for a weight fetch");
-    int *spans = need + n, k = 0, experts = 0;
-    const int gen = ++x->mark_gen;
-    for (int j = 0; j < n; j++) {
-        const int i = ids[j];
-        if (!exec_param_streamed(x, &m->params[i]) || x->param_refs[i] > 0 || x->mark[i] == gen) continue;
-        /* its home may still be taking the last step's update (exec_host_optim_defer) */
-        exec_host_optim_wait_block(&x->hopt, m->params[i].block);
-        x->mark[i] = gen;
-        need[k++] = i;
-        experts += m->params[i].spec->role == ENG_P_EXP_GATE;
-    }
-    char tag[64];
-    if (b == 0) snprintf(tag, sizeof tag, "streamed weights of the embedding");
-    else if (b == x->nb - 1) snprintf(tag, sizeof tag, "streamed weights of the head");
-    else snprintf(tag, sizeof tag, "streamed weights of layer %d", b - 1);
-    mt_status_t st = alloc_spans(x, need, k, true, tag, spans, ptr, err);
-    if (st != MT_OK) {
-        free(need);
-        free(ptr);
-        return st;
-    }
-    *issued = k;
-    exec_held_t *h = &x->holding[b];
-    for (int j = 0; j < n; j++) {
-        const int i = ids[j];
-        if (!exec_param_streamed(x, &m->params[i])) continue;
-        x->param_refs[i]++;
-        if (h->n == h->cap) {
-            h->cap = h->cap ? 2 * h->cap : 32;
-            h->idx = realloc(h->idx, (size_t)h->cap * sizeof *h->idx);
-            MT_CHECK_ALLOC(h->idx, "held weights");
-        }
-        h->idx[h->n++] = i;
-    }
-    if (k > 0) {
-        moe_staging_xfer_t *items = malloc((size_t)k * sizeof *items);
-        MT_CHECK_ALLOC(items, "weight fetch batch");
-        for (int j = 0; j < k; j++) {
-            eng_param_t *p = &m->params[need[j]];
-            eng_dparam_t *d = &x->dp[need[j]];
-            d->w = ptr[j];
-            x->w_span[need[j]] = spans[j];
-            items[j] = (moe_staging_xfer_t){exec_w_home(p), d->w, exec_w_bytes(p), exec_w_upload_op(p)};
-            exec_counters_weight_h2d(&x->cnt, exec_w_bytes(p));
-        }
-        const uint64_t before = copies_so_far(x, MOE_STAGING_H2D);
-        st = exec_stage_h2d(x, items, k, tag, err);
-        if (experts > 0 && layer_is_moe(x, b - 1)) {
-            /* a fetch for the next step, issued by the optimizer step, counts in that step's first micro-batch */
-            exec_counters_moe_batch(&x->cnt, b - 1, 0, (int)(copies_so_far(x, MOE_STAGING_H2D) - before), experts);
-        }
-        free(items);
-    }
-    free(need);
-    free(ptr);
-    return st;
-}
-
-/* ids of the tensors of layer l's experts with tokens (counts NULL: none),
- * with their LoRA factors, appended to ids[n..]: an expert's adapter moves
- * and trains with it, and like it only when the expert got tokens. */
-static int expert_ids(const eng_exec_t *x, int l, const int32_t *counts, int *ids, int n) {
-    const eng_model_t *m = x->model;
-    const eng_layer_index_t *Lx = &m->layers[l];
-    for (int e = 0; counts && e < m->cfg.num_experts; e++)
-        if (counts[e] > 0 && !exec_ep_foreign(x, &m->params[Lx->exp_gate[e]])) {
-            const int mods[3] = {Lx->exp_gate[e], Lx->exp_up[e], Lx->exp_down[e]};
-            for (int k = 0; k < 3; k++) {
-                ids[n++] = mods[k];
-                if (m->params[mods[k]].lora_a >= 0) {
-                    ids[n++] = m->params[mods[k]].lora_a;
-                    ids[n++] = m->params[mods[k]].lora_b;
-                }
-            }
-        }
-    return n;
-}
-
-static int *id_buffer(const eng_exec_t *x, int b) {
-    const eng_model_t *m = x->model;
-    const int n = x->nused[b] + 9 * m->cfg.num_experts + 1;
-    int *ids = malloc((size_t)n * sizeof *ids);
-    MT_CHECK_ALLOC(ids, "parameter list");
-    return ids;
-}
-
-mt_status_t exec_fetch_block(eng_exec_t *x, int b, bool backward, mt_error_t *err) {
-    eng_model_t *m = x->model;
-    if (b < 0 || b >= x->nb || x->holding[b].fetched) return MT_OK;
-    x->holding[b].fetched = true;
-    int *ids = id_buffer(x, b);
-    int n = x->nused[b];
-    memcpy(ids, x->used[b], (size_t)n * sizeof *ids);
-    const int l = b - 1;
-    const bool streamed = exec_block_plan(x, b)->weights == SCHED_WEIGHTS_STREAM;
-    const int32_t *want = layer_is_moe(x, l) ? moe_predict_counts(&x->predict, l, backward) : NULL;
-    if (want) {
-        /* The experts the router chose (backward) or is predicted to choose
-         * (forward, moe/expert_predict.h); in forward the router's choice
-         * then fetches whatever is missing (exec_fetch_experts), and a
-         * prefetched expert that gets no token is dropped unused.  Dense
-         * weights and experts come in one batch. */
-        n = expert_ids(x, l, want, ids, n);
-        if (backward && streamed) {
-            int none = 0;
-            for (int e = 0; e < m->cfg.num_experts; e++) none += want[e] == 0;
-            count_skipped(x, MOE_STAGING_H2D, none);
-        }
-    }
-    int issued;
-    mt_status_t st = hold_params(x, b, ids, n, &issued, err);
-    free(ids);
-    kern_event_record(x->dev, x->w_ready[b], kern_stream(x->dev, KERN_STREAM_H2D));
-    return st;
-}
-
-void exec_wait_block(eng_exec_t *x, int b) {
-    kern_stream_wait_event(x->dev, kern_stream(x->dev, KERN_STREAM_COMPUTE), x->w_ready[b]);
-}
-
-/* Forward: the router has run; fetch the experts that got tokens now. */
-mt_status_t exec_fetch_experts(eng_exec_t *x, int l, const int32_t *counts, mt_error_t *err) {
-    eng_model_t *m = x->model;
-    const int b = l + 1;
-    if (exec_block_plan(x, b)->weights != SCHED_WEIGHTS_STREAM) return MT_OK;
-    int skipped = 0, unused = 0;
-    for (int e = 0; e < m->cfg.num_experts; e++)
-        if (counts[e] == 0) {
-            if (x->dp[m->layers[l].exp_gate[e]].w) unused++;
-            else skipped++;
-        }
-    count_skipped(x, MOE_STAGING_H2D, skipped);
-    x->cnt.ctr.experts_unused += (uint64_t)unused;
-    int *ids = id_buffer(x, b);
-    const int n = expert_ids(x, l, counts, ids, 0);
-    int issued = 0;
-    mt_status_t st = hold_params(x, b, ids, n, &issued, err);
-    free(ids);
-    if (st != MT_OK || issued == 0) return st;
-    /* only a miss of the prediction waits, and then also for whatever the
-     * H2D stream took on before it (the next blocks' prefetch): the stream
-     * is in order.  A hit must not wait at all: w_ready[b] already covers
-     * the prefetched experts, and recording it again here would make this
-     * block's forward wait for the next block's weights. */
-    kern_event_record(x->dev, x->w_ready[b], kern_stream(x->dev, KERN_STREAM_H2D));
-    exec_wait_block(x, b);
-    return MT_OK;
-}
-
-void exec_release_block(eng_exec_t *x, int b) {
-    exec_held_t *h = &x->holding[b];
-    for (int k = 0; k < h->n; k++) {
-        const int i = h->idx[k];
-        if (--x->param_refs[i] == 0) {
-            /* its users are issued; kern_free is stream-ordered where
-             * streams run asynchronously (CUDA: the memory is reused only
-             * after every stream's work issued so far, including an H2D
-             * copy still filling an expert that got no token) */
-            if (x->w_span[i] >= 0) span_put(x, x->w_span[i], NULL);
-            x->w_span[i] = -1;
-            x->dp[i].w = NULL;
-        }
-    }
-    h->n = 0;
-    h->fetched = false;
-}
-
-/* ---- gradients ------------------------------------------------------------------------ */
-
-mt_status_t exec_prepare_grads(eng_exec_t *x, int b, mt_error_t *err) {
-    eng_model_t *m = x->model;
-    kern_stream_t *cs = kern_stream(x->dev, KERN_STREAM_COMPUTE);
-    int *ids = id_buffer(x, b);
-    int n = x->nused[b];
-    memcpy(ids, x->used[b], (size_t)n * sizeof *ids);
-    if (layer_is_moe(x, b - 1)) /* no token, no gradient */
-        n = expert_ids(x, b - 1, moe_predict_counts(&x->predict, b - 1, true), ids, n);
-    int *host = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *host), nh = 0;
-    void **ptr = malloc((size_t)(n > 0 ? n : 1) * sizeof *ptr);
-    MT_CHECK(host && ptr, "out of memory for gradient targets");
-    int *spans = host + n;
-    mt_status_t st = MT_OK;
-    const int gen = ++x->mark_gen;
-    for (int j = 0; j < n && st == MT_OK; j++) {
-        eng_param_t *p = &m->params[ids[j]];
-        eng_dparam_t *d = &x->dp[ids[j]];
-        /* a deferred update still reading its host gradient and flags */
-        exec_host_optim_wait_block(&x->hopt, p->block);
-        if (p->frozen || d->g || x->mark[ids[j]] == gen) continue; /* frozen, or already the target in this
-                                                                       * micro-batch (tied weights) */
-        const sched_block_plan_t *bp = exec_block_plan(x, p->block);
-        if (bp->grads == SCHED_GRADS_HOST) {
-            x->mark[ids[j]] = gen;
-            host[nh++] = ids[j];
-            continue;
-        }
-        if (!d->acc_has_data) {
-            d->g = d->g_acc; /* zeroed: computing into it is exact */
-            d->g_transient = false;
-            continue;
-        }
-        char tag[200];
-        snprintf(tag, sizeof tag, "gradient of %s (this micro-batch)", p->spec->name);
-        d->g = kern_alloc(x->dev, exec_f32_bytes(p), tag, err);
-        if (!d->g) {
-            st = err->code;
-            break;
-        }
-        kern_memset(x->dev, cs, d->g, 0, exec_f32_bytes(p));
-        d->g_transient = true;
-    }
-    char tag[64];
-    snprintf(tag, sizeof tag, "gradients of block %d (this micro-batch)", b);
-    if (st == MT_OK) st = alloc_spans(x, host, nh, false, tag, spans, ptr, err);
-    if (st == MT_OK) {
-        int last = -1;
-        for (int j = 0; j < nh; j++) {
-            eng_dparam_t *d = &x->dp[host[j]];
-            d->g = ptr[j];
-            d->g_transient = true;
-            x->g_span[host[j]] = spans[j];
-            if (spans[j] != last) { /* one memset per span, padding included */
-                const exec_span_t *sp = &x->spans[spans[j]];
-                kern_memset(x->dev, cs, sp->base, 0, kern_alloc_size(x->dev, sp->base));
-                last = spans[j];
-            }
-        }
-    }
-    free(ids);
-    free(host);
-    free(ptr);
-    return st;
-}
-
-mt_status_t exec_finish_grads(eng_exec_t *x, int b, mt_error_t *err) {
-    eng_model_t *m = x->model;
-    kern_stream_t *cs = kern_stream(x->dev, KERN_STREAM_COMPUTE), *d2h = kern_stream(x->dev, KERN_STREAM_D2H);
-    moe_staging_xfer_t *items = NULL;
-    int *which = NULL, n = 0, experts = 0;
-    exec_host_optim_wait_block(&x->hopt, b);
-    for (int i = 0; i < m->num_params; i++) {
-        eng_param_t *p = &m->params[i];
-        eng_dparam_t *d = &x->dp[i];
-        if (p->block != b || !d->g) continue;
-        d->has_grad = true;
-        if (exec_block_plan(x, b)->grads == SCHED_GRADS_DEVICE) {
-            if (d->g_transient) {
-                x->dev->ops->add(cs, d->g_acc, d->g_acc, d->g, p->spec->numel);
-                kern_free(x->dev, d->g); /* the compute stream is the only user */
-            }
-            d->acc_has_data = true;
-            d->g = NULL;
-            d->g_transient = false;
-            continue;
-        }
-        if (!items) {
-            items = malloc((size_t)m->num_params * sizeof *items);
-            which = malloc((size_t)m->num_params * sizeof *which);
-            MT_CHECK(items && which, "out of memory for a gradient batch");
-        }
-        /* first micro-batch: the copy is the accumulator; later ones add into it */
-        items[n] = (moe_staging_xfer_t){d->host_g, d->g, exec_f32_bytes(p),
-                                        d->acc_has_data ? MOE_STAGING_ADD_F32 : MOE_STAGING_COPY};
-        x->cnt.ctr.grad_d2h_bytes += exec_f32_bytes(p);
-        which[n++] = i;
-        experts += p->spec->role == ENG_P_EXP_GATE;
-    }
-    mt_status_t st = MT_OK;
-    if (n > 0) {
-        kern_event_t *ready = kern_event_create(x->dev);
-        kern_event_record(x->dev, ready, cs);
-        kern_stream_wait_event(x->dev, d2h, ready);
-        kern_event_destroy(x->dev, ready);
-        char tag[64];
-        snprintf(tag, sizeof tag, "gradients of block %d", b);
-        const uint64_t before = copies_so_far(x, MOE_STAGING_D2H);
-        st = exec_stage_d2h(x, items, n, tag, err);
-        if (experts > 0 && layer_is_moe(x, b - 1)) {
-            exec_counters_moe_batch(&x->cnt, b - 1, 1, (int)(copies_so_far(x, MOE_STAGING_D2H) - before), experts);
-        }
-        for (int j = 0; j < n; j++) {
-            eng_dparam_t *d = &x->dp[which[j]];
-            if (x->g_span[which[j]] >= 0) span_put(x, x->g_span[which[j]], d2h); /* freed once the D2H passed */
-            x->g_span[which[j]] = -1;
-            d->acc_has_data = true;
-            d->g = NULL;
-            d->g_transient = false;
-        }
-        if (layer_is_moe(x, b - 1)) {
-            int none = 0;
-            const int32_t *routed = moe_predict_counts(&x->predict, b - 1, true);
-            for (int e = 0; e < m->cfg.num_experts; e++) none += routed[e] == 0;
-            count_skipped(x, MOE_STAGING_D2H, none);
-        }
-    }
-    free(items);
-    free(which);
-    return st;
-}
-
-void exec_drop_grads(eng_exec_t *x) {
-    eng_model_t *m = x->model;
-    for (int i = 0; i < m->num_params; i++) {
-        eng_dparam_t *d = &x->dp[i];
-        if (d->g && d->g_transient) {
-            if (x->g_span[i] >= 0) span_put(x, x->g_span[i], kern_stream(x->dev, KERN_STREAM_D2H));
-            else kern_free(x->dev, d->g);
-        }
-        x->g_span[i] = -1;
-        d->g = NULL;
-        d->g_transient = false;
-    }
 }
 
 /* ---- counters and reports ------------------------------------------------------------- */

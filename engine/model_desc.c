@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "engine/model_desc_family.h"
+#include "base/grow.h"
 
 static const char *const k_role_names[ENG_P_ROLE_COUNT] = {
     [ENG_P_EMBED] = "embed",
@@ -115,11 +116,7 @@ struct eng_desc_builder {
 };
 
 static eng_param_spec_t *push(eng_param_spec_t **list, int *count, int *cap) {
-    if (*count == *cap) {
-        *cap = *cap ? *cap * 2 : 256;
-        *list = realloc(*list, (size_t)*cap * sizeof **list);
-        MT_CHECK_ALLOC(*list, "model description");
-    }
+    MT_GROW(*list, *cap, *count + 1, "model description");
     eng_param_spec_t *p = &(*list)[(*count)++];
     memset(p, 0, sizeof *p);
     return p;

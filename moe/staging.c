@@ -18,6 +18,7 @@
 
 #include "moe/staging_internal.h"
 #include "base/clock.h"
+#include "base/grow.h"
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 static bool is_pow2(size_t x) { return x && (x & (x - 1)) == 0; }
@@ -346,11 +347,7 @@ static int rec_new(moe_staging_t *p) {
     if (id >= 0) {
         p->free_rec = p->rec[id].next_free;
     } else {
-        if (p->nrec == p->cap_rec) {
-            p->cap_rec = p->cap_rec ? 2 * p->cap_rec : 64;
-            p->rec = realloc(p->rec, (size_t)p->cap_rec * sizeof *p->rec);
-            MT_CHECK_ALLOC(p->rec, "staging reservations");
-        }
+        MT_GROW(p->rec, p->cap_rec, p->nrec + 1, "staging reservations");
         id = p->nrec++;
     }
     memset(&p->rec[id], 0, sizeof p->rec[id]);
@@ -373,11 +370,7 @@ static void rec_free(moe_staging_t *p, int id) {
     case MOE_STAGING_COMPACT: moe_salloc_release(&p->alloc[r->where], r->off); break;
     case MOE_STAGING_MAX_SLOT: p->slot_busy[r->where] = false; break;
     case MOE_STAGING_PER_TENSOR:
-        if (p->ncache == p->cap_cache) {
-            p->cap_cache = p->cap_cache ? 2 * p->cap_cache : 64;
-            p->cache = realloc(p->cache, (size_t)p->cap_cache * sizeof *p->cache);
-            MT_CHECK_ALLOC(p->cache, "staging block cache");
-        }
+        MT_GROW(p->cache, p->cap_cache, p->ncache + 1, "staging block cache");
         p->cache[p->ncache++] = (staging_block_t){r->host, r->size};
         break;
     default: break;
@@ -385,11 +378,7 @@ static void rec_free(moe_staging_t *p, int id) {
     p->in_use -= r->size;
     p->payload -= r->payload;
     if (r->ev) {
-        if (p->nevs == p->cap_evs) {
-            p->cap_evs = p->cap_evs ? 2 * p->cap_evs : 64;
-            p->evs = realloc(p->evs, (size_t)p->cap_evs * sizeof *p->evs);
-            MT_CHECK_ALLOC(p->evs, "staging events");
-        }
+        MT_GROW(p->evs, p->cap_evs, p->nevs + 1, "staging events");
         p->evs[p->nevs++] = r->ev;
     }
     r->state = REC_FREE;
@@ -610,11 +599,7 @@ void moe_staging_release_after(moe_staging_t *p, moe_staging_region_t *r, kern_s
     kern_event_record(p->dev, rec->ev, stream);
     rec->stream = stream;
     rec->state = REC_PENDING;
-    if (p->npend == p->cap_pend) {
-        p->cap_pend = p->cap_pend ? 2 * p->cap_pend : 64;
-        p->pend = realloc(p->pend, (size_t)p->cap_pend * sizeof *p->pend);
-        MT_CHECK_ALLOC(p->pend, "staging pending list");
-    }
+    MT_GROW(p->pend, p->cap_pend, p->npend + 1, "staging pending list");
     p->pend[p->npend++] = r->id;
     *r = (moe_staging_region_t){NULL, 0, -1};
 }
