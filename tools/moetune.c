@@ -148,10 +148,12 @@ static int cmd_train(int argc, char **argv) {
         } else if (res.stopped_by_signal) {
             /* 128 + the signal, as a shell reports a process the signal ended: scripts tell a
                stopped run (130 SIGINT, 143 SIGTERM) from a finished (0) or failed (1) one */
-            printf("stopped by %s after step %d: checkpoint saved in %s; resume with --set "
+            if (res.rank == 0) printf("stopped by %s after step %d: checkpoint saved in %s; resume with --set "
                    "resume_from_checkpoint=true\n",
                    eng_signal_name(res.stopped_by_signal), res.steps_done, res.last_checkpoint);
             rcode = 128 + res.stopped_by_signal;
+        } else if (res.rank > 0) {
+            /* under mpirun rank 0 reports the job: the other ranks wrote nothing */
         } else if (res.model_saved) {
             printf("trained %d steps%s in %.1f s: loss %.4f -> %.4f; model saved in %s\n",
                    res.steps_done - res.first_step, resumed_note(&res, note, sizeof note), res.seconds,
