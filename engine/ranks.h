@@ -7,8 +7,12 @@
  * gradient_accumulation_steps, global) rank r runs the contiguous share
  * r*K/R .. (r+1)*K/R - 1, split further over its devices as multi_device
  * does, so K must be a multiple of R * devices.  Contiguous shares make
- * the cross-rank sum (rank-order, after each rank's in-process sum) the
- * same tree of adds as `devices: R*N` in one process.  Every rank then
+ * the cross-rank sum (rank order, after each rank's in-process sum) the
+ * same adds as `devices: R` in one process when each rank has one device:
+ * bit-identical results.  With N > 1 devices per rank the sum is
+ * (rank 0's devices' sum) + (rank 1's ...), a different order of fp32 adds
+ * from `devices: R*N`'s ((d0 + d1) + d2) + d3, so the two agree to rounding
+ * only.  Every rank then
  * runs the same optimizer step on the same bits, so the weights stay
  * identical without a broadcast; the loss statistics are gathered so that
  * rank 0 logs the global step.  Only rank 0 writes the output directory.
