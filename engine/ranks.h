@@ -37,6 +37,8 @@ typedef struct {
     int local_rank; /* among the ranks of this node */
 } eng_ranks_t;
 
+/* Whether mpirun started this process (before eng_ranks_open). */
+bool eng_ranks_launched(void);
 /* From the environment (kernels/comm_ranks.h): mpirun's, or one rank. */
 mt_status_t eng_ranks_open(eng_ranks_t *r, mt_error_t *err);
 void eng_ranks_close(eng_ranks_t *r);

@@ -21,9 +21,11 @@ static const char *env(const char *name) {
     return v && v[0] ? v : NULL;
 }
 
+bool kern_ranks_launched(void) { return env("OMPI_COMM_WORLD_SIZE") || env("PMI_SIZE") || env("PMIX_RANK"); }
+
 mt_status_t kern_ranks_create(kern_ranks_t **out, mt_error_t *err) {
     *out = NULL;
-    const bool by_mpi = env("OMPI_COMM_WORLD_SIZE") || env("PMI_SIZE") || env("PMIX_RANK");
+    const bool by_mpi = kern_ranks_launched();
     const char *ws = env("WORLD_SIZE");
     if (!by_mpi && ws && strcmp(ws, "1") != 0)
         return mt_error_set(err, MT_ERR_CONFIG,

@@ -29,6 +29,10 @@
 
 typedef struct kern_ranks kern_ranks_t;
 
+/* Whether mpirun's environment is present (before anything is created:
+ * a caller that must not act on every rank at once can ask first). */
+bool kern_ranks_launched(void);
+
 /* One rank (no MPI) unless the environment says mpirun started this
  * process; MT_ERR_CONFIG for torchrun-style variables without it. */
 mt_status_t kern_ranks_create(kern_ranks_t **out, mt_error_t *err);

@@ -24,7 +24,8 @@
 #   5. refusals, none of which hangs: K not a multiple of ranks x devices
 #      (names both keys and the ranks), a failure on rank 1 alone (a missing
 #      dataset: every rank stops, the message names rank 1 and the file),
-#      torchrun's WORLD_SIZE without mpirun (names mpirun).
+#      base_model_init under mpirun (names `moetune init`), torchrun's
+#      WORLD_SIZE without mpirun (names mpirun).
 set -u
 MOETUNE="$1"; DIGEST="$2"; HW="$3"
 for b in "$MOETUNE" "$DIGEST"; do [ -x "$b" ] || { echo "usage: mpi_train_test.sh MOETUNE CKPT_DIGEST HW.yaml"; exit 2; }; done
@@ -227,6 +228,15 @@ elif [ -f bad_r1/model.safetensors ]; then
   fail "a failure on rank 1 alone: rank 0 still saved a model"
 else
   ok "a failure on rank 1 alone stops both ranks, naming rank 1 and the file (exit $rc)"
+fi
+
+mpi "$MOETUNE" train run.yaml --set output_dir=noinit --set base_model="$W/models/absent" >"$L/noinit.out" 2>&1
+rc=$?
+if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q "moetune init" "$L/noinit.out" || [ -e models/absent ]; then
+  fail "base_model_init under mpirun: exit $rc, want a refusal naming moetune init and nothing created:"
+  tail -3 "$L/noinit.out"
+else
+  ok "base_model_init under mpirun refused (every rank would create the model), naming moetune init"
 fi
 
 WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 timeout 60 "$MOETUNE" train run.yaml --set output_dir=torchrun >"$L/torchrun.out" 2>&1

@@ -22,6 +22,7 @@
 #include "engine/inspect.h"
 #include "engine/profile.h"
 #include "engine/signals.h"
+#include "engine/ranks.h"
 #include "engine/train.h"
 #include "engine/train_save.h"
 #include "tools/build_info.h"
@@ -109,6 +110,14 @@ static int ensure_base_model(const eng_run_config_t *rc, bool verbose, mt_error_
     if (rc->base_model_init[0] == '\0') {
         if (!verbose) return 0; /* training reports the missing checkpoint itself */
         fprintf(stderr, "moetune: %s: base_model_init is not set; nothing to create\n", rc->source_path);
+        return 1;
+    }
+    if (!verbose && eng_ranks_launched()) {
+        /* every rank would create it at once, and a rank could read another's half-written files */
+        fprintf(stderr,
+                "moetune: %s: base_model %s does not exist and this is a rank of an mpirun job: create it "
+                "first with `moetune init %s` (one process), then start the job\n",
+                rc->source_path, rc->base_model, rc->source_path);
         return 1;
     }
     FILE *f;
