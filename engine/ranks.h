@@ -30,7 +30,7 @@
 #include "kernels/comm_ranks.h"
 #include "kernels/device.h"
 
-typedef struct {
+typedef struct eng_ranks {
     kern_ranks_t *k;
     int rank;       /* 0..size-1 */
     int size;       /* 1 without mpirun */

@@ -129,23 +129,30 @@ mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt
     eng_ranks_t ranks;
     mt_status_t st = eng_ranks_open(&ranks, err);
     if (st != MT_OK) return st;
-    result->rank = ranks.rank;
-    result->ranks = ranks.size;
+    st = eng_train_ranked(rc, &ranks, result, err);
+    eng_ranks_close(&ranks);
+    return st;
+}
+
+mt_status_t eng_train_ranked(const eng_run_config_t *rc, eng_ranks_t *ranks, eng_train_result_t *result,
+                             mt_error_t *err) {
+    memset(result, 0, sizeof *result);
+    result->rank = ranks->rank;
+    result->ranks = ranks->size;
     /* Before anything is written: inputs are never outputs, and one run per
      * output_dir (the lock is held until eng_train returns). */
-    st = eng_run_check_paths(rc, err);
+    mt_status_t st = eng_run_check_paths(rc, err);
     eng_outdir_lock_t lock;
-    const bool writes = eng_ranks_writes(&ranks);
+    const bool writes = eng_ranks_writes(ranks);
     if (st == MT_OK && writes) st = lock_outdir(rc, &lock, err);
     if (st == MT_OK) {
         /* the other ranks look for checkpoints only after rank 0 has
          * recovered (or set aside) an interrupted save */
-        eng_ranks_barrier(&ranks);
-        st = eng_train_locked(rc, &ranks, result, err);
+        eng_ranks_barrier(ranks);
+        st = eng_train_locked(rc, ranks, result, err);
         if (writes) eng_outdir_unlock(&lock);
     }
-    if (st != MT_OK && ranks.size > 1) eng_ranks_abort(&ranks, err->msg);
-    eng_ranks_close(&ranks);
+    if (st != MT_OK && ranks->size > 1) eng_ranks_abort(ranks, err->msg);
     return st;
 }
 

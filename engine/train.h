@@ -3,6 +3,7 @@
 #define MT_ENGINE_TRAIN_H
 
 #include "engine/config.h"
+#include "engine/ranks.h"
 #include "kernels/device.h"
 
 typedef struct {
@@ -31,5 +32,11 @@ mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_
  * MPI_Abort after printing it with the rank's number (the others may be
  * waiting in a collective the failed rank will never join). */
 mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt_error_t *err);
+/* eng_train as one rank of ranks (engine/ranks.h), which the caller opened
+ * and closes: closing (MPI_Finalize) waits for every rank, so rank 0 can
+ * report the job before any rank exits (mpirun ends the job when one exits
+ * with an error status, as a stopped run does). */
+mt_status_t eng_train_ranked(const eng_run_config_t *rc, eng_ranks_t *ranks, eng_train_result_t *result,
+                             mt_error_t *err);
 
 #endif

@@ -21,7 +21,9 @@
 #   4. resume: a 2-rank run with a checkpoint at step 3, resumed by 2 ranks
 #      from it, logs the uninterrupted run's steps 4..6 and ends with its
 #      final tensor bytes;
-#   5. refusals, none of which hangs: K not a multiple of ranks x devices
+#   5. SIGTERM to rank 1 alone: both ranks stop after the same step, rank
+#      0 saves that step's checkpoint and reports it, mpirun exits non-zero;
+#   6. refusals, none of which hangs: K not a multiple of ranks x devices
 #      (names both keys and the ranks), a failure on rank 1 alone (a missing
 #      dataset: every rank stops, the message names rank 1 and the file),
 #      base_model_init under mpirun (names `moetune init`), torchrun's
@@ -203,7 +205,35 @@ else
   fi
 fi
 
-# --- 5. refusals that must not hang ----------------------------------------------------------
+# --- 5. SIGTERM to rank 1 alone stops both ranks at the same step -------------------------
+# (the ranks agree on a pending signal every step; rank 0 saves the checkpoint)
+mpi "$MOETUNE" train run.yaml --set output_dir=sig --set max_steps=100000 >"$L/sig.out" 2>&1 &
+job=$!
+for _ in $(seq 1 600); do grep -q '"step":' sig/metrics.jsonl 2>/dev/null && break; sleep 0.1; done
+r1=""
+for p in $(pgrep -f "output_dir=sig --set max_steps=100000"); do
+  [ "$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep '^OMPI_COMM_WORLD_RANK=')" = OMPI_COMM_WORLD_RANK=1 ] && r1=$p
+done
+if [ -z "$r1" ]; then
+  fail "signal: rank 1's process not found"; kill "$job" 2>/dev/null; wait "$job"
+else
+  kill -TERM "$r1"
+  wait "$job"; rc=$?
+  n=$(grep -o 'stopped by SIGTERM after step [0-9]*' "$L/sig.out" | grep -o '[0-9]*$')
+  if [ "$rc" = 0 ] || [ "$rc" = 124 ]; then
+    fail "signal: mpirun exit $rc (want the ranks' 143, not success or a hang)"
+  elif [ "$(grep -c 'stopped by SIGTERM after step' "$L/sig.out")" != 1 ] || [ -z "$n" ]; then
+    fail "signal: want one 'stopped by SIGTERM after step N' line (rank 0's):"; tail -5 "$L/sig.out"
+  elif [ ! -f "sig/checkpoint-$n/optimizer.safetensors" ]; then
+    fail "signal: rank 0 stopped after step $n but sig/checkpoint-$n is incomplete"
+  elif [ "$(steps sig | tail -n1 | grep -o '"step":[0-9]*')" != "\"step\":$n" ]; then
+    fail "signal: metrics.jsonl's last step is not $n"
+  else
+    ok "SIGTERM to rank 1 alone: both ranks stopped after step $n, rank 0 saved checkpoint-$n (exit $rc)"
+  fi
+fi
+
+# --- 6. refusals that must not hang ----------------------------------------------------------
 mpi "$MOETUNE" train run.yaml --set output_dir=bad_k --set gradient_accumulation_steps=3 >"$L/bad_k.out" 2>&1
 rc=$?
 if [ "$rc" = 0 ] || [ "$rc" = 124 ]; then

@@ -150,9 +150,11 @@ static int cmd_train(int argc, char **argv) {
     /* before base_model_init may create anything */
     if (rcode == 0 && eng_run_check_paths(&rc, &err) != MT_OK) rcode = fail(&err);
     if (rcode == 0) rcode = ensure_base_model(&rc, false, &err);
+    eng_ranks_t ranks = {0};
+    if (rcode == 0 && eng_ranks_open(&ranks, &err) != MT_OK) rcode = fail(&err);
     if (rcode == 0) {
         eng_train_result_t res;
-        if (eng_train(&rc, &res, &err) != MT_OK) {
+        if (eng_train_ranked(&rc, &ranks, &res, &err) != MT_OK) {
             rcode = fail(&err);
         } else if (res.stopped_by_signal) {
             /* 128 + the signal, as a shell reports a process the signal ended: scripts tell a
@@ -175,6 +177,9 @@ static int cmd_train(int argc, char **argv) {
                    res.checkpoints_saved > 0 ? " and its checkpoint-N directories the periodic saves" : "");
         }
     }
+    /* after rank 0's report: closing waits for every rank (see eng_train_ranked) */
+    fflush(stdout);
+    if (ranks.k) eng_ranks_close(&ranks);
     eng_run_config_free(&rc);
     return rcode;
 }
