@@ -26,7 +26,8 @@
 #   6. refusals, none of which hangs: K not a multiple of ranks x devices
 #      (names both keys and the ranks), a failure on rank 1 alone (a missing
 #      dataset: every rank stops, the message names rank 1 and the file),
-#      base_model_init under mpirun (names `moetune init`), torchrun's
+#      base_model_init under mpirun (names `moetune init`), `moetune
+#      profile` under mpirun, torchrun's
 #      WORLD_SIZE without mpirun (names mpirun).
 set -u
 MOETUNE="$1"; DIGEST="$2"; HW="$3"
@@ -267,6 +268,14 @@ if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q "moetune init" "$L/noinit.out" 
   tail -3 "$L/noinit.out"
 else
   ok "base_model_init under mpirun refused (every rank would create the model), naming moetune init"
+fi
+
+mpi "$MOETUNE" profile run.yaml --set output_dir=prof >"$L/prof.out" 2>&1
+rc=$?
+if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q "profile runs in one process" "$L/prof.out" || [ -e prof ]; then
+  fail "moetune profile under mpirun: exit $rc, want a refusal and nothing written:"; tail -3 "$L/prof.out"
+else
+  ok "moetune profile under mpirun refused, nothing written"
 fi
 
 WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 timeout 60 "$MOETUNE" train run.yaml --set output_dir=torchrun >"$L/torchrun.out" 2>&1

@@ -222,6 +222,11 @@ static int cmd_profile(int argc, char **argv) {
     mt_error_t err = {0};
     int rcode = load_run_config(n, rest, &rc, &err);
     free(rest);
+    if (rcode == 0 && eng_ranks_launched()) {
+        /* profiling is of one process: every rank would write the same output_dir/staging */
+        fprintf(stderr, "moetune: profile runs in one process; start it without mpirun\n");
+        rcode = 1;
+    }
     if (rcode == 0) rcode = ensure_base_model(&rc, false, &err);
     if (rcode == 0 && eng_profile(&rc, &po, &err) != MT_OK) rcode = fail(&err);
     eng_run_config_free(&rc);
