@@ -120,12 +120,15 @@ static eng_exec_t *rep_of(eng_multi_t *mm, int d) { return mm->x[d]; }
 
 /* ---- a step --------------------------------------------------------------- */
 
+static int ranks_of(const eng_multi_t *mm) { return mm->ranks ? mm->ranks->size : 1; }
+
 void eng_multi_begin_step(eng_multi_t *mm, const eng_optim_hparams_t *hp, int k, bool overlap) {
+    const int R = ranks_of(mm);
     if (mm->n == 1) {
-        eng_optim_begin_step(mm->primary, hp, k, overlap);
+        eng_optim_begin_step(mm->primary, hp, k / R, overlap && R == 1);
         return;
     }
-    for (int d = 0; d < mm->n; d++) eng_optim_begin_step(rep_of(mm, d), hp, k / mm->n, false);
+    for (int d = 0; d < mm->n; d++) eng_optim_begin_step(rep_of(mm, d), hp, k / R / mm->n, false);
 }
 
 typedef struct {
@@ -263,9 +266,47 @@ static void reduce_grads(eng_multi_t *mm, worker_t *w) {
     }
 }
 
+/* Across ranks: the primary's gradients (this rank's in-process sum) summed
+ * over the ranks in rank order (engine/ranks.h), as plain buffers. */
+static mt_status_t reduce_ranks(eng_multi_t *mm, mt_error_t *err) {
+    eng_exec_t *x0 = mm->primary;
+    const eng_model_t *m = x0->model;
+    eng_exec_drain(x0); /* every gradient has landed in its accumulator */
+    const int P = m->num_params;
+    eng_rank_grad_t *g = calloc((size_t)(P > 0 ? P : 1), sizeof *g);
+    int *which = calloc((size_t)(P > 0 ? P : 1), sizeof *which);
+    MT_CHECK(g && which, "out of host memory for the cross-rank gradient list");
+    int n = 0;
+    for (int i = 0; i < P; i++) {
+        const eng_param_t *p = &m->params[i];
+        const eng_dparam_t *d = &x0->dp[i];
+        if (p->frozen) continue;
+        const bool dev = x0->plan.blocks[p->block].grads == SCHED_GRADS_DEVICE;
+        which[n] = i;
+        g[n++] = (eng_rank_grad_t){.name = p->spec->name, .buf = dev ? d->g_acc : d->host_g,
+                                   .count = p->spec->numel, .on_device = dev, .has = d->has_grad};
+    }
+    const mt_status_t st = eng_ranks_sum_grads(mm->ranks, g, n, err);
+    for (int j = 0; st == MT_OK && j < n; j++) {
+        if (!g[j].has) continue;
+        eng_dparam_t *d = &x0->dp[which[j]];
+        d->has_grad = true;
+        d->acc_has_data = true;
+        if (mm->updated) mm->updated[which[j]] = true; /* the replicas' refresh follows the union */
+    }
+    free(g);
+    free(which);
+    return st;
+}
+
 mt_status_t eng_multi_step_fwd_bwd(eng_multi_t *mm, const eng_batch_t *batches, int k, eng_step_order_t order,
                                    eng_micro_stats_t *stats, mt_error_t *err) {
-    if (mm->n == 1) return eng_exec_step_fwd_bwd(mm->primary, batches, k, 1.0f / (float)k, order, stats, err);
+    const int R = ranks_of(mm);
+    if (mm->n == 1) {
+        mt_status_t st = eng_exec_step_fwd_bwd(mm->primary, batches, k, 1.0f / (float)(k * R), order, stats, err);
+        if (st == MT_OK && R > 1) st = reduce_ranks(mm, err);
+        return st;
+    }
     if (k % mm->n != 0)
         return mt_error_set(err, MT_ERR_CONFIG, "gradient_accumulation_steps (%d) must be a multiple of devices (%d)",
                             k, mm->n);
@@ -274,7 +315,7 @@ mt_status_t eng_multi_step_fwd_bwd(eng_multi_t *mm, const eng_batch_t *batches, 
     MT_CHECK_ALLOC(w, "device workers");
     for (int d = 0; d < mm->n; d++)
         w[d] = (worker_t){.mm = mm, .d = d, .batches = batches + d * share, .k = share,
-                          .scale = 1.0f / (float)k, .order = order, .stats = stats + d * share};
+                          .scale = 1.0f / (float)(k * R), .order = order, .stats = stats + d * share};
     run_all(mm, w, fwd_bwd_main);
     mt_status_t st = MT_OK;
     /* the device whose failure stopped the others first: their errors (an
@@ -287,16 +328,23 @@ mt_status_t eng_multi_step_fwd_bwd(eng_multi_t *mm, const eng_batch_t *batches, 
             if (w[d].st != MT_OK && (pass == 1 || w[d].aborted_first || w[d].st != MT_ERR_DEVICE))
                 st = mt_error_set(err, w[d].st, "device %d: %s", d, w[d].err.msg);
     if (st == MT_OK) reduce_grads(mm, w);
+    if (st == MT_OK && R > 1) st = reduce_ranks(mm, err);
     free(w);
     return st;
 }
 
 mt_status_t eng_multi_step_from_loader(eng_multi_t *mm, eng_loader_t *ld, int k, eng_step_order_t order,
                                        eng_micro_stats_t *stats, mt_error_t *err) {
-    if (mm->n == 1) return eng_exec_step_from_loader(mm->primary, ld, k, order, stats, err);
+    const int R = ranks_of(mm);
+    if (mm->n == 1 && R == 1) return eng_exec_step_from_loader(mm->primary, ld, k, order, stats, err);
+    if (k % R != 0)
+        return mt_error_set(err, MT_ERR_CONFIG, "gradient_accumulation_steps (%d) must be a multiple of the ranks (%d)",
+                            k, R);
+    const int share = k / R, first = mm->ranks ? mm->ranks->rank * share : 0;
     eng_batch_t *bs = eng_loader_take(ld, k);
-    const mt_status_t st = eng_multi_step_fwd_bwd(mm, bs, k, order, stats, err);
+    const mt_status_t st = eng_multi_step_fwd_bwd(mm, bs + first, share, order, stats + first, err);
     eng_batches_free(bs, k);
+    if (st == MT_OK && R > 1) eng_ranks_gather_shares(mm->ranks, stats, sizeof *stats, k);
     return st;
 }
 

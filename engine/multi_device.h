@@ -33,6 +33,7 @@
 #include "engine/exec.h"
 #include "engine/model.h"
 #include "engine/optim.h"
+#include "engine/ranks.h"
 #include "kernels/device.h"
 #include "moe/expert_parallel.h"
 
@@ -47,6 +48,8 @@ typedef struct {
     /* (n) each device's rank for the MoE layers the plan runs expert
      * parallel (engine/multi_expert.h); NULL when it runs none */
     moe_ep_t *ep;
+    eng_ranks_t *ranks;    /* the mpirun job this process is a rank of (engine/ranks.h), set by the
+                              caller after eng_multi_open; NULL or one rank: this process alone */
 } eng_multi_t;
 
 /* Opens the model in dir once and an executor for it on dev0 (`primary`,
@@ -62,15 +65,21 @@ void eng_multi_free(eng_multi_t *mm);
 eng_model_t *eng_multi_model(const eng_multi_t *mm);
 
 /* eng_optim_begin_step on every device (each with its share of the k
- * micro-batches; with N > 1 the host optimizer never overlaps backward,
- * since it must wait for the other devices' gradients). */
+ * micro-batches, k global over the ranks; with N > 1 or several ranks the
+ * host optimizer never overlaps backward, since it must wait for the other
+ * devices' and ranks' gradients). */
 void eng_multi_begin_step(eng_multi_t *mm, const eng_optim_hparams_t *hp, int k, bool overlap);
 /* Forward and backward of batches[0..k) with loss scale 1/k, device d on
  * its contiguous share, then the gradients reduced into the primary.
- * stats[j] is micro-batch j's, in the global order. */
+ * stats[j] is micro-batch j's, in the global order.  With R ranks, k is
+ * this rank's share (loss scale 1 / (k R)) and the primary's gradients are
+ * then summed across the ranks (engine/ranks.h). */
 mt_status_t eng_multi_step_fwd_bwd(eng_multi_t *mm, const eng_batch_t *batches, int k, eng_step_order_t order,
                                    eng_micro_stats_t *stats, mt_error_t *err);
-/* Draws k micro-batches from ld and runs eng_multi_step_fwd_bwd. */
+/* Draws k micro-batches from ld and runs eng_multi_step_fwd_bwd.  With R
+ * ranks k is the step's global count: every rank draws all k (so the
+ * loader's position, which checkpoints record, is the same everywhere),
+ * runs its share and gathers every rank's stats[0..k). */
 mt_status_t eng_multi_step_from_loader(eng_multi_t *mm, eng_loader_t *ld, int k, eng_step_order_t order,
                                        eng_micro_stats_t *stats, mt_error_t *err);
 /* Every trained parameter's resident copy on the other devices takes the

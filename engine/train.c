@@ -22,6 +22,7 @@
 #include "engine/multi_device.h"
 #include "engine/optim.h"
 #include "engine/optim_state.h"
+#include "engine/ranks.h"
 #include "engine/report.h"
 #include "engine/signals.h"
 #include "engine/trace.h"
@@ -103,33 +104,59 @@ static mt_status_t save_checkpoint(eng_exec_t *x, const eng_run_config_t *rc, co
     return st;
 }
 
-static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result_t *result,
+static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_ranks_t *ranks, eng_train_result_t *result,
                                     mt_error_t *err);
-static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts_t *lora, const char *resume_dir,
-                                 eng_train_result_t *result, mt_error_t *err);
+static mt_status_t eng_train_run(const eng_run_config_t *rc, eng_ranks_t *ranks, const eng_lora_opts_t *lora,
+                                 const char *resume_dir, eng_train_result_t *result, mt_error_t *err);
 
-mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt_error_t *err) {
-    memset(result, 0, sizeof *result);
-    /* Before anything is written: inputs are never outputs, and one run per
-     * output_dir (the lock is held until eng_train returns). */
-    mt_status_t st = eng_run_check_paths(rc, err);
-    if (st != MT_OK) return st;
-    eng_outdir_lock_t lock;
-    st = eng_outdir_lock(&lock, rc->output_dir, err);
+/* Rank 0's share of eng_train: the lock and the recovery of an interrupted
+ * save, the only writes before the run (the other ranks write nothing). */
+static mt_status_t lock_outdir(const eng_run_config_t *rc, eng_outdir_lock_t *lock, mt_error_t *err) {
+    mt_status_t st = eng_outdir_lock(lock, rc->output_dir, err);
     if (st != MT_OK) return st;
     char note[1200];
     st = eng_outdir_recover(rc->output_dir, note, sizeof note, err);
     if (st != MT_OK) {
-        eng_outdir_unlock(&lock);
+        eng_outdir_unlock(lock);
         return st;
     }
     if (note[0]) fprintf(stderr, "%s\n", note);
-    st = eng_train_locked(rc, result, err);
-    eng_outdir_unlock(&lock);
+    return MT_OK;
+}
+
+mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt_error_t *err) {
+    memset(result, 0, sizeof *result);
+    eng_ranks_t ranks;
+    mt_status_t st = eng_ranks_open(&ranks, err);
+    if (st != MT_OK) return st;
+    st = eng_train_ranked(rc, &ranks, result, err);
+    eng_ranks_close(&ranks);
     return st;
 }
 
-static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result_t *result,
+mt_status_t eng_train_ranked(const eng_run_config_t *rc, eng_ranks_t *ranks, eng_train_result_t *result,
+                             mt_error_t *err) {
+    memset(result, 0, sizeof *result);
+    result->rank = ranks->rank;
+    result->ranks = ranks->size;
+    /* Before anything is written: inputs are never outputs, and one run per
+     * output_dir (the lock is held until eng_train returns). */
+    mt_status_t st = eng_run_check_paths(rc, err);
+    eng_outdir_lock_t lock;
+    const bool writes = eng_ranks_writes(ranks);
+    if (st == MT_OK && writes) st = lock_outdir(rc, &lock, err);
+    if (st == MT_OK) {
+        /* the other ranks look for checkpoints only after rank 0 has
+         * recovered (or set aside) an interrupted save */
+        eng_ranks_barrier(ranks);
+        st = eng_train_locked(rc, ranks, result, err);
+        if (writes) eng_outdir_unlock(&lock);
+    }
+    if (st != MT_OK && ranks->size > 1) eng_ranks_abort(ranks, err->msg);
+    return st;
+}
+
+static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_ranks_t *ranks, eng_train_result_t *result,
                                     mt_error_t *err) {
     /* which checkpoint to resume from, before anything heavy is opened */
     char resume_dir[2048];
@@ -164,15 +191,30 @@ static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_train_result
          * state from its optimizer.safetensors, eng_train_state_load) */
         if (resume_dir[0]) lora.opts.init_dir = resume_dir;
     }
-    st = eng_train_run(rc, use_lora ? &lora.opts : NULL, resume_dir, result, err);
+    st = eng_train_run(rc, ranks, use_lora ? &lora.opts : NULL, resume_dir, result, err);
     if (use_lora) eng_lora_run_opts_free(&lora);
     return st;
 }
 
-static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts_t *lora, const char *resume_dir,
-                                 eng_train_result_t *result, mt_error_t *err) {
+static mt_status_t eng_train_run(const eng_run_config_t *rc, eng_ranks_t *ranks, const eng_lora_opts_t *lora,
+                                 const char *resume_dir, eng_train_result_t *result, mt_error_t *err) {
+    /* before any weight is read: the step must split evenly over ranks x devices */
+    mt_status_t st = eng_ranks_check_accum(ranks, rc->gradient_accumulation_steps, rc->devices.count, err);
+    if (st != MT_OK) return st;
+    const int nranks = ranks->size;
+    const bool writes = eng_ranks_writes(ranks);
+    eng_run_config_t rc_rank;
+    if (nranks > 1) {
+        /* ranks sharing a node take the node's devices in turn: local rank
+         * l opens the ordinals `devices:` names shifted by l * count (the
+         * CPU backend has no ordinals) */
+        rc_rank = *rc;
+        for (int d = 0; d < rc_rank.devices.count; d++)
+            rc_rank.devices.ids[d] += ranks->local_rank * rc_rank.devices.count;
+        rc = &rc_rank;
+    }
     kern_device_t *dev = NULL;
-    mt_status_t st = eng_open_device(rc, &dev, err);
+    st = eng_open_device(rc, &dev, err);
     if (st != MT_OK) return st;
 
     /* plan from config.json alone, before any weight is read */
@@ -184,10 +226,12 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
     }
     eng_train_plan_t tp;
     /* with devices: N each device runs K / N of a step's micro-batches
-     * within its own budget: that share is what is planned */
+     * within its own budget (K / (R N) with R ranks): that share is what is
+     * planned */
     eng_run_config_t rc_share = *rc;
-    if (rc->devices.count > 1 && rc->gradient_accumulation_steps % rc->devices.count == 0)
-        rc_share.gradient_accumulation_steps /= rc->devices.count;
+    const int shares = (rc->devices.count > 1 ? rc->devices.count : 1) * nranks;
+    if (shares > 1 && rc->gradient_accumulation_steps % shares == 0)
+        rc_share.gradient_accumulation_steps /= shares;
     st = eng_train_plan(&rc_share, &mc, dev, &tp, err);
     eng_model_config_free(&mc);
     if (st != MT_OK) {
@@ -203,7 +247,13 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
                                  .staging = &staging,
                                  .compute = eng_compute_dtype(rc, dev),
                                  .lora = lora};
-    st = eng_multi_open(&multi, dev, &rc->devices, rc->gradient_accumulation_steps, rc->base_model, &mo, err);
+    st = eng_multi_open(&multi, dev, &rc->devices, rc->gradient_accumulation_steps / nranks, rc->base_model, &mo,
+                        err);
+    if (st == MT_OK) {
+        multi.ranks = ranks;
+        st = eng_ranks_bind_device(ranks, dev, err);
+        if (st != MT_OK) eng_multi_free(&multi);
+    }
     if (st != MT_OK) {
         eng_train_plan_free(&tp);
         kern_device_destroy(dev);
@@ -263,13 +313,16 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
     bool have_first_loss = false;
 
     eng_reporter_t rep;
-    st = eng_reporter_open(&rep, rc->output_dir, rc->progress, err);
-    if (st != MT_OK) goto out;
-    const eng_run_header_t header = {.config_path = rc->source_path, .base_model = rc->base_model,
-                                     .output_dir = rc->output_dir, .total_steps = total, .seed = rc->seed};
-    st = eng_reporter_run_start(&rep, &header, err);
-    if (st != MT_OK) goto out;
-    if (rc->trace) {
+    memset(&rep, 0, sizeof rep); /* the other ranks' reporter writes no metrics.jsonl and shows no progress */
+    if (writes) {
+        st = eng_reporter_open(&rep, rc->output_dir, rc->progress, err);
+        if (st != MT_OK) goto out;
+        const eng_run_header_t header = {.config_path = rc->source_path, .base_model = rc->base_model,
+                                         .output_dir = rc->output_dir, .total_steps = total, .seed = rc->seed};
+        st = eng_reporter_run_start(&rep, &header, err);
+        if (st != MT_OK) goto out;
+    }
+    if (rc->trace && writes) {
         char path[1200];
         snprintf(path, sizeof path, "%s/trace.json", rc->output_dir);
         st = eng_trace_open(path, &trace, err);
@@ -283,9 +336,14 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
                       model->cfg.model_type, model->cfg.num_hidden_layers, model->cfg.num_experts,
                       model->cfg.num_experts_per_tok, (long long)ds.num_rows, rc->sequence_len, total,
                       rc->gradient_accumulation_steps, rc->micro_batch_size, dev->vt->name);
+    if (nranks > 1 && writes)
+        eng_reporter_note(&rep,
+                          "moetune: data parallel across %d ranks (mpirun), %d micro-batches each per step; "
+                          "rank 0 writes %s",
+                          nranks, rc->gradient_accumulation_steps / nranks, rc->output_dir);
     if (multi.n > 1)
         eng_reporter_note(&rep, "moetune: data parallel on %d devices sharing one host copy, %d micro-batches each per step",
-                          multi.n, rc->gradient_accumulation_steps / multi.n);
+                          multi.n, rc->gradient_accumulation_steps / nranks / multi.n);
     if (tp.predicted_step_s > 0)
         eng_reporter_note(&rep, "moetune: %s; predicted step %.3f s, peak device %.1f MiB", tp.summary,
                           tp.predicted_step_s, tp.predicted_peak_device / 1048576.0);
@@ -396,8 +454,10 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         result->last_loss = loss;
         result->steps_done = step + 1;
     step_end:;
-        const int stop_sig = eng_signals_pending();
-        if (eng_train_state_save_due(rc, step + 1, total, steps_per_epoch) || (stop_sig && step + 1 < total)) {
+        /* a signal that reached some ranks only stops them all at the same step */
+        const int stop_sig = eng_ranks_agree_max(ranks, eng_signals_pending());
+        if (writes &&
+            (eng_train_state_save_due(rc, step + 1, total, steps_per_epoch) || (stop_sig && step + 1 < total))) {
             st = eng_train_state_checkpoint(&ckpt_state, step + 1, last_ckpt, sizeof last_ckpt, err);
             if (st != MT_OK) goto out;
             eng_reporter_note(&rep, "moetune: saved checkpoint to %s", last_ckpt);
@@ -412,11 +472,11 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, const eng_lora_opts
         }
     }
     result->seconds = mt_now_s() - t_run;
-    if (rc->save_final) {
+    if (rc->save_final && writes) {
         st = save_checkpoint(x, rc, rc->output_dir, ENG_CKPT_DIR_MERGE, &rep, err);
         result->model_saved = st == MT_OK;
     }
-    if (st == MT_OK && model->lora.on && rc->merge_lora) {
+    if (st == MT_OK && model->lora.on && rc->merge_lora && writes) {
         char dir[1200];
         snprintf(dir, sizeof dir, "%s/merged", rc->output_dir);
         st = eng_train_save_model(x, rc, dir, ENG_CKPT_DIR_SWAP, eng_save_dtype(model, rc), err);

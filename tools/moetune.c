@@ -22,6 +22,7 @@
 #include "engine/inspect.h"
 #include "engine/profile.h"
 #include "engine/signals.h"
+#include "engine/ranks.h"
 #include "engine/train.h"
 #include "engine/train_save.h"
 #include "tools/build_info.h"
@@ -111,6 +112,14 @@ static int ensure_base_model(const eng_run_config_t *rc, bool verbose, mt_error_
         fprintf(stderr, "moetune: %s: base_model_init is not set; nothing to create\n", rc->source_path);
         return 1;
     }
+    if (!verbose && eng_ranks_launched()) {
+        /* every rank would create it at once, and a rank could read another's half-written files */
+        fprintf(stderr,
+                "moetune: %s: base_model %s does not exist and this is a rank of an mpirun job: create it "
+                "first with `moetune init %s` (one process), then start the job\n",
+                rc->source_path, rc->base_model, rc->source_path);
+        return 1;
+    }
     FILE *f;
     if (mt_fopen_regular(rc->base_model_init, "base_model_init", &f, err) != MT_OK) {
         mt_error_prefix(err, "%s: ", rc->source_path);
@@ -141,17 +150,21 @@ static int cmd_train(int argc, char **argv) {
     /* before base_model_init may create anything */
     if (rcode == 0 && eng_run_check_paths(&rc, &err) != MT_OK) rcode = fail(&err);
     if (rcode == 0) rcode = ensure_base_model(&rc, false, &err);
+    eng_ranks_t ranks = {0};
+    if (rcode == 0 && eng_ranks_open(&ranks, &err) != MT_OK) rcode = fail(&err);
     if (rcode == 0) {
         eng_train_result_t res;
-        if (eng_train(&rc, &res, &err) != MT_OK) {
+        if (eng_train_ranked(&rc, &ranks, &res, &err) != MT_OK) {
             rcode = fail(&err);
         } else if (res.stopped_by_signal) {
             /* 128 + the signal, as a shell reports a process the signal ended: scripts tell a
                stopped run (130 SIGINT, 143 SIGTERM) from a finished (0) or failed (1) one */
-            printf("stopped by %s after step %d: checkpoint saved in %s; resume with --set "
+            if (res.rank == 0) printf("stopped by %s after step %d: checkpoint saved in %s; resume with --set "
                    "resume_from_checkpoint=true\n",
                    eng_signal_name(res.stopped_by_signal), res.steps_done, res.last_checkpoint);
             rcode = 128 + res.stopped_by_signal;
+        } else if (res.rank > 0) {
+            /* under mpirun rank 0 reports the job: the other ranks wrote nothing */
         } else if (res.model_saved) {
             printf("trained %d steps%s in %.1f s: loss %.4f -> %.4f; model saved in %s\n",
                    res.steps_done - res.first_step, resumed_note(&res, note, sizeof note), res.seconds,
@@ -164,6 +177,9 @@ static int cmd_train(int argc, char **argv) {
                    res.checkpoints_saved > 0 ? " and its checkpoint-N directories the periodic saves" : "");
         }
     }
+    /* after rank 0's report: closing waits for every rank (see eng_train_ranked) */
+    fflush(stdout);
+    if (ranks.k) eng_ranks_close(&ranks);
     eng_run_config_free(&rc);
     return rcode;
 }
@@ -206,6 +222,11 @@ static int cmd_profile(int argc, char **argv) {
     mt_error_t err = {0};
     int rcode = load_run_config(n, rest, &rc, &err);
     free(rest);
+    if (rcode == 0 && eng_ranks_launched()) {
+        /* profiling is of one process: every rank would write the same output_dir/staging */
+        fprintf(stderr, "moetune: profile runs in one process; start it without mpirun\n");
+        rcode = 1;
+    }
     if (rcode == 0) rcode = ensure_base_model(&rc, false, &err);
     if (rcode == 0 && eng_profile(&rc, &po, &err) != MT_OK) rcode = fail(&err);
     eng_run_config_free(&rc);

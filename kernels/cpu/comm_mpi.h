@@ -1,0 +1,37 @@
+/* MPI underneath kernels/comm_ranks.h: the world of processes mpirun
+ * started, and the collectives the cross-rank interface needs on host
+ * memory.  Only kernels/comm_ranks.c and the CUDA backend's NCCL bootstrap
+ * (kernels/cuda/comm_nccl_ranks.c) call these; the engine never does.
+ *
+ * Everything runs on MPI_COMM_WORLD from the thread that called
+ * kern_mpi_init (MPI_THREAD_FUNNELED): the engine's device threads never
+ * touch MPI. */
+#ifndef MT_KERNELS_CPU_COMM_MPI_H
+#define MT_KERNELS_CPU_COMM_MPI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/status.h"
+
+/* MPI_Init_thread unless MPI is up already (*initialised says whether this
+ * call did it; MPI cannot be initialised again after MPI_Finalize, which is
+ * reported as an error), then this process's rank, the world's size and the
+ * rank's index among the ranks of its node. */
+mt_status_t kern_mpi_init(int *rank, int *size, int *local_rank, bool *initialised, mt_error_t *err);
+/* MPI_Finalize; for the caller whose kern_mpi_init initialised MPI. */
+void kern_mpi_finalize(void);
+
+/* recv (size * bytes) = every rank's send (bytes), in rank order. */
+void kern_mpi_allgather(const void *send, void *recv, size_t bytes);
+/* buf (count floats, host memory) = the sum over the ranks r with
+ * contrib[r] (the same array on every rank) of rank r's buf, added in
+ * rank order 0..size-1 in fp32 starting from the first contributor's
+ * values: the same bits on every rank whatever MPI's reduction order. */
+void kern_mpi_sum_f32(float *buf, size_t count, const bool *contrib);
+int kern_mpi_max_int(int v);
+void kern_mpi_bcast(void *buf, size_t bytes, int root);
+void kern_mpi_barrier(void);
+_Noreturn void kern_mpi_abort(int code);
+
+#endif
