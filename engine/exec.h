@@ -81,12 +81,12 @@ mt_status_t eng_exec_forward_backward(eng_exec_t *x, const eng_batch_t *batch,
 bool eng_step_order_layer(const eng_exec_t *x, eng_step_order_t order, int k);
 const char *eng_step_order_name(eng_step_order_t order);
 /* Forward and backward of batches[0..k) with loss_scale, as k calls of
- * eng_model_forward_backward would do them, in the order `order` picks;
+ * eng_exec_forward_backward would do them, in the order `order` picks;
  * stats[j] is micro-batch j's. */
 mt_status_t eng_exec_step_fwd_bwd(eng_exec_t *x, const eng_batch_t *batches, int k, float loss_scale,
                                    eng_step_order_t order, eng_micro_stats_t *stats, mt_error_t *err);
 /* Draws k micro-batches from ld (copies: the loader reuses its buffers) and
- * runs eng_model_step_fwd_bwd on them with loss_scale 1 / k. */
+ * runs eng_exec_step_fwd_bwd on them with loss_scale 1 / k. */
 mt_status_t eng_exec_step_from_loader(eng_exec_t *x, eng_loader_t *ld, int k, eng_step_order_t order,
                                        eng_micro_stats_t *stats, mt_error_t *err);
 

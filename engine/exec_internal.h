@@ -121,7 +121,7 @@ struct eng_exec {
     exec_pending_list_t pend; /* deferred frees (exec.c) */
     exec_host_optim_t hopt; /* the host AdamW worker, its pool and what it updated (exec_host_optim.h) */
     bool overlap_step;   /* this step's last micro-batch updates blocks as they finish */
-    /* every update done before eng_optim_step returns (eng_model_finish_updates_in_step):
+    /* every update done before eng_optim_step returns (eng_exec_finish_updates_in_step):
      * off by default, so a streamed host-optimizer block's update runs into the next step */
     bool finish_updates_in_step;
     int micro_left;      /* micro-batches of this step still to run */
@@ -247,7 +247,7 @@ mt_status_t exec_span_alloc(eng_exec_t *x, const int *ids, int k, bool weights, 
 void exec_span_put(eng_exec_t *x, int s, kern_stream_t *after);
 
 /* ---- exec_step.c: one micro-batch's program, block by block -------------
- * Micro-batch-major order (eng_model_forward_backward) runs one of these
+ * Micro-batch-major order (eng_exec_forward_backward) runs one of these
  * through every block forward then backward; layer-major order
  * (exec_layer_major.c) runs K of them through each block in turn.  The
  * callers fetch, wait for and release weights and fold gradients. */
