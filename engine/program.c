@@ -54,11 +54,15 @@ mt_status_t eng_program_describe(const eng_model_config_t *mc, const eng_run_con
     return st;
 }
 
+const char *eng_program_expert_parallel_refusal(const eng_model_config_t *mc, const eng_run_config_t *rc) {
+    if (rc->adapter == ENG_ADAPTER_LORA) return "a LoRA run's adapters are not split between devices";
+    if (mc->experts_fused) return "the model stores its experts fused in one tensor per layer";
+    return NULL;
+}
+
 mt_status_t eng_program_parallel_opts(const eng_model_config_t *mc, const eng_run_config_t *rc,
                                       sched_planner_opts_t *o, mt_error_t *err) {
-    const char *why = rc->adapter == ENG_ADAPTER_LORA ? "a LoRA run's adapters are not split between devices"
-                      : mc->experts_fused          ? "the model stores its experts fused in one tensor per layer"
-                                                   : NULL;
+    const char *why = eng_program_expert_parallel_refusal(mc, rc);
     if (!why || o->parallel == SCHED_PARALLEL_DATA) return MT_OK;
     if (o->parallel == SCHED_PARALLEL_EXPERT)
         return mt_error_set(err, MT_ERR_UNSUPPORTED, "%s: parallel: expert cannot run: %s; use parallel: auto or data",

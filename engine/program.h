@@ -39,10 +39,12 @@ mt_status_t eng_program_workload(const eng_model_config_t *mc, const eng_run_con
  * less ENG_GPU_DEVICE_HEADROOM of it). */
 mt_status_t eng_program_planner_opts(const eng_run_config_t *rc, const sched_hw_t *hw, sched_planner_opts_t *o,
                                      mt_error_t *err);
-/* What expert parallelism the executor runs (engine/multi_expert.h): full
- * fine-tuning of models whose experts are tensors of their own.  Where it
- * cannot, o->parallel auto becomes data, and parallel: expert is
- * MT_ERR_UNSUPPORTED saying why. */
+/* Why the executor cannot run this run's MoE layers expert parallel
+ * (engine/multi_expert.h runs full fine-tuning of models whose experts are
+ * tensors of their own), or NULL when it can. */
+const char *eng_program_expert_parallel_refusal(const eng_model_config_t *mc, const eng_run_config_t *rc);
+/* Where the executor cannot run expert parallel, o->parallel auto becomes
+ * data, and parallel: expert is MT_ERR_UNSUPPORTED saying why. */
 mt_status_t eng_program_parallel_opts(const eng_model_config_t *mc, const eng_run_config_t *rc,
                                       sched_planner_opts_t *o, mt_error_t *err);
 

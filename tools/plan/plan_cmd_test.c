@@ -399,6 +399,7 @@ static void test_expert_parallel(void) {
         const char *lay = json_string_value(json_object_get(dp, "layout"));
         EXPECT(lay && strcmp(lay, used[k]) == 0 && strcmp(json_string_value(json_object_get(dp, "parallel")), asks[k]) == 0,
                "parallel: %s uses %s", asks[k], lay ? lay : "?");
+        EXPECT(json_is_null(json_object_get(dp, "expert_parallel_refused")), "full fine-tuning runs expert parallel");
         EXPECT(json_is_true(json_object_get(dp, "peer_via_host")), "the PCIe profile exchanges through the host");
         const double sd = layout_num(dp, "data", "step_time_s"), sm = layout_num(dp, "mix", "step_time_s"),
                      se = layout_num(dp, "expert", "step_time_s");
@@ -453,6 +454,22 @@ static void test_expert_parallel(void) {
     char *out, *err;
     int rc = run_plan(a, 5, &out, &err);
     EXPECT(rc == 1 && strstr(err, "parallel: expert") && strstr(err, "2 devices"), "one device: %d %s", rc, err);
+    free(out), free(err);
+    /* a LoRA run trains data parallel: auto plans it so and says why, expert is refused */
+    write_run("qwen3_ep_lora", "qwen3-30b-a3b",
+              "sequence_len: 4096\nbf16: true\ngradient_accumulation_steps: 8\nadapter: lora\nlora_r: 16\n"
+              "lora_target_modules: [q_proj, v_proj]\nmemory: {device: 80GiB, host: 1TiB}\n");
+    snprintf(path, sizeof path, "%s/runs/qwen3_ep_lora.yaml", g_tmp);
+    d = parallel_json(path, "h100-80gb-pcie", "auto", NULL);
+    dp = json_object_get(d, "data_parallel");
+    const char *lay = json_string_value(json_object_get(dp, "layout"));
+    const char *why = json_string_value(json_object_get(dp, "expert_parallel_refused"));
+    EXPECT(lay && strcmp(lay, "data") == 0 && why && strstr(why, "LoRA"), "LoRA: layout %s, refused %s",
+           lay ? lay : "?", why ? why : "(null)");
+    json_decref(d);
+    const char *a4[] = {path, "--hw", "h100-80gb-pcie", "--devices", "2", "--set", "parallel=expert"};
+    rc = run_plan(a4, 7, &out, &err);
+    EXPECT(rc == 1 && strstr(err, "parallel: expert") && strstr(err, "LoRA"), "LoRA, expert: %d %s", rc, err);
     free(out), free(err);
 }
 

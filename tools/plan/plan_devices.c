@@ -25,6 +25,7 @@ mt_status_t plan_devices_make(const plan_ctx_t *c, int n, plan_devices_t *out, m
     mt_status_t st = eng_program_workload(&c->mc, &rc, &c->hw, bf16, &w, err);
     if (st == MT_OK) st = eng_program_planner_opts(&rc, &c->hw, &opts, err);
     if (st == MT_OK) st = eng_program_parallel_opts(&c->mc, &rc, &opts, err);
+    out->ep_refused = eng_program_expert_parallel_refusal(&c->mc, &rc);
     if (st == MT_OK && n == SCHED_EP_DEVICES) {
         out->layouts = true;
         out->parallel = opts.parallel;
@@ -92,6 +93,9 @@ static void layouts_text(FILE *f, const plan_ctx_t *c, const plan_devices_t *d) 
             sched_parallel_name(d->parallel), d->peer_via_host ? "through host memory over each device's link"
                                                                : "over the direct peer link",
             c->w.peer_bw / 1e9);
+    if (d->ep_refused)
+        fprintf(f, "  training runs these layers data parallel: %s; expert parallel shown for comparison only\n",
+                d->ep_refused);
     for (int k = 0; k < SCHED_LAYOUT_COUNT; k++) {
         if (!r->planned[k]) {
             fprintf(f, "  %-24s  (no MoE layers)\n", what[k]);
@@ -175,6 +179,7 @@ json_t *plan_devices_json(const plan_ctx_t *c, const plan_devices_t *d) {
     if (!d->layouts) return o;
     const sched_parallel_result_t *r = &d->par;
     json_object_set_new(o, "parallel", json_string(sched_parallel_name(d->parallel)));
+    json_object_set_new(o, "expert_parallel_refused", d->ep_refused ? json_string(d->ep_refused) : json_null());
     json_object_set_new(o, "layout", json_string(k_layout_names[r->chosen]));
     json_object_set_new(o, "peer_via_host", json_boolean(d->peer_via_host));
     json_t *lay = json_object();

@@ -20,6 +20,9 @@ typedef struct {
     sched_parallel_t parallel; /* asked: the run config's parallel: */
     sched_parallel_result_t par;
     bool peer_via_host;
+    /* why training would not run expert parallel (NULL: it would); the
+     * expert layouts are then predicted for comparison only */
+    const char *ep_refused;
 } plan_devices_t;
 
 /* Plans one device's share (K / n micro-batches) within one device's
