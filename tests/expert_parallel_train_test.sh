@@ -11,21 +11,13 @@
 #   3. parallel: auto on two devices plans and trains;
 #   4. parallel: expert with a LoRA adapter is refused, naming the key.
 set -u
+. "$(dirname "$0")/test_lib.sh"
 MOETUNE="$1"; CONFIG="$2"
 [ -x "$MOETUNE" ] && [ -f "$CONFIG" ] || { echo "usage: expert_parallel_train_test.sh MOETUNE QUICKSTART.yaml"; exit 2; }
 MOETUNE="$(cd "$(dirname "$MOETUNE")" && pwd)/$(basename "$MOETUNE")"
 CONFIG="$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")"
 T="${TEST_TMPDIR:-$(mktemp -d)}/ep_train"
 rm -rf "$T"; mkdir -p "$T"; cd "$T" || exit 2
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-ok() { echo "ok   $*"; }
-losses() { grep -o '"step":[0-9]*,"loss":[-0-9.e]*' "$1/metrics.jsonl"; }
-tensor_bytes() {
-  local f="$1/model.safetensors" n
-  n=$(od -An -tu8 -N8 "$f" | tr -d ' ')
-  tail -c +$((9 + n)) "$f" | sha256sum | cut -d' ' -f1
-}
 run() { # NAME ARGS...: a short quick-start run into out_NAME
   local name="$1"; shift
   timeout 300 "$MOETUNE" train "$CONFIG" --set base_model="$T/tiny" --set output_dir="$T/out_$name" \

@@ -30,6 +30,7 @@
 #      profile` under mpirun, torchrun's
 #      WORLD_SIZE without mpirun (names mpirun).
 set -u
+. "$(dirname "$0")/test_lib.sh"
 MOETUNE="$1"; DIGEST="$2"; HW="$3"
 for b in "$MOETUNE" "$DIGEST"; do [ -x "$b" ] || { echo "usage: mpi_train_test.sh MOETUNE CKPT_DIGEST HW.yaml"; exit 2; }; done
 if ! command -v mpirun >/dev/null; then
@@ -41,9 +42,6 @@ DIGEST="$(cd "$(dirname "$DIGEST")" && pwd)/$(basename "$DIGEST")"
 T="${TEST_TMPDIR:-$(mktemp -d)}/mpi"
 rm -rf "$T"; mkdir -p "$T/w" "$T/logs" "$T/other"; cd "$T/w" || exit 2
 W="$T/w"; L="$T/logs"
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-ok() { echo "ok   $*"; }
 
 # CI runs as root, which Open MPI refuses unless told; 2 ranks may exceed the
 # machine's cores.  Open MPI's own allocations outlive MPI_Finalize, so a
@@ -54,16 +52,7 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 RANK_ASAN="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 mpi() { ASAN_OPTIONS="$RANK_ASAN" timeout 120 mpirun -np 2 "$@"; }
 
-mkdir -p models data
-cat > tiny.json <<'JSON'
-{"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
- "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
- "num_local_experts": 4, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5,
- "rope_theta": 10000.0, "tie_word_embeddings": false, "output_router_logits": true}
-JSON
-for i in $(seq 1 48); do
-  echo "{\"input_ids\": [$((i % 64)), 5, 9, 13, $(((i * 7) % 64)), 21, 25, 29, 33, $(((i * 3) % 64)), 41, 45]}"
-done > data/train.jsonl
+write_tiny_mixtral 48
 cp "$HW" hw.yaml || exit 2
 # absolute inputs, so that a rank started in another directory reads the same ones
 cat > run.yaml <<YAML
@@ -95,12 +84,6 @@ fi
 steps() {
   grep '"step":' "$1/metrics.jsonl" | sed -E \
     's/.*("step":[0-9]+).*("loss":[^,]*).*("ce_loss":[^,]*).*("aux_loss":[^,]*).*("grad_norm":[^,]*).*("tokens":[0-9]+).*/\1 \2 \3 \4 \5 \6/'
-}
-# the final model's tensor bytes (the safetensors header holds the save's id)
-tensor_bytes() {
-  local f="$1/model.safetensors" n
-  n=$(od -An -tu8 -N8 "$f" | tr -d ' ')
-  tail -c +$((9 + n)) "$f" | sha256sum | cut -d' ' -f1
 }
 # same NAME A B: identical per-step numbers (6 steps) and final tensor bytes
 same() {

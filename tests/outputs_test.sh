@@ -17,6 +17,7 @@
 #   5. the saved config.json carries the run's model_config overrides and
 #      the dtype actually saved.
 set -u
+. "$(dirname "$0")/test_lib.sh"
 MOETUNE="$1"; DIGEST="$2"; HW="$3"
 for b in "$MOETUNE" "$DIGEST"; do [ -x "$b" ] || { echo "usage: outputs_test.sh MOETUNE CKPT_DIGEST HW.yaml"; exit 2; }; done
 HW="$(cd "$(dirname "$HW")" && pwd)/$(basename "$HW")"
@@ -25,20 +26,8 @@ DIGEST="$(cd "$(dirname "$DIGEST")" && pwd)/$(basename "$DIGEST")"
 T="${TEST_TMPDIR:-$(mktemp -d)}/outputs"
 rm -rf "$T"; mkdir -p "$T/w" "$T/logs"; cd "$T/w" || exit 2
 L="$T/logs"
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-ok() { echo "ok   $*"; }
 
-mkdir -p models data
-cat > tiny.json <<'JSON'
-{"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
- "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
- "num_local_experts": 4, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5,
- "rope_theta": 10000.0, "tie_word_embeddings": false, "output_router_logits": true}
-JSON
-for i in $(seq 1 40); do
-  echo "{\"input_ids\": [$((i % 64)), 5, 9, 13, $(((i * 7) % 64)), 21, 25, 29, 33, $(((i * 3) % 64)), 41, 45]}"
-done > data/train.jsonl
+write_tiny_mixtral 40
 # a hardware profile from the repo: planning without calibrating keeps each run short
 cp "$HW" hw.yaml || exit 2
 cat > run.yaml <<'YAML'

@@ -22,6 +22,7 @@
 #      step's loss infinite; up to N are skipped and counted, then the run
 #      stops naming the step and the last good checkpoint.
 set -u
+. "$(dirname "$0")/test_lib.sh"
 MOETUNE="$1"; DIGEST="$2"; HW="$3"
 for b in "$MOETUNE" "$DIGEST"; do [ -x "$b" ] || { echo "usage: resume_test.sh MOETUNE CKPT_DIGEST HW.yaml"; exit 2; }; done
 HW="$(cd "$(dirname "$HW")" && pwd)/$(basename "$HW")"
@@ -30,21 +31,9 @@ DIGEST="$(cd "$(dirname "$DIGEST")" && pwd)/$(basename "$DIGEST")"
 T="${TEST_TMPDIR:-$(mktemp -d)}/resume"
 rm -rf "$T"; mkdir -p "$T/w" "$T/logs"; cd "$T/w" || exit 2
 L="$T/logs"
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-ok() { echo "ok   $*"; }
 
-mkdir -p models data
-cat > tiny.json <<'JSON'
-{"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
- "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
- "num_local_experts": 4, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5,
- "rope_theta": 10000.0, "tie_word_embeddings": false, "output_router_logits": true}
-JSON
+write_tiny_mixtral 40
 sed 's/"hidden_size": 32/"hidden_size": 48/' tiny.json > other.json
-for i in $(seq 1 40); do
-  echo "{\"input_ids\": [$((i % 64)), 5, 9, 13, $(((i * 7) % 64)), 21, 25, 29, 33, $(((i * 3) % 64)), 41, 45]}"
-done > data/train.jsonl
 cp "$HW" hw.yaml || exit 2
 # 40 rows of 3 per micro-batch, 2 micro-batches a step: epochs end mid-step, so
 # the saved data position is an arbitrary (epoch, cursor)
@@ -74,14 +63,6 @@ if ! "$MOETUNE" init run.yaml >"$L/init.out" 2>"$L/init.err"; then
 fi
 "$MOETUNE" init run.yaml --set base_model=models/other --set base_model_init=other.json >/dev/null 2>&1
 
-losses() { grep -o '"step":[0-9]*,"loss":[-0-9.e]*' "$1/metrics.jsonl"; }
-# the final model's tensor bytes: everything after the safetensors header
-# (the header holds the save's id, which differs from save to save)
-tensor_bytes() {
-  local f="$1/model.safetensors" n
-  n=$(od -An -tu8 -N8 "$f" | tr -d ' ')
-  tail -c +$((9 + n)) "$f" | sha256sum | cut -d' ' -f1
-}
 # same NAME REFERENCE_DIR RESUMED_DIR: the resumed run's losses are the
 # reference's last ones and its final tensors are the reference's bytes
 same() {
