@@ -57,6 +57,17 @@ mt_status_t eng_program_describe(const eng_model_config_t *mc, const eng_run_con
 const char *eng_program_expert_parallel_refusal(const eng_model_config_t *mc, const eng_run_config_t *rc) {
     if (rc->adapter == ENG_ADAPTER_LORA) return "a LoRA run's adapters are not split between devices";
     if (mc->experts_fused) return "the model stores its experts fused in one tensor per layer";
+    /* an expert-parallel layer's experts are updated from host memory and
+     * its saved rows are not offloaded (sched_block_plan_expert_parallel):
+     * a forced placement that says otherwise wins over splitting experts */
+    if (rc->sched_optimizer == ENG_PLACE_DEVICE)
+        return "scheduler.optimizer: device keeps AdamW on the device, and an expert-parallel layer's experts are "
+               "updated from host memory";
+    if (rc->sched_grads == ENG_PLACE_DEVICE)
+        return "scheduler.grads: device keeps gradients on the device, and an expert-parallel layer's go to host "
+               "memory";
+    if (rc->sched_activations == ENG_ACTS_OFFLOAD)
+        return "scheduler.activations: offload, and an expert-parallel layer keeps or recomputes its activations";
     return NULL;
 }
 

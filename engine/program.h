@@ -41,7 +41,8 @@ mt_status_t eng_program_planner_opts(const eng_run_config_t *rc, const sched_hw_
                                      mt_error_t *err);
 /* Why the executor cannot run this run's MoE layers expert parallel
  * (engine/multi_expert.h runs full fine-tuning of models whose experts are
- * tensors of their own), or NULL when it can. */
+ * tensors of their own, with host gradients and AdamW and activations not
+ * offloaded), or NULL when it can. */
 const char *eng_program_expert_parallel_refusal(const eng_model_config_t *mc, const eng_run_config_t *rc);
 /* Where the executor cannot run expert parallel, o->parallel auto becomes
  * data, and parallel: expert is MT_ERR_UNSUPPORTED saying why. */

@@ -9,7 +9,9 @@
 #      planner's plan and under min_memory;
 #   2. the run says how many MoE layers it splits;
 #   3. parallel: auto on two devices plans and trains;
-#   4. parallel: expert with a LoRA adapter is refused, naming the key.
+#   4. parallel: expert with a LoRA adapter, or with a forced device
+#      optimizer, is refused naming the key; parallel: auto with a forced
+#      device optimizer trains every layer data parallel.
 set -u
 . "$(dirname "$0")/test_lib.sh"
 MOETUNE="$1"; CONFIG="$2"
@@ -59,6 +61,22 @@ if [ $rc -ne 0 ] && grep -q "parallel: expert" "$T/lora.log" && grep -q "LoRA" "
   ok "parallel: expert with adapter: lora is refused, naming the key"
 else
   fail "parallel: expert with LoRA: exit $rc"; tail -3 "$T/lora.log"
+fi
+
+timeout 60 "$MOETUNE" train "$CONFIG" --set base_model="$T/tiny" --set output_dir="$T/out_devopt" --set devices=2 \
+  --set gradient_accumulation_steps=2 --set parallel=expert --set scheduler.optimizer=device >"$T/devopt.log" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && grep -q "parallel: expert" "$T/devopt.log" && grep -q "scheduler.optimizer: device" "$T/devopt.log"; then
+  ok "parallel: expert with scheduler.optimizer: device is refused, naming both keys"
+else
+  fail "parallel: expert with a device optimizer: exit $rc"; tail -3 "$T/devopt.log"
+fi
+if run devopt_auto --set devices=2 --set scheduler.optimizer=device; then
+  if grep -q "expert parallel" "$T/devopt_auto.log"; then
+    fail "parallel: auto with a device optimizer split experts"; grep plan "$T/devopt_auto.log"
+  else
+    ok "parallel: auto with scheduler.optimizer: device trains data parallel"
+  fi
 fi
 
 echo "$failures failure(s)"
