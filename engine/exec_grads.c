@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "engine/exec_internal.h"
+#include "engine/multi_expert.h"
 
 mt_status_t exec_prepare_grads(eng_exec_t *x, int b, mt_error_t *err) {
     eng_model_t *m = x->model;
@@ -135,7 +136,8 @@ mt_status_t exec_finish_grads(eng_exec_t *x, int b, mt_error_t *err) {
         if (exec_layer_per_expert(x, b - 1)) {
             int none = 0;
             const int32_t *routed = moe_predict_counts(&x->predict, b - 1, true);
-            for (int e = 0; e < m->cfg.num_experts; e++) none += routed[e] == 0;
+            for (int e = 0; e < m->cfg.num_experts; e++) /* another device's experts are not this one's to skip */
+                none += routed[e] == 0 && !exec_ep_foreign(x, &m->params[m->layers[b - 1].exp_gate[e]]);
             exec_stage_count_skipped(x, MOE_STAGING_D2H, none);
         }
     }

@@ -130,7 +130,8 @@ mt_status_t exec_fetch_block(eng_exec_t *x, int b, bool backward, mt_error_t *er
         n = exec_expert_ids(x, l, want, ids, n);
         if (backward && streamed) {
             int none = 0;
-            for (int e = 0; e < m->cfg.num_experts; e++) none += want[e] == 0;
+            for (int e = 0; e < m->cfg.num_experts; e++)
+                none += want[e] == 0 && !exec_ep_foreign(x, &m->params[m->layers[l].exp_gate[e]]);
             exec_stage_count_skipped(x, MOE_STAGING_H2D, none);
         }
     }
@@ -152,7 +153,7 @@ mt_status_t exec_fetch_experts(eng_exec_t *x, int l, const int32_t *counts, mt_e
     if (exec_block_plan(x, b)->weights != SCHED_WEIGHTS_STREAM) return MT_OK;
     int skipped = 0, unused = 0;
     for (int e = 0; e < m->cfg.num_experts; e++)
-        if (counts[e] == 0) {
+        if (counts[e] == 0 && !exec_ep_foreign(x, &m->params[m->layers[l].exp_gate[e]])) {
             if (x->dp[m->layers[l].exp_gate[e]].w) unused++;
             else skipped++;
         }
