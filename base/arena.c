@@ -31,21 +31,33 @@ void mt_arena_free_all(mt_arena_t *a) {
 }
 
 bool mt_arena_alloc(mt_arena_t *a, size_t bytes, size_t *offset) {
+    return mt_arena_alloc_life(a, bytes, MT_ARENA_TRANSIENT, offset);
+}
+
+bool mt_arena_alloc_life(mt_arena_t *a, size_t bytes, mt_arena_life_t life, size_t *offset) {
     size_t need = align_up(bytes ? bytes : 1);
     int best = -1;
     for (int i = 0; i < a->nblocks; i++) {
         const mt_arena_block_t *b = &a->blocks[i];
-        if (!b->used && b->size >= need && (best < 0 || b->size < a->blocks[best].size)) best = i;
+        if (b->used || b->size < need) continue;
+        if (life == MT_ARENA_LASTING) best = i; /* the last one that fits: the highest */
+        else if (best < 0 || b->size < a->blocks[best].size) best = i;
     }
     if (best < 0) return false;
     mt_arena_block_t *b = &a->blocks[best];
-    if (b->size > need) { /* split: the tail stays free */
+    if (b->size > need) { /* split: the rest stays free, below a lasting block, above any other */
         ensure_blocks(a, a->nblocks + 1);
         b = &a->blocks[best];
         memmove(&a->blocks[best + 2], &a->blocks[best + 1],
                 (size_t)(a->nblocks - best - 1) * sizeof *a->blocks);
-        a->blocks[best + 1] = (mt_arena_block_t){.offset = b->offset + need, .size = b->size - need};
-        b->size = need;
+        if (life == MT_ARENA_LASTING) {
+            a->blocks[best + 1] = (mt_arena_block_t){.offset = b->offset + b->size - need, .size = need};
+            b->size -= need;
+            b = &a->blocks[best + 1];
+        } else {
+            a->blocks[best + 1] = (mt_arena_block_t){.offset = b->offset + need, .size = b->size - need};
+            b->size = need;
+        }
         a->nblocks++;
     }
     b->used = true;

@@ -35,6 +35,33 @@ int main(void) {
     EXPECT(a.peak == 1024 + 0 || a.peak >= 1024);
     mt_arena_free_all(&a);
 
+    /* Two ends: a step's buffers around long-lived tensors.  Placed by best
+     * fit alone, the long-lived ones sit between the step's buffers and
+     * split what the step frees; from the top, what the step frees is one
+     * block again. */
+    for (int lasting = 0; lasting < 2; lasting++) {
+        mt_arena_init(&a, 100 * 256);
+        const mt_arena_life_t life = lasting ? MT_ARENA_LASTING : MT_ARENA_TRANSIENT;
+        size_t t1, l1, t2, l2, t3;
+        EXPECT(mt_arena_alloc(&a, 20 * 256, &t1));
+        EXPECT(mt_arena_alloc_life(&a, 10 * 256, life, &l1));
+        EXPECT(mt_arena_alloc(&a, 20 * 256, &t2));
+        EXPECT(mt_arena_alloc_life(&a, 10 * 256, life, &l2));
+        EXPECT(mt_arena_alloc(&a, 20 * 256, &t3));
+        if (lasting) EXPECT(l1 == 90 * 256 && l2 == 80 * 256); /* from the top down */
+        mt_arena_release(&a, t1);
+        mt_arena_release(&a, t2);
+        mt_arena_release(&a, t3);
+        const size_t largest = mt_arena_largest_free(&a);
+        if (lasting) EXPECT(largest == 80 * 256);
+        else EXPECT(largest < 80 * 256); /* what the two ends avoid */
+        EXPECT(a.in_use == 20 * 256);
+        mt_arena_release(&a, l1);
+        mt_arena_release(&a, l2);
+        EXPECT(a.in_use == 0 && a.nblocks == 1);
+        mt_arena_free_all(&a);
+    }
+
     /* random alloc/free against a shadow list: no overlap, exact in_use */
     mt_arena_init(&a, 1 << 20);
     enum { N = 64 };
@@ -48,7 +75,8 @@ int main(void) {
             live[i] = 0;
         } else {
             size_t want = (size_t)(rand() % 40000) + 1;
-            if (mt_arena_alloc(&a, want, &off[i])) {
+            const mt_arena_life_t life = rand() % 4 == 0 ? MT_ARENA_LASTING : MT_ARENA_TRANSIENT;
+            if (mt_arena_alloc_life(&a, want, life, &off[i])) {
                 sz[i] = (want + 255) & ~(size_t)255;
                 live[i] = 1;
                 EXPECT(off[i] % MT_ARENA_ALIGN == 0 && off[i] + sz[i] <= a.capacity);

@@ -176,18 +176,18 @@ static mt_status_t place_param(eng_exec_t *x, int i, mt_error_t *err) {
     }
     if (bp->weights == SCHED_WEIGHTS_RESIDENT) {
         snprintf(tag, sizeof tag, "weight %s", p->spec->name);
-        d->w = kern_alloc(x->dev, exec_w_bytes(p), tag, err);
+        d->w = kern_alloc_lasting(x->dev, exec_w_bytes(p), tag, err);
         if (!d->w) return err->code;
     }
     if (p->frozen) return MT_OK; /* no master beside the home, no gradient, no optimizer state */
     if (bp->optim == SCHED_OPTIM_DEVICE && p->w_dtype != MT_F32 && !x->replica) {
         snprintf(tag, sizeof tag, "fp32 master of %s", p->spec->name);
-        d->dev_master = kern_alloc(x->dev, bytes, tag, err);
+        d->dev_master = kern_alloc_lasting(x->dev, bytes, tag, err);
         if (!d->dev_master) return err->code;
     }
     if (bp->grads == SCHED_GRADS_DEVICE) {
         snprintf(tag, sizeof tag, "gradient of %s", p->spec->name);
-        d->g_acc = kern_alloc(x->dev, bytes, tag, err);
+        d->g_acc = kern_alloc_lasting(x->dev, bytes, tag, err);
         if (!d->g_acc) return err->code;
         kern_memset(x->dev, s, d->g_acc, 0, bytes);
     }

@@ -199,9 +199,9 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
                 if (!d->m) { /* lazily, as torch creates state on the first step */
                     char t[200];
                     snprintf(t, sizeof t, "AdamW m of %s", p->spec->name);
-                    d->m = kern_alloc(dev, bytes, t, err);
+                    d->m = kern_alloc_lasting(dev, bytes, t, err);
                     snprintf(t, sizeof t, "AdamW v of %s", p->spec->name);
-                    if (d->m) d->v = kern_alloc(dev, bytes, t, err);
+                    if (d->m) d->v = kern_alloc_lasting(dev, bytes, t, err);
                     if (!d->m || !d->v) {
                         free(items);
                         return err->code;

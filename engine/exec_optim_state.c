@@ -41,10 +41,10 @@ static mt_status_t ensure_device_moments(eng_exec_t *x, int i, mt_error_t *err) 
     if (d->m) return MT_OK;
     char t[200];
     snprintf(t, sizeof t, "AdamW m of %s", p->spec->name);
-    d->m = kern_alloc(x->dev, exec_f32_bytes(p), t, err);
+    d->m = kern_alloc_lasting(x->dev, exec_f32_bytes(p), t, err);
     if (!d->m) return err->code;
     snprintf(t, sizeof t, "AdamW v of %s", p->spec->name);
-    d->v = kern_alloc(x->dev, exec_f32_bytes(p), t, err);
+    d->v = kern_alloc_lasting(x->dev, exec_f32_bytes(p), t, err);
     return d->v ? MT_OK : err->code;
 }
 

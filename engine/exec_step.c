@@ -72,8 +72,8 @@ static mt_status_t ensure_rope(eng_exec_t *x, int T, mt_error_t *err) {
     dfree(x->dev, x->rope_cos);
     dfree(x->dev, x->rope_sin);
     x->rope_T = 0;
-    x->rope_cos = kern_alloc(x->dev, (size_t)T * half * sizeof(float), "rope cos table", err);
-    x->rope_sin = x->rope_cos ? kern_alloc(x->dev, (size_t)T * half * sizeof(float), "rope sin table", err) : NULL;
+    x->rope_cos = kern_alloc_lasting(x->dev, (size_t)T * half * sizeof(float), "rope cos table", err);
+    x->rope_sin = x->rope_cos ? kern_alloc_lasting(x->dev, (size_t)T * half * sizeof(float), "rope sin table", err) : NULL;
     if (!x->rope_cos || !x->rope_sin) return err->code;
     float *c = malloc((size_t)T * half * sizeof *c), *s = malloc((size_t)T * half * sizeof *s);
     MT_CHECK(c && s, "out of host memory for rope tables");

@@ -126,12 +126,16 @@ void kern_arena_defer_release_all(kern_arena_defer_t *d) {
 }
 
 bool kern_arena_defer_alloc(kern_arena_defer_t *d, size_t bytes, size_t *offset) {
+    return kern_arena_defer_alloc_life(d, bytes, MT_ARENA_TRANSIENT, offset);
+}
+
+bool kern_arena_defer_alloc_life(kern_arena_defer_t *d, size_t bytes, mt_arena_life_t life, size_t *offset) {
     kern_arena_defer_close(d);
     kern_arena_defer_poll(d);
-    bool waited = false, ok = mt_arena_alloc(d->arena, bytes, offset);
+    bool waited = false, ok = mt_arena_alloc_life(d->arena, bytes, life, offset);
     while (!ok && kern_arena_defer_wait_oldest(d)) {
         waited = true;
-        ok = mt_arena_alloc(d->arena, bytes, offset);
+        ok = mt_arena_alloc_life(d->arena, bytes, life, offset);
     }
     if (waited) d->waits++;
     return ok;

@@ -88,6 +88,8 @@ void kern_arena_defer_free(kern_arena_defer_t *d, size_t offset);
  * waiting for them (oldest first) before it gives up.  False only when the
  * request does not fit with nothing pending. */
 bool kern_arena_defer_alloc(kern_arena_defer_t *d, size_t bytes, size_t *offset);
+/* kern_arena_defer_alloc for memory of the given lifetime (base/arena.h). */
+bool kern_arena_defer_alloc_life(kern_arena_defer_t *d, size_t bytes, mt_arena_life_t life, size_t *offset);
 
 /* Records the open epoch's markers (done by every allocation). */
 void kern_arena_defer_close(kern_arena_defer_t *d);

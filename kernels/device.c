@@ -74,15 +74,16 @@ bool kern_cuda_available(char *why, size_t why_len) { return kern_cuda_probe(why
 static char *arena_ptr(kern_device_t *dev, size_t offset) { return (char *)dev->arena_base + offset; }
 
 /* With stream-ordered frees: reuses completed frees, waits for pending ones before failing. */
-static bool arena_alloc(kern_device_t *dev, size_t bytes, size_t *off) {
-    return defer_on(dev) ? kern_arena_defer_alloc(&dev->defer, bytes, off) : mt_arena_alloc(&dev->arena, bytes, off);
+static bool arena_alloc(kern_device_t *dev, size_t bytes, mt_arena_life_t life, size_t *off) {
+    return defer_on(dev) ? kern_arena_defer_alloc_life(&dev->defer, bytes, life, off)
+                         : mt_arena_alloc_life(&dev->arena, bytes, life, off);
 }
 
-void *kern_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *err) {
+static void *alloc_life(kern_device_t *dev, size_t bytes, mt_arena_life_t life, const char *tag, mt_error_t *err) {
     size_t off;
-    bool ok = arena_alloc(dev, bytes, &off);
+    bool ok = arena_alloc(dev, bytes, life, &off);
     /* what the hook frees may be stream-ordered too: arena_alloc waits for it */
-    while (!ok && dev->reclaim && dev->reclaim(dev->reclaim_ctx)) ok = arena_alloc(dev, bytes, &off);
+    while (!ok && dev->reclaim && dev->reclaim(dev->reclaim_ctx)) ok = arena_alloc(dev, bytes, life, &off);
     if (!ok) {
         mt_error_set(err, MT_ERR_BUDGET,
                      "device memory budget exceeded allocating %s (%zu bytes): %zu of %zu bytes in "
@@ -94,6 +95,14 @@ void *kern_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *
     dev->stats.device_in_use = dev->arena.in_use;
     if (dev->arena.in_use > dev->stats.device_peak) dev->stats.device_peak = dev->arena.in_use;
     return arena_ptr(dev, off);
+}
+
+void *kern_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *err) {
+    return alloc_life(dev, bytes, MT_ARENA_TRANSIENT, tag, err);
+}
+
+void *kern_alloc_lasting(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *err) {
+    return alloc_life(dev, bytes, MT_ARENA_LASTING, tag, err);
 }
 
 void kern_set_reclaim_hook(kern_device_t *dev, bool (*fn)(void *ctx), void *ctx) {

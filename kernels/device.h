@@ -209,6 +209,11 @@ bool kern_cuda_available(char *why, size_t why_len);
  * the over-budget error. Returns NULL and sets err when it does not fit
  * (after waiting for pending stream-ordered frees, and the reclaim hook). */
 void *kern_alloc(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *err);
+/* kern_alloc for memory that lives for the run (resident weights, gradient
+ * accumulators, optimizer state): taken from the top of the arena, so that
+ * a step's short-lived buffers come and go below it without holes between
+ * them (base/arena.h, "Two ends").  Freed with kern_free. */
+void *kern_alloc_lasting(kern_device_t *dev, size_t bytes, const char *tag, mt_error_t *err);
 /* Frees p; with stream-ordered frees the memory is reused only after every
  * stream has passed this point (see "Frees" above).  p must not be used by
  * work issued after the call. */
