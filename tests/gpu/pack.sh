@@ -16,11 +16,17 @@ mkdir -p "$dest/bin" "$dest/lib"
 for t in $tests; do cp -L "bazel-bin/tests/gpu/$t" "$dest/bin/"; done
 cp -L bazel-bin/tools/moetune "$dest/bin/"
 cp -L bazel-bin/_solib_k8/*.so "$dest/lib/"
-# the Debian libraries the binaries link (OpenBLAS compressed: 36 MB)
-for l in libyaml-0.so.2 libjansson.so.4 libgfortran.so.5 libquadmath.so.0 libjemalloc.so.2; do
-    cp -L "/lib/x86_64-linux-gnu/$l" "$dest/lib/"
+# the Debian libraries the binaries link, as ldd finds them (Open MPI's
+# among them since moetune can run as an mpirun rank), but the C runtime
+# every machine has and the CUDA toolkit's; OpenBLAS compressed (36 MB)
+for l in $(ldd "$dest"/bin/* 2>/dev/null | awk '$3 ~ "^/(usr/)?lib/x86_64-linux-gnu/" {print $3}' | sort -u); do
+    case "$(basename "$l")" in
+    libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libgcc_s.so.*|libstdc++.so.*) continue ;;
+    libopenblas.so.0) xz -T0 -c "$(readlink -f "$l")" > "$dest/lib/libopenblas.so.0.xz" ;;
+    *) cp -L "$l" "$dest/lib/" ;;
+    esac
 done
-xz -T0 -c "$(readlink -f /lib/x86_64-linux-gnu/libopenblas.so.0)" > "$dest/lib/libopenblas.so.0.xz"
+[ -f "$dest/lib/libopenblas.so.0.xz" ] || { echo "pack.sh: the binaries do not link OpenBLAS?" >&2; exit 1; }
 # the fixtures tests/gpu/BUILD gives train_cpu_vs_cuda_test
 sed -n '/name = "train_cpu_vs_cuda_test"/,/^    \],/p' tests/gpu/BUILD | grep -o 'tests/fixtures/[a-z0-9_]*' |
     tr '\n' ' ' > "$dest/train_cpu_vs_cuda_args"
@@ -40,6 +46,8 @@ pass=0 fail=0
 for t in ${TESTS:-$(ls "$G/bin" | grep _test)}; do
     args=""
     [ "$t" = train_cpu_vs_cuda_test ] && args="$(cat "$G/train_cpu_vs_cuda_args")"
+    # a shell test drives the packed moetune (tests/gpu/BUILD gives it these)
+    [ "$t" = train_two_gpu_test ] && args="$G/bin/moetune configs/hw/h100-sxm.yaml"
     echo "==== $t" >> "$log"
     if timeout 300 "$G/bin/$t" $args >> "$log" 2>&1; then pass=$((pass + 1)); echo "$t passed"
     else
