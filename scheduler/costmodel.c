@@ -107,6 +107,12 @@ static void ep_costs(const sched_block_info_t *bi, int grad_accum, double expert
     c->w_fetch_step_copies = bi->w_dense_tensors + hit_step * bi->w_expert_tensors;
     c->grad_bytes = bi->grad_bytes - 4.0 * other * te;
     c->grad_mb_bytes = 4.0 * train_mb;
+    /* backward scratch: an owner forms the second device's gradients of the
+     * experts the first device's tokens hit too apart, then adds them (the
+     * order one device adds a later micro-batch's; moe/expert_parallel.c):
+     * the expected experts hit by both devices' tokens, routed independently */
+    const double p_hit = E > 0 ? sched_expected_experts_hit(bi->num_experts, bi->top_k, n) / E : 0;
+    c->bwd_temp_bytes += 4.0 * te * owned * p_hit * p_hit;
     c->grad_mb_copies = bi->train_dense_tensors + hit * bi->train_expert_tensors;
     c->grad_step_bytes = 4.0 * train_step;
     c->grad_step_copies = bi->train_dense_tensors + hit_step * bi->train_expert_tensors;
