@@ -174,13 +174,16 @@ static mt_status_t resolve(const char *addr, const char *port, bool passive, str
     const int rc = getaddrinfo(addr, port, &hints, out);
     if (rc != 0)
         return mt_error_set(err, MT_ERR_CONFIG, "MASTER_ADDR=%s MASTER_PORT=%s: cannot resolve the address: %s",
-                            addr, port, gai_strerror(rc));
+                            addr ? addr : "(any)", port, gai_strerror(rc));
     return MT_OK;
 }
 
+/* On every interface, as torchrun's store does: MASTER_ADDR is how the
+ * other ranks reach rank 0, and the name may resolve here to a loopback
+ * address (Debian maps the host name to 127.0.1.1) that they cannot reach. */
 static mt_status_t listen_on(const char *addr, const char *port, int *fd_out, mt_error_t *err) {
     struct addrinfo *ai = NULL;
-    mt_status_t st = resolve(addr, port, true, &ai, err);
+    mt_status_t st = resolve(NULL, port, true, &ai, err);
     if (st != MT_OK) return st;
     int fd = -1, last_errno = 0;
     for (const struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
