@@ -53,32 +53,7 @@ RANK_ASAN="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 mpi() { ASAN_OPTIONS="$RANK_ASAN" timeout 120 mpirun -np 2 "$@"; }
 
 write_tiny_mixtral 48
-cp "$HW" hw.yaml || exit 2
-# absolute inputs, so that a rank started in another directory reads the same ones
-cat > run.yaml <<YAML
-base_model: $W/models/ckpt
-base_model_init: $W/tiny.json
-datasets:
-  - path: $W/data/train.jsonl
-sequence_len: 16
-micro_batch_size: 3
-gradient_accumulation_steps: 2
-max_steps: 6
-learning_rate: 1.0e-3
-lr_scheduler: cosine
-warmup_steps: 2
-weight_decay: 0.01
-shuffle: true
-seed: 11
-output_dir: out
-backend: cpu
-logging_steps: 1
-progress: false
-hardware: $W/hw.yaml
-YAML
-if ! "$MOETUNE" init run.yaml >"$L/init.out" 2>"$L/init.err"; then
-  echo "FAIL setup: moetune init"; cat "$L/init.err"; exit 1
-fi
+write_ranks_run "$HW" "$MOETUNE" || exit 1
 
 train1() { timeout 120 "$MOETUNE" train run.yaml "$@"; }
 

@@ -55,3 +55,37 @@ same_run() {
   if [ "$(tensor_bytes "$a")" != "$(tensor_bytes "$b")" ]; then fail "$name: final tensor bytes differ"; return 1; fi
   return 0
 }
+
+# The run the multi-process tests train (6 steps, K = 2 micro-batches of 3,
+# the tiny Mixtral of write_tiny_mixtral 48, already written), as run.yaml in
+# the current directory with absolute inputs (so that a rank started in
+# another directory reads the same ones), hardware HW copied beside it;
+# then `MOETUNE init` creates the checkpoint.  Logs go to $L.
+write_ranks_run() {
+  local hw="$1" moetune="$2" w="$PWD"
+  cp "$hw" hw.yaml || return 1
+  cat > run.yaml <<YAML
+base_model: $w/models/ckpt
+base_model_init: $w/tiny.json
+datasets:
+  - path: $w/data/train.jsonl
+sequence_len: 16
+micro_batch_size: 3
+gradient_accumulation_steps: 2
+max_steps: 6
+learning_rate: 1.0e-3
+lr_scheduler: cosine
+warmup_steps: 2
+weight_decay: 0.01
+shuffle: true
+seed: 11
+output_dir: out
+backend: cpu
+logging_steps: 1
+progress: false
+hardware: $w/hw.yaml
+YAML
+  if ! "$moetune" init run.yaml >"$L/init.out" 2>"$L/init.err"; then
+    echo "FAIL setup: moetune init"; cat "$L/init.err"; return 1
+  fi
+}

@@ -28,31 +28,7 @@ rm -rf "$T"; mkdir -p "$T/w" "$T/logs"; cd "$T/w" || exit 2
 W="$T/w"; L="$T/logs"
 
 write_tiny_mixtral 48
-cp "$HW" hw.yaml || exit 2
-cat > run.yaml <<YAML
-base_model: $W/models/ckpt
-base_model_init: $W/tiny.json
-datasets:
-  - path: $W/data/train.jsonl
-sequence_len: 16
-micro_batch_size: 3
-gradient_accumulation_steps: 2
-max_steps: 6
-learning_rate: 1.0e-3
-lr_scheduler: cosine
-warmup_steps: 2
-weight_decay: 0.01
-shuffle: true
-seed: 11
-output_dir: out
-backend: cpu
-logging_steps: 1
-progress: false
-hardware: $W/hw.yaml
-YAML
-if ! "$MOETUNE" init run.yaml >"$L/init.out" 2>"$L/init.err"; then
-  echo "FAIL setup: moetune init"; cat "$L/init.err"; exit 1
-fi
+write_ranks_run "$HW" "$MOETUNE" || exit 1
 sed "s|$W/data/train.jsonl|$W/data/missing.jsonl|" run.yaml > run_missing.yaml
 
 # a fresh port per launch: a port another test (or this one) just used may
