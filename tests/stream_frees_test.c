@@ -26,17 +26,7 @@
 #include "engine/init_random.h"
 #include "engine/model.h"
 #include "engine/optim.h"
-
-static int failures;
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-            failures++;                                          \
-        }                                                        \
-    } while (0)
+#include "tests/harness.h"
 
 enum { STEPS = 3 };
 
@@ -55,56 +45,50 @@ typedef struct {
 static void run(const char *dir, const char *base_model, const sched_plan_t *plan, const kern_device_opts_t *o,
                 int overlap, result_t *out) {
     memset(out, 0, sizeof *out);
-    char path[1024];
     mt_error_t err = {0};
-    snprintf(path, sizeof path, "%s/run.yaml", dir);
     eng_run_config_t rc;
-    if (eng_run_config_load(path, &rc, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+    if (th_run_config_load(dir, &rc, &err) != MT_OK) {
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     if (base_model) snprintf(rc.base_model, sizeof rc.base_model, "%s", base_model);
     kern_device_t *dev = NULL;
     if (kern_device_create(KERN_BACKEND_CPU, o, &dev, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         eng_run_config_free(&rc);
         return;
     }
     eng_exec_t *x = NULL;
     if (eng_exec_load(&x, dev, rc.base_model, rc.model_config_json, plan, NULL, &err) != MT_OK) {
-        CHECK(0, "load under %s: %s", sched_policy_name(plan->policy), err.msg);
+        TH_CHECK(0, "load under %s: %s", sched_policy_name(plan->policy), err.msg);
         kern_device_destroy(dev);
         eng_run_config_free(&rc);
         return;
     }
-    const char *paths[ENG_MAX_DATASETS];
-    for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s",
-          err.msg);
+    TH_CHECK(th_dataset_load(&ds, &rc, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s", err.msg);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
     kern_device_reset_peaks(dev);
     out->ok = true;
     for (int step = 0; step < STEPS && out->ok; step++) {
         const int accum = rc.gradient_accumulation_steps;
-        eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
-                                  .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
-                                  .max_grad_norm = overlap ? 0.0 : rc.max_grad_norm};
+        eng_optim_hparams_t hp = th_hparams(&rc);
+        if (overlap) hp.max_grad_norm = 0.0;
         eng_optim_begin_step(x, &hp, accum, overlap != 0);
         for (int mb = 0; mb < accum && out->ok; mb++) {
             eng_batch_t b;
             eng_loader_next(&ld, &b);
             eng_micro_stats_t ms;
             if (eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
-                CHECK(0, "%s step %d: %s", sched_policy_name(plan->policy), step + 1, err.msg);
+                TH_CHECK(0, "%s step %d: %s", sched_policy_name(plan->policy), step + 1, err.msg);
                 out->ok = false;
             }
             out->loss[step] += ms.loss / accum;
         }
         eng_optim_stats_t os = {0};
         if (out->ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
-            CHECK(0, "optimizer: %s", err.msg);
+            TH_CHECK(0, "optimizer: %s", err.msg);
             out->ok = false;
         }
         out->norm[step] = os.grad_norm;
@@ -135,20 +119,20 @@ static void free_result(result_t *r) {
 static void compare(const char *what, const result_t *a, const result_t *b) {
     if (!a->ok || !b->ok) return;
     for (int s = 0; s < STEPS; s++) {
-        CHECK(a->loss[s] == b->loss[s], "%s: step %d loss %.17g vs %.17g", what, s + 1, a->loss[s], b->loss[s]);
-        CHECK(a->norm[s] == b->norm[s], "%s: step %d grad norm %.17g vs %.17g", what, s + 1, a->norm[s],
+        TH_CHECK(a->loss[s] == b->loss[s], "%s: step %d loss %.17g vs %.17g", what, s + 1, a->loss[s], b->loss[s]);
+        TH_CHECK(a->norm[s] == b->norm[s], "%s: step %d grad norm %.17g vs %.17g", what, s + 1, a->norm[s],
               b->norm[s]);
     }
     int differing = 0;
     for (int i = 0; i < a->n; i++) differing += memcmp(a->weights[i], b->weights[i], a->sizes[i]) != 0;
-    CHECK(differing == 0, "%s: %d parameters differ after %d steps", what, differing, STEPS);
+    TH_CHECK(differing == 0, "%s: %d parameters differ after %d steps", what, differing, STEPS);
 }
 
 static void check_ordered(const char *what, const result_t *r) {
     if (!r->ok) return;
     const kern_device_stats_t *s = &r->stats;
-    CHECK(s->deferred_frees > 0, "%s: no free went through the stream-ordered queue", what);
-    CHECK(s->device_pending == 0, "%s: %zu bytes still pending after the final drain", what, s->device_pending);
+    TH_CHECK(s->deferred_frees > 0, "%s: no free went through the stream-ordered queue", what);
+    TH_CHECK(s->device_pending == 0, "%s: %zu bytes still pending after the final drain", what, s->device_pending);
     fprintf(stderr, "   %s: %llu stream-ordered frees, pending peak %zu bytes, %llu allocations waited, peak %zu\n",
             what, (unsigned long long)s->deferred_frees, s->device_pending_peak, (unsigned long long)s->free_waits,
             s->device_peak);
@@ -169,7 +153,7 @@ static int num_blocks(const char *dir) {
     eng_model_config_t cfg;
     mt_error_t err = {0};
     if (eng_model_config_load(path, NULL, &cfg, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         return -1;
     }
     const int nb = cfg.num_hidden_layers + 2;
@@ -240,7 +224,7 @@ static void check_budget(const char *data_dir) {
         " \"router_aux_loss_coef\": 0.02}";
     mt_error_t err = {0};
     if (eng_checkpoint_init_random(ckpt, config, 3, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     const int nb = 6 + 2;
@@ -253,9 +237,9 @@ static void check_budget(const char *data_dir) {
     const size_t budget = rk.weight_bytes * 3 / 4;
     const kern_device_opts_t ordered = ordered_opts(budget);
     run(data_dir, ckpt, &minm, &ordered, 0, &rb);
-    CHECK(rb.ok, "min_memory with stream-ordered frees under a %zu-byte budget (weights %zu bytes) failed", budget,
+    TH_CHECK(rb.ok, "min_memory with stream-ordered frees under a %zu-byte budget (weights %zu bytes) failed", budget,
           rk.weight_bytes);
-    CHECK(rb.stats.device_peak <= budget, "peak device bytes %zu exceed the budget %zu", rb.stats.device_peak,
+    TH_CHECK(rb.stats.device_peak <= budget, "peak device bytes %zu exceed the budget %zu", rb.stats.device_peak,
           budget);
     compare("min_memory under budget (stream-ordered frees) vs keep_all", &rk, &rb);
     check_ordered("min_memory under budget", &rb);
@@ -268,8 +252,8 @@ static void check_budget(const char *data_dir) {
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) check_case(argv[i]);
     if (argc > 1) check_budget(argv[1]);
-    if (failures) {
-        fprintf(stderr, "stream_frees_test: %d failures\n", failures);
+    if (th_failures()) {
+        fprintf(stderr, "stream_frees_test: %d failures\n", th_failures());
         return 1;
     }
     fprintf(stderr, "stream_frees_test: streamed plans with stream-ordered frees are bit-identical to keep_all\n");
