@@ -93,6 +93,12 @@ void th_result_free(th_result_t *r) {
     r->nparams = 0;
 }
 
+size_t th_result_bytes(const th_result_t *r) {
+    size_t n = 0;
+    for (int i = 0; i < r->nparams; i++) n += r->numel[i] * sizeof(float);
+    return n;
+}
+
 void th_compare_steps(const char *what, const th_result_t *a, const th_result_t *b, int steps, bool exact,
                       double tol) {
     for (int s = 0; s < steps; s++) {

@@ -71,6 +71,8 @@ typedef struct {
 /* Copies every parameter's master weights (and names) out of x. */
 void th_result_read_weights(th_result_t *r, eng_exec_t *x);
 void th_result_free(th_result_t *r);
+/* The bytes of the fp32 weights read (what a device budget is set against). */
+size_t th_result_bytes(const th_result_t *r);
 
 /* Losses and gradient norms of `steps` steps: exact, bit-identical; else the
  * first step's loss bit-identical (same weights, same forward) and the rest

@@ -29,13 +29,10 @@ static mt_dtype_t g_compute = MT_F32;
 enum { STEPS = 2 };
 
 typedef struct {
-    double loss[STEPS], norm[STEPS];
+    th_result_t th; /* losses, gradient norms, final weights */
     uint64_t w_h2d[STEPS], g_d2h[STEPS];
-    float **weights;
-    size_t *sizes;
-    int nparams, overlapped;
+    int overlapped;
     uint64_t deferred_frees; /* frees that went through the stream-ordered queue */
-    bool ok;
 } result_t;
 
 /* dopts: the CPU device's options (NULL: plain). */
@@ -65,18 +62,18 @@ static void run_on(const char *dir, const sched_plan_t *plan, int K, eng_step_or
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
     eng_micro_stats_t *ms = calloc((size_t)K, sizeof *ms);
-    out->ok = true;
-    for (int step = 0; step < STEPS && out->ok; step++) {
+    out->th.ok = true;
+    for (int step = 0; step < STEPS && out->th.ok; step++) {
         eng_optim_hparams_t hp = th_hparams(&rc);
         if (overlap) hp.max_grad_norm = 0.0;
         eng_optim_begin_step(x, &hp, K, overlap);
         if (eng_exec_step_from_loader(x, &ld, K, order, ms, &err) != MT_OK) {
             TH_CHECK(0, "%s K=%d order %s step %d: %s", sched_policy_name(plan->policy), K, eng_step_order_name(order),
                   step + 1, err.msg);
-            out->ok = false;
+            out->th.ok = false;
             break;
         }
-        for (int j = 0; j < K; j++) out->loss[step] += ms[j].loss / K;
+        for (int j = 0; j < K; j++) out->th.loss[step] += ms[j].loss / K;
         eng_exec_staging_counters_t xc;
         eng_exec_staging_counters(x, &xc);
         out->w_h2d[step] = xc.weight_h2d_bytes;
@@ -84,21 +81,14 @@ static void run_on(const char *dir, const sched_plan_t *plan, int K, eng_step_or
         eng_optim_stats_t os;
         if (eng_optim_step(x, &hp, &os, &err) != MT_OK) {
             TH_CHECK(0, "optimizer: %s", err.msg);
-            out->ok = false;
+            out->th.ok = false;
         }
-        out->norm[step] = os.grad_norm;
+        out->th.norm[step] = os.grad_norm;
         out->overlapped += os.updated_during_backward;
     }
     free(ms);
     out->deferred_frees = kern_device_stats(dev).deferred_frees;
-    out->nparams = eng_exec_model(x)->spec.count;
-    out->weights = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->weights);
-    out->sizes = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->sizes);
-    for (int i = 0; i < eng_exec_model(x)->spec.count; i++) {
-        out->sizes[i] = eng_exec_model(x)->spec.params[i].numel * sizeof(float);
-        out->weights[i] = malloc(out->sizes[i]);
-        eng_exec_read_param(x, i, out->weights[i], false);
-    }
+    th_result_read_weights(&out->th, x);
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
     eng_exec_free(x);
@@ -111,22 +101,10 @@ static void run(const char *dir, const sched_plan_t *plan, int K, eng_step_order
     run_on(dir, plan, K, order, overlap, NULL, out);
 }
 
-static void free_result(result_t *r) {
-    for (int i = 0; i < r->nparams; i++) free(r->weights[i]);
-    free(r->weights);
-    free(r->sizes);
-}
-
 static void compare(const char *what, const result_t *a, const result_t *b) {
-    if (!a->ok || !b->ok) return;
-    for (int s = 0; s < STEPS; s++) {
-        TH_CHECK(a->loss[s] == b->loss[s], "%s: step %d loss %.17g vs %.17g", what, s + 1, a->loss[s], b->loss[s]);
-        TH_CHECK(a->norm[s] == b->norm[s], "%s: step %d grad norm %.17g vs %.17g", what, s + 1, a->norm[s], b->norm[s]);
-    }
-    int differing = 0;
-    for (int i = 0; i < a->nparams; i++)
-        if (memcmp(a->weights[i], b->weights[i], a->sizes[i]) != 0) differing++;
-    TH_CHECK(differing == 0, "%s: %d parameters differ after %d steps", what, differing, STEPS);
+    if (!a->th.ok || !b->th.ok) return;
+    th_compare_steps(what, &a->th, &b->th, STEPS, true, 0);
+    th_compare_weights(what, &a->th, &b->th, true, 0, NULL);
 }
 
 static void check_case(const char *dir) {
@@ -167,7 +145,7 @@ static void check_case(const char *dir) {
             char what[256];
             snprintf(what, sizeof what, "%s %s K=%d layer vs micro-batch order", dir, names[p], K);
             compare(what, &mb, &lm);
-            if (mb.ok && lm.ok && (p == 1 || p == 2)) {
+            if (mb.th.ok && lm.th.ok && (p == 1 || p == 2)) {
                 /* step 2: step 1 also counts the placement's first fetches in some plans */
                 const double rw = lm.w_h2d[1] ? (double)mb.w_h2d[1] / (double)lm.w_h2d[1] : 0;
                 const double rg = lm.g_d2h[1] ? (double)mb.g_d2h[1] / (double)lm.g_d2h[1] : 0;
@@ -180,8 +158,8 @@ static void check_case(const char *dir) {
                 TH_CHECK(rw >= 0.75 * K, "%s: weight H2D bytes fell %.2fx, want about %dx", what, rw, K);
                 TH_CHECK(rg >= 0.75 * K, "%s: gradient D2H bytes fell %.2fx, want about %dx", what, rg, K);
             }
-            free_result(&mb);
-            free_result(&lm);
+            th_result_free(&mb.th);
+            th_result_free(&lm.th);
         }
     }
     /* copy streams that lag behind compute (2 ms per copy, 50 MB/s) with
@@ -197,18 +175,18 @@ static void check_case(const char *dir) {
         char what[256];
         snprintf(what, sizeof what, "%s %s K=2 layer order on lagging copy streams vs micro-batch order", dir, names[p]);
         compare(what, &mb, &lm);
-        TH_CHECK(!lm.ok || lm.deferred_frees > 0, "%s: no free went through the stream-ordered queue", what);
-        free_result(&mb);
-        free_result(&lm);
+        TH_CHECK(!lm.th.ok || lm.deferred_frees > 0, "%s: no free went through the stream-ordered queue", what);
+        th_result_free(&mb.th);
+        th_result_free(&lm.th);
     }
     /* the host optimizer overlapping backward, without clipping */
     result_t a, b;
     run(dir, &plans[1], 2, ENG_STEP_ORDER_MICRO_BATCH, true, &a);
     run(dir, &plans[1], 2, ENG_STEP_ORDER_LAYER, true, &b);
     compare("offload_all K=2 with the overlapped host optimizer", &a, &b);
-    TH_CHECK(!b.ok || b.overlapped > 0, "layer-major: no host AdamW ran during backward");
-    free_result(&a);
-    free_result(&b);
+    TH_CHECK(!b.th.ok || b.overlapped > 0, "layer-major: no host AdamW ran during backward");
+    th_result_free(&a.th);
+    th_result_free(&b.th);
     for (int p = 0; p < 4; p++) sched_plan_free(&plans[p]);
 }
 

@@ -27,10 +27,7 @@ static mt_dtype_t g_compute = MT_F32;
 enum { STEPS = 3 };
 
 typedef struct {
-    double loss[STEPS], norm[STEPS];
-    float **weights; /* per parameter */
-    size_t *weight_sizes; /* bytes */
-    int nparams;
+    th_result_t th; /* losses, gradient norms, final weights */
     size_t peak_device, weight_bytes;
     int overlapped; /* parameter updates that ran during backward */
     bool ok;
@@ -64,8 +61,8 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
     kern_device_reset_peaks(dev);
-    out->ok = true;
-    for (int step = 0; step < STEPS && out->ok; step++) {
+    out->th.ok = true;
+    for (int step = 0; step < STEPS && out->th.ok; step++) {
         const int accum = rc.gradient_accumulation_steps;
         eng_optim_hparams_t hp = th_hparams(&rc);
         if (overlap >= 0) hp.max_grad_norm = 0.0;
@@ -77,30 +74,23 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
             eng_micro_stats_t ms;
             if (eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
                 TH_CHECK(0, "plan %s step %d: %s", sched_policy_name(plan->policy), step + 1, err.msg);
-                out->ok = false;
+                out->th.ok = false;
                 break;
             }
             loss += ms.loss / accum;
         }
         eng_optim_stats_t os;
-        if (out->ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
+        if (out->th.ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
             TH_CHECK(0, "optimizer: %s", err.msg);
-            out->ok = false;
+            out->th.ok = false;
         }
-        out->loss[step] = loss;
-        out->norm[step] = os.grad_norm;
+        out->th.loss[step] = loss;
+        out->th.norm[step] = os.grad_norm;
         out->overlapped += os.updated_during_backward;
     }
     out->peak_device = kern_device_stats(dev).device_peak;
-    out->nparams = eng_exec_model(x)->spec.count;
-    out->weights = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->weights);
-    out->weight_sizes = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->weight_sizes);
-    for (int i = 0; i < eng_exec_model(x)->spec.count; i++) {
-        out->weight_sizes[i] = eng_exec_model(x)->spec.params[i].numel * sizeof(float);
-        out->weight_bytes += eng_exec_model(x)->spec.params[i].numel * sizeof(float);
-        out->weights[i] = malloc(eng_exec_model(x)->spec.params[i].numel * sizeof(float));
-        eng_exec_read_param(x, i, out->weights[i], false);
-    }
+    th_result_read_weights(&out->th, x);
+    out->weight_bytes = th_result_bytes(&out->th);
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
     eng_exec_free(x);
@@ -113,25 +103,13 @@ static void run_plan(const char *dir, const char *base_model, const sched_plan_t
     run_plan_ex(dir, base_model, plan, budget, -1, out);
 }
 
-static void free_result(run_result_t *r) {
-    for (int i = 0; i < r->nparams; i++) free(r->weights[i]);
-    free(r->weights);
-    free(r->weight_sizes);
-}
-
 static void compare(const char *what, const run_result_t *a, const run_result_t *b, const char *dir) {
-    if (!a->ok || !b->ok) return;
-    for (int s = 0; s < STEPS; s++) {
-        TH_CHECK(a->loss[s] == b->loss[s], "%s %s: step %d loss %.17g vs %.17g", dir, what, s + 1, a->loss[s],
-              b->loss[s]);
-        TH_CHECK(a->norm[s] == b->norm[s], "%s %s: step %d grad norm %.17g vs %.17g", dir, what, s + 1,
-              a->norm[s], b->norm[s]);
-    }
+    if (!a->th.ok || !b->th.ok) return;
+    char full[512];
+    snprintf(full, sizeof full, "%s %s", dir, what);
     /* weights are compared bit for bit */
-    int differing = 0;
-    for (int i = 0; i < a->nparams; i++)
-        if (memcmp(a->weights[i], b->weights[i], a->weight_sizes[i]) != 0) differing++;
-    TH_CHECK(differing == 0, "%s %s: %d parameters differ after %d steps", dir, what, differing, STEPS);
+    th_compare_steps(full, &a->th, &b->th, STEPS, true, 0);
+    th_compare_weights(full, &a->th, &b->th, true, 0, NULL);
 }
 
 static void check_case(const char *dir) {
@@ -180,17 +158,17 @@ static void check_case(const char *dir) {
           r0.overlapped, r1.overlapped);
     fprintf(stderr, "   overlapped host AdamW: %d parameter updates ran during backward, results identical\n",
             r1.overlapped);
-    free_result(&r0);
-    free_result(&r1);
+    th_result_free(&r0.th);
+    th_result_free(&r1.th);
     fprintf(stderr, "   losses %.9g %.9g %.9g; peak device bytes keep_all %zu, offload_all %zu, min_memory %zu\n",
-            rk.loss[0], rk.loss[1], rk.loss[2], rk.peak_device, ro.peak_device, rm.peak_device);
+            rk.th.loss[0], rk.th.loss[1], rk.th.loss[2], rk.peak_device, ro.peak_device, rm.peak_device);
     TH_CHECK(rm.peak_device < rk.peak_device, "min_memory should need less device memory than keep_all");
     TH_CHECK(ro.peak_device < rk.peak_device, "offload_all should need less device memory than keep_all");
 
-    free_result(&rk);
-    free_result(&ro);
-    free_result(&rm);
-    free_result(&rx);
+    th_result_free(&rk.th);
+    th_result_free(&ro.th);
+    th_result_free(&rm.th);
+    th_result_free(&rx.th);
     sched_plan_free(&keep);
     sched_plan_free(&off);
     sched_plan_free(&minm);
@@ -226,10 +204,10 @@ static void check_budget(const char *data_dir) {
     run_result_t ru;
     run_plan(data_dir, ckpt, &minm, 0, &ru);
     fprintf(stderr, "   min_memory without a budget peaks at %zu bytes\n", ru.peak_device);
-    free_result(&ru);
+    th_result_free(&ru.th);
     const size_t budget = rk.weight_bytes * 3 / 4;
     run_plan(data_dir, ckpt, &minm, budget, &rb);
-    TH_CHECK(rb.ok, "min_memory under a %zu-byte budget (weights are %zu bytes) failed", budget, rk.weight_bytes);
+    TH_CHECK(rb.th.ok, "min_memory under a %zu-byte budget (weights are %zu bytes) failed", budget, rk.weight_bytes);
     TH_CHECK(rb.peak_device <= budget, "peak device bytes %zu exceed the budget %zu", rb.peak_device, budget);
     compare("min_memory under budget vs keep_all", &rk, &rb, "budget");
     fprintf(stderr, "   weights %zu bytes; budget %zu bytes; peak device: keep_all %zu, min_memory %zu\n",
@@ -245,8 +223,8 @@ static void check_budget(const char *data_dir) {
     if (st == MT_OK) eng_exec_free(x);
     else fprintf(stderr, "   keep_all under that budget: %s\n", err.msg);
     kern_device_destroy(dev);
-    free_result(&rk);
-    free_result(&rb);
+    th_result_free(&rk.th);
+    th_result_free(&rb.th);
     sched_plan_free(&keep);
     sched_plan_free(&minm);
 }
