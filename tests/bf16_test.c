@@ -57,9 +57,7 @@ static void train(const char *yaml, const char *ckpt, mt_dtype_t compute, sched_
     }
     if (ckpt) snprintf(rc.base_model, sizeof rc.base_model, "%s", ckpt);
     rc.learning_rate *= lr_scale;
-    kern_device_t *dev = NULL;
-    kern_device_opts_t o = {0};
-    TH_CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
+    kern_device_t *dev = th_cpu_device(0);
     eng_model_config_t mc;
     if (eng_model_config_load(rc.base_model, rc.model_config_json, &mc, &err) != MT_OK) {
         TH_CHECK(0, "%s", err.msg);

@@ -62,9 +62,7 @@ static void free_batch(eng_batch_t *b) {
 static size_t measure(const char *base, bool host_grads, int ndev, size_t *weight_bytes, double *norm) {
     const size_t before = eng_host_mem_read().allocated;
     mt_error_t err = {0};
-    kern_device_t *dev = NULL;
-    kern_device_opts_t o = {0};
-    TH_CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
+    kern_device_t *dev = th_cpu_device(0);
     eng_model_config_t mc;
     TH_CHECK(eng_model_config_load(base, NULL, &mc, &err) == MT_OK, "%s", err.msg);
     const int nb = mc.num_hidden_layers + 2;

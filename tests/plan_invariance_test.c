@@ -45,9 +45,7 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
         return;
     }
     if (base_model) snprintf(rc.base_model, sizeof rc.base_model, "%s", base_model);
-    kern_device_t *dev = NULL;
-    kern_device_opts_t o = {.device_budget_bytes = budget};
-    TH_CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
+    kern_device_t *dev = th_cpu_device(budget);
     eng_exec_t *x = NULL;
     const eng_model_opts_t mo = {.overrides_json = rc.model_config_json, .plan = plan, .compute = g_compute};
     if (eng_exec_open(&x, dev, rc.base_model, &mo, &err) != MT_OK) {

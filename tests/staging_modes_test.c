@@ -28,22 +28,12 @@
 enum { STEPS = 3 };
 
 typedef struct {
-    double loss[STEPS], norm[STEPS];
-    float **weights;
-    size_t *sizes;
-    int nparams;
+    th_result_t th; /* losses, gradient norms, final weights */
     eng_exec_staging_counters_t ctr; /* summed over the steps (max: the largest) */
     eng_exec_staging_info_t info;
     moe_staging_stats_t st;          /* the pool, whole run */
     uint64_t acts_expected, micro;
-    bool ok;
 } result_t;
-
-static void free_result(result_t *r) {
-    for (int i = 0; i < r->nparams; i++) free(r->weights[i]);
-    free(r->weights);
-    free(r->sizes);
-}
 
 static void run(const char *dir, const sched_plan_t *plan, moe_staging_mode_t mode, bool hint, const char *trace_path,
                 result_t *out) {
@@ -54,9 +44,7 @@ static void run(const char *dir, const sched_plan_t *plan, moe_staging_mode_t mo
         TH_CHECK(0, "%s", err.msg);
         return;
     }
-    kern_device_t *dev = NULL;
-    kern_device_opts_t o = {0};
-    TH_CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
+    kern_device_t *dev = th_cpu_device(0);
     eng_staging_settings_t ss;
     rc.staging_mode = (eng_staging_mode_t)mode;
     eng_staging_settings_from_run(&rc, &ss);
@@ -76,30 +64,30 @@ static void run(const char *dir, const sched_plan_t *plan, moe_staging_mode_t mo
     TH_CHECK(th_dataset_load(&ds, &rc, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s", err.msg);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
-    out->ok = true;
-    for (int step = 0; step < STEPS && out->ok; step++) {
+    out->th.ok = true;
+    for (int step = 0; step < STEPS && out->th.ok; step++) {
         const int accum = rc.gradient_accumulation_steps;
         /* no clipping: the host optimizer overlaps backward, so its order is exercised too */
-        eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
-                                  .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay, .max_grad_norm = 0};
+        eng_optim_hparams_t hp = th_hparams(&rc);
+        hp.max_grad_norm = 0;
         eng_optim_begin_step(x, &hp, accum, true);
         double loss = 0;
-        for (int mb = 0; mb < accum && out->ok; mb++) {
+        for (int mb = 0; mb < accum && out->th.ok; mb++) {
             eng_batch_t b;
             eng_loader_next(&ld, &b);
             eng_micro_stats_t ms;
             if (eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
                 TH_CHECK(0, "%s step %d: %s", moe_staging_mode_name(mode), step + 1, err.msg);
-                out->ok = false;
+                out->th.ok = false;
             }
             loss += ms.loss / accum;
             out->micro++;
             out->acts_expected += eng_exec_offload_bytes(x, b.B * b.T);
         }
         eng_optim_stats_t os;
-        if (out->ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
+        if (out->th.ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
             TH_CHECK(0, "optimizer: %s", err.msg);
-            out->ok = false;
+            out->th.ok = false;
         }
         eng_exec_staging_counters_t c;
         eng_exec_staging_counters(x, &c);
@@ -112,19 +100,12 @@ static void run(const char *dir, const sched_plan_t *plan, moe_staging_mode_t mo
         }
         out->ctr.acts_unstaged += c.acts_unstaged;
         out->ctr.acts_offloaded += c.acts_offloaded;
-        out->loss[step] = loss;
-        out->norm[step] = os.grad_norm;
+        out->th.loss[step] = loss;
+        out->th.norm[step] = os.grad_norm;
     }
     eng_exec_staging_info(x, &out->info);
     moe_staging_get_stats(eng_exec_staging(x), MOE_STAGING_SCOPE_TOTAL, &out->st);
-    out->nparams = eng_exec_model(x)->spec.count;
-    out->weights = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->weights);
-    out->sizes = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->sizes);
-    for (int i = 0; i < eng_exec_model(x)->spec.count; i++) {
-        out->sizes[i] = eng_exec_model(x)->spec.params[i].numel * sizeof(float);
-        out->weights[i] = malloc(out->sizes[i]);
-        eng_exec_read_param(x, i, out->weights[i], false);
-    }
+    th_result_read_weights(&out->th, x);
     if (trace) {
         TH_CHECK(eng_exec_trace_staging(x, trace, t_start, &err) == MT_OK, "%s", err.msg);
         eng_exec_set_trace(x, NULL);
@@ -138,14 +119,9 @@ static void run(const char *dir, const sched_plan_t *plan, moe_staging_mode_t mo
 }
 
 static void compare(const char *what, const result_t *a, const result_t *b) {
-    if (!a->ok || !b->ok) return;
-    for (int s = 0; s < STEPS; s++) {
-        TH_CHECK(a->loss[s] == b->loss[s], "%s: step %d loss %.17g vs %.17g", what, s + 1, a->loss[s], b->loss[s]);
-        TH_CHECK(a->norm[s] == b->norm[s], "%s: step %d grad norm %.17g vs %.17g", what, s + 1, a->norm[s], b->norm[s]);
-    }
-    int differing = 0;
-    for (int i = 0; i < a->nparams; i++) differing += memcmp(a->weights[i], b->weights[i], a->sizes[i]) != 0;
-    TH_CHECK(differing == 0, "%s: %d parameters differ after %d steps", what, differing, STEPS);
+    if (!a->th.ok || !b->th.ok) return;
+    th_compare_steps(what, &a->th, &b->th, STEPS, true, 0);
+    th_compare_weights(what, &a->th, &b->th, true, 0, NULL);
 }
 
 static void check_fixture(const char *dir, int nb) {
@@ -229,15 +205,15 @@ static void check_fixture(const char *dir, int nb) {
                     (unsigned long long)c->ctr.experts_moved[0], (unsigned long long)c->ctr.experts_skipped[0],
                     c->st.peak_reserved, t->st.peak_reserved, r[MOE_STAGING_MAX_SLOT].st.peak_reserved);
         }
-        for (int mode = 0; mode < MOE_STAGING_MODE_COUNT; mode++) free_result(&r[mode]);
+        for (int mode = 0; mode < MOE_STAGING_MODE_COUNT; mode++) th_result_free(&r[mode].th);
     }
     /* without a token count the pool re-sizes at the first micro-batch: same results */
     result_t late;
     run(dir, &off, MOE_STAGING_COMPACT, false, NULL, &late);
     compare("offload_all sized at the first micro-batch vs keep_all", &base, &late);
     TH_CHECK(late.ctr.acts_unstaged == 0, "late sizing: %llu offloads unstaged", (unsigned long long)late.ctr.acts_unstaged);
-    free_result(&late);
-    free_result(&base);
+    th_result_free(&late.th);
+    th_result_free(&base.th);
     sched_plan_free(&keep);
     sched_plan_free(&off);
     sched_plan_free(&mixed);
@@ -305,7 +281,7 @@ static void check_trace(const char *dir, int nb) {
     sched_plan_init_uniform(&off, nb, SCHED_POLICY_OFFLOAD_ALL);
     result_t r;
     run(dir, &off, MOE_STAGING_COMPACT, true, path, &r);
-    free_result(&r);
+    th_result_free(&r.th);
     sched_plan_free(&off);
     json_error_t je;
     json_t *doc = json_load_file(path, 0, &je);
