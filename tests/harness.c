@@ -32,6 +32,12 @@ int th_finish(void) {
     return 0;
 }
 
+int th_parse_compute(int argc, char **argv, mt_dtype_t *compute) {
+    const bool bf16 = argc > 1 && strcmp(argv[1], "--bf16") == 0;
+    *compute = bf16 ? MT_BF16 : MT_F32;
+    return bf16 ? 2 : 1;
+}
+
 const char *th_base_name(const char *dir) {
     const char *s = strrchr(dir, '/');
     return s ? s + 1 : dir;

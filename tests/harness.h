@@ -35,6 +35,11 @@ int th_failures(void);
 /* Prints "N failure(s)" or "all passed"; the test's exit status. */
 int th_finish(void);
 
+/* The tests that run in either precision take "--bf16" as their first
+ * argument (bf16 mixed precision; fp32 without it) and fixtures after it:
+ * the compute dtype, and the index of the first fixture in argv. */
+int th_parse_compute(int argc, char **argv, mt_dtype_t *compute);
+
 /* The last part of a fixture's path, for messages. */
 const char *th_base_name(const char *dir);
 

@@ -191,11 +191,7 @@ static void check_case(const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    int first = 1;
-    if (argc > 1 && strcmp(argv[1], "--bf16") == 0) {
-        g_compute = MT_BF16;
-        first = 2;
-    }
+    const int first = th_parse_compute(argc, argv, &g_compute);
     for (int i = first; i < argc; i++) check_case(argv[i]);
     if (th_failures()) {
         fprintf(stderr, "layer_major_test: %d failures\n", th_failures());

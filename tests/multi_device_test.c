@@ -222,11 +222,7 @@ static void check_train(const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    int first = 1;
-    if (argc > 1 && strcmp(argv[1], "--bf16") == 0) {
-        g_compute = MT_BF16;
-        first = 2;
-    }
+    const int first = th_parse_compute(argc, argv, &g_compute);
     for (int a = first; a < argc; a++) {
         const char *dir = argv[a];
         fprintf(stderr, "== %s\n", dir);

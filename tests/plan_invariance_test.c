@@ -228,12 +228,8 @@ static void check_budget(const char *data_dir) {
 }
 
 int main(int argc, char **argv) {
-    int first = 1;
-    if (argc > 1 && strcmp(argv[1], "--bf16") == 0) {
-        g_compute = MT_BF16;
-        first = 2;
-        fprintf(stderr, "every run in bf16 mixed precision\n");
-    }
+    const int first = th_parse_compute(argc, argv, &g_compute);
+    if (g_compute == MT_BF16) fprintf(stderr, "every run in bf16 mixed precision\n");
     for (int i = first; i < argc; i++) check_case(argv[i]);
     if (argc > first) check_budget(argv[first]);
     if (th_failures()) {
