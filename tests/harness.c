@@ -71,6 +71,20 @@ mt_status_t th_dataset_load(eng_dataset_t *ds, const eng_run_config_t *rc, int v
     return eng_dataset_load(ds, paths, rc->num_datasets, rc->sequence_len, vocab, err);
 }
 
+float *th_st_read(const eng_st_file_t *f, const char *name, uint64_t *numel) {
+    const eng_st_tensor_t *t = eng_st_find(f, name);
+    if (!t) return NULL;
+    float *buf = malloc((t->numel ? t->numel : 1) * sizeof *buf);
+    mt_error_t err = {0};
+    if (eng_st_read_f32(f, t, buf, &err) != MT_OK) {
+        fprintf(stderr, "cannot read %s: %s\n", name, err.msg);
+        free(buf);
+        return NULL;
+    }
+    if (numel) *numel = t->numel;
+    return buf;
+}
+
 void th_result_read_weights(th_result_t *r, eng_exec_t *x) {
     const eng_model_t *m = eng_exec_model(x);
     r->nparams = m->num_params;

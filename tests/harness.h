@@ -18,6 +18,7 @@
 #include "engine/data.h"
 #include "engine/exec.h"
 #include "engine/optim.h"
+#include "engine/safetensors.h"
 
 /* Counts a failed check and prints where it failed; the test goes on, so
  * one run reports every check that fails.  A macro only to take the
@@ -58,6 +59,11 @@ eng_optim_hparams_t th_hparams(const eng_run_config_t *rc);
 
 /* The run's datasets, tokenized for a vocabulary of `vocab` words. */
 mt_status_t th_dataset_load(eng_dataset_t *ds, const eng_run_config_t *rc, int vocab, mt_error_t *err);
+
+/* Tensor `name` of a safetensors fixture as floats (malloc'ed; numel out
+ * when not NULL), or NULL when the file has no such tensor or it cannot be
+ * read (said on stderr): a reference the test then reports missing. */
+float *th_st_read(const eng_st_file_t *f, const char *name, uint64_t *numel);
 
 enum { TH_MAX_STEPS = 8 };
 

@@ -190,7 +190,7 @@ static void check_peft_logits(const char *dir, const char *out) {
                 TH_CHECK(worst <= 1e-5 * fmax(big, 1.0), "%s: logits differ from PEFT's by %.2e (largest %.2e)", dir,
                       worst, big);
                 printf("%-20s logits with the saved adapter within %.2e of PEFT's on the same files\n",
-                       strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir, worst);
+                       th_base_name(dir), worst);
             }
             free(got);
             free(ref);
@@ -215,7 +215,7 @@ static void check_resume(const char *dir, const run_t *full, const char *full_ou
     static const char *const host_plan[] = {"scheduler.optimizer=host", "scheduler.weights=stream", NULL};
     const char *const *plans[] = {device_plan, host_plan};
     const char *names[] = {"device", "host"};
-    const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    const char *name = th_base_name(dir);
     for (int p = 0; p < 2; p++) {
         char first[512], second[512], ckpt[600], set_resume[700];
         snprintf(first, sizeof first, "%s/%s-resume-%s-a", g_tmp, name, names[p]);
@@ -259,7 +259,7 @@ static void check_fixture(const char *dir) {
     if (!exp) return;
     json_t *losses = json_object_get(exp, "losses");
     const int steps = (int)json_array_size(losses);
-    const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    const char *name = th_base_name(dir);
 
     char out0[512];
     snprintf(out0, sizeof out0, "%s/%s-auto", g_tmp, name);

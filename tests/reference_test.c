@@ -43,22 +43,8 @@
 #include "engine/train.h"
 #include "tests/harness.h"
 
-static float *read_tensor(const eng_st_file_t *f, const char *name, uint64_t *numel) {
-    const eng_st_tensor_t *t = eng_st_find(f, name);
-    if (!t) return NULL;
-    float *buf = malloc((t->numel ? t->numel : 1) * sizeof *buf);
-    mt_error_t err = {0};
-    if (eng_st_read_f32(f, t, buf, &err) != MT_OK) {
-        fprintf(stderr, "cannot read %s: %s\n", name, err.msg);
-        free(buf);
-        return NULL;
-    }
-    if (numel) *numel = t->numel;
-    return buf;
-}
-
 static double scalar(const eng_st_file_t *f, const char *name) {
-    float *v = read_tensor(f, name, NULL);
+    float *v = th_st_read(f, name, NULL);
     double x = v ? v[0] : NAN;
     free(v);
     return x;
@@ -123,7 +109,7 @@ static void check_case(const char *dir) {
     TH_CHECK(fabs(ms.ce_loss - ref_ce) <= 2e-6 * fabs(ref_ce), "ce %.9g vs %.9g", ms.ce_loss, ref_ce);
     TH_CHECK(fabs(ms.aux_loss - ref_aux) <= 2e-6 * fabs(ref_aux) + 1e-9, "aux %.9g vs %.9g", ms.aux_loss, ref_aux);
     uint64_t ln = 0;
-    float *ref_logits = read_tensor(&exp, "logits", &ln);
+    float *ref_logits = th_st_read(&exp, "logits", &ln);
     TH_CHECK(ref_logits && ln == (uint64_t)n * V, "reference logits missing or wrong size");
     if (ref_logits && ln == (uint64_t)n * V) {
         /* every position, padded ones included: attention masks padded keys as HF does */
@@ -152,7 +138,7 @@ static void check_case(const char *dir) {
         const eng_param_spec_t *ps = &eng_exec_model(x)->spec.params[i];
         snprintf(path, sizeof path, "grad.%s", ps->name);
         uint64_t gn = 0;
-        float *ref = read_tensor(&exp, path, &gn);
+        float *ref = th_st_read(&exp, path, &gn);
         if (!ref) {
             TH_CHECK(!eng_exec_param_has_grad(x, i), "%s has a gradient in moetune but none in the reference",
                   ps->name);
@@ -186,7 +172,7 @@ static void check_case(const char *dir) {
 
     /* 3. five training steps through the real training loop */
     const char *tmp = getenv("TEST_TMPDIR");
-    const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    const char *base = th_base_name(dir);
     snprintf(rc.output_dir, sizeof rc.output_dir, "%s/%s-out", tmp ? tmp : "/tmp", base);
     rc.progress = false;
     eng_train_result_t res;
@@ -235,7 +221,7 @@ static void check_case(const char *dir) {
         for (int i = 0; i < fin.count; i++) {
             const eng_st_tensor_t *t = &fin.tensors[i];
             uint64_t nn = 0;
-            float *ref = read_tensor(&fin, t->name, &nn);
+            float *ref = th_st_read(&fin, t->name, &nn);
             float *ours = malloc(nn * sizeof *ours);
             float *init = malloc(nn * sizeof *init);
             int64_t shape[4];
