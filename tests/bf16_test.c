@@ -137,7 +137,7 @@ static void compare_losses(const char *name, const char *yaml, const char *ckpt)
                 f.loss[s], b.loss[s], 100 * rel, 100 * sens, stable ? "" : ", unstable");
         if (stable)
             TH_CHECK(rel <= 0.01, "%s: step %d's bf16 loss is %.3g%% away from fp32's (at most 1%%)", name, s + 1,
-                  100 * rel);
+                     100 * rel);
         else
             unstable++;
         if (rel > worst) worst = rel, worst_step = s + 1;
@@ -151,7 +151,7 @@ static void compare_losses(const char *name, const char *yaml, const char *ckpt)
     const double final_rel = fabs(b.loss[STEPS - 1] - f.loss[STEPS - 1]) / fabs(f.loss[STEPS - 1]);
     TH_CHECK(final_rel <= 0.01, "%s: final bf16 loss %.3g%% away from fp32's", name, 100 * final_rel);
     TH_CHECK(unstable <= STEPS / 5, "%s: fp32 is unstable on %d of %d steps: no comparison to speak of", name,
-          unstable, STEPS);
+             unstable, STEPS);
     TH_CHECK(identical < STEPS, "%s: bf16 losses are identical to fp32's: bf16 products are not in use", name);
     TH_CHECK(f.loss[STEPS - 1] < f.loss[0] && b.loss[STEPS - 1] < b.loss[0], "%s: the loss did not fall", name);
 }

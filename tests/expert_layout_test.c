@@ -102,7 +102,7 @@ static void compare_saves(const char *fused_out, const char *per_out) {
     TH_CHECK(eng_checkpoint_resolve(&fa, &spec, &err) == MT_OK, "%s", err.msg);
     TH_CHECK(eng_checkpoint_resolve(&fb, &spec, &err) == MT_OK, "%s", err.msg);
     TH_CHECK(fa.layout == ENG_CKPT_LAYOUT_FUSED && fb.layout == ENG_CKPT_LAYOUT_PER_EXPERT, "layouts %s, %s",
-          eng_ckpt_layout_name(fa.layout), eng_ckpt_layout_name(fb.layout));
+             eng_ckpt_layout_name(fa.layout), eng_ckpt_layout_name(fb.layout));
     TH_CHECK(eng_checkpoint_check(&fa, &cfg, &spec, "config.json", false, &err) == MT_OK, "fused save: %s", err.msg);
     int differ = 0;
     for (int i = 0; i < spec.count; i++) {
@@ -151,7 +151,7 @@ static void check_family(const char *fam) {
         fprintf(stderr, "   step %d: fused f32 %.9g, reference %.9g (rel %.2g)\n", i + 1, fused_l[i], ref_l[i],
                 fabs(fused_l[i] - ref_l[i]) / fabs(ref_l[i]));
         TH_CHECK(fabs(fused_l[i] - ref_l[i]) <= 1e-5 * fabs(ref_l[i]), "step %d: %.9g vs reference %.9g", i + 1,
-              fused_l[i], ref_l[i]);
+                 fused_l[i], ref_l[i]);
     }
     expect_same("fused vs per-expert fp32", fused_l, nf, per_l, np);
 
@@ -188,7 +188,7 @@ static void check_mismatch(void) {
     TH_CHECK(st == MT_ERR_FORMAT, "a fused tensor of the wrong shape was accepted");
     TH_CHECK(strstr(err.msg, "model.layers.0.mlp.experts.gate_up_proj") && strstr(err.msg, "[4, 48, 32]") &&
               strstr(err.msg, "[4, 40, 32]"),
-          "the message does not name the tensor and both shapes: %s", err.msg);
+             "the message does not name the tensor and both shapes: %s", err.msg);
     if (st == MT_OK) eng_exec_free(x);
     kern_device_destroy(dev);
 }
@@ -236,7 +236,7 @@ static void check_missing_fused(void) {
         fprintf(stderr, "== missing fused tensor: %s\n", err.msg);
         TH_CHECK(st == MT_ERR_FORMAT && strstr(err.msg, "'model.layers.1.block_sparse_moe.experts.0.w2.weight'") &&
                   strstr(err.msg, "'model.layers.1.mlp.experts.down_proj'"),
-              "the message does not name the per-expert and the fused tensor: %s", err.msg);
+                 "the message does not name the per-expert and the fused tensor: %s", err.msg);
         eng_checkpoint_close(&ck);
     } else {
         TH_CHECK(0, "%s", err.msg);

@@ -159,7 +159,7 @@ static void check_case(const char *dir, plan_kind_t pk, int K, eng_step_order_t 
     for (int mode = MODE_ONE; mode <= MODE_EXPERT; mode++) {
         mt_error_t err = {0};
         TH_CHECK(run(dir, pk, K, (mode_t_)mode, order, &r[mode], &err) == MT_OK, "%s %s K=%d %s: %s", base,
-              plan_name(pk), K, mode_name((mode_t_)mode), err.msg);
+                 plan_name(pk), K, mode_name((mode_t_)mode), err.msg);
     }
     char what[256];
     const char *ord = order == ENG_STEP_ORDER_LAYER ? " layer-major" : "";
@@ -171,9 +171,9 @@ static void check_case(const char *dir, plan_kind_t pk, int K, eng_step_order_t 
         for (int d = 0; d < 2; d++) {
             const size_t dp = r[MODE_DATA].dev_in_use[d], ep = r[MODE_EXPERT].dev_in_use[d];
             TH_CHECK(ep + r[MODE_EXPERT].foreign_bytes[d] <= dp,
-                  "%s: device %d holds %zu bytes expert parallel, %zu data parallel: not %zu (the other device's "
-                  "experts) less",
-                  base, d, ep, dp, r[MODE_EXPERT].foreign_bytes[d]);
+                     "%s: device %d holds %zu bytes expert parallel, %zu data parallel: not %zu (the other device's "
+                     "experts) less",
+                     base, d, ep, dp, r[MODE_EXPERT].foreign_bytes[d]);
             fprintf(stderr, "   %s device %d after placement: %zu bytes data parallel, %zu expert parallel (the other "
                     "device's experts: %zu)\n",
                     base, d, dp, ep, r[MODE_EXPERT].foreign_bytes[d]);
@@ -235,7 +235,7 @@ static void check_failure(const char *dir) {
     const size_t budget = peak[0] + (peak[1] - peak[0]) / 2;
     const mt_status_t st = uneven_step(dir, budget, unused, &err);
     TH_CHECK(st == MT_ERR_BUDGET && strstr(err.msg, "device 1") && strstr(err.msg, "budget"),
-          "device 1 over its budget of %zu bytes: status %d, '%s'", budget, (int)st, err.msg);
+             "device 1 over its budget of %zu bytes: status %d, '%s'", budget, (int)st, err.msg);
     fprintf(stderr, "   peaks %zu / %zu bytes; with a budget of %zu the step returned: %s\n", peak[0], peak[1],
             budget, err.msg);
 }
@@ -245,12 +245,12 @@ static void check_refused(const char *dir) {
     mt_error_t err = {0};
     mt_status_t st = run(dir, PLAN_KEEP_ALL, 2, MODE_EXPERT, ENG_STEP_ORDER_AUTO, &r, &err);
     TH_CHECK(st == MT_ERR_UNSUPPORTED && strstr(err.msg, "expert parallelism needs") && strstr(err.msg, "grads device"),
-          "expert parallel with device gradients: status %d, '%s'", (int)st, err.msg);
+             "expert parallel with device gradients: status %d, '%s'", (int)st, err.msg);
     fprintf(stderr, "   keep_all plan with expert-parallel layers refused: %s\n", err.msg);
     if (st == MT_OK) th_result_free(&r.th);
     st = run(dir, PLAN_OFFLOAD_ALL, 2, MODE_EXPERT, ENG_STEP_ORDER_AUTO, &r, &err);
     TH_CHECK(st == MT_ERR_UNSUPPORTED && strstr(err.msg, "cannot offload"),
-          "expert parallel with offloaded activations: status %d, '%s'", (int)st, err.msg);
+             "expert parallel with offloaded activations: status %d, '%s'", (int)st, err.msg);
     fprintf(stderr, "   offload_all plan with expert-parallel layers refused: %s\n", err.msg);
     if (st == MT_OK) th_result_free(&r.th);
 }

@@ -69,7 +69,7 @@ static void run_on(const char *dir, const sched_plan_t *plan, int K, eng_step_or
         eng_optim_begin_step(x, &hp, K, overlap);
         if (eng_exec_step_from_loader(x, &ld, K, order, ms, &err) != MT_OK) {
             TH_CHECK(0, "%s K=%d order %s step %d: %s", sched_policy_name(plan->policy), K, eng_step_order_name(order),
-                  step + 1, err.msg);
+                     step + 1, err.msg);
             out->th.ok = false;
             break;
         }

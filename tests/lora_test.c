@@ -188,7 +188,7 @@ static void check_peft_logits(const char *dir, const char *out) {
                     big = fmax(big, fabs(ref[i]));
                 }
                 TH_CHECK(worst <= 1e-5 * fmax(big, 1.0), "%s: logits differ from PEFT's by %.2e (largest %.2e)", dir,
-                      worst, big);
+                         worst, big);
                 printf("%-20s logits with the saved adapter within %.2e of PEFT's on the same files\n",
                        th_base_name(dir), worst);
             }
@@ -237,7 +237,7 @@ static void check_resume(const char *dir, const run_t *full, const char *full_ou
         bool same = b.steps == full->steps - 4 && b.steps > 0;
         for (int s = 0; same && s < b.steps; s++) same = b.loss[s] == full->loss[4 + s];
         TH_CHECK(same, "%s: resumed at step 4 (optimizer on the %s), the losses differ from the uninterrupted run's", name,
-              names[p]);
+                 names[p]);
         char x[700], y[700];
         snprintf(x, sizeof x, "%s/adapter_model.safetensors", second);
         snprintf(y, sizeof y, "%s/adapter_model.safetensors", full_out);
@@ -273,7 +273,7 @@ static void check_fixture(const char *dir) {
             const double rel = fabs(r0.loss[s] - ref) / fabs(ref);
             if (rel > worst) worst = rel;
             TH_CHECK(rel <= 1e-5, "%s: step %d loss %.9g, reference %.9g (relative %.2e)", name, s + 1, r0.loss[s], ref,
-                  rel);
+                     rel);
         }
         char got[600], ref[1100];
         snprintf(got, sizeof got, "%s/adapter_model.safetensors", out0);
@@ -332,7 +332,7 @@ static void check_fixture(const char *dir) {
         for (int s = 0; s < r0.steps && s < rp[2].steps; s++)
             worst = fmax(worst, fabs(rp[2].loss[s] - r0.loss[s]) / fabs(r0.loss[s]));
         TH_CHECK(worst < 0.01 && worst > 0, "%s: bf16 losses %.2e relative from fp32 (expected in (0, 1%%))", name,
-              worst);
+                 worst);
         printf("%-20s plans and step orders bit-identical (fp32 and bf16); bf16 within %.2e of fp32\n", name, worst);
     }
     json_decref(exp);
@@ -488,7 +488,7 @@ static void check_small_budget(void) {
     }
     fclose(f);
     TH_CHECK(peak > 0 && peak <= (double)budget, "device peak %.0f bytes, budget %llu", peak,
-          (unsigned long long)budget);
+             (unsigned long long)budget);
     TH_CHECK(h2d > 0, "nothing was streamed under a budget below the weights");
     printf("budget %llu bytes (60%% of the %llu bytes of bf16 base weights): completed, device peak %.0f bytes, "
            "%llu weight bytes streamed in the last step\n",

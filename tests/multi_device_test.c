@@ -160,7 +160,7 @@ static void check_refused(const char *dir) {
     const eng_model_opts_t mo = {.overrides_json = rc.model_config_json};
     const mt_status_t st = eng_multi_open(&mm, dev, &devs, 3, rc.base_model, &mo, &err);
     TH_CHECK(st == MT_ERR_CONFIG && strstr(err.msg, "gradient_accumulation_steps (3)") && strstr(err.msg, "devices (2)"),
-          "K=3 on 2 devices: status %d, '%s'", (int)st, err.msg);
+             "K=3 on 2 devices: status %d, '%s'", (int)st, err.msg);
     if (st == MT_OK) eng_multi_free(&mm);
     kern_device_destroy(dev);
     eng_run_config_free(&rc);
@@ -214,7 +214,7 @@ static void check_train(const char *dir) {
     size_t n1 = 0, n2 = 0;
     unsigned char *a = tensor_bytes(out[0], &n1), *b = tensor_bytes(out[1], &n2);
     TH_CHECK(a && b && n1 == n2 && memcmp(a, b, n1) == 0, "moetune train: the saved models differ (%zu vs %zu bytes)", n1,
-          n2);
+             n2);
     fprintf(stderr, "   moetune train, devices 1 vs 2, K=2: last loss %.9g, saved tensors %s\n", last[1],
             a && b && n1 == n2 && memcmp(a, b, n1) == 0 ? "identical" : "DIFFER");
     free(a);

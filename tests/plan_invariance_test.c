@@ -153,7 +153,7 @@ static void check_case(const char *dir) {
     run_plan_ex(dir, NULL, &off, 0, 1, &r1);
     compare("offload_all with vs without the overlapped host optimizer", &r0, &r1, dir);
     TH_CHECK(r0.overlapped == 0 && r1.overlapped > 0, "overlap: %d / %d updates ran during backward",
-          r0.overlapped, r1.overlapped);
+             r0.overlapped, r1.overlapped);
     fprintf(stderr, "   overlapped host AdamW: %d parameter updates ran during backward, results identical\n",
             r1.overlapped);
     th_result_free(&r0.th);
@@ -217,7 +217,7 @@ static void check_budget(const char *data_dir) {
     eng_exec_t *x = NULL;
     mt_status_t st = eng_exec_load(&x, dev, ckpt, NULL, &keep, NULL, &err);
     TH_CHECK(st == MT_ERR_BUDGET && strstr(err.msg, "model.") != NULL,
-          "keep_all over budget: status %d, message '%s'", (int)st, err.msg);
+             "keep_all over budget: status %d, message '%s'", (int)st, err.msg);
     if (st == MT_OK) eng_exec_free(x);
     else fprintf(stderr, "   keep_all under that budget: %s\n", err.msg);
     kern_device_destroy(dev);

@@ -141,12 +141,12 @@ static void check_case(const char *dir) {
         float *ref = th_st_read(&exp, path, &gn);
         if (!ref) {
             TH_CHECK(!eng_exec_param_has_grad(x, i), "%s has a gradient in moetune but none in the reference",
-                  ps->name);
+                     ps->name);
             continue;
         }
         TH_CHECK(eng_exec_param_has_grad(x, i), "%s has no gradient in moetune but one in the reference", ps->name);
         TH_CHECK(gn == ps->numel, "%s: reference gradient has %llu elements, expected %zu", ps->name,
-              (unsigned long long)gn, ps->numel);
+                 (unsigned long long)gn, ps->numel);
         float *g = malloc(ps->numel * sizeof *g);
         eng_exec_read_param(x, i, g, true);
         double maxref = 0, maxdiff = 0;
@@ -202,14 +202,14 @@ static void check_case(const char *dir) {
         fprintf(stderr, "   step %d: loss %.9g ref %.9g rel %.2g\n", step + 1, loss, ref,
                 fabs(loss - ref) / fabs(ref));
         TH_CHECK(fabs(loss - ref) <= 1e-5 * fabs(ref), "step %d loss %.9g vs reference %.9g", step + 1,
-              loss, ref);
+                 loss, ref);
         TH_CHECK(json_integer_value(json_object_get(o, "step")) == step + 1, "metrics step numbering");
         json_decref(o);
         step++;
     }
     if (mf) fclose(mf);
     TH_CHECK(step == (int)json_array_size(losses), "metrics.jsonl has %d steps, reference %zu", step,
-          json_array_size(losses));
+             json_array_size(losses));
 
     /* final weights, read back from the checkpoint train saved */
     snprintf(path, sizeof path, "%s/expected_final.safetensors", dir);
@@ -248,7 +248,7 @@ static void check_case(const char *dir) {
              * any step) must be bit-identical in ours too */
             if (unchanged_ref)
                 TH_CHECK(unchanged_ours, "%s was never updated by the reference but changed in moetune",
-                      t->name);
+                         t->name);
             for (uint64_t j = 0; j < nn; j++) {
                 const double d = fabs((double)ours[j] - ref[j]);
                 if (d > worst) worst = d;

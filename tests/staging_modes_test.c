@@ -156,43 +156,43 @@ static void check_fixture(const char *dir, int nb) {
             snprintf(what, sizeof what, "%s %s vs keep_all", names[p], moe_staging_mode_name((moe_staging_mode_t)mode));
             compare(what, &base, &r[mode]);
             TH_CHECK(r[mode].ctr.acts_unstaged == 0, "%s %s: %llu offloads fell back to a plain pinned buffer", names[p],
-                  moe_staging_mode_name((moe_staging_mode_t)mode), (unsigned long long)r[mode].ctr.acts_unstaged);
+                     moe_staging_mode_name((moe_staging_mode_t)mode), (unsigned long long)r[mode].ctr.acts_unstaged);
             /* the activation share is sized by formula before any forward runs */
             TH_CHECK(r[mode].ctr.acts_offloaded == r[mode].acts_expected,
-                  "%s %s: the forward offloaded %llu bytes of activations, the pool was sized for %llu",
-                  names[p], moe_staging_mode_name((moe_staging_mode_t)mode),
-                  (unsigned long long)r[mode].ctr.acts_offloaded, (unsigned long long)r[mode].acts_expected);
+                     "%s %s: the forward offloaded %llu bytes of activations, the pool was sized for %llu",
+                     names[p], moe_staging_mode_name((moe_staging_mode_t)mode),
+                     (unsigned long long)r[mode].ctr.acts_offloaded, (unsigned long long)r[mode].acts_expected);
             TH_CHECK(r[mode].ctr.acts_offloaded > 0, "%s %s: nothing was offloaded; the test would not test it", names[p],
-                  moe_staging_mode_name((moe_staging_mode_t)mode));
+                     moe_staging_mode_name((moe_staging_mode_t)mode));
         }
         const result_t *c = &r[MOE_STAGING_COMPACT], *t = &r[MOE_STAGING_PER_TENSOR];
         if (p == 0) { /* offload_all: every MoE layer streams, sends gradients and offloads */
             TH_CHECK(c->ctr.moe_passes[0] > 0 && c->ctr.moe_passes[1] > 0, "compact: no expert traffic counted");
             TH_CHECK(c->ctr.max_moe_copies[0] <= 3 && c->ctr.max_moe_copies[1] <= 3,
-                  "compact: a MoE layer took %d H2D / %d D2H copies in one micro-batch (at most 3)",
-                  c->ctr.max_moe_copies[0], c->ctr.max_moe_copies[1]);
+                     "compact: a MoE layer took %d H2D / %d D2H copies in one micro-batch (at most 3)",
+                     c->ctr.max_moe_copies[0], c->ctr.max_moe_copies[1]);
             /* per_tensor: one copy per tensor, so at least three per expert moved */
             TH_CHECK(t->ctr.moe_copies[0] >= 3 * t->ctr.experts_moved[0] && t->ctr.moe_copies[1] >= 3 * t->ctr.experts_moved[1],
-                  "per_tensor: %llu H2D copies for %llu experts", (unsigned long long)t->ctr.moe_copies[0],
-                  (unsigned long long)t->ctr.experts_moved[0]);
+                     "per_tensor: %llu H2D copies for %llu experts", (unsigned long long)t->ctr.moe_copies[0],
+                     (unsigned long long)t->ctr.experts_moved[0]);
             TH_CHECK(c->ctr.experts_moved[0] == t->ctr.experts_moved[0] &&
                       c->ctr.experts_skipped[0] == t->ctr.experts_skipped[0],
-                  "modes moved different experts");
+                     "modes moved different experts");
             TH_CHECK(c->st.copies[0] < t->st.copies[0], "compact %llu H2D copies, per_tensor %llu",
-                  (unsigned long long)c->st.copies[0], (unsigned long long)t->st.copies[0]);
+                     (unsigned long long)c->st.copies[0], (unsigned long long)t->st.copies[0]);
             TH_CHECK(c->info.capacity <= c->info.window_payload + c->info.window_payload / 10,
-                  "compact capacity %zu > 1.10 x window payload %zu", c->info.capacity, c->info.window_payload);
+                     "compact capacity %zu > 1.10 x window payload %zu", c->info.capacity, c->info.window_payload);
             /* Pinned bytes for the same window: max_slot > per_tensor >= compact.  Measured,
              * only max_slot's excess is certain here: compact pins its whole window up front
              * while per_tensor pins on demand, and these unthrottled runs rarely fill the window
              * (moetune profile --compare measures it with throttled links). */
             const result_t *s = &r[MOE_STAGING_MAX_SLOT];
             TH_CHECK(s->info.capacity > t->info.capacity && t->info.capacity >= c->info.capacity,
-                  "window capacity: max_slot %zu, per_tensor %zu, compact %zu", s->info.capacity, t->info.capacity,
-                  c->info.capacity);
+                     "window capacity: max_slot %zu, per_tensor %zu, compact %zu", s->info.capacity, t->info.capacity,
+                     c->info.capacity);
             TH_CHECK(s->st.peak_reserved > t->st.peak_reserved && s->st.peak_reserved > c->st.peak_reserved,
-                  "pinned reserved: max_slot %zu, per_tensor %zu, compact %zu", s->st.peak_reserved,
-                  t->st.peak_reserved, c->st.peak_reserved);
+                     "pinned reserved: max_slot %zu, per_tensor %zu, compact %zu", s->st.peak_reserved,
+                     t->st.peak_reserved, c->st.peak_reserved);
             fprintf(stderr,
                     "   offload_all: expert copies per MoE layer per micro-batch: compact <= %d H2D / %d D2H "
                     "(%.2f / %.2f mean), per_tensor %.1f / %.1f mean; experts moved %llu, skipped %llu; "
@@ -240,7 +240,7 @@ static void check_bad_settings(const char *dir) {
     s.cap_bytes = 1000;
     mt_status_t st = eng_exec_load(&x, dev, ckpt, NULL, NULL, &s, &err);
     TH_CHECK(st == MT_ERR_CONFIG && strstr(err.msg, "model.embed_tokens.weight") && strstr(err.msg, "smaller"),
-          "cap below the largest tensor: status %d, '%s'", (int)st, err.msg);
+             "cap below the largest tensor: status %d, '%s'", (int)st, err.msg);
     fprintf(stderr, "   cap 1000 bytes: %s\n", err.msg);
     eng_staging_settings_init(&s);
     s.num_slabs = 0;
@@ -260,14 +260,14 @@ static void check_bad_settings(const char *dir) {
     eng_model_config_free(&mc);
     st = eng_exec_load(&x, dev, ckpt, NULL, &off, &s, &err);
     TH_CHECK(st == MT_ERR_CONFIG && strstr(err.msg, "offloaded activations"), "cap below the activations: %d '%s'",
-          (int)st, err.msg);
+             (int)st, err.msg);
     fprintf(stderr, "   cap below the activations: %s\n", err.msg);
     sched_plan_free(&off);
     /* good settings get as far as the broken checkpoint */
     eng_staging_settings_init(&s);
     st = eng_exec_load(&x, dev, ckpt, NULL, NULL, &s, &err);
     TH_CHECK(st != MT_OK && st != MT_ERR_CONFIG, "a broken checkpoint should fail after the staging checks: %d '%s'",
-          (int)st, err.msg);
+             (int)st, err.msg);
     kern_device_destroy(dev);
 }
 

@@ -216,9 +216,9 @@ static void check_budget(const char *data_dir) {
     const kern_device_opts_t ordered = ordered_opts(budget);
     run(data_dir, ckpt, &minm, &ordered, 0, &rb);
     TH_CHECK(rb.th.ok, "min_memory with stream-ordered frees under a %zu-byte budget (weights %zu bytes) failed", budget,
-          rk.weight_bytes);
+             rk.weight_bytes);
     TH_CHECK(rb.stats.device_peak <= budget, "peak device bytes %zu exceed the budget %zu", rb.stats.device_peak,
-          budget);
+             budget);
     compare("min_memory under budget (stream-ordered frees) vs keep_all", &rk, &rb);
     check_ordered("min_memory under budget", &rb);
     th_result_free(&rk.th);
