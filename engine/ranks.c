@@ -1,4 +1,4 @@
-/* The processes of an mpirun job (see ranks.h). */
+/* The processes of a multi-rank job (see ranks.h). */
 #include "engine/ranks.h"
 
 #include <stdint.h>
@@ -16,6 +16,7 @@ mt_status_t eng_ranks_open(eng_ranks_t *r, mt_error_t *err) {
     r->rank = kern_ranks_rank(r->k);
     r->size = kern_ranks_size(r->k);
     r->local_rank = kern_ranks_local_rank(r->k);
+    r->launcher = kern_ranks_launcher(r->k);
     return MT_OK;
 }
 
@@ -30,10 +31,10 @@ mt_status_t eng_ranks_check_accum(const eng_ranks_t *r, int accum, int devices, 
     if (devices < 1) devices = 1;
     if (r->size == 1 || accum % (r->size * devices) == 0) return MT_OK;
     return mt_error_set(err, MT_ERR_CONFIG,
-                        "gradient_accumulation_steps (%d) must be a multiple of the ranks (%d, from mpirun -np) "
+                        "gradient_accumulation_steps (%d) must be a multiple of the ranks (%d, from %s) "
                         "times devices (%d) = %d: each rank runs an equal share of a step's micro-batches and "
                         "each of its devices an equal share of that",
-                        accum, r->size, devices, r->size * devices);
+                        accum, r->size, r->launcher, devices, r->size * devices);
 }
 
 mt_status_t eng_ranks_bind_device(eng_ranks_t *r, kern_device_t *dev, mt_error_t *err) {

@@ -1,4 +1,5 @@
-/* The processes ("ranks") of a run that mpirun started: data parallel
+/* The processes ("ranks") of a run that mpirun or a torchrun-style launch
+ * started (kernels/comm_ranks.h): data parallel
  * across ranks on top of data parallel across each rank's local devices
  * (engine/multi_device.h).
  *
@@ -19,7 +20,7 @@
  *
  * This file knows nothing of the model: gradients arrive as plain buffers
  * (eng_rank_grad_t), so whoever owns the parameter table builds the list.
- * With one rank (no mpirun) every call is a no-op and MPI is never started. */
+ * With one rank every call is a no-op and no transport is started. */
 #ifndef MT_ENGINE_RANKS_H
 #define MT_ENGINE_RANKS_H
 
@@ -33,13 +34,16 @@
 typedef struct eng_ranks {
     kern_ranks_t *k;
     int rank;       /* 0..size-1 */
-    int size;       /* 1 without mpirun */
+    int size;       /* 1 when no launcher started this process */
     int local_rank; /* among the ranks of this node */
+    const char *launcher; /* what started them, for messages (kern_ranks_launcher) */
 } eng_ranks_t;
 
-/* Whether mpirun started this process (before eng_ranks_open). */
+/* Whether mpirun or a torchrun-style launch started this process (before
+ * eng_ranks_open). */
 bool eng_ranks_launched(void);
-/* From the environment (kernels/comm_ranks.h): mpirun's, or one rank. */
+/* From the environment (kernels/comm_ranks.h): mpirun's, torchrun's, or
+ * one rank. */
 mt_status_t eng_ranks_open(eng_ranks_t *r, mt_error_t *err);
 void eng_ranks_close(eng_ranks_t *r);
 /* whether this rank writes the output directory (rank 0) */

@@ -338,9 +338,9 @@ static mt_status_t eng_train_run(const eng_run_config_t *rc, eng_ranks_t *ranks,
                       rc->gradient_accumulation_steps, rc->micro_batch_size, dev->vt->name);
     if (nranks > 1 && writes)
         eng_reporter_note(&rep,
-                          "moetune: data parallel across %d ranks (mpirun), %d micro-batches each per step; "
+                          "moetune: data parallel across %d ranks (%s), %d micro-batches each per step; "
                           "rank 0 writes %s",
-                          nranks, rc->gradient_accumulation_steps / nranks, rc->output_dir);
+                          nranks, ranks->launcher, rc->gradient_accumulation_steps / nranks, rc->output_dir);
     if (multi.n > 1)
         eng_reporter_note(&rep, "moetune: data parallel on %d devices sharing one host copy, %d micro-batches each per step",
                           multi.n, rc->gradient_accumulation_steps / nranks / multi.n);

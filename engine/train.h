@@ -16,7 +16,7 @@ typedef struct {
     int checkpoints_saved;   /* output_dir/checkpoint-N directories written (save_steps) */
     int stopped_by_signal;   /* SIGINT / SIGTERM stopped the run after a checkpoint (0: it ran to the end) */
     char last_checkpoint[2048]; /* the checkpoint-N written when a signal stopped the run */
-    int rank, ranks;         /* this process's rank of an mpirun job and the job's size (0 and 1 alone);
+    int rank, ranks;         /* this process's rank of a multi-rank job and the job's size (0 and 1 alone);
                                 only rank 0 wrote output_dir */
 } eng_train_result_t;
 
@@ -26,14 +26,15 @@ mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_
 
 /* Refuses an output_dir that overlaps an input, then holds output_dir's run
  * lock (engine/outdir.h) for the whole run: a second run on the same
- * output_dir fails naming this one's pid.  Started by mpirun, the process
+ * output_dir fails naming this one's pid.  Started by mpirun or a
+ * torchrun-style launch, the process
  * is one rank of a data-parallel job (engine/ranks.h): rank 0 alone locks
- * and writes output_dir, and an error on any rank ends every rank through
- * MPI_Abort after printing it with the rank's number (the others may be
+ * and writes output_dir, and an error on any rank ends every rank
+ * (kern_ranks_abort) after printing it with the rank's number (the others may be
  * waiting in a collective the failed rank will never join). */
 mt_status_t eng_train(const eng_run_config_t *rc, eng_train_result_t *result, mt_error_t *err);
 /* eng_train as one rank of ranks (engine/ranks.h), which the caller opened
- * and closes: closing (MPI_Finalize) waits for every rank, so rank 0 can
+ * and closes: closing (MPI_Finalize under mpirun) waits for every rank, so rank 0 can
  * report the job before any rank exits (mpirun ends the job when one exits
  * with an error status, as a stopped run does). */
 mt_status_t eng_train_ranked(const eng_run_config_t *rc, eng_ranks_t *ranks, eng_train_result_t *result,

@@ -1,5 +1,5 @@
-/* Collectives across ranks: launch detection and the choice between MPI and
- * NCCL (see comm_ranks.h). */
+/* Collectives across ranks: launch detection, the transport (MPI or TCP)
+ * and the gradient sum built on its gather (see comm_ranks.h). */
 #include "kernels/comm_ranks.h"
 
 #include <stdio.h>
@@ -7,11 +7,16 @@
 #include <string.h>
 
 #include "kernels/cpu/comm_mpi.h"
+#include "kernels/cpu/comm_tcp.h"
 #include "kernels/cuda/comm_nccl_ranks.h"
+
+typedef enum { TRANSPORT_NONE, TRANSPORT_MPI, TRANSPORT_TCP } transport_t;
 
 struct kern_ranks {
     int rank, size, local_rank;
+    transport_t transport;    /* NONE with one rank */
     bool mpi_initialised;     /* this object started MPI and finalises it */
+    kern_tcp_t *tcp;          /* TRANSPORT_TCP's connections */
     kern_device_t *dev;       /* the bound device, for on-device buffers */
     kern_nccl_ranks_t *nccl;  /* two ranks on CUDA devices, else NULL */
 };
@@ -21,27 +26,27 @@ static const char *env(const char *name) {
     return v && v[0] ? v : NULL;
 }
 
-bool kern_ranks_launched(void) { return env("OMPI_COMM_WORLD_SIZE") || env("PMI_SIZE") || env("PMIX_RANK"); }
+static bool mpi_launched(void) { return env("OMPI_COMM_WORLD_SIZE") || env("PMI_SIZE") || env("PMIX_RANK"); }
+
+bool kern_ranks_launched(void) { return mpi_launched() || kern_tcp_launched(); }
 
 mt_status_t kern_ranks_create(kern_ranks_t **out, mt_error_t *err) {
     *out = NULL;
-    const bool by_mpi = kern_ranks_launched();
-    const char *ws = env("WORLD_SIZE");
-    if (!by_mpi && ws && strcmp(ws, "1") != 0)
-        return mt_error_set(err, MT_ERR_CONFIG,
-                            "WORLD_SIZE=%s is set (torchrun's launch) but this process was not started by "
-                            "mpirun; moetune runs across processes only under MPI: launch with "
-                            "`mpirun -np %s moetune train RUN.yaml` (or unset WORLD_SIZE for one process)",
-                            ws, ws);
     kern_ranks_t *r = calloc(1, sizeof *r);
     MT_CHECK_ALLOC(r, "ranks");
     r->size = 1;
-    if (by_mpi) {
-        const mt_status_t st = kern_mpi_init(&r->rank, &r->size, &r->local_rank, &r->mpi_initialised, err);
-        if (st != MT_OK) {
-            free(r);
-            return st;
-        }
+    mt_status_t st = MT_OK;
+    /* mpirun first: it may also export torchrun-style variables */
+    if (mpi_launched()) {
+        r->transport = TRANSPORT_MPI;
+        st = kern_mpi_init(&r->rank, &r->size, &r->local_rank, &r->mpi_initialised, err);
+    } else if (kern_tcp_launched()) {
+        r->transport = TRANSPORT_TCP;
+        st = kern_tcp_init(&r->tcp, &r->rank, &r->size, &r->local_rank, err);
+    }
+    if (st != MT_OK) {
+        free(r);
+        return st;
     }
     *out = r;
     return MT_OK;
@@ -50,6 +55,7 @@ mt_status_t kern_ranks_create(kern_ranks_t **out, mt_error_t *err) {
 void kern_ranks_destroy(kern_ranks_t *r) {
     if (!r) return;
     if (r->nccl) kern_nccl_ranks_destroy(r->nccl);
+    kern_tcp_destroy(r->tcp);
     if (r->mpi_initialised) kern_mpi_finalize();
     free(r);
 }
@@ -58,10 +64,68 @@ int kern_ranks_rank(const kern_ranks_t *r) { return r->rank; }
 int kern_ranks_size(const kern_ranks_t *r) { return r->size; }
 int kern_ranks_local_rank(const kern_ranks_t *r) { return r->local_rank; }
 
+const char *kern_ranks_launcher(const kern_ranks_t *r) {
+    return r->transport == TRANSPORT_MPI ? "mpirun" : r->transport == TRANSPORT_TCP ? "a torchrun-style launch" : "one process";
+}
+
+/* What rank 0 hands every rank to start NCCL: its id, or that it failed. */
+typedef struct {
+    int ok;
+    unsigned char id[KERN_NCCL_ID_BYTES];
+} nccl_bootstrap_t;
+
 mt_status_t kern_ranks_bind_device(kern_ranks_t *r, kern_device_t *dev, mt_error_t *err) {
     r->dev = dev;
     if (r->size != 2 || dev->kind != KERN_BACKEND_CUDA) return MT_OK;
-    return kern_nccl_ranks_create(dev, r->rank, r->size, &r->nccl, err);
+    nccl_bootstrap_t mine = {0};
+    mt_status_t st = MT_OK;
+    if (r->rank == 0) {
+        st = kern_nccl_ranks_unique_id(mine.id, err);
+        mine.ok = st == MT_OK;
+    }
+    /* every rank joins the gather even when rank 0 failed: then all fail */
+    nccl_bootstrap_t all[2];
+    kern_ranks_allgather(r, &mine, all, sizeof mine);
+    if (st != MT_OK) return st;
+    if (!all[0].ok)
+        return mt_error_set(err, MT_ERR_DEVICE, "NCCL: rank 0 could not create the job's unique id (see its error)");
+    return kern_nccl_ranks_create(dev, r->rank, r->size, all[0].id, &r->nccl, err);
+}
+
+/* Floats per rank per gather round: 4 MiB, so the receive buffer of a round
+ * stays small next to a gradient while each round is large enough that the
+ * per-message latency does not matter. */
+enum { SUM_CHUNK = 1 << 20 };
+
+/* The host sum is a gather of fixed-size chunks followed by a sequential
+ * add on every rank, not MPI_Allreduce: the standard leaves an allreduce's
+ * order of additions to the implementation (Open MPI picks an algorithm by
+ * message size and rank count, and may give different ranks differently
+ * rounded results), while training needs the rank-order sum, bit for bit,
+ * on every rank so that the weights stay identical without being
+ * broadcast.  The gather moves R times the bytes of a reduce-scatter; for
+ * data parallel fine-tuning on a few ranks that is the price of
+ * determinism, and it is the same code over either transport. */
+static void sum_host_f32(kern_ranks_t *r, float *buf, size_t count, const bool *contrib) {
+    const size_t chunk = count < SUM_CHUNK ? count : SUM_CHUNK;
+    float *all = malloc((size_t)r->size * chunk * sizeof *all);
+    MT_CHECK_ALLOC(all, "the cross-rank gradient gather");
+    for (size_t lo = 0; lo < count; lo += chunk) {
+        const size_t n = count - lo < chunk ? count - lo : chunk;
+        kern_ranks_allgather(r, buf + lo, all, n * sizeof *buf);
+        bool first = true;
+        for (int q = 0; q < r->size; q++) {
+            if (!contrib[q]) continue;
+            const float *src = all + (size_t)q * n;
+            if (first) {
+                memcpy(buf + lo, src, n * sizeof *src);
+            } else {
+                for (size_t e = 0; e < n; e++) buf[lo + e] = buf[lo + e] + src[e];
+            }
+            first = false;
+        }
+    }
+    free(all);
 }
 
 /* Floats per round trip through host memory for a device buffer without
@@ -71,7 +135,7 @@ enum { STAGE_FLOATS = 1 << 22 };
 void kern_ranks_sum_f32(kern_ranks_t *r, float *buf, size_t count, bool on_device, const bool *contrib) {
     if (r->size == 1 || count == 0) return;
     if (!on_device) {
-        kern_mpi_sum_f32(buf, count, contrib);
+        sum_host_f32(r, buf, count, contrib);
         return;
     }
     MT_CHECK(r->dev, "kern_ranks_sum_f32: a device buffer before kern_ranks_bind_device");
@@ -87,7 +151,7 @@ void kern_ranks_sum_f32(kern_ranks_t *r, float *buf, size_t count, bool on_devic
         const size_t n = count - lo < chunk ? count - lo : chunk;
         kern_memcpy_d2h(r->dev, s, host, buf + lo, n * sizeof *host);
         kern_stream_sync(r->dev, s);
-        kern_mpi_sum_f32(host, n, contrib);
+        sum_host_f32(r, host, n, contrib);
         kern_memcpy_h2d(r->dev, s, buf + lo, host, n * sizeof *host);
         kern_stream_sync(r->dev, s); /* host is reused by the next chunk */
     }
@@ -99,16 +163,31 @@ void kern_ranks_allgather(kern_ranks_t *r, const void *send, void *recv, size_t 
         memmove(recv, send, bytes);
         return;
     }
-    kern_mpi_allgather(send, recv, bytes);
+    if (r->transport == TRANSPORT_TCP) {
+        kern_tcp_allgather(r->tcp, send, recv, bytes);
+    } else {
+        kern_mpi_allgather(send, recv, bytes);
+    }
 }
 
-int kern_ranks_max_int(kern_ranks_t *r, int v) { return r->size == 1 ? v : kern_mpi_max_int(v); }
+int kern_ranks_max_int(kern_ranks_t *r, int v) {
+    if (r->size == 1) return v;
+    int *all = malloc((size_t)r->size * sizeof *all);
+    MT_CHECK_ALLOC(all, "ranks' max");
+    kern_ranks_allgather(r, &v, all, sizeof v);
+    int max = all[0];
+    for (int q = 1; q < r->size; q++) max = all[q] > max ? all[q] : max;
+    free(all);
+    return max;
+}
 
 void kern_ranks_barrier(kern_ranks_t *r) {
-    if (r->size > 1) kern_mpi_barrier();
+    if (r->transport == TRANSPORT_TCP) kern_tcp_barrier(r->tcp);
+    if (r->transport == TRANSPORT_MPI && r->size > 1) kern_mpi_barrier();
 }
 
 _Noreturn void kern_ranks_abort(kern_ranks_t *r, int code) {
-    if (r->size > 1) kern_mpi_abort(code);
+    if (r->transport == TRANSPORT_TCP) kern_tcp_abort(r->tcp, code);
+    if (r->transport == TRANSPORT_MPI && r->size > 1) kern_mpi_abort(code);
     exit(code);
 }

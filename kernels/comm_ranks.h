@@ -1,20 +1,21 @@
-/* Collectives across the processes ("ranks") of one run, as mpirun starts
- * them: one host copy of the model per rank, each rank with its own local
- * devices (the in-process collective over those is device.h's kern_comm).
+/* Collectives across the processes ("ranks") of one run: one host copy of
+ * the model per rank, each rank with its own local devices (the in-process
+ * collective over those is device.h's kern_comm).
  *
- * How a process learns it is a rank: mpirun's environment (Open MPI's
- * OMPI_COMM_WORLD_SIZE, or a PMI/PMIx launcher's PMI_SIZE / PMIX_RANK).
- * Without it there is one rank and MPI is never initialised.  torchrun's
- * WORLD_SIZE > 1 without an MPI launcher is refused, naming mpirun: its
- * rendezvous is not MPI's, and pretending to be one rank of N would train N
- * unsynchronised copies.
+ * How a process learns it is a rank, and how the ranks talk:
+ * - mpirun's environment (Open MPI's OMPI_COMM_WORLD_SIZE, or a PMI/PMIx
+ *   launcher's PMI_SIZE / PMIX_RANK): MPI (kernels/cpu/comm_mpi.c).
+ * - else torchrun's (WORLD_SIZE > 1 with RANK, MASTER_ADDR, MASTER_PORT):
+ *   the ranks meet over TCP at rank 0 (kernels/cpu/comm_tcp.c).
+ * - else one rank, and nothing is initialised.
  *
  * The gradient sum is the part training depends on: every rank must get the
  * same bits, the rank-order sum 0..R-1 in fp32, so that identical optimizer
  * steps keep the weights identical without broadcasting them.  Host buffers
- * go through MPI (allgather, then a sequential add: kernels/cpu/comm_mpi.c);
- * device buffers through NCCL on a CUDA device when there are two ranks
- * (one commutative add: the same bits), else through host memory and MPI.
+ * are gathered and added in rank order (comm_ranks.c, over either
+ * transport); device buffers go through NCCL on a CUDA device when there
+ * are two ranks (one commutative add: the same bits), else through host
+ * memory.
  *
  * Every call is collective: each rank makes the same calls in the same
  * order with the same counts, from the thread that created the object. */
@@ -29,20 +30,26 @@
 
 typedef struct kern_ranks kern_ranks_t;
 
-/* Whether mpirun's environment is present (before anything is created:
- * a caller that must not act on every rank at once can ask first). */
+/* Whether mpirun's or torchrun's environment is present (before anything
+ * is created: a caller that must not act on every rank at once can ask
+ * first). */
 bool kern_ranks_launched(void);
 
-/* One rank (no MPI) unless the environment says mpirun started this
- * process; MT_ERR_CONFIG for torchrun-style variables without it. */
+/* One rank unless the environment says a launcher started this process;
+ * MT_ERR_CONFIG naming the variable for a torchrun-style launch that lacks
+ * or garbles one, and the rendezvous's errors (comm_tcp.h). */
 mt_status_t kern_ranks_create(kern_ranks_t **out, mt_error_t *err);
-/* MPI_Finalize when create initialised MPI (only after every rank is done). */
+/* Closes the connections, or MPI_Finalize when create initialised MPI
+ * (only after every rank is done). */
 void kern_ranks_destroy(kern_ranks_t *r);
 int kern_ranks_rank(const kern_ranks_t *r);
 int kern_ranks_size(const kern_ranks_t *r);
 /* This rank's index among the ranks on its node (0 with one rank): which
  * of the node's GPUs it should take. */
 int kern_ranks_local_rank(const kern_ranks_t *r);
+/* What started the ranks, for messages: "mpirun", "a torchrun-style
+ * launch" or "one process". */
+const char *kern_ranks_launcher(const kern_ranks_t *r);
 
 /* Device buffers passed to kern_ranks_sum_f32 live on dev (this rank's
  * primary device): on CUDA with two ranks, sets up NCCL across the ranks. */
@@ -59,7 +66,8 @@ void kern_ranks_allgather(kern_ranks_t *r, const void *send, void *recv, size_t 
 /* the largest v over the ranks */
 int kern_ranks_max_int(kern_ranks_t *r, int v);
 void kern_ranks_barrier(kern_ranks_t *r);
-/* Ends every rank of the job with exit code `code` (MPI_Abort): for an
+/* Ends every rank of the job with exit code `code` (MPI_Abort; over TCP the
+ * closed connections end the others at their next collective): for an
  * error on one rank while the others wait in a collective it will never
  * join.  With one rank it only exits. */
 _Noreturn void kern_ranks_abort(kern_ranks_t *r, int code);

@@ -1,5 +1,5 @@
 /* kernels/comm_ranks.h across real processes (started by mpi_sum_test.sh
- * with mpirun -np 3): the gradient sum must be the rank-order fp32 sum over
+ * as 3 ranks, under mpirun and over TCP): the gradient sum must be the rank-order fp32 sum over
  * the contributing ranks, the same bits on every rank.
  *
  * Every rank can compute every rank's input (a seeded generator), so each
@@ -8,7 +8,7 @@
  * inputs mix magnitudes 2^-20 .. 2^20 so that the order of the adds shows:
  * the test also requires that the reverse order gives other bits for some
  * elements, or it could not tell the orders apart.  Counts: 0, 1, 1001, and
- * one past two MPI gather chunks (1 << 21 + 7); contributors: all, none of
+ * one past two gather chunks (1 << 21 + 7); contributors: all, none of
  * rank 0, rank 1 only, none at all.  Host buffers and, on a CPU device,
  * device buffers (through the host staging path).  Also allgather and max. */
 #include <math.h>
@@ -123,7 +123,7 @@ int main(void) {
     const int R = kern_ranks_size(rk);
     g_rank = kern_ranks_rank(rk);
     if (R < 2 || R > 16) {
-        fprintf(stderr, "FAIL run this under mpirun with 2..16 ranks (got %d)\n", R);
+        fprintf(stderr, "FAIL run this as 2..16 ranks (mpirun or WORLD_SIZE) (got %d)\n", R);
         kern_ranks_destroy(rk);
         return 1;
     }

@@ -27,8 +27,8 @@
 #      (names both keys and the ranks), a failure on rank 1 alone (a missing
 #      dataset: every rank stops, the message names rank 1 and the file),
 #      base_model_init under mpirun (names `moetune init`), `moetune
-#      profile` under mpirun, torchrun's
-#      WORLD_SIZE without mpirun (names mpirun).
+#      profile` under mpirun.
+# (torchrun-style launches are torchrun_train_test.sh's.)
 set -u
 . "$(dirname "$0")/test_lib.sh"
 MOETUNE="$1"; DIGEST="$2"; HW="$3"
@@ -80,22 +80,6 @@ if ! "$MOETUNE" init run.yaml >"$L/init.out" 2>"$L/init.err"; then
   echo "FAIL setup: moetune init"; cat "$L/init.err"; exit 1
 fi
 
-# every logged step's numbers that must not depend on how the step was split
-steps() {
-  grep '"step":' "$1/metrics.jsonl" | sed -E \
-    's/.*("step":[0-9]+).*("loss":[^,]*).*("ce_loss":[^,]*).*("aux_loss":[^,]*).*("grad_norm":[^,]*).*("tokens":[0-9]+).*/\1 \2 \3 \4 \5 \6/'
-}
-# same NAME A B: identical per-step numbers (6 steps) and final tensor bytes
-same() {
-  local name="$1" a="$2" b="$3"
-  steps "$a" > "$L/$name.a"; steps "$b" > "$L/$name.b"
-  if [ "$(wc -l < "$L/$name.a")" != 6 ]; then fail "$name: $a logged $(wc -l < "$L/$name.a") steps, not 6"; return 1; fi
-  if ! cmp -s "$L/$name.a" "$L/$name.b"; then
-    fail "$name: per-step numbers differ ($a vs $b):"; diff "$L/$name.a" "$L/$name.b" | head -4; return 1
-  fi
-  if [ "$(tensor_bytes "$a")" != "$(tensor_bytes "$b")" ]; then fail "$name: final tensor bytes differ"; return 1; fi
-  return 0
-}
 train1() { timeout 120 "$MOETUNE" train run.yaml "$@"; }
 
 # --- 1. K = 2 over 2 ranks = devices: 2 = one device, per plan ---------------------------
@@ -116,7 +100,7 @@ for plan in grads_device grads_host stream; do
     || { fail "$plan: mpirun -np 2 failed"; cat "$L/rk2_$plan.out"; continue; }
   grep -q "data parallel across 2 ranks (mpirun), 1 micro-batches each" "$L/rk2_$plan.out" \
     || fail "$plan: rank 0 did not report 2 ranks"
-  same "k2_$plan" dev2_$plan rk2_$plan && same "k2_one_$plan" one_$plan rk2_$plan \
+  same_run "k2_$plan" dev2_$plan rk2_$plan && same_run "k2_one_$plan" one_$plan rk2_$plan \
     && ok "$plan: K=2, 2 ranks = devices: 2 = one device (6 steps' losses, grad norms, tokens; final tensors)"
 done
 
@@ -125,7 +109,7 @@ train1 --set output_dir=dev2_k4 --set devices=2 --set gradient_accumulation_step
   || fail "K=4: devices: 2 failed"
 mpi "$MOETUNE" train run.yaml --set output_dir=rk2_k4 --set gradient_accumulation_steps=4 >"$L/rk2_k4.out" 2>&1 \
   || { fail "K=4: mpirun failed"; cat "$L/rk2_k4.out"; }
-same k4 dev2_k4 rk2_k4 && ok "K=4: 2 ranks = devices: 2 in one process"
+same_run k4 dev2_k4 rk2_k4 && ok "K=4: 2 ranks = devices: 2 in one process"
 train1 --set output_dir=dev4_k8 --set devices=4 --set gradient_accumulation_steps=8 >"$L/dev4_k8.out" 2>&1 \
   || fail "K=8: devices: 4 failed"
 mpi "$MOETUNE" train run.yaml --set output_dir=rk2d2_k8 --set devices=2 --set gradient_accumulation_steps=8 \
@@ -160,7 +144,7 @@ elif [ ! -f gate/metrics.jsonl ] || [ ! -f gate/model.safetensors ]; then
 elif [ "$(grep -c '"run_start"' gate/metrics.jsonl)" != 1 ]; then
   fail "gate/metrics.jsonl has $(grep -c '"run_start"' gate/metrics.jsonl) run headers, not 1"
 else
-  same gate dev2_grads_device gate && ok "only rank 0 wrote output_dir (rank 1's directory untouched), same run"
+  same_run gate dev2_grads_device gate && ok "only rank 0 wrote output_dir (rank 1's directory untouched), same run"
 fi
 if [ "$(grep -c '^trained 6 steps' "$L/gate.out")" != 1 ]; then
   fail "the job printed $(grep -c '^trained 6 steps' "$L/gate.out") summaries, not rank 0's alone"
@@ -259,16 +243,6 @@ if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q "profile runs in one process" "
   fail "moetune profile under mpirun: exit $rc, want a refusal and nothing written:"; tail -3 "$L/prof.out"
 else
   ok "moetune profile under mpirun refused, nothing written"
-fi
-
-WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 timeout 60 "$MOETUNE" train run.yaml --set output_dir=torchrun >"$L/torchrun.out" 2>&1
-rc=$?
-if [ "$rc" != 1 ] || ! grep -q "launch with .mpirun -np 2" "$L/torchrun.out"; then
-  fail "WORLD_SIZE=2 without mpirun: exit $rc, want 1 naming mpirun:"; tail -3 "$L/torchrun.out"
-elif [ -f torchrun/metrics.jsonl ]; then
-  fail "WORLD_SIZE=2 without mpirun: output written"
-else
-  ok "WORLD_SIZE=2 without mpirun refused, naming mpirun"
 fi
 
 if [ "$failures" -gt 0 ]; then echo "$failures failure(s); logs in $L"; exit 1; fi

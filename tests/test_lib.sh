@@ -34,3 +34,24 @@ tensor_bytes() {
   n=$(od -An -tu8 -N8 "$f" | tr -d ' ')
   tail -c +$((9 + n)) "$f" | sha256sum | cut -d' ' -f1
 }
+
+# Every logged step's numbers that must not depend on how a step was split
+# (over devices, ranks or plans), one line per step of DIR/metrics.jsonl.
+steps() {
+  grep '"step":' "$1/metrics.jsonl" | sed -E \
+    's/.*("step":[0-9]+).*("loss":[^,]*).*("ce_loss":[^,]*).*("aux_loss":[^,]*).*("grad_norm":[^,]*).*("tokens":[0-9]+).*/\1 \2 \3 \4 \5 \6/'
+}
+
+# same_run NAME A B: run directories A and B logged the same per-step numbers,
+# SAME_STEPS of them (6 unless set), and saved the same tensor bytes; says
+# what differs through fail.  Writes its comparison files into $L.
+same_run() {
+  local name="$1" a="$2" b="$3" n="${SAME_STEPS:-6}"
+  steps "$a" > "$L/$name.a"; steps "$b" > "$L/$name.b"
+  if [ "$(wc -l < "$L/$name.a")" != "$n" ]; then fail "$name: $a logged $(wc -l < "$L/$name.a") steps, not $n"; return 1; fi
+  if ! cmp -s "$L/$name.a" "$L/$name.b"; then
+    fail "$name: per-step numbers differ ($a vs $b):"; diff "$L/$name.a" "$L/$name.b" | head -4; return 1
+  fi
+  if [ "$(tensor_bytes "$a")" != "$(tensor_bytes "$b")" ]; then fail "$name: final tensor bytes differ"; return 1; fi
+  return 0
+}

@@ -115,7 +115,7 @@ static int ensure_base_model(const eng_run_config_t *rc, bool verbose, mt_error_
     if (!verbose && eng_ranks_launched()) {
         /* every rank would create it at once, and a rank could read another's half-written files */
         fprintf(stderr,
-                "moetune: %s: base_model %s does not exist and this is a rank of an mpirun job: create it "
+                "moetune: %s: base_model %s does not exist and this is a rank of a multi-process job: create it "
                 "first with `moetune init %s` (one process), then start the job\n",
                 rc->source_path, rc->base_model, rc->source_path);
         return 1;
@@ -164,7 +164,7 @@ static int cmd_train(int argc, char **argv) {
                    eng_signal_name(res.stopped_by_signal), res.steps_done, res.last_checkpoint);
             rcode = 128 + res.stopped_by_signal;
         } else if (res.rank > 0) {
-            /* under mpirun rank 0 reports the job: the other ranks wrote nothing */
+            /* with several ranks rank 0 reports the job: the other ranks wrote nothing */
         } else if (res.model_saved) {
             printf("trained %d steps%s in %.1f s: loss %.4f -> %.4f; model saved in %s\n",
                    res.steps_done - res.first_step, resumed_note(&res, note, sizeof note), res.seconds,
@@ -224,7 +224,7 @@ static int cmd_profile(int argc, char **argv) {
     free(rest);
     if (rcode == 0 && eng_ranks_launched()) {
         /* profiling is of one process: every rank would write the same output_dir/staging */
-        fprintf(stderr, "moetune: profile runs in one process; start it without mpirun\n");
+        fprintf(stderr, "moetune: profile runs in one process; start it without mpirun or torchrun\n");
         rcode = 1;
     }
     if (rcode == 0) rcode = ensure_base_model(&rc, false, &err);

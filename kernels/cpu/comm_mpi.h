@@ -1,7 +1,7 @@
 /* MPI underneath kernels/comm_ranks.h: the world of processes mpirun
- * started, and the collectives the cross-rank interface needs on host
- * memory.  Only kernels/comm_ranks.c and the CUDA backend's NCCL bootstrap
- * (kernels/cuda/comm_nccl_ranks.c) call these; the engine never does.
+ * started, and the collectives the cross-rank interface builds on (the
+ * gradient sum and the max are comm_ranks.c's, over the gather).  Only
+ * kernels/comm_ranks.c calls these; the engine never does.
  *
  * Everything runs on MPI_COMM_WORLD from the thread that called
  * kern_mpi_init (MPI_THREAD_FUNNELED): the engine's device threads never
@@ -24,13 +24,6 @@ void kern_mpi_finalize(void);
 
 /* recv (size * bytes) = every rank's send (bytes), in rank order. */
 void kern_mpi_allgather(const void *send, void *recv, size_t bytes);
-/* buf (count floats, host memory) = the sum over the ranks r with
- * contrib[r] (the same array on every rank) of rank r's buf, added in
- * rank order 0..size-1 in fp32 starting from the first contributor's
- * values: the same bits on every rank whatever MPI's reduction order. */
-void kern_mpi_sum_f32(float *buf, size_t count, const bool *contrib);
-int kern_mpi_max_int(int v);
-void kern_mpi_bcast(void *buf, size_t bytes, int root);
 void kern_mpi_barrier(void);
 _Noreturn void kern_mpi_abort(int code);
 

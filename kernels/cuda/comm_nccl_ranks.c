@@ -1,10 +1,10 @@
-/* NCCL across the processes of an mpirun job (see comm_nccl_ranks.h). */
+/* NCCL across the processes of a multi-rank job (see comm_nccl_ranks.h). */
 #include "kernels/cuda/comm_nccl_ranks.h"
 
 #include <nccl.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "kernels/cpu/comm_mpi.h"
 #include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cuda/cuda_check.h"
 
@@ -13,19 +13,22 @@ struct kern_nccl_ranks {
     kern_stream_t *stream; /* this rank's device's compute stream: the gradients' */
 };
 
-mt_status_t kern_nccl_ranks_create(kern_device_t *dev, int rank, int size, kern_nccl_ranks_t **out,
-                                   mt_error_t *err) {
+_Static_assert(sizeof(ncclUniqueId) == KERN_NCCL_ID_BYTES, "KERN_NCCL_ID_BYTES is NCCL's unique id size");
+
+mt_status_t kern_nccl_ranks_unique_id(unsigned char out[KERN_NCCL_ID_BYTES], mt_error_t *err) {
+    ncclUniqueId id;
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess)
+        return mt_error_set(err, MT_ERR_DEVICE, "NCCL: ncclGetUniqueId on rank 0 failed: %s", ncclGetErrorString(r));
+    memcpy(out, &id, sizeof id);
+    return MT_OK;
+}
+
+mt_status_t kern_nccl_ranks_create(kern_device_t *dev, int rank, int size, const unsigned char id_bytes[KERN_NCCL_ID_BYTES],
+                                   kern_nccl_ranks_t **out, mt_error_t *err) {
     *out = NULL;
     ncclUniqueId id;
-    if (rank == 0) {
-        const ncclResult_t r = ncclGetUniqueId(&id);
-        if (r != ncclSuccess)
-            return mt_error_set(err, MT_ERR_DEVICE, "NCCL: ncclGetUniqueId on rank 0 failed: %s",
-                                ncclGetErrorString(r));
-    }
-    /* every rank takes part in the broadcast even when rank 0 failed above:
-     * rank 0's error then aborts the job through the caller */
-    kern_mpi_bcast(&id, sizeof id, 0);
+    memcpy(&id, id_bytes, sizeof id);
     kern_nccl_ranks_t *nr = calloc(1, sizeof *nr);
     MT_CHECK_ALLOC(nr, "NCCL communicator across ranks");
     nr->stream = kern_stream(dev, KERN_STREAM_COMPUTE);

@@ -3,7 +3,9 @@
 # Mixtral (K = 2 micro-batches per step, 6 steps, fp32):
 #   1. `devices: 2` in one process (kern_comm over NCCL) against one GPU;
 #   2. `mpirun -np 2`, one GPU per rank (NCCL across the ranks, bootstrapped
-#      through MPI: kernels/cuda/comm_nccl_ranks.c) against one GPU.
+#      through MPI: kernels/cuda/comm_nccl_ranks.c) against one GPU;
+#   3. the same two ranks started torchrun-style (RANK, WORLD_SIZE,
+#      MASTER_ADDR, MASTER_PORT: NCCL bootstrapped over TCP).
 # Each step's loss, ce_loss, aux_loss and grad_norm must agree within 1e-6
 # relative: with one micro-batch per device the sum is the single add one
 # GPU does (bit-identical on the CPU backend, tests/mpi_train_test), but the
@@ -86,5 +88,14 @@ if command -v mpirun >/dev/null; then
 else
   echo "SKIPPED (mpirun -np 2): mpirun not found on this machine (Debian's openmpi-bin); devices: 2 was checked"
 fi
+port=$((20000 + (RANDOM * 7 + $$) % 40000))
+for r in 1 0; do
+  WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    timeout 300 "$MOETUNE" train run.yaml --set output_dir=tr2 >"logs/tr2.r$r" 2>&1 &
+  pid[r]=$!
+done
+wait "${pid[0]}" || { fail "torchrun-style rank 0"; cat logs/tr2.r0; }
+wait "${pid[1]}" || { fail "torchrun-style rank 1"; cat logs/tr2.r1; }
+close "torchrun-style 2 ranks (NCCL across ranks, bootstrapped over TCP)" one tr2
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "all passed"
