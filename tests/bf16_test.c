@@ -34,17 +34,7 @@
 #include "engine/init_random.h"
 #include "engine/model.h"
 #include "engine/optim.h"
-
-static int failures;
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-            failures++;                                          \
-        }                                                        \
-    } while (0)
+#include "tests/harness.h"
 
 enum { STEPS = 50 };
 
@@ -62,17 +52,15 @@ static void train(const char *yaml, const char *ckpt, mt_dtype_t compute, sched_
     mt_error_t err = {0};
     eng_run_config_t rc;
     if (eng_run_config_load(yaml, &rc, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     if (ckpt) snprintf(rc.base_model, sizeof rc.base_model, "%s", ckpt);
     rc.learning_rate *= lr_scale;
-    kern_device_t *dev = NULL;
-    kern_device_opts_t o = {0};
-    CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
+    kern_device_t *dev = th_cpu_device(0);
     eng_model_config_t mc;
     if (eng_model_config_load(rc.base_model, rc.model_config_json, &mc, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         kern_device_destroy(dev);
         eng_run_config_free(&rc);
         return;
@@ -87,17 +75,14 @@ static void train(const char *yaml, const char *ckpt, mt_dtype_t compute, sched_
     const eng_model_opts_t mo = {
         .overrides_json = rc.model_config_json, .plan = &plan, .staging = &staging, .compute = compute};
     if (eng_exec_open(&x, dev, rc.base_model, &mo, &err) != MT_OK) {
-        CHECK(0, "%s: %s", rc.base_model, err.msg);
+        TH_CHECK(0, "%s: %s", rc.base_model, err.msg);
         sched_plan_free(&plan);
         kern_device_destroy(dev);
         eng_run_config_free(&rc);
         return;
     }
-    const char *paths[ENG_MAX_DATASETS];
-    for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s",
-          err.msg);
+    TH_CHECK(th_dataset_load(&ds, &rc, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s", err.msg);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
     out->ok = true;
@@ -113,14 +98,14 @@ static void train(const char *yaml, const char *ckpt, mt_dtype_t compute, sched_
             eng_loader_next(&ld, &b);
             eng_micro_stats_t ms;
             if (eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
-                CHECK(0, "step %d: %s", step + 1, err.msg);
+                TH_CHECK(0, "step %d: %s", step + 1, err.msg);
                 out->ok = false;
             }
             loss += ms.loss / accum;
         }
         eng_optim_stats_t os;
         if (out->ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
-            CHECK(0, "optimizer: %s", err.msg);
+            TH_CHECK(0, "optimizer: %s", err.msg);
             out->ok = false;
         }
         out->loss[step] = loss;
@@ -151,8 +136,8 @@ static void compare_losses(const char *name, const char *yaml, const char *ckpt)
         fprintf(stderr, "  step %2d  fp32 %.6f  bf16 %.6f  %.3g%%  (fp32 with lr x (1 + 1e-5): %.3g%%%s)\n", s + 1,
                 f.loss[s], b.loss[s], 100 * rel, 100 * sens, stable ? "" : ", unstable");
         if (stable)
-            CHECK(rel <= 0.01, "%s: step %d's bf16 loss is %.3g%% away from fp32's (at most 1%%)", name, s + 1,
-                  100 * rel);
+            TH_CHECK(rel <= 0.01, "%s: step %d's bf16 loss is %.3g%% away from fp32's (at most 1%%)", name, s + 1,
+                     100 * rel);
         else
             unstable++;
         if (rel > worst) worst = rel, worst_step = s + 1;
@@ -164,11 +149,11 @@ static void compare_losses(const char *name, const char *yaml, const char *ckpt)
             name, STEPS, f.loss[0], f.loss[STEPS - 1], b.loss[0], b.loss[STEPS - 1], 100 * worst, worst_step,
             over_1pct, unstable);
     const double final_rel = fabs(b.loss[STEPS - 1] - f.loss[STEPS - 1]) / fabs(f.loss[STEPS - 1]);
-    CHECK(final_rel <= 0.01, "%s: final bf16 loss %.3g%% away from fp32's", name, 100 * final_rel);
-    CHECK(unstable <= STEPS / 5, "%s: fp32 is unstable on %d of %d steps: no comparison to speak of", name,
-          unstable, STEPS);
-    CHECK(identical < STEPS, "%s: bf16 losses are identical to fp32's: bf16 products are not in use", name);
-    CHECK(f.loss[STEPS - 1] < f.loss[0] && b.loss[STEPS - 1] < b.loss[0], "%s: the loss did not fall", name);
+    TH_CHECK(final_rel <= 0.01, "%s: final bf16 loss %.3g%% away from fp32's", name, 100 * final_rel);
+    TH_CHECK(unstable <= STEPS / 5, "%s: fp32 is unstable on %d of %d steps: no comparison to speak of", name,
+             unstable, STEPS);
+    TH_CHECK(identical < STEPS, "%s: bf16 losses are identical to fp32's: bf16 products are not in use", name);
+    TH_CHECK(f.loss[STEPS - 1] < f.loss[0] && b.loss[STEPS - 1] < b.loss[0], "%s: the loss did not fall", name);
 }
 
 static void compare_link_bytes(const char *yaml, const char *ckpt) {
@@ -179,9 +164,9 @@ static void compare_link_bytes(const char *yaml, const char *ckpt) {
     const double ratio = (double)b.weight_h2d_bytes / (double)f.weight_h2d_bytes;
     fprintf(stderr, "streamed weights per step: fp32 %llu bytes, bf16 %llu bytes (ratio %.4f)\n",
             (unsigned long long)f.weight_h2d_bytes, (unsigned long long)b.weight_h2d_bytes, ratio);
-    CHECK(f.weight_h2d_bytes > 0, "offload_all streamed no weights");
+    TH_CHECK(f.weight_h2d_bytes > 0, "offload_all streamed no weights");
     /* half for the matrices; the fp32 norms and embedding table keep it a little above */
-    CHECK(ratio >= 0.5 && ratio <= 0.6, "bf16 / fp32 weight bytes per step %.4f, expected about one half", ratio);
+    TH_CHECK(ratio >= 0.5 && ratio <= 0.6, "bf16 / fp32 weight bytes per step %.4f, expected about one half", ratio);
 }
 
 int main(int argc, char **argv) {
@@ -193,20 +178,20 @@ int main(int argc, char **argv) {
     char ckpt[1024], qwen_yaml[1024];
     snprintf(ckpt, sizeof ckpt, "%s/tiny-mixtral", tmp ? tmp : "/tmp");
     FILE *f = fopen(argv[2], "rb");
-    CHECK(f != NULL, "cannot open %s", argv[2]);
+    TH_CHECK(f != NULL, "cannot open %s", argv[2]);
     if (!f) return 1;
     static char config[1 << 16];
     const size_t n = fread(config, 1, sizeof config - 1, f);
     fclose(f);
     config[n] = 0;
     mt_error_t err = {0};
-    CHECK(eng_checkpoint_init_random(ckpt, config, 7, &err) == MT_OK, "%s", err.msg);
+    TH_CHECK(eng_checkpoint_init_random(ckpt, config, 7, &err) == MT_OK, "%s", err.msg);
     compare_losses("quick start (tiny Mixtral)", argv[1], ckpt);
     snprintf(qwen_yaml, sizeof qwen_yaml, "%s/run.yaml", argv[3]);
     compare_losses("tiny Qwen3-MoE", qwen_yaml, NULL);
     compare_link_bytes(argv[1], ckpt);
-    if (failures) {
-        fprintf(stderr, "bf16_test: %d failures\n", failures);
+    if (th_failures()) {
+        fprintf(stderr, "bf16_test: %d failures\n", th_failures());
         return 1;
     }
     fprintf(stderr, "bf16_test: bf16 within 1%% of fp32; streamed weight bytes about halved\n");

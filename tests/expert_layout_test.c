@@ -29,18 +29,7 @@
 #include "engine/inspect.h"
 #include "engine/model.h"
 #include "engine/train.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-            failures++;                                          \
-        }                                                        \
-    } while (0)
+#include "tests/harness.h"
 
 enum { MAX_STEPS = 16 };
 
@@ -53,7 +42,7 @@ static int train_losses(const char *ref_dir, const char *base_model, const char 
     snprintf(path, sizeof path, "%s/run.yaml", ref_dir);
     eng_run_config_t rc;
     if (eng_run_config_load(path, &rc, &err) != MT_OK) {
-        CHECK(0, "%s: %s", path, err.msg);
+        TH_CHECK(0, "%s: %s", path, err.msg);
         return 0;
     }
     snprintf(rc.base_model, sizeof rc.base_model, "%s", base_model);
@@ -64,11 +53,11 @@ static int train_losses(const char *ref_dir, const char *base_model, const char 
     eng_train_result_t res;
     int n = 0;
     if (eng_train(&rc, &res, &err) != MT_OK) {
-        CHECK(0, "train from %s: %s", base_model, err.msg);
+        TH_CHECK(0, "train from %s: %s", base_model, err.msg);
     } else {
         snprintf(path, sizeof path, "%s/metrics.jsonl", rc.output_dir);
         FILE *f = fopen(path, "r");
-        CHECK(f != NULL, "no %s", path);
+        TH_CHECK(f != NULL, "no %s", path);
         char line[8192];
         while (f && fgets(line, sizeof line, f) && n < MAX_STEPS) {
             json_t *o = json_loads(line, 0, NULL);
@@ -83,9 +72,9 @@ static int train_losses(const char *ref_dir, const char *base_model, const char 
 }
 
 static void expect_same(const char *what, const double *a, int na, const double *b, int nb) {
-    CHECK(na == nb && na > 0, "%s: %d vs %d steps", what, na, nb);
+    TH_CHECK(na == nb && na > 0, "%s: %d vs %d steps", what, na, nb);
     for (int i = 0; i < na && i < nb; i++)
-        CHECK(a[i] == b[i], "%s: step %d loss %.9g vs %.9g", what, i + 1, a[i], b[i]);
+        TH_CHECK(a[i] == b[i], "%s: step %d loss %.9g vs %.9g", what, i + 1, a[i], b[i]);
 }
 
 /* Every tensor the description names, read from both saves: bit-identical. */
@@ -97,37 +86,37 @@ static void compare_saves(const char *fused_out, const char *per_out) {
     mt_error_t err = {0};
     eng_model_config_t cfg;
     if (eng_model_config_load(b, NULL, &cfg, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     eng_model_spec_t spec;
     eng_checkpoint_t fa, fb;
-    CHECK(eng_model_spec_build(&cfg, &spec, &err) == MT_OK, "%s", err.msg);
-    CHECK(eng_checkpoint_open(a, &fa, &err) == MT_OK, "%s", err.msg);
-    CHECK(eng_checkpoint_open(b, &fb, &err) == MT_OK, "%s", err.msg);
-    if (failures) return;
+    TH_CHECK(eng_model_spec_build(&cfg, &spec, &err) == MT_OK, "%s", err.msg);
+    TH_CHECK(eng_checkpoint_open(a, &fa, &err) == MT_OK, "%s", err.msg);
+    TH_CHECK(eng_checkpoint_open(b, &fb, &err) == MT_OK, "%s", err.msg);
+    if (th_failures()) return;
     /* what transformers 5 names the fused tensors, before they are resolved */
-    CHECK(eng_checkpoint_find(&fa, "model.layers.0.mlp.experts.gate_up_proj") != NULL, "%s: no fused gate_up_proj", a);
-    CHECK(eng_checkpoint_find(&fa, "model.layers.1.mlp.experts.down_proj") != NULL, "%s: no fused down_proj", a);
-    CHECK(eng_checkpoint_find(&fa, "model.layers.0.mlp.gate.weight") != NULL, "%s: the router is not under mlp", a);
-    CHECK(eng_checkpoint_resolve(&fa, &spec, &err) == MT_OK, "%s", err.msg);
-    CHECK(eng_checkpoint_resolve(&fb, &spec, &err) == MT_OK, "%s", err.msg);
-    CHECK(fa.layout == ENG_CKPT_LAYOUT_FUSED && fb.layout == ENG_CKPT_LAYOUT_PER_EXPERT, "layouts %s, %s",
-          eng_ckpt_layout_name(fa.layout), eng_ckpt_layout_name(fb.layout));
-    CHECK(eng_checkpoint_check(&fa, &cfg, &spec, "config.json", false, &err) == MT_OK, "fused save: %s", err.msg);
+    TH_CHECK(eng_checkpoint_find(&fa, "model.layers.0.mlp.experts.gate_up_proj") != NULL, "%s: no fused gate_up_proj", a);
+    TH_CHECK(eng_checkpoint_find(&fa, "model.layers.1.mlp.experts.down_proj") != NULL, "%s: no fused down_proj", a);
+    TH_CHECK(eng_checkpoint_find(&fa, "model.layers.0.mlp.gate.weight") != NULL, "%s: the router is not under mlp", a);
+    TH_CHECK(eng_checkpoint_resolve(&fa, &spec, &err) == MT_OK, "%s", err.msg);
+    TH_CHECK(eng_checkpoint_resolve(&fb, &spec, &err) == MT_OK, "%s", err.msg);
+    TH_CHECK(fa.layout == ENG_CKPT_LAYOUT_FUSED && fb.layout == ENG_CKPT_LAYOUT_PER_EXPERT, "layouts %s, %s",
+             eng_ckpt_layout_name(fa.layout), eng_ckpt_layout_name(fb.layout));
+    TH_CHECK(eng_checkpoint_check(&fa, &cfg, &spec, "config.json", false, &err) == MT_OK, "fused save: %s", err.msg);
     int differ = 0;
     for (int i = 0; i < spec.count; i++) {
         const eng_param_spec_t *p = &spec.params[i];
         float *x = malloc(p->numel * sizeof *x), *y = malloc(p->numel * sizeof *y);
         if (eng_checkpoint_read_f32(&fa, p->name, p->ndim, p->shape, x, &err) != MT_OK ||
             eng_checkpoint_read_f32(&fb, p->name, p->ndim, p->shape, y, &err) != MT_OK)
-            CHECK(0, "%s", err.msg);
+            TH_CHECK(0, "%s", err.msg);
         else if (memcmp(x, y, p->numel * sizeof *x) != 0)
             differ++;
         free(x);
         free(y);
     }
-    CHECK(differ == 0, "%d tensors differ between the fused and the per-expert save", differ);
+    TH_CHECK(differ == 0, "%d tensors differ between the fused and the per-expert save", differ);
     fprintf(stderr, "   fused save (%d tensors on disk for %d parameters) reads back identical to the per-expert save\n",
             fa.count - fa.view_count + 2 * cfg.num_hidden_layers, spec.count);
     eng_checkpoint_close(&fa);
@@ -145,7 +134,7 @@ static void check_family(const char *fam) {
     /* 1. fp32: the reference's losses, and exactly the per-expert run's */
     snprintf(ref, sizeof ref, "tests/fixtures/ref_%s/expected.json", fam);
     json_t *ej = json_load_file(ref, 0, NULL);
-    CHECK(ej != NULL, "%s", ref);
+    TH_CHECK(ej != NULL, "%s", ref);
     json_t *losses = json_object_get(ej, "losses");
     const int nref = (int)json_array_size(losses);
     for (int i = 0; i < nref && i < MAX_STEPS; i++) ref_l[i] = json_number_value(json_array_get(losses, (size_t)i));
@@ -157,12 +146,12 @@ static void check_family(const char *fam) {
     snprintf(dir, sizeof dir, "tests/fixtures/ref_%s/ckpt", fam);
     snprintf(out, sizeof out, "%s-per-expert-f32", fam);
     const int np = train_losses(ref, dir, out, ENG_SAVE_LAYOUT_PER_EXPERT, per_l);
-    CHECK(nf == nref, "%d steps, reference %d", nf, nref);
+    TH_CHECK(nf == nref, "%d steps, reference %d", nf, nref);
     for (int i = 0; i < nf && i < nref; i++) {
         fprintf(stderr, "   step %d: fused f32 %.9g, reference %.9g (rel %.2g)\n", i + 1, fused_l[i], ref_l[i],
                 fabs(fused_l[i] - ref_l[i]) / fabs(ref_l[i]));
-        CHECK(fabs(fused_l[i] - ref_l[i]) <= 1e-5 * fabs(ref_l[i]), "step %d: %.9g vs reference %.9g", i + 1,
-              fused_l[i], ref_l[i]);
+        TH_CHECK(fabs(fused_l[i] - ref_l[i]) <= 1e-5 * fabs(ref_l[i]), "step %d: %.9g vs reference %.9g", i + 1,
+                 fused_l[i], ref_l[i]);
     }
     expect_same("fused vs per-expert fp32", fused_l, nf, per_l, np);
 
@@ -189,17 +178,17 @@ static void check_mismatch(void) {
     kern_device_opts_t o = {0};
     mt_error_t err = {0};
     if (kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     eng_exec_t *x = NULL;
     const mt_status_t st =
         eng_exec_load(&x, dev, "tests/fixtures/fused/mixtral_f32", "{\"intermediate_size\": 20}", NULL, NULL, &err);
     fprintf(stderr, "== wrong shape: %s\n", err.msg);
-    CHECK(st == MT_ERR_FORMAT, "a fused tensor of the wrong shape was accepted");
-    CHECK(strstr(err.msg, "model.layers.0.mlp.experts.gate_up_proj") && strstr(err.msg, "[4, 48, 32]") &&
+    TH_CHECK(st == MT_ERR_FORMAT, "a fused tensor of the wrong shape was accepted");
+    TH_CHECK(strstr(err.msg, "model.layers.0.mlp.experts.gate_up_proj") && strstr(err.msg, "[4, 48, 32]") &&
               strstr(err.msg, "[4, 40, 32]"),
-          "the message does not name the tensor and both shapes: %s", err.msg);
+             "the message does not name the tensor and both shapes: %s", err.msg);
     if (st == MT_OK) eng_exec_free(x);
     kern_device_destroy(dev);
 }
@@ -214,7 +203,7 @@ static void check_missing_fused(void) {
     eng_checkpoint_t ck;
     if (eng_model_config_load(src, NULL, &cfg, &err) != MT_OK || eng_model_spec_build(&cfg, &spec, &err) != MT_OK ||
         eng_checkpoint_open(src, &ck, &err) != MT_OK || eng_checkpoint_resolve(&ck, &spec, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     /* every tensor as per-expert floats, then the fused list without layer 1's down_proj */
@@ -223,7 +212,7 @@ static void check_missing_fused(void) {
     for (int i = 0; i < spec.count; i++) {
         const eng_param_spec_t *p = &spec.params[i];
         data[i] = malloc(p->numel * sizeof **data);
-        CHECK(eng_checkpoint_read_f32(&ck, p->name, p->ndim, p->shape, data[i], &err) == MT_OK, "%s", err.msg);
+        TH_CHECK(eng_checkpoint_read_f32(&ck, p->name, p->ndim, p->shape, data[i], &err) == MT_OK, "%s", err.msg);
         ts[i] = (eng_ckpt_tensor_t){p->name, MT_F32, p->ndim, p->shape, data[i]};
     }
     eng_checkpoint_close(&ck);
@@ -232,11 +221,11 @@ static void check_missing_fused(void) {
     int k = 0;
     for (int i = 0; i < fused.count; i++)
         if (strcmp(fused.tensors[i].name, "model.layers.1.mlp.experts.down_proj") != 0) fused.tensors[k++] = fused.tensors[i];
-    CHECK(k == fused.count - 1, "the fused list has no model.layers.1.mlp.experts.down_proj");
+    TH_CHECK(k == fused.count - 1, "the fused list has no model.layers.1.mlp.experts.down_proj");
     char dir[1024];
     const char *tmp = getenv("TEST_TMPDIR");
     snprintf(dir, sizeof dir, "%s/fused-missing-down", tmp ? tmp : "/tmp");
-    CHECK(eng_checkpoint_save(dir, cfg.config_json, fused.tensors, k, 0, &err) == MT_OK, "%s", err.msg);
+    TH_CHECK(eng_checkpoint_save(dir, cfg.config_json, fused.tensors, k, 0, &err) == MT_OK, "%s", err.msg);
     eng_ckpt_fused_free(&fused);
     for (int i = 0; i < spec.count; i++) free(data[i]);
     free(data);
@@ -245,12 +234,12 @@ static void check_missing_fused(void) {
         mt_status_t st = eng_checkpoint_resolve(&ck, &spec, &err);
         if (st == MT_OK) st = eng_checkpoint_check(&ck, &cfg, &spec, "config.json", false, &err);
         fprintf(stderr, "== missing fused tensor: %s\n", err.msg);
-        CHECK(st == MT_ERR_FORMAT && strstr(err.msg, "'model.layers.1.block_sparse_moe.experts.0.w2.weight'") &&
+        TH_CHECK(st == MT_ERR_FORMAT && strstr(err.msg, "'model.layers.1.block_sparse_moe.experts.0.w2.weight'") &&
                   strstr(err.msg, "'model.layers.1.mlp.experts.down_proj'"),
-              "the message does not name the per-expert and the fused tensor: %s", err.msg);
+                 "the message does not name the per-expert and the fused tensor: %s", err.msg);
         eng_checkpoint_close(&ck);
     } else {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
     }
     eng_model_spec_free(&spec);
     eng_model_config_free(&cfg);
@@ -264,8 +253,8 @@ static void check_inspect(const char *dir, const char *layout) {
     mt_error_t err = {0};
     const mt_status_t st = eng_inspect(dir, mem, &err);
     fclose(mem);
-    CHECK(st == MT_OK, "inspect %s: %s", dir, err.msg);
-    CHECK(out && strstr(out, layout) && strstr(out, "all 41 tensors present"), "inspect %s:\n%s", dir, out ? out : "");
+    TH_CHECK(st == MT_OK, "inspect %s: %s", dir, err.msg);
+    TH_CHECK(out && strstr(out, layout) && strstr(out, "all 41 tensors present"), "inspect %s:\n%s", dir, out ? out : "");
     free(out);
 }
 
@@ -276,8 +265,8 @@ int main(void) {
     check_family("qwen3_moe");
     check_mismatch();
     check_missing_fused();
-    if (failures) {
-        fprintf(stderr, "expert_layout_test: %d failures\n", failures);
+    if (th_failures()) {
+        fprintf(stderr, "expert_layout_test: %d failures\n", th_failures());
         return 1;
     }
     fprintf(stderr, "expert_layout_test: both layouts load and train alike\n");

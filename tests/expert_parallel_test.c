@@ -36,7 +36,6 @@
  * in the middle of a step (its micro-batch has twice the rows of the
  * other's) stops the step with its own error, its peer freed from the
  * exchange it was waiting in. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,30 +46,16 @@
 #include "engine/model.h"
 #include "engine/multi_device.h"
 #include "engine/optim.h"
+#include "tests/harness.h"
 
-static int failures;
 static mt_dtype_t g_compute = MT_F32; /* --bf16: bf16 mixed precision */
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-            failures++;                                          \
-        }                                                        \
-    } while (0)
 
 enum { STEPS = 3 };
 
 typedef struct {
-    double loss[STEPS], norm[STEPS];
-    float **weights;
-    size_t *numel;
-    char **names;
-    int nparams;
+    th_result_t th;
     size_t dev_in_use[2]; /* after placement */
     size_t foreign_bytes[2]; /* resident weight bytes of the other device's experts */
-    bool ok;
 } result_t;
 
 typedef enum { PLAN_MIN_MEMORY, PLAN_RESIDENT_HOST_OPTIM, PLAN_KEEP_ALL, PLAN_OFFLOAD_ALL } plan_kind_t;
@@ -106,15 +91,11 @@ static void make_plan(sched_plan_t *plan, const eng_model_config_t *mc, plan_kin
 static mt_status_t run(const char *dir, plan_kind_t pk, int K, mode_t_ mode, eng_step_order_t order, result_t *out,
                        mt_error_t *err) {
     memset(out, 0, sizeof *out);
-    char path[1024];
-    snprintf(path, sizeof path, "%s/run.yaml", dir);
     eng_run_config_t rc;
-    if (eng_run_config_load(path, &rc, err) != MT_OK) return err->code;
-    kern_device_t *dev = NULL;
-    kern_device_opts_t o = {0};
-    CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, err) == MT_OK, "%s", err->msg);
+    if (th_run_config_load(dir, &rc, err) != MT_OK) return err->code;
+    kern_device_t *dev = th_cpu_device(0);
     eng_model_config_t mc;
-    CHECK(eng_model_config_load(rc.base_model, rc.model_config_json, &mc, err) == MT_OK, "%s", err->msg);
+    TH_CHECK(eng_model_config_load(rc.base_model, rc.model_config_json, &mc, err) == MT_OK, "%s", err->msg);
     sched_plan_t plan;
     make_plan(&plan, &mc, pk, mode == MODE_EXPERT);
     eng_model_config_free(&mc);
@@ -136,39 +117,24 @@ static mt_status_t run(const char *dir, plan_kind_t pk, int K, mode_t_ mode, eng
                 out->foreign_bytes[d] += (size_t)p->spec->numel * mt_dtype_size(p->w_dtype);
         }
     }
-    const char *paths[ENG_MAX_DATASETS];
-    for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, m->cfg.vocab_size, err) == MT_OK, "%s",
-          err->msg);
+    TH_CHECK(th_dataset_load(&ds, &rc, m->cfg.vocab_size, err) == MT_OK, "%s", err->msg);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
     eng_micro_stats_t *ms = calloc((size_t)K, sizeof *ms);
-    out->ok = true;
     for (int step = 0; step < STEPS && st == MT_OK; step++) {
-        eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
-                                  .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
-                                  .max_grad_norm = rc.max_grad_norm};
+        eng_optim_hparams_t hp = th_hparams(&rc);
         eng_multi_begin_step(&mm, &hp, K, true);
         st = eng_multi_step_from_loader(&mm, &ld, K, order, ms, err);
         if (st != MT_OK) break;
-        for (int j = 0; j < K; j++) out->loss[step] += ms[j].loss / K; /* as engine/train.c logs it */
+        for (int j = 0; j < K; j++) out->th.loss[step] += ms[j].loss / K; /* as engine/train.c logs it */
         eng_optim_stats_t os;
         st = eng_multi_optim_step(&mm, &hp, &os, err);
-        out->norm[step] = os.grad_norm;
+        out->th.norm[step] = os.grad_norm;
     }
-    out->ok = st == MT_OK;
+    out->th.ok = st == MT_OK;
     free(ms);
-    out->nparams = m->num_params;
-    out->weights = calloc((size_t)m->num_params, sizeof *out->weights);
-    out->numel = calloc((size_t)m->num_params, sizeof *out->numel);
-    out->names = calloc((size_t)m->num_params, sizeof *out->names);
-    for (int i = 0; i < m->num_params; i++) {
-        out->numel[i] = m->params[i].spec->numel;
-        out->names[i] = strdup(m->params[i].spec->name);
-        out->weights[i] = malloc(out->numel[i] * sizeof(float));
-        eng_exec_read_param(x, i, out->weights[i], false);
-    }
+    th_result_read_weights(&out->th, x);
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
     eng_multi_free(&mm);
@@ -179,72 +145,21 @@ done:
     return st;
 }
 
-static void free_result(result_t *r) {
-    for (int i = 0; i < r->nparams; i++) {
-        free(r->weights[i]);
-        free(r->names[i]);
-    }
-    free(r->names);
-    free(r->weights);
-    free(r->numel);
-}
-
-static double rel(double a, double b) { return fabs(a - b) / fmax(fmax(fabs(a), fabs(b)), 1e-30); }
-
+/* K = 2 bit-identical, else within 1e-6 relative; the k_proj bias only in
+ * the whole-model bound (see the top of the file). */
 static void compare(const char *what, const result_t *a, const result_t *b, bool exact) {
-    if (!a->ok || !b->ok) return;
-    CHECK(a->nparams == b->nparams, "%s: %d vs %d parameters", what, a->nparams, b->nparams);
-    for (int s = 0; s < STEPS; s++) {
-        if (exact || s == 0)
-            CHECK(a->loss[s] == b->loss[s], "%s: step %d loss %.17g vs %.17g", what, s + 1, a->loss[s], b->loss[s]);
-        else
-            CHECK(rel(a->loss[s], b->loss[s]) <= 1e-6, "%s: step %d loss %.17g vs %.17g", what, s + 1, a->loss[s],
-                  b->loss[s]);
-        if (exact)
-            CHECK(a->norm[s] == b->norm[s], "%s: step %d grad norm %.17g vs %.17g", what, s + 1, a->norm[s],
-                  b->norm[s]);
-        else
-            CHECK(rel(a->norm[s], b->norm[s]) <= 1e-6, "%s: step %d grad norm %.17g vs %.17g", what, s + 1,
-                  a->norm[s], b->norm[s]);
-    }
-    int differing = 0, worst_i = -1;
-    double worst = 0, all_dd = 0, all_nn = 0;
-    for (int i = 0; i < a->nparams && i < b->nparams; i++) {
-        if (memcmp(a->weights[i], b->weights[i], a->numel[i] * sizeof(float)) != 0) differing++;
-        const bool noise = strstr(a->names[i], "k_proj.bias") != NULL; /* see the top of the file */
-        double dd = 0, nn = 0;
-        for (size_t e = 0; e < a->numel[i]; e++) {
-            const double x = a->weights[i][e], y = b->weights[i][e];
-            dd += (x - y) * (x - y);
-            nn += x * x;
-        }
-        all_dd += dd;
-        all_nn += nn;
-        const double r = nn > 0 ? sqrt(dd / nn) : sqrt(dd);
-        if (r > worst && !noise) {
-            worst = r;
-            worst_i = i;
-        }
-    }
-    const double all = sqrt(all_dd / all_nn);
-    fprintf(stderr, "   %-62s %3d of %d tensors differ; whole model %.3g, worst tensor %.3g (%s)%s\n", what,
-            differing, a->nparams, all, worst, worst_i >= 0 ? a->names[worst_i] : "-",
-            exact ? " (must be bit-identical)" : " (<= 1e-6)");
-    if (exact) {
-        CHECK(differing == 0, "%s: %d parameters differ after %d steps", what, differing, STEPS);
-    } else {
-        CHECK(all <= 1e-6, "%s: the weights differ by %.3g relative", what, all);
-        CHECK(worst <= 1e-6, "%s: %s differs by %.3g relative", what, a->names[worst_i], worst);
-    }
+    if (!a->th.ok || !b->th.ok) return;
+    th_compare_steps(what, &a->th, &b->th, STEPS, exact, 1e-6);
+    th_compare_weights(what, &a->th, &b->th, exact, 1e-6, "k_proj.bias");
 }
 
 static void check_case(const char *dir, plan_kind_t pk, int K, eng_step_order_t order) {
     result_t r[3];
-    const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    const char *base = th_base_name(dir);
     for (int mode = MODE_ONE; mode <= MODE_EXPERT; mode++) {
         mt_error_t err = {0};
-        CHECK(run(dir, pk, K, (mode_t_)mode, order, &r[mode], &err) == MT_OK, "%s %s K=%d %s: %s", base,
-              plan_name(pk), K, mode_name((mode_t_)mode), err.msg);
+        TH_CHECK(run(dir, pk, K, (mode_t_)mode, order, &r[mode], &err) == MT_OK, "%s %s K=%d %s: %s", base,
+                 plan_name(pk), K, mode_name((mode_t_)mode), err.msg);
     }
     char what[256];
     const char *ord = order == ENG_STEP_ORDER_LAYER ? " layer-major" : "";
@@ -252,33 +167,29 @@ static void check_case(const char *dir, plan_kind_t pk, int K, eng_step_order_t 
     compare(what, &r[MODE_ONE], &r[MODE_EXPERT], K == 2);
     snprintf(what, sizeof what, "%s %s K=%d%s: expert vs data parallel", base, plan_name(pk), K, ord);
     compare(what, &r[MODE_DATA], &r[MODE_EXPERT], K == 2);
-    if (pk == PLAN_RESIDENT_HOST_OPTIM && r[MODE_EXPERT].ok && r[MODE_DATA].ok)
+    if (pk == PLAN_RESIDENT_HOST_OPTIM && r[MODE_EXPERT].th.ok && r[MODE_DATA].th.ok)
         for (int d = 0; d < 2; d++) {
             const size_t dp = r[MODE_DATA].dev_in_use[d], ep = r[MODE_EXPERT].dev_in_use[d];
-            CHECK(ep + r[MODE_EXPERT].foreign_bytes[d] <= dp,
-                  "%s: device %d holds %zu bytes expert parallel, %zu data parallel: not %zu (the other device's "
-                  "experts) less",
-                  base, d, ep, dp, r[MODE_EXPERT].foreign_bytes[d]);
+            TH_CHECK(ep + r[MODE_EXPERT].foreign_bytes[d] <= dp,
+                     "%s: device %d holds %zu bytes expert parallel, %zu data parallel: not %zu (the other device's "
+                     "experts) less",
+                     base, d, ep, dp, r[MODE_EXPERT].foreign_bytes[d]);
             fprintf(stderr, "   %s device %d after placement: %zu bytes data parallel, %zu expert parallel (the other "
                     "device's experts: %zu)\n",
                     base, d, dp, ep, r[MODE_EXPERT].foreign_bytes[d]);
         }
-    for (int i = 0; i < 3; i++) free_result(&r[i]);
+    for (int i = 0; i < 3; i++) th_result_free(&r[i].th);
 }
 
 /* One step of two micro-batches, device 0's cut to its first row (so
  * device 1 needs more memory), under a device budget; the devices' peaks
  * out. */
 static mt_status_t uneven_step(const char *dir, size_t budget, size_t peak[2], mt_error_t *err) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/run.yaml", dir);
     eng_run_config_t rc;
-    if (eng_run_config_load(path, &rc, err) != MT_OK) return err->code;
-    kern_device_t *dev = NULL;
-    kern_device_opts_t o = {.device_budget_bytes = budget};
-    CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, err) == MT_OK, "%s", err->msg);
+    if (th_run_config_load(dir, &rc, err) != MT_OK) return err->code;
+    kern_device_t *dev = th_cpu_device(budget);
     eng_model_config_t mc;
-    CHECK(eng_model_config_load(rc.base_model, rc.model_config_json, &mc, err) == MT_OK, "%s", err->msg);
+    TH_CHECK(eng_model_config_load(rc.base_model, rc.model_config_json, &mc, err) == MT_OK, "%s", err->msg);
     sched_plan_t plan;
     make_plan(&plan, &mc, PLAN_RESIDENT_HOST_OPTIM, true);
     eng_model_config_free(&mc);
@@ -287,21 +198,15 @@ static mt_status_t uneven_step(const char *dir, size_t budget, size_t peak[2], m
     const eng_model_opts_t mo = {.overrides_json = rc.model_config_json, .plan = &plan};
     mt_status_t st = eng_multi_open(&mm, dev, &devs, 2, rc.base_model, &mo, err);
     if (st == MT_OK) {
-        const char *paths[ENG_MAX_DATASETS];
-        for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
         eng_dataset_t ds;
-        CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_multi_model(&mm)->cfg.vocab_size,
-                               err) == MT_OK,
-              "%s", err->msg);
+        TH_CHECK(th_dataset_load(&ds, &rc, eng_multi_model(&mm)->cfg.vocab_size, err) == MT_OK, "%s", err->msg);
         eng_loader_t ld;
         eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
         eng_batch_t *bs = eng_loader_take(&ld, 2);
         bs[0].B = 1; /* rows are (B, T) row-major: the first row alone */
         bs[0].counted = 0;
         for (int t = 0; t < bs[0].T; t++) bs[0].counted += bs[0].targets[t] != -100;
-        eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
-                                  .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
-                                  .max_grad_norm = rc.max_grad_norm};
+        eng_optim_hparams_t hp = th_hparams(&rc);
         eng_micro_stats_t ms[2];
         for (int d = 0; d < 2; d++) kern_device_reset_peaks(mm.devs[d]);
         eng_multi_begin_step(&mm, &hp, 2, true);
@@ -324,13 +229,13 @@ static mt_status_t uneven_step(const char *dir, size_t budget, size_t peak[2], m
 static void check_failure(const char *dir) {
     size_t peak[2] = {0, 0}, unused[2];
     mt_error_t err = {0};
-    CHECK(uneven_step(dir, 0, peak, &err) == MT_OK, "uneven step: %s", err.msg);
-    CHECK(peak[1] > peak[0], "device 1 (two rows) peaked at %zu bytes, device 0 (one row) at %zu", peak[1], peak[0]);
+    TH_CHECK(uneven_step(dir, 0, peak, &err) == MT_OK, "uneven step: %s", err.msg);
+    TH_CHECK(peak[1] > peak[0], "device 1 (two rows) peaked at %zu bytes, device 0 (one row) at %zu", peak[1], peak[0]);
     if (peak[1] <= peak[0]) return;
     const size_t budget = peak[0] + (peak[1] - peak[0]) / 2;
     const mt_status_t st = uneven_step(dir, budget, unused, &err);
-    CHECK(st == MT_ERR_BUDGET && strstr(err.msg, "device 1") && strstr(err.msg, "budget"),
-          "device 1 over its budget of %zu bytes: status %d, '%s'", budget, (int)st, err.msg);
+    TH_CHECK(st == MT_ERR_BUDGET && strstr(err.msg, "device 1") && strstr(err.msg, "budget"),
+             "device 1 over its budget of %zu bytes: status %d, '%s'", budget, (int)st, err.msg);
     fprintf(stderr, "   peaks %zu / %zu bytes; with a budget of %zu the step returned: %s\n", peak[0], peak[1],
             budget, err.msg);
 }
@@ -339,23 +244,19 @@ static void check_refused(const char *dir) {
     result_t r;
     mt_error_t err = {0};
     mt_status_t st = run(dir, PLAN_KEEP_ALL, 2, MODE_EXPERT, ENG_STEP_ORDER_AUTO, &r, &err);
-    CHECK(st == MT_ERR_UNSUPPORTED && strstr(err.msg, "expert parallelism needs") && strstr(err.msg, "grads device"),
-          "expert parallel with device gradients: status %d, '%s'", (int)st, err.msg);
+    TH_CHECK(st == MT_ERR_UNSUPPORTED && strstr(err.msg, "expert parallelism needs") && strstr(err.msg, "grads device"),
+             "expert parallel with device gradients: status %d, '%s'", (int)st, err.msg);
     fprintf(stderr, "   keep_all plan with expert-parallel layers refused: %s\n", err.msg);
-    if (st == MT_OK) free_result(&r);
+    if (st == MT_OK) th_result_free(&r.th);
     st = run(dir, PLAN_OFFLOAD_ALL, 2, MODE_EXPERT, ENG_STEP_ORDER_AUTO, &r, &err);
-    CHECK(st == MT_ERR_UNSUPPORTED && strstr(err.msg, "cannot offload"),
-          "expert parallel with offloaded activations: status %d, '%s'", (int)st, err.msg);
+    TH_CHECK(st == MT_ERR_UNSUPPORTED && strstr(err.msg, "cannot offload"),
+             "expert parallel with offloaded activations: status %d, '%s'", (int)st, err.msg);
     fprintf(stderr, "   offload_all plan with expert-parallel layers refused: %s\n", err.msg);
-    if (st == MT_OK) free_result(&r);
+    if (st == MT_OK) th_result_free(&r.th);
 }
 
 int main(int argc, char **argv) {
-    int first = 1;
-    if (argc > 1 && strcmp(argv[1], "--bf16") == 0) {
-        g_compute = MT_BF16;
-        first = 2;
-    }
+    const int first = th_parse_compute(argc, argv, &g_compute);
     for (int a = first; a < argc; a++) {
         const char *dir = argv[a];
         fprintf(stderr, "== %s\n", dir);
@@ -370,10 +271,5 @@ int main(int argc, char **argv) {
             check_failure(dir);
         }
     }
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    fprintf(stderr, "all passed\n");
-    return 0;
+    return th_finish();
 }

@@ -22,98 +22,73 @@
 #include "engine/exec.h"
 #include "engine/model.h"
 #include "engine/optim.h"
+#include "tests/harness.h"
 
-static int failures;
 static mt_dtype_t g_compute = MT_F32;
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-            failures++;                                          \
-        }                                                        \
-    } while (0)
 
 enum { STEPS = 2 };
 
 typedef struct {
-    double loss[STEPS], norm[STEPS];
+    th_result_t th; /* losses, gradient norms, final weights */
     uint64_t w_h2d[STEPS], g_d2h[STEPS];
-    float **weights;
-    size_t *sizes;
-    int nparams, overlapped;
+    int overlapped;
     uint64_t deferred_frees; /* frees that went through the stream-ordered queue */
-    bool ok;
 } result_t;
 
 /* dopts: the CPU device's options (NULL: plain). */
 static void run_on(const char *dir, const sched_plan_t *plan, int K, eng_step_order_t order, bool overlap,
                    const kern_device_opts_t *dopts, result_t *out) {
     memset(out, 0, sizeof *out);
-    char path[1024];
     mt_error_t err = {0};
-    snprintf(path, sizeof path, "%s/run.yaml", dir);
     eng_run_config_t rc;
-    if (eng_run_config_load(path, &rc, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+    if (th_run_config_load(dir, &rc, &err) != MT_OK) {
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     kern_device_t *dev = NULL;
     kern_device_opts_t o = {0};
     if (dopts) o = *dopts;
-    CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
+    TH_CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
     eng_exec_t *x = NULL;
     const eng_model_opts_t mo = {.overrides_json = rc.model_config_json, .plan = plan, .compute = g_compute};
     if (eng_exec_open(&x, dev, rc.base_model, &mo, &err) != MT_OK) {
-        CHECK(0, "load: %s", err.msg);
+        TH_CHECK(0, "load: %s", err.msg);
         kern_device_destroy(dev);
         eng_run_config_free(&rc);
         return;
     }
-    const char *paths[ENG_MAX_DATASETS];
-    for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s",
-          err.msg);
+    TH_CHECK(th_dataset_load(&ds, &rc, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s", err.msg);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
     eng_micro_stats_t *ms = calloc((size_t)K, sizeof *ms);
-    out->ok = true;
-    for (int step = 0; step < STEPS && out->ok; step++) {
-        eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
-                                  .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
-                                  .max_grad_norm = overlap ? 0.0 : rc.max_grad_norm};
+    out->th.ok = true;
+    for (int step = 0; step < STEPS && out->th.ok; step++) {
+        eng_optim_hparams_t hp = th_hparams(&rc);
+        if (overlap) hp.max_grad_norm = 0.0;
         eng_optim_begin_step(x, &hp, K, overlap);
         if (eng_exec_step_from_loader(x, &ld, K, order, ms, &err) != MT_OK) {
-            CHECK(0, "%s K=%d order %s step %d: %s", sched_policy_name(plan->policy), K, eng_step_order_name(order),
-                  step + 1, err.msg);
-            out->ok = false;
+            TH_CHECK(0, "%s K=%d order %s step %d: %s", sched_policy_name(plan->policy), K, eng_step_order_name(order),
+                     step + 1, err.msg);
+            out->th.ok = false;
             break;
         }
-        for (int j = 0; j < K; j++) out->loss[step] += ms[j].loss / K;
+        for (int j = 0; j < K; j++) out->th.loss[step] += ms[j].loss / K;
         eng_exec_staging_counters_t xc;
         eng_exec_staging_counters(x, &xc);
         out->w_h2d[step] = xc.weight_h2d_bytes;
         out->g_d2h[step] = xc.grad_d2h_bytes;
         eng_optim_stats_t os;
         if (eng_optim_step(x, &hp, &os, &err) != MT_OK) {
-            CHECK(0, "optimizer: %s", err.msg);
-            out->ok = false;
+            TH_CHECK(0, "optimizer: %s", err.msg);
+            out->th.ok = false;
         }
-        out->norm[step] = os.grad_norm;
+        out->th.norm[step] = os.grad_norm;
         out->overlapped += os.updated_during_backward;
     }
     free(ms);
     out->deferred_frees = kern_device_stats(dev).deferred_frees;
-    out->nparams = eng_exec_model(x)->spec.count;
-    out->weights = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->weights);
-    out->sizes = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->sizes);
-    for (int i = 0; i < eng_exec_model(x)->spec.count; i++) {
-        out->sizes[i] = eng_exec_model(x)->spec.params[i].numel * sizeof(float);
-        out->weights[i] = malloc(out->sizes[i]);
-        eng_exec_read_param(x, i, out->weights[i], false);
-    }
+    th_result_read_weights(&out->th, x);
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
     eng_exec_free(x);
@@ -126,22 +101,10 @@ static void run(const char *dir, const sched_plan_t *plan, int K, eng_step_order
     run_on(dir, plan, K, order, overlap, NULL, out);
 }
 
-static void free_result(result_t *r) {
-    for (int i = 0; i < r->nparams; i++) free(r->weights[i]);
-    free(r->weights);
-    free(r->sizes);
-}
-
 static void compare(const char *what, const result_t *a, const result_t *b) {
-    if (!a->ok || !b->ok) return;
-    for (int s = 0; s < STEPS; s++) {
-        CHECK(a->loss[s] == b->loss[s], "%s: step %d loss %.17g vs %.17g", what, s + 1, a->loss[s], b->loss[s]);
-        CHECK(a->norm[s] == b->norm[s], "%s: step %d grad norm %.17g vs %.17g", what, s + 1, a->norm[s], b->norm[s]);
-    }
-    int differing = 0;
-    for (int i = 0; i < a->nparams; i++)
-        if (memcmp(a->weights[i], b->weights[i], a->sizes[i]) != 0) differing++;
-    CHECK(differing == 0, "%s: %d parameters differ after %d steps", what, differing, STEPS);
+    if (!a->th.ok || !b->th.ok) return;
+    th_compare_steps(what, &a->th, &b->th, STEPS, true, 0);
+    th_compare_weights(what, &a->th, &b->th, true, 0, NULL);
 }
 
 static void check_case(const char *dir) {
@@ -151,7 +114,7 @@ static void check_case(const char *dir) {
     eng_model_config_t cfg;
     mt_error_t err = {0};
     if (eng_model_config_load(path, NULL, &cfg, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     const int nb = cfg.num_hidden_layers + 2;
@@ -182,7 +145,7 @@ static void check_case(const char *dir) {
             char what[256];
             snprintf(what, sizeof what, "%s %s K=%d layer vs micro-batch order", dir, names[p], K);
             compare(what, &mb, &lm);
-            if (mb.ok && lm.ok && (p == 1 || p == 2)) {
+            if (mb.th.ok && lm.th.ok && (p == 1 || p == 2)) {
                 /* step 2: step 1 also counts the placement's first fetches in some plans */
                 const double rw = lm.w_h2d[1] ? (double)mb.w_h2d[1] / (double)lm.w_h2d[1] : 0;
                 const double rg = lm.g_d2h[1] ? (double)mb.g_d2h[1] / (double)lm.g_d2h[1] : 0;
@@ -192,11 +155,11 @@ static void check_case(const char *dir) {
                         (unsigned long long)mb.g_d2h[1], (unsigned long long)lm.g_d2h[1], rg);
                 /* every dense weight falls exactly K-fold; experts fall by less only where the
                  * micro-batches route to different experts (their union moves once) */
-                CHECK(rw >= 0.75 * K, "%s: weight H2D bytes fell %.2fx, want about %dx", what, rw, K);
-                CHECK(rg >= 0.75 * K, "%s: gradient D2H bytes fell %.2fx, want about %dx", what, rg, K);
+                TH_CHECK(rw >= 0.75 * K, "%s: weight H2D bytes fell %.2fx, want about %dx", what, rw, K);
+                TH_CHECK(rg >= 0.75 * K, "%s: gradient D2H bytes fell %.2fx, want about %dx", what, rg, K);
             }
-            free_result(&mb);
-            free_result(&lm);
+            th_result_free(&mb.th);
+            th_result_free(&lm.th);
         }
     }
     /* copy streams that lag behind compute (2 ms per copy, 50 MB/s) with
@@ -212,30 +175,26 @@ static void check_case(const char *dir) {
         char what[256];
         snprintf(what, sizeof what, "%s %s K=2 layer order on lagging copy streams vs micro-batch order", dir, names[p]);
         compare(what, &mb, &lm);
-        CHECK(!lm.ok || lm.deferred_frees > 0, "%s: no free went through the stream-ordered queue", what);
-        free_result(&mb);
-        free_result(&lm);
+        TH_CHECK(!lm.th.ok || lm.deferred_frees > 0, "%s: no free went through the stream-ordered queue", what);
+        th_result_free(&mb.th);
+        th_result_free(&lm.th);
     }
     /* the host optimizer overlapping backward, without clipping */
     result_t a, b;
     run(dir, &plans[1], 2, ENG_STEP_ORDER_MICRO_BATCH, true, &a);
     run(dir, &plans[1], 2, ENG_STEP_ORDER_LAYER, true, &b);
     compare("offload_all K=2 with the overlapped host optimizer", &a, &b);
-    CHECK(!b.ok || b.overlapped > 0, "layer-major: no host AdamW ran during backward");
-    free_result(&a);
-    free_result(&b);
+    TH_CHECK(!b.th.ok || b.overlapped > 0, "layer-major: no host AdamW ran during backward");
+    th_result_free(&a.th);
+    th_result_free(&b.th);
     for (int p = 0; p < 4; p++) sched_plan_free(&plans[p]);
 }
 
 int main(int argc, char **argv) {
-    int first = 1;
-    if (argc > 1 && strcmp(argv[1], "--bf16") == 0) {
-        g_compute = MT_BF16;
-        first = 2;
-    }
+    const int first = th_parse_compute(argc, argv, &g_compute);
     for (int i = first; i < argc; i++) check_case(argv[i]);
-    if (failures) {
-        fprintf(stderr, "layer_major_test: %d failures\n", failures);
+    if (th_failures()) {
+        fprintf(stderr, "layer_major_test: %d failures\n", th_failures());
         return 1;
     }
     fprintf(stderr, "layer_major_test: layer-major bit-identical to micro-batch-major\n");

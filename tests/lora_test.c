@@ -33,17 +33,7 @@
 #include "engine/lora_model.h"
 #include "engine/safetensors.h"
 #include "engine/train.h"
-
-static int failures;
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-            failures++;                                          \
-        }                                                        \
-    } while (0)
+#include "tests/harness.h"
 
 enum { MAX_STEPS = 64 };
 
@@ -74,11 +64,11 @@ static void train(const char *dir, const char *const *sets, const char *out, run
     eng_train_result_t res;
     if (st == MT_OK) st = eng_train(&rc, &res, &err);
     eng_run_config_free(&rc);
-    CHECK(st == MT_OK, "%s: training failed: %s", dir, err.msg);
+    TH_CHECK(st == MT_OK, "%s: training failed: %s", dir, err.msg);
     if (st != MT_OK) return;
     snprintf(path, sizeof path, "%s/metrics.jsonl", out);
     FILE *f = fopen(path, "r");
-    CHECK(f != NULL, "no %s", path);
+    TH_CHECK(f != NULL, "no %s", path);
     if (!f) return;
     char line[8192];
     while (fgets(line, sizeof line, f)) {
@@ -102,11 +92,11 @@ static double adapter_diff(const char *got_path, const char *ref_path, int *miss
     mt_error_t err = {0};
     *missing = 0;
     if (eng_st_open(got_path, &got, &err) != MT_OK) {
-        CHECK(false, "%s", err.msg);
+        TH_CHECK(false, "%s", err.msg);
         return INFINITY;
     }
     if (eng_st_open(ref_path, &ref, &err) != MT_OK) {
-        CHECK(false, "%s", err.msg);
+        TH_CHECK(false, "%s", err.msg);
         eng_st_close(&got);
         return INFINITY;
     }
@@ -157,11 +147,11 @@ static void check_peft_logits(const char *dir, const char *out) {
     eng_st_file_t want;
     mt_error_t err = {0};
     if (eng_st_open(path, &want, &err) != MT_OK) {
-        CHECK(false, "%s", err.msg);
+        TH_CHECK(false, "%s", err.msg);
         return;
     }
     const eng_st_tensor_t *wt = eng_st_find(&want, "logits");
-    CHECK(wt != NULL, "%s: no tensor 'logits'", path);
+    TH_CHECK(wt != NULL, "%s: no tensor 'logits'", path);
     eng_run_config_t rc;
     snprintf(path, sizeof path, "%s/run.yaml", dir);
     mt_status_t st = eng_run_config_load(path, &rc, &err);
@@ -174,12 +164,12 @@ static void check_peft_logits(const char *dir, const char *out) {
     eng_exec_t *x = NULL;
     const eng_model_opts_t mo = {.lora = &lro.opts};
     if (st == MT_OK) st = eng_exec_open(&x, dev, rc.base_model, &mo, &err);
-    CHECK(st == MT_OK, "%s: opening the model with its saved adapter: %s", dir, err.msg);
+    TH_CHECK(st == MT_OK, "%s: opening the model with its saved adapter: %s", dir, err.msg);
     if (st == MT_OK && wt) {
         const char *paths[1] = {rc.datasets[0].path};
         eng_dataset_t ds;
         st = eng_dataset_load(&ds, paths, 1, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err);
-        CHECK(st == MT_OK, "%s", err.msg);
+        TH_CHECK(st == MT_OK, "%s", err.msg);
         if (st == MT_OK) {
             eng_loader_t ld;
             eng_loader_init(&ld, &ds, rc.micro_batch_size, false, rc.seed);
@@ -189,18 +179,18 @@ static void check_peft_logits(const char *dir, const char *out) {
             float *got = malloc(n * sizeof *got), *ref = malloc(wt->numel * sizeof *ref);
             eng_micro_stats_t ms;
             st = eng_exec_forward(x, &batch, got, &ms, &err);
-            CHECK(st == MT_OK, "%s", err.msg);
-            CHECK(wt->numel == n, "PEFT logits have %llu values, moetune's %zu", (unsigned long long)wt->numel, n);
+            TH_CHECK(st == MT_OK, "%s", err.msg);
+            TH_CHECK(wt->numel == n, "PEFT logits have %llu values, moetune's %zu", (unsigned long long)wt->numel, n);
             if (st == MT_OK && wt->numel == n && eng_st_read_f32(&want, wt, ref, &err) == MT_OK) {
                 double worst = 0, big = 0;
                 for (size_t i = 0; i < n; i++) {
                     worst = fmax(worst, fabs((double)got[i] - ref[i]));
                     big = fmax(big, fabs(ref[i]));
                 }
-                CHECK(worst <= 1e-5 * fmax(big, 1.0), "%s: logits differ from PEFT's by %.2e (largest %.2e)", dir,
-                      worst, big);
+                TH_CHECK(worst <= 1e-5 * fmax(big, 1.0), "%s: logits differ from PEFT's by %.2e (largest %.2e)", dir,
+                         worst, big);
                 printf("%-20s logits with the saved adapter within %.2e of PEFT's on the same files\n",
-                       strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir, worst);
+                       th_base_name(dir), worst);
             }
             free(got);
             free(ref);
@@ -225,7 +215,7 @@ static void check_resume(const char *dir, const run_t *full, const char *full_ou
     static const char *const host_plan[] = {"scheduler.optimizer=host", "scheduler.weights=stream", NULL};
     const char *const *plans[] = {device_plan, host_plan};
     const char *names[] = {"device", "host"};
-    const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    const char *name = th_base_name(dir);
     for (int p = 0; p < 2; p++) {
         char first[512], second[512], ckpt[600], set_resume[700];
         snprintf(first, sizeof first, "%s/%s-resume-%s-a", g_tmp, name, names[p]);
@@ -246,12 +236,12 @@ static void check_resume(const char *dir, const run_t *full, const char *full_ou
         if (!a.ok || !b.ok) continue;
         bool same = b.steps == full->steps - 4 && b.steps > 0;
         for (int s = 0; same && s < b.steps; s++) same = b.loss[s] == full->loss[4 + s];
-        CHECK(same, "%s: resumed at step 4 (optimizer on the %s), the losses differ from the uninterrupted run's", name,
-              names[p]);
+        TH_CHECK(same, "%s: resumed at step 4 (optimizer on the %s), the losses differ from the uninterrupted run's", name,
+                 names[p]);
         char x[700], y[700];
         snprintf(x, sizeof x, "%s/adapter_model.safetensors", second);
         snprintf(y, sizeof y, "%s/adapter_model.safetensors", full_out);
-        CHECK(same_adapter(x, y), "%s: resumed run's adapter differs from the uninterrupted run's", name);
+        TH_CHECK(same_adapter(x, y), "%s: resumed run's adapter differs from the uninterrupted run's", name);
         if (same) printf("%-20s resumed at step 4 (optimizer on the %s): losses and adapter bit-identical\n", name,
                          names[p]);
     }
@@ -265,35 +255,35 @@ static void check_fixture(const char *dir) {
     snprintf(path, sizeof path, "%s/expected.json", dir);
     json_error_t je;
     json_t *exp = json_load_file(path, 0, &je);
-    CHECK(exp != NULL, "%s: %s", path, je.text);
+    TH_CHECK(exp != NULL, "%s: %s", path, je.text);
     if (!exp) return;
     json_t *losses = json_object_get(exp, "losses");
     const int steps = (int)json_array_size(losses);
-    const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    const char *name = th_base_name(dir);
 
     char out0[512];
     snprintf(out0, sizeof out0, "%s/%s-auto", g_tmp, name);
     run_t r0;
     train(dir, NULL, out0, &r0);
     if (r0.ok) {
-        CHECK(r0.steps == steps, "%s: %d steps logged, the reference has %d", name, r0.steps, steps);
+        TH_CHECK(r0.steps == steps, "%s: %d steps logged, the reference has %d", name, r0.steps, steps);
         double worst = 0;
         for (int s = 0; s < steps && s < r0.steps; s++) {
             const double ref = json_number_value(json_array_get(losses, (size_t)s));
             const double rel = fabs(r0.loss[s] - ref) / fabs(ref);
             if (rel > worst) worst = rel;
-            CHECK(rel <= 1e-5, "%s: step %d loss %.9g, reference %.9g (relative %.2e)", name, s + 1, r0.loss[s], ref,
-                  rel);
+            TH_CHECK(rel <= 1e-5, "%s: step %d loss %.9g, reference %.9g (relative %.2e)", name, s + 1, r0.loss[s], ref,
+                     rel);
         }
         char got[600], ref[1100];
         snprintf(got, sizeof got, "%s/adapter_model.safetensors", out0);
         snprintf(ref, sizeof ref, "%s/adapter_final/adapter_model.safetensors", dir);
         int missing;
         const double d = adapter_diff(got, ref, &missing);
-        CHECK(missing == 0, "%s: %d adapter tensors missing or unexpected", name, missing);
-        CHECK(d <= 1e-5, "%s: final adapter differs by %.2e of its largest element", name, d);
+        TH_CHECK(missing == 0, "%s: %d adapter tensors missing or unexpected", name, missing);
+        TH_CHECK(d <= 1e-5, "%s: final adapter differs by %.2e of its largest element", name, d);
         snprintf(got, sizeof got, "%s/adapter_config.json", out0);
-        CHECK(access(got, R_OK) == 0, "%s: no adapter_config.json saved", name);
+        TH_CHECK(access(got, R_OK) == 0, "%s: no adapter_config.json saved", name);
         printf("%-20s losses within %.2e relative, final adapter within %.2e of its max\n", name, worst, d);
         check_peft_logits(dir, out0);
         check_resume(dir, &r0, out0);
@@ -331,18 +321,18 @@ static void check_fixture(const char *dir) {
         if (!rp[p].ok || !base->ok || (p == 2)) continue;
         bool same = rp[p].steps == base->steps;
         for (int s = 0; same && s < rp[p].steps; s++) same = rp[p].loss[s] == base->loss[s];
-        CHECK(same, "%s: plan %s changes the losses", name, plan_names[p]);
+        TH_CHECK(same, "%s: plan %s changes the losses", name, plan_names[p]);
         char a[600], b[600];
         snprintf(a, sizeof a, "%s/adapter_model.safetensors", outp[p]);
         snprintf(b, sizeof b, "%s/adapter_model.safetensors", base_out);
-        CHECK(same_adapter(a, b), "%s: plan %s changes the saved adapter", name, plan_names[p]);
+        TH_CHECK(same_adapter(a, b), "%s: plan %s changes the saved adapter", name, plan_names[p]);
     }
     if (rp[2].ok && r0.ok) { /* bf16 is a different computation: close, not equal */
         double worst = 0;
         for (int s = 0; s < r0.steps && s < rp[2].steps; s++)
             worst = fmax(worst, fabs(rp[2].loss[s] - r0.loss[s]) / fabs(r0.loss[s]));
-        CHECK(worst < 0.01 && worst > 0, "%s: bf16 losses %.2e relative from fp32 (expected in (0, 1%%))", name,
-              worst);
+        TH_CHECK(worst < 0.01 && worst > 0, "%s: bf16 losses %.2e relative from fp32 (expected in (0, 1%%))", name,
+                 worst);
         printf("%-20s plans and step orders bit-identical (fp32 and bf16); bf16 within %.2e of fp32\n", name, worst);
     }
     json_decref(exp);
@@ -361,19 +351,19 @@ static void check_merge(const char *dir, double scale) {
     mt_error_t err = {0};
     snprintf(path, sizeof path, "%s/merged/model.safetensors", out);
     if (eng_st_open(path, &merged, &err) != MT_OK) {
-        CHECK(false, "%s", err.msg);
+        TH_CHECK(false, "%s", err.msg);
         return;
     }
     snprintf(path, sizeof path, "%s/ckpt/model.safetensors", dir);
-    CHECK(eng_st_open(path, &base, &err) == MT_OK, "%s", err.msg);
+    TH_CHECK(eng_st_open(path, &base, &err) == MT_OK, "%s", err.msg);
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", out);
-    CHECK(eng_st_open(path, &adapter, &err) == MT_OK, "%s", err.msg);
-    CHECK(merged.count == base.count, "merged model has %d tensors, the base %d", merged.count, base.count);
+    TH_CHECK(eng_st_open(path, &adapter, &err) == MT_OK, "%s", err.msg);
+    TH_CHECK(merged.count == base.count, "merged model has %d tensors, the base %d", merged.count, base.count);
     int adapted = 0;
     double worst = 0;
     for (int i = 0; i < base.count; i++) {
         const eng_st_tensor_t *bt = &base.tensors[i], *mt = eng_st_find(&merged, bt->name);
-        CHECK(mt && mt->numel == bt->numel, "merged model: %s missing or reshaped", bt->name);
+        TH_CHECK(mt && mt->numel == bt->numel, "merged model: %s missing or reshaped", bt->name);
         if (!mt || mt->numel != bt->numel) continue;
         float *w = malloc(bt->numel * sizeof *w), *got = malloc(bt->numel * sizeof *got);
         eng_st_read_f32(&base, bt, w, &err);
@@ -402,8 +392,8 @@ static void check_merge(const char *dir, double scale) {
         free(w);
         free(got);
     }
-    CHECK(adapted > 0, "no adapted module found in the merged model");
-    CHECK(worst <= 1e-6, "merged weights differ from W + s B A by %.2e", worst);
+    TH_CHECK(adapted > 0, "no adapted module found in the merged model");
+    TH_CHECK(worst <= 1e-6, "merged weights differ from W + s B A by %.2e", worst);
     printf("merge_lora: %d adapted modules merged as W + s B A (max difference %.2e), the rest unchanged\n", adapted,
            worst);
     eng_st_close(&merged);
@@ -429,9 +419,9 @@ static void check_dropout(const char *dir, const run_t *no_dropout) {
     bool same = a.steps == b.steps && a.steps > 0, differs = false;
     for (int s = 0; same && s < a.steps; s++) same = a.loss[s] == b.loss[s];
     for (int s = 0; s < a.steps && s < no_dropout->steps; s++) differs |= a.loss[s] != no_dropout->loss[s];
-    CHECK(same, "lora_dropout: recomputing activations in layer-major order changes the losses (masks not "
+    TH_CHECK(same, "lora_dropout: recomputing activations in layer-major order changes the losses (masks not "
                 "reproduced)");
-    CHECK(differs, "lora_dropout 0.1 gives the dropout-free losses");
+    TH_CHECK(differs, "lora_dropout 0.1 gives the dropout-free losses");
     printf("lora_dropout 0.1: losses bit-identical kept vs recomputed in layer-major order, and unlike lora_dropout "
            "0\n");
 }
@@ -453,7 +443,7 @@ static void check_small_budget(void) {
     snprintf(base, sizeof base, "%s/budget-base", g_tmp);
     mt_error_t ierr = {0};
     const mt_status_t ist = eng_checkpoint_init_random(base, model_json, 3, &ierr);
-    CHECK(ist == MT_OK, "random base: %s", ierr.msg);
+    TH_CHECK(ist == MT_OK, "random base: %s", ierr.msg);
     if (ist != MT_OK) return;
     /* parameters: per layer attention 2*256*256 + 2*256*128, experts 8*3*256*256, router 8*256, norms 2*256 */
     const uint64_t per_layer = 2ull * 256 * 256 + 2ull * 256 * 128 + 8ull * 3 * 256 * 256 + 8 * 256 + 2 * 256;
@@ -467,7 +457,7 @@ static void check_small_budget(void) {
              "memory:\n  device: %llu\noutput_dir: %s/budget-out\nprogress: false\n",
              g_tmp, cwd, (unsigned long long)budget, g_tmp);
     FILE *f = fopen(yaml, "w");
-    CHECK(f != NULL, "cannot write %s", yaml);
+    TH_CHECK(f != NULL, "cannot write %s", yaml);
     if (!f) return;
     fputs(text, f);
     fclose(f);
@@ -478,12 +468,12 @@ static void check_small_budget(void) {
     if (st == MT_OK) st = eng_run_config_validate(&rc, &err);
     if (st == MT_OK) st = eng_train(&rc, &res, &err);
     eng_run_config_free(&rc);
-    CHECK(st == MT_OK, "training under a device budget of %llu bytes failed: %s", (unsigned long long)budget, err.msg);
+    TH_CHECK(st == MT_OK, "training under a device budget of %llu bytes failed: %s", (unsigned long long)budget, err.msg);
     if (st != MT_OK) return;
     char metrics[600];
     snprintf(metrics, sizeof metrics, "%s/budget-out/metrics.jsonl", g_tmp);
     f = fopen(metrics, "r");
-    CHECK(f != NULL, "no %s", metrics);
+    TH_CHECK(f != NULL, "no %s", metrics);
     if (!f) return;
     double peak = 0;
     uint64_t h2d = 0;
@@ -497,9 +487,9 @@ static void check_small_budget(void) {
         json_decref(j);
     }
     fclose(f);
-    CHECK(peak > 0 && peak <= (double)budget, "device peak %.0f bytes, budget %llu", peak,
-          (unsigned long long)budget);
-    CHECK(h2d > 0, "nothing was streamed under a budget below the weights");
+    TH_CHECK(peak > 0 && peak <= (double)budget, "device peak %.0f bytes, budget %llu", peak,
+             (unsigned long long)budget);
+    TH_CHECK(h2d > 0, "nothing was streamed under a budget below the weights");
     printf("budget %llu bytes (60%% of the %llu bytes of bf16 base weights): completed, device peak %.0f bytes, "
            "%llu weight bytes streamed in the last step\n",
            (unsigned long long)budget, (unsigned long long)bf16_bytes, peak, (unsigned long long)h2d);
@@ -520,7 +510,7 @@ int main(int argc, char **argv) {
     check_dropout(argv[argc - 1], &g_last_auto);
     check_merge(argv[argc - 1], g_last_scale);
     check_small_budget();
-    if (failures) fprintf(stderr, "lora_test: %d failure(s)\n", failures);
+    if (th_failures()) fprintf(stderr, "lora_test: %d failure(s)\n", th_failures());
     else printf("lora_test: ok\n");
-    return failures ? 1 : 0;
+    return th_failures() ? 1 : 0;
 }

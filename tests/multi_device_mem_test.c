@@ -30,17 +30,7 @@
 #include "engine/model.h"
 #include "engine/multi_device.h"
 #include "engine/optim.h"
-
-static int failures;
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-            failures++;                                          \
-        }                                                        \
-    } while (0)
+#include "tests/harness.h"
 
 enum { K = 2, B = 2, T = 32, VOCAB = 128, STEPS = 2 };
 
@@ -72,11 +62,9 @@ static void free_batch(eng_batch_t *b) {
 static size_t measure(const char *base, bool host_grads, int ndev, size_t *weight_bytes, double *norm) {
     const size_t before = eng_host_mem_read().allocated;
     mt_error_t err = {0};
-    kern_device_t *dev = NULL;
-    kern_device_opts_t o = {0};
-    CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
+    kern_device_t *dev = th_cpu_device(0);
     eng_model_config_t mc;
-    CHECK(eng_model_config_load(base, NULL, &mc, &err) == MT_OK, "%s", err.msg);
+    TH_CHECK(eng_model_config_load(base, NULL, &mc, &err) == MT_OK, "%s", err.msg);
     const int nb = mc.num_hidden_layers + 2;
     eng_model_config_free(&mc);
     sched_plan_t plan;
@@ -91,7 +79,7 @@ static size_t measure(const char *base, bool host_grads, int ndev, size_t *weigh
     const eng_model_opts_t mo = {.plan = &plan};
     size_t held = 0;
     if (eng_multi_open(&mm, dev, &devs, K, base, &mo, &err) != MT_OK) {
-        CHECK(0, "open on %d device(s): %s", ndev, err.msg);
+        TH_CHECK(0, "open on %d device(s): %s", ndev, err.msg);
     } else {
         x = mm.primary;
         *weight_bytes = 0;
@@ -102,9 +90,9 @@ static size_t measure(const char *base, bool host_grads, int ndev, size_t *weigh
             for (int j = 0; j < K; j++) make_batch(&bs[j], (uint64_t)(step * K + j));
             const eng_optim_hparams_t hp = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
             eng_multi_begin_step(&mm, &hp, K, false);
-            CHECK(eng_multi_step_fwd_bwd(&mm, bs, K, ENG_STEP_ORDER_AUTO, ms, &err) == MT_OK, "step: %s", err.msg);
+            TH_CHECK(eng_multi_step_fwd_bwd(&mm, bs, K, ENG_STEP_ORDER_AUTO, ms, &err) == MT_OK, "step: %s", err.msg);
             eng_optim_stats_t os;
-            CHECK(eng_multi_optim_step(&mm, &hp, &os, &err) == MT_OK, "optimizer: %s", err.msg);
+            TH_CHECK(eng_multi_optim_step(&mm, &hp, &os, &err) == MT_OK, "optimizer: %s", err.msg);
             *norm = os.grad_norm;
             for (int j = 0; j < K; j++) free_batch(&bs[j]);
         }
@@ -145,7 +133,7 @@ int main(void) {
         /* K = 2 on two devices is one micro-batch each: the summed gradient
          * (on the host with offload_all, in chunks over the pool) is the
          * one device's, bit for bit, so the last step's norm is too */
-        CHECK(norm1 == norm2 && norm1 > 0, "gradient norm %.17g on one device, %.17g on two", norm1, norm2);
+        TH_CHECK(norm1 == norm2 && norm1 > 0, "gradient norm %.17g on one device, %.17g on two", norm1, norm2);
         const double mib = 1048576.0;
         const double extra = ((double)two - (double)one) / (double)wb;
         fprintf(stderr,
@@ -153,14 +141,9 @@ int main(void) {
                 "adds %.1f MiB = %.1f%% of the weights\n",
                 hg ? "offload_all (host gradients):" : "streamed weights, device gradients, host AdamW:", wb / mib,
                 one / mib, two / mib, ((double)two - (double)one) / mib, 100 * extra);
-        CHECK(one > 3 * wb, "one device holds %zu host bytes, less than master + AdamW state (%zu)", one, 3 * wb);
-        if (!hg) CHECK(extra < 0.25, "two devices hold %.1f%% of the weights more than one", 100 * extra);
-        else CHECK(extra < 1.25, "two devices hold %.1f%% of the weights more than one", 100 * extra);
+        TH_CHECK(one > 3 * wb, "one device holds %zu host bytes, less than master + AdamW state (%zu)", one, 3 * wb);
+        if (!hg) TH_CHECK(extra < 0.25, "two devices hold %.1f%% of the weights more than one", 100 * extra);
+        else TH_CHECK(extra < 1.25, "two devices hold %.1f%% of the weights more than one", 100 * extra);
     }
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    fprintf(stderr, "all passed\n");
-    return 0;
+    return th_finish();
 }

@@ -19,27 +19,15 @@
 #include "engine/exec.h"
 #include "engine/model.h"
 #include "engine/optim.h"
+#include "tests/harness.h"
 
-static int failures;
 /* --bf16: every run in bf16 mixed precision (bf16 working copies and products) */
 static mt_dtype_t g_compute = MT_F32;
-#define CHECK(cond, ...)                                              \
-    do {                                                              \
-        if (!(cond)) {                                                \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);      \
-            fprintf(stderr, __VA_ARGS__);                             \
-            fputc('\n', stderr);                                      \
-            failures++;                                               \
-        }                                                             \
-    } while (0)
 
 enum { STEPS = 3 };
 
 typedef struct {
-    double loss[STEPS], norm[STEPS];
-    float **weights; /* per parameter */
-    size_t *weight_sizes; /* bytes */
-    int nparams;
+    th_result_t th; /* losses, gradient norms, final weights */
     size_t peak_device, weight_bytes;
     int overlapped; /* parameter updates that ran during backward */
     bool ok;
@@ -50,40 +38,32 @@ typedef struct {
 static void run_plan_ex(const char *dir, const char *base_model, const sched_plan_t *plan, size_t budget,
                         int overlap, run_result_t *out) {
     memset(out, 0, sizeof *out);
-    char path[1024];
     mt_error_t err = {0};
-    snprintf(path, sizeof path, "%s/run.yaml", dir);
     eng_run_config_t rc;
-    if (eng_run_config_load(path, &rc, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+    if (th_run_config_load(dir, &rc, &err) != MT_OK) {
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     if (base_model) snprintf(rc.base_model, sizeof rc.base_model, "%s", base_model);
-    kern_device_t *dev = NULL;
-    kern_device_opts_t o = {.device_budget_bytes = budget};
-    CHECK(kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) == MT_OK, "%s", err.msg);
+    kern_device_t *dev = th_cpu_device(budget);
     eng_exec_t *x = NULL;
     const eng_model_opts_t mo = {.overrides_json = rc.model_config_json, .plan = plan, .compute = g_compute};
     if (eng_exec_open(&x, dev, rc.base_model, &mo, &err) != MT_OK) {
-        CHECK(0, "load under plan %s: %s", sched_policy_name(plan->policy), err.msg);
+        TH_CHECK(0, "load under plan %s: %s", sched_policy_name(plan->policy), err.msg);
         kern_device_destroy(dev);
         eng_run_config_free(&rc);
         return;
     }
-    const char *paths[ENG_MAX_DATASETS];
-    for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK,
-          "%s", err.msg);
+    TH_CHECK(th_dataset_load(&ds, &rc, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s", err.msg);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
     kern_device_reset_peaks(dev);
-    out->ok = true;
-    for (int step = 0; step < STEPS && out->ok; step++) {
+    out->th.ok = true;
+    for (int step = 0; step < STEPS && out->th.ok; step++) {
         const int accum = rc.gradient_accumulation_steps;
-        eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
-                                  .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
-                                  .max_grad_norm = overlap >= 0 ? 0.0 : rc.max_grad_norm};
+        eng_optim_hparams_t hp = th_hparams(&rc);
+        if (overlap >= 0) hp.max_grad_norm = 0.0;
         eng_optim_begin_step(x, &hp, accum, overlap == 1);
         double loss = 0;
         for (int mb = 0; mb < accum; mb++) {
@@ -91,31 +71,24 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
             eng_loader_next(&ld, &b);
             eng_micro_stats_t ms;
             if (eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
-                CHECK(0, "plan %s step %d: %s", sched_policy_name(plan->policy), step + 1, err.msg);
-                out->ok = false;
+                TH_CHECK(0, "plan %s step %d: %s", sched_policy_name(plan->policy), step + 1, err.msg);
+                out->th.ok = false;
                 break;
             }
             loss += ms.loss / accum;
         }
         eng_optim_stats_t os;
-        if (out->ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
-            CHECK(0, "optimizer: %s", err.msg);
-            out->ok = false;
+        if (out->th.ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
+            TH_CHECK(0, "optimizer: %s", err.msg);
+            out->th.ok = false;
         }
-        out->loss[step] = loss;
-        out->norm[step] = os.grad_norm;
+        out->th.loss[step] = loss;
+        out->th.norm[step] = os.grad_norm;
         out->overlapped += os.updated_during_backward;
     }
     out->peak_device = kern_device_stats(dev).device_peak;
-    out->nparams = eng_exec_model(x)->spec.count;
-    out->weights = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->weights);
-    out->weight_sizes = calloc((size_t)eng_exec_model(x)->spec.count, sizeof *out->weight_sizes);
-    for (int i = 0; i < eng_exec_model(x)->spec.count; i++) {
-        out->weight_sizes[i] = eng_exec_model(x)->spec.params[i].numel * sizeof(float);
-        out->weight_bytes += eng_exec_model(x)->spec.params[i].numel * sizeof(float);
-        out->weights[i] = malloc(eng_exec_model(x)->spec.params[i].numel * sizeof(float));
-        eng_exec_read_param(x, i, out->weights[i], false);
-    }
+    th_result_read_weights(&out->th, x);
+    out->weight_bytes = th_result_bytes(&out->th);
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
     eng_exec_free(x);
@@ -128,25 +101,13 @@ static void run_plan(const char *dir, const char *base_model, const sched_plan_t
     run_plan_ex(dir, base_model, plan, budget, -1, out);
 }
 
-static void free_result(run_result_t *r) {
-    for (int i = 0; i < r->nparams; i++) free(r->weights[i]);
-    free(r->weights);
-    free(r->weight_sizes);
-}
-
 static void compare(const char *what, const run_result_t *a, const run_result_t *b, const char *dir) {
-    if (!a->ok || !b->ok) return;
-    for (int s = 0; s < STEPS; s++) {
-        CHECK(a->loss[s] == b->loss[s], "%s %s: step %d loss %.17g vs %.17g", dir, what, s + 1, a->loss[s],
-              b->loss[s]);
-        CHECK(a->norm[s] == b->norm[s], "%s %s: step %d grad norm %.17g vs %.17g", dir, what, s + 1,
-              a->norm[s], b->norm[s]);
-    }
+    if (!a->th.ok || !b->th.ok) return;
+    char full[512];
+    snprintf(full, sizeof full, "%s %s", dir, what);
     /* weights are compared bit for bit */
-    int differing = 0;
-    for (int i = 0; i < a->nparams; i++)
-        if (memcmp(a->weights[i], b->weights[i], a->weight_sizes[i]) != 0) differing++;
-    CHECK(differing == 0, "%s %s: %d parameters differ after %d steps", dir, what, differing, STEPS);
+    th_compare_steps(full, &a->th, &b->th, STEPS, true, 0);
+    th_compare_weights(full, &a->th, &b->th, true, 0, NULL);
 }
 
 static void check_case(const char *dir) {
@@ -157,7 +118,7 @@ static void check_case(const char *dir) {
     eng_model_config_t cfg;
     mt_error_t err = {0};
     if (eng_model_config_load(path, NULL, &cfg, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     const int nb = cfg.num_hidden_layers + 2;
@@ -191,21 +152,21 @@ static void check_case(const char *dir) {
     run_plan_ex(dir, NULL, &off, 0, 0, &r0);
     run_plan_ex(dir, NULL, &off, 0, 1, &r1);
     compare("offload_all with vs without the overlapped host optimizer", &r0, &r1, dir);
-    CHECK(r0.overlapped == 0 && r1.overlapped > 0, "overlap: %d / %d updates ran during backward",
-          r0.overlapped, r1.overlapped);
+    TH_CHECK(r0.overlapped == 0 && r1.overlapped > 0, "overlap: %d / %d updates ran during backward",
+             r0.overlapped, r1.overlapped);
     fprintf(stderr, "   overlapped host AdamW: %d parameter updates ran during backward, results identical\n",
             r1.overlapped);
-    free_result(&r0);
-    free_result(&r1);
+    th_result_free(&r0.th);
+    th_result_free(&r1.th);
     fprintf(stderr, "   losses %.9g %.9g %.9g; peak device bytes keep_all %zu, offload_all %zu, min_memory %zu\n",
-            rk.loss[0], rk.loss[1], rk.loss[2], rk.peak_device, ro.peak_device, rm.peak_device);
-    CHECK(rm.peak_device < rk.peak_device, "min_memory should need less device memory than keep_all");
-    CHECK(ro.peak_device < rk.peak_device, "offload_all should need less device memory than keep_all");
+            rk.th.loss[0], rk.th.loss[1], rk.th.loss[2], rk.peak_device, ro.peak_device, rm.peak_device);
+    TH_CHECK(rm.peak_device < rk.peak_device, "min_memory should need less device memory than keep_all");
+    TH_CHECK(ro.peak_device < rk.peak_device, "offload_all should need less device memory than keep_all");
 
-    free_result(&rk);
-    free_result(&ro);
-    free_result(&rm);
-    free_result(&rx);
+    th_result_free(&rk.th);
+    th_result_free(&ro.th);
+    th_result_free(&rm.th);
+    th_result_free(&rx.th);
     sched_plan_free(&keep);
     sched_plan_free(&off);
     sched_plan_free(&minm);
@@ -229,7 +190,7 @@ static void check_budget(const char *data_dir) {
         " \"router_aux_loss_coef\": 0.02}";
     mt_error_t err = {0};
     if (eng_checkpoint_init_random(ckpt, config, 3, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     const int nb = 6 + 2;
@@ -241,11 +202,11 @@ static void check_budget(const char *data_dir) {
     run_result_t ru;
     run_plan(data_dir, ckpt, &minm, 0, &ru);
     fprintf(stderr, "   min_memory without a budget peaks at %zu bytes\n", ru.peak_device);
-    free_result(&ru);
+    th_result_free(&ru.th);
     const size_t budget = rk.weight_bytes * 3 / 4;
     run_plan(data_dir, ckpt, &minm, budget, &rb);
-    CHECK(rb.ok, "min_memory under a %zu-byte budget (weights are %zu bytes) failed", budget, rk.weight_bytes);
-    CHECK(rb.peak_device <= budget, "peak device bytes %zu exceed the budget %zu", rb.peak_device, budget);
+    TH_CHECK(rb.th.ok, "min_memory under a %zu-byte budget (weights are %zu bytes) failed", budget, rk.weight_bytes);
+    TH_CHECK(rb.peak_device <= budget, "peak device bytes %zu exceed the budget %zu", rb.peak_device, budget);
     compare("min_memory under budget vs keep_all", &rk, &rb, "budget");
     fprintf(stderr, "   weights %zu bytes; budget %zu bytes; peak device: keep_all %zu, min_memory %zu\n",
             rk.weight_bytes, budget, rk.peak_device, rb.peak_device);
@@ -255,28 +216,24 @@ static void check_budget(const char *data_dir) {
     kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err);
     eng_exec_t *x = NULL;
     mt_status_t st = eng_exec_load(&x, dev, ckpt, NULL, &keep, NULL, &err);
-    CHECK(st == MT_ERR_BUDGET && strstr(err.msg, "model.") != NULL,
-          "keep_all over budget: status %d, message '%s'", (int)st, err.msg);
+    TH_CHECK(st == MT_ERR_BUDGET && strstr(err.msg, "model.") != NULL,
+             "keep_all over budget: status %d, message '%s'", (int)st, err.msg);
     if (st == MT_OK) eng_exec_free(x);
     else fprintf(stderr, "   keep_all under that budget: %s\n", err.msg);
     kern_device_destroy(dev);
-    free_result(&rk);
-    free_result(&rb);
+    th_result_free(&rk.th);
+    th_result_free(&rb.th);
     sched_plan_free(&keep);
     sched_plan_free(&minm);
 }
 
 int main(int argc, char **argv) {
-    int first = 1;
-    if (argc > 1 && strcmp(argv[1], "--bf16") == 0) {
-        g_compute = MT_BF16;
-        first = 2;
-        fprintf(stderr, "every run in bf16 mixed precision\n");
-    }
+    const int first = th_parse_compute(argc, argv, &g_compute);
+    if (g_compute == MT_BF16) fprintf(stderr, "every run in bf16 mixed precision\n");
     for (int i = first; i < argc; i++) check_case(argv[i]);
     if (argc > first) check_budget(argv[first]);
-    if (failures) {
-        fprintf(stderr, "plan_invariance_test: %d failures\n", failures);
+    if (th_failures()) {
+        fprintf(stderr, "plan_invariance_test: %d failures\n", th_failures());
         return 1;
     }
     fprintf(stderr, "plan_invariance_test: all plans bit-identical\n");

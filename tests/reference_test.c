@@ -41,36 +41,10 @@
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "engine/train.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                  \
-    do {                                                  \
-        if (!(cond)) {                                    \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                 \
-            fputc('\n', stderr);                          \
-            failures++;                                   \
-        }                                                 \
-    } while (0)
-
-
-static float *read_tensor(const eng_st_file_t *f, const char *name, uint64_t *numel) {
-    const eng_st_tensor_t *t = eng_st_find(f, name);
-    if (!t) return NULL;
-    float *buf = malloc((t->numel ? t->numel : 1) * sizeof *buf);
-    mt_error_t err = {0};
-    if (eng_st_read_f32(f, t, buf, &err) != MT_OK) {
-        fprintf(stderr, "cannot read %s: %s\n", name, err.msg);
-        free(buf);
-        return NULL;
-    }
-    if (numel) *numel = t->numel;
-    return buf;
-}
+#include "tests/harness.h"
 
 static double scalar(const eng_st_file_t *f, const char *name) {
-    float *v = read_tensor(f, name, NULL);
+    float *v = th_st_read(f, name, NULL);
     double x = v ? v[0] : NAN;
     free(v);
     return x;
@@ -83,13 +57,13 @@ static void check_case(const char *dir) {
     snprintf(path, sizeof path, "%s/run.yaml", dir);
     eng_run_config_t rc;
     if (eng_run_config_load(path, &rc, &err) != MT_OK) {
-        CHECK(0, "run config: %s", err.msg);
+        TH_CHECK(0, "run config: %s", err.msg);
         return;
     }
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
     eng_st_file_t exp;
     if (eng_st_open(path, &exp, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         eng_run_config_free(&rc);
         return;
     }
@@ -97,12 +71,12 @@ static void check_case(const char *dir) {
     kern_device_t *dev = NULL;
     kern_device_opts_t o = {0};
     if (kern_device_create(KERN_BACKEND_CPU, &o, &dev, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     eng_exec_t *x = NULL;
     if (eng_exec_load(&x, dev, rc.base_model, rc.model_config_json, NULL, NULL, &err) != MT_OK) {
-        CHECK(0, "model: %s", err.msg);
+        TH_CHECK(0, "model: %s", err.msg);
         kern_device_destroy(dev);
         return;
     }
@@ -110,7 +84,7 @@ static void check_case(const char *dir) {
     for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
     if (eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) != MT_OK) {
-        CHECK(0, "data: %s", err.msg);
+        TH_CHECK(0, "data: %s", err.msg);
         return;
     }
     eng_loader_t ld;
@@ -124,19 +98,19 @@ static void check_case(const char *dir) {
     float *logits = malloc((size_t)n * V * sizeof *logits);
     eng_micro_stats_t ms;
     if (eng_exec_forward_backward(x, &b, 1.0f / accum, logits, &ms, &err) != MT_OK) {
-        CHECK(0, "forward/backward: %s", err.msg);
+        TH_CHECK(0, "forward/backward: %s", err.msg);
         return;
     }
     const double ref_loss = scalar(&exp, "loss"), ref_ce = scalar(&exp, "ce_loss"),
                  ref_aux = scalar(&exp, "aux_loss");
     fprintf(stderr, "   micro-batch 0: loss %.9g (ref %.9g) ce %.9g (ref %.9g) aux %.9g (ref %.9g)\n",
             ms.loss, ref_loss, ms.ce_loss, ref_ce, ms.aux_loss, ref_aux);
-    CHECK(fabs(ms.loss - ref_loss) <= 2e-6 * fabs(ref_loss), "loss %.9g vs %.9g", ms.loss, ref_loss);
-    CHECK(fabs(ms.ce_loss - ref_ce) <= 2e-6 * fabs(ref_ce), "ce %.9g vs %.9g", ms.ce_loss, ref_ce);
-    CHECK(fabs(ms.aux_loss - ref_aux) <= 2e-6 * fabs(ref_aux) + 1e-9, "aux %.9g vs %.9g", ms.aux_loss, ref_aux);
+    TH_CHECK(fabs(ms.loss - ref_loss) <= 2e-6 * fabs(ref_loss), "loss %.9g vs %.9g", ms.loss, ref_loss);
+    TH_CHECK(fabs(ms.ce_loss - ref_ce) <= 2e-6 * fabs(ref_ce), "ce %.9g vs %.9g", ms.ce_loss, ref_ce);
+    TH_CHECK(fabs(ms.aux_loss - ref_aux) <= 2e-6 * fabs(ref_aux) + 1e-9, "aux %.9g vs %.9g", ms.aux_loss, ref_aux);
     uint64_t ln = 0;
-    float *ref_logits = read_tensor(&exp, "logits", &ln);
-    CHECK(ref_logits && ln == (uint64_t)n * V, "reference logits missing or wrong size");
+    float *ref_logits = th_st_read(&exp, "logits", &ln);
+    TH_CHECK(ref_logits && ln == (uint64_t)n * V, "reference logits missing or wrong size");
     if (ref_logits && ln == (uint64_t)n * V) {
         /* every position, padded ones included: attention masks padded keys as HF does */
         double worst = 0, worst_pad = 0;
@@ -148,7 +122,7 @@ static void check_case(const char *dir) {
             }
         }
         fprintf(stderr, "   logits max |diff| %.3g (at padded positions %.3g)\n", worst, worst_pad);
-        CHECK(worst <= 2e-5, "logits differ by %.3g", worst);
+        TH_CHECK(worst <= 2e-5, "logits differ by %.3g", worst);
     }
     free(ref_logits);
     free(logits);
@@ -156,7 +130,7 @@ static void check_case(const char *dir) {
     /* 2. gradients of optimizer step 1 (all of its micro-batches) */
     for (int mb = 1; mb < accum; mb++) {
         eng_loader_next(&ld, &b);
-        CHECK(eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) == MT_OK, "%s", err.msg);
+        TH_CHECK(eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) == MT_OK, "%s", err.msg);
     }
     double worst_rel = 0;
     const char *worst_name = "";
@@ -164,15 +138,15 @@ static void check_case(const char *dir) {
         const eng_param_spec_t *ps = &eng_exec_model(x)->spec.params[i];
         snprintf(path, sizeof path, "grad.%s", ps->name);
         uint64_t gn = 0;
-        float *ref = read_tensor(&exp, path, &gn);
+        float *ref = th_st_read(&exp, path, &gn);
         if (!ref) {
-            CHECK(!eng_exec_param_has_grad(x, i), "%s has a gradient in moetune but none in the reference",
-                  ps->name);
+            TH_CHECK(!eng_exec_param_has_grad(x, i), "%s has a gradient in moetune but none in the reference",
+                     ps->name);
             continue;
         }
-        CHECK(eng_exec_param_has_grad(x, i), "%s has no gradient in moetune but one in the reference", ps->name);
-        CHECK(gn == ps->numel, "%s: reference gradient has %llu elements, expected %zu", ps->name,
-              (unsigned long long)gn, ps->numel);
+        TH_CHECK(eng_exec_param_has_grad(x, i), "%s has no gradient in moetune but one in the reference", ps->name);
+        TH_CHECK(gn == ps->numel, "%s: reference gradient has %llu elements, expected %zu", ps->name,
+                 (unsigned long long)gn, ps->numel);
         float *g = malloc(ps->numel * sizeof *g);
         eng_exec_read_param(x, i, g, true);
         double maxref = 0, maxdiff = 0;
@@ -186,7 +160,7 @@ static void check_case(const char *dir) {
             worst_rel = rel;
             worst_name = ps->name;
         }
-        CHECK(rel <= 2e-5, "gradient of %s: max |diff| %.3g vs max |g| %.3g", ps->name, maxdiff, maxref);
+        TH_CHECK(rel <= 2e-5, "gradient of %s: max |diff| %.3g vs max |g| %.3g", ps->name, maxdiff, maxref);
         free(g);
         free(ref);
     }
@@ -198,28 +172,28 @@ static void check_case(const char *dir) {
 
     /* 3. five training steps through the real training loop */
     const char *tmp = getenv("TEST_TMPDIR");
-    const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    const char *base = th_base_name(dir);
     snprintf(rc.output_dir, sizeof rc.output_dir, "%s/%s-out", tmp ? tmp : "/tmp", base);
     rc.progress = false;
     eng_train_result_t res;
     if (eng_train(&rc, &res, &err) != MT_OK) {
-        CHECK(0, "train: %s", err.msg);
+        TH_CHECK(0, "train: %s", err.msg);
         return;
     }
     snprintf(path, sizeof path, "%s/expected.json", dir);
     json_error_t je;
     json_t *ej = json_load_file(path, 0, &je);
-    CHECK(ej != NULL, "%s: %s", path, je.text);
+    TH_CHECK(ej != NULL, "%s: %s", path, je.text);
     json_t *losses = json_object_get(ej, "losses");
     snprintf(path, sizeof path, "%s/metrics.jsonl", rc.output_dir);
     FILE *mf = fopen(path, "r");
-    CHECK(mf != NULL, "no %s", path);
+    TH_CHECK(mf != NULL, "no %s", path);
     char line[4096];
     int step = 0;
     while (mf && fgets(line, sizeof line, mf)) {
         json_t *o = json_loads(line, 0, &je);
         if (json_object_get(o, "run_start")) { /* the run's header line, before its steps */
-            CHECK(step == 0, "a run header after step %d", step);
+            TH_CHECK(step == 0, "a run header after step %d", step);
             json_decref(o);
             continue;
         }
@@ -227,15 +201,15 @@ static void check_case(const char *dir) {
         const double ref = json_number_value(json_array_get(losses, (size_t)step));
         fprintf(stderr, "   step %d: loss %.9g ref %.9g rel %.2g\n", step + 1, loss, ref,
                 fabs(loss - ref) / fabs(ref));
-        CHECK(fabs(loss - ref) <= 1e-5 * fabs(ref), "step %d loss %.9g vs reference %.9g", step + 1,
-              loss, ref);
-        CHECK(json_integer_value(json_object_get(o, "step")) == step + 1, "metrics step numbering");
+        TH_CHECK(fabs(loss - ref) <= 1e-5 * fabs(ref), "step %d loss %.9g vs reference %.9g", step + 1,
+                 loss, ref);
+        TH_CHECK(json_integer_value(json_object_get(o, "step")) == step + 1, "metrics step numbering");
         json_decref(o);
         step++;
     }
     if (mf) fclose(mf);
-    CHECK(step == (int)json_array_size(losses), "metrics.jsonl has %d steps, reference %zu", step,
-          json_array_size(losses));
+    TH_CHECK(step == (int)json_array_size(losses), "metrics.jsonl has %d steps, reference %zu", step,
+             json_array_size(losses));
 
     /* final weights, read back from the checkpoint train saved */
     snprintf(path, sizeof path, "%s/expected_final.safetensors", dir);
@@ -247,13 +221,13 @@ static void check_case(const char *dir) {
         for (int i = 0; i < fin.count; i++) {
             const eng_st_tensor_t *t = &fin.tensors[i];
             uint64_t nn = 0;
-            float *ref = read_tensor(&fin, t->name, &nn);
+            float *ref = th_st_read(&fin, t->name, &nn);
             float *ours = malloc(nn * sizeof *ours);
             float *init = malloc(nn * sizeof *init);
             int64_t shape[4];
             for (int d = 0; d < t->ndim; d++) shape[d] = (int64_t)t->shape[d];
             if (eng_checkpoint_read_f32(&ck, t->name, t->ndim, shape, ours, &err) != MT_OK) {
-                CHECK(0, "final checkpoint: %s", err.msg);
+                TH_CHECK(0, "final checkpoint: %s", err.msg);
                 continue;
             }
             /* initial weights, for the size of the total update */
@@ -273,8 +247,8 @@ static void check_case(const char *dir) {
             /* a tensor the reference never updated (an expert with no token in
              * any step) must be bit-identical in ours too */
             if (unchanged_ref)
-                CHECK(unchanged_ours, "%s was never updated by the reference but changed in moetune",
-                      t->name);
+                TH_CHECK(unchanged_ours, "%s was never updated by the reference but changed in moetune",
+                         t->name);
             for (uint64_t j = 0; j < nn; j++) {
                 const double d = fabs((double)ours[j] - ref[j]);
                 if (d > worst) worst = d;
@@ -288,12 +262,12 @@ static void check_case(const char *dir) {
         const double rel = sqrt(diff2) / sqrt(upd2);
         fprintf(stderr, "   final weights: max |diff| %.3g (lr %.3g), ||diff||/||update|| %.3g\n", worst,
                 lr, rel);
-        CHECK(worst <= 5e-5, "final weights differ by %.3g", worst);
-        CHECK(rel <= 1e-4, "final weights: ||diff|| / ||update|| = %.3g", rel);
+        TH_CHECK(worst <= 5e-5, "final weights differ by %.3g", worst);
+        TH_CHECK(rel <= 1e-4, "final weights: ||diff|| / ||update|| = %.3g", rel);
         eng_checkpoint_close(&ck);
         eng_st_close(&fin);
     } else {
-        CHECK(0, "final weights: %s", err.msg);
+        TH_CHECK(0, "final weights: %s", err.msg);
     }
     json_decref(ej);
     eng_st_close(&exp);
@@ -306,8 +280,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     for (int i = 1; i < argc; i++) check_case(argv[i]);
-    if (failures) {
-        fprintf(stderr, "reference_test: %d failures\n", failures);
+    if (th_failures()) {
+        fprintf(stderr, "reference_test: %d failures\n", th_failures());
         return 1;
     }
     fprintf(stderr, "reference_test: all cases match the reference\n");

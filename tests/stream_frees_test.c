@@ -26,25 +26,12 @@
 #include "engine/init_random.h"
 #include "engine/model.h"
 #include "engine/optim.h"
-
-static int failures;
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-            failures++;                                          \
-        }                                                        \
-    } while (0)
+#include "tests/harness.h"
 
 enum { STEPS = 3 };
 
 typedef struct {
-    double loss[STEPS], norm[STEPS];
-    float **weights;
-    size_t *sizes; /* bytes */
-    int n;
+    th_result_t th; /* losses, gradient norms, final weights */
     size_t weight_bytes;
     kern_device_stats_t stats; /* at the end, after the model's last drain */
     bool ok;
@@ -55,69 +42,56 @@ typedef struct {
 static void run(const char *dir, const char *base_model, const sched_plan_t *plan, const kern_device_opts_t *o,
                 int overlap, result_t *out) {
     memset(out, 0, sizeof *out);
-    char path[1024];
     mt_error_t err = {0};
-    snprintf(path, sizeof path, "%s/run.yaml", dir);
     eng_run_config_t rc;
-    if (eng_run_config_load(path, &rc, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+    if (th_run_config_load(dir, &rc, &err) != MT_OK) {
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     if (base_model) snprintf(rc.base_model, sizeof rc.base_model, "%s", base_model);
     kern_device_t *dev = NULL;
     if (kern_device_create(KERN_BACKEND_CPU, o, &dev, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         eng_run_config_free(&rc);
         return;
     }
     eng_exec_t *x = NULL;
     if (eng_exec_load(&x, dev, rc.base_model, rc.model_config_json, plan, NULL, &err) != MT_OK) {
-        CHECK(0, "load under %s: %s", sched_policy_name(plan->policy), err.msg);
+        TH_CHECK(0, "load under %s: %s", sched_policy_name(plan->policy), err.msg);
         kern_device_destroy(dev);
         eng_run_config_free(&rc);
         return;
     }
-    const char *paths[ENG_MAX_DATASETS];
-    for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
     eng_dataset_t ds;
-    CHECK(eng_dataset_load(&ds, paths, rc.num_datasets, rc.sequence_len, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s",
-          err.msg);
+    TH_CHECK(th_dataset_load(&ds, &rc, eng_exec_model(x)->cfg.vocab_size, &err) == MT_OK, "%s", err.msg);
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
     kern_device_reset_peaks(dev);
-    out->ok = true;
-    for (int step = 0; step < STEPS && out->ok; step++) {
+    out->th.ok = true;
+    for (int step = 0; step < STEPS && out->th.ok; step++) {
         const int accum = rc.gradient_accumulation_steps;
-        eng_optim_hparams_t hp = {.lr = rc.learning_rate, .beta1 = rc.adam_beta1, .beta2 = rc.adam_beta2,
-                                  .eps = rc.adam_epsilon, .weight_decay = rc.weight_decay,
-                                  .max_grad_norm = overlap ? 0.0 : rc.max_grad_norm};
+        eng_optim_hparams_t hp = th_hparams(&rc);
+        if (overlap) hp.max_grad_norm = 0.0;
         eng_optim_begin_step(x, &hp, accum, overlap != 0);
-        for (int mb = 0; mb < accum && out->ok; mb++) {
+        for (int mb = 0; mb < accum && out->th.ok; mb++) {
             eng_batch_t b;
             eng_loader_next(&ld, &b);
             eng_micro_stats_t ms;
             if (eng_exec_forward_backward(x, &b, 1.0f / accum, NULL, &ms, &err) != MT_OK) {
-                CHECK(0, "%s step %d: %s", sched_policy_name(plan->policy), step + 1, err.msg);
-                out->ok = false;
+                TH_CHECK(0, "%s step %d: %s", sched_policy_name(plan->policy), step + 1, err.msg);
+                out->th.ok = false;
             }
-            out->loss[step] += ms.loss / accum;
+            out->th.loss[step] += ms.loss / accum;
         }
         eng_optim_stats_t os = {0};
-        if (out->ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
-            CHECK(0, "optimizer: %s", err.msg);
-            out->ok = false;
+        if (out->th.ok && eng_optim_step(x, &hp, &os, &err) != MT_OK) {
+            TH_CHECK(0, "optimizer: %s", err.msg);
+            out->th.ok = false;
         }
-        out->norm[step] = os.grad_norm;
+        out->th.norm[step] = os.grad_norm;
     }
-    out->n = eng_exec_model(x)->spec.count;
-    out->weights = calloc((size_t)out->n, sizeof *out->weights);
-    out->sizes = calloc((size_t)out->n, sizeof *out->sizes);
-    for (int i = 0; i < out->n; i++) {
-        out->sizes[i] = eng_exec_model(x)->spec.params[i].numel * sizeof(float);
-        out->weight_bytes += out->sizes[i];
-        out->weights[i] = malloc(out->sizes[i]);
-        eng_exec_read_param(x, i, out->weights[i], false); /* drains: nothing may stay pending */
-    }
+    th_result_read_weights(&out->th, x); /* drains: nothing may stay pending */
+    out->weight_bytes = th_result_bytes(&out->th);
     out->stats = kern_device_stats(dev);
     eng_loader_free(&ld);
     eng_dataset_free(&ds);
@@ -126,29 +100,17 @@ static void run(const char *dir, const char *base_model, const sched_plan_t *pla
     eng_run_config_free(&rc);
 }
 
-static void free_result(result_t *r) {
-    for (int i = 0; i < r->n; i++) free(r->weights[i]);
-    free(r->weights);
-    free(r->sizes);
-}
-
 static void compare(const char *what, const result_t *a, const result_t *b) {
-    if (!a->ok || !b->ok) return;
-    for (int s = 0; s < STEPS; s++) {
-        CHECK(a->loss[s] == b->loss[s], "%s: step %d loss %.17g vs %.17g", what, s + 1, a->loss[s], b->loss[s]);
-        CHECK(a->norm[s] == b->norm[s], "%s: step %d grad norm %.17g vs %.17g", what, s + 1, a->norm[s],
-              b->norm[s]);
-    }
-    int differing = 0;
-    for (int i = 0; i < a->n; i++) differing += memcmp(a->weights[i], b->weights[i], a->sizes[i]) != 0;
-    CHECK(differing == 0, "%s: %d parameters differ after %d steps", what, differing, STEPS);
+    if (!a->th.ok || !b->th.ok) return;
+    th_compare_steps(what, &a->th, &b->th, STEPS, true, 0);
+    th_compare_weights(what, &a->th, &b->th, true, 0, NULL);
 }
 
 static void check_ordered(const char *what, const result_t *r) {
-    if (!r->ok) return;
+    if (!r->th.ok) return;
     const kern_device_stats_t *s = &r->stats;
-    CHECK(s->deferred_frees > 0, "%s: no free went through the stream-ordered queue", what);
-    CHECK(s->device_pending == 0, "%s: %zu bytes still pending after the final drain", what, s->device_pending);
+    TH_CHECK(s->deferred_frees > 0, "%s: no free went through the stream-ordered queue", what);
+    TH_CHECK(s->device_pending == 0, "%s: %zu bytes still pending after the final drain", what, s->device_pending);
     fprintf(stderr, "   %s: %llu stream-ordered frees, pending peak %zu bytes, %llu allocations waited, peak %zu\n",
             what, (unsigned long long)s->deferred_frees, s->device_pending_peak, (unsigned long long)s->free_waits,
             s->device_peak);
@@ -169,7 +131,7 @@ static int num_blocks(const char *dir) {
     eng_model_config_t cfg;
     mt_error_t err = {0};
     if (eng_model_config_load(path, NULL, &cfg, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         return -1;
     }
     const int nb = cfg.num_hidden_layers + 2;
@@ -213,12 +175,12 @@ static void check_case(const char *dir) {
     run(dir, NULL, &off, &ordered, 1, &rov);
     compare("offload_all overlapped (stream-ordered frees) vs keep_all", &rk0, &rov);
     check_ordered("offload_all overlapped", &rov);
-    free_result(&rk);
-    free_result(&ro);
-    free_result(&rm);
-    free_result(&rx);
-    free_result(&rk0);
-    free_result(&rov);
+    th_result_free(&rk.th);
+    th_result_free(&ro.th);
+    th_result_free(&rm.th);
+    th_result_free(&rx.th);
+    th_result_free(&rk0.th);
+    th_result_free(&rov.th);
     sched_plan_free(&keep);
     sched_plan_free(&off);
     sched_plan_free(&minm);
@@ -240,7 +202,7 @@ static void check_budget(const char *data_dir) {
         " \"router_aux_loss_coef\": 0.02}";
     mt_error_t err = {0};
     if (eng_checkpoint_init_random(ckpt, config, 3, &err) != MT_OK) {
-        CHECK(0, "%s", err.msg);
+        TH_CHECK(0, "%s", err.msg);
         return;
     }
     const int nb = 6 + 2;
@@ -253,14 +215,14 @@ static void check_budget(const char *data_dir) {
     const size_t budget = rk.weight_bytes * 3 / 4;
     const kern_device_opts_t ordered = ordered_opts(budget);
     run(data_dir, ckpt, &minm, &ordered, 0, &rb);
-    CHECK(rb.ok, "min_memory with stream-ordered frees under a %zu-byte budget (weights %zu bytes) failed", budget,
-          rk.weight_bytes);
-    CHECK(rb.stats.device_peak <= budget, "peak device bytes %zu exceed the budget %zu", rb.stats.device_peak,
-          budget);
+    TH_CHECK(rb.th.ok, "min_memory with stream-ordered frees under a %zu-byte budget (weights %zu bytes) failed", budget,
+             rk.weight_bytes);
+    TH_CHECK(rb.stats.device_peak <= budget, "peak device bytes %zu exceed the budget %zu", rb.stats.device_peak,
+             budget);
     compare("min_memory under budget (stream-ordered frees) vs keep_all", &rk, &rb);
     check_ordered("min_memory under budget", &rb);
-    free_result(&rk);
-    free_result(&rb);
+    th_result_free(&rk.th);
+    th_result_free(&rb.th);
     sched_plan_free(&keep);
     sched_plan_free(&minm);
 }
@@ -268,8 +230,8 @@ static void check_budget(const char *data_dir) {
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) check_case(argv[i]);
     if (argc > 1) check_budget(argv[1]);
-    if (failures) {
-        fprintf(stderr, "stream_frees_test: %d failures\n", failures);
+    if (th_failures()) {
+        fprintf(stderr, "stream_frees_test: %d failures\n", th_failures());
         return 1;
     }
     fprintf(stderr, "stream_frees_test: streamed plans with stream-ordered frees are bit-identical to keep_all\n");
