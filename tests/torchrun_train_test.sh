@@ -16,11 +16,19 @@
 #   5. refusals at the rendezvous, each exit 1 with a message naming the
 #      variable or rank at fault and nothing written: MASTER_ADDR unset, RANK
 #      out of range, rank 0 alone (rank 1 never comes), ranks disagreeing on
-#      WORLD_SIZE, two processes claiming RANK=1, a MASTER_PORT in use.
+#      WORLD_SIZE, two processes claiming RANK=1, a MASTER_PORT in use;
+#   6. as torchrun itself starts ranks (TORCHELASTIC_USE_AGENT_STORE=True:
+#      MASTER_PORT is the agent's store, so rank 0 publishes its address
+#      there), against store_standin (the store's protocol, this repository's
+#      stand-in): equal to devices: 2; rank 1 without a rank 0 gives up
+#      naming the store.  With torchrun installed (on PATH, or TORCHRUN=path)
+#      also under `torchrun --standalone --nproc-per-node 2`; without it that
+#      part says SKIPPED.
 set -u
 . "$(dirname "$0")/test_lib.sh"
-MOETUNE="$1"; HW="$2"
-[ -x "$MOETUNE" ] || { echo "usage: torchrun_train_test.sh MOETUNE HW.yaml"; exit 2; }
+MOETUNE="$1"; HW="$2"; STANDIN="$3"
+[ -x "$MOETUNE" ] && [ -x "$STANDIN" ] || { echo "usage: torchrun_train_test.sh MOETUNE HW.yaml STORE_STANDIN"; exit 2; }
+STANDIN="$(cd "$(dirname "$STANDIN")" && pwd)/$(basename "$STANDIN")"
 HW="$(cd "$(dirname "$HW")" && pwd)/$(basename "$HW")"
 MOETUNE="$(cd "$(dirname "$MOETUNE")" && pwd)/$(basename "$MOETUNE")"
 T="${TEST_TMPDIR:-$(mktemp -d)}/torchrun"
@@ -207,6 +215,44 @@ kill "$(pgrep -P "$PID_a" | head -n1)" 2>/dev/null; wait "$PID_a"
 [ "$RC0" = 1 ] && refused busy "cannot listen on MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT: Address already in use" \
   "$L/busy2.r0" && ok "a second job's rank 0 on a MASTER_PORT in use refused naming the port" \
   || { [ "$RC0" = 1 ] || fail "busy: exit $RC0"; }
+
+# --- 6. under torchrun's agent store ------------------------------------------------------
+NAME=store; next_port
+"$STANDIN" "$PORT" >"$L/standin.out" 2>&1 &
+standin=$!
+sleep 0.3
+AGENT=(TORCHELASTIC_USE_AGENT_STORE=True TORCHELASTIC_RUN_ID=standin-run TORCHELASTIC_RESTART_COUNT=0)
+rank 1 "${AGENT[@]}" -- train run.yaml --set output_dir=store
+rank 0 "${AGENT[@]}" -- train run.yaml --set output_dir=store
+wait "$PID_0"; RC0=$?; wait "$PID_1"; RC1=$?
+if [ "$RC0" != 0 ] || [ "$RC1" != 0 ]; then
+  fail "agent store: the ranks exited $RC0 and $RC1"; tail -3 "$L/store.r0" "$L/store.r1"
+else
+  same_run store dev2_grads_device store \
+    && ok "ranks meeting through the agent's store (rank 0 published its address) = devices: 2"
+fi
+NAME=store_alone
+rank 1 "${AGENT[@]}" TORCHELASTIC_RUN_ID=no-rank-0 MOETUNE_RENDEZVOUS_TIMEOUT_S=2 -- train run.yaml \
+  --set output_dir=store_alone
+wait "$PID_1"; RC1=$?
+[ "$RC1" = 1 ] && refused store_alone "rank 0 did not publish its address in torchrun's store" "$L/store_alone.r1" \
+  && ok "rank 1 without a rank 0 gives up after MOETUNE_RENDEZVOUS_TIMEOUT_S, naming the store" \
+  || { [ "$RC1" = 1 ] || fail "store_alone: exit $RC1"; }
+kill "$standin" 2>/dev/null; wait "$standin" 2>/dev/null
+
+TORCHRUN="${TORCHRUN:-$(command -v torchrun || true)}"
+if [ -n "$TORCHRUN" ] && [ -x "$TORCHRUN" ]; then
+  timeout 300 "$TORCHRUN" --standalone --nproc-per-node 2 --no-python "$MOETUNE" train run.yaml \
+    --set output_dir=torchrun >"$L/torchrun.out" 2>&1
+  rc=$?
+  if [ "$rc" != 0 ]; then
+    fail "torchrun --standalone --nproc-per-node 2: exit $rc"; grep moetune "$L/torchrun.out" | tail -3
+  else
+    same_run torchrun dev2_grads_device torchrun && ok "under $TORCHRUN itself: equal to devices: 2"
+  fi
+else
+  echo "SKIPPED (torchrun itself): torchrun is not installed here (PyTorch); the agent store was the stand-in's"
+fi
 
 if [ "$failures" -gt 0 ]; then echo "$failures failure(s); logs in $L"; exit 1; fi
 echo "all passed"

@@ -167,23 +167,30 @@ _Noreturn static void mismatch(const kern_tcp_t *t, int other, const frame_t *mi
     _exit(1);
 }
 
-static mt_status_t resolve(const char *addr, const char *port, bool passive, struct addrinfo **out,
-                           mt_error_t *err) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+/* Where a connection goes, for messages: "MASTER_ADDR=a MASTER_PORT=p"
+ * or rank 0's address as torchrun's store gave it. */
+typedef struct {
+    char host[256], port[16];
+    char what[400];
+} endpoint_t;
+
+static mt_status_t resolve(const char *host, const char *port, int family, bool passive, struct addrinfo **out,
+                           const char *what, mt_error_t *err) {
+    struct addrinfo hints = {.ai_family = family, .ai_socktype = SOCK_STREAM};
     if (passive) hints.ai_flags = AI_PASSIVE;
-    const int rc = getaddrinfo(addr, port, &hints, out);
+    const int rc = getaddrinfo(host, port, &hints, out);
     if (rc != 0)
-        return mt_error_set(err, MT_ERR_CONFIG, "MASTER_ADDR=%s MASTER_PORT=%s: cannot resolve the address: %s",
-                            addr ? addr : "(any)", port, gai_strerror(rc));
+        return mt_error_set(err, MT_ERR_CONFIG, "%s: cannot resolve the address: %s", what, gai_strerror(rc));
     return MT_OK;
 }
 
-/* On every interface, as torchrun's store does: MASTER_ADDR is how the
- * other ranks reach rank 0, and the name may resolve here to a loopback
- * address (Debian maps the host name to 127.0.1.1) that they cannot reach. */
-static mt_status_t listen_on(const char *addr, const char *port, int *fd_out, mt_error_t *err) {
+/* On every interface of `family` (AF_UNSPEC: any), as torchrun's store
+ * does: MASTER_ADDR is how the other ranks reach rank 0, and the name may
+ * resolve here to a loopback address (Debian maps the host name to
+ * 127.0.1.1) that they cannot reach.  Port "0": one the system picks. */
+static mt_status_t listen_on(const char *port, int family, const char *what, int *fd_out, mt_error_t *err) {
     struct addrinfo *ai = NULL;
-    mt_status_t st = resolve(NULL, port, true, &ai, err);
+    mt_status_t st = resolve(NULL, port, family, true, &ai, what, err);
     if (st != MT_OK) return st;
     int fd = -1, last_errno = 0;
     for (const struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
@@ -202,9 +209,7 @@ static mt_status_t listen_on(const char *addr, const char *port, int *fd_out, mt
     }
     freeaddrinfo(ai);
     if (fd < 0)
-        return mt_error_set(err, MT_ERR_CONFIG,
-                            "rank 0 cannot listen on MASTER_ADDR=%s MASTER_PORT=%s: %s%s", addr, port,
-                            strerror(last_errno),
+        return mt_error_set(err, MT_ERR_CONFIG, "rank 0 cannot listen on %s: %s%s", what, strerror(last_errno),
                             last_errno == EADDRINUSE ? " (another job or program uses that port: give this "
                                                        "job another MASTER_PORT)"
                                                      : "");
@@ -212,12 +217,13 @@ static mt_status_t listen_on(const char *addr, const char *port, int *fd_out, mt
     return MT_OK;
 }
 
-static mt_status_t connect_to(const char *addr, const char *port, double deadline, int timeout_s, int rank,
-                              int *fd_out, mt_error_t *err) {
+/* Connects to `to`, retrying while nobody listens there yet. */
+static mt_status_t connect_to(const endpoint_t *to, double deadline, int timeout_s, int rank, int *fd_out,
+                              mt_error_t *err) {
     int last_errno = 0;
     for (;;) {
         struct addrinfo *ai = NULL;
-        mt_status_t st = resolve(addr, port, false, &ai, err);
+        mt_status_t st = resolve(to->host, to->port, AF_UNSPEC, false, &ai, to->what, err);
         if (st != MT_OK) return st;
         for (const struct addrinfo *a = ai; a; a = a->ai_next) {
             const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -236,18 +242,150 @@ static mt_status_t connect_to(const char *addr, const char *port, double deadlin
         freeaddrinfo(ai);
         if (now_s() >= deadline)
             return mt_error_set(err, MT_ERR_DEVICE,
-                                "rank %d could not reach rank 0 at MASTER_ADDR=%s MASTER_PORT=%s within %d s "
-                                "(%s): is rank 0 running, with the same MASTER_ADDR and MASTER_PORT? "
-                                "(MOETUNE_RENDEZVOUS_TIMEOUT_S sets the wait)",
-                                rank, addr, port, timeout_s, strerror(last_errno));
+                                "rank %d could not reach %s within %d s (%s): is it running, with the same "
+                                "MASTER_ADDR and MASTER_PORT? (MOETUNE_RENDEZVOUS_TIMEOUT_S sets the wait)",
+                                rank, to->what, timeout_s, strerror(last_errno));
         usleep(RETRY_MS * 1000);
     }
 }
+
 
 static void run_id(char out[RUN_ID_CHARS]) {
     memset(out, 0, RUN_ID_CHARS);
     const char *id = env("TORCHELASTIC_RUN_ID");
     if (id) snprintf(out, RUN_ID_CHARS, "%s", id);
+}
+
+/* torchrun (PyTorch 2.4 and later) runs an agent per node, and node 0's
+ * agent already listens on MASTER_PORT with PyTorch's TCPStore; it says so
+ * with TORCHELASTIC_USE_AGENT_STORE=True.  Then rank 0 listens on a port
+ * the system picks and publishes its address in that store, and the other
+ * ranks read it there.  Four store commands, in PyTorch's wire format (a
+ * command byte; integers in host order; strings and values as a u64 length
+ * and the bytes): VALIDATE with its magic number, SET, WAIT until a key
+ * exists (answered by one byte, 0), GET (answered by a value). */
+enum { STORE_VALIDATE = 0, STORE_SET = 1, STORE_GET = 3, STORE_WAIT = 6 };
+static const uint32_t STORE_MAGIC = 0x3C85F7CEu;
+enum { STORE_VALUE_MAX = 300 };
+
+static bool agent_store(void) {
+    const char *v = env("TORCHELASTIC_USE_AGENT_STORE");
+    return v && strcmp(v, "True") == 0;
+}
+
+/* One command in one send: the store treats a connection's first bytes
+ * specially (they must be VALIDATE), and a VALIDATE that arrives split
+ * over two reads makes it close the connection. */
+static bool store_send(int fd, uint8_t cmd, const char *key, const char *value) {
+    char buf[1 + 3 * sizeof(uint64_t) + 2 * STORE_VALUE_MAX];
+    size_t n = 0;
+    buf[n++] = (char)cmd;
+    if (cmd == STORE_VALIDATE) {
+        memcpy(buf + n, &STORE_MAGIC, sizeof STORE_MAGIC);
+        return send_all(fd, buf, n + sizeof STORE_MAGIC);
+    }
+    if (cmd == STORE_WAIT) {
+        const uint64_t keys = 1;
+        memcpy(buf + n, &keys, sizeof keys);
+        n += sizeof keys;
+    }
+    const char *parts[2] = {key, value};
+    for (int i = 0; i < 2 && parts[i]; i++) {
+        const uint64_t len = strlen(parts[i]);
+        MT_CHECK(len < STORE_VALUE_MAX, "store_send: %llu bytes (at most %d)", (unsigned long long)len,
+                 STORE_VALUE_MAX - 1);
+        memcpy(buf + n, &len, sizeof len);
+        memcpy(buf + n + sizeof len, parts[i], len);
+        n += sizeof len + len;
+    }
+    return send_all(fd, buf, n);
+}
+
+/* The key rank 0 publishes under: one per launch and restart, so a
+ * restarted group never reads an address of the group before it. */
+static void store_key(char *key, size_t cap) {
+    char id[RUN_ID_CHARS];
+    run_id(id);
+    const char *restarts = env("TORCHELASTIC_RESTART_COUNT");
+    snprintf(key, cap, "moetune/rendezvous/%s/%s", id, restarts ? restarts : "0");
+}
+
+static mt_status_t store_open(const endpoint_t *store, double deadline, int timeout_s, int rank, int *fd,
+                              mt_error_t *err) {
+    mt_status_t st = connect_to(store, deadline, timeout_s, rank, fd, err);
+    if (st != MT_OK) return st;
+    if (!store_send(*fd, STORE_VALIDATE, NULL, NULL)) {
+        close(*fd);
+        return mt_error_set(err, MT_ERR_DEVICE, "rank %d: %s closed the connection (%s)", rank, store->what,
+                            strerror(errno));
+    }
+    return MT_OK;
+}
+
+/* Rank 0 under torchrun's agent store: listens on a port the system picks,
+ * on the address family and interface that reach the store, and publishes
+ * "host port" there. */
+static mt_status_t listen_published(const endpoint_t *store, double deadline, int timeout_s, int *listen_fd,
+                                    mt_error_t *err) {
+    int fd = -1;
+    mt_status_t st = store_open(store, deadline, timeout_s, 0, &fd, err);
+    if (st != MT_OK) return st;
+    struct sockaddr_storage here;
+    socklen_t len = sizeof here;
+    char host[128] = "", value[STORE_VALUE_MAX], key[200]; /* a numeric address: at most 46 characters and a scope */
+    if (getsockname(fd, (struct sockaddr *)&here, &len) != 0 ||
+        getnameinfo((struct sockaddr *)&here, len, host, sizeof host, NULL, 0, NI_NUMERICHOST) != 0)
+        st = mt_error_set(err, MT_ERR_DEVICE, "rank 0: cannot tell its own address on the connection to %s: %s",
+                          store->what, strerror(errno));
+    if (st == MT_OK) st = listen_on("0", here.ss_family, "a port the system picks", listen_fd, err);
+    if (st == MT_OK) {
+        len = sizeof here;
+        char port[16] = "";
+        if (getsockname(*listen_fd, (struct sockaddr *)&here, &len) != 0 ||
+            getnameinfo((struct sockaddr *)&here, len, NULL, 0, port, sizeof port, NI_NUMERICSERV) != 0) {
+            st = mt_error_set(err, MT_ERR_DEVICE, "rank 0: cannot tell the port it listens on: %s", strerror(errno));
+        } else {
+            snprintf(value, sizeof value, "%s %s", host, port);
+            store_key(key, sizeof key);
+            if (!store_send(fd, STORE_SET, key, value))
+                st = mt_error_set(err, MT_ERR_DEVICE, "rank 0: %s closed the connection (%s)", store->what,
+                                  strerror(errno));
+        }
+        if (st != MT_OK) close(*listen_fd);
+    }
+    close(fd);
+    return st;
+}
+
+/* Any other rank under torchrun's agent store: rank 0's address, waiting
+ * until rank 0 has published it. */
+static mt_status_t store_lookup(const endpoint_t *store, double deadline, int timeout_s, int rank,
+                                endpoint_t *rank0, mt_error_t *err) {
+    int fd = -1;
+    mt_status_t st = store_open(store, deadline, timeout_s, rank, &fd, err);
+    if (st != MT_OK) return st;
+    char key[200], value[STORE_VALUE_MAX] = "";
+    store_key(key, sizeof key);
+    uint8_t waited = 1;
+    uint64_t n = 0;
+    const double left = deadline - now_s();
+    if (!store_send(fd, STORE_WAIT, key, NULL) || !wait_readable(fd, left > 0 ? (int)(left * 1000) + 1 : 1) ||
+        !recv_all(fd, &waited, 1) || waited != 0) {
+        st = mt_error_set(err, MT_ERR_DEVICE,
+                          "rank %d: rank 0 did not publish its address in %s within %d s (did rank 0 start? "
+                          "MOETUNE_RENDEZVOUS_TIMEOUT_S sets the wait)",
+                          rank, store->what, timeout_s);
+    } else if (!store_send(fd, STORE_GET, key, NULL) || !recv_all(fd, &n, sizeof n) || n >= sizeof value ||
+               !recv_all(fd, value, (size_t)n) ||
+               sscanf(value, "%255s %15s", rank0->host, rank0->port) != 2) {
+        st = mt_error_set(err, MT_ERR_DEVICE, "rank %d: %s gave no usable address for rank 0 under %s", rank,
+                          store->what, key);
+    } else {
+        snprintf(rank0->what, sizeof rank0->what, "rank 0 at %s port %s (as torchrun's store gave it)",
+                 rank0->host, rank0->port);
+    }
+    close(fd);
+    return st;
 }
 
 static void host_name(char out[HOST_CHARS]) {
@@ -364,9 +502,17 @@ mt_status_t kern_tcp_init(kern_tcp_t **out, int *rank, int *size, int *local_ran
     for (long r = 0; r < world; r++) t->peer[r] = -1;
     const double deadline = now_s() + (double)timeout_s;
 
+    endpoint_t master = {0};
+    snprintf(master.host, sizeof master.host, "%s", addr);
+    snprintf(master.port, sizeof master.port, "%s", port);
+    const bool via_store = agent_store();
+    snprintf(master.what, sizeof master.what, "%sMASTER_ADDR=%s MASTER_PORT=%s",
+             via_store ? "torchrun's store at " : "", master.host, master.port);
+
     if (me == 0) {
         int listen_fd = -1;
-        st = listen_on(addr, port, &listen_fd, err);
+        st = via_store ? listen_published(&master, deadline, (int)timeout_s, &listen_fd, err)
+                       : listen_on(port, AF_UNSPEC, master.what, &listen_fd, err);
         int *locals = st == MT_OK ? calloc((size_t)world, sizeof *locals) : NULL;
         if (st == MT_OK) {
             MT_CHECK_ALLOC(locals, "rendezvous");
@@ -378,7 +524,9 @@ mt_status_t kern_tcp_init(kern_tcp_t **out, int *rank, int *size, int *local_ran
         free(locals);
     } else {
         int fd = -1;
-        st = connect_to(addr, port, deadline, (int)timeout_s, (int)me, &fd, err);
+        endpoint_t rank0 = master;
+        if (via_store) st = store_lookup(&master, deadline, (int)timeout_s, (int)me, &rank0, err);
+        if (st == MT_OK) st = connect_to(&rank0, deadline, (int)timeout_s, (int)me, &fd, err);
         if (st == MT_OK) {
             t->peer[0] = fd;
             no_delay(fd);
@@ -391,9 +539,9 @@ mt_status_t kern_tcp_init(kern_tcp_t **out, int *rank, int *size, int *local_ran
             if (!send_all(fd, &h, sizeof h) || !wait_readable(fd, left > 0 ? (int)(left * 1000) + 1 : 1) ||
                 !recv_all(fd, &w, sizeof w)) {
                 st = mt_error_set(err, MT_ERR_DEVICE,
-                                  "rank %ld: rank 0 at MASTER_ADDR=%s MASTER_PORT=%s closed the connection or "
-                                  "did not answer within %ld s while the ranks met",
-                                  me, addr, port, timeout_s);
+                                  "rank %ld: %s closed the connection or did not answer within %ld s while "
+                                  "the ranks met",
+                                  me, rank0.what, timeout_s);
             } else if (!w.accepted) {
                 w.reason[REASON_CHARS - 1] = '\0';
                 st = mt_error_set(err, MT_ERR_CONFIG, "rank %ld was refused by rank 0: %s", me, w.reason);
