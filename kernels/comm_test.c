@@ -61,15 +61,28 @@ static float input(int q, int r, size_t i) {
     return scale[q] * sinf((float)(i * 7 + (size_t)r * 131 + (size_t)q * 17) * 0.37f);
 }
 
-static void run(int n, mt_dtype_t dt) {
-    kern_device_t *devs[MAX_RANKS] = {0};
+/* n CPU devices (1 MiB each) and a communicator over them; NULL (a failed
+ * expectation) when either cannot be made. */
+static kern_comm_t *open_ranks(int n, kern_device_t **devs) {
     mt_error_t err = {0};
     kern_device_opts_t o = {.device_budget_bytes = 1 << 20, .host_threads = 1};
     for (int q = 0; q < n; q++)
         EXPECT(kern_device_create(KERN_BACKEND_CPU, &o, &devs[q], &err) == MT_OK, "%s", err.msg);
     kern_comm_t *comm = NULL;
     EXPECT(kern_comm_create(devs, n, &comm, &err) == MT_OK, "kern_comm_create(%d): %s", n, err.msg);
+    return comm;
+}
+
+static void close_ranks(int n, kern_device_t **devs, kern_comm_t *comm) {
+    kern_comm_destroy(comm);
+    for (int q = 0; q < n; q++) kern_device_destroy(devs[q]);
+}
+
+static void run(int n, mt_dtype_t dt) {
+    kern_device_t *devs[MAX_RANKS] = {0};
+    kern_comm_t *comm = open_ranks(n, devs);
     if (!comm) return;
+    mt_error_t err = {0};
     EXPECT(kern_comm_size(comm) == n, "size %d, want %d", kern_comm_size(comm), n);
     const size_t esz = mt_dtype_size(dt);
     rank_arg_t args[MAX_RANKS];
@@ -115,8 +128,7 @@ static void run(int n, mt_dtype_t dt) {
     }
     for (int q = 0; q < n; q++)
         for (int r = 0; r < ROUNDS; r++) kern_free(devs[q], args[q].bufs[r]);
-    kern_comm_destroy(comm);
-    for (int q = 0; q < n; q++) kern_device_destroy(devs[q]);
+    close_ranks(n, devs, comm);
 }
 
 /* ---- all-to-all ---------------------------------------------------------- */
@@ -158,13 +170,9 @@ static void *a2a_main(void *p) {
 
 static void run_a2a(int n, mt_dtype_t dt, bool mismatch) {
     kern_device_t *devs[MAX_RANKS] = {0};
-    mt_error_t err = {0};
-    kern_device_opts_t o = {.device_budget_bytes = 1 << 20, .host_threads = 1};
-    for (int q = 0; q < n; q++)
-        EXPECT(kern_device_create(KERN_BACKEND_CPU, &o, &devs[q], &err) == MT_OK, "%s", err.msg);
-    kern_comm_t *comm = NULL;
-    EXPECT(kern_comm_create(devs, n, &comm, &err) == MT_OK, "%s", err.msg);
+    kern_comm_t *comm = open_ranks(n, devs);
     if (!comm) return;
+    mt_error_t err = {0};
     const size_t esz = mt_dtype_size(dt);
     a2a_arg_t *args = calloc((size_t)n, sizeof *args);
     for (int q = 0; q < n; q++) {
@@ -227,8 +235,7 @@ static void run_a2a(int n, mt_dtype_t dt, bool mismatch) {
             kern_free(devs[q], args[q].recv[r]);
         }
     free(args);
-    kern_comm_destroy(comm);
-    for (int q = 0; q < n; q++) kern_device_destroy(devs[q]);
+    close_ranks(n, devs, comm);
 }
 
 /* Rank 1 fails before the collective and aborts; rank 0 must come back. */
@@ -249,11 +256,8 @@ static void *abort_rank0(void *p) {
 static void test_abort(void) {
     kern_device_t *devs[2] = {0};
     mt_error_t err = {0};
-    kern_device_opts_t o = {.device_budget_bytes = 1 << 20, .host_threads = 1};
-    for (int q = 0; q < 2; q++)
-        EXPECT(kern_device_create(KERN_BACKEND_CPU, &o, &devs[q], &err) == MT_OK, "%s", err.msg);
-    kern_comm_t *comm = NULL;
-    EXPECT(kern_comm_create(devs, 2, &comm, &err) == MT_OK, "%s", err.msg);
+    kern_comm_t *comm = open_ranks(2, devs);
+    if (!comm) return;
     abort_arg_t a = {.comm = comm, .buf = kern_alloc(devs[0], 64, "abort buf", &err)};
     pthread_t th;
     pthread_create(&th, NULL, abort_rank0, &a);
@@ -270,8 +274,7 @@ static void test_abort(void) {
                strstr(err.msg, "aborted"),
            "a collective after the abort: '%s'", err.msg);
     kern_free(devs[0], a.buf);
-    kern_comm_destroy(comm);
-    for (int q = 0; q < 2; q++) kern_device_destroy(devs[q]);
+    close_ranks(2, devs, comm);
 }
 
 static void test_errors(void) {

@@ -148,6 +148,16 @@ void plan_devices_text(FILE *f, const plan_ctx_t *c, const plan_devices_t *d) {
         fprintf(f, "\n");
 }
 
+/* One device's entry of a "per_device" array. */
+static json_t *device_bytes_json(int device, double h2d, double d2h, double peak) {
+    json_t *x = json_object();
+    json_object_set_new(x, "device", json_integer(device));
+    json_object_set_new(x, "h2d_bytes", json_real(h2d));
+    json_object_set_new(x, "d2h_bytes", json_real(d2h));
+    json_object_set_new(x, "peak_device_bytes", json_real(peak));
+    return x;
+}
+
 json_t *plan_devices_json(const plan_ctx_t *c, const plan_devices_t *d) {
     const sched_dp_result_t *p = &d->dp;
     json_t *o = json_object();
@@ -165,13 +175,8 @@ json_t *plan_devices_json(const plan_ctx_t *c, const plan_devices_t *d) {
     json_object_set_new(o, "reduce_host_bytes", json_real(p->reduce_host_bytes));
     json_t *per = json_array();
     for (int dv = 0; dv < p->devices; dv++) {
-        json_t *x = json_object();
-        const int k = dv == 0 ? 0 : 1;
-        json_object_set_new(x, "device", json_integer(dv));
-        json_object_set_new(x, "h2d_bytes", json_real(p->h2d_bytes[k]));
-        json_object_set_new(x, "d2h_bytes", json_real(p->d2h_bytes[k]));
-        json_object_set_new(x, "peak_device_bytes", json_real(p->peak_device[k]));
-        json_array_append_new(per, x);
+        const int k = dv == 0 ? 0 : 1; /* device 0, then every other device alike */
+        json_array_append_new(per, device_bytes_json(dv, p->h2d_bytes[k], p->d2h_bytes[k], p->peak_device[k]));
     }
     json_object_set_new(o, "per_device", per);
     json_object_set_new(o, "h2d_bytes_total", json_real(p->h2d_bytes[0] + (p->devices - 1) * p->h2d_bytes[1]));
@@ -197,14 +202,8 @@ json_t *plan_devices_json(const plan_ctx_t *c, const plan_devices_t *d) {
         json_object_set_new(x, "peer_bytes", json_real(q->peer_bytes));
         json_object_set_new(x, "reduce_device_bytes", json_real(q->reduce_device_bytes));
         json_t *pd = json_array();
-        for (int dv = 0; dv < 2; dv++) {
-            json_t *y = json_object();
-            json_object_set_new(y, "device", json_integer(dv));
-            json_object_set_new(y, "h2d_bytes", json_real(q->h2d_bytes[dv]));
-            json_object_set_new(y, "d2h_bytes", json_real(q->d2h_bytes[dv]));
-            json_object_set_new(y, "peak_device_bytes", json_real(q->peak_device[dv]));
-            json_array_append_new(pd, y);
-        }
+        for (int dv = 0; dv < 2; dv++)
+            json_array_append_new(pd, device_bytes_json(dv, q->h2d_bytes[dv], q->d2h_bytes[dv], q->peak_device[dv]));
         json_object_set_new(x, "per_device", pd);
         json_object_set_new(lay, k_layout_names[k], x);
     }
