@@ -5,20 +5,20 @@
 # launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: TCP through rank 0).
 # Usage: mpi_sum_test.sh MPI_SUM_TEST
 set -u
+. "$(dirname "$0")/test_lib.sh"
 BIN="$1"
 [ -x "$BIN" ] || { echo "usage: mpi_sum_test.sh MPI_SUM_TEST"; exit 2; }
 command -v mpirun >/dev/null || { echo "FAIL mpirun not found: install openmpi-bin"; exit 1; }
-failures=0
 # root in CI; more ranks than cores; Open MPI's allocations outlive
 # MPI_Finalize, so LeakSanitizer is off for the ranks (its other checks stay)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 if ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" timeout 120 mpirun -np 3 "$BIN"; then
-  echo "ok   mpirun -np 3"
+  ok "mpirun -np 3"
 else
-  echo "FAIL mpirun -np 3"; failures=$((failures + 1))
+  fail "mpirun -np 3"
 fi
 
-port=$((20000 + (RANDOM * 7 + $$) % 40000))
+port=$(random_port)
 pids=()
 for r in 2 1 0; do
   WORLD_SIZE=3 RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MOETUNE_RENDEZVOUS_TIMEOUT_S=60 \
@@ -26,7 +26,7 @@ for r in 2 1 0; do
   pids+=($!)
 done
 for p in "${pids[@]}"; do
-  wait "$p" || { echo "FAIL torchrun-style launch: a rank exited $?"; failures=$((failures + 1)); }
+  wait "$p" || fail "torchrun-style launch: a rank exited $?"
 done
-[ "$failures" = 0 ] && echo "ok   torchrun-style launch of 3 ranks"
+[ "$failures" = 0 ] && ok "torchrun-style launch of 3 ranks"
 exit $((failures > 0))

@@ -6,6 +6,10 @@ failures=0
 fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 ok() { echo "ok   $*"; }
 
+# A TCP port for a test's ranks to meet on, from 20000..59999 so that tests
+# running side by side (and this one's earlier launches) rarely collide.
+random_port() { echo $((20000 + (RANDOM * 7 + $$) % 40000)); }
+
 # tiny.json (a 2-layer Mixtral with 4 experts, top-2, and the load-balancing
 # loss) and data/train.jsonl with ROWS rows of 12 tokens, in the current
 # directory: small enough that a run takes a second, large enough to route

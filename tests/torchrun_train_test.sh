@@ -41,7 +41,7 @@ sed "s|$W/data/train.jsonl|$W/data/missing.jsonl|" run.yaml > run_missing.yaml
 
 # a fresh port per launch: a port another test (or this one) just used may
 # still be in TIME_WAIT or, worse, in use
-PORT=$((20000 + (RANDOM * 7 + $$) % 40000))
+PORT=$(random_port)
 next_port() { PORT=$((PORT + 1)); }
 # rank R [ENV=V ...] -- ARGS: one rank of a 2-rank job on $PORT, in the
 # background, its output in $L/$NAME.rR; sets PID_R

@@ -76,15 +76,19 @@ static bool parse_int(const char *s, long lo, long hi, long *out) {
     return true;
 }
 
+static mt_status_t not_set(const char *name, mt_error_t *err) {
+    return mt_error_set(err, MT_ERR_CONFIG,
+                        "%s is not set: a torchrun-style launch (WORLD_SIZE=%s) gives every process RANK, "
+                        "WORLD_SIZE, MASTER_ADDR and MASTER_PORT (or start moetune with mpirun, or unset "
+                        "WORLD_SIZE for one process)",
+                        name, env("WORLD_SIZE") ? env("WORLD_SIZE") : "?");
+}
+
 static mt_status_t int_env(const char *name, long lo, long hi, long dflt, bool required, long *out,
                            mt_error_t *err) {
     const char *v = env(name);
     if (!v) {
-        if (required)
-            return mt_error_set(err, MT_ERR_CONFIG,
-                                "%s is not set: a torchrun-style launch (WORLD_SIZE=%s) gives every process "
-                                "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT",
-                                name, env("WORLD_SIZE") ? env("WORLD_SIZE") : "?");
+        if (required) return not_set(name, err);
         *out = dflt;
         return MT_OK;
     }
@@ -397,8 +401,7 @@ static void host_name(char out[HOST_CHARS]) {
  * moetune ranks are dropped; a rank from another launch, a second claim to
  * a rank or a different WORLD_SIZE fails the job, since training with it
  * would be wrong and waiting for the right one might be forever. */
-static mt_status_t gather_ranks(kern_tcp_t *t, int listen_fd, double deadline, int timeout_s,
-                                int *local_ranks, mt_error_t *err) {
+static mt_status_t gather_ranks(kern_tcp_t *t, int listen_fd, double deadline, int timeout_s, mt_error_t *err) {
     hello_t *hello = calloc((size_t)t->size, sizeof *hello);
     MT_CHECK_ALLOC(hello, "rendezvous");
     host_name(hello[0].host);
@@ -455,14 +458,11 @@ static mt_status_t gather_ranks(kern_tcp_t *t, int listen_fd, double deadline, i
         hello[h.rank] = h;
         joined++;
     }
-    /* local ranks from the host names: the index among the ranks on a host */
-    for (int r = 0; r < t->size && st == MT_OK; r++) {
-        local_ranks[r] = 0;
-        for (int q = 0; q < r; q++) local_ranks[r] += strcmp(hello[q].host, hello[r].host) == 0;
-    }
     for (int r = 1; r < t->size; r++) {
         if (t->peer[r] < 0) continue;
-        welcome_t w = {.accepted = st == MT_OK, .local_rank = st == MT_OK ? local_ranks[r] : 0};
+        welcome_t w = {.accepted = st == MT_OK};
+        /* the local rank from the host names: the index among the ranks on r's host */
+        for (int q = 0; q < r && st == MT_OK; q++) w.local_rank += strcmp(hello[q].host, hello[r].host) == 0;
         if (st != MT_OK) {
             const size_t n = strnlen(err->msg, sizeof w.reason - 1);
             memcpy(w.reason, err->msg, n); /* the start of the message: a welcome has a fixed size */
@@ -482,13 +482,7 @@ mt_status_t kern_tcp_init(kern_tcp_t **out, int *rank, int *size, int *local_ran
     if (st == MT_OK) st = int_env("MOETUNE_RENDEZVOUS_TIMEOUT_S", 1, 86400, DEFAULT_TIMEOUT_S, false, &timeout_s, err);
     if (st != MT_OK) return st;
     const char *addr = env("MASTER_ADDR"), *port = env("MASTER_PORT");
-    const char *missing = !addr ? "MASTER_ADDR" : !port ? "MASTER_PORT" : NULL;
-    if (missing)
-        return mt_error_set(err, MT_ERR_CONFIG,
-                            "%s is not set: a torchrun-style launch (WORLD_SIZE=%ld) gives every process RANK, "
-                            "WORLD_SIZE, MASTER_ADDR and MASTER_PORT (or start moetune with mpirun, or unset "
-                            "WORLD_SIZE for one process)",
-                            missing, world);
+    if (!addr || !port) return not_set(!addr ? "MASTER_ADDR" : "MASTER_PORT", err);
     long port_no = 0;
     if (!parse_int(port, 1, 65535, &port_no))
         return mt_error_set(err, MT_ERR_CONFIG, "MASTER_PORT=%s: expected a TCP port from 1 to 65535", port);
@@ -513,15 +507,12 @@ mt_status_t kern_tcp_init(kern_tcp_t **out, int *rank, int *size, int *local_ran
         int listen_fd = -1;
         st = via_store ? listen_published(&master, deadline, (int)timeout_s, &listen_fd, err)
                        : listen_on(port, AF_UNSPEC, master.what, &listen_fd, err);
-        int *locals = st == MT_OK ? calloc((size_t)world, sizeof *locals) : NULL;
         if (st == MT_OK) {
-            MT_CHECK_ALLOC(locals, "rendezvous");
-            st = gather_ranks(t, listen_fd, deadline, (int)timeout_s, locals, err);
+            st = gather_ranks(t, listen_fd, deadline, (int)timeout_s, err);
             /* no later connection can join this job */
             close(listen_fd);
-            *local_rank = local >= 0 ? (int)local : locals[0];
+            *local_rank = local >= 0 ? (int)local : 0; /* the first rank on its host */
         }
-        free(locals);
     } else {
         int fd = -1;
         endpoint_t rank0 = master;
