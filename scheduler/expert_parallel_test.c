@@ -30,41 +30,26 @@ static int failures;
 static const double GiB = 1073741824.0;
 static const char *const k_hw = "configs/hw/h100-80gb-pcie.yaml";
 
-typedef struct {
-    sched_registry_t reg;
-    sched_hw_t hw;
-    sched_workload_t w;
-    bool ok;
-} setup_t;
-
 /* Mixtral-8x7B's sizes, full fine-tuning in bf16, 4 micro-batches of 4096
  * tokens per device.  peer_gbps > 0: a direct peer link of that many GB/s
  * (else the profile's: through host memory). */
-static void setup(setup_t *s, double peer_gbps) {
-    memset(s, 0, sizeof *s);
+static bool setup(sched_test_setup_t *s, double peer_gbps) {
     sched_test_model_t m = {0};
     m.num_layers = 32, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.head_dim = 128, m.vocab = 32000;
     m.num_experts = 8, m.top_k = 2, m.expert_inter = 14336;
     sched_run_shape_t sh = {0};
     sh.micro_batch_size = 1, sh.sequence_len = 4096, sh.grad_accum = 4, sh.bf16 = true, sh.max_grad_norm = 1.0;
     mt_error_t err = {0};
-    sched_program_t prog;
-    sched_test_program(&m, &sh, &prog);
-    s->ok = sched_hw_load(k_hw, &s->hw, &err) == MT_OK;
-    if (s->ok && peer_gbps > 0) {
-        s->hw.peer_bw_peak = peer_gbps * 1e9;
-        s->hw.peer_frac = 1.0;
-        s->hw.peer_latency_s = 10e-6;
+    sched_hw_t hw;
+    bool ok = sched_hw_load(k_hw, &hw, &err) == MT_OK;
+    if (ok && peer_gbps > 0) {
+        hw.peer_bw_peak = peer_gbps * 1e9;
+        hw.peer_frac = 1.0;
+        hw.peer_latency_s = 10e-6;
     }
-    s->ok = s->ok && sched_registry_build(&prog, &sh, &s->reg, &err) == MT_OK &&
-            sched_workload_build(&s->reg, &s->hw, &s->w, &err) == MT_OK;
-    sched_program_free(&prog);
-    EXPECT(s->ok, "setup: %s", err.msg);
-}
-
-static void teardown(setup_t *s) {
-    sched_workload_free(&s->w);
-    sched_registry_free(&s->reg);
+    ok = ok && sched_test_setup(s, &m, &sh, &hw, &err) == MT_OK;
+    EXPECT(ok, "setup: %s", err.msg);
+    return ok;
 }
 
 static void opts_for(sched_planner_opts_t *o, sched_parallel_t parallel) {
@@ -81,9 +66,8 @@ static void opts_for(sched_planner_opts_t *o, sched_parallel_t parallel) {
  * dense part is unchanged; the rows exchanged are n k hidden-size rows
  * each way per pass. */
 static void test_costs(void) {
-    setup_t s;
-    setup(&s, 0);
-    if (!s.ok) return;
+    sched_test_setup_t s;
+    if (!setup(&s, 0)) return;
     EXPECT(s.w.ep_blocks && s.w.moe && !s.w.moe[0] && s.w.moe[1] && !s.w.moe[s.w.num_blocks - 1], "MoE blocks");
     const sched_block_info_t *bi = &s.reg.blocks[1];
     const sched_block_cost_t *dp = &s.w.blocks[1], *ep = &s.w.ep_blocks[1];
@@ -106,7 +90,7 @@ static void test_costs(void) {
     EXPECT(fabs(ep->fwd_s - dp->fwd_s - 2 * a2a) < 1e-9 && fabs(ep->bwd_s - dp->bwd_s - 2 * a2a) < 1e-9,
            "fwd %g vs %g + 2 x %g", ep->fwd_s, dp->fwd_s, a2a);
     EXPECT(s.w.peer_via_host && fabs(s.w.peer_bw - sched_hw_h2d_bw(&s.hw)) < 1, "PCIe profile: through the host");
-    teardown(&s);
+    sched_test_teardown(&s);
 }
 
 /* The simulator: under one streamed plan, each device's link carries half
@@ -114,9 +98,8 @@ static void test_costs(void) {
  * host memory the exchange is on the links as well; the reduction sums the
  * replicated gradients only. */
 static void test_streaming_halved(void) {
-    setup_t s;
-    setup(&s, 0);
-    if (!s.ok) return;
+    sched_test_setup_t s;
+    if (!setup(&s, 0)) return;
     const int N = s.w.num_blocks;
     sched_plan_t p[2];
     double fetched[2] = {0}, exchanged[2] = {0}, peer[2] = {0}, host_static[2] = {0};
@@ -160,7 +143,7 @@ static void test_streaming_halved(void) {
            dense_grads);
     EXPECT(dp[1].peer_bytes == peer[1] && dp[1].expert_parallel_blocks == N - 2, "dp result carries the exchange");
     for (int k = 0; k < 2; k++) sched_plan_free(&p[k]);
-    teardown(&s);
+    sched_test_teardown(&s);
 }
 
 /* The choice: with a fast direct peer link (NVLink-class) and the step
@@ -169,9 +152,8 @@ static void test_streaming_halved(void) {
 static void test_choice(void) {
     const double gbps[2] = {400, 0.05};
     for (int k = 0; k < 2; k++) {
-        setup_t s;
-        setup(&s, gbps[k]);
-        if (!s.ok) return;
+        sched_test_setup_t s;
+        if (!setup(&s, gbps[k])) return;
         sched_planner_opts_t o;
         opts_for(&o, SCHED_PARALLEL_AUTO);
         sched_parallel_result_t r;
@@ -194,7 +176,7 @@ static void test_choice(void) {
                    e->step_s, d->step_s);
         }
         sched_parallel_result_free(&r);
-        teardown(&s);
+        sched_test_teardown(&s);
     }
 }
 
@@ -202,9 +184,8 @@ static void test_choice(void) {
  * choose; expert is refused on one device and on a model without MoE
  * layers, naming the key. */
 static void test_forced(void) {
-    setup_t s;
-    setup(&s, 0.05); /* expert parallel is a bad idea here: forcing must still give it */
-    if (!s.ok) return;
+    sched_test_setup_t s;
+    if (!setup(&s, 0.05)) return; /* expert parallel is a bad idea here: forcing must still give it */
     const sched_parallel_t asks[2] = {SCHED_PARALLEL_DATA, SCHED_PARALLEL_EXPERT};
     for (int k = 0; k < 2; k++) {
         sched_planner_opts_t o;
@@ -234,7 +215,7 @@ static void test_forced(void) {
     EXPECT(sched_plan_make(&s.w, &o, &pr, &err) == MT_ERR_CONFIG && strstr(err.msg, "parallel: expert") &&
                strstr(err.msg, "2 devices"),
            "one device: %s", err.msg);
-    teardown(&s);
+    sched_test_teardown(&s);
 
     sched_workload_t w; /* three dense blocks */
     sched_workload_init(&w, 3);

@@ -25,27 +25,13 @@ static int failures;
 
 static const double GiB = 1073741824.0;
 
-typedef struct {
-    sched_registry_t reg;
-    sched_hw_t hw;
-    sched_workload_t w;
-    bool ok;
-} setup_t;
-
-static void setup(setup_t *s, const sched_test_model_t *m, const sched_run_shape_t *sh, const char *hw_path) {
-    memset(s, 0, sizeof *s);
+static bool setup(sched_test_setup_t *s, const sched_test_model_t *m, const sched_run_shape_t *sh,
+                  const char *hw_path) {
     mt_error_t err = {0};
-    sched_program_t prog;
-    sched_test_program(m, sh, &prog);
-    s->ok = sched_hw_load(hw_path, &s->hw, &err) == MT_OK && sched_registry_build(&prog, sh, &s->reg, &err) == MT_OK &&
-            sched_workload_build(&s->reg, &s->hw, &s->w, &err) == MT_OK;
-    sched_program_free(&prog);
-    EXPECT(s->ok, "setup: %s", err.msg);
-}
-
-static void teardown(setup_t *s) {
-    sched_workload_free(&s->w);
-    sched_registry_free(&s->reg);
+    sched_hw_t hw;
+    const bool ok = sched_hw_load(hw_path, &hw, &err) == MT_OK && sched_test_setup(s, m, sh, &hw, &err) == MT_OK;
+    EXPECT(ok, "setup: %s", err.msg);
+    return ok;
 }
 
 /* Mixtral-8x7B's sizes (46.70 B parameters) */
@@ -78,7 +64,7 @@ static sched_run_shape_t lora(int T) {
     return s;
 }
 
-static bool plan(const setup_t *s, sched_planner_opts_t *o, sched_planner_result_t *r) {
+static bool plan(const sched_test_setup_t *s, sched_planner_opts_t *o, sched_planner_result_t *r) {
     mt_error_t err = {0};
     mt_status_t st = sched_plan_make(&s->w, o, r, &err);
     EXPECT(st == MT_OK, "%s", err.msg);
@@ -94,9 +80,8 @@ static bool within(const sched_planner_result_t *r, const sched_planner_opts_t *
 static void test_mixtral_full(void) {
     sched_test_model_t m = mixtral();
     sched_run_shape_t sh = full_ft(4096);
-    setup_t s;
-    setup(&s, &m, &sh, "configs/hw/h100-80gb-pcie.yaml");
-    if (!s.ok) return;
+    sched_test_setup_t s;
+    if (!setup(&s, &m, &sh, "configs/hw/h100-80gb-pcie.yaml")) return;
     sched_planner_opts_t o;
     sched_planner_opts_default(&o);
     o.budget[SCHED_MEM_DEVICE] = 80 * GiB;
@@ -145,15 +130,14 @@ static void test_mixtral_full(void) {
                r.sim.step_time, t_min);
         sched_planner_result_free(&r);
     }
-    teardown(&s);
+    sched_test_teardown(&s);
 }
 
 static void test_qwen3_lora(void) {
     sched_test_model_t m = qwen3();
     sched_run_shape_t sh = lora(2048);
-    setup_t s;
-    setup(&s, &m, &sh, "configs/hw/rtx4090.yaml");
-    if (!s.ok) return;
+    sched_test_setup_t s;
+    if (!setup(&s, &m, &sh, "configs/hw/rtx4090.yaml")) return;
     sched_planner_opts_t o;
     sched_planner_opts_default(&o);
     o.budget[SCHED_MEM_DEVICE] = 24 * GiB;
@@ -172,16 +156,15 @@ static void test_qwen3_lora(void) {
         EXPECT(r.block_working_set > 1 * GiB, "working set %.2f GiB", r.block_working_set / GiB);
         sched_planner_result_free(&r);
     }
-    teardown(&s);
+    sched_test_teardown(&s);
 }
 
 /* More device budget never predicts a slower step, and a budget that fits
  * keeps fitting. */
 static void test_monotone(const sched_test_model_t *m, const sched_run_shape_t *sh, const char *hw,
                           const double *budgets_gib, int n) {
-    setup_t s;
-    setup(&s, m, sh, hw);
-    if (!s.ok) return;
+    sched_test_setup_t s;
+    if (!setup(&s, m, sh, hw)) return;
     sched_planner_opts_t o;
     sched_planner_opts_default(&o);
     o.budget[SCHED_MEM_HOST] = 8192 * GiB;
@@ -202,16 +185,15 @@ static void test_monotone(const sched_test_model_t *m, const sched_run_shape_t *
         sched_planner_result_free(&r);
     }
     EXPECT(was_feasible, "%s: some budget fits", hw);
-    teardown(&s);
+    sched_test_teardown(&s);
 }
 
 static void test_overrides(void) {
     sched_test_model_t m = mixtral();
     m.num_layers = 4; /* smaller: the point is the decisions, not the numbers */
     sched_run_shape_t sh = full_ft(1024);
-    setup_t s;
-    setup(&s, &m, &sh, "configs/hw/h100-sxm.yaml");
-    if (!s.ok) return;
+    sched_test_setup_t s;
+    if (!setup(&s, &m, &sh, "configs/hw/h100-sxm.yaml")) return;
     sched_planner_opts_t o;
     sched_planner_opts_default(&o);
     o.budget[SCHED_MEM_DEVICE] = 80 * GiB;
@@ -240,7 +222,7 @@ static void test_overrides(void) {
     o.grads = SCHED_AUTO_CHOICE;
     o.weights = SCHED_WEIGHTS_STREAM;
     EXPECT(sched_plan_make(&s.w, &o, &r, &err) == MT_ERR_CONFIG && strstr(err.msg, "weights: stream"), "%s", err.msg);
-    teardown(&s);
+    sched_test_teardown(&s);
 }
 
 int main(void) {

@@ -163,3 +163,21 @@ void sched_test_program(const sched_test_model_t *m, const sched_run_shape_t *s,
     }
     tensor(&f, SCHED_T_ACT, "logits", MT_F32, n * V, -1, hf, hb, -1);
 }
+
+mt_status_t sched_test_setup(sched_test_setup_t *s, const sched_test_model_t *m, const sched_run_shape_t *sh,
+                             const sched_hw_t *hw, mt_error_t *err) {
+    memset(s, 0, sizeof *s);
+    s->hw = *hw;
+    sched_program_t prog;
+    sched_test_program(m, sh, &prog);
+    mt_status_t st = sched_registry_build(&prog, sh, &s->reg, err);
+    sched_program_free(&prog);
+    if (st == MT_OK) st = sched_workload_build(&s->reg, &s->hw, &s->w, err);
+    if (st != MT_OK) sched_test_teardown(s);
+    return st;
+}
+
+void sched_test_teardown(sched_test_setup_t *s) {
+    sched_workload_free(&s->w);
+    sched_registry_free(&s->reg);
+}

@@ -8,6 +8,8 @@
 
 #include <stdbool.h>
 
+#include "scheduler/costmodel.h"
+#include "scheduler/hw.h"
 #include "scheduler/registry.h"
 
 typedef struct {
@@ -25,5 +27,20 @@ typedef struct {
  * (fp32, n E), top-k indices (int32, n k), gathered rows and expert outputs
  * (m H each), expert gate and up (m I each). */
 void sched_test_program(const sched_test_model_t *m, const sched_run_shape_t *s, sched_program_t *out);
+
+/* What the planner's tests start from: the model's registry and its
+ * workload on a hardware profile. */
+typedef struct {
+    sched_registry_t reg;
+    sched_hw_t hw;
+    sched_workload_t w;
+} sched_test_setup_t;
+
+/* Builds s from the model, the run shape and hw (a loaded profile, copied:
+ * a test may change it first).  On failure err says why and nothing needs
+ * freeing. */
+mt_status_t sched_test_setup(sched_test_setup_t *s, const sched_test_model_t *m, const sched_run_shape_t *sh,
+                             const sched_hw_t *hw, mt_error_t *err);
+void sched_test_teardown(sched_test_setup_t *s);
 
 #endif
