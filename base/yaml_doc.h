@@ -1,6 +1,6 @@
 /* One YAML document, parsed with limits (the one YAML reader of moetune).
  *
- * The run config (engine/config.c) and the hardware profiles
+ * The run config (engine/config/config.c) and the hardware profiles
  * (scheduler/hw.c) both read YAML into libyaml's document API, whose nodes
  * carry their position, and then walk it with their own key tables.  The
  * parsing and the limits live here, once:

@@ -1,4 +1,4 @@
-/* A strided 4-D copy: how MLA (engine/blocks_mla.c) splits its projections
+/* A strided 4-D copy: how MLA (engine/layers/mla.c) splits its projections
  * into heads, lays the rotary parts out for RoPE (including DeepSeek's
  * interleaved pairs) and broadcasts the one rotary key to every head.
  *

@@ -195,7 +195,7 @@ const int32_t *moe_ep_expert_rows(const struct moe_ep_acts *ea) { return ea->ran
 
 /* Source q's weight gradients for the experts an earlier source already
  * wrote: formed in zeroed scratch and then added, as one device forms a
- * later micro-batch's gradient apart and folds it in (engine/exec.c).  A
+ * later micro-batch's gradient apart and folds it in (engine/exec/exec.c).  A
  * product accumulating into a non-zero target (beta 1) rounds otherwise
  * once its inner dimension is cut into blocks.  *gq points the written
  * experts at the scratch (scratch[e] NULL for the others). */

@@ -21,7 +21,7 @@ mt_status_t sched_dp_predict(const sched_workload_t *w, const sched_plan_t *plan
                                 SCHED_EP_DEVICES, devices);
     out->devices = devices;
     out->micro_per_device = w->grad_accum;
-    /* several devices finish every update in the step (engine/multi_device.c) */
+    /* several devices finish every update in the step (engine/parallel/devices.c) */
     const sched_sim_opts_t so = {.tasks = true, .updates_in_step = devices > 1};
     sched_sim_result_t sim;
     mt_status_t st = sched_simulate(w, plan, &so, &sim, err);
@@ -78,7 +78,7 @@ mt_status_t sched_dp_predict(const sched_workload_t *w, const sched_plan_t *plan
             refresh_h2d_copies += c->w_update_copies;
         } else if (c->w_update_bytes - c->owned_w_update_bytes > 0) {
             /* device AdamW: device 0's updated working copies (the trainable
-             * tensors the step updated, as engine/multi_device.c refreshes:
+             * tensors the step updated, as engine/parallel/devices.c refreshes:
              * not a LoRA block's frozen base) brought to the host once and
              * sent on; an expert parallel block's owners update their own
              * experts in place at the same time */

@@ -1,5 +1,5 @@
 /* Predicted step of data parallel training on several devices of one host
- * sharing one host copy of the model (engine/multi_device.h), with MoE
+ * sharing one host copy of the model (engine/parallel/devices.h), with MoE
  * layers whose plan says expert_parallel split between two devices.
  *
  * Each device has its own link to host memory, so the devices' transfers

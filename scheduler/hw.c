@@ -1,7 +1,7 @@
 /* Hardware profiles: YAML loader, --hw resolution, calibration -> profile
  * (see hw.h).
  *
- * Design notes: one key table per mapping level (as engine/config.c does
+ * Design notes: one key table per mapping level (as engine/config/config.c does
  * for run configs), each row naming the field it fills.  Numeric fields
  * start as NaN and a key left unset is found by walking the tables after
  * the parse, so "missing key" and "unknown key" both come from the tables.

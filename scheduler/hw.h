@@ -4,7 +4,7 @@
  * an "achievable" fraction for each rate, each with its source and reason
  * in a comment there; or it is measured on the machine at hand by the
  * calibration entry point (`--hw calibrate`): the measurement lives in the
- * engine (engine/calibrate.c, it needs the CPU backend), the scheduler only
+ * engine (engine/run/calibrate.c, it needs the CPU backend), the scheduler only
  * turns the measured numbers into a profile.
  *
  * File layout (every key required unless marked optional):
@@ -112,7 +112,7 @@ mt_status_t sched_hw_load(const char *path, sched_hw_t *out, mt_error_t *err);
  * error listing every place tried. */
 mt_status_t sched_hw_resolve(const char *spec, const char *run_config, char *path, size_t cap, mt_error_t *err);
 
-/* What the calibration (engine/calibrate.c) measures on the machine at hand. */
+/* What the calibration (engine/run/calibrate.c) measures on the machine at hand. */
 typedef struct {
     double sgemm_flops;     /* fp32 GEMM FLOP/s through the CPU backend's kernel table */
     double bf16_gemm_flops; /* bf16-compute GEMM FLOP/s (fp32 activations times bf16 weights, as a bf16 run

@@ -51,7 +51,7 @@ typedef struct {
      * What the cost model assumes the executor does (scheduler/costmodel.c,
      * simulate.c, data_parallel.c), on exactly two devices: of E routed
      * experts device 0 owns 0 .. E/2 - 1 and device 1 the rest (integer
-     * division: device 1 takes an odd one out; engine/multi_expert.h); both
+     * division: device 1 takes an odd one out; engine/exec/expert_parallel.h); both
      * devices run their micro-batches in lockstep; after routing each sends
      * the rows routed to the other's experts (hidden-size, compute dtype)
      * and gets the other's rows for its own, runs its experts on both, and

@@ -47,7 +47,7 @@ typedef struct {
     int step_order;
     double budget[SCHED_MEM_COUNT]; /* bytes; 0 = unlimited */
     /* Share of the device budget plans leave free (0..1): a GPU frees in
-     * stream order and its arena fragments (engine/program.c sets it). */
+     * stream order and its arena fragments (engine/model/desc/program.c sets it). */
     double device_headroom;
     /* Devices of the run (0 or 1: one) and parallel: for MoE layers.
      * sched_plan_make plans one layout: expert sets expert_parallel on

@@ -6,7 +6,7 @@
  * - The scheduler does not include engine headers (layering: engine ->
  *   scheduler -> kernels) and knows no model family: the engine gives it a
  *   generic list of blocks, tensors and ops (sched_program_t), filled from
- *   its model description (engine/model_desc.h) by engine/program.c.
+ *   its model description (engine/model/desc/model_desc.h) by engine/model/desc/program.c.
  * - Blocks are the unit the plan decides on (scheduler/plan.h): block 0 is
  *   the embedding, 1..L the decoder layers, L+1 the final norm and lm_head.
  *   Every tensor and op belongs to one block.
@@ -105,7 +105,7 @@ typedef struct {
  * with the routing facts that size expert traffic, the tensors of each
  * block (working copies of weights, saved activations, temporaries) and
  * the ops of each block with their FLOPs and bytes.  The engine fills it
- * from its model description (engine/program.c); the registry derives the
+ * from its model description (engine/model/desc/program.c); the registry derives the
  * rest (master copies, gradients, Adam state, the optimizer op, per-block
  * aggregates).  Tensors and ops are listed block by block, blocks in
  * ascending order; consumers and producers are indices into ops. */

@@ -190,7 +190,7 @@ static double opt_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, do
     return end;
 }
 
-/* Layer-major order (plan->layer_major; engine/exec_layer_major.c): the
+/* Layer-major order (plan->layer_major; engine/exec/layer_major.c): the
  * uses of blocks are embedding and layers forward, the head, then layers
  * and embedding backward, 2N - 1 uses, each running all ga micro-batches;
  * the fetches for use u are issued as use u - W - 1 ends, once per use
@@ -372,7 +372,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
                 const int b = fwd ? i : N - 1 - i;
                 const sched_block_plan_t *p = &plan->blocks[b];
                 const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
-                /* the last layer at the turn from forward to backward (engine/exec_internal.h,
+                /* the last layer at the turn from forward to backward (engine/exec/internal.h,
                  * exec_turn_held): with a window of at least 1 its streamed weights and offloaded
                  * activations stay on the device from its forward to its backward */
                 const bool turn = W >= 1 && N >= 3 && b == N - 2;

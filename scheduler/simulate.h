@@ -127,7 +127,7 @@ typedef struct {
      * extrapolates the repeating ones; see simulate.c); for tests */
     bool every_micro_batch;
     /* every optimizer update finishes inside its step (data parallel over
-     * several devices, engine/multi_device.c); false: a streamed block's
+     * several devices, engine/parallel/devices.c); false: a streamed block's
      * host update runs on into the next step (see simulate.c) */
     bool updates_in_step;
 } sched_sim_opts_t;

@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/checkpoint.h"
+#include "engine/model/io/checkpoint.h"
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
     const uint8_t *b = p;

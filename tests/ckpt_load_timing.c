@@ -11,10 +11,10 @@
 #include <stdlib.h>
 
 #include "base/clock.h"
-#include "engine/checkpoint.h"
-#include "engine/model_config.h"
-#include "engine/model_spec.h"
-#include "engine/safetensors.h"
+#include "engine/model/io/checkpoint.h"
+#include "engine/model/hf/model_config.h"
+#include "engine/model/desc/model_desc.h"
+#include "engine/model/io/safetensors.h"
 
 int main(int argc, char **argv) {
     if (argc < 2) {

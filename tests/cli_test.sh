@@ -195,7 +195,7 @@ for fam in ds oss; do
   else
     echo "FAIL init + inspect $fam"; cat init-$fam.out inspect-$fam.out; failures=$((failures + 1))
   fi
-  if [ "$fam" = ds ]; then # DeepSeek-V3 trains (engine/blocks_mla.c); gpt-oss below
+  if [ "$fam" = ds ]; then # DeepSeek-V3 trains (engine/layers/mla.c); gpt-oss below
     if timeout 120 "$MOETUNE" train run-$fam.yaml >train-$fam.out 2>&1 && grep -q '"loss"' out-$fam/metrics.jsonl; then
       echo "ok   train a tiny $fam model"
     else

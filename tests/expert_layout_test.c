@@ -1,5 +1,5 @@
 /* Routed experts in either layout a transformers 5 checkpoint may use (see
- * eng_ckpt_layout_t in engine/checkpoint.h).
+ * eng_ckpt_layout_t in engine/model/io/checkpoint.h).
  *
  * The fixtures under tests/fixtures/fused/ were written by transformers 5's
  * own save_pretrained (tests/reference/make_fused_fixtures.py) from the
@@ -23,12 +23,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/checkpoint.h"
-#include "engine/config.h"
-#include "engine/exec.h"
-#include "engine/inspect.h"
-#include "engine/model.h"
-#include "engine/train.h"
+#include "engine/model/io/checkpoint.h"
+#include "engine/config/config.h"
+#include "engine/exec/exec.h"
+#include "engine/model/io/inspect.h"
+#include "engine/model/model.h"
+#include "engine/run/train.h"
 #include "tests/harness.h"
 
 enum { MAX_STEPS = 16 };

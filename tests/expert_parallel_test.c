@@ -1,4 +1,4 @@
-/* Expert parallelism on two CPU devices (engine/multi_expert.h) against one
+/* Expert parallelism on two CPU devices (engine/exec/expert_parallel.h) against one
  * device and against two devices data parallel, with the same global
  * batch: for Mixtral, Qwen2-MoE (a dense layer, a gated shared expert) and
  * Qwen3-MoE fixtures, every MoE layer's block plan marked expert_parallel,
@@ -40,12 +40,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/config.h"
-#include "engine/data.h"
-#include "engine/exec.h"
-#include "engine/model.h"
-#include "engine/multi_device.h"
-#include "engine/optim.h"
+#include "engine/config/config.h"
+#include "engine/data/data.h"
+#include "engine/exec/exec.h"
+#include "engine/model/model.h"
+#include "engine/parallel/devices.h"
+#include "engine/exec/optim.h"
 #include "tests/harness.h"
 
 static mt_dtype_t g_compute = MT_F32; /* --bf16: bf16 mixed precision */
@@ -127,7 +127,7 @@ static mt_status_t run(const char *dir, plan_kind_t pk, int K, mode_t_ mode, eng
         eng_multi_begin_step(&mm, &hp, K, true);
         st = eng_multi_step_from_loader(&mm, &ld, K, order, ms, err);
         if (st != MT_OK) break;
-        for (int j = 0; j < K; j++) out->th.loss[step] += ms[j].loss / K; /* as engine/train.c logs it */
+        for (int j = 0; j < K; j++) out->th.loss[step] += ms[j].loss / K; /* as engine/run/train.c logs it */
         eng_optim_stats_t os;
         st = eng_multi_optim_step(&mm, &hp, &os, err);
         out->th.norm[step] = os.grad_norm;

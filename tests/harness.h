@@ -14,11 +14,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "engine/config.h"
-#include "engine/data.h"
-#include "engine/exec.h"
-#include "engine/optim.h"
-#include "engine/safetensors.h"
+#include "engine/config/config.h"
+#include "engine/data/data.h"
+#include "engine/exec/exec.h"
+#include "engine/exec/optim.h"
+#include "engine/model/io/safetensors.h"
 
 /* Counts a failed check and prints where it failed; the test goes on, so
  * one run reports every check that fails.  A macro only to take the
@@ -68,7 +68,7 @@ float *th_st_read(const eng_st_file_t *f, const char *name, uint64_t *numel);
 enum { TH_MAX_STEPS = 8 };
 
 /* A training run's outcome: per optimizer step the loss (the mean over the
- * micro-batches, as engine/train.c logs it) and the gradient norm, and the
+ * micro-batches, as engine/run/train.c logs it) and the gradient norm, and the
  * final fp32 master weights per parameter. */
 typedef struct {
     double loss[TH_MAX_STEPS], norm[TH_MAX_STEPS];

@@ -1,4 +1,4 @@
-/* Layer-major step order (engine/exec_layer_major.c) against micro-batch-
+/* Layer-major step order (engine/exec/layer_major.c) against micro-batch-
  * major: for each reference fixture (Mixtral, Qwen2-MoE with a dense layer
  * and a shared expert, Qwen3-MoE), K = 1, 2 and 8 micro-batches per step,
  * in fp32 and in bf16 (--bf16), under resident (keep_all), streamed with
@@ -17,11 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/config.h"
-#include "engine/data.h"
-#include "engine/exec.h"
-#include "engine/model.h"
-#include "engine/optim.h"
+#include "engine/config/config.h"
+#include "engine/data/data.h"
+#include "engine/exec/exec.h"
+#include "engine/model/model.h"
+#include "engine/exec/optim.h"
 #include "tests/harness.h"
 
 static mt_dtype_t g_compute = MT_F32;

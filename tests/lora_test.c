@@ -26,13 +26,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/config.h"
-#include "engine/data.h"
-#include "engine/exec.h"
-#include "engine/init_random.h"
-#include "engine/lora_model.h"
-#include "engine/safetensors.h"
-#include "engine/train.h"
+#include "engine/config/config.h"
+#include "engine/data/data.h"
+#include "engine/exec/exec.h"
+#include "engine/model/io/init_random.h"
+#include "engine/model/lora_model.h"
+#include "engine/model/io/safetensors.h"
+#include "engine/run/train.h"
 #include "tests/harness.h"
 
 enum { MAX_STEPS = 64 };

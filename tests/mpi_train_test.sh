@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data parallel across processes started by `mpirun -np 2` (engine/ranks.h),
+# Data parallel across processes started by `mpirun -np 2` (engine/parallel/ranks.h),
 # on the real `moetune` binary with a tiny Mixtral, against one process:
 #   1. K = 2 micro-batches per step over 2 ranks of one device each: every
 #      step's loss, ce_loss, aux_loss, grad_norm and token count in rank 0's

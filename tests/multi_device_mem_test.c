@@ -1,6 +1,6 @@
 /* Two devices share one host copy of the model and of the optimizer state
- * (engine/multi_device.h): host memory (jemalloc's allocated bytes,
- * engine/host_mem.h) of a run on one CPU device against the same run on
+ * (engine/parallel/devices.h): host memory (jemalloc's allocated bytes,
+ * engine/run/host_mem.h) of a run on one CPU device against the same run on
  * two, on a random Mixtral of about 57 MB of fp32 weights, after two
  * optimizer steps (the AdamW state exists by then).
  *
@@ -24,12 +24,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine/exec.h"
-#include "engine/host_mem.h"
-#include "engine/init_random.h"
-#include "engine/model.h"
-#include "engine/multi_device.h"
-#include "engine/optim.h"
+#include "engine/exec/exec.h"
+#include "engine/run/host_mem.h"
+#include "engine/model/io/init_random.h"
+#include "engine/model/model.h"
+#include "engine/parallel/devices.h"
+#include "engine/exec/optim.h"
 #include "tests/harness.h"
 
 enum { K = 2, B = 2, T = 32, VOCAB = 128, STEPS = 2 };

@@ -1,5 +1,5 @@
 /* Data parallel on two CPU devices sharing one host copy
- * (engine/multi_device.h) against one device with the same global batch:
+ * (engine/parallel/devices.h) against one device with the same global batch:
  * for each reference fixture (Mixtral, Qwen2-MoE with a dense layer and a
  * shared expert, Qwen3-MoE), K = 2 and 4 micro-batches per optimizer step,
  * under keep_all (device gradients and device AdamW: the replica's resident
@@ -37,14 +37,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/config.h"
-#include "engine/data.h"
-#include "engine/exec.h"
-#include "engine/lora_model.h"
-#include "engine/model.h"
-#include "engine/multi_device.h"
-#include "engine/optim.h"
-#include "engine/train.h"
+#include "engine/config/config.h"
+#include "engine/data/data.h"
+#include "engine/exec/exec.h"
+#include "engine/model/lora_model.h"
+#include "engine/model/model.h"
+#include "engine/parallel/devices.h"
+#include "engine/exec/optim.h"
+#include "engine/run/train.h"
 #include "tests/harness.h"
 
 static mt_dtype_t g_compute = MT_F32; /* --bf16: bf16 mixed precision */
@@ -108,7 +108,7 @@ static void run(const char *dir, plan_kind_t pk, int K, int ndev, eng_step_order
             out->ok = false;
             break;
         }
-        /* as engine/train.c logs it: the mean over all K micro-batches, in order */
+        /* as engine/run/train.c logs it: the mean over all K micro-batches, in order */
         for (int j = 0; j < K; j++) out->loss[step] += ms[j].loss / K;
         eng_optim_stats_t os;
         if (eng_multi_optim_step(&mm, &hp, &os, &err) != MT_OK) {
@@ -188,7 +188,7 @@ static unsigned char *tensor_bytes(const char *dir, size_t *n) {
     return buf;
 }
 
-/* moetune train end to end (engine/train.c) with devices: 1 and 2, K = 2:
+/* moetune train end to end (engine/run/train.c) with devices: 1 and 2, K = 2:
  * the same losses and the same saved model, bit for bit. */
 static void check_train(const char *dir) {
     const char *tmp = getenv("TEST_TMPDIR");
@@ -236,7 +236,7 @@ int main(int argc, char **argv) {
             check_case(dir, PLAN_OFFLOAD_ALL, K, ENG_STEP_ORDER_AUTO);
             check_case(dir, PLAN_STREAM_DEVICE_GRADS, K, ENG_STEP_ORDER_AUTO);
         }
-        /* each device runs its 2 micro-batches layer-major (engine/exec_layer_major.c), as does the one device its 4 */
+        /* each device runs its 2 micro-batches layer-major (engine/exec/layer_major.c), as does the one device its 4 */
         check_case(dir, PLAN_OFFLOAD_ALL, 4, ENG_STEP_ORDER_LAYER);
         check_case(dir, PLAN_STREAM_DEVICE_GRADS, 4, ENG_STEP_ORDER_LAYER);
         if (a == first) {

@@ -13,12 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/config.h"
-#include "engine/init_random.h"
-#include "engine/data.h"
-#include "engine/exec.h"
-#include "engine/model.h"
-#include "engine/optim.h"
+#include "engine/config/config.h"
+#include "engine/model/io/init_random.h"
+#include "engine/data/data.h"
+#include "engine/exec/exec.h"
+#include "engine/model/model.h"
+#include "engine/exec/optim.h"
 #include "tests/harness.h"
 
 /* --bf16: every run in bf16 mixed precision (bf16 working copies and products) */

@@ -34,13 +34,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/checkpoint.h"
-#include "engine/config.h"
-#include "engine/data.h"
-#include "engine/exec.h"
-#include "engine/model.h"
-#include "engine/safetensors.h"
-#include "engine/train.h"
+#include "engine/model/io/checkpoint.h"
+#include "engine/config/config.h"
+#include "engine/data/data.h"
+#include "engine/exec/exec.h"
+#include "engine/model/model.h"
+#include "engine/model/io/safetensors.h"
+#include "engine/run/train.h"
 #include "tests/harness.h"
 
 static double scalar(const eng_st_file_t *f, const char *name) {

@@ -15,13 +15,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/config.h"
-#include "engine/data.h"
-#include "engine/exec.h"
-#include "engine/model.h"
-#include "engine/optim.h"
-#include "engine/report.h"
-#include "engine/trace.h"
+#include "engine/config/config.h"
+#include "engine/data/data.h"
+#include "engine/exec/exec.h"
+#include "engine/model/model.h"
+#include "engine/exec/optim.h"
+#include "engine/run/report.h"
+#include "engine/exec/trace.h"
 #include "base/clock.h"
 #include "tests/harness.h"
 

@@ -15,16 +15,16 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 
 #include "base/fileio.h"
-#include "engine/init_random.h"
-#include "engine/inspect.h"
-#include "engine/profile.h"
-#include "engine/signals.h"
-#include "engine/ranks.h"
-#include "engine/train.h"
-#include "engine/train_save.h"
+#include "engine/model/io/init_random.h"
+#include "engine/model/io/inspect.h"
+#include "engine/run/profile.h"
+#include "engine/run/signals.h"
+#include "engine/parallel/ranks.h"
+#include "engine/run/train.h"
+#include "engine/run/save.h"
 #include "tools/build_info.h"
 #include "tools/bench/adam_bench.h"
 #include "tools/bench/gemm_bench.h"

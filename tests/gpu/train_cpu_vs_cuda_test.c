@@ -19,11 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/config.h"
-#include "engine/data.h"
-#include "engine/exec.h"
-#include "engine/model.h"
-#include "engine/optim.h"
+#include "engine/config/config.h"
+#include "engine/data/data.h"
+#include "engine/exec/exec.h"
+#include "engine/model/model.h"
+#include "engine/exec/optim.h"
 
 enum { STEPS = 3 };
 

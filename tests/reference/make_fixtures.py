@@ -263,7 +263,7 @@ def make_padded_examples():
 
 
 def rows_from_examples(examples):
-    """moetune's engine/data.h semantics, as HF's model sees them: truncate to
+    """moetune's engine/data/data.h semantics, as HF's model sees them: truncate to
     T, pad with id 0 / label -100 / mask 0; labels absent -> input_ids."""
     rows = []
     for e in examples:
@@ -293,7 +293,7 @@ def batch_tensors(rows, idx):
 
 
 def shifted_targets(labels):
-    """What engine/data.h calls targets: labels[t+1], -100 at the end."""
+    """What engine/data/data.h calls targets: labels[t+1], -100 at the end."""
     t = torch.full_like(labels, ref.IGNORE_INDEX)
     t[:, :-1] = labels[:, 1:]
     return t

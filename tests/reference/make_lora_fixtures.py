@@ -94,7 +94,7 @@ def examples():
 
 
 def lr_at(case, step):
-    """engine/lr_schedule.c / HF get_scheduler, optimizer step `step` (0-based)."""
+    """engine/config/lr_schedule.c / HF get_scheduler, optimizer step `step` (0-based)."""
     base, w, n = RUN["learning_rate"], case["warmup"], STEPS
     if case["sched"] == "constant":
         return base

@@ -23,7 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/report.h"
+#include "engine/run/report.h"
 #include "kernels/cpu/gemm_internal.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"

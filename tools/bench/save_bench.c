@@ -14,12 +14,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/data.h"
-#include "engine/exec.h"
-#include "engine/init_random.h"
-#include "engine/optim_state.h"
-#include "engine/train_save.h"
-#include "engine/train_state.h"
+#include "engine/data/data.h"
+#include "engine/exec/exec.h"
+#include "engine/model/io/init_random.h"
+#include "engine/exec/optim_state.h"
+#include "engine/run/save.h"
+#include "engine/run/state.h"
 #include "base/clock.h"
 #include "tools/build_info.h"
 

@@ -30,7 +30,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/init_random.h"
+#include "engine/model/io/init_random.h"
 #include "scheduler/planner.h"
 #include "tools/bench/step_bench_internal.h"
 #include "tools/build_info.h"

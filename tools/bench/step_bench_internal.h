@@ -8,9 +8,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/data.h"
-#include "engine/model.h"
-#include "engine/optim.h"
+#include "engine/data/data.h"
+#include "engine/model/model.h"
+#include "engine/exec/optim.h"
 #include "moe/staging.h"
 #include "scheduler/costmodel.h"
 #include "scheduler/hw.h"

@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/calibrate.h"
-#include "engine/exec.h"
-#include "engine/report.h"
-#include "engine/trace.h"
+#include "engine/run/calibrate.h"
+#include "engine/exec/exec.h"
+#include "engine/run/report.h"
+#include "engine/exec/trace.h"
 #include "tools/bench/step_bench_internal.h"
 #include "base/clock.h"
 

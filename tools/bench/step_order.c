@@ -1,5 +1,5 @@
 /* `moetune bench step --step-order [--accum K]`: layer-major against
- * micro-batch-major step order (engine/exec_layer_major.c) under
+ * micro-batch-major step order (engine/exec/layer_major.c) under
  * offload_all (weights streamed, gradients and optimizer on the host,
  * activations offloaded) on a throttled link, K micro-batches per step.
  *
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/exec.h"
+#include "engine/exec/exec.h"
 #include "tools/bench/step_bench_internal.h"
 #include "base/clock.h"
 

@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/calibrate.h"
-#include "engine/config.h"
-#include "engine/program.h"
+#include "engine/run/calibrate.h"
+#include "engine/config/config.h"
+#include "engine/model/desc/program.h"
 #include "scheduler/simulate.h"
 #include "tools/bench/step_bench_internal.h"
 

@@ -90,7 +90,7 @@ def load_run_config(path):
 
 def load_rows(path, T):
     """(input_ids, labels, attention_mask) per row, truncated/padded to T as
-    engine/data.h does: pad id 0, label -100, mask 0."""
+    engine/data/data.h does: pad id 0, label -100, mask 0."""
     rows = []
     with open(path) as f:
         for line in f:

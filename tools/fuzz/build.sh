@@ -29,12 +29,12 @@ mcfg="$(cd "$root" && ls engine/model_config*.c | grep -v '_test\.c$' | tr '\n' 
 util="tools/fuzz/fuzz_util.c"
 # harness: its sources beside the harness file itself
 declare -A srcs=(
-  [fuzz_safetensors]="engine/safetensors.c $util"
-  [fuzz_checkpoint_index]="engine/checkpoint.c engine/outdir.c engine/safetensors.c $mcfg $desc $util"
+  [fuzz_safetensors]="engine/model/io/safetensors.c $util"
+  [fuzz_checkpoint_index]="engine/model/io/checkpoint.c engine/model/io/outdir.c engine/model/io/safetensors.c $mcfg $desc $util"
   [fuzz_model_config]="$mcfg $desc $util"
-  [fuzz_run_config]="engine/config.c engine/config_defaults.c engine/config_validate.c engine/config_values.c engine/lr_schedule.c $util"
-  [fuzz_data_jsonl]="engine/data.c tools/fuzz/fuzz_data_common.c $util"
-  [fuzz_data_bin]="engine/data.c tools/fuzz/fuzz_data_common.c $util"
+  [fuzz_run_config]="engine/config/config.c engine/config/defaults.c engine/config/validate.c engine/config/values.c engine/config/lr_schedule.c $util"
+  [fuzz_data_jsonl]="engine/data/data.c tools/fuzz/fuzz_data_common.c $util"
+  [fuzz_data_bin]="engine/data/data.c tools/fuzz/fuzz_data_common.c $util"
   [fuzz_hw]="scheduler/hw.c"
 )
 all="fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_run_config fuzz_data_jsonl fuzz_data_bin fuzz_hw"

@@ -1,5 +1,5 @@
 /* libFuzzer harness: the sharded checkpoint's index reader
- * (engine/checkpoint.c: model.safetensors.index.json and its weight_map).
+ * (engine/model/io/checkpoint.c: model.safetensors.index.json and its weight_map).
  *
  * The input is the index file. The directory beside it holds two small
  * valid shards, written once: a.safetensors with tensors "x" and "y",
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/checkpoint.h"
+#include "engine/model/io/checkpoint.h"
 #include "tools/fuzz/fuzz_util.h"
 
 static void write_shards(void) {

@@ -3,7 +3,7 @@
  * the way the model uses them. */
 #include <stdlib.h>
 
-#include "engine/data.h"
+#include "engine/data/data.h"
 #include "tools/fuzz/fuzz_data_common.h"
 #include "tools/fuzz/fuzz_util.h"
 

@@ -1,4 +1,4 @@
-/* libFuzzer harness: the tokenized JSONL reader (engine/data.c).
+/* libFuzzer harness: the tokenized JSONL reader (engine/data/data.c).
  * The input is one byte of settings (see fuzz_data_common.c), then the file. */
 #include "tools/fuzz/fuzz_data_common.h"
 

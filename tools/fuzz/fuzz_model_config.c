@@ -1,4 +1,4 @@
-/* libFuzzer harness: the HF config.json reader (engine/model_config.c).
+/* libFuzzer harness: the HF config.json reader (engine/model/hf/model_config.c).
  *
  * The input is config.json's text, optionally followed by a NUL byte and
  * the run config's model_config overrides (JSON). A config the reader
@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/model_config.h"
-#include "engine/model_spec.h"
+#include "engine/model/hf/model_config.h"
+#include "engine/model/desc/model_desc.h"
 #include "tools/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -1,4 +1,4 @@
-/* libFuzzer harness: the run-config YAML reader (engine/config.c and the
+/* libFuzzer harness: the run-config YAML reader (engine/config/config.c and the
  * value and validation code beside it).
  *
  * The input is run.yaml's text, optionally followed by NUL-separated
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "tools/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

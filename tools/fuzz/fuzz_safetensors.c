@@ -1,4 +1,4 @@
-/* libFuzzer harness: the safetensors header reader (engine/safetensors.c).
+/* libFuzzer harness: the safetensors header reader (engine/model/io/safetensors.c).
  *
  * The input is a whole .safetensors file. A file the reader accepts must be
  * safe to use as accepted: every tensor is found by its name, and every
@@ -6,7 +6,7 @@
  * the mapping shows up as an ASan report, not later in training. */
 #include <stdlib.h>
 
-#include "engine/safetensors.h"
+#include "engine/model/io/safetensors.h"
 #include "tools/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -15,9 +15,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine/calibrate.h"
+#include "engine/run/calibrate.h"
 #include "kernels/device.h"
-#include "engine/program.h"
+#include "engine/model/desc/program.h"
 #include "tools/plan/plan_devices.h"
 #include "tools/plan/plan_report.h"
 

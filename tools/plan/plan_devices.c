@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "engine/program.h"
+#include "engine/model/desc/program.h"
 
 mt_status_t plan_devices_make(const plan_ctx_t *c, int n, plan_devices_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);

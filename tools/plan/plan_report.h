@@ -6,8 +6,8 @@
 #include <jansson.h>
 #include <stdio.h>
 
-#include "engine/config.h"
-#include "engine/model_config.h"
+#include "engine/config/config.h"
+#include "engine/model/hf/model_config.h"
 #include "scheduler/costmodel.h"
 #include "scheduler/hw.h"
 #include "scheduler/planner.h"

@@ -1,0 +1,789 @@
+/* The run config: YAML (libyaml's document API, so every node carries its
+ * line) -> eng_run_config_t, plus `--set key=value` overrides.
+ *
+ * Design notes:
+ * - One table per nesting level (top level, memory:, backend_options:,
+ *   scheduler:, staging:);
+ *   a row names the key, its kind and where it lands in eng_run_config_t.
+ *   A later section (scheduler:, staging:) is a new table plus one
+ *   K_SECTION row: the walker, the "did you mean" suggestions, null resets
+ *   and --set all follow the tables, nothing else changes.
+ * - YAML files and --set share one path: `--set a.b=v` parses v as a
+ *   one-node YAML document and applies it to the row found by walking the
+ *   dotted key, so types are checked the same way; only the "where" of a
+ *   message differs (file:line vs --set 'a.b=v').
+ * - Scalars are typed as PyYAML (YAML 1.1, what axolotl reads configs
+ *   with) types them: only plain (unquoted) scalars get implicit types, so
+ *   a quoted "4" is a string and is refused for an integer key.  One
+ *   deliberate extension: exponent forms without a dot or without an
+ *   exponent sign (2e-5, 1.0e5) are floats here; PyYAML leaves them strings
+ *   and axolotl's pydantic coerces them, and HF config values written that
+ *   way must reach config.json as numbers.
+ * - A null value (`key:` / `key: ~`) puts the field back to its default,
+ *   as axolotl treats empty keys as unset.
+ * - Every run-config problem, malformed YAML included, is MT_ERR_CONFIG;
+ *   only failing to read the file is MT_ERR_IO. */
+#include "engine/config/config.h"
+
+#include "base/fileio.h"
+#include "base/yaml_doc.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "engine/config/values.h" /* YAML 1.1 scalar typing, YAML -> JSON */
+
+/* ---- key tables ---------------------------------------------------------- */
+
+typedef enum {
+    K_INT,      /* int */
+    K_U64,      /* uint64_t, non-negative */
+    K_DOUBLE,   /* double; integers accepted */
+    K_BOOL,     /* bool, YAML 1.1 words */
+    K_BF16,     /* eng_bf16_choice_t: a YAML 1.1 boolean, or "auto" */
+    K_RESUME,   /* eng_resume_t: a YAML 1.1 boolean, or a path */
+    K_PATH,     /* char[], relative paths anchored at the YAML's folder */
+    K_STRING,   /* char[], kept as written (names that may also be paths, e.g. hardware) */
+    K_SIZE,     /* size_t from eng_parse_size */
+    K_ENUM,     /* C enum from a name list */
+    K_DATASETS, /* list of {path, type} */
+    K_JSON,     /* mapping -> JSON object text (model_config) */
+    K_STRLIST,  /* list of strings (lora_target_modules) */
+    K_SECTION,  /* nested mapping with its own table */
+    K_DEVICES,  /* eng_devices_t: a count, or a list of distinct ordinals */
+} key_kind_t;
+
+typedef struct {
+    const char *name;
+    int value;
+} enum_name_t;
+
+typedef struct key_row {
+    const char *name;
+    key_kind_t kind;
+    size_t offset, size; /* the field in eng_run_config_t */
+    const enum_name_t *enums;
+    const struct key_row *section;
+    int64_t lo, hi; /* K_INT: the accepted range, inclusive */
+} key_row_t;
+
+#define FIELD(f) offsetof(eng_run_config_t, f), sizeof(((eng_run_config_t *)0)->f)
+#define ROW(name, kind, f) {name, kind, FIELD(f), NULL, NULL, 0, 0}
+#define ROW_ENUM(name, f, names) {name, K_ENUM, FIELD(f), names, NULL, 0, 0}
+#define ROW_SECTION(name, rows) {name, K_SECTION, 0, 0, NULL, rows, 0, 0}
+/* Every integer key has a range, so that no accepted value overflows the
+ * int arithmetic downstream (tokens per step = micro_batch_size *
+ * sequence_len * gradient_accumulation_steps stays far inside int64, each
+ * factor inside int) and nonsense (a negative batch) is refused by name. */
+#define ROW_INT(name, f, lo, hi) {name, K_INT, FIELD(f), NULL, NULL, lo, hi}
+#define STEPS_MAX 1000000000 /* max_steps, warmup_steps, save_steps, logging_steps */
+
+static const enum_name_t k_lr_names[] = {
+    {"constant", ENG_LR_CONSTANT},
+    {"constant_with_warmup", ENG_LR_CONSTANT_WITH_WARMUP},
+    {"linear", ENG_LR_LINEAR},
+    {"cosine", ENG_LR_COSINE},
+    {NULL, 0},
+};
+static const enum_name_t k_optimizer_names[] = {
+    {"adamw_torch", 0},
+    {"adamw_torch_fused", 0},
+    {"adamw", 0},
+    {NULL, 0},
+};
+static const enum_name_t k_save_dtype_names[] = {
+    {"auto", ENG_SAVE_DTYPE_AUTO},
+    {"float32", ENG_SAVE_DTYPE_F32},
+    {"bfloat16", ENG_SAVE_DTYPE_BF16},
+    {"float16", ENG_SAVE_DTYPE_F16},
+    {NULL, 0},
+};
+static const enum_name_t k_save_layout_names[] = {
+    {"per_expert", ENG_SAVE_LAYOUT_PER_EXPERT},
+    {"fused", ENG_SAVE_LAYOUT_FUSED},
+    {NULL, 0},
+};
+
+static const enum_name_t k_save_strategy_names[] = {
+    {"steps", ENG_SAVE_STRATEGY_STEPS},
+    {"epoch", ENG_SAVE_STRATEGY_EPOCH},
+    {"no", ENG_SAVE_STRATEGY_NO},
+    {NULL, 0},
+};
+
+static const enum_name_t k_backend_names[] = {
+    {"cpu", ENG_BACKEND_CPU},
+    {"cuda", ENG_BACKEND_CUDA},
+    {"auto", ENG_BACKEND_AUTO},
+    {NULL, 0},
+};
+/* axolotl also knows qlora; moetune trains LoRA on unquantised weights only. */
+static const enum_name_t k_adapter_names[] = {
+    {"lora", ENG_ADAPTER_LORA},
+    {NULL, 0},
+};
+
+static const enum_name_t k_policy_names[] = {
+    {"auto", ENG_SCHED_AUTO},
+    {"keep_all", ENG_SCHED_KEEP_ALL},
+    {"offload_all", ENG_SCHED_OFFLOAD_ALL},
+    {"min_memory", ENG_SCHED_MIN_MEMORY},
+    {NULL, 0},
+};
+static const enum_name_t k_weights_names[] = {
+    {"auto", ENG_WEIGHTS_AUTO},
+    {"resident", ENG_WEIGHTS_RESIDENT},
+    {"stream", ENG_WEIGHTS_STREAM},
+    {NULL, 0},
+};
+static const enum_name_t k_place_names[] = {
+    {"auto", ENG_PLACE_AUTO},
+    {"device", ENG_PLACE_DEVICE},
+    {"host", ENG_PLACE_HOST},
+    {NULL, 0},
+};
+static const enum_name_t k_acts_names[] = {
+    {"auto", ENG_ACTS_AUTO},
+    {"keep", ENG_ACTS_KEEP},
+    {"offload", ENG_ACTS_OFFLOAD},
+    {"recompute", ENG_ACTS_RECOMPUTE},
+    {NULL, 0},
+};
+
+static const key_row_t k_scheduler_rows[] = {
+    ROW_ENUM("policy", sched_policy, k_policy_names),
+    ROW_INT("prefetch_window", sched_prefetch_window, 0, 64),
+    ROW_ENUM("weights", sched_weights, k_weights_names),
+    ROW_ENUM("grads", sched_grads, k_place_names),
+    ROW_ENUM("optimizer", sched_optimizer, k_place_names),
+    ROW_ENUM("activations", sched_activations, k_acts_names),
+    {0},
+};
+
+static const enum_name_t k_staging_mode_names[] = {
+    {"compact", ENG_STAGING_COMPACT},
+    {"per_tensor", ENG_STAGING_PER_TENSOR},
+    {"max_slot", ENG_STAGING_MAX_SLOT},
+    {NULL, 0},
+};
+
+/* Values are checked by the pool itself when the run starts (moe_staging_create), where the
+   model's largest tensor is known: a cap below it or zero slabs is refused there. */
+static const key_row_t k_staging_rows[] = {
+    ROW_ENUM("mode", staging_mode, k_staging_mode_names),
+    ROW("cap", K_SIZE, staging_cap),
+    ROW_INT("num_slabs", staging_num_slabs, -1, 65536),
+    ROW("slab_size", K_SIZE, staging_slab_size),
+    {0},
+};
+
+static const key_row_t k_memory_rows[] = {
+    ROW("device", K_SIZE, memory_device),
+    ROW("pinned", K_SIZE, memory_pinned),
+    ROW("host", K_SIZE, memory_host),
+    {0},
+};
+
+static const key_row_t k_backend_options_rows[] = {
+    ROW("link_gbps", K_DOUBLE, link_gbps),
+    ROW("link_latency_us", K_DOUBLE, link_latency_us),
+    ROW_INT("compute_threads", compute_threads, 0, 4096),
+    {0},
+};
+
+/* The keys of one `datasets:` entry; only for lookup and suggestions. */
+static const key_row_t k_dataset_rows[] = {
+    {"path", K_PATH, 0, 0, NULL, NULL, 0, 0},
+    {"type", K_PATH, 0, 0, NULL, NULL, 0, 0},
+    {0},
+};
+
+static const enum_name_t k_step_order_names[] = {
+    {"auto", ENG_STEP_ORDER_AUTO},
+    {"micro_batch", ENG_STEP_ORDER_MICRO_BATCH},
+    {"layer", ENG_STEP_ORDER_LAYER},
+    {NULL, 0},
+};
+
+static const enum_name_t k_parallel_names[] = {
+    {"auto", ENG_PARALLEL_AUTO},
+    {"data", ENG_PARALLEL_DATA},
+    {"expert", ENG_PARALLEL_EXPERT},
+    {NULL, 0},
+};
+
+static const key_row_t k_top_rows[] = {
+    ROW("base_model", K_PATH, base_model),
+    ROW("base_model_init", K_PATH, base_model_init),
+    ROW("datasets", K_DATASETS, datasets),
+    ROW_INT("sequence_len", sequence_len, 1, 1048576),
+    ROW_INT("micro_batch_size", micro_batch_size, 1, 65536),
+    ROW_INT("gradient_accumulation_steps", gradient_accumulation_steps, 1, 1000000),
+    ROW_INT("max_steps", max_steps, 0, STEPS_MAX),
+    ROW_INT("num_epochs", num_epochs, 0, 1000000),
+    ROW("learning_rate", K_DOUBLE, learning_rate),
+    ROW_ENUM("lr_scheduler", lr_scheduler, k_lr_names),
+    ROW_INT("warmup_steps", warmup_steps, 0, STEPS_MAX),
+    ROW("adam_beta1", K_DOUBLE, adam_beta1),
+    ROW("adam_beta2", K_DOUBLE, adam_beta2),
+    ROW("adam_epsilon", K_DOUBLE, adam_epsilon),
+    ROW("weight_decay", K_DOUBLE, weight_decay),
+    ROW("max_grad_norm", K_DOUBLE, max_grad_norm),
+    ROW("shuffle", K_BOOL, shuffle),
+    ROW("seed", K_U64, seed),
+    ROW("output_dir", K_PATH, output_dir),
+    ROW_INT("logging_steps", logging_steps, 1, STEPS_MAX),
+    ROW_INT("save_steps", save_steps, 0, STEPS_MAX),
+    ROW("save_final", K_BOOL, save_final),
+    ROW_ENUM("save_strategy", save_strategy, k_save_strategy_names),
+    ROW_INT("save_total_limit", save_total_limit, 0, 1000000),
+    ROW("resume_from_checkpoint", K_RESUME, resume_from_checkpoint),
+    ROW_INT("skip_nonfinite_steps", skip_nonfinite_steps, 0, STEPS_MAX),
+    ROW("allow_unused_tensors", K_BOOL, allow_unused_tensors),
+    ROW("bf16", K_BF16, bf16),
+    ROW_ENUM("save_dtype", save_dtype, k_save_dtype_names),
+    ROW_ENUM("save_expert_layout", save_expert_layout, k_save_layout_names),
+    ROW_ENUM("backend", backend, k_backend_names),
+    ROW_ENUM("optimizer", optimizer, k_optimizer_names),
+    ROW("gradient_checkpointing", K_BOOL, gradient_checkpointing),
+    ROW("model_config", K_JSON, model_config_json),
+    ROW_SECTION("memory", k_memory_rows),
+    ROW_SECTION("backend_options", k_backend_options_rows),
+    ROW("hardware", K_STRING, hardware),
+    ROW_SECTION("scheduler", k_scheduler_rows),
+    ROW_SECTION("staging", k_staging_rows),
+    ROW("save_max_shard_size", K_SIZE, save_max_shard_bytes),
+    ROW("progress", K_BOOL, progress),
+    ROW("trace", K_BOOL, trace),
+    ROW_ENUM("step_order", step_order, k_step_order_names),
+    ROW("devices", K_DEVICES, devices),
+    ROW_ENUM("parallel", parallel, k_parallel_names),
+    ROW_ENUM("adapter", adapter, k_adapter_names),
+    ROW_INT("lora_r", lora_r, 1, 65536),
+    ROW("lora_alpha", K_DOUBLE, lora_alpha),
+    ROW("lora_dropout", K_DOUBLE, lora_dropout),
+    ROW("lora_target_modules", K_STRLIST, lora_target_modules),
+    ROW("lora_target_linear", K_BOOL, lora_target_linear),
+    ROW("use_rslora", K_BOOL, use_rslora),
+    ROW("lora_modules_to_save", K_STRLIST, lora_modules_to_save),
+    ROW("lora_model_dir", K_PATH, lora_model_dir),
+    ROW("merge_lora", K_BOOL, merge_lora),
+    {0},
+};
+
+/* ---- the walk ------------------------------------------------------------ */
+
+typedef struct {
+    const char *file;    /* names the YAML in messages */
+    const char *set_arg; /* the --set assignment, or NULL while reading a file */
+    char base_dir[1024]; /* anchor of relative paths; "" = keep as written */
+    yaml_document_t *doc;
+    eng_run_config_t *cfg;
+    mt_error_t *err;
+} pctx_t;
+
+static mt_status_t fail(const pctx_t *c, const yaml_node_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static mt_status_t fail(const pctx_t *c, const yaml_node_t *at, const char *fmt, ...) {
+    char what[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (c->set_arg) return mt_error_set(c->err, MT_ERR_CONFIG, "--set '%.400s': %s", c->set_arg, what);
+    if (at)
+        return mt_error_set(c->err, MT_ERR_CONFIG, "%.400s:%zu: %s", c->file, (size_t)at->start_mark.line + 1,
+                            what);
+    return mt_error_set(c->err, MT_ERR_CONFIG, "%.400s: %s", c->file, what);
+}
+
+static const key_row_t *find_row(const key_row_t *rows, const char *name) {
+    for (const key_row_t *r = rows; r->name; r++)
+        if (strcmp(r->name, name) == 0) return r;
+    return NULL;
+}
+
+static mt_status_t unknown_key(const pctx_t *c, const yaml_node_t *at, const key_row_t *rows,
+                               const char *prefix, const char *key) {
+    const key_row_t *best = NULL;
+    size_t best_d = (size_t)-1;
+    for (const key_row_t *r = rows; r->name; r++) {
+        size_t d = mt_yaml_key_distance(key, r->name);
+        if (d < best_d) best_d = d, best = r;
+    }
+    /* A suggestion far from what was typed is noise: above a third of the
+     * key's length (at least 2 edits), list the valid keys instead. */
+    size_t limit = strlen(key) / 3;
+    if (limit < 2) limit = 2;
+    if (best && best_d <= limit)
+        return fail(c, at, "unknown key '%s%.200s', did you mean '%s%s'?", prefix, key, prefix, best->name);
+    char list[1024] = "";
+    size_t used = 0;
+    for (const key_row_t *r = rows; r->name && used < sizeof list; r++) {
+        int w = snprintf(list + used, sizeof list - used, "%s%s%s", r == rows ? "" : ", ", prefix, r->name);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+    return fail(c, at, "unknown key '%s%.200s'; valid keys here: %s", prefix, key, list);
+}
+
+static mt_status_t expected(const pctx_t *c, const yaml_node_t *n, const char *key, const char *what) {
+    char got[256];
+    mt_yaml_describe(n, got, sizeof got);
+    return fail(c, n, "%s: expected %s, got %s", key, what, got);
+}
+
+static void put(eng_run_config_t *cfg, const key_row_t *row, const void *v, size_t size) {
+    MT_CHECK(size == row->size, "config table: key %s has size %zu, value %zu", row->name, row->size, size);
+    memcpy((char *)cfg + row->offset, v, size);
+}
+
+/* Null resets a key (or a whole section) to its default. */
+static void reset_row(eng_run_config_t *cfg, const key_row_t *row) {
+    if (row->kind == K_SECTION) {
+        for (const key_row_t *r = row->section; r->name; r++) reset_row(cfg, r);
+        return;
+    }
+    if (row->kind == K_JSON) {
+        free(cfg->model_config_json);
+        cfg->model_config_json = NULL;
+        return;
+    }
+    eng_run_config_t def;
+    eng_run_config_defaults(&def);
+    memcpy((char *)cfg + row->offset, (const char *)&def + row->offset, row->size);
+    if (row->kind == K_DATASETS) cfg->num_datasets = def.num_datasets;
+    if (row->kind == K_STRLIST && row->offset == offsetof(eng_run_config_t, lora_target_modules)) {
+        cfg->num_lora_target_modules = def.num_lora_target_modules;
+        cfg->lora_target_regex[0] = '\0';
+    }
+    if (row->kind == K_STRLIST && row->offset == offsetof(eng_run_config_t, lora_modules_to_save))
+        cfg->num_lora_modules_to_save = def.num_lora_modules_to_save;
+}
+
+/* A scalar holding a string (any style, not null, no NUL inside) copied
+ * into dst; relative paths joined to the config's folder when `path`. */
+static mt_status_t take_string(const pctx_t *c, const yaml_node_t *n, const char *key, bool path, char *dst,
+                               size_t cap) {
+    if (!n || n->type != YAML_SCALAR_NODE || eng_yaml_is_null(n)) return expected(c, n, key, "a string");
+    const char *s = (const char *)n->data.scalar.value;
+    if (strlen(s) != n->data.scalar.length) return fail(c, n, "%s: the string contains a NUL byte", key);
+    int w;
+    if (path && s[0] != '/' && c->base_dir[0])
+        w = snprintf(dst, cap, "%s/%s", c->base_dir, s);
+    else
+        w = snprintf(dst, cap, "%s", s);
+    if (w < 0 || (size_t)w >= cap) return fail(c, n, "%s: '%.200s' is longer than %zu bytes", key, s, cap - 1);
+    return MT_OK;
+}
+
+static mt_status_t walk_mapping(pctx_t *c, const key_row_t *rows, const char *prefix, yaml_node_t *map);
+
+static mt_status_t apply_datasets(pctx_t *c, const char *key, yaml_node_t *n) {
+    if (n->type != YAML_SEQUENCE_NODE) return expected(c, n, key, "a list of {path: FILE}");
+    eng_dataset_entry_t list[ENG_MAX_DATASETS];
+    int count = 0;
+    for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
+        yaml_node_t *e = yaml_document_get_node(c->doc, *it);
+        if (!e || e->type != YAML_MAPPING_NODE) return expected(c, e, key, "each entry to be a mapping {path: FILE}");
+        if (count == ENG_MAX_DATASETS) return fail(c, e, "%s: more than %d datasets", key, ENG_MAX_DATASETS);
+        bool have_path = false;
+        for (yaml_node_pair_t *p = e->data.mapping.pairs.start; p < e->data.mapping.pairs.top; p++) {
+            yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
+            yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
+            if (!k || k->type != YAML_SCALAR_NODE) return expected(c, k, key, "string keys in a dataset entry");
+            const char *name = (const char *)k->data.scalar.value;
+            if (!find_row(k_dataset_rows, name)) return unknown_key(c, k, k_dataset_rows, "datasets[].", name);
+            if (strcmp(name, "path") == 0) {
+                mt_status_t st = take_string(c, v, "datasets[].path", true, list[count].path, sizeof list[count].path);
+                if (st != MT_OK) return st;
+                have_path = true;
+            } else if (!v || v->type != YAML_SCALAR_NODE) {
+                /* `type:` is axolotl's prompt format; the data is pre-tokenized here. */
+                return expected(c, v, "datasets[].type", "a string");
+            }
+        }
+        if (!have_path) return fail(c, e, "%s: entry %d has no 'path'", key, count);
+        count++;
+    }
+    memcpy(c->cfg->datasets, list, sizeof list[0] * (size_t)count);
+    c->cfg->num_datasets = count;
+    return MT_OK;
+}
+
+/* A list of module names (lora_target_modules, lora_modules_to_save).
+ * lora_target_modules may also be one string, as PEFT's target_modules:
+ * "all-linear" or a regular expression over the whole module name. */
+static mt_status_t apply_strlist(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
+    eng_run_config_t *cfg = c->cfg;
+    const bool targets = row->offset == offsetof(eng_run_config_t, lora_target_modules);
+    if (targets && n->type == YAML_SCALAR_NODE && !eng_yaml_is_null(n)) {
+        mt_status_t st = take_string(c, n, key, false, cfg->lora_target_regex, sizeof cfg->lora_target_regex);
+        if (st != MT_OK) return st;
+        cfg->num_lora_target_modules = 0;
+        return MT_OK;
+    }
+    if (n->type != YAML_SEQUENCE_NODE)
+        return expected(c, n, key, targets ? "a list of module names, \"all-linear\" or a regular expression"
+                                           : "a list of module names");
+    int count = 0;
+    char tmp[ENG_MAX_LORA_TARGETS][sizeof cfg->lora_target_modules[0]];
+    for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
+        yaml_node_t *e = yaml_document_get_node(c->doc, *it);
+        if (count == ENG_MAX_LORA_TARGETS) return fail(c, e, "%s: more than %d entries", key, ENG_MAX_LORA_TARGETS);
+        mt_status_t st = take_string(c, e, key, false, tmp[count], sizeof tmp[count]);
+        if (st != MT_OK) return st;
+        count++;
+    }
+    if (targets) {
+        memcpy(cfg->lora_target_modules, tmp, sizeof tmp[0] * (size_t)count);
+        cfg->num_lora_target_modules = count;
+        cfg->lora_target_regex[0] = '\0';
+    } else {
+        memcpy(cfg->lora_modules_to_save, tmp, sizeof tmp[0] * (size_t)count);
+        cfg->num_lora_modules_to_save = count;
+    }
+    return MT_OK;
+}
+
+static mt_status_t apply_json(pctx_t *c, const char *key, yaml_node_t *n) {
+    if (n->type != YAML_MAPPING_NODE) return expected(c, n, key, "a mapping (HF config.json keys)");
+    char msg[512];
+    const yaml_node_t *bad = NULL;
+    json_t *obj = eng_yaml_to_json(c->doc, n, msg, sizeof msg, &bad);
+    if (!obj) return fail(c, bad ? bad : n, "%s: %s", key, msg);
+    char *text = json_dumps(obj, JSON_COMPACT);
+    json_decref(obj);
+    MT_CHECK_ALLOC(text, "model_config JSON text");
+    free(c->cfg->model_config_json);
+    c->cfg->model_config_json = text;
+    return MT_OK;
+}
+
+/* `devices: N` (ordinals 0..N-1) or `devices: [0, 1]` (distinct ordinals). */
+static mt_status_t apply_devices(pctx_t *c, const char *key, yaml_node_t *n) {
+    eng_devices_t d = {0};
+    int64_t v;
+    if (n->type == YAML_SCALAR_NODE) {
+        if (!eng_yaml_int(n, &v) || v < 1 || v > ENG_MAX_DEVICES)
+            return expected(c, n, key, "a device count from 1 to 8, or a list of device ordinals");
+        d.count = (int)v;
+        for (int i = 0; i < ENG_MAX_DEVICES; i++) d.ids[i] = i;
+    } else if (n->type == YAML_SEQUENCE_NODE) {
+        for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
+            yaml_node_t *e = yaml_document_get_node(c->doc, *it);
+            if (!e || e->type != YAML_SCALAR_NODE || !eng_yaml_int(e, &v) || v < 0 || v > 1023)
+                return expected(c, e, key, "each entry to be a device ordinal from 0 to 1023");
+            if (d.count == ENG_MAX_DEVICES) return fail(c, e, "%s: more than %d devices", key, ENG_MAX_DEVICES);
+            for (int i = 0; i < d.count; i++)
+                if (d.ids[i] == (int)v) return fail(c, e, "%s: device %lld is listed twice", key, (long long)v);
+            d.ids[d.count++] = (int)v;
+        }
+        if (d.count == 0) return fail(c, n, "%s: the list names no device", key);
+    } else {
+        return expected(c, n, key, "a device count or a list of device ordinals");
+    }
+    c->cfg->devices = d;
+    return MT_OK;
+}
+
+/* Applies node n (NULL = an empty --set value, i.e. null) to one row. */
+static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
+    eng_run_config_t *cfg = c->cfg;
+    if (!n || eng_yaml_is_null(n)) {
+        reset_row(cfg, row);
+        return MT_OK;
+    }
+    switch (row->kind) {
+    case K_INT: {
+        int64_t v;
+        if (!eng_yaml_int(n, &v)) return expected(c, n, key, "an integer");
+        if (v < row->lo || v > row->hi)
+            return fail(c, n, "%s: %lld is out of range; expected an integer from %lld to %lld", key, (long long)v,
+                        (long long)row->lo, (long long)row->hi);
+        int iv = (int)v;
+        put(cfg, row, &iv, sizeof iv);
+        return MT_OK;
+    }
+    case K_U64: {
+        uint64_t v;
+        if (!eng_yaml_u64(n, &v)) return expected(c, n, key, "a non-negative integer");
+        put(cfg, row, &v, sizeof v);
+        return MT_OK;
+    }
+    case K_DOUBLE: {
+        double v;
+        if (!eng_yaml_number(n, &v)) return expected(c, n, key, "a number");
+        put(cfg, row, &v, sizeof v);
+        return MT_OK;
+    }
+    case K_BOOL: {
+        bool v;
+        if (!eng_yaml_bool(n, &v)) return expected(c, n, key, "a boolean (true or false)");
+        put(cfg, row, &v, sizeof v);
+        return MT_OK;
+    }
+    case K_BF16: {
+        bool v;
+        eng_bf16_choice_t choice;
+        if (n->type == YAML_SCALAR_NODE && strcmp((const char *)n->data.scalar.value, "auto") == 0)
+            choice = ENG_BF16_AUTO;
+        else if (eng_yaml_bool(n, &v))
+            choice = v ? ENG_BF16_ON : ENG_BF16_OFF;
+        else
+            return expected(c, n, key, "true, false or auto");
+        put(cfg, row, &choice, sizeof choice);
+        return MT_OK;
+    }
+    case K_RESUME: {
+        /* booleans as PyYAML types them (so a plain `no` is false); a
+           quoted "true" is a directory of that name */
+        eng_resume_t r = {0};
+        bool v;
+        if (eng_yaml_bool(n, &v)) {
+            r.latest = v;
+        } else if (n->type != YAML_SCALAR_NODE) {
+            return expected(c, n, key, "a checkpoint directory, true (the latest in output_dir) or false");
+        } else {
+            mt_status_t st = take_string(c, n, key, true, r.path, sizeof r.path);
+            if (st != MT_OK) return st;
+        }
+        put(cfg, row, &r, sizeof r);
+        return MT_OK;
+    }
+    case K_PATH:
+    case K_STRING: {
+        char tmp[1024];
+        MT_CHECK(row->size <= sizeof tmp, "config table: path key %s too large", row->name);
+        mt_status_t st = take_string(c, n, key, row->kind == K_PATH, tmp, row->size);
+        if (st == MT_OK) memcpy((char *)cfg + row->offset, tmp, row->size);
+        return st;
+    }
+    case K_SIZE: {
+        if (n->type != YAML_SCALAR_NODE) return expected(c, n, key, "a size such as 80GiB");
+        size_t v;
+        mt_error_t sub;
+        if (eng_parse_size((const char *)n->data.scalar.value, &v, &sub) != MT_OK)
+            return fail(c, n, "%s: %s", key, sub.msg);
+        put(cfg, row, &v, sizeof v);
+        return MT_OK;
+    }
+    case K_ENUM: {
+        if (n->type == YAML_SCALAR_NODE) {
+            for (const enum_name_t *e = row->enums; e->name; e++) {
+                if (strcmp(e->name, (const char *)n->data.scalar.value) == 0) {
+                    int v = e->value;
+                    put(cfg, row, &v, sizeof v);
+                    return MT_OK;
+                }
+            }
+        }
+        char list[256] = "", got[256];
+        size_t used = 0;
+        for (const enum_name_t *e = row->enums; e->name; e++) {
+            int w = snprintf(list + used, sizeof list - used, "%s%s", e == row->enums ? "" : ", ", e->name);
+            if (w < 0 || (size_t)w >= sizeof list - used) break;
+            used += (size_t)w;
+        }
+        mt_yaml_describe(n, got, sizeof got);
+        return fail(c, n, "%s: got %s, expected one of: %s", key, got, list);
+    }
+    case K_DATASETS: return apply_datasets(c, key, n);
+    case K_STRLIST: return apply_strlist(c, row, key, n);
+    case K_JSON: return apply_json(c, key, n);
+    case K_DEVICES: return apply_devices(c, key, n);
+    case K_SECTION: {
+        if (n->type != YAML_MAPPING_NODE) return expected(c, n, key, "a mapping");
+        char prefix[128];
+        snprintf(prefix, sizeof prefix, "%s.", key);
+        return walk_mapping(c, row->section, prefix, n);
+    }
+    }
+    return fail(c, n, "%s: internal error: unhandled key kind", key);
+}
+
+static mt_status_t walk_mapping(pctx_t *c, const key_row_t *rows, const char *prefix, yaml_node_t *map) {
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
+        if (!k || k->type != YAML_SCALAR_NODE) return fail(c, k, "keys must be strings");
+        const char *name = (const char *)k->data.scalar.value;
+        /* YAML forbids duplicate keys but libyaml lets them through; the
+         * second would silently win, so refuse it. */
+        for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
+            yaml_node_t *qk = yaml_document_get_node(c->doc, q->key);
+            if (qk && qk->type == YAML_SCALAR_NODE && strcmp((const char *)qk->data.scalar.value, name) == 0)
+                return fail(c, k, "duplicate key '%s%.200s' (first at line %zu)", prefix, name,
+                            (size_t)qk->start_mark.line + 1);
+        }
+        const key_row_t *row = find_row(rows, name);
+        if (!row) return unknown_key(c, k, rows, prefix, name);
+        char key[256];
+        snprintf(key, sizeof key, "%s%s", prefix, row->name);
+        mt_status_t st = apply(c, row, key, v);
+        if (st != MT_OK) return st;
+    }
+    return MT_OK;
+}
+
+mt_status_t eng_run_config_parse(const char *yaml_text, size_t len, const char *path, eng_run_config_t *cfg,
+                                 mt_error_t *err) {
+    eng_run_config_defaults(cfg);
+    const char *name = path ? path : "<run config>";
+    pctx_t c = {.file = name, .set_arg = NULL, .cfg = cfg, .err = err};
+    if (path) {
+        int w = snprintf(cfg->source_path, sizeof cfg->source_path, "%s", path);
+        if (w < 0 || (size_t)w >= sizeof cfg->source_path)
+            return mt_error_set(err, MT_ERR_CONFIG, "%.400s: path longer than %zu bytes", path,
+                                sizeof cfg->source_path - 1);
+        const char *slash = strrchr(path, '/');
+        if (slash == path) snprintf(c.base_dir, sizeof c.base_dir, "/");
+        else if (slash) snprintf(c.base_dir, sizeof c.base_dir, "%.*s", (int)(slash - path), path);
+        if (strcmp(c.base_dir, "/") == 0) c.base_dir[0] = '\0'; /* "/x" joins as "//x" otherwise */
+    }
+
+    mt_yaml_doc_t yd;
+    mt_status_t st = mt_yaml_doc_parse(&yd, yaml_text, len, name, "run config", MT_ERR_CONFIG, err);
+    if (st != MT_OK) return st;
+    c.doc = &yd.doc;
+    yaml_node_t *root = yd.root;
+    if (root && !eng_yaml_is_null(root)) {
+        if (root->type != YAML_MAPPING_NODE) st = fail(&c, root, "the run config must be a mapping of keys");
+        else st = walk_mapping(&c, k_top_rows, "", root);
+    }
+    mt_yaml_doc_free(&yd);
+    if (st != MT_OK) eng_run_config_free(cfg);
+    return st;
+}
+
+mt_status_t eng_run_config_load(const char *path, eng_run_config_t *cfg, mt_error_t *err) {
+    eng_run_config_defaults(cfg);
+    char *buf;
+    size_t len;
+    mt_status_t st = mt_read_regular_file(path, "run config", MT_YAML_MAX_BYTES, &buf, &len, err);
+    if (st != MT_OK) return st;
+    st = eng_run_config_parse(buf, len, path, cfg, err);
+    free(buf);
+    return st;
+}
+
+/* ---- --set --------------------------------------------------------------- */
+
+/* `model_config.a.b=v`: sets one key of the model_config object, creating
+ * intermediate objects, keeping every other key. */
+static mt_status_t set_json_path(pctx_t *c, const char *path, yaml_node_t *n) {
+    eng_run_config_t *cfg = c->cfg;
+    json_t *root;
+    if (cfg->model_config_json) {
+        json_error_t je;
+        root = json_loads(cfg->model_config_json, 0, &je);
+        if (!root || !json_is_object(root)) {
+            json_decref(root);
+            return fail(c, n, "model_config: the current value is not a JSON object");
+        }
+    } else {
+        root = json_object();
+        MT_CHECK_ALLOC(root, "model_config object");
+    }
+    char msg[512];
+    const yaml_node_t *bad = NULL;
+    json_t *value = n ? eng_yaml_to_json(c->doc, n, msg, sizeof msg, &bad) : json_null();
+    if (!value) {
+        json_decref(root);
+        return fail(c, bad, "model_config.%s: %s", path, msg);
+    }
+    json_t *obj = root;
+    char seg[256];
+    const char *p = path;
+    for (;;) {
+        const char *dot = strchr(p, '.');
+        size_t l = dot ? (size_t)(dot - p) : strlen(p);
+        if (l == 0 || l >= sizeof seg) {
+            json_decref(root);
+            json_decref(value);
+            return fail(c, n, "model_config.%s: empty or overlong key segment", path);
+        }
+        memcpy(seg, p, l);
+        seg[l] = '\0';
+        if (!dot) break;
+        json_t *next = json_object_get(obj, seg);
+        if (!next) {
+            next = json_object();
+            MT_CHECK_ALLOC(next, "model_config object");
+            json_object_set_new(obj, seg, next);
+        } else if (!json_is_object(next)) {
+            json_decref(root);
+            json_decref(value);
+            return fail(c, n, "model_config.%s: '%s' is not an object", path, seg);
+        }
+        obj = next;
+        p = dot + 1;
+    }
+    json_object_set_new(obj, seg, value);
+    char *text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    MT_CHECK_ALLOC(text, "model_config JSON text");
+    free(cfg->model_config_json);
+    cfg->model_config_json = text;
+    return MT_OK;
+}
+
+static mt_status_t set_node(pctx_t *c, const char *key, yaml_node_t *n) {
+    const key_row_t *rows = k_top_rows;
+    char prefix[256] = "", seg[256];
+    const char *p = key;
+    for (;;) {
+        const char *dot = strchr(p, '.');
+        size_t l = dot ? (size_t)(dot - p) : strlen(p);
+        if (l == 0 || l >= sizeof seg) return fail(c, n, "'%s' is not a valid key", key);
+        memcpy(seg, p, l);
+        seg[l] = '\0';
+        const key_row_t *row = find_row(rows, seg);
+        if (!row) return unknown_key(c, n, rows, prefix, seg);
+        char full[256];
+        snprintf(full, sizeof full, "%s%s", prefix, row->name);
+        if (!dot) return apply(c, row, full, n);
+        if (row->kind == K_JSON) return set_json_path(c, dot + 1, n);
+        if (row->kind != K_SECTION) return fail(c, n, "'%s' has no sub-keys (in '%s')", full, key);
+        size_t fl = strlen(full);
+        if (fl + 2 > sizeof prefix) return fail(c, n, "'%s' is not a valid key", key);
+        memcpy(prefix, full, fl);
+        memcpy(prefix + fl, ".", 2);
+        rows = row->section;
+        p = dot + 1;
+    }
+}
+
+mt_status_t eng_run_config_set(eng_run_config_t *cfg, const char *assignment, mt_error_t *err) {
+    pctx_t c = {.file = "--set", .set_arg = assignment, .cfg = cfg, .err = err};
+    const char *eq = strchr(assignment, '=');
+    if (!eq) return fail(&c, NULL, "expected key=value");
+    /* the key without surrounding blanks */
+    const char *ks = assignment, *ke = eq;
+    while (ks < ke && isspace((unsigned char)*ks)) ks++;
+    while (ke > ks && isspace((unsigned char)ke[-1])) ke--;
+    if (ke == ks) return fail(&c, NULL, "expected key=value, the key is empty");
+    char key[256];
+    if ((size_t)(ke - ks) >= sizeof key) return fail(&c, NULL, "the key is too long");
+    memcpy(key, ks, (size_t)(ke - ks));
+    key[ke - ks] = '\0';
+
+    const char *value = eq + 1;
+    char where[512];
+    snprintf(where, sizeof where, "--set '%.400s' (value)", assignment);
+    mt_yaml_doc_t yd;
+    mt_status_t st = mt_yaml_doc_parse(&yd, value, strlen(value), where, "--set value", MT_ERR_CONFIG, err);
+    if (st != MT_OK) return st;
+    c.doc = &yd.doc;
+    st = set_node(&c, key, yd.root);
+    mt_yaml_doc_free(&yd);
+    return st;
+}

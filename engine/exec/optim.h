@@ -1,0 +1,41 @@
+/* The optimizer step: global gradient-norm clipping and AdamW over every
+ * parameter that received a gradient in this optimizer step.
+ *
+ * PyTorch semantics: clip_grad_norm_ scales by max_norm / (norm + 1e-6)
+ * when that is below 1, over the parameters that have a gradient; AdamW
+ * keeps one step count per parameter, so an expert that got no token in
+ * this step is neither updated nor counted (as torch does for p.grad None). */
+#ifndef MT_ENGINE_OPTIM_H
+#define MT_ENGINE_OPTIM_H
+
+#include "engine/exec/types.h"
+#include "engine/model/model.h"
+
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+    double max_grad_norm; /* 0 = no clipping */
+} eng_optim_hparams_t;
+
+typedef struct {
+    double grad_norm;     /* before clipping */
+    double clip_scale;    /* the factor applied (1 when not clipped) */
+    int updated, skipped; /* parameters updated / without gradient */
+    int updated_during_backward; /* host AdamW runs that overlapped the backward pass */
+    double optim_wall_s;  /* time eng_optim_step took (the optimizer's share on the critical path) */
+} eng_optim_stats_t;
+
+/* Announces the next optimizer step: its hyper-parameters and how many
+ * micro-batches it has.  With `overlap` and optimizer state on the host, the
+ * host AdamW of each block starts as soon as that block's gradients of the
+ * last micro-batch have landed in host memory, while backward goes on with
+ * the blocks below — possible only without clipping (max_grad_norm 0),
+ * since the clipping factor needs the global norm, known only when backward
+ * ends.  Results are bit-identical either way. Optional: without it every
+ * update happens in eng_optim_step. */
+void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micro_batches,
+                          bool overlap);
+
+mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_optim_stats_t *out,
+                           mt_error_t *err);
+
+#endif

@@ -1,0 +1,42 @@
+/* The optimizer state of a model on its executor, as plain fp32 host
+ * arrays, for checkpoints that resume exactly (engine/run/state.h).
+ *
+ * Where the state lives depends on the plan of the parameter's block
+ * (engine/model/model.h): the fp32 master in host_w, dev_master or the fp32
+ * working copy; AdamW m and v in host_m/host_v or on the device, allocated
+ * at the parameter's first step (torch creates state lazily the same way,
+ * so a parameter never stepped, e.g. an expert that never got a token, has
+ * step 0 and no m, v).  These functions hide the placement: a checkpoint
+ * written under one plan resumes under another. */
+#ifndef MT_ENGINE_OPTIM_STATE_H
+#define MT_ENGINE_OPTIM_STATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/exec/types.h"
+#include "engine/model/model.h"
+#include "base/status.h"
+
+/* Parameter i's AdamW step count (0: never stepped, no m, v). */
+int64_t eng_model_optim_step_count(const eng_model_t *m, int i);
+
+/* Copies parameter i's fp32 master and AdamW moments into host memory
+ * (numel floats each; any pointer may be NULL).  Moments of a parameter
+ * never stepped read as 0.  Waits for pending work first. */
+void eng_exec_read_optim_state(eng_exec_t *x, int i, float *master, float *mom1, float *mom2);
+
+/* Sets parameter i's fp32 master (NULL: keep it), its AdamW moments (NULL
+ * or step 0: none, as before its first step) and its step count, wherever
+ * the plan keeps them.  A working copy on the device (bf16 or fp32) is
+ * rewritten from the new master, so the next forward computes with it;
+ * streamed weights are made from the host master when next fetched. */
+mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master, const float *mom1,
+                                        const float *mom2, int64_t step, mt_error_t *err);
+
+/* Drops the gradients accumulated for a step that is not applied (a
+ * skipped non-finite step), leaving every weight and moment as it was, so
+ * the next step starts from zero gradients as after an update. */
+void eng_optim_discard_step(eng_exec_t *x);
+
+#endif

@@ -1,0 +1,286 @@
+/* Model lifetime on the host: build the parameter table from the spec,
+ * read the checkpoint into the host homes (see model.h).  The device side
+ * is the executor's (engine/exec/exec.c); this file knows nothing of it. */
+#include "engine/model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/model/io/checkpoint.h"
+
+static void build_layer_index(eng_model_t *m) {
+    const eng_model_config_t *c = &m->cfg;
+    m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    MT_CHECK_ALLOC(m->layers, "layer index");
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        eng_layer_index_t *L = &m->layers[l];
+        int *fields[] = {&L->attn_norm, &L->q, &L->k, &L->v, &L->o, &L->q_bias, &L->k_bias,
+                         &L->v_bias, &L->o_bias, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->router,
+                         &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_expert_gate,
+                         &L->dense_gate, &L->dense_up, &L->dense_down, &L->q_a, &L->q_a_norm,
+                         &L->q_b, &L->kv_a, &L->kv_a_norm, &L->kv_b, &L->router_bias, &L->sinks, &L->router_b,
+                         &L->gate_up, &L->gate_up_b, &L->down, &L->down_b};
+        for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) *fields[i] = -1;
+        if (c->layer_is_moe[l] && !c->experts_fused) { /* fused experts: one tensor each, below */
+            L->exp_gate = malloc((size_t)c->num_experts * sizeof(int));
+            L->exp_up = malloc((size_t)c->num_experts * sizeof(int));
+            L->exp_down = malloc((size_t)c->num_experts * sizeof(int));
+            MT_CHECK(L->exp_gate && L->exp_up && L->exp_down, "out of memory for expert index");
+        }
+    }
+    m->embed = m->final_norm = m->lm_head = -1;
+    for (int i = 0; i < m->spec.count; i++) {
+        const eng_param_spec_t *p = &m->spec.params[i];
+        if (p->layer < 0) {
+            if (p->role == ENG_P_EMBED) m->embed = i;
+            else if (p->role == ENG_P_FINAL_NORM) m->final_norm = i;
+            else if (p->role == ENG_P_LM_HEAD) m->lm_head = i;
+            continue;
+        }
+        eng_layer_index_t *L = &m->layers[p->layer];
+        switch (p->role) {
+        case ENG_P_ATTN_NORM: L->attn_norm = i; break;
+        case ENG_P_Q: L->q = i; break;
+        case ENG_P_K: L->k = i; break;
+        case ENG_P_V: L->v = i; break;
+        case ENG_P_O: L->o = i; break;
+        case ENG_P_Q_BIAS: L->q_bias = i; break;
+        case ENG_P_K_BIAS: L->k_bias = i; break;
+        case ENG_P_V_BIAS: L->v_bias = i; break;
+        case ENG_P_O_BIAS: L->o_bias = i; break;
+        case ENG_P_Q_NORM: L->q_norm = i; break;
+        case ENG_P_K_NORM: L->k_norm = i; break;
+        case ENG_P_MLP_NORM: L->mlp_norm = i; break;
+        case ENG_P_ROUTER: L->router = i; break;
+        case ENG_P_EXP_GATE: L->exp_gate[p->expert] = i; break;
+        case ENG_P_EXP_UP: L->exp_up[p->expert] = i; break;
+        case ENG_P_EXP_DOWN: L->exp_down[p->expert] = i; break;
+        case ENG_P_SHARED_GATE: L->sh_gate = i; break;
+        case ENG_P_SHARED_UP: L->sh_up = i; break;
+        case ENG_P_SHARED_DOWN: L->sh_down = i; break;
+        case ENG_P_SHARED_EXPERT_GATE: L->sh_expert_gate = i; break;
+        case ENG_P_DENSE_GATE: L->dense_gate = i; break;
+        case ENG_P_DENSE_UP: L->dense_up = i; break;
+        case ENG_P_DENSE_DOWN: L->dense_down = i; break;
+        case ENG_P_Q_A: L->q_a = i; break;
+        case ENG_P_Q_A_NORM: L->q_a_norm = i; break;
+        case ENG_P_Q_B: L->q_b = i; break;
+        case ENG_P_KV_A: L->kv_a = i; break;
+        case ENG_P_KV_A_NORM: L->kv_a_norm = i; break;
+        case ENG_P_KV_B: L->kv_b = i; break;
+        case ENG_P_ATTN_SINKS: L->sinks = i; break;
+        case ENG_P_ROUTER_B: L->router_b = i; break;
+        case ENG_P_EXP_GATE_UP_FUSED: L->gate_up = i; break;
+        case ENG_P_EXP_GATE_UP_BIAS: L->gate_up_b = i; break;
+        case ENG_P_EXP_DOWN_FUSED: L->down = i; break;
+        case ENG_P_EXP_DOWN_BIAS: L->down_b = i; break;
+        default: break;
+        }
+    }
+    for (int i = 0; i < m->spec.num_buffers; i++) {
+        const eng_param_spec_t *p = &m->spec.buffers[i];
+        if (p->layer >= 0 && p->role == ENG_P_ROUTER_BIAS) m->layers[p->layer].router_bias = i;
+    }
+    if (m->lm_head < 0) m->lm_head = m->embed; /* tied */
+}
+
+int eng_model_num_blocks(const eng_model_t *m) { return m->cfg.num_hidden_layers + 2; }
+
+static int owning_block(const eng_model_t *m, const eng_param_spec_t *ps) {
+    if (ps->layer >= 0) return ps->layer + 1;
+    return ps->role == ENG_P_EMBED ? 0 : m->cfg.num_hidden_layers + 1;
+}
+
+/* The dtype most of the checkpoint's parameter bytes are stored in. */
+static mt_dtype_t checkpoint_dtype(const eng_checkpoint_t *ck, const eng_model_spec_t *spec) {
+    double bytes[MT_DTYPE_COUNT] = {0};
+    for (int i = 0; i < spec->count; i++) {
+        const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, spec->params[i].name);
+        if (!e) continue;
+        switch (e->tensor->dtype) {
+        case ENG_ST_BF16:
+        case ENG_ST_F8_E4M3: /* an FP8 release's tensors: dequantised, saved as bf16 (its other tensors' dtype) */
+            bytes[MT_BF16] += (double)spec->params[i].numel;
+            break;
+        case ENG_ST_F16: bytes[MT_F16] += (double)spec->params[i].numel; break;
+        default: bytes[MT_F32] += (double)spec->params[i].numel; break;
+        }
+    }
+    if (bytes[MT_BF16] > bytes[MT_F32] && bytes[MT_BF16] >= bytes[MT_F16]) return MT_BF16;
+    if (bytes[MT_F16] > bytes[MT_F32]) return MT_F16;
+    return MT_F32;
+}
+
+mt_status_t eng_model_init(eng_model_t *m, const char *dir, const eng_model_opts_t *opts, mt_error_t *err) {
+    memset(m, 0, sizeof *m);
+    if (opts->compute != MT_F32 && opts->compute != MT_BF16)
+        return mt_error_set(err, MT_ERR_UNSUPPORTED, "compute dtype %s is not supported (F32 or BF16)",
+                            mt_dtype_name(opts->compute));
+    m->compute = opts->compute;
+    mt_status_t st = eng_model_config_load(dir, opts->overrides_json, &m->cfg, err);
+    if (st != MT_OK) return st;
+    st = eng_model_spec_build(&m->cfg, &m->spec, err);
+    if (st != MT_OK) goto fail;
+    if (!eng_model_desc_trains(&m->spec)) {
+        st = mt_error_set(err, MT_ERR_UNSUPPORTED,
+                          "%s: model_type %s (%s) cannot be trained yet: moetune describes it for `moetune inspect` "
+                          "and `moetune plan`, but has no block code for it",
+                          dir, m->cfg.model_type, eng_model_desc_family_name(&m->spec));
+        goto fail;
+    }
+    st = eng_model_check_trainable(&m->cfg, opts->overrides_json, dir, err);
+    if (st != MT_OK) goto fail;
+    build_layer_index(m);
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) m->num_moe_layers += m->cfg.layer_is_moe[l];
+
+    /* The model's home is host memory: every master starts there.  (A
+     * description always has parameters; saying so also keeps GCC from
+     * reading the int count as possibly negative.) */
+    MT_CHECK(m->spec.count > 0, "%s: the model description has no parameters", dir);
+    m->params = calloc((size_t)m->spec.count, sizeof *m->params);
+    MT_CHECK_ALLOC(m->params, "parameter table");
+    for (int i = 0; i < m->spec.count; i++) {
+        eng_param_t *p = &m->params[i];
+        p->spec = &m->spec.params[i];
+        p->block = owning_block(m, p->spec);
+        p->w_dtype = eng_param_working_dtype(p->spec, m->compute);
+        p->host_w = malloc(p->spec->numel * sizeof(float));
+        MT_CHECK_ALLOC(p->host_w, p->spec->name);
+        p->lora_a = p->lora_b = -1;
+    }
+    m->num_params = m->spec.count;
+    if (m->spec.num_buffers > 0) {
+        m->buffer_host = calloc((size_t)m->spec.num_buffers, sizeof *m->buffer_host);
+        MT_CHECK_ALLOC(m->buffer_host, "buffer table");
+        for (int i = 0; i < m->spec.num_buffers; i++) {
+            m->buffer_host[i] = malloc(m->spec.buffers[i].numel * sizeof(float));
+            MT_CHECK_ALLOC(m->buffer_host[i], m->spec.buffers[i].name);
+        }
+    }
+    return MT_OK;
+fail:
+    eng_model_release(m);
+    return st;
+}
+
+/* A bf16 tensor on disk, laid out as the home wants it (contiguous,
+ * 2-byte aligned in the mapping): its home can be the mapping itself. */
+static const uint16_t *mappable_bf16(const eng_checkpoint_t *ck, const eng_param_spec_t *ps) {
+    const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, ps->name);
+    if (!e || e->tensor->dtype != ENG_ST_BF16 || e->tensor->numel != ps->numel) return NULL;
+    if ((uintptr_t)e->tensor->data % sizeof(uint16_t) != 0) return NULL;
+    return (const uint16_t *)e->tensor->data;
+}
+
+/* Frozen weights kept in bf16.  Stored bf16 on disk (a bf16 base): the home
+ * points into the checkpoint's read-only mapping, which stays open, so the
+ * base costs no host memory beyond the page cache (the file must not change
+ * under the run, as with any mmap'd model).  Otherwise read one at a time
+ * through an fp32 buffer of the largest, so loading never holds the base in
+ * fp32.  *keep_open: some home points into ck. */
+static mt_status_t read_bf16_homes(eng_model_t *m, const eng_checkpoint_t *ck, bool *keep_open, mt_error_t *err) {
+    *keep_open = false;
+    size_t largest = 0;
+    for (int i = 0; i < m->spec.count; i++) {
+        eng_param_t *p = &m->params[i];
+        if (!p->home_bf16) continue;
+        const uint16_t *mapped = mappable_bf16(ck, p->spec);
+        if (mapped) {
+            free(p->home_bf16);
+            p->home_bf16 = (uint16_t *)mapped; /* read-only: nothing writes a frozen weight's home */
+            p->home_mapped = true;
+            *keep_open = true;
+        } else if (p->spec->numel > largest) {
+            largest = p->spec->numel;
+        }
+    }
+    if (!largest) return MT_OK;
+    float *tmp = malloc(largest * sizeof *tmp);
+    MT_CHECK_ALLOC(tmp, "checkpoint read buffer");
+    mt_status_t st = MT_OK;
+    for (int i = 0; i < m->spec.count && st == MT_OK; i++) {
+        const eng_param_t *p = &m->params[i];
+        if (!p->home_bf16 || p->home_mapped) continue;
+        st = eng_checkpoint_read_f32(ck, p->spec->name, p->spec->ndim, p->spec->shape, tmp, err);
+        if (st == MT_OK) mt_convert_from_f32(p->home_bf16, MT_BF16, tmp, p->spec->numel);
+    }
+    free(tmp);
+    return st;
+}
+
+mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *err) {
+    float **host = calloc((size_t)m->spec.count, sizeof *host);
+    MT_CHECK_ALLOC(host, "checkpoint staging table");
+    for (int i = 0; i < m->spec.count; i++) host[i] = m->params[i].host_w; /* NULL: a bf16 home, below */
+    eng_checkpoint_t ck;
+    mt_status_t st = eng_checkpoint_open(dir, &ck, err);
+    if (st != MT_OK) {
+        free(host);
+        return st;
+    }
+    st = eng_checkpoint_resolve(&ck, &m->spec, err);
+    m->storage_dtype = checkpoint_dtype(&ck, &m->spec);
+    eng_ckpt_load_report_t report = {0};
+    if (st == MT_OK) st = eng_checkpoint_load(&ck, &m->spec, host, &report, err);
+    if (st == MT_OK && m->spec.num_buffers > 0) st = eng_checkpoint_load_buffers(&ck, &m->spec, m->buffer_host, err);
+    bool keep_open = false;
+    if (st == MT_OK) st = read_bf16_homes(m, &ck, &keep_open, err);
+    if (st == MT_OK && report.unexpected_count > 0)
+        fprintf(stderr, "moetune: note: %d tensor(s) in %s are not used by %s (first: %s)\n",
+                report.unexpected_count, dir, m->cfg.model_type, report.unexpected[0]);
+    eng_ckpt_load_report_free(&report);
+    if (st == MT_OK && keep_open) {
+        m->mapped_base = malloc(sizeof *m->mapped_base);
+        MT_CHECK_ALLOC(m->mapped_base, "checkpoint mapping");
+        *m->mapped_base = ck; /* the homes point into its mapping */
+    } else {
+        eng_checkpoint_close(&ck);
+    }
+    free(host);
+    return st;
+}
+
+void eng_model_release(eng_model_t *m) {
+    if (m->params) {
+        for (int i = 0; i < m->num_params; i++) {
+            eng_param_t *p = &m->params[i];
+            free(p->host_w);
+            if (!p->home_mapped) free(p->home_bf16);
+            free(p->host_m);
+            free(p->host_v);
+        }
+        free(m->params);
+    }
+    if (m->buffer_host) {
+        for (int i = 0; i < m->spec.num_buffers; i++) free(m->buffer_host[i]);
+        free(m->buffer_host);
+    }
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+            free(m->layers[l].exp_gate);
+            free(m->layers[l].exp_up);
+            free(m->layers[l].exp_down);
+        }
+        free(m->layers);
+    }
+    if (m->mapped_base) {
+        eng_checkpoint_close(m->mapped_base);
+        free(m->mapped_base);
+    }
+    eng_lora_plan_free(&m->lora.plan);
+    free(m->lora.specs);
+    eng_model_spec_free(&m->spec);
+    eng_model_config_free(&m->cfg);
+    memset(m, 0, sizeof *m);
+}
+
+mt_dtype_t eng_save_dtype(const eng_model_t *m, const eng_run_config_t *rc) {
+    switch (rc->save_dtype) {
+    case ENG_SAVE_DTYPE_F32: return MT_F32;
+    case ENG_SAVE_DTYPE_BF16: return MT_BF16;
+    case ENG_SAVE_DTYPE_F16: return MT_F16;
+    case ENG_SAVE_DTYPE_AUTO:
+    default: return m->storage_dtype;
+    }
+}
