@@ -11,7 +11,7 @@
  * names line up one to one.
  *
  * Semantics follow the HF modeling code of each family (see
- * shared/notes/conventions.md): RMSNorm, rotate_half RoPE, causal GQA
+ * docs/models.md): RMSNorm, rotate_half RoPE, causal GQA
  * attention, the family's router, SwiGLU experts, Qwen2-MoE's gated shared
  * expert, Qwen3's per-head q/k norm, causal-LM loss with -100 ignored and
  * the load-balancing aux loss when output_router_logits is set. */

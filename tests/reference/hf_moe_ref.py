@@ -17,7 +17,7 @@ softmax, RoPE tables) we upcast to max(dtype, float32), which is a no-op in
 float32 and keeps float64 runs in float64.
 
 Also here: a tiny safetensors writer/reader (stdlib + numpy only) that
-follows the format in shared/notes/conventions.md.
+follows the format in docs/formats.md ("safetensors").
 
 Run with Debian's python: /usr/bin/python3 (torch 1.13).
 """

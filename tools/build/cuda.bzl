@@ -1,7 +1,8 @@
 """cuda_library: compiles .cu files with nvcc into a cc_library.
 
 Bazel 4.2.3 has no CUDA rules, so a small rule runs /usr/local/cuda/bin/nvcc
-once per .cu file (see ../../../shared/notes/bazel-offline.md, points 4-7):
+once per .cu file (see docs/building.md, "How the workspace is put together"
+and "CUDA"):
 
   - every .cu is compiled with -fPIC and warnings as errors, for sm_80 and
     sm_90 (SASS) plus compute_90 PTX, so one binary runs on A100, H100/H200
