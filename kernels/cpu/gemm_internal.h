@@ -39,6 +39,7 @@ typedef enum {
     KERN_CPU_BF16_PATHS,
 } kern_cpu_bf16_path_t;
 
+/* The paths' names, availability and default (gemm_bf16_path.c). */
 const char *kern_cpu_bf16_path_name(kern_cpu_bf16_path_t path);
 /* Whether this CPU can run `path` (asked of the CPU at run time). */
 bool kern_cpu_bf16_path_available(kern_cpu_bf16_path_t path);

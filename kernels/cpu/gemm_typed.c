@@ -31,29 +31,6 @@
  * pool's hand-out cost, small enough to balance a few threads. */
 #define CONV_CHUNK ((size_t)1 << 16)
 
-const char *kern_cpu_bf16_path_name(kern_cpu_bf16_path_t path) {
-    switch (path) {
-    case KERN_CPU_BF16_SGEMM: return "bf16->fp32 + sgemm";
-    case KERN_CPU_BF16_DPBF16: return "avx512bf16 vdpbf16ps";
-    default: return "?";
-    }
-}
-
-bool kern_cpu_bf16_path_available(kern_cpu_bf16_path_t path) {
-    switch (path) {
-    case KERN_CPU_BF16_SGEMM: return true;
-    case KERN_CPU_BF16_DPBF16:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
-    default: return false;
-    }
-}
-
-kern_cpu_bf16_path_t kern_cpu_bf16_path_default(void) {
-    return kern_cpu_bf16_path_available(KERN_CPU_BF16_DPBF16) ? KERN_CPU_BF16_DPBF16
-                                                               : KERN_CPU_BF16_SGEMM;
-}
-
 /* ---- conversions into and out of fp32 scratch ---------------------------- */
 
 typedef enum {
