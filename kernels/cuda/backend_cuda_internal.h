@@ -73,6 +73,11 @@ struct kern_cuda_device {
     size_t region_bytes;
 };
 
+/* The helpers below are stream_cuda.c's. */
+
+/* Makes `ordinal` the current device (aborts when CUDA refuses). */
+void kern_cuda_set_device(int ordinal);
+
 /* Makes the stream's device current and returns its CUDA stream; every
  * kernel entry point starts with it. Aborts on a NULL stream. */
 cudaStream_t kern_cuda_stream_begin(kern_stream_t *s);
