@@ -1,9 +1,9 @@
 /* Typed matrix products on the CPU (kern_mm, gemm.h's contract).
  *
  * Three routes, chosen per product:
- * - compute MT_F32 with A, B, C all F32: straight to gemm.c's sgemm pieces,
- *   the very calls kern_matmul_cpu makes, so the engine's fp32 results do
- *   not change by one bit when it moves to kern_mm;
+ * - compute MT_F32 with A, B, C all F32: straight to gemm.c's sgemm pieces
+ *   with no conversion or copy, so an fp32 product is exactly the sgemm
+ *   calls kern_cpu_sgemm_batch makes (mm_test checks it bit for bit);
  * - compute MT_BF16 on the DPBF16 path: gemm_dpbf16.c packs the operands
  *   into bf16 panels and runs vdpbf16ps;
  * - everything else (bf16 compute on the SGEMM path, or a BF16 C): the

@@ -75,23 +75,10 @@ void kern_cuda_smem_optin(kern_stream_t *s, const void *kernel, size_t bytes, co
 
 void kern_cuda_gemm_cache_free(kern_cuda_gemm_cache_t *c) { (void)c; }
 
-void kern_matmul_cuda(kern_stream_t *s, float *C, const float *A, const float *B, int M, int N, int K,
-                      bool trans_a, bool trans_b, float alpha, float beta) {
-    (void)s;
-    kern_matmul_cpu(NULL, C, A, B, M, N, K, trans_a, trans_b, alpha, beta);
-}
-
-void kern_matmul_grouped_cuda(kern_stream_t *s, const kern_gemm_desc_t *descs, int count, bool trans_a,
-                              bool trans_b, float alpha, float beta) {
-    (void)s;
-    kern_matmul_grouped_cpu(NULL, descs, count, trans_a, trans_b, alpha, beta);
-}
-
 // cuBLASLt's typed product (bf16 A/B multiplied exactly, fp32 accumulation)
 // as the CPU twin's convert + sgemm path forms it.
-void kern_matmul_ex_cuda(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, const void *B,
-                         mt_dtype_t ab_dt, int M, int N, int K, bool trans_a, bool trans_b,
-                         float alpha, float beta) {
+void kern_cuda_gemm(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, const void *B, mt_dtype_t ab_dt,
+                    int M, int N, int K, bool trans_a, bool trans_b, float alpha, float beta) {
     (void)s;
     MT_CHECK(ab_dt == MT_BF16 || c_dt == MT_F32, "cuBLASLt has no F32 x F32 -> %s product",
              mt_dtype_name(c_dt));
