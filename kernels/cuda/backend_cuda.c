@@ -16,13 +16,19 @@
  *
  * Kernels and copies run asynchronously to the host, so device memory is
  * freed in stream order (device.h, arena_defer.h): the device is created
- * with opts.stream_ordered_frees set, whatever the caller asked. */
+ * with opts.stream_ordered_frees set, whatever the caller asked.
+ *
+ * The backend registers itself with the device layer when it is linked
+ * (backend_registry.h; its library is alwayslink): a program opens CUDA
+ * devices by linking //kernels/backends:cuda, and kern_cuda_available asks
+ * kern_cuda_probe through that entry. */
 #include "kernels/cuda/backend_cuda.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_registry.h"
 #include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/ops.h"
@@ -386,6 +392,15 @@ mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_
     *out = &d->base;
     return MT_OK;
 }
+
+static const kern_backend_t k_cuda_backend = {
+    .kind = KERN_BACKEND_CUDA,
+    .name = "cuda",
+    .probe = kern_cuda_probe,
+    .create = kern_cuda_device_create,
+};
+
+__attribute__((constructor)) static void register_cuda_backend(void) { kern_backend_register(&k_cuda_backend); }
 
 /* ---- NCCL ---------------------------------------------------------------- */
 

@@ -1,4 +1,5 @@
-/* Entry points of the CUDA backend used by kernels/device.c, plus what the
+/* Entry points of the CUDA backend (the device layer reaches them through
+ * the entry backend_cuda.c registers, backend_registry.h), plus what the
  * CUDA backend offers beyond the common interface: NCCL for two local GPUs.
  *
  * Everything here links and runs on a machine without a GPU: the probe and

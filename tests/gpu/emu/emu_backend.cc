@@ -1,8 +1,9 @@
 // The CUDA backend's host-side helpers as the CPU emulator build needs them
 // (tests/gpu/emu): streams are the CPU backend's, scratch is host memory,
 // the stable sort is std::stable_sort, GEMMs are the CPU twin's (cuBLASLt
-// is not emulated; tests/gpu/gemm_test covers it on a GPU).  Creating a
-// real CUDA device is refused: this build has no GPU code.
+// is not emulated; tests/gpu/gemm_test covers it on a GPU).  No CUDA
+// backend is registered in this build (it links the CPU backend only), so
+// opening a CUDA device reports that none is linked.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,6 @@
 #include "cuda_emu.h"
 
 extern "C" {
-#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cpu/gemm_internal.h"
 #include "kernels/gemm.h"
@@ -95,18 +95,6 @@ void kern_cuda_gemm(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, c
         MT_CHECK(beta == 0.0f || beta == 1.0f, "matmul with K == 0 and beta %g on a BF16 output",
                  (double)beta);
     kern_mm_grouped_cpu_path(NULL, &p, 1, KERN_CPU_BF16_SGEMM);
-}
-
-mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_t **out,
-                                    mt_error_t *err) {
-    (void)opts;
-    *out = NULL;
-    return mt_error_set(err, MT_ERR_DEVICE, "the CUDA emulator build has no CUDA device");
-}
-
-bool kern_cuda_probe(char *why, size_t why_len) {
-    snprintf(why, why_len, "the CUDA emulator build has no CUDA device");
-    return false;
 }
 
 } // extern "C"
