@@ -30,6 +30,7 @@ static bool defer_on(const kern_device_t *dev) { return dev->opts.stream_ordered
 
 mt_status_t kern_device_create(kern_backend_kind_t kind, const kern_device_opts_t *opts,
                                kern_device_t **out, mt_error_t *err) {
+    *out = NULL;
     kern_device_opts_t o = opts ? *opts : (kern_device_opts_t){0};
     const kern_backend_t *backend = kern_backend_find(kind);
     if (!backend) {
