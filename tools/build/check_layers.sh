@@ -6,7 +6,12 @@
 #       (//kernels/cpu/..., //kernels/cuda/...): the engine reaches kernels
 #       through //kernels:device and asks it for capabilities;
 #   (b) nothing under //scheduler or //moe depends, even transitively, on
-#       //engine.
+#       //engine;
+#   (c) nothing in the //kernels package itself depends, even transitively,
+#       on the CUDA backend (//kernels/cuda/...): the device layer names no
+#       backend, backends register themselves where a program links them
+#       (kernels/backend_registry.h), so //kernels builds, links and tests
+#       without the CUDA toolkit.
 #
 # Run from anywhere inside the workspace. Prints what it checked and the
 # offending labels; exits 1 on a violation, 2 if bazel query itself fails.
@@ -40,4 +45,16 @@ for pkg in scheduler moe; do
     echo "ok   (b) nothing under //$pkg depends on //engine"
   fi
 done
+
+below=$(bazel query --noshow_progress 'deps(//kernels:all)' 2>/dev/null) ||
+  { echo "check_layers: bazel query 'deps(//kernels:all)' failed"; exit 2; }
+bad=$(printf '%s\n' "$below" | grep -E '^//kernels/cuda([:/]|$)' || true)
+if [ -n "$bad" ]; then
+  echo "FAIL (c) the //kernels package depends on the CUDA backend:"
+  printf '%s\n' "$bad" | sed 's/^/  /'
+  bazel query --noshow_progress "somepath(//kernels:all, $(printf '%s\n' "$bad" | head -1))" 2>/dev/null | sed 's/^/  path: /'
+  failures=$((failures + 1))
+else
+  echo "ok   (c) nothing in //kernels depends on //kernels/cuda ($(printf '%s\n' "$below" | grep -c .) deps)"
+fi
 [ "$failures" -eq 0 ]

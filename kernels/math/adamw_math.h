@@ -13,8 +13,8 @@
  * where sqrtf and '/' are IEEE round-to-nearest, so a device update is bit
  * for bit the host one: the optimizer's placement (host or device) changes
  * where, never what.  The host SIMD paths reproduce the same bits. */
-#ifndef MT_KERNELS_ADAMW_MATH_H
-#define MT_KERNELS_ADAMW_MATH_H
+#ifndef MT_KERNELS_MATH_ADAMW_MATH_H
+#define MT_KERNELS_MATH_ADAMW_MATH_H
 
 #include <math.h>
 

@@ -5,14 +5,14 @@
  * same float addition every time), so no E-sized scratch is needed.
  * expf and INFINITY come from the includer (<math.h> in C, the CUDA
  * headers in a .cu): <math.h> cannot sit inside the .cu's extern "C". */
-#ifndef MT_KERNELS_ROUTER_GROUP_MATH_H
-#define MT_KERNELS_ROUTER_GROUP_MATH_H
+#ifndef MT_KERNELS_MATH_ROUTER_GROUP_MATH_H
+#define MT_KERNELS_MATH_ROUTER_GROUP_MATH_H
 
 #include <stdint.h>
 
 #include "base/hd.h"
 #include "kernels/router_group.h"
-#include "kernels/router_math.h"
+#include "kernels/math/router_math.h"
 
 /* The limits of router_group.h, as a predicate both twins check. */
 MT_HD int kern_router_group_valid(int E, int k, const kern_router_group_t *g) {

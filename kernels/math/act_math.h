@@ -1,7 +1,7 @@
 /* Derivatives of the activations in elementwise.h, shared by the CPU twin
  * and the CUDA kernels. */
-#ifndef MT_KERNELS_ACT_MATH_H
-#define MT_KERNELS_ACT_MATH_H
+#ifndef MT_KERNELS_MATH_ACT_MATH_H
+#define MT_KERNELS_MATH_ACT_MATH_H
 
 #include <stdbool.h>
 #include <stdint.h>

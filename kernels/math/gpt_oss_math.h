@@ -1,7 +1,7 @@
 /* Per-element math of gpt_oss.h's ops, shared by the CPU twin and the CUDA
  * kernels so both round alike. */
-#ifndef MT_KERNELS_GPT_OSS_MATH_H
-#define MT_KERNELS_GPT_OSS_MATH_H
+#ifndef MT_KERNELS_MATH_GPT_OSS_MATH_H
+#define MT_KERNELS_MATH_GPT_OSS_MATH_H
 
 #include <math.h>
 

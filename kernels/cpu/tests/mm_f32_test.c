@@ -1,4 +1,5 @@
-/* Matrix products (kernels/gemm.h).
+/* fp32 matrix products through kern_mm (kernels/gemm.h): F32 operands,
+ * F32 compute, F32 C, the products every fp32 run makes.
  *
  * - All four (trans_a, trans_b) combinations, beta 0 (C preset to NaN: it
  *   must be overwritten, not scaled) and beta 1 (accumulate), alpha != 1,
@@ -18,6 +19,13 @@
 
 #include "kernels/cpu/tests/testutil.h"
 #include "kernels/gemm.h"
+
+/* C = alpha op(A) op(B) + beta C, all fp32, through kern_mm_cpu. */
+static void mm_f32(tu_env_t *env, float *C, const float *A, const float *B, int M, int N, int K, bool ta,
+                   bool tb, float alpha, float beta) {
+    const kern_mm_t p = kern_mm_make(C, A, MT_F32, B, MT_F32, M, N, K, ta, tb, alpha, beta, MT_F32);
+    kern_mm_cpu(env->s, &p);
+}
 
 /* Tolerance of a K-term fp32 dot product: the classic bound
  * |err| <= gamma_K * sum_k |a_k b_k| with gamma_K ~ K * 2^-24; blocked and
@@ -73,14 +81,14 @@ static void test_plain(tu_env_t *env) {
                     const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
                     const float beta = (float)bi, alpha = 0.75f;
                     char tag[128];
-                    snprintf(tag, sizeof tag, "matmul M=%d N=%d K=%d ta=%d tb=%d beta=%g", M, N, K,
+                    snprintf(tag, sizeof tag, "mm f32 M=%d N=%d K=%d ta=%d tb=%d beta=%g", M, N, K,
                              ta, tb, (double)beta);
                     float *A = tu_rand(&rng, (size_t)M * K, 1.0f);
                     float *B = tu_rand(&rng, (size_t)K * N, 1.0f);
                     float *C0 = tu_rand(&rng, (size_t)M * N, 1.0f);
                     float *C = tu_copy(C0, (size_t)M * N);
                     if (beta == 0.0f) tu_fill_nan(C, (size_t)M * N); /* "C may hold garbage/NaN" */
-                    kern_matmul_cpu(env->s, C, A, B, M, N, K, ta, tb, alpha, beta);
+                    mm_f32(env, C, A, B, M, N, K, ta, tb, alpha, beta);
                     check_product(tag, C, C0, A, B, M, N, K, ta, tb, alpha, beta);
                     free(A); free(B); free(C0); free(C);
                 }
@@ -91,26 +99,26 @@ static void test_k0(tu_env_t *env) {
     float C[6], keep[6] = {1, 2, 3, 4, 5, 6};
     float dummy = 0.0f;
     tu_fill_nan(C, 6);
-    kern_matmul_cpu(env->s, C, &dummy, &dummy, 2, 3, 0, false, false, 1.0f, 0.0f);
+    mm_f32(env, C, &dummy, &dummy, 2, 3, 0, false, false, 1.0f, 0.0f);
     int bad = 0;
     for (int i = 0; i < 6; i++) bad += C[i] != 0.0f;
-    tu_expect(bad == 0, "matmul K=0 beta=0 must zero C (an empty sum), %d elements not 0", bad);
+    tu_expect(bad == 0, "mm f32 K=0 beta=0 must zero C (an empty sum), %d elements not 0", bad);
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) {
             memcpy(C, keep, sizeof C);
-            kern_matmul_cpu(env->s, C, &dummy, &dummy, 2, 3, 0, ta, tb, 1.0f, 1.0f);
-            tu_check_bitwise("matmul K=0 beta=1 leaves C unchanged", C, keep, 6);
+            mm_f32(env, C, &dummy, &dummy, 2, 3, 0, ta, tb, 1.0f, 1.0f);
+            tu_check_bitwise("mm f32 K=0 beta=1 leaves C unchanged", C, keep, 6);
             tu_fill_nan(C, 6);
-            kern_matmul_cpu(env->s, C, &dummy, &dummy, 2, 3, 0, ta, tb, 0.5f, 0.0f);
+            mm_f32(env, C, &dummy, &dummy, 2, 3, 0, ta, tb, 0.5f, 0.0f);
             bad = 0;
             for (int i = 0; i < 6; i++) bad += C[i] != 0.0f;
-            tu_expect(bad == 0, "matmul K=0 beta=0 ta=%d tb=%d: %d elements not zeroed", ta, tb, bad);
+            tu_expect(bad == 0, "mm f32 K=0 beta=0 ta=%d tb=%d: %d elements not zeroed", ta, tb, bad);
         }
     /* M = 0 or N = 0: nothing to do, nothing touched */
     memcpy(C, keep, sizeof C);
-    kern_matmul_cpu(env->s, C, &dummy, &dummy, 0, 3, 4, false, false, 1.0f, 0.0f);
-    kern_matmul_cpu(env->s, C, &dummy, &dummy, 2, 0, 4, true, true, 1.0f, 0.0f);
-    tu_check_bitwise("matmul M=0 / N=0 touch nothing", C, keep, 6);
+    mm_f32(env, C, &dummy, &dummy, 0, 3, 4, false, false, 1.0f, 0.0f);
+    mm_f32(env, C, &dummy, &dummy, 2, 0, 4, true, true, 1.0f, 0.0f);
+    tu_check_bitwise("mm f32 M=0 / N=0 touch nothing", C, keep, 6);
 }
 
 /* ---- linear layer gradients against FD ---- */
@@ -122,7 +130,7 @@ typedef struct {
 
 static double lin_loss(void *p) {
     lin_t *c = p;
-    kern_matmul_cpu(c->env->s, c->y, c->x, c->W, c->rows, c->out, c->in, false, true, 1.0f, 0.0f);
+    mm_f32(c->env, c->y, c->x, c->W, c->rows, c->out, c->in, false, true, 1.0f, 0.0f);
     return tu_dot(c->y, c->R, (size_t)c->rows * c->out);
 }
 
@@ -137,8 +145,8 @@ static void test_linear_grads(tu_env_t *env) {
     float *dx = tu_alloc((size_t)c.rows * c.in), *dW = tu_alloc((size_t)c.out * c.in);
     tu_fill_nan(dx, (size_t)c.rows * c.in);
     for (int i = 0; i < c.out * c.in; i++) dW[i] = 1.0f; /* accumulates onto 1 */
-    kern_matmul_cpu(env->s, dx, c.R, c.W, c.rows, c.in, c.out, false, false, 1.0f, 0.0f);
-    kern_matmul_cpu(env->s, dW, c.R, c.x, c.out, c.in, c.rows, true, false, 1.0f, 1.0f);
+    mm_f32(env, dx, c.R, c.W, c.rows, c.in, c.out, false, false, 1.0f, 0.0f);
+    mm_f32(env, dW, c.R, c.x, c.out, c.in, c.rows, true, false, 1.0f, 1.0f);
     for (int i = 0; i < c.out * c.in; i++) dW[i] -= 1.0f;
     double *fx = tu_alloc_d((size_t)c.rows * c.in), *fW = tu_alloc_d((size_t)c.out * c.in);
     /* linear in each input: no truncation error; noise ~sqrt(out) ulp of
@@ -164,12 +172,12 @@ static void test_grouped(tu_env_t *env) {
     float *W = tu_rand(&rng, (size_t)E * I * H, 1.0f); /* per expert (I, H) */
     float *Y = tu_alloc((size_t)m * I);
     tu_fill_nan(Y, (size_t)m * I);
-    kern_gemm_desc_t d[E];
+    kern_mm_t d[E];
     for (int e = 0; e < E; e++)
-        d[e] = (kern_gemm_desc_t){.C = Y + (size_t)off[e] * I, .A = X + (size_t)off[e] * H,
-                                  .B = W + (size_t)e * I * H, .M = counts[e], .N = I, .K = H};
+        d[e] = kern_mm_make(Y + (size_t)off[e] * I, X + (size_t)off[e] * H, MT_F32, W + (size_t)e * I * H, MT_F32,
+                            counts[e], I, H, false, true, 1.0f, 0.0f, MT_F32);
     /* y_e = x_e W_e^T */
-    kern_matmul_grouped_cpu(env->s, d, E, false, true, 1.0f, 0.0f);
+    kern_mm_grouped_cpu(env->s, d, E);
     for (int e = 0; e < E; e++) {
         char tag[64];
         snprintf(tag, sizeof tag, "grouped forward expert %d (M=%d)", e, counts[e]);
@@ -184,9 +192,9 @@ static void test_grouped(tu_env_t *env) {
         float *dW = tu_rand(&rng, (size_t)E * I * H, 1.0f), *dW0 = tu_copy(dW, (size_t)E * I * H);
         if (beta == 0.0f) tu_fill_nan(dW, (size_t)E * I * H);
         for (int e = 0; e < E; e++)
-            d[e] = (kern_gemm_desc_t){.C = dW + (size_t)e * I * H, .A = dY + (size_t)off[e] * I,
-                                      .B = X + (size_t)off[e] * H, .M = I, .N = H, .K = counts[e]};
-        kern_matmul_grouped_cpu(env->s, d, E, true, false, 1.0f, beta);
+            d[e] = kern_mm_make(dW + (size_t)e * I * H, dY + (size_t)off[e] * I, MT_F32, X + (size_t)off[e] * H,
+                                MT_F32, I, H, counts[e], true, false, 1.0f, beta, MT_F32);
+        kern_mm_grouped_cpu(env->s, d, E);
         for (int e = 0; e < E; e++) {
             char tag[96];
             snprintf(tag, sizeof tag, "grouped weight grad expert %d (K=%d) beta=%g", e, counts[e],
@@ -199,7 +207,7 @@ static void test_grouped(tu_env_t *env) {
         free(dW0);
     }
     /* zero groups, and a group list that is empty */
-    kern_matmul_grouped_cpu(env->s, d, 0, false, false, 1.0f, 0.0f);
+    kern_mm_grouped_cpu(env->s, d, 0);
     printf("grouped products: %d experts, %d without tokens, checked\n", E, 2);
     free(X); free(W); free(Y); free(dY);
 }
@@ -213,9 +221,9 @@ static void test_deterministic(tu_env_t *env) {
     float *A = tu_rand(&rng, (size_t)M * K, 1.0f), *B = tu_rand(&rng, (size_t)K * N, 1.0f);
     float *C1 = tu_alloc((size_t)M * N), *C2 = tu_alloc((size_t)M * N);
     for (int rep = 0; rep < 3; rep++) {
-        kern_matmul_cpu(env->s, C1, A, B, M, N, K, false, false, 1.0f, 0.0f);
-        kern_matmul_cpu(env->s, C2, A, B, M, N, K, false, false, 1.0f, 0.0f);
-        tu_check_bitwise("matmul 192x160x320 run twice", C2, C1, (size_t)M * N);
+        mm_f32(env, C1, A, B, M, N, K, false, false, 1.0f, 0.0f);
+        mm_f32(env, C2, A, B, M, N, K, false, false, 1.0f, 0.0f);
+        tu_check_bitwise("mm f32 192x160x320 run twice", C2, C1, (size_t)M * N);
     }
     free(A); free(B); free(C1); free(C2);
 }
@@ -228,5 +236,5 @@ int main(void) {
     test_linear_grads(&env);
     test_grouped(&env);
     tu_env_close(&env);
-    return tu_finish("matmul_test");
+    return tu_finish("mm_f32_test");
 }

@@ -1,8 +1,8 @@
 /* Router arithmetic shared by the CPU twin and the CUDA kernels (moe_ops.h
  * semantics): the top-k order, the renormalisation of the k weights and
  * its backward. */
-#ifndef MT_KERNELS_ROUTER_MATH_H
-#define MT_KERNELS_ROUTER_MATH_H
+#ifndef MT_KERNELS_MATH_ROUTER_MATH_H
+#define MT_KERNELS_MATH_ROUTER_MATH_H
 
 #include "base/hd.h"
 
