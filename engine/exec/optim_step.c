@@ -8,35 +8,52 @@
  * over the thread pool on the fp32 master in host memory, after which
  * resident weights are refreshed from the master.  The host optimizer's
  * transfers (device gradients read back, resident weights refreshed) go a
- * block at a time through the staging pool, like every other transfer. */
+ * block at a time through the staging pool, like every other transfer.
+ *
+ * The step program never calls in here: eng_optim_begin_step sets the
+ * executor's block-ready hook (progress.h), through which the backward
+ * hands over blocks whose gradients are complete for host AdamW to start
+ * on while it goes on with the blocks below. */
+#include "engine/exec/optim.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/exec/exec.h"
-#include "engine/exec/internal.h"
-#include "engine/exec/trace.h"
-#include "kernels/host/adamw_host.h"
 #include "base/clock.h"
+#include "engine/exec/copies.h"
+#include "engine/exec/counters.h"
+#include "engine/exec/exec.h"
+#include "engine/exec/executor.h"
+#include "engine/exec/host_optim.h"
+#include "engine/exec/residency.h"
+#include "engine/exec/trace.h"
+#include "engine/exec/xfer.h"
+#include "kernels/elementwise.h"
 
-/* ---- host AdamW, overlapped with backward (exec_host_optim.c) --------- */
+/* ---- host AdamW, overlapped with backward (host_optim.c) -------------- */
+
+/* The step program's block-ready hook: block b's gradients are complete;
+ * on the step's last backward, with the optimizer state and the gradients
+ * on the host, its update starts once they have landed there. */
+static void block_ready(eng_exec_t *x, int b) {
+    const sched_block_plan_t *bp = &x->plan.blocks[b];
+    if (!x->prog.overlap || !x->prog.in_last_micro || bp->optim != SCHED_OPTIM_HOST ||
+        bp->grads != SCHED_GRADS_HOST)
+        return;
+    exec_host_optim_enqueue(&x->hopt, b);
+}
 
 void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micro_batches,
                           bool overlap) {
     /* staging counters and peaks are per step */
-    if (x->stage) moe_staging_step_begin(x->stage);
+    if (x->stage.pool) moe_staging_step_begin(x->stage.pool);
     exec_counters_step_begin(&x->cnt);
     x->micro_left = micro_batches;
-    x->overlap_step = overlap && hp->max_grad_norm == 0;
-    if (x->overlap_step) exec_host_optim_start(&x->hopt, hp);
-}
-
-void exec_optim_block_ready(eng_exec_t *x, int b) {
-    const sched_block_plan_t *bp = &x->plan.blocks[b];
-    if (!x->overlap_step || !x->in_last_micro || bp->optim != SCHED_OPTIM_HOST || bp->grads != SCHED_GRADS_HOST)
-        return;
-    exec_host_optim_enqueue(&x->hopt, b);
+    x->prog.overlap = overlap && hp->max_grad_norm == 0;
+    x->prog.block_ready = block_ready;
+    if (x->prog.overlap) exec_host_optim_start(&x->hopt, hp);
 }
 
 /* ---- the step ----------------------------------------------------------- */
@@ -103,7 +120,7 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
         for (int i = 0; i < P && first < 0; i++)
             if (x->dp[i].has_grad && !isfinite(parts[i])) first = i;
         free(parts);
-        x->overlap_step = false;
+        x->prog.overlap = false;
         x->micro_left = 0;
         if (first < 0)
             return mt_error_set(err, MT_ERR_DATA,
@@ -138,7 +155,7 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
          * its update runs on the host optimizer's worker while the next
          * step begins, and only that block's next fetch or gradient waits
          * for it (exec_host_optim_wait_block), not the whole step. */
-        if (!x->finish_updates_in_step && bp->optim == SCHED_OPTIM_HOST && bp->grads == SCHED_GRADS_HOST &&
+        if (!x->prog.finish_updates_in_step && bp->optim == SCHED_OPTIM_HOST && bp->grads == SCHED_GRADS_HOST &&
             bp->weights == SCHED_WEIGHTS_STREAM) {
             bool any = false, overlapped = false;
             for (int i = 0; i < m->num_params; i++) {
@@ -158,7 +175,7 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
                 deferred[b] = any;
                 if (b <= x->plan.prefetch_window) { /* waits for this block's update only */
                     x->cnt.between_steps = true;
-                    st = exec_fetch_block(x, b, false, err);
+                    st = exec_fetch_block(&x->res, b, false, err);
                     x->cnt.between_steps = false;
                 }
                 continue;
@@ -209,7 +226,7 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
                     kern_memset(dev, s, d->v, 0, bytes);
                 }
                 /* a bf16 working copy is rewritten from the new master in the same pass */
-                dev->ops->adamw(s, exec_dev_master(x, i), d->m, d->v, d->g_acc, NULL,
+                dev->ops->adamw(s, exec_dev_master(p, d), d->m, d->v, d->g_acc, NULL,
                                 p->w_dtype == MT_BF16 ? (uint16_t *)d->w : NULL, numel, &ap);
             } else {
                 exec_host_adamw(x->hopt.pool, p, d->host_g, &base);
@@ -230,7 +247,7 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
          * reads only this block's final home copies). */
         if (st == MT_OK && b <= x->plan.prefetch_window) {
             x->cnt.between_steps = true;
-            st = exec_fetch_block(x, b, false, err);
+            st = exec_fetch_block(&x->res, b, false, err);
             x->cnt.between_steps = false;
         }
     }
@@ -252,7 +269,7 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
     free(deferred);
     kern_stream_sync(dev, s);
     if (x->trace) eng_trace_span(x->trace, ENG_TRACK_HOST_OPTIM, "optimizer step", "optimizer", t0, mt_now_s(), 0);
-    x->overlap_step = false;
+    x->prog.overlap = false;
     x->micro_left = 0;
     out->optim_wall_s = mt_now_s() - t0;
     return MT_OK;
