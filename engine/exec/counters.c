@@ -1,4 +1,4 @@
-/* The executor's step counters (see exec_counters.h). */
+/* The executor's step counters (see counters.h). */
 #include "engine/exec/counters.h"
 
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* The host optimizer worker (see exec_host_optim.h).  Jobs enter the queue
+/* The host optimizer worker (see host_optim.h).  Jobs enter the queue
  * from a host function on the D2H stream, so a block is updated only once
  * its gradients have reached host memory; the worker takes them in order. */
 #include "engine/exec/host_optim.h"

@@ -7,8 +7,9 @@
  * the per-parameter record of what it updated during backward with each
  * gradient's sum of squares (taken then by the same function the step
  * would use, so the global norm is bit-identical either way).  It knows
- * nothing of streams' other work, the staging pool or the plan: the step
- * program tells it when a block's gradients have landed. */
+ * nothing of streams' other work, the staging pool or the plan: the
+ * optimizer step tells it when a block's gradients have landed (through
+ * the step program's block-ready hook, progress.h). */
 #ifndef MT_ENGINE_EXEC_HOST_OPTIM_H
 #define MT_ENGINE_EXEC_HOST_OPTIM_H
 

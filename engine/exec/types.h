@@ -1,7 +1,8 @@
-/* The executor's plain data types, shared by its public header (exec.h)
- * and its private one (exec_internal.h), so that neither includes the
- * other: a micro-batch's statistics and how the staging pool was sized (a
- * parameter's copies on a device are the layers' eng_dparam_t). */
+/* The executor's plain data types, shared by its public header (exec.h),
+ * its private one (executor.h) and its concerns' headers, so that none of
+ * them includes another for them: the executor's name, a micro-batch's
+ * statistics and how the staging pool was sized (a parameter's copies on a
+ * device are the layers' eng_dparam_t). */
 #ifndef MT_ENGINE_EXEC_TYPES_H
 #define MT_ENGINE_EXEC_TYPES_H
 
