@@ -372,7 +372,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
                 const int b = fwd ? i : N - 1 - i;
                 const sched_block_plan_t *p = &plan->blocks[b];
                 const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
-                /* the last layer at the turn from forward to backward (engine/exec/internal.h,
+                /* the last layer at the turn from forward to backward (engine/exec/plan_query.h,
                  * exec_turn_held): with a window of at least 1 its streamed weights and offloaded
                  * activations stay on the device from its forward to its backward */
                 const bool turn = W >= 1 && N >= 3 && b == N - 2;
@@ -495,7 +495,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
             }
             /* a streamed block's host update with its gradients on the host
              * runs on the optimizer worker into the next step (engine/
-             * exec_optim.c): only that block's next fetch waits for it, and
+             * engine/exec/optim_step.c): only that block's next fetch waits for it, and
              * the step end only for the blocks the next step prefetches
              * (b <= the window) */
             if (!adam_done[b] && !opts_in_step(opts) && p->grads == SCHED_GRADS_HOST && !resident) {
