@@ -25,7 +25,7 @@
 #include "engine/exec/optim.h"
 #include "engine/run/report.h"
 #include "engine/exec/trace.h"
-#include "engine/run/train.h"
+#include "engine/run/session.h"
 #include "engine/run/plan.h"
 #include "engine/model/io/outdir.h"
 #include "engine/run/save.h"
