@@ -283,51 +283,28 @@ mt_status_t eng_profile(const eng_run_config_t *rc, const eng_profile_opts_t *op
     return st;
 }
 
-static mt_status_t profile_locked(const eng_run_config_t *rc, const eng_profile_opts_t *opts, mt_error_t *err) {
+/* Each mode in turn on the run's device, plan and data, then the report. */
+static mt_status_t profile_modes(eng_run_t *run, const eng_profile_opts_t *opts, mt_error_t *err) {
+    const eng_run_config_t *rc = run->rc;
     FILE *f = opts && opts->out ? opts->out : stdout;
     const int steps = opts && opts->steps > 0 ? opts->steps : 3;
-    kern_device_t *dev = NULL;
-    mt_status_t st = eng_open_device(rc, &dev, err);
-    if (st != MT_OK) return st;
-    eng_model_config_t mc;
-    st = eng_model_config_load(rc->base_model, rc->model_config_json, &mc, err);
-    if (st != MT_OK) {
-        kern_device_destroy(dev);
-        return st;
-    }
-    eng_train_plan_t tp;
-    st = eng_train_plan(rc, &mc, dev, &tp, err);
-    const int nb = mc.num_hidden_layers + 2, vocab = mc.vocab_size;
-    eng_model_config_free(&mc);
-    if (st != MT_OK) {
-        kern_device_destroy(dev);
-        return st;
-    }
+    eng_train_plan_t *tp = &run->tp;
     char why[1200];
-    snprintf(why, sizeof why, "%s", tp.summary);
-    if (!plan_moves_anything(&tp.plan)) {
+    snprintf(why, sizeof why, "%s", tp->summary);
+    if (!plan_moves_anything(&tp->plan)) {
         /* nothing would cross the link: profile the plan that moves everything instead */
-        const int w = tp.plan.prefetch_window;
-        sched_plan_free(&tp.plan);
-        sched_plan_init_uniform(&tp.plan, nb, SCHED_POLICY_OFFLOAD_ALL);
-        if (rc->sched_prefetch_window > 0) tp.plan.prefetch_window = rc->sched_prefetch_window;
-        else if (w > 0) tp.plan.prefetch_window = w;
+        const int w = tp->plan.prefetch_window;
+        sched_plan_free(&tp->plan);
+        sched_plan_init_uniform(&tp->plan, run->num_blocks, SCHED_POLICY_OFFLOAD_ALL);
+        if (rc->sched_prefetch_window > 0) tp->plan.prefetch_window = rc->sched_prefetch_window;
+        else if (w > 0) tp->plan.prefetch_window = w;
         snprintf(why, sizeof why,
                  "the run's plan moves nothing through staging (%.500s); profiling offload_all instead, prefetch window %d",
-                 tp.summary, tp.plan.prefetch_window);
-    }
-    const char *paths[ENG_MAX_DATASETS];
-    for (int i = 0; i < rc->num_datasets; i++) paths[i] = rc->datasets[i].path;
-    eng_dataset_t ds;
-    st = eng_dataset_load(&ds, paths, rc->num_datasets, rc->sequence_len, vocab, err);
-    if (st != MT_OK) {
-        eng_train_plan_free(&tp);
-        kern_device_destroy(dev);
-        return st;
+                 tp->summary, tp->plan.prefetch_window);
     }
     char dir[1200], path[1300];
     snprintf(dir, sizeof dir, "%s/staging", rc->output_dir);
-    st = mt_mkdirs(dir, err);
+    mt_status_t st = mt_mkdirs(dir, err);
 
     moe_staging_mode_t modes[MOE_STAGING_MODE_COUNT];
     int nmodes = 0;
@@ -338,7 +315,7 @@ static mt_status_t profile_locked(const eng_run_config_t *rc, const eng_profile_
     fprintf(f, "moetune profile: %s\n", rc->source_path);
     fprintf(f, "plan       %s\n", why);
     fprintf(f, "run        %d steps x %d micro-batches of %d x %d tokens on %s", steps, rc->gradient_accumulation_steps,
-            rc->micro_batch_size, rc->sequence_len, dev->vt->name);
+            rc->micro_batch_size, rc->sequence_len, run->dev->vt->name);
     if (rc->link_gbps > 0) fprintf(f, ", links throttled to %.2f GB/s + %.0f us per copy", rc->link_gbps, rc->link_latency_us);
     fputc('\n', f);
     fflush(f);
@@ -349,7 +326,7 @@ static mt_status_t profile_locked(const eng_run_config_t *rc, const eng_profile_
     for (int k = 0; k < nmodes && st == MT_OK; k++) {
         char tpath[1400];
         snprintf(tpath, sizeof tpath, "%s/trace-%s.json", dir, moe_staging_mode_name(modes[k]));
-        st = run_mode(rc, dev, &tp.plan, &ds, modes[k], steps, rc->trace ? tpath : NULL, &res[k], err);
+        st = run_mode(rc, run->dev, run->plan, &run->ds, modes[k], steps, rc->trace ? tpath : NULL, &res[k], err);
         done = k + 1;
     }
     if (st == MT_OK) {
@@ -396,8 +373,15 @@ static mt_status_t profile_locked(const eng_run_config_t *rc, const eng_profile_
                               "the staging modes gave different losses: the staging layout changed what was computed");
     }
     for (int k = 0; k < done; k++) result_free(&res[k]);
-    eng_dataset_free(&ds);
-    eng_train_plan_free(&tp);
-    kern_device_destroy(dev);
     return st;
+}
+
+/* The run's device, plan and data (engine/run/session.h); the executors
+ * are the modes' own. */
+static mt_status_t profile_locked(const eng_run_config_t *rc, const eng_profile_opts_t *opts, mt_error_t *err) {
+    eng_run_t run;
+    const eng_run_opts_t ro = {.without_model = true};
+    mt_status_t st = eng_run_open(&run, rc, &ro, err);
+    if (st == MT_OK) st = profile_modes(&run, opts, err);
+    return eng_run_close(&run, st, err);
 }
