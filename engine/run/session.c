@@ -134,10 +134,7 @@ static int total_steps(const eng_run_config_t *rc, const eng_loader_t *ld) {
  * draw from (without one the caller's executors bring their own). */
 static mt_status_t open_data(eng_run_t *run, const eng_run_opts_t *opts, mt_error_t *err) {
     const eng_run_config_t *rc = run->rc;
-    if (opts->dataset) {
-        run->ds = *opts->dataset;
-        memset(opts->dataset, 0, sizeof *opts->dataset);
-    } else {
+    if (!opts->dataset) {
         const char *paths[ENG_MAX_DATASETS];
         for (int i = 0; i < rc->num_datasets; i++) paths[i] = rc->datasets[i].path;
         const int vocab = run->model ? run->model->cfg.vocab_size : run->vocab_size;
@@ -199,6 +196,10 @@ mt_status_t eng_run_open(eng_run_t *run, const eng_run_config_t *rc, const eng_r
     memset(run, 0, sizeof *run);
     run->rc = rc;
     eng_train_state_init(&run->ts);
+    if (opts->dataset) { /* the run's from here on, whatever happens next */
+        run->ds = *opts->dataset;
+        memset(opts->dataset, 0, sizeof *opts->dataset);
+    }
     mt_status_t st = open_ranks(run, opts->ranks, err);
     if (st == MT_OK) st = open_device(run, opts, err);
     if (st == MT_OK) st = plan(run, opts, err);

@@ -57,7 +57,8 @@ typedef struct {
     const eng_staging_settings_t *staging; /* NULL: the run config's staging: (its timeline kept short
                                               unless trace: true) */
     const eng_lora_opts_t *lora;           /* NULL: full fine-tuning */
-    eng_dataset_t *dataset;                /* taken over (left zeroed); NULL: the run config's datasets */
+    eng_dataset_t *dataset;                /* taken over by eng_run_open, even when it fails (left zeroed);
+                                              NULL: the run config's datasets */
     const char *resume_dir;                /* a checkpoint-N to resume from; NULL or "": none */
     bool training;                         /* a training run's own parts: the data's mask warning,
                                               signals, rank 0's metrics.jsonl header and trace.json */
