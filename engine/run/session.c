@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/clock.h"
@@ -52,13 +53,10 @@ static mt_status_t open_ranks(eng_run_t *run, eng_ranks_t *ranks, mt_error_t *er
     run->nranks = ranks ? ranks->size : 1;
     run->writes = ranks ? eng_ranks_writes(ranks) : true;
     if (!ranks) return MT_OK;
-    const eng_run_config_t *rc = run->rc;
+    eng_run_config_t *rc = &run->rc_own;
     mt_status_t st = eng_ranks_check_accum(ranks, rc->gradient_accumulation_steps, rc->devices.count, err);
     if (st != MT_OK || run->nranks == 1) return st;
-    run->rc_rank = *rc;
-    for (int d = 0; d < run->rc_rank.devices.count; d++)
-        run->rc_rank.devices.ids[d] += ranks->local_rank * run->rc_rank.devices.count;
-    run->rc = &run->rc_rank;
+    for (int d = 0; d < rc->devices.count; d++) rc->devices.ids[d] += ranks->local_rank * rc->devices.count;
     return MT_OK;
 }
 
@@ -194,7 +192,12 @@ static mt_status_t open_training(eng_run_t *run, mt_error_t *err) {
 
 mt_status_t eng_run_open(eng_run_t *run, const eng_run_config_t *rc, const eng_run_opts_t *opts, mt_error_t *err) {
     memset(run, 0, sizeof *run);
-    run->rc = rc;
+    run->rc_own = *rc;
+    if (rc->model_config_json) {
+        run->rc_own.model_config_json = strdup(rc->model_config_json);
+        MT_CHECK_ALLOC(run->rc_own.model_config_json, "model_config");
+    }
+    run->rc = &run->rc_own;
     eng_train_state_init(&run->ts);
     if (opts->dataset) { /* the run's from here on, whatever happens next */
         run->ds = *opts->dataset;
@@ -237,5 +240,6 @@ mt_status_t eng_run_close(eng_run_t *run, mt_status_t st, mt_error_t *err) {
     run->model = NULL;
     kern_device_destroy(run->dev);
     run->dev = NULL;
+    eng_run_config_free(&run->rc_own);
     return st;
 }

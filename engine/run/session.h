@@ -24,7 +24,8 @@
  *     st = eng_run_open(&run, rc, &opts, err);
  *     if (st == MT_OK) st = work(&run, err);
  *     st = eng_run_close(&run, st, err);
- * The run points into itself (rc may be its own copy): it stays where
+ * The run holds its own copy of the run config, so the caller's may go
+ * once eng_run_open returns; the run points into itself, so it stays where
  * eng_run_open put it until eng_run_close. */
 #ifndef MT_ENGINE_RUN_SESSION_H
 #define MT_ENGINE_RUN_SESSION_H
@@ -65,8 +66,9 @@ typedef struct {
 } eng_run_opts_t;
 
 typedef struct {
-    const eng_run_config_t *rc; /* the caller's, or rc_rank */
-    eng_run_config_t rc_rank;   /* with several ranks: the caller's with this rank's device ordinals */
+    const eng_run_config_t *rc; /* &rc_own: what every part reads */
+    eng_run_config_t rc_own;    /* the caller's, copied (its model_config_json too), with several
+                                   ranks with this rank's device ordinals */
     eng_ranks_t *ranks;         /* NULL: this process alone */
     int nranks;                 /* 1 alone */
     bool writes;                /* this process writes output_dir (rank 0, or alone) */

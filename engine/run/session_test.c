@@ -1,7 +1,9 @@
 /* eng_run_open as `moetune bench step` uses it, everything given instead of
  * read from a run config (a CPU device's options, a plan, staging
  * settings, synthetic data): the run opens one executor over the given
- * data, takes a training step, and closes.  And the cleanup pattern: a run
+ * data, keeps its own copy of the run config (the caller's is freed and
+ * overwritten at once), takes a training step, and closes.  And the
+ * cleanup pattern: a run
  * whose model fails to open still owns the data it was given, and
  * eng_run_close frees it and returns the failure (the ASan build checks
  * that nothing leaks). */
@@ -80,9 +82,14 @@ static void test_given_parts(const char *ckpt) {
         .device = &dopts, .backend = KERN_BACKEND_CPU, .plan = &plan, .staging = &ss, .dataset = &ds};
     eng_run_t run;
     mt_error_t err = {0};
+    rc.model_config_json = strdup("{\"rms_norm_eps\": 1e-5}");
+    MT_CHECK_ALLOC(rc.model_config_json, "model_config");
     mt_status_t st = eng_run_open(&run, &rc, &ro, &err);
     EXPECT(st == MT_OK, "%s", err.msg);
+    eng_run_config_free(&rc);
+    memset(&rc, 0xa5, sizeof rc); /* the run reads its own copy from here on */
     EXPECT(ds.inputs == NULL, "the given dataset is the run's");
+    EXPECT(strcmp(run.rc->model_config_json, "{\"rms_norm_eps\": 1e-5}") == 0, "the run's copy");
     EXPECT(st != MT_OK || (run.x && run.dev && run.ds.num_rows == ROWS && run.ld.micro_batch == BATCH),
            "one executor over the given data");
     EXPECT(st != MT_OK || eng_exec_plan(run.x)->policy == SCHED_POLICY_OFFLOAD_ALL, "the given plan");
@@ -93,7 +100,6 @@ static void test_given_parts(const char *ckpt) {
     EXPECT(st == MT_OK, "%s", err.msg);
     EXPECT(run.dev == NULL && run.x == NULL && run.ds.inputs == NULL, "closed");
     sched_plan_free(&plan);
-    eng_run_config_free(&rc);
 }
 
 static void test_failed_open(const char *ckpt) {
