@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "engine/data/data.h"
+#include "engine/run/session.h"
 #include "engine/model/model.h"
 #include "engine/exec/optim.h"
 #include "moe/staging.h"
@@ -49,14 +50,9 @@ typedef struct {
 double step_median(double *v, int n);
 
 /* One model on its own CPU device (link throttled, compute pinned as the
- * options say), with synthetic data of `rows` rows. */
-typedef struct {
-    kern_device_t *dev;
-    eng_exec_t *x;
-    eng_dataset_t ds;
-    eng_loader_t ld;
-    bool loaded;
-} runner_t;
+ * options say), with synthetic data of `rows` rows: a run set up from
+ * these parts (engine/run/session.h); its dev, x, ds and ld as before. */
+typedef eng_run_t runner_t;
 
 bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_plan_t *plan, double link_bps,
                  moe_staging_mode_t mode, mt_dtype_t compute, int rows);
