@@ -371,7 +371,7 @@ static mb_use_t mb_use_describe(const mb_order_t *m, int mb, bool fwd, int i, do
     const int b = u.b;
     u.p = &plan->blocks[b];
     u.c = sched_block_cost(w, b, u.p->expert_parallel);
-    /* the last layer at the turn from forward to backward (engine/exec/plan_query.h,
+    /* the last layer at the turn from forward to backward (engine/exec/place/plan_query.h,
      * exec_turn_held): with a window of at least 1 its streamed weights and offloaded
      * activations stay on the device from its forward to its backward */
     u.turn = W >= 1 && N >= 3 && b == N - 2;

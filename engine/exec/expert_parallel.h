@@ -23,7 +23,7 @@
 #include <stdbool.h>
 
 #include "base/status.h"
-#include "engine/exec/types.h"
+#include "engine/exec/place/types.h"
 #include "engine/model/model.h"
 #include "moe/expert_parallel.h"
 #include "scheduler/plan.h"

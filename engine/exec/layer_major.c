@@ -34,15 +34,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/exec/acts.h"
-#include "engine/exec/counters.h"
+#include "engine/exec/place/acts.h"
+#include "engine/exec/record/counters.h"
 #include "engine/exec/exec.h"
 #include "engine/exec/executor.h"
-#include "engine/exec/grads.h"
-#include "engine/exec/pending.h"
-#include "engine/exec/plan_query.h"
-#include "engine/exec/residency.h"
-#include "engine/exec/spans.h"
+#include "engine/exec/place/grads.h"
+#include "engine/exec/place/pending.h"
+#include "engine/exec/place/plan_query.h"
+#include "engine/exec/place/residency.h"
+#include "engine/exec/place/spans.h"
 #include "engine/exec/step.h"
 
 typedef struct {

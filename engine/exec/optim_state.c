@@ -8,11 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/exec/copies.h"
+#include "engine/exec/place/copies.h"
 #include "engine/exec/exec.h"
 #include "engine/exec/executor.h"
-#include "engine/exec/host_optim.h"
-#include "engine/exec/plan_query.h"
+#include "engine/optim/host_optim.h"
+#include "engine/exec/place/plan_query.h"
 #include "engine/exec/xfer.h"
 
 int64_t eng_model_optim_step_count(const eng_model_t *m, int i) { return m->params[i].step; }

@@ -22,13 +22,13 @@
 #include <string.h>
 
 #include "base/clock.h"
-#include "engine/exec/copies.h"
-#include "engine/exec/counters.h"
+#include "engine/exec/place/copies.h"
+#include "engine/exec/record/counters.h"
 #include "engine/exec/exec.h"
 #include "engine/exec/executor.h"
-#include "engine/exec/host_optim.h"
-#include "engine/exec/residency.h"
-#include "engine/exec/trace.h"
+#include "engine/optim/host_optim.h"
+#include "engine/exec/place/residency.h"
+#include "engine/exec/record/trace.h"
 #include "engine/exec/xfer.h"
 #include "kernels/elementwise.h"
 

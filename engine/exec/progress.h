@@ -15,7 +15,7 @@
 
 #include <stdbool.h>
 
-#include "engine/exec/types.h"
+#include "engine/exec/place/types.h"
 
 /* Block b's gradients were folded (exec_finish_grads), in every micro-batch
  * order; in_last_micro says whether that was the step's last backward. */

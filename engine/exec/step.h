@@ -13,7 +13,7 @@
 
 #include "base/status.h"
 #include "engine/data/data.h"
-#include "engine/exec/types.h"
+#include "engine/exec/place/types.h"
 
 typedef struct exec_micro exec_micro_t;
 

@@ -2,7 +2,7 @@
 #include "engine/exec/xfer.h"
 
 #include "engine/exec/executor.h"
-#include "engine/exec/stage.h"
+#include "engine/exec/place/stage.h"
 
 mt_status_t exec_stage_h2d(eng_exec_t *x, const moe_staging_xfer_t *items, int n, const char *tag,
                            mt_error_t *err) {

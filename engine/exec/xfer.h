@@ -8,7 +8,7 @@
 #define MT_ENGINE_EXEC_XFER_H
 
 #include "base/status.h"
-#include "engine/exec/types.h"
+#include "engine/exec/place/types.h"
 #include "moe/staging.h"
 
 /* Copies between pageable host tensors and x's device memory through its

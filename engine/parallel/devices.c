@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/exec/copies.h"
+#include "engine/exec/place/copies.h"
 #include "engine/exec/executor.h"
 #include "engine/exec/expert_parallel.h"
 #include "engine/exec/xfer.h"

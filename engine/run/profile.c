@@ -24,7 +24,7 @@
 #include "engine/data/data.h"
 #include "engine/exec/exec.h"
 #include "engine/exec/optim.h"
-#include "engine/exec/trace.h"
+#include "engine/exec/record/trace.h"
 #include "engine/model/io/outdir.h"
 #include "engine/run/host_mem.h"
 #include "engine/run/save.h"

@@ -36,7 +36,7 @@
 #include "engine/config/config.h"
 #include "engine/data/data.h"
 #include "engine/exec/exec.h"
-#include "engine/exec/trace.h"
+#include "engine/exec/record/trace.h"
 #include "engine/model/model.h"
 #include "engine/parallel/devices.h"
 #include "engine/parallel/ranks.h"

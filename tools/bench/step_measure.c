@@ -7,7 +7,7 @@
 #include "engine/run/calibrate.h"
 #include "engine/exec/exec.h"
 #include "engine/run/report.h"
-#include "engine/exec/trace.h"
+#include "engine/exec/record/trace.h"
 #include "tools/bench/step_bench_internal.h"
 #include "base/clock.h"
 

@@ -23,9 +23,9 @@
 #include <stdint.h>
 
 #include "base/status.h"
-#include "engine/exec/counters.h"
-#include "engine/exec/lists.h"
-#include "engine/exec/types.h"
+#include "engine/exec/record/counters.h"
+#include "engine/exec/place/lists.h"
+#include "engine/exec/place/types.h"
 #include "engine/layers/env.h"
 #include "engine/model/model.h"
 #include "moe/staging.h"

@@ -17,11 +17,11 @@
 #include <stdint.h>
 
 #include "base/status.h"
-#include "engine/exec/counters.h"
-#include "engine/exec/host_optim.h"
-#include "engine/exec/lists.h"
-#include "engine/exec/spans.h"
-#include "engine/exec/stage.h"
+#include "engine/exec/record/counters.h"
+#include "engine/optim/host_optim.h"
+#include "engine/exec/place/lists.h"
+#include "engine/exec/place/spans.h"
+#include "engine/exec/place/stage.h"
 #include "engine/layers/env.h"
 #include "moe/expert_predict.h"
 

@@ -15,9 +15,9 @@
 #include <stddef.h>
 
 #include "base/status.h"
-#include "engine/exec/counters.h"
-#include "engine/exec/pending.h"
-#include "engine/exec/stage.h"
+#include "engine/exec/record/counters.h"
+#include "engine/exec/place/pending.h"
+#include "engine/exec/place/stage.h"
 #include "kernels/device.h"
 #include "moe/staging.h"
 

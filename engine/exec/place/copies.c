@@ -1,5 +1,5 @@
 /* Sizes and sources of the executor's copies (see copies.h). */
-#include "engine/exec/copies.h"
+#include "engine/exec/place/copies.h"
 
 #include "base/arena.h"
 #include "engine/layers/blocks.h"

@@ -1,5 +1,5 @@
 /* The span table (see spans.h). */
-#include "engine/exec/spans.h"
+#include "engine/exec/place/spans.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,7 +7,7 @@
 
 #include "base/arena.h"
 #include "base/grow.h"
-#include "engine/exec/copies.h"
+#include "engine/exec/place/copies.h"
 #include "moe/staging.h"
 
 void exec_spans_init(exec_spans_t *s, const eng_layer_env_t *env, exec_pending_list_t *pend) {

@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "engine/exec/stage.h"
+#include "engine/exec/place/stage.h"
 #include "kernels/device.h"
 
 typedef struct {

@@ -1,5 +1,5 @@
 /* Offloaded activations (see acts.h). */
-#include "engine/exec/acts.h"
+#include "engine/exec/place/acts.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1,12 +1,12 @@
 /* Gradient targets and their folding (see grads.h). */
-#include "engine/exec/grads.h"
+#include "engine/exec/place/grads.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/exec/copies.h"
-#include "engine/exec/plan_query.h"
+#include "engine/exec/place/copies.h"
+#include "engine/exec/place/plan_query.h"
 
 void exec_grads_init(exec_grads_t *gr, const eng_layer_env_t *env, exec_lists_t *lists, exec_spans_t *spans,
                      exec_stage_t *stage, exec_counters_t *cnt, exec_host_optim_t *hopt, moe_predict_t *predict) {

@@ -1,5 +1,5 @@
 /* trace.json writer (see trace.h). */
-#include "engine/exec/trace.h"
+#include "engine/exec/record/trace.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -1,14 +1,14 @@
 /* The host optimizer worker (see host_optim.h).  Jobs enter the queue
  * from a host function on the D2H stream, so a block is updated only once
  * its gradients have reached host memory; the worker takes them in order. */
-#include "engine/exec/host_optim.h"
+#include "engine/optim/host_optim.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/clock.h"
-#include "engine/exec/trace.h"
+#include "engine/exec/record/trace.h"
 #include "kernels/elementwise.h"
 #include "kernels/host/adamw_host.h"
 

@@ -16,9 +16,9 @@
 #include <pthread.h>
 #include <stdbool.h>
 
-#include "engine/exec/types.h"
+#include "engine/layers/dparam.h"
 #include "engine/model/model.h"
-#include "engine/exec/optim.h"
+#include "engine/optim/hparams.h"
 #include "kernels/adamw.h"
 #include "kernels/host/threadpool.h"
 

@@ -1,5 +1,5 @@
 /* Deferred frees (see pending.h). */
-#include "engine/exec/pending.h"
+#include "engine/exec/place/pending.h"
 
 #include <stdlib.h>
 #include <string.h>

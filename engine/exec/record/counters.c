@@ -1,5 +1,5 @@
 /* The executor's step counters (see counters.h). */
-#include "engine/exec/counters.h"
+#include "engine/exec/record/counters.h"
 
 #include <stdlib.h>
 #include <string.h>

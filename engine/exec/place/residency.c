@@ -1,13 +1,13 @@
 /* Weights on the device (see residency.h). */
-#include "engine/exec/residency.h"
+#include "engine/exec/place/residency.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/grow.h"
-#include "engine/exec/copies.h"
-#include "engine/exec/plan_query.h"
+#include "engine/exec/place/copies.h"
+#include "engine/exec/place/plan_query.h"
 
 void exec_residency_init(exec_residency_t *r, const eng_layer_env_t *env, exec_lists_t *lists,
                          exec_spans_t *spans, exec_stage_t *stage, exec_counters_t *cnt, exec_host_optim_t *hopt,

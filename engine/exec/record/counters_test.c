@@ -2,7 +2,7 @@
  * totals at the end of each micro-batch, and fetches issued between steps
  * are carried into the next step's first micro-batch (not lost, not
  * counted in the step that issued them). */
-#include "engine/exec/counters.h"
+#include "engine/exec/record/counters.h"
 
 #include <stdio.h>
 

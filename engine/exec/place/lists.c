@@ -1,11 +1,11 @@
 /* The blocks' parameter lists (see lists.h). */
-#include "engine/exec/lists.h"
+#include "engine/exec/place/lists.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/status.h"
-#include "engine/exec/plan_query.h"
+#include "engine/exec/place/plan_query.h"
 
 static void add_used(exec_lists_t *l, int b, int i) {
     if (i < 0) return;

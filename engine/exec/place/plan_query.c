@@ -1,5 +1,5 @@
 /* The plan's answers for one device (see plan_query.h). */
-#include "engine/exec/plan_query.h"
+#include "engine/exec/place/plan_query.h"
 
 #include "kernels/device.h"
 #include "moe/expert_parallel.h"

@@ -16,7 +16,7 @@
 #include <stdbool.h>
 
 #include "base/status.h"
-#include "engine/exec/pending.h"
+#include "engine/exec/place/pending.h"
 #include "engine/layers/env.h"
 #include "kernels/device.h"
 

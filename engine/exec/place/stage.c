@@ -1,7 +1,7 @@
 /* The executor's staging pool: its sizing for the plan's window and the
  * batches of copies through it (see stage.h, and moe/staging.h for the pool
  * itself). */
-#include "engine/exec/stage.h"
+#include "engine/exec/place/stage.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,8 +9,8 @@
 
 #include "base/arena.h"
 #include "base/grow.h"
-#include "engine/exec/copies.h"
-#include "engine/exec/plan_query.h"
+#include "engine/exec/place/copies.h"
+#include "engine/exec/place/plan_query.h"
 
 /* ---- settings ------------------------------------------------------------------ */
 
