@@ -11,7 +11,12 @@
 #       on the CUDA backend (//kernels/cuda/...): the device layer names no
 #       backend, backends register themselves where a program links them
 #       (kernels/backend_registry.h), so //kernels builds, links and tests
-#       without the CUDA toolkit.
+#       without the CUDA toolkit;
+#   (d) Bazel itself refuses an upward dependency between the engine's
+#       packages: a throw-away package inside engine/layers that depends on
+#       //engine/exec, and one inside engine/exec that depends on
+#       //engine/run, must both fail analysis with "is not visible" (the
+#       visibility lists in engine/*/BUILD are what enforce the layering).
 #
 # Run from anywhere inside the workspace. Prints what it checked and the
 # offending labels; exits 1 on a violation, 2 if bazel query itself fails.
@@ -57,4 +62,36 @@ if [ -n "$bad" ]; then
 else
   echo "ok   (c) nothing in //kernels depends on //kernels/cuda ($(printf '%s\n' "$below" | grep -c .) deps)"
 fi
+# (d) one probe package per forbidden edge, removed whatever happens.
+probes=()
+trap 'rm -rf "${probes[@]}"' EXIT
+probe_refused() { # FROM_DIR TARGET: a package under FROM_DIR naming TARGET must not build
+  local dir="$1/visibility_probe" target="$2" out
+  probes+=("$dir")
+  mkdir -p "$dir"
+  printf 'cc_library(name = "probe", deps = ["%s"])\n' "$target" >"$dir/BUILD"
+  out=$(bazel build --nobuild --noshow_progress "//${dir}:probe" 2>&1)
+  rm -rf "$dir"
+  if printf '%s\n' "$out" | grep -q "is not visible"; then
+    echo "ok   (d) //$1 may not depend on $2: Bazel refuses it (not visible)"
+  else
+    echo "FAIL (d) a package under //$1 depending on $2 was not refused by visibility:"
+    printf '%s\n' "$out" | tail -5 | sed 's/^/  /'
+    failures=$((failures + 1))
+  fi
+}
+# The control: the same probe naming a package below passes analysis, so a
+# refusal above is visibility's and not a broken probe.
+mkdir -p engine/exec/visibility_probe; probes+=(engine/exec/visibility_probe)
+printf 'cc_library(name = "probe", deps = ["//engine/layers"])\n' >engine/exec/visibility_probe/BUILD
+if bazel build --nobuild --noshow_progress //engine/exec/visibility_probe:probe >/dev/null 2>&1; then
+  echo "ok   (d) control: a package under //engine/exec may depend on //engine/layers"
+else
+  echo "FAIL (d) control: the probe naming //engine/layers from //engine/exec did not pass analysis"
+  failures=$((failures + 1))
+fi
+rm -rf engine/exec/visibility_probe
+probe_refused engine/layers //engine/exec
+probe_refused engine/exec //engine/run
+probe_refused engine/model/hf //engine/model/desc
 [ "$failures" -eq 0 ]
