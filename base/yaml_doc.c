@@ -367,12 +367,68 @@ static mt_status_t read_stream(reader_t *r, mt_yaml_doc_t *d) {
     return expect_stream_end(r);
 }
 
+/* The code unit at unit index i: a byte of UTF-8, or a UTF-16 unit (w 2)
+ * in the byte order be says; 0 past the end. */
+static unsigned text_unit(const unsigned char *s, size_t n, size_t i, int w, bool be) {
+    if (w == 1) return i < n ? s[i] : 0;
+    if (2 * i + 1 >= n) return 0;
+    return be ? (unsigned)s[2 * i] << 8 | s[2 * i + 1] : (unsigned)s[2 * i + 1] << 8 | s[2 * i];
+}
+
+/* Units in the line break at unit i, as libyaml's scanner knows them (LF,
+ * CR, CR LF, NEL, LS, PS; in UTF-8 the last three are several bytes); 0
+ * for none. */
+static size_t line_break(const unsigned char *s, size_t n, size_t i, int w, bool be) {
+    const unsigned c = text_unit(s, n, i, w, be);
+    if (c == '\r') return text_unit(s, n, i + 1, w, be) == '\n' ? 2 : 1;
+    if (c == '\n') return 1;
+    if (w == 2) return c == 0x85 || c == 0x2028 || c == 0x2029;
+    if (c == 0xC2) return text_unit(s, n, i + 1, w, be) == 0x85 ? 2 : 0;
+    if (c != 0xE2 || text_unit(s, n, i + 1, w, be) != 0x80) return 0;
+    const unsigned c2 = text_unit(s, n, i + 2, w, be);
+    return c2 == 0xA8 || c2 == 0xA9 ? 3 : 0;
+}
+
+/* libyaml's parser checks each %TAG directive against all before it, and
+ * resolves every tag by a search through them: 80,000 of them, within the
+ * size limit, took 5 to 50 s.  So they are counted before libyaml reads
+ * anything: each line that starts "%TAG" and a blank, in the encoding
+ * libyaml will read (UTF-16 after its byte-order mark, else UTF-8, after
+ * one if there is one).  A line of a multi-line string that starts so
+ * counts too, which errs on the safe side.  Returns the line of the first
+ * directive past the limit, 0 if none. */
+static size_t tag_directive_past_limit(const char *text, size_t len) {
+    const unsigned char *s = (const unsigned char *)text;
+    const bool utf16 = len >= 2 && ((s[0] == 0xFF && s[1] == 0xFE) || (s[0] == 0xFE && s[1] == 0xFF));
+    const int w = utf16 ? 2 : 1;
+    const bool be = utf16 && s[0] == 0xFE;
+    const size_t n = len / (size_t)w;
+    size_t line = 1, count = 0;
+    const bool utf8_bom = len >= 3 && s[0] == 0xEF && s[1] == 0xBB && s[2] == 0xBF;
+    for (size_t i = utf16 ? 1 : utf8_bom ? 3 : 0; i < n;) {
+        const unsigned c4 = text_unit(s, len, i + 4, w, be);
+        if (text_unit(s, len, i, w, be) == '%' && text_unit(s, len, i + 1, w, be) == 'T' &&
+            text_unit(s, len, i + 2, w, be) == 'A' && text_unit(s, len, i + 3, w, be) == 'G' &&
+            (c4 == ' ' || c4 == '\t') && ++count > MT_YAML_MAX_TAG_DIRECTIVES)
+            return line;
+        size_t b = 0;
+        while (i < n && !(b = line_break(s, len, i, w, be))) i++;
+        i += b;
+        line++;
+    }
+    return 0;
+}
+
 mt_status_t mt_yaml_doc_parse(mt_yaml_doc_t *d, const char *text, size_t len, const char *name, const char *what,
                               mt_status_t code, mt_error_t *err) {
     memset(d, 0, sizeof *d);
     if (len > MT_YAML_MAX_BYTES)
         return mt_error_set(err, code, "%s: %s of %zu bytes is over the limit of %zu bytes", name, what, len,
                             MT_YAML_MAX_BYTES);
+    const size_t tag_line = tag_directive_past_limit(text, len);
+    if (tag_line)
+        return mt_error_set(err, code, "%s:%zu: more than %d %%TAG directives; a %s needs none", name, tag_line,
+                            MT_YAML_MAX_TAG_DIRECTIVES, what);
     reader_t *r = calloc(1, sizeof *r);
     MT_CHECK_ALLOC(r, "YAML reader");
     *r = (reader_t){.name = name, .what = what, .code = code, .err = err};

@@ -14,6 +14,10 @@
  *    model_config: to JSON, say) would grow without bound.  Every node
  *    reached again through an alias is counted; past the limit the
  *    document is refused, naming file:line of the alias that crossed it;
+ *  - %TAG directives (MT_YAML_MAX_TAG_DIRECTIVES): libyaml checks each
+ *    against all before it, so 80,000 of them (within the size limit) took
+ *    5 to 50 s; no config needs any.  They are counted on the text before
+ *    libyaml reads it;
  *  - exactly one document in the stream.
  * Both limits are checked while the text is read, so reading stops at the
  * first node past one: a text nested 100,000 deep is refused at its 65th
@@ -32,6 +36,7 @@
 #define MT_YAML_MAX_BYTES ((size_t)1 << 20)
 #define MT_YAML_MAX_DEPTH 64
 #define MT_YAML_MAX_ALIAS_NODES 10000
+#define MT_YAML_MAX_TAG_DIRECTIVES 64
 
 typedef struct {
     yaml_document_t doc;

@@ -9,7 +9,8 @@
  * in 1 MiB), the alias bomb, a deep second document and a file of many
  * anchors and aliases are each settled in under a second (libyaml's loader,
  * reading such a document whole before any check, took minutes); a document
- * exactly at the depth limit, also through an alias, is accepted. */
+ * exactly at the depth limit, also through an alias, is accepted.  So is one
+ * with 64 %TAG directives; a 1 MiB flood of them is refused at the 65th. */
 #include "base/yaml_doc.h"
 
 #include <stdio.h>
@@ -174,6 +175,46 @@ static void deep_second_document(void) {
     free(closing);
 }
 
+/* %TAG directives: 64 are read as before; past that the text is refused
+ * before libyaml checks each against all the others (a 1 MiB flood of them
+ * took 5 to 50 s), naming the line of the 65th, in UTF-8 or UTF-16. */
+static void tag_directives(void) {
+    char *s = malloc(MT_YAML_MAX_BYTES);
+    if (!s) exit(2);
+    size_t n = 0;
+    for (int i = 0; i < MT_YAML_MAX_TAG_DIRECTIVES; i++)
+        n += (size_t)snprintf(s + n, MT_YAML_MAX_BYTES - n, "%%TAG !t%d! tag:example.com,2000:%d/\n", i, i);
+    n += (size_t)snprintf(s + n, MT_YAML_MAX_BYTES - n, "---\na: !t7!x 1\n");
+    mt_yaml_doc_t d;
+    mt_error_t err = {0};
+    mt_status_t st = mt_yaml_doc_parse(&d, s, n, "t.yaml", "test config", MT_ERR_CONFIG, &err);
+    EXPECT(st == MT_OK, "%s", err.msg);
+    if (st == MT_OK) {
+        const yaml_node_t *v = yaml_document_get_node(&d.doc, d.root->data.mapping.pairs.start->value);
+        EXPECT(!strcmp((const char *)v->tag, "tag:example.com,2000:7/x"), "tag %s", (const char *)v->tag);
+        mt_yaml_doc_free(&d);
+    }
+    n = 0;
+    for (int i = 0; n < MT_YAML_MAX_BYTES - 64; i++)
+        n += (size_t)snprintf(s + n, MT_YAML_MAX_BYTES - n, "%%TAG !t%d! tag:x,%d:\n", i, i);
+    n += (size_t)snprintf(s + n, MT_YAML_MAX_BYTES - n, "---\na: 1\n");
+    expect_refused_fast("a 1 MiB flood of %TAG", s, n, "t.yaml:65: more than 64 %TAG directives");
+    /* the same in UTF-16LE, lines ending CR LF */
+    size_t u = 0;
+    s[u++] = (char)0xFF;
+    s[u++] = (char)0xFE;
+    for (int i = 0; i < 100; i++) {
+        char line[64];
+        const int k = snprintf(line, sizeof line, "%%TAG !t%d! tag:x,%d:\r\n", i, i);
+        for (int j = 0; j < k; j++) {
+            s[u++] = line[j];
+            s[u++] = 0;
+        }
+    }
+    expect_refused(s, u, "t.yaml:65: more than 64 %TAG directives");
+    free(s);
+}
+
 int main(void) {
     mt_yaml_doc_t d;
     mt_error_t err = {0};
@@ -212,6 +253,7 @@ int main(void) {
     depth_limit_edge();
     many_anchors();
     deep_second_document();
+    tag_directives();
     char *big = malloc(MT_YAML_MAX_BYTES + 2);
     if (!big) return 2;
     memset(big, '#', MT_YAML_MAX_BYTES + 1);
