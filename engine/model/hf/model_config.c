@@ -26,74 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
-static const char *json_type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "?";
-}
-
-mt_status_t eng_cfg_type_error(eng_cfg_reader_t *r, const char *key, const char *want, const json_t *v) {
-    return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' must be %s, found %s", r->path, key,
-                        want, json_type_name(v));
-}
-
-/* required: missing key is an error; nullable: JSON null counts as absent. */
-mt_status_t eng_cfg_get_int(eng_cfg_reader_t *r, const char *key, bool required, bool nullable, int def,
-                           int *out) {
-    json_t *v = json_object_get(r->obj, key);
-    if (!v || (nullable && json_is_null(v))) {
-        if (required)
-            return mt_error_set(r->err, MT_ERR_CONFIG, "%s: missing required key '%s'", r->path, key);
-        *out = def;
-        return MT_OK;
-    }
-    if (!json_is_integer(v)) return eng_cfg_type_error(r, key, "an integer", v);
-    json_int_t x = json_integer_value(v);
-    if (x < -2147483647 || x > 2147483647)
-        return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' = %lld is out of range", r->path,
-                            key, (long long)x);
-    *out = (int)x;
-    return MT_OK;
-}
-
-mt_status_t eng_cfg_get_double(eng_cfg_reader_t *r, const char *key, double def, double *out) {
-    json_t *v = json_object_get(r->obj, key);
-    if (!v) {
-        *out = def;
-        return MT_OK;
-    }
-    if (!json_is_number(v)) return eng_cfg_type_error(r, key, "a number", v);
-    *out = json_number_value(v);
-    return MT_OK;
-}
-
-mt_status_t eng_cfg_get_bool(eng_cfg_reader_t *r, const char *key, bool def, bool *out) {
-    json_t *v = json_object_get(r->obj, key);
-    if (!v) {
-        *out = def;
-        return MT_OK;
-    }
-    if (!json_is_boolean(v)) return eng_cfg_type_error(r, key, "true or false", v);
-    *out = json_is_true(v);
-    return MT_OK;
-}
-
-mt_status_t eng_cfg_positive(eng_cfg_reader_t *r, const char *key, int v) {
-    if (v > 0) return MT_OK;
-    return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' must be positive, found %d", r->path,
-                        key, v);
-}
-
-
 /* One RoPE parameter dict (flat, or one layer type's of a nested one):
  * only the default (unscaled) rotary embedding over the whole head is
  * implemented.  `key` names the dict in messages. */
@@ -171,93 +103,6 @@ static mt_status_t read_rope(eng_cfg_reader_t *r, double def_theta, float *theta
     if (!(t > 0))
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'rope_theta' must be positive", r->path);
     *theta = (float)t;
-    return MT_OK;
-}
-
-mt_status_t eng_cfg_read_common(eng_cfg_reader_t *r, eng_model_config_t *c, int def_nkv, double def_eps,
-                               int def_max_pos) {
-    TRY(eng_cfg_get_int(r, "vocab_size", true, false, 0, &c->vocab_size));
-    TRY(eng_cfg_positive(r, "vocab_size", c->vocab_size));
-    TRY(eng_cfg_get_int(r, "hidden_size", true, false, 0, &c->hidden_size));
-    TRY(eng_cfg_positive(r, "hidden_size", c->hidden_size));
-    TRY(eng_cfg_get_int(r, "num_hidden_layers", true, false, 0, &c->num_hidden_layers));
-    TRY(eng_cfg_positive(r, "num_hidden_layers", c->num_hidden_layers));
-    if (c->num_hidden_layers > ENG_MAX_LAYERS)
-        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
-                            "%s: key 'num_hidden_layers' = %d exceeds moetune's limit of %d", r->path,
-                            c->num_hidden_layers, ENG_MAX_LAYERS);
-    TRY(eng_cfg_get_int(r, "num_attention_heads", true, false, 0, &c->num_attention_heads));
-    TRY(eng_cfg_positive(r, "num_attention_heads", c->num_attention_heads));
-    /* null means "same as num_attention_heads" (MHA) in every config class. */
-    json_t *kv = json_object_get(r->obj, "num_key_value_heads");
-    TRY(eng_cfg_get_int(r, "num_key_value_heads", false, true,
-                kv && json_is_null(kv) ? c->num_attention_heads : def_nkv, &c->num_key_value_heads));
-    TRY(eng_cfg_positive(r, "num_key_value_heads", c->num_key_value_heads));
-    if (c->num_attention_heads % c->num_key_value_heads != 0)
-        return mt_error_set(r->err, MT_ERR_CONFIG,
-                            "%s: key 'num_attention_heads' (%d) must be a multiple of "
-                            "'num_key_value_heads' (%d)",
-                            r->path, c->num_attention_heads, c->num_key_value_heads);
-    /* getattr(config, "head_dim", None) or hidden_size // num_attention_heads */
-    TRY(eng_cfg_get_int(r, "head_dim", false, true, 0, &c->head_dim));
-    if (c->head_dim == 0) c->head_dim = c->hidden_size / c->num_attention_heads;
-    TRY(eng_cfg_positive(r, "head_dim", c->head_dim));
-
-    json_t *act = json_object_get(r->obj, "hidden_act");
-    if (act && !json_is_string(act)) return eng_cfg_type_error(r, "hidden_act", "a string", act);
-    if (act && strcmp(json_string_value(act), "silu") != 0)
-        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
-                            "%s: key 'hidden_act' = \"%s\" is not supported (only \"silu\")", r->path,
-                            json_string_value(act));
-    double d;
-    TRY(eng_cfg_get_double(r, "rms_norm_eps", def_eps, &d));
-    /* x / sqrt(mean(x^2) + eps): eps <= 0 divides by zero (or takes the root
-     * of a negative number) on a zero row, and a NaN there routes nowhere. */
-    if (!(d > 0 && d < 1))
-        return mt_error_set(r->err, MT_ERR_CONFIG,
-                            "%s: key 'rms_norm_eps' = %g must be positive and below 1", r->path, d);
-    c->rms_norm_eps = (float)d;
-    TRY(eng_cfg_get_int(r, "max_position_embeddings", false, false, def_max_pos, &c->max_position_embeddings));
-    TRY(eng_cfg_get_bool(r, "tie_word_embeddings", false, &c->tie_word_embeddings));
-    TRY(eng_cfg_get_bool(r, "output_router_logits", false, &c->output_router_logits));
-    TRY(eng_cfg_get_double(r, "router_aux_loss_coef", 0.001, &d));
-    c->router_aux_loss_coef = (float)d;
-    TRY(eng_cfg_get_double(r, "router_jitter_noise", 0.0, &d));
-    if (d > 0)
-        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
-                            "%s: key 'router_jitter_noise' = %g is not supported (only 0)", r->path, d);
-    TRY(eng_cfg_get_double(r, "attention_dropout", 0.0, &d));
-    if (d > 0)
-        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
-                            "%s: key 'attention_dropout' = %g is not supported (only 0)", r->path, d);
-    return MT_OK;
-}
-
-/* The routed-expert count.  transformers accepts both spellings for every
- * MoE family (transformers 5 writes Qwen3-MoE's as num_local_experts, older
- * versions num_experts), so either is read, and both present must agree;
- * with neither, the family's transformers default applies, as it does
- * there. */
-mt_status_t eng_cfg_read_experts(eng_cfg_reader_t *r, eng_model_config_t *c, const char *key_e, int def_e,
-                                int def_k) {
-    const char *alias = strcmp(key_e, "num_experts") == 0 ? "num_local_experts" : "num_experts";
-    const bool has_key = json_object_get(r->obj, key_e) != NULL, has_alias = json_object_get(r->obj, alias) != NULL;
-    if (has_alias && !has_key) key_e = alias;
-    TRY(eng_cfg_get_int(r, key_e, false, false, def_e, &c->num_experts));
-    if (has_key && has_alias) {
-        int other;
-        TRY(eng_cfg_get_int(r, alias, true, false, 0, &other));
-        if (other != c->num_experts)
-            return mt_error_set(r->err, MT_ERR_CONFIG, "%s: '%s' = %d and '%s' = %d disagree", r->path, key_e,
-                                c->num_experts, alias, other);
-    }
-    TRY(eng_cfg_get_int(r, "num_experts_per_tok", false, false, def_k, &c->num_experts_per_tok));
-    if (c->num_experts < 0)
-        return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' must not be negative", r->path, key_e);
-    if (c->num_experts > 0 && (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts))
-        return mt_error_set(r->err, MT_ERR_CONFIG,
-                            "%s: key 'num_experts_per_tok' = %d must be between 1 and %s (%d)",
-                            r->path, c->num_experts_per_tok, key_e, c->num_experts);
     return MT_OK;
 }
 
@@ -370,7 +215,7 @@ static mt_status_t parse_qwen2_moe(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->arch = ENG_ARCH_QWEN2_MOE;
     TRY(read_qwen_common(r, c, 16, 5632, 60, 4));
     TRY(eng_cfg_get_int(r, "shared_expert_intermediate_size", false, false, 5632,
-                &c->shared_expert_intermediate_size));
+                        &c->shared_expert_intermediate_size));
     if (c->shared_expert_intermediate_size < 0)
         return mt_error_set(r->err, MT_ERR_CONFIG,
                             "%s: key 'shared_expert_intermediate_size' must not be negative", r->path);
