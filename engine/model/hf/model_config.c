@@ -62,7 +62,7 @@ static mt_status_t read_rope_dict(eng_cfg_reader_t *r, const char *key, json_t *
  * so every layer type's must agree. */
 static mt_status_t read_rope(eng_cfg_reader_t *r, double def_theta, float *theta) {
     double t;
-    TRY(eng_cfg_get_double(r, "rope_theta", def_theta, &t));
+    RETURN_ON_ERROR(eng_cfg_get_double(r, "rope_theta", def_theta, &t));
     json_t *pf = json_object_get(r->obj, "partial_rotary_factor");
     if (pf && !json_is_null(pf) && !(json_is_number(pf) && json_number_value(pf) == 1.0))
         return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
@@ -88,7 +88,7 @@ static mt_status_t read_rope(eng_cfg_reader_t *r, double def_theta, float *theta
             char k[64];
             snprintf(k, sizeof k, "%s.%s", key, k_layer_types[i]);
             double ti = t;
-            TRY(read_rope_dict(r, k, d, &ti));
+            RETURN_ON_ERROR(read_rope_dict(r, k, d, &ti));
             if (nested && ti != first)
                 return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
                                     "%s: key '%s' gives layer types different rope_theta (%g and %g); one RoPE "
@@ -98,7 +98,7 @@ static mt_status_t read_rope(eng_cfg_reader_t *r, double def_theta, float *theta
             first = ti;
         }
         if (nested) t = first;
-        else TRY(read_rope_dict(r, key, rp, &t));
+        else RETURN_ON_ERROR(read_rope_dict(r, key, rp, &t));
     }
     if (!(t > 0))
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'rope_theta' must be positive", r->path);
@@ -108,18 +108,18 @@ static mt_status_t read_rope(eng_cfg_reader_t *r, double def_theta, float *theta
 
 static mt_status_t parse_mixtral(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->arch = ENG_ARCH_MIXTRAL;
-    TRY(eng_cfg_read_common(r, c, 8, 1e-5, 4096 * 32));
-    TRY(eng_cfg_get_int(r, "intermediate_size", true, false, 0, &c->intermediate_size));
-    TRY(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_read_common(r, c, 8, 1e-5, 4096 * 32));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "intermediate_size", true, false, 0, &c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
     c->moe_intermediate_size = c->intermediate_size;
     c->shared_expert_intermediate_size = 0;
-    TRY(eng_cfg_read_experts(r, c, "num_local_experts", 8, 2));
-    TRY(eng_cfg_positive(r, "num_local_experts", c->num_experts));
+    RETURN_ON_ERROR(eng_cfg_read_experts(r, c, "num_local_experts", 8, 2));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "num_local_experts", c->num_experts));
     c->norm_topk_prob = true; /* Mixtral always renormalises the top-k weights */
     c->qkv_bias = false;
     c->qk_norm = false;
-    TRY(read_rope(r, 1e6, &c->rope_theta));
-    TRY(eng_cfg_get_int(r, "sliding_window", false, true, 0, &c->sliding_window));
+    RETURN_ON_ERROR(read_rope(r, 1e6, &c->rope_theta));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "sliding_window", false, true, 0, &c->sliding_window));
     if (c->sliding_window < 0)
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'sliding_window' must not be negative",
                             r->path);
@@ -130,8 +130,8 @@ static mt_status_t parse_mixtral(eng_cfg_reader_t *r, eng_model_config_t *c) {
 /* Qwen sparse layers: i not in mlp_only_layers and (i+1) % decoder_sparse_step == 0. */
 static mt_status_t read_qwen_layers(eng_cfg_reader_t *r, eng_model_config_t *c) {
     int step;
-    TRY(eng_cfg_get_int(r, "decoder_sparse_step", false, false, 1, &step));
-    TRY(eng_cfg_positive(r, "decoder_sparse_step", step));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "decoder_sparse_step", false, false, 1, &step));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "decoder_sparse_step", step));
     bool mlp_only[ENG_MAX_LAYERS] = {false};
     json_t *mo = json_object_get(r->obj, "mlp_only_layers");
     if (mo && !json_is_null(mo)) {
@@ -150,17 +150,17 @@ static mt_status_t read_qwen_layers(eng_cfg_reader_t *r, eng_model_config_t *c) 
 
 static mt_status_t read_qwen_common(eng_cfg_reader_t *r, eng_model_config_t *c, int def_nkv, int def_inter,
                                     int def_e, int def_k) {
-    TRY(eng_cfg_read_common(r, c, def_nkv, 1e-6, 32768));
-    TRY(eng_cfg_get_int(r, "intermediate_size", false, false, def_inter, &c->intermediate_size));
-    TRY(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_read_common(r, c, def_nkv, 1e-6, 32768));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "intermediate_size", false, false, def_inter, &c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
     /* The expert width sizes the model: required (transformers' default is
      * 1408 for Qwen2-MoE, 768 for Qwen3-MoE), see the note on top. */
-    TRY(eng_cfg_get_int(r, "moe_intermediate_size", true, false, 0, &c->moe_intermediate_size));
-    TRY(eng_cfg_positive(r, "moe_intermediate_size", c->moe_intermediate_size));
-    TRY(eng_cfg_read_experts(r, c, "num_experts", def_e, def_k));
-    TRY(eng_cfg_get_bool(r, "norm_topk_prob", false, &c->norm_topk_prob));
-    TRY(read_rope(r, 10000.0, &c->rope_theta));
-    TRY(read_qwen_layers(r, c));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "moe_intermediate_size", true, false, 0, &c->moe_intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "moe_intermediate_size", c->moe_intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_read_experts(r, c, "num_experts", def_e, def_k));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "norm_topk_prob", false, &c->norm_topk_prob));
+    RETURN_ON_ERROR(read_rope(r, 10000.0, &c->rope_theta));
+    RETURN_ON_ERROR(read_qwen_layers(r, c));
     return MT_OK;
 }
 
@@ -170,10 +170,10 @@ static mt_status_t read_qwen_common(eng_cfg_reader_t *r, eng_model_config_t *c, 
  * all eng_model_config_t can express. */
 static mt_status_t qwen2_sliding(eng_cfg_reader_t *r, eng_model_config_t *c) {
     bool use = false;
-    TRY(eng_cfg_get_bool(r, "use_sliding_window", false, &use));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "use_sliding_window", false, &use));
     int window, max_window_layers;
-    TRY(eng_cfg_get_int(r, "sliding_window", false, true, 0, &window));
-    TRY(eng_cfg_get_int(r, "max_window_layers", false, false, 28, &max_window_layers));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "sliding_window", false, true, 0, &window));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "max_window_layers", false, false, 28, &max_window_layers));
     json_t *lt = json_object_get(r->obj, "layer_types");
     int nslide = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -213,31 +213,31 @@ static mt_status_t qwen2_sliding(eng_cfg_reader_t *r, eng_model_config_t *c) {
 
 static mt_status_t parse_qwen2_moe(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->arch = ENG_ARCH_QWEN2_MOE;
-    TRY(read_qwen_common(r, c, 16, 5632, 60, 4));
-    TRY(eng_cfg_get_int(r, "shared_expert_intermediate_size", false, false, 5632,
-                        &c->shared_expert_intermediate_size));
+    RETURN_ON_ERROR(read_qwen_common(r, c, 16, 5632, 60, 4));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "shared_expert_intermediate_size", false, false, 5632,
+                                    &c->shared_expert_intermediate_size));
     if (c->shared_expert_intermediate_size < 0)
         return mt_error_set(r->err, MT_ERR_CONFIG,
                             "%s: key 'shared_expert_intermediate_size' must not be negative", r->path);
     /* Qwen2MoeAttention's q/k/v_proj have bias=True; newer transformers
      * spell it out as the key qkv_bias (default true). */
-    TRY(eng_cfg_get_bool(r, "qkv_bias", true, &c->qkv_bias));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "qkv_bias", true, &c->qkv_bias));
     c->qk_norm = false;
     return qwen2_sliding(r, c);
 }
 
 static mt_status_t parse_qwen3_moe(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->arch = ENG_ARCH_QWEN3_MOE;
-    TRY(read_qwen_common(r, c, 4, 6144, 128, 8));
+    RETURN_ON_ERROR(read_qwen_common(r, c, 4, 6144, 128, 8));
     c->shared_expert_intermediate_size = 0;
-    TRY(eng_cfg_get_bool(r, "attention_bias", false, &c->qkv_bias));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "attention_bias", false, &c->qkv_bias));
     c->qk_norm = true;
     /* Qwen3MoeConfig: sliding_window if use_sliding_window else None; the
      * attention then uses config.sliding_window in every layer. */
     bool use = false;
-    TRY(eng_cfg_get_bool(r, "use_sliding_window", false, &use));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "use_sliding_window", false, &use));
     int window;
-    TRY(eng_cfg_get_int(r, "sliding_window", false, true, 0, &window));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "sliding_window", false, true, 0, &window));
     c->sliding_window = use ? window : 0;
     if (c->sliding_window < 0)
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'sliding_window' must not be negative",
@@ -255,18 +255,18 @@ static mt_status_t parse_olmoe(eng_cfg_reader_t *r, eng_model_config_t *c) {
     const int def_nkv = json_is_integer(nh) && json_integer_value(nh) > 0 && json_integer_value(nh) < 1 << 20
                             ? (int)json_integer_value(nh)
                             : 16;
-    TRY(eng_cfg_read_common(r, c, def_nkv, 1e-5, 4096));
+    RETURN_ON_ERROR(eng_cfg_read_common(r, c, def_nkv, 1e-5, 4096));
     double d;
-    TRY(eng_cfg_get_double(r, "router_aux_loss_coef", 0.01, &d)); /* OlmoeConfig's default, not 0.001 */
+    RETURN_ON_ERROR(eng_cfg_get_double(r, "router_aux_loss_coef", 0.01, &d)); /* OlmoeConfig's default, not 0.001 */
     c->router_aux_loss_coef = (float)d;
-    TRY(eng_cfg_get_int(r, "intermediate_size", true, false, 0, &c->intermediate_size));
-    TRY(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "intermediate_size", true, false, 0, &c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
     c->moe_intermediate_size = c->intermediate_size;
     c->shared_expert_intermediate_size = 0;
-    TRY(eng_cfg_read_experts(r, c, "num_experts", 64, 8));
-    TRY(eng_cfg_positive(r, "num_experts", c->num_experts));
-    TRY(eng_cfg_get_bool(r, "norm_topk_prob", false, &c->norm_topk_prob));
-    TRY(eng_cfg_get_bool(r, "attention_bias", false, &c->qkv_bias));
+    RETURN_ON_ERROR(eng_cfg_read_experts(r, c, "num_experts", 64, 8));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "num_experts", c->num_experts));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "norm_topk_prob", false, &c->norm_topk_prob));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "attention_bias", false, &c->qkv_bias));
     c->qk_norm = true;
     c->qk_norm_whole = true;
     json_t *clip = json_object_get(r->obj, "clip_qkv");
@@ -278,7 +278,7 @@ static mt_status_t parse_olmoe(eng_cfg_reader_t *r, eng_model_config_t *c) {
                                 r->path, cq);
         c->clip_qkv = (float)cq;
     }
-    TRY(read_rope(r, 10000.0, &c->rope_theta));
+    RETURN_ON_ERROR(read_rope(r, 10000.0, &c->rope_theta));
     c->sliding_window = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) c->layer_is_moe[l] = true;
     return MT_OK;

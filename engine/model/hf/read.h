@@ -24,7 +24,8 @@ typedef struct {
     mt_error_t *err;
 } eng_cfg_reader_t;
 
-#define TRY(x)                          \
+/* A step that can fail: its failing status (err set) is returned at once. */
+#define RETURN_ON_ERROR(x)              \
     do {                                \
         mt_status_t st_ = (x);          \
         if (st_ != MT_OK) return st_;   \
