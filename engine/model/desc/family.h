@@ -1,6 +1,6 @@
 /* What a model family provides (internal to the model description).
  *
- * A family is a row of k_families (model_desc.c):
+ * A family is a row of k_families (family.c):
  *   - its display name and HF names (the MoE block's module name, the
  *     routed experts' projection names in checkpoint order);
  *   - `describe`: its parameters, buffers and per-layer saved activations,
@@ -41,6 +41,11 @@ struct eng_family {
 };
 
 const eng_family_t *eng_family_of(eng_arch_t arch);
+
+/* out from cfg by family f's `describe`, with the lookups' index
+ * (builder.c); on failure out is freed. */
+mt_status_t eng_desc_build(const eng_family_t *f, const eng_model_config_t *cfg, eng_model_desc_t *out,
+                           mt_error_t *err);
 
 /* Builder calls for `describe`. */
 void eng_desc_param(eng_desc_builder_t *b, eng_param_role_t role, int layer, int expert, int64_t d0, int64_t d1,

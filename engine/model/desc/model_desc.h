@@ -7,7 +7,7 @@
  * executor offloads (engine/exec/step.c); and the generic tensor and op
  * list the scheduler plans from (engine/model/desc/program.c, model_desc_ops.c).
  *
- * A family is one row of k_families in model_desc.c: its HF names, a
+ * A family is one row of k_families in family.c: its HF names, a
  * function that lists parameters, buffers and per-layer saved activations,
  * and a function that lists the step's ops with their FLOPs and bytes.
  * Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and GLM-4.5 share the decoder
