@@ -223,144 +223,228 @@ fail:
     return err->code;
 }
 
-mt_status_t eng_mla_attn_backward(eng_layer_env_t *env, int layer, const eng_shape_t *sh, const float *x_in, float *dx,
-                                  eng_attn_acts_t *a, mt_error_t *err) {
-    eng_model_t *m = env->model;
+/* ---- backward ------------------------------------------------------------
+ *
+ * In five steps, each a function below, that hand each other the gradient
+ * buffers in `mla_bwd_t`: o_proj, the attention core, back through RoPE,
+ * kv_b and the kv latent's norm, then kv_a and the q path into d(xn).  A
+ * buffer is allocated and freed where the math needs it, in the order of
+ * one straight-line backward; whatever a failure leaves is freed by
+ * mla_bwd_free. */
+
+typedef struct {
+    float *ao, *dao, *datt;   /* o_proj: attention output at v_head_dim (recomputed), its and the output's gradient */
+    float *dq, *dk, *dv;      /* (n, nh, D) */
+    float *dR;                /* (n, nh + 1, rope): the rotary parts' gradient */
+    float *dqf, *dkva;        /* d(q projection) (n, nh*qk), d(kv latent) (n, kvl + rope) */
+    float *dkvb;              /* d(kv_b output) (n, nh*(nope + vd)) */
+    float *ckv, *ckvn, *rstd; /* a latent, its norm and rstd (recomputed) */
+    float *dlat, *dlatn;      /* a latent's gradient, and its normed one's */
+    float *dxn;               /* d(attention input norm) (n, H) */
+    float *scratch;           /* a frozen norm's discarded gradient */
+} mla_bwd_t;
+
+static void mla_bwd_free(kern_device_t *dev, mla_bwd_t *b) {
+    float **all[] = {&b->ao,   &b->dao,  &b->datt, &b->dq,   &b->dk,   &b->dv,    &b->dR,    &b->dqf,  &b->dkva,
+                     &b->dkvb, &b->ckv,  &b->ckvn, &b->rstd, &b->dlat, &b->dlatn, &b->dxn,   &b->scratch};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) eng_dfree(dev, all[i]);
+}
+
+/* o_proj: b->datt (n, nh, D) from dx, zero past v_head_dim; o_proj's gradient. */
+static mt_status_t o_proj_bwd(eng_layer_env_t *env, int layer, const mla_dims_t *d, const eng_attn_acts_t *a,
+                              const float *dx, mla_bwd_t *b, mt_error_t *err) {
     kern_device_t *const dev = env->dev;
-    const eng_model_config_t *c = &m->cfg;
+    const eng_layer_index_t *L = &env->model->layers[layer];
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    const int n = d->n, H = d->H, nh = d->nh;
+    const size_t hdD = (size_t)n * nh * d->D;
+    ALLOC(b->datt, hdD, float, "mla d(attention output)");
+    const float *o_in = a->att;
+    if (d->D != d->vd) {
+        ALLOC(b->ao, (size_t)n * nh * d->vd, float, "mla attention output (v_head_dim, recomputed)");
+        head_cols(env, d, b->ao, d->vd, a->att, d->D, d->vd, 0);
+        o_in = b->ao;
+        ALLOC(b->dao, (size_t)n * nh * d->vd, float, "mla d(attention output, v_head_dim)");
+        eng_mm(env, b->dao, eng_f32(dx), eng_weight(env, L->o), n, nh * d->vd, H, false, false, 1.0f, 0.0f);
+        TRY(eng_lora_bwd(env, L->o, dx, eng_f32(o_in), b->dao, n, nh * d->vd, H, err));
+        kern_memset(dev, s, b->datt, 0, hdD * sizeof(float));
+        head_cols(env, d, b->datt, d->D, b->dao, d->vd, d->vd, 0);
+        eng_dfree(dev, &b->dao);
+    } else {
+        eng_mm(env, b->datt, eng_f32(dx), eng_weight(env, L->o), n, nh * d->vd, H, false, false, 1.0f, 0.0f);
+        TRY(eng_lora_bwd(env, L->o, dx, eng_f32(o_in), b->datt, n, nh * d->vd, H, err));
+    }
+    eng_mm_grad(env, L->o, eng_f32(dx), eng_f32(o_in), H, nh * d->vd, n);
+    eng_dfree(dev, &b->ao);
+    return MT_OK;
+fail:
+    return err->code;
+}
+
+/* The attention core: b->dq, dk, dv from b->datt (freed), dq scaled as q was. */
+static mt_status_t core_bwd(eng_layer_env_t *env, const eng_shape_t *sh, const mla_dims_t *d, const eng_attn_acts_t *a,
+                            mla_bwd_t *b, mt_error_t *err) {
+    kern_device_t *const dev = env->dev;
+    const kern_ops_t *ops = dev->ops;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    const size_t hdD = (size_t)d->n * d->nh * d->D;
+    ALLOC(b->dq, hdD, float, "mla d(q)");
+    ALLOC(b->dk, hdD, float, "mla d(k)");
+    ALLOC(b->dv, hdD, float, "mla d(v)");
+    ops->attention_bwd(s, b->dq, b->dk, b->dv, b->datt, a->q, a->k, a->v, a->att, a->lse, sh->kv_len, sh->B, sh->T,
+                       d->nh, d->nh, d->D, env->model->cfg.sliding_window);
+    eng_dfree(dev, &b->datt);
+    const float qs = q_factor(env, d);
+    if (qs != 1.0f) ops->scale(s, b->dq, qs, hdD);
+    return MT_OK;
+fail:
+    return err->code;
+}
+
+/* Back through RoPE: every head's rotary query part, and the shared key's
+ * summed over heads, into b->dqf (with q's other part) and the rotary part
+ * of b->dkva; b->dq is freed. */
+static mt_status_t rope_bwd(eng_layer_env_t *env, const eng_shape_t *sh, const mla_dims_t *d, mla_bwd_t *b,
+                            mt_error_t *err) {
+    kern_device_t *const dev = env->dev;
+    const int n = d->n, nh = d->nh, kva = d->kvl + d->rope;
+    ALLOC(b->dR, (size_t)n * (nh + 1) * d->rope, float, "mla d(rotary parts)");
+    const int64_t rs = (int64_t)(nh + 1) * d->rope;
+    copy4d(env, b->dR, b->dq + d->nope,
+           (kern_copy4d_t){{n, nh, 1, d->rope}, {(int64_t)nh * d->D, d->D, 0, 1}, {rs, d->rope, 0, 1}}, 0);
+    for (int h = 0; h < nh; h++)
+        copy4d(env, b->dR + (size_t)nh * d->rope, b->dk + (size_t)h * d->D + d->nope,
+               (kern_copy4d_t){{n, 1, 1, d->rope}, {(int64_t)nh * d->D, 0, 0, 1}, {rs, 0, 0, 1}}, h > 0);
+    dev->ops->rope_bwd(kern_stream(dev, KERN_STREAM_COMPUTE), b->dR, env->rope_cos, env->rope_sin, sh->B, sh->T,
+                       nh + 1, d->rope);
+    ALLOC(b->dqf, (size_t)n * nh * d->qk, float, "mla d(q projection)");
+    head_cols(env, d, b->dqf, d->qk, b->dq, d->D, d->nope, 0);
+    rope_scatter(env, d, b->dqf + d->nope, (int64_t)nh * d->qk, d->qk, b->dR, 0, nh);
+    ALLOC(b->dkva, (size_t)n * kva, float, "mla d(kv latent)");
+    rope_scatter(env, d, b->dkva + d->kvl, kva, 0, b->dR, nh, 1);
+    eng_dfree(dev, &b->dR);
+    eng_dfree(dev, &b->dq);
+    return MT_OK;
+fail:
+    return err->code;
+}
+
+/* kv_b, d(kv_b output) = [dk_nope, dv] per head (b->dk, dv freed), and the
+ * kv latent's norm into the compressed part of b->dkva.  The latent's
+ * rstd, recomputed, stays in b->rstd for the q path. */
+static mt_status_t kv_latent_bwd(eng_layer_env_t *env, int layer, const mla_dims_t *d, const eng_attn_acts_t *a,
+                                 mla_bwd_t *b, mt_error_t *err) {
+    kern_device_t *const dev = env->dev;
+    const eng_model_t *m = env->model;
     const eng_layer_index_t *L = &m->layers[layer];
     const kern_ops_t *ops = dev->ops;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
-    const mla_dims_t d = dims_of(env, sh->n);
-    const int n = d.n, H = d.H, nh = d.nh, kva = d.kvl + d.rope, kvw = d.nope + d.vd;
-    const size_t hdD = (size_t)n * nh * d.D;
-    float *ao = NULL, *datt = NULL, *dq = NULL, *dk = NULL, *dv = NULL, *dR = NULL, *dqf = NULL, *dkva = NULL;
-    float *dkvb = NULL, *ckv = NULL, *ckvn = NULL, *rstd = NULL, *dlat = NULL, *dlatn = NULL, *dxn = NULL;
-    float *scratch = NULL;
-
-    /* o_proj */
-    ALLOC(datt, hdD, float, "mla d(attention output)");
-    const float *o_in = a->att;
-    if (d.D != d.vd) {
-        ALLOC(ao, (size_t)n * nh * d.vd, float, "mla attention output (v_head_dim, recomputed)");
-        head_cols(env, &d, ao, d.vd, a->att, d.D, d.vd, 0);
-        o_in = ao;
-        float *dao = NULL;
-        ALLOC(dao, (size_t)n * nh * d.vd, float, "mla d(attention output, v_head_dim)");
-        eng_mm(env, dao, eng_f32(dx), eng_weight(env, L->o), n, nh * d.vd, H, false, false, 1.0f, 0.0f);
-        if (eng_lora_bwd(env, L->o, dx, eng_f32(o_in), dao, n, nh * d.vd, H, err) != MT_OK) {
-            eng_dfree(dev, &dao);
-            goto fail;
-        }
-        kern_memset(dev, s, datt, 0, hdD * sizeof(float));
-        head_cols(env, &d, datt, d.D, dao, d.vd, d.vd, 0);
-        eng_dfree(dev, &dao);
-    } else {
-        eng_mm(env, datt, eng_f32(dx), eng_weight(env, L->o), n, nh * d.vd, H, false, false, 1.0f, 0.0f);
-        TRY(eng_lora_bwd(env, L->o, dx, eng_f32(o_in), datt, n, nh * d.vd, H, err));
-    }
-    eng_mm_grad(env, L->o, eng_f32(dx), eng_f32(o_in), H, nh * d.vd, n);
-    eng_dfree(dev, &ao);
-
-    /* attention core */
-    ALLOC(dq, hdD, float, "mla d(q)");
-    ALLOC(dk, hdD, float, "mla d(k)");
-    ALLOC(dv, hdD, float, "mla d(v)");
-    ops->attention_bwd(s, dq, dk, dv, datt, a->q, a->k, a->v, a->att, a->lse, sh->kv_len, sh->B, sh->T, nh, nh, d.D,
-                       c->sliding_window);
-    eng_dfree(dev, &datt);
-    const float qs = q_factor(env, &d);
-    if (qs != 1.0f) ops->scale(s, dq, qs, hdD);
-
-    /* back through RoPE: every head's rotary query part, and the shared key's summed over heads */
-    ALLOC(dR, (size_t)n * (nh + 1) * d.rope, float, "mla d(rotary parts)");
-    const int64_t rs = (int64_t)(nh + 1) * d.rope;
-    copy4d(env, dR, dq + d.nope,
-           (kern_copy4d_t){{n, nh, 1, d.rope}, {(int64_t)nh * d.D, d.D, 0, 1}, {rs, d.rope, 0, 1}}, 0);
-    for (int h = 0; h < nh; h++)
-        copy4d(env, dR + (size_t)nh * d.rope, dk + (size_t)h * d.D + d.nope,
-               (kern_copy4d_t){{n, 1, 1, d.rope}, {(int64_t)nh * d.D, 0, 0, 1}, {rs, 0, 0, 1}}, h > 0);
-    ops->rope_bwd(s, dR, env->rope_cos, env->rope_sin, sh->B, sh->T, nh + 1, d.rope);
-    ALLOC(dqf, (size_t)n * nh * d.qk, float, "mla d(q projection)");
-    head_cols(env, &d, dqf, d.qk, dq, d.D, d.nope, 0);
-    rope_scatter(env, &d, dqf + d.nope, (int64_t)nh * d.qk, d.qk, dR, 0, nh);
-    ALLOC(dkva, (size_t)n * kva, float, "mla d(kv latent)");
-    rope_scatter(env, &d, dkva + d.kvl, kva, 0, dR, nh, 1);
-    eng_dfree(dev, &dR);
-    eng_dfree(dev, &dq);
-
-    /* kv_b: d(kv_b output) = [dk_nope, dv] per head */
-    ALLOC(dkvb, (size_t)n * nh * kvw, float, "mla d(kv_b output)");
-    head_cols(env, &d, dkvb, kvw, dk, d.D, d.nope, 0);
-    head_cols(env, &d, dkvb + d.nope, kvw, dv, d.D, d.vd, 0);
-    eng_dfree(dev, &dk);
-    eng_dfree(dev, &dv);
-    ALLOC(ckv, (size_t)n * d.kvl, float, "mla kv latent (compressed part, recomputed)");
-    ALLOC(ckvn, (size_t)n * d.kvl, float, "mla kv latent normed (recomputed)");
-    ALLOC(rstd, n, float, "mla latent rstd (recomputed)");
-    copy4d(env, ckv, a->k_pre, (kern_copy4d_t){{n, 1, 1, d.kvl}, {kva, 0, 0, 1}, {d.kvl, 0, 0, 1}}, 0);
-    ops->rmsnorm_fwd(s, ckvn, rstd, ckv, eng_weight_f32(env, L->kv_a_norm), n, d.kvl, c->rms_norm_eps);
-    eng_mm_grad(env, L->kv_b, eng_f32(dkvb), eng_f32(ckvn), nh * kvw, d.kvl, n);
-    ALLOC(dlatn, (size_t)n * d.kvl, float, "mla d(kv latent normed)");
-    eng_mm(env, dlatn, eng_f32(dkvb), eng_weight(env, L->kv_b), n, d.kvl, nh * kvw, false, false, 1.0f, 0.0f);
-    TRY(eng_lora_bwd(env, L->kv_b, dkvb, eng_f32(ckvn), dlatn, n, d.kvl, nh * kvw, err));
-    eng_dfree(dev, &dkvb);
-    eng_dfree(dev, &ckvn);
-    ALLOC(dlat, (size_t)n * d.kvl, float, "mla d(kv latent, compressed part)");
-    float *gw = eng_grad_or_scratch(env, L->kv_a_norm, &scratch, err);
+    const int n = d->n, nh = d->nh, kva = d->kvl + d->rope, kvw = d->nope + d->vd;
+    ALLOC(b->dkvb, (size_t)n * nh * kvw, float, "mla d(kv_b output)");
+    head_cols(env, d, b->dkvb, kvw, b->dk, d->D, d->nope, 0);
+    head_cols(env, d, b->dkvb + d->nope, kvw, b->dv, d->D, d->vd, 0);
+    eng_dfree(dev, &b->dk);
+    eng_dfree(dev, &b->dv);
+    ALLOC(b->ckv, (size_t)n * d->kvl, float, "mla kv latent (compressed part, recomputed)");
+    ALLOC(b->ckvn, (size_t)n * d->kvl, float, "mla kv latent normed (recomputed)");
+    ALLOC(b->rstd, n, float, "mla latent rstd (recomputed)");
+    copy4d(env, b->ckv, a->k_pre, (kern_copy4d_t){{n, 1, 1, d->kvl}, {kva, 0, 0, 1}, {d->kvl, 0, 0, 1}}, 0);
+    ops->rmsnorm_fwd(s, b->ckvn, b->rstd, b->ckv, eng_weight_f32(env, L->kv_a_norm), n, d->kvl, m->cfg.rms_norm_eps);
+    eng_mm_grad(env, L->kv_b, eng_f32(b->dkvb), eng_f32(b->ckvn), nh * kvw, d->kvl, n);
+    ALLOC(b->dlatn, (size_t)n * d->kvl, float, "mla d(kv latent normed)");
+    eng_mm(env, b->dlatn, eng_f32(b->dkvb), eng_weight(env, L->kv_b), n, d->kvl, nh * kvw, false, false, 1.0f, 0.0f);
+    TRY(eng_lora_bwd(env, L->kv_b, b->dkvb, eng_f32(b->ckvn), b->dlatn, n, d->kvl, nh * kvw, err));
+    eng_dfree(dev, &b->dkvb);
+    eng_dfree(dev, &b->ckvn);
+    ALLOC(b->dlat, (size_t)n * d->kvl, float, "mla d(kv latent, compressed part)");
+    float *gw = eng_grad_or_scratch(env, L->kv_a_norm, &b->scratch, err);
     if (!gw) goto fail;
-    ops->rmsnorm_bwd(s, dlat, gw, dlatn, ckv, eng_weight_f32(env, L->kv_a_norm), a->k_rstd, n, d.kvl);
-    eng_dfree(dev, &scratch);
-    copy4d(env, dkva, dlat, (kern_copy4d_t){{n, 1, 1, d.kvl}, {d.kvl, 0, 0, 1}, {kva, 0, 0, 1}}, 0);
-    eng_dfree(dev, &dlat);
-    eng_dfree(dev, &dlatn);
-    eng_dfree(dev, &ckv);
-
-    /* kv_a and the q path into d(xn) */
-    const eng_operand_t xn = {a->xn, eng_layer_act_dtype(m, layer, ENG_A_ATTN_XN)};
-    ALLOC(dxn, (size_t)n * H, float, "mla d(attention input norm)");
-    eng_mm_grad(env, L->kv_a, eng_f32(dkva), xn, kva, H, n);
-    eng_mm(env, dxn, eng_f32(dkva), eng_weight(env, L->kv_a), n, H, kva, false, false, 1.0f, 0.0f);
-    TRY(eng_lora_bwd(env, L->kv_a, dkva, xn, dxn, n, H, kva, err));
-    eng_dfree(dev, &dkva);
-    if (d.ql > 0) {
-        ALLOC(ckvn, (size_t)n * d.ql, float, "mla q latent normed (recomputed)");
-        eng_dfree(dev, &rstd);
-        ALLOC(rstd, n, float, "mla latent rstd (recomputed)");
-        ops->rmsnorm_fwd(s, ckvn, rstd, a->q_pre, eng_weight_f32(env, L->q_a_norm), n, d.ql, c->rms_norm_eps);
-        eng_mm_grad(env, L->q_b, eng_f32(dqf), eng_f32(ckvn), nh * d.qk, d.ql, n);
-        ALLOC(dlatn, (size_t)n * d.ql, float, "mla d(q latent normed)");
-        eng_mm(env, dlatn, eng_f32(dqf), eng_weight(env, L->q_b), n, d.ql, nh * d.qk, false, false, 1.0f, 0.0f);
-        TRY(eng_lora_bwd(env, L->q_b, dqf, eng_f32(ckvn), dlatn, n, d.ql, nh * d.qk, err));
-        eng_dfree(dev, &ckvn);
-        ALLOC(dlat, (size_t)n * d.ql, float, "mla d(q latent)");
-        gw = eng_grad_or_scratch(env, L->q_a_norm, &scratch, err);
-        if (!gw) goto fail;
-        ops->rmsnorm_bwd(s, dlat, gw, dlatn, a->q_pre, eng_weight_f32(env, L->q_a_norm), a->q_rstd, n, d.ql);
-        eng_dfree(dev, &scratch);
-        eng_mm_grad(env, L->q_a, eng_f32(dlat), xn, d.ql, H, n);
-        eng_mm(env, dxn, eng_f32(dlat), eng_weight(env, L->q_a), n, H, d.ql, false, false, 1.0f, 1.0f);
-        TRY(eng_lora_bwd(env, L->q_a, dlat, xn, dxn, n, H, d.ql, err));
-        eng_dfree(dev, &dlat);
-        eng_dfree(dev, &dlatn);
-    } else {
-        eng_mm_grad(env, L->q, eng_f32(dqf), xn, nh * d.qk, H, n);
-        eng_mm(env, dxn, eng_f32(dqf), eng_weight(env, L->q), n, H, nh * d.qk, false, false, 1.0f, 1.0f);
-        TRY(eng_lora_bwd(env, L->q, dqf, xn, dxn, n, H, nh * d.qk, err));
-    }
-    eng_dfree(dev, &dqf);
-    eng_dfree(dev, &rstd);
-    if (eng_norm_bwd_into_residual(env, L->attn_norm, dx, dxn, x_in, a->rstd, n, "d(attention input)", err) !=
-        MT_OK)
-        goto fail;
-    eng_dfree(dev, &dxn);
-    eng_attn_acts_release(dev, a);
+    ops->rmsnorm_bwd(s, b->dlat, gw, b->dlatn, b->ckv, eng_weight_f32(env, L->kv_a_norm), a->k_rstd, n, d->kvl);
+    eng_dfree(dev, &b->scratch);
+    copy4d(env, b->dkva, b->dlat, (kern_copy4d_t){{n, 1, 1, d->kvl}, {d->kvl, 0, 0, 1}, {kva, 0, 0, 1}}, 0);
+    eng_dfree(dev, &b->dlat);
+    eng_dfree(dev, &b->dlatn);
+    eng_dfree(dev, &b->ckv);
     return MT_OK;
-fail: {
-    float **all[] = {&ao, &datt, &dq, &dk, &dv, &dR, &dqf, &dkva, &dkvb, &ckv, &ckvn, &rstd, &dlat, &dlatn, &dxn,
-                     &scratch};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) eng_dfree(dev, all[i]);
-    eng_attn_acts_release(dev, a);
+fail:
     return err->code;
 }
+
+/* The q latent's path (q_a, its norm, q_b) from b->dqf into b->dxn. */
+static mt_status_t q_latent_bwd(eng_layer_env_t *env, int layer, const mla_dims_t *d, const eng_attn_acts_t *a,
+                                eng_operand_t xn, mla_bwd_t *b, mt_error_t *err) {
+    kern_device_t *const dev = env->dev;
+    const eng_model_t *m = env->model;
+    const eng_layer_index_t *L = &m->layers[layer];
+    const kern_ops_t *ops = dev->ops;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    const int n = d->n, H = d->H, nh = d->nh;
+    ALLOC(b->ckvn, (size_t)n * d->ql, float, "mla q latent normed (recomputed)");
+    eng_dfree(dev, &b->rstd);
+    ALLOC(b->rstd, n, float, "mla latent rstd (recomputed)");
+    ops->rmsnorm_fwd(s, b->ckvn, b->rstd, a->q_pre, eng_weight_f32(env, L->q_a_norm), n, d->ql, m->cfg.rms_norm_eps);
+    eng_mm_grad(env, L->q_b, eng_f32(b->dqf), eng_f32(b->ckvn), nh * d->qk, d->ql, n);
+    ALLOC(b->dlatn, (size_t)n * d->ql, float, "mla d(q latent normed)");
+    eng_mm(env, b->dlatn, eng_f32(b->dqf), eng_weight(env, L->q_b), n, d->ql, nh * d->qk, false, false, 1.0f, 0.0f);
+    TRY(eng_lora_bwd(env, L->q_b, b->dqf, eng_f32(b->ckvn), b->dlatn, n, d->ql, nh * d->qk, err));
+    eng_dfree(dev, &b->ckvn);
+    ALLOC(b->dlat, (size_t)n * d->ql, float, "mla d(q latent)");
+    float *gw = eng_grad_or_scratch(env, L->q_a_norm, &b->scratch, err);
+    if (!gw) goto fail;
+    ops->rmsnorm_bwd(s, b->dlat, gw, b->dlatn, a->q_pre, eng_weight_f32(env, L->q_a_norm), a->q_rstd, n, d->ql);
+    eng_dfree(dev, &b->scratch);
+    eng_mm_grad(env, L->q_a, eng_f32(b->dlat), xn, d->ql, H, n);
+    eng_mm(env, b->dxn, eng_f32(b->dlat), eng_weight(env, L->q_a), n, H, d->ql, false, false, 1.0f, 1.0f);
+    TRY(eng_lora_bwd(env, L->q_a, b->dlat, xn, b->dxn, n, H, d->ql, err));
+    eng_dfree(dev, &b->dlat);
+    eng_dfree(dev, &b->dlatn);
+    return MT_OK;
+fail:
+    return err->code;
+}
+
+/* kv_a (from b->dkva, freed) and the q path (from b->dqf, freed: through
+ * the q latent, or q_proj) into b->dxn, d(attention input norm). */
+static mt_status_t input_norm_bwd(eng_layer_env_t *env, int layer, const mla_dims_t *d, const eng_attn_acts_t *a,
+                                  mla_bwd_t *b, mt_error_t *err) {
+    kern_device_t *const dev = env->dev;
+    const eng_model_t *m = env->model;
+    const eng_layer_index_t *L = &m->layers[layer];
+    const int n = d->n, H = d->H, nh = d->nh, kva = d->kvl + d->rope;
+    const eng_operand_t xn = {a->xn, eng_layer_act_dtype(m, layer, ENG_A_ATTN_XN)};
+    ALLOC(b->dxn, (size_t)n * H, float, "mla d(attention input norm)");
+    eng_mm_grad(env, L->kv_a, eng_f32(b->dkva), xn, kva, H, n);
+    eng_mm(env, b->dxn, eng_f32(b->dkva), eng_weight(env, L->kv_a), n, H, kva, false, false, 1.0f, 0.0f);
+    TRY(eng_lora_bwd(env, L->kv_a, b->dkva, xn, b->dxn, n, H, kva, err));
+    eng_dfree(dev, &b->dkva);
+    if (d->ql > 0) {
+        TRY(q_latent_bwd(env, layer, d, a, xn, b, err));
+    } else {
+        eng_mm_grad(env, L->q, eng_f32(b->dqf), xn, nh * d->qk, H, n);
+        eng_mm(env, b->dxn, eng_f32(b->dqf), eng_weight(env, L->q), n, H, nh * d->qk, false, false, 1.0f, 1.0f);
+        TRY(eng_lora_bwd(env, L->q, b->dqf, xn, b->dxn, n, H, nh * d->qk, err));
+    }
+    eng_dfree(dev, &b->dqf);
+    eng_dfree(dev, &b->rstd);
+    return MT_OK;
+fail:
+    return err->code;
+}
+
+mt_status_t eng_mla_attn_backward(eng_layer_env_t *env, int layer, const eng_shape_t *sh, const float *x_in, float *dx,
+                                  eng_attn_acts_t *a, mt_error_t *err) {
+    kern_device_t *const dev = env->dev;
+    const eng_layer_index_t *L = &env->model->layers[layer];
+    const mla_dims_t d = dims_of(env, sh->n);
+    mla_bwd_t b = {0};
+    mt_status_t st = o_proj_bwd(env, layer, &d, a, dx, &b, err);
+    if (st == MT_OK) st = core_bwd(env, sh, &d, a, &b, err);
+    if (st == MT_OK) st = rope_bwd(env, sh, &d, &b, err);
+    if (st == MT_OK) st = kv_latent_bwd(env, layer, &d, a, &b, err);
+    if (st == MT_OK) st = input_norm_bwd(env, layer, &d, a, &b, err);
+    if (st == MT_OK)
+        st = eng_norm_bwd_into_residual(env, L->attn_norm, dx, b.dxn, x_in, a->rstd, d.n, "d(attention input)", err);
+    mla_bwd_free(dev, &b);
+    eng_attn_acts_release(dev, a);
+    return st;
 }
