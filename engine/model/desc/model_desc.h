@@ -34,6 +34,9 @@
 #include "base/status.h"
 #include "engine/model/hf/model_config.h"
 
+/* What a tensor is in its layer, whatever its HF name.  A role a layer
+ * holds once goes into the model's layer index (eng_layer_index_t) through
+ * one table, engine/model/model.c's k_layer_field: a row per role. */
 typedef enum {
     ENG_P_EMBED = 0,     /* model.embed_tokens.weight (V, H) */
     ENG_P_ATTN_NORM,     /* input_layernorm (H) */
