@@ -4,8 +4,9 @@
  *
  * Which of them a layer saves, and their sizes, come from the model
  * description (engine/model/desc/model_desc.h); the structs say where each
- * is held.  Their own file, below every family's block code that fills
- * them. */
+ * is held, and eng_layer_act_slot maps the description's ids to those
+ * fields, here beside them so that a new field and its id meet in one
+ * place. */
 #ifndef MT_ENGINE_LAYERS_ACTS_H
 #define MT_ENGINE_LAYERS_ACTS_H
 
@@ -34,5 +35,10 @@ typedef struct {
  * clears its pointers. */
 void eng_attn_acts_release(kern_device_t *dev, eng_attn_acts_t *a);
 void eng_mlp_acts_release(kern_device_t *dev, eng_mlp_acts_t *a);
+
+/* The field of a layer's acts that holds the description's activation
+ * `id` (in a, m, or m's MoE acts); NULL for ENG_A_X_MID, the residual
+ * between the halves, which the caller holds. */
+void **eng_layer_act_slot(eng_attn_acts_t *a, eng_mlp_acts_t *m, eng_act_id_t id);
 
 #endif
