@@ -1,4 +1,8 @@
-/* Attention and MLP halves of a decoder layer (see blocks.h). */
+/* Attention and MLP halves of a decoder layer (see blocks.h): the
+ * decoder's own math, and the one place that picks a family's piece where
+ * its layer differs (mla.c, moe.c, gpt_oss.c).  Those pieces and this file
+ * compute with ops_common.h's helpers, below all of them, so calls only go
+ * down from here. */
 #include "engine/layers/blocks.h"
 
 #include <string.h>

@@ -28,7 +28,7 @@
  *    kernel's 1/sqrt(D) gives transformers' 1/sqrt(qk), times YaRN's
  *    mscale_all_dim factor squared when rope_scaling is YaRN (a factor of
  *    exactly 1 when D = qk without YaRN, and then skipped).
- * Saved (model_desc_mla.c): the input norm, the q latent and the kv latent
+ * Saved (engine/model/desc/mla.c): the input norm, the q latent and the kv latent
  * before their norms with the norms' rstd, q, k, v (n, nh, D) after RoPE,
  * the attention output and its logsumexp.  The normed latents and kv_b's
  * output are recomputed in backward (one norm each), as the description

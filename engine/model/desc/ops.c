@@ -1,5 +1,5 @@
 /* The decoder families' step as the scheduler sees it (see
- * model_desc_family.h): per block the weights (the description's
+ * family.h): per block the weights (the description's
  * parameters, LoRA adapters where the run targets them), the saved
  * activations (the description's per-layer list, plus the block input),
  * the temporaries, and the ops with their FLOPs and bytes.

@@ -1,10 +1,10 @@
 /* HF config.json -> eng_model_config_t (see model_config.h).
  *
  * Defaults are those of transformers' MixtralConfig, Qwen2MoeConfig,
- * Qwen3MoeConfig and OlmoeConfig (and DeepseekV2Config, DeepseekV3Config,
- * Glm4MoeConfig for the families described for inspect and plan only, and
- * GptOssConfig, in model_config_described.c) for every key a file may omit, so a config.json means the
- * same model here as in transformers.  Exceptions, on purpose: the keys that
+ * Qwen3MoeConfig and OlmoeConfig (DeepseekV2Config's, DeepseekV3Config's,
+ * Glm4MoeConfig's and GptOssConfig's are in model_config_families.c) for
+ * every key a file may omit, so a config.json means the same model here as
+ * in transformers.  Exceptions, on purpose: the keys that
  * fix the model's size (vocab_size, hidden_size, num_hidden_layers,
  * num_attention_heads and the expert width) are required, because a file
  * without them is almost surely not the checkpoint's config, and silently
@@ -12,8 +12,8 @@
  * Features moetune does not implement (RoPE scaling, router jitter,
  * attention dropout, activations other than SiLU, per-layer sliding
  * windows) are refused with MT_ERR_UNSUPPORTED naming the key, rather than
- * trained with different semantics; the described-only families record
- * them instead (see there). */
+ * trained with different semantics; model_config_families.c records RoPE
+ * scaling for its families instead (see there). */
 #include "engine/model/hf/model_config.h"
 
 #include "engine/model/hf/read.h"

@@ -1,7 +1,10 @@
-/* config.json of the families added after the decoder's four:
- * DeepSeek-V2/V3 and GLM-4.5 (what they cannot train yet is refused by
- * engine/model/trainable.c) and gpt-oss (see model_config.h; the reader
- * and getters are model_config.c's, model_config_read.h). */
+/* config.json of DeepSeek-V2/V3, GLM-4.5 and gpt-oss (see model_config.h):
+ * the families whose configs say more than the decoder's keys (MLA's ranks
+ * and head widths, grouped routers, RoPE scaling and partial rotation,
+ * attention sinks, fused experts), read in full here, apart from
+ * model_config.c's decoder families, which refuse what they do not
+ * implement.  What these families cannot train is refused by
+ * engine/model/trainable.c; the reader and getters are read.h's. */
 #include <stdio.h>
 #include <string.h>
 
@@ -95,7 +98,7 @@ static mt_status_t read_rope_params(eng_cfg_reader_t *r, const char *key, json_t
     return MT_OK;
 }
 
-/* RoPE of the described-only families, as transformers 5 reads it: a set
+/* RoPE of these families, as transformers 5 reads it: a set
  * rope_scaling takes the place of rope_parameters; a dict nested by layer
  * type is read from its full_attention entry.  `def_yarn` is gpt-oss's
  * default when the file has no rope_scaling key at all. */
