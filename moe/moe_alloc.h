@@ -1,9 +1,10 @@
 /* What the MoE blocks (moe_layer.c, moe_fused.c, moe_experts.c,
- * expert_parallel.c) share: allocation macros, which name their tensor
- * and, failing, go to the function's `fail:` cleanup (dev, err and, for
- * ALLOC_ACT, the layer's dims `d` and token count `n` in scope), and
- * expert parallelism's entry points for the block.  The routed experts'
- * shared products are moe_experts.h's. */
+ * expert_parallel.c) share, and the allocation macros of all block code:
+ * the engine's layers (engine/layers/ops_common.h) allocate with ALLOC and
+ * TRY too, so there is one definition of each.  The macros name their
+ * tensor and, failing, go to the function's `fail:` cleanup (dev, err and,
+ * for ALLOC_ACT, the layer's dims `d` and token count `n` in scope).  The
+ * routed experts' shared products are moe_experts.h's. */
 #ifndef MT_MOE_MOE_ALLOC_H
 #define MT_MOE_MOE_ALLOC_H
 

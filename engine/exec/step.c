@@ -177,59 +177,13 @@ static eng_operand_t head_weight(const eng_exec_t *x) {
     return (eng_operand_t){d->w, p->w_dtype};
 }
 
-/* Where each activation the description may list lives in the step's
- * structs: x_mid in the step, the rest in the layer's attention, MLP or
- * MoE acts.  Which of them a layer saves, and their sizes, come from the
- * model description (engine/model/desc/model_desc.h); this table only says where. */
-typedef enum { IN_STEP = 0, IN_ATTN, IN_MLP, IN_MOE } act_home_t;
-
-static const struct {
-    act_home_t home;
-    size_t off;
-} k_act_slot[ENG_ACT_COUNT] = {
-    [ENG_A_X_MID] = {IN_STEP, 0},
-    [ENG_A_ATTN_XN] = {IN_ATTN, offsetof(eng_attn_acts_t, xn)},
-    [ENG_A_ATTN_RSTD] = {IN_ATTN, offsetof(eng_attn_acts_t, rstd)},
-    [ENG_A_Q] = {IN_ATTN, offsetof(eng_attn_acts_t, q)},
-    [ENG_A_K] = {IN_ATTN, offsetof(eng_attn_acts_t, k)},
-    [ENG_A_V] = {IN_ATTN, offsetof(eng_attn_acts_t, v)},
-    [ENG_A_Q_PRE] = {IN_ATTN, offsetof(eng_attn_acts_t, q_pre)},
-    [ENG_A_K_PRE] = {IN_ATTN, offsetof(eng_attn_acts_t, k_pre)},
-    [ENG_A_Q_RSTD] = {IN_ATTN, offsetof(eng_attn_acts_t, q_rstd)},
-    [ENG_A_K_RSTD] = {IN_ATTN, offsetof(eng_attn_acts_t, k_rstd)},
-    [ENG_A_ATT] = {IN_ATTN, offsetof(eng_attn_acts_t, att)},
-    [ENG_A_LSE] = {IN_ATTN, offsetof(eng_attn_acts_t, lse)},
-    [ENG_A_MLP_XN] = {IN_MLP, offsetof(eng_mlp_acts_t, xn)},
-    [ENG_A_MLP_RSTD] = {IN_MLP, offsetof(eng_mlp_acts_t, rstd)},
-    [ENG_A_DENSE_G] = {IN_MLP, offsetof(eng_mlp_acts_t, g)},
-    [ENG_A_DENSE_U] = {IN_MLP, offsetof(eng_mlp_acts_t, u)},
-    [ENG_A_ROUTER_LOGITS] = {IN_MOE, offsetof(moe_layer_acts_t, logits)},
-    [ENG_A_ROUTER_PROBS] = {IN_MOE, offsetof(moe_layer_acts_t, probs)},
-    [ENG_A_TOPW] = {IN_MOE, offsetof(moe_layer_acts_t, topw)},
-    [ENG_A_TOPK_IDX] = {IN_MOE, offsetof(moe_layer_acts_t, idx)},
-    [ENG_A_EXPERT_COUNTS] = {IN_MOE, offsetof(moe_layer_acts_t, counts)},
-    [ENG_A_EXPERT_OFFSETS] = {IN_MOE, offsetof(moe_layer_acts_t, offsets)},
-    [ENG_A_PERM] = {IN_MOE, offsetof(moe_layer_acts_t, perm_tok)},
-    [ENG_A_INV_PERM] = {IN_MOE, offsetof(moe_layer_acts_t, inv)},
-    [ENG_A_EXPERT_X] = {IN_MOE, offsetof(moe_layer_acts_t, xp)},
-    [ENG_A_EXPERT_G] = {IN_MOE, offsetof(moe_layer_acts_t, g)},
-    [ENG_A_EXPERT_U] = {IN_MOE, offsetof(moe_layer_acts_t, u)},
-    [ENG_A_EXPERT_OUT] = {IN_MOE, offsetof(moe_layer_acts_t, ep)},
-    [ENG_A_SHARED_G] = {IN_MOE, offsetof(moe_layer_acts_t, sg)},
-    [ENG_A_SHARED_U] = {IN_MOE, offsetof(moe_layer_acts_t, su)},
-    [ENG_A_SHARED_OUT] = {IN_MOE, offsetof(moe_layer_acts_t, so)},
-    [ENG_A_SHARED_GATE_LOGIT] = {IN_MOE, offsetof(moe_layer_acts_t, sgl)},
-};
-
+/* Where each activation the description may list lives: x_mid in the
+ * step, the rest in the layer's acts (engine/layers/acts.h says which
+ * field holds which).  Which of them a layer saves, and their sizes, come
+ * from the model description (engine/model/desc/model_desc.h). */
 static void **act_slot(step_t *st, int l, eng_act_id_t id) {
-    char *base = NULL;
-    switch (k_act_slot[id].home) {
-    case IN_STEP: return (void **)&st->xmid[l];
-    case IN_ATTN: base = (char *)&st->aa[l]; break;
-    case IN_MLP: base = (char *)&st->ma[l]; break;
-    case IN_MOE: base = (char *)&st->ma[l].moe; break;
-    }
-    return (void **)(base + k_act_slot[id].off);
+    if (id == ENG_A_X_MID) return (void **)&st->xmid[l];
+    return eng_layer_act_slot(&st->aa[l], &st->ma[l], id);
 }
 
 /* Every device pointer of layer l's saved activations, for offloading: the

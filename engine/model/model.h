@@ -63,7 +63,9 @@ typedef struct {
     int lora_a, lora_b; /* a LoRA run's factors adapting this module (indices into params), -1 = none */
 } eng_param_t;
 
-/* Indices into eng_model_t.params for one decoder layer (-1 = absent). */
+/* Indices into eng_model_t.params for one decoder layer (-1 = absent),
+ * filled from the model description by each parameter's role: a field
+ * here has its role's row in model.c's k_layer_field. */
 typedef struct {
     int attn_norm, q, k, v, o, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm, mlp_norm;
     int router, sh_gate, sh_up, sh_down, sh_expert_gate;
