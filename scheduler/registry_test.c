@@ -5,7 +5,7 @@
  * expected-experts formula, the producer/consumer links every tensor must
  * have, and the list's consistency checks.  The published parameter counts
  * of real models are the engine's descriptions' to meet
- * (engine/model/desc/model_desc_test.c). */
+ * (engine/model/model_desc_test.c). */
 #include "scheduler/registry.h"
 #include "scheduler/testutil.h"
 

@@ -197,7 +197,7 @@ static double opt_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, do
     return end;
 }
 
-/* Layer-major order (plan->layer_major; engine/exec_layer_major.c): the
+/* Layer-major order (plan->layer_major; engine/exec/layer_major.c): the
  * uses of blocks are embedding and layers forward, the head, then layers
  * and embedding backward, 2N - 1 uses, each running all ga micro-batches;
  * the fetches for use u are issued as use u - W - 1 ends, once per use

@@ -2,7 +2,7 @@
  * engine's model descriptions, so its tests build a decoder-shaped list
  * from a few sizes here (names in Mixtral's style, every layer sparse).
  * It is a fixture, not a model: the engine's descriptions are tested in
- * engine/model/desc/model_desc_test.c. */
+ * engine/model/model_desc_test.c. */
 #ifndef MT_SCHEDULER_TESTUTIL_H
 #define MT_SCHEDULER_TESTUTIL_H
 

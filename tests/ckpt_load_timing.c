@@ -24,9 +24,9 @@ int main(int argc, char **argv) {
     const int rounds = argc > 2 ? atoi(argv[2]) : 3;
     mt_error_t err = {0};
     eng_model_config_t cfg;
-    eng_model_spec_t spec;
+    eng_model_desc_t spec;
     eng_checkpoint_t ck;
-    if (eng_model_config_load(argv[1], NULL, &cfg, &err) != MT_OK || eng_model_spec_build(&cfg, &spec, &err) != MT_OK ||
+    if (eng_model_config_load(argv[1], NULL, &cfg, &err) != MT_OK || eng_model_desc_build(&cfg, &spec, &err) != MT_OK ||
         eng_checkpoint_open(argv[1], &ck, &err) != MT_OK) {
         fprintf(stderr, "ckpt_load_timing: %s\n", err.msg);
         return 1;

@@ -89,9 +89,9 @@ static void compare_saves(const char *fused_out, const char *per_out) {
         TH_CHECK(0, "%s", err.msg);
         return;
     }
-    eng_model_spec_t spec;
+    eng_model_desc_t spec;
     eng_checkpoint_t fa, fb;
-    TH_CHECK(eng_model_spec_build(&cfg, &spec, &err) == MT_OK, "%s", err.msg);
+    TH_CHECK(eng_model_desc_build(&cfg, &spec, &err) == MT_OK, "%s", err.msg);
     TH_CHECK(eng_checkpoint_open(a, &fa, &err) == MT_OK, "%s", err.msg);
     TH_CHECK(eng_checkpoint_open(b, &fb, &err) == MT_OK, "%s", err.msg);
     if (th_failures()) return;
@@ -121,7 +121,7 @@ static void compare_saves(const char *fused_out, const char *per_out) {
             fa.count - fa.view_count + 2 * cfg.num_hidden_layers, spec.count);
     eng_checkpoint_close(&fa);
     eng_checkpoint_close(&fb);
-    eng_model_spec_free(&spec);
+    eng_model_desc_free(&spec);
     eng_model_config_free(&cfg);
 }
 
@@ -199,9 +199,9 @@ static void check_missing_fused(void) {
     const char *src = "tests/fixtures/fused/mixtral_f32";
     mt_error_t err = {0};
     eng_model_config_t cfg;
-    eng_model_spec_t spec;
+    eng_model_desc_t spec;
     eng_checkpoint_t ck;
-    if (eng_model_config_load(src, NULL, &cfg, &err) != MT_OK || eng_model_spec_build(&cfg, &spec, &err) != MT_OK ||
+    if (eng_model_config_load(src, NULL, &cfg, &err) != MT_OK || eng_model_desc_build(&cfg, &spec, &err) != MT_OK ||
         eng_checkpoint_open(src, &ck, &err) != MT_OK || eng_checkpoint_resolve(&ck, &spec, &err) != MT_OK) {
         TH_CHECK(0, "%s", err.msg);
         return;
@@ -241,7 +241,7 @@ static void check_missing_fused(void) {
     } else {
         TH_CHECK(0, "%s", err.msg);
     }
-    eng_model_spec_free(&spec);
+    eng_model_desc_free(&spec);
     eng_model_config_free(&cfg);
 }
 

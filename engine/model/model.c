@@ -116,7 +116,7 @@ static int owning_block(const eng_model_t *m, const eng_param_spec_t *ps) {
 }
 
 /* The dtype most of the checkpoint's parameter bytes are stored in. */
-static mt_dtype_t checkpoint_dtype(const eng_checkpoint_t *ck, const eng_model_spec_t *spec) {
+static mt_dtype_t checkpoint_dtype(const eng_checkpoint_t *ck, const eng_model_desc_t *spec) {
     double bytes[MT_DTYPE_COUNT] = {0};
     for (int i = 0; i < spec->count; i++) {
         const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, spec->params[i].name);
@@ -143,7 +143,7 @@ mt_status_t eng_model_init(eng_model_t *m, const char *dir, const eng_model_opts
     m->compute = opts->compute;
     mt_status_t st = eng_model_config_load(dir, opts->overrides_json, &m->cfg, err);
     if (st != MT_OK) return st;
-    st = eng_model_spec_build(&m->cfg, &m->spec, err);
+    st = eng_model_desc_build(&m->cfg, &m->spec, err);
     if (st != MT_OK) goto fail;
     if (!eng_model_desc_trains(&m->spec)) {
         st = mt_error_set(err, MT_ERR_UNSUPPORTED,
@@ -293,7 +293,7 @@ void eng_model_release(eng_model_t *m) {
     }
     eng_lora_plan_free(&m->lora.plan);
     free(m->lora.specs);
-    eng_model_spec_free(&m->spec);
+    eng_model_desc_free(&m->spec);
     eng_model_config_free(&m->cfg);
     memset(m, 0, sizeof *m);
 }

@@ -6,7 +6,7 @@
  * executors, one per device, can hold the same model.  This header
  * includes neither (//tests:layering_test checks it).
  *
- * Parameters are indexed by the model spec (engine/model/desc/model_desc.h): one
+ * Parameters are indexed by the model description (engine/model/desc/model_desc.h): one
  * eng_param_t per HF tensor, so gradients, optimizer state and checkpoint
  * names line up one to one.
  *
@@ -106,7 +106,7 @@ typedef struct {
 
 typedef struct {
     eng_model_config_t cfg;
-    eng_model_spec_t spec;
+    eng_model_desc_t spec;
     /* params[0 .. spec.count) are the description's; a LoRA run appends its
      * adapter factors after them */
     int num_params;

@@ -1,4 +1,4 @@
-/* Data parallel over devices sharing one host copy (see multi_device.h). */
+/* Data parallel over devices sharing one host copy (see devices.h). */
 #include "engine/parallel/devices.h"
 
 #include <pthread.h>

@@ -1,4 +1,4 @@
-/* Planning a training run (see train_plan.h). */
+/* Planning a training run (see plan.h). */
 #include "engine/run/plan.h"
 
 #include <stdio.h>
@@ -47,14 +47,14 @@ static mt_status_t check_checkpoint(const eng_run_config_t *rc, const eng_model_
         *err = open_err;
         return open_err.code;
     }
-    eng_model_spec_t spec;
-    mt_status_t st = eng_model_spec_build(mc, &spec, err);
+    eng_model_desc_t spec;
+    mt_status_t st = eng_model_desc_build(mc, &spec, err);
     if (st == MT_OK) {
         char path[1100];
         snprintf(path, sizeof path, "%s/config.json", rc->base_model);
         st = eng_checkpoint_resolve(&ck, &spec, err);
         if (st == MT_OK) st = eng_checkpoint_check(&ck, mc, &spec, path, rc->allow_unused_tensors, err);
-        eng_model_spec_free(&spec);
+        eng_model_desc_free(&spec);
     }
     eng_checkpoint_close(&ck);
     return st;

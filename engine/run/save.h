@@ -1,4 +1,4 @@
-/* Where a run's outputs go and how it saves its model (see train_save.c). */
+/* Where a run's outputs go and how it saves its model (see save.c). */
 #ifndef MT_ENGINE_TRAIN_SAVE_H
 #define MT_ENGINE_TRAIN_SAVE_H
 

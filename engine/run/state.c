@@ -1,5 +1,5 @@
 /* A checkpoint's training state: writing it beside the model, finding the
- * checkpoint to resume from, loading it back (see train_state.h).
+ * checkpoint to resume from, loading it back (see state.h).
  *
  * Identity: a checkpoint's optimizer state only means something for the
  * same parameters, so a resume whose model has other parameter names,

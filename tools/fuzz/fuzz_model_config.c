@@ -3,7 +3,7 @@
  * The input is config.json's text, optionally followed by a NUL byte and
  * the run config's model_config overrides (JSON). A config the reader
  * accepts is then turned into the model's parameter list
- * (engine/model_spec.c), the first thing every command does with it: sizes
+ * (engine/model/desc/builder.c), the first thing every command does with it: sizes
  * the reader lets through must not overflow there. */
 #include <stdlib.h>
 #include <string.h>
@@ -19,11 +19,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     eng_model_config_t cfg;
     mt_error_t err = {0};
     if (eng_model_config_parse(text, "config.json", overrides, &cfg, &err) == MT_OK) {
-        eng_model_spec_t spec;
-        if (eng_model_spec_build(&cfg, &spec, &err) == MT_OK) {
-            (void)eng_model_spec_numel(&spec);
-            (void)eng_model_spec_active_numel(&spec, &cfg);
-            eng_model_spec_free(&spec);
+        eng_model_desc_t spec;
+        if (eng_model_desc_build(&cfg, &spec, &err) == MT_OK) {
+            (void)eng_model_desc_numel(&spec);
+            (void)eng_model_desc_active_numel(&spec, &cfg);
+            eng_model_desc_free(&spec);
         }
         eng_model_config_free(&cfg);
     }

@@ -1,4 +1,4 @@
-/* gpt-oss (see model_desc_family.h): the decoder's attention with biases
+/* gpt-oss (see family.h): the decoder's attention with biases
  * on q/k/v/o and a learned sink logit per head (self_attn.sinks), layers
  * alternating between a sliding window and full attention (layer_types),
  * and a MoE block of its own: mlp.router with a bias (top-k of the logits,

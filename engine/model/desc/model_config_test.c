@@ -1,6 +1,6 @@
 /* config.json parsing: the published configs of Mixtral-8x7B,
  * Qwen1.5-MoE-A2.7B and Qwen3-30B-A3B (parameter counts cross-checked
- * against the model cards through model_spec), transformers' defaults for
+ * against the model cards through the model description), transformers' defaults for
  * absent keys, sparse-layer patterns, overrides, and every refusal naming
  * its key and file. */
 #include "engine/model/hf/model_config.h"
@@ -82,14 +82,14 @@ static void test_real_configs(tctx_t *t) {
     EXPECT(t, fabsf(c.router_aux_loss_coef - 0.02f) < 1e-9f && !c.output_router_logits, "aux");
     for (int l = 0; l < 32; l++) EXPECT(t, c.layer_is_moe[l], "layer %d", l);
     EXPECT(t, c.config_json && strcmp(c.config_json, k_mixtral_8x7b) == 0, "text kept");
-    eng_model_spec_t s;
-    if (eng_model_spec_build(&c, &s, &err) == MT_OK) {
+    eng_model_desc_t s;
+    if (eng_model_desc_build(&c, &s, &err) == MT_OK) {
         /* Mixtral-8x7B: 46,702,792,704 parameters (model card: 46.7B) */
-        EXPECT(t, eng_model_spec_numel(&s) == 46702792704ull, "mixtral numel %zu",
-               eng_model_spec_numel(&s));
-        size_t act = eng_model_spec_active_numel(&s, &c);
+        EXPECT(t, eng_model_desc_numel(&s) == 46702792704ull, "mixtral numel %zu",
+               eng_model_desc_numel(&s));
+        size_t act = eng_model_desc_active_numel(&s, &c);
         EXPECT(t, act > 12.8e9 && act < 13.0e9, "mixtral active %zu (card: 12.9B)", act);
-        eng_model_spec_free(&s);
+        eng_model_desc_free(&s);
     }
     eng_model_config_free(&c);
 
@@ -101,11 +101,11 @@ static void test_real_configs(tctx_t *t) {
            "qwen2 widths");
     EXPECT(t, c.qkv_bias && !c.qk_norm && !c.norm_topk_prob && c.head_dim == 128, "qwen2 flags");
     EXPECT(t, c.sliding_window == 0, "use_sliding_window false -> full attention (%d)", c.sliding_window);
-    if (eng_model_spec_build(&c, &s, &err) == MT_OK) {
-        size_t n = eng_model_spec_numel(&s), act = eng_model_spec_active_numel(&s, &c);
+    if (eng_model_desc_build(&c, &s, &err) == MT_OK) {
+        size_t n = eng_model_desc_numel(&s), act = eng_model_desc_active_numel(&s, &c);
         EXPECT(t, n > 14.2e9 && n < 14.4e9, "qwen1.5-moe numel %zu (card: 14.3B)", n);
         EXPECT(t, act > 2.6e9 && act < 2.8e9, "qwen1.5-moe active %zu (card: 2.7B)", act);
-        eng_model_spec_free(&s);
+        eng_model_desc_free(&s);
     }
     eng_model_config_free(&c);
 
@@ -116,12 +116,12 @@ static void test_real_configs(tctx_t *t) {
                   c.norm_topk_prob && c.shared_expert_intermediate_size == 0,
            "q3 flags");
     for (int l = 0; l < 48; l++) EXPECT(t, c.layer_is_moe[l], "layer %d", l);
-    if (eng_model_spec_build(&c, &s, &err) == MT_OK) {
+    if (eng_model_desc_build(&c, &s, &err) == MT_OK) {
         /* Qwen3-30B-A3B: 30,532,122,624 parameters (card: 30.5B, 3.3B active) */
-        EXPECT(t, eng_model_spec_numel(&s) == 30532122624ull, "q3 numel %zu", eng_model_spec_numel(&s));
-        size_t act = eng_model_spec_active_numel(&s, &c);
+        EXPECT(t, eng_model_desc_numel(&s) == 30532122624ull, "q3 numel %zu", eng_model_desc_numel(&s));
+        size_t act = eng_model_desc_active_numel(&s, &c);
         EXPECT(t, act > 3.2e9 && act < 3.4e9, "q3 active %zu", act);
-        eng_model_spec_free(&s);
+        eng_model_desc_free(&s);
     }
     eng_model_config_free(&c);
 }
@@ -437,10 +437,10 @@ static void test_transformers5_aliases(tctx_t *t) {
     st = eng_model_config_parse("{\"model_type\":\"qwen3_moe\"," BASE_Q3
                                 ",\"dtype\":\"bfloat16\",\"torch_dtype\":\"float32\"}",
                                 "a.json", NULL, &c, &err);
-    eng_model_spec_t d;
-    if (st == MT_OK && eng_model_spec_build(&c, &d, &err) == MT_OK) {
+    eng_model_desc_t d;
+    if (st == MT_OK && eng_model_desc_build(&c, &d, &err) == MT_OK) {
         EXPECT(t, d.params[0].dtype == MT_BF16, "dtype over torch_dtype: %s", mt_dtype_name(d.params[0].dtype));
-        eng_model_spec_free(&d);
+        eng_model_desc_free(&d);
     } else {
         EXPECT(t, 0, "dtype: %s", err.msg);
     }

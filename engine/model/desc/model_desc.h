@@ -168,10 +168,6 @@ typedef struct {
     int num_experts;
 } eng_model_desc_t;
 
-/* The description as the model's parameter list (eng_model_t.spec), the
- * name its readers in the engine use. */
-typedef eng_model_desc_t eng_model_spec_t;
-
 mt_status_t eng_model_desc_build(const eng_model_config_t *cfg, eng_model_desc_t *out, mt_error_t *err);
 void eng_model_desc_free(eng_model_desc_t *d);
 /* The family's display name ("Mixtral") and its expert FFN's HF leaf names. */
@@ -211,13 +207,6 @@ bool eng_param_role_fused_experts(eng_param_role_t role);
 /* Whether the family has block code: false for the families described for
  * `inspect` and `plan` only, which training refuses. */
 bool eng_model_desc_trains(const eng_model_desc_t *d);
-
-/* The calls under the parameter list's name (eng_model_spec_t). */
-#define eng_model_spec_build eng_model_desc_build
-#define eng_model_spec_free eng_model_desc_free
-#define eng_model_spec_find eng_model_desc_find
-#define eng_model_spec_numel eng_model_desc_numel
-#define eng_model_spec_active_numel eng_model_desc_active_numel
 
 /* The head in chunks.  A micro-batch's fp32 logits are tokens x vocab
  * (4096 x 151936 for Qwen3: 2.3 GiB, and as much again as d(logits)):

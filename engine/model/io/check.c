@@ -155,7 +155,7 @@ static int cmp_str(const void *a, const void *b) {
 }
 
 mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_config_t *cfg,
-                                 const eng_model_spec_t *spec, const char *config_path, bool allow_unused,
+                                 const eng_model_desc_t *spec, const char *config_path, bool allow_unused,
                                  mt_error_t *err) {
     char want[128], got[128];
     /* parameters, then buffers (DeepSeek-V3's e_score_correction_bias): both are the checkpoint's */

@@ -34,18 +34,18 @@ static int failures;
 /* Checks dir's weights against config text; returns the status, err filled. */
 static mt_status_t check(const char *dir, const char *config, bool allow, mt_error_t *err) {
     eng_model_config_t cfg;
-    eng_model_spec_t spec;
+    eng_model_desc_t spec;
     eng_checkpoint_t ck;
     mt_status_t st = eng_model_config_parse(config, "dir/config.json", NULL, &cfg, err);
     if (st != MT_OK) return st;
-    st = eng_model_spec_build(&cfg, &spec, err);
+    st = eng_model_desc_build(&cfg, &spec, err);
     if (st == MT_OK) {
         st = eng_checkpoint_open(dir, &ck, err);
         if (st == MT_OK) {
             st = eng_checkpoint_check(&ck, &cfg, &spec, "dir/config.json", allow, err);
             eng_checkpoint_close(&ck);
         }
-        eng_model_spec_free(&spec);
+        eng_model_desc_free(&spec);
     }
     eng_model_config_free(&cfg);
     return st;

@@ -382,7 +382,7 @@ static bool read_by_dequant(const char **names, int count, const char *n) {
     return false;
 }
 
-mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_spec_t *spec,
+mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_desc_t *spec,
                                 float *const *dst, eng_ckpt_load_report_t *report, mt_error_t *err) {
     if (report) memset(report, 0, sizeof *report);
     for (int i = 0; i < spec->count; i++) {
@@ -413,7 +413,7 @@ mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_spec
     return MT_OK;
 }
 
-mt_status_t eng_checkpoint_load_buffers(const eng_checkpoint_t *ck, const eng_model_spec_t *spec, float *const *dst,
+mt_status_t eng_checkpoint_load_buffers(const eng_checkpoint_t *ck, const eng_model_desc_t *spec, float *const *dst,
                                         mt_error_t *err) {
     for (int i = 0; i < spec->num_buffers; i++) {
         const eng_param_spec_t *p = &spec->buffers[i];

@@ -1,7 +1,7 @@
 /* HF checkpoint directories: config.json plus model.safetensors, or
  * model.safetensors.index.json plus the shards its weight_map names.
  *
- * Loading converts every parameter of a model spec to fp32 in buffers the
+ * Loading converts every parameter of a model description to fp32 in buffers the
  * caller owns (the caller decides where host tensors live), checking each
  * tensor's shape against what config.json implies.  Tensors the spec does
  * not know are ignored and reported, as HF's "unexpected keys" warning does.
@@ -80,7 +80,7 @@ const eng_ckpt_entry_t *eng_checkpoint_find(const eng_checkpoint_t *ck, const ch
  * loading, checking and inspecting see one layout.  A fused tensor whose
  * shape disagrees with config.json is an error naming it, its shape and the
  * shape config.json implies.  Call once, after eng_checkpoint_open. */
-mt_status_t eng_checkpoint_resolve(eng_checkpoint_t *ck, const eng_model_spec_t *spec, mt_error_t *err);
+mt_status_t eng_checkpoint_resolve(eng_checkpoint_t *ck, const eng_model_desc_t *spec, mt_error_t *err);
 
 /* gpt-oss's MXFP4 experts (the Hub's openai/gpt-oss-*): a described tensor
  * NAME of shape (E, C, R), fused over E, that the checkpoint holds as
@@ -104,7 +104,7 @@ mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name
  * (and why: an expert or layer past the config's count) unless allow_unused
  * or transformers itself ignores them for this family. */
 mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_config_t *cfg,
-                                 const eng_model_spec_t *spec, const char *config_path, bool allow_unused,
+                                 const eng_model_desc_t *spec, const char *config_path, bool allow_unused,
                                  mt_error_t *err);
 
 typedef struct {
@@ -116,14 +116,14 @@ typedef struct {
  * floats (dst[i] NULL: skipped, for a caller that reads it otherwise).  Missing tensor, wrong shape or a dtype other than F32/BF16/F16
  * are errors naming the tensor (and the directory / expected shape).
  * report may be NULL; otherwise free it with eng_ckpt_load_report_free. */
-mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_spec_t *spec,
+mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_desc_t *spec,
                                 float *const *dst, eng_ckpt_load_report_t *report, mt_error_t *err);
 void eng_ckpt_load_report_free(eng_ckpt_load_report_t *report);
 /* Loads the description's non-trainable buffers (spec->buffers, e.g. a
  * router's score correction bias): dst[i] receives spec->buffers[i].numel
  * floats, with the same checks as eng_checkpoint_load.  Saving writes them
  * like any tensor (eng_checkpoint_save's list). */
-mt_status_t eng_checkpoint_load_buffers(const eng_checkpoint_t *ck, const eng_model_spec_t *spec, float *const *dst,
+mt_status_t eng_checkpoint_load_buffers(const eng_checkpoint_t *ck, const eng_model_desc_t *spec, float *const *dst,
                                         mt_error_t *err);
 
 /* One tensor to save, from fp32 host memory. */
@@ -152,7 +152,7 @@ typedef struct {
  * `…mlp.experts.down_proj` (E, H, I) where its first expert tensor stood,
  * Mixtral's `block_sparse_moe` renamed `mlp`; other tensors are shared with
  * in, not copied.  Free with eng_ckpt_fused_free. */
-void eng_ckpt_fuse_experts(const eng_model_spec_t *spec, const eng_ckpt_tensor_t *in, eng_ckpt_fused_t *out);
+void eng_ckpt_fuse_experts(const eng_model_desc_t *spec, const eng_ckpt_tensor_t *in, eng_ckpt_fused_t *out);
 void eng_ckpt_fused_free(eng_ckpt_fused_t *f);
 
 /* Writes config.json (config_json, if non-NULL) and the weights into the

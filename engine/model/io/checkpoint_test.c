@@ -48,14 +48,14 @@ static const char *k_qwen3_30b_like =
 
 typedef struct {
     eng_model_config_t cfg;
-    eng_model_spec_t spec;
+    eng_model_desc_t spec;
     float **buf;
 } model_t;
 
 static void model_free(model_t *m) {
     for (int i = 0; m->buf && i < m->spec.count; i++) free(m->buf[i]);
     free(m->buf);
-    eng_model_spec_free(&m->spec);
+    eng_model_desc_free(&m->spec);
     eng_model_config_free(&m->cfg);
     memset(m, 0, sizeof *m);
 }
@@ -66,7 +66,7 @@ static mt_status_t model_load(const char *dir, model_t *m, eng_ckpt_load_report_
     memset(m, 0, sizeof *m);
     mt_status_t st = eng_model_config_load(dir, NULL, &m->cfg, err);
     if (st != MT_OK) return st;
-    st = eng_model_spec_build(&m->cfg, &m->spec, err);
+    st = eng_model_desc_build(&m->cfg, &m->spec, err);
     if (st != MT_OK) return st;
     m->buf = calloc((size_t)m->spec.count, sizeof *m->buf);
     for (int i = 0; i < m->spec.count; i++) m->buf[i] = malloc(m->spec.params[i].numel * sizeof(float) + 1);
@@ -118,7 +118,7 @@ static void list_dir(const char *dir, char *out, size_t cap) {
 }
 
 static const float *param(const model_t *m, const char *name) {
-    int i = eng_model_spec_find(&m->spec, name);
+    int i = eng_model_desc_find(&m->spec, name);
     return i >= 0 ? m->buf[i] : NULL;
 }
 
@@ -194,7 +194,7 @@ static void test_round_trip(tctx_t *t, const model_t *ref) {
     json_t *wm = json_object_get(idx, "weight_map");
     json_int_t total = json_integer_value(json_object_get(json_object_get(idx, "metadata"), "total_size"));
     EXPECT(t, (int)json_object_size(wm) == ref->spec.count, "weight_map size %zu", json_object_size(wm));
-    EXPECT(t, total == (json_int_t)(eng_model_spec_numel(&ref->spec) * 4), "total_size %lld",
+    EXPECT(t, total == (json_int_t)(eng_model_desc_numel(&ref->spec) * 4), "total_size %lld",
            (long long)total);
     const char *emb_file = json_string_value(json_object_get(wm, "model.embed_tokens.weight"));
     int nshards = 0, idx0 = 0;
@@ -338,7 +338,7 @@ static void test_errors(tctx_t *t, const model_t *ref) {
 
     /* a parameter is missing */
     sub(t, d, sizeof d, "missing_tensor");
-    int gi = eng_model_spec_find(&ref->spec, "model.layers.1.mlp.gate.weight");
+    int gi = eng_model_desc_find(&ref->spec, "model.layers.1.mlp.gate.weight");
     eng_ckpt_tensor_t *fewer = calloc((size_t)n, sizeof *fewer);
     int k = 0;
     for (int i = 0; i < n; i++)
@@ -360,7 +360,7 @@ static void test_errors(tctx_t *t, const model_t *ref) {
 
     /* a tensor's shape disagrees with config.json: k_proj is (2*8, 32); store it as (32, 16) */
     sub(t, d, sizeof d, "wrong_shape");
-    int ki = eng_model_spec_find(&ref->spec, "model.layers.0.self_attn.k_proj.weight");
+    int ki = eng_model_desc_find(&ref->spec, "model.layers.0.self_attn.k_proj.weight");
     const int64_t swapped[2] = {32, 16};
     memcpy(fewer, ts, (size_t)n * sizeof *ts);
     fewer[ki].shape = swapped;

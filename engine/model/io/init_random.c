@@ -23,7 +23,7 @@ static void fill_normal(float *dst, size_t n, double std, uint64_t state) {
     }
 }
 
-void eng_init_random_params(const eng_model_spec_t *spec, double initializer_range,
+void eng_init_random_params(const eng_model_desc_t *spec, double initializer_range,
                             int pad_token_id, uint64_t seed, float *const *dst) {
     for (int i = 0; i < spec->count; i++) {
         const eng_param_spec_t *p = &spec->params[i];
@@ -95,7 +95,7 @@ mt_status_t eng_checkpoint_init_random(const char *dir, const char *config_json_
     MT_CHECK_ALLOC(path, "path");
     snprintf(path, n, "%s/config.json", dir);
     eng_model_config_t cfg;
-    eng_model_spec_t spec = {0};
+    eng_model_desc_t spec = {0};
     float **bufs = NULL;
     eng_ckpt_tensor_t *ts = NULL;
     double std = 0.02;
@@ -103,7 +103,7 @@ mt_status_t eng_checkpoint_init_random(const char *dir, const char *config_json_
     mt_status_t st = eng_model_config_parse(config_json_text, path, NULL, &cfg, err);
     if (st != MT_OK) goto out_path;
     st = read_init_keys(config_json_text, path, &std, &pad, err);
-    if (st == MT_OK) st = eng_model_spec_build(&cfg, &spec, err);
+    if (st == MT_OK) st = eng_model_desc_build(&cfg, &spec, err);
     if (st != MT_OK) goto out_cfg;
     /* parameters, then buffers (DeepSeek-V3's e_score_correction_bias),
      * which transformers initialises to zeros */
@@ -126,7 +126,7 @@ mt_status_t eng_checkpoint_init_random(const char *dir, const char *config_json_
     for (int i = 0; i < total; i++) free(bufs[i]);
     free(bufs);
     free(ts);
-    eng_model_spec_free(&spec);
+    eng_model_desc_free(&spec);
 out_cfg:
     eng_model_config_free(&cfg);
 out_path:

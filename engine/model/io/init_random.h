@@ -19,7 +19,7 @@
 
 /* Fills dst[i] (spec->params[i].numel floats) for every parameter.
  * pad_token_id < 0: no padding row. */
-void eng_init_random_params(const eng_model_spec_t *spec, double initializer_range,
+void eng_init_random_params(const eng_model_desc_t *spec, double initializer_range,
                             int pad_token_id, uint64_t seed, float *const *dst);
 
 /* Parses config_json_text (initializer_range default 0.02, pad_token_id

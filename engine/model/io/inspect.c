@@ -1,5 +1,5 @@
 /* `moetune inspect` (see inspect.h).  Everything printed is derived from
- * the model spec (the same list the loader and planner use) plus what the
+ * the model description (the same list the loader and planner use) plus what the
  * safetensors headers say; no tensor data is read, so inspecting a 60 GB
  * checkpoint costs only its headers. */
 #include "engine/model/io/inspect.h"
@@ -150,7 +150,7 @@ static void print_arch(FILE *out, const char *dir, const eng_model_config_t *c, 
             c->output_router_logits ? "on" : "off", (double)c->router_aux_loss_coef);
 }
 
-static void print_layers(FILE *out, const eng_model_config_t *c, const eng_model_spec_t *spec) {
+static void print_layers(FILE *out, const eng_model_config_t *c, const eng_model_desc_t *spec) {
     int L = c->num_hidden_layers;
     size_t (*cnt)[G_COUNT] = calloc((size_t)L, sizeof *cnt);
     MT_CHECK_ALLOC(cnt, "inspect");
@@ -231,7 +231,7 @@ static void print_layers(FILE *out, const eng_model_config_t *c, const eng_model
         fprintf(out, "  = %s per expert, %s per layer, %s in all experts (%.1f%% of the model)\n",
                 human(b[0], sizeof b[0], (double)per_expert),
                 human(b[1], sizeof b[1], (double)per_expert * c->num_experts),
-                human(b[2], sizeof b[2], all), 100.0 * all / (double)eng_model_spec_numel(spec));
+                human(b[2], sizeof b[2], all), 100.0 * all / (double)eng_model_desc_numel(spec));
     }
 }
 
@@ -270,7 +270,7 @@ static int check_tensor(const eng_checkpoint_t *ck, eng_model_desc_t *spec, cons
     return ok ? 0 : e ? 1 : 2;
 }
 
-static mt_status_t print_weights(FILE *out, const char *dir, eng_model_spec_t *spec,
+static mt_status_t print_weights(FILE *out, const char *dir, eng_model_desc_t *spec,
                                  mt_error_t *err) {
     char b[3][32];
     size_t dl = strlen(dir) + 64;
@@ -366,21 +366,21 @@ mt_status_t eng_inspect(const char *dir, FILE *out, mt_error_t *err) {
     eng_model_config_t cfg;
     st = eng_model_config_load(dir, NULL, &cfg, err);
     if (st != MT_OK) return st;
-    eng_model_spec_t spec;
-    st = eng_model_spec_build(&cfg, &spec, err);
+    eng_model_desc_t spec;
+    st = eng_model_desc_build(&cfg, &spec, err);
     if (st != MT_OK) {
         eng_model_config_free(&cfg);
         return st;
     }
     print_arch(out, dir, &cfg, &spec);
     char b[2][32];
-    size_t total = eng_model_spec_numel(&spec), active = eng_model_spec_active_numel(&spec, &cfg);
+    size_t total = eng_model_desc_numel(&spec), active = eng_model_desc_active_numel(&spec, &cfg);
     fprintf(out, "parameters   %s total (%zu), %s active per token (%zu)\n",
             human(b[0], sizeof b[0], (double)total), total, human(b[1], sizeof b[1], (double)active),
             active);
     print_layers(out, &cfg, &spec);
     st = print_weights(out, dir, &spec, err);
-    eng_model_spec_free(&spec);
+    eng_model_desc_free(&spec);
     eng_model_config_free(&cfg);
     return st;
 }

@@ -66,7 +66,7 @@ static const eng_ckpt_entry_t *find_fused(const eng_checkpoint_t *ck, const eng_
     return eng_checkpoint_find(ck, fused);
 }
 
-mt_status_t eng_checkpoint_resolve(eng_checkpoint_t *ck, const eng_model_spec_t *spec, mt_error_t *err) {
+mt_status_t eng_checkpoint_resolve(eng_checkpoint_t *ck, const eng_model_desc_t *spec, mt_error_t *err) {
     const int described = spec->count + spec->num_buffers;
     if (ck->views || described == 0) return MT_OK;
     ck->views = calloc((size_t)described, sizeof *ck->views);
@@ -149,7 +149,7 @@ mt_status_t eng_checkpoint_resolve(eng_checkpoint_t *ck, const eng_model_spec_t 
 
 /* ---- writing the fused layout ---------------------------------------------- */
 
-void eng_ckpt_fuse_experts(const eng_model_spec_t *spec, const eng_ckpt_tensor_t *in, eng_ckpt_fused_t *out) {
+void eng_ckpt_fuse_experts(const eng_model_desc_t *spec, const eng_ckpt_tensor_t *in, eng_ckpt_fused_t *out) {
     memset(out, 0, sizeof *out);
     const int n = spec->count;
     const int L = spec->num_layers, E = spec->num_experts;
