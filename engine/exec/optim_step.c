@@ -23,6 +23,7 @@
 
 #include "base/clock.h"
 #include "engine/exec/place/copies.h"
+#include "engine/exec/place/plan_query.h"
 #include "engine/exec/record/counters.h"
 #include "engine/exec/exec.h"
 #include "engine/exec/executor.h"
@@ -32,6 +33,40 @@
 #include "engine/exec/xfer.h"
 #include "kernels/elementwise.h"
 
+/* ---- idle routed experts (run config idle_experts) ----------------------- */
+
+/* A trainable routed expert of block b that received no token in this
+ * optimizer step gets a zero gradient, as torch's AdamW sees transformers
+ * 5's fused expert parameters: it is then stepped like any other parameter
+ * (moments decay, step count advances, weight decay moves it), wherever its
+ * state lives and on every path (overlapped, deferred, in the step).  Done
+ * when block b's gradients are complete on the step's last micro-batch, so
+ * that the overlapped host AdamW and the devices' gradient union see it;
+ * each device marks only the experts it holds a gradient for (not another
+ * device's, expert parallel).  The norm is unchanged: the gradient is zero. */
+static void give_idle_experts_zero_grads(eng_exec_t *x, int b) {
+    const eng_model_t *m = x->model;
+    if (!x->hopt.step_idle_experts || !x->prog.in_last_micro) return;
+    bool waited = false;
+    for (int i = 0; i < m->num_params; i++) {
+        const eng_param_t *p = &m->params[i];
+        eng_dparam_t *d = &x->dp[i];
+        const eng_param_role_t r = p->spec->role;
+        if (p->block != b || p->frozen || d->has_grad) continue;
+        if (r != ENG_P_EXP_GATE && r != ENG_P_EXP_UP && r != ENG_P_EXP_DOWN) continue;
+        if (exec_ep_foreign(&x->env, p)) continue;
+        if (x->plan.blocks[b].grads == SCHED_GRADS_DEVICE) {
+            if (!d->g_acc) continue; /* zero: cleared after every step that wrote it */
+        } else {
+            if (!d->host_g) continue;
+            if (!waited) exec_host_optim_wait_block(&x->hopt, b); /* a deferred update reads it */
+            waited = true;
+            memset(d->host_g, 0, p->spec->numel * sizeof(float)); /* may hold an earlier step's */
+        }
+        d->has_grad = true;
+    }
+}
+
 /* ---- host AdamW, overlapped with backward (host_optim.c) -------------- */
 
 /* The step program's block-ready hook: block b's gradients are complete;
@@ -39,6 +74,7 @@
  * on the host, its update starts once they have landed there. */
 static void block_ready(eng_exec_t *x, int b) {
     const sched_block_plan_t *bp = &x->plan.blocks[b];
+    give_idle_experts_zero_grads(x, b);
     if (!x->prog.overlap || !x->prog.in_last_micro || bp->optim != SCHED_OPTIM_HOST ||
         bp->grads != SCHED_GRADS_HOST)
         return;
@@ -53,6 +89,7 @@ void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micr
     x->micro_left = micro_batches;
     x->prog.overlap = overlap && hp->max_grad_norm == 0;
     x->prog.block_ready = block_ready;
+    x->hopt.step_idle_experts = !hp->skip_idle_experts;
     if (x->prog.overlap) exec_host_optim_start(&x->hopt, hp);
 }
 

@@ -47,6 +47,7 @@ typedef struct {
     bool stop, started;
     eng_optim_hparams_t hp;      /* the overlapped step's hyper-parameters (no clipping) */
     bool *done;                  /* per parameter: updated during backward this step */
+    bool step_idle_experts;      /* this step's idle routed experts get a zero gradient (hparams.h) */
     float *gnorm_part;           /* per parameter updated during backward: its gradient's sum of squares */
 } exec_host_optim_t;
 
