@@ -4,7 +4,9 @@
  * weights of the experts idle in some step (and expert 0 of each layer)
  * compared with torch's AdamW, relative 1e-6:
  *   step: transformers 5's fused experts, an idle expert stepped with a zero gradient;
- *   skip: each expert its own torch parameter, grad None when idle. */
+ *   skip: each expert its own torch parameter, grad None when idle;
+ * and tf5_pad_gpt_oss: the embedding row of pad_token_id gets a zero gradient
+ * (nn.Embedding padding_idx), on data whose padding positions count in the loss. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -81,7 +83,7 @@ static void check_weights(const char *dir, const char *out) {
         free(ref);
         free(ours);
     }
-    fprintf(stderr, "   final weights (%d expert tensors): worst max|diff|/max|ref| %.3g\n", fin.count, worst);
+    fprintf(stderr, "   final weights (%d tensors): worst max|diff|/max|ref| %.3g\n", fin.count, worst);
     eng_checkpoint_close(&ck);
     eng_st_close(&fin);
 }

@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "base/clock.h"
 #include "engine/exec/place/copies.h"
 #include "engine/exec/place/plan_query.h"
@@ -67,6 +69,45 @@ static void give_idle_experts_zero_grads(eng_exec_t *x, int b) {
     }
 }
 
+/* ---- the padding row of the embedding ------------------------------------ */
+
+/* Every family moetune trains builds its embedding in transformers as
+ * nn.Embedding(vocab, hidden, padding_idx=config.pad_token_id), whose
+ * backward leaves that row's gradient zero (AdamW still steps the table:
+ * the row's moments decay and weight decay moves it).  The row from
+ * config.json as read; -1 when it has none, or when the table is tied to
+ * lm_head (one gradient holds both uses there, and lm_head's share of the
+ * row is not zero in transformers either). */
+static int pad_row_of(const eng_model_t *m) {
+    if (m->embed < 0 || m->lm_head == m->embed || !m->cfg.config_json) return -1;
+    json_t *root = json_loads(m->cfg.config_json, 0, NULL);
+    const json_t *v = root ? json_object_get(root, "pad_token_id") : NULL;
+    const long long id = json_is_integer(v) ? json_integer_value(v) : -1;
+    json_decref(root);
+    return id >= 0 && id < m->params[m->embed].spec->shape[0] ? (int)id : -1;
+}
+
+/* Zeroes the padding row of the embedding's gradient once block b's are
+ * complete (the step's last micro-batch), before the norm and any update,
+ * the overlapped host AdamW's included.  Same point on every plan and
+ * device, so the norm and the sum over devices see the same zero. */
+static void zero_pad_row_grad(eng_exec_t *x, int b) {
+    const eng_model_t *m = x->model;
+    if (!x->prog.in_last_micro || m->embed < 0 || m->params[m->embed].block != b) return;
+    if (x->hopt.pad_row == -2) x->hopt.pad_row = pad_row_of(m);
+    const eng_param_t *p = &m->params[m->embed];
+    eng_dparam_t *d = &x->dp[m->embed];
+    if (x->hopt.pad_row < 0 || p->frozen || !d->has_grad) return;
+    const size_t width = (size_t)p->spec->shape[1], off = (size_t)x->hopt.pad_row * width;
+    if (x->plan.blocks[b].grads == SCHED_GRADS_DEVICE) {
+        if (d->g_acc) kern_memset(x->dev, kern_stream(x->dev, KERN_STREAM_COMPUTE), d->g_acc + off, 0,
+                                  width * sizeof(float));
+    } else if (d->host_g) {
+        kern_stream_sync(x->dev, kern_stream(x->dev, KERN_STREAM_D2H)); /* the row's copies have landed */
+        memset(d->host_g + off, 0, width * sizeof(float));
+    }
+}
+
 /* ---- host AdamW, overlapped with backward (host_optim.c) -------------- */
 
 /* The step program's block-ready hook: block b's gradients are complete;
@@ -74,6 +115,7 @@ static void give_idle_experts_zero_grads(eng_exec_t *x, int b) {
  * on the host, its update starts once they have landed there. */
 static void block_ready(eng_exec_t *x, int b) {
     const sched_block_plan_t *bp = &x->plan.blocks[b];
+    zero_pad_row_grad(x, b);
     give_idle_experts_zero_grads(x, b);
     if (!x->prog.overlap || !x->prog.in_last_micro || bp->optim != SCHED_OPTIM_HOST ||
         bp->grads != SCHED_GRADS_HOST)

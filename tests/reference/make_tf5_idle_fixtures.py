@@ -159,8 +159,61 @@ def write(case, mode):
     print(case, mode, "losses", out["losses"], "idle", out["idle_per_step"])
 
 
+def write_pad():
+    """tf5_pad_gpt_oss: the ref_gpt_oss model (pad_token_id 0) on
+    ref_mixtral_padded's data, whose rows 0 and 5 pad explicitly with id 0
+    and count those positions in the loss, so the embedding's row 0 would get
+    a gradient; transformers' nn.Embedding(padding_idx=0) gives it zero.
+    Written: losses, grad norms, the final embedding table, and
+    row0_moved_by_gradient (how far row 0 would move without padding_idx)."""
+    ckpt = os.path.join(FIX, "ref_gpt_oss", "ckpt")
+    rows = mf.rows_from_examples(mf.make_padded_examples())
+    run = dict(mf.RUN_BASE)
+    res = {}
+    for padding in (True, False):
+        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager")
+        model.train()
+        assert model.model.embed_tokens.padding_idx == 0
+        if not padding:
+            model.model.embed_tokens.padding_idx = None
+        opt = torch.optim.AdamW(model.parameters(), lr=run["learning_rate"],
+                                betas=(run["adam_beta1"], run["adam_beta2"]),
+                                eps=run["adam_epsilon"], weight_decay=run["weight_decay"])
+        it = mf.micro_batches(rows, run["micro_batch_size"])
+        out = {"losses": [], "grad_norm": [], "row0_grad_abs_max": []}
+        for step in range(run["max_steps"]):
+            opt.zero_grad(set_to_none=True)
+            ids, labels, mask = mf.batch_tensors(rows, next(it))
+            o = model(input_ids=ids, attention_mask=mask, labels=labels, output_router_logits=True)
+            o.loss.backward()
+            out["row0_grad_abs_max"].append(float(model.model.embed_tokens.weight.grad[0].abs().max()))
+            out["losses"].append(o.loss.item())
+            out["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), run["max_grad_norm"])))
+            opt.step()
+        res[padding] = (out, model.model.embed_tokens.weight.detach().clone())
+    out, emb = res[True]
+    assert all(g == 0 for g in out["row0_grad_abs_max"])
+    assert max(res[False][0]["row0_grad_abs_max"]) > 0, "row 0 never gets a gradient without padding_idx"
+    out["row0_moved_by_gradient"] = float((res[False][1][0] - emb[0]).abs().max())
+    out["transformers"] = transformers.__version__
+    d = os.path.join(FIX, "tf5_pad_gpt_oss")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    save_file({"model.embed_tokens.weight": emb.contiguous()}, os.path.join(d, "expected_final.safetensors"))
+    with open(os.path.join(FIX, "ref_gpt_oss", "run.yaml")) as f:
+        y = f.read()
+    y = y.replace("base_model: ckpt", "base_model: ../ref_gpt_oss/ckpt")
+    y = y.replace("path: data.jsonl", "path: ../ref_mixtral_padded/data.jsonl")
+    y = "# written by tests/reference/make_tf5_idle_fixtures.py: transformers 5, padding_idx\n" + y
+    with open(os.path.join(d, "run.yaml"), "w") as f:
+        f.write(y)
+    print("pad: losses", out["losses"], "row 0 moved by", out["row0_moved_by_gradient"])
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     for c in CASES:
         for m in ("step", "skip"):
             write(c, m)
+    write_pad()
