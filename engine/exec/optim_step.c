@@ -37,35 +37,49 @@
 
 /* ---- idle routed experts (run config idle_experts) ----------------------- */
 
+static bool is_routed_expert(const eng_param_t *p) {
+    const eng_param_role_t r = p->spec->role;
+    return r == ENG_P_EXP_GATE || r == ENG_P_EXP_UP || r == ENG_P_EXP_DOWN;
+}
+
+/* Parameter i (of block b) takes a zero gradient this step, if this device
+ * holds its gradient (not another device's expert, expert parallel). */
+static void zero_grad_of(eng_exec_t *x, int b, int i, bool *waited) {
+    const eng_param_t *p = &x->model->params[i];
+    eng_dparam_t *d = &x->dp[i];
+    if (p->frozen || d->has_grad || exec_ep_foreign(&x->env, p)) return;
+    if (x->plan.blocks[b].grads == SCHED_GRADS_DEVICE) {
+        if (!d->g_acc) return; /* zero: cleared after every step that wrote it */
+    } else {
+        if (!d->host_g) return;
+        if (!*waited) exec_host_optim_wait_block(&x->hopt, b); /* a deferred update reads it */
+        *waited = true;
+        memset(d->host_g, 0, p->spec->numel * sizeof(float)); /* may hold an earlier step's */
+    }
+    d->has_grad = true;
+}
+
 /* A trainable routed expert of block b that received no token in this
  * optimizer step gets a zero gradient, as torch's AdamW sees transformers
  * 5's fused expert parameters: it is then stepped like any other parameter
  * (moments decay, step count advances, weight decay moves it), wherever its
- * state lives and on every path (overlapped, deferred, in the step).  Done
- * when block b's gradients are complete on the step's last micro-batch, so
- * that the overlapped host AdamW and the devices' gradient union see it;
- * each device marks only the experts it holds a gradient for (not another
- * device's, expert parallel).  The norm is unchanged: the gradient is zero. */
+ * state lives and on every path (overlapped, deferred, in the step).  So do
+ * a LoRA run's factors on an idle expert: PEFT adapts fused experts with
+ * one A (r·E, in) and one B (out, r·E) whose expert e slices are expert e's
+ * factors, so an idle expert's slices get a zero gradient and are stepped.
+ * Done when block b's gradients are complete on the step's last
+ * micro-batch, so that the overlapped host AdamW and the devices' gradient
+ * union see it.  The norm is unchanged: the gradient is zero. */
 static void give_idle_experts_zero_grads(eng_exec_t *x, int b) {
     const eng_model_t *m = x->model;
     if (!x->hopt.step_idle_experts || !x->prog.in_last_micro) return;
     bool waited = false;
     for (int i = 0; i < m->num_params; i++) {
         const eng_param_t *p = &m->params[i];
-        eng_dparam_t *d = &x->dp[i];
-        const eng_param_role_t r = p->spec->role;
-        if (p->block != b || p->frozen || d->has_grad) continue;
-        if (r != ENG_P_EXP_GATE && r != ENG_P_EXP_UP && r != ENG_P_EXP_DOWN) continue;
-        if (exec_ep_foreign(&x->env, p)) continue;
-        if (x->plan.blocks[b].grads == SCHED_GRADS_DEVICE) {
-            if (!d->g_acc) continue; /* zero: cleared after every step that wrote it */
-        } else {
-            if (!d->host_g) continue;
-            if (!waited) exec_host_optim_wait_block(&x->hopt, b); /* a deferred update reads it */
-            waited = true;
-            memset(d->host_g, 0, p->spec->numel * sizeof(float)); /* may hold an earlier step's */
-        }
-        d->has_grad = true;
+        if (p->block != b || !is_routed_expert(p)) continue;
+        zero_grad_of(x, b, i, &waited);
+        if (p->lora_a >= 0) zero_grad_of(x, b, p->lora_a, &waited);
+        if (p->lora_b >= 0) zero_grad_of(x, b, p->lora_b, &waited);
     }
 }
 
