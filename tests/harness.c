@@ -62,7 +62,8 @@ kern_device_t *th_cpu_device(size_t budget) {
 eng_optim_hparams_t th_hparams(const eng_run_config_t *rc) {
     return (eng_optim_hparams_t){.lr = rc->learning_rate, .beta1 = rc->adam_beta1, .beta2 = rc->adam_beta2,
                                  .eps = rc->adam_epsilon, .weight_decay = rc->weight_decay,
-                                 .max_grad_norm = rc->max_grad_norm};
+                                 .max_grad_norm = rc->max_grad_norm,
+                                 .skip_idle_experts = rc->idle_experts == ENG_IDLE_EXPERTS_SKIP};
 }
 
 mt_status_t th_dataset_load(eng_dataset_t *ds, const eng_run_config_t *rc, int vocab, mt_error_t *err) {

@@ -92,6 +92,11 @@ static const enum_name_t k_lr_names[] = {
     {"cosine", ENG_LR_COSINE},
     {NULL, 0},
 };
+static const enum_name_t k_idle_experts_names[] = {
+    {"step", ENG_IDLE_EXPERTS_STEP},
+    {"skip", ENG_IDLE_EXPERTS_SKIP},
+    {NULL, 0},
+};
 static const enum_name_t k_optimizer_names[] = {
     {"adamw_torch", 0},
     {"adamw_torch_fused", 0},
@@ -236,6 +241,7 @@ static const key_row_t k_top_rows[] = {
     ROW("adam_epsilon", K_DOUBLE, adam_epsilon),
     ROW("weight_decay", K_DOUBLE, weight_decay),
     ROW("max_grad_norm", K_DOUBLE, max_grad_norm),
+    ROW_ENUM("idle_experts", idle_experts, k_idle_experts_names),
     ROW("shuffle", K_BOOL, shuffle),
     ROW("seed", K_U64, seed),
     ROW("output_dir", K_PATH, output_dir),

@@ -48,6 +48,12 @@ typedef enum {
 typedef enum { ENG_WEIGHTS_AUTO = 0, ENG_WEIGHTS_RESIDENT, ENG_WEIGHTS_STREAM } eng_weights_place_t;
 typedef enum { ENG_PLACE_AUTO = 0, ENG_PLACE_DEVICE, ENG_PLACE_HOST } eng_place_t; /* grads, optimizer */
 typedef enum { ENG_ACTS_AUTO = 0, ENG_ACTS_KEEP, ENG_ACTS_OFFLOAD, ENG_ACTS_RECOMPUTE } eng_acts_place_t;
+/* idle_experts: what the optimizer step does with a trainable routed expert
+ * that received no token in the step: step it with a zero gradient, as
+ * transformers 5's fused expert parameters get from torch's AdamW, or skip
+ * it, as transformers 4's per-expert modules (grad None) did. */
+typedef enum { ENG_IDLE_EXPERTS_STEP = 0, ENG_IDLE_EXPERTS_SKIP } eng_idle_experts_t;
+
 /* staging: section; the same order as moe/staging.h's moe_staging_mode_t (engine/exec/exec.c maps them) */
 typedef enum { ENG_STAGING_COMPACT = 0, ENG_STAGING_PER_TENSOR, ENG_STAGING_MAX_SLOT } eng_staging_mode_t;
 /* step_order: how an optimizer step's micro-batches go through the blocks (engine/exec/exec.h) */
@@ -85,6 +91,7 @@ typedef struct {
     double adam_beta1, adam_beta2, adam_epsilon; /* 0.9, 0.999, 1e-8 */
     double weight_decay;            /* default 0 */
     double max_grad_norm;           /* default 1.0; 0 = no clipping */
+    eng_idle_experts_t idle_experts; /* default step (transformers 5); docs/configuration.md */
     bool shuffle;                   /* default true */
     uint64_t seed;                  /* default 42 */
     char output_dir[1024];          /* default "./outputs/run" */

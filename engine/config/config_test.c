@@ -62,6 +62,7 @@ static void test_defaults(void) {
     EXPECT(c.lr_scheduler == ENG_LR_COSINE && c.warmup_steps == 0);
     EXPECT(c.adam_beta1 == 0.9 && c.adam_beta2 == 0.999 && c.adam_epsilon == 1e-8);
     EXPECT(c.weight_decay == 0.0 && c.max_grad_norm == 1.0 && c.shuffle && c.seed == 42);
+    EXPECT(c.idle_experts == ENG_IDLE_EXPERTS_STEP);
     EXPECT(strcmp(c.output_dir, "./outputs/run") == 0 && c.logging_steps == 1 && c.save_steps == 0);
     EXPECT(c.save_final && !c.bf16 && c.backend == ENG_BACKEND_AUTO && c.model_config_json == NULL);
     EXPECT(c.save_max_shard_bytes == 5000000000ull && c.progress);
@@ -246,6 +247,7 @@ static void test_errors(void) {
                  "expected one of: constant, constant_with_warmup, linear, cosine");
     EXPECT_ERROR("backend: tpu\n", MT_ERR_CONFIG, "expected one of: cpu, cuda, auto", NULL);
     EXPECT_ERROR("adapter: qlora\n", MT_ERR_CONFIG, "expected one of: lora", NULL);
+    EXPECT_ERROR("idle_experts: none\n", MT_ERR_CONFIG, "expected one of: step, skip", NULL);
     /* duplicates, non-mapping root, a second document */
     EXPECT_ERROR("seed: 1\nseed: 2\n", MT_ERR_CONFIG, "cfgs/run.yaml:2:", "duplicate key 'seed' (first at line 1)");
     EXPECT_ERROR("- a\n- b\n", MT_ERR_CONFIG, "must be a mapping", NULL);

@@ -24,6 +24,7 @@ void eng_run_config_defaults(eng_run_config_t *cfg) {
     cfg->adam_epsilon = 1e-8;
     cfg->weight_decay = 0.0;
     cfg->max_grad_norm = 1.0;
+    cfg->idle_experts = ENG_IDLE_EXPERTS_STEP;
     cfg->shuffle = true;
     cfg->seed = 42;
     snprintf(cfg->output_dir, sizeof cfg->output_dir, "%s", "./outputs/run");

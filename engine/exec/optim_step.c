@@ -21,8 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "base/clock.h"
 #include "engine/exec/place/copies.h"
+#include "engine/exec/place/plan_query.h"
 #include "engine/exec/record/counters.h"
 #include "engine/exec/exec.h"
 #include "engine/exec/executor.h"
@@ -32,6 +35,93 @@
 #include "engine/exec/xfer.h"
 #include "kernels/elementwise.h"
 
+/* ---- idle routed experts (run config idle_experts) ----------------------- */
+
+static bool is_routed_expert(const eng_param_t *p) {
+    const eng_param_role_t r = p->spec->role;
+    return r == ENG_P_EXP_GATE || r == ENG_P_EXP_UP || r == ENG_P_EXP_DOWN;
+}
+
+/* Parameter i (of block b) takes a zero gradient this step, if this device
+ * holds its gradient (not another device's expert, expert parallel). */
+static void zero_grad_of(eng_exec_t *x, int b, int i, bool *waited) {
+    const eng_param_t *p = &x->model->params[i];
+    eng_dparam_t *d = &x->dp[i];
+    if (p->frozen || d->has_grad || exec_ep_foreign(&x->env, p)) return;
+    if (x->plan.blocks[b].grads == SCHED_GRADS_DEVICE) {
+        if (!d->g_acc) return; /* zero: cleared after every step that wrote it */
+    } else {
+        if (!d->host_g) return;
+        if (!*waited) exec_host_optim_wait_block(&x->hopt, b); /* a deferred update reads it */
+        *waited = true;
+        memset(d->host_g, 0, p->spec->numel * sizeof(float)); /* may hold an earlier step's */
+    }
+    d->has_grad = true;
+}
+
+/* A trainable routed expert of block b that received no token in this
+ * optimizer step gets a zero gradient, as torch's AdamW sees transformers
+ * 5's fused expert parameters: it is then stepped like any other parameter
+ * (moments decay, step count advances, weight decay moves it), wherever its
+ * state lives and on every path (overlapped, deferred, in the step).  So do
+ * a LoRA run's factors on an idle expert: PEFT adapts fused experts with
+ * one A (r·E, in) and one B (out, r·E) whose expert e slices are expert e's
+ * factors, so an idle expert's slices get a zero gradient and are stepped.
+ * Done when block b's gradients are complete on the step's last
+ * micro-batch, so that the overlapped host AdamW and the devices' gradient
+ * union see it.  The norm is unchanged: the gradient is zero. */
+static void give_idle_experts_zero_grads(eng_exec_t *x, int b) {
+    const eng_model_t *m = x->model;
+    if (!x->hopt.step_idle_experts || !x->prog.in_last_micro) return;
+    bool waited = false;
+    for (int i = 0; i < m->num_params; i++) {
+        const eng_param_t *p = &m->params[i];
+        if (p->block != b || !is_routed_expert(p)) continue;
+        zero_grad_of(x, b, i, &waited);
+        if (p->lora_a >= 0) zero_grad_of(x, b, p->lora_a, &waited);
+        if (p->lora_b >= 0) zero_grad_of(x, b, p->lora_b, &waited);
+    }
+}
+
+/* ---- the padding row of the embedding ------------------------------------ */
+
+/* Every family moetune trains builds its embedding in transformers as
+ * nn.Embedding(vocab, hidden, padding_idx=config.pad_token_id), whose
+ * backward leaves that row's gradient zero (AdamW still steps the table:
+ * the row's moments decay and weight decay moves it).  The row from
+ * config.json as read; -1 when it has none, or when the table is tied to
+ * lm_head (one gradient holds both uses there, and lm_head's share of the
+ * row is not zero in transformers either). */
+static int pad_row_of(const eng_model_t *m) {
+    if (m->embed < 0 || m->lm_head == m->embed || !m->cfg.config_json) return -1;
+    json_t *root = json_loads(m->cfg.config_json, 0, NULL);
+    const json_t *v = root ? json_object_get(root, "pad_token_id") : NULL;
+    const long long id = json_is_integer(v) ? json_integer_value(v) : -1;
+    json_decref(root);
+    return id >= 0 && id < m->params[m->embed].spec->shape[0] ? (int)id : -1;
+}
+
+/* Zeroes the padding row of the embedding's gradient once block b's are
+ * complete (the step's last micro-batch), before the norm and any update,
+ * the overlapped host AdamW's included.  Same point on every plan and
+ * device, so the norm and the sum over devices see the same zero. */
+static void zero_pad_row_grad(eng_exec_t *x, int b) {
+    const eng_model_t *m = x->model;
+    if (!x->prog.in_last_micro || m->embed < 0 || m->params[m->embed].block != b) return;
+    if (x->hopt.pad_row == -2) x->hopt.pad_row = pad_row_of(m);
+    const eng_param_t *p = &m->params[m->embed];
+    eng_dparam_t *d = &x->dp[m->embed];
+    if (x->hopt.pad_row < 0 || p->frozen || !d->has_grad) return;
+    const size_t width = (size_t)p->spec->shape[1], off = (size_t)x->hopt.pad_row * width;
+    if (x->plan.blocks[b].grads == SCHED_GRADS_DEVICE) {
+        if (d->g_acc) kern_memset(x->dev, kern_stream(x->dev, KERN_STREAM_COMPUTE), d->g_acc + off, 0,
+                                  width * sizeof(float));
+    } else if (d->host_g) {
+        kern_stream_sync(x->dev, kern_stream(x->dev, KERN_STREAM_D2H)); /* the row's copies have landed */
+        memset(d->host_g + off, 0, width * sizeof(float));
+    }
+}
+
 /* ---- host AdamW, overlapped with backward (host_optim.c) -------------- */
 
 /* The step program's block-ready hook: block b's gradients are complete;
@@ -39,6 +129,8 @@
  * on the host, its update starts once they have landed there. */
 static void block_ready(eng_exec_t *x, int b) {
     const sched_block_plan_t *bp = &x->plan.blocks[b];
+    zero_pad_row_grad(x, b);
+    give_idle_experts_zero_grads(x, b);
     if (!x->prog.overlap || !x->prog.in_last_micro || bp->optim != SCHED_OPTIM_HOST ||
         bp->grads != SCHED_GRADS_HOST)
         return;
@@ -53,6 +145,7 @@ void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micr
     x->micro_left = micro_batches;
     x->prog.overlap = overlap && hp->max_grad_norm == 0;
     x->prog.block_ready = block_ready;
+    x->hopt.step_idle_experts = !hp->skip_idle_experts;
     if (x->prog.overlap) exec_host_optim_start(&x->hopt, hp);
 }
 

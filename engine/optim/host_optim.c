@@ -15,6 +15,7 @@
 void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp, kern_device_t *dev,
                           struct eng_trace *const *trace) {
     memset(h, 0, sizeof *h);
+    h->pad_row = -2; /* read at the first step (engine/exec/optim_step.c) */
     h->m = m;
     h->dp = dp;
     h->dev = dev;

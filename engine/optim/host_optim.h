@@ -47,6 +47,9 @@ typedef struct {
     bool stop, started;
     eng_optim_hparams_t hp;      /* the overlapped step's hyper-parameters (no clipping) */
     bool *done;                  /* per parameter: updated during backward this step */
+    bool step_idle_experts;      /* this step's idle routed experts get a zero gradient (hparams.h) */
+    int pad_row;                 /* the embedding row of config.json's pad_token_id, whose gradient is
+                                  * zero as nn.Embedding(padding_idx) gives it; -1 none, -2 not read yet */
     float *gnorm_part;           /* per parameter updated during backward: its gradient's sum of squares */
 } exec_host_optim_t;
 

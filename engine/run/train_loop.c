@@ -204,7 +204,8 @@ mt_status_t eng_train_steps(eng_run_t *run, eng_train_result_t *result, mt_error
     loop_t l = {.run = run,
                 .result = result,
                 .hp_base = {.beta1 = rc->adam_beta1, .beta2 = rc->adam_beta2, .eps = rc->adam_epsilon,
-                            .weight_decay = rc->weight_decay, .max_grad_norm = rc->max_grad_norm}};
+                            .weight_decay = rc->weight_decay, .max_grad_norm = rc->max_grad_norm,
+                            .skip_idle_experts = rc->idle_experts == ENG_IDLE_EXPERTS_SKIP}};
     l.steps_per_epoch = eng_loader_batches_per_epoch(&run->ld) / rc->gradient_accumulation_steps;
     if (l.steps_per_epoch < 1) l.steps_per_epoch = 1;
     const double t_run = mt_now_s();

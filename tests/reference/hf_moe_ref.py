@@ -436,9 +436,10 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        # pad_token_id is absent from the fixture configs -> padding_idx None,
-        # as in HF (the pad row of the embedding gets a normal gradient).
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # padding_idx = config.pad_token_id, as every HF family here builds it:
+        # that row's gradient is zero (None when the config has none: ref_olmoe
+        # has 1, a token its data uses)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, cfg.raw.get("pad_token_id"))
         self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

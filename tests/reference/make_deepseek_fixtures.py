@@ -337,6 +337,8 @@ def make(OUT, seed):
             "adam_beta1: 0.9\nadam_beta2: 0.999\nadam_epsilon: 1.0e-8\n"
             f"weight_decay: {WD}\nmax_grad_norm: 1.0\nshuffle: false\nseed: 1\nlogging_steps: 1\n"
             "bf16: false\nbackend: cpu\noutput_dir: out\n"
+            "# made under transformers 4 semantics (per-expert grads None): idle experts skipped\n"
+            "idle_experts: skip\n"
         )
 
     # the checkpoint as written loads back through transformers' own loader

@@ -484,6 +484,9 @@ def write_yaml(path, run, ga):
             v = repr(v) if "e" not in repr(v) else f"{v:.1e}".replace("e-0", "e-").replace("e+0", "e+")
         lines.append(f"{k}: {v}")
     lines.append("output_dir: out")
+    # this reference gives an expert with no token grad None (train() below)
+    lines.append("# made under transformers 4 semantics (per-expert grads None): idle experts skipped")
+    lines.append("idle_experts: skip")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
