@@ -22,10 +22,10 @@ fi
 
 # every base/ source (the bottom layer, small; the linker keeps what is used)
 base="$(cd "$root" && ls base/*.c | grep -v '_test\.c$' | tr '\n' ' ')"
-# every file of the model description and config libraries (engine/model_desc*.c,
-# engine/model_config*.c), so a new family's file is picked up without an edit here
-desc="$(cd "$root" && ls engine/model_desc*.c | grep -v '_test\.c$' | tr '\n' ' ') scheduler/registry.c"
-mcfg="$(cd "$root" && ls engine/model_config*.c | grep -v '_test\.c$' | tr '\n' ' ')"
+# every file of the model description and config libraries (engine/model/desc/,
+# engine/model/hf/model_config*.c), so a new family's file is picked up without an edit here
+desc="$(cd "$root" && ls engine/model/desc/*.c | grep -v '_test\.c$' | tr '\n' ' ') scheduler/registry.c"
+mcfg="$(cd "$root" && ls engine/model/hf/model_config*.c | grep -v '_test\.c$' | tr '\n' ' ')"
 util="tools/fuzz/fuzz_util.c"
 # harness: its sources beside the harness file itself
 declare -A srcs=(
@@ -36,8 +36,9 @@ declare -A srcs=(
   [fuzz_data_jsonl]="engine/data/data.c tools/fuzz/fuzz_data_common.c $util"
   [fuzz_data_bin]="engine/data/data.c tools/fuzz/fuzz_data_common.c $util"
   [fuzz_hw]="scheduler/hw.c"
+  [fuzz_trainer_state]="engine/run/state_json.c $util"
 )
-all="fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_run_config fuzz_data_jsonl fuzz_data_bin fuzz_hw"
+all="fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_run_config fuzz_data_jsonl fuzz_data_bin fuzz_hw fuzz_trainer_state"
 want="${*:-$all}"
 
 mkdir -p "$out"
