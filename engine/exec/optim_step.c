@@ -18,7 +18,9 @@
  * step's one copy and sync; only a slot that is not finite is read back
  * whole to find the element (a finite sum that overflowed is no error).
  * Blocks left to the host worker (defer_block) are updated after the step
- * returns; the save checks their weights (engine/run/save.c).
+ * returns: the worker scans each such parameter after its update, and the
+ * next step reports what it found before it updates anything (a save
+ * scans every weight anyway: engine/run/save.c).
  *
  * The step program never calls in here: eng_optim_begin_step sets the
  * executor's block-ready hook (progress.h), through which the backward
@@ -270,6 +272,28 @@ static void finite_check_param(finite_check_t *fc, eng_exec_t *x, int i, bool on
 
 /* The first parameter, in model order, that an update left with a NaN or
  * Inf: an error naming it and the element, with out->weights_nonfinite set. */
+/* The error for parameter i holding w[at], non-finite, after an update. */
+static mt_status_t nonfinite_weight(const eng_param_spec_t *ps, const float *w, size_t at, const char *when,
+                                    const eng_optim_hparams_t *hp, eng_optim_stats_t *out, mt_error_t *err) {
+    char where[160], with[96] = "";
+    mt_index_to_str(where, sizeof where, at, ps->ndim, ps->shape);
+    if (hp) snprintf(with, sizeof with, " (learning_rate %g, adam_epsilon %g)", hp->lr, hp->eps);
+    out->weights_nonfinite = true;
+    return mt_error_set(err, MT_ERR_DATA, "the AdamW update%s left parameter '%s' %s at %s%s; its weights are no "
+                        "longer usable",
+                        when, ps->name, mt_nonfinite_name(w[at]), where, with);
+}
+
+/* What the host worker found after the previous step's deferred updates. */
+static mt_status_t deferred_check(eng_exec_t *x, eng_optim_stats_t *out, mt_error_t *err) {
+    const int i = x->hopt.nonfinite_param;
+    if (i < 0) return MT_OK;
+    const eng_param_t *p = &x->model->params[i];
+    const size_t at = mt_first_nonfinite_f32(p->host_w, p->spec->numel);
+    /* no learning rate named: the update ran with the previous step's */
+    return nonfinite_weight(p->spec, p->host_w, at, " of the previous step", NULL, out, err);
+}
+
 static mt_status_t finite_check_finish(finite_check_t *fc, eng_exec_t *x, const eng_optim_hparams_t *hp,
                                        eng_optim_stats_t *out, mt_error_t *err) {
     const eng_model_t *m = x->model;
@@ -295,15 +319,9 @@ static mt_status_t finite_check_finish(finite_check_t *fc, eng_exec_t *x, const 
             free(w);
             continue;
         }
-        char where[160];
-        mt_index_to_str(where, sizeof where, at, ps->ndim, ps->shape);
-        out->weights_nonfinite = true;
-        mt_error_set(err, MT_ERR_DATA,
-                     "the AdamW update left parameter '%s' %s at %s (learning_rate %g, adam_epsilon %g); its "
-                     "weights are no longer usable",
-                     ps->name, mt_nonfinite_name(w[at]), where, hp->lr, hp->eps);
+        const mt_status_t st = nonfinite_weight(ps, w, at, "", hp, out, err);
         free(w);
-        return MT_ERR_DATA;
+        return st;
     }
     return MT_OK;
 }
@@ -404,6 +422,11 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
     memset(out, 0, sizeof *out);
     eng_exec_drain(x); /* every gradient has landed */
     exec_host_optim_wait(&x->hopt);
+    if (deferred_check(x, out, err) != MT_OK) {
+        x->prog.overlap = false;
+        x->micro_left = 0;
+        return err->code;
+    }
 
     /* one double sum in parameter order: the same norm wherever the gradients were */
     float *parts = norm_parts(x, err);

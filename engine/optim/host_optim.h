@@ -48,6 +48,8 @@ typedef struct {
     eng_optim_hparams_t hp;      /* the overlapped step's hyper-parameters (no clipping) */
     bool *done;                  /* per parameter: updated during backward this step */
     float *gnorm_part;           /* per parameter updated during backward: its gradient's sum of squares */
+    int nonfinite_param;         /* first parameter a deferred update left with a NaN or Inf, or -1
+                                    (written by the worker, read after exec_host_optim_wait) */
 } exec_host_optim_t;
 
 /* For model m's parameters, their gradients dp on device dev, spans
