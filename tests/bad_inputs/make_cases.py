@@ -545,6 +545,17 @@ def step_cases():
          resume_files(alter={"optimizer.safetensors": optimizer_with(emb + ".exp_avg", huge)}),
          yaml=resume_yaml(save_steps="1", max_steps="4", output_dir="out_resumed",
                           extra="scheduler:\n  weights: resident\n  optimizer: device\n"))
+    # streamed weights with host gradients and AdamW: the update runs on the
+    # host worker after the step returns; the next step reports it, and a
+    # save due first refuses to write it
+    stream = "scheduler:\n  weights: stream\n  grads: host\n  optimizer: host\n"
+    case("resume_update_overflows_deferred",
+         f"step 4: the AdamW update of the previous step left parameter '{emb}' -Inf",
+         resume_files(alter={"optimizer.safetensors": optimizer_with(emb + ".exp_avg", huge)}),
+         yaml=resume_yaml(max_steps="5", output_dir="out_resumed", extra=stream))
+    case("resume_update_overflows_deferred_save", f"parameter '{emb}' holds -Inf at [0, 0]",
+         resume_files(alter={"optimizer.safetensors": optimizer_with(emb + ".exp_avg", huge)}),
+         yaml=resume_yaml(save_steps="1", max_steps="5", output_dir="out_resumed", extra=stream))
     expert = "model.layers.0.block_sparse_moe.experts.0.w1.weight.step"
     for tag, v in (("negative", -5), ("huge", 2 ** 62)):
         case(f"resume_expert_step_{tag}", f"tensor '{expert}' is {v}; expected a step count from 0",
