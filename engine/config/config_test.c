@@ -376,6 +376,9 @@ static void test_validate(void) {
     EXPECT_INVALID("adam_beta2=-0.1", "adam_beta2");
     EXPECT_INVALID("learning_rate=-1e-3", "learning_rate");
     EXPECT_INVALID("learning_rate=.nan", "learning_rate");
+    EXPECT_INVALID("learning_rate=1e38", "learning_rate: 1e+38 is above 1");
+    EXPECT_INVALID("adam_epsilon=0", "adam_epsilon: 0; expected a positive number");
+    EXPECT_INVALID("adam_epsilon=-1e-8", "adam_epsilon");
     EXPECT_INVALID("weight_decay=-1", "weight_decay");
     EXPECT_INVALID("save_max_shard_size=0", "save_max_shard_size");
     EXPECT_INVALID("logging_steps=0", "logging_steps");

@@ -38,11 +38,22 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
     NEED(cfg->max_steps > 0 || cfg->num_epochs > 0, "one of max_steps or num_epochs must be > 0");
     NEED(isfinite(cfg->learning_rate) && cfg->learning_rate >= 0, "learning_rate must be >= 0, got %g",
          cfg->learning_rate);
+    /* AdamW moves each weight by up to about learning_rate per step
+     * whatever the gradient's size: above 1 it overwrites the weights
+     * (torch accepts it; it never trains) */
+    NEED(cfg->learning_rate <= 1,
+         "learning_rate: %g is above 1; AdamW moves every weight by up to learning_rate each step, so the "
+         "weights would be replaced by noise or overflow to Inf (typical: 1e-5 to 1e-3)",
+         cfg->learning_rate);
     NEED(cfg->warmup_steps >= 0, "warmup_steps must be >= 0, got %d", cfg->warmup_steps);
-    /* torch.optim.AdamW's own checks: 0 <= beta < 1, eps >= 0, wd >= 0 */
+    /* torch.optim.AdamW's own checks: 0 <= beta < 1, eps >= 0, wd >= 0;
+     * eps 0 too, which torch accepts, is refused: an element whose moments
+     * are both 0 (a row of an embedding no token used) updates by 0/0 = NaN */
     NEED(cfg->adam_beta1 >= 0 && cfg->adam_beta1 < 1, "adam_beta1 must be in [0, 1), got %g", cfg->adam_beta1);
     NEED(cfg->adam_beta2 >= 0 && cfg->adam_beta2 < 1, "adam_beta2 must be in [0, 1), got %g", cfg->adam_beta2);
-    NEED(isfinite(cfg->adam_epsilon) && cfg->adam_epsilon >= 0, "adam_epsilon must be >= 0, got %g",
+    NEED(isfinite(cfg->adam_epsilon) && cfg->adam_epsilon > 0,
+         "adam_epsilon: %g; expected a positive number (e.g. 1e-8): with 0, the weights no batch touched "
+         "(unused embedding rows) become NaN at the first step (0/0)",
          cfg->adam_epsilon);
     NEED(isfinite(cfg->weight_decay) && cfg->weight_decay >= 0, "weight_decay must be >= 0, got %g",
          cfg->weight_decay);

@@ -19,6 +19,8 @@ typedef struct {
     int updated, skipped; /* parameters updated / without gradient */
     int updated_during_backward; /* host AdamW runs that overlapped the backward pass */
     double optim_wall_s;  /* time eng_optim_step took (the optimizer's share on the critical path) */
+    bool weights_nonfinite; /* the step failed because an update left a weight NaN or Inf: the
+                               weights are changed, so the step cannot be skipped */
 } eng_optim_stats_t;
 
 /* Announces the next optimizer step: its hyper-parameters and how many

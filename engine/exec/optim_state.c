@@ -1,13 +1,15 @@
 /* Reading and writing the optimizer state wherever the plan keeps it (see
  * optim_state.h).  Writes to the device go through the staging pool like
  * every other host-to-device transfer, and are waited for before returning
- * because the caller's buffers are freed right after. */
+ * because the caller's buffers are freed right after.  The moments are
+ * checked finite before a checkpoint holds them (eng_exec_check_optim_state). */
 #include "engine/exec/optim_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/finite.h"
 #include "engine/exec/place/copies.h"
 #include "engine/exec/exec.h"
 #include "engine/exec/executor.h"
@@ -101,6 +103,41 @@ mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master
         if (st != MT_OK) return st;
     }
     return MT_OK;
+}
+
+/* One moment of parameter p (k 0: exp_avg, 1: exp_avg_sq) as a checkpoint needs it. */
+static mt_status_t check_moment(const eng_param_spec_t *ps, int k, const float *v, mt_error_t *err) {
+    static const char *const sfx[2] = {"exp_avg", "exp_avg_sq"};
+    size_t at = mt_first_nonfinite_f32(v, ps->numel);
+    const bool nonfinite = at != MT_ALL_FINITE;
+    for (size_t j = 0; !nonfinite && k == 1 && j < ps->numel && at == MT_ALL_FINITE; j++)
+        if (v[j] < 0) at = j;
+    if (at == MT_ALL_FINITE) return MT_OK;
+    char where[160];
+    mt_index_to_str(where, sizeof where, at, ps->ndim, ps->shape);
+    return mt_error_set(err, MT_ERR_DATA, "optimizer state '%s.%s' holds %s at %s; expected %s", ps->name, sfx[k],
+                        nonfinite ? mt_nonfinite_name(v[at]) : "a negative value", where,
+                        k == 1 ? "finite values >= 0" : "finite values");
+}
+
+mt_status_t eng_exec_check_optim_state(eng_exec_t *x, mt_error_t *err) {
+    const eng_model_t *m = x->model;
+    size_t max_numel = 1;
+    for (int i = 0; i < m->num_params; i++)
+        if (m->params[i].spec->numel > max_numel) max_numel = m->params[i].spec->numel;
+    float *m1 = malloc(max_numel * sizeof *m1), *m2 = malloc(max_numel * sizeof *m2);
+    MT_CHECK(m1 && m2, "out of memory checking the optimizer state");
+    mt_status_t st = MT_OK;
+    for (int i = 0; i < m->num_params && st == MT_OK; i++) {
+        const eng_param_t *p = &m->params[i];
+        if (p->frozen || p->step == 0) continue;
+        eng_exec_read_optim_state(x, i, NULL, m1, m2);
+        st = check_moment(p->spec, 0, m1, err);
+        if (st == MT_OK) st = check_moment(p->spec, 1, m2, err);
+    }
+    free(m1);
+    free(m2);
+    return st;
 }
 
 void eng_optim_discard_step(eng_exec_t *x) {

@@ -34,6 +34,13 @@ void eng_exec_read_optim_state(eng_exec_t *x, int i, float *master, float *mom1,
 mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master, const float *mom1,
                                         const float *mom2, int64_t step, mt_error_t *err);
 
+/* Every stepped parameter's AdamW moments are finite and exp_avg_sq is
+ * never negative, as a checkpoint must hold them; else an error naming the
+ * tensor (NAME.exp_avg or NAME.exp_avg_sq, as optimizer.safetensors names
+ * it) and the element.  Reads each parameter's moments once (waits for
+ * pending work first). */
+mt_status_t eng_exec_check_optim_state(eng_exec_t *x, mt_error_t *err);
+
 /* Drops the gradients accumulated for a step that is not applied (a
  * skipped non-finite step), leaving every weight and moment as it was, so
  * the next step starts from zero gradients as after an update. */

@@ -10,6 +10,18 @@
  * transfers (device gradients read back, resident weights refreshed) go a
  * block at a time through the staging pool, like every other transfer.
  *
+ * Every weight an update writes is checked to be finite right after its
+ * block's update, before the next block's (a NaN written into a weight
+ * would otherwise be trained on and saved): on the host a scan of the
+ * block's masters while they are still in cache, on the device a sum of
+ * squares of each master into one slot of a small buffer, read back in the
+ * step's one copy and sync; only a slot that is not finite is read back
+ * whole to find the element (a finite sum that overflowed is no error).
+ * Blocks left to the host worker (defer_block) are updated after the step
+ * returns: the worker scans each such parameter after its update, and the
+ * next step reports what it found before it updates anything (a save
+ * scans every weight anyway: engine/run/save.c).
+ *
  * The step program never calls in here: eng_optim_begin_step sets the
  * executor's block-ready hook (progress.h), through which the backward
  * hands over blocks whose gradients are complete for host AdamW to start
@@ -24,6 +36,7 @@
 #include <jansson.h>
 
 #include "base/clock.h"
+#include "base/finite.h"
 #include "engine/exec/place/copies.h"
 #include "engine/exec/place/plan_query.h"
 #include "engine/exec/record/counters.h"
@@ -311,12 +324,107 @@ static mt_status_t device_adamw(eng_exec_t *x, int i, const kern_adamw_params_t 
     return MT_OK;
 }
 
+/* The updated weights' check (see the note at the top): per parameter,
+ * whether it is suspected of holding a NaN or Inf. */
+typedef struct {
+    float *dev_parts; /* P slots: sum of squares of each device-updated master */
+    bool *on_device;  /* slot i was filled */
+    bool *bad;        /* parameter i holds a non-finite value (host: known; device: suspected) */
+    bool any_device;
+} finite_check_t;
+
+static mt_status_t finite_check_init(finite_check_t *fc, eng_exec_t *x, mt_error_t *err) {
+    const size_t P = (size_t)(x->model->num_params > 0 ? x->model->num_params : 1);
+    *fc = (finite_check_t){0};
+    fc->on_device = calloc(P, sizeof *fc->on_device);
+    fc->bad = calloc(P, sizeof *fc->bad);
+    MT_CHECK(fc->on_device && fc->bad, "out of memory for the updated weights' check");
+    fc->dev_parts = kern_alloc(x->dev, P * sizeof(float), "updated weights' check", err);
+    return fc->dev_parts ? MT_OK : err->code;
+}
+
+static void finite_check_free(finite_check_t *fc, eng_exec_t *x) {
+    if (fc->dev_parts) kern_free(x->dev, fc->dev_parts);
+    free(fc->on_device);
+    free(fc->bad);
+}
+
+/* Parameter i was just updated: host masters are scanned now, a device
+ * master's sum of squares is queued behind its update on the compute stream. */
+static void finite_check_param(finite_check_t *fc, eng_exec_t *x, int i, bool on_device) {
+    const eng_param_t *p = &x->model->params[i];
+    if (!on_device) {
+        fc->bad[i] = mt_first_nonfinite_f32(p->host_w, p->spec->numel) != MT_ALL_FINITE;
+        return;
+    }
+    kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
+    x->dev->ops->sumsq(s, fc->dev_parts + i, exec_dev_master(p, &x->dp[i]), p->spec->numel);
+    fc->on_device[i] = true;
+    fc->any_device = true;
+}
+
+/* The first parameter, in model order, that an update left with a NaN or
+ * Inf: an error naming it and the element, with out->weights_nonfinite set. */
+/* The error for parameter i holding w[at], non-finite, after an update. */
+static mt_status_t nonfinite_weight(const eng_param_spec_t *ps, const float *w, size_t at, const char *when,
+                                    const eng_optim_hparams_t *hp, eng_optim_stats_t *out, mt_error_t *err) {
+    char where[160], with[96] = "";
+    mt_index_to_str(where, sizeof where, at, ps->ndim, ps->shape);
+    if (hp) snprintf(with, sizeof with, " (learning_rate %g, adam_epsilon %g)", hp->lr, hp->eps);
+    out->weights_nonfinite = true;
+    return mt_error_set(err, MT_ERR_DATA, "the AdamW update%s left parameter '%s' %s at %s%s; its weights are no "
+                        "longer usable",
+                        when, ps->name, mt_nonfinite_name(w[at]), where, with);
+}
+
+/* What the host worker found after the previous step's deferred updates. */
+static mt_status_t deferred_check(eng_exec_t *x, eng_optim_stats_t *out, mt_error_t *err) {
+    const int i = x->hopt.nonfinite_param;
+    if (i < 0) return MT_OK;
+    const eng_param_t *p = &x->model->params[i];
+    const size_t at = mt_first_nonfinite_f32(p->host_w, p->spec->numel);
+    /* no learning rate named: the update ran with the previous step's */
+    return nonfinite_weight(p->spec, p->host_w, at, " of the previous step", NULL, out, err);
+}
+
+static mt_status_t finite_check_finish(finite_check_t *fc, eng_exec_t *x, const eng_optim_hparams_t *hp,
+                                       eng_optim_stats_t *out, mt_error_t *err) {
+    const eng_model_t *m = x->model;
+    const int P = m->num_params;
+    if (fc->any_device) {
+        float *back = malloc((size_t)(P > 0 ? P : 1) * sizeof *back);
+        MT_CHECK_ALLOC(back, "updated weights' check");
+        kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
+        kern_memcpy_d2h(x->dev, s, back, fc->dev_parts, (size_t)P * sizeof(float));
+        kern_stream_sync(x->dev, s);
+        for (int i = 0; i < P; i++)
+            if (fc->on_device[i]) fc->bad[i] = !isfinite(back[i]);
+        free(back);
+    }
+    for (int i = 0; i < P; i++) {
+        if (!fc->bad[i]) continue;
+        const eng_param_spec_t *ps = m->params[i].spec;
+        float *w = malloc(ps->numel * sizeof *w);
+        MT_CHECK_ALLOC(w, ps->name);
+        eng_exec_read_param(x, i, w, false);
+        const size_t at = mt_first_nonfinite_f32(w, ps->numel);
+        if (at == MT_ALL_FINITE) { /* a device sum of squares that overflowed */
+            free(w);
+            continue;
+        }
+        const mt_status_t st = nonfinite_weight(ps, w, at, "", hp, out, err);
+        free(w);
+        return st;
+    }
+    return MT_OK;
+}
+
 /* AdamW on block b's parameters that have a gradient, where the plan keeps
  * their state (unless the overlapped AdamW did it during backward); the
  * resident working copies a host optimizer updated go to items[*n..], to
  * be refreshed from the new master. */
 static mt_status_t update_block(eng_exec_t *x, int b, const kern_adamw_params_t *base, moe_staging_xfer_t *items,
-                                int *n, eng_optim_stats_t *out, mt_error_t *err) {
+                                int *n, eng_optim_stats_t *out, finite_check_t *fc, mt_error_t *err) {
     const eng_model_t *m = x->model;
     const sched_block_plan_t *bp = &x->plan.blocks[b];
     const bool refresh = bp->optim == SCHED_OPTIM_HOST && bp->weights == SCHED_WEIGHTS_RESIDENT;
@@ -338,6 +446,7 @@ static mt_status_t update_block(eng_exec_t *x, int b, const kern_adamw_params_t 
         } else {
             exec_host_adamw(x->hopt.pool, p, d->host_g, base);
         }
+        finite_check_param(fc, x, i, bp->optim == SCHED_OPTIM_DEVICE);
         if (refresh && d->w) { /* none: another device's expert (expert parallel) */
             items[(*n)++] = (moe_staging_xfer_t){p->host_w, d->w, exec_w_bytes(p), exec_w_upload_op(p)};
             x->cnt.ctr.weight_h2d_bytes += exec_w_bytes(p);
@@ -354,7 +463,8 @@ static mt_status_t update_blocks(eng_exec_t *x, const eng_optim_hparams_t *hp, c
     const eng_model_t *m = x->model;
     moe_staging_xfer_t *items = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *items);
     MT_CHECK_ALLOC(items, "optimizer transfers");
-    mt_status_t st = MT_OK;
+    finite_check_t fc;
+    mt_status_t st = finite_check_init(&fc, x, err);
     bool refreshed = false;
     for (int b = 0; b < x->nb && st == MT_OK; b++) {
         const sched_block_plan_t *bp = &x->plan.blocks[b];
@@ -365,7 +475,7 @@ static mt_status_t update_blocks(eng_exec_t *x, const eng_optim_hparams_t *hp, c
         }
         if (bp->optim == SCHED_OPTIM_HOST && bp->grads == SCHED_GRADS_DEVICE) st = read_device_grads(x, b, items, err);
         int n = 0;
-        if (st == MT_OK) st = update_block(x, b, base, items, &n, out, err);
+        if (st == MT_OK) st = update_block(x, b, base, items, &n, out, &fc, err);
         /* resident weights take the new master values */
         char tag[64];
         snprintf(tag, sizeof tag, "weights of block %d after the host optimizer", b);
@@ -375,6 +485,8 @@ static mt_status_t update_blocks(eng_exec_t *x, const eng_optim_hparams_t *hp, c
     }
     free(items);
     if (refreshed) kern_stream_sync(x->dev, kern_stream(x->dev, KERN_STREAM_H2D));
+    if (st == MT_OK) st = finite_check_finish(&fc, x, hp, out, err);
+    finite_check_free(&fc, x);
     return st;
 }
 
@@ -403,6 +515,11 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
     memset(out, 0, sizeof *out);
     eng_exec_drain(x); /* every gradient has landed */
     exec_host_optim_wait(&x->hopt);
+    if (deferred_check(x, out, err) != MT_OK) {
+        x->prog.overlap = false;
+        x->micro_left = 0;
+        return err->code;
+    }
 
     /* one double sum in parameter order: the same norm wherever the gradients were */
     float *parts = norm_parts(x, err);

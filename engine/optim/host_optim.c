@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "base/finite.h"
 #include "engine/exec/record/trace.h"
 #include "kernels/elementwise.h"
 #include "kernels/host/adamw_host.h"
@@ -20,6 +21,7 @@ void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp
     h->dp = dp;
     h->dev = dev;
     h->trace = trace;
+    h->nonfinite_param = -1;
     /* a step's overlapped jobs and the previous step's deferred ones */
     h->cap = 2 * eng_model_num_blocks(m) + 1;
     h->queue = calloc((size_t)h->cap, sizeof *h->queue);
@@ -88,6 +90,10 @@ static void *worker_main(void *arg) {
             if (p->block != b || !d->has_grad) continue;
             if (job.deferred) {
                 exec_host_adamw(pool, p, d->host_g, &job.base);
+                /* checked here, while the block is in cache: the step that
+                 * deferred it has returned (eng_optim_step reports it next) */
+                if (h->nonfinite_param < 0 && mt_first_nonfinite_f32(p->host_w, p->spec->numel) != MT_ALL_FINITE)
+                    h->nonfinite_param = i;
                 d->has_grad = false; /* as the step leaves every parameter it updated */
                 d->acc_has_data = false;
             } else {

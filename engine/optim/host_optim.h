@@ -51,6 +51,8 @@ typedef struct {
     int pad_row;                 /* the embedding row of config.json's pad_token_id, whose gradient is
                                   * zero as nn.Embedding(padding_idx) gives it; -1 none, -2 not read yet */
     float *gnorm_part;           /* per parameter updated during backward: its gradient's sum of squares */
+    int nonfinite_param;         /* first parameter a deferred update left with a NaN or Inf, or -1
+                                    (written by the worker, read after exec_host_optim_wait) */
 } exec_host_optim_t;
 
 /* For model m's parameters, their gradients dp on device dev, spans

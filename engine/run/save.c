@@ -9,6 +9,11 @@
  * save ids rather than on one rename.  checkpoint-N directories belong to
  * their checkpoint alone and are swapped whole (ENG_CKPT_DIR_SWAP).
  *
+ * Nothing non-finite is ever written: every tensor is scanned for NaN and
+ * Inf after it is read from the executor and before the directory's save
+ * begins (one pass over memory the save reads anyway), so a checkpoint on
+ * disk is one a resume accepts and "the last good checkpoint" is good.
+ *
  * Experts are saved per expert, the Hub's layout, unless the run asks for
  * save_expert_layout: fused, transformers 5's (eng_ckpt_fuse_experts). */
 #include "engine/run/save.h"
@@ -17,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/finite.h"
 #include "engine/model/io/checkpoint.h"
 #include "engine/exec/exec.h"
 #include "engine/model/lora/adapter.h"
@@ -78,6 +84,17 @@ char *eng_saved_config_json(const char *base_text, const char *overrides_json, m
     return out;
 }
 
+/* A tensor about to be saved into dir holds only finite values; else an
+ * error naming it and the element, before any file is written. */
+static mt_status_t check_saved(const char *dir, const eng_param_spec_t *ps, const float *v, mt_error_t *err) {
+    const size_t at = mt_first_nonfinite_f32(v, ps->numel);
+    if (at == MT_ALL_FINITE) return MT_OK;
+    char where[160];
+    mt_index_to_str(where, sizeof where, at, ps->ndim, ps->shape);
+    return mt_error_set(err, MT_ERR_DATA, "not saving %s: parameter '%s' holds %s at %s (training diverged)", dir,
+                        ps->name, mt_nonfinite_name(v[at]), where);
+}
+
 /* The adapter in PEFT's format (engine/model/lora/adapter.h): adapter_model
  * .safetensors (fp32 factors, per-expert keys, the modules trained in full
  * under their own names) and adapter_config.json, through the same
@@ -109,10 +126,21 @@ static mt_status_t save_adapter(eng_exec_t *x, const eng_run_config_t *rc, const
         MT_CHECK_ALLOC(w.saved[k].data, m->spec.params[i].name);
         eng_exec_read_param(x, i, w.saved[k].data, false);
     }
+    mt_status_t st = MT_OK;
+    for (int t = 0; t < w.count && st == MT_OK; t++) {
+        const eng_param_t *p = &m->params[w.pairs[t].param];
+        st = check_saved(dir, m->params[p->lora_a].spec, w.pairs[t].a, err);
+        if (st == MT_OK) st = check_saved(dir, m->params[p->lora_b].spec, w.pairs[t].b, err);
+    }
+    for (int k = 0; k < w.num_saved && st == MT_OK; k++) st = check_saved(dir, m->params[w.saved[k].param].spec, w.saved[k].data, err);
+    if (st != MT_OK) {
+        eng_lora_weights_free(&w);
+        return st;
+    }
     eng_lora_config_t cfg;
     eng_lora_saved_config(m, rc, &cfg);
     eng_ckpt_dir_t tx;
-    mt_status_t st = eng_ckpt_dir_begin(&tx, dir, mode, err);
+    st = eng_ckpt_dir_begin(&tx, dir, mode, err);
     if (st == MT_OK) {
         const char *meta[] = {"format", "pt", ENG_CKPT_SAVE_ID_KEY, tx.save_id};
         char *p = eng_ckpt_dir_path(&tx, "adapter_model.safetensors");
@@ -209,8 +237,10 @@ static mt_status_t save_model(eng_exec_t *x, const eng_run_config_t *rc, const c
         t[n + i] = (eng_ckpt_tensor_t){.name = bs->name, .dtype = MT_F32, .ndim = bs->ndim, .shape = bs->shape,
                                        .data = m->buffer_host[i]};
     }
+    mt_status_t st = MT_OK;
+    for (int i = 0; i < n && st == MT_OK; i++) st = check_saved(dir, &m->spec.params[i], host[i], err);
     eng_ckpt_dir_t tx;
-    mt_status_t st = eng_ckpt_dir_begin(&tx, dir, mode, err);
+    if (st == MT_OK) st = eng_ckpt_dir_begin(&tx, dir, mode, err);
     if (st == MT_OK) {
         if (rc->save_expert_layout == ENG_SAVE_LAYOUT_FUSED) {
             eng_ckpt_fused_t fused;

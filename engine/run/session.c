@@ -153,6 +153,14 @@ static mt_status_t open_data(eng_run_t *run, const eng_run_opts_t *opts, mt_erro
 static mt_status_t resume(eng_run_t *run, const char *dir, mt_error_t *err) {
     char note[1024];
     mt_status_t st = eng_train_state_load(dir, run->x, run->rc, &run->ld, &run->ts, note, sizeof note, err);
+    /* a checkpoint past the run's end would train no step and save its weights as the result */
+    if (st == MT_OK && run->ts.global_step > run->total_steps)
+        st = mt_error_set(err, MT_ERR_CONFIG,
+                          "%s/%s: key 'global_step' is %d; expected at most %d, the steps of this run (%s: %d); "
+                          "raise it to train on from that checkpoint",
+                          dir, ENG_TRAINER_STATE_FILE, run->ts.global_step, run->total_steps,
+                          run->rc->max_steps > 0 ? "max_steps" : "num_epochs",
+                          run->rc->max_steps > 0 ? run->rc->max_steps : run->rc->num_epochs);
     if (st == MT_OK) st = eng_multi_sync_replicas(&run->multi, err);
     if (st != MT_OK) {
         mt_error_prefix(err, "resume_from_checkpoint %s: ", dir);

@@ -26,7 +26,9 @@
 #include "engine/exec/optim_state.h"
 #include "engine/model/io/safetensors.h"
 #include "engine/run/save.h"
+#include "engine/run/state_json.h"
 #include "base/fileio.h"
+#include "base/finite.h"
 
 void eng_train_state_init(eng_train_state_t *ts) { memset(ts, 0, sizeof *ts); }
 
@@ -100,6 +102,9 @@ static void fill_optim(void *ctx, float *dst) {
 
 static mt_status_t write_optimizer(eng_ckpt_dir_t *tx, const eng_train_state_save_t *s, mt_error_t *err) {
     eng_model_t *m = eng_exec_model(s->exec);
+    /* a checkpoint never holds state a resume would refuse (one more read of the moments) */
+    mt_status_t cst = eng_exec_check_optim_state(s->exec, err);
+    if (cst != MT_OK) return mt_error_prefix(err, "not saving %s: ", ENG_OPTIM_STATE_FILE);
     const int P = m->num_params; /* a LoRA run's adapter factors too */
     const bool keep_master = s->save_dtype != MT_F32;
     /* up to 4 tensors per parameter: step, exp_avg, exp_avg_sq, master */
@@ -392,69 +397,146 @@ static mt_status_t read_tensor_f32(const eng_st_file_t *f, const char *name, con
     return eng_st_read_f32(f, t, dst, err);
 }
 
-static mt_status_t load_optimizer(const char *dir, eng_exec_t *x, mt_error_t *err) {
+/* Optimizer state read back must be what a finite run writes: no NaN or
+ * Inf anywhere, and exp_avg_sq (a running mean of squares) never below 0,
+ * where its square root would be NaN at the next update. */
+static mt_status_t check_state_values(const char *path, const char *name, const eng_param_spec_t *ps,
+                                      const float *v, bool nonneg, mt_error_t *err) {
+    const size_t bad = mt_first_nonfinite_f32(v, ps->numel);
+    char at[160];
+    if (bad != MT_ALL_FINITE) {
+        mt_index_to_str(at, sizeof at, bad, ps->ndim, ps->shape);
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: tensor '%s' holds %s at %s; expected finite values (a run never saves "
+                            "non-finite optimizer state: the file was altered or damaged)",
+                            path, name, mt_nonfinite_name(v[bad]), at);
+    }
+    for (size_t i = 0; nonneg && i < ps->numel; i++) {
+        if (v[i] >= 0) continue;
+        mt_index_to_str(at, sizeof at, i, ps->ndim, ps->shape);
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: tensor '%s' holds %g at %s; expected values >= 0 (a running mean of squared "
+                            "gradients)",
+                            path, name, (double)v[i], at);
+    }
+    return MT_OK;
+}
+
+/* NAME.step: an I64 scalar from 0 to the checkpoint's global_step (a
+ * parameter is stepped at most once per optimizer step). */
+static mt_status_t read_step(const eng_st_file_t *f, const char *pname, int global_step, int64_t *step,
+                             mt_error_t *err) {
+    char name[1200];
+    snprintf(name, sizeof name, "%s.step", pname);
+    const eng_st_tensor_t *t = eng_st_find(f, name);
+    if (!t || t->dtype != ENG_ST_I64 || t->numel != 1)
+        return mt_error_set(err, MT_ERR_FORMAT, "%s: tensor '%s' (an I64 scalar) is missing", f->path, name);
+    memcpy(step, t->data, sizeof *step);
+    if (*step < 0 || *step > global_step)
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: tensor '%s' is %lld; expected a step count from 0 to the checkpoint's "
+                            "global_step %d",
+                            f->path, name, (long long)*step, global_step);
+    return MT_OK;
+}
+
+/* NAME.exp_avg and NAME.exp_avg_sq of a parameter stepped at least once. */
+static mt_status_t read_moments(const eng_st_file_t *f, const eng_param_spec_t *ps, float *m1, float *m2,
+                                mt_error_t *err) {
+    char name[1200];
+    snprintf(name, sizeof name, "%s.exp_avg", ps->name);
+    mt_status_t st = read_tensor_f32(f, name, ps, m1, err);
+    if (st == MT_OK) st = check_state_values(f->path, name, ps, m1, false, err);
+    snprintf(name, sizeof name, "%s.exp_avg_sq", ps->name);
+    if (st == MT_OK) st = read_tensor_f32(f, name, ps, m2, err);
+    if (st == MT_OK) st = check_state_values(f->path, name, ps, m2, true, err);
+    return st;
+}
+
+typedef struct {
+    const char *dir;
+    eng_exec_t *x;
+    eng_st_file_t f;
+    eng_checkpoint_t ck;
+    bool ck_open;
+} optim_src_t;
+
+/* Parameter i's fp32 master: NAME.master, else a LoRA run's adapter (the
+ * model was opened from it), else the checkpoint's own fp32 tensor. */
+static mt_status_t read_master(optim_src_t *s, int i, float *master, mt_error_t *err) {
+    const eng_model_t *m = eng_exec_model(s->x);
+    const eng_param_spec_t *ps = m->params[i].spec;
+    char name[1200];
+    snprintf(name, sizeof name, "%s.master", ps->name);
+    if (eng_st_find(&s->f, name)) {
+        mt_status_t st = read_tensor_f32(&s->f, name, ps, master, err);
+        return st == MT_OK ? check_state_values(s->f.path, name, ps, master, false, err) : st;
+    }
+    if (m->lora.on) { /* lora_model_dir = the checkpoint: its weights are the masters already */
+        eng_exec_read_param(s->x, i, master, false);
+        return MT_OK;
+    }
+    /* the model's own weights are the master when they were saved in fp32
+     * (and were checked for NaN and Inf as they loaded) */
+    if (!s->ck_open) {
+        mt_status_t st = eng_checkpoint_open(s->dir, &s->ck, err);
+        if (st != MT_OK) return st;
+        s->ck_open = true;
+    }
+    const eng_ckpt_entry_t *e = eng_checkpoint_find(&s->ck, ps->name);
+    if (!e || e->tensor->dtype != ENG_ST_F32)
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: no fp32 master for '%s': %s holds no '%s.master' and the model's tensor is %s",
+                            s->dir, ps->name, ENG_OPTIM_STATE_FILE, ps->name,
+                            e ? eng_st_dtype_name(e->tensor->dtype) : "missing");
+    return eng_checkpoint_read_f32(&s->ck, ps->name, ps->ndim, ps->shape, master, err);
+}
+
+static mt_status_t load_optimizer(const char *dir, eng_exec_t *x, int global_step, mt_error_t *err) {
     const eng_model_t *m = eng_exec_model(x);
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", dir, ENG_OPTIM_STATE_FILE);
-    eng_st_file_t f;
-    mt_status_t st = eng_st_open(path, &f, err);
+    optim_src_t s = {.dir = dir, .x = x};
+    mt_status_t st = eng_st_open(path, &s.f, err);
     if (st != MT_OK) return st;
-    eng_checkpoint_t ck;
-    bool ck_open = false;
     size_t max_numel = 1;
     for (int i = 0; i < m->num_params; i++)
         if (m->params[i].spec->numel > max_numel) max_numel = m->params[i].spec->numel;
     float *master = malloc(max_numel * sizeof(float)), *m1 = malloc(max_numel * sizeof(float)),
           *m2 = malloc(max_numel * sizeof(float));
     MT_CHECK(master && m1 && m2, "out of memory loading %s", path);
-    char name[1200];
     for (int i = 0; i < m->num_params && st == MT_OK; i++) {
         if (m->params[i].frozen) continue;
         const eng_param_spec_t *ps = m->params[i].spec;
-        snprintf(name, sizeof name, "%s.step", ps->name);
-        const eng_st_tensor_t *t = eng_st_find(&f, name);
-        if (!t || t->dtype != ENG_ST_I64 || t->numel != 1) {
-            st = mt_error_set(err, MT_ERR_FORMAT, "%s: tensor '%s' (an I64 scalar) is missing", path, name);
-            break;
-        }
-        int64_t step;
-        memcpy(&step, t->data, sizeof step);
-        if (step > 0) {
-            snprintf(name, sizeof name, "%s.exp_avg", ps->name);
-            st = read_tensor_f32(&f, name, ps, m1, err);
-            snprintf(name, sizeof name, "%s.exp_avg_sq", ps->name);
-            if (st == MT_OK) st = read_tensor_f32(&f, name, ps, m2, err);
-        }
-        snprintf(name, sizeof name, "%s.master", ps->name);
-        if (st == MT_OK && eng_st_find(&f, name)) {
-            st = read_tensor_f32(&f, name, ps, master, err);
-        } else if (st == MT_OK && m->lora.on) {
-            /* a LoRA checkpoint's adapter file (fp32) is what the model was
-             * opened from (lora_model_dir = the checkpoint): its weights are
-             * the masters already */
-            eng_exec_read_param(x, i, master, false);
-        } else if (st == MT_OK) {
-            /* the model's own weights are the master when they were saved in fp32 */
-            if (!ck_open) {
-                st = eng_checkpoint_open(dir, &ck, err);
-                ck_open = st == MT_OK;
-            }
-            const eng_ckpt_entry_t *e = ck_open ? eng_checkpoint_find(&ck, ps->name) : NULL;
-            if (st == MT_OK && (!e || e->tensor->dtype != ENG_ST_F32))
-                st = mt_error_set(err, MT_ERR_FORMAT,
-                                  "%s: no fp32 master for '%s': %s holds no '%s.master' and the model's tensor is %s",
-                                  dir, ps->name, ENG_OPTIM_STATE_FILE, ps->name,
-                                  e ? eng_st_dtype_name(e->tensor->dtype) : "missing");
-            if (st == MT_OK) st = eng_checkpoint_read_f32(&ck, ps->name, ps->ndim, ps->shape, master, err);
-        }
+        int64_t step = 0;
+        st = read_step(&s.f, ps->name, global_step, &step, err);
+        if (st == MT_OK && step > 0) st = read_moments(&s.f, ps, m1, m2, err);
+        if (st == MT_OK) st = read_master(&s, i, master, err);
         if (st == MT_OK) st = eng_exec_write_optim_state(x, i, master, m1, m2, step, err);
     }
-    if (ck_open) eng_checkpoint_close(&ck);
-    eng_st_close(&f);
+    if (s.ck_open) eng_checkpoint_close(&s.ck);
+    eng_st_close(&s.f);
     free(master);
     free(m1);
     free(m2);
     return st;
+}
+
+/* The loader at the saved position and the log history into ts. */
+static mt_status_t apply_doc(const char *path, const eng_state_doc_t *doc, eng_loader_t *ld, eng_train_state_t *ts,
+                             mt_error_t *err) {
+    if (!eng_loader_seek(ld, (int)doc->epoch, doc->cursor))
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: keys 'data.epoch' %lld and 'data.cursor' %lld are not a position in this data",
+                            path, (long long)doc->epoch, (long long)doc->cursor);
+    ts->global_step = doc->global_step;
+    ts->nonfinite_skipped = doc->nonfinite_skipped;
+    for (int i = 0; i < doc->log_count; i++) {
+        const eng_state_log_t *e = &doc->log[i];
+        eng_train_state_log(ts, &(eng_log_entry_t){.step = e->step, .loss = e->loss, .lr = e->lr,
+                                                   .grad_norm = e->grad_norm, .skipped = e->skipped});
+    }
+    return MT_OK;
 }
 
 mt_status_t eng_train_state_load(const char *dir, eng_exec_t *x, const eng_run_config_t *rc, eng_loader_t *ld,
@@ -467,41 +549,15 @@ mt_status_t eng_train_state_load(const char *dir, eng_exec_t *x, const eng_run_c
     size_t len = 0;
     mt_status_t st = mt_read_regular_file(path, ENG_TRAINER_STATE_FILE, (size_t)1 << 30, &text, &len, err);
     if (st != MT_OK) return st;
-    json_error_t je;
-    json_t *root = json_loadb(text, len, 0, &je);
+    eng_state_doc_t doc;
+    st = eng_state_doc_parse(path, text, len, eng_state_dir_number(dir), &doc, err);
     free(text);
-    if (!json_is_object(root)) {
-        json_decref(root);
-        return mt_error_set(err, MT_ERR_FORMAT, "%s: not a JSON object (line %d: %s)", path, je.line, je.text);
-    }
-    st = check_identity(path, root, m, rc, ld, err);
-    json_t *data = json_object_get(root, "data");
-    const json_int_t gstep = json_integer_value(json_object_get(root, "global_step"));
-    const json_int_t epoch = json_integer_value(json_object_get(data, "epoch"));
-    const json_int_t cursor = json_integer_value(json_object_get(data, "cursor"));
-    if (st == MT_OK && (gstep < 0 || gstep > 2000000000 || epoch < 0 || epoch > 2000000000 ||
-                        !eng_loader_seek(ld, (int)epoch, (int64_t)cursor)))
-        st = mt_error_set(err, MT_ERR_FORMAT, "%s: global_step or the data position (epoch, cursor) is out of range",
-                          path);
-    if (st == MT_OK) st = load_optimizer(dir, x, err);
-    if (st == MT_OK) {
-        ts->global_step = (int)gstep;
-        ts->nonfinite_skipped = (int)json_integer_value(json_object_get(root, "nonfinite_steps_skipped"));
-        json_t *hist = json_object_get(root, "log_history");
-        size_t i;
-        json_t *e;
-        json_array_foreach(hist, i, e) {
-            eng_log_entry_t le = {
-                .step = (int)json_integer_value(json_object_get(e, "step")),
-                .loss = json_is_number(json_object_get(e, "loss")) ? json_number_value(json_object_get(e, "loss")) : NAN,
-                .lr = json_number_value(json_object_get(e, "learning_rate")),
-                .grad_norm = json_number_value(json_object_get(e, "grad_norm")),
-                .skipped = json_is_true(json_object_get(e, "skipped"))};
-            eng_train_state_log(ts, &le);
-        }
-        changed_hparams(root, rc, note, note_cap);
-    }
-    json_decref(root);
+    if (st != MT_OK) return st;
+    st = check_identity(path, doc.root, m, rc, ld, err);
+    if (st == MT_OK) st = load_optimizer(dir, x, doc.global_step, err);
+    if (st == MT_OK) st = apply_doc(path, &doc, ld, ts, err);
+    if (st == MT_OK) changed_hparams(doc.root, rc, note, note_cap);
+    eng_state_doc_free(&doc);
     return st;
 }
 

@@ -8,10 +8,13 @@
  * opens at most one thing and frees it on its one way out. */
 #include "engine/run/train.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "engine/model/io/outdir.h"
+#include "engine/model/lora/adapter.h"
 #include "engine/model/lora_model.h"
 #include "engine/run/report.h"
 #include "engine/run/save.h"
@@ -160,11 +163,58 @@ static void adapter_targets(eng_run_config_t *rc, const eng_lora_config_t *c) {
     if (c->target_regex) snprintf(rc->lora_target_regex, sizeof rc->lora_target_regex, "%s", c->target_regex);
 }
 
+/* The checkpoint being resumed against the run's adapter settings, before
+ * anything heavy opens, so the message names the real culprit: a LoRA
+ * checkpoint (its adapter files) resumed by a full run, or a run config
+ * whose lora_r, lora_alpha or use_rslora is not the adapter_config.json
+ * the checkpoint was saved with (the adapter is loaded from the checkpoint,
+ * not from a lora_model_dir). */
+static mt_status_t check_resume_adapter(const eng_run_config_t *rc, const char *dir, mt_error_t *err) {
+    char path[2200];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    struct stat sb;
+    const bool is_adapter = stat(path, &sb) == 0;
+    if (rc->adapter != ENG_ADAPTER_LORA)
+        return !is_adapter ? MT_OK
+                           : mt_error_set(err, MT_ERR_CONFIG,
+                                          "%s: resume_from_checkpoint %s is a LoRA adapter checkpoint (%s, "
+                                          "adapter_model.safetensors), but this run trains the full model (no "
+                                          "adapter: lora); resume it with adapter: lora and the adapter's settings, "
+                                          "or start a full run without resume_from_checkpoint",
+                                          rc->source_path, dir, path);
+    if (!is_adapter)
+        return mt_error_set(err, MT_ERR_CONFIG,
+                            "%s: adapter: lora, but resume_from_checkpoint %s holds no adapter_config.json (a full "
+                            "fine-tuning checkpoint); resume it without adapter: lora",
+                            rc->source_path, dir);
+    eng_lora_config_t c;
+    mt_status_t st = eng_lora_config_read(path, &c, err);
+    if (st != MT_OK) return mt_error_prefix(err, "resume_from_checkpoint: ");
+    if (c.r != rc->lora_r)
+        st = mt_error_set(err, MT_ERR_CONFIG,
+                          "%s: lora_r is %d, but the checkpoint being resumed has r %d (%s); resume with "
+                          "lora_r: %d (the adapter's rank cannot change mid-run)",
+                          rc->source_path, rc->lora_r, c.r, path, c.r);
+    else if (fabs(c.lora_alpha - rc->lora_alpha) > 1e-12 * fabs(c.lora_alpha))
+        st = mt_error_set(err, MT_ERR_CONFIG,
+                          "%s: lora_alpha is %g, but the checkpoint being resumed has lora_alpha %g (%s); resume "
+                          "with lora_alpha: %g",
+                          rc->source_path, rc->lora_alpha, c.lora_alpha, path, c.lora_alpha);
+    else if (c.use_rslora != rc->use_rslora)
+        st = mt_error_set(err, MT_ERR_CONFIG,
+                          "%s: use_rslora is %s, but the checkpoint being resumed has use_rslora %s (%s)",
+                          rc->source_path, rc->use_rslora ? "true" : "false", c.use_rslora ? "true" : "false",
+                          path);
+    eng_lora_config_free(&c);
+    return st;
+}
+
 static mt_status_t eng_train_locked(const eng_run_config_t *rc, eng_ranks_t *ranks, eng_train_result_t *result,
                                     mt_error_t *err) {
     /* which checkpoint to resume from, before anything heavy is opened */
     char resume_dir[2048];
     mt_status_t st = eng_train_state_resolve(rc, resume_dir, sizeof resume_dir, err);
+    if (st == MT_OK && resume_dir[0]) st = check_resume_adapter(rc, resume_dir, err);
     if (st != MT_OK) return st;
     if (rc->adapter != ENG_ADAPTER_LORA) return train_run(rc, ranks, NULL, resume_dir, result, err);
 

@@ -65,6 +65,21 @@ static mt_status_t diverged(mt_error_t *err, int step, double loss, const eng_ru
                         last_good);
 }
 
+/* An update that left a weight NaN or Inf (the gradient was finite): the
+ * weights are changed, so the step cannot be skipped, and the run stops
+ * before anything of it is saved.  err names the parameter and element. */
+static mt_status_t bad_update(mt_error_t *err, int step, const char *last_good) {
+    char found[sizeof err->msg];
+    snprintf(found, sizeof found, "%s", err->msg);
+    return mt_error_set(err, MT_ERR_DATA,
+                        "step %d: %s; the gradient was finite, so the update itself overflowed: lower "
+                        "learning_rate, and check adam_epsilon and the optimizer state resumed from; nothing "
+                        "was saved from this step; %s%s",
+                        step, found,
+                        last_good[0] ? "the last good checkpoint is " : "no checkpoint was saved before it",
+                        last_good);
+}
+
 /* The step's micro-batches in the run's step_order (engine/exec/exec.h).
  * Host AdamW overlaps backward when the plan puts it on the host and
  * nothing clips; not when a non-finite step may be skipped: overlapped
@@ -145,8 +160,9 @@ static mt_status_t train_step(loop_t *l, int step, mt_error_t *err) {
     step_sums_t s;
     mt_status_t st = forward_backward(run, step, &hp, &s, err);
     if (st != MT_OK) return st;
-    eng_optim_stats_t os;
+    eng_optim_stats_t os = {0};
     st = eng_multi_optim_step(&run->multi, &hp, &os, err);
+    if (st == MT_ERR_DATA && os.weights_nonfinite) return bad_update(err, step + 1, run->last_checkpoint);
     if (st == MT_ERR_DATA && run->ts.nonfinite_skipped < rc->skip_nonfinite_steps) {
         skip_step(l, step, s.loss, hp.lr, err);
         return MT_OK;

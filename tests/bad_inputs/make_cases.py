@@ -14,6 +14,9 @@ Cases share _shared/ (a tiny valid Mixtral checkpoint and data) through
 relative paths; a case that breaks the checkpoint carries its own copy.
 
     python3 tests/bad_inputs/make_cases.py          # rewrites every case
+    python3 tests/bad_inputs/make_cases.py --moetune bazel-bin/tools/moetune
+                                                    # and first trains the runs
+                                                    # the resume cases alter
 """
 import json
 import os
@@ -466,7 +469,135 @@ def inspect_cases():
     case("inspect_truncated", "model.safetensors", f, cmd="inspect ckpt")
 
 
+# --- resuming: a real run's checkpoint-2, each case altering one thing ------------
+
+def make_resume_runs(moetune):
+    """Trains the tiny model 3 steps (full and LoRA, a checkpoint every step)
+    and keeps each run's checkpoint-2 in _shared/ as what the resume cases
+    alter; run once with --moetune when the checkpoint format changes."""
+    import subprocess
+    import tempfile
+    for name, extra in (("run", ""), ("lora_run", "adapter: lora\nlora_r: 4\nlora_alpha: 8\nlora_target_modules: [q_proj]\n")):
+        with tempfile.TemporaryDirectory() as t:
+            y = run_yaml(base_model=os.path.join(SHARED, "ckpt"), output_dir=os.path.join(t, "out"), max_steps="3",
+                         datasets=f"\n  - path: {os.path.join(SHARED, 'data.jsonl')}", save_steps="1") + extra
+            with open(os.path.join(t, "run.yaml"), "w") as f:
+                f.write(y)
+            subprocess.run([moetune, "train", os.path.join(t, "run.yaml")], check=True, capture_output=True)
+            dst = os.path.join(SHARED, name, "checkpoint-2")
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(os.path.join(t, "out", "checkpoint-2"), dst)
+
+
+def resume_files(run="run", n=2, alter=None):
+    """checkpoint-N/ of the case: _shared's checkpoint-2, its files linked but
+    for those in `alter` (name -> bytes or str)."""
+    src = os.path.join(SHARED, run, "checkpoint-2")
+    files = {f"ckpt/checkpoint-{n}/{fn}": Link(f"_shared/{run}/checkpoint-2/{fn}") for fn in sorted(os.listdir(src))}
+    for fn, content in (alter or {}).items():
+        files[f"ckpt/checkpoint-{n}/{fn}"] = content
+    return files
+
+
+def trainer_state(edit, run="run"):
+    """_shared's trainer_state.json after edit(state)."""
+    st = json.loads(shared_bytes(f"_shared/{run}/checkpoint-2/trainer_state.json"), object_pairs_hook=OrderedDict)
+    edit(st)
+    return json.dumps(st, indent=1)
+
+
+def optimizer_with(name, values):
+    """_shared's optimizer.safetensors with tensor `name` rewritten in place
+    (same size and save id, so the completion manifest still matches):
+    values(n) gives its new bytes."""
+    raw = bytearray(shared_bytes("_shared/run/checkpoint-2/optimizer.safetensors"))
+    n = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + n])
+    b, e = hdr[name]["data_offsets"]
+    new = values(e - b)
+    assert len(new) == e - b
+    raw[8 + n + b:8 + n + e] = new
+    return bytes(raw)
+
+
+def resume_yaml(n=2, extra="", **over):
+    return run_yaml(extra=extra, resume_from_checkpoint=f"ckpt/checkpoint-{n}", **dict(dict(max_steps="3"), **over))
+
+
+def step_cases():
+    """Values that would be trained on as non-finite, refused before any save."""
+    case("optim_adam_epsilon_zero", "adam_epsilon: 0; expected a positive number",
+         yaml=run_yaml(adam_epsilon="0"))
+    case("optim_learning_rate_huge", "learning_rate: 1e+38 is above 1",
+         yaml=run_yaml(learning_rate="1.0e38", save_steps="1", max_steps="2"))
+    emb = "model.embed_tokens.weight"
+    nan = lambda n: struct.pack("<f", float("nan")) + bytes(n - 4)
+    case("resume_exp_avg_nan", f"tensor '{emb}.exp_avg' holds NaN at [0, 0]",
+         resume_files(alter={"optimizer.safetensors": optimizer_with(emb + ".exp_avg", nan)}), yaml=resume_yaml())
+    neg = lambda n: bytes(4) + struct.pack("<f", -1.0) + bytes(n - 8)
+    case("resume_exp_avg_sq_negative", f"tensor '{emb}.exp_avg_sq' holds -1 at [0, 1]",
+         resume_files(alter={"optimizer.safetensors": optimizer_with(emb + ".exp_avg_sq", neg)}), yaml=resume_yaml())
+    # finite state whose next update overflows: stops at step 3, naming the
+    # resumed checkpoint as the last good one, saving nothing (a run that
+    # trains writes metrics.jsonl: into a new output_dir here)
+    huge = lambda n: struct.pack(f"<{n // 4}f", *([3.0e38] * (n // 4)))
+    case("resume_update_overflows", f"step 3: the AdamW update left parameter '{emb}' -Inf",
+         resume_files(alter={"optimizer.safetensors": optimizer_with(emb + ".exp_avg", huge)}),
+         yaml=resume_yaml(save_steps="1", max_steps="4", output_dir="out_resumed"))
+    case("resume_update_overflows_device_optimizer", f"step 3: the AdamW update left parameter '{emb}' -Inf",
+         resume_files(alter={"optimizer.safetensors": optimizer_with(emb + ".exp_avg", huge)}),
+         yaml=resume_yaml(save_steps="1", max_steps="4", output_dir="out_resumed",
+                          extra="scheduler:\n  weights: resident\n  optimizer: device\n"))
+    # streamed weights with host gradients and AdamW: the update runs on the
+    # host worker after the step returns; the next step reports it, and a
+    # save due first refuses to write it
+    stream = "scheduler:\n  weights: stream\n  grads: host\n  optimizer: host\n"
+    case("resume_update_overflows_deferred",
+         f"step 4: the AdamW update of the previous step left parameter '{emb}' -Inf",
+         resume_files(alter={"optimizer.safetensors": optimizer_with(emb + ".exp_avg", huge)}),
+         yaml=resume_yaml(max_steps="5", output_dir="out_resumed", extra=stream))
+    case("resume_update_overflows_deferred_save", f"parameter '{emb}' holds -Inf at [0, 0]",
+         resume_files(alter={"optimizer.safetensors": optimizer_with(emb + ".exp_avg", huge)}),
+         yaml=resume_yaml(save_steps="1", max_steps="5", output_dir="out_resumed", extra=stream))
+    expert = "model.layers.0.block_sparse_moe.experts.0.w1.weight.step"
+    for tag, v in (("negative", -5), ("huge", 2 ** 62)):
+        case(f"resume_expert_step_{tag}", f"tensor '{expert}' is {v}; expected a step count from 0",
+             resume_files(alter={"optimizer.safetensors": optimizer_with(expert, lambda n, v=v: struct.pack("<q", v))}),
+             yaml=resume_yaml())
+
+
+def trainer_state_cases():
+    """trainer_state.json's values taken for what they say, or refused."""
+    def setk(k, v):
+        return lambda st: st.__setitem__(k, v)
+    case("resume_global_step_string", "trainer_state.json: key 'global_step' is \"2\"; expected an integer",
+         resume_files(alter={"trainer_state.json": trainer_state(setk("global_step", "2"))}), yaml=resume_yaml())
+    case("resume_global_step_missing", "trainer_state.json: key 'global_step' is nothing",
+         resume_files(alter={"trainer_state.json": trainer_state(lambda st: st.pop("global_step"))}),
+         yaml=resume_yaml())
+    case("resume_global_step_behind", "trainer_state.json: key 'global_step' is 1; expected 2",
+         resume_files(alter={"trainer_state.json": trainer_state(setk("global_step", 1))}), yaml=resume_yaml())
+    case("resume_global_step_past_max", "trainer_state.json: key 'global_step' is 50; expected at most 3",
+         resume_files(n=50, alter={"trainer_state.json": trainer_state(setk("global_step", 50))}),
+         yaml=resume_yaml(n=50))
+    case("resume_cursor_float", "trainer_state.json: key 'data.cursor' is 2.5",
+         resume_files(alter={"trainer_state.json": trainer_state(lambda st: st["data"].__setitem__("cursor", 2.5))}),
+         yaml=resume_yaml())
+
+
+def resume_adapter_cases():
+    """A resume whose adapter settings are not the checkpoint's names them."""
+    case("resume_lora_by_full_run", "is a LoRA adapter checkpoint", resume_files(run="lora_run"),
+         yaml=resume_yaml())
+    lora = dict(adapter="lora", lora_r="8", lora_alpha="8", lora_target_modules="[q_proj]")
+    case("resume_lora_r_changed", "lora_r is 8, but the checkpoint being resumed has r 4",
+         resume_files(run="lora_run"), yaml=resume_yaml(**lora))
+
+
 def main():
+    import sys
+    if len(sys.argv) == 3 and sys.argv[1] == "--moetune":
+        make_resume_runs(os.path.abspath(sys.argv[2]))
     for name in os.listdir(HERE):
         p = os.path.join(HERE, name)
         if os.path.isdir(p) and name != "_shared":
@@ -478,6 +609,9 @@ def main():
     data_cases()
     output_cases()
     inspect_cases()
+    step_cases()
+    trainer_state_cases()
+    resume_adapter_cases()
     seen = set()
     for name, stderr, files, cmd, fifo, pending in CASES:
         assert name not in seen, name

@@ -159,6 +159,38 @@ def hw():
             put("fuzz_hw", "valid-" + os.path.basename(p), f.read())
 
 
+def trainer_state():
+    """A real checkpoint's trainer_state.json (the bad-input corpus's run), its
+    directory number first, and near ones: each one key of the wrong type,
+    missing, or out of range."""
+    p = os.path.join(ROOT, "tests", "bad_inputs", "_shared", "run", "checkpoint-2", "trainer_state.json")
+    with open(p, "rb") as f:
+        text = f.read()
+    good = json.loads(text)
+    put("fuzz_trainer_state", "valid", b"\x02" + text)
+    put("fuzz_trainer_state", "valid-unnamed-dir", b"\xff" + text)
+
+    def near(name, edit, n=2):
+        st = json.loads(text)
+        edit(st)
+        put("fuzz_trainer_state", "near-" + name, bytes([n]) + json.dumps(st, indent=1).encode())
+    near("step-string", lambda st: st.__setitem__("global_step", "2"))
+    near("step-missing", lambda st: st.pop("global_step"))
+    near("step-other-dir", lambda st: None, n=3)
+    near("step-float", lambda st: st.__setitem__("global_step", 2.0))
+    near("step-huge", lambda st: st.__setitem__("global_step", 2 ** 63 - 1))
+    near("cursor-negative", lambda st: st["data"].__setitem__("cursor", -1))
+    near("data-list", lambda st: st.__setitem__("data", [1, 2]))
+    near("skipped-past-step", lambda st: st.__setitem__("nonfinite_steps_skipped", 3))
+    near("log-step-zero", lambda st: st["log_history"][0].__setitem__("step", 0))
+    near("log-loss-string", lambda st: st["log_history"][0].__setitem__("loss", "nan"))
+    near("log-entry-list", lambda st: st["log_history"].append([1]))
+    near("log-null-values", lambda st: st["log_history"][0].update(loss=None, learning_rate=None, grad_norm=None))
+    assert good["global_step"] == 2
+    put("fuzz_trainer_state", "near-not-object", b"\x02[1, 2]")
+    put("fuzz_trainer_state", "near-truncated", b"\x02" + text[: len(text) // 2])
+
+
 if __name__ == "__main__":
     safetensors()
     checkpoint_index()
@@ -167,5 +199,6 @@ if __name__ == "__main__":
     data_jsonl()
     data_bin()
     hw()
+    trainer_state()
     for h in sorted(os.listdir(OUT)):
         print(h, len(os.listdir(os.path.join(OUT, h))))
