@@ -29,13 +29,6 @@ static const struct {
     const char *text;
 } k_ignored[] = {
     {IGN_SUFFIX, ".rotary_emb.inv_freq"},
-    /* FP8 block scales: consumed by their weight's dequantisation on read (engine/model/io/checkpoint.c) */
-    {IGN_SUFFIX, ".weight_scale_inv"},
-    /* gpt-oss's MXFP4 experts: consumed by the dequantisation of the fused tensor they encode */
-    {IGN_SUFFIX, ".experts.gate_up_proj_blocks"},
-    {IGN_SUFFIX, ".experts.gate_up_proj_scales"},
-    {IGN_SUFFIX, ".experts.down_proj_blocks"},
-    {IGN_SUFFIX, ".experts.down_proj_scales"},
     {IGN_EXTRA_LAYER, "deepseek_v3"}, /* model.layers.61.*: DeepSeek-V3's MTP layer */
     {IGN_EXTRA_LAYER, "glm4_moe"},    /* model.layers.46.* (GLM-4.5-Air), .92.* (GLM-4.5): their MTP layer */
 };
@@ -179,6 +172,9 @@ mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_con
                                 dim_keys(cfg, p, 0));
         }
         if (!e) {
+            /* _blocks / _scales there but not the MXFP4 pair: name them, not the tensor they encode */
+            mt_status_t mst = eng_checkpoint_mxfp4_check(ck, p->name, err);
+            if (mst != MT_OK) return mst;
             /* a routed expert may be stored fused (transformers 5): say where it was looked for too */
             const char *at = p->expert >= 0 ? strstr(p->name, ".experts.") : NULL;
             char alt[200] = "";
@@ -193,6 +189,11 @@ mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_con
                                 config_path, want, dim_keys(cfg, p, 0), alt);
         }
         const eng_st_tensor_t *t = e->tensor;
+        const eng_ckpt_entry_t *scales;
+        if (t->dtype == ENG_ST_F8_E4M3) { /* FP8: its block scales must be there, of the right shape */
+            mt_status_t fst = eng_checkpoint_fp8_scales(ck, e, &scales, err);
+            if (fst != MT_OK) return fst;
+        }
         int bad = t->ndim == p->ndim ? -1 : 0;
         for (int d = 0; bad < 0 && d < p->ndim; d++)
             if ((int64_t)t->shape[d] != p->shape[d]) bad = d;
@@ -222,6 +223,8 @@ mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_con
         const char *n = ck->entries[i].name;
         while (j < described && strcmp(names[j], n) < 0) j++;
         if (j < described && strcmp(names[j], n) == 0) continue;
+        /* FP8 scales and MXFP4 pairs read with the weight they encode */
+        if (eng_checkpoint_dequant_part(ck, names, described, n)) continue;
         if (ignored_by_transformers(cfg, n)) continue;
         if (!first) first = n;
         unexplained++;
