@@ -353,6 +353,34 @@ mt_status_t eng_cfg_parse_glm4_moe(eng_cfg_reader_t *r, eng_model_config_t *c) {
     return MT_OK;
 }
 
+/* gpt-oss's layer_types: sliding or full attention per layer (default:
+ * sliding on even layers); every layer is sparse. */
+static mt_status_t gpt_oss_layers(eng_cfg_reader_t *r, eng_model_config_t *c) {
+    json_t *lt = json_object_get(r->obj, "layer_types");
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        bool full = (l + 1) % 2 == 0; /* default: sliding on even layers */
+        if (lt && !json_is_null(lt)) {
+            json_t *v = json_is_array(lt) && json_array_size(lt) == (size_t)c->num_hidden_layers
+                            ? json_array_get(lt, (size_t)l)
+                            : NULL;
+            if (!json_is_string(v))
+                return mt_error_set(r->err, MT_ERR_CONFIG,
+                                    "%s: key 'layer_types' must list a string for each of the %d layers", r->path,
+                                    c->num_hidden_layers);
+            const char *ty = json_string_value(v);
+            full = strcmp(ty, "full_attention") == 0;
+            if (!full && strcmp(ty, "sliding_attention") != 0)
+                return mt_error_set(r->err, MT_ERR_CONFIG,
+                                    "%s: key 'layer_types' gives layer %d the type \"%s\"; expected "
+                                    "\"full_attention\" or \"sliding_attention\"",
+                                    r->path, l, ty);
+        }
+        c->layer_full_attention[l] = full;
+        c->layer_is_moe[l] = true;
+    }
+    return MT_OK;
+}
+
 /* gpt-oss (GptOssConfig): alternating sliding / full attention with a
  * learned sink per head, biases on every projection, a router with a bias
  * taking top-k then softmax, fused experts with biases and a clamped
@@ -399,28 +427,7 @@ mt_status_t eng_cfg_parse_gpt_oss(eng_cfg_reader_t *r, eng_model_config_t *c) {
                             "%s: key 'sliding_window' = %d is out of range; the sliding layers need a window of "
                             "1 token or more (gpt-oss ships 128)",
                             r->path, c->sliding_window);
-    json_t *lt = json_object_get(r->obj, "layer_types");
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        bool full = (l + 1) % 2 == 0; /* default: sliding on even layers */
-        if (lt && !json_is_null(lt)) {
-            json_t *v = json_is_array(lt) && json_array_size(lt) == (size_t)c->num_hidden_layers
-                            ? json_array_get(lt, (size_t)l)
-                            : NULL;
-            if (!json_is_string(v))
-                return mt_error_set(r->err, MT_ERR_CONFIG,
-                                    "%s: key 'layer_types' must list a string for each of the %d layers", r->path,
-                                    c->num_hidden_layers);
-            const char *ty = json_string_value(v);
-            full = strcmp(ty, "full_attention") == 0;
-            if (!full && strcmp(ty, "sliding_attention") != 0)
-                return mt_error_set(r->err, MT_ERR_CONFIG,
-                                    "%s: key 'layer_types' gives layer %d the type \"%s\"; expected "
-                                    "\"full_attention\" or \"sliding_attention\"",
-                                    r->path, l, ty);
-        }
-        c->layer_full_attention[l] = full;
-        c->layer_is_moe[l] = true;
-    }
+    RETURN_ON_ERROR(gpt_oss_layers(r, c));
     RETURN_ON_ERROR(read_rope_scaled(r, c, 150000.0, 1.0, true));
     return MT_OK;
 }
