@@ -3,7 +3,9 @@
  * definition does. */
 #include "base/quant.h"
 
+#include <float.h>
 #include <math.h>
+#include <stdint.h>
 
 float mt_fp8_e4m3_to_f32(uint8_t b) {
     const float sign = (b & 0x80) ? -1.0f : 1.0f;
@@ -30,6 +32,12 @@ float mt_fp4_e2m1_to_f32(uint8_t nibble) {
 
 float mt_e8m0_to_f32(uint8_t s) {
     return s == 0xFF ? NAN : ldexpf(1.0f, (int)s - 127);
+}
+
+size_t mt_first_bad_scale(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!(x[i] > 0 && x[i] <= FLT_MAX)) return i; /* NaN fails both */
+    return SIZE_MAX;
 }
 
 mt_status_t mt_dequant_fp8_e4m3_block(const uint8_t *w, int64_t rows, int64_t cols, const float *scale_inv,

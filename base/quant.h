@@ -24,6 +24,7 @@
 #define MT_BASE_QUANT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/status.h"
@@ -45,6 +46,10 @@ float mt_e8m0_to_f32(uint8_t s);
 mt_status_t mt_dequant_fp8_e4m3_block(const uint8_t *w, int64_t rows, int64_t cols, const float *scale_inv,
                                       int64_t srows, int64_t scols, int64_t br, int64_t bc, float *out,
                                       const char *what, mt_error_t *err);
+
+/* Index of the first scale in x[0..n) that is not finite and positive (a
+ * NaN, an Inf, 0 or a negative one), or SIZE_MAX when all are. */
+size_t mt_first_bad_scale(const float *x, size_t n);
 
 /* MXFP4: blocks (batch, rows, groups, 16) and scales (batch, rows, groups)
  * -> out.  transpose false: out (batch, rows, groups*32), the packed order;

@@ -6,6 +6,7 @@
 #include "base/quant.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,8 +138,20 @@ static void test_mxfp4(void) {
     EXPECT(bad == 0, "%d values differ from e2m1 * 2^(s-127)", bad);
 }
 
+/* Block scales are finite and positive: 0, a negative, NaN and Inf are each found at their index. */
+static void test_bad_scales(void) {
+    float s[4] = {1.0f, 0x1p-20f, 3.5f, 448.0f};
+    EXPECT(mt_first_bad_scale(s, 4) == SIZE_MAX && mt_first_bad_scale(s, 0) == SIZE_MAX, "good scales refused");
+    const float bad[] = {0.0f, -0.0f, -1.0f, NAN, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        s[2] = bad[i];
+        EXPECT(mt_first_bad_scale(s, 4) == 2, "scale %g not found at index 2", (double)bad[i]);
+    }
+}
+
 int main(void) {
     test_scalars();
+    test_bad_scales();
     test_fp8_blocks();
     test_mxfp4();
     if (failures) fprintf(stderr, "quant_test: %d failure(s)\n", failures);

@@ -347,6 +347,24 @@ static mt_status_t expected(const pctx_t *c, const yaml_node_t *n, const char *k
     return fail(c, n, "%s: expected %s, got %s", key, what, got);
 }
 
+/* A dataset entry's `type:` is axolotl's prompt format.  The data here is
+ * already tokenized (input_ids, labels), so no prompt format is applied:
+ * the two that describe such data, text trained on as it is, are accepted
+ * (and read alike); any other would promise a formatting moetune does not
+ * do, so it is refused rather than ignored. */
+static const char *const k_dataset_types[] = {"completion", "pretrain"};
+
+static mt_status_t check_dataset_type(pctx_t *c, yaml_node_t *v, int index) {
+    if (!v || v->type != YAML_SCALAR_NODE) return expected(c, v, "datasets[].type", "a string");
+    const char *t = (const char *)v->data.scalar.value;
+    for (size_t i = 0; i < sizeof k_dataset_types / sizeof k_dataset_types[0]; i++)
+        if (strcmp(t, k_dataset_types[i]) == 0) return MT_OK;
+    return fail(c, v,
+                "datasets[%d].type: '%s' is not accepted; expected completion or pretrain (the data is already "
+                "tokenized and read as given: no prompt format is applied), or leave type out",
+                index, t);
+}
+
 static void put(eng_run_config_t *cfg, const key_row_t *row, const void *v, size_t size) {
     MT_CHECK(size == row->size, "config table: key %s has size %zu, value %zu", row->name, row->size, size);
     memcpy((char *)cfg + row->offset, v, size);
@@ -412,9 +430,9 @@ static mt_status_t apply_datasets(pctx_t *c, const char *key, yaml_node_t *n) {
                 mt_status_t st = take_string(c, v, "datasets[].path", true, list[count].path, sizeof list[count].path);
                 if (st != MT_OK) return st;
                 have_path = true;
-            } else if (!v || v->type != YAML_SCALAR_NODE) {
-                /* `type:` is axolotl's prompt format; the data is pre-tokenized here. */
-                return expected(c, v, "datasets[].type", "a string");
+            } else {
+                mt_status_t st = check_dataset_type(c, v, count);
+                if (st != MT_OK) return st;
             }
         }
         if (!have_path) return fail(c, e, "%s: entry %d has no 'path'", key, count);

@@ -233,7 +233,10 @@ static void test_errors(void) {
     EXPECT_ERROR("sequence_len: 99999999999\n", MT_ERR_CONFIG, "out of range", NULL);
     EXPECT_ERROR("base_model: {a: 1}\n", MT_ERR_CONFIG, "base_model: expected a string, got a mapping", NULL);
     EXPECT_ERROR("datasets: data.jsonl\n", MT_ERR_CONFIG, "datasets: expected a list", NULL);
-    EXPECT_ERROR("datasets:\n  - type: x\n", MT_ERR_CONFIG, "cfgs/run.yaml:2:", "has no 'path'");
+    EXPECT_ERROR("datasets:\n  - type: completion\n", MT_ERR_CONFIG, "cfgs/run.yaml:2:", "has no 'path'");
+    /* a prompt format moetune does not apply to its pre-tokenized data: refused, naming the accepted ones */
+    EXPECT_ERROR("datasets:\n  - path: a.jsonl\n    type: bogus\n", MT_ERR_CONFIG, "datasets[0].type: 'bogus'",
+                 "completion or pretrain");
     EXPECT_ERROR("model_config: 3\n", MT_ERR_CONFIG, "model_config: expected a mapping", NULL);
     EXPECT_ERROR("model_config: {a: .inf}\n", MT_ERR_CONFIG, "cannot be written to JSON", NULL);
     /* one string is PEFT's regular-expression form; a mapping is nothing */

@@ -8,6 +8,33 @@
 
 bool eng_ranks_launched(void) { return kern_ranks_launched(); }
 
+void eng_ranks_close(eng_ranks_t *r) {
+    if (r->k) kern_ranks_destroy(r->k);
+    memset(r, 0, sizeof *r);
+}
+
+/* A launcher's world-size variable that the job's ranks do not match:
+ * OMPI_COMM_WORLD_SIZE=2 exported by hand (or left from another job) while
+ * the process was started alone makes MPI a one-process world, and the run
+ * would train alone on what the user meant as a share.  Refused naming the
+ * variable, its value and how many processes there are. */
+static mt_status_t world_size_vars(const eng_ranks_t *r, mt_error_t *err) {
+    static const char *const k_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE"};
+    for (size_t i = 0; i < sizeof k_vars / sizeof k_vars[0]; i++) {
+        const char *v = getenv(k_vars[i]);
+        if (!v || !v[0]) continue;
+        char *end;
+        const long n = strtol(v, &end, 10);
+        if (*end == '\0' && n == r->size) continue;
+        return mt_error_set(err, MT_ERR_CONFIG,
+                            "environment variable %s=%s says %s processes, but only %d joined this job (a variable "
+                            "exported by hand, or left from another job?); start every process with the launcher "
+                            "(e.g. mpirun -np %s), or unset %s to train in one process",
+                            k_vars[i], v, v, r->size, v, k_vars[i]);
+    }
+    return MT_OK;
+}
+
 mt_status_t eng_ranks_open(eng_ranks_t *r, mt_error_t *err) {
     memset(r, 0, sizeof *r);
     r->size = 1;
@@ -17,12 +44,9 @@ mt_status_t eng_ranks_open(eng_ranks_t *r, mt_error_t *err) {
     r->size = kern_ranks_size(r->k);
     r->local_rank = kern_ranks_local_rank(r->k);
     r->launcher = kern_ranks_launcher(r->k);
-    return MT_OK;
-}
-
-void eng_ranks_close(eng_ranks_t *r) {
-    if (r->k) kern_ranks_destroy(r->k);
-    memset(r, 0, sizeof *r);
+    st = world_size_vars(r, err);
+    if (st != MT_OK) eng_ranks_close(r); /* callers close only what opened */
+    return st;
 }
 
 bool eng_ranks_writes(const eng_ranks_t *r) { return r->rank == 0; }

@@ -18,6 +18,23 @@
 #include "base/clock.h"
 #include "engine/run/signals.h"
 
+/* The CPU backend's devices are numbered 0 to N-1, N the number `devices:`
+ * lists (it opens that many): an ordinal past them would name a device
+ * that is not there, not be read as another CPU device.  Under a launcher
+ * open_ranks has shifted the ordinals by the local rank, so only a lone
+ * process's are checked against the list. */
+static mt_status_t cpu_ordinals(const eng_run_config_t *rc, mt_error_t *err) {
+    if (eng_ranks_launched()) return MT_OK;
+    for (int d = 0; d < rc->devices.count; d++)
+        if (rc->devices.ids[d] < 0 || rc->devices.ids[d] >= rc->devices.count)
+            return mt_error_set(err, MT_ERR_CONFIG,
+                                "devices: ordinal %d is out of range; the CPU backend has %d device(s) here, "
+                                "numbered 0 to %d (list 0 to %d, or give devices: %d)",
+                                rc->devices.ids[d], rc->devices.count, rc->devices.count - 1,
+                                rc->devices.count - 1, rc->devices.count);
+    return MT_OK;
+}
+
 mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_error_t *err) {
     kern_device_opts_t o = {0};
     o.device_budget_bytes = rc->memory_device;
@@ -27,8 +44,11 @@ mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_
     o.device_index = rc->devices.ids[0];
     o.pin_threads = rc->compute_threads > 0;
     char why[512];
+    mt_status_t st;
     switch (rc->backend) {
-    case ENG_BACKEND_CPU: return kern_device_create(KERN_BACKEND_CPU, &o, out, err);
+    case ENG_BACKEND_CPU:
+        st = cpu_ordinals(rc, err);
+        return st != MT_OK ? st : kern_device_create(KERN_BACKEND_CPU, &o, out, err);
     case ENG_BACKEND_CUDA:
         if (!kern_cuda_available(why, sizeof why))
             return mt_error_set(err, MT_ERR_DEVICE,
@@ -40,7 +60,8 @@ mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_
     default:
         if (kern_cuda_available(why, sizeof why)) return kern_device_create(KERN_BACKEND_CUDA, &o, out, err);
         fprintf(stderr, "moetune: no usable GPU (%s); running on the CPU backend\n", why);
-        return kern_device_create(KERN_BACKEND_CPU, &o, out, err);
+        st = cpu_ordinals(rc, err);
+        return st != MT_OK ? st : kern_device_create(KERN_BACKEND_CPU, &o, out, err);
     }
 }
 

@@ -468,6 +468,126 @@ def inspect_cases():
     f["ckpt/model.safetensors"] = shared_bytes("_shared/ckpt/model.safetensors")[:30]
     case("inspect_truncated", "model.safetensors", f, cmd="inspect ckpt")
 
+# --- quantized checkpoints and the other families' config.json ---------------
+
+FIXTURES = os.path.join(HERE, "..", "fixtures")
+
+
+def fixture_ckpt(name):
+    """_shared/<name>/: the reference fixture's config.json and weights (DeepSeek-V3, gpt-oss)."""
+    d = os.path.join(SHARED, name)
+    os.makedirs(d, exist_ok=True)
+    for fn in ("config.json", "model.safetensors"):
+        shutil.copyfile(os.path.join(FIXTURES, "ref_" + name, "ckpt", fn), os.path.join(d, fn))
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f, object_pairs_hook=OrderedDict)
+    return cfg, read_st(os.path.join(d, "model.safetensors"))
+
+
+def family_case(name, stderr, family, config=None, st=None):
+    files = {"ckpt/config.json": Link(f"_shared/{family}/config.json") if config is None else json.dumps(config, indent=1),
+             "ckpt/model.safetensors": Link(f"_shared/{family}/model.safetensors") if st is None else st}
+    case(name, stderr, files, yaml=run_yaml(base_model="ckpt"))
+
+
+def as_fp8(hdr, data, name, scale=None, scale_shape=(1, 1), scale_dtype="F32"):
+    """(hdr, data) with `name` (an fp32 2-D weight, every |x| < 448) as F8_E4M3 bytes (0x38 = 1.0, the values
+    themselves do not matter here) and, unless scale is None, NAME_scale_inv of scale_shape filled with scale."""
+    h = OrderedDict((k, dict(v)) for k, v in hdr.items() if k != "__metadata__")
+    pieces = OrderedDict()
+    for k in h:
+        b, e = h[k]["data_offsets"]
+        pieces[k] = data[b:e]
+    rows, cols = h[name]["shape"]
+    h[name]["dtype"] = "F8_E4M3"
+    pieces[name] = b"\x38" * (rows * cols)
+    if scale is not None:
+        n = scale_shape[0] * scale_shape[1]
+        h[name + "_scale_inv"] = {"dtype": scale_dtype, "shape": list(scale_shape)}
+        pieces[name + "_scale_inv"] = struct.pack(f"<{n}f", *([scale] * n)) if scale_dtype == "F32" else b"\0" * n
+    out, off, blob = OrderedDict(), 0, b""
+    for k, v in h.items():
+        out[k] = dict(v, data_offsets=[off, off + len(pieces[k])])
+        blob += pieces[k]
+        off += len(pieces[k])
+    return st_bytes(out, blob)
+
+
+def add_tensors(hdr, data, extra):
+    """(hdr, data) with the tensors of `extra` ({name: (dtype, shape, bytes)}) appended."""
+    h = OrderedDict((k, v) for k, v in hdr.items() if k != "__metadata__")
+    off = len(data)
+    for k, (dt, shape, raw) in extra.items():
+        h[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
+        data += raw
+        off += len(raw)
+    return st_bytes(h, data)
+
+
+def quant_cases():
+    # FP8 (DeepSeek-V3 / GLM's quant_method fp8) on the tiny Mixtral: the checks do not depend on the family
+    hdr, data = read_st(os.path.join(SHARED, "ckpt", "model.safetensors"))
+    q = "model.layers.0.self_attn.q_proj.weight"
+    ckpt_case("fp8_scale_inv_missing", q + "_scale_inv", st=as_fp8(hdr, data, q))
+    ckpt_case("fp8_scale_inv_zero", q + "_scale_inv", st=as_fp8(hdr, data, q, scale=0.0))
+    ckpt_case("fp8_scale_inv_negative", q + "_scale_inv", st=as_fp8(hdr, data, q, scale=-1.0))
+    ckpt_case("fp8_scale_inv_nan", q + "_scale_inv", st=as_fp8(hdr, data, q, scale=float("nan")))
+    ckpt_case("fp8_scale_inv_inf", q + "_scale_inv", st=as_fp8(hdr, data, q, scale=float("inf")))
+    ckpt_case("fp8_scale_inv_wrong_shape", q + "_scale_inv", st=as_fp8(hdr, data, q, scale=1.0, scale_shape=(2, 1)))
+    ckpt_case("fp8_scale_inv_int", q + "_scale_inv", st=as_fp8(hdr, data, q, scale=1.0, scale_dtype="U8"))
+    # block scales beside a weight that is not FP8: nothing reads them
+    o = "model.layers.0.self_attn.o_proj.weight"
+    ckpt_case("fp8_scale_inv_beside_f32", o + "_scale_inv",
+              st=add_tensors(hdr, data, {o + "_scale_inv": ("F32", [1, 1], struct.pack("<f", 1.0))}))
+
+    # MXFP4 (gpt-oss): gate_up_proj (E=4, C=32, R=48) as _blocks (4, 48, 1, 16) and _scales (4, 48, 1)
+    _, (ghdr, gdata) = fixture_ckpt("gpt_oss")
+    gu = "model.layers.0.mlp.experts.gate_up_proj"
+    blocks = ("U8", [4, 48, 1, 16], b"\x22" * (4 * 48 * 16))
+    scales = ("U8", [4, 48, 1], b"\x7f" * (4 * 48))
+    plain = [k for k in ghdr if k != "__metadata__" and k != gu]
+    without = pack(ghdr, gdata, plain)
+    whdr, wdata = read_st_bytes(without)
+    family_case("mxfp4_beside_plain_tensor", gu + "_blocks", "gpt_oss",
+                st=add_tensors(ghdr, gdata, {gu + "_blocks": blocks, gu + "_scales": scales}))
+    family_case("mxfp4_scales_missing", gu + "_scales", "gpt_oss", st=add_tensors(whdr, wdata, {gu + "_blocks": blocks}))
+    family_case("mxfp4_blocks_missing", gu + "_blocks", "gpt_oss", st=add_tensors(whdr, wdata, {gu + "_scales": scales}))
+    family_case("mxfp4_blocks_bad_shape", gu + "_blocks", "gpt_oss",
+                st=add_tensors(whdr, wdata, {gu + "_blocks": ("U8", [4, 48, 2, 8], blocks[2]), gu + "_scales": scales}))
+    family_case("mxfp4_scales_not_u8", gu + "_scales", "gpt_oss",
+                st=add_tensors(whdr, wdata, {gu + "_blocks": blocks, gu + "_scales": ("F32", [4, 48, 1], b"\0" * (4 * 48 * 4))}))
+    family_case("mxfp4_scales_nan", gu + "_scales", "gpt_oss",
+                st=add_tensors(whdr, wdata, {gu + "_blocks": blocks, gu + "_scales": ("U8", [4, 48, 1], b"\xff" * (4 * 48))}))
+
+
+def read_st_bytes(raw):
+    n = struct.unpack("<Q", raw[:8])[0]
+    return json.loads(raw[8:8 + n], object_pairs_hook=OrderedDict), raw[8 + n:]
+
+
+def family_config_cases():
+    """config.json values that were replaced without a word: each is used as given or refused naming the key."""
+    ds, _ = fixture_ckpt("deepseek_v3")
+    go, _ = fixture_ckpt("gpt_oss")
+
+    def with_(base, **over):
+        c = OrderedDict(base)
+        c.update(over)
+        return c
+    for key, val in (("routed_scaling_factor", 0.0), ("routed_scaling_factor", -2.5), ("n_group", 0),
+                     ("topk_group", 0), ("qk_rope_head_dim", 5)):
+        tag = "zero" if val == 0 else ("negative" if val < 0 else "odd")
+        family_case(f"cfg_dsv3_{key}_{tag}", f"'{key}' = ", "deepseek_v3", config=with_(ds, **{key: val}))
+    family_case("cfg_gpt_oss_sliding_window_zero", "'sliding_window' = 0", "gpt_oss", config=with_(go, sliding_window=0))
+    ckpt_case("cfg_mixtral_sliding_window_zero", "'sliding_window' = 0",
+              config=OrderedDict(list(TINY_CONFIG.items()) + [("sliding_window", 0)]))
+
+
+def run_key_cases():
+    case("dataset_type_unknown", "completion or pretrain",
+         yaml=run_yaml(datasets="\n  - path: ../_shared/data.jsonl\n    type: bogus"))
+    case("devices_ordinal_out_of_range", "ordinal 1000", yaml=run_yaml(devices="[0, 1000]", gradient_accumulation_steps="2"))
+
 
 # --- resuming: a real run's checkpoint-2, each case altering one thing ------------
 
@@ -612,6 +732,9 @@ def main():
     step_cases()
     trainer_state_cases()
     resume_adapter_cases()
+    quant_cases()
+    family_config_cases()
+    run_key_cases()
     seen = set()
     for name, stderr, files, cmd, fifo, pending in CASES:
         assert name not in seen, name

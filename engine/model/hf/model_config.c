@@ -106,6 +106,16 @@ static mt_status_t read_rope(eng_cfg_reader_t *r, double def_theta, float *theta
     return MT_OK;
 }
 
+/* A sliding window a layer uses: 1 token or more (0 would be read
+ * downstream as full attention; transformers would mask every key). */
+static mt_status_t window_range(eng_cfg_reader_t *r, int window) {
+    if (window >= 1) return MT_OK;
+    return mt_error_set(r->err, MT_ERR_CONFIG,
+                        "%s: key 'sliding_window' = %d is out of range; expected 1 token or more (or null for "
+                        "full attention)",
+                        r->path, window);
+}
+
 static mt_status_t parse_mixtral(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->arch = ENG_ARCH_MIXTRAL;
     RETURN_ON_ERROR(eng_cfg_read_common(r, c, 8, 1e-5, 4096 * 32));
@@ -120,9 +130,10 @@ static mt_status_t parse_mixtral(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->qk_norm = false;
     RETURN_ON_ERROR(read_rope(r, 1e6, &c->rope_theta));
     RETURN_ON_ERROR(eng_cfg_get_int(r, "sliding_window", false, true, 0, &c->sliding_window));
-    if (c->sliding_window < 0)
-        return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'sliding_window' must not be negative",
-                            r->path);
+    /* null (or absent): full attention; a number is the window as given,
+     * never 0 read as "no window" */
+    const json_t *sw = json_object_get(r->obj, "sliding_window");
+    if (sw && !json_is_null(sw)) RETURN_ON_ERROR(window_range(r, c->sliding_window));
     for (int l = 0; l < c->num_hidden_layers; l++) c->layer_is_moe[l] = true;
     return MT_OK;
 }
@@ -198,7 +209,8 @@ static mt_status_t qwen2_sliding(eng_cfg_reader_t *r, eng_model_config_t *c) {
         }
         nslide += slide;
     }
-    if (nslide == 0 || window == 0) {
+    if (nslide > 0) RETURN_ON_ERROR(window_range(r, window));
+    if (nslide == 0) {
         c->sliding_window = 0;
     } else if (nslide == c->num_hidden_layers) {
         c->sliding_window = window;
@@ -238,10 +250,8 @@ static mt_status_t parse_qwen3_moe(eng_cfg_reader_t *r, eng_model_config_t *c) {
     RETURN_ON_ERROR(eng_cfg_get_bool(r, "use_sliding_window", false, &use));
     int window;
     RETURN_ON_ERROR(eng_cfg_get_int(r, "sliding_window", false, true, 0, &window));
+    if (use) RETURN_ON_ERROR(window_range(r, window));
     c->sliding_window = use ? window : 0;
-    if (c->sliding_window < 0)
-        return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'sliding_window' must not be negative",
-                            r->path);
     return MT_OK;
 }
 

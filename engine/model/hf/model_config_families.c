@@ -155,6 +155,24 @@ static int heads_or(eng_cfg_reader_t *r, int def) {
                : def;
 }
 
+/* The group-limited router of DeepSeek-V3 and GLM-4.5 splits the experts
+ * into n_group groups and keeps topk_group of them: transformers divides
+ * by n_group and keeps no expert with topk_group 0, so both are used as
+ * given, from 1 up (never read as "no grouping"). */
+static mt_status_t group_router_keys(eng_cfg_reader_t *r, const eng_model_config_t *c) {
+    if (c->num_experts == 0) return MT_OK;
+    if (c->n_group < 1)
+        return mt_error_set(r->err, MT_ERR_CONFIG,
+                            "%s: key 'n_group' = %d is out of range; the group-limited router needs 1 to "
+                            "n_routed_experts (%d) groups (1: no grouping)",
+                            r->path, c->n_group, c->num_experts);
+    if (c->topk_group < 1)
+        return mt_error_set(r->err, MT_ERR_CONFIG,
+                            "%s: key 'topk_group' = %d is out of range; expected 1 to n_group (%d)", r->path,
+                            c->topk_group, c->n_group);
+    return MT_OK;
+}
+
 /* The routed experts of DeepSeek and GLM: n_routed_experts (alias
  * num_experts, transformers' attribute_map), top-k, shared experts, groups,
  * and which layers are sparse: i >= first_k_dense_replace and
@@ -183,6 +201,13 @@ static mt_status_t read_deepseek_moe(eng_cfg_reader_t *r, eng_model_config_t *c,
     c->shared_expert_intermediate_size = c->n_shared_experts * c->moe_intermediate_size;
     double d;
     RETURN_ON_ERROR(eng_cfg_get_double(r, "routed_scaling_factor", def_scale, &d));
+    /* it multiplies the routed experts' output: 0 would silence them, a
+     * negative value flip them; no published config does either */
+    if (!(d > 0 && d < 1e6))
+        return mt_error_set(r->err, MT_ERR_CONFIG,
+                            "%s: key 'routed_scaling_factor' = %g is out of range; expected a positive number "
+                            "(DeepSeek-V3 ships 2.5)",
+                            r->path, d);
     c->routed_scaling_factor = (float)d;
     RETURN_ON_ERROR(eng_cfg_get_int(r, "n_group", false, true, def_group, &c->n_group));
     RETURN_ON_ERROR(eng_cfg_get_int(r, "topk_group", false, true, def_topk_group, &c->topk_group));
@@ -224,6 +249,11 @@ static mt_status_t read_mla(eng_cfg_reader_t *r, eng_model_config_t *c) {
     RETURN_ON_ERROR(nonneg(r, "qk_nope_head_dim", c->qk_nope_head_dim));
     RETURN_ON_ERROR(eng_cfg_get_int(r, "qk_rope_head_dim", false, false, 64, &c->qk_rope_head_dim));
     RETURN_ON_ERROR(eng_cfg_positive(r, "qk_rope_head_dim", c->qk_rope_head_dim));
+    if (c->qk_rope_head_dim % 2 != 0)
+        return mt_error_set(r->err, MT_ERR_CONFIG,
+                            "%s: key 'qk_rope_head_dim' = %d must be even, 2 or more (RoPE rotates pairs of "
+                            "dimensions)",
+                            r->path, c->qk_rope_head_dim);
     RETURN_ON_ERROR(eng_cfg_get_int(r, "v_head_dim", false, false, 128, &c->v_head_dim));
     RETURN_ON_ERROR(eng_cfg_positive(r, "v_head_dim", c->v_head_dim));
     /* transformers: head_dim = qk_rope_head_dim (the rotary part); every
@@ -248,6 +278,7 @@ mt_status_t eng_cfg_parse_deepseek_v3(eng_cfg_reader_t *r, eng_model_config_t *c
     RETURN_ON_ERROR(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
     RETURN_ON_ERROR(read_mla(r, c));
     RETURN_ON_ERROR(read_deepseek_moe(r, c, 256, 8, 1, 2.5, 8, 4, 3, true));
+    RETURN_ON_ERROR(group_router_keys(r, c));
     /* DeepSeek-V3 routes by sigmoid scores with a bias-corrected,
      * group-limited top-k (transformers implements nothing else); a file
      * naming another method is not this model */
@@ -310,6 +341,7 @@ mt_status_t eng_cfg_parse_glm4_moe(eng_cfg_reader_t *r, eng_model_config_t *c) {
     RETURN_ON_ERROR(eng_cfg_get_int(r, "intermediate_size", false, false, 10944, &c->intermediate_size));
     RETURN_ON_ERROR(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
     RETURN_ON_ERROR(read_deepseek_moe(r, c, 128, 8, 1, 1.0, 1, 1, 1, true));
+    RETURN_ON_ERROR(group_router_keys(r, c));
     c->moe_layer_freq = 1;
     for (int l = 0; l < c->num_hidden_layers; l++)
         c->layer_is_moe[l] = c->num_experts > 0 && l >= c->first_k_dense_replace;
@@ -318,6 +350,34 @@ mt_status_t eng_cfg_parse_glm4_moe(eng_cfg_reader_t *r, eng_model_config_t *c) {
     RETURN_ON_ERROR(eng_cfg_get_bool(r, "attention_bias", false, &c->qkv_bias));
     RETURN_ON_ERROR(eng_cfg_get_bool(r, "use_qk_norm", false, &c->qk_norm));
     RETURN_ON_ERROR(read_rope_scaled(r, c, 10000.0, 0.5, false));
+    return MT_OK;
+}
+
+/* gpt-oss's layer_types: sliding or full attention per layer (default:
+ * sliding on even layers); every layer is sparse. */
+static mt_status_t gpt_oss_layers(eng_cfg_reader_t *r, eng_model_config_t *c) {
+    json_t *lt = json_object_get(r->obj, "layer_types");
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        bool full = (l + 1) % 2 == 0; /* default: sliding on even layers */
+        if (lt && !json_is_null(lt)) {
+            json_t *v = json_is_array(lt) && json_array_size(lt) == (size_t)c->num_hidden_layers
+                            ? json_array_get(lt, (size_t)l)
+                            : NULL;
+            if (!json_is_string(v))
+                return mt_error_set(r->err, MT_ERR_CONFIG,
+                                    "%s: key 'layer_types' must list a string for each of the %d layers", r->path,
+                                    c->num_hidden_layers);
+            const char *ty = json_string_value(v);
+            full = strcmp(ty, "full_attention") == 0;
+            if (!full && strcmp(ty, "sliding_attention") != 0)
+                return mt_error_set(r->err, MT_ERR_CONFIG,
+                                    "%s: key 'layer_types' gives layer %d the type \"%s\"; expected "
+                                    "\"full_attention\" or \"sliding_attention\"",
+                                    r->path, l, ty);
+        }
+        c->layer_full_attention[l] = full;
+        c->layer_is_moe[l] = true;
+    }
     return MT_OK;
 }
 
@@ -361,29 +421,13 @@ mt_status_t eng_cfg_parse_gpt_oss(eng_cfg_reader_t *r, eng_model_config_t *c) {
     RETURN_ON_ERROR(eng_cfg_get_double(r, "swiglu_alpha", 1.702, &d));
     c->swiglu_alpha = (float)d;
     RETURN_ON_ERROR(eng_cfg_get_int(r, "sliding_window", false, true, 128, &c->sliding_window));
-    RETURN_ON_ERROR(nonneg(r, "sliding_window", c->sliding_window));
-    json_t *lt = json_object_get(r->obj, "layer_types");
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        bool full = (l + 1) % 2 == 0; /* default: sliding on even layers */
-        if (lt && !json_is_null(lt)) {
-            json_t *v = json_is_array(lt) && json_array_size(lt) == (size_t)c->num_hidden_layers
-                            ? json_array_get(lt, (size_t)l)
-                            : NULL;
-            if (!json_is_string(v))
-                return mt_error_set(r->err, MT_ERR_CONFIG,
-                                    "%s: key 'layer_types' must list a string for each of the %d layers", r->path,
-                                    c->num_hidden_layers);
-            const char *ty = json_string_value(v);
-            full = strcmp(ty, "full_attention") == 0;
-            if (!full && strcmp(ty, "sliding_attention") != 0)
-                return mt_error_set(r->err, MT_ERR_CONFIG,
-                                    "%s: key 'layer_types' gives layer %d the type \"%s\"; expected "
-                                    "\"full_attention\" or \"sliding_attention\"",
-                                    r->path, l, ty);
-        }
-        c->layer_full_attention[l] = full;
-        c->layer_is_moe[l] = true;
-    }
+    /* a window of 0 would be read downstream as full attention */
+    if (c->sliding_window < 1)
+        return mt_error_set(r->err, MT_ERR_CONFIG,
+                            "%s: key 'sliding_window' = %d is out of range; the sliding layers need a window of "
+                            "1 token or more (gpt-oss ships 128)",
+                            r->path, c->sliding_window);
+    RETURN_ON_ERROR(gpt_oss_layers(r, c));
     RETURN_ON_ERROR(read_rope_scaled(r, c, 150000.0, 1.0, true));
     return MT_OK;
 }

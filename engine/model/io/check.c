@@ -29,13 +29,6 @@ static const struct {
     const char *text;
 } k_ignored[] = {
     {IGN_SUFFIX, ".rotary_emb.inv_freq"},
-    /* FP8 block scales: consumed by their weight's dequantisation on read (engine/model/io/checkpoint.c) */
-    {IGN_SUFFIX, ".weight_scale_inv"},
-    /* gpt-oss's MXFP4 experts: consumed by the dequantisation of the fused tensor they encode */
-    {IGN_SUFFIX, ".experts.gate_up_proj_blocks"},
-    {IGN_SUFFIX, ".experts.gate_up_proj_scales"},
-    {IGN_SUFFIX, ".experts.down_proj_blocks"},
-    {IGN_SUFFIX, ".experts.down_proj_scales"},
     {IGN_EXTRA_LAYER, "deepseek_v3"}, /* model.layers.61.*: DeepSeek-V3's MTP layer */
     {IGN_EXTRA_LAYER, "glm4_moe"},    /* model.layers.46.* (GLM-4.5-Air), .92.* (GLM-4.5): their MTP layer */
 };
@@ -154,60 +147,78 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* One described tensor p against the checkpoint's headers: there (or as
+ * gpt-oss's MXFP4 pair), with the shape config.json implies, an FP8 one
+ * with its block scales. */
+static mt_status_t check_described(const eng_checkpoint_t *ck, const eng_model_config_t *cfg,
+                                   const eng_param_spec_t *p, const char *config_path, mt_error_t *err) {
+    char want[128], got[128];
+    shape_str(want, sizeof want, p->ndim, p->shape, NULL);
+    const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->name);
+    const eng_ckpt_entry_t *mb, *ms;
+    int64_t mshape[3];
+    if (!e && eng_checkpoint_find_mxfp4(ck, p->name, &mb, &ms, mshape)) {
+        /* gpt-oss's MXFP4 experts: compare the shape they dequantise to */
+        bool ok = p->ndim == 3;
+        for (int d = 0; ok && d < 3; d++) ok = mshape[d] == p->shape[d];
+        if (ok) return MT_OK;
+        shape_str(got, sizeof got, 3, mshape, NULL);
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s disagrees with the checkpoint: MXFP4 tensor '%s_blocks' in %s dequantises to %s "
+                            "but %s implies %s (%s). Use the config.json that came with these weights",
+                            config_path, p->name, ck->files[mb->file].path, got, config_path, want,
+                            dim_keys(cfg, p, 0));
+    }
+    if (!e) {
+        /* _blocks / _scales there but not the MXFP4 pair: name them, not the tensor they encode */
+        mt_status_t mst = eng_checkpoint_mxfp4_check(ck, p->name, err);
+        if (mst != MT_OK) return mst;
+        /* a routed expert may be stored fused (transformers 5): say where it was looked for too */
+        const char *at = p->expert >= 0 ? strstr(p->name, ".experts.") : NULL;
+        char alt[200] = "";
+        if (at) { /* transformers 5 names Mixtral's block_sparse_moe `mlp` */
+            const char *bsm = strstr(p->name, ".block_sparse_moe.");
+            const int keep = (int)((bsm && bsm < at ? bsm : at) - p->name);
+            snprintf(alt, sizeof alt, "; nor fused, as '%.*s%s.experts.%s'", keep, p->name,
+                     bsm && bsm < at ? ".mlp" : "", p->role == ENG_P_EXP_DOWN ? "down_proj" : "gate_up_proj");
+        }
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: missing tensor '%s', which %s implies with shape %s (%s)%s", ck->dir, p->name,
+                            config_path, want, dim_keys(cfg, p, 0), alt);
+    }
+    const eng_st_tensor_t *t = e->tensor;
+    const eng_ckpt_entry_t *scales;
+    if (t->dtype == ENG_ST_F8_E4M3) { /* FP8: its block scales must be there, of the right shape */
+        mt_status_t fst = eng_checkpoint_fp8_scales(ck, e, &scales, err);
+        if (fst != MT_OK) return fst;
+    }
+    int bad = t->ndim == p->ndim ? -1 : 0;
+    for (int d = 0; bad < 0 && d < p->ndim; d++)
+        if ((int64_t)t->shape[d] != p->shape[d]) bad = d;
+    if (bad >= 0) {
+        shape_str(got, sizeof got, t->ndim, NULL, t->shape);
+        char dimv[64] = "";
+        if (t->ndim == p->ndim)
+            snprintf(dimv, sizeof dimv, " (%lld in the checkpoint)", (long long)t->shape[bad]);
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s disagrees with the checkpoint: tensor '%s' in %s has shape %s but %s "
+                            "implies %s; dimension %d is %lld, set by %s%s. Use the config.json that "
+                            "came with these weights",
+                            config_path, p->name, ck->files[e->file].path, got, config_path, want, bad,
+                            (long long)p->shape[bad], dim_keys(cfg, p, bad), dimv);
+    }
+    return MT_OK;
+}
+
 mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_config_t *cfg,
                                  const eng_model_desc_t *spec, const char *config_path, bool allow_unused,
                                  mt_error_t *err) {
-    char want[128], got[128];
     /* parameters, then buffers (DeepSeek-V3's e_score_correction_bias): both are the checkpoint's */
     const int described = spec->count + spec->num_buffers;
     for (int i = 0; i < described; i++) {
         const eng_param_spec_t *p = i < spec->count ? &spec->params[i] : &spec->buffers[i - spec->count];
-        shape_str(want, sizeof want, p->ndim, p->shape, NULL);
-        const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->name);
-        const eng_ckpt_entry_t *mb, *ms;
-        int64_t mshape[3];
-        if (!e && eng_checkpoint_find_mxfp4(ck, p->name, &mb, &ms, mshape)) {
-            /* gpt-oss's MXFP4 experts: compare the shape they dequantise to */
-            bool ok = p->ndim == 3;
-            for (int d = 0; ok && d < 3; d++) ok = mshape[d] == p->shape[d];
-            if (ok) continue;
-            shape_str(got, sizeof got, 3, mshape, NULL);
-            return mt_error_set(err, MT_ERR_FORMAT,
-                                "%s disagrees with the checkpoint: MXFP4 tensor '%s_blocks' in %s dequantises to %s "
-                                "but %s implies %s (%s). Use the config.json that came with these weights",
-                                config_path, p->name, ck->files[mb->file].path, got, config_path, want,
-                                dim_keys(cfg, p, 0));
-        }
-        if (!e) {
-            /* a routed expert may be stored fused (transformers 5): say where it was looked for too */
-            const char *at = p->expert >= 0 ? strstr(p->name, ".experts.") : NULL;
-            char alt[200] = "";
-            if (at) { /* transformers 5 names Mixtral's block_sparse_moe `mlp` */
-                const char *bsm = strstr(p->name, ".block_sparse_moe.");
-                const int keep = (int)((bsm && bsm < at ? bsm : at) - p->name);
-                snprintf(alt, sizeof alt, "; nor fused, as '%.*s%s.experts.%s'", keep, p->name,
-                         bsm && bsm < at ? ".mlp" : "", p->role == ENG_P_EXP_DOWN ? "down_proj" : "gate_up_proj");
-            }
-            return mt_error_set(err, MT_ERR_FORMAT,
-                                "%s: missing tensor '%s', which %s implies with shape %s (%s)%s", ck->dir, p->name,
-                                config_path, want, dim_keys(cfg, p, 0), alt);
-        }
-        const eng_st_tensor_t *t = e->tensor;
-        int bad = t->ndim == p->ndim ? -1 : 0;
-        for (int d = 0; bad < 0 && d < p->ndim; d++)
-            if ((int64_t)t->shape[d] != p->shape[d]) bad = d;
-        if (bad >= 0) {
-            shape_str(got, sizeof got, t->ndim, NULL, t->shape);
-            char dimv[64] = "";
-            if (t->ndim == p->ndim)
-                snprintf(dimv, sizeof dimv, " (%lld in the checkpoint)", (long long)t->shape[bad]);
-            return mt_error_set(err, MT_ERR_FORMAT,
-                                "%s disagrees with the checkpoint: tensor '%s' in %s has shape %s but %s "
-                                "implies %s; dimension %d is %lld, set by %s%s. Use the config.json that "
-                                "came with these weights",
-                                config_path, p->name, ck->files[e->file].path, got, config_path, want, bad,
-                                (long long)p->shape[bad], dim_keys(cfg, p, bad), dimv);
-        }
+        mt_status_t st = check_described(ck, cfg, p, config_path, err);
+        if (st != MT_OK) return st;
     }
     /* Tensors nothing in the spec names: a merge of two sorted lists. */
     const size_t nnames = described > 0 ? (size_t)described : 1;
@@ -222,6 +233,8 @@ mt_status_t eng_checkpoint_check(const eng_checkpoint_t *ck, const eng_model_con
         const char *n = ck->entries[i].name;
         while (j < described && strcmp(names[j], n) < 0) j++;
         if (j < described && strcmp(names[j], n) == 0) continue;
+        /* FP8 scales and MXFP4 pairs read with the weight they encode */
+        if (eng_checkpoint_dequant_part(ck, names, described, n)) continue;
         if (ignored_by_transformers(cfg, n)) continue;
         if (!first) first = n;
         unexplained++;

@@ -223,35 +223,67 @@ const eng_ckpt_entry_t *eng_checkpoint_find(const eng_checkpoint_t *ck, const ch
     return bsearch(&key, ck->entries, (size_t)ck->count, sizeof key, cmp_entry);
 }
 
-/* An F8_E4M3 tensor, as DeepSeek-V3 ships its linear weights
- * (quant_method fp8): dequantised to fp32 with the block scales of its
- * sibling `<module>.weight_scale_inv` (base/quant.h), 128 x 128 blocks as
- * the published quantization_config's weight_block_size says.  Without a
- * sibling the values are read unscaled. */
+/* An F8_E4M3 tensor, as DeepSeek-V3 and GLM ship their linear weights
+ * (quant_method fp8), is only a weight with its block scales: the sibling
+ * `<module>.weight_scale_inv`, fp32 (or BF16/F16), one scale per 128 x 128
+ * block as the published quantization_config's weight_block_size says.
+ * Read unscaled, the values would be thousands of times too large and still
+ * train, so a weight without them, or with scales of another shape, is
+ * refused here from the headers (eng_checkpoint_check calls it too, when the
+ * run is planned), and their values when read. */
 #define ENG_FP8_BLOCK 128
-static mt_status_t read_fp8(const eng_checkpoint_t *ck, const eng_st_file_t *f, const eng_st_tensor_t *t,
-                            const char *name, float *dst, mt_error_t *err) {
+mt_status_t eng_checkpoint_fp8_scales(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e,
+                                      const eng_ckpt_entry_t **scales, mt_error_t *err) {
+    const eng_st_tensor_t *t = e->tensor;
+    const char *path = ck->files[e->file].path;
     char sname[300];
-    const size_t n = strlen(name);
-    const bool is_weight = n > 7 && strcmp(name + n - 7, ".weight") == 0;
-    snprintf(sname, sizeof sname, "%s_scale_inv", name);
-    const eng_ckpt_entry_t *se = is_weight ? eng_checkpoint_find(ck, sname) : NULL;
-    if (!se) {
-        const uint8_t *w = t->data;
-        for (size_t i = 0; i < t->numel; i++) dst[i] = mt_fp8_e4m3_to_f32(w[i]);
-        return MT_OK;
-    }
+    snprintf(sname, sizeof sname, "%s_scale_inv", e->name);
+    const eng_ckpt_entry_t *se = eng_checkpoint_find(ck, sname);
+    if (!se)
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: FP8 tensor '%s' has no block scales '%s' in the checkpoint; an F8_E4M3 weight is "
+                            "read with its weight_scale_inv (the checkpoint is incomplete)",
+                            path, e->name, sname);
     const eng_st_tensor_t *s = se->tensor;
+    if (s->dtype != ENG_ST_F32 && s->dtype != ENG_ST_BF16 && s->dtype != ENG_ST_F16)
+        return mt_error_set(err, MT_ERR_FORMAT, "%s: block scales '%s' are %s; expected F32, BF16 or F16",
+                            ck->files[se->file].path, sname, eng_st_dtype_name(s->dtype));
     if (t->ndim != 2 || s->ndim != 2)
         return mt_error_set(err, MT_ERR_FORMAT,
-                            "%s: FP8 tensor '%s' (%d-D) with block scales '%s' (%d-D): both must be 2-D", f->path,
-                            name, t->ndim, sname, s->ndim);
+                            "%s: FP8 tensor '%s' (%d-D) with block scales '%s' (%d-D): both must be 2-D", path,
+                            e->name, t->ndim, sname, s->ndim);
+    const int64_t rows = (int64_t)t->shape[0], cols = (int64_t)t->shape[1];
+    const int64_t want_r = (rows + ENG_FP8_BLOCK - 1) / ENG_FP8_BLOCK, want_c = (cols + ENG_FP8_BLOCK - 1) / ENG_FP8_BLOCK;
+    if ((int64_t)s->shape[0] != want_r || (int64_t)s->shape[1] != want_c)
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: block scales '%s' have shape [%lld, %lld]; the FP8 weight '%s' [%lld, %lld] in "
+                            "blocks of %d x %d needs [%lld, %lld]",
+                            ck->files[se->file].path, sname, (long long)s->shape[0], (long long)s->shape[1],
+                            e->name, (long long)rows, (long long)cols, ENG_FP8_BLOCK, ENG_FP8_BLOCK,
+                            (long long)want_r, (long long)want_c);
+    *scales = se;
+    return MT_OK;
+}
+
+static mt_status_t read_fp8(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e, float *dst, mt_error_t *err) {
+    const eng_ckpt_entry_t *se;
+    mt_status_t st = eng_checkpoint_fp8_scales(ck, e, &se, err);
+    if (st != MT_OK) return st;
+    const eng_st_tensor_t *t = e->tensor, *s = se->tensor;
     float *scale = malloc((s->numel ? s->numel : 1) * sizeof *scale);
-    MT_CHECK_ALLOC(scale, sname);
-    mt_status_t st = eng_st_read_f32(&ck->files[se->file], s, scale, err);
+    MT_CHECK_ALLOC(scale, se->name);
+    st = eng_st_read_f32(&ck->files[se->file], s, scale, err);
+    /* a scale of 0, a negative or a non-finite one: blamed on the scale, not the weight */
+    const size_t bad = st == MT_OK ? mt_first_bad_scale(scale, s->numel) : SIZE_MAX;
+    if (bad != SIZE_MAX)
+        st = mt_error_set(err, MT_ERR_FORMAT,
+                          "%s: block scales '%s' hold %g at [%zu, %zu]; expected finite, positive scales (the "
+                          "checkpoint is damaged)",
+                          ck->files[se->file].path, se->name, (double)scale[bad], bad / (size_t)s->shape[1],
+                          bad % (size_t)s->shape[1]);
     if (st == MT_OK) {
         char what[400];
-        snprintf(what, sizeof what, "%s: '%s'", f->path, name);
+        snprintf(what, sizeof what, "%s: '%s'", ck->files[e->file].path, e->name);
         st = mt_dequant_fp8_e4m3_block(t->data, (int64_t)t->shape[0], (int64_t)t->shape[1], scale,
                                        (int64_t)s->shape[0], (int64_t)s->shape[1], ENG_FP8_BLOCK, ENG_FP8_BLOCK, dst,
                                        what, err);
@@ -278,6 +310,33 @@ bool eng_checkpoint_find_mxfp4(const eng_checkpoint_t *ck, const char *name, con
     shape[1] = (int64_t)bt->shape[2] * 32;
     shape[2] = (int64_t)bt->shape[1];
     return true;
+}
+
+mt_status_t eng_checkpoint_mxfp4_check(const eng_checkpoint_t *ck, const char *name, mt_error_t *err) {
+    char bn[300], sn[300];
+    snprintf(bn, sizeof bn, "%s_blocks", name);
+    snprintf(sn, sizeof sn, "%s_scales", name);
+    const eng_ckpt_entry_t *b = eng_checkpoint_find(ck, bn), *s = eng_checkpoint_find(ck, sn);
+    if (!b && !s) return MT_OK;
+    if (!b || !s)
+        return mt_error_set(err, MT_ERR_FORMAT, "%s: MXFP4 tensor '%s' has no partner '%s'; gpt-oss's experts are "
+                            "stored as both",
+                            ck->files[(b ? b : s)->file].path, b ? bn : sn, b ? sn : bn);
+    const eng_st_tensor_t *bt = b->tensor, *st = s->tensor;
+    char bs[128], ss[128];
+    shape_to_str(bs, sizeof bs, bt->ndim, NULL, bt->shape);
+    shape_to_str(ss, sizeof ss, st->ndim, NULL, st->shape);
+    if (bt->dtype != ENG_ST_U8 || st->dtype != ENG_ST_U8)
+        return mt_error_set(err, MT_ERR_FORMAT, "%s: MXFP4 tensors '%s' (%s) and '%s' (%s): both must be U8",
+                            ck->files[b->file].path, bn, eng_st_dtype_name(bt->dtype), sn,
+                            eng_st_dtype_name(st->dtype));
+    bool ok = bt->ndim == 4 && st->ndim == 3 && bt->shape[3] == 16;
+    for (int d = 0; ok && d < 3; d++) ok = bt->shape[d] == st->shape[d];
+    if (!ok)
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: MXFP4 tensors '%s' %s and '%s' %s do not fit; expected (E, R, G, 16) and (E, R, G)",
+                            ck->files[b->file].path, bn, bs, sn, ss);
+    return MT_OK;
 }
 
 /* A gpt-oss expert tensor from its MXFP4 blocks and scales, dequantised
@@ -312,6 +371,8 @@ mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name
     int64_t mshape[3];
     if (!e && eng_checkpoint_find_mxfp4(ck, name, &mb, &ms, mshape))
         return read_mxfp4(ck, name, ndim, expect_shape, mb, ms, mshape, dst, err);
+    const mt_status_t mst = e ? MT_OK : eng_checkpoint_mxfp4_check(ck, name, err);
+    if (mst != MT_OK) return mst;
     if (!e)
         return mt_error_set(err, MT_ERR_FORMAT,
                             "%s: missing tensor '%s' (config.json implies shape %s)", ck->dir, name,
@@ -335,7 +396,7 @@ mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name
     const size_t es = (size_t)eng_st_dtype_bits(t->dtype) / 8;
     size_t bad = MT_ALL_FINITE;
     if (t->dtype == ENG_ST_F8_E4M3) {
-        mt_status_t st = read_fp8(ck, f, t, name, dst, err);
+        mt_status_t st = read_fp8(ck, e, dst, err);
         if (st != MT_OK) return st;
         bad = mt_first_nonfinite_f32(dst, t->numel);
     }
@@ -364,10 +425,7 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* A quantised weight's second half, read with it by eng_checkpoint_read_f32:
- * gpt-oss's MXFP4 NAME_blocks / NAME_scales, an FP8 weight's
- * NAME_scale_inv; so not an unused tensor.  names: sorted. */
-static bool read_by_dequant(const char **names, int count, const char *n) {
+bool eng_checkpoint_dequant_part(const eng_checkpoint_t *ck, const char **names, int count, const char *n) {
     static const char *const k_suffix[] = {"_blocks", "_scales", "_scale_inv"};
     const size_t len = strlen(n);
     for (size_t k = 0; k < sizeof k_suffix / sizeof k_suffix[0]; k++) {
@@ -377,7 +435,12 @@ static bool read_by_dequant(const char **names, int count, const char *n) {
         memcpy(base, n, len - sl);
         base[len - sl] = '\0';
         const char *key = base;
-        if (bsearch(&key, names, (size_t)count, sizeof *names, cmp_str)) return true;
+        if (!bsearch(&key, names, (size_t)count, sizeof *names, cmp_str)) continue;
+        const eng_ckpt_entry_t *plain = eng_checkpoint_find(ck, base), *mb, *ms;
+        int64_t shape[3];
+        if (k == 2) return plain && plain->tensor->dtype == ENG_ST_F8_E4M3; /* the scales of an FP8 weight */
+        /* MXFP4: read only where the plain tensor is absent */
+        return !plain && eng_checkpoint_find_mxfp4(ck, base, &mb, &ms, shape);
     }
     return false;
 }
@@ -406,7 +469,7 @@ mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_desc
         const char *n = ck->entries[i].name;
         while (j < described && strcmp(names[j], n) < 0) j++;
         if (j < described && strcmp(names[j], n) == 0) continue;
-        if (read_by_dequant(names, described, n)) continue;
+        if (eng_checkpoint_dequant_part(ck, names, described, n)) continue;
         report->unexpected[report->unexpected_count++] = n;
     }
     free(names);

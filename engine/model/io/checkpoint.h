@@ -91,6 +91,24 @@ mt_status_t eng_checkpoint_resolve(eng_checkpoint_t *ck, const eng_model_desc_t 
 bool eng_checkpoint_find_mxfp4(const eng_checkpoint_t *ck, const char *name, const eng_ckpt_entry_t **blocks,
                                const eng_ckpt_entry_t **scales, int64_t shape[3]);
 
+/* Where NAME_blocks or NAME_scales is there but the pair is not the MXFP4
+ * layout above: an error naming them, what they are and what was expected
+ * (MT_OK when neither is there, or the pair is right). */
+mt_status_t eng_checkpoint_mxfp4_check(const eng_checkpoint_t *ck, const char *name, mt_error_t *err);
+
+/* An F8_E4M3 tensor's block scales, `<name>_scale_inv`, from the headers:
+ * an error naming both when they are missing, not fp32/bf16/fp16, or not
+ * (ceil(rows/128), ceil(cols/128)); *scales gets their entry. */
+mt_status_t eng_checkpoint_fp8_scales(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e,
+                                      const eng_ckpt_entry_t **scales, mt_error_t *err);
+
+/* True when tensor n is the second half of a quantised weight NAME that
+ * names[count] (sorted) describes and that is read through it: the
+ * `_scale_inv` of an F8_E4M3 NAME, or the `_blocks` / `_scales` of an MXFP4
+ * NAME the checkpoint holds no plain tensor of.  Anything else with those
+ * suffixes is an unused tensor like any other. */
+bool eng_checkpoint_dequant_part(const eng_checkpoint_t *ck, const char **names, int count, const char *n);
+
 /* Reads one tensor as fp32 into dst (numel floats), checking its shape
  * against expect_shape (ndim dims; a spec's 1-D params use ndim 1). */
 mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name, int ndim,
