@@ -7,7 +7,7 @@ live in (docs/design.md, "Folders"):
   (3) no call circle among product files: the graph "file A calls a function
       defined in file B", read from the built objects' symbol tables, has no
       cycle (a circle means neither file can be read without the other);
-  (4) nothing in the repository points outside it (../shared);
+  (4) nothing in the repository points outside it (to a sibling checkout);
   (5) README.md is a front page: at most 250 lines, with the quick start and
       the test command in its first 100.
 
@@ -156,15 +156,20 @@ def check_call_circles(files):
     return ["call circle among %d files: %s" % (len(c), " ".join(c)) for c in circles]
 
 
+# The sibling folder a developer's checkout may sit beside; spelled in parts
+# so that this file does not name it as a path itself.
+OUTSIDE = ("../" + "shared", "shared/" + "notes", "shared/" + "DESIGN")
+
+
 def check_outside_paths(files):
     hits = []
     for p in files:
-        if p.startswith("tests/bad_inputs/") or not os.path.isfile(p) or p == "tools/build/check_house.py":
+        if p.startswith("tests/bad_inputs/") or not os.path.isfile(p):
             continue
         try:
             with open(p, encoding="utf-8") as f:
                 for n, line in enumerate(f, 1):
-                    if "../shared" in line or "shared/notes" in line or "shared/DESIGN" in line:
+                    if any(o in line for o in OUTSIDE):
                         hits.append("%s:%d points outside the repository" % (p, n))
         except (UnicodeDecodeError, OSError):
             continue
