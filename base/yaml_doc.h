@@ -6,15 +6,23 @@
  * parsing and the limits live here, once:
  *  - input size (MT_YAML_MAX_BYTES): a config is a few KiB; a larger file is
  *    a mistake, not a config, and is refused before it is read whole;
- *  - nesting depth (MT_YAML_MAX_DEPTH): walkers recurse;
+ *  - nesting depth (MT_YAML_MAX_DEPTH): walkers recurse, and follow
+ *    aliases, so the levels an alias repeats count where it stands;
  *  - alias expansion (MT_YAML_MAX_ALIAS_NODES): an alias is a reference to
  *    an earlier node, so a handful of lines can name 10^9 nodes (the
  *    "billion laughs" bomb) and a walker that follows them (converting
  *    model_config: to JSON, say) would grow without bound.  Every node
  *    reached again through an alias is counted; past the limit the
- *    document is refused, naming file:line of the list or mapping whose
- *    alias crossed it (libyaml keeps no node for the alias itself);
+ *    document is refused, naming file:line of the alias that crossed it;
+ *  - %TAG directives (MT_YAML_MAX_TAG_DIRECTIVES): libyaml checks each
+ *    against all before it, so 80,000 of them (within the size limit) took
+ *    5 to 50 s; no config needs any.  They are counted on the text before
+ *    libyaml reads it;
  *  - exactly one document in the stream.
+ * Both limits are checked while the text is read, so reading stops at the
+ * first node past one: a text nested 100,000 deep is refused at its 65th
+ * level in milliseconds (libyaml's own loader, reading it whole first,
+ * took minutes).
  * Messages name "FILE:LINE" (mt_yaml_line). */
 #ifndef MT_BASE_YAML_DOC_H
 #define MT_BASE_YAML_DOC_H
@@ -28,6 +36,7 @@
 #define MT_YAML_MAX_BYTES ((size_t)1 << 20)
 #define MT_YAML_MAX_DEPTH 64
 #define MT_YAML_MAX_ALIAS_NODES 10000
+#define MT_YAML_MAX_TAG_DIRECTIVES 64
 
 typedef struct {
     yaml_document_t doc;

@@ -1,34 +1,25 @@
-/* Collectives across ranks: launch detection, the transport (MPI or TCP)
- * and the gradient sum built on its gather (see comm_ranks.h). */
+/* Collectives across ranks: the transport that carries the job, and the
+ * gradient sum built on its gather (see comm_ranks.h).  It names no
+ * transport and no backend: both are what the program links and registers
+ * (ranks_registry.h). */
 #include "kernels/comm_ranks.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cpu/comm_mpi.h"
-#include "kernels/cpu/comm_tcp.h"
-#include "kernels/cuda/comm_nccl_ranks.h"
-
-typedef enum { TRANSPORT_NONE, TRANSPORT_MPI, TRANSPORT_TCP } transport_t;
+#include "kernels/ranks_registry.h"
 
 struct kern_ranks {
     int rank, size, local_rank;
-    transport_t transport;    /* NONE with one rank */
-    bool mpi_initialised;     /* this object started MPI and finalises it */
-    kern_tcp_t *tcp;          /* TRANSPORT_TCP's connections */
-    kern_device_t *dev;       /* the bound device, for on-device buffers */
-    kern_nccl_ranks_t *nccl;  /* two ranks on CUDA devices, else NULL */
+    const kern_ranks_transport_t *transport; /* NULL with one process */
+    void *transport_state;
+    kern_device_t *dev;                     /* the bound device, for on-device buffers */
+    const kern_ranks_device_sum_t *dev_sum; /* the device's own sum across ranks, else NULL */
+    void *dev_sum_state;
 };
 
-static const char *env(const char *name) {
-    const char *v = getenv(name);
-    return v && v[0] ? v : NULL;
-}
-
-static bool mpi_launched(void) { return env("OMPI_COMM_WORLD_SIZE") || env("PMI_SIZE") || env("PMIX_RANK"); }
-
-bool kern_ranks_launched(void) { return mpi_launched() || kern_tcp_launched(); }
+bool kern_ranks_launched(void) { return kern_ranks_launched_transport() != NULL; }
 
 mt_status_t kern_ranks_create(kern_ranks_t **out, mt_error_t *err) {
     *out = NULL;
@@ -36,14 +27,8 @@ mt_status_t kern_ranks_create(kern_ranks_t **out, mt_error_t *err) {
     MT_CHECK_ALLOC(r, "ranks");
     r->size = 1;
     mt_status_t st = MT_OK;
-    /* mpirun first: it may also export torchrun-style variables */
-    if (mpi_launched()) {
-        r->transport = TRANSPORT_MPI;
-        st = kern_mpi_init(&r->rank, &r->size, &r->local_rank, &r->mpi_initialised, err);
-    } else if (kern_tcp_launched()) {
-        r->transport = TRANSPORT_TCP;
-        st = kern_tcp_init(&r->tcp, &r->rank, &r->size, &r->local_rank, err);
-    }
+    r->transport = kern_ranks_launched_transport();
+    if (r->transport) st = r->transport->init(&r->transport_state, &r->rank, &r->size, &r->local_rank, err);
     if (st != MT_OK) {
         free(r);
         return st;
@@ -54,9 +39,8 @@ mt_status_t kern_ranks_create(kern_ranks_t **out, mt_error_t *err) {
 
 void kern_ranks_destroy(kern_ranks_t *r) {
     if (!r) return;
-    if (r->nccl) kern_nccl_ranks_destroy(r->nccl);
-    kern_tcp_destroy(r->tcp);
-    if (r->mpi_initialised) kern_mpi_finalize();
+    if (r->dev_sum) r->dev_sum->destroy(r->dev_sum_state);
+    if (r->transport) r->transport->destroy(r->transport_state);
     free(r);
 }
 
@@ -64,32 +48,33 @@ int kern_ranks_rank(const kern_ranks_t *r) { return r->rank; }
 int kern_ranks_size(const kern_ranks_t *r) { return r->size; }
 int kern_ranks_local_rank(const kern_ranks_t *r) { return r->local_rank; }
 
-const char *kern_ranks_launcher(const kern_ranks_t *r) {
-    return r->transport == TRANSPORT_MPI ? "mpirun" : r->transport == TRANSPORT_TCP ? "a torchrun-style launch" : "one process";
-}
-
-/* What rank 0 hands every rank to start NCCL: its id, or that it failed. */
-typedef struct {
-    int ok;
-    unsigned char id[KERN_NCCL_ID_BYTES];
-} nccl_bootstrap_t;
+const char *kern_ranks_launcher(const kern_ranks_t *r) { return r->transport ? r->transport->launcher : "one process"; }
 
 mt_status_t kern_ranks_bind_device(kern_ranks_t *r, kern_device_t *dev, mt_error_t *err) {
     r->dev = dev;
-    if (r->size != 2 || dev->kind != KERN_BACKEND_CUDA) return MT_OK;
-    nccl_bootstrap_t mine = {0};
+    const kern_ranks_device_sum_t *ds = kern_ranks_find_device_sum(dev->kind);
+    if (!ds || r->size != ds->ranks) return MT_OK;
+    /* What rank 0 hands every rank: a byte saying whether it made the id,
+     * then the id. */
+    const size_t rec = 1 + ds->id_bytes;
+    unsigned char *mine = calloc(1, rec), *all = calloc((size_t)r->size, rec);
+    MT_CHECK_ALLOC(mine, "the device sum's id");
+    MT_CHECK_ALLOC(all, "the device sum's ids");
     mt_status_t st = MT_OK;
     if (r->rank == 0) {
-        st = kern_nccl_ranks_unique_id(mine.id, err);
-        mine.ok = st == MT_OK;
+        st = ds->unique_id(mine + 1, err);
+        mine[0] = st == MT_OK;
     }
     /* every rank joins the gather even when rank 0 failed: then all fail */
-    nccl_bootstrap_t all[2];
-    kern_ranks_allgather(r, &mine, all, sizeof mine);
-    if (st != MT_OK) return st;
-    if (!all[0].ok)
-        return mt_error_set(err, MT_ERR_DEVICE, "NCCL: rank 0 could not create the job's unique id (see its error)");
-    return kern_nccl_ranks_create(dev, r->rank, r->size, all[0].id, &r->nccl, err);
+    kern_ranks_allgather(r, mine, all, rec);
+    if (st == MT_OK && !all[0])
+        st = mt_error_set(err, MT_ERR_DEVICE, "%s: rank 0 could not create the job's unique id (see its error)",
+                          ds->name);
+    if (st == MT_OK) st = ds->create(dev, r->rank, r->size, all + 1, &r->dev_sum_state, err);
+    if (st == MT_OK) r->dev_sum = ds;
+    free(mine);
+    free(all);
+    return st;
 }
 
 /* Floats per rank per gather round: 4 MiB, so the receive buffer of a round
@@ -129,7 +114,7 @@ static void sum_host_f32(kern_ranks_t *r, float *buf, size_t count, const bool *
 }
 
 /* Floats per round trip through host memory for a device buffer without
- * NCCL: bounds the host copy at 16 MiB whatever the tensor's size. */
+ * a device sum: bounds the host copy at 16 MiB whatever the tensor's size. */
 enum { STAGE_FLOATS = 1 << 22 };
 
 void kern_ranks_sum_f32(kern_ranks_t *r, float *buf, size_t count, bool on_device, const bool *contrib) {
@@ -139,8 +124,8 @@ void kern_ranks_sum_f32(kern_ranks_t *r, float *buf, size_t count, bool on_devic
         return;
     }
     MT_CHECK(r->dev, "kern_ranks_sum_f32: a device buffer before kern_ranks_bind_device");
-    if (r->nccl) {
-        kern_nccl_ranks_sum_f32(r->nccl, buf, count);
+    if (r->dev_sum) {
+        r->dev_sum->sum_f32(r->dev_sum_state, buf, count);
         return;
     }
     kern_stream_t *s = kern_stream(r->dev, KERN_STREAM_COMPUTE);
@@ -163,11 +148,7 @@ void kern_ranks_allgather(kern_ranks_t *r, const void *send, void *recv, size_t 
         memmove(recv, send, bytes);
         return;
     }
-    if (r->transport == TRANSPORT_TCP) {
-        kern_tcp_allgather(r->tcp, send, recv, bytes);
-    } else {
-        kern_mpi_allgather(send, recv, bytes);
-    }
+    r->transport->allgather(r->transport_state, send, recv, bytes);
 }
 
 int kern_ranks_max_int(kern_ranks_t *r, int v) {
@@ -182,12 +163,10 @@ int kern_ranks_max_int(kern_ranks_t *r, int v) {
 }
 
 void kern_ranks_barrier(kern_ranks_t *r) {
-    if (r->transport == TRANSPORT_TCP) kern_tcp_barrier(r->tcp);
-    if (r->transport == TRANSPORT_MPI && r->size > 1) kern_mpi_barrier();
+    if (r->transport && r->size > 1) r->transport->barrier(r->transport_state);
 }
 
 _Noreturn void kern_ranks_abort(kern_ranks_t *r, int code) {
-    if (r->transport == TRANSPORT_TCP) kern_tcp_abort(r->tcp, code);
-    if (r->transport == TRANSPORT_MPI && r->size > 1) kern_mpi_abort(code);
+    if (r->transport && r->size > 1) r->transport->abort(r->transport_state, code);
     exit(code);
 }

@@ -2,20 +2,24 @@
  * the model per rank, each rank with its own local devices (the in-process
  * collective over those is device.h's kern_comm).
  *
- * How a process learns it is a rank, and how the ranks talk:
+ * How a process learns it is a rank, and how the ranks talk, is up to the
+ * transports the program links (ranks_registry.h; //kernels/backends:ranks
+ * links both of these), asked in this order:
  * - mpirun's environment (Open MPI's OMPI_COMM_WORLD_SIZE, or a PMI/PMIx
  *   launcher's PMI_SIZE / PMIX_RANK): MPI (kernels/cpu/comm_mpi.c).
  * - else torchrun's (WORLD_SIZE > 1 with RANK, MASTER_ADDR, MASTER_PORT):
  *   the ranks meet over TCP at rank 0 (kernels/cpu/comm_tcp.c).
- * - else one rank, and nothing is initialised.
+ * - else one rank, and nothing is initialised (also when the program links
+ *   no transport).
  *
  * The gradient sum is the part training depends on: every rank must get the
  * same bits, the rank-order sum 0..R-1 in fp32, so that identical optimizer
  * steps keep the weights identical without broadcasting them.  Host buffers
  * are gathered and added in rank order (comm_ranks.c, over either
- * transport); device buffers go through NCCL on a CUDA device when there
- * are two ranks (one commutative add: the same bits), else through host
- * memory.
+ * transport); device buffers go through the device backend's own sum where
+ * one is linked and gives those bits (NCCL on CUDA devices with two ranks,
+ * one commutative add: kernels/cuda/comm_nccl_ranks.c,
+ * //kernels/backends:nccl_ranks), else through host memory.
  *
  * Every call is collective: each rank makes the same calls in the same
  * order with the same counts, from the thread that created the object. */
@@ -30,9 +34,9 @@
 
 typedef struct kern_ranks kern_ranks_t;
 
-/* Whether mpirun's or torchrun's environment is present (before anything
- * is created: a caller that must not act on every rank at once can ask
- * first). */
+/* Whether a linked transport's launcher (mpirun, torchrun) started this
+ * process (before anything is created: a caller that must not act on every
+ * rank at once can ask first). */
 bool kern_ranks_launched(void);
 
 /* One rank unless the environment says a launcher started this process;
@@ -52,14 +56,15 @@ int kern_ranks_local_rank(const kern_ranks_t *r);
 const char *kern_ranks_launcher(const kern_ranks_t *r);
 
 /* Device buffers passed to kern_ranks_sum_f32 live on dev (this rank's
- * primary device): on CUDA with two ranks, sets up NCCL across the ranks. */
+ * primary device): where the device's backend has a sum across ranks for
+ * this many ranks (NCCL on CUDA with two), sets it up. */
 mt_status_t kern_ranks_bind_device(kern_ranks_t *r, kern_device_t *dev, mt_error_t *err);
 
 /* buf (count floats) = the rank-order fp32 sum over the ranks r with
  * contrib[r] (an array of size ranks, the same on every rank), the same
  * bits on every rank.  on_device: buf is a device pointer of the bound
  * device, whose work on it has finished, and a non-contributor's buffer
- * holds zeros (NCCL adds it). */
+ * holds zeros (a device sum adds it). */
 void kern_ranks_sum_f32(kern_ranks_t *r, float *buf, size_t count, bool on_device, const bool *contrib);
 /* recv (ranks * bytes) = every rank's send, in rank order. */
 void kern_ranks_allgather(kern_ranks_t *r, const void *send, void *recv, size_t bytes);

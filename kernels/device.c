@@ -1,15 +1,16 @@
 /* Backend-independent half of the device layer: creation, the arena's
  * bookkeeping and budget errors, stream-ordered frees (arena_defer.h, its
  * markers are the backend's events), statistics, and thin wrappers over
- * the vtable (see device.h). */
+ * the vtable (see device.h).  It names no backend: a device is created by
+ * the backend registered for its kind (backend_registry.h), so what a
+ * program can open is what it links. */
 #include "kernels/device.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cpu/backend_cpu.h"
-#include "kernels/cuda/backend_cuda.h"
+#include "kernels/backend_registry.h"
 
 /* ---- hooks of the pending-free queue: one marker per stream ---- */
 
@@ -29,10 +30,22 @@ static bool defer_on(const kern_device_t *dev) { return dev->opts.stream_ordered
 
 mt_status_t kern_device_create(kern_backend_kind_t kind, const kern_device_opts_t *opts,
                                kern_device_t **out, mt_error_t *err) {
+    *out = NULL;
     kern_device_opts_t o = opts ? *opts : (kern_device_opts_t){0};
+    const kern_backend_t *backend = kern_backend_find(kind);
+    if (!backend) {
+        char linked[64];
+        kern_backend_names(linked, sizeof linked);
+        if ((unsigned)kind >= KERN_BACKEND_COUNT)
+            return mt_error_set(err, MT_ERR_DEVICE, "no such device kind %d (backends linked: %s)", (int)kind,
+                                linked);
+        return mt_error_set(err, MT_ERR_DEVICE,
+                            "no %s backend is linked into this program (backends linked: %s); link "
+                            "//kernels/backends:%s",
+                            kern_backend_kind_name(kind), linked, kern_backend_kind_name(kind));
+    }
     kern_device_t *dev = NULL;
-    mt_status_t st = kind == KERN_BACKEND_CUDA ? kern_cuda_device_create(&o, &dev, err)
-                                               : kern_cpu_device_create(&o, &dev, err);
+    mt_status_t st = backend->create(&o, &dev, err);
     if (st != MT_OK) return st;
     size_t capacity = dev->opts.device_budget_bytes;
     st = dev->vt->arena_reserve(dev, capacity, &dev->arena_base, err);
@@ -69,7 +82,16 @@ void kern_device_destroy(kern_device_t *dev) {
     dev->vt->destroy(dev);
 }
 
-bool kern_cuda_available(char *why, size_t why_len) { return kern_cuda_probe(why, why_len); }
+bool kern_cuda_available(char *why, size_t why_len) {
+    const kern_backend_t *cuda = kern_backend_find(KERN_BACKEND_CUDA);
+    if (!cuda) {
+        if (why && why_len) snprintf(why, why_len, "no CUDA backend is linked into this program");
+        return false;
+    }
+    if (cuda->probe) return cuda->probe(why, why_len);
+    if (why && why_len) why[0] = '\0';
+    return true;
+}
 
 static char *arena_ptr(kern_device_t *dev, size_t offset) { return (char *)dev->arena_base + offset; }
 

@@ -49,9 +49,13 @@ typedef struct kern_ops kern_ops_t;
 typedef struct kern_threadpool kern_threadpool_t; /* kernels/host/threadpool.h */
 typedef struct kern_comm kern_comm_t;
 
+/* The kinds of device a program may open.  Which of them it can open is
+ * decided by what it links: each backend registers itself with the device
+ * layer (backend_registry.h), and kern_device_create finds it there. */
 typedef enum {
     KERN_BACKEND_CPU = 0,
     KERN_BACKEND_CUDA,
+    KERN_BACKEND_COUNT, /* how many kinds there are, not a kind */
 } kern_backend_kind_t;
 
 typedef enum {
@@ -197,12 +201,17 @@ struct kern_device {
     void *copy_observer_ctx;
 };
 
-/* Creates a backend. KERN_BACKEND_CUDA on a machine without a usable GPU
- * returns MT_ERR_DEVICE with the CUDA error text (e.g. error 35). */
+/* Creates a device of the backend registered for `kind`.  MT_ERR_DEVICE
+ * when no backend of that kind is linked into the program (the message
+ * names the kind and the backends that are linked), and the backend's own
+ * errors: KERN_BACKEND_CUDA on a machine without a usable GPU returns
+ * MT_ERR_DEVICE with the CUDA error text (e.g. error 35). */
 mt_status_t kern_device_create(kern_backend_kind_t kind, const kern_device_opts_t *opts,
                                kern_device_t **out, mt_error_t *err);
 void kern_device_destroy(kern_device_t *dev);
-/* True if a CUDA device can be opened (never aborts). */
+/* True if a CUDA device can be opened (never aborts); else false with the
+ * reason: no CUDA backend linked into this program, or the backend's own
+ * (no GPU, CUDA error 35, a GPU too old for this build). */
 bool kern_cuda_available(char *why, size_t why_len);
 
 /* Device memory from the budget-limited arena.  `tag` names the tensor in

@@ -84,7 +84,7 @@ void kern_bf16_to_f32_cuda(kern_stream_t *s, float *dst, const uint16_t *src, si
  * recomputation and its backward see the same mask on any backend, in any
  * order: dst[i] = keep(seed, i) ? src[i] * (1 / (1 - p)) : 0, keeping an
  * element when splitmix64(seed + i)'s top 24 bits, as a fraction, are >= p
- * (kern_dropout_keep in act_math.h).  dst may be src. */
+ * (kern_dropout_keep in math/act_math.h).  dst may be src. */
 typedef void (*kern_dropout_fn)(kern_stream_t *s, float *dst, const float *src, size_t n, float p, uint64_t seed);
 void kern_dropout_cpu(kern_stream_t *s, float *dst, const float *src, size_t n, float p, uint64_t seed);
 void kern_dropout_cuda(kern_stream_t *s, float *dst, const float *src, size_t n, float p, uint64_t seed);

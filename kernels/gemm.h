@@ -4,10 +4,11 @@
  * (N, K) when trans_b.  beta = 0 overwrites C (C may hold garbage/NaN),
  * beta = 1 accumulates (how weight gradients are summed over micro-batches).
  *
- * A linear layer y = x W^T (W is HF's [out, in]) is
- *   matmul(y, x, W, M=rows, N=out, K=in, false, true, 1, 0),
- * its input gradient dx = dy W is matmul(dx, dy, W, rows, in, out, false, false, 1, 0),
- * its weight gradient dW += dy^T x is matmul(dW, dy, x, out, in, rows, true, false, 1, 1).
+ * A linear layer y = x W^T (W is HF's [out, in]) is, in kern_mm_make's
+ * argument order (C, A, B, M, N, K, trans_a, trans_b, alpha, beta),
+ *   (y, x, W, M=rows, N=out, K=in, false, true, 1, 0),
+ * its input gradient dx = dy W is (dx, dy, W, rows, in, out, false, false, 1, 0),
+ * its weight gradient dW += dy^T x is (dW, dy, x, out, in, rows, true, false, 1, 1).
  *
  * CPU: OpenBLAS sgemm for fp32; bf16 on AVX512-BF16 vdpbf16ps where the CPU
  * has it, else bf16-rounded operands through sgemm (kernels/cpu/gemm_typed.c).
@@ -22,9 +23,7 @@
 
 typedef struct kern_stream kern_stream_t;
 
-/* ---- typed products (what the engine calls) -------------------------------
- *
- * A view of a row-major, contiguous matrix on the device: `rows` x `cols`
+/* A view of a row-major, contiguous matrix on the device: `rows` x `cols`
  * elements of `dtype` (MT_F32 or MT_BF16) at `data`. */
 typedef struct {
     void *data;
@@ -78,32 +77,5 @@ void kern_mm_grouped_cuda(kern_stream_t *s, const kern_mm_t *p, int count);
  * flags.  C is F32. */
 kern_mm_t kern_mm_make(float *C, const void *A, mt_dtype_t a_dt, const void *B, mt_dtype_t b_dt, int M, int N,
                        int K, bool trans_a, bool trans_b, float alpha, float beta, mt_dtype_t compute);
-
-/* ---- fp32 products (the original entry points; being replaced by kern_mm) */
-
-typedef void (*kern_matmul_fn)(kern_stream_t *s, float *C, const float *A, const float *B, int M,
-                               int N, int K, bool trans_a, bool trans_b, float alpha, float beta);
-void kern_matmul_cpu(kern_stream_t *s, float *C, const float *A, const float *B, int M, int N,
-                     int K, bool trans_a, bool trans_b, float alpha, float beta);
-void kern_matmul_cuda(kern_stream_t *s, float *C, const float *A, const float *B, int M, int N,
-                      int K, bool trans_a, bool trans_b, float alpha, float beta);
-
-/* One product of a group (e.g. one expert). Groups with M or N == 0 are
- * skipped; K == 0 is an empty sum: C = beta * C (zeroes C when beta == 0). */
-typedef struct {
-    float *C;
-    const float *A;
-    const float *B;
-    int M, N, K;
-} kern_gemm_desc_t;
-
-/* The experts of a layer as one grouped product over the packed buffers;
- * trans/alpha/beta are shared by every group.  `descs` is host memory. */
-typedef void (*kern_matmul_grouped_fn)(kern_stream_t *s, const kern_gemm_desc_t *descs, int count,
-                                       bool trans_a, bool trans_b, float alpha, float beta);
-void kern_matmul_grouped_cpu(kern_stream_t *s, const kern_gemm_desc_t *descs, int count,
-                             bool trans_a, bool trans_b, float alpha, float beta);
-void kern_matmul_grouped_cuda(kern_stream_t *s, const kern_gemm_desc_t *descs, int count,
-                              bool trans_a, bool trans_b, float alpha, float beta);
 
 #endif

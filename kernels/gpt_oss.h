@@ -1,6 +1,6 @@
 /* gpt-oss's two ops of its own: attention sinks and the experts' clamped
  * SwiGLU.  CPU twins in kernels/cpu/gpt_oss.c, CUDA in kernels/cuda/gpt_oss.cu;
- * the per-element math both share is gpt_oss_math.h.
+ * the per-element math both share is math/gpt_oss_math.h.
  *
  * Attention sinks.  transformers' GptOssAttention appends one learned logit
  * s_h per head to every query row's scores, takes the softmax over the

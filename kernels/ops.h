@@ -32,10 +32,8 @@
 typedef struct kern_ops kern_ops_t;
 
 struct kern_ops {
-    kern_mm_fn mm; /* typed products (what the engine moves to) */
+    kern_mm_fn mm; /* matrix products, fp32 or bf16 compute (gemm.h) */
     kern_mm_grouped_fn mm_grouped;
-    kern_matmul_fn matmul; /* fp32 products, being replaced by mm */
-    kern_matmul_grouped_fn matmul_grouped;
     kern_rmsnorm_fwd_fn rmsnorm_fwd;
     kern_rmsnorm_bwd_fn rmsnorm_bwd;
     kern_rope_fn rope_fwd;

@@ -7,13 +7,18 @@
  * order (by expert, then by the source's permutation).  Every exchange
  * below is one kern_comm_alltoallv between those two layouts, one way or
  * the other, so the per-pair sizes come from two tables: the source's
- * offsets_host, and the owner's received counts (moe_ep_acts_t). */
+ * offsets_host, and the owner's received counts (moe_ep_acts_t).
+ *
+ * Calls go one way: the block (moe_layer.c) calls in here, and this file
+ * calls moe_experts.c for the gather and the owner's products, never back
+ * into the block. */
 #include "moe/expert_parallel.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "moe/moe_alloc.h"
+#include "moe/moe_experts.h"
 #include "moe/moe_layer.h"
 
 void moe_ep_range(int E, int nranks, int rank, int *lo, int *hi) {

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "moe/moe_alloc.h"
+#include "moe/moe_experts.h"
 
 /* One product over the experts that have rows: C_e = op(A_e) op(B_e), each
  * given by its base pointer and per-expert strides (in elements); rows of

@@ -1,7 +1,8 @@
 /* The staging pool's core (see staging.h): settings, the three layouts,
  * reservations and their lazy release, backpressure, counters and the
- * timeline.  Batched copies are in staging_xfer.c, sizing in
- * staging_plan.c.
+ * timeline.  Batched copies are in staging_xfer.c (which calls in here),
+ * host-side jobs and the pack threads in staging_pack.c (which this file
+ * starts and stops), sizing in staging_plan.c.
  *
  * Every reservation is a record: HELD while the caller fills it, PENDING
  * once release_after recorded an event behind the copy that reads it,
@@ -280,13 +281,6 @@ void staging_count_copy(moe_staging_t *p, int dir, size_t bytes) {
 
 void staging_count_tensors(moe_staging_t *p, int dir, int n) {
     for (int s = 0; s < 2; s++) p->st[s].tensors[dir] += (uint64_t)n;
-}
-
-void staging_add_pack_time(moe_staging_t *p, double secs) {
-    pthread_mutex_lock(&p->lock);
-    p->st[0].pack_s += secs;
-    p->st[1].pack_s += secs;
-    pthread_mutex_unlock(&p->lock);
 }
 
 void moe_staging_count_skipped(moe_staging_t *p, int experts) {

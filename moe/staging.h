@@ -100,7 +100,7 @@ typedef struct {
      * calling thread before the copies are issued. */
     bool pack_thread;
     /* How many, 1..4 (0, the default: one beside the CPU backend, one per 4
-     * cores on a GPU's host, moe/staging_xfer.c). */
+     * cores on a GPU's host, moe/staging_pack.c). */
     int pack_threads;
     size_t max_samples;      /* timeline samples kept (default 1 << 20); later ones are counted, not kept */
     const char *label;       /* timeline label (default: the mode name) */

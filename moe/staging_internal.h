@@ -1,6 +1,9 @@
 /* State of the staging pool shared by staging.c (regions, backpressure,
- * counters, timeline) and staging_xfer.c (batched copies, the pack
- * thread).  Private to moe/staging. */
+ * counters, timeline), staging_xfer.c (batched copies) and staging_pack.c
+ * (host-side jobs, the pack threads).  Calls among them go one way:
+ * staging_xfer.c calls the other two, staging.c calls staging_pack.c (to
+ * start and stop the threads), staging_pack.c calls neither.  Private to
+ * moe/staging. */
 #ifndef MT_MOE_STAGING_INTERNAL_H
 #define MT_MOE_STAGING_INTERNAL_H
 
@@ -114,8 +117,19 @@ size_t staging_largest_slab(const moe_staging_t *pool);
 void staging_count_copy(moe_staging_t *pool, int dir, size_t bytes);
 void staging_count_tensors(moe_staging_t *pool, int dir, int n);
 
+/* staging_pack.c: the pack threads, and jobs, which are built by adding
+ * pieces and then handed over (the two calls below take the job). */
 void staging_pack_start(moe_staging_t *pool);
 void staging_pack_stop(moe_staging_t *pool);
-void staging_add_pack_time(moe_staging_t *pool, double s);
+staging_pack_job_t *staging_job_new(moe_staging_t *pool);
+void staging_job_add(staging_pack_job_t *j, void *dst, const void *src, size_t bytes, moe_staging_op_t op);
+void staging_job_free(staging_pack_job_t *j);
+/* H2D: the job is packed before the copies issued on `stream` after this
+ * call: queued to the pack threads with the stream held until it is done,
+ * or packed here when there are none. */
+void staging_pack_before(moe_staging_t *pool, kern_stream_t *stream, staging_pack_job_t *j);
+/* D2H: the job unpacks into the pageable destinations as a host function
+ * on `stream`, after the copies issued before this call. */
+void staging_unpack_after(moe_staging_t *pool, kern_stream_t *stream, staging_pack_job_t *j);
 
 #endif

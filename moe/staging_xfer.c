@@ -1,5 +1,6 @@
-/* Batched transfers through the staging pool (see staging.h) and the
- * helper threads that pack pageable sources into staging.
+/* Batched transfers through the staging pool (see staging.h).  The jobs
+ * that pack pageable sources into staging, and the threads that run them,
+ * are staging_pack.c's; regions and counters are staging.c's.
  *
  * A batch is issued in groups.  A group is a set of regions whose host
  * side is handled by one job (a list of memcpys, or adds for gradients)
@@ -27,175 +28,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "moe/staging_internal.h"
-#include "base/clock.h"
-#include "base/dtype.h"
 
 enum { FLUSH_BYTES = 2 << 20 };
 
 static size_t align_to(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
-
-/* ---- jobs and the pack thread ------------------------------------------- */
-
-static staging_pack_job_t *job_new(moe_staging_t *p) {
-    staging_pack_job_t *j = calloc(1, sizeof *j);
-    MT_CHECK_ALLOC(j, "staging pack job");
-    j->pool = p;
-    return j;
-}
-
-static void job_add_piece(staging_pack_job_t *j, void *dst, const void *src, size_t bytes, moe_staging_op_t op) {
-    if (j->n == j->cap) {
-        j->cap = j->cap ? 2 * j->cap : 16;
-        j->cp = realloc(j->cp, (size_t)j->cap * sizeof *j->cp);
-        MT_CHECK_ALLOC(j->cp, "staging pack job");
-    }
-    j->cp[j->n].dst = dst;
-    j->cp[j->n].src = src;
-    j->cp[j->n].bytes = bytes;
-    j->cp[j->n].op = op;
-    j->n++;
-}
-
-/* Pieces of at most this many bytes (of dst for a conversion, whose fp32
- * source is twice as long): a multiple of every element size. */
-enum { STAGING_PACK_PIECE = 4 << 20 };
-
-static void job_add(staging_pack_job_t *j, void *dst, const void *src, size_t bytes, moe_staging_op_t op) {
-    const size_t src_per_dst = op == MOE_STAGING_F32_TO_BF16 ? 2 : 1;
-    for (size_t off = 0; off < bytes; off += STAGING_PACK_PIECE) {
-        const size_t k = bytes - off < STAGING_PACK_PIECE ? bytes - off : STAGING_PACK_PIECE;
-        job_add_piece(j, (char *)dst + off, (const char *)src + off * src_per_dst, k, op);
-    }
-}
-
-static void job_free(staging_pack_job_t *j) {
-    free(j->cp);
-    free(j);
-}
-
-/* dst += src as floats, element by element (the executor's host gradient
- * add: same order, same rounding). */
-static void add_f32(void *dst, const void *src, size_t bytes) {
-    const size_t n = bytes / sizeof(float);
-    if (((uintptr_t)dst | (uintptr_t)src) % _Alignof(float) == 0) {
-        float *d = dst;
-        const float *s = src;
-        for (size_t k = 0; k < n; k++) d[k] += s[k];
-        return;
-    }
-    for (size_t k = 0; k < n; k++) { /* unaligned: through memcpy, same arithmetic */
-        float a, b;
-        memcpy(&a, (char *)dst + k * sizeof a, sizeof a);
-        memcpy(&b, (const char *)src + k * sizeof b, sizeof b);
-        a += b;
-        memcpy((char *)dst + k * sizeof a, &a, sizeof a);
-    }
-}
-
-static void piece_run(const staging_pack_job_t *j, int k) {
-    if (j->cp[k].op == MOE_STAGING_ADD_F32) add_f32(j->cp[k].dst, j->cp[k].src, j->cp[k].bytes);
-    else if (j->cp[k].op == MOE_STAGING_F32_TO_BF16)
-        mt_convert_from_f32(j->cp[k].dst, MT_BF16, j->cp[k].src, j->cp[k].bytes / 2);
-    else memcpy(j->cp[k].dst, j->cp[k].src, j->cp[k].bytes);
-}
-
-static double job_run(staging_pack_job_t *j) {
-    const double t0 = mt_now_s();
-    for (int k = 0; k < j->n; k++) piece_run(j, k);
-    return mt_now_s() - t0;
-}
-
-/* Pack threads take the pieces of the job at the head of the queue one at
- * a time, so several pack one job (a streamed layer's weights arrive as
- * one job of hundreds of MB); the job leaves the queue when its last piece
- * is taken and is done when every piece is.  Each copy waits for its own
- * job only (wait_job_fn), so jobs may finish in any order. */
-static void *pack_main(void *arg) {
-    moe_staging_t *p = arg;
-    kern_device_pin_host_thread(p->dev); /* host work: off the compute cores */
-    pthread_mutex_lock(&p->lock);
-    for (;;) {
-        while (!p->qhead && !p->stopping) pthread_cond_wait(&p->cond, &p->lock);
-        staging_pack_job_t *j = p->qhead;
-        if (!j) break; /* stopping with an empty queue */
-        const int k = j->taken++;
-        if (j->taken >= j->n) {
-            p->qhead = j->next;
-            if (!p->qhead) p->qtail = NULL;
-        }
-        double dt = 0;
-        if (k < j->n) {
-            pthread_mutex_unlock(&p->lock);
-            const double t0 = mt_now_s();
-            piece_run(j, k);
-            dt = mt_now_s() - t0;
-            pthread_mutex_lock(&p->lock);
-            j->finished++;
-        }
-        p->st[0].pack_s += dt;
-        p->st[1].pack_s += dt;
-        if (j->finished >= j->n && !j->done) {
-            j->done = true;
-            pthread_cond_broadcast(&p->cond);
-        }
-    }
-    pthread_mutex_unlock(&p->lock);
-    return NULL;
-}
-
-/* One pack thread beside the CPU backend, whose host work shares the
- * machine with its compute threads (and which calibration measures that
- * way).  A GPU's host cores are otherwise idle there: one thread converting
- * fp32 masters into bf16 working copies at about 2.5 GB/s kept an H100
- * waiting 50 to 200 ms before each streamed layer (230 MB of weights). */
-static int pack_threads_for(const moe_staging_t *p) {
-    if (p->o.pack_threads > 0)
-        return p->o.pack_threads < STAGING_MAX_PACK_THREADS ? p->o.pack_threads : STAGING_MAX_PACK_THREADS;
-    if (!kern_device_caps(p->dev).kernels_async) return 1;
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const int n = cores > 0 ? (int)(cores / 4) : 1;
-    return n < 1 ? 1 : n > STAGING_MAX_PACK_THREADS ? STAGING_MAX_PACK_THREADS : n;
-}
-
-void staging_pack_start(moe_staging_t *p) {
-    p->stopping = false;
-    const int n = pack_threads_for(p);
-    for (p->nthreads = 0; p->nthreads < n; p->nthreads++)
-        MT_CHECK(pthread_create(&p->threads[p->nthreads], NULL, pack_main, p) == 0,
-                 "cannot start a staging pack thread");
-    p->thread_on = true;
-}
-
-void staging_pack_stop(moe_staging_t *p) {
-    if (!p->thread_on) return;
-    pthread_mutex_lock(&p->lock);
-    p->stopping = true;
-    pthread_cond_broadcast(&p->cond);
-    pthread_mutex_unlock(&p->lock);
-    for (int i = 0; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
-    p->nthreads = 0;
-    p->thread_on = false;
-}
-
-/* Host function on the H2D stream: holds the stream until the job is packed. */
-static void wait_job_fn(void *arg) {
-    staging_pack_job_t *j = arg;
-    moe_staging_t *p = j->pool;
-    pthread_mutex_lock(&p->lock);
-    while (!j->done) pthread_cond_wait(&p->cond, &p->lock);
-    pthread_mutex_unlock(&p->lock);
-    job_free(j);
-}
-
-/* Host function on the D2H stream: unpacks into the pageable destinations. */
-static void unpack_fn(void *arg) {
-    staging_pack_job_t *j = arg;
-    staging_add_pack_time(j->pool, job_run(j));
-    job_free(j);
-}
 
 /* ---- groups --------------------------------------------------------------- */
 
@@ -238,28 +76,17 @@ static void group_add_copy(group_t *g, int reg, size_t off, char *dev, size_t by
 
 /* Places item bytes at region `reg` + off: a memcpy (H2D: pack) or op (D2H: unpack) in the job. */
 static void group_add_item(moe_staging_t *p, group_t *g, int reg, size_t off, const moe_staging_xfer_t *it) {
-    if (!g->job) g->job = job_new(p);
+    if (!g->job) g->job = staging_job_new(p);
     char *staged = (char *)g->reg[reg].host + off;
-    if (g->dir == MOE_STAGING_H2D) job_add(g->job, staged, it->host, it->bytes, it->op);
-    else job_add(g->job, it->host, staged, it->bytes, it->op);
+    if (g->dir == MOE_STAGING_H2D) staging_job_add(g->job, staged, it->host, it->bytes, it->op);
+    else staging_job_add(g->job, it->host, staged, it->bytes, it->op);
     g->bytes += it->bytes;
 }
 
 static void group_flush(moe_staging_t *p, group_t *g) {
     kern_device_t *dev = p->dev;
     if (g->dir == MOE_STAGING_H2D && g->job) {
-        if (p->thread_on) {
-            pthread_mutex_lock(&p->lock);
-            if (p->qtail) p->qtail->next = g->job;
-            else p->qhead = g->job;
-            p->qtail = g->job;
-            pthread_cond_broadcast(&p->cond);
-            pthread_mutex_unlock(&p->lock);
-            kern_launch_host_fn(dev, g->stream, wait_job_fn, g->job);
-        } else {
-            staging_add_pack_time(p, job_run(g->job));
-            job_free(g->job);
-        }
+        staging_pack_before(p, g->stream, g->job);
         g->job = NULL;
     }
     for (int c = 0; c < g->ncp; c++) {
@@ -270,7 +97,7 @@ static void group_flush(moe_staging_t *p, group_t *g) {
         staging_count_copy(p, g->dir, cp->bytes);
     }
     if (g->dir == MOE_STAGING_D2H && g->job) {
-        kern_launch_host_fn(dev, g->stream, unpack_fn, g->job);
+        staging_unpack_after(p, g->stream, g->job);
         g->job = NULL;
     }
     for (int r = 0; r < g->nreg; r++) moe_staging_release_after(p, &g->reg[r], g->stream);
@@ -279,7 +106,7 @@ static void group_flush(moe_staging_t *p, group_t *g) {
 }
 
 static void group_free(group_t *g) {
-    if (g->job) job_free(g->job);
+    if (g->job) staging_job_free(g->job);
     free(g->reg);
     free(g->cp);
 }

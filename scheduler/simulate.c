@@ -7,7 +7,14 @@
  * discrete-event simulation of FIFO streams without an event queue.  The
  * issue order is the executor's: per use of a block, its H2D copies, its
  * compute, then the copies and host work that follow it.  Memory is a list
- * of (time, delta) events per kind, sorted once at the end. */
+ * of (time, delta) events per kind, sorted once at the end.
+ *
+ * Each step order walks the uses of blocks its own way (micro-batch
+ * order: one function per part of a use, sharing mb_order_t; layer-major:
+ * sim_layer_major); the optimizer step, the steady-state stall and the
+ * result are the same for both.  Every event is issued in the order the
+ * walk meets it, which fixes the memory events' order (and with it the
+ * rounding of the running sums). */
 #include "scheduler/simulate.h"
 
 #include <math.h>
@@ -190,7 +197,7 @@ static double opt_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, do
     return end;
 }
 
-/* Layer-major order (plan->layer_major; engine/exec/layer_major.c): the
+/* Layer-major order (plan->layer_major; engine/exec_layer_major.c): the
  * uses of blocks are embedding and layers forward, the head, then layers
  * and embedding backward, 2N - 1 uses, each running all ga micro-batches;
  * the fetches for use u are issued as use u - W - 1 ends, once per use
@@ -322,25 +329,302 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
     return last_end;
 }
 
-static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *plan, const sched_sim_opts_t *opts,
-                                 sched_sim_result_t *out, mt_error_t *err) {
-    memset(out, 0, sizeof *out);
-    out->compute_stretch = 1.0;
-    mt_status_t st = sched_plan_check(plan, w->num_blocks, err);
-    if (st != MT_OK) return st;
-    for (int b = 0; b < w->num_blocks; b++)
-        if (plan->blocks[b].expert_parallel && !(w->moe && w->moe[b]))
-            return mt_error_set(err, MT_ERR_CONFIG,
-                                "block %d: expert parallel needs a block with routed experts (a MoE layer)", b);
-    const int N = w->num_blocks, ga = w->grad_accum > 0 ? w->grad_accum : 1, W = plan->prefetch_window;
-    sim_t s = {.w = w, .keep_tasks = opts && opts->tasks};
-    s.first_fwd = malloc((size_t)N * sizeof *s.first_fwd);
-    MT_CHECK_ALLOC(s.first_fwd, "simulator block starts");
-    for (int b = 0; b < N; b++) s.first_fwd[b] = -1;
-    double *deferred_end = calloc((size_t)N, sizeof *deferred_end); /* 0: not deferred */
-    MT_CHECK_ALLOC(deferred_end, "simulator deferred updates");
-    double stat[SCHED_MEM_COUNT] = {0};
-    for (int b = 0; b < N; b++) {
+/* Micro-batch order's state across its uses of blocks (per micro-batch, a
+ * forward phase over blocks 0..N-1, then a backward phase N-1..0), shared
+ * by the steps of one use below. */
+typedef struct {
+    sim_t *s;
+    const sched_workload_t *w;
+    const sched_plan_t *plan;
+    sched_sim_result_t *out;
+    bool overlap;          /* host AdamW may start during the backward (no clipping) */
+    bool *adam_done;       /* per block: its host AdamW ran during the backward */
+    double *phase_end;     /* compute end per position of the current phase */
+    double *d2h_end;       /* per use that sends D2H, in issue order: when its sending ended */
+    double *offload_end;   /* per block: when its offloaded activations reached pinned memory */
+    int n_d2h;             /* uses that sent D2H so far */
+    double head_w, turn_w; /* weight bytes the head and the turn hold from forward to backward */
+    double last_end;       /* the last compute task's end */
+} mb_order_t;
+
+/* One use of a block in micro-batch order: which, and what it moves. */
+typedef struct {
+    int b, mb, i;          /* block, micro-batch, position in the phase */
+    bool fwd, last_mb;
+    bool turn;             /* the last decoder layer at the turn from forward to backward */
+    bool held;             /* a backward whose weights stayed from the forward */
+    bool grads_d2h;        /* a backward that sends its gradients to the host */
+    const sched_block_plan_t *p;
+    const sched_block_cost_t *c;
+    sched_act_place_t acts;
+    double issue;          /* when its fetches are issued */
+    double fw, fw_copies;  /* weight bytes fetched for it, and their copies */
+    double off;            /* activation bytes an offload moves (the input stays on the device) */
+} mb_use_t;
+
+static mb_use_t mb_use_describe(const mb_order_t *m, int mb, bool fwd, int i, double phase_start) {
+    const sched_workload_t *w = m->w;
+    const sched_plan_t *plan = m->plan;
+    const int N = w->num_blocks, W = plan->prefetch_window;
+    const int ga = w->grad_accum > 0 ? w->grad_accum : 1;
+    mb_use_t u = {.b = fwd ? i : N - 1 - i, .mb = mb, .i = i, .fwd = fwd, .last_mb = mb == ga - 1};
+    const int b = u.b;
+    u.p = &plan->blocks[b];
+    u.c = sched_block_cost(w, b, u.p->expert_parallel);
+    /* the last layer at the turn from forward to backward (engine/exec/place/plan_query.h,
+     * exec_turn_held): with a window of at least 1 its streamed weights and offloaded
+     * activations stay on the device from its forward to its backward */
+    u.turn = W >= 1 && N >= 3 && b == N - 2;
+    /* the embedding's and the head's forward and backward are adjacent: the executor keeps their
+     * activations whatever the plan says */
+    u.acts = b == 0 || b == N - 1 || (u.turn && u.p->acts == SCHED_ACTS_OFFLOAD) ? SCHED_ACTS_KEEP : u.p->acts;
+    /* the fetches for position i are issued just before position i - W computes */
+    u.issue = i - W - 1 >= 0 ? m->phase_end[i - W - 1] : phase_start;
+    /* the head's weights stay from its forward to its backward, and so do the turn's */
+    u.held = !fwd && (b == N - 1 || u.turn);
+    if (!u.held && u.p->weights == SCHED_WEIGHTS_STREAM) u.fw = u.c->w_fetch_bytes, u.fw_copies = u.c->w_fetch_copies;
+    if (!u.held && b == N - 1 && w->tied_head && plan->blocks[0].weights == SCHED_WEIGHTS_STREAM) {
+        u.fw += w->blocks[0].w_fetch_bytes;
+        u.fw_copies += w->blocks[0].w_fetch_copies;
+    }
+    u.off = u.c->act_saved_bytes - u.c->act_input_bytes;
+    u.grads_d2h = !fwd && w->has_trainable && u.p->grads == SCHED_GRADS_HOST && u.c->grad_mb_bytes > 0;
+    return u;
+}
+
+/* The use's H2D fetches (weights, then offloaded activations before a
+ * backward); returns when they are in, and the resource waited for. */
+static double mb_fetch(mb_order_t *m, const mb_use_t *u, sched_resource_t *ready_res) {
+    sim_t *s = m->s;
+    const double fa = !u->fwd && u->acts == SCHED_ACTS_OFFLOAD ? u->off : 0;
+    double ready = 0;
+    *ready_res = SCHED_RES_COMPUTE;
+    if (u->fw > 0) {
+        double t1 = copy(s, true, SCHED_TASK_FETCH_W, u->b, u->mb, u->issue, u->fw, u->fw_copies, NULL);
+        mem(s, SCHED_MEM_DEVICE, u->issue, u->fw); /* allocated when issued */
+        ready = t1, *ready_res = SCHED_RES_H2D;
+    }
+    if (fa > 0) {
+        const double r = u->issue > m->offload_end[u->b] ? u->issue : m->offload_end[u->b];
+        double t1 = copy(s, true, SCHED_TASK_FETCH_ACT, u->b, u->mb, r, fa, u->c->act_copies, NULL);
+        mem(s, SCHED_MEM_DEVICE, u->issue, fa);
+        mem(s, SCHED_MEM_PINNED, t1, -fa); /* the offloaded copy lived in pinned memory */
+        if (t1 > ready) ready = t1, *ready_res = SCHED_RES_H2D;
+    }
+    return ready;
+}
+
+/* Uses that send activations or gradients D2H wait for the D2H issued
+ * W + 1 such uses earlier (bounded device memory).  Returns the use's slot
+ * in d2h_end, -1 when it sends nothing. */
+static int mb_d2h_gate(mb_order_t *m, const mb_use_t *u, double *ready, sched_resource_t *ready_res) {
+    const int W = m->plan->prefetch_window;
+    const bool sends = u->fwd ? u->acts == SCHED_ACTS_OFFLOAD && u->off > 0 : u->grads_d2h;
+    if (!sends) return -1;
+    const double gate = m->n_d2h > W ? m->d2h_end[m->n_d2h - W - 1] : 0;
+    if (gate > *ready) *ready = gate, *ready_res = SCHED_RES_D2H;
+    return m->n_d2h++;
+}
+
+/* The forward's compute and the memory it takes; returns its end. */
+static double mb_forward(mb_order_t *m, const mb_use_t *u, double ready, sched_resource_t ready_res) {
+    sim_t *s = m->s;
+    const sched_block_cost_t *c = u->c;
+    double start;
+    double end = compute(s, SCHED_TASK_FWD, u->b, u->mb, ready, ready_res, c->fwd_s, &start);
+    end = exchange(s, u->b, u->mb, start, end, c->xchg_fwd_bytes);
+    const double saved = u->acts == SCHED_ACTS_RECOMPUTE ? c->act_input_bytes : c->act_saved_bytes;
+    mem(s, SCHED_MEM_DEVICE, start, saved + c->fwd_temp_bytes);
+    mem(s, SCHED_MEM_DEVICE, end, -c->fwd_temp_bytes);
+    return end;
+}
+
+/* The backward's compute (with recomputation and the device gradient add)
+ * and the memory it takes and frees; returns its end. */
+static double mb_backward(mb_order_t *m, const mb_use_t *u, double ready, sched_resource_t ready_res) {
+    sim_t *s = m->s;
+    const sched_block_cost_t *c = u->c;
+    const bool rc = u->acts == SCHED_ACTS_RECOMPUTE;
+    /* later micro-batches compute device gradients into a fresh buffer, then add */
+    const bool dev_add = u->mb > 0 && m->w->has_trainable && u->p->grads == SCHED_GRADS_DEVICE;
+    const double dur = c->bwd_s + (rc ? c->recompute_s : 0) + (dev_add ? c->grad_add_device_s : 0);
+    double start;
+    double end = compute(s, SCHED_TASK_BWD, u->b, u->mb, ready, ready_res, dur, &start);
+    end = exchange(s, u->b, u->mb, start, end, c->xchg_bwd_bytes + (rc ? c->xchg_fwd_bytes : 0));
+    if (rc) m->out->recompute_s += c->recompute_s;
+    const double temp = rc && c->fwd_temp_bytes > c->bwd_temp_bytes ? c->fwd_temp_bytes : c->bwd_temp_bytes;
+    const double grads = u->grads_d2h || dev_add ? c->grad_mb_bytes : 0;
+    mem(s, SCHED_MEM_DEVICE, start, temp + grads + (rc ? c->act_saved_bytes - c->act_input_bytes : 0));
+    mem(s, SCHED_MEM_DEVICE, end, -temp - c->act_saved_bytes - (dev_add ? grads : 0));
+    return end;
+}
+
+/* The fetched weights go when the compute ends, except those the head and
+ * the turn hold from their forward to their backward, which go then. */
+static void mb_release_weights(mb_order_t *m, const mb_use_t *u, double end) {
+    const int N = m->w->num_blocks;
+    if (u->fw > 0 && !(u->fwd && (u->b == N - 1 || u->turn))) mem(m->s, SCHED_MEM_DEVICE, end, -u->fw);
+    if (u->fwd && u->b == N - 1) m->head_w = u->fw;
+    if (u->fwd && u->turn) m->turn_w = u->fw;
+    if (u->held) mem(m->s, SCHED_MEM_DEVICE, end, u->b == N - 1 ? -m->head_w : -m->turn_w);
+}
+
+/* After a forward with OFFLOAD activations: their D2H into pinned memory. */
+static void mb_offload_acts(mb_order_t *m, const mb_use_t *u, double end, int dslot) {
+    if (!(u->fwd && u->acts == SCHED_ACTS_OFFLOAD && u->off > 0)) return;
+    sim_t *s = m->s;
+    double t0;
+    m->offload_end[u->b] = copy(s, false, SCHED_TASK_OFFLOAD_ACT, u->b, u->mb, end, u->off, u->c->act_copies, &t0);
+    /* the copy stays in pinned memory until fetched back */
+    mem(s, SCHED_MEM_PINNED, m->offload_end[u->b], u->off);
+    mem(s, SCHED_MEM_DEVICE, m->offload_end[u->b], -u->off);
+    if (dslot >= 0) m->d2h_end[dslot] = m->offload_end[u->b];
+}
+
+/* After a backward with grads HOST: the gradients' D2H (the first
+ * micro-batch straight into the host buffer; later ones through staging,
+ * then added on the host in the D2H stream's order), and on the last
+ * micro-batch the overlapped host AdamW. */
+static void mb_send_grads(mb_order_t *m, const mb_use_t *u, double end, int dslot) {
+    if (!u->grads_d2h) return;
+    sim_t *s = m->s;
+    const sched_block_cost_t *c = u->c;
+    double t = copy(s, false, SCHED_TASK_GRAD_D2H, u->b, u->mb, end, c->grad_mb_bytes, c->grad_mb_copies, NULL);
+    mem(s, SCHED_MEM_DEVICE, t, -c->grad_mb_bytes);
+    if (u->mb > 0) t = run(s, SCHED_RES_D2H, SCHED_TASK_GRAD_HOST, u->b, u->mb, t, c->grad_add_host_s, c->grad_mb_bytes, NULL);
+    m->d2h_end[dslot] = t;
+    if (u->last_mb && m->overlap && u->p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
+        run(s, SCHED_RES_HOST, SCHED_TASK_ADAM, u->b, -1, t, c->adam_host_s, 0, NULL);
+        m->adam_done[u->b] = true;
+    }
+}
+
+/* One use of a block, in the executor's issue order: fetches, the D2H
+ * gate, the compute, then the copies that follow it. */
+static void mb_use(mb_order_t *m, int mb, bool fwd, int i, double phase_start) {
+    const mb_use_t u = mb_use_describe(m, mb, fwd, i, phase_start);
+    sched_resource_t ready_res;
+    double ready = mb_fetch(m, &u, &ready_res);
+    const int dslot = mb_d2h_gate(m, &u, &ready, &ready_res);
+    const double end = fwd ? mb_forward(m, &u, ready, ready_res) : mb_backward(m, &u, ready, ready_res);
+    mb_release_weights(m, &u, end);
+    m->phase_end[i] = end;
+    m->last_end = end;
+    mb_offload_acts(m, &u, end, dslot);
+    mb_send_grads(m, &u, end, dslot);
+}
+
+/* Micro-batch order (see simulate.h).  Returns the last compute end. */
+static double sim_micro_batch_major(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, bool overlap,
+                                    bool *adam_done, sched_sim_result_t *out) {
+    const int N = w->num_blocks, ga = w->grad_accum > 0 ? w->grad_accum : 1;
+    mb_order_t m = {.s = s, .w = w, .plan = plan, .out = out, .overlap = overlap, .adam_done = adam_done};
+    m.phase_end = malloc((size_t)N * sizeof *m.phase_end);
+    m.d2h_end = malloc(((size_t)2 * (size_t)N * (size_t)ga + 1) * sizeof *m.d2h_end);
+    m.offload_end = calloc((size_t)N, sizeof *m.offload_end);
+    MT_CHECK(m.phase_end && m.d2h_end && m.offload_end, "out of host memory in the simulator");
+    for (int mb = 0; mb < ga; mb++) {
+        for (int phase = 0; phase < 2; phase++) {
+            const double phase_start = m.last_end;
+            for (int i = 0; i < N; i++) mb_use(&m, mb, phase == 0, i, phase_start);
+        }
+    }
+    free(m.phase_end);
+    free(m.d2h_end);
+    free(m.offload_end);
+    return m.last_end;
+}
+
+/* The global norm of the optimizer step: its host part, then its device
+ * part; returns its end. */
+static double opt_norm(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, double t) {
+    double norm_host = 0, norm_dev = 0;
+    for (int b = 0; b < w->num_blocks; b++) {
+        const sched_block_cost_t *c = sched_block_cost(w, b, plan->blocks[b].expert_parallel);
+        if (c->grad_step_bytes <= 0) continue;
+        if (plan->blocks[b].grads == SCHED_GRADS_HOST) norm_host += c->norm_host_s;
+        else norm_dev += c->norm_device_s;
+    }
+    t = opt_run(s, SCHED_RES_HOST, SCHED_TASK_NORM, -1, t, norm_host);
+    return opt_run(s, SCHED_RES_COMPUTE, SCHED_TASK_NORM, -1, t, norm_dev);
+}
+
+/* Block b's update in the optimizer sequence, from t; returns when the
+ * sequence goes on.  A streamed block's host update with its gradients on
+ * the host runs on the optimizer worker into the next step (engine/
+ * engine/exec/optim_step.c): only that block's next fetch waits for it (deferred_end),
+ * and the step end only for the blocks the next step prefetches (b <= the
+ * window). */
+static double opt_block(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, const sched_sim_opts_t *opts,
+                        int b, double t, const bool *adam_done, double *deferred_end) {
+    const sched_block_plan_t *p = &plan->blocks[b];
+    const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
+    if (c->grad_step_bytes <= 0) return t;
+    const bool resident = p->weights == SCHED_WEIGHTS_RESIDENT;
+    if (p->optim == SCHED_OPTIM_DEVICE) return opt_run(s, SCHED_RES_COMPUTE, SCHED_TASK_ADAM, b, t, c->adam_device_s);
+    if (!adam_done[b] && !opts_in_step(opts) && p->grads == SCHED_GRADS_HOST && !resident) {
+        s->off_step = true;
+        double start;
+        deferred_end[b] = run(s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, t, c->adam_host_s, 0, &start);
+        s->off_step = false;
+        if (b <= plan->prefetch_window) {
+            s->waited[SCHED_RES_HOST] += deferred_end[b] > t ? deferred_end[b] - t : 0;
+            t = deferred_end[b] > t ? deferred_end[b] : t;
+        }
+        return t;
+    }
+    if (!adam_done[b]) {
+        if (p->grads == SCHED_GRADS_DEVICE)
+            t = opt_copy(s, false, SCHED_TASK_GRAD_D2H, b, t, c->grad_step_bytes, c->grad_step_copies);
+        t = opt_run(s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, t, c->adam_host_s);
+    }
+    if (resident && c->w_update_bytes > 0)
+        t = opt_copy(s, true, SCHED_TASK_W_UPDATE, b, t, c->w_update_bytes, c->w_update_copies);
+    return t;
+}
+
+/* The optimizer step: after every copy and the overlapped host AdamW
+ * have finished, one sequence: the global norm, then block by block
+ * (device AdamW; or gradients D2H if on the device, host AdamW, the
+ * updated working copy H2D if resident).  Returns its end. */
+static double sim_optimizer_step(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan,
+                                 const sched_sim_opts_t *opts, double last_compute_end, const bool *adam_done,
+                                 double *deferred_end) {
+    double t = 0;
+    for (int r = 0; r < SCHED_RES_COUNT; r++)
+        if (s->free_at[r] > t) t = s->free_at[r];
+    if (t > last_compute_end) s->waited[s->end_res] += t - last_compute_end;
+    if (!w->has_trainable) return t;
+    t = opt_norm(s, w, plan, t);
+    for (int b = 0; b < w->num_blocks; b++) t = opt_block(s, w, plan, opts, b, t, adam_done, deferred_end);
+    return t;
+}
+
+/* Steady state: the next step starts at step_time, and a block whose
+ * update ran on into it can start its first forward only once the update
+ * is done and its weights have crossed; the worst such block delays the
+ * whole next step (the later blocks' host work queued behind the updates
+ * is not modelled). */
+static void add_deferred_stall(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan,
+                               const double *deferred_end, sched_sim_result_t *out) {
+    double stall = 0;
+    for (int b = 0; b < w->num_blocks; b++) {
+        if (deferred_end[b] <= 0 || s->first_fwd[b] < 0) continue;
+        const sched_block_cost_t *c = sched_block_cost(w, b, plan->blocks[b].expert_parallel);
+        const double fetch = sched_transfer_time(w, true, c->w_fetch_bytes, c->w_fetch_copies);
+        const double late = deferred_end[b] - out->step_time + fetch - s->first_fwd[b];
+        if (late > stall) stall = late;
+    }
+    if (stall > 0) {
+        out->step_time += stall;
+        s->waited[SCHED_RES_HOST] += stall;
+    }
+}
+
+/* Memory held for the whole step, per kind. */
+static void static_bytes(const sched_workload_t *w, const sched_plan_t *plan, double stat[SCHED_MEM_COUNT]) {
+    for (int m = 0; m < SCHED_MEM_COUNT; m++) stat[m] = 0;
+    for (int b = 0; b < w->num_blocks; b++) {
         const sched_block_plan_t *p = &plan->blocks[b];
         const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
         if (p->weights == SCHED_WEIGHTS_RESIDENT) stat[SCHED_MEM_DEVICE] += c->w_resident_bytes;
@@ -353,210 +637,68 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
             if (p->weights == SCHED_WEIGHTS_RESIDENT) stat[SCHED_MEM_HOST] += c->host_weight_bytes;
         }
     }
-    double *phase_end = malloc((size_t)N * sizeof *phase_end);  /* compute end per position of this phase */
-    double *d2h_end = malloc(((size_t)2 * (size_t)N * (size_t)ga + 1) * sizeof *d2h_end); /* D2H end per D2H use */
-    double *offload_end = calloc((size_t)N, sizeof *offload_end);
-    bool *adam_done = calloc((size_t)N, sizeof *adam_done);
-    MT_CHECK(phase_end && d2h_end && offload_end && adam_done, "out of host memory in the simulator");
-    const bool overlap = !w->clip && w->has_trainable;
-    int n_d2h = 0;
-    double last_compute_end = 0, head_w = 0, turn_w = 0;
+}
 
-    if (plan->layer_major) last_compute_end = sim_layer_major(&s, w, plan, overlap, adam_done, out);
-    for (int mb = 0; mb < (plan->layer_major ? 0 : ga); mb++) {
-        const bool last_mb = mb == ga - 1;
-        for (int phase = 0; phase < 2; phase++) {
-            const bool fwd = phase == 0;
-            const double phase_start = last_compute_end;
-            for (int i = 0; i < N; i++) {
-                const int b = fwd ? i : N - 1 - i;
-                const sched_block_plan_t *p = &plan->blocks[b];
-                const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
-                /* the last layer at the turn from forward to backward (engine/exec/internal.h,
-                 * exec_turn_held): with a window of at least 1 its streamed weights and offloaded
-                 * activations stay on the device from its forward to its backward */
-                const bool turn = W >= 1 && N >= 3 && b == N - 2;
-                /* the embedding's and the head's forward and backward are adjacent: the executor keeps their
-                 * activations whatever the plan says */
-                const sched_act_place_t acts =
-                    b == 0 || b == N - 1 || (turn && p->acts == SCHED_ACTS_OFFLOAD) ? SCHED_ACTS_KEEP : p->acts;
-                /* the fetches for position i are issued just before position i - W computes */
-                const double issue = i - W - 1 >= 0 ? phase_end[i - W - 1] : phase_start;
-                /* the head's weights stay from its forward to its backward, and so do the turn's */
-                const bool held = !fwd && (b == N - 1 || turn);
-                double fw = 0, fw_copies = 0;
-                if (!held && p->weights == SCHED_WEIGHTS_STREAM) fw = c->w_fetch_bytes, fw_copies = c->w_fetch_copies;
-                if (!held && b == N - 1 && w->tied_head && plan->blocks[0].weights == SCHED_WEIGHTS_STREAM) {
-                    fw += w->blocks[0].w_fetch_bytes;
-                    fw_copies += w->blocks[0].w_fetch_copies;
-                }
-                const double off = c->act_saved_bytes - c->act_input_bytes; /* the input stays on the device */
-                const double fa = !fwd && acts == SCHED_ACTS_OFFLOAD ? off : 0;
-                double ready = 0;
-                sched_resource_t ready_res = SCHED_RES_COMPUTE;
-                if (fw > 0) {
-                    double t1 = copy(&s, true, SCHED_TASK_FETCH_W, b, mb, issue, fw, fw_copies, NULL);
-                    mem(&s, SCHED_MEM_DEVICE, issue, fw); /* allocated when issued */
-                    ready = t1, ready_res = SCHED_RES_H2D;
-                }
-                if (fa > 0) {
-                    const double r = issue > offload_end[b] ? issue : offload_end[b];
-                    double t1 = copy(&s, true, SCHED_TASK_FETCH_ACT, b, mb, r, fa, c->act_copies, NULL);
-                    mem(&s, SCHED_MEM_DEVICE, issue, fa);
-                    mem(&s, SCHED_MEM_PINNED, t1, -fa); /* the offloaded copy lived in pinned memory */
-                    if (t1 > ready) ready = t1, ready_res = SCHED_RES_H2D;
-                }
-                /* uses that send activations or gradients D2H wait for the D2H
-                 * issued W + 1 such uses earlier (bounded device memory) */
-                const bool grads_d2h = !fwd && w->has_trainable && p->grads == SCHED_GRADS_HOST && c->grad_mb_bytes > 0;
-                const bool sends = fwd ? acts == SCHED_ACTS_OFFLOAD && off > 0 : grads_d2h;
-                int dslot = -1;
-                if (sends) {
-                    const double gate = n_d2h > W ? d2h_end[n_d2h - W - 1] : 0;
-                    if (gate > ready) ready = gate, ready_res = SCHED_RES_D2H;
-                    dslot = n_d2h++;
-                }
-                double start, end;
-                if (fwd) {
-                    end = compute(&s, SCHED_TASK_FWD, b, mb, ready, ready_res, c->fwd_s, &start);
-                    end = exchange(&s, b, mb, start, end, c->xchg_fwd_bytes);
-                    const double saved = acts == SCHED_ACTS_RECOMPUTE ? c->act_input_bytes : c->act_saved_bytes;
-                    mem(&s, SCHED_MEM_DEVICE, start, saved + c->fwd_temp_bytes);
-                    mem(&s, SCHED_MEM_DEVICE, end, -c->fwd_temp_bytes);
-                } else {
-                    const bool rc = acts == SCHED_ACTS_RECOMPUTE;
-                    /* later micro-batches compute device gradients into a fresh buffer, then add */
-                    const bool dev_add = mb > 0 && w->has_trainable && p->grads == SCHED_GRADS_DEVICE;
-                    const double dur = c->bwd_s + (rc ? c->recompute_s : 0) + (dev_add ? c->grad_add_device_s : 0);
-                    end = compute(&s, SCHED_TASK_BWD, b, mb, ready, ready_res, dur, &start);
-                    end = exchange(&s, b, mb, start, end, c->xchg_bwd_bytes + (rc ? c->xchg_fwd_bytes : 0));
-                    if (rc) out->recompute_s += c->recompute_s;
-                    const double temp = rc && c->fwd_temp_bytes > c->bwd_temp_bytes ? c->fwd_temp_bytes : c->bwd_temp_bytes;
-                    const double grads = grads_d2h || dev_add ? c->grad_mb_bytes : 0;
-                    mem(&s, SCHED_MEM_DEVICE, start, temp + grads + (rc ? c->act_saved_bytes - c->act_input_bytes : 0));
-                    mem(&s, SCHED_MEM_DEVICE, end, -temp - c->act_saved_bytes - (dev_add ? grads : 0));
-                }
-                if (fw > 0 && !(fwd && (b == N - 1 || turn))) mem(&s, SCHED_MEM_DEVICE, end, -fw);
-                if (fwd && b == N - 1) head_w = fw;
-                if (fwd && turn) turn_w = fw;
-                if (held) mem(&s, SCHED_MEM_DEVICE, end, b == N - 1 ? -head_w : -turn_w);
-                phase_end[i] = end;
-                last_compute_end = end;
-
-                if (fwd && acts == SCHED_ACTS_OFFLOAD && off > 0) {
-                    double t0;
-                    offload_end[b] = copy(&s, false, SCHED_TASK_OFFLOAD_ACT, b, mb, end, off, c->act_copies, &t0);
-                    /* the copy stays in pinned memory until fetched back */
-                    mem(&s, SCHED_MEM_PINNED, offload_end[b], off);
-                    mem(&s, SCHED_MEM_DEVICE, offload_end[b], -off);
-                    if (dslot >= 0) d2h_end[dslot] = offload_end[b];
-                }
-                if (!grads_d2h) continue;
-                /* first micro-batch: straight into the host buffer; later ones:
-                 * staging, then added on the host in the D2H stream's order */
-                double t = copy(&s, false, SCHED_TASK_GRAD_D2H, b, mb, end, c->grad_mb_bytes, c->grad_mb_copies, NULL);
-                mem(&s, SCHED_MEM_DEVICE, t, -c->grad_mb_bytes);
-                if (mb > 0) t = run(&s, SCHED_RES_D2H, SCHED_TASK_GRAD_HOST, b, mb, t, c->grad_add_host_s, c->grad_mb_bytes, NULL);
-                d2h_end[dslot] = t;
-                if (last_mb && overlap && p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
-                    run(&s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, t, c->adam_host_s, 0, NULL);
-                    adam_done[b] = true;
-                }
-            }
-        }
-    }
-
-    /* the optimizer step: after every copy and the overlapped host AdamW
-     * have finished, one sequence: the global norm, then block by block
-     * (device AdamW; or gradients D2H if on the device, host AdamW, the
-     * updated working copy H2D if resident) */
-    double t = 0;
-    for (int r = 0; r < SCHED_RES_COUNT; r++)
-        if (s.free_at[r] > t) t = s.free_at[r];
-    if (t > last_compute_end) s.waited[s.end_res] += t - last_compute_end;
-    if (w->has_trainable) {
-        double norm_host = 0, norm_dev = 0;
-        for (int b = 0; b < N; b++) {
-            const sched_block_cost_t *c = sched_block_cost(w, b, plan->blocks[b].expert_parallel);
-            if (c->grad_step_bytes <= 0) continue;
-            if (plan->blocks[b].grads == SCHED_GRADS_HOST) norm_host += c->norm_host_s;
-            else norm_dev += c->norm_device_s;
-        }
-        t = opt_run(&s, SCHED_RES_HOST, SCHED_TASK_NORM, -1, t, norm_host);
-        t = opt_run(&s, SCHED_RES_COMPUTE, SCHED_TASK_NORM, -1, t, norm_dev);
-        for (int b = 0; b < N; b++) {
-            const sched_block_plan_t *p = &plan->blocks[b];
-            const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
-            if (c->grad_step_bytes <= 0) continue;
-            const bool resident = p->weights == SCHED_WEIGHTS_RESIDENT;
-            if (p->optim == SCHED_OPTIM_DEVICE) {
-                t = opt_run(&s, SCHED_RES_COMPUTE, SCHED_TASK_ADAM, b, t, c->adam_device_s);
-                continue;
-            }
-            /* a streamed block's host update with its gradients on the host
-             * runs on the optimizer worker into the next step (engine/
-             * exec_optim.c): only that block's next fetch waits for it, and
-             * the step end only for the blocks the next step prefetches
-             * (b <= the window) */
-            if (!adam_done[b] && !opts_in_step(opts) && p->grads == SCHED_GRADS_HOST && !resident) {
-                s.off_step = true;
-                double start;
-                deferred_end[b] = run(&s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, t, c->adam_host_s, 0, &start);
-                s.off_step = false;
-                if (b <= plan->prefetch_window) {
-                    s.waited[SCHED_RES_HOST] += deferred_end[b] > t ? deferred_end[b] - t : 0;
-                    t = deferred_end[b] > t ? deferred_end[b] : t;
-                }
-                continue;
-            }
-            if (!adam_done[b]) {
-                if (p->grads == SCHED_GRADS_DEVICE)
-                    t = opt_copy(&s, false, SCHED_TASK_GRAD_D2H, b, t, c->grad_step_bytes, c->grad_step_copies);
-                t = opt_run(&s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, t, c->adam_host_s);
-            }
-            if (resident && c->w_update_bytes > 0)
-                t = opt_copy(&s, true, SCHED_TASK_W_UPDATE, b, t, c->w_update_bytes, c->w_update_copies);
-        }
-    }
-
-    out->step_time = s.end_max > t ? s.end_max : t;
-    /* Steady state: the next step starts at step_time, and a block whose
-     * update ran on into it can start its first forward only once the
-     * update is done and its weights have crossed; the worst such block
-     * delays the whole next step (the later blocks' host work queued behind
-     * the updates is not modelled). */
-    double stall = 0;
-    for (int b = 0; b < N; b++) {
-        if (deferred_end[b] <= 0 || s.first_fwd[b] < 0) continue;
-        const sched_block_cost_t *c = sched_block_cost(w, b, plan->blocks[b].expert_parallel);
-        const double fetch = sched_transfer_time(w, true, c->w_fetch_bytes, c->w_fetch_copies);
-        const double late = deferred_end[b] - out->step_time + fetch - s.first_fwd[b];
-        if (late > stall) stall = late;
-    }
-    if (stall > 0) {
-        out->step_time += stall;
-        s.waited[SCHED_RES_HOST] += stall;
-    }
-    memcpy(out->busy, s.busy, sizeof out->busy);
-    memcpy(out->waited, s.waited, sizeof out->waited);
-    out->compute_idle = out->step_time - s.busy[SCHED_RES_COMPUTE];
+/* The result's totals, waits, bottleneck and memory peaks (and timelines
+ * and tasks when asked for); takes over the simulator's task list and
+ * frees its memory events. */
+static void fill_result(sim_t *s, const double stat[SCHED_MEM_COUNT], const sched_sim_opts_t *opts,
+                        sched_sim_result_t *out) {
+    memcpy(out->busy, s->busy, sizeof out->busy);
+    memcpy(out->waited, s->waited, sizeof out->waited);
+    out->compute_idle = out->step_time - s->busy[SCHED_RES_COMPUTE];
     out->bottleneck = SCHED_RES_COMPUTE;
-    double best = s.busy[SCHED_RES_COMPUTE];
+    double best = s->busy[SCHED_RES_COMPUTE];
     for (int r = 1; r < SCHED_RES_COUNT; r++)
-        if (s.waited[r] > best) best = s.waited[r], out->bottleneck = (sched_resource_t)r;
+        if (s->waited[r] > best) best = s->waited[r], out->bottleneck = (sched_resource_t)r;
     for (int m = 0; m < SCHED_MEM_COUNT; m++) {
         out->static_bytes[m] = stat[m];
-        out->peak[m] = finish_mem(&s, (sched_mem_t)m, stat[m], opts && opts->timelines, &out->timeline[m]);
-        free(s.ev[m]);
+        out->peak[m] = finish_mem(s, (sched_mem_t)m, stat[m], opts && opts->timelines, &out->timeline[m]);
+        free(s->ev[m]);
     }
-    out->h2d_bytes = s.h2d_bytes;
-    out->d2h_bytes = s.d2h_bytes;
-    out->peer_bytes = s.peer_bytes;
-    out->tasks = s.tasks;
-    out->num_tasks = s.ntasks;
-    free(phase_end);
-    free(d2h_end);
-    free(offload_end);
+    out->h2d_bytes = s->h2d_bytes;
+    out->d2h_bytes = s->d2h_bytes;
+    out->peer_bytes = s->peer_bytes;
+    out->tasks = s->tasks;
+    out->num_tasks = s->ntasks;
+}
+
+/* The plan against the workload: sched_plan_check, and expert parallel
+ * only on blocks with routed experts. */
+static mt_status_t check_plan(const sched_workload_t *w, const sched_plan_t *plan, mt_error_t *err) {
+    mt_status_t st = sched_plan_check(plan, w->num_blocks, err);
+    if (st != MT_OK) return st;
+    for (int b = 0; b < w->num_blocks; b++)
+        if (plan->blocks[b].expert_parallel && !(w->moe && w->moe[b]))
+            return mt_error_set(err, MT_ERR_CONFIG,
+                                "block %d: expert parallel needs a block with routed experts (a MoE layer)", b);
+    return MT_OK;
+}
+
+static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *plan, const sched_sim_opts_t *opts,
+                                 sched_sim_result_t *out, mt_error_t *err) {
+    memset(out, 0, sizeof *out);
+    out->compute_stretch = 1.0;
+    mt_status_t st = check_plan(w, plan, err);
+    if (st != MT_OK) return st;
+    const int N = w->num_blocks;
+    sim_t s = {.w = w, .keep_tasks = opts && opts->tasks};
+    s.first_fwd = malloc((size_t)N * sizeof *s.first_fwd);
+    MT_CHECK_ALLOC(s.first_fwd, "simulator block starts");
+    for (int b = 0; b < N; b++) s.first_fwd[b] = -1;
+    double *deferred_end = calloc((size_t)N, sizeof *deferred_end); /* 0: not deferred */
+    MT_CHECK_ALLOC(deferred_end, "simulator deferred updates");
+    bool *adam_done = calloc((size_t)N, sizeof *adam_done);
+    MT_CHECK_ALLOC(adam_done, "simulator overlapped updates");
+    double stat[SCHED_MEM_COUNT];
+    static_bytes(w, plan, stat);
+    const bool overlap = !w->clip && w->has_trainable;
+    const double last_compute_end = plan->layer_major ? sim_layer_major(&s, w, plan, overlap, adam_done, out)
+                                                      : sim_micro_batch_major(&s, w, plan, overlap, adam_done, out);
+    const double t = sim_optimizer_step(&s, w, plan, opts, last_compute_end, adam_done, deferred_end);
+    out->step_time = s.end_max > t ? s.end_max : t;
+    add_deferred_stall(&s, w, plan, deferred_end, out);
+    fill_result(&s, stat, opts, out);
     free(adam_done);
     free(deferred_end);
     free(s.first_fwd);

@@ -21,7 +21,7 @@
 #include "engine/model/model.h"
 #include "engine/exec/optim.h"
 #include "engine/run/report.h"
-#include "engine/exec/trace.h"
+#include "engine/exec/record/trace.h"
 #include "base/clock.h"
 #include "tests/harness.h"
 

@@ -1,10 +1,74 @@
 # Shared by the shell tests that drive the real moetune binary: counting
-# failures, the tiny Mixtral they train, and reading what a run wrote.
+# failures, checking outside tools before use, the tiny Mixtral they train,
+# and reading what a run wrote.
 # Sourced (not run) by each test: . "$(dirname "$0")/test_lib.sh"
 
 failures=0
 fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 ok() { echo "ok   $*"; }
+
+# Outside tools (mpirun, torchrun) are not part of the build, and the one a
+# machine has may be missing, another implementation or too old.  A test
+# asks the one it finds whether it can do what the test needs before using
+# it; when it cannot, the check prints one line, `SKIPPED: TOOL WHY`, and
+# the test leaves that part out without failing.  PART, the last argument
+# of each check, names what is left out.
+
+# skipped TOOL WHY: that line.
+skipped() { echo "SKIPPED: $1 $2"; }
+
+# mpirun_usable N PART: mpirun is Open MPI's (the tests give its options
+# and variables, and moetune's ranks are built against it) and starts N
+# processes here, under the OMPI_* settings the test exported.
+mpirun_usable() {
+  local n="$1" part="$2" version out
+  if ! command -v mpirun >/dev/null; then
+    skipped mpirun "not installed (Debian: openmpi-bin); not run: $part"; return 1
+  fi
+  version=$(timeout 60 mpirun --version 2>&1 | head -n1)
+  case "$version" in
+    *"Open MPI"*) ;;
+    *) skipped mpirun "$(command -v mpirun) is not Open MPI's (--version: ${version:-no answer}); not run: $part"; return 1 ;;
+  esac
+  if ! out=$(timeout 120 mpirun -np "$n" true 2>&1); then
+    skipped mpirun "($version) cannot start $n processes here (mpirun -np $n true: $(grep -m1 '[[:alpha:]]' <<<"$out")); not run: $part"
+    return 1
+  fi
+}
+
+# The PyTorch version behind a torchrun script, asked of its Python
+# interpreter ("version unknown" when it does not say).
+torchrun_version() {
+  local interp
+  interp=$(head -n1 "$1" 2>/dev/null | sed -n 's/^#![[:space:]]*//p')
+  case "$interp" in
+    *python*) ;;
+    *) echo "version unknown"; return ;;
+  esac
+  # shellcheck disable=SC2086 # the interpreter line may carry arguments (env python3)
+  timeout 120 $interp -c 'import torch; print("PyTorch " + torch.__version__)' 2>/dev/null | tail -n1 | grep . \
+    || echo "version unknown"
+}
+
+# torchrun_usable PART: TORCHRUN (else torchrun on PATH) takes the options
+# the tests and README give it, --standalone, --nproc-per-node and
+# --no-python (PyTorch 1.x's torchrun, Debian 12's 1.13 among them, knows
+# only --nproc_per_node and --no_python and rejects these).  Sets TORCHRUN.
+torchrun_usable() {
+  local part="$1" help opt
+  TORCHRUN="${TORCHRUN:-$(command -v torchrun || true)}"
+  if [ -z "$TORCHRUN" ] || [ ! -x "$TORCHRUN" ]; then
+    skipped torchrun "not installed (PyTorch's launcher; or --test_env=TORCHRUN=path); not run: $part"; return 1
+  fi
+  if ! help=$(timeout 120 "$TORCHRUN" --help 2>&1); then
+    skipped torchrun "$TORCHRUN --help failed ($(tail -n1 <<<"$help")); not run: $part"; return 1
+  fi
+  for opt in --standalone --nproc-per-node --no-python; do
+    grep -q -e "$opt" <<<"$help" && continue
+    skipped torchrun "$TORCHRUN ($(torchrun_version "$TORCHRUN")) has no $opt option; not run: $part"
+    return 1
+  done
+}
 
 # A TCP port for a test's ranks to meet on, from 20000..59999 so that tests
 # running side by side (and this one's earlier launches) rarely collide.

@@ -21,9 +21,10 @@
 #      MASTER_PORT is the agent's store, so rank 0 publishes its address
 #      there), against store_standin (the store's protocol, this repository's
 #      stand-in): equal to devices: 2; rank 1 without a rank 0 gives up
-#      naming the store.  With torchrun installed (on PATH, or TORCHRUN=path)
-#      also under `torchrun --standalone --nproc-per-node 2`; without it that
-#      part says SKIPPED.
+#      naming the store.  Where torchrun (on PATH, or TORCHRUN=path) takes
+#      the options README gives (test_lib.sh's torchrun_usable), also under
+#      `torchrun --standalone --nproc-per-node 2`; elsewhere that part says
+#      `SKIPPED: torchrun WHY` and the rest still counts.
 set -u
 . "$(dirname "$0")/test_lib.sh"
 MOETUNE="$1"; HW="$2"; STANDIN="$3"
@@ -240,8 +241,7 @@ wait "$PID_1"; RC1=$?
   || { [ "$RC1" = 1 ] || fail "store_alone: exit $RC1"; }
 kill "$standin" 2>/dev/null; wait "$standin" 2>/dev/null
 
-TORCHRUN="${TORCHRUN:-$(command -v torchrun || true)}"
-if [ -n "$TORCHRUN" ] && [ -x "$TORCHRUN" ]; then
+if torchrun_usable "the run under torchrun itself (the agent store above was the stand-in's)"; then
   timeout 300 "$TORCHRUN" --standalone --nproc-per-node 2 --no-python "$MOETUNE" train run.yaml \
     --set output_dir=torchrun >"$L/torchrun.out" 2>&1
   rc=$?
@@ -250,8 +250,6 @@ if [ -n "$TORCHRUN" ] && [ -x "$TORCHRUN" ]; then
   else
     same_run torchrun dev2_grads_device torchrun && ok "under $TORCHRUN itself: equal to devices: 2"
   fi
-else
-  echo "SKIPPED (torchrun itself): torchrun is not installed here (PyTorch); the agent store was the stand-in's"
 fi
 
 if [ "$failures" -gt 0 ]; then echo "$failures failure(s); logs in $L"; exit 1; fi

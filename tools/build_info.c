@@ -36,8 +36,9 @@ const char *mt_build_kind(void) {
 #endif
 }
 
-/* kernels:device links both backends into every binary; which one runs is
- * chosen at run time (a CUDA build without a GPU falls back to the CPU). */
+/* moetune links both backends (tools/BUILD: //kernels/backends:all); which
+ * one runs is chosen at run time (a CUDA build without a GPU falls back to
+ * the CPU). */
 const char *mt_build_backends(void) { return "CPU, CUDA"; }
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -1,7 +1,6 @@
 /* Private to the config library: YAML 1.1 scalar typing (as PyYAML, which
  * axolotl reads its configs with, types plain scalars) and YAML -> JSON for
- * the `model_config:` mapping.  See config_values.c for the rules (it also
- * holds eng_parse_size, declared in config.h). */
+ * the `model_config:` mapping.  See values.c for the rules. */
 #ifndef MT_ENGINE_CONFIG_VALUES_H
 #define MT_ENGINE_CONFIG_VALUES_H
 

@@ -1,8 +1,9 @@
-/* The executor (see exec.h): its lifetime, placement of a model under a
- * plan, deferred frees and reading back.  Weight streaming, activation
- * offload and the gradient flow through the staging pool are in
- * exec_stage.c; the forward/backward program in exec_step.c; the optimizer
- * step in exec_optim.c.
+/* The executor (see exec.h): its lifetime, which wires its concerns'
+ * structs to each other (executor.h), placement of a model under a plan,
+ * draining, reading back and the staging pool's reports.  Weights on the
+ * device are residency.c's, gradient targets grads.c's, offloaded
+ * activations acts.c's, the staging pool stage.c's; the forward/backward
+ * program is step.c (and layer_major.c); the optimizer step optim_step.c.
  *
  * Gradients and plan invariance.  Every plan must give bit-identical
  * results, so gradients are accumulated the same way whatever their home:
@@ -19,11 +20,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/exec/internal.h"
+#include "engine/exec/place/acts.h"
+#include "engine/exec/place/copies.h"
+#include "engine/exec/record/counters.h"
+#include "engine/exec/executor.h"
+#include "engine/exec/place/grads.h"
+#include "engine/optim/host_optim.h"
+#include "engine/exec/place/lists.h"
+#include "engine/exec/place/pending.h"
+#include "engine/exec/place/plan_query.h"
+#include "engine/exec/place/residency.h"
+#include "engine/exec/place/spans.h"
+#include "engine/exec/place/stage.h"
+#include "engine/exec/record/trace.h"
 #include "engine/model/lora_model.h"
-#include "engine/exec/expert_parallel.h"
-#include "engine/exec/trace.h"
-#include "base/grow.h"
+#include "moe/staging_report.h"
 
 /* ---- tracing ------------------------------------------------------------ */
 
@@ -50,124 +61,38 @@ void eng_exec_block_times(eng_exec_t *x, double *fwd_s, double *bwd_s, bool rese
     if (reset) x->timed_micro = 0;
 }
 
-void exec_trace_memory(eng_exec_t *x, double t) {
-    if (!x->trace) return;
-    const kern_device_stats_t st = kern_device_stats(x->dev);
-    eng_trace_counter(x->trace, "device bytes", t, (double)st.device_in_use);
-    eng_trace_counter(x->trace, "pinned bytes", t, (double)st.pinned_in_use);
-}
-
-/* ---- deferred frees ----------------------------------------------------- */
-
-void exec_defer_free(eng_exec_t *x, void *dev_ptr, void *pinned, size_t pinned_bytes,
-                     kern_stream_t *after) {
-    MT_GROW(x->pend.v, x->pend.cap, x->pend.n + 1, "pending frees");
-    kern_event_t *ev = kern_event_create(x->dev);
-    kern_event_record(x->dev, ev, after);
-    x->pend.v[x->pend.n++] = (exec_pending_t){dev_ptr, pinned, pinned_bytes, ev};
-}
-
-void exec_process_pending(eng_exec_t *x, bool force) {
-    int keep = 0;
-    for (int i = 0; i < x->pend.n; i++) {
-        exec_pending_t *p = &x->pend.v[i];
-        if (force) kern_event_sync(x->dev, p->ev);
-        if (force || kern_event_query(x->dev, p->ev)) {
-            if (p->dev) kern_free(x->dev, p->dev);
-            if (p->pinned) kern_pinned_free(x->dev, p->pinned, p->pinned_bytes);
-            kern_event_destroy(x->dev, p->ev);
-        } else {
-            x->pend.v[keep++] = *p;
-        }
-    }
-    x->pend.n = keep;
-    if (x->stage) moe_staging_poll(x->stage);
-}
+/* ---- deferred frees and draining ---------------------------------------- */
 
 /* Reclaim hook: an allocation did not fit; buffers still read by copies in
  * flight are freed once those copies finish. */
 static bool reclaim_pending(void *ctx) {
-    eng_exec_t *x = ctx;
-    if (x->pend.n == 0) return false;
-    exec_process_pending(x, true);
+    exec_pending_list_t *pend = ctx;
+    if (pend->n == 0) return false;
+    exec_process_pending(pend, true);
     return true;
 }
 
 void eng_exec_drain(eng_exec_t *x) {
     exec_host_optim_wait(&x->hopt); /* updates still running from the last optimizer step */
     kern_device_sync(x->dev);
-    exec_process_pending(x, true);
-    if (x->stage) moe_staging_drain(x->stage);
+    exec_process_pending(&x->pend, true);
+    if (x->stage.pool) moe_staging_drain(x->stage.pool);
 }
 
-void eng_exec_finish_updates_in_step(eng_exec_t *x) { x->finish_updates_in_step = true; }
+void eng_exec_finish_updates_in_step(eng_exec_t *x) { x->prog.finish_updates_in_step = true; }
 
 /* ---- placement ---------------------------------------------------------- */
-
-const sched_block_plan_t *exec_block_plan(const eng_exec_t *x, int b) { return &x->plan.blocks[b]; }
-
-bool exec_param_streamed(const eng_exec_t *x, const eng_param_t *p) {
-    return exec_block_plan(x, p->block)->weights == SCHED_WEIGHTS_STREAM;
-}
-
-bool exec_turn_held(const eng_exec_t *x, int b) {
-    const eng_model_t *m = x->model;
-    const int L = m->cfg.num_hidden_layers;
-    return L > 0 && b == L && x->plan.prefetch_window >= 1;
-}
-
-bool exec_acts_offloaded(const eng_exec_t *x, int b) {
-    const eng_model_t *m = x->model;
-    const int L = m->cfg.num_hidden_layers;
-    return b >= 1 && b <= L && x->plan.blocks[b].acts == SCHED_ACTS_OFFLOAD && !exec_turn_held(x, b);
-}
-
-size_t exec_w_bytes(const eng_param_t *p) { return p->spec->numel * mt_dtype_size(p->w_dtype); }
-size_t exec_f32_bytes(const eng_param_t *p) { return p->spec->numel * sizeof(float); }
-moe_staging_op_t exec_w_upload_op(const eng_param_t *p) {
-    return p->w_dtype == MT_BF16 && !p->home_bf16 ? MOE_STAGING_F32_TO_BF16 : MOE_STAGING_COPY;
-}
-void *exec_w_home(const eng_param_t *p) { return p->home_bf16 ? (void *)p->home_bf16 : (void *)p->host_w; }
-float *exec_dev_master(const eng_exec_t *x, int i) {
-    const eng_dparam_t *d = &x->dp[i];
-    if (d->dev_master) return d->dev_master;
-    return x->model->params[i].w_dtype == MT_F32 ? (float *)d->w : NULL;
-}
-
-static void add_used(eng_exec_t *x, int b, int i) {
-    if (i < 0) return;
-    x->used[b][x->nused[b]++] = i;
-}
-
-static void build_block_lists(eng_exec_t *x) {
-    eng_model_t *m = x->model;
-    const int L = m->cfg.num_hidden_layers;
-    x->used = calloc((size_t)x->nb, sizeof *x->used);
-    x->nused = calloc((size_t)x->nb, sizeof *x->nused);
-    MT_CHECK(x->used && x->nused, "out of memory for block lists");
-    for (int b = 0; b < x->nb; b++) {
-        x->used[b] = malloc((size_t)m->num_params * sizeof(int));
-        MT_CHECK_ALLOC(x->used[b], "block list");
-    }
-    /* dense (non-routed) parameters each block computes with */
-    for (int i = 0; i < m->num_params; i++)
-        if (m->params[i].spec->expert < 0 && m->params[i].block != L + 1 && i != m->embed)
-            add_used(x, m->params[i].block, i);
-    add_used(x, 0, m->embed);
-    add_used(x, L + 1, m->final_norm);
-    add_used(x, L + 1, m->lm_head);
-}
 
 static mt_status_t place_param(eng_exec_t *x, int i, mt_error_t *err) {
     const eng_param_t *p = &x->model->params[i];
     eng_dparam_t *d = &x->dp[i];
-    const sched_block_plan_t *bp = exec_block_plan(x, p->block);
+    const sched_block_plan_t *bp = exec_block_plan(&x->env, p->block);
     const size_t bytes = exec_f32_bytes(p);
     kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
     char tag[200];
     /* another device's expert (expert parallel): only the primary's host
      * gradient, which the owner's gradient lands in for the one optimizer */
-    const bool foreign = exec_ep_foreign(x, p);
+    const bool foreign = exec_ep_foreign(&x->env, p);
     if (foreign && (p->frozen || x->replica || bp->optim != SCHED_OPTIM_HOST)) return MT_OK;
     if (foreign) {
         d->host_g = calloc(p->spec->numel, sizeof(float));
@@ -199,12 +124,6 @@ static mt_status_t place_param(eng_exec_t *x, int i, mt_error_t *err) {
     return MT_OK;
 }
 
-void eng_staging_settings_init(eng_staging_settings_t *s) {
-    memset(s, 0, sizeof *s);
-    s->mode = MOE_STAGING_COMPACT;
-    s->num_slabs = MOE_STAGING_SLABS_AUTO;
-}
-
 void eng_staging_settings_from_run(const eng_run_config_t *rc, eng_staging_settings_t *out) {
     eng_staging_settings_init(out);
     switch (rc->staging_mode) {
@@ -223,9 +142,8 @@ void eng_staging_settings_from_run(const eng_run_config_t *rc, eng_staging_setti
 
 static void exec_destroy(eng_exec_t *x);
 
-mt_status_t eng_exec_create(eng_exec_t **out, eng_model_t *m, kern_device_t *dev, const sched_plan_t *plan,
-                            const eng_staging_settings_t *staging, bool replica, mt_error_t *err) {
-    *out = NULL;
+/* What the executor refuses of a plan before it holds anything. */
+static mt_status_t check_plan(const eng_model_t *m, const sched_plan_t *plan, mt_error_t *err) {
     const int nb = eng_model_num_blocks(m);
     if (plan->num_blocks != nb)
         return mt_error_set(err, MT_ERR_INTERNAL, "plan has %d blocks, model has %d", plan->num_blocks, nb);
@@ -241,6 +159,33 @@ mt_status_t eng_exec_create(eng_exec_t **out, eng_model_t *m, kern_device_t *dev
          * device buffers as soon as work using them has been issued; the
          * CUDA backend frees in stream order (kernels/arena_defer.h). */
     }
+    return MT_OK;
+}
+
+/* Each concern's struct, given the others it works with: the wiring of
+ * the executor (executor.h), lowest concerns first. */
+static void wire_concerns(eng_exec_t *x, const eng_staging_settings_t *staging) {
+    eng_model_t *m = x->model;
+    const int L = m->cfg.num_hidden_layers;
+    exec_lists_init(&x->lists, &x->env);
+    exec_counters_init(&x->cnt, L);
+    moe_predict_init(&x->predict, L, m->cfg.layer_is_moe, m->cfg.num_experts);
+    exec_host_optim_init(&x->hopt, m, x->dp, x->dev, &x->trace);
+    exec_stage_init(&x->stage, &x->env, &x->lists, &x->cnt, staging);
+    exec_pending_init(&x->pend, x->dev, &x->stage);
+    exec_spans_init(&x->spans, &x->env, &x->pend);
+    exec_acts_init(&x->acts, x->dev, x->nb, &x->stage, &x->pend, &x->cnt);
+    exec_residency_init(&x->res, &x->env, &x->lists, &x->spans, &x->stage, &x->cnt, &x->hopt, &x->predict);
+    exec_grads_init(&x->grads, &x->env, &x->lists, &x->spans, &x->stage, &x->cnt, &x->hopt, &x->predict);
+    kern_set_reclaim_hook(x->dev, reclaim_pending, &x->pend);
+}
+
+mt_status_t eng_exec_create(eng_exec_t **out, eng_model_t *m, kern_device_t *dev, const sched_plan_t *plan,
+                            const eng_staging_settings_t *staging, bool replica, mt_error_t *err) {
+    *out = NULL;
+    mt_status_t st = check_plan(m, plan, err);
+    if (st != MT_OK) return st;
+    const int nb = eng_model_num_blocks(m);
     eng_exec_t *x = calloc(1, sizeof *x);
     MT_CHECK_ALLOC(x, "executor");
     x->model = m;
@@ -255,38 +200,11 @@ mt_status_t eng_exec_create(eng_exec_t **out, eng_model_t *m, kern_device_t *dev
     MT_CHECK_ALLOC(x->dp, "device parameter table");
     x->env = (eng_layer_env_t){.dev = dev, .model = m, .dp = x->dp, .plan = &x->plan};
     x->nb = nb;
-    build_block_lists(x);
-    const int P = m->num_params, L = m->cfg.num_hidden_layers;
-    x->res.w_ready = calloc((size_t)nb, sizeof *x->res.w_ready);
-    x->acts.a_ready = calloc((size_t)nb, sizeof *x->acts.a_ready);
-    x->acts.o_done = calloc((size_t)nb, sizeof *x->acts.o_done);
-    x->res.holding = calloc((size_t)nb, sizeof *x->res.holding);
-    x->res.param_refs = calloc((size_t)P, sizeof *x->res.param_refs);
-    x->res.w_span = malloc((size_t)P * sizeof *x->res.w_span);
-    x->grads.g_span = malloc((size_t)P * sizeof *x->grads.g_span);
-    x->grads.mark = calloc((size_t)P, sizeof *x->grads.mark);
-    x->acts.offl = calloc((size_t)nb, sizeof *x->acts.offl);
     x->fwd_s = calloc((size_t)nb, sizeof *x->fwd_s);
     x->bwd_s = calloc((size_t)nb, sizeof *x->bwd_s);
-    MT_CHECK(x->res.w_ready && x->acts.a_ready && x->acts.o_done && x->res.holding && x->res.param_refs && x->res.w_span && x->grads.g_span &&
-                 x->grads.mark && x->acts.offl && x->fwd_s &&
-                 x->bwd_s,
-             "out of memory for executor state");
-    x->spans.free_head = -1;
-    for (int i = 0; i < P; i++) x->res.w_span[i] = x->grads.g_span[i] = -1;
-    for (int b = 0; b < nb; b++) {
-        x->res.w_ready[b] = kern_event_create(x->dev);
-        x->acts.a_ready[b] = kern_event_create(x->dev);
-        x->acts.o_done[b] = kern_event_create(x->dev);
-        x->acts.offl[b].region.id = -1;
-    }
-    moe_predict_init(&x->predict, L, m->cfg.layer_is_moe, m->cfg.num_experts);
-    kern_set_reclaim_hook(x->dev, reclaim_pending, x);
-    exec_host_optim_init(&x->hopt, m, x->dp, x->dev, &x->trace);
-    exec_counters_init(&x->cnt, L);
-    if (staging) x->stage_set = *staging;
-    else eng_staging_settings_init(&x->stage_set);
-    mt_status_t st = exec_stage_create(x, x->stage_set.tokens, err);
+    MT_CHECK(x->fwd_s && x->bwd_s, "out of memory for executor state");
+    wire_concerns(x, staging);
+    st = exec_stage_create(&x->stage, x->stage.set.tokens, err);
     if (st != MT_OK) {
         exec_destroy(x);
         return st;
@@ -317,7 +235,7 @@ mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
         }
         char tag[64];
         snprintf(tag, sizeof tag, "resident weights of block %d", b);
-        st = exec_stage_h2d(x, items, n, tag, err);
+        st = exec_stage_batch_h2d(&x->stage, items, n, tag, err);
     }
     free(items);
     eng_exec_drain(x);
@@ -327,7 +245,7 @@ mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
      * replica (placed before the primary) leaves the model's homes alone. */
     for (int i = 0; i < m->num_params && !x->replica; i++) {
         eng_param_t *p = &m->params[i];
-        if (exec_block_plan(x, p->block)->optim == SCHED_OPTIM_DEVICE && !p->frozen) {
+        if (exec_block_plan(&x->env, p->block)->optim == SCHED_OPTIM_DEVICE && !p->frozen) {
             free(p->host_w);
             p->host_w = NULL;
         }
@@ -335,17 +253,12 @@ mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
     return MT_OK;
 }
 
-static void exec_destroy(eng_exec_t *x) {
-    eng_model_t *m = x->model;
-    exec_host_optim_free(&x->hopt);
-    kern_device_sync(x->dev);
-    exec_drop_offloads(x);
-    eng_exec_drain(x);
-    if (x->trace) eng_exec_set_trace(x, NULL);
-    kern_set_reclaim_hook(x->dev, NULL, NULL);
+/* Every device buffer a parameter's copies still hold; streamed weights
+ * and host-bound gradients live in spans, freed with them. */
+static void free_param_copies(eng_exec_t *x) {
+    const eng_model_t *m = x->model;
     for (int i = 0; i < m->num_params; i++) {
         eng_dparam_t *d = &x->dp[i];
-        /* streamed weights and host-bound gradients live in spans, freed below */
         void *bufs[] = {x->res.w_span[i] < 0 ? d->w : NULL, d->g_transient && x->grads.g_span[i] < 0 ? d->g : NULL,
                         d->g_acc, d->m, d->v, d->dev_master};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
@@ -354,35 +267,28 @@ static void exec_destroy(eng_exec_t *x) {
         d->w = NULL;
         d->g = d->g_acc = d->m = d->v = d->dev_master = d->host_g = NULL;
     }
-    for (int s = 0; s < x->spans.n; s++)
-        if (x->spans.v[s].base) kern_free(x->dev, x->spans.v[s].base);
-    exec_stage_destroy(x);
-    for (int b = 0; b < x->nb; b++) {
-        kern_event_destroy(x->dev, x->res.w_ready[b]);
-        kern_event_destroy(x->dev, x->acts.a_ready[b]);
-        kern_event_destroy(x->dev, x->acts.o_done[b]);
-        free(x->used[b]);
-        free(x->acts.offl[b].e);
-        free(x->res.holding[b].idx);
-    }
+}
+
+static void exec_destroy(eng_exec_t *x) {
+    exec_host_optim_free(&x->hopt);
+    kern_device_sync(x->dev);
+    exec_drop_offloads(&x->acts);
+    eng_exec_drain(x);
+    if (x->trace) eng_exec_set_trace(x, NULL);
+    kern_set_reclaim_hook(x->dev, NULL, NULL);
+    free_param_copies(x);
+    exec_spans_free(&x->spans);
+    exec_stage_destroy(&x->stage);
     if (x->env.rope_cos) kern_free(x->dev, x->env.rope_cos);
     if (x->env.rope_sin) kern_free(x->dev, x->env.rope_sin);
     x->env.rope_cos = x->env.rope_sin = NULL;
+    exec_grads_free(&x->grads);
+    exec_residency_free(&x->res);
+    exec_acts_free(&x->acts);
+    exec_pending_free(&x->pend);
     moe_predict_free(&x->predict);
     exec_counters_free(&x->cnt);
-    free(x->used);
-    free(x->nused);
-    free(x->res.w_ready);
-    free(x->acts.a_ready);
-    free(x->acts.o_done);
-    free(x->res.holding);
-    free(x->res.param_refs);
-    free(x->res.w_span);
-    free(x->grads.g_span);
-    free(x->grads.mark);
-    free(x->spans.v);
-    free(x->acts.offl);
-    free(x->pend.v);
+    exec_lists_free(&x->lists);
     free(x->fwd_s);
     free(x->bwd_s);
     free(x->dp);
@@ -402,8 +308,8 @@ void eng_exec_read_param(eng_exec_t *x, int i, float *host, bool gradient) {
     const size_t bytes = exec_f32_bytes(p);
     kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
     const void *src_host = gradient ? d->host_g : p->host_w;
-    const void *src_dev = gradient ? d->g_acc : exec_dev_master(x, i);
-    if (gradient && exec_block_plan(x, p->block)->grads == SCHED_GRADS_DEVICE) src_host = NULL;
+    const void *src_dev = gradient ? d->g_acc : exec_dev_master(p, d);
+    if (gradient && exec_block_plan(&x->env, p->block)->grads == SCHED_GRADS_DEVICE) src_host = NULL;
     if (!gradient && p->home_bf16) {
         mt_convert_to_f32(host, p->home_bf16, MT_BF16, p->spec->numel);
     } else if (src_host) {
@@ -475,4 +381,34 @@ void eng_exec_free(eng_exec_t *x) {
         eng_model_release(m);
         free(m);
     }
+}
+
+/* ---- the staging pool's reports ------------------------------------------ */
+
+moe_staging_t *eng_exec_staging(eng_exec_t *x) { return x->stage.pool; }
+
+size_t eng_exec_offload_bytes(const eng_exec_t *x, int tokens) { return exec_stage_offload_bytes(&x->stage, tokens); }
+
+void eng_exec_staging_info(const eng_exec_t *x, eng_exec_staging_info_t *out) { *out = x->stage.info; }
+
+void eng_exec_staging_counters(const eng_exec_t *x, eng_exec_staging_counters_t *out) { *out = x->cnt.ctr; }
+
+mt_status_t eng_exec_trace_staging(eng_exec_t *x, eng_trace_t *t, double since_s, mt_error_t *err) {
+    if (!t || !x->stage.pool) return MT_OK;
+    const moe_staging_timeline_t *tl = moe_staging_timeline(x->stage.pool);
+    moe_staging_timeline_t view = *tl; /* the samples of the traced run only */
+    size_t first = 0;
+    while (first < tl->n && tl->epoch_s + tl->s[first].t_s < since_s) first++;
+    view.s = tl->s + first;
+    view.n = tl->n - first;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    MT_CHECK(f != NULL, "open_memstream failed");
+    /* timestamps in microseconds of CLOCK_MONOTONIC: the trace shifts them to its origin */
+    moe_staging_trace_counters(f, &view, 1, tl->epoch_s * 1e6, false);
+    fclose(f);
+    mt_status_t st = eng_trace_add_events_json(t, text, err);
+    free(text);
+    return st;
 }

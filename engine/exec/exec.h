@@ -25,11 +25,11 @@
 #include <stdint.h>
 
 #include "engine/config/config.h"
-#include "engine/exec/counters.h"
-#include "engine/exec/types.h"
+#include "engine/exec/record/counters.h"
+#include "engine/exec/place/types.h"
 #include "engine/model/model.h"
 #include "engine/exec/optim.h"
-#include "engine/exec/trace.h"
+#include "engine/exec/record/trace.h"
 #include "moe/staging.h"
 
 /* ---- an executor and the model it holds ----------------------------------
@@ -102,7 +102,7 @@ void eng_exec_read_param(eng_exec_t *x, int i, float *host, bool gradient);
 bool eng_exec_param_has_grad(const eng_exec_t *x, int i);
 /* Records this model's steps into trace (NULL stops): block spans on the
  * compute track, copies on the H2D/D2H tracks, host AdamW jobs, memory
- * counters.  See engine/exec/trace.h. */
+ * counters.  See engine/exec/record/trace.h. */
 void eng_exec_set_trace(eng_exec_t *x, struct eng_trace *trace);
 
 /* Mean compute seconds per block (forward including any wait for its
@@ -134,7 +134,7 @@ void eng_exec_finish_updates_in_step(eng_exec_t *x);
 void eng_staging_settings_from_run(const eng_run_config_t *rc, eng_staging_settings_t *out);
 
 
-/* eng_exec_staging_counters_t: engine/exec/counters.h */
+/* eng_exec_staging_counters_t: engine/exec/record/counters.h */
 
 moe_staging_t *eng_exec_staging(eng_exec_t *x);
 /* Bytes of saved activations the plan offloads in a micro-batch of `tokens` tokens (the pool's share). */

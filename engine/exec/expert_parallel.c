@@ -1,7 +1,7 @@
-/* Expert parallelism in a multi-device run (see multi_expert.h). */
+/* Expert parallelism in a multi-device run (see expert_parallel.h). */
 #include "engine/exec/expert_parallel.h"
 
-#include "engine/exec/internal.h"
+#include "engine/exec/executor.h"
 
 mt_status_t eng_ep_check(const eng_model_t *m, const sched_plan_t *plan, int n, bool *any, mt_error_t *err) {
     *any = false;
@@ -40,14 +40,6 @@ mt_status_t eng_ep_check(const eng_model_t *m, const sched_plan_t *plan, int n, 
     return MT_OK;
 }
 
-void exec_ep_set(eng_exec_t *x, const moe_ep_t *ep) {
-    x->ep = ep;
-    x->env.ep = ep;
-}
-
-bool exec_ep_foreign(const eng_exec_t *x, const eng_param_t *p) {
-    if (!x->ep || p->spec->expert < 0 || !x->plan.blocks[p->block].expert_parallel) return false;
-    int lo, hi;
-    moe_ep_range(x->model->cfg.num_experts, kern_comm_size(x->ep->comm), x->ep->rank, &lo, &hi);
-    return p->spec->expert < lo || p->spec->expert >= hi;
-}
+/* The layer environment carries the place: the block math exchanges
+ * tokens with it, and every concern asks it which experts are foreign. */
+void exec_ep_set(eng_exec_t *x, const moe_ep_t *ep) { x->env.ep = ep; }

@@ -23,7 +23,7 @@
 #include <stdbool.h>
 
 #include "base/status.h"
-#include "engine/exec/types.h"
+#include "engine/exec/place/types.h"
 #include "engine/model/model.h"
 #include "moe/expert_parallel.h"
 #include "scheduler/plan.h"
@@ -33,10 +33,8 @@
  * layer and what to change otherwise).  Unused with n == 1. */
 mt_status_t eng_ep_check(const eng_model_t *m, const sched_plan_t *plan, int n, bool *any, mt_error_t *err);
 
-/* x's place among the devices (NULL: every expert is its own). */
+/* x's place among the devices (NULL: every expert is its own); which
+ * experts are then another device's: exec_ep_foreign, plan_query.h. */
 void exec_ep_set(eng_exec_t *x, const moe_ep_t *ep);
-/* p is a routed expert of an expert-parallel layer that another device
- * owns: x places, fetches and trains nothing of it. */
-bool exec_ep_foreign(const eng_exec_t *x, const eng_param_t *p);
 
 #endif

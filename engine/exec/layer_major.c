@@ -34,8 +34,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/exec/place/acts.h"
+#include "engine/exec/record/counters.h"
 #include "engine/exec/exec.h"
-#include "engine/exec/internal.h"
+#include "engine/exec/executor.h"
+#include "engine/exec/place/grads.h"
+#include "engine/exec/place/pending.h"
+#include "engine/exec/place/plan_query.h"
+#include "engine/exec/place/residency.h"
+#include "engine/exec/place/spans.h"
+#include "engine/exec/step.h"
 
 typedef struct {
     int param;      /* index into m->params */
@@ -140,17 +148,17 @@ static void lm_free(eng_exec_t *x, lm_t *lm) {
             d->g_transient = pk->transient;
             x->grads.g_span[pk->param] = pk->span;
         }
-        exec_drop_grads(x);
+        exec_drop_grads(&x->grads);
         free(lm->park[j]);
     }
     for (int i = 0; i < m->num_params; i++)
         if (lm->hacc[i]) {
-            if (lm->hspan[i] >= 0) exec_span_put(x, lm->hspan[i], NULL);
+            if (lm->hspan[i] >= 0) exec_span_put(&x->spans, lm->hspan[i], NULL);
             else kern_free(x->dev, lm->hacc[i]);
         }
     for (int j = 0; j < lm->k; j++) {
         use_micro(x, lm, j);
-        exec_drop_offloads(x);
+        exec_drop_offloads(&x->acts);
     }
     use_micro(x, lm, 0);
     for (int j = 1; j < lm->k; j++) {
@@ -163,8 +171,8 @@ static void lm_free(eng_exec_t *x, lm_t *lm) {
         free(lm->o_done[j]);
         free(lm->a_ready[j]);
     }
-    for (int b = 0; b < lm->nb; b++) exec_release_block(x, b);
-    exec_process_pending(x, true);
+    for (int b = 0; b < lm->nb; b++) exec_release_block(&x->res, b);
+    exec_process_pending(&x->pend, true);
     free(lm->mb);
     free(lm->offl);
     free(lm->o_done);
@@ -183,15 +191,15 @@ static int32_t *counts_of(lm_t *lm, int j, int l) { return lm->counts + ((size_t
 static mt_status_t fetch_bwd(eng_exec_t *x, lm_t *lm, int b, mt_error_t *err) {
     if (b < 0 || b >= lm->nb) return MT_OK;
     if (is_moe(x, b - 1)) moe_predict_observe(&x->predict, b - 1, lm->uni + (size_t)(b - 1) * lm->E);
-    return exec_fetch_block(x, b, true, err);
+    return exec_fetch_block(&x->res, b, true, err);
 }
 
 /* Micro-batch j's offloaded activations of block b, fetched back (no-op when
  * not offloaded, or already on their way). */
 static mt_status_t fetch_acts(eng_exec_t *x, lm_t *lm, int b, int j, mt_error_t *err) {
-    if (b < 1 || j >= lm->k || !exec_acts_offloaded(x, b)) return MT_OK;
+    if (b < 1 || j >= lm->k || !exec_acts_offloaded(&x->env, b)) return MT_OK;
     use_micro(x, lm, j);
-    return exec_fetch_acts(x, b, err);
+    return exec_fetch_acts(&x->acts, b, err);
 }
 
 static void unpark(eng_exec_t *x, lm_t *lm, int j) {
@@ -227,7 +235,7 @@ static mt_status_t fold(eng_exec_t *x, lm_t *lm, int b, int j, mt_error_t *err) 
             x->grads.g_span[i] = -1;
             continue;
         }
-        if (exec_block_plan(x, b)->grads != SCHED_GRADS_HOST) continue; /* exec_finish_grads folds it */
+        if (exec_block_plan(&x->env, b)->grads != SCHED_GRADS_HOST) continue; /* exec_finish_grads folds it */
         if (d->g) {
             MT_CHECK(!d->acc_has_data, "layer-major: %s has a host gradient from before the step", p->spec->name);
             d->has_grad = true;
@@ -236,7 +244,8 @@ static mt_status_t fold(eng_exec_t *x, lm_t *lm, int b, int j, mt_error_t *err) 
                 lm->hspan[i] = x->grads.g_span[i];
             } else { /* the host's ADD_F32, on the device */
                 x->dev->ops->add(cs, lm->hacc[i], lm->hacc[i], d->g, p->spec->numel);
-                if (x->grads.g_span[i] >= 0) exec_span_put(x, x->grads.g_span[i], NULL); /* the compute stream is its only user */
+                /* the compute stream is its only user */
+                if (x->grads.g_span[i] >= 0) exec_span_put(&x->spans, x->grads.g_span[i], NULL);
                 else kern_free(x->dev, d->g);
             }
             x->grads.g_span[i] = -1;
@@ -250,7 +259,7 @@ static mt_status_t fold(eng_exec_t *x, lm_t *lm, int b, int j, mt_error_t *err) 
             lm->hacc[i] = NULL;
         }
     }
-    return exec_finish_grads(x, b, err);
+    return exec_finish_grads(&x->grads, b, err);
 }
 
 static mt_status_t run_layer_major(eng_exec_t *x, lm_t *lm, const eng_batch_t *batches, float loss_scale,
@@ -263,16 +272,16 @@ static mt_status_t run_layer_major(eng_exec_t *x, lm_t *lm, const eng_batch_t *b
     /* forward: embedding and layers, each for every micro-batch */
     for (int b = 0; b <= L; b++) {
         for (int w = 0; w <= W; w++)
-            if (b + w < nb && (r = exec_fetch_block(x, b + w, false, err)) != MT_OK) return r;
-        exec_wait_block(x, b);
+            if (b + w < nb && (r = exec_fetch_block(&x->res, b + w, false, err)) != MT_OK) return r;
+        exec_wait_block(&x->res, b);
         for (int j = 0; j < k; j++) {
             use_micro(x, lm, j);
             if ((r = exec_micro_forward_block(x, lm->mb[j], b, &batches[j], NULL, err)) != MT_OK) return r;
             if (is_moe(x, b - 1))
                 memcpy(counts_of(lm, j, b - 1), moe_predict_counts(&x->predict, b - 1, true), (size_t)E * sizeof(int32_t));
         }
-        if (!exec_turn_held(x, b)) exec_release_block(x, b);
-        exec_process_pending(x, false);
+        if (!exec_turn_held(&x->env, b)) exec_release_block(&x->res, b);
+        exec_process_pending(&x->pend, false);
     }
     for (int l = 0; l < L; l++)
         for (int j = 0; is_moe(x, l) && j < k; j++)
@@ -281,47 +290,47 @@ static mt_status_t run_layer_major(eng_exec_t *x, lm_t *lm, const eng_batch_t *b
 
     /* the head: forward, loss and backward per micro-batch */
     const int head = nb - 1;
-    if ((r = exec_fetch_block(x, head, false, err)) != MT_OK) return r;
+    if ((r = exec_fetch_block(&x->res, head, false, err)) != MT_OK) return r;
     for (int w = 1; w <= W; w++)
         if ((r = fetch_bwd(x, lm, head - w, err)) != MT_OK) return r;
-    exec_wait_block(x, head);
+    exec_wait_block(&x->res, head);
     for (int j = 0; j < k; j++) {
         use_micro(x, lm, j);
-        x->in_last_micro = j == k - 1;
+        x->prog.in_last_micro = j == k - 1;
         memset(&stats[j], 0, sizeof stats[j]);
         if ((r = exec_micro_forward_block(x, lm->mb[j], head, &batches[j], NULL, err)) != MT_OK) return r;
         if ((r = exec_micro_loss(x, lm->mb[j], &batches[j], loss_scale, true, &stats[j], err)) != MT_OK) return r;
         if ((r = exec_micro_backward_block(x, lm->mb[j], head, err)) != MT_OK) return r;
         if ((r = fold(x, lm, head, j, err)) != MT_OK) return r;
     }
-    exec_optim_block_ready(x, head);
-    exec_release_block(x, head);
-    exec_process_pending(x, false);
+    exec_micro_block_ready(x, head);
+    exec_release_block(&x->res, head);
+    exec_process_pending(&x->pend, false);
 
     /* backward: layers and embedding from the top, each for every micro-batch */
     for (int b = head - 1; b >= 0; b--) {
         for (int w = 0; w <= W; w++)
             if ((r = fetch_bwd(x, lm, b - w, err)) != MT_OK) return r;
-        exec_wait_block(x, b);
+        exec_wait_block(&x->res, b);
         for (int j = 0; j < k; j++) {
             /* this micro-batch's activations, and the next ones' on their way during its compute */
             if ((r = fetch_acts(x, lm, b, j, err)) != MT_OK) return r;
             if ((r = j + 1 < k ? fetch_acts(x, lm, b, j + 1, err) : fetch_acts(x, lm, b - 1, 0, err)) != MT_OK)
                 return r;
             use_micro(x, lm, j);
-            if (exec_acts_offloaded(x, b)) exec_wait_acts(x, b);
+            if (exec_acts_offloaded(&x->env, b)) exec_wait_acts(&x->acts, b);
             if (is_moe(x, b - 1)) moe_predict_observe(&x->predict, b - 1, counts_of(lm, j, b - 1));
-            x->in_last_micro = j == k - 1;
+            x->prog.in_last_micro = j == k - 1;
             unpark(x, lm, j);
             if ((r = exec_micro_backward_block(x, lm->mb[j], b, err)) != MT_OK) return r;
             if ((r = fold(x, lm, b, j, err)) != MT_OK) return r;
         }
         use_micro(x, lm, 0);
-        exec_optim_block_ready(x, b);
+        exec_micro_block_ready(x, b);
         /* the next step's forward prefetch predicts the union of this step's routing */
         if (is_moe(x, b - 1)) moe_predict_observe(&x->predict, b - 1, lm->uni + (size_t)(b - 1) * E);
-        exec_release_block(x, b);
-        exec_process_pending(x, false);
+        exec_release_block(&x->res, b);
+        exec_process_pending(&x->pend, false);
     }
     for (int j = 0; j < k; j++)
         MT_CHECK(lm->npark[j] == 0, "layer-major: micro-batch %d left gradient targets unfolded", j);
@@ -342,7 +351,7 @@ mt_status_t eng_exec_step_fwd_bwd(eng_exec_t *x, const eng_batch_t *batches, int
         if (batches[j].B * batches[j].T > tokens) tokens = batches[j].B * batches[j].T;
     /* offloaded activations of all k micro-batches are held at once: the
      * pool's activation share for k times the tokens */
-    mt_status_t r = exec_stage_prepare(x, tokens * k, err);
+    mt_status_t r = exec_micro_prepare(x, tokens * k, err);
     if (r != MT_OK) return r;
     exec_counters_micro_begin(&x->cnt);
     lm_t lm;
@@ -353,7 +362,7 @@ mt_status_t eng_exec_step_fwd_bwd(eng_exec_t *x, const eng_batch_t *batches, int
         x->micro_left = x->micro_left > k ? x->micro_left - k : 0;
         exec_counters_micro_end(&x->cnt);
     } else {
-        exec_drop_grads(x);
+        exec_drop_grads(&x->grads);
         mt_error_prefix(err, "layer-major step: ");
     }
     lm_free(x, &lm);

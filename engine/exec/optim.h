@@ -8,13 +8,10 @@
 #ifndef MT_ENGINE_OPTIM_H
 #define MT_ENGINE_OPTIM_H
 
-#include "engine/exec/types.h"
+#include "engine/exec/place/types.h"
+#include "engine/optim/hparams.h"
 #include "engine/model/model.h"
 
-typedef struct {
-    double lr, beta1, beta2, eps, weight_decay;
-    double max_grad_norm; /* 0 = no clipping */
-} eng_optim_hparams_t;
 
 typedef struct {
     double grad_norm;     /* before clipping */

@@ -8,8 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/exec/place/copies.h"
 #include "engine/exec/exec.h"
-#include "engine/exec/internal.h"
+#include "engine/exec/executor.h"
+#include "engine/optim/host_optim.h"
+#include "engine/exec/place/plan_query.h"
+#include "engine/exec/xfer.h"
 
 int64_t eng_model_optim_step_count(const eng_model_t *m, int i) { return m->params[i].step; }
 
@@ -55,7 +59,7 @@ mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master
     eng_param_t *p = &m->params[i];
     eng_dparam_t *d = &x->dp[i];
     const size_t bytes = exec_f32_bytes(p);
-    const bool device_optim = exec_block_plan(x, p->block)->optim == SCHED_OPTIM_DEVICE;
+    const bool device_optim = exec_block_plan(&x->env, p->block)->optim == SCHED_OPTIM_DEVICE;
     moe_staging_xfer_t items[4];
     int n = 0;
     if (master) {
@@ -64,7 +68,7 @@ mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master
             /* a resident (or currently held) working copy is made from the master again */
             if (d->w) items[n++] = (moe_staging_xfer_t){p->host_w, d->w, exec_w_bytes(p), exec_w_upload_op(p)};
         } else {
-            float *dm = exec_dev_master(x, i);
+            float *dm = exec_dev_master(p, d);
             if (dm) items[n++] = (moe_staging_xfer_t){(void *)master, dm, bytes, MOE_STAGING_COPY};
             /* a bf16 working copy beside a device master: what AdamW's bf16 output would write */
             if (d->w && (void *)dm != d->w)
@@ -114,6 +118,6 @@ void eng_optim_discard_step(eng_exec_t *x) {
         x->hopt.done[i] = false;
     }
     kern_stream_sync(x->dev, s);
-    x->overlap_step = false;
+    x->prog.overlap = false;
     x->micro_left = 0;
 }

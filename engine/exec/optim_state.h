@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/exec/types.h"
+#include "engine/exec/place/types.h"
 #include "engine/model/model.h"
 #include "base/status.h"
 

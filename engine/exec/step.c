@@ -1,5 +1,6 @@
 /* Forward and backward of one micro-batch under the model's plan (see
- * model.h and exec.h).  Layer halves live in blocks.c, the MoE block in moe/.
+ * step.h and exec.h).  Layer halves live in engine/layers/blocks.c, the MoE
+ * block in moe/.
  *
  * Blocks run in order 0..L+1 forward and L+1..0 backward.  Before a block
  * computes, its streamed weights (and, backward, its offloaded
@@ -17,21 +18,34 @@
  * router_aux_loss_coef * aux when output_router_logits (HF's
  * load_balancing_loss_func over all MoE layers with the attention mask).
  * The aux statistics are gathered layer by layer during the forward pass;
- * their gradient is known once the forward pass ends. */
+ * their gradient is known once the forward pass ends.
+ *
+ * After each block's backward the program calls the executor's block-ready
+ * hook (progress.h): the optimizer, above it, listens there to start host
+ * AdamW on blocks whose gradients are complete. */
+#include "engine/exec/step.h"
+
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/layers/blocks.h"
-#include "engine/exec/exec.h"
-#include "engine/exec/internal.h"
-#include "engine/model/desc/rope_tables.h"
-#include "engine/exec/trace.h"
-#include "moe/aux_loss.h"
-#include "kernels/rope.h"
+#include "base/arena.h"
 #include "base/clock.h"
+#include "engine/exec/place/acts.h"
+#include "engine/exec/record/counters.h"
+#include "engine/exec/exec.h"
+#include "engine/exec/executor.h"
+#include "engine/exec/place/grads.h"
+#include "engine/exec/place/pending.h"
+#include "engine/exec/place/plan_query.h"
+#include "engine/exec/place/residency.h"
+#include "engine/exec/place/stage.h"
+#include "engine/exec/record/trace.h"
+#include "engine/layers/blocks.h"
+#include "engine/model/desc/rope_tables.h"
+#include "moe/aux_loss.h"
 
 struct exec_micro {
     eng_shape_t sh;
@@ -63,6 +77,26 @@ static void dfree(kern_device_t *dev, void *p) {
         (ptr) = kern_alloc(x->dev, (bytes), (tag), err);     \
         if (!(ptr)) return err->code;                        \
     } while (0)
+
+/* Samples device and pinned bytes into the trace (if any) at time t. */
+static void trace_memory(eng_exec_t *x, double t) {
+    if (!x->trace) return;
+    const kern_device_stats_t st = kern_device_stats(x->dev);
+    eng_trace_counter(x->trace, "device bytes", t, (double)st.device_in_use);
+    eng_trace_counter(x->trace, "pinned bytes", t, (double)st.pinned_in_use);
+}
+
+mt_status_t exec_micro_prepare(eng_exec_t *x, int tokens, mt_error_t *err) {
+    if (exec_stage_fits(&x->stage, tokens)) return MT_OK;
+    /* between micro-batches nothing is held: re-size for this shape */
+    eng_exec_drain(x);
+    exec_stage_destroy(&x->stage);
+    return exec_stage_create(&x->stage, tokens, err);
+}
+
+void exec_micro_block_ready(eng_exec_t *x, int b) {
+    if (x->prog.block_ready) x->prog.block_ready(x, b);
+}
 
 static mt_status_t ensure_rope(eng_exec_t *x, int T, mt_error_t *err) {
     eng_model_t *m = x->model;
@@ -105,8 +139,9 @@ static mt_status_t aux_finish(eng_exec_t *x, step_t *st, float loss_scale, doubl
     return st->aux_dp ? MT_OK : err->code;
 }
 
-static mt_status_t fetch_experts_hook(void *x, int layer, const int32_t *counts, mt_error_t *err) {
-    return exec_fetch_experts(x, layer, counts, err);
+/* The MoE forward's call once routing is known (ctx: the executor's residency). */
+static mt_status_t fetch_experts_hook(void *ctx, int layer, const int32_t *counts, mt_error_t *err) {
+    return exec_fetch_experts(ctx, layer, counts, err);
 }
 
 /* Forward of decoder layer l (block l + 1). */
@@ -127,7 +162,7 @@ static mt_status_t layer_forward(eng_exec_t *x, step_t *st, int l, bool recomput
         DALLOC(st->xin[l + 1], act, "residual after mlp");
         xout = st->xin[l + 1];
     }
-    s = eng_mlp_forward(&x->env, l, &st->sh, st->xmid[l], xout, streamed ? fetch_experts_hook : NULL, x,
+    s = eng_mlp_forward(&x->env, l, &st->sh, st->xmid[l], xout, streamed ? fetch_experts_hook : NULL, &x->res,
                         &st->ma[l], err);
     if (recompute) dfree(x->dev, xout);
     return s;
@@ -142,65 +177,19 @@ static eng_operand_t head_weight(const eng_exec_t *x) {
     return (eng_operand_t){d->w, p->w_dtype};
 }
 
-/* Where each activation the description may list lives in the step's
- * structs: x_mid in the step, the rest in the layer's attention, MLP or
- * MoE acts.  Which of them a layer saves, and their sizes, come from the
- * model description (engine/model/desc/model_desc.h); this table only says where. */
-typedef enum { IN_STEP = 0, IN_ATTN, IN_MLP, IN_MOE } act_home_t;
-
-static const struct {
-    act_home_t home;
-    size_t off;
-} k_act_slot[ENG_ACT_COUNT] = {
-    [ENG_A_X_MID] = {IN_STEP, 0},
-    [ENG_A_ATTN_XN] = {IN_ATTN, offsetof(eng_attn_acts_t, xn)},
-    [ENG_A_ATTN_RSTD] = {IN_ATTN, offsetof(eng_attn_acts_t, rstd)},
-    [ENG_A_Q] = {IN_ATTN, offsetof(eng_attn_acts_t, q)},
-    [ENG_A_K] = {IN_ATTN, offsetof(eng_attn_acts_t, k)},
-    [ENG_A_V] = {IN_ATTN, offsetof(eng_attn_acts_t, v)},
-    [ENG_A_Q_PRE] = {IN_ATTN, offsetof(eng_attn_acts_t, q_pre)},
-    [ENG_A_K_PRE] = {IN_ATTN, offsetof(eng_attn_acts_t, k_pre)},
-    [ENG_A_Q_RSTD] = {IN_ATTN, offsetof(eng_attn_acts_t, q_rstd)},
-    [ENG_A_K_RSTD] = {IN_ATTN, offsetof(eng_attn_acts_t, k_rstd)},
-    [ENG_A_ATT] = {IN_ATTN, offsetof(eng_attn_acts_t, att)},
-    [ENG_A_LSE] = {IN_ATTN, offsetof(eng_attn_acts_t, lse)},
-    [ENG_A_MLP_XN] = {IN_MLP, offsetof(eng_mlp_acts_t, xn)},
-    [ENG_A_MLP_RSTD] = {IN_MLP, offsetof(eng_mlp_acts_t, rstd)},
-    [ENG_A_DENSE_G] = {IN_MLP, offsetof(eng_mlp_acts_t, g)},
-    [ENG_A_DENSE_U] = {IN_MLP, offsetof(eng_mlp_acts_t, u)},
-    [ENG_A_ROUTER_LOGITS] = {IN_MOE, offsetof(moe_layer_acts_t, logits)},
-    [ENG_A_ROUTER_PROBS] = {IN_MOE, offsetof(moe_layer_acts_t, probs)},
-    [ENG_A_TOPW] = {IN_MOE, offsetof(moe_layer_acts_t, topw)},
-    [ENG_A_TOPK_IDX] = {IN_MOE, offsetof(moe_layer_acts_t, idx)},
-    [ENG_A_EXPERT_COUNTS] = {IN_MOE, offsetof(moe_layer_acts_t, counts)},
-    [ENG_A_EXPERT_OFFSETS] = {IN_MOE, offsetof(moe_layer_acts_t, offsets)},
-    [ENG_A_PERM] = {IN_MOE, offsetof(moe_layer_acts_t, perm_tok)},
-    [ENG_A_INV_PERM] = {IN_MOE, offsetof(moe_layer_acts_t, inv)},
-    [ENG_A_EXPERT_X] = {IN_MOE, offsetof(moe_layer_acts_t, xp)},
-    [ENG_A_EXPERT_G] = {IN_MOE, offsetof(moe_layer_acts_t, g)},
-    [ENG_A_EXPERT_U] = {IN_MOE, offsetof(moe_layer_acts_t, u)},
-    [ENG_A_EXPERT_OUT] = {IN_MOE, offsetof(moe_layer_acts_t, ep)},
-    [ENG_A_SHARED_G] = {IN_MOE, offsetof(moe_layer_acts_t, sg)},
-    [ENG_A_SHARED_U] = {IN_MOE, offsetof(moe_layer_acts_t, su)},
-    [ENG_A_SHARED_OUT] = {IN_MOE, offsetof(moe_layer_acts_t, so)},
-    [ENG_A_SHARED_GATE_LOGIT] = {IN_MOE, offsetof(moe_layer_acts_t, sgl)},
-};
-
+/* Where each activation the description may list lives: x_mid in the
+ * step, the rest in the layer's acts (engine/layers/acts.h says which
+ * field holds which).  Which of them a layer saves, and their sizes, come
+ * from the model description (engine/model/desc/model_desc.h). */
 static void **act_slot(step_t *st, int l, eng_act_id_t id) {
-    char *base = NULL;
-    switch (k_act_slot[id].home) {
-    case IN_STEP: return (void **)&st->xmid[l];
-    case IN_ATTN: base = (char *)&st->aa[l]; break;
-    case IN_MLP: base = (char *)&st->ma[l]; break;
-    case IN_MOE: base = (char *)&st->ma[l].moe; break;
-    }
-    return (void **)(base + k_act_slot[id].off);
+    if (id == ENG_A_X_MID) return (void **)&st->xmid[l];
+    return eng_layer_act_slot(&st->aa[l], &st->ma[l], id);
 }
 
 /* Every device pointer of layer l's saved activations, for offloading: the
  * description's list.  Each is checked against the description (allocated,
  * of the described size, and nothing saved that it does not list), so the
- * forward, the staging pool's sizing (exec_layer_act_bytes) and the
+ * forward, the staging pool's sizing (exec_layer_act_bytes, copies.h) and the
  * scheduler, which all read the description, cannot drift apart. */
 static mt_status_t layer_act_slots(eng_exec_t *x, step_t *st, int l, void ***slots, int *count, mt_error_t *err) {
     eng_model_t *m = x->model;
@@ -227,15 +216,6 @@ static mt_status_t layer_act_slots(eng_exec_t *x, step_t *st, int l, void ***slo
     return MT_OK;
 }
 
-/* Bytes of layer l's saved activations for n tokens, as the arena holds
- * them (blocks of MT_ARENA_ALIGN): the description's list.  The staging
- * pool is sized with it before the first micro-batch; layer_act_slots
- * checks each buffer against it when it offloads, and staging_modes_test
- * compares the total with what the forward offloads. */
-size_t exec_layer_act_bytes(const eng_model_t *m, int l, int n) {
-    return eng_model_desc_layer_act_bytes(&m->spec, l, n, eng_act_storage_dtype(m), MT_ARENA_ALIGN);
-}
-
 static void layer_acts_drop(eng_exec_t *x, step_t *st, int l) {
     eng_attn_acts_release(x->dev, &st->aa[l]);
     eng_mlp_acts_release(x->dev, &st->ma[l]);
@@ -246,13 +226,11 @@ static void layer_acts_drop(eng_exec_t *x, step_t *st, int l) {
 /* Issues the fetches a block needs (weights; backward also activations). */
 static mt_status_t fetch_ahead(eng_exec_t *x, int b, bool backward, mt_error_t *err) {
     if (b < 0 || b >= x->nb) return MT_OK;
-    mt_status_t s = exec_fetch_block(x, b, backward, err);
-    if (s == MT_OK && backward && exec_acts_offloaded(x, b)) s = exec_fetch_acts(x, b, err);
+    mt_status_t s = exec_fetch_block(&x->res, b, backward, err);
+    if (s == MT_OK && backward && exec_acts_offloaded(&x->env, b)) s = exec_fetch_acts(&x->acts, b, err);
     return s;
 }
 
-/* Frees the micro-batch's buffers and saved activations (after every
- * stream has finished with them). */
 void exec_micro_destroy(eng_exec_t *x, step_t *st) {
     eng_model_t *m = x->model;
     if (!st) return;
@@ -275,9 +253,9 @@ void exec_micro_destroy(eng_exec_t *x, step_t *st) {
  * fetched back (forward only, errors), blocks' weights, pending frees. */
 static void step_release(eng_exec_t *x) {
     kern_device_sync(x->dev);
-    exec_drop_offloads(x);
-    for (int b = 0; b < x->nb; b++) exec_release_block(x, b);
-    exec_process_pending(x, true);
+    exec_drop_offloads(&x->acts);
+    for (int b = 0; b < x->nb; b++) exec_release_block(&x->res, b);
+    exec_process_pending(&x->pend, true);
 }
 
 mt_status_t exec_micro_create(eng_exec_t *x, const eng_batch_t *batch, step_t **out, mt_error_t *err) {
@@ -330,10 +308,8 @@ mt_status_t exec_micro_create(eng_exec_t *x, const eng_batch_t *batch, step_t **
     return r;
 }
 
-/* Block b's forward for this micro-batch; its weights are on the device
- * (the caller fetched and waited).  Saved activations are kept, offloaded
- * (exec_offload_acts: the executor's offload table for b) or dropped, as
- * the plan says. */
+/* Offloaded saved activations go to the executor's offload table for b
+ * (exec_offload_acts). */
 mt_status_t exec_micro_forward_block(eng_exec_t *x, step_t *st, int b, const eng_batch_t *batch,
                                      float *logits_out, mt_error_t *err) {
     eng_model_t *m = x->model;
@@ -356,11 +332,11 @@ mt_status_t exec_micro_forward_block(eng_exec_t *x, step_t *st, int b, const eng
             if (st->use_aux) moe_aux_accumulate(&st->aux, x->dev, &st->ma[l].moe, st->sh.n, batch->mask);
         }
         const sched_act_place_t ap = x->plan.blocks[b].acts;
-        if (exec_acts_offloaded(x, b)) {
+        if (exec_acts_offloaded(&x->env, b)) {
             void **slots[ENG_ACT_COUNT];
             int ns = 0;
             if ((r = layer_act_slots(x, st, l, slots, &ns, err)) != MT_OK) return r;
-            if ((r = exec_offload_acts(x, b, slots, ns, err)) != MT_OK) return r;
+            if ((r = exec_offload_acts(&x->acts, b, slots, ns, err)) != MT_OK) return r;
         } else if (ap == SCHED_ACTS_RECOMPUTE) {
             layer_acts_drop(x, st, l);
         }
@@ -385,14 +361,11 @@ mt_status_t exec_micro_forward_block(eng_exec_t *x, step_t *st, int b, const eng
         snprintf(name, sizeof name, b == 0 ? "embed fwd" : b <= L ? "layer %d fwd" : "head fwd", b - 1);
         const double t1 = mt_now_s();
         eng_trace_span(x->trace, ENG_TRACK_COMPUTE, name, "forward", t0, t1, 0);
-        exec_trace_memory(x, t1);
+        trace_memory(x, t1);
     }
     return MT_OK;
 }
 
-/* The micro-batch's loss once the head's forward has run: the aux loss
- * (when on) and the cross-entropy, which with `backward` leaves
- * d(logits) in place of the logits for the head's backward. */
 mt_status_t exec_micro_loss(eng_exec_t *x, step_t *st, const eng_batch_t *batch, float loss_scale, bool backward,
                             eng_micro_stats_t *stats, mt_error_t *err) {
     eng_model_t *m = x->model;
@@ -439,11 +412,6 @@ mt_status_t exec_micro_loss(eng_exec_t *x, step_t *st, const eng_batch_t *batch,
     return MT_OK;
 }
 
-/* Block b's backward for this micro-batch: recomputes its activations when
- * the plan drops them, prepares the gradient targets and computes into
- * them.  Its weights and offloaded activations are on the device (the
- * caller fetched and waited); folding the gradients is the caller's
- * (exec_finish_grads), which depends on the step order. */
 mt_status_t exec_micro_backward_block(eng_exec_t *x, step_t *st, int b, mt_error_t *err) {
     eng_model_t *m = x->model;
     const eng_model_config_t *c = &m->cfg;
@@ -457,7 +425,7 @@ mt_status_t exec_micro_backward_block(eng_exec_t *x, step_t *st, int b, mt_error
     if (b >= 1 && b <= L && x->plan.blocks[b].acts == SCHED_ACTS_RECOMPUTE &&
         (r = layer_forward(x, st, b - 1, true, err)) != MT_OK)
         return r;
-    if ((r = exec_prepare_grads(x, b, err)) != MT_OK) return r;
+    if ((r = exec_prepare_grads(&x->grads, b, err)) != MT_OK) return r;
     if (b == L + 1) {
         float *dxf;
         DALLOC(dxf, act, "d(final norm output)");
@@ -517,7 +485,7 @@ mt_status_t exec_micro_backward_block(eng_exec_t *x, step_t *st, int b, mt_error
         snprintf(name, sizeof name, b == 0 ? "embed bwd" : b <= L ? "layer %d bwd" : "head bwd", b - 1);
         const double t1 = mt_now_s();
         eng_trace_span(x->trace, ENG_TRACK_COMPUTE, name, "backward", t0, t1, 0);
-        exec_trace_memory(x, t1);
+        trace_memory(x, t1);
     }
     return MT_OK;
 }
@@ -533,12 +501,12 @@ static mt_status_t run_forward(eng_exec_t *x, step_t *st, const eng_batch_t *bat
     for (int b = 0; b < x->nb; b++) {
         for (int w = 0; w <= W; w++)
             if ((r = fetch_ahead(x, b + w, false, err)) != MT_OK) return r;
-        exec_wait_block(x, b);
+        exec_wait_block(&x->res, b);
         if ((r = exec_micro_forward_block(x, st, b, batch, logits_out, err)) != MT_OK) return r;
         /* the head's weights serve its backward right away, and so do the
          * last layer's at the turn (exec_turn_held) */
-        if (!(backward && (b == L + 1 || exec_turn_held(x, b)))) exec_release_block(x, b);
-        exec_process_pending(x, false);
+        if (!(backward && (b == L + 1 || exec_turn_held(&x->env, b)))) exec_release_block(&x->res, b);
+        exec_process_pending(&x->pend, false);
     }
 
     moe_predict_forward_done(&x->predict);
@@ -549,18 +517,18 @@ static mt_status_t run_backward(eng_exec_t *x, step_t *st, mt_error_t *err) {
     const int W = x->plan.prefetch_window;
     mt_status_t r;
 
-    x->in_last_micro = x->micro_left == 1;
+    x->prog.in_last_micro = x->micro_left == 1;
     for (int b = x->nb - 1; b >= 0; b--) {
         for (int w = 0; w <= W; w++)
             if ((r = fetch_ahead(x, b - w, true, err)) != MT_OK) return r;
-        exec_wait_block(x, b);
+        exec_wait_block(&x->res, b);
         /* waiting is not compute: the block's clock starts once its inputs are here */
-        if (exec_acts_offloaded(x, b)) exec_wait_acts(x, b);
+        if (exec_acts_offloaded(&x->env, b)) exec_wait_acts(&x->acts, b);
         if ((r = exec_micro_backward_block(x, st, b, err)) != MT_OK) return r;
-        if ((r = exec_finish_grads(x, b, err)) != MT_OK) return r;
-        exec_optim_block_ready(x, b);
-        exec_release_block(x, b);
-        exec_process_pending(x, false);
+        if ((r = exec_finish_grads(&x->grads, b, err)) != MT_OK) return r;
+        exec_micro_block_ready(x, b);
+        exec_release_block(&x->res, b);
+        exec_process_pending(&x->pend, false);
     }
     return MT_OK;
 }
@@ -570,7 +538,7 @@ static mt_status_t run(eng_exec_t *x, const eng_batch_t *batch, float loss_scale
     const int n = batch->B * batch->T;
     memset(stats, 0, sizeof *stats);
     step_t *st = NULL;
-    mt_status_t r = exec_stage_prepare(x, n, err);
+    mt_status_t r = exec_micro_prepare(x, n, err);
     exec_counters_micro_begin(&x->cnt);
     if (r == MT_OK) r = exec_micro_create(x, batch, &st, err);
     if (r == MT_OK) r = run_forward(x, st, batch, loss_scale, logits_out, backward, stats, err);
@@ -579,7 +547,7 @@ static mt_status_t run(eng_exec_t *x, const eng_batch_t *batch, float loss_scale
         x->timed_micro++;
         if (x->micro_left > 0) x->micro_left--;
     }
-    if (r != MT_OK) exec_drop_grads(x); /* half-made gradient targets of this micro-batch */
+    if (r != MT_OK) exec_drop_grads(&x->grads); /* half-made gradient targets of this micro-batch */
     else exec_counters_micro_end(&x->cnt);
     exec_micro_destroy(x, st);
     step_release(x);

@@ -32,7 +32,7 @@ bool eng_router_group_of(const eng_model_config_t *c, kern_router_group_t *g) {
     const bool grouped = c->routing == ENG_ROUTE_SIGMOID_GROUP_BIAS || c->routing == ENG_ROUTE_SOFTMAX_GROUP;
     g->n_group = grouped && c->n_group > 0 ? c->n_group : 1;
     g->topk_group = grouped && c->topk_group > 0 ? c->topk_group : 1;
-    /* transformers' DeepseekV2TopkRouter never renormalises (model_trainable.c
+    /* transformers' DeepseekV2TopkRouter never renormalises (engine/model/trainable.c
      * refuses a V2 config asking for it) */
     g->renorm = !v2 && c->norm_topk_prob;
     g->scale = c->routed_scaling_factor;

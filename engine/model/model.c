@@ -3,32 +3,84 @@
  * is the executor's (engine/exec/exec.c); this file knows nothing of it. */
 #include "engine/model/model.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/model/io/checkpoint.h"
 
+/* Where each role a layer holds once goes in eng_layer_index_t: the one
+ * place a per-layer role meets its field, so that the index is filled from
+ * the description by role alone.  A role without a row here is one no
+ * layer holds once: the routed experts' (per expert, below), what sits
+ * outside the layers (embed, final norm, lm_head), the grouped router's
+ * bias (a buffer), the LoRA factors (not in the description). */
+#define FIELD(role, field) [role] = {true, offsetof(eng_layer_index_t, field)}
+static const struct {
+    bool set;
+    size_t off;
+} k_layer_field[ENG_P_ROLE_COUNT] = {
+    FIELD(ENG_P_ATTN_NORM, attn_norm),
+    FIELD(ENG_P_Q, q),
+    FIELD(ENG_P_K, k),
+    FIELD(ENG_P_V, v),
+    FIELD(ENG_P_O, o),
+    FIELD(ENG_P_Q_BIAS, q_bias),
+    FIELD(ENG_P_K_BIAS, k_bias),
+    FIELD(ENG_P_V_BIAS, v_bias),
+    FIELD(ENG_P_O_BIAS, o_bias),
+    FIELD(ENG_P_Q_NORM, q_norm),
+    FIELD(ENG_P_K_NORM, k_norm),
+    FIELD(ENG_P_MLP_NORM, mlp_norm),
+    FIELD(ENG_P_ROUTER, router),
+    FIELD(ENG_P_SHARED_GATE, sh_gate),
+    FIELD(ENG_P_SHARED_UP, sh_up),
+    FIELD(ENG_P_SHARED_DOWN, sh_down),
+    FIELD(ENG_P_SHARED_EXPERT_GATE, sh_expert_gate),
+    FIELD(ENG_P_DENSE_GATE, dense_gate),
+    FIELD(ENG_P_DENSE_UP, dense_up),
+    FIELD(ENG_P_DENSE_DOWN, dense_down),
+    FIELD(ENG_P_Q_A, q_a),
+    FIELD(ENG_P_Q_A_NORM, q_a_norm),
+    FIELD(ENG_P_Q_B, q_b),
+    FIELD(ENG_P_KV_A, kv_a),
+    FIELD(ENG_P_KV_A_NORM, kv_a_norm),
+    FIELD(ENG_P_KV_B, kv_b),
+    FIELD(ENG_P_ATTN_SINKS, sinks),
+    FIELD(ENG_P_ROUTER_B, router_b),
+    FIELD(ENG_P_EXP_GATE_UP_FUSED, gate_up),
+    FIELD(ENG_P_EXP_GATE_UP_BIAS, gate_up_b),
+    FIELD(ENG_P_EXP_DOWN_FUSED, down),
+    FIELD(ENG_P_EXP_DOWN_BIAS, down_b),
+};
+#undef FIELD
+
+static int *layer_field(eng_layer_index_t *L, eng_param_role_t role) {
+    return k_layer_field[role].set ? (int *)((char *)L + k_layer_field[role].off) : NULL;
+}
+
+/* Layer l's index with nothing found yet: every field -1, and the
+ * per-expert tables of a MoE layer whose experts are separate tensors. */
+static void empty_layer_index(const eng_model_config_t *c, int l, eng_layer_index_t *L) {
+    for (int r = 0; r < ENG_P_ROLE_COUNT; r++) {
+        int *field = layer_field(L, (eng_param_role_t)r);
+        if (field) *field = -1;
+    }
+    L->router_bias = -1;
+    if (c->layer_is_moe[l] && !c->experts_fused) { /* fused experts: one tensor each, in the table */
+        L->exp_gate = malloc((size_t)c->num_experts * sizeof(int));
+        L->exp_up = malloc((size_t)c->num_experts * sizeof(int));
+        L->exp_down = malloc((size_t)c->num_experts * sizeof(int));
+        MT_CHECK(L->exp_gate && L->exp_up && L->exp_down, "out of memory for expert index");
+    }
+}
+
 static void build_layer_index(eng_model_t *m) {
     const eng_model_config_t *c = &m->cfg;
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     MT_CHECK_ALLOC(m->layers, "layer index");
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        eng_layer_index_t *L = &m->layers[l];
-        int *fields[] = {&L->attn_norm, &L->q, &L->k, &L->v, &L->o, &L->q_bias, &L->k_bias,
-                         &L->v_bias, &L->o_bias, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->router,
-                         &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_expert_gate,
-                         &L->dense_gate, &L->dense_up, &L->dense_down, &L->q_a, &L->q_a_norm,
-                         &L->q_b, &L->kv_a, &L->kv_a_norm, &L->kv_b, &L->router_bias, &L->sinks, &L->router_b,
-                         &L->gate_up, &L->gate_up_b, &L->down, &L->down_b};
-        for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) *fields[i] = -1;
-        if (c->layer_is_moe[l] && !c->experts_fused) { /* fused experts: one tensor each, below */
-            L->exp_gate = malloc((size_t)c->num_experts * sizeof(int));
-            L->exp_up = malloc((size_t)c->num_experts * sizeof(int));
-            L->exp_down = malloc((size_t)c->num_experts * sizeof(int));
-            MT_CHECK(L->exp_gate && L->exp_up && L->exp_down, "out of memory for expert index");
-        }
-    }
+    for (int l = 0; l < c->num_hidden_layers; l++) empty_layer_index(c, l, &m->layers[l]);
     m->embed = m->final_norm = m->lm_head = -1;
     for (int i = 0; i < m->spec.count; i++) {
         const eng_param_spec_t *p = &m->spec.params[i];
@@ -39,43 +91,14 @@ static void build_layer_index(eng_model_t *m) {
             continue;
         }
         eng_layer_index_t *L = &m->layers[p->layer];
-        switch (p->role) {
-        case ENG_P_ATTN_NORM: L->attn_norm = i; break;
-        case ENG_P_Q: L->q = i; break;
-        case ENG_P_K: L->k = i; break;
-        case ENG_P_V: L->v = i; break;
-        case ENG_P_O: L->o = i; break;
-        case ENG_P_Q_BIAS: L->q_bias = i; break;
-        case ENG_P_K_BIAS: L->k_bias = i; break;
-        case ENG_P_V_BIAS: L->v_bias = i; break;
-        case ENG_P_O_BIAS: L->o_bias = i; break;
-        case ENG_P_Q_NORM: L->q_norm = i; break;
-        case ENG_P_K_NORM: L->k_norm = i; break;
-        case ENG_P_MLP_NORM: L->mlp_norm = i; break;
-        case ENG_P_ROUTER: L->router = i; break;
-        case ENG_P_EXP_GATE: L->exp_gate[p->expert] = i; break;
-        case ENG_P_EXP_UP: L->exp_up[p->expert] = i; break;
-        case ENG_P_EXP_DOWN: L->exp_down[p->expert] = i; break;
-        case ENG_P_SHARED_GATE: L->sh_gate = i; break;
-        case ENG_P_SHARED_UP: L->sh_up = i; break;
-        case ENG_P_SHARED_DOWN: L->sh_down = i; break;
-        case ENG_P_SHARED_EXPERT_GATE: L->sh_expert_gate = i; break;
-        case ENG_P_DENSE_GATE: L->dense_gate = i; break;
-        case ENG_P_DENSE_UP: L->dense_up = i; break;
-        case ENG_P_DENSE_DOWN: L->dense_down = i; break;
-        case ENG_P_Q_A: L->q_a = i; break;
-        case ENG_P_Q_A_NORM: L->q_a_norm = i; break;
-        case ENG_P_Q_B: L->q_b = i; break;
-        case ENG_P_KV_A: L->kv_a = i; break;
-        case ENG_P_KV_A_NORM: L->kv_a_norm = i; break;
-        case ENG_P_KV_B: L->kv_b = i; break;
-        case ENG_P_ATTN_SINKS: L->sinks = i; break;
-        case ENG_P_ROUTER_B: L->router_b = i; break;
-        case ENG_P_EXP_GATE_UP_FUSED: L->gate_up = i; break;
-        case ENG_P_EXP_GATE_UP_BIAS: L->gate_up_b = i; break;
-        case ENG_P_EXP_DOWN_FUSED: L->down = i; break;
-        case ENG_P_EXP_DOWN_BIAS: L->down_b = i; break;
-        default: break;
+        if (p->role == ENG_P_EXP_GATE) L->exp_gate[p->expert] = i;
+        else if (p->role == ENG_P_EXP_UP) L->exp_up[p->expert] = i;
+        else if (p->role == ENG_P_EXP_DOWN) L->exp_down[p->expert] = i;
+        else {
+            int *field = layer_field(L, p->role);
+            MT_CHECK(field, "%s: role %s has no field in the layer index (engine/model/model.c, k_layer_field)",
+                     p->name, eng_param_role_name(p->role));
+            *field = i;
         }
     }
     for (int i = 0; i < m->spec.num_buffers; i++) {

@@ -2,7 +2,7 @@
  * masters, a frozen base's bf16 homes, host AdamW state).  This is the
  * model's one copy in host memory, whatever number of devices run it.
  * Running it on a device is an executor's (engine/exec/exec.h), which holds the
- * model and its own copies of each parameter (engine/exec/types.h); several
+ * model and its own copies of each parameter (engine/exec/place/types.h); several
  * executors, one per device, can hold the same model.  This header
  * includes neither (//tests:layering_test checks it).
  *
@@ -34,7 +34,7 @@
 /* One parameter tensor's home: what the model keeps of it in host memory,
  * once, however many devices run it.  A device's copies of it (working
  * copy, device master, gradient accumulators, device AdamW state) are its
- * executor's (eng_dparam_t, engine/exec/types.h).  Which copies exist
+ * executor's (eng_dparam_t, engine/exec/place/types.h).  Which copies exist
  * depends on the plan of the block that owns it (block 0 the embedding,
  * 1..L the layers, L+1 the final norm and lm_head):
  *   optim   DEVICE:   the fp32 master and AdamW state live on the device
@@ -63,7 +63,9 @@ typedef struct {
     int lora_a, lora_b; /* a LoRA run's factors adapting this module (indices into params), -1 = none */
 } eng_param_t;
 
-/* Indices into eng_model_t.params for one decoder layer (-1 = absent). */
+/* Indices into eng_model_t.params for one decoder layer (-1 = absent),
+ * filled from the model description by each parameter's role: a field
+ * here has its role's row in model.c's k_layer_field. */
 typedef struct {
     int attn_norm, q, k, v, o, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm, mlp_norm;
     int router, sh_gate, sh_up, sh_down, sh_expert_gate;

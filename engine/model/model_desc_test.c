@@ -377,7 +377,7 @@ static void test_described_families(void) {
         EXPECT(strcmp(eng_model_desc_family_name(&d), models[i].family) == 0, "%s: family %s", models[i].dir,
                eng_model_desc_family_name(&d));
         /* every family here has block code (DeepSeek: engine/layers/mla.c; GLM-4.5: rope_partial.c;
-         * gpt-oss: blocks_gpt_oss.c) */
+         * gpt-oss: gpt_oss.c) */
         EXPECT(eng_model_desc_trains(&d), "%s: described only, not trained", models[i].dir);
         EXPECT(d.num_buffers == models[i].buffers, "%s: %d buffers", models[i].dir, d.num_buffers);
         for (int b = 0; b < d.num_buffers; b++)

@@ -1,4 +1,4 @@
-/* What a family marked as training (model_desc.c's `trains`) cannot train
+/* What a family marked as training (family.c's `trains`) cannot train
  * yet, refused by name before anything is allocated (see model.h). */
 #include <jansson.h>
 #include <stdio.h>
@@ -78,7 +78,7 @@ mt_status_t eng_model_check_trainable(const eng_model_config_t *c, const char *o
     if (json_is_object(root) && json_is_object(ov)) json_object_update(root, ov); /* the loader's merge */
     json_decref(ov);
     /* FP8 releases (DeepSeek-V3, GLM-4.5-FP8): read dequantised with 128 x 128
-     * block scales (engine/model/io/checkpoint.c), saved unquantised (train_save.c) */
+     * block scales (engine/model/io/checkpoint.c), saved unquantised (engine/run/save.c) */
     const char *quant = fp8_unsupported(root ? json_object_get(root, "quantization_config") : NULL);
     json_t *mb = root ? json_object_get(root, "mlp_bias") : NULL;
     const bool mlp_bias = mb && json_is_true(mb);

@@ -6,9 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/exec/internal.h"
-#include "engine/model/lora_model.h"
+#include "engine/exec/place/copies.h"
+#include "engine/exec/executor.h"
 #include "engine/exec/expert_parallel.h"
+#include "engine/exec/xfer.h"
+#include "engine/model/lora_model.h"
 #include "kernels/host/threadpool.h"
 
 /* ---- opening -------------------------------------------------------------- */

@@ -5,7 +5,7 @@
 #include <stdbool.h>
 
 #include "engine/config/config.h"
-#include "engine/exec/types.h"
+#include "engine/exec/place/types.h"
 #include "engine/model/model.h"
 #include "engine/model/io/outdir.h"
 #include "base/dtype.h"

@@ -28,7 +28,7 @@
 
 #include "engine/config/config.h"
 #include "engine/data/data.h"
-#include "engine/exec/types.h"
+#include "engine/exec/place/types.h"
 #include "engine/model/model.h"
 #include "engine/model/io/outdir.h"
 #include "base/dtype.h"

@@ -4,25 +4,7 @@
 
 #include "engine/config/config.h"
 #include "engine/parallel/ranks.h"
-#include "kernels/device.h"
-
-typedef struct {
-    int steps_done;          /* the run's step count at the end (a resumed run's includes the earlier steps) */
-    int first_step;          /* steps already done when this run started: those of the resumed checkpoint */
-    double first_loss, last_loss;
-    double seconds;
-    double predicted_step_s; /* the planner's prediction for the chosen plan (0 if none) */
-    bool model_saved;        /* the final model is in output_dir (save_final) */
-    int checkpoints_saved;   /* output_dir/checkpoint-N directories written (save_steps) */
-    int stopped_by_signal;   /* SIGINT / SIGTERM stopped the run after a checkpoint (0: it ran to the end) */
-    char last_checkpoint[2048]; /* the checkpoint-N written when a signal stopped the run */
-    int rank, ranks;         /* this process's rank of a multi-rank job and the job's size (0 and 1 alone);
-                                only rank 0 wrote output_dir */
-} eng_train_result_t;
-
-/* Chooses the backend as the config says (auto: CUDA when a GPU is found,
- * else the CPU with a one-line notice; cuda without a GPU is an error). */
-mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_error_t *err);
+#include "engine/run/train_result.h"
 
 /* Refuses an output_dir that overlaps an input, then holds output_dir's run
  * lock (engine/model/io/outdir.h) for the whole run: a second run on the same

@@ -29,8 +29,8 @@
  *   output is 0 and its lse -inf; backward takes exps against 0 for an lse
  *   of -inf, so its P row is 0. Rows that have keys compute exactly what
  *   they did without kv_len (kv_len NULL or >= T is bit-identical).
- * - This is the AVX-512 path (about 2-3x the old sgemm code on one core at
- *   T = 128, hd = 16, and it runs on every core); other CPUs run
+ * - This is the AVX-512 path (about 2-3x attention_blas.c's sgemm path on
+ *   one core at T = 128, hd = 16, and it runs on every core); other CPUs run
  *   attention_blas.c, see kern_attention_fwd_cpu at the end. */
 #include "kernels/attention.h"
 

@@ -12,7 +12,10 @@
  *   overlap with compute can be measured.
  * - Events: each record is a reference-counted node; a wait targets the
  *   node current when it was issued, as cudaStreamWaitEvent does, and an
- *   event may be destroyed while a record is pending. */
+ *   event may be destroyed while a record is pending.
+ * - Registration: the backend registers itself with the device layer when
+ *   it is linked (backend_registry.h; its library is alwayslink), so a
+ *   program opens CPU devices by linking //kernels/backends:cpu. */
 #include "kernels/cpu/backend_cpu.h"
 
 #include <errno.h>
@@ -23,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/backend_registry.h"
 #include "kernels/cpu/gemm_internal.h"
 #include "kernels/ops.h"
 #include "base/clock.h"
@@ -440,3 +444,12 @@ mt_status_t kern_cpu_device_create(const kern_device_opts_t *opts, kern_device_t
     *out = &dev->base;
     return MT_OK;
 }
+
+static const kern_backend_t k_cpu_backend = {
+    .kind = KERN_BACKEND_CPU,
+    .name = "cpu",
+    .probe = NULL, /* the host is always there */
+    .create = kern_cpu_device_create,
+};
+
+__attribute__((constructor)) static void register_cpu_backend(void) { kern_backend_register(&k_cpu_backend); }

@@ -1,4 +1,6 @@
-/* What CPU kernels and the device layer may ask of the CPU backend. */
+/* What CPU kernels and the CPU kernel tests may ask of the CPU backend (the
+ * device layer reaches it through the entry backend_cpu.c registers,
+ * backend_registry.h). */
 #ifndef MT_KERNELS_CPU_BACKEND_CPU_H
 #define MT_KERNELS_CPU_BACKEND_CPU_H
 

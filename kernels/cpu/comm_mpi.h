@@ -1,7 +1,8 @@
 /* MPI underneath kernels/comm_ranks.h: the world of processes mpirun
  * started, and the collectives the cross-rank interface builds on (the
- * gradient sum and the max are comm_ranks.c's, over the gather).  Only
- * kernels/comm_ranks.c calls these; the engine never does.
+ * gradient sum and the max are comm_ranks.c's, over the gather).
+ * comm_ranks.c reaches these only through the transport entry comm_mpi.c
+ * registers (kernels/ranks_registry.h); the engine never does.
  *
  * Everything runs on MPI_COMM_WORLD from the thread that called
  * kern_mpi_init (MPI_THREAD_FUNNELED): the engine's device threads never

@@ -1,5 +1,6 @@
 /* TCP underneath kernels/comm_ranks.h for torchrun-style launches (see
- * comm_tcp.h).
+ * comm_tcp.h), and the transport entry through which comm_ranks.c reaches
+ * it: registered when this library is linked (kernels/ranks_registry.h).
  *
  * The wire: after the handshake every collective is one message from each
  * rank to rank 0 and one back, each prefixed with a header (a sequence
@@ -22,6 +23,8 @@
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "kernels/ranks_registry.h"
 
 enum {
     HOST_CHARS = 64,
@@ -599,4 +602,39 @@ _Noreturn void kern_tcp_abort(kern_tcp_t *t, int code) {
     /* closing (by exiting) is the message: every peer's next read ends */
     (void)t;
     _exit(code);
+}
+
+/* ---- the transport entry (ranks_registry.h) -------------------------------- */
+
+static mt_status_t tcp_init(void **state, int *rank, int *size, int *local_rank, mt_error_t *err) {
+    kern_tcp_t *t = NULL;
+    const mt_status_t st = kern_tcp_init(&t, rank, size, local_rank, err);
+    if (st == MT_OK) *state = t;
+    return st;
+}
+
+static void tcp_destroy(void *state) { kern_tcp_destroy(state); }
+
+static void tcp_allgather(void *state, const void *send, void *recv, size_t bytes) {
+    kern_tcp_allgather(state, send, recv, bytes);
+}
+
+static void tcp_barrier(void *state) { kern_tcp_barrier(state); }
+
+static void tcp_abort(void *state, int code) { kern_tcp_abort(state, code); }
+
+static const kern_ranks_transport_t k_tcp_transport = {
+    .name = "tcp",
+    .launcher = "a torchrun-style launch",
+    .order = 1, /* after MPI: mpirun may also export torchrun-style variables */
+    .launched = kern_tcp_launched,
+    .init = tcp_init,
+    .destroy = tcp_destroy,
+    .allgather = tcp_allgather,
+    .barrier = tcp_barrier,
+    .abort = tcp_abort,
+};
+
+__attribute__((constructor)) static void register_tcp_transport(void) {
+    kern_ranks_register_transport(&k_tcp_transport);
 }

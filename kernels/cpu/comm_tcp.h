@@ -1,8 +1,10 @@
-/* TCP underneath kernels/comm_ranks.h, for ranks started the way torchrun
- * starts them: each process is told RANK, WORLD_SIZE and where rank 0
- * listens (MASTER_ADDR, MASTER_PORT), and nothing else.  There is no MPI
- * runtime to ask, so the ranks meet over TCP: rank 0 listens, every other
- * rank connects to it, and each collective is a star through rank 0.
+/* TCP underneath kernels/comm_ranks.h (which reaches it through the
+ * transport entry comm_tcp.c registers, kernels/ranks_registry.h), for
+ * ranks started the way torchrun starts them: each process is told RANK,
+ * WORLD_SIZE and where rank 0 listens (MASTER_ADDR, MASTER_PORT), and
+ * nothing else.  There is no MPI runtime to ask, so the ranks meet over
+ * TCP: rank 0 listens, every other rank connects to it, and each
+ * collective is a star through rank 0.
  *
  * This carries the few collectives of a data-parallel step (comm_ranks.h:
  * gradient sums as gathers, a max, a barrier) and, on CUDA, rank 0's NCCL

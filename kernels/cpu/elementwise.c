@@ -19,7 +19,7 @@
 
 #include <stdlib.h>
 
-#include "kernels/act_math.h"
+#include "kernels/math/act_math.h"
 #include "kernels/cpu/par.h"
 #include "kernels/cpu/vec.h"
 #include "base/dtype.h"

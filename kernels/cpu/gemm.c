@@ -1,4 +1,6 @@
-/* CPU matrix products on OpenBLAS sgemm (see gemm.h for the contract).
+/* The fp32 sgemm calls under the CPU's matrix products (gemm_internal.h's
+ * kern_cpu_sgemm_batch): every fp32 product and the SGEMM bf16 path run
+ * here; kern_mm's contract is gemm.h's.
  *
  * Two ways to use the machine's cores, chosen by how OpenBLAS is set up:
  * - OpenBLAS threaded (its default: one thread per core): one sgemm call
@@ -133,24 +135,4 @@ void kern_cpu_sgemm_batch(kern_stream_t *s, const kern_cpu_sgemm_t *prods, int c
     }
     kern_cpu_parallel_for(s, (size_t)n, piece_task, p);
     if (p != one) free(p);
-}
-
-void kern_matmul_cpu(kern_stream_t *s, float *C, const float *A, const float *B, int M, int N,
-                     int K, bool trans_a, bool trans_b, float alpha, float beta) {
-    const kern_cpu_sgemm_t g = {.C = C, .A = A, .B = B, .M = M, .N = N, .K = K, .ta = trans_a,
-                                .tb = trans_b, .alpha = alpha, .beta = beta};
-    kern_cpu_sgemm_batch(s, &g, 1);
-}
-
-void kern_matmul_grouped_cpu(kern_stream_t *s, const kern_gemm_desc_t *descs, int count,
-                             bool trans_a, bool trans_b, float alpha, float beta) {
-    if (count <= 0) return;
-    kern_cpu_sgemm_t *g = malloc((size_t)count * sizeof *g);
-    MT_CHECK(g, "out of host memory for %d grouped-matmul descriptors", count);
-    for (int i = 0; i < count; i++)
-        g[i] = (kern_cpu_sgemm_t){.C = descs[i].C, .A = descs[i].A, .B = descs[i].B,
-                                  .M = descs[i].M, .N = descs[i].N, .K = descs[i].K,
-                                  .ta = trans_a, .tb = trans_b, .alpha = alpha, .beta = beta};
-    kern_cpu_sgemm_batch(s, g, count);
-    free(g);
 }

@@ -1,8 +1,7 @@
 /* The CPU products' shared machinery (private to kernels/cpu): fp32 sgemm
- * calls cut into pieces over the backend's pool (gemm.c), which both the
- * original fp32 entry points and the typed products (gemm_typed.c) use, so
- * that an fp32 product is the same sequence of sgemm calls whichever entry
- * point the engine calls. */
+ * calls cut into pieces over the backend's pool (gemm.c), on which the
+ * typed products (gemm_typed.c) run every fp32 product and the SGEMM bf16
+ * path, and the choice of bf16 path (gemm_bf16_path.c). */
 #ifndef MT_KERNELS_CPU_GEMM_INTERNAL_H
 #define MT_KERNELS_CPU_GEMM_INTERNAL_H
 
@@ -39,6 +38,7 @@ typedef enum {
     KERN_CPU_BF16_PATHS,
 } kern_cpu_bf16_path_t;
 
+/* The paths' names, availability and default (gemm_bf16_path.c). */
 const char *kern_cpu_bf16_path_name(kern_cpu_bf16_path_t path);
 /* Whether this CPU can run `path` (asked of the CPU at run time). */
 bool kern_cpu_bf16_path_available(kern_cpu_bf16_path_t path);

@@ -1,9 +1,9 @@
 /* Typed matrix products on the CPU (kern_mm, gemm.h's contract).
  *
  * Three routes, chosen per product:
- * - compute MT_F32 with A, B, C all F32: straight to gemm.c's sgemm pieces,
- *   the very calls kern_matmul_cpu makes, so the engine's fp32 results do
- *   not change by one bit when it moves to kern_mm;
+ * - compute MT_F32 with A, B, C all F32: straight to gemm.c's sgemm pieces
+ *   with no conversion or copy, so an fp32 product is exactly the sgemm
+ *   calls kern_cpu_sgemm_batch makes (mm_test checks it bit for bit);
  * - compute MT_BF16 on the DPBF16 path: gemm_dpbf16.c packs the operands
  *   into bf16 panels and runs vdpbf16ps;
  * - everything else (bf16 compute on the SGEMM path, or a BF16 C): the
@@ -30,29 +30,6 @@
 /* Elements per conversion task: big enough that a task outweighs the
  * pool's hand-out cost, small enough to balance a few threads. */
 #define CONV_CHUNK ((size_t)1 << 16)
-
-const char *kern_cpu_bf16_path_name(kern_cpu_bf16_path_t path) {
-    switch (path) {
-    case KERN_CPU_BF16_SGEMM: return "bf16->fp32 + sgemm";
-    case KERN_CPU_BF16_DPBF16: return "avx512bf16 vdpbf16ps";
-    default: return "?";
-    }
-}
-
-bool kern_cpu_bf16_path_available(kern_cpu_bf16_path_t path) {
-    switch (path) {
-    case KERN_CPU_BF16_SGEMM: return true;
-    case KERN_CPU_BF16_DPBF16:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
-    default: return false;
-    }
-}
-
-kern_cpu_bf16_path_t kern_cpu_bf16_path_default(void) {
-    return kern_cpu_bf16_path_available(KERN_CPU_BF16_DPBF16) ? KERN_CPU_BF16_DPBF16
-                                                               : KERN_CPU_BF16_SGEMM;
-}
 
 /* ---- conversions into and out of fp32 scratch ---------------------------- */
 

@@ -6,7 +6,7 @@
 #include <math.h>
 
 #include "kernels/gpt_oss.h"
-#include "kernels/gpt_oss_math.h"
+#include "kernels/math/gpt_oss_math.h"
 
 void kern_attn_sink_fwd_cpu(kern_stream_t *s, float *out, float *lse, const float *sinks, int B, int T, int nh,
                             int hd) {

@@ -4,8 +4,8 @@
  * sum in double (16 lane partials, fixed fold), lse = max + log(sum) in
  * double, loss = lse - l_t. The gradient reuses e_j:
  *   dlogits_j = grad_scale * (e_j * (1 / sum)),  minus grad_scale at t,
- * so each logit costs one exp, not two (the old code called double exp()
- * twice). When dlogits aliases logits, l_t is read before the row is
+ * so each logit costs one exp, not one for the loss and another for the
+ * gradient. When dlogits aliases logits, l_t is read before the row is
  * overwritten, and e_j is written over l_j only after l_j was read.
  * Rows are independent: fixed blocks of rows over the backend's pool. */
 #include "kernels/loss.h"

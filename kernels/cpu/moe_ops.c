@@ -24,7 +24,7 @@
 #include "kernels/cpu/par.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/elementwise.h"
-#include "kernels/router_math.h"
+#include "kernels/math/router_math.h"
 #include "base/status.h"
 
 #define MOE_CHUNK 16384 /* floats of a row block per task */

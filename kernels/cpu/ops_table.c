@@ -2,8 +2,6 @@
 #include "kernels/ops.h"
 
 const kern_ops_t kern_ops_cpu = {
-    .matmul = kern_matmul_cpu,
-    .matmul_grouped = kern_matmul_grouped_cpu,
     .mm = kern_mm_cpu,
     .mm_grouped = kern_mm_grouped_cpu,
     .rmsnorm_fwd = kern_rmsnorm_fwd_cpu,

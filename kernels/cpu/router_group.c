@@ -7,7 +7,7 @@
 #include "base/status.h"
 #include "kernels/cpu/par.h"
 #include "kernels/router_group.h"
-#include "kernels/router_group_math.h"
+#include "kernels/math/router_group_math.h"
 
 typedef struct {
     float *weights, *scores, *dlogits;

@@ -8,7 +8,7 @@
 #include "kernels/cuda/kern_cuda.cuh"
 
 extern "C" {
-#include "kernels/adamw_math.h"
+#include "kernels/math/adamw_math.h"
 }
 
 #define ADAMW_THREADS 256

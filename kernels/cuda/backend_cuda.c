@@ -16,13 +16,19 @@
  *
  * Kernels and copies run asynchronously to the host, so device memory is
  * freed in stream order (device.h, arena_defer.h): the device is created
- * with opts.stream_ordered_frees set, whatever the caller asked. */
+ * with opts.stream_ordered_frees set, whatever the caller asked.
+ *
+ * The backend registers itself with the device layer when it is linked
+ * (backend_registry.h; its library is alwayslink): a program opens CUDA
+ * devices by linking //kernels/backends:cuda, and kern_cuda_available asks
+ * kern_cuda_probe through that entry. */
 #include "kernels/cuda/backend_cuda.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_registry.h"
 #include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/ops.h"
@@ -31,53 +37,7 @@
 /* Compute capability the objects carry code for (sm_80 SASS upwards). */
 #define KERN_CUDA_MIN_CC_MAJOR 8
 
-int kern_cuda_current_device(void) {
-    int d = -1;
-    if (cudaGetDevice(&d) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return -1;
-    }
-    return d;
-}
-
 static kern_cuda_device_t *as_cuda(kern_device_t *dev) { return (kern_cuda_device_t *)dev; }
-
-static void set_device(int ordinal) { MT_CUDA_CHECK(cudaSetDevice(ordinal)); }
-
-cudaStream_t kern_cuda_stream_begin(kern_stream_t *s) {
-    MT_CHECK(s != NULL, "CUDA kernel called with a NULL stream (use kern_stream(dev, role))");
-    set_device(s->dev->ordinal);
-    return s->cs;
-}
-
-size_t kern_cuda_scratch_capacity(const kern_stream_t *s) { return s->scratch_bytes; }
-
-void *kern_cuda_scratch(kern_stream_t *s, size_t bytes, const char *what) {
-    MT_CHECK(bytes <= s->scratch_bytes,
-             "%s needs %zu bytes of stream scratch, the %s stream of CUDA device %d has %zu "
-             "(KERN_CUDA_SCRATCH_*_BYTES in kernels/cuda/backend_cuda_internal.h)",
-             what, bytes, s->role == KERN_STREAM_COMPUTE ? "compute" : "copy", s->dev->ordinal,
-             s->scratch_bytes);
-    return s->scratch;
-}
-
-void kern_cuda_smem_optin(kern_stream_t *s, const void *kernel, size_t bytes, const char *what) {
-    MT_CHECK(bytes <= s->dev->max_smem_optin,
-             "%s needs %zu bytes of shared memory per block, CUDA device %d allows %zu", what, bytes,
-             s->dev->ordinal, s->dev->max_smem_optin);
-    if (bytes > 48 * 1024)
-        MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)bytes));
-}
-
-void kern_cuda_after_launch(kern_stream_t *s, const char *file, int line, const char *what) {
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess && s->dev->sync_check) e = cudaStreamSynchronize(s->cs);
-    if (e != cudaSuccess)
-        mt_fatal(file, line, "CUDA error %d (%s: %s) in kernel %s on device %d%s", (int)e,
-                 cudaGetErrorName(e), cudaGetErrorString(e), what, s->dev->ordinal,
-                 s->dev->sync_check ? "" : " (set MOETUNE_CUDA_SYNC=1 to attribute faults)");
-}
 
 bool kern_cuda_probe(char *why, size_t why_len) {
     int n = 0;
@@ -123,7 +83,7 @@ static size_t backend_extra_bytes(void) {
 
 static void cuda_destroy(kern_device_t *dev) {
     kern_cuda_device_t *d = as_cuda(dev);
-    set_device(d->ordinal);
+    kern_cuda_set_device(d->ordinal);
     for (int r = 0; r < KERN_STREAM_COUNT; r++) {
         struct kern_stream *s = &d->streams[r];
         if (s->cs) {
@@ -140,7 +100,7 @@ static void cuda_destroy(kern_device_t *dev) {
 static mt_status_t cuda_arena_reserve(kern_device_t *dev, size_t capacity, void **base,
                                       mt_error_t *err) {
     kern_cuda_device_t *d = as_cuda(dev);
-    set_device(d->ordinal);
+    kern_cuda_set_device(d->ordinal);
     size_t extra = backend_extra_bytes();
     size_t free_b = 0, total_b = 0;
     MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -184,7 +144,7 @@ static void cuda_arena_release(kern_device_t *dev, void *base) {
     (void)base;
     kern_cuda_device_t *d = as_cuda(dev);
     if (!d->region) return;
-    set_device(d->ordinal);
+    kern_cuda_set_device(d->ordinal);
     for (int r = 0; r < KERN_STREAM_COUNT; r++)
         if (d->streams[r].cs) MT_CUDA_CHECK(cudaStreamSynchronize(d->streams[r].cs));
     MT_CUDA_CHECK(cudaFree(d->region));
@@ -201,7 +161,7 @@ static void cuda_arena_release(kern_device_t *dev, void *base) {
 /* Portable: the staging slabs are pinned for every device of the process
  * (two-GPU runs share them). NULL when the OS refuses. */
 static void *cuda_pinned_alloc(kern_device_t *dev, size_t bytes) {
-    set_device(as_cuda(dev)->ordinal);
+    kern_cuda_set_device(as_cuda(dev)->ordinal);
     void *p = NULL;
     cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable);
     if (e != cudaSuccess) {
@@ -213,7 +173,7 @@ static void *cuda_pinned_alloc(kern_device_t *dev, size_t bytes) {
 
 static void cuda_pinned_free(kern_device_t *dev, void *p, size_t bytes) {
     (void)bytes;
-    set_device(as_cuda(dev)->ordinal);
+    kern_cuda_set_device(as_cuda(dev)->ordinal);
     MT_CUDA_CHECK(cudaFreeHost(p));
 }
 
@@ -221,13 +181,13 @@ static kern_event_t *cuda_event_create(kern_device_t *dev) {
     kern_event_t *ev = calloc(1, sizeof *ev);
     MT_CHECK_ALLOC(ev, "CUDA event");
     ev->ordinal = as_cuda(dev)->ordinal;
-    set_device(ev->ordinal);
+    kern_cuda_set_device(ev->ordinal);
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming));
     return ev;
 }
 
 static void cuda_event_destroy(kern_event_t *ev) {
-    set_device(ev->ordinal);
+    kern_cuda_set_device(ev->ordinal);
     MT_CUDA_CHECK(cudaEventDestroy(ev->ev));
     free(ev);
 }
@@ -241,12 +201,12 @@ static void cuda_stream_wait_event(kern_stream_t *s, kern_event_t *ev) {
 }
 
 static void cuda_event_sync(kern_event_t *ev) {
-    set_device(ev->ordinal);
+    kern_cuda_set_device(ev->ordinal);
     MT_CUDA_CHECK(cudaEventSynchronize(ev->ev));
 }
 
 static bool cuda_event_query(kern_event_t *ev) {
-    set_device(ev->ordinal);
+    kern_cuda_set_device(ev->ordinal);
     cudaError_t e = cudaEventQuery(ev->ev);
     if (e == cudaErrorNotReady) {
         (void)cudaGetLastError(); /* "not ready" is an answer, not an error to keep */
@@ -433,6 +393,15 @@ mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_
     return MT_OK;
 }
 
+static const kern_backend_t k_cuda_backend = {
+    .kind = KERN_BACKEND_CUDA,
+    .name = "cuda",
+    .probe = kern_cuda_probe,
+    .create = kern_cuda_device_create,
+};
+
+__attribute__((constructor)) static void register_cuda_backend(void) { kern_backend_register(&k_cuda_backend); }
+
 /* ---- NCCL ---------------------------------------------------------------- */
 
 struct kern_cuda_nccl {
@@ -493,7 +462,7 @@ void kern_cuda_nccl_allreduce_sum(kern_cuda_nccl_t *nc, kern_stream_t *const *st
         MT_CHECK(streams[i]->dev->ordinal == nc->ordinals[i],
                  "NCCL all-reduce: stream %d belongs to device %d, communicator rank %d to %d", i,
                  streams[i]->dev->ordinal, i, nc->ordinals[i]);
-        set_device(nc->ordinals[i]);
+        kern_cuda_set_device(nc->ordinals[i]);
         MT_NCCL_CHECK(ncclAllReduce(bufs[i], bufs[i], n, ncclFloat32, ncclSum, nc->comms[i],
                                     streams[i]->cs));
     }

@@ -1,6 +1,6 @@
-/* Entry points of the CUDA backend used by kernels/device.c, plus what the
- * CUDA backend offers beyond the common interface: the mixed-precision
- * GEMM (bf16 in, fp32 accumulation) and NCCL for two local GPUs.
+/* Entry points of the CUDA backend (the device layer reaches them through
+ * the entry backend_cuda.c registers, backend_registry.h), plus what the
+ * CUDA backend offers beyond the common interface: NCCL for two local GPUs.
  *
  * Everything here links and runs on a machine without a GPU: the probe and
  * the create/init functions then return "no GPU" (CUDA error 35 on the CI
@@ -18,15 +18,6 @@ mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_
                                     mt_error_t *err);
 /* Never aborts: false with the reason (e.g. CUDA error 35) when no GPU. */
 bool kern_cuda_probe(char *why, size_t why_len);
-
-/* C (M, N) = alpha * op(A) @ op(B) + beta * C, row-major as in gemm.h, with
- * A and B stored as ab_dt and C as c_dt (each MT_F32 or MT_BF16), products
- * accumulated in fp32 (CUBLAS_COMPUTE_32F; never TF32).  bf16 A/B with an
- * fp32 C is how weight gradients accumulate across micro-batches; bf16 C
- * rounds the result to nearest even once, after alpha/beta. */
-void kern_matmul_ex_cuda(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, const void *B,
-                         mt_dtype_t ab_dt, int M, int N, int K, bool trans_a, bool trans_b,
-                         float alpha, float beta);
 
 /* NCCL communicators over local GPUs of this process (ncclCommInitAll), for
  * two-GPU data parallelism.  Other code should use device.h's kern_comm

@@ -73,6 +73,11 @@ struct kern_cuda_device {
     size_t region_bytes;
 };
 
+/* The helpers below are stream_cuda.c's. */
+
+/* Makes `ordinal` the current device (aborts when CUDA refuses). */
+void kern_cuda_set_device(int ordinal);
+
 /* Makes the stream's device current and returns its CUDA stream; every
  * kernel entry point starts with it. Aborts on a NULL stream. */
 cudaStream_t kern_cuda_stream_begin(kern_stream_t *s);
@@ -93,6 +98,16 @@ void kern_cuda_after_launch(kern_stream_t *s, const char *file, int line, const 
  * memory on the stream's device, opting in beyond 48 KB; aborts naming
  * `what` when the device allows less. */
 void kern_cuda_smem_optin(kern_stream_t *s, const void *kernel, size_t bytes, const char *what);
+
+/* C (M, N) = alpha * op(A) @ op(B) + beta * C, row-major as in gemm.h, with
+ * A and B stored as ab_dt and C as c_dt (each MT_F32 or MT_BF16), products
+ * accumulated in fp32 (CUBLAS_COMPUTE_32F; never TF32): one cuBLASLt call
+ * (gemm_cuda.c), M or N == 0 doing nothing and K == 0 scaling C by beta.
+ * cuBLASLt takes a BF16 C only with BF16 A and B, and rounds it to nearest
+ * even once, after alpha/beta.  kern_mm (gemm_mm_cuda.c) routes every
+ * product here. */
+void kern_cuda_gemm(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, const void *B, mt_dtype_t ab_dt,
+                    int M, int N, int K, bool trans_a, bool trans_b, float alpha, float beta);
 
 /* Releases a stream's GEMM algorithm cache (gemm_cuda.c). */
 void kern_cuda_gemm_cache_free(kern_cuda_gemm_cache_t *c);

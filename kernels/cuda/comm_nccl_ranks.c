@@ -1,4 +1,6 @@
-/* NCCL across the processes of a multi-rank job (see comm_nccl_ranks.h). */
+/* NCCL across the processes of a multi-rank job (see comm_nccl_ranks.h),
+ * and the device sum entry through which comm_ranks.c reaches it:
+ * registered when this library is linked (kernels/ranks_registry.h). */
 #include "kernels/cuda/comm_nccl_ranks.h"
 
 #include <nccl.h>
@@ -7,6 +9,7 @@
 
 #include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/ranks_registry.h"
 
 struct kern_nccl_ranks {
     ncclComm_t comm;
@@ -57,3 +60,31 @@ void kern_nccl_ranks_sum_f32(kern_nccl_ranks_t *nr, float *buf, size_t count) {
     MT_NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, nr->comm, cs));
     MT_CUDA_CHECK(cudaStreamSynchronize(cs));
 }
+
+/* ---- the device sum entry (ranks_registry.h) ------------------------------- */
+
+static mt_status_t nccl_unique_id(void *id, mt_error_t *err) { return kern_nccl_ranks_unique_id(id, err); }
+
+static mt_status_t nccl_create(kern_device_t *dev, int rank, int size, const void *id, void **state, mt_error_t *err) {
+    kern_nccl_ranks_t *nr = NULL;
+    const mt_status_t st = kern_nccl_ranks_create(dev, rank, size, id, &nr, err);
+    if (st == MT_OK) *state = nr;
+    return st;
+}
+
+static void nccl_destroy(void *state) { kern_nccl_ranks_destroy(state); }
+
+static void nccl_sum_f32(void *state, float *buf, size_t count) { kern_nccl_ranks_sum_f32(state, buf, count); }
+
+static const kern_ranks_device_sum_t k_nccl_sum = {
+    .name = "NCCL",
+    .kind = KERN_BACKEND_CUDA,
+    .ranks = 2, /* a + b: one rounding, commutative; rings of three or more are not rank order */
+    .id_bytes = KERN_NCCL_ID_BYTES,
+    .unique_id = nccl_unique_id,
+    .create = nccl_create,
+    .destroy = nccl_destroy,
+    .sum_f32 = nccl_sum_f32,
+};
+
+__attribute__((constructor)) static void register_nccl_sum(void) { kern_ranks_register_device_sum(&k_nccl_sum); }

@@ -1,8 +1,9 @@
 /* NCCL across the processes of a multi-rank job (kernels/comm_ranks.h's
- * CUDA side).  The ranks' own transport (MPI under mpirun, TCP under a
- * torchrun-style launch) only bootstraps it: rank 0 makes the unique id,
- * comm_ranks.c hands it to every rank, and each joins with ncclCommInitRank
- * on its own device. */
+ * CUDA side, reached through the device sum entry comm_nccl_ranks.c
+ * registers, kernels/ranks_registry.h).  The ranks' own transport (MPI
+ * under mpirun, TCP under a torchrun-style launch) only bootstraps it: rank
+ * 0 makes the unique id, comm_ranks.c hands it to every rank, and each
+ * joins with ncclCommInitRank on its own device. */
 #ifndef MT_KERNELS_CUDA_COMM_NCCL_RANKS_H
 #define MT_KERNELS_CUDA_COMM_NCCL_RANKS_H
 

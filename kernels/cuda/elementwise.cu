@@ -11,7 +11,7 @@
 #include "kernels/cuda/kern_cuda.cuh"
 
 extern "C" {
-#include "kernels/act_math.h"
+#include "kernels/math/act_math.h"
 }
 
 #define EW_THREADS 256

@@ -1,4 +1,6 @@
-/* Matrix products on the GPU through cuBLASLt (gemm.h semantics).
+/* One matrix product on the GPU through cuBLASLt (kern_cuda_gemm, declared
+ * in backend_cuda_internal.h; gemm.h's row-major semantics).  kern_mm's
+ * routing over it is gemm_mm_cuda.c's.
  *
  * Row-major without copies: gemm_plan.h maps C (M, N) = op(A) op(B) onto
  * cuBLASLt's column-major C^T = op(B)^T op(A)^T (tested on the CPU by
@@ -24,7 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm_plan.h"
@@ -169,9 +170,8 @@ static void scale_only(kern_stream_t *s, void *C, mt_dtype_t c_dt, int M, int N,
     kern_scale_cuda(s, C, beta, n);
 }
 
-void kern_matmul_ex_cuda(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, const void *B,
-                         mt_dtype_t ab_dt, int M, int N, int K, bool trans_a, bool trans_b,
-                         float alpha, float beta) {
+void kern_cuda_gemm(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, const void *B, mt_dtype_t ab_dt,
+                    int M, int N, int K, bool trans_a, bool trans_b, float alpha, float beta) {
     MT_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul: negative size M=%d N=%d K=%d", M, N, K);
     if (M == 0 || N == 0) return;
     if (K == 0) {
@@ -179,29 +179,4 @@ void kern_matmul_ex_cuda(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void 
         return;
     }
     lt_matmul(s, C, c_dt, A, B, ab_dt, M, N, K, trans_a, trans_b, alpha, beta);
-}
-
-void kern_matmul_cuda(kern_stream_t *s, float *C, const float *A, const float *B, int M, int N,
-                      int K, bool trans_a, bool trans_b, float alpha, float beta) {
-    kern_matmul_ex_cuda(s, C, MT_F32, A, B, MT_F32, M, N, K, trans_a, trans_b, alpha, beta);
-}
-
-/* One cuBLASLt call per non-empty group, in order.  cuBLAS's grouped
- * batched GEMM would need the pointer arrays in device memory (an upload
- * per call) and gives no ordering or determinism guarantee beyond this;
- * with the algorithm cache a call costs a few microseconds of host time. */
-void kern_matmul_grouped_cuda(kern_stream_t *s, const kern_gemm_desc_t *descs, int count,
-                              bool trans_a, bool trans_b, float alpha, float beta) {
-    for (int g = 0; g < count; g++) {
-        const kern_gemm_desc_t *d = &descs[g];
-        MT_CHECK(d->M >= 0 && d->N >= 0 && d->K >= 0,
-                 "matmul_grouped: group %d has a negative size M=%d N=%d K=%d", g, d->M, d->N, d->K);
-        if (d->M == 0 || d->N == 0) continue;
-        if (d->K == 0) { /* an empty sum: beta * C, as the CPU twin does */
-            scale_only(s, d->C, MT_F32, d->M, d->N, beta);
-            continue;
-        }
-        lt_matmul(s, d->C, MT_F32, d->A, d->B, MT_F32, d->M, d->N, d->K, trans_a, trans_b, alpha,
-                  beta);
-    }
 }

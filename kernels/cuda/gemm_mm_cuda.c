@@ -1,5 +1,5 @@
 /* Typed matrix products on the GPU (kern_mm, gemm.h's contract), over
- * kern_matmul_ex_cuda's cuBLASLt calls.
+ * kern_cuda_gemm's cuBLASLt calls (gemm_cuda.c).
  *
  * cuBLASLt with CUBLAS_COMPUTE_32F takes A and B of one type (F32 or BF16)
  * and C in F32, or BF16 when A and B are BF16.  What kern_mm allows beyond
@@ -23,12 +23,11 @@
  * KERN_CUDA_SCRATCH_COMPUTE_BYTES.
  * This file makes no CUDA call of its own: the CPU emulator (tests/gpu/emu)
  * builds it unchanged over its stand-ins for the scratch, the conversion
- * kernels and kern_matmul_ex_cuda, so the routing is tested without a GPU. */
+ * kernels and kern_cuda_gemm, so the routing is tested without a GPU. */
 #include <stdint.h>
 #include <stdio.h>
 
 #include "base/status.h"
-#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -64,8 +63,8 @@ static void run_piece(kern_stream_t *s, const kern_mm_t *p, const mm_piece_t *q,
         kern_f32_to_bf16_cuda(s, (uint16_t *)scratch, B, b_elems);
         B = scratch;
     }
-    kern_matmul_ex_cuda(s, C, c_dt, A, B, p->compute == MT_BF16 ? MT_BF16 : MT_F32, q->M, q->N, q->K, p->trans_a,
-                        p->trans_b, p->alpha, q->beta);
+    kern_cuda_gemm(s, C, c_dt, A, B, p->compute == MT_BF16 ? MT_BF16 : MT_F32, q->M, q->N, q->K, p->trans_a,
+                   p->trans_b, p->alpha, q->beta);
 }
 
 static const char *elem_at(const void *base, mt_dtype_t dt, size_t elems) {
@@ -168,8 +167,10 @@ static void mm_one(kern_stream_t *s, const kern_mm_t *p, int idx) {
 
 void kern_mm_cuda(kern_stream_t *s, const kern_mm_t *p) { mm_one(s, p, 0); }
 
-/* One cuBLASLt call per non-empty product, in order (see
- * kern_matmul_grouped_cuda for why not cuBLAS's grouped GEMM). */
+/* One cuBLASLt call per non-empty product, in order.  cuBLAS's grouped
+ * batched GEMM would need the pointer arrays in device memory (an upload
+ * per call) and gives no ordering or determinism guarantee beyond this;
+ * with the algorithm cache a call costs a few microseconds of host time. */
 void kern_mm_grouped_cuda(kern_stream_t *s, const kern_mm_t *p, int count) {
     for (int g = 0; g < count; g++) mm_one(s, &p[g], g);
 }

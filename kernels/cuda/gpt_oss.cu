@@ -10,7 +10,7 @@
 
 extern "C" {
 #include "kernels/gpt_oss.h"
-#include "kernels/gpt_oss_math.h"
+#include "kernels/math/gpt_oss_math.h"
 }
 
 #define GO_THREADS 256

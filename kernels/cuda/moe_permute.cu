@@ -15,7 +15,7 @@
 #include "kernels/cuda/sort.cuh"
 
 extern "C" {
-#include "kernels/act_math.h"
+#include "kernels/math/act_math.h"
 }
 
 #define PERM_THREADS 256

@@ -2,8 +2,6 @@
 #include "kernels/ops.h"
 
 const kern_ops_t kern_ops_cuda = {
-    .matmul = kern_matmul_cuda,
-    .matmul_grouped = kern_matmul_grouped_cuda,
     .mm = kern_mm_cuda,
     .mm_grouped = kern_mm_grouped_cuda,
     .rmsnorm_fwd = kern_rmsnorm_fwd_cuda,

@@ -12,7 +12,7 @@
 #include "kernels/cuda/kern_cuda.cuh"
 
 extern "C" {
-#include "kernels/router_math.h"
+#include "kernels/math/router_math.h"
 }
 
 #define ROUTER_ROWS_PER_BLOCK 8

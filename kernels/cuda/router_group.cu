@@ -10,7 +10,7 @@
 #include "kernels/cuda/kern_cuda.cuh"
 
 extern "C" {
-#include "kernels/router_group_math.h"
+#include "kernels/math/router_group_math.h"
 }
 
 #define ROUTER_GROUP_THREADS 128

@@ -29,7 +29,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels/adamw_math.h"
+#include "kernels/math/adamw_math.h"
 #include "base/dtype.h"
 #include "base/status.h"
 
@@ -52,7 +52,7 @@ struct adamw_job {
  * The per-call constants (kern_adamw_coef: each rounded to float once, as
  * torch rounds its Python-double scalars when it applies them to an fp32
  * tensor) and the per-element arithmetic (kern_adamw_elem) come from
- * kernels/adamw_math.h, which the CUDA twin compiles too: one definition
+ * kernels/math/adamw_math.h, which the CUDA twin compiles too: one definition
  * for the scalar path and the device, and the tests hold the SIMD paths
  * to it bit for bit. */
 

@@ -9,7 +9,7 @@
  * compare the paths on one machine).
  *
  * Numerics (all paths, bit-identical to each other and to the CUDA twin):
- * kernels/adamw_math.h defines the per-element op order, torch's fp32 AdamW
+ * kernels/math/adamw_math.h defines the per-element op order, torch's fp32 AdamW
  * (torch >= 2.0 _single_tensor_adamw) op by op:
  *   g   = g * grad_scale
  *   p   = p * decay                          decay = (float)(1 - lr*wd)

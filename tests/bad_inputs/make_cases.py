@@ -328,6 +328,9 @@ def yaml_cases():
     case("yaml_nul_byte", RY, yaml=run_yaml() + "seed: 1\0\n")
     case("yaml_alias_bomb", RY, yaml=run_yaml() + "".join(
         f"b{i}: &b{i} [" + ",".join([f"*b{i-1}"] * 9) + "]\n" if i else "b0: &b0 [x,x,x,x,x,x,x,x,x]\n" for i in range(10)))
+    # nested 100,000 levels (200 KB): refused at the 65th, at once, naming its line
+    case("yaml_deep_nesting", "run.yaml:10: nesting deeper than 64 levels",
+         yaml=run_yaml() + "model_config: " + "[" * 100000 + "]" * 100000 + "\n")
     case("yaml_missing_file", "nope.yaml", cmd="train nope.yaml")
     case("yaml_is_directory", "adir", {"adir/.keep": ""}, cmd="train adir")
     case("yaml_fifo", "run.yaml", fifo="run.yaml", yaml="")

@@ -1,6 +1,6 @@
-/* GPU suite: matrix products (gemm.h) — cuBLASLt against OpenBLAS.
+/* GPU suite: matrix products (kern_mm, gemm.h) — cuBLASLt against OpenBLAS.
  *
- * Covers every transpose combination, alpha/beta (beta = 0 must ignore a C
+ * Covers fp32 products (F32 operands, F32 compute) in every transpose combination, alpha/beta (beta = 0 must ignore a C
  * full of NaN), empty sums (K = 0), pointers only 4-byte aligned (expert
  * slices of packed buffers), the grouped product over ragged experts with
  * zero-token experts, the bf16-input path with bf16 and fp32 outputs, and
@@ -15,15 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/backend_cuda.h"
 #include "base/dtype.h"
 #include "tests/gpu/gpu_test.h"
 
 #define FP32_GEMM_TOL 1e-5f
 
-/* One matmul on both devices.  `misalign` floats are skipped at the start
- * of every buffer, so the pointers are only that aligned. */
-static void matmul_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, float alpha,
+/* One fp32 product on both devices.  `misalign` floats are skipped at the
+ * start of every buffer, so the pointers are only that aligned. */
+static void mm_f32_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, float alpha,
                         float beta, int misalign) {
     const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N, o = (size_t)misalign;
     float *ha = gt_host_rand(t, na + o, 1.0f), *hb = gt_host_rand(t, nb + o, 1.0f);
@@ -31,10 +30,14 @@ static void matmul_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, floa
     gt_buf_t A = gt_from_host(t, ha, (na + o) * 4, "A"), B = gt_from_host(t, hb, (nb + o) * 4, "B");
     gt_buf_t C = gt_alloc(t, (nc + o) * 4, "C"); /* NaN: must not leak when beta == 0 */
     if (beta != 0.0f) gt_set(t, &C, hc);
-    t->cpu->ops->matmul(t->sc, GT_C(C) + o, GT_C(A) + o, GT_C(B) + o, M, N, K, ta, tb, alpha, beta);
-    t->gpu->ops->matmul(t->sg, GT_G(C) + o, GT_G(A) + o, GT_G(B) + o, M, N, K, ta, tb, alpha, beta);
+    const kern_mm_t pc = kern_mm_make(GT_C(C) + o, GT_C(A) + o, MT_F32, GT_C(B) + o, MT_F32, M, N, K, ta, tb,
+                                      alpha, beta, MT_F32);
+    const kern_mm_t pg = kern_mm_make(GT_G(C) + o, GT_G(A) + o, MT_F32, GT_G(B) + o, MT_F32, M, N, K, ta, tb,
+                                      alpha, beta, MT_F32);
+    t->cpu->ops->mm(t->sc, &pc);
+    t->gpu->ops->mm(t->sg, &pg);
     char what[160];
-    snprintf(what, sizeof what, "matmul M=%d N=%d K=%d ta=%d tb=%d alpha=%g beta=%g misalign=%d", M,
+    snprintf(what, sizeof what, "mm f32 M=%d N=%d K=%d ta=%d tb=%d alpha=%g beta=%g misalign=%d", M,
              N, K, ta, tb, (double)alpha, (double)beta, misalign);
     /* The skipped prefix is compared too: it must be untouched (NaN both). */
     if (K == 0) gt_check_exact(t, what, &C, C.bytes); /* empty sum: beta * C exactly */
@@ -42,8 +45,7 @@ static void matmul_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, floa
     if (beta == 0.0f && K > 0) {
         float *first = gt_host_alloc(nc + o);
         gt_save_gpu(t, &C, first);
-        t->gpu->ops->matmul(t->sg, GT_G(C) + o, GT_G(A) + o, GT_G(B) + o, M, N, K, ta, tb, alpha,
-                            beta);
+        t->gpu->ops->mm(t->sg, &pg);
         gt_check_same_gpu(t, what, &C, first);
         free(first);
     }
@@ -55,7 +57,7 @@ static void matmul_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, floa
     free(hc);
 }
 
-/* Experts as a grouped product: y_e (M_e, N) = x_e (M_e, K) W_e^T (the up
+/* Experts as a grouped fp32 product: y_e (M_e, N) = x_e (M_e, K) W_e^T (the up
  * projection, trans_b) and dW_e (N, K) (+)= dy_e^T x_e (the weight gradient,
  * trans_a, K = M_e tokens), over packed buffers with ragged M_e. */
 static void grouped_case(gt_ctx_t *t, const int *counts, int E, int N, int K, float beta) {
@@ -69,30 +71,34 @@ static void grouped_case(gt_ctx_t *t, const int *counts, int E, int N, int K, fl
     gt_buf_t DY = gt_from_host(t, hdy, ((size_t)m * N + 1) * 4, "dy packed");
     gt_buf_t DW = gt_alloc(t, (size_t)E * N * K * 4, "dW");
     if (beta != 0.0f) gt_set(t, &DW, hdw);
-    kern_gemm_desc_t *dc = calloc((size_t)E, sizeof *dc), *dg = calloc((size_t)E, sizeof *dg);
-    kern_gemm_desc_t *wc = calloc((size_t)E, sizeof *wc), *wg = calloc((size_t)E, sizeof *wg);
-    MT_CHECK(dc && dg && wc && wg, "out of host memory allocating gemm descriptors");
+    kern_mm_t *dc = calloc((size_t)E, sizeof *dc), *dg = calloc((size_t)E, sizeof *dg);
+    kern_mm_t *wc = calloc((size_t)E, sizeof *wc), *wg = calloc((size_t)E, sizeof *wg);
+    MT_CHECK(dc && dg && wc && wg, "out of host memory allocating product descriptors");
     /* Packed buffers start one float in, so the slices are only 4-byte
      * aligned, as expert slices of the engine's packed buffers are. */
     size_t row = 0;
     for (int e = 0; e < E; e++) {
         const size_t xo = 1 + row * K, yo = 1 + row * N, wo = (size_t)e * N * K;
-        dc[e] = (kern_gemm_desc_t){GT_C(Y) + yo, GT_C(X) + xo, GT_C(W) + wo, counts[e], N, K};
-        dg[e] = (kern_gemm_desc_t){GT_G(Y) + yo, GT_G(X) + xo, GT_G(W) + wo, counts[e], N, K};
-        wc[e] = (kern_gemm_desc_t){GT_C(DW) + wo, GT_C(DY) + yo, GT_C(X) + xo, N, K, counts[e]};
-        wg[e] = (kern_gemm_desc_t){GT_G(DW) + wo, GT_G(DY) + yo, GT_G(X) + xo, N, K, counts[e]};
+        dc[e] = kern_mm_make(GT_C(Y) + yo, GT_C(X) + xo, MT_F32, GT_C(W) + wo, MT_F32, counts[e], N, K, false,
+                             true, 1.0f, 0.0f, MT_F32);
+        dg[e] = kern_mm_make(GT_G(Y) + yo, GT_G(X) + xo, MT_F32, GT_G(W) + wo, MT_F32, counts[e], N, K, false,
+                             true, 1.0f, 0.0f, MT_F32);
+        wc[e] = kern_mm_make(GT_C(DW) + wo, GT_C(DY) + yo, MT_F32, GT_C(X) + xo, MT_F32, N, K, counts[e], true,
+                             false, 1.0f, beta, MT_F32);
+        wg[e] = kern_mm_make(GT_G(DW) + wo, GT_G(DY) + yo, MT_F32, GT_G(X) + xo, MT_F32, N, K, counts[e], true,
+                             false, 1.0f, beta, MT_F32);
         row += (size_t)counts[e];
     }
-    t->cpu->ops->matmul_grouped(t->sc, dc, E, false, true, 1.0f, 0.0f);
-    t->gpu->ops->matmul_grouped(t->sg, dg, E, false, true, 1.0f, 0.0f);
-    t->cpu->ops->matmul_grouped(t->sc, wc, E, true, false, 1.0f, beta);
-    t->gpu->ops->matmul_grouped(t->sg, wg, E, true, false, 1.0f, beta);
+    t->cpu->ops->mm_grouped(t->sc, dc, E);
+    t->gpu->ops->mm_grouped(t->sg, dg, E);
+    t->cpu->ops->mm_grouped(t->sc, wc, E);
+    t->gpu->ops->mm_grouped(t->sg, wg, E);
     char what[160];
-    snprintf(what, sizeof what, "matmul_grouped up-proj E=%d N=%d K=%d", E, N, K);
+    snprintf(what, sizeof what, "mm_grouped f32 up-proj E=%d N=%d K=%d", E, N, K);
     /* Y[0] belongs to no expert: it must stay NaN on both, which the
      * comparison accepts only if both are NaN. */
     gt_check_f32_norm(t, what, &Y, (size_t)m * N + 1, FP32_GEMM_TOL, 0.0f);
-    snprintf(what, sizeof what, "matmul_grouped weight-grad beta=%g (zero-token experts: %s)",
+    snprintf(what, sizeof what, "mm_grouped f32 weight-grad beta=%g (zero-token experts: %s)",
              (double)beta, beta == 0.0f ? "zeroed" : "unchanged");
     gt_check_f32_norm(t, what, &DW, (size_t)E * N * K, FP32_GEMM_TOL, 0.0f);
     gt_free(t, &X);
@@ -110,8 +116,9 @@ static void grouped_case(gt_ctx_t *t, const int *counts, int E, int N, int K, fl
     free(hdw);
 }
 
-/* bf16 inputs, fp32 accumulation (GPU only, kern_matmul_ex_cuda), against
- * the CPU product of the same bf16 values widened to fp32. */
+/* bf16 inputs, fp32 accumulation: kern_mm with bf16 compute on operands
+ * stored BF16 (on the GPU one cuBLASLt call, into a BF16 or F32 C), against
+ * the CPU's fp32 product of the same bf16 values widened to fp32. */
 static void bf16_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, mt_dtype_t c_dt) {
     const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
     float *ha = gt_host_rand(t, na, 1.0f), *hb = gt_host_rand(t, nb, 1.0f);
@@ -123,8 +130,11 @@ static void bf16_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, mt_dty
     gt_buf_t A = gt_from_host(t, ha, na * 4, "A"), B = gt_from_host(t, hb, nb * 4, "B");
     gt_buf_t A16 = gt_from_host(t, ha16, na * 2, "A bf16"), B16 = gt_from_host(t, hb16, nb * 2, "B bf16");
     gt_buf_t C = gt_alloc(t, nc * 4, "C"), C16 = gt_alloc(t, nc * mt_dtype_size(c_dt), "C out");
-    t->cpu->ops->matmul(t->sc, GT_C(C), GT_C(A), GT_C(B), M, N, K, ta, tb, 1.0f, 0.0f);
-    kern_matmul_ex_cuda(t->sg, C16.g, c_dt, A16.g, B16.g, MT_BF16, M, N, K, ta, tb, 1.0f, 0.0f);
+    const kern_mm_t pc = kern_mm_make(GT_C(C), GT_C(A), MT_F32, GT_C(B), MT_F32, M, N, K, ta, tb, 1.0f, 0.0f, MT_F32);
+    kern_mm_t pg = kern_mm_make(C16.g, A16.g, MT_BF16, B16.g, MT_BF16, M, N, K, ta, tb, 1.0f, 0.0f, MT_BF16);
+    pg.C.dtype = c_dt;
+    t->cpu->ops->mm(t->sc, &pc);
+    t->gpu->ops->mm(t->sg, &pg);
     float *ref = gt_host_alloc(nc), *got = gt_host_alloc(nc);
     void *raw = gt_host_bytes(C16.bytes);
     gt_download(t, &C, ref, NULL);
@@ -148,9 +158,9 @@ static void bf16_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, mt_dty
             if (!bad++) first = i;
         }
     }
-    gt_expect(t, bad == 0, "matmul bf16 M=%d N=%d K=%d ta=%d tb=%d -> %s: %zu bad, first at %zu cpu %.7g gpu %.7g",
+    gt_expect(t, bad == 0, "mm bf16 M=%d N=%d K=%d ta=%d tb=%d -> %s: %zu bad, first at %zu cpu %.7g gpu %.7g",
               M, N, K, ta, tb, mt_dtype_name(c_dt), bad, first, (double)ref[first], (double)got[first]);
-    if (!bad) printf("ok   matmul bf16 M=%d N=%d K=%d ta=%d tb=%d -> %s\n", M, N, K, ta, tb, mt_dtype_name(c_dt));
+    if (!bad) printf("ok   mm bf16 M=%d N=%d K=%d ta=%d tb=%d -> %s\n", M, N, K, ta, tb, mt_dtype_name(c_dt));
     gt_free(t, &A);
     gt_free(t, &B);
     gt_free(t, &A16);
@@ -173,14 +183,14 @@ int main(void) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int tr = 0; tr < 4; tr++) {
             const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-            matmul_case(&t, M, N, K, tr & 1, tr & 2, 1.0f, 0.0f, 0);
-            matmul_case(&t, M, N, K, tr & 1, tr & 2, 0.5f, 1.0f, 0);
-            matmul_case(&t, M, N, K, tr & 1, tr & 2, 1.0f, 0.0f, 1);
+            mm_f32_case(&t, M, N, K, tr & 1, tr & 2, 1.0f, 0.0f, 0);
+            mm_f32_case(&t, M, N, K, tr & 1, tr & 2, 0.5f, 1.0f, 0);
+            mm_f32_case(&t, M, N, K, tr & 1, tr & 2, 1.0f, 0.0f, 1);
         }
-    matmul_case(&t, 4, 5, 0, false, false, 1.0f, 0.0f, 0);
-    matmul_case(&t, 4, 5, 0, false, true, 1.0f, 1.0f, 0);
-    matmul_case(&t, 4, 5, 0, true, false, 1.0f, 0.5f, 0);
-    matmul_case(&t, 0, 5, 3, false, false, 1.0f, 0.0f, 0);
+    mm_f32_case(&t, 4, 5, 0, false, false, 1.0f, 0.0f, 0);
+    mm_f32_case(&t, 4, 5, 0, false, true, 1.0f, 1.0f, 0);
+    mm_f32_case(&t, 4, 5, 0, true, false, 1.0f, 0.5f, 0);
+    mm_f32_case(&t, 0, 5, 3, false, false, 1.0f, 0.0f, 0);
 
     static const int ragged[] = {5, 0, 17, 1, 0, 33, 2, 0};
     grouped_case(&t, ragged, 8, 24, 40, 0.0f);

@@ -11,8 +11,8 @@ the reference model carrying the same adapter.  For the fused layout
 the adapter directory with that file and target_parameters is loaded too.
 
 Run: /tmp/loravenv/bin/python tests/reference/check_peft_load.py
-(transformers 5.23 and peft 0.21.2 from PyPI when it was written).  Not part
-of CI: its result is the committed JSON.
+(the committed JSON is from transformers 5.23 and peft 0.21.2 from PyPI).  Not
+part of CI: its result is the committed JSON.
 """
 
 import json

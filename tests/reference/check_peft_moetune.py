@@ -23,8 +23,8 @@ file records it and the logits are those of the adapter's own meaning:
     against the reference instead.
 
 Run: /tmp/loravenv/bin/python tests/reference/check_peft_moetune.py bazel-bin/tools/moetune
-(transformers 5.23 and peft 0.21.2 when written).  Not part of CI: its
-results are the committed files.
+(the committed files are from transformers 5.23 and peft 0.21.2).  Not part
+of CI: its results are the committed files.
 """
 
 import json

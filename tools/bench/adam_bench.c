@@ -18,9 +18,9 @@
  * use them) and each kernel runs once untimed; the report is the median of
  * --repeats runs, the kernels interleaved so drift on a shared machine hits
  * them alike, and ratios are medians of per-repeat ratios. Buffers are 2 MB
- * aligned; --hugepages also advises transparent huge pages (on the machine
- * this was written on that made no difference beyond run-to-run noise, so
- * the default is plain pages, as the engine's allocations get). */
+ * aligned; --hugepages also advises transparent huge pages (where
+ * measured, within run-to-run noise of plain pages, so the default is plain
+ * pages, as the engine's allocations get). */
 #include "tools/bench/adam_bench.h"
 
 #include <errno.h>

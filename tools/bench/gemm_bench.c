@@ -1,7 +1,7 @@
 /* `moetune bench gemm`: matrix-product throughput of the backend's kernel
  * table against the machine's peak, measured in one run.
  *
- * CPU backend: OpenBLAS sgemm through kern_matmul_cpu, reported in GFLOP/s
+ * CPU backend: OpenBLAS sgemm through kern_mm (fp32 compute), in GFLOP/s
  * against the theoretical fp32 peak of this CPU (cores x clock x FLOPs per
  * cycle, from /proc/cpuinfo and the widest FMA the CPU has; the assumptions
  * are printed; a VM may report a clock it does not sustain, and some CPUs
@@ -104,15 +104,12 @@ static double time_shape(kern_device_t *dev, const shape_t *sh, const variant_t 
         kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
         kern_memcpy_h2d(dev, s, a, ha, a_n * ab_size);
         kern_memcpy_h2d(dev, s, b, hb, b_n * ab_size);
-        kern_gemm_desc_t *d = calloc((size_t)sh->groups, sizeof *d);
         kern_mm_t *mm = calloc((size_t)sh->groups, sizeof *mm);
-        MT_CHECK_ALLOC(d, "descriptors");
         MT_CHECK_ALLOC(mm, "descriptors");
         for (int g = 0; g < sh->groups; g++) {
             const size_t ao = (size_t)g * sh->M * sh->K, bo = (size_t)g * sh->K * sh->N;
-            d[g] = (kern_gemm_desc_t){c + (size_t)g * sh->M * sh->N, a + ao, b + bo, sh->M, sh->N, sh->K};
             mm[g] = (kern_mm_t){
-                .C = {d[g].C, MT_F32, sh->M, sh->N},
+                .C = {c + (size_t)g * sh->M * sh->N, MT_F32, sh->M, sh->N},
                 .A = {(char *)a + ao * ab_size, v->bf16 ? MT_BF16 : MT_F32, sh->ta ? sh->K : sh->M,
                       sh->ta ? sh->M : sh->K},
                 .B = {(char *)b + bo * ab_size, v->bf16 ? MT_BF16 : MT_F32, sh->tb ? sh->N : sh->K,
@@ -127,10 +124,8 @@ static double time_shape(kern_device_t *dev, const shape_t *sh, const variant_t 
             const double t0 = mt_now_s();
             if (v->cpu_path >= 0)
                 kern_mm_grouped_cpu_path(s, mm, sh->groups, (kern_cpu_bf16_path_t)v->cpu_path);
-            else if (v->bf16) dev->ops->mm_grouped(s, mm, sh->groups);
-            else if (sh->groups > 1)
-                dev->ops->matmul_grouped(s, d, sh->groups, sh->ta, sh->tb, 1.0f, 0.0f);
-            else dev->ops->matmul(s, c, a, b, sh->M, sh->N, sh->K, sh->ta, sh->tb, 1.0f, 0.0f);
+            else if (v->bf16 || sh->groups > 1) dev->ops->mm_grouped(s, mm, sh->groups);
+            else dev->ops->mm(s, mm);
             kern_stream_sync(dev, s);
             t[r] = mt_now_s() - t0;
         }
@@ -144,7 +139,6 @@ static double time_shape(kern_device_t *dev, const shape_t *sh, const variant_t 
                 }
         result = t[1 + reps / 2];
         free(t);
-        free(d);
         free(mm);
     }
     if (c) kern_free(dev, c);

@@ -97,129 +97,178 @@ static double disk_write(const char *dir, uint64_t bytes) {
     return ok ? dt : -1;
 }
 
-int mt_bench_save_main(int argc, char **argv) {
-    int scale = 1, repeats = 3;
-    bool json = false;
-    const char *dir_opt = NULL;
+typedef struct {
+    int scale, repeats;
+    bool json;
+    const char *dir; /* --dir; NULL: under $TMPDIR or /tmp */
+} save_opts_t;
+
+/* One run of the benchmark: its directories, the model with its optimizer
+ * state, what a save writes beside them, and the best times. */
+typedef struct {
+    char root[800], base[900], out[900], ckpt[1000];
+    kern_device_t *dev;
+    eng_exec_t *x;
+    bool model_open;
+    size_t numel;        /* parameters */
+    int32_t tok;         /* one row is enough for a data position */
+    uint8_t mask;
+    eng_dataset_t ds;
+    eng_loader_t ld;
+    eng_run_config_t rc;
+    eng_train_state_t ts;
+    double best_save, best_disk;
+    uint64_t bytes;      /* the checkpoint's, as written */
+} save_run_t;
+
+static int parse_save_opts(int argc, char **argv, save_opts_t *o) {
+    *o = (save_opts_t){.scale = 1, .repeats = 3};
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--scale") == 0 && i + 1 < argc) scale = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) repeats = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc) dir_opt = argv[++i];
-        else if (strcmp(argv[i], "--json") == 0) json = true;
+        if (strcmp(argv[i], "--scale") == 0 && i + 1 < argc) o->scale = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) o->repeats = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc) o->dir = argv[++i];
+        else if (strcmp(argv[i], "--json") == 0) o->json = true;
         else {
             fprintf(stderr, "usage: moetune bench save [--scale K] [--dir DIR] [--repeats R] [--json]\n");
             return 2;
         }
     }
-    if (scale < 1 || scale > 64 || repeats < 1 || repeats > 100) {
+    if (o->scale < 1 || o->scale > 64 || o->repeats < 1 || o->repeats > 100) {
         fprintf(stderr, "moetune bench save: --scale must be 1 to 64 and --repeats 1 to 100\n");
         return 2;
     }
-    char root[800];
-    if (dir_opt) {
-        snprintf(root, sizeof root, "%.700s/moetune-bench-save-XXXXXX", dir_opt);
+    return 0;
+}
+
+/* A fresh directory under --dir (or $TMPDIR, or /tmp) for the run's files. */
+static bool make_root(const save_opts_t *o, save_run_t *r) {
+    if (o->dir) {
+        snprintf(r->root, sizeof r->root, "%.700s/moetune-bench-save-XXXXXX", o->dir);
     } else {
         const char *tmp = getenv("TMPDIR");
-        snprintf(root, sizeof root, "%.700s/moetune-bench-save-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+        snprintf(r->root, sizeof r->root, "%.700s/moetune-bench-save-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
     }
-    if (!mkdtemp(root)) {
-        fprintf(stderr, "moetune bench save: cannot create a directory like %s: %s\n", root, strerror(errno));
-        return 1;
+    if (!mkdtemp(r->root)) {
+        fprintf(stderr, "moetune bench save: cannot create a directory like %s: %s\n", r->root, strerror(errno));
+        return false;
     }
-    mt_error_t err = {0};
-    char base[900], out[900];
-    snprintf(base, sizeof base, "%s/base", root);
-    snprintf(out, sizeof out, "%s/out", root);
+    snprintf(r->base, sizeof r->base, "%s/base", r->root);
+    snprintf(r->out, sizeof r->out, "%s/out", r->root);
+    snprintf(r->ckpt, sizeof r->ckpt, "%s/checkpoint-1", r->out);
+    return true;
+}
+
+/* The scaled model, created under base and loaded on a CPU device. */
+static mt_status_t open_model(save_run_t *r, int scale, mt_error_t *err) {
     char *cfg_text = model_config(scale);
-    kern_device_t *dev = NULL;
-    eng_exec_t *x = NULL;
-    bool model_open = false;
-    int rcode = 1;
-    mt_status_t st = eng_checkpoint_init_random(base, cfg_text, 7, &err);
-    if (st == MT_OK) st = kern_device_create(KERN_BACKEND_CPU, &(kern_device_opts_t){0}, &dev, &err);
-    if (st == MT_OK) st = eng_exec_load(&x, dev, base, NULL, NULL, NULL, &err);
-    model_open = st == MT_OK && dev;
-    /* AdamW state for every parameter, as after a first step */
-    size_t numel = 0;
-    for (int i = 0; model_open && st == MT_OK && i < eng_exec_model(x)->spec.count; i++) {
-        const size_t n = eng_exec_model(x)->spec.params[i].numel;
-        numel += n;
+    mt_status_t st = eng_checkpoint_init_random(r->base, cfg_text, 7, err);
+    if (st == MT_OK) st = kern_device_create(KERN_BACKEND_CPU, &(kern_device_opts_t){0}, &r->dev, err);
+    if (st == MT_OK) st = eng_exec_load(&r->x, r->dev, r->base, NULL, NULL, NULL, err);
+    r->model_open = st == MT_OK && r->dev;
+    free(cfg_text);
+    return st;
+}
+
+/* AdamW state for every parameter, as after a first step. */
+static mt_status_t add_optim_state(save_run_t *r, mt_error_t *err) {
+    mt_status_t st = MT_OK;
+    for (int i = 0; r->model_open && st == MT_OK && i < eng_exec_model(r->x)->spec.count; i++) {
+        const size_t n = eng_exec_model(r->x)->spec.params[i].numel;
+        r->numel += n;
         float *m1 = malloc(n * sizeof(float) + 1), *m2 = malloc(n * sizeof(float) + 1);
         MT_CHECK(m1 && m2, "out of memory");
         for (size_t k = 0; k < n; k++) {
             m1[k] = (float)((k * 2654435761u) % 1000) * 1e-6f;
             m2[k] = m1[k] * m1[k];
         }
-        st = eng_exec_write_optim_state(x, i, NULL, m1, m2, 1, &err);
+        st = eng_exec_write_optim_state(r->x, i, NULL, m1, m2, 1, err);
         free(m1);
         free(m2);
     }
-    /* one row is enough for a data position */
-    int32_t tok = 0;
-    uint8_t mask = 1;
-    eng_dataset_t ds = {.T = 1, .num_rows = 1, .inputs = &tok, .targets = &tok, .mask = &mask};
-    eng_loader_t ld;
-    memset(&ld, 0, sizeof ld);
-    if (st == MT_OK) eng_loader_init(&ld, &ds, 1, false, 0);
-    eng_run_config_t rc;
-    eng_run_config_defaults(&rc);
-    snprintf(rc.output_dir, sizeof rc.output_dir, "%s", out);
-    snprintf(rc.source_path, sizeof rc.source_path, "bench save");
-    eng_train_state_t ts;
-    eng_train_state_init(&ts);
-    double best_save = 1e30, best_disk = 1e30;
-    uint64_t bytes = 0;
-    char ckpt[1000];
-    snprintf(ckpt, sizeof ckpt, "%s/checkpoint-1", out);
-    for (int r = 0; r < repeats && st == MT_OK; r++) {
-        const eng_train_state_save_t ss = {.exec = x, .rc = &rc, .ts = &ts, .loader = &ld,
+    return st;
+}
+
+/* What a save writes beside the model: the data position (a loader over
+ * one row), the run config and the trainer state. */
+static void init_train_state(save_run_t *r, bool loader) {
+    r->ds = (eng_dataset_t){.T = 1, .num_rows = 1, .inputs = &r->tok, .targets = &r->tok, .mask = &r->mask};
+    memset(&r->ld, 0, sizeof r->ld);
+    if (loader) eng_loader_init(&r->ld, &r->ds, 1, false, 0);
+    eng_run_config_defaults(&r->rc);
+    snprintf(r->rc.output_dir, sizeof r->rc.output_dir, "%s", r->out);
+    snprintf(r->rc.source_path, sizeof r->rc.source_path, "bench save");
+    eng_train_state_init(&r->ts);
+}
+
+/* `repeats` saves of checkpoint-1, each followed by the disk probe of the
+ * same size; the best of each. */
+static mt_status_t time_saves(save_run_t *r, int repeats, mt_error_t *err) {
+    r->best_save = r->best_disk = 1e30;
+    for (int i = 0; i < repeats; i++) {
+        const eng_train_state_save_t ss = {.exec = r->x, .rc = &r->rc, .ts = &r->ts, .loader = &r->ld,
                                            .total_steps = 1, .save_dtype = MT_F32};
         const double t0 = mt_now_s();
-        st = eng_train_save_with(x, &rc, ckpt, ENG_CKPT_DIR_SWAP, MT_F32, eng_train_state_write, (void *)&ss,
-                                 &err);
+        const mt_status_t st = eng_train_save_with(r->x, &r->rc, r->ckpt, ENG_CKPT_DIR_SWAP, MT_F32,
+                                                   eng_train_state_write, (void *)&ss, err);
         const double dt = mt_now_s() - t0;
-        if (st != MT_OK) break;
-        if (dt < best_save) best_save = dt;
-        bytes = tree_bytes(ckpt);
-        const double dd = disk_write(out, bytes);
+        if (st != MT_OK) return st;
+        if (dt < r->best_save) r->best_save = dt;
+        r->bytes = tree_bytes(r->ckpt);
+        const double dd = disk_write(r->out, r->bytes);
         if (dd < 0) {
-            st = MT_ERR_IO;
-            snprintf(err.msg, sizeof err.msg, "the disk probe failed");
-            break;
+            snprintf(err->msg, sizeof err->msg, "the disk probe failed");
+            return MT_ERR_IO;
         }
-        if (dd < best_disk) best_disk = dd;
+        if (dd < r->best_disk) r->best_disk = dd;
     }
-    if (st == MT_OK) {
-        const double save_gbs = (double)bytes / best_save / 1e9, disk_gbs = (double)bytes / best_disk / 1e9;
-        char build[256];
-        mt_build_info_line(build, sizeof build);
-        if (json) {
-            printf("{\"build\": \"%s\", \"scale\": %d, \"params\": %zu, \"bytes\": %llu, \"repeats\": %d, "
-                   "\"save_s\": %.6g, \"save_gb_per_s\": %.6g, \"disk_s\": %.6g, \"disk_gb_per_s\": %.6g, "
-                   "\"ratio_vs_disk\": %.4f, \"dir\": \"%s\"}\n",
-                   build, scale, numel, (unsigned long long)bytes, repeats, best_save, save_gbs, best_disk, disk_gbs,
-                   save_gbs / disk_gbs, dir_opt ? dir_opt : "tmp");
-        } else {
-            mt_build_info_print(stdout);
-            printf("moetune bench save: the quick start model x%d (%zu params), checkpoint-N with optimizer state, "
-                   "best of %d, in %s\n",
-                   scale, numel, repeats, dir_opt ? dir_opt : root);
-            printf("  checkpoint save      %12llu bytes %9.4f s %8.3f GB/s\n", (unsigned long long)bytes, best_save,
-                   save_gbs);
-            printf("  disk write + fsync   %12llu bytes %9.4f s %8.3f GB/s\n", (unsigned long long)bytes, best_disk,
-                   disk_gbs);
-            printf("  ratio (save / disk)  %.2f\n", save_gbs / disk_gbs);
-        }
-        rcode = 0;
-    } else {
-        fprintf(stderr, "moetune bench save: %s\n", err.msg);
+    return MT_OK;
+}
+
+static void print_result(const save_opts_t *o, const save_run_t *r) {
+    const double save_gbs = (double)r->bytes / r->best_save / 1e9, disk_gbs = (double)r->bytes / r->best_disk / 1e9;
+    char build[256];
+    mt_build_info_line(build, sizeof build);
+    if (o->json) {
+        printf("{\"build\": \"%s\", \"scale\": %d, \"params\": %zu, \"bytes\": %llu, \"repeats\": %d, "
+               "\"save_s\": %.6g, \"save_gb_per_s\": %.6g, \"disk_s\": %.6g, \"disk_gb_per_s\": %.6g, "
+               "\"ratio_vs_disk\": %.4f, \"dir\": \"%s\"}\n",
+               build, o->scale, r->numel, (unsigned long long)r->bytes, o->repeats, r->best_save, save_gbs,
+               r->best_disk, disk_gbs, save_gbs / disk_gbs, o->dir ? o->dir : "tmp");
+        return;
     }
-    eng_train_state_free(&ts);
-    if (ld.order) eng_loader_free(&ld);
-    eng_run_config_free(&rc);
-    if (model_open) eng_exec_free(x);
-    if (dev) kern_device_destroy(dev);
-    free(cfg_text);
-    nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    return rcode;
+    mt_build_info_print(stdout);
+    printf("moetune bench save: the quick start model x%d (%zu params), checkpoint-N with optimizer state, "
+           "best of %d, in %s\n",
+           o->scale, r->numel, o->repeats, o->dir ? o->dir : r->root);
+    printf("  checkpoint save      %12llu bytes %9.4f s %8.3f GB/s\n", (unsigned long long)r->bytes, r->best_save,
+           save_gbs);
+    printf("  disk write + fsync   %12llu bytes %9.4f s %8.3f GB/s\n", (unsigned long long)r->bytes, r->best_disk,
+           disk_gbs);
+    printf("  ratio (save / disk)  %.2f\n", save_gbs / disk_gbs);
+}
+
+static void close_run(save_run_t *r) {
+    eng_train_state_free(&r->ts);
+    if (r->ld.order) eng_loader_free(&r->ld);
+    eng_run_config_free(&r->rc);
+    if (r->model_open) eng_exec_free(r->x);
+    if (r->dev) kern_device_destroy(r->dev);
+    nftw(r->root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+int mt_bench_save_main(int argc, char **argv) {
+    save_opts_t o;
+    const int bad = parse_save_opts(argc, argv, &o);
+    if (bad) return bad;
+    save_run_t r = {0};
+    if (!make_root(&o, &r)) return 1;
+    mt_error_t err = {0};
+    mt_status_t st = open_model(&r, o.scale, &err);
+    if (st == MT_OK) st = add_optim_state(&r, &err);
+    init_train_state(&r, st == MT_OK);
+    if (st == MT_OK) st = time_saves(&r, o.repeats, &err);
+    if (st == MT_OK) print_result(&o, &r);
+    else fprintf(stderr, "moetune bench save: %s\n", err.msg);
+    close_run(&r);
+    return st == MT_OK ? 0 : 1;
 }

@@ -20,7 +20,13 @@
  * compute, i.e. for every layer, phase (forward, backward) and direction,
  * the bytes it moves (the cost model's, for the synthetic model) over the
  * link take at most `--link-fraction` (default 0.9) of the layer's compute
- * time in that phase, as profiled in the keep_all run. */
+ * time in that phase, as profiled in the keep_all run.
+ *
+ * This file holds the options, the synthetic checkpoint, the link and the
+ * order each comparison runs in, one step per function; the runs
+ * themselves are step_measure.c's, the predictions step_predict.c's, the
+ * step-order comparison step_order.c's and the full report's text and
+ * JSON step_report.c's. */
 #include "tools/bench/step_bench.h"
 
 #include <errno.h>
@@ -158,16 +164,12 @@ static int precision_report(const char *ckpt, const opts_t *o, double link_bps) 
     return ok ? 0 : 1;
 }
 
-int mt_bench_step_main(int argc, char **argv) {
-    opts_t o;
-    int rc = parse(argc, argv, &o);
-    if (rc) return rc;
-    if (!o.json) mt_build_info_print(stdout);
-    /* a fresh directory: a pid alone is not unique across the PID
-     * namespaces of tests running side by side over one /tmp */
-    char ckpt[256];
+/* The synthetic Mixtral's checkpoint, in a fresh directory whose path goes
+ * to ckpt: a pid alone is not unique across the PID namespaces of tests
+ * running side by side over one /tmp.  0, or 1 with a message. */
+static int make_checkpoint(const opts_t *o, char *ckpt, size_t cap) {
     const char *tmp = getenv("TMPDIR");
-    snprintf(ckpt, sizeof ckpt, "%s/moetune-bench-step-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    snprintf(ckpt, cap, "%s/moetune-bench-step-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
     if (!mkdtemp(ckpt)) {
         fprintf(stderr, "bench step: cannot create a directory under %s: %s\n", tmp && tmp[0] ? tmp : "/tmp",
                 strerror(errno));
@@ -179,57 +181,66 @@ int mt_bench_step_main(int argc, char **argv) {
              " \"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d,"
              " \"num_local_experts\": %d, \"num_experts_per_tok\": %d, \"rms_norm_eps\": 1e-5,"
              " \"rope_theta\": 10000.0, \"tie_word_embeddings\": false, \"output_router_logits\": true}",
-             o.vocab, o.hidden, o.expert_width, o.layers, o.heads, o.kv_heads, o.experts, o.topk);
+             o->vocab, o->hidden, o->expert_width, o->layers, o->heads, o->kv_heads, o->experts, o->topk);
     mt_error_t err = {0};
     if (eng_checkpoint_init_random(ckpt, config, 1, &err) != MT_OK) {
         fprintf(stderr, "bench step: %s\n", err.msg);
         return 1;
     }
+    return 0;
+}
 
-    /* keep_all alone and unthrottled first: its block times size the link */
-    measure_t keep;
-    {
-        sched_plan_t p_keep;
-        sched_plan_init_uniform(&p_keep, o.layers + 2, SCHED_POLICY_KEEP_ALL);
-        const sched_plan_t *one[] = {&p_keep};
-        const bool no_overlap[] = {false};
-        double unused_ratio, unused_probe;
-        measure_side_by_side(ckpt, &o, one, no_overlap, 1, 0, -1, &keep, &unused_ratio, &unused_probe);
-        sched_plan_free(&p_keep);
+static void remove_checkpoint(const char *ckpt) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
+    if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
+}
+
+/* keep_all alone and unthrottled: its block times size the link. */
+static void measure_keep_alone(const char *ckpt, const opts_t *o, measure_t *keep) {
+    sched_plan_t p_keep;
+    sched_plan_init_uniform(&p_keep, o->layers + 2, SCHED_POLICY_KEEP_ALL);
+    const sched_plan_t *one[] = {&p_keep};
+    const bool no_overlap[] = {false};
+    double unused_ratio, unused_probe;
+    measure_side_by_side(ckpt, o, one, no_overlap, 1, 0, -1, keep, &unused_ratio, &unused_probe);
+    sched_plan_free(&p_keep);
+}
+
+/* The planner's view of this run on the profiled keep_all step, and the
+ * link: as given, or the slowest under which every layer's transfers fit
+ * in --link-fraction of its compute.  False, with a message, when keep_all
+ * failed or no link fits. */
+static bool size_link(const char *ckpt, const opts_t *o, const measure_t *keep, predictor_t *pr, double *link_bps) {
+    *link_bps = o->link_gbps * 1e9;
+    if (keep->ok) {
+        predictor_init(pr, ckpt, o, *link_bps > 0 ? *link_bps : 1e9, keep, keep->optim_s);
+        if (*link_bps == 0 && pr->ok)
+            *link_bps = layer_bound_link(&pr->w, keep, o->link_fraction, o->link_latency_us * 1e-6);
+        pr->w.h2d_bw = pr->w.d2h_bw = *link_bps;
     }
-    /* the planner's view of this run, on the profiled keep_all step */
-    predictor_t pr = {0};
-    double link_bps = o.link_gbps * 1e9;
-    if (keep.ok) {
-        predictor_init(&pr, ckpt, &o, link_bps > 0 ? link_bps : 1e9, &keep, keep.optim_s);
-        if (link_bps == 0 && pr.ok)
-            link_bps = layer_bound_link(&pr.w, &keep, o.link_fraction, o.link_latency_us * 1e-6);
-        pr.w.h2d_bw = pr.w.d2h_bw = link_bps;
-    }
-    if (!keep.ok || !(link_bps > 0) || !isfinite(link_bps)) {
-        if (keep.ok)
-            fprintf(stderr,
-                    "bench step: no link speed fits every layer's transfers in %.0f%% of its compute: the copies' "
-                    "latency (%g us each) alone takes longer; give --link-gbps, a lower --link-latency-us or a "
-                    "bigger model\n",
-                    100 * o.link_fraction, o.link_latency_us);
-        else
-            fprintf(stderr, "bench step: keep_all failed, nothing to size the link on\n");
-        measure_free(&keep);
-        return 1;
-    }
-    if (o.staging_only) { /* just the staging comparison, on the link chosen as above */
+    if (keep->ok && *link_bps > 0 && isfinite(*link_bps)) return true;
+    if (keep->ok)
+        fprintf(stderr,
+                "bench step: no link speed fits every layer's transfers in %.0f%% of its compute: the copies' "
+                "latency (%g us each) alone takes longer; give --link-gbps, a lower --link-latency-us or a "
+                "bigger model\n",
+                100 * o->link_fraction, o->link_latency_us);
+    else
+        fprintf(stderr, "bench step: keep_all failed, nothing to size the link on\n");
+    return false;
+}
+
+/* --staging-only, --step-order or --precision: that comparison alone, on
+ * the link chosen; removes the checkpoint. */
+static int one_comparison(const char *ckpt, const opts_t *o, double link_bps, const measure_t *keep) {
+    if (o->staging_only) {
         staging_cmp_t sc;
-        if (keep.ok) measure_staging(ckpt, &o, link_bps, &sc);
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
-        if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
-        const bool ok = keep.ok && sc.ok;
-        measure_free(&keep);
-        predictor_free(&pr);
-        if (!ok) return 1;
+        measure_staging(ckpt, o, link_bps, &sc);
+        remove_checkpoint(ckpt);
+        if (!sc.ok) return 1;
         printf("staging, offload_all on a %.3f GB/s + %.0f us link (%d paired steps, modes alternating A B B A):\n",
-               link_bps / 1e9, o.link_latency_us, sc.pairs);
+               link_bps / 1e9, o->link_latency_us, sc.pairs);
         for (int k = 0; k < 2; k++)
             printf("  %-10s  %8.2f ms per step, %llu H2D + %llu D2H copies per step, pinned peak %.2f MB\n",
                    k ? "per_tensor" : "compact", sc.step_s[k] * 1e3, (unsigned long long)sc.copies[k][0],
@@ -237,224 +248,149 @@ int mt_bench_step_main(int argc, char **argv) {
         printf("  compact throughput / per_tensor: %.3f (median of the pairs' ratios; goal >= 0.95)\n", sc.ratio);
         return 0;
     }
-    if (o.step_order) { /* layer-major against micro-batch-major, on the link chosen as above */
-        const int rc_o = step_order_report(ckpt, &o, link_bps, &keep);
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
-        if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
-        measure_free(&keep);
-        predictor_free(&pr);
-        return rc_o;
-    }
-    if (o.precision) { /* fp32 against bf16, on the link chosen as above */
-        const int rc_p = precision_report(ckpt, &o, link_bps);
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
-        if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
-        measure_free(&keep);
-        predictor_free(&pr);
-        return rc_p;
-    }
-    /* auto: the planner's choice under a device budget of half keep_all's
-     * peak, planned on the profiled workload */
-    const int nb = o.layers + 2;
-    size_t auto_budget = keep.peak_device / 2;
-    sched_plan_t auto_plan = {0};
-    bool have_auto = false;
-    if (pr.ok) {
-        sched_planner_opts_t po;
-        sched_planner_opts_default(&po);
-        po.policy = SCHED_POLICY_AUTO;
-        po.budget[SCHED_MEM_DEVICE] = (double)auto_budget;
-        sched_planner_result_t res;
-        mt_error_t perr = {0};
-        if (sched_plan_make(&pr.w, &po, &res, &perr) == MT_OK && res.feasible) {
-            if (o.blocks && !o.json) { /* what the planner chose, block by block */
-                printf("auto plan (window %d): block weights/grads/optimizer/activations:", res.plan.prefetch_window);
-                for (int b = 0; b < res.plan.num_blocks; b++) {
-                    const sched_block_plan_t *bp = &res.plan.blocks[b];
-                    printf(" %d:%c%c%c%c", b, bp->weights == SCHED_WEIGHTS_STREAM ? 'S' : 'R',
-                           bp->grads == SCHED_GRADS_HOST ? 'H' : 'D', bp->optim == SCHED_OPTIM_HOST ? 'H' : 'D',
-                           "KOR"[bp->acts]);
-                }
-                printf("  (S stream, R resident; H host, D device; K keep, O offload, R recompute)\n");
-            }
-            auto_plan = res.plan; /* taken over */
-            res.plan.blocks = NULL;
-            have_auto = true;
-        } else {
-            fprintf(stderr, "bench step: auto plan under %zu bytes: %s\n", auto_budget, res.feasible ? perr.msg : res.why);
-        }
-        sched_planner_result_free(&res);
-    }
+    /* layer-major against micro-batch-major, or fp32 against bf16 */
+    const int rc = o->step_order ? step_order_report(ckpt, o, link_bps, keep) : precision_report(ckpt, o, link_bps);
+    remove_checkpoint(ckpt);
+    return rc;
+}
 
-    /* every plan side by side (see measure_side_by_side) */
+/* auto: the planner's choice under a device budget of r->auto_budget,
+ * planned on the profiled workload (printed block by block with --blocks).
+ * False when there is no such plan. */
+static bool make_auto_plan(const predictor_t *pr, const opts_t *o, const step_report_t *r, sched_plan_t *auto_plan) {
+    if (!pr->ok) return false;
+    sched_planner_opts_t po;
+    sched_planner_opts_default(&po);
+    po.policy = SCHED_POLICY_AUTO;
+    po.budget[SCHED_MEM_DEVICE] = (double)r->auto_budget;
+    sched_planner_result_t res;
+    mt_error_t perr = {0};
+    bool have = false;
+    if (sched_plan_make(&pr->w, &po, &res, &perr) == MT_OK && res.feasible) {
+        if (o->blocks && !o->json) { /* what the planner chose, block by block */
+            printf("auto plan (window %d): block weights/grads/optimizer/activations:", res.plan.prefetch_window);
+            for (int b = 0; b < res.plan.num_blocks; b++) {
+                const sched_block_plan_t *bp = &res.plan.blocks[b];
+                printf(" %d:%c%c%c%c", b, bp->weights == SCHED_WEIGHTS_STREAM ? 'S' : 'R',
+                       bp->grads == SCHED_GRADS_HOST ? 'H' : 'D', bp->optim == SCHED_OPTIM_HOST ? 'H' : 'D',
+                       "KOR"[bp->acts]);
+            }
+            printf("  (S stream, R resident; H host, D device; K keep, O offload, R recompute)\n");
+        }
+        *auto_plan = res.plan; /* taken over */
+        res.plan.blocks = NULL;
+        have = true;
+    } else {
+        fprintf(stderr, "bench step: auto plan under %zu bytes: %s\n", r->auto_budget,
+                res.feasible ? perr.msg : res.why);
+    }
+    sched_planner_result_free(&res);
+    return have;
+}
+
+/* Every plan side by side (see measure_side_by_side): keep_all,
+ * offload_all with the optimizer after the backward and overlapped,
+ * min_memory, and auto when there is one. */
+static void measure_plans(const char *ckpt, const opts_t *o, const sched_plan_t *auto_plan, bool have_auto,
+                          step_report_t *r) {
     sched_plan_t p_keep, p_off, p_min;
-    sched_plan_init_uniform(&p_keep, nb, SCHED_POLICY_KEEP_ALL);
-    sched_plan_init_uniform(&p_off, nb, SCHED_POLICY_OFFLOAD_ALL);
-    sched_plan_init_uniform(&p_min, nb, SCHED_POLICY_MIN_MEMORY);
-    const sched_plan_t *plans[] = {&p_keep, &p_off, &p_off, &p_min, &auto_plan};
+    sched_plan_init_uniform(&p_keep, r->nb, SCHED_POLICY_KEEP_ALL);
+    sched_plan_init_uniform(&p_off, r->nb, SCHED_POLICY_OFFLOAD_ALL);
+    sched_plan_init_uniform(&p_min, r->nb, SCHED_POLICY_MIN_MEMORY);
+    const sched_plan_t *plans[] = {&p_keep, &p_off, &p_off, &p_min, auto_plan};
     const bool overlaps[] = {false, false, true, true, true};
     measure_t ms[5];
-    double pair_ratio[5] = {0};
-    measure_free(&keep);
-    double run_probe = 0; /* the interference probe's median during the run (busy / idle) */
-    measure_side_by_side(ckpt, &o, plans, overlaps, have_auto ? 5 : 4, link_bps, 2, ms, pair_ratio, &run_probe);
-    measure_t keep2 = ms[0], off = ms[1], off_overlap = ms[2], minm = ms[3], autom = have_auto ? ms[4] : (measure_t){0};
-    keep = keep2;
+    measure_side_by_side(ckpt, o, plans, overlaps, have_auto ? 5 : 4, r->link_bps, 2, ms, r->pair_ratio,
+                         &r->run_probe);
+    r->keep = ms[0], r->off = ms[1], r->off_overlap = ms[2], r->minm = ms[3];
+    r->autom = have_auto ? ms[4] : (measure_t){0};
     sched_plan_free(&p_keep);
     sched_plan_free(&p_off);
     sched_plan_free(&p_min);
+}
 
-    /* the predictions, on this run's keep_all profile (the planner's view) */
-    predictor_free(&pr);
-    if (keep.ok) {
-        predictor_init(&pr, ckpt, &o, link_bps, &keep, keep.optim_s);
-        pr.w.h2d_bw = pr.w.d2h_bw = link_bps;
-        if (pr.ok && run_probe > 0) /* the probe taken beside the run, rather than the calibration's own */
-            pr.cal.compute_interference = pr.w.compute_interference = run_probe > 1 ? run_probe - 1 : 0;
+/* The planner's views of this run for the predictions: pr on this run's
+ * keep_all profile (with the interference probe taken beside the run
+ * rather than the calibration's own), and traffic on block compute as
+ * profiled in the offload_all run, i.e. under copy and host-optimizer
+ * traffic, so that the simulator's own job, the overlap and the waits, is
+ * judged apart from what the traffic does to compute on this backend. */
+static void predictors_on_run(const char *ckpt, const opts_t *o, const step_report_t *r, predictor_t *pr,
+                              predictor_t *traffic) {
+    predictor_free(pr);
+    if (r->keep.ok) {
+        predictor_init(pr, ckpt, o, r->link_bps, &r->keep, r->keep.optim_s);
+        pr->w.h2d_bw = pr->w.d2h_bw = r->link_bps;
+        if (pr->ok && r->run_probe > 0)
+            pr->cal.compute_interference = pr->w.compute_interference = r->run_probe > 1 ? r->run_probe - 1 : 0;
     }
-    /* A second view: block compute as profiled in the offload_all run, i.e.
-     * under copy and host-optimizer traffic, so that the simulator's own job,
-     * the overlap and the waits, is judged apart from what the traffic does
-     * to compute on this backend. */
-    predictor_t pr_traffic = {0};
-    if (off_overlap.ok) {
-        predictor_init(&pr_traffic, ckpt, &o, link_bps, &off_overlap, keep.optim_s);
-        pr_traffic.w.h2d_bw = pr_traffic.w.d2h_bw = link_bps;
-        pr_traffic.w.compute_interference = 0; /* already in these compute times */
+    if (r->off_overlap.ok) {
+        predictor_init(traffic, ckpt, o, r->link_bps, &r->off_overlap, r->keep.optim_s);
+        traffic->w.h2d_bw = traffic->w.d2h_bw = r->link_bps;
+        traffic->w.compute_interference = 0; /* already in these compute times */
     }
-    const double pred_auto = have_auto ? predict(&pr, &auto_plan) : 0;
-    const double pred_auto_traffic = have_auto ? predict(&pr_traffic, &auto_plan) : 0;
+}
+
+static void predict_uniform_plans(const predictor_t *pr, const predictor_t *traffic, step_report_t *r) {
+    r->pred_keep = predict_uniform(pr, r->nb, SCHED_POLICY_KEEP_ALL);
+    r->pred_off = predict_uniform(pr, r->nb, SCHED_POLICY_OFFLOAD_ALL);
+    r->pred_min = predict_uniform(pr, r->nb, SCHED_POLICY_MIN_MEMORY);
+    r->pred_off_traffic = predict_uniform(traffic, r->nb, SCHED_POLICY_OFFLOAD_ALL);
+    r->pred_min_traffic = predict_uniform(traffic, r->nb, SCHED_POLICY_MIN_MEMORY);
+}
+
+static void report_free(step_report_t *r) {
+    measure_free(&r->keep), measure_free(&r->off), measure_free(&r->off_overlap), measure_free(&r->minm),
+        measure_free(&r->autom);
+}
+
+/* The full comparison: every plan side by side, the predictions, the
+ * staging pool; removes the checkpoint.  Takes keep (the keep_all run
+ * alone) and pr over. */
+static int full_comparison(const char *ckpt, const opts_t *o, double link_bps, measure_t *keep, predictor_t *pr) {
+    step_report_t r = {.nb = o->layers + 2, .link_bps = link_bps, .auto_budget = keep->peak_device / 2};
+    sched_plan_t auto_plan = {0};
+    const bool have_auto = make_auto_plan(pr, o, &r, &auto_plan);
+    measure_free(keep);
+    measure_plans(ckpt, o, &auto_plan, have_auto, &r);
+    predictor_t traffic = {0};
+    predictors_on_run(ckpt, o, &r, pr, &traffic);
+    r.pred_auto = have_auto ? predict(pr, &auto_plan) : 0;
+    r.pred_auto_traffic = have_auto ? predict(&traffic, &auto_plan) : 0;
     if (have_auto) sched_plan_free(&auto_plan);
-    staging_cmp_t sc;
-    measure_staging(ckpt, &o, link_bps, &sc);
-    const double staging_ratio = sc.ok ? sc.ratio : 0;
-    const double pred_keep = predict_uniform(&pr, nb, SCHED_POLICY_KEEP_ALL);
-    const double pred_off = predict_uniform(&pr, nb, SCHED_POLICY_OFFLOAD_ALL);
-    const double pred_min = predict_uniform(&pr, nb, SCHED_POLICY_MIN_MEMORY);
-    const double pred_off_traffic = predict_uniform(&pr_traffic, nb, SCHED_POLICY_OFFLOAD_ALL);
-    const double pred_min_traffic = predict_uniform(&pr_traffic, nb, SCHED_POLICY_MIN_MEMORY);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
-    if (system(cmd) != 0) fprintf(stderr, "bench step: could not remove %s\n", ckpt);
-    if (!keep.ok || !off.ok || !off_overlap.ok || !minm.ok || !sc.ok) return 1;
-    const double probe = pr.ok && pr.cal.compute_interference > 0 ? 1 + pr.cal.compute_interference : 0;
-    predictor_free(&pr);
-    predictor_free(&pr_traffic);
+    measure_staging(ckpt, o, link_bps, &r.sc);
+    predict_uniform_plans(pr, &traffic, &r);
+    remove_checkpoint(ckpt);
+    const bool ok = r.keep.ok && r.off.ok && r.off_overlap.ok && r.minm.ok && r.sc.ok;
+    r.probe = pr->ok && pr->cal.compute_interference > 0 ? 1 + pr->cal.compute_interference : 0;
+    predictor_free(pr);
+    predictor_free(&traffic);
+    if (ok && o->json) step_report_json(o, &r);
+    else if (ok) step_report_text(o, &r);
+    report_free(&r);
+    return ok ? 0 : 1;
+}
 
-    const double ratio = pair_ratio[2]; /* offload_all (overlapped) over keep_all, paired */
-    const double share_off = off.optim_s / off.median_s, share_on = off_overlap.optim_s / off_overlap.median_s;
-    if (o.json) {
-        char build[256];
-        mt_build_info_line(build, sizeof build);
-        printf("{\"build\": \"%s\", \"link_bytes_per_s\": %.6g, \"link_latency_us\": %g, \"h2d_bytes_per_step\": %llu,"
-               " \"d2h_bytes_per_step\": %llu,"
-               " \"keep_all_step_s\": %.6g, \"offload_all_step_s\": %.6g, \"offload_all_no_overlap_step_s\": %.6g,"
-               " \"min_memory_step_s\": %.6g, \"offload_over_keep\": %.4f,"
-               " \"optimizer_share_no_overlap\": %.4f, \"optimizer_share_overlap\": %.4f,"
-               " \"peak_device_keep_all\": %zu, \"peak_device_offload_all\": %zu, \"peak_device_min_memory\": %zu,"
-               " \"predicted_keep_all_s\": %.6g, \"predicted_offload_all_s\": %.6g, \"predicted_min_memory_s\": %.6g,"
-               " \"predicted_under_traffic\": {\"offload_all_s\": %.6g, \"min_memory_s\": %.6g, \"auto_s\": %.6g},"
-               " \"compute_s\": {\"keep_all\": %.6g, \"offload_all\": %.6g, \"min_memory\": %.6g, \"auto\": %.6g},"
-               " \"offload_over_keep_at_keep_compute\": %.4f, \"compute_interference_probe\": %.4f,"
-               " \"auto_budget_bytes\": %zu, \"auto_step_s\": %.6g, \"predicted_auto_s\": %.6g, \"peak_device_auto\": %zu,"
-               " \"staging_compact_step_s\": %.6g, \"staging_per_tensor_step_s\": %.6g,"
-               " \"staging_compact_vs_per_tensor_throughput\": %.4f, \"staging_pairs\": %d,"
-               " \"staging_copies_per_step\": {\"compact\": [%llu, %llu], \"per_tensor\": [%llu, %llu]},"
-               " \"staging_pinned_peak\": {\"compact\": %zu, \"per_tensor\": %zu}}\n",
-               build, link_bps, o.link_latency_us, (unsigned long long)off.h2d_bytes, (unsigned long long)off.d2h_bytes,
-               keep.median_s, off_overlap.median_s, off.median_s, minm.median_s, ratio, share_off, share_on,
-               keep.peak_device, off_overlap.peak_device, minm.peak_device, pred_keep, pred_off, pred_min,
-               pred_off_traffic, pred_min_traffic, pred_auto_traffic, compute_s(&keep, nb), compute_s(&off_overlap, nb),
-               compute_s(&minm, nb), compute_s(&autom, nb),
-               (compute_s(&keep, nb) + off_overlap.median_s - compute_s(&off_overlap, nb)) / keep.median_s,
-               probe, auto_budget,
-               autom.median_s, pred_auto, autom.peak_device, sc.step_s[0], sc.step_s[1], staging_ratio, sc.pairs,
-               (unsigned long long)sc.copies[0][0], (unsigned long long)sc.copies[0][1],
-               (unsigned long long)sc.copies[1][0], (unsigned long long)sc.copies[1][1], sc.pinned[0], sc.pinned[1]);
-        measure_free(&keep), measure_free(&off), measure_free(&off_overlap), measure_free(&minm), measure_free(&autom);
-        return 0;
+int mt_bench_step_main(int argc, char **argv) {
+    opts_t o;
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc;
+    if (!o.json) mt_build_info_print(stdout);
+    char ckpt[256];
+    if (make_checkpoint(&o, ckpt, sizeof ckpt)) return 1;
+    measure_t keep;
+    measure_keep_alone(ckpt, &o, &keep);
+    predictor_t pr = {0};
+    double link_bps;
+    if (!size_link(ckpt, &o, &keep, &pr, &link_bps)) {
+        measure_free(&keep);
+        return 1;
     }
-    printf("synthetic mixtral: %d layers, hidden %d, %d experts (top-%d) of width %d, vocab %d; batch %d x %d tokens\n",
-           o.layers, o.hidden, o.experts, o.topk, o.expert_width, o.vocab, o.batch, o.seq);
-    printf("link: %.3f GB/s each way, %.0f us per copy (%s); offload_all moves %.1f MB H2D and %.1f MB D2H per step\n",
-           link_bps / 1e9, o.link_latency_us, o.link_gbps > 0 ? "given" : "sized so each layer's transfers take <= --link-fraction of its compute",
-           off.h2d_bytes / 1e6, off.d2h_bytes / 1e6);
-    /* compute: the blocks' own forward and backward time, mean per step; its
-     * growth over keep_all is what the copies cost the compute stream */
-    printf("%-34s %12s %14s %14s %16s\n", "plan", "step (ms)", "compute (ms)", "optimizer (ms)", "peak device (MB)");
-    const struct {
-        const char *name;
-        const measure_t *m;
-    } rows[] = {{"keep_all", &keep},
-                {"offload_all, optimizer after bwd", &off},
-                {"offload_all, optimizer overlapped", &off_overlap},
-                {"min_memory, optimizer overlapped", &minm},
-                {"auto (device budget keep_all/2)", &autom}};
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
-        if (rows[i].m->ok)
-            printf("%-34s %12.2f %14.2f %14.2f %16.2f\n", rows[i].name, rows[i].m->median_s * 1e3,
-                   compute_s(rows[i].m, nb) * 1e3, rows[i].m->optim_s * 1e3, rows[i].m->peak_device / 1e6);
-    if (o.blocks) { /* where the compute time goes, block by block */
-        printf("\nblock compute (ms, mean per step), forward / backward:\n%-8s", "block");
-        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
-            if (rows[i].m->ok) printf(" %20.20s", rows[i].name);
-        printf("\n");
-        for (int b = 0; b < nb; b++) {
-            printf("%-8d", b);
-            for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
-                if (rows[i].m->ok) printf("      %6.2f / %6.2f", rows[i].m->fwd_s[b] * 1e3, rows[i].m->bwd_s[b] * 1e3);
-            printf("\n");
-        }
-        printf("\n");
+    if (o.staging_only || o.step_order || o.precision) {
+        rc = one_comparison(ckpt, &o, link_bps, &keep);
+        measure_free(&keep);
+        predictor_free(&pr);
+        return rc;
     }
-    printf("offload_all / keep_all step time: %.3f\n", ratio);
-    /* The step splits into block compute and the rest (waits for copies,
-     * the optimizer's share, bookkeeping).  On this backend the copies and
-     * host AdamW run on cores that may share a physical core or the memory
-     * system with compute, which stretches compute itself; the second ratio
-     * is the step offload_all would take if its compute ran at keep_all's
-     * speed, i.e. what the schedule alone adds. */
-    const double keep_c = compute_s(&keep, nb), off_c = compute_s(&off_overlap, nb);
-    printf("  block compute: keep_all %.2f ms, offload_all %.2f ms (x%.3f under copy and host-optimizer traffic)\n",
-           keep_c * 1e3, off_c * 1e3, off_c / keep_c);
-    printf("  the rest of the step: keep_all %.2f ms, offload_all %.2f ms\n", (keep.median_s - keep_c) * 1e3,
-           (off_overlap.median_s - off_c) * 1e3);
-    printf("  offload_all / keep_all with offload_all's compute at keep_all's speed: %.3f\n",
-           (keep_c + off_overlap.median_s - off_c) / keep.median_s);
-    if (probe > 0)
-        printf("  probe: a 512^3 product on the compute core takes x%.3f as long while one memcpy loop runs on the\n"
-               "  host core (median of pairs taken between the rounds; this machine's cores share more than a GPU\n"
-               "  and its copy engines do)\n",
-               probe);
-    printf("\npredicted (simulator on the profiled keep_all step and the calibrated interference) vs measured median"
-           " step time:\n");
-    printf("  keep_all     %8.2f ms vs %8.2f ms  ratio %.3f\n", pred_keep * 1e3, keep.median_s * 1e3, pred_keep / keep.median_s);
-    printf("  offload_all  %8.2f ms vs %8.2f ms  ratio %.3f\n", pred_off * 1e3, off_overlap.median_s * 1e3,
-           pred_off / off_overlap.median_s);
-    printf("  min_memory   %8.2f ms vs %8.2f ms  ratio %.3f\n", pred_min * 1e3, minm.median_s * 1e3, pred_min / minm.median_s);
-    if (autom.ok)
-        printf("  auto         %8.2f ms vs %8.2f ms  ratio %.3f  (budget %.1f MB, peak %.1f MB)\n", pred_auto * 1e3,
-               autom.median_s * 1e3, pred_auto / autom.median_s, auto_budget / 1e6, autom.peak_device / 1e6);
-    printf("\npredicted with block compute profiled under copy traffic (the offload_all run) vs measured:\n");
-    printf("  offload_all  %8.2f ms vs %8.2f ms  ratio %.3f\n", pred_off_traffic * 1e3, off_overlap.median_s * 1e3,
-           pred_off_traffic / off_overlap.median_s);
-    printf("  min_memory   %8.2f ms vs %8.2f ms  ratio %.3f\n", pred_min_traffic * 1e3, minm.median_s * 1e3,
-           pred_min_traffic / minm.median_s);
-    if (autom.ok)
-        printf("  auto         %8.2f ms vs %8.2f ms  ratio %.3f\n", pred_auto_traffic * 1e3, autom.median_s * 1e3,
-               pred_auto_traffic / autom.median_s);
-    printf("host optimizer share of the step (offload_all): %.1f%% after backward -> %.1f%% overlapped\n",
-           100 * share_off, 100 * share_on);
-    printf("\nstaging (offload_all, overlapped; %d paired steps, modes alternating A B B A; medians):\n", sc.pairs);
-    printf("  compact     %8.2f ms per step, %llu H2D + %llu D2H copies per step, pinned peak %.2f MB\n",
-           sc.step_s[0] * 1e3, (unsigned long long)sc.copies[0][0], (unsigned long long)sc.copies[0][1],
-           sc.pinned[0] / 1e6);
-    printf("  per_tensor  %8.2f ms per step, %llu H2D + %llu D2H copies per step, pinned peak %.2f MB\n",
-           sc.step_s[1] * 1e3, (unsigned long long)sc.copies[1][0], (unsigned long long)sc.copies[1][1],
-           sc.pinned[1] / 1e6);
-    printf("  compact throughput / per_tensor: %.3f (median of the pairs' ratios; goal >= 0.95)\n", staging_ratio);
-    measure_free(&keep), measure_free(&off), measure_free(&off_overlap), measure_free(&minm), measure_free(&autom);
-    return 0;
+    return full_comparison(ckpt, &o, link_bps, &keep, &pr);
 }

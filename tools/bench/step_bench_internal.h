@@ -1,6 +1,7 @@
 /* Shared by the parts of `moetune bench step` (see step_bench.c): the
  * options, one plan's measurements, and the functions that take them
- * (step_measure.c) and predict them (step_predict.c). */
+ * (step_measure.c), predict them (step_predict.c) and write the full
+ * comparison (step_report.c). */
 #ifndef MT_TOOLS_BENCH_STEP_BENCH_INTERNAL_H
 #define MT_TOOLS_BENCH_STEP_BENCH_INTERNAL_H
 
@@ -9,6 +10,7 @@
 #include <stdint.h>
 
 #include "engine/data/data.h"
+#include "engine/run/session.h"
 #include "engine/model/model.h"
 #include "engine/exec/optim.h"
 #include "moe/staging.h"
@@ -48,14 +50,9 @@ typedef struct {
 double step_median(double *v, int n);
 
 /* One model on its own CPU device (link throttled, compute pinned as the
- * options say), with synthetic data of `rows` rows. */
-typedef struct {
-    kern_device_t *dev;
-    eng_exec_t *x;
-    eng_dataset_t ds;
-    eng_loader_t ld;
-    bool loaded;
-} runner_t;
+ * options say), with synthetic data of `rows` rows: a run set up from
+ * these parts (engine/run/session.h); its dev, x, ds and ld as before. */
+typedef eng_run_t runner_t;
 
 bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_plan_t *plan, double link_bps,
                  moe_staging_mode_t mode, mt_dtype_t compute, int rows);
@@ -118,6 +115,28 @@ double layer_bound_link(const sched_workload_t *w, const measure_t *keep, double
 /* Simulated step time of a plan (0 on error or without a workload). */
 double predict(const predictor_t *p, const sched_plan_t *plan);
 double predict_uniform(const predictor_t *p, int nb, sched_policy_t policy);
+
+/* The full comparison's numbers (every plan side by side, the
+ * predictions, the staging pool), as step_bench.c gathers them and
+ * step_report.c writes them. */
+typedef struct {
+    int nb;                /* blocks: layers, the embedding and the head */
+    double link_bps;
+    /* keep_all; offload_all with the optimizer after the backward and
+     * overlapped; min_memory; auto (ok false: no auto plan) */
+    measure_t keep, off, off_overlap, minm, autom;
+    double pair_ratio[5];  /* each plan's step over keep_all's, paired (see measure_side_by_side) */
+    double run_probe;      /* the interference probe's median during the run (busy / idle; 0: none) */
+    size_t auto_budget;    /* auto's device budget: half keep_all's peak */
+    /* simulated step times on keep_all's profile, and on offload_all's (under copy traffic) */
+    double pred_keep, pred_off, pred_min, pred_auto;
+    double pred_off_traffic, pred_min_traffic, pred_auto_traffic;
+    double probe;          /* 1 + the compute interference the predictions used (0: none) */
+    staging_cmp_t sc;
+} step_report_t;
+
+void step_report_json(const opts_t *o, const step_report_t *r);
+void step_report_text(const opts_t *o, const step_report_t *r);
 
 /* Layer-major against micro-batch-major order under offload_all, o->accum
  * micro-batches per step, paired, with each order's link bytes and the

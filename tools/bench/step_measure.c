@@ -7,7 +7,7 @@
 #include "engine/run/calibrate.h"
 #include "engine/exec/exec.h"
 #include "engine/run/report.h"
-#include "engine/exec/trace.h"
+#include "engine/exec/record/trace.h"
 #include "tools/bench/step_bench_internal.h"
 #include "base/clock.h"
 
@@ -42,31 +42,35 @@ static void make_dataset(eng_dataset_t *ds, const opts_t *o, int rows) {
 
 bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_plan_t *plan, double link_bps,
                  moe_staging_mode_t mode, mt_dtype_t compute, int rows) {
-    memset(r, 0, sizeof *r);
     mt_error_t err = {0};
-    kern_device_opts_t dopts = {.link_h2d_bytes_per_s = link_bps, .link_d2h_bytes_per_s = link_bps,
-                                .link_latency_s = o->link_latency_us * 1e-6, .host_threads = o->compute_threads,
-                                .pin_threads = o->compute_threads > 0};
-    if (kern_device_create(KERN_BACKEND_CPU, &dopts, &r->dev, &err) != MT_OK) {
-        fprintf(stderr, "bench step: %s\n", err.msg);
-        return false;
-    }
+    const kern_device_opts_t dopts = {.link_h2d_bytes_per_s = link_bps, .link_d2h_bytes_per_s = link_bps,
+                                      .link_latency_s = o->link_latency_us * 1e-6,
+                                      .host_threads = o->compute_threads, .pin_threads = o->compute_threads > 0};
     eng_staging_settings_t ss;
     eng_staging_settings_init(&ss);
     ss.mode = mode;
     ss.tokens = o->batch * o->seq;
-    const eng_model_opts_t mo = {.plan = plan, .staging = &ss, .compute = compute};
-    if (eng_exec_open(&r->x, r->dev, ckpt, &mo, &err) != MT_OK) {
+    eng_run_config_t rc; /* what the run reads of it; the run keeps its own copy */
+    eng_run_config_defaults(&rc);
+    snprintf(rc.base_model, sizeof rc.base_model, "%s", ckpt);
+    rc.micro_batch_size = o->batch;
+    rc.shuffle = false;
+    rc.seed = 0;
+    rc.bf16 = compute == MT_BF16 ? ENG_BF16_ON : ENG_BF16_OFF;
+    eng_dataset_t ds;
+    make_dataset(&ds, o, rows); /* the run's from here on */
+    const eng_run_opts_t ro = {
+        .device = &dopts, .backend = KERN_BACKEND_CPU, .plan = plan, .staging = &ss, .dataset = &ds};
+    const mt_status_t st = eng_run_open(r, &rc, &ro, &err);
+    eng_run_config_free(&rc);
+    if (st == MT_OK) return true;
+    if (r->dev)
         fprintf(stderr, "bench step (%s, %s): %s\n", sched_policy_name(plan->policy), moe_staging_mode_name(mode),
                 err.msg);
-        kern_device_destroy(r->dev);
-        r->dev = NULL;
-        return false;
-    }
-    r->loaded = true;
-    make_dataset(&r->ds, o, rows);
-    eng_loader_init(&r->ld, &r->ds, o->batch, false, 0);
-    return true;
+    else
+        fprintf(stderr, "bench step: %s\n", err.msg);
+    eng_run_close(r, st, &err);
+    return false;
 }
 
 bool runner_step(runner_t *r, bool overlap, double *dt, eng_optim_stats_t *os) {
@@ -87,12 +91,8 @@ bool runner_step(runner_t *r, bool overlap, double *dt, eng_optim_stats_t *os) {
 }
 
 void runner_free(runner_t *r) {
-    if (!r->dev) return;
-    eng_loader_free(&r->ld);
-    eng_dataset_free(&r->ds);
-    if (r->loaded) eng_exec_free(r->x);
-    kern_device_destroy(r->dev);
-    r->dev = NULL;
+    mt_error_t err = {0};
+    eng_run_close(r, MT_OK, &err);
 }
 
 void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans, const bool *overlap,
@@ -222,7 +222,7 @@ void measure_staging(const char *ckpt, const opts_t *o, double link_bps, staging
     MT_CHECK(t[0] && t[1] && ratio, "out of memory");
     sched_plan_t plan;
     sched_plan_init_uniform(&plan, o->layers + 2, SCHED_POLICY_OFFLOAD_ALL);
-    runner_t r[2];
+    runner_t r[2] = {0};
     out->ok = runner_init(&r[0], ckpt, o, &plan, link_bps, MOE_STAGING_COMPACT, MT_F32, o->batch * (n + 1)) &&
               runner_init(&r[1], ckpt, o, &plan, link_bps, MOE_STAGING_PER_TENSOR, MT_F32, o->batch * (n + 1));
     for (int i = -1; i < n && out->ok; i++) { /* step -1 warms both up */

@@ -22,17 +22,21 @@ fi
 
 # every base/ source (the bottom layer, small; the linker keeps what is used)
 base="$(cd "$root" && ls base/*.c | grep -v '_test\.c$' | tr '\n' ' ')"
-# every file of the model description and config libraries (engine/model_desc*.c,
-# engine/model_config*.c), so a new family's file is picked up without an edit here
-desc="$(cd "$root" && ls engine/model_desc*.c | grep -v '_test\.c$' | tr '\n' ' ') scheduler/registry.c"
-mcfg="$(cd "$root" && ls engine/model_config*.c | grep -v '_test\.c$' | tr '\n' ' ')"
+# every file of the model description and config.json libraries
+# (engine/model/desc, engine/model/hf), so a new family's file is picked up
+# without an edit here; the description's step program and RoPE tables
+# (program.c, rope_tables.c) need the scheduler and kernels, which no
+# harness reaches
+desc="$(cd "$root" && ls engine/model/desc/*.c | grep -vE '_test\.c$|/(program|rope_tables)\.c$' | tr '\n' ' ') scheduler/registry.c"
+mcfg="$(cd "$root" && ls engine/model/hf/*.c | grep -v '_test\.c$' | tr '\n' ' ')"
+rcfg="$(cd "$root" && ls engine/config/*.c | grep -v '_test\.c$' | tr '\n' ' ')"
 util="tools/fuzz/fuzz_util.c"
 # harness: its sources beside the harness file itself
 declare -A srcs=(
   [fuzz_safetensors]="engine/model/io/safetensors.c $util"
   [fuzz_checkpoint_index]="engine/model/io/checkpoint.c engine/model/io/outdir.c engine/model/io/safetensors.c $mcfg $desc $util"
   [fuzz_model_config]="$mcfg $desc $util"
-  [fuzz_run_config]="engine/config/config.c engine/config/defaults.c engine/config/validate.c engine/config/values.c engine/config/lr_schedule.c $util"
+  [fuzz_run_config]="$rcfg $util"
   [fuzz_data_jsonl]="engine/data/data.c tools/fuzz/fuzz_data_common.c $util"
   [fuzz_data_bin]="engine/data/data.c tools/fuzz/fuzz_data_common.c $util"
   [fuzz_hw]="scheduler/hw.c"

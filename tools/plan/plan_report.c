@@ -108,7 +108,7 @@ static kinds_t kinds(const plan_ctx_t *c) {
 }
 
 /* The pinned staging each mode of moe/staging needs for the plan's
- * in-flight window, as the executor sizes its pool (engine/exec/stage.c):
+ * in-flight window, as the executor sizes its pool (engine/exec/place/stage.c):
  * prefetch_window + 1 consecutive blocks of streamed weights with every
  * expert, one block of host-bound gradients, and the saved activations of
  * every offloading block (one region each, held forward to backward).  A

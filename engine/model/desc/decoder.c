@@ -1,4 +1,4 @@
-/* The decoder families' tensors (see model_desc_family.h): parameters in
+/* The decoder families' tensors (see family.h): parameters in
  * HF module order and each layer's saved activations in the order the
  * forward allocates them (engine/exec/step.c allocates x_mid, then
  * engine/layers/blocks.c the attention half's, then the MLP half's, with

@@ -1,6 +1,6 @@
 /* What a model family provides (internal to the model description).
  *
- * A family is a row of k_families (model_desc.c):
+ * A family is a row of k_families (family.c):
  *   - its display name and HF names (the MoE block's module name, the
  *     routed experts' projection names in checkpoint order);
  *   - `describe`: its parameters, buffers and per-layer saved activations,
@@ -35,12 +35,17 @@ struct eng_family {
     mt_status_t (*ops)(const eng_family_t *f, const eng_model_desc_t *d, const eng_model_config_t *cfg,
                        const sched_run_shape_t *shape, sched_program_t *out, mt_error_t *err);
     /* The decoder walk's halves a family replaces (NULL: the decoder's):
-     * MLA's attention, gpt-oss's fused experts.  See model_desc_walk.h. */
+     * MLA's attention, gpt-oss's fused experts.  See walk.h. */
     void (*attention_ops)(eng_walk_t *w);
     void (*moe_ops)(eng_walk_t *w, int xn);
 };
 
 const eng_family_t *eng_family_of(eng_arch_t arch);
+
+/* out from cfg by family f's `describe`, with the lookups' index
+ * (builder.c); on failure out is freed. */
+mt_status_t eng_desc_build(const eng_family_t *f, const eng_model_config_t *cfg, eng_model_desc_t *out,
+                           mt_error_t *err);
 
 /* Builder calls for `describe`. */
 void eng_desc_param(eng_desc_builder_t *b, eng_param_role_t role, int layer, int expert, int64_t d0, int64_t d1,
@@ -53,8 +58,8 @@ void eng_desc_buffer(eng_desc_builder_t *b, eng_param_role_t role, int layer, in
 void eng_desc_act(eng_desc_builder_t *b, int layer, eng_act_id_t id, const char *name, eng_act_class_t cls,
                   int64_t per_token, int64_t fixed);
 
-/* Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4.5 (model_desc_decoder.c,
- * model_desc_ops.c); eng_decoder_ops also walks DeepSeek and gpt-oss through
+/* Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4.5 (decoder.c, ops.c);
+ * eng_decoder_ops also walks DeepSeek and gpt-oss through
  * their hooks. */
 mt_status_t eng_decoder_describe(const eng_family_t *f, const eng_model_config_t *cfg, eng_desc_builder_t *b,
                                  mt_error_t *err);
@@ -68,7 +73,7 @@ void eng_decoder_describe_head(const eng_model_config_t *cfg, eng_desc_builder_t
 mt_status_t eng_decoder_ops(const eng_family_t *f, const eng_model_desc_t *d, const eng_model_config_t *cfg,
                             const sched_run_shape_t *shape, sched_program_t *out, mt_error_t *err);
 
-/* DeepSeek-V2/V3 (model_desc_mla.c) and gpt-oss (model_desc_gpt_oss.c). */
+/* DeepSeek-V2/V3 (mla.c) and gpt-oss (gpt_oss.c). */
 mt_status_t eng_mla_describe(const eng_family_t *f, const eng_model_config_t *cfg, eng_desc_builder_t *b,
                              mt_error_t *err);
 void eng_mla_attention_ops(eng_walk_t *w);

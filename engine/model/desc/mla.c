@@ -1,4 +1,4 @@
-/* DeepSeek-V2 / V3 (see model_desc_family.h): Multi-head Latent Attention
+/* DeepSeek-V2 / V3 (see family.h): Multi-head Latent Attention
  * and the decoder's MLP half with DeepSeek's shared experts and, for V3,
  * the router's e_score_correction_bias buffer.
  *

@@ -5,18 +5,20 @@
  * `moetune inspect` walk; the saved activations whose sizes the forward
  * allocates (engine/layers/blocks.c, moe/moe_layer.c through eng_moe_dims) and the
  * executor offloads (engine/exec/step.c); and the generic tensor and op
- * list the scheduler plans from (engine/model/desc/program.c, model_desc_ops.c).
+ * list the scheduler plans from (engine/model/desc/program.c, ops.c).
  *
- * A family is one row of k_families in model_desc.c: its HF names, a
+ * A family is one row of k_families in family.c: its HF names, a
  * function that lists parameters, buffers and per-layer saved activations,
  * and a function that lists the step's ops with their FLOPs and bytes.
  * Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and GLM-4.5 share the decoder
  * functions and differ in their names table; a family with another layer
  * structure (DeepSeek's MLA attention, gpt-oss's fused experts) writes its
  * own describe function and the half of the decoder's ops walk it replaces
- * (model_desc_walk.h), and its block code (gpt-oss: engine/layers/gpt_oss.c;
- * none yet for DeepSeek nor GLM-4.5: eng_model_desc_trains is false and
- * training refuses them).
+ * (walk.h).  Its config reader is engine/model/hf's and its block code
+ * engine/layers' (DeepSeek: mla.c; gpt-oss: gpt_oss.c; GLM-4.5:
+ * rope_partial.c); a family described without block code, for `inspect`
+ * and `plan` only, has eng_model_desc_trains false and training refuses
+ * it.
  *
  * Shapes of saved activations are affine in the micro-batch's token count
  * n: numel = per_token * n + fixed (e.g. q (n, nh*hd): per_token nh*hd;
@@ -34,6 +36,9 @@
 #include "base/status.h"
 #include "engine/model/hf/model_config.h"
 
+/* What a tensor is in its layer, whatever its HF name.  A role a layer
+ * holds once goes into the model's layer index (eng_layer_index_t) through
+ * one table, engine/model/model.c's k_layer_field: a row per role. */
 typedef enum {
     ENG_P_EMBED = 0,     /* model.embed_tokens.weight (V, H) */
     ENG_P_ATTN_NORM,     /* input_layernorm (H) */
@@ -105,9 +110,9 @@ typedef enum {
     ENG_ACT_INT32,       /* routing indices and counts */
 } eng_act_class_t;
 
-/* Every saved activation a decoder layer may have.  The executor maps ids
- * to the fields that hold them (exec_step.c); a family lists the ids its
- * layers save. */
+/* Every saved activation a decoder layer may have.  The layers map ids to
+ * the fields that hold them (engine/layers/acts.c); a family lists the ids
+ * its layers save. */
 typedef enum {
     ENG_A_X_MID = 0,     /* (n, H) residual after attention */
     ENG_A_ATTN_XN, ENG_A_ATTN_RSTD, /* (n, H), (n) */
@@ -163,7 +168,8 @@ typedef struct {
     int num_experts;
 } eng_model_desc_t;
 
-/* The names older callers use: the parameter list was "the model spec". */
+/* The description as the model's parameter list (eng_model_t.spec), the
+ * name its readers in the engine use. */
 typedef eng_model_desc_t eng_model_spec_t;
 
 mt_status_t eng_model_desc_build(const eng_model_config_t *cfg, eng_model_desc_t *out, mt_error_t *err);
@@ -206,7 +212,7 @@ bool eng_param_role_fused_experts(eng_param_role_t role);
  * `inspect` and `plan` only, which training refuses. */
 bool eng_model_desc_trains(const eng_model_desc_t *d);
 
-/* Compatibility names (engine/model/desc/model_desc.h's API). */
+/* The calls under the parameter list's name (eng_model_spec_t). */
 #define eng_model_spec_build eng_model_desc_build
 #define eng_model_spec_free eng_model_desc_free
 #define eng_model_spec_find eng_model_desc_find

@@ -1,5 +1,5 @@
 /* The decoder families' step as the scheduler sees it (see
- * model_desc_family.h): per block the weights (the description's
+ * family.h): per block the weights (the description's
  * parameters, LoRA adapters where the run targets them), the saved
  * activations (the description's per-layer list, plus the block input),
  * the temporaries, and the ops with their FLOPs and bytes.
@@ -72,7 +72,7 @@ static void add_adapter(eng_walk_t *w, const char *name, double numel, int exper
 /* A parameter of the description by where it sits (it must exist). */
 const eng_param_spec_t *eng_walk_param(eng_walk_t *w, eng_param_role_t role, int expert) {
     const int i = eng_model_desc_find_role(w->d, w->layer, role, expert);
-    MT_CHECK(i >= 0, "model description of %s: layer %d has no %s", eng_model_desc_family_name(w->d), w->layer,
+    MT_CHECK(i >= 0, "model description of %s: layer %d has no %s", w->f->name, w->layer,
              eng_param_role_name(role));
     return &w->d->params[i];
 }

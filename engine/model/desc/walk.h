@@ -1,7 +1,7 @@
 /* The decoder walk (internal to the model description): the state and
- * helpers model_desc_ops.c lists a step's tensors and ops with, shared by
- * the families that replace one half of a layer (DeepSeek's MLA attention,
- * model_desc_mla.c; gpt-oss's fused experts, model_desc_gpt_oss.c) so that
+ * helpers ops.c lists a step's tensors and ops with, shared by the
+ * families that replace one half of a layer (DeepSeek's MLA attention,
+ * mla.c; gpt-oss's fused experts, gpt_oss.c) so that
  * every family's ops are counted by the same rules. */
 #ifndef MT_ENGINE_MODEL_DESC_WALK_H
 #define MT_ENGINE_MODEL_DESC_WALK_H
@@ -37,7 +37,7 @@ int eng_walk_add_act(eng_walk_t *w, const char *name, mt_dtype_t dt, double nume
 /* A saved activation of the description's layer list (-1 when the layer does not save it). */
 int eng_walk_act(eng_walk_t *w, eng_act_id_t id, int producer, int consumer);
 void eng_walk_add_temp(eng_walk_t *w, sched_phase_t phase, const char *name, mt_dtype_t dt, double numel, int op);
-/* y = x W^T (+ bias) over `rows` rows (see model_desc_ops.c); returns the forward op, *bwd_out the backward. */
+/* y = x W^T (+ bias) over `rows` rows (see ops.c); returns the forward op, *bwd_out the backward. */
 int eng_walk_linear(eng_walk_t *w, const char *label, double rows, eng_param_role_t role, eng_param_role_t bias_role,
                     int experts, int *bwd_out);
 int eng_walk_elementwise(eng_walk_t *w, sched_phase_t phase, const char *label, double elems, double bytes);

@@ -1,10 +1,10 @@
 /* HF config.json -> eng_model_config_t (see model_config.h).
  *
  * Defaults are those of transformers' MixtralConfig, Qwen2MoeConfig,
- * Qwen3MoeConfig and OlmoeConfig (and DeepseekV2Config, DeepseekV3Config,
- * Glm4MoeConfig for the families described for inspect and plan only, and
- * GptOssConfig, in model_config_described.c) for every key a file may omit, so a config.json means the
- * same model here as in transformers.  Exceptions, on purpose: the keys that
+ * Qwen3MoeConfig and OlmoeConfig (DeepseekV2Config's, DeepseekV3Config's,
+ * Glm4MoeConfig's and GptOssConfig's are in model_config_families.c) for
+ * every key a file may omit, so a config.json means the same model here as
+ * in transformers.  Exceptions, on purpose: the keys that
  * fix the model's size (vocab_size, hidden_size, num_hidden_layers,
  * num_attention_heads and the expert width) are required, because a file
  * without them is almost surely not the checkpoint's config, and silently
@@ -12,8 +12,8 @@
  * Features moetune does not implement (RoPE scaling, router jitter,
  * attention dropout, activations other than SiLU, per-layer sliding
  * windows) are refused with MT_ERR_UNSUPPORTED naming the key, rather than
- * trained with different semantics; the described-only families record
- * them instead (see there). */
+ * trained with different semantics; model_config_families.c records RoPE
+ * scaling for its families instead (see there). */
 #include "engine/model/hf/model_config.h"
 
 #include "engine/model/hf/read.h"
@@ -25,74 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-
-static const char *json_type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "?";
-}
-
-mt_status_t eng_cfg_type_error(eng_cfg_reader_t *r, const char *key, const char *want, const json_t *v) {
-    return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' must be %s, found %s", r->path, key,
-                        want, json_type_name(v));
-}
-
-/* required: missing key is an error; nullable: JSON null counts as absent. */
-mt_status_t eng_cfg_get_int(eng_cfg_reader_t *r, const char *key, bool required, bool nullable, int def,
-                           int *out) {
-    json_t *v = json_object_get(r->obj, key);
-    if (!v || (nullable && json_is_null(v))) {
-        if (required)
-            return mt_error_set(r->err, MT_ERR_CONFIG, "%s: missing required key '%s'", r->path, key);
-        *out = def;
-        return MT_OK;
-    }
-    if (!json_is_integer(v)) return eng_cfg_type_error(r, key, "an integer", v);
-    json_int_t x = json_integer_value(v);
-    if (x < -2147483647 || x > 2147483647)
-        return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' = %lld is out of range", r->path,
-                            key, (long long)x);
-    *out = (int)x;
-    return MT_OK;
-}
-
-mt_status_t eng_cfg_get_double(eng_cfg_reader_t *r, const char *key, double def, double *out) {
-    json_t *v = json_object_get(r->obj, key);
-    if (!v) {
-        *out = def;
-        return MT_OK;
-    }
-    if (!json_is_number(v)) return eng_cfg_type_error(r, key, "a number", v);
-    *out = json_number_value(v);
-    return MT_OK;
-}
-
-mt_status_t eng_cfg_get_bool(eng_cfg_reader_t *r, const char *key, bool def, bool *out) {
-    json_t *v = json_object_get(r->obj, key);
-    if (!v) {
-        *out = def;
-        return MT_OK;
-    }
-    if (!json_is_boolean(v)) return eng_cfg_type_error(r, key, "true or false", v);
-    *out = json_is_true(v);
-    return MT_OK;
-}
-
-mt_status_t eng_cfg_positive(eng_cfg_reader_t *r, const char *key, int v) {
-    if (v > 0) return MT_OK;
-    return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' must be positive, found %d", r->path,
-                        key, v);
-}
-
 
 /* One RoPE parameter dict (flat, or one layer type's of a nested one):
  * only the default (unscaled) rotary embedding over the whole head is
@@ -130,7 +62,7 @@ static mt_status_t read_rope_dict(eng_cfg_reader_t *r, const char *key, json_t *
  * so every layer type's must agree. */
 static mt_status_t read_rope(eng_cfg_reader_t *r, double def_theta, float *theta) {
     double t;
-    TRY(eng_cfg_get_double(r, "rope_theta", def_theta, &t));
+    RETURN_ON_ERROR(eng_cfg_get_double(r, "rope_theta", def_theta, &t));
     json_t *pf = json_object_get(r->obj, "partial_rotary_factor");
     if (pf && !json_is_null(pf) && !(json_is_number(pf) && json_number_value(pf) == 1.0))
         return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
@@ -156,7 +88,7 @@ static mt_status_t read_rope(eng_cfg_reader_t *r, double def_theta, float *theta
             char k[64];
             snprintf(k, sizeof k, "%s.%s", key, k_layer_types[i]);
             double ti = t;
-            TRY(read_rope_dict(r, k, d, &ti));
+            RETURN_ON_ERROR(read_rope_dict(r, k, d, &ti));
             if (nested && ti != first)
                 return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
                                     "%s: key '%s' gives layer types different rope_theta (%g and %g); one RoPE "
@@ -166,7 +98,7 @@ static mt_status_t read_rope(eng_cfg_reader_t *r, double def_theta, float *theta
             first = ti;
         }
         if (nested) t = first;
-        else TRY(read_rope_dict(r, key, rp, &t));
+        else RETURN_ON_ERROR(read_rope_dict(r, key, rp, &t));
     }
     if (!(t > 0))
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'rope_theta' must be positive", r->path);
@@ -174,107 +106,20 @@ static mt_status_t read_rope(eng_cfg_reader_t *r, double def_theta, float *theta
     return MT_OK;
 }
 
-mt_status_t eng_cfg_read_common(eng_cfg_reader_t *r, eng_model_config_t *c, int def_nkv, double def_eps,
-                               int def_max_pos) {
-    TRY(eng_cfg_get_int(r, "vocab_size", true, false, 0, &c->vocab_size));
-    TRY(eng_cfg_positive(r, "vocab_size", c->vocab_size));
-    TRY(eng_cfg_get_int(r, "hidden_size", true, false, 0, &c->hidden_size));
-    TRY(eng_cfg_positive(r, "hidden_size", c->hidden_size));
-    TRY(eng_cfg_get_int(r, "num_hidden_layers", true, false, 0, &c->num_hidden_layers));
-    TRY(eng_cfg_positive(r, "num_hidden_layers", c->num_hidden_layers));
-    if (c->num_hidden_layers > ENG_MAX_LAYERS)
-        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
-                            "%s: key 'num_hidden_layers' = %d exceeds moetune's limit of %d", r->path,
-                            c->num_hidden_layers, ENG_MAX_LAYERS);
-    TRY(eng_cfg_get_int(r, "num_attention_heads", true, false, 0, &c->num_attention_heads));
-    TRY(eng_cfg_positive(r, "num_attention_heads", c->num_attention_heads));
-    /* null means "same as num_attention_heads" (MHA) in every config class. */
-    json_t *kv = json_object_get(r->obj, "num_key_value_heads");
-    TRY(eng_cfg_get_int(r, "num_key_value_heads", false, true,
-                kv && json_is_null(kv) ? c->num_attention_heads : def_nkv, &c->num_key_value_heads));
-    TRY(eng_cfg_positive(r, "num_key_value_heads", c->num_key_value_heads));
-    if (c->num_attention_heads % c->num_key_value_heads != 0)
-        return mt_error_set(r->err, MT_ERR_CONFIG,
-                            "%s: key 'num_attention_heads' (%d) must be a multiple of "
-                            "'num_key_value_heads' (%d)",
-                            r->path, c->num_attention_heads, c->num_key_value_heads);
-    /* getattr(config, "head_dim", None) or hidden_size // num_attention_heads */
-    TRY(eng_cfg_get_int(r, "head_dim", false, true, 0, &c->head_dim));
-    if (c->head_dim == 0) c->head_dim = c->hidden_size / c->num_attention_heads;
-    TRY(eng_cfg_positive(r, "head_dim", c->head_dim));
-
-    json_t *act = json_object_get(r->obj, "hidden_act");
-    if (act && !json_is_string(act)) return eng_cfg_type_error(r, "hidden_act", "a string", act);
-    if (act && strcmp(json_string_value(act), "silu") != 0)
-        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
-                            "%s: key 'hidden_act' = \"%s\" is not supported (only \"silu\")", r->path,
-                            json_string_value(act));
-    double d;
-    TRY(eng_cfg_get_double(r, "rms_norm_eps", def_eps, &d));
-    /* x / sqrt(mean(x^2) + eps): eps <= 0 divides by zero (or takes the root
-     * of a negative number) on a zero row, and a NaN there routes nowhere. */
-    if (!(d > 0 && d < 1))
-        return mt_error_set(r->err, MT_ERR_CONFIG,
-                            "%s: key 'rms_norm_eps' = %g must be positive and below 1", r->path, d);
-    c->rms_norm_eps = (float)d;
-    TRY(eng_cfg_get_int(r, "max_position_embeddings", false, false, def_max_pos, &c->max_position_embeddings));
-    TRY(eng_cfg_get_bool(r, "tie_word_embeddings", false, &c->tie_word_embeddings));
-    TRY(eng_cfg_get_bool(r, "output_router_logits", false, &c->output_router_logits));
-    TRY(eng_cfg_get_double(r, "router_aux_loss_coef", 0.001, &d));
-    c->router_aux_loss_coef = (float)d;
-    TRY(eng_cfg_get_double(r, "router_jitter_noise", 0.0, &d));
-    if (d > 0)
-        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
-                            "%s: key 'router_jitter_noise' = %g is not supported (only 0)", r->path, d);
-    TRY(eng_cfg_get_double(r, "attention_dropout", 0.0, &d));
-    if (d > 0)
-        return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
-                            "%s: key 'attention_dropout' = %g is not supported (only 0)", r->path, d);
-    return MT_OK;
-}
-
-/* The routed-expert count.  transformers accepts both spellings for every
- * MoE family (transformers 5 writes Qwen3-MoE's as num_local_experts, older
- * versions num_experts), so either is read, and both present must agree;
- * with neither, the family's transformers default applies, as it does
- * there. */
-mt_status_t eng_cfg_read_experts(eng_cfg_reader_t *r, eng_model_config_t *c, const char *key_e, int def_e,
-                                int def_k) {
-    const char *alias = strcmp(key_e, "num_experts") == 0 ? "num_local_experts" : "num_experts";
-    const bool has_key = json_object_get(r->obj, key_e) != NULL, has_alias = json_object_get(r->obj, alias) != NULL;
-    if (has_alias && !has_key) key_e = alias;
-    TRY(eng_cfg_get_int(r, key_e, false, false, def_e, &c->num_experts));
-    if (has_key && has_alias) {
-        int other;
-        TRY(eng_cfg_get_int(r, alias, true, false, 0, &other));
-        if (other != c->num_experts)
-            return mt_error_set(r->err, MT_ERR_CONFIG, "%s: '%s' = %d and '%s' = %d disagree", r->path, key_e,
-                                c->num_experts, alias, other);
-    }
-    TRY(eng_cfg_get_int(r, "num_experts_per_tok", false, false, def_k, &c->num_experts_per_tok));
-    if (c->num_experts < 0)
-        return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' must not be negative", r->path, key_e);
-    if (c->num_experts > 0 && (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts))
-        return mt_error_set(r->err, MT_ERR_CONFIG,
-                            "%s: key 'num_experts_per_tok' = %d must be between 1 and %s (%d)",
-                            r->path, c->num_experts_per_tok, key_e, c->num_experts);
-    return MT_OK;
-}
-
 static mt_status_t parse_mixtral(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->arch = ENG_ARCH_MIXTRAL;
-    TRY(eng_cfg_read_common(r, c, 8, 1e-5, 4096 * 32));
-    TRY(eng_cfg_get_int(r, "intermediate_size", true, false, 0, &c->intermediate_size));
-    TRY(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_read_common(r, c, 8, 1e-5, 4096 * 32));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "intermediate_size", true, false, 0, &c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
     c->moe_intermediate_size = c->intermediate_size;
     c->shared_expert_intermediate_size = 0;
-    TRY(eng_cfg_read_experts(r, c, "num_local_experts", 8, 2));
-    TRY(eng_cfg_positive(r, "num_local_experts", c->num_experts));
+    RETURN_ON_ERROR(eng_cfg_read_experts(r, c, "num_local_experts", 8, 2));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "num_local_experts", c->num_experts));
     c->norm_topk_prob = true; /* Mixtral always renormalises the top-k weights */
     c->qkv_bias = false;
     c->qk_norm = false;
-    TRY(read_rope(r, 1e6, &c->rope_theta));
-    TRY(eng_cfg_get_int(r, "sliding_window", false, true, 0, &c->sliding_window));
+    RETURN_ON_ERROR(read_rope(r, 1e6, &c->rope_theta));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "sliding_window", false, true, 0, &c->sliding_window));
     if (c->sliding_window < 0)
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'sliding_window' must not be negative",
                             r->path);
@@ -285,8 +130,8 @@ static mt_status_t parse_mixtral(eng_cfg_reader_t *r, eng_model_config_t *c) {
 /* Qwen sparse layers: i not in mlp_only_layers and (i+1) % decoder_sparse_step == 0. */
 static mt_status_t read_qwen_layers(eng_cfg_reader_t *r, eng_model_config_t *c) {
     int step;
-    TRY(eng_cfg_get_int(r, "decoder_sparse_step", false, false, 1, &step));
-    TRY(eng_cfg_positive(r, "decoder_sparse_step", step));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "decoder_sparse_step", false, false, 1, &step));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "decoder_sparse_step", step));
     bool mlp_only[ENG_MAX_LAYERS] = {false};
     json_t *mo = json_object_get(r->obj, "mlp_only_layers");
     if (mo && !json_is_null(mo)) {
@@ -305,17 +150,17 @@ static mt_status_t read_qwen_layers(eng_cfg_reader_t *r, eng_model_config_t *c) 
 
 static mt_status_t read_qwen_common(eng_cfg_reader_t *r, eng_model_config_t *c, int def_nkv, int def_inter,
                                     int def_e, int def_k) {
-    TRY(eng_cfg_read_common(r, c, def_nkv, 1e-6, 32768));
-    TRY(eng_cfg_get_int(r, "intermediate_size", false, false, def_inter, &c->intermediate_size));
-    TRY(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_read_common(r, c, def_nkv, 1e-6, 32768));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "intermediate_size", false, false, def_inter, &c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
     /* The expert width sizes the model: required (transformers' default is
      * 1408 for Qwen2-MoE, 768 for Qwen3-MoE), see the note on top. */
-    TRY(eng_cfg_get_int(r, "moe_intermediate_size", true, false, 0, &c->moe_intermediate_size));
-    TRY(eng_cfg_positive(r, "moe_intermediate_size", c->moe_intermediate_size));
-    TRY(eng_cfg_read_experts(r, c, "num_experts", def_e, def_k));
-    TRY(eng_cfg_get_bool(r, "norm_topk_prob", false, &c->norm_topk_prob));
-    TRY(read_rope(r, 10000.0, &c->rope_theta));
-    TRY(read_qwen_layers(r, c));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "moe_intermediate_size", true, false, 0, &c->moe_intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "moe_intermediate_size", c->moe_intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_read_experts(r, c, "num_experts", def_e, def_k));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "norm_topk_prob", false, &c->norm_topk_prob));
+    RETURN_ON_ERROR(read_rope(r, 10000.0, &c->rope_theta));
+    RETURN_ON_ERROR(read_qwen_layers(r, c));
     return MT_OK;
 }
 
@@ -325,10 +170,10 @@ static mt_status_t read_qwen_common(eng_cfg_reader_t *r, eng_model_config_t *c, 
  * all eng_model_config_t can express. */
 static mt_status_t qwen2_sliding(eng_cfg_reader_t *r, eng_model_config_t *c) {
     bool use = false;
-    TRY(eng_cfg_get_bool(r, "use_sliding_window", false, &use));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "use_sliding_window", false, &use));
     int window, max_window_layers;
-    TRY(eng_cfg_get_int(r, "sliding_window", false, true, 0, &window));
-    TRY(eng_cfg_get_int(r, "max_window_layers", false, false, 28, &max_window_layers));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "sliding_window", false, true, 0, &window));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "max_window_layers", false, false, 28, &max_window_layers));
     json_t *lt = json_object_get(r->obj, "layer_types");
     int nslide = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -368,31 +213,31 @@ static mt_status_t qwen2_sliding(eng_cfg_reader_t *r, eng_model_config_t *c) {
 
 static mt_status_t parse_qwen2_moe(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->arch = ENG_ARCH_QWEN2_MOE;
-    TRY(read_qwen_common(r, c, 16, 5632, 60, 4));
-    TRY(eng_cfg_get_int(r, "shared_expert_intermediate_size", false, false, 5632,
-                &c->shared_expert_intermediate_size));
+    RETURN_ON_ERROR(read_qwen_common(r, c, 16, 5632, 60, 4));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "shared_expert_intermediate_size", false, false, 5632,
+                                    &c->shared_expert_intermediate_size));
     if (c->shared_expert_intermediate_size < 0)
         return mt_error_set(r->err, MT_ERR_CONFIG,
                             "%s: key 'shared_expert_intermediate_size' must not be negative", r->path);
     /* Qwen2MoeAttention's q/k/v_proj have bias=True; newer transformers
      * spell it out as the key qkv_bias (default true). */
-    TRY(eng_cfg_get_bool(r, "qkv_bias", true, &c->qkv_bias));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "qkv_bias", true, &c->qkv_bias));
     c->qk_norm = false;
     return qwen2_sliding(r, c);
 }
 
 static mt_status_t parse_qwen3_moe(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->arch = ENG_ARCH_QWEN3_MOE;
-    TRY(read_qwen_common(r, c, 4, 6144, 128, 8));
+    RETURN_ON_ERROR(read_qwen_common(r, c, 4, 6144, 128, 8));
     c->shared_expert_intermediate_size = 0;
-    TRY(eng_cfg_get_bool(r, "attention_bias", false, &c->qkv_bias));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "attention_bias", false, &c->qkv_bias));
     c->qk_norm = true;
     /* Qwen3MoeConfig: sliding_window if use_sliding_window else None; the
      * attention then uses config.sliding_window in every layer. */
     bool use = false;
-    TRY(eng_cfg_get_bool(r, "use_sliding_window", false, &use));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "use_sliding_window", false, &use));
     int window;
-    TRY(eng_cfg_get_int(r, "sliding_window", false, true, 0, &window));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "sliding_window", false, true, 0, &window));
     c->sliding_window = use ? window : 0;
     if (c->sliding_window < 0)
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'sliding_window' must not be negative",
@@ -410,18 +255,18 @@ static mt_status_t parse_olmoe(eng_cfg_reader_t *r, eng_model_config_t *c) {
     const int def_nkv = json_is_integer(nh) && json_integer_value(nh) > 0 && json_integer_value(nh) < 1 << 20
                             ? (int)json_integer_value(nh)
                             : 16;
-    TRY(eng_cfg_read_common(r, c, def_nkv, 1e-5, 4096));
+    RETURN_ON_ERROR(eng_cfg_read_common(r, c, def_nkv, 1e-5, 4096));
     double d;
-    TRY(eng_cfg_get_double(r, "router_aux_loss_coef", 0.01, &d)); /* OlmoeConfig's default, not 0.001 */
+    RETURN_ON_ERROR(eng_cfg_get_double(r, "router_aux_loss_coef", 0.01, &d)); /* OlmoeConfig's default, not 0.001 */
     c->router_aux_loss_coef = (float)d;
-    TRY(eng_cfg_get_int(r, "intermediate_size", true, false, 0, &c->intermediate_size));
-    TRY(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "intermediate_size", true, false, 0, &c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
     c->moe_intermediate_size = c->intermediate_size;
     c->shared_expert_intermediate_size = 0;
-    TRY(eng_cfg_read_experts(r, c, "num_experts", 64, 8));
-    TRY(eng_cfg_positive(r, "num_experts", c->num_experts));
-    TRY(eng_cfg_get_bool(r, "norm_topk_prob", false, &c->norm_topk_prob));
-    TRY(eng_cfg_get_bool(r, "attention_bias", false, &c->qkv_bias));
+    RETURN_ON_ERROR(eng_cfg_read_experts(r, c, "num_experts", 64, 8));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "num_experts", c->num_experts));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "norm_topk_prob", false, &c->norm_topk_prob));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "attention_bias", false, &c->qkv_bias));
     c->qk_norm = true;
     c->qk_norm_whole = true;
     json_t *clip = json_object_get(r->obj, "clip_qkv");
@@ -433,7 +278,7 @@ static mt_status_t parse_olmoe(eng_cfg_reader_t *r, eng_model_config_t *c) {
                                 r->path, cq);
         c->clip_qkv = (float)cq;
     }
-    TRY(read_rope(r, 10000.0, &c->rope_theta));
+    RETURN_ON_ERROR(read_rope(r, 10000.0, &c->rope_theta));
     c->sliding_window = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) c->layer_is_moe[l] = true;
     return MT_OK;

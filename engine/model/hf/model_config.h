@@ -34,7 +34,7 @@ typedef enum {
     ENG_ROUTE_TOPK_SOFTMAX,       /* gpt-oss: top-k of the logits (router has a bias), softmax over those k */
 } eng_route_t;
 
-/* (tagged so that model_config_read.h can name it without including this header) */
+/* (tagged so that read.h can name it without including this header) */
 typedef struct eng_model_config {
     eng_arch_t arch;
     char model_type[32];          /* as in config.json */

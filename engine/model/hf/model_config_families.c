@@ -1,7 +1,10 @@
-/* config.json of the families added after the decoder's four:
- * DeepSeek-V2/V3 and GLM-4.5 (what they cannot train yet is refused by
- * engine/model/trainable.c) and gpt-oss (see model_config.h; the reader
- * and getters are model_config.c's, model_config_read.h). */
+/* config.json of DeepSeek-V2/V3, GLM-4.5 and gpt-oss (see model_config.h):
+ * the families whose configs say more than the decoder's keys (MLA's ranks
+ * and head widths, grouped routers, RoPE scaling and partial rotation,
+ * attention sinks, fused experts), read in full here, apart from
+ * model_config.c's decoder families, which refuse what they do not
+ * implement.  What these families cannot train is refused by
+ * engine/model/trainable.c; the reader and getters are read.h's. */
 #include <stdio.h>
 #include <string.h>
 
@@ -71,18 +74,18 @@ static mt_status_t read_rope_params(eng_cfg_reader_t *r, const char *key, json_t
         snprintf(c->rope_type, sizeof c->rope_type, "%s", s);
     }
     float th = (float)*theta;
-    TRY(rope_num(r, key, d, "rope_theta", &th));
+    RETURN_ON_ERROR(rope_num(r, key, d, "rope_theta", &th));
     *theta = th;
-    TRY(rope_num(r, key, d, "partial_rotary_factor", &c->partial_rotary_factor));
-    TRY(rope_num(r, key, d, "factor", &c->rope_factor));
+    RETURN_ON_ERROR(rope_num(r, key, d, "partial_rotary_factor", &c->partial_rotary_factor));
+    RETURN_ON_ERROR(rope_num(r, key, d, "factor", &c->rope_factor));
     float omp = (float)c->rope_original_max_position_embeddings;
-    TRY(rope_num(r, key, d, "original_max_position_embeddings", &omp));
+    RETURN_ON_ERROR(rope_num(r, key, d, "original_max_position_embeddings", &omp));
     c->rope_original_max_position_embeddings = (int)omp;
-    TRY(rope_num(r, key, d, "beta_fast", &c->rope_beta_fast));
-    TRY(rope_num(r, key, d, "beta_slow", &c->rope_beta_slow));
-    TRY(rope_num(r, key, d, "mscale", &c->rope_mscale));
-    TRY(rope_num(r, key, d, "mscale_all_dim", &c->rope_mscale_all_dim));
-    TRY(rope_num(r, key, d, "attention_factor", &c->rope_attention_factor));
+    RETURN_ON_ERROR(rope_num(r, key, d, "beta_fast", &c->rope_beta_fast));
+    RETURN_ON_ERROR(rope_num(r, key, d, "beta_slow", &c->rope_beta_slow));
+    RETURN_ON_ERROR(rope_num(r, key, d, "mscale", &c->rope_mscale));
+    RETURN_ON_ERROR(rope_num(r, key, d, "mscale_all_dim", &c->rope_mscale_all_dim));
+    RETURN_ON_ERROR(rope_num(r, key, d, "attention_factor", &c->rope_attention_factor));
     json_t *tr = json_object_get(d, "truncate");
     if (tr && !json_is_null(tr)) {
         if (!json_is_boolean(tr)) {
@@ -95,16 +98,16 @@ static mt_status_t read_rope_params(eng_cfg_reader_t *r, const char *key, json_t
     return MT_OK;
 }
 
-/* RoPE of the described-only families, as transformers 5 reads it: a set
+/* RoPE of these families, as transformers 5 reads it: a set
  * rope_scaling takes the place of rope_parameters; a dict nested by layer
  * type is read from its full_attention entry.  `def_yarn` is gpt-oss's
  * default when the file has no rope_scaling key at all. */
 static mt_status_t read_rope_scaled(eng_cfg_reader_t *r, eng_model_config_t *c, double def_theta, double def_partial,
                                     bool def_yarn) {
     double t;
-    TRY(eng_cfg_get_double(r, "rope_theta", def_theta, &t));
+    RETURN_ON_ERROR(eng_cfg_get_double(r, "rope_theta", def_theta, &t));
     double pf;
-    TRY(eng_cfg_get_double(r, "partial_rotary_factor", def_partial, &pf));
+    RETURN_ON_ERROR(eng_cfg_get_double(r, "partial_rotary_factor", def_partial, &pf));
     c->partial_rotary_factor = (float)pf;
     snprintf(c->rope_type, sizeof c->rope_type, "default");
     c->rope_truncate = true; /* transformers' YaRN when the dict has no 'truncate' */
@@ -134,7 +137,7 @@ static mt_status_t read_rope_scaled(eng_cfg_reader_t *r, eng_model_config_t *c, 
         } else {
             snprintf(k, sizeof k, "%s", key);
         }
-        TRY(read_rope_params(r, k, rp, c, &t));
+        RETURN_ON_ERROR(read_rope_params(r, k, rp, c, &t));
     }
     if (!(t > 0)) return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'rope_theta' must be positive", r->path);
     if (!(c->partial_rotary_factor > 0 && c->partial_rotary_factor <= 1))
@@ -163,46 +166,46 @@ static mt_status_t read_deepseek_moe(eng_cfg_reader_t *r, eng_model_config_t *c,
     const char *ek = json_object_get(r->obj, "n_routed_experts") || !json_object_get(r->obj, "num_experts")
                          ? "n_routed_experts"
                          : "num_experts";
-    TRY(eng_cfg_get_int(r, ek, false, true, def_e, &c->num_experts));
-    TRY(nonneg(r, ek, c->num_experts));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, ek, false, true, def_e, &c->num_experts));
+    RETURN_ON_ERROR(nonneg(r, ek, c->num_experts));
     json_t *k = json_object_get(r->obj, "num_experts_per_tok");
     if (c->num_experts > 0 && def_k == 0 && (!k || json_is_null(k)))
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: missing required key 'num_experts_per_tok' (with %s = %d)",
                             r->path, ek, c->num_experts);
-    TRY(eng_cfg_get_int(r, "num_experts_per_tok", false, true, def_k, &c->num_experts_per_tok));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "num_experts_per_tok", false, true, def_k, &c->num_experts_per_tok));
     if (c->num_experts > 0 && (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts))
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'num_experts_per_tok' = %d must be between 1 and %s (%d)",
                             r->path, c->num_experts_per_tok, ek, c->num_experts);
-    TRY(eng_cfg_get_int(r, "moe_intermediate_size", true, false, 0, &c->moe_intermediate_size));
-    TRY(eng_cfg_positive(r, "moe_intermediate_size", c->moe_intermediate_size));
-    TRY(eng_cfg_get_int(r, "n_shared_experts", false, true, def_shared, &c->n_shared_experts));
-    TRY(nonneg(r, "n_shared_experts", c->n_shared_experts));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "moe_intermediate_size", true, false, 0, &c->moe_intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "moe_intermediate_size", c->moe_intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "n_shared_experts", false, true, def_shared, &c->n_shared_experts));
+    RETURN_ON_ERROR(nonneg(r, "n_shared_experts", c->n_shared_experts));
     c->shared_expert_intermediate_size = c->n_shared_experts * c->moe_intermediate_size;
     double d;
-    TRY(eng_cfg_get_double(r, "routed_scaling_factor", def_scale, &d));
+    RETURN_ON_ERROR(eng_cfg_get_double(r, "routed_scaling_factor", def_scale, &d));
     c->routed_scaling_factor = (float)d;
-    TRY(eng_cfg_get_int(r, "n_group", false, true, def_group, &c->n_group));
-    TRY(eng_cfg_get_int(r, "topk_group", false, true, def_topk_group, &c->topk_group));
-    TRY(nonneg(r, "n_group", c->n_group));
-    TRY(nonneg(r, "topk_group", c->topk_group));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "n_group", false, true, def_group, &c->n_group));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "topk_group", false, true, def_topk_group, &c->topk_group));
+    RETURN_ON_ERROR(nonneg(r, "n_group", c->n_group));
+    RETURN_ON_ERROR(nonneg(r, "topk_group", c->topk_group));
     if (c->n_group > 0 && c->num_experts % c->n_group != 0)
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key '%s' (%d) must be a multiple of 'n_group' (%d)", r->path,
                             ek, c->num_experts, c->n_group);
     if (c->n_group > 0 && c->topk_group > c->n_group)
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'topk_group' (%d) must not exceed 'n_group' (%d)",
                             r->path, c->topk_group, c->n_group);
-    TRY(eng_cfg_get_bool(r, "norm_topk_prob", def_norm, &c->norm_topk_prob));
-    TRY(eng_cfg_get_int(r, "first_k_dense_replace", false, false, def_dense, &c->first_k_dense_replace));
-    TRY(nonneg(r, "first_k_dense_replace", c->first_k_dense_replace));
-    TRY(eng_cfg_get_int(r, "moe_layer_freq", false, false, 1, &c->moe_layer_freq));
-    TRY(eng_cfg_positive(r, "moe_layer_freq", c->moe_layer_freq));
-    TRY(eng_cfg_get_int(r, "num_nextn_predict_layers", false, true, 0, &c->num_nextn_predict_layers));
-    TRY(nonneg(r, "num_nextn_predict_layers", c->num_nextn_predict_layers));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "norm_topk_prob", def_norm, &c->norm_topk_prob));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "first_k_dense_replace", false, false, def_dense, &c->first_k_dense_replace));
+    RETURN_ON_ERROR(nonneg(r, "first_k_dense_replace", c->first_k_dense_replace));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "moe_layer_freq", false, false, 1, &c->moe_layer_freq));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "moe_layer_freq", c->moe_layer_freq));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "num_nextn_predict_layers", false, true, 0, &c->num_nextn_predict_layers));
+    RETURN_ON_ERROR(nonneg(r, "num_nextn_predict_layers", c->num_nextn_predict_layers));
     for (int l = 0; l < c->num_hidden_layers; l++)
         c->layer_is_moe[l] = c->num_experts > 0 && l >= c->first_k_dense_replace && l % c->moe_layer_freq == 0;
     /* aux_loss_alpha is DeepSeek's name for the balance loss weight */
     if (json_object_get(r->obj, "aux_loss_alpha")) {
-        TRY(eng_cfg_get_double(r, "aux_loss_alpha", 0.001, &d));
+        RETURN_ON_ERROR(eng_cfg_get_double(r, "aux_loss_alpha", 0.001, &d));
         c->router_aux_loss_coef = (float)d;
     }
     return MT_OK;
@@ -211,25 +214,25 @@ static mt_status_t read_deepseek_moe(eng_cfg_reader_t *r, eng_model_config_t *c,
 /* MLA (DeepSeek-V2/V3): the latent ranks and head splits. */
 static mt_status_t read_mla(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->mla = true;
-    TRY(eng_cfg_get_int(r, "q_lora_rank", false, true, 1536, &c->q_lora_rank));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "q_lora_rank", false, true, 1536, &c->q_lora_rank));
     json_t *q = json_object_get(r->obj, "q_lora_rank");
     if (q && json_is_null(q)) c->q_lora_rank = 0; /* null: q_proj directly (DeepSeek-V2-Lite) */
-    TRY(nonneg(r, "q_lora_rank", c->q_lora_rank));
-    TRY(eng_cfg_get_int(r, "kv_lora_rank", false, false, 512, &c->kv_lora_rank));
-    TRY(eng_cfg_positive(r, "kv_lora_rank", c->kv_lora_rank));
-    TRY(eng_cfg_get_int(r, "qk_nope_head_dim", false, false, 128, &c->qk_nope_head_dim));
-    TRY(nonneg(r, "qk_nope_head_dim", c->qk_nope_head_dim));
-    TRY(eng_cfg_get_int(r, "qk_rope_head_dim", false, false, 64, &c->qk_rope_head_dim));
-    TRY(eng_cfg_positive(r, "qk_rope_head_dim", c->qk_rope_head_dim));
-    TRY(eng_cfg_get_int(r, "v_head_dim", false, false, 128, &c->v_head_dim));
-    TRY(eng_cfg_positive(r, "v_head_dim", c->v_head_dim));
+    RETURN_ON_ERROR(nonneg(r, "q_lora_rank", c->q_lora_rank));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "kv_lora_rank", false, false, 512, &c->kv_lora_rank));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "kv_lora_rank", c->kv_lora_rank));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "qk_nope_head_dim", false, false, 128, &c->qk_nope_head_dim));
+    RETURN_ON_ERROR(nonneg(r, "qk_nope_head_dim", c->qk_nope_head_dim));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "qk_rope_head_dim", false, false, 64, &c->qk_rope_head_dim));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "qk_rope_head_dim", c->qk_rope_head_dim));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "v_head_dim", false, false, 128, &c->v_head_dim));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "v_head_dim", c->v_head_dim));
     /* transformers: head_dim = qk_rope_head_dim (the rotary part); every
      * head has its own k and v, decompressed from the latent */
     c->head_dim = c->qk_rope_head_dim;
     c->num_key_value_heads = c->num_attention_heads;
-    TRY(eng_cfg_get_bool(r, "rope_interleave", true, &c->rope_interleave));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "rope_interleave", true, &c->rope_interleave));
     bool bias = false;
-    TRY(eng_cfg_get_bool(r, "attention_bias", false, &bias));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "attention_bias", false, &bias));
     if (bias)
         return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
                             "%s: key 'attention_bias' is true; MLA projections with biases are not described "
@@ -240,46 +243,46 @@ static mt_status_t read_mla(eng_cfg_reader_t *r, eng_model_config_t *c) {
 
 mt_status_t eng_cfg_parse_deepseek_v3(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->arch = ENG_ARCH_DEEPSEEK_V3;
-    TRY(eng_cfg_read_common(r, c, heads_or(r, 128), 1e-6, 4096));
-    TRY(eng_cfg_get_int(r, "intermediate_size", false, false, 18432, &c->intermediate_size));
-    TRY(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
-    TRY(read_mla(r, c));
-    TRY(read_deepseek_moe(r, c, 256, 8, 1, 2.5, 8, 4, 3, true));
+    RETURN_ON_ERROR(eng_cfg_read_common(r, c, heads_or(r, 128), 1e-6, 4096));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "intermediate_size", false, false, 18432, &c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
+    RETURN_ON_ERROR(read_mla(r, c));
+    RETURN_ON_ERROR(read_deepseek_moe(r, c, 256, 8, 1, 2.5, 8, 4, 3, true));
     /* DeepSeek-V3 routes by sigmoid scores with a bias-corrected,
      * group-limited top-k (transformers implements nothing else); a file
      * naming another method is not this model */
     char s[32];
-    TRY(get_string(r, "scoring_func", "sigmoid", s, sizeof s));
+    RETURN_ON_ERROR(get_string(r, "scoring_func", "sigmoid", s, sizeof s));
     if (strcmp(s, "sigmoid") != 0)
         return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
                             "%s: key 'scoring_func' = \"%s\": DeepSeek-V3 routing is \"sigmoid\"", r->path, s);
-    TRY(get_string(r, "topk_method", "noaux_tc", s, sizeof s));
+    RETURN_ON_ERROR(get_string(r, "topk_method", "noaux_tc", s, sizeof s));
     if (strcmp(s, "noaux_tc") != 0)
         return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
                             "%s: key 'topk_method' = \"%s\": DeepSeek-V3 routing is \"noaux_tc\"", r->path, s);
     c->routing = ENG_ROUTE_SIGMOID_GROUP_BIAS;
     c->router_score_bias = c->num_experts > 0;
-    TRY(read_rope_scaled(r, c, 10000.0, 1.0, false));
+    RETURN_ON_ERROR(read_rope_scaled(r, c, 10000.0, 1.0, false));
     return MT_OK;
 }
 
 mt_status_t eng_cfg_parse_deepseek_v2(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->arch = ENG_ARCH_DEEPSEEK_V2;
-    TRY(eng_cfg_read_common(r, c, heads_or(r, 32), 1e-6, 2048));
-    TRY(eng_cfg_get_int(r, "intermediate_size", false, false, 11008, &c->intermediate_size));
-    TRY(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
-    TRY(read_mla(r, c));
+    RETURN_ON_ERROR(eng_cfg_read_common(r, c, heads_or(r, 32), 1e-6, 2048));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "intermediate_size", false, false, 11008, &c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
+    RETURN_ON_ERROR(read_mla(r, c));
     /* transformers' DeepSeek-V2 rotates adjacent pairs (complex products)
      * whatever the file says: moetune's interleaved RoPE, the same q.k */
     c->rope_interleave = true;
     /* num_experts_per_tok has no default (None): required when experts exist */
-    TRY(read_deepseek_moe(r, c, 64, 0, 2, 1.0, 0, 0, 0, false));
+    RETURN_ON_ERROR(read_deepseek_moe(r, c, 64, 0, 2, 1.0, 0, 0, 0, false));
     char s[32];
-    TRY(get_string(r, "scoring_func", "softmax", s, sizeof s));
+    RETURN_ON_ERROR(get_string(r, "scoring_func", "softmax", s, sizeof s));
     if (strcmp(s, "softmax") != 0)
         return mt_error_set(r->err, MT_ERR_UNSUPPORTED,
                             "%s: key 'scoring_func' = \"%s\": DeepSeek-V2 routing is \"softmax\"", r->path, s);
-    TRY(get_string(r, "topk_method", "greedy", s, sizeof s));
+    RETURN_ON_ERROR(get_string(r, "topk_method", "greedy", s, sizeof s));
     if (strcmp(s, "greedy") == 0) {
         c->routing = ENG_ROUTE_SOFTMAX;
     } else if (strcmp(s, "group_limited_greedy") == 0) {
@@ -294,7 +297,7 @@ mt_status_t eng_cfg_parse_deepseek_v2(eng_cfg_reader_t *r, eng_model_config_t *c
                             "group_limited_greedy)",
                             r->path, s);
     }
-    TRY(read_rope_scaled(r, c, 10000.0, 1.0, false));
+    RETURN_ON_ERROR(read_rope_scaled(r, c, 10000.0, 1.0, false));
     return MT_OK;
 }
 
@@ -303,18 +306,18 @@ mt_status_t eng_cfg_parse_deepseek_v2(eng_cfg_reader_t *r, eng_model_config_t *c
  * DeepSeek-V3's router and shared experts, a dense first layer. */
 mt_status_t eng_cfg_parse_glm4_moe(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->arch = ENG_ARCH_GLM4_MOE;
-    TRY(eng_cfg_read_common(r, c, 8, 1e-5, 131072));
-    TRY(eng_cfg_get_int(r, "intermediate_size", false, false, 10944, &c->intermediate_size));
-    TRY(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
-    TRY(read_deepseek_moe(r, c, 128, 8, 1, 1.0, 1, 1, 1, true));
+    RETURN_ON_ERROR(eng_cfg_read_common(r, c, 8, 1e-5, 131072));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "intermediate_size", false, false, 10944, &c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
+    RETURN_ON_ERROR(read_deepseek_moe(r, c, 128, 8, 1, 1.0, 1, 1, 1, true));
     c->moe_layer_freq = 1;
     for (int l = 0; l < c->num_hidden_layers; l++)
         c->layer_is_moe[l] = c->num_experts > 0 && l >= c->first_k_dense_replace;
     c->routing = ENG_ROUTE_SIGMOID_GROUP_BIAS;
     c->router_score_bias = c->num_experts > 0;
-    TRY(eng_cfg_get_bool(r, "attention_bias", false, &c->qkv_bias));
-    TRY(eng_cfg_get_bool(r, "use_qk_norm", false, &c->qk_norm));
-    TRY(read_rope_scaled(r, c, 10000.0, 0.5, false));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "attention_bias", false, &c->qkv_bias));
+    RETURN_ON_ERROR(eng_cfg_get_bool(r, "use_qk_norm", false, &c->qk_norm));
+    RETURN_ON_ERROR(read_rope_scaled(r, c, 10000.0, 0.5, false));
     return MT_OK;
 }
 
@@ -325,20 +328,21 @@ mt_status_t eng_cfg_parse_glm4_moe(eng_cfg_reader_t *r, eng_model_config_t *c) {
 mt_status_t eng_cfg_parse_gpt_oss(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->arch = ENG_ARCH_GPT_OSS;
     json_t *hd = json_object_get(r->obj, "head_dim");
-    TRY(eng_cfg_read_common(r, c, 8, 1e-5, 131072));
+    RETURN_ON_ERROR(eng_cfg_read_common(r, c, 8, 1e-5, 131072));
     if (!hd) c->head_dim = 64; /* GptOssConfig's default, not hidden_size / heads */
     double d;
-    TRY(eng_cfg_get_double(r, "router_aux_loss_coef", 0.001, &d)); /* transformers 5's GptOssConfig default */
+    /* transformers 5's GptOssConfig default */
+    RETURN_ON_ERROR(eng_cfg_get_double(r, "router_aux_loss_coef", 0.001, &d));
     c->router_aux_loss_coef = (float)d;
-    TRY(eng_cfg_get_int(r, "intermediate_size", false, false, 2880, &c->intermediate_size));
-    TRY(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "intermediate_size", false, false, 2880, &c->intermediate_size));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "intermediate_size", c->intermediate_size));
     c->moe_intermediate_size = c->intermediate_size;
-    TRY(eng_cfg_read_experts(r, c, "num_local_experts", 128, 4));
-    TRY(eng_cfg_positive(r, "num_local_experts", c->num_experts));
+    RETURN_ON_ERROR(eng_cfg_read_experts(r, c, "num_local_experts", 128, 4));
+    RETURN_ON_ERROR(eng_cfg_positive(r, "num_local_experts", c->num_experts));
     /* the original release's name for top-k, written beside transformers' */
     if (json_object_get(r->obj, "experts_per_token")) {
         int k;
-        TRY(eng_cfg_get_int(r, "experts_per_token", true, false, 0, &k));
+        RETURN_ON_ERROR(eng_cfg_get_int(r, "experts_per_token", true, false, 0, &k));
         if (k != c->num_experts_per_tok)
             return mt_error_set(r->err, MT_ERR_CONFIG, "%s: 'experts_per_token' = %d and 'num_experts_per_tok' = %d "
                                 "disagree", r->path, k, c->num_experts_per_tok);
@@ -349,15 +353,15 @@ mt_status_t eng_cfg_parse_gpt_oss(eng_cfg_reader_t *r, eng_model_config_t *c) {
     c->attn_sinks = true;
     c->router_bias = true;
     c->experts_fused = true;
-    TRY(eng_cfg_get_double(r, "swiglu_limit", 7.0, &d));
+    RETURN_ON_ERROR(eng_cfg_get_double(r, "swiglu_limit", 7.0, &d));
     c->swiglu_limit = (float)d;
     if (!(c->swiglu_limit > 0))
         return mt_error_set(r->err, MT_ERR_CONFIG, "%s: key 'swiglu_limit' = %g must be positive", r->path,
                             (double)c->swiglu_limit);
-    TRY(eng_cfg_get_double(r, "swiglu_alpha", 1.702, &d));
+    RETURN_ON_ERROR(eng_cfg_get_double(r, "swiglu_alpha", 1.702, &d));
     c->swiglu_alpha = (float)d;
-    TRY(eng_cfg_get_int(r, "sliding_window", false, true, 128, &c->sliding_window));
-    TRY(nonneg(r, "sliding_window", c->sliding_window));
+    RETURN_ON_ERROR(eng_cfg_get_int(r, "sliding_window", false, true, 128, &c->sliding_window));
+    RETURN_ON_ERROR(nonneg(r, "sliding_window", c->sliding_window));
     json_t *lt = json_object_get(r->obj, "layer_types");
     for (int l = 0; l < c->num_hidden_layers; l++) {
         bool full = (l + 1) % 2 == 0; /* default: sliding on even layers */
@@ -380,7 +384,7 @@ mt_status_t eng_cfg_parse_gpt_oss(eng_cfg_reader_t *r, eng_model_config_t *c) {
         c->layer_full_attention[l] = full;
         c->layer_is_moe[l] = true;
     }
-    TRY(read_rope_scaled(r, c, 150000.0, 1.0, true));
+    RETURN_ON_ERROR(read_rope_scaled(r, c, 150000.0, 1.0, true));
     return MT_OK;
 }
 

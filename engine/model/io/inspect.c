@@ -70,8 +70,8 @@ static void ranges(char *buf, size_t cap, const bool *on, int n) {
     if (len == 0) snprintf(buf, cap, "none");
 }
 
-/* What the families described for inspect and plan add: MLA's ranks, the
- * router's rule, RoPE scaling, gpt-oss's attention. */
+/* What DeepSeek's, GLM-4.5's and gpt-oss's configs add to the decoder's:
+ * MLA's ranks, the router's rule, RoPE scaling, gpt-oss's attention. */
 static void print_family_extras(FILE *out, const eng_model_config_t *c) {
     if (c->mla) {
         fprintf(out, "MLA          q_lora_rank %d%s, kv_lora_rank %d, qk head %d (nope %d + rope %d), v head %d\n",

@@ -185,45 +185,86 @@ static void shape_str(char *buf, size_t cap, const uint64_t *shape, int ndim) {
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
-/* Validates the parsed header and fills f->tensors / f->meta_*. */
-static mt_status_t build_index(eng_st_file_t *f, json_t *root, mt_error_t *err) {
-    const char *path = f->path;
-    size_t nkeys = json_object_size(root);
-    raw_info_t *ri = calloc(nkeys ? nkeys : 1, sizeof *ri);
-    MT_CHECK_ALLOC(ri, "safetensors header");
-    mt_status_t st = MT_OK;
-    int count = 0;
-    json_t *meta = NULL;
-    size_t pool_bytes = 0;
+/* The header's entries: every tensor's info into ri (*count of them) and
+ * the optional __metadata__ string map into *meta, with the bytes their
+ * names, shapes and strings take in the file's one pool (*pool_bytes). */
+static mt_status_t parse_header(const char *path, json_t *root, raw_info_t *ri, int *count, json_t **meta,
+                                size_t *pool_bytes, mt_error_t *err) {
     const char *key;
     json_t *val;
     json_object_foreach(root, key, val) {
         if (strcmp(key, "__metadata__") == 0) {
             if (json_is_null(val)) continue;
-            if (!json_is_object(val)) {
-                st = mt_error_set(err, MT_ERR_FORMAT, "%s: __metadata__ is not an object", path);
-                goto out;
-            }
+            if (!json_is_object(val))
+                return mt_error_set(err, MT_ERR_FORMAT, "%s: __metadata__ is not an object", path);
             const char *mk;
             json_t *mv;
             json_object_foreach(val, mk, mv) {
-                if (!json_is_string(mv)) {
-                    st = mt_error_set(err, MT_ERR_FORMAT,
-                                      "%s: __metadata__ key '%s': value is not a string", path, mk);
-                    goto out;
-                }
-                pool_bytes += strlen(mk) + strlen(json_string_value(mv)) + 2;
+                if (!json_is_string(mv))
+                    return mt_error_set(err, MT_ERR_FORMAT, "%s: __metadata__ key '%s': value is not a string", path,
+                                        mk);
+                *pool_bytes += strlen(mk) + strlen(json_string_value(mv)) + 2;
             }
-            meta = val;
+            *meta = val;
             continue;
         }
-        st = parse_tensor_info(path, key, val, &ri[count], err);
-        if (st != MT_OK) goto out;
-        pool_bytes += strlen(key) + 1 + json_array_size(ri[count].shape) * sizeof(uint64_t) + 8;
-        count++;
+        mt_status_t st = parse_tensor_info(path, key, val, &ri[*count], err);
+        if (st != MT_OK) return st;
+        *pool_bytes += strlen(key) + 1 + json_array_size(ri[*count].shape) * sizeof(uint64_t) + 8;
+        (*count)++;
     }
-    qsort(ri, (size_t)count, sizeof *ri, cmp_offsets);
+    return MT_OK;
+}
 
+/* Tensor t (from r) starts where the data before it ends (`start`), and
+ * its data_offsets hold exactly its shape of its dtype; sets t->numel.
+ * `prev` names the tensor before it, for the overlap message. */
+static mt_status_t check_extent(const char *path, eng_st_tensor_t *t, const raw_info_t *r, uint64_t start,
+                                const char *prev, mt_error_t *err) {
+    if (r->end < r->begin)
+        return mt_error_set(err, MT_ERR_FORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] end before they begin",
+                            path, t->name, (unsigned long long)r->begin, (unsigned long long)r->end);
+    if (r->begin < start)
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: tensor '%s': data_offsets [%llu, %llu] overlap tensor '%s', "
+                            "which ends at %llu",
+                            path, t->name, (unsigned long long)r->begin, (unsigned long long)r->end, prev,
+                            (unsigned long long)start);
+    if (r->begin > start)
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: tensor '%s': data_offsets [%llu, %llu] leave a gap: the data "
+                            "before it ends at %llu",
+                            path, t->name, (unsigned long long)r->begin, (unsigned long long)r->end,
+                            (unsigned long long)start);
+    uint64_t numel = 1, nbits;
+    bool ovf = false;
+    for (int d = 0; d < t->ndim; d++) ovf |= __builtin_mul_overflow(numel, t->shape[d], &numel);
+    ovf |= __builtin_mul_overflow(numel, (uint64_t)eng_st_dtype_bits(t->dtype), &nbits);
+    char sh[256];
+    shape_str(sh, sizeof sh, t->shape, t->ndim);
+    if (ovf)
+        return mt_error_set(err, MT_ERR_FORMAT, "%s: tensor '%s': shape %s of %s overflows", path, t->name, sh,
+                            eng_st_dtype_name(t->dtype));
+    if (nbits % 8 != 0)
+        return mt_error_set(err, MT_ERR_FORMAT, "%s: tensor '%s': shape %s of %s is not a whole number of bytes",
+                            path, t->name, sh, eng_st_dtype_name(t->dtype));
+    t->numel = numel;
+    if (r->end - r->begin != nbits / 8)
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but shape "
+                            "%s of %s needs %llu",
+                            path, t->name, (unsigned long long)r->begin, (unsigned long long)r->end,
+                            (unsigned long long)(r->end - r->begin), sh, eng_st_dtype_name(t->dtype),
+                            (unsigned long long)(nbits / 8));
+    return MT_OK;
+}
+
+/* f->tensors from the infos sorted by offset, their shapes and names
+ * copied into the pool (f->storage_; *names_end: where its next string
+ * goes), each checked to continue the data where the one before ended and
+ * the last to end the file. */
+static mt_status_t index_tensors(eng_st_file_t *f, const raw_info_t *ri, int count, size_t pool_bytes,
+                                 char **names_end, mt_error_t *err) {
     /* One allocation holds every name and shape: shapes first (aligned), names after. */
     f->storage_ = malloc(pool_bytes + 8);
     MT_CHECK_ALLOC(f->storage_, "safetensors names");
@@ -233,6 +274,7 @@ static mt_status_t build_index(eng_st_file_t *f, json_t *root, mt_error_t *err) 
     for (int i = 0; i < count; i++) nshape += json_array_size(ri[i].shape);
     uint64_t *shapes = f->storage_;
     char *names = (char *)(shapes + nshape);
+    *names_end = names;
 
     uint64_t start = 0;
     for (int i = 0; i < count; i++) {
@@ -246,106 +288,80 @@ static mt_status_t build_index(eng_st_file_t *f, json_t *root, mt_error_t *err) 
         memcpy(names, r->name, nl);
         t->name = names;
         names += nl;
+        *names_end = names;
         t->dtype = r->dtype;
         t->begin = r->begin;
         t->end = r->end;
         f->count = i + 1;
-
-        if (r->end < r->begin) {
-            st = mt_error_set(err, MT_ERR_FORMAT,
-                              "%s: tensor '%s': data_offsets [%llu, %llu] end before they begin",
-                              path, t->name, (unsigned long long)r->begin, (unsigned long long)r->end);
-            goto out;
-        }
-        if (r->begin != start) {
-            if (r->begin < start)
-                st = mt_error_set(err, MT_ERR_FORMAT,
-                                  "%s: tensor '%s': data_offsets [%llu, %llu] overlap tensor '%s', "
-                                  "which ends at %llu",
-                                  path, t->name, (unsigned long long)r->begin,
-                                  (unsigned long long)r->end, i ? f->tensors[i - 1].name : "?",
-                                  (unsigned long long)start);
-            else
-                st = mt_error_set(err, MT_ERR_FORMAT,
-                                  "%s: tensor '%s': data_offsets [%llu, %llu] leave a gap: the data "
-                                  "before it ends at %llu",
-                                  path, t->name, (unsigned long long)r->begin,
-                                  (unsigned long long)r->end, (unsigned long long)start);
-            goto out;
-        }
+        mt_status_t st = check_extent(f->path, t, r, start, i ? f->tensors[i - 1].name : "?", err);
+        if (st != MT_OK) return st;
         start = r->end;
-        uint64_t numel = 1, nbits;
-        bool ovf = false;
-        for (int d = 0; d < t->ndim; d++) ovf |= __builtin_mul_overflow(numel, t->shape[d], &numel);
-        ovf |= __builtin_mul_overflow(numel, (uint64_t)eng_st_dtype_bits(t->dtype), &nbits);
-        char sh[256];
-        shape_str(sh, sizeof sh, t->shape, t->ndim);
-        if (ovf) {
-            st = mt_error_set(err, MT_ERR_FORMAT, "%s: tensor '%s': shape %s of %s overflows", path,
-                              t->name, sh, eng_st_dtype_name(t->dtype));
-            goto out;
-        }
-        if (nbits % 8 != 0) {
-            st = mt_error_set(err, MT_ERR_FORMAT,
-                              "%s: tensor '%s': shape %s of %s is not a whole number of bytes",
-                              path, t->name, sh, eng_st_dtype_name(t->dtype));
-            goto out;
-        }
-        t->numel = numel;
-        if (r->end - r->begin != nbits / 8) {
-            st = mt_error_set(err, MT_ERR_FORMAT,
-                              "%s: tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but shape "
-                              "%s of %s needs %llu",
-                              path, t->name, (unsigned long long)r->begin,
-                              (unsigned long long)r->end, (unsigned long long)(r->end - r->begin),
-                              sh, eng_st_dtype_name(t->dtype), (unsigned long long)(nbits / 8));
-            goto out;
-        }
     }
-    if (start + 8 + f->header_len != f->file_size) {
-        st = mt_error_set(err, MT_ERR_FORMAT,
-                          "%s: tensor data ends at byte %llu (after tensor '%s') but the file has "
-                          "%zu bytes",
-                          path, (unsigned long long)(start + 8 + f->header_len),
-                          count ? f->tensors[count - 1].name : "", f->file_size);
-        goto out;
-    }
+    if (start + 8 + f->header_len != f->file_size)
+        return mt_error_set(err, MT_ERR_FORMAT,
+                            "%s: tensor data ends at byte %llu (after tensor '%s') but the file has "
+                            "%zu bytes",
+                            f->path, (unsigned long long)(start + 8 + f->header_len),
+                            count ? f->tensors[count - 1].name : "", f->file_size);
     f->data_len = start;
     for (int i = 0; i < count; i++) f->tensors[i].data = f->data + f->tensors[i].begin;
+    return MT_OK;
+}
 
-    /* Name index for O(log n) lookup: sharded checkpoints have ~10^4 tensors. */
-    name_idx_t *ni = malloc((count ? (size_t)count : 1) * sizeof *ni);
+/* Name index for O(log n) lookup: sharded checkpoints have ~10^4 tensors. */
+static void index_names(eng_st_file_t *f) {
+    const size_t count = f->count > 0 ? (size_t)f->count : 0;
+    name_idx_t *ni = malloc((count ? count : 1) * sizeof *ni);
     MT_CHECK_ALLOC(ni, "safetensors name index");
-    for (int i = 0; i < count; i++) ni[i] = (name_idx_t){f->tensors[i].name, i};
-    qsort(ni, (size_t)count, sizeof *ni, cmp_names);
-    f->by_name = malloc((count ? (size_t)count : 1) * sizeof *f->by_name);
+    for (size_t i = 0; i < count; i++) ni[i] = (name_idx_t){f->tensors[i].name, (int)i};
+    qsort(ni, count, sizeof *ni, cmp_names);
+    f->by_name = malloc((count ? count : 1) * sizeof *f->by_name);
     MT_CHECK_ALLOC(f->by_name, "safetensors name index");
-    for (int i = 0; i < count; i++) f->by_name[i] = ni[i].idx;
+    for (size_t i = 0; i < count; i++) f->by_name[i] = ni[i].idx;
     free(ni);
+}
 
-    if (meta) {
-        size_t mc = json_object_size(meta);
-        f->meta_keys = calloc(mc ? mc : 1, sizeof(char *));
-        f->meta_values = calloc(mc ? mc : 1, sizeof(char *));
-        MT_CHECK_ALLOC(f->meta_keys, "safetensors metadata");
-        MT_CHECK_ALLOC(f->meta_values, "safetensors metadata");
-        const char *mk;
-        json_t *mv;
-        json_object_foreach(meta, mk, mv) {
-            size_t kl = strlen(mk) + 1, vl = strlen(json_string_value(mv)) + 1;
-            memcpy(names, mk, kl);
-            f->meta_keys[f->meta_count] = names;
-            names += kl;
-            memcpy(names, json_string_value(mv), vl);
-            f->meta_values[f->meta_count++] = names;
-            names += vl;
-        }
+/* The __metadata__ strings into the pool from `names` on, and f->meta_*. */
+static void copy_metadata(eng_st_file_t *f, json_t *meta, char *names) {
+    size_t mc = json_object_size(meta);
+    f->meta_keys = calloc(mc ? mc : 1, sizeof(char *));
+    f->meta_values = calloc(mc ? mc : 1, sizeof(char *));
+    MT_CHECK_ALLOC(f->meta_keys, "safetensors metadata");
+    MT_CHECK_ALLOC(f->meta_values, "safetensors metadata");
+    const char *mk;
+    json_t *mv;
+    json_object_foreach(meta, mk, mv) {
+        size_t kl = strlen(mk) + 1, vl = strlen(json_string_value(mv)) + 1;
+        memcpy(names, mk, kl);
+        f->meta_keys[f->meta_count] = names;
+        names += kl;
+        memcpy(names, json_string_value(mv), vl);
+        f->meta_values[f->meta_count++] = names;
+        names += vl;
     }
-out:
+}
+
+/* Validates the parsed header and fills f->tensors / f->meta_*. */
+static mt_status_t build_index(eng_st_file_t *f, json_t *root, mt_error_t *err) {
+    size_t nkeys = json_object_size(root);
+    raw_info_t *ri = calloc(nkeys ? nkeys : 1, sizeof *ri);
+    MT_CHECK_ALLOC(ri, "safetensors header");
+    int count = 0;
+    json_t *meta = NULL;
+    size_t pool_bytes = 0;
+    char *names = NULL;
+    mt_status_t st = parse_header(f->path, root, ri, &count, &meta, &pool_bytes, err);
+    if (st == MT_OK) {
+        qsort(ri, (size_t)count, sizeof *ri, cmp_offsets);
+        st = index_tensors(f, ri, count, pool_bytes, &names, err);
+    }
+    if (st == MT_OK) {
+        index_names(f);
+        if (meta) copy_metadata(f, meta, names);
+    }
     free(ri);
     return st;
 }
-
 
 /* The first top-level key of a JSON object text that occurs twice (raw,
  * escapes as written), to name it: jansson's duplicate-key message

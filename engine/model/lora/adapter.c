@@ -1,5 +1,5 @@
 /* PEFT adapter files; the format and the fused-expert conversion are
- * described in lora_adapter.h. */
+ * described in adapter.h. */
 #include "engine/model/lora/adapter.h"
 
 #include <jansson.h>
@@ -318,7 +318,7 @@ static bool block_diagonal(const float *B, int E, int rf, int64_t I) {
     return true;
 }
 
-/* Splits one fused ParamWrapper pair into per-expert pairs (see lora_adapter.h). */
+/* Splits one fused ParamWrapper pair into per-expert pairs (see adapter.h). */
 static mt_status_t convert_fused(reader_t *rd, const eng_st_file_t *f, const fused_t *fu, mt_error_t *err) {
     const eng_model_desc_t *d = rd->d;
     const char *path = rd->path;

@@ -1,4 +1,4 @@
-/* LoRA target selection; the rules are in lora_targets.h.  The matching
+/* LoRA target selection; the rules are in targets.h.  The matching
  * runs once per run over a few thousand names, so it is plain string work. */
 #include "engine/model/lora/targets.h"
 

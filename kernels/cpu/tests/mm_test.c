@@ -7,8 +7,9 @@
  *   C in F32 and BF16, operands stored F32 and BF16, against a double
  *   reference on the bf16-rounded operands;
  * - K = 0: beta 0 zeroes C, beta 1 leaves it bit for bit;
- * - fp32 compute is bit-identical to kern_matmul_cpu (single and grouped),
- *   also with OpenBLAS on one thread so products are cut into pieces;
+ * - fp32 compute is bit-identical to the sgemm pieces it is made of
+ *   (kern_cpu_sgemm_batch, single and grouped), also with OpenBLAS on one
+ *   thread so products are cut into pieces;
  *   fp32 compute into a BF16 C is the fp32 result rounded once;
  * - grouped products (mixed trans, dtypes, empty groups) equal the same
  *   products made one by one, bit for bit;
@@ -203,7 +204,16 @@ static void test_k0(tu_env_t *env) {
             }
 }
 
-/* fp32 compute must be the very sgemm calls kern_matmul_cpu makes. */
+/* One fp32 product straight through gemm.c's sgemm pieces. */
+static void sgemm_f32(tu_env_t *env, float *C, const float *A, const float *B, int M, int N, int K, bool ta,
+                      bool tb, float alpha, float beta) {
+    const kern_cpu_sgemm_t g = {.C = C, .A = A, .B = B, .M = M, .N = N, .K = K, .ta = ta, .tb = tb,
+                                .alpha = alpha, .beta = beta};
+    kern_cpu_sgemm_batch(env->s, &g, 1);
+}
+
+/* fp32 compute must be the very sgemm calls of kern_cpu_sgemm_batch, with
+ * no conversion or copy in between. */
 static void test_f32_bitwise(tu_env_t *env) {
     tu_rng_t rng;
     tu_rng_seed(&rng, 73);
@@ -216,13 +226,13 @@ static void test_f32_bitwise(tu_env_t *env) {
                 const float beta = (float)bi, alpha = 0.5f;
                 float *A = tu_rand(&rng, (size_t)M * K, 1.0f), *B = tu_rand(&rng, (size_t)K * N, 1.0f);
                 float *C1 = tu_rand(&rng, (size_t)M * N, 1.0f), *C2 = tu_copy(C1, (size_t)M * N);
-                kern_matmul_cpu(env->s, C1, A, B, M, N, K, ta, tb, alpha, beta);
+                sgemm_f32(env, C1, A, B, M, N, K, ta, tb, alpha, beta);
                 const kern_mm_t p = {.C = {C2, MT_F32, M, N}, .A = {A, MT_F32, ta ? K : M, ta ? M : K},
                                      .B = {B, MT_F32, tb ? N : K, tb ? K : N}, .trans_a = ta,
                                      .trans_b = tb, .alpha = alpha, .beta = beta, .compute = MT_F32};
                 kern_mm_cpu(env->s, &p);
                 char tag[128];
-                snprintf(tag, sizeof tag, "f32 kern_mm == kern_matmul M=%d N=%d K=%d ta=%d tb=%d beta=%g",
+                snprintf(tag, sizeof tag, "f32 kern_mm == sgemm M=%d N=%d K=%d ta=%d tb=%d beta=%g",
                          M, N, K, ta, tb, (double)beta);
                 tu_check_bitwise(tag, C2, C1, (size_t)M * N);
                 /* and into a BF16 C: the fp32 result rounded once */
@@ -233,7 +243,7 @@ static void test_f32_bitwise(tu_env_t *env) {
                     Ch[i] = mt_f32_to_bf16(C2[i]);
                     C3[i] = mt_bf16_to_f32(Ch[i]);
                 }
-                kern_matmul_cpu(env->s, C3, A, B, M, N, K, ta, tb, alpha, beta);
+                sgemm_f32(env, C3, A, B, M, N, K, ta, tb, alpha, beta);
                 kern_mm_t q = p;
                 q.C = (kern_mat_t){Ch, MT_BF16, M, N};
                 kern_mm_cpu(env->s, &q);
@@ -252,22 +262,23 @@ static void test_f32_bitwise(tu_env_t *env) {
                 free(Cw);
                 free(Ch);
             }
-    /* grouped: kern_mm_grouped == kern_matmul_grouped */
+    /* grouped: kern_mm_grouped == one sgemm batch */
     enum { G = 5 };
     const int Ms[G] = {40, 0, 17, 130, 3}, N = 48, K = 72;
-    kern_gemm_desc_t d[G];
+    kern_cpu_sgemm_t d[G];
     kern_mm_t p[G];
     float *bufs[3 * G + G];
     for (int g = 0; g < G; g++) {
         float *A = tu_rand(&rng, (size_t)Ms[g] * K + 1, 1.0f), *B = tu_rand(&rng, (size_t)N * K, 1.0f);
         float *C1 = tu_rand(&rng, (size_t)Ms[g] * N + 1, 1.0f), *C2 = tu_copy(C1, (size_t)Ms[g] * N + 1);
         bufs[4 * g] = A, bufs[4 * g + 1] = B, bufs[4 * g + 2] = C1, bufs[4 * g + 3] = C2;
-        d[g] = (kern_gemm_desc_t){.C = C1, .A = A, .B = B, .M = Ms[g], .N = N, .K = K};
+        d[g] = (kern_cpu_sgemm_t){.C = C1, .A = A, .B = B, .M = Ms[g], .N = N, .K = K, .tb = true,
+                                  .alpha = 1.0f, .beta = 1.0f};
         p[g] = (kern_mm_t){.C = {C2, MT_F32, Ms[g], N}, .A = {A, MT_F32, Ms[g], K},
                            .B = {B, MT_F32, N, K}, .trans_b = true, .alpha = 1.0f, .beta = 1.0f,
                            .compute = MT_F32};
     }
-    kern_matmul_grouped_cpu(env->s, d, G, false, true, 1.0f, 1.0f);
+    kern_cpu_sgemm_batch(env->s, d, G);
     kern_mm_grouped_cpu(env->s, p, G);
     for (int g = 0; g < G; g++) {
         char tag[96];

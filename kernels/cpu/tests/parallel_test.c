@@ -5,9 +5,9 @@
  * with sizes that leave vector tails), on CPU devices with host_threads =
  * 1, 2 and 3, twice on each; all outputs must match the 1-thread run bit
  * for bit. With OpenBLAS set to one thread (as the CPU backend may run it),
- * matmul and grouped matmul are cut into pieces over the pool: those runs
- * are also checked against a double-precision reference, since
- * matmul_test runs them uncut.
+ * fp32 products and grouped products (kern_mm) are cut into pieces over the
+ * pool: those runs are also checked against a double-precision reference,
+ * since mm_f32_test runs them uncut.
  *
  * Both attention paths (the 16-lane one, and the sgemm one that CPUs
  * without AVX-512 use) are checked against a double reference here on
@@ -192,26 +192,30 @@ static void run_all(kern_stream_t *s, outs_t *O) {
         ops->embedding_bwd(s, dt, dout, ids, n, H);
         free(ct), free(st), free(ids), free(table), free(dout);
     }
-    { /* matmul: all transposes, beta 0 and 1; grouped with ragged and empty groups */
+    { /* fp32 products: all transposes, beta 0 and 1; grouped with ragged and empty groups */
         const int M = 300, N = 130, K = 200;
         float *A = tu_rand(&r, (size_t)M * K, 1.0f), *Bm = tu_rand(&r, (size_t)K * N, 1.0f);
         for (int t = 0; t < 4; t++) {
-            float *C = keep(O, "matmul", (size_t)M * N);
+            float *C = keep(O, "mm f32", (size_t)M * N);
             tu_fill(&r, C, (size_t)M * N, 1.0f);
-            ops->matmul(s, C, A, Bm, M, N, K, t & 1, t >> 1, 0.5f, (float)(t & 1));
+            const kern_mm_t p = kern_mm_make(C, A, MT_F32, Bm, MT_F32, M, N, K, t & 1, t >> 1, 0.5f,
+                                             (float)(t & 1), MT_F32);
+            ops->mm(s, &p);
         }
-        float *Cw = keep(O, "matmul wide", (size_t)40 * 600);
+        float *Cw = keep(O, "mm f32 wide", (size_t)40 * 600);
         float *Aw = tu_rand(&r, (size_t)40 * 100, 1.0f), *Bw = tu_rand(&r, (size_t)100 * 600, 1.0f);
-        ops->matmul(s, Cw, Aw, Bw, 40, 600, 100, false, false, 1.0f, 0.0f);
-        kern_gemm_desc_t d[5];
+        const kern_mm_t pw = kern_mm_make(Cw, Aw, MT_F32, Bw, MT_F32, 40, 600, 100, false, false, 1.0f, 0.0f, MT_F32);
+        ops->mm(s, &pw);
+        kern_mm_t d[5];
         const int Ms[5] = {0, 37, 140, 1, 122}; /* 300 rows of A in all */
         size_t off = 0;
-        float *Cg = keep(O, "matmul_grouped", (size_t)M * N);
+        float *Cg = keep(O, "mm f32 grouped", (size_t)M * N);
         for (int g = 0; g < 5; g++) {
-            d[g] = (kern_gemm_desc_t){.C = Cg + off * N, .A = A + off * K, .B = Bm, .M = Ms[g], .N = N, .K = K};
+            d[g] = kern_mm_make(Cg + off * N, A + off * K, MT_F32, Bm, MT_F32, Ms[g], N, K, false, false, 1.0f, 0.0f,
+                                MT_F32);
             off += (size_t)Ms[g];
         }
-        ops->matmul_grouped(s, d, 5, false, false, 1.0f, 0.0f);
+        ops->mm_grouped(s, d, 5);
         free(A), free(Bm), free(Aw), free(Bw);
     }
 }
@@ -364,9 +368,10 @@ static void gemm_ref_check(kern_stream_t *s) {
                 }
             if (beta == 0.0f) tu_fill_nan(C, (size_t)M * N); /* beta 0 overwrites garbage */
             else memcpy(C, C0, (size_t)M * N * sizeof *C);
-            kern_ops_cpu.matmul(s, C, A, Bm, M, N, K, ta, tb, alpha, beta);
+            const kern_mm_t p = kern_mm_make(C, A, MT_F32, Bm, MT_F32, M, N, K, ta, tb, alpha, beta, MT_F32);
+            kern_ops_cpu.mm(s, &p);
             char tag[128];
-            snprintf(tag, sizeof tag, "matmul pieces M=%d N=%d K=%d ta=%d tb=%d beta=%g", M, N, K, ta, tb,
+            snprintf(tag, sizeof tag, "mm f32 pieces M=%d N=%d K=%d ta=%d tb=%d beta=%g", M, N, K, ta, tb,
                      (double)beta);
             tu_check_close(tag, C, ref, (size_t)M * N, GEMM_RTOL, 1e-5 * sqrt((double)K));
         }
@@ -407,7 +412,7 @@ static void rope_exact(kern_stream_t *s, int hd) {
 
 int main(void) {
     /* The backend may run OpenBLAS on one thread and split products itself:
-     * exercise that path (the uncut one is matmul_test's). */
+     * exercise that path (the uncut one is mm_f32_test's). */
     openblas_set_num_threads(1);
     outs_t ref = {0}, got = {0};
     tu_env_t e1 = env_open(1);

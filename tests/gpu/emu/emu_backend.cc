@@ -1,8 +1,9 @@
 // The CUDA backend's host-side helpers as the CPU emulator build needs them
 // (tests/gpu/emu): streams are the CPU backend's, scratch is host memory,
 // the stable sort is std::stable_sort, GEMMs are the CPU twin's (cuBLASLt
-// is not emulated; tests/gpu/gemm_test covers it on a GPU).  Creating a
-// real CUDA device is refused: this build has no GPU code.
+// is not emulated; tests/gpu/gemm_test covers it on a GPU).  No CUDA
+// backend is registered in this build (it links the CPU backend only), so
+// opening a CUDA device reports that none is linked.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,6 @@
 #include "cuda_emu.h"
 
 extern "C" {
-#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cpu/gemm_internal.h"
 #include "kernels/gemm.h"
@@ -75,23 +75,10 @@ void kern_cuda_smem_optin(kern_stream_t *s, const void *kernel, size_t bytes, co
 
 void kern_cuda_gemm_cache_free(kern_cuda_gemm_cache_t *c) { (void)c; }
 
-void kern_matmul_cuda(kern_stream_t *s, float *C, const float *A, const float *B, int M, int N, int K,
-                      bool trans_a, bool trans_b, float alpha, float beta) {
-    (void)s;
-    kern_matmul_cpu(NULL, C, A, B, M, N, K, trans_a, trans_b, alpha, beta);
-}
-
-void kern_matmul_grouped_cuda(kern_stream_t *s, const kern_gemm_desc_t *descs, int count, bool trans_a,
-                              bool trans_b, float alpha, float beta) {
-    (void)s;
-    kern_matmul_grouped_cpu(NULL, descs, count, trans_a, trans_b, alpha, beta);
-}
-
 // cuBLASLt's typed product (bf16 A/B multiplied exactly, fp32 accumulation)
 // as the CPU twin's convert + sgemm path forms it.
-void kern_matmul_ex_cuda(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, const void *B,
-                         mt_dtype_t ab_dt, int M, int N, int K, bool trans_a, bool trans_b,
-                         float alpha, float beta) {
+void kern_cuda_gemm(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, const void *B, mt_dtype_t ab_dt,
+                    int M, int N, int K, bool trans_a, bool trans_b, float alpha, float beta) {
     (void)s;
     MT_CHECK(ab_dt == MT_BF16 || c_dt == MT_F32, "cuBLASLt has no F32 x F32 -> %s product",
              mt_dtype_name(c_dt));
@@ -108,18 +95,6 @@ void kern_matmul_ex_cuda(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void 
         MT_CHECK(beta == 0.0f || beta == 1.0f, "matmul with K == 0 and beta %g on a BF16 output",
                  (double)beta);
     kern_mm_grouped_cpu_path(NULL, &p, 1, KERN_CPU_BF16_SGEMM);
-}
-
-mt_status_t kern_cuda_device_create(const kern_device_opts_t *opts, kern_device_t **out,
-                                    mt_error_t *err) {
-    (void)opts;
-    *out = NULL;
-    return mt_error_set(err, MT_ERR_DEVICE, "the CUDA emulator build has no CUDA device");
-}
-
-bool kern_cuda_probe(char *why, size_t why_len) {
-    snprintf(why, why_len, "the CUDA emulator build has no CUDA device");
-    return false;
 }
 
 } // extern "C"

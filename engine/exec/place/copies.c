@@ -1,0 +1,25 @@
+/* Sizes and sources of the executor's copies (see copies.h). */
+#include "engine/exec/place/copies.h"
+
+#include "base/arena.h"
+#include "engine/layers/blocks.h"
+#include "engine/model/desc/model_desc.h"
+
+size_t exec_w_bytes(const eng_param_t *p) { return p->spec->numel * mt_dtype_size(p->w_dtype); }
+
+size_t exec_f32_bytes(const eng_param_t *p) { return p->spec->numel * sizeof(float); }
+
+moe_staging_op_t exec_w_upload_op(const eng_param_t *p) {
+    return p->w_dtype == MT_BF16 && !p->home_bf16 ? MOE_STAGING_F32_TO_BF16 : MOE_STAGING_COPY;
+}
+
+void *exec_w_home(const eng_param_t *p) { return p->home_bf16 ? (void *)p->home_bf16 : (void *)p->host_w; }
+
+float *exec_dev_master(const eng_param_t *p, const eng_dparam_t *d) {
+    if (d->dev_master) return d->dev_master;
+    return p->w_dtype == MT_F32 ? (float *)d->w : NULL;
+}
+
+size_t exec_layer_act_bytes(const eng_model_t *m, int l, int n) {
+    return eng_model_desc_layer_act_bytes(&m->spec, l, n, eng_act_storage_dtype(m), MT_ARENA_ALIGN);
+}

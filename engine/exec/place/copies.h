@@ -1,0 +1,42 @@
+/* A parameter's copies and a layer's saved activations as the executor
+ * places and moves them: their sizes in bytes, the host home a working copy
+ * is made from and the staging op that makes it, and which device buffer a
+ * device optimizer updates.
+ *
+ * Pure functions of the model's parameters and description, kept below
+ * every concern that allocates or copies (spans, the staging pool,
+ * residency, gradients, the optimizer) so that none of them asks another,
+ * or the executor, how big a tensor is. */
+#ifndef MT_ENGINE_EXEC_COPIES_H
+#define MT_ENGINE_EXEC_COPIES_H
+
+#include <stddef.h>
+
+#include "engine/layers/dparam.h"
+#include "engine/model/model.h"
+#include "moe/staging.h"
+
+/* Bytes of p's device working copy (w_dtype) and of its fp32 tensors
+ * (master, gradient, AdamW state). */
+size_t exec_w_bytes(const eng_param_t *p);
+size_t exec_f32_bytes(const eng_param_t *p);
+
+/* The staging op that makes the working copy from the host home (the fp32
+ * master, or a frozen weight's bf16 home), and that home. */
+moe_staging_op_t exec_w_upload_op(const eng_param_t *p);
+void *exec_w_home(const eng_param_t *p);
+
+/* The device fp32 master a device optimizer updates for p, whose copies on
+ * this device are d: dev_master, or the working copy itself when it is
+ * fp32; NULL when there is none. */
+float *exec_dev_master(const eng_param_t *p, const eng_dparam_t *d);
+
+/* Bytes of layer l's saved activations for n tokens, as the arena holds
+ * them (blocks of MT_ARENA_ALIGN): the model description's list.  The
+ * staging pool is sized with it before the first micro-batch; the step
+ * program checks each buffer against the description when it offloads
+ * (engine/exec/step.c), and staging_modes_test compares the total with what
+ * the forward offloads. */
+size_t exec_layer_act_bytes(const eng_model_t *m, int l, int n);
+
+#endif

@@ -1,0 +1,198 @@
+/* The host optimizer worker (see host_optim.h).  Jobs enter the queue
+ * from a host function on the D2H stream, so a block is updated only once
+ * its gradients have reached host memory; the worker takes them in order. */
+#include "engine/optim/host_optim.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "engine/exec/record/trace.h"
+#include "kernels/elementwise.h"
+#include "kernels/host/adamw_host.h"
+
+void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp, kern_device_t *dev,
+                          struct eng_trace *const *trace) {
+    memset(h, 0, sizeof *h);
+    h->m = m;
+    h->dp = dp;
+    h->dev = dev;
+    h->trace = trace;
+    /* a step's overlapped jobs and the previous step's deferred ones */
+    h->cap = 2 * eng_model_num_blocks(m) + 1;
+    h->queue = calloc((size_t)h->cap, sizeof *h->queue);
+    h->block_pending = calloc((size_t)eng_model_num_blocks(m), sizeof *h->block_pending);
+    MT_CHECK_ALLOC(h->block_pending, "host optimizer block table");
+    h->done = calloc((size_t)m->num_params, sizeof *h->done);
+    h->gnorm_part = calloc((size_t)m->num_params, sizeof *h->gnorm_part);
+    MT_CHECK(h->queue && h->done && h->gnorm_part, "out of memory for the host optimizer");
+    /* host AdamW's threads: the device's own host pool where its kernels run
+     * on host cores (compute is idle while the optimizer step runs); beside
+     * a GPU, a pool over every host core */
+    h->pool = kern_device_host_pool(dev);
+    if (!h->pool) {
+        h->own_pool = kern_threadpool_create(0);
+        h->pool = h->own_pool;
+    }
+}
+
+kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip_scale) {
+    return (kern_adamw_params_t){
+        .lr = (float)hp->lr,
+        .beta1 = (float)hp->beta1,
+        .beta2 = (float)hp->beta2,
+        .eps = (float)hp->eps,
+        .weight_decay = (float)hp->weight_decay,
+        .grad_scale = (float)clip_scale,
+    };
+}
+
+void exec_host_adamw(kern_threadpool_t *pool, eng_param_t *p, const float *grad, const kern_adamw_params_t *base) {
+    const size_t n = p->spec->numel;
+    if (!p->host_m) {
+        p->host_m = calloc(n, sizeof(float));
+        p->host_v = calloc(n, sizeof(float));
+        MT_CHECK(p->host_m && p->host_v, "out of host memory for AdamW state of %s", p->spec->name);
+    }
+    kern_adamw_params_t ap = *base;
+    ap.step = ++p->step;
+    kern_adamw_cpu_pool(pool, p->host_w, p->host_m, p->host_v, grad, NULL, NULL, n, &ap);
+}
+
+static void *worker_main(void *arg) {
+    exec_host_optim_t *h = arg;
+    eng_model_t *m = h->m;
+    /* On a device that keeps its compute cores to itself, the host
+     * optimizer runs on the host cores with a pool of its own (started
+     * here, so its workers inherit this thread's cores); otherwise it shares
+     * the kernel pool with compute, one parallel pass at a time. */
+    kern_device_pin_host_thread(h->dev);
+    const int host_cores = kern_device_caps(h->dev).host_cores;
+    kern_threadpool_t *own = host_cores > 0 ? kern_threadpool_create(host_cores) : NULL;
+    kern_threadpool_t *pool = own ? own : h->pool;
+    pthread_mutex_lock(&h->lock);
+    for (;;) {
+        while (!h->stop && h->head == h->tail) pthread_cond_wait(&h->cond, &h->lock);
+        if (h->head == h->tail) break; /* stopping, queue empty */
+        const exec_host_job_t job = h->queue[h->head];
+        const int b = job.block;
+        h->head = (h->head + 1) % h->cap;
+        pthread_mutex_unlock(&h->lock);
+        const double t0 = mt_now_s();
+        size_t bytes = 0;
+        for (int i = 0; i < m->num_params; i++) {
+            eng_param_t *p = &m->params[i];
+            eng_dparam_t *d = &h->dp[i];
+            if (p->block != b || !d->has_grad) continue;
+            if (job.deferred) {
+                exec_host_adamw(pool, p, d->host_g, &job.base);
+                d->has_grad = false; /* as the step leaves every parameter it updated */
+                d->acc_has_data = false;
+            } else {
+                /* the norm's share while the gradient is at hand, off the step's tail */
+                kern_sumsq_cpu(NULL, &h->gnorm_part[i], d->host_g, p->spec->numel);
+                exec_host_adamw(pool, p, d->host_g, &job.base);
+                h->done[i] = true;
+            }
+            bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
+        }
+        if (*h->trace) {
+            char name[32];
+            snprintf(name, sizeof name, "AdamW block %d", b);
+            eng_trace_span(*h->trace, ENG_TRACK_HOST_OPTIM, name, "optimizer", t0, mt_now_s(), bytes);
+        }
+        pthread_mutex_lock(&h->lock);
+        h->outstanding--;
+        if (job.deferred) h->block_pending[b]--;
+        pthread_cond_broadcast(&h->cond);
+    }
+    pthread_mutex_unlock(&h->lock);
+    kern_threadpool_destroy(own);
+    return NULL;
+}
+
+void exec_host_optim_start(exec_host_optim_t *h, const eng_optim_hparams_t *hp) {
+    h->hp = *hp;
+    if (h->started) return;
+    pthread_mutex_init(&h->lock, NULL);
+    pthread_cond_init(&h->cond, NULL);
+    MT_CHECK(pthread_create(&h->thread, NULL, worker_main, h) == 0, "cannot start the host optimizer thread");
+    h->started = true;
+}
+
+typedef struct {
+    exec_host_optim_t *h;
+    exec_host_job_t job;
+} enqueue_arg_t;
+
+/* Runs on the D2H stream after the block's gradient copies and adds. */
+static void enqueue_block(void *arg) {
+    enqueue_arg_t *a = arg;
+    exec_host_optim_t *h = a->h;
+    pthread_mutex_lock(&h->lock);
+    h->queue[h->tail] = a->job;
+    h->tail = (h->tail + 1) % h->cap;
+    pthread_cond_broadcast(&h->cond);
+    pthread_mutex_unlock(&h->lock);
+    free(a);
+}
+
+void exec_host_optim_enqueue(exec_host_optim_t *h, int b) {
+    MT_CHECK(h->started, "host optimizer job queued before the worker started");
+    enqueue_arg_t *a = malloc(sizeof *a);
+    MT_CHECK_ALLOC(a, "optimizer job");
+    /* no clipping in overlap mode: the norm is not known yet */
+    *a = (enqueue_arg_t){h, {.block = b, .deferred = false, .base = exec_adamw_params(&h->hp, 1.0)}};
+    pthread_mutex_lock(&h->lock);
+    h->outstanding++;
+    pthread_mutex_unlock(&h->lock);
+    kern_launch_host_fn(h->dev, kern_stream(h->dev, KERN_STREAM_D2H), enqueue_block, a);
+}
+
+void exec_host_optim_wait(exec_host_optim_t *h) {
+    if (!h->started) return;
+    pthread_mutex_lock(&h->lock);
+    while (h->outstanding > 0) pthread_cond_wait(&h->cond, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+}
+
+void exec_host_optim_defer(exec_host_optim_t *h, int b, const eng_optim_hparams_t *hp,
+                           const kern_adamw_params_t *base) {
+    exec_host_optim_start(h, hp);
+    pthread_mutex_lock(&h->lock);
+    h->queue[h->tail] = (exec_host_job_t){.block = b, .deferred = true, .base = *base};
+    h->tail = (h->tail + 1) % h->cap;
+    h->outstanding++;
+    h->block_pending[b]++;
+    pthread_cond_broadcast(&h->cond);
+    pthread_mutex_unlock(&h->lock);
+}
+
+void exec_host_optim_wait_block(exec_host_optim_t *h, int b) {
+    if (!h->started) return;
+    pthread_mutex_lock(&h->lock);
+    while (h->block_pending[b] > 0) pthread_cond_wait(&h->cond, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+}
+
+void exec_host_optim_free(exec_host_optim_t *h) {
+    if (h->started) {
+        kern_device_sync(h->dev); /* queued enqueue_block calls have run */
+        exec_host_optim_wait(h);
+        pthread_mutex_lock(&h->lock);
+        h->stop = true;
+        pthread_cond_broadcast(&h->cond);
+        pthread_mutex_unlock(&h->lock);
+        pthread_join(h->thread, NULL);
+        pthread_cond_destroy(&h->cond);
+        pthread_mutex_destroy(&h->lock);
+        h->started = false;
+    }
+    kern_threadpool_destroy(h->own_pool);
+    free(h->queue);
+    free(h->block_pending);
+    free(h->done);
+    free(h->gnorm_part);
+    memset(h, 0, sizeof *h);
+}

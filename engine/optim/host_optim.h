@@ -1,0 +1,85 @@
+/* The host optimizer of the executor: AdamW on fp32 masters in host
+ * memory, over a thread pool, and the worker thread that runs it for one
+ * block at a time while backward goes on with the blocks below (the
+ * overlapped step of eng_optim_begin_step, engine/exec/optim.h).
+ *
+ * It owns the worker, its FIFO of block indices, the pool it runs on and
+ * the per-parameter record of what it updated during backward with each
+ * gradient's sum of squares (taken then by the same function the step
+ * would use, so the global norm is bit-identical either way).  It knows
+ * nothing of streams' other work, the staging pool or the plan: the
+ * optimizer step tells it when a block's gradients have landed (through
+ * the step program's block-ready hook, progress.h). */
+#ifndef MT_ENGINE_EXEC_HOST_OPTIM_H
+#define MT_ENGINE_EXEC_HOST_OPTIM_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "engine/layers/dparam.h"
+#include "engine/model/model.h"
+#include "engine/optim/hparams.h"
+#include "kernels/adamw.h"
+#include "kernels/host/threadpool.h"
+
+/* One queued update: a block, and the AdamW parameters it runs with (a
+ * job may run after the next step has started and changed the step's). */
+typedef struct {
+    int block;
+    bool deferred;               /* queued by the optimizer step after the norm (see exec_host_optim_defer) */
+    kern_adamw_params_t base;
+} exec_host_job_t;
+
+typedef struct {
+    eng_model_t *m;              /* not owned: the parameters it updates (their homes) */
+    eng_dparam_t *dp;            /* not owned: their gradients on the executor's device (eng_exec_t.dp) */
+    kern_device_t *dev;          /* not owned */
+    struct eng_trace *const *trace; /* the executor's trace pointer (NULL inside: no trace) */
+    kern_threadpool_t *pool;     /* host AdamW's threads */
+    kern_threadpool_t *own_pool; /* the pool above when made here (GPU backends) */
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    exec_host_job_t *queue;      /* FIFO of jobs (capacity 2 x blocks + 1) */
+    int head, tail, cap;
+    int *block_pending;          /* per block: deferred updates queued or running */
+    int outstanding;             /* queued or running */
+    bool stop, started;
+    eng_optim_hparams_t hp;      /* the overlapped step's hyper-parameters (no clipping) */
+    bool *done;                  /* per parameter: updated during backward this step */
+    float *gnorm_part;           /* per parameter updated during backward: its gradient's sum of squares */
+} exec_host_optim_t;
+
+/* For model m's parameters, their gradients dp on device dev, spans
+ * recorded into *trace; the worker is not started yet. */
+void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp, kern_device_t *dev,
+                          struct eng_trace *const *trace);
+/* Stops the worker (after the jobs queued so far) and frees everything. */
+void exec_host_optim_free(exec_host_optim_t *h);
+
+/* The AdamW kernel's parameters for hp, gradients scaled by clip_scale. */
+kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip_scale);
+/* One AdamW step of p on its host master with gradient grad (state
+ * allocated on first use). */
+void exec_host_adamw(kern_threadpool_t *pool, eng_param_t *p, const float *grad, const kern_adamw_params_t *base);
+
+/* Starts the worker if needed, for a step with these hyper-parameters. */
+void exec_host_optim_start(exec_host_optim_t *h, const eng_optim_hparams_t *hp);
+/* Queues block b's update, to run when the work issued so far on the D2H
+ * stream (its gradient copies) is done. */
+void exec_host_optim_enqueue(exec_host_optim_t *h, int b);
+/* Waits until every queued update has run (no-op without a worker). */
+void exec_host_optim_wait(exec_host_optim_t *h);
+
+/* The optimizer step's own update of block b (its gradients already in
+ * host memory, the norm known: base carries the clipping), run by the
+ * worker in queue order while the caller goes on to the next step.  The
+ * worker clears the block's parameters' has_grad / acc_has_data when done.
+ * Everything that reads or writes the block's host tensors first waits for
+ * it (exec_host_optim_wait_block). */
+void exec_host_optim_defer(exec_host_optim_t *h, int b, const eng_optim_hparams_t *hp,
+                           const kern_adamw_params_t *base);
+/* Waits for block b's deferred update, if one is queued or running. */
+void exec_host_optim_wait_block(exec_host_optim_t *h, int b);
+
+#endif

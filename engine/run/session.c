@@ -1,0 +1,245 @@
+/* A run's set-up and tear-down (see session.h).
+ *
+ * eng_run_open is a list of parts, each a function that opens one thing
+ * into the run and returns; the first failure ends the list and leaves the
+ * run as it is, for eng_run_close, which frees every part whether or not it
+ * was reached (each part's free takes the zeroed state eng_run_open starts
+ * from).  The parts' order is what the user sees: every check that needs
+ * no weights fails before any weight is read, and nothing is written
+ * before the run is known to start. */
+#include "engine/run/session.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "engine/run/signals.h"
+
+mt_status_t eng_open_device(const eng_run_config_t *rc, kern_device_t **out, mt_error_t *err) {
+    kern_device_opts_t o = {0};
+    o.device_budget_bytes = rc->memory_device;
+    if (rc->link_gbps > 0) o.link_h2d_bytes_per_s = o.link_d2h_bytes_per_s = rc->link_gbps * 1e9;
+    o.link_latency_s = rc->link_latency_us * 1e-6;
+    o.host_threads = rc->compute_threads;
+    o.device_index = rc->devices.ids[0];
+    o.pin_threads = rc->compute_threads > 0;
+    char why[512];
+    switch (rc->backend) {
+    case ENG_BACKEND_CPU: return kern_device_create(KERN_BACKEND_CPU, &o, out, err);
+    case ENG_BACKEND_CUDA:
+        if (!kern_cuda_available(why, sizeof why))
+            return mt_error_set(err, MT_ERR_DEVICE,
+                                "backend: cuda was requested but no usable GPU was found (%s); "
+                                "use backend: cpu or backend: auto",
+                                why);
+        return kern_device_create(KERN_BACKEND_CUDA, &o, out, err);
+    case ENG_BACKEND_AUTO:
+    default:
+        if (kern_cuda_available(why, sizeof why)) return kern_device_create(KERN_BACKEND_CUDA, &o, out, err);
+        fprintf(stderr, "moetune: no usable GPU (%s); running on the CPU backend\n", why);
+        return kern_device_create(KERN_BACKEND_CPU, &o, out, err);
+    }
+}
+
+/* The ranks, before any weight is read: the step must split evenly over
+ * ranks x devices.  Ranks sharing a node take the node's devices in turn:
+ * local rank l opens the ordinals `devices:` names shifted by l * count
+ * (the CPU backend has no ordinals). */
+static mt_status_t open_ranks(eng_run_t *run, eng_ranks_t *ranks, mt_error_t *err) {
+    run->ranks = ranks;
+    run->nranks = ranks ? ranks->size : 1;
+    run->writes = ranks ? eng_ranks_writes(ranks) : true;
+    if (!ranks) return MT_OK;
+    eng_run_config_t *rc = &run->rc_own;
+    mt_status_t st = eng_ranks_check_accum(ranks, rc->gradient_accumulation_steps, rc->devices.count, err);
+    if (st != MT_OK || run->nranks == 1) return st;
+    for (int d = 0; d < rc->devices.count; d++) rc->devices.ids[d] += ranks->local_rank * rc->devices.count;
+    return MT_OK;
+}
+
+static mt_status_t open_device(eng_run_t *run, const eng_run_opts_t *opts, mt_error_t *err) {
+    if (opts->device) return kern_device_create(opts->backend, opts->device, &run->dev, err);
+    return eng_open_device(run->rc, &run->dev, err);
+}
+
+/* The plan, from config.json alone, before any weight is read.  With
+ * devices: N each device runs K / N of a step's micro-batches within its
+ * own budget (K / (R N) with R ranks): that share is what is planned when
+ * the run opens the devices' executors. */
+static mt_status_t plan(eng_run_t *run, const eng_run_opts_t *opts, mt_error_t *err) {
+    if (opts->plan) {
+        run->plan = opts->plan;
+        return MT_OK;
+    }
+    const eng_run_config_t *rc = run->rc;
+    eng_model_config_t mc;
+    mt_status_t st = eng_model_config_load(rc->base_model, rc->model_config_json, &mc, err);
+    if (st != MT_OK) return st;
+    eng_run_config_t rc_share = *rc;
+    const int shares = opts->without_model ? 1 : (rc->devices.count > 1 ? rc->devices.count : 1) * run->nranks;
+    if (shares > 1 && rc->gradient_accumulation_steps % shares == 0) rc_share.gradient_accumulation_steps /= shares;
+    st = eng_train_plan(&rc_share, &mc, run->dev, &run->tp, err);
+    run->num_blocks = mc.num_hidden_layers + 2;
+    run->vocab_size = mc.vocab_size;
+    eng_model_config_free(&mc);
+    run->plan = &run->tp.plan;
+    return st;
+}
+
+/* The model once and an executor on each of the `devices:`
+ * (engine/parallel/devices.h), bound to the job's ranks. */
+static mt_status_t open_model(eng_run_t *run, const eng_run_opts_t *opts, mt_error_t *err) {
+    const eng_run_config_t *rc = run->rc;
+    eng_staging_settings_t staging;
+    if (opts->staging) {
+        staging = *opts->staging;
+    } else {
+        eng_staging_settings_from_run(rc, &staging);
+        if (!rc->trace) staging.timeline_samples = (size_t)1 << 14; /* only a trace reads the timeline */
+    }
+    const eng_model_opts_t mo = {.overrides_json = rc->model_config_json,
+                                 .plan = run->plan,
+                                 .staging = &staging,
+                                 .compute = eng_compute_dtype(rc, run->dev),
+                                 .lora = opts->lora};
+    mt_status_t st = eng_multi_open(&run->multi, run->dev, &rc->devices,
+                                    rc->gradient_accumulation_steps / run->nranks, rc->base_model, &mo, err);
+    if (st != MT_OK) return st;
+    run->x = run->multi.primary;
+    run->model = eng_multi_model(&run->multi);
+    if (!run->ranks) return MT_OK;
+    run->multi.ranks = run->ranks;
+    return eng_ranks_bind_device(run->ranks, run->dev, err);
+}
+
+static int total_steps(const eng_run_config_t *rc, const eng_loader_t *ld) {
+    if (rc->max_steps > 0) return rc->max_steps;
+    /* HF Trainer: update steps per epoch = max(batches // accumulation, 1) */
+    int64_t per_epoch = eng_loader_batches_per_epoch(ld) / rc->gradient_accumulation_steps;
+    if (per_epoch < 1) per_epoch = 1;
+    /* num_epochs (<= 10^6) x steps per epoch can pass INT_MAX, where the
+     * conversion to int is undefined: a run that long never ends anyway, so
+     * the count is capped there instead. */
+    const double steps = ceil((double)rc->num_epochs * (double)per_epoch);
+    return steps < (double)INT_MAX ? (int)steps : INT_MAX;
+}
+
+/* The run config's datasets (tokens checked against the model's
+ * vocabulary), or the caller's, and with a model the loader its steps
+ * draw from (without one the caller's executors bring their own). */
+static mt_status_t open_data(eng_run_t *run, const eng_run_opts_t *opts, mt_error_t *err) {
+    const eng_run_config_t *rc = run->rc;
+    if (!opts->dataset) {
+        const char *paths[ENG_MAX_DATASETS];
+        for (int i = 0; i < rc->num_datasets; i++) paths[i] = rc->datasets[i].path;
+        const int vocab = run->model ? run->model->cfg.vocab_size : run->vocab_size;
+        mt_status_t st = eng_dataset_load(&run->ds, paths, rc->num_datasets, rc->sequence_len, vocab, err);
+        if (st != MT_OK) return st;
+    }
+    char mask_warning[1024];
+    if (opts->training && eng_dataset_mask_warning(&run->ds, mask_warning, sizeof mask_warning))
+        fprintf(stderr, "moetune: warning: %s\n", mask_warning);
+    if (!run->model) return MT_OK;
+    eng_loader_init(&run->ld, &run->ds, rc->micro_batch_size, rc->shuffle, rc->seed);
+    run->total_steps = total_steps(rc, &run->ld);
+    return MT_OK;
+}
+
+/* A checkpoint's training state into the model and the loader; the other
+ * devices' resident copies take the loaded weights too. */
+static mt_status_t resume(eng_run_t *run, const char *dir, mt_error_t *err) {
+    char note[1024];
+    mt_status_t st = eng_train_state_load(dir, run->x, run->rc, &run->ld, &run->ts, note, sizeof note, err);
+    if (st == MT_OK) st = eng_multi_sync_replicas(&run->multi, err);
+    if (st != MT_OK) {
+        mt_error_prefix(err, "resume_from_checkpoint %s: ", dir);
+        return st;
+    }
+    fprintf(stderr, "moetune: resuming from %s at step %d of %d\n", dir, run->ts.global_step, run->total_steps);
+    if (note[0])
+        fprintf(stderr, "moetune: note: changed since the checkpoint: %s; the run continues with the new values\n",
+                note);
+    snprintf(run->last_checkpoint, sizeof run->last_checkpoint, "%s", dir);
+    return MT_OK;
+}
+
+/* A training run's own parts: signals, and on the rank that writes,
+ * metrics.jsonl's header and the trace (the other ranks' reporter writes
+ * no metrics.jsonl and shows no progress). */
+static mt_status_t open_training(eng_run_t *run, mt_error_t *err) {
+    const eng_run_config_t *rc = run->rc;
+    eng_signals_install();
+    run->signals = true;
+    if (!run->writes) return MT_OK;
+    mt_status_t st = eng_reporter_open(&run->rep, rc->output_dir, rc->progress, err);
+    if (st != MT_OK) return st;
+    const eng_run_header_t header = {.config_path = rc->source_path, .base_model = rc->base_model,
+                                     .output_dir = rc->output_dir, .total_steps = run->total_steps,
+                                     .seed = rc->seed};
+    st = eng_reporter_run_start(&run->rep, &header, err);
+    if (st != MT_OK || !rc->trace) return st;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/trace.json", rc->output_dir);
+    st = eng_trace_open(path, &run->trace, err);
+    if (st != MT_OK) return st;
+    eng_exec_set_trace(run->x, run->trace);
+    run->t_trace = mt_now_s();
+    return MT_OK;
+}
+
+mt_status_t eng_run_open(eng_run_t *run, const eng_run_config_t *rc, const eng_run_opts_t *opts, mt_error_t *err) {
+    memset(run, 0, sizeof *run);
+    run->rc_own = *rc;
+    if (rc->model_config_json) {
+        run->rc_own.model_config_json = strdup(rc->model_config_json);
+        MT_CHECK_ALLOC(run->rc_own.model_config_json, "model_config");
+    }
+    run->rc = &run->rc_own;
+    eng_train_state_init(&run->ts);
+    if (opts->dataset) { /* the run's from here on, whatever happens next */
+        run->ds = *opts->dataset;
+        memset(opts->dataset, 0, sizeof *opts->dataset);
+    }
+    mt_status_t st = open_ranks(run, opts->ranks, err);
+    if (st == MT_OK) st = open_device(run, opts, err);
+    if (st == MT_OK) st = plan(run, opts, err);
+    if (st == MT_OK && !opts->without_model) st = open_model(run, opts, err);
+    if (st == MT_OK) st = open_data(run, opts, err);
+    if (st == MT_OK && opts->resume_dir && opts->resume_dir[0]) st = resume(run, opts->resume_dir, err);
+    if (st == MT_OK && opts->training) st = open_training(run, err);
+    return st;
+}
+
+/* Writes the trace with the staging pool's counter tracks; the first
+ * failure becomes the run's when it had none. */
+static mt_status_t close_trace(eng_run_t *run, mt_status_t st, mt_error_t *err) {
+    mt_error_t serr = {0};
+    if (eng_exec_trace_staging(run->x, run->trace, run->t_trace, &serr) != MT_OK && st == MT_OK)
+        st = mt_error_set(err, serr.code, "%s", serr.msg);
+    eng_exec_set_trace(run->x, NULL);
+    mt_error_t terr = {0};
+    if (eng_trace_close(run->trace, &terr) != MT_OK && st == MT_OK) st = mt_error_set(err, terr.code, "%s", terr.msg);
+    run->trace = NULL;
+    return st;
+}
+
+mt_status_t eng_run_close(eng_run_t *run, mt_status_t st, mt_error_t *err) {
+    if (run->trace) st = close_trace(run, st, err);
+    if (run->signals) eng_signals_restore();
+    run->signals = false;
+    eng_train_state_free(&run->ts);
+    eng_train_plan_free(&run->tp);
+    eng_reporter_close(&run->rep);
+    eng_loader_free(&run->ld);
+    eng_dataset_free(&run->ds);
+    eng_multi_free(&run->multi);
+    run->x = NULL;
+    run->model = NULL;
+    kern_device_destroy(run->dev);
+    run->dev = NULL;
+    eng_run_config_free(&run->rc_own);
+    return st;
+}
