@@ -8,6 +8,7 @@
 
 #include "base/finite.h"
 #include "base/rng.h"
+#include "engine/model/lora/peft5.h"
 
 /* ---- run config -> options ------------------------------------------------ */
 
@@ -303,21 +304,10 @@ static char *dup_or_die(const char *s) {
     return d;
 }
 
-/* The leaf names of the adapted modules, each once, in description order. */
-static int leaf_names(const eng_model_t *m, char **out) {
-    int n = 0;
-    for (int t = 0; t < m->lora.plan.count; t++) {
-        char module[128];
-        if (!eng_lora_module_of(&m->spec.params[m->lora.plan.targets[t].param], module, sizeof module)) continue;
-        const char *dot = strrchr(module, '.');
-        const char *leaf = dot ? dot + 1 : module;
-        bool seen = false;
-        for (int i = 0; i < n && !seen; i++) seen = strcmp(out[i], leaf) == 0;
-        if (!seen) out[n++] = dup_or_die(leaf);
-    }
-    return n;
-}
-
+/* The run's defaults and modules_to_save, and the targets and patterns in
+ * the form PEFT on transformers 5 loads completely (engine/model/lora/peft5.h):
+ * never the run's own regex or all-linear, which PEFT there resolves to
+ * other modules. */
 void eng_lora_saved_config(const eng_model_t *m, const eng_run_config_t *rc, eng_lora_config_t *c) {
     memset(c, 0, sizeof *c);
     c->base_model_name_or_path = dup_or_die(rc->base_model);
@@ -325,15 +315,7 @@ void eng_lora_saved_config(const eng_model_t *m, const eng_run_config_t *rc, eng
     c->lora_alpha = m->lora.alpha;
     c->lora_dropout = m->lora.dropout;
     c->use_rslora = m->lora.use_rslora;
-    if (rc->lora_target_regex[0] && strcmp(rc->lora_target_regex, "all-linear") != 0) {
-        c->target_regex = dup_or_die(rc->lora_target_regex); /* PEFT matches it the same way */
-    } else {
-        /* The leaf names of what was selected: PEFT's own all-linear would
-         * also take the routers, and a name list is what every version reads. */
-        c->target_modules = calloc((size_t)m->lora.plan.count + 1, sizeof *c->target_modules);
-        MT_CHECK_ALLOC(c->target_modules, "adapter config targets");
-        c->num_target_modules = leaf_names(m, c->target_modules);
-    }
+    eng_lora_peft_config(&m->spec, &m->lora.plan, c);
     if (m->lora.plan.num_saved > 0) {
         c->modules_to_save = calloc((size_t)m->lora.plan.num_saved, sizeof *c->modules_to_save);
         MT_CHECK_ALLOC(c->modules_to_save, "adapter config modules_to_save");

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "engine/model/io/outdir.h"
+#include "engine/model/lora/peft5.h"
 #include "engine/model/lora_model.h"
 #include "engine/run/report.h"
 #include "engine/run/save.h"
@@ -109,6 +110,10 @@ static void announce(eng_run_t *run, eng_train_result_t *result) {
         eng_reporter_note(rep, "moetune: LoRA r=%d alpha=%g (scale %g%s%s), base frozen\n%s", model->lora.r,
                           model->lora.alpha, (double)model->lora.scale, model->lora.use_rslora ? ", rsLoRA" : "",
                           own ? "; some modules at the adapter's own rank and scale" : "", summary);
+        char notes[4096];
+        if (eng_lora_peft_warnings(&model->spec, &model->lora.plan, model->lora.dropout, notes, sizeof notes) > 0)
+            eng_reporter_note(rep, "moetune: warning: the adapter this run saves is not all PEFT can load:\n%s",
+                              notes);
     }
     eng_exec_staging_info_t si;
     eng_exec_staging_info(run->x, &si);
