@@ -14,8 +14,8 @@ extra settings) into a temporary output_dir, then:
     place for ("dropped"), PEFT adapter weights no file tensor filled
     ("not loaded"), and the largest difference of the rest;
   * function: a second `moetune train` that starts from the saved adapter
-    (lora_model_dir = that output_dir, one step) logs the loss of the first
-    micro-batch with that adapter; PEFT's loss on the same rows with the
+    (lora_model_dir = that output_dir, one step of one micro-batch) logs the
+    loss of the first micro-batch with that adapter; PEFT's loss on the same rows with the
     same adapter is compared with it (relative difference);
   * moetune's warnings at save (what it says PEFT will drop, and why).
 
@@ -59,6 +59,9 @@ CASES = [
      "a regex naming the experts by index"),
     ("lora_qwen3_dense_first", ["lora_target_modules=[gate_proj, up_proj, down_proj]", "use_rslora=true"],
      "MLPs only, rsLoRA"),
+    ("lora_qwen3_dense_first", ["lora_dropout=0.1"], "dropout: PEFT's ParamWrapper refuses it (moetune warns)"),
+    ("lora_qwen3_dense_first", ["lora_target_modules=.*\\.experts\\.[01]\\.(gate|up|down)_proj"],
+     "two of four experts (moetune warns)"),
 ]
 
 
@@ -167,7 +170,8 @@ def run_case(moetune, fixture, sets, what):
         acfg = json.load(open(os.path.join(saved, "adapter_config.json")))
         entry["saved_config"] = {k: acfg.get(k) for k in ("r", "lora_alpha", "use_rslora", "target_modules",
                                                           "target_parameters", "rank_pattern", "alpha_pattern")}
-        run_moetune(moetune, work, sets + ["lora_model_dir=saved", "max_steps=1", "output_dir=again"])
+        run_moetune(moetune, work, sets + ["lora_model_dir=saved", "max_steps=1", "gradient_accumulation_steps=1",
+                                          "output_dir=again"])
         entry["moetune_loss"] = first_loss(os.path.join(work, "again"))
         try:
             model, dropped, not_loaded, diff, pw = check_weights(os.path.join(d, "ckpt"), saved, E)
