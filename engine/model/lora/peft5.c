@@ -188,8 +188,8 @@ static void expert_layer_notes(notes_t *n, const eng_model_desc_t *d, const eng_
     const char *what[3] = {"gate", "up", "down"};
     for (int k = 0; k < 3; k++)
         if (adapted[k] > 0 && adapted[k] < d->num_experts)
-            note(n, "PEFT on transformers 5 drops layer %d's %s adapters: they are on %d of its %d experts, and "
-                    "PEFT's fused experts take an adapter on every expert or none\n",
+            note(n, "PEFT on transformers 5 cannot load layer %d's %s adapters: they are on %d of its %d experts, "
+                    "and PEFT's fused experts take an adapter on every expert or none\n",
                  l, what[k], adapted[k], d->num_experts);
     if ((adapted[0] > 0) != (adapted[1] > 0))
         note(n, "PEFT on transformers 5 cannot load layer %d's %s adapters: gate and up are one gate_up_proj "
