@@ -19,7 +19,8 @@ extra settings) into a temporary output_dir, then:
     same adapter is compared with it (relative difference);
   * moetune's warnings at save (what it says PEFT will drop, and why).
 
-Prints one JSON line per case and a summary; exits 1 when a case has a
+Prints one JSON line per case and a summary, writes them to
+tests/fixtures/lora_peft_save_check.json, and exits 1 when a case has a
 dropped tensor, an unloaded weight, a weight difference or a loss difference
 above 1e-5 relative that moetune did not warn about.
 
@@ -194,14 +195,20 @@ def main():
         sys.exit("usage: check_peft_moetune_save.py PATH/TO/moetune")
     moetune = os.path.abspath(sys.argv[1])
     torch.set_num_threads(1)
-    print(json.dumps({"transformers": transformers.__version__, "peft": peft.__version__}))
+    out = {"transformers": transformers.__version__, "peft": peft.__version__, "cases": []}
+    print(json.dumps({k: out[k] for k in ("transformers", "peft")}))
     bad = 0
     for fixture, sets, what in CASES:
         entry = run_case(moetune, fixture, sets, what)
         print(json.dumps(entry))
+        out["cases"].append(entry)
         bad += not entry["ok"]
-    print(f"{len(CASES) - bad} of {len(CASES)} cases: PEFT loads everything moetune saved and computes the same "
-          f"loss, or moetune warned what PEFT drops")
+    out["summary"] = (f"{len(CASES) - bad} of {len(CASES)} cases: PEFT loads everything moetune saved and computes "
+                      f"the same loss, or moetune warned what PEFT cannot load")
+    print(out["summary"])
+    with open(os.path.join(mf.FIXTURES, "lora_peft_save_check.json"), "w") as fh:
+        json.dump(out, fh, indent=1)
+        fh.write("\n")
     sys.exit(1 if bad else 0)
 
 
