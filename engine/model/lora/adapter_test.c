@@ -462,9 +462,10 @@ static void test_fused_hand(void) {
     c = cfg_r(1);
     c.target_modules = gu;
     c.num_target_modules = 2;
-    EXPECT(read_w(p, &m, c, &w, &err) == MT_OK && w.count == 2 * E && w.pairs[0].r == 2 && w.pairs[0].alpha == 16,
+    const mt_status_t st = read_w(p, &m, c, &w, &err);
+    EXPECT(st == MT_OK && w.count == 2 * E && w.pairs[0].r == 2 && w.pairs[0].alpha == 16,
            "PEFT's rewrite of w1 + w3: %s", err.msg);
-    if (err.code == MT_OK) eng_lora_weights_free(&w);
+    if (st == MT_OK) eng_lora_weights_free(&w);
     /* down at twice the config's rank: refused the same way */
     EXPECT(eng_st_write(p, t + 2, 2, NULL, 0, &err) == MT_OK, "%s", err.msg);
     EXPECT(read_w(p, &m, cfg_r(1), &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "expected [4, 8]") &&
