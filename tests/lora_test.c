@@ -291,7 +291,9 @@ static void check_fixture(const char *dir) {
         TH_CHECK(d <= 1e-5, "%s: final adapter differs by %.2e of its largest element", name, d);
         snprintf(got, sizeof got, "%s/adapter_config.json", out0);
         TH_CHECK(access(got, R_OK) == 0, "%s: no adapter_config.json saved", name);
-        printf("%-20s losses within %.2e relative, final adapter within %.2e of its max\n", name, worst, d);
+        const double ref0 = json_number_value(json_array_get(losses, 0));
+        printf("%-20s losses within %.2e relative (first step %.2e), final adapter within %.2e of its max\n", name,
+               worst, r0.steps > 0 ? fabs(r0.loss[0] - ref0) / fabs(ref0) : NAN, d);
         check_peft_logits(dir, out0);
         check_resume(dir, &r0, out0);
     }
