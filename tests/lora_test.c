@@ -6,11 +6,16 @@
  * and a dense layer under a warmup-cosine schedule; and DeepSeek-V3 with
  * adapters on MLA's five projections, from transformers + PEFT themselves
  * (tests/reference/make_deepseek_lora_fixture.py); each starting from a
- * given adapter with non-zero B), `moetune train` on its run.yaml must
- * give:
- *   - per-step losses within 1e-5 relative of the reference's;
- *   - a saved adapter (PEFT's keys) within 1e-5 of the reference's final
- *     adapter, relative to its largest element, with every key present;
+ * given adapter with non-zero B), and PEFT's own fused-expert adapters
+ * from transformers 5 + PEFT (tests/reference/make_peft_fused_fixtures.py:
+ * Mixtral with PEFT's gate_up rank_pattern, Qwen3-MoE with target_parameters,
+ * rsLoRA and user rank/alpha patterns, continued in moetune), `moetune
+ * train` on its run.yaml must give:
+ *   - per-step losses within 1e-5 relative of the reference's, the first
+ *     step's within 1e-6;
+ *   - a saved adapter (PEFT's keys: per expert, or PEFT's fused form for a
+ *     fused adapter) within 1e-5 of the reference's final adapter, relative
+ *     to its largest element, with every key present;
  *   - the same losses and adapter bit for bit under other plans (weights
  *     streamed, gradients and AdamW on the host, activations offloaded or
  *     recomputed) and in layer-major step order, and in bf16 across plans;
@@ -272,8 +277,10 @@ static void check_fixture(const char *dir) {
             const double ref = json_number_value(json_array_get(losses, (size_t)s));
             const double rel = fabs(r0.loss[s] - ref) / fabs(ref);
             if (rel > worst) worst = rel;
-            TH_CHECK(rel <= 1e-5, "%s: step %d loss %.9g, reference %.9g (relative %.2e)", name, s + 1, r0.loss[s], ref,
-                     rel);
+            /* the first step is the adapter as given: nothing has accumulated yet */
+            const double tol = s == 0 ? 1e-6 : 1e-5;
+            TH_CHECK(rel <= tol, "%s: step %d loss %.9g, reference %.9g (relative %.2e, at most %.0e)", name, s + 1,
+                     r0.loss[s], ref, rel, tol);
         }
         char got[600], ref[1100];
         snprintf(got, sizeof got, "%s/adapter_model.safetensors", out0);
@@ -284,7 +291,9 @@ static void check_fixture(const char *dir) {
         TH_CHECK(d <= 1e-5, "%s: final adapter differs by %.2e of its largest element", name, d);
         snprintf(got, sizeof got, "%s/adapter_config.json", out0);
         TH_CHECK(access(got, R_OK) == 0, "%s: no adapter_config.json saved", name);
-        printf("%-20s losses within %.2e relative, final adapter within %.2e of its max\n", name, worst, d);
+        const double ref0 = json_number_value(json_array_get(losses, 0));
+        printf("%-20s losses within %.2e relative (first step %.2e), final adapter within %.2e of its max\n", name,
+               worst, r0.steps > 0 ? fabs(r0.loss[0] - ref0) / fabs(ref0) : NAN, d);
         check_peft_logits(dir, out0);
         check_resume(dir, &r0, out0);
     }

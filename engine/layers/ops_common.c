@@ -56,8 +56,8 @@ kern_lora_t eng_lora_of(const eng_layer_env_t *env, int i) {
     l.dtype = m->params[ia].w_dtype;
     l.ga = env->dp[ia].g;
     l.gb = env->dp[ib].g;
-    l.r = m->lora.r;
-    l.scale = m->lora.scale;
+    l.r = (int)m->params[ia].spec->shape[0]; /* the module's own rank and s (rank_pattern, alpha_pattern) */
+    l.scale = m->params[i].lora_scale;
     l.dropout = m->lora.dropout;
     /* a mask per run seed, micro-batch and module (PEFT draws one per
      * module call); the forward, its recomputation and the backward agree */

@@ -8,6 +8,7 @@
 
 #include "base/finite.h"
 #include "base/rng.h"
+#include "engine/model/lora/peft5.h"
 
 /* ---- run config -> options ------------------------------------------------ */
 
@@ -96,43 +97,96 @@ static void factor_spec(eng_param_spec_t *s, const eng_param_spec_t *base, eng_p
     s->trainable = true;
 }
 
-mt_status_t eng_lora_attach(eng_model_t *m, const eng_lora_opts_t *o, mt_error_t *err) {
+/* As the base's loader does: a non-finite value would only surface as a
+ * diverged first step, blamed on training. */
+static mt_status_t check_finite(const eng_model_t *m, const eng_lora_weights_t *w, const char *path,
+                                mt_error_t *err) {
+    for (int t = 0; t < w->count; t++) {
+        const eng_lora_pair_t *pr = &w->pairs[t];
+        const float *f[2] = {pr->a, pr->b};
+        const size_t n[2] = {(size_t)pr->r * (size_t)pr->in, (size_t)pr->out * (size_t)pr->r};
+        for (int k = 0; k < 2; k++) {
+            const size_t bad = mt_first_nonfinite_f32(f[k], n[k]);
+            if (bad < n[k]) {
+                char module[160];
+                if (!eng_lora_module_of(&m->spec.params[pr->param], module, sizeof module))
+                    snprintf(module, sizeof module, "%s", m->spec.params[pr->param].name);
+                return mt_error_set(err, MT_ERR_FORMAT,
+                                    "%s: %s.lora_%c holds %s at element %zu; the adapter is corrupt or diverged", path,
+                                    module, k ? 'B' : 'A', mt_nonfinite_name(f[k][bad]), bad);
+            }
+        }
+    }
+    for (int k = 0; k < w->num_saved; k++) {
+        const size_t n = m->spec.params[w->saved[k].param].numel, bad = mt_first_nonfinite_f32(w->saved[k].data, n);
+        if (bad < n)
+            return mt_error_set(err, MT_ERR_FORMAT, "%s: %s holds %s at element %zu", path,
+                                m->spec.params[w->saved[k].param].name, mt_nonfinite_name(w->saved[k].data[bad]), bad);
+    }
+    return MT_OK;
+}
+
+/* The adapter in o->init_dir, read with its own adapter_config.json (a
+ * resumed run's checkpoint holds the one moetune wrote), checked against
+ * the run's selection and for non-finite values, kept in lo->init; each
+ * target takes its rank, alpha, s and A-sharing from it. */
+static mt_status_t read_init(eng_model_t *m, const char *dir, mt_error_t *err) {
     eng_model_lora_t *lo = &m->lora;
-    mt_status_t st = eng_lora_targets_select(&m->spec, &o->select, &lo->plan, err);
-    if (st != MT_OK) return st;
-    for (int t = 0; t < lo->plan.count; t++)
-        if (lo->plan.targets[t].kind == ENG_LORA_KIND_HEAD) {
-            eng_lora_plan_free(&lo->plan);
+    char cpath[1200], wpath[1200];
+    snprintf(cpath, sizeof cpath, "%s/adapter_config.json", dir);
+    snprintf(wpath, sizeof wpath, "%s/adapter_model.safetensors", dir);
+    eng_lora_config_t c;
+    mt_status_t st = eng_lora_config_read(cpath, &c, err);
+    if (st != MT_OK) return mt_error_prefix(err, "lora_model_dir: ");
+    st = eng_lora_weights_read(wpath, &m->spec, &c, cpath, &lo->init, err);
+    eng_lora_config_free(&c);
+    if (st == MT_OK) st = eng_lora_weights_match(&lo->init, &lo->plan, &m->spec, wpath, err);
+    if (st == MT_OK) st = check_finite(m, &lo->init, wpath, err);
+    for (int t = 0; t < lo->plan.count && st == MT_OK; t++) {
+        eng_lora_target_t *tg = &lo->plan.targets[t];
+        const eng_lora_pair_t *pr = eng_lora_weights_find(&lo->init, tg->param);
+        MT_CHECK(pr != NULL, "adapter pair missing after the match check");
+        tg->r = pr->r;
+        tg->alpha = pr->alpha;
+        tg->scale = (float)pr->scale;
+        if (!pr->shares_a) continue;
+        const eng_param_spec_t *up = &m->spec.params[tg->param];
+        tg->share_a = eng_lora_plan_find(&lo->plan, eng_model_desc_find_role(&m->spec, up->layer, ENG_P_EXP_GATE,
+                                                                             up->expert));
+        MT_CHECK(tg->share_a >= 0, "%s: the gate sharing its A is not adapted", up->name);
+    }
+    if (st != MT_OK) {
+        eng_lora_weights_free(&lo->init);
+        return mt_error_prefix(err, "lora_model_dir: ");
+    }
+    eng_lora_plan_recount(&lo->plan);
+    return MT_OK;
+}
+
+/* Refuses targets no adapter can sit on: the output head, gpt-oss's router. */
+static mt_status_t refuse_targets(const eng_model_t *m, const eng_lora_plan_t *p, mt_error_t *err) {
+    for (int t = 0; t < p->count; t++)
+        if (p->targets[t].kind == ENG_LORA_KIND_HEAD) {
             return mt_error_set(err, MT_ERR_UNSUPPORTED,
                                 "lora_target_modules: LoRA on the output head (lm_head) is not supported; train it "
                                 "in full with lora_modules_to_save: [lm_head]");
-        } else if (lo->plan.targets[t].kind == ENG_LORA_KIND_ROUTER && m->cfg.experts_fused) {
+        } else if (p->targets[t].kind == ENG_LORA_KIND_ROUTER && m->cfg.experts_fused) {
             /* gpt-oss's router is no nn.Linear (GptOssTopKRouter): PEFT cannot load an adapter on it */
-            const char *name = m->spec.params[lo->plan.targets[t].param].name;
-            eng_lora_plan_free(&lo->plan);
             return mt_error_set(err, MT_ERR_UNSUPPORTED,
                                 "lora_target_modules: %s: LoRA on gpt-oss's router is not supported (PEFT cannot "
                                 "adapt GptOssTopKRouter, so no adapter for it would load); target the attention "
                                 "projections",
-                                name);
+                                m->spec.params[p->targets[t].param].name);
         }
-    lo->on = true;
-    lo->r = o->r;
-    lo->alpha = o->alpha;
-    lo->use_rslora = o->use_rslora;
-    lo->scale = (float)(o->use_rslora ? o->alpha / sqrt((double)o->r) : o->alpha / (double)o->r);
-    lo->dropout = (float)o->dropout;
-    lo->seed = o->seed;
-    const int T = lo->plan.count, base = m->spec.count;
-    lo->specs = calloc((size_t)(2 * T > 0 ? 2 * T : 1), sizeof *lo->specs);
-    MT_CHECK_ALLOC(lo->specs, "adapter descriptions");
-    eng_param_t *grown = realloc(m->params, (size_t)(base + 2 * T) * sizeof *grown);
-    MT_CHECK_ALLOC(grown, "parameter table with adapters");
-    m->params = grown;
+    return MT_OK;
+}
+
+/* A frozen weight compute reads in bf16 lives in bf16 (nothing would ever
+ * read more bits of it): half the host memory of an fp32 home. */
+static void freeze_base(eng_model_t *m) {
+    const int base = m->spec.count;
     for (int i = 0; i < base; i++) m->params[i].frozen = true;
-    for (int k = 0; k < lo->plan.num_saved; k++) m->params[lo->plan.saved[k]].frozen = false;
-    /* a frozen weight compute reads in bf16 lives in bf16 (nothing would
-     * ever read more bits of it): half the host memory of an fp32 home */
+    for (int k = 0; k < m->lora.plan.num_saved; k++) m->params[m->lora.plan.saved[k]].frozen = false;
     for (int i = 0; i < base; i++) {
         eng_param_t *p = &m->params[i];
         if (!p->frozen || p->w_dtype != MT_BF16) continue;
@@ -141,25 +195,67 @@ mt_status_t eng_lora_attach(eng_model_t *m, const eng_lora_opts_t *o, mt_error_t
         p->home_bf16 = malloc(p->spec->numel * sizeof *p->home_bf16);
         MT_CHECK_ALLOC(p->home_bf16, p->spec->name);
     }
-    for (int t = 0; t < T; t++) {
-        eng_param_t *target = &m->params[lo->plan.targets[t].param];
-        for (int f = 0; f < 2; f++) {
-            const int idx = base + 2 * t + f;
-            eng_param_spec_t *s = &lo->specs[2 * t + f];
-            factor_spec(s, target->spec, f == 0 ? ENG_P_LORA_A : ENG_P_LORA_B, o->r);
-            eng_param_t *p = &m->params[idx];
-            memset(p, 0, sizeof *p);
-            p->spec = s;
-            p->block = target->block;
-            p->w_dtype = eng_param_working_dtype(s, m->compute);
-            p->host_w = calloc(s->numel, sizeof(float));
-            MT_CHECK_ALLOC(p->host_w, s->name);
-            p->lora_a = p->lora_b = -1;
-        }
-        target->lora_a = base + 2 * t;
-        target->lora_b = base + 2 * t + 1;
+}
+
+/* One factor of target t as parameter idx. */
+static int add_factor(eng_model_t *m, int idx, const eng_lora_target_t *tg, eng_param_role_t role) {
+    eng_model_lora_t *lo = &m->lora;
+    eng_param_spec_t *s = &lo->specs[lo->num_specs++];
+    factor_spec(s, m->params[tg->param].spec, role, tg->r);
+    eng_param_t *p = &m->params[idx];
+    memset(p, 0, sizeof *p);
+    p->spec = s;
+    p->block = m->params[tg->param].block;
+    p->w_dtype = eng_param_working_dtype(s, m->compute);
+    p->host_w = calloc(s->numel, sizeof(float));
+    MT_CHECK_ALLOC(p->host_w, s->name);
+    p->lora_a = p->lora_b = -1;
+    return idx;
+}
+
+mt_status_t eng_lora_attach(eng_model_t *m, const eng_lora_opts_t *o, mt_error_t *err) {
+    eng_model_lora_t *lo = &m->lora;
+    mt_status_t st = eng_lora_targets_select(&m->spec, &o->select, &lo->plan, err);
+    if (st != MT_OK) return st;
+    lo->r = o->r;
+    lo->alpha = o->alpha;
+    lo->use_rslora = o->use_rslora;
+    lo->scale = (float)(o->use_rslora ? o->alpha / sqrt((double)o->r) : o->alpha / (double)o->r);
+    for (int t = 0; t < lo->plan.count; t++) {
+        lo->plan.targets[t].alpha = o->alpha;
+        lo->plan.targets[t].scale = lo->scale;
     }
-    m->num_params = base + 2 * T;
+    st = refuse_targets(m, &lo->plan, err);
+    if (st == MT_OK && o->init_dir) st = read_init(m, o->init_dir, err);
+    if (st != MT_OK) {
+        eng_lora_plan_free(&lo->plan);
+        return st;
+    }
+    lo->on = true;
+    lo->dropout = (float)o->dropout;
+    lo->seed = o->seed;
+    const int T = lo->plan.count, base = m->spec.count;
+    int F = 0;
+    for (int t = 0; t < T; t++) F += lo->plan.targets[t].share_a >= 0 ? 1 : 2;
+    lo->specs = calloc((size_t)(F > 0 ? F : 1), sizeof *lo->specs);
+    MT_CHECK_ALLOC(lo->specs, "adapter descriptions");
+    eng_param_t *grown = realloc(m->params, (size_t)(base + F) * sizeof *grown);
+    MT_CHECK_ALLOC(grown, "parameter table with adapters");
+    m->params = grown;
+    freeze_base(m);
+    int idx = base;
+    for (int t = 0; t < T; t++) {
+        const eng_lora_target_t *tg = &lo->plan.targets[t];
+        eng_param_t *target = &m->params[tg->param];
+        target->lora_a = tg->share_a >= 0 ? -1 : add_factor(m, idx++, tg, ENG_P_LORA_A);
+        target->lora_b = add_factor(m, idx++, tg, ENG_P_LORA_B);
+        target->lora_scale = tg->scale;
+    }
+    for (int t = 0; t < T; t++) /* an up adapter in PEFT's fused form trains its gate's A */
+        if (lo->plan.targets[t].share_a >= 0)
+            m->params[lo->plan.targets[t].param].lora_a =
+                m->params[lo->plan.targets[lo->plan.targets[t].share_a].param].lora_a;
+    m->num_params = base + F;
     return MT_OK;
 }
 
@@ -177,68 +273,26 @@ static void init_a(float *a, const eng_param_spec_t *s, uint64_t seed) {
 }
 
 mt_status_t eng_lora_init_weights(eng_model_t *m, const eng_lora_opts_t *o, mt_error_t *err) {
-    const eng_model_lora_t *lo = &m->lora;
-    const int base = m->spec.count;
-    if (!o->init_dir) {
-        for (int t = 0; t < lo->plan.count; t++) {
-            eng_param_t *a = &m->params[base + 2 * t], *b = &m->params[base + 2 * t + 1];
-            init_a(a->host_w, a->spec, o->seed);
-            memset(b->host_w, 0, b->spec->numel * sizeof(float));
-        }
-        return MT_OK;
-    }
-    char path[1200];
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", o->init_dir);
-    eng_lora_weights_t w;
-    mt_status_t st = eng_lora_weights_read(path, &m->spec, lo->r, &w, err);
-    if (st == MT_OK) st = eng_lora_weights_match(&w, &lo->plan, &m->spec, path, err);
-    if (st != MT_OK) {
-        eng_lora_weights_free(&w);
-        return mt_error_prefix(err, "lora_model_dir: ");
-    }
-    /* as the base's loader does: a non-finite value would only surface as a
-     * diverged first step, blamed on training */
-    for (int t = 0; t < w.count; t++) {
-        const eng_lora_pair_t *pr = &w.pairs[t];
-        const float *f[2] = {pr->a, pr->b};
-        const size_t n[2] = {(size_t)pr->r * (size_t)pr->in, (size_t)pr->out * (size_t)pr->r};
-        for (int k = 0; k < 2; k++) {
-            const size_t bad = mt_first_nonfinite_f32(f[k], n[k]);
-            if (bad < n[k]) {
-                char module[160];
-                if (!eng_lora_module_of(&m->spec.params[pr->param], module, sizeof module))
-                    snprintf(module, sizeof module, "%s", m->spec.params[pr->param].name);
-                const float v = f[k][bad];
-                eng_lora_weights_free(&w);
-                return mt_error_set(err, MT_ERR_FORMAT,
-                                    "lora_model_dir: %s: %s.lora_%c holds %s at element %zu; the adapter is "
-                                    "corrupt or diverged",
-                                    path, module, k ? 'B' : 'A', mt_nonfinite_name(v), bad);
-            }
-        }
-    }
-    for (int k = 0; k < w.num_saved; k++) {
-        const size_t n = m->spec.params[w.saved[k].param].numel, bad = mt_first_nonfinite_f32(w.saved[k].data, n);
-        if (bad < n) {
-            const char *name = m->spec.params[w.saved[k].param].name;
-            const float v = w.saved[k].data[bad];
-            eng_lora_weights_free(&w);
-            return mt_error_set(err, MT_ERR_FORMAT, "lora_model_dir: %s: %s holds %s at element %zu", path, name,
-                                mt_nonfinite_name(v), bad);
-        }
-    }
+    (void)err;
+    eng_model_lora_t *lo = &m->lora;
     for (int t = 0; t < lo->plan.count; t++) {
-        const eng_lora_pair_t *pr = eng_lora_weights_find(&w, lo->plan.targets[t].param);
-        MT_CHECK(pr != NULL, "adapter pair missing after the match check");
-        eng_param_t *a = &m->params[base + 2 * t], *b = &m->params[base + 2 * t + 1];
-        memcpy(a->host_w, pr->a, a->spec->numel * sizeof(float));
-        memcpy(b->host_w, pr->b, b->spec->numel * sizeof(float));
+        const eng_lora_target_t *tg = &lo->plan.targets[t];
+        const eng_param_t *target = &m->params[tg->param];
+        eng_param_t *a = &m->params[target->lora_a], *b = &m->params[target->lora_b];
+        const eng_lora_pair_t *pr = o->init_dir ? eng_lora_weights_find(&lo->init, tg->param) : NULL;
+        MT_CHECK(!o->init_dir || pr, "%s: the adapter read at attach is gone", target->spec->name);
+        if (tg->share_a < 0) {
+            if (pr) memcpy(a->host_w, pr->a, a->spec->numel * sizeof(float));
+            else init_a(a->host_w, a->spec, o->seed);
+        }
+        if (pr) memcpy(b->host_w, pr->b, b->spec->numel * sizeof(float));
+        else memset(b->host_w, 0, b->spec->numel * sizeof(float));
     }
-    for (int k = 0; k < w.num_saved; k++) {
-        eng_param_t *p = &m->params[w.saved[k].param];
-        memcpy(p->host_w, w.saved[k].data, p->spec->numel * sizeof(float));
+    for (int k = 0; k < lo->init.num_saved; k++) {
+        eng_param_t *p = &m->params[lo->init.saved[k].param];
+        memcpy(p->host_w, lo->init.saved[k].data, p->spec->numel * sizeof(float));
     }
-    eng_lora_weights_free(&w);
+    eng_lora_weights_free(&lo->init);
     return MT_OK;
 }
 
@@ -250,21 +304,10 @@ static char *dup_or_die(const char *s) {
     return d;
 }
 
-/* The leaf names of the adapted modules, each once, in description order. */
-static int leaf_names(const eng_model_t *m, char **out) {
-    int n = 0;
-    for (int t = 0; t < m->lora.plan.count; t++) {
-        char module[128];
-        if (!eng_lora_module_of(&m->spec.params[m->lora.plan.targets[t].param], module, sizeof module)) continue;
-        const char *dot = strrchr(module, '.');
-        const char *leaf = dot ? dot + 1 : module;
-        bool seen = false;
-        for (int i = 0; i < n && !seen; i++) seen = strcmp(out[i], leaf) == 0;
-        if (!seen) out[n++] = dup_or_die(leaf);
-    }
-    return n;
-}
-
+/* The run's defaults and modules_to_save, and the targets and patterns in
+ * the form PEFT on transformers 5 loads completely (engine/model/lora/peft5.h):
+ * never the run's own regex or all-linear, which PEFT there resolves to
+ * other modules. */
 void eng_lora_saved_config(const eng_model_t *m, const eng_run_config_t *rc, eng_lora_config_t *c) {
     memset(c, 0, sizeof *c);
     c->base_model_name_or_path = dup_or_die(rc->base_model);
@@ -272,15 +315,7 @@ void eng_lora_saved_config(const eng_model_t *m, const eng_run_config_t *rc, eng
     c->lora_alpha = m->lora.alpha;
     c->lora_dropout = m->lora.dropout;
     c->use_rslora = m->lora.use_rslora;
-    if (rc->lora_target_regex[0] && strcmp(rc->lora_target_regex, "all-linear") != 0) {
-        c->target_regex = dup_or_die(rc->lora_target_regex); /* PEFT matches it the same way */
-    } else {
-        /* The leaf names of what was selected: PEFT's own all-linear would
-         * also take the routers, and a name list is what every version reads. */
-        c->target_modules = calloc((size_t)m->lora.plan.count + 1, sizeof *c->target_modules);
-        MT_CHECK_ALLOC(c->target_modules, "adapter config targets");
-        c->num_target_modules = leaf_names(m, c->target_modules);
-    }
+    eng_lora_peft_config(&m->spec, &m->lora.plan, c);
     if (m->lora.plan.num_saved > 0) {
         c->modules_to_save = calloc((size_t)m->lora.plan.num_saved, sizeof *c->modules_to_save);
         MT_CHECK_ALLOC(c->modules_to_save, "adapter config modules_to_save");

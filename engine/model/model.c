@@ -293,6 +293,7 @@ void eng_model_release(eng_model_t *m) {
     }
     eng_lora_plan_free(&m->lora.plan);
     free(m->lora.specs);
+    eng_lora_weights_free(&m->lora.init);
     eng_model_desc_free(&m->spec);
     eng_model_config_free(&m->cfg);
     memset(m, 0, sizeof *m);

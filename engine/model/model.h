@@ -23,6 +23,7 @@
 
 #include "engine/config/config.h"
 #include "engine/data/data.h"
+#include "engine/model/lora/adapter.h"
 #include "engine/model/lora/targets.h"
 #include "engine/model/hf/model_config.h"
 #include "engine/model/desc/model_desc.h"
@@ -60,7 +61,9 @@ typedef struct {
     float *host_m, *host_v; /* host AdamW state (optimizer HOST), lazily allocated */
     int64_t step;       /* this tensor's AdamW step count (PyTorch keeps one per parameter) */
     bool frozen;        /* not trained by this run (a LoRA run's base): no gradient, master or AdamW state */
-    int lora_a, lora_b; /* a LoRA run's factors adapting this module (indices into params), -1 = none */
+    int lora_a, lora_b; /* a LoRA run's factors adapting this module (indices into params), -1 = none;
+                         * a routed expert's up adapter in PEFT's fused form shares its gate's lora_a */
+    float lora_scale;   /* and its s in y = W x + s B A x */
 } eng_param_t;
 
 /* Indices into eng_model_t.params for one decoder layer (-1 = absent),
@@ -77,9 +80,12 @@ typedef struct {
     int sinks, router_b, gate_up, gate_up_b, down, down_b;
 } eng_layer_index_t;
 
-/* A LoRA run's adapters: y = W x + scale * B (A dropout(x)) on every
+/* A LoRA run's adapters: y = W x + s * B (A dropout(x)) on every
  * targeted module, A (r, in) and B (out, r) trainable parameters of the
- * model (after the base's in params[]), the base frozen (engine/model/lora_model.h). */
+ * model (after the base's in params[]), the base frozen (engine/model/lora_model.h).
+ * r, alpha and scale are the run's defaults; a module's own rank and s
+ * (an adapter file's rank_pattern / alpha_pattern) are in plan.targets and
+ * its eng_param_t. */
 typedef struct {
     bool on;
     int r;
@@ -90,7 +96,9 @@ typedef struct {
     uint64_t seed;           /* dropout masks, with the running micro-batch's serial (eng_batch_t) */
     uint64_t batch_serial;
     eng_lora_plan_t plan;    /* the targets, and the modules trained in full */
-    eng_param_spec_t *specs; /* (2 * plan.count): A, B of each target in turn */
+    eng_param_spec_t *specs; /* (num_specs): each target's A (none when it shares one) and B */
+    int num_specs;
+    eng_lora_weights_t init; /* the adapter read from init_dir, until eng_lora_init_weights copies it */
 } eng_model_lora_t;
 
 /* What a LoRA run asks of eng_exec_open (engine/model/lora_model.h). */

@@ -96,8 +96,9 @@ static mt_status_t check_saved(const char *dir, const eng_param_spec_t *ps, cons
 }
 
 /* The adapter in PEFT's format (engine/model/lora/adapter.h): adapter_model
- * .safetensors (fp32 factors, per-expert keys, the modules trained in full
- * under their own names) and adapter_config.json, through the same
+ * .safetensors (fp32 factors, per-expert keys or PEFT's fused form for
+ * routed experts that train as one gate_up adapter, the modules trained in
+ * full under their own names) and adapter_config.json, through the same
  * transaction as a model. */
 static mt_status_t save_adapter(eng_exec_t *x, const eng_run_config_t *rc, const char *dir,
                                 eng_ckpt_dir_mode_t mode, eng_save_extra_fn extra, void *ctx, mt_error_t *err) {
@@ -112,9 +113,10 @@ static mt_status_t save_adapter(eng_exec_t *x, const eng_run_config_t *rc, const
     for (int t = 0; t < w.count; t++) {
         const eng_lora_target_t *tg = &lo->plan.targets[t];
         eng_lora_pair_t *pr = &w.pairs[t];
-        *pr = (eng_lora_pair_t){.param = tg->param, .out = tg->out, .in = tg->in, .r = lo->r};
-        pr->a = malloc((size_t)lo->r * (size_t)tg->in * sizeof(float));
-        pr->b = malloc((size_t)tg->out * (size_t)lo->r * sizeof(float));
+        *pr = (eng_lora_pair_t){.param = tg->param, .out = tg->out, .in = tg->in, .r = tg->r, .alpha = tg->alpha,
+                                .scale = tg->scale, .shares_a = tg->share_a >= 0};
+        pr->a = malloc((size_t)tg->r * (size_t)tg->in * sizeof(float));
+        pr->b = malloc((size_t)tg->out * (size_t)tg->r * sizeof(float));
         MT_CHECK(pr->a && pr->b, "out of host memory preparing the adapter");
         eng_exec_read_param(x, m->params[tg->param].lora_a, pr->a, false);
         eng_exec_read_param(x, m->params[tg->param].lora_b, pr->b, false);
@@ -225,7 +227,7 @@ static mt_status_t save_model(eng_exec_t *x, const eng_run_config_t *rc, const c
             MT_CHECK(a && b, "out of host memory merging %s", ps->name);
             eng_exec_read_param(x, p->lora_a, a, false);
             eng_exec_read_param(x, p->lora_b, b, false);
-            merge_pair(host[i], a, b, ps->shape[0], ps->shape[1], m->lora.r, m->lora.scale);
+            merge_pair(host[i], a, b, ps->shape[0], ps->shape[1], (int)as->shape[0], p->lora_scale);
             free(a);
             free(b);
         }

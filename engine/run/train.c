@@ -15,6 +15,7 @@
 
 #include "engine/model/io/outdir.h"
 #include "engine/model/lora/adapter.h"
+#include "engine/model/lora/peft5.h"
 #include "engine/model/lora_model.h"
 #include "engine/run/report.h"
 #include "engine/run/save.h"
@@ -105,9 +106,17 @@ static void announce(eng_run_t *run, eng_train_result_t *result) {
     if (model->lora.on) {
         char summary[2048];
         eng_lora_plan_summary(&model->lora.plan, summary, sizeof summary);
-        eng_reporter_note(rep, "moetune: LoRA r=%d alpha=%g (scale %g%s), base frozen\n%s", model->lora.r,
+        bool own = false; /* modules at their own rank or scale (an adapter's rank_pattern / alpha_pattern) */
+        for (int t = 0; t < model->lora.plan.count; t++)
+            own = own || model->lora.plan.targets[t].r != model->lora.r ||
+                  model->lora.plan.targets[t].scale != model->lora.scale;
+        eng_reporter_note(rep, "moetune: LoRA r=%d alpha=%g (scale %g%s%s), base frozen\n%s", model->lora.r,
                           model->lora.alpha, (double)model->lora.scale, model->lora.use_rslora ? ", rsLoRA" : "",
-                          summary);
+                          own ? "; some modules at the adapter's own rank and scale" : "", summary);
+        char notes[4096];
+        if (eng_lora_peft_warnings(&model->spec, &model->lora.plan, model->lora.dropout, notes, sizeof notes) > 0)
+            eng_reporter_note(rep, "moetune: warning: the adapter this run saves is not all PEFT can load:\n%s",
+                              notes);
     }
     eng_exec_staging_info_t si;
     eng_exec_staging_info(run->x, &si);
@@ -161,6 +170,12 @@ static void adapter_targets(eng_run_config_t *rc, const eng_lora_config_t *c) {
     rc->num_lora_target_modules = c->num_target_modules < ENG_MAX_LORA_TARGETS ? c->num_target_modules
                                                                                  : ENG_MAX_LORA_TARGETS;
     if (c->target_regex) snprintf(rc->lora_target_regex, sizeof rc->lora_target_regex, "%s", c->target_regex);
+    /* target_parameters (transformers 5's fused experts, 2-D weights) have no
+     * module names the planner reads: it plans every linear layer, an upper
+     * bound on the adapters' bytes */
+    if (c->num_target_parameters > 0 && rc->num_lora_target_modules < ENG_MAX_LORA_TARGETS)
+        snprintf(rc->lora_target_modules[rc->num_lora_target_modules++], sizeof rc->lora_target_modules[0], "%s",
+                 "all-linear");
 }
 
 /* The checkpoint being resumed against the run's adapter settings, before

@@ -106,6 +106,26 @@ def adapter_weights(r, in_dim, fill=b"\0\0\0\0"):
     return st_bytes(hdr, data)
 
 
+def st_zeros(shapes):
+    """A safetensors file of fp32 zeros: {name: shape}, in order."""
+    hdr, data = OrderedDict(), b""
+    for name, shape in shapes.items():
+        n = 4 * shape[0] * shape[1]
+        hdr[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [len(data), len(data) + n]}
+        data += b"\0" * n
+    return st_bytes(hdr, data)
+
+
+def fused_weights(r_gate_up, r_down):
+    """PEFT's transformers-5 fused expert adapter on the tiny Mixtral (2 experts, H 16, I 16):
+    gate_up_proj (the inner wrapper) at rank r_gate_up per expert, down_proj at r_down."""
+    pre = "base_model.model.model.layers.0.mlp.experts"
+    return st_zeros(OrderedDict([(f"{pre}.base_layer.lora_A.weight", (2 * r_gate_up, 16)),
+                                 (f"{pre}.base_layer.lora_B.weight", (32, 2 * r_gate_up)),
+                                 (f"{pre}.lora_A.weight", (2 * r_down, 16)),
+                                 (f"{pre}.lora_B.weight", (16, 2 * r_down))]))
+
+
 class Link(str):
     """A file the case shares unchanged with _shared/ (written as a symlink)."""
 
@@ -403,6 +423,29 @@ def yaml_cases():
     case("lora_adapter_shape_mismatch", "lora_A",
          {"adapter/adapter_config.json": adapter_config(),
           "adapter/adapter_model.safetensors": adapter_weights(4, 32)}, yaml=lora_run)
+    # PEFT's own transformers-5 files: a fused gate_up at rank 8 where the config says r 4 (no rank_pattern),
+    # a rank_pattern that disagrees with a tensor, a target_parameters entry this model has nothing for,
+    # and a pattern key in Python-only regex syntax
+    fused_run = run_yaml(adapter="lora", lora_r="4", lora_alpha="8", lora_target_modules="[w1, w2, w3]",
+                         lora_model_dir="adapter")
+    case("lora_adapter_fused_wrong_rank",
+         "adapter/adapter_model.safetensors: tensor base_model.model.model.layers.0.mlp.experts.base_layer.lora_A"
+         ".weight has shape [16, 16]; expected [8, 16]",
+         {"adapter/adapter_config.json": adapter_config(target_modules=[],
+                                                        target_parameters=["gate_up_proj", "down_proj"]),
+          "adapter/adapter_model.safetensors": fused_weights(8, 4)}, yaml=fused_run)
+    case("lora_adapter_rank_pattern_disagrees",
+         "adapter/adapter_model.safetensors: tensor base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight "
+         "has shape [4, 16]; expected [2, 16]",
+         {"adapter/adapter_config.json": adapter_config(rank_pattern={"q_proj": 2}),
+          "adapter/adapter_model.safetensors": adapter_weights(4, 16)}, yaml=lora_run)
+    case("lora_adapter_unknown_target_parameter",
+         "adapter/adapter_config.json: target_parameters entry 'mlp.experts.gate_up_projection'",
+         {"adapter/adapter_config.json": adapter_config(target_parameters=["mlp.experts.gate_up_projection"]),
+          "adapter/adapter_model.safetensors": adapter_weights(4, 16)}, yaml=lora_run)
+    case("lora_adapter_pattern_python_regex", "rank_pattern key 'layers\\.\\d+\\.q_proj'",
+         {"adapter/adapter_config.json": adapter_config(rank_pattern={"layers\\.\\d+\\.q_proj": 2}),
+          "adapter/adapter_model.safetensors": adapter_weights(4, 16)}, yaml=lora_run)
     case("datasets_empty", "datasets", yaml=run_yaml(datasets="[]"))
     case("base_model_missing_key", "base_model", yaml=run_yaml(drop=("base_model",)))
     case("hardware_unknown_name", "tpu-v9", yaml=run_yaml(hardware="tpu-v9"))

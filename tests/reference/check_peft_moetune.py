@@ -11,16 +11,15 @@ adapter, which modules PEFT adapted, PEFT's scaling) go to
 tests/fixtures/lora_peft_moetune.json.
 
 Where PEFT computes something other than what the adapter file says, the
-file records it and the logits are those of the adapter's own meaning:
-  * Qwen3-MoE routed experts under rsLoRA: PEFT fuses per-expert gate and
-    up adapters into one rank-2r adapter and doubles lora_alpha to keep
-    alpha/r, which under rsLoRA gives 2a/sqrt(2r) instead of a/sqrt(r); the
-    script sets PEFT's scaling back to a/sqrt(r) (noted in the JSON).
-  * Qwen2-MoE: PEFT on transformers 5 maps the routed experts' adapters to
-    nothing (its fused experts are not nn.Linear and the names match the
-    shared expert only), so its logits lack them: no logits file is written
-    for that case, the JSON records the difference, and the test compares
-    against the reference instead.
+file records it: a scaling PEFT reads otherwise is noted and set back to
+the adapter's own (alpha/r, alpha/sqrt(r)) before comparing, and a case
+whose PEFT logits still differ gets no logits file (the test compares it
+against the reference instead).  With the adapter_config.json moetune
+writes for transformers 5 (engine/model/lora/peft5.h), PEFT there computes
+what the file says for every fixture: Qwen3-MoE's rsLoRA experts at
+alpha/sqrt(r) (their alpha_pattern), Qwen2-MoE's routed, shared-expert and
+dense adapters all loaded (tests/reference/check_peft_moetune_save.py
+checks every weight).
 
 Run: /tmp/loravenv/bin/python tests/reference/check_peft_moetune.py bazel-bin/tools/moetune
 (the committed files are from transformers 5.23 and peft 0.21.2).  Not part

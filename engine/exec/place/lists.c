@@ -67,11 +67,12 @@ int exec_expert_ids(const eng_layer_env_t *env, int l, const int32_t *counts, in
         if (counts[e] > 0 && !exec_ep_foreign(env, &m->params[Lx->exp_gate[e]])) {
             const int mods[3] = {Lx->exp_gate[e], Lx->exp_up[e], Lx->exp_down[e]};
             for (int k = 0; k < 3; k++) {
+                const eng_param_t *p = &m->params[mods[k]];
                 ids[n++] = mods[k];
-                if (m->params[mods[k]].lora_a >= 0) {
-                    ids[n++] = m->params[mods[k]].lora_a;
-                    ids[n++] = m->params[mods[k]].lora_b;
-                }
+                if (p->lora_a < 0) continue;
+                /* an up adapter in PEFT's fused form shares its gate's A: listed once */
+                if (k != 1 || p->lora_a != m->params[mods[0]].lora_a) ids[n++] = p->lora_a;
+                ids[n++] = p->lora_b;
             }
         }
     return n;

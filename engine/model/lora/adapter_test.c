@@ -1,14 +1,18 @@
 /* PEFT adapter files: adapter_config.json written and read back; every
- * refused option with the file and key in its message; the fixtures'
+ * refused option with the file and key in its message; rank_pattern and
+ * alpha_pattern looked up as PEFT's get_pattern_key does (first key in file
+ * order, dot-boundary suffix), with PEFT's gate_up rewrite; the fixtures'
  * adapters (tests/fixtures/lora_*) read with the shapes the description
  * gives; weights written and read back byte-identical, with the keys and
- * bytes of the fixture file; the fused transformers-5 layout converted to
- * per-expert pairs, both on hand-made tensors whose values encode where
- * they must land and against the per-expert fixture; shape, missing-factor
- * and unknown-module errors naming the tensor. */
+ * bytes of the fixture file; the fused transformers-5 layout read as
+ * per-expert pairs whose gate and up share A, on hand-made tensors whose
+ * values encode where they must land and against the per-expert fixture,
+ * and written back byte for byte; shape, missing-factor and unknown-module
+ * errors naming the tensor, the shapes and where the rank came from. */
 #include "engine/model/lora/adapter.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +67,16 @@ static bool load(const char *fixture, model_t *m) {
 static void unload(model_t *m) {
     eng_model_desc_free(&m->d);
     eng_model_config_free(&m->cfg);
+}
+
+/* An adapter_config of rank r, alpha 8, naming nothing PEFT rewrites. */
+static eng_lora_config_t cfg_r(int r) {
+    return (eng_lora_config_t){.r = r, .lora_alpha = 8};
+}
+
+static mt_status_t read_w(const char *path, const model_t *m, eng_lora_config_t c, eng_lora_weights_t *w,
+                          mt_error_t *err) {
+    return eng_lora_weights_read(path, &m->d, &c, "adapter_config.json", w, err);
 }
 
 /* ---- adapter_config.json ---------------------------------------------------- */
@@ -140,8 +154,11 @@ static void test_config_refusals(void) {
     expect_refused("\"bias\": \"all\"", "bias", MT_ERR_UNSUPPORTED);
     expect_refused("\"bias\": \"lora_only\"", "bias", MT_ERR_UNSUPPORTED);
     expect_refused("\"fan_in_fan_out\": true", "fan_in_fan_out", MT_ERR_UNSUPPORTED);
-    expect_refused("\"rank_pattern\": {\"q_proj\": 8}", "rank_pattern", MT_ERR_UNSUPPORTED);
-    expect_refused("\"alpha_pattern\": {\"q_proj\": 8}", "alpha_pattern", MT_ERR_UNSUPPORTED);
+    expect_refused("\"rank_pattern\": {\"layers\\\\.\\\\d+\\\\.q_proj\": 8}", "layers\\.\\d+\\.q_proj",
+                   MT_ERR_UNSUPPORTED);
+    expect_refused("\"rank_pattern\": {\"q_proj\": 2.5}", "q_proj", MT_ERR_FORMAT);
+    expect_refused("\"alpha_pattern\": {\"q_proj\": -1}", "q_proj", MT_ERR_FORMAT);
+    expect_refused("\"rank_pattern\": [8]", "rank_pattern", MT_ERR_FORMAT);
     expect_refused("\"init_lora_weights\": \"pissa\"", "init_lora_weights", MT_ERR_UNSUPPORTED);
     expect_refused("\"init_lora_weights\": \"olora\"", "init_lora_weights", MT_ERR_UNSUPPORTED);
     expect_refused("\"layers_to_transform\": [0]", "layers_to_transform", MT_ERR_UNSUPPORTED);
@@ -152,6 +169,7 @@ static void test_config_refusals(void) {
     expect_accepted("\"use_dora\": false, \"bias\": \"none\", \"fan_in_fan_out\": false, \"rank_pattern\": {},"
                     " \"alpha_pattern\": {}, \"init_lora_weights\": true, \"layers_to_transform\": null");
     expect_accepted("\"init_lora_weights\": \"gaussian\"");
+    expect_accepted("\"rank_pattern\": {\"q_proj\": 8}, \"alpha_pattern\": {\".*\\\\.gate_up_proj\": 16}");
 
     const char *p = tmp_path("ia3.json");
     write_text(p, "{\"peft_type\": \"IA3\", \"target_modules\": [\"q_proj\"]}");
@@ -163,12 +181,109 @@ static void test_config_refusals(void) {
     EXPECT(eng_lora_config_read(tmp_path("missing.json"), &c, &err) == MT_ERR_IO, "%s", err.msg);
 }
 
+/* PEFT's get_pattern_key: the first key, in file order, for which
+ * (.*\.)?(KEY)$ matches the name from its start; PEFT's gate_up rewrite
+ * appends `.*\.gate_up_proj`: 2r / 2 alpha after the file's keys. */
+static void test_patterns(void) {
+    const char *p = tmp_path("patterns.json");
+    write_text(p, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\", \"w1\","
+                  " \"w3\"], \"rank_pattern\": {\"layers\\\\.1\\\\.self_attn\\\\.q_proj\": 6, \"q_proj\": 2,"
+                  " \"experts\\\\.down_proj\": 3}, \"alpha_pattern\": {\"o_proj\": 16}}");
+    eng_lora_config_t c;
+    mt_error_t err = {0};
+    EXPECT(eng_lora_config_read(p, &c, &err) == MT_OK, "%s", err.msg);
+    if (err.code) return;
+    int r;
+    double a;
+    const char *key;
+    eng_lora_config_lookup(&c, "model.layers.1.self_attn.q_proj", false, &r, &a, &key);
+    EXPECT(r == 6 && a == 8 && key && !strcmp(key, "layers\\.1\\.self_attn\\.q_proj"), "layer 1 q_proj: %d", r);
+    eng_lora_config_lookup(&c, "model.layers.0.self_attn.q_proj", false, &r, &a, &key);
+    EXPECT(r == 2 && key && !strcmp(key, "q_proj"), "layer 0 q_proj: %d (the second key)", r);
+    eng_lora_config_lookup(&c, "model.layers.11.self_attn.q_proj", false, &r, &a, &key);
+    EXPECT(r == 2, "layer 11 q_proj: %d (a key matches at a dot)", r);
+    eng_lora_config_lookup(&c, "model.layers.0.self_attn.xq_proj", false, &r, &a, &key);
+    EXPECT(r == 4 && !key, "xq_proj: %d (no match inside a name)", r);
+    eng_lora_config_lookup(&c, "model.layers.0.self_attn.o_proj", false, &r, &a, &key);
+    EXPECT(r == 4 && a == 16, "o_proj: r %d alpha %g", r, a);
+    eng_lora_config_lookup(&c, "model.layers.0.mlp.experts.down_proj", false, &r, &a, &key);
+    EXPECT(r == 3, "down_proj: %d", r);
+    eng_lora_config_lookup(&c, "model.layers.0.mlp.experts.gate_up_proj", true, &r, &a, &key);
+    EXPECT(r == 8 && a == 16 && key && !strcmp(key, ".*\\.gate_up_proj"), "rewritten gate_up: r %d alpha %g", r, a);
+    eng_lora_config_lookup(&c, "model.layers.0.mlp.experts.gate_up_proj", false, &r, &a, &key);
+    EXPECT(r == 4 && a == 8, "gate_up without the rewrite: r %d alpha %g", r, a);
+    EXPECT(eng_lora_config_names(&c, "w1", NULL, 0) && eng_lora_config_names(&c, "w3", NULL, 0) &&
+               !eng_lora_config_names(&c, "gate_proj", NULL, 0),
+           "names");
+    eng_lora_config_free(&c);
+    /* a regex names a leaf when it matches a probe, as PEFT probes experts.gate_proj */
+    eng_lora_config_t rx = {.r = 2, .lora_alpha = 2, .target_regex = ".*experts\\.(gate|up)_proj"};
+    const char *probe[] = {"model.layers.3.mlp.experts.gate_proj"};
+    EXPECT(eng_lora_config_names(&rx, "gate_proj", probe, 1), "regex probe");
+    probe[0] = "model.layers.3.mlp.experts.down_proj";
+    EXPECT(!eng_lora_config_names(&rx, "down_proj", probe, 1), "regex probe, no match");
+}
+
 /* ---- weights ------------------------------------------------------------------ */
 
 static bool same_tensor_bytes(const eng_st_file_t *a, const eng_st_file_t *b, const char *name) {
     const eng_st_tensor_t *x = eng_st_find(a, name), *y = eng_st_find(b, name);
     return x && y && x->dtype == y->dtype && x->end - x->begin == y->end - y->begin &&
            memcmp(x->data, y->data, x->end - x->begin) == 0;
+}
+
+/* The per-expert pair x and the fused-form pair y adapt the same module:
+ * B_y A_y == B_x A_x (a block-diagonal fused B holds x's columns). */
+static bool same_product(const eng_lora_pair_t *x, const eng_lora_pair_t *y) {
+    for (int64_t o = 0; o < x->out; o++)
+        for (int64_t i = 0; i < x->in; i++) {
+            double px = 0, py = 0;
+            for (int k = 0; k < x->r; k++) px += (double)x->b[o * x->r + k] * x->a[k * x->in + i];
+            for (int k = 0; k < y->r; k++) py += (double)y->b[o * y->r + k] * y->a[k * y->in + i];
+            if (px != py) return false;
+        }
+    return true;
+}
+
+static void check_fused_fixture(const model_t *m, const eng_lora_config_t *c, const char *cpath,
+                                const eng_lora_weights_t *w, const char *path) {
+    eng_lora_weights_t wf;
+    mt_error_t err = {0};
+    EXPECT(eng_lora_weights_read(path, &m->d, c, cpath, &wf, &err) == MT_OK, "%s: %s", path, err.msg);
+    EXPECT(wf.count == w->count, "fused: %d pairs, per-expert %d", wf.count, w->count);
+    const double s2 = c->use_rslora ? 2 * c->lora_alpha / sqrt(2.0 * c->r) : c->lora_alpha / c->r;
+    for (int i = 0; i < w->count && i < wf.count; i++) {
+        const eng_lora_pair_t *x = &w->pairs[i], *y = &wf.pairs[i];
+        const eng_param_role_t role = m->d.params[x->param].role;
+        if (role == ENG_P_EXP_DOWN) {
+            EXPECT(x->param == y->param && x->r == y->r && !y->shares_a &&
+                       !memcmp(x->a, y->a, (size_t)x->r * x->in * sizeof(float)) &&
+                       !memcmp(x->b, y->b, (size_t)x->out * x->r * sizeof(float)),
+                   "fused down pair %d (%s) differs from per-expert", i, m->d.params[x->param].name);
+            continue;
+        }
+        EXPECT(x->param == y->param && y->r == 2 * c->r && y->shares_a == (role == ENG_P_EXP_UP) &&
+                   fabs(y->scale - s2) < 1e-12 && same_product(x, y),
+               "fused %s (%s): rank %d, scale %g (PEFT's %g), shares %d", role == ENG_P_EXP_UP ? "up" : "gate",
+               m->d.params[x->param].name, y->r, y->scale, s2, y->shares_a);
+        if (role == ENG_P_EXP_UP && i > 0)
+            EXPECT(!memcmp(wf.pairs[i - 1].a, y->a, (size_t)y->r * y->in * sizeof(float)), "gate and up A differ");
+    }
+    /* written back: PEFT's fused layout, the fixture's keys and bytes */
+    const char *out = tmp_path("fused_again.safetensors");
+    EXPECT(eng_lora_weights_write(out, &m->d, &wf, NULL, 0, &err) == MT_OK, "%s", err.msg);
+    eng_st_file_t fa, fb;
+    if (eng_st_open(path, &fa, &err) == MT_OK) {
+        if (eng_st_open(out, &fb, &err) == MT_OK) {
+            EXPECT(fa.count == fb.count, "%d fused tensors written, fixture %d", fb.count, fa.count);
+            for (int i = 0; i < fa.count; i++)
+                EXPECT(same_tensor_bytes(&fa, &fb, fa.tensors[i].name), "%s differs or is missing",
+                       fa.tensors[i].name);
+            eng_st_close(&fb);
+        }
+        eng_st_close(&fa);
+    }
+    eng_lora_weights_free(&wf);
 }
 
 static void test_fixture(const char *fixture) {
@@ -190,7 +305,7 @@ static void test_fixture(const char *fixture) {
         snprintf(path, sizeof path, "tests/fixtures/%s/%s/adapter_model.safetensors", fixture,
                  which ? "adapter_final" : "adapter_init");
         eng_lora_weights_t w;
-        EXPECT(eng_lora_weights_read(path, &m.d, c.r, &w, &err) == MT_OK, "%s: %s", path, err.msg);
+        EXPECT(eng_lora_weights_read(path, &m.d, &c, cpath, &w, &err) == MT_OK, "%s: %s", path, err.msg);
         json_t *mods = exp ? json_object_get(exp, "adapted_modules") : NULL;
         EXPECT((size_t)w.count == json_array_size(mods), "%s: %d pairs, reference %zu", path, w.count,
                json_array_size(mods));
@@ -234,7 +349,7 @@ static void test_fixture(const char *fixture) {
             eng_st_close(&fa);
         }
         eng_lora_weights_t w2;
-        EXPECT(eng_lora_weights_read(out, &m.d, c.r, &w2, &err) == MT_OK, "%s", err.msg);
+        EXPECT(eng_lora_weights_read(out, &m.d, &c, cpath, &w2, &err) == MT_OK, "%s", err.msg);
         EXPECT(w2.count == w.count, "reread count");
         for (int i = 0; i < w.count && i < w2.count; i++)
             EXPECT(w2.pairs[i].param == w.pairs[i].param &&
@@ -243,21 +358,11 @@ static void test_fixture(const char *fixture) {
                    "pair %d differs after write/read", i);
         eng_lora_weights_free(&w2);
 
-        /* the fused layout of the same adapter gives the same pairs, bit for bit */
+        /* the fused layout of the same adapter: to PEFT on transformers 5 (target_modules names gate
+         * and up) one gate_up adapter of rank 2r, alpha 2a, whose A gate and up share; the same
+         * products B A; down_proj's pairs bit for bit; written back as the same file */
         snprintf(path, sizeof path, "tests/fixtures/%s/adapter_init/adapter_model_fused.safetensors", fixture);
-        if (which == 0 && access(path, R_OK) == 0) {
-            eng_lora_weights_t wf;
-            EXPECT(eng_lora_weights_read(path, &m.d, c.r, &wf, &err) == MT_OK, "%s: %s", path, err.msg);
-            EXPECT(wf.count == w.count, "fused: %d pairs, per-expert %d", wf.count, w.count);
-            for (int i = 0; i < w.count && i < wf.count; i++) {
-                const eng_lora_pair_t *x = &w.pairs[i], *y = &wf.pairs[i];
-                EXPECT(x->param == y->param && x->r == y->r &&
-                           !memcmp(x->a, y->a, (size_t)x->r * x->in * sizeof(float)) &&
-                           !memcmp(x->b, y->b, (size_t)x->out * x->r * sizeof(float)),
-                       "fused pair %d (%s) differs from per-expert", i, m.d.params[x->param].name);
-            }
-            eng_lora_weights_free(&wf);
-        }
+        if (which == 0 && access(path, R_OK) == 0) check_fused_fixture(&m, &c, cpath, &w, path);
         eng_lora_weights_free(&w);
     }
     json_decref(exp);
@@ -295,7 +400,7 @@ static void test_fused_hand(void) {
     const char *p = tmp_path("fused_hand.safetensors");
     EXPECT(eng_st_write(p, t, 4, NULL, 0, &err) == MT_OK, "%s", err.msg);
     eng_lora_weights_t w;
-    EXPECT(eng_lora_weights_read(p, &m.d, r, &w, &err) == MT_OK, "%s", err.msg);
+    EXPECT(read_w(p, &m, cfg_r(r), &w, &err) == MT_OK, "%s", err.msg);
     EXPECT(w.count == 3 * E, "%d pairs", w.count);
     int bad = 0;
     for (int e = 0; e < E; e++) {
@@ -320,19 +425,51 @@ static void test_fused_hand(void) {
         }
     }
     EXPECT(bad == 0, "%d elements landed in the wrong place", bad);
+    for (int i = 0; i < w.count; i++)
+        EXPECT(w.pairs[i].shares_a == (m.d.params[w.pairs[i].param].role == ENG_P_EXP_UP), "pair %d sharing", i);
+    /* written back in PEFT's fused form: the same four tensors, byte for byte */
+    const char *p2 = tmp_path("fused_hand_again.safetensors");
+    EXPECT(eng_lora_weights_write(p2, &m.d, &w, NULL, 0, &err) == MT_OK, "%s", err.msg);
+    eng_st_file_t fa, fb;
+    if (eng_st_open(p, &fa, &err) == MT_OK) {
+        if (eng_st_open(p2, &fb, &err) == MT_OK) {
+            EXPECT(fb.count == 4, "%d tensors written", fb.count);
+            for (int i = 0; i < 4; i++) EXPECT(same_tensor_bytes(&fa, &fb, t[i].name), "%s differs", t[i].name);
+            eng_st_close(&fb);
+        }
+        eng_st_close(&fa);
+    }
     eng_lora_weights_free(&w);
 
-    /* gate_up alone at twice the config's rank with a full (not block-diagonal)
-     * B, as PEFT trains it on transformers 5: gate and up keep rank 2 and share A */
+    /* gate_up alone at rank 2 where the config says r 1: refused, naming the tensor, both shapes and the rank's
+     * source; accepted where a rank_pattern or PEFT's gate/up rewrite gives rank 2 */
     EXPECT(eng_st_write(p, t, 2, NULL, 0, &err) == MT_OK, "%s", err.msg);
-    EXPECT(eng_lora_weights_read(p, &m.d, 1, &w, &err) == MT_OK, "%s", err.msg);
+    EXPECT(read_w(p, &m, cfg_r(1), &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "base_layer.lora_A.weight") &&
+               strstr(err.msg, "[8, 16]; expected [4, 16]") && strstr(err.msg, "rank 1 from r in adapter_config.json"),
+           "%s", err.msg);
+    char key[] = "gate_up_proj";
+    eng_lora_pattern_t pat = {key, 2};
+    eng_lora_config_t c = cfg_r(1);
+    c.rank_pattern = &pat;
+    c.num_rank_pattern = 1;
+    EXPECT(read_w(p, &m, c, &w, &err) == MT_OK, "%s", err.msg);
     EXPECT(w.count == 2 * E, "%d pairs", w.count);
-    for (int i = 0; i < w.count; i++) EXPECT(w.pairs[i].r == 2, "pair %d rank %d", i, w.pairs[i].r);
+    for (int i = 0; i < w.count; i++)
+        EXPECT(w.pairs[i].r == 2 && w.pairs[i].scale == 4.0, "pair %d rank %d", i, w.pairs[i].r);
     if (w.count == 2 * E) EXPECT(!memcmp(w.pairs[0].a, w.pairs[1].a, 2 * H * sizeof(float)), "gate/up A differ");
     eng_lora_weights_free(&w);
-    /* down at twice the rank is not PEFT's: refused, naming the rank */
+    char *gu[] = {"w1", "w3"};
+    c = cfg_r(1);
+    c.target_modules = gu;
+    c.num_target_modules = 2;
+    const mt_status_t st = read_w(p, &m, c, &w, &err);
+    EXPECT(st == MT_OK && w.count == 2 * E && w.pairs[0].r == 2 && w.pairs[0].alpha == 16,
+           "PEFT's rewrite of w1 + w3: %s", err.msg);
+    if (st == MT_OK) eng_lora_weights_free(&w);
+    /* down at twice the config's rank: refused the same way */
     EXPECT(eng_st_write(p, t + 2, 2, NULL, 0, &err) == MT_OK, "%s", err.msg);
-    EXPECT(eng_lora_weights_read(p, &m.d, 1, &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "rank 2 per expert"),
+    EXPECT(read_w(p, &m, cfg_r(1), &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "expected [4, 8]") &&
+               strstr(err.msg, "experts.lora_A.weight"),
            "%s", err.msg);
 
     /* a fused pair of the wrong shape names both tensors and what fits */
@@ -343,8 +480,8 @@ static void test_fused_hand(void) {
         {"base_model.model.model.layers.1.mlp.experts.lora_B.weight", ENG_ST_F32, 2, s_bdn, NULL, bdn},
     };
     EXPECT(eng_st_write(p, tb, 2, NULL, 0, &err) == MT_OK, "%s", err.msg);
-    EXPECT(eng_lora_weights_read(p, &m.d, r, &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "gate_up_proj") &&
-               strstr(err.msg, "experts.lora_A.weight [8, 17]"),
+    EXPECT(read_w(p, &m, cfg_r(r), &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "fit neither gate_up_proj") &&
+               strstr(err.msg, "experts.lora_A.weight") && strstr(err.msg, "experts.lora_B.weight"),
            "%s", err.msg);
     unload(&m);
 }
@@ -362,28 +499,30 @@ static void test_weight_errors(void) {
         {"base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", ENG_ST_F32, 2, s_b, NULL, buf},
     };
     EXPECT(eng_st_write(p, t, 2, NULL, 0, &err) == MT_OK, "%s", err.msg);
-    EXPECT(eng_lora_weights_read(p, &m.d, 4, &w, &err) == MT_ERR_FORMAT &&
+    EXPECT(read_w(p, &m, cfg_r(4), &w, &err) == MT_ERR_FORMAT &&
                strstr(err.msg, "self_attn.q_proj.lora_A.weight has shape [4, 17]") && strstr(err.msg, "[4, 16]"),
            "%s", err.msg);
     /* only A */
     const int64_t s_a[2] = {4, 16};
     t[0].shape = s_a;
     EXPECT(eng_st_write(p, t, 1, NULL, 0, &err) == MT_OK, "%s", err.msg);
-    EXPECT(eng_lora_weights_read(p, &m.d, 4, &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "q_proj.weight has lora_A"),
+    EXPECT(read_w(p, &m, cfg_r(4), &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "q_proj.weight has lora_A"),
            "%s", err.msg);
     /* rank disagreeing with the config */
     EXPECT(eng_st_write(p, t, 2, NULL, 0, &err) == MT_OK, "%s", err.msg);
-    EXPECT(eng_lora_weights_read(p, &m.d, 8, &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "[8, 16]"), "%s", err.msg);
+    EXPECT(read_w(p, &m, cfg_r(8), &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "expected [8, 16]") &&
+               strstr(err.msg, "rank 8 from r"),
+           "%s", err.msg);
     /* a module that is not linear, and a name without PEFT's prefix */
     const int64_t s_n[2] = {4, 8};
     eng_st_write_tensor_t tn = {"base_model.model.model.layers.0.input_layernorm.lora_A.weight", ENG_ST_F32, 2, s_n,
                                 NULL, buf};
     EXPECT(eng_st_write(p, &tn, 1, NULL, 0, &err) == MT_OK, "%s", err.msg);
-    EXPECT(eng_lora_weights_read(p, &m.d, 4, &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "not a linear module"),
+    EXPECT(read_w(p, &m, cfg_r(4), &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "not a linear module"),
            "%s", err.msg);
     tn.name = "model.layers.0.self_attn.q_proj.lora_A.weight";
     EXPECT(eng_st_write(p, &tn, 1, NULL, 0, &err) == MT_OK, "%s", err.msg);
-    EXPECT(eng_lora_weights_read(p, &m.d, 4, &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "base_model.model."), "%s",
+    EXPECT(read_w(p, &m, cfg_r(4), &w, &err) == MT_ERR_FORMAT && strstr(err.msg, "base_model.model."), "%s",
            err.msg);
 
     /* modules_to_save: lm_head under its own name, written and read back */
@@ -397,7 +536,7 @@ static void test_weight_errors(void) {
     eng_lora_full_t full = {.param = pl, .data = head};
     eng_lora_weights_t ws = {.pairs = &pair, .count = 1, .saved = &full, .num_saved = 1};
     EXPECT(eng_lora_weights_write(p, &m.d, &ws, NULL, 0, &err) == MT_OK, "%s", err.msg);
-    EXPECT(eng_lora_weights_read(p, &m.d, 4, &w, &err) == MT_OK, "%s", err.msg);
+    EXPECT(read_w(p, &m, cfg_r(4), &w, &err) == MT_OK, "%s", err.msg);
     EXPECT(w.count == 1 && w.num_saved == 1 && w.saved[0].param == pl &&
                !memcmp(w.saved[0].data, head, sizeof head) && !memcmp(w.pairs[0].a, qa, sizeof qa),
            "modules_to_save round trip");
@@ -415,6 +554,7 @@ int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "%s", t ? t : "/tmp");
     test_config_roundtrip();
     test_config_refusals();
+    test_patterns();
     test_fixture("lora_mixtral_attn");
     test_fixture("lora_qwen3_experts");
     test_fixture("lora_qwen2_all");

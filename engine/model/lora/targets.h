@@ -50,6 +50,8 @@ typedef struct {
     const char *const *modules; /* target_modules as a list (may hold "all-linear") */
     int num_modules;
     const char *regex;          /* target_modules as a string; NULL for a list */
+    const char *const *params;  /* target_parameters: names as PEFT on transformers 5 sees them */
+    int num_params;
     bool all_linear;            /* lora_target_linear: true */
     int r;
     const char *const *modules_to_save;
@@ -60,6 +62,11 @@ typedef struct {
     int param;                /* index into desc->params of the module's weight */
     eng_lora_kind_t kind;
     int64_t out, in;          /* the base weight's shape (out, in) */
+    int r;                    /* its rank (the selection's r unless an adapter file says otherwise) */
+    double alpha;             /* its lora_alpha */
+    float scale;              /* s in y = W x + s B A x: alpha / r, or alpha / sqrt(r) */
+    int share_a;              /* -1, or the target whose A this one uses: a routed expert's up
+                               * adapter in PEFT's fused gate_up form (adapter.h) uses its gate's */
 } eng_lora_target_t;
 
 typedef struct {
@@ -80,11 +87,32 @@ bool eng_lora_module_of(const eng_param_spec_t *p, char *buf, size_t cap);
 bool eng_lora_role_is_linear(eng_param_role_t role);
 eng_lora_kind_t eng_lora_role_kind(eng_param_role_t role);
 
+/* The names PEFT on transformers 5 gives parameter p of d (false when p is
+ * no linear module or the name does not fit):
+ *   eng_lora_peft_param: what a target_parameters entry and a pattern key
+ *     are matched against when PEFT wraps the parameter itself: a routed
+ *     expert's gate or up weight is `model.layers.N.mlp.experts.gate_up_proj`,
+ *     its down weight `….down_proj` (transformers 5 fuses the experts), any
+ *     other weight its module's name + ".weight";
+ *   eng_lora_peft_module: the module's name (Mixtral's `block_sparse_moe`
+ *     is `mlp` on transformers 5). */
+bool eng_lora_peft_param(const eng_model_desc_t *d, int p, char *buf, size_t cap);
+bool eng_lora_peft_module(const eng_model_desc_t *d, int p, char *buf, size_t cap);
+/* Whether PEFT on transformers 5 rewrites a target_modules entry with this
+ * leaf into a target_parameters one (its routed experts' leaf names, w1/w2/w3
+ * or gate_proj/up_proj/down_proj, and the router's `gate`): a module outside
+ * the routed experts with such a leaf is reachable only by target_parameters. */
+bool eng_lora_peft_rewritten_leaf(const eng_model_desc_t *d, const char *leaf);
+/* PEFT's list rule: `name` equals `entry` or ends with "." + entry. */
+bool eng_lora_name_matches(const char *name, const char *entry);
+
 /* Errors: MT_ERR_CONFIG naming the entry (no match, bad regex) or the
  * module and its shape (rank too large). */
 mt_status_t eng_lora_targets_select(const eng_model_desc_t *d, const eng_lora_select_t *sel,
                                     eng_lora_plan_t *out, mt_error_t *err);
 void eng_lora_plan_free(eng_lora_plan_t *p);
+/* The counts again after targets changed rank or share an A (r * out only). */
+void eng_lora_plan_recount(eng_lora_plan_t *p);
 /* Index into p->targets of a parameter, or -1. */
 int eng_lora_plan_find(const eng_lora_plan_t *p, int param);
 /* A few lines: trainable parameters by kind and in all, for the run's log. */
