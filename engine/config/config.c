@@ -38,41 +38,11 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "engine/config/config_rows.h"
 #include "engine/config/values.h" /* YAML 1.1 scalar typing, YAML -> JSON */
 
 /* ---- key tables ---------------------------------------------------------- */
 
-typedef enum {
-    K_INT,      /* int */
-    K_U64,      /* uint64_t, non-negative */
-    K_DOUBLE,   /* double; integers accepted */
-    K_BOOL,     /* bool, YAML 1.1 words */
-    K_BF16,     /* eng_bf16_choice_t: a YAML 1.1 boolean, or "auto" */
-    K_RESUME,   /* eng_resume_t: a YAML 1.1 boolean, or a path */
-    K_PATH,     /* char[], relative paths anchored at the YAML's folder */
-    K_STRING,   /* char[], kept as written (names that may also be paths, e.g. hardware) */
-    K_SIZE,     /* size_t from eng_parse_size */
-    K_ENUM,     /* C enum from a name list */
-    K_DATASETS, /* list of {path, type} */
-    K_JSON,     /* mapping -> JSON object text (model_config) */
-    K_STRLIST,  /* list of strings (lora_target_modules) */
-    K_SECTION,  /* nested mapping with its own table */
-    K_DEVICES,  /* eng_devices_t: a count, or a list of distinct ordinals */
-} key_kind_t;
-
-typedef struct {
-    const char *name;
-    int value;
-} enum_name_t;
-
-typedef struct key_row {
-    const char *name;
-    key_kind_t kind;
-    size_t offset, size; /* the field in eng_run_config_t */
-    const enum_name_t *enums;
-    const struct key_row *section;
-    int64_t lo, hi; /* K_INT: the accepted range, inclusive */
-} key_row_t;
 
 #define FIELD(f) offsetof(eng_run_config_t, f), sizeof(((eng_run_config_t *)0)->f)
 #define ROW(name, kind, f) {name, kind, FIELD(f), NULL, NULL, 0, 0}
@@ -224,7 +194,7 @@ static const enum_name_t k_parallel_names[] = {
     {NULL, 0},
 };
 
-static const key_row_t k_top_rows[] = {
+const key_row_t eng_cfg_top_rows[] = {
     ROW("base_model", K_PATH, base_model),
     ROW("base_model_init", K_PATH, base_model_init),
     ROW("datasets", K_DATASETS, datasets),
@@ -286,19 +256,8 @@ static const key_row_t k_top_rows[] = {
 
 /* ---- the walk ------------------------------------------------------------ */
 
-typedef struct {
-    const char *file;    /* names the YAML in messages */
-    const char *set_arg; /* the --set assignment, or NULL while reading a file */
-    char base_dir[1024]; /* anchor of relative paths; "" = keep as written */
-    yaml_document_t *doc;
-    eng_run_config_t *cfg;
-    mt_error_t *err;
-} pctx_t;
 
-static mt_status_t fail(const pctx_t *c, const yaml_node_t *at, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static mt_status_t fail(const pctx_t *c, const yaml_node_t *at, const char *fmt, ...) {
+mt_status_t eng_cfg_fail(const pctx_t *c, const yaml_node_t *at, const char *fmt, ...) {
     char what[1536];
     va_list ap;
     va_start(ap, fmt);
@@ -311,13 +270,13 @@ static mt_status_t fail(const pctx_t *c, const yaml_node_t *at, const char *fmt,
     return mt_error_set(c->err, MT_ERR_CONFIG, "%.400s: %s", c->file, what);
 }
 
-static const key_row_t *find_row(const key_row_t *rows, const char *name) {
+const key_row_t *eng_cfg_find_row(const key_row_t *rows, const char *name) {
     for (const key_row_t *r = rows; r->name; r++)
         if (strcmp(r->name, name) == 0) return r;
     return NULL;
 }
 
-static mt_status_t unknown_key(const pctx_t *c, const yaml_node_t *at, const key_row_t *rows,
+mt_status_t eng_cfg_unknown_key(const pctx_t *c, const yaml_node_t *at, const key_row_t *rows,
                                const char *prefix, const char *key) {
     const key_row_t *best = NULL;
     size_t best_d = (size_t)-1;
@@ -330,7 +289,7 @@ static mt_status_t unknown_key(const pctx_t *c, const yaml_node_t *at, const key
     size_t limit = strlen(key) / 3;
     if (limit < 2) limit = 2;
     if (best && best_d <= limit)
-        return fail(c, at, "unknown key '%s%.200s', did you mean '%s%s'?", prefix, key, prefix, best->name);
+        return eng_cfg_fail(c, at, "unknown key '%s%.200s', did you mean '%s%s'?", prefix, key, prefix, best->name);
     char list[1024] = "";
     size_t used = 0;
     for (const key_row_t *r = rows; r->name && used < sizeof list; r++) {
@@ -338,13 +297,13 @@ static mt_status_t unknown_key(const pctx_t *c, const yaml_node_t *at, const key
         if (w < 0) break;
         used += (size_t)w;
     }
-    return fail(c, at, "unknown key '%s%.200s'; valid keys here: %s", prefix, key, list);
+    return eng_cfg_fail(c, at, "unknown key '%s%.200s'; valid keys here: %s", prefix, key, list);
 }
 
 static mt_status_t expected(const pctx_t *c, const yaml_node_t *n, const char *key, const char *what) {
     char got[256];
     mt_yaml_describe(n, got, sizeof got);
-    return fail(c, n, "%s: expected %s, got %s", key, what, got);
+    return eng_cfg_fail(c, n, "%s: expected %s, got %s", key, what, got);
 }
 
 /* A dataset entry's `type:` is axolotl's prompt format.  The data here is
@@ -359,7 +318,7 @@ static mt_status_t check_dataset_type(pctx_t *c, yaml_node_t *v, int index) {
     const char *t = (const char *)v->data.scalar.value;
     for (size_t i = 0; i < sizeof k_dataset_types / sizeof k_dataset_types[0]; i++)
         if (strcmp(t, k_dataset_types[i]) == 0) return MT_OK;
-    return fail(c, v,
+    return eng_cfg_fail(c, v,
                 "datasets[%d].type: '%s' is not accepted; expected completion or pretrain (the data is already "
                 "tokenized and read as given: no prompt format is applied), or leave type out",
                 index, t);
@@ -399,13 +358,13 @@ static mt_status_t take_string(const pctx_t *c, const yaml_node_t *n, const char
                                size_t cap) {
     if (!n || n->type != YAML_SCALAR_NODE || eng_yaml_is_null(n)) return expected(c, n, key, "a string");
     const char *s = (const char *)n->data.scalar.value;
-    if (strlen(s) != n->data.scalar.length) return fail(c, n, "%s: the string contains a NUL byte", key);
+    if (strlen(s) != n->data.scalar.length) return eng_cfg_fail(c, n, "%s: the string contains a NUL byte", key);
     int w;
     if (path && s[0] != '/' && c->base_dir[0])
         w = snprintf(dst, cap, "%s/%s", c->base_dir, s);
     else
         w = snprintf(dst, cap, "%s", s);
-    if (w < 0 || (size_t)w >= cap) return fail(c, n, "%s: '%.200s' is longer than %zu bytes", key, s, cap - 1);
+    if (w < 0 || (size_t)w >= cap) return eng_cfg_fail(c, n, "%s: '%.200s' is longer than %zu bytes", key, s, cap - 1);
     return MT_OK;
 }
 
@@ -418,14 +377,14 @@ static mt_status_t apply_datasets(pctx_t *c, const char *key, yaml_node_t *n) {
     for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
         yaml_node_t *e = yaml_document_get_node(c->doc, *it);
         if (!e || e->type != YAML_MAPPING_NODE) return expected(c, e, key, "each entry to be a mapping {path: FILE}");
-        if (count == ENG_MAX_DATASETS) return fail(c, e, "%s: more than %d datasets", key, ENG_MAX_DATASETS);
+        if (count == ENG_MAX_DATASETS) return eng_cfg_fail(c, e, "%s: more than %d datasets", key, ENG_MAX_DATASETS);
         bool have_path = false;
         for (yaml_node_pair_t *p = e->data.mapping.pairs.start; p < e->data.mapping.pairs.top; p++) {
             yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
             yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
             if (!k || k->type != YAML_SCALAR_NODE) return expected(c, k, key, "string keys in a dataset entry");
             const char *name = (const char *)k->data.scalar.value;
-            if (!find_row(k_dataset_rows, name)) return unknown_key(c, k, k_dataset_rows, "datasets[].", name);
+            if (!eng_cfg_find_row(k_dataset_rows, name)) return eng_cfg_unknown_key(c, k, k_dataset_rows, "datasets[].", name);
             if (strcmp(name, "path") == 0) {
                 mt_status_t st = take_string(c, v, "datasets[].path", true, list[count].path, sizeof list[count].path);
                 if (st != MT_OK) return st;
@@ -435,7 +394,7 @@ static mt_status_t apply_datasets(pctx_t *c, const char *key, yaml_node_t *n) {
                 if (st != MT_OK) return st;
             }
         }
-        if (!have_path) return fail(c, e, "%s: entry %d has no 'path'", key, count);
+        if (!have_path) return eng_cfg_fail(c, e, "%s: entry %d has no 'path'", key, count);
         count++;
     }
     memcpy(c->cfg->datasets, list, sizeof list[0] * (size_t)count);
@@ -462,7 +421,7 @@ static mt_status_t apply_strlist(pctx_t *c, const key_row_t *row, const char *ke
     char tmp[ENG_MAX_LORA_TARGETS][sizeof cfg->lora_target_modules[0]];
     for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
         yaml_node_t *e = yaml_document_get_node(c->doc, *it);
-        if (count == ENG_MAX_LORA_TARGETS) return fail(c, e, "%s: more than %d entries", key, ENG_MAX_LORA_TARGETS);
+        if (count == ENG_MAX_LORA_TARGETS) return eng_cfg_fail(c, e, "%s: more than %d entries", key, ENG_MAX_LORA_TARGETS);
         mt_status_t st = take_string(c, e, key, false, tmp[count], sizeof tmp[count]);
         if (st != MT_OK) return st;
         count++;
@@ -483,7 +442,7 @@ static mt_status_t apply_json(pctx_t *c, const char *key, yaml_node_t *n) {
     char msg[512];
     const yaml_node_t *bad = NULL;
     json_t *obj = eng_yaml_to_json(c->doc, n, msg, sizeof msg, &bad);
-    if (!obj) return fail(c, bad ? bad : n, "%s: %s", key, msg);
+    if (!obj) return eng_cfg_fail(c, bad ? bad : n, "%s: %s", key, msg);
     char *text = json_dumps(obj, JSON_COMPACT);
     json_decref(obj);
     MT_CHECK_ALLOC(text, "model_config JSON text");
@@ -506,12 +465,12 @@ static mt_status_t apply_devices(pctx_t *c, const char *key, yaml_node_t *n) {
             yaml_node_t *e = yaml_document_get_node(c->doc, *it);
             if (!e || e->type != YAML_SCALAR_NODE || !eng_yaml_int(e, &v) || v < 0 || v > 1023)
                 return expected(c, e, key, "each entry to be a device ordinal from 0 to 1023");
-            if (d.count == ENG_MAX_DEVICES) return fail(c, e, "%s: more than %d devices", key, ENG_MAX_DEVICES);
+            if (d.count == ENG_MAX_DEVICES) return eng_cfg_fail(c, e, "%s: more than %d devices", key, ENG_MAX_DEVICES);
             for (int i = 0; i < d.count; i++)
-                if (d.ids[i] == (int)v) return fail(c, e, "%s: device %lld is listed twice", key, (long long)v);
+                if (d.ids[i] == (int)v) return eng_cfg_fail(c, e, "%s: device %lld is listed twice", key, (long long)v);
             d.ids[d.count++] = (int)v;
         }
-        if (d.count == 0) return fail(c, n, "%s: the list names no device", key);
+        if (d.count == 0) return eng_cfg_fail(c, n, "%s: the list names no device", key);
     } else {
         return expected(c, n, key, "a device count or a list of device ordinals");
     }
@@ -519,8 +478,7 @@ static mt_status_t apply_devices(pctx_t *c, const char *key, yaml_node_t *n) {
     return MT_OK;
 }
 
-/* Applies node n (NULL = an empty --set value, i.e. null) to one row. */
-static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
+mt_status_t eng_cfg_apply(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
     eng_run_config_t *cfg = c->cfg;
     if (!n || eng_yaml_is_null(n)) {
         reset_row(cfg, row);
@@ -531,7 +489,7 @@ static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_
         int64_t v;
         if (!eng_yaml_int(n, &v)) return expected(c, n, key, "an integer");
         if (v < row->lo || v > row->hi)
-            return fail(c, n, "%s: %lld is out of range; expected an integer from %lld to %lld", key, (long long)v,
+            return eng_cfg_fail(c, n, "%s: %lld is out of range; expected an integer from %lld to %lld", key, (long long)v,
                         (long long)row->lo, (long long)row->hi);
         int iv = (int)v;
         put(cfg, row, &iv, sizeof iv);
@@ -596,7 +554,7 @@ static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_
         size_t v;
         mt_error_t sub;
         if (eng_parse_size((const char *)n->data.scalar.value, &v, &sub) != MT_OK)
-            return fail(c, n, "%s: %s", key, sub.msg);
+            return eng_cfg_fail(c, n, "%s: %s", key, sub.msg);
         put(cfg, row, &v, sizeof v);
         return MT_OK;
     }
@@ -618,7 +576,7 @@ static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_
             used += (size_t)w;
         }
         mt_yaml_describe(n, got, sizeof got);
-        return fail(c, n, "%s: got %s, expected one of: %s", key, got, list);
+        return eng_cfg_fail(c, n, "%s: got %s, expected one of: %s", key, got, list);
     }
     case K_DATASETS: return apply_datasets(c, key, n);
     case K_STRLIST: return apply_strlist(c, row, key, n);
@@ -631,28 +589,28 @@ static mt_status_t apply(pctx_t *c, const key_row_t *row, const char *key, yaml_
         return walk_mapping(c, row->section, prefix, n);
     }
     }
-    return fail(c, n, "%s: internal error: unhandled key kind", key);
+    return eng_cfg_fail(c, n, "%s: internal error: unhandled key kind", key);
 }
 
 static mt_status_t walk_mapping(pctx_t *c, const key_row_t *rows, const char *prefix, yaml_node_t *map) {
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
         yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
         yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
-        if (!k || k->type != YAML_SCALAR_NODE) return fail(c, k, "keys must be strings");
+        if (!k || k->type != YAML_SCALAR_NODE) return eng_cfg_fail(c, k, "keys must be strings");
         const char *name = (const char *)k->data.scalar.value;
         /* YAML forbids duplicate keys but libyaml lets them through; the
          * second would silently win, so refuse it. */
         for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
             yaml_node_t *qk = yaml_document_get_node(c->doc, q->key);
             if (qk && qk->type == YAML_SCALAR_NODE && strcmp((const char *)qk->data.scalar.value, name) == 0)
-                return fail(c, k, "duplicate key '%s%.200s' (first at line %zu)", prefix, name,
+                return eng_cfg_fail(c, k, "duplicate key '%s%.200s' (first at line %zu)", prefix, name,
                             (size_t)qk->start_mark.line + 1);
         }
-        const key_row_t *row = find_row(rows, name);
-        if (!row) return unknown_key(c, k, rows, prefix, name);
+        const key_row_t *row = eng_cfg_find_row(rows, name);
+        if (!row) return eng_cfg_unknown_key(c, k, rows, prefix, name);
         char key[256];
         snprintf(key, sizeof key, "%s%s", prefix, row->name);
-        mt_status_t st = apply(c, row, key, v);
+        mt_status_t st = eng_cfg_apply(c, row, key, v);
         if (st != MT_OK) return st;
     }
     return MT_OK;
@@ -680,8 +638,8 @@ mt_status_t eng_run_config_parse(const char *yaml_text, size_t len, const char *
     c.doc = &yd.doc;
     yaml_node_t *root = yd.root;
     if (root && !eng_yaml_is_null(root)) {
-        if (root->type != YAML_MAPPING_NODE) st = fail(&c, root, "the run config must be a mapping of keys");
-        else st = walk_mapping(&c, k_top_rows, "", root);
+        if (root->type != YAML_MAPPING_NODE) st = eng_cfg_fail(&c, root, "the run config must be a mapping of keys");
+        else st = walk_mapping(&c, eng_cfg_top_rows, "", root);
     }
     mt_yaml_doc_free(&yd);
     if (st != MT_OK) eng_run_config_free(cfg);
@@ -696,118 +654,5 @@ mt_status_t eng_run_config_load(const char *path, eng_run_config_t *cfg, mt_erro
     if (st != MT_OK) return st;
     st = eng_run_config_parse(buf, len, path, cfg, err);
     free(buf);
-    return st;
-}
-
-/* ---- --set --------------------------------------------------------------- */
-
-/* `model_config.a.b=v`: sets one key of the model_config object, creating
- * intermediate objects, keeping every other key. */
-static mt_status_t set_json_path(pctx_t *c, const char *path, yaml_node_t *n) {
-    eng_run_config_t *cfg = c->cfg;
-    json_t *root;
-    if (cfg->model_config_json) {
-        json_error_t je;
-        root = json_loads(cfg->model_config_json, 0, &je);
-        if (!root || !json_is_object(root)) {
-            json_decref(root);
-            return fail(c, n, "model_config: the current value is not a JSON object");
-        }
-    } else {
-        root = json_object();
-        MT_CHECK_ALLOC(root, "model_config object");
-    }
-    char msg[512];
-    const yaml_node_t *bad = NULL;
-    json_t *value = n ? eng_yaml_to_json(c->doc, n, msg, sizeof msg, &bad) : json_null();
-    if (!value) {
-        json_decref(root);
-        return fail(c, bad, "model_config.%s: %s", path, msg);
-    }
-    json_t *obj = root;
-    char seg[256];
-    const char *p = path;
-    for (;;) {
-        const char *dot = strchr(p, '.');
-        size_t l = dot ? (size_t)(dot - p) : strlen(p);
-        if (l == 0 || l >= sizeof seg) {
-            json_decref(root);
-            json_decref(value);
-            return fail(c, n, "model_config.%s: empty or overlong key segment", path);
-        }
-        memcpy(seg, p, l);
-        seg[l] = '\0';
-        if (!dot) break;
-        json_t *next = json_object_get(obj, seg);
-        if (!next) {
-            next = json_object();
-            MT_CHECK_ALLOC(next, "model_config object");
-            json_object_set_new(obj, seg, next);
-        } else if (!json_is_object(next)) {
-            json_decref(root);
-            json_decref(value);
-            return fail(c, n, "model_config.%s: '%s' is not an object", path, seg);
-        }
-        obj = next;
-        p = dot + 1;
-    }
-    json_object_set_new(obj, seg, value);
-    char *text = json_dumps(root, JSON_COMPACT);
-    json_decref(root);
-    MT_CHECK_ALLOC(text, "model_config JSON text");
-    free(cfg->model_config_json);
-    cfg->model_config_json = text;
-    return MT_OK;
-}
-
-static mt_status_t set_node(pctx_t *c, const char *key, yaml_node_t *n) {
-    const key_row_t *rows = k_top_rows;
-    char prefix[256] = "", seg[256];
-    const char *p = key;
-    for (;;) {
-        const char *dot = strchr(p, '.');
-        size_t l = dot ? (size_t)(dot - p) : strlen(p);
-        if (l == 0 || l >= sizeof seg) return fail(c, n, "'%s' is not a valid key", key);
-        memcpy(seg, p, l);
-        seg[l] = '\0';
-        const key_row_t *row = find_row(rows, seg);
-        if (!row) return unknown_key(c, n, rows, prefix, seg);
-        char full[256];
-        snprintf(full, sizeof full, "%s%s", prefix, row->name);
-        if (!dot) return apply(c, row, full, n);
-        if (row->kind == K_JSON) return set_json_path(c, dot + 1, n);
-        if (row->kind != K_SECTION) return fail(c, n, "'%s' has no sub-keys (in '%s')", full, key);
-        size_t fl = strlen(full);
-        if (fl + 2 > sizeof prefix) return fail(c, n, "'%s' is not a valid key", key);
-        memcpy(prefix, full, fl);
-        memcpy(prefix + fl, ".", 2);
-        rows = row->section;
-        p = dot + 1;
-    }
-}
-
-mt_status_t eng_run_config_set(eng_run_config_t *cfg, const char *assignment, mt_error_t *err) {
-    pctx_t c = {.file = "--set", .set_arg = assignment, .cfg = cfg, .err = err};
-    const char *eq = strchr(assignment, '=');
-    if (!eq) return fail(&c, NULL, "expected key=value");
-    /* the key without surrounding blanks */
-    const char *ks = assignment, *ke = eq;
-    while (ks < ke && isspace((unsigned char)*ks)) ks++;
-    while (ke > ks && isspace((unsigned char)ke[-1])) ke--;
-    if (ke == ks) return fail(&c, NULL, "expected key=value, the key is empty");
-    char key[256];
-    if ((size_t)(ke - ks) >= sizeof key) return fail(&c, NULL, "the key is too long");
-    memcpy(key, ks, (size_t)(ke - ks));
-    key[ke - ks] = '\0';
-
-    const char *value = eq + 1;
-    char where[512];
-    snprintf(where, sizeof where, "--set '%.400s' (value)", assignment);
-    mt_yaml_doc_t yd;
-    mt_status_t st = mt_yaml_doc_parse(&yd, value, strlen(value), where, "--set value", MT_ERR_CONFIG, err);
-    if (st != MT_OK) return st;
-    c.doc = &yd.doc;
-    st = set_node(&c, key, yd.root);
-    mt_yaml_doc_free(&yd);
     return st;
 }

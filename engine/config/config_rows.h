@@ -1,0 +1,69 @@
+/* The run config's key tables and the walk's context, shared by the file
+ * reader (config.c) and the `--set` path (config_set.c); private to
+ * engine/config. */
+#ifndef MT_ENGINE_CONFIG_ROWS_H
+#define MT_ENGINE_CONFIG_ROWS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <yaml.h>
+
+#include "base/status.h"
+#include "engine/config/config.h"
+
+typedef enum {
+    K_INT,      /* int */
+    K_U64,      /* uint64_t, non-negative */
+    K_DOUBLE,   /* double; integers accepted */
+    K_BOOL,     /* bool, YAML 1.1 words */
+    K_BF16,     /* eng_bf16_choice_t: a YAML 1.1 boolean, or "auto" */
+    K_RESUME,   /* eng_resume_t: a YAML 1.1 boolean, or a path */
+    K_PATH,     /* char[], relative paths anchored at the YAML's folder */
+    K_STRING,   /* char[], kept as written (names that may also be paths, e.g. hardware) */
+    K_SIZE,     /* size_t from eng_parse_size */
+    K_ENUM,     /* C enum from a name list */
+    K_DATASETS, /* list of {path, type} */
+    K_JSON,     /* mapping -> JSON object text (model_config) */
+    K_STRLIST,  /* list of strings (lora_target_modules) */
+    K_SECTION,  /* nested mapping with its own table */
+    K_DEVICES,  /* eng_devices_t: a count, or a list of distinct ordinals */
+} key_kind_t;
+
+typedef struct {
+    const char *name;
+    int value;
+} enum_name_t;
+
+typedef struct key_row {
+    const char *name;
+    key_kind_t kind;
+    size_t offset, size; /* the field in eng_run_config_t */
+    const enum_name_t *enums;
+    const struct key_row *section;
+    int64_t lo, hi; /* K_INT: the accepted range, inclusive */
+} key_row_t;
+
+typedef struct {
+    const char *file;    /* names the YAML in messages */
+    const char *set_arg; /* the --set assignment, or NULL while reading a file */
+    char base_dir[1024]; /* anchor of relative paths; "" = keep as written */
+    yaml_document_t *doc;
+    eng_run_config_t *cfg;
+    mt_error_t *err;
+} pctx_t;
+
+/* The top-level table; a K_SECTION row leads to its section's table. */
+extern const key_row_t eng_cfg_top_rows[];
+
+/* A config error at node `at` (NULL: no line), located as file:line or as
+ * the --set assignment. */
+mt_status_t eng_cfg_fail(const pctx_t *c, const yaml_node_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+const key_row_t *eng_cfg_find_row(const key_row_t *rows, const char *name);
+/* "unknown key", with the nearest valid key or the list of valid keys. */
+mt_status_t eng_cfg_unknown_key(const pctx_t *c, const yaml_node_t *at, const key_row_t *rows,
+                                const char *prefix, const char *key);
+/* Applies node n (NULL = null, i.e. back to the default) to one row. */
+mt_status_t eng_cfg_apply(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n);
+
+#endif
