@@ -284,20 +284,37 @@ out:
 
 static double gib(double b) { return b / 1073741824.0; }
 
+/* Bytes in the unit that shows them: a tiny model's budget problem is not
+ * "0.0 GiB needs 0.0 GiB". */
+static const char *bytes_str(double b, char *buf, size_t cap) {
+    if (b >= 1073741824.0) snprintf(buf, cap, "%.1f GiB", b / 1073741824.0);
+    else if (b >= 1048576.0) snprintf(buf, cap, "%.1f MiB", b / 1048576.0);
+    else if (b >= 1024.0) snprintf(buf, cap, "%.1f KiB", b / 1024.0);
+    else snprintf(buf, cap, "%.0f B", b);
+    return buf;
+}
+
+/* Where a plan's host bytes go, counted as the simulator counts them
+ * (simulate.c static_bytes): every weight's home copy, host optimizer
+ * state and gradients, the rest being offloaded activations. */
 static void describe_host(const sched_workload_t *w, const sched_plan_t *p, double peak, char *buf, size_t cap) {
     double home = 0, optim = 0, grads = 0;
     for (int b = 0; b < w->num_blocks; b++) {
         const sched_block_cost_t *c = &w->blocks[b];
         const sched_block_plan_t *bp = &p->blocks[b];
-        if (bp->weights == SCHED_WEIGHTS_STREAM) home += c->w_home_bytes;
+        home += c->w_home_bytes;
         if (bp->optim == SCHED_OPTIM_HOST) {
-            optim += c->optim_bytes + (bp->weights == SCHED_WEIGHTS_RESIDENT ? c->host_weight_bytes : 0);
+            optim += c->optim_bytes + c->other_host_bytes;
+            if (bp->weights == SCHED_WEIGHTS_RESIDENT && c->host_weight_bytes > c->w_home_bytes)
+                optim += c->host_weight_bytes - c->w_home_bytes;
             grads += c->grad_bytes;
         }
     }
     const double acts = peak - home - optim - grads;
-    snprintf(buf, cap, "weights %.1f GiB, optimizer state %.1f GiB, gradients %.1f GiB, offloaded activations %.1f GiB",
-             gib(home), gib(optim), gib(grads), gib(acts > 0 ? acts : 0));
+    char a[32], o[32], g[32], x[32];
+    snprintf(buf, cap, "weights %s, optimizer state %s, gradients %s, offloaded activations %s",
+             bytes_str(home, a, sizeof a), bytes_str(optim, o, sizeof o), bytes_str(grads, g, sizeof g),
+             bytes_str(acts > 0 ? acts : 0, x, sizeof x));
 }
 
 static double working_set(const sched_workload_t *w, int b) {
@@ -389,10 +406,12 @@ static void diagnose(const sched_workload_t *w, const sched_planner_opts_t *o, c
         describe_host(w, host_plan, min_host, parts, sizeof parts);
         double opt_all = 0;
         for (int b = 0; b < w->num_blocks; b++) opt_all += w->blocks[b].optim_bytes + w->blocks[b].host_weight_bytes;
-        SAY("host memory is short: %s needs %.1f GiB of host memory (%s), the budget is %.1f GiB. "
-            "The optimizer state (fp32 master weights, Adam m and v) alone is %.1f GB (%.1f GiB). ",
-            fixed ? "this plan" : "the plan needing the least host memory within the device budget", gib(min_host), parts,
-            gib(B[SCHED_MEM_HOST]), opt_all / 1e9, gib(opt_all));
+        char need[32], budget[32], opt[32];
+        SAY("host memory is short: %s needs %s of host memory (%s), the budget is %s. "
+            "The optimizer state (fp32 master weights, Adam m and v) alone is %s. ",
+            fixed ? "this plan" : "the plan needing the least host memory within the device budget",
+            bytes_str(min_host, need, sizeof need), parts, bytes_str(B[SCHED_MEM_HOST], budget, sizeof budget),
+            bytes_str(opt_all, opt, sizeof opt));
     }
     if (used == 0) SAY("no plan fits the budgets");
     while (used > 0 && buf[used - 1] == ' ') buf[--used] = '\0';

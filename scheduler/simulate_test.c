@@ -158,7 +158,9 @@ static void test_memory(void) {
     EXPECT(NEAR(r.d2h_bytes, 6) && NEAR(r.h2d_bytes, 6), "offload traffic %g / %g", r.d2h_bytes, r.h2d_bytes);
     /* the offloaded set held in pinned memory plus its fetch in flight */
     EXPECT(NEAR(r.peak[SCHED_MEM_PINNED], 12), "pinned peak %g", r.peak[SCHED_MEM_PINNED]);
-    EXPECT(NEAR(r.peak[SCHED_MEM_HOST], 0), "nothing pageable: %g", r.peak[SCHED_MEM_HOST]);
+    /* resident weights keep their home copies on the host (the host model
+     * a save writes); the offloaded activations are pinned, not pageable */
+    EXPECT(NEAR(r.peak[SCHED_MEM_HOST], 300), "only the home copies pageable: %g", r.peak[SCHED_MEM_HOST]);
     sched_sim_result_free(&r);
     sched_plan_free(&p);
     sched_workload_free(&w);

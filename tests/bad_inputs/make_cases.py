@@ -630,6 +630,8 @@ def run_key_cases():
     case("dataset_type_unknown", "completion or pretrain",
          yaml=run_yaml(datasets="\n  - path: ../_shared/data.jsonl\n    type: bogus"))
     case("devices_ordinal_out_of_range", "ordinal 1000", yaml=run_yaml(devices="[0, 1000]", gradient_accumulation_steps="2"))
+    # the host model alone is larger than a 1 KiB host budget
+    case("memory_host_too_small", "host memory is short", yaml=run_yaml(extra="memory:\n  host: 1KiB\n"))
 
 
 # --- resuming: a real run's checkpoint-2, each case altering one thing ------------
