@@ -15,7 +15,9 @@
 #   4. metrics.jsonl of two consecutive runs: both runs' lines, each after
 #      its own header; save_final: false claims no saved model;
 #   5. the saved config.json carries the run's model_config overrides and
-#      the dtype actually saved.
+#      the dtype actually saved;
+#   6. the final model, every checkpoint and a LoRA adapter carry the base
+#      model's tokenizer, chat template and generation config, byte for byte.
 set -u
 . "$(dirname "$0")/test_lib.sh"
 MOETUNE="$1"; DIGEST="$2"; HW="$3"
@@ -238,6 +240,25 @@ if grep -qE '"rope_theta": 5000(\.0)?,' cfg/config.json && grep -q "\"torch_dtyp
   ok "saved config.json: the rope_theta override, torch_dtype and dtype $want as the weights ($saved)"
 else
   fail "saved config.json (weights: $saved):"; cat cfg/config.json "$L/cfg_inspect.out"
+fi
+
+# --- 6. a saved model loads with its tokenizer ------------------------------------------
+printf '{"version": "1.0", "model": {"type": "BPE", "vocab": {}, "merges": []}}\n' > models/ckpt/tokenizer.json
+printf '{"chat_template": "{%% for m in messages %%}{{ m.content }}{%% endfor %%}", "eos_token": "</s>"}\n' \
+  > models/ckpt/tokenizer_config.json
+printf '{"bos_token_id": 1, "eos_token_id": 2}\n' > models/ckpt/generation_config.json
+companions="tokenizer.json tokenizer_config.json generation_config.json"
+same_companions() {  # DIR: each companion file byte-identical to the base model's
+  for f in $companions; do cmp -s "models/ckpt/$f" "$1/$f" || return 1; done
+  grep -q '"tokenizer.json"' "$1/moetune_complete.json"
+}
+"$MOETUNE" train run.yaml --set output_dir=tok --set save_steps=2 >/dev/null 2>"$L/tok.err" || { fail "run with tokenizer files"; cat "$L/tok.err"; }
+"$MOETUNE" train run.yaml --set output_dir=toklora --set adapter=lora --set 'lora_target_modules=[q_proj]' \
+  --set lora_r=2 --set max_steps=1 >/dev/null 2>"$L/toklora.err" || { fail "LoRA run with tokenizer files"; cat "$L/toklora.err"; }
+if same_companions tok && same_companions tok/checkpoint-2 && same_companions toklora && [ ! -e tok/merges.txt ]; then
+  ok "tokenizer, chat template and generation config copied into the model, checkpoint-2 and the adapter"
+else
+  fail "tokenizer files in the outputs:"; ls tok tok/checkpoint-2 toklora
 fi
 
 if [ "$failures" -ne 0 ]; then echo "outputs_test: $failures failures"; exit 1; fi

@@ -24,6 +24,7 @@
 
 #include "base/finite.h"
 #include "engine/model/io/checkpoint.h"
+#include "engine/model/io/companions.h"
 #include "engine/exec/exec.h"
 #include "engine/model/lora/adapter.h"
 #include "engine/model/lora_model.h"
@@ -156,8 +157,9 @@ static mt_status_t save_adapter(eng_exec_t *x, const eng_run_config_t *rc, const
         }
         if (st == MT_OK) {
             eng_ckpt_dir_add(&tx, "adapter_config.json");
-            if (extra) st = extra(&tx, ctx, err); /* a checkpoint's training state */
+            st = eng_ckpt_dir_copy_companions(&tx, rc->base_model, err);
         }
+        if (st == MT_OK && extra) st = extra(&tx, ctx, err); /* a checkpoint's training state */
         if (st == MT_OK) {
             st = eng_ckpt_dir_commit(&tx, err);
         } else {
@@ -257,6 +259,7 @@ static mt_status_t save_model(eng_exec_t *x, const eng_run_config_t *rc, const c
         } else {
             st = eng_checkpoint_write(&tx, config, t, n + nb, rc->save_max_shard_bytes, err);
         }
+        if (st == MT_OK) st = eng_ckpt_dir_copy_companions(&tx, rc->base_model, err);
         if (st == MT_OK && extra) st = extra(&tx, ctx, err);
         if (st == MT_OK) st = eng_ckpt_dir_commit(&tx, err);
         else eng_ckpt_dir_abort(&tx);
