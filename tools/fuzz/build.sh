@@ -41,8 +41,9 @@ declare -A srcs=(
   [fuzz_data_bin]="engine/data/data.c tools/fuzz/fuzz_data_common.c $util"
   [fuzz_hw]="scheduler/hw.c"
   [fuzz_trainer_state]="engine/run/state_json.c $util"
+  [fuzz_adapter_config]="engine/model/lora/config.c engine/model/lora/targets.c engine/model/io/safetensors.c $desc $util"
 )
-all="fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_run_config fuzz_data_jsonl fuzz_data_bin fuzz_hw fuzz_trainer_state"
+all="fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_run_config fuzz_data_jsonl fuzz_data_bin fuzz_hw fuzz_trainer_state fuzz_adapter_config"
 want="${*:-$all}"
 
 mkdir -p "$out"

@@ -191,6 +191,33 @@ def trainer_state():
     put("fuzz_trainer_state", "near-truncated", b"\x02" + text[: len(text) // 2])
 
 
+def adapter_config():
+    """Every adapter_config.json in the test fixtures (PEFT-written ones among
+    them: rank and alpha patterns, target_parameters, regex targets) and
+    near ones: one key of the wrong type, a pattern of the wrong kind."""
+    paths = sorted(glob.glob(os.path.join(ROOT, "tests", "fixtures", "**", "adapter_config.json"), recursive=True))
+    for p in paths:
+        with open(p, "rb") as f:
+            put("fuzz_adapter_config", "valid-" + os.path.relpath(p, ROOT).replace("/", "_"), f.read())
+    with open(paths[0], "rb") as f:
+        base = json.loads(f.read())
+
+    def near(name, edit):
+        c = json.loads(json.dumps(base))
+        edit(c)
+        put("fuzz_adapter_config", "near-" + name, json.dumps(c, indent=1).encode())
+    near("r-string", lambda c: c.__setitem__("r", "8"))
+    near("r-zero", lambda c: c.__setitem__("r", 0))
+    near("alpha-null", lambda c: c.__setitem__("lora_alpha", None))
+    near("rank-pattern", lambda c: c.__setitem__("rank_pattern", {"q_proj": 4, ".*experts.*": 2}))
+    near("rank-pattern-float", lambda c: c.__setitem__("rank_pattern", {"q_proj": 4.5}))
+    near("alpha-pattern", lambda c: c.__setitem__("alpha_pattern", {"down_proj": 32}))
+    near("target-regex", lambda c: c.__setitem__("target_modules", ".*\\.(q|v)_proj"))
+    near("target-parameters", lambda c: c.__setitem__("target_parameters", ["mlp.experts.gate_up_proj"]))
+    near("dora", lambda c: c.__setitem__("use_dora", True))
+    near("modules-to-save", lambda c: c.__setitem__("modules_to_save", ["lm_head"]))
+
+
 if __name__ == "__main__":
     safetensors()
     checkpoint_index()
@@ -200,5 +227,6 @@ if __name__ == "__main__":
     data_bin()
     hw()
     trainer_state()
+    adapter_config()
     for h in sorted(os.listdir(OUT)):
         print(h, len(os.listdir(os.path.join(OUT, h))))

@@ -14,7 +14,7 @@
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 secs="${FUZZ_SECONDS:-30}"
-all="fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_run_config fuzz_data_jsonl fuzz_data_bin fuzz_hw fuzz_trainer_state"
+all="fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_run_config fuzz_data_jsonl fuzz_data_bin fuzz_hw fuzz_trainer_state fuzz_adapter_config"
 want="${*:-$all}"
 if [ -n "${FUZZ_WORK:-}" ]; then work="$FUZZ_WORK"; mkdir -p "$work"; else work=$(mktemp -d); trap 'rm -rf "$work"' EXIT; fi
 export FUZZ_BUILD="${FUZZ_BUILD:-$work/bin}"
