@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "engine/config/config.h"
 
@@ -21,6 +22,12 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
     NEED(cfg->base_model[0], "base_model is not set (the checkpoint directory)");
     NEED(cfg->num_datasets >= 1, "datasets is empty; give at least one {path: FILE}");
     for (int i = 0; i < cfg->num_datasets; i++) NEED(cfg->datasets[i].path[0], "datasets[%d].path is empty", i);
+    const bool jinja = strcmp(cfg->chat_template, "jinja") == 0;
+    NEED(!jinja || (cfg->chat_template_jinja && cfg->chat_template_jinja[0]),
+         "chat_template: jinja needs the template's text in chat_template_jinja");
+    NEED(jinja || !cfg->chat_template_jinja,
+         "chat_template_jinja is given but chat_template is '%s'; set chat_template: jinja to use it",
+         cfg->chat_template);
     NEED(cfg->output_dir[0], "output_dir is empty");
     NEED(cfg->sequence_len >= 1, "sequence_len must be >= 1, got %d", cfg->sequence_len);
     NEED(cfg->micro_batch_size >= 1, "micro_batch_size must be >= 1, got %d", cfg->micro_batch_size);

@@ -221,11 +221,7 @@ static mt_status_t open_training(eng_run_t *run, mt_error_t *err) {
 
 mt_status_t eng_run_open(eng_run_t *run, const eng_run_config_t *rc, const eng_run_opts_t *opts, mt_error_t *err) {
     memset(run, 0, sizeof *run);
-    run->rc_own = *rc;
-    if (rc->model_config_json) {
-        run->rc_own.model_config_json = strdup(rc->model_config_json);
-        MT_CHECK_ALLOC(run->rc_own.model_config_json, "model_config");
-    }
+    eng_run_config_copy(&run->rc_own, rc);
     run->rc = &run->rc_own;
     eng_train_state_init(&run->ts);
     if (opts->dataset) { /* the run's from here on, whatever happens next */

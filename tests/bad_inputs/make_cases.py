@@ -627,7 +627,7 @@ def family_config_cases():
 
 
 def run_key_cases():
-    case("dataset_type_unknown", "completion or pretrain",
+    case("dataset_type_unknown", "completion, pretrain, chat_template",
          yaml=run_yaml(datasets="\n  - path: ../_shared/data.jsonl\n    type: bogus"))
     case("devices_ordinal_out_of_range", "ordinal 1000", yaml=run_yaml(devices="[0, 1000]", gradient_accumulation_steps="2"))
     # the host model alone is larger than a 1 KiB host budget
