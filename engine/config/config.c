@@ -213,6 +213,7 @@ const key_row_t eng_cfg_top_rows[] = {
     ROW("max_grad_norm", K_DOUBLE, max_grad_norm),
     ROW_ENUM("idle_experts", idle_experts, k_idle_experts_names),
     ROW("shuffle", K_BOOL, shuffle),
+    ROW("sample_packing", K_BOOL, sample_packing),
     ROW("seed", K_U64, seed),
     ROW("output_dir", K_PATH, output_dir),
     ROW_INT("logging_steps", logging_steps, 1, STEPS_MAX),

@@ -93,6 +93,7 @@ typedef struct {
     double max_grad_norm;           /* default 1.0; 0 = no clipping */
     eng_idle_experts_t idle_experts; /* default step (transformers 5); docs/configuration.md */
     bool shuffle;                   /* default true */
+    bool sample_packing;            /* default false: whole examples packed into rows (engine/data/pack.h) */
     uint64_t seed;                  /* default 42 */
     char output_dir[1024];          /* default "./outputs/run" */
     int logging_steps;              /* default 1 */

@@ -279,6 +279,7 @@ static void test_set(void) {
     EXPECT(set_ok(&c, "memory={pinned: 1MB}") && c.memory_pinned == 1000000 && c.memory_device == 8ull << 30);
     EXPECT(set_ok(&c, "lr_scheduler=constant_with_warmup") && c.lr_scheduler == ENG_LR_CONSTANT_WITH_WARMUP);
     EXPECT(set_ok(&c, "shuffle=false") && !c.shuffle);
+    EXPECT(!c.sample_packing && set_ok(&c, "sample_packing=true") && c.sample_packing);
     /* --set paths are the user's, relative to the working directory */
     EXPECT(set_ok(&c, "output_dir=runs/x") && strcmp(c.output_dir, "runs/x") == 0);
     EXPECT(set_ok(&c, "datasets=[{path: a.bin}, {path: b.jsonl}]") && c.num_datasets == 2 &&
@@ -310,6 +311,10 @@ static void test_set(void) {
     EXPECT_SET_ERROR(&c, "=4", "the key is empty", NULL);
     EXPECT_SET_ERROR(&c, "model_config={a: [1, 2}", "invalid YAML", NULL);
     EXPECT(c.micro_batch_size == 1 && c.learning_rate == 1e-4); /* failed sets change nothing */
+    /* datasets holds a.bin: an llm.c stream has no examples to pack */
+    EXPECT(eng_run_config_validate(&c, &err) == MT_ERR_CONFIG && strstr(err.msg, "sample_packing") &&
+           strstr(err.msg, "a.bin"));
+    EXPECT(set_ok(&c, "sample_packing=false"));
     EXPECT(eng_run_config_validate(&c, &err) == MT_OK);
     eng_run_config_free(&c);
 }

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "engine/config/config.h"
 
@@ -21,6 +22,15 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
     NEED(cfg->base_model[0], "base_model is not set (the checkpoint directory)");
     NEED(cfg->num_datasets >= 1, "datasets is empty; give at least one {path: FILE}");
     for (int i = 0; i < cfg->num_datasets; i++) NEED(cfg->datasets[i].path[0], "datasets[%d].path is empty", i);
+    /* an llm.c stream has no example boundaries to pack by, and its rows are full already */
+    for (int i = 0; i < cfg->num_datasets && cfg->sample_packing; i++) {
+        const char *p = cfg->datasets[i].path;
+        const size_t n = strlen(p);
+        NEED(n < 4 || strcmp(p + n - 4, ".bin") != 0,
+             "sample_packing: true needs example boundaries, and datasets[%d] (%s) is an llm.c .bin token "
+             "stream (one stream cut into full rows); set sample_packing: false or give tokenized .jsonl",
+             i, p);
+    }
     NEED(cfg->output_dir[0], "output_dir is empty");
     NEED(cfg->sequence_len >= 1, "sequence_len must be >= 1, got %d", cfg->sequence_len);
     NEED(cfg->micro_batch_size >= 1, "micro_batch_size must be >= 1, got %d", cfg->micro_batch_size);

@@ -52,6 +52,7 @@ struct exec_micro {
     uint64_t serial;       /* the batch's (eng_batch_t.serial): seeds LoRA's dropout masks */
     int32_t *ids, *targets;
     int32_t *kv_len;       /* (B) attention's key lengths (sh.kv_len), NULL without padding */
+    int32_t *seg, *pos;    /* (B, T) packed rows' segment starts and positions (sh), else NULL */
     float *tok_w;          /* (n) attention mask as weights */
     float **xin;           /* (L + 1) block inputs */
     float **xmid;          /* (L) */
@@ -238,8 +239,8 @@ void exec_micro_destroy(eng_exec_t *x, step_t *st) {
     kern_device_sync(x->dev);
     for (int l = 0; l < L; l++) layer_acts_drop(x, st, l);
     for (int l = 0; l <= L; l++) dfree(x->dev, st->xin[l]);
-    void *bufs[] = {st->ids,   st->targets, st->kv_len, st->tok_w, st->xf,
-                    st->rstdf, st->logits,  st->aux_dp, st->dx};
+    void *bufs[] = {st->ids,   st->targets, st->kv_len, st->seg,    st->pos, st->tok_w,
+                    st->xf,    st->rstdf,   st->logits, st->aux_dp, st->dx};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(x->dev, bufs[i]);
     free(st->xin);
     free(st->xmid);
@@ -295,6 +296,13 @@ mt_status_t exec_micro_create(eng_exec_t *x, const eng_batch_t *batch, step_t **
         if (!st->kv_len) r = err->code;
         st->sh.kv_len = st->kv_len;
     }
+    if (r == MT_OK && batch->seg_start) { /* packed rows: attention per example, RoPE from each start */
+        st->seg = kern_alloc(x->dev, (size_t)n * sizeof(int32_t), "packed segment starts", err);
+        st->pos = st->seg ? kern_alloc(x->dev, (size_t)n * sizeof(int32_t), "packed positions", err) : NULL;
+        if (!st->pos) r = err->code;
+        st->sh.seg_start = st->seg;
+        st->sh.pos = st->pos;
+    }
     if (r == MT_OK) {
         kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
         for (int t = 0; t < n; t++) host_tw[t] = batch->mask[t] ? 1.0f : 0.0f;
@@ -302,6 +310,8 @@ mt_status_t exec_micro_create(eng_exec_t *x, const eng_batch_t *batch, step_t **
         kern_memcpy_h2d(x->dev, s, st->targets, batch->targets, (size_t)n * sizeof(int32_t));
         kern_memcpy_h2d(x->dev, s, st->tok_w, host_tw, (size_t)n * sizeof(float));
         if (st->kv_len) kern_memcpy_h2d(x->dev, s, st->kv_len, batch->kv_len, (size_t)batch->B * sizeof(int32_t));
+        if (st->seg) kern_memcpy_h2d(x->dev, s, st->seg, batch->seg_start, (size_t)n * sizeof(int32_t));
+        if (st->pos) kern_memcpy_h2d(x->dev, s, st->pos, batch->pos, (size_t)n * sizeof(int32_t));
         kern_stream_sync(x->dev, s);
     }
     free(host_tw);

@@ -157,8 +157,17 @@ static mt_status_t open_data(eng_run_t *run, const eng_run_opts_t *opts, mt_erro
         const char *paths[ENG_MAX_DATASETS];
         for (int i = 0; i < rc->num_datasets; i++) paths[i] = rc->datasets[i].path;
         const int vocab = run->model ? run->model->cfg.vocab_size : run->vocab_size;
-        mt_status_t st = eng_dataset_load(&run->ds, paths, rc->num_datasets, rc->sequence_len, vocab, err);
+        const eng_data_opts_t o = {.T = rc->sequence_len, .vocab_size = vocab, .pack = rc->sample_packing,
+                                   .seed = rc->seed};
+        mt_status_t st = eng_dataset_load_opts(&run->ds, paths, rc->num_datasets, &o, err);
         if (st != MT_OK) return st;
+        if (opts->training && rc->sample_packing)
+            fprintf(stderr,
+                    "moetune: sample_packing: %lld examples in %lld rows of %d tokens, %.1f%% of positions real "
+                    "(%lld without a trained token left out, %lld truncated)\n",
+                    (long long)run->ds.examples, (long long)run->ds.num_rows, rc->sequence_len,
+                    100.0 * eng_dataset_efficiency(&run->ds), (long long)run->ds.dropped,
+                    (long long)run->ds.truncated);
     }
     char mask_warning[1024];
     if (opts->training && eng_dataset_mask_warning(&run->ds, mask_warning, sizeof mask_warning))
