@@ -25,37 +25,10 @@ bool tj_has_filter(const char *name) {
 
 #define ARG(pos, name, dflt) tj_arg(at, rt, n, args, kw, (pos), (name), (dflt))
 
-/* jinja2's make_attrgetter: a dotted path, digits as indices */
-static tj_val_t attr_path(tj_rt_t *rt, const tj_node_t *at, tj_val_t v, const char *path) {
-    char part[256];
-    while (*path) {
-        size_t len = strcspn(path, ".");
-        if (len >= sizeof part) tj_fail(rt, at, "attribute path too long");
-        memcpy(part, path, len);
-        part[len] = 0;
-        bool digits = len > 0;
-        for (size_t i = 0; i < len; i++) digits = digits && isdigit((unsigned char)part[i]);
-        tj_val_t key = digits ? tj_int(atoll(part)) : tj_cstr(rt, part);
-        v = tj_getitem(rt, at, v, key);
-        path += len + (path[len] == '.');
-    }
-    return v;
-}
-
 static const char *attr_name(tj_rt_t *rt, const tj_node_t *at, tj_val_t v) {
     if (v.k == V_NONE || v.k == V_UNDEF) return NULL;
     if (v.k != V_STR) tj_fail(rt, at, "attribute= must be a string");
     return v.s->p;
-}
-
-tj_val_t tj_join(tj_rt_t *rt, const tj_node_t *at, tj_val_t seq, const tj_str_t *sep, const char *attribute) {
-    tj_val_t items = tj_iterable(rt, at, seq);
-    tj_buf_t b = {0};
-    for (int i = 0; i < items.l->n; i++) {
-        if (i && sep) tj_buf_put(rt, &b, sep->p, sep->n, sep->fl, 0);
-        tj_put_str(rt, &b, attribute ? attr_path(rt, at, items.l->v[i], attribute) : items.l->v[i]);
-    }
-    return tj_strv(b.n ? tj_buf_str(rt, &b) : tj_str_new(&rt->pool, "", 0, NULL, 0));
 }
 
 static tj_val_t tojson(tj_rt_t *rt, const tj_node_t *at, int n, const tj_val_t *args, const char **kw) {
@@ -127,7 +100,7 @@ static tj_val_t do_round(tj_rt_t *rt, const tj_node_t *at, int n, const tj_val_t
 
 /* a key for sorting/min/max/unique: the item or its attribute, lower-cased strings unless case-sensitive */
 static tj_val_t sort_key(tj_rt_t *rt, const tj_node_t *at, tj_val_t v, const char *attr, bool cs) {
-    if (attr) v = attr_path(rt, at, v, attr);
+    if (attr) v = tj_attr_path(rt, at, v, attr);
     if (!cs && v.k == V_STR) v = tj_recase(rt, v.s, 'l');
     return v;
 }
@@ -184,7 +157,7 @@ static tj_val_t select_items(tj_rt_t *rt, const tj_node_t *at, const char *name,
     int kept = 0;
     tj_val_t *targs = tj_alloc(&rt->pool, sizeof *targs * (size_t)(n + 1));
     for (int i = 0; i < items.l->n; i++) {
-        tj_val_t v = attr ? attr_path(rt, at, items.l->v[i], args[1].s->p) : items.l->v[i];
+        tj_val_t v = attr ? tj_attr_path(rt, at, items.l->v[i], args[1].s->p) : items.l->v[i];
         bool ok;
         if (test) {
             targs[0] = v;
@@ -207,7 +180,7 @@ static tj_val_t map_items(tj_rt_t *rt, const tj_node_t *at, int n, const tj_val_
     if (!attr && (n < 2 || args[1].k != V_STR || kw[1])) tj_fail(rt, at, "map needs attribute= or a filter name");
     for (int i = 0; i < items.l->n; i++) {
         if (attr) {
-            tj_val_t v = attr_path(rt, at, items.l->v[i], attr);
+            tj_val_t v = tj_attr_path(rt, at, items.l->v[i], attr);
             r.l->v[i] = v.k == V_UNDEF && dflt.k != V_UNDEF ? dflt : v;
             continue;
         }
@@ -344,7 +317,7 @@ static tj_val_t seq_filter(tj_rt_t *rt, const tj_node_t *at, const char *name, i
         const char *attr = attr_name(rt, at, ARG(1, "attribute", tj_none()));
         tj_val_t acc = ARG(2, "start", tj_int(0));
         for (int i = 0; i < items.l->n; i++)
-            acc = tj_binary(rt, at, OP_ADD, acc, attr ? attr_path(rt, at, items.l->v[i], attr) : items.l->v[i]);
+            acc = tj_binary(rt, at, OP_ADD, acc, attr ? tj_attr_path(rt, at, items.l->v[i], attr) : items.l->v[i]);
         return acc;
     }
     if (!strcmp(name, "min") || !strcmp(name, "max")) return min_max(rt, at, n, args, kw, name[1] == 'a');

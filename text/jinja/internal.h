@@ -47,7 +47,7 @@ char *tj_strdup(tj_pool_t *p, const char *s, size_t n);
 void tj_pool_free(tj_pool_t *p);
 
 /* ---- values ---- */
-typedef struct {
+typedef struct tj_str {
     size_t n;
     char *p;     /* n bytes + NUL */
     uint8_t *fl; /* n flag bytes, or NULL when all zero */
@@ -183,9 +183,13 @@ typedef struct tj_rt {
     time_t now;
     bool now_set;
     tj_frame_t *globals;
+    /* render.c's tj_call_macro, reached through here so that the evaluator
+     * below the statements needs no call up into them */
+    struct tj_str *(*call_macro)(struct tj_rt *rt, const struct tj_node *at, const struct tj_func *fn, int n,
+                                 const tj_val_t *args, const char **kw);
 } tj_rt_t;
 
-/* Fails the render: "origin:line:col: message" (node may be NULL). */
+/* value.c: fails the render: "origin:line:col: message" (node may be NULL). */
 __attribute__((noreturn, format(printf, 3, 4))) void tj_fail(tj_rt_t *rt, const tj_node_t *at, const char *fmt,
                                                              ...);
 
@@ -226,13 +230,18 @@ tj_str_t *tj_substr(tj_rt_t *rt, const tj_str_t *s, size_t off, size_t n);
 
 /* eval.c */
 tj_val_t tj_eval(tj_rt_t *rt, tj_frame_t *f, const tj_node_t *e);
-tj_val_t tj_getattr(tj_rt_t *rt, const tj_node_t *at, tj_val_t obj, const char *name);
-tj_val_t tj_getitem(tj_rt_t *rt, const tj_node_t *at, tj_val_t obj, tj_val_t key);
 tj_val_t tj_call(tj_rt_t *rt, const tj_node_t *at, tj_val_t fn, int n, const tj_val_t *args,
                  const char **kw);
+tj_val_t tj_lookup(tj_rt_t *rt, tj_frame_t *f, const char *name);
+
+/* access.c */
+tj_val_t tj_slice(tj_rt_t *rt, const tj_node_t *at, tj_val_t obj, const tj_val_t b[3]);
+bool tj_compare_op(tj_rt_t *rt, const tj_node_t *at, int op, tj_val_t a, tj_val_t b);
+tj_val_t tj_attr_path(tj_rt_t *rt, const tj_node_t *at, tj_val_t v, const char *path); /* "a.b.0" */
+tj_val_t tj_getattr(tj_rt_t *rt, const tj_node_t *at, tj_val_t obj, const char *name);
+tj_val_t tj_getitem(tj_rt_t *rt, const tj_node_t *at, tj_val_t obj, tj_val_t key);
 tj_val_t tj_iterable(tj_rt_t *rt, const tj_node_t *at, tj_val_t v); /* a list of the items for-in sees */
 tj_val_t tj_binary(tj_rt_t *rt, const tj_node_t *at, int op, tj_val_t a, tj_val_t b);
-tj_val_t tj_lookup(tj_rt_t *rt, tj_frame_t *f, const char *name);
 
 /* filters.c, tests.c, methods.c: args[0] is the subject; kw[i] names args[i] or is NULL */
 tj_val_t tj_filter(tj_rt_t *rt, const tj_node_t *at, const char *name, int n, const tj_val_t *args,

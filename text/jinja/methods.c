@@ -239,18 +239,6 @@ static tj_val_t format(tj_rt_t *rt, const tj_node_t *at, const tj_str_t *s, int 
     return tj_strv(b.n ? tj_buf_str(rt, &b) : tj_str_new(&rt->pool, "", 0, NULL, 0));
 }
 
-static const char *const STR_METHODS[] = {"strip", "lstrip", "rstrip", "split", "rsplit", "startswith", "endswith",
-                                          "replace", "upper", "lower", "title", "capitalize", "find", "rfind",
-                                          "count", "format", "join", "isdigit", "isspace", NULL};
-static const char *const DICT_METHODS[] = {"get", "items", "keys", "values", NULL};
-
-bool tj_has_method(tj_val_t obj, const char *name) {
-    const char *const *m = obj.k == V_STR ? STR_METHODS : obj.k == V_DICT && obj.sub == D_DICT ? DICT_METHODS : NULL;
-    for (; m && *m; m++)
-        if (!strcmp(*m, name)) return true;
-    return false;
-}
-
 static tj_val_t dict_method(tj_rt_t *rt, const tj_node_t *at, tj_val_t self, const char *name, int n,
                             const tj_val_t *args, const char **kw) {
     tj_dict_t *d = self.d;
@@ -314,6 +302,16 @@ tj_val_t tj_call_method(tj_rt_t *rt, const tj_node_t *at, tj_val_t self, const c
     for (size_t i = 0; i < s->n; i++)
         all = all && (name[2] == 'd' ? isdigit((unsigned char)s->p[i]) : in_set(s->p[i], NULL));
     return tj_bool(all);
+}
+
+tj_val_t tj_join(tj_rt_t *rt, const tj_node_t *at, tj_val_t seq, const tj_str_t *sep, const char *attribute) {
+    tj_val_t items = tj_iterable(rt, at, seq);
+    tj_buf_t b = {0};
+    for (int i = 0; i < items.l->n; i++) {
+        if (i && sep) tj_buf_put(rt, &b, sep->p, sep->n, sep->fl, 0);
+        tj_put_str(rt, &b, attribute ? tj_attr_path(rt, at, items.l->v[i], attribute) : items.l->v[i]);
+    }
+    return tj_strv(b.n ? tj_buf_str(rt, &b) : tj_str_new(&rt->pool, "", 0, NULL, 0));
 }
 
 /* ---- globals ---- */

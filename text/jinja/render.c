@@ -23,19 +23,6 @@ struct text_template {
     char *origin;
 };
 
-void tj_fail(tj_rt_t *rt, const tj_node_t *at, const char *fmt, ...) {
-    char msg[1536];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (at)
-        mt_error_set(rt->err, MT_ERR_FORMAT, "%s:%d:%d: %s", rt->origin, at->line, at->col, msg);
-    else
-        mt_error_set(rt->err, MT_ERR_FORMAT, "%s: %s", rt->origin, msg);
-    longjmp(rt->jb, 1);
-}
-
 tj_frame_t *tj_frame_new(tj_rt_t *rt, tj_frame_t *parent) {
     tj_frame_t *f = tj_alloc(&rt->pool, sizeof *f);
     f->parent = parent;
@@ -291,6 +278,7 @@ static mt_status_t render(const text_template_t *t, const json_t *ctx, const tim
     rt->err = err;
     rt->origin = t->origin;
     rt->pool.oom = &rt->jb;
+    rt->call_macro = tj_call_macro;
     rt->pool.err = err;
     if (now) rt->now = *now, rt->now_set = true;
     if (setjmp(rt->jb)) {

@@ -8,11 +8,25 @@
  * "1.5e-07", "2.0").  Strings are UTF-8; lengths and indices count code
  * points, as Python's do. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "text/jinja/internal.h"
+
+void tj_fail(tj_rt_t *rt, const tj_node_t *at, const char *fmt, ...) {
+    char msg[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (at)
+        mt_error_set(rt->err, MT_ERR_FORMAT, "%s:%d:%d: %s", rt->origin, at->line, at->col, msg);
+    else
+        mt_error_set(rt->err, MT_ERR_FORMAT, "%s: %s", rt->origin, msg);
+    longjmp(rt->jb, 1);
+}
 
 struct tj_chunk {
     tj_chunk_t *next;
