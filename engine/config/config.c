@@ -198,6 +198,10 @@ const key_row_t eng_cfg_top_rows[] = {
     ROW("base_model", K_PATH, base_model),
     ROW("base_model_init", K_PATH, base_model_init),
     ROW("datasets", K_DATASETS, datasets),
+    ROW("val_set_size", K_VALSET, val_set_size),
+    ROW("test_datasets", K_DATASETS, test_datasets),
+    ROW_INT("eval_steps", eval_steps, 0, STEPS_MAX),
+    ROW_INT("eval_batch_size", eval_batch_size, 1, 65536),
     ROW_INT("sequence_len", sequence_len, 1, 1048576),
     ROW_INT("micro_batch_size", micro_batch_size, 1, 65536),
     ROW_INT("gradient_accumulation_steps", gradient_accumulation_steps, 1, 1000000),
@@ -314,15 +318,17 @@ static mt_status_t expected(const pctx_t *c, const yaml_node_t *n, const char *k
  * do, so it is refused rather than ignored. */
 static const char *const k_dataset_types[] = {"completion", "pretrain"};
 
-static mt_status_t check_dataset_type(pctx_t *c, yaml_node_t *v, int index) {
-    if (!v || v->type != YAML_SCALAR_NODE) return expected(c, v, "datasets[].type", "a string");
+static mt_status_t check_dataset_type(pctx_t *c, const char *list, yaml_node_t *v, int index) {
+    char key[160];
+    snprintf(key, sizeof key, "%s[].type", list);
+    if (!v || v->type != YAML_SCALAR_NODE) return expected(c, v, key, "a string");
     const char *t = (const char *)v->data.scalar.value;
     for (size_t i = 0; i < sizeof k_dataset_types / sizeof k_dataset_types[0]; i++)
         if (strcmp(t, k_dataset_types[i]) == 0) return MT_OK;
     return eng_cfg_fail(c, v,
-                "datasets[%d].type: '%s' is not accepted; expected completion or pretrain (the data is already "
+                "%s[%d].type: '%s' is not accepted; expected completion or pretrain (the data is already "
                 "tokenized and read as given: no prompt format is applied), or leave type out",
-                index, t);
+                list, index, t);
 }
 
 static void put(eng_run_config_t *cfg, const key_row_t *row, const void *v, size_t size) {
@@ -344,7 +350,10 @@ static void reset_row(eng_run_config_t *cfg, const key_row_t *row) {
     eng_run_config_t def;
     eng_run_config_defaults(&def);
     memcpy((char *)cfg + row->offset, (const char *)&def + row->offset, row->size);
-    if (row->kind == K_DATASETS) cfg->num_datasets = def.num_datasets;
+    if (row->kind == K_DATASETS && row->offset == offsetof(eng_run_config_t, datasets))
+        cfg->num_datasets = def.num_datasets;
+    if (row->kind == K_DATASETS && row->offset == offsetof(eng_run_config_t, test_datasets))
+        cfg->num_test_datasets = def.num_test_datasets;
     if (row->kind == K_STRLIST && row->offset == offsetof(eng_run_config_t, lora_target_modules)) {
         cfg->num_lora_target_modules = def.num_lora_target_modules;
         cfg->lora_target_regex[0] = '\0';
@@ -371,7 +380,8 @@ static mt_status_t take_string(const pctx_t *c, const yaml_node_t *n, const char
 
 static mt_status_t walk_mapping(pctx_t *c, const key_row_t *rows, const char *prefix, yaml_node_t *map);
 
-static mt_status_t apply_datasets(pctx_t *c, const char *key, yaml_node_t *n) {
+/* datasets: and test_datasets: alike; the row says which. */
+static mt_status_t apply_datasets(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
     if (n->type != YAML_SEQUENCE_NODE) return expected(c, n, key, "a list of {path: FILE}");
     eng_dataset_entry_t list[ENG_MAX_DATASETS];
     int count = 0;
@@ -385,21 +395,48 @@ static mt_status_t apply_datasets(pctx_t *c, const char *key, yaml_node_t *n) {
             yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
             if (!k || k->type != YAML_SCALAR_NODE) return expected(c, k, key, "string keys in a dataset entry");
             const char *name = (const char *)k->data.scalar.value;
-            if (!eng_cfg_find_row(k_dataset_rows, name)) return eng_cfg_unknown_key(c, k, k_dataset_rows, "datasets[].", name);
+            char prefix[160], path_key[170];
+            snprintf(prefix, sizeof prefix, "%s[].", key);
+            snprintf(path_key, sizeof path_key, "%spath", prefix);
+            if (!eng_cfg_find_row(k_dataset_rows, name)) return eng_cfg_unknown_key(c, k, k_dataset_rows, prefix, name);
             if (strcmp(name, "path") == 0) {
-                mt_status_t st = take_string(c, v, "datasets[].path", true, list[count].path, sizeof list[count].path);
+                mt_status_t st = take_string(c, v, path_key, true, list[count].path, sizeof list[count].path);
                 if (st != MT_OK) return st;
                 have_path = true;
             } else {
-                mt_status_t st = check_dataset_type(c, v, count);
+                mt_status_t st = check_dataset_type(c, key, v, count);
                 if (st != MT_OK) return st;
             }
         }
         if (!have_path) return eng_cfg_fail(c, e, "%s: entry %d has no 'path'", key, count);
         count++;
     }
-    memcpy(c->cfg->datasets, list, sizeof list[0] * (size_t)count);
-    c->cfg->num_datasets = count;
+    const bool test = row->offset == offsetof(eng_run_config_t, test_datasets);
+    memcpy(test ? c->cfg->test_datasets : c->cfg->datasets, list, sizeof list[0] * (size_t)count);
+    *(test ? &c->cfg->num_test_datasets : &c->cfg->num_datasets) = count;
+    return MT_OK;
+}
+
+/* val_set_size as axolotl reads it (datasets' train_test_split): an
+ * integer is a count of examples, a float a fraction, which must be below
+ * 1 (1.0 would hold out everything); 0 = no split. */
+static mt_status_t apply_val_set(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
+    eng_val_set_t v = {0};
+    int64_t i;
+    if (eng_yaml_int(n, &i)) {
+        if (i < 0) return eng_cfg_fail(c, n, "%s: %lld; expected a count of examples >= 0 or a fraction in [0, 1)", key, (long long)i);
+        v.size = (double)i;
+        v.whole = true;
+    } else if (eng_yaml_number(n, &v.size)) {
+        if (!(v.size >= 0) || v.size >= 1)
+            return eng_cfg_fail(c, n,
+                        "%s: %g as a fraction must be in [0, 1) (0.05 holds out 5%% of the examples); a count of "
+                        "examples is written as an integer (e.g. 100)",
+                        key, v.size);
+    } else {
+        return expected(c, n, key, "a fraction in [0, 1) or a count of examples");
+    }
+    put(c->cfg, row, &v, sizeof v);
     return MT_OK;
 }
 
@@ -579,7 +616,8 @@ mt_status_t eng_cfg_apply(pctx_t *c, const key_row_t *row, const char *key, yaml
         mt_yaml_describe(n, got, sizeof got);
         return eng_cfg_fail(c, n, "%s: got %s, expected one of: %s", key, got, list);
     }
-    case K_DATASETS: return apply_datasets(c, key, n);
+    case K_DATASETS: return apply_datasets(c, row, key, n);
+    case K_VALSET: return apply_val_set(c, row, key, n);
     case K_STRLIST: return apply_strlist(c, row, key, n);
     case K_JSON: return apply_json(c, key, n);
     case K_DEVICES: return apply_devices(c, key, n);

@@ -22,7 +22,15 @@
  *
  * After each block's backward the program calls the executor's block-ready
  * hook (progress.h): the optimizer, above it, listens there to start host
- * AdamW on blocks whose gradients are complete. */
+ * AdamW on blocks whose gradients are complete.
+ *
+ * Forward only (eng_exec_forward, evaluation): the same forward under the
+ * same plan, streamed weights fetched as in training, but nothing is kept
+ * for a backward: each layer's saved activations and its input are freed
+ * as soon as its output exists (never offloaded), no aux statistics are
+ * gathered, and nothing the training step reads afterwards changes (the
+ * expert prediction for prefetch, the block timings, the staging pool's
+ * sizing, LoRA's dropout, which is off as in PEFT's eval mode). */
 #include "engine/exec/step.h"
 
 #include <math.h>
@@ -66,6 +74,7 @@ struct exec_micro {
     /* aux loss statistics over all MoE layers */
     moe_aux_t aux;
     bool use_aux;
+    bool eval; /* forward only: nothing saved for a backward (see the note at the top) */
 };
 typedef struct exec_micro step_t;
 
@@ -331,6 +340,14 @@ mt_status_t exec_micro_forward_block(eng_exec_t *x, step_t *st, int b, const eng
     mt_status_t r;
     m->lora.batch_serial = st->serial; /* this micro-batch's dropout masks, in either step order */
     const double t0 = mt_now_s();
+    if (st->eval && b >= 1 && b <= L) {
+        const int l = b - 1;
+        if ((r = layer_forward(x, st, l, false, err)) != MT_OK) return r;
+        layer_acts_drop(x, st, l);
+        dfree(x->dev, st->xin[l]); /* the residual stream moves on; no backward reads it */
+        st->xin[l] = NULL;
+        return MT_OK;
+    }
     if (b == 0) {
         DALLOC(st->xin[0], act, "embeddings");
         ops->embedding_fwd(s, st->xin[0], x->dp[m->embed].w, st->ids, n, H);
@@ -365,6 +382,7 @@ mt_status_t exec_micro_forward_block(eng_exec_t *x, step_t *st, int b, const eng
             }
         }
     }
+    if (st->eval) return MT_OK;
     x->fwd_s[b] += mt_now_s() - t0;
     if (x->trace) {
         char name[32];
@@ -417,6 +435,7 @@ mt_status_t exec_micro_loss(eng_exec_t *x, step_t *st, const eng_batch_t *batch,
     double sum = 0;
     for (int t = 0; t < n; t++) sum += host_loss[t];
     free(host_loss);
+    stats->ce_sum = sum;
     stats->ce_loss = batch->counted > 0 ? sum / (double)batch->counted : 0.0;
     stats->loss = stats->ce_loss + (st->use_aux ? c->router_aux_loss_coef * stats->aux_loss : 0.0);
     return MT_OK;
@@ -519,7 +538,7 @@ static mt_status_t run_forward(eng_exec_t *x, step_t *st, const eng_batch_t *bat
         exec_process_pending(&x->pend, false);
     }
 
-    moe_predict_forward_done(&x->predict);
+    if (!st->eval) moe_predict_forward_done(&x->predict);
     return exec_micro_loss(x, st, batch, loss_scale, backward, stats, err);
 }
 
@@ -543,14 +562,20 @@ static mt_status_t run_backward(eng_exec_t *x, step_t *st, mt_error_t *err) {
     return MT_OK;
 }
 
+/* backward false: forward only (evaluation), nothing kept for a backward. */
 static mt_status_t run(eng_exec_t *x, const eng_batch_t *batch, float loss_scale, float *logits_out,
                        eng_micro_stats_t *stats, bool backward, mt_error_t *err) {
     const int n = batch->B * batch->T;
     memset(stats, 0, sizeof *stats);
     step_t *st = NULL;
-    mt_status_t r = exec_micro_prepare(x, n, err);
+    /* the pool's activation share is for offloads, which a forward alone never makes */
+    mt_status_t r = backward ? exec_micro_prepare(x, n, err) : MT_OK;
     exec_counters_micro_begin(&x->cnt);
     if (r == MT_OK) r = exec_micro_create(x, batch, &st, err);
+    if (r == MT_OK && !backward) {
+        st->eval = true;
+        st->use_aux = false; /* evaluation reports the cross entropy; the aux loss trains the router */
+    }
     if (r == MT_OK) r = run_forward(x, st, batch, loss_scale, logits_out, backward, stats, err);
     if (r == MT_OK && backward) {
         r = run_backward(x, st, err);

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "engine/run/eval.h"
 #include "engine/run/signals.h"
 
 /* The CPU backend's devices are numbered 0 to N-1, N the number `devices:`
@@ -172,6 +173,16 @@ static mt_status_t open_data(eng_run_t *run, const eng_run_opts_t *opts, mt_erro
     char mask_warning[1024];
     if (opts->training && eng_dataset_mask_warning(&run->ds, mask_warning, sizeof mask_warning))
         fprintf(stderr, "moetune: warning: %s\n", mask_warning);
+    if (opts->training) {
+        const int vocab = run->model ? run->model->cfg.vocab_size : run->vocab_size;
+        mt_status_t st = eng_eval_open_set(rc, vocab, &run->ds, &run->eval_ds, err);
+        if (st != MT_OK) return st;
+        if (run->eval_ds.num_rows > 0 && run->multi.ep)
+            return mt_error_set(err, MT_ERR_CONFIG,
+                                "%s: evaluation (val_set_size or test_datasets) does not run with MoE layers expert "
+                                "parallel (the plan chose it with devices: %d); set parallel: data",
+                                rc->source_path, rc->devices.count);
+    }
     if (!run->model) return MT_OK;
     eng_loader_init(&run->ld, &run->ds, rc->micro_batch_size, rc->shuffle, rc->seed);
     run->total_steps = total_steps(rc, &run->ld);
@@ -273,6 +284,7 @@ mt_status_t eng_run_close(eng_run_t *run, mt_status_t st, mt_error_t *err) {
     eng_reporter_close(&run->rep);
     eng_loader_free(&run->ld);
     eng_dataset_free(&run->ds);
+    eng_dataset_free(&run->eval_ds);
     eng_multi_free(&run->multi);
     run->x = NULL;
     run->model = NULL;
