@@ -131,6 +131,28 @@ static uint32_t ws_run(const char *text, uint32_t s, uint32_t e, bool from_end) 
     return n;
 }
 
+/* Moves a token's start forward (or its end back) by k characters of the
+ * text, not past the other end: the library trims offsets counted in
+ * characters (Python's), so a trimmed prefix space that took the range of a
+ * 3-byte character removes all 3 bytes.  An end with fewer than k characters
+ * before it stays, as the library leaves an end smaller than k. */
+static uint32_t step_chars(const char *text, uint32_t s, uint32_t e, uint32_t k, bool forward) {
+    if (forward) {
+        while (k-- && s < e) {
+            int len = tok_utf8_len((const uint8_t *)text + s, e - s);
+            s += len ? (uint32_t)len : 1;
+        }
+        return s;
+    }
+    uint32_t at = e;
+    while (k--) {
+        if (at == 0) return e;
+        at--;
+        while (at > 0 && ((uint8_t)text[at] & 0xC0) == 0x80) at--;
+    }
+    return at > s ? at : s;
+}
+
 /* ByteLevel's trim_offsets, the library's process_offsets. */
 static void trim_offsets(const text_tokenizer_t *t, const char *text, bool add_prefix_space, text_tokens_t *out,
                          size_t first, const uint8_t *is_added) {
@@ -147,13 +169,9 @@ static void trim_offsets(const text_tokenizer_t *t, const char *text, bool add_p
         if (lead) {
             bool is_first = i == first || out->start[i] == 0;
             if (is_first && add_prefix_space && lead == 1) lead = 0;
-            uint32_t s = out->start[i] + lead;
-            out->start[i] = s < out->end[i] ? s : out->end[i];
+            out->start[i] = step_chars(text, out->start[i], out->end[i], lead, true);
         }
-        if (trail && out->end[i] >= trail) {
-            uint32_t e = out->end[i] - trail;
-            out->end[i] = e > out->start[i] ? e : out->start[i];
-        }
+        if (trail) out->end[i] = step_chars(text, out->start[i], out->end[i], trail, false);
     }
 }
 
