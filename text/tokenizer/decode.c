@@ -106,23 +106,26 @@ static void dec_bytefallback(strlist_t *in, strlist_t *out) {
     free(bytes.b);
 }
 
-/* Metaspace: the replacement becomes a space; the first token loses a
- * leading space when a prefix was prepended while encoding. */
+/* Metaspace: the replacement becomes a space, except in the first token
+ * where (when a prefix was prepended while encoding) the library drops every
+ * replacement character, not only a leading one. */
 static void dec_metaspace(const tok_dec_t *d, strlist_t *in, strlist_t *out) {
     for (size_t i = 0; i < in->count; i++) {
         buf_t b = {0};
         const char *s = in->s[i];
-        size_t n = in->n[i], j = 0;
+        size_t n = in->n[i];
+        buf_put(&b, "", 0);
         for (size_t k = 0; k < n;) {
             bool rep = n - k >= d->content_n && !memcmp(s + k, d->content, d->content_n);
-            size_t len = rep ? d->content_n : (size_t)tok_utf8_len((const uint8_t *)s + k, n - k);
-            if (!len) len = 1;
-            bool space = rep || s[k] == ' ';
-            if (!(space && i == 0 && j == 0 && d->prepend)) buf_put(&b, rep ? " " : s + k, rep ? 1 : len);
-            k += len;
-            j++;
+            if (rep) {
+                if (!(i == 0 && d->prepend)) buf_put(&b, " ", 1);
+                k += d->content_n;
+            } else {
+                buf_put(&b, s + k, 1);
+                k++;
+            }
         }
-        list_push(out, b.b ? b.b : "", b.n);
+        list_push(out, b.b, b.n);
         free(b.b);
     }
 }

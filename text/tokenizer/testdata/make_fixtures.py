@@ -175,17 +175,17 @@ def byte_offsets(text, offsets):
 
 
 def masked_case(tok, r, specials):
-    """S + user text (with special-looking strings) + S: the expected ids when
-    the middle is user data, the specials around it still matched."""
-    s1, s2 = r.choice(specials), r.choice(specials)
+    """User text (with special-looking strings) + a special: the expected ids
+    when the text is user data, the special after it still matched.  The
+    user text comes first so that it is encoded where it would be alone
+    (Metaspace's prepend_scheme "first" looks at the position)."""
+    s2 = r.choice(specials)
     mid = corpus.text(r, 6) + r.choice(corpus.SPECIAL_LIKE) + corpus.text(r, 3)
-    text = s1 + mid + s2
     tok.encode_special_tokens = True
     mid_ids = tok.encode(mid, add_special_tokens=False).ids
     tok.encode_special_tokens = False
-    ids = tok.encode(s1, add_special_tokens=False).ids + mid_ids + tok.encode(s2, add_special_tokens=False).ids
-    start = len(s1.encode())
-    return {"text": text, "data": [start, start + len(mid.encode())], "ids_data": ids}
+    ids = mid_ids + tok.encode(s2, add_special_tokens=False).ids
+    return {"text": mid + s2, "data": [0, len(mid.encode())], "ids_data": ids}
 
 
 def expect(tok, text):
