@@ -228,7 +228,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--real", action="store_true", help="OUT gets the anthropic package's real vocabulary")
     ap.add_argument("--vocab", type=int, default=1200)
-    ap.add_argument("--texts", type=int, default=70)
+    ap.add_argument("--texts", type=int, default=45)
     a = ap.parse_args()
     import random
     r = random.Random(7)
