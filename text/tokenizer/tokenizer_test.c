@@ -4,7 +4,9 @@
  * fixtures marked "rt:", decode(encode(x)) == x.  Then the errors: invalid
  * UTF-8, unsupported component types, malformed files.
  *
- *     tokenizer_test [rt:]FIXTURE_DIR ... */
+ *     tokenizer_test [long:][rt:]FIXTURE_DIR ...
+ *
+ * long: also round-trips a 20 kB plain text (Prepend/Strip or byte-level). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,7 +122,26 @@ static int check_case(const text_tokenizer_t *tk, json_t *c, bool roundtrip, int
     return bad;
 }
 
+/* A long plain text round-trips (decoders like Strip see it whole after Fuse). */
+static void check_long(const text_tokenizer_t *tk, const char *dir) {
+    size_t n = 0;
+    char *text = malloc(20000);
+    while (n + 16 < 20000) n += (size_t)sprintf(text + n, "the model %zu, ", n % 7);
+    text_tokens_t t = {0};
+    mt_error_t err = {0};
+    char *out = NULL;
+    size_t len = 0;
+    EXPECT(text_tokenizer_encode(tk, text, n, NULL, true, &t, &err) == MT_OK, "%s", err.msg);
+    EXPECT(text_tokenizer_decode(tk, t.ids, t.n, true, &out, &len, &err) == MT_OK, "%s", err.msg);
+    EXPECT(len == n && !memcmp(out, text, n), "%s: a %zu-byte text does not round-trip (%zu bytes back)", dir, n, len);
+    free(out);
+    free(text);
+    text_tokens_free(&t);
+}
+
 static void check_fixture(const char *arg) {
+    bool long_rt = !strncmp(arg, "long:", 5);
+    if (long_rt) arg += 5;
     bool roundtrip = !strncmp(arg, "rt:", 3);
     const char *dir = roundtrip ? arg + 3 : arg;
     char path[1024];
@@ -154,6 +175,7 @@ static void check_fixture(const char *arg) {
     }
     free(line);
     fclose(f);
+    if (long_rt) check_long(tk, dir);
     printf("%-40s %4d cases, %d mismatches\n", dir, cases, bad);
     failures += bad;
     text_tokenizer_free(tk);
