@@ -7,10 +7,16 @@
  *   the keys of row b that may be attended, j < kv_len[b] (right padding:
  *   the number of real tokens, attention_mask's leading run of ones). Values are
  *   clamped to [0, T], so kv_len[b] >= T is the same as NULL for that row.
+ *   seg_start (B, T) int32, device memory, or NULL (all 0): the position in
+ *   its row where token (b, i)'s example starts, for rows that hold several
+ *   packed examples (engine/data/pack.h); values outside [0, i] are clamped
+ *   there.
  *   Query i of row b may see key j iff
- *     j <= i  and  (window <= 0 || i - j < window)  and  j < kv_len[b]
+ *     seg_start[b,i] <= j <= i  and  (window <= 0 || i - j < window)
+ *     and  j < kv_len[b]
  *   (HF: the causal mask, the sliding window, and attention_mask's padded
- *   keys). score[i,j] = (q_i . k_j) / sqrt(hd) over those keys, softmax over
+ *   keys; seg_start: each packed example sees only itself, as if alone in a
+ *   row of its own, which is what flash-attention's varlen path computes). score[i,j] = (q_i . k_j) / sqrt(hd) over those keys, softmax over
  *   j in fp32.
  *   lse (B, nh, T) = logsumexp of each row's scores, saved for backward so
  *   probabilities are recomputed there (flash-attention style; nothing of
@@ -25,7 +31,8 @@
  * output, loss or gradient depends on the choice. A padded query i >=
  * kv_len[b] still sees keys 0..kv_len[b]-1 (when the window allows), as in
  * HF, so its output is defined the same on both sides. With kv_len NULL, or
- * every kv_len[b] >= T, results are bit-identical to plain causal attention.
+ * every kv_len[b] >= T, results are bit-identical to plain causal attention;
+ * seg_start NULL or all 0 is bit-identical to no segments.
  *
  * Backward (overwrite dq, dk, dv):
  *   P = exp(S - lse), D_i = sum_d dout_i * out_i, dS = P * (dout V^T - D),
@@ -39,27 +46,27 @@
 typedef struct kern_stream kern_stream_t;
 
 typedef void (*kern_attention_fwd_fn)(kern_stream_t *s, float *out, float *lse, const float *q,
-                                      const float *k, const float *v, const int32_t *kv_len,
+                                      const float *k, const float *v, const int32_t *kv_len, const int32_t *seg_start,
                                       int B, int T, int nh, int nkv, int hd, int window);
 void kern_attention_fwd_cpu(kern_stream_t *s, float *out, float *lse, const float *q,
-                            const float *k, const float *v, const int32_t *kv_len, int B, int T,
+                            const float *k, const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
                             int nh, int nkv, int hd, int window);
 void kern_attention_fwd_cuda(kern_stream_t *s, float *out, float *lse, const float *q,
-                             const float *k, const float *v, const int32_t *kv_len, int B, int T,
+                             const float *k, const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
                              int nh, int nkv, int hd, int window);
 
 typedef void (*kern_attention_bwd_fn)(kern_stream_t *s, float *dq, float *dk, float *dv,
                                       const float *dout, const float *q, const float *k,
                                       const float *v, const float *out, const float *lse,
-                                      const int32_t *kv_len, int B, int T, int nh, int nkv, int hd,
+                                      const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv, int hd,
                                       int window);
 void kern_attention_bwd_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
                             const float *q, const float *k, const float *v, const float *out,
-                            const float *lse, const int32_t *kv_len, int B, int T, int nh, int nkv,
+                            const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv,
                             int hd, int window);
 void kern_attention_bwd_cuda(kern_stream_t *s, float *dq, float *dk, float *dv,
                              const float *dout, const float *q, const float *k, const float *v,
-                             const float *out, const float *lse, const int32_t *kv_len, int B,
+                             const float *out, const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B,
                              int T, int nh, int nkv, int hd, int window);
 
 #endif

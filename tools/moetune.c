@@ -9,6 +9,7 @@
  *
  * Exit codes: 0 success, 1 a run failed (the message says what and where),
  * 2 a bad command line. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -146,8 +147,16 @@ static const char *resumed_note(const eng_train_result_t *res, char *buf, size_t
     return buf;
 }
 
+/* "; eval_loss 1.234567 (ppl 3.4366) after step 16" when the run evaluated, "" otherwise. */
+static const char *eval_note(const eng_train_result_t *res, char *buf, size_t cap) {
+    if (!res->has_eval) return "";
+    snprintf(buf, cap, "; eval_loss %.6f (ppl %.4f) after step %d", res->eval_loss, exp(res->eval_loss),
+             res->eval_step);
+    return buf;
+}
+
 static int cmd_train(int argc, char **argv) {
-    char note[64];
+    char note[64], evn[96];
     eng_run_config_t rc;
     mt_error_t err = {0};
     int rcode = load_run_config(argc, argv, &rc, &err);
@@ -170,14 +179,14 @@ static int cmd_train(int argc, char **argv) {
         } else if (res.rank > 0) {
             /* with several ranks rank 0 reports the job: the other ranks wrote nothing */
         } else if (res.model_saved) {
-            printf("trained %d steps%s in %.1f s: loss %.4f -> %.4f; model saved in %s\n",
+            printf("trained %d steps%s in %.1f s: loss %.4f -> %.4f%s; model saved in %s\n",
                    res.steps_done - res.first_step, resumed_note(&res, note, sizeof note), res.seconds,
-                   res.first_loss, res.last_loss, rc.output_dir);
+                   res.first_loss, res.last_loss, eval_note(&res, evn, sizeof evn), rc.output_dir);
         } else {
-            printf("trained %d steps%s in %.1f s: loss %.4f -> %.4f; save_final: false, so no final model "
+            printf("trained %d steps%s in %.1f s: loss %.4f -> %.4f%s; save_final: false, so no final model "
                    "was written; %s/metrics.jsonl has the run's metrics%s\n",
                    res.steps_done - res.first_step, resumed_note(&res, note, sizeof note), res.seconds,
-                   res.first_loss, res.last_loss, rc.output_dir,
+                   res.first_loss, res.last_loss, eval_note(&res, evn, sizeof evn), rc.output_dir,
                    res.checkpoints_saved > 0 ? " and its checkpoint-N directories the periodic saves" : "");
         }
     }

@@ -203,6 +203,10 @@ const key_row_t eng_cfg_top_rows[] = {
     ROW("base_model", K_PATH, base_model),
     ROW("base_model_init", K_PATH, base_model_init),
     ROW("datasets", K_DATASETS, datasets),
+    ROW("val_set_size", K_VALSET, val_set_size),
+    ROW("test_datasets", K_DATASETS, test_datasets),
+    ROW_INT("eval_steps", eval_steps, 0, STEPS_MAX),
+    ROW_INT("eval_batch_size", eval_batch_size, 1, 65536),
     ROW_INT("sequence_len", sequence_len, 1, 1048576),
     ROW_INT("micro_batch_size", micro_batch_size, 1, 65536),
     ROW_INT("gradient_accumulation_steps", gradient_accumulation_steps, 1, 1000000),
@@ -218,6 +222,7 @@ const key_row_t eng_cfg_top_rows[] = {
     ROW("max_grad_norm", K_DOUBLE, max_grad_norm),
     ROW_ENUM("idle_experts", idle_experts, k_idle_experts_names),
     ROW("shuffle", K_BOOL, shuffle),
+    ROW("sample_packing", K_BOOL, sample_packing),
     ROW("seed", K_U64, seed),
     ROW("output_dir", K_PATH, output_dir),
     ROW_INT("logging_steps", logging_steps, 1, STEPS_MAX),
@@ -315,11 +320,6 @@ static mt_status_t expected(const pctx_t *c, const yaml_node_t *n, const char *k
     return eng_cfg_fail(c, n, "%s: expected %s, got %s", key, what, got);
 }
 
-/* A dataset entry's `type:` is axolotl's prompt format.  The data here is
- * already tokenized (input_ids, labels), so no prompt format is applied:
- * the two that describe such data, text trained on as it is, are accepted
- * (and read alike); any other would promise a formatting moetune does not
- * do, so it is refused rather than ignored. */
 static void put(eng_run_config_t *cfg, const key_row_t *row, const void *v, size_t size) {
     MT_CHECK(size == row->size, "config table: key %s has size %zu, value %zu", row->name, row->size, size);
     memcpy((char *)cfg + row->offset, v, size);
@@ -340,7 +340,10 @@ static void reset_row(eng_run_config_t *cfg, const key_row_t *row) {
     eng_run_config_t def;
     eng_run_config_defaults(&def);
     memcpy((char *)cfg + row->offset, (const char *)&def + row->offset, row->size);
-    if (row->kind == K_DATASETS) cfg->num_datasets = def.num_datasets;
+    if (row->kind == K_DATASETS && row->offset == offsetof(eng_run_config_t, datasets))
+        cfg->num_datasets = def.num_datasets;
+    if (row->kind == K_DATASETS && row->offset == offsetof(eng_run_config_t, test_datasets))
+        cfg->num_test_datasets = def.num_test_datasets;
     if (row->kind == K_STRLIST && row->offset == offsetof(eng_run_config_t, lora_target_modules)) {
         cfg->num_lora_target_modules = def.num_lora_target_modules;
         cfg->lora_target_regex[0] = '\0';
@@ -401,8 +404,8 @@ static mt_status_t dataset_mappings(pctx_t *c, yaml_node_t *v, const char *key, 
         yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
         yaml_node_t *val = yaml_document_get_node(c->doc, p->value);
         const char *name = k && k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "";
-        char sub[160];
-        snprintf(sub, sizeof sub, "%s.%s", key, name);
+        char sub[320];
+        snprintf(sub, sizeof sub, "%s.%.100s", key, name);
         mt_status_t st;
         if (strcmp(name, "role") == 0) st = take_string(c, val, sub, false, d->role_key, sizeof d->role_key);
         else if (strcmp(name, "content") == 0) st = take_string(c, val, sub, false, d->content_key, sizeof d->content_key);
@@ -427,9 +430,10 @@ static mt_status_t dataset_roles(pctx_t *c, yaml_node_t *v, const char *key, eng
 }
 
 /* One key of a dataset entry (the table k_dataset_rows names them). */
-static mt_status_t dataset_key(pctx_t *c, const char *name, yaml_node_t *v, int index, eng_dataset_entry_t *d) {
-    char key[96];
-    snprintf(key, sizeof key, "datasets[%d].%s", index, name);
+static mt_status_t dataset_key(pctx_t *c, const char *list, const char *name, yaml_node_t *v, int index,
+                               eng_dataset_entry_t *d) {
+    char key[192];
+    snprintf(key, sizeof key, "%.120s[%d].%s", list, index, name);
     int e;
     mt_status_t st;
     if (strcmp(name, "path") == 0) return take_string(c, v, key, true, d->path, sizeof d->path);
@@ -446,7 +450,8 @@ static mt_status_t dataset_key(pctx_t *c, const char *name, yaml_node_t *v, int 
     return st;
 }
 
-static mt_status_t apply_datasets(pctx_t *c, const char *key, yaml_node_t *n) {
+/* datasets: and test_datasets: alike; the row says which. */
+static mt_status_t apply_datasets(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
     if (n->type != YAML_SEQUENCE_NODE) return expected(c, n, key, "a list of {path: FILE}");
     eng_dataset_entry_t list[ENG_MAX_DATASETS];
     int count = 0;
@@ -461,16 +466,42 @@ static mt_status_t apply_datasets(pctx_t *c, const char *key, yaml_node_t *n) {
             yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
             if (!k || k->type != YAML_SCALAR_NODE) return expected(c, k, key, "string keys in a dataset entry");
             const char *name = (const char *)k->data.scalar.value;
-            if (!eng_cfg_find_row(k_dataset_rows, name)) return eng_cfg_unknown_key(c, k, k_dataset_rows, "datasets[].", name);
-            mt_status_t st = dataset_key(c, name, v, count, &list[count]);
+            char prefix[160];
+            snprintf(prefix, sizeof prefix, "%s[].", key);
+            if (!eng_cfg_find_row(k_dataset_rows, name)) return eng_cfg_unknown_key(c, k, k_dataset_rows, prefix, name);
+            mt_status_t st = dataset_key(c, key, name, v, count, &list[count]);
             if (st != MT_OK) return st;
             have_path |= strcmp(name, "path") == 0;
         }
         if (!have_path) return eng_cfg_fail(c, e, "%s: entry %d has no 'path'", key, count);
         count++;
     }
-    memcpy(c->cfg->datasets, list, sizeof list[0] * (size_t)count);
-    c->cfg->num_datasets = count;
+    const bool test = row->offset == offsetof(eng_run_config_t, test_datasets);
+    memcpy(test ? c->cfg->test_datasets : c->cfg->datasets, list, sizeof list[0] * (size_t)count);
+    *(test ? &c->cfg->num_test_datasets : &c->cfg->num_datasets) = count;
+    return MT_OK;
+}
+
+/* val_set_size as axolotl reads it (datasets' train_test_split): an
+ * integer is a count of examples, a float a fraction, which must be below
+ * 1 (1.0 would hold out everything); 0 = no split. */
+static mt_status_t apply_val_set(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
+    eng_val_set_t v = {0};
+    int64_t i;
+    if (eng_yaml_int(n, &i)) {
+        if (i < 0) return eng_cfg_fail(c, n, "%s: %lld; expected a count of examples >= 0 or a fraction in [0, 1)", key, (long long)i);
+        v.size = (double)i;
+        v.whole = true;
+    } else if (eng_yaml_number(n, &v.size)) {
+        if (!(v.size >= 0) || v.size >= 1)
+            return eng_cfg_fail(c, n,
+                        "%s: %g as a fraction must be in [0, 1) (0.05 holds out 5%% of the examples); a count of "
+                        "examples is written as an integer (e.g. 100)",
+                        key, v.size);
+    } else {
+        return expected(c, n, key, "a fraction in [0, 1) or a count of examples");
+    }
+    put(c->cfg, row, &v, sizeof v);
     return MT_OK;
 }
 
@@ -662,7 +693,8 @@ mt_status_t eng_cfg_apply(pctx_t *c, const key_row_t *row, const char *key, yaml
         mt_yaml_describe(n, got, sizeof got);
         return eng_cfg_fail(c, n, "%s: got %s, expected one of: %s", key, got, list);
     }
-    case K_DATASETS: return apply_datasets(c, key, n);
+    case K_DATASETS: return apply_datasets(c, row, key, n);
+    case K_VALSET: return apply_val_set(c, row, key, n);
     case K_STRLIST: return apply_strlist(c, row, key, n);
     case K_JSON: return apply_json(c, key, n);
     case K_TEXT: return apply_text(c, row, key, n);

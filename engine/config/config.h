@@ -90,6 +90,14 @@ typedef struct {
     eng_train_on_eos_t train_on_eos; /* default turn */
 } eng_dataset_entry_t;
 
+/* val_set_size: a fraction of the training examples (0 < size < 1) or a
+ * count (whole, written as an integer) held out for evaluation; 0 = none.
+ * One struct so that a null value resets both halves together. */
+typedef struct {
+    double size;
+    bool whole; /* written as an integer: a count of examples */
+} eng_val_set_t;
+
 #define ENG_MAX_DEVICES 8
 typedef struct {
     int count;                 /* 1..ENG_MAX_DEVICES */
@@ -105,6 +113,14 @@ typedef struct {
                                        (random weights); "" = none */
     eng_dataset_entry_t datasets[ENG_MAX_DATASETS];
     int num_datasets;
+    /* evaluation (engine/run/eval.h): held out of datasets (val_set_size),
+     * or other files (test_datasets), never both */
+    eng_val_set_t val_set_size;     /* default none */
+    eng_dataset_entry_t test_datasets[ENG_MAX_DATASETS];
+    int num_test_datasets;          /* default 0 */
+    int eval_steps;                 /* evaluate every N optimizer steps; default -1 = at the end of the
+                                       run when there is an evaluation set; 0 = never */
+    int eval_batch_size;            /* default 0 = micro_batch_size */
     int sequence_len;               /* default 512 */
     int micro_batch_size;           /* default 1 */
     int gradient_accumulation_steps;/* default 1 */
@@ -118,6 +134,7 @@ typedef struct {
     double max_grad_norm;           /* default 1.0; 0 = no clipping */
     eng_idle_experts_t idle_experts; /* default step (transformers 5); docs/configuration.md */
     bool shuffle;                   /* default true */
+    bool sample_packing;            /* default false: whole examples packed into rows (engine/data/pack.h) */
     uint64_t seed;                  /* default 42 */
     char output_dir[1024];          /* default "./outputs/run" */
     int logging_steps;              /* default 1 */

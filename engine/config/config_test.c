@@ -305,6 +305,7 @@ static void test_set(void) {
     EXPECT(set_ok(&c, "memory={pinned: 1MB}") && c.memory_pinned == 1000000 && c.memory_device == 8ull << 30);
     EXPECT(set_ok(&c, "lr_scheduler=constant_with_warmup") && c.lr_scheduler == ENG_LR_CONSTANT_WITH_WARMUP);
     EXPECT(set_ok(&c, "shuffle=false") && !c.shuffle);
+    EXPECT(!c.sample_packing && set_ok(&c, "sample_packing=true") && c.sample_packing);
     /* --set paths are the user's, relative to the working directory */
     EXPECT(set_ok(&c, "output_dir=runs/x") && strcmp(c.output_dir, "runs/x") == 0);
     EXPECT(set_ok(&c, "datasets=[{path: a.bin}, {path: b.jsonl}]") && c.num_datasets == 2 &&
@@ -336,6 +337,10 @@ static void test_set(void) {
     EXPECT_SET_ERROR(&c, "=4", "the key is empty", NULL);
     EXPECT_SET_ERROR(&c, "model_config={a: [1, 2}", "invalid YAML", NULL);
     EXPECT(c.micro_batch_size == 1 && c.learning_rate == 1e-4); /* failed sets change nothing */
+    /* datasets holds a.bin: an llm.c stream has no examples to pack */
+    EXPECT(eng_run_config_validate(&c, &err) == MT_ERR_CONFIG && strstr(err.msg, "sample_packing") &&
+           strstr(err.msg, "a.bin"));
+    EXPECT(set_ok(&c, "sample_packing=false"));
     EXPECT(eng_run_config_validate(&c, &err) == MT_OK);
     eng_run_config_free(&c);
 }
@@ -681,7 +686,54 @@ static void test_parallel(void) {
     }
 }
 
+/* Evaluation keys: val_set_size a fraction or a count, test_datasets like
+ * datasets, eval_steps and eval_batch_size; every refusal names its key. */
+static void test_eval_keys(void) {
+    eng_run_config_t c;
+    mt_error_t err = {0};
+    eng_run_config_defaults(&c);
+    EXPECT(c.val_set_size.size == 0 && c.num_test_datasets == 0 && c.eval_steps == -1 && c.eval_batch_size == 0);
+    static const char y[] = "base_model: m\ndatasets: [{path: d.jsonl}]\nval_set_size: 0.05\neval_steps: 10\n"
+                            "eval_batch_size: 4\n";
+    mt_status_t st = eng_run_config_parse(y, strlen(y), "cfgs/run.yaml", &c, &err);
+    EXPECT(st == MT_OK && c.val_set_size.size == 0.05 && !c.val_set_size.whole && c.eval_steps == 10 &&
+           c.eval_batch_size == 4);
+    if (st == MT_OK) {
+        EXPECT(eng_run_config_validate(&c, &err) == MT_OK);
+        EXPECT(set_ok(&c, "val_set_size=100") && c.val_set_size.size == 100 && c.val_set_size.whole);
+        EXPECT(set_ok(&c, "val_set_size=") && c.val_set_size.size == 0 && !c.val_set_size.whole);
+        EXPECT(set_ok(&c, "eval_steps=0") && c.eval_steps == 0);
+        EXPECT(set_ok(&c, "eval_steps=") && c.eval_steps == -1);
+        EXPECT_SET_ERROR(&c, "val_set_size=1.0", "val_set_size", "[0, 1)");
+        EXPECT_SET_ERROR(&c, "val_set_size=1.5", "val_set_size", "integer");
+        EXPECT_SET_ERROR(&c, "val_set_size=-3", "val_set_size", ">= 0");
+        EXPECT_SET_ERROR(&c, "val_set_size=lots", "val_set_size", "fraction");
+        EXPECT_SET_ERROR(&c, "eval_steps=-1", "eval_steps", "out of range");
+        EXPECT_SET_ERROR(&c, "eval_batch_size=0", "eval_batch_size", "out of range");
+        eng_run_config_free(&c);
+    }
+    static const char t[] = "base_model: m\ndatasets: [{path: d.jsonl}]\ntest_datasets:\n  - path: e.jsonl\n"
+                            "  - path: /abs/f.jsonl\n    type: completion\n";
+    st = eng_run_config_parse(t, strlen(t), "cfgs/run.yaml", &c, &err);
+    EXPECT(st == MT_OK && c.num_test_datasets == 2 && c.num_datasets == 1 &&
+           strcmp(c.test_datasets[0].path, "cfgs/e.jsonl") == 0 && strcmp(c.test_datasets[1].path, "/abs/f.jsonl") == 0 &&
+           strcmp(c.datasets[0].path, "cfgs/d.jsonl") == 0);
+    if (st == MT_OK) {
+        EXPECT(eng_run_config_validate(&c, &err) == MT_OK);
+        /* both ways at once: refused naming both keys */
+        EXPECT(set_ok(&c, "val_set_size=0.1"));
+        EXPECT(eng_run_config_validate(&c, &err) == MT_ERR_CONFIG && strstr(err.msg, "val_set_size") &&
+               strstr(err.msg, "test_datasets"));
+        EXPECT(set_ok(&c, "test_datasets=") && c.num_test_datasets == 0 && c.num_datasets == 1);
+        EXPECT(eng_run_config_validate(&c, &err) == MT_OK);
+        eng_run_config_free(&c);
+    }
+    EXPECT_ERROR("base_model: m\ntest_datasets: [{pth: e.jsonl}]\n", MT_ERR_CONFIG, "test_datasets", "path");
+    EXPECT_INVALID("eval_steps=5", "eval_steps is 5, but there is no evaluation set");
+}
+
 int main(void) {
+    test_eval_keys();
     test_parallel();
     test_defaults();
     test_save_expert_layout();

@@ -10,6 +10,7 @@
 void eng_run_config_defaults(eng_run_config_t *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->sequence_len = 512;
+    cfg->eval_steps = -1;
     cfg->micro_batch_size = 1;
     cfg->gradient_accumulation_steps = 1;
     cfg->devices.count = 1;

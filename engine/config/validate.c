@@ -9,8 +9,8 @@
 
 #include "engine/config/config.h"
 
-mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err) {
-    const char *src = cfg->source_path[0] ? cfg->source_path : "run config";
+/* A failed check: the run config's name (src), then the message; both
+ * functions below have src and err in scope. */
 #define NEED(cond, ...)                                                                     \
     do {                                                                                    \
         if (!(cond)) {                                                                      \
@@ -19,6 +19,32 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
             return mt_error_set(err, MT_ERR_CONFIG, "%.900s: %s", src, what_);              \
         }                                                                                   \
     } while (0)
+
+/* The evaluation keys (engine/run/eval.h): one set, from one place. */
+static mt_status_t validate_eval(const eng_run_config_t *cfg, const char *src, mt_error_t *err) {
+    for (int i = 0; i < cfg->num_test_datasets; i++)
+        NEED(cfg->test_datasets[i].path[0], "test_datasets[%d].path is empty", i);
+    NEED(!(cfg->val_set_size.size > 0 && cfg->num_test_datasets > 0),
+         "val_set_size and test_datasets are both set; use one: val_set_size holds out part of datasets for "
+         "evaluation, test_datasets evaluates on files of their own");
+    const bool eval_set = cfg->val_set_size.size > 0 || cfg->num_test_datasets > 0;
+    NEED(eval_set || cfg->eval_steps <= 0,
+         "eval_steps is %d, but there is no evaluation set; set val_set_size or test_datasets (or eval_steps: 0)",
+         cfg->eval_steps);
+    NEED(cfg->eval_steps >= -1, "eval_steps must be >= 0 (0 = never), got %d", cfg->eval_steps);
+    NEED(cfg->eval_batch_size >= 0, "eval_batch_size must be >= 1, got %d", cfg->eval_batch_size);
+    NEED((int64_t)cfg->eval_batch_size * cfg->sequence_len <= ((int64_t)1 << 26),
+         "eval_batch_size x sequence_len = %lld tokens per evaluation batch; at most 67,108,864 fit the executor's "
+         "indexing; lower eval_batch_size",
+         (long long)cfg->eval_batch_size * cfg->sequence_len);
+    NEED(!eval_set || cfg->parallel != ENG_PARALLEL_EXPERT,
+         "evaluation (val_set_size or test_datasets) does not run with parallel: expert (each device holds half of "
+         "the experts); use parallel: auto or data");
+    return MT_OK;
+}
+
+mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err) {
+    const char *src = cfg->source_path[0] ? cfg->source_path : "run config";
     NEED(cfg->base_model[0], "base_model is not set (the checkpoint directory)");
     NEED(cfg->num_datasets >= 1, "datasets is empty; give at least one {path: FILE}");
     for (int i = 0; i < cfg->num_datasets; i++) NEED(cfg->datasets[i].path[0], "datasets[%d].path is empty", i);
@@ -28,6 +54,17 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
     NEED(jinja || !cfg->chat_template_jinja,
          "chat_template_jinja is given but chat_template is '%s'; set chat_template: jinja to use it",
          cfg->chat_template);
+    /* an llm.c stream has no example boundaries to pack by, and its rows are full already */
+    for (int i = 0; i < cfg->num_datasets && cfg->sample_packing; i++) {
+        const char *p = cfg->datasets[i].path;
+        const size_t n = strlen(p);
+        NEED(n < 4 || strcmp(p + n - 4, ".bin") != 0,
+             "sample_packing: true needs example boundaries, and datasets[%d] (%s) is an llm.c .bin token "
+             "stream (one stream cut into full rows); set sample_packing: false or give tokenized .jsonl",
+             i, p);
+    }
+    mt_status_t st = validate_eval(cfg, src, err);
+    if (st != MT_OK) return st;
     NEED(cfg->output_dir[0], "output_dir is empty");
     NEED(cfg->sequence_len >= 1, "sequence_len must be >= 1, got %d", cfg->sequence_len);
     NEED(cfg->micro_batch_size >= 1, "micro_batch_size must be >= 1, got %d", cfg->micro_batch_size);

@@ -77,11 +77,11 @@ static mt_status_t messages_of(const eng_dataset_entry_t *d, const json_t *row, 
         json_t *c = json_deep_copy(m);
         MT_CHECK_ALLOC(c, "message");
         if (strcmp(d->role_key, "role") != 0) {
-            json_object_set(c, "role", role);
+            json_object_set(c, "role", (json_t *)role);
             json_object_del(c, d->role_key);
         }
         if (strcmp(d->content_key, "content") != 0 && content) {
-            json_object_set(c, "content", content);
+            json_object_set(c, "content", (json_t *)content);
             json_object_del(c, d->content_key);
         }
         json_array_append_new(msgs, c);
@@ -105,17 +105,20 @@ static mt_status_t render(const eng_text_t *t, const json_t *msgs, const json_t 
 }
 
 /* Marks the bytes of message i in r (see the file note) in trained[];
- * *end receives the end of its text (0 when it renders no text). */
+ * *end receives where its text ends. */
 static mt_status_t mark_turn(const eng_text_t *t, const json_t *msgs, const json_t *tools, size_t i,
                              const text_render_t *r, uint8_t *trained, size_t *end, const char *where,
                              mt_error_t *err) {
     json_t *alt = json_deep_copy(msgs);
     MT_CHECK_ALLOC(alt, "messages");
     json_t *m = json_array_get(alt, i);
-    static const char *const k_text_keys[] = {"content", "reasoning_content", "thinking"};
+    static const char *const k_text_keys[] = {"reasoning_content", "thinking"};
     for (size_t k = 0; k < sizeof k_text_keys / sizeof *k_text_keys; k++)
         if (json_is_string(json_object_get(m, k_text_keys[k])))
             json_object_set_new(m, k_text_keys[k], json_string(TURN_MARKER));
+    /* content always: an empty one (a tool-call turn) still has a place,
+     * where its end-of-turn token follows */
+    if (!json_is_array(json_object_get(m, "content"))) json_object_set_new(m, "content", json_string(TURN_MARKER));
     text_render_t r2;
     mt_status_t st = render(t, alt, tools, where, &r2, err);
     json_decref(alt);
@@ -123,11 +126,11 @@ static mt_status_t mark_turn(const eng_text_t *t, const json_t *msgs, const json
     size_t pre = 0, suf = 0;
     while (pre < r->len && pre < r2.len && r->text[pre] == r2.text[pre]) pre++;
     while (suf < r->len - pre && suf < r2.len - pre && r->text[r->len - 1 - suf] == r2.text[r2.len - 1 - suf]) suf++;
-    *end = 0;
-    if (pre < r->len - suf) {
-        memset(trained + pre, 1, r->len - suf - pre);
-        *end = r->len - suf;
-    }
+    /* the two renders differ only where the message's text goes: it spans
+     * [pre, len - suf), empty for an empty content (pre == len - suf) */
+    if (pre > r->len - suf) pre = r->len - suf;
+    memset(trained + pre, 1, r->len - suf - pre);
+    *end = r->len - suf;
     text_render_free(&r2);
     return MT_OK;
 }
@@ -136,7 +139,7 @@ static mt_status_t mark_turn(const eng_text_t *t, const json_t *msgs, const json
  * them (train_on_eos turn / last). */
 static void mark_eos_after(const eng_text_t *t, const text_render_t *r, size_t end, uint8_t *trained) {
     const size_t el = strlen(t->eos_text);
-    if (!el || end == 0) return;
+    if (!el || end > r->len) return;
     const char *at = strstr(r->text + end, t->eos_text);
     if (!at) return;
     const size_t pos = (size_t)(at - r->text);
@@ -155,7 +158,7 @@ static void mark_every_eos(const eng_text_t *t, const text_render_t *r, uint8_t 
 static mt_status_t mark_turns(const eng_text_t *t, const eng_dataset_entry_t *d, const json_t *msgs,
                               const json_t *tools, const text_render_t *r, uint8_t *trained, const char *where,
                               mt_error_t *err) {
-    size_t last_end = 0;
+    size_t last_end = (size_t)-1; /* none */
     for (size_t i = 0; i < json_array_size(msgs); i++) {
         const char *role = json_string_value(json_object_get(json_array_get(msgs, i), "role"));
         if (!trains_role(d, role)) continue;
@@ -163,7 +166,7 @@ static mt_status_t mark_turns(const eng_text_t *t, const eng_dataset_entry_t *d,
         mt_status_t st = mark_turn(t, msgs, tools, i, r, trained, &end, where, err);
         if (st != MT_OK) return st;
         if (d->train_on_eos == ENG_EOS_TURN) mark_eos_after(t, r, end, trained);
-        if (end) last_end = end;
+        last_end = end;
     }
     if (d->train_on_eos == ENG_EOS_LAST) mark_eos_after(t, r, last_end, trained);
     if (d->train_on_eos == ENG_EOS_ALL) mark_every_eos(t, r, trained);
@@ -172,7 +175,7 @@ static mt_status_t mark_turns(const eng_text_t *t, const eng_dataset_entry_t *d,
 
 mt_status_t eng_text_chat_row(const eng_text_t *t, const eng_dataset_entry_t *d, const json_t *row,
                               const char *where, eng_text_example_t *ex, mt_error_t *err) {
-    json_t *msgs;
+    json_t *msgs = NULL;
     mt_status_t st = messages_of(d, row, where, &msgs, err);
     if (st != MT_OK) return st;
     const json_t *tools = json_object_get(row, "tools");

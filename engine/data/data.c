@@ -17,6 +17,8 @@
  * - llm.c files are little-endian int32 header + uint16/uint32 tokens, read
  *   as such; this code assumes a little-endian host (checked below). */
 #include "engine/data/data.h"
+#include "engine/data/pack.h"
+#include "engine/data/text.h"
 
 #include "base/fileio.h"
 #include "base/rng.h"
@@ -40,30 +42,6 @@
 #define LLMC_VERSION_U16 1
 #define LLMC_MAGIC_U32 20240801
 #define LLMC_VERSION_U32 7
-
-/* Growable row storage while loading. */
-typedef struct {
-    int T;
-    int64_t rows, cap;
-    int32_t *inputs, *targets;
-    uint8_t *mask;
-    int64_t mask_holes;         /* see eng_dataset_t */
-    char mask_holes_first[600];
-} rows_t;
-
-static void rows_reserve(rows_t *r, int64_t more) {
-    if (r->rows + more <= r->cap) return;
-    int64_t cap = r->cap ? r->cap : 64;
-    while (cap < r->rows + more) cap *= 2;
-    size_t n = (size_t)cap * (size_t)r->T;
-    r->inputs = realloc(r->inputs, n * sizeof *r->inputs);
-    MT_CHECK_ALLOC(r->inputs, "dataset inputs");
-    r->targets = realloc(r->targets, n * sizeof *r->targets);
-    MT_CHECK_ALLOC(r->targets, "dataset targets");
-    r->mask = realloc(r->mask, n * sizeof *r->mask);
-    MT_CHECK_ALLOC(r->mask, "dataset mask");
-    r->cap = cap;
-}
 
 /* ---- JSONL --------------------------------------------------------------- */
 
@@ -91,8 +69,8 @@ static mt_status_t int_array(json_t *obj, const char *key, bool required, int64_
     return MT_OK;
 }
 
-static mt_status_t jsonl_example(rows_t *r, json_t *obj, const char *path, int64_t line, int vocab,
-                                 mt_error_t *err) {
+static mt_status_t jsonl_example(eng_examples_t *ex, int file, json_t *obj, const char *path, int64_t line,
+                                 int vocab, mt_error_t *err) {
     json_t *ids, *labels, *am;
     mt_status_t st = int_array(obj, "input_ids", true, -1, &ids, path, line, err);
     if (st != MT_OK) return st;
@@ -124,31 +102,62 @@ static mt_status_t jsonl_example(rows_t *r, json_t *obj, const char *path, int64
         }
     }
 
-    rows_reserve(r, 1);
-    const int T = r->T;
-    const int64_t L = n < T ? n : T; /* truncation: HF truncates input_ids and labels alike */
-    int32_t *in = r->inputs + r->rows * T, *tg = r->targets + r->rows * T;
-    uint8_t *mk = r->mask + r->rows * T;
+    int32_t *buf = malloc((size_t)n * 2 * sizeof *buf);
+    uint8_t *mb = malloc((size_t)n);
+    MT_CHECK(buf && mb, "out of host memory reading %s:%" PRId64, path, line);
     json_t *lab_src = labels ? labels : ids;
-    for (int64_t t = 0; t < T; t++) {
-        in[t] = t < L ? (int32_t)json_integer_value(json_array_get(ids, (size_t)t)) : 0;
-        mk[t] = t < L ? (uint8_t)(am ? json_integer_value(json_array_get(am, (size_t)t)) : 1) : 0;
-        /* position t predicts token t+1; the last kept position has no target */
-        tg[t] = t + 1 < L ? (int32_t)json_integer_value(json_array_get(lab_src, (size_t)(t + 1))) : IGNORE_INDEX;
+    for (int64_t t = 0; t < n; t++) {
+        buf[t] = (int32_t)json_integer_value(json_array_get(ids, (size_t)t));
+        buf[n + t] = (int32_t)json_integer_value(json_array_get(lab_src, (size_t)t));
+        mb[t] = (uint8_t)(am ? json_integer_value(json_array_get(am, (size_t)t)) : 1);
     }
-    const int kvl = eng_mask_kv_len(mk, T);
-    bool holes = false;
-    for (int t = 0; t < kvl && !holes; t++) holes = !mk[t];
-    if (holes && r->mask_holes++ == 0)
-        snprintf(r->mask_holes_first, sizeof r->mask_holes_first, "%s:%" PRId64, path, line);
-    r->rows++;
+    eng_examples_add(ex, buf, buf + n, mb, n, file, line);
+    free(buf);
+    free(mb);
     return MT_OK;
 }
 
-static mt_status_t load_jsonl(rows_t *r, const char *path, int vocab, mt_error_t *err) {
+/* A row of a text dataset (text.h) as one example, or as several of at
+ * most T tokens for a completion longer than T (axolotl's completion). */
+static mt_status_t text_example(eng_examples_t *ex, int file, const eng_text_t *text, const eng_dataset_entry_t *d,
+                                const json_t *obj, int T, const char *path, int64_t line, mt_error_t *err) {
+    char where[1200];
+    snprintf(where, sizeof where, "%s:%" PRId64, path, line);
+    if (!text)
+        return mt_error_set(err, MT_ERR_DATA,
+                            "%s: a text row (no input_ids) in a %s dataset, but there is no tokenizer.json beside "
+                            "the base model; set tokenizer_config: to the folder that holds the model's tokenizer",
+                            where, d->type == ENG_DATA_COMPLETION ? "completion" : "text");
+    eng_text_example_t te = {0};
+    mt_status_t st = eng_text_row(text, d, obj, where, &te, err);
+    const size_t step = te.split ? (size_t)T : te.n;
+    for (size_t at = 0; st == MT_OK && at < te.n; at += step) {
+        const size_t len = te.n - at < step ? te.n - at : step;
+        /* position t learns label t + 1 of what fits in a row: an example
+         * with none there would add nothing but padding to learn from */
+        bool trained = false;
+        for (size_t t = 1; t < len && t < (size_t)T && !trained; t++) trained = te.labels[at + t] != IGNORE_INDEX;
+        if (trained) eng_examples_add(ex, te.ids + at, te.labels + at, NULL, (int64_t)len, file, line);
+        else ex->untrained++;
+    }
+    eng_text_example_free(&te);
+    return st;
+}
+
+/* Whether a row of entry d is read as tokenized: a tokenized entry, or a
+ * completion row that carries input_ids instead of its text field. */
+static bool tokenized_row(const eng_dataset_entry_t *d, const json_t *obj) {
+    return !d || d->type == ENG_DATA_TOKENIZED ||
+           (d->type == ENG_DATA_COMPLETION && !json_object_get(obj, d->field) && json_object_get(obj, "input_ids"));
+}
+
+static mt_status_t load_jsonl(eng_examples_t *ex, const char *path, const eng_dataset_entry_t *d,
+                              const eng_data_opts_t *o, mt_error_t *err) {
+    const int vocab = o->vocab_size;
     FILE *f;
     mt_status_t ost = mt_fopen_regular(path, "data file", &f, err);
     if (ost != MT_OK) return ost;
+    const int file = eng_examples_file(ex, path);
     char *buf = NULL;
     size_t cap = 0;
     ssize_t got;
@@ -169,8 +178,11 @@ static mt_status_t load_jsonl(rows_t *r, const char *path, int vocab, mt_error_t
         } else if (!json_is_object(obj)) {
             st = mt_error_set(err, MT_ERR_FORMAT, "%s:%" PRId64 ": expected a JSON object with \"input_ids\"", path,
                               line);
+        } else if (tokenized_row(d, obj)) {
+            st = jsonl_example(ex, file, obj, path, line, vocab, err);
+            examples++;
         } else {
-            st = jsonl_example(r, obj, path, line, vocab, err);
+            st = text_example(ex, file, o->text, d, obj, o->T, path, line, err);
             examples++;
         }
         json_decref(obj);
@@ -184,7 +196,7 @@ static mt_status_t load_jsonl(rows_t *r, const char *path, int vocab, mt_error_t
 
 /* ---- llm.c token files --------------------------------------------------- */
 
-static mt_status_t load_llmc(rows_t *r, const char *path, int vocab, mt_error_t *err) {
+static mt_status_t load_llmc(eng_rows_t *r, const char *path, int vocab, mt_error_t *err) {
     FILE *f;
     mt_status_t ost = mt_fopen_regular(path, "data file", &f, err);
     if (ost != MT_OK) return ost;
@@ -259,7 +271,7 @@ static mt_status_t load_llmc(rows_t *r, const char *path, int vocab, mt_error_t 
     }
     /* llm.c: row i is tokens [i*T, i*T + T]; the final token of one row is the first of the next */
     const int64_t nrows = (ntok - 1) / T;
-    rows_reserve(r, nrows);
+    eng_rows_reserve(r, nrows, false);
     for (int64_t i = 0; i < nrows; i++) {
         const int32_t *src = tok + i * T;
         int64_t o = (r->rows + i) * T;
@@ -282,25 +294,60 @@ static bool ends_with(const char *s, const char *suffix) {
     return n > m && strcmp(s + n - m, suffix) == 0 && s[n - m - 1] != '/';
 }
 
-mt_status_t eng_dataset_load(eng_dataset_t *ds, const char *const *paths, int num_paths, int T, int vocab_size,
-                             mt_error_t *err) {
-    memset(ds, 0, sizeof *ds);
-    if (T < 1) return mt_error_set(err, MT_ERR_CONFIG, "sequence_len must be >= 1, got %d", T);
-    if (num_paths < 1) return mt_error_set(err, MT_ERR_CONFIG, "no data files given");
-    rows_t r = {.T = T};
+/* The files' names, comma separated, for a message. */
+static void file_names(char *names, size_t cap, const char *const *paths, int num_paths) {
+    size_t n = 0;
+    names[0] = '\0';
+    for (int i = 0; i < num_paths && n < cap; i++)
+        n += (size_t)snprintf(names + n, cap - n, "%s%s", i ? ", " : "", paths[i]);
+}
+
+/* Reads every file: JSONL into examples, turned into rows after each file
+ * (padded, so rows keep the files' order) or after the last (packed, so
+ * rows pack examples of all files); llm.c streams straight into rows. */
+static mt_status_t read_files(eng_rows_t *r, const char *const *paths, int num_paths, const eng_data_opts_t *o,
+                              mt_error_t *err) {
     mt_status_t st = MT_OK;
+    eng_examples_t ex;
+    eng_examples_init(&ex);
     for (int i = 0; i < num_paths && st == MT_OK; i++) {
         const char *p = paths[i];
-        if (ends_with(p, ".jsonl") || ends_with(p, ".json")) st = load_jsonl(&r, p, vocab_size, err);
-        else if (ends_with(p, ".bin")) st = load_llmc(&r, p, vocab_size, err);
-        else
+        if (ends_with(p, ".jsonl") || ends_with(p, ".json")) {
+            st = load_jsonl(&ex, p, o->entries ? &o->entries[i] : NULL, o, err);
+            if (st == MT_OK && !o->pack) {
+                eng_rows_add_examples(r, &ex, false, 0);
+                r->dropped += ex.untrained;
+                eng_examples_free(&ex);
+                eng_examples_init(&ex);
+            }
+        } else if (ends_with(p, ".bin")) {
+            st = o->pack ? mt_error_set(err, MT_ERR_CONFIG,
+                                        "%s: sample_packing: true needs example boundaries, and an llm.c .bin "
+                                        "file is one token stream cut into rows (they are full already); set "
+                                        "sample_packing: false or give tokenized .jsonl",
+                                        p)
+                         : load_llmc(r, p, o->vocab_size, err);
+        } else {
             st = mt_error_set(err, MT_ERR_UNSUPPORTED,
                               "%s: unknown data format; expected tokenized .jsonl/.json lines or an llm.c .bin file", p);
+        }
     }
+    if (st == MT_OK && o->pack) eng_rows_add_examples(r, &ex, true, o->seed);
+    r->dropped += ex.untrained;
+    eng_examples_free(&ex);
+    return st;
+}
+
+mt_status_t eng_dataset_load_opts(eng_dataset_t *ds, const char *const *paths, int num_paths,
+                                  const eng_data_opts_t *o, mt_error_t *err) {
+    memset(ds, 0, sizeof *ds);
+    const int T = o->T;
+    if (T < 1) return mt_error_set(err, MT_ERR_CONFIG, "sequence_len must be >= 1, got %d", T);
+    if (num_paths < 1) return mt_error_set(err, MT_ERR_CONFIG, "no data files given");
+    eng_rows_t r = {.T = T};
+    mt_status_t st = read_files(&r, paths, num_paths, o, err);
     if (st != MT_OK) {
-        free(r.inputs);
-        free(r.targets);
-        free(r.mask);
+        eng_rows_free(&r);
         return st;
     }
     /* A data set without one trainable target would train on the aux loss
@@ -309,13 +356,8 @@ mt_status_t eng_dataset_load(eng_dataset_t *ds, const char *const *paths, int nu
     for (int64_t i = 0; i < r.rows * (int64_t)T && counted == 0; i++) counted += r.targets[i] != IGNORE_INDEX;
     if (counted == 0) {
         char names[1024];
-        size_t n = 0;
-        names[0] = '\0';
-        for (int i = 0; i < num_paths && n < sizeof names; i++)
-            n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", paths[i]);
-        free(r.inputs);
-        free(r.targets);
-        free(r.mask);
+        file_names(names, sizeof names, paths, num_paths);
+        eng_rows_free(&r);
         return mt_error_set(err, MT_ERR_DATA,
                             "%s: no example has a token to learn: every label is -100 or every example is "
                             "one token long (position t learns token t+1, so a 1-token example has no "
@@ -327,9 +369,25 @@ mt_status_t eng_dataset_load(eng_dataset_t *ds, const char *const *paths, int nu
     ds->inputs = r.inputs;
     ds->targets = r.targets;
     ds->mask = r.mask;
+    ds->seg_start = r.seg_start;
     ds->mask_holes = r.mask_holes;
     memcpy(ds->mask_holes_first, r.mask_holes_first, sizeof ds->mask_holes_first);
+    ds->examples = r.examples;
+    ds->truncated = r.truncated;
+    ds->dropped = r.dropped;
+    ds->real_tokens = r.real_tokens;
     return MT_OK;
+}
+
+mt_status_t eng_dataset_load(eng_dataset_t *ds, const char *const *paths, int num_paths, int T, int vocab_size,
+                             mt_error_t *err) {
+    const eng_data_opts_t o = {.T = T, .vocab_size = vocab_size};
+    return eng_dataset_load_opts(ds, paths, num_paths, &o, err);
+}
+
+double eng_dataset_efficiency(const eng_dataset_t *ds) {
+    const double slots = (double)ds->num_rows * ds->T;
+    return slots > 0 ? (double)ds->real_tokens / slots : 0.0;
 }
 
 int eng_mask_kv_len(const uint8_t *mask, int T) {
@@ -350,6 +408,7 @@ bool eng_dataset_mask_warning(const eng_dataset_t *ds, char *buf, size_t cap) {
 
 void eng_dataset_free(eng_dataset_t *ds) {
     if (!ds) return;
+    free(ds->seg_start);
     free(ds->inputs);
     free(ds->targets);
     free(ds->mask);
@@ -422,6 +481,11 @@ void eng_loader_init(eng_loader_t *ld, const eng_dataset_t *ds, int micro_batch,
     MT_CHECK_ALLOC(ld->buf_kv_len, "batch key lengths");
     MT_CHECK_ALLOC(ld->buf_targets, "batch targets");
     MT_CHECK_ALLOC(ld->buf_mask, "batch mask");
+    if (ds->seg_start) {
+        ld->buf_seg = malloc(n * sizeof *ld->buf_seg);
+        ld->buf_pos = malloc(n * sizeof *ld->buf_pos);
+        MT_CHECK(ld->buf_seg && ld->buf_pos, "out of host memory for a micro-batch's segments");
+    }
     build_order(ld);
 }
 
@@ -440,6 +504,8 @@ void eng_loader_free(eng_loader_t *ld) {
     free(ld->buf_targets);
     free(ld->buf_mask);
     free(ld->buf_kv_len);
+    free(ld->buf_seg);
+    free(ld->buf_pos);
     memset(ld, 0, sizeof *ld);
 }
 
@@ -464,6 +530,11 @@ bool eng_loader_next(eng_loader_t *ld, eng_batch_t *batch) {
         memcpy(ld->buf_mask + (size_t)b * T, ds->mask + row * T, (size_t)T);
         ld->buf_kv_len[b] = eng_mask_kv_len(ds->mask + row * T, T);
         padded |= ld->buf_kv_len[b] < T;
+        if (ds->seg_start) {
+            const int32_t *sg = ds->seg_start + row * T;
+            memcpy(ld->buf_seg + (size_t)b * T, sg, (size_t)T * sizeof(int32_t));
+            for (int t = 0; t < T; t++) ld->buf_pos[(size_t)b * T + t] = t - sg[t];
+        }
         for (int t = 0; t < T; t++) counted += ds->targets[row * T + t] != IGNORE_INDEX;
     }
     batch->serial = (uint64_t)ld->epoch * (uint64_t)eng_loader_batches_per_epoch(ld) +
@@ -475,6 +546,8 @@ bool eng_loader_next(eng_loader_t *ld, eng_batch_t *batch) {
     batch->targets = ld->buf_targets;
     batch->mask = ld->buf_mask;
     batch->kv_len = ld->buf_kv_len;
+    batch->seg_start = ds->seg_start ? ld->buf_seg : NULL;
+    batch->pos = ds->seg_start ? ld->buf_pos : NULL;
     batch->padded = padded;
     batch->counted = counted;
     return new_epoch;
@@ -497,6 +570,14 @@ static void batch_copy(const eng_batch_t *src, eng_batch_t *dst) {
     memcpy(dst->targets, src->targets, n * sizeof *dst->targets);
     memcpy(dst->mask, src->mask, n);
     if (src->kv_len) memcpy(dst->kv_len, src->kv_len, (size_t)src->B * sizeof *dst->kv_len);
+    dst->seg_start = dst->pos = NULL;
+    if (src->seg_start) {
+        dst->seg_start = malloc(n * sizeof *dst->seg_start);
+        dst->pos = malloc(n * sizeof *dst->pos);
+        MT_CHECK(dst->seg_start && dst->pos, "out of host memory for a micro-batch's segments");
+        memcpy(dst->seg_start, src->seg_start, n * sizeof *dst->seg_start);
+        memcpy(dst->pos, src->pos, n * sizeof *dst->pos);
+    }
 }
 
 eng_batch_t *eng_loader_take(eng_loader_t *ld, int k) {
@@ -517,6 +598,8 @@ void eng_batches_free(eng_batch_t *bs, int k) {
         free(bs[j].targets);
         free(bs[j].mask);
         free(bs[j].kv_len);
+        free(bs[j].seg_start);
+        free(bs[j].pos);
     }
     free(bs);
 }

@@ -1,7 +1,10 @@
 /* Training data: tokenized JSONL (axolotl "tokenized" format) and llm.c
  * token files, turned into micro-batches of shifted targets.
  *
- * Every example becomes one row of T = sequence_len positions:
+ * JSONL lines are read as examples (examples.h) and rows are built from
+ * them (pack.h): one example per row, padded, or with sample_packing
+ * several whole examples per row.  A padded row of T = sequence_len
+ * positions holds:
  *   inputs  (T)  token ids (padding: pad id 0)
  *   targets (T)  the label of the *next* position, i.e. labels[t+1], with
  *               -100 for ignored / padded positions and for the last position
@@ -15,6 +18,9 @@
  *               say so once.
  * JSONL: labels absent -> labels = input_ids; examples longer than T are
  * truncated, shorter ones padded with label -100 and mask 0.
+ * Packed rows (pack.h) hold the same three arrays with targets shifted
+ * within each example, plus seg_start (T): where each position's example
+ * starts; batches add pos = t - seg_start, the position within the example.
  * llm.c .bin: one stream; row i is tokens [i*T, i*T + T] (T + 1 tokens),
  * inputs the first T, targets the last T; all mask 1.
  * Token ids >= vocab_size (or < 0) are errors naming file and line / offset
@@ -27,6 +33,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "engine/config/config.h"
 
 typedef struct {
     int T;
@@ -34,15 +41,36 @@ typedef struct {
     int32_t *inputs;  /* (num_rows, T) */
     int32_t *targets; /* (num_rows, T) */
     uint8_t *mask;    /* (num_rows, T) */
+    int32_t *seg_start; /* (num_rows, T) packed rows (pack.h); NULL: one example per row */
     int64_t mask_holes;          /* rows whose mask has a 0 before its last 1 */
     char mask_holes_first[600];  /* "FILE:LINE" of the first such row */
+    int64_t examples;    /* JSONL examples in rows (llm.c streams count none) */
+    int64_t truncated;   /* examples longer than T, cut */
+    int64_t dropped;     /* packed: examples without a trained target, left out */
+    int64_t real_tokens; /* mask-1 positions in all rows */
 } eng_dataset_t;
+
+typedef struct {
+    int T;           /* sequence_len */
+    int vocab_size;  /* <= 0: ids only checked to fit int32 */
+    bool pack;       /* sample_packing (pack.h); refused for llm.c .bin files */
+    uint64_t seed;   /* packing's tie order */
+    /* the run config's entries the paths come from (their type says how a
+     * row becomes tokens, text.h), or NULL: every file tokenized; text rows
+     * are encoded by `text` */
+    const eng_dataset_entry_t *entries;
+    const struct eng_text *text;
+} eng_data_opts_t;
 
 /* Loads and concatenates the files in order (format from extension:
  * .jsonl / .json lines, .bin). */
 mt_status_t eng_dataset_load(eng_dataset_t *ds, const char *const *paths, int num_paths, int T,
                              int vocab_size, mt_error_t *err);
+mt_status_t eng_dataset_load_opts(eng_dataset_t *ds, const char *const *paths, int num_paths,
+                                  const eng_data_opts_t *opts, mt_error_t *err);
 void eng_dataset_free(eng_dataset_t *ds);
+/* Real tokens over the rows' positions (real_tokens / (num_rows * T)). */
+double eng_dataset_efficiency(const eng_dataset_t *ds);
 
 /* Keys attention may read in a row of mask (T): the last 1's position + 1
  * (0 when the row has no 1). */
@@ -57,6 +85,8 @@ typedef struct {
     int32_t *targets;
     uint8_t *mask;
     int32_t *kv_len; /* (B) eng_mask_kv_len of each row */
+    int32_t *seg_start; /* (B, T) packed rows: each position's example start; NULL otherwise */
+    int32_t *pos;       /* (B, T) packed rows: t - seg_start, the RoPE position; NULL otherwise */
     bool padded;     /* some kv_len < T */
     int64_t counted; /* number of targets != -100 */
     /* which micro-batch of the run this is, from its place in the data
@@ -74,7 +104,7 @@ typedef struct {
     int64_t *order;  /* permutation of rows for the current epoch */
     int64_t cursor;  /* next position in order */
     int epoch;       /* 0-based */
-    int32_t *buf_inputs, *buf_targets, *buf_kv_len;
+    int32_t *buf_inputs, *buf_targets, *buf_kv_len, *buf_seg, *buf_pos;
     uint8_t *buf_mask;
 } eng_loader_t;
 

@@ -199,6 +199,28 @@ mt_status_t eng_text_open(const eng_text_opts_t *o, eng_text_t **out, mt_error_t
     return MT_OK;
 }
 
+mt_status_t eng_text_open_for(const eng_run_config_t *rc, const eng_dataset_entry_t *entries, int num_entries,
+                              eng_text_t **out, mt_error_t *err) {
+    *out = NULL;
+    bool need = false, chat = false, completion = false;
+    for (int i = 0; i < num_entries; i++) {
+        const eng_data_type_t ty = entries[i].type;
+        need |= ty == ENG_DATA_CHAT_TEMPLATE || ty == ENG_DATA_ALPACA || ty == ENG_DATA_INPUT_OUTPUT;
+        chat |= ty == ENG_DATA_CHAT_TEMPLATE;
+        completion |= ty == ENG_DATA_COMPLETION;
+    }
+    const char *dir = rc->tokenizer_config[0] ? rc->tokenizer_config : rc->base_model;
+    char path[2200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    struct stat sb;
+    if (!need && !(completion && stat(path, &sb) == 0)) return MT_OK;
+    const eng_text_opts_t o = {.tokenizer_dir = dir, .chat_template = rc->chat_template,
+                               .chat_template_jinja = rc->chat_template_jinja,
+                               .train_on_inputs = rc->train_on_inputs, .need_template = chat};
+    mt_status_t st = eng_text_open(&o, out, err);
+    return st == MT_OK ? MT_OK : mt_error_prefix(err, "%s: ", rc->source_path);
+}
+
 void eng_text_free(eng_text_t *t) {
     if (!t) return;
     text_tokenizer_free(t->tok);

@@ -58,6 +58,14 @@ typedef struct {
 mt_status_t eng_text_open(const eng_text_opts_t *o, eng_text_t **out, mt_error_t *err);
 void eng_text_free(eng_text_t *t);
 
+/* What a run config's dataset entries need: *out = NULL when every entry
+ * is tokenized; otherwise the tokenizer from tokenizer_config (default
+ * base_model) and, with a chat_template entry, the template.  A completion
+ * entry alone opens the tokenizer only when tokenizer.json exists (its rows
+ * may be tokenized already; a text row without one is then an error). */
+mt_status_t eng_text_open_for(const eng_run_config_t *rc, const eng_dataset_entry_t *entries, int num_entries,
+                              eng_text_t **out, mt_error_t *err);
+
 typedef struct {
     int32_t *ids, *labels; /* (n) */
     size_t n, cap;

@@ -90,7 +90,11 @@ mt_status_t eng_exec_step_fwd_bwd(eng_exec_t *x, const eng_batch_t *batches, int
 mt_status_t eng_exec_step_from_loader(eng_exec_t *x, eng_loader_t *ld, int k, eng_step_order_t order,
                                        eng_micro_stats_t *stats, mt_error_t *err);
 
-/* Forward only: loss statistics (and logits) without touching gradients. */
+/* Forward only (evaluation): loss statistics (and logits) under the same
+ * plan, streamed weights streaming, without touching gradients, the
+ * optimizer or anything a later training step reads; nothing is saved for
+ * a backward (each layer's activations are freed once its output exists),
+ * LoRA's dropout is off and no aux loss is added (stats->loss == ce_loss). */
 mt_status_t eng_exec_forward(eng_exec_t *x, const eng_batch_t *batch, float *logits_out,
                               eng_micro_stats_t *stats, mt_error_t *err);
 

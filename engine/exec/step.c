@@ -22,7 +22,15 @@
  *
  * After each block's backward the program calls the executor's block-ready
  * hook (progress.h): the optimizer, above it, listens there to start host
- * AdamW on blocks whose gradients are complete. */
+ * AdamW on blocks whose gradients are complete.
+ *
+ * Forward only (eng_exec_forward, evaluation): the same forward under the
+ * same plan, streamed weights fetched as in training, but nothing is kept
+ * for a backward: each layer's saved activations and its input are freed
+ * as soon as its output exists (never offloaded), no aux statistics are
+ * gathered, and nothing the training step reads afterwards changes (the
+ * expert prediction for prefetch, the block timings, the staging pool's
+ * sizing, LoRA's dropout, which is off as in PEFT's eval mode). */
 #include "engine/exec/step.h"
 
 #include <math.h>
@@ -52,6 +60,7 @@ struct exec_micro {
     uint64_t serial;       /* the batch's (eng_batch_t.serial): seeds LoRA's dropout masks */
     int32_t *ids, *targets;
     int32_t *kv_len;       /* (B) attention's key lengths (sh.kv_len), NULL without padding */
+    int32_t *seg, *pos;    /* (B, T) packed rows' segment starts and positions (sh), else NULL */
     float *tok_w;          /* (n) attention mask as weights */
     float **xin;           /* (L + 1) block inputs */
     float **xmid;          /* (L) */
@@ -65,6 +74,7 @@ struct exec_micro {
     /* aux loss statistics over all MoE layers */
     moe_aux_t aux;
     bool use_aux;
+    bool eval; /* forward only: nothing saved for a backward (see the note at the top) */
 };
 typedef struct exec_micro step_t;
 
@@ -238,8 +248,8 @@ void exec_micro_destroy(eng_exec_t *x, step_t *st) {
     kern_device_sync(x->dev);
     for (int l = 0; l < L; l++) layer_acts_drop(x, st, l);
     for (int l = 0; l <= L; l++) dfree(x->dev, st->xin[l]);
-    void *bufs[] = {st->ids,   st->targets, st->kv_len, st->tok_w, st->xf,
-                    st->rstdf, st->logits,  st->aux_dp, st->dx};
+    void *bufs[] = {st->ids,   st->targets, st->kv_len, st->seg,    st->pos, st->tok_w,
+                    st->xf,    st->rstdf,   st->logits, st->aux_dp, st->dx};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(x->dev, bufs[i]);
     free(st->xin);
     free(st->xmid);
@@ -295,6 +305,13 @@ mt_status_t exec_micro_create(eng_exec_t *x, const eng_batch_t *batch, step_t **
         if (!st->kv_len) r = err->code;
         st->sh.kv_len = st->kv_len;
     }
+    if (r == MT_OK && batch->seg_start) { /* packed rows: attention per example, RoPE from each start */
+        st->seg = kern_alloc(x->dev, (size_t)n * sizeof(int32_t), "packed segment starts", err);
+        st->pos = st->seg ? kern_alloc(x->dev, (size_t)n * sizeof(int32_t), "packed positions", err) : NULL;
+        if (!st->pos) r = err->code;
+        st->sh.seg_start = st->seg;
+        st->sh.pos = st->pos;
+    }
     if (r == MT_OK) {
         kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
         for (int t = 0; t < n; t++) host_tw[t] = batch->mask[t] ? 1.0f : 0.0f;
@@ -302,6 +319,8 @@ mt_status_t exec_micro_create(eng_exec_t *x, const eng_batch_t *batch, step_t **
         kern_memcpy_h2d(x->dev, s, st->targets, batch->targets, (size_t)n * sizeof(int32_t));
         kern_memcpy_h2d(x->dev, s, st->tok_w, host_tw, (size_t)n * sizeof(float));
         if (st->kv_len) kern_memcpy_h2d(x->dev, s, st->kv_len, batch->kv_len, (size_t)batch->B * sizeof(int32_t));
+        if (st->seg) kern_memcpy_h2d(x->dev, s, st->seg, batch->seg_start, (size_t)n * sizeof(int32_t));
+        if (st->pos) kern_memcpy_h2d(x->dev, s, st->pos, batch->pos, (size_t)n * sizeof(int32_t));
         kern_stream_sync(x->dev, s);
     }
     free(host_tw);
@@ -321,6 +340,14 @@ mt_status_t exec_micro_forward_block(eng_exec_t *x, step_t *st, int b, const eng
     mt_status_t r;
     m->lora.batch_serial = st->serial; /* this micro-batch's dropout masks, in either step order */
     const double t0 = mt_now_s();
+    if (st->eval && b >= 1 && b <= L) {
+        const int l = b - 1;
+        if ((r = layer_forward(x, st, l, false, err)) != MT_OK) return r;
+        layer_acts_drop(x, st, l);
+        dfree(x->dev, st->xin[l]); /* the residual stream moves on; no backward reads it */
+        st->xin[l] = NULL;
+        return MT_OK;
+    }
     if (b == 0) {
         DALLOC(st->xin[0], act, "embeddings");
         ops->embedding_fwd(s, st->xin[0], x->dp[m->embed].w, st->ids, n, H);
@@ -355,6 +382,7 @@ mt_status_t exec_micro_forward_block(eng_exec_t *x, step_t *st, int b, const eng
             }
         }
     }
+    if (st->eval) return MT_OK;
     x->fwd_s[b] += mt_now_s() - t0;
     if (x->trace) {
         char name[32];
@@ -407,6 +435,7 @@ mt_status_t exec_micro_loss(eng_exec_t *x, step_t *st, const eng_batch_t *batch,
     double sum = 0;
     for (int t = 0; t < n; t++) sum += host_loss[t];
     free(host_loss);
+    stats->ce_sum = sum;
     stats->ce_loss = batch->counted > 0 ? sum / (double)batch->counted : 0.0;
     stats->loss = stats->ce_loss + (st->use_aux ? c->router_aux_loss_coef * stats->aux_loss : 0.0);
     return MT_OK;
@@ -509,7 +538,7 @@ static mt_status_t run_forward(eng_exec_t *x, step_t *st, const eng_batch_t *bat
         exec_process_pending(&x->pend, false);
     }
 
-    moe_predict_forward_done(&x->predict);
+    if (!st->eval) moe_predict_forward_done(&x->predict);
     return exec_micro_loss(x, st, batch, loss_scale, backward, stats, err);
 }
 
@@ -533,14 +562,20 @@ static mt_status_t run_backward(eng_exec_t *x, step_t *st, mt_error_t *err) {
     return MT_OK;
 }
 
+/* backward false: forward only (evaluation), nothing kept for a backward. */
 static mt_status_t run(eng_exec_t *x, const eng_batch_t *batch, float loss_scale, float *logits_out,
                        eng_micro_stats_t *stats, bool backward, mt_error_t *err) {
     const int n = batch->B * batch->T;
     memset(stats, 0, sizeof *stats);
     step_t *st = NULL;
-    mt_status_t r = exec_micro_prepare(x, n, err);
+    /* the pool's activation share is for offloads, which a forward alone never makes */
+    mt_status_t r = backward ? exec_micro_prepare(x, n, err) : MT_OK;
     exec_counters_micro_begin(&x->cnt);
     if (r == MT_OK) r = exec_micro_create(x, batch, &st, err);
+    if (r == MT_OK && !backward) {
+        st->eval = true;
+        st->use_aux = false; /* evaluation reports the cross entropy; the aux loss trains the router */
+    }
     if (r == MT_OK) r = run_forward(x, st, batch, loss_scale, logits_out, backward, stats, err);
     if (r == MT_OK && backward) {
         r = run_backward(x, st, err);

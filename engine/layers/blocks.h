@@ -28,6 +28,10 @@ typedef struct {
     int B, T, n;           /* n = B * T tokens */
     const int32_t *kv_len; /* (B) device: keys attention may read per row (attention.h);
                             * NULL when every row has all T */
+    const int32_t *seg_start; /* (B, T) device: where each token's packed example starts
+                               * in its row (attention.h); NULL: one example per row */
+    const int32_t *pos;       /* (B, T) device: each token's position in its example, the
+                               * RoPE position (rope.h); NULL: the index in the row */
 } eng_shape_t;
 
 mt_status_t eng_attn_forward(eng_layer_env_t *env, int layer, const eng_shape_t *sh, const float *x_in,

@@ -168,7 +168,7 @@ mt_status_t eng_mla_attn_forward(eng_layer_env_t *env, int layer, const eng_shap
     ALLOC(R, (size_t)n * (nh + 1) * d.rope, float, "mla rotary parts");
     rope_gather(env, &d, R, 0, qf + d.nope, nh, (int64_t)nh * d.qk, d.qk);
     rope_gather(env, &d, R, nh, a->k_pre + d.kvl, 1, kva, 0);
-    ops->rope_fwd(s, R, env->rope_cos, env->rope_sin, sh->B, sh->T, nh + 1, d.rope);
+    ops->rope_fwd(s, R, env->rope_cos, env->rope_sin, sh->pos, sh->B, sh->T, nh + 1, d.rope);
 
     /* q, k, v (n, nh, D) */
     ALLOC_SAVED(a->q, ENG_A_Q, "mla q");
@@ -198,7 +198,7 @@ mt_status_t eng_mla_attn_forward(eng_layer_env_t *env, int layer, const eng_shap
 
     ALLOC_SAVED(a->att, ENG_A_ATT, "mla attention output");
     ALLOC_SAVED(a->lse, ENG_A_LSE, "mla attention logsumexp");
-    ops->attention_fwd(s, a->att, a->lse, a->q, a->k, a->v, sh->kv_len, sh->B, sh->T, nh, nh, d.D, c->sliding_window);
+    ops->attention_fwd(s, a->att, a->lse, a->q, a->k, a->v, sh->kv_len, sh->seg_start, sh->B, sh->T, nh, nh, d.D, c->sliding_window);
     /* x_mid = x_in + att[:, :, :vd] o^T */
     const float *o_in = a->att;
     if (d.D != d.vd) {
@@ -291,7 +291,7 @@ static mt_status_t core_bwd(eng_layer_env_t *env, const eng_shape_t *sh, const m
     ALLOC(b->dq, hdD, float, "mla d(q)");
     ALLOC(b->dk, hdD, float, "mla d(k)");
     ALLOC(b->dv, hdD, float, "mla d(v)");
-    ops->attention_bwd(s, b->dq, b->dk, b->dv, b->datt, a->q, a->k, a->v, a->att, a->lse, sh->kv_len, sh->B, sh->T,
+    ops->attention_bwd(s, b->dq, b->dk, b->dv, b->datt, a->q, a->k, a->v, a->att, a->lse, sh->kv_len, sh->seg_start, sh->B, sh->T,
                        d->nh, d->nh, d->D, env->model->cfg.sliding_window);
     eng_dfree(dev, &b->datt);
     const float qs = q_factor(env, d);
@@ -315,7 +315,7 @@ static mt_status_t rope_bwd(eng_layer_env_t *env, const eng_shape_t *sh, const m
     for (int h = 0; h < nh; h++)
         copy4d(env, b->dR + (size_t)nh * d->rope, b->dk + (size_t)h * d->D + d->nope,
                (kern_copy4d_t){{n, 1, 1, d->rope}, {(int64_t)nh * d->D, 0, 0, 1}, {rs, 0, 0, 1}}, h > 0);
-    dev->ops->rope_bwd(kern_stream(dev, KERN_STREAM_COMPUTE), b->dR, env->rope_cos, env->rope_sin, sh->B, sh->T,
+    dev->ops->rope_bwd(kern_stream(dev, KERN_STREAM_COMPUTE), b->dR, env->rope_cos, env->rope_sin, sh->pos, sh->B, sh->T,
                        nh + 1, d->rope);
     ALLOC(b->dqf, (size_t)n * nh * d->qk, float, "mla d(q projection)");
     head_cols(env, d, b->dqf, d->qk, b->dq, d->D, d->nope, 0);

@@ -25,7 +25,7 @@ static mt_status_t rope_part(eng_layer_env_t *env, const eng_shape_t *sh, float 
     const kern_copy4d_t in = {{n, heads, 1, rd}, {(int64_t)heads * hd, hd, 0, 1}, {(int64_t)heads * rd, rd, 0, 1}};
     const kern_copy4d_t out = {{n, heads, 1, rd}, {(int64_t)heads * rd, rd, 0, 1}, {(int64_t)heads * hd, hd, 0, 1}};
     env->dev->ops->copy4d(s, r, x, &in, 0);
-    (backward ? env->dev->ops->rope_bwd : env->dev->ops->rope_fwd)(s, r, env->rope_cos, env->rope_sin, sh->B, sh->T, heads, rd);
+    (backward ? env->dev->ops->rope_bwd : env->dev->ops->rope_fwd)(s, r, env->rope_cos, env->rope_sin, sh->pos, sh->B, sh->T, heads, rd);
     env->dev->ops->copy4d(s, x, r, &out, 0);
     kern_free(env->dev, r);
     return MT_OK;
@@ -38,8 +38,8 @@ mt_status_t eng_rope_qk(eng_layer_env_t *env, const eng_shape_t *sh, float *q, f
     if (rd == hd) {
         kern_rope_fn f = backward ? env->dev->ops->rope_bwd : env->dev->ops->rope_fwd;
         kern_stream_t *s = kern_stream(env->dev, KERN_STREAM_COMPUTE);
-        f(s, q, env->rope_cos, env->rope_sin, sh->B, sh->T, c->num_attention_heads, hd);
-        f(s, k, env->rope_cos, env->rope_sin, sh->B, sh->T, c->num_key_value_heads, hd);
+        f(s, q, env->rope_cos, env->rope_sin, sh->pos, sh->B, sh->T, c->num_attention_heads, hd);
+        f(s, k, env->rope_cos, env->rope_sin, sh->pos, sh->B, sh->T, c->num_key_value_heads, hd);
         return MT_OK;
     }
     mt_status_t st = rope_part(env, sh, q, c->num_attention_heads, rd, backward, err);

@@ -314,11 +314,11 @@ typedef struct {
 
 static void issue_attn_fwd(kern_device_t *dev, kern_stream_t *s, void *ctx) {
     attn_job_t *j = ctx;
-    dev->ops->attention_fwd(s, j->o, j->lse, j->q, j->k, j->v, NULL, j->B, j->T, j->nh, j->nh, j->hd, 0);
+    dev->ops->attention_fwd(s, j->o, j->lse, j->q, j->k, j->v, NULL, NULL, j->B, j->T, j->nh, j->nh, j->hd, 0);
 }
 static void issue_attn_bwd(kern_device_t *dev, kern_stream_t *s, void *ctx) {
     attn_job_t *j = ctx;
-    dev->ops->attention_bwd(s, j->dq, j->dk, j->dv, j->dout, j->q, j->k, j->v, j->o, j->lse, NULL, j->B, j->T,
+    dev->ops->attention_bwd(s, j->dq, j->dk, j->dv, j->dout, j->q, j->k, j->v, j->o, j->lse, NULL, NULL, j->B, j->T,
                             j->nh, j->nh, j->hd, 0);
 }
 

@@ -114,8 +114,10 @@ void eng_reporter_step(eng_reporter_t *r, const eng_step_report_t *s, bool log_l
         char bar[64];
         for (int i = 0; i < width; i++) bar[i] = i < filled ? '#' : '.';
         bar[width] = '\0';
-        int len = fprintf(stderr, "\r[%s] step %d/%d  loss %.4f  lr %.2e  %.0f tok/s  ETA %s", bar,
-                          s->step, s->total_steps, s->loss, s->lr, s->tokens_per_s, eta_s);
+        char ev[48] = "";
+        if (r->has_eval) snprintf(ev, sizeof ev, "  eval %.4f", r->last_eval_loss);
+        int len = fprintf(stderr, "\r[%s] step %d/%d  loss %.4f%s  lr %.2e  %.0f tok/s  ETA %s", bar,
+                          s->step, s->total_steps, s->loss, ev, s->lr, s->tokens_per_s, eta_s);
         for (int i = len; i < r->last_len; i++) fputc(' ', stderr);
         r->last_len = len;
         if (s->step == s->total_steps) {
@@ -124,10 +126,34 @@ void eng_reporter_step(eng_reporter_t *r, const eng_step_report_t *s, bool log_l
         }
         fflush(stderr);
     } else if (log_line) {
-        fprintf(stderr, "step %d/%d loss %.6f lr %.3e grad_norm %.4f tokens/s %.1f step_time %.3fs ETA %s\n",
-                s->step, s->total_steps, s->loss, s->lr, s->grad_norm, s->tokens_per_s,
+        char ev[48] = "";
+        if (r->has_eval) snprintf(ev, sizeof ev, " eval_loss %.6f", r->last_eval_loss);
+        fprintf(stderr, "step %d/%d loss %.6f%s lr %.3e grad_norm %.4f tokens/s %.1f step_time %.3fs ETA %s\n",
+                s->step, s->total_steps, s->loss, ev, s->lr, s->grad_norm, s->tokens_per_s,
                 s->step_time_s, eta_s);
     }
+}
+
+void eng_reporter_eval(eng_reporter_t *r, const eng_eval_report_t *e) {
+    if (r->metrics) {
+        json_t *o = json_object();
+        json_object_set_new(o, "step", json_integer(e->step));
+        json_object_set_new(o, "eval_loss", json_real(e->loss));
+        json_object_set_new(o, "eval_ppl", json_real(e->ppl)); /* NULL (left out) if exp overflowed */
+        json_object_set_new(o, "eval_tokens", json_integer((json_int_t)e->tokens));
+        json_object_set_new(o, "eval_examples", json_integer((json_int_t)e->examples));
+        json_object_set_new(o, "eval_seconds", json_real(e->seconds));
+        json_object_set_new(o, "epoch", json_real(e->epoch));
+        char *line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+        fprintf(r->metrics, "%s\n", line);
+        fflush(r->metrics);
+        free(line);
+        json_decref(o);
+    }
+    r->has_eval = true;
+    r->last_eval_loss = e->loss;
+    eng_reporter_note(r, "eval step %d: eval_loss %.6f eval_ppl %.4f over %lld tokens of %lld examples in %.3fs",
+                      e->step, e->loss, e->ppl, (long long)e->tokens, (long long)e->examples, e->seconds);
 }
 
 void eng_reporter_note(eng_reporter_t *r, const char *fmt, ...) {

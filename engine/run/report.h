@@ -4,7 +4,9 @@
  * metrics.jsonl is appended to, never truncated: each run first writes a
  * header line {"run_start": ISO-8601 UTC time, "pid", "config",
  * "base_model", "output_dir", "total_steps", "seed"}, then one JSON object
- * per logged step, so the lines after a header are that run's. */
+ * per logged step, so the lines after a header are that run's, and one per
+ * evaluation: {"step", "eval_loss", "eval_ppl", "eval_tokens",
+ * "eval_examples", "eval_seconds", "epoch"} (engine/run/eval.h). */
 #ifndef MT_ENGINE_REPORT_H
 #define MT_ENGINE_REPORT_H
 
@@ -39,6 +41,16 @@ typedef struct {
     size_t staging_peak_in_use_bytes;  /* of the peak_pinned_bytes reserved */
 } eng_step_report_t;
 
+/* An evaluation after optimizer step `step` (engine/run/eval.h). */
+typedef struct {
+    int step;
+    double loss, ppl;
+    int64_t tokens;   /* trained targets the loss is the mean over */
+    int64_t examples;
+    double seconds;
+    double epoch;     /* HF Trainer's fractional epoch */
+} eng_eval_report_t;
+
 typedef struct {
     FILE *metrics;   /* output_dir/metrics.jsonl, appended to */
     char metrics_path[1100];
@@ -46,6 +58,8 @@ typedef struct {
     bool progress;
     double start_s;
     int last_len;
+    bool has_eval;   /* progress lines show the last eval loss */
+    double last_eval_loss;
 } eng_reporter_t;
 
 /* The run a header line describes. */
@@ -64,6 +78,9 @@ mt_status_t eng_reporter_open(eng_reporter_t *r, const char *output_dir, bool pr
 mt_status_t eng_reporter_run_start(eng_reporter_t *r, const eng_run_header_t *h, mt_error_t *err);
 /* Appends a metrics line and prints progress. */
 void eng_reporter_step(eng_reporter_t *r, const eng_step_report_t *s, bool log_line);
+/* Appends an evaluation's metrics line and prints it; later progress lines
+ * show its loss. */
+void eng_reporter_eval(eng_reporter_t *r, const eng_eval_report_t *e);
 /* A message on its own line (keeps the bar intact). */
 void eng_reporter_note(eng_reporter_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void eng_reporter_close(eng_reporter_t *r);

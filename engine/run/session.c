@@ -9,6 +9,8 @@
  * before the run is known to start. */
 #include "engine/run/session.h"
 
+#include "engine/data/text.h"
+
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +18,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "engine/run/eval.h"
 #include "engine/run/signals.h"
 
 /* The CPU backend's devices are numbered 0 to N-1, N the number `devices:`
@@ -148,6 +151,18 @@ static int total_steps(const eng_run_config_t *rc, const eng_loader_t *ld) {
     return steps < (double)INT_MAX ? (int)steps : INT_MAX;
 }
 
+/* What a text dataset became: the counts a user checks the masking and
+ * truncation by. */
+static void report_text_data(const eng_run_config_t *rc, const eng_dataset_t *ds) {
+    int64_t trained = 0;
+    for (int64_t i = 0; i < ds->num_rows * (int64_t)ds->T; i++) trained += ds->targets[i] != -100;
+    fprintf(stderr,
+            "moetune: data: %lld examples in %lld rows of %d tokens: %lld real tokens, %lld trained; %lld truncated "
+            "to sequence_len, %lld without a trained token left out\n",
+            (long long)ds->examples, (long long)ds->num_rows, rc->sequence_len, (long long)ds->real_tokens,
+            (long long)trained, (long long)ds->truncated, (long long)ds->dropped);
+}
+
 /* The run config's datasets (tokens checked against the model's
  * vocabulary), or the caller's, and with a model the loader its steps
  * draw from (without one the caller's executors bring their own). */
@@ -157,12 +172,34 @@ static mt_status_t open_data(eng_run_t *run, const eng_run_opts_t *opts, mt_erro
         const char *paths[ENG_MAX_DATASETS];
         for (int i = 0; i < rc->num_datasets; i++) paths[i] = rc->datasets[i].path;
         const int vocab = run->model ? run->model->cfg.vocab_size : run->vocab_size;
-        mt_status_t st = eng_dataset_load(&run->ds, paths, rc->num_datasets, rc->sequence_len, vocab, err);
+        mt_status_t st = eng_text_open_for(rc, rc->datasets, rc->num_datasets, &run->text, err);
         if (st != MT_OK) return st;
+        const eng_data_opts_t o = {.T = rc->sequence_len, .vocab_size = vocab, .pack = rc->sample_packing,
+                                   .seed = rc->seed, .entries = rc->datasets, .text = run->text};
+        st = eng_dataset_load_opts(&run->ds, paths, rc->num_datasets, &o, err);
+        if (st != MT_OK) return st;
+        if (opts->training && run->text) report_text_data(rc, &run->ds);
+        if (opts->training && rc->sample_packing)
+            fprintf(stderr,
+                    "moetune: sample_packing: %lld examples in %lld rows of %d tokens, %.1f%% of positions real "
+                    "(%lld without a trained token left out, %lld truncated)\n",
+                    (long long)run->ds.examples, (long long)run->ds.num_rows, rc->sequence_len,
+                    100.0 * eng_dataset_efficiency(&run->ds), (long long)run->ds.dropped,
+                    (long long)run->ds.truncated);
     }
     char mask_warning[1024];
     if (opts->training && eng_dataset_mask_warning(&run->ds, mask_warning, sizeof mask_warning))
         fprintf(stderr, "moetune: warning: %s\n", mask_warning);
+    if (opts->training) {
+        const int vocab = run->model ? run->model->cfg.vocab_size : run->vocab_size;
+        mt_status_t st = eng_eval_open_set(rc, vocab, &run->ds, &run->eval_ds, err);
+        if (st != MT_OK) return st;
+        if (run->eval_ds.num_rows > 0 && run->multi.ep)
+            return mt_error_set(err, MT_ERR_CONFIG,
+                                "%s: evaluation (val_set_size or test_datasets) does not run with MoE layers expert "
+                                "parallel (the plan chose it with devices: %d); set parallel: data",
+                                rc->source_path, rc->devices.count);
+    }
     if (!run->model) return MT_OK;
     eng_loader_init(&run->ld, &run->ds, rc->micro_batch_size, rc->shuffle, rc->seed);
     run->total_steps = total_steps(rc, &run->ld);
@@ -260,6 +297,8 @@ mt_status_t eng_run_close(eng_run_t *run, mt_status_t st, mt_error_t *err) {
     eng_reporter_close(&run->rep);
     eng_loader_free(&run->ld);
     eng_dataset_free(&run->ds);
+    eng_dataset_free(&run->eval_ds);
+    eng_text_free(run->text);
     eng_multi_free(&run->multi);
     run->x = NULL;
     run->model = NULL;

@@ -162,6 +162,18 @@ static mt_status_t write_trainer_state(eng_ckpt_dir_t *tx, const eng_train_state
     json_t *hist = json_array();
     for (int i = 0; i < s->ts->log_count; i++) {
         const eng_log_entry_t *e = &s->ts->log[i];
+        if (e->eval) { /* HF Trainer's evaluation entry, as its tooling reads it */
+            json_t *o = json_object();
+            static const char *const keys[] = {"eval_loss", "eval_runtime", "eval_samples_per_second",
+                                               "eval_steps_per_second", "epoch"};
+            const double vals[] = {e->eval_loss, e->eval_runtime, e->eval_samples_per_s, e->eval_steps_per_s,
+                                   e->epoch};
+            for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) /* NaN is not JSON: null */
+                json_object_set_new(o, keys[k], isfinite(vals[k]) ? json_real(vals[k]) : json_null());
+            json_object_set_new(o, "step", json_integer(e->step));
+            json_array_append_new(hist, o);
+            continue;
+        }
         json_t *o = json_pack("{s:i, s:f, s:f, s:f}", "step", e->step, "loss", e->loss, "learning_rate", e->lr,
                               "grad_norm", e->grad_norm);
         /* NaN is not JSON: a skipped step's values are recorded as null */
@@ -534,7 +546,11 @@ static mt_status_t apply_doc(const char *path, const eng_state_doc_t *doc, eng_l
     for (int i = 0; i < doc->log_count; i++) {
         const eng_state_log_t *e = &doc->log[i];
         eng_train_state_log(ts, &(eng_log_entry_t){.step = e->step, .loss = e->loss, .lr = e->lr,
-                                                   .grad_norm = e->grad_norm, .skipped = e->skipped});
+                                                   .grad_norm = e->grad_norm, .skipped = e->skipped,
+                                                   .eval = e->eval, .eval_loss = e->eval_loss,
+                                                   .eval_runtime = e->eval_runtime,
+                                                   .eval_samples_per_s = e->eval_samples_per_s,
+                                                   .eval_steps_per_s = e->eval_steps_per_s, .epoch = e->epoch});
     }
     return MT_OK;
 }

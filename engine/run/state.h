@@ -37,11 +37,15 @@
 #define ENG_TRAINER_STATE_FILE "trainer_state.json"
 #define ENG_OPTIM_STATE_FILE "optimizer.safetensors"
 
-/* One logged optimizer step (HF Trainer's log_history entries). */
+/* One logged optimizer step or evaluation (HF Trainer's log_history
+ * entries: an evaluation's holds eval_loss, eval_runtime,
+ * eval_samples_per_second, eval_steps_per_second, epoch and step). */
 typedef struct {
     int step;
     double loss, lr, grad_norm;
     bool skipped; /* non-finite, not applied (skip_nonfinite_steps) */
+    bool eval;    /* an evaluation after this step: the eval_ fields and epoch, not loss, lr, grad_norm */
+    double eval_loss, eval_runtime, eval_samples_per_s, eval_steps_per_s, epoch;
 } eng_log_entry_t;
 
 typedef struct {

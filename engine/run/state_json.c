@@ -69,6 +69,19 @@ static mt_status_t read_log_entry(const char *path, const json_t *e, size_t i, i
     snprintf(sub, sizeof sub, "%s.step", key);
     mt_status_t st = get_int(path, e, "step", sub, 1, global_step, &step, err);
     out->step = (int)step;
+    if (json_object_get(e, "eval_loss")) { /* an evaluation's entry */
+        out->eval = 1;
+        out->loss = out->lr = out->grad_norm = NAN;
+        static const char *const keys[] = {"eval_loss", "eval_runtime", "eval_samples_per_second",
+                                           "eval_steps_per_second", "epoch"};
+        double *const dst[] = {&out->eval_loss, &out->eval_runtime, &out->eval_samples_per_s,
+                               &out->eval_steps_per_s, &out->epoch};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0] && st == MT_OK; k++) {
+            snprintf(sub, sizeof sub, "%s.%s", key, keys[k]);
+            st = get_number_or_null(path, e, keys[k], sub, dst[k], err);
+        }
+        return st;
+    }
     snprintf(sub, sizeof sub, "%s.loss", key);
     if (st == MT_OK) st = get_number_or_null(path, e, "loss", sub, &out->loss, err);
     snprintf(sub, sizeof sub, "%s.learning_rate", key);

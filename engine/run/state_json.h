@@ -24,6 +24,8 @@ typedef struct {
     int step;
     double loss, lr, grad_norm;
     int skipped;
+    int eval; /* an evaluation's entry (it has eval_loss): the fields below, NaN when null */
+    double eval_loss, eval_runtime, eval_samples_per_s, eval_steps_per_s, epoch;
 } eng_state_log_t;
 
 typedef struct {

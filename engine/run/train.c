@@ -83,10 +83,10 @@ static void announce(eng_run_t *run, eng_train_result_t *result) {
     const eng_train_plan_t *tp = &run->tp;
     eng_reporter_t *rep = &run->rep;
     eng_reporter_note(rep,
-                      "moetune: %s, %d layers, %d experts (top-%d), %lld examples of %d tokens, "
+                      "moetune: %s, %d layers, %d experts (top-%d), %lld %s of %d tokens, "
                       "%d steps x %d micro-batches of %d on %s",
                       model->cfg.model_type, model->cfg.num_hidden_layers, model->cfg.num_experts,
-                      model->cfg.num_experts_per_tok, (long long)run->ds.num_rows, rc->sequence_len,
+                      model->cfg.num_experts_per_tok, (long long)run->ds.num_rows, run->ds.seg_start ? "packed rows" : "examples", rc->sequence_len,
                       run->total_steps, rc->gradient_accumulation_steps, rc->micro_batch_size, run->dev->vt->name);
     if (run->nranks > 1 && run->writes)
         eng_reporter_note(rep,

@@ -8,7 +8,10 @@
  * update, as the HF Trainer logs it.
  *
  * A step is forward+backward, then the optimizer, then its report; after
- * every step, skipped or not, comes the decision to checkpoint and to stop.
+ * every step, skipped or not, come an evaluation when one is due (before
+ * the checkpoint, as the HF Trainer orders them, so that a checkpoint's
+ * log history holds its step's evaluation, and one a stop interrupted is
+ * redone on resume) and the decision to checkpoint and to stop.
  * Each is its own function over the loop's state (loop_t), so that the
  * loop itself reads as that sentence. */
 #include "engine/run/train_loop.h"
@@ -19,6 +22,7 @@
 
 #include "base/clock.h"
 #include "engine/exec/optim_state.h"
+#include "engine/run/eval.h"
 #include "engine/run/host_mem.h"
 #include "engine/run/signals.h"
 
@@ -188,6 +192,34 @@ static mt_status_t train_step(loop_t *l, int step, mt_error_t *err) {
     return MT_OK;
 }
 
+/* After step `done` (1-based), when eval_steps says so: a pass over the
+ * evaluation set on the rank that writes (the others' weights are the
+ * same), reported, logged and kept in the training state. */
+static mt_status_t evaluate_if_due(loop_t *l, int done, mt_error_t *err) {
+    eng_run_t *run = l->run;
+    const eng_run_config_t *rc = run->rc;
+    if (!run->writes || !eng_eval_due(rc, &run->eval_ds, done, run->total_steps)) return MT_OK;
+    eng_eval_result_t ev;
+    mt_status_t st = eng_eval_run(run->x, rc, &run->eval_ds, &ev, err);
+    if (st != MT_OK) return mt_error_prefix(err, "step %d, ", done);
+    /* HF's fractional epoch: micro-batches done over micro-batches per epoch */
+    const int64_t per_epoch = eng_loader_batches_per_epoch(&run->ld);
+    const double epoch = per_epoch > 0 ? (double)done * rc->gradient_accumulation_steps / (double)per_epoch : 0.0;
+    eng_reporter_eval(&run->rep, &(eng_eval_report_t){.step = done, .loss = ev.loss, .ppl = ev.ppl,
+                                                       .tokens = ev.counted, .examples = ev.examples,
+                                                       .seconds = ev.seconds, .epoch = epoch});
+    const double secs = ev.seconds > 0 ? ev.seconds : 1e-9;
+    eng_train_state_log(&run->ts, &(eng_log_entry_t){.step = done, .eval = true, .eval_loss = ev.loss,
+                                                     .eval_runtime = ev.seconds,
+                                                     .eval_samples_per_s = (double)ev.examples / secs,
+                                                     .eval_steps_per_s = (double)ev.batches / secs, .epoch = epoch,
+                                                     .loss = NAN, .lr = NAN, .grad_norm = NAN});
+    l->result->has_eval = true;
+    l->result->eval_loss = ev.loss;
+    l->result->eval_step = done;
+    return MT_OK;
+}
+
 /* After step `done` (1-based): a checkpoint when save_strategy says so or
  * a signal stops the run before its end (a signal that reached some ranks
  * only stops them all at the same step; rank 0 alone writes). */
@@ -227,6 +259,7 @@ mt_status_t eng_train_steps(eng_run_t *run, eng_train_result_t *result, mt_error
     const double t_run = mt_now_s();
     for (int step = run->ts.global_step; step < run->total_steps && !result->stopped_by_signal; step++) {
         mt_status_t st = train_step(&l, step, err);
+        if (st == MT_OK) st = evaluate_if_due(&l, step + 1, err);
         if (st == MT_OK) st = checkpoint_or_stop(&l, step + 1, err);
         if (st != MT_OK) return st;
     }

@@ -10,6 +10,9 @@ typedef struct {
     int steps_done;          /* the run's step count at the end (a resumed run's includes the earlier steps) */
     int first_step;          /* steps already done when this run started: those of the resumed checkpoint */
     double first_loss, last_loss;
+    bool has_eval;           /* an evaluation ran (engine/run/eval.h): the last one's loss and step */
+    double eval_loss;
+    int eval_step;
     double seconds;
     double predicted_step_s; /* the planner's prediction for the chosen plan (0 if none) */
     bool model_saved;        /* the final model is in output_dir (save_final) */

@@ -22,6 +22,9 @@
  *   order) and rows (in row order) in (hd, T) transposed scratch, so the
  *   updates run over 16 keys per vector with the q / dout values broadcast
  *   once per row block; dk is scaled by 1/sqrt(hd) once at the end.
+ * - Packed examples (seg_start): a query's keys start at its example's
+ *   first position; the block's range starts at the least of its rows'
+ *   starts and mask_row masks each row from its own, like the window.
  * - Padding: a row's keys stop at kv_len[b]. The block's key range ends at
  *   min(last row, kv_len[b] - 1) and mask_row clamps each row there too,
  *   so padded keys are skipped like the upper triangle. A row left with no
@@ -48,6 +51,7 @@
 typedef struct {
     const float *q, *k, *v, *dout, *out, *lse_in;
     const int32_t *kv_len; /* (B) or NULL */
+    const int32_t *seg_start; /* (B, T) or NULL */
     float *o, *lse, *dq, *dk, *dv;
     int B, T, nh, nkv, hd, window;
     float scale;
@@ -59,6 +63,18 @@ static int round16(int x) { return (x + KERN_VL - 1) / KERN_VL * KERN_VL; }
 static int row_kv_len(const attn_job_t *J, int b) {
     const int T = J->T;
     return !J->kv_len || J->kv_len[b] >= T ? T : J->kv_len[b] < 0 ? 0 : J->kv_len[b];
+}
+
+/* The first key query (b, i) may see: the window's start and its example's
+ * (seg_start, clamped to [0, i]), whichever is later. */
+static int row_lo(const attn_job_t *J, int b, int i) {
+    int lo = J->window > 0 && i - J->window + 1 > 0 ? i - J->window + 1 : 0;
+    if (J->seg_start) {
+        const int s = J->seg_start[(size_t)b * J->T + i];
+        const int sc = s < 0 ? 0 : s > i ? i : s;
+        if (sc > lo) lo = sc;
+    }
+    return lo;
 }
 
 /* (T, ld) strided rows of width hd -> (hd, Tp) transposed, zero padded. */
@@ -149,11 +165,9 @@ static void mask_tab_init(mask_tab_t *t) {
 }
 
 /* Masks row i's scores S[j], j in [jb0, jb1), to the keys it may see
- * (lo <= j <= hi, lo from the window, hi = min(i, kvl - 1); the others
- * become -inf) and returns their max (-inf when there are none). */
-KERN_VINLINE float mask_row(float *S, const mask_tab_t *mt, int i, int window, int kvl, int jb0,
-                            int jb1) {
-    const int lo = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+ * (lo <= j <= hi, lo = row_lo, hi = min(i, kvl - 1); the others become
+ * -inf) and returns their max (-inf when there are none). */
+KERN_VINLINE float mask_row(float *S, const mask_tab_t *mt, int i, int lo, int kvl, int jb0, int jb1) {
     const int hi = i < kvl - 1 ? i : kvl - 1;
     kern_vf_t vmx = kern_vf_splat(-INFINITY);
     for (int jb = jb0; jb < jb1; jb += KERN_VL) {
@@ -254,11 +268,18 @@ KERN_VINLINE void rank_update(float *dT, int Tp, const float *W, const kern_vf_t
 }
 
 /* Block-aligned key range [jb0, jb1) and last key j1 of query rows
- * [i0, i0 + AR) with kvl valid keys; empty (jb1 == jb0, j1 < jb0) when no
- * row of the block has a key. */
-static void key_range(int i0, int T, int window, int kvl, int *jb0, int *jb1, int *j1) {
+ * [i0, i0 + AR) of row b with kvl valid keys, lo[r] = row_lo of each
+ * (clamped to the last row); empty (jb1 == jb0, j1 < jb0) when no row of
+ * the block has a key. */
+static void key_range(const attn_job_t *J, int b, int i0, int kvl, int lo_r[AR], int *jb0, int *jb1,
+                      int *j1) {
+    const int T = J->T;
     const int ilast = i0 + AR - 1 < T - 1 ? i0 + AR - 1 : T - 1;
-    const int lo = window > 0 && i0 - window + 1 > 0 ? i0 - window + 1 : 0;
+    int lo = T;
+    for (int r = 0; r < AR; r++) {
+        lo_r[r] = row_lo(J, b, i0 + r < T ? i0 + r : T - 1);
+        if (lo_r[r] < lo) lo = lo_r[r];
+    }
     *jb0 = lo / KERN_VL * KERN_VL;
     *j1 = ilast < kvl - 1 ? ilast : kvl - 1;
     *jb1 = round16(*j1 + 1) > *jb0 ? round16(*j1 + 1) : *jb0;
@@ -279,8 +300,8 @@ KERN_CPU_CLONES static void fwd_task_body(const attn_job_t *J, int b, int hk, ke
         float *ob = J->o + (size_t)b * T * ldq + (size_t)h * hd;
         float *lb = J->lse + ((size_t)b * J->nh + h) * T;
         for (int i0 = 0; i0 < T; i0 += AR) {
-            int jb0, jb1, j1;
-            key_range(i0, T, J->window, kvl, &jb0, &jb1, &j1);
+            int jb0, jb1, j1, lo[AR];
+            key_range(J, b, i0, kvl, lo, &jb0, &jb1, &j1);
             const float *qr[AR];
             for (int r = 0; r < AR; r++) qr[r] = qb + (size_t)(i0 + r < T ? i0 + r : T - 1) * ldq;
             splat_rows(qs, qr, hd);
@@ -288,8 +309,7 @@ KERN_CPU_CLONES static void fwd_task_body(const attn_job_t *J, int b, int hk, ke
             float mx[AR], sub[AR];
             double sum[AR];
             for (int r = 0; r < AR; r++) {
-                mx[r] = mask_row(S + (size_t)r * Tp, &mt, i0 + r < T ? i0 + r : T - 1, J->window, kvl,
-                                 jb0, jb1);
+                mx[r] = mask_row(S + (size_t)r * Tp, &mt, i0 + r < T ? i0 + r : T - 1, lo[r], kvl, jb0, jb1);
                 sub[r] = mx[r] == -INFINITY ? 0.0f : mx[r]; /* no key: exps of -inf, all 0 */
             }
             exp_rows(S, Tp, sub, jb0, jb1, sum);
@@ -326,10 +346,10 @@ static void fwd_task(void *ctx, size_t t) {
 }
 
 void kern_attention_fwd_cpu_vec(kern_stream_t *s, float *out, float *lse, const float *q,
-                                const float *k, const float *v, const int32_t *kv_len, int B,
+                                const float *k, const float *v, const int32_t *kv_len, const int32_t *seg_start, int B,
                                 int T, int nh, int nkv, int hd, int window) {
     if (B <= 0 || T <= 0) return;
-    attn_job_t J = {.q = q, .k = k, .v = v, .kv_len = kv_len, .o = out, .lse = lse, .B = B,
+    attn_job_t J = {.q = q, .k = k, .v = v, .kv_len = kv_len, .seg_start = seg_start, .o = out, .lse = lse, .B = B,
                     .T = T, .nh = nh, .nkv = nkv, .hd = hd, .window = window,
                     .scale = 1.0f / sqrtf((float)hd)};
     kern_cpu_parallel_for(s, (size_t)B * nkv, fwd_task, &J);
@@ -356,8 +376,8 @@ KERN_CPU_CLONES static void bwd_task_body(const attn_job_t *J, int b, int hk, ke
         const size_t qoff = (size_t)b * T * ldq + (size_t)h * hd;
         const float *lb = J->lse_in + ((size_t)b * J->nh + h) * T;
         for (int i0 = 0; i0 < T; i0 += AR) {
-            int jb0, jb1, j1;
-            key_range(i0, T, J->window, kvl, &jb0, &jb1, &j1);
+            int jb0, jb1, j1, lo[AR];
+            key_range(J, b, i0, kvl, lo, &jb0, &jb1, &j1);
             const int nr = T - i0 < AR ? T - i0 : AR;
             const float *qr[AR], *gr[AR];
             float sub[AR];
@@ -372,7 +392,7 @@ KERN_CPU_CLONES static void bwd_task_body(const attn_job_t *J, int b, int hk, ke
             dot_block(P, Tp, qs, kT, hd, jb0, jb1, J->scale); /* S */
             dot_block(dS, Tp, ds, vT, hd, jb0, jb1, 1.0f);    /* dP = dout V^T */
             for (int r = 0; r < AR; r++)
-                mask_row(P + (size_t)r * Tp, &mt, i0 + r < T ? i0 + r : T - 1, J->window, kvl, jb0, jb1);
+                mask_row(P + (size_t)r * Tp, &mt, i0 + r < T ? i0 + r : T - 1, lo[r], kvl, jb0, jb1);
             exp_rows(P, Tp, sub, jb0, jb1, NULL); /* P = exp(S - lse) */
             for (int r = 0; r < AR; r++) {
                 float *pr = P + (size_t)r * Tp, *sr = dS + (size_t)r * Tp;
@@ -422,10 +442,10 @@ static void bwd_task(void *ctx, size_t t) {
 
 void kern_attention_bwd_cpu_vec(kern_stream_t *s, float *dq, float *dk, float *dv,
                                 const float *dout, const float *q, const float *k, const float *v,
-                                const float *out, const float *lse, const int32_t *kv_len, int B,
+                                const float *out, const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B,
                                 int T, int nh, int nkv, int hd, int window) {
     if (B <= 0 || T <= 0) return;
-    attn_job_t J = {.q = q, .k = k, .v = v, .kv_len = kv_len, .dout = dout, .out = out,
+    attn_job_t J = {.q = q, .k = k, .v = v, .kv_len = kv_len, .seg_start = seg_start, .dout = dout, .out = out,
                     .lse_in = lse, .dq = dq, .dk = dk, .dv = dv, .B = B, .T = T, .nh = nh,
                     .nkv = nkv, .hd = hd, .window = window, .scale = 1.0f / sqrtf((float)hd)};
     kern_cpu_parallel_for(s, (size_t)B * nkv, bwd_task, &J);
@@ -435,22 +455,22 @@ void kern_attention_bwd_cpu_vec(kern_stream_t *s, float *dq, float *dk, float *d
  * registers GCC spills them and the result is slower than OpenBLAS, so
  * other CPUs take the sgemm path (attention_blas.c). */
 void kern_attention_fwd_cpu(kern_stream_t *s, float *out, float *lse, const float *q,
-                            const float *k, const float *v, const int32_t *kv_len, int B, int T,
+                            const float *k, const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
                             int nh, int nkv, int hd, int window) {
     if (__builtin_cpu_supports("avx512f"))
-        kern_attention_fwd_cpu_vec(s, out, lse, q, k, v, kv_len, B, T, nh, nkv, hd, window);
+        kern_attention_fwd_cpu_vec(s, out, lse, q, k, v, kv_len, seg_start, B, T, nh, nkv, hd, window);
     else
-        kern_attention_fwd_cpu_blas(s, out, lse, q, k, v, kv_len, B, T, nh, nkv, hd, window);
+        kern_attention_fwd_cpu_blas(s, out, lse, q, k, v, kv_len, seg_start, B, T, nh, nkv, hd, window);
 }
 
 void kern_attention_bwd_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
                             const float *q, const float *k, const float *v, const float *out,
-                            const float *lse, const int32_t *kv_len, int B, int T, int nh, int nkv,
+                            const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv,
                             int hd, int window) {
     if (__builtin_cpu_supports("avx512f"))
-        kern_attention_bwd_cpu_vec(s, dq, dk, dv, dout, q, k, v, out, lse, kv_len, B, T, nh, nkv, hd,
+        kern_attention_bwd_cpu_vec(s, dq, dk, dv, dout, q, k, v, out, lse, kv_len, seg_start, B, T, nh, nkv, hd,
                                    window);
     else
-        kern_attention_bwd_cpu_blas(s, dq, dk, dv, dout, q, k, v, out, lse, kv_len, B, T, nh, nkv, hd,
+        kern_attention_bwd_cpu_blas(s, dq, dk, dv, dout, q, k, v, out, lse, kv_len, seg_start, B, T, nh, nkv, hd,
                                     window);
 }

@@ -1,8 +1,9 @@
 /* Causal GQA attention on the CPU through OpenBLAS: the path for CPUs
  * without AVX-512 (attention.c picks it; see there why).
  *
- * Keys at or past a row's kv_len are masked like the causal upper
- * triangle; a query with no key left gets out = 0, lse = -inf and a zero
+ * Keys at or past a row's kv_len, and keys before a query's example start
+ * (seg_start), are masked like the causal upper triangle; a query with no
+ * key left gets out = 0, lse = -inf and a zero
  * probability row in backward (so dq = 0 and it adds nothing to dk, dv).
  *
  * Per (batch, query head) the scores are one sgemm over the strided q and k
@@ -21,8 +22,15 @@
 
 #include "base/status.h"
 
-static inline int key_allowed(int i, int j, int window, int kvl) {
-    return j <= i && (window <= 0 || i - j < window) && j < kvl;
+static inline int key_allowed(int i, int j, int window, int kvl, int seg) {
+    return j <= i && (window <= 0 || i - j < window) && j < kvl && j >= seg;
+}
+
+/* The first key of query (b, i)'s example (attention.h): 0 without segments. */
+static inline int row_seg(const int32_t *seg_start, int b, int i, int T) {
+    if (!seg_start) return 0;
+    const int s = seg_start[(size_t)b * T + i];
+    return s < 0 ? 0 : s > i ? i : s;
 }
 
 /* Row b's valid keys, kv_len clamped to [0, T] (attention.h). */
@@ -31,7 +39,7 @@ static inline int row_kv_len(const int32_t *kv_len, int b, int T) {
 }
 
 void kern_attention_fwd_cpu_blas(kern_stream_t *s, float *out, float *lse, const float *q,
-                                 const float *k, const float *v, const int32_t *kv_len, int B, int T,
+                                 const float *k, const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
                                  int nh, int nkv, int hd, int window) {
     (void)s;
     const int group = nh / nkv;
@@ -51,9 +59,10 @@ void kern_attention_fwd_cpu_blas(kern_stream_t *s, float *out, float *lse, const
                         0.0f, S, T);
             for (int i = 0; i < T; i++) {
                 float *row = S + (size_t)i * T;
+                const int seg = row_seg(seg_start, b, i, T);
                 float mx = -INFINITY;
                 for (int j = 0; j < T; j++)
-                    if (key_allowed(i, j, window, kvl) && row[j] > mx) mx = row[j];
+                    if (key_allowed(i, j, window, kvl, seg) && row[j] > mx) mx = row[j];
                 if (mx == -INFINITY) { /* no key to see: out = 0, lse = -inf (attention.h) */
                     memset(row, 0, (size_t)T * sizeof *row);
                     lb[i] = -INFINITY;
@@ -61,7 +70,7 @@ void kern_attention_fwd_cpu_blas(kern_stream_t *s, float *out, float *lse, const
                 }
                 double sum = 0.0;
                 for (int j = 0; j < T; j++) {
-                    float p = key_allowed(i, j, window, kvl) ? expf(row[j] - mx) : 0.0f;
+                    float p = key_allowed(i, j, window, kvl, seg) ? expf(row[j] - mx) : 0.0f;
                     row[j] = p;
                     sum += p;
                 }
@@ -77,7 +86,7 @@ void kern_attention_fwd_cpu_blas(kern_stream_t *s, float *out, float *lse, const
 
 void kern_attention_bwd_cpu_blas(kern_stream_t *s, float *dq, float *dk, float *dv,
                                  const float *dout, const float *q, const float *k, const float *v,
-                                 const float *out, const float *lse, const int32_t *kv_len, int B,
+                                 const float *out, const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B,
                                  int T, int nh, int nkv, int hd, int window) {
     (void)s;
     const int group = nh / nkv;
@@ -99,8 +108,9 @@ void kern_attention_bwd_cpu_blas(kern_stream_t *s, float *dq, float *dk, float *
                         k + koff, ldk, 0.0f, P, T);
             for (int i = 0; i < T; i++) {
                 float *row = P + (size_t)i * T;
+                const int seg = row_seg(seg_start, b, i, T);
                 for (int j = 0; j < T; j++)
-                    row[j] = key_allowed(i, j, window, kvl) ? expf(row[j] - lb[i]) : 0.0f;
+                    row[j] = key_allowed(i, j, window, kvl, seg) ? expf(row[j] - lb[i]) : 0.0f;
                 const float *o = out + qoff + (size_t)i * ldq, *d = dout + qoff + (size_t)i * ldq;
                 double acc = 0.0;
                 for (int c = 0; c < hd; c++) acc += (double)o[c] * d[c];

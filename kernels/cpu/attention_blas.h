@@ -10,19 +10,19 @@
 typedef struct kern_stream kern_stream_t;
 
 void kern_attention_fwd_cpu_blas(kern_stream_t *s, float *out, float *lse, const float *q,
-                                 const float *k, const float *v, const int32_t *kv_len, int B,
+                                 const float *k, const float *v, const int32_t *kv_len, const int32_t *seg_start, int B,
                                  int T, int nh, int nkv, int hd, int window);
 void kern_attention_bwd_cpu_blas(kern_stream_t *s, float *dq, float *dk, float *dv,
                                  const float *dout, const float *q, const float *k, const float *v,
-                                 const float *out, const float *lse, const int32_t *kv_len, int B,
+                                 const float *out, const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B,
                                  int T, int nh, int nkv, int hd, int window);
 /* The vector path (AVX-512 machines only: callers check kern_cpu_has_avx512). */
 void kern_attention_fwd_cpu_vec(kern_stream_t *s, float *out, float *lse, const float *q,
-                                const float *k, const float *v, const int32_t *kv_len, int B,
+                                const float *k, const float *v, const int32_t *kv_len, const int32_t *seg_start, int B,
                                 int T, int nh, int nkv, int hd, int window);
 void kern_attention_bwd_cpu_vec(kern_stream_t *s, float *dq, float *dk, float *dv,
                                 const float *dout, const float *q, const float *k, const float *v,
-                                const float *out, const float *lse, const int32_t *kv_len, int B,
+                                const float *out, const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B,
                                 int T, int nh, int nkv, int hd, int window);
 
 #endif

@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kernels/cpu/par.h"
 #include "kernels/cpu/vec.h"
@@ -26,16 +27,19 @@ void kern_rope_table(float *cos_out, float *sin_out, int T, int hd, float theta)
 typedef struct {
     float *x;
     const float *cos_tab, *sin_tab;
+    const int32_t *pos; /* (B, T) or NULL */
     int B, T, heads, hd, per;
     float sign;
 } rope_job_t;
 
-/* Rows (b, t) in [r0, r1): every head of the row rotated by position t. */
+/* Rows (b, t) in [r0, r1): every head of the row rotated by its position
+ * (t, or pos[b, t]). */
 KERN_CPU_CLONES static void rope_rows(const rope_job_t *J, int r0, int r1) {
     const int half = J->hd / 2;
     const kern_vf_t pm = {-1, -1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 1, 1, 1, 1, 1};
     for (int row = r0; row < r1; row++) {
-        const int t = row % J->T;
+        const int p = J->pos ? J->pos[row] : row % J->T;
+        const int t = p < 0 ? 0 : p >= J->T ? J->T - 1 : p;
         const float *c = J->cos_tab + (size_t)t * half, *sn = J->sin_tab + (size_t)t * half;
         float *xr = J->x + (size_t)row * J->heads * J->hd;
         float cs2[KERN_VL], sn2[KERN_VL]; /* hd 16: [c | c] and [sign s | sign s] */
@@ -84,20 +88,20 @@ static void rope_task(void *ctx, size_t t) {
 
 /* Rows are independent: fixed blocks of rows over the backend's pool. */
 static void rope_apply(kern_stream_t *s, float *x, const float *cos_tab, const float *sin_tab,
-                       int B, int T, int heads, int hd, float sign) {
+                       const int32_t *pos, int B, int T, int heads, int hd, float sign) {
     const int width = heads * hd;
     if (B <= 0 || T <= 0 || width <= 0) return;
-    rope_job_t J = {.x = x, .cos_tab = cos_tab, .sin_tab = sin_tab, .B = B, .T = T, .heads = heads,
+    rope_job_t J = {.x = x, .cos_tab = cos_tab, .sin_tab = sin_tab, .pos = pos, .B = B, .T = T, .heads = heads,
                     .hd = hd, .per = width < 16384 ? 16384 / width : 1, .sign = sign};
     kern_cpu_parallel_for(s, kern_cpu_tasks((size_t)B * T, (size_t)J.per), rope_task, &J);
 }
 
 void kern_rope_fwd_cpu(kern_stream_t *s, float *x, const float *cos_tab, const float *sin_tab,
-                       int B, int T, int heads, int hd) {
-    rope_apply(s, x, cos_tab, sin_tab, B, T, heads, hd, 1.0f);
+                       const int32_t *pos, int B, int T, int heads, int hd) {
+    rope_apply(s, x, cos_tab, sin_tab, pos, B, T, heads, hd, 1.0f);
 }
 
 void kern_rope_bwd_cpu(kern_stream_t *s, float *x, const float *cos_tab, const float *sin_tab,
-                       int B, int T, int heads, int hd) {
-    rope_apply(s, x, cos_tab, sin_tab, B, T, heads, hd, -1.0f);
+                       const int32_t *pos, int B, int T, int heads, int hd) {
+    rope_apply(s, x, cos_tab, sin_tab, pos, B, T, heads, hd, -1.0f);
 }

@@ -16,7 +16,7 @@
 template <int NPL>
 static __global__ void __launch_bounds__(ATTN_THREADS)
     attn_fwd_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
-                    const int32_t *kv_len, attn_shape_t a) {
+                    const int32_t *kv_len, const int32_t *seg_start, attn_shape_t a) {
     extern __shared__ float smem[];
     const int hd = a.hd, hdp = a.hd + 1;
     float *sQ = smem;                       // [ATTN_ROWS][hd]
@@ -55,7 +55,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
 #pragma unroll
         for (int rr = 0; rr < ATTN_ROWS_PER_WARP; rr++) {
             const int r = warp * ATTN_ROWS_PER_WARP + rr, i = t0 + r;
-            const bool ok = attn_allowed(i, j, a.T, kvl, a.window);
+            const bool ok = attn_allowed(i, j, a.T, kvl, a.window, attn_seg(seg_start, b, i, a.T));
             const float sc = ok ? attn_dot(sQ + r * hd, sK + lane * hdp, hd) * a.scale : -INFINITY;
             const float mnew = fmaxf(m[rr], kc_warp_max(sc));
             if (mnew == -INFINITY) continue; // nothing visible yet (warp-uniform)
@@ -95,26 +95,26 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
 
 template <int NPL>
 static void attn_fwd_launch(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
-                            const float *v, const int32_t *kv_len, const attn_shape_t &a) {
+                            const float *v, const int32_t *kv_len, const int32_t *seg_start, const attn_shape_t &a) {
     const size_t smem = (size_t)(ATTN_ROWS * a.hd + ATTN_TILE * (a.hd + 1) + ATTN_TILE * a.hd) *
                         sizeof(float);
     kern_cuda_smem_optin(s, (const void *)attn_fwd_kernel<NPL>, smem, "attention_fwd");
     const dim3 grid(kc_div_up((size_t)a.T, ATTN_ROWS), a.nh, a.B);
     attn_fwd_kernel<NPL><<<grid, ATTN_THREADS, smem, kern_cuda_stream_begin(s)>>>(out, lse, q, k, v,
-                                                                                 kv_len, a);
+                                                                                 kv_len, seg_start, a);
     KC_LAUNCHED(s, "attention_fwd");
 }
 
 extern "C" void kern_attention_fwd_cuda(kern_stream_t *s, float *out, float *lse, const float *q,
-                                        const float *k, const float *v, const int32_t *kv_len,
+                                        const float *k, const float *v, const int32_t *kv_len, const int32_t *seg_start,
                                         int B, int T, int nh, int nkv, int hd, int window) {
     const attn_shape_t a = attn_shape(B, T, nh, nkv, hd, window, "attention_fwd");
     if (B == 0 || T == 0) return;
     kern_cuda_stream_begin(s);
     switch (attn_npl(hd)) {
-    case 1: attn_fwd_launch<1>(s, out, lse, q, k, v, kv_len, a); break;
-    case 2: attn_fwd_launch<2>(s, out, lse, q, k, v, kv_len, a); break;
-    case 4: attn_fwd_launch<4>(s, out, lse, q, k, v, kv_len, a); break;
-    default: attn_fwd_launch<8>(s, out, lse, q, k, v, kv_len, a); break;
+    case 1: attn_fwd_launch<1>(s, out, lse, q, k, v, kv_len, seg_start, a); break;
+    case 2: attn_fwd_launch<2>(s, out, lse, q, k, v, kv_len, seg_start, a); break;
+    case 4: attn_fwd_launch<4>(s, out, lse, q, k, v, kv_len, seg_start, a); break;
+    default: attn_fwd_launch<8>(s, out, lse, q, k, v, kv_len, seg_start, a); break;
     }
 }

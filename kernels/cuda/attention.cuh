@@ -10,6 +10,10 @@
 // lse = -inf; the backward never evaluates exp for a pair that is not
 // allowed, so that row has P = 0 (attention.h).
 //
+// Packed examples: seg_start (B, T) or NULL; each query reads its own
+// entry (attn_seg) and attn_allowed masks the keys before it, so the key
+// ranges streamed stay those of the causal mask (correct, not trimmed).
+//
 // Layouts (attention.h): q, out, dout (B, T, nh, hd); k, v, dk, dv
 // (B, T, nkv, hd); lse and D (B, nh, T).  Query head h reads kv head
 // h / (nh / nkv).
@@ -39,9 +43,16 @@ typedef struct {
     float scale; // 1 / sqrt(hd), as the CPU twin computes it
 } attn_shape_t;
 
-// kvl <= T, so j < kvl also keeps j inside the sequence.
-__device__ __forceinline__ bool attn_allowed(int i, int j, int T, int kvl, int window) {
-    return j < kvl && i < T && j <= i && (window <= 0 || i - j < window);
+// kvl <= T, so j < kvl also keeps j inside the sequence; seg is query i's
+// first key (attn_seg).
+__device__ __forceinline__ bool attn_allowed(int i, int j, int T, int kvl, int window, int seg) {
+    return j < kvl && i < T && j <= i && j >= seg && (window <= 0 || i - j < window);
+}
+
+// The first key of query (b, i)'s packed example (attention.h): seg_start
+// clamped to [0, i]; 0 without segments or past the sequence.
+__device__ __forceinline__ int attn_seg(const int32_t *seg_start, int b, int i, int T) {
+    return seg_start && i < T ? min(max(seg_start[(size_t)b * T + i], 0), i) : 0;
 }
 
 // Row b's valid keys (attention.h): kv_len[b] clamped to [0, T]; T without kv_len.

@@ -34,7 +34,7 @@ static __global__ void attn_bwd_D_kernel(float *D, const float *dout, const floa
 template <int NPL>
 static __global__ void __launch_bounds__(ATTN_THREADS)
     attn_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k, const float *v,
-                       const float *lse, const float *D, const int32_t *kv_len, attn_shape_t a) {
+                       const float *lse, const float *D, const int32_t *kv_len, const int32_t *seg_start, attn_shape_t a) {
     extern __shared__ float smem[];
     const int hd = a.hd, hdp = a.hd + 1;
     float *sQ = smem;                    // [ATTN_ROWS][hd]
@@ -77,7 +77,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
         for (int rr = 0; rr < ATTN_ROWS_PER_WARP; rr++) {
             const int r = warp * ATTN_ROWS_PER_WARP + rr, i = t0 + r;
             float ds = 0.0f;
-            if (attn_allowed(i, j, a.T, kvl, a.window)) {
+            if (attn_allowed(i, j, a.T, kvl, a.window, attn_seg(seg_start, b, i, a.T))) {
                 const float sc = attn_dot(sQ + r * hd, sK + lane * hdp, hd) * a.scale;
                 const float p = expf(sc - row_lse[rr]);
                 const float dp = attn_dot(sO + r * hd, sV + lane * hdp, hd);
@@ -109,7 +109,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
 template <int NPL>
 static __global__ void __launch_bounds__(ATTN_THREADS)
     attn_bwd_dkdv_kernel(float *dk, float *dv, const float *dout, const float *q, const float *k,
-                         const float *v, const float *lse, const float *D, const int32_t *kv_len,
+                         const float *v, const float *lse, const float *D, const int32_t *kv_len, const int32_t *seg_start,
                          attn_shape_t a) {
     extern __shared__ float smem[];
     const int hd = a.hd, hdp = a.hd + 1;
@@ -158,11 +158,12 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
             }
             __syncthreads();
             const int i = i0 + lane; // lane-per-query
+            const int seg_i = attn_seg(seg_start, b, i, a.T);
 #pragma unroll
             for (int rr = 0; rr < ATTN_ROWS_PER_WARP; rr++) {
                 const int r = warp * ATTN_ROWS_PER_WARP + rr, j = j0 + r;
                 float p = 0.0f, ds = 0.0f;
-                if (attn_allowed(i, j, a.T, kvl, a.window)) {
+                if (attn_allowed(i, j, a.T, kvl, a.window, seg_i)) {
                     const float sc = attn_dot(sQ + lane * hdp, sK + r * hd, hd) * a.scale;
                     p = expf(sc - sL[lane]);
                     const float dp = attn_dot(sO + lane * hdp, sV + r * hd, hd);
@@ -202,14 +203,14 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
 template <int NPL>
 static void attn_bwd_launch(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
                             const float *q, const float *k, const float *v, const float *lse,
-                            const float *D, const int32_t *kv_len, const attn_shape_t &a) {
+                            const float *D, const int32_t *kv_len, const int32_t *seg_start, const attn_shape_t &a) {
     cudaStream_t cs = kern_cuda_stream_begin(s);
     const size_t hd = (size_t)a.hd;
     const size_t smem_dq = (2 * ATTN_ROWS * hd + 2 * ATTN_TILE * (hd + 1)) * sizeof(float);
     kern_cuda_smem_optin(s, (const void *)attn_bwd_dq_kernel<NPL>, smem_dq, "attention_bwd dq");
     const dim3 grid_q(kc_div_up((size_t)a.T, ATTN_ROWS), a.nh, a.B);
     attn_bwd_dq_kernel<NPL><<<grid_q, ATTN_THREADS, smem_dq, cs>>>(dq, dout, q, k, v, lse, D, kv_len,
-                                                                   a);
+                                                                   seg_start, a);
     KC_LAUNCHED(s, "attention_bwd dq");
 
     const size_t smem_kv =
@@ -217,14 +218,14 @@ static void attn_bwd_launch(kern_stream_t *s, float *dq, float *dk, float *dv, c
     kern_cuda_smem_optin(s, (const void *)attn_bwd_dkdv_kernel<NPL>, smem_kv, "attention_bwd dk/dv");
     const dim3 grid_k(kc_div_up((size_t)a.T, ATTN_ROWS), a.nkv, a.B);
     attn_bwd_dkdv_kernel<NPL><<<grid_k, ATTN_THREADS, smem_kv, cs>>>(dk, dv, dout, q, k, v, lse, D,
-                                                                     kv_len, a);
+                                                                     kv_len, seg_start, a);
     KC_LAUNCHED(s, "attention_bwd dk/dv");
 }
 
 extern "C" void kern_attention_bwd_cuda(kern_stream_t *s, float *dq, float *dk, float *dv,
                                         const float *dout, const float *q, const float *k,
                                         const float *v, const float *out, const float *lse,
-                                        const int32_t *kv_len, int B, int T, int nh, int nkv,
+                                        const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv,
                                         int hd, int window) {
     const attn_shape_t a = attn_shape(B, T, nh, nkv, hd, window, "attention_bwd");
     if (B == 0 || T == 0) return;
@@ -234,9 +235,9 @@ extern "C" void kern_attention_bwd_cuda(kern_stream_t *s, float *dq, float *dk, 
     attn_bwd_D_kernel<<<kc_div_up(rows, ATTN_WARPS), ATTN_THREADS, 0, cs>>>(D, dout, out, a);
     KC_LAUNCHED(s, "attention_bwd D");
     switch (attn_npl(hd)) {
-    case 1: attn_bwd_launch<1>(s, dq, dk, dv, dout, q, k, v, lse, D, kv_len, a); break;
-    case 2: attn_bwd_launch<2>(s, dq, dk, dv, dout, q, k, v, lse, D, kv_len, a); break;
-    case 4: attn_bwd_launch<4>(s, dq, dk, dv, dout, q, k, v, lse, D, kv_len, a); break;
-    default: attn_bwd_launch<8>(s, dq, dk, dv, dout, q, k, v, lse, D, kv_len, a); break;
+    case 1: attn_bwd_launch<1>(s, dq, dk, dv, dout, q, k, v, lse, D, kv_len, seg_start, a); break;
+    case 2: attn_bwd_launch<2>(s, dq, dk, dv, dout, q, k, v, lse, D, kv_len, seg_start, a); break;
+    case 4: attn_bwd_launch<4>(s, dq, dk, dv, dout, q, k, v, lse, D, kv_len, seg_start, a); break;
+    default: attn_bwd_launch<8>(s, dq, dk, dv, dout, q, k, v, lse, D, kv_len, seg_start, a); break;
     }
 }

@@ -1,5 +1,6 @@
 /* GPU suite: causal GQA attention forward and backward, with and without a
- * sliding window, head sizes that are and are not multiples of 32, sequence
+ * sliding window, packed examples (seg_start: edges inside and on blocks
+ * and tiles), head sizes that are and are not multiples of 32, sequence
  * lengths that do not fill a tile, key padding (kv_len inside a tile, on a
  * tile edge, 0, > T, and with windows that leave padded queries no key:
  * out 0 and lse -inf on both sides), and determinism of repeated runs.
@@ -22,9 +23,9 @@
 
 #include "tests/gpu/gpu_test.h"
 
-/* kv_len: B entries, or NULL. */
-static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int window,
-                           const int32_t *kv_len) {
+/* kv_len: B entries, or NULL; seg: seg_start (B, T) of packed rows, or NULL. */
+static void attention_case_seg(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int window,
+                               const int32_t *kv_len, const int32_t *seg) {
     const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
     float *hq = gt_host_rand(t, nq, 1.0f), *hk = gt_host_rand(t, nk, 1.0f);
     float *hv = gt_host_rand(t, nk, 1.0f), *hdo = gt_host_rand(t, nq, 1.0f);
@@ -35,15 +36,19 @@ static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, i
     gt_buf_t KL = {0};
     if (kv_len) KL = gt_from_host(t, kv_len, (size_t)B * 4, "kv_len");
     const int32_t *klc = kv_len ? GT_CI(KL) : NULL, *klg = kv_len ? GT_GI(KL) : NULL;
+    gt_buf_t SG = {0};
+    if (seg) SG = gt_from_host(t, seg, (size_t)B * T * 4, "seg_start");
+    const int32_t *sgc = seg ? GT_CI(SG) : NULL, *sgg = seg ? GT_GI(SG) : NULL;
     char what[192], tag[128];
     int n = snprintf(tag, sizeof tag, "B=%d T=%d nh=%d nkv=%d hd=%d window=%d kv_len=", B, T, nh, nkv,
                      hd, window);
     if (!kv_len) snprintf(tag + n, sizeof tag - (size_t)n, "NULL");
     for (int b = 0; kv_len && b < B && n < (int)sizeof tag - 12; b++)
         n += snprintf(tag + n, sizeof tag - (size_t)n, "%s%d", b ? "," : "", kv_len[b]);
+    if (seg) snprintf(tag + n, sizeof tag - (size_t)n, " packed");
 
-    t->cpu->ops->attention_fwd(t->sc, GT_C(O), GT_C(L), GT_C(Q), GT_C(K), GT_C(V), klc, B, T, nh, nkv, hd, window);
-    t->gpu->ops->attention_fwd(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), klg, B, T, nh, nkv, hd, window);
+    t->cpu->ops->attention_fwd(t->sc, GT_C(O), GT_C(L), GT_C(Q), GT_C(K), GT_C(V), klc, sgc, B, T, nh, nkv, hd, window);
+    t->gpu->ops->attention_fwd(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), klg, sgg, B, T, nh, nkv, hd, window);
     snprintf(what, sizeof what, "attention_fwd out %s", tag);
     gt_check_f32(t, what, &O, nq, 1e-5f, 1e-4f);
     snprintf(what, sizeof what, "attention_fwd lse %s", tag);
@@ -51,7 +56,7 @@ static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, i
     float *o1 = gt_host_alloc(nq), *l1 = gt_host_alloc(nl);
     gt_save_gpu(t, &O, o1);
     gt_save_gpu(t, &L, l1);
-    t->gpu->ops->attention_fwd(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), klg, B, T, nh, nkv, hd, window);
+    t->gpu->ops->attention_fwd(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), klg, sgg, B, T, nh, nkv, hd, window);
     snprintf(what, sizeof what, "attention_fwd out %s", tag);
     gt_check_same_gpu(t, what, &O, o1);
     snprintf(what, sizeof what, "attention_fwd lse %s", tag);
@@ -64,9 +69,9 @@ static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, i
     gt_set(t, &O, hout);
     gt_set(t, &L, hlse);
     t->cpu->ops->attention_bwd(t->sc, GT_C(DQ), GT_C(DK), GT_C(DV), GT_C(DO), GT_C(Q), GT_C(K), GT_C(V),
-                               GT_C(O), GT_C(L), klc, B, T, nh, nkv, hd, window);
+                               GT_C(O), GT_C(L), klc, sgc, B, T, nh, nkv, hd, window);
     t->gpu->ops->attention_bwd(t->sg, GT_G(DQ), GT_G(DK), GT_G(DV), GT_G(DO), GT_G(Q), GT_G(K), GT_G(V),
-                               GT_G(O), GT_G(L), klg, B, T, nh, nkv, hd, window);
+                               GT_G(O), GT_G(L), klg, sgg, B, T, nh, nkv, hd, window);
     snprintf(what, sizeof what, "attention_bwd dq %s", tag);
     gt_check_f32_norm(t, what, &DQ, nq, 1e-4f, 1.0f);
     snprintf(what, sizeof what, "attention_bwd dk %s", tag);
@@ -78,7 +83,7 @@ static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, i
     gt_save_gpu(t, &DK, dk1);
     gt_save_gpu(t, &DV, dv1);
     t->gpu->ops->attention_bwd(t->sg, GT_G(DQ), GT_G(DK), GT_G(DV), GT_G(DO), GT_G(Q), GT_G(K), GT_G(V),
-                               GT_G(O), GT_G(L), klg, B, T, nh, nkv, hd, window);
+                               GT_G(O), GT_G(L), klg, sgg, B, T, nh, nkv, hd, window);
     snprintf(what, sizeof what, "attention_bwd dq/dk/dv %s", tag);
     gt_check_same_gpu(t, what, &DQ, dq1);
     gt_check_same_gpu(t, what, &DK, dk1);
@@ -87,13 +92,39 @@ static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, i
     gt_buf_t *bufs[] = {&Q, &K, &V, &DO, &O, &L, &DQ, &DK, &DV};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gt_free(t, bufs[i]);
     if (kv_len) gt_free(t, &KL);
+    if (seg) gt_free(t, &SG);
     float *hs[] = {hq, hk, hv, hdo, o1, l1, hout, hlse, dq1, dk1, dv1};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) free(hs[i]);
+}
+
+static void attention_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int window,
+                           const int32_t *kv_len) {
+    attention_case_seg(t, B, T, nh, nkv, hd, window, kv_len, NULL);
+}
+
+/* Packed rows: examples of the given lengths (0 ends a row's list) one after
+ * another, the rest padding (its own segment, past kv_len). */
+static void packed_case(gt_ctx_t *t, int T, int nh, int nkv, int hd, int window, const int lens[2][6]) {
+    int32_t *seg = malloc((size_t)2 * T * sizeof *seg), kvl[2];
+    for (int b = 0; b < 2; b++) {
+        int at = 0;
+        for (int e = 0; e < 6 && lens[b][e]; at += lens[b][e], e++)
+            for (int i = 0; i < lens[b][e]; i++) seg[b * T + at + i] = at;
+        kvl[b] = at;
+        for (int i = at; i < T; i++) seg[b * T + i] = at;
+    }
+    attention_case_seg(t, 2, T, nh, nkv, hd, window, kvl, seg);
+    free(seg);
 }
 
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "attention_test", 0xa77e);
+    /* packed examples: edges inside and on 16-row blocks and 32-key tiles */
+    const int p1[2][6] = {{3, 29, 1, 16, 20, 0}, {32, 33, 5, 0, 0, 0}};
+    packed_case(&t, 70, 4, 2, 64, 0, p1);
+    packed_case(&t, 70, 8, 2, 128, 16, p1);
+    packed_case(&t, 70, 2, 2, 80, 0, p1);
     attention_case(&t, 1, 1, 1, 1, 16, 0, NULL);
     attention_case(&t, 2, 37, 4, 2, 64, 0, NULL);   /* GQA group 2, T not a tile multiple */
     attention_case(&t, 1, 70, 8, 2, 128, 16, NULL); /* sliding window, group 4 */

@@ -63,21 +63,27 @@ static void rmsnorm_case(gt_ctx_t *t, int rows, int dim, float scale) {
     free(first);
 }
 
-static void rope_case(gt_ctx_t *t, int B, int T, int heads, int hd) {
+/* packed: per-token positions restarting at 0 every 7 tokens (a packed
+ * row's examples), else NULL (the index in the row). */
+static void rope_case_pos(gt_ctx_t *t, int B, int T, int heads, int hd, bool packed) {
     const size_t n = (size_t)B * T * heads * hd, nt = (size_t)T * (hd / 2);
     float *hx = gt_host_rand(t, n, 2.0f);
     float *hcos = gt_host_alloc(nt), *hsin = gt_host_alloc(nt);
     kern_rope_table(hcos, hsin, T, hd, 1e6f);
     gt_buf_t X = gt_from_host(t, hx, n * 4, "x");
     gt_buf_t CS = gt_from_host(t, hcos, nt * 4, "cos"), SN = gt_from_host(t, hsin, nt * 4, "sin");
+    int32_t *hpos = malloc((size_t)B * T * sizeof *hpos);
+    for (int i = 0; i < B * T; i++) hpos[i] = (i % T) % 7;
+    gt_buf_t P = gt_from_host(t, hpos, (size_t)B * T * 4, "pos");
+    const int32_t *pc = packed ? GT_CI(P) : NULL, *pg = packed ? GT_GI(P) : NULL;
     char what[128];
-    t->cpu->ops->rope_fwd(t->sc, GT_C(X), GT_C(CS), GT_C(SN), B, T, heads, hd);
-    t->gpu->ops->rope_fwd(t->sg, GT_G(X), GT_G(CS), GT_G(SN), B, T, heads, hd);
-    snprintf(what, sizeof what, "rope_fwd B=%d T=%d heads=%d hd=%d", B, T, heads, hd);
+    t->cpu->ops->rope_fwd(t->sc, GT_C(X), GT_C(CS), GT_C(SN), pc, B, T, heads, hd);
+    t->gpu->ops->rope_fwd(t->sg, GT_G(X), GT_G(CS), GT_G(SN), pg, B, T, heads, hd);
+    snprintf(what, sizeof what, "rope_fwd B=%d T=%d heads=%d hd=%d%s", B, T, heads, hd, packed ? " packed" : "");
     gt_check_exact(t, what, &X, X.bytes);
-    t->cpu->ops->rope_bwd(t->sc, GT_C(X), GT_C(CS), GT_C(SN), B, T, heads, hd);
-    t->gpu->ops->rope_bwd(t->sg, GT_G(X), GT_G(CS), GT_G(SN), B, T, heads, hd);
-    snprintf(what, sizeof what, "rope_bwd B=%d T=%d heads=%d hd=%d", B, T, heads, hd);
+    t->cpu->ops->rope_bwd(t->sc, GT_C(X), GT_C(CS), GT_C(SN), pc, B, T, heads, hd);
+    t->gpu->ops->rope_bwd(t->sg, GT_G(X), GT_G(CS), GT_G(SN), pg, B, T, heads, hd);
+    snprintf(what, sizeof what, "rope_bwd B=%d T=%d heads=%d hd=%d%s", B, T, heads, hd, packed ? " packed" : "");
     gt_check_exact(t, what, &X, X.bytes);
     /* The backward is the inverse rotation: bwd(fwd(x)) = x up to rounding. */
     float *back = gt_host_alloc(n);
@@ -88,10 +94,17 @@ static void rope_case(gt_ctx_t *t, int B, int T, int heads, int hd) {
     gt_free(t, &X);
     gt_free(t, &CS);
     gt_free(t, &SN);
+    gt_free(t, &P);
+    free(hpos);
     free(hx);
     free(hcos);
     free(hsin);
     free(back);
+}
+
+static void rope_case(gt_ctx_t *t, int B, int T, int heads, int hd) {
+    rope_case_pos(t, B, T, heads, hd, false);
+    rope_case_pos(t, B, T, heads, hd, true);
 }
 
 int main(void) {

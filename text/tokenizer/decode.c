@@ -106,57 +106,51 @@ static void dec_bytefallback(strlist_t *in, strlist_t *out) {
     free(bytes.b);
 }
 
-/* Metaspace: the replacement becomes a space; the first token loses a
- * leading space when a prefix was prepended while encoding. */
+/* Metaspace: the replacement becomes a space, except in the first token
+ * where (when a prefix was prepended while encoding) the library drops every
+ * replacement character, not only a leading one. */
 static void dec_metaspace(const tok_dec_t *d, strlist_t *in, strlist_t *out) {
     for (size_t i = 0; i < in->count; i++) {
         buf_t b = {0};
         const char *s = in->s[i];
-        size_t n = in->n[i], j = 0;
+        size_t n = in->n[i];
+        buf_put(&b, "", 0);
         for (size_t k = 0; k < n;) {
             bool rep = n - k >= d->content_n && !memcmp(s + k, d->content, d->content_n);
-            size_t len = rep ? d->content_n : (size_t)tok_utf8_len((const uint8_t *)s + k, n - k);
-            if (!len) len = 1;
-            bool space = rep || s[k] == ' ';
-            if (!(space && i == 0 && j == 0 && d->prepend)) buf_put(&b, rep ? " " : s + k, rep ? 1 : len);
-            k += len;
-            j++;
+            if (rep) {
+                if (!(i == 0 && d->prepend)) buf_put(&b, " ", 1);
+                k += d->content_n;
+            } else {
+                buf_put(&b, s + k, 1);
+                k++;
+            }
         }
-        list_push(out, b.b ? b.b : "", b.n);
+        list_push(out, b.b, b.n);
         free(b.b);
     }
 }
 
 /* Strip: up to start leading and stop trailing `content` characters; like
- * the library, the kept length is counted as bytes minus the cuts, in chars. */
+ * the library, the kept length is counted as bytes minus the cuts, in chars
+ * (so a token with multi-byte characters may keep its trailing cut). */
+static size_t char_len(const char *s, size_t n, size_t at) {
+    int len = tok_utf8_len((const uint8_t *)s + at, n - at);
+    return len ? (size_t)len : 1;
+}
+
 static void dec_strip(const tok_dec_t *d, strlist_t *in, strlist_t *out) {
     for (size_t i = 0; i < in->count; i++) {
         const char *s = in->s[i];
-        size_t n = in->n[i], nc = 0, start_cut = 0, stop_cut = 0;
-        size_t starts[4096 + 1];
-        bool fits = n <= 4096;
-        for (size_t k = 0; k < n && fits; nc++) {
-            starts[nc] = k;
-            int len = tok_utf8_len((const uint8_t *)s + k, n - k);
-            k += len ? (size_t)len : 1;
+        size_t n = in->n[i], cn = d->content_n, start_cut = 0, stop_cut = 0, at = 0;
+        while ((int)start_cut < d->start && n - at >= cn && cn && !memcmp(s + at, d->content, cn)) {
+            start_cut++;
+            at += cn;
         }
-        if (!fits) {
-            list_push(out, s, n);
-            continue;
-        }
-        starts[nc] = n;
-        for (size_t c = 0; c < nc && c < (size_t)d->start; c++) {
-            if (starts[c + 1] - starts[c] != d->content_n || memcmp(s + starts[c], d->content, d->content_n)) break;
-            start_cut = c + 1;
-        }
-        for (size_t c = 0; c < nc && c < (size_t)d->stop; c++) {
-            size_t at = nc - 1 - c;
-            if (starts[at + 1] - starts[at] != d->content_n || memcmp(s + starts[at], d->content, d->content_n)) break;
-            stop_cut = c + 1;
-        }
-        size_t take = n >= start_cut + stop_cut ? n - start_cut - stop_cut : 0;
-        size_t last = start_cut + take < nc ? start_cut + take : nc;
-        list_push(out, s + starts[start_cut], starts[last] - starts[start_cut]);
+        for (size_t e = n; (int)stop_cut < d->stop && e >= cn && cn && !memcmp(s + e - cn, d->content, cn); e -= cn)
+            stop_cut++;
+        size_t take = n >= start_cut + stop_cut ? n - start_cut - stop_cut : 0, end = at;
+        for (size_t c = 0; c < take && end < n; c++) end += char_len(s, n, end);
+        list_push(out, s + at, end - at);
     }
 }
 

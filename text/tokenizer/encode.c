@@ -7,75 +7,16 @@
 
 #include "text/tokenizer/tok_impl.h"
 
-void tok_work_reserve(tok_work_t *w, size_t more) {
-    if (w->n + more <= w->cap) return;
-    size_t cap = w->cap ? w->cap : 1024;
-    while (cap < w->n + more) cap *= 2;
-    w->b = realloc(w->b, cap);
-    w->o0 = realloc(w->o0, cap * sizeof *w->o0);
-    w->o1 = realloc(w->o1, cap * sizeof *w->o1);
-    w->data_mask = realloc(w->data_mask, cap);
-    TOK_CHECK_ALLOC(w->b && w->o0 && w->o1 && w->data_mask, "tokenizer work buffer");
-    w->cap = cap;
-}
-
-void tok_work_push_split(tok_work_t *w, uint32_t s, uint32_t e) {
-    if (w->nsp2 == w->capsp2) {
-        w->capsp2 = w->capsp2 ? w->capsp2 * 2 : 256;
-        w->sp2 = realloc(w->sp2, w->capsp2 * sizeof *w->sp2);
-        TOK_CHECK_ALLOC(w->sp2, "pre-tokens");
-    }
-    w->sp2[w->nsp2++] = (tok_range_t){s, e};
-}
-
-static void work_init(tok_work_t *w) {
-    memset(w, 0, sizeof *w);
-    w->md = pcre2_match_data_create(8, NULL);
-    TOK_CHECK_ALLOC(w->md, "regex match data");
-    w->capsp = 256;
-    w->sp = malloc(w->capsp * sizeof *w->sp);
-    TOK_CHECK_ALLOC(w->sp, "pre-tokens");
-}
-
-static void work_free(tok_work_t *w) {
-    free(w->b);
-    free(w->o0);
-    free(w->o1);
-    free(w->data_mask);
-    free(w->sp);
-    free(w->sp2);
-    free(w->sym);
-    free(w->heap);
-    free(w->seg);
-    free(w->seg_match);
-    pcre2_match_data_free(w->md);
-}
-
-/* Loads text[s, e) into the (emptied) work buffer: each byte aligned to its
- * character's range, flagged when any byte of that character is user data. */
-static tok_range_t work_load(tok_work_t *w, const char *text, uint32_t s, uint32_t e, const uint8_t *mask) {
-    w->n = 0;
-    tok_work_reserve(w, e - s);
-    for (uint32_t i = s; i < e;) {
-        int len = (uint8_t)text[i] < 0x80 ? 1 : tok_utf8_len((const uint8_t *)text + i, e - i);
-        uint8_t data = 0;
-        for (int k = 0; mask && k < len; k++) data |= mask[i + (uint32_t)k];
-        for (int k = 0; k < len; k++) tok_work_put(w, text[i + (uint32_t)k], i, i + (uint32_t)len, data);
-        i += (uint32_t)len;
-    }
-    return (tok_range_t){0, (uint32_t)w->n};
-}
-
 char *tok_normalize_string(const text_tokenizer_t *t, const char *s, size_t n, size_t *out_n) {
     tok_work_t w;
-    work_init(&w);
-    tok_range_t r = tok_normalize(t, &w, work_load(&w, s, 0, (uint32_t)n, NULL));
+    tok_work_init(&w);
+    tok_range_t r = tok_normalize(t, &w, tok_work_load(&w, s, 0, (uint32_t)n, NULL));
     char *out = malloc(r.e - r.s + 1);
     TOK_CHECK_ALLOC(out, "normalized added token");
     memcpy(out, w.b + r.s, r.e - r.s);
     out[r.e - r.s] = 0;
     *out_n = r.e - r.s;
-    work_free(&w);
+    tok_work_free(&w);
     return out;
 }
 
@@ -92,7 +33,7 @@ static bool model_encode(const text_tokenizer_t *t, tok_work_t *w, tok_range_t r
 /* One piece of the input between non-normalized added tokens. */
 static bool encode_piece(const text_tokenizer_t *t, tok_work_t *w, const char *text, tok_piece_t p,
                          const uint8_t *mask, tok_piece_t **sub, size_t *sub_cap, text_tokens_t *out) {
-    tok_range_t r = tok_normalize(t, w, work_load(w, text, p.s, p.e, mask));
+    tok_range_t r = tok_normalize(t, w, tok_work_load(w, text, p.s, p.e, mask));
     if (t->trie_norm.nodes <= 1) return model_encode(t, w, r, out);
     size_t ns = tok_added_split(t, &t->trie_norm, w->b + r.s, r.e - r.s, mask ? w->data_mask + r.s : NULL, sub,
                                 sub_cap);
@@ -131,6 +72,28 @@ static uint32_t ws_run(const char *text, uint32_t s, uint32_t e, bool from_end) 
     return n;
 }
 
+/* Moves a token's start forward (or its end back) by k characters of the
+ * text, not past the other end: the library trims offsets counted in
+ * characters (Python's), so a trimmed prefix space that took the range of a
+ * 3-byte character removes all 3 bytes.  An end with fewer than k characters
+ * before it stays, as the library leaves an end smaller than k. */
+static uint32_t step_chars(const char *text, uint32_t s, uint32_t e, uint32_t k, bool forward) {
+    if (forward) {
+        while (k-- && s < e) {
+            int len = tok_utf8_len((const uint8_t *)text + s, e - s);
+            s += len ? (uint32_t)len : 1;
+        }
+        return s;
+    }
+    uint32_t at = e;
+    while (k--) {
+        if (at == 0) return e;
+        at--;
+        while (at > 0 && ((uint8_t)text[at] & 0xC0) == 0x80) at--;
+    }
+    return at > s ? at : s;
+}
+
 /* ByteLevel's trim_offsets, the library's process_offsets. */
 static void trim_offsets(const text_tokenizer_t *t, const char *text, bool add_prefix_space, text_tokens_t *out,
                          size_t first, const uint8_t *is_added) {
@@ -147,13 +110,9 @@ static void trim_offsets(const text_tokenizer_t *t, const char *text, bool add_p
         if (lead) {
             bool is_first = i == first || out->start[i] == 0;
             if (is_first && add_prefix_space && lead == 1) lead = 0;
-            uint32_t s = out->start[i] + lead;
-            out->start[i] = s < out->end[i] ? s : out->end[i];
+            out->start[i] = step_chars(text, out->start[i], out->end[i], lead, true);
         }
-        if (trail && out->end[i] >= trail) {
-            uint32_t e = out->end[i] - trail;
-            out->end[i] = e > out->start[i] ? e : out->start[i];
-        }
+        if (trail) out->end[i] = step_chars(text, out->start[i], out->end[i], trail, false);
     }
 }
 
@@ -193,7 +152,7 @@ mt_status_t text_tokenizer_encode(const text_tokenizer_t *t, const char *text, s
     if (len >= UINT32_MAX / 4)
         return mt_error_set(err, MT_ERR_DATA, "text to tokenize is %zu bytes, over the 1 GiB a call takes", len);
     tok_work_t w;
-    work_init(&w);
+    tok_work_init(&w);
     tok_piece_t *pieces = NULL, *sub = NULL;
     size_t cap = 0, sub_cap = 0, first = out->n;
     size_t np = tok_added_split(t, &t->trie_raw, text, len, from_data, &pieces, &cap);
@@ -213,7 +172,7 @@ mt_status_t text_tokenizer_encode(const text_tokenizer_t *t, const char *text, s
     }
     free(pieces);
     free(sub);
-    work_free(&w);
+    tok_work_free(&w);
     if (!ok) {
         out->n = first;
         free(is_added);

@@ -7,10 +7,11 @@
  *     that cannot interact with what precedes it (ASCII, or a starter with
  *     no decomposition that never composes as a second character), each
  *     chunk is normalized on its own (which gives the same text as the whole)
- *     and output character j of a chunk takes input character min(j, last)'s
- *     range: exact for unchanged text, for compositions at a chunk's end and
- *     for decompositions (a ligature's letters all map to the ligature), as
- *     the library's alignments do. */
+ *     and each output character takes the range of the input character its
+ *     decomposition starts in: a composed character the range of its base,
+ *     a ligature's letters that of the ligature, as the library's alignments
+ *     do.  (The library's Hangul alignments can point past the text; those
+ *     are not followed.) */
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -34,6 +35,13 @@ static utf8proc_option_t unicode_options(tok_norm_kind_t k) {
     }
 }
 
+static size_t decomposed_len(uint32_t c, utf8proc_option_t opt) {
+    utf8proc_int32_t buf[32];
+    int last = 0;
+    utf8proc_ssize_t k = utf8proc_decompose_char((utf8proc_int32_t)c, buf, 32, opt, &last);
+    return k > 0 ? (size_t)k : 1;
+}
+
 /* Appends the normalization of chunk [s, e) of the work buffer. */
 static void put_chunk(tok_work_t *w, uint32_t s, uint32_t e, utf8proc_option_t opt) {
     if (e - s <= 4) { /* one character: copy it when it is inert */
@@ -49,19 +57,25 @@ static void put_chunk(tok_work_t *w, uint32_t s, uint32_t e, utf8proc_option_t o
     utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)w->b + s, (utf8proc_ssize_t)(e - s), &out, opt);
     MT_CHECK(n >= 0, "utf8proc could not normalize valid UTF-8: %s", utf8proc_errmsg(n));
     tok_work_reserve(w, (size_t)n);
-    /* input character starts, to map output character j to input min(j, last) */
-    uint32_t in_at = s, last_in = s;
+    /* Output character j maps to the input character whose decomposition
+     * holds the start of j's decomposition, both counted along the stream of
+     * decomposed code points. */
+    utf8proc_option_t dopt = (opt & UTF8PROC_COMPAT) | UTF8PROC_DECOMPOSE;
+    uint32_t in_at = s, in_next = s;
+    size_t in_end = 0, out_pos = 0;
     for (utf8proc_ssize_t j = 0; j < n;) {
         int olen, ilen;
-        tok_utf8_decode(out + j, &olen);
-        uint32_t src = in_at < e ? in_at : last_in;
-        for (int k = 0; k < olen; k++) tok_work_put(w, (char)out[j + k], w->o0[src], w->o1[src], w->data_mask[src]);
-        j += olen;
-        if (in_at < e) {
-            last_in = in_at;
-            tok_utf8_decode((const uint8_t *)w->b + in_at, &ilen);
-            in_at += (uint32_t)ilen;
+        uint32_t c = tok_utf8_decode(out + j, &olen);
+        while (out_pos >= in_end && in_next < e) {
+            in_at = in_next;
+            uint32_t ic = tok_utf8_decode((const uint8_t *)w->b + in_next, &ilen);
+            in_end += decomposed_len(ic, dopt);
+            in_next += (uint32_t)ilen;
         }
+        for (int k = 0; k < olen; k++)
+            tok_work_put(w, (char)out[j + k], w->o0[in_at], w->o1[in_at], w->data_mask[in_at]);
+        out_pos += decomposed_len(c, dopt);
+        j += olen;
     }
     free(out);
 }

@@ -204,6 +204,12 @@ typedef struct {
     size_t nseg, seg_cap;
 } tok_work_t;
 
+void tok_work_init(tok_work_t *w);
+void tok_work_free(tok_work_t *w);
+/* Empties the work buffer and loads text[s, e) into it: each byte aligned to
+ * its character's range, flagged when any byte of that character is user
+ * data (mask, or NULL). */
+tok_range_t tok_work_load(tok_work_t *w, const char *text, uint32_t s, uint32_t e, const uint8_t *mask);
 /* Makes room for n more bytes in w->b / o0 / o1 (and the data mask). */
 void tok_work_reserve(tok_work_t *w, size_t more);
 void tok_work_push_split(tok_work_t *w, uint32_t s, uint32_t e); /* onto sp2 */

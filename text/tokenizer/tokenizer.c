@@ -53,7 +53,7 @@ mt_status_t text_tokenizer_load_string(const char *json, size_t len, const char 
                                        mt_error_t *err) {
     *out = NULL;
     json_error_t jerr;
-    json_t *root = json_loadb(json, len, 0, &jerr);
+    json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &jerr);
     if (!root)
         return mt_error_set(err, MT_ERR_FORMAT, "%s: line %d: %s", what, jerr.line, jerr.text);
     text_tokenizer_t *t = calloc(1, sizeof *t);

@@ -20,6 +20,7 @@ typedef struct eng_exec eng_exec_t;
 typedef struct {
     double loss;       /* ce + aux_coef * aux (what HF returns as .loss) */
     double ce_loss;
+    double ce_sum;     /* the counted targets' cross entropies summed (ce_loss = ce_sum / counted) */
     double aux_loss;   /* raw load-balancing loss (before the coefficient), 0 when off */
     int64_t tokens;    /* B * T */
     int64_t counted;   /* targets != -100 */

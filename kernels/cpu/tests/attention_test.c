@@ -9,6 +9,9 @@
  * than T; B = 2 so batch offsets are exercised. Also: determinism (two
  * backward runs are bit-identical) and that a window >= T equals no window.
  *
+ * seg_start (packed rows): the reference masks keys before each query's
+ * example start; forward against it, backward by finite differences.
+ *
  * kv_len (right padding): cases with kv_len < T, 0 (a row of padding only)
  * and > T (clamped), alone and with windows that leave padded queries no
  * key. Besides the reference and finite differences:
@@ -47,13 +50,13 @@
 typedef struct {
     tu_env_t *env;
     float *q, *k, *v, *R, *out, *lse;
-    const int32_t *kv_len;
+    const int32_t *kv_len, *seg; /* seg: seg_start (B, T) of packed rows, or NULL */
     int B, T, nh, nkv, hd, window;
 } ctx_t;
 
 static double loss(void *p) {
     ctx_t *c = p;
-    kern_attention_fwd_cpu(c->env->s, c->out, c->lse, c->q, c->k, c->v, c->kv_len, c->B, c->T,
+    kern_attention_fwd_cpu(c->env->s, c->out, c->lse, c->q, c->k, c->v, c->kv_len, c->seg, c->B, c->T,
                            c->nh, c->nkv, c->hd, c->window);
     return tu_dot(c->out, c->R, (size_t)c->B * c->T * c->nh * c->hd);
 }
@@ -63,14 +66,15 @@ static int kvl_of(const int32_t *kv_len, int b, int T) {
     return !kv_len ? T : kv_len[b] < 0 ? 0 : kv_len[b] > T ? T : kv_len[b];
 }
 
-static int allowed(int i, int j, int window, int kvl) {
-    return j <= i && (window <= 0 || i - j < window) && j < kvl;
+static int allowed(int i, int j, int window, int kvl, int seg) {
+    return j <= i && (window <= 0 || i - j < window) && j < kvl && j >= seg;
 }
 
 /* Naive reference: materialised masked score matrix, softmax in double;
  * a query with no allowed key gets out 0 and lse -inf. */
 static void reference(double *out, double *lse, const float *q, const float *k, const float *v,
-                      const int32_t *kv_len, int B, int T, int nh, int nkv, int hd, int window) {
+                      const int32_t *kv_len, const int32_t *segs, int B, int T, int nh, int nkv, int hd,
+                      int window) {
     const int group = nh / nkv;
     const double scale = 1.0 / sqrt((double)hd);
     double *s = tu_alloc_d((size_t)T);
@@ -79,11 +83,12 @@ static void reference(double *out, double *lse, const float *q, const float *k, 
             const int hk = h / group; /* HF repeat_kv: query head h reads kv head h / group */
             const int kvl = kvl_of(kv_len, b, T);
             for (int i = 0; i < T; i++) {
+                const int seg = segs ? segs[(size_t)b * T + i] : 0;
                 const float *qi = q + (((size_t)b * T + i) * nh + h) * hd;
                 double mx = -INFINITY;
                 for (int j = 0; j < T; j++) {
                     s[j] = -INFINITY;
-                    if (!allowed(i, j, window, kvl)) continue;
+                    if (!allowed(i, j, window, kvl, seg)) continue;
                     const float *kj = k + (((size_t)b * T + j) * nkv + hk) * hd;
                     double d = 0;
                     for (int c = 0; c < hd; c++) d += (double)qi[c] * kj[c];
@@ -97,10 +102,10 @@ static void reference(double *out, double *lse, const float *q, const float *k, 
                     continue;
                 }
                 double sum = 0;
-                for (int j = 0; j < T; j++) sum += allowed(i, j, window, kvl) ? exp(s[j] - mx) : 0.0;
+                for (int j = 0; j < T; j++) sum += allowed(i, j, window, kvl, seg) ? exp(s[j] - mx) : 0.0;
                 lse[((size_t)b * nh + h) * T + i] = mx + log(sum);
                 for (int j = 0; j < T; j++) {
-                    if (!allowed(i, j, window, kvl)) continue;
+                    if (!allowed(i, j, window, kvl, seg)) continue;
                     const double pr = exp(s[j] - mx) / sum;
                     const float *vj = v + (((size_t)b * T + j) * nkv + hk) * hd;
                     for (int c = 0; c < hd; c++) oi[c] += pr * vj[c];
@@ -130,13 +135,13 @@ static void check_same_at(const char *what, const float *got, const float *ref, 
 }
 
 static void fwd(tu_env_t *env, ctx_t *c, float *out, float *lse, const int32_t *kv_len) {
-    kern_attention_fwd_cpu(env->s, out, lse, c->q, c->k, c->v, kv_len, c->B, c->T, c->nh, c->nkv,
-                           c->hd, c->window);
+    kern_attention_fwd_cpu(env->s, out, lse, c->q, c->k, c->v, kv_len, c->seg, c->B, c->T, c->nh,
+                           c->nkv, c->hd, c->window);
 }
 
 static void bwd(tu_env_t *env, ctx_t *c, float *dq, float *dk, float *dv, const float *dout,
                 const float *out, const float *lse, const int32_t *kv_len) {
-    kern_attention_bwd_cpu(env->s, dq, dk, dv, dout, c->q, c->k, c->v, out, lse, kv_len, c->B,
+    kern_attention_bwd_cpu(env->s, dq, dk, dv, dout, c->q, c->k, c->v, out, lse, kv_len, c->seg, c->B,
                            c->T, c->nh, c->nkv, c->hd, c->window);
 }
 
@@ -183,7 +188,7 @@ static void check_padding(tu_env_t *env, ctx_t *c, const char *tag, const float 
         const int kvl = kvl_of(c->kv_len, b, T);
         for (int i = 0; i < T; i++) {
             bool any = false;
-            for (int j = 0; j < T; j++) any |= allowed(i, j, c->window, kvl) != 0;
+            for (int j = 0; j < T; j++) any |= allowed(i, j, c->window, kvl, 0) != 0;
             for (int h = 0; h < nh && !any; h++) {
                 const size_t o = (((size_t)b * T + i) * nh + h) * hd;
                 bool zero = lse[((size_t)b * nh + h) * T + i] == -INFINITY;
@@ -235,19 +240,20 @@ static void check_padding(tu_env_t *env, ctx_t *c, const char *tag, const float 
 }
 
 static void run_case(tu_env_t *env, int B, int T, int nh, int nkv, int hd, int window,
-                     const int32_t *kv_len, uint64_t seed) {
+                     const int32_t *kv_len, const int32_t *seg, uint64_t seed) {
     char tag[160], what[220];
     int n = snprintf(tag, sizeof tag, "B=%d T=%d nh=%d nkv=%d hd=%d window=%d kv_len=", B, T, nh,
                      nkv, hd, window);
     if (!kv_len) snprintf(tag + n, sizeof tag - (size_t)n, "NULL");
     for (int b = 0; kv_len && b < B && n < (int)sizeof tag - 12; b++)
         n += snprintf(tag + n, sizeof tag - (size_t)n, "%s%d", b ? "," : "", kv_len[b]);
+    if (seg) snprintf(tag + n, sizeof tag - (size_t)n, " packed");
     printf("case %s\n", tag);
     tu_rng_t rng;
     tu_rng_seed(&rng, seed);
     const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
     const size_t nl = (size_t)B * nh * T;
-    ctx_t c = {.env = env, .kv_len = kv_len, .B = B, .T = T, .nh = nh, .nkv = nkv, .hd = hd,
+    ctx_t c = {.env = env, .kv_len = kv_len, .seg = seg, .B = B, .T = T, .nh = nh, .nkv = nkv, .hd = hd,
                .window = window};
     /* scale 1.5 gives peaked-but-not-one-hot softmax rows with hd up to 16 */
     c.q = tu_rand(&rng, nq, 1.5f);
@@ -259,7 +265,7 @@ static void run_case(tu_env_t *env, int B, int T, int nh, int nkv, int hd, int w
 
     /* forward vs reference */
     double *oref = tu_alloc_d(nq), *lref = tu_alloc_d(nl);
-    reference(oref, lref, c.q, c.k, c.v, kv_len, B, T, nh, nkv, hd, window);
+    reference(oref, lref, c.q, c.k, c.v, kv_len, seg, B, T, nh, nkv, hd, window);
     tu_fill_nan(c.out, nq); /* outputs are overwritten */
     tu_fill_nan(c.lse, nl);
     fwd(env, &c, c.out, c.lse, kv_len);
@@ -299,14 +305,16 @@ static void run_case(tu_env_t *env, int B, int T, int nh, int nkv, int hd, int w
     snprintf(what, sizeof what, "%s: dv", tag);
     tu_check_grad(what, dv, fv, nk, GRAD_NORM_TOL, GRAD_ELEM_RTOL, GRAD_FLOOR);
 
-    if (kv_len) {
+    if (seg) {
+        /* packed rows: the reference and finite differences above */
+    } else if (kv_len) {
         check_padding(env, &c, tag, out_saved, lse_saved, dq, dk, dv);
     } else {
         check_full_lengths(env, &c, tag);
         /* a window of at least T masks nothing more than causality */
         if (window == 0 && T > 1) {
             float *o2 = tu_alloc(nq), *l2 = tu_alloc(nl);
-            kern_attention_fwd_cpu(env->s, o2, l2, c.q, c.k, c.v, NULL, B, T, nh, nkv, hd, T);
+            kern_attention_fwd_cpu(env->s, o2, l2, c.q, c.k, c.v, NULL, NULL, B, T, nh, nkv, hd, T);
             snprintf(what, sizeof what, "%s: window=T equals no window", tag);
             tu_check_bitwise(what, o2, out_saved, nq);
             free(o2);
@@ -323,22 +331,33 @@ static void run_case(tu_env_t *env, int B, int T, int nh, int nkv, int hd, int w
 int main(void) {
     tu_env_t env = tu_env_open();
     /* B, T, nh, nkv, hd, window, kv_len */
-    run_case(&env, 1, 1, 2, 1, 8, 0, NULL, 101);  /* T = 1: a single key, softmax = 1 */
-    run_case(&env, 2, 1, 2, 2, 4, 0, NULL, 102);
-    run_case(&env, 2, 7, 4, 2, 8, 0, NULL, 103);  /* GQA, group 2 */
-    run_case(&env, 1, 7, 2, 2, 8, 0, NULL, 104);  /* MHA, group 1 */
-    run_case(&env, 2, 7, 4, 4, 4, 3, NULL, 105);  /* sliding window 3 */
-    run_case(&env, 1, 33, 4, 2, 8, 0, NULL, 106);
-    run_case(&env, 1, 33, 2, 2, 16, 0, NULL, 107);
-    run_case(&env, 1, 33, 4, 2, 8, 5, NULL, 108); /* window 5 with GQA */
-    run_case(&env, 1, 33, 8, 2, 4, 1, NULL, 109); /* window 1: attends to itself only; group 4 */
+    run_case(&env, 1, 1, 2, 1, 8, 0, NULL, NULL, 101);  /* T = 1: a single key, softmax = 1 */
+    run_case(&env, 2, 1, 2, 2, 4, 0, NULL, NULL, 102);
+    run_case(&env, 2, 7, 4, 2, 8, 0, NULL, NULL, 103);  /* GQA, group 2 */
+    run_case(&env, 1, 7, 2, 2, 8, 0, NULL, NULL, 104);  /* MHA, group 1 */
+    run_case(&env, 2, 7, 4, 4, 4, 3, NULL, NULL, 105);  /* sliding window 3 */
+    run_case(&env, 1, 33, 4, 2, 8, 0, NULL, NULL, 106);
+    run_case(&env, 1, 33, 2, 2, 16, 0, NULL, NULL, 107);
+    run_case(&env, 1, 33, 4, 2, 8, 5, NULL, NULL, 108); /* window 5 with GQA */
+    run_case(&env, 1, 33, 8, 2, 4, 1, NULL, NULL, 109); /* window 1: attends to itself only; group 4 */
     /* key padding */
     const int32_t l1[2] = {0, 1}, l2[2] = {4, 7}, l3[3] = {17, 0, 25}, l4[2] = {10, 1}, l5[2] = {3, 16};
-    run_case(&env, 2, 1, 2, 1, 8, 0, l1, 110);  /* T = 1: a padding-only row, and a full one */
-    run_case(&env, 2, 7, 4, 2, 8, 0, l2, 111);  /* right padding; the second row full */
-    run_case(&env, 3, 21, 2, 1, 8, 0, l3, 112); /* past a 16-key block, an empty row, > T */
-    run_case(&env, 2, 21, 4, 2, 8, 5, l4, 113); /* window 5: padded queries i >= kv_len + 4 see no key */
-    run_case(&env, 2, 20, 4, 2, 4, 1, l5, 114); /* window 1: every padded query is empty */
+    run_case(&env, 2, 1, 2, 1, 8, 0, l1, NULL, 110);  /* T = 1: a padding-only row, and a full one */
+    run_case(&env, 2, 7, 4, 2, 8, 0, l2, NULL, 111);  /* right padding; the second row full */
+    run_case(&env, 3, 21, 2, 1, 8, 0, l3, NULL, 112); /* past a 16-key block, an empty row, > T */
+    run_case(&env, 2, 21, 4, 2, 8, 5, l4, NULL, 113); /* window 5: padded queries i >= kv_len + 4 see no key */
+    run_case(&env, 2, 20, 4, 2, 4, 1, l5, NULL, 114); /* window 1: every padded query is empty */
+    /* packed examples (seg_start): lengths 3, 1, 9, 4 (+ padding, its own
+     * segment, in row 0), a window 3 across example edges */
+    int32_t sg[2 * 21];
+    const int lens[2][5] = {{3, 1, 9, 4, 4}, {12, 9, 0, 0, 0}};
+    for (int b = 0; b < 2; b++)
+        for (int e = 0, at = 0; e < 5 && lens[b][e]; at += lens[b][e], e++)
+            for (int t = 0; t < lens[b][e]; t++) sg[b * 21 + at + t] = at;
+    const int32_t lp[2] = {17, 21};
+    run_case(&env, 2, 21, 4, 2, 8, 0, lp, sg, 115);
+    run_case(&env, 2, 21, 4, 2, 8, 3, lp, sg, 116);
+    run_case(&env, 2, 21, 2, 2, 16, 0, NULL, sg, 117);
     tu_env_close(&env);
     return tu_finish("attention_test");
 }

@@ -42,7 +42,7 @@ typedef struct {
 } sink_ctx_t;
 
 static void sink_fwd(sink_ctx_t *c) {
-    kern_attention_fwd_cpu(c->env->s, c->out, c->lse, c->q, c->k, c->v, c->kv_len, c->B, c->T, c->nh, c->nkv, c->hd,
+    kern_attention_fwd_cpu(c->env->s, c->out, c->lse, c->q, c->k, c->v, c->kv_len, NULL, c->B, c->T, c->nh, c->nkv, c->hd,
                            c->window);
     kern_attn_sink_fwd_cpu(c->env->s, c->out, c->lse, c->sinks, c->B, c->T, c->nh, c->hd);
 }
@@ -113,7 +113,7 @@ static void sink_case(tu_env_t *env, int B, int T, int nh, int nkv, int hd, int 
 
     float *out = tu_copy(c.out, nq), *lse = tu_copy(c.lse, nl);
     float *dq = tu_alloc(nq), *dk = tu_alloc(nk), *dv = tu_alloc(nk), *ds = tu_alloc((size_t)nh);
-    kern_attention_bwd_cpu(env->s, dq, dk, dv, c.R, c.q, c.k, c.v, out, lse, kv_len, B, T, nh, nkv, hd, window);
+    kern_attention_bwd_cpu(env->s, dq, dk, dv, c.R, c.q, c.k, c.v, out, lse, kv_len, NULL, B, T, nh, nkv, hd, window);
     for (int h = 0; h < nh; h++) ds[h] = 0.25f; /* accumulates: checked against fd + 0.25 */
     kern_attn_sink_bwd_cpu(env->s, ds, c.R, out, lse, c.sinks, B, T, nh, hd);
     for (int h = 0; h < nh; h++) ds[h] -= 0.25f;

@@ -128,10 +128,10 @@ static void run_all(kern_stream_t *s, outs_t *O) {
             const int window = wi & 1 ? 17 : 0;
             const int32_t *kl = wi & 2 ? kv_len : NULL;
             float *o = keep(O, "attention out", nq), *l = keep(O, "attention lse", (size_t)B * nh * T);
-            ops->attention_fwd(s, o, l, q, k, v, kl, B, T, nh, nkv, hd, window);
+            ops->attention_fwd(s, o, l, q, k, v, kl, NULL, B, T, nh, nkv, hd, window);
             float *dq = keep(O, "attention dq", nq), *dk = keep(O, "attention dk", nk);
             float *dv = keep(O, "attention dv", nk);
-            ops->attention_bwd(s, dq, dk, dv, dout, q, k, v, o, l, kl, B, T, nh, nkv, hd, window);
+            ops->attention_bwd(s, dq, dk, dv, dout, q, k, v, o, l, kl, NULL, B, T, nh, nkv, hd, window);
         }
         free(q), free(k), free(v), free(dout);
     }
@@ -181,8 +181,8 @@ static void run_all(kern_stream_t *s, outs_t *O) {
         float *ct = tu_rand(&r, (size_t)T * hd / 2, 1.0f), *st = tu_rand(&r, (size_t)T * hd / 2, 1.0f);
         float *x = keep(O, "rope", (size_t)B * T * heads * hd);
         tu_fill(&r, x, (size_t)B * T * heads * hd, 1.0f);
-        ops->rope_fwd(s, x, ct, st, B, T, heads, hd);
-        ops->rope_bwd(s, x, ct, st, B, T, heads, 8 * 2); /* hd 16 view: scalar path */
+        ops->rope_fwd(s, x, ct, st, NULL, B, T, heads, hd);
+        ops->rope_bwd(s, x, ct, st, NULL, B, T, heads, 8 * 2); /* hd 16 view: scalar path */
         const int n = 2000, V = 50, H = 300;
         int32_t *ids = rand_ids(&r, n, V);
         float *table = tu_rand(&r, (size_t)V * H, 1.0f), *dout = tu_rand(&r, (size_t)n * H, 1.0f);
@@ -236,15 +236,15 @@ static void compare_runs(const outs_t *ref, const outs_t *got, const char *what)
 
 /* ---- attention against a double reference (both paths) ---- */
 
-static int allowed(int i, int j, int window, int kvl) {
-    return j <= i && (window <= 0 || i - j < window) && j < kvl;
+static int allowed(int i, int j, int window, int kvl, int seg) {
+    return j <= i && (window <= 0 || i - j < window) && j < kvl && j >= seg;
 }
 
 /* out, lse and, given dout, dq/dk/dv in double; a query with no key gets
  * out 0, lse -inf and dq 0 (attention.h). */
 static void attn_ref(double *out, double *lse, double *dq, double *dk, double *dv, const float *q,
                      const float *k, const float *v, const float *dout, const int32_t *kv_len,
-                     int B, int T, int nh, int nkv, int hd, int window) {
+                     const int32_t *seg_start, int B, int T, int nh, int nkv, int hd, int window) {
     const int group = nh / nkv;
     const double sc = 1.0 / sqrt((double)hd);
     double *p = tu_alloc_d((size_t)T), *dp = tu_alloc_d((size_t)T);
@@ -253,12 +253,13 @@ static void attn_ref(double *out, double *lse, double *dq, double *dk, double *d
             const int hk = h / group;
             const int kvl = !kv_len || kv_len[b] > T ? T : kv_len[b] < 0 ? 0 : kv_len[b];
             for (int i = 0; i < T; i++) {
+                const int seg = seg_start ? seg_start[(size_t)b * T + i] : 0;
                 const float *qi = q + (((size_t)b * T + i) * nh + h) * hd;
                 const float *gi = dout + (((size_t)b * T + i) * nh + h) * hd;
                 double mx = -INFINITY;
                 for (int j = 0; j < T; j++) {
                     p[j] = -INFINITY;
-                    if (!allowed(i, j, window, kvl)) continue;
+                    if (!allowed(i, j, window, kvl, seg)) continue;
                     const float *kj = k + (((size_t)b * T + j) * nkv + hk) * hd;
                     double s = 0;
                     for (int c = 0; c < hd; c++) s += (double)qi[c] * kj[c];
@@ -266,9 +267,9 @@ static void attn_ref(double *out, double *lse, double *dq, double *dk, double *d
                     mx = p[j] > mx ? p[j] : mx;
                 }
                 double sum = 0;
-                for (int j = 0; j < T; j++) sum += allowed(i, j, window, kvl) ? exp(p[j] - mx) : 0.0;
+                for (int j = 0; j < T; j++) sum += allowed(i, j, window, kvl, seg) ? exp(p[j] - mx) : 0.0;
                 lse[((size_t)b * nh + h) * T + i] = mx == -INFINITY ? -INFINITY : mx + log(sum);
-                for (int j = 0; j < T; j++) p[j] = allowed(i, j, window, kvl) ? exp(p[j] - mx) / sum : 0.0;
+                for (int j = 0; j < T; j++) p[j] = allowed(i, j, window, kvl, seg) ? exp(p[j] - mx) / sum : 0.0;
                 double *oi = out + (((size_t)b * T + i) * nh + h) * hd;
                 double D = 0;
                 for (int c = 0; c < hd; c++) {
@@ -279,7 +280,7 @@ static void attn_ref(double *out, double *lse, double *dq, double *dk, double *d
                 }
                 for (int j = 0; j < T; j++) {
                     dp[j] = 0;
-                    if (!allowed(i, j, window, kvl)) continue;
+                    if (!allowed(i, j, window, kvl, seg)) continue;
                     const float *vj = v + (((size_t)b * T + j) * nkv + hk) * hd;
                     double t = 0;
                     for (int c = 0; c < hd; c++) t += (double)gi[c] * vj[c];
@@ -288,7 +289,7 @@ static void attn_ref(double *out, double *lse, double *dq, double *dk, double *d
                 double *dqi = dq + (((size_t)b * T + i) * nh + h) * hd;
                 for (int c = 0; c < hd; c++) dqi[c] = 0;
                 for (int j = 0; j < T; j++) {
-                    if (!allowed(i, j, window, kvl)) continue;
+                    if (!allowed(i, j, window, kvl, seg)) continue;
                     const size_t kr = (((size_t)b * T + j) * nkv + hk) * hd;
                     for (int c = 0; c < hd; c++) {
                         dqi[c] += dp[j] * k[kr + c] * sc;
@@ -303,13 +304,13 @@ static void attn_ref(double *out, double *lse, double *dq, double *dk, double *d
 }
 
 typedef void (*att_fwd_fn)(kern_stream_t *, float *, float *, const float *, const float *,
-                           const float *, const int32_t *, int, int, int, int, int, int);
+                           const float *, const int32_t *, const int32_t *, int, int, int, int, int, int);
 typedef void (*att_bwd_fn)(kern_stream_t *, float *, float *, float *, const float *, const float *,
                            const float *, const float *, const float *, const float *,
-                           const int32_t *, int, int, int, int, int, int);
+                           const int32_t *, const int32_t *, int, int, int, int, int, int);
 
 static void attention_paths(kern_stream_t *s, int B, int T, int nh, int nkv, int hd, int window,
-                            const int32_t *kv_len) {
+                            const int32_t *kv_len, const int32_t *seg) {
     tu_rng_t r;
     tu_rng_seed(&r, (uint64_t)(T * 131 + hd * 7 + window + (kv_len ? 1000 : 0)));
     const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
@@ -317,7 +318,7 @@ static void attention_paths(kern_stream_t *s, int B, int T, int nh, int nkv, int
     float *dout = tu_rand(&r, nq, 1.0f);
     double *ro = tu_alloc_d(nq), *rl = tu_alloc_d(nl), *rq = tu_alloc_d(nq), *rk = tu_alloc_d(nk),
            *rv = tu_alloc_d(nk);
-    attn_ref(ro, rl, rq, rk, rv, q, k, v, dout, kv_len, B, T, nh, nkv, hd, window);
+    attn_ref(ro, rl, rq, rk, rv, q, k, v, dout, kv_len, seg, B, T, nh, nkv, hd, window);
     const att_fwd_fn fwd[2] = {kern_attention_fwd_cpu_vec, kern_attention_fwd_cpu_blas};
     const att_bwd_fn bwd[2] = {kern_attention_bwd_cpu_vec, kern_attention_bwd_cpu_blas};
     const char *name[2] = {"vector", "sgemm"};
@@ -325,11 +326,11 @@ static void attention_paths(kern_stream_t *s, int B, int T, int nh, int nkv, int
         char tag[160];
         float *o = tu_alloc(nq), *l = tu_alloc(nl), *dq = tu_alloc(nq), *dk = tu_alloc(nk), *dv = tu_alloc(nk);
         tu_fill_nan(o, nq), tu_fill_nan(l, nl), tu_fill_nan(dq, nq), tu_fill_nan(dk, nk), tu_fill_nan(dv, nk);
-        fwd[p](s, o, l, q, k, v, kv_len, B, T, nh, nkv, hd, window);
-        bwd[p](s, dq, dk, dv, dout, q, k, v, o, l, kv_len, B, T, nh, nkv, hd, window);
+        fwd[p](s, o, l, q, k, v, kv_len, seg, B, T, nh, nkv, hd, window);
+        bwd[p](s, dq, dk, dv, dout, q, k, v, o, l, kv_len, seg, B, T, nh, nkv, hd, window);
 #define CHK(what, got, ref, n, rt, at)                                                             \
-    snprintf(tag, sizeof tag, "attention %s path T=%d hd=%d nh=%d nkv=%d window=%d kv_len[0]=%d: %s", \
-             name[p], T, hd, nh, nkv, window, kv_len ? kv_len[0] : -1, what);                      \
+    snprintf(tag, sizeof tag, "attention %s path T=%d hd=%d nh=%d nkv=%d window=%d kv_len[0]=%d%s: %s", \
+             name[p], T, hd, nh, nkv, window, kv_len ? kv_len[0] : -1, seg ? " packed" : "", what);                      \
     tu_check_close(tag, got, ref, n, rt, at)
         CHK("out", o, ro, nq, ATT_FWD_RTOL, ATT_FWD_ATOL);
         CHK("lse", l, rl, nl, ATT_FWD_RTOL, ATT_FWD_ATOL);
@@ -340,6 +341,27 @@ static void attention_paths(kern_stream_t *s, int B, int T, int nh, int nkv, int
         free(o), free(l), free(dq), free(dk), free(dv);
     }
     free(q), free(k), free(v), free(dout), free(ro), free(rl), free(rq), free(rk), free(rv);
+}
+
+/* Packed rows: examples of lengths that straddle 4-row and 16-key blocks
+ * (3, 17, 1, 30, ...), seg_start = each example's first position, the
+ * tail padding a segment of its own after kv_len (as engine/data packs). */
+static void packed_paths(kern_stream_t *s) {
+    const int T = 70, B = 2;
+    const int lens[2][6] = {{3, 17, 1, 30, 19, 0}, {33, 5, 16, 0, 0, 0}};
+    int32_t seg[2 * 70], kvl[2];
+    for (int b = 0; b < B; b++) {
+        int at = 0;
+        for (int e = 0; e < 6 && lens[b][e]; e++) {
+            for (int t = 0; t < lens[b][e]; t++) seg[b * T + at + t] = at;
+            at += lens[b][e];
+        }
+        kvl[b] = at;
+        for (int t = at; t < T; t++) seg[b * T + t] = at;
+    }
+    attention_paths(s, B, T, 4, 2, 24, 0, kvl, seg);
+    attention_paths(s, B, T, 4, 2, 24, 7, kvl, seg);
+    attention_paths(s, B, T, 4, 2, 24, 0, NULL, seg);
 }
 
 /* ---- GEMM pieces against double (OpenBLAS single-threaded) ---- */
@@ -401,8 +423,8 @@ static void rope_exact(kern_stream_t *s, int hd) {
                         v[i + half] = x2 * c + x1 * si;
                     }
                 }
-        if (dir == 0) kern_ops_cpu.rope_fwd(s, x, ct, st, B, T, heads, hd);
-        else kern_ops_cpu.rope_bwd(s, x, ct, st, B, T, heads, hd);
+        if (dir == 0) kern_ops_cpu.rope_fwd(s, x, ct, st, NULL, B, T, heads, hd);
+        else kern_ops_cpu.rope_bwd(s, x, ct, st, NULL, B, T, heads, hd);
         char tag[64];
         snprintf(tag, sizeof tag, "rope %s hd=%d vs the scalar formula", dir ? "bwd" : "fwd", hd);
         tu_check_bitwise(tag, x, want, n);
@@ -420,16 +442,17 @@ int main(void) {
     gemm_ref_check(e1.s);
     const int T[2] = {70, 150}, W[2] = {0, 33};
     for (int a = 0; a < 2; a++)
-        for (int w = 0; w < 2; w++) attention_paths(e1.s, 2, T[a], 4, 2, 24, W[w], NULL);
-    attention_paths(e1.s, 1, 37, 3, 3, 8, 0, NULL);
-    attention_paths(e1.s, 2, 33, 8, 1, 64, 5, NULL);
+        for (int w = 0; w < 2; w++) attention_paths(e1.s, 2, T[a], 4, 2, 24, W[w], NULL, NULL);
+    attention_paths(e1.s, 1, 37, 3, 3, 8, 0, NULL, NULL);
+    attention_paths(e1.s, 2, 33, 8, 1, 64, 5, NULL, NULL);
     /* key padding: inside a 16-key block and on a block edge; 0 and > T; a window 33
      * that leaves padded queries i >= kv_len + 32 with no key */
     const int32_t kl1[2] = {53, 64}, kl2[2] = {0, 200}, kl3[2] = {21, 150}, kl4[2] = {9, 34};
-    attention_paths(e1.s, 2, 70, 4, 2, 24, 0, kl1);
-    attention_paths(e1.s, 2, 150, 4, 2, 24, 0, kl2);
-    attention_paths(e1.s, 2, 150, 4, 2, 24, 33, kl3);
-    attention_paths(e1.s, 2, 33, 8, 1, 64, 5, kl4);
+    attention_paths(e1.s, 2, 70, 4, 2, 24, 0, kl1, NULL);
+    attention_paths(e1.s, 2, 150, 4, 2, 24, 0, kl2, NULL);
+    attention_paths(e1.s, 2, 150, 4, 2, 24, 33, kl3, NULL);
+    attention_paths(e1.s, 2, 33, 8, 1, 64, 5, kl4, NULL);
+    packed_paths(e1.s);
     rope_exact(e1.s, 16);
     rope_exact(e1.s, 64);
     rope_exact(e1.s, 12);

@@ -1,10 +1,12 @@
 /* RoPE (kernels/rope.h): the cos/sin table against HF's inv_freq formula,
  * the forward against the rotate_half formula written out in double, the
  * backward as the inverse rotation (bwd(fwd(x)) == x), and the backward
- * against finite differences of L = sum(rope(x) * R). */
+ * against finite differences of L = sum(rope(x) * R); with per-token
+ * positions (packed rows), each token as if alone at its position. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cpu/tests/testutil.h"
 #include "kernels/rope.h"
@@ -19,7 +21,7 @@ static double loss(void *p) {
     ctx_t *c = p;
     const size_t n = (size_t)c->B * c->T * c->heads * c->hd;
     for (size_t i = 0; i < n; i++) c->tmp[i] = c->x[i];
-    kern_rope_fwd_cpu(c->env->s, c->tmp, c->cos_t, c->sin_t, c->B, c->T, c->heads, c->hd);
+    kern_rope_fwd_cpu(c->env->s, c->tmp, c->cos_t, c->sin_t, NULL, c->B, c->T, c->heads, c->hd);
     return tu_dot(c->tmp, c->R, n);
 }
 
@@ -103,24 +105,58 @@ static void run_case(tu_env_t *env, int B, int T, int heads, int hd, float theta
                 }
             }
     float *y = tu_copy(c.x, n);
-    kern_rope_fwd_cpu(env->s, y, c.cos_t, c.sin_t, B, T, heads, hd);
+    kern_rope_fwd_cpu(env->s, y, c.cos_t, c.sin_t, NULL, B, T, heads, hd);
     /* two fp32 products and a sum of O(1) values: a few ulp; 1e-6 absolute */
     tu_check_close("rope forward vs formula", y, ref, n, 1e-6, 1e-6);
 
     /* the inverse rotation restores x: cos^2 + sin^2 = 1 up to a few ulp */
-    kern_rope_bwd_cpu(env->s, y, c.cos_t, c.sin_t, B, T, heads, hd);
+    kern_rope_bwd_cpu(env->s, y, c.cos_t, c.sin_t, NULL, B, T, heads, hd);
     tu_check_close_f("rope bwd(fwd(x)) == x", y, c.x, n, 0, 2e-6);
 
     /* backward against FD: the rotation is linear, so FD truncation error is
      * zero and only rounding noise (~hd ulp of O(1) / 2h ~ 1e-4) remains */
     float *g = tu_copy(c.R, n);
-    kern_rope_bwd_cpu(env->s, g, c.cos_t, c.sin_t, B, T, heads, hd);
+    kern_rope_bwd_cpu(env->s, g, c.cos_t, c.sin_t, NULL, B, T, heads, hd);
     double *fd = tu_alloc_d(n);
     tu_fd_grad(loss, &c, c.x, n, 1e-3, 1.0, fd);
     tu_check_grad("rope dx (bwd applied to R)", g, fd, n, 1e-3, 1e-2, 0.05);
 
     free(c.cos_t); free(c.sin_t); free(c.x); free(c.R); free(c.tmp);
     free(ref); free(y); free(g); free(fd);
+}
+
+/* Packed rows (pos given): each token is rotated by its own position, the
+ * same bits as that token placed at that index of an unpacked row; the
+ * backward with pos undoes the forward with pos. */
+static void packed_case(tu_env_t *env, int hd) {
+    const int B = 2, T = 19, heads = 3, half = hd / 2, w = heads * hd;
+    const size_t n = (size_t)B * T * w;
+    tu_rng_t rng;
+    tu_rng_seed(&rng, (uint64_t)hd);
+    float *x = tu_rand(&rng, n, 1.0f), *ct = tu_alloc((size_t)T * half), *st = tu_alloc((size_t)T * half);
+    kern_rope_table(ct, st, T, hd, 10000.0f);
+    int32_t pos[2 * 19];
+    const int starts[2][3] = {{0, 5, 6}, {0, 13, 19}}; /* examples of 5, 1, 13 and 13, 6 tokens */
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int s0 = 0;
+            for (int e = 0; e < 3; e++)
+                if (starts[b][e] <= t) s0 = starts[b][e];
+            pos[b * T + t] = t - s0;
+        }
+    float *y = tu_copy(x, n), *one = tu_alloc((size_t)T * w);
+    kern_rope_fwd_cpu(env->s, y, ct, st, pos, B, T, heads, hd);
+    for (int r = 0; r < B * T; r++) { /* row r alone at index pos[r] of a row */
+        memset(one, 0, (size_t)T * w * sizeof *one);
+        memcpy(one + (size_t)pos[r] * w, x + (size_t)r * w, (size_t)w * sizeof *one);
+        kern_rope_fwd_cpu(env->s, one, ct, st, NULL, 1, T, heads, hd);
+        char what[96];
+        snprintf(what, sizeof what, "rope hd=%d packed: token %d at position %d", hd, r, pos[r]);
+        tu_check_bitwise(what, y + (size_t)r * w, one + (size_t)pos[r] * w, (size_t)w);
+    }
+    kern_rope_bwd_cpu(env->s, y, ct, st, pos, B, T, heads, hd);
+    tu_check_close_f("rope packed bwd(fwd(x)) == x", y, x, n, 0, 2e-6);
+    free(x), free(ct), free(st), free(y), free(one);
 }
 
 int main(void) {
@@ -132,6 +168,9 @@ int main(void) {
     run_case(&env, 2, 5, 3, 8, 10000.0f, 11);
     run_case(&env, 1, 17, 2, 16, 1000000.0f, 12);
     run_case(&env, 3, 1, 4, 4, 10000.0f, 13);
+    packed_case(&env, 16);
+    packed_case(&env, 64);
+    packed_case(&env, 12);
     tu_env_close(&env);
     return tu_finish("rope_test");
 }
