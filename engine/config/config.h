@@ -104,7 +104,7 @@ typedef struct {
     int ids[ENG_MAX_DEVICES];  /* device ordinals, distinct */
 } eng_devices_t;
 
-typedef struct {
+typedef struct eng_run_config {
     /* where the config came from (for messages and relative paths) */
     char source_path[1024];
 

@@ -9,7 +9,10 @@
 #include <yaml.h>
 
 #include "base/status.h"
-#include "engine/config/config.h"
+
+/* config.h's eng_run_config_t; named here, not included, so that this
+ * header stays below both files that share it. */
+struct eng_run_config;
 
 typedef enum {
     K_INT,      /* int */
@@ -50,7 +53,7 @@ typedef struct {
     const char *set_arg; /* the --set assignment, or NULL while reading a file */
     char base_dir[1024]; /* anchor of relative paths; "" = keep as written */
     yaml_document_t *doc;
-    eng_run_config_t *cfg;
+    struct eng_run_config *cfg;
     mt_error_t *err;
 } pctx_t;
 

@@ -446,6 +446,12 @@ def yaml_cases():
     case("lora_adapter_pattern_python_regex", "rank_pattern key 'layers\\.\\d+\\.q_proj'",
          {"adapter/adapter_config.json": adapter_config(rank_pattern={"layers\\.\\d+\\.q_proj": 2}),
           "adapter/adapter_model.safetensors": adapter_weights(4, 16)}, yaml=lora_run)
+    # a pattern key POSIX regcomp would expand into gigabytes (found by fuzzing adapter_config.json)
+    case("lora_adapter_pattern_stacked_repeats", "rank_pattern key '.*expert+++++q_proj' is refused",
+         {"adapter/adapter_config.json": adapter_config(rank_pattern={".*expert+++++q_proj": 2}),
+          "adapter/adapter_model.safetensors": adapter_weights(4, 16)}, yaml=lora_run)
+    case("lora_target_regex_stacked_repeats", "lora_target_modules: 'q_pro+++++j' is refused",
+         yaml=run_yaml(adapter="lora", lora_target_modules="'q_pro+++++j'"))
     case("datasets_empty", "datasets", yaml=run_yaml(datasets="[]"))
     case("base_model_missing_key", "base_model", yaml=run_yaml(drop=("base_model",)))
     case("hardware_unknown_name", "tpu-v9", yaml=run_yaml(hardware="tpu-v9"))

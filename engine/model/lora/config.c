@@ -125,6 +125,10 @@ static mt_status_t pattern_map(const char *path, const char *name, json_t *v, bo
         if (!ok)
             return mt_error_set(err, MT_ERR_FORMAT, "%s: %s['%s'] must be %s", path, name, key,
                                 rank ? "an integer in [1, 65536]" : "a number > 0");
+        const char *unbounded = eng_lora_regex_unbounded(key);
+        if (unbounded)
+            return mt_error_set(err, MT_ERR_UNSUPPORTED, "%s: %s key '%.200s' is refused: %s", path, name, key,
+                                unbounded);
         regex_t re;
         if (python_only(key) || !pattern_compile(key, &re))
             return mt_error_set(err, MT_ERR_UNSUPPORTED,
@@ -207,8 +211,13 @@ static mt_status_t refuse_options(const char *path, json_t *root, mt_error_t *er
 static mt_status_t parse_lists(const char *path, json_t *root, eng_lora_config_t *c, mt_error_t *err) {
     mt_status_t st;
     json_t *v = json_object_get(root, "target_modules");
-    if (json_is_string(v)) c->target_regex = dupstr(json_string_value(v));
-    else if ((st = str_list(path, "target_modules", v, &c->target_modules, &c->num_target_modules, err))) return st;
+    if (json_is_string(v)) {
+        c->target_regex = dupstr(json_string_value(v));
+        const char *unbounded = eng_lora_regex_unbounded(c->target_regex);
+        if (unbounded)
+            return mt_error_set(err, MT_ERR_UNSUPPORTED, "%s: target_modules '%.200s' is refused: %s", path,
+                                c->target_regex, unbounded);
+    } else if ((st = str_list(path, "target_modules", v, &c->target_modules, &c->num_target_modules, err))) return st;
     if ((st = str_list(path, "target_parameters", json_object_get(root, "target_parameters"), &c->target_parameters,
                        &c->num_target_parameters, err)))
         return st;

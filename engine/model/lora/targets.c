@@ -157,6 +157,47 @@ typedef struct {
     bool *hit; /* modules, then modules_to_save, then params */
 } selector_t;
 
+const char *eng_lora_regex_unbounded(const char *re) {
+    if (strlen(re) > 1024) return "longer than 1024 bytes";
+    int counts = 0;
+    bool after_quant = false, lazy_seen = false;
+    for (const char *p = re; *p; p++) {
+        if (*p == '\\' && p[1]) {
+            p++;
+            after_quant = lazy_seen = false;
+            continue;
+        }
+        if (*p == '[') { /* a bracket expression is one atom: skip to its ']' (a leading ']' is literal) */
+            const char *q = p + 1 + (p[1] == '^');
+            if (*q == ']') q++;
+            while (*q && *q != ']') q++;
+            if (!*q) return NULL; /* unterminated: regcomp refuses it */
+            p = q;
+            after_quant = lazy_seen = false;
+            continue;
+        }
+        const bool quant = *p == '*' || *p == '+' || *p == '?' || *p == '{';
+        if (quant && after_quant) {
+            /* a single lazy '?' after a quantifier is Python's x*? (same matches under fullmatch) */
+            if (*p != '?' || lazy_seen) return "a repetition applied to a repetition (such as a++ or a*{2})";
+            lazy_seen = true;
+            continue;
+        }
+        if (*p == '{') {
+            char *end;
+            long lo = strtol(p + 1, &end, 10), hi = lo;
+            if (*end == ',') hi = end[1] == '}' ? lo : strtol(end + 1, &end, 10);
+            if (lo > 100 || hi > 100) return "a counted repetition above {100}";
+            if (++counts > 8) return "more than 8 counted repetitions";
+            const char *close = strchr(p, '}');
+            if (close) p = close;
+        }
+        after_quant = quant;
+        lazy_seen = false;
+    }
+    return NULL;
+}
+
 static mt_status_t selector_open(selector_t *s, const eng_lora_select_t *sel, mt_error_t *err) {
     memset(s, 0, sizeof *s);
     s->sel = sel;
@@ -168,6 +209,11 @@ static mt_status_t selector_open(selector_t *s, const eng_lora_select_t *sel, mt
                             "adapter: lora selects no module: set lora_target_modules (e.g. [q_proj, v_proj]) "
                             "or lora_target_linear: true");
     s->use_re = sel->regex && !s->all_linear;
+    const char *unbounded = s->use_re ? eng_lora_regex_unbounded(sel->regex) : NULL;
+    if (unbounded) {
+        s->use_re = false;
+        return mt_error_set(err, MT_ERR_CONFIG, "lora_target_modules: '%.200s' is refused: %s", sel->regex, unbounded);
+    }
     if (s->use_re) {
         /* PEFT's re.fullmatch: anchor the whole pattern */
         size_t n = strlen(sel->regex) + 8;

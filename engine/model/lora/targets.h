@@ -105,6 +105,14 @@ bool eng_lora_peft_module(const eng_model_desc_t *d, int p, char *buf, size_t ca
 bool eng_lora_peft_rewritten_leaf(const eng_model_desc_t *d, const char *leaf);
 /* PEFT's list rule: `name` equals `entry` or ends with "." + entry. */
 bool eng_lora_name_matches(const char *name, const char *entry);
+/* NULL when the regular expression (a target regex or a pattern key) is
+ * one moetune compiles within bounded memory and time; otherwise why not.
+ * POSIX regcomp expands stacked and counted repetitions into copies of the
+ * tree, so `d+++…` or `(a{200}){200}` would take gigabytes: refused are a
+ * quantifier on a quantifier (one lazy `?`, as Python writes `.*?`, is
+ * allowed), a count above 100, more than 8 counts, and patterns over 1024
+ * bytes. */
+const char *eng_lora_regex_unbounded(const char *re);
 
 /* Errors: MT_ERR_CONFIG naming the entry (no match, bad regex) or the
  * module and its shape (rank too large). */

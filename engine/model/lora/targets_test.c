@@ -192,7 +192,24 @@ static void test_fixture(const char *fixture, const char *const *mods, int n, bo
     unload(&m);
 }
 
+/* Regular expressions POSIX regcomp would expand into gigabytes are refused
+ * before compiling; ordinary PEFT patterns (classes, lazy stars, small
+ * counts, brackets holding + and *) pass. */
+static void test_regex_bounds(void) {
+    const char *ok[] = {".*\\.(q|v)_proj", ".*experts.*?w[13]", "layers\\.[0-9]{1,2}\\.mlp", "a[+*?]b", "x+?",
+                        "model\\.layers\\.(0|1)\\..*"};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
+        EXPECT(!eng_lora_regex_unbounded(ok[i]), "'%s' refused: %s", ok[i], eng_lora_regex_unbounded(ok[i]));
+    const char *bad[] = {"d++++++++", "a*{2}", "(a{200})", "(a{50}){50}{2}", "a+??"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        EXPECT(eng_lora_regex_unbounded(bad[i]), "'%s' accepted", bad[i]);
+    char many[64] = "";
+    for (int i = 0; i < 9; i++) strcat(many, "a{2}b");
+    EXPECT(eng_lora_regex_unbounded(many), "nine counts accepted");
+}
+
 int main(void) {
+    test_regex_bounds();
     test_mixtral();
     test_qwen2();
     const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
