@@ -11,7 +11,7 @@
 # start trains and saves a model with its tokenizer.
 set -u
 . "$(dirname "$0")/test_lib.sh"
-MOETUNE="$1"
+MOETUNE="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 FIX="tests/fixtures/chat"
 T="${TEST_TMPDIR:-$(mktemp -d)}/chat"
 rm -rf "$T"; mkdir -p "$T"

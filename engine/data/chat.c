@@ -21,7 +21,7 @@
  *   text lies between.
  * - A token is trained when any of its bytes is (transformers' char_to_token
  *   over each trained span gives the same tokens). */
-#include "engine/data/text_internal.h"
+#include "engine/data/chat.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -41,8 +41,8 @@
 
 #include "base/status.h"
 #include "engine/config/config.h"
+#include "engine/data/text_encode.h" /* eng_text_example_t */
 
-typedef struct eng_text eng_text_t;
 
 typedef struct {
     const char *tokenizer_dir;       /* tokenizer.json, tokenizer_config.json, chat_template.jinja */
@@ -66,13 +66,6 @@ void eng_text_free(eng_text_t *t);
 mt_status_t eng_text_open_for(const eng_run_config_t *rc, const eng_dataset_entry_t *entries, int num_entries,
                               eng_text_t **out, mt_error_t *err);
 
-typedef struct {
-    int32_t *ids, *labels; /* (n) */
-    size_t n, cap;
-    bool split;            /* completion: split into sequence_len pieces rather than truncated */
-    char *text;            /* chat_template: the rendered conversation (len bytes), else NULL */
-    size_t text_len;
-} eng_text_example_t;
 
 /* One row of dataset entry d -> *ex (emptied first; ex->n == 0: the row
  * yields no token).  `where` ("FILE:LINE") prefixes every error: a field
