@@ -4,7 +4,8 @@
 
     chat_data_check.py EXPECTED.jsonl GOT.jsonl [MASK_FROM.jsonl]
 
-Per row: the rendered text equal; the ids equal where the fixture has them;
+Per row: ids and labels equal where the fixture has labels (completion,
+alpaca, input_output rows); for conversations the rendered text equal; the ids equal where the fixture has them;
 where transformers refused the row, moetune refused it too.  Labels: with
 MASK_FROM (the expected.jsonl of the same conversations under a template
 that marks {% generation %}, or EXPECTED itself), a token is trained
@@ -34,6 +35,15 @@ def main():
         if "error" in g:
             bad += 1
             print(f"row {row}: moetune refused it: {g['error'][:200]}")
+            continue
+        if "labels" in e:  # a row of another dataset type: ids and labels as axolotl's strategy gives them
+            if g.get("ids") != e["ids"] or g.get("labels") != e["labels"]:
+                bad += 1
+                print(f"row {row}: ids or labels differ:\n  want {e['ids'][:30]} {e['labels'][:30]}\n"
+                      f"  got  {g.get('ids', [])[:30]} {g.get('labels', [])[:30]}")
+            else:
+                checked["ids"] += 1
+                checked["mask"] += 1
             continue
         if g["text"] != e["text"]:
             bad += 1

@@ -27,6 +27,17 @@ for n in tiny_chatml tiny_chatml_generation qwen3 deepseek_v3 gpt_oss mistral; d
   fi
 done
 
+# the other text dataset types, as axolotl's strategies tokenize and label them
+for kind in completion alpaca input_output; do
+  d="$FIX/formats_mixtral"
+  "$MOETUNE" tokenize "$d" --format "$kind" < "$d/$kind.jsonl" > "$T/$kind.jsonl" 2>"$T/$kind.err"
+  if python3 tests/chat_data_check.py "$d/$kind.expected.jsonl" "$T/$kind.jsonl" > "$T/$kind.check"; then
+    ok "$kind: $(tail -n 1 "$T/$kind.check")"
+  else
+    fail "$kind:"; cat "$T/$kind.check" "$T/$kind.err"
+  fi
+done
+
 # row 3 spells <|im_end|> and <|im_start|> in its content: the Qwen3 template writes each once per
 # message (2 messages), so those are the only special ids; transformers would turn the user's too
 counts=$(sed -n 3p "$T/qwen3.jsonl" | python3 -c '
@@ -56,6 +67,12 @@ if [ -f "$out/model.safetensors" ] && cmp -s "$out/tokenizer.json" configs/token
 else
   fail "chat quick start:"; tail -n 5 "$T/qs.out" "$T/qs.err"
 fi
+
+# prepare: the counts training will see, without a model
+"$MOETUNE" prepare configs/quickstart-chat.yaml --set sample_packing=true > "$T/prep.out" 2> "$T/prep.err"
+if grep -q "^examples    600 " "$T/prep.out" && grep -q "(packed)" "$T/prep.out" && grep -q "trained" "$T/prep.out"; then
+  ok "prepare: $(tr '\n' ';' < "$T/prep.out" | cut -c1-200)"
+else fail "prepare:"; cat "$T/prep.out" "$T/prep.err"; fi
 
 if [ "$failures" -ne 0 ]; then echo "chat_data_test: $failures failures"; exit 1; fi
 echo "chat_data_test: all ok"

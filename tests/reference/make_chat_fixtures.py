@@ -15,6 +15,8 @@ plus a few of the chat quick start's) and expected.jsonl, one line per row:
          content spells a special token (moetune keeps such text as text)
   mask   with a {% generation %} template: return_assistant_tokens_mask
   error  the exception's message when transformers refuses the row
+and formats_mixtral/ the other dataset types (completion, alpaca,
+input_output) with the ids and labels axolotl's strategies give them.
 Needs the reference venv (transformers, tokenizers).
 
     /work/venv/bin/python tests/reference/make_chat_fixtures.py
@@ -70,7 +72,73 @@ def rows():
     return out
 
 
+ALPACA_INPUT = ("Below is an instruction that describes a task, paired with an input that provides further context. "
+                "Write a response that appropriately completes the request.\n\n"
+                "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
+ALPACA = ("Below is an instruction that describes a task. Write a response that appropriately completes the request."
+          "\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+
+
+def axolotl_tokenize(tok, text, add_eos=True, strip_bos=False):
+    """axolotl's PromptTokenizingStrategy._tokenize, without its length cap."""
+    ids = tok(text).input_ids
+    if ids and ids[-1] != tok.eos_token_id and add_eos:
+        ids.append(tok.eos_token_id)
+    if ids and ids[0] == tok.bos_token_id and strip_bos:
+        ids = ids[1:]
+    return ids
+
+
+def format_rows():
+    """Rows of the other text dataset types and what axolotl's strategies
+    (completion, alpaca, input_output; read from its source) make of them."""
+    return {
+        "completion": [{"text": "Hello world, ZQX!"}, {"text": "  spaces\n\nand lines  "},
+                       {"text": "日本語のテキスト 🙂"}],
+        "alpaca": [{"instruction": "Add 2 and 3.", "output": "5"},
+                   {"instruction": "Translate", "input": "bonjour", "output": "hello"},
+                   {"instruction": "Say </s> literally", "input": "", "output": "</s> is text"}],
+        "input_output": [{"segments": [{"label": False, "text": "Q: two plus two?\n"}, {"label": True, "text": "A: four"}]},
+                         {"segments": [{"label": True, "text": "all trained"}]}],
+    }
+
+
+def format_expected(tok, kind, row):
+    if kind == "completion":
+        ids = axolotl_tokenize(tok, row["text"])
+        return {"ids": ids, "labels": list(ids)}
+    if kind == "alpaca":
+        fmt = ALPACA_INPUT if row.get("input") else ALPACA
+        p = axolotl_tokenize(tok, fmt.format(instruction=row["instruction"], input=row.get("input", "")), add_eos=False)
+        r = axolotl_tokenize(tok, row["output"], strip_bos=True)
+        return {"ids": p + r, "labels": [-100] * len(p) + r}
+    ids, labels = [], []
+    for seg in row["segments"]:
+        t = tok(seg["text"], add_special_tokens=False).input_ids
+        ids += t
+        labels += t if seg["label"] else [-100] * len(t)
+    return {"ids": ids, "labels": labels}
+
+
+def write_formats():
+    d = os.path.join(OUT, "formats_mixtral")
+    os.makedirs(d, exist_ok=True)
+    src = os.path.join(TOKS, "mixtral", "tokenizer.json")
+    shutil.copyfile(src, os.path.join(d, "tokenizer.json"))
+    specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(specials, f, indent=1)
+    tok = PreTrainedTokenizerFast(tokenizer_file=src, **specials)
+    for kind, rs in format_rows().items():
+        with open(os.path.join(d, kind + ".jsonl"), "w") as fr, open(os.path.join(d, kind + ".expected.jsonl"), "w") as fe:
+            for r in rs:
+                fr.write(json.dumps(r, ensure_ascii=False) + "\n")
+                fe.write(json.dumps(format_expected(tok, kind, r)) + "\n")
+    print("formats_mixtral", {k: len(v) for k, v in format_rows().items()})
+
+
 def main():
+    write_formats()
     ctu.datetime = FixedClock
     ctu._compile_jinja_template.cache_clear()
     data = rows()

@@ -8,6 +8,9 @@
  * [...]}, the run's defaults) and is printed as {"text": the rendered
  * conversation, "ids": [...], "labels": [...]}, labels -100 where not
  * trained: exactly the example training builds from that row.
+ * --format TYPE (chat_template, alpaca, input_output, completion): each
+ * line is a row of a dataset of that type, printed as {"ids", "labels"}
+ * (and "text" for chat_template); --chat is --format chat_template.
  * A bad line prints {"line": N, "error": "..."} and the command goes on;
  * the exit status is 1 when any line failed. */
 #include "tools/text/tokenize_cmd.h"
@@ -22,9 +25,10 @@
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: moetune tokenize MODEL_DIR [--chat] [--no-special] [--chat-template NAME]\n"
-            "  reads text lines (or with --chat JSONL conversations) on stdin and prints one JSON line\n"
-            "  per input: the token ids (and with --chat the rendered text and the labels training uses)\n");
+            "usage: moetune tokenize MODEL_DIR [--chat | --format TYPE] [--no-special] [--chat-template NAME]\n"
+            "  reads text lines (or JSONL rows of a dataset TYPE: chat_template, alpaca, input_output,\n"
+            "  completion; --chat = --format chat_template) on stdin and prints one JSON line per input:\n"
+            "  the token ids (with a TYPE the labels training uses, and a conversation's rendered text)\n");
 }
 
 static json_t *int_array(const int32_t *v, size_t n) {
@@ -41,7 +45,7 @@ static json_t *one_line(const eng_text_t *t, const eng_dataset_entry_t *d, bool 
     snprintf(where, sizeof where, "stdin:%ld", lineno);
     eng_text_example_t ex = {0};
     mt_status_t st;
-    if (d->type == ENG_DATA_CHAT_TEMPLATE) {
+    if (d->type != ENG_DATA_TOKENIZED) {
         json_error_t je;
         json_t *row = json_loadb(line, len, 0, &je);
         st = row ? eng_text_row(t, d, row, where, &ex, err)
@@ -56,6 +60,8 @@ static json_t *one_line(const eng_text_t *t, const eng_dataset_entry_t *d, bool 
     } else if (d->type == ENG_DATA_CHAT_TEMPLATE) {
         out = json_pack("{s:s%,s:o,s:o}", "text", ex.text ? ex.text : "", ex.text_len, "ids", int_array(ex.ids, ex.n),
                         "labels", int_array(ex.labels, ex.n));
+    } else if (d->type != ENG_DATA_TOKENIZED) {
+        out = json_pack("{s:o,s:o}", "ids", int_array(ex.ids, ex.n), "labels", int_array(ex.labels, ex.n));
     } else {
         json_t *toks = json_array();
         MT_CHECK_ALLOC(toks, "tokens");
@@ -72,9 +78,23 @@ static json_t *one_line(const eng_text_t *t, const eng_dataset_entry_t *d, bool 
 
 int mt_tokenize_main(int argc, char **argv) {
     const char *dir = NULL, *tmpl = "tokenizer_default";
-    bool chat = false, special = true;
+    bool special = true;
+    eng_data_type_t type = ENG_DATA_TOKENIZED; /* here: plain text lines */
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--chat") == 0) chat = true;
+        if (strcmp(argv[i], "--chat") == 0) type = ENG_DATA_CHAT_TEMPLATE;
+        else if (strcmp(argv[i], "--format") == 0 && i + 1 < argc) {
+            const char *f = argv[++i];
+            type = strcmp(f, "chat_template") == 0  ? ENG_DATA_CHAT_TEMPLATE
+                   : strcmp(f, "alpaca") == 0       ? ENG_DATA_ALPACA
+                   : strcmp(f, "input_output") == 0 ? ENG_DATA_INPUT_OUTPUT
+                   : strcmp(f, "completion") == 0   ? ENG_DATA_COMPLETION
+                                                    : ENG_DATA_TOKENIZED;
+            if (type == ENG_DATA_TOKENIZED) {
+                fprintf(stderr, "moetune tokenize: --format %s: expected chat_template, alpaca, input_output or "
+                                "completion\n", f);
+                return 2;
+            }
+        }
         else if (strcmp(argv[i], "--no-special") == 0) special = false;
         else if (strcmp(argv[i], "--chat-template") == 0 && i + 1 < argc) tmpl = argv[++i];
         else if (argv[i][0] != '-' && !dir) dir = argv[i];
@@ -87,7 +107,7 @@ int mt_tokenize_main(int argc, char **argv) {
         usage();
         return 2;
     }
-    eng_text_opts_t o = {.tokenizer_dir = dir, .chat_template = tmpl, .need_template = chat};
+    eng_text_opts_t o = {.tokenizer_dir = dir, .chat_template = tmpl, .need_template = type == ENG_DATA_CHAT_TEMPLATE};
     eng_text_t *t;
     mt_error_t err = {0};
     if (eng_text_open(&o, &t, &err) != MT_OK) {
@@ -96,7 +116,7 @@ int mt_tokenize_main(int argc, char **argv) {
     }
     eng_dataset_entry_t d;
     eng_dataset_entry_defaults(&d);
-    d.type = chat ? ENG_DATA_CHAT_TEMPLATE : ENG_DATA_COMPLETION;
+    d.type = type;
     char *line = NULL;
     size_t cap = 0;
     ssize_t got;
