@@ -120,7 +120,8 @@ static mt_status_t jsonl_example(eng_examples_t *ex, int file, json_t *obj, cons
 /* A row of a text dataset (text.h) as one example, or as several of at
  * most T tokens for a completion longer than T (axolotl's completion). */
 static mt_status_t text_example(eng_examples_t *ex, int file, const eng_text_t *text, const eng_dataset_entry_t *d,
-                                const json_t *obj, int T, const char *path, int64_t line, mt_error_t *err) {
+                                const json_t *obj, int T, int vocab, const char *path, int64_t line,
+                                mt_error_t *err) {
     char where[1200];
     snprintf(where, sizeof where, "%s:%" PRId64, path, line);
     if (!text)
@@ -130,6 +131,13 @@ static mt_status_t text_example(eng_examples_t *ex, int file, const eng_text_t *
                             where, d->type == ENG_DATA_COMPLETION ? "completion" : "text");
     eng_text_example_t te = {0};
     mt_status_t st = eng_text_row(text, d, obj, where, &te, err);
+    for (size_t i = 0; st == MT_OK && vocab > 0 && i < te.n; i++)
+        if (te.ids[i] >= vocab)
+            st = mt_error_set(err, MT_ERR_DATA,
+                              "%s: the tokenizer gave token id %d (%.60s), outside the model's vocabulary of %d: "
+                              "the tokenizer (tokenizer_config) does not belong to this model",
+                              where, te.ids[i], eng_text_token(text, te.ids[i]) ? eng_text_token(text, te.ids[i]) : "?",
+                              vocab);
     const size_t step = te.split ? (size_t)T : te.n;
     for (size_t at = 0; st == MT_OK && at < te.n; at += step) {
         const size_t len = te.n - at < step ? te.n - at : step;
@@ -182,7 +190,7 @@ static mt_status_t load_jsonl(eng_examples_t *ex, const char *path, const eng_da
             st = jsonl_example(ex, file, obj, path, line, vocab, err);
             examples++;
         } else {
-            st = text_example(ex, file, o->text, d, obj, o->T, path, line, err);
+            st = text_example(ex, file, o->text, d, obj, o->T, vocab, path, line, err);
             examples++;
         }
         json_decref(obj);
