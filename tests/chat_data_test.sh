@@ -74,5 +74,23 @@ if grep -q "^examples    600 " "$T/prep.out" && grep -q "(packed)" "$T/prep.out"
   ok "prepare: $(tr '\n' ';' < "$T/prep.out" | cut -c1-200)"
 else fail "prepare:"; cat "$T/prep.out" "$T/prep.err"; fi
 
+# the prepared-data cache: written once, read back, the same losses as tokenizing; a damaged file is
+# reported and tokenized again, never used
+losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | tr '\n' ' '; }
+qs() { ( cd "$T" && "$MOETUNE" train configs/quickstart-chat.yaml --set max_steps=4 --set logging_steps=1 \
+           --set output_dir="$T/$1" "${@:2}" > "$T/$1.out" 2> "$T/$1.err" ); }
+qs plain && qs cached1 --set dataset_prepared_path="$T/prep" && qs cached2 --set dataset_prepared_path="$T/prep"
+for f in "$T"/prep/*.examples; do head -c 1000 "$f" > "$f.cut" && mv "$f.cut" "$f"; done
+qs cached3 --set dataset_prepared_path="$T/prep"
+want=$(losses "$T/plain")
+if [ -n "$want" ] && [ "$(losses "$T/cached1")" = "$want" ] && [ "$(losses "$T/cached2")" = "$want" ] \
+   && [ "$(losses "$T/cached3")" = "$want" ] && grep -q "1 tokenized and written" "$T/cached1.err" \
+   && grep -q "1 file(s) read from" "$T/cached2.err" && grep -q "fails its checks" "$T/cached3.err"; then
+  ok "dataset_prepared_path: written, read back, a damaged file re-tokenized; losses equal: $want"
+else
+  fail "dataset_prepared_path: losses plain '$want' cached '$(losses "$T/cached1")' / '$(losses "$T/cached2")' / '$(losses "$T/cached3")'"
+  cat "$T/cached2.err" "$T/cached3.err"
+fi
+
 if [ "$failures" -ne 0 ]; then echo "chat_data_test: $failures failures"; exit 1; fi
 echo "chat_data_test: all ok"

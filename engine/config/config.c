@@ -247,6 +247,7 @@ const key_row_t eng_cfg_top_rows[] = {
     ROW("chat_template", K_STRING, chat_template),
     ROW("chat_template_jinja", K_TEXT, chat_template_jinja),
     ROW("train_on_inputs", K_BOOL, train_on_inputs),
+    ROW("dataset_prepared_path", K_PATH, dataset_prepared_path),
     ROW_SECTION("scheduler", k_scheduler_rows),
     ROW_SECTION("staging", k_staging_rows),
     ROW("save_max_shard_size", K_SIZE, save_max_shard_bytes),

@@ -177,6 +177,7 @@ typedef struct eng_run_config {
     char chat_template[64];         /* "tokenizer_default" (default), a named template, or "jinja" */
     char *chat_template_jinja;      /* chat_template: jinja: the template's text, or NULL */
     bool train_on_inputs;           /* default false: only responses (and trained turns) are labels */
+    char dataset_prepared_path[1024]; /* "" = none: where tokenized examples are cached (engine/data/prepared.h) */
     /* `scheduler:` section */
     /* axolotl's optimizer name: every accepted spelling is PyTorch AdamW
      * (moetune's only optimizer); others are refused with the valid list */

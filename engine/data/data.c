@@ -18,6 +18,7 @@
  *   as such; this code assumes a little-endian host (checked below). */
 #include "engine/data/data.h"
 #include "engine/data/pack.h"
+#include "engine/data/prepared.h"
 #include "engine/data/text.h"
 
 #include "base/fileio.h"
@@ -302,6 +303,27 @@ static bool ends_with(const char *s, const char *suffix) {
     return n > m && strcmp(s + n - m, suffix) == 0 && s[n - m - 1] != '/';
 }
 
+/* A JSONL file's examples from the prepared-data cache when it holds them
+ * (prepared.h), else read and tokenized, and written there. */
+static mt_status_t read_jsonl_cached(eng_examples_t *ex, const char *path, const eng_dataset_entry_t *d,
+                                     const eng_data_opts_t *o, mt_error_t *err) {
+    if (!o->prepared_dir) return load_jsonl(ex, path, d, o, err);
+    eng_prep_key_t key;
+    mt_status_t st = eng_prep_key_of(path, d, o->text, o->T, o->vocab_size, &key, err);
+    if (st != MT_OK) return st;
+    const int64_t first = ex->n, untrained = ex->untrained;
+    char note[600];
+    if (eng_prep_load(o->prepared_dir, &key, ex, eng_examples_file(ex, path), note, sizeof note)) {
+        if (o->report) o->report->files_cached++;
+        return MT_OK;
+    }
+    if (note[0] && o->report && !o->report->note[0]) snprintf(o->report->note, sizeof o->report->note, "%s", note);
+    st = load_jsonl(ex, path, d, o, err);
+    if (st == MT_OK) st = eng_prep_save(o->prepared_dir, &key, ex, first, ex->untrained - untrained, err);
+    if (st == MT_OK && o->report) o->report->files_written++;
+    return st;
+}
+
 /* The files' names, comma separated, for a message. */
 static void file_names(char *names, size_t cap, const char *const *paths, int num_paths) {
     size_t n = 0;
@@ -321,7 +343,7 @@ static mt_status_t read_files(eng_rows_t *r, const char *const *paths, int num_p
     for (int i = 0; i < num_paths && st == MT_OK; i++) {
         const char *p = paths[i];
         if (ends_with(p, ".jsonl") || ends_with(p, ".json")) {
-            st = load_jsonl(&ex, p, o->entries ? &o->entries[i] : NULL, o, err);
+            st = read_jsonl_cached(&ex, p, o->entries ? &o->entries[i] : NULL, o, err);
             if (st == MT_OK && !o->pack) {
                 eng_rows_add_examples(r, &ex, false, 0);
                 r->dropped += ex.untrained;

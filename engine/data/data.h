@@ -60,7 +60,18 @@ typedef struct {
      * are encoded by `text` */
     const eng_dataset_entry_t *entries;
     const struct eng_text *text;
+    /* dataset_prepared_path (prepared.h): JSONL files' examples cached
+     * there, or NULL; what happened is counted in *report (may be NULL) */
+    const char *prepared_dir;
+    struct eng_data_report *report;
 } eng_data_opts_t;
+
+/* What reading the files did with the prepared-data cache. */
+typedef struct eng_data_report {
+    int files_cached;   /* JSONL files whose examples were read from the cache */
+    int files_written;  /* ... tokenized and written to it */
+    char note[600];     /* the first cache file that failed its checks, or "" */
+} eng_data_report_t;
 
 /* Loads and concatenates the files in order (format from extension:
  * .jsonl / .json lines, .bin). */

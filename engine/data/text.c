@@ -14,6 +14,7 @@
 #include "engine/data/text.h"
 
 #include "engine/data/chat.h"
+#include "engine/data/prepared.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +82,27 @@ static mt_status_t template_source(const char *dir, json_t *cfg, const char *cfg
     return MT_OK;
 }
 
+static void fingerprint_add(eng_text_t *t, const void *p, size_t n) {
+    eng_prep_key_t k = {{t->fingerprint[0], t->fingerprint[1]}};
+    eng_prep_key_add(&k, p, n);
+    t->fingerprint[0] = k.h[0];
+    t->fingerprint[1] = k.h[1];
+}
+
+/* The bytes of a file the encoding depends on, into the fingerprint
+ * (a missing file adds nothing: it is then the same as before). */
+static mt_status_t fingerprint_file(eng_text_t *t, const char *path, mt_error_t *err) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return MT_OK;
+    char *buf;
+    size_t len;
+    mt_status_t st = mt_read_regular_file(path, "tokenizer file", CONFIG_MAX_BYTES * 8, &buf, &len, err);
+    if (st != MT_OK) return st;
+    fingerprint_add(t, buf, len);
+    free(buf);
+    return MT_OK;
+}
+
 static mt_status_t open_template(eng_text_t *t, const eng_text_opts_t *o, json_t *cfg, const char *cfg_path,
                                  mt_error_t *err) {
     char *src = NULL, origin[2300];
@@ -103,6 +125,7 @@ static mt_status_t open_template(eng_text_t *t, const eng_text_opts_t *o, json_t
         MT_CHECK_ALLOC(src, "chat template");
     }
     if (st == MT_OK) st = text_template_parse(src, strlen(src), origin, &t->tmpl, err);
+    if (st == MT_OK) fingerprint_add(t, src, strlen(src) + 1);
     free(src);
     return st;
 }
@@ -138,7 +161,13 @@ mt_status_t eng_text_open(const eng_text_opts_t *o, eng_text_t **out, mt_error_t
     char path[2200], cfg_path[2200];
     snprintf(path, sizeof path, "%s/tokenizer.json", o->tokenizer_dir);
     snprintf(cfg_path, sizeof cfg_path, "%s/tokenizer_config.json", o->tokenizer_dir);
+    const eng_prep_key_t k0 = eng_prep_key_start();
+    t->fingerprint[0] = k0.h[0];
+    t->fingerprint[1] = k0.h[1];
+    fingerprint_add(t, &o->train_on_inputs, sizeof o->train_on_inputs);
     mt_status_t st = text_tokenizer_load(path, &t->tok, err);
+    if (st == MT_OK) st = fingerprint_file(t, path, err);
+    if (st == MT_OK) st = fingerprint_file(t, cfg_path, err);
     json_t *cfg = NULL;
     struct stat sb;
     if (st == MT_OK && stat(cfg_path, &sb) == 0) {

@@ -22,6 +22,7 @@ typedef struct eng_text {
     char eos_text[256];       /* the EOS token's text, "" when the tokenizer names none */
     int32_t bos_id, eos_id;   /* -1 when none */
     bool train_on_inputs;
+    uint64_t fingerprint[2];  /* a hash of what encoding depends on (prepared.h keys by it) */
 } eng_text_t;
 
 typedef struct {

@@ -174,10 +174,17 @@ static mt_status_t open_data(eng_run_t *run, const eng_run_opts_t *opts, mt_erro
         const int vocab = run->model ? run->model->cfg.vocab_size : run->vocab_size;
         mt_status_t st = eng_text_open_for(rc, rc->datasets, rc->num_datasets, &run->text, err);
         if (st != MT_OK) return st;
+        eng_data_report_t rep = {0};
         const eng_data_opts_t o = {.T = rc->sequence_len, .vocab_size = vocab, .pack = rc->sample_packing,
-                                   .seed = rc->seed, .entries = rc->datasets, .text = run->text};
+                                   .seed = rc->seed, .entries = rc->datasets, .text = run->text,
+                                   .prepared_dir = rc->dataset_prepared_path[0] ? rc->dataset_prepared_path : NULL,
+                                   .report = &rep};
         st = eng_dataset_load_opts(&run->ds, paths, rc->num_datasets, &o, err);
         if (st != MT_OK) return st;
+        if (opts->training && rep.note[0]) fprintf(stderr, "moetune: warning: prepared data: %s\n", rep.note);
+        if (opts->training && o.prepared_dir)
+            fprintf(stderr, "moetune: prepared data: %d file(s) read from %s, %d tokenized and written there\n",
+                    rep.files_cached, o.prepared_dir, rep.files_written);
         if (opts->training && run->text) report_text_data(rc, &run->ds);
         if (opts->training && rc->sample_packing)
             fprintf(stderr,

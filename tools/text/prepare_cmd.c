@@ -54,15 +54,22 @@ int mt_prepare_main(int argc, char **argv) {
     eng_text_t *text = NULL;
     if (st == MT_OK) st = eng_text_open_for(&rc, rc.datasets, rc.num_datasets, &text, &err);
     eng_dataset_t ds = {0};
+    eng_data_report_t rep = {0};
     const double t0 = mt_now_s();
     if (st == MT_OK) {
         const char *paths[ENG_MAX_DATASETS];
         for (int i = 0; i < rc.num_datasets; i++) paths[i] = rc.datasets[i].path;
         const eng_data_opts_t o = {.T = rc.sequence_len, .vocab_size = vocab_of(&rc, text), .pack = rc.sample_packing,
-                                   .seed = rc.seed, .entries = rc.datasets, .text = text};
+                                   .seed = rc.seed, .entries = rc.datasets, .text = text,
+                                   .prepared_dir = rc.dataset_prepared_path[0] ? rc.dataset_prepared_path : NULL,
+                                   .report = &rep};
         st = eng_dataset_load_opts(&ds, paths, rc.num_datasets, &o, &err);
     }
     if (st == MT_OK) report(&rc, &ds, mt_now_s() - t0);
+    if (st == MT_OK && rep.note[0]) printf("warning     %s\n", rep.note);
+    if (st == MT_OK && rc.dataset_prepared_path[0])
+        printf("prepared    %d file(s) read from %s, %d tokenized and written there\n", rep.files_cached,
+               rc.dataset_prepared_path, rep.files_written);
     else fprintf(stderr, "moetune prepare: error: %s\n", err.msg);
     eng_dataset_free(&ds);
     eng_text_free(text);
