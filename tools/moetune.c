@@ -33,6 +33,8 @@
 #include "tools/bench/staging_bench.h"
 #include "tools/bench/step_bench.h"
 #include "tools/plan/plan_cmd.h"
+#include "tools/text/prepare_cmd.h"
+#include "tools/text/tokenize_cmd.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -54,6 +56,12 @@ static void usage(FILE *f) {
             "                                       skipped (output_dir/staging/: CSV, SVG); --compare\n"
             "                                       runs compact, per_tensor and max_slot side by side\n"
             "  inspect CHECKPOINT_DIR               architecture, parameter counts, tensor sizes\n"
+            "  prepare RUN.yaml [--set key=value]...\n"
+            "                                       read and tokenize the run's datasets as train will and\n"
+            "                                       print the counts (examples, tokens, trained, dropped)\n"
+            "  tokenize MODEL_DIR [--chat | --format TYPE] [--no-special]\n"
+            "                                       stdin lines (or JSONL rows of a dataset type) -> one\n"
+            "                                       JSON line each: ids (and the labels, rendered text)\n"
             "  bench adam [--params N] [--threads T] [--json]\n"
             "                                       host AdamW vs this machine's memory ceiling\n"
             "  bench gemm [--backend cpu|cuda] [--json]\n"
@@ -282,6 +290,8 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "profile") == 0) return cmd_profile(argc - 2, argv + 2);
     if (strcmp(cmd, "plan") == 0) return mt_plan_main(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 2, argv + 2);
+    if (strcmp(cmd, "tokenize") == 0) return mt_tokenize_main(argc - 2, argv + 2);
+    if (strcmp(cmd, "prepare") == 0) return mt_prepare_main(argc - 2, argv + 2);
     fprintf(stderr, "moetune: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

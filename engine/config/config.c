@@ -176,7 +176,12 @@ static const key_row_t k_backend_options_rows[] = {
 /* The keys of one `datasets:` entry; only for lookup and suggestions. */
 static const key_row_t k_dataset_rows[] = {
     {"path", K_PATH, 0, 0, NULL, NULL, 0, 0},
-    {"type", K_PATH, 0, 0, NULL, NULL, 0, 0},
+    {"type", K_STRING, 0, 0, NULL, NULL, 0, 0},
+    {"field", K_STRING, 0, 0, NULL, NULL, 0, 0},
+    {"field_messages", K_STRING, 0, 0, NULL, NULL, 0, 0},
+    {"message_property_mappings", K_SECTION, 0, 0, NULL, NULL, 0, 0},
+    {"roles_to_train", K_STRLIST, 0, 0, NULL, NULL, 0, 0},
+    {"train_on_eos", K_STRING, 0, 0, NULL, NULL, 0, 0},
     {0},
 };
 
@@ -238,6 +243,11 @@ const key_row_t eng_cfg_top_rows[] = {
     ROW_SECTION("memory", k_memory_rows),
     ROW_SECTION("backend_options", k_backend_options_rows),
     ROW("hardware", K_STRING, hardware),
+    ROW("tokenizer_config", K_PATH, tokenizer_config),
+    ROW("chat_template", K_STRING, chat_template),
+    ROW("chat_template_jinja", K_TEXT, chat_template_jinja),
+    ROW("train_on_inputs", K_BOOL, train_on_inputs),
+    ROW("dataset_prepared_path", K_PATH, dataset_prepared_path),
     ROW_SECTION("scheduler", k_scheduler_rows),
     ROW_SECTION("staging", k_staging_rows),
     ROW("save_max_shard_size", K_SIZE, save_max_shard_bytes),
@@ -311,26 +321,6 @@ static mt_status_t expected(const pctx_t *c, const yaml_node_t *n, const char *k
     return eng_cfg_fail(c, n, "%s: expected %s, got %s", key, what, got);
 }
 
-/* A dataset entry's `type:` is axolotl's prompt format.  The data here is
- * already tokenized (input_ids, labels), so no prompt format is applied:
- * the two that describe such data, text trained on as it is, are accepted
- * (and read alike); any other would promise a formatting moetune does not
- * do, so it is refused rather than ignored. */
-static const char *const k_dataset_types[] = {"completion", "pretrain"};
-
-static mt_status_t check_dataset_type(pctx_t *c, const char *list, yaml_node_t *v, int index) {
-    char key[160];
-    snprintf(key, sizeof key, "%s[].type", list);
-    if (!v || v->type != YAML_SCALAR_NODE) return expected(c, v, key, "a string");
-    const char *t = (const char *)v->data.scalar.value;
-    for (size_t i = 0; i < sizeof k_dataset_types / sizeof k_dataset_types[0]; i++)
-        if (strcmp(t, k_dataset_types[i]) == 0) return MT_OK;
-    return eng_cfg_fail(c, v,
-                "%s[%d].type: '%s' is not accepted; expected completion or pretrain (the data is already "
-                "tokenized and read as given: no prompt format is applied), or leave type out",
-                list, index, t);
-}
-
 static void put(eng_run_config_t *cfg, const key_row_t *row, const void *v, size_t size) {
     MT_CHECK(size == row->size, "config table: key %s has size %zu, value %zu", row->name, row->size, size);
     memcpy((char *)cfg + row->offset, v, size);
@@ -342,9 +332,10 @@ static void reset_row(eng_run_config_t *cfg, const key_row_t *row) {
         for (const key_row_t *r = row->section; r->name; r++) reset_row(cfg, r);
         return;
     }
-    if (row->kind == K_JSON) {
-        free(cfg->model_config_json);
-        cfg->model_config_json = NULL;
+    if (row->kind == K_JSON || row->kind == K_TEXT) {
+        char **owned = (char **)((char *)cfg + row->offset);
+        free(*owned);
+        *owned = NULL;
         return;
     }
     eng_run_config_t def;
@@ -380,6 +371,86 @@ static mt_status_t take_string(const pctx_t *c, const yaml_node_t *n, const char
 
 static mt_status_t walk_mapping(pctx_t *c, const key_row_t *rows, const char *prefix, yaml_node_t *map);
 
+static const enum_name_t k_data_type_names[] = {
+    {"completion", ENG_DATA_COMPLETION},       {"pretrain", ENG_DATA_COMPLETION},
+    {"chat_template", ENG_DATA_CHAT_TEMPLATE}, {"alpaca", ENG_DATA_ALPACA},
+    {"input_output", ENG_DATA_INPUT_OUTPUT},   {NULL, 0},
+};
+static const enum_name_t k_train_on_eos_names[] = {
+    {"turn", ENG_EOS_TURN}, {"all", ENG_EOS_ALL}, {"last", ENG_EOS_LAST}, {"none", ENG_EOS_NONE}, {NULL, 0},
+};
+
+/* A dataset entry's string key that names one of a set. */
+static mt_status_t dataset_enum(pctx_t *c, yaml_node_t *v, const char *key, const enum_name_t *names, int *out) {
+    if (!v || v->type != YAML_SCALAR_NODE) return expected(c, v, key, "a string");
+    const char *t = (const char *)v->data.scalar.value;
+    char list[256] = "";
+    size_t used = 0;
+    for (const enum_name_t *e = names; e->name; e++) {
+        if (strcmp(t, e->name) == 0) {
+            *out = e->value;
+            return MT_OK;
+        }
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", e == names ? "" : ", ", e->name);
+    }
+    return eng_cfg_fail(c, v, "%s: '%.200s' is not accepted; expected one of %s%s", key, t, list,
+                        names == k_data_type_names ? ", or leave type out for tokenized rows (input_ids)" : "");
+}
+
+/* message_property_mappings: {role: KEY, content: KEY}, the message keys a
+ * conversation's rows use instead of role and content. */
+static mt_status_t dataset_mappings(pctx_t *c, yaml_node_t *v, const char *key, eng_dataset_entry_t *d) {
+    if (!v || v->type != YAML_MAPPING_NODE) return expected(c, v, key, "a mapping {role: KEY, content: KEY}");
+    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
+        yaml_node_t *val = yaml_document_get_node(c->doc, p->value);
+        const char *name = k && k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "";
+        char sub[320];
+        snprintf(sub, sizeof sub, "%s.%.100s", key, name);
+        mt_status_t st;
+        if (strcmp(name, "role") == 0) st = take_string(c, val, sub, false, d->role_key, sizeof d->role_key);
+        else if (strcmp(name, "content") == 0) st = take_string(c, val, sub, false, d->content_key, sizeof d->content_key);
+        else st = eng_cfg_fail(c, k, "%s: unknown key '%.100s'; expected role or content", key, name);
+        if (st != MT_OK) return st;
+    }
+    return MT_OK;
+}
+
+static mt_status_t dataset_roles(pctx_t *c, yaml_node_t *v, const char *key, eng_dataset_entry_t *d) {
+    if (!v || v->type != YAML_SEQUENCE_NODE) return expected(c, v, key, "a list of role names");
+    d->num_roles_to_train = 0;
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
+        if (d->num_roles_to_train == ENG_MAX_TRAIN_ROLES)
+            return eng_cfg_fail(c, v, "%s: more than %d roles", key, ENG_MAX_TRAIN_ROLES);
+        yaml_node_t *e = yaml_document_get_node(c->doc, *it);
+        char *dst = d->roles_to_train[d->num_roles_to_train++];
+        mt_status_t st = take_string(c, e, key, false, dst, sizeof d->roles_to_train[0]);
+        if (st != MT_OK) return st;
+    }
+    return MT_OK;
+}
+
+/* One key of a dataset entry (the table k_dataset_rows names them). */
+static mt_status_t dataset_key(pctx_t *c, const char *list, const char *name, yaml_node_t *v, int index,
+                               eng_dataset_entry_t *d) {
+    char key[192];
+    snprintf(key, sizeof key, "%.120s[%d].%s", list, index, name);
+    int e;
+    mt_status_t st;
+    if (strcmp(name, "path") == 0) return take_string(c, v, key, true, d->path, sizeof d->path);
+    if (strcmp(name, "field") == 0) return take_string(c, v, key, false, d->field, sizeof d->field);
+    if (strcmp(name, "field_messages") == 0)
+        return take_string(c, v, key, false, d->field_messages, sizeof d->field_messages);
+    if (strcmp(name, "message_property_mappings") == 0) return dataset_mappings(c, v, key, d);
+    if (strcmp(name, "roles_to_train") == 0) return dataset_roles(c, v, key, d);
+    if (strcmp(name, "type") == 0) {
+        if ((st = dataset_enum(c, v, key, k_data_type_names, &e)) == MT_OK) d->type = (eng_data_type_t)e;
+        return st;
+    }
+    if ((st = dataset_enum(c, v, key, k_train_on_eos_names, &e)) == MT_OK) d->train_on_eos = (eng_train_on_eos_t)e;
+    return st;
+}
+
 /* datasets: and test_datasets: alike; the row says which. */
 static mt_status_t apply_datasets(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
     if (n->type != YAML_SEQUENCE_NODE) return expected(c, n, key, "a list of {path: FILE}");
@@ -389,24 +460,19 @@ static mt_status_t apply_datasets(pctx_t *c, const key_row_t *row, const char *k
         yaml_node_t *e = yaml_document_get_node(c->doc, *it);
         if (!e || e->type != YAML_MAPPING_NODE) return expected(c, e, key, "each entry to be a mapping {path: FILE}");
         if (count == ENG_MAX_DATASETS) return eng_cfg_fail(c, e, "%s: more than %d datasets", key, ENG_MAX_DATASETS);
+        eng_dataset_entry_defaults(&list[count]);
         bool have_path = false;
         for (yaml_node_pair_t *p = e->data.mapping.pairs.start; p < e->data.mapping.pairs.top; p++) {
             yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
             yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
             if (!k || k->type != YAML_SCALAR_NODE) return expected(c, k, key, "string keys in a dataset entry");
             const char *name = (const char *)k->data.scalar.value;
-            char prefix[160], path_key[170];
+            char prefix[160];
             snprintf(prefix, sizeof prefix, "%s[].", key);
-            snprintf(path_key, sizeof path_key, "%spath", prefix);
             if (!eng_cfg_find_row(k_dataset_rows, name)) return eng_cfg_unknown_key(c, k, k_dataset_rows, prefix, name);
-            if (strcmp(name, "path") == 0) {
-                mt_status_t st = take_string(c, v, path_key, true, list[count].path, sizeof list[count].path);
-                if (st != MT_OK) return st;
-                have_path = true;
-            } else {
-                mt_status_t st = check_dataset_type(c, key, v, count);
-                if (st != MT_OK) return st;
-            }
+            mt_status_t st = dataset_key(c, key, name, v, count, &list[count]);
+            if (st != MT_OK) return st;
+            have_path |= strcmp(name, "path") == 0;
         }
         if (!have_path) return eng_cfg_fail(c, e, "%s: entry %d has no 'path'", key, count);
         count++;
@@ -437,6 +503,18 @@ static mt_status_t apply_val_set(pctx_t *c, const key_row_t *row, const char *ke
         return expected(c, n, key, "a fraction in [0, 1) or a count of examples");
     }
     put(c->cfg, row, &v, sizeof v);
+    return MT_OK;
+}
+
+/* A long string, kept as written (owned by the config). */
+static mt_status_t apply_text(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
+    if (n->type != YAML_SCALAR_NODE) return expected(c, n, key, "a string");
+    const char *s = (const char *)n->data.scalar.value;
+    if (strlen(s) != n->data.scalar.length) return eng_cfg_fail(c, n, "%s: the string contains a NUL byte", key);
+    char **dst = (char **)((char *)c->cfg + row->offset);
+    free(*dst);
+    *dst = strdup(s);
+    MT_CHECK_ALLOC(*dst, key);
     return MT_OK;
 }
 
@@ -620,6 +698,7 @@ mt_status_t eng_cfg_apply(pctx_t *c, const key_row_t *row, const char *key, yaml
     case K_VALSET: return apply_val_set(c, row, key, n);
     case K_STRLIST: return apply_strlist(c, row, key, n);
     case K_JSON: return apply_json(c, key, n);
+    case K_TEXT: return apply_text(c, row, key, n);
     case K_DEVICES: return apply_devices(c, key, n);
     case K_SECTION: {
         if (n->type != YAML_MAPPING_NODE) return expected(c, n, key, "a mapping");

@@ -61,8 +61,33 @@ typedef enum { ENG_STEP_ORDER_AUTO = 0, ENG_STEP_ORDER_MICRO_BATCH, ENG_STEP_ORD
 /* parallel: how a MoE layer uses two devices (scheduler/plan.h's sched_parallel_t) */
 typedef enum { ENG_PARALLEL_AUTO = 0, ENG_PARALLEL_DATA, ENG_PARALLEL_EXPERT } eng_parallel_t;
 
+/* datasets[].type: how a row becomes tokens and labels (engine/data/text.h).
+ * Left out, rows are already tokenized (input_ids, labels); completion and
+ * pretrain take a text field, or tokenized rows as given. */
+typedef enum {
+    ENG_DATA_TOKENIZED = 0,
+    ENG_DATA_COMPLETION,    /* "completion" / "pretrain": field `field` (default "text") */
+    ENG_DATA_CHAT_TEMPLATE, /* "chat_template": a conversation rendered by the model's chat template */
+    ENG_DATA_ALPACA,        /* "alpaca": instruction, input, output */
+    ENG_DATA_INPUT_OUTPUT,  /* "input_output": segments of {text, label} */
+} eng_data_type_t;
+
+/* datasets[].train_on_eos (axolotl's): which end-of-turn tokens are trained
+ * in a chat: after each trained turn, every one, only after the last
+ * trained turn, or none. */
+typedef enum { ENG_EOS_TURN = 0, ENG_EOS_ALL, ENG_EOS_LAST, ENG_EOS_NONE } eng_train_on_eos_t;
+
+#define ENG_MAX_TRAIN_ROLES 8
 typedef struct {
     char path[1024]; /* resolved relative to the run config's folder */
+    eng_data_type_t type;
+    char field[64];          /* completion: the text field; default "text" */
+    char field_messages[64]; /* chat_template: the conversation field; default "messages" */
+    char role_key[64];       /* message_property_mappings.role; default "role" */
+    char content_key[64];    /* message_property_mappings.content; default "content" */
+    char roles_to_train[ENG_MAX_TRAIN_ROLES][32]; /* default [assistant] */
+    int num_roles_to_train;
+    eng_train_on_eos_t train_on_eos; /* default turn */
 } eng_dataset_entry_t;
 
 /* val_set_size: a fraction of the training examples (0 < size < 1) or a
@@ -145,6 +170,14 @@ typedef struct eng_run_config {
     /* `hardware: NAME|FILE`: the profile plans are made for (configs/hw/NAME.yaml, a file, or
        "calibrate"); "" = none: training calibrates on the CPU backend, `moetune plan` needs --hw */
     char hardware[1024];
+    /* text datasets (engine/data/text.h): where tokenizer.json and the chat
+     * template come from (default: base_model), which template renders
+     * conversations, and whether prompts are trained too */
+    char tokenizer_config[1024];    /* "" = base_model */
+    char chat_template[64];         /* "tokenizer_default" (default), a named template, or "jinja" */
+    char *chat_template_jinja;      /* chat_template: jinja: the template's text, or NULL */
+    bool train_on_inputs;           /* default false: only responses (and trained turns) are labels */
+    char dataset_prepared_path[1024]; /* "" = none: where tokenized examples are cached (engine/data/prepared.h) */
     /* `scheduler:` section */
     /* axolotl's optimizer name: every accepted spelling is PyTorch AdamW
      * (moetune's only optimizer); others are refused with the valid list */
@@ -208,6 +241,13 @@ mt_status_t eng_run_config_set(eng_run_config_t *cfg, const char *assignment, mt
 /* Checks cross-field constraints (a dataset given, sizes positive, ...). */
 mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err);
 void eng_run_config_free(eng_run_config_t *cfg);
+/* A copy that owns its own strings (model_config, chat_template_jinja);
+ * free it with eng_run_config_free. */
+void eng_run_config_copy(eng_run_config_t *dst, const eng_run_config_t *src);
+/* A dataset entry's defaults (axolotl's): field text, field_messages
+ * messages, role and content keys, roles_to_train [assistant],
+ * train_on_eos turn. */
+void eng_dataset_entry_defaults(eng_dataset_entry_t *d);
 
 /* The learning rate for optimizer step `step` (0-based) of `total` steps:
  * learning_rate times the multiplier transformers' get_scheduler gives

@@ -30,6 +30,7 @@ typedef enum {
     K_STRLIST,  /* list of strings (lora_target_modules) */
     K_SECTION,  /* nested mapping with its own table */
     K_DEVICES,  /* eng_devices_t: a count, or a list of distinct ordinals */
+    K_TEXT,     /* char *, owned: a long string kept as written (chat_template_jinja) */
     K_VALSET,   /* eng_val_set_t: a fraction in [0, 1), or a whole count */
 } key_kind_t;
 

@@ -234,9 +234,35 @@ static void test_errors(void) {
     EXPECT_ERROR("base_model: {a: 1}\n", MT_ERR_CONFIG, "base_model: expected a string, got a mapping", NULL);
     EXPECT_ERROR("datasets: data.jsonl\n", MT_ERR_CONFIG, "datasets: expected a list", NULL);
     EXPECT_ERROR("datasets:\n  - type: completion\n", MT_ERR_CONFIG, "cfgs/run.yaml:2:", "has no 'path'");
-    /* a prompt format moetune does not apply to its pre-tokenized data: refused, naming the accepted ones */
+    /* a dataset type moetune does not know: refused, naming the accepted ones */
     EXPECT_ERROR("datasets:\n  - path: a.jsonl\n    type: bogus\n", MT_ERR_CONFIG, "datasets[0].type: 'bogus'",
-                 "completion or pretrain");
+                 "completion, pretrain, chat_template, alpaca, input_output");
+    EXPECT_ERROR("datasets:\n  - path: a.jsonl\n    train_on_eos: sometimes\n", MT_ERR_CONFIG,
+                 "datasets[0].train_on_eos: 'sometimes'", "turn, all, last, none");
+    EXPECT_ERROR("datasets:\n  - path: a.jsonl\n    message_property_mappings: {speaker: from}\n", MT_ERR_CONFIG,
+                 "unknown key 'speaker'", NULL);
+    {
+        /* a chat dataset's keys land in its entry */
+        eng_run_config_t c;
+        mt_error_t e = {0};
+        const char *y = "base_model: m\ndatasets:\n  - path: chats.jsonl\n    type: chat_template\n    field_messages: conversations\n"
+                        "    message_property_mappings: {role: from, content: value}\n"
+                        "    roles_to_train: [assistant, tool]\n    train_on_eos: last\n"
+                        "chat_template: chatml\ntrain_on_inputs: true\n";
+        EXPECT(eng_run_config_parse(y, strlen(y), "cfgs/run.yaml", &c, &e) == MT_OK);
+        const eng_dataset_entry_t *d = &c.datasets[0];
+        EXPECT(d->type == ENG_DATA_CHAT_TEMPLATE && strcmp(d->field_messages, "conversations") == 0 &&
+                   strcmp(d->role_key, "from") == 0 && strcmp(d->content_key, "value") == 0 &&
+                   d->num_roles_to_train == 2 && strcmp(d->roles_to_train[1], "tool") == 0 &&
+                   d->train_on_eos == ENG_EOS_LAST && strcmp(c.chat_template, "chatml") == 0 && c.train_on_inputs);
+        EXPECT(eng_run_config_validate(&c, &e) == MT_OK);
+        eng_run_config_free(&c);
+        /* chat_template: jinja without its text is refused by the checks, naming the missing key */
+        const char *j = "base_model: m\ndatasets:\n  - path: chats.jsonl\nchat_template: jinja\n";
+        EXPECT(eng_run_config_parse(j, strlen(j), "cfgs/run.yaml", &c, &e) == MT_OK);
+        EXPECT(eng_run_config_validate(&c, &e) == MT_ERR_CONFIG && strstr(e.msg, "chat_template_jinja"));
+        eng_run_config_free(&c);
+    }
     EXPECT_ERROR("model_config: 3\n", MT_ERR_CONFIG, "model_config: expected a mapping", NULL);
     EXPECT_ERROR("model_config: {a: .inf}\n", MT_ERR_CONFIG, "cannot be written to JSON", NULL);
     /* one string is PEFT's regular-expression form; a mapping is nothing */

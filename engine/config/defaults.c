@@ -39,6 +39,7 @@ void eng_run_config_defaults(eng_run_config_t *cfg) {
     cfg->save_max_shard_bytes = (size_t)5000000000ull; /* HF's max_shard_size="5GB" */
     cfg->progress = true;
     cfg->staging_mode = ENG_STAGING_COMPACT;
+    snprintf(cfg->chat_template, sizeof cfg->chat_template, "%s", "tokenizer_default");
     cfg->staging_num_slabs = -1; /* automatic: one slab per 4 GiB of capacity */
     cfg->adapter = ENG_ADAPTER_NONE;
     cfg->lora_r = 8;
@@ -46,8 +47,31 @@ void eng_run_config_defaults(eng_run_config_t *cfg) {
     cfg->lora_dropout = 0.0;
 }
 
+void eng_dataset_entry_defaults(eng_dataset_entry_t *d) {
+    memset(d, 0, sizeof *d);
+    snprintf(d->field, sizeof d->field, "text");
+    snprintf(d->field_messages, sizeof d->field_messages, "messages");
+    snprintf(d->role_key, sizeof d->role_key, "role");
+    snprintf(d->content_key, sizeof d->content_key, "content");
+    snprintf(d->roles_to_train[0], sizeof d->roles_to_train[0], "assistant");
+    d->num_roles_to_train = 1;
+    d->train_on_eos = ENG_EOS_TURN;
+}
+
+void eng_run_config_copy(eng_run_config_t *dst, const eng_run_config_t *src) {
+    *dst = *src;
+    char **owned[] = {&dst->model_config_json, &dst->chat_template_jinja};
+    for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
+        if (*owned[i]) {
+            *owned[i] = strdup(*owned[i]);
+            MT_CHECK_ALLOC(*owned[i], "run config text");
+        }
+}
+
 void eng_run_config_free(eng_run_config_t *cfg) {
     if (!cfg) return;
     free(cfg->model_config_json);
     cfg->model_config_json = NULL;
+    free(cfg->chat_template_jinja);
+    cfg->chat_template_jinja = NULL;
 }

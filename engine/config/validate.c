@@ -48,6 +48,12 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
     NEED(cfg->base_model[0], "base_model is not set (the checkpoint directory)");
     NEED(cfg->num_datasets >= 1, "datasets is empty; give at least one {path: FILE}");
     for (int i = 0; i < cfg->num_datasets; i++) NEED(cfg->datasets[i].path[0], "datasets[%d].path is empty", i);
+    const bool jinja = strcmp(cfg->chat_template, "jinja") == 0;
+    NEED(!jinja || (cfg->chat_template_jinja && cfg->chat_template_jinja[0]),
+         "chat_template: jinja needs the template's text in chat_template_jinja");
+    NEED(jinja || !cfg->chat_template_jinja,
+         "chat_template_jinja is given but chat_template is '%s'; set chat_template: jinja to use it",
+         cfg->chat_template);
     /* an llm.c stream has no example boundaries to pack by, and its rows are full already */
     for (int i = 0; i < cfg->num_datasets && cfg->sample_packing; i++) {
         const char *p = cfg->datasets[i].path;

@@ -18,6 +18,8 @@
  *   as such; this code assumes a little-endian host (checked below). */
 #include "engine/data/data.h"
 #include "engine/data/pack.h"
+#include "engine/data/prepared.h"
+#include "engine/data/text.h"
 
 #include "base/fileio.h"
 #include "base/rng.h"
@@ -116,7 +118,51 @@ static mt_status_t jsonl_example(eng_examples_t *ex, int file, json_t *obj, cons
     return MT_OK;
 }
 
-static mt_status_t load_jsonl(eng_examples_t *ex, const char *path, int vocab, mt_error_t *err) {
+/* A row of a text dataset (text.h) as one example, or as several of at
+ * most T tokens for a completion longer than T (axolotl's completion). */
+static mt_status_t text_example(eng_examples_t *ex, int file, const eng_text_t *text, const eng_dataset_entry_t *d,
+                                const json_t *obj, int T, int vocab, const char *path, int64_t line,
+                                mt_error_t *err) {
+    char where[1200];
+    snprintf(where, sizeof where, "%s:%" PRId64, path, line);
+    if (!text)
+        return mt_error_set(err, MT_ERR_DATA,
+                            "%s: a text row (no input_ids) in a %s dataset, but there is no tokenizer.json beside "
+                            "the base model; set tokenizer_config: to the folder that holds the model's tokenizer",
+                            where, d->type == ENG_DATA_COMPLETION ? "completion" : "text");
+    eng_text_example_t te = {0};
+    mt_status_t st = eng_text_row(text, d, obj, where, &te, err);
+    for (size_t i = 0; st == MT_OK && vocab > 0 && i < te.n; i++)
+        if (te.ids[i] >= vocab)
+            st = mt_error_set(err, MT_ERR_DATA,
+                              "%s: the tokenizer gave token id %d (%.60s), outside the model's vocabulary of %d: "
+                              "the tokenizer (tokenizer_config) does not belong to this model",
+                              where, te.ids[i], eng_text_token(text, te.ids[i]) ? eng_text_token(text, te.ids[i]) : "?",
+                              vocab);
+    const size_t step = te.split ? (size_t)T : te.n;
+    for (size_t at = 0; st == MT_OK && at < te.n; at += step) {
+        const size_t len = te.n - at < step ? te.n - at : step;
+        /* position t learns label t + 1 of what fits in a row: an example
+         * with none there would add nothing but padding to learn from */
+        bool trained = false;
+        for (size_t t = 1; t < len && t < (size_t)T && !trained; t++) trained = te.labels[at + t] != IGNORE_INDEX;
+        if (trained) eng_examples_add(ex, te.ids + at, te.labels + at, NULL, (int64_t)len, file, line);
+        else ex->untrained++;
+    }
+    eng_text_example_free(&te);
+    return st;
+}
+
+/* Whether a row of entry d is read as tokenized: a tokenized entry, or a
+ * completion row that carries input_ids instead of its text field. */
+static bool tokenized_row(const eng_dataset_entry_t *d, const json_t *obj) {
+    return !d || d->type == ENG_DATA_TOKENIZED ||
+           (d->type == ENG_DATA_COMPLETION && !json_object_get(obj, d->field) && json_object_get(obj, "input_ids"));
+}
+
+static mt_status_t load_jsonl(eng_examples_t *ex, const char *path, const eng_dataset_entry_t *d,
+                              const eng_data_opts_t *o, mt_error_t *err) {
+    const int vocab = o->vocab_size;
     FILE *f;
     mt_status_t ost = mt_fopen_regular(path, "data file", &f, err);
     if (ost != MT_OK) return ost;
@@ -141,8 +187,11 @@ static mt_status_t load_jsonl(eng_examples_t *ex, const char *path, int vocab, m
         } else if (!json_is_object(obj)) {
             st = mt_error_set(err, MT_ERR_FORMAT, "%s:%" PRId64 ": expected a JSON object with \"input_ids\"", path,
                               line);
-        } else {
+        } else if (tokenized_row(d, obj)) {
             st = jsonl_example(ex, file, obj, path, line, vocab, err);
+            examples++;
+        } else {
+            st = text_example(ex, file, o->text, d, obj, o->T, vocab, path, line, err);
             examples++;
         }
         json_decref(obj);
@@ -254,6 +303,27 @@ static bool ends_with(const char *s, const char *suffix) {
     return n > m && strcmp(s + n - m, suffix) == 0 && s[n - m - 1] != '/';
 }
 
+/* A JSONL file's examples from the prepared-data cache when it holds them
+ * (prepared.h), else read and tokenized, and written there. */
+static mt_status_t read_jsonl_cached(eng_examples_t *ex, const char *path, const eng_dataset_entry_t *d,
+                                     const eng_data_opts_t *o, mt_error_t *err) {
+    if (!o->prepared_dir) return load_jsonl(ex, path, d, o, err);
+    eng_prep_key_t key;
+    mt_status_t st = eng_prep_key_of(path, d, o->text, o->T, o->vocab_size, &key, err);
+    if (st != MT_OK) return st;
+    const int64_t first = ex->n, untrained = ex->untrained;
+    char note[600];
+    if (eng_prep_load(o->prepared_dir, &key, ex, eng_examples_file(ex, path), note, sizeof note)) {
+        if (o->report) o->report->files_cached++;
+        return MT_OK;
+    }
+    if (note[0] && o->report && !o->report->note[0]) snprintf(o->report->note, sizeof o->report->note, "%s", note);
+    st = load_jsonl(ex, path, d, o, err);
+    if (st == MT_OK) st = eng_prep_save(o->prepared_dir, &key, ex, first, ex->untrained - untrained, err);
+    if (st == MT_OK && o->report) o->report->files_written++;
+    return st;
+}
+
 /* The files' names, comma separated, for a message. */
 static void file_names(char *names, size_t cap, const char *const *paths, int num_paths) {
     size_t n = 0;
@@ -273,9 +343,10 @@ static mt_status_t read_files(eng_rows_t *r, const char *const *paths, int num_p
     for (int i = 0; i < num_paths && st == MT_OK; i++) {
         const char *p = paths[i];
         if (ends_with(p, ".jsonl") || ends_with(p, ".json")) {
-            st = load_jsonl(&ex, p, o->vocab_size, err);
+            st = read_jsonl_cached(&ex, p, o->entries ? &o->entries[i] : NULL, o, err);
             if (st == MT_OK && !o->pack) {
                 eng_rows_add_examples(r, &ex, false, 0);
+                r->dropped += ex.untrained;
                 eng_examples_free(&ex);
                 eng_examples_init(&ex);
             }
@@ -292,6 +363,7 @@ static mt_status_t read_files(eng_rows_t *r, const char *const *paths, int num_p
         }
     }
     if (st == MT_OK && o->pack) eng_rows_add_examples(r, &ex, true, o->seed);
+    r->dropped += ex.untrained;
     eng_examples_free(&ex);
     return st;
 }

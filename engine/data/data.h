@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "engine/config/config.h"
 
 typedef struct {
     int T;
@@ -54,7 +55,23 @@ typedef struct {
     int vocab_size;  /* <= 0: ids only checked to fit int32 */
     bool pack;       /* sample_packing (pack.h); refused for llm.c .bin files */
     uint64_t seed;   /* packing's tie order */
+    /* the run config's entries the paths come from (their type says how a
+     * row becomes tokens, text.h), or NULL: every file tokenized; text rows
+     * are encoded by `text` */
+    const eng_dataset_entry_t *entries;
+    const struct eng_text *text;
+    /* dataset_prepared_path (prepared.h): JSONL files' examples cached
+     * there, or NULL; what happened is counted in *report (may be NULL) */
+    const char *prepared_dir;
+    struct eng_data_report *report;
 } eng_data_opts_t;
+
+/* What reading the files did with the prepared-data cache. */
+typedef struct eng_data_report {
+    int files_cached;   /* JSONL files whose examples were read from the cache */
+    int files_written;  /* ... tokenized and written to it */
+    char note[600];     /* the first cache file that failed its checks, or "" */
+} eng_data_report_t;
 
 /* Loads and concatenates the files in order (format from extension:
  * .jsonl / .json lines, .bin). */

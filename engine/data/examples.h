@@ -28,6 +28,7 @@ typedef struct {
     int64_t *line;    /* (n) 1-based line in its file */
     char **files;     /* (num_files) paths, owned */
     int num_files;
+    int64_t untrained;      /* examples a reader left out for having no trained token (text rows) */
     int64_t cap_n, cap_tok; /* allocated entries (internal) */
 } eng_examples_t;
 

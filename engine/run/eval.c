@@ -7,6 +7,7 @@
 
 #include "base/clock.h"
 #include "engine/data/split.h"
+#include "engine/data/text.h"
 
 mt_status_t eng_eval_open_set(const eng_run_config_t *rc, int vocab, eng_dataset_t *train, eng_dataset_t *eval,
                               mt_error_t *err) {
@@ -16,7 +17,13 @@ mt_status_t eng_eval_open_set(const eng_run_config_t *rc, int vocab, eng_dataset
     if (rc->num_test_datasets > 0) {
         const char *paths[ENG_MAX_DATASETS];
         for (int i = 0; i < rc->num_test_datasets; i++) paths[i] = rc->test_datasets[i].path;
-        st = eng_dataset_load(eval, paths, rc->num_test_datasets, rc->sequence_len, vocab, err);
+        eng_text_t *text;
+        st = eng_text_open_for(rc, rc->test_datasets, rc->num_test_datasets, &text, err);
+        if (st != MT_OK) return st;
+        const eng_data_opts_t o = {.T = rc->sequence_len, .vocab_size = vocab, .entries = rc->test_datasets,
+                                   .text = text};
+        st = eng_dataset_load_opts(eval, paths, rc->num_test_datasets, &o, err);
+        eng_text_free(text);
         if (st != MT_OK) return mt_error_prefix(err, "test_datasets: ");
         what = "test_datasets";
     } else if (rc->val_set_size.size > 0) {

@@ -96,6 +96,13 @@ static mt_status_t check_saved(const char *dir, const eng_param_spec_t *ps, cons
                         ps->name, mt_nonfinite_name(v[at]), where);
 }
 
+/* Where the tokenizer, chat template and generation config a saved model
+ * carries come from: the tokenizer the run's text data was read with
+ * (tokenizer_config), else the base model's folder. */
+static const char *companion_dir(const eng_run_config_t *rc) {
+    return rc->tokenizer_config[0] ? rc->tokenizer_config : rc->base_model;
+}
+
 /* The adapter in PEFT's format (engine/model/lora/adapter.h): adapter_model
  * .safetensors (fp32 factors, per-expert keys or PEFT's fused form for
  * routed experts that train as one gate_up adapter, the modules trained in
@@ -157,7 +164,7 @@ static mt_status_t save_adapter(eng_exec_t *x, const eng_run_config_t *rc, const
         }
         if (st == MT_OK) {
             eng_ckpt_dir_add(&tx, "adapter_config.json");
-            st = eng_ckpt_dir_copy_companions(&tx, rc->base_model, err);
+            st = eng_ckpt_dir_copy_companions(&tx, companion_dir(rc), err);
         }
         if (st == MT_OK && extra) st = extra(&tx, ctx, err); /* a checkpoint's training state */
         if (st == MT_OK) {
@@ -259,7 +266,7 @@ static mt_status_t save_model(eng_exec_t *x, const eng_run_config_t *rc, const c
         } else {
             st = eng_checkpoint_write(&tx, config, t, n + nb, rc->save_max_shard_bytes, err);
         }
-        if (st == MT_OK) st = eng_ckpt_dir_copy_companions(&tx, rc->base_model, err);
+        if (st == MT_OK) st = eng_ckpt_dir_copy_companions(&tx, companion_dir(rc), err);
         if (st == MT_OK && extra) st = extra(&tx, ctx, err);
         if (st == MT_OK) st = eng_ckpt_dir_commit(&tx, err);
         else eng_ckpt_dir_abort(&tx);

@@ -9,6 +9,8 @@
  * before the run is known to start. */
 #include "engine/run/session.h"
 
+#include "engine/data/text.h"
+
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -149,6 +151,18 @@ static int total_steps(const eng_run_config_t *rc, const eng_loader_t *ld) {
     return steps < (double)INT_MAX ? (int)steps : INT_MAX;
 }
 
+/* What a text dataset became: the counts a user checks the masking and
+ * truncation by. */
+static void report_text_data(const eng_run_config_t *rc, const eng_dataset_t *ds) {
+    int64_t trained = 0;
+    for (int64_t i = 0; i < ds->num_rows * (int64_t)ds->T; i++) trained += ds->targets[i] != -100;
+    fprintf(stderr,
+            "moetune: data: %lld examples in %lld rows of %d tokens: %lld real tokens, %lld trained; %lld truncated "
+            "to sequence_len, %lld without a trained token left out\n",
+            (long long)ds->examples, (long long)ds->num_rows, rc->sequence_len, (long long)ds->real_tokens,
+            (long long)trained, (long long)ds->truncated, (long long)ds->dropped);
+}
+
 /* The run config's datasets (tokens checked against the model's
  * vocabulary), or the caller's, and with a model the loader its steps
  * draw from (without one the caller's executors bring their own). */
@@ -158,10 +172,20 @@ static mt_status_t open_data(eng_run_t *run, const eng_run_opts_t *opts, mt_erro
         const char *paths[ENG_MAX_DATASETS];
         for (int i = 0; i < rc->num_datasets; i++) paths[i] = rc->datasets[i].path;
         const int vocab = run->model ? run->model->cfg.vocab_size : run->vocab_size;
-        const eng_data_opts_t o = {.T = rc->sequence_len, .vocab_size = vocab, .pack = rc->sample_packing,
-                                   .seed = rc->seed};
-        mt_status_t st = eng_dataset_load_opts(&run->ds, paths, rc->num_datasets, &o, err);
+        mt_status_t st = eng_text_open_for(rc, rc->datasets, rc->num_datasets, &run->text, err);
         if (st != MT_OK) return st;
+        eng_data_report_t rep = {0};
+        const eng_data_opts_t o = {.T = rc->sequence_len, .vocab_size = vocab, .pack = rc->sample_packing,
+                                   .seed = rc->seed, .entries = rc->datasets, .text = run->text,
+                                   .prepared_dir = rc->dataset_prepared_path[0] ? rc->dataset_prepared_path : NULL,
+                                   .report = &rep};
+        st = eng_dataset_load_opts(&run->ds, paths, rc->num_datasets, &o, err);
+        if (st != MT_OK) return st;
+        if (opts->training && rep.note[0]) fprintf(stderr, "moetune: warning: prepared data: %s\n", rep.note);
+        if (opts->training && o.prepared_dir)
+            fprintf(stderr, "moetune: prepared data: %d file(s) read from %s, %d tokenized and written there\n",
+                    rep.files_cached, o.prepared_dir, rep.files_written);
+        if (opts->training && run->text) report_text_data(rc, &run->ds);
         if (opts->training && rc->sample_packing)
             fprintf(stderr,
                     "moetune: sample_packing: %lld examples in %lld rows of %d tokens, %.1f%% of positions real "
@@ -241,11 +265,7 @@ static mt_status_t open_training(eng_run_t *run, mt_error_t *err) {
 
 mt_status_t eng_run_open(eng_run_t *run, const eng_run_config_t *rc, const eng_run_opts_t *opts, mt_error_t *err) {
     memset(run, 0, sizeof *run);
-    run->rc_own = *rc;
-    if (rc->model_config_json) {
-        run->rc_own.model_config_json = strdup(rc->model_config_json);
-        MT_CHECK_ALLOC(run->rc_own.model_config_json, "model_config");
-    }
+    eng_run_config_copy(&run->rc_own, rc);
     run->rc = &run->rc_own;
     eng_train_state_init(&run->ts);
     if (opts->dataset) { /* the run's from here on, whatever happens next */
@@ -285,6 +305,7 @@ mt_status_t eng_run_close(eng_run_t *run, mt_status_t st, mt_error_t *err) {
     eng_loader_free(&run->ld);
     eng_dataset_free(&run->ds);
     eng_dataset_free(&run->eval_ds);
+    eng_text_free(run->text);
     eng_multi_free(&run->multi);
     run->x = NULL;
     run->model = NULL;

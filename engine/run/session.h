@@ -81,6 +81,7 @@ typedef struct {
     eng_model_t *model;         /* the one model (NULL without a model) */
     eng_dataset_t ds;           /* the training data (without the examples val_set_size holds out) */
     eng_dataset_t eval_ds;      /* a training run's evaluation set (engine/run/eval.h); empty: none */
+    struct eng_text *text;      /* the tokenizer and chat template of text datasets, or NULL */
     eng_loader_t ld;            /* with a model (zero without) */
     int total_steps;            /* max_steps, or num_epochs over the loader as the HF Trainer counts
                                    (0 without a model) */

@@ -463,6 +463,56 @@ def yaml_cases():
     case("set_wrong_type", "micro_batch_size", cmd="train run.yaml --set micro_batch_size=two")
 
 
+def tiny_tokenizer(model_type="BPE"):
+    """A tokenizer.json whose 32 ids fit the shared tiny model: SentencePiece-style
+    BPE without merges over a-z, ChatML's two special tokens among its added ones."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<|im_start|>": 3, "<|im_end|>": 4, "\u2581": 5}
+    for i, c in enumerate("abcdefghijklmnopqrstuvwxyz"):
+        vocab[c] = 6 + i
+    added = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for c, i in list(vocab.items())[:5]]
+    meta = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "never", "split": True}
+    return json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+                       "normalizer": None, "pre_tokenizer": meta, "post_processor": None, "decoder": meta,
+                       "model": {"type": model_type, "dropout": None, "unk_token": "<unk>",
+                                 "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
+                                 "byte_fallback": False, "ignore_merges": False, "vocab": vocab, "merges": []}})
+
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + ' ' + m['content'] + '<|im_end|>' }}{% endfor %}")
+
+
+def text_data_cases():
+    """Text datasets: a conversation with an unknown role, a template that fails, a tokenizer.json of
+    a model type moetune does not read, text that is not UTF-8, conversations with nothing to train,
+    a tokenizer whose ids do not fit the model."""
+    def tcase(name, stderr, rows, tok=None, cfg=None, extra=""):
+        files = {"tok/tokenizer.json": tok or tiny_tokenizer(),
+                 "tok/tokenizer_config.json": json.dumps(cfg or {"eos_token": "<|im_end|>", "chat_template": CHATML}),
+                 "chats.jsonl": rows}
+        case(name, stderr, files, yaml=run_yaml(datasets="\n  - path: chats.jsonl\n    type: chat_template",
+                                                extra="tokenizer_config: tok\n" + extra))
+    conv = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}) + "\n"
+    tcase("chat_unknown_role", "chats.jsonl:2: message 0 has role 'wizard'",
+          conv + json.dumps({"messages": [{"role": "wizard", "content": "x"}]}) + "\n")
+    tcase("chat_template_raises", "chats.jsonl:1: the chat template failed",
+          conv, cfg={"eos_token": "<|im_end|>", "chat_template": "{{ raise_exception('system prompts only') }}"})
+    tcase("chat_template_syntax", "tok/tokenizer_config.json", conv,
+          cfg={"eos_token": "<|im_end|>", "chat_template": "{% for m in messages %}{{ m.content }"})
+    tcase("tokenizer_unknown_model", "WordPiece", conv, tok=tiny_tokenizer("WordPiece"))
+    tcase("chat_not_utf8", "chats.jsonl:2", conv.encode() + b'{"messages": [{"role": "user", "content": "' + bytes([0xff, 0xfe]) + b'"}]}\n')
+    tcase("chat_nothing_trained", "no example has a token to learn",
+          json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    tcase("chat_messages_missing", "chats.jsonl:1: \"messages\" is missing", '{"conversations": []}\n')
+    tcase("chat_template_jinja_without_text", "chat_template_jinja", conv, extra="chat_template: jinja\n")
+    wide = json.loads(tiny_tokenizer())
+    wide["model"]["vocab"]["zz"] = 40
+    wide["model"]["merges"] = [["z", "z"]]
+    tcase("chat_tokenizer_beyond_vocab", "outside the model's vocabulary of 32",
+          json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "zz"}]}) + "\n",
+          tok=json.dumps(wide))
+
+
 def data_cases():
     def dcase(name, stderr, content, fn="data.jsonl", pending=None):
         case(name, stderr, {fn: content}, yaml=run_yaml(datasets=f"\n  - path: {fn}"), pending=pending)
@@ -633,7 +683,7 @@ def family_config_cases():
 
 
 def run_key_cases():
-    case("dataset_type_unknown", "completion or pretrain",
+    case("dataset_type_unknown", "completion, pretrain, chat_template",
          yaml=run_yaml(datasets="\n  - path: ../_shared/data.jsonl\n    type: bogus"))
     case("devices_ordinal_out_of_range", "ordinal 1000", yaml=run_yaml(devices="[0, 1000]", gradient_accumulation_steps="2"))
     # the host model alone is larger than a 1 KiB host budget
@@ -786,6 +836,7 @@ def main():
     quant_cases()
     family_config_cases()
     run_key_cases()
+    text_data_cases()
     seen = set()
     for name, stderr, files, cmd, fifo, pending in CASES:
         assert name not in seen, name
