@@ -51,9 +51,15 @@ kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip
     };
 }
 
-void exec_host_adamw(kern_threadpool_t *pool, eng_param_t *p, const float *grad, const kern_adamw_params_t *base) {
+mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i, const float *grad,
+                            const kern_adamw_params_t *base, mt_error_t *err) {
+    eng_param_t *p = &h->m->params[i];
     const size_t n = p->spec->numel;
-    if (!p->host_m) {
+    const bool streamed = eng_optim_nvme_holds(h->nvme, i);
+    if (streamed) {
+        const mt_status_t st = eng_optim_nvme_load(h->nvme, p, i, err);
+        if (st != MT_OK) return st;
+    } else if (!p->host_m) {
         p->host_m = calloc(n, sizeof(float));
         p->host_v = calloc(n, sizeof(float));
         MT_CHECK(p->host_m && p->host_v, "out of host memory for AdamW state of %s", p->spec->name);
@@ -61,6 +67,16 @@ void exec_host_adamw(kern_threadpool_t *pool, eng_param_t *p, const float *grad,
     kern_adamw_params_t ap = *base;
     ap.step = ++p->step;
     kern_adamw_cpu_pool(pool, p->host_w, p->host_m, p->host_v, grad, NULL, NULL, n, &ap);
+    return streamed ? eng_optim_nvme_unload(h->nvme, p, i, true, err) : MT_OK;
+}
+
+/* The worker's update of parameter i; a failure of the NVMe tier is kept
+ * for the next optimizer step to report (eng_optim_nvme_error). */
+static void worker_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i, const float *grad,
+                         const kern_adamw_params_t *base) {
+    mt_error_t err = {0};
+    const mt_status_t st = exec_host_adamw(h, pool, i, grad, base, &err);
+    if (st != MT_OK) eng_optim_nvme_note(h->nvme, st, &err);
 }
 
 static void *worker_main(void *arg) {
@@ -89,7 +105,7 @@ static void *worker_main(void *arg) {
             eng_dparam_t *d = &h->dp[i];
             if (p->block != b || !d->has_grad) continue;
             if (job.deferred) {
-                exec_host_adamw(pool, p, d->host_g, &job.base);
+                worker_adamw(h, pool, i, d->host_g, &job.base);
                 /* checked here, while the block is in cache: the step that
                  * deferred it has returned (eng_optim_step reports it next) */
                 if (h->nonfinite_param < 0 && mt_first_nonfinite_f32(p->host_w, p->spec->numel) != MT_ALL_FINITE)
@@ -99,7 +115,7 @@ static void *worker_main(void *arg) {
             } else {
                 /* the norm's share while the gradient is at hand, off the step's tail */
                 kern_sumsq_cpu(NULL, &h->gnorm_part[i], d->host_g, p->spec->numel);
-                exec_host_adamw(pool, p, d->host_g, &job.base);
+                worker_adamw(h, pool, i, d->host_g, &job.base);
                 h->done[i] = true;
             }
             bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
@@ -197,6 +213,7 @@ void exec_host_optim_free(exec_host_optim_t *h) {
         h->started = false;
     }
     kern_threadpool_destroy(h->own_pool);
+    eng_optim_nvme_free(h->nvme);
     free(h->queue);
     free(h->block_pending);
     free(h->done);
