@@ -51,10 +51,11 @@ const char *mt_sio_name(const mt_sio_t *io) { return io->kind == MT_SIO_URING ? 
 
 int mt_sio_queue_depth(const mt_sio_t *io) { return io->kind == MT_SIO_URING ? io->qd : 1; }
 
-static int run_psync(mt_sio_req_t *reqs, int n) {
+static int run_psync(mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *h) {
     int first = -1;
     for (int i = 0; i < n; i++) {
         mt_sio_req_t *r = &reqs[i];
+        if (h && h->before) h->before(h->ctx, i);
         size_t done = 0;
         r->result = 0;
         while (done < r->bytes) {
@@ -70,6 +71,7 @@ static int run_psync(mt_sio_req_t *reqs, int n) {
         }
         if (r->result == 0) r->result = (int64_t)done;
         if (r->result < 0 && first < 0) first = i;
+        if (r->result >= 0 && h && h->after) h->after(h->ctx, i);
     }
     return first;
 }
@@ -83,7 +85,7 @@ static void prep(mt_sio_t *io, mt_sio_req_t *reqs, int i) {
     io_uring_sqe_set_data64(sqe, (uint64_t)i);
 }
 
-static int run_uring(mt_sio_t *io, mt_sio_req_t *reqs, int n) {
+static int run_uring(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *h) {
     if (n > io->done_cap) {
         free(io->done);
         io->done = malloc((size_t)n * sizeof *io->done);
@@ -96,12 +98,15 @@ static int run_uring(mt_sio_t *io, mt_sio_req_t *reqs, int n) {
         int queued = 0;
         while (next < n && inflight < io->qd) {
             reqs[next].result = 0;
+            if (h && h->before) h->before(h->ctx, next);
             prep(io, reqs, next++);
             inflight++;
             queued++;
         }
+        (void)queued;
         struct io_uring_cqe *cqe;
-        int rc = queued ? io_uring_submit_and_wait(&io->ring, 1) : io_uring_wait_cqe(&io->ring, &cqe);
+        /* submits what was prepared (new requests and remainders of short ones) */
+        int rc = io_uring_submit_and_wait(&io->ring, 1);
         if (rc == -EINTR) continue;
         MT_CHECK(rc >= 0, "io_uring submit/wait failed: %s", strerror(-rc));
         unsigned head, seen = 0;
@@ -121,6 +126,7 @@ static int run_uring(mt_sio_t *io, mt_sio_req_t *reqs, int n) {
                 inflight++;
             } else {
                 r->result = (int64_t)r->bytes;
+                if (h && h->after) h->after(h->ctx, i);
             }
         }
         io_uring_cq_advance(&io->ring, seen);
@@ -128,10 +134,12 @@ static int run_uring(mt_sio_t *io, mt_sio_req_t *reqs, int n) {
     return first;
 }
 
-int mt_sio_run(mt_sio_t *io, mt_sio_req_t *reqs, int n) {
+int mt_sio_run_hooked(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *hooks) {
     if (n <= 0) return -1;
-    return io->kind == MT_SIO_URING ? run_uring(io, reqs, n) : run_psync(reqs, n);
+    return io->kind == MT_SIO_URING ? run_uring(io, reqs, n, hooks) : run_psync(reqs, n, hooks);
 }
+
+int mt_sio_run(mt_sio_t *io, mt_sio_req_t *reqs, int n) { return mt_sio_run_hooked(io, reqs, n, NULL); }
 
 void *mt_sio_buffer_alloc(size_t bytes) {
     const size_t n = (bytes + MT_SIO_ALIGN - 1) / MT_SIO_ALIGN * MT_SIO_ALIGN;

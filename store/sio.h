@@ -47,6 +47,19 @@ int mt_sio_queue_depth(const mt_sio_t *io);
  * failed request, or -1 when all succeeded. */
 int mt_sio_run(mt_sio_t *io, mt_sio_req_t *reqs, int n);
 
+/* Work the caller does while other requests are in flight: before(ctx, i)
+ * runs just before request i is first submitted (fill what it writes),
+ * after(ctx, i) once it has completed whole (check what it read).  Either
+ * may be NULL. */
+typedef struct {
+    void *ctx;
+    void (*before)(void *ctx, int req);
+    void (*after)(void *ctx, int req);
+} mt_sio_hooks_t;
+
+/* mt_sio_run with hooks (NULL: none). */
+int mt_sio_run_hooked(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *hooks);
+
 /* A zeroed buffer of bytes rounded up to MT_SIO_ALIGN, aligned to it (NULL
  * when the host is out of memory); freed with mt_sio_buffer_free. */
 void *mt_sio_buffer_alloc(size_t bytes);

@@ -258,30 +258,66 @@ static char *trailer_at(const mt_store_t *s, const mt_store_op_t *op) {
     return (char *)op->buf + mt_store_span_bytes(s->ext[op->extent].bytes) - MT_SIO_ALIGN;
 }
 
-mt_status_t mt_store_write(mt_store_t *s, const mt_store_op_t *ops, int n, mt_error_t *err) {
-    uint32_t *crc = malloc((size_t)(n > 0 ? n : 1) * sizeof *crc);
-    MT_CHECK_ALLOC(crc, "store write checksums");
-    for (int i = 0; i < n; i++) {
-        const store_extent_t *e = &s->ext[ops[i].extent];
-        crc[i] = mt_crc32c(0, ops[i].buf, e->bytes);
-        const store_trailer_t t = make_trailer(s, ops[i].extent, e->gen + 1, crc[i]);
-        char *tb = trailer_at(s, &ops[i]);
-        memset(tb, 0, MT_SIO_ALIGN);
-        memcpy(tb, &t, sizeof t);
-    }
-    const int count = make_requests(s, ops, n, true);
-    const int bad = mt_sio_run(s->io, s->reqs, count);
-    mt_status_t st = MT_OK;
+/* A batch in flight: per op its requests left, and the first failure of
+ * the work the hooks do while other requests are in flight. */
+typedef struct {
+    mt_store_t *s;
+    const mt_store_op_t *ops;
+    int *left;      /* per op: requests not completed yet */
+    uint32_t *crc;  /* per op: the CRC32C written */
+    mt_status_t st;
+    mt_error_t *err;
+} batch_t;
+
+static mt_status_t check_extent(const mt_store_t *s, const mt_store_op_t *op, mt_error_t *err);
+
+/* Before an op's first request goes out: its checksum and trailer. */
+static void write_before(void *ctx, int req) {
+    batch_t *b = ctx;
+    mt_store_t *s = b->s;
+    const int i = s->req_op[req];
+    if (req > 0 && s->req_op[req - 1] == i) return;
+    const store_extent_t *e = &s->ext[b->ops[i].extent];
+    b->crc[i] = mt_crc32c(0, b->ops[i].buf, e->bytes);
+    const store_trailer_t t = make_trailer(s, b->ops[i].extent, e->gen + 1, b->crc[i]);
+    char *tb = trailer_at(s, &b->ops[i]);
+    memset(tb, 0, MT_SIO_ALIGN);
+    memcpy(tb, &t, sizeof t);
+}
+
+/* After an op's last request has landed: its check. */
+static void read_after(void *ctx, int req) {
+    batch_t *b = ctx;
+    const int i = b->s->req_op[req];
+    if (--b->left[i] > 0 || b->st != MT_OK) return;
+    b->st = check_extent(b->s, &b->ops[i], b->err);
+}
+
+static mt_status_t run_batch(mt_store_t *s, const mt_store_op_t *ops, int n, bool write, mt_error_t *err) {
+    const int count = make_requests(s, ops, n, write);
+    batch_t b = {.s = s, .ops = ops, .st = MT_OK, .err = err};
+    b.left = calloc((size_t)(n > 0 ? n : 1), sizeof *b.left);
+    b.crc = calloc((size_t)(n > 0 ? n : 1), sizeof *b.crc);
+    MT_CHECK(b.left && b.crc, "out of memory for a store batch");
+    for (int k = 0; k < count; k++) b.left[s->req_op[k]]++;
+    const mt_sio_hooks_t hooks = {&b, write ? write_before : NULL, write ? NULL : read_after};
+    const int bad = mt_sio_run_hooked(s->io, s->reqs, count, &hooks);
+    mt_status_t st = b.st;
     if (bad >= 0) {
-        st = io_failed(s, &s->reqs[bad], &ops[s->req_op[bad]], true, err);
-    } else {
+        st = io_failed(s, &s->reqs[bad], &ops[s->req_op[bad]], write, err);
+    } else if (write) {
         for (int i = 0; i < n; i++) {
             s->ext[ops[i].extent].gen++;
-            s->ext[ops[i].extent].crc = crc[i];
+            s->ext[ops[i].extent].crc = b.crc[i];
         }
     }
-    free(crc);
+    free(b.left);
+    free(b.crc);
     return st;
+}
+
+mt_status_t mt_store_write(mt_store_t *s, const mt_store_op_t *ops, int n, mt_error_t *err) {
+    return run_batch(s, ops, n, true, err);
 }
 
 /* What op's buffer holds, against what this run last wrote there. */
@@ -324,12 +360,5 @@ mt_status_t mt_store_read(mt_store_t *s, const mt_store_op_t *ops, int n, mt_err
         if (s->ext[ops[i].extent].gen == 0)
             return mt_error_set(err, MT_ERR_INTERNAL, "%s: the extent at offset %" PRIu64 " is read before any write",
                                 s->files[s->ext[ops[i].extent].file].path, s->ext[ops[i].extent].offset);
-    const int count = make_requests(s, ops, n, false);
-    const int bad = mt_sio_run(s->io, s->reqs, count);
-    if (bad >= 0) return io_failed(s, &s->reqs[bad], &ops[s->req_op[bad]], false, err);
-    for (int i = 0; i < n; i++) {
-        mt_status_t st = check_extent(s, &ops[i], err);
-        if (st != MT_OK) return st;
-    }
-    return MT_OK;
+    return run_batch(s, ops, n, false, err);
 }
