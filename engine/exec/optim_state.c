@@ -23,11 +23,11 @@ int64_t eng_model_optim_step_count(const eng_model_t *m, int i) { return m->para
 static mt_status_t read_nvme_moments(eng_exec_t *x, int i, float *mom1, float *mom2, mt_error_t *err) {
     eng_param_t *p = &x->model->params[i];
     const size_t bytes = exec_f32_bytes(p);
-    mt_status_t st = eng_optim_nvme_load(x->hopt.nvme, p, i, err);
+    mt_status_t st = eng_optim_nvme_load(x->hopt.nvme, x->model, i, err);
     if (st != MT_OK) return st;
     if (mom1) memcpy(mom1, p->host_m, bytes);
     if (mom2) memcpy(mom2, p->host_v, bytes);
-    return eng_optim_nvme_unload(x->hopt.nvme, p, i, false, err);
+    return eng_optim_nvme_unload(x->hopt.nvme, x->model, i, false, err);
 }
 
 /* eng_exec_read_optim_state, an NVMe tier's failure returned. */
@@ -65,11 +65,11 @@ static mt_status_t write_nvme_moments(eng_exec_t *x, int i, const float *mom1, c
     eng_param_t *p = &x->model->params[i];
     const size_t bytes = exec_f32_bytes(p);
     p->step = 0; /* loads zeros instead of reading an extent perhaps never written */
-    mt_status_t st = eng_optim_nvme_load(x->hopt.nvme, p, i, err);
+    mt_status_t st = eng_optim_nvme_load(x->hopt.nvme, x->model, i, err);
     if (st != MT_OK) return st;
     memcpy(p->host_m, mom1, bytes);
     memcpy(p->host_v, mom2, bytes);
-    return eng_optim_nvme_unload(x->hopt.nvme, p, i, true, err);
+    return eng_optim_nvme_unload(x->hopt.nvme, x->model, i, true, err);
 }
 
 /* AdamW state of a parameter whose block keeps the optimizer on the

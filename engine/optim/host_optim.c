@@ -55,9 +55,10 @@ mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i
                             const kern_adamw_params_t *base, mt_error_t *err) {
     eng_param_t *p = &h->m->params[i];
     const size_t n = p->spec->numel;
-    const bool streamed = eng_optim_nvme_holds(h->nvme, i);
+    /* in the store and not loaded with its block (block_stream): on its own */
+    const bool streamed = eng_optim_nvme_holds(h->nvme, i) && !p->host_m;
     if (streamed) {
-        const mt_status_t st = eng_optim_nvme_load(h->nvme, p, i, err);
+        const mt_status_t st = eng_optim_nvme_load(h->nvme, h->m, i, err);
         if (st != MT_OK) return st;
     } else if (!p->host_m) {
         p->host_m = calloc(n, sizeof(float));
@@ -67,7 +68,7 @@ mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i
     kern_adamw_params_t ap = *base;
     ap.step = ++p->step;
     kern_adamw_cpu_pool(pool, p->host_w, p->host_m, p->host_v, grad, NULL, NULL, n, &ap);
-    return streamed ? eng_optim_nvme_unload(h->nvme, p, i, true, err) : MT_OK;
+    return streamed ? eng_optim_nvme_unload(h->nvme, h->m, i, true, err) : MT_OK;
 }
 
 /* The worker's update of parameter i; a failure of the NVMe tier is kept
@@ -77,6 +78,26 @@ static void worker_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i, c
     mt_error_t err = {0};
     const mt_status_t st = exec_host_adamw(h, pool, i, grad, base, &err);
     if (st != MT_OK) eng_optim_nvme_note(h->nvme, st, &err);
+}
+
+/* The NVMe tier's parameters of block b that the job updates: their
+ * moments read as one batch (load) or written back as one (!load).  A
+ * failure is kept for the next step; the parameters then stream one by one
+ * (exec_host_adamw), which reports it again or succeeds. */
+static void block_stream(exec_host_optim_t *h, int b, bool load, int *idx) {
+    if (!h->nvme) return;
+    int n = 0;
+    for (int i = 0; i < h->m->num_params; i++) {
+        const eng_param_t *p = &h->m->params[i];
+        /* loading: those with a gradient; writing back: those loaded (a
+         * deferred update has cleared has_grad by then) */
+        if (p->block == b && eng_optim_nvme_holds(h->nvme, i) && (load ? h->dp[i].has_grad : p->host_m != NULL))
+            idx[n++] = i;
+    }
+    mt_error_t err = {0};
+    const mt_status_t st = load ? eng_optim_nvme_load_many(h->nvme, h->m, idx, n, &err)
+                                : eng_optim_nvme_unload_many(h->nvme, h->m, idx, n, true, &err);
+    eng_optim_nvme_note(h->nvme, st, &err);
 }
 
 static void *worker_main(void *arg) {
@@ -90,6 +111,8 @@ static void *worker_main(void *arg) {
     const int host_cores = kern_device_caps(h->dev).host_cores;
     kern_threadpool_t *own = host_cores > 0 ? kern_threadpool_create(host_cores) : NULL;
     kern_threadpool_t *pool = own ? own : h->pool;
+    int *idx = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *idx); /* block_stream's list */
+    MT_CHECK_ALLOC(idx, "host optimizer parameter list");
     pthread_mutex_lock(&h->lock);
     for (;;) {
         while (!h->stop && h->head == h->tail) pthread_cond_wait(&h->cond, &h->lock);
@@ -100,6 +123,7 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&h->lock);
         const double t0 = mt_now_s();
         size_t bytes = 0;
+        block_stream(h, b, true, idx);
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
             eng_dparam_t *d = &h->dp[i];
@@ -120,6 +144,7 @@ static void *worker_main(void *arg) {
             }
             bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
         }
+        block_stream(h, b, false, idx);
         if (*h->trace) {
             char name[32];
             snprintf(name, sizeof name, "AdamW block %d", b);
@@ -131,6 +156,7 @@ static void *worker_main(void *arg) {
         pthread_cond_broadcast(&h->cond);
     }
     pthread_mutex_unlock(&h->lock);
+    free(idx);
     kern_threadpool_destroy(own);
     return NULL;
 }

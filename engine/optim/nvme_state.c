@@ -50,41 +50,61 @@ void eng_optim_nvme_free(eng_optim_nvme_t *nv) {
 
 bool eng_optim_nvme_holds(const eng_optim_nvme_t *nv, int i) { return nv && i < nv->num_params && nv->extent[i] >= 0; }
 
-mt_status_t eng_optim_nvme_load(eng_optim_nvme_t *nv, eng_param_t *p, int i, mt_error_t *err) {
-    const int e = nv->extent[i];
-    MT_CHECK(e >= 0 && !p->host_m, "AdamW state of %s loaded twice or not in the store", p->spec->name);
-    const size_t numel = p->spec->numel;
-    char *buf = mt_sio_buffer_alloc(mt_store_buffer_bytes(extent_bytes(numel)));
-    MT_CHECK_ALLOC(buf, "AdamW state buffer"); /* zeroed: the state before a first step */
-    mt_status_t st = MT_OK;
-    if (p->step > 0) {
-        pthread_mutex_lock(&nv->lock);
-        const mt_store_op_t op = {e, buf};
-        st = mt_store_read(nv->store, &op, 1, err);
-        pthread_mutex_unlock(&nv->lock);
+mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, mt_error_t *err) {
+    mt_store_op_t *ops = malloc((size_t)(n > 0 ? n : 1) * sizeof *ops);
+    MT_CHECK_ALLOC(ops, "AdamW state reads");
+    int nops = 0;
+    for (int k = 0; k < n; k++) {
+        eng_param_t *p = &m->params[idx[k]];
+        MT_CHECK(nv->extent[idx[k]] >= 0 && !p->host_m, "AdamW state of %s loaded twice or not in the store",
+                 p->spec->name);
+        const size_t numel = p->spec->numel;
+        char *buf = mt_sio_buffer_alloc(mt_store_buffer_bytes(extent_bytes(numel)));
+        MT_CHECK_ALLOC(buf, "AdamW state buffer"); /* zeroed: the state before a first step */
+        p->host_m = (float *)buf;
+        p->host_v = (float *)(buf + v_offset(numel));
+        if (p->step > 0) ops[nops++] = (mt_store_op_t){nv->extent[idx[k]], buf};
     }
+    pthread_mutex_lock(&nv->lock);
+    mt_status_t st = nops ? mt_store_read(nv->store, ops, nops, err) : MT_OK;
+    pthread_mutex_unlock(&nv->lock);
+    free(ops);
     if (st != MT_OK) {
-        mt_sio_buffer_free(buf);
-        return mt_error_prefix(err, "AdamW state of '%s': ", p->spec->name);
+        for (int k = 0; k < n; k++) eng_optim_nvme_unload_many(nv, m, &idx[k], 1, false, NULL);
+        return mt_error_prefix(err, "AdamW state: ");
     }
-    p->host_m = (float *)buf;
-    p->host_v = (float *)(buf + v_offset(numel));
     return MT_OK;
 }
 
-mt_status_t eng_optim_nvme_unload(eng_optim_nvme_t *nv, eng_param_t *p, int i, bool write, mt_error_t *err) {
-    if (!p->host_m) return MT_OK;
+mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, bool write,
+                                       mt_error_t *err) {
+    mt_store_op_t *ops = malloc((size_t)(n > 0 ? n : 1) * sizeof *ops);
+    MT_CHECK_ALLOC(ops, "AdamW state writes");
+    int nops = 0;
+    for (int k = 0; k < n; k++)
+        if (m->params[idx[k]].host_m) ops[nops++] = (mt_store_op_t){nv->extent[idx[k]], m->params[idx[k]].host_m};
     mt_status_t st = MT_OK;
-    if (write) {
+    if (write && nops) {
         pthread_mutex_lock(&nv->lock);
-        const mt_store_op_t op = {nv->extent[i], p->host_m};
-        st = mt_store_write(nv->store, &op, 1, err);
+        st = mt_store_write(nv->store, ops, nops, err);
         pthread_mutex_unlock(&nv->lock);
-        if (st != MT_OK) mt_error_prefix(err, "AdamW state of '%s': ", p->spec->name);
+        if (st != MT_OK) mt_error_prefix(err, "AdamW state: ");
     }
-    mt_sio_buffer_free(p->host_m);
-    p->host_m = p->host_v = NULL;
+    for (int k = 0; k < n; k++) {
+        eng_param_t *p = &m->params[idx[k]];
+        mt_sio_buffer_free(p->host_m);
+        p->host_m = p->host_v = NULL;
+    }
+    free(ops);
     return st;
+}
+
+mt_status_t eng_optim_nvme_load(eng_optim_nvme_t *nv, eng_model_t *m, int i, mt_error_t *err) {
+    return eng_optim_nvme_load_many(nv, m, &i, 1, err);
+}
+
+mt_status_t eng_optim_nvme_unload(eng_optim_nvme_t *nv, eng_model_t *m, int i, bool write, mt_error_t *err) {
+    return eng_optim_nvme_unload_many(nv, m, &i, 1, write, err);
 }
 
 mt_status_t eng_optim_nvme_note(eng_optim_nvme_t *nv, mt_status_t st, const mt_error_t *err) {

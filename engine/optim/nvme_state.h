@@ -3,8 +3,9 @@
  * instead of host memory, and streamed in and out around each update.
  *
  * A parameter's m and v are one extent ([m | v], v at a 64-byte aligned
- * offset), so one update reads and writes each once, its requests in
- * flight together.  While loaded, the parameter's host_m and host_v point
+ * offset); the host worker reads a block's extents as one batch before
+ * the block's update and writes them back as one after it, every request
+ * of the batch in flight together.  While loaded, the parameter's host_m and host_v point
  * into one aligned buffer; unloading writes it back (or not) and sets them
  * to NULL again, so host memory holds the moments of the parameters being
  * updated only.  The arithmetic is the host optimizer's own, on the same
@@ -47,10 +48,16 @@ void eng_optim_nvme_free(eng_optim_nvme_t *nv);
 uint64_t eng_optim_nvme_planned_bytes(const eng_model_t *m, const bool *in_store);
 bool eng_optim_nvme_holds(const eng_optim_nvme_t *nv, int i);
 
-/* Parameter i's moments into p->host_m / host_v (zeros before its first step). */
-mt_status_t eng_optim_nvme_load(eng_optim_nvme_t *nv, eng_param_t *p, int i, mt_error_t *err);
-/* Writes them back when write, then frees them (host_m = host_v = NULL). */
-mt_status_t eng_optim_nvme_unload(eng_optim_nvme_t *nv, eng_param_t *p, int i, bool write, mt_error_t *err);
+/* The moments of parameters idx[0..n) into their host_m / host_v (zeros
+ * before a first step), read as one batch: every request in flight together. */
+mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, mt_error_t *err);
+/* Writes them back as one batch when write, then frees them (host_m =
+ * host_v = NULL); err may be NULL when !write. */
+mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, bool write,
+                                       mt_error_t *err);
+/* The same for one parameter i. */
+mt_status_t eng_optim_nvme_load(eng_optim_nvme_t *nv, eng_model_t *m, int i, mt_error_t *err);
+mt_status_t eng_optim_nvme_unload(eng_optim_nvme_t *nv, eng_model_t *m, int i, bool write, mt_error_t *err);
 
 /* Records the worker's first failure; returns st. */
 mt_status_t eng_optim_nvme_note(eng_optim_nvme_t *nv, mt_status_t st, const mt_error_t *err);
