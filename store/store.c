@@ -328,27 +328,27 @@ static mt_status_t check_extent(const mt_store_t *s, const mt_store_op_t *op, mt
     memcpy(&t, trailer_at(s, op), sizeof t);
     const uint64_t at = e->offset;
     if (memcmp(t.magic, TRAILER_MAGIC, 8) != 0 || t.self_crc != mt_crc32c(0, &t, offsetof(store_trailer_t, self_crc)))
-        return mt_error_set(err, MT_ERR_DATA,
+        return mt_error_set(err, MT_ERR_IO,
                             "%s: the extent at offset %" PRIu64 " (%" PRIu64 " bytes) has no valid trailer: the "
                             "file was corrupted or overwritten",
                             path, at, e->bytes);
     if (t.run_id != s->id)
-        return mt_error_set(err, MT_ERR_DATA,
+        return mt_error_set(err, MT_ERR_IO,
                             "%s: the extent at offset %" PRIu64 " was written by another run (id %016" PRIx64
                             "), not this one (id %016" PRIx64 ")",
                             path, at, t.run_id, s->id);
     if (t.offset != at || t.bytes != e->bytes || t.extent != (uint32_t)op->extent || t.file != (uint32_t)e->file)
-        return mt_error_set(err, MT_ERR_DATA,
+        return mt_error_set(err, MT_ERR_IO,
                             "%s: the extent at offset %" PRIu64 " holds the data of offset %" PRIu64 " (%" PRIu64
                             " bytes); expected %" PRIu64 " bytes",
                             path, at, t.offset, t.bytes, e->bytes);
     if (t.gen != e->gen)
-        return mt_error_set(err, MT_ERR_DATA,
+        return mt_error_set(err, MT_ERR_IO,
                             "%s: the extent at offset %" PRIu64 " is stale: write %" PRIu64 " of it, expected %" PRIu64,
                             path, at, t.gen, e->gen);
     const uint32_t crc = mt_crc32c(0, op->buf, e->bytes);
     if (crc != t.data_crc || crc != e->crc)
-        return mt_error_set(err, MT_ERR_DATA,
+        return mt_error_set(err, MT_ERR_IO,
                             "%s: the extent at offset %" PRIu64 " (%" PRIu64 " bytes) fails its checksum: CRC32C "
                             "%08x read, %08x written",
                             path, at, e->bytes, crc, e->crc);

@@ -14,7 +14,8 @@
  *     extent ends with a 4 KiB trailer: run id, file, offset, length,
  *     write generation and the CRC32C of the data; a read checks all of
  *     them against what this run wrote, so a corrupted, stale or foreign
- *     extent is an error naming the file and offset, never a wrong value;
+ *     extent is an error (MT_ERR_IO: the file could not be read back as
+ *     written) naming the file and offset, never a wrong value;
  *   - planned bytes are checked at open against the budget and the free
  *     space of the filesystem (statvfs), and space is allocated when an
  *     extent is reserved (fallocate), so running out is an error at

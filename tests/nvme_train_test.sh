@@ -11,7 +11,9 @@
 #   3. kill -9 mid-run leaves the killed run's subdirectory; the resumed run
 #      names and removes it, makes its own, and still ends as the
 #      uninterrupted run;
-#   4. refusals naming the key and what to do: LoRA, the device-optimizer
+#   4. random blocks written into the store file under a running run stop
+#      it with an error naming the file and offset;
+#   5. refusals naming the key and what to do: LoRA, the device-optimizer
 #      plan (nothing on the host to hold), a budget smaller than the state
 #      (the directory and both sizes), a directory that does not exist.
 set -u
@@ -124,7 +126,33 @@ else
   empty_store "the resumed run"
 fi
 
-# --- 4. refusals -------------------------------------------------------------------------------
+# --- 4. a store file corrupted under a running run -----------------------------------------
+# random blocks written into adamw.bin until the run stops: a read checks
+# every extent, so the run stops naming the file and offset, not as a
+# diverged step (whose advice would be about the learning rate)
+rm -rf corrupt
+# shellcheck disable=SC2086
+"$MOETUNE" train run.yaml --set output_dir=corrupt --set max_steps=100000 --set logging_steps=100 $NV \
+  >"$L/corrupt.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 1000); do
+  f=$(ls nvd/moetune-*/adamw.bin 2>/dev/null | head -n1)
+  [ -n "$f" ] && dd if=/dev/urandom of="$f" bs=4096 seek=20 count=4 conv=notrunc 2>/dev/null
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.05
+done
+kill -9 $pid 2>/dev/null; wait $pid; rc=$?
+if [ $rc = 1 ] && grep -qE "optimizer: AdamW state: nvd/moetune-[0-9a-f]{16}/adamw.bin: the extent at offset [0-9]+ " "$L/corrupt.out"; then
+  grep -q "diverged" "$L/corrupt.out" && fail "a corrupted store reported as a diverged step"
+  ok "a corrupted store file stops the run naming it: $(grep -o 'adamw.bin: the extent at offset [0-9]* [^:]*' "$L/corrupt.out" | head -n1)"
+else
+  fail "corrupted store: exit $rc, $(tail -n1 "$L/corrupt.out")"
+fi
+# a run that stops on an error removes its own files (one killed above would leave them)
+[ $rc = 1 ] && empty_store "a run stopped by a corrupted store" && ok "a run stopped by the error removes its files"
+rm -rf nvd/moetune-*
+
+# --- 5. refusals -------------------------------------------------------------------------------
 expect_refusal() { # NAME WANT... -- ARGS
   local name="$1"; shift; local want=(); while [ "$1" != "--" ]; do want+=("$1"); shift; done; shift
   timeout 60 "$MOETUNE" train run.yaml --set output_dir=refuse_$name "$@" >"$L/$name.out" 2>&1
