@@ -76,9 +76,13 @@ mt_status_t store_rundir_make(const char *dir, uint64_t id, char *path, size_t c
         return mt_error_set(err, MT_ERR_CONFIG, "%s: store directory path too long", dir);
     if (mkdir(path, 0700) != 0)
         return mt_error_set(err, MT_ERR_IO, "%s: cannot make the run's store directory: %s", path, strerror(errno));
-    char lock[4200];
+    /* made under another name and renamed once locked, so another run's
+     * sweep never finds "lock" unlocked while this run is alive (a missing
+     * lock counts only when the directory is over a minute old) */
+    char lock[4200], tmp[4200];
     snprintf(lock, sizeof lock, "%s/%s", path, STORE_LOCK_NAME);
-    const int fd = open(lock, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    snprintf(tmp, sizeof tmp, "%s/%s.new", path, STORE_LOCK_NAME);
+    const int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
         const int e = errno;
         if (fd >= 0) close(fd);
@@ -87,7 +91,7 @@ mt_status_t store_rundir_make(const char *dir, uint64_t id, char *path, size_t c
     }
     char pid[32];
     const int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-    if (write(fd, pid, (size_t)n) != n) {
+    if (write(fd, pid, (size_t)n) != n || rename(tmp, lock) != 0) {
         const int e = errno;
         close(fd);
         store_rundir_remove(path);

@@ -126,7 +126,7 @@ bool mt_store_extent_written(const mt_store_t *s, int extent) { return s->ext[ex
 const char *mt_store_file_path(const mt_store_t *s, int file) { return s->files[file].path; }
 
 static int name_ok(const char *name) {
-    if (!name[0] || name[0] == '.' || strlen(name) > 100 || strcmp(name, STORE_LOCK_NAME) == 0) return 0;
+    if (!name[0] || name[0] == '.' || strlen(name) > 100 || strncmp(name, STORE_LOCK_NAME, strlen(STORE_LOCK_NAME)) == 0) return 0;
     for (const char *c = name; *c; c++)
         if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-' ||
               *c == '_' || *c == '.'))

@@ -3,7 +3,8 @@
  * through io_uring and through pread/pwrite, split into many requests; a
  * flipped byte, a stale extent and another run's extent each refused with
  * the file and offset named; a killed run's subdirectory removed by the
- * next run and a live run's left alone; planned bytes over the budget or
+ * next run and a live run's left alone, a lockless one only once it is a
+ * minute old; planned bytes over the budget or
  * the free space refused naming the directory and both sizes; a write
  * past the file size limit refused naming the file; close removing it all. */
 #include <errno.h>
@@ -15,7 +16,9 @@
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "store/crc32c.h"
@@ -181,8 +184,19 @@ static void test_leftovers(void) {
     waitpid(pid, NULL, 0);
     struct stat st;
     expect(killed[0] && stat(killed, &st) == 0, "the killed run left no directory to find");
+    /* a subdirectory without its lock: a run making it right now (left
+     * alone) or one killed while making it over a minute ago (removed) */
+    char young[4200], old[4200];
+    snprintf(young, sizeof young, "%s/moetune-00000000000000aa", root);
+    snprintf(old, sizeof old, "%s/moetune-00000000000000bb", root);
+    expect(mkdir(young, 0700) == 0 && mkdir(old, 0700) == 0, "mkdir of lockless run directories");
+    struct timeval past[2] = {{time(NULL) - 120, 0}, {time(NULL) - 120, 0}};
+    expect(utimes(old, past) == 0, "utimes");
     mt_store_t *next = open_store(MT_SIO_AUTO, 0, 0);
-    if (next) expect(mt_store_leftovers_removed(next) == 1, "the next run did not remove exactly the killed run's");
+    if (next) expect(mt_store_leftovers_removed(next) == 2, "the next run did not remove exactly the killed runs'");
+    expect(stat(young, &st) == 0, "a young lockless run directory was removed");
+    expect(stat(old, &st) != 0, "an old lockless run directory was left");
+    rmdir(young);
     expect(stat(killed, &st) != 0, "the killed run's directory is still there");
     if (live) expect(stat(mt_store_run_dir(live), &st) == 0, "a live run's directory was removed");
     expect(!next || strcmp(mt_store_run_dir(next), killed) != 0, "the next run took the killed run's directory");
