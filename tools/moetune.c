@@ -4,7 +4,7 @@
  *   moetune init RUN.yaml [--set key=value]...   create base_model from base_model_init
  *   moetune profile RUN.yaml [--compare] [--steps N] [--set key=value]...
  *   moetune inspect CHECKPOINT_DIR
- *   moetune bench adam|gemm|step|staging|save [options]
+ *   moetune bench adam|gemm|step|staging|save|nvme [options]
  *   moetune --version      version, commit, build kind, backends, CPU features
  *
  * Exit codes: 0 success, 1 a run failed (the message says what and where),
@@ -29,6 +29,7 @@
 #include "tools/build_info.h"
 #include "tools/bench/adam_bench.h"
 #include "tools/bench/gemm_bench.h"
+#include "tools/bench/nvme_bench.h"
 #include "tools/bench/save_bench.h"
 #include "tools/bench/staging_bench.h"
 #include "tools/bench/step_bench.h"
@@ -74,7 +75,10 @@ static void usage(FILE *f) {
             "                                       and gradients over throttled links\n"
             "  bench save [--scale K] [--dir DIR] [--repeats R] [--json]\n"
             "                                       a resumable checkpoint save against the disk's\n"
-            "                                       write + fsync speed\n");
+            "                                       write + fsync speed\n"
+            "  bench nvme --dir DIR [--gib N] [--qd N] [--io auto|uring|psync]\n"
+            "                                       the NVMe store vs the directory's raw O_DIRECT\n"
+            "                                       rate at queue depth 1 and N\n");
 }
 
 static int fail(const mt_error_t *err) {
@@ -266,7 +270,8 @@ static int cmd_bench(int argc, char **argv) {
     if (argc >= 1 && strcmp(argv[0], "gemm") == 0) return mt_bench_gemm_main(argc, argv);
     if (argc >= 1 && strcmp(argv[0], "staging") == 0) return mt_bench_staging_main(argc, argv);
     if (argc >= 1 && strcmp(argv[0], "save") == 0) return mt_bench_save_main(argc, argv);
-    fprintf(stderr, "usage: moetune bench adam|gemm|step|staging|save [options]\n");
+    if (argc >= 1 && strcmp(argv[0], "nvme") == 0) return mt_bench_nvme_main(argc, argv);
+    fprintf(stderr, "usage: moetune bench adam|gemm|step|staging|save|nvme [options]\n");
     return 2;
 }
 

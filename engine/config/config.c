@@ -159,10 +159,18 @@ static const key_row_t k_staging_rows[] = {
     {0},
 };
 
+/* memory.nvme: the NVMe tier's directory and budget (engine/optim/nvme_state.h) */
+static const key_row_t k_memory_nvme_rows[] = {
+    ROW("path", K_STRING, memory_nvme_path),
+    ROW("budget", K_SIZE, memory_nvme_budget),
+    {0},
+};
+
 static const key_row_t k_memory_rows[] = {
     ROW("device", K_SIZE, memory_device),
     ROW("pinned", K_SIZE, memory_pinned),
     ROW("host", K_SIZE, memory_host),
+    ROW_SECTION("nvme", k_memory_nvme_rows),
     {0},
 };
 

@@ -161,6 +161,11 @@ typedef struct eng_run_config {
     size_t save_max_shard_bytes;    /* default 5 GB, as HF's max_shard_size */
     /* memory budgets (0 = unlimited / backend default), sizes like "80GiB" */
     size_t memory_device, memory_pinned, memory_host;
+    /* `memory: {nvme: {path, budget}}`: a directory on a fast disk that holds
+     * the host AdamW state instead of host memory (docs/nvme.md); "" = none.
+     * budget 0: the filesystem's free space is the only limit */
+    char memory_nvme_path[1024];
+    size_t memory_nvme_budget;
     /* CPU backend link throttling for measurement (0 = off) */
     double link_gbps, link_latency_us;
     /* CPU backend: kernel threads, 0 = every core; N > 0 also pins compute

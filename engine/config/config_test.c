@@ -325,13 +325,21 @@ static void test_set(void) {
     /* an empty value is null: back to the default */
     EXPECT(set_ok(&c, "micro_batch_size=") && c.micro_batch_size == 1);
     EXPECT(set_ok(&c, "model_config=") && c.model_config_json == NULL);
+    /* the NVMe tier's keys, a section inside a section; null resets both */
+    EXPECT(c.memory_nvme_path[0] == '\0' && c.memory_nvme_budget == 0);
+    EXPECT(set_ok(&c, "memory.nvme.path=/mnt/nvme/m") && strcmp(c.memory_nvme_path, "/mnt/nvme/m") == 0);
+    EXPECT(set_ok(&c, "memory.nvme={path: /d, budget: 4TiB}") && strcmp(c.memory_nvme_path, "/d") == 0 &&
+           c.memory_nvme_budget == 4ull << 40);
     EXPECT(set_ok(&c, "memory=~") && c.memory_device == 0 && c.memory_pinned == 0);
+    EXPECT(c.memory_nvme_path[0] == '\0' && c.memory_nvme_budget == 0);
 
     EXPECT_SET_ERROR(&c, "micro_batch_sise=4", "did you mean 'micro_batch_size'?", NULL);
     EXPECT_SET_ERROR(&c, "memory.devce=8GiB", "unknown key 'memory.devce', did you mean 'memory.device'?", NULL);
     EXPECT_SET_ERROR(&c, "learning_rate=abc", "learning_rate: expected a number, got 'abc'", NULL);
     EXPECT_SET_ERROR(&c, "lr_scheduler=bogus", "expected one of: constant, constant_with_warmup, linear, cosine", NULL);
     EXPECT_SET_ERROR(&c, "memory.device=lots", "bad size 'lots'", NULL);
+    EXPECT_SET_ERROR(&c, "memory.nvme.pth=/d", "unknown key 'memory.nvme.pth', did you mean 'memory.nvme.path'?", NULL);
+    EXPECT_SET_ERROR(&c, "memory.nvme.budget=lots", "bad size 'lots'", NULL);
     EXPECT_SET_ERROR(&c, "seed.x=1", "'seed' has no sub-keys", NULL);
     EXPECT_SET_ERROR(&c, "micro_batch_size", "expected key=value", NULL);
     EXPECT_SET_ERROR(&c, "=4", "the key is empty", NULL);

@@ -19,10 +19,23 @@
 
 int64_t eng_model_optim_step_count(const eng_model_t *m, int i) { return m->params[i].step; }
 
-void eng_exec_read_optim_state(eng_exec_t *x, int i, float *master, float *mom1, float *mom2) {
+/* Parameter i's moments from the NVMe tier into mom1, mom2 (either NULL). */
+static mt_status_t read_nvme_moments(eng_exec_t *x, int i, float *mom1, float *mom2, mt_error_t *err) {
+    eng_param_t *p = &x->model->params[i];
+    const size_t bytes = exec_f32_bytes(p);
+    mt_status_t st = eng_optim_nvme_load(x->hopt.nvme, x->model, i, err);
+    if (st != MT_OK) return st;
+    if (mom1) memcpy(mom1, p->host_m, bytes);
+    if (mom2) memcpy(mom2, p->host_v, bytes);
+    return eng_optim_nvme_unload(x->hopt.nvme, x->model, i, false, err);
+}
+
+/* eng_exec_read_optim_state, an NVMe tier's failure returned. */
+static mt_status_t read_optim_state(eng_exec_t *x, int i, float *master, float *mom1, float *mom2, mt_error_t *err) {
     eng_model_t *m = x->model;
     if (master) eng_exec_read_param(x, i, master, false); /* drains first */
     else eng_exec_drain(x);
+    if (eng_optim_nvme_holds(x->hopt.nvme, i) && (mom1 || mom2)) return read_nvme_moments(x, i, mom1, mom2, err);
     const eng_param_t *p = &m->params[i];
     eng_dparam_t *d = &x->dp[i];
     const size_t bytes = exec_f32_bytes(p);
@@ -37,6 +50,26 @@ void eng_exec_read_optim_state(eng_exec_t *x, int i, float *master, float *mom1,
         else memset(dst[k], 0, bytes);
     }
     kern_stream_sync(x->dev, s);
+    return MT_OK;
+}
+
+void eng_exec_read_optim_state(eng_exec_t *x, int i, float *master, float *mom1, float *mom2) {
+    mt_error_t err = {0};
+    /* a save checks the state first (eng_exec_check_optim_state), which
+     * reports a failing NVMe tier as an error; here it is a broken invariant */
+    MT_CHECK(read_optim_state(x, i, master, mom1, mom2, &err) == MT_OK, "%s", err.msg);
+}
+
+/* Parameter i's moments written to the NVMe tier (step > 0). */
+static mt_status_t write_nvme_moments(eng_exec_t *x, int i, const float *mom1, const float *mom2, mt_error_t *err) {
+    eng_param_t *p = &x->model->params[i];
+    const size_t bytes = exec_f32_bytes(p);
+    p->step = 0; /* loads zeros instead of reading an extent perhaps never written */
+    mt_status_t st = eng_optim_nvme_load(x->hopt.nvme, x->model, i, err);
+    if (st != MT_OK) return st;
+    memcpy(p->host_m, mom1, bytes);
+    memcpy(p->host_v, mom2, bytes);
+    return eng_optim_nvme_unload(x->hopt.nvme, x->model, i, true, err);
 }
 
 /* AdamW state of a parameter whose block keeps the optimizer on the
@@ -84,6 +117,9 @@ mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master
             if (st != MT_OK) return st;
             items[n++] = (moe_staging_xfer_t){(void *)mom1, d->m, bytes, MOE_STAGING_COPY};
             items[n++] = (moe_staging_xfer_t){(void *)mom2, d->v, bytes, MOE_STAGING_COPY};
+        } else if (eng_optim_nvme_holds(x->hopt.nvme, i)) {
+            mt_status_t st = write_nvme_moments(x, i, mom1, mom2, err);
+            if (st != MT_OK) return st;
         } else {
             if (!p->host_m) {
                 p->host_m = malloc(bytes);
@@ -131,8 +167,8 @@ mt_status_t eng_exec_check_optim_state(eng_exec_t *x, mt_error_t *err) {
     for (int i = 0; i < m->num_params && st == MT_OK; i++) {
         const eng_param_t *p = &m->params[i];
         if (p->frozen || p->step == 0) continue;
-        eng_exec_read_optim_state(x, i, NULL, m1, m2);
-        st = check_moment(p->spec, 0, m1, err);
+        st = read_optim_state(x, i, NULL, m1, m2, err);
+        if (st == MT_OK) st = check_moment(p->spec, 0, m1, err);
         if (st == MT_OK) st = check_moment(p->spec, 1, m2, err);
     }
     free(m1);
@@ -157,4 +193,38 @@ void eng_optim_discard_step(eng_exec_t *x) {
     kern_stream_sync(x->dev, s);
     x->prog.overlap = false;
     x->micro_left = 0;
+}
+
+mt_status_t eng_exec_place_optim_nvme(eng_exec_t *x, const char *dir, uint64_t budget, eng_nvme_placed_t *out,
+                                      mt_error_t *err) {
+    eng_model_t *m = x->model;
+    MT_CHECK(!x->hopt.nvme, "the NVMe tier placed twice");
+    eng_exec_drain(x);
+    bool *in_store = calloc((size_t)(m->num_params > 0 ? m->num_params : 1), sizeof *in_store);
+    MT_CHECK_ALLOC(in_store, "NVMe placement");
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < m->num_params; i++) {
+        const eng_param_t *p = &m->params[i];
+        in_store[i] = !p->frozen && p->host_w && exec_block_plan(&x->env, p->block)->optim == SCHED_OPTIM_HOST;
+        if (!in_store[i]) continue;
+        /* placed before any step or resume: nothing in host memory to move */
+        MT_CHECK(!p->host_m && p->step == 0, "AdamW state of %s exists before the NVMe tier is placed", p->spec->name);
+        out->params++;
+    }
+    mt_status_t st = MT_OK;
+    if (out->params == 0)
+        st = mt_error_set(err, MT_ERR_UNSUPPORTED,
+                          "no block of this plan runs AdamW on the host, so the NVMe tier would hold nothing "
+                          "(scheduler.optimizer: host puts it there)");
+    if (st == MT_OK) {
+        out->bytes = eng_optim_nvme_planned_bytes(m, in_store);
+        st = eng_optim_nvme_open(&x->hopt.nvme, m, in_store, dir, budget, err);
+    }
+    if (st == MT_OK) {
+        out->io = mt_store_io_name(x->hopt.nvme->store);
+        out->run_dir = mt_store_run_dir(x->hopt.nvme->store);
+        out->leftovers_removed = mt_store_leftovers_removed(x->hopt.nvme->store);
+    }
+    free(in_store);
+    return st;
 }

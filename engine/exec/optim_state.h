@@ -41,6 +41,22 @@ mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master
  * pending work first). */
 mt_status_t eng_exec_check_optim_state(eng_exec_t *x, mt_error_t *err);
 
+/* What eng_exec_place_optim_nvme placed. */
+typedef struct {
+    int params;             /* parameters whose AdamW moments the store holds */
+    uint64_t bytes;         /* their disk bytes */
+    const char *io;         /* "io_uring" or "pread/pwrite" */
+    const char *run_dir;    /* this run's subdirectory (valid while the executor is open) */
+    int leftovers_removed;  /* killed runs' subdirectories removed */
+} eng_nvme_placed_t;
+
+/* Puts the host AdamW moments of every trained parameter whose block runs
+ * AdamW on the host into an NVMe store in dir (engine/optim/nvme_state.h),
+ * before any step or resume; budget 0: the free space limits it.  An error
+ * when the plan runs no AdamW on the host, or the bytes do not fit. */
+mt_status_t eng_exec_place_optim_nvme(eng_exec_t *x, const char *dir, uint64_t budget, eng_nvme_placed_t *out,
+                                      mt_error_t *err);
+
 /* Drops the gradients accumulated for a step that is not applied (a
  * skipped non-finite step), leaving every weight and moment as it was, so
  * the next step starts from zero gradients as after an update. */

@@ -379,6 +379,7 @@ static mt_status_t nonfinite_weight(const eng_param_spec_t *ps, const float *w, 
 
 /* What the host worker found after the previous step's deferred updates. */
 static mt_status_t deferred_check(eng_exec_t *x, eng_optim_stats_t *out, mt_error_t *err) {
+    if (eng_optim_nvme_error(x->hopt.nvme, err) != MT_OK) return err->code; /* the NVMe tier failed */
     const int i = x->hopt.nonfinite_param;
     if (i < 0) return MT_OK;
     const eng_param_t *p = &x->model->params[i];
@@ -444,7 +445,8 @@ static mt_status_t update_block(eng_exec_t *x, int b, const kern_adamw_params_t 
             const mt_status_t st = device_adamw(x, i, base, err);
             if (st != MT_OK) return st;
         } else {
-            exec_host_adamw(x->hopt.pool, p, d->host_g, base);
+            const mt_status_t st = exec_host_adamw(&x->hopt, x->hopt.pool, i, d->host_g, base, err);
+            if (st != MT_OK) return st;
         }
         finite_check_param(fc, x, i, bp->optim == SCHED_OPTIM_DEVICE);
         if (refresh && d->w) { /* none: another device's expert (expert parallel) */

@@ -51,9 +51,16 @@ kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip
     };
 }
 
-void exec_host_adamw(kern_threadpool_t *pool, eng_param_t *p, const float *grad, const kern_adamw_params_t *base) {
+mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i, const float *grad,
+                            const kern_adamw_params_t *base, mt_error_t *err) {
+    eng_param_t *p = &h->m->params[i];
     const size_t n = p->spec->numel;
-    if (!p->host_m) {
+    /* in the store and not loaded with its block (block_stream): on its own */
+    const bool streamed = eng_optim_nvme_holds(h->nvme, i) && !p->host_m;
+    if (streamed) {
+        const mt_status_t st = eng_optim_nvme_load(h->nvme, h->m, i, err);
+        if (st != MT_OK) return st;
+    } else if (!p->host_m) {
         p->host_m = calloc(n, sizeof(float));
         p->host_v = calloc(n, sizeof(float));
         MT_CHECK(p->host_m && p->host_v, "out of host memory for AdamW state of %s", p->spec->name);
@@ -61,6 +68,36 @@ void exec_host_adamw(kern_threadpool_t *pool, eng_param_t *p, const float *grad,
     kern_adamw_params_t ap = *base;
     ap.step = ++p->step;
     kern_adamw_cpu_pool(pool, p->host_w, p->host_m, p->host_v, grad, NULL, NULL, n, &ap);
+    return streamed ? eng_optim_nvme_unload(h->nvme, h->m, i, true, err) : MT_OK;
+}
+
+/* The worker's update of parameter i; a failure of the NVMe tier is kept
+ * for the next optimizer step to report (eng_optim_nvme_error). */
+static void worker_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i, const float *grad,
+                         const kern_adamw_params_t *base) {
+    mt_error_t err = {0};
+    const mt_status_t st = exec_host_adamw(h, pool, i, grad, base, &err);
+    if (st != MT_OK) eng_optim_nvme_note(h->nvme, st, &err);
+}
+
+/* The NVMe tier's parameters of block b that the job updates: their
+ * moments read as one batch (load) or written back as one (!load).  A
+ * failure is kept for the next step; the parameters then stream one by one
+ * (exec_host_adamw), which reports it again or succeeds. */
+static void block_stream(exec_host_optim_t *h, int b, bool load, int *idx) {
+    if (!h->nvme) return;
+    int n = 0;
+    for (int i = 0; i < h->m->num_params; i++) {
+        const eng_param_t *p = &h->m->params[i];
+        /* loading: those with a gradient; writing back: those loaded (a
+         * deferred update has cleared has_grad by then) */
+        if (p->block == b && eng_optim_nvme_holds(h->nvme, i) && (load ? h->dp[i].has_grad : p->host_m != NULL))
+            idx[n++] = i;
+    }
+    mt_error_t err = {0};
+    const mt_status_t st = load ? eng_optim_nvme_load_many(h->nvme, h->m, idx, n, &err)
+                                : eng_optim_nvme_unload_many(h->nvme, h->m, idx, n, true, &err);
+    eng_optim_nvme_note(h->nvme, st, &err);
 }
 
 static void *worker_main(void *arg) {
@@ -74,6 +111,8 @@ static void *worker_main(void *arg) {
     const int host_cores = kern_device_caps(h->dev).host_cores;
     kern_threadpool_t *own = host_cores > 0 ? kern_threadpool_create(host_cores) : NULL;
     kern_threadpool_t *pool = own ? own : h->pool;
+    int *idx = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *idx); /* block_stream's list */
+    MT_CHECK_ALLOC(idx, "host optimizer parameter list");
     pthread_mutex_lock(&h->lock);
     for (;;) {
         while (!h->stop && h->head == h->tail) pthread_cond_wait(&h->cond, &h->lock);
@@ -84,12 +123,13 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&h->lock);
         const double t0 = mt_now_s();
         size_t bytes = 0;
+        block_stream(h, b, true, idx);
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
             eng_dparam_t *d = &h->dp[i];
             if (p->block != b || !d->has_grad) continue;
             if (job.deferred) {
-                exec_host_adamw(pool, p, d->host_g, &job.base);
+                worker_adamw(h, pool, i, d->host_g, &job.base);
                 /* checked here, while the block is in cache: the step that
                  * deferred it has returned (eng_optim_step reports it next) */
                 if (h->nonfinite_param < 0 && mt_first_nonfinite_f32(p->host_w, p->spec->numel) != MT_ALL_FINITE)
@@ -99,11 +139,12 @@ static void *worker_main(void *arg) {
             } else {
                 /* the norm's share while the gradient is at hand, off the step's tail */
                 kern_sumsq_cpu(NULL, &h->gnorm_part[i], d->host_g, p->spec->numel);
-                exec_host_adamw(pool, p, d->host_g, &job.base);
+                worker_adamw(h, pool, i, d->host_g, &job.base);
                 h->done[i] = true;
             }
             bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
         }
+        block_stream(h, b, false, idx);
         if (*h->trace) {
             char name[32];
             snprintf(name, sizeof name, "AdamW block %d", b);
@@ -115,6 +156,7 @@ static void *worker_main(void *arg) {
         pthread_cond_broadcast(&h->cond);
     }
     pthread_mutex_unlock(&h->lock);
+    free(idx);
     kern_threadpool_destroy(own);
     return NULL;
 }
@@ -197,6 +239,7 @@ void exec_host_optim_free(exec_host_optim_t *h) {
         h->started = false;
     }
     kern_threadpool_destroy(h->own_pool);
+    eng_optim_nvme_free(h->nvme);
     free(h->queue);
     free(h->block_pending);
     free(h->done);

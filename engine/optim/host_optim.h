@@ -19,6 +19,7 @@
 #include "engine/layers/dparam.h"
 #include "engine/model/model.h"
 #include "engine/optim/hparams.h"
+#include "engine/optim/nvme_state.h"
 #include "kernels/adamw.h"
 #include "kernels/host/threadpool.h"
 
@@ -53,6 +54,7 @@ typedef struct {
     float *gnorm_part;           /* per parameter updated during backward: its gradient's sum of squares */
     int nonfinite_param;         /* first parameter a deferred update left with a NaN or Inf, or -1
                                     (written by the worker, read after exec_host_optim_wait) */
+    eng_optim_nvme_t *nvme;      /* owned: the NVMe tier holding host AdamW moments (nvme_state.h), or NULL */
 } exec_host_optim_t;
 
 /* For model m's parameters, their gradients dp on device dev, spans
@@ -64,9 +66,11 @@ void exec_host_optim_free(exec_host_optim_t *h);
 
 /* The AdamW kernel's parameters for hp, gradients scaled by clip_scale. */
 kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip_scale);
-/* One AdamW step of p on its host master with gradient grad (state
- * allocated on first use). */
-void exec_host_adamw(kern_threadpool_t *pool, eng_param_t *p, const float *grad, const kern_adamw_params_t *base);
+/* One AdamW step of parameter i on its host master with gradient grad
+ * (state allocated on first use; streamed in from the NVMe tier and back
+ * out when h->nvme holds it: an error there is returned). */
+mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i, const float *grad,
+                            const kern_adamw_params_t *base, mt_error_t *err);
 
 /* Starts the worker if needed, for a step with these hyper-parameters. */
 void exec_host_optim_start(exec_host_optim_t *h, const eng_optim_hparams_t *hp);

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "engine/exec/optim_state.h"
 #include "engine/run/eval.h"
 #include "engine/run/signals.h"
 
@@ -113,6 +114,31 @@ static mt_status_t plan(eng_run_t *run, const eng_run_opts_t *opts, mt_error_t *
     return st;
 }
 
+/* memory.nvme: the host AdamW state on the NVMe tier, for the combination
+ * built so far (one device of one process, full fine-tuning); others are
+ * refused rather than silently left in host memory. */
+static mt_status_t open_nvme(eng_run_t *run, const eng_run_opts_t *opts, mt_error_t *err) {
+    const eng_run_config_t *rc = run->rc;
+    const char *why = opts->lora || rc->adapter != ENG_ADAPTER_NONE ? "LoRA (adapter:)"
+                      : rc->devices.count > 1                        ? "several devices (devices:)"
+                      : run->nranks > 1                              ? "several ranks"
+                                                                     : NULL;
+    if (why)
+        return mt_error_set(err, MT_ERR_UNSUPPORTED,
+                            "memory.nvme.path %s: the NVMe tier is built for full fine-tuning on one device of one "
+                            "process; this run uses %s (remove memory.nvme to train in host memory)",
+                            rc->memory_nvme_path, why);
+    eng_nvme_placed_t placed;
+    mt_status_t st = eng_exec_place_optim_nvme(run->x, rc->memory_nvme_path, rc->memory_nvme_budget, &placed, err);
+    if (st != MT_OK) return mt_error_prefix(err, "memory.nvme.path: ");
+    fprintf(stderr, "moetune: NVMe tier: AdamW state of %d parameters (%.3f GiB) in %s through %s", placed.params,
+            placed.bytes / 1073741824.0, placed.run_dir, placed.io);
+    if (placed.leftovers_removed)
+        fprintf(stderr, "; removed %d killed run(s)' leftover files", placed.leftovers_removed);
+    fprintf(stderr, "\n");
+    return MT_OK;
+}
+
 /* The model once and an executor on each of the `devices:`
  * (engine/parallel/devices.h), bound to the job's ranks. */
 static mt_status_t open_model(eng_run_t *run, const eng_run_opts_t *opts, mt_error_t *err) {
@@ -134,7 +160,8 @@ static mt_status_t open_model(eng_run_t *run, const eng_run_opts_t *opts, mt_err
     if (st != MT_OK) return st;
     run->x = run->multi.primary;
     run->model = eng_multi_model(&run->multi);
-    if (!run->ranks) return MT_OK;
+    if (rc->memory_nvme_path[0]) st = open_nvme(run, opts, err);
+    if (st != MT_OK || !run->ranks) return st;
     run->multi.ranks = run->ranks;
     return eng_ranks_bind_device(run->ranks, run->dev, err);
 }

@@ -1,0 +1,67 @@
+/* Host AdamW state on the NVMe tier: the moments m and v of the parameters
+ * whose block runs AdamW on the host kept in the store (store/store.h)
+ * instead of host memory, and streamed in and out around each update.
+ *
+ * A parameter's m and v are one extent ([m | v], v at a 64-byte aligned
+ * offset); the host worker reads a block's extents as one batch before
+ * the block's update and writes them back as one after it, every request
+ * of the batch in flight together.  While loaded, the parameter's host_m and host_v point
+ * into one aligned buffer; unloading writes it back (or not) and sets them
+ * to NULL again, so host memory holds the moments of the parameters being
+ * updated only.  The arithmetic is the host optimizer's own, on the same
+ * values: a run trains bit-identically with or without the tier.
+ *
+ * A parameter never stepped has no extent written: loading it gives zeros,
+ * as torch's lazily created state.  The host worker and the executor's
+ * thread both use the state (updates, checkpoint reads and writes), one at
+ * a time under its lock; the worker cannot return a status, so its first
+ * failure is kept (eng_optim_nvme_error) and the next optimizer step
+ * reports it. */
+#ifndef MT_ENGINE_OPTIM_NVME_STATE_H
+#define MT_ENGINE_OPTIM_NVME_STATE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "engine/model/model.h"
+#include "store/store.h"
+
+typedef struct eng_optim_nvme {
+    mt_store_t *store;
+    int num_params;
+    int *extent;          /* per parameter: its [m | v] extent, -1: not in the store */
+    pthread_mutex_t lock; /* one user of the store at a time */
+    mt_status_t failed;   /* the worker's first failure (MT_OK: none), its message in err */
+    mt_error_t err;
+} eng_optim_nvme_t;
+
+/* A store in dir (budget bytes, 0: the free space) holding parameter i's
+ * moments where in_store[i]; the planned bytes are checked against the
+ * budget and the disk before anything is reserved. */
+mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, const eng_model_t *m, const bool *in_store, const char *dir,
+                                uint64_t budget, mt_error_t *err);
+void eng_optim_nvme_free(eng_optim_nvme_t *nv);
+
+/* The bytes of disk the moments of in_store's parameters take. */
+uint64_t eng_optim_nvme_planned_bytes(const eng_model_t *m, const bool *in_store);
+bool eng_optim_nvme_holds(const eng_optim_nvme_t *nv, int i);
+
+/* The moments of parameters idx[0..n) into their host_m / host_v (zeros
+ * before a first step), read as one batch: every request in flight together. */
+mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, mt_error_t *err);
+/* Writes them back as one batch when write, then frees them (host_m =
+ * host_v = NULL); err may be NULL when !write. */
+mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, bool write,
+                                       mt_error_t *err);
+/* The same for one parameter i. */
+mt_status_t eng_optim_nvme_load(eng_optim_nvme_t *nv, eng_model_t *m, int i, mt_error_t *err);
+mt_status_t eng_optim_nvme_unload(eng_optim_nvme_t *nv, eng_model_t *m, int i, bool write, mt_error_t *err);
+
+/* Records the worker's first failure; returns st. */
+mt_status_t eng_optim_nvme_note(eng_optim_nvme_t *nv, mt_status_t st, const mt_error_t *err);
+/* The recorded failure, copied into err (MT_OK: none). */
+mt_status_t eng_optim_nvme_error(eng_optim_nvme_t *nv, mt_error_t *err);
+
+#endif

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# The NVMe tier (memory.nvme) on the real `moetune` binary with a tiny
+# Mixtral under the host-optimizer plan:
+#   1. a run with the host AdamW state in the store trains bit-identically to
+#      the same run in host memory: per-step losses, the final tensors, the
+#      loader's digest, and checkpoint-7's optimizer.safetensors; the store
+#      directory is empty afterwards;
+#   2. stopped at a checkpoint and resumed with the tier = the uninterrupted
+#      run; its checkpoint also resumes without the tier (the state is
+#      plan-free);
+#   3. kill -9 mid-run leaves the killed run's subdirectory; the resumed run
+#      names and removes it, makes its own, and still ends as the
+#      uninterrupted run;
+#   4. random blocks written into the store file under a running run stop
+#      it with an error naming the file and offset;
+#   5. refusals naming the key and what to do: LoRA, the device-optimizer
+#      plan (nothing on the host to hold), a budget smaller than the state
+#      (the directory and both sizes), a directory that does not exist.
+set -u
+. "$(dirname "$0")/test_lib.sh"
+MOETUNE="$1"; DIGEST="$2"; HW="$3"
+for b in "$MOETUNE" "$DIGEST"; do [ -x "$b" ] || { echo "usage: nvme_train_test.sh MOETUNE CKPT_DIGEST HW.yaml"; exit 2; }; done
+HW="$(cd "$(dirname "$HW")" && pwd)/$(basename "$HW")"
+MOETUNE="$(cd "$(dirname "$MOETUNE")" && pwd)/$(basename "$MOETUNE")"
+DIGEST="$(cd "$(dirname "$DIGEST")" && pwd)/$(basename "$DIGEST")"
+T="${TEST_TMPDIR:-$(mktemp -d)}/nvme"
+rm -rf "$T"; mkdir -p "$T/w" "$T/logs"; cd "$T/w" || exit 2
+L="$T/logs"
+
+write_tiny_mixtral 40
+cp "$HW" hw.yaml || exit 2
+cat > run.yaml <<'YAML'
+base_model: models/ckpt
+base_model_init: tiny.json
+datasets:
+  - path: data/train.jsonl
+sequence_len: 16
+micro_batch_size: 3
+gradient_accumulation_steps: 2
+max_steps: 16
+learning_rate: 1.0e-3
+lr_scheduler: cosine
+warmup_steps: 3
+weight_decay: 0.01
+shuffle: true
+seed: 11
+output_dir: out
+backend: cpu
+logging_steps: 1
+progress: false
+hardware: hw.yaml
+scheduler:
+  optimizer: host
+YAML
+if ! "$MOETUNE" init run.yaml >"$L/init.out" 2>"$L/init.err"; then
+  echo "FAIL setup: moetune init"; cat "$L/init.err"; exit 1
+fi
+mkdir -p nvd
+NV="--set memory.nvme.path=nvd"
+
+# tensors of DIR/FILE after its header (the header holds the save's id)
+body() { local f="$1" n; n=$(od -An -tu8 -N8 "$f" | tr -d ' '); tail -c +$((9 + n)) "$f" | sha256sum | cut -d' ' -f1; }
+same_run() { # NAME REF OTHER: every logged loss, the final tensors, the digest
+  local name="$1" ref="$2" res="$3"
+  losses "$ref" > "$L/$name.ref"
+  awk '/"run_start"/{n=NR} {l[NR]=$0} END{for(i=n+1;i<=NR;i++) print l[i]}' "$res/metrics.jsonl" \
+    | grep -o '"step":[0-9]*,"loss":[-0-9.e]*' > "$L/$name.res"
+  [ -s "$L/$name.res" ] || { fail "$name: no step logged"; return 1; }
+  grep -qvxFf "$L/$name.ref" "$L/$name.res" && { fail "$name: losses differ:"; grep -vxFf "$L/$name.ref" "$L/$name.res" | head -3; return 1; }
+  [ "$(tail -n1 "$L/$name.res")" = "$(tail -n1 "$L/$name.ref")" ] || { fail "$name: did not reach the last step"; return 1; }
+  [ "$(tensor_bytes "$ref")" = "$(tensor_bytes "$res")" ] || { fail "$name: final tensor bytes differ"; return 1; }
+  [ "$("$DIGEST" "$ref")" = "$("$DIGEST" "$res")" ] || { fail "$name: the loader's digests differ"; return 1; }
+  return 0
+}
+empty_store() { [ -z "$(ls -A nvd)" ] || { fail "$1: the store directory is not empty: $(ls -A nvd)"; return 1; }; }
+
+# --- 1. bit-identical to host memory -----------------------------------------------------
+ckpt="--set save_steps=7"
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=ref $ckpt >"$L/ref.out" 2>&1 \
+  || { fail "the host-memory run failed"; cat "$L/ref.out"; }
+# shellcheck disable=SC2086
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=nv $ckpt $NV >"$L/nv.out" 2>&1 \
+  || { fail "the NVMe run failed"; cat "$L/nv.out"; }
+grep -qE "NVMe tier: AdamW state of [0-9]+ parameters .* in nvd/moetune-[0-9a-f]{16} through (io_uring|pread/pwrite)" "$L/nv.out" \
+  || { fail "no NVMe tier line"; cat "$L/nv.out"; }
+same_run plain ref nv && ok "AdamW state on the NVMe tier = in host memory (losses, tensors, digest)"
+[ "$(body ref/checkpoint-7/optimizer.safetensors)" = "$(body nv/checkpoint-7/optimizer.safetensors)" ] \
+  && ok "checkpoint-7's optimizer.safetensors is the same bytes" || fail "checkpoint-7's optimizer state differs"
+empty_store "a finished run" && ok "a finished run leaves the store directory empty"
+
+# --- 2. stop and resume --------------------------------------------------------------------
+# shellcheck disable=SC2086
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=res $NV --set resume_from_checkpoint=nv/checkpoint-7 \
+  >"$L/res.out" 2>&1 || { fail "the resumed NVMe run failed"; cat "$L/res.out"; }
+same_run resume ref res && ok "resumed at step 7 with the tier = uninterrupted"
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=res_host --set resume_from_checkpoint=nv/checkpoint-7 \
+  >"$L/res_host.out" 2>&1 || fail "resuming the NVMe run's checkpoint in host memory failed"
+same_run resume_host ref res_host && ok "the NVMe run's checkpoint resumes in host memory = uninterrupted"
+
+# --- 3. kill -9 mid-run ----------------------------------------------------------------------
+long="--set max_steps=300 --set save_steps=20"
+timeout 120 "$MOETUNE" train run.yaml --set output_dir=ref_long $long >"$L/ref_long.out" 2>&1 || fail "long reference run"
+rm -rf killed
+# shellcheck disable=SC2086
+"$MOETUNE" train run.yaml --set output_dir=killed $long $NV >"$L/killed.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  [ -f killed/checkpoint-40/trainer_state.json ] && break
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.02
+done
+kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+left=$(ls -d nvd/moetune-* 2>/dev/null)
+if [ -z "$left" ] || grep -q "trained 300 steps" "$L/killed.out"; then
+  fail "the run finished before kill -9 or left nothing: '$left'"
+else
+  ok "kill -9 left the killed run's subdirectory ($left)"
+  # shellcheck disable=SC2086
+  timeout 120 "$MOETUNE" train run.yaml --set output_dir=killed $long $NV --set resume_from_checkpoint=true \
+    >"$L/killed_res.out" 2>&1 || { fail "resuming after kill -9 failed"; cat "$L/killed_res.out"; }
+  grep -q "removed 1 killed run(s)' leftover files" "$L/killed_res.out" \
+    && ok "the next run named and removed the killed run's leftovers" || fail "no removal line: $(grep NVMe "$L/killed_res.out")"
+  grep -q "in $left through" "$L/killed_res.out" && fail "the resumed run took the killed run's subdirectory"
+  [ -e "$left" ] && fail "the killed run's subdirectory is still there"
+  same_run killed ref_long killed && ok "resumed after kill -9 = uninterrupted"
+  empty_store "the resumed run"
+fi
+
+# --- 4. a store file corrupted under a running run -----------------------------------------
+# random blocks written into adamw.bin until the run stops: a read checks
+# every extent, so the run stops naming the file and offset, not as a
+# diverged step (whose advice would be about the learning rate)
+rm -rf corrupt
+# shellcheck disable=SC2086
+"$MOETUNE" train run.yaml --set output_dir=corrupt --set max_steps=100000 --set logging_steps=100 $NV \
+  >"$L/corrupt.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 1000); do
+  f=$(ls nvd/moetune-*/adamw.bin 2>/dev/null | head -n1)
+  [ -n "$f" ] && dd if=/dev/urandom of="$f" bs=4096 seek=20 count=4 conv=notrunc 2>/dev/null
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.05
+done
+kill -9 $pid 2>/dev/null; wait $pid; rc=$?
+if [ $rc = 1 ] && grep -qE "optimizer: AdamW state: nvd/moetune-[0-9a-f]{16}/adamw.bin: the extent at offset [0-9]+ " "$L/corrupt.out"; then
+  grep -q "diverged" "$L/corrupt.out" && fail "a corrupted store reported as a diverged step"
+  ok "a corrupted store file stops the run naming it: $(grep -o 'adamw.bin: the extent at offset [0-9]* [^:]*' "$L/corrupt.out" | head -n1)"
+else
+  fail "corrupted store: exit $rc, $(tail -n1 "$L/corrupt.out")"
+fi
+# a run that stops on an error removes its own files (one killed above would leave them)
+[ $rc = 1 ] && empty_store "a run stopped by a corrupted store" && ok "a run stopped by the error removes its files"
+rm -rf nvd/moetune-*
+
+# --- 5. refusals -------------------------------------------------------------------------------
+expect_refusal() { # NAME WANT... -- ARGS
+  local name="$1"; shift; local want=(); while [ "$1" != "--" ]; do want+=("$1"); shift; done; shift
+  timeout 60 "$MOETUNE" train run.yaml --set output_dir=refuse_$name "$@" >"$L/$name.out" 2>&1
+  local rc=$? w bad=0
+  [ $rc = 0 ] && { fail "$name: not refused"; return; }
+  for w in "${want[@]}"; do grep -qF -- "$w" "$L/$name.out" || { fail "$name: no '$w' in: $(tail -n2 "$L/$name.out")"; bad=1; }; done
+  [ $bad = 0 ] && ok "$name refused: $(grep -m1 error "$L/$name.out" | cut -c1-150)"
+}
+# shellcheck disable=SC2086
+expect_refusal lora "memory.nvme.path nvd" "LoRA" "remove memory.nvme" -- $NV --set adapter=lora --set lora_target_linear=true
+# shellcheck disable=SC2086
+expect_refusal device_plan "memory.nvme.path: " "scheduler.optimizer: host" -- $NV --set scheduler.optimizer=device
+# shellcheck disable=SC2086
+expect_refusal budget "nvd" "budget is 8192 bytes" "the store needs" -- $NV --set memory.nvme.budget=8KiB
+expect_refusal missing "nvd/nope" "cannot open the store directory" -- --set memory.nvme.path=nvd/nope
+empty_store "the refused runs" && ok "refused runs leave the store directory empty"
+echo "$failures failure(s)"
+[ "$failures" -eq 0 ]

@@ -1,0 +1,235 @@
+/* `moetune bench nvme` (see nvme_bench.h).  The raw file lives beside the
+ * store's run directory and is removed at the end; the store removes its
+ * own.  Rates are bytes moved over wall time (GB/s = 1e9 B/s). */
+#include "tools/bench/nvme_bench.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/status.h"
+#include "store/store.h"
+#include "tools/build_info.h"
+
+enum { RAW_REQ = 1 << 20, BLOCK_TENSORS = 16, MAX_TENSOR = (6 << 20) + 1024 /* tensor_bytes' largest */ };
+
+typedef struct {
+    const char *dir;
+    double gib;
+    int qd;
+    mt_sio_kind_t io;
+} bench_opts_t;
+
+/* Raw sequential I/O of `bytes` on fd in RAW_REQ requests at queue depth io's. */
+static double raw_pass(mt_sio_t *io, int fd, uint64_t bytes, bool write, void *buf, mt_error_t *err,
+                       mt_status_t *st) {
+    const int n = (int)(bytes / RAW_REQ);
+    const int qd = mt_sio_queue_depth(io);
+    mt_sio_req_t *r = calloc((size_t)n, sizeof *r);
+    MT_CHECK_ALLOC(r, "raw requests");
+    for (int i = 0; i < n; i++)
+        r[i] = (mt_sio_req_t){.fd = fd, .write = write, .offset = (uint64_t)i * RAW_REQ, .bytes = RAW_REQ,
+                              .buf = (char *)buf + (size_t)(i % qd) * RAW_REQ};
+    const double t0 = mt_now_s();
+    const int bad = mt_sio_run(io, r, n);
+    const double dt = mt_now_s() - t0;
+    if (bad >= 0)
+        *st = mt_error_set(err, MT_ERR_IO, "raw %s at offset %" PRIu64 " failed: %s", write ? "write" : "read",
+                           r[bad].offset, strerror((int)-r[bad].result));
+    free(r);
+    return (double)n * RAW_REQ / dt / 1e9;
+}
+
+typedef struct {
+    double w1, wq, r1, rq;
+} raw_rates_t;
+
+static mt_status_t raw_measure(const bench_opts_t *o, uint64_t bytes, raw_rates_t *out, mt_error_t *err) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/moetune-bench-raw-%ld.bin", o->dir, (long)getpid());
+    const int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd < 0) return mt_error_set(err, MT_ERR_IO, "%s: cannot create with O_DIRECT: %s", path, strerror(errno));
+    mt_sio_t *one = NULL, *many = NULL;
+    mt_status_t st = mt_sio_open(&one, o->io, 1, err);
+    if (st == MT_OK) st = mt_sio_open(&many, o->io, o->qd, err);
+    void *buf = mt_sio_buffer_alloc((size_t)o->qd * RAW_REQ);
+    MT_CHECK_ALLOC(buf, "raw buffers");
+    memset(buf, 0x5a, (size_t)o->qd * RAW_REQ);
+    if (st == MT_OK && posix_fallocate(fd, 0, (off_t)bytes) != 0)
+        st = mt_error_set(err, MT_ERR_IO, "%s: cannot allocate %" PRIu64 " bytes", path, bytes);
+    if (st == MT_OK) out->w1 = raw_pass(one, fd, bytes, true, buf, err, &st);
+    if (st == MT_OK) out->wq = raw_pass(many, fd, bytes, true, buf, err, &st);
+    if (st == MT_OK) out->r1 = raw_pass(one, fd, bytes, false, buf, err, &st);
+    if (st == MT_OK) out->rq = raw_pass(many, fd, bytes, false, buf, err, &st);
+    mt_sio_buffer_free(buf);
+    mt_sio_close(one);
+    mt_sio_close(many);
+    close(fd);
+    unlink(path);
+    return st;
+}
+
+/* Tensor i's length: 1.5, 3, 4 or 6 MiB plus an odd tail, as expert
+ * matrices of a few shapes are. */
+static uint64_t tensor_bytes(int i) {
+    static const uint64_t mib15[4] = {3, 6, 8, 12}; /* in half MiB */
+    return mib15[i % 4] * (512u << 10) + 4u * (uint64_t)(i % 7) * 37u;
+}
+
+typedef struct {
+    double w_first, w, r_order, r_recorded;
+    const char *io;
+} store_rates_t;
+
+/* The recorded order of a block's n tensors: a fixed shuffle (Fisher-Yates
+ * over a linear congruential sequence seeded by the block). */
+static void recorded_order(int *idx, int lo, int n, int b) {
+    for (int k = 0; k < n; k++) idx[k] = lo + k;
+    uint32_t x = 2463534242u + (uint32_t)b;
+    for (int k = n - 1; k > 0; k--) {
+        x = x * 1664525u + 1013904223u;
+        const int j = (int)((x >> 8) % (uint32_t)(k + 1));
+        const int t = idx[k];
+        idx[k] = idx[j];
+        idx[j] = t;
+    }
+}
+
+/* One batch of a block's tensors, written or read through the store. */
+static mt_status_t store_batch(mt_store_t *s, const int *ext, const int *idx, int n, void **bufs, bool write,
+                               mt_error_t *err) {
+    mt_store_op_t ops[BLOCK_TENSORS];
+    for (int k = 0; k < n; k++) ops[k] = (mt_store_op_t){ext[idx[k]], bufs[k]};
+    return write ? mt_store_write(s, ops, n, err) : mt_store_read(s, ops, n, err);
+}
+
+static mt_status_t store_measure(const bench_opts_t *o, uint64_t bytes, store_rates_t *out, mt_error_t *err) {
+    int nt = 0;
+    uint64_t total = 0, planned = 0;
+    while (total < bytes) {
+        total += tensor_bytes(nt);
+        planned += mt_store_span_bytes(tensor_bytes(nt++));
+    }
+    mt_store_t *s = NULL;
+    mt_store_opts_t so = {.dir = o->dir, .planned_bytes = planned, .queue_depth = o->qd, .io = o->io};
+    mt_status_t st = mt_store_open(&s, &so, err);
+    if (st != MT_OK) return st;
+    out->io = mt_store_io_name(s);
+    int f = -1;
+    int *ext = malloc((size_t)nt * sizeof *ext), *idx = malloc((size_t)nt * sizeof *idx);
+    MT_CHECK(ext && idx, "out of memory for the bench's extents");
+    void *bufs[BLOCK_TENSORS];
+    for (int k = 0; k < BLOCK_TENSORS; k++) {
+        bufs[k] = mt_sio_buffer_alloc(mt_store_buffer_bytes(MAX_TENSOR));
+        MT_CHECK_ALLOC(bufs[k], "bench buffers");
+        memset(bufs[k], 0x33 + k, mt_store_buffer_bytes(MAX_TENSOR));
+    }
+    st = mt_store_file_add(s, "bench.bin", &f, err);
+    for (int i = 0; i < nt && st == MT_OK; i++) st = mt_store_reserve(s, f, tensor_bytes(i), &ext[i], err);
+    /* passes: the first write (into freshly allocated space), a rewrite (an
+     * optimizer step's steady state), a read in order, a read in the
+     * recorded order: the blocks backward, each block's tensors shuffled */
+    double *rate[4] = {&out->w_first, &out->w, &out->r_order, &out->r_recorded};
+    const int nb = (nt + BLOCK_TENSORS - 1) / BLOCK_TENSORS;
+    for (int pass = 0; pass < 4 && st == MT_OK; pass++) {
+        const double t0 = mt_now_s();
+        for (int bi = 0; bi < nb && st == MT_OK; bi++) {
+            const int b = pass == 3 ? nb - 1 - bi : bi;
+            const int lo = b * BLOCK_TENSORS, n = nt - lo < BLOCK_TENSORS ? nt - lo : BLOCK_TENSORS;
+            if (pass == 3) recorded_order(idx, lo, n, b);
+            else
+                for (int k = 0; k < n; k++) idx[k] = lo + k;
+            st = store_batch(s, ext, idx, n, bufs, pass < 2, err);
+        }
+        *rate[pass] = (double)total / (mt_now_s() - t0) / 1e9;
+    }
+    for (int k = 0; k < BLOCK_TENSORS; k++) mt_sio_buffer_free(bufs[k]);
+    free(ext);
+    free(idx);
+    mt_store_close(s);
+    return st;
+}
+
+/* The directory's filesystem and block device, as far as /sys tells. */
+static void describe_disk(const char *dir, char *buf, size_t cap) {
+    struct stat st;
+    struct statfs fs;
+    if (stat(dir, &st) != 0 || statfs(dir, &fs) != 0) {
+        snprintf(buf, cap, "unknown");
+        return;
+    }
+    const char *type = fs.f_type == 0xEF53 ? "ext4" : fs.f_type == 0x58465342 ? "xfs" : fs.f_type == 0x9123683E ? "btrfs"
+                       : fs.f_type == 0x01021994 ? "tmpfs" : "other";
+    char path[128], name[64] = "?", model[128] = "";
+    snprintf(path, sizeof path, "/sys/dev/block/%u:%u/uevent", major(st.st_dev), minor(st.st_dev));
+    FILE *f = fopen(path, "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "DEVNAME=", 8) == 0) snprintf(name, sizeof name, "%.*s", (int)strcspn(line + 8, "\n"), line + 8);
+    if (f) fclose(f);
+    snprintf(path, sizeof path, "/sys/dev/block/%u:%u/device/model", major(st.st_dev), minor(st.st_dev));
+    f = fopen(path, "r");
+    if (f && fgets(model, sizeof model, f)) model[strcspn(model, "\n")] = '\0';
+    if (f) fclose(f);
+    snprintf(buf, cap, "%s on /dev/%s%s%s", type, name, model[0] ? ", " : "", model);
+}
+
+static int parse(int argc, char **argv, bench_opts_t *o) {
+    *o = (bench_opts_t){.gib = 1, .qd = 16, .io = MT_SIO_AUTO};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) return 0;
+        if (strcmp(a, "--dir") == 0) o->dir = v;
+        else if (strcmp(a, "--gib") == 0) o->gib = atof(v);
+        else if (strcmp(a, "--qd") == 0) o->qd = atoi(v);
+        else if (strcmp(a, "--io") == 0 && strcmp(v, "auto") == 0) o->io = MT_SIO_AUTO;
+        else if (strcmp(a, "--io") == 0 && strcmp(v, "uring") == 0) o->io = MT_SIO_URING;
+        else if (strcmp(a, "--io") == 0 && strcmp(v, "psync") == 0) o->io = MT_SIO_PSYNC;
+        else return 0;
+        i++;
+    }
+    return o->dir && o->gib > 0 && o->gib <= 4096 && o->qd >= 1 && o->qd <= 256;
+}
+
+int mt_bench_nvme_main(int argc, char **argv) {
+    bench_opts_t o;
+    if (!parse(argc, argv, &o)) {
+        fprintf(stderr, "usage: moetune bench nvme --dir DIR [--gib N (0 < N <= 4096)] [--qd 1..256] "
+                        "[--io auto|uring|psync]\n");
+        return 2;
+    }
+    mt_build_info_print(stdout);
+    char disk[256];
+    describe_disk(o.dir, disk, sizeof disk);
+    const uint64_t bytes = ((uint64_t)(o.gib * 1073741824.0) + RAW_REQ - 1) / RAW_REQ * RAW_REQ;
+    printf("nvme bench: %s (%s), %.3f GiB, 1 MiB raw requests, queue depth 1 and %d\n", o.dir, disk,
+           bytes / 1073741824.0, o.qd);
+    mt_error_t err = {0};
+    raw_rates_t raw = {0};
+    store_rates_t sto = {0};
+    mt_status_t st = raw_measure(&o, bytes, &raw, &err);
+    if (st == MT_OK) st = store_measure(&o, bytes, &sto, &err);
+    if (st != MT_OK) {
+        fprintf(stderr, "moetune: error: %s\n", err.msg);
+        return 1;
+    }
+    printf("raw O_DIRECT     write qd1 %7.3f GB/s   qd%-3d %7.3f GB/s\n", raw.w1, o.qd, raw.wq);
+    printf("raw O_DIRECT     read  qd1 %7.3f GB/s   qd%-3d %7.3f GB/s\n", raw.r1, o.qd, raw.rq);
+    printf("store (%s, tensors of 1.5-6 MiB, %d per batch, CRC32C checked):\n", sto.io, BLOCK_TENSORS);
+    printf("  first write             %7.3f GB/s\n", sto.w_first);
+    printf("  rewrite                 %7.3f GB/s   store/raw %.2f\n", sto.w, sto.w / raw.wq);
+    printf("  read in order           %7.3f GB/s   store/raw %.2f\n", sto.r_order, sto.r_order / raw.rq);
+    printf("  read in recorded order  %7.3f GB/s   store/raw %.2f\n", sto.r_recorded, sto.r_recorded / raw.rq);
+    const double worst = sto.w / raw.wq < sto.r_order / raw.rq ? sto.w / raw.wq : sto.r_order / raw.rq;
+    const double worst2 = worst < sto.r_recorded / raw.rq ? worst : sto.r_recorded / raw.rq;
+    printf("lowest store/raw ratio %.2f (goal >= 0.80)\n", worst2);
+    return 0;
+}
