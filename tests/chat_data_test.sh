@@ -74,6 +74,12 @@ if grep -q "^examples    600 " "$T/prep.out" && grep -q "(packed)" "$T/prep.out"
   ok "prepare: $(tr '\n' ';' < "$T/prep.out" | cut -c1-200)"
 else fail "prepare:"; cat "$T/prep.out" "$T/prep.err"; fi
 
+# datasets[].weight: the quick start's 600 conversations twice and a quarter of them again
+"$MOETUNE" prepare configs/quickstart-chat.yaml --set 'datasets=[{path: configs/data/quickstart-chat.jsonl, type: chat_template,
+  weight: 2}, {path: configs/data/quickstart-chat.jsonl, type: chat_template, weight: 0.25}]' > "$T/w.out" 2>&1
+if grep -q "^examples    1350 " "$T/w.out"; then ok "weights 2 and 0.25 of 600 examples: 1350"
+else fail "dataset weights:"; cat "$T/w.out"; fi
+
 # the prepared-data cache: written once, read back, the same losses as tokenizing; a damaged file is
 # reported and tokenized again, never used
 losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl" | tr '\n' ' '; }

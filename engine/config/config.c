@@ -190,6 +190,7 @@ static const key_row_t k_dataset_rows[] = {
     {"message_property_mappings", K_SECTION, 0, 0, NULL, NULL, 0, 0},
     {"roles_to_train", K_STRLIST, 0, 0, NULL, NULL, 0, 0},
     {"train_on_eos", K_STRING, 0, 0, NULL, NULL, 0, 0},
+    {"weight", K_DOUBLE, 0, 0, NULL, NULL, 0, 0},
     {0},
 };
 
@@ -451,6 +452,12 @@ static mt_status_t dataset_key(pctx_t *c, const char *list, const char *name, ya
         return take_string(c, v, key, false, d->field_messages, sizeof d->field_messages);
     if (strcmp(name, "message_property_mappings") == 0) return dataset_mappings(c, v, key, d);
     if (strcmp(name, "roles_to_train") == 0) return dataset_roles(c, v, key, d);
+    if (strcmp(name, "weight") == 0) {
+        /* up to 1000: a bigger one repeats a file's examples a thousand times an epoch, surely a typo */
+        if (!v || !eng_yaml_number(v, &d->weight) || !(d->weight > 0 && d->weight <= 1000))
+            return eng_cfg_fail(c, v, "%s: expected a number in (0, 1000]", key);
+        return MT_OK;
+    }
     if (strcmp(name, "type") == 0) {
         if ((st = dataset_enum(c, v, key, k_data_type_names, &e)) == MT_OK) d->type = (eng_data_type_t)e;
         return st;

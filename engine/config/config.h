@@ -88,6 +88,7 @@ typedef struct {
     char roles_to_train[ENG_MAX_TRAIN_ROLES][32]; /* default [assistant] */
     int num_roles_to_train;
     eng_train_on_eos_t train_on_eos; /* default turn */
+    double weight;           /* examples taken per epoch = weight x the file's; default 1 (engine/data/data.h) */
 } eng_dataset_entry_t;
 
 /* val_set_size: a fraction of the training examples (0 < size < 1) or a

@@ -56,6 +56,7 @@ void eng_dataset_entry_defaults(eng_dataset_entry_t *d) {
     snprintf(d->roles_to_train[0], sizeof d->roles_to_train[0], "assistant");
     d->num_roles_to_train = 1;
     d->train_on_eos = ENG_EOS_TURN;
+    d->weight = 1.0;
 }
 
 void eng_run_config_copy(eng_run_config_t *dst, const eng_run_config_t *src) {

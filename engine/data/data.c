@@ -26,6 +26,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -303,6 +304,51 @@ static bool ends_with(const char *s, const char *suffix) {
     return n > m && strcmp(s + n - m, suffix) == 0 && s[n - m - 1] != '/';
 }
 
+typedef struct {
+    uint64_t key;
+    int64_t e;
+} pick_t;
+
+static int by_key(const void *a, const void *b) {
+    const pick_t *x = a, *y = b;
+    return x->key < y->key ? -1 : x->key > y->key;
+}
+
+/* datasets[].weight w: the file's examples [first, ex->n) taken w times
+ * an epoch, in file order: each floor(w) times, and round(frac(w) x n) of
+ * them, drawn from the seed and the file's place, once more.  So w = 2
+ * repeats a file, w = 0.25 keeps a quarter of it, the same quarter on a
+ * rerun and a resume. */
+static void apply_weight(eng_examples_t *ex, int64_t first, double w, uint64_t seed, int index) {
+    const int64_t n = ex->n - first;
+    if (w == 1.0 || n == 0) return;
+    const int64_t whole = (int64_t)w, extra = llround((w - (double)whole) * (double)n);
+    pick_t *picks = malloc((size_t)n * sizeof *picks);
+    uint8_t *again = calloc((size_t)n, 1);
+    eng_examples_t tail;
+    eng_examples_init(&tail);
+    MT_CHECK(picks && again, "out of host memory weighting a dataset");
+    for (int64_t e = 0; e < n; e++) {
+        uint64_t st = seed ^ ((uint64_t)index << 48) ^ (uint64_t)e * 0x9e3779b97f4a7c15ull;
+        picks[e] = (pick_t){mt_splitmix64(&st), e};
+        const int64_t b = ex->off[first + e];
+        eng_examples_add(&tail, ex->ids + b, ex->labels + b, ex->mask + b, eng_example_len(ex, first + e),
+                         ex->file[first + e], ex->line[first + e]);
+    }
+    qsort(picks, (size_t)n, sizeof *picks, by_key);
+    for (int64_t k = 0; k < extra; k++) again[picks[k].e] = 1;
+    ex->n = first; /* the tail is rebuilt from its copy */
+    for (int64_t e = 0; e < n; e++)
+        for (int64_t m = 0; m < whole + again[e]; m++) {
+            const int64_t b = tail.off[e];
+            eng_examples_add(ex, tail.ids + b, tail.labels + b, tail.mask + b, eng_example_len(&tail, e), tail.file[e],
+                             tail.line[e]);
+        }
+    eng_examples_free(&tail);
+    free(again);
+    free(picks);
+}
+
 /* A JSONL file's examples from the prepared-data cache when it holds them
  * (prepared.h), else read and tokenized, and written there. */
 static mt_status_t read_jsonl_cached(eng_examples_t *ex, const char *path, const eng_dataset_entry_t *d,
@@ -343,7 +389,9 @@ static mt_status_t read_files(eng_rows_t *r, const char *const *paths, int num_p
     for (int i = 0; i < num_paths && st == MT_OK; i++) {
         const char *p = paths[i];
         if (ends_with(p, ".jsonl") || ends_with(p, ".json")) {
+            const int64_t first = ex.n;
             st = read_jsonl_cached(&ex, p, o->entries ? &o->entries[i] : NULL, o, err);
+            if (st == MT_OK && o->entries) apply_weight(&ex, first, o->entries[i].weight, o->seed, i);
             if (st == MT_OK && !o->pack) {
                 eng_rows_add_examples(r, &ex, false, 0);
                 r->dropped += ex.untrained;
