@@ -63,11 +63,13 @@ uint8_t mt_bnb_quantize_8bit(const float map[256], float x) {
 }
 
 /* torch.linspace(start, end, steps) in fp32 as torch's CPU kernel computes
- * it: the first half from start, the second half back from end. */
+ * it: the first half from start, the second half back from end, each
+ * `start + step * i` one fused multiply-add (torch's kernels are built with
+ * FMA contraction; the reference script's map from torch matches this). */
 static void linspace_f32(float start, float end, int steps, float *out) {
     const float step = (end - start) / (float)(steps - 1);
     for (int i = 0; i < steps; i++)
-        out[i] = i < steps / 2 ? start + step * (float)i : end - step * (float)(steps - i - 1);
+        out[i] = i < steps / 2 ? fmaf(step, (float)i, start) : fmaf(-step, (float)(steps - i - 1), end);
 }
 
 static int cmp_float(const void *a, const void *b) {
