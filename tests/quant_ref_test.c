@@ -311,7 +311,29 @@ static void test_bad_inputs(void) {
     printf("ok   bad buffers refused with the tensor's name and what was expected\n");
 }
 
+/* The byte costs docs/quantization.md lists. */
+static void test_bytes_per_param(void) {
+    const struct {
+        mt_quant_format_t f;
+        int64_t block;
+        bool dq;
+        double want;
+    } rows[] = {
+        {MT_QUANT_FP8_BLOCK, 128, false, 1.000244140625}, {MT_QUANT_MXFP4, 32, false, 0.53125},
+        {MT_QUANT_NF4, 64, false, 0.5625},                {MT_QUANT_NF4, 64, true, 0.515869140625},
+        {MT_QUANT_INT4, 128, false, 0.53515625},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        const double got = mt_quant_bytes_per_param(rows[i].f, rows[i].block, rows[i].dq);
+        EXPECT(fabs(got - rows[i].want) < 1e-12, "%s%s: %.9g bytes/param, want %.9g",
+               mt_quant_format_name(rows[i].f), rows[i].dq ? " dq" : "", got, rows[i].want);
+        printf("ok   %-5s%-3s block %4lld: %.5f bytes/param (bf16: 2)\n", mt_quant_format_name(rows[i].f),
+               rows[i].dq ? " dq" : "", (long long)rows[i].block, got);
+    }
+}
+
 int main(void) {
+    test_bytes_per_param();
     kern_device_opts_t o = {0};
     kern_device_t *dev = NULL;
     mt_error_t err = {0};

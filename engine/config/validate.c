@@ -26,7 +26,7 @@ static mt_status_t validate_quant(const eng_run_config_t *cfg, const char *src, 
     NEED(!(cfg->load_in_4bit && cfg->load_in_8bit), "load_in_4bit and load_in_8bit are both true; choose one");
     NEED(!cfg->load_in_8bit,
          "load_in_8bit: true is not supported: bitsandbytes' 8-bit linear layers split outlier columns out of "
-         "every product, which moetune's products do not do; use load_in_4bit, or train on the unquantised base");
+         "every product, which moetune's products do not do; train on the unquantised base");
     NEED(!cfg->load_in_4bit || cfg->adapter == ENG_ADAPTER_LORA,
          "load_in_4bit quantises the frozen base of an adapter run: it needs adapter: lora");
     NEED(!cfg->load_in_4bit,
