@@ -195,16 +195,43 @@ mt_status_t mt_quant_check(const mt_quant_view_t *q, const mt_quant_sizes_t *hav
     return MT_OK;
 }
 
-void mt_dequant(const mt_quant_view_t *q, void *out, mt_dtype_t dt) {
+/* One row loop per format and output type, the format chosen once. */
+#define MT_DEQUANT_LOOP(value_fn)                                                              \
+    do {                                                                                       \
+        for (int64_t r = r0; r < r1; r++) {                                                    \
+            if (dt == MT_BF16)                                                                 \
+                for (int64_t c = 0; c < v.cols; c++) h[r * v.cols + c] = mt_f32_to_bf16(value_fn(&v, r, c)); \
+            else                                                                               \
+                for (int64_t c = 0; c < v.cols; c++) f[r * v.cols + c] = value_fn(&v, r, c);   \
+        }                                                                                      \
+    } while (0)
+
+void mt_dequant_rows(const mt_quant_view_t *q, int64_t r0, int64_t r1, void *out, mt_dtype_t dt) {
+    const mt_quant_view_t v = *q; /* a local copy: the compiler sees its fields do not change */
     float *f = out;
     uint16_t *h = out;
-    for (int64_t r = 0; r < q->rows; r++)
-        for (int64_t c = 0; c < q->cols; c++) {
-            const float v = mt_quant_value(q, r, c);
-            if (dt == MT_BF16) h[r * q->cols + c] = mt_f32_to_bf16(v);
-            else f[r * q->cols + c] = v;
-        }
+    /* the published block sizes get loops of their own, where the compiler
+     * knows the divisor (a shift instead of a division per element) */
+    switch (v.format) {
+    case MT_QUANT_FP8_BLOCK:
+        if (v.block == 128 && v.block_cols == 128) MT_DEQUANT_LOOP(mt_quant_fp8_value);
+        else MT_DEQUANT_LOOP(mt_quant_fp8_value);
+        break;
+    case MT_QUANT_MXFP4: MT_DEQUANT_LOOP(mt_quant_mxfp4_value); break;
+    case MT_QUANT_NF4:
+    case MT_QUANT_FP4:
+        if (v.block == 64 && (v.scales || v.block2 == 256)) MT_DEQUANT_LOOP(mt_quant_bnb4_value);
+        else MT_DEQUANT_LOOP(mt_quant_bnb4_value);
+        break;
+    case MT_QUANT_INT4:
+        if (v.block == 128) MT_DEQUANT_LOOP(mt_quant_int4_value);
+        else MT_DEQUANT_LOOP(mt_quant_int4_value);
+        break;
+    default: MT_DEQUANT_LOOP(mt_quant_value); break;
+    }
 }
+
+void mt_dequant(const mt_quant_view_t *q, void *out, mt_dtype_t dt) { mt_dequant_rows(q, 0, q->rows, out, dt); }
 
 double mt_quant_bytes_per_param(mt_quant_format_t f, int64_t block, bool double_quant) {
     switch (f) {

@@ -96,6 +96,9 @@ mt_status_t mt_quant_check(const mt_quant_view_t *q, const mt_quant_sizes_t *hav
 /* Host dequantisation of a checked q: out (rows, cols) of dtype MT_F32 or
  * MT_BF16 (each value rounded once more, to nearest even). */
 void mt_dequant(const mt_quant_view_t *q, void *out, mt_dtype_t dt);
+/* Rows [r0, r1) of it (out is the whole tensor): the loop the CPU kernel's
+ * tasks run too. */
+void mt_dequant_rows(const mt_quant_view_t *q, int64_t r0, int64_t r1, void *out, mt_dtype_t dt);
 
 /* Bytes per parameter of a format as stored (codes plus scales), for
  * docs/quantization.md and the planner's counts to come: double_quant

@@ -49,6 +49,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "base/hd.h"
 
@@ -79,31 +80,56 @@ typedef struct {
     float offset;                   /* double quantisation: added after the nested dequantisation */
 } mt_quant_view_t;
 
-/* E4M3 "FN" (no infinities): bias 7, subnormals at exponent 0, S.1111.111 NaN. */
+/* A small constant table inside an MT_HD function: static on the host (one
+ * copy in read-only data), a plain local in device code (CUDA keeps no
+ * static locals there; the compiler folds or places it). */
+#ifdef __CUDA_ARCH__
+#define MT_HD_TABLE const
+#else
+#define MT_HD_TABLE static const
+#endif
+
+/* An fp32 from its bit pattern (exact; no library call on either side). */
+MT_HD float mt_q_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* E4M3 "FN" (no infinities): bias 7, subnormals at exponent 0, S.1111.111
+ * NaN.  A normal (1 + m/8) * 2^(e-7) is the fp32 with exponent field
+ * e - 7 + 127 and m on top of its mantissa; a subnormal m/8 * 2^(1-7) =
+ * m * 2^-9, one exact product. */
 MT_HD float mt_q_e4m3(uint8_t b) {
-    const float sign = (b & 0x80) ? -1.0f : 1.0f;
-    const int e = (b >> 3) & 0xF, m = b & 0x7;
+    const uint32_t sign = (uint32_t)(b & 0x80) << 24, e = (b >> 3) & 0xFu, m = b & 0x7u;
     if (e == 0xF && m == 0x7) return NAN;
-    if (e == 0) return sign * ldexpf((float)m, -9);  /* m/8 * 2^(1-7) */
-    return sign * ldexpf((float)(8 + m), e - 7 - 3); /* (1 + m/8) * 2^(e-7) */
+    if (e == 0) {
+        uint32_t u;
+        const float mag = (float)m * 0x1p-9f;
+        memcpy(&u, &mag, sizeof u);
+        return mt_q_bits(u | sign);
+    }
+    return mt_q_bits(sign | ((e + 120u) << 23) | (m << 20));
 }
 
-/* E2M1 from the low 4 bits: bias 1, no infinities or NaN (0, 0.5 ... 6). */
+/* E2M1 from the low 4 bits: bias 1, no infinities or NaN; the eight
+ * magnitudes (1 + m/2) * 2^(e-1) and the subnormal 0.5 * m. */
 MT_HD float mt_q_e2m1(uint8_t nibble) {
-    const float sign = (nibble & 0x8) ? -1.0f : 1.0f;
-    const int e = (nibble >> 1) & 0x3, m = nibble & 0x1;
-    if (e == 0) return sign * 0.5f * (float)m;
-    return sign * ldexpf((float)(2 + m), e - 1 - 1);
+    MT_HD_TABLE float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const float v = mag[nibble & 0x7];
+    return (nibble & 0x8) ? -v : v;
 }
 
-/* E8M0: 2^(s - 127); 0xFF is NaN (OCP MX). */
+/* E8M0: 2^(s - 127), the fp32 with exponent field s (s = 0: the subnormal
+ * 2^-127); 0xFF is NaN (OCP MX). */
 MT_HD float mt_q_e8m0(uint8_t s) {
-    return s == 0xFF ? NAN : ldexpf(1.0f, (int)s - 127);
+    if (s == 0xFF) return NAN;
+    return mt_q_bits(s ? (uint32_t)s << 23 : 0x00400000u);
 }
 
 /* NormalFloat4 (QLoRA): bitsandbytes' sixteen fp32 constants, code 7 is 0. */
 MT_HD float mt_q_nf4(uint8_t q) {
-    const float t[16] = {-1.0f,
+    MT_HD_TABLE float t[16] = {-1.0f,
                          -0.6961928009986877f,
                          -0.5250730514526367f,
                          -0.39491748809814453f,
@@ -127,8 +153,10 @@ MT_HD float mt_q_nf4(uint8_t q) {
  * are 0, 0.0625, 8, 12, 4, 6, 2, 3 divided by 12 (fp32, one rounding);
  * 8..15 their negatives. */
 MT_HD float mt_q_fp4(uint8_t q) {
-    const float mag[8] = {0.0f, 0.0625f, 8.0f, 12.0f, 4.0f, 6.0f, 2.0f, 3.0f};
-    const float v = mag[q & 0x7] / 12.0f;
+    /* each quotient folded by the compiler: one correctly rounded division */
+    MT_HD_TABLE float mag[8] = {0.0f / 12.0f, 0.0625f / 12.0f, 8.0f / 12.0f, 12.0f / 12.0f,
+                                4.0f / 12.0f, 6.0f / 12.0f,    2.0f / 12.0f, 3.0f / 12.0f};
+    const float v = mag[q & 0x7];
     return (q & 0x8) ? -v : v;
 }
 
@@ -149,34 +177,44 @@ MT_HD int mt_q_int4_nibble(int32_t word, int64_t k) {
     return (int)(((uint32_t)word >> (4 * k)) & 0xFu);
 }
 
-/* The fp32 value of element (r, c) of q. */
+/* The fp32 value of element (r, c) of q, one function per format (the
+ * kernels' loops call these directly, the format chosen outside the loop),
+ * and mt_quant_value choosing among them. */
+MT_HD float mt_quant_fp8_value(const mt_quant_view_t *q, int64_t r, int64_t c) {
+    const int64_t scols = (q->cols + q->block_cols - 1) / q->block_cols;
+    return mt_q_e4m3(q->codes[r * q->cols + c]) * q->scales[(r / q->block) * scols + c / q->block_cols];
+}
+
+MT_HD float mt_quant_mxfp4_value(const mt_quant_view_t *q, int64_t r, int64_t c) {
+    const uint8_t b = q->codes[r * (q->cols / 2) + c / 2];
+    const uint8_t nib = (c & 1) ? (uint8_t)(b >> 4) : (uint8_t)(b & 0xF);
+    return mt_q_e2m1(nib) * mt_q_e8m0(q->scales_u8[r * (q->cols / 32) + c / 32]);
+}
+
+/* NF4 and FP4 (bitsandbytes): the flat element i = r * cols + c. */
+MT_HD float mt_quant_bnb4_value(const mt_quant_view_t *q, int64_t r, int64_t c) {
+    const int64_t i = r * q->cols + c;
+    const uint8_t nib = mt_q_nibble_hi_first(q->codes, i);
+    const float code = q->format == MT_QUANT_NF4 ? mt_q_nf4(nib) : mt_q_fp4(nib);
+    return code * mt_q_bnb_absmax(q, i / q->block);
+}
+
+MT_HD float mt_quant_int4_value(const mt_quant_view_t *q, int64_t r, int64_t c) {
+    const int32_t *qw = (const int32_t *)(const void *)q->codes;
+    const int64_t g = c / q->block;
+    const int qv = mt_q_int4_nibble(qw[(c / 8) * q->rows + r], c % 8);
+    const int z = mt_q_int4_nibble(q->zeros[g * (q->rows / 8) + r / 8], r % 8) + 1;
+    return (float)(qv - z) * q->scales[g * q->rows + r];
+}
+
 MT_HD float mt_quant_value(const mt_quant_view_t *q, int64_t r, int64_t c) {
     switch (q->format) {
-    case MT_QUANT_FP8_BLOCK: {
-        const int64_t scols = (q->cols + q->block_cols - 1) / q->block_cols;
-        return mt_q_e4m3(q->codes[r * q->cols + c]) * q->scales[(r / q->block) * scols + c / q->block_cols];
-    }
-    case MT_QUANT_MXFP4: {
-        const uint8_t b = q->codes[r * (q->cols / 2) + c / 2];
-        const uint8_t nib = (c & 1) ? (uint8_t)(b >> 4) : (uint8_t)(b & 0xF);
-        return mt_q_e2m1(nib) * mt_q_e8m0(q->scales_u8[r * (q->cols / 32) + c / 32]);
-    }
+    case MT_QUANT_FP8_BLOCK: return mt_quant_fp8_value(q, r, c);
+    case MT_QUANT_MXFP4: return mt_quant_mxfp4_value(q, r, c);
     case MT_QUANT_NF4:
-    case MT_QUANT_FP4: {
-        const int64_t i = r * q->cols + c;
-        const uint8_t nib = mt_q_nibble_hi_first(q->codes, i);
-        const float code = q->format == MT_QUANT_NF4 ? mt_q_nf4(nib) : mt_q_fp4(nib);
-        return code * mt_q_bnb_absmax(q, i / q->block);
-    }
-    case MT_QUANT_INT4: {
-        const int32_t *qw = (const int32_t *)(const void *)q->codes;
-        const int64_t g = c / q->block;
-        const int qv = mt_q_int4_nibble(qw[(c / 8) * q->rows + r], c % 8);
-        const int z = mt_q_int4_nibble(q->zeros[g * (q->rows / 8) + r / 8], r % 8) + 1;
-        return (float)(qv - z) * q->scales[g * q->rows + r];
-    }
-    default:
-        return NAN;
+    case MT_QUANT_FP4: return mt_quant_bnb4_value(q, r, c);
+    case MT_QUANT_INT4: return mt_quant_int4_value(q, r, c);
+    default: return NAN;
     }
 }
 

@@ -1,7 +1,9 @@
 /* CPU twin of kern_dequant (kernels/dequant.h): rows split into tasks of a
- * fixed size (par.h), each element from mt_quant_value. */
-#include "kernels/dequant.h"
+ * fixed size (par.h), each running base/quant.h's row loop, which computes
+ * every element with the format's function of base/quant_elem.h. */
+#include "base/quant.h"
 #include "kernels/cpu/par.h"
+#include "kernels/dequant.h"
 
 typedef struct {
     void *dst;
@@ -12,18 +14,9 @@ typedef struct {
 
 static void dequant_rows(void *ctx, size_t t) {
     const dequant_task_t *k = ctx;
-    const mt_quant_view_t *q = k->q;
     const int64_t r0 = (int64_t)t * k->rows_per_task;
-    const int64_t r1 = r0 + k->rows_per_task < q->rows ? r0 + k->rows_per_task : q->rows;
-    for (int64_t r = r0; r < r1; r++) {
-        if (k->dt == MT_BF16) {
-            uint16_t *o = (uint16_t *)k->dst + r * q->cols;
-            for (int64_t c = 0; c < q->cols; c++) o[c] = mt_f32_to_bf16(mt_quant_value(q, r, c));
-        } else {
-            float *o = (float *)k->dst + r * q->cols;
-            for (int64_t c = 0; c < q->cols; c++) o[c] = mt_quant_value(q, r, c);
-        }
-    }
+    const int64_t r1 = r0 + k->rows_per_task < k->q->rows ? r0 + k->rows_per_task : k->q->rows;
+    mt_dequant_rows(k->q, r0, r1, k->dst, k->dt);
 }
 
 void kern_dequant_cpu(kern_stream_t *s, void *dst, mt_dtype_t dt, const mt_quant_view_t *q) {
