@@ -57,7 +57,7 @@ void mt_dequant_mxfp4(const uint8_t *blocks, const uint8_t *scales, int64_t batc
     }
     for (int64_t b = 0; b < batch; b++)
         for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < cols; c++) out[(b * cols + c) * rows + r] = mt_quant_value(&q, b * rows + r, c);
+            for (int64_t c = 0; c < cols; c++) out[(b * cols + c) * rows + r] = mt_quant_mxfp4_value(&q, b * rows + r, c);
 }
 
 const char *mt_quant_format_name(mt_quant_format_t f) {
