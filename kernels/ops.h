@@ -19,6 +19,7 @@
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/copy4d.h"
+#include "kernels/dequant.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
@@ -75,6 +76,7 @@ struct kern_ops {
     kern_expert_bias_fwd_fn expert_bias_fwd;
     kern_expert_bias_bwd_fn expert_bias_bwd;
     kern_adamw_fn adamw;
+    kern_dequant_fn dequant; /* quantised frozen weights -> working copy (dequant.h) */
 };
 
 extern const kern_ops_t kern_ops_cpu;

@@ -105,6 +105,12 @@ static const enum_name_t k_adapter_names[] = {
     {NULL, 0},
 };
 
+static const enum_name_t k_bnb_quant_names[] = {
+    {"nf4", ENG_BNB_NF4},
+    {"fp4", ENG_BNB_FP4},
+    {NULL, 0},
+};
+
 static const enum_name_t k_policy_names[] = {
     {"auto", ENG_SCHED_AUTO},
     {"keep_all", ENG_SCHED_KEEP_ALL},
@@ -275,6 +281,10 @@ const key_row_t eng_cfg_top_rows[] = {
     ROW("lora_modules_to_save", K_STRLIST, lora_modules_to_save),
     ROW("lora_model_dir", K_PATH, lora_model_dir),
     ROW("merge_lora", K_BOOL, merge_lora),
+    ROW("load_in_4bit", K_BOOL, load_in_4bit),
+    ROW("load_in_8bit", K_BOOL, load_in_8bit),
+    ROW_ENUM("bnb_4bit_quant_type", bnb_4bit_quant_type, k_bnb_quant_names),
+    ROW("bnb_4bit_use_double_quant", K_BOOL, bnb_4bit_use_double_quant),
     {0},
 };
 

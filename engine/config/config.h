@@ -23,6 +23,8 @@ typedef enum { ENG_SAVE_DTYPE_AUTO = 0, ENG_SAVE_DTYPE_F32, ENG_SAVE_DTYPE_BF16,
  * transformers 5's fused gate_up_proj / down_proj (engine/model/io/checkpoint.h). */
 typedef enum { ENG_SAVE_LAYOUT_PER_EXPERT = 0, ENG_SAVE_LAYOUT_FUSED } eng_save_layout_t;
 typedef enum { ENG_ADAPTER_NONE = 0, ENG_ADAPTER_LORA } eng_adapter_t;
+/* bitsandbytes' 4-bit code (bnb_4bit_quant_type); base/quant_elem.h defines both. */
+typedef enum { ENG_BNB_NF4 = 0, ENG_BNB_FP4 } eng_bnb_quant_t;
 /* When checkpoint-N is written (HF's save_strategy); AUTO = steps when
  * save_steps > 0, else no. */
 typedef enum {
@@ -226,6 +228,13 @@ typedef struct eng_run_config {
     int num_lora_modules_to_save;
     char lora_model_dir[1024];      /* start from this PEFT adapter (adapter_config.json + weights) */
     bool merge_lora;                /* also write the merged full model to output_dir/merged */
+    /* axolotl's quantised-base keys (docs/quantization.md): parsed and
+     * checked; load_in_4bit / load_in_8bit true are refused until the
+     * executor streams a quantised base */
+    bool load_in_4bit;
+    bool load_in_8bit;
+    eng_bnb_quant_t bnb_4bit_quant_type; /* default nf4 */
+    bool bnb_4bit_use_double_quant;
 } eng_run_config_t;
 
 /* Sets every field to its default. */

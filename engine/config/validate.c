@@ -21,6 +21,24 @@
     } while (0)
 
 /* The evaluation keys (engine/run/eval.h): one set, from one place. */
+/* axolotl's quantised-base keys: the combinations, then what is not built yet. */
+static mt_status_t validate_quant(const eng_run_config_t *cfg, const char *src, mt_error_t *err) {
+    NEED(!(cfg->load_in_4bit && cfg->load_in_8bit), "load_in_4bit and load_in_8bit are both true; choose one");
+    NEED(!cfg->load_in_8bit,
+         "load_in_8bit: true is not supported: bitsandbytes' 8-bit linear layers split outlier columns out of "
+         "every product, which moetune's products do not do; train on the unquantised base");
+    NEED(!cfg->load_in_4bit || cfg->adapter == ENG_ADAPTER_LORA,
+         "load_in_4bit quantises the frozen base of an adapter run: it needs adapter: lora");
+    NEED(!cfg->load_in_4bit,
+         "load_in_4bit: true (bnb_4bit_quant_type %s%s) is not available yet: the %s format and its device "
+         "dequantisation exist, but the executor still holds and streams the base in bf16, so a run would not "
+         "save the memory it promises; remove load_in_4bit to train LoRA on the unquantised base "
+         "(docs/quantization.md)",
+         cfg->bnb_4bit_quant_type == ENG_BNB_FP4 ? "fp4" : "nf4",
+         cfg->bnb_4bit_use_double_quant ? ", double quant" : "", cfg->bnb_4bit_quant_type == ENG_BNB_FP4 ? "FP4" : "NF4");
+    return MT_OK;
+}
+
 static mt_status_t validate_eval(const eng_run_config_t *cfg, const char *src, mt_error_t *err) {
     for (int i = 0; i < cfg->num_test_datasets; i++)
         NEED(cfg->test_datasets[i].path[0], "test_datasets[%d].path is empty", i);
@@ -138,6 +156,7 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
                  cfg->num_lora_modules_to_save == 0,
              "lora_model_dir, merge_lora, lora_target_linear and lora_modules_to_save need adapter: lora");
     }
+    if ((st = validate_quant(cfg, src, err)) != MT_OK) return st;
     NEED(cfg->parallel != ENG_PARALLEL_EXPERT || cfg->devices.count == 2,
          "parallel: expert splits each MoE layer's experts between 2 devices; devices: is %d (set devices: 2, or "
          "parallel: auto|data)",

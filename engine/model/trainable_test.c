@@ -44,6 +44,10 @@ int main(void) {
     check("deepseek-v3", NULL, NULL);
     check("glm-4.5-air", NULL, NULL);
     check("deepseek-v3", "{\"quantization_config\": {\"quant_method\": \"bitsandbytes\"}}", "quantization_config");
+    check("deepseek-v3", "{\"quantization_config\": {\"quant_method\": \"hqq\"}}", "unknown quant_method \"hqq\"");
+    check("glm-4.5-air", "{\"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4}}", "not read yet");
+    check("glm-4.5-air", "{\"quantization_config\": {\"bits\": 4}}", "quant_method is missing");
+    check("glm-4.5-air", "{\"quantization_config\": {\"quant_method\": \"mxfp4\"}}", NULL);
     check("deepseek-v3", "{\"moe_layer_freq\": 2}", "moe_layer_freq");
     check("deepseek-v3", "{\"mlp_bias\": true}", "mlp_bias");
     check("deepseek-v3", "{\"num_experts_per_tok\": 40}", "num_experts_per_tok");

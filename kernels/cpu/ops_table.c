@@ -44,4 +44,5 @@ const kern_ops_t kern_ops_cpu = {
     .expert_bias_fwd = kern_expert_bias_fwd_cpu,
     .expert_bias_bwd = kern_expert_bias_bwd_cpu,
     .adamw = kern_adamw_cpu,
+    .dequant = kern_dequant_cpu,
 };

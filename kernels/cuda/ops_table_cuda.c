@@ -44,4 +44,5 @@ const kern_ops_t kern_ops_cuda = {
     .expert_bias_fwd = kern_expert_bias_fwd_cuda,
     .expert_bias_bwd = kern_expert_bias_bwd_cuda,
     .adamw = kern_adamw_cuda,
+    .dequant = kern_dequant_cuda,
 };

@@ -680,6 +680,12 @@ def family_config_cases():
     family_case("cfg_gpt_oss_sliding_window_zero", "'sliding_window' = 0", "gpt_oss", config=with_(go, sliding_window=0))
     ckpt_case("cfg_mixtral_sliding_window_zero", "'sliding_window' = 0",
               config=OrderedDict(list(TINY_CONFIG.items()) + [("sliding_window", 0)]))
+    # quantization_config: read formats pass, the rest are refused by quant_method
+    for tag, qc, want in (("unknown", {"quant_method": "hqq", "nbits": 4}, "unknown quant_method \"hqq\""),
+                          ("bitsandbytes", {"quant_method": "bitsandbytes", "load_in_4bit": True}, "not read yet"),
+                          ("missing", {"bits": 4}, "quant_method is missing")):
+        ckpt_case(f"cfg_quant_method_{tag}", want,
+                  config=OrderedDict(list(TINY_CONFIG.items()) + [("quantization_config", qc)]))
 
 
 def run_key_cases():
@@ -688,6 +694,13 @@ def run_key_cases():
     case("devices_ordinal_out_of_range", "ordinal 1000", yaml=run_yaml(devices="[0, 1000]", gradient_accumulation_steps="2"))
     # the host model alone is larger than a 1 KiB host budget
     case("memory_host_too_small", "host memory is short", yaml=run_yaml(extra="memory:\n  host: 1KiB\n"))
+    # a quantised base: the keys parse; true is refused until the executor streams it
+    qlora = dict(adapter="lora", lora_r="4", lora_alpha="8", lora_target_modules="[q_proj]")
+    case("load_in_4bit_not_yet", "load_in_4bit: true (bnb_4bit_quant_type nf4, double quant)",
+         yaml=run_yaml(load_in_4bit="true", bnb_4bit_use_double_quant="true", **qlora))
+    case("load_in_4bit_full_finetune", "needs adapter: lora", yaml=run_yaml(load_in_4bit="true"))
+    case("load_in_8bit", "load_in_8bit: true is not supported", yaml=run_yaml(load_in_8bit="true", **qlora))
+    case("bnb_4bit_quant_type_unknown", "nf4, fp4", yaml=run_yaml(bnb_4bit_quant_type="int4", **qlora))
 
 
 # --- resuming: a real run's checkpoint-2, each case altering one thing ------------
