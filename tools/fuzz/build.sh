@@ -31,14 +31,17 @@ desc="$(cd "$root" && ls engine/model/desc/*.c | grep -vE '_test\.c$|/(program|r
 mcfg="$(cd "$root" && ls engine/model/hf/*.c | grep -v '_test\.c$' | tr '\n' ' ')"
 rcfg="$(cd "$root" && ls engine/config/*.c | grep -v '_test\.c$' | tr '\n' ' ')"
 util="tools/fuzz/fuzz_util.c"
+# the data package and what it reads text with (run config's dataset
+# entries, the tokenizer, the chat template)
+data="$(cd "$root" && ls engine/data/*.c text/tokenizer/*.c text/jinja/*.c | grep -v '_test\.c$' | tr '\n' ' ') $rcfg"
 # harness: its sources beside the harness file itself
 declare -A srcs=(
   [fuzz_safetensors]="engine/model/io/safetensors.c $util"
   [fuzz_checkpoint_index]="engine/model/io/checkpoint.c engine/model/io/outdir.c engine/model/io/safetensors.c $mcfg $desc $util"
   [fuzz_model_config]="$mcfg $desc $util"
   [fuzz_run_config]="$rcfg $util"
-  [fuzz_data_jsonl]="engine/data/data.c tools/fuzz/fuzz_data_common.c $util"
-  [fuzz_data_bin]="engine/data/data.c tools/fuzz/fuzz_data_common.c $util"
+  [fuzz_data_jsonl]="$data tools/fuzz/fuzz_data_common.c $util"
+  [fuzz_data_bin]="$data tools/fuzz/fuzz_data_common.c $util"
   [fuzz_hw]="scheduler/hw.c"
   [fuzz_trainer_state]="engine/run/state_json.c $util"
   [fuzz_adapter_config]="engine/model/lora/config.c engine/model/lora/targets.c engine/model/io/safetensors.c $desc $util"
@@ -55,6 +58,6 @@ for h in $want; do
     -Wall -Wextra -Werror -Wno-unused-command-line-argument \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
     -I. "tools/fuzz/$h.c" ${srcs[$h]} $base \
-    -ljansson -lyaml -lm -lpthread -o "$out/$h"
+    -ljansson -lyaml -lpcre2-8 -lutf8proc -lm -lpthread -o "$out/$h"
   echo "built $out/$h"
 done
