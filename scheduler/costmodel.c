@@ -234,3 +234,14 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
     free(routed_op);
     return MT_OK;
 }
+
+void sched_block_host_bytes(const sched_block_cost_t *c, const sched_block_plan_t *p, double *home, double *optim,
+                            double *grads) {
+    *home = c->w_home_bytes;
+    *optim = *grads = 0;
+    if (p->optim == SCHED_OPTIM_DEVICE) return;
+    *optim = c->optim_bytes + c->other_host_bytes;
+    if (p->weights == SCHED_WEIGHTS_RESIDENT && c->host_weight_bytes > c->w_home_bytes)
+        *optim += c->host_weight_bytes - c->w_home_bytes;
+    *grads = c->grad_bytes;
+}

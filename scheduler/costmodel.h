@@ -21,6 +21,7 @@
 
 #include "base/status.h"
 #include "scheduler/hw.h"
+#include "scheduler/plan.h"
 #include "scheduler/registry.h"
 
 typedef struct {
@@ -113,6 +114,15 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
 void sched_workload_init(sched_workload_t *w, int num_blocks);
 /* The costs block b runs at under plan flag expert_parallel. */
 const sched_block_cost_t *sched_block_cost(const sched_workload_t *w, int b, bool expert_parallel);
+
+/* Host bytes a block holds for the whole step under plan p, in three parts:
+ * home, its weights' home copies (the host model keeps every weight's,
+ * resident or streamed: a save writes them and device copies come from
+ * them); optim, with the optimizer on the host its state, the other
+ * device's share, and the fp32 copy host AdamW updates beyond the home (none
+ * when the home is that fp32 copy); grads, its host gradients. */
+void sched_block_host_bytes(const sched_block_cost_t *c, const sched_block_plan_t *p, double *home, double *optim,
+                            double *grads);
 /* Gives a hand-made workload expert parallel costs (tests): ep_blocks
  * copied from blocks, moe[] false; the caller edits them. */
 void sched_workload_alloc_ep(sched_workload_t *w);

@@ -294,21 +294,14 @@ static const char *bytes_str(double b, char *buf, size_t cap) {
     return buf;
 }
 
-/* Where a plan's host bytes go, counted as the simulator counts them
- * (simulate.c static_bytes): every weight's home copy, host optimizer
- * state and gradients, the rest being offloaded activations. */
+/* Where a plan's host bytes go (sched_block_host_bytes), the rest being
+ * offloaded activations. */
 static void describe_host(const sched_workload_t *w, const sched_plan_t *p, double peak, char *buf, size_t cap) {
     double home = 0, optim = 0, grads = 0;
     for (int b = 0; b < w->num_blocks; b++) {
-        const sched_block_cost_t *c = &w->blocks[b];
-        const sched_block_plan_t *bp = &p->blocks[b];
-        home += c->w_home_bytes;
-        if (bp->optim == SCHED_OPTIM_HOST) {
-            optim += c->optim_bytes + c->other_host_bytes;
-            if (bp->weights == SCHED_WEIGHTS_RESIDENT && c->host_weight_bytes > c->w_home_bytes)
-                optim += c->host_weight_bytes - c->w_home_bytes;
-            grads += c->grad_bytes;
-        }
+        double h, o, g;
+        sched_block_host_bytes(&w->blocks[b], &p->blocks[b], &h, &o, &g);
+        home += h, optim += o, grads += g;
     }
     const double acts = peak - home - optim - grads;
     char a[32], o[32], g[32], x[32];

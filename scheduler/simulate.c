@@ -627,21 +627,12 @@ static void static_bytes(const sched_workload_t *w, const sched_plan_t *plan, do
     for (int b = 0; b < w->num_blocks; b++) {
         const sched_block_plan_t *p = &plan->blocks[b];
         const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
-        /* The host model holds every weight's home copy for the whole run,
-         * resident or streamed: it is what a save writes and what the
-         * device copies are made from. */
-        stat[SCHED_MEM_HOST] += c->w_home_bytes;
+        double home, optim, grads;
+        sched_block_host_bytes(c, p, &home, &optim, &grads);
+        stat[SCHED_MEM_HOST] += home + optim + grads;
         if (p->weights == SCHED_WEIGHTS_RESIDENT) stat[SCHED_MEM_DEVICE] += c->w_resident_bytes;
         if (p->grads == SCHED_GRADS_DEVICE) stat[SCHED_MEM_DEVICE] += c->grad_bytes;
-        if (p->optim == SCHED_OPTIM_DEVICE) {
-            stat[SCHED_MEM_DEVICE] += c->optim_bytes;
-        } else {
-            stat[SCHED_MEM_HOST] += c->optim_bytes + c->grad_bytes + c->other_host_bytes;
-            /* the fp32 copy host AdamW updates is the home copy itself when
-             * the home is fp32; only what it adds beyond the home counts */
-            if (p->weights == SCHED_WEIGHTS_RESIDENT && c->host_weight_bytes > c->w_home_bytes)
-                stat[SCHED_MEM_HOST] += c->host_weight_bytes - c->w_home_bytes;
-        }
+        if (p->optim == SCHED_OPTIM_DEVICE) stat[SCHED_MEM_DEVICE] += c->optim_bytes;
     }
 }
 

@@ -161,6 +161,7 @@ mt_status_t sched_simulate(const sched_workload_t *w, const sched_plan_t *plan, 
                            sched_sim_result_t *out, mt_error_t *err);
 void sched_sim_result_free(sched_sim_result_t *r);
 
+
 const char *sched_resource_name(sched_resource_t r);
 const char *sched_mem_name(sched_mem_t m);
 const char *sched_task_kind_name(sched_task_kind_t k);

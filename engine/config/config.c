@@ -334,7 +334,7 @@ mt_status_t eng_cfg_unknown_key(const pctx_t *c, const yaml_node_t *at, const ke
     return eng_cfg_fail(c, at, "unknown key '%s%.200s'; valid keys here: %s", prefix, key, list);
 }
 
-static mt_status_t expected(const pctx_t *c, const yaml_node_t *n, const char *key, const char *what) {
+mt_status_t eng_cfg_expected(const pctx_t *c, const yaml_node_t *n, const char *key, const char *what) {
     char got[256];
     mt_yaml_describe(n, got, sizeof got);
     return eng_cfg_fail(c, n, "%s: expected %s, got %s", key, what, got);
@@ -374,9 +374,9 @@ static void reset_row(eng_run_config_t *cfg, const key_row_t *row) {
 
 /* A scalar holding a string (any style, not null, no NUL inside) copied
  * into dst; relative paths joined to the config's folder when `path`. */
-static mt_status_t take_string(const pctx_t *c, const yaml_node_t *n, const char *key, bool path, char *dst,
+mt_status_t eng_cfg_take_string(const pctx_t *c, const yaml_node_t *n, const char *key, bool path, char *dst,
                                size_t cap) {
-    if (!n || n->type != YAML_SCALAR_NODE || eng_yaml_is_null(n)) return expected(c, n, key, "a string");
+    if (!n || n->type != YAML_SCALAR_NODE || eng_yaml_is_null(n)) return eng_cfg_expected(c, n, key, "a string");
     const char *s = (const char *)n->data.scalar.value;
     if (strlen(s) != n->data.scalar.length) return eng_cfg_fail(c, n, "%s: the string contains a NUL byte", key);
     int w;
@@ -390,112 +390,26 @@ static mt_status_t take_string(const pctx_t *c, const yaml_node_t *n, const char
 
 static mt_status_t walk_mapping(pctx_t *c, const key_row_t *rows, const char *prefix, yaml_node_t *map);
 
-static const enum_name_t k_data_type_names[] = {
-    {"completion", ENG_DATA_COMPLETION},       {"pretrain", ENG_DATA_COMPLETION},
-    {"chat_template", ENG_DATA_CHAT_TEMPLATE}, {"alpaca", ENG_DATA_ALPACA},
-    {"input_output", ENG_DATA_INPUT_OUTPUT},   {NULL, 0},
-};
-static const enum_name_t k_train_on_eos_names[] = {
-    {"turn", ENG_EOS_TURN}, {"all", ENG_EOS_ALL}, {"last", ENG_EOS_LAST}, {"none", ENG_EOS_NONE}, {NULL, 0},
-};
-
-/* A dataset entry's string key that names one of a set. */
-static mt_status_t dataset_enum(pctx_t *c, yaml_node_t *v, const char *key, const enum_name_t *names, int *out) {
-    if (!v || v->type != YAML_SCALAR_NODE) return expected(c, v, key, "a string");
-    const char *t = (const char *)v->data.scalar.value;
-    char list[256] = "";
-    size_t used = 0;
-    for (const enum_name_t *e = names; e->name; e++) {
-        if (strcmp(t, e->name) == 0) {
-            *out = e->value;
-            return MT_OK;
-        }
-        used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", e == names ? "" : ", ", e->name);
-    }
-    return eng_cfg_fail(c, v, "%s: '%.200s' is not accepted; expected one of %s%s", key, t, list,
-                        names == k_data_type_names ? ", or leave type out for tokenized rows (input_ids)" : "");
-}
-
-/* message_property_mappings: {role: KEY, content: KEY}, the message keys a
- * conversation's rows use instead of role and content. */
-static mt_status_t dataset_mappings(pctx_t *c, yaml_node_t *v, const char *key, eng_dataset_entry_t *d) {
-    if (!v || v->type != YAML_MAPPING_NODE) return expected(c, v, key, "a mapping {role: KEY, content: KEY}");
-    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
-        yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
-        yaml_node_t *val = yaml_document_get_node(c->doc, p->value);
-        const char *name = k && k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "";
-        char sub[320];
-        snprintf(sub, sizeof sub, "%s.%.100s", key, name);
-        mt_status_t st;
-        if (strcmp(name, "role") == 0) st = take_string(c, val, sub, false, d->role_key, sizeof d->role_key);
-        else if (strcmp(name, "content") == 0) st = take_string(c, val, sub, false, d->content_key, sizeof d->content_key);
-        else st = eng_cfg_fail(c, k, "%s: unknown key '%.100s'; expected role or content", key, name);
-        if (st != MT_OK) return st;
-    }
-    return MT_OK;
-}
-
-static mt_status_t dataset_roles(pctx_t *c, yaml_node_t *v, const char *key, eng_dataset_entry_t *d) {
-    if (!v || v->type != YAML_SEQUENCE_NODE) return expected(c, v, key, "a list of role names");
-    d->num_roles_to_train = 0;
-    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
-        if (d->num_roles_to_train == ENG_MAX_TRAIN_ROLES)
-            return eng_cfg_fail(c, v, "%s: more than %d roles", key, ENG_MAX_TRAIN_ROLES);
-        yaml_node_t *e = yaml_document_get_node(c->doc, *it);
-        char *dst = d->roles_to_train[d->num_roles_to_train++];
-        mt_status_t st = take_string(c, e, key, false, dst, sizeof d->roles_to_train[0]);
-        if (st != MT_OK) return st;
-    }
-    return MT_OK;
-}
-
-/* One key of a dataset entry (the table k_dataset_rows names them). */
-static mt_status_t dataset_key(pctx_t *c, const char *list, const char *name, yaml_node_t *v, int index,
-                               eng_dataset_entry_t *d) {
-    char key[192];
-    snprintf(key, sizeof key, "%.120s[%d].%s", list, index, name);
-    int e;
-    mt_status_t st;
-    if (strcmp(name, "path") == 0) return take_string(c, v, key, true, d->path, sizeof d->path);
-    if (strcmp(name, "field") == 0) return take_string(c, v, key, false, d->field, sizeof d->field);
-    if (strcmp(name, "field_messages") == 0)
-        return take_string(c, v, key, false, d->field_messages, sizeof d->field_messages);
-    if (strcmp(name, "message_property_mappings") == 0) return dataset_mappings(c, v, key, d);
-    if (strcmp(name, "roles_to_train") == 0) return dataset_roles(c, v, key, d);
-    if (strcmp(name, "weight") == 0) {
-        /* up to 1000: a bigger one repeats a file's examples a thousand times an epoch, surely a typo */
-        if (!v || !eng_yaml_number(v, &d->weight) || !(d->weight > 0 && d->weight <= 1000))
-            return eng_cfg_fail(c, v, "%s: expected a number in (0, 1000]", key);
-        return MT_OK;
-    }
-    if (strcmp(name, "type") == 0) {
-        if ((st = dataset_enum(c, v, key, k_data_type_names, &e)) == MT_OK) d->type = (eng_data_type_t)e;
-        return st;
-    }
-    if ((st = dataset_enum(c, v, key, k_train_on_eos_names, &e)) == MT_OK) d->train_on_eos = (eng_train_on_eos_t)e;
-    return st;
-}
-
 /* datasets: and test_datasets: alike; the row says which. */
 static mt_status_t apply_datasets(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
-    if (n->type != YAML_SEQUENCE_NODE) return expected(c, n, key, "a list of {path: FILE}");
+    if (n->type != YAML_SEQUENCE_NODE) return eng_cfg_expected(c, n, key, "a list of {path: FILE}");
     eng_dataset_entry_t list[ENG_MAX_DATASETS];
     int count = 0;
     for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
         yaml_node_t *e = yaml_document_get_node(c->doc, *it);
-        if (!e || e->type != YAML_MAPPING_NODE) return expected(c, e, key, "each entry to be a mapping {path: FILE}");
+        if (!e || e->type != YAML_MAPPING_NODE) return eng_cfg_expected(c, e, key, "each entry to be a mapping {path: FILE}");
         if (count == ENG_MAX_DATASETS) return eng_cfg_fail(c, e, "%s: more than %d datasets", key, ENG_MAX_DATASETS);
         eng_dataset_entry_defaults(&list[count]);
         bool have_path = false;
         for (yaml_node_pair_t *p = e->data.mapping.pairs.start; p < e->data.mapping.pairs.top; p++) {
             yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
             yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
-            if (!k || k->type != YAML_SCALAR_NODE) return expected(c, k, key, "string keys in a dataset entry");
+            if (!k || k->type != YAML_SCALAR_NODE) return eng_cfg_expected(c, k, key, "string keys in a dataset entry");
             const char *name = (const char *)k->data.scalar.value;
             char prefix[160];
             snprintf(prefix, sizeof prefix, "%s[].", key);
             if (!eng_cfg_find_row(k_dataset_rows, name)) return eng_cfg_unknown_key(c, k, k_dataset_rows, prefix, name);
-            mt_status_t st = dataset_key(c, key, name, v, count, &list[count]);
+            mt_status_t st = eng_cfg_dataset_key(c, key, name, v, count, &list[count]);
             if (st != MT_OK) return st;
             have_path |= strcmp(name, "path") == 0;
         }
@@ -525,7 +439,7 @@ static mt_status_t apply_val_set(pctx_t *c, const key_row_t *row, const char *ke
                         "examples is written as an integer (e.g. 100)",
                         key, v.size);
     } else {
-        return expected(c, n, key, "a fraction in [0, 1) or a count of examples");
+        return eng_cfg_expected(c, n, key, "a fraction in [0, 1) or a count of examples");
     }
     put(c->cfg, row, &v, sizeof v);
     return MT_OK;
@@ -533,7 +447,7 @@ static mt_status_t apply_val_set(pctx_t *c, const key_row_t *row, const char *ke
 
 /* A long string, kept as written (owned by the config). */
 static mt_status_t apply_text(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
-    if (n->type != YAML_SCALAR_NODE) return expected(c, n, key, "a string");
+    if (n->type != YAML_SCALAR_NODE) return eng_cfg_expected(c, n, key, "a string");
     const char *s = (const char *)n->data.scalar.value;
     if (strlen(s) != n->data.scalar.length) return eng_cfg_fail(c, n, "%s: the string contains a NUL byte", key);
     char **dst = (char **)((char *)c->cfg + row->offset);
@@ -550,20 +464,20 @@ static mt_status_t apply_strlist(pctx_t *c, const key_row_t *row, const char *ke
     eng_run_config_t *cfg = c->cfg;
     const bool targets = row->offset == offsetof(eng_run_config_t, lora_target_modules);
     if (targets && n->type == YAML_SCALAR_NODE && !eng_yaml_is_null(n)) {
-        mt_status_t st = take_string(c, n, key, false, cfg->lora_target_regex, sizeof cfg->lora_target_regex);
+        mt_status_t st = eng_cfg_take_string(c, n, key, false, cfg->lora_target_regex, sizeof cfg->lora_target_regex);
         if (st != MT_OK) return st;
         cfg->num_lora_target_modules = 0;
         return MT_OK;
     }
     if (n->type != YAML_SEQUENCE_NODE)
-        return expected(c, n, key, targets ? "a list of module names, \"all-linear\" or a regular expression"
+        return eng_cfg_expected(c, n, key, targets ? "a list of module names, \"all-linear\" or a regular expression"
                                            : "a list of module names");
     int count = 0;
     char tmp[ENG_MAX_LORA_TARGETS][sizeof cfg->lora_target_modules[0]];
     for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
         yaml_node_t *e = yaml_document_get_node(c->doc, *it);
         if (count == ENG_MAX_LORA_TARGETS) return eng_cfg_fail(c, e, "%s: more than %d entries", key, ENG_MAX_LORA_TARGETS);
-        mt_status_t st = take_string(c, e, key, false, tmp[count], sizeof tmp[count]);
+        mt_status_t st = eng_cfg_take_string(c, e, key, false, tmp[count], sizeof tmp[count]);
         if (st != MT_OK) return st;
         count++;
     }
@@ -579,7 +493,7 @@ static mt_status_t apply_strlist(pctx_t *c, const key_row_t *row, const char *ke
 }
 
 static mt_status_t apply_json(pctx_t *c, const char *key, yaml_node_t *n) {
-    if (n->type != YAML_MAPPING_NODE) return expected(c, n, key, "a mapping (HF config.json keys)");
+    if (n->type != YAML_MAPPING_NODE) return eng_cfg_expected(c, n, key, "a mapping (HF config.json keys)");
     char msg[512];
     const yaml_node_t *bad = NULL;
     json_t *obj = eng_yaml_to_json(c->doc, n, msg, sizeof msg, &bad);
@@ -598,14 +512,14 @@ static mt_status_t apply_devices(pctx_t *c, const char *key, yaml_node_t *n) {
     int64_t v;
     if (n->type == YAML_SCALAR_NODE) {
         if (!eng_yaml_int(n, &v) || v < 1 || v > ENG_MAX_DEVICES)
-            return expected(c, n, key, "a device count from 1 to 8, or a list of device ordinals");
+            return eng_cfg_expected(c, n, key, "a device count from 1 to 8, or a list of device ordinals");
         d.count = (int)v;
         for (int i = 0; i < ENG_MAX_DEVICES; i++) d.ids[i] = i;
     } else if (n->type == YAML_SEQUENCE_NODE) {
         for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
             yaml_node_t *e = yaml_document_get_node(c->doc, *it);
             if (!e || e->type != YAML_SCALAR_NODE || !eng_yaml_int(e, &v) || v < 0 || v > 1023)
-                return expected(c, e, key, "each entry to be a device ordinal from 0 to 1023");
+                return eng_cfg_expected(c, e, key, "each entry to be a device ordinal from 0 to 1023");
             if (d.count == ENG_MAX_DEVICES) return eng_cfg_fail(c, e, "%s: more than %d devices", key, ENG_MAX_DEVICES);
             for (int i = 0; i < d.count; i++)
                 if (d.ids[i] == (int)v) return eng_cfg_fail(c, e, "%s: device %lld is listed twice", key, (long long)v);
@@ -613,7 +527,7 @@ static mt_status_t apply_devices(pctx_t *c, const char *key, yaml_node_t *n) {
         }
         if (d.count == 0) return eng_cfg_fail(c, n, "%s: the list names no device", key);
     } else {
-        return expected(c, n, key, "a device count or a list of device ordinals");
+        return eng_cfg_expected(c, n, key, "a device count or a list of device ordinals");
     }
     c->cfg->devices = d;
     return MT_OK;
@@ -628,7 +542,7 @@ mt_status_t eng_cfg_apply(pctx_t *c, const key_row_t *row, const char *key, yaml
     switch (row->kind) {
     case K_INT: {
         int64_t v;
-        if (!eng_yaml_int(n, &v)) return expected(c, n, key, "an integer");
+        if (!eng_yaml_int(n, &v)) return eng_cfg_expected(c, n, key, "an integer");
         if (v < row->lo || v > row->hi)
             return eng_cfg_fail(c, n, "%s: %lld is out of range; expected an integer from %lld to %lld", key, (long long)v,
                         (long long)row->lo, (long long)row->hi);
@@ -638,19 +552,19 @@ mt_status_t eng_cfg_apply(pctx_t *c, const key_row_t *row, const char *key, yaml
     }
     case K_U64: {
         uint64_t v;
-        if (!eng_yaml_u64(n, &v)) return expected(c, n, key, "a non-negative integer");
+        if (!eng_yaml_u64(n, &v)) return eng_cfg_expected(c, n, key, "a non-negative integer");
         put(cfg, row, &v, sizeof v);
         return MT_OK;
     }
     case K_DOUBLE: {
         double v;
-        if (!eng_yaml_number(n, &v)) return expected(c, n, key, "a number");
+        if (!eng_yaml_number(n, &v)) return eng_cfg_expected(c, n, key, "a number");
         put(cfg, row, &v, sizeof v);
         return MT_OK;
     }
     case K_BOOL: {
         bool v;
-        if (!eng_yaml_bool(n, &v)) return expected(c, n, key, "a boolean (true or false)");
+        if (!eng_yaml_bool(n, &v)) return eng_cfg_expected(c, n, key, "a boolean (true or false)");
         put(cfg, row, &v, sizeof v);
         return MT_OK;
     }
@@ -662,7 +576,7 @@ mt_status_t eng_cfg_apply(pctx_t *c, const key_row_t *row, const char *key, yaml
         else if (eng_yaml_bool(n, &v))
             choice = v ? ENG_BF16_ON : ENG_BF16_OFF;
         else
-            return expected(c, n, key, "true, false or auto");
+            return eng_cfg_expected(c, n, key, "true, false or auto");
         put(cfg, row, &choice, sizeof choice);
         return MT_OK;
     }
@@ -674,9 +588,9 @@ mt_status_t eng_cfg_apply(pctx_t *c, const key_row_t *row, const char *key, yaml
         if (eng_yaml_bool(n, &v)) {
             r.latest = v;
         } else if (n->type != YAML_SCALAR_NODE) {
-            return expected(c, n, key, "a checkpoint directory, true (the latest in output_dir) or false");
+            return eng_cfg_expected(c, n, key, "a checkpoint directory, true (the latest in output_dir) or false");
         } else {
-            mt_status_t st = take_string(c, n, key, true, r.path, sizeof r.path);
+            mt_status_t st = eng_cfg_take_string(c, n, key, true, r.path, sizeof r.path);
             if (st != MT_OK) return st;
         }
         put(cfg, row, &r, sizeof r);
@@ -686,12 +600,12 @@ mt_status_t eng_cfg_apply(pctx_t *c, const key_row_t *row, const char *key, yaml
     case K_STRING: {
         char tmp[1024];
         MT_CHECK(row->size <= sizeof tmp, "config table: path key %s too large", row->name);
-        mt_status_t st = take_string(c, n, key, row->kind == K_PATH, tmp, row->size);
+        mt_status_t st = eng_cfg_take_string(c, n, key, row->kind == K_PATH, tmp, row->size);
         if (st == MT_OK) memcpy((char *)cfg + row->offset, tmp, row->size);
         return st;
     }
     case K_SIZE: {
-        if (n->type != YAML_SCALAR_NODE) return expected(c, n, key, "a size such as 80GiB");
+        if (n->type != YAML_SCALAR_NODE) return eng_cfg_expected(c, n, key, "a size such as 80GiB");
         size_t v;
         mt_error_t sub;
         if (eng_parse_size((const char *)n->data.scalar.value, &v, &sub) != MT_OK)
@@ -726,7 +640,7 @@ mt_status_t eng_cfg_apply(pctx_t *c, const key_row_t *row, const char *key, yaml
     case K_TEXT: return apply_text(c, row, key, n);
     case K_DEVICES: return apply_devices(c, key, n);
     case K_SECTION: {
-        if (n->type != YAML_MAPPING_NODE) return expected(c, n, key, "a mapping");
+        if (n->type != YAML_MAPPING_NODE) return eng_cfg_expected(c, n, key, "a mapping");
         char prefix[128];
         snprintf(prefix, sizeof prefix, "%s.", key);
         return walk_mapping(c, row->section, prefix, n);

@@ -80,7 +80,7 @@ typedef enum {
 typedef enum { ENG_EOS_TURN = 0, ENG_EOS_ALL, ENG_EOS_LAST, ENG_EOS_NONE } eng_train_on_eos_t;
 
 #define ENG_MAX_TRAIN_ROLES 8
-typedef struct {
+typedef struct eng_dataset_entry {
     char path[1024]; /* resolved relative to the run config's folder */
     eng_data_type_t type;
     char field[64];          /* completion: the text field; default "text" */

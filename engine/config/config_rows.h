@@ -4,6 +4,7 @@
 #ifndef MT_ENGINE_CONFIG_ROWS_H
 #define MT_ENGINE_CONFIG_ROWS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <yaml.h>
@@ -70,5 +71,16 @@ mt_status_t eng_cfg_unknown_key(const pctx_t *c, const yaml_node_t *at, const ke
                                 const char *prefix, const char *key);
 /* Applies node n (NULL = null, i.e. back to the default) to one row. */
 mt_status_t eng_cfg_apply(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n);
+
+/* "KEY: expected WHAT, got ..." at node n. */
+mt_status_t eng_cfg_expected(const pctx_t *c, const yaml_node_t *n, const char *key, const char *what);
+/* A string scalar copied into dst (cap bytes); relative paths joined to
+ * the config's folder when `path`. */
+mt_status_t eng_cfg_take_string(const pctx_t *c, const yaml_node_t *n, const char *key, bool path, char *dst,
+                                size_t cap);
+/* One key `name` of entry `index` of the dataset list `list` (config_datasets.c). */
+struct eng_dataset_entry;
+mt_status_t eng_cfg_dataset_key(pctx_t *c, const char *list, const char *name, yaml_node_t *v, int index,
+                                struct eng_dataset_entry *d);
 
 #endif

@@ -9,6 +9,7 @@
  * before the run is known to start. */
 #include "engine/run/session.h"
 
+#include "engine/data/split.h"
 #include "engine/data/text.h"
 
 #include <limits.h>
@@ -181,8 +182,7 @@ static int total_steps(const eng_run_config_t *rc, const eng_loader_t *ld) {
 /* What a text dataset became: the counts a user checks the masking and
  * truncation by. */
 static void report_text_data(const eng_run_config_t *rc, const eng_dataset_t *ds) {
-    int64_t trained = 0;
-    for (int64_t i = 0; i < ds->num_rows * (int64_t)ds->T; i++) trained += ds->targets[i] != -100;
+    const int64_t trained = eng_dataset_counted(ds);
     fprintf(stderr,
             "moetune: data: %lld examples in %lld rows of %d tokens: %lld real tokens, %lld trained; %lld truncated "
             "to sequence_len, %lld without a trained token left out\n",

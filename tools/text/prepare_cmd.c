@@ -12,6 +12,7 @@
 #include "base/clock.h"
 #include "engine/config/config.h"
 #include "engine/data/data.h"
+#include "engine/data/split.h"
 #include "engine/data/text.h"
 
 static int vocab_of(const eng_run_config_t *rc, const eng_text_t *text) {
@@ -25,8 +26,7 @@ static int vocab_of(const eng_run_config_t *rc, const eng_text_t *text) {
 }
 
 static void report(const eng_run_config_t *rc, const eng_dataset_t *ds, double secs) {
-    int64_t trained = 0;
-    for (int64_t i = 0; i < ds->num_rows * (int64_t)ds->T; i++) trained += ds->targets[i] != -100;
+    const int64_t trained = eng_dataset_counted(ds);
     printf("datasets    %d file(s), read in %.2f s\n", rc->num_datasets, secs);
     printf("examples    %" PRId64 " (%" PRId64 " truncated to sequence_len %d, %" PRId64
            " left out without a trained token)\n",
