@@ -15,7 +15,8 @@ projections with a non-zero B, and torch's AdamW trains the adapters for 10
 steps (lr 0.01, weight decay 0.01, clipping at 1.0): "dequantize, then
 matmul in the run's precision".
 
-Writes tests/fixtures/qlora_<family>/: adapter_init/ (PEFT's save),
+Writes tests/fixtures/qlora_<family>/: adapter_init/ and adapter_final/
+(PEFT's saves before and after the 10 steps),
 data.jsonl (20 rows of 16 tokens), run.yaml (base_model: the ref_<family>
 checkpoint itself, load_in_4bit: true) and expected.json (per-step losses,
 grad norms, the quantization settings and the quantized tensors' names).
@@ -148,6 +149,8 @@ def run_case(family, write):
             opt.step()
             losses.append(loss.item())
         assert all(np.isfinite(losses)), losses
+        if write:
+            model.save_pretrained(os.path.join(out, "adapter_final"))
         shift = abs(losses[0] - plain) / plain
         assert shift > 1e-4, f"{family}: 4 bits barely move the first loss ({shift:.1e}): the test would not see them"
         print(f"{family}: {kind}{' double-quant' if nested else ''}, {len(names)} tensors quantized; first loss "
@@ -157,13 +160,15 @@ def run_case(family, write):
         shutil.rmtree(work)
     if not write:
         return
-    p = os.path.join(out, "adapter_init", "adapter_config.json")
-    c = json.load(open(p))
-    c["base_model_name_or_path"] = "../ref_" + family + "/ckpt"
-    json.dump(c, open(p, "w"), indent=2)
-    rm = os.path.join(out, "adapter_init", "README.md")
-    if os.path.exists(rm):
-        os.remove(rm)  # PEFT's model card
+    for sub in ("adapter_init", "adapter_final"):
+        p = os.path.join(out, sub, "adapter_config.json")
+        c = json.load(open(p))
+        c["base_model_name_or_path"] = "../ref_" + family + "/ckpt"
+        c["target_modules"] = sorted(c["target_modules"])  # PEFT writes a set, in hash order
+        json.dump(c, open(p, "w"), indent=2)
+        rm = os.path.join(out, sub, "README.md")
+        if os.path.exists(rm):
+            os.remove(rm)  # PEFT's model card
     with open(os.path.join(out, "data.jsonl"), "w") as f:
         for r in data:
             f.write(json.dumps({"input_ids": r}) + "\n")
