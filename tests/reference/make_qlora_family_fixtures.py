@@ -20,9 +20,9 @@ Writes tests/fixtures/qlora_<family>/: adapter_init/ and adapter_final/
 data.jsonl (20 rows of 16 tokens), run.yaml (base_model: the ref_<family>
 checkpoint itself, load_in_4bit: true) and expected.json (per-step losses,
 grad norms, the quantization settings and the quantized tensors' names).
-tests/qlora_test.sh trains moetune on each and compares the losses.
+tests/qlora_families_test.sh trains moetune on each and compares the losses.
 
-Run: /work/venv/bin/python tests/reference/make_qlora_fixtures.py [--case FAMILY]
+Run: /work/venv/bin/python tests/reference/make_qlora_family_fixtures.py [--case FAMILY]
 (torch, transformers 5, peft, safetensors, numpy). Seeds fixed, one thread.
 """
 import argparse
@@ -179,11 +179,11 @@ def run_case(family, write):
                    "losses": losses, "grad_norm": norms, "first_loss_unquantized": plain,
                    "notes": "base tensors 4-bit round-tripped as stored (make_quant_fixtures.quantize_4bit), "
                             "then transformers + PEFT LoRA in fp32, eager; written by "
-                            "tests/reference/make_qlora_fixtures.py"}, f, indent=1)
+                            "tests/reference/make_qlora_family_fixtures.py"}, f, indent=1)
         f.write("\n")
     with open(os.path.join(out, "run.yaml"), "w") as f:
         f.write(
-            "# moetune QLoRA run for this reference case (tests/reference/make_qlora_fixtures.py).\n"
+            "# moetune QLoRA run for this reference case (tests/reference/make_qlora_family_fixtures.py).\n"
             f"base_model: ../ref_{family}/ckpt\ndatasets:\n  - path: data.jsonl\n"
             f"sequence_len: {T}\nmicro_batch_size: {MB}\ngradient_accumulation_steps: 1\nmax_steps: {STEPS}\n"
             f"learning_rate: {LR}\nlr_scheduler: constant\nwarmup_steps: 0\n"
