@@ -75,7 +75,10 @@ static double nvme_move(const sched_workload_t *w, sched_plan_t *p, int i) {
     if (i < n) {
         if (bp->optim != SCHED_OPTIM_HOST || bp->nvme_optim || !(c->optim_bytes > 0)) return 0;
         bp->nvme_optim = true;
-        return c->optim_bytes;
+        /* the gradient buffer then lives only until the update (simulate.h) */
+        const bool transient = bp->grads == SCHED_GRADS_HOST && !w->clip && w->has_trainable &&
+                               (p->layer_major || w->grad_accum <= 1);
+        return c->optim_bytes + (transient ? c->grad_bytes : 0);
     }
     if (b == 0 || b == n - 1 || bp->weights != SCHED_WEIGHTS_STREAM || bp->nvme_weights || !(c->w_home_bytes > 0))
         return 0;
@@ -496,7 +499,8 @@ static void diagnose(const sched_workload_t *w, const sched_planner_opts_t *o, c
 
 /* Appends to an infeasible plan's reason what the NVMe tier would need. */
 static void nvme_hint(const sched_workload_t *w, const sched_planner_opts_t *o, char *why, size_t cap) {
-    const size_t n = strlen(why);
+    size_t n = strlen(why);
+    if (n > 0 && why[n - 1] == '.') why[--n] = '\0';
     if (o->nvme && w->nvme_read_bw > 0)
         snprintf(why + n, cap - n, "%s", "; with optimizer state and streamed weights on NVMe it does not fit either "
                                          "(the NVMe budget, or the host memory left for staging, is short)");
