@@ -298,7 +298,7 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
     double *d2h_end = malloc(((size_t)N * (ga + 1) + 1) * sizeof *d2h_end);
     MT_CHECK(use_end && offload_end && d2h_end, "out of host memory in the simulator");
     int n_d2h = 0;
-    double last_end = 0, prev_start = 0, turn_w = 0, head_w = 0;
+    double last_end = 0, prev_start = 0, turn_w = 0;
     for (int u = 0; u < U; u++) {
         const bool fwd = u < N - 1, head = u == N - 1;
         const int b = u < N ? u : 2 * N - 2 - u;
@@ -319,7 +319,7 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
             fw_copies += e->w_fetch_step_bytes > 0 ? e->w_fetch_step_copies : e->w_fetch_copies;
         }
         double wready = 0;
-        sched_resource_t wres = SCHED_RES_H2D;
+        sched_resource_t wres = SCHED_RES_H2D; /* what a compute waiting for the fetch waited on */
         if (fw > 0) {
             wready = fetch_weights(s, p, b, -1, issue, fw, fw_copies, &wres);
             mem(s, SCHED_MEM_DEVICE, issue, fw);
@@ -398,13 +398,11 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
         if (fw > 0) {
             if (fwd && turn) turn_w = fw;
             else mem(s, SCHED_MEM_DEVICE, end, -fw);
-            if (head) head_w = fw;
         }
         if (held) mem(s, SCHED_MEM_DEVICE, end, -turn_w);
         use_end[u] = end;
         last_end = end;
     }
-    (void)head_w;
     free(use_end);
     free(offload_end);
     free(d2h_end);

@@ -429,6 +429,8 @@ static json_t *num(double v) {
     return json_real(v);
 }
 
+static void tiers_json(json_t *doc, const plan_ctx_t *c, const kinds_t *k);
+
 json_t *plan_report_json(const plan_ctx_t *c) {
     const sched_registry_t *r = &c->reg;
     const eng_model_config_t *m = &c->mc;
@@ -544,6 +546,14 @@ json_t *plan_report_json(const plan_ctx_t *c) {
                   "device_bytes", num(k.odev_bytes), "host_bytes", num(k.ohost_bytes), "activations", "keep_blocks",
                   k.keep, "offload_blocks", k.offload, "recompute_blocks", k.recompute));
     json_object_set_new(doc, "staging", staging_json(c));
+    tiers_json(doc, c, &k);
+    return doc;
+}
+
+/* The NVMe tier's and the quantized base's objects, when the run has them. */
+static void tiers_json(json_t *doc, const plan_ctx_t *c, const kinds_t *kp) {
+    const sched_sim_result_t *s = &c->res.sim;
+    const kinds_t k = *kp;
     if (c->opts.nvme)
         json_object_set_new(doc, "nvme",
                             json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:i, s:o, s:o}", "read_bytes",
@@ -560,7 +570,6 @@ json_t *plan_report_json(const plan_ctx_t *c) {
                                       "double_quant", c->quant.double_quant, "experts_only", c->quant.experts_only,
                                       "stored_bytes", num(c->w.base_quant_bytes), "working_dtype_bytes",
                                       num(c->w.base_quant_work_bytes)));
-    return doc;
 }
 
 mt_status_t plan_write_trace(const plan_ctx_t *c, const char *path, mt_error_t *err) {
