@@ -9,7 +9,9 @@ static bool attention_not_converted(json_t *qc) {
     json_t *skip = json_object_get(qc, "modules_to_not_convert");
     size_t i;
     json_t *v;
-    json_array_foreach(skip, i, v) if (json_is_string(v) && strstr(json_string_value(v), "self_attn")) return true;
+    json_array_foreach(skip, i, v) {
+        if (json_is_string(v) && strstr(json_string_value(v), "self_attn")) return true;
+    }
     return false;
 }
 
