@@ -237,11 +237,30 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
 
 void sched_block_host_bytes(const sched_block_cost_t *c, const sched_block_plan_t *p, double *home, double *optim,
                             double *grads) {
-    *home = c->w_home_bytes;
+    *home = sched_block_nvme_weights(p) ? 0 : c->w_home_bytes;
     *optim = *grads = 0;
     if (p->optim == SCHED_OPTIM_DEVICE) return;
-    *optim = c->optim_bytes + c->other_host_bytes;
+    *optim = (sched_block_nvme_optim(p) ? 0 : c->optim_bytes) + c->other_host_bytes;
     if (p->weights == SCHED_WEIGHTS_RESIDENT && c->host_weight_bytes > c->w_home_bytes)
         *optim += c->host_weight_bytes - c->w_home_bytes;
     *grads = c->grad_bytes;
+}
+
+/* ---- the NVMe tier ---------------------------------------------------------- */
+
+void sched_workload_set_nvme(sched_workload_t *w, const sched_hw_t *hw) {
+    w->nvme_read_bw = sched_hw_nvme_read_bw(hw);
+    w->nvme_write_bw = sched_hw_nvme_write_bw(hw);
+}
+
+double sched_nvme_read_time(const sched_workload_t *w, double bytes) {
+    return bytes > 0 && w->nvme_read_bw > 0 ? bytes / w->nvme_read_bw : 0;
+}
+
+double sched_nvme_write_time(const sched_workload_t *w, double bytes) {
+    return bytes > 0 && w->nvme_write_bw > 0 ? bytes / w->nvme_write_bw : 0;
+}
+
+double sched_block_nvme_bytes(const sched_block_cost_t *c, const sched_block_plan_t *p) {
+    return (sched_block_nvme_weights(p) ? c->w_home_bytes : 0) + (sched_block_nvme_optim(p) ? c->optim_bytes : 0);
 }

@@ -19,6 +19,7 @@
 
 #include <stdbool.h>
 
+#include "base/quant_elem.h"
 #include "base/status.h"
 #include "scheduler/hw.h"
 #include "scheduler/plan.h"
@@ -101,6 +102,15 @@ typedef struct {
     double model_flops;      /* one step's useful FLOPs */
     double peak_flops;       /* datasheet peak of the matmul dtype (MFU denominator) */
     double tokens_per_step;
+    /* A frozen base kept quantized (scheduler/basequant.h); the byte counts
+     * above already hold it.  For reports: the covered tensors' bytes as
+     * stored and in the working dtype. */
+    bool base_quantized;
+    mt_quant_format_t base_quant_format;
+    double base_quant_bytes, base_quant_work_bytes;
+    /* The NVMe tier (sched_workload_set_nvme): the array's sustained rates,
+     * bytes/s; 0: no tier (plans never put anything there) */
+    double nvme_read_bw, nvme_write_bw;
 } sched_workload_t;
 
 /* The rate matmul-class ops run at for this run. */
@@ -120,9 +130,19 @@ const sched_block_cost_t *sched_block_cost(const sched_workload_t *w, int b, boo
  * resident or streamed: a save writes them and device copies come from
  * them); optim, with the optimizer on the host its state, the other
  * device's share, and the fp32 copy host AdamW updates beyond the home (none
- * when the home is that fp32 copy); grads, its host gradients. */
+ * when the home is that fp32 copy); grads, its host gradients.  What the
+ * plan puts on NVMe (sched_block_nvme_bytes) is not counted. */
 void sched_block_host_bytes(const sched_block_cost_t *c, const sched_block_plan_t *p, double *home, double *optim,
                             double *grads);
+/* The NVMe tier's rates from hw (sched_hw_nvme_read_bw ...); a profile
+ * without an nvme: section leaves the workload without a tier. */
+void sched_workload_set_nvme(sched_workload_t *w, const sched_hw_t *hw);
+/* NVMe time of bytes read / written (0 bytes: 0). */
+double sched_nvme_read_time(const sched_workload_t *w, double bytes);
+double sched_nvme_write_time(const sched_workload_t *w, double bytes);
+/* Bytes block b keeps on NVMe under plan p: its weights' home (nvme_weights
+ * with weights STREAM) and optimizer state (nvme_optim with optimizer HOST). */
+double sched_block_nvme_bytes(const sched_block_cost_t *c, const sched_block_plan_t *p);
 /* Gives a hand-made workload expert parallel costs (tests): ep_blocks
  * copied from blocks, moe[] false; the caller edits them. */
 void sched_workload_alloc_ep(sched_workload_t *w);

@@ -45,6 +45,8 @@ typedef struct hrow {
 #define REQ(name, kind, f) {name, kind, F(f), true, NULL}
 #define OPT(name, kind, f) {name, kind, F(f), false, NULL}
 #define SEC(name, rows) {name, H_SECTION, 0, 0, true, rows}
+/* a section that may be left out as a whole; given, its required keys are */
+#define OPTSEC(name, rows) {name, H_SECTION, 0, 0, false, rows}
 
 static const hrow_t k_peak_rows[] = {
     REQ("fp32", H_TFLOPS, peak_flops[SCHED_RATE_FP32]),
@@ -88,11 +90,19 @@ static const hrow_t k_host_rows[] = {
     REQ("cores", H_INT, host_cores),
     {0},
 };
+static const hrow_t k_nvme_rows[] = {
+    OPT("name", H_STR, nvme_name),
+    REQ("read", H_BW, nvme_read_bw),
+    REQ("write", H_BW, nvme_write_bw),
+    REQ("queue_depth", H_INT, nvme_queue_depth),
+    {0},
+};
 static const hrow_t k_top_rows[] = {
     REQ("name", H_STR, name),
     SEC("device", k_device_rows),
     SEC("link", k_link_rows),
     SEC("host", k_host_rows),
+    OPTSEC("nvme", k_nvme_rows),
     {0},
 };
 
@@ -104,6 +114,8 @@ double sched_hw_device_bw(const sched_hw_t *hw) { return hw->device_bw_peak * hw
 double sched_hw_h2d_bw(const sched_hw_t *hw) { return hw->link_bw_peak * hw->h2d_frac; }
 double sched_hw_d2h_bw(const sched_hw_t *hw) { return hw->link_bw_peak * hw->d2h_frac; }
 double sched_hw_host_bw(const sched_hw_t *hw) { return hw->host_bw_peak * hw->host_bw_frac; }
+double sched_hw_nvme_read_bw(const sched_hw_t *hw) { return hw->has_nvme ? hw->nvme_read_bw : 0; }
+double sched_hw_nvme_write_bw(const sched_hw_t *hw) { return hw->has_nvme ? hw->nvme_write_bw : 0; }
 
 bool sched_hw_peer_via_host(const sched_hw_t *hw) { return !(hw->peer_bw_peak > 0); }
 
@@ -185,6 +197,19 @@ static void set_nan(sched_hw_t *hw, const hrow_t *rows) {
     }
 }
 
+/* Whether any key of an optional section was set (set_nan's marks gone). */
+static bool section_given(const sched_hw_t *hw, const hrow_t *rows) {
+    for (const hrow_t *r = rows; r->name; r++) {
+        const char *p = (const char *)hw + r->offset;
+        if (r->kind == H_SECTION) {
+            if (section_given(hw, r->section)) return true;
+        } else if (r->kind == H_STR ? p[0] != '\0' : r->kind == H_INT ? *(const int *)p >= 0 : !isnan(*(const double *)p)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static mt_status_t check_required(const hctx_t *c, const hrow_t *rows, const char *prefix) {
     for (const hrow_t *r = rows; r->name; r++) {
         char key[128];
@@ -194,6 +219,7 @@ static mt_status_t check_required(const hctx_t *c, const hrow_t *rows, const cha
         if (r->kind == H_SECTION) {
             char sub[140];
             snprintf(sub, sizeof sub, "%s.", key);
+            if (!r->required && !section_given(c->hw, r->section)) continue;
             mt_status_t st = check_required(c, r->section, sub);
             if (st != MT_OK) return st;
             continue;
@@ -323,6 +349,8 @@ mt_status_t sched_hw_parse(const char *yaml_text, size_t len, const char *path, 
         if (isnan(out->peer_bw_peak)) out->peer_bw_peak = 0;
         if (isnan(out->peer_frac)) out->peer_frac = 0;
         if (isnan(out->peer_latency_s)) out->peer_latency_s = -1;
+        out->has_nvme = section_given(out, k_nvme_rows);
+        if (!out->has_nvme) out->nvme_read_bw = out->nvme_write_bw = 0, out->nvme_queue_depth = 0;
     }
     return st;
 }

@@ -39,6 +39,14 @@
  *     memory_bandwidth: 614GB/s
  *     memory_bandwidth_achievable: 0.5
  *     cores: 112
+ *   nvme:                                     # optional section: an NVMe array for the third
+ *                                             # tier (memory.nvme in the run config); given,
+ *                                             # read, write and queue_depth are required
+ *     name: "4x PCIe 5.0 NVMe, RAID 0"        # optional
+ *     read: 26GB/s                            # sustained sequential O_DIRECT rates of the
+ *     write: 20GB/s                           # whole array, large requests (moetune bench nvme
+ *                                             # measures a directory's)
+ *     queue_depth: 64                         # requests in flight those rates need
  *
  * Errors name the file, the line and the key (`device.peak_tflops.bf16`). */
 #ifndef MT_SCHEDULER_HW_H
@@ -85,6 +93,11 @@ typedef struct {
      * costs the host host_copy_s_per_byte.  0 on a GPU (DMA engines). */
     double compute_interference;
     double host_copy_s_per_byte;
+    /* NVMe array (the optional nvme: section): has_nvme false, rates 0 */
+    bool has_nvme;
+    char nvme_name[128];
+    double nvme_read_bw, nvme_write_bw; /* bytes/s, sustained, whole array */
+    int nvme_queue_depth;
 } sched_hw_t;
 
 /* Achievable rates: peak x fraction. */
@@ -93,6 +106,9 @@ double sched_hw_device_bw(const sched_hw_t *hw);
 double sched_hw_h2d_bw(const sched_hw_t *hw);
 double sched_hw_d2h_bw(const sched_hw_t *hw);
 double sched_hw_host_bw(const sched_hw_t *hw);
+/* The NVMe array's sustained rates; 0 without an nvme: section. */
+double sched_hw_nvme_read_bw(const sched_hw_t *hw);
+double sched_hw_nvme_write_bw(const sched_hw_t *hw);
 /* Device to device, per direction: the direct link's achievable rate, or
  * through host memory (no peer_bandwidth) the slower link direction, the
  * bytes then also crossing each device's own link. */

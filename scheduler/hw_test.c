@@ -112,13 +112,33 @@ static void test_parse(void) {
     EXPECT_ERROR(text, "missing key 'link.peer_achievable'", "link.peer_bandwidth");
     edit(text, sizeof text, 12, "  copy_latency_us: 8\n  peer_latency_us: 3\n");
     EXPECT_ERROR(text, "need link.peer_bandwidth", NULL);
+    /* the optional nvme: section: absent, no rates; given, every key but the name required */
+    EXPECT(!hw.has_nvme && sched_hw_nvme_read_bw(&hw) == 0 && sched_hw_nvme_write_bw(&hw) == 0, "no nvme section");
+    edit(text, sizeof text, 18, "  cores: 32\nnvme: {read: 26 GB/s, write: 20GB/s, queue_depth: 64}\n");
+    st = sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err);
+    EXPECT(st == MT_OK && hw.has_nvme && sched_hw_nvme_read_bw(&hw) == 26e9 && sched_hw_nvme_write_bw(&hw) == 20e9 &&
+               hw.nvme_queue_depth == 64,
+           "nvme section: %s", err.msg);
+    edit(text, sizeof text, 18, "  cores: 32\nnvme: {read: 26GB/s, queue_depth: 64}\n");
+    EXPECT_ERROR(text, "missing key 'nvme.write'", NULL);
+    edit(text, sizeof text, 18, "  cores: 32\nnvme: {name: disks}\n");
+    EXPECT_ERROR(text, "missing key 'nvme.read'", NULL);
+    edit(text, sizeof text, 18, "  cores: 32\nnvme: {read: 26GB, write: 20GB/s, queue_depth: 64}\n");
+    EXPECT_ERROR(text, "cfg/hw.yaml:19: nvme.read: expected a bandwidth", "26GB");
+    edit(text, sizeof text, 18, "  cores: 32\nnvme: {read: 26GB/s, write: 20GB/s, queue_depth: 0}\n");
+    EXPECT_ERROR(text, "nvme.queue_depth: expected a positive integer", NULL);
+    edit(text, sizeof text, 18, "  cores: 32\nnvme: {raed: 26GB/s, write: 20GB/s, queue_depth: 8}\n");
+    EXPECT_ERROR(text, "unknown key 'nvme.raed'", "nvme.read");
+    edit(text, sizeof text, 18, "  cores: 32\nnvme: 26GB/s\n");
+    EXPECT_ERROR(text, "nvme: expected a mapping", NULL);
     EXPECT(sched_hw_load("/nonexistent/hw.yaml", &hw, &err) == MT_ERR_IO && strstr(err.msg, "/nonexistent/hw.yaml"),
            "%s", err.msg);
 }
 
 /* The shipped profiles: each loads, and its achievable rates are sane. */
 static void test_profiles(void) {
-    static const char *names[] = {"rtx4090", "a100-80gb-pcie", "h100-80gb-pcie", "h100-sxm", "h200", "gh200"};
+    static const char *names[] = {"rtx4090", "a100-80gb-pcie", "h100-80gb-pcie", "h100-sxm", "h200", "gh200",
+                                  "h100-sxm-nvme"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[256];
         snprintf(path, sizeof path, "configs/hw/%s.yaml", names[i]);

@@ -66,7 +66,19 @@ typedef struct {
      * and AdamW state on the host, and its activations are kept or
      * recomputed, not offloaded (sched_block_plan_expert_parallel). */
     bool expert_parallel;
+    /* The third tier (memory.nvme, docs/nvme.md): nvme_optim with optimizer
+     * HOST keeps the block's fp32 master and AdamW moments in files on
+     * NVMe: read into host memory before its host AdamW, written back
+     * after it.  nvme_weights with weights STREAM keeps its weights' home
+     * there: each fetch reads them into pinned staging first, and a
+     * trained block writes its updated working copy back after AdamW.
+     * Ignored under the other placements (sched_block_nvme_optim/_weights). */
+    bool nvme_optim, nvme_weights;
 } sched_block_plan_t;
+
+/* Whether bp really holds its optimizer state / weights' home on NVMe. */
+bool sched_block_nvme_optim(const sched_block_plan_t *bp);
+bool sched_block_nvme_weights(const sched_block_plan_t *bp);
 
 /* Makes bp expert parallel as the executor runs it: gradients and AdamW
  * state on the host (every owner's experts are updated through the one

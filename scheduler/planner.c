@@ -19,6 +19,7 @@
 
 typedef struct {
     double time, peak[SCHED_MEM_COUNT], traffic;
+    double nvme; /* bytes the plan keeps on NVMe */
 } eval_t;
 
 typedef struct {
@@ -52,6 +53,7 @@ static mt_status_t evaluate(const sched_workload_t *w, const sched_plan_t *p, ev
     memcpy(e->peak, r.peak, sizeof e->peak);
     /* what runs off the compute stream: link traffic and host memory */
     e->traffic = r.h2d_bytes + r.d2h_bytes + r.peak[SCHED_MEM_HOST];
+    e->nvme = r.nvme_bytes;
     sched_sim_result_free(&r);
     return MT_OK;
 }
@@ -60,6 +62,90 @@ static bool fits(const eval_t *e, const double *budget) {
     for (int m = 0; m < SCHED_MEM_COUNT; m++)
         if (budget[m] > 0 && e->peak[m] > budget[m]) return false;
     return true;
+}
+
+/* The NVMe pass's move i of a model of n blocks on plan p: i < n puts block
+ * i's optimizer state on NVMe, n <= i < 2n the home of decoder layer
+ * i - n's streamed weights.  Returns the host bytes it frees, 0 when it
+ * does not apply. */
+static double nvme_move(const sched_workload_t *w, sched_plan_t *p, int i) {
+    const int n = w->num_blocks, b = i < n ? i : i - n;
+    sched_block_plan_t *bp = &p->blocks[b];
+    const sched_block_cost_t *c = sched_block_cost(w, b, bp->expert_parallel);
+    if (i < n) {
+        if (bp->optim != SCHED_OPTIM_HOST || bp->nvme_optim || !(c->optim_bytes > 0)) return 0;
+        bp->nvme_optim = true;
+        /* the gradient buffer then lives only until the update (simulate.h) */
+        const bool transient = bp->grads == SCHED_GRADS_HOST && !w->clip && w->has_trainable &&
+                               (p->layer_major || w->grad_accum <= 1);
+        return c->optim_bytes + (transient ? c->grad_bytes : 0);
+    }
+    if (b == 0 || b == n - 1 || bp->weights != SCHED_WEIGHTS_STREAM || bp->nvme_weights || !(c->w_home_bytes > 0))
+        return 0;
+    bp->nvme_weights = true;
+    return c->w_home_bytes;
+}
+
+/* Plan `base` (evaluated as *be) with as little moved to NVMe as makes it
+ * fit (see planner.h); *ok false when it cannot.  On *ok, *out is the plan
+ * (the caller frees it) and *oe its evaluation. */
+static mt_status_t nvme_fit(const sched_workload_t *w, const sched_planner_opts_t *o, const sched_plan_t *base,
+                            const eval_t *be, sched_plan_t *out, eval_t *oe, bool *ok, int *nsims, mt_error_t *err) {
+    *ok = false;
+    const double hb = o->budget[SCHED_MEM_HOST];
+    if (!o->nvme || !(w->nvme_read_bw > 0) || !(hb > 0)) return MT_OK;
+    if (o->budget[SCHED_MEM_DEVICE] > 0 && be->peak[SCHED_MEM_DEVICE] > o->budget[SCHED_MEM_DEVICE]) return MT_OK;
+    plan_copy(out, base);
+    eval_t e = *be;
+    int next = 0;
+    for (int round = 0; round < 16; round++) {
+        const double excess = e.peak[SCHED_MEM_HOST] - hb;
+        if (excess <= 0) {
+            *ok = fits(&e, o->budget) && (o->nvme_budget <= 0 || e.nvme <= o->nvme_budget);
+            break; /* fits, or another budget (pinned, NVMe) is short and more moves would not help */
+        }
+        double freed = 0;
+        bool moved = false;
+        while (next < 2 * w->num_blocks && freed < excess) {
+            const double f = nvme_move(w, out, next++);
+            freed += f;
+            moved |= f > 0;
+        }
+        if (!moved) break;
+        mt_status_t st = evaluate(w, out, &e, nsims, err);
+        if (st != MT_OK) {
+            sched_plan_free(out);
+            return st;
+        }
+    }
+    if (*ok) *oe = e;
+    else sched_plan_free(out);
+    return MT_OK;
+}
+
+/* The NVMe pass over the plans of a walk: the fastest one that fits with
+ * NVMe, into *best (the caller frees it when *found). */
+static mt_status_t nvme_pass(const sched_workload_t *w, const sched_planner_opts_t *o, const path_t *path,
+                             sched_plan_t *best, bool *found, int *nsims, mt_error_t *err) {
+    double best_t = 0;
+    for (int i = 0; i < path->count; i++) {
+        if (*found && path->evals[i].time >= best_t) continue; /* moving to NVMe never makes a plan faster */
+        sched_plan_t cand;
+        eval_t ce;
+        bool ok;
+        mt_status_t st = nvme_fit(w, o, &path->plans[i], &path->evals[i], &cand, &ce, &ok, nsims, err);
+        if (st != MT_OK) return st;
+        if (!ok) continue;
+        if (*found && ce.time >= best_t) {
+            sched_plan_free(&cand);
+            continue;
+        }
+        if (*found) sched_plan_free(best);
+        *best = cand;
+        best_t = ce.time;
+        *found = true;
+    }
+    return MT_OK;
 }
 
 /* Per-kind overrides, then what the executor cannot run: the optimizer on
@@ -411,6 +497,18 @@ static void diagnose(const sched_workload_t *w, const sched_planner_opts_t *o, c
 #undef SAY
 }
 
+/* Appends to an infeasible plan's reason what the NVMe tier would need. */
+static void nvme_hint(const sched_workload_t *w, const sched_planner_opts_t *o, char *why, size_t cap) {
+    size_t n = strlen(why);
+    if (n > 0 && why[n - 1] == '.') why[--n] = '\0';
+    if (o->nvme && w->nvme_read_bw > 0)
+        snprintf(why + n, cap - n, "%s", "; with optimizer state and streamed weights on NVMe it does not fit either "
+                                         "(the NVMe budget, or the host memory left for staging, is short)");
+    else
+        snprintf(why + n, cap - n, "%s", "; or give the run an NVMe tier for optimizer state and weights "
+                                         "(memory.nvme.path, and a hardware profile with an nvme: section)");
+}
+
 static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planner_opts_t *o, bool layer_major,
                                    sched_planner_result_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
@@ -432,6 +530,8 @@ static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planne
         for (int b = 0; b < N; b++)
             if (w->moe && w->moe[b]) sched_block_plan_expert_parallel(&start.blocks[b]);
     path_t path = {0}, hostpath = {0};
+    sched_plan_t nvme_plan = {0};
+    bool nvme_found = false;
     int chosen = -1;
     if (st != MT_OK) goto out;
 
@@ -472,8 +572,15 @@ static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planne
             for (int i = hostpath.count - 1; i >= 0 && !pick; i--)
                 if (fits(&hostpath.evals[i], o->budget)) pick = &hostpath.plans[i], out->feasible = true;
         }
+        if (!out->feasible && o->nvme) {
+            st = nvme_pass(w, o, &path, &nvme_plan, &nvme_found, &out->simulations, err);
+            if (st == MT_OK && !fixed) st = nvme_pass(w, o, &hostpath, &nvme_plan, &nvme_found, &out->simulations, err);
+            if (st != MT_OK) goto out;
+            if (nvme_found) pick = &nvme_plan, out->feasible = true;
+        }
         if (!out->feasible) {
             diagnose(w, o, &path, fixed ? NULL : &hostpath, fixed, out);
+            if (out->short_of[SCHED_MEM_HOST]) nvme_hint(w, o, out->why, sizeof out->why);
             pick = &path.plans[0];
         }
     }
@@ -484,6 +591,7 @@ static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planne
     out->simulations++;
 out:
     sched_plan_free(&start);
+    if (nvme_found) sched_plan_free(&nvme_plan);
     path_free(&path);
     path_free(&hostpath);
     if (st != MT_OK) sched_planner_result_free(out);

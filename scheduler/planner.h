@@ -23,7 +23,14 @@
  * least pinned peak of any plan considered within the device budget; for
  * the host, the least host peak reachable within the device budget (a
  * greedy that moves host state to the device by host bytes saved per
- * device byte added). */
+ * device byte added).
+ *
+ * NVMe (opts.nvme): only when no plan fits host memory.  For each plan of
+ * the walk (fastest first) that fits the device budget, optimizer state and
+ * then streamed weights' homes go to NVMe block by block, in block order,
+ * as many as the host's excess needs, re-simulated until the plan fits or
+ * nothing is left to move; the fastest plan that fits every budget and the
+ * NVMe budget wins. */
 #ifndef MT_SCHEDULER_PLANNER_H
 #define MT_SCHEDULER_PLANNER_H
 
@@ -56,6 +63,13 @@ typedef struct {
      * sched_parallel_plan's (data_parallel.h). */
     int devices;
     sched_parallel_t parallel;
+    /* The NVMe tier (memory.nvme with a profile's nvme: section; the
+     * workload's rates): when no plan fits host memory, the planner moves
+     * optimizer state, then decoder layers' streamed weights' homes, to
+     * NVMe block by block until one does (see planner.c); nvme_budget:
+     * the most bytes it may keep there, 0 = no limit. */
+    bool nvme;
+    double nvme_budget;
 } sched_planner_opts_t;
 
 void sched_planner_opts_default(sched_planner_opts_t *o);

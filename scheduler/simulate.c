@@ -21,11 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const k_res_names[SCHED_RES_COUNT] = {"compute", "h2d", "d2h", "host optimizer"};
+static const char *const k_res_names[SCHED_RES_COUNT] = {"compute", "h2d", "d2h", "host optimizer", "nvme"};
 static const char *const k_mem_names[SCHED_MEM_COUNT] = {"device", "pinned", "host"};
 static const char *const k_task_names[SCHED_TASK_KIND_COUNT] = {
     "forward", "backward", "fetch weights", "fetch activations", "offload activations",
     "gradients d2h", "gradients on host", "grad norm", "adamw", "weights update h2d", "token exchange",
+    "nvme read", "nvme write",
 };
 
 const char *sched_resource_name(sched_resource_t r) { return (unsigned)r < SCHED_RES_COUNT ? k_res_names[r] : "?"; }
@@ -53,6 +54,7 @@ typedef struct {
     bool off_step; /* tasks that run into the next step (deferred AdamW): not the step's end */
     double h2d_bytes, d2h_bytes;
     double peer_bytes; /* expert parallel rows sent to the other device */
+    double nvme_read_bytes, nvme_write_bytes;
     double *first_fwd; /* per block: its first forward's start (-1 before it) */
 } sim_t;
 
@@ -131,6 +133,84 @@ static double exchange(sim_t *s, int block, int micro, double start, double end,
     s->waited[e1 > e2 ? SCHED_RES_D2H : SCHED_RES_H2D] += e - end;
     s->free_at[SCHED_RES_COMPUTE] = e;
     return e;
+}
+
+/* One request stream on the NVMe array. */
+static double nvme_io(sim_t *s, bool read, int block, int micro, double ready, double bytes, double *start_out) {
+    if (read) s->nvme_read_bytes += bytes;
+    else s->nvme_write_bytes += bytes;
+    const double dur = read ? sched_nvme_read_time(s->w, bytes) : sched_nvme_write_time(s->w, bytes);
+    return run(s, SCHED_RES_NVME, read ? SCHED_TASK_NVME_READ : SCHED_TASK_NVME_WRITE, block, micro, ready, dur,
+               bytes, start_out);
+}
+
+/* A weight fetch of `bytes` for block b issued at `issue`: with its home on
+ * NVMe, read into pinned staging first.  Returns when the H2D copy ends;
+ * *ready_res is the resource a compute waiting for it waited on. */
+static double fetch_weights(sim_t *s, const sched_block_plan_t *p, int b, int micro, double issue, double bytes,
+                            double copies, sched_resource_t *ready_res) {
+    double ready = issue;
+    *ready_res = SCHED_RES_H2D;
+    const bool from_nvme = sched_block_nvme_weights(p);
+    if (from_nvme) {
+        double r0;
+        ready = nvme_io(s, true, b, micro, issue, bytes, &r0);
+        mem(s, SCHED_MEM_PINNED, r0, bytes);
+    }
+    double c0;
+    const double end = copy(s, true, SCHED_TASK_FETCH_W, b, micro, ready, bytes, copies, &c0);
+    if (from_nvme) {
+        mem(s, SCHED_MEM_PINNED, c0, -bytes); /* the copy holds it from here (copy()) */
+        if (c0 <= ready) *ready_res = SCHED_RES_NVME;
+    }
+    return end;
+}
+
+/* Whether block p's host gradient buffer lives only from its D2H to its
+ * update (see simulate.h), not the whole step. */
+static bool grads_transient(const sched_workload_t *w, const sched_plan_t *plan, const sched_block_plan_t *p) {
+    return sched_block_nvme_optim(p) && p->grads == SCHED_GRADS_HOST && !w->clip && w->has_trainable &&
+           (plan->layer_major || w->grad_accum <= 1);
+}
+
+/* Block b's host AdamW once `ready`: with its state on NVMe, read in first
+ * (held in host memory until written back after the update); with its
+ * weights' home there, the updated working copy written too.  Returns the
+ * AdamW's end, its start in *start_out. */
+static double host_adam(sim_t *s, const sched_block_cost_t *c, const sched_block_plan_t *p, int b, double ready,
+                        double *start_out) {
+    const bool state = sched_block_nvme_optim(p) && c->optim_bytes > 0;
+    const double wb = sched_block_nvme_weights(p) ? c->w_update_bytes : 0;
+    double t = ready;
+    if (state) {
+        double r0;
+        const double r = nvme_io(s, true, b, -1, ready, c->optim_bytes, &r0);
+        mem(s, SCHED_MEM_HOST, r0, c->optim_bytes);
+        if (r > t) t = r;
+    }
+    double start;
+    const double end = run(s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, t, c->adam_host_s, 0, &start);
+    if (state || wb > 0) {
+        const double out = (state ? c->optim_bytes : 0) + wb;
+        const double we = nvme_io(s, false, b, -1, end, out, NULL);
+        mem(s, SCHED_MEM_HOST, start, wb);
+        mem(s, SCHED_MEM_HOST, we, -out);
+    }
+    if (start_out) *start_out = start;
+    return end;
+}
+
+/* host_adam after a block's gradients reached the host during the
+ * backward; a transient gradient buffer goes with the update. */
+static void overlapped_adam(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double d2h_start,
+                            double ready) {
+    const sched_block_plan_t *p = &plan->blocks[b];
+    const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
+    const double end = host_adam(s, c, p, b, ready, NULL);
+    if (grads_transient(w, plan, p)) {
+        mem(s, SCHED_MEM_HOST, d2h_start, c->grad_bytes);
+        mem(s, SCHED_MEM_HOST, end, -c->grad_bytes);
+    }
 }
 
 static bool opts_in_step(const sched_sim_opts_t *o) { return o && o->updates_in_step; }
@@ -218,7 +298,7 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
     double *d2h_end = malloc(((size_t)N * (ga + 1) + 1) * sizeof *d2h_end);
     MT_CHECK(use_end && offload_end && d2h_end, "out of host memory in the simulator");
     int n_d2h = 0;
-    double last_end = 0, prev_start = 0, turn_w = 0, head_w = 0;
+    double last_end = 0, prev_start = 0, turn_w = 0;
     for (int u = 0; u < U; u++) {
         const bool fwd = u < N - 1, head = u == N - 1;
         const int b = u < N ? u : 2 * N - 2 - u;
@@ -239,8 +319,9 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
             fw_copies += e->w_fetch_step_bytes > 0 ? e->w_fetch_step_copies : e->w_fetch_copies;
         }
         double wready = 0;
+        sched_resource_t wres = SCHED_RES_H2D; /* what a compute waiting for the fetch waited on */
         if (fw > 0) {
-            wready = copy(s, true, SCHED_TASK_FETCH_W, b, -1, issue, fw, fw_copies, NULL);
+            wready = fetch_weights(s, p, b, -1, issue, fw, fw_copies, &wres);
             mem(s, SCHED_MEM_DEVICE, issue, fw);
         }
         const double off = c->act_saved_bytes - c->act_input_bytes;
@@ -248,7 +329,7 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
         double end = last_end;
         for (int mb = 0; mb < ga; mb++) {
             double ready = mb == 0 ? wready : 0;
-            sched_resource_t ready_res = mb == 0 && fw > 0 ? SCHED_RES_H2D : SCHED_RES_COMPUTE;
+            sched_resource_t ready_res = mb == 0 && fw > 0 ? wres : SCHED_RES_COMPUTE;
             const bool sends_acts = fwd && acts == SCHED_ACTS_OFFLOAD && off > 0;
             const bool sends_grads = grads_host && mb == ga - 1;
             if (!fwd && !head && acts == SCHED_ACTS_OFFLOAD && off > 0) {
@@ -303,11 +384,12 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
                 if (sends_grads) {
                     const double gb = c->grad_step_bytes > 0 ? c->grad_step_bytes : c->grad_mb_bytes;
                     const double gc = c->grad_step_bytes > 0 ? c->grad_step_copies : c->grad_mb_copies;
-                    const double t = copy(s, false, SCHED_TASK_GRAD_D2H, b, mb, end, gb, gc, NULL);
+                    double t0;
+                    const double t = copy(s, false, SCHED_TASK_GRAD_D2H, b, mb, end, gb, gc, &t0);
                     mem(s, SCHED_MEM_DEVICE, t, -c->grad_mb_bytes);
                     d2h_end[dslot] = t;
                     if (overlap && p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
-                        run(s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, t, c->adam_host_s, 0, NULL);
+                        overlapped_adam(s, w, plan, b, t0, t);
                         adam_done[b] = true;
                     }
                 }
@@ -316,13 +398,11 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
         if (fw > 0) {
             if (fwd && turn) turn_w = fw;
             else mem(s, SCHED_MEM_DEVICE, end, -fw);
-            if (head) head_w = fw;
         }
         if (held) mem(s, SCHED_MEM_DEVICE, end, -turn_w);
         use_end[u] = end;
         last_end = end;
     }
-    (void)head_w;
     free(use_end);
     free(offload_end);
     free(d2h_end);
@@ -400,9 +480,8 @@ static double mb_fetch(mb_order_t *m, const mb_use_t *u, sched_resource_t *ready
     double ready = 0;
     *ready_res = SCHED_RES_COMPUTE;
     if (u->fw > 0) {
-        double t1 = copy(s, true, SCHED_TASK_FETCH_W, u->b, u->mb, u->issue, u->fw, u->fw_copies, NULL);
+        ready = fetch_weights(s, u->p, u->b, u->mb, u->issue, u->fw, u->fw_copies, ready_res);
         mem(s, SCHED_MEM_DEVICE, u->issue, u->fw); /* allocated when issued */
-        ready = t1, *ready_res = SCHED_RES_H2D;
     }
     if (fa > 0) {
         const double r = u->issue > m->offload_end[u->b] ? u->issue : m->offload_end[u->b];
@@ -489,12 +568,13 @@ static void mb_send_grads(mb_order_t *m, const mb_use_t *u, double end, int dslo
     if (!u->grads_d2h) return;
     sim_t *s = m->s;
     const sched_block_cost_t *c = u->c;
-    double t = copy(s, false, SCHED_TASK_GRAD_D2H, u->b, u->mb, end, c->grad_mb_bytes, c->grad_mb_copies, NULL);
+    double t0;
+    double t = copy(s, false, SCHED_TASK_GRAD_D2H, u->b, u->mb, end, c->grad_mb_bytes, c->grad_mb_copies, &t0);
     mem(s, SCHED_MEM_DEVICE, t, -c->grad_mb_bytes);
     if (u->mb > 0) t = run(s, SCHED_RES_D2H, SCHED_TASK_GRAD_HOST, u->b, u->mb, t, c->grad_add_host_s, c->grad_mb_bytes, NULL);
     m->d2h_end[dslot] = t;
     if (u->last_mb && m->overlap && u->p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
-        run(s, SCHED_RES_HOST, SCHED_TASK_ADAM, u->b, -1, t, c->adam_host_s, 0, NULL);
+        overlapped_adam(s, m->w, m->plan, u->b, t0, t);
         m->adam_done[u->b] = true;
     }
 }
@@ -564,8 +644,7 @@ static double opt_block(sim_t *s, const sched_workload_t *w, const sched_plan_t 
     if (p->optim == SCHED_OPTIM_DEVICE) return opt_run(s, SCHED_RES_COMPUTE, SCHED_TASK_ADAM, b, t, c->adam_device_s);
     if (!adam_done[b] && !opts_in_step(opts) && p->grads == SCHED_GRADS_HOST && !resident) {
         s->off_step = true;
-        double start;
-        deferred_end[b] = run(s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, t, c->adam_host_s, 0, &start);
+        deferred_end[b] = host_adam(s, c, p, b, t, NULL);
         s->off_step = false;
         if (b <= plan->prefetch_window) {
             s->waited[SCHED_RES_HOST] += deferred_end[b] > t ? deferred_end[b] - t : 0;
@@ -576,7 +655,11 @@ static double opt_block(sim_t *s, const sched_workload_t *w, const sched_plan_t 
     if (!adam_done[b]) {
         if (p->grads == SCHED_GRADS_DEVICE)
             t = opt_copy(s, false, SCHED_TASK_GRAD_D2H, b, t, c->grad_step_bytes, c->grad_step_copies);
-        t = opt_run(s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, t, c->adam_host_s);
+        double start;
+        const double end = host_adam(s, c, p, b, t, &start);
+        s->waited[SCHED_RES_NVME] += start - t; /* the state's read (0 without NVMe) */
+        s->waited[SCHED_RES_HOST] += end - start;
+        t = end;
     }
     if (resident && c->w_update_bytes > 0)
         t = opt_copy(s, true, SCHED_TASK_W_UPDATE, b, t, c->w_update_bytes, c->w_update_copies);
@@ -622,14 +705,18 @@ static void add_deferred_stall(sim_t *s, const sched_workload_t *w, const sched_
 }
 
 /* Memory held for the whole step, per kind. */
-static void static_bytes(const sched_workload_t *w, const sched_plan_t *plan, double stat[SCHED_MEM_COUNT]) {
+static void static_bytes(const sched_workload_t *w, const sched_plan_t *plan, double stat[SCHED_MEM_COUNT],
+                         double *nvme) {
     for (int m = 0; m < SCHED_MEM_COUNT; m++) stat[m] = 0;
+    *nvme = 0;
     for (int b = 0; b < w->num_blocks; b++) {
         const sched_block_plan_t *p = &plan->blocks[b];
         const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
         double home, optim, grads;
         sched_block_host_bytes(c, p, &home, &optim, &grads);
+        if (grads_transient(w, plan, p)) grads = 0; /* events of overlapped_adam */
         stat[SCHED_MEM_HOST] += home + optim + grads;
+        *nvme += sched_block_nvme_bytes(c, p);
         if (p->weights == SCHED_WEIGHTS_RESIDENT) stat[SCHED_MEM_DEVICE] += c->w_resident_bytes;
         if (p->grads == SCHED_GRADS_DEVICE) stat[SCHED_MEM_DEVICE] += c->grad_bytes;
         if (p->optim == SCHED_OPTIM_DEVICE) stat[SCHED_MEM_DEVICE] += c->optim_bytes;
@@ -656,6 +743,8 @@ static void fill_result(sim_t *s, const double stat[SCHED_MEM_COUNT], const sche
     out->h2d_bytes = s->h2d_bytes;
     out->d2h_bytes = s->d2h_bytes;
     out->peer_bytes = s->peer_bytes;
+    out->nvme_read_bytes = s->nvme_read_bytes;
+    out->nvme_write_bytes = s->nvme_write_bytes;
     out->tasks = s->tasks;
     out->num_tasks = s->ntasks;
 }
@@ -669,6 +758,12 @@ static mt_status_t check_plan(const sched_workload_t *w, const sched_plan_t *pla
         if (plan->blocks[b].expert_parallel && !(w->moe && w->moe[b]))
             return mt_error_set(err, MT_ERR_CONFIG,
                                 "block %d: expert parallel needs a block with routed experts (a MoE layer)", b);
+    for (int b = 0; b < w->num_blocks; b++)
+        if ((sched_block_nvme_optim(&plan->blocks[b]) || sched_block_nvme_weights(&plan->blocks[b])) &&
+            !(w->nvme_read_bw > 0 && w->nvme_write_bw > 0))
+            return mt_error_set(err, MT_ERR_CONFIG,
+                                "block %d: the plan keeps state on NVMe, but the hardware profile has no nvme: "
+                                "section (its read and write rates)", b);
     return MT_OK;
 }
 
@@ -688,7 +783,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     bool *adam_done = calloc((size_t)N, sizeof *adam_done);
     MT_CHECK_ALLOC(adam_done, "simulator overlapped updates");
     double stat[SCHED_MEM_COUNT];
-    static_bytes(w, plan, stat);
+    static_bytes(w, plan, stat, &out->nvme_bytes);
     const bool overlap = !w->clip && w->has_trainable;
     const double last_compute_end = plan->layer_major ? sim_layer_major(&s, w, plan, overlap, adam_done, out)
                                                       : sim_micro_batch_major(&s, w, plan, overlap, adam_done, out);
@@ -739,6 +834,8 @@ static mt_status_t simulate_micro(const sched_workload_t *w, const sched_plan_t 
     SIM_EXTEND(h2d_bytes);
     SIM_EXTEND(d2h_bytes);
     SIM_EXTEND(peer_bytes);
+    SIM_EXTEND(nvme_read_bytes);
+    SIM_EXTEND(nvme_write_bytes);
     SIM_EXTEND(recompute_s);
     for (int r = 0; r < SCHED_RES_COUNT; r++) {
         SIM_EXTEND(busy[r]);

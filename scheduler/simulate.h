@@ -74,7 +74,23 @@
  *    fresh buffer of a later micro-batch, grads DEVICE).
  *  pinned: every copy while it runs; offloaded activations until fetched.
  *  host: home copies of streamed weights, HOST optimizer state and the host
- *    gradient buffer (whole step). */
+ *    gradient buffer (whole step), less what the plan keeps on NVMe.
+ *
+ * The NVMe tier (block plan nvme_optim / nvme_weights; the workload's
+ * nvme_read_bw / nvme_write_bw): one more resource, the array, running
+ * reads and writes in issue order at their own rates.
+ *  - nvme_optim: the block's host AdamW first reads its optimizer state
+ *    (fp32 master, m, v) into host memory, which holds it until it is
+ *    written back after the update; other blocks' compute, copies and
+ *    updates go on meanwhile.  Where the AdamW overlaps the backward (no
+ *    clipping) and the step has one use of each block's gradients
+ *    (layer-major, or one micro-batch), the host gradient buffer of such a
+ *    block lives only from its D2H to its update; otherwise all step.
+ *  - nvme_weights: each fetch of the block's weights first reads them
+ *    into pinned staging; a compute that waits for such a fetch is charged
+ *    to the NVMe array when the copy had waited for the read.  A trained
+ *    block writes its updated working copy back after its AdamW.
+ *  - capacity: the sum of those homes and states (sched_block_nvme_bytes). */
 #ifndef MT_SCHEDULER_SIMULATE_H
 #define MT_SCHEDULER_SIMULATE_H
 
@@ -84,7 +100,14 @@
 #include "scheduler/costmodel.h"
 #include "scheduler/plan.h"
 
-typedef enum { SCHED_RES_COMPUTE = 0, SCHED_RES_H2D, SCHED_RES_D2H, SCHED_RES_HOST, SCHED_RES_COUNT } sched_resource_t;
+typedef enum {
+    SCHED_RES_COMPUTE = 0,
+    SCHED_RES_H2D,
+    SCHED_RES_D2H,
+    SCHED_RES_HOST,
+    SCHED_RES_NVME, /* the NVMe array: reads and writes share it, in issue order */
+    SCHED_RES_COUNT
+} sched_resource_t;
 typedef enum { SCHED_MEM_DEVICE = 0, SCHED_MEM_PINNED, SCHED_MEM_HOST, SCHED_MEM_COUNT } sched_mem_t;
 
 typedef enum {
@@ -99,6 +122,8 @@ typedef enum {
     SCHED_TASK_ADAM,
     SCHED_TASK_W_UPDATE,     /* updated working copies: H2D (resident, host AdamW) or D2H (streamed, device AdamW) */
     SCHED_TASK_EXCHANGE,     /* expert parallel through host memory: routed rows over this device's link */
+    SCHED_TASK_NVME_READ,    /* optimizer state or weights from NVMe into host memory */
+    SCHED_TASK_NVME_WRITE,   /* optimizer state (and updated weights) back to NVMe */
     SCHED_TASK_KIND_COUNT,
 } sched_task_kind_t;
 
@@ -147,6 +172,8 @@ typedef struct {
     double peer_bytes;            /* expert parallel: rows this device sent the other (through host
                                      memory these are in h2d_bytes and d2h_bytes as well) */
     double recompute_s;           /* compute time spent recomputing */
+    double nvme_read_bytes, nvme_write_bytes; /* the NVMe tier's traffic this step */
+    double nvme_bytes;            /* what the plan keeps on NVMe (capacity used) */
     double compute_stretch;       /* factor compute ran slower by for host interference (1: none) */
     sched_timeline_t timeline[SCHED_MEM_COUNT];
     sched_task_t *tasks;

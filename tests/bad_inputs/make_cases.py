@@ -459,6 +459,18 @@ def yaml_cases():
          yaml=run_yaml(hardware="bad_hw.yaml"))
     case("hardware_file_unknown_key", "memroy", {"typo_hw.yaml": "name: x\ndevice:\n  memroy: 80GiB\n"},
          yaml=run_yaml(hardware="typo_hw.yaml"))
+    # the optional nvme: section of a profile: given, its rates are checked like the others
+    good_hw = ("name: x\ndevice: {memory: 80GiB, memory_bandwidth: 2TB/s, memory_bandwidth_achievable: 0.8,\n"
+               "  peak_tflops: {fp32: 50, tf32: 400, bf16: 800}, achievable: {fp32: 0.5, tf32: 0.5, bf16: 0.5}}\n"
+               "link: {peak_bandwidth: 63GB/s, h2d_achievable: 0.8, d2h_achievable: 0.8, copy_latency_us: 10}\n"
+               "host: {memory: 1TiB, pinned: 64GiB, memory_bandwidth: 300GB/s, memory_bandwidth_achievable: 0.6,"
+               " cores: 32}\n")
+    case("hardware_nvme_bad_bandwidth", "nvme.read: expected a bandwidth",
+         {"nvme_hw.yaml": good_hw + "nvme: {read: 26GB, write: 20GB/s, queue_depth: 64}\n"},
+         yaml=run_yaml(hardware="nvme_hw.yaml"))
+    case("hardware_nvme_missing_key", "missing key 'nvme.write'",
+         {"nvme_hw.yaml": good_hw + "nvme: {read: 26GB/s, queue_depth: 64}\n"},
+         yaml=run_yaml(hardware="nvme_hw.yaml"))
     case("set_unknown_key", "nosuchkey", cmd="train run.yaml --set nosuchkey=1")
     case("set_wrong_type", "micro_batch_size", cmd="train run.yaml --set micro_batch_size=two")
 

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "engine/run/calibrate.h"
+#include "engine/run/plan_tiers.h"
 #include "kernels/device.h"
 #include "engine/model/desc/program.h"
 #include "tools/plan/plan_devices.h"
@@ -183,7 +184,10 @@ int mt_plan_main(int argc, char **argv) {
     sched_program_free(&prog);
     if (st != MT_OK) goto done;
     if (sched_workload_build(&c.reg, &c.hw, &c.w, &err) != MT_OK) goto done;
+    if (eng_plan_base_quant(&c.rc, c.model_config_path, &c.quant, &err) != MT_OK) goto done;
+    sched_workload_quantize_base(&c.reg, &c.quant, &c.hw, &c.w);
     if (eng_program_planner_opts(&c.rc, &c.hw, &c.opts, &err) != MT_OK) goto done;
+    if (eng_plan_nvme(&c.rc, &c.hw, &c.w, &c.opts, &err) != MT_OK) goto done;
     /* the main plan is one device running every micro-batch, the yardstick
      * the devices are compared with: no experts to split there (a single
      * device asking for expert parallel is refused by the planner) */

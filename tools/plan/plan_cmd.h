@@ -1,7 +1,9 @@
 /* `moetune plan RUN.yaml [--hw NAME|FILE|calibrate] [--json] [--trace FILE] [--set key=value]...`
  *
  * Plans a run from its config alone: base_model needs only config.json
- * (or base_model_init, a config.json file).  Prints whether it fits and
+ * (or base_model_init, a config.json file).  A LoRA run's base is counted
+ * in its stored format (quantization_config, load_in_4bit), and with
+ * memory.nvme.path the plan may use the NVMe tier (docs/planning.md).  Prints whether it fits and
  * why not; the predicted step time, tokens/s, model TFLOPS and MFU; peak
  * device, pinned and host memory against the budgets; the decisions per
  * block (runs of identical layers compressed) and per tensor kind; what
@@ -39,15 +41,16 @@
  *   needed_bytes      (infeasible only) {device?, pinned?, host?}: smallest budgets that work
  *   prediction        {step_time_s, tokens_per_s, model_flops, model_tflops, mfu,
  *                      compute_busy_s, compute_idle_s, recompute_s, bound_by
- *                      ("compute"|"h2d"|"d2h"|"host optimizer"),
- *                      busy_s {compute, h2d, d2h, host}, waited_s {compute, h2d, d2h, host},
+ *                      ("compute"|"h2d"|"d2h"|"host optimizer"|"nvme"),
+ *                      busy_s {compute, h2d, d2h, host, nvme}, waited_s {compute, h2d, d2h, host, nvme},
  *                      h2d_bytes, d2h_bytes}
  *                      (for an infeasible run: the numbers of the plan the reason refers to)
  *   memory            {device, pinned, host}: each {peak_bytes, budget_bytes, static_bytes}
  *   plan              {prefetch_window,
  *                      blocks [{block, name, weights ("resident"|"stream"), grads
  *                               ("device"|"host"), optimizer ("device"|"host"),
- *                               activations ("keep"|"offload"|"recompute")}],
+ *                               activations ("keep"|"offload"|"recompute"),
+ *                               nvme_optimizer, nvme_weights (true: on the NVMe tier)}],
  *                      runs [{first, last, label, weights, grads, optimizer, activations}]}
  *   kinds             {weights {resident_blocks, stream_blocks, resident_bytes, fetched_bytes},
  *                      grads {device_blocks, host_blocks, d2h_bytes},
@@ -60,6 +63,12 @@
  *                     largest_tensor_bytes, compact_bytes, per_tensor_bytes, per_tensor_pow2_bytes,
  *                     max_slot_bytes, max_slot_slots, host_total_bytes {compact, per_tensor, max_slot}
  *                     (pageable peak + that mode's staging)}
+ *   nvme              (with memory.nvme.path) the third tier: {read_bytes, write_bytes (per step),
+ *                     busy_s, bytes (capacity used), budget_bytes (0: none), read_bytes_per_s,
+ *                     write_bytes_per_s, optimizer_blocks, weights_blocks, optimizer_bytes,
+ *                     weights_bytes}
+ *   base_quant        (a LoRA run's frozen base kept quantized) {format ("fp8"|"mxfp4"|"nf4"|"fp4"),
+ *                     block, double_quant, experts_only, stored_bytes, working_dtype_bytes}
  *   data_parallel     (with --devices N > 1 or devices: in the run config) data parallel on N
  *                     devices of one host sharing one host copy, each device's share planned and
  *                     simulated over its own link (scheduler/data_parallel.h): {devices, feasible,

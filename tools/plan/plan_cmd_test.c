@@ -258,6 +258,113 @@ static void test_committed_runs(void) {
     }
 }
 
+/* A committed run config planned with --json (and one --set when given). */
+static json_t *committed_json(const char *run, const char *set, int *rc) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/configs/runs/%s.yaml", g_cwd, run);
+    const char *args[] = {path, "--json", "--set", set};
+    char *out, *err;
+    *rc = run_plan(args, set ? 4 : 2, &out, &err);
+    json_error_t je;
+    json_t *d = json_loads(out, 0, &je);
+    EXPECT(d != NULL, "%s: exit %d, %.300s / stderr %.300s", run, *rc, out, err);
+    free(out);
+    free(err);
+    return d;
+}
+
+static double peak(json_t *d, const char *kind, const char *what) {
+    return num(json_object_get(json_object_get(d, "memory"), kind), what, NULL);
+}
+
+/* Full fine-tuning beyond host memory: feasible only with the NVMe tier,
+ * which it fills within its budget, and which bounds the step. */
+static void test_nvme_runs(void) {
+    static const char *const runs[] = {"qwen3-235b-a22b-h100-nvme-full", "mixtral-8x22b-h100-nvme-full"};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        int rc;
+        json_t *d = committed_json(runs[i], NULL, &rc);
+        if (!d) continue;
+        json_t *nv = json_object_get(d, "nvme");
+        EXPECT(rc == 0 && json_is_true(json_object_get(d, "feasible")), "%s: exit %d", runs[i], rc);
+        EXPECT(num(nv, "read_bytes", NULL) > 0 && num(nv, "write_bytes", NULL) > 0 && num(nv, "busy_s", NULL) > 0,
+               "%s: NVMe traffic", runs[i]);
+        EXPECT(num(nv, "bytes", NULL) > 1e12 && num(nv, "bytes", NULL) <= num(nv, "budget_bytes", NULL),
+               "%s: NVMe holds %g of %g", runs[i], num(nv, "bytes", NULL), num(nv, "budget_bytes", NULL));
+        EXPECT(peak(d, "host", "peak_bytes") <= peak(d, "host", "budget_bytes") &&
+                   peak(d, "device", "peak_bytes") <= peak(d, "device", "budget_bytes") &&
+                   peak(d, "pinned", "peak_bytes") <= peak(d, "pinned", "budget_bytes"),
+               "%s: within the budgets", runs[i]);
+        /* the optimizer state alone is more than host memory: it must be on NVMe */
+        EXPECT(num(nv, "optimizer_bytes", NULL) > peak(d, "host", "budget_bytes"), "%s: optimizer on NVMe %g", runs[i],
+               num(nv, "optimizer_bytes", NULL));
+        const char *bound = json_string_value(json_object_get(json_object_get(d, "prediction"), "bound_by"));
+        EXPECT(bound && strcmp(bound, "nvme") == 0, "%s: bound by %s", runs[i], bound ? bound : "?");
+        EXPECT(num(d, "prediction", "tokens_per_s") > 0, "%s: tokens/s", runs[i]);
+        json_decref(d);
+    }
+    /* without the tier the same run does not fit, and says what would */
+    int rc;
+    json_t *d = committed_json("mixtral-8x22b-h100-nvme-full", "memory.nvme.path=", &rc);
+    if (d) {
+        EXPECT(rc == 3 && json_is_false(json_object_get(d, "feasible")) && !json_object_get(d, "nvme"),
+               "without NVMe: exit %d", rc);
+        const char *why = json_string_value(json_object_get(d, "reason"));
+        EXPECT(why && strstr(why, "host memory is short") && strstr(why, "NVMe tier"), "reason: %s", why ? why : "?");
+        json_decref(d);
+    }
+}
+
+/* Quantized bases: counted at their stored size, and what that buys. */
+static void test_quantized_runs(void) {
+    int rc;
+    json_t *q = committed_json("qwen3-30b-a3b-rtx4090-qlora", NULL, &rc);
+    json_t *b = committed_json("qwen3-30b-a3b-rtx4090-lora", NULL, &rc);
+    if (q && b) {
+        json_t *bq = json_object_get(q, "base_quant");
+        EXPECT(json_is_true(json_object_get(q, "feasible")) && json_is_true(json_object_get(bq, "double_quant")) &&
+                   strcmp(json_string_value(json_object_get(bq, "format")), "nf4") == 0,
+               "QLoRA: nf4 with double quant");
+        /* 4 bits + a byte of absmax per 64 + 4 bytes per 256 blocks over bf16's 16 bits */
+        const double ratio = num(bq, "stored_bytes", NULL) / num(bq, "working_dtype_bytes", NULL);
+        EXPECT(fabs(ratio - (0.5 + (1 + 4.0 / 256) / 64) / 2) < 1e-9, "NF4 bytes / bf16 bytes %g", ratio);
+        EXPECT(!json_object_get(b, "base_quant"), "the bf16 run has no quantized base");
+        EXPECT(num(q, "prediction", "tokens_per_s") > num(b, "prediction", "tokens_per_s") &&
+                   num(q, "prediction", "h2d_bytes") < 0.5 * num(b, "prediction", "h2d_bytes") &&
+                   peak(q, "host", "peak_bytes") < 0.5 * peak(b, "host", "peak_bytes"),
+               "QLoRA %g tokens/s, %g B h2d vs bf16 %g tokens/s, %g B", num(q, "prediction", "tokens_per_s"),
+               num(q, "prediction", "h2d_bytes"), num(b, "prediction", "tokens_per_s"),
+               num(b, "prediction", "h2d_bytes"));
+    }
+    json_decref(q);
+    json_decref(b);
+    /* the whole 4-bit base resident on the 24 GB card */
+    json_t *r = committed_json("qwen3-30b-a3b-rtx4090-qlora", "scheduler.weights=resident", &rc);
+    if (r) {
+        EXPECT(rc == 0 && num(r, "prediction", "h2d_bytes") == 0, "resident QLoRA: exit %d, h2d %g", rc,
+               num(r, "prediction", "h2d_bytes"));
+        json_decref(r);
+    }
+    json_t *f = committed_json("deepseek-v3-fp8-h100-lora", NULL, &rc);
+    if (f) {
+        json_t *bq = json_object_get(f, "base_quant");
+        EXPECT(rc == 0 && strcmp(json_string_value(json_object_get(bq, "format")), "fp8") == 0, "DeepSeek FP8: %d", rc);
+        EXPECT(peak(f, "host", "peak_bytes") + peak(f, "pinned", "budget_bytes") <= 768 * GiB,
+               "DeepSeek-V3 FP8 LoRA host %g", peak(f, "host", "peak_bytes"));
+        EXPECT(num(bq, "stored_bytes", NULL) <= 0.55 * num(bq, "working_dtype_bytes", NULL), "FP8 bytes");
+        json_decref(f);
+    }
+    json_t *g = committed_json("gpt-oss-120b-h100-lora", NULL, &rc);
+    if (g) {
+        json_t *bq = json_object_get(g, "base_quant");
+        EXPECT(rc == 0 && strcmp(json_string_value(json_object_get(bq, "format")), "mxfp4") == 0 &&
+                   json_is_true(json_object_get(bq, "experts_only")),
+               "gpt-oss MXFP4 experts");
+        EXPECT(peak(g, "host", "peak_bytes") <= 80e9, "gpt-oss-120b MXFP4 LoRA host %g B", peak(g, "host", "peak_bytes"));
+        json_decref(g);
+    }
+}
+
 static void test_cli(void) {
     char path[800], trace[800];
     snprintf(path, sizeof path, "%s/runs/olmoe-1b-7b.yaml", g_tmp);
@@ -481,6 +588,8 @@ int main(void) {
     test_qwen3();
     test_every_model();
     test_committed_runs();
+    test_nvme_runs();
+    test_quantized_runs();
     test_cli();
     test_devices();
     test_expert_parallel();

@@ -5,6 +5,8 @@
  * disagree. */
 #include "tools/plan/plan_report.h"
 
+#include "base/quant.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +56,15 @@ typedef struct {
 } run_t;
 
 static bool same(const sched_block_plan_t *a, const sched_block_plan_t *b) {
-    return a->weights == b->weights && a->grads == b->grads && a->optim == b->optim && a->acts == b->acts;
+    return a->weights == b->weights && a->grads == b->grads && a->optim == b->optim && a->acts == b->acts &&
+           sched_block_nvme_optim(a) == sched_block_nvme_optim(b) &&
+           sched_block_nvme_weights(a) == sched_block_nvme_weights(b);
+}
+
+/* What a block keeps on NVMe, for the decisions table. */
+static const char *nvme_name(const sched_block_plan_t *bp) {
+    const bool o = sched_block_nvme_optim(bp), w = sched_block_nvme_weights(bp);
+    return o && w ? "optimizer+weights" : o ? "optimizer" : w ? "weights" : "-";
 }
 
 /* Embedding and head alone; decoder layers in runs of identical decisions. */
@@ -81,6 +91,8 @@ static int make_runs(const plan_ctx_t *c, run_t *runs) {
 typedef struct {
     int resident, stream, gdev, ghost, odev, ohost, keep, offload, recompute;
     double resident_bytes, fetched_bytes, odev_bytes, ohost_bytes, grads_d2h;
+    int onvme, wnvme;             /* blocks whose optimizer state / weights' home is on NVMe */
+    double onvme_bytes, wnvme_bytes;
 } kinds_t;
 
 static kinds_t kinds(const plan_ctx_t *c) {
@@ -95,6 +107,8 @@ static kinds_t kinds(const plan_ctx_t *c) {
         else k.ghost++;
         if (bp->optim == SCHED_OPTIM_DEVICE) k.odev++, k.odev_bytes += bc->optim_bytes;
         else k.ohost++, k.ohost_bytes += bc->optim_bytes;
+        if (sched_block_nvme_optim(bp)) k.onvme++, k.onvme_bytes += bc->optim_bytes;
+        if (sched_block_nvme_weights(bp)) k.wnvme++, k.wnvme_bytes += bc->w_home_bytes;
         k.keep += bp->acts == SCHED_ACTS_KEEP;
         k.offload += bp->acts == SCHED_ACTS_OFFLOAD;
         k.recompute += bp->acts == SCHED_ACTS_RECOMPUTE;
@@ -251,8 +265,31 @@ static void bound_text(const plan_ctx_t *c, char *buf, size_t cap) {
                              "max_grad_norm: 0 lets it overlap the backward)"
                            : "beyond the end of the backward");
         break;
+    case SCHED_RES_NVME:
+        snprintf(buf, cap, "NVMe array: the step waits %.3g s for optimizer state and weights to cross it "
+                 "(%.1f GB/s read, %.1f GB/s write)", idle, c->w.nvme_read_bw / 1e9, c->w.nvme_write_bw / 1e9);
+        break;
     default: snprintf(buf, cap, "?"); break;
     }
+}
+
+/* The NVMe tier's line and the quantized base's, when the run has them. */
+static void tiers_text(FILE *f, const plan_ctx_t *c) {
+    const sched_sim_result_t *s = &c->res.sim;
+    if (c->opts.nvme) {
+        str_t budget = bytes_s(c->opts.nvme_budget);
+        if (!(c->opts.nvme_budget > 0)) snprintf(budget.s, sizeof budget.s, "no budget");
+        fprintf(f, "nvme            %s read + %s written per step, busy %.3f s (%.0f%% of the step); holds %s of %s "
+                "(%.1f/%.1f GB/s read/write, queue depth %d)\n",
+                bytes_s(s->nvme_read_bytes).s, bytes_s(s->nvme_write_bytes).s, s->busy[SCHED_RES_NVME],
+                s->step_time > 0 ? 100 * s->busy[SCHED_RES_NVME] / s->step_time : 0, bytes_s(s->nvme_bytes).s, budget.s,
+                c->w.nvme_read_bw / 1e9, c->w.nvme_write_bw / 1e9, c->hw.nvme_queue_depth);
+    }
+    if (c->w.base_quantized)
+        fprintf(f, "base            %s kept %s%s (%s in the working dtype): host home, fetches and resident copies "
+                "at that size, dequantized on the device into a working copy per block in use\n",
+                bytes_s(c->w.base_quant_bytes).s, mt_quant_format_name(c->w.base_quant_format),
+                c->quant.double_quant ? " with double quantization" : "", bytes_s(c->w.base_quant_work_bytes).s);
 }
 
 /* The step order chosen and why: each order's best plan side by side. */
@@ -340,9 +377,11 @@ void plan_report_text(FILE *f, const plan_ctx_t *c) {
     fprintf(f, "model TFLOPS    %.3g   MFU %.1f%% of %s %s peak\n", r->model_flops / s->step_time / 1e12, 100 * mfu(c),
             flops_s(c->w.peak_flops).s, sh->bf16 ? "bf16" : "fp32");
     fprintf(f, "bound by        %s\n", bound);
-    fprintf(f, "stream busy     compute %.3f s, h2d %.3f s (%s), d2h %.3f s (%s), host %.3f s\n\n",
+    fprintf(f, "stream busy     compute %.3f s, h2d %.3f s (%s), d2h %.3f s (%s), host %.3f s\n",
             s->busy[SCHED_RES_COMPUTE], s->busy[SCHED_RES_H2D], bytes_s(s->h2d_bytes).s, s->busy[SCHED_RES_D2H],
             bytes_s(s->d2h_bytes).s, s->busy[SCHED_RES_HOST]);
+    tiers_text(f, c);
+    fputc('\n', f);
 
     fprintf(f, "memory                peak         budget\n");
     for (int mm = 0; mm < SCHED_MEM_COUNT; mm++) {
@@ -355,21 +394,31 @@ void plan_report_text(FILE *f, const plan_ctx_t *c) {
     run_t *runs = malloc((size_t)c->res.plan.num_blocks * sizeof *runs);
     MT_CHECK_ALLOC(runs, "plan runs");
     int nr = make_runs(c, runs);
-    fprintf(f, "\ndecisions       weights   grads   optimizer  activations\n");
+    fprintf(f, "\ndecisions       weights   grads   optimizer  activations%s\n", c->opts.nvme ? "  on NVMe" : "");
     for (int i = 0; i < nr; i++) {
         const sched_block_plan_t *bp = &c->res.plan.blocks[runs[i].first];
-        fprintf(f, "  %-13s %-9s %-7s %-10s %s\n", runs[i].label, weights_name(bp->weights), grads_name(bp->grads),
-                optim_name(bp->optim), acts_name(bp->acts));
+        if (c->opts.nvme)
+            fprintf(f, "  %-13s %-9s %-7s %-10s %-11s  %s\n", runs[i].label, weights_name(bp->weights),
+                    grads_name(bp->grads), optim_name(bp->optim), acts_name(bp->acts), nvme_name(bp));
+        else
+            fprintf(f, "  %-13s %-9s %-7s %-10s %s\n", runs[i].label, weights_name(bp->weights), grads_name(bp->grads),
+                    optim_name(bp->optim), acts_name(bp->acts));
     }
     free(runs);
     kinds_t k = kinds(c);
     fprintf(f, "\nper tensor kind\n");
-    fprintf(f, "  weights       resident %d blocks (%s on the device), streamed %d blocks (%s fetched per step)\n",
+    fprintf(f, "  weights       resident %d blocks (%s on the device), streamed %d blocks (%s fetched per step)",
             k.resident, bytes_s(k.resident_bytes).s, k.stream, bytes_s(k.fetched_bytes).s);
+    if (c->w.base_quantized)
+        fprintf(f, "; frozen base %s as %s", bytes_s(c->w.base_quant_bytes).s, mt_quant_format_name(c->w.base_quant_format));
+    if (k.wnvme > 0) fprintf(f, "; homes of %d blocks (%s) on NVMe", k.wnvme, bytes_s(k.wnvme_bytes).s);
+    fputc('\n', f);
     fprintf(f, "  gradients     device %d blocks, host %d blocks (%s D2H per step)\n", k.gdev, k.ghost,
             bytes_s(k.grads_d2h).s);
-    fprintf(f, "  optimizer     device %d blocks (%s), host %d blocks (%s)\n", k.odev, bytes_s(k.odev_bytes).s, k.ohost,
+    fprintf(f, "  optimizer     device %d blocks (%s), host %d blocks (%s)", k.odev, bytes_s(k.odev_bytes).s, k.ohost,
             bytes_s(k.ohost_bytes).s);
+    if (k.onvme > 0) fprintf(f, ", of which on NVMe %d blocks (%s)", k.onvme, bytes_s(k.onvme_bytes).s);
+    fputc('\n', f);
     fprintf(f, "  activations   keep %d, offload %d, recompute %d blocks\n", k.keep, k.offload, k.recompute);
     staging_text(f, c);
 }
@@ -379,6 +428,8 @@ static json_t *num(double v) {
     if (v == (double)(json_int_t)v && v > -9007199254740992.0 && v < 9007199254740992.0) return json_integer((json_int_t)v);
     return json_real(v);
 }
+
+static void tiers_json(json_t *doc, const plan_ctx_t *c, const kinds_t *k);
 
 json_t *plan_report_json(const plan_ctx_t *c) {
     const sched_registry_t *r = &c->reg;
@@ -438,7 +489,7 @@ json_t *plan_report_json(const plan_ctx_t *c) {
         json_object_set_new(doc, "short", shorts);
         json_object_set_new(doc, "needed_bytes", needed);
     }
-    const char *res_keys[SCHED_RES_COUNT] = {"compute", "h2d", "d2h", "host"};
+    const char *res_keys[SCHED_RES_COUNT] = {"compute", "h2d", "d2h", "host", "nvme"};
     json_t *busy = json_object(), *waited = json_object();
     for (int i = 0; i < SCHED_RES_COUNT; i++) {
         json_object_set_new(busy, res_keys[i], num(s->busy[i]));
@@ -465,9 +516,11 @@ json_t *plan_report_json(const plan_ctx_t *c) {
         char name[32];
         sched_block_label(r, b, name, sizeof name);
         const sched_block_plan_t *bp = &p->blocks[b];
-        json_array_append_new(blocks, json_pack("{s:i, s:s, s:s, s:s, s:s, s:s}", "block", b, "name", name, "weights",
-                                                weights_name(bp->weights), "grads", grads_name(bp->grads), "optimizer",
-                                                optim_name(bp->optim), "activations", acts_name(bp->acts)));
+        json_array_append_new(blocks, json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:b, s:b}", "block", b, "name", name,
+                                                "weights", weights_name(bp->weights), "grads", grads_name(bp->grads),
+                                                "optimizer", optim_name(bp->optim), "activations", acts_name(bp->acts),
+                                                "nvme_optimizer", sched_block_nvme_optim(bp), "nvme_weights",
+                                                sched_block_nvme_weights(bp)));
     }
     run_t *runs = malloc((size_t)p->num_blocks * sizeof *runs);
     MT_CHECK_ALLOC(runs, "plan runs");
@@ -493,7 +546,30 @@ json_t *plan_report_json(const plan_ctx_t *c) {
                   "device_bytes", num(k.odev_bytes), "host_bytes", num(k.ohost_bytes), "activations", "keep_blocks",
                   k.keep, "offload_blocks", k.offload, "recompute_blocks", k.recompute));
     json_object_set_new(doc, "staging", staging_json(c));
+    tiers_json(doc, c, &k);
     return doc;
+}
+
+/* The NVMe tier's and the quantized base's objects, when the run has them. */
+static void tiers_json(json_t *doc, const plan_ctx_t *c, const kinds_t *kp) {
+    const sched_sim_result_t *s = &c->res.sim;
+    const kinds_t k = *kp;
+    if (c->opts.nvme)
+        json_object_set_new(doc, "nvme",
+                            json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:i, s:o, s:o}", "read_bytes",
+                                      num(s->nvme_read_bytes), "write_bytes", num(s->nvme_write_bytes), "busy_s",
+                                      num(s->busy[SCHED_RES_NVME]), "bytes", num(s->nvme_bytes), "budget_bytes",
+                                      num(c->opts.nvme_budget), "read_bytes_per_s", num(c->w.nvme_read_bw),
+                                      "write_bytes_per_s", num(c->w.nvme_write_bw), "optimizer_blocks", k.onvme,
+                                      "weights_blocks", k.wnvme, "optimizer_bytes", num(k.onvme_bytes), "weights_bytes",
+                                      num(k.wnvme_bytes)));
+    if (c->w.base_quantized)
+        json_object_set_new(doc, "base_quant",
+                            json_pack("{s:s, s:I, s:b, s:b, s:o, s:o}", "format",
+                                      mt_quant_format_name(c->w.base_quant_format), "block", (json_int_t)c->quant.block,
+                                      "double_quant", c->quant.double_quant, "experts_only", c->quant.experts_only,
+                                      "stored_bytes", num(c->w.base_quant_bytes), "working_dtype_bytes",
+                                      num(c->w.base_quant_work_bytes)));
 }
 
 mt_status_t plan_write_trace(const plan_ctx_t *c, const char *path, mt_error_t *err) {

@@ -8,6 +8,7 @@
 
 #include "engine/config/config.h"
 #include "engine/model/hf/model_config.h"
+#include "scheduler/basequant.h"
 #include "scheduler/costmodel.h"
 #include "scheduler/hw.h"
 #include "scheduler/planner.h"
@@ -21,6 +22,7 @@ typedef struct {
     sched_hw_t hw;
     sched_registry_t reg;
     sched_workload_t w;
+    sched_base_quant_t quant; /* the frozen base's stored format (quant.on false: the working dtype) */
     sched_planner_opts_t opts;
     sched_planner_result_t res;
 } plan_ctx_t;
