@@ -145,6 +145,7 @@ static const key_row_t k_scheduler_rows[] = {
     ROW_ENUM("grads", sched_grads, k_place_names),
     ROW_ENUM("optimizer", sched_optimizer, k_place_names),
     ROW_ENUM("activations", sched_activations, k_acts_names),
+    ROW("speculative_optimizer", K_BOOL, sched_speculative),
     {0},
 };
 

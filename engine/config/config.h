@@ -199,6 +199,8 @@ typedef struct eng_run_config {
     eng_place_t sched_grads;                /* default auto */
     eng_place_t sched_optimizer;            /* default auto */
     eng_acts_place_t sched_activations;     /* default auto */
+    bool sched_speculative;           /* scheduler.speculative_optimizer: host AdamW overlaps the backward
+                                       * under clipping too, undone when the norm clips (default false) */
     /* `staging:` section: the pinned pool host<->device transfers go through (moe/staging.h).
        The pool's size comes from the plan's in-flight window; these only choose and bound it. */
     eng_staging_mode_t staging_mode;        /* default compact */

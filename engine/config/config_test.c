@@ -514,7 +514,11 @@ static void test_scheduler(void) {
     EXPECT(set_ok(&c, "scheduler.policy=min_memory") && c.sched_policy == ENG_SCHED_MIN_MEMORY);
     EXPECT(set_ok(&c, "scheduler.activations=keep") && c.sched_activations == ENG_ACTS_KEEP);
     EXPECT(set_ok(&c, "hardware=../hw/mine.yaml") && strcmp(c.hardware, "../hw/mine.yaml") == 0);
-    EXPECT(set_ok(&c, "scheduler=~") && c.sched_policy == ENG_SCHED_AUTO && c.sched_prefetch_window == 0);
+    EXPECT(!c.sched_speculative);
+    EXPECT(set_ok(&c, "scheduler.speculative_optimizer=true") && c.sched_speculative);
+    EXPECT_SET_ERROR(&c, "scheduler.speculative_optimizer=maybe", "scheduler.speculative_optimizer", NULL);
+    EXPECT(set_ok(&c, "scheduler=~") && c.sched_policy == ENG_SCHED_AUTO && c.sched_prefetch_window == 0 &&
+           !c.sched_speculative);
     EXPECT_SET_ERROR(&c, "scheduler.policy=fastest", "scheduler.policy", "keep_all");
     EXPECT_SET_ERROR(&c, "scheduler.grads=gpu", "scheduler.grads", "device, host");
     EXPECT_SET_ERROR(&c, "scheduler.polcy=auto", "did you mean 'scheduler.policy'", NULL);

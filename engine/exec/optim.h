@@ -17,7 +17,9 @@ typedef struct {
     double grad_norm;     /* before clipping */
     double clip_scale;    /* the factor applied (1 when not clipped) */
     int updated, skipped; /* parameters updated / without gradient */
-    int updated_during_backward; /* host AdamW runs that overlapped the backward pass */
+    int updated_during_backward; /* host AdamW runs that overlapped the backward pass (and stood) */
+    bool speculative;     /* the overlapped host AdamW ran before the clipping factor was known */
+    bool speculation_undone; /* ... and the norm clipped (or was not finite): it was undone and redone */
     double optim_wall_s;  /* time eng_optim_step took (the optimizer's share on the critical path) */
     bool weights_nonfinite; /* the step failed because an update left a weight NaN or Inf: the
                                weights are changed, so the step cannot be skipped */
@@ -27,10 +29,11 @@ typedef struct {
  * micro-batches it has.  With `overlap` and optimizer state on the host, the
  * host AdamW of each block starts as soon as that block's gradients of the
  * last micro-batch have landed in host memory, while backward goes on with
- * the blocks below — possible only without clipping (max_grad_norm 0),
- * since the clipping factor needs the global norm, known only when backward
- * ends.  Results are bit-identical either way. Optional: without it every
- * update happens in eng_optim_step. */
+ * the blocks below.  With clipping (max_grad_norm > 0) the factor needs the
+ * global norm, known only when backward ends: then the updates overlap only
+ * when hp->speculative, each saved first and undone when the norm clips
+ * (engine/optim/speculate.h).  Results are bit-identical either way.
+ * Optional: without it every update happens in eng_optim_step. */
 void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micro_batches,
                           bool overlap);
 

@@ -156,7 +156,11 @@ void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micr
     if (x->stage.pool) moe_staging_step_begin(x->stage.pool);
     exec_counters_step_begin(&x->cnt);
     x->micro_left = micro_batches;
-    x->prog.overlap = overlap && hp->max_grad_norm == 0;
+    /* with clipping, the overlapped updates are speculative: saved first,
+     * undone when the norm clips (not with the NVMe tier, whose moments
+     * are written back right after each update) */
+    x->prog.overlap = overlap && (hp->max_grad_norm == 0 || (hp->speculative && !x->hopt.nvme));
+    x->hopt.speculative = x->prog.overlap && hp->max_grad_norm > 0;
     x->prog.block_ready = block_ready;
     x->hopt.step_idle_experts = !hp->skip_idle_experts;
     if (x->prog.overlap) exec_host_optim_start(&x->hopt, hp);
@@ -233,6 +237,26 @@ static double clip_scale(const eng_optim_hparams_t *hp, double norm) {
     if (hp->max_grad_norm <= 0) return 1.0;
     const double coef = hp->max_grad_norm / (norm + 1e-6);
     return coef < 1.0 ? coef : 1.0;
+}
+
+/* This step's speculative updates (speculate.h) stand when the clipping
+ * factor is 1 and the norm finite; otherwise each is undone, its parameter
+ * back to what it was before the step, and it runs again below with the
+ * real factor, as without speculation. */
+static void settle_speculation(eng_exec_t *x, bool undo, eng_optim_stats_t *out) {
+    if (!x->hopt.speculative) return;
+    out->speculative = true;
+    out->speculation_undone = undo;
+    for (int i = 0; i < x->model->num_params; i++) {
+        if (!x->hopt.done[i]) continue;
+        if (!undo) {
+            eng_spec_keep(&x->hopt.spec, i);
+            continue;
+        }
+        MT_CHECK(eng_spec_undo(&x->hopt.spec, &x->model->params[i], i),
+                 "speculative update of %s without its copy", x->model->params[i].spec->name);
+        x->hopt.done[i] = false;
+    }
 }
 
 /* ---- the updates, block by block ------------------------------------------ */
@@ -530,6 +554,8 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
     for (int i = 0; i < x->model->num_params; i++)
         if (x->dp[i].has_grad) total += parts[i];
     out->grad_norm = sqrt(total);
+    out->clip_scale = isfinite(total) ? clip_scale(hp, out->grad_norm) : 0;
+    settle_speculation(x, !isfinite(total) || out->clip_scale < 1.0, out);
     if (!isfinite(total)) {
         const mt_status_t st = refuse_non_finite(x, parts, out->grad_norm, err);
         free(parts);
@@ -538,7 +564,6 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
         return st;
     }
     free(parts);
-    out->clip_scale = clip_scale(hp, out->grad_norm);
     const kern_adamw_params_t base = exec_adamw_params(hp, out->clip_scale);
 
     bool *deferred = calloc((size_t)x->nb, sizeof *deferred);

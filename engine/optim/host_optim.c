@@ -22,6 +22,7 @@ void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp
     h->dev = dev;
     h->trace = trace;
     h->nonfinite_param = -1;
+    eng_spec_init(&h->spec, m->num_params);
     /* a step's overlapped jobs and the previous step's deferred ones */
     h->cap = 2 * eng_model_num_blocks(m) + 1;
     h->queue = calloc((size_t)h->cap, sizeof *h->queue);
@@ -139,6 +140,7 @@ static void *worker_main(void *arg) {
             } else {
                 /* the norm's share while the gradient is at hand, off the step's tail */
                 kern_sumsq_cpu(NULL, &h->gnorm_part[i], d->host_g, p->spec->numel);
+                if (h->speculative) eng_spec_save(&h->spec, p, i);
                 worker_adamw(h, pool, i, d->host_g, &job.base);
                 h->done[i] = true;
             }
@@ -240,6 +242,7 @@ void exec_host_optim_free(exec_host_optim_t *h) {
     }
     kern_threadpool_destroy(h->own_pool);
     eng_optim_nvme_free(h->nvme);
+    eng_spec_free(&h->spec);
     free(h->queue);
     free(h->block_pending);
     free(h->done);

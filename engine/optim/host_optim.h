@@ -20,6 +20,7 @@
 #include "engine/model/model.h"
 #include "engine/optim/hparams.h"
 #include "engine/optim/nvme_state.h"
+#include "engine/optim/speculate.h"
 #include "kernels/adamw.h"
 #include "kernels/host/threadpool.h"
 
@@ -55,6 +56,9 @@ typedef struct {
     int nonfinite_param;         /* first parameter a deferred update left with a NaN or Inf, or -1
                                     (written by the worker, read after exec_host_optim_wait) */
     eng_optim_nvme_t *nvme;      /* owned: the NVMe tier holding host AdamW moments (nvme_state.h), or NULL */
+    bool speculative;            /* this step's overlapped updates run before the clipping factor is
+                                  * known, each saved first so it can be undone (speculate.h) */
+    eng_spec_t spec;             /* their copies */
 } exec_host_optim_t;
 
 /* For model m's parameters, their gradients dp on device dev, spans

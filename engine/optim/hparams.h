@@ -15,6 +15,9 @@ typedef struct {
      * as torch's AdamW does transformers 5's fused experts; true skips it,
      * as transformers 4's per-expert modules (grad None) were */
     bool skip_idle_experts;
+    /* with clipping on, the host AdamW of each block still starts during the
+     * backward, undone and run again when the norm clips (speculate.h) */
+    bool speculative;
 } eng_optim_hparams_t;
 
 #endif

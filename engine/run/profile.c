@@ -119,7 +119,8 @@ static mt_status_t run_steps(const eng_run_config_t *rc, eng_exec_t *x, eng_load
     const int total = rc->max_steps > 0 ? rc->max_steps : steps;
     const eng_optim_hparams_t base = {.beta1 = rc->adam_beta1, .beta2 = rc->adam_beta2, .eps = rc->adam_epsilon,
                                       .weight_decay = rc->weight_decay, .max_grad_norm = rc->max_grad_norm,
-                            .skip_idle_experts = rc->idle_experts == ENG_IDLE_EXPERTS_SKIP};
+                            .skip_idle_experts = rc->idle_experts == ENG_IDLE_EXPERTS_SKIP,
+                            .speculative = rc->sched_speculative};
     mt_status_t st = MT_OK;
     for (int step = 0; step < steps && st == MT_OK; step++) {
         const double t0 = mt_now_s();

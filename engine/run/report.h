@@ -37,6 +37,7 @@ typedef struct {
     uint64_t staging_experts_skipped;  /* expert transfers not made: the expert got no token */
     uint64_t weight_h2d_bytes;         /* weight working-copy bytes host -> device this step */
     uint64_t grad_d2h_bytes;           /* gradient bytes device -> host this step */
+    const char *speculation;           /* the speculative host AdamW: "kept", "redone", or NULL (none ran) */
     double staging_wait_s;             /* time transfers waited for pinned space */
     size_t staging_peak_in_use_bytes;  /* of the peak_pinned_bytes reserved */
 } eng_step_report_t;

@@ -146,7 +146,8 @@ static void report_step(eng_run_t *run, int step, const eng_optim_hparams_t *hp,
         .staging_mean_copy_bytes = {ss.mean_copy_bytes[0], ss.mean_copy_bytes[1]},
         .staging_experts_skipped = ss.experts_skipped, .staging_wait_s = ss.wait_s,
         .staging_peak_in_use_bytes = ss.peak_in_use, .weight_h2d_bytes = xc.weight_h2d_bytes,
-        .grad_d2h_bytes = xc.grad_d2h_bytes};
+        .grad_d2h_bytes = xc.grad_d2h_bytes,
+        .speculation = !os->speculative ? NULL : os->speculation_undone ? "redone" : "kept"};
     const bool log_line = (step + 1) % (rc->logging_steps > 0 ? rc->logging_steps : 1) == 0 ||
                           step + 1 == total || step == 0;
     eng_reporter_step(&run->rep, &r, log_line);
@@ -253,7 +254,8 @@ mt_status_t eng_train_steps(eng_run_t *run, eng_train_result_t *result, mt_error
                 .result = result,
                 .hp_base = {.beta1 = rc->adam_beta1, .beta2 = rc->adam_beta2, .eps = rc->adam_epsilon,
                             .weight_decay = rc->weight_decay, .max_grad_norm = rc->max_grad_norm,
-                            .skip_idle_experts = rc->idle_experts == ENG_IDLE_EXPERTS_SKIP}};
+                            .skip_idle_experts = rc->idle_experts == ENG_IDLE_EXPERTS_SKIP,
+                            .speculative = rc->sched_speculative}};
     l.steps_per_epoch = eng_loader_batches_per_epoch(&run->ld) / rc->gradient_accumulation_steps;
     if (l.steps_per_epoch < 1) l.steps_per_epoch = 1;
     const double t_run = mt_now_s();

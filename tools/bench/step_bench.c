@@ -102,12 +102,17 @@ static int parse(int argc, char **argv, opts_t *o) {
             o->step_order = true;
             continue;
         }
+        if (strcmp(a, "--speculative") == 0) {
+            o->speculative = true;
+            continue;
+        }
     bad:
         fprintf(stderr,
                 "usage: moetune bench step [--layers N] [--hidden H] [--experts E] [--topk K]\n"
                 "       [--expert-width I] [--vocab V] [--seq T] [--batch B] [--steps S]\n"
                 "       [--link-gbps G | --link-fraction F] [--link-latency-us U] [--staging-rounds R]\n"
-                "       [--staging-only | --precision | --step-order [--accum K]] [--blocks] [--trace FILE] [--json]\n"
+                "       [--staging-only | --precision | --speculative | --step-order [--accum K]] [--blocks] [--trace FILE]\n"
+                "       [--json]\n"
                 "bad or unknown option: %s\n",
                 a);
         return 2;
@@ -127,7 +132,7 @@ static int precision_report(const char *ckpt, const opts_t *o, double link_bps) 
     sched_plan_init_uniform(&p_keep, nb, SCHED_POLICY_KEEP_ALL);
     sched_plan_init_uniform(&p_off, nb, SCHED_POLICY_OFFLOAD_ALL);
     const sched_plan_t *plans[] = {&p_keep, &p_keep, &p_off, &p_off};
-    const bool overlaps[] = {false, false, true, true};
+    const step_mode_t overlaps[] = {STEP_AFTER_BACKWARD, STEP_AFTER_BACKWARD, STEP_OVERLAP, STEP_OVERLAP};
     const mt_dtype_t compute[] = {MT_F32, MT_BF16, MT_F32, MT_BF16};
     const char *const names[] = {"keep_all", "keep_all", "offload_all", "offload_all"};
     measure_t ms[4];
@@ -201,7 +206,7 @@ static void measure_keep_alone(const char *ckpt, const opts_t *o, measure_t *kee
     sched_plan_t p_keep;
     sched_plan_init_uniform(&p_keep, o->layers + 2, SCHED_POLICY_KEEP_ALL);
     const sched_plan_t *one[] = {&p_keep};
-    const bool no_overlap[] = {false};
+    const step_mode_t no_overlap[] = {STEP_AFTER_BACKWARD};
     double unused_ratio, unused_probe;
     measure_side_by_side(ckpt, o, one, no_overlap, 1, 0, -1, keep, &unused_ratio, &unused_probe);
     sched_plan_free(&p_keep);
@@ -231,7 +236,7 @@ static bool size_link(const char *ckpt, const opts_t *o, const measure_t *keep, 
     return false;
 }
 
-/* --staging-only, --step-order or --precision: that comparison alone, on
+/* --staging-only, --step-order, --precision or --speculative: that comparison alone, on
  * the link chosen; removes the checkpoint. */
 static int one_comparison(const char *ckpt, const opts_t *o, double link_bps, const measure_t *keep) {
     if (o->staging_only) {
@@ -248,8 +253,10 @@ static int one_comparison(const char *ckpt, const opts_t *o, double link_bps, co
         printf("  compact throughput / per_tensor: %.3f (median of the pairs' ratios; goal >= 0.95)\n", sc.ratio);
         return 0;
     }
-    /* layer-major against micro-batch-major, or fp32 against bf16 */
-    const int rc = o->step_order ? step_order_report(ckpt, o, link_bps, keep) : precision_report(ckpt, o, link_bps);
+    /* layer-major against micro-batch-major, speculative against waiting, or fp32 against bf16 */
+    const int rc = o->step_order    ? step_order_report(ckpt, o, link_bps, keep)
+                   : o->speculative ? speculative_report(ckpt, o, link_bps)
+                                    : precision_report(ckpt, o, link_bps);
     remove_checkpoint(ckpt);
     return rc;
 }
@@ -298,7 +305,7 @@ static void measure_plans(const char *ckpt, const opts_t *o, const sched_plan_t 
     sched_plan_init_uniform(&p_off, r->nb, SCHED_POLICY_OFFLOAD_ALL);
     sched_plan_init_uniform(&p_min, r->nb, SCHED_POLICY_MIN_MEMORY);
     const sched_plan_t *plans[] = {&p_keep, &p_off, &p_off, &p_min, auto_plan};
-    const bool overlaps[] = {false, false, true, true, true};
+    const step_mode_t overlaps[] = {STEP_AFTER_BACKWARD, STEP_AFTER_BACKWARD, STEP_OVERLAP, STEP_OVERLAP, STEP_OVERLAP};
     measure_t ms[5];
     measure_side_by_side(ckpt, o, plans, overlaps, have_auto ? 5 : 4, r->link_bps, 2, ms, r->pair_ratio,
                          &r->run_probe);
@@ -386,7 +393,7 @@ int mt_bench_step_main(int argc, char **argv) {
         measure_free(&keep);
         return 1;
     }
-    if (o.staging_only || o.step_order || o.precision) {
+    if (o.staging_only || o.step_order || o.precision || o.speculative) {
         rc = one_comparison(ckpt, &o, link_bps, &keep);
         measure_free(&keep);
         predictor_free(&pr);

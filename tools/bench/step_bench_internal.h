@@ -31,6 +31,7 @@ typedef struct {
     int compute_threads;
     bool json, staging_only, blocks;
     bool precision; /* fp32 against bf16 mixed precision, keep_all and offload_all side by side */
+    bool speculative; /* the speculative host optimizer against waiting for the norm (speculative.c) */
     bool step_order; /* layer-major against micro-batch-major order, `accum` micro-batches per step (step_order.c) */
     int accum;       /* micro-batches per step for the step-order comparison and its prediction (0: 1) */
     const char *trace; /* write the overlapped offload_all run's trace.json here */
@@ -43,6 +44,7 @@ typedef struct {
     size_t peak_device;
     uint64_t h2d_bytes, d2h_bytes; /* per step */
     int overlapped;
+    int redone; /* steps whose speculative host AdamW was undone and redone */
     bool ok;
 } measure_t;
 
@@ -56,9 +58,18 @@ typedef eng_run_t runner_t;
 
 bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_plan_t *plan, double link_bps,
                  moe_staging_mode_t mode, mt_dtype_t compute, int rows);
-/* One optimizer step of one micro-batch (host AdamW overlapped with the
- * backward when `overlap`); its wall time and the optimizer's stats. */
-bool runner_step(runner_t *r, bool overlap, double *dt, eng_optim_stats_t *os);
+/* How a measured run takes its optimizer step. */
+typedef enum {
+    STEP_AFTER_BACKWARD, /* no clipping; host AdamW after the backward */
+    STEP_OVERLAP,        /* no clipping; host AdamW overlapped with the backward */
+    STEP_CLIP_WAIT,      /* clipping on (it never fires): host AdamW waits for the norm */
+    STEP_CLIP_SPEC_KEPT, /* the same, speculative: every speculative update stands */
+    STEP_CLIP_SPEC_REDO, /* clipping that always fires, speculative: every update is undone and redone */
+} step_mode_t;
+
+/* One optimizer step of one micro-batch, as `mode` says; its wall time and
+ * the optimizer's stats. */
+bool runner_step(runner_t *r, step_mode_t mode, double *dt, eng_optim_stats_t *os);
 void runner_free(runner_t *r);
 
 /* Plans side by side: one runner per plan, one step of each in turn (the
@@ -68,13 +79,15 @@ void runner_free(runner_t *r);
  * step over plan 0's in the same round.  trace_idx: the plan whose run
  * writes o->trace (-1: none).  *probe_out: the median of the interference
  * probe's pairs taken between the rounds (0: not measured). */
-void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans, const bool *overlap,
+void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans, const step_mode_t *mode,
                           int n, double link_bps, int trace_idx, measure_t *out, double *ratio, double *probe_out);
 /* The same with each plan's compute dtype (compute[i]: MT_F32 or MT_BF16). */
 void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans,
-                             const bool *overlap, const mt_dtype_t *compute, int n, double link_bps, int trace_idx,
+                             const step_mode_t *mode, const mt_dtype_t *compute, int n, double link_bps, int trace_idx,
                              measure_t *out, double *ratio, double *probe_out);
 double compute_s(const measure_t *m, int nb);
+/* --speculative: the speculative host optimizer against waiting for the norm (step_speculative.c). */
+int speculative_report(const char *ckpt, const opts_t *o, double link_bps);
 void measure_free(measure_t *m);
 
 /* offload_all (overlapped) with the compact pool and with per_tensor staging.

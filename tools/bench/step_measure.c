@@ -73,11 +73,14 @@ bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_pla
     return false;
 }
 
-bool runner_step(runner_t *r, bool overlap, double *dt, eng_optim_stats_t *os) {
-    const eng_optim_hparams_t hp = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .max_grad_norm = 0.0};
+bool runner_step(runner_t *r, step_mode_t mode, double *dt, eng_optim_stats_t *os) {
+    /* a norm far below 1e30 never clips; one far above 1e-30 always does */
+    const double max_norm = mode == STEP_CLIP_SPEC_REDO ? 1e-30 : mode >= STEP_CLIP_WAIT ? 1e30 : 0.0;
+    const eng_optim_hparams_t hp = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .max_grad_norm = max_norm,
+                                    .speculative = mode == STEP_CLIP_SPEC_KEPT || mode == STEP_CLIP_SPEC_REDO};
     mt_error_t err = {0};
     const double t0 = mt_now_s();
-    eng_optim_begin_step(r->x, &hp, 1, overlap);
+    eng_optim_begin_step(r->x, &hp, 1, mode != STEP_AFTER_BACKWARD);
     eng_batch_t b;
     eng_loader_next(&r->ld, &b);
     eng_micro_stats_t ms;
@@ -95,13 +98,13 @@ void runner_free(runner_t *r) {
     eng_run_close(r, MT_OK, &err);
 }
 
-void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans, const bool *overlap,
+void measure_side_by_side(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans, const step_mode_t *mode,
                           int n, double link_bps, int trace_idx, measure_t *out, double *ratio, double *probe_out) {
-    measure_side_by_side_ex(ckpt, o, plans, overlap, NULL, n, link_bps, trace_idx, out, ratio, probe_out);
+    measure_side_by_side_ex(ckpt, o, plans, mode, NULL, n, link_bps, trace_idx, out, ratio, probe_out);
 }
 
 void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan_t *const *plans,
-                             const bool *overlap, const mt_dtype_t *compute, int n, double link_bps, int trace_idx,
+                             const step_mode_t *mode, const mt_dtype_t *compute, int n, double link_bps, int trace_idx,
                              measure_t *out, double *ratio, double *probe_out) {
     const int nb = o->layers + 2;
     typedef struct {
@@ -145,7 +148,7 @@ void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan
             const kern_device_stats_t before = kern_device_stats(q->run.dev);
             double dt;
             eng_optim_stats_t os;
-            if (!(ok = runner_step(&q->run, overlap[i], &dt, &os))) break;
+            if (!(ok = runner_step(&q->run, mode[i], &dt, &os))) break;
             if (step < 0) {
                 eng_exec_block_times(q->run.x, NULL, NULL, true); /* drop the warm-up */
                 continue;
@@ -160,6 +163,7 @@ void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan
             out[i].h2d_bytes = after.h2d_bytes - before.h2d_bytes;
             out[i].d2h_bytes = after.d2h_bytes - before.d2h_bytes;
             out[i].overlapped = os.updated_during_backward;
+            out[i].redone += os.speculation_undone;
         }
     }
     eng_interference_probe_close(probe);
@@ -231,7 +235,7 @@ void measure_staging(const char *ckpt, const opts_t *o, double link_bps, staging
             const int mode = (i & 1) ? 1 - k : k; /* A B, B A, ... */
             moe_staging_stats_t st;
             eng_optim_stats_t os;
-            out->ok = runner_step(&r[mode], true, &dt[mode], &os);
+            out->ok = runner_step(&r[mode], STEP_OVERLAP, &dt[mode], &os);
             if (out->ok) moe_staging_get_stats(eng_exec_staging(r[mode].x), MOE_STAGING_SCOPE_STEP, &st);
             if (out->ok && i >= 0) {
                 out->copies[mode][0] = st.copies[0];
