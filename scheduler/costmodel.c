@@ -152,7 +152,8 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
     if (st != MT_OK) return st;
     sched_workload_init(out, reg->num_blocks);
     out->grad_accum = reg->shape.grad_accum;
-    out->clip = reg->shape.max_grad_norm > 0;
+    out->speculative = reg->shape.max_grad_norm > 0 && reg->shape.speculative_optimizer;
+    out->clip = reg->shape.max_grad_norm > 0 && !out->speculative;
     out->tied_head = reg->tied_head;
     out->has_trainable = reg->train_params > 0;
     out->h2d_bw = sched_hw_h2d_bw(hw);
@@ -213,6 +214,10 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
         c->grad_add_device_s = 12.0 * bi->train_params_mb / dev_bw;
         c->norm_device_s = 4.0 * bi->train_params_step / dev_bw;
         c->norm_host_s = 4.0 * bi->train_params_step / host_bw;
+        if (out->speculative) { /* each host update first copies master, m and v: read and write 12 B */
+            c->spec_copy_bytes = 12.0 * bi->train_params;
+            c->adam_host_s += 24.0 * bi->train_params_step / host_bw;
+        }
         c->act_saved_bytes = bi->act_saved_bytes;
         c->act_input_bytes = bi->act_input_bytes;
         c->act_copies = bi->act_tensors;
@@ -235,12 +240,20 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
     return MT_OK;
 }
 
+bool sched_waits_for_norm(const sched_workload_t *w, const sched_plan_t *plan) {
+    if (w->clip) return true;
+    if (!w->speculative) return false;
+    for (int b = 0; b < plan->num_blocks; b++) /* no speculation with the NVMe tier (its moments go back */
+        if (sched_block_nvme_optim(&plan->blocks[b])) return true; /* to disk right after each update) */
+    return false;
+}
+
 void sched_block_host_bytes(const sched_block_cost_t *c, const sched_block_plan_t *p, double *home, double *optim,
                             double *grads) {
     *home = sched_block_nvme_weights(p) ? 0 : c->w_home_bytes;
     *optim = *grads = 0;
     if (p->optim == SCHED_OPTIM_DEVICE) return;
-    *optim = (sched_block_nvme_optim(p) ? 0 : c->optim_bytes) + c->other_host_bytes;
+    *optim = (sched_block_nvme_optim(p) ? 0 : c->optim_bytes + c->spec_copy_bytes) + c->other_host_bytes;
     if (p->weights == SCHED_WEIGHTS_RESIDENT && c->host_weight_bytes > c->w_home_bytes)
         *optim += c->host_weight_bytes - c->w_home_bytes;
     *grads = c->grad_bytes;

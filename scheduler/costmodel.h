@@ -53,6 +53,8 @@ typedef struct {
                                 buffer (the first lands in it directly) */
     double grad_add_device_s;/* ... or into the device accumulator */
     double norm_device_s, norm_host_s; /* reading gradients for the global norm (clipping) */
+    double spec_copy_bytes;  /* the speculative host optimizer's copies (master, m, v: 12 B per trainable
+                                parameter, kept from step to step); their making is in adam_host_s */
     /* activations (device bytes) */
     double act_saved_bytes;  /* KEEP / OFFLOAD */
     double act_input_bytes;  /* RECOMPUTE keeps only this */
@@ -81,7 +83,9 @@ typedef struct {
 typedef struct {
     int num_blocks;
     int grad_accum;
-    bool clip;               /* max_grad_norm > 0: host AdamW waits for the global norm */
+    bool clip;               /* max_grad_norm > 0 and not speculative: host AdamW waits for the global norm */
+    bool speculative;        /* max_grad_norm > 0, speculative: host AdamW overlaps the backward from copies
+                                (modelled as every speculation standing, the common case) */
     bool tied_head;          /* the last block reads block 0's weights */
     bool has_trainable;      /* false: nothing to optimize (no optimizer tasks) */
     double h2d_bw, d2h_bw;   /* bytes/s, achievable */
@@ -124,6 +128,11 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
 void sched_workload_init(sched_workload_t *w, int num_blocks);
 /* The costs block b runs at under plan flag expert_parallel. */
 const sched_block_cost_t *sched_block_cost(const sched_workload_t *w, int b, bool expert_parallel);
+
+/* Whether host AdamW waits for the global gradient norm under this plan:
+ * clipping without speculation, or speculation with the NVMe tier (which
+ * the executor runs without it). */
+bool sched_waits_for_norm(const sched_workload_t *w, const sched_plan_t *plan);
 
 /* Host bytes a block holds for the whole step under plan p, in three parts:
  * home, its weights' home copies (the host model keeps every weight's,

@@ -76,7 +76,8 @@ static double nvme_move(const sched_workload_t *w, sched_plan_t *p, int i) {
         if (bp->optim != SCHED_OPTIM_HOST || bp->nvme_optim || !(c->optim_bytes > 0)) return 0;
         bp->nvme_optim = true;
         /* the gradient buffer then lives only until the update (simulate.h) */
-        const bool transient = bp->grads == SCHED_GRADS_HOST && !w->clip && w->has_trainable &&
+        /* speculation is off with the tier: clipping waits for the norm */
+        const bool transient = bp->grads == SCHED_GRADS_HOST && w->has_trainable && !w->clip && !w->speculative &&
                                (p->layer_major || w->grad_accum <= 1);
         return c->optim_bytes + (transient ? c->grad_bytes : 0);
     }

@@ -57,6 +57,8 @@ typedef struct {
     char lora_targets[SCHED_MAX_LORA_TARGETS][128];
     int num_lora_targets;
     double max_grad_norm;   /* 0 = no clipping */
+    bool speculative_optimizer; /* scheduler.speculative_optimizer: with clipping, host AdamW still
+                                   overlaps the backward (engine/optim/speculate.h) */
 } sched_run_shape_t;
 
 typedef enum {

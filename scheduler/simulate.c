@@ -169,7 +169,8 @@ static double fetch_weights(sim_t *s, const sched_block_plan_t *p, int b, int mi
 /* Whether block p's host gradient buffer lives only from its D2H to its
  * update (see simulate.h), not the whole step. */
 static bool grads_transient(const sched_workload_t *w, const sched_plan_t *plan, const sched_block_plan_t *p) {
-    return sched_block_nvme_optim(p) && p->grads == SCHED_GRADS_HOST && !w->clip && w->has_trainable &&
+    return sched_block_nvme_optim(p) && p->grads == SCHED_GRADS_HOST && !sched_waits_for_norm(w, plan) &&
+           w->has_trainable &&
            (plan->layer_major || w->grad_accum <= 1);
 }
 
@@ -784,7 +785,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     MT_CHECK_ALLOC(adam_done, "simulator overlapped updates");
     double stat[SCHED_MEM_COUNT];
     static_bytes(w, plan, stat, &out->nvme_bytes);
-    const bool overlap = !w->clip && w->has_trainable;
+    const bool overlap = !sched_waits_for_norm(w, plan) && w->has_trainable;
     const double last_compute_end = plan->layer_major ? sim_layer_major(&s, w, plan, overlap, adam_done, out)
                                                       : sim_micro_batch_major(&s, w, plan, overlap, adam_done, out);
     const double t = sim_optimizer_step(&s, w, plan, opts, last_compute_end, adam_done, deferred_end);

@@ -262,7 +262,8 @@ static void bound_text(const plan_ctx_t *c, char *buf, size_t cap) {
     case SCHED_RES_HOST:
         snprintf(buf, cap, "host optimizer: %.3g s of host AdamW %s", idle,
                  c->w.clip ? "after the backward (max_grad_norm > 0: it waits for the global gradient norm; "
-                             "max_grad_norm: 0 lets it overlap the backward)"
+                             "scheduler.speculative_optimizer: true or max_grad_norm: 0 lets it overlap the "
+                             "backward)"
                            : "beyond the end of the backward");
         break;
     case SCHED_RES_NVME:

@@ -20,6 +20,7 @@ mt_status_t eng_program_describe(const eng_model_config_t *mc, const eng_run_con
     shape->grad_accum = rc->gradient_accumulation_steps;
     shape->bf16 = bf16_storage;
     shape->max_grad_norm = rc->max_grad_norm;
+    shape->speculative_optimizer = rc->sched_speculative;
     if (rc->adapter == ENG_ADAPTER_LORA) {
         shape->lora = true;
         shape->lora_r = rc->lora_r;
