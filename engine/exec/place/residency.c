@@ -81,11 +81,17 @@ static mt_status_t hold_params(exec_residency_t *r, int b, const int *ids, int n
             eng_dparam_t *d = &r->env->dp[need[j]];
             d->w = ptr[j];
             r->w_span[need[j]] = spans[j];
-            items[j] = (moe_staging_xfer_t){exec_w_home(p), d->w, exec_w_bytes(p), exec_w_upload_op(p)};
-            exec_counters_weight_h2d(r->cnt, exec_w_bytes(p));
+            items[j] = exec_w_upload_item(p, d->w, exec_w_landing(p, d->w));
+            exec_counters_weight_h2d(r->cnt, exec_w_link_bytes(p));
         }
         const uint64_t before = exec_stage_copies(r->stage, MOE_STAGING_H2D);
         st = exec_stage_batch_h2d(r->stage, items, k, tag, err);
+        kern_stream_t *h2d = kern_stream(r->env->dev, KERN_STREAM_H2D);
+        for (int j = 0; j < k && st == MT_OK; j++) {
+            const eng_param_t *p = &m->params[need[j]];
+            void *w = r->env->dp[need[j]].w;
+            exec_w_dequant(r->env->dev, h2d, p, w, exec_w_landing(p, w));
+        }
         if (experts > 0 && exec_layer_per_expert(r->env, b - 1)) {
             /* a fetch for the next step, issued by the optimizer step, counts in that step's first micro-batch */
             const int copies = (int)(exec_stage_copies(r->stage, MOE_STAGING_H2D) - before);
