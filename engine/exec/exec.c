@@ -227,7 +227,6 @@ mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
     void **landing = calloc((size_t)(m->num_params > 0 ? m->num_params : 1), sizeof *landing);
     MT_CHECK(items && landing, "out of memory for the placement batch");
     mt_status_t st = MT_OK;
-    kern_stream_t *h2d = kern_stream(x->dev, KERN_STREAM_H2D);
     for (int b = 0; b < x->nb && st == MT_OK; b++) {
         int n = 0;
         for (int i = 0; i < m->num_params && st == MT_OK; i++) {
@@ -247,10 +246,13 @@ mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
         char tag[64];
         snprintf(tag, sizeof tag, "resident weights of block %d", b);
         if (st == MT_OK) st = exec_stage_batch_h2d(&x->stage, items, n, tag, err);
-        for (int i = 0; i < m->num_params && st == MT_OK; i++)
-            if (m->params[i].block == b && landing[i]) exec_w_dequant(x->dev, h2d, &m->params[i], x->dp[i].w, landing[i]);
     }
     free(items);
+    eng_exec_drain(x);
+    /* after the copies (kernels are ordered after copies only by a wait) */
+    kern_stream_t *cs = kern_stream(x->dev, KERN_STREAM_COMPUTE);
+    for (int i = 0; i < m->num_params && st == MT_OK; i++)
+        if (landing[i]) exec_w_dequant(x->dev, cs, &m->params[i], x->dp[i].w, landing[i]);
     eng_exec_drain(x);
     for (int i = 0; i < m->num_params; i++)
         if (landing[i]) kern_free(x->dev, landing[i]);

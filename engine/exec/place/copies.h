@@ -29,9 +29,9 @@ void *exec_w_home(const eng_param_t *p);
 
 /* A frozen matrix with a quantised home (eng_param_t.home_q) crosses the
  * link as its codes and scales, which land on the device beside the
- * working copy and are dequantised into it on the H2D stream, after the
- * copy and before the block's weights-ready event (the same stream orders
- * both), so compute finds the working copy as it would an unquantised one.
+ * working copy and are dequantised into it on the compute stream once it
+ * has waited for the copy (exec_wait_block), so compute finds the working
+ * copy as it would an unquantised one.
  *   exec_w_link_bytes: bytes p's working copy costs the link per fetch;
  *   exec_w_span_bytes: device bytes a streamed fetch allocates: the working
  *     copy, then (aligned) the landing area of its quantised bytes;
