@@ -272,8 +272,9 @@ static uint8_t e4m3_code(float x) {
 
 /* A copy of the checkpoint in src with every attention and expert matrix
  * stored as DeepSeek-V3 stores its weights: F8_E4M3 and fp32
- * weight_scale_inv per 128 x 128 block (scale = block absmax / 448). */
-static bool write_fp8(const char *src, const char *dst) {
+ * weight_scale_inv per 128 x 128 block (scale = block absmax / 448).
+ * nan_scale: the first scale of the first such matrix is NaN (damaged). */
+static bool write_fp8(const char *src, const char *dst, bool nan_scale) {
     char path[700], cmd[1500];
     snprintf(cmd, sizeof cmd, "mkdir -p %s", dst);
     if (system(cmd) != 0) return false;
@@ -288,6 +289,7 @@ static bool write_fp8(const char *src, const char *dst) {
     void **bufs = calloc((size_t)f.count * 2, sizeof *bufs);
     int64_t(*shapes)[2] = calloc((size_t)f.count * 2, sizeof *shapes);
     char(*names)[300] = calloc((size_t)f.count, sizeof *names);
+    const char *damaged = NULL;
     int n = 0;
     for (int k = 0; k < f.count; k++) {
         const eng_st_tensor_t *s = &f.tensors[k];
@@ -308,8 +310,15 @@ static bool write_fp8(const char *src, const char *dst) {
             for (int64_t c = 0; c < C; c++)
                 scale[(r / 128) * sc + c / 128] = fmaxf(scale[(r / 128) * sc + c / 128], fabsf(x[r * C + c]));
         for (int64_t b = 0; b < sr * sc; b++) scale[b] = scale[b] > 0 ? scale[b] / 448.0f : 1.0f;
+        if (nan_scale && !damaged) {
+            scale[0] = NAN;
+            damaged = s->name;
+        }
         for (int64_t r = 0; r < R; r++)
-            for (int64_t c = 0; c < C; c++) codes[r * C + c] = e4m3_code(x[r * C + c] / scale[(r / 128) * sc + c / 128]);
+            for (int64_t c = 0; c < C; c++) {
+                const float sv = scale[(r / 128) * sc + c / 128];
+                codes[r * C + c] = isnan(sv) ? 0 : e4m3_code(x[r * C + c] / sv);
+            }
         t[n - 1].dtype = ENG_ST_F8_E4M3;
         t[n - 1].f32 = NULL;
         t[n - 1].data = codes;
@@ -358,7 +367,7 @@ static void check_link(void) {
     mt_error_t err = {0};
     const mt_status_t st = eng_checkpoint_init_random(base, model_json, 5, &err);
     TH_CHECK(st == MT_OK, "random base: %s", err.msg);
-    if (st != MT_OK || !write_fp8(base, fp8)) return;
+    if (st != MT_OK || !write_fp8(base, fp8, false)) return;
     snprintf(yaml, sizeof yaml, "%s/link.yaml", g_tmp);
     snprintf(text, sizeof text,
              "base_model: %s\ndatasets:\n  - path: %s/configs/data/quickstart.jsonl\n"
@@ -395,6 +404,24 @@ static void check_link(void) {
     for (int s = 0; s < f8.steps; s++)
         TH_CHECK(isfinite(f8.loss[s]) && fabs(f8.loss[s] - bf16.loss[s]) < 0.05 * fabs(bf16.loss[s]),
                  "FP8 base step %d: loss %g, bf16 %g", s + 1, f8.loss[s], bf16.loss[s]);
+    /* a damaged scale is refused when the quantised home is made, naming the tensor */
+    char bad[600], bad_set[700];
+    snprintf(bad, sizeof bad, "%s/link-fp8-nan", g_tmp);
+    if (write_fp8(base, bad, true)) {
+        eng_run_config_t rc;
+        mt_error_t err = {0};
+        snprintf(bad_set, sizeof bad_set, "base_model=%s", bad);
+        mt_status_t bst = eng_run_config_load(yaml, &rc, &err);
+        if (bst == MT_OK) bst = eng_run_config_set(&rc, bad_set, &err);
+        snprintf(out, sizeof out, "output_dir=%s/link-nan-out", g_tmp);
+        if (bst == MT_OK) bst = eng_run_config_set(&rc, out, &err);
+        eng_train_result_t res;
+        if (bst == MT_OK) bst = eng_train(&rc, &res, &err);
+        eng_run_config_free(&rc);
+        TH_CHECK(bst != MT_OK && strstr(err.msg, "model.layers.0.") && strstr(err.msg, "weight_scale_inv holds nan"),
+                 "an FP8 base with a NaN block scale: %s", bst == MT_OK ? "trained" : err.msg);
+        if (bst != MT_OK) printf("NaN block scale refused: %s\n", err.msg);
+    }
     printf("weight bytes host->device per step (streamed, bf16 compute): bf16 %llu, NF4 %llu (%.3f), NF4 double "
            "quant %llu (%.3f), FP8 %llu (%.3f)\n",
            (unsigned long long)bf16.h2d, (unsigned long long)nf4.h2d, r4, (unsigned long long)nf4dq.h2d, r4dq,
