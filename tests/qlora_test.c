@@ -7,7 +7,8 @@
  *     checkpoint (read back from the quantised run's own homes, which is
  *     also the path a merged save reads): the device dequantisation just
  *     before use is exactly "dequantise, then run LoRA";
- *   - the same with the weights streamed and with them resident;
+ *   - the same with the weights streamed, resident, and streamed in
+ *     layer-major order with activations recomputed;
  *   - in fp32, its merged save equals the reference run's merged save bit
  *     for bit (dequantise, then W + s B A, as PEFT's merge_and_unload);
  *   - the quantisation changed the losses (the test would not notice a
@@ -260,15 +261,29 @@ static void check_equivalence(const char *dir, bool bf16, const char *const *qua
     const char *rs[] = {base_set, prec, "scheduler.weights=stream", "merge_lora=true", "save_dtype=float32", NULL};
     snprintf(out_ref, sizeof out_ref, "%s/ref%d", g_tmp, g_serial++);
     train(yaml, rs, out_ref, &ref);
+    /* layer-major order, streamed, activations recomputed: the backward's
+     * recompute fetches and dequantises the weights again */
+    run_t q_layer;
+    const char *lm[20];
+    k = 0;
+    for (int i = 0; sets[i]; i++) lm[k++] = sets[i];
+    const char *layer_sets[] = {"step_order=layer", "scheduler.weights=stream", "scheduler.grads=host",
+                                "scheduler.optimizer=host", "scheduler.activations=recompute"};
+    for (int i = 0; i < 5; i++) lm[k++] = layer_sets[i];
+    lm[k] = NULL;
+    snprintf(out, sizeof out, "%s/l%d", g_tmp, g_serial++);
+    train(yaml, lm, out, &q_layer);
     const char *ps[] = {prec, NULL};
     snprintf(out, sizeof out, "%s/p%d", g_tmp, g_serial++);
     train(yaml, ps, out, &plain);
-    if (!q_stream.ok || !q_res.ok || !ref.ok || !plain.ok) return;
+    if (!q_stream.ok || !q_res.ok || !q_layer.ok || !ref.ok || !plain.ok) return;
     const int before = th_failures();
     TH_CHECK(same_losses(&q_stream, &ref), "%s %s %s: streamed quantised run's losses differ from the dequantised "
              "base's (step 1: %.17g vs %.17g)", dir, label, prec, q_stream.loss[0], ref.loss[0]);
     TH_CHECK(same_losses(&q_res, &ref), "%s %s %s: resident quantised run's losses differ from the dequantised "
              "base's (step 1: %.17g vs %.17g)", dir, label, prec, q_res.loss[0], ref.loss[0]);
+    TH_CHECK(same_losses(&q_layer, &ref), "%s %s %s: layer-major quantised run's losses differ from the dequantised "
+             "base's (step 1: %.17g vs %.17g)", dir, label, prec, q_layer.loss[0], ref.loss[0]);
     TH_CHECK(q_stream.loss[0] != plain.loss[0], "%s %s %s: quantising the base did not change the first loss", dir,
              label, prec);
     char ma[700], mb[700];
@@ -282,7 +297,7 @@ static void check_equivalence(const char *dir, bool bf16, const char *const *qua
     if (!bf16 && strcmp(label, "nf4") == 0) check_golden(dir, &q_stream);
     if (th_failures() > before) return;
     printf("%-22s %-18s %-10s %d tensors quantised: %d losses equal the dequantised base's bit for bit "
-           "(streamed and resident)%s; first loss %.6f vs unquantised %.6f\n",
+           "(streamed, resident, layer-major)%s; first loss %.6f vs unquantised %.6f\n",
            th_base_name(dir), label, prec, quantised, q_stream.steps, bf16 ? "" : ", merged save equal", q_stream.loss[0],
            plain.loss[0]);
 }
