@@ -286,6 +286,7 @@ const key_row_t eng_cfg_top_rows[] = {
     ROW("load_in_8bit", K_BOOL, load_in_8bit),
     ROW_ENUM("bnb_4bit_quant_type", bnb_4bit_quant_type, k_bnb_quant_names),
     ROW("bnb_4bit_use_double_quant", K_BOOL, bnb_4bit_use_double_quant),
+    ROW("llm_int8_skip_modules", K_STRLIST, llm_int8_skip_modules),
     {0},
 };
 
@@ -322,6 +323,8 @@ static void reset_row(eng_run_config_t *cfg, const key_row_t *row) {
     }
     if (row->kind == K_STRLIST && row->offset == offsetof(eng_run_config_t, lora_modules_to_save))
         cfg->num_lora_modules_to_save = def.num_lora_modules_to_save;
+    if (row->kind == K_STRLIST && row->offset == offsetof(eng_run_config_t, llm_int8_skip_modules))
+        cfg->num_llm_int8_skip_modules = def.num_llm_int8_skip_modules;
 }
 
 static mt_status_t walk_mapping(pctx_t *c, const key_row_t *rows, const char *prefix, yaml_node_t *map);
@@ -393,7 +396,8 @@ static mt_status_t apply_text(pctx_t *c, const key_row_t *row, const char *key, 
     return MT_OK;
 }
 
-/* A list of module names (lora_target_modules, lora_modules_to_save).
+/* A list of module names (lora_target_modules, lora_modules_to_save,
+ * llm_int8_skip_modules).
  * lora_target_modules may also be one string, as PEFT's target_modules:
  * "all-linear" or a regular expression over the whole module name. */
 static mt_status_t apply_strlist(pctx_t *c, const key_row_t *row, const char *key, yaml_node_t *n) {
@@ -421,6 +425,9 @@ static mt_status_t apply_strlist(pctx_t *c, const key_row_t *row, const char *ke
         memcpy(cfg->lora_target_modules, tmp, sizeof tmp[0] * (size_t)count);
         cfg->num_lora_target_modules = count;
         cfg->lora_target_regex[0] = '\0';
+    } else if (row->offset == offsetof(eng_run_config_t, llm_int8_skip_modules)) {
+        memcpy(cfg->llm_int8_skip_modules, tmp, sizeof tmp[0] * (size_t)count);
+        cfg->num_llm_int8_skip_modules = count;
     } else {
         memcpy(cfg->lora_modules_to_save, tmp, sizeof tmp[0] * (size_t)count);
         cfg->num_lora_modules_to_save = count;

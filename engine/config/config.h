@@ -230,13 +230,14 @@ typedef struct eng_run_config {
     int num_lora_modules_to_save;
     char lora_model_dir[1024];      /* start from this PEFT adapter (adapter_config.json + weights) */
     bool merge_lora;                /* also write the merged full model to output_dir/merged */
-    /* axolotl's quantised-base keys (docs/quantization.md): parsed and
-     * checked; load_in_4bit / load_in_8bit true are refused until the
-     * executor streams a quantised base */
+    /* axolotl's quantised-base keys (docs/quantization.md): load_in_4bit
+     * quantises a LoRA run's frozen base on load; load_in_8bit true is refused */
     bool load_in_4bit;
     bool load_in_8bit;
     eng_bnb_quant_t bnb_4bit_quant_type; /* default nf4 */
     bool bnb_4bit_use_double_quant;
+    char llm_int8_skip_modules[ENG_MAX_LORA_TARGETS][128]; /* modules kept unquantised, e.g. "self_attn" */
+    int num_llm_int8_skip_modules;
 } eng_run_config_t;
 
 /* Sets every field to its default. */

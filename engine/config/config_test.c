@@ -759,8 +759,11 @@ static void test_quant_keys(void) {
     if (st != MT_OK) return;
     EXPECT(eng_run_config_validate(&c, &err) == MT_OK);
     EXPECT(set_ok(&c, "load_in_4bit=true"));
-    EXPECT(eng_run_config_validate(&c, &err) == MT_ERR_CONFIG && strstr(err.msg, "load_in_4bit") &&
-           strstr(err.msg, "fp4, double quant") && strstr(err.msg, "not available yet"));
+    EXPECT(eng_run_config_validate(&c, &err) == MT_OK);
+    EXPECT(c.num_llm_int8_skip_modules == 0);
+    EXPECT(set_ok(&c, "llm_int8_skip_modules=[o_proj, mlp.experts]"));
+    EXPECT(c.num_llm_int8_skip_modules == 2 && strcmp(c.llm_int8_skip_modules[1], "mlp.experts") == 0);
+    EXPECT(set_ok(&c, "llm_int8_skip_modules=~") && c.num_llm_int8_skip_modules == 0);
     EXPECT(set_ok(&c, "load_in_8bit=true"));
     EXPECT(eng_run_config_validate(&c, &err) == MT_ERR_CONFIG && strstr(err.msg, "choose one"));
     EXPECT(set_ok(&c, "load_in_4bit=false"));

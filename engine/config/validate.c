@@ -21,21 +21,15 @@
     } while (0)
 
 /* The evaluation keys (engine/run/eval.h): one set, from one place. */
-/* axolotl's quantised-base keys: the combinations, then what is not built yet. */
+/* axolotl's quantised-base keys: the combinations, and what is not built. */
 static mt_status_t validate_quant(const eng_run_config_t *cfg, const char *src, mt_error_t *err) {
     NEED(!(cfg->load_in_4bit && cfg->load_in_8bit), "load_in_4bit and load_in_8bit are both true; choose one");
     NEED(!cfg->load_in_8bit,
          "load_in_8bit: true is not supported: bitsandbytes' 8-bit linear layers split outlier columns out of "
          "every product, which moetune's products do not do; train on the unquantised base");
     NEED(!cfg->load_in_4bit || cfg->adapter == ENG_ADAPTER_LORA,
-         "load_in_4bit quantises the frozen base of an adapter run: it needs adapter: lora");
-    NEED(!cfg->load_in_4bit,
-         "load_in_4bit: true (bnb_4bit_quant_type %s%s) is not available yet: the %s format and its device "
-         "dequantisation exist, but the executor still holds and streams the base in bf16, so a run would not "
-         "save the memory it promises; remove load_in_4bit to train LoRA on the unquantised base "
-         "(docs/quantization.md)",
-         cfg->bnb_4bit_quant_type == ENG_BNB_FP4 ? "fp4" : "nf4",
-         cfg->bnb_4bit_use_double_quant ? ", double quant" : "", cfg->bnb_4bit_quant_type == ENG_BNB_FP4 ? "FP4" : "NF4");
+         "load_in_4bit quantises the frozen base of an adapter run: it needs adapter: lora (full fine-tuning "
+         "trains fp32 masters, which a 4-bit base cannot be)");
     return MT_OK;
 }
 

@@ -219,26 +219,44 @@ mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
         mt_status_t st = place_param(x, i, err);
         if (st != MT_OK) return st;
     }
-    /* resident weights cross once, a block at a time through the pool */
+    /* resident weights cross once, a block at a time through the pool; a
+     * quantised home lands in a buffer of its own, is dequantised into the
+     * working copy, which stays (the dequantised copy is what is resident),
+     * and the landing buffer goes once the placement has drained */
     moe_staging_xfer_t *items = malloc((size_t)(m->num_params > 0 ? 2 * m->num_params : 1) * sizeof *items);
-    MT_CHECK_ALLOC(items, "placement batch");
+    void **landing = calloc((size_t)(m->num_params > 0 ? m->num_params : 1), sizeof *landing);
+    MT_CHECK(items && landing, "out of memory for the placement batch");
     mt_status_t st = MT_OK;
     for (int b = 0; b < x->nb && st == MT_OK; b++) {
         int n = 0;
-        for (int i = 0; i < m->num_params; i++) {
+        for (int i = 0; i < m->num_params && st == MT_OK; i++) {
             eng_param_t *p = &m->params[i];
             eng_dparam_t *d = &x->dp[i];
             if (p->block != b) continue;
-            if (d->w) items[n++] = (moe_staging_xfer_t){exec_w_home(p), d->w, exec_w_bytes(p), exec_w_upload_op(p)};
+            if (d->w && p->home_q) {
+                char tag[200];
+                snprintf(tag, sizeof tag, "quantised weight %s", p->spec->name);
+                landing[i] = kern_alloc(x->dev, p->home_q->nbytes, tag, err);
+                if (!landing[i]) st = err->code;
+            }
+            if (d->w) items[n++] = exec_w_upload_item(p, d->w, landing[i]);
             if (d->dev_master)
                 items[n++] = (moe_staging_xfer_t){p->host_w, d->dev_master, exec_f32_bytes(p), MOE_STAGING_COPY};
         }
         char tag[64];
         snprintf(tag, sizeof tag, "resident weights of block %d", b);
-        st = exec_stage_batch_h2d(&x->stage, items, n, tag, err);
+        if (st == MT_OK) st = exec_stage_batch_h2d(&x->stage, items, n, tag, err);
     }
     free(items);
     eng_exec_drain(x);
+    /* after the copies (kernels are ordered after copies only by a wait) */
+    kern_stream_t *cs = kern_stream(x->dev, KERN_STREAM_COMPUTE);
+    for (int i = 0; i < m->num_params && st == MT_OK; i++)
+        if (landing[i]) exec_w_dequant(x->dev, cs, &m->params[i], x->dp[i].w, landing[i]);
+    eng_exec_drain(x);
+    for (int i = 0; i < m->num_params; i++)
+        if (landing[i]) kern_free(x->dev, landing[i]);
+    free(landing);
     if (st != MT_OK) return st;
     /* A device optimizer owns the master: the host copy would only go stale.
      * A frozen weight keeps its home, which is what a merge reads.  A
@@ -310,7 +328,9 @@ void eng_exec_read_param(eng_exec_t *x, int i, float *host, bool gradient) {
     const void *src_host = gradient ? d->host_g : p->host_w;
     const void *src_dev = gradient ? d->g_acc : exec_dev_master(p, d);
     if (gradient && exec_block_plan(&x->env, p->block)->grads == SCHED_GRADS_DEVICE) src_host = NULL;
-    if (!gradient && p->home_bf16) {
+    if (!gradient && p->home_q) {
+        mt_dequant(&p->home_q->view, host, MT_F32);
+    } else if (!gradient && p->home_bf16) {
         mt_convert_to_f32(host, p->home_bf16, MT_BF16, p->spec->numel);
     } else if (src_host) {
         memcpy(host, src_host, bytes);

@@ -20,6 +20,11 @@ mt_status_t eng_lora_run_opts(const eng_run_config_t *rc, eng_lora_run_opts_t *o
     o->use_rslora = rc->use_rslora;
     o->dropout = rc->lora_dropout;
     o->seed = rc->seed;
+    o->quant = (eng_lora_quant_t){.load_in_4bit = rc->load_in_4bit,
+                                  .format = rc->bnb_4bit_quant_type == ENG_BNB_FP4 ? MT_QUANT_FP4 : MT_QUANT_NF4,
+                                  .double_quant = rc->bnb_4bit_use_double_quant,
+                                  .skip = (const char(*)[128])rc->llm_int8_skip_modules,
+                                  .num_skip = rc->num_llm_int8_skip_modules};
     int n = 0;
     for (int i = 0; i < rc->num_lora_target_modules; i++) out->modules[n++] = rc->lora_target_modules[i];
     if (rc->lora_target_linear) out->modules[n++] = "all-linear";
@@ -182,13 +187,19 @@ static mt_status_t refuse_targets(const eng_model_t *m, const eng_lora_plan_t *p
 }
 
 /* A frozen weight compute reads in bf16 lives in bf16 (nothing would ever
- * read more bits of it): half the host memory of an fp32 home. */
+ * read more bits of it): half the host memory of an fp32 home.  A frozen
+ * matrix a quantised base keeps quantised is marked quant_ok: reading the
+ * checkpoint gives it a quantised home instead (engine/model/model.c)
+ * when the checkpoint stores it in FP8 or the run quantises on load. */
 static void freeze_base(eng_model_t *m) {
     const int base = m->spec.count;
+    const eng_lora_quant_t *qo = &m->lora.quant;
     for (int i = 0; i < base; i++) m->params[i].frozen = true;
     for (int k = 0; k < m->lora.plan.num_saved; k++) m->params[m->lora.plan.saved[k]].frozen = false;
     for (int i = 0; i < base; i++) {
         eng_param_t *p = &m->params[i];
+        p->quant_ok = p->frozen && eng_quant_home_role_ok(p->spec->role) &&
+                      !eng_quant_home_skipped(p->spec->name, qo->skip, qo->num_skip);
         if (!p->frozen || p->w_dtype != MT_BF16) continue;
         free(p->host_w);
         p->host_w = NULL;
@@ -232,6 +243,7 @@ mt_status_t eng_lora_attach(eng_model_t *m, const eng_lora_opts_t *o, mt_error_t
         return st;
     }
     lo->on = true;
+    lo->quant = o->quant;
     lo->dropout = (float)o->dropout;
     lo->seed = o->seed;
     const int T = lo->plan.count, base = m->spec.count;
@@ -243,6 +255,8 @@ mt_status_t eng_lora_attach(eng_model_t *m, const eng_lora_opts_t *o, mt_error_t
     MT_CHECK_ALLOC(grown, "parameter table with adapters");
     m->params = grown;
     freeze_base(m);
+    lo->quant.skip = NULL; /* the run config's, read only by freeze_base */
+    lo->quant.num_skip = 0;
     int idx = base;
     for (int t = 0; t < T; t++) {
         const eng_lora_target_t *tg = &lo->plan.targets[t];

@@ -232,6 +232,98 @@ static mt_status_t read_bf16_homes(eng_model_t *m, const eng_checkpoint_t *ck, b
     return st;
 }
 
+/* p's plain home (fp32 or bf16) is replaced by a quantised one: nothing
+ * reads it, and the checkpoint load skips it (host[i] NULL). */
+static void drop_plain_home(eng_param_t *p, float **host_slot) {
+    free(p->host_w);
+    p->host_w = NULL;
+    if (!p->home_mapped) free(p->home_bf16);
+    p->home_bf16 = NULL;
+    p->home_mapped = false;
+    *host_slot = NULL;
+}
+
+/* An FP8 weight kept as stored: its codes and its block scales (widened
+ * to fp32 once, as dequant reads them), through mt_quant_check. */
+static mt_status_t fp8_home(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e, eng_param_t *p,
+                            mt_error_t *err) {
+    const eng_ckpt_entry_t *se;
+    mt_status_t st = eng_checkpoint_fp8_scales(ck, e, &se, err);
+    if (st != MT_OK) return st;
+    const eng_st_tensor_t *t = e->tensor, *s = se->tensor;
+    char what[400];
+    snprintf(what, sizeof what, "%s: '%s'", ck->files[e->file].path, e->name);
+    if (p->spec->ndim != 2 || (int64_t)t->shape[0] != p->spec->shape[0] || (int64_t)t->shape[1] != p->spec->shape[1])
+        return mt_error_set(err, MT_ERR_FORMAT, "%s: FP8 weight of shape [%llu, %llu]; config.json implies [%lld, %lld]",
+                            what, (unsigned long long)t->shape[0], (unsigned long long)t->shape[1],
+                            (long long)p->spec->shape[0], (long long)(p->spec->ndim > 1 ? p->spec->shape[1] : 1));
+    float *scale = malloc((s->numel ? s->numel : 1) * sizeof *scale);
+    MT_CHECK_ALLOC(scale, se->name);
+    st = eng_st_read_f32(&ck->files[se->file], s, scale, err);
+    const mt_quant_view_t v = {.format = MT_QUANT_FP8_BLOCK, .rows = (int64_t)t->shape[0],
+                               .cols = (int64_t)t->shape[1], .block = 128, .block_cols = 128,
+                               .codes = t->data, .scales = scale};
+    const mt_quant_sizes_t have = {.codes = (int64_t)t->numel, .scales = (int64_t)s->numel};
+    if (st == MT_OK) st = mt_quant_check(&v, &have, what, err);
+    if (st == MT_OK) {
+        p->home_q = malloc(sizeof *p->home_q);
+        MT_CHECK_ALLOC(p->home_q, p->spec->name);
+        eng_quant_home_pack(p->home_q, &v, &have);
+    }
+    free(scale);
+    return st;
+}
+
+/* Quantised homes (engine/model/quant_home.h) for a LoRA run's frozen
+ * matrices marked quant_ok: an F8_E4M3 weight as stored; otherwise, with
+ * load_in_4bit, the checkpoint's values quantised as bitsandbytes does,
+ * read one tensor at a time so the base is never held wider.  Runs before
+ * the checkpoint load, which then skips them. */
+static mt_status_t read_quant_homes(eng_model_t *m, const eng_checkpoint_t *ck, float **host, mt_error_t *err) {
+    const eng_lora_quant_t *qo = &m->lora.quant;
+    float *tmp = NULL;
+    size_t tmp_n = 0;
+    mt_status_t st = MT_OK;
+    for (int i = 0; i < m->spec.count && st == MT_OK; i++) {
+        eng_param_t *p = &m->params[i];
+        if (!p->quant_ok) continue;
+        const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->spec->name);
+        if (e && e->tensor->dtype == ENG_ST_F8_E4M3) {
+            st = fp8_home(ck, e, p, err);
+            if (st == MT_OK) drop_plain_home(p, &host[i]);
+            continue;
+        }
+        if (!qo->load_in_4bit) continue;
+        if (p->spec->numel > tmp_n) {
+            free(tmp);
+            tmp_n = p->spec->numel;
+            tmp = malloc(tmp_n * sizeof *tmp);
+            MT_CHECK_ALLOC(tmp, "checkpoint read buffer");
+        }
+        st = eng_checkpoint_read_f32(ck, p->spec->name, p->spec->ndim, p->spec->shape, tmp, err);
+        if (st != MT_OK) break;
+        eng_quant_home_t *h = malloc(sizeof *h);
+        MT_CHECK_ALLOC(h, p->spec->name);
+        const int64_t cols = p->spec->shape[p->spec->ndim - 1], rows = (int64_t)p->spec->numel / cols;
+        st = eng_quant_home_bnb4(h, tmp, rows, cols, qo->format, qo->double_quant, p->spec->name, err);
+        if (st != MT_OK) {
+            free(h);
+            break;
+        }
+        p->home_q = h;
+        drop_plain_home(p, &host[i]);
+    }
+    free(tmp);
+    return st;
+}
+
+/* Whether the checkpoint stores any weight in FP8. */
+static bool has_fp8(const eng_checkpoint_t *ck) {
+    for (int i = 0; i < ck->count; i++)
+        if (ck->entries[i].tensor->dtype == ENG_ST_F8_E4M3) return true;
+    return false;
+}
+
 mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *err) {
     float **host = calloc((size_t)m->spec.count, sizeof *host);
     MT_CHECK_ALLOC(host, "checkpoint staging table");
@@ -244,6 +336,10 @@ mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *
     }
     st = eng_checkpoint_resolve(&ck, &m->spec, err);
     m->storage_dtype = checkpoint_dtype(&ck, &m->spec);
+    if (st == MT_OK && m->lora.on) st = read_quant_homes(m, &ck, host, err);
+    if (st == MT_OK && !m->lora.on && has_fp8(&ck))
+        fprintf(stderr, "moetune: note: %s stores weights in FP8; full fine-tuning dequantises them on load (trained "
+                "weights need fp32 masters); a LoRA run keeps its frozen base in FP8\n", dir);
     eng_ckpt_load_report_t report = {0};
     if (st == MT_OK) st = eng_checkpoint_load(&ck, &m->spec, host, &report, err);
     if (st == MT_OK && m->spec.num_buffers > 0) st = eng_checkpoint_load_buffers(&ck, &m->spec, m->buffer_host, err);
@@ -270,6 +366,8 @@ void eng_model_release(eng_model_t *m) {
             eng_param_t *p = &m->params[i];
             free(p->host_w);
             if (!p->home_mapped) free(p->home_bf16);
+            eng_quant_home_free(p->home_q);
+            free(p->home_q);
             free(p->host_m);
             free(p->host_v);
         }

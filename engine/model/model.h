@@ -27,6 +27,7 @@
 #include "engine/model/lora/targets.h"
 #include "engine/model/hf/model_config.h"
 #include "engine/model/desc/model_desc.h"
+#include "engine/model/quant_home.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"
 #include "moe/staging.h"
@@ -57,6 +58,10 @@ typedef struct {
                           * would round it), so a bf16 base costs its own bytes in host memory */
     bool home_mapped;   /* home_bf16 points into the base checkpoint's read-only mapping (a bf16
                          * tensor on disk): no copy at all, the page cache holds it */
+    eng_quant_home_t *home_q; /* instead of host_w / home_bf16, a frozen matrix kept quantised
+                               * (engine/model/quant_home.h): its codes and scales cross the link,
+                               * the device dequantises them into the working copy */
+    bool quant_ok;      /* frozen, and a matrix a quantised base keeps quantised (set at LoRA attach) */
     mt_dtype_t w_dtype; /* every device's working copy: MT_F32 or MT_BF16 */
     float *host_m, *host_v; /* host AdamW state (optimizer HOST), lazily allocated */
     int64_t step;       /* this tensor's AdamW step count (PyTorch keeps one per parameter) */
@@ -80,6 +85,18 @@ typedef struct {
     int sinks, router_b, gate_up, gate_up_b, down, down_b;
 } eng_layer_index_t;
 
+/* A LoRA run's quantised base: load_in_4bit quantises every frozen matrix
+ * eng_quant_home_role_ok accepts, but those named in skip, on load as
+ * bitsandbytes' quantize_4bit does (docs/quantization.md).  Checkpoints
+ * stored in FP8 keep those matrices as stored whatever this says. */
+typedef struct {
+    bool load_in_4bit;
+    mt_quant_format_t format; /* MT_QUANT_NF4 or MT_QUANT_FP4 */
+    bool double_quant;
+    const char (*skip)[128];  /* llm_int8_skip_modules (not owned: the run config's) */
+    int num_skip;
+} eng_lora_quant_t;
+
 /* A LoRA run's adapters: y = W x + s * B (A dropout(x)) on every
  * targeted module, A (r, in) and B (out, r) trainable parameters of the
  * model (after the base's in params[]), the base frozen (engine/model/lora_model.h).
@@ -99,6 +116,7 @@ typedef struct {
     eng_param_spec_t *specs; /* (num_specs): each target's A (none when it shares one) and B */
     int num_specs;
     eng_lora_weights_t init; /* the adapter read from init_dir, until eng_lora_init_weights copies it */
+    eng_lora_quant_t quant;  /* how the frozen base is quantised on load (load_in_4bit) */
 } eng_model_lora_t;
 
 /* What a LoRA run asks of eng_exec_open (engine/model/lora_model.h). */
@@ -110,6 +128,7 @@ typedef struct {
     double dropout;
     uint64_t seed;            /* initial A (without init_dir) and dropout masks */
     const char *init_dir;     /* a PEFT adapter to start from, or NULL */
+    eng_lora_quant_t quant;   /* the frozen base quantised on load, or not */
 } eng_lora_opts_t;
 
 typedef struct {

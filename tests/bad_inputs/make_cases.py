@@ -706,10 +706,10 @@ def run_key_cases():
     case("devices_ordinal_out_of_range", "ordinal 1000", yaml=run_yaml(devices="[0, 1000]", gradient_accumulation_steps="2"))
     # the host model alone is larger than a 1 KiB host budget
     case("memory_host_too_small", "host memory is short", yaml=run_yaml(extra="memory:\n  host: 1KiB\n"))
-    # a quantised base: the keys parse; true is refused until the executor streams it
+    # a quantised base: load_in_4bit needs a LoRA run; load_in_8bit is refused
     qlora = dict(adapter="lora", lora_r="4", lora_alpha="8", lora_target_modules="[q_proj]")
-    case("load_in_4bit_not_yet", "load_in_4bit: true (bnb_4bit_quant_type nf4, double quant)",
-         yaml=run_yaml(load_in_4bit="true", bnb_4bit_use_double_quant="true", **qlora))
+    case("load_in_4bit_skip_modules_not_list", "llm_int8_skip_modules: expected a list of module names",
+         yaml=run_yaml(load_in_4bit="true", llm_int8_skip_modules="o_proj", **qlora))
     case("load_in_4bit_full_finetune", "needs adapter: lora", yaml=run_yaml(load_in_4bit="true"))
     case("load_in_8bit", "load_in_8bit: true is not supported", yaml=run_yaml(load_in_8bit="true", **qlora))
     case("bnb_4bit_quant_type_unknown", "nf4, fp4", yaml=run_yaml(bnb_4bit_quant_type="int4", **qlora))

@@ -15,6 +15,29 @@ moe_staging_op_t exec_w_upload_op(const eng_param_t *p) {
 
 void *exec_w_home(const eng_param_t *p) { return p->home_bf16 ? (void *)p->home_bf16 : (void *)p->host_w; }
 
+size_t exec_w_link_bytes(const eng_param_t *p) { return p->home_q ? p->home_q->nbytes : exec_w_bytes(p); }
+
+static size_t w_aligned(const eng_param_t *p) {
+    return (exec_w_bytes(p) + MT_ARENA_ALIGN - 1) / MT_ARENA_ALIGN * MT_ARENA_ALIGN;
+}
+
+size_t exec_w_span_bytes(const eng_param_t *p) {
+    return p->home_q ? w_aligned(p) + p->home_q->nbytes : exec_w_bytes(p);
+}
+
+void *exec_w_landing(const eng_param_t *p, void *w) { return p->home_q ? (char *)w + w_aligned(p) : NULL; }
+
+moe_staging_xfer_t exec_w_upload_item(const eng_param_t *p, void *w, void *landing) {
+    if (p->home_q) return (moe_staging_xfer_t){p->home_q->bytes, landing, p->home_q->nbytes, MOE_STAGING_COPY};
+    return (moe_staging_xfer_t){exec_w_home(p), w, exec_w_bytes(p), exec_w_upload_op(p)};
+}
+
+void exec_w_dequant(kern_device_t *dev, kern_stream_t *s, const eng_param_t *p, void *w, const void *landing) {
+    if (!p->home_q) return;
+    const mt_quant_view_t v = eng_quant_home_view_at(p->home_q, landing);
+    dev->ops->dequant(s, w, p->w_dtype, &v);
+}
+
 float *exec_dev_master(const eng_param_t *p, const eng_dparam_t *d) {
     if (d->dev_master) return d->dev_master;
     return p->w_dtype == MT_F32 ? (float *)d->w : NULL;

@@ -14,6 +14,7 @@
 
 #include "engine/layers/dparam.h"
 #include "engine/model/model.h"
+#include "kernels/device.h"
 #include "moe/staging.h"
 
 /* Bytes of p's device working copy (w_dtype) and of its fp32 tensors
@@ -25,6 +26,25 @@ size_t exec_f32_bytes(const eng_param_t *p);
  * master, or a frozen weight's bf16 home), and that home. */
 moe_staging_op_t exec_w_upload_op(const eng_param_t *p);
 void *exec_w_home(const eng_param_t *p);
+
+/* A frozen matrix with a quantised home (eng_param_t.home_q) crosses the
+ * link as its codes and scales, which land on the device beside the
+ * working copy and are dequantised into it on the compute stream once it
+ * has waited for the copy (exec_wait_block), so compute finds the working
+ * copy as it would an unquantised one.
+ *   exec_w_link_bytes: bytes p's working copy costs the link per fetch;
+ *   exec_w_span_bytes: device bytes a streamed fetch allocates: the working
+ *     copy, then (aligned) the landing area of its quantised bytes;
+ *   exec_w_landing:    that area in a span whose working copy is at w (NULL
+ *     without a quantised home);
+ *   exec_w_upload_item: the staged copy that fills w (or the landing area);
+ *   exec_w_dequant:    issues the dequantisation on s (nothing without a
+ *     quantised home). */
+size_t exec_w_link_bytes(const eng_param_t *p);
+size_t exec_w_span_bytes(const eng_param_t *p);
+void *exec_w_landing(const eng_param_t *p, void *w);
+moe_staging_xfer_t exec_w_upload_item(const eng_param_t *p, void *w, void *landing);
+void exec_w_dequant(kern_device_t *dev, kern_stream_t *s, const eng_param_t *p, void *w, const void *landing);
 
 /* The device fp32 master a device optimizer updates for p, whose copies on
  * this device are d: dev_master, or the working copy itself when it is

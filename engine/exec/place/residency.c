@@ -17,9 +17,10 @@ void exec_residency_init(exec_residency_t *r, const eng_layer_env_t *env, exec_l
                             .predict = predict};
     r->w_ready = calloc((size_t)nb, sizeof *r->w_ready);
     r->holding = calloc((size_t)nb, sizeof *r->holding);
+    r->dequant = calloc((size_t)nb, sizeof *r->dequant);
     r->param_refs = calloc((size_t)P, sizeof *r->param_refs);
     r->w_span = malloc((size_t)(P > 0 ? P : 1) * sizeof *r->w_span);
-    MT_CHECK(r->w_ready && r->holding && r->param_refs && r->w_span, "out of memory for weight residency");
+    MT_CHECK(r->w_ready && r->holding && r->dequant && r->param_refs && r->w_span, "out of memory for weight residency");
     for (int i = 0; i < P; i++) r->w_span[i] = -1;
     for (int b = 0; b < nb; b++) r->w_ready[b] = kern_event_create(env->dev);
 }
@@ -28,7 +29,9 @@ void exec_residency_free(exec_residency_t *r) {
     for (int b = 0; b < r->lists->nb; b++) {
         kern_event_destroy(r->env->dev, r->w_ready[b]);
         free(r->holding[b].idx);
+        free(r->dequant[b].idx);
     }
+    free(r->dequant);
     free(r->w_ready);
     free(r->holding);
     free(r->param_refs);
@@ -81,11 +84,17 @@ static mt_status_t hold_params(exec_residency_t *r, int b, const int *ids, int n
             eng_dparam_t *d = &r->env->dp[need[j]];
             d->w = ptr[j];
             r->w_span[need[j]] = spans[j];
-            items[j] = (moe_staging_xfer_t){exec_w_home(p), d->w, exec_w_bytes(p), exec_w_upload_op(p)};
-            exec_counters_weight_h2d(r->cnt, exec_w_bytes(p));
+            items[j] = exec_w_upload_item(p, d->w, exec_w_landing(p, d->w));
+            exec_counters_weight_h2d(r->cnt, exec_w_link_bytes(p));
         }
         const uint64_t before = exec_stage_copies(r->stage, MOE_STAGING_H2D);
         st = exec_stage_batch_h2d(r->stage, items, k, tag, err);
+        exec_held_t *dq = &r->dequant[b];
+        for (int j = 0; j < k && st == MT_OK; j++)
+            if (m->params[need[j]].home_q) {
+                MT_GROW(dq->idx, dq->cap, dq->n + 1, "weights to dequantise");
+                dq->idx[dq->n++] = need[j];
+            }
         if (experts > 0 && exec_layer_per_expert(r->env, b - 1)) {
             /* a fetch for the next step, issued by the optimizer step, counts in that step's first micro-batch */
             const int copies = (int)(exec_stage_copies(r->stage, MOE_STAGING_H2D) - before);
@@ -128,8 +137,20 @@ mt_status_t exec_fetch_block(exec_residency_t *r, int b, bool backward, mt_error
     return st;
 }
 
+/* The quantised weights that arrived are dequantised into their working
+ * copies here, on the compute stream once it has waited for the copies:
+ * kernels are ordered after copies only there (the CPU backend runs a
+ * kernel on the issuing thread, whatever stream it names). */
 void exec_wait_block(exec_residency_t *r, int b) {
-    kern_stream_wait_event(r->env->dev, kern_stream(r->env->dev, KERN_STREAM_COMPUTE), r->w_ready[b]);
+    kern_stream_t *cs = kern_stream(r->env->dev, KERN_STREAM_COMPUTE);
+    kern_stream_wait_event(r->env->dev, cs, r->w_ready[b]);
+    exec_held_t *dq = &r->dequant[b];
+    for (int k = 0; k < dq->n; k++) {
+        const int i = dq->idx[k];
+        void *w = r->env->dp[i].w;
+        if (w) exec_w_dequant(r->env->dev, cs, &r->env->model->params[i], w, exec_w_landing(&r->env->model->params[i], w));
+    }
+    dq->n = 0;
 }
 
 /* Forward: the router has run; fetch the experts that got tokens now. */

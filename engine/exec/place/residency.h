@@ -41,6 +41,7 @@ typedef struct {
     moe_predict_t *predict;     /* not owned: which experts to fetch */
     kern_event_t **w_ready; /* per block: its weight fetches are done */
     exec_held_t *holding;   /* per block: streamed weights it holds */
+    exec_held_t *dequant;   /* per block: fetched quantised weights exec_wait_block dequantises */
     int *param_refs;        /* per parameter: blocks holding its device copy */
     int *w_span;            /* per parameter: span of its streamed weight, -1 = none */
 } exec_residency_t;

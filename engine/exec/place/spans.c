@@ -59,7 +59,7 @@ mt_status_t exec_span_alloc(exec_spans_t *s, const int *ids, int k, bool weights
     size_t *off = sz + k;
     for (int j = 0; j < k; j++) {
         const eng_param_t *p = &m->params[ids[j]];
-        sz[j] = weights ? exec_w_bytes(p) : exec_f32_bytes(p);
+        sz[j] = weights ? exec_w_span_bytes(p) : exec_f32_bytes(p);
     }
     const size_t total = moe_staging_layout(sz, k, MT_ARENA_ALIGN, off);
     mt_error_t quiet = {0};

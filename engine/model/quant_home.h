@@ -1,0 +1,61 @@
+/* A frozen base matrix kept quantised in host memory: the home of a LoRA
+ * run's frozen weight when its checkpoint stores it in FP8 with block
+ * scales (kept as stored), or when the run quantises it on load
+ * (load_in_4bit: bitsandbytes NF4 / FP4, optionally double-quantised).
+ *
+ * Every buffer the format needs (codes, scales, the nested absmax state)
+ * lives in ONE host allocation, each at an offset aligned for its type, so
+ * the tensor crosses the host link as one staged copy of `nbytes` and the
+ * device rebuilds the view over its own copy with the same offsets
+ * (eng_quant_home_view_at).  The executor calls the `dequant` kernel on that
+ * copy to make the bf16 / fp32 working copy just before use
+ * (engine/exec/place/copies.h).
+ *
+ * Which matrices are quantised follows the conventions of transformers'
+ * bitsandbytes integration (eng_quant_home_role_ok): the linear layers of
+ * attention and the MLP / experts; the embedding, norms, biases, routers,
+ * Qwen2-MoE's one-row shared-expert gate and lm_head stay as they are. */
+#ifndef MT_ENGINE_MODEL_QUANT_HOME_H
+#define MT_ENGINE_MODEL_QUANT_HOME_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/quant.h"
+#include "base/status.h"
+#include "engine/model/desc/model_desc.h"
+
+typedef struct {
+    mt_quant_view_t view; /* the host view: its buffers point into bytes */
+    uint8_t *bytes;       /* (nbytes) codes, scales, nested state at the offsets below */
+    size_t nbytes;        /* what crosses the link per fetch */
+    /* offsets into bytes of each buffer, SIZE_MAX where the format has none */
+    size_t off_codes, off_scales, off_scales_u8, off_zeros, off_absmax2, off_code2;
+} eng_quant_home_t;
+
+/* Whether a parameter of this role is a linear layer's weight a quantised
+ * base stores quantised (see the file note). */
+bool eng_quant_home_role_ok(eng_param_role_t role);
+
+/* Whether module `name` (a parameter's name, ".weight" dropped) is one of
+ * skip[0..n): equal to an entry, or an entry as a dotted component
+ * ("q_proj" skips "model.layers.0.self_attn.q_proj", "self_attn" every
+ * projection under it) -- llm_int8_skip_modules' names. */
+bool eng_quant_home_skipped(const char *name, const char (*skip)[128], int n);
+
+/* Packs a checked view (host buffers, mt_quant_check passed) into one
+ * allocation; `have` gives each buffer's element count. */
+void eng_quant_home_pack(eng_quant_home_t *h, const mt_quant_view_t *q, const mt_quant_sizes_t *have);
+
+/* x (rows * cols fp32) quantised as bitsandbytes' quantize_4bit does, packed
+ * (`what` names the tensor in errors). */
+mt_status_t eng_quant_home_bnb4(eng_quant_home_t *h, const float *x, int64_t rows, int64_t cols,
+                                mt_quant_format_t fmt, bool double_quant, const char *what, mt_error_t *err);
+
+/* The view over a copy of h->bytes at `base` (e.g. on the device). */
+mt_quant_view_t eng_quant_home_view_at(const eng_quant_home_t *h, const void *base);
+
+void eng_quant_home_free(eng_quant_home_t *h);
+
+#endif
