@@ -1,5 +1,6 @@
 /* Planning a training run (see plan.h). */
 #include "engine/run/plan.h"
+#include "engine/run/plan_tiers.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,7 +95,10 @@ mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t 
     sched_planner_opts_t opts;
     sched_planner_result_t res;
     memset(&res, 0, sizeof res);
-    st = eng_program_workload(mc, rc, &hw, eng_compute_dtype(rc, dev) == MT_BF16, &w, err);
+    sched_base_quant_t quant;
+    st = eng_plan_base_quant_held(rc, mc->config_json, "config.json", &quant, err);
+    if (st != MT_OK) return st;
+    st = eng_program_workload(mc, rc, &hw, eng_compute_dtype(rc, dev) == MT_BF16, &quant, &w, err);
     if (st == MT_OK) st = eng_program_planner_opts(rc, &hw, &opts, err);
     if (st == MT_OK) st = eng_program_parallel_opts(mc, rc, &opts, err);
     if (st == MT_OK && opts.devices == SCHED_EP_DEVICES) {

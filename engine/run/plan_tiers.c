@@ -47,6 +47,9 @@ static mt_status_t stored_format(json_t *qc, const char *path, sched_base_quant_
                         path, method);
 }
 
+static mt_status_t base_quant_of(const eng_run_config_t *rc, json_t *root, const char *config_json,
+                                 sched_base_quant_t *q, mt_error_t *err);
+
 mt_status_t eng_plan_base_quant(const eng_run_config_t *rc, const char *config_json, sched_base_quant_t *q,
                                 mt_error_t *err) {
     memset(q, 0, sizeof *q);
@@ -54,6 +57,25 @@ mt_status_t eng_plan_base_quant(const eng_run_config_t *rc, const char *config_j
     json_error_t je;
     json_t *root = json_load_file(config_json, 0, &je);
     if (!root) return mt_error_set(err, MT_ERR_CONFIG, "%s:%d: %s", config_json, je.line, je.text);
+    return base_quant_of(rc, root, config_json, q, err);
+}
+
+mt_status_t eng_plan_base_quant_held(const eng_run_config_t *rc, const char *text, const char *name,
+                                     sched_base_quant_t *q, mt_error_t *err) {
+    memset(q, 0, sizeof *q);
+    if (rc->adapter != ENG_ADAPTER_LORA || !text) return MT_OK;
+    json_error_t je;
+    json_t *root = json_loads(text, 0, &je);
+    if (!root) return mt_error_set(err, MT_ERR_CONFIG, "%s:%d: %s", name, je.line, je.text);
+    const mt_status_t st = base_quant_of(rc, root, name, q, err);
+    /* gpt-oss's MXFP4 experts are widened on load (docs/quantization.md) */
+    if (st == MT_OK && q->format == MT_QUANT_MXFP4) q->on = false;
+    return st;
+}
+
+/* The format of config.json `root`'s base for run rc (see plan_tiers.h); takes root. */
+static mt_status_t base_quant_of(const eng_run_config_t *rc, json_t *root, const char *config_json,
+                                 sched_base_quant_t *q, mt_error_t *err) {
     json_t *qc = json_object_get(root, "quantization_config");
     mt_status_t st = MT_OK;
     if (json_is_object(qc)) {

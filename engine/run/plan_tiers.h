@@ -2,7 +2,7 @@
  * frozen base kept quantized (scheduler/basequant.h) and the NVMe tier
  * (memory.nvme with a profile's nvme: section), from the run config and
  * config.json.  `moetune plan` applies both; training plans the base as
- * the executor holds it. */
+ * the executor holds it (eng_plan_base_quant_held). */
 #ifndef MT_ENGINE_RUN_PLAN_TIERS_H
 #define MT_ENGINE_RUN_PLAN_TIERS_H
 
@@ -24,6 +24,12 @@
  * unknown quant_method). */
 mt_status_t eng_plan_base_quant(const eng_run_config_t *rc, const char *config_json, sched_base_quant_t *q,
                                 mt_error_t *err);
+
+/* The same from config.json's text (name for messages), for a training
+ * plan: the base as the executor holds it, so gpt-oss's MXFP4 experts,
+ * which it widens on load, are planned in the working dtype. */
+mt_status_t eng_plan_base_quant_held(const eng_run_config_t *rc, const char *text, const char *name,
+                                     sched_base_quant_t *q, mt_error_t *err);
 
 /* The NVMe tier of a plan: with memory.nvme.path set, the workload takes the
  * profile's NVMe rates and the planner may use the tier within

@@ -22,7 +22,7 @@ mt_status_t plan_devices_make(const plan_ctx_t *c, int n, plan_devices_t *out, m
     sched_planner_opts_t opts;
     sched_planner_result_t res;
     memset(&res, 0, sizeof res);
-    mt_status_t st = eng_program_workload(&c->mc, &rc, &c->hw, bf16, &w, err);
+    mt_status_t st = eng_program_workload(&c->mc, &rc, &c->hw, bf16, &c->quant, &w, err);
     if (st == MT_OK) st = eng_program_planner_opts(&rc, &c->hw, &opts, err);
     if (st == MT_OK) st = eng_program_parallel_opts(&c->mc, &rc, &opts, err);
     out->ep_refused = eng_program_expert_parallel_refusal(&c->mc, &rc);

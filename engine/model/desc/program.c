@@ -132,7 +132,8 @@ mt_status_t eng_program_planner_opts(const eng_run_config_t *rc, const sched_hw_
 }
 
 mt_status_t eng_program_workload(const eng_model_config_t *mc, const eng_run_config_t *rc, const sched_hw_t *hw,
-                                 bool bf16_storage, sched_workload_t *w, mt_error_t *err) {
+                                 bool bf16_storage, const sched_base_quant_t *quant, sched_workload_t *w,
+                                 mt_error_t *err) {
     sched_program_t prog;
     sched_run_shape_t shape;
     sched_registry_t reg;
@@ -143,6 +144,7 @@ mt_status_t eng_program_workload(const eng_model_config_t *mc, const eng_run_con
     st = sched_registry_build(&prog, &shape, &reg, err);
     sched_program_free(&prog);
     if (st == MT_OK) st = sched_workload_build(&reg, hw, w, err);
+    if (st == MT_OK && quant && quant->on) sched_workload_quantize_base(&reg, quant, hw, w);
     sched_registry_free(&reg);
     return st;
 }

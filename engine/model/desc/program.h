@@ -12,6 +12,7 @@
 #include "engine/config/config.h"
 #include "engine/model/hf/model_config.h"
 #include "base/status.h"
+#include "scheduler/basequant.h"
 #include "scheduler/hw.h"
 #include "scheduler/planner.h"
 #include "scheduler/registry.h"
@@ -25,10 +26,12 @@ mt_status_t eng_program_describe(const eng_model_config_t *mc, const eng_run_con
                                  sched_program_t *prog, sched_run_shape_t *shape, mt_error_t *err);
 
 /* The scheduler's workload of a run (describe, registry, cost model on
- * hw): what the planner plans over.  On MT_OK the caller frees *w
- * (sched_workload_free). */
+ * hw): what the planner plans over, with a frozen base counted at its
+ * quantized size where quant says so (NULL or !quant->on: the working
+ * dtype).  On MT_OK the caller frees *w (sched_workload_free). */
 mt_status_t eng_program_workload(const eng_model_config_t *mc, const eng_run_config_t *rc, const sched_hw_t *hw,
-                                 bool bf16_storage, sched_workload_t *w, mt_error_t *err);
+                                 bool bf16_storage, const sched_base_quant_t *quant, sched_workload_t *w,
+                                 mt_error_t *err);
 
 /* The share of a GPU's device budget plans leave free for stream-ordered
  * frees and fragmentation (measured: see program.c). */
