@@ -270,8 +270,7 @@ void eng_model_release(eng_model_t *m) {
             eng_param_t *p = &m->params[i];
             free(p->host_w);
             if (!p->home_mapped) free(p->home_bf16);
-            free(p->host_m);
-            free(p->host_v);
+            free(p->host_mom);
         }
         free(m->params);
     }
