@@ -245,3 +245,19 @@ void sched_block_host_bytes(const sched_block_cost_t *c, const sched_block_plan_
         *optim += c->host_weight_bytes - c->w_home_bytes;
     *grads = c->grad_bytes;
 }
+
+double sched_workload_set_moments(sched_workload_t *w, int fmt) {
+    const double per = fmt == 1 ? 4.0 : fmt == 2 ? 2.0 + 2.0 * 4.0 / 256.0 : 8.0;
+    for (int b = 0; b < w->num_blocks; b++) {
+        /* a block's trainable parameters: its fp32 gradient's bytes / 4 */
+        const double own = w->blocks[b].grad_bytes / 4.0;
+        w->blocks[b].optim_bytes -= (8.0 - per) * own;
+        if (!w->ep_blocks) continue;
+        sched_block_cost_t *e = &w->ep_blocks[b];
+        const double ep_own = e->grad_bytes / 4.0;
+        e->optim_bytes -= (8.0 - per) * ep_own;
+        /* the other device's experts' state, held on this one's host */
+        e->other_host_bytes -= (8.0 - per) * (own - ep_own);
+    }
+    return per;
+}

@@ -183,6 +183,7 @@ int mt_plan_main(int argc, char **argv) {
     sched_program_free(&prog);
     if (st != MT_OK) goto done;
     if (sched_workload_build(&c.reg, &c.hw, &c.w, &err) != MT_OK) goto done;
+    sched_workload_set_moments(&c.w, eng_config_moments(&c.rc));
     if (eng_program_planner_opts(&c.rc, &c.hw, &c.opts, &err) != MT_OK) goto done;
     /* the main plan is one device running every micro-batch, the yardstick
      * the devices are compared with: no experts to split there (a single

@@ -142,6 +142,7 @@ mt_status_t eng_program_workload(const eng_model_config_t *mc, const eng_run_con
     st = sched_registry_build(&prog, &shape, &reg, err);
     sched_program_free(&prog);
     if (st == MT_OK) st = sched_workload_build(&reg, hw, w, err);
+    if (st == MT_OK) sched_workload_set_moments(w, eng_config_moments(rc));
     sched_registry_free(&reg);
     return st;
 }
