@@ -11,8 +11,15 @@
  *   threads share an absmax block; the stochastic rounding's random bits
  *   depend on the element index only, so the result is the same for any
  *   thread count and on the CUDA twin.
- * - The fp32 format is the SIMD kernel of adamw.c, unchanged. */
+ * - The fp32 format is the SIMD kernel of adamw.c, unchanged.
+ * - Speed: the update of a block is a plain loop over fp32 arrays, which
+ *   the compiler vectorizes (this library is built with -ftree-vectorize);
+ *   a copy built for AVX2 + FMA is chosen at run time where the CPU has
+ *   them (the build targets x86-64-v2, where fmaf is a library call).
+ *   Vector and scalar code round alike: every op is IEEE and the only
+ *   fused one is adamw_math.h's explicit fmaf. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -123,19 +130,36 @@ typedef struct {
     size_t n;
     size_t chunk; /* elements per task, a multiple of 256 */
     uint64_t key; /* bf16: the stochastic rounding's key for this step */
+    bool avx2;    /* the update's AVX2 + FMA copy */
 } lite_job_t;
+
+/* The fp32 update of n <= 256 elements (adamw_math.h's element). */
+#define LITE_UPDATE_BODY                                                   \
+    for (size_t k = 0; k < n; k++) p[k] = kern_adamw_elem(c, p[k], &m[k], &v[k], g[k]);
+
+static void update_plain(const kern_adamw_coef_t *c, float *restrict p, float *restrict m, float *restrict v,
+                         const float *restrict g, size_t n) {
+    LITE_UPDATE_BODY
+}
+
+__attribute__((target("avx2,fma"))) static void update_avx2(const kern_adamw_coef_t *c, float *restrict p,
+                                                            float *restrict m, float *restrict v,
+                                                            const float *restrict g, size_t n) {
+    LITE_UPDATE_BODY
+}
 
 /* One block [b, e) of at most 256 elements, b a multiple of 256. */
 static void lite_block(const lite_job_t *j, size_t b, size_t e) {
-    float mf[QB], vf[QB];
+    float mf[QB], vf[QB], gf[QB];
     expand(&j->mom, 0, b, e, mf);
     expand(&j->mom, 1, b, e, vf);
-    for (size_t i = b; i < e; i++) {
-        const float g = j->g ? j->g[i] : mt_bf16_to_f32(j->gb[i]);
-        const float p = kern_adamw_elem(&j->c, j->p[i], &mf[i - b], &vf[i - b], g);
-        j->p[i] = p;
-        if (j->pb) j->pb[i] = mt_f32_to_bf16(p);
-    }
+    const float *g = j->g ? j->g + b : gf;
+    if (!j->g)
+        for (size_t i = b; i < e; i++) gf[i - b] = mt_bf16_to_f32(j->gb[i]);
+    if (j->avx2) update_avx2(&j->c, j->p + b, mf, vf, g, e - b);
+    else update_plain(&j->c, j->p + b, mf, vf, g, e - b);
+    if (j->pb)
+        for (size_t i = b; i < e; i++) j->pb[i] = mt_f32_to_bf16(j->p[i]);
     if (j->mom.fmt == KERN_MOMENTS_BF16) {
         uint16_t *m = j->mom.m, *v = j->mom.v;
         for (size_t i = b; i < e; i++) {
@@ -186,7 +210,7 @@ void kern_adamw_cpu_pool(kern_threadpool_t *pool, float *p, const kern_moments_t
     MT_CHECK(mom->fmt != KERN_MOMENTS_8BIT || (mom->m_absmax && mom->v_absmax),
              "kern_adamw_cpu: 8-bit moments without their absmax arrays");
     lite_job_t j = {.c = kern_adamw_coef(hp), .p = p, .mom = *mom, .g = g, .gb = g_bf16, .pb = p_bf16, .n = n,
-                    .key = kern_moments_sr_key(mom->seed, hp->step)};
+                    .key = kern_moments_sr_key(mom->seed, hp->step), .avx2 = kern_cpu_isa_best() >= KERN_ISA_AVX2};
     const int nthreads = kern_threadpool_size(pool);
     /* the fp32 kernel's task size, rounded to whole absmax blocks */
     j.chunk = (kern_adamw_chunk_elems(n, nthreads) + QB - 1) / QB * QB;

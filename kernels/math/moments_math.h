@@ -61,16 +61,15 @@ MT_HD uint8_t kern_moments_quantize(const float *q, int is_signed, float x) {
     int pivot = 127, upper_pivot = 255, lower_pivot = 0;
     float lower = is_signed ? -1.0f : 0.0f, upper = 1.0f;
     float val = q[127];
+    /* written as selects, not branches: x's side is a coin toss per
+     * element, and a mispredicted branch costs more than the whole step */
     for (int i = 64; i > 0; i >>= 1) {
-        if (x > val) {
-            lower_pivot = pivot;
-            lower = val;
-            pivot += i;
-        } else {
-            upper_pivot = pivot;
-            upper = val;
-            pivot -= i;
-        }
+        const int up = x > val;
+        lower_pivot = up ? pivot : lower_pivot;
+        lower = up ? val : lower;
+        upper_pivot = up ? upper_pivot : pivot;
+        upper = up ? upper : val;
+        pivot += up ? i : -i;
         val = q[pivot];
     }
     if (x > val) return (uint8_t)(x > (upper + val) * 0.5f ? upper_pivot : pivot);
