@@ -6,7 +6,7 @@
 #   1. for bf16 and 8bit, the host-optimizer and device-optimizer plans log
 #      the same per-step losses and save the same tensor bytes (one
 #      definition of each format on both sides);
-#   2. stopped at step 7 with a checkpoint and resumed (under the other
+#   2. stopped at step 7 with a checkpoint and resumed (under either
 #      plan) = the uninterrupted run, losses and final tensors bit for bit;
 #      optimizer.safetensors names the format in its metadata; with the
 #      NVMe tier (memory.nvme.path) 8-bit moments train bit-identically too;
@@ -89,6 +89,8 @@ for f in bf16 8bit; do
     || fail "$f: optimizer.safetensors metadata does not name optimizer_state $f: $(meta stop_$f/checkpoint-7/optimizer.safetensors)"
   train res_$f --set optimizer_state=$f --set scheduler.optimizer=host --set resume_from_checkpoint=stop_$f/checkpoint-7 \
     && same "resume_$f" ref_${f}_host res_$f && ok "$f: resumed at step 7 (device plan -> host plan) = uninterrupted"
+  train res_dev_$f --set optimizer_state=$f --set scheduler.optimizer=device --set resume_from_checkpoint=stop_$f/checkpoint-7 \
+    && same "resume_dev_$f" ref_${f}_host res_dev_$f && ok "$f: resumed at step 7 (device plan -> device plan) = uninterrupted"
 done
 mkdir -p nvd
 train nvme_8bit --set optimizer_state=8bit --set scheduler.optimizer=host --set memory.nvme.path=nvd \

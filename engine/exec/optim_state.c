@@ -93,6 +93,12 @@ static mt_status_t write_nvme_moments(eng_exec_t *x, int i, const void *mom, mt_
     return eng_optim_nvme_unload(x->hopt.nvme, x->model, i, true, err);
 }
 
+/* One moment's element bytes (m or v, without the alignment padding). */
+static size_t mom_part_bytes(const eng_param_t *p) {
+    static const size_t esz[3] = {4, 2, 1};
+    return p->spec->numel * esz[p->mom_fmt];
+}
+
 /* AdamW state of a parameter whose block keeps the optimizer on the
  * device, allocated as eng_optim_step does on a first step. */
 static mt_status_t ensure_device_moments(eng_exec_t *x, int i, mt_error_t *err) {
@@ -114,7 +120,7 @@ mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master
     eng_dparam_t *d = &x->dp[i];
     const size_t bytes = exec_f32_bytes(p);
     const bool device_optim = exec_block_plan(&x->env, p->block)->optim == SCHED_OPTIM_DEVICE;
-    moe_staging_xfer_t items[4];
+    moe_staging_xfer_t items[8];
     int n = 0;
     if (master) {
         if (p->host_w) {
@@ -135,7 +141,20 @@ mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master
         if (device_optim) {
             mt_status_t st = ensure_device_moments(x, i, err);
             if (st != MT_OK) return st;
-            items[n++] = (moe_staging_xfer_t){(void *)mom, d->mom, mbytes, MOE_STAGING_COPY};
+            /* part by part (m, v, and 8-bit's scales), each at most the
+             * tensor's fp32 bytes: staging's slabs are sized by the largest
+             * tensor, the whole block is up to twice that */
+            const kern_moments_t s = eng_param_moments_view(p, (void *)mom), t = eng_param_moments_view(p, d->mom);
+            const size_t part = mom_part_bytes(p);
+            if (part > 0) {
+                items[n++] = (moe_staging_xfer_t){s.m, t.m, part, MOE_STAGING_COPY};
+                items[n++] = (moe_staging_xfer_t){s.v, t.v, part, MOE_STAGING_COPY};
+            }
+            if (s.m_absmax && part > 0) {
+                const size_t sb = kern_moments_blocks(p->spec->numel) * sizeof(float);
+                items[n++] = (moe_staging_xfer_t){s.m_absmax, t.m_absmax, sb, MOE_STAGING_COPY};
+                items[n++] = (moe_staging_xfer_t){s.v_absmax, t.v_absmax, sb, MOE_STAGING_COPY};
+            }
         } else if (eng_optim_nvme_holds(x->hopt.nvme, i)) {
             mt_status_t st = write_nvme_moments(x, i, mom, err);
             if (st != MT_OK) return st;
