@@ -10,7 +10,14 @@
  * got no gradient in an optimizer step is not updated and does not count.
  * When p_bf16 != NULL the updated p is also written rounded to bf16 (the
  * device working copy).  Gradients come as fp32 (g) or bf16 (g_bf16): pass
- * exactly one. */
+ * exactly one.
+ *
+ * The moments m and v are kept in one of three formats (kern_moments_t; the
+ * master p stays fp32 in all): fp32; bf16, rounded stochastically after
+ * each update; or bitsandbytes' block-wise 8-bit state (a code per element
+ * and an fp32 absmax per block of 256 per moment).  Every format computes
+ * the update above in fp32 on the dequantized moments; only what is stored
+ * differs (kernels/math/moments_math.h defines the rounding). */
 #ifndef MT_KERNELS_ADAMW_H
 #define MT_KERNELS_ADAMW_H
 
@@ -25,13 +32,32 @@ typedef struct {
     int64_t step; /* t, 1-based */
 } kern_adamw_params_t;
 
-typedef void (*kern_adamw_fn)(kern_stream_t *s, float *p, float *m, float *v, const float *g,
+typedef enum {
+    KERN_MOMENTS_F32 = 0,
+    KERN_MOMENTS_BF16,
+    KERN_MOMENTS_8BIT,
+} kern_moments_fmt_t;
+
+/* Elements per absmax block of the 8-bit format (bitsandbytes' blocksize). */
+#define KERN_MOMENTS_QBLOCK 256
+
+/* One tensor's AdamW moments.  All buffers are one allocation of
+ * kern_moments_bytes(fmt, n) bytes, laid out m | v | m_absmax | v_absmax
+ * (kern_moments_view), so the state moves and is saved as one block. */
+typedef struct {
+    kern_moments_fmt_t fmt;
+    void *m, *v;                /* (n) float, bf16 bits (uint16_t) or 8-bit codes (uint8_t) */
+    float *m_absmax, *v_absmax; /* (ceil(n / 256)) 8-bit only, else NULL */
+    uint64_t seed;              /* bf16 only: the tensor's stochastic-rounding seed */
+} kern_moments_t;
+
+typedef void (*kern_adamw_fn)(kern_stream_t *s, float *p, const kern_moments_t *mom, const float *g,
                               const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                               const kern_adamw_params_t *hp);
-void kern_adamw_cpu(kern_stream_t *s, float *p, float *m, float *v, const float *g,
+void kern_adamw_cpu(kern_stream_t *s, float *p, const kern_moments_t *mom, const float *g,
                     const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                     const kern_adamw_params_t *hp);
-void kern_adamw_cuda(kern_stream_t *s, float *p, float *m, float *v, const float *g,
+void kern_adamw_cuda(kern_stream_t *s, float *p, const kern_moments_t *mom, const float *g,
                      const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                      const kern_adamw_params_t *hp);
 

@@ -277,3 +277,20 @@ double sched_nvme_write_time(const sched_workload_t *w, double bytes) {
 double sched_block_nvme_bytes(const sched_block_cost_t *c, const sched_block_plan_t *p) {
     return (sched_block_nvme_weights(p) ? c->w_home_bytes : 0) + (sched_block_nvme_optim(p) ? c->optim_bytes : 0);
 }
+
+double sched_workload_set_moments(sched_workload_t *w, int fmt) {
+    const double per = fmt == 1 ? 4.0 : fmt == 2 ? 2.0 + 2.0 * 4.0 / 256.0 : 8.0;
+    for (int b = 0; b < w->num_blocks; b++) {
+        /* a block's trainable parameters: its fp32 gradient's bytes / 4 */
+        const double own = w->blocks[b].grad_bytes / 4.0;
+        w->blocks[b].optim_bytes -= (8.0 - per) * own;
+        if (w->blocks[b].spec_copy_bytes > 0) w->blocks[b].spec_copy_bytes -= (8.0 - per) * own;
+        if (!w->ep_blocks) continue;
+        sched_block_cost_t *e = &w->ep_blocks[b];
+        const double ep_own = e->grad_bytes / 4.0;
+        e->optim_bytes -= (8.0 - per) * ep_own;
+        /* the other device's experts' state, held on this one's host */
+        e->other_host_bytes -= (8.0 - per) * (own - ep_own);
+    }
+    return per;
+}

@@ -134,6 +134,13 @@ const sched_block_cost_t *sched_block_cost(const sched_workload_t *w, int b, boo
  * the executor runs without it). */
 bool sched_waits_for_norm(const sched_workload_t *w, const sched_plan_t *plan);
 
+/* AdamW's moments in format fmt (0 fp32, 1 bf16, 2 8-bit: a code per
+ * element and an fp32 absmax per 256 per moment; run config
+ * optimizer_state) counted in w's optimizer bytes, which the registry
+ * counts with fp32 moments (8 bytes per trainable parameter); returns the
+ * moments' bytes per trainable parameter.  Call once, after building w. */
+double sched_workload_set_moments(sched_workload_t *w, int fmt);
+
 /* Host bytes a block holds for the whole step under plan p, in three parts:
  * home, its weights' home copies (the host model keeps every weight's,
  * resident or streamed: a save writes them and device copies come from

@@ -8,7 +8,8 @@
 # quick start's model, with a host optimizer over streamed blocks and over
 # resident ones (whose device copies are refreshed from the masters), for
 # a max_grad_norm that never clips (every speculation kept), one that
-# always clips (every one redone) and one in between (both).  Then a step
+# always clips (every one redone) and one in between (both), and with bf16
+# and 8-bit moments (optimizer_state).  Then a step
 # whose gradient is not finite: the speculative updates are undone before
 # the step is skipped (skip_nonfinite_steps), so the checkpoint after two
 # skipped steps equals the non-speculative run's.
@@ -48,6 +49,20 @@ for weights in stream resident; do
       ok "$weights blocks, max_grad_norm $clip: $kept speculative steps kept, $redone redone; losses, weights and AdamW state identical"
     else fail "$b: checkpoint-15 or the saved model differs from $a's"; fi
   done
+done
+
+# lighter moments: the copies hold them in their own format
+for fmt in bf16 8bit; do
+  a="moments-$fmt-off"; b="moments-$fmt-on"
+  train "$a" --set scheduler.weights=stream --set max_grad_norm=1.6 --set optimizer_state=$fmt || continue
+  train "$b" --set scheduler.weights=stream --set max_grad_norm=1.6 --set optimizer_state=$fmt \
+    --set scheduler.speculative_optimizer=true || continue
+  kept=$(count "$b" kept); redone=$(count "$b" redone)
+  da=$("$DIGEST" "$T/$a/checkpoint-15"; "$DIGEST" "$T/$a"); db=$("$DIGEST" "$T/$b/checkpoint-15"; "$DIGEST" "$T/$b")
+  if [ "$kept" -gt 0 ] && [ "$redone" -gt 0 ] && [ "$(losses "$T/$a")" = "$(losses "$T/$b")" ] && [ -n "$da" ] &&
+     [ "$da" = "$db" ]; then
+    ok "optimizer_state $fmt, max_grad_norm 1.6: $kept kept, $redone redone; losses, weights and AdamW state identical"
+  else fail "optimizer_state $fmt: $kept kept, $redone redone; losses or checkpoints differ"; fi
 done
 
 # a non-finite gradient in every step: two skipped, then the run stops

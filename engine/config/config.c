@@ -71,6 +71,15 @@ static const enum_name_t k_optimizer_names[] = {
     {"adamw_torch", 0},
     {"adamw_torch_fused", 0},
     {"adamw", 0},
+    {"adamw_bnb_8bit", 1},
+    {"adamw_8bit", 1},
+    {"paged_adamw_8bit", 1},
+    {NULL, 0},
+};
+static const enum_name_t k_optimizer_state_names[] = {
+    {"fp32", ENG_MOMENTS_FP32},
+    {"bf16", ENG_MOMENTS_BF16},
+    {"8bit", ENG_MOMENTS_8BIT},
     {NULL, 0},
 };
 static const enum_name_t k_save_dtype_names[] = {
@@ -254,6 +263,7 @@ const key_row_t eng_cfg_top_rows[] = {
     ROW_ENUM("save_expert_layout", save_expert_layout, k_save_layout_names),
     ROW_ENUM("backend", backend, k_backend_names),
     ROW_ENUM("optimizer", optimizer, k_optimizer_names),
+    ROW_ENUM("optimizer_state", optimizer_state, k_optimizer_state_names),
     ROW("gradient_checkpointing", K_BOOL, gradient_checkpointing),
     ROW("model_config", K_JSON, model_config_json),
     ROW_SECTION("memory", k_memory_rows),

@@ -50,6 +50,9 @@ typedef enum {
 typedef enum { ENG_WEIGHTS_AUTO = 0, ENG_WEIGHTS_RESIDENT, ENG_WEIGHTS_STREAM } eng_weights_place_t;
 typedef enum { ENG_PLACE_AUTO = 0, ENG_PLACE_DEVICE, ENG_PLACE_HOST } eng_place_t; /* grads, optimizer */
 typedef enum { ENG_ACTS_AUTO = 0, ENG_ACTS_KEEP, ENG_ACTS_OFFLOAD, ENG_ACTS_RECOMPUTE } eng_acts_place_t;
+/* optimizer_state: the AdamW moments' format; FP32..Q8 have
+ * kern_moments_fmt_t's values plus one (kernels/adamw.h) */
+enum { ENG_MOMENTS_AUTO = 0, ENG_MOMENTS_FP32, ENG_MOMENTS_BF16, ENG_MOMENTS_8BIT };
 /* idle_experts: what the optimizer step does with a trainable routed expert
  * that received no token in the step: step it with a zero gradient, as
  * transformers 5's fused expert parameters get from torch's AdamW, or skip
@@ -188,8 +191,13 @@ typedef struct eng_run_config {
     char dataset_prepared_path[1024]; /* "" = none: where tokenized examples are cached (engine/data/prepared.h) */
     /* `scheduler:` section */
     /* axolotl's optimizer name: every accepted spelling is PyTorch AdamW
-     * (moetune's only optimizer); others are refused with the valid list */
-    int optimizer;                          /* default adamw_torch */
+     * (moetune's only optimizer); others are refused with the valid list.
+     * 1: a bitsandbytes 8-bit AdamW name (adamw_bnb_8bit, adamw_8bit,
+     * paged_adamw_8bit): AdamW with 8-bit moments (optimizer_state) */
+    int optimizer;                          /* default adamw_torch (0) */
+    /* optimizer_state: how AdamW keeps its moments m and v (the master
+     * stays fp32): ENG_MOMENTS_* (eng_config_moments resolves auto) */
+    int optimizer_state;                    /* default auto: fp32, or 8bit with an 8-bit optimizer name */
     /* axolotl's gradient_checkpointing: true asks for recomputed activations
      * where the scheduler's activations choice is auto */
     bool gradient_checkpointing;            /* default false */
@@ -239,6 +247,10 @@ typedef struct eng_run_config {
     char llm_int8_skip_modules[ENG_MAX_LORA_TARGETS][128]; /* modules kept unquantised, e.g. "self_attn" */
     int num_llm_int8_skip_modules;
 } eng_run_config_t;
+
+/* The moments' format a config asks for, as a kern_moments_fmt_t value:
+ * 0 fp32, 1 bf16, 2 8-bit. */
+int eng_config_moments(const eng_run_config_t *cfg);
 
 /* Sets every field to its default. */
 void eng_run_config_defaults(eng_run_config_t *cfg);

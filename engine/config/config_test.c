@@ -164,6 +164,12 @@ static void test_every_key(void) {
     EXPECT(c.num_lora_target_modules == 3 && strcmp(c.lora_target_modules[0], "q_proj") == 0 &&
            strcmp(c.lora_target_modules[2], "w1") == 0);
     EXPECT(eng_run_config_validate(&c, &err) == MT_OK);
+    /* an 8-bit optimizer name with other moments contradicts itself, named with both keys */
+    EXPECT(set_ok(&c, "optimizer=adamw_8bit") && set_ok(&c, "optimizer_state=bf16"));
+    EXPECT(eng_run_config_validate(&c, &err) == MT_ERR_CONFIG && strstr(err.msg, "optimizer_state: bf16") &&
+           strstr(err.msg, "optimizer: an 8-bit"));
+    EXPECT(set_ok(&c, "optimizer_state=8bit") && eng_run_config_validate(&c, &err) == MT_OK);
+    EXPECT(set_ok(&c, "optimizer=adamw_torch") && set_ok(&c, "optimizer_state=~"));
 
     /* model_config: scalars typed as YAML 1.1 (PyYAML) would */
     EXPECT(c.model_config_json != NULL);
@@ -524,7 +530,15 @@ static void test_scheduler(void) {
     EXPECT_SET_ERROR(&c, "scheduler.polcy=auto", "did you mean 'scheduler.policy'", NULL);
     /* axolotl's optimizer spellings of AdamW are accepted, others refused with the list */
     EXPECT(set_ok(&c, "optimizer=adamw_torch") && set_ok(&c, "optimizer=adamw_torch_fused"));
-    EXPECT_SET_ERROR(&c, "optimizer=adamw_bnb_8bit", "optimizer", "adamw_torch");
+    EXPECT(eng_config_moments(&c) == 0); /* fp32 moments by default */
+    EXPECT_SET_ERROR(&c, "optimizer=sgd", "optimizer", "adamw_torch");
+    /* bitsandbytes' 8-bit AdamW names: AdamW with 8-bit moments */
+    EXPECT(set_ok(&c, "optimizer=paged_adamw_8bit") && eng_config_moments(&c) == 2);
+    EXPECT(set_ok(&c, "optimizer=adamw_bnb_8bit") && set_ok(&c, "optimizer=adamw_8bit") && c.optimizer == 1);
+    EXPECT(set_ok(&c, "optimizer_state=8bit") && eng_config_moments(&c) == 2);
+    EXPECT(set_ok(&c, "optimizer=adamw_torch") && set_ok(&c, "optimizer_state=bf16") && eng_config_moments(&c) == 1);
+    EXPECT(set_ok(&c, "optimizer_state=fp32") && eng_config_moments(&c) == 0);
+    EXPECT_SET_ERROR(&c, "optimizer_state=fp16", "optimizer_state", "fp32, bf16, 8bit");
     EXPECT(set_ok(&c, "gradient_checkpointing=true") && c.gradient_checkpointing);
     eng_run_config_free(&c);
     EXPECT_ERROR("scheduler:\n  activations: swap\n", MT_ERR_CONFIG, "run.yaml:2", "keep, offload, recompute");

@@ -133,6 +133,10 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
     NEED(!(cfg->sched_grads == ENG_PLACE_HOST && cfg->sched_optimizer == ENG_PLACE_DEVICE),
          "scheduler: grads: host with optimizer: device is not a valid combination (the device optimizer reads "
          "device gradients); use grads: device or optimizer: host");
+    NEED(!(cfg->optimizer == 1 && (cfg->optimizer_state == ENG_MOMENTS_FP32 || cfg->optimizer_state == ENG_MOMENTS_BF16)),
+         "optimizer: an 8-bit AdamW name (adamw_bnb_8bit, adamw_8bit, paged_adamw_8bit) with optimizer_state: %s "
+         "contradict each other; use optimizer_state: 8bit (or leave it out), or optimizer: adamw_torch",
+         cfg->optimizer_state == ENG_MOMENTS_FP32 ? "fp32" : "bf16");
     NEED(!(cfg->sched_weights == ENG_WEIGHTS_STREAM && cfg->sched_optimizer == ENG_PLACE_DEVICE),
          "scheduler: weights: stream with optimizer: device is not a valid combination (the device optimizer "
          "updates resident weights in place); use weights: resident or optimizer: host");
@@ -167,4 +171,9 @@ mt_status_t eng_run_config_validate(const eng_run_config_t *cfg, mt_error_t *err
     }
 #undef NEED
     return MT_OK;
+}
+
+int eng_config_moments(const eng_run_config_t *cfg) {
+    if (cfg->optimizer_state == ENG_MOMENTS_AUTO) return cfg->optimizer == 1 ? ENG_MOMENTS_8BIT - 1 : 0;
+    return cfg->optimizer_state - 1;
 }

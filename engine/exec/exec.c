@@ -278,12 +278,13 @@ static void free_param_copies(eng_exec_t *x) {
     for (int i = 0; i < m->num_params; i++) {
         eng_dparam_t *d = &x->dp[i];
         void *bufs[] = {x->res.w_span[i] < 0 ? d->w : NULL, d->g_transient && x->grads.g_span[i] < 0 ? d->g : NULL,
-                        d->g_acc, d->m, d->v, d->dev_master};
+                        d->g_acc, d->mom, d->dev_master};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             if (bufs[k]) kern_free(x->dev, bufs[k]);
         free(d->host_g);
         d->w = NULL;
-        d->g = d->g_acc = d->m = d->v = d->dev_master = d->host_g = NULL;
+        d->g = d->g_acc = d->dev_master = d->host_g = NULL;
+        d->mom = NULL;
     }
 }
 

@@ -16,60 +16,87 @@
 #include "engine/optim/host_optim.h"
 #include "engine/exec/place/plan_query.h"
 #include "engine/exec/xfer.h"
+#include "kernels/host/adamw_host.h"
 
 int64_t eng_model_optim_step_count(const eng_model_t *m, int i) { return m->params[i].step; }
 
-/* Parameter i's moments from the NVMe tier into mom1, mom2 (either NULL). */
-static mt_status_t read_nvme_moments(eng_exec_t *x, int i, float *mom1, float *mom2, mt_error_t *err) {
+size_t eng_param_moments_bytes(const eng_param_t *p) {
+    return kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, p->spec->numel);
+}
+
+kern_moments_t eng_param_moments_view(const eng_param_t *p, void *base) {
+    return kern_moments_view((kern_moments_fmt_t)p->mom_fmt, base, p->spec->numel, p->mom_seed);
+}
+
+/* FNV-1a of a parameter's name: its identity in every plan, device and resume. */
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+void eng_optim_set_moments(eng_model_t *m, kern_moments_fmt_t fmt, uint64_t seed) {
+    for (int i = 0; i < m->num_params; i++) {
+        eng_param_t *p = &m->params[i];
+        MT_CHECK(!p->host_mom && p->step == 0, "the moment format of %s set after its AdamW state exists",
+                 p->spec->name);
+        /* bitsandbytes keeps tensors under 4096 elements (norms, biases) in
+         * fp32: their state is small and 8 bits would cost them the most */
+        kern_moments_fmt_t f = fmt;
+        if (fmt == KERN_MOMENTS_8BIT && p->spec->numel < ENG_MOMENTS_8BIT_MIN_NUMEL) f = KERN_MOMENTS_F32;
+        p->mom_fmt = (int)f;
+        p->mom_seed = name_hash(p->spec->name) ^ (seed * 0x9e3779b97f4a7c15ull);
+    }
+}
+
+/* Parameter i's moments from the NVMe tier into mom. */
+static mt_status_t read_nvme_moments(eng_exec_t *x, int i, void *mom, mt_error_t *err) {
     eng_param_t *p = &x->model->params[i];
-    const size_t bytes = exec_f32_bytes(p);
     mt_status_t st = eng_optim_nvme_load(x->hopt.nvme, x->model, i, err);
     if (st != MT_OK) return st;
-    if (mom1) memcpy(mom1, p->host_m, bytes);
-    if (mom2) memcpy(mom2, p->host_v, bytes);
+    memcpy(mom, p->host_mom, eng_param_moments_bytes(p));
     return eng_optim_nvme_unload(x->hopt.nvme, x->model, i, false, err);
 }
 
 /* eng_exec_read_optim_state, an NVMe tier's failure returned. */
-static mt_status_t read_optim_state(eng_exec_t *x, int i, float *master, float *mom1, float *mom2, mt_error_t *err) {
+static mt_status_t read_optim_state(eng_exec_t *x, int i, float *master, void *mom, mt_error_t *err) {
     eng_model_t *m = x->model;
     if (master) eng_exec_read_param(x, i, master, false); /* drains first */
     else eng_exec_drain(x);
-    if (eng_optim_nvme_holds(x->hopt.nvme, i) && (mom1 || mom2)) return read_nvme_moments(x, i, mom1, mom2, err);
+    if (!mom) return MT_OK;
+    if (eng_optim_nvme_holds(x->hopt.nvme, i)) return read_nvme_moments(x, i, mom, err);
     const eng_param_t *p = &m->params[i];
     eng_dparam_t *d = &x->dp[i];
-    const size_t bytes = exec_f32_bytes(p);
+    const size_t bytes = eng_param_moments_bytes(p);
     kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
-    const float *host[2] = {p->host_m, p->host_v};
-    const float *dev[2] = {d->m, d->v};
-    float *dst[2] = {mom1, mom2};
-    for (int k = 0; k < 2; k++) {
-        if (!dst[k]) continue;
-        if (host[k]) memcpy(dst[k], host[k], bytes);
-        else if (dev[k]) kern_memcpy_d2h(x->dev, s, dst[k], dev[k], bytes);
-        else memset(dst[k], 0, bytes);
-    }
+    if (p->host_mom) memcpy(mom, p->host_mom, bytes);
+    else if (d->mom) kern_memcpy_d2h(x->dev, s, mom, d->mom, bytes);
+    else memset(mom, 0, bytes);
     kern_stream_sync(x->dev, s);
     return MT_OK;
 }
 
-void eng_exec_read_optim_state(eng_exec_t *x, int i, float *master, float *mom1, float *mom2) {
+void eng_exec_read_optim_state(eng_exec_t *x, int i, float *master, void *mom) {
     mt_error_t err = {0};
     /* a save checks the state first (eng_exec_check_optim_state), which
      * reports a failing NVMe tier as an error; here it is a broken invariant */
-    MT_CHECK(read_optim_state(x, i, master, mom1, mom2, &err) == MT_OK, "%s", err.msg);
+    MT_CHECK(read_optim_state(x, i, master, mom, &err) == MT_OK, "%s", err.msg);
 }
 
 /* Parameter i's moments written to the NVMe tier (step > 0). */
-static mt_status_t write_nvme_moments(eng_exec_t *x, int i, const float *mom1, const float *mom2, mt_error_t *err) {
+static mt_status_t write_nvme_moments(eng_exec_t *x, int i, const void *mom, mt_error_t *err) {
     eng_param_t *p = &x->model->params[i];
-    const size_t bytes = exec_f32_bytes(p);
     p->step = 0; /* loads zeros instead of reading an extent perhaps never written */
     mt_status_t st = eng_optim_nvme_load(x->hopt.nvme, x->model, i, err);
     if (st != MT_OK) return st;
-    memcpy(p->host_m, mom1, bytes);
-    memcpy(p->host_v, mom2, bytes);
+    memcpy(p->host_mom, mom, eng_param_moments_bytes(p));
     return eng_optim_nvme_unload(x->hopt.nvme, x->model, i, true, err);
+}
+
+/* One moment's element bytes (m or v, without the alignment padding). */
+static size_t mom_part_bytes(const eng_param_t *p) {
+    static const size_t esz[3] = {4, 2, 1};
+    return p->spec->numel * esz[p->mom_fmt];
 }
 
 /* AdamW state of a parameter whose block keeps the optimizer on the
@@ -77,25 +104,23 @@ static mt_status_t write_nvme_moments(eng_exec_t *x, int i, const float *mom1, c
 static mt_status_t ensure_device_moments(eng_exec_t *x, int i, mt_error_t *err) {
     const eng_param_t *p = &x->model->params[i];
     eng_dparam_t *d = &x->dp[i];
-    if (d->m) return MT_OK;
+    if (d->mom) return MT_OK;
     char t[200];
-    snprintf(t, sizeof t, "AdamW m of %s", p->spec->name);
-    d->m = kern_alloc_lasting(x->dev, exec_f32_bytes(p), t, err);
-    if (!d->m) return err->code;
-    snprintf(t, sizeof t, "AdamW v of %s", p->spec->name);
-    d->v = kern_alloc_lasting(x->dev, exec_f32_bytes(p), t, err);
-    return d->v ? MT_OK : err->code;
+    snprintf(t, sizeof t, "AdamW moments (%s) of %s", kern_moments_fmt_name((kern_moments_fmt_t)p->mom_fmt),
+             p->spec->name);
+    d->mom = kern_alloc_lasting(x->dev, eng_param_moments_bytes(p), t, err);
+    return d->mom ? MT_OK : err->code;
 }
 
-mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master, const float *mom1,
-                                        const float *mom2, int64_t step, mt_error_t *err) {
+mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master, const void *mom, int64_t step,
+                                        mt_error_t *err) {
     eng_model_t *m = x->model;
     eng_exec_drain(x);
     eng_param_t *p = &m->params[i];
     eng_dparam_t *d = &x->dp[i];
     const size_t bytes = exec_f32_bytes(p);
     const bool device_optim = exec_block_plan(&x->env, p->block)->optim == SCHED_OPTIM_DEVICE;
-    moe_staging_xfer_t items[4];
+    moe_staging_xfer_t items[8];
     int n = 0;
     if (master) {
         if (p->host_w) {
@@ -110,24 +135,35 @@ mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master
                 items[n++] = (moe_staging_xfer_t){(void *)master, d->w, exec_w_bytes(p), exec_w_upload_op(p)};
         }
     }
-    const bool has_moments = step > 0 && mom1 && mom2;
+    const bool has_moments = step > 0 && mom;
+    const size_t mbytes = eng_param_moments_bytes(p);
     if (has_moments) {
         if (device_optim) {
             mt_status_t st = ensure_device_moments(x, i, err);
             if (st != MT_OK) return st;
-            items[n++] = (moe_staging_xfer_t){(void *)mom1, d->m, bytes, MOE_STAGING_COPY};
-            items[n++] = (moe_staging_xfer_t){(void *)mom2, d->v, bytes, MOE_STAGING_COPY};
+            /* part by part (m, v, and 8-bit's scales), each at most the
+             * tensor's fp32 bytes: staging's slabs are sized by the largest
+             * tensor, the whole block is up to twice that */
+            const kern_moments_t s = eng_param_moments_view(p, (void *)mom), t = eng_param_moments_view(p, d->mom);
+            const size_t part = mom_part_bytes(p);
+            if (part > 0) {
+                items[n++] = (moe_staging_xfer_t){s.m, t.m, part, MOE_STAGING_COPY};
+                items[n++] = (moe_staging_xfer_t){s.v, t.v, part, MOE_STAGING_COPY};
+            }
+            if (s.m_absmax && part > 0) {
+                const size_t sb = kern_moments_blocks(p->spec->numel) * sizeof(float);
+                items[n++] = (moe_staging_xfer_t){s.m_absmax, t.m_absmax, sb, MOE_STAGING_COPY};
+                items[n++] = (moe_staging_xfer_t){s.v_absmax, t.v_absmax, sb, MOE_STAGING_COPY};
+            }
         } else if (eng_optim_nvme_holds(x->hopt.nvme, i)) {
-            mt_status_t st = write_nvme_moments(x, i, mom1, mom2, err);
+            mt_status_t st = write_nvme_moments(x, i, mom, err);
             if (st != MT_OK) return st;
         } else {
-            if (!p->host_m) {
-                p->host_m = malloc(bytes);
-                p->host_v = malloc(bytes);
-                MT_CHECK(p->host_m && p->host_v, "out of host memory for AdamW state of %s", p->spec->name);
+            if (!p->host_mom) {
+                p->host_mom = malloc(mbytes);
+                MT_CHECK(p->host_mom, "out of host memory for AdamW state of %s", p->spec->name);
             }
-            memcpy(p->host_m, mom1, bytes);
-            memcpy(p->host_v, mom2, bytes);
+            memcpy(p->host_mom, mom, mbytes);
         }
     }
     p->step = has_moments ? step : 0;
@@ -141,7 +177,7 @@ mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master
     return MT_OK;
 }
 
-/* One moment of parameter p (k 0: exp_avg, 1: exp_avg_sq) as a checkpoint needs it. */
+/* One moment of parameter p (k 0: exp_avg, 1: exp_avg_sq, as fp32) as a checkpoint needs it. */
 static mt_status_t check_moment(const eng_param_spec_t *ps, int k, const float *v, mt_error_t *err) {
     static const char *const sfx[2] = {"exp_avg", "exp_avg_sq"};
     size_t at = mt_first_nonfinite_f32(v, ps->numel);
@@ -158,21 +194,27 @@ static mt_status_t check_moment(const eng_param_spec_t *ps, int k, const float *
 
 mt_status_t eng_exec_check_optim_state(eng_exec_t *x, mt_error_t *err) {
     const eng_model_t *m = x->model;
-    size_t max_numel = 1;
-    for (int i = 0; i < m->num_params; i++)
+    size_t max_numel = 1, max_bytes = 1;
+    for (int i = 0; i < m->num_params; i++) {
         if (m->params[i].spec->numel > max_numel) max_numel = m->params[i].spec->numel;
+        if (eng_param_moments_bytes(&m->params[i]) > max_bytes) max_bytes = eng_param_moments_bytes(&m->params[i]);
+    }
     float *m1 = malloc(max_numel * sizeof *m1), *m2 = malloc(max_numel * sizeof *m2);
-    MT_CHECK(m1 && m2, "out of memory checking the optimizer state");
+    void *raw = malloc(max_bytes);
+    MT_CHECK(m1 && m2 && raw, "out of memory checking the optimizer state");
     mt_status_t st = MT_OK;
     for (int i = 0; i < m->num_params && st == MT_OK; i++) {
         const eng_param_t *p = &m->params[i];
         if (p->frozen || p->step == 0) continue;
-        st = read_optim_state(x, i, NULL, m1, m2, err);
+        st = read_optim_state(x, i, NULL, raw, err);
+        const kern_moments_t mv = eng_param_moments_view(p, raw);
+        if (st == MT_OK) kern_moments_to_f32(&mv, p->spec->numel, m1, m2);
         if (st == MT_OK) st = check_moment(p->spec, 0, m1, err);
         if (st == MT_OK) st = check_moment(p->spec, 1, m2, err);
     }
     free(m1);
     free(m2);
+    free(raw);
     return st;
 }
 
@@ -208,7 +250,7 @@ mt_status_t eng_exec_place_optim_nvme(eng_exec_t *x, const char *dir, uint64_t b
         in_store[i] = !p->frozen && p->host_w && exec_block_plan(&x->env, p->block)->optim == SCHED_OPTIM_HOST;
         if (!in_store[i]) continue;
         /* placed before any step or resume: nothing in host memory to move */
-        MT_CHECK(!p->host_m && p->step == 0, "AdamW state of %s exists before the NVMe tier is placed", p->spec->name);
+        MT_CHECK(!p->host_mom && p->step == 0, "AdamW state of %s exists before the NVMe tier is placed", p->spec->name);
         out->params++;
     }
     mt_status_t st = MT_OK;

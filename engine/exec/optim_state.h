@@ -1,9 +1,10 @@
-/* The optimizer state of a model on its executor, as plain fp32 host
- * arrays, for checkpoints that resume exactly (engine/run/state.h).
+/* The optimizer state of a model on its executor, as host arrays (the fp32
+ * master, the moments in their format's bytes), for checkpoints that
+ * resume exactly (engine/run/state.h).
  *
  * Where the state lives depends on the plan of the parameter's block
  * (engine/model/model.h): the fp32 master in host_w, dev_master or the fp32
- * working copy; AdamW m and v in host_m/host_v or on the device, allocated
+ * working copy; AdamW moments in host_mom or on the device, allocated
  * at the parameter's first step (torch creates state lazily the same way,
  * so a parameter never stepped, e.g. an expert that never got a token, has
  * step 0 and no m, v).  These functions hide the placement: a checkpoint
@@ -16,23 +17,37 @@
 
 #include "engine/exec/place/types.h"
 #include "engine/model/model.h"
+#include "kernels/adamw.h"
 #include "base/status.h"
 
 /* Parameter i's AdamW step count (0: never stepped, no m, v). */
 int64_t eng_model_optim_step_count(const eng_model_t *m, int i);
 
-/* Copies parameter i's fp32 master and AdamW moments into host memory
- * (numel floats each; any pointer may be NULL).  Moments of a parameter
- * never stepped read as 0.  Waits for pending work first. */
-void eng_exec_read_optim_state(eng_exec_t *x, int i, float *master, float *mom1, float *mom2);
+/* The moments' format of every parameter of m (run config optimizer_state):
+ * fmt, except that 8-bit leaves tensors under ENG_MOMENTS_8BIT_MIN_NUMEL
+ * elements in fp32 as bitsandbytes does; seed (the run's) and each
+ * parameter's name make its stochastic-rounding seed.  Before any state
+ * exists (a first step, a resume, the NVMe tier's placement). */
+#define ENG_MOMENTS_8BIT_MIN_NUMEL 4096
+void eng_optim_set_moments(eng_model_t *m, kern_moments_fmt_t fmt, uint64_t seed);
 
-/* Sets parameter i's fp32 master (NULL: keep it), its AdamW moments (NULL
- * or step 0: none, as before its first step) and its step count, wherever
+/* Parameter p's moments: the bytes of their one allocation, and its view. */
+size_t eng_param_moments_bytes(const eng_param_t *p);
+kern_moments_t eng_param_moments_view(const eng_param_t *p, void *base);
+
+/* Copies parameter i's fp32 master (numel floats) and AdamW moments (in
+ * its format: eng_param_moments_bytes) into host memory (either may be
+ * NULL).  Moments of a parameter never stepped read as 0.  Waits for
+ * pending work first. */
+void eng_exec_read_optim_state(eng_exec_t *x, int i, float *master, void *mom);
+
+/* Sets parameter i's fp32 master (NULL: keep it), its AdamW moments (in
+ * its format; NULL or step 0: none, as before its first step) and its step count, wherever
  * the plan keeps them.  A working copy on the device (bf16 or fp32) is
  * rewritten from the new master, so the next forward computes with it;
  * streamed weights are made from the host master when next fetched. */
-mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master, const float *mom1,
-                                        const float *mom2, int64_t step, mt_error_t *err);
+mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master, const void *mom, int64_t step,
+                                        mt_error_t *err);
 
 /* Every stepped parameter's AdamW moments are finite and exp_avg_sq is
  * never negative, as a checkpoint must hold them; else an error naming the

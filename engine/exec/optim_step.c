@@ -45,8 +45,10 @@
 #include "engine/optim/host_optim.h"
 #include "engine/exec/place/residency.h"
 #include "engine/exec/record/trace.h"
+#include "engine/exec/optim_state.h"
 #include "engine/exec/xfer.h"
 #include "kernels/elementwise.h"
+#include "kernels/host/adamw_host.h"
 
 /* ---- idle routed experts (run config idle_experts) ----------------------- */
 
@@ -322,7 +324,7 @@ static mt_status_t read_device_grads(eng_exec_t *x, int b, moe_staging_xfer_t *i
     return st;
 }
 
-/* One AdamW step of parameter i on the device.  Its m and v are made, zeroed,
+/* One AdamW step of parameter i on the device.  Its moments are made, zeroed,
  * at its first step (lazily, as torch creates state); a bf16 working copy
  * is rewritten from the new master in the same pass. */
 static mt_status_t device_adamw(eng_exec_t *x, int i, const kern_adamw_params_t *base, mt_error_t *err) {
@@ -330,20 +332,20 @@ static mt_status_t device_adamw(eng_exec_t *x, int i, const kern_adamw_params_t 
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
     eng_param_t *p = &x->model->params[i];
     eng_dparam_t *d = &x->dp[i];
-    const size_t numel = p->spec->numel, bytes = numel * sizeof(float);
+    const size_t numel = p->spec->numel;
+    const size_t bytes = eng_param_moments_bytes(p);
     kern_adamw_params_t ap = *base;
     ap.step = ++p->step;
-    if (!d->m) {
+    if (!d->mom) {
         char t[200];
-        snprintf(t, sizeof t, "AdamW m of %s", p->spec->name);
-        d->m = kern_alloc_lasting(dev, bytes, t, err);
-        snprintf(t, sizeof t, "AdamW v of %s", p->spec->name);
-        if (d->m) d->v = kern_alloc_lasting(dev, bytes, t, err);
-        if (!d->m || !d->v) return err->code;
-        kern_memset(dev, s, d->m, 0, bytes);
-        kern_memset(dev, s, d->v, 0, bytes);
+        snprintf(t, sizeof t, "AdamW moments (%s) of %s", kern_moments_fmt_name((kern_moments_fmt_t)p->mom_fmt),
+                 p->spec->name);
+        d->mom = kern_alloc_lasting(dev, bytes, t, err);
+        if (!d->mom) return err->code;
+        kern_memset(dev, s, d->mom, 0, bytes); /* zeros in every format (8-bit: scales 0) */
     }
-    dev->ops->adamw(s, exec_dev_master(p, d), d->m, d->v, d->g_acc, NULL,
+    const kern_moments_t mom = eng_param_moments_view(p, d->mom);
+    dev->ops->adamw(s, exec_dev_master(p, d), &mom, d->g_acc, NULL,
                     p->w_dtype == MT_BF16 ? (uint16_t *)d->w : NULL, numel, &ap);
     return MT_OK;
 }

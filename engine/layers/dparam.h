@@ -16,14 +16,15 @@
  *   grads   DEVICE:   g_acc accumulates on the device over micro-batches;
  *           HOST:     host_g accumulates in host memory;
  *   optim   DEVICE:   the fp32 master (dev_master, or w itself when w is
- *                     fp32) and AdamW state m, v on the device. */
+ *                     fp32) and AdamW moments on the device. */
 typedef struct {
     void *w;            /* working copy in the parameter's w_dtype, NULL when not on the device */
     float *dev_master;  /* device fp32 master when the optimizer is on the device and w is bf16 */
     float *g;           /* gradient target of the running backward (see exec.c) */
     float *g_acc;       /* device accumulator (grads DEVICE) */
     float *host_g;      /* host accumulator (grads HOST or optimizer HOST) */
-    float *m, *v;       /* device AdamW state (optimizer DEVICE), lazily allocated */
+    void *mom;          /* device AdamW moments (optimizer DEVICE), lazily allocated, laid out as
+                         * the host's (eng_param_t.host_mom) */
     bool has_grad;      /* received a gradient in the current optimizer step */
     bool acc_has_data;  /* the accumulator already holds an earlier micro-batch's gradient */
     bool g_transient;   /* g is a per-micro-batch buffer to fold into the accumulator */

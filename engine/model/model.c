@@ -368,8 +368,7 @@ void eng_model_release(eng_model_t *m) {
             if (!p->home_mapped) free(p->home_bf16);
             eng_quant_home_free(p->home_q);
             free(p->home_q);
-            free(p->host_m);
-            free(p->host_v);
+            free(p->host_mom);
         }
         free(m->params);
     }

@@ -41,7 +41,7 @@
  * 1..L the layers, L+1 the final norm and lm_head):
  *   optim   DEVICE:   the fp32 master and AdamW state live on the device
  *                     (host_w is freed once placed);
- *           HOST:     master = host_w, AdamW state host_m, host_v.
+ *           HOST:     master = host_w, AdamW moments host_mom.
  *
  * The working copy is what compute reads, in w_dtype: bf16 in a bf16 run
  * for every matrix that only matrix products read (all 2-D weights but the
@@ -63,7 +63,10 @@ typedef struct {
                                * the device dequantises them into the working copy */
     bool quant_ok;      /* frozen, and a matrix a quantised base keeps quantised (set at LoRA attach) */
     mt_dtype_t w_dtype; /* every device's working copy: MT_F32 or MT_BF16 */
-    float *host_m, *host_v; /* host AdamW state (optimizer HOST), lazily allocated */
+    void *host_mom;     /* host AdamW moments (optimizer HOST), lazily allocated: kern_moments_bytes(
+                         * mom_fmt, numel) bytes laid out as kern_moments_view says (kernels/adamw.h) */
+    int mom_fmt;        /* kern_moments_fmt_t of this tensor's moments (run config optimizer_state) */
+    uint64_t mom_seed;  /* its bf16 moments' stochastic-rounding seed: from the run seed and its name */
     int64_t step;       /* this tensor's AdamW step count (PyTorch keeps one per parameter) */
     bool frozen;        /* not trained by this run (a LoRA run's base): no gradient, master or AdamW state */
     int lora_a, lora_b; /* a LoRA run's factors adapting this module (indices into params), -1 = none;

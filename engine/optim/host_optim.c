@@ -57,18 +57,18 @@ mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i
     eng_param_t *p = &h->m->params[i];
     const size_t n = p->spec->numel;
     /* in the store and not loaded with its block (block_stream): on its own */
-    const bool streamed = eng_optim_nvme_holds(h->nvme, i) && !p->host_m;
+    const bool streamed = eng_optim_nvme_holds(h->nvme, i) && !p->host_mom;
     if (streamed) {
         const mt_status_t st = eng_optim_nvme_load(h->nvme, h->m, i, err);
         if (st != MT_OK) return st;
-    } else if (!p->host_m) {
-        p->host_m = calloc(n, sizeof(float));
-        p->host_v = calloc(n, sizeof(float));
-        MT_CHECK(p->host_m && p->host_v, "out of host memory for AdamW state of %s", p->spec->name);
+    } else if (!p->host_mom) {
+        p->host_mom = calloc(1, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n));
+        MT_CHECK(p->host_mom, "out of host memory for AdamW state of %s", p->spec->name);
     }
     kern_adamw_params_t ap = *base;
     ap.step = ++p->step;
-    kern_adamw_cpu_pool(pool, p->host_w, p->host_m, p->host_v, grad, NULL, NULL, n, &ap);
+    const kern_moments_t mom = kern_moments_view((kern_moments_fmt_t)p->mom_fmt, p->host_mom, n, p->mom_seed);
+    kern_adamw_cpu_pool(pool, p->host_w, &mom, grad, NULL, NULL, n, &ap);
     return streamed ? eng_optim_nvme_unload(h->nvme, h->m, i, true, err) : MT_OK;
 }
 
@@ -92,7 +92,7 @@ static void block_stream(exec_host_optim_t *h, int b, bool load, int *idx) {
         const eng_param_t *p = &h->m->params[i];
         /* loading: those with a gradient; writing back: those loaded (a
          * deferred update has cleared has_grad by then) */
-        if (p->block == b && eng_optim_nvme_holds(h->nvme, i) && (load ? h->dp[i].has_grad : p->host_m != NULL))
+        if (p->block == b && eng_optim_nvme_holds(h->nvme, i) && (load ? h->dp[i].has_grad : p->host_mom != NULL))
             idx[n++] = i;
     }
     mt_error_t err = {0};

@@ -4,15 +4,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Bytes before v in a parameter's extent and buffer: m, 64-byte aligned
- * so the AdamW kernel's vectors start on a cache line for both. */
-static size_t v_offset(size_t numel) { return (numel * sizeof(float) + 63) / 64 * 64; }
-static uint64_t extent_bytes(size_t numel) { return v_offset(numel) + numel * sizeof(float); }
+#include "kernels/host/adamw_host.h"
+
+/* A parameter's extent and buffer: its moments' one allocation in the
+ * run's format (kern_moments_bytes: m | v | scales, each part 64-byte
+ * aligned so the AdamW kernel's vectors start on a cache line). */
+static uint64_t extent_bytes(const eng_param_t *p) {
+    return kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, p->spec->numel);
+}
 
 uint64_t eng_optim_nvme_planned_bytes(const eng_model_t *m, const bool *in_store) {
     uint64_t total = 0;
     for (int i = 0; i < m->num_params; i++)
-        if (in_store[i]) total += mt_store_span_bytes(extent_bytes(m->params[i].spec->numel));
+        if (in_store[i]) total += mt_store_span_bytes(extent_bytes(&m->params[i]));
     return total;
 }
 
@@ -31,7 +35,7 @@ mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, const eng_model_t *m, co
     int file = -1;
     if (st == MT_OK) st = mt_store_file_add(nv->store, "adamw.bin", &file, err);
     for (int i = 0; i < m->num_params && st == MT_OK; i++)
-        if (in_store[i]) st = mt_store_reserve(nv->store, file, extent_bytes(m->params[i].spec->numel), &nv->extent[i], err);
+        if (in_store[i]) st = mt_store_reserve(nv->store, file, extent_bytes(&m->params[i]), &nv->extent[i], err);
     if (st != MT_OK) {
         eng_optim_nvme_free(nv);
         return st;
@@ -56,13 +60,11 @@ mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const
     int nops = 0;
     for (int k = 0; k < n; k++) {
         eng_param_t *p = &m->params[idx[k]];
-        MT_CHECK(nv->extent[idx[k]] >= 0 && !p->host_m, "AdamW state of %s loaded twice or not in the store",
+        MT_CHECK(nv->extent[idx[k]] >= 0 && !p->host_mom, "AdamW state of %s loaded twice or not in the store",
                  p->spec->name);
-        const size_t numel = p->spec->numel;
-        char *buf = mt_sio_buffer_alloc(mt_store_buffer_bytes(extent_bytes(numel)));
-        MT_CHECK_ALLOC(buf, "AdamW state buffer"); /* zeroed: the state before a first step */
-        p->host_m = (float *)buf;
-        p->host_v = (float *)(buf + v_offset(numel));
+        char *buf = mt_sio_buffer_alloc(mt_store_buffer_bytes(extent_bytes(p)));
+        MT_CHECK_ALLOC(buf, "AdamW state buffer"); /* zeroed: the state before a first step, any format */
+        p->host_mom = buf;
         if (p->step > 0) ops[nops++] = (mt_store_op_t){nv->extent[idx[k]], buf};
     }
     pthread_mutex_lock(&nv->lock);
@@ -82,7 +84,7 @@ mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, con
     MT_CHECK_ALLOC(ops, "AdamW state writes");
     int nops = 0;
     for (int k = 0; k < n; k++)
-        if (m->params[idx[k]].host_m) ops[nops++] = (mt_store_op_t){nv->extent[idx[k]], m->params[idx[k]].host_m};
+        if (m->params[idx[k]].host_mom) ops[nops++] = (mt_store_op_t){nv->extent[idx[k]], m->params[idx[k]].host_mom};
     mt_status_t st = MT_OK;
     if (write && nops) {
         pthread_mutex_lock(&nv->lock);
@@ -92,8 +94,8 @@ mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, con
     }
     for (int k = 0; k < n; k++) {
         eng_param_t *p = &m->params[idx[k]];
-        mt_sio_buffer_free(p->host_m);
-        p->host_m = p->host_v = NULL;
+        mt_sio_buffer_free(p->host_mom);
+        p->host_mom = NULL;
     }
     free(ops);
     return st;

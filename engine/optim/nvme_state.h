@@ -2,12 +2,13 @@
  * whose block runs AdamW on the host kept in the store (store/store.h)
  * instead of host memory, and streamed in and out around each update.
  *
- * A parameter's m and v are one extent ([m | v], v at a 64-byte aligned
- * offset); the host worker reads a block's extents as one batch before
+ * A parameter's moments are one extent, their one allocation in the run's
+ * moment format (kern_moments_bytes: fp32, bf16 or 8-bit, m | v | scales,
+ * each part 64-byte aligned); the host worker reads a block's extents as one batch before
  * the block's update and writes them back as one after it, every request
- * of the batch in flight together.  While loaded, the parameter's host_m and host_v point
- * into one aligned buffer; unloading writes it back (or not) and sets them
- * to NULL again, so host memory holds the moments of the parameters being
+ * of the batch in flight together.  While loaded, the parameter's host_mom
+ * points to one aligned buffer; unloading writes it back (or not) and sets
+ * it to NULL again, so host memory holds the moments of the parameters being
  * updated only.  The arithmetic is the host optimizer's own, on the same
  * values: a run trains bit-identically with or without the tier.
  *
@@ -48,11 +49,11 @@ void eng_optim_nvme_free(eng_optim_nvme_t *nv);
 uint64_t eng_optim_nvme_planned_bytes(const eng_model_t *m, const bool *in_store);
 bool eng_optim_nvme_holds(const eng_optim_nvme_t *nv, int i);
 
-/* The moments of parameters idx[0..n) into their host_m / host_v (zeros
+/* The moments of parameters idx[0..n) into their host_mom (zeros
  * before a first step), read as one batch: every request in flight together. */
 mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, mt_error_t *err);
-/* Writes them back as one batch when write, then frees them (host_m =
- * host_v = NULL); err may be NULL when !write. */
+/* Writes them back as one batch when write, then frees them (host_mom =
+ * NULL); err may be NULL when !write. */
 mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, bool write,
                                        mt_error_t *err);
 /* The same for one parameter i. */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/status.h"
+#include "kernels/host/adamw_host.h"
 
 void eng_spec_init(eng_spec_t *s, int num_params) {
     memset(s, 0, sizeof *s);
@@ -16,21 +17,20 @@ void eng_spec_init(eng_spec_t *s, int num_params) {
 void eng_spec_free(eng_spec_t *s) {
     for (int i = 0; s->copy && i < s->num_params; i++) {
         free(s->copy[i].w);
-        free(s->copy[i].m);
-        free(s->copy[i].v);
+        free(s->copy[i].mom);
     }
     free(s->copy);
     memset(s, 0, sizeof *s);
 }
 
-static float *copy_of(float **dst, const float *src, size_t n, const char *what, const char *name,
-                      uint64_t *bytes) {
+static void *copy_of(void **dst, const void *src, size_t bytes, const char *what, const char *name,
+                     uint64_t *held) {
     if (!*dst) {
-        *dst = malloc(n * sizeof(float));
+        *dst = malloc(bytes);
         MT_CHECK(*dst, "out of host memory for the speculative optimizer's copy of %s's %s", name, what);
-        *bytes += n * sizeof(float);
+        *held += bytes;
     }
-    memcpy(*dst, src, n * sizeof(float));
+    memcpy(*dst, src, bytes);
     return *dst;
 }
 
@@ -38,12 +38,11 @@ void eng_spec_save(eng_spec_t *s, const eng_param_t *p, int i) {
     eng_spec_copy_t *c = &s->copy[i];
     const size_t n = p->spec->numel;
     MT_CHECK(p->host_w, "speculative update of %s without its host master", p->spec->name);
-    copy_of(&c->w, p->host_w, n, "master", p->spec->name, &s->bytes);
-    c->had_state = p->host_m != NULL;
-    if (c->had_state) {
-        copy_of(&c->m, p->host_m, n, "exp_avg", p->spec->name, &s->bytes);
-        copy_of(&c->v, p->host_v, n, "exp_avg_sq", p->spec->name, &s->bytes);
-    }
+    copy_of((void **)&c->w, p->host_w, n * sizeof(float), "master", p->spec->name, &s->bytes);
+    c->had_state = p->host_mom != NULL;
+    if (c->had_state)
+        copy_of(&c->mom, p->host_mom, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n), "moments",
+                p->spec->name, &s->bytes);
     c->step = p->step;
     c->saved = true;
 }
@@ -54,12 +53,10 @@ bool eng_spec_undo(eng_spec_t *s, eng_param_t *p, int i) {
     const size_t n = p->spec->numel;
     memcpy(p->host_w, c->w, n * sizeof(float));
     if (c->had_state) {
-        memcpy(p->host_m, c->m, n * sizeof(float));
-        memcpy(p->host_v, c->v, n * sizeof(float));
+        memcpy(p->host_mom, c->mom, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n));
     } else { /* the update created zeroed moments: back to none, as torch's lazy state */
-        free(p->host_m);
-        free(p->host_v);
-        p->host_m = p->host_v = NULL;
+        free(p->host_mom);
+        p->host_mom = NULL;
     }
     p->step = c->step;
     c->saved = false;

@@ -13,9 +13,9 @@
  * the real factor.  Either way the result is the non-speculative step's,
  * bit for bit.
  *
- * The copies cost 12 bytes per trainable parameter the host updates
- * speculatively (master, m, v), kept from step to step so that none is
- * allocated on the critical path. */
+ * The copies cost the master's 4 bytes and the moments' bytes (8 in fp32,
+ * optimizer_state) per trainable parameter the host updates speculatively,
+ * kept from step to step so that none is allocated on the critical path. */
 #ifndef MT_ENGINE_OPTIM_SPECULATE_H
 #define MT_ENGINE_OPTIM_SPECULATE_H
 
@@ -26,7 +26,8 @@
 #include "engine/model/model.h"
 
 typedef struct {
-    float *w, *m, *v; /* the copies (NULL until first needed) */
+    float *w;         /* the master's copy (NULL until first needed) */
+    void *mom;        /* the moments' copy, in their format (kern_moments_bytes) */
     bool had_state;   /* the moments existed before the update (else the update created them) */
     int64_t step;
     bool saved;       /* this step's update of the parameter is speculative and can be undone */

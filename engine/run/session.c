@@ -161,6 +161,9 @@ static mt_status_t open_model(eng_run_t *run, const eng_run_opts_t *opts, mt_err
     if (st != MT_OK) return st;
     run->x = run->multi.primary;
     run->model = eng_multi_model(&run->multi);
+    /* the moments' format before any state exists: the NVMe tier sizes its
+     * extents by it, a resume reads the checkpoint's moments into it */
+    eng_optim_set_moments(run->model, (kern_moments_fmt_t)eng_config_moments(rc), rc->seed);
     if (rc->memory_nvme_path[0]) st = open_nvme(run, opts, err);
     if (st != MT_OK || !run->ranks) return st;
     run->multi.ranks = run->ranks;

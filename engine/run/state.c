@@ -27,6 +27,7 @@
 #include "engine/model/io/safetensors.h"
 #include "engine/run/save.h"
 #include "engine/run/state_json.h"
+#include "kernels/host/adamw_host.h"
 #include "base/fileio.h"
 #include "base/finite.h"
 
@@ -96,8 +97,49 @@ typedef struct {
 
 static void fill_optim(void *ctx, float *dst) {
     const optim_fill_t *f = ctx;
-    eng_exec_read_optim_state(f->x, f->param, f->what == 3 ? dst : NULL, f->what == 1 ? dst : NULL,
-                               f->what == 2 ? dst : NULL);
+    if (f->what == 3) {
+        eng_exec_read_optim_state(f->x, f->param, dst, NULL);
+        return;
+    }
+    /* fp32 or bf16 moments as fp32 values (exact: the writer rounds bf16
+     * values to bf16 unchanged) */
+    const eng_param_t *p = &eng_exec_model(f->x)->params[f->param];
+    void *raw = malloc(eng_param_moments_bytes(p));
+    MT_CHECK_ALLOC(raw, "optimizer state buffer");
+    eng_exec_read_optim_state(f->x, f->param, NULL, raw);
+    const kern_moments_t mv = eng_param_moments_view(p, raw);
+    kern_moments_to_f32(&mv, p->spec->numel, f->what == 1 ? dst : NULL, f->what == 2 ? dst : NULL);
+    free(raw);
+}
+
+/* The run's moment format: the widest any parameter has (8-bit leaves
+ * small tensors in fp32). */
+static kern_moments_fmt_t run_moments_fmt(const eng_model_t *m) {
+    kern_moments_fmt_t f = KERN_MOMENTS_F32;
+    for (int i = 0; i < m->num_params; i++)
+        if (!m->params[i].frozen && m->params[i].mom_fmt > (int)f) f = (kern_moments_fmt_t)m->params[i].mom_fmt;
+    return f;
+}
+
+/* An 8-bit parameter's four raw tensors (codes and absmax of m and v) from
+ * raw, its moments read whole (they are a quarter of the fp32 bytes). */
+static int add_8bit_tensors(eng_st_write_tensor_t *w, char **names, const eng_param_t *p, void *raw,
+                            const int64_t *nblocks) {
+    const eng_param_spec_t *ps = p->spec;
+    const kern_moments_t mv = eng_param_moments_view(p, raw);
+    static const char *const sfx[4] = {".exp_avg", ".exp_avg.absmax", ".exp_avg_sq", ".exp_avg_sq.absmax"};
+    void *data[4] = {mv.m, mv.m_absmax, mv.v, mv.v_absmax};
+    for (int k = 0; k < 4; k++) {
+        size_t len = strlen(ps->name) + strlen(sfx[k]) + 1;
+        names[k] = malloc(len);
+        MT_CHECK_ALLOC(names[k], "tensor name");
+        snprintf(names[k], len, "%s%s", ps->name, sfx[k]);
+        const bool codes = k % 2 == 0;
+        w[k] = (eng_st_write_tensor_t){.name = names[k], .dtype = codes ? ENG_ST_U8 : ENG_ST_F32,
+                                       .ndim = codes ? ps->ndim : 1, .shape = codes ? ps->shape : nblocks,
+                                       .data = data[k]};
+    }
+    return 4;
 }
 
 static mt_status_t write_optimizer(eng_ckpt_dir_t *tx, const eng_train_state_save_t *s, mt_error_t *err) {
@@ -107,13 +149,15 @@ static mt_status_t write_optimizer(eng_ckpt_dir_t *tx, const eng_train_state_sav
     if (cst != MT_OK) return mt_error_prefix(err, "not saving %s: ", ENG_OPTIM_STATE_FILE);
     const int P = m->num_params; /* a LoRA run's adapter factors too */
     const bool keep_master = s->save_dtype != MT_F32;
-    /* up to 4 tensors per parameter: step, exp_avg, exp_avg_sq, master */
-    eng_st_write_tensor_t *w = calloc((size_t)P * 4 + 1, sizeof *w);
-    optim_fill_t *fills = calloc((size_t)P * 4 + 1, sizeof *fills);
-    eng_st_fill_t *fill_of = calloc((size_t)P * 4 + 1, sizeof *fill_of);
-    char **names = calloc((size_t)P * 4 + 1, sizeof *names);
-    int64_t *steps = calloc((size_t)P + 1, sizeof *steps);
-    MT_CHECK(w && fills && fill_of && names && steps, "out of memory preparing %s", ENG_OPTIM_STATE_FILE);
+    /* up to 6 tensors per parameter: step, exp_avg, exp_avg_sq (and 8-bit: their absmax), master */
+    eng_st_write_tensor_t *w = calloc((size_t)P * 6 + 1, sizeof *w);
+    optim_fill_t *fills = calloc((size_t)P * 6 + 1, sizeof *fills);
+    eng_st_fill_t *fill_of = calloc((size_t)P * 6 + 1, sizeof *fill_of);
+    char **names = calloc((size_t)P * 6 + 1, sizeof *names);
+    int64_t *steps = calloc((size_t)P + 1, sizeof *steps), *nblocks = calloc((size_t)P + 1, sizeof *nblocks);
+    void **raw8 = calloc((size_t)P + 1, sizeof *raw8);
+    MT_CHECK(w && fills && fill_of && names && steps && nblocks && raw8, "out of memory preparing %s",
+             ENG_OPTIM_STATE_FILE);
     int nw = 0;
     static const int64_t no_shape[1] = {0};
     static const char *const sfx[4] = {".step", ".exp_avg", ".exp_avg_sq", ".master"};
@@ -122,9 +166,18 @@ static mt_status_t write_optimizer(eng_ckpt_dir_t *tx, const eng_train_state_sav
         if (p->frozen) continue;
         const eng_param_spec_t *ps = p->spec;
         steps[i] = eng_model_optim_step_count(m, i);
+        const bool q8 = p->mom_fmt == KERN_MOMENTS_8BIT;
         for (int k = 0; k < 4; k++) {
             /* a parameter never stepped has no moments (torch creates them lazily) */
             if ((k == 1 || k == 2) && steps[i] == 0) continue;
+            if (k == 1 && q8) {
+                raw8[i] = malloc(eng_param_moments_bytes(p));
+                MT_CHECK_ALLOC(raw8[i], "8-bit optimizer state");
+                eng_exec_read_optim_state(s->exec, i, NULL, raw8[i]);
+                nblocks[i] = (int64_t)kern_moments_blocks(ps->numel);
+                nw += add_8bit_tensors(&w[nw], &names[nw], p, raw8[i], &nblocks[i]);
+            }
+            if ((k == 1 || k == 2) && q8) continue;
             if (k == 3 && !keep_master) continue;
             size_t len = strlen(ps->name) + strlen(sfx[k]) + 1;
             names[nw] = malloc(len);
@@ -136,18 +189,23 @@ static mt_status_t write_optimizer(eng_ckpt_dir_t *tx, const eng_train_state_sav
             } else {
                 fills[nw] = (optim_fill_t){.x = s->exec, .param = i, .what = k};
                 fill_of[nw] = (eng_st_fill_t){.fn = fill_optim, .ctx = &fills[nw]};
-                w[nw] = (eng_st_write_tensor_t){.name = names[nw], .dtype = ENG_ST_F32, .ndim = ps->ndim,
-                                                .shape = ps->shape};
+                const bool bf16 = k != 3 && p->mom_fmt == KERN_MOMENTS_BF16;
+                w[nw] = (eng_st_write_tensor_t){.name = names[nw], .dtype = bf16 ? ENG_ST_BF16 : ENG_ST_F32,
+                                                .ndim = ps->ndim, .shape = ps->shape};
             }
             nw++;
         }
     }
-    const char *meta[] = {"format", "pt", ENG_CKPT_SAVE_ID_KEY, tx->save_id};
+    const char *meta[] = {"format", "pt", ENG_CKPT_SAVE_ID_KEY, tx->save_id, ENG_OPTIM_FORMAT_KEY,
+                          kern_moments_fmt_name(run_moments_fmt(m))};
     char *path = eng_ckpt_dir_path(tx, ENG_OPTIM_STATE_FILE);
-    mt_status_t st = eng_st_write_filled(path, w, fill_of, nw, meta, 2, err);
+    mt_status_t st = eng_st_write_filled(path, w, fill_of, nw, meta, 3, err);
     free(path);
     if (st == MT_OK) eng_ckpt_dir_add(tx, ENG_OPTIM_STATE_FILE);
     for (int i = 0; i < nw; i++) free(names[i]);
+    for (int i = 0; i < P; i++) free(raw8[i]);
+    free(raw8);
+    free(nblocks);
     free(names);
     free(fills);
     free(fill_of);
@@ -452,9 +510,42 @@ static mt_status_t read_step(const eng_st_file_t *f, const char *pname, int glob
     return MT_OK;
 }
 
-/* NAME.exp_avg and NAME.exp_avg_sq of a parameter stepped at least once. */
-static mt_status_t read_moments(const eng_st_file_t *f, const eng_param_spec_t *ps, float *m1, float *m2,
+/* An 8-bit moment's codes (NAME.exp_avg or NAME.exp_avg_sq, U8 of the
+ * parameter's shape) and scales (NAME.<moment>.absmax, F32 per block,
+ * finite and >= 0) into codes and absmax. */
+static mt_status_t read_8bit_moment(const eng_st_file_t *f, const eng_param_spec_t *ps, const char *sfx,
+                                    uint8_t *codes, float *absmax, mt_error_t *err) {
+    char name[1200];
+    snprintf(name, sizeof name, "%s%s", ps->name, sfx);
+    const eng_st_tensor_t *t = eng_st_find(f, name);
+    if (!t || t->dtype != ENG_ST_U8 || t->numel != ps->numel)
+        return mt_error_set(err, MT_ERR_FORMAT, "%s: tensor '%s' (U8 codes of %zu elements, optimizer_state 8bit) is %s",
+                            f->path, name, ps->numel, t ? "of another dtype or size" : "missing");
+    memcpy(codes, t->data, ps->numel);
+    const size_t nb = kern_moments_blocks(ps->numel);
+    snprintf(name, sizeof name, "%s%s.absmax", ps->name, sfx);
+    t = eng_st_find(f, name);
+    if (!t || t->dtype != ENG_ST_F32 || t->numel != nb)
+        return mt_error_set(err, MT_ERR_FORMAT, "%s: tensor '%s' (F32, one per 256 elements: %zu) is %s", f->path,
+                            name, nb, t ? "of another dtype or size" : "missing");
+    memcpy(absmax, t->data, nb * sizeof(float));
+    for (size_t b = 0; b < nb; b++)
+        if (!isfinite(absmax[b]) || absmax[b] < 0)
+            return mt_error_set(err, MT_ERR_FORMAT, "%s: tensor '%s' holds %g at [%zu]; expected finite values >= 0",
+                                f->path, name, (double)absmax[b], b);
+    return MT_OK;
+}
+
+/* NAME.exp_avg and NAME.exp_avg_sq of a parameter stepped at least once,
+ * into raw in the parameter's moment format (m1, m2: fp32 scratch). */
+static mt_status_t read_moments(const eng_st_file_t *f, const eng_param_t *p, void *raw, float *m1, float *m2,
                                 mt_error_t *err) {
+    const eng_param_spec_t *ps = p->spec;
+    const kern_moments_t mv = eng_param_moments_view(p, raw);
+    if (p->mom_fmt == KERN_MOMENTS_8BIT) {
+        mt_status_t st = read_8bit_moment(f, ps, ".exp_avg", mv.m, mv.m_absmax, err);
+        return st == MT_OK ? read_8bit_moment(f, ps, ".exp_avg_sq", mv.v, mv.v_absmax, err) : st;
+    }
     char name[1200];
     snprintf(name, sizeof name, "%s.exp_avg", ps->name);
     mt_status_t st = read_tensor_f32(f, name, ps, m1, err);
@@ -462,7 +553,21 @@ static mt_status_t read_moments(const eng_st_file_t *f, const eng_param_spec_t *
     snprintf(name, sizeof name, "%s.exp_avg_sq", ps->name);
     if (st == MT_OK) st = read_tensor_f32(f, name, ps, m2, err);
     if (st == MT_OK) st = check_state_values(f->path, name, ps, m2, true, err);
+    /* exact: the file holds values of the format (bf16 rounds bf16 values to themselves) */
+    if (st == MT_OK) kern_moments_from_f32(&mv, ps->numel, m1, m2);
     return st;
+}
+
+/* The file's moment format (its metadata) against the run's. */
+static mt_status_t check_moments_fmt(const eng_st_file_t *f, const eng_model_t *m, mt_error_t *err) {
+    const char *saved = eng_st_metadata_get(f, ENG_OPTIM_FORMAT_KEY);
+    if (!saved) saved = kern_moments_fmt_name(KERN_MOMENTS_F32);
+    const char *run = kern_moments_fmt_name(run_moments_fmt(m));
+    if (strcmp(saved, run) == 0) return MT_OK;
+    return mt_error_set(err, MT_ERR_CONFIG,
+                        "%s holds AdamW moments in %s (metadata %s); this run has optimizer_state: %s. Resume with "
+                        "optimizer_state: %s (moments are not converted between formats)",
+                        f->path, saved, ENG_OPTIM_FORMAT_KEY, run, saved);
 }
 
 typedef struct {
@@ -511,21 +616,26 @@ static mt_status_t load_optimizer(const char *dir, eng_exec_t *x, int global_ste
     optim_src_t s = {.dir = dir, .x = x};
     mt_status_t st = eng_st_open(path, &s.f, err);
     if (st != MT_OK) return st;
-    size_t max_numel = 1;
-    for (int i = 0; i < m->num_params; i++)
+    size_t max_numel = 1, max_bytes = 1;
+    for (int i = 0; i < m->num_params; i++) {
         if (m->params[i].spec->numel > max_numel) max_numel = m->params[i].spec->numel;
+        if (eng_param_moments_bytes(&m->params[i]) > max_bytes) max_bytes = eng_param_moments_bytes(&m->params[i]);
+    }
     float *master = malloc(max_numel * sizeof(float)), *m1 = malloc(max_numel * sizeof(float)),
           *m2 = malloc(max_numel * sizeof(float));
-    MT_CHECK(master && m1 && m2, "out of memory loading %s", path);
+    void *raw = malloc(max_bytes);
+    MT_CHECK(master && m1 && m2 && raw, "out of memory loading %s", path);
+    st = check_moments_fmt(&s.f, m, err);
     for (int i = 0; i < m->num_params && st == MT_OK; i++) {
         if (m->params[i].frozen) continue;
         const eng_param_spec_t *ps = m->params[i].spec;
         int64_t step = 0;
         st = read_step(&s.f, ps->name, global_step, &step, err);
-        if (st == MT_OK && step > 0) st = read_moments(&s.f, ps, m1, m2, err);
+        if (st == MT_OK && step > 0) st = read_moments(&s.f, &m->params[i], raw, m1, m2, err);
         if (st == MT_OK) st = read_master(&s, i, master, err);
-        if (st == MT_OK) st = eng_exec_write_optim_state(x, i, master, m1, m2, step, err);
+        if (st == MT_OK) st = eng_exec_write_optim_state(x, i, master, raw, step, err);
     }
+    free(raw);
     if (s.ck_open) eng_checkpoint_close(&s.ck);
     eng_st_close(&s.f);
     free(master);

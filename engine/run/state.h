@@ -7,7 +7,11 @@
  *   optimizer.safetensors  per trained parameter NAME: NAME.step (I64
  *                          scalar, its AdamW step count: experts that got no
  *                          tokens are stepped less often), NAME.exp_avg and
- *                          NAME.exp_avg_sq (F32, when step > 0) and
+ *                          NAME.exp_avg_sq (when step > 0: F32, BF16 with
+ *                          optimizer_state bf16, or U8 codes beside
+ *                          NAME.exp_avg.absmax and NAME.exp_avg_sq.absmax,
+ *                          F32 per 256 elements, with 8bit; the metadata's
+ *                          "optimizer_state" names the format) and
  *                          NAME.master (F32, when the model is saved in a
  *                          narrower dtype than the fp32 master);
  *   trainer_state.json     global_step, epoch, the loader's position (epoch,
@@ -36,6 +40,9 @@
 
 #define ENG_TRAINER_STATE_FILE "trainer_state.json"
 #define ENG_OPTIM_STATE_FILE "optimizer.safetensors"
+/* optimizer.safetensors' metadata key naming the moments' format (fp32,
+ * bf16, 8bit; absent in files from before the formats: fp32) */
+#define ENG_OPTIM_FORMAT_KEY "optimizer_state"
 
 /* One logged optimizer step or evaluation (HF Trainer's log_history
  * entries: an evaluation's holds eval_loss, eval_runtime,

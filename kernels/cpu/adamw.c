@@ -10,10 +10,10 @@
  * then the symbol is always there. */
 #pragma weak kern_cpu_stream_threadpool
 
-void kern_adamw_cpu(kern_stream_t *s, float *p, float *m, float *v, const float *g,
+void kern_adamw_cpu(kern_stream_t *s, float *p, const kern_moments_t *mom, const float *g,
                     const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                     const kern_adamw_params_t *hp) {
     kern_threadpool_t *pool = NULL;
     if (s && kern_cpu_stream_threadpool) pool = kern_cpu_stream_threadpool(s);
-    kern_adamw_cpu_pool(pool, p, m, v, g, g_bf16, p_bf16, n, hp);
+    kern_adamw_cpu_pool(pool, p, mom, g, g_bf16, p_bf16, n, hp);
 }

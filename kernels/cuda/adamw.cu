@@ -1,14 +1,24 @@
 // AdamW on the device (adamw.h), for optimizer state kept on the GPU.
 //
-// One thread per element, grid-stride.  The arithmetic is adamw_math.h's,
-// the host kernel's exact op order; with --fmad=false (this file's build)
-// the only fused op is the explicit fmaf of torch's lerp, and sqrtf and
-// division are IEEE, so the device update is bit-identical to the host one.
-// Coefficients are computed once on the host, as the host kernel does.
+// fp32 moments: one thread per element, grid-stride.  The arithmetic is
+// adamw_math.h's, the host kernel's exact op order; with --fmad=false (this
+// file's build) the only fused op is the explicit fmaf of torch's lerp, and
+// sqrtf and division are IEEE, so the device update is bit-identical to the
+// host one.  Coefficients are computed once on the host, as the host kernel
+// does.
+//
+// bf16 and 8-bit moments (moments_math.h): one thread block of 256 threads
+// per block of 256 elements (the 8-bit absmax block), grid-stride over
+// blocks; the block's new absmax is a shared-memory max reduction (max is
+// exact in any order), so the codes and scales equal the host kernel's
+// (kernels/host/moments.c) bit for bit.  The two 8-bit maps travel in the
+// kernel's arguments and are copied to shared memory.
 #include "kernels/cuda/kern_cuda.cuh"
 
 extern "C" {
 #include "kernels/math/adamw_math.h"
+#include "kernels/math/moments_math.h"
+#include "kernels/math/moments_qmap.h"
 }
 
 #define ADAMW_THREADS 256
@@ -28,10 +38,72 @@ static __global__ void adamw_kernel(float *p, float *m, float *v, const float *g
     }
 }
 
-extern "C" void kern_adamw_cuda(kern_stream_t *s, float *p, float *m, float *v, const float *g,
+typedef struct {
+    float qs[256], qu[256]; // signed (m) and unsigned (v) maps
+} qmaps_t;
+
+static __global__ void adamw_lite_kernel(float *p, kern_moments_t mom, const float *g,
+                                         const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
+                                         kern_adamw_coef_t c, uint64_t key, qmaps_t maps) {
+    __shared__ float qs[256], qu[256], red_m[ADAMW_THREADS], red_v[ADAMW_THREADS];
+    const bool q8 = mom.fmt == KERN_MOMENTS_8BIT;
+    if (q8) {
+        qs[threadIdx.x] = maps.qs[threadIdx.x];
+        qu[threadIdx.x] = maps.qu[threadIdx.x];
+        __syncthreads();
+    }
+    const size_t nblk = (n + KERN_MOMENTS_QBLOCK - 1) / KERN_MOMENTS_QBLOCK;
+    for (size_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
+        const size_t i = blk * KERN_MOMENTS_QBLOCK + threadIdx.x;
+        const bool in = i < n;
+        float mi = 0.0f, vi = 0.0f;
+        if (in) {
+            if (q8) {
+                mi = qs[((const uint8_t *)mom.m)[i]] * mom.m_absmax[blk];
+                vi = qu[((const uint8_t *)mom.v)[i]] * mom.v_absmax[blk];
+            } else {
+                mi = mt_bf16_to_f32(((const uint16_t *)mom.m)[i]);
+                vi = mt_bf16_to_f32(((const uint16_t *)mom.v)[i]);
+            }
+            const float gi = g ? g[i] : mt_bf16_to_f32(g_bf16[i]);
+            const float pi = kern_adamw_elem(&c, p[i], &mi, &vi, gi);
+            p[i] = pi;
+            if (p_bf16) p_bf16[i] = mt_f32_to_bf16(pi);
+        }
+        if (!q8) {
+            if (in) {
+                ((uint16_t *)mom.m)[i] = kern_moments_bf16_sr(mi, key, i, 0);
+                ((uint16_t *)mom.v)[i] = kern_moments_bf16_sr(vi, key, i, 1);
+            }
+            continue;
+        }
+        red_m[threadIdx.x] = fabsf(mi);
+        red_v[threadIdx.x] = fabsf(vi);
+        __syncthreads();
+        for (int s = ADAMW_THREADS / 2; s > 0; s >>= 1) {
+            if ((int)threadIdx.x < s) {
+                red_m[threadIdx.x] = fmaxf(red_m[threadIdx.x], red_m[threadIdx.x + s]);
+                red_v[threadIdx.x] = fmaxf(red_v[threadIdx.x], red_v[threadIdx.x + s]);
+            }
+            __syncthreads();
+        }
+        const float am = red_m[0], av = red_v[0];
+        if (in) {
+            ((uint8_t *)mom.m)[i] = kern_moments_quantize_m(qs, mi, am);
+            ((uint8_t *)mom.v)[i] = kern_moments_quantize_v(qu, vi, av);
+        }
+        if (threadIdx.x == 0) {
+            mom.m_absmax[blk] = am;
+            mom.v_absmax[blk] = av;
+        }
+        __syncthreads(); // red_* are reused by the next block
+    }
+}
+
+extern "C" void kern_adamw_cuda(kern_stream_t *s, float *p, const kern_moments_t *mom, const float *g,
                                 const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                                 const kern_adamw_params_t *hp) {
-    MT_CHECK(hp != NULL, "kern_adamw_cuda: hyperparameters are NULL");
+    MT_CHECK(hp != NULL && mom != NULL, "kern_adamw_cuda: hyperparameters or moments are NULL");
     MT_CHECK((g == NULL) != (g_bf16 == NULL),
              "kern_adamw_cuda: pass exactly one of g (fp32) and g_bf16 (got %s)",
              g ? "both" : "neither");
@@ -39,7 +111,16 @@ extern "C" void kern_adamw_cuda(kern_stream_t *s, float *p, float *m, float *v, 
     if (n == 0) return;
     const kern_adamw_coef_t c = kern_adamw_coef(hp);
     cudaStream_t cs = kern_cuda_stream_begin(s);
-    adamw_kernel<<<kc_blocks(n, ADAMW_THREADS), ADAMW_THREADS, 0, cs>>>(p, m, v, g, g_bf16, p_bf16,
-                                                                        n, c);
+    if (mom->fmt == KERN_MOMENTS_F32) {
+        adamw_kernel<<<kc_blocks(n, ADAMW_THREADS), ADAMW_THREADS, 0, cs>>>(
+            p, (float *)mom->m, (float *)mom->v, g, g_bf16, p_bf16, n, c);
+    } else {
+        qmaps_t maps;
+        memcpy(maps.qs, kern_moments_qmap_signed, sizeof maps.qs);
+        memcpy(maps.qu, kern_moments_qmap_unsigned, sizeof maps.qu);
+        const uint64_t key = kern_moments_sr_key(mom->seed, hp->step);
+        adamw_lite_kernel<<<kc_blocks(n, ADAMW_THREADS), ADAMW_THREADS, 0, cs>>>(p, *mom, g, g_bf16, p_bf16,
+                                                                                 n, c, key, maps);
+    }
     KC_LAUNCHED(s, "adamw");
 }

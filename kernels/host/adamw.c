@@ -330,9 +330,3 @@ void kern_adamw_cpu_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, f
     }
     kern_threadpool_parallel_for(pool, ntasks, adamw_task, &j);
 }
-
-void kern_adamw_cpu_pool(kern_threadpool_t *pool, float *p, float *m, float *v, const float *g,
-                         const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
-                         const kern_adamw_params_t *hp) {
-    kern_adamw_cpu_isa(pool, KERN_ISA_AUTO, p, m, v, g, g_bf16, p_bf16, n, hp);
-}

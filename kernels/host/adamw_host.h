@@ -56,10 +56,26 @@ kern_cpu_isa_t kern_cpu_isa_best(void);
 int kern_cpu_isa_supported(kern_cpu_isa_t isa);
 const char *kern_cpu_isa_name(kern_cpu_isa_t isa);
 
-/* Same semantics as kern_adamw_cpu; pool NULL runs on the calling thread. */
-void kern_adamw_cpu_pool(kern_threadpool_t *pool, float *p, float *m, float *v, const float *g,
+/* Same semantics as kern_adamw_cpu, for moments in any format
+ * (moments.c); pool NULL runs on the calling thread. */
+void kern_adamw_cpu_pool(kern_threadpool_t *pool, float *p, const kern_moments_t *mom, const float *g,
                          const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                          const kern_adamw_params_t *hp);
+
+/* The moments' one allocation (kernels/adamw.h): its bytes for n elements,
+ * and the view of base laid out as m | v | m_absmax | v_absmax (each part
+ * 64-byte aligned); seed: the bf16 format's stochastic-rounding seed. */
+size_t kern_moments_bytes(kern_moments_fmt_t fmt, size_t n);
+kern_moments_t kern_moments_view(kern_moments_fmt_t fmt, void *base, size_t n, uint64_t seed);
+size_t kern_moments_blocks(size_t n); /* 8-bit absmax blocks of n elements */
+const char *kern_moments_fmt_name(kern_moments_fmt_t fmt); /* "fp32", "bf16", "8bit" */
+/* The moments as fp32 (either output may be NULL), and set from fp32 (the
+ * format's rounding: bf16 stochastic with step 0's bits, 8-bit by block).
+ * fp32 and bf16 round-trip exactly (bf16 values round to themselves);
+ * 8-bit does not always (a block's new absmax), so its state is moved and
+ * saved as codes and scales. */
+void kern_moments_to_f32(const kern_moments_t *mom, size_t n, float *m, float *v);
+void kern_moments_from_f32(const kern_moments_t *mom, size_t n, const float *m, const float *v);
 
 /* As kern_adamw_cpu_pool on a chosen path. An ISA the CPU lacks is a broken
  * invariant (fatal); ask kern_cpu_isa_supported first. */

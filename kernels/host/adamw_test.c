@@ -335,10 +335,12 @@ static void test_determinism(void) {
     state_t ref;
     state_init(&ref, n, off);
     state_copy(&ref, &base);
-    kern_adamw_cpu_pool(NULL, ref.p, ref.m, ref.v, NULL, ref.gb, ref.pb, n, &hp);
+    const kern_moments_t rm = {.fmt = KERN_MOMENTS_F32, .m = ref.m, .v = ref.v};
+    kern_adamw_cpu_pool(NULL, ref.p, &rm, NULL, ref.gb, ref.pb, n, &hp);
     for (int k = 0; k < 3; k++) {
         state_copy(&out, &base);
-        kern_adamw_cpu_pool(pools[k], out.p, out.m, out.v, NULL, out.gb, out.pb, n, &hp);
+        const kern_moments_t om = {.fmt = KERN_MOMENTS_F32, .m = out.m, .v = out.v};
+        kern_adamw_cpu_pool(pools[k], out.p, &om, NULL, out.gb, out.pb, n, &hp);
         char what[64];
         snprintf(what, sizeof what, "determinism, %d threads", kern_threadpool_size(pools[k]));
         same_bits(&ref, &out, 1, what);

@@ -7,18 +7,29 @@
  * optimizer's placement may change where it runs, never what it computes.
  * Covered: fp32 and bf16 gradients, with and without the bf16 working copy,
  * several steps (bias corrections change), beta1 >= 0.5 (torch's lerp takes
- * its other branch), sizes that do and do not fill a block. */
+ * its other branch), sizes that do and do not fill a block; moments in
+ * fp32, bf16 (stochastic rounding from a counter-based hash: the same bits
+ * on both sides) and 8-bit block-wise (codes and absmax per 256 elements;
+ * the device's absmax is a max reduction, exact in any order), the whole
+ * moments allocation compared, padding included. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "base/dtype.h"
+#include "kernels/host/adamw_host.h"
 #include "tests/gpu/gpu_test.h"
 
-static void adamw_case(gt_ctx_t *t, size_t n, float beta1, int bf16_grad, int bf16_copy) {
+static void adamw_case(gt_ctx_t *t, size_t n, float beta1, int bf16_grad, int bf16_copy, kern_moments_fmt_t fmt) {
     float *hp = gt_host_rand(t, n, 1.0f), *hm = gt_host_rand(t, n, 0.01f), *hv = gt_host_alloc(n);
     for (size_t i = 0; i < n; i++) hv[i] = gt_uniform(t, 0.0f, 1e-4f);
-    gt_buf_t P = gt_from_host(t, hp, n * 4, "p"), M = gt_from_host(t, hm, n * 4, "m");
-    gt_buf_t V = gt_from_host(t, hv, n * 4, "v"), G = gt_alloc(t, n * 4, "g");
+    const size_t mbytes = kern_moments_bytes(fmt, n);
+    void *hmom = gt_host_bytes(mbytes);
+    const kern_moments_t hview = kern_moments_view(fmt, hmom, n, 0x5eed + n);
+    kern_moments_from_f32(&hview, n, hm, hv);
+    gt_buf_t P = gt_from_host(t, hp, n * 4, "p"), MOM = gt_from_host(t, hmom, mbytes, "moments");
+    gt_buf_t G = gt_alloc(t, n * 4, "g");
+    const kern_moments_t cm = kern_moments_view(fmt, MOM.c, n, hview.seed);
+    const kern_moments_t gm = kern_moments_view(fmt, MOM.g, n, hview.seed);
     gt_buf_t G16 = gt_alloc(t, n * 2, "g bf16"), P16 = gt_alloc(t, n * 2, "p bf16");
     char what[128];
     for (int step = 1; step <= 3; step++) {
@@ -29,25 +40,26 @@ static void adamw_case(gt_ctx_t *t, size_t n, float beta1, int bf16_grad, int bf
         gt_set(t, &G16, hg16);
         const kern_adamw_params_t hp_ = {.lr = 3e-4f, .beta1 = beta1, .beta2 = 0.999f, .eps = 1e-8f,
                                          .weight_decay = 0.1f, .grad_scale = 0.25f, .step = step};
-        t->cpu->ops->adamw(t->sc, GT_C(P), GT_C(M), GT_C(V), bf16_grad ? NULL : GT_C(G),
+        t->cpu->ops->adamw(t->sc, GT_C(P), &cm, bf16_grad ? NULL : GT_C(G),
                            bf16_grad ? GT_CU16(G16) : NULL, bf16_copy ? GT_CU16(P16) : NULL, n, &hp_);
-        t->gpu->ops->adamw(t->sg, GT_G(P), GT_G(M), GT_G(V), bf16_grad ? NULL : GT_G(G),
+        t->gpu->ops->adamw(t->sg, GT_G(P), &gm, bf16_grad ? NULL : GT_G(G),
                            bf16_grad ? GT_GU16(G16) : NULL, bf16_copy ? GT_GU16(P16) : NULL, n, &hp_);
         free(hg);
         free(hg16);
     }
-    snprintf(what, sizeof what, "adamw p n=%zu beta1=%g grad=%s", n, (double)beta1, bf16_grad ? "bf16" : "f32");
+    const char *fname = kern_moments_fmt_name(fmt);
+    snprintf(what, sizeof what, "adamw p n=%zu beta1=%g grad=%s moments=%s", n, (double)beta1,
+             bf16_grad ? "bf16" : "f32", fname);
     gt_check_exact(t, what, &P, P.bytes);
-    snprintf(what, sizeof what, "adamw m n=%zu beta1=%g", n, (double)beta1);
-    gt_check_exact(t, what, &M, M.bytes);
-    snprintf(what, sizeof what, "adamw v n=%zu beta1=%g", n, (double)beta1);
-    gt_check_exact(t, what, &V, V.bytes);
+    snprintf(what, sizeof what, "adamw moments n=%zu beta1=%g moments=%s", n, (double)beta1, fname);
+    gt_check_exact(t, what, &MOM, MOM.bytes);
     if (bf16_copy) {
         snprintf(what, sizeof what, "adamw p bf16 copy n=%zu", n);
         gt_check_exact(t, what, &P16, P16.bytes);
     }
-    gt_buf_t *bufs[] = {&P, &M, &V, &G, &G16, &P16};
-    for (size_t i = 0; i < 6; i++) gt_free(t, bufs[i]);
+    gt_buf_t *bufs[] = {&P, &MOM, &G, &G16, &P16};
+    for (size_t i = 0; i < 5; i++) gt_free(t, bufs[i]);
+    free(hmom);
     free(hp);
     free(hm);
     free(hv);
@@ -58,9 +70,11 @@ int main(void) {
     gt_open(&t, "adamw_test", 0xada);
     static const size_t sizes[] = {0, 1, 1000, ((size_t)1 << 20) + 5};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        adamw_case(&t, sizes[i], 0.9f, 0, 0);
-        adamw_case(&t, sizes[i], 0.9f, 1, 1);
-        adamw_case(&t, sizes[i], 0.4f, 0, 1);
+        for (int f = KERN_MOMENTS_F32; f <= KERN_MOMENTS_8BIT; f++) {
+            adamw_case(&t, sizes[i], 0.9f, 0, 0, (kern_moments_fmt_t)f);
+            adamw_case(&t, sizes[i], 0.9f, 1, 1, (kern_moments_fmt_t)f);
+            adamw_case(&t, sizes[i], 0.4f, 0, 1, (kern_moments_fmt_t)f);
+        }
     }
     return gt_close(&t);
 }

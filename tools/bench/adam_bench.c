@@ -14,6 +14,11 @@
  *   write-allocate reads.
  * - a plain fused scalar loop (what one writes first), on one thread and on
  *   all threads, to show what the SIMD and threading buy.
+ * - moetune's AdamW with bf16 moments (20 bytes per parameter: p read and
+ *   written, m v in bf16, g) and 8-bit moments (16 bytes, plus 8 bytes of
+ *   scales per 256), optimizer_state's lighter formats, through
+ *   kern_adamw_cpu_pool on the same pool (the ISA choice is the fp32
+ *   kernel's only).
  * Pages are touched first (in parallel, so they spread as the kernel will
  * use them) and each kernel runs once untimed; the report is the median of
  * --repeats runs, the kernels interleaved so drift on a shared machine hits
@@ -58,6 +63,7 @@ typedef struct {
     int prefetch; /* ceiling: software prefetch like moetune's kernel */
     kern_cpu_isa_t isa;
     kern_adamw_params_t hp; /* for the plain loop */
+    kern_moments_t mom_bf16, mom_8bit;
 } bench_arrays_t;
 
 static void *big_alloc(size_t bytes, int hugepages) {
@@ -218,6 +224,8 @@ typedef enum {
     M_OURS30,
     M_PLAIN1,
     M_PLAINT,
+    M_OURS_BF16,
+    M_OURS_8BIT,
     M_COUNT,
 } meas_t;
 
@@ -230,8 +238,10 @@ static const char *const k_meas_name[M_COUNT] = {
     "moetune AdamW + bf16 copy (30 B/param)",
     "plain scalar loop, 1 thread",
     "plain scalar loop, all threads",
+    "moetune AdamW, bf16 moments (20 B/param)",
+    "moetune AdamW, 8-bit moments (16 B/param)",
 };
-static const double k_meas_bytes[M_COUNT] = {28, 28, 28, 30, 30, 30, 28, 28};
+static const double k_meas_bytes[M_COUNT] = {28, 28, 28, 30, 30, 30, 28, 28, 20, 16};
 
 static double run_once(meas_t which, bench_arrays_t *a, uint16_t *pb, kern_threadpool_t *pool) {
     a->pb = (which == M_CEIL30 || which == M_CEIL30_PF || which == M_OURS30) ? pb : NULL;
@@ -249,6 +259,8 @@ static double run_once(meas_t which, bench_arrays_t *a, uint16_t *pb, kern_threa
         break;
     case M_PLAIN1: plain_range(a, 0, a->n); break;
     case M_PLAINT: kern_threadpool_parallel_for(pool, ntasks_of(a), plain_task, a); break;
+    case M_OURS_BF16: kern_adamw_cpu_pool(pool, a->p, &a->mom_bf16, a->g, NULL, NULL, a->n, &a->hp); break;
+    case M_OURS_8BIT: kern_adamw_cpu_pool(pool, a->p, &a->mom_8bit, a->g, NULL, NULL, a->n, &a->hp); break;
     default: break;
     }
     return mt_now_s() - t0;
@@ -385,11 +397,12 @@ static void print_report(const bench_opts_t *o, const bench_result_t *res) {
                "\"bf16_copy_params_per_s\": %.6g, \"bf16_copy_bytes_per_s\": %.6g, "
                "\"bf16_copy_ceiling_bytes_per_s\": %.6g, \"bf16_copy_ratio_vs_ceiling\": %.4f, "
                "\"scalar_1t_params_per_s\": %.6g, \"scalar_threads_params_per_s\": %.6g, "
-               "\"ratio_vs_scalar_1t\": %.4f, \"ratio_vs_scalar_threads\": %.4f}\n",
+               "\"ratio_vs_scalar_1t\": %.4f, \"ratio_vs_scalar_threads\": %.4f, "
+               "\"bf16_moments_params_per_s\": %.6g, \"q8_moments_params_per_s\": %.6g}\n",
                build, o->params, o->threads, kern_cpu_isa_name(o->isa), o->repeats,
                o->hugepages ? "true" : "false", pps[M_OURS28], bps[M_OURS28], med[M_OURS28],
                ceil28, r_ceil, pps[M_OURS30], bps[M_OURS30], ceil30, r_ceil30,
-               pps[M_PLAIN1], pps[M_PLAINT], r_plain1, r_plaint);
+               pps[M_PLAIN1], pps[M_PLAINT], r_plain1, r_plaint, pps[M_OURS_BF16], pps[M_OURS_8BIT]);
         return;
     }
     mt_build_info_print(stdout);
@@ -425,12 +438,19 @@ int mt_bench_adam_main(int argc, char **argv) {
     a.v = big_alloc(n * 4, o.hugepages);
     a.g = big_alloc(n * 4, o.hugepages);
     uint16_t *pb = big_alloc(n * 2, o.hugepages);
-    if (!a.p || !a.m || !a.v || !a.g || !pb) {
+    void *mb = big_alloc(kern_moments_bytes(KERN_MOMENTS_BF16, n), o.hugepages);
+    void *m8 = big_alloc(kern_moments_bytes(KERN_MOMENTS_8BIT, n), o.hugepages);
+    if (!a.p || !a.m || !a.v || !a.g || !pb || !mb || !m8) {
         fprintf(stderr, "moetune bench adam: cannot allocate %.2f GB for %zu params; try a smaller "
                         "--params\n", (double)n * 18 * 1e-9, n);
-        free(a.p), free(a.m), free(a.v), free(a.g), free(pb);
+        free(a.p), free(a.m), free(a.v), free(a.g), free(pb), free(mb), free(m8);
         return 1;
     }
+    /* zeros: the state before a first step in both formats, touched here */
+    memset(mb, 0, kern_moments_bytes(KERN_MOMENTS_BF16, n));
+    memset(m8, 0, kern_moments_bytes(KERN_MOMENTS_8BIT, n));
+    a.mom_bf16 = kern_moments_view(KERN_MOMENTS_BF16, mb, n, 1);
+    a.mom_8bit = kern_moments_view(KERN_MOMENTS_8BIT, m8, n, 1);
     kern_threadpool_t *pool = kern_threadpool_create(o.threads);
 
     /* first touch, in the same task split the kernels use */
@@ -445,6 +465,6 @@ int mt_bench_adam_main(int argc, char **argv) {
     print_report(&o, &res);
 
     kern_threadpool_destroy(pool);
-    free(a.p), free(a.m), free(a.v), free(a.g), free(pb);
+    free(a.p), free(a.m), free(a.v), free(a.g), free(pb), free(mb), free(m8);
     return 0;
 }

@@ -21,6 +21,7 @@
 #include "engine/run/save.h"
 #include "engine/run/state.h"
 #include "base/clock.h"
+#include "kernels/host/adamw_host.h"
 #include "tools/build_info.h"
 
 /* The quick start's model (configs/models/tiny-mixtral.json), scaled. */
@@ -181,7 +182,13 @@ static mt_status_t add_optim_state(save_run_t *r, mt_error_t *err) {
             m1[k] = (float)((k * 2654435761u) % 1000) * 1e-6f;
             m2[k] = m1[k] * m1[k];
         }
-        st = eng_exec_write_optim_state(r->x, i, NULL, m1, m2, 1, err);
+        const eng_param_t *p = &eng_exec_model(r->x)->params[i];
+        void *raw = malloc(eng_param_moments_bytes(p));
+        MT_CHECK(raw, "out of memory");
+        const kern_moments_t mv = eng_param_moments_view(p, raw);
+        kern_moments_from_f32(&mv, n, m1, m2);
+        st = eng_exec_write_optim_state(r->x, i, NULL, raw, 1, err);
+        free(raw);
         free(m1);
         free(m2);
     }

@@ -186,6 +186,7 @@ int mt_plan_main(int argc, char **argv) {
     if (sched_workload_build(&c.reg, &c.hw, &c.w, &err) != MT_OK) goto done;
     if (eng_plan_base_quant(&c.rc, c.model_config_path, &c.quant, &err) != MT_OK) goto done;
     sched_workload_quantize_base(&c.reg, &c.quant, &c.hw, &c.w);
+    sched_workload_set_moments(&c.w, eng_config_moments(&c.rc));
     if (eng_program_planner_opts(&c.rc, &c.hw, &c.opts, &err) != MT_OK) goto done;
     if (eng_plan_nvme(&c.rc, &c.hw, &c.w, &c.opts, &err) != MT_OK) goto done;
     /* the main plan is one device running every micro-batch, the yardstick

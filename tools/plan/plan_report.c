@@ -95,6 +95,21 @@ typedef struct {
     double onvme_bytes, wnvme_bytes;
 } kinds_t;
 
+/* What the optimizer keeps per trainable parameter (optimizer_state), as
+ * the plan counts it: the fp32 master where it is not the working copy,
+ * the fp32 gradient and the moments. */
+static void moments_text(FILE *f, const plan_ctx_t *c) {
+    double params = 0, bytes = 0;
+    for (int b = 0; b < c->w.num_blocks; b++) {
+        params += c->w.blocks[b].grad_bytes / 4.0;
+        bytes += c->w.blocks[b].optim_bytes + c->w.blocks[b].grad_bytes;
+    }
+    if (params <= 0) return;
+    static const char *const names[3] = {"fp32", "bf16", "8bit"};
+    fprintf(f, "  optim. state  %.2f bytes per trainable parameter (master, gradient, %s moments; %.3g G parameters)\n",
+            bytes / params, names[eng_config_moments(&c->rc)], params / 1e9);
+}
+
 static kinds_t kinds(const plan_ctx_t *c) {
     kinds_t k = {0};
     const sched_plan_t *p = &c->res.plan;
@@ -421,6 +436,7 @@ void plan_report_text(FILE *f, const plan_ctx_t *c) {
     if (k.onvme > 0) fprintf(f, ", of which on NVMe %d blocks (%s)", k.onvme, bytes_s(k.onvme_bytes).s);
     fputc('\n', f);
     fprintf(f, "  activations   keep %d, offload %d, recompute %d blocks\n", k.keep, k.offload, k.recompute);
+    moments_text(f, c);
     staging_text(f, c);
 }
 

@@ -145,6 +145,7 @@ mt_status_t eng_program_workload(const eng_model_config_t *mc, const eng_run_con
     sched_program_free(&prog);
     if (st == MT_OK) st = sched_workload_build(&reg, hw, w, err);
     if (st == MT_OK && quant && quant->on) sched_workload_quantize_base(&reg, quant, hw, w);
+    if (st == MT_OK) sched_workload_set_moments(w, eng_config_moments(rc));
     sched_registry_free(&reg);
     return st;
 }

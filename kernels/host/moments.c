@@ -1,0 +1,223 @@
+/* AdamW on bf16 or 8-bit moments (kernels/adamw.h) on the host, and the
+ * moments' layout.
+ *
+ * Why it is shaped this way
+ * - The work goes in blocks of 256 elements (the 8-bit format's absmax
+ *   block, and a fine unit for bf16 too): a block's moments are expanded to
+ *   fp32 in two small stack arrays, updated with adamw_math.h's element
+ *   function (the fp32 path's definition, so the update is the same
+ *   arithmetic), and stored back in the format (moments_math.h).
+ * - Tasks of the thread pool are whole multiples of 256 elements, so no two
+ *   threads share an absmax block; the stochastic rounding's random bits
+ *   depend on the element index only, so the result is the same for any
+ *   thread count and on the CUDA twin.
+ * - The fp32 format is the SIMD kernel of adamw.c, unchanged.
+ * - Speed: the update of a block is a plain loop over fp32 arrays, which
+ *   the compiler vectorizes (this library is built with -ftree-vectorize);
+ *   a copy built for AVX2 + FMA is chosen at run time where the CPU has
+ *   them (the build targets x86-64-v2, where fmaf is a library call).
+ *   Vector and scalar code round alike: every op is IEEE and the only
+ *   fused one is adamw_math.h's explicit fmaf. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "kernels/host/adamw_host.h"
+#include "kernels/math/adamw_math.h"
+#include "kernels/math/moments_math.h"
+#include "kernels/math/moments_qmap.h"
+
+#define QB KERN_MOMENTS_QBLOCK
+
+static size_t align64(size_t b) { return (b + 63) & ~(size_t)63; }
+
+static size_t elem_bytes(kern_moments_fmt_t fmt) {
+    return fmt == KERN_MOMENTS_F32 ? 4 : fmt == KERN_MOMENTS_BF16 ? 2 : 1;
+}
+
+size_t kern_moments_blocks(size_t n) { return (n + QB - 1) / QB; }
+
+size_t kern_moments_bytes(kern_moments_fmt_t fmt, size_t n) {
+    size_t b = 2 * align64(n * elem_bytes(fmt));
+    if (fmt == KERN_MOMENTS_8BIT) b += 2 * align64(kern_moments_blocks(n) * sizeof(float));
+    return b;
+}
+
+kern_moments_t kern_moments_view(kern_moments_fmt_t fmt, void *base, size_t n, uint64_t seed) {
+    char *c = base;
+    const size_t one = align64(n * elem_bytes(fmt));
+    kern_moments_t v = {.fmt = fmt, .m = c, .v = c + one, .seed = seed};
+    if (fmt == KERN_MOMENTS_8BIT) {
+        const size_t sb = align64(kern_moments_blocks(n) * sizeof(float));
+        v.m_absmax = (float *)(c + 2 * one);
+        v.v_absmax = (float *)(c + 2 * one + sb);
+    }
+    return v;
+}
+
+const char *kern_moments_fmt_name(kern_moments_fmt_t fmt) {
+    switch (fmt) {
+    case KERN_MOMENTS_F32: return "fp32";
+    case KERN_MOMENTS_BF16: return "bf16";
+    case KERN_MOMENTS_8BIT: return "8bit";
+    }
+    return "?";
+}
+
+/* Elements [b, e) of one moment as fp32 (e - b <= 256 inside one block for 8-bit). */
+static void expand(const kern_moments_t *mo, int which, size_t b, size_t e, float *out) {
+    const void *src = which ? mo->v : mo->m;
+    switch (mo->fmt) {
+    case KERN_MOMENTS_F32: memcpy(out, (const float *)src + b, (e - b) * sizeof(float)); break;
+    case KERN_MOMENTS_BF16:
+        for (size_t i = b; i < e; i++) out[i - b] = mt_bf16_to_f32(((const uint16_t *)src)[i]);
+        break;
+    case KERN_MOMENTS_8BIT: {
+        const float *q = which ? kern_moments_qmap_unsigned : kern_moments_qmap_signed;
+        const float am = (which ? mo->v_absmax : mo->m_absmax)[b / QB];
+        for (size_t i = b; i < e; i++) out[i - b] = q[((const uint8_t *)src)[i]] * am;
+        break;
+    }
+    }
+}
+
+void kern_moments_to_f32(const kern_moments_t *mo, size_t n, float *m, float *v) {
+    for (size_t b = 0; b < n; b += QB) {
+        const size_t e = b + QB < n ? b + QB : n;
+        if (m) expand(mo, 0, b, e, m + b);
+        if (v) expand(mo, 1, b, e, v + b);
+    }
+}
+
+void kern_moments_from_f32(const kern_moments_t *mo, size_t n, const float *m, const float *v) {
+    for (size_t b = 0; b < n; b += QB) {
+        const size_t e = b + QB < n ? b + QB : n;
+        if (mo->fmt == KERN_MOMENTS_F32) {
+            memcpy((float *)mo->m + b, m + b, (e - b) * sizeof(float));
+            memcpy((float *)mo->v + b, v + b, (e - b) * sizeof(float));
+        } else if (mo->fmt == KERN_MOMENTS_BF16) {
+            const uint64_t key = kern_moments_sr_key(mo->seed, 0);
+            for (size_t i = b; i < e; i++) {
+                ((uint16_t *)mo->m)[i] = kern_moments_bf16_sr(m[i], key, i, 0);
+                ((uint16_t *)mo->v)[i] = kern_moments_bf16_sr(v[i], key, i, 1);
+            }
+        } else {
+            float am = 0.0f, av = 0.0f;
+            for (size_t i = b; i < e; i++) {
+                am = fmaxf(am, fabsf(m[i]));
+                av = fmaxf(av, fabsf(v[i]));
+            }
+            mo->m_absmax[b / QB] = am;
+            mo->v_absmax[b / QB] = av;
+            for (size_t i = b; i < e; i++) {
+                ((uint8_t *)mo->m)[i] = kern_moments_quantize_m(kern_moments_qmap_signed, m[i], am);
+                ((uint8_t *)mo->v)[i] = kern_moments_quantize_v(kern_moments_qmap_unsigned, v[i], av);
+            }
+        }
+    }
+}
+
+typedef struct {
+    kern_adamw_coef_t c;
+    float *p;
+    kern_moments_t mom;
+    const float *g;
+    const uint16_t *gb;
+    uint16_t *pb;
+    size_t n;
+    size_t chunk; /* elements per task, a multiple of 256 */
+    uint64_t key; /* bf16: the stochastic rounding's key for this step */
+    bool avx2;    /* the update's AVX2 + FMA copy */
+} lite_job_t;
+
+/* The fp32 update of n <= 256 elements (adamw_math.h's element). */
+#define LITE_UPDATE_BODY                                                   \
+    for (size_t k = 0; k < n; k++) p[k] = kern_adamw_elem(c, p[k], &m[k], &v[k], g[k]);
+
+static void update_plain(const kern_adamw_coef_t *c, float *restrict p, float *restrict m, float *restrict v,
+                         const float *restrict g, size_t n) {
+    LITE_UPDATE_BODY
+}
+
+__attribute__((target("avx2,fma"))) static void update_avx2(const kern_adamw_coef_t *c, float *restrict p,
+                                                            float *restrict m, float *restrict v,
+                                                            const float *restrict g, size_t n) {
+    LITE_UPDATE_BODY
+}
+
+/* One block [b, e) of at most 256 elements, b a multiple of 256. */
+static void lite_block(const lite_job_t *j, size_t b, size_t e) {
+    float mf[QB], vf[QB], gf[QB];
+    expand(&j->mom, 0, b, e, mf);
+    expand(&j->mom, 1, b, e, vf);
+    const float *g = j->g ? j->g + b : gf;
+    if (!j->g)
+        for (size_t i = b; i < e; i++) gf[i - b] = mt_bf16_to_f32(j->gb[i]);
+    if (j->avx2) update_avx2(&j->c, j->p + b, mf, vf, g, e - b);
+    else update_plain(&j->c, j->p + b, mf, vf, g, e - b);
+    if (j->pb)
+        for (size_t i = b; i < e; i++) j->pb[i] = mt_f32_to_bf16(j->p[i]);
+    if (j->mom.fmt == KERN_MOMENTS_BF16) {
+        uint16_t *m = j->mom.m, *v = j->mom.v;
+        for (size_t i = b; i < e; i++) {
+            m[i] = kern_moments_bf16_sr(mf[i - b], j->key, i, 0);
+            v[i] = kern_moments_bf16_sr(vf[i - b], j->key, i, 1);
+        }
+        return;
+    }
+    /* bitsandbytes starts its absmax at -FLT_MAX; 0 is the same for |x| and
+     * keeps an all-zero block's scale 0 */
+    float am = 0.0f, av = 0.0f;
+    for (size_t k = 0; k < e - b; k++) {
+        am = fmaxf(am, fabsf(mf[k]));
+        av = fmaxf(av, fabsf(vf[k]));
+    }
+    j->mom.m_absmax[b / QB] = am;
+    j->mom.v_absmax[b / QB] = av;
+    uint8_t *m = j->mom.m, *v = j->mom.v;
+    for (size_t i = b; i < e; i++) {
+        m[i] = kern_moments_quantize_m(kern_moments_qmap_signed, mf[i - b], am);
+        v[i] = kern_moments_quantize_v(kern_moments_qmap_unsigned, vf[i - b], av);
+    }
+}
+
+static void lite_range(const lite_job_t *j, size_t b, size_t e) {
+    for (size_t k = b; k < e; k += QB) lite_block(j, k, k + QB < e ? k + QB : e);
+}
+
+static void lite_task(void *ctx, size_t task) {
+    const lite_job_t *j = ctx;
+    const size_t b = task * j->chunk, e = b + j->chunk < j->n ? b + j->chunk : j->n;
+    lite_range(j, b, e);
+}
+
+void kern_adamw_cpu_pool(kern_threadpool_t *pool, float *p, const kern_moments_t *mom, const float *g,
+                         const uint16_t *g_bf16, uint16_t *p_bf16, size_t n, const kern_adamw_params_t *hp) {
+    MT_CHECK(mom != NULL, "kern_adamw_cpu: moments are NULL");
+    if (mom->fmt == KERN_MOMENTS_F32) {
+        kern_adamw_cpu_isa(pool, KERN_ISA_AUTO, p, mom->m, mom->v, g, g_bf16, p_bf16, n, hp);
+        return;
+    }
+    MT_CHECK(hp != NULL, "kern_adamw_cpu: hyperparameters are NULL");
+    MT_CHECK((g == NULL) != (g_bf16 == NULL), "kern_adamw_cpu: pass exactly one of g (fp32) and g_bf16 (got %s)",
+             g ? "both" : "neither");
+    MT_CHECK(hp->step >= 1, "kern_adamw_cpu: step must be >= 1 (got %lld)", (long long)hp->step);
+    if (n == 0) return;
+    MT_CHECK(p && mom->m && mom->v, "kern_adamw_cpu: p and the moments must be non-NULL for n = %zu", n);
+    MT_CHECK(mom->fmt != KERN_MOMENTS_8BIT || (mom->m_absmax && mom->v_absmax),
+             "kern_adamw_cpu: 8-bit moments without their absmax arrays");
+    lite_job_t j = {.c = kern_adamw_coef(hp), .p = p, .mom = *mom, .g = g, .gb = g_bf16, .pb = p_bf16, .n = n,
+                    .key = kern_moments_sr_key(mom->seed, hp->step), .avx2 = kern_cpu_isa_best() >= KERN_ISA_AVX2};
+    const int nthreads = kern_threadpool_size(pool);
+    /* the fp32 kernel's task size, rounded to whole absmax blocks */
+    j.chunk = (kern_adamw_chunk_elems(n, nthreads) + QB - 1) / QB * QB;
+    const size_t ntasks = (n + j.chunk - 1) / j.chunk;
+    if (ntasks == 1 || nthreads <= 1) {
+        lite_range(&j, 0, n);
+        return;
+    }
+    kern_threadpool_parallel_for(pool, ntasks, lite_task, &j);
+}
