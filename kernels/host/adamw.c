@@ -301,6 +301,15 @@ static void adamw_task(void *ctx, size_t task) {
     if (b < e) j->fn(j, b, e);
 }
 
+void kern_adamw_block_isa(kern_cpu_isa_t isa, const kern_adamw_coef_t *c, float *p, float *m, float *v,
+                          const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n) {
+    adamw_job_t j = {.c = *c, .p = p, .m = m, .v = v, .g = g, .gb = g_bf16, .pb = p_bf16, .n = n};
+    j.fn = isa == KERN_ISA_AVX512 ? adamw_range_avx512
+         : isa == KERN_ISA_AVX2   ? adamw_range_avx2
+                                  : adamw_range_scalar;
+    j.fn(&j, 0, n);
+}
+
 void kern_adamw_cpu_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, float *m, float *v,
                         const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                         const kern_adamw_params_t *hp) {
