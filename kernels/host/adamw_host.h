@@ -92,9 +92,10 @@ void kern_adamw_cpu_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, f
 
 /* The update of n elements on the calling thread with the per-call
  * constants already made (kern_adamw_coef), on an ISA this CPU has: the
- * lighter moment formats run it on each block's fp32 moments. */
-void kern_adamw_block_isa(kern_cpu_isa_t isa, const kern_adamw_coef_t *c, float *p, float *m, float *v,
-                          const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n);
+ * lighter moment formats run it on each block's fp32 moments.  Returns 1
+ * when a master value it wrote is NaN or Inf. */
+int kern_adamw_block_isa(kern_cpu_isa_t isa, const kern_adamw_coef_t *c, float *p, float *m, float *v,
+                         const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n);
 
 /* Elements per thread-pool task for a tensor of n elements on nthreads
  * (exposed for the benchmark, which splits its ceiling pass the same way). */

@@ -131,12 +131,13 @@ typedef struct {
     size_t n;
     size_t chunk; /* elements per task, a multiple of 256 */
     uint64_t key; /* bf16: the stochastic rounding's key for this step */
+    int *bad;     /* kern_adamw_params_t.nonfinite */
     kern_cpu_isa_t isa; /* SCALAR, AVX2 or AVX512: the update's and the store's copies */
     kern_moments_q8_tables_t q8; /* 8-bit on AVX-512: the search's tables */
 } lite_job_t;
 
 /* One block [b, e) of at most 256 elements, b a multiple of 256. */
-static void lite_block(const lite_job_t *j, size_t b, size_t e) {
+static int lite_block(const lite_job_t *j, size_t b, size_t e) {
     float mf[QB] __attribute__((aligned(64))), vf[QB] __attribute__((aligned(64)));
     if (j->mom.fmt == KERN_MOMENTS_8BIT && j->isa == KERN_ISA_AVX512 && e - b == QB) {
         kern_moments_8bit_expand_avx512(kern_moments_qmap_signed, (const uint8_t *)j->mom.m + b,
@@ -147,8 +148,8 @@ static void lite_block(const lite_job_t *j, size_t b, size_t e) {
         expand(&j->mom, 0, b, e, mf);
         expand(&j->mom, 1, b, e, vf);
     }
-    kern_adamw_block_isa(j->isa, &j->c, j->p + b, mf, vf, j->g ? j->g + b : NULL, j->gb ? j->gb + b : NULL,
-                         j->pb ? j->pb + b : NULL, e - b);
+    const int bad = kern_adamw_block_isa(j->isa, &j->c, j->p + b, mf, vf, j->g ? j->g + b : NULL,
+                                         j->gb ? j->gb + b : NULL, j->pb ? j->pb + b : NULL, e - b);
     if (e - b == QB && j->isa >= KERN_ISA_AVX2) {
         /* a whole block on the SIMD store (the same bits as below) */
         const int wide = j->isa == KERN_ISA_AVX512;
@@ -161,7 +162,7 @@ static void lite_block(const lite_job_t *j, size_t b, size_t e) {
         else
             kern_moments_8bit_store_avx2((uint8_t *)j->mom.m + b, (uint8_t *)j->mom.v + b, &j->mom.m_absmax[b / QB],
                                          &j->mom.v_absmax[b / QB], mf, vf);
-        return;
+        return bad;
     }
     if (j->mom.fmt == KERN_MOMENTS_BF16) {
         uint16_t *m = j->mom.m, *v = j->mom.v;
@@ -169,7 +170,7 @@ static void lite_block(const lite_job_t *j, size_t b, size_t e) {
             m[i] = kern_moments_bf16_sr(mf[i - b], j->key, i, 0);
             v[i] = kern_moments_bf16_sr(vf[i - b], j->key, i, 1);
         }
-        return;
+        return bad;
     }
     /* bitsandbytes starts its absmax at -FLT_MAX; 0 is the same for |x| and
      * keeps an all-zero block's scale 0 */
@@ -185,16 +186,19 @@ static void lite_block(const lite_job_t *j, size_t b, size_t e) {
         m[i] = kern_moments_quantize_m(kern_moments_qmap_signed, mf[i - b], am);
         v[i] = kern_moments_quantize_v(kern_moments_qmap_unsigned, vf[i - b], av);
     }
+    return bad;
 }
 
-static void lite_range(const lite_job_t *j, size_t b, size_t e) {
-    for (size_t k = b; k < e; k += QB) lite_block(j, k, k + QB < e ? k + QB : e);
+static int lite_range(const lite_job_t *j, size_t b, size_t e) {
+    int bad = 0;
+    for (size_t k = b; k < e; k += QB) bad |= lite_block(j, k, k + QB < e ? k + QB : e);
+    return bad;
 }
 
 static void lite_task(void *ctx, size_t task) {
     const lite_job_t *j = ctx;
     const size_t b = task * j->chunk, e = b + j->chunk < j->n ? b + j->chunk : j->n;
-    lite_range(j, b, e);
+    if (lite_range(j, b, e) && j->bad) __atomic_store_n(j->bad, 1, __ATOMIC_RELAXED);
 }
 
 void kern_adamw_cpu_pool(kern_threadpool_t *pool, float *p, const kern_moments_t *mom, const float *g,
@@ -221,14 +225,14 @@ void kern_adamw_moments_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *
     MT_CHECK(mom->fmt != KERN_MOMENTS_8BIT || (mom->m_absmax && mom->v_absmax),
              "kern_adamw_cpu: 8-bit moments without their absmax arrays");
     lite_job_t j = {.c = kern_adamw_coef(hp), .p = p, .mom = *mom, .g = g, .gb = g_bf16, .pb = p_bf16, .n = n,
-                    .key = kern_moments_sr_key(mom->seed, hp->step), .isa = isa};
+                    .key = kern_moments_sr_key(mom->seed, hp->step), .isa = isa, .bad = hp->nonfinite};
     if (mom->fmt == KERN_MOMENTS_8BIT && isa == KERN_ISA_AVX512) kern_moments_q8_tables_init(&j.q8);
     const int nthreads = kern_threadpool_size(pool);
     /* the fp32 kernel's task size, rounded to whole absmax blocks */
     j.chunk = (kern_adamw_chunk_elems(n, nthreads) + QB - 1) / QB * QB;
     const size_t ntasks = (n + j.chunk - 1) / j.chunk;
     if (ntasks == 1 || nthreads <= 1) {
-        lite_range(&j, 0, n);
+        if (lite_range(&j, 0, n) && j.bad) *j.bad = 1;
         return;
     }
     kern_threadpool_parallel_for(pool, ntasks, lite_task, &j);

@@ -235,7 +235,7 @@ static void test_simd_store(void) {
 static void test_paths(void) {
     const size_t n = 5 * 256 + 77;
     const kern_cpu_isa_t isas[3] = {KERN_ISA_SCALAR, KERN_ISA_AVX2, KERN_ISA_AVX512};
-    for (int f = KERN_MOMENTS_BF16; f <= KERN_MOMENTS_8BIT; f++)
+    for (int f = KERN_MOMENTS_F32; f <= KERN_MOMENTS_8BIT; f++)
         for (int gb = 0; gb < 2; gb++) {
             float *p[3], *g = malloc(n * 4);
             uint16_t *gh = malloc(n * 2), *pb[3];
@@ -260,7 +260,12 @@ static void test_paths(void) {
                 for (int a = 0; a < 3; a++) {
                     if (!kern_cpu_isa_supported(isas[a])) continue;
                     kern_moments_t mv = kern_moments_view((kern_moments_fmt_t)f, mom[a], n, 77);
-                    kern_adamw_moments_isa(NULL, isas[a], p[a], &mv, gb ? NULL : g, gb ? gh : NULL, pb[a], n, &hp);
+                    int bad = 0;
+                    kern_adamw_params_t h = hp;
+                    h.nonfinite = &bad;
+                    kern_adamw_moments_isa(NULL, isas[a], p[a], &mv, gb ? NULL : g, gb ? gh : NULL, pb[a], n, &h);
+                    /* the fused check: the NaN gradient of step 5 stays in that element */
+                    EXPECT(bad == (t >= 5));
                 }
             }
             for (int a = 1; a < 3; a++) {
@@ -273,11 +278,39 @@ static void test_paths(void) {
         }
 }
 
+/* The fused finite check over the thread pool: any task's NaN or Inf
+ * reaches the flag, wherever it is; a finite update leaves it 0. */
+static void test_nonfinite_pool(void) {
+    const size_t n = 200000 + 77;
+    kern_threadpool_t *pool = kern_threadpool_create(3);
+    float *p = malloc(n * 4), *g = malloc(n * 4);
+    for (int f = KERN_MOMENTS_F32; f <= KERN_MOMENTS_8BIT; f++) {
+        void *mom = calloc(1, kern_moments_bytes((kern_moments_fmt_t)f, n));
+        kern_moments_t mv = kern_moments_view((kern_moments_fmt_t)f, mom, n, 9);
+        const size_t at[4] = {(size_t)-1, 0, n / 2 + 3, n - 1};
+        for (int k = 0; k < 4; k++) {
+            rng = 7;
+            for (size_t i = 0; i < n; i++) p[i] = urand() - 0.5f, g[i] = urand() - 0.5f;
+            memset(mom, 0, kern_moments_bytes((kern_moments_fmt_t)f, n));
+            if (k) p[at[k]] = k == 2 ? -INFINITY : NAN; /* the decay keeps it non-finite */
+            int bad = 0;
+            const kern_adamw_params_t hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                            .weight_decay = 0.01f, .grad_scale = 1.0f, .step = 1, .nonfinite = &bad};
+            kern_adamw_cpu_pool(pool, p, &mv, g, NULL, NULL, n, &hp);
+            EXPECT(bad == (k != 0));
+        }
+        free(mom);
+    }
+    free(p), free(g);
+    kern_threadpool_destroy(pool);
+}
+
 int main(void) {
     test_quantizer();
     test_stochastic_rounding();
     test_simd_store();
     test_paths();
+    test_nonfinite_pool();
     test_formats();
     if (failures) {
         fprintf(stderr, "%d failure(s)\n", failures);
