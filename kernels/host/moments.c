@@ -139,7 +139,10 @@ typedef struct {
 /* One block [b, e) of at most 256 elements, b a multiple of 256. */
 static int lite_block(const lite_job_t *j, size_t b, size_t e) {
     float mf[QB] __attribute__((aligned(64))), vf[QB] __attribute__((aligned(64)));
-    if (j->mom.fmt == KERN_MOMENTS_8BIT && j->isa == KERN_ISA_AVX512 && e - b == QB) {
+    if (j->mom.fmt == KERN_MOMENTS_BF16 && j->isa == KERN_ISA_AVX512 && e - b == QB) {
+        kern_moments_bf16_expand_avx512((const uint16_t *)j->mom.m + b, mf);
+        kern_moments_bf16_expand_avx512((const uint16_t *)j->mom.v + b, vf);
+    } else if (j->mom.fmt == KERN_MOMENTS_8BIT && j->isa == KERN_ISA_AVX512 && e - b == QB) {
         kern_moments_8bit_expand_avx512(kern_moments_qmap_signed, (const uint8_t *)j->mom.m + b,
                                         j->mom.m_absmax[b / QB], mf);
         kern_moments_8bit_expand_avx512(kern_moments_qmap_unsigned, (const uint8_t *)j->mom.v + b,

@@ -334,6 +334,13 @@ MT_AVX512 void kern_moments_8bit_expand_avx512(const float *q, const uint8_t *co
     }
 }
 
+/* bf16 bits to fp32 (a shift: exact) for a block of 256. */
+MT_AVX512 void kern_moments_bf16_expand_avx512(const uint16_t *src, float *out) {
+    for (size_t k = 0; k < QB; k += 16)
+        _mm512_storeu_si512((void *)(out + k),
+                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + k))), 16));
+}
+
 MT_AVX512 void kern_moments_8bit_store_avx512(const kern_moments_q8_tables_t *t, uint8_t *m, uint8_t *v, float *am,
                                               float *av, const float *mf, const float *vf) {
     *am = absmax_avx512(mf);

@@ -35,5 +35,6 @@ void kern_moments_8bit_store_avx512(const kern_moments_q8_tables_t *t, uint8_t *
 /* The dequantized block (map[code] * absmax) of 256 codes: the scalar
  * expansion's product, so the same bits. */
 void kern_moments_8bit_expand_avx512(const float *q, const uint8_t *codes, float am, float *out);
+void kern_moments_bf16_expand_avx512(const uint16_t *src, float *out);
 
 #endif
