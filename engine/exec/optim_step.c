@@ -375,12 +375,14 @@ static void finite_check_free(finite_check_t *fc, eng_exec_t *x) {
     free(fc->bad);
 }
 
-/* Parameter i was just updated: host masters are scanned now, a device
- * master's sum of squares is queued behind its update on the compute stream. */
+/* Parameter i was just updated: a host master's answer is the host
+ * kernel's fused check (exec_host_adamw; only a flagged parameter is
+ * scanned, for the element to name), a device master's sum of squares is
+ * queued behind its update on the compute stream. */
 static void finite_check_param(finite_check_t *fc, eng_exec_t *x, int i, bool on_device) {
     const eng_param_t *p = &x->model->params[i];
     if (!on_device) {
-        fc->bad[i] = mt_first_nonfinite_f32(p->host_w, p->spec->numel) != MT_ALL_FINITE;
+        fc->bad[i] = x->hopt.wrote_nonfinite[i];
         return;
     }
     kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);

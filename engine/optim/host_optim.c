@@ -29,6 +29,8 @@ void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp
     h->block_pending = calloc((size_t)eng_model_num_blocks(m), sizeof *h->block_pending);
     MT_CHECK_ALLOC(h->block_pending, "host optimizer block table");
     h->done = calloc((size_t)m->num_params, sizeof *h->done);
+    h->wrote_nonfinite = calloc((size_t)(m->num_params > 0 ? m->num_params : 1), sizeof *h->wrote_nonfinite);
+    MT_CHECK_ALLOC(h->wrote_nonfinite, "host optimizer finite flags");
     h->gnorm_part = calloc((size_t)m->num_params, sizeof *h->gnorm_part);
     MT_CHECK(h->queue && h->done && h->gnorm_part, "out of memory for the host optimizer");
     /* host AdamW's threads: the device's own host pool where its kernels run
@@ -56,6 +58,7 @@ mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i
                             const kern_adamw_params_t *base, mt_error_t *err) {
     eng_param_t *p = &h->m->params[i];
     const size_t n = p->spec->numel;
+    h->wrote_nonfinite[i] = false;
     /* in the store and not loaded with its block (block_stream): on its own */
     const bool streamed = eng_optim_nvme_holds(h->nvme, i) && !p->host_mom;
     if (streamed) {
@@ -67,8 +70,11 @@ mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i
     }
     kern_adamw_params_t ap = *base;
     ap.step = ++p->step;
+    int bad = 0;
+    ap.nonfinite = &bad; /* checked as it is written: no second pass over the master */
     const kern_moments_t mom = kern_moments_view((kern_moments_fmt_t)p->mom_fmt, p->host_mom, n, p->mom_seed);
     kern_adamw_cpu_pool(pool, p->host_w, &mom, grad, NULL, NULL, n, &ap);
+    h->wrote_nonfinite[i] = bad != 0;
     return streamed ? eng_optim_nvme_unload(h->nvme, h->m, i, true, err) : MT_OK;
 }
 
@@ -131,10 +137,10 @@ static void *worker_main(void *arg) {
             if (p->block != b || !d->has_grad) continue;
             if (job.deferred) {
                 worker_adamw(h, pool, i, d->host_g, &job.base);
-                /* checked here, while the block is in cache: the step that
-                 * deferred it has returned (eng_optim_step reports it next) */
-                if (h->nonfinite_param < 0 && mt_first_nonfinite_f32(p->host_w, p->spec->numel) != MT_ALL_FINITE)
-                    h->nonfinite_param = i;
+                /* the kernel's fused check: the step that deferred it has
+                 * returned (eng_optim_step reports it next, scanning only
+                 * this parameter for the element) */
+                if (h->nonfinite_param < 0 && h->wrote_nonfinite[i]) h->nonfinite_param = i;
                 d->has_grad = false; /* as the step leaves every parameter it updated */
                 d->acc_has_data = false;
             } else {
@@ -246,6 +252,7 @@ void exec_host_optim_free(exec_host_optim_t *h) {
     free(h->queue);
     free(h->block_pending);
     free(h->done);
+    free(h->wrote_nonfinite);
     free(h->gnorm_part);
     memset(h, 0, sizeof *h);
 }

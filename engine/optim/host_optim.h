@@ -53,6 +53,8 @@ typedef struct {
     int pad_row;                 /* the embedding row of config.json's pad_token_id, whose gradient is
                                   * zero as nn.Embedding(padding_idx) gives it; -1 none, -2 not read yet */
     float *gnorm_part;           /* per parameter updated during backward: its gradient's sum of squares */
+    bool *wrote_nonfinite;       /* per parameter: its last host update wrote a NaN or Inf (the
+                                  * kernel's fused check, kern_adamw_params_t.nonfinite) */
     int nonfinite_param;         /* first parameter a deferred update left with a NaN or Inf, or -1
                                     (written by the worker, read after exec_host_optim_wait) */
     eng_optim_nvme_t *nvme;      /* owned: the NVMe tier holding host AdamW moments (nvme_state.h), or NULL */
@@ -72,7 +74,8 @@ void exec_host_optim_free(exec_host_optim_t *h);
 kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip_scale);
 /* One AdamW step of parameter i on its host master with gradient grad
  * (state allocated on first use; streamed in from the NVMe tier and back
- * out when h->nvme holds it: an error there is returned). */
+ * out when h->nvme holds it: an error there is returned); whether it wrote
+ * a NaN or Inf into the master lands in h->wrote_nonfinite[i]. */
 mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i, const float *grad,
                             const kern_adamw_params_t *base, mt_error_t *err);
 

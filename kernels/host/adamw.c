@@ -34,7 +34,8 @@
 #include "base/status.h"
 
 typedef struct adamw_job adamw_job_t;
-typedef void (*adamw_range_fn)(const adamw_job_t *j, size_t b, size_t e);
+/* returns 1 when a master value it wrote is NaN or Inf */
+typedef int (*adamw_range_fn)(const adamw_job_t *j, size_t b, size_t e);
 
 struct adamw_job {
     kern_adamw_coef_t c;
@@ -45,6 +46,7 @@ struct adamw_job {
     size_t n;
     size_t chunk;        /* elements per task */
     size_t mis;          /* p's offset in elements past its previous 64-byte line */
+    int *bad;            /* kern_adamw_params_t.nonfinite */
     adamw_range_fn fn;
 };
 
@@ -56,16 +58,24 @@ struct adamw_job {
  * for the scalar path and the device, and the tests hold the SIMD paths
  * to it bit for bit. */
 
-static inline void adamw_elem_at(const adamw_job_t *j, size_t i) {
+static inline int adamw_elem_at(const adamw_job_t *j, size_t i) {
     const float g = j->g ? j->g[i] : mt_bf16_to_f32(j->gb[i]);
     const float p = kern_adamw_elem(&j->c, j->p[i], j->m + i, j->v + i, g);
     j->p[i] = p;
     if (j->pb) j->pb[i] = mt_f32_to_bf16(p);
+    return !isfinite(p);
 }
 
-static void adamw_range_scalar(const adamw_job_t *j, size_t b, size_t e) {
-    for (size_t i = b; i < e; i++) adamw_elem_at(j, i);
+static int adamw_range_scalar(const adamw_job_t *j, size_t b, size_t e) {
+    int bad = 0;
+    for (size_t i = b; i < e; i++) bad |= adamw_elem_at(j, i);
+    return bad;
 }
+
+/* The finite check rides along in the vector loops: p * 0 is +-0 for a
+ * finite p and NaN otherwise, and OR-ing those bits keeps an all-ones
+ * exponent once one lane had it (one multiply and one OR per vector, on
+ * data already in registers). */
 
 /* Elements to do one at a time before p + i is 64-byte aligned (so the
  * vector loop's loads and stores of p never split a cache line). */
@@ -132,7 +142,7 @@ MT_AVX2 __attribute__((always_inline)) static inline __m256 adamw_avx2_8(
  * costs one pack and one permute. The arrays are distinct by contract
  * (restrict) and held in locals so the compiler need not reload them from
  * the job after every store. */
-MT_AVX2 __attribute__((always_inline)) static inline void adamw_avx2_body(
+MT_AVX2 __attribute__((always_inline)) static inline int adamw_avx2_body(
     const adamw_job_t *j, size_t b, size_t e, const int gbf16, const int pbf16) {
     const kern_adamw_coef_t *c = &j->c;
     float *restrict p = j->p, *restrict m = j->m, *restrict v = j->v;
@@ -148,7 +158,10 @@ MT_AVX2 __attribute__((always_inline)) static inline void adamw_avx2_body(
     };
     const size_t d = ADAMW_PF_FLOATS;
     size_t i = b;
-    for (const size_t pe = b + adamw_peel(j, b, e); i < pe; i++) adamw_elem_at(j, i);
+    int bad = 0;
+    __m256 nf = _mm256_setzero_ps();
+    const __m256 zero = _mm256_setzero_ps();
+    for (const size_t pe = b + adamw_peel(j, b, e); i < pe; i++) bad |= adamw_elem_at(j, i);
     for (; i + 16 <= e; i += 16) {
         _mm_prefetch((const char *)(p + i + d), _MM_HINT_T0);
         _mm_prefetch((const char *)(m + i + d), _MM_HINT_T0);
@@ -156,6 +169,7 @@ MT_AVX2 __attribute__((always_inline)) static inline void adamw_avx2_body(
         _mm_prefetch(gbf16 ? (const char *)(gb + i + d) : (const char *)(g + i + d), _MM_HINT_T0);
         const __m256 lo = adamw_avx2_8(&k, p, m, v, g, gb, i, gbf16);
         const __m256 hi = adamw_avx2_8(&k, p, m, v, g, gb, i + 8, gbf16);
+        nf = _mm256_or_ps(nf, _mm256_or_ps(_mm256_mul_ps(lo, zero), _mm256_mul_ps(hi, zero)));
         if (pbf16) {
             /* packus interleaves per 128-bit lane (lo0 hi0 lo1 hi1 in
              * quadwords); the permute puts them back in order */
@@ -163,15 +177,17 @@ MT_AVX2 __attribute__((always_inline)) static inline void adamw_avx2_body(
             _mm256_storeu_si256((__m256i *)(pb + i), _mm256_permute4x64_epi64(pk, 0xD8));
         }
     }
-    for (; i < e; i++) adamw_elem_at(j, i);
+    for (; i < e; i++) bad |= adamw_elem_at(j, i);
+    const __m256i ex = _mm256_set1_epi32(0x7f800000);
+    return bad | (_mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(nf), ex), ex)) != 0);
 }
 
-MT_AVX2 static void adamw_range_avx2(const adamw_job_t *j, size_t b, size_t e) {
+MT_AVX2 static int adamw_range_avx2(const adamw_job_t *j, size_t b, size_t e) {
     const int gbf16 = j->g == NULL, pbf16 = j->pb != NULL;
-    if (gbf16 && pbf16) adamw_avx2_body(j, b, e, 1, 1);
-    else if (gbf16) adamw_avx2_body(j, b, e, 1, 0);
-    else if (pbf16) adamw_avx2_body(j, b, e, 0, 1);
-    else adamw_avx2_body(j, b, e, 0, 0);
+    if (gbf16 && pbf16) return adamw_avx2_body(j, b, e, 1, 1);
+    if (gbf16) return adamw_avx2_body(j, b, e, 1, 0);
+    if (pbf16) return adamw_avx2_body(j, b, e, 0, 1);
+    return adamw_avx2_body(j, b, e, 0, 0);
 }
 
 /* ---- AVX-512F: 16 lanes ---- */
@@ -189,7 +205,7 @@ MT_AVX512 static inline __m256i bf16_round_avx512(__m512 x) {
     return _mm512_cvtepi32_epi16(r); /* values < 0x10000: truncation is exact */
 }
 
-MT_AVX512 __attribute__((always_inline)) static inline void adamw_avx512_body(
+MT_AVX512 __attribute__((always_inline)) static inline int adamw_avx512_body(
     const adamw_job_t *j, size_t b, size_t e, const int gbf16, const int pbf16) {
     const kern_adamw_coef_t *c = &j->c;
     float *restrict p = j->p, *restrict m = j->m, *restrict v = j->v;
@@ -203,7 +219,10 @@ MT_AVX512 __attribute__((always_inline)) static inline void adamw_avx512_body(
     const int lbase_m = c->lbase_m;
     const size_t d = ADAMW_PF_FLOATS;
     size_t i = b;
-    for (const size_t pe = b + adamw_peel(j, b, e); i < pe; i++) adamw_elem_at(j, i);
+    int bad = 0;
+    __m512i nf = _mm512_setzero_si512();
+    const __m512 zero = _mm512_setzero_ps();
+    for (const size_t pe = b + adamw_peel(j, b, e); i < pe; i++) bad |= adamw_elem_at(j, i);
     for (; i + 16 <= e; i += 16) {
         _mm_prefetch((const char *)(p + i + d), _MM_HINT_T0);
         _mm_prefetch((const char *)(m + i + d), _MM_HINT_T0);
@@ -227,17 +246,20 @@ MT_AVX512 __attribute__((always_inline)) static inline void adamw_avx512_body(
         _mm512_storeu_ps(p + i, pv);
         _mm512_storeu_ps(m + i, mv);
         _mm512_storeu_ps(v + i, vv);
+        nf = _mm512_or_si512(nf, _mm512_castps_si512(_mm512_mul_ps(pv, zero)));
         if (pbf16) _mm256_storeu_si256((__m256i *)(pb + i), bf16_round_avx512(pv));
     }
-    for (; i < e; i++) adamw_elem_at(j, i);
+    for (; i < e; i++) bad |= adamw_elem_at(j, i);
+    const __m512i ex = _mm512_set1_epi32(0x7f800000);
+    return bad | (_mm512_cmpeq_epi32_mask(_mm512_and_si512(nf, ex), ex) != 0);
 }
 
-MT_AVX512 static void adamw_range_avx512(const adamw_job_t *j, size_t b, size_t e) {
+MT_AVX512 static int adamw_range_avx512(const adamw_job_t *j, size_t b, size_t e) {
     const int gbf16 = j->g == NULL, pbf16 = j->pb != NULL;
-    if (gbf16 && pbf16) adamw_avx512_body(j, b, e, 1, 1);
-    else if (gbf16) adamw_avx512_body(j, b, e, 1, 0);
-    else if (pbf16) adamw_avx512_body(j, b, e, 0, 1);
-    else adamw_avx512_body(j, b, e, 0, 0);
+    if (gbf16 && pbf16) return adamw_avx512_body(j, b, e, 1, 1);
+    if (gbf16) return adamw_avx512_body(j, b, e, 1, 0);
+    if (pbf16) return adamw_avx512_body(j, b, e, 0, 1);
+    return adamw_avx512_body(j, b, e, 0, 0);
 }
 
 /* ---- dispatch ---- */
@@ -298,7 +320,17 @@ static void adamw_task(void *ctx, size_t task) {
     const size_t vb = task * j->chunk, ve = vb + j->chunk;
     const size_t b = vb > j->mis ? vb - j->mis : 0;
     const size_t e = ve - j->mis < j->n ? ve - j->mis : j->n;
-    if (b < e) j->fn(j, b, e);
+    /* a relaxed store: tasks only ever set it, the pool's join orders it */
+    if (b < e && j->fn(j, b, e) && j->bad) __atomic_store_n(j->bad, 1, __ATOMIC_RELAXED);
+}
+
+int kern_adamw_block_isa(kern_cpu_isa_t isa, const kern_adamw_coef_t *c, float *p, float *m, float *v,
+                         const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n) {
+    adamw_job_t j = {.c = *c, .p = p, .m = m, .v = v, .g = g, .gb = g_bf16, .pb = p_bf16, .n = n};
+    j.fn = isa == KERN_ISA_AVX512 ? adamw_range_avx512
+         : isa == KERN_ISA_AVX2   ? adamw_range_avx2
+                                  : adamw_range_scalar;
+    return j.fn(&j, 0, n);
 }
 
 void kern_adamw_cpu_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, float *m, float *v,
@@ -316,7 +348,7 @@ void kern_adamw_cpu_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, f
              kern_cpu_isa_name(isa));
 
     adamw_job_t j = {.c = kern_adamw_coef(hp), .p = p, .m = m, .v = v,
-                     .g = g, .gb = g_bf16, .pb = p_bf16, .n = n};
+                     .g = g, .gb = g_bf16, .pb = p_bf16, .n = n, .bad = hp->nonfinite};
     j.fn = isa == KERN_ISA_AVX512 ? adamw_range_avx512
          : isa == KERN_ISA_AVX2   ? adamw_range_avx2
                                   : adamw_range_scalar;
@@ -325,7 +357,7 @@ void kern_adamw_cpu_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, f
     j.mis = ((uintptr_t)p & 3u) ? 0 : ((uintptr_t)p & 63u) / sizeof(float);
     const size_t ntasks = (j.mis + n + j.chunk - 1) / j.chunk;
     if (ntasks == 1 || nthreads == 1 || n < ADAMW_INLINE_BELOW) {
-        j.fn(&j, 0, n);
+        if (j.fn(&j, 0, n) && j.bad) *j.bad = 1;
         return;
     }
     kern_threadpool_parallel_for(pool, ntasks, adamw_task, &j);

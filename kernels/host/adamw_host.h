@@ -42,6 +42,7 @@
 
 #include "kernels/adamw.h"
 #include "kernels/host/threadpool.h"
+#include "kernels/math/adamw_math.h"
 
 typedef enum {
     KERN_ISA_AUTO = 0, /* the widest this CPU supports */
@@ -61,6 +62,12 @@ const char *kern_cpu_isa_name(kern_cpu_isa_t isa);
 void kern_adamw_cpu_pool(kern_threadpool_t *pool, float *p, const kern_moments_t *mom, const float *g,
                          const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                          const kern_adamw_params_t *hp);
+
+/* As kern_adamw_cpu_pool on a chosen path (the fp32 format goes to
+ * kern_adamw_cpu_isa); every path gives the same bits. */
+void kern_adamw_moments_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, const kern_moments_t *mom,
+                            const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
+                            const kern_adamw_params_t *hp);
 
 /* The moments' one allocation (kernels/adamw.h): its bytes for n elements,
  * and the view of base laid out as m | v | m_absmax | v_absmax (each part
@@ -82,6 +89,13 @@ void kern_moments_from_f32(const kern_moments_t *mom, size_t n, const float *m, 
 void kern_adamw_cpu_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, float *m, float *v,
                         const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                         const kern_adamw_params_t *hp);
+
+/* The update of n elements on the calling thread with the per-call
+ * constants already made (kern_adamw_coef), on an ISA this CPU has: the
+ * lighter moment formats run it on each block's fp32 moments.  Returns 1
+ * when a master value it wrote is NaN or Inf. */
+int kern_adamw_block_isa(kern_cpu_isa_t isa, const kern_adamw_coef_t *c, float *p, float *m, float *v,
+                         const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n);
 
 /* Elements per thread-pool task for a tensor of n elements on nthreads
  * (exposed for the benchmark, which splits its ceiling pass the same way). */

@@ -12,12 +12,12 @@
  *   depend on the element index only, so the result is the same for any
  *   thread count and on the CUDA twin.
  * - The fp32 format is the SIMD kernel of adamw.c, unchanged.
- * - Speed: the update of a block is a plain loop over fp32 arrays, which
- *   the compiler vectorizes (this library is built with -ftree-vectorize);
- *   a copy built for AVX2 + FMA is chosen at run time where the CPU has
- *   them (the build targets x86-64-v2, where fmaf is a library call).
- *   Vector and scalar code round alike: every op is IEEE and the only
- *   fused one is adamw_math.h's explicit fmaf. */
+ * - Speed: a block's update is adamw.c's SIMD update (kern_adamw_block_isa)
+ *   on the expanded fp32 moments, and its store (the stochastic rounding's
+ *   random bits, the 8-bit absmax and quantizer search) has AVX2 and
+ *   AVX-512 copies in moments_simd.c; the path is chosen at run time from
+ *   the CPU (the fp32 kernel's choice) and every path gives the scalar
+ *   definition's bits (moments_test.c compares them). */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -26,6 +26,7 @@
 #include "base/dtype.h"
 #include "base/status.h"
 #include "kernels/host/adamw_host.h"
+#include "kernels/host/moments_simd.h"
 #include "kernels/math/adamw_math.h"
 #include "kernels/math/moments_math.h"
 #include "kernels/math/moments_qmap.h"
@@ -130,43 +131,49 @@ typedef struct {
     size_t n;
     size_t chunk; /* elements per task, a multiple of 256 */
     uint64_t key; /* bf16: the stochastic rounding's key for this step */
-    bool avx2;    /* the update's AVX2 + FMA copy */
+    int *bad;     /* kern_adamw_params_t.nonfinite */
+    kern_cpu_isa_t isa; /* SCALAR, AVX2 or AVX512: the update's and the store's copies */
+    kern_moments_q8_tables_t q8; /* 8-bit on AVX-512: the search's tables */
 } lite_job_t;
 
-/* The fp32 update of n <= 256 elements (adamw_math.h's element). */
-#define LITE_UPDATE_BODY                                                   \
-    for (size_t k = 0; k < n; k++) p[k] = kern_adamw_elem(c, p[k], &m[k], &v[k], g[k]);
-
-static void update_plain(const kern_adamw_coef_t *c, float *restrict p, float *restrict m, float *restrict v,
-                         const float *restrict g, size_t n) {
-    LITE_UPDATE_BODY
-}
-
-__attribute__((target("avx2,fma"))) static void update_avx2(const kern_adamw_coef_t *c, float *restrict p,
-                                                            float *restrict m, float *restrict v,
-                                                            const float *restrict g, size_t n) {
-    LITE_UPDATE_BODY
-}
-
 /* One block [b, e) of at most 256 elements, b a multiple of 256. */
-static void lite_block(const lite_job_t *j, size_t b, size_t e) {
-    float mf[QB], vf[QB], gf[QB];
-    expand(&j->mom, 0, b, e, mf);
-    expand(&j->mom, 1, b, e, vf);
-    const float *g = j->g ? j->g + b : gf;
-    if (!j->g)
-        for (size_t i = b; i < e; i++) gf[i - b] = mt_bf16_to_f32(j->gb[i]);
-    if (j->avx2) update_avx2(&j->c, j->p + b, mf, vf, g, e - b);
-    else update_plain(&j->c, j->p + b, mf, vf, g, e - b);
-    if (j->pb)
-        for (size_t i = b; i < e; i++) j->pb[i] = mt_f32_to_bf16(j->p[i]);
+static int lite_block(const lite_job_t *j, size_t b, size_t e) {
+    float mf[QB] __attribute__((aligned(64))), vf[QB] __attribute__((aligned(64)));
+    if (j->mom.fmt == KERN_MOMENTS_BF16 && j->isa == KERN_ISA_AVX512 && e - b == QB) {
+        kern_moments_bf16_expand_avx512((const uint16_t *)j->mom.m + b, mf);
+        kern_moments_bf16_expand_avx512((const uint16_t *)j->mom.v + b, vf);
+    } else if (j->mom.fmt == KERN_MOMENTS_8BIT && j->isa == KERN_ISA_AVX512 && e - b == QB) {
+        kern_moments_8bit_expand_avx512(kern_moments_qmap_signed, (const uint8_t *)j->mom.m + b,
+                                        j->mom.m_absmax[b / QB], mf);
+        kern_moments_8bit_expand_avx512(kern_moments_qmap_unsigned, (const uint8_t *)j->mom.v + b,
+                                        j->mom.v_absmax[b / QB], vf);
+    } else {
+        expand(&j->mom, 0, b, e, mf);
+        expand(&j->mom, 1, b, e, vf);
+    }
+    const int bad = kern_adamw_block_isa(j->isa, &j->c, j->p + b, mf, vf, j->g ? j->g + b : NULL,
+                                         j->gb ? j->gb + b : NULL, j->pb ? j->pb + b : NULL, e - b);
+    if (e - b == QB && j->isa >= KERN_ISA_AVX2) {
+        /* a whole block on the SIMD store (the same bits as below) */
+        const int wide = j->isa == KERN_ISA_AVX512;
+        if (j->mom.fmt == KERN_MOMENTS_BF16)
+            (wide ? kern_moments_bf16_store_avx512 : kern_moments_bf16_store_avx2)(j->mom.m, j->mom.v, mf, vf,
+                                                                                   j->key, b);
+        else if (wide)
+            kern_moments_8bit_store_avx512(&j->q8, (uint8_t *)j->mom.m + b, (uint8_t *)j->mom.v + b,
+                                           &j->mom.m_absmax[b / QB], &j->mom.v_absmax[b / QB], mf, vf);
+        else
+            kern_moments_8bit_store_avx2((uint8_t *)j->mom.m + b, (uint8_t *)j->mom.v + b, &j->mom.m_absmax[b / QB],
+                                         &j->mom.v_absmax[b / QB], mf, vf);
+        return bad;
+    }
     if (j->mom.fmt == KERN_MOMENTS_BF16) {
         uint16_t *m = j->mom.m, *v = j->mom.v;
         for (size_t i = b; i < e; i++) {
             m[i] = kern_moments_bf16_sr(mf[i - b], j->key, i, 0);
             v[i] = kern_moments_bf16_sr(vf[i - b], j->key, i, 1);
         }
-        return;
+        return bad;
     }
     /* bitsandbytes starts its absmax at -FLT_MAX; 0 is the same for |x| and
      * keeps an all-zero block's scale 0 */
@@ -182,25 +189,36 @@ static void lite_block(const lite_job_t *j, size_t b, size_t e) {
         m[i] = kern_moments_quantize_m(kern_moments_qmap_signed, mf[i - b], am);
         v[i] = kern_moments_quantize_v(kern_moments_qmap_unsigned, vf[i - b], av);
     }
+    return bad;
 }
 
-static void lite_range(const lite_job_t *j, size_t b, size_t e) {
-    for (size_t k = b; k < e; k += QB) lite_block(j, k, k + QB < e ? k + QB : e);
+static int lite_range(const lite_job_t *j, size_t b, size_t e) {
+    int bad = 0;
+    for (size_t k = b; k < e; k += QB) bad |= lite_block(j, k, k + QB < e ? k + QB : e);
+    return bad;
 }
 
 static void lite_task(void *ctx, size_t task) {
     const lite_job_t *j = ctx;
     const size_t b = task * j->chunk, e = b + j->chunk < j->n ? b + j->chunk : j->n;
-    lite_range(j, b, e);
+    if (lite_range(j, b, e) && j->bad) __atomic_store_n(j->bad, 1, __ATOMIC_RELAXED);
 }
 
 void kern_adamw_cpu_pool(kern_threadpool_t *pool, float *p, const kern_moments_t *mom, const float *g,
                          const uint16_t *g_bf16, uint16_t *p_bf16, size_t n, const kern_adamw_params_t *hp) {
+    kern_adamw_moments_isa(pool, KERN_ISA_AUTO, p, mom, g, g_bf16, p_bf16, n, hp);
+}
+
+void kern_adamw_moments_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, const kern_moments_t *mom,
+                            const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
+                            const kern_adamw_params_t *hp) {
     MT_CHECK(mom != NULL, "kern_adamw_cpu: moments are NULL");
     if (mom->fmt == KERN_MOMENTS_F32) {
-        kern_adamw_cpu_isa(pool, KERN_ISA_AUTO, p, mom->m, mom->v, g, g_bf16, p_bf16, n, hp);
+        kern_adamw_cpu_isa(pool, isa, p, mom->m, mom->v, g, g_bf16, p_bf16, n, hp);
         return;
     }
+    if (isa == KERN_ISA_AUTO) isa = kern_cpu_isa_best();
+    MT_CHECK(kern_cpu_isa_supported(isa), "kern_adamw_cpu: this CPU cannot run the %s path", kern_cpu_isa_name(isa));
     MT_CHECK(hp != NULL, "kern_adamw_cpu: hyperparameters are NULL");
     MT_CHECK((g == NULL) != (g_bf16 == NULL), "kern_adamw_cpu: pass exactly one of g (fp32) and g_bf16 (got %s)",
              g ? "both" : "neither");
@@ -210,13 +228,14 @@ void kern_adamw_cpu_pool(kern_threadpool_t *pool, float *p, const kern_moments_t
     MT_CHECK(mom->fmt != KERN_MOMENTS_8BIT || (mom->m_absmax && mom->v_absmax),
              "kern_adamw_cpu: 8-bit moments without their absmax arrays");
     lite_job_t j = {.c = kern_adamw_coef(hp), .p = p, .mom = *mom, .g = g, .gb = g_bf16, .pb = p_bf16, .n = n,
-                    .key = kern_moments_sr_key(mom->seed, hp->step), .avx2 = kern_cpu_isa_best() >= KERN_ISA_AVX2};
+                    .key = kern_moments_sr_key(mom->seed, hp->step), .isa = isa, .bad = hp->nonfinite};
+    if (mom->fmt == KERN_MOMENTS_8BIT && isa == KERN_ISA_AVX512) kern_moments_q8_tables_init(&j.q8);
     const int nthreads = kern_threadpool_size(pool);
     /* the fp32 kernel's task size, rounded to whole absmax blocks */
     j.chunk = (kern_adamw_chunk_elems(n, nthreads) + QB - 1) / QB * QB;
     const size_t ntasks = (n + j.chunk - 1) / j.chunk;
     if (ntasks == 1 || nthreads <= 1) {
-        lite_range(&j, 0, n);
+        if (lite_range(&j, 0, n) && j.bad) *j.bad = 1;
         return;
     }
     kern_threadpool_parallel_for(pool, ntasks, lite_task, &j);

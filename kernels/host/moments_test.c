@@ -11,6 +11,7 @@
 
 #include "base/dtype.h"
 #include "kernels/host/adamw_host.h"
+#include "kernels/host/moments_simd.h"
 #include "kernels/math/moments_math.h"
 #include "kernels/math/moments_qmap.h"
 
@@ -164,9 +165,152 @@ static void test_formats(void) {
     EXPECT(kern_moments_bytes(KERN_MOMENTS_8BIT, 1 << 20) == (2u << 20) + 2 * 4 * 4096);
 }
 
+/* A block's values for the quantizer edge cases: the map's values, the
+ * midpoints between neighbours and the floats just beside them (where the
+ * search's tie rule decides), signed zeros, tiny values (m's sign fix),
+ * NaN; element 0 sets the block's absmax to 1 so x = value exactly. */
+static void edge_block(float *b, const float *q, int blk, float sign) {
+    b[0] = 1.0f;
+    for (int k = 1; k < 256; k++) {
+        const int c = (k + blk * 37) % 255;
+        const float mid = (q[c] + q[c + 1]) * 0.5f;
+        switch ((k + blk) % 6) {
+        case 0: b[k] = q[c]; break;
+        case 1: b[k] = mid; break;
+        case 2: b[k] = nextafterf(mid, 2.0f); break;
+        case 3: b[k] = nextafterf(mid, -2.0f); break;
+        case 4: b[k] = (k & 1 ? -1e-30f : 1e-30f) * (float)k; break;
+        default: b[k] = k == 5 ? NAN : k == 11 ? -0.0f : k == 17 ? 0.0f : urand() * 2.0f - 1.0f;
+        }
+        if (sign > 0.0f && !isnan(b[k])) b[k] = fabsf(b[k]);
+    }
+}
+
+/* The SIMD stores give the scalar definition's bits, edge cases included. */
+static void test_simd_store(void) {
+    const float *qs = kern_moments_qmap_signed, *qu = kern_moments_qmap_unsigned;
+    kern_moments_q8_tables_t tabs;
+    kern_moments_q8_tables_init(&tabs);
+    const int avx2 = kern_cpu_isa_supported(KERN_ISA_AVX2), avx512 = kern_cpu_isa_supported(KERN_ISA_AVX512);
+    if (!avx2) printf("moments_test: this CPU has no AVX2, the SIMD stores are not compared\n");
+    for (int blk = 0; blk < 64 && avx2; blk++) {
+        float mf[256], vf[256];
+        edge_block(mf, qs, blk, -1.0f);
+        edge_block(vf, qu, blk, 1.0f);
+        if (blk == 1) memset(mf, 0, sizeof mf); /* absmax 0 */
+        if (blk == 2) vf[9] = INFINITY;          /* absmax inf: x = 0 or NaN */
+        uint8_t rm[256], rv[256], sm[256], sv[256];
+        float am = 0.0f, av = 0.0f, sam = -1.0f, sav = -1.0f;
+        for (int k = 0; k < 256; k++) am = fmaxf(am, fabsf(mf[k])), av = fmaxf(av, fabsf(vf[k]));
+        for (int k = 0; k < 256; k++) {
+            rm[k] = kern_moments_quantize_m(qs, mf[k], am);
+            rv[k] = kern_moments_quantize_v(qu, vf[k], av);
+        }
+        for (int w = 0; w < 1 + avx512; w++) {
+            if (w) kern_moments_8bit_store_avx512(&tabs, sm, sv, &sam, &sav, mf, vf);
+            else kern_moments_8bit_store_avx2(sm, sv, &sam, &sav, mf, vf);
+            EXPECT(memcmp(&sam, &am, 4) == 0 && memcmp(&sav, &av, 4) == 0);
+            EXPECT(memcmp(sm, rm, 256) == 0 && memcmp(sv, rv, 256) == 0);
+            if (w) {
+                float em[256];
+                kern_moments_8bit_expand_avx512(qs, sm, am, em);
+                for (int k = 0; k < 256; k++) EXPECT(memcmp(&em[k], &(float){qs[sm[k]] * am}, 4) == 0);
+            }
+        }
+        /* bf16: the same values, plus infinities and values that would round up to inf */
+        mf[3] = INFINITY, mf[4] = -INFINITY, mf[6] = 0x1.fffffep127f, vf[7] = -0x1.ffffp127f;
+        uint16_t bm[2][256], bv[2][256];
+        const uint64_t key = kern_moments_sr_key(blk, 3), b = 256 * (uint64_t)blk;
+        for (int w = 0; w < 1 + avx512; w++) {
+            (w ? kern_moments_bf16_store_avx512 : kern_moments_bf16_store_avx2)(bm[w] - b, bv[w] - b, mf, vf, key, b);
+            for (int k = 0; k < 256; k++) {
+                EXPECT(bm[w][k] == kern_moments_bf16_sr(mf[k], key, b + k, 0));
+                EXPECT(bv[w][k] == kern_moments_bf16_sr(vf[k], key, b + k, 1));
+            }
+        }
+    }
+}
+
+/* The whole update on every path this CPU has: the scalar path's bits. */
+static void test_paths(void) {
+    const size_t n = 5 * 256 + 77;
+    const kern_cpu_isa_t isas[3] = {KERN_ISA_SCALAR, KERN_ISA_AVX2, KERN_ISA_AVX512};
+    for (int f = KERN_MOMENTS_F32; f <= KERN_MOMENTS_8BIT; f++)
+        for (int gb = 0; gb < 2; gb++) {
+            float *p[3], *g = malloc(n * 4);
+            uint16_t *gh = malloc(n * 2), *pb[3];
+            void *mom[3];
+            const size_t bytes = kern_moments_bytes((kern_moments_fmt_t)f, n);
+            for (int a = 0; a < 3; a++) {
+                p[a] = malloc(n * 4), pb[a] = malloc(n * 2), mom[a] = calloc(1, bytes);
+                rng = 5;
+                for (size_t i = 0; i < n; i++) p[a][i] = urand() - 0.5f;
+            }
+            for (int t = 1; t <= 6; t++) {
+                rng = 50 + (uint64_t)t;
+                for (size_t i = 0; i < n; i++) {
+                    /* gradients over many binades; zeros and a non-finite one in block 3 */
+                    g[i] = (urand() - 0.5f) * ldexpf(1.0f, (int)(i % 41) - 30);
+                    if (i % 97 == 0) g[i] = 0.0f;
+                    gh[i] = mt_f32_to_bf16(g[i]);
+                }
+                if (t == 5) g[3 * 256 + 10] = NAN, gh[3 * 256 + 10] = 0x7fc0;
+                const kern_adamw_params_t hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                                .weight_decay = 0.01f, .grad_scale = 1.0f, .step = t};
+                for (int a = 0; a < 3; a++) {
+                    if (!kern_cpu_isa_supported(isas[a])) continue;
+                    kern_moments_t mv = kern_moments_view((kern_moments_fmt_t)f, mom[a], n, 77);
+                    int bad = 0;
+                    kern_adamw_params_t h = hp;
+                    h.nonfinite = &bad;
+                    kern_adamw_moments_isa(NULL, isas[a], p[a], &mv, gb ? NULL : g, gb ? gh : NULL, pb[a], n, &h);
+                    /* the fused check: the NaN gradient of step 5 stays in that element */
+                    EXPECT(bad == (t >= 5));
+                }
+            }
+            for (int a = 1; a < 3; a++) {
+                if (!kern_cpu_isa_supported(isas[a])) continue;
+                EXPECT(memcmp(p[a], p[0], n * 4) == 0 && memcmp(pb[a], pb[0], n * 2) == 0);
+                EXPECT(memcmp(mom[a], mom[0], bytes) == 0);
+            }
+            for (int a = 0; a < 3; a++) free(p[a]), free(pb[a]), free(mom[a]);
+            free(g), free(gh);
+        }
+}
+
+/* The fused finite check over the thread pool: any task's NaN or Inf
+ * reaches the flag, wherever it is; a finite update leaves it 0. */
+static void test_nonfinite_pool(void) {
+    const size_t n = 200000 + 77;
+    kern_threadpool_t *pool = kern_threadpool_create(3);
+    float *p = malloc(n * 4), *g = malloc(n * 4);
+    for (int f = KERN_MOMENTS_F32; f <= KERN_MOMENTS_8BIT; f++) {
+        void *mom = calloc(1, kern_moments_bytes((kern_moments_fmt_t)f, n));
+        kern_moments_t mv = kern_moments_view((kern_moments_fmt_t)f, mom, n, 9);
+        const size_t at[4] = {(size_t)-1, 0, n / 2 + 3, n - 1};
+        for (int k = 0; k < 4; k++) {
+            rng = 7;
+            for (size_t i = 0; i < n; i++) p[i] = urand() - 0.5f, g[i] = urand() - 0.5f;
+            memset(mom, 0, kern_moments_bytes((kern_moments_fmt_t)f, n));
+            if (k) p[at[k]] = k == 2 ? -INFINITY : NAN; /* the decay keeps it non-finite */
+            int bad = 0;
+            const kern_adamw_params_t hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                            .weight_decay = 0.01f, .grad_scale = 1.0f, .step = 1, .nonfinite = &bad};
+            kern_adamw_cpu_pool(pool, p, &mv, g, NULL, NULL, n, &hp);
+            EXPECT(bad == (k != 0));
+        }
+        free(mom);
+    }
+    free(p), free(g);
+    kern_threadpool_destroy(pool);
+}
+
 int main(void) {
     test_quantizer();
     test_stochastic_rounding();
+    test_simd_store();
+    test_paths();
+    test_nonfinite_pool();
     test_formats();
     if (failures) {
         fprintf(stderr, "%d failure(s)\n", failures);

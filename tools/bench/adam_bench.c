@@ -42,6 +42,7 @@
 #include "kernels/host/adamw_host.h"
 #include "kernels/host/threadpool.h"
 #include "base/dtype.h"
+#include "base/finite.h"
 #include "base/clock.h"
 #include "tools/build_info.h"
 
@@ -64,6 +65,7 @@ typedef struct {
     kern_cpu_isa_t isa;
     kern_adamw_params_t hp; /* for the plain loop */
     kern_moments_t mom_bf16, mom_8bit;
+    int nonfinite; /* the finite checks' answer (kept, so the scan is not optimised away) */
 } bench_arrays_t;
 
 static void *big_alloc(size_t bytes, int hugepages) {
@@ -226,6 +228,8 @@ typedef enum {
     M_PLAINT,
     M_OURS_BF16,
     M_OURS_8BIT,
+    M_SCAN,
+    M_FUSED,
     M_COUNT,
 } meas_t;
 
@@ -240,8 +244,11 @@ static const char *const k_meas_name[M_COUNT] = {
     "plain scalar loop, all threads",
     "moetune AdamW, bf16 moments (20 B/param)",
     "moetune AdamW, 8-bit moments (16 B/param)",
+    "fp32 AdamW, then a finite scan of p",
+    "fp32 AdamW, finite check fused",
 };
-static const double k_meas_bytes[M_COUNT] = {28, 28, 28, 30, 30, 30, 28, 28, 20, 16};
+/* the separate scan reads p once more (32 B); the fused check adds nothing */
+static const double k_meas_bytes[M_COUNT] = {28, 28, 28, 30, 30, 30, 28, 28, 20, 16, 32, 28};
 
 static double run_once(meas_t which, bench_arrays_t *a, uint16_t *pb, kern_threadpool_t *pool) {
     a->pb = (which == M_CEIL30 || which == M_CEIL30_PF || which == M_OURS30) ? pb : NULL;
@@ -261,6 +268,18 @@ static double run_once(meas_t which, bench_arrays_t *a, uint16_t *pb, kern_threa
     case M_PLAINT: kern_threadpool_parallel_for(pool, ntasks_of(a), plain_task, a); break;
     case M_OURS_BF16: kern_adamw_cpu_pool(pool, a->p, &a->mom_bf16, a->g, NULL, NULL, a->n, &a->hp); break;
     case M_OURS_8BIT: kern_adamw_cpu_pool(pool, a->p, &a->mom_8bit, a->g, NULL, NULL, a->n, &a->hp); break;
+    case M_SCAN: /* the engine's check before it was fused: one thread, after the update */
+        kern_adamw_cpu_isa(pool, a->isa, a->p, a->m, a->v, a->g, NULL, NULL, a->n, &a->hp);
+        a->nonfinite = mt_first_nonfinite_f32(a->p, a->n) != MT_ALL_FINITE;
+        break;
+    case M_FUSED: {
+        kern_adamw_params_t hp = a->hp;
+        int bad = 0;
+        hp.nonfinite = &bad;
+        kern_adamw_cpu_isa(pool, a->isa, a->p, a->m, a->v, a->g, NULL, NULL, a->n, &hp);
+        a->nonfinite = bad;
+        break;
+    }
     default: break;
     }
     return mt_now_s() - t0;
@@ -398,11 +417,13 @@ static void print_report(const bench_opts_t *o, const bench_result_t *res) {
                "\"bf16_copy_ceiling_bytes_per_s\": %.6g, \"bf16_copy_ratio_vs_ceiling\": %.4f, "
                "\"scalar_1t_params_per_s\": %.6g, \"scalar_threads_params_per_s\": %.6g, "
                "\"ratio_vs_scalar_1t\": %.4f, \"ratio_vs_scalar_threads\": %.4f, "
-               "\"bf16_moments_params_per_s\": %.6g, \"q8_moments_params_per_s\": %.6g}\n",
+               "\"bf16_moments_params_per_s\": %.6g, \"q8_moments_params_per_s\": %.6g, "
+               "\"finite_scan_params_per_s\": %.6g, \"finite_fused_params_per_s\": %.6g}\n",
                build, o->params, o->threads, kern_cpu_isa_name(o->isa), o->repeats,
                o->hugepages ? "true" : "false", pps[M_OURS28], bps[M_OURS28], med[M_OURS28],
                ceil28, r_ceil, pps[M_OURS30], bps[M_OURS30], ceil30, r_ceil30,
-               pps[M_PLAIN1], pps[M_PLAINT], r_plain1, r_plaint, pps[M_OURS_BF16], pps[M_OURS_8BIT]);
+               pps[M_PLAIN1], pps[M_PLAINT], r_plain1, r_plaint, pps[M_OURS_BF16], pps[M_OURS_8BIT],
+               pps[M_SCAN], pps[M_FUSED]);
         return;
     }
     mt_build_info_print(stdout);
