@@ -91,7 +91,12 @@ mt_status_t mt_quant_expect(const mt_quant_view_t *q, mt_quant_sizes_t *want, co
         want->scales = div_up(q->rows, q->block) * div_up(q->cols, q->block_cols);
         break;
     case MT_QUANT_MXFP4:
-        if (q->block != 32 || q->cols % 32)
+        if (q->tr_rows < 0 || (q->tr_rows > 0 && (q->tr_rows % 32 || q->rows % q->tr_rows)))
+            return mt_error_set(err, MT_ERR_FORMAT,
+                                "%s: MXFP4 tensor [%lld, %lld] held transposed in matrices of %lld rows: expected a "
+                                "positive multiple of 32 (one packed row of whole blocks) dividing %lld",
+                                what, R, C, (long long)q->tr_rows, R);
+        if (q->block != 32 || (q->tr_rows == 0 && q->cols % 32))
             return mt_error_set(err, MT_ERR_FORMAT,
                                 "%s: MXFP4 tensor [%lld, %lld] with blocks of %lld: MXFP4 shares one scale per 32 "
                                 "values, so a row must be a multiple of 32",

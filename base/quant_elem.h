@@ -18,6 +18,12 @@
  *            `_blocks` bytes (rows, cols/32, 16), two E2M1 values per byte,
  *            the low nibble first (even column); scales_u8: the `_scales`
  *            E8M0 bytes (rows, cols/32); W = e2m1 * 2^(s - 127).
+ *            Transposed (tr_rows = K > 0), as gpt-oss holds its experts:
+ *            the view (rows, cols) is rows / K matrices (K, cols), each the
+ *            transpose of a packed (cols, K) one; element (e*K + k, c) is
+ *            packed element (e*cols + c, k), so codes are
+ *            (rows/K * cols, K/32, 16) and scales_u8 (rows/K * cols, K/32):
+ *            the `_blocks` / `_scales` bytes as stored, kept quantised.
  * NF4, FP4   bitsandbytes 4-bit (`load_in_4bit`, bnb_4bit_quant_type nf4 or
  *            fp4), blockwise over the FLATTENED tensor: element i = r*cols+c
  *            is in block i / block (64 by default); codes: ceil(n/2) bytes,
@@ -78,6 +84,7 @@ typedef struct {
     const float *code2;             /* double quantisation: the 256-entry map */
     int64_t block2;                 /* double quantisation: 256 */
     float offset;                   /* double quantisation: added after the nested dequantisation */
+    int64_t tr_rows;                /* MXFP4 held transposed (see MXFP4 above); 0: the packed order */
 } mt_quant_view_t;
 
 /* A small constant table inside an MT_HD function: static on the host (one
@@ -186,9 +193,15 @@ MT_HD float mt_quant_fp8_value(const mt_quant_view_t *q, int64_t r, int64_t c) {
 }
 
 MT_HD float mt_quant_mxfp4_value(const mt_quant_view_t *q, int64_t r, int64_t c) {
-    const uint8_t b = q->codes[r * (q->cols / 2) + c / 2];
-    const uint8_t nib = (c & 1) ? (uint8_t)(b >> 4) : (uint8_t)(b & 0xF);
-    return mt_q_e2m1(nib) * mt_q_e8m0(q->scales_u8[r * (q->cols / 32) + c / 32]);
+    int64_t pr = r, pc = c, len = q->cols; /* the packed row, column and row length */
+    if (q->tr_rows > 0) {
+        pr = (r / q->tr_rows) * q->cols + c;
+        pc = r % q->tr_rows;
+        len = q->tr_rows;
+    }
+    const uint8_t b = q->codes[pr * (len / 2) + pc / 2];
+    const uint8_t nib = (pc & 1) ? (uint8_t)(b >> 4) : (uint8_t)(b & 0xF);
+    return mt_q_e2m1(nib) * mt_q_e8m0(q->scales_u8[pr * (len / 32) + pc / 32]);
 }
 
 /* NF4 and FP4 (bitsandbytes): the flat element i = r * cols + c. */

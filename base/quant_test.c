@@ -136,6 +136,23 @@ static void test_mxfp4(void) {
                 bad += !same(packed[(b * R + r) * C + k], want) || !same(tr[(b * C + k) * R + r], want);
             }
     EXPECT(bad == 0, "%d values differ from e2m1 * 2^(s-127)", bad);
+    /* the same bytes as a transposed view (a quantised home of gpt-oss's
+     * experts): what the dequant kernels make equals transformers' layout */
+    const mt_quant_view_t v = {.format = MT_QUANT_MXFP4, .rows = B * C, .cols = R, .block = 32, .tr_rows = C,
+                               .codes = blocks, .scales_u8 = scales};
+    const mt_quant_sizes_t have = {.codes = (int64_t)sizeof blocks, .scales_u8 = (int64_t)sizeof scales};
+    mt_error_t err = {0};
+    EXPECT(mt_quant_check(&v, &have, "tr", &err) == MT_OK, "%s", err.msg);
+    float viewed[2 * 64 * 3];
+    mt_dequant(&v, viewed, MT_F32);
+    EXPECT(memcmp(viewed, tr, sizeof tr) == 0, "the transposed view differs from mt_dequant_mxfp4(transpose)");
+    mt_quant_view_t w = v;
+    w.tr_rows = 48; /* not whole blocks */
+    EXPECT(mt_quant_check(&w, &have, "tr", &err) == MT_ERR_FORMAT && strstr(err.msg, "multiple of 32"),
+           "tr_rows 48 accepted: %s", err.msg);
+    w.tr_rows = 32;
+    w.rows = B * C + 32; /* whole matrices of 32 rows, more than the buffers hold */
+    EXPECT(mt_quant_check(&w, &have, "tr", &err) == MT_ERR_FORMAT, "a view larger than its buffers accepted");
 }
 
 /* Block scales are finite and positive: 0, a negative, NaN and Inf are each found at their index. */

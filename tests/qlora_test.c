@@ -135,13 +135,21 @@ static bool write_dequantised(const char *yaml, const char *const *sets, const c
             const eng_st_tensor_t *s = &f.tensors[j];
             const size_t len = strlen(s->name);
             if (len > 10 && strcmp(s->name + len - 10, "_scale_inv") == 0) continue; /* FP8 scales: folded in */
+            if (len > 7 && strcmp(s->name + len - 7, "_scales") == 0) continue; /* MXFP4 scales: likewise */
+            /* MXFP4: NAME_blocks stands for NAME */
+            const size_t blen = len > 7 && strcmp(s->name + len - 7, "_blocks") == 0 ? len - 7 : len;
             const int k = nt++;
             t[k] = (eng_st_write_tensor_t){.name = s->name, .dtype = s->dtype, .ndim = s->ndim, .shape = shapes[k],
                                            .data = f.data + s->begin};
             for (int d = 0; d < s->ndim && d < 8; d++) shapes[k][d] = (int64_t)s->shape[d];
             for (int i = 0; i < m->spec.count; i++)
-                if (m->params[i].home_q && strcmp(m->spec.params[i].name, s->name) == 0) {
-                    vals[k] = malloc(s->numel * sizeof(float));
+                if (m->params[i].home_q && strlen(m->spec.params[i].name) == blen &&
+                    strncmp(m->spec.params[i].name, s->name, blen) == 0) {
+                    const eng_param_spec_t *ps = &m->spec.params[i];
+                    t[k].name = ps->name;
+                    t[k].ndim = ps->ndim;
+                    for (int d = 0; d < ps->ndim && d < 8; d++) shapes[k][d] = ps->shape[d];
+                    vals[k] = malloc(ps->numel * sizeof(float));
                     eng_exec_read_param(x, i, vals[k], false);
                     t[k].data = NULL;
                     t[k].f32 = vals[k];
@@ -494,6 +502,159 @@ static void check_link(void) {
            (unsigned long long)f8.h2d, r8);
 }
 
+/* ---- gpt-oss's MXFP4 experts ---------------------------------------------- */
+
+/* Nearest E2M1 code (low 4 bits) to x, |x| <= 6. */
+static uint8_t e2m1_code(float x) {
+    int best = 0;
+    for (int c = 1; c < 8; c++)
+        if (fabsf(mt_fp4_e2m1_to_f32((uint8_t)c) - fabsf(x)) < fabsf(mt_fp4_e2m1_to_f32((uint8_t)best) - fabsf(x)))
+            best = c;
+    return (uint8_t)(best | (x < 0 ? 8 : 0));
+}
+
+/* A copy of gpt-oss checkpoint src with every expert tensor (E, K, C) whose
+ * K is whole 32-value blocks stored as gpt-oss stores it: NAME_blocks
+ * (E, C, K/32, 16) and NAME_scales (E, C, K/32), the transpose packed
+ * (scale: the smallest power of two putting the block's absmax within 6).
+ * nan_scale: the first scale is 0xFF (damaged).  *packed: how many. */
+static bool write_mxfp4(const char *src, const char *dst, bool nan_scale, int *packed) {
+    char path[700], cmd[1500];
+    *packed = 0;
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dst);
+    if (system(cmd) != 0) return false;
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    eng_st_file_t f;
+    mt_error_t err = {0};
+    if (eng_st_open(path, &f, &err) != MT_OK) {
+        TH_CHECK(false, "%s", err.msg);
+        return false;
+    }
+    eng_st_write_tensor_t *t = calloc((size_t)f.count * 2, sizeof *t);
+    void **bufs = calloc((size_t)f.count * 2, sizeof *bufs);
+    int64_t(*shapes)[4] = calloc((size_t)f.count * 2, sizeof *shapes);
+    char(*names)[2][300] = calloc((size_t)f.count, sizeof *names);
+    int n = 0;
+    for (int k = 0; k < f.count; k++) {
+        const eng_st_tensor_t *s = &f.tensors[k];
+        float *x = malloc(s->numel * sizeof *x);
+        eng_st_read_f32(&f, s, x, &err);
+        const size_t len = strlen(s->name);
+        const bool quant = s->ndim == 3 && strstr(s->name, ".experts.") && s->shape[1] % 32 == 0 &&
+                           strcmp(s->name + len - 5, "_bias") != 0;
+        if (!quant) {
+            for (int d = 0; d < s->ndim; d++) shapes[n][d] = (int64_t)s->shape[d];
+            t[n] = (eng_st_write_tensor_t){.name = s->name, .dtype = ENG_ST_F32, .ndim = s->ndim, .shape = shapes[n],
+                                           .f32 = x};
+            bufs[n++] = x;
+            continue;
+        }
+        const int64_t E = (int64_t)s->shape[0], K = (int64_t)s->shape[1], C = (int64_t)s->shape[2], G = K / 32;
+        uint8_t *blocks = calloc((size_t)(E * C * G * 16), 1), *scales = malloc((size_t)(E * C * G));
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t g = 0; g < G; g++) {
+                    float amax = 0;
+                    for (int64_t j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[(e * K + g * 32 + j) * C + c]));
+                    int sc = 127;
+                    while (amax > 0 && amax / ldexpf(1.0f, sc - 127) > 6.0f) sc++;
+                    while (amax > 0 && sc > 1 && amax / ldexpf(1.0f, sc - 128) <= 6.0f) sc--;
+                    const int64_t row = e * C + c;
+                    scales[row * G + g] = (uint8_t)sc;
+                    for (int64_t j = 0; j < 32; j++) {
+                        const uint8_t q = e2m1_code(x[(e * K + g * 32 + j) * C + c] / ldexpf(1.0f, sc - 127));
+                        blocks[(row * G + g) * 16 + j / 2] |= (uint8_t)(j % 2 ? q << 4 : q);
+                    }
+                }
+        if (nan_scale && *packed == 0) scales[0] = 0xFF;
+        (*packed)++;
+        free(x);
+        snprintf(names[k][0], sizeof names[k][0], "%s_blocks", s->name);
+        snprintf(names[k][1], sizeof names[k][1], "%s_scales", s->name);
+        shapes[n][0] = shapes[n + 1][0] = E;
+        shapes[n][1] = shapes[n + 1][1] = C;
+        shapes[n][2] = shapes[n + 1][2] = G;
+        shapes[n][3] = 16;
+        t[n] = (eng_st_write_tensor_t){.name = names[k][0], .dtype = ENG_ST_U8, .ndim = 4, .shape = shapes[n],
+                                       .data = blocks};
+        bufs[n++] = blocks;
+        t[n] = (eng_st_write_tensor_t){.name = names[k][1], .dtype = ENG_ST_U8, .ndim = 3, .shape = shapes[n],
+                                       .data = scales};
+        bufs[n++] = scales;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dst);
+    const bool ok = eng_st_write(path, t, n, NULL, 0, &err) == MT_OK;
+    TH_CHECK(ok, "writing %s: %s", path, err.msg);
+    for (int k = 0; k < n; k++) free(bufs[k]);
+    free(bufs);
+    free(t);
+    free(shapes);
+    free(names);
+    eng_st_close(&f);
+    snprintf(path, sizeof path, "%s/config.json", src);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    if (!cfg) return false;
+    json_object_set_new(cfg, "quantization_config",
+                        json_pack("{s:s, s:[s,s,s]}", "quant_method", "mxfp4", "modules_to_not_convert",
+                                  "model.layers.*.self_attn", "model.layers.*.mlp.router", "lm_head"));
+    snprintf(path, sizeof path, "%s/config.json", dst);
+    const int wr = json_dump_file(cfg, path, JSON_INDENT(2));
+    json_decref(cfg);
+    return ok && wr == 0;
+}
+
+/* A LoRA run over gpt-oss's MXFP4 experts keeps them quantised as stored
+ * and equals, bit for bit, the run over the same base dequantised once;
+ * a NaN scale (0xFF) is refused naming the tensor. */
+static void check_mxfp4(const char *fixture) {
+    char yaml[700], src[700], mx[700], mx_set[800], deq[700], deq_set[800], out[800];
+    snprintf(yaml, sizeof yaml, "%s/run.yaml", fixture);
+    snprintf(src, sizeof src, "%s/ckpt", fixture);
+    snprintf(mx, sizeof mx, "%s/mxfp4", g_tmp);
+    int packed = 0, quantised = 0;
+    if (!write_mxfp4(src, mx, false, &packed)) return;
+    snprintf(mx_set, sizeof mx_set, "base_model=%s", mx);
+    const char *sets[] = {mx_set, "adapter=lora", "lora_r=4", "lora_alpha=8", "lora_target_modules=[q_proj, v_proj]",
+                          "max_steps=3", "scheduler.weights=stream", NULL};
+    run_t q, ref;
+    snprintf(out, sizeof out, "%s/mxfp4-out", g_tmp);
+    train(yaml, sets, out, &q);
+    snprintf(deq, sizeof deq, "%s/mxfp4-deq", g_tmp);
+    if (!q.ok || !write_dequantised(yaml, sets, deq, &quantised)) return;
+    snprintf(deq_set, sizeof deq_set, "base_model=%s", deq);
+    const char *rsets[] = {deq_set, "adapter=lora", "lora_r=4", "lora_alpha=8", "lora_target_modules=[q_proj, v_proj]",
+                           "max_steps=3", "scheduler.weights=stream", NULL};
+    snprintf(out, sizeof out, "%s/mxfp4-ref", g_tmp);
+    train(yaml, rsets, out, &ref);
+    TH_CHECK(packed > 0 && quantised == packed, "the MXFP4 run kept %d expert tensors quantised of the %d stored so",
+             quantised, packed);
+    TH_CHECK(same_losses(&q, &ref), "MXFP4 as stored: losses differ from the dequantised base's (step 1: %.17g vs "
+             "%.17g)", q.loss[0], ref.loss[0]);
+    TH_CHECK(q.h2d < ref.h2d, "the MXFP4 base sent %llu weight bytes per step, the dequantised one %llu",
+             (unsigned long long)q.h2d, (unsigned long long)ref.h2d);
+    if (same_losses(&q, &ref))
+        printf("gpt-oss MXFP4 experts kept as stored (%d tensors): %d losses equal the dequantised base's bit for "
+               "bit; weight bytes per step %llu vs %llu\n",
+               quantised, q.steps, (unsigned long long)q.h2d, (unsigned long long)ref.h2d);
+    char bad[700], bad_set[800];
+    snprintf(bad, sizeof bad, "%s/mxfp4-nan", g_tmp);
+    if (!write_mxfp4(src, bad, true, &packed)) return;
+    eng_run_config_t rc;
+    mt_error_t err = {0};
+    snprintf(bad_set, sizeof bad_set, "base_model=%s", bad);
+    mt_status_t st = eng_run_config_load(yaml, &rc, &err);
+    for (int i = 0; sets[i] && st == MT_OK; i++) st = eng_run_config_set(&rc, i == 0 ? bad_set : sets[i], &err);
+    snprintf(out, sizeof out, "output_dir=%s/mxfp4-nan-out", g_tmp);
+    if (st == MT_OK) st = eng_run_config_set(&rc, out, &err);
+    if (st == MT_OK) st = eng_run_config_validate(&rc, &err);
+    eng_train_result_t res;
+    if (st == MT_OK) st = eng_train(&rc, &res, &err);
+    eng_run_config_free(&rc);
+    TH_CHECK(st != MT_OK && strstr(err.msg, "gate_up_proj_blocks") && strstr(err.msg, "0xFF"),
+             "an MXFP4 base with a NaN scale: %s", st == MT_OK ? "trained" : err.msg);
+    if (st != MT_OK) printf("MXFP4 NaN scale refused: %s\n", err.msg);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: qlora_test FIXTURE_DIR...\n");
@@ -514,5 +675,6 @@ int main(int argc, char **argv) {
     }
     check_equivalence(argv[1], true, fp4dq, "fp4 dq, skip o_proj");
     check_link();
+    check_mxfp4("tests/fixtures/ref_gpt_oss");
     return th_finish();
 }

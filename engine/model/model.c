@@ -274,10 +274,36 @@ static mt_status_t fp8_home(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *
     return st;
 }
 
+/* gpt-oss's MXFP4 experts kept as stored: the _blocks / _scales bytes as
+ * a transposed view (base/quant_elem.h), which dequantises to the layout
+ * the model holds (E, C, R) without a copy in the packed order. */
+static mt_status_t mxfp4_home(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *b, const eng_ckpt_entry_t *s,
+                              const int64_t shape[3], eng_param_t *p, mt_error_t *err) {
+    char what[400];
+    snprintf(what, sizeof what, "%s: '%s_blocks'", ck->files[b->file].path, p->spec->name);
+    const int64_t *want = p->spec->shape;
+    if (p->spec->ndim != 3 || shape[0] != want[0] || shape[1] != want[1] || shape[2] != want[2])
+        return mt_error_set(err, MT_ERR_FORMAT, "%s: MXFP4 tensor dequantises to [%lld, %lld, %lld]; config.json "
+                            "implies a tensor of %d dimensions [%lld, %lld, %lld]",
+                            what, (long long)shape[0], (long long)shape[1], (long long)shape[2], p->spec->ndim,
+                            (long long)want[0], (long long)(p->spec->ndim > 1 ? want[1] : 0),
+                            (long long)(p->spec->ndim > 2 ? want[2] : 0));
+    const mt_quant_view_t v = {.format = MT_QUANT_MXFP4, .rows = shape[0] * shape[1], .cols = shape[2], .block = 32,
+                               .tr_rows = shape[1], .codes = b->tensor->data, .scales_u8 = s->tensor->data};
+    const mt_quant_sizes_t have = {.codes = (int64_t)b->tensor->numel, .scales_u8 = (int64_t)s->tensor->numel};
+    const mt_status_t st = mt_quant_check(&v, &have, what, err); /* a NaN scale 0xFF is refused here */
+    if (st != MT_OK) return st;
+    p->home_q = malloc(sizeof *p->home_q);
+    MT_CHECK_ALLOC(p->home_q, p->spec->name);
+    eng_quant_home_pack(p->home_q, &v, &have);
+    return MT_OK;
+}
+
 /* Quantised homes (engine/model/quant_home.h) for a LoRA run's frozen
- * matrices marked quant_ok: an F8_E4M3 weight as stored; otherwise, with
- * load_in_4bit, the checkpoint's values quantised as bitsandbytes does,
- * read one tensor at a time so the base is never held wider.  Runs before
+ * matrices marked quant_ok: an F8_E4M3 weight or gpt-oss's MXFP4 pair as
+ * stored; otherwise, with load_in_4bit, the checkpoint's values quantised
+ * as bitsandbytes does, read one tensor at a time so the base is never
+ * held wider.  Runs before
  * the checkpoint load, which then skips them. */
 static mt_status_t read_quant_homes(eng_model_t *m, const eng_checkpoint_t *ck, float **host, mt_error_t *err) {
     const eng_lora_quant_t *qo = &m->lora.quant;
@@ -290,6 +316,13 @@ static mt_status_t read_quant_homes(eng_model_t *m, const eng_checkpoint_t *ck, 
         const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->spec->name);
         if (e && e->tensor->dtype == ENG_ST_F8_E4M3) {
             st = fp8_home(ck, e, p, err);
+            if (st == MT_OK) drop_plain_home(p, &host[i]);
+            continue;
+        }
+        const eng_ckpt_entry_t *mb, *ms;
+        int64_t mshape[3];
+        if (!e && eng_checkpoint_find_mxfp4(ck, p->spec->name, &mb, &ms, mshape)) {
+            st = mxfp4_home(ck, mb, ms, mshape, p, err);
             if (st == MT_OK) drop_plain_home(p, &host[i]);
             continue;
         }

@@ -76,8 +76,9 @@ mt_status_t eng_model_check_trainable(const eng_model_config_t *c, const char *o
     json_t *ov = overrides_json ? json_loads(overrides_json, 0, &je) : NULL;
     if (json_is_object(root) && json_is_object(ov)) json_object_update(root, ov); /* the loader's merge */
     json_decref(ov);
-    /* FP8 releases (DeepSeek-V3, GLM-4.5-FP8) and gpt-oss's MXFP4: read
-     * dequantised (engine/model/io/checkpoint.c), saved unquantised (engine/run/save.c) */
+    /* FP8 releases (DeepSeek-V3, GLM-4.5-FP8) and gpt-oss's MXFP4: kept as
+     * stored in a LoRA run (engine/model/model.c), read dequantised otherwise
+     * (engine/model/io/checkpoint.c), saved unquantised (engine/run/save.c) */
     char qbuf[256];
     const char *quant = quant_unsupported(root ? json_object_get(root, "quantization_config") : NULL, qbuf,
                                           sizeof qbuf);

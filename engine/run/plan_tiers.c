@@ -67,10 +67,8 @@ mt_status_t eng_plan_base_quant_held(const eng_run_config_t *rc, const char *tex
     json_error_t je;
     json_t *root = json_loads(text, 0, &je);
     if (!root) return mt_error_set(err, MT_ERR_CONFIG, "%s:%d: %s", name, je.line, je.text);
-    const mt_status_t st = base_quant_of(rc, root, name, q, err);
-    /* gpt-oss's MXFP4 experts are widened on load (docs/quantization.md) */
-    if (st == MT_OK && q->format == MT_QUANT_MXFP4) q->on = false;
-    return st;
+    /* every stored format is held as stored, gpt-oss's MXFP4 experts too */
+    return base_quant_of(rc, root, name, q, err);
 }
 
 /* The format of config.json `root`'s base for run rc (see plan_tiers.h); takes root. */

@@ -26,8 +26,8 @@ mt_status_t eng_plan_base_quant(const eng_run_config_t *rc, const char *config_j
                                 mt_error_t *err);
 
 /* The same from config.json's text (name for messages), for a training
- * plan: the base as the executor holds it, so gpt-oss's MXFP4 experts,
- * which it widens on load, are planned in the working dtype. */
+ * plan: the base as the executor holds it (FP8 and gpt-oss's MXFP4
+ * experts as stored, load_in_4bit's NF4/FP4). */
 mt_status_t eng_plan_base_quant_held(const eng_run_config_t *rc, const char *text, const char *name,
                                      sched_base_quant_t *q, mt_error_t *err);
 

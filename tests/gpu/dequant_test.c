@@ -109,6 +109,8 @@ int main(void) {
     const mt_quant_view_t cases[] = {
         {.format = MT_QUANT_FP8_BLOCK, .rows = 130, .cols = 260, .block = 128, .block_cols = 128},
         {.format = MT_QUANT_MXFP4, .rows = 12, .cols = 96, .block = 32},
+        /* gpt-oss's experts held transposed: 2 experts of (64, 7), packed (7, 64) */
+        {.format = MT_QUANT_MXFP4, .rows = 128, .cols = 7, .block = 32, .tr_rows = 64},
         {.format = MT_QUANT_NF4, .rows = 9, .cols = 77, .block = 64},
         {.format = MT_QUANT_FP4, .rows = 8, .cols = 192, .block = 64},
         {.format = MT_QUANT_NF4, .rows = 150, .cols = 129, .block = 64, .block2 = 256},
