@@ -109,7 +109,7 @@ MT_HD float mt_q_bits(uint32_t u) {
  * m * 2^-9, one exact product. */
 MT_HD float mt_q_e4m3(uint8_t b) {
     const uint32_t sign = (uint32_t)(b & 0x80) << 24, e = (b >> 3) & 0xFu, m = b & 0x7u;
-    if (e == 0xF && m == 0x7) return NAN;
+    if (e == 0xF && m == 0x7) return mt_q_bits(0x7FC00000u); /* the quiet NaN glibc's NAN is; CUDA's is 0x7FFFFFFF */
     if (e == 0) {
         uint32_t u;
         const float mag = (float)m * 0x1p-9f;
@@ -189,7 +189,11 @@ MT_HD int mt_q_int4_nibble(int32_t word, int64_t k) {
  * and mt_quant_value choosing among them. */
 MT_HD float mt_quant_fp8_value(const mt_quant_view_t *q, int64_t r, int64_t c) {
     const int64_t scols = (q->cols + q->block_cols - 1) / q->block_cols;
-    return mt_q_e4m3(q->codes[r * q->cols + c]) * q->scales[(r / q->block) * scols + c / q->block_cols];
+    const float code = mt_q_e4m3(q->codes[r * q->cols + c]);
+    /* A NaN code is returned as it is: a GPU's product would turn it into its own NaN (0x7FFFFFFF), a CPU's
+     * keeps the operand's bits, and the twins must agree bit for bit. */
+    if (code != code) return code;
+    return code * q->scales[(r / q->block) * scols + c / q->block_cols];
 }
 
 MT_HD float mt_quant_mxfp4_value(const mt_quant_view_t *q, int64_t r, int64_t c) {
