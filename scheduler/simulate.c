@@ -26,7 +26,7 @@ static const char *const k_mem_names[SCHED_MEM_COUNT] = {"device", "pinned", "ho
 static const char *const k_task_names[SCHED_TASK_KIND_COUNT] = {
     "forward", "backward", "fetch weights", "fetch activations", "offload activations",
     "gradients d2h", "gradients on host", "grad norm", "adamw", "weights update h2d", "token exchange",
-    "nvme read", "nvme write",
+    "nvme read", "nvme write", "offload block input", "fetch block input",
 };
 
 const char *sched_resource_name(sched_resource_t r) { return (unsigned)r < SCHED_RES_COUNT ? k_res_names[r] : "?"; }
@@ -278,15 +278,45 @@ static double opt_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, do
     return end;
 }
 
+/* Layer-major: adds a block's one weight fetch per use (the experts any
+ * micro-batch of the step hits) to *bytes and *copies. */
+static void lm_step_fetch(const sched_block_cost_t *c, double *bytes, double *copies) {
+    *bytes += c->w_fetch_step_bytes > 0 ? c->w_fetch_step_bytes : c->w_fetch_bytes;
+    *copies += c->w_fetch_step_bytes > 0 ? c->w_fetch_step_copies : c->w_fetch_copies;
+}
+
+/* Layer-major: bytes of micro-batch mb's block b sent D2H once its forward
+ * ended; held in pinned memory, freed on the device when the copy ends. */
+static double lm_offload(sim_t *s, sched_task_kind_t kind, int b, int mb, double end, double bytes, double copies) {
+    const double oe = copy(s, false, kind, b, mb, end, bytes, copies, NULL);
+    mem(s, SCHED_MEM_PINNED, oe, bytes);
+    mem(s, SCHED_MEM_DEVICE, oe, -bytes);
+    return oe;
+}
+
+/* Layer-major: lm_offload's bytes back H2D before the backward, issued when
+ * the previous micro-batch's compute started and the offload has landed;
+ * device memory from the issue.  Moves *ready to the copy's end. */
+static void lm_fetch_back(sim_t *s, sched_task_kind_t kind, int b, int mb, double prev_start, double landed,
+                          double bytes, double copies, double *ready, sched_resource_t *ready_res) {
+    const double r = prev_start > landed ? prev_start : landed;
+    const double t1 = copy(s, true, kind, b, mb, r, bytes, copies, NULL);
+    mem(s, SCHED_MEM_DEVICE, r, bytes);
+    mem(s, SCHED_MEM_PINNED, t1, -bytes);
+    if (t1 > *ready) *ready = t1, *ready_res = SCHED_RES_H2D;
+}
+
 /* Layer-major order (plan->layer_major; engine/exec/layer_major.c): the
  * uses of blocks are embedding and layers forward, the head, then layers
  * and embedding backward, 2N - 1 uses, each running all ga micro-batches;
  * the fetches for use u are issued as use u - W - 1 ends, once per use
  * (weights: the experts any micro-batch of the step hits).  Forward: each
- * micro-batch's saved set (or input) is allocated at its forward and
- * offloaded after it as in micro-batch order.  The head runs forward and
- * backward per micro-batch.  Backward: a micro-batch's offloaded
- * activations are fetched while the previous micro-batch computes;
+ * micro-batch's saved set (or input) less its block input, and its output
+ * (the next block's input), are allocated at its forward; activations are
+ * offloaded after it as in micro-batch order, and so is the block input
+ * where lm_inputs says so.  The head runs forward and backward per
+ * micro-batch.  Backward: a micro-batch's offloaded activations and input
+ * are fetched while the previous micro-batch computes;
  * micro-batches after the first add their gradients on the device (grads
  * HOST too: the sum stays on the device) and a grads HOST block sends the
  * step's sum once after its last micro-batch.  Returns the last compute end. */
@@ -296,8 +326,9 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
     const int U = 2 * N - 1;
     double *use_end = malloc((size_t)U * sizeof *use_end);
     double *offload_end = calloc((size_t)N * ga, sizeof *offload_end);
+    double *input_end = calloc((size_t)N * ga, sizeof *input_end); /* an offloaded input reached pinned memory */
     double *d2h_end = malloc(((size_t)N * (ga + 1) + 1) * sizeof *d2h_end);
-    MT_CHECK(use_end && offload_end && d2h_end, "out of host memory in the simulator");
+    MT_CHECK(use_end && offload_end && input_end && d2h_end, "out of host memory in the simulator");
     int n_d2h = 0;
     double last_end = 0, prev_start = 0, turn_w = 0;
     for (int u = 0; u < U; u++) {
@@ -310,15 +341,10 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
             b == 0 || b == N - 1 || (turn && p->acts == SCHED_ACTS_OFFLOAD) ? SCHED_ACTS_KEEP : p->acts;
         const double issue = u - W - 1 >= 0 ? use_end[u - W - 1] : 0;
         const bool held = !fwd && !head && turn;
-        const double unit = c->w_fetch_step_bytes > 0 ? c->w_fetch_step_bytes : c->w_fetch_bytes;
-        const double unit_copies = c->w_fetch_step_bytes > 0 ? c->w_fetch_step_copies : c->w_fetch_copies;
         double fw = 0, fw_copies = 0;
-        if (!held && p->weights == SCHED_WEIGHTS_STREAM) fw = unit, fw_copies = unit_copies;
-        if (head && w->tied_head && plan->blocks[0].weights == SCHED_WEIGHTS_STREAM) {
-            const sched_block_cost_t *e = &w->blocks[0];
-            fw += e->w_fetch_step_bytes > 0 ? e->w_fetch_step_bytes : e->w_fetch_bytes;
-            fw_copies += e->w_fetch_step_bytes > 0 ? e->w_fetch_step_copies : e->w_fetch_copies;
-        }
+        if (!held && p->weights == SCHED_WEIGHTS_STREAM) lm_step_fetch(c, &fw, &fw_copies);
+        if (head && w->tied_head && plan->blocks[0].weights == SCHED_WEIGHTS_STREAM)
+            lm_step_fetch(&w->blocks[0], &fw, &fw_copies);
         double wready = 0;
         sched_resource_t wres = SCHED_RES_H2D; /* what a compute waiting for the fetch waited on */
         if (fw > 0) {
@@ -327,20 +353,24 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
         }
         const double off = c->act_saved_bytes - c->act_input_bytes;
         const bool grads_host = !fwd && w->has_trainable && p->grads == SCHED_GRADS_HOST && c->grad_mb_bytes > 0;
+        const double in = b >= 1 ? c->act_input_bytes : 0; /* allocated by the block before, its output */
+        const double out_next =
+            fwd ? sched_block_cost(w, b + 1, plan->blocks[b + 1].expert_parallel)->act_input_bytes : 0;
+        const bool sends_input = sched_block_inputs_offloaded(plan, b) && in > 0;
         double end = last_end;
         for (int mb = 0; mb < ga; mb++) {
             double ready = mb == 0 ? wready : 0;
             sched_resource_t ready_res = mb == 0 && fw > 0 ? wres : SCHED_RES_COMPUTE;
             const bool sends_acts = fwd && acts == SCHED_ACTS_OFFLOAD && off > 0;
             const bool sends_grads = grads_host && mb == ga - 1;
-            if (!fwd && !head && acts == SCHED_ACTS_OFFLOAD && off > 0) {
-                /* issued while the previous micro-batch computes */
-                const double oe = offload_end[(size_t)b * ga + mb];
-                const double r = prev_start > oe ? prev_start : oe;
-                const double t1 = copy(s, true, SCHED_TASK_FETCH_ACT, b, mb, r, off, c->act_copies, NULL);
-                mem(s, SCHED_MEM_DEVICE, r, off);
-                mem(s, SCHED_MEM_PINNED, t1, -off);
-                if (t1 > ready) ready = t1, ready_res = SCHED_RES_H2D;
+            /* issued while the previous micro-batch computes: activations, then the input */
+            if (!fwd && !head && acts == SCHED_ACTS_OFFLOAD && off > 0)
+                lm_fetch_back(s, SCHED_TASK_FETCH_ACT, b, mb, prev_start, offload_end[(size_t)b * ga + mb], off,
+                              c->act_copies, &ready, &ready_res);
+            if (!fwd && !head && sends_input) {
+                lm_fetch_back(s, SCHED_TASK_FETCH_INPUT, b, mb, prev_start, input_end[(size_t)b * ga + mb], in, 1,
+                              &ready, &ready_res);
+                out->input_h2d_bytes += in;
             }
             /* a gradient batch waits for the one W + 1 sends earlier, as in
              * micro-batch order; activation offloads do not: the staging
@@ -358,14 +388,14 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
                 end = exchange(s, b, mb, start, end, c->xchg_fwd_bytes);
                 prev_start = start;
                 const double saved = acts == SCHED_ACTS_RECOMPUTE ? c->act_input_bytes : c->act_saved_bytes;
-                mem(s, SCHED_MEM_DEVICE, start, saved + c->fwd_temp_bytes);
+                mem(s, SCHED_MEM_DEVICE, start, saved - in + out_next + c->fwd_temp_bytes);
                 mem(s, SCHED_MEM_DEVICE, end, -c->fwd_temp_bytes);
-                if (sends_acts) {
-                    const double oe = copy(s, false, SCHED_TASK_OFFLOAD_ACT, b, mb, end, off, c->act_copies, NULL);
-                    offload_end[(size_t)b * ga + mb] = oe;
-                    mem(s, SCHED_MEM_PINNED, oe, off);
-                    mem(s, SCHED_MEM_DEVICE, oe, -off);
-                    d2h_end[dslot] = oe;
+                if (sends_acts)
+                    d2h_end[dslot] = offload_end[(size_t)b * ga + mb] =
+                        lm_offload(s, SCHED_TASK_OFFLOAD_ACT, b, mb, end, off, c->act_copies);
+                if (fwd && sends_input) { /* not gated, as activation offloads (see above) */
+                    input_end[(size_t)b * ga + mb] = lm_offload(s, SCHED_TASK_OFFLOAD_INPUT, b, mb, end, in, 1);
+                    out->input_d2h_bytes += in;
                 }
             }
             if (!fwd) {
@@ -406,6 +436,7 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
     }
     free(use_end);
     free(offload_end);
+    free(input_end);
     free(d2h_end);
     return last_end;
 }
@@ -838,6 +869,8 @@ static mt_status_t simulate_micro(const sched_workload_t *w, const sched_plan_t 
     SIM_EXTEND(nvme_read_bytes);
     SIM_EXTEND(nvme_write_bytes);
     SIM_EXTEND(recompute_s);
+    SIM_EXTEND(input_d2h_bytes);
+    SIM_EXTEND(input_h2d_bytes);
     for (int r = 0; r < SCHED_RES_COUNT; r++) {
         SIM_EXTEND(busy[r]);
         SIM_EXTEND(waited[r]);
