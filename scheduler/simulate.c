@@ -296,14 +296,20 @@ static double lm_offload(sim_t *s, sched_task_kind_t kind, int b, int mb, double
 
 /* Layer-major: lm_offload's bytes back H2D before the backward, issued when
  * the previous micro-batch's compute started and the offload has landed;
- * device memory from the issue.  Moves *ready to the copy's end. */
+ * device memory from the issue.  Moves *ready to the copy's end.  A copy
+ * queued behind the one that made *ready (the block's weights, say, late
+ * from NVMe) leaves the wait charged to what held that one up. */
 static void lm_fetch_back(sim_t *s, sched_task_kind_t kind, int b, int mb, double prev_start, double landed,
                           double bytes, double copies, double *ready, sched_resource_t *ready_res) {
     const double r = prev_start > landed ? prev_start : landed;
-    const double t1 = copy(s, true, kind, b, mb, r, bytes, copies, NULL);
+    double c0;
+    const double t1 = copy(s, true, kind, b, mb, r, bytes, copies, &c0);
     mem(s, SCHED_MEM_DEVICE, r, bytes);
     mem(s, SCHED_MEM_PINNED, t1, -bytes);
-    if (t1 > *ready) *ready = t1, *ready_res = SCHED_RES_H2D;
+    if (t1 > *ready) {
+        if (c0 < *ready || *ready_res == SCHED_RES_COMPUTE) *ready_res = SCHED_RES_H2D;
+        *ready = t1;
+    }
 }
 
 /* Layer-major order (plan->layer_major; engine/exec/layer_major.c): the
