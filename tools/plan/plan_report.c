@@ -471,6 +471,27 @@ static json_t *num(double v) {
 
 static void tiers_json(json_t *doc, const plan_ctx_t *c, const kinds_t *k);
 
+/* Each step order's best plan, for --json's step_orders. */
+static json_t *orders_json(const plan_ctx_t *c) {
+    const sched_planner_result_t *r = &c->res;
+    json_t *orders = json_object();
+    for (int k = 0; k < 2; k++)
+        if (r->planned[k])
+            json_object_set_new(orders, k ? "layer" : "micro_batch",
+                                json_pack("{s:b, s:o, s:o, s:o, s:o, s:o}", "feasible", r->order_feasible[k], "step_s",
+                                          num(r->order_step_s[k]), "tokens_per_s",
+                                          num(r->order_step_s[k] > 0 ? c->reg.tokens_per_step / r->order_step_s[k] : 0),
+                                          "h2d_bytes", num(r->order_h2d_bytes[k]), "d2h_bytes",
+                                          num(r->order_d2h_bytes[k]), "peak_device_bytes",
+                                          num(r->order_peak_device[k])));
+    json_t *lmo = json_object_get(orders, "layer");
+    if (lmo) { /* its plan's block inputs in host memory: layers, and bytes each way per step */
+        json_object_set_new(lmo, "inputs_offloaded_layers", json_integer(r->order_inputs_offloaded[1]));
+        json_object_set_new(lmo, "input_bytes", num(r->order_input_bytes[1]));
+    }
+    return orders;
+}
+
 json_t *plan_report_json(const plan_ctx_t *c) {
     const sched_registry_t *r = &c->reg;
     const eng_model_config_t *m = &c->mc;
@@ -507,22 +528,7 @@ json_t *plan_report_json(const plan_ctx_t *c) {
     json_object_set_new(doc, "policy", json_string(sched_policy_name(c->opts.policy)));
     json_object_set_new(doc, "feasible", json_boolean(c->res.feasible));
     json_object_set_new(doc, "step_order", json_string(c->res.plan.layer_major ? "layer" : "micro_batch"));
-    json_t *orders = json_object();
-    for (int k = 0; k < 2; k++)
-        if (c->res.planned[k])
-            json_object_set_new(orders, k ? "layer" : "micro_batch",
-                                json_pack("{s:b, s:o, s:o, s:o, s:o, s:o}", "feasible", c->res.order_feasible[k],
-                                          "step_s", num(c->res.order_step_s[k]), "tokens_per_s",
-                                          num(c->res.order_step_s[k] > 0 ? r->tokens_per_step / c->res.order_step_s[k] : 0),
-                                          "h2d_bytes", num(c->res.order_h2d_bytes[k]), "d2h_bytes",
-                                          num(c->res.order_d2h_bytes[k]), "peak_device_bytes",
-                                          num(c->res.order_peak_device[k])));
-    json_t *lmo = json_object_get(orders, "layer");
-    if (lmo) { /* its plan's block inputs in host memory: layers, and bytes each way per step */
-        json_object_set_new(lmo, "inputs_offloaded_layers", json_integer(c->res.order_inputs_offloaded[1]));
-        json_object_set_new(lmo, "input_bytes", num(c->res.order_input_bytes[1]));
-    }
-    json_object_set_new(doc, "step_orders", orders);
+    json_object_set_new(doc, "step_orders", orders_json(c));
     if (!c->res.feasible) {
         json_object_set_new(doc, "reason", json_string(c->res.why));
         json_t *shorts = json_array(), *needed = json_object();
