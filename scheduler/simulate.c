@@ -312,6 +312,51 @@ static void lm_fetch_back(sim_t *s, sched_task_kind_t kind, int b, int mb, doubl
     }
 }
 
+/* Layer-major: a backward use's offloaded block inputs, every micro-batch's
+ * (landed[mb]: its offload's end) at once, as the executor issues them
+ * ahead of the next uses' fetches; ready[mb] and res[mb] get when each is
+ * back and what it waited for (micro-batch 0's start from the use's weight
+ * fetch, wready and wres).  Returns the bytes fetched. */
+static double lm_fetch_inputs(sim_t *s, int b, int ga, double prev_start, const double *landed, double bytes,
+                              double wready, sched_resource_t wres, double *ready, sched_resource_t *res) {
+    for (int mb = 0; mb < ga; mb++) {
+        ready[mb] = mb == 0 ? wready : 0;
+        res[mb] = mb == 0 ? wres : SCHED_RES_COMPUTE;
+        lm_fetch_back(s, SCHED_TASK_FETCH_INPUT, b, mb, prev_start, landed[mb], bytes, 1, &ready[mb], &res[mb]);
+    }
+    return ga * bytes;
+}
+
+/* Layer-major's per-step scratch (sim_layer_major). */
+typedef struct {
+    double *use_end;          /* (2N - 1) each use's last compute end */
+    double *offload_end;      /* (N, ga) offloaded activations reached pinned memory */
+    double *input_end;        /* (N, ga) an offloaded block input reached pinned memory */
+    double *in_ready;         /* (ga) this use's block inputs back on the device */
+    sched_resource_t *in_res; /* (ga) ... and what they waited for */
+    double *d2h_end;          /* per use that sends D2H, in issue order */
+} lm_scratch_t;
+
+static void lm_scratch_init(lm_scratch_t *t, int N, int ga) {
+    t->use_end = malloc((size_t)(2 * N - 1) * sizeof *t->use_end);
+    t->offload_end = calloc((size_t)N * ga, sizeof *t->offload_end);
+    t->input_end = calloc((size_t)N * ga, sizeof *t->input_end);
+    t->in_ready = calloc((size_t)ga, sizeof *t->in_ready);
+    t->in_res = calloc((size_t)ga, sizeof *t->in_res);
+    t->d2h_end = malloc(((size_t)N * (ga + 1) + 1) * sizeof *t->d2h_end);
+    MT_CHECK(t->use_end && t->offload_end && t->input_end && t->in_ready && t->in_res && t->d2h_end,
+             "out of host memory in the simulator");
+}
+
+static void lm_scratch_free(lm_scratch_t *t) {
+    free(t->use_end);
+    free(t->offload_end);
+    free(t->input_end);
+    free(t->in_ready);
+    free(t->in_res);
+    free(t->d2h_end);
+}
+
 /* Layer-major order (plan->layer_major; engine/exec/layer_major.c): the
  * uses of blocks are embedding and layers forward, the head, then layers
  * and embedding backward, 2N - 1 uses, each running all ga micro-batches;
@@ -321,8 +366,9 @@ static void lm_fetch_back(sim_t *s, sched_task_kind_t kind, int b, int mb, doubl
  * (the next block's input), are allocated at its forward; activations are
  * offloaded after it as in micro-batch order, and so is the block input
  * where lm_inputs says so.  The head runs forward and backward per
- * micro-batch.  Backward: a micro-batch's offloaded activations and input
- * are fetched while the previous micro-batch computes;
+ * micro-batch.  Backward: a micro-batch's offloaded activations are
+ * fetched while the previous micro-batch computes, the use's offloaded
+ * block inputs, all of them, while the previous use's last one computes;
  * micro-batches after the first add their gradients on the device (grads
  * HOST too: the sum stays on the device) and a grads HOST block sends the
  * step's sum once after its last micro-batch.  Returns the last compute end. */
@@ -330,11 +376,8 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
                               bool *adam_done, sched_sim_result_t *out) {
     const int N = w->num_blocks, ga = w->grad_accum > 0 ? w->grad_accum : 1, W = plan->prefetch_window;
     const int U = 2 * N - 1;
-    double *use_end = malloc((size_t)U * sizeof *use_end);
-    double *offload_end = calloc((size_t)N * ga, sizeof *offload_end);
-    double *input_end = calloc((size_t)N * ga, sizeof *input_end); /* an offloaded input reached pinned memory */
-    double *d2h_end = malloc(((size_t)N * (ga + 1) + 1) * sizeof *d2h_end);
-    MT_CHECK(use_end && offload_end && input_end && d2h_end, "out of host memory in the simulator");
+    lm_scratch_t sc;
+    lm_scratch_init(&sc, N, ga);
     int n_d2h = 0;
     double last_end = 0, prev_start = 0, turn_w = 0;
     for (int u = 0; u < U; u++) {
@@ -345,7 +388,7 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
         const bool turn = W >= 1 && N >= 3 && b == N - 2;
         const sched_act_place_t acts =
             b == 0 || b == N - 1 || (turn && p->acts == SCHED_ACTS_OFFLOAD) ? SCHED_ACTS_KEEP : p->acts;
-        const double issue = u - W - 1 >= 0 ? use_end[u - W - 1] : 0;
+        const double issue = u - W - 1 >= 0 ? sc.use_end[u - W - 1] : 0;
         const bool held = !fwd && !head && turn;
         double fw = 0, fw_copies = 0;
         if (!held && p->weights == SCHED_WEIGHTS_STREAM) lm_step_fetch(c, &fw, &fw_copies);
@@ -363,28 +406,29 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
         const double out_next =
             fwd ? sched_block_cost(w, b + 1, plan->blocks[b + 1].expert_parallel)->act_input_bytes : 0;
         const bool sends_input = sched_block_inputs_offloaded(plan, b) && in > 0;
+        if (!fwd && !head && sends_input)
+            out->input_h2d_bytes +=
+                lm_fetch_inputs(s, b, ga, prev_start, sc.input_end + (size_t)b * ga, in, fw > 0 ? wready : 0,
+                                fw > 0 ? wres : SCHED_RES_COMPUTE, sc.in_ready, sc.in_res);
         double end = last_end;
         for (int mb = 0; mb < ga; mb++) {
             double ready = mb == 0 ? wready : 0;
             sched_resource_t ready_res = mb == 0 && fw > 0 ? wres : SCHED_RES_COMPUTE;
             const bool sends_acts = fwd && acts == SCHED_ACTS_OFFLOAD && off > 0;
             const bool sends_grads = grads_host && mb == ga - 1;
-            /* issued while the previous micro-batch computes: activations, then the input */
+            if (!fwd && !head && sends_input && sc.in_ready[mb] > ready)
+                ready = sc.in_ready[mb], ready_res = sc.in_res[mb];
+            /* issued while the previous micro-batch computes */
             if (!fwd && !head && acts == SCHED_ACTS_OFFLOAD && off > 0)
-                lm_fetch_back(s, SCHED_TASK_FETCH_ACT, b, mb, prev_start, offload_end[(size_t)b * ga + mb], off,
+                lm_fetch_back(s, SCHED_TASK_FETCH_ACT, b, mb, prev_start, sc.offload_end[(size_t)b * ga + mb], off,
                               c->act_copies, &ready, &ready_res);
-            if (!fwd && !head && sends_input) {
-                lm_fetch_back(s, SCHED_TASK_FETCH_INPUT, b, mb, prev_start, input_end[(size_t)b * ga + mb], in, 1,
-                              &ready, &ready_res);
-                out->input_h2d_bytes += in;
-            }
             /* a gradient batch waits for the one W + 1 sends earlier, as in
              * micro-batch order; activation offloads do not: the staging
              * pool holds every micro-batch's (the executor sizes it for k
              * times the tokens), so nothing makes the forward wait for them */
             int dslot = -1;
             if (sends_acts || sends_grads) {
-                const double gate = sends_grads && n_d2h > W ? d2h_end[n_d2h - W - 1] : 0;
+                const double gate = sends_grads && n_d2h > W ? sc.d2h_end[n_d2h - W - 1] : 0;
                 if (gate > ready) ready = gate, ready_res = SCHED_RES_D2H;
                 dslot = n_d2h++;
             }
@@ -397,10 +441,10 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
                 mem(s, SCHED_MEM_DEVICE, start, saved - in + out_next + c->fwd_temp_bytes);
                 mem(s, SCHED_MEM_DEVICE, end, -c->fwd_temp_bytes);
                 if (sends_acts)
-                    d2h_end[dslot] = offload_end[(size_t)b * ga + mb] =
+                    sc.d2h_end[dslot] = sc.offload_end[(size_t)b * ga + mb] =
                         lm_offload(s, SCHED_TASK_OFFLOAD_ACT, b, mb, end, off, c->act_copies);
                 if (fwd && sends_input) { /* not gated, as activation offloads (see above) */
-                    input_end[(size_t)b * ga + mb] = lm_offload(s, SCHED_TASK_OFFLOAD_INPUT, b, mb, end, in, 1);
+                    sc.input_end[(size_t)b * ga + mb] = lm_offload(s, SCHED_TASK_OFFLOAD_INPUT, b, mb, end, in, 1);
                     out->input_d2h_bytes += in;
                 }
             }
@@ -424,7 +468,7 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
                     double t0;
                     const double t = copy(s, false, SCHED_TASK_GRAD_D2H, b, mb, end, gb, gc, &t0);
                     mem(s, SCHED_MEM_DEVICE, t, -c->grad_mb_bytes);
-                    d2h_end[dslot] = t;
+                    sc.d2h_end[dslot] = t;
                     if (overlap && p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
                         overlapped_adam(s, w, plan, b, t0, t);
                         adam_done[b] = true;
@@ -437,13 +481,10 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
             else mem(s, SCHED_MEM_DEVICE, end, -fw);
         }
         if (held) mem(s, SCHED_MEM_DEVICE, end, -turn_w);
-        use_end[u] = end;
+        sc.use_end[u] = end;
         last_end = end;
     }
-    free(use_end);
-    free(offload_end);
-    free(input_end);
-    free(d2h_end);
+    lm_scratch_free(&sc);
     return last_end;
 }
 

@@ -410,12 +410,13 @@ static void test_layer_major(void) {
  *       its inputs go D2H [3,4] and [4,5], freed on the device at the ends
  *   head: forward [4,5] (+6: 10 less its input) backward [5,7] (-10),
  *       forward [7,8] backward [8,10]
- *   B1: inputs back H2D from when the previous compute started: [8,9]
- *       (+4 at 8) and [10,11] (+4 at 10), compute [10,12] [12,14]
+ *   B1: both inputs back H2D from when the previous use's last compute
+ *       started: [8,9] and [9,10] (+8 at 8), compute [10,12] [12,14]
  *   B0: [14,16] [16,18]
  * Device: 14, 28, 38, 48, then at t=4 -4 (mb 0's input landed) +6: peak
- * 50; kept inputs peak at 54 at t=4.  Pinned: the copy in flight plus the
- * inputs held until their fetch ends: 12 at t=8 (two held, one copying). */
+ * 50 (and 50 again at t=8); kept inputs peak at 54 at t=4.  Pinned: the
+ * copy in flight plus the inputs held until their fetch ends: 12 at t=8
+ * (two held, one copying). */
 static void test_layer_major_inputs(void) {
     sched_workload_t w;
     sched_plan_t p = {0};
@@ -449,14 +450,15 @@ static void test_layer_major_inputs(void) {
         }
         if (t->kind == SCHED_TASK_FETCH_INPUT) {
             n_fetch++;
-            EXPECT(t->block == 1 && NEAR(t->start, 8 + 2 * t->micro) && NEAR(t->end, 9 + 2 * t->micro),
+            EXPECT(t->block == 1 && NEAR(t->start, 8 + t->micro) && NEAR(t->end, 9 + t->micro),
                    "fetch mb %d [%g, %g]", t->micro, t->start, t->end);
         }
     }
     EXPECT(n_off == 2 && n_fetch == 2, "%d offloads, %d fetches of block inputs", n_off, n_fetch);
     sched_sim_result_free(&off);
     /* a slow link (1 byte/s): each fetch waits; 4 s copies: D2H [3,7] [7,11],
-     * H2D [8,12] [12,16], backward of the layer [12,14] [16,18], step 22 */
+     * H2D [8,12] and, once landed and the stream free, [12,16]; backward of
+     * the layer [12,14] [16,18], step 22 */
     w.h2d_bw = w.d2h_bw = 1.0;
     step(&w, &p, &off);
     EXPECT(NEAR(off.step_time, 22) && off.waited[SCHED_RES_H2D] > 0, "slow link: %g s, waited %g on H2D",

@@ -7,7 +7,8 @@
  * block inputs, k of them per block boundary: kept on the device, or (plan
  * lm_inputs OFFLOAD) sent to the host on the D2H stream once the layer's
  * forward of that micro-batch has read them and fetched back before its
- * backward of the layer, through tables of their own per micro-batch (the
+ * backward of the layer (all k as the layer's backward begins, ahead of
+ * the next layers' weights), through tables of their own per micro-batch (the
  * saved activations' mechanics, acts.h: pinned regions of the staging pool,
  * an event for landed and one for back).  Copies do not change bits, so
  * either choice trains identically.  What stays on the device at a
@@ -344,14 +345,17 @@ static mt_status_t run_layer_major(eng_exec_t *x, lm_t *lm, const eng_batch_t *b
 
     /* backward: layers and embedding from the top, each for every micro-batch */
     for (int b = head - 1; b >= 0; b--) {
+        /* every micro-batch's input of this block first: queued behind the
+         * next blocks' weights, each would wait for them */
+        for (int j = 0; j < k; j++)
+            if ((r = fetch_input(x, lm, b, j, err)) != MT_OK) return r;
         for (int w = 0; w <= W; w++)
             if ((r = fetch_bwd(x, lm, b - w, err)) != MT_OK) return r;
         exec_wait_block(&x->res, b);
         for (int j = 0; j < k; j++) {
             /* this micro-batch's activations, and the next ones' on their way during its compute */
-            if ((r = fetch_acts(x, lm, b, j, err)) != MT_OK || (r = fetch_input(x, lm, b, j, err)) != MT_OK) return r;
-            if ((r = j + 1 < k ? fetch_acts(x, lm, b, j + 1, err) : fetch_acts(x, lm, b - 1, 0, err)) != MT_OK ||
-                (r = j + 1 < k ? fetch_input(x, lm, b, j + 1, err) : fetch_input(x, lm, b - 1, 0, err)) != MT_OK)
+            if ((r = fetch_acts(x, lm, b, j, err)) != MT_OK) return r;
+            if ((r = j + 1 < k ? fetch_acts(x, lm, b, j + 1, err) : fetch_acts(x, lm, b - 1, 0, err)) != MT_OK)
                 return r;
             use_micro(x, lm, j);
             if (exec_acts_offloaded(&x->env, b)) exec_wait_acts(&x->acts, b);
