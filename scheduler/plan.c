@@ -19,15 +19,15 @@ void sched_plan_init_uniform(sched_plan_t *plan, int num_blocks, sched_policy_t 
         case SCHED_POLICY_AUTO:
         case SCHED_POLICY_KEEP_ALL:
             *p = (sched_block_plan_t){SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_DEVICE,
-                                      SCHED_ACTS_KEEP, false, false, false};
+                                      SCHED_ACTS_KEEP, false, false, false, SCHED_INPUTS_KEEP};
             break;
         case SCHED_POLICY_OFFLOAD_ALL:
             *p = (sched_block_plan_t){SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST,
-                                      SCHED_ACTS_OFFLOAD, false, false, false};
+                                      SCHED_ACTS_OFFLOAD, false, false, false, SCHED_INPUTS_KEEP};
             break;
         case SCHED_POLICY_MIN_MEMORY:
             *p = (sched_block_plan_t){SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST,
-                                      SCHED_ACTS_RECOMPUTE, false, false, false};
+                                      SCHED_ACTS_RECOMPUTE, false, false, false, SCHED_INPUTS_KEEP};
             break;
         }
     }
@@ -76,4 +76,16 @@ bool sched_policy_parse(const char *name, sched_policy_t *out) {
 bool sched_block_nvme_optim(const sched_block_plan_t *bp) { return bp->nvme_optim && bp->optim == SCHED_OPTIM_HOST; }
 bool sched_block_nvme_weights(const sched_block_plan_t *bp) {
     return bp->nvme_weights && bp->weights == SCHED_WEIGHTS_STREAM;
+}
+
+bool sched_block_inputs_offloaded(const sched_plan_t *plan, int b) {
+    return b >= 1 && b < plan->num_blocks - 1 && plan->blocks[b].lm_inputs == SCHED_INPUTS_OFFLOAD;
+}
+
+const char *sched_input_place_name(sched_input_place_t p) {
+    switch (p) {
+    case SCHED_INPUTS_KEEP: return "keep";
+    case SCHED_INPUTS_OFFLOAD: return "offload";
+    }
+    return "?";
 }

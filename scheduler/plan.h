@@ -38,6 +38,15 @@ typedef enum {
     SCHED_ACTS_RECOMPUTE /* only the block input is kept; forward re-run before backward */
 } sched_act_place_t;
 
+/* Layer-major order only (sched_plan_t.layer_major): where a decoder
+ * layer's block input (the residual stream entering it) waits between the
+ * layer's forward and its backward for each of the step's micro-batches.
+ * Micro-batch-major order keeps one micro-batch's inputs and ignores this. */
+typedef enum {
+    SCHED_INPUTS_KEEP = 0, /* every micro-batch's input stays on the device (k per layer) */
+    SCHED_INPUTS_OFFLOAD,  /* D2H after the layer's forward of that micro-batch, H2D before its backward */
+} sched_input_place_t;
+
 typedef struct {
     sched_weight_place_t weights;
     sched_grad_place_t grads;
@@ -74,6 +83,11 @@ typedef struct {
      * trained block writes its updated working copy back after AdamW.
      * Ignored under the other placements (sched_block_nvme_optim/_weights). */
     bool nvme_optim, nvme_weights;
+    /* Layer-major order: the block input of each micro-batch (decoder
+     * layers only; the embedding has none, the head's forward and backward
+     * are adjacent).  Offloaded inputs move with the saved activations'
+     * mechanics (engine/exec/place/acts.h) on their own tables. */
+    sched_input_place_t lm_inputs;
 } sched_block_plan_t;
 
 /* Whether bp really holds its optimizer state / weights' home on NVMe. */
@@ -112,9 +126,15 @@ typedef struct {
      * block forward and backward.  true: layer-major, each block for all of
      * the step's micro-batches in turn, so streamed weights cross the link
      * once per step each way and host-bound gradients once per step, for k
-     * micro-batches' block inputs and kept activations held at once. */
+     * micro-batches' block inputs and kept activations held at once (block
+     * inputs: unless offloaded, sched_block_plan_t.lm_inputs). */
     bool layer_major;
 } sched_plan_t;
+
+/* Whether block b offloads its micro-batches' block inputs when the step
+ * runs in layer-major order: a decoder layer with lm_inputs OFFLOAD. */
+bool sched_block_inputs_offloaded(const sched_plan_t *plan, int b);
+const char *sched_input_place_name(sched_input_place_t p);
 
 /* Uniform plans for the fixed policies (auto needs the planner). */
 void sched_plan_init_uniform(sched_plan_t *plan, int num_blocks, sched_policy_t policy);

@@ -28,12 +28,21 @@ typedef struct {
     int count, cap;
 } path_t;
 
-typedef enum { M_OFFLOAD = 0, M_KEEP, M_RESIDENT, M_GRADS_DEVICE, M_OPTIM_DEVICE, M_WINDOW, M_COUNT } move_t;
+typedef enum {
+    M_OFFLOAD = 0,
+    M_KEEP,
+    M_RESIDENT,
+    M_GRADS_DEVICE,
+    M_OPTIM_DEVICE,
+    M_INPUTS_KEEP, /* layer-major: a layer's block inputs stay on the device */
+    M_WINDOW,
+    M_COUNT
+} move_t;
 
 void sched_planner_opts_default(sched_planner_opts_t *o) {
     memset(o, 0, sizeof *o);
     o->policy = SCHED_POLICY_AUTO;
-    o->weights = o->grads = o->optim = o->acts = SCHED_AUTO_CHOICE;
+    o->weights = o->grads = o->optim = o->acts = o->lm_inputs = SCHED_AUTO_CHOICE;
     o->step_order = SCHED_AUTO_CHOICE;
 }
 
@@ -167,6 +176,7 @@ static mt_status_t apply_overrides(sched_plan_t *p, const sched_planner_opts_t *
         if (o->grads != SCHED_AUTO_CHOICE) bp->grads = (sched_grad_place_t)o->grads;
         if (o->optim != SCHED_AUTO_CHOICE) bp->optim = (sched_optim_place_t)o->optim;
         if (o->acts != SCHED_AUTO_CHOICE) bp->acts = (sched_act_place_t)o->acts;
+        if (o->lm_inputs != SCHED_AUTO_CHOICE) bp->lm_inputs = (sched_input_place_t)o->lm_inputs;
         if (bp->optim == SCHED_OPTIM_DEVICE && (bp->grads == SCHED_GRADS_HOST || bp->weights == SCHED_WEIGHTS_STREAM)) {
             if (o->optim == SCHED_AUTO_CHOICE) {
                 bp->optim = SCHED_OPTIM_HOST;
@@ -211,6 +221,10 @@ static bool apply_move(sched_plan_t *p, int b, move_t m, const sched_planner_opt
         bp->grads = SCHED_GRADS_DEVICE;
         bp->weights = SCHED_WEIGHTS_RESIDENT;
         bp->optim = SCHED_OPTIM_DEVICE;
+        return true;
+    case M_INPUTS_KEEP:
+        if (o->lm_inputs != SCHED_AUTO_CHOICE || !p->layer_major || bp->lm_inputs == SCHED_INPUTS_KEEP) return false;
+        bp->lm_inputs = SCHED_INPUTS_KEEP;
         return true;
     case M_WINDOW:
         if (o->prefetch_window > 0 || p->prefetch_window >= max_window) return false;
@@ -523,6 +537,9 @@ static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planne
     if (!fixed) { /* adjacent forward and backward: recomputing or offloading saves nothing */
         start.blocks[0].acts = SCHED_ACTS_KEEP;
         start.blocks[N - 1].acts = SCHED_ACTS_KEEP;
+        /* layer-major starts with every layer's block inputs on the host (the
+         * least device memory); the walk keeps them where that pays */
+        for (int b = 1; layer_major && b < N - 1; b++) start.blocks[b].lm_inputs = SCHED_INPUTS_OFFLOAD;
     }
     mt_status_t st = apply_overrides(&start, o, err);
     /* the moves never touch expert_parallel: the walk plans placement for
@@ -650,6 +667,10 @@ mt_status_t sched_plan_make(const sched_workload_t *w, const sched_planner_opts_
         out->order_h2d_bytes[k] = r[k].sim.h2d_bytes;
         out->order_d2h_bytes[k] = r[k].sim.d2h_bytes;
         out->order_peak_device[k] = r[k].sim.peak[SCHED_MEM_DEVICE];
+        out->order_input_bytes[k] = r[k].sim.input_d2h_bytes;
+        out->order_inputs_offloaded[k] = 0;
+        for (int b = 0; k == 1 && b < r[k].plan.num_blocks; b++)
+            out->order_inputs_offloaded[k] += sched_block_inputs_offloaded(&r[k].plan, b);
         if (k != pick) sched_planner_result_free(&r[k]);
     }
     return MT_OK;

@@ -10,8 +10,9 @@
  * then repeatedly take the single change with the most predicted time
  * saved per byte of device peak added (keep instead of recompute or
  * offload, offload instead of recompute, resident weights, device
- * gradients, device optimizer, a wider prefetch window), simulating each
- * candidate.  Once nothing saves time, changes that cost no time but move
+ * gradients, device optimizer, a wider prefetch window; layer-major
+ * plans also start with every decoder layer's block inputs offloaded and
+ * may keep a layer's on the device), simulating each candidate.  Once nothing saves time, changes that cost no time but move
  * traffic or host memory off the link and the host are taken the same way.
  * The search ignores the budgets, so the sequence of plans it walks is the
  * same for every budget; the answer is the fastest plan of that sequence
@@ -47,8 +48,9 @@ typedef struct {
     sched_policy_t policy;
     int prefetch_window;     /* 0 = the planner chooses (1..max_window) */
     int max_window;          /* 0 = 4 */
-    /* per-kind overrides: SCHED_AUTO_CHOICE or a sched_*_place_t value */
-    int weights, grads, optim, acts;
+    /* per-kind overrides: SCHED_AUTO_CHOICE or a sched_*_place_t value
+     * (lm_inputs: sched_input_place_t, layer-major plans' block inputs) */
+    int weights, grads, optim, acts, lm_inputs;
     /* step order: SCHED_AUTO_CHOICE (plan both, the faster feasible one
      * wins), 0 micro-batch-major, 1 layer-major (sched_plan_t.layer_major) */
     int step_order;
@@ -89,6 +91,10 @@ typedef struct {
      * for the report; planned[o] false when that order was not planned */
     bool planned[2], order_feasible[2];
     double order_step_s[2], order_h2d_bytes[2], order_d2h_bytes[2], order_peak_device[2];
+    /* layer-major ([1]): decoder layers whose block inputs the plan offloads,
+     * and the bytes they send D2H per step (as many come back H2D) */
+    int order_inputs_offloaded[2];
+    double order_input_bytes[2];
 } sched_planner_result_t;
 
 /* MT_ERR_CONFIG for contradictory overrides (grads host with optimizer

@@ -51,7 +51,13 @@
  *  - layer-major (plan.layer_major): each block's use runs every
  *    micro-batch in turn, one weight fetch per use (the experts any
  *    micro-batch hits), a grads HOST block sums on the device and sends
- *    once; see sim_layer_major in simulate.c.
+ *    once; see sim_layer_major in simulate.c.  A micro-batch's block
+ *    output is allocated at its forward (the next block's input: k of them
+ *    wait at each block boundary).  A decoder layer with lm_inputs OFFLOAD
+ *    sends each micro-batch's input D2H as that micro-batch's forward of
+ *    the layer ends (freed on the device when the copy ends, held in pinned
+ *    memory) and fetches it H2D before that micro-batch's backward of the
+ *    layer, issued while the previous micro-batch computes.
  *  - expert parallel (block plan expert_parallel, the workload's
  *    ep_blocks): the block runs at its expert parallel costs (its own
  *    experts' weights, gradients and optimizer state; the token exchange
@@ -124,6 +130,8 @@ typedef enum {
     SCHED_TASK_EXCHANGE,     /* expert parallel through host memory: routed rows over this device's link */
     SCHED_TASK_NVME_READ,    /* optimizer state or weights from NVMe into host memory */
     SCHED_TASK_NVME_WRITE,   /* optimizer state (and updated weights) back to NVMe */
+    SCHED_TASK_OFFLOAD_INPUT,/* layer-major: a micro-batch's block input D2H after the block's forward */
+    SCHED_TASK_FETCH_INPUT,  /* ... and back H2D before its backward */
     SCHED_TASK_KIND_COUNT,
 } sched_task_kind_t;
 
@@ -174,6 +182,8 @@ typedef struct {
     double recompute_s;           /* compute time spent recomputing */
     double nvme_read_bytes, nvme_write_bytes; /* the NVMe tier's traffic this step */
     double nvme_bytes;            /* what the plan keeps on NVMe (capacity used) */
+    double input_d2h_bytes, input_h2d_bytes; /* layer-major block inputs offloaded and fetched back
+                                                (also in d2h_bytes and h2d_bytes) */
     double compute_stretch;       /* factor compute ran slower by for host interference (1: none) */
     sched_timeline_t timeline[SCHED_MEM_COUNT];
     sched_task_t *tasks;

@@ -401,6 +401,74 @@ static void test_layer_major(void) {
     sched_workload_free(&w);
 }
 
+/* Layer-major with the layer's block inputs offloaded, by hand: embedding,
+ * one layer, head; 1 s forward, 2 s backward; saved sets of 10 bytes with
+ * inputs of 4; resident weights of 0 bytes, nothing trainable; links of
+ * 4 bytes/s (a 1 s copy); two micro-batches.
+ *   F0: [0,1] [1,2], each +10 saved +4 output (the layer's input)
+ *   F1: [2,3] [3,4], each +10 - 4 + 4 (its input was counted; the head's);
+ *       its inputs go D2H [3,4] and [4,5], freed on the device at the ends
+ *   head: forward [4,5] (+6: 10 less its input) backward [5,7] (-10),
+ *       forward [7,8] backward [8,10]
+ *   B1: both inputs back H2D from when the previous use's last compute
+ *       started: [8,9] and [9,10] (+8 at 8), compute [10,12] [12,14]
+ *   B0: [14,16] [16,18]
+ * Device: 14, 28, 38, 48, then at t=4 -4 (mb 0's input landed) +6: peak
+ * 50 (and 50 again at t=8); kept inputs peak at 54 at t=4.  Pinned: the
+ * copy in flight plus the inputs held until their fetch ends: 12 at t=8
+ * (two held, one copying). */
+static void test_layer_major_inputs(void) {
+    sched_workload_t w;
+    sched_plan_t p = {0};
+    blocks3(&w, 1.0, 2.0, 0.0);
+    w.h2d_bw = w.d2h_bw = 4.0;
+    w.grad_accum = 2;
+    for (int b = 0; b < 3; b++) w.blocks[b].act_saved_bytes = 10, w.blocks[b].act_input_bytes = 4;
+    plan_all(&p, SCHED_WEIGHTS_RESIDENT, SCHED_ACTS_KEEP, 1);
+    p.layer_major = true;
+    sched_sim_result_t kept, off;
+    step(&w, &p, &kept);
+    EXPECT(NEAR(kept.step_time, 18) && NEAR(kept.peak[SCHED_MEM_DEVICE], 54), "kept: %g s, device peak %g",
+           kept.step_time, kept.peak[SCHED_MEM_DEVICE]);
+    EXPECT(NEAR(kept.input_d2h_bytes, 0) && NEAR(kept.h2d_bytes + kept.d2h_bytes, 0), "kept inputs move nothing");
+    p.blocks[1].lm_inputs = SCHED_INPUTS_OFFLOAD;
+    p.blocks[0].lm_inputs = p.blocks[2].lm_inputs = SCHED_INPUTS_OFFLOAD; /* no input / always kept: ignored */
+    step(&w, &p, &off);
+    EXPECT(NEAR(off.step_time, 18), "offloaded inputs, fetched in the shadow of compute: %g s", off.step_time);
+    EXPECT(NEAR(off.peak[SCHED_MEM_DEVICE], 50), "offloaded: device peak %g", off.peak[SCHED_MEM_DEVICE]);
+    EXPECT(NEAR(off.peak[SCHED_MEM_PINNED], 12), "offloaded: pinned peak %g", off.peak[SCHED_MEM_PINNED]);
+    EXPECT(NEAR(off.input_d2h_bytes, 8) && NEAR(off.input_h2d_bytes, 8) && NEAR(off.d2h_bytes, 8) &&
+               NEAR(off.h2d_bytes, 8),
+           "inputs %g D2H %g H2D, link %g / %g", off.input_d2h_bytes, off.input_h2d_bytes, off.d2h_bytes, off.h2d_bytes);
+    int n_off = 0, n_fetch = 0;
+    for (int i = 0; i < off.num_tasks; i++) {
+        const sched_task_t *t = &off.tasks[i];
+        if (t->kind == SCHED_TASK_OFFLOAD_INPUT) {
+            n_off++;
+            EXPECT(t->block == 1 && NEAR(t->start, 3 + t->micro) && NEAR(t->end, 4 + t->micro), "offload mb %d [%g, %g]",
+                   t->micro, t->start, t->end);
+        }
+        if (t->kind == SCHED_TASK_FETCH_INPUT) {
+            n_fetch++;
+            EXPECT(t->block == 1 && NEAR(t->start, 8 + t->micro) && NEAR(t->end, 9 + t->micro),
+                   "fetch mb %d [%g, %g]", t->micro, t->start, t->end);
+        }
+    }
+    EXPECT(n_off == 2 && n_fetch == 2, "%d offloads, %d fetches of block inputs", n_off, n_fetch);
+    sched_sim_result_free(&off);
+    /* a slow link (1 byte/s): each fetch waits; 4 s copies: D2H [3,7] [7,11],
+     * H2D [8,12] and, once landed and the stream free, [12,16]; backward of
+     * the layer [12,14] [16,18], step 22 */
+    w.h2d_bw = w.d2h_bw = 1.0;
+    step(&w, &p, &off);
+    EXPECT(NEAR(off.step_time, 22) && off.waited[SCHED_RES_H2D] > 0, "slow link: %g s, waited %g on H2D",
+           off.step_time, off.waited[SCHED_RES_H2D]);
+    sched_sim_result_free(&off);
+    sched_sim_result_free(&kept);
+    sched_plan_free(&p);
+    sched_workload_free(&w);
+}
+
 int main(void) {
     test_overlap();
     test_memory();
@@ -410,6 +478,7 @@ int main(void) {
     test_grad_accumulation();
     test_many_micro_batches();
     test_layer_major();
+    test_layer_major_inputs();
     if (failures) fprintf(stderr, "simulate_test: %d failure(s)\n", failures);
     else printf("simulate_test: all passed\n");
     return failures != 0;

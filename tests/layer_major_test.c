@@ -12,11 +12,18 @@
  * checks the executor's counters (metrics.jsonl's weight_h2d_bytes and
  * grad_d2h_bytes) fall K-fold, within what MoE routing allows: layer-major
  * fetches the union of the experts the K micro-batches route to, where
- * micro-batch-major fetches each micro-batch's own. */
+ * micro-batch-major fetches each micro-batch's own.
+ *
+ * Layer-major with every decoder layer's block inputs offloaded (plan
+ * lm_inputs OFFLOAD), K = 2 and 8 under the same four plans, and on the
+ * lagging copy streams: bit-identical to the kept inputs, and the
+ * counters show each micro-batch's input of each layer crossing the link
+ * once each way (inputs_d2h_bytes, inputs_h2d_bytes). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/arena.h"
 #include "engine/config/config.h"
 #include "engine/data/data.h"
 #include "engine/exec/exec.h"
@@ -31,6 +38,10 @@ enum { STEPS = 2 };
 typedef struct {
     th_result_t th; /* losses, gradient norms, final weights */
     uint64_t w_h2d[STEPS], g_d2h[STEPS];
+    /* block inputs the step offloaded and fetched back, and what the plan and
+     * the micro-batches' sizes say it should have: every offloading layer,
+     * every micro-batch, its (tokens, hidden) fp32 residual in arena blocks */
+    uint64_t in_d2h[STEPS], in_h2d[STEPS], in_want[STEPS];
     int overlapped;
     uint64_t deferred_frees; /* frees that went through the stream-ordered queue */
 } result_t;
@@ -78,6 +89,15 @@ static void run_on(const char *dir, const sched_plan_t *plan, int K, eng_step_or
         eng_exec_staging_counters(x, &xc);
         out->w_h2d[step] = xc.weight_h2d_bytes;
         out->g_d2h[step] = xc.grad_d2h_bytes;
+        out->in_d2h[step] = xc.inputs_d2h_bytes;
+        out->in_h2d[step] = xc.inputs_h2d_bytes;
+        const eng_model_config_t *mc = &eng_exec_model(x)->cfg;
+        int layers = 0;
+        for (int b = 1; b <= mc->num_hidden_layers; b++) layers += plan->blocks[b].lm_inputs == SCHED_INPUTS_OFFLOAD;
+        for (int j = 0; order == ENG_STEP_ORDER_LAYER && K > 1 && j < K; j++) {
+            const uint64_t raw = (uint64_t)ms[j].tokens * (uint64_t)mc->hidden_size * sizeof(float);
+            out->in_want[step] += (uint64_t)layers * ((raw + MT_ARENA_ALIGN - 1) / MT_ARENA_ALIGN * MT_ARENA_ALIGN);
+        }
         eng_optim_stats_t os;
         if (eng_optim_step(x, &hp, &os, &err) != MT_OK) {
             TH_CHECK(0, "optimizer: %s", err.msg);
@@ -128,10 +148,10 @@ static void check_case(const char *dir) {
     sched_plan_init_uniform(&plans[3], nb, SCHED_POLICY_KEEP_ALL);
     plans[1].prefetch_window = 2;
     const sched_block_plan_t kinds[] = {
-        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_HOST, SCHED_ACTS_OFFLOAD, false, false, false},
-        {SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_KEEP, false, false, false},
-        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_RECOMPUTE, false, false, false},
-        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_DEVICE, SCHED_ACTS_OFFLOAD, false, false, false},
+        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_HOST, SCHED_ACTS_OFFLOAD, false, false, false, SCHED_INPUTS_KEEP},
+        {SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_KEEP, false, false, false, SCHED_INPUTS_KEEP},
+        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_RECOMPUTE, false, false, false, SCHED_INPUTS_KEEP},
+        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_DEVICE, SCHED_ACTS_OFFLOAD, false, false, false, SCHED_INPUTS_KEEP},
     };
     for (int b = 0; b < nb; b++) plans[3].blocks[b] = kinds[b % 4];
 
@@ -162,6 +182,41 @@ static void check_case(const char *dir) {
             th_result_free(&lm.th);
         }
     }
+    /* layer-major with every decoder layer's block inputs offloaded: the
+     * same bits as kept (copies do not change them), and the inputs cross
+     * the link both ways, every byte the plan says */
+    sched_plan_t offl[4];
+    for (int p = 0; p < 4; p++) {
+        sched_plan_init_uniform(&offl[p], nb, SCHED_POLICY_KEEP_ALL);
+        memcpy(offl[p].blocks, plans[p].blocks, (size_t)nb * sizeof *offl[p].blocks);
+        offl[p].prefetch_window = plans[p].prefetch_window;
+        offl[p].layer_major = true;
+        for (int b = 1; b < nb - 1; b++) offl[p].blocks[b].lm_inputs = SCHED_INPUTS_OFFLOAD;
+    }
+    const int Kin[] = {2, 8};
+    for (int ki = 0; ki < 2; ki++)
+        for (int p = 0; p < 4; p++) {
+            const int K = Kin[ki];
+            result_t kept, off;
+            run(dir, &plans[p], K, ENG_STEP_ORDER_LAYER, false, &kept);
+            run(dir, &offl[p], K, ENG_STEP_ORDER_LAYER, false, &off);
+            char what[256];
+            snprintf(what, sizeof what, "%s %s K=%d layer order, block inputs offloaded vs kept", dir, names[p], K);
+            compare(what, &kept, &off);
+            for (int st = 0; kept.th.ok && off.th.ok && st < STEPS; st++) {
+                TH_CHECK(kept.in_d2h[st] == 0 && kept.in_h2d[st] == 0, "%s: kept inputs moved %llu bytes", what,
+                         (unsigned long long)kept.in_d2h[st]);
+                TH_CHECK(off.in_want[st] > 0 && off.in_d2h[st] == off.in_want[st] && off.in_h2d[st] == off.in_want[st],
+                         "%s step %d: block inputs D2H %llu, H2D %llu bytes, want %llu each", what, st + 1,
+                         (unsigned long long)off.in_d2h[st], (unsigned long long)off.in_h2d[st],
+                         (unsigned long long)off.in_want[st]);
+            }
+            if (off.th.ok && p == 0)
+                fprintf(stderr, "   %-11s K=%d block inputs offloaded: %llu bytes D2H and %llu H2D per step\n",
+                        names[p], K, (unsigned long long)off.in_d2h[1], (unsigned long long)off.in_h2d[1]);
+            th_result_free(&kept.th);
+            th_result_free(&off.th);
+        }
     /* copy streams that lag behind compute (2 ms per copy, 50 MB/s) with
      * stream-ordered frees, as a GPU's: every cross-stream dependency of the
      * layer-major driver (activations fetched per micro-batch, device sums
@@ -176,9 +231,17 @@ static void check_case(const char *dir) {
         snprintf(what, sizeof what, "%s %s K=2 layer order on lagging copy streams vs micro-batch order", dir, names[p]);
         compare(what, &mb, &lm);
         TH_CHECK(!lm.th.ok || lm.deferred_frees > 0, "%s: no free went through the stream-ordered queue", what);
+        th_result_free(&lm.th);
+        /* and with the block inputs offloaded: their D2H, H2D and frees ordered too */
+        run_on(dir, &offl[p], 2, ENG_STEP_ORDER_LAYER, false, &lag, &lm);
+        snprintf(what, sizeof what, "%s %s K=2 layer order, block inputs offloaded, on lagging copy streams", dir,
+                 names[p]);
+        compare(what, &mb, &lm);
+        TH_CHECK(!lm.th.ok || lm.in_d2h[1] > 0, "%s: no block input offloaded", what);
         th_result_free(&mb.th);
         th_result_free(&lm.th);
     }
+    for (int p = 0; p < 4; p++) sched_plan_free(&offl[p]);
     /* the host optimizer overlapping backward, without clipping */
     result_t a, b;
     run(dir, &plans[1], 2, ENG_STEP_ORDER_MICRO_BATCH, true, &a);

@@ -146,6 +146,12 @@ static const enum_name_t k_acts_names[] = {
     {"recompute", ENG_ACTS_RECOMPUTE},
     {NULL, 0},
 };
+static const enum_name_t k_inputs_names[] = {
+    {"auto", ENG_ACTS_AUTO},
+    {"keep", ENG_ACTS_KEEP},
+    {"offload", ENG_ACTS_OFFLOAD},
+    {NULL, 0},
+};
 
 static const key_row_t k_scheduler_rows[] = {
     ROW_ENUM("policy", sched_policy, k_policy_names),
@@ -154,6 +160,7 @@ static const key_row_t k_scheduler_rows[] = {
     ROW_ENUM("grads", sched_grads, k_place_names),
     ROW_ENUM("optimizer", sched_optimizer, k_place_names),
     ROW_ENUM("activations", sched_activations, k_acts_names),
+    ROW_ENUM("block_inputs", sched_block_inputs, k_inputs_names),
     ROW("speculative_optimizer", K_BOOL, sched_speculative),
     {0},
 };

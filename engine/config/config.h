@@ -207,6 +207,9 @@ typedef struct eng_run_config {
     eng_place_t sched_grads;                /* default auto */
     eng_place_t sched_optimizer;            /* default auto */
     eng_acts_place_t sched_activations;     /* default auto */
+    /* layer-major order: where the micro-batches' block inputs wait between a
+     * layer's forward and backward (keep or offload; recompute is not offered) */
+    eng_acts_place_t sched_block_inputs;    /* default auto */
     bool sched_speculative;           /* scheduler.speculative_optimizer: host AdamW overlaps the backward
                                        * under clipping too, undone when the norm clips (default false) */
     /* `staging:` section: the pinned pool host<->device transfers go through (moe/staging.h).

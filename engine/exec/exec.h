@@ -74,7 +74,8 @@ mt_status_t eng_exec_forward_backward(eng_exec_t *x, const eng_batch_t *batch,
  * on the device and sent once.  The gradient of each parameter is summed in
  * the same order (micro-batch 0 first) with the same float adds, so both
  * orders give bit-identical results; layer-major holds k micro-batches'
- * block inputs and kept activations at once. */
+ * kept activations at once, and their block inputs, on the device or (plan
+ * lm_inputs OFFLOAD) in host memory between a layer's forward and backward. */
 
 /* Which order a step of k micro-batches runs in (auto: the plan's,
  * sched_plan_t.layer_major, with k > 1). */

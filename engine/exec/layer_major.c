@@ -2,9 +2,17 @@
  *
  * Forward: block b runs for micro-batches 0..k-1 before block b + 1, so a
  * streamed block's weights are fetched once for all k.  Each micro-batch
- * has its own activation set (exec_micro_t): block inputs stay on the
- * device (k of them per block boundary), saved activations are kept,
- * offloaded or dropped for recomputation as the plan says.  The head runs
+ * has its own activation set (exec_micro_t): saved activations are kept,
+ * offloaded or dropped for recomputation as the plan says, and so are the
+ * block inputs, k of them per block boundary: kept on the device, or (plan
+ * lm_inputs OFFLOAD) sent to the host on the D2H stream once the layer's
+ * forward of that micro-batch has read them and fetched back before its
+ * backward of the layer (all k as the layer's backward begins, ahead of
+ * the next layers' weights), through tables of their own per micro-batch (the
+ * saved activations' mechanics, acts.h: pinned regions of the staging pool,
+ * an event for landed and one for back).  Copies do not change bits, so
+ * either choice trains identically.  What stays on the device at a
+ * boundary is then the k outputs of the block (the next one's inputs).  The head runs
  * forward, loss and backward per micro-batch (keeping k micro-batches'
  * logits would cost k x (tokens, vocab) floats for nothing).  Backward
  * then goes from the top, each block for all k micro-batches.
@@ -64,6 +72,7 @@ typedef struct {
     int *npark;
     float **hacc;    /* per parameter: host-bound gradient summed on the device so far, or NULL */
     int *hspan;      /* its span */
+    exec_acts_t *inp; /* per micro-batch: its offloaded block inputs (exec_acts_t.inputs) */
 } lm_t;
 
 bool eng_step_order_layer(const eng_exec_t *x, eng_step_order_t order, int k) {
@@ -131,6 +140,12 @@ static void lm_init(eng_exec_t *x, lm_t *lm, int k) {
         lm->park[j] = calloc((size_t)m->num_params + 1, sizeof **lm->park);
         MT_CHECK_ALLOC(lm->park[j], "parked gradient targets");
     }
+    lm->inp = calloc((size_t)k, sizeof *lm->inp);
+    MT_CHECK_ALLOC(lm->inp, "offloaded block inputs");
+    for (int j = 0; j < k; j++) {
+        exec_acts_init(&lm->inp[j], x->dev, x->nb, &x->stage, &x->pend, &x->cnt);
+        lm->inp[j].inputs = true;
+    }
 }
 
 /* Everything the step held, after success or an error: the streams are
@@ -159,7 +174,10 @@ static void lm_free(eng_exec_t *x, lm_t *lm) {
     for (int j = 0; j < lm->k; j++) {
         use_micro(x, lm, j);
         exec_drop_offloads(&x->acts);
+        exec_drop_offloads(&lm->inp[j]);
+        exec_acts_free(&lm->inp[j]);
     }
+    free(lm->inp);
     use_micro(x, lm, 0);
     for (int j = 1; j < lm->k; j++) {
         for (int b = 0; b < lm->nb; b++) {
@@ -200,6 +218,21 @@ static mt_status_t fetch_acts(eng_exec_t *x, lm_t *lm, int b, int j, mt_error_t 
     if (b < 1 || j >= lm->k || !exec_acts_offloaded(&x->env, b)) return MT_OK;
     use_micro(x, lm, j);
     return exec_fetch_acts(&x->acts, b, err);
+}
+
+/* Micro-batch j's input of block b, offloaded after the block's forward:
+ * fetched back (no-op when kept, or already on its way). */
+static mt_status_t fetch_input(eng_exec_t *x, lm_t *lm, int b, int j, mt_error_t *err) {
+    if (j >= lm->k || !exec_inputs_offloaded(&x->env, b)) return MT_OK;
+    return exec_fetch_acts(&lm->inp[j], b, err);
+}
+
+/* After block b's forward of micro-batch j: its input goes to the host
+ * when the plan says so (the D2H stream waits for the forward that read it). */
+static mt_status_t offload_input(eng_exec_t *x, lm_t *lm, int b, int j, mt_error_t *err) {
+    if (!exec_inputs_offloaded(&x->env, b)) return MT_OK;
+    void **slot = exec_micro_input_slot(lm->mb[j], b);
+    return exec_offload_acts(&lm->inp[j], b, &slot, 1, err);
 }
 
 static void unpark(eng_exec_t *x, lm_t *lm, int j) {
@@ -277,6 +310,7 @@ static mt_status_t run_layer_major(eng_exec_t *x, lm_t *lm, const eng_batch_t *b
         for (int j = 0; j < k; j++) {
             use_micro(x, lm, j);
             if ((r = exec_micro_forward_block(x, lm->mb[j], b, &batches[j], NULL, err)) != MT_OK) return r;
+            if ((r = offload_input(x, lm, b, j, err)) != MT_OK) return r;
             if (is_moe(x, b - 1))
                 memcpy(counts_of(lm, j, b - 1), moe_predict_counts(&x->predict, b - 1, true), (size_t)E * sizeof(int32_t));
         }
@@ -297,6 +331,8 @@ static mt_status_t run_layer_major(eng_exec_t *x, lm_t *lm, const eng_batch_t *b
     for (int j = 0; j < k; j++) {
         use_micro(x, lm, j);
         x->prog.in_last_micro = j == k - 1;
+        /* the last layer's first input on its way during the head's last micro-batch */
+        if (j == k - 1 && (r = fetch_input(x, lm, head - 1, 0, err)) != MT_OK) return r;
         memset(&stats[j], 0, sizeof stats[j]);
         if ((r = exec_micro_forward_block(x, lm->mb[j], head, &batches[j], NULL, err)) != MT_OK) return r;
         if ((r = exec_micro_loss(x, lm->mb[j], &batches[j], loss_scale, true, &stats[j], err)) != MT_OK) return r;
@@ -309,6 +345,10 @@ static mt_status_t run_layer_major(eng_exec_t *x, lm_t *lm, const eng_batch_t *b
 
     /* backward: layers and embedding from the top, each for every micro-batch */
     for (int b = head - 1; b >= 0; b--) {
+        /* every micro-batch's input of this block first: queued behind the
+         * next blocks' weights, each would wait for them */
+        for (int j = 0; j < k; j++)
+            if ((r = fetch_input(x, lm, b, j, err)) != MT_OK) return r;
         for (int w = 0; w <= W; w++)
             if ((r = fetch_bwd(x, lm, b - w, err)) != MT_OK) return r;
         exec_wait_block(&x->res, b);
@@ -319,6 +359,7 @@ static mt_status_t run_layer_major(eng_exec_t *x, lm_t *lm, const eng_batch_t *b
                 return r;
             use_micro(x, lm, j);
             if (exec_acts_offloaded(&x->env, b)) exec_wait_acts(&x->acts, b);
+            if (exec_inputs_offloaded(&x->env, b)) exec_wait_acts(&lm->inp[j], b);
             if (is_moe(x, b - 1)) moe_predict_observe(&x->predict, b - 1, counts_of(lm, j, b - 1));
             x->prog.in_last_micro = j == k - 1;
             unpark(x, lm, j);

@@ -11,8 +11,10 @@
  * from the block input before its backward.
  *
  * Residual stream: xin[l] is layer l's input (xin[L] the final norm's input);
- * these block inputs stay on the device.  x_mid (after attention) belongs
- * to the layer's saved activations.
+ * these block inputs stay on the device (layer-major order may offload
+ * them, exec_micro_input_slot) and each is freed by the backward of the
+ * block it enters, its last reader.  x_mid (after attention) belongs to the
+ * layer's saved activations.
  *
  * Loss: CE over the shifted targets, mean over counted tokens, plus
  * router_aux_loss_coef * aux when output_router_logits (HF's
@@ -225,6 +227,8 @@ static mt_status_t layer_act_slots(eng_exec_t *x, step_t *st, int l, void ***slo
     }
     return MT_OK;
 }
+
+void **exec_micro_input_slot(step_t *st, int b) { return (void **)&st->xin[b - 1]; }
 
 static void layer_acts_drop(eng_exec_t *x, step_t *st, int l) {
     eng_attn_acts_release(x->dev, &st->aa[l]);
@@ -494,6 +498,8 @@ mt_status_t exec_micro_backward_block(eng_exec_t *x, step_t *st, int b, mt_error
         ops->rmsnorm_bwd(s, st->dx, gnorm, dxf, st->xin[L], x->dp[m->final_norm].w, st->rstdf, n, H);
         if (gscratch) dfree(x->dev, gscratch);
         dfree(x->dev, dxf);
+        dfree(x->dev, st->xin[L]);
+        st->xin[L] = NULL;
     } else if (b >= 1) {
         const int l = b - 1;
         r = eng_mlp_backward(&x->env, l, &st->sh, st->xmid[l], st->dx, st->ma[l].is_moe ? st->aux_dp : NULL,
@@ -503,8 +509,8 @@ mt_status_t exec_micro_backward_block(eng_exec_t *x, step_t *st, int b, mt_error
         if (r != MT_OK) return r;
         dfree(x->dev, st->xmid[l]);
         st->xmid[l] = NULL;
-        dfree(x->dev, st->xin[l + 1]);
-        st->xin[l + 1] = NULL;
+        dfree(x->dev, st->xin[l]);
+        st->xin[l] = NULL;
     } else {
         if (x->dp[m->embed].g) ops->embedding_bwd(s, x->dp[m->embed].g, st->dx, st->ids, n, H);
     }

@@ -28,6 +28,10 @@ mt_status_t exec_micro_create(eng_exec_t *x, const eng_batch_t *batch, exec_micr
 /* Frees the micro-batch's buffers and saved activations (after every
  * stream has finished with them). */
 void exec_micro_destroy(eng_exec_t *x, exec_micro_t *st);
+/* Where the micro-batch's input of decoder block b (1..L) lives: the slot
+ * layer-major order offloads it from after the block's forward and
+ * fetches it back into before its backward (exec_offload_acts). */
+void **exec_micro_input_slot(exec_micro_t *st, int b);
 /* Block b's forward for this micro-batch; its weights are on the device
  * (the caller fetched and waited).  Saved activations are kept, offloaded
  * or dropped, as the plan says. */

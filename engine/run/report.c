@@ -96,6 +96,10 @@ void eng_reporter_step(eng_reporter_t *r, const eng_step_report_t *s, bool log_l
             json_object_set_new(o, "staging_wait_s", json_real(s->staging_wait_s));
             json_object_set_new(o, "weight_h2d_bytes", json_integer((json_int_t)s->weight_h2d_bytes));
             json_object_set_new(o, "grad_d2h_bytes", json_integer((json_int_t)s->grad_d2h_bytes));
+            if (s->input_d2h_bytes || s->input_h2d_bytes) { /* only steps that offload block inputs */
+                json_object_set_new(o, "block_input_d2h_bytes", json_integer((json_int_t)s->input_d2h_bytes));
+                json_object_set_new(o, "block_input_h2d_bytes", json_integer((json_int_t)s->input_h2d_bytes));
+            }
         }
         if (s->speculation) json_object_set_new(o, "optimizer_speculation", json_string(s->speculation));
         char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));

@@ -36,6 +36,7 @@ typedef struct {
     double staging_mean_copy_bytes[2];
     uint64_t staging_experts_skipped;  /* expert transfers not made: the expert got no token */
     uint64_t weight_h2d_bytes;         /* weight working-copy bytes host -> device this step */
+    uint64_t input_d2h_bytes, input_h2d_bytes; /* layer-major block inputs offloaded / fetched back this step */
     uint64_t grad_d2h_bytes;           /* gradient bytes device -> host this step */
     const char *speculation;           /* the speculative host AdamW: "kept", "redone", or NULL (none ran) */
     double staging_wait_s;             /* time transfers waited for pinned space */

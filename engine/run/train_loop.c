@@ -146,7 +146,8 @@ static void report_step(eng_run_t *run, int step, const eng_optim_hparams_t *hp,
         .staging_mean_copy_bytes = {ss.mean_copy_bytes[0], ss.mean_copy_bytes[1]},
         .staging_experts_skipped = ss.experts_skipped, .staging_wait_s = ss.wait_s,
         .staging_peak_in_use_bytes = ss.peak_in_use, .weight_h2d_bytes = xc.weight_h2d_bytes,
-        .grad_d2h_bytes = xc.grad_d2h_bytes,
+        .grad_d2h_bytes = xc.grad_d2h_bytes, .input_d2h_bytes = xc.inputs_d2h_bytes,
+        .input_h2d_bytes = xc.inputs_h2d_bytes,
         .speculation = !os->speculative ? NULL : os->speculation_undone ? "redone" : "kept"};
     const bool log_line = (step + 1) % (rc->logging_steps > 0 ? rc->logging_steps : 1) == 0 ||
                           step + 1 == total || step == 0;

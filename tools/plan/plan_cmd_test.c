@@ -277,6 +277,62 @@ static double peak(json_t *d, const char *kind, const char *what) {
     return num(json_object_get(json_object_get(d, "memory"), kind), what, NULL);
 }
 
+/* DeepSeek-V3 LoRA on one H100, 8 micro-batches per step: layer-major fits
+ * once layers' block inputs wait in host memory, and is chosen, faster than
+ * micro-batch order; with the inputs kept it does not fit, as the report
+ * says, and micro-batch order is chosen. */
+static void test_layer_major_fits(void) {
+    int rc;
+    json_t *d = committed_json("deepseek-v3-h100-lora", NULL, &rc);
+    if (!d) return;
+    json_t *orders = json_object_get(d, "step_orders");
+    const char *order = json_string_value(json_object_get(d, "step_order"));
+    EXPECT(rc == 0 && json_is_true(json_object_get(d, "feasible")) && order && strcmp(order, "layer") == 0,
+           "deepseek-v3-h100-lora: exit %d, order %s", rc, order ? order : "?");
+    const double tps = num(d, "prediction", "tokens_per_s");
+    EXPECT(tps >= 500 && tps > 2 * num(orders, "micro_batch", "tokens_per_s"), "layer-major %.0f tokens/s vs %.0f",
+           tps, num(orders, "micro_batch", "tokens_per_s"));
+    EXPECT(peak(d, "device", "peak_bytes") <= peak(d, "device", "budget_bytes"), "device peak %g of %g",
+           peak(d, "device", "peak_bytes"), peak(d, "device", "budget_bytes"));
+    const double nin = num(orders, "layer", "inputs_offloaded_layers");
+    EXPECT(nin >= 1 && num(orders, "layer", "input_bytes") > 0, "inputs of %g layers offloaded, %g bytes", nin,
+           num(orders, "layer", "input_bytes"));
+    json_t *blocks = json_object_get(json_object_get(d, "plan"), "blocks");
+    const size_t nb = json_array_size(blocks);
+    int offl = 0;
+    for (size_t b = 0; b < nb; b++) {
+        json_t *bi = json_object_get(json_array_get(blocks, b), "block_inputs");
+        if (b == 0 || b == nb - 1) EXPECT(json_is_null(bi), "block %zu: block_inputs should be null", b);
+        else offl += json_is_string(bi) && strcmp(json_string_value(bi), "offload") == 0;
+    }
+    EXPECT(offl == (int)nin && nb == 63, "%d of %zu blocks offload their inputs, the order says %g", offl, nb, nin);
+    json_decref(d);
+
+    d = committed_json("deepseek-v3-h100-lora", "scheduler.block_inputs=keep", &rc);
+    if (!d) return;
+    orders = json_object_get(d, "step_orders");
+    order = json_string_value(json_object_get(d, "step_order"));
+    EXPECT(order && strcmp(order, "micro_batch") == 0 && json_is_false(json_object_get(json_object_get(orders, "layer"),
+                                                                                      "feasible")),
+           "block inputs kept: order %s", order ? order : "?");
+    json_decref(d);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/configs/runs/deepseek-v3-h100-lora.yaml", g_cwd);
+    const char *args[] = {path, "--set", "scheduler.block_inputs=keep"};
+    char *out, *err;
+    rc = run_plan(args, 3, &out, &err);
+    EXPECT(strstr(out, "layer-major does not fit: it holds 8 micro-batches' block inputs"), "text: %.400s", out);
+    free(out);
+    free(err);
+    const char *args2[] = {path};
+    rc = run_plan(args2, 1, &out, &err);
+    EXPECT(rc == 0 && strstr(out, "step order      layer-major") && strstr(out, "block inputs") &&
+               strstr(out, "wait in host memory"),
+           "text: %.600s", out);
+    free(out);
+    free(err);
+}
+
 /* Full fine-tuning beyond host memory: feasible only with the NVMe tier,
  * which it fills within its budget, and which bounds the step. */
 static void test_nvme_runs(void) {
@@ -588,6 +644,7 @@ int main(void) {
     test_qwen3();
     test_every_model();
     test_committed_runs();
+    test_layer_major_fits();
     test_nvme_runs();
     test_quantized_runs();
     test_cli();

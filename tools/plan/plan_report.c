@@ -57,8 +57,16 @@ typedef struct {
 
 static bool same(const sched_block_plan_t *a, const sched_block_plan_t *b) {
     return a->weights == b->weights && a->grads == b->grads && a->optim == b->optim && a->acts == b->acts &&
+           a->lm_inputs == b->lm_inputs &&
            sched_block_nvme_optim(a) == sched_block_nvme_optim(b) &&
            sched_block_nvme_weights(a) == sched_block_nvme_weights(b);
+}
+
+/* Where a layer-major plan keeps block b's micro-batches' block inputs ("-":
+ * the embedding has none, the head's are always kept). */
+static const char *inputs_name(const sched_plan_t *p, int b) {
+    if (b < 1 || b >= p->num_blocks - 1) return "-";
+    return sched_input_place_name(p->blocks[b].lm_inputs);
 }
 
 /* What a block keeps on NVMe, for the decisions table. */
@@ -321,15 +329,25 @@ static void order_text(FILE *f, const plan_ctx_t *c) {
         const double t0 = r->order_step_s[0], t1 = r->order_step_s[1];
         const double b0 = r->order_h2d_bytes[0] + r->order_d2h_bytes[0];
         const double b1 = r->order_h2d_bytes[1] + r->order_d2h_bytes[1];
-        if (r->plan.layer_major)
+        const int nin = r->order_inputs_offloaded[1];
+        if (r->plan.layer_major) {
             fprintf(f, ": %.2fx the tokens/s of micro-batch-major; each block runs all %d micro-batches before the "
                        "next, so streamed weights and host-bound gradients cross the link once per step instead of "
-                       "once per micro-batch (%s instead of %s per step)\n",
+                       "once per micro-batch (%s instead of %s per step)",
                     t1 > 0 ? t0 / t1 : 0, ga, bytes_s(b1).s, bytes_s(b0).s);
-        else if (!r->order_feasible[1])
+            if (nin > 0)
+                fprintf(f, "; the block inputs of %d layers wait in host memory (%s each way per step)", nin,
+                        bytes_s(r->order_input_bytes[1]).s);
+            fputc('\n', f);
+        } else if (!r->order_feasible[1] && nin > 0) {
+            fprintf(f, ": layer-major does not fit even with the block inputs of %d layers offloaded: it holds %d "
+                       "micro-batches' block outputs and kept activations at once (device peak %s)\n",
+                    nin, ga, bytes_s(r->order_peak_device[1]).s);
+        } else if (!r->order_feasible[1]) {
             fprintf(f, ": layer-major does not fit: it holds %d micro-batches' block inputs and kept activations "
                        "at once (device peak %s)\n",
                     ga, bytes_s(r->order_peak_device[1]).s);
+        }
         else
             fprintf(f, ": layer-major is predicted no faster (the link is not what bounds this step)\n");
     }
@@ -410,15 +428,20 @@ void plan_report_text(FILE *f, const plan_ctx_t *c) {
     run_t *runs = malloc((size_t)c->res.plan.num_blocks * sizeof *runs);
     MT_CHECK_ALLOC(runs, "plan runs");
     int nr = make_runs(c, runs);
-    fprintf(f, "\ndecisions       weights   grads   optimizer  activations%s\n", c->opts.nvme ? "  on NVMe" : "");
+    /* layer-major plans: where each layer's micro-batches' block inputs wait */
+    const bool lm = c->res.plan.layer_major;
+    fprintf(f, "\ndecisions       weights   grads   optimizer  activations%s%s\n", lm ? "  block inputs" : "",
+            c->opts.nvme ? "  on NVMe" : "");
     for (int i = 0; i < nr; i++) {
-        const sched_block_plan_t *bp = &c->res.plan.blocks[runs[i].first];
-        if (c->opts.nvme)
-            fprintf(f, "  %-13s %-9s %-7s %-10s %-11s  %s\n", runs[i].label, weights_name(bp->weights),
-                    grads_name(bp->grads), optim_name(bp->optim), acts_name(bp->acts), nvme_name(bp));
-        else
-            fprintf(f, "  %-13s %-9s %-7s %-10s %s\n", runs[i].label, weights_name(bp->weights), grads_name(bp->grads),
-                    optim_name(bp->optim), acts_name(bp->acts));
+        const int b0 = runs[i].first;
+        const sched_block_plan_t *bp = &c->res.plan.blocks[b0];
+        char line[160];
+        int n = snprintf(line, sizeof line, "  %-13s %-9s %-7s %-10s %-11s", runs[i].label, weights_name(bp->weights),
+                         grads_name(bp->grads), optim_name(bp->optim), acts_name(bp->acts));
+        if (lm) n += snprintf(line + n, sizeof line - (size_t)n, "  %-12s", inputs_name(&c->res.plan, b0));
+        if (c->opts.nvme) n += snprintf(line + n, sizeof line - (size_t)n, "  %s", nvme_name(bp));
+        while (n > 0 && line[n - 1] == ' ') line[--n] = '\0'; /* the last column unpadded */
+        fprintf(f, "%s\n", line);
     }
     free(runs);
     kinds_t k = kinds(c);
@@ -447,6 +470,27 @@ static json_t *num(double v) {
 }
 
 static void tiers_json(json_t *doc, const plan_ctx_t *c, const kinds_t *k);
+
+/* Each step order's best plan, for --json's step_orders. */
+static json_t *orders_json(const plan_ctx_t *c) {
+    const sched_planner_result_t *r = &c->res;
+    json_t *orders = json_object();
+    for (int k = 0; k < 2; k++)
+        if (r->planned[k])
+            json_object_set_new(orders, k ? "layer" : "micro_batch",
+                                json_pack("{s:b, s:o, s:o, s:o, s:o, s:o}", "feasible", r->order_feasible[k], "step_s",
+                                          num(r->order_step_s[k]), "tokens_per_s",
+                                          num(r->order_step_s[k] > 0 ? c->reg.tokens_per_step / r->order_step_s[k] : 0),
+                                          "h2d_bytes", num(r->order_h2d_bytes[k]), "d2h_bytes",
+                                          num(r->order_d2h_bytes[k]), "peak_device_bytes",
+                                          num(r->order_peak_device[k])));
+    json_t *lmo = json_object_get(orders, "layer");
+    if (lmo) { /* its plan's block inputs in host memory: layers, and bytes each way per step */
+        json_object_set_new(lmo, "inputs_offloaded_layers", json_integer(r->order_inputs_offloaded[1]));
+        json_object_set_new(lmo, "input_bytes", num(r->order_input_bytes[1]));
+    }
+    return orders;
+}
 
 json_t *plan_report_json(const plan_ctx_t *c) {
     const sched_registry_t *r = &c->reg;
@@ -484,17 +528,7 @@ json_t *plan_report_json(const plan_ctx_t *c) {
     json_object_set_new(doc, "policy", json_string(sched_policy_name(c->opts.policy)));
     json_object_set_new(doc, "feasible", json_boolean(c->res.feasible));
     json_object_set_new(doc, "step_order", json_string(c->res.plan.layer_major ? "layer" : "micro_batch"));
-    json_t *orders = json_object();
-    for (int k = 0; k < 2; k++)
-        if (c->res.planned[k])
-            json_object_set_new(orders, k ? "layer" : "micro_batch",
-                                json_pack("{s:b, s:o, s:o, s:o, s:o, s:o}", "feasible", c->res.order_feasible[k],
-                                          "step_s", num(c->res.order_step_s[k]), "tokens_per_s",
-                                          num(c->res.order_step_s[k] > 0 ? r->tokens_per_step / c->res.order_step_s[k] : 0),
-                                          "h2d_bytes", num(c->res.order_h2d_bytes[k]), "d2h_bytes",
-                                          num(c->res.order_d2h_bytes[k]), "peak_device_bytes",
-                                          num(c->res.order_peak_device[k])));
-    json_object_set_new(doc, "step_orders", orders);
+    json_object_set_new(doc, "step_orders", orders_json(c));
     if (!c->res.feasible) {
         json_object_set_new(doc, "reason", json_string(c->res.why));
         json_t *shorts = json_array(), *needed = json_object();
@@ -538,6 +572,11 @@ json_t *plan_report_json(const plan_ctx_t *c) {
                                                 "optimizer", optim_name(bp->optim), "activations", acts_name(bp->acts),
                                                 "nvme_optimizer", sched_block_nvme_optim(bp), "nvme_weights",
                                                 sched_block_nvme_weights(bp)));
+        /* layer-major plans only: "keep" / "offload" for decoder layers, null elsewhere */
+        json_t *bi = p->layer_major && b >= 1 && b < p->num_blocks - 1
+                         ? json_string(sched_input_place_name(bp->lm_inputs))
+                         : json_null();
+        json_object_set_new(json_array_get(blocks, json_array_size(blocks) - 1), "block_inputs", bi);
     }
     run_t *runs = malloc((size_t)p->num_blocks * sizeof *runs);
     MT_CHECK_ALLOC(runs, "plan runs");
@@ -545,10 +584,11 @@ json_t *plan_report_json(const plan_ctx_t *c) {
     json_t *jr = json_array();
     for (int i = 0; i < nr; i++) {
         const sched_block_plan_t *bp = &p->blocks[runs[i].first];
-        json_array_append_new(jr, json_pack("{s:i, s:i, s:s, s:s, s:s, s:s, s:s}", "first", runs[i].first, "last",
-                                            runs[i].last, "label", runs[i].label, "weights", weights_name(bp->weights),
-                                            "grads", grads_name(bp->grads), "optimizer", optim_name(bp->optim),
-                                            "activations", acts_name(bp->acts)));
+        json_array_append_new(jr, json_pack("{s:i, s:i, s:s, s:s, s:s, s:s, s:s, s:s}", "first", runs[i].first,
+                                            "last", runs[i].last, "label", runs[i].label, "weights",
+                                            weights_name(bp->weights), "grads", grads_name(bp->grads), "optimizer",
+                                            optim_name(bp->optim), "activations", acts_name(bp->acts), "block_inputs",
+                                            p->layer_major ? inputs_name(p, runs[i].first) : "-"));
     }
     free(runs);
     json_object_set_new(doc, "plan", json_pack("{s:i, s:o, s:o}", "prefetch_window", p->prefetch_window, "blocks",

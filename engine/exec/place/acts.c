@@ -76,8 +76,9 @@ mt_status_t exec_offload_acts(exec_acts_t *a, int b, void **const *slots, int ns
         total += o->e[k].bytes;
     }
     char tag[64];
-    snprintf(tag, sizeof tag, "the saved activations of layer %d", b - 1);
-    a->cnt->ctr.acts_offloaded += total;
+    snprintf(tag, sizeof tag, a->inputs ? "a block input of layer %d" : "the saved activations of layer %d", b - 1);
+    if (a->inputs) a->cnt->ctr.inputs_d2h_bytes += total;
+    else a->cnt->ctr.acts_offloaded += total;
     mt_error_t quiet = {0};
     if (moe_staging_reserve(a->stage->pool, total, tag, &o->region, &quiet) != MT_OK) {
         /* the pool was sized for other activations (or capped): a plain pinned buffer, counted */
@@ -118,6 +119,7 @@ mt_status_t exec_fetch_acts(exec_acts_t *a, int b, mt_error_t *err) {
         const size_t len = o->e[k1 - 1].off + o->e[k1 - 1].bytes - o->e[k0].off;
         if (o->direct) kern_memcpy_h2d(a->dev, h2d, o->e[k0].dev, (char *)o->direct + o->e[k0].off, len);
         else moe_staging_copy_h2d(a->stage->pool, h2d, o->e[k0].dev, &o->region, o->e[k0].off, len);
+        if (a->inputs) a->cnt->ctr.inputs_h2d_bytes += len;
         k0 = k1;
     }
     if (o->direct) {

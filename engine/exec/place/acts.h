@@ -7,7 +7,9 @@
  *
  * Above the staging pool and the deferred frees, below the step program,
  * which hands it the slots of a layer's activations.  Layer-major order
- * (layer_major.c) swaps the per-block tables below for each micro-batch. */
+ * (layer_major.c) swaps the per-block tables below for each micro-batch,
+ * and offloads micro-batches' block inputs through tables of their own
+ * (exec_acts_t.inputs): the same copies, events and pinned regions. */
 #ifndef MT_ENGINE_EXEC_ACTS_H
 #define MT_ENGINE_EXEC_ACTS_H
 
@@ -46,6 +48,10 @@ typedef struct {
     kern_event_t **a_ready; /* per block: its offloaded activations are back */
     kern_event_t **o_done;  /* per block: its activations have reached host memory */
     exec_offload_t *offl;   /* per block */
+    /* false: saved activations (counted in acts_offloaded); true: a
+     * layer-major micro-batch's block inputs, one tensor per block (counted
+     * in inputs_d2h_bytes and inputs_h2d_bytes) */
+    bool inputs;
 } exec_acts_t;
 
 void exec_acts_init(exec_acts_t *a, kern_device_t *dev, int nb, exec_stage_t *stage, exec_pending_list_t *pend,

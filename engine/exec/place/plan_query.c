@@ -20,6 +20,11 @@ bool exec_acts_offloaded(const eng_layer_env_t *env, int b) {
     return b >= 1 && b <= L && env->plan->blocks[b].acts == SCHED_ACTS_OFFLOAD && !exec_turn_held(env, b);
 }
 
+bool exec_inputs_offloaded(const eng_layer_env_t *env, int b) {
+    const int L = env->model->cfg.num_hidden_layers;
+    return b >= 1 && b <= L && env->plan->blocks[b].lm_inputs == SCHED_INPUTS_OFFLOAD;
+}
+
 bool exec_layer_per_expert(const eng_layer_env_t *env, int l) {
     const eng_model_t *m = env->model;
     return l >= 0 && l < m->cfg.num_hidden_layers && m->cfg.layer_is_moe[l] && !m->cfg.experts_fused;

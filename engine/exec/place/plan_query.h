@@ -34,6 +34,10 @@ bool exec_turn_held(const eng_layer_env_t *env, int b);
 /* Block b's saved activations go to the host between its forward and its
  * backward: the plan says offload and b is not held at the turn. */
 bool exec_acts_offloaded(const eng_layer_env_t *env, int b);
+/* Whether a layer-major step sends each micro-batch's input of block b to
+ * the host between the block's forward and its backward (decoder layers
+ * whose plan says lm_inputs OFFLOAD; micro-batch order keeps its one). */
+bool exec_inputs_offloaded(const eng_layer_env_t *env, int b);
 
 /* A MoE layer whose experts are tensors of their own, fetched and given
  * gradients per expert.  Experts fused over E (gpt-oss) are one tensor per

@@ -93,6 +93,14 @@ static size_t window_grads(const exec_stage_t *s, tlist_t *t) {
     return gbest;
 }
 
+/* Block inputs of `tokens` tokens that a layer-major step offloads for
+ * layer l (0 when it keeps them): the residual stream, fp32. */
+static size_t input_bytes(const exec_stage_t *s, int l, int tokens) {
+    if (!exec_inputs_offloaded(s->env, l + 1)) return 0;
+    const size_t raw = (size_t)tokens * (size_t)s->env->model->cfg.hidden_size * sizeof(float);
+    return (raw + MT_ARENA_ALIGN - 1) / MT_ARENA_ALIGN * MT_ARENA_ALIGN;
+}
+
 /* The in-flight window for micro-batches of `tokens` tokens. */
 static void stage_window(exec_stage_t *s, int tokens, tlist_t *t, eng_exec_staging_info_t *info) {
     const eng_model_t *m = s->env->model;
@@ -118,6 +126,22 @@ static void stage_window(exec_stage_t *s, int tokens, tlist_t *t, eng_exec_stagi
                 snprintf(info->largest_name, sizeof info->largest_name, "the saved activations of layer %d", l);
             }
         }
+    /* and a layer-major step's offloaded block inputs, held the same way */
+    for (int l = 0; tokens > 0 && l < m->cfg.num_hidden_layers; l++) {
+        const size_t a = input_bytes(s, l, tokens);
+        if (a == 0) continue;
+        tl_add(t, a);
+        info->window_acts += a;
+    }
+    /* held activations leave room for the largest parameter beside them
+     * (check_room_for_acts): a plan that streams nothing else (resident
+     * weights, device gradients) still moves one across the link once */
+    if (info->window_acts > 0 && best == 0 && info->window_grads == 0) {
+        size_t largest_param = 0;
+        for (int i = 0; i < m->num_params; i++)
+            if (exec_f32_bytes(&m->params[i]) > largest_param) largest_param = exec_f32_bytes(&m->params[i]);
+        tl_add(t, largest_param);
+    }
 }
 
 /* info for micro-batches of `tokens` tokens, and the pool options that hold its window. */
@@ -162,11 +186,13 @@ static mt_status_t check_room_for_acts(exec_stage_t *s, int tokens, size_t capac
     const eng_staging_settings_t *set = &s->set;
     const eng_exec_staging_info_t *info = &s->info;
     if (info->window_acts == 0) return MT_OK;
-    size_t *must = malloc((size_t)(m->cfg.num_hidden_layers + 1) * sizeof *must);
+    size_t *must = malloc((size_t)(2 * m->cfg.num_hidden_layers + 1) * sizeof *must);
     MT_CHECK_ALLOC(must, "staging check");
     int n = 0;
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
         if (exec_acts_offloaded(s->env, l + 1)) must[n++] = exec_layer_act_bytes(m, l, tokens);
+        if (input_bytes(s, l, tokens) > 0) must[n++] = input_bytes(s, l, tokens);
+    }
     /* beside them, room for the largest parameter tensor (the largest
      * "tensor" may be one of the activation regions just counted) */
     size_t largest_param = 0;
@@ -179,9 +205,10 @@ static mt_status_t check_room_for_acts(exec_stage_t *s, int tokens, size_t capac
     if (capacity >= need) return MT_OK;
     return mt_error_set(err, MT_ERR_CONFIG,
                         "staging (mode %s): the pinned cap leaves %zu bytes, but the plan holds %zu bytes of "
-                        "offloaded activations from forward to backward and still needs room for the "
-                        "largest parameter (%zu bytes): %zu bytes at least; raise staging.cap / "
-                        "memory.pinned or recompute activations instead of offloading them",
+                        "offloaded activations (block inputs included) from forward to backward and still "
+                        "needs room for the largest parameter (%zu bytes): %zu bytes at least; raise "
+                        "staging.cap / memory.pinned, recompute activations instead of offloading them or "
+                        "keep block inputs on the device (scheduler.block_inputs: keep)",
                         moe_staging_mode_name(set->mode), capacity, info->window_acts, largest_param, need);
 }
 
@@ -202,7 +229,8 @@ mt_status_t exec_stage_create(exec_stage_t *s, int tokens, mt_error_t *err) {
 bool exec_stage_fits(exec_stage_t *s, int tokens) {
     if (tokens <= s->tokens) return true; /* a smaller micro-batch (the data's tail) fits */
     bool offloads = false;
-    for (int b = 0; b < s->lists->nb; b++) offloads |= exec_acts_offloaded(s->env, b);
+    for (int b = 0; b < s->lists->nb; b++)
+        offloads |= exec_acts_offloaded(s->env, b) || exec_inputs_offloaded(s->env, b);
     if (offloads) return false; /* between micro-batches nothing is held: re-size for this shape */
     s->tokens = tokens;
     return true;

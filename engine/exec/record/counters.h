@@ -23,6 +23,9 @@ typedef struct {
     uint64_t experts_unused;    /* prefetched for a forward, then got no token */
     uint64_t acts_unstaged;     /* offloads that fell back to a plain pinned buffer (pool too small) */
     uint64_t acts_offloaded;    /* bytes of saved activations offloaded */
+    /* layer-major order: bytes of micro-batches' block inputs sent to the
+     * host after a layer's forward, and fetched back before its backward */
+    uint64_t inputs_d2h_bytes, inputs_h2d_bytes;
     /* Bytes that crossed the link: weight working copies host -> device
      * (streamed fetches and resident weights refreshed by a host optimizer;
      * bf16 copies count their bf16 bytes) and gradients device -> host. */

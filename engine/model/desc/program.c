@@ -110,6 +110,9 @@ mt_status_t eng_program_planner_opts(const eng_run_config_t *rc, const sched_hw_
               : rc->sched_activations == ENG_ACTS_RECOMPUTE ? SCHED_ACTS_RECOMPUTE
               : rc->gradient_checkpointing                  ? SCHED_ACTS_RECOMPUTE
                                                             : SCHED_AUTO_CHOICE;
+    o->lm_inputs = rc->sched_block_inputs == ENG_ACTS_KEEP      ? SCHED_INPUTS_KEEP
+                   : rc->sched_block_inputs == ENG_ACTS_OFFLOAD ? SCHED_INPUTS_OFFLOAD
+                                                                : SCHED_AUTO_CHOICE;
     o->step_order = rc->step_order == ENG_STEP_ORDER_LAYER         ? 1
                     : rc->step_order == ENG_STEP_ORDER_MICRO_BATCH ? 0
                                                                    : SCHED_AUTO_CHOICE;
