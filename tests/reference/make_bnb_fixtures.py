@@ -1,0 +1,81 @@
+"""Pre-quantized bitsandbytes 4-bit checkpoints, as transformers + bitsandbytes write them.
+
+Loads the tiny Mixtral reference checkpoint (tests/fixtures/ref_mixtral/ckpt,
+fp32) with BitsAndBytesConfig(load_in_4bit=True) -- NF4 with double
+quantization, and FP4 without -- on the CPU, and save_pretrained's it into
+tests/fixtures/bnb_<case>/ckpt: config.json with its quantization_config
+and model.safetensors with, per quantized Linear, `weight` U8 [numel/2, 1],
+`weight.absmax`, `weight.quant_map`, `weight.quant_state.bitsandbytes__<type>`
+(and `weight.nested_absmax`, `weight.nested_quant_map` under double
+quantization).  transformers 5 quantizes only plain nn.Linear modules, so the
+attention projections are quantized; the routers, lm_head, embedding and the
+experts (held as fused 3-D parameters in memory, written per expert) stay
+fp32.
+
+Beside the checkpoint:
+  dequant.safetensors  bitsandbytes' own dequantize_4bit of every quantized
+                       weight (fp32, its original shape), under the weight's name
+  logits.safetensors   the quantized model's logits on `ids` (bnb's CPU forward)
+  expected.json        the quantized weights' names, the quantization settings, ids
+
+tests/bnb_prequant_test.c opens the checkpoint with moetune and compares.
+
+Run: /work/venv/bin/python tests/reference/make_bnb_fixtures.py
+(torch, transformers 5, bitsandbytes 0.50 on CPU, safetensors).
+"""
+import json
+import os
+import shutil
+
+import bitsandbytes as bnb
+import bitsandbytes.functional as F
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIX = os.path.join(HERE, "..", "fixtures")
+
+# case -> (source checkpoint, quant type, double quantization)
+CASES = {
+    "mixtral_nf4_dq": ("ref_mixtral", "nf4", True),
+    "mixtral_fp4": ("ref_mixtral", "fp4", False),
+}
+IDS = [[1, 5, 9, 14, 20, 33, 41, 2], [3, 7, 11, 60, 95, 0, 17, 42]]
+
+
+def make(case, src, qtype, dq):
+    torch.manual_seed(0)
+    out = os.path.join(FIX, "bnb_" + case)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    cfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=qtype, bnb_4bit_use_double_quant=dq,
+                             bnb_4bit_compute_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(FIX, src, "ckpt"), quantization_config=cfg,
+                                                 dtype=torch.float32, device_map="cpu")
+    model.eval()
+    model.save_pretrained(os.path.join(out, "ckpt"))
+    deq, names = {}, []
+    for name, mod in model.named_modules():
+        if isinstance(mod, bnb.nn.Linear4bit):
+            w = mod.weight
+            deq[name + ".weight"] = F.dequantize_4bit(w.data, w.quant_state).float().contiguous()
+            names.append(name + ".weight")
+    save_file(deq, os.path.join(out, "dequant.safetensors"))
+    with torch.no_grad():
+        logits = model(torch.tensor(IDS)).logits.float().contiguous()
+    save_file({"logits": logits}, os.path.join(out, "logits.safetensors"))
+    exp = {"source": src, "quant_type": qtype, "double_quant": dq, "blocksize": 64, "compute_dtype": "float32",
+           "quantized": sorted(names), "ids": IDS,
+           "versions": {"torch": torch.__version__, "bitsandbytes": bnb.__version__}}
+    import transformers
+    exp["versions"]["transformers"] = transformers.__version__
+    with open(os.path.join(out, "expected.json"), "w") as f:
+        json.dump(exp, f, indent=1)
+    print(case, len(names), "quantized weights")
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    for c, (s, q, d) in CASES.items():
+        make(c, s, q, d)
