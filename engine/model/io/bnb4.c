@@ -149,13 +149,15 @@ static float *read_floats(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *c,
     return x;
 }
 
-/* quant_map must be the table mt_quant_value decodes with, bit for bit:
- * the codes mean nothing else. */
+/* quant_map must be the table mt_quant_value decodes with: the codes mean
+ * nothing else.  Compared as values: bitsandbytes' get_4bit_type("fp4")
+ * writes code 8 as +0 (its Python table's `-0` is an integer zero) where
+ * moetune's table, like bitsandbytes' kernels, has -0. */
 static mt_status_t check_map(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *c, const float *map,
                              mt_quant_format_t f, mt_error_t *err) {
     for (int q = 0; q < 16; q++) {
         const float want = f == MT_QUANT_NF4 ? mt_q_nf4((uint8_t)q) : mt_q_fp4((uint8_t)q);
-        if (memcmp(&want, &map[q], sizeof want) != 0)
+        if (!(want == map[q]))
             return mt_error_set(err, MT_ERR_FORMAT, "%s: '%s' holds %.9g for code %d; bitsandbytes' %s table has %.9g",
                                 ck->files[c->file].path, c->name, (double)map[q], q, mt_quant_format_name(f),
                                 (double)want);
