@@ -21,6 +21,7 @@
  *   - a LoRA run over it trains with finite losses, equal bit for bit to
  *     the run over an fp32 checkpoint holding bitsandbytes' dequantised
  *     values, and so does a full fine-tune (which dequantises on load);
+ *   - `moetune inspect` explains every tensor and counts the 4-bit weights;
  *   - damaged copies (absmax missing, the quant_state's shape, quant_type or
  *     blocksize wrong, the codes' byte count wrong, a NaN absmax) are
  *     refused when planned and when opened, naming the tensor.
@@ -36,6 +37,7 @@
 #include "base/quant.h"
 #include "engine/config/config.h"
 #include "engine/exec/exec.h"
+#include "engine/model/io/inspect.h"
 #include "engine/model/io/safetensors.h"
 #include "engine/model/lora_model.h"
 #include "engine/run/train.h"
@@ -380,6 +382,23 @@ static void check_damaged(const char *fx) {
     }
 }
 
+/* `moetune inspect` of the checkpoint: every tensor explained, the 4-bit
+ * weights counted. */
+static void check_inspect(const char *ckpt, int listed) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    mt_error_t err = {0};
+    const mt_status_t st = eng_inspect(ckpt, f, &err);
+    fclose(f);
+    char want[128];
+    snprintf(want, sizeof want, "%d weights in bitsandbytes 4-bit", listed);
+    TH_CHECK(st == MT_OK && strstr(buf, want) && strstr(buf, "present with the expected shapes") &&
+                 !strstr(buf, "WRONG SHAPE") && !strstr(buf, "unexpected"),
+             "%s: inspect: %s\n%s", ckpt, st == MT_OK ? "" : err.msg, buf);
+    free(buf);
+}
+
 static void check_fixture(const char *fx) {
     const char *name = th_base_name(fx);
     char path[1400], ckpt[1200], yaml[700], yref[700], ydq[700], dqdir[600], extra[200];
@@ -401,6 +420,8 @@ static void check_fixture(const char *fx) {
         json_decref(exp);
         return;
     }
+
+    check_inspect(ckpt, listed);
 
     /* the homes, against bnb's values and against moetune's load_in_4bit */
     write_yaml(name, ckpt, true, NULL, yaml, sizeof yaml);

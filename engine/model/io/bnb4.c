@@ -40,6 +40,14 @@ bool eng_checkpoint_is_bnb4(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *
            part(ck, e->name, ".absmax");
 }
 
+int eng_checkpoint_bnb4_parts(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e) {
+    static const char *const k_part[] = {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
+                                         ".quant_state.bitsandbytes__nf4", ".quant_state.bitsandbytes__fp4"};
+    int n = 0;
+    for (size_t k = 0; k < sizeof k_part / sizeof k_part[0]; k++) n += part(ck, e->name, k_part[k]) != NULL;
+    return n;
+}
+
 static void shape_text(char *buf, size_t cap, int ndim, const int64_t *s) {
     size_t n = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < ndim && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)s[i]);

@@ -137,6 +137,9 @@ bool eng_checkpoint_is_bnb4(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *
 mt_status_t eng_checkpoint_bnb4_read(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e, int ndim,
                                      const int64_t *shape, bool values, eng_bnb4_t *out, mt_error_t *err);
 void eng_bnb4_free(eng_bnb4_t *b);
+/* How many of e's bitsandbytes companions (absmax, quant_map, nested_*,
+ * quant_state) the checkpoint holds. */
+int eng_checkpoint_bnb4_parts(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e);
 
 /* True when tensor n is the second half of a quantised weight NAME that
  * names[count] (sorted) describes and that is read through it: the
