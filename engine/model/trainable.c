@@ -56,6 +56,10 @@ static const char *quant_unsupported(json_t *q, char *buf, size_t len) {
         if (!json_is_true(json_object_get(q, "load_in_4bit")))
             return "quant_method \"bitsandbytes\" without load_in_4bit: true (moetune reads bitsandbytes' 4-bit "
                    "checkpoints)";
+        json_t *qs = json_object_get(q, "bnb_4bit_quant_storage");
+        if (qs && !(json_is_string(qs) && strcmp(json_string_value(qs), "uint8") == 0))
+            return "bnb_4bit_quant_storage is not \"uint8\" (moetune reads the codes as U8 bytes, as "
+                   "bitsandbytes stores them by default)";
         json_t *t = json_object_get(q, "bnb_4bit_quant_type");
         if (t && !(json_is_string(t) && (strcmp(json_string_value(t), "nf4") == 0 ||
                                          strcmp(json_string_value(t), "fp4") == 0)))

@@ -47,6 +47,8 @@ int main(void) {
     check("deepseek-v3", "{\"quantization_config\": {\"quant_method\": \"bitsandbytes\"}}", "load_in_4bit");
     check("glm-4.5-air", "{\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
                          "\"bnb_4bit_quant_type\": \"nf4\", \"bnb_4bit_use_double_quant\": true}}", NULL);
+    check("glm-4.5-air", "{\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
+                         "\"bnb_4bit_quant_storage\": \"bfloat16\"}}", "bnb_4bit_quant_storage");
     check("glm-4.5-air", "{\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_8bit\": true}}",
           "load_in_8bit");
     check("glm-4.5-air", "{\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
