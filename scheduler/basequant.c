@@ -26,7 +26,9 @@ static bool kept_wide(const char *name) {
 bool sched_base_quant_covers(const sched_tensor_t *t, int num_blocks, const sched_base_quant_t *q) {
     if (!q->on || t->kind != SCHED_T_WEIGHT || t->trainable) return false;
     if (t->block <= 0 || t->block >= num_blocks - 1 || kept_wide(t->name)) return false;
-    if (q->experts_only && t->expert < 0 && !strstr(t->name, "experts")) return false;
+    const bool expert = t->expert >= 0 || strstr(t->name, "experts");
+    if (q->experts_only && !expert) return false;
+    if (q->experts_wide && expert) return false;
     return t->numel > 0;
 }
 

@@ -31,6 +31,7 @@ typedef struct {
     int64_t block;            /* FP8: the square block's side (128); MXFP4: 32; NF4/FP4: 64; INT4: the group */
     bool double_quant;        /* NF4/FP4: absmax quantized again (bnb_4bit_use_double_quant) */
     bool experts_only;        /* only routed experts' weights are quantized */
+    bool experts_wide;        /* routed experts stay in the working dtype (a transformers 5 bitsandbytes checkpoint) */
 } sched_base_quant_t;
 
 /* Whether registry tensor t (of a model with num_blocks blocks) is kept

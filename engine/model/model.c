@@ -127,6 +127,7 @@ static mt_dtype_t checkpoint_dtype(const eng_checkpoint_t *ck, const eng_model_d
             bytes[MT_BF16] += (double)spec->params[i].numel;
             break;
         case ENG_ST_F16: bytes[MT_F16] += (double)spec->params[i].numel; break;
+        case ENG_ST_U8: break; /* bitsandbytes' 4-bit codes: the tensors it left unquantised say the dtype */
         default: bytes[MT_F32] += (double)spec->params[i].numel; break;
         }
     }
@@ -299,9 +300,24 @@ static mt_status_t mxfp4_home(const eng_checkpoint_t *ck, const eng_ckpt_entry_t
     return MT_OK;
 }
 
+/* A weight bitsandbytes stored in 4 bits kept as stored: its codes and
+ * absmax (or absmax codes and nested state) exactly as written, through
+ * mt_quant_check (eng_checkpoint_bnb4_read). */
+static mt_status_t bnb4_home(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e, eng_param_t *p,
+                             mt_error_t *err) {
+    eng_bnb4_t b;
+    const mt_status_t st = eng_checkpoint_bnb4_read(ck, e, p->spec->ndim, p->spec->shape, true, &b, err);
+    if (st != MT_OK) return st;
+    p->home_q = malloc(sizeof *p->home_q);
+    MT_CHECK_ALLOC(p->home_q, p->spec->name);
+    eng_quant_home_pack(p->home_q, &b.view, &b.have);
+    eng_bnb4_free(&b);
+    return MT_OK;
+}
+
 /* Quantised homes (engine/model/quant_home.h) for a LoRA run's frozen
- * matrices marked quant_ok: an F8_E4M3 weight or gpt-oss's MXFP4 pair as
- * stored; otherwise, with load_in_4bit, the checkpoint's values quantised
+ * matrices marked quant_ok: an F8_E4M3 weight, gpt-oss's MXFP4 pair or a
+ * bitsandbytes 4-bit weight as stored; otherwise, with load_in_4bit, the checkpoint's values quantised
  * as bitsandbytes does, read one tensor at a time so the base is never
  * held wider.  Runs before
  * the checkpoint load, which then skips them. */
@@ -316,6 +332,11 @@ static mt_status_t read_quant_homes(eng_model_t *m, const eng_checkpoint_t *ck, 
         const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->spec->name);
         if (e && e->tensor->dtype == ENG_ST_F8_E4M3) {
             st = fp8_home(ck, e, p, err);
+            if (st == MT_OK) drop_plain_home(p, &host[i]);
+            continue;
+        }
+        if (eng_checkpoint_is_bnb4(ck, e)) {
+            st = bnb4_home(ck, e, p, err);
             if (st == MT_OK) drop_plain_home(p, &host[i]);
             continue;
         }
@@ -350,11 +371,14 @@ static mt_status_t read_quant_homes(eng_model_t *m, const eng_checkpoint_t *ck, 
     return st;
 }
 
-/* Whether the checkpoint stores any weight in FP8. */
-static bool has_fp8(const eng_checkpoint_t *ck) {
-    for (int i = 0; i < ck->count; i++)
-        if (ck->entries[i].tensor->dtype == ENG_ST_F8_E4M3) return true;
-    return false;
+/* The quantised format the checkpoint stores weights in, for full
+ * fine-tuning's note ("FP8", "bitsandbytes 4-bit"), or NULL. */
+static const char *stored_quant(const eng_checkpoint_t *ck) {
+    for (int i = 0; i < ck->count; i++) {
+        if (ck->entries[i].tensor->dtype == ENG_ST_F8_E4M3) return "FP8";
+        if (eng_checkpoint_is_bnb4(ck, &ck->entries[i])) return "bitsandbytes 4-bit";
+    }
+    return NULL;
 }
 
 mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *err) {
@@ -370,9 +394,10 @@ mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *
     st = eng_checkpoint_resolve(&ck, &m->spec, err);
     m->storage_dtype = checkpoint_dtype(&ck, &m->spec);
     if (st == MT_OK && m->lora.on) st = read_quant_homes(m, &ck, host, err);
-    if (st == MT_OK && !m->lora.on && has_fp8(&ck))
-        fprintf(stderr, "moetune: note: %s stores weights in FP8; full fine-tuning dequantises them on load (trained "
-                "weights need fp32 masters); a LoRA run keeps its frozen base in FP8\n", dir);
+    const char *stored = st == MT_OK && !m->lora.on ? stored_quant(&ck) : NULL;
+    if (stored)
+        fprintf(stderr, "moetune: note: %s stores weights in %s; full fine-tuning dequantises them on load (trained "
+                "weights need fp32 masters); a LoRA run keeps its frozen base in %s\n", dir, stored, stored);
     eng_ckpt_load_report_t report = {0};
     if (st == MT_OK) st = eng_checkpoint_load(&ck, &m->spec, host, &report, err);
     if (st == MT_OK && m->spec.num_buffers > 0) st = eng_checkpoint_load_buffers(&ck, &m->spec, m->buffer_host, err);

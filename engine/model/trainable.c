@@ -29,8 +29,8 @@ static mt_status_t check_group_router(const eng_model_config_t *c, const char *p
 }
 
 /* What in a quantization_config moetune cannot read (NULL: none, DeepSeek's
- * FP8 or gpt-oss's MXFP4, which the checkpoint reader dequantises through
- * base/quant.h).  Methods whose format base/quant.h defines but whose
+ * FP8, gpt-oss's MXFP4 or bitsandbytes 4-bit, which the checkpoint reader
+ * keeps as stored or dequantises through base/quant.h).  Methods whose format base/quant.h defines but whose
  * checkpoints are not read yet are named as such; others are unknown. */
 static const char *quant_unsupported(json_t *q, char *buf, size_t len) {
     if (!q || json_is_null(q)) return NULL;
@@ -48,7 +48,25 @@ static const char *quant_unsupported(json_t *q, char *buf, size_t len) {
             return "weight_block_size is not [128, 128]";
         return NULL;
     }
-    if (strcmp(method, "bitsandbytes") == 0 || strcmp(method, "gptq") == 0)
+    if (strcmp(method, "bitsandbytes") == 0) {
+        /* 4-bit: read as stored (engine/model/io/bnb4.c); LLM.int8's outlier split is not computed */
+        if (json_is_true(json_object_get(q, "load_in_8bit")))
+            return "quant_method \"bitsandbytes\" with load_in_8bit: 8-bit (LLM.int8) checkpoints are not read "
+                   "(docs/quantization.md)";
+        if (!json_is_true(json_object_get(q, "load_in_4bit")))
+            return "quant_method \"bitsandbytes\" without load_in_4bit: true (moetune reads bitsandbytes' 4-bit "
+                   "checkpoints)";
+        json_t *qs = json_object_get(q, "bnb_4bit_quant_storage");
+        if (qs && !(json_is_string(qs) && strcmp(json_string_value(qs), "uint8") == 0))
+            return "bnb_4bit_quant_storage is not \"uint8\" (moetune reads the codes as U8 bytes, as "
+                   "bitsandbytes stores them by default)";
+        json_t *t = json_object_get(q, "bnb_4bit_quant_type");
+        if (t && !(json_is_string(t) && (strcmp(json_string_value(t), "nf4") == 0 ||
+                                         strcmp(json_string_value(t), "fp4") == 0)))
+            return "bnb_4bit_quant_type is not \"nf4\" or \"fp4\"";
+        return NULL;
+    }
+    if (strcmp(method, "gptq") == 0)
         snprintf(buf, len, "quant_method \"%.64s\": checkpoints stored pre-quantised this way are not read yet "
                  "(docs/quantization.md)", method);
     else
@@ -88,7 +106,7 @@ mt_status_t eng_model_check_trainable(const eng_model_config_t *c, const char *o
     if (quant)
         return mt_error_set(err, MT_ERR_UNSUPPORTED,
                             "%s: key 'quantization_config': %s; moetune reads quant_method \"fp8\" (e4m3, "
-                            "weight_block_size [128, 128]) and \"mxfp4\" checkpoints",
+                            "weight_block_size [128, 128]), \"mxfp4\" and \"bitsandbytes\" 4-bit checkpoints",
                             path, quant);
     if (!mla && c->arch != ENG_ARCH_GLM4_MOE) return MT_OK;
     /* transformers makes every layer from first_k_dense_replace on sparse;

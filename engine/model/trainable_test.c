@@ -44,6 +44,15 @@ int main(void) {
     check("deepseek-v3", NULL, NULL);
     check("glm-4.5-air", NULL, NULL);
     check("deepseek-v3", "{\"quantization_config\": {\"quant_method\": \"bitsandbytes\"}}", "quantization_config");
+    check("deepseek-v3", "{\"quantization_config\": {\"quant_method\": \"bitsandbytes\"}}", "load_in_4bit");
+    check("glm-4.5-air", "{\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
+                         "\"bnb_4bit_quant_type\": \"nf4\", \"bnb_4bit_use_double_quant\": true}}", NULL);
+    check("glm-4.5-air", "{\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
+                         "\"bnb_4bit_quant_storage\": \"bfloat16\"}}", "bnb_4bit_quant_storage");
+    check("glm-4.5-air", "{\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_8bit\": true}}",
+          "load_in_8bit");
+    check("glm-4.5-air", "{\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
+                         "\"bnb_4bit_quant_type\": \"int4\"}}", "bnb_4bit_quant_type");
     check("deepseek-v3", "{\"quantization_config\": {\"quant_method\": \"hqq\"}}", "unknown quant_method \"hqq\"");
     check("glm-4.5-air", "{\"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4}}", "not read yet");
     check("glm-4.5-air", "{\"quantization_config\": {\"bits\": 4}}", "quant_method is missing");

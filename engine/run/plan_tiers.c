@@ -2,6 +2,7 @@
 #include "engine/run/plan_tiers.h"
 
 #include <jansson.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* gpt-oss's modules_to_not_convert lists attention: only experts are MXFP4. */
@@ -78,6 +79,12 @@ static mt_status_t base_quant_of(const eng_run_config_t *rc, json_t *root, const
     mt_status_t st = MT_OK;
     if (json_is_object(qc)) {
         st = stored_format(qc, config_json, q, err);
+        /* transformers 5 quantises only nn.Linear: its fused routed experts are
+         * written unquantised, and stay so unless load_in_4bit quantises them */
+        const char *tv = json_string_value(json_object_get(root, "transformers_version"));
+        const char *m = json_string_value(json_object_get(qc, "quant_method"));
+        if (st == MT_OK && m && strcmp(m, "bitsandbytes") == 0 && tv && atoi(tv) >= 5 && !rc->load_in_4bit)
+            q->experts_wide = true;
     } else if (rc->load_in_4bit) {
         *q = (sched_base_quant_t){.on = true,
                                   .format = rc->bnb_4bit_quant_type == ENG_BNB_FP4 ? MT_QUANT_FP4 : MT_QUANT_NF4,

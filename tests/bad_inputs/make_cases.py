@@ -671,6 +671,33 @@ def quant_cases():
                 st=add_tensors(whdr, wdata, {gu + "_blocks": blocks, gu + "_scales": ("U8", [4, 48, 1], b"\xff" * (4 * 48))}))
 
 
+def bnb4_cases():
+    """A checkpoint bitsandbytes stored in 4 bits (q_proj 16 x 16: 128 code bytes, 4 blocks of 64), damaged."""
+    hdr, data = read_st(os.path.join(SHARED, "ckpt", "model.safetensors"))
+    q = "model.layers.0.self_attn.q_proj.weight"
+    keep = [k for k in hdr if k != "__metadata__" and k != q]
+    whdr, wdata = read_st_bytes(pack(hdr, data, keep))
+    state = OrderedDict([("quant_type", "nf4"), ("blocksize", 64), ("dtype", "float32"), ("shape", [16, 16])])
+    qc = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+    config = OrderedDict(list(TINY_CONFIG.items()) + [("quantization_config", qc)])
+
+    def parts(drop=(), **over):
+        st = json.dumps(OrderedDict(state, **over)).encode()
+        p = OrderedDict([(q, ("U8", [128, 1], b"\x77" * 128)),
+                         (q + ".absmax", ("F32", [4], struct.pack("<4f", 0.1, 0.2, 0.3, 0.4))),
+                         (q + ".quant_map", ("F32", [16], b"\0" * 64)),
+                         (q + ".quant_state.bitsandbytes__nf4", ("U8", [len(st)], st))])
+        for d in drop:
+            p.pop(q + d)
+        return add_tensors(whdr, wdata, p)
+    ckpt_case("bnb4_absmax_missing", q + ".absmax", st=parts(drop=(".absmax",)), config=config)
+    ckpt_case("bnb4_quant_state_missing", q + ".quant_state", st=parts(drop=(".quant_state.bitsandbytes__nf4",)),
+              config=config)
+    ckpt_case("bnb4_quant_state_shape", "implies [16, 16] for '" + q, st=parts(shape=[8, 32]), config=config)
+    ckpt_case("bnb4_quant_type_bogus", "quant_type \"int4\"", st=parts(quant_type="int4"), config=config)
+    ckpt_case("bnb4_blocksize_unsupported", "blocksize 100", st=parts(blocksize=100), config=config)
+
+
 def read_st_bytes(raw):
     n = struct.unpack("<Q", raw[:8])[0]
     return json.loads(raw[8:8 + n], object_pairs_hook=OrderedDict), raw[8 + n:]
@@ -694,7 +721,7 @@ def family_config_cases():
               config=OrderedDict(list(TINY_CONFIG.items()) + [("sliding_window", 0)]))
     # quantization_config: read formats pass, the rest are refused by quant_method
     for tag, qc, want in (("unknown", {"quant_method": "hqq", "nbits": 4}, "unknown quant_method \"hqq\""),
-                          ("bitsandbytes", {"quant_method": "bitsandbytes", "load_in_4bit": True}, "not read yet"),
+                          ("bitsandbytes", {"quant_method": "bitsandbytes", "load_in_8bit": True}, "load_in_8bit"),
                           ("missing", {"bits": 4}, "quant_method is missing")):
         ckpt_case(f"cfg_quant_method_{tag}", want,
                   config=OrderedDict(list(TINY_CONFIG.items()) + [("quantization_config", qc)]))
@@ -859,6 +886,7 @@ def main():
     trainer_state_cases()
     resume_adapter_cases()
     quant_cases()
+    bnb4_cases()
     family_config_cases()
     run_key_cases()
     text_data_cases()

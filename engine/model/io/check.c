@@ -186,6 +186,10 @@ static mt_status_t check_described(const eng_checkpoint_t *ck, const eng_model_c
                             "%s: missing tensor '%s', which %s implies with shape %s (%s)%s", ck->dir, p->name,
                             config_path, want, dim_keys(cfg, p, 0), alt);
     }
+    if (eng_checkpoint_is_bnb4(ck, e)) { /* U8 [n/2, 1]: the quant_state holds the shape to compare */
+        eng_bnb4_t b;
+        return eng_checkpoint_bnb4_read(ck, e, p->ndim, p->shape, false, &b, err);
+    }
     const eng_st_tensor_t *t = e->tensor;
     const eng_ckpt_entry_t *scales;
     if (t->dtype == ENG_ST_F8_E4M3) { /* FP8: its block scales must be there, of the right shape */

@@ -362,6 +362,20 @@ static mt_status_t read_mxfp4(const eng_checkpoint_t *ck, const char *name, int 
     return MT_OK;
 }
 
+/* A bitsandbytes 4-bit weight dequantised as its dequantize_4bit does
+ * (fp32): what full fine-tuning, and a LoRA run's modules that are not kept
+ * quantised (a router transformers 4 quantised, a skipped module), train
+ * from. */
+static mt_status_t read_bnb4(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e, int ndim,
+                             const int64_t *expect_shape, float *dst, mt_error_t *err) {
+    eng_bnb4_t b;
+    mt_status_t st = eng_checkpoint_bnb4_read(ck, e, ndim, expect_shape, true, &b, err);
+    if (st != MT_OK) return st;
+    mt_dequant(&b.view, dst, MT_F32);
+    eng_bnb4_free(&b);
+    return MT_OK; /* finite: mt_quant_check held the absmax finite, and every code is */
+}
+
 mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name, int ndim,
                                     const int64_t *expect_shape, float *dst, mt_error_t *err) {
     char want[128], got[128];
@@ -377,6 +391,7 @@ mt_status_t eng_checkpoint_read_f32(const eng_checkpoint_t *ck, const char *name
         return mt_error_set(err, MT_ERR_FORMAT,
                             "%s: missing tensor '%s' (config.json implies shape %s)", ck->dir, name,
                             want);
+    if (eng_checkpoint_is_bnb4(ck, e)) return read_bnb4(ck, e, ndim, expect_shape, dst, err);
     const eng_st_file_t *f = &ck->files[e->file];
     const eng_st_tensor_t *t = e->tensor;
     bool same = t->ndim == ndim;
@@ -425,7 +440,26 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* n is NAME + one of bitsandbytes' companions of a described 4-bit NAME. */
+static bool bnb4_part(const eng_checkpoint_t *ck, const char **names, int count, const char *n) {
+    static const char *const k_suffix[] = {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
+                                           ".quant_state.bitsandbytes__nf4", ".quant_state.bitsandbytes__fp4"};
+    const size_t len = strlen(n);
+    for (size_t k = 0; k < sizeof k_suffix / sizeof k_suffix[0]; k++) {
+        const size_t sl = strlen(k_suffix[k]);
+        char base[512];
+        if (len <= sl || len - sl >= sizeof base || strcmp(n + len - sl, k_suffix[k]) != 0) continue;
+        memcpy(base, n, len - sl);
+        base[len - sl] = '\0';
+        const char *key = base;
+        if (!bsearch(&key, names, (size_t)count, sizeof *names, cmp_str)) continue;
+        return eng_checkpoint_is_bnb4(ck, eng_checkpoint_find(ck, base));
+    }
+    return false;
+}
+
 bool eng_checkpoint_dequant_part(const eng_checkpoint_t *ck, const char **names, int count, const char *n) {
+    if (bnb4_part(ck, names, count, n)) return true;
     static const char *const k_suffix[] = {"_blocks", "_scales", "_scale_inv"};
     const size_t len = strlen(n);
     for (size_t k = 0; k < sizeof k_suffix / sizeof k_suffix[0]; k++) {

@@ -21,6 +21,7 @@
 #include "engine/model/io/outdir.h"
 #include "engine/model/io/safetensors.h"
 #include "base/dtype.h"
+#include "base/quant.h"
 #include "base/status.h"
 
 #define ENG_CKPT_SINGLE_FILE "model.safetensors"
@@ -102,10 +103,50 @@ mt_status_t eng_checkpoint_mxfp4_check(const eng_checkpoint_t *ck, const char *n
 mt_status_t eng_checkpoint_fp8_scales(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e,
                                       const eng_ckpt_entry_t **scales, mt_error_t *err);
 
+/* A Linear weight bitsandbytes stored in 4 bits (transformers'
+ * save_pretrained of a load_in_4bit model): `NAME` U8 [ceil(n/2), 1] (two
+ * codes a byte, high nibble first, over the flattened weight), with
+ * `NAME.absmax` (F32 per block; under double quantisation U8 codes plus
+ * `NAME.nested_absmax` F32 and `NAME.nested_quant_map` F32 [256]),
+ * `NAME.quant_map` F32 [16] and `NAME.quant_state.bitsandbytes__nf4` (or
+ * `__fp4`): U8 bytes of a JSON object (quant_type, blocksize, dtype, shape,
+ * nested_blocksize, nested_offset).  Read into a quantised view whose codes
+ * point into the mapping and whose fp32 buffers are owned here. */
+typedef struct {
+    mt_quant_view_t view;  /* codes and scales_u8 in the mapping; scales / absmax2 / code2 owned */
+    mt_quant_sizes_t have; /* each buffer's element count, for mt_quant_check / eng_quant_home_pack */
+    float *absmax_, *absmax2_, *code2_;
+} eng_bnb4_t;
+
+/* Whether the checkpoint holds name as a bitsandbytes 4-bit weight: a U8
+ * tensor with a quant_state or an absmax beside it (either alone is enough
+ * to say the weight is meant as such, so that a missing piece is reported
+ * as that). */
+bool eng_checkpoint_is_bnb4(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e);
+
+/* Reads e (eng_checkpoint_is_bnb4) as a view of the (ndim, shape) tensor
+ * config.json describes, checking every piece: quant_state present, its
+ * JSON well formed, quant_type nf4/fp4 agreeing with its name, blocksize
+ * one bitsandbytes has (a power of two, 32 to 4096), shape equal to the
+ * description's; the weight's and absmax's dtypes and byte counts; under
+ * double quantisation nested_blocksize 256 and nested_offset finite;
+ * quant_map equal to the format's table.  values false: headers and the
+ * quant_state only (nothing large is read; the fp32 buffers stay NULL);
+ * true: the absmax and maps read too, then mt_quant_check.  Each refusal
+ * names the file, the tensor and what was expected. */
+mt_status_t eng_checkpoint_bnb4_read(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e, int ndim,
+                                     const int64_t *shape, bool values, eng_bnb4_t *out, mt_error_t *err);
+void eng_bnb4_free(eng_bnb4_t *b);
+/* How many of e's bitsandbytes companions (absmax, quant_map, nested_*,
+ * quant_state) the checkpoint holds. */
+int eng_checkpoint_bnb4_parts(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e);
+
 /* True when tensor n is the second half of a quantised weight NAME that
  * names[count] (sorted) describes and that is read through it: the
- * `_scale_inv` of an F8_E4M3 NAME, or the `_blocks` / `_scales` of an MXFP4
- * NAME the checkpoint holds no plain tensor of.  Anything else with those
+ * `_scale_inv` of an F8_E4M3 NAME, the `_blocks` / `_scales` of an MXFP4
+ * NAME the checkpoint holds no plain tensor of, or the `.absmax`,
+ * `.quant_map`, `.nested_*` and `.quant_state.*` of a bitsandbytes 4-bit
+ * NAME.  Anything else with those
  * suffixes is an unused tensor like any other. */
 bool eng_checkpoint_dequant_part(const eng_checkpoint_t *ck, const char **names, int count, const char *n);
 

@@ -250,9 +250,11 @@ static void print_storage(FILE *out, const eng_model_desc_t *d, const char *sour
 }
 
 /* Where a description tensor stands in the checkpoint: 0 = present with its
- * shape (its dtype noted), 1 = wrong shape, 2 = missing. */
+ * shape (its dtype noted), 1 = wrong shape, 2 = missing.  *mxfp4 counts
+ * MXFP4 pairs, *bnb4 the companions of bitsandbytes 4-bit weights (absmax,
+ * maps, quant_state: read with the codes). */
 static int check_tensor(const eng_checkpoint_t *ck, eng_model_desc_t *spec, const eng_param_spec_t *p,
-                        int *mxfp4) {
+                        int *mxfp4, int *bnb4) {
     const eng_ckpt_entry_t *e = eng_checkpoint_find(ck, p->name);
     const eng_ckpt_entry_t *mb, *ms;
     int64_t mshape[3];
@@ -261,6 +263,14 @@ static int check_tensor(const eng_checkpoint_t *ck, eng_model_desc_t *spec, cons
         bool ok = p->ndim == 3;
         for (int d = 0; ok && d < 3; d++) ok = mshape[d] == p->shape[d];
         *mxfp4 += ok;
+        return ok ? 0 : 1;
+    }
+    if (eng_checkpoint_is_bnb4(ck, e)) {
+        /* bitsandbytes 4-bit: U8 codes, the shape in its quant_state, companions beside it */
+        eng_bnb4_t b;
+        mt_error_t err = {0};
+        const bool ok = eng_checkpoint_bnb4_read(ck, e, p->ndim, p->shape, false, &b, &err) == MT_OK;
+        *bnb4 += ok ? eng_checkpoint_bnb4_parts(ck, e) : 0;
         return ok ? 0 : 1;
     }
     bool ok = e && e->tensor->ndim == p->ndim;
@@ -316,13 +326,13 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_desc_t *s
             fprintf(out, "  %-5s %6d tensors, %s\n", eng_st_dtype_name((eng_st_dtype_t)d), n_by[d],
                     human_bytes(b[0], sizeof b[0], (double)bytes_by[d]));
     /* Agreement with config.json: missing, wrong shape, unexpected (parameters and buffers). */
-    int missing = 0, wrong = 0, shown = 0, mxfp4 = 0;
+    int missing = 0, wrong = 0, shown = 0, mxfp4 = 0, bnb4 = 0;
     const eng_param_spec_t *first_bad = NULL;
     int first_where = 0;
     const int described = spec->count + spec->num_buffers;
     for (int i = 0; i < described; i++) {
         const eng_param_spec_t *p = i < spec->count ? &spec->params[i] : &spec->buffers[i - spec->count];
-        const int where = check_tensor(&ck, spec, p, &mxfp4);
+        const int where = check_tensor(&ck, spec, p, &mxfp4, &bnb4);
         if (where == 0) continue;
         if (where == 1) wrong++;
         else missing++;
@@ -333,7 +343,10 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_desc_t *s
         if (shown++ < 5)
             fprintf(out, "  %s: %s\n", where == 1 ? "WRONG SHAPE" : "MISSING", p->name);
     }
-    int used = described - missing + mxfp4; /* an MXFP4 tensor is two in the file */
+    int bnb4_weights = 0;
+    for (int i = 0; i < ck.count; i++) bnb4_weights += eng_checkpoint_is_bnb4(&ck, &ck.entries[i]);
+    /* an MXFP4 tensor is two in the file; a bnb one its codes plus its companions */
+    int used = described - missing + mxfp4 + bnb4;
     int unexpected = ck.count - used;
     if (missing || wrong || unexpected)
         fprintf(out, "  vs config.json: %d missing, %d wrong shape, %d unexpected (ignored)\n", missing,
@@ -341,6 +354,9 @@ static mt_status_t print_weights(FILE *out, const char *dir, eng_model_desc_t *s
     else
         fprintf(out, "  vs config.json: all %d tensors present with the expected shapes\n", described);
     if (mxfp4) fprintf(out, "  %d expert tensors in MXFP4 (_blocks + _scales), dequantised when read\n", mxfp4);
+    if (bnb4_weights)
+        fprintf(out, "  %d weights in bitsandbytes 4-bit (codes, absmax, quant_state), kept as stored in a LoRA run\n",
+                bnb4_weights);
     print_storage(out, spec, "the checkpoint's");
     /* A checkpoint that lacks a tensor config.json implies (or holds it in
      * another shape) cannot be trained or loaded by transformers: inspect
