@@ -169,7 +169,7 @@ static void mfu_print(const opts_t *o, const mfu_t *r) {
            o->cuda ? "cuda" : "cpu");
     printf("model FLOPs per token: %.4g GFLOP (3 x forward products, attention causal, recomputation not counted)\n",
            r->flops_per_token / 1e9);
-    printf("peak: %.1f TFLOP/s (%s)\n", r->peak / 1e12, r->peak_what);
+    printf("peak: %.4g TFLOP/s (%s)\n", r->peak / 1e12, r->peak_what);
     printf("%-26s %10s %11s %10s %7s %13s %9s %12s %11s\n", "plan", "step (ms)", "tokens/s", "TFLOP/s", "MFU",
            "predicted ms", "meas/pred", "peak dev GB", "H2D GB/step");
     for (int i = 0; i < r->n; i++) {
@@ -201,7 +201,7 @@ int mfu_report(const char *ckpt, const opts_t *o) {
     if (!o->cuda && r.m[0].ok) predictor_init(&p, ckpt, o, 0, &r.m[0], r.m[0].optim_s);
     char budget_name[64];
     if (o->budget_gib > 0 && p.ok && budget_plan(&p, o, &plans[2])) {
-        snprintf(budget_name, sizeof budget_name, "planner, %.1f GiB budget", o->budget_gib);
+        snprintf(budget_name, sizeof budget_name, "planner, %g GiB budget", o->budget_gib);
         r.name[2] = budget_name;
         r.n = 3;
     }
