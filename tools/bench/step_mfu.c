@@ -195,7 +195,11 @@ int mfu_report(const char *ckpt, const opts_t *o) {
     sched_plan_init_uniform(&plans[1], nb, SCHED_POLICY_OFFLOAD_ALL);
     const step_mode_t modes[MFU_PLANS] = {STEP_AFTER_BACKWARD, STEP_OVERLAP, STEP_OVERLAP};
     predictor_t p = {0};
-    if (o->cuda) predictor_from_profile(&p, ckpt, o);
+    /* the profile before the runs: a missing one should not cost the GPU's minutes first */
+    if (o->cuda && !predictor_from_profile(&p, ckpt, o)) {
+        for (int i = 0; i < MFU_PLANS; i++) sched_plan_free(&plans[i]);
+        return 1;
+    }
     measure_one(ckpt, o, &plans[0], modes[0], &r.m[0]);
     /* cpu: the predictor on this machine's calibration and keep_all's profile */
     if (!o->cuda && r.m[0].ok) predictor_init(&p, ckpt, o, 0, &r.m[0], r.m[0].optim_s);
