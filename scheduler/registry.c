@@ -392,3 +392,11 @@ void sched_registry_free(sched_registry_t *reg) {
     free(reg->ops);
     memset(reg, 0, sizeof *reg);
 }
+
+double sched_registry_model_flops_per_token(const sched_registry_t *reg) {
+    const double tokens = (double)reg->shape.micro_batch_size * reg->shape.sequence_len;
+    double fwd = 0;
+    for (int i = 0; i < reg->num_ops; i++)
+        if (reg->ops[i].phase == SCHED_PHASE_FWD && reg->ops[i].matmul) fwd += reg->ops[i].flops;
+    return tokens > 0 ? 3.0 * fwd / tokens : 0;
+}

@@ -223,6 +223,21 @@ mt_status_t sched_registry_build(const sched_program_t *prog, const sched_run_sh
                                  sched_registry_t *out, mt_error_t *err);
 void sched_registry_free(sched_registry_t *reg);
 
+/* Model FLOPs per trained token, as MFU counts them: three times the
+ * forward products of one micro-batch (the backward's two products per
+ * forward one), over its B * T tokens; recomputation is not counted, and
+ * elementwise ops (norms, softmax, SwiGLU, the loss) are not products.
+ * The forward products, per token, are the ones the engine describes
+ * (engine/model/desc/ops.c): 2 in out for every linear layer a token passes
+ * through (the attention projections, the router, its top-k experts' three
+ * products, shared experts, lm_head) and the attention core's score and
+ * value products over the causal pairs, per layer
+ *     2 * 2 * T_avg * n_heads * head_dim,   T_avg = (T + 1) / 2
+ * (a query at position t attends t + 1 keys; a sliding window caps it).
+ * LoRA adapters' products count when the run is LoRA.  Also used to judge
+ * a plan's step time against the device's peak (`moetune bench step`). */
+double sched_registry_model_flops_per_token(const sched_registry_t *reg);
+
 const char *sched_tensor_kind_name(sched_tensor_kind_t k);
 /* "embed", "layer 3", "head" */
 void sched_block_label(const sched_registry_t *reg, int block, char *buf, size_t cap);

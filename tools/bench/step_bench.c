@@ -44,7 +44,11 @@
 static int parse(int argc, char **argv, opts_t *o) {
     *o = (opts_t){.layers = 8, .hidden = 256, .experts = 8, .topk = 2, .expert_width = 512, .vocab = 512,
                   .heads = 8, .kv_heads = 4, .seq = 128, .batch = 4, .steps = 5, .link_gbps = 0,
-                  .link_latency_us = 10, .link_fraction = 0.9, .staging_rounds = 3, .compute_threads = 0};
+                  .link_latency_us = 10, .link_fraction = 0.9, .staging_rounds = 3, .compute_threads = 0,
+                  .model_type = "mixtral", .hw = "h100-sxm", .bf16 = -1};
+    /* a preset first, so that the options given beside it override it */
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--geometry") == 0 && mfu_apply_geometry(o, argv[i + 1])) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -77,6 +81,12 @@ static int parse(int argc, char **argv, opts_t *o) {
         DBL_OPT("--link-gbps", link_gbps)
         DBL_OPT("--link-latency-us", link_latency_us)
         DBL_OPT("--link-fraction", link_fraction)
+        const int used = mfu_parse_opt(o, a, v);
+        if (used < 0) goto bad;
+        if (used > 0) {
+            i += used - 1;
+            continue;
+        }
         if (strcmp(a, "--trace") == 0 && v) {
             o->trace = v;
             i++;
@@ -113,14 +123,19 @@ static int parse(int argc, char **argv, opts_t *o) {
                 "       [--link-gbps G | --link-fraction F] [--link-latency-us U] [--staging-rounds R]\n"
                 "       [--staging-only | --precision | --speculative | --step-order [--accum K]] [--blocks] [--trace FILE]\n"
                 "       [--json]\n"
+                "       MFU report: [--mfu] [--backend cpu|cuda] [--geometry qwen3-30b-a3b|mixtral-8x7b]\n"
+                "       [--head-dim D] [--hw NAME] [--precision-dtype fp32|bf16] [--budget-gib G]\n"
                 "bad or unknown option: %s\n",
                 a);
         return 2;
     }
-    if (o->topk > o->experts || o->hidden % o->heads) {
-        fprintf(stderr, "bench step: need topk <= experts and hidden divisible by heads\n");
+    if (o->topk > o->experts || (o->head_dim == 0 && o->hidden % o->heads) || o->heads % o->kv_heads) {
+        fprintf(stderr, "bench step: need topk <= experts, hidden divisible by heads (or --head-dim) and heads by"
+                        " kv heads\n");
         return 2;
     }
+    if (o->cuda) o->mfu = true; /* on a GPU the plans are measured for their MFU */
+    if (o->bf16 < 0) o->bf16 = o->cuda;
     return 0;
 }
 
@@ -180,13 +195,32 @@ static int make_checkpoint(const opts_t *o, char *ckpt, size_t cap) {
                 strerror(errno));
         return 1;
     }
-    char config[1024];
-    snprintf(config, sizeof config,
-             "{\"model_type\": \"mixtral\", \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d,"
-             " \"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d,"
-             " \"num_local_experts\": %d, \"num_experts_per_tok\": %d, \"rms_norm_eps\": 1e-5,"
-             " \"rope_theta\": 10000.0, \"tie_word_embeddings\": false, \"output_router_logits\": true}",
-             o->vocab, o->hidden, o->expert_width, o->layers, o->heads, o->kv_heads, o->experts, o->topk);
+    char config[2048];
+    /* bf16 on disk for a bf16 run: half the bytes to write and read */
+    const char *dtype = o->bf16 == 1 ? "bfloat16" : "float32";
+    const int hd = o->head_dim ? o->head_dim : o->hidden / o->heads;
+    if (strcmp(o->model_type, "qwen3_moe") == 0)
+        snprintf(config, sizeof config,
+                 "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": \"qwen3_moe\", \"vocab_size\": %d,"
+                 " \"hidden_size\": %d, \"intermediate_size\": %d, \"moe_intermediate_size\": %d,"
+                 " \"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d,"
+                 " \"head_dim\": %d, \"num_experts\": %d, \"num_experts_per_tok\": %d, \"norm_topk_prob\": true,"
+                 " \"decoder_sparse_step\": 1, \"mlp_only_layers\": [], \"attention_bias\": false,"
+                 " \"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
+                 " \"rope_scaling\": null, \"max_position_embeddings\": %d, \"sliding_window\": null,"
+                 " \"use_sliding_window\": false, \"router_aux_loss_coef\": 0.001, \"output_router_logits\": true,"
+                 " \"tie_word_embeddings\": false, \"initializer_range\": 0.02, \"torch_dtype\": \"%s\"}",
+                 o->vocab, o->hidden, o->expert_width * 8, o->expert_width, o->layers, o->heads, o->kv_heads, hd,
+                 o->experts, o->topk, o->seq > 4096 ? o->seq : 4096, dtype);
+    else
+        snprintf(config, sizeof config,
+                 "{\"model_type\": \"mixtral\", \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d,"
+                 " \"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d,"
+                 " \"head_dim\": %d, \"num_local_experts\": %d, \"num_experts_per_tok\": %d, \"rms_norm_eps\": 1e-5,"
+                 " \"rope_theta\": 10000.0, \"tie_word_embeddings\": false, \"output_router_logits\": true,"
+                 " \"torch_dtype\": \"%s\"}",
+                 o->vocab, o->hidden, o->expert_width, o->layers, o->heads, o->kv_heads, hd, o->experts, o->topk,
+                 dtype);
     mt_error_t err = {0};
     if (eng_checkpoint_init_random(ckpt, config, 1, &err) != MT_OK) {
         fprintf(stderr, "bench step: %s\n", err.msg);
@@ -382,9 +416,19 @@ int mt_bench_step_main(int argc, char **argv) {
     opts_t o;
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
+    char why[256];
+    if (o.cuda && !kern_cuda_available(why, sizeof why)) {
+        fprintf(stderr, "bench step: --backend cuda needs a usable GPU: %s\n", why);
+        return 1;
+    }
     if (!o.json) mt_build_info_print(stdout);
     char ckpt[256];
     if (make_checkpoint(&o, ckpt, sizeof ckpt)) return 1;
+    if (o.mfu) {
+        rc = mfu_report(ckpt, &o);
+        remove_checkpoint(ckpt);
+        return rc;
+    }
     measure_t keep;
     measure_keep_alone(ckpt, &o, &keep);
     predictor_t pr = {0};

@@ -35,6 +35,15 @@ typedef struct {
     bool step_order; /* layer-major against micro-batch-major order, `accum` micro-batches per step (step_order.c) */
     int accum;       /* micro-batches per step for the step-order comparison and its prediction (0: 1) */
     const char *trace; /* write the overlapped offload_all run's trace.json here */
+    /* the MFU report (step_mfu.c): on --backend cuda, with --mfu or a --geometry */
+    bool mfu;
+    bool cuda;            /* --backend cuda: the real GPU and its link, no throttling */
+    const char *geometry; /* a preset's name (NULL: the options' own dims) */
+    const char *model_type; /* "mixtral" or "qwen3_moe" */
+    int head_dim;         /* 0: hidden / heads */
+    const char *hw;       /* --hw: the device profile for the peak and the predictions on cuda */
+    int bf16;             /* compute in bf16: 1, fp32: 0, -1: the default (bf16 on cuda, fp32 on cpu) */
+    double budget_gib;    /* > 0: also the planner's own plan under this device budget */
 } opts_t;
 
 typedef struct {
@@ -155,5 +164,14 @@ void step_report_text(const opts_t *o, const step_report_t *r);
  * micro-batches per step, paired, with each order's link bytes and the
  * simulator's predictions on keep's profile (step_order.c). */
 int step_order_report(const char *ckpt, const opts_t *o, double link_bps, const measure_t *keep);
+
+/* The MFU report (step_mfu.c): the preset geometries, and per plan the
+ * step time, tokens/s, model FLOPs, achieved TFLOP/s, the fraction of the
+ * device's peak and the simulator's prediction. */
+int mfu_apply_geometry(opts_t *o, const char *name);
+/* One MFU option at argv's a (v: the next argument or NULL): the arguments
+ * it used (0: not one of them), -1 when its value is bad. */
+int mfu_parse_opt(opts_t *o, const char *a, const char *v);
+int mfu_report(const char *ckpt, const opts_t *o);
 
 #endif

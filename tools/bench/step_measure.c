@@ -46,6 +46,7 @@ bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_pla
     const kern_device_opts_t dopts = {.link_h2d_bytes_per_s = link_bps, .link_d2h_bytes_per_s = link_bps,
                                       .link_latency_s = o->link_latency_us * 1e-6,
                                       .host_threads = o->compute_threads, .pin_threads = o->compute_threads > 0};
+    const kern_device_opts_t real_link = {0}; /* cuda: the GPU's own link, its memory as the backend sizes it */
     eng_staging_settings_t ss;
     eng_staging_settings_init(&ss);
     ss.mode = mode;
@@ -57,10 +58,11 @@ bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_pla
     rc.shuffle = false;
     rc.seed = 0;
     rc.bf16 = compute == MT_BF16 ? ENG_BF16_ON : ENG_BF16_OFF;
+    rc.backend = o->cuda ? ENG_BACKEND_CUDA : ENG_BACKEND_CPU;
     eng_dataset_t ds;
     make_dataset(&ds, o, rows); /* the run's from here on */
     const eng_run_opts_t ro = {
-        .device = &dopts, .backend = KERN_BACKEND_CPU, .plan = plan, .staging = &ss, .dataset = &ds};
+        .device = o->cuda ? &real_link : &dopts, .backend = o->cuda ? KERN_BACKEND_CUDA : KERN_BACKEND_CPU, .plan = plan, .staging = &ss, .dataset = &ds};
     const mt_status_t st = eng_run_open(r, &rc, &ro, &err);
     eng_run_config_free(&rc);
     if (st == MT_OK) return true;

@@ -3,9 +3,12 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/rng.h"
 #include "engine/model/io/checkpoint.h"
@@ -23,9 +26,9 @@ static void fill_normal(float *dst, size_t n, double std, uint64_t state) {
     }
 }
 
-void eng_init_random_params(const eng_model_desc_t *spec, double initializer_range,
-                            int pad_token_id, uint64_t seed, float *const *dst) {
-    for (int i = 0; i < spec->count; i++) {
+static void init_one(const eng_model_desc_t *spec, int i, double initializer_range, int pad_token_id, uint64_t seed,
+                     float *const *dst) {
+    {
         const eng_param_spec_t *p = &spec->params[i];
         float *d = dst[i];
         switch (p->role) {
@@ -57,6 +60,41 @@ void eng_init_random_params(const eng_model_desc_t *spec, double initializer_ran
         }
         }
     }
+}
+
+typedef struct {
+    const eng_model_desc_t *spec;
+    double std;
+    int pad;
+    uint64_t seed;
+    float *const *dst;
+    atomic_int next;
+} init_job_t;
+
+static void *init_worker(void *arg) {
+    init_job_t *j = arg;
+    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->spec->count;)
+        init_one(j->spec, i, j->std, j->pad, j->seed, j->dst);
+    return NULL;
+}
+
+/* Tensors on every core, one at a time each: a tensor's values depend only
+ * on (seed, its name), so the split changes nothing, and a model of a few
+ * billion parameters (a benchmark's geometry) is drawn in seconds, not a
+ * minute. */
+void eng_init_random_params(const eng_model_desc_t *spec, double initializer_range,
+                            int pad_token_id, uint64_t seed, float *const *dst) {
+    init_job_t j = {spec, initializer_range, pad_token_id, seed, dst, 0};
+    enum { MAX_THREADS = 64 };
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
+    if (n > spec->count) n = spec->count;
+    pthread_t th[MAX_THREADS];
+    int started = 0;
+    for (int t = 1; t < n; t++)
+        if (pthread_create(&th[started], NULL, init_worker, &j) == 0) started++;
+    init_worker(&j); /* this thread too; alone when no thread could start */
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
 }
 
 /* initializer_range and pad_token_id: not in eng_model_config_t (only
