@@ -129,6 +129,10 @@ typedef struct {
     void **c;
 } kern_cuda_grouped_t;
 
+/* Every matrix of a grouped call starts, and every row of it starts, at a
+ * multiple of this many bytes (the caller routes the rest elsewhere). */
+#define KERN_CUDA_GROUPED_ALIGN 16
+
 /* Issues the products of g as one grouped call on s (gemm_cuda.c):
  * the pointer arrays go to the stream's scratch through a pinned staging
  * slot.  Returns true when issued; false, with the reason in why, when

@@ -176,8 +176,19 @@ void kern_mm_cuda(kern_stream_t *s, const kern_mm_t *p) { mm_one(s, p, 0); }
 /* How kern_mm_grouped_cuda issues its products: MOETUNE_GROUPED_GEMM=loop
  * (one cuBLASLt call per product), grouped (cuBLAS's grouped GEMM for every
  * product it can take, even one alone: what tests and benchmarks ask for)
- * or auto, the default (the grouped GEMM where two or more products can go
- * together, so a lone product keeps cuBLASLt's tuned algorithm). */
+ * or auto, the default: the grouped GEMM where two or more products can go
+ * together and they are small (mean M*N*K under GROUPED_AUTO_MAX_MNK), else
+ * one cuBLASLt call each.
+ *
+ * Why the size bound: on an H200 (CUDA 13, `moetune bench gemm --grouped`),
+ * bf16 -> bf16 expert products at Qwen3-30B-A3B's geometry (128 experts of
+ * ~256 rows, 2048 x 768: mean M*N*K 4e8) ran 1.8-2.5x faster grouped
+ * (265-292 TFLOP/s against 113-148 one by one), while Mixtral-8x7B's
+ * (8 experts of ~1024 rows, 4096 x 14336: 6e10) ran 2.5x slower grouped
+ * (260-296 against 690-760): cuBLASLt's per-shape algorithms win once each
+ * product fills the GPU.  The bound sits between the two, on a log scale. */
+#define GROUPED_AUTO_MAX_MNK 5e9
+
 typedef enum { GROUPED_LOOP, GROUPED_ALWAYS, GROUPED_AUTO } grouped_mode_t;
 
 static grouped_mode_t grouped_mode(void) {
@@ -189,13 +200,24 @@ static grouped_mode_t grouped_mode(void) {
     return GROUPED_AUTO;
 }
 
+static bool aligned16(const void *ptr, int64_t ld, mt_dtype_t dt) {
+    return (uintptr_t)ptr % KERN_CUDA_GROUPED_ALIGN == 0 &&
+           (size_t)ld * mt_dtype_size(dt) % KERN_CUDA_GROUPED_ALIGN == 0;
+}
+
 /* Whether the grouped GEMM computes product p exactly as mm_one would: A
  * and B stored in the compute dtype (nothing to round first), C written
  * directly (not through an fp32 copy: a BF16 C only with bf16 compute and
- * beta == 0), and a non-empty product with a non-empty sum. */
+ * beta == 0), a non-empty product with a non-empty sum, and every matrix
+ * and row 16-byte aligned (cuBLAS's grouped kernels assume it: a bf16
+ * expert slice with an odd K faulted with a misaligned address on an H200,
+ * where cuBLASLt, told the real alignment, is fine). */
 static bool groupable(const kern_mm_t *p, int M, int N, int K) {
     if (M == 0 || N == 0 || K == 0) return false;
     if (p->A.dtype != p->compute || p->B.dtype != p->compute) return false;
+    if (!aligned16(p->A.data, p->A.cols, p->A.dtype) || !aligned16(p->B.data, p->B.cols, p->B.dtype) ||
+        !aligned16(p->C.data, p->C.cols, p->C.dtype))
+        return false;
     return p->C.dtype == MT_F32 || (p->compute == MT_BF16 && p->beta == 0.0f);
 }
 
@@ -224,6 +246,7 @@ void kern_mm_grouped_cuda(kern_stream_t *s, const kern_mm_t *p, int count) {
     bool *member = (bool *)(gd.beta + n);
     gd.trans_la = member + n, gd.trans_lb = member + 2 * n;
     int first = -1;
+    double mnk = 0.0; /* summed over the members */
     for (int g = 0; g < count; g++) {
         int M, N, K;
         kern_mm_dims(&p[g], g, &M, &N, &K);
@@ -242,10 +265,12 @@ void kern_mm_grouped_cuda(kern_stream_t *s, const kern_mm_t *p, int count) {
         gd.trans_la[i] = pl.trans_la, gd.trans_lb[i] = pl.trans_lb;
         gd.la[i] = p[g].B.data, gd.lb[i] = p[g].A.data, gd.c[i] = p[g].C.data;
         gd.alpha[i] = p[g].alpha, gd.beta[i] = p[g].beta;
+        mnk += (double)M * N * K;
     }
     char why[200];
-    const bool grouped = gd.count > 0 && (mode == GROUPED_ALWAYS || gd.count >= 2) &&
-                         kern_cuda_gemm_grouped(s, &gd, why, sizeof why);
+    const bool wanted = mode == GROUPED_ALWAYS ? gd.count > 0
+                                               : gd.count >= 2 && mnk / gd.count < GROUPED_AUTO_MAX_MNK;
+    const bool grouped = wanted && kern_cuda_gemm_grouped(s, &gd, why, sizeof why);
     for (int g = 0; g < count; g++)
         if (!grouped || !member[g]) mm_one(s, &p[g], g);
     free(blk);

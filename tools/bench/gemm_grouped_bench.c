@@ -14,8 +14,9 @@
  * 2 and 5 shares of the rows in turn, so a quarter get none, as a skewed
  * router leaves them).
  *
- * CUDA: each line twice, MOETUNE_GROUPED_GEMM=loop (one cuBLASLt call per
- * expert) and =grouped (cuBLAS's grouped GEMM), TFLOP/s and grouped / loop;
+ * CUDA: each line three times, MOETUNE_GROUPED_GEMM=loop (one cuBLASLt call
+ * per expert), =grouped (cuBLAS's grouped GEMM) and =auto (the default's
+ * choice between them), TFLOP/s and grouped / loop;
  * the median of --reps timed calls after one warm-up (a refusal of the
  * grouped call by cuBLAS is said on stderr, and the line then measures the
  * loop twice).  Geometries: Qwen3-30B-A3B (128 experts top-8, 4096 tokens,
@@ -174,8 +175,10 @@ static int bench_geometry(kern_device_t *dev, const geometry_t *g, int reps, boo
                 const double tl = time_line(dev, s, mm, g->experts, reps);
                 setenv("MOETUNE_GROUPED_GEMM", "grouped", 1);
                 const double tg = time_line(dev, s, mm, g->experts, reps);
-                printf("%-14s %-36s %10.1f %10.1f %9.2fx\n", g->name, line, flops / tl / 1e12, flops / tg / 1e12,
-                       tl / tg);
+                setenv("MOETUNE_GROUPED_GEMM", "auto", 1);
+                const double ta = time_line(dev, s, mm, g->experts, reps);
+                printf("%-14s %-36s %10.1f %10.1f %9.2fx %10.1f\n", g->name, line, flops / tl / 1e12,
+                       flops / tg / 1e12, tl / tg, flops / ta / 1e12);
                 fflush(stdout);
             }
     }
@@ -201,8 +204,9 @@ int mt_bench_gemm_grouped(kern_device_t *dev, bool cuda, const char *geometry, i
     }
     printf("expert products of one MoE layer, bf16 inputs, fp32 accumulation; median of %d after a warm-up\n",
            reps);
-    printf("%-14s %-36s %10s %10s %10s\n", "geometry", "products (all experts)",
-           cuda ? "loop TF/s" : "cpu GF/s", cuda ? "group TF/s" : "", cuda ? "group/loop" : "");
+    printf("%-14s %-36s %10s %10s %10s %10s\n", "geometry", "products (all experts)",
+           cuda ? "loop TF/s" : "cpu GF/s", cuda ? "group TF/s" : "", cuda ? "group/loop" : "",
+           cuda ? "auto TF/s" : "");
     for (size_t i = 0; i < ng; i++) {
         const geometry_t *g = &k_geometries[i];
         const bool small = strcmp(g->name, "small") == 0;

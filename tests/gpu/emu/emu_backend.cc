@@ -120,6 +120,10 @@ bool kern_cuda_gemm_grouped(kern_stream_t *s, const kern_cuda_grouped_t *g, char
         const int m = g->m[i], n = g->n[i], k = g->k[i];
         const int64_t lda = g->lda[i], ldb = g->ldb[i], ldc = g->ldc[i];
         MT_CHECK(m > 0 && n > 0 && k > 0, "grouped GEMM problem %d: m=%d n=%d k=%d", i, m, n, k);
+        const size_t ab = mt_dtype_size(g->ab_dt), cb = mt_dtype_size(g->c_dt), al = KERN_CUDA_GROUPED_ALIGN;
+        MT_CHECK((uintptr_t)g->la[i] % al == 0 && (uintptr_t)g->lb[i] % al == 0 && (uintptr_t)g->c[i] % al == 0 &&
+                     (size_t)lda * ab % al == 0 && (size_t)ldb * ab % al == 0 && (size_t)ldc * cb % al == 0,
+                 "grouped GEMM problem %d: a matrix or row not %zu-byte aligned (the GPU faults on it)", i, al);
         MT_CHECK(lda >= (g->trans_la[i] ? k : m) && ldb >= (g->trans_lb[i] ? n : k) && ldc >= m,
                  "grouped GEMM problem %d: leading dimensions %lld %lld %lld too small for m=%d n=%d k=%d", i,
                  (long long)lda, (long long)ldb, (long long)ldc, m, n, k);
