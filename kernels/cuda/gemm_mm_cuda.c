@@ -182,11 +182,14 @@ void kern_mm_cuda(kern_stream_t *s, const kern_mm_t *p) { mm_one(s, p, 0); }
  *
  * Why the size bound: on an H200 (CUDA 13, `moetune bench gemm --grouped`),
  * bf16 -> bf16 expert products at Qwen3-30B-A3B's geometry (128 experts of
- * ~256 rows, 2048 x 768: mean M*N*K 4e8) ran 1.8-2.5x faster grouped
- * (265-292 TFLOP/s against 113-148 one by one), while Mixtral-8x7B's
- * (8 experts of ~1024 rows, 4096 x 14336: 6e10) ran 2.5x slower grouped
- * (260-296 against 690-760): cuBLASLt's per-shape algorithms win once each
- * product fills the GPU.  The bound sits between the two, on a log scale. */
+ * ~256 rows, 2048 x 768: mean M*N*K 4e8) ran 1.7-3.2x faster grouped
+ * (250-295 TFLOP/s against 67-158 one by one, the loop's rate varying
+ * across machines), while Mixtral-8x7B's (8 experts of ~1024 rows, 4096 x
+ * 14336: 6e10) ran 2.5x slower grouped (255-300 against 660-760):
+ * cuBLASLt's per-shape algorithms win once each product fills the GPU.
+ * The bound sits between the two, on a log scale.  Either way each
+ * backend call is deterministic (gemm_test repeats the grouped call and
+ * compares bits). */
 #define GROUPED_AUTO_MAX_MNK 5e9
 
 typedef enum { GROUPED_LOOP, GROUPED_ALWAYS, GROUPED_AUTO } grouped_mode_t;

@@ -198,7 +198,7 @@ static void bf16_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, mt_dty
  * outputs 2^-7 of the value plus 1e-5 of the output's largest magnitude (a
  * once-rounded bf16 may land one ulp, 2^-8 relative, apart after sums that
  * differ in order).  Loop and grouped are held to the same bound against
- * each other.  A NaN in one result must be a NaN in the other: the first
+ * each other, and the grouped call repeated must give the same bits.  A NaN in one result must be a NaN in the other: the first
  * element of each packed output belongs to no expert and stays NaN. */
 
 typedef struct {
@@ -206,7 +206,7 @@ typedef struct {
     size_t n;          /* elements, the unowned first one included */
     mt_dtype_t dt;     /* of the GPU output */
     float *ref;        /* CPU twin, fp32 */
-    float *got[2];     /* GPU: loop, grouped (widened to fp32) */
+    float *got[3];     /* GPU: loop, grouped, grouped again (widened to fp32) */
 } moe_out_t;
 
 static void moe_compare(gt_ctx_t *t, const char *what, const moe_out_t *o, const float *a, const float *b) {
@@ -248,9 +248,9 @@ static void moe_bf16_case(gt_ctx_t *t, const int *counts, int E, int N, int K, m
     moe_in_t DY = moe_input(t, (size_t)m * N, "dy");
     const size_t osz = mt_dtype_size(out_dt);
     float *hdw = gt_host_rand(t, (size_t)E * N * K, 1.0f);
-    moe_out_t out[3] = {{"forward x W^T", 1 + (size_t)m * N, out_dt, NULL, {NULL, NULL}},
-                        {"dX = dy W", 1 + (size_t)m * K, out_dt, NULL, {NULL, NULL}},
-                        {"dW += dy^T x", (size_t)E * N * K, MT_F32, NULL, {NULL, NULL}}};
+    moe_out_t out[3] = {{"forward x W^T", 1 + (size_t)m * N, out_dt, NULL, {NULL, NULL, NULL}},
+                        {"dX = dy W", 1 + (size_t)m * K, out_dt, NULL, {NULL, NULL, NULL}},
+                        {"dW += dy^T x", (size_t)E * N * K, MT_F32, NULL, {NULL, NULL, NULL}}};
     /* the CPU's outputs are fp32; the GPU writes forward and dX as out_dt */
     gt_buf_t Y = gt_alloc(t, out[0].n * 4, "y"), DX = gt_alloc(t, out[1].n * 4, "dx");
     gt_buf_t DW = gt_alloc(t, out[2].n * 4, "dW");
@@ -279,19 +279,19 @@ static void moe_bf16_case(gt_ctx_t *t, const int *counts, int E, int N, int K, m
         row += (size_t)me;
     }
     gt_buf_t *bufs[3] = {&Y, &DX, &DW};
-    static const char *modes[2] = {"loop", "grouped"};
-    for (int md = 0; md <= 2; md++) { /* loop, grouped on the GPU; then the CPU twin */
+    static const char *modes[3] = {"loop", "grouped", "grouped"};
+    for (int md = 0; md <= 3; md++) { /* loop, grouped twice on the GPU; then the CPU twin */
         gt_poison(t, &Y);
         gt_poison(t, &DX);
         gt_set(t, &DW, hdw);
-        if (md < 2) setenv("MOETUNE_GROUPED_GEMM", modes[md], 1);
+        if (md < 3) setenv("MOETUNE_GROUPED_GEMM", modes[md], 1);
         for (int k = 0; k < 3; k++) {
-            if (md < 2) t->gpu->ops->mm_grouped(t->sg, gpu + k * E, E);
+            if (md < 3) t->gpu->ops->mm_grouped(t->sg, gpu + k * E, E);
             else t->cpu->ops->mm_grouped(t->sc, cpu + k * E, E);
         }
         for (int k = 0; k < 3; k++) {
             float *dst = gt_host_alloc(out[k].n);
-            if (md == 2) {
+            if (md == 3) {
                 gt_download(t, bufs[k], dst, NULL);
                 out[k].ref = dst;
                 continue;
@@ -314,6 +314,10 @@ static void moe_bf16_case(gt_ctx_t *t, const int *counts, int E, int N, int K, m
         snprintf(what, sizeof what, "experts bf16 E=%d N=%d K=%d -> %s, grouped vs loop:", E, N, K,
                  mt_dtype_name(out[k].dt));
         moe_compare(t, what, &out[k], out[k].got[0], out[k].got[1]);
+        gt_expect(t, memcmp(out[k].got[1], out[k].got[2], out[k].n * 4) == 0,
+                  "experts bf16 E=%d N=%d K=%d -> %s: %s grouped twice differs", E, N, K, mt_dtype_name(out[k].dt),
+                  out[k].name);
+        free(out[k].got[2]);
         free(out[k].ref);
         free(out[k].got[0]);
         free(out[k].got[1]);
