@@ -66,6 +66,7 @@ static void usage(FILE *f) {
             "  bench adam [--params N] [--threads T] [--json]\n"
             "                                       host AdamW vs this machine's memory ceiling\n"
             "  bench gemm [--backend cpu|cuda] [--json]\n"
+            "  bench gemm --grouped [--backend cpu|cuda] [--geometry qwen3-30b-a3b|mixtral-8x7b|small]\n"
             "                                       matrix products vs the machine's peak\n"
             "  bench step [--layers N] [--link-gbps G] [--json] ...\n"
             "                                       training steps under keep_all / offload_all /\n"

@@ -91,6 +91,7 @@ static void cuda_destroy(kern_device_t *dev) {
             MT_CUDA_CHECK(cudaStreamDestroy(s->cs));
         }
         kern_cuda_gemm_cache_free(s->gemm_cache);
+        kern_cuda_grouped_free(s->grouped);
     }
     if (d->lt) MT_CUBLAS_CHECK(cublasLtDestroy(d->lt));
     if (d->region) MT_CUDA_CHECK(cudaFree(d->region));

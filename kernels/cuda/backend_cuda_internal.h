@@ -41,6 +41,7 @@ extern "C" {
 
 typedef struct kern_cuda_device kern_cuda_device_t;
 typedef struct kern_cuda_gemm_cache kern_cuda_gemm_cache_t;
+typedef struct kern_cuda_grouped_state kern_cuda_grouped_state_t;
 
 struct kern_stream {
     cudaStream_t cs;
@@ -51,6 +52,7 @@ struct kern_stream {
     void *scratch; /* stream-ordered kernel temporaries (see above) */
     size_t scratch_bytes;
     kern_cuda_gemm_cache_t *gemm_cache; /* cuBLASLt algorithms by shape; gemm_cuda.c */
+    kern_cuda_grouped_state_t *grouped; /* cuBLAS handle and pinned staging; gemm_cuda.c */
 };
 
 struct kern_event {
@@ -111,6 +113,37 @@ void kern_cuda_gemm(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, c
 
 /* Releases a stream's GEMM algorithm cache (gemm_cuda.c). */
 void kern_cuda_gemm_cache_free(kern_cuda_gemm_cache_t *c);
+
+/* Column-major products for cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx),
+ * one problem per group, each D = C = alpha op(LA) op(LB) + beta C with
+ * m, n, k > 0, as kern_cuda_gemm_plan maps a row-major product: LA is the
+ * row-major B, LB the row-major A.  Host arrays of `count`; A and B of one
+ * type ab_dt, C of c_dt, accumulated in fp32 (CUBLAS_COMPUTE_32F). */
+typedef struct {
+    int count;
+    mt_dtype_t ab_dt, c_dt;
+    bool *trans_la, *trans_lb;
+    int *m, *n, *k, *lda, *ldb, *ldc;
+    float *alpha, *beta;
+    const void **la, **lb;
+    void **c;
+} kern_cuda_grouped_t;
+
+/* Every matrix of a grouped call starts, and every row of it starts, at a
+ * multiple of this many bytes (the caller routes the rest elsewhere). */
+#define KERN_CUDA_GROUPED_ALIGN 16
+
+/* Issues the products of g as one grouped call on s (gemm_cuda.c):
+ * the pointer arrays go to the stream's scratch through a pinned staging
+ * slot.  Returns true when issued; false, with the reason in why, when
+ * cuBLAS refuses the type combination (said once on stderr, and later calls
+ * with it are refused without asking cuBLAS), so the caller runs the
+ * products one by one.  Any other failure is fatal. */
+bool kern_cuda_gemm_grouped(kern_stream_t *s, const kern_cuda_grouped_t *g, char *why, size_t why_len);
+
+/* Releases a stream's grouped-GEMM state (gemm_cuda.c); the stream
+ * must be idle. */
+void kern_cuda_grouped_free(kern_cuda_grouped_state_t *g);
 
 #ifdef __cplusplus
 }

@@ -21,10 +21,15 @@
  *
  * Alignment: cuBLASLt assumes 256-byte aligned pointers unless told
  * otherwise; expert slices of packed buffers are only 4-byte aligned, so
- * every call states the real alignment of A, B and C in the preference. */
+ * every call states the real alignment of A, B and C in the preference.
+ *
+ * Grouped products (cuBLAS's grouped GEMM) are at the end of the file. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cublas_v2.h>
 
 #include "kernels/cuda/backend_cuda_internal.h"
 #include "kernels/cuda/cuda_check.h"
@@ -179,4 +184,142 @@ void kern_cuda_gemm(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, c
         return;
     }
     lt_matmul(s, C, c_dt, A, B, ab_dt, M, N, K, trans_a, trans_b, alpha, beta);
+}
+
+/* ---- Grouped products ----
+ *
+ * A group of independent products as one cuBLAS grouped GEMM
+ * (kern_cuda_gemm_grouped); which products of kern_mm_grouped go here is
+ * gemm_mm_cuda.c's choice.
+ *
+ * cublasGemmGroupedBatchedEx takes the per-group transposes, sizes, leading
+ * dimensions, alpha and beta as host arrays, and the A, B and C pointer
+ * arrays in device memory.  Those go to the stream's scratch with one
+ * stream-ordered copy from a pinned staging slot; a slot is rewritten only
+ * after the copy that last read it has run (an event per slot), so the host
+ * does not wait unless it is a ring's worth of calls ahead of the GPU.
+ *
+ * The cuBLAS handle is the stream's own (cuBLASLt's handle cannot issue the
+ * grouped call): bound to the stream once, given the stream's cuBLASLt
+ * workspace on every call (the arena may have been released and taken again
+ * since), default math (no TF32) and no reduced-precision split-K
+ * reductions, so bf16 products accumulate in fp32 as cuBLASLt's do.
+ *
+ * Types: cuBLAS documents bf16 A/B with bf16 C and fp32 A/B/C for compute
+ * 32F.  bf16 A/B with an fp32 C is asked for too; when this cuBLAS answers
+ * NOT_SUPPORTED (or INVALID_VALUE) for a combination, that is said once and
+ * the combination is refused from then on, and the caller loops.
+ *
+ * Not usable inside a CUDA graph capture: the slot wait is a host wait. */
+#define GROUPED_SLOTS 8
+
+struct kern_cuda_grouped_state {
+    cublasHandle_t handle;
+    char *pinned; /* GROUPED_SLOTS slots of slot_bytes */
+    size_t slot_bytes;
+    cudaEvent_t done[GROUPED_SLOTS]; /* the copy that last read each slot */
+    bool recorded[GROUPED_SLOTS];
+    int next;
+    uint32_t refused; /* bit 2 * (A/B BF16) + (C BF16): combinations cuBLAS refused */
+};
+
+void kern_cuda_grouped_free(kern_cuda_grouped_state_t *g) {
+    if (!g) return;
+    for (int i = 0; i < GROUPED_SLOTS; i++)
+        if (g->done[i]) MT_CUDA_CHECK(cudaEventDestroy(g->done[i]));
+    if (g->pinned) MT_CUDA_CHECK(cudaFreeHost(g->pinned));
+    if (g->handle) MT_CUBLAS_CHECK(cublasDestroy(g->handle));
+    free(g);
+}
+
+static kern_cuda_grouped_state_t *state(kern_stream_t *s, cudaStream_t cs) {
+    if (s->grouped) return s->grouped;
+    kern_cuda_grouped_state_t *g = calloc(1, sizeof *g);
+    MT_CHECK_ALLOC(g, "grouped GEMM state");
+    MT_CUBLAS_CHECK(cublasCreate(&g->handle));
+    MT_CUBLAS_CHECK(cublasSetStream(g->handle, cs));
+    MT_CUBLAS_CHECK(cublasSetMathMode(g->handle, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                                                  CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    for (int i = 0; i < GROUPED_SLOTS; i++)
+        MT_CUDA_CHECK(cudaEventCreateWithFlags(&g->done[i], cudaEventDisableTiming));
+    s->grouped = g;
+    return g;
+}
+
+/* A staging slot of at least `bytes`, free to write. */
+static char *slot(kern_cuda_grouped_state_t *g, cudaStream_t cs, size_t bytes, int *idx) {
+    if (bytes > g->slot_bytes) {
+        /* grow: every slot's copy must have run before the old block goes */
+        MT_CUDA_CHECK(cudaStreamSynchronize(cs));
+        if (g->pinned) MT_CUDA_CHECK(cudaFreeHost(g->pinned));
+        g->pinned = NULL;
+        size_t n = 4096;
+        while (n < bytes) n *= 2;
+        MT_CUDA_CHECK(cudaHostAlloc((void **)&g->pinned, n * GROUPED_SLOTS, cudaHostAllocDefault));
+        g->slot_bytes = n;
+        memset(g->recorded, 0, sizeof g->recorded);
+    }
+    const int i = g->next;
+    g->next = (i + 1) % GROUPED_SLOTS;
+    if (g->recorded[i]) MT_CUDA_CHECK(cudaEventSynchronize(g->done[i]));
+    *idx = i;
+    return g->pinned + (size_t)i * g->slot_bytes;
+}
+
+static cudaDataType_t cuda_type(mt_dtype_t dt) { return dt == MT_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+bool kern_cuda_gemm_grouped(kern_stream_t *s, const kern_cuda_grouped_t *g, char *why, size_t why_len) {
+    MT_CHECK(g->count > 0, "grouped GEMM of %d products", g->count);
+    MT_CHECK((g->ab_dt == MT_F32 || g->ab_dt == MT_BF16) && (g->c_dt == MT_F32 || g->c_dt == MT_BF16),
+             "grouped GEMM: %s inputs, %s output (F32 or BF16 each)", mt_dtype_name(g->ab_dt),
+             mt_dtype_name(g->c_dt));
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    kern_cuda_grouped_state_t *st = state(s, cs);
+    const uint32_t bit = 1u << (2 * (g->ab_dt == MT_BF16) + (g->c_dt == MT_BF16));
+    if (st->refused & bit) {
+        snprintf(why, why_len, "cuBLAS refused %s x %s -> %s grouped products earlier in this run",
+                 mt_dtype_name(g->ab_dt), mt_dtype_name(g->ab_dt), mt_dtype_name(g->c_dt));
+        return false;
+    }
+    const size_t n = (size_t)g->count, ptr_bytes = 3 * n * sizeof(void *);
+    int idx;
+    void **host = (void **)slot(st, cs, ptr_bytes, &idx);
+    for (size_t i = 0; i < n; i++) {
+        host[i] = (void *)g->la[i];
+        host[n + i] = (void *)g->lb[i];
+        host[2 * n + i] = g->c[i];
+    }
+    void **dev = kern_cuda_scratch(s, ptr_bytes, "grouped GEMM pointer arrays");
+    MT_CUDA_CHECK(cudaMemcpyAsync(dev, host, ptr_bytes, cudaMemcpyHostToDevice, cs));
+    MT_CUDA_CHECK(cudaEventRecord(st->done[idx], cs));
+    st->recorded[idx] = true;
+
+    /* host arrays of the call, one malloc: ops, then ints (group sizes of 1) */
+    cublasOperation_t *ops = malloc(2 * n * sizeof *ops + n * sizeof(int));
+    MT_CHECK_ALLOC(ops, "grouped GEMM host arrays");
+    int *ones = (int *)(ops + 2 * n);
+    for (size_t i = 0; i < n; i++) {
+        ops[i] = g->trans_la[i] ? CUBLAS_OP_T : CUBLAS_OP_N;
+        ops[n + i] = g->trans_lb[i] ? CUBLAS_OP_T : CUBLAS_OP_N;
+        ones[i] = 1;
+    }
+    if (s->lt_workspace) MT_CUBLAS_CHECK(cublasSetWorkspace(st->handle, s->lt_workspace, s->lt_workspace_bytes));
+    const cudaDataType_t abt = cuda_type(g->ab_dt), ct = cuda_type(g->c_dt);
+    cublasStatus_t rc = cublasGemmGroupedBatchedEx(
+        st->handle, ops, ops + n, g->m, g->n, g->k, g->alpha, (const void *const *)dev, abt, g->lda,
+        (const void *const *)(dev + n), abt, g->ldb, g->beta, dev + 2 * n, ct, g->ldc, g->count, ones,
+        CUBLAS_COMPUTE_32F);
+    free(ops);
+    if (rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE) {
+        st->refused |= bit;
+        snprintf(why, why_len, "cuBLAS grouped GEMM answered %s for %s x %s -> %s products (compute 32F)",
+                 cublasGetStatusName(rc), mt_dtype_name(g->ab_dt), mt_dtype_name(g->ab_dt),
+                 mt_dtype_name(g->c_dt));
+        fprintf(stderr, "moetune: %s on CUDA device %d; those products run one by one\n", why,
+                s->dev->ordinal);
+        return false;
+    }
+    MT_CUBLAS_CHECK(rc);
+    kern_cuda_after_launch(s, __FILE__, __LINE__, "cublasGemmGroupedBatchedEx");
+    return true;
 }

@@ -3,8 +3,10 @@
  * Covers fp32 products (F32 operands, F32 compute) in every transpose combination, alpha/beta (beta = 0 must ignore a C
  * full of NaN), empty sums (K = 0), pointers only 4-byte aligned (expert
  * slices of packed buffers), the grouped product over ragged experts with
- * zero-token experts, the bf16-input path with bf16 and fp32 outputs, and
- * determinism of repeated calls.
+ * zero-token experts, the bf16-input path with bf16 and fp32 outputs, the
+ * experts of a MoE layer in bf16 one by one and as cuBLAS's grouped GEMM
+ * (MOETUNE_GROUPED_GEMM=loop and grouped against each other and the CPU
+ * twin), and determinism of repeated calls.
  *
  * Tolerance for fp32 products: normwise 1e-5, i.e. max |gpu - cpu| <= 1e-5 *
  * max |cpu|.  Two fp32 GEMMs that differ only in summation order agree to a
@@ -176,6 +178,156 @@ static void bf16_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, mt_dty
     free(raw);
 }
 
+/* ---- The experts of a MoE layer in bf16: one product at a time against
+ * cuBLAS's grouped GEMM (kern_mm_grouped_cuda, MOETUNE_GROUPED_GEMM) against
+ * the CPU twin.
+ *
+ * The three products per expert e the layer issues, with x, W and dy
+ * stored BF16 and bf16 compute (fp32 accumulation):
+ *   forward  y_e (M_e, N)  = x_e (M_e, K) W_e^T   (trans_b, beta 0, C out_dt)
+ *   dX       dx_e (M_e, K) = dy_e (M_e, N) W_e    (no transpose, beta 0, C out_dt)
+ *   dW       dW_e (N, K)  += dy_e^T x_e           (trans_a, beta 1, C F32: the
+ *                                                   accumulated gradient)
+ * over packed buffers with ragged M_e, zero-token experts among them (their
+ * forward and dX are skipped, their dW is an empty sum that leaves dW_e as
+ * it was).  The reference is the CPU's fp32 product of the same bf16 values
+ * widened to fp32 (exact: a product of two bf16 is exact in fp32).
+ *
+ * Tolerances: F32 outputs normwise 1e-5 (FP32_GEMM_TOL: the three results
+ * differ only in the order of fp32 sums, K <= 129 terms in [-1, 1)); BF16
+ * outputs 2^-7 of the value plus 1e-5 of the output's largest magnitude (a
+ * once-rounded bf16 may land one ulp, 2^-8 relative, apart after sums that
+ * differ in order).  Loop and grouped are held to the same bound against
+ * each other, and the grouped call repeated must give the same bits.  A NaN in one result must be a NaN in the other: the first
+ * element of each packed output belongs to no expert and stays NaN. */
+
+typedef struct {
+    const char *name;
+    size_t n;          /* elements, the unowned first one included */
+    mt_dtype_t dt;     /* of the GPU output */
+    float *ref;        /* CPU twin, fp32 */
+    float *got[3];     /* GPU: loop, grouped, grouped again (widened to fp32) */
+} moe_out_t;
+
+static void moe_compare(gt_ctx_t *t, const char *what, const moe_out_t *o, const float *a, const float *b) {
+    double big = 0.0;
+    for (size_t i = 0; i < o->n; i++)
+        if (isfinite(a[i])) big = fmax(big, fabs(a[i]));
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < o->n; i++) {
+        const bool nan_a = isnan(a[i]), nan_b = isnan(b[i]);
+        const double lim = o->dt == MT_BF16 ? ldexp(fabs(a[i]), -7) + 1e-5 * big : FP32_GEMM_TOL * big;
+        const bool ok = nan_a || nan_b ? nan_a && nan_b : isfinite(b[i]) && fabs((double)a[i] - b[i]) <= lim;
+        if (!ok && !bad++) first = i;
+    }
+    gt_expect(t, bad == 0, "%s %s: %zu of %zu elements off, first at %zu: %.7g vs %.7g", what, o->name, bad, o->n,
+              first, (double)a[first], (double)b[first]);
+    if (!bad) printf("ok   %s %s\n", what, o->name);
+}
+
+/* x, W, dy stored BF16 on the GPU, their fp32 widenings on the CPU. */
+typedef struct {
+    gt_buf_t f32, b16;
+} moe_in_t;
+
+static moe_in_t moe_input(gt_ctx_t *t, size_t n, const char *tag) {
+    float *h = gt_host_rand(t, n, 1.0f);
+    uint16_t *h16 = gt_host_bytes(n * 2);
+    mt_convert_from_f32(h16, MT_BF16, h, n);
+    mt_convert_to_f32(h, h16, MT_BF16, n);
+    moe_in_t in = {gt_from_host(t, h, n * 4, tag), gt_from_host(t, h16, n * 2, tag)};
+    free(h);
+    free(h16);
+    return in;
+}
+
+static void moe_bf16_case(gt_ctx_t *t, const int *counts, int E, int N, int K, mt_dtype_t out_dt) {
+    int m = 0;
+    for (int e = 0; e < E; e++) m += counts[e];
+    moe_in_t X = moe_input(t, (size_t)m * K, "x"), W = moe_input(t, (size_t)E * N * K, "W");
+    moe_in_t DY = moe_input(t, (size_t)m * N, "dy");
+    const size_t osz = mt_dtype_size(out_dt);
+    float *hdw = gt_host_rand(t, (size_t)E * N * K, 1.0f);
+    moe_out_t out[3] = {{"forward x W^T", 1 + (size_t)m * N, out_dt, NULL, {NULL, NULL, NULL}},
+                        {"dX = dy W", 1 + (size_t)m * K, out_dt, NULL, {NULL, NULL, NULL}},
+                        {"dW += dy^T x", (size_t)E * N * K, MT_F32, NULL, {NULL, NULL, NULL}}};
+    /* the CPU's outputs are fp32; the GPU writes forward and dX as out_dt */
+    gt_buf_t Y = gt_alloc(t, out[0].n * 4, "y"), DX = gt_alloc(t, out[1].n * 4, "dx");
+    gt_buf_t DW = gt_alloc(t, out[2].n * 4, "dW");
+    kern_mm_t *mm = calloc((size_t)E * 6, sizeof *mm);
+    MT_CHECK_ALLOC(mm, "product descriptors");
+    kern_mm_t *cpu = mm, *gpu = mm + 3 * E; /* per side: forward, dX, dW, E each */
+    size_t row = 0;
+    for (int e = 0; e < E; e++) {
+        const int me = counts[e];
+        const size_t xo = row * K, yo = row * N, wo = (size_t)e * N * K;
+        for (int side = 0; side < 2; side++) {
+            kern_mm_t *d = side ? gpu : cpu;
+            const bool g = side == 1;
+            char *x = g ? (char *)X.b16.g + xo * 2 : (char *)X.f32.c + xo * 4;
+            char *w = g ? (char *)W.b16.g + wo * 2 : (char *)W.f32.c + wo * 4;
+            char *dy = g ? (char *)DY.b16.g + yo * 2 : (char *)DY.f32.c + yo * 4;
+            const mt_dtype_t in_dt = g ? MT_BF16 : MT_F32, cmp = g ? MT_BF16 : MT_F32, o_dt = g ? out_dt : MT_F32;
+            char *y = (char *)(g ? Y.g : Y.c) + (1 + yo) * (g ? osz : 4);
+            char *dx = (char *)(g ? DX.g : DX.c) + (1 + xo) * (g ? osz : 4);
+            d[e] = kern_mm_make((float *)y, x, in_dt, w, in_dt, me, N, K, false, true, 1.0f, 0.0f, cmp);
+            d[E + e] = kern_mm_make((float *)dx, dy, in_dt, w, in_dt, me, K, N, false, false, 1.0f, 0.0f, cmp);
+            d[2 * E + e] = kern_mm_make((float *)((g ? GT_G(DW) : GT_C(DW)) + wo), dy, in_dt, x, in_dt, N, K, me,
+                                        true, false, 1.0f, 1.0f, cmp);
+            d[e].C.dtype = d[E + e].C.dtype = o_dt;
+        }
+        row += (size_t)me;
+    }
+    gt_buf_t *bufs[3] = {&Y, &DX, &DW};
+    static const char *modes[3] = {"loop", "grouped", "grouped"};
+    for (int md = 0; md <= 3; md++) { /* loop, grouped twice on the GPU; then the CPU twin */
+        gt_poison(t, &Y);
+        gt_poison(t, &DX);
+        gt_set(t, &DW, hdw);
+        if (md < 3) setenv("MOETUNE_GROUPED_GEMM", modes[md], 1);
+        for (int k = 0; k < 3; k++) {
+            if (md < 3) t->gpu->ops->mm_grouped(t->sg, gpu + k * E, E);
+            else t->cpu->ops->mm_grouped(t->sc, cpu + k * E, E);
+        }
+        for (int k = 0; k < 3; k++) {
+            float *dst = gt_host_alloc(out[k].n);
+            if (md == 3) {
+                gt_download(t, bufs[k], dst, NULL);
+                out[k].ref = dst;
+                continue;
+            }
+            void *raw = gt_host_bytes(out[k].n * 4);
+            gt_download(t, bufs[k], NULL, raw);
+            mt_convert_to_f32(dst, raw, out[k].dt, out[k].n);
+            free(raw);
+            out[k].got[md] = dst;
+        }
+    }
+    unsetenv("MOETUNE_GROUPED_GEMM");
+    char what[160];
+    for (int k = 0; k < 3; k++) {
+        snprintf(what, sizeof what, "experts bf16 E=%d N=%d K=%d -> %s:", E, N, K, mt_dtype_name(out[k].dt));
+        moe_compare(t, what, &out[k], out[k].ref, out[k].got[0]);
+        snprintf(what, sizeof what, "experts bf16 E=%d N=%d K=%d -> %s, grouped vs cpu:", E, N, K,
+                 mt_dtype_name(out[k].dt));
+        moe_compare(t, what, &out[k], out[k].ref, out[k].got[1]);
+        snprintf(what, sizeof what, "experts bf16 E=%d N=%d K=%d -> %s, grouped vs loop:", E, N, K,
+                 mt_dtype_name(out[k].dt));
+        moe_compare(t, what, &out[k], out[k].got[0], out[k].got[1]);
+        gt_expect(t, memcmp(out[k].got[1], out[k].got[2], out[k].n * 4) == 0,
+                  "experts bf16 E=%d N=%d K=%d -> %s: %s grouped twice differs", E, N, K, mt_dtype_name(out[k].dt),
+                  out[k].name);
+        free(out[k].got[2]);
+        free(out[k].ref);
+        free(out[k].got[0]);
+        free(out[k].got[1]);
+    }
+    gt_free(t, &X.f32), gt_free(t, &X.b16), gt_free(t, &W.f32), gt_free(t, &W.b16);
+    gt_free(t, &DY.f32), gt_free(t, &DY.b16), gt_free(t, &Y), gt_free(t, &DX), gt_free(t, &DW);
+    free(mm);
+    free(hdw);
+}
+
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "gemm_test", 0x6e6d);
@@ -197,6 +349,15 @@ int main(void) {
     grouped_case(&t, ragged, 8, 24, 40, 1.0f);
     static const int big[] = {64, 0, 129, 7};
     grouped_case(&t, big, 4, 96, 128, 0.0f);
+
+    /* the fp32 experts above ran as MOETUNE_GROUPED_GEMM left them (auto: grouped) */
+    for (int dt = 0; dt < 2; dt++) {
+        const mt_dtype_t out_dt = dt ? MT_BF16 : MT_F32;
+        moe_bf16_case(&t, ragged, 8, 24, 40, out_dt);
+        moe_bf16_case(&t, big, 4, 96, 128, out_dt);
+        static const int odd[] = {3, 0, 9, 1}; /* odd K and N: slices only 2-byte aligned */
+        moe_bf16_case(&t, odd, 4, 21, 37, out_dt);
+    }
 
     for (int tr = 0; tr < 4; tr++) {
         bf16_case(&t, 64, 48, 256, tr & 1, tr & 2, MT_BF16);

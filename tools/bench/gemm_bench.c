@@ -14,7 +14,9 @@
  * CUDA backend (when a GPU is present, or --backend cuda): the same table
  * through cuBLASLt (fp32 and bf16 via the kernel table), in TFLOP/s.  The shapes are the step's: square
  * products, a linear layer's forward and weight gradient, and the grouped
- * expert products of a MoE layer. */
+ * expert products of a MoE layer.
+ * --grouped: a MoE layer's expert products at real geometries, one product
+ * per expert against cuBLAS's grouped GEMM (gemm_grouped_bench.c). */
 #include "tools/bench/gemm_bench.h"
 
 #include <math.h>
@@ -150,18 +152,31 @@ static double time_shape(kern_device_t *dev, const shape_t *sh, const variant_t 
 }
 
 int mt_bench_gemm_main(int argc, char **argv) {
-    int reps = 5;
-    bool json = false, want_cuda = false;
+    int reps = 0;
+    bool json = false, want_cuda = false, grouped = false;
+    const char *geometry = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) json = true;
+        else if (strcmp(argv[i], "--grouped") == 0) grouped = true;
+        else if (strcmp(argv[i], "--geometry") == 0 && i + 1 < argc) geometry = argv[++i];
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) want_cuda = strcmp(argv[++i], "cuda") == 0;
         else {
-            fprintf(stderr, "usage: moetune bench gemm [--backend cpu|cuda] [--reps N] [--json]\n");
+            fprintf(stderr, "usage: moetune bench gemm [--backend cpu|cuda] [--reps N] [--json]\n"
+                            "       moetune bench gemm --grouped [--backend cpu|cuda] [--geometry "
+                            "qwen3-30b-a3b|mixtral-8x7b|small] [--reps N]\n");
             return 2;
         }
     }
-    if (reps < 1) reps = 1;
+    if (grouped && json) {
+        fprintf(stderr, "moetune bench gemm: --grouped prints a table only (no --json)\n");
+        return 2;
+    }
+    if (geometry && !grouped) {
+        fprintf(stderr, "moetune bench gemm: --geometry goes with --grouped\n");
+        return 2;
+    }
+    if (reps < 1) reps = grouped ? 10 : 5;
     mt_error_t err = {0};
     char why[256];
     const bool cuda = want_cuda;
@@ -173,6 +188,14 @@ int mt_bench_gemm_main(int argc, char **argv) {
     if (kern_device_create(cuda ? KERN_BACKEND_CUDA : KERN_BACKEND_CPU, NULL, &dev, &err) != MT_OK) {
         fprintf(stderr, "moetune bench gemm: %s\n", err.msg);
         return 1;
+    }
+    if (grouped) {
+        char build[256];
+        mt_build_info_line(build, sizeof build);
+        printf("%s\nbackend %s\n", build, dev->vt->name);
+        const int grc = mt_bench_gemm_grouped(dev, cuda, geometry, reps);
+        kern_device_destroy(dev);
+        return grc;
     }
     char peak_why[256] = "";
     const double peak = cuda ? 0 : cpu_peak_gflops(peak_why, sizeof peak_why);

@@ -97,6 +97,54 @@ void kern_cuda_gemm(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, c
     kern_mm_grouped_cpu_path(NULL, &p, 1, KERN_CPU_BF16_SGEMM);
 }
 
+static float emu_load(const void *base, mt_dtype_t dt, size_t i) {
+    return dt == MT_BF16 ? mt_bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+// cuBLAS's grouped GEMM as its column-major definition states it, read from
+// the very arrays kern_mm_grouped_cuda fills, so the row-major mapping and
+// the choice of products are tested here: D = alpha op(LA) op(LB) + beta C
+// per problem, fp32 sums, C not read when beta == 0, a BF16 C rounded once.
+// MOETUNE_EMU_GROUPED_REFUSE=1 answers as a cuBLAS without the type
+// combination would, so the fallback to one product at a time is tested.
+bool kern_cuda_gemm_grouped(kern_stream_t *s, const kern_cuda_grouped_t *g, char *why, size_t why_len) {
+    (void)s;
+    MT_CHECK(g->count > 0, "grouped GEMM of %d products", g->count);
+    const char *refuse = getenv("MOETUNE_EMU_GROUPED_REFUSE");
+    if (refuse && strcmp(refuse, "1") == 0) {
+        snprintf(why, why_len, "the emulated cuBLAS refuses %s -> %s grouped products", mt_dtype_name(g->ab_dt),
+                 mt_dtype_name(g->c_dt));
+        return false;
+    }
+    for (int i = 0; i < g->count; i++) {
+        const int m = g->m[i], n = g->n[i], k = g->k[i];
+        const int64_t lda = g->lda[i], ldb = g->ldb[i], ldc = g->ldc[i];
+        MT_CHECK(m > 0 && n > 0 && k > 0, "grouped GEMM problem %d: m=%d n=%d k=%d", i, m, n, k);
+        const size_t ab = mt_dtype_size(g->ab_dt), cb = mt_dtype_size(g->c_dt), al = KERN_CUDA_GROUPED_ALIGN;
+        MT_CHECK((uintptr_t)g->la[i] % al == 0 && (uintptr_t)g->lb[i] % al == 0 && (uintptr_t)g->c[i] % al == 0 &&
+                     (size_t)lda * ab % al == 0 && (size_t)ldb * ab % al == 0 && (size_t)ldc * cb % al == 0,
+                 "grouped GEMM problem %d: a matrix or row not %zu-byte aligned (the GPU faults on it)", i, al);
+        MT_CHECK(lda >= (g->trans_la[i] ? k : m) && ldb >= (g->trans_lb[i] ? n : k) && ldc >= m,
+                 "grouped GEMM problem %d: leading dimensions %lld %lld %lld too small for m=%d n=%d k=%d", i,
+                 (long long)lda, (long long)ldb, (long long)ldc, m, n, k);
+        for (int col = 0; col < n; col++)
+            for (int r = 0; r < m; r++) {
+                float acc = 0.0f;
+                for (int kk = 0; kk < k; kk++) {
+                    const size_t ia = g->trans_la[i] ? (size_t)kk + (size_t)r * lda : (size_t)r + (size_t)kk * lda;
+                    const size_t ib = g->trans_lb[i] ? (size_t)col + (size_t)kk * ldb : (size_t)kk + (size_t)col * ldb;
+                    acc += emu_load(g->la[i], g->ab_dt, ia) * emu_load(g->lb[i], g->ab_dt, ib);
+                }
+                const size_t ic = (size_t)r + (size_t)col * ldc;
+                float v = g->alpha[i] * acc;
+                if (g->beta[i] != 0.0f) v += g->beta[i] * emu_load(g->c[i], g->c_dt, ic);
+                if (g->c_dt == MT_BF16) ((uint16_t *)g->c[i])[ic] = mt_f32_to_bf16(v);
+                else ((float *)g->c[i])[ic] = v;
+            }
+    }
+    return true;
+}
+
 } // extern "C"
 
 void kc_sort_positions(kern_stream_t *s, const int32_t *keys, int n, int key_bits,
