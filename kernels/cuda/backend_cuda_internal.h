@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -41,6 +42,7 @@ extern "C" {
 
 typedef struct kern_cuda_device kern_cuda_device_t;
 typedef struct kern_cuda_gemm_cache kern_cuda_gemm_cache_t;
+typedef struct kern_cudnn_attn kern_cudnn_attn_t;
 
 struct kern_stream {
     cudaStream_t cs;
@@ -51,6 +53,7 @@ struct kern_stream {
     void *scratch; /* stream-ordered kernel temporaries (see above) */
     size_t scratch_bytes;
     kern_cuda_gemm_cache_t *gemm_cache; /* cuBLASLt algorithms by shape; gemm_cuda.c */
+    kern_cudnn_attn_t *cudnn_attn; /* cuDNN handle and SDPA plans by shape; kernels/cudnn */
 };
 
 struct kern_event {
@@ -111,6 +114,20 @@ void kern_cuda_gemm(kern_stream_t *s, void *C, mt_dtype_t c_dt, const void *A, c
 
 /* Releases a stream's GEMM algorithm cache (gemm_cuda.c). */
 void kern_cuda_gemm_cache_free(kern_cuda_gemm_cache_t *c);
+
+/* Releases a stream's cuDNN handle and attention plans
+ * (kernels/cudnn/attention_cudnn.c); NULL does nothing. */
+void kern_cudnn_attn_free(kern_cudnn_attn_t *c);
+
+/* Helpers of the cuDNN attention path (attention.cu): per-row sequence
+ * lengths for cuDNN's padding mask (seq_q[b] = T, seq_kv[b] = kv_len[b]
+ * clamped to [0, T]); rows that see no key set to out 0, lse -inf
+ * (attention.h); the backward's stats, lse with -inf replaced by 0. */
+void kern_attention_tc_seqlens_cuda(kern_stream_t *s, int32_t *seq_q, int32_t *seq_kv, const int32_t *kv_len,
+                                    int B, int T);
+void kern_attention_tc_empty_rows_cuda(kern_stream_t *s, float *out, float *lse, const int32_t *kv_len, int B,
+                                       int T, int nh, int hd, int window);
+void kern_attention_tc_bwd_stats_cuda(kern_stream_t *s, float *stats, const float *lse, size_t n);
 
 #ifdef __cplusplus
 }
