@@ -85,6 +85,7 @@ typedef struct tc_plan {
     bool ok;
     bool deterministic;
     bool dq_accum; /* the backward's fp32 dQ accumulator variant */
+    bool mem_logged; /* a failed allocation was logged (once per shape) */
     char why[512];
     cudnnBackendDescriptor_t plan;
     int64_t workspace; /* cuDNN's own workspace bytes */
@@ -626,6 +627,7 @@ static void tc_plan_build(kern_cudnn_attn_t *c, tc_plan_t *p) {
     tc_graph_bwd(&g2, k, true);
     tc_choose_plan(&g2, false);
     p->dq_accum = true;
+    p->deterministic = false; /* atomics into the accumulator, whatever the notes say */
     if (!p->ok) {
         char acc_why[512];
         snprintf(acc_why, sizeof acc_why, "%s", p->why);
@@ -702,13 +704,18 @@ static bool tc_begin(kern_stream_t *s, const tc_key_t *key, kern_cudnn_attn_t **
     return true;
 }
 
-static void *tc_alloc(kern_stream_t *s, kern_cudnn_attn_t *c, size_t bytes) {
+static void *tc_alloc(kern_stream_t *s, kern_cudnn_attn_t *c, tc_plan_t *p, size_t bytes) {
     mt_error_t err;
     memset(&err, 0, sizeof err);
     void *mem = kern_alloc(&s->dev->base, bytes, "cuDNN attention (bf16 copies and workspace)", &err);
-    if (mem == NULL)
-        tc_report(c, false, false, "no device memory for cuDNN attention's %zu bytes: %s", bytes, err.msg);
-    return mem;
+    if (mem != NULL) return mem;
+    tc_report(c, false, false, "no device memory for cuDNN attention's %zu bytes: %s", bytes, err.msg);
+    if (!p->mem_logged)
+        fprintf(stderr, "moetune: attention %s B %d T %d heads %d/%d head dim %d: fp32 kernel, %s\n",
+                p->key.bwd ? "backward" : "forward", p->key.B, p->key.T, p->key.nh, p->key.nkv, p->key.hd,
+                c->last.why);
+    p->mem_logged = true;
+    return NULL;
 }
 
 bool kern_attention_fwd_tc_cuda(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
@@ -724,7 +731,7 @@ bool kern_attention_fwd_tc_cuda(kern_stream_t *s, float *out, float *lse, const 
     const size_t oq = tc_take(&cv, nq * 2), ok = tc_take(&cv, nk * 2), ov = tc_take(&cv, nk * 2);
     const size_t oo = tc_take(&cv, nq * 2), osq = tc_take(&cv, (size_t)B * 4), oskv = tc_take(&cv, (size_t)B * 4);
     const size_t ows = tc_take(&cv, (size_t)p->workspace);
-    char *mem = tc_alloc(s, c, cv.off);
+    char *mem = tc_alloc(s, c, p, cv.off);
     if (mem == NULL) return false;
     uint16_t *q16 = (uint16_t *)(mem + oq), *k16 = (uint16_t *)(mem + ok), *v16 = (uint16_t *)(mem + ov);
     uint16_t *o16 = (uint16_t *)(mem + oo);
@@ -765,7 +772,7 @@ bool kern_attention_bwd_tc_cuda(kern_stream_t *s, float *dq, float *dk, float *d
     const size_t osum = tc_take(&cv, nr * 4), oacc = tc_take(&cv, p->dq_accum ? nq * 4 : 0);
     const size_t osq = tc_take(&cv, (size_t)B * 4), oskv = tc_take(&cv, (size_t)B * 4);
     const size_t ows = tc_take(&cv, (size_t)p->workspace);
-    char *mem = tc_alloc(s, c, cv.off);
+    char *mem = tc_alloc(s, c, p, cv.off);
     if (mem == NULL) return false;
     uint16_t *q16 = (uint16_t *)(mem + oq), *k16 = (uint16_t *)(mem + ok), *v16 = (uint16_t *)(mem + ov);
     uint16_t *o16 = (uint16_t *)(mem + oo), *do16 = (uint16_t *)(mem + odo), *dq16 = (uint16_t *)(mem + odq);
