@@ -26,28 +26,6 @@ void eng_mm(eng_layer_env_t *env, float *C, eng_operand_t A, eng_operand_t B, in
     env->dev->ops->mm(kern_stream(env->dev, KERN_STREAM_COMPUTE), &p);
 }
 
-void eng_attention_fwd(eng_layer_env_t *env, float *out, float *lse, const float *q, const float *k, const float *v,
-                       const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv, int hd,
-                       int window) {
-    const kern_ops_t *ops = env->dev->ops;
-    kern_stream_t *s = kern_stream(env->dev, KERN_STREAM_COMPUTE);
-    if (env->model->compute == MT_BF16 &&
-        ops->attention_fwd_tc(s, out, lse, q, k, v, kv_len, seg_start, B, T, nh, nkv, hd, window))
-        return;
-    ops->attention_fwd(s, out, lse, q, k, v, kv_len, seg_start, B, T, nh, nkv, hd, window);
-}
-
-void eng_attention_bwd(eng_layer_env_t *env, float *dq, float *dk, float *dv, const float *dout, const float *q,
-                       const float *k, const float *v, const float *out, const float *lse, const int32_t *kv_len,
-                       const int32_t *seg_start, int B, int T, int nh, int nkv, int hd, int window) {
-    const kern_ops_t *ops = env->dev->ops;
-    kern_stream_t *s = kern_stream(env->dev, KERN_STREAM_COMPUTE);
-    if (env->model->compute == MT_BF16 &&
-        ops->attention_bwd_tc(s, dq, dk, dv, dout, q, k, v, out, lse, kv_len, seg_start, B, T, nh, nkv, hd, window))
-        return;
-    ops->attention_bwd(s, dq, dk, dv, dout, q, k, v, out, lse, kv_len, seg_start, B, T, nh, nkv, hd, window);
-}
-
 eng_operand_t eng_weight(eng_layer_env_t *env, int i) {
     eng_model_t *m = env->model;
     return i >= 0 ? (eng_operand_t){env->dp[i].w, m->params[i].w_dtype} : (eng_operand_t){NULL, MT_F32};

@@ -49,18 +49,6 @@ eng_operand_t eng_f32(const float *p);
 void eng_mm(eng_layer_env_t *env, float *C, eng_operand_t A, eng_operand_t B, int M, int N, int K, bool trans_a,
             bool trans_b, float alpha, float beta);
 
-/* Causal attention (kernels/attention.h) on the compute stream in the run's
- * compute dtype: a bf16 run takes the tensor-core path (bf16 operands,
- * fp32 softmax and lse; cuDNN on a GPU, its twin on the CPU) where it
- * handles the call, and the fp32 kernel where it does not (packed segments,
- * head dims it refuses: the same calls on both backends). */
-void eng_attention_fwd(eng_layer_env_t *env, float *out, float *lse, const float *q, const float *k, const float *v,
-                       const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv, int hd,
-                       int window);
-void eng_attention_bwd(eng_layer_env_t *env, float *dq, float *dk, float *dv, const float *dout, const float *q,
-                       const float *k, const float *v, const float *out, const float *lse, const int32_t *kv_len,
-                       const int32_t *seg_start, int B, int T, int nh, int nkv, int hd, int window);
-
 /* Parameter i's device working copy (fp32, or bf16 in a bf16 run) as an
  * operand; i < 0: none. */
 eng_operand_t eng_weight(eng_layer_env_t *env, int i);
