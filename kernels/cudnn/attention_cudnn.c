@@ -29,7 +29,17 @@
  * Failures: every cuDNN call is checked; a shape cuDNN refuses (graph,
  * heuristics, plan) is remembered with cuDNN's message and the call returns
  * false so the caller runs the fp32 kernel.  Nothing here aborts on a cuDNN
- * error. */
+ * error.
+ *
+ * Checked against cuDNN's API log of PyTorch's cuDNN attention (frontend
+ * 1.18 on cuDNN 9.19, H200, causal GQA forward and backward): the same
+ * operations in the same order, the same virtual tensor types (GEN_INDEX
+ * with FLOAT precision into INT32, CMP into BOOLEAN, P and the transposed
+ * P and dS in bf16, the reshaped K in fp32), the scale, -inf and 1.0 passed
+ * by value from host memory, ALPHA1/ALPHA2 on every pointwise op, and
+ * softmax_sum and the dQ accumulator as workspace tensors.  PyTorch runs
+ * the accumulator backward; the deterministic variant tried first here is
+ * the graph cudnn-frontend builds when asked for a deterministic one. */
 #include "kernels/cudnn/attention_cudnn.h"
 
 #include <math.h>
@@ -227,7 +237,7 @@ static cudnnBackendDescriptor_t gb_pw(gb_t *g, cudnnPointwiseMode_t mode, cudnnD
     gb_desc(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y");
     if (t) gb_desc(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, "pointwise t");
     gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &alpha, "pointwise alpha1");
-    if (b) gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &alpha, "pointwise alpha2");
+    gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &alpha, "pointwise alpha2");
     gb_op(g, op, "pointwise operation");
     return y;
 }
@@ -426,7 +436,7 @@ static void tc_graph_bwd(gb_t *g, const tc_key_t *k, bool accum) {
     cudnnBackendDescriptor_t dst = gb_reshape(g, ds, gb_virt(g, bf16, tsd, tss));
     gb_group_product(g, k, &c, dst, q, dk);
     /* dQ = dS K */
-    cudnnBackendDescriptor_t kk = gb_reshape(g, kt, gb_virt(g, bf16, c.kd, c.ks));
+    cudnnBackendDescriptor_t kk = gb_reshape(g, kt, gb_virt(g, f32, c.kd, c.ks)); /* fp32, as cudnn-frontend types it */
     if (accum) {
         const int64_t as[4] = {H * T * D, T * D, D, 1};
         cudnnBackendDescriptor_t acc = gb_tensor(g, U_DQ_ACCUM, f32, c.qd, as, false, false);
@@ -594,9 +604,13 @@ void kern_cudnn_attn_last(kern_stream_t *s, kern_cudnn_attn_report_t *out) {
     *out = s->cudnn_attn->last;
 }
 
+static bool tc_key_eq(const tc_key_t *a, const tc_key_t *b) {
+    return a->B == b->B && a->T == b->T && a->nh == b->nh && a->nkv == b->nkv && a->hd == b->hd &&
+           a->window == b->window && a->pad == b->pad && a->seg == b->seg && a->bwd == b->bwd;
+}
+
 static tc_key_t tc_key(int B, int T, int nh, int nkv, int hd, int window, bool pad, bool seg, bool bwd) {
     tc_key_t k;
-    memset(&k, 0, sizeof k); /* the key is compared with memcmp */
     k.B = B, k.T = T, k.nh = nh, k.nkv = nkv, k.hd = hd;
     k.window = window > 0 && window < T ? window : 0;
     k.pad = pad, k.seg = seg, k.bwd = bwd;
@@ -638,7 +652,7 @@ static void tc_plan_build(kern_cudnn_attn_t *c, tc_plan_t *p) {
 /* The plan for key, built (and its outcome logged) on first use. */
 static tc_plan_t *tc_plan_get(kern_cudnn_attn_t *c, const tc_key_t *key) {
     for (tc_plan_t *p = c->plans; p; p = p->next)
-        if (memcmp(&p->key, key, sizeof *key) == 0) return p;
+        if (tc_key_eq(&p->key, key)) return p;
     tc_plan_t *p = calloc(1, sizeof *p);
     MT_CHECK_ALLOC(p, "cuDNN attention plan");
     p->key = *key;
