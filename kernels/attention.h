@@ -41,6 +41,7 @@
 #ifndef MT_KERNELS_ATTENTION_H
 #define MT_KERNELS_ATTENTION_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct kern_stream kern_stream_t;
@@ -68,5 +69,43 @@ void kern_attention_bwd_cuda(kern_stream_t *s, float *dq, float *dk, float *dv,
                              const float *dout, const float *q, const float *k, const float *v,
                              const float *out, const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B,
                              int T, int nh, int nkv, int hd, int window);
+
+/* Tensor-core attention in bf16: the same contract, computed from q, k, v
+ * (and dout) rounded to bf16, with products accumulated in fp32 and softmax
+ * and lse in fp32; out, dq, dk, dv come back rounded to bf16 (held in the
+ * fp32 buffers). Returns false, touching no output, when this path does not
+ * handle the call; the caller then runs attention_fwd / attention_bwd.
+ *   CUDA: cuDNN's fused SDPA (kernels/cuda/attention_cudnn.c); it refuses
+ *   seg_start != NULL, nh % nkv != 0, head dims that are not a multiple of 8
+ *   or exceed 256, and any shape cuDNN has no engine for (logged once per
+ *   shape with cuDNN's reason).
+ *   CPU: the twin — the same roundings around the fp32 reference, refusing
+ *   what the CUDA path refuses by rule (segments, head dims), so both
+ *   backends compute the same thing.
+ * The backward takes the lse of the tc forward and its out (as returned). */
+typedef bool (*kern_attention_fwd_tc_fn)(kern_stream_t *s, float *out, float *lse, const float *q,
+                                         const float *k, const float *v, const int32_t *kv_len,
+                                         const int32_t *seg_start, int B, int T, int nh, int nkv, int hd,
+                                         int window);
+bool kern_attention_fwd_tc_cpu(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
+                               const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
+                               int nh, int nkv, int hd, int window);
+bool kern_attention_fwd_tc_cuda(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
+                                const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
+                                int nh, int nkv, int hd, int window);
+
+typedef bool (*kern_attention_bwd_tc_fn)(kern_stream_t *s, float *dq, float *dk, float *dv,
+                                         const float *dout, const float *q, const float *k,
+                                         const float *v, const float *out, const float *lse,
+                                         const int32_t *kv_len, const int32_t *seg_start, int B, int T,
+                                         int nh, int nkv, int hd, int window);
+bool kern_attention_bwd_tc_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
+                               const float *q, const float *k, const float *v, const float *out,
+                               const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
+                               int nh, int nkv, int hd, int window);
+bool kern_attention_bwd_tc_cuda(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
+                                const float *q, const float *k, const float *v, const float *out,
+                                const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
+                                int nh, int nkv, int hd, int window);
 
 #endif

@@ -41,6 +41,9 @@ struct kern_ops {
     kern_rope_fn rope_bwd;
     kern_attention_fwd_fn attention_fwd;
     kern_attention_bwd_fn attention_bwd;
+    /* bf16 tensor-core attention (attention.h): false = not handled, run the two above */
+    kern_attention_fwd_tc_fn attention_fwd_tc;
+    kern_attention_bwd_tc_fn attention_bwd_tc;
     kern_add_fn add;
     kern_axpy_fn axpy;
     kern_scale_fn scale;

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/dtype.h"
 #include "kernels/cpu/attention_blas.h"
 #include "kernels/cpu/par.h"
 #include "kernels/cpu/vec.h"
@@ -473,4 +474,60 @@ void kern_attention_bwd_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, c
     else
         kern_attention_bwd_cpu_blas(s, dq, dk, dv, dout, q, k, v, out, lse, kv_len, seg_start, B, T, nh, nkv, hd,
                                     window);
+}
+
+/* ---- The twin of the CUDA tensor-core path (attention.h, _tc) ----
+ *
+ * cuDNN's SDPA reads bf16 q, k, v (and dout, out in the backward),
+ * accumulates its products in fp32, keeps softmax and lse in fp32 and
+ * writes bf16 results.  The twin rounds the same tensors to bf16 around
+ * the fp32 reference above, so a bf16 run computes the same function on
+ * both backends; what is left between them is the order of fp32 sums and
+ * cuDNN's bf16 P in the P V product (tolerances in tests/gpu/attention_tc_test.c).
+ * It refuses what the CUDA path refuses by rule, so both fall back alike. */
+
+static bool attn_tc_shape_ok(const int32_t *seg_start, int nh, int nkv, int hd) {
+    return seg_start == NULL && nkv > 0 && nh % nkv == 0 && hd > 0 && hd % 8 == 0 && hd <= 256;
+}
+
+static void attn_round_bf16(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(mt_f32_to_bf16(x[i]));
+}
+
+static float *attn_bf16_copy(const float *src, size_t n) {
+    float *d = malloc((n ? n : 1) * sizeof *d);
+    MT_CHECK_ALLOC(d, "bf16 attention operand");
+    memcpy(d, src, n * sizeof *d);
+    attn_round_bf16(d, n);
+    return d;
+}
+
+bool kern_attention_fwd_tc_cpu(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
+                               const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
+                               int nh, int nkv, int hd, int window) {
+    if (!attn_tc_shape_ok(seg_start, nh, nkv, hd)) return false;
+    if (B <= 0 || T <= 0) return true;
+    const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
+    float *q16 = attn_bf16_copy(q, nq), *k16 = attn_bf16_copy(k, nk), *v16 = attn_bf16_copy(v, nk);
+    kern_attention_fwd_cpu(s, out, lse, q16, k16, v16, kv_len, NULL, B, T, nh, nkv, hd, window);
+    attn_round_bf16(out, nq);
+    free(q16), free(k16), free(v16);
+    return true;
+}
+
+bool kern_attention_bwd_tc_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
+                               const float *q, const float *k, const float *v, const float *out,
+                               const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
+                               int nh, int nkv, int hd, int window) {
+    if (!attn_tc_shape_ok(seg_start, nh, nkv, hd)) return false;
+    if (B <= 0 || T <= 0) return true;
+    const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
+    float *q16 = attn_bf16_copy(q, nq), *k16 = attn_bf16_copy(k, nk), *v16 = attn_bf16_copy(v, nk);
+    float *o16 = attn_bf16_copy(out, nq), *do16 = attn_bf16_copy(dout, nq);
+    kern_attention_bwd_cpu(s, dq, dk, dv, do16, q16, k16, v16, o16, lse, kv_len, NULL, B, T, nh, nkv, hd, window);
+    attn_round_bf16(dq, nq);
+    attn_round_bf16(dk, nk);
+    attn_round_bf16(dv, nk);
+    free(q16), free(k16), free(v16), free(o16), free(do16);
+    return true;
 }

@@ -118,3 +118,70 @@ extern "C" void kern_attention_fwd_cuda(kern_stream_t *s, float *out, float *lse
     default: attn_fwd_launch<8>(s, out, lse, q, k, v, kv_len, seg_start, a); break;
     }
 }
+
+// ---- Helpers of the cuDNN tensor-core path (kernels/cudnn/attention_cudnn.c) ----
+//
+// cuDNN's padding mask takes per-row sequence lengths; a row whose queries
+// see no key (kv_len 0, or a sliding window wholly in the padding) is left
+// to the library there, so these kernels make such rows follow attention.h:
+// out 0 and lse -inf after the forward, and an lse the backward can
+// subtract (0: the masked scores are -inf, so P = exp(-inf - 0) = 0).
+
+static __global__ void attn_tc_seqlens_kernel(int32_t *seq_q, int32_t *seq_kv, const int32_t *kv_len, int B,
+                                              int T) {
+    for (int b = blockIdx.x * blockDim.x + threadIdx.x; b < B; b += gridDim.x * blockDim.x) {
+        seq_q[b] = T;
+        seq_kv[b] = attn_kv_len(kv_len, b, T);
+    }
+}
+
+extern "C" void kern_attention_tc_seqlens_cuda(kern_stream_t *s, int32_t *seq_q, int32_t *seq_kv,
+                                               const int32_t *kv_len, int B, int T) {
+    if (B == 0) return;
+    attn_tc_seqlens_kernel<<<kc_blocks((size_t)B, 256), 256, 0, kern_cuda_stream_begin(s)>>>(seq_q, seq_kv, kv_len,
+                                                                                             B, T);
+    KC_LAUNCHED(s, "attention_tc_seqlens");
+}
+
+// True when query t of a row with kvl valid keys sees no key (attention.h).
+static __device__ __forceinline__ bool attn_tc_row_empty(int t, int kvl, int window) {
+    const int hi = min(t, kvl - 1), lo = window > 0 ? max(t - window + 1, 0) : 0;
+    return hi < lo;
+}
+
+// One thread per (b, t, h): zero out[b, t, h, :] and set lse[b, h, t] = -inf
+// for empty rows; other rows are left as the library wrote them.
+static __global__ void attn_tc_empty_rows_kernel(float *out, float *lse, const int32_t *kv_len, int B, int T,
+                                                 int nh, int hd, int window) {
+    const size_t n = (size_t)B * T * nh;
+    for (size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x; r < n; r += (size_t)gridDim.x * blockDim.x) {
+        const int h = (int)(r % (size_t)nh);
+        const size_t bt = r / (size_t)nh;
+        const int t = (int)(bt % (size_t)T), b = (int)(bt / (size_t)T);
+        if (!attn_tc_row_empty(t, attn_kv_len(kv_len, b, T), window)) continue;
+        for (int d = 0; d < hd; d++) out[r * (size_t)hd + d] = 0.0f;
+        lse[((size_t)b * nh + h) * T + t] = -INFINITY;
+    }
+}
+
+extern "C" void kern_attention_tc_empty_rows_cuda(kern_stream_t *s, float *out, float *lse, const int32_t *kv_len,
+                                                  int B, int T, int nh, int hd, int window) {
+    const size_t n = (size_t)B * T * nh;
+    if (n == 0) return;
+    attn_tc_empty_rows_kernel<<<kc_blocks(n, 256), 256, 0, kern_cuda_stream_begin(s)>>>(out, lse, kv_len, B, T, nh,
+                                                                                        hd, window);
+    KC_LAUNCHED(s, "attention_tc_empty_rows");
+}
+
+static __global__ void attn_tc_bwd_stats_kernel(float *stats, const float *lse, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float l = lse[i];
+        stats[i] = l == -INFINITY ? 0.0f : l;
+    }
+}
+
+extern "C" void kern_attention_tc_bwd_stats_cuda(kern_stream_t *s, float *stats, const float *lse, size_t n) {
+    if (n == 0) return;
+    attn_tc_bwd_stats_kernel<<<kc_blocks(n, 256), 256, 0, kern_cuda_stream_begin(s)>>>(stats, lse, n);
+    KC_LAUNCHED(s, "attention_tc_bwd_stats");
+}

@@ -88,6 +88,7 @@ static void cuda_destroy(kern_device_t *dev) {
         struct kern_stream *s = &d->streams[r];
         if (s->cs) {
             MT_CUDA_CHECK(cudaStreamSynchronize(s->cs));
+            kern_cudnn_attn_free(s->cudnn_attn); /* its handle is bound to the stream */
             MT_CUDA_CHECK(cudaStreamDestroy(s->cs));
         }
         kern_cuda_gemm_cache_free(s->gemm_cache);

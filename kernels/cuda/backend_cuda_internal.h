@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -42,6 +43,7 @@ extern "C" {
 typedef struct kern_cuda_device kern_cuda_device_t;
 typedef struct kern_cuda_gemm_cache kern_cuda_gemm_cache_t;
 typedef struct kern_cuda_grouped_state kern_cuda_grouped_state_t;
+typedef struct kern_cudnn_attn kern_cudnn_attn_t;
 
 struct kern_stream {
     cudaStream_t cs;
@@ -53,6 +55,7 @@ struct kern_stream {
     size_t scratch_bytes;
     kern_cuda_gemm_cache_t *gemm_cache; /* cuBLASLt algorithms by shape; gemm_cuda.c */
     kern_cuda_grouped_state_t *grouped; /* cuBLAS handle and pinned staging; gemm_cuda.c */
+    kern_cudnn_attn_t *cudnn_attn; /* cuDNN handle and SDPA plans by shape; kernels/cudnn */
 };
 
 struct kern_event {
@@ -144,6 +147,19 @@ bool kern_cuda_gemm_grouped(kern_stream_t *s, const kern_cuda_grouped_t *g, char
 /* Releases a stream's grouped-GEMM state (gemm_cuda.c); the stream
  * must be idle. */
 void kern_cuda_grouped_free(kern_cuda_grouped_state_t *g);
+/* Releases a stream's cuDNN handle and attention plans
+ * (kernels/cudnn/attention_cudnn.c); NULL does nothing. */
+void kern_cudnn_attn_free(kern_cudnn_attn_t *c);
+
+/* Helpers of the cuDNN attention path (attention.cu): per-row sequence
+ * lengths for cuDNN's padding mask (seq_q[b] = T, seq_kv[b] = kv_len[b]
+ * clamped to [0, T]); rows that see no key set to out 0, lse -inf
+ * (attention.h); the backward's stats, lse with -inf replaced by 0. */
+void kern_attention_tc_seqlens_cuda(kern_stream_t *s, int32_t *seq_q, int32_t *seq_kv, const int32_t *kv_len,
+                                    int B, int T);
+void kern_attention_tc_empty_rows_cuda(kern_stream_t *s, float *out, float *lse, const int32_t *kv_len, int B,
+                                       int T, int nh, int hd, int window);
+void kern_attention_tc_bwd_stats_cuda(kern_stream_t *s, float *stats, const float *lse, size_t n);
 
 #ifdef __cplusplus
 }

@@ -17,10 +17,12 @@
  *    The floor of 1 is these gradients' scale (inputs in [-1, 1)): where
  *    they vanish mathematically (T = 1 or window = 1 make dS = 0 exactly)
  *    both sides hold rounding noise of ~1e-8 that no relative test fits. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/backend_cuda_internal.h"
 #include "tests/gpu/gpu_test.h"
 
 /* kv_len: B entries, or NULL; seg: seg_start (B, T) of packed rows, or NULL. */
@@ -117,9 +119,58 @@ static void packed_case(gt_ctx_t *t, int T, int nh, int nkv, int hd, int window,
     free(seg);
 }
 
+/* The cuDNN path's helper kernels (attention.cu, kernels/cudnn): sequence
+ * lengths for its padding mask, rows that see no key set to out 0 and lse
+ * -inf (attention.h), and the backward's stats; against the rule computed
+ * here. */
+static void tc_helpers_case(gt_ctx_t *t) {
+    const int B = 3, T = 50, nh = 3, hd = 8, window = 4;
+    const int32_t kvl[3] = {10, 0, 400};
+    gt_buf_t KL = gt_from_host(t, kvl, sizeof kvl, "kv_len");
+    gt_buf_t SQ = gt_alloc(t, B * 4, "seq_q"), SKV = gt_alloc(t, B * 4, "seq_kv");
+    kern_attention_tc_seqlens_cuda(t->sg, GT_GI(SQ), GT_GI(SKV), GT_GI(KL), B, T);
+    int32_t sq[3], skv[3];
+    gt_download(t, &SQ, NULL, sq);
+    gt_download(t, &SKV, NULL, skv);
+    for (int b = 0; b < B; b++) {
+        const int want = kvl[b] < 0 ? 0 : kvl[b] > T ? T : kvl[b];
+        gt_expect(t, sq[b] == T && skv[b] == want, "tc seqlens row %d: seq_q %d seq_kv %d, want %d and %d", b,
+                  sq[b], skv[b], T, want);
+    }
+    const size_t no = (size_t)B * T * nh * hd, nl = (size_t)B * nh * T;
+    float *ho = gt_host_alloc(no), *hl = gt_host_alloc(nl);
+    for (size_t i = 0; i < no; i++) ho[i] = 1.0f + (float)(i % 7);
+    for (size_t i = 0; i < nl; i++) hl[i] = (i % 5 == 0) ? -INFINITY : 0.5f + (float)(i % 3);
+    gt_buf_t O = gt_from_host(t, ho, no * 4, "out"), L = gt_from_host(t, hl, nl * 4, "lse");
+    gt_buf_t ST = gt_alloc(t, nl * 4, "stats");
+    kern_attention_tc_bwd_stats_cuda(t->sg, GT_G(ST), GT_G(L), nl);
+    kern_attention_tc_empty_rows_cuda(t->sg, GT_G(O), GT_G(L), GT_GI(KL), B, T, nh, hd, window);
+    float *go = gt_host_alloc(no), *gl = gt_host_alloc(nl), *gs = gt_host_alloc(nl);
+    gt_download(t, &O, NULL, go);
+    gt_download(t, &L, NULL, gl);
+    gt_download(t, &ST, NULL, gs);
+    int bad = 0;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < T; i++)
+            for (int h = 0; h < nh; h++) {
+                const int kv = kvl[b] > T ? T : kvl[b], hi = i < kv - 1 ? i : kv - 1;
+                const int lo = i - window + 1 > 0 ? i - window + 1 : 0;
+                const bool empty = hi < lo;
+                const size_t r = ((size_t)b * T + i) * nh + h, li = ((size_t)b * nh + h) * T + i;
+                for (int d = 0; d < hd; d++) bad += go[r * hd + d] != (empty ? 0.0f : ho[r * hd + d]);
+                bad += empty ? !(isinf(gl[li]) && gl[li] < 0) : memcmp(&gl[li], &hl[li], 4) != 0;
+            }
+    for (size_t i = 0; i < nl; i++) bad += gs[i] != (isinf(hl[i]) ? 0.0f : hl[i]);
+    gt_expect(t, bad == 0, "tc empty rows / stats: %d wrong elements", bad);
+    gt_buf_t *bufs[] = {&KL, &SQ, &SKV, &O, &L, &ST};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gt_free(t, bufs[i]);
+    free(ho), free(hl), free(go), free(gl), free(gs);
+}
+
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "attention_test", 0xa77e);
+    tc_helpers_case(&t);
     /* packed examples: edges inside and on 16-row blocks and 32-key tiles */
     const int p1[2][6] = {{3, 29, 1, 16, 20, 0}, {32, 33, 5, 0, 0, 0}};
     packed_case(&t, 70, 4, 2, 64, 0, p1);

@@ -39,6 +39,12 @@ cd "$(dirname "$0")/.." || exit 1
 G=$(cd "$(dirname "$0")" && pwd)
 [ -f "$G/lib/libopenblas.so.0" ] || xz -dk "$G/lib/libopenblas.so.0.xz"
 export LD_LIBRARY_PATH=$G/lib:/usr/local/cuda/lib64
+# cuDNN (kernels/cudnn) where the toolkit has none: a pip-installed
+# nvidia-cudnn in the torch venv or python3's site-packages, if one is there
+for py in /opt/torch/.venv/bin/python3 python3; do
+    d=$("$py" -c "import nvidia.cudnn as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null) || continue
+    [ -d "$d" ] && { export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d; break; }
+done
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 log=${OUT:-/tmp}/suite.log
 : > "$log"
@@ -62,7 +68,7 @@ for t in ${TESTS:-$(ls "$G/bin" | grep _test)}; do
         MOETUNE_CUDA_SYNC=1 timeout 300 "$G/bin/$t" $args >> "$log" 2>&1
     fi
 done
-grep "^FAIL\|^SKIPPED" "$log" | head -40
+grep "^FAIL\|^SKIPPED\|FALLBACK\|^bench \|^moetune: attention" "$log" | head -60
 rm -f "$log.one"
 echo "$pass passed, $fail failed, $skip skipped"
 RUN

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "base/dtype.h"
 #include "kernels/attention.h"
 #include "kernels/cpu/tests/testutil.h"
 
@@ -328,6 +329,71 @@ static void run_case(tu_env_t *env, int B, int T, int nh, int nkv, int hd, int w
     free(fq); free(fk); free(fv);
 }
 
+/* max |got - ref| / max(max |ref|, 1e-3): the normwise distance. */
+static double norm_dist(const float *got, const float *ref, size_t n) {
+    double d = 0.0, m = 1e-3;
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(ref[i]) && got[i] == ref[i]) continue;
+        d = fmax(d, fabs((double)got[i] - ref[i]));
+        m = fmax(m, fabs((double)ref[i]));
+    }
+    return d / m;
+}
+
+static int non_bf16(const float *x, size_t n) {
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) bad += mt_bf16_to_f32(mt_f32_to_bf16(x[i])) != x[i];
+    return bad;
+}
+
+/* The twin of the CUDA tensor-core path (_tc): bf16-rounded results within
+ * bf16's reach of the fp32 kernel (inputs rounded to 8 significant bits move
+ * scores and outputs by ~2^-8 relative; 3e-2 of the norm leaves room for the
+ * sums, while a twin that dropped a mask or the scale is off by O(1)); lse
+ * stays fp32 and close; and it refuses what the CUDA path refuses by rule,
+ * leaving the outputs untouched. */
+static void tc_twin_case(tu_env_t *env, int window, const int32_t *kv_len, uint64_t seed) {
+    const int B = 2, T = 37, nh = 4, nkv = 2, hd = 16;
+    const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    tu_rng_t rng;
+    tu_rng_seed(&rng, seed);
+    float *q = tu_rand(&rng, nq, 1.0f), *k = tu_rand(&rng, nk, 1.0f), *v = tu_rand(&rng, nk, 1.0f);
+    float *dout = tu_rand(&rng, nq, 1.0f);
+    float *o = tu_alloc(nq), *l = tu_alloc(nl), *ot = tu_alloc(nq), *lt = tu_alloc(nl);
+    float *g[6];
+    for (int i = 0; i < 6; i++) g[i] = tu_alloc(i % 3 == 0 ? nq : nk);
+    kern_attention_fwd_cpu(env->s, o, l, q, k, v, kv_len, NULL, B, T, nh, nkv, hd, window);
+    tu_expect(kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, kv_len, NULL, B, T, nh, nkv, hd, window),
+              "tc twin refused a shape it must run");
+    tu_expect(non_bf16(ot, nq) == 0, "tc twin out: %d values are not bf16", non_bf16(ot, nq));
+    tu_expect(norm_dist(ot, o, nq) < 3e-2, "tc twin out %.3g of the norm from fp32 (window %d)", norm_dist(ot, o, nq),
+              window);
+    tu_expect(norm_dist(lt, l, nl) < 3e-2, "tc twin lse %.3g from fp32", norm_dist(lt, l, nl));
+    kern_attention_bwd_cpu(env->s, g[0], g[1], g[2], dout, q, k, v, o, l, kv_len, NULL, B, T, nh, nkv, hd, window);
+    tu_expect(kern_attention_bwd_tc_cpu(env->s, g[3], g[4], g[5], dout, q, k, v, ot, lt, kv_len, NULL, B, T, nh, nkv,
+                                        hd, window),
+              "tc twin refused a backward it must run");
+    for (int i = 0; i < 3; i++) {
+        const size_t n = i == 0 ? nq : nk;
+        tu_expect(non_bf16(g[3 + i], n) == 0, "tc twin gradient %d is not bf16", i);
+        tu_expect(norm_dist(g[3 + i], g[i], n) < 3e-2, "tc twin gradient %d %.3g of the norm from fp32", i,
+                  norm_dist(g[3 + i], g[i], n));
+    }
+    /* refusals: packed segments, head dim not a multiple of 8, heads not a multiple of kv heads */
+    int32_t *seg = calloc((size_t)B * T, sizeof *seg);
+    tu_fill_nan(ot, nq);
+    tu_expect(!kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, kv_len, seg, B, T, nh, nkv, hd, window),
+              "tc twin ran packed segments");
+    tu_expect(!kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, kv_len, NULL, B, T, nh, nkv, 12, window),
+              "tc twin ran head dim 12");
+    tu_expect(!kern_attention_bwd_tc_cpu(env->s, g[3], g[4], g[5], dout, q, k, v, o, l, kv_len, NULL, B, T, 3, 2, 8,
+                                         window),
+              "tc twin ran 3 heads over 2 kv heads");
+    tu_expect(isnan(ot[0]) && isnan(ot[nq - 1]), "a refused tc call wrote its output");
+    free(seg), free(q), free(k), free(v), free(dout), free(o), free(l), free(ot), free(lt);
+    for (int i = 0; i < 6; i++) free(g[i]);
+}
+
 int main(void) {
     tu_env_t env = tu_env_open();
     /* B, T, nh, nkv, hd, window, kv_len */
@@ -358,6 +424,9 @@ int main(void) {
     run_case(&env, 2, 21, 4, 2, 8, 0, lp, sg, 115);
     run_case(&env, 2, 21, 4, 2, 8, 3, lp, sg, 116);
     run_case(&env, 2, 21, 2, 2, 16, 0, NULL, sg, 117);
+    const int32_t lt[2] = {20, 37};
+    tc_twin_case(&env, 0, NULL, 118);
+    tc_twin_case(&env, 5, lt, 119);
     tu_env_close(&env);
     return tu_finish("attention_test");
 }
