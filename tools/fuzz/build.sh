@@ -37,7 +37,7 @@ data="$(cd "$root" && ls engine/data/*.c text/tokenizer/*.c text/jinja/*.c | gre
 # harness: its sources beside the harness file itself
 declare -A srcs=(
   [fuzz_safetensors]="engine/model/io/safetensors.c $util"
-  [fuzz_checkpoint_index]="engine/model/io/checkpoint.c engine/model/io/outdir.c engine/model/io/safetensors.c $mcfg $desc $util"
+  [fuzz_checkpoint_index]="engine/model/io/checkpoint.c engine/model/io/bnb4.c engine/model/io/outdir.c engine/model/io/safetensors.c $mcfg $desc $util"
   [fuzz_model_config]="$mcfg $desc $util"
   [fuzz_run_config]="$rcfg $util"
   [fuzz_data_jsonl]="$data tools/fuzz/fuzz_data_common.c $util"
