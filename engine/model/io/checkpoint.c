@@ -440,43 +440,39 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* n is NAME + one of bitsandbytes' companions of a described 4-bit NAME. */
-static bool bnb4_part(const eng_checkpoint_t *ck, const char **names, int count, const char *n) {
-    static const char *const k_suffix[] = {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
-                                           ".quant_state.bitsandbytes__nf4", ".quant_state.bitsandbytes__fp4"};
+/* The index of the first of `suffixes` that n is NAME + suffix of, for a
+ * NAME among the checkpoint's sorted names (written into base), or -1. */
+static int described_base(const char **names, int count, const char *n, const char *const *suffixes,
+                          int num_suffixes, char *base, size_t cap) {
     const size_t len = strlen(n);
-    for (size_t k = 0; k < sizeof k_suffix / sizeof k_suffix[0]; k++) {
-        const size_t sl = strlen(k_suffix[k]);
-        char base[512];
-        if (len <= sl || len - sl >= sizeof base || strcmp(n + len - sl, k_suffix[k]) != 0) continue;
+    for (int k = 0; k < num_suffixes; k++) {
+        const size_t sl = strlen(suffixes[k]);
+        if (len <= sl || len - sl >= cap || strcmp(n + len - sl, suffixes[k]) != 0) continue;
         memcpy(base, n, len - sl);
         base[len - sl] = '\0';
         const char *key = base;
-        if (!bsearch(&key, names, (size_t)count, sizeof *names, cmp_str)) continue;
-        return eng_checkpoint_is_bnb4(ck, eng_checkpoint_find(ck, base));
+        if (bsearch(&key, names, (size_t)count, sizeof *names, cmp_str)) return k;
     }
-    return false;
+    return -1;
 }
 
 bool eng_checkpoint_dequant_part(const eng_checkpoint_t *ck, const char **names, int count, const char *n) {
-    if (bnb4_part(ck, names, count, n)) return true;
-    static const char *const k_suffix[] = {"_blocks", "_scales", "_scale_inv"};
-    const size_t len = strlen(n);
-    for (size_t k = 0; k < sizeof k_suffix / sizeof k_suffix[0]; k++) {
-        const size_t sl = strlen(k_suffix[k]);
-        char base[512];
-        if (len <= sl || len - sl >= sizeof base || strcmp(n + len - sl, k_suffix[k]) != 0) continue;
-        memcpy(base, n, len - sl);
-        base[len - sl] = '\0';
-        const char *key = base;
-        if (!bsearch(&key, names, (size_t)count, sizeof *names, cmp_str)) continue;
-        const eng_ckpt_entry_t *plain = eng_checkpoint_find(ck, base), *mb, *ms;
-        int64_t shape[3];
-        if (k == 2) return plain && plain->tensor->dtype == ENG_ST_F8_E4M3; /* the scales of an FP8 weight */
-        /* MXFP4: read only where the plain tensor is absent */
-        return !plain && eng_checkpoint_find_mxfp4(ck, base, &mb, &ms, shape);
-    }
-    return false;
+    /* bitsandbytes' companions of a 4-bit NAME */
+    static const char *const k_bnb[] = {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
+                                        ".quant_state.bitsandbytes__nf4", ".quant_state.bitsandbytes__fp4"};
+    static const char *const k_scaled[] = {"_blocks", "_scales", "_scale_inv"};
+    char base[512];
+    if (described_base(names, count, n, k_bnb, (int)(sizeof k_bnb / sizeof *k_bnb), base, sizeof base) >= 0 &&
+        eng_checkpoint_is_bnb4(ck, eng_checkpoint_find(ck, base)))
+        return true;
+    const int k =
+        described_base(names, count, n, k_scaled, (int)(sizeof k_scaled / sizeof *k_scaled), base, sizeof base);
+    if (k < 0) return false;
+    const eng_ckpt_entry_t *plain = eng_checkpoint_find(ck, base), *mb, *ms;
+    int64_t shape[3];
+    if (k == 2) return plain && plain->tensor->dtype == ENG_ST_F8_E4M3; /* the scales of an FP8 weight */
+    /* MXFP4: read only where the plain tensor is absent */
+    return !plain && eng_checkpoint_find_mxfp4(ck, base, &mb, &ms, shape);
 }
 
 mt_status_t eng_checkpoint_load(const eng_checkpoint_t *ck, const eng_model_desc_t *spec,
