@@ -34,7 +34,7 @@ typedef struct {
     bool speculative; /* the speculative host optimizer against waiting for the norm (speculative.c) */
     bool step_order; /* layer-major against micro-batch-major order, `accum` micro-batches per step (step_order.c) */
     int accum;       /* micro-batches per step for the step-order comparison and its prediction (0: 1) */
-    const char *trace; /* write the overlapped offload_all run's trace.json here */
+    const char *trace; /* write the overlapped offload_all run's trace.json here (MFU report: each plan's) */
     /* the MFU report (step_mfu.c): on --backend cuda, with --mfu or a --geometry */
     bool mfu;
     bool cuda;            /* --backend cuda: the real GPU and its link, no throttling */

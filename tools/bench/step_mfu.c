@@ -128,13 +128,25 @@ typedef struct {
     const char *peak_what;
 } mfu_t;
 
+/* One plan's run; with --trace FILE its trace goes to FILE with the plan's
+ * policy before the extension (trace.json -> trace.offload_all.json), one
+ * file per plan since each plan runs on its own. */
 static void measure_one(const char *ckpt, const opts_t *o, const sched_plan_t *plan, step_mode_t mode,
                         measure_t *out) {
     const sched_plan_t *plans[] = {plan};
     const step_mode_t modes[] = {mode};
     const mt_dtype_t compute[] = {o->bf16 ? MT_BF16 : MT_F32};
     double ratio, probe;
-    measure_side_by_side_ex(ckpt, o, plans, modes, compute, 1, 0, -1, out, &ratio, &probe);
+    opts_t oo = *o;
+    char path[1200];
+    if (o->trace) {
+        const char *dot = strrchr(o->trace, '.'), *slash = strrchr(o->trace, '/');
+        const int stem = dot && (!slash || dot > slash) ? (int)(dot - o->trace) : (int)strlen(o->trace);
+        snprintf(path, sizeof path, "%.*s.%s%s", stem, o->trace, sched_policy_name(plan->policy),
+                 o->trace + stem);
+        oo.trace = path;
+    }
+    measure_side_by_side_ex(ckpt, &oo, plans, modes, compute, 1, 0, o->trace ? 0 : -1, out, &ratio, &probe);
 }
 
 static void mfu_print(const opts_t *o, const mfu_t *r) {
