@@ -13,8 +13,8 @@
 #include "moe/staging_alloc.h"
 
 /* Pack threads (staging_pack_start): one beside the CPU backend; on a GPU's
- * host up to this many, one per 4 cores. */
-#define STAGING_MAX_PACK_THREADS 4
+ * host up to this many, one per 2 cores. */
+#define STAGING_MAX_PACK_THREADS 16
 
 typedef enum { REC_FREE = 0, REC_HELD, REC_PENDING } staging_rec_state_t;
 

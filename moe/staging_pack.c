@@ -124,15 +124,18 @@ static void *pack_main(void *arg) {
 
 /* One pack thread beside the CPU backend, whose host work shares the
  * machine with its compute threads (and which calibration measures that
- * way).  A GPU's host cores are otherwise idle there: one thread converting
- * fp32 masters into bf16 working copies at about 2.5 GB/s kept an H100
- * waiting 50 to 200 ms before each streamed layer (230 MB of weights). */
+ * way).  A GPU's host cores are otherwise idle there, and conversion, not
+ * the link, bounds a streamed layer: on a 16-core H200 host four threads
+ * converted a Mixtral-8x7B layer's fp32 masters to bf16 (2.9 GB out) in
+ * about 490 ms, nine times its 55 ms copy.  So half the host's cores, up
+ * to STAGING_MAX_PACK_THREADS; the other half stay with the host optimizer,
+ * which runs beside the packing of other layers. */
 static int pack_threads_for(const moe_staging_t *p) {
     if (p->o.pack_threads > 0)
         return p->o.pack_threads < STAGING_MAX_PACK_THREADS ? p->o.pack_threads : STAGING_MAX_PACK_THREADS;
     if (!kern_device_caps(p->dev).kernels_async) return 1;
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const int n = cores > 0 ? (int)(cores / 4) : 1;
+    const int n = cores > 0 ? (int)(cores / 2) : 1;
     return n < 1 ? 1 : n > STAGING_MAX_PACK_THREADS ? STAGING_MAX_PACK_THREADS : n;
 }
 
@@ -175,11 +178,31 @@ static void wait_job_fn(void *arg) {
     staging_job_free(j);
 }
 
-/* Host function on the D2H stream: unpacks into the pageable destinations. */
+/* Hands the job to the pack threads (behind the jobs queued before it). */
+static void enqueue_job(moe_staging_t *p, staging_pack_job_t *j) {
+    pthread_mutex_lock(&p->lock);
+    if (p->qtail) p->qtail->next = j;
+    else p->qhead = j;
+    p->qtail = j;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* Host function on the D2H stream: unpacks into the pageable destinations,
+ * on the pack threads where they run (a streamed layer's gradients are
+ * gigabytes: one thread took about half a second per Mixtral-8x7B layer),
+ * holding the stream until they are done.  Each piece is its own range, so
+ * a gradient add gives the same bits on any thread. */
 static void unpack_fn(void *arg) {
     staging_pack_job_t *j = arg;
-    add_pack_time(j->pool, job_run(j));
-    staging_job_free(j);
+    moe_staging_t *p = j->pool;
+    if (!p->thread_on) {
+        add_pack_time(p, job_run(j));
+        staging_job_free(j);
+        return;
+    }
+    enqueue_job(p, j);
+    wait_job_fn(j);
 }
 
 void staging_pack_before(moe_staging_t *p, kern_stream_t *stream, staging_pack_job_t *j) {
@@ -188,12 +211,7 @@ void staging_pack_before(moe_staging_t *p, kern_stream_t *stream, staging_pack_j
         staging_job_free(j);
         return;
     }
-    pthread_mutex_lock(&p->lock);
-    if (p->qtail) p->qtail->next = j;
-    else p->qhead = j;
-    p->qtail = j;
-    pthread_cond_broadcast(&p->cond);
-    pthread_mutex_unlock(&p->lock);
+    enqueue_job(p, j);
     kern_launch_host_fn(p->dev, stream, wait_job_fn, j);
 }
 

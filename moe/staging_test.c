@@ -482,6 +482,29 @@ static void test_pack_threads(void) {
         }
         EXPECT(bad == 0, "tensor %d (%zu floats, %s): %zu wrong", k, elems[k],
                ops[k] == MOE_STAGING_COPY ? "copy" : "to bf16", bad);
+    }
+    /* back through the pool on the same threads: a copy, then a gradient
+     * add into a host accumulator, each cut into pieces three threads share;
+     * the adds must give the bits of a serial loop */
+    for (int k = 0; k < N; k++) {
+        if (ops[k] != MOE_STAGING_COPY) continue; /* the fp32 tensors */
+        const size_t n = elems[k];
+        float *acc = malloc(n * sizeof *acc), *ref = malloc(n * sizeof *ref);
+        MT_CHECK(acc && ref, "test buffers");
+        for (size_t i = 0; i < n; i++) acc[i] = ref[i] = (float)(i % 977) * 0.37f - 11.0f;
+        for (size_t i = 0; i < n; i++) ref[i] += src[k][i];
+        memset(back[k], 0, it[k].bytes);
+        const moe_staging_xfer_t copy = {back[k], d[k], it[k].bytes, MOE_STAGING_COPY};
+        const moe_staging_xfer_t add = {acc, d[k], it[k].bytes, MOE_STAGING_ADD_F32};
+        EXPECT(moe_staging_d2h_batch(p, d2h, &copy, 1, &b, &err) == MT_OK, "d2h: %s", err.msg);
+        EXPECT(moe_staging_d2h_batch(p, d2h, &add, 1, &b, &err) == MT_OK, "d2h add: %s", err.msg);
+        kern_stream_sync(dev, d2h);
+        EXPECT(memcmp(back[k], src[k], it[k].bytes) == 0, "tensor %d: copied back wrong", k);
+        EXPECT(memcmp(acc, ref, n * sizeof *acc) == 0, "tensor %d: gradient add differs from a serial add", k);
+        free(acc);
+        free(ref);
+    }
+    for (int k = 0; k < N; k++) {
         kern_free(dev, d[k]);
         free(src[k]);
         free(back[k]);
