@@ -70,6 +70,12 @@ MT_HD float kern_clamp_grad_elem(float dy, float x, float c) { return x >= -c &&
  * gradient norm. Overwrites *out. */
 typedef void (*kern_sumsq_fn)(kern_stream_t *s, float *out, const float *x, size_t n);
 void kern_sumsq_cpu(kern_stream_t *s, float *out, const float *x, size_t n);
+/* The same sum over host memory on a thread pool (NULL: the calling
+ * thread), bit for bit kern_sumsq_cpu's whatever the pool's size: a
+ * streamed layer's host gradients are gigabytes, one thread read them at
+ * about 8 GB/s on the host optimizer's critical path. */
+typedef struct kern_threadpool kern_threadpool_t;
+void kern_sumsq_host(kern_threadpool_t *pool, float *out, const float *x, size_t n);
 void kern_sumsq_cuda(kern_stream_t *s, float *out, const float *x, size_t n);
 
 /* Round-to-nearest-even conversions (dtype.h's formulas). */

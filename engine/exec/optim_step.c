@@ -192,7 +192,7 @@ static float *norm_parts(eng_exec_t *x, mt_error_t *err) {
         if (x->hopt.done[i]) {
             parts[i] = x->hopt.gnorm_part[i];
         } else if (x->plan.blocks[p->block].grads == SCHED_GRADS_HOST) {
-            kern_sumsq_cpu(NULL, &parts[i], d->host_g, p->spec->numel);
+            kern_sumsq_host(x->hopt.pool, &parts[i], d->host_g, p->spec->numel);
         } else {
             dev->ops->sumsq(s, dev_parts + i, d->g_acc, p->spec->numel);
             any_device = true;

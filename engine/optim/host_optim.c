@@ -145,7 +145,7 @@ static void *worker_main(void *arg) {
                 d->acc_has_data = false;
             } else {
                 /* the norm's share while the gradient is at hand, off the step's tail */
-                kern_sumsq_cpu(NULL, &h->gnorm_part[i], d->host_g, p->spec->numel);
+                kern_sumsq_host(pool, &h->gnorm_part[i], d->host_g, p->spec->numel);
                 if (h->speculative) eng_spec_save(&h->spec, p, i);
                 worker_adamw(h, pool, i, d->host_g, &job.base);
                 h->done[i] = true;

@@ -193,17 +193,26 @@ void kern_swiglu_bwd_cpu(kern_stream_t *s, float *dg, float *du, const float *dh
     ew_run(s, &j);
 }
 
-void kern_sumsq_cpu(kern_stream_t *s, float *out, const float *x, size_t n) {
+/* The sum of squares on s's pool, or on `pool` when s is NULL: the same
+ * tasks and the same in-order sum of their partials either way. */
+static void sumsq_run(kern_stream_t *s, kern_threadpool_t *pool, float *out, const float *x, size_t n) {
     const size_t tasks = kern_cpu_tasks(n, ELEM_CHUNK);
     double one = 0.0;
     double *partials = tasks > 1 ? malloc(tasks * sizeof *partials) : &one;
     MT_CHECK_ALLOC(partials, "sumsq partial sums");
     ew_job_t j = {.kind = EW_SUMSQ, .a = x, .n = n, .partials = partials};
-    ew_run(s, &j);
+    if (s) ew_run(s, &j);
+    else kern_threadpool_parallel_for(pool, tasks, ew_task, &j);
     double acc = 0.0;
     for (size_t t = 0; t < tasks; t++) acc += partials[t];
     *out = (float)acc;
     if (partials != &one) free(partials);
+}
+
+void kern_sumsq_cpu(kern_stream_t *s, float *out, const float *x, size_t n) { sumsq_run(s, NULL, out, x, n); }
+
+void kern_sumsq_host(kern_threadpool_t *pool, float *out, const float *x, size_t n) {
+    sumsq_run(NULL, pool, out, x, n);
 }
 
 void kern_f32_to_bf16_cpu(kern_stream_t *s, uint16_t *dst, const float *src, size_t n) {

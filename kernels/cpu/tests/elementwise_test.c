@@ -12,6 +12,7 @@
 #include "kernels/cpu/tests/testutil.h"
 #include "base/dtype.h"
 #include "kernels/elementwise.h"
+#include "kernels/host/threadpool.h"
 
 /* FD on element-wise ops: each perturbation changes one output, so L's
  * rounding noise is ~1 ulp of an O(1) value (1e-7) over 2h = 2e-3, ~1e-4
@@ -143,6 +144,23 @@ static void test_misc(tu_env_t *env) {
     for (size_t i = 0; i < n; i++) ssr += (double)a[i] * a[i];
     /* accumulated in double then rounded once: within 1 ulp */
     tu_expect(fabs(ss - ssr) <= 1.2e-7 * ssr, "sumsq %.9g vs %.9g", (double)ss, ssr);
+    /* the host variant on pools of any size (or none): the same bits, over
+     * enough elements for many tasks */
+    const size_t big = 200003;
+    float *x = malloc(big * sizeof *x);
+    MT_CHECK_ALLOC(x, "sumsq input");
+    for (size_t i = 0; i < big; i++) x[i] = (float)((i * 2654435761u) % 10007) * 1e-3f - 5.0f;
+    float on_stream = -1.0f;
+    kern_sumsq_cpu(env->s, &on_stream, x, big);
+    for (int threads = 0; threads <= 3; threads++) {
+        kern_threadpool_t *pool = threads ? kern_threadpool_create(threads) : NULL;
+        float hs = -1.0f;
+        kern_sumsq_host(pool, &hs, x, big);
+        tu_expect(memcmp(&hs, &on_stream, sizeof hs) == 0, "sumsq on a host pool of %d: %.9g, on the stream %.9g",
+                  threads, (double)hs, (double)on_stream);
+        if (pool) kern_threadpool_destroy(pool);
+    }
+    free(x);
     kern_sumsq_cpu(env->s, &ss, a, 0);
     tu_expect(ss == 0.0f, "sumsq of 0 elements overwrites with 0, got %g", (double)ss);
 
