@@ -255,7 +255,7 @@ static void settle_speculation(eng_exec_t *x, bool undo, eng_optim_stats_t *out)
             eng_spec_keep(&x->hopt.spec, i);
             continue;
         }
-        MT_CHECK(eng_spec_undo(&x->hopt.spec, &x->model->params[i], i),
+        MT_CHECK(eng_spec_undo(&x->hopt.spec, &x->model->params[i], i, x->hopt.pool),
                  "speculative update of %s without its copy", x->model->params[i].spec->name);
         x->hopt.done[i] = false;
     }

@@ -146,7 +146,7 @@ static void *worker_main(void *arg) {
             } else {
                 /* the norm's share while the gradient is at hand, off the step's tail */
                 kern_sumsq_host(pool, &h->gnorm_part[i], d->host_g, p->spec->numel);
-                if (h->speculative) eng_spec_save(&h->spec, p, i);
+                if (h->speculative) eng_spec_save(&h->spec, p, i, pool);
                 worker_adamw(h, pool, i, d->host_g, &job.base);
                 h->done[i] = true;
             }

@@ -23,37 +23,37 @@ void eng_spec_free(eng_spec_t *s) {
     memset(s, 0, sizeof *s);
 }
 
-static void *copy_of(void **dst, const void *src, size_t bytes, const char *what, const char *name,
-                     uint64_t *held) {
+static void *copy_of(kern_threadpool_t *pool, void **dst, const void *src, size_t bytes, const char *what,
+                     const char *name, uint64_t *held) {
     if (!*dst) {
         *dst = malloc(bytes);
         MT_CHECK(*dst, "out of host memory for the speculative optimizer's copy of %s's %s", name, what);
         *held += bytes;
     }
-    memcpy(*dst, src, bytes);
+    kern_threadpool_memcpy(pool, *dst, src, bytes);
     return *dst;
 }
 
-void eng_spec_save(eng_spec_t *s, const eng_param_t *p, int i) {
+void eng_spec_save(eng_spec_t *s, const eng_param_t *p, int i, kern_threadpool_t *pool) {
     eng_spec_copy_t *c = &s->copy[i];
     const size_t n = p->spec->numel;
     MT_CHECK(p->host_w, "speculative update of %s without its host master", p->spec->name);
-    copy_of((void **)&c->w, p->host_w, n * sizeof(float), "master", p->spec->name, &s->bytes);
+    copy_of(pool, (void **)&c->w, p->host_w, n * sizeof(float), "master", p->spec->name, &s->bytes);
     c->had_state = p->host_mom != NULL;
     if (c->had_state)
-        copy_of(&c->mom, p->host_mom, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n), "moments",
+        copy_of(pool, &c->mom, p->host_mom, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n), "moments",
                 p->spec->name, &s->bytes);
     c->step = p->step;
     c->saved = true;
 }
 
-bool eng_spec_undo(eng_spec_t *s, eng_param_t *p, int i) {
+bool eng_spec_undo(eng_spec_t *s, eng_param_t *p, int i, kern_threadpool_t *pool) {
     eng_spec_copy_t *c = &s->copy[i];
     if (!c->saved) return false;
     const size_t n = p->spec->numel;
-    memcpy(p->host_w, c->w, n * sizeof(float));
+    kern_threadpool_memcpy(pool, p->host_w, c->w, n * sizeof(float));
     if (c->had_state) {
-        memcpy(p->host_mom, c->mom, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n));
+        kern_threadpool_memcpy(pool, p->host_mom, c->mom, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n));
     } else { /* the update created zeroed moments: back to none, as torch's lazy state */
         free(p->host_mom);
         p->host_mom = NULL;

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "engine/model/model.h"
+#include "kernels/host/threadpool.h"
 
 typedef struct {
     float *w;         /* the master's copy (NULL until first needed) */
@@ -43,11 +44,12 @@ void eng_spec_init(eng_spec_t *s, int num_params);
 void eng_spec_free(eng_spec_t *s);
 
 /* Copies parameter i's master, moments and step count before its
- * speculative update (p->host_w must be its master). */
-void eng_spec_save(eng_spec_t *s, const eng_param_t *p, int i);
+ * speculative update (p->host_w must be its master), on `pool`'s threads
+ * (NULL: the caller's). */
+void eng_spec_save(eng_spec_t *s, const eng_param_t *p, int i, kern_threadpool_t *pool);
 /* Puts parameter i back as eng_spec_save found it; false when nothing was
  * saved for it this step. */
-bool eng_spec_undo(eng_spec_t *s, eng_param_t *p, int i);
+bool eng_spec_undo(eng_spec_t *s, eng_param_t *p, int i, kern_threadpool_t *pool);
 /* The step is kept: the copies are free for the next one. */
 void eng_spec_keep(eng_spec_t *s, int i);
 

@@ -5,6 +5,8 @@
  * tasks are claimed with an atomic counter. A mutex serialises callers. */
 #include "kernels/host/threadpool.h"
 
+#include <string.h>
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -114,4 +116,21 @@ void kern_threadpool_parallel_for(kern_threadpool_t *p, size_t ntasks, kern_para
     while (p->active > 0) pthread_cond_wait(&p->done, &p->lock);
     pthread_mutex_unlock(&p->lock);
     pthread_mutex_unlock(&p->call_lock);
+}
+
+typedef struct {
+    char *dst;
+    const char *src;
+    size_t bytes, piece;
+} memcpy_job_t;
+
+static void memcpy_task(void *ctx, size_t t) {
+    const memcpy_job_t *j = ctx;
+    const size_t off = t * j->piece, n = j->bytes - off < j->piece ? j->bytes - off : j->piece;
+    memcpy(j->dst + off, j->src + off, n);
+}
+
+void kern_threadpool_memcpy(kern_threadpool_t *pool, void *dst, const void *src, size_t bytes) {
+    const memcpy_job_t j = {dst, src, bytes, (size_t)4 << 20};
+    kern_threadpool_parallel_for(pool, (bytes + j.piece - 1) / j.piece, memcpy_task, (void *)&j);
 }

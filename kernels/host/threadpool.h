@@ -23,5 +23,9 @@ int kern_threadpool_size(const kern_threadpool_t *pool);
  * one parallel_for at a time per pool (callers on other threads wait). */
 void kern_threadpool_parallel_for(kern_threadpool_t *pool, size_t ntasks, kern_parallel_fn fn,
                                   void *ctx);
+/* memcpy over the pool in pieces of a few MB (pool NULL: on the caller):
+ * one thread copies host memory at a fraction of what the host's memory
+ * can move, and the host optimizer's copies are gigabytes. */
+void kern_threadpool_memcpy(kern_threadpool_t *pool, void *dst, const void *src, size_t bytes);
 
 #endif
