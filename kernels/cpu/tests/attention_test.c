@@ -28,6 +28,7 @@
 
 #include "base/dtype.h"
 #include "kernels/attention.h"
+#include "kernels/cpu/attention_blas.h"
 #include "kernels/cpu/tests/testutil.h"
 
 /* Forward: the kernel's sgemm sums hd products in fp32 and its softmax uses
@@ -394,6 +395,66 @@ static void tc_twin_case(tu_env_t *env, int window, const int32_t *kv_len, uint6
     for (int i = 0; i < 6; i++) free(g[i]);
 }
 
+/* The fraction of got's elements within tol * max|ref| of ref's. */
+static double frac_close(const float *got, const float *ref, size_t n, double tol) {
+    double m = 1e-30;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)ref[i]));
+    size_t close = 0;
+    for (size_t i = 0; i < n; i++) close += fabs((double)got[i] - ref[i]) <= tol * m;
+    return (double)close / (double)(n ? n : 1);
+}
+
+/* The twin's inner roundings (bf16_p: P before P V and P^T dout, dS before
+ * dS K and dS^T q, as cuDNN holds them for its tensor-core products), on
+ * bf16 inputs: the vector and sgemm paths implement them independently and
+ * agree to fp32 sum order on nearly every element (an element whose P sits
+ * on a bf16 rounding boundary may round apart in two fp32 computations, so
+ * the count, not the maximum, is bounded), while the roundings really move
+ * the results (bf16_p false differs on most elements by more than that,
+ * and by no more than bf16's reach). */
+static void tc_inner_rounding_case(tu_env_t *env, uint64_t seed) {
+    const int B = 2, T = 45, nh = 4, nkv = 2, hd = 16, window = 0;
+    const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    tu_rng_t rng;
+    tu_rng_seed(&rng, seed);
+    float *in[4] = {tu_rand(&rng, nq, 1.5f), tu_rand(&rng, nk, 1.5f), tu_rand(&rng, nk, 1.0f), tu_rand(&rng, nq, 1.0f)};
+    for (int i = 0; i < 4; i++)
+        for (size_t j = 0; j < (i == 1 || i == 2 ? nk : nq); j++) in[i][j] = mt_bf16_to_f32(mt_f32_to_bf16(in[i][j]));
+    const float *q = in[0], *k = in[1], *v = in[2], *dout = in[3];
+    float *o[3], *l[3], *g[3][3]; /* vec with bf16_p, sgemm with bf16_p, vec without */
+    for (int r = 0; r < 3; r++) {
+        o[r] = tu_alloc(nq), l[r] = tu_alloc(nl);
+        for (int i = 0; i < 3; i++) g[r][i] = tu_alloc(i == 0 ? nq : nk);
+    }
+    kern_attention_fwd_cpu_vec_p(env->s, o[0], l[0], q, k, v, NULL, NULL, B, T, nh, nkv, hd, window, true);
+    kern_attention_fwd_cpu_blas_p(env->s, o[1], l[1], q, k, v, NULL, NULL, B, T, nh, nkv, hd, window, true);
+    kern_attention_fwd_cpu_vec_p(env->s, o[2], l[2], q, k, v, NULL, NULL, B, T, nh, nkv, hd, window, false);
+    kern_attention_bwd_cpu_vec_p(env->s, g[0][0], g[0][1], g[0][2], dout, q, k, v, o[0], l[0], NULL, NULL, B, T, nh,
+                                 nkv, hd, window, true);
+    kern_attention_bwd_cpu_blas_p(env->s, g[1][0], g[1][1], g[1][2], dout, q, k, v, o[0], l[0], NULL, NULL, B, T, nh,
+                                  nkv, hd, window, true);
+    kern_attention_bwd_cpu_vec_p(env->s, g[2][0], g[2][1], g[2][2], dout, q, k, v, o[0], l[0], NULL, NULL, B, T, nh,
+                                 nkv, hd, window, false);
+    const char *names[4] = {"out", "dq", "dk", "dv"};
+    for (int t = 0; t < 4; t++) {
+        const size_t n = t == 0 ? nq : t == 1 ? nq : nk;
+        const float *a = t == 0 ? o[0] : g[0][t - 1], *b = t == 0 ? o[1] : g[1][t - 1];
+        const float *c = t == 0 ? o[2] : g[2][t - 1];
+        const double same = frac_close(b, a, n, 1e-5), moved = 1.0 - frac_close(c, a, n, 1e-5);
+        printf("tc inner roundings, %s: vector and sgemm paths agree on %.4f of elements; without the roundings "
+               "%.4f differ, by %.3g of the norm\n",
+               names[t], same, moved, norm_dist(c, a, n));
+        tu_expect(same >= 0.99, "bf16_p %s: vector and sgemm paths agree on only %.4f of elements", names[t], same);
+        tu_expect(moved >= 0.5, "bf16_p %s: only %.4f of elements move with the roundings", names[t], moved);
+        tu_expect(norm_dist(c, a, n) < 2e-2, "bf16_p %s moves %.3g of the norm", names[t], norm_dist(c, a, n));
+    }
+    for (int r = 0; r < 3; r++) {
+        free(o[r]), free(l[r]);
+        for (int i = 0; i < 3; i++) free(g[r][i]);
+    }
+    for (int i = 0; i < 4; i++) free(in[i]);
+}
+
 int main(void) {
     tu_env_t env = tu_env_open();
     /* B, T, nh, nkv, hd, window, kv_len */
@@ -427,6 +488,7 @@ int main(void) {
     const int32_t lt[2] = {20, 37};
     tc_twin_case(&env, 0, NULL, 118);
     tc_twin_case(&env, 5, lt, 119);
+    tc_inner_rounding_case(&env, 120);
     tu_env_close(&env);
     return tu_finish("attention_test");
 }
