@@ -22,6 +22,8 @@ typedef struct {
     float *q_rstd, *k_rstd;      /* (n*nh), (n*nkv) */
     float *att;                  /* (n, nh*hd) attention output */
     float *lse;                  /* (B, nh, T) */
+    bool tc;                     /* att and lse came from the tensor-core path (attn_core.c): the
+                                  * backward takes it too */
 } eng_attn_acts_t;
 
 typedef struct {

@@ -77,8 +77,7 @@ mt_status_t eng_attn_forward(eng_layer_env_t *env, int layer, const eng_shape_t 
     TRY(eng_rope_qk(env, sh, a->q, a->k, false, err));
     ALLOC_SAVED(a->att, ENG_A_ATT, "attention output");
     ALLOC_SAVED(a->lse, ENG_A_LSE, "attention logsumexp");
-    ops->attention_fwd(s, a->att, a->lse, a->q, a->k, a->v, sh->kv_len, sh->seg_start, sh->B, sh->T, nh, nkv,
-                       hd, eng_layer_window(c, layer));
+    TRY(eng_attn_core_fwd(env, sh, a, nh, nkv, hd, eng_layer_window(c, layer), err));
     /* gpt-oss's sinks rescale the output and join the saved logsumexp (kernels/gpt_oss.h) */
     if (L->sinks >= 0) ops->attn_sink_fwd(s, a->att, a->lse, eng_weight_f32(env, L->sinks), sh->B, sh->T, nh, hd);
     /* x_mid = x_in + att o^T */
@@ -164,8 +163,7 @@ mt_status_t eng_attn_backward(eng_layer_env_t *env, int layer, const eng_shape_t
     ALLOC(dq, (size_t)n * qd, float, "d(q)");
     ALLOC(dk, (size_t)n * kd, float, "d(k)");
     ALLOC(dv, (size_t)n * kd, float, "d(v)");
-    ops->attention_bwd(s, dq, dk, dv, datt, a->q, a->k, a->v, a->att, a->lse, sh->kv_len, sh->seg_start, sh->B,
-                       sh->T, nh, nkv, hd, eng_layer_window(c, layer));
+    TRY(eng_attn_core_bwd(env, sh, a, dq, dk, dv, datt, nh, nkv, hd, eng_layer_window(c, layer), err));
     eng_dfree(dev, &datt);
     TRY(eng_rope_qk(env, sh, dq, dk, true, err));
     if (c->clip_qkv > 0) TRY(clip_qkv_bwd(env, layer, sh, a, dq, dk, dv, err));
