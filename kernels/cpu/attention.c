@@ -517,55 +517,77 @@ void kern_attention_bwd_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, c
  * rule, so both fall back alike. */
 
 static bool attn_tc_shape_ok(const int32_t *seg_start, int nh, int nkv, int hd) {
-    return seg_start == NULL && nkv > 0 && nh % nkv == 0 && hd > 0 && hd % 8 == 0 && hd <= 256;
+    return seg_start == NULL && kern_attention_tc_takes(nh, nkv, hd);
 }
 
-static void attn_round_bf16(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(mt_f32_to_bf16(x[i]));
-}
-
-static float *attn_bf16_copy(const float *src, size_t n) {
+/* An operand as the tensor cores read it: src's n elements in bf16 (dt
+ * MT_BF16: as stored; MT_F32: rounded), in a new fp32 buffer. */
+static float *attn_bf16_operand(const void *src, mt_dtype_t dt, size_t n) {
     float *d = malloc((n ? n : 1) * sizeof *d);
     MT_CHECK_ALLOC(d, "bf16 attention operand");
-    memcpy(d, src, n * sizeof *d);
-    attn_round_bf16(d, n);
+    if (dt == MT_BF16) {
+        for (size_t i = 0; i < n; i++) d[i] = mt_bf16_to_f32(((const uint16_t *)src)[i]);
+    } else {
+        for (size_t i = 0; i < n; i++) d[i] = mt_bf16_to_f32(mt_f32_to_bf16(((const float *)src)[i]));
+    }
     return d;
 }
 
-bool kern_attention_fwd_tc_cpu(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
-                               const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
-                               int nh, int nkv, int hd, int window) {
-    if (!attn_tc_shape_ok(seg_start, nh, nkv, hd)) return false;
+/* A result rounded to bf16 into dst: dt MT_BF16 stores the bf16 elements,
+ * MT_F32 their fp32 values; src may be dst when dt is MT_F32. */
+static void attn_bf16_result(void *dst, mt_dtype_t dt, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const uint16_t h = mt_f32_to_bf16(src[i]);
+        if (dt == MT_BF16)
+            ((uint16_t *)dst)[i] = h;
+        else
+            ((float *)dst)[i] = mt_bf16_to_f32(h);
+    }
+}
+
+static bool attn_tc_dt_ok(mt_dtype_t dt) {
+    MT_CHECK(dt == MT_F32 || dt == MT_BF16, "tensor-core attention: q, k, v, out stored as %s (F32 or BF16 only)",
+             mt_dtype_name(dt));
+    return true;
+}
+
+bool kern_attention_fwd_tc_cpu(kern_stream_t *s, void *out, float *lse, const void *q, const void *k, const void *v,
+                               mt_dtype_t dt, const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh,
+                               int nkv, int hd, int window) {
+    if (!attn_tc_dt_ok(dt) || !attn_tc_shape_ok(seg_start, nh, nkv, hd)) return false;
     if (B <= 0 || T <= 0) return true;
     const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
-    float *q16 = attn_bf16_copy(q, nq), *k16 = attn_bf16_copy(k, nk), *v16 = attn_bf16_copy(v, nk);
+    float *q16 = attn_bf16_operand(q, dt, nq), *k16 = attn_bf16_operand(k, dt, nk), *v16 = attn_bf16_operand(v, dt, nk);
+    float *o32 = dt == MT_F32 ? out : malloc(nq * sizeof *o32);
+    MT_CHECK_ALLOC(o32, "attention output (fp32)");
     if (__builtin_cpu_supports("avx512f"))
-        kern_attention_fwd_cpu_vec_p(s, out, lse, q16, k16, v16, kv_len, NULL, B, T, nh, nkv, hd, window, true);
+        kern_attention_fwd_cpu_vec_p(s, o32, lse, q16, k16, v16, kv_len, NULL, B, T, nh, nkv, hd, window, true);
     else
-        kern_attention_fwd_cpu_blas_p(s, out, lse, q16, k16, v16, kv_len, NULL, B, T, nh, nkv, hd, window, true);
-    attn_round_bf16(out, nq);
+        kern_attention_fwd_cpu_blas_p(s, o32, lse, q16, k16, v16, kv_len, NULL, B, T, nh, nkv, hd, window, true);
+    attn_bf16_result(out, dt, o32, nq);
+    if (o32 != out) free(o32);
     free(q16), free(k16), free(v16);
     return true;
 }
 
-bool kern_attention_bwd_tc_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
-                               const float *q, const float *k, const float *v, const float *out,
-                               const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
-                               int nh, int nkv, int hd, int window) {
-    if (!attn_tc_shape_ok(seg_start, nh, nkv, hd)) return false;
+bool kern_attention_bwd_tc_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout, const void *q,
+                               const void *k, const void *v, const void *out, mt_dtype_t dt, const float *lse,
+                               const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv, int hd,
+                               int window) {
+    if (!attn_tc_dt_ok(dt) || !attn_tc_shape_ok(seg_start, nh, nkv, hd)) return false;
     if (B <= 0 || T <= 0) return true;
     const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
-    float *q16 = attn_bf16_copy(q, nq), *k16 = attn_bf16_copy(k, nk), *v16 = attn_bf16_copy(v, nk);
-    float *o16 = attn_bf16_copy(out, nq), *do16 = attn_bf16_copy(dout, nq);
+    float *q16 = attn_bf16_operand(q, dt, nq), *k16 = attn_bf16_operand(k, dt, nk), *v16 = attn_bf16_operand(v, dt, nk);
+    float *o16 = attn_bf16_operand(out, dt, nq), *do16 = attn_bf16_operand(dout, MT_F32, nq);
     if (__builtin_cpu_supports("avx512f"))
         kern_attention_bwd_cpu_vec_p(s, dq, dk, dv, do16, q16, k16, v16, o16, lse, kv_len, NULL, B, T, nh, nkv, hd,
                                      window, true);
     else
         kern_attention_bwd_cpu_blas_p(s, dq, dk, dv, do16, q16, k16, v16, o16, lse, kv_len, NULL, B, T, nh, nkv, hd,
                                       window, true);
-    attn_round_bf16(dq, nq);
-    attn_round_bf16(dk, nk);
-    attn_round_bf16(dv, nk);
+    attn_bf16_result(dq, MT_F32, dq, nq);
+    attn_bf16_result(dk, MT_F32, dk, nk);
+    attn_bf16_result(dv, MT_F32, dv, nk);
     free(q16), free(k16), free(v16), free(o16), free(do16);
     return true;
 }

@@ -659,9 +659,9 @@ static tc_plan_t *tc_plan_get(kern_cudnn_attn_t *c, const tc_key_t *key) {
     const tc_key_t *k = key;
     if (k->seg)
         snprintf(p->why, sizeof p->why, "packed segments (seg_start) are not expressed in the cuDNN graph");
-    else if (k->nkv <= 0 || k->nh % k->nkv != 0)
+    else if (!kern_attention_tc_takes(k->nh, k->nkv, k->hd) && (k->nkv <= 0 || k->nh % k->nkv != 0))
         snprintf(p->why, sizeof p->why, "%d query heads are not a multiple of %d kv heads", k->nh, k->nkv);
-    else if (k->hd % 8 != 0 || k->hd > 256)
+    else if (!kern_attention_tc_takes(k->nh, k->nkv, k->hd))
         snprintf(p->why, sizeof p->why, "head dim %d: cuDNN's SDPA takes multiples of 8 up to 256", k->hd);
     else if (c->handle_failed)
         snprintf(p->why, sizeof p->why, "%s", c->handle_why);
@@ -732,79 +732,90 @@ static void *tc_alloc(kern_stream_t *s, kern_cudnn_attn_t *c, tc_plan_t *p, size
     return NULL;
 }
 
-bool kern_attention_fwd_tc_cuda(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
-                                const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
-                                int nh, int nkv, int hd, int window) {
+/* A bf16 operand of the graph: src itself when the caller stores bf16, else
+ * its rounding into dst (arena memory the caller carved). */
+static const uint16_t *tc_operand(kern_stream_t *s, uint16_t *dst, const void *src, mt_dtype_t dt, size_t n) {
+    if (dt == MT_BF16) return (const uint16_t *)src;
+    kern_f32_to_bf16_cuda(s, dst, (const float *)src, n);
+    return dst;
+}
+
+bool kern_attention_fwd_tc_cuda(kern_stream_t *s, void *out, float *lse, const void *q, const void *k, const void *v,
+                                mt_dtype_t dt, const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh,
+                                int nkv, int hd, int window) {
     const tc_key_t key = tc_key(B, T, nh, nkv, hd, window, kv_len != NULL, seg_start != NULL, false);
     kern_cudnn_attn_t *c = NULL;
     tc_plan_t *p = NULL;
+    MT_CHECK(dt == MT_F32 || dt == MT_BF16, "tensor-core attention: q, k, v, out stored as %s (F32 or BF16 only)",
+             mt_dtype_name(dt));
     if (B <= 0 || T <= 0) return true; /* nothing to compute */
     if (!tc_begin(s, &key, &c, &p)) return false;
     const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
+    const size_t copy = dt == MT_BF16 ? 0 : 2; /* bytes per element of the bf16 copies, none for bf16 storage */
     tc_carve_t cv = {0};
-    const size_t oq = tc_take(&cv, nq * 2), ok = tc_take(&cv, nk * 2), ov = tc_take(&cv, nk * 2);
-    const size_t oo = tc_take(&cv, nq * 2), osq = tc_take(&cv, (size_t)B * 4), oskv = tc_take(&cv, (size_t)B * 4);
+    const size_t oq = tc_take(&cv, nq * copy), ok = tc_take(&cv, nk * copy), ov = tc_take(&cv, nk * copy);
+    const size_t oo = tc_take(&cv, nq * copy), osq = tc_take(&cv, (size_t)B * 4), oskv = tc_take(&cv, (size_t)B * 4);
     const size_t ows = tc_take(&cv, (size_t)p->workspace);
     char *mem = tc_alloc(s, c, p, cv.off);
     if (mem == NULL) return false;
-    uint16_t *q16 = (uint16_t *)(mem + oq), *k16 = (uint16_t *)(mem + ok), *v16 = (uint16_t *)(mem + ov);
-    uint16_t *o16 = (uint16_t *)(mem + oo);
+    const uint16_t *q16 = tc_operand(s, (uint16_t *)(mem + oq), q, dt, nq);
+    const uint16_t *k16 = tc_operand(s, (uint16_t *)(mem + ok), k, dt, nk);
+    const uint16_t *v16 = tc_operand(s, (uint16_t *)(mem + ov), v, dt, nk);
+    uint16_t *o16 = dt == MT_BF16 ? (uint16_t *)out : (uint16_t *)(mem + oo);
     int32_t *seq_q = (int32_t *)(mem + osq), *seq_kv = (int32_t *)(mem + oskv);
-    kern_f32_to_bf16_cuda(s, q16, q, nq);
-    kern_f32_to_bf16_cuda(s, k16, k, nk);
-    kern_f32_to_bf16_cuda(s, v16, v, nk);
     if (key.pad) kern_attention_tc_seqlens_cuda(s, seq_q, seq_kv, kv_len, B, T);
     int64_t uids[12] = {U_Q, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG_INF};
-    void *ptrs[12] = {q16, k16, v16, o16, lse, &p->scale, &p->neg_inf};
+    void *ptrs[12] = {(void *)q16, (void *)k16, (void *)v16, o16, lse, &p->scale, &p->neg_inf};
     int n = 7;
     if (key.window) uids[n] = U_WINDOW, ptrs[n++] = &p->window;
     if (key.pad) uids[n] = U_SEQ_Q, ptrs[n++] = seq_q, uids[n] = U_SEQ_KV, ptrs[n++] = seq_kv;
     char why[512];
     const bool done = tc_execute(c, p, uids, ptrs, n, mem + ows, why, sizeof why);
     if (done) {
-        kern_bf16_to_f32_cuda(s, out, o16, nq);
-        if (key.pad) kern_attention_tc_empty_rows_cuda(s, out, lse, kv_len, B, T, nh, hd, key.window);
+        if (dt == MT_F32) kern_bf16_to_f32_cuda(s, (float *)out, o16, nq);
+        if (key.pad) kern_attention_tc_empty_rows_cuda(s, out, dt == MT_BF16, lse, kv_len, B, T, nh, hd, key.window);
     }
     kern_free(&s->dev->base, mem);
     return done ? tc_report(c, true, true, "cudnn") : tc_report(c, false, false, "%s", why);
 }
 
-bool kern_attention_bwd_tc_cuda(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
-                                const float *q, const float *k, const float *v, const float *out,
-                                const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
-                                int nh, int nkv, int hd, int window) {
+bool kern_attention_bwd_tc_cuda(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout, const void *q,
+                                const void *k, const void *v, const void *out, mt_dtype_t dt, const float *lse,
+                                const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv,
+                                int hd, int window) {
     const tc_key_t key = tc_key(B, T, nh, nkv, hd, window, kv_len != NULL, seg_start != NULL, true);
     kern_cudnn_attn_t *c = NULL;
     tc_plan_t *p = NULL;
+    MT_CHECK(dt == MT_F32 || dt == MT_BF16, "tensor-core attention: q, k, v, out stored as %s (F32 or BF16 only)",
+             mt_dtype_name(dt));
     if (B <= 0 || T <= 0) return true;
     if (!tc_begin(s, &key, &c, &p)) return false;
     const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nr = (size_t)B * nh * T;
+    const size_t copy = dt == MT_BF16 ? 0 : 2;
     tc_carve_t cv = {0};
-    const size_t oq = tc_take(&cv, nq * 2), ok = tc_take(&cv, nk * 2), ov = tc_take(&cv, nk * 2);
-    const size_t oo = tc_take(&cv, nq * 2), odo = tc_take(&cv, nq * 2), odq = tc_take(&cv, nq * 2);
+    const size_t oq = tc_take(&cv, nq * copy), ok = tc_take(&cv, nk * copy), ov = tc_take(&cv, nk * copy);
+    const size_t oo = tc_take(&cv, nq * copy), odo = tc_take(&cv, nq * 2), odq = tc_take(&cv, nq * 2);
     const size_t odk = tc_take(&cv, nk * 2), odv = tc_take(&cv, nk * 2), ost = tc_take(&cv, nr * 4);
     const size_t osum = tc_take(&cv, nr * 4), oacc = tc_take(&cv, p->dq_accum ? nq * 4 : 0);
     const size_t osq = tc_take(&cv, (size_t)B * 4), oskv = tc_take(&cv, (size_t)B * 4);
     const size_t ows = tc_take(&cv, (size_t)p->workspace);
     char *mem = tc_alloc(s, c, p, cv.off);
     if (mem == NULL) return false;
-    uint16_t *q16 = (uint16_t *)(mem + oq), *k16 = (uint16_t *)(mem + ok), *v16 = (uint16_t *)(mem + ov);
-    uint16_t *o16 = (uint16_t *)(mem + oo), *do16 = (uint16_t *)(mem + odo), *dq16 = (uint16_t *)(mem + odq);
-    uint16_t *dk16 = (uint16_t *)(mem + odk), *dv16 = (uint16_t *)(mem + odv);
+    const uint16_t *q16 = tc_operand(s, (uint16_t *)(mem + oq), q, dt, nq);
+    const uint16_t *k16 = tc_operand(s, (uint16_t *)(mem + ok), k, dt, nk);
+    const uint16_t *v16 = tc_operand(s, (uint16_t *)(mem + ov), v, dt, nk);
+    const uint16_t *o16 = tc_operand(s, (uint16_t *)(mem + oo), out, dt, nq);
+    const uint16_t *do16 = tc_operand(s, (uint16_t *)(mem + odo), dout, MT_F32, nq);
+    uint16_t *dq16 = (uint16_t *)(mem + odq), *dk16 = (uint16_t *)(mem + odk), *dv16 = (uint16_t *)(mem + odv);
     float *stats = key.pad ? (float *)(mem + ost) : (float *)lse; /* cuDNN only reads it */
     int32_t *seq_q = (int32_t *)(mem + osq), *seq_kv = (int32_t *)(mem + oskv);
-    kern_f32_to_bf16_cuda(s, q16, q, nq);
-    kern_f32_to_bf16_cuda(s, k16, k, nk);
-    kern_f32_to_bf16_cuda(s, v16, v, nk);
-    kern_f32_to_bf16_cuda(s, o16, out, nq);
-    kern_f32_to_bf16_cuda(s, do16, dout, nq);
     if (key.pad) {
         kern_attention_tc_seqlens_cuda(s, seq_q, seq_kv, kv_len, B, T);
         kern_attention_tc_bwd_stats_cuda(s, stats, lse, nr);
     }
     int64_t uids[20] = {U_Q, U_K, U_V, U_O, U_DO, U_STATS, U_DQ, U_DK, U_DV, U_SCALE, U_NEG_INF, U_ONE, U_SOFTMAX_SUM};
-    void *ptrs[20] = {q16, k16, v16, o16, do16, stats, dq16, dk16, dv16, &p->scale, &p->neg_inf, &p->one,
-                      mem + osum};
+    void *ptrs[20] = {(void *)q16, (void *)k16, (void *)v16, (void *)o16, (void *)do16, stats, dq16, dk16, dv16,
+                      &p->scale, &p->neg_inf, &p->one, mem + osum};
     int n = 13;
     if (p->dq_accum) uids[n] = U_DQ_ACCUM, ptrs[n++] = mem + oacc;
     if (key.window) uids[n] = U_WINDOW, ptrs[n++] = &p->window;

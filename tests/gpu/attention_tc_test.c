@@ -85,10 +85,10 @@ static void tc_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int wind
     char tag[160], what[256];
     tag_of(tag, sizeof tag, B, T, nh, nkv, hd, window, kv_len);
 
-    const bool cpu_fwd = t->cpu->ops->attention_fwd_tc(t->sc, GT_C(O), GT_C(L), GT_C(Q), GT_C(K), GT_C(V), klc,
+    const bool cpu_fwd = t->cpu->ops->attention_fwd_tc(t->sc, GT_C(O), GT_C(L), GT_C(Q), GT_C(K), GT_C(V), MT_F32, klc,
                                                        NULL, B, T, nh, nkv, hd, window);
     gt_expect(t, cpu_fwd, "CPU twin refused %s", tag);
-    const bool gpu_fwd = t->gpu->ops->attention_fwd_tc(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), klg,
+    const bool gpu_fwd = t->gpu->ops->attention_fwd_tc(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), MT_F32, klg,
                                                        NULL, B, T, nh, nkv, hd, window);
     float *o1 = gt_host_alloc(nq), *l1 = gt_host_alloc(nl);
     if (path_of(t, gpu_fwd, must, "forward", tag, NULL) && cpu_fwd) {
@@ -98,7 +98,7 @@ static void tc_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int wind
         gt_check_f32(t, what, &L, nl, 1e-3f, 1e-3f);
         gt_save_gpu(t, &O, o1);
         gt_save_gpu(t, &L, l1);
-        t->gpu->ops->attention_fwd_tc(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), klg, NULL, B, T, nh,
+        t->gpu->ops->attention_fwd_tc(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), MT_F32, klg, NULL, B, T, nh,
                                       nkv, hd, window);
         snprintf(what, sizeof what, "tc forward repeated %s", tag);
         gt_check_same_gpu(t, what, &O, o1);
@@ -112,11 +112,11 @@ static void tc_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int wind
     gt_set(t, &O, hout);
     gt_set(t, &L, hlse);
     const bool cpu_bwd = t->cpu->ops->attention_bwd_tc(t->sc, GT_C(DQ), GT_C(DK), GT_C(DV), GT_C(DO), GT_C(Q),
-                                                       GT_C(K), GT_C(V), GT_C(O), GT_C(L), klc, NULL, B, T, nh,
+                                                       GT_C(K), GT_C(V), GT_C(O), MT_F32, GT_C(L), klc, NULL, B, T, nh,
                                                        nkv, hd, window);
     gt_expect(t, cpu_bwd, "CPU twin refused the backward of %s", tag);
     const bool gpu_bwd = t->gpu->ops->attention_bwd_tc(t->sg, GT_G(DQ), GT_G(DK), GT_G(DV), GT_G(DO), GT_G(Q),
-                                                       GT_G(K), GT_G(V), GT_G(O), GT_G(L), klg, NULL, B, T, nh,
+                                                       GT_G(K), GT_G(V), GT_G(O), MT_F32, GT_G(L), klg, NULL, B, T, nh,
                                                        nkv, hd, window);
     bool det = false;
     float *dq1 = gt_host_alloc(nq), *dk1 = gt_host_alloc(nk), *dv1 = gt_host_alloc(nk);
@@ -133,7 +133,7 @@ static void tc_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int wind
             gt_save_gpu(t, &DK, dk1);
             gt_save_gpu(t, &DV, dv1);
             t->gpu->ops->attention_bwd_tc(t->sg, GT_G(DQ), GT_G(DK), GT_G(DV), GT_G(DO), GT_G(Q), GT_G(K),
-                                          GT_G(V), GT_G(O), GT_G(L), klg, NULL, B, T, nh, nkv, hd, window);
+                                          GT_G(V), GT_G(O), MT_F32, GT_G(L), klg, NULL, B, T, nh, nkv, hd, window);
             snprintf(what, sizeof what, "tc backward repeated %s", tag);
             gt_check_same_gpu(t, what, &DQ, dq1);
             gt_check_same_gpu(t, what, &DK, dk1);
@@ -158,9 +158,9 @@ static void refused_case(gt_ctx_t *t, int nh, int nkv, int hd, bool segments) {
     gt_buf_t O = gt_alloc(t, nq * 4, "out"), L = gt_alloc(t, nl * 4, "lse");
     gt_buf_t S = gt_from_host(t, seg, sizeof seg, "seg_start");
     const int32_t *sc = segments ? GT_CI(S) : NULL, *sg = segments ? GT_GI(S) : NULL;
-    const bool c = t->cpu->ops->attention_fwd_tc(t->sc, GT_C(O), GT_C(L), GT_C(Q), GT_C(K), GT_C(K), NULL, sc, B,
+    const bool c = t->cpu->ops->attention_fwd_tc(t->sc, GT_C(O), GT_C(L), GT_C(Q), GT_C(K), GT_C(K), MT_F32, NULL, sc, B,
                                                  T, nh, nkv, hd, 0);
-    const bool g = t->gpu->ops->attention_fwd_tc(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(K), NULL, sg, B,
+    const bool g = t->gpu->ops->attention_fwd_tc(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(K), MT_F32, NULL, sg, B,
                                                  T, nh, nkv, hd, 0);
     kern_cudnn_attn_report_t r;
     kern_cudnn_attn_last(t->sg, &r);
@@ -200,13 +200,13 @@ static float bench_ms(bench_t *b, int which) {
         cudaEventRecord(e0, b->s->cs);
         bool ok = true;
         switch (which) {
-        case 0: ok = b->dev->ops->attention_fwd_tc(b->s, b->o, b->l, b->q, b->k, b->v, NULL, NULL, 1, b->T, b->nh,
+        case 0: ok = b->dev->ops->attention_fwd_tc(b->s, b->o, b->l, b->q, b->k, b->v, MT_F32, NULL, NULL, 1, b->T, b->nh,
                                                    b->nkv, b->hd, 0); break;
-        case 1: b->dev->ops->attention_fwd(b->s, b->o, b->l, b->q, b->k, b->v, NULL, NULL, 1, b->T, b->nh, b->nkv,
+        case 1: b->dev->ops->attention_fwd(b->s, b->o, b->l, b->q, b->k, b->v, MT_F32, NULL, NULL, 1, b->T, b->nh, b->nkv,
                                            b->hd, 0); break;
-        case 2: ok = b->dev->ops->attention_bwd_tc(b->s, b->dq, b->dk, b->dv, b->dout, b->q, b->k, b->v, b->o, b->l,
+        case 2: ok = b->dev->ops->attention_bwd_tc(b->s, b->dq, b->dk, b->dv, b->dout, b->q, b->k, b->v, b->o, MT_F32, b->l,
                                                    NULL, NULL, 1, b->T, b->nh, b->nkv, b->hd, 0); break;
-        default: b->dev->ops->attention_bwd(b->s, b->dq, b->dk, b->dv, b->dout, b->q, b->k, b->v, b->o, b->l, NULL,
+        default: b->dev->ops->attention_bwd(b->s, b->dq, b->dk, b->dv, b->dout, b->q, b->k, b->v, b->o, MT_F32, b->l, NULL,
                                             NULL, 1, b->T, b->nh, b->nkv, b->hd, 0); break;
         }
         cudaEventRecord(e1, b->s->cs);

@@ -364,14 +364,14 @@ static void tc_twin_case(tu_env_t *env, int window, const int32_t *kv_len, uint6
     float *g[6];
     for (int i = 0; i < 6; i++) g[i] = tu_alloc(i % 3 == 0 ? nq : nk);
     kern_attention_fwd_cpu(env->s, o, l, q, k, v, kv_len, NULL, B, T, nh, nkv, hd, window);
-    tu_expect(kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, kv_len, NULL, B, T, nh, nkv, hd, window),
+    tu_expect(kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, MT_F32, kv_len, NULL, B, T, nh, nkv, hd, window),
               "tc twin refused a shape it must run");
     tu_expect(non_bf16(ot, nq) == 0, "tc twin out: %d values are not bf16", non_bf16(ot, nq));
     tu_expect(norm_dist(ot, o, nq) < 3e-2, "tc twin out %.3g of the norm from fp32 (window %d)", norm_dist(ot, o, nq),
               window);
     tu_expect(norm_dist(lt, l, nl) < 3e-2, "tc twin lse %.3g from fp32", norm_dist(lt, l, nl));
     kern_attention_bwd_cpu(env->s, g[0], g[1], g[2], dout, q, k, v, o, l, kv_len, NULL, B, T, nh, nkv, hd, window);
-    tu_expect(kern_attention_bwd_tc_cpu(env->s, g[3], g[4], g[5], dout, q, k, v, ot, lt, kv_len, NULL, B, T, nh, nkv,
+    tu_expect(kern_attention_bwd_tc_cpu(env->s, g[3], g[4], g[5], dout, q, k, v, ot, MT_F32, lt, kv_len, NULL, B, T, nh, nkv,
                                         hd, window),
               "tc twin refused a backward it must run");
     for (int i = 0; i < 3; i++) {
@@ -383,11 +383,11 @@ static void tc_twin_case(tu_env_t *env, int window, const int32_t *kv_len, uint6
     /* refusals: packed segments, head dim not a multiple of 8, heads not a multiple of kv heads */
     int32_t *seg = calloc((size_t)B * T, sizeof *seg);
     tu_fill_nan(ot, nq);
-    tu_expect(!kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, kv_len, seg, B, T, nh, nkv, hd, window),
+    tu_expect(!kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, MT_F32, kv_len, seg, B, T, nh, nkv, hd, window),
               "tc twin ran packed segments");
-    tu_expect(!kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, kv_len, NULL, B, T, nh, nkv, 12, window),
+    tu_expect(!kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, MT_F32, kv_len, NULL, B, T, nh, nkv, 12, window),
               "tc twin ran head dim 12");
-    tu_expect(!kern_attention_bwd_tc_cpu(env->s, g[3], g[4], g[5], dout, q, k, v, o, l, kv_len, NULL, B, T, 3, 2, 8,
+    tu_expect(!kern_attention_bwd_tc_cpu(env->s, g[3], g[4], g[5], dout, q, k, v, o, MT_F32, l, kv_len, NULL, B, T, 3, 2, 8,
                                          window),
               "tc twin ran 3 heads over 2 kv heads");
     tu_expect(isnan(ot[0]) && isnan(ot[nq - 1]), "a refused tc call wrote its output");
