@@ -25,6 +25,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/dtype.h"
 #include "kernels/attention.h"
@@ -380,6 +381,26 @@ static void tc_twin_case(tu_env_t *env, int window, const int32_t *kv_len, uint6
         tu_expect(norm_dist(g[3 + i], g[i], n) < 3e-2, "tc twin gradient %d %.3g of the norm from fp32", i,
                   norm_dist(g[3 + i], g[i], n));
     }
+    /* bf16 storage (dt MT_BF16, as a bf16 run saves q, k, v and out): the
+     * same bits as fp32 storage of the same values */
+    uint16_t *q16 = malloc(nq * 2), *k16 = malloc(nk * 2), *v16 = malloc(nk * 2), *o16 = malloc(nq * 2);
+    for (size_t i = 0; i < nq; i++) q16[i] = mt_f32_to_bf16(q[i]);
+    for (size_t i = 0; i < nk; i++) k16[i] = mt_f32_to_bf16(k[i]), v16[i] = mt_f32_to_bf16(v[i]);
+    float *lb = tu_alloc(nl), *gb[3];
+    for (int i = 0; i < 3; i++) gb[i] = tu_alloc(i == 0 ? nq : nk);
+    tu_expect(kern_attention_fwd_tc_cpu(env->s, o16, lb, q16, k16, v16, MT_BF16, kv_len, NULL, B, T, nh, nkv, hd,
+                                        window),
+              "tc twin refused bf16 storage");
+    int diff = 0;
+    for (size_t i = 0; i < nq; i++) diff += mt_bf16_to_f32(o16[i]) != ot[i];
+    for (size_t i = 0; i < nl; i++) diff += memcmp(&lb[i], &lt[i], sizeof lb[i]) != 0;
+    tu_expect(kern_attention_bwd_tc_cpu(env->s, gb[0], gb[1], gb[2], dout, q16, k16, v16, o16, MT_BF16, lb, kv_len,
+                                        NULL, B, T, nh, nkv, hd, window),
+              "tc twin refused a bf16-storage backward");
+    for (int i = 0; i < 3; i++) diff += memcmp(gb[i], g[3 + i], (i == 0 ? nq : nk) * sizeof(float)) != 0;
+    tu_expect(diff == 0, "tc twin with bf16 storage differs from fp32 storage of the same values (%d)", diff);
+    free(q16), free(k16), free(v16), free(o16), free(lb);
+    for (int i = 0; i < 3; i++) free(gb[i]);
     /* refusals: packed segments, head dim not a multiple of 8, heads not a multiple of kv heads */
     int32_t *seg = calloc((size_t)B * T, sizeof *seg);
     tu_fill_nan(ot, nq);
