@@ -503,7 +503,7 @@ void kern_attention_bwd_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, c
 
 /* ---- The twin of the CUDA tensor-core path (attention.h, _tc) ----
  *
- * cuDNN's SDPA (kernels/cudnn/attention_cudnn.c) reads bf16 q, k, v (and
+ * cuDNN's SDPA (its graphs: kernels/cudnn/attention_cudnn_graph.c) reads bf16 q, k, v (and
  * dout, out in the backward), accumulates its products in fp32, keeps
  * scores, softmax, lse and rowsum(dout * out) in fp32, holds P in bf16 for
  * P V and P^T dout and dS in bf16 for dS K and dS^T q (the tensor-core
