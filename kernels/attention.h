@@ -44,6 +44,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/dtype.h"
+
 typedef struct kern_stream kern_stream_t;
 
 typedef void (*kern_attention_fwd_fn)(kern_stream_t *s, float *out, float *lse, const float *q,
@@ -71,41 +73,53 @@ void kern_attention_bwd_cuda(kern_stream_t *s, float *dq, float *dk, float *dv,
                              int T, int nh, int nkv, int hd, int window);
 
 /* Tensor-core attention in bf16: the same contract, computed from q, k, v
- * (and dout) rounded to bf16, with products accumulated in fp32 and softmax
- * and lse in fp32; out, dq, dk, dv come back rounded to bf16 (held in the
- * fp32 buffers). Returns false, touching no output, when this path does not
- * handle the call; the caller then runs attention_fwd / attention_bwd.
- *   CUDA: cuDNN's fused SDPA (kernels/cuda/attention_cudnn.c); it refuses
- *   seg_start != NULL, nh % nkv != 0, head dims that are not a multiple of 8
- *   or exceed 256, and any shape cuDNN has no engine for (logged once per
- *   shape with cuDNN's reason).
+ * (and dout) rounded to bf16, with products accumulated in fp32, softmax
+ * and lse in fp32, and the probabilities P and dS in bf16 as operands of the
+ * second products (P V, P^T dout, dS K, dS^T q); out, dq, dk, dv come back
+ * rounded to bf16.  dt is the storage of q, k, v and out: MT_BF16 (uint16_t
+ * elements, read and written as they are: a bf16 run saves them so) or
+ * MT_F32 (rounded on the way in; out holds bf16 values in fp32).  lse,
+ * dout, dq, dk, dv are fp32.  Returns false, touching no output, when this
+ * path does not handle the call; the caller then runs attention_fwd /
+ * attention_bwd.
+ *   CUDA: cuDNN's fused SDPA (kernels/cudnn/attention_cudnn.c); it refuses
+ *   seg_start != NULL, shapes kern_attention_tc_takes refuses, and any
+ *   shape cuDNN has no engine for (logged once per shape with cuDNN's
+ *   reason).
  *   CPU: the twin — the same roundings around the fp32 reference, refusing
- *   what the CUDA path refuses by rule (segments, head dims), so both
- *   backends compute the same thing.
+ *   what the CUDA path refuses by rule (segments, kern_attention_tc_takes),
+ *   so both backends compute the same thing.
  * The backward takes the lse of the tc forward and its out (as returned). */
-typedef bool (*kern_attention_fwd_tc_fn)(kern_stream_t *s, float *out, float *lse, const float *q,
-                                         const float *k, const float *v, const int32_t *kv_len,
+typedef bool (*kern_attention_fwd_tc_fn)(kern_stream_t *s, void *out, float *lse, const void *q, const void *k,
+                                         const void *v, mt_dtype_t dt, const int32_t *kv_len,
                                          const int32_t *seg_start, int B, int T, int nh, int nkv, int hd,
                                          int window);
-bool kern_attention_fwd_tc_cpu(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
-                               const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
-                               int nh, int nkv, int hd, int window);
-bool kern_attention_fwd_tc_cuda(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
-                                const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
-                                int nh, int nkv, int hd, int window);
+bool kern_attention_fwd_tc_cpu(kern_stream_t *s, void *out, float *lse, const void *q, const void *k, const void *v,
+                               mt_dtype_t dt, const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh,
+                               int nkv, int hd, int window);
+bool kern_attention_fwd_tc_cuda(kern_stream_t *s, void *out, float *lse, const void *q, const void *k, const void *v,
+                                mt_dtype_t dt, const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh,
+                                int nkv, int hd, int window);
 
-typedef bool (*kern_attention_bwd_tc_fn)(kern_stream_t *s, float *dq, float *dk, float *dv,
-                                         const float *dout, const float *q, const float *k,
-                                         const float *v, const float *out, const float *lse,
-                                         const int32_t *kv_len, const int32_t *seg_start, int B, int T,
-                                         int nh, int nkv, int hd, int window);
-bool kern_attention_bwd_tc_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
-                               const float *q, const float *k, const float *v, const float *out,
-                               const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
-                               int nh, int nkv, int hd, int window);
-bool kern_attention_bwd_tc_cuda(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
-                                const float *q, const float *k, const float *v, const float *out,
-                                const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
-                                int nh, int nkv, int hd, int window);
+typedef bool (*kern_attention_bwd_tc_fn)(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
+                                         const void *q, const void *k, const void *v, const void *out,
+                                         mt_dtype_t dt, const float *lse, const int32_t *kv_len,
+                                         const int32_t *seg_start, int B, int T, int nh, int nkv, int hd,
+                                         int window);
+bool kern_attention_bwd_tc_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout, const void *q,
+                               const void *k, const void *v, const void *out, mt_dtype_t dt, const float *lse,
+                               const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv, int hd,
+                               int window);
+bool kern_attention_bwd_tc_cuda(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout, const void *q,
+                                const void *k, const void *v, const void *out, mt_dtype_t dt, const float *lse,
+                                const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv,
+                                int hd, int window);
+
+/* Whether the tensor-core path takes this many query heads over kv heads of
+ * this head dim, by rule on every backend (cuDNN's SDPA: heads a multiple
+ * of kv heads, head dims multiples of 8 up to 256); packed segments are
+ * refused besides, and cuDNN may still find no engine for a shape.  The
+ * model description reads it to save q, k, v and the output in bf16. */
+bool kern_attention_tc_takes(int nh, int nkv, int hd);
 
 #endif

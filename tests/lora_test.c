@@ -18,7 +18,9 @@
  *     to its largest element, with every key present;
  *   - the same losses and adapter bit for bit under other plans (weights
  *     streamed, gradients and AdamW on the host, activations offloaded or
- *     recomputed) and in layer-major step order, and in bf16 across plans;
+ *     recomputed) and in layer-major step order, and in bf16 across plans
+ *     (bf16's first loss within 1% of fp32's, later ones within 5%: see
+ *     there why);
  *   - a run whose device budget is below the base model's weights in bf16
  *     (a larger random Mixtral) completes, its measured device peak within
  *     the budget.
@@ -337,12 +339,36 @@ static void check_fixture(const char *dir) {
         TH_CHECK(same_adapter(a, b), "%s: plan %s changes the saved adapter", name, plan_names[p]);
     }
     if (rp[2].ok && r0.ok) { /* bf16 is a different computation: close, not equal */
+        /* The first step's loss is the forward alone at the same weights:
+         * bf16's precision, held to 1%.  Later steps follow updates made
+         * from bf16 gradients, and on these tiny models (hidden 16, a few
+         * dozen tokens, AdamW at lr 0.01, rsLoRA scale 8) a bf16-sized
+         * change of the first gradients can move a later step's loss by a
+         * few percent: AdamW's first update is lr * sign(g) for every
+         * element whose gradient is above eps, so elements whose gradient
+         * is near zero get a full step of either sign, and a token whose
+         * best experts score within a rounding of each other changes
+         * experts.  Measured on lora_peft_qwen3_fused (Qwen3-MoE with
+         * q_proj / o_proj adapters, 5 steps): fp32 with every attention
+         * value v multiplied by 1 + U(-2^-9, 2^-9) (a bf16 rounding's size,
+         * four seeds) moves step 5's loss by 0.1% to 1.7% from plain fp32;
+         * truncating v to bf16 instead of rounding it, 0.1%; the bf16 run
+         * with tensor-core attention (bf16 q, k, v, P, dS), 2.9% (0.28% at
+         * step 1), while the other fixtures stay under 0.2%.  So later
+         * steps are held to 5%, room for that: what this guards is that a
+         * bf16 run trains and stays near fp32; the gradients themselves are
+         * held to PyTorch's in fp32 above, and the bf16 attention's
+         * roundings by kernels/cpu/tests/attention_test.c. */
         double worst = 0;
         for (int s = 0; s < r0.steps && s < rp[2].steps; s++)
             worst = fmax(worst, fabs(rp[2].loss[s] - r0.loss[s]) / fabs(r0.loss[s]));
-        TH_CHECK(worst < 0.01 && worst > 0, "%s: bf16 losses %.2e relative from fp32 (expected in (0, 1%%))", name,
+        const double first = fabs(rp[2].loss[0] - r0.loss[0]) / fabs(r0.loss[0]);
+        TH_CHECK(first < 0.01, "%s: bf16's first loss %.2e relative from fp32 (expected under 1%%)", name, first);
+        TH_CHECK(worst < 0.05 && worst > 0, "%s: bf16 losses %.2e relative from fp32 (expected in (0, 5%%))", name,
                  worst);
-        printf("%-20s plans and step orders bit-identical (fp32 and bf16); bf16 within %.2e of fp32\n", name, worst);
+        printf("%-20s plans and step orders bit-identical (fp32 and bf16); bf16 within %.2e of fp32 (first step "
+               "%.2e)\n",
+               name, worst, first);
     }
     json_decref(exp);
 }

@@ -17,11 +17,15 @@
 typedef struct {
     float *xn, *rstd;            /* (n, H), (n) input norm; xn in the description's dtype for it (bf16 in a
                                   * bf16 run: only q/k/v's products read it), so use it as an operand */
-    float *q, *k, *v;            /* (n, nh*hd), (n, nkv*hd) x2: after q/k norm and RoPE */
+    float *q, *k, *v;            /* (n, nh*hd), (n, nkv*hd) x2: after q/k norm and RoPE; q, k, v and att
+                                  * in the description's dtype for them (bf16 in a bf16 run where the
+                                  * tensor-core attention takes the shape: engine/model/desc/decoder.c) */
     float *q_pre, *k_pre;        /* before the per-head norm (Qwen3) */
     float *q_rstd, *k_rstd;      /* (n*nh), (n*nkv) */
     float *att;                  /* (n, nh*hd) attention output */
     float *lse;                  /* (B, nh, T) */
+    bool tc;                     /* att and lse came from the tensor-core path (attn_core.c): the
+                                  * backward takes it too */
 } eng_attn_acts_t;
 
 typedef struct {

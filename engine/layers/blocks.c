@@ -22,6 +22,7 @@ mt_status_t eng_attn_forward(eng_layer_env_t *env, int layer, const eng_shape_t 
     const int qd = nh * hd, kd = nkv * hd;
     if (c->mla) return eng_mla_attn_forward(env, layer, sh, x_in, x_mid, a, err);
     memset(a, 0, sizeof *a);
+    float *q32 = NULL, *k32 = NULL, *v32 = NULL; /* q, k, v in fp32 while they are made */
 
     ALLOC_SAVED(a->xn, ENG_A_ATTN_XN, "attention input norm");
     ALLOC_SAVED(a->rstd, ENG_A_ATTN_RSTD, "attention input norm rstd");
@@ -39,7 +40,17 @@ mt_status_t eng_attn_forward(eng_layer_env_t *env, int layer, const eng_shape_t 
     ALLOC_SAVED(a->q, ENG_A_Q, "attention q");
     ALLOC_SAVED(a->k, ENG_A_K, "attention k");
     ALLOC_SAVED(a->v, ENG_A_V, "attention v");
-    float *qp = a->q, *kp = a->k;
+    /* q, k, v saved in bf16 (a bf16 run, a shape the tensor-core attention
+     * takes) are made in fp32 by the kernels below and rounded once */
+    const mt_dtype_t qkv_dt = eng_layer_act_dtype(m, layer, ENG_A_Q);
+    if (qkv_dt == MT_F32) {
+        q32 = a->q, k32 = a->k, v32 = a->v;
+    } else {
+        ALLOC(q32, (size_t)n * qd, float, "attention q (fp32)");
+        ALLOC(k32, (size_t)n * kd, float, "attention k (fp32)");
+        ALLOC(v32, (size_t)n * kd, float, "attention v (fp32)");
+    }
+    float *qp = q32, *kp = k32;
     if (c->qk_norm) {
         ALLOC_SAVED(a->q_pre, ENG_A_Q_PRE, "attention q before q_norm");
         ALLOC_SAVED(a->k_pre, ENG_A_K_PRE, "attention k before k_norm");
@@ -50,44 +61,51 @@ mt_status_t eng_attn_forward(eng_layer_env_t *env, int layer, const eng_shape_t 
     }
     eng_mm(env, qp, xn, eng_weight(env, L->q), n, qd, H, false, true, 1.0f, 0.0f);
     eng_mm(env, kp, xn, eng_weight(env, L->k), n, kd, H, false, true, 1.0f, 0.0f);
-    eng_mm(env, a->v, xn, eng_weight(env, L->v), n, kd, H, false, true, 1.0f, 0.0f);
+    eng_mm(env, v32, xn, eng_weight(env, L->v), n, kd, H, false, true, 1.0f, 0.0f);
     TRY(eng_lora_fwd(env, L->q, qp, xn, n, H, qd, err));
     TRY(eng_lora_fwd(env, L->k, kp, xn, n, H, kd, err));
-    TRY(eng_lora_fwd(env, L->v, a->v, xn, n, H, kd, err));
+    TRY(eng_lora_fwd(env, L->v, v32, xn, n, H, kd, err));
     if (L->q_bias >= 0) {
         ops->bias_fwd(s, qp, eng_weight_f32(env, L->q_bias), n, qd);
         ops->bias_fwd(s, kp, eng_weight_f32(env, L->k_bias), n, kd);
-        ops->bias_fwd(s, a->v, eng_weight_f32(env, L->v_bias), n, kd);
+        ops->bias_fwd(s, v32, eng_weight_f32(env, L->v_bias), n, kd);
     }
     /* q/k RMSNorm per head (Qwen3: rows of hd), or over each token's whole
      * projection (OLMoE: one row of nh*hd, one of nkv*hd). */
     const int qn_rows = c->qk_norm_whole ? n : n * nh, qn_cols = c->qk_norm_whole ? qd : hd;
     const int kn_rows = c->qk_norm_whole ? n : n * nkv, kn_cols = c->qk_norm_whole ? kd : hd;
     if (c->qk_norm) {
-        ops->rmsnorm_fwd(s, a->q, a->q_rstd, a->q_pre, eng_weight_f32(env, L->q_norm), qn_rows, qn_cols,
+        ops->rmsnorm_fwd(s, q32, a->q_rstd, a->q_pre, eng_weight_f32(env, L->q_norm), qn_rows, qn_cols,
                          c->rms_norm_eps);
-        ops->rmsnorm_fwd(s, a->k, a->k_rstd, a->k_pre, eng_weight_f32(env, L->k_norm), kn_rows, kn_cols,
+        ops->rmsnorm_fwd(s, k32, a->k_rstd, a->k_pre, eng_weight_f32(env, L->k_norm), kn_rows, kn_cols,
                          c->rms_norm_eps);
     }
     if (c->clip_qkv > 0) { /* OLMoE's clip_qkv: after the q/k norm, before RoPE (modeling_olmoe.py) */
-        ops->clamp_fwd(s, a->q, a->q, c->clip_qkv, (size_t)n * qd);
-        ops->clamp_fwd(s, a->k, a->k, c->clip_qkv, (size_t)n * kd);
-        ops->clamp_fwd(s, a->v, a->v, c->clip_qkv, (size_t)n * kd);
+        ops->clamp_fwd(s, q32, q32, c->clip_qkv, (size_t)n * qd);
+        ops->clamp_fwd(s, k32, k32, c->clip_qkv, (size_t)n * kd);
+        ops->clamp_fwd(s, v32, v32, c->clip_qkv, (size_t)n * kd);
     }
-    TRY(eng_rope_qk(env, sh, a->q, a->k, false, err));
+    TRY(eng_rope_qk(env, sh, q32, k32, false, err));
+    if (qkv_dt != MT_F32) {
+        ops->f32_to_bf16(s, (uint16_t *)a->q, q32, (size_t)n * qd);
+        ops->f32_to_bf16(s, (uint16_t *)a->k, k32, (size_t)n * kd);
+        ops->f32_to_bf16(s, (uint16_t *)a->v, v32, (size_t)n * kd);
+        eng_dfree(dev, &q32), eng_dfree(dev, &k32), eng_dfree(dev, &v32);
+    }
     ALLOC_SAVED(a->att, ENG_A_ATT, "attention output");
     ALLOC_SAVED(a->lse, ENG_A_LSE, "attention logsumexp");
-    ops->attention_fwd(s, a->att, a->lse, a->q, a->k, a->v, sh->kv_len, sh->seg_start, sh->B, sh->T, nh, nkv,
-                       hd, eng_layer_window(c, layer));
+    TRY(eng_attn_core_fwd(env, sh, a, qkv_dt, nh, nkv, hd, eng_layer_window(c, layer), err));
     /* gpt-oss's sinks rescale the output and join the saved logsumexp (kernels/gpt_oss.h) */
     if (L->sinks >= 0) ops->attn_sink_fwd(s, a->att, a->lse, eng_weight_f32(env, L->sinks), sh->B, sh->T, nh, hd);
     /* x_mid = x_in + att o^T */
     kern_memcpy_d2d(dev, s, x_mid, x_in, (size_t)n * H * sizeof(float));
-    eng_mm(env, x_mid, eng_f32(a->att), eng_weight(env, L->o), n, H, qd, false, true, 1.0f, 1.0f);
-    TRY(eng_lora_fwd(env, L->o, x_mid, eng_f32(a->att), n, qd, H, err));
+    const eng_operand_t att = {a->att, qkv_dt};
+    eng_mm(env, x_mid, att, eng_weight(env, L->o), n, H, qd, false, true, 1.0f, 1.0f);
+    TRY(eng_lora_fwd(env, L->o, x_mid, att, n, qd, H, err));
     if (L->o_bias >= 0) ops->bias_fwd(s, x_mid, eng_weight_f32(env, L->o_bias), n, H);
     return MT_OK;
 fail:
+    if (q32 != a->q) eng_dfree(dev, &q32), eng_dfree(dev, &k32), eng_dfree(dev, &v32);
     eng_attn_acts_release(dev, a);
     return err->code;
 }
@@ -152,10 +170,12 @@ mt_status_t eng_attn_backward(eng_layer_env_t *env, int layer, const eng_shape_t
     float *scratch[5] = {0}; /* discarded gradients of frozen biases and norms */
     if (c->mla) return eng_mla_attn_backward(env, layer, sh, x_in, dx, a, err);
 
+    const mt_dtype_t qkv_dt = eng_layer_act_dtype(m, layer, ENG_A_Q);
+    const eng_operand_t att = {a->att, qkv_dt};
     ALLOC(datt, (size_t)n * qd, float, "d(attention output)");
     eng_mm(env, datt, eng_f32(dx), eng_weight(env, L->o), n, qd, H, false, false, 1.0f, 0.0f);
-    eng_mm_grad(env, L->o, eng_f32(dx), eng_f32(a->att), H, qd, n);
-    TRY(eng_lora_bwd(env, L->o, dx, eng_f32(a->att), datt, n, qd, H, err));
+    eng_mm_grad(env, L->o, eng_f32(dx), att, H, qd, n);
+    TRY(eng_lora_bwd(env, L->o, dx, att, datt, n, qd, H, err));
     if (L->o_bias >= 0 && eng_grad(env, L->o_bias)) ops->bias_bwd(s, eng_grad(env, L->o_bias), dx, n, H);
     /* the sinks' own gradient; dq, dk, dv need nothing more (kernels/gpt_oss.h) */
     if (L->sinks >= 0 && eng_grad(env, L->sinks))
@@ -164,8 +184,7 @@ mt_status_t eng_attn_backward(eng_layer_env_t *env, int layer, const eng_shape_t
     ALLOC(dq, (size_t)n * qd, float, "d(q)");
     ALLOC(dk, (size_t)n * kd, float, "d(k)");
     ALLOC(dv, (size_t)n * kd, float, "d(v)");
-    ops->attention_bwd(s, dq, dk, dv, datt, a->q, a->k, a->v, a->att, a->lse, sh->kv_len, sh->seg_start, sh->B,
-                       sh->T, nh, nkv, hd, eng_layer_window(c, layer));
+    TRY(eng_attn_core_bwd(env, sh, a, qkv_dt, dq, dk, dv, datt, nh, nkv, hd, eng_layer_window(c, layer), err));
     eng_dfree(dev, &datt);
     TRY(eng_rope_qk(env, sh, dq, dk, true, err));
     if (c->clip_qkv > 0) TRY(clip_qkv_bwd(env, layer, sh, a, dq, dk, dv, err));

@@ -79,6 +79,18 @@ mt_status_t eng_mla_attn_forward(eng_layer_env_t *env, int layer, const eng_shap
 mt_status_t eng_mla_attn_backward(eng_layer_env_t *env, int layer, const eng_shape_t *sh, const float *x_in, float *dx,
                                   eng_attn_acts_t *a, mt_error_t *err);
 
+/* The attention core (attn_core.c): a->att, a->lse from a->q, a->k, a->v
+ * (kernels/attention.h), which with a->att are stored as dt (the model
+ * description's dtype for them), on the tensor-core path in a bf16 run when
+ * the backend takes the call, else the fp32 kernel; a->tc records which.
+ * Its backward writes dq, dk, dv (fp32) from datt through the path a->tc
+ * names. */
+mt_status_t eng_attn_core_fwd(eng_layer_env_t *env, const eng_shape_t *sh, eng_attn_acts_t *a, mt_dtype_t dt,
+                              int nh, int nkv, int hd, int window, mt_error_t *err);
+mt_status_t eng_attn_core_bwd(eng_layer_env_t *env, const eng_shape_t *sh, const eng_attn_acts_t *a, mt_dtype_t dt,
+                              float *dq, float *dk, float *dv, const float *datt, int nh, int nkv, int hd, int window,
+                              mt_error_t *err);
+
 /* The rotary dims per head RoPE's tables are built for: head_dim, or
  * int(head_dim * partial_rotary_factor) (GLM-4.5) (rope_partial.c). */
 int eng_rope_dim(const eng_model_config_t *c);

@@ -198,7 +198,8 @@ mt_status_t eng_mla_attn_forward(eng_layer_env_t *env, int layer, const eng_shap
 
     ALLOC_SAVED(a->att, ENG_A_ATT, "mla attention output");
     ALLOC_SAVED(a->lse, ENG_A_LSE, "mla attention logsumexp");
-    ops->attention_fwd(s, a->att, a->lse, a->q, a->k, a->v, sh->kv_len, sh->seg_start, sh->B, sh->T, nh, nh, d.D, c->sliding_window);
+    /* MLA saves q, k, v and the output in fp32 (engine/model/desc/mla.c) */
+    TRY(eng_attn_core_fwd(env, sh, a, MT_F32, nh, nh, d.D, c->sliding_window, err));
     /* x_mid = x_in + att[:, :, :vd] o^T */
     const float *o_in = a->att;
     if (d.D != d.vd) {
@@ -291,8 +292,8 @@ static mt_status_t core_bwd(eng_layer_env_t *env, const eng_shape_t *sh, const m
     ALLOC(b->dq, hdD, float, "mla d(q)");
     ALLOC(b->dk, hdD, float, "mla d(k)");
     ALLOC(b->dv, hdD, float, "mla d(v)");
-    ops->attention_bwd(s, b->dq, b->dk, b->dv, b->datt, a->q, a->k, a->v, a->att, a->lse, sh->kv_len, sh->seg_start, sh->B, sh->T,
-                       d->nh, d->nh, d->D, env->model->cfg.sliding_window);
+    TRY(eng_attn_core_bwd(env, sh, a, MT_F32, b->dq, b->dk, b->dv, b->datt, d->nh, d->nh, d->D, env->model->cfg.sliding_window,
+                          err));
     eng_dfree(dev, &b->datt);
     const float qs = q_factor(env, d);
     if (qs != 1.0f) ops->scale(s, b->dq, qs, hdD);

@@ -136,6 +136,14 @@ static void test_real_models(void) {
                 EXPECT(d.params[p].dtype == MT_BF16 && d.params[p].trainable && d.params[p].kind == ENG_TENSOR_PARAM,
                        "%s: %s stored as %s", models[i].dir, d.params[p].name, mt_dtype_name(d.params[p].dtype));
             check_program(models[i].dir, &cfg, &d, 8);
+            /* head dim 128: the tensor-core attention takes it, so a bf16 run
+             * saves q, k, v and the output in bf16 (and fp32 ones in fp32) */
+            for (eng_act_id_t id = ENG_A_Q; id <= ENG_A_ATT; id++) {
+                const eng_act_desc_t *a = eng_model_desc_act(&d, 0, id);
+                if (id == ENG_A_Q_PRE || id == ENG_A_K_PRE || id == ENG_A_Q_RSTD || id == ENG_A_K_RSTD) continue;
+                EXPECT(a && eng_act_dtype(a->cls, MT_BF16) == MT_BF16 && eng_act_dtype(a->cls, MT_F32) == MT_F32,
+                       "%s: %s not saved in the compute dtype", models[i].dir, a ? a->name : "(missing)");
+            }
             eng_model_desc_free(&d);
         }
         eng_model_config_free(&cfg);
@@ -244,6 +252,8 @@ static void test_tiny_acts(void) {
     EXPECT(c && c->cls == ENG_ACT_INT32 && eng_act_numel(c, 1000) == 4, "expert counts do not grow with n");
     EXPECT(!eng_model_desc_act(&d, 0, ENG_A_DENSE_G) && !eng_model_desc_act(&d, 0, ENG_A_Q_PRE),
            "a sparse layer without q/k norm saves no dense or pre-norm activations");
+    const eng_act_desc_t *q = eng_model_desc_act(&d, 0, ENG_A_Q);
+    EXPECT(q && q->cls == ENG_ACT_FP32, "head dim 4 (the tensor-core attention refuses it): q saved fp32");
     check_program("tiny", &cfg, &d, 4);
     eng_model_desc_free(&d);
     eng_model_config_free(&cfg);
@@ -448,6 +458,12 @@ static void test_described_families(void) {
                eng_model_desc_find(&d, "model.layers.0.mlp.experts.gate_up_proj_bias") >= 0 &&
                eng_model_desc_find(&d, "model.layers.0.mlp.experts.down_proj_bias") >= 0,
            "sinks, o_proj bias, router bias, expert biases");
+    /* the sinks rescale the attention output with an fp32 kernel: q, k, v
+     * and the output stay fp32 in a bf16 run */
+    for (eng_act_id_t id = ENG_A_Q; id <= ENG_A_ATT; id++) {
+        const eng_act_desc_t *a = eng_model_desc_act(&d, 0, id);
+        EXPECT(!a || eng_act_dtype(a->cls, MT_BF16) == MT_F32, "gpt-oss: %s saved in bf16", a->name);
+    }
     EXPECT(!cfg.layer_full_attention[0] && cfg.layer_full_attention[1] && cfg.sliding_window == 128,
            "layer_types: sliding, full, ...");
     /* LoRA on the fused experts is refused, saying why; on attention it plans */

@@ -56,9 +56,15 @@ typedef struct {
     float *o, *lse, *dq, *dk, *dv;
     int B, T, nh, nkv, hd, window;
     float scale;
+    bool bf16_p; /* the tensor-core twin: P and dS rounded to bf16 before their products */
 } attn_job_t;
 
 static int round16(int x) { return (x + KERN_VL - 1) / KERN_VL * KERN_VL; }
+
+/* x[j] for j in [j0, j1) rounded to bf16 (the twin's P and dS). */
+static void round_bf16_range(float *x, int j0, int j1) {
+    for (int j = j0; j < j1; j++) x[j] = mt_bf16_to_f32(mt_f32_to_bf16(x[j]));
+}
 
 /* Row b's valid keys, kv_len clamped to [0, T] (attention.h). */
 static int row_kv_len(const attn_job_t *J, int b) {
@@ -318,6 +324,7 @@ KERN_CPU_CLONES static void fwd_task_body(const attn_job_t *J, int b, int hk, ke
                 const kern_vf_t inv = kern_vf_splat(sum[r] > 0 ? (float)(1.0 / sum[r]) : 0.0f);
                 float *sr = S + (size_t)r * Tp;
                 for (int jj = jb0; jj < jb1; jj += KERN_VL) kern_vf_store(sr + jj, kern_vf_load(sr + jj) * inv);
+                if (J->bf16_p) round_bf16_range(sr, jb0, jb1);
                 if (i0 + r < T) lb[i0 + r] = sum[r] > 0 ? mx[r] + (float)log(sum[r]) : -INFINITY;
             }
             pv_block(acc, hdp, S, Tp, vP, jb0, j1);
@@ -349,10 +356,16 @@ static void fwd_task(void *ctx, size_t t) {
 void kern_attention_fwd_cpu_vec(kern_stream_t *s, float *out, float *lse, const float *q,
                                 const float *k, const float *v, const int32_t *kv_len, const int32_t *seg_start, int B,
                                 int T, int nh, int nkv, int hd, int window) {
+    kern_attention_fwd_cpu_vec_p(s, out, lse, q, k, v, kv_len, seg_start, B, T, nh, nkv, hd, window, false);
+}
+
+void kern_attention_fwd_cpu_vec_p(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
+                                  const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
+                                  int nh, int nkv, int hd, int window, bool bf16_p) {
     if (B <= 0 || T <= 0) return;
     attn_job_t J = {.q = q, .k = k, .v = v, .kv_len = kv_len, .seg_start = seg_start, .o = out, .lse = lse, .B = B,
                     .T = T, .nh = nh, .nkv = nkv, .hd = hd, .window = window,
-                    .scale = 1.0f / sqrtf((float)hd)};
+                    .scale = 1.0f / sqrtf((float)hd), .bf16_p = bf16_p};
     kern_cpu_parallel_for(s, (size_t)B * nkv, fwd_task, &J);
 }
 
@@ -411,6 +424,10 @@ KERN_CPU_CLONES static void bwd_task_body(const attn_job_t *J, int b, int hk, ke
                 const kern_vf_t D = kern_vf_splat((float)kern_vdacc_hsum(dd));
                 for (int jj = jb0; jj < jb1; jj += KERN_VL) /* dS = P * (dP - D) */
                     kern_vf_store(sr + jj, kern_vf_load(pr + jj) * (kern_vf_load(sr + jj) - D));
+                if (J->bf16_p) { /* from the fp32 P above; then both enter their products in bf16 */
+                    round_bf16_range(pr, jb0, jb1);
+                    round_bf16_range(sr, jb0, jb1);
+                }
             }
             pv_block(acc, hdp, dS, Tp, kP, jb0, j1); /* dq = dS K / sqrt(hd) */
             for (int r = 0; r < nr; r++) {
@@ -445,10 +462,18 @@ void kern_attention_bwd_cpu_vec(kern_stream_t *s, float *dq, float *dk, float *d
                                 const float *dout, const float *q, const float *k, const float *v,
                                 const float *out, const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B,
                                 int T, int nh, int nkv, int hd, int window) {
+    kern_attention_bwd_cpu_vec_p(s, dq, dk, dv, dout, q, k, v, out, lse, kv_len, seg_start, B, T, nh, nkv, hd, window,
+                                 false);
+}
+
+void kern_attention_bwd_cpu_vec_p(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
+                                  const float *q, const float *k, const float *v, const float *out, const float *lse,
+                                  const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv,
+                                  int hd, int window, bool bf16_p) {
     if (B <= 0 || T <= 0) return;
     attn_job_t J = {.q = q, .k = k, .v = v, .kv_len = kv_len, .seg_start = seg_start, .dout = dout, .out = out,
                     .lse_in = lse, .dq = dq, .dk = dk, .dv = dv, .B = B, .T = T, .nh = nh,
-                    .nkv = nkv, .hd = hd, .window = window, .scale = 1.0f / sqrtf((float)hd)};
+                    .nkv = nkv, .hd = hd, .window = window, .scale = 1.0f / sqrtf((float)hd), .bf16_p = bf16_p};
     kern_cpu_parallel_for(s, (size_t)B * nkv, bwd_task, &J);
 }
 
@@ -478,56 +503,91 @@ void kern_attention_bwd_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, c
 
 /* ---- The twin of the CUDA tensor-core path (attention.h, _tc) ----
  *
- * cuDNN's SDPA reads bf16 q, k, v (and dout, out in the backward),
- * accumulates its products in fp32, keeps softmax and lse in fp32 and
- * writes bf16 results.  The twin rounds the same tensors to bf16 around
- * the fp32 reference above, so a bf16 run computes the same function on
- * both backends; what is left between them is the order of fp32 sums and
- * cuDNN's bf16 P in the P V product (tolerances in tests/gpu/attention_tc_test.c).
- * It refuses what the CUDA path refuses by rule, so both fall back alike. */
+ * cuDNN's SDPA (its graphs: kernels/cudnn/attention_cudnn_graph.c) reads bf16 q, k, v (and
+ * dout, out in the backward), accumulates its products in fp32, keeps
+ * scores, softmax, lse and rowsum(dout * out) in fp32, holds P in bf16 for
+ * P V and P^T dout and dS in bf16 for dS K and dS^T q (the tensor-core
+ * products' operands), and writes bf16 results.  The twin rounds the same
+ * tensors at the same places around the fp32 reference above (bf16_p), so a
+ * bf16 run computes the same function on both backends; what is left
+ * between them is the order of fp32 sums, where the softmax is normalised
+ * (cuDNN's online softmax), and dS rounded before its 1/sqrt(hd) scale here,
+ * after it there (the same value when hd is a power of 4); tolerances in
+ * tests/gpu/attention_tc_test.c.  It refuses what the CUDA path refuses by
+ * rule, so both fall back alike. */
 
 static bool attn_tc_shape_ok(const int32_t *seg_start, int nh, int nkv, int hd) {
-    return seg_start == NULL && nkv > 0 && nh % nkv == 0 && hd > 0 && hd % 8 == 0 && hd <= 256;
+    return seg_start == NULL && kern_attention_tc_takes(nh, nkv, hd);
 }
 
-static void attn_round_bf16(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(mt_f32_to_bf16(x[i]));
-}
-
-static float *attn_bf16_copy(const float *src, size_t n) {
+/* An operand as the tensor cores read it: src's n elements in bf16 (dt
+ * MT_BF16: as stored; MT_F32: rounded), in a new fp32 buffer. */
+static float *attn_bf16_operand(const void *src, mt_dtype_t dt, size_t n) {
     float *d = malloc((n ? n : 1) * sizeof *d);
     MT_CHECK_ALLOC(d, "bf16 attention operand");
-    memcpy(d, src, n * sizeof *d);
-    attn_round_bf16(d, n);
+    if (dt == MT_BF16) {
+        for (size_t i = 0; i < n; i++) d[i] = mt_bf16_to_f32(((const uint16_t *)src)[i]);
+    } else {
+        for (size_t i = 0; i < n; i++) d[i] = mt_bf16_to_f32(mt_f32_to_bf16(((const float *)src)[i]));
+    }
     return d;
 }
 
-bool kern_attention_fwd_tc_cpu(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
-                               const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
-                               int nh, int nkv, int hd, int window) {
-    if (!attn_tc_shape_ok(seg_start, nh, nkv, hd)) return false;
+/* A result rounded to bf16 into dst: dt MT_BF16 stores the bf16 elements,
+ * MT_F32 their fp32 values; src may be dst when dt is MT_F32. */
+static void attn_bf16_result(void *dst, mt_dtype_t dt, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const uint16_t h = mt_f32_to_bf16(src[i]);
+        if (dt == MT_BF16)
+            ((uint16_t *)dst)[i] = h;
+        else
+            ((float *)dst)[i] = mt_bf16_to_f32(h);
+    }
+}
+
+static bool attn_tc_dt_ok(mt_dtype_t dt) {
+    MT_CHECK(dt == MT_F32 || dt == MT_BF16, "tensor-core attention: q, k, v, out stored as %s (F32 or BF16 only)",
+             mt_dtype_name(dt));
+    return true;
+}
+
+bool kern_attention_fwd_tc_cpu(kern_stream_t *s, void *out, float *lse, const void *q, const void *k, const void *v,
+                               mt_dtype_t dt, const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh,
+                               int nkv, int hd, int window) {
+    if (!attn_tc_dt_ok(dt) || !attn_tc_shape_ok(seg_start, nh, nkv, hd)) return false;
     if (B <= 0 || T <= 0) return true;
     const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
-    float *q16 = attn_bf16_copy(q, nq), *k16 = attn_bf16_copy(k, nk), *v16 = attn_bf16_copy(v, nk);
-    kern_attention_fwd_cpu(s, out, lse, q16, k16, v16, kv_len, NULL, B, T, nh, nkv, hd, window);
-    attn_round_bf16(out, nq);
+    float *q16 = attn_bf16_operand(q, dt, nq), *k16 = attn_bf16_operand(k, dt, nk), *v16 = attn_bf16_operand(v, dt, nk);
+    float *o32 = dt == MT_F32 ? out : malloc(nq * sizeof *o32);
+    MT_CHECK_ALLOC(o32, "attention output (fp32)");
+    if (__builtin_cpu_supports("avx512f"))
+        kern_attention_fwd_cpu_vec_p(s, o32, lse, q16, k16, v16, kv_len, NULL, B, T, nh, nkv, hd, window, true);
+    else
+        kern_attention_fwd_cpu_blas_p(s, o32, lse, q16, k16, v16, kv_len, NULL, B, T, nh, nkv, hd, window, true);
+    attn_bf16_result(out, dt, o32, nq);
+    if (o32 != out) free(o32);
     free(q16), free(k16), free(v16);
     return true;
 }
 
-bool kern_attention_bwd_tc_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
-                               const float *q, const float *k, const float *v, const float *out,
-                               const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
-                               int nh, int nkv, int hd, int window) {
-    if (!attn_tc_shape_ok(seg_start, nh, nkv, hd)) return false;
+bool kern_attention_bwd_tc_cpu(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout, const void *q,
+                               const void *k, const void *v, const void *out, mt_dtype_t dt, const float *lse,
+                               const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv, int hd,
+                               int window) {
+    if (!attn_tc_dt_ok(dt) || !attn_tc_shape_ok(seg_start, nh, nkv, hd)) return false;
     if (B <= 0 || T <= 0) return true;
     const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
-    float *q16 = attn_bf16_copy(q, nq), *k16 = attn_bf16_copy(k, nk), *v16 = attn_bf16_copy(v, nk);
-    float *o16 = attn_bf16_copy(out, nq), *do16 = attn_bf16_copy(dout, nq);
-    kern_attention_bwd_cpu(s, dq, dk, dv, do16, q16, k16, v16, o16, lse, kv_len, NULL, B, T, nh, nkv, hd, window);
-    attn_round_bf16(dq, nq);
-    attn_round_bf16(dk, nk);
-    attn_round_bf16(dv, nk);
+    float *q16 = attn_bf16_operand(q, dt, nq), *k16 = attn_bf16_operand(k, dt, nk), *v16 = attn_bf16_operand(v, dt, nk);
+    float *o16 = attn_bf16_operand(out, dt, nq), *do16 = attn_bf16_operand(dout, MT_F32, nq);
+    if (__builtin_cpu_supports("avx512f"))
+        kern_attention_bwd_cpu_vec_p(s, dq, dk, dv, do16, q16, k16, v16, o16, lse, kv_len, NULL, B, T, nh, nkv, hd,
+                                     window, true);
+    else
+        kern_attention_bwd_cpu_blas_p(s, dq, dk, dv, do16, q16, k16, v16, o16, lse, kv_len, NULL, B, T, nh, nkv, hd,
+                                      window, true);
+    attn_bf16_result(dq, MT_F32, dq, nq);
+    attn_bf16_result(dk, MT_F32, dk, nk);
+    attn_bf16_result(dv, MT_F32, dv, nk);
     free(q16), free(k16), free(v16), free(o16), free(do16);
     return true;
 }

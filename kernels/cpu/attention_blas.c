@@ -14,6 +14,8 @@
  * CPU backend runs, one full sgemm beats a blocked triangular product. */
 #include "kernels/cpu/attention_blas.h"
 
+#include "base/dtype.h"
+
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
@@ -38,9 +40,18 @@ static inline int row_kv_len(const int32_t *kv_len, int b, int T) {
     return !kv_len || kv_len[b] >= T ? T : kv_len[b] < 0 ? 0 : kv_len[b];
 }
 
+/* The tensor-core twin's bf16 rounding of a probability or dS element. */
+static inline float round_bf16(float x) { return mt_bf16_to_f32(mt_f32_to_bf16(x)); }
+
 void kern_attention_fwd_cpu_blas(kern_stream_t *s, float *out, float *lse, const float *q,
                                  const float *k, const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
                                  int nh, int nkv, int hd, int window) {
+    kern_attention_fwd_cpu_blas_p(s, out, lse, q, k, v, kv_len, seg_start, B, T, nh, nkv, hd, window, false);
+}
+
+void kern_attention_fwd_cpu_blas_p(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
+                                   const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
+                                   int nh, int nkv, int hd, int window, bool bf16_p) {
     (void)s;
     const int group = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -76,6 +87,8 @@ void kern_attention_fwd_cpu_blas(kern_stream_t *s, float *out, float *lse, const
                 }
                 const float inv = (float)(1.0 / sum);
                 for (int j = 0; j < T; j++) row[j] *= inv;
+                if (bf16_p)
+                    for (int j = 0; j < T; j++) row[j] = round_bf16(row[j]);
                 lb[i] = mx + (float)log(sum);
             }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, S, T, vb, ldk,
@@ -88,6 +101,14 @@ void kern_attention_bwd_cpu_blas(kern_stream_t *s, float *dq, float *dk, float *
                                  const float *dout, const float *q, const float *k, const float *v,
                                  const float *out, const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B,
                                  int T, int nh, int nkv, int hd, int window) {
+    kern_attention_bwd_cpu_blas_p(s, dq, dk, dv, dout, q, k, v, out, lse, kv_len, seg_start, B, T, nh, nkv, hd, window,
+                                  false);
+}
+
+void kern_attention_bwd_cpu_blas_p(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
+                                   const float *q, const float *k, const float *v, const float *out, const float *lse,
+                                   const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv,
+                                   int hd, int window, bool bf16_p) {
     (void)s;
     const int group = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -116,16 +137,18 @@ void kern_attention_bwd_cpu_blas(kern_stream_t *s, float *dq, float *dk, float *
                 for (int c = 0; c < hd; c++) acc += (double)o[c] * d[c];
                 D[i] = (float)acc;
             }
-            /* dv += P^T dout */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, dout + qoff,
-                        ldq, 1.0f, dv + koff, ldk);
-            /* dP = dout v^T, then dS = P * (dP - D) in place */
+            /* dP = dout v^T, then dS = P * (dP - D) in place (from the fp32 P) */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dout + qoff, ldq,
                         v + koff, ldk, 0.0f, dP, T);
             for (int i = 0; i < T; i++) {
                 float *pr = P + (size_t)i * T, *dr = dP + (size_t)i * T;
                 for (int j = 0; j < T; j++) dr[j] = pr[j] * (dr[j] - D[i]);
+                if (bf16_p) /* the twin: P and dS enter their products in bf16 */
+                    for (int j = 0; j < T; j++) pr[j] = round_bf16(pr[j]), dr[j] = round_bf16(dr[j]);
             }
+            /* dv += P^T dout */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, dout + qoff,
+                        ldq, 1.0f, dv + koff, ldk);
             /* dq = dS k * scale (overwrite), dk += dS^T q * scale */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, scale, dP, T, k + koff,
                         ldk, 0.0f, dq + qoff, ldq);

@@ -149,27 +149,29 @@ static __device__ __forceinline__ bool attn_tc_row_empty(int t, int kvl, int win
     return hi < lo;
 }
 
-// One thread per (b, t, h): zero out[b, t, h, :] and set lse[b, h, t] = -inf
-// for empty rows; other rows are left as the library wrote them.
-static __global__ void attn_tc_empty_rows_kernel(float *out, float *lse, const int32_t *kv_len, int B, int T,
-                                                 int nh, int hd, int window) {
+// One thread per (b, t, h): zero out[b, t, h, :] (hd elements of elem_bytes,
+// fp32 or bf16: zero bits are 0.0 in both) and set lse[b, h, t] = -inf for
+// empty rows; other rows are left as the library wrote them.
+static __global__ void attn_tc_empty_rows_kernel(unsigned char *out, int elem_bytes, float *lse,
+                                                 const int32_t *kv_len, int B, int T, int nh, int hd, int window) {
     const size_t n = (size_t)B * T * nh;
     for (size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x; r < n; r += (size_t)gridDim.x * blockDim.x) {
         const int h = (int)(r % (size_t)nh);
         const size_t bt = r / (size_t)nh;
         const int t = (int)(bt % (size_t)T), b = (int)(bt / (size_t)T);
         if (!attn_tc_row_empty(t, attn_kv_len(kv_len, b, T), window)) continue;
-        for (int d = 0; d < hd; d++) out[r * (size_t)hd + d] = 0.0f;
+        const size_t row = (size_t)hd * (size_t)elem_bytes;
+        for (size_t i = 0; i < row; i++) out[r * row + i] = 0;
         lse[((size_t)b * nh + h) * T + t] = -INFINITY;
     }
 }
 
-extern "C" void kern_attention_tc_empty_rows_cuda(kern_stream_t *s, float *out, float *lse, const int32_t *kv_len,
-                                                  int B, int T, int nh, int hd, int window) {
+extern "C" void kern_attention_tc_empty_rows_cuda(kern_stream_t *s, void *out, bool out_bf16, float *lse,
+                                                  const int32_t *kv_len, int B, int T, int nh, int hd, int window) {
     const size_t n = (size_t)B * T * nh;
     if (n == 0) return;
-    attn_tc_empty_rows_kernel<<<kc_blocks(n, 256), 256, 0, kern_cuda_stream_begin(s)>>>(out, lse, kv_len, B, T, nh,
-                                                                                        hd, window);
+    attn_tc_empty_rows_kernel<<<kc_blocks(n, 256), 256, 0, kern_cuda_stream_begin(s)>>>(
+        (unsigned char *)out, out_bf16 ? 2 : 4, lse, kv_len, B, T, nh, hd, window);
     KC_LAUNCHED(s, "attention_tc_empty_rows");
 }
 

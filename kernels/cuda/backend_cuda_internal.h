@@ -154,11 +154,12 @@ void kern_cudnn_attn_free(kern_cudnn_attn_t *c);
 /* Helpers of the cuDNN attention path (attention.cu): per-row sequence
  * lengths for cuDNN's padding mask (seq_q[b] = T, seq_kv[b] = kv_len[b]
  * clamped to [0, T]); rows that see no key set to out 0, lse -inf
- * (attention.h); the backward's stats, lse with -inf replaced by 0. */
+ * (attention.h), out (B, T, nh, hd) in bf16 when out_bf16 else fp32; the
+ * backward's stats, lse with -inf replaced by 0. */
 void kern_attention_tc_seqlens_cuda(kern_stream_t *s, int32_t *seq_q, int32_t *seq_kv, const int32_t *kv_len,
                                     int B, int T);
-void kern_attention_tc_empty_rows_cuda(kern_stream_t *s, float *out, float *lse, const int32_t *kv_len, int B,
-                                       int T, int nh, int hd, int window);
+void kern_attention_tc_empty_rows_cuda(kern_stream_t *s, void *out, bool out_bf16, float *lse, const int32_t *kv_len,
+                                       int B, int T, int nh, int hd, int window);
 void kern_attention_tc_bwd_stats_cuda(kern_stream_t *s, float *stats, const float *lse, size_t n);
 
 #ifdef __cplusplus

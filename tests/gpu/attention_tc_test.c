@@ -23,6 +23,9 @@
  *  - lse: from fp32 scores of identical bf16 inputs, atol 1e-3 + rtol 1e-3
  *    (lse is up to ~log T + max score; only the summation order differs);
  *    rows that see no key are -inf on both sides.
+ * With bf16 storage (q, k, v and out as a bf16 run saves them, handed to
+ * cuDNN without copies) the GPU must give the same bits as with fp32
+ * storage of the same values, forward and deterministic backward.
  * Every GPU result is checked for NaN/Inf where the CPU's is finite, and
  * the forward, and a backward whose engine is deterministic, are run twice
  * and must give the same bits.
@@ -70,6 +73,69 @@ static bool path_of(gt_ctx_t *t, bool handled, bool must, const char *op, const 
     return false;
 }
 
+/* The bits of a bf16 buffer's values against an fp32 one's: how many differ. */
+static int bf16_vs_f32_bits(const uint16_t *a, const float *b, size_t n) {
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float x = mt_bf16_to_f32(a[i]);
+        bad += memcmp(&x, &b[i], sizeof x) != 0;
+    }
+    return bad;
+}
+
+/* bf16 storage (dt MT_BF16: how a bf16 run saves q, k, v and out): cuDNN
+ * reads and writes those buffers as they are, with no conversion copies,
+ * and must give the bits fp32 storage of the same values gave (the same
+ * bf16 operands, the same plan; out rounded the same way, rows with no key
+ * zeroed in bf16).  The forward against o1 / l1 (the fp32-storage GPU
+ * forward), the backward, when deterministic, against dq1, dk1, dv1 (the
+ * fp32-storage GPU backward from out / lse O, L). */
+static void bf16_storage_case(gt_ctx_t *t, const char *tag, gt_buf_t *Q, gt_buf_t *K, gt_buf_t *V, gt_buf_t *DO,
+                              gt_buf_t *O, gt_buf_t *L, const float *o1, const float *l1, const float *const g1[3],
+                              const int32_t *klg, int B, int T, int nh, int nkv, int hd, int window) {
+    const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    gt_buf_t Q16 = gt_alloc(t, nq * 2, "q bf16"), K16 = gt_alloc(t, nk * 2, "k bf16"), V16 = gt_alloc(t, nk * 2, "v bf16");
+    gt_buf_t O16 = gt_alloc(t, nq * 2, "out bf16"), L16 = gt_alloc(t, nl * 4, "lse (bf16 storage)");
+    const kern_ops_t *ops = t->gpu->ops;
+    ops->f32_to_bf16(t->sg, GT_GU16(Q16), GT_G(*Q), nq);
+    ops->f32_to_bf16(t->sg, GT_GU16(K16), GT_G(*K), nk);
+    ops->f32_to_bf16(t->sg, GT_GU16(V16), GT_G(*V), nk);
+    const bool fwd = ops->attention_fwd_tc(t->sg, GT_GU16(O16), GT_G(L16), GT_GU16(Q16), GT_GU16(K16), GT_GU16(V16),
+                                           MT_BF16, klg, NULL, B, T, nh, nkv, hd, window);
+    gt_expect(t, fwd, "bf16 storage: the forward of %s fell back where fp32 storage ran", tag);
+    uint16_t *h16 = gt_host_bytes(nq * 2);
+    float *hl = gt_host_alloc(nl);
+    if (fwd) {
+        gt_download(t, &O16, NULL, h16);
+        gt_download(t, &L16, NULL, hl);
+        const int bad = bf16_vs_f32_bits(h16, o1, nq) + (memcmp(hl, l1, nl * sizeof *hl) != 0);
+        printf("  bf16 storage forward %s: %s\n", tag, bad ? "DIFFERS" : "the same bits as fp32 storage");
+        gt_expect(t, bad == 0, "bf16 storage forward %s: %d values differ from fp32 storage's", tag, bad);
+    }
+    if (g1) { /* the backward from the same out (rounded: it is bf16-valued) and lse as fp32 storage's */
+        gt_buf_t G[3] = {gt_alloc(t, nq * 4, "dq"), gt_alloc(t, nk * 4, "dk"), gt_alloc(t, nk * 4, "dv")};
+        ops->f32_to_bf16(t->sg, GT_GU16(O16), GT_G(*O), nq);
+        const bool bwd = ops->attention_bwd_tc(t->sg, GT_G(G[0]), GT_G(G[1]), GT_G(G[2]), GT_G(*DO), GT_GU16(Q16),
+                                               GT_GU16(K16), GT_GU16(V16), GT_GU16(O16), MT_BF16, GT_G(*L), klg, NULL,
+                                               B, T, nh, nkv, hd, window);
+        gt_expect(t, bwd, "bf16 storage: the backward of %s fell back where fp32 storage ran", tag);
+        int bad = 0;
+        for (int i = 0; bwd && i < 3; i++) {
+            const size_t n = i == 0 ? nq : nk;
+            float *h = gt_host_alloc(n);
+            gt_download(t, &G[i], NULL, h);
+            bad += memcmp(h, g1[i], n * sizeof *h) != 0;
+            free(h);
+        }
+        if (bwd) printf("  bf16 storage backward %s: %s\n", tag, bad ? "DIFFERS" : "the same bits as fp32 storage");
+        gt_expect(t, bad == 0, "bf16 storage backward %s: %d of dq, dk, dv differ from fp32 storage's", tag, bad);
+        for (int i = 0; i < 3; i++) gt_free(t, &G[i]);
+    }
+    gt_buf_t *bufs[] = {&Q16, &K16, &V16, &O16, &L16};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gt_free(t, bufs[i]);
+    free(h16), free(hl);
+}
+
 static void tc_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int window, const int32_t *kv_len,
                     bool must) {
     const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
@@ -85,10 +151,10 @@ static void tc_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int wind
     char tag[160], what[256];
     tag_of(tag, sizeof tag, B, T, nh, nkv, hd, window, kv_len);
 
-    const bool cpu_fwd = t->cpu->ops->attention_fwd_tc(t->sc, GT_C(O), GT_C(L), GT_C(Q), GT_C(K), GT_C(V), klc,
+    const bool cpu_fwd = t->cpu->ops->attention_fwd_tc(t->sc, GT_C(O), GT_C(L), GT_C(Q), GT_C(K), GT_C(V), MT_F32, klc,
                                                        NULL, B, T, nh, nkv, hd, window);
     gt_expect(t, cpu_fwd, "CPU twin refused %s", tag);
-    const bool gpu_fwd = t->gpu->ops->attention_fwd_tc(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), klg,
+    const bool gpu_fwd = t->gpu->ops->attention_fwd_tc(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), MT_F32, klg,
                                                        NULL, B, T, nh, nkv, hd, window);
     float *o1 = gt_host_alloc(nq), *l1 = gt_host_alloc(nl);
     if (path_of(t, gpu_fwd, must, "forward", tag, NULL) && cpu_fwd) {
@@ -98,7 +164,7 @@ static void tc_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int wind
         gt_check_f32(t, what, &L, nl, 1e-3f, 1e-3f);
         gt_save_gpu(t, &O, o1);
         gt_save_gpu(t, &L, l1);
-        t->gpu->ops->attention_fwd_tc(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), klg, NULL, B, T, nh,
+        t->gpu->ops->attention_fwd_tc(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(V), MT_F32, klg, NULL, B, T, nh,
                                       nkv, hd, window);
         snprintf(what, sizeof what, "tc forward repeated %s", tag);
         gt_check_same_gpu(t, what, &O, o1);
@@ -112,11 +178,11 @@ static void tc_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int wind
     gt_set(t, &O, hout);
     gt_set(t, &L, hlse);
     const bool cpu_bwd = t->cpu->ops->attention_bwd_tc(t->sc, GT_C(DQ), GT_C(DK), GT_C(DV), GT_C(DO), GT_C(Q),
-                                                       GT_C(K), GT_C(V), GT_C(O), GT_C(L), klc, NULL, B, T, nh,
+                                                       GT_C(K), GT_C(V), GT_C(O), MT_F32, GT_C(L), klc, NULL, B, T, nh,
                                                        nkv, hd, window);
     gt_expect(t, cpu_bwd, "CPU twin refused the backward of %s", tag);
     const bool gpu_bwd = t->gpu->ops->attention_bwd_tc(t->sg, GT_G(DQ), GT_G(DK), GT_G(DV), GT_G(DO), GT_G(Q),
-                                                       GT_G(K), GT_G(V), GT_G(O), GT_G(L), klg, NULL, B, T, nh,
+                                                       GT_G(K), GT_G(V), GT_G(O), MT_F32, GT_G(L), klg, NULL, B, T, nh,
                                                        nkv, hd, window);
     bool det = false;
     float *dq1 = gt_host_alloc(nq), *dk1 = gt_host_alloc(nk), *dv1 = gt_host_alloc(nk);
@@ -133,12 +199,16 @@ static void tc_case(gt_ctx_t *t, int B, int T, int nh, int nkv, int hd, int wind
             gt_save_gpu(t, &DK, dk1);
             gt_save_gpu(t, &DV, dv1);
             t->gpu->ops->attention_bwd_tc(t->sg, GT_G(DQ), GT_G(DK), GT_G(DV), GT_G(DO), GT_G(Q), GT_G(K),
-                                          GT_G(V), GT_G(O), GT_G(L), klg, NULL, B, T, nh, nkv, hd, window);
+                                          GT_G(V), GT_G(O), MT_F32, GT_G(L), klg, NULL, B, T, nh, nkv, hd, window);
             snprintf(what, sizeof what, "tc backward repeated %s", tag);
             gt_check_same_gpu(t, what, &DQ, dq1);
             gt_check_same_gpu(t, what, &DK, dk1);
             gt_check_same_gpu(t, what, &DV, dv1);
         }
+    }
+    if (gpu_fwd && gpu_bwd) {
+        const float *g1[3] = {dq1, dk1, dv1};
+        bf16_storage_case(t, tag, &Q, &K, &V, &DO, &O, &L, o1, l1, det ? g1 : NULL, klg, B, T, nh, nkv, hd, window);
     }
     gt_buf_t *bufs[] = {&Q, &K, &V, &DO, &O, &L, &DQ, &DK, &DV};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gt_free(t, bufs[i]);
@@ -158,9 +228,9 @@ static void refused_case(gt_ctx_t *t, int nh, int nkv, int hd, bool segments) {
     gt_buf_t O = gt_alloc(t, nq * 4, "out"), L = gt_alloc(t, nl * 4, "lse");
     gt_buf_t S = gt_from_host(t, seg, sizeof seg, "seg_start");
     const int32_t *sc = segments ? GT_CI(S) : NULL, *sg = segments ? GT_GI(S) : NULL;
-    const bool c = t->cpu->ops->attention_fwd_tc(t->sc, GT_C(O), GT_C(L), GT_C(Q), GT_C(K), GT_C(K), NULL, sc, B,
+    const bool c = t->cpu->ops->attention_fwd_tc(t->sc, GT_C(O), GT_C(L), GT_C(Q), GT_C(K), GT_C(K), MT_F32, NULL, sc, B,
                                                  T, nh, nkv, hd, 0);
-    const bool g = t->gpu->ops->attention_fwd_tc(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(K), NULL, sg, B,
+    const bool g = t->gpu->ops->attention_fwd_tc(t->sg, GT_G(O), GT_G(L), GT_G(Q), GT_G(K), GT_G(K), MT_F32, NULL, sg, B,
                                                  T, nh, nkv, hd, 0);
     kern_cudnn_attn_report_t r;
     kern_cudnn_attn_last(t->sg, &r);
@@ -200,11 +270,11 @@ static float bench_ms(bench_t *b, int which) {
         cudaEventRecord(e0, b->s->cs);
         bool ok = true;
         switch (which) {
-        case 0: ok = b->dev->ops->attention_fwd_tc(b->s, b->o, b->l, b->q, b->k, b->v, NULL, NULL, 1, b->T, b->nh,
+        case 0: ok = b->dev->ops->attention_fwd_tc(b->s, b->o, b->l, b->q, b->k, b->v, MT_F32, NULL, NULL, 1, b->T, b->nh,
                                                    b->nkv, b->hd, 0); break;
         case 1: b->dev->ops->attention_fwd(b->s, b->o, b->l, b->q, b->k, b->v, NULL, NULL, 1, b->T, b->nh, b->nkv,
                                            b->hd, 0); break;
-        case 2: ok = b->dev->ops->attention_bwd_tc(b->s, b->dq, b->dk, b->dv, b->dout, b->q, b->k, b->v, b->o, b->l,
+        case 2: ok = b->dev->ops->attention_bwd_tc(b->s, b->dq, b->dk, b->dv, b->dout, b->q, b->k, b->v, b->o, MT_F32, b->l,
                                                    NULL, NULL, 1, b->T, b->nh, b->nkv, b->hd, 0); break;
         default: b->dev->ops->attention_bwd(b->s, b->dq, b->dk, b->dv, b->dout, b->q, b->k, b->v, b->o, b->l, NULL,
                                             NULL, 1, b->T, b->nh, b->nkv, b->hd, 0); break;

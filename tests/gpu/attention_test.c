@@ -144,7 +144,7 @@ static void tc_helpers_case(gt_ctx_t *t) {
     gt_buf_t O = gt_from_host(t, ho, no * 4, "out"), L = gt_from_host(t, hl, nl * 4, "lse");
     gt_buf_t ST = gt_alloc(t, nl * 4, "stats");
     kern_attention_tc_bwd_stats_cuda(t->sg, GT_G(ST), GT_G(L), nl);
-    kern_attention_tc_empty_rows_cuda(t->sg, GT_G(O), GT_G(L), GT_GI(KL), B, T, nh, hd, window);
+    kern_attention_tc_empty_rows_cuda(t->sg, GT_G(O), false, GT_G(L), GT_GI(KL), B, T, nh, hd, window);
     float *go = gt_host_alloc(no), *gl = gt_host_alloc(nl), *gs = gt_host_alloc(nl);
     gt_download(t, &O, NULL, go);
     gt_download(t, &L, NULL, gl);

@@ -6,11 +6,14 @@
 #include <stdio.h>
 
 #include "engine/model/desc/family.h"
+#include "kernels/attention.h"
 
 /* Storage classes: see eng_act_class_t.  The attention input norm (read
  * by q/k/v's products) and the experts' gathered inputs (read by their
- * gate/up products) are the products-only ones; the MLP input norm also
- * feeds the router, whose products are fp32 (moe/moe_layer.c). */
+ * gate/up products) are the products-only ones, and q, k, v and the
+ * attention output where the tensor-core attention reads them; the MLP
+ * input norm also feeds the router, whose products are fp32
+ * (moe/moe_layer.c). */
 void eng_decoder_attn_acts(const eng_model_config_t *cfg, eng_desc_builder_t *b, int l) {
     const int64_t H = cfg->hidden_size, hd = cfg->head_dim;
     const int64_t nh = cfg->num_attention_heads, nkv = cfg->num_key_value_heads;
@@ -18,9 +21,16 @@ void eng_decoder_attn_acts(const eng_model_config_t *cfg, eng_desc_builder_t *b,
     eng_desc_act(b, l, ENG_A_X_MID, "mid", ENG_ACT_FP32, H, 0);
     eng_desc_act(b, l, ENG_A_ATTN_XN, "attn.xn", ENG_ACT_COMPUTE, H, 0);
     eng_desc_act(b, l, ENG_A_ATTN_RSTD, "attn.rstd", ENG_ACT_FP32, 1, 0);
-    eng_desc_act(b, l, ENG_A_Q, "attn.q", ENG_ACT_FP32, qd, 0);
-    eng_desc_act(b, l, ENG_A_K, "attn.k", ENG_ACT_FP32, kd, 0);
-    eng_desc_act(b, l, ENG_A_V, "attn.v", ENG_ACT_FP32, kd, 0);
+    /* q, k, v and the attention output: in a bf16 run only the tensor-core
+     * attention (kernels/attention.h, which reads and writes them in bf16)
+     * and o_proj's products read them, where that path takes the shape;
+     * fp32 where the fp32 kernel is the one that runs, and under gpt-oss's
+     * sinks, whose fp32 kernel rescales the output in place. */
+    const eng_act_class_t qkvo =
+        kern_attention_tc_takes((int)nh, (int)nkv, (int)hd) && !cfg->attn_sinks ? ENG_ACT_COMPUTE : ENG_ACT_FP32;
+    eng_desc_act(b, l, ENG_A_Q, "attn.q", qkvo, qd, 0);
+    eng_desc_act(b, l, ENG_A_K, "attn.k", qkvo, kd, 0);
+    eng_desc_act(b, l, ENG_A_V, "attn.v", qkvo, kd, 0);
     if (cfg->qk_norm) {
         /* per head (Qwen3) one rstd per head and token; over the whole
          * projection (OLMoE) one per token */
@@ -29,7 +39,7 @@ void eng_decoder_attn_acts(const eng_model_config_t *cfg, eng_desc_builder_t *b,
         eng_desc_act(b, l, ENG_A_Q_RSTD, "attn.q_rstd", ENG_ACT_FP32, cfg->qk_norm_whole ? 1 : nh, 0);
         eng_desc_act(b, l, ENG_A_K_RSTD, "attn.k_rstd", ENG_ACT_FP32, cfg->qk_norm_whole ? 1 : nkv, 0);
     }
-    eng_desc_act(b, l, ENG_A_ATT, "attn.out", ENG_ACT_FP32, qd, 0);
+    eng_desc_act(b, l, ENG_A_ATT, "attn.out", qkvo, qd, 0);
     eng_desc_act(b, l, ENG_A_LSE, "attn.lse", ENG_ACT_FP32, nh, 0);
 }
 

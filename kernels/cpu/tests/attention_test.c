@@ -25,9 +25,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/dtype.h"
 #include "kernels/attention.h"
+#include "kernels/cpu/attention_blas.h"
 #include "kernels/cpu/tests/testutil.h"
 
 /* Forward: the kernel's sgemm sums hd products in fp32 and its softmax uses
@@ -363,14 +365,14 @@ static void tc_twin_case(tu_env_t *env, int window, const int32_t *kv_len, uint6
     float *g[6];
     for (int i = 0; i < 6; i++) g[i] = tu_alloc(i % 3 == 0 ? nq : nk);
     kern_attention_fwd_cpu(env->s, o, l, q, k, v, kv_len, NULL, B, T, nh, nkv, hd, window);
-    tu_expect(kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, kv_len, NULL, B, T, nh, nkv, hd, window),
+    tu_expect(kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, MT_F32, kv_len, NULL, B, T, nh, nkv, hd, window),
               "tc twin refused a shape it must run");
     tu_expect(non_bf16(ot, nq) == 0, "tc twin out: %d values are not bf16", non_bf16(ot, nq));
     tu_expect(norm_dist(ot, o, nq) < 3e-2, "tc twin out %.3g of the norm from fp32 (window %d)", norm_dist(ot, o, nq),
               window);
     tu_expect(norm_dist(lt, l, nl) < 3e-2, "tc twin lse %.3g from fp32", norm_dist(lt, l, nl));
     kern_attention_bwd_cpu(env->s, g[0], g[1], g[2], dout, q, k, v, o, l, kv_len, NULL, B, T, nh, nkv, hd, window);
-    tu_expect(kern_attention_bwd_tc_cpu(env->s, g[3], g[4], g[5], dout, q, k, v, ot, lt, kv_len, NULL, B, T, nh, nkv,
+    tu_expect(kern_attention_bwd_tc_cpu(env->s, g[3], g[4], g[5], dout, q, k, v, ot, MT_F32, lt, kv_len, NULL, B, T, nh, nkv,
                                         hd, window),
               "tc twin refused a backward it must run");
     for (int i = 0; i < 3; i++) {
@@ -379,19 +381,99 @@ static void tc_twin_case(tu_env_t *env, int window, const int32_t *kv_len, uint6
         tu_expect(norm_dist(g[3 + i], g[i], n) < 3e-2, "tc twin gradient %d %.3g of the norm from fp32", i,
                   norm_dist(g[3 + i], g[i], n));
     }
+    /* bf16 storage (dt MT_BF16, as a bf16 run saves q, k, v and out): the
+     * same bits as fp32 storage of the same values */
+    uint16_t *q16 = malloc(nq * 2), *k16 = malloc(nk * 2), *v16 = malloc(nk * 2), *o16 = malloc(nq * 2);
+    for (size_t i = 0; i < nq; i++) q16[i] = mt_f32_to_bf16(q[i]);
+    for (size_t i = 0; i < nk; i++) k16[i] = mt_f32_to_bf16(k[i]), v16[i] = mt_f32_to_bf16(v[i]);
+    float *lb = tu_alloc(nl), *gb[3];
+    for (int i = 0; i < 3; i++) gb[i] = tu_alloc(i == 0 ? nq : nk);
+    tu_expect(kern_attention_fwd_tc_cpu(env->s, o16, lb, q16, k16, v16, MT_BF16, kv_len, NULL, B, T, nh, nkv, hd,
+                                        window),
+              "tc twin refused bf16 storage");
+    int diff = 0;
+    for (size_t i = 0; i < nq; i++) diff += mt_bf16_to_f32(o16[i]) != ot[i];
+    for (size_t i = 0; i < nl; i++) diff += memcmp(&lb[i], &lt[i], sizeof lb[i]) != 0;
+    tu_expect(kern_attention_bwd_tc_cpu(env->s, gb[0], gb[1], gb[2], dout, q16, k16, v16, o16, MT_BF16, lb, kv_len,
+                                        NULL, B, T, nh, nkv, hd, window),
+              "tc twin refused a bf16-storage backward");
+    for (int i = 0; i < 3; i++) diff += memcmp(gb[i], g[3 + i], (i == 0 ? nq : nk) * sizeof(float)) != 0;
+    tu_expect(diff == 0, "tc twin with bf16 storage differs from fp32 storage of the same values (%d)", diff);
+    free(q16), free(k16), free(v16), free(o16), free(lb);
+    for (int i = 0; i < 3; i++) free(gb[i]);
     /* refusals: packed segments, head dim not a multiple of 8, heads not a multiple of kv heads */
     int32_t *seg = calloc((size_t)B * T, sizeof *seg);
     tu_fill_nan(ot, nq);
-    tu_expect(!kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, kv_len, seg, B, T, nh, nkv, hd, window),
+    tu_expect(!kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, MT_F32, kv_len, seg, B, T, nh, nkv, hd, window),
               "tc twin ran packed segments");
-    tu_expect(!kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, kv_len, NULL, B, T, nh, nkv, 12, window),
+    tu_expect(!kern_attention_fwd_tc_cpu(env->s, ot, lt, q, k, v, MT_F32, kv_len, NULL, B, T, nh, nkv, 12, window),
               "tc twin ran head dim 12");
-    tu_expect(!kern_attention_bwd_tc_cpu(env->s, g[3], g[4], g[5], dout, q, k, v, o, l, kv_len, NULL, B, T, 3, 2, 8,
+    tu_expect(!kern_attention_bwd_tc_cpu(env->s, g[3], g[4], g[5], dout, q, k, v, o, MT_F32, l, kv_len, NULL, B, T, 3, 2, 8,
                                          window),
               "tc twin ran 3 heads over 2 kv heads");
     tu_expect(isnan(ot[0]) && isnan(ot[nq - 1]), "a refused tc call wrote its output");
     free(seg), free(q), free(k), free(v), free(dout), free(o), free(l), free(ot), free(lt);
     for (int i = 0; i < 6; i++) free(g[i]);
+}
+
+/* The fraction of got's elements within tol * max|ref| of ref's. */
+static double frac_close(const float *got, const float *ref, size_t n, double tol) {
+    double m = 1e-30;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)ref[i]));
+    size_t close = 0;
+    for (size_t i = 0; i < n; i++) close += fabs((double)got[i] - ref[i]) <= tol * m;
+    return (double)close / (double)(n ? n : 1);
+}
+
+/* The twin's inner roundings (bf16_p: P before P V and P^T dout, dS before
+ * dS K and dS^T q, as cuDNN holds them for its tensor-core products), on
+ * bf16 inputs: the vector and sgemm paths implement them independently and
+ * agree to fp32 sum order on nearly every element (an element whose P sits
+ * on a bf16 rounding boundary may round apart in two fp32 computations, so
+ * the count, not the maximum, is bounded), while the roundings really move
+ * the results (bf16_p false differs on most elements by more than that,
+ * and by no more than bf16's reach). */
+static void tc_inner_rounding_case(tu_env_t *env, uint64_t seed) {
+    const int B = 2, T = 45, nh = 4, nkv = 2, hd = 16, window = 0;
+    const size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    tu_rng_t rng;
+    tu_rng_seed(&rng, seed);
+    float *in[4] = {tu_rand(&rng, nq, 1.5f), tu_rand(&rng, nk, 1.5f), tu_rand(&rng, nk, 1.0f), tu_rand(&rng, nq, 1.0f)};
+    for (int i = 0; i < 4; i++)
+        for (size_t j = 0; j < (i == 1 || i == 2 ? nk : nq); j++) in[i][j] = mt_bf16_to_f32(mt_f32_to_bf16(in[i][j]));
+    const float *q = in[0], *k = in[1], *v = in[2], *dout = in[3];
+    float *o[3], *l[3], *g[3][3]; /* vec with bf16_p, sgemm with bf16_p, vec without */
+    for (int r = 0; r < 3; r++) {
+        o[r] = tu_alloc(nq), l[r] = tu_alloc(nl);
+        for (int i = 0; i < 3; i++) g[r][i] = tu_alloc(i == 0 ? nq : nk);
+    }
+    kern_attention_fwd_cpu_vec_p(env->s, o[0], l[0], q, k, v, NULL, NULL, B, T, nh, nkv, hd, window, true);
+    kern_attention_fwd_cpu_blas_p(env->s, o[1], l[1], q, k, v, NULL, NULL, B, T, nh, nkv, hd, window, true);
+    kern_attention_fwd_cpu_vec_p(env->s, o[2], l[2], q, k, v, NULL, NULL, B, T, nh, nkv, hd, window, false);
+    kern_attention_bwd_cpu_vec_p(env->s, g[0][0], g[0][1], g[0][2], dout, q, k, v, o[0], l[0], NULL, NULL, B, T, nh,
+                                 nkv, hd, window, true);
+    kern_attention_bwd_cpu_blas_p(env->s, g[1][0], g[1][1], g[1][2], dout, q, k, v, o[0], l[0], NULL, NULL, B, T, nh,
+                                  nkv, hd, window, true);
+    kern_attention_bwd_cpu_vec_p(env->s, g[2][0], g[2][1], g[2][2], dout, q, k, v, o[0], l[0], NULL, NULL, B, T, nh,
+                                 nkv, hd, window, false);
+    const char *names[4] = {"out", "dq", "dk", "dv"};
+    for (int t = 0; t < 4; t++) {
+        const size_t n = t == 0 ? nq : t == 1 ? nq : nk;
+        const float *a = t == 0 ? o[0] : g[0][t - 1], *b = t == 0 ? o[1] : g[1][t - 1];
+        const float *c = t == 0 ? o[2] : g[2][t - 1];
+        const double same = frac_close(b, a, n, 1e-5), moved = 1.0 - frac_close(c, a, n, 1e-5);
+        printf("tc inner roundings, %s: vector and sgemm paths agree on %.4f of elements; without the roundings "
+               "%.4f differ, by %.3g of the norm\n",
+               names[t], same, moved, norm_dist(c, a, n));
+        tu_expect(same >= 0.99, "bf16_p %s: vector and sgemm paths agree on only %.4f of elements", names[t], same);
+        tu_expect(moved >= 0.5, "bf16_p %s: only %.4f of elements move with the roundings", names[t], moved);
+        tu_expect(norm_dist(c, a, n) < 2e-2, "bf16_p %s moves %.3g of the norm", names[t], norm_dist(c, a, n));
+    }
+    for (int r = 0; r < 3; r++) {
+        free(o[r]), free(l[r]);
+        for (int i = 0; i < 3; i++) free(g[r][i]);
+    }
+    for (int i = 0; i < 4; i++) free(in[i]);
 }
 
 int main(void) {
@@ -427,6 +509,7 @@ int main(void) {
     const int32_t lt[2] = {20, 37};
     tc_twin_case(&env, 0, NULL, 118);
     tc_twin_case(&env, 5, lt, 119);
+    tc_inner_rounding_case(&env, 120);
     tu_env_close(&env);
     return tu_finish("attention_test");
 }

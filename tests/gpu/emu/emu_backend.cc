@@ -150,19 +150,19 @@ bool kern_cuda_gemm_grouped(kern_stream_t *s, const kern_cuda_grouped_t *g, char
 // call here, as it does on a GPU for a shape cuDNN refuses, and the caller
 // runs the fp32 kernels (emulated above).  tests/gpu/attention_tc_test
 // covers the path on a GPU.
-bool kern_attention_fwd_tc_cuda(kern_stream_t *s, float *out, float *lse, const float *q, const float *k,
-                                const float *v, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
-                                int nh, int nkv, int hd, int window) {
-    (void)s, (void)out, (void)lse, (void)q, (void)k, (void)v, (void)kv_len, (void)seg_start;
+bool kern_attention_fwd_tc_cuda(kern_stream_t *s, void *out, float *lse, const void *q, const void *k, const void *v,
+                                mt_dtype_t dt, const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh,
+                                int nkv, int hd, int window) {
+    (void)s, (void)out, (void)lse, (void)q, (void)k, (void)v, (void)dt, (void)kv_len, (void)seg_start;
     (void)B, (void)T, (void)nh, (void)nkv, (void)hd, (void)window;
     return false;
 }
 
-bool kern_attention_bwd_tc_cuda(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout,
-                                const float *q, const float *k, const float *v, const float *out,
-                                const float *lse, const int32_t *kv_len, const int32_t *seg_start, int B, int T,
-                                int nh, int nkv, int hd, int window) {
-    (void)s, (void)dq, (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)out, (void)lse;
+bool kern_attention_bwd_tc_cuda(kern_stream_t *s, float *dq, float *dk, float *dv, const float *dout, const void *q,
+                                const void *k, const void *v, const void *out, mt_dtype_t dt, const float *lse,
+                                const int32_t *kv_len, const int32_t *seg_start, int B, int T, int nh, int nkv,
+                                int hd, int window) {
+    (void)s, (void)dq, (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)out, (void)dt, (void)lse;
     (void)kv_len, (void)seg_start, (void)B, (void)T, (void)nh, (void)nkv, (void)hd, (void)window;
     return false;
 }
