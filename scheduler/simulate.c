@@ -21,12 +21,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const k_res_names[SCHED_RES_COUNT] = {"compute", "h2d", "d2h", "host optimizer", "nvme"};
+static const char *const k_res_names[SCHED_RES_COUNT] = {"compute", "h2d", "d2h", "host optimizer", "nvme",
+                                                         "host staging"};
 static const char *const k_mem_names[SCHED_MEM_COUNT] = {"device", "pinned", "host"};
 static const char *const k_task_names[SCHED_TASK_KIND_COUNT] = {
     "forward", "backward", "fetch weights", "fetch activations", "offload activations",
     "gradients d2h", "gradients on host", "grad norm", "adamw", "weights update h2d", "token exchange",
-    "nvme read", "nvme write", "offload block input", "fetch block input",
+    "nvme read", "nvme write", "offload block input", "fetch block input", "pack staging",
 };
 
 const char *sched_resource_name(sched_resource_t r) { return (unsigned)r < SCHED_RES_COUNT ? k_res_names[r] : "?"; }
@@ -144,11 +145,30 @@ static double nvme_io(sim_t *s, bool read, int block, int micro, double ready, d
                bytes, start_out);
 }
 
+/* Packing `bytes` into staging on the pack threads once `ready` (nothing
+ * when the workload does not model it, or for bytes that are plain copies:
+ * the caller passes the converted share); returns when the copy may start. */
+static double pack(sim_t *s, int block, int micro, double ready, double bytes, double *start_out) {
+    const double dur = sched_pack_time(s->w, bytes);
+    *start_out = ready;
+    if (dur <= 0) return ready;
+    return run(s, SCHED_RES_PACK, SCHED_TASK_PACK, block, micro, ready, dur, bytes, start_out);
+}
+
+/* Gradients of `bytes` landed by a D2H copy ending at `end`: unpacked into
+ * host memory on the D2H stream (copied, or added when `dur` is the add's
+ * time; dur < 0: the copy's at the unpack rate).  Returns the unpack's end. */
+static double unpack(sim_t *s, int block, int micro, double end, double bytes, double dur) {
+    if (dur < 0) dur = sched_unpack_time(s->w, bytes);
+    if (dur <= 0) return end;
+    return run(s, SCHED_RES_D2H, SCHED_TASK_GRAD_HOST, block, micro, end, dur, bytes, NULL);
+}
+
 /* A weight fetch of `bytes` for block b issued at `issue`: with its home on
  * NVMe, read into pinned staging first.  Returns when the H2D copy ends;
  * *ready_res is the resource a compute waiting for it waited on. */
 static double fetch_weights(sim_t *s, const sched_block_plan_t *p, int b, int micro, double issue, double bytes,
-                            double copies, sched_resource_t *ready_res) {
+                            double copies, double pack_frac, sched_resource_t *ready_res) {
     double ready = issue;
     *ready_res = SCHED_RES_H2D;
     const bool from_nvme = sched_block_nvme_weights(p);
@@ -157,12 +177,15 @@ static double fetch_weights(sim_t *s, const sched_block_plan_t *p, int b, int mi
         ready = nvme_io(s, true, b, micro, issue, bytes, &r0);
         mem(s, SCHED_MEM_PINNED, r0, bytes);
     }
+    const double read_end = ready;
+    double p0;
+    const double packed = pack(s, b, micro, ready, bytes * pack_frac, &p0);
+    if (!from_nvme && packed > ready) mem(s, SCHED_MEM_PINNED, p0, bytes); /* staging taken as packing starts */
     double c0;
-    const double end = copy(s, true, SCHED_TASK_FETCH_W, b, micro, ready, bytes, copies, &c0);
-    if (from_nvme) {
-        mem(s, SCHED_MEM_PINNED, c0, -bytes); /* the copy holds it from here (copy()) */
-        if (c0 <= ready) *ready_res = SCHED_RES_NVME;
-    }
+    const double end = copy(s, true, SCHED_TASK_FETCH_W, b, micro, packed, bytes, copies, &c0);
+    if (from_nvme || packed > ready) mem(s, SCHED_MEM_PINNED, c0, -bytes); /* the copy holds it from here (copy()) */
+    if (c0 <= packed && packed > read_end) *ready_res = SCHED_RES_PACK;
+    else if (from_nvme && c0 <= read_end) *ready_res = SCHED_RES_NVME;
     return end;
 }
 
@@ -271,10 +294,27 @@ static double opt_run(sim_t *s, sched_resource_t res, sched_task_kind_t kind, in
     return end;
 }
 
-static double opt_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, double t, double bytes, double copies) {
+/* ... a copy of the optimizer phase: an H2D packed first, a gradient D2H
+ * unpacked after; each part's time charged to its resource. */
+static double opt_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, double t, double bytes, double copies,
+                       double pack_bytes) {
     if (bytes <= 0) return t;
-    double start, end = copy(s, h2d, kind, block, -1, t, bytes, copies, &start);
+    double p0 = t, packed = t;
+    if (h2d) {
+        packed = pack(s, block, -1, t, pack_bytes, &p0);
+        s->waited[SCHED_RES_PACK] += packed - t;
+    }
+    double start, end = copy(s, h2d, kind, block, -1, packed, bytes, copies, &start);
+    if (packed > t) { /* staging held from the pack's start */
+        mem(s, SCHED_MEM_PINNED, p0, bytes);
+        mem(s, SCHED_MEM_PINNED, start, -bytes);
+    }
     s->waited[h2d ? SCHED_RES_H2D : SCHED_RES_D2H] += end - start;
+    if (!h2d && kind == SCHED_TASK_GRAD_D2H) {
+        const double landed = end;
+        end = unpack(s, block, -1, landed, bytes, -1);
+        s->waited[SCHED_RES_D2H] += end - landed;
+    }
     return end;
 }
 
@@ -397,7 +437,7 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
         double wready = 0;
         sched_resource_t wres = SCHED_RES_H2D; /* what a compute waiting for the fetch waited on */
         if (fw > 0) {
-            wready = fetch_weights(s, p, b, -1, issue, fw, fw_copies, &wres);
+            wready = fetch_weights(s, p, b, -1, issue, fw, fw_copies, c->w_pack_frac, &wres);
             mem(s, SCHED_MEM_DEVICE, issue, fw);
         }
         const double off = c->act_saved_bytes - c->act_input_bytes;
@@ -466,8 +506,9 @@ static double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_p
                     const double gb = c->grad_step_bytes > 0 ? c->grad_step_bytes : c->grad_mb_bytes;
                     const double gc = c->grad_step_bytes > 0 ? c->grad_step_copies : c->grad_mb_copies;
                     double t0;
-                    const double t = copy(s, false, SCHED_TASK_GRAD_D2H, b, mb, end, gb, gc, &t0);
-                    mem(s, SCHED_MEM_DEVICE, t, -c->grad_mb_bytes);
+                    const double landed = copy(s, false, SCHED_TASK_GRAD_D2H, b, mb, end, gb, gc, &t0);
+                    mem(s, SCHED_MEM_DEVICE, landed, -c->grad_mb_bytes);
+                    const double t = unpack(s, b, mb, landed, gb, -1); /* into the host buffer: a copy */
                     sc.d2h_end[dslot] = t;
                     if (overlap && p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
                         overlapped_adam(s, w, plan, b, t0, t);
@@ -559,7 +600,7 @@ static double mb_fetch(mb_order_t *m, const mb_use_t *u, sched_resource_t *ready
     double ready = 0;
     *ready_res = SCHED_RES_COMPUTE;
     if (u->fw > 0) {
-        ready = fetch_weights(s, u->p, u->b, u->mb, u->issue, u->fw, u->fw_copies, ready_res);
+        ready = fetch_weights(s, u->p, u->b, u->mb, u->issue, u->fw, u->fw_copies, u->c->w_pack_frac, ready_res);
         mem(s, SCHED_MEM_DEVICE, u->issue, u->fw); /* allocated when issued */
     }
     if (fa > 0) {
@@ -650,7 +691,7 @@ static void mb_send_grads(mb_order_t *m, const mb_use_t *u, double end, int dslo
     double t0;
     double t = copy(s, false, SCHED_TASK_GRAD_D2H, u->b, u->mb, end, c->grad_mb_bytes, c->grad_mb_copies, &t0);
     mem(s, SCHED_MEM_DEVICE, t, -c->grad_mb_bytes);
-    if (u->mb > 0) t = run(s, SCHED_RES_D2H, SCHED_TASK_GRAD_HOST, u->b, u->mb, t, c->grad_add_host_s, c->grad_mb_bytes, NULL);
+    t = unpack(s, u->b, u->mb, t, c->grad_mb_bytes, u->mb > 0 ? c->grad_add_host_s : -1);
     m->d2h_end[dslot] = t;
     if (u->last_mb && m->overlap && u->p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
         overlapped_adam(s, m->w, m->plan, u->b, t0, t);
@@ -733,7 +774,7 @@ static double opt_block(sim_t *s, const sched_workload_t *w, const sched_plan_t 
     }
     if (!adam_done[b]) {
         if (p->grads == SCHED_GRADS_DEVICE)
-            t = opt_copy(s, false, SCHED_TASK_GRAD_D2H, b, t, c->grad_step_bytes, c->grad_step_copies);
+            t = opt_copy(s, false, SCHED_TASK_GRAD_D2H, b, t, c->grad_step_bytes, c->grad_step_copies, 0);
         double start;
         const double end = host_adam(s, c, p, b, t, &start);
         s->waited[SCHED_RES_NVME] += start - t; /* the state's read (0 without NVMe) */
@@ -741,7 +782,8 @@ static double opt_block(sim_t *s, const sched_workload_t *w, const sched_plan_t 
         t = end;
     }
     if (resident && c->w_update_bytes > 0)
-        t = opt_copy(s, true, SCHED_TASK_W_UPDATE, b, t, c->w_update_bytes, c->w_update_copies);
+        t = opt_copy(s, true, SCHED_TASK_W_UPDATE, b, t, c->w_update_bytes, c->w_update_copies,
+                     c->w_update_bytes * c->w_update_pack_frac);
     return t;
 }
 

@@ -322,8 +322,8 @@ static void issue_attn_bwd(kern_device_t *dev, kern_stream_t *s, void *ctx) {
                             j->nh, j->nh, j->hd, 0);
 }
 
-static double measure_attention(kern_device_t *dev, kern_stream_t *s, float *buf_a, float *buf_c, size_t bytes,
-                                int reps) {
+static void measure_attention(kern_device_t *dev, kern_stream_t *s, float *buf_a, float *buf_c, size_t bytes,
+                              int reps, double flops[SCHED_DIR_COUNT]) {
     /* head_dim 128, 16 heads, sequences of 1024 (or shorter, to fit) */
     attn_job_t j = {.B = 1, .T = 1024, .nh = 16, .hd = 128};
     size_t per = (size_t)j.B * j.T * j.nh * j.hd;
@@ -337,7 +337,8 @@ static double measure_attention(kern_device_t *dev, kern_stream_t *s, float *buf
     const double t_fwd = time_on_stream(dev, s, issue_attn_fwd, &j, reps);
     const double t_bwd = time_on_stream(dev, s, issue_attn_bwd, &j, reps);
     const double pairs = (double)j.B * j.nh * j.T * (j.T + 1) / 2.0;
-    return 14.0 * pairs * j.hd / (t_fwd + t_bwd);
+    flops[SCHED_DIR_FWD] = 4.0 * pairs * j.hd / t_fwd;
+    flops[SCHED_DIR_BWD] = 10.0 * pairs * j.hd / t_bwd;
 }
 
 mt_status_t eng_calibrate_device(kern_device_t *dev, const eng_run_config_t *rc, sched_calibration_t *out,
@@ -402,7 +403,7 @@ mt_status_t eng_calibrate_device(kern_device_t *dev, const eng_run_config_t *rc,
         out->link_latency_s = time_on_stream(dev, kern_stream(dev, KERN_STREAM_H2D), issue_h2d, &j, reps);
         j = (dev_job_t){.dst = d2, .src = d1, .bytes = copy_bytes};
         out->device_bw = 2.0 * copy_bytes / time_on_stream(dev, cs, issue_d2d, &j, reps); /* read + write */
-        out->attention_flops = measure_attention(dev, cs, (float *)a, (float *)c, mat, reps);
+        measure_attention(dev, cs, (float *)a, (float *)c, mat, reps, out->attn_flops);
     }
     if (pinned) kern_pinned_free(dev, pinned, copy_bytes);
     kern_free(dev, d2);

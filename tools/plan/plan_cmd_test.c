@@ -334,7 +334,7 @@ static void test_layer_major_fits(void) {
 }
 
 /* Full fine-tuning beyond host memory: feasible only with the NVMe tier,
- * which it fills within its budget, and which bounds the step. */
+ * which it fills within its budget, and which holds up the step. */
 static void test_nvme_runs(void) {
     static const char *const runs[] = {"qwen3-235b-a22b-h100-nvme-full", "mixtral-8x22b-h100-nvme-full"};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
@@ -354,8 +354,12 @@ static void test_nvme_runs(void) {
         /* the optimizer state alone is more than host memory: it must be on NVMe */
         EXPECT(num(nv, "optimizer_bytes", NULL) > peak(d, "host", "budget_bytes"), "%s: optimizer on NVMe %g", runs[i],
                num(nv, "optimizer_bytes", NULL));
+        /* the array is busy a large share of the step, and the step waits for it (gradient unpacking on
+         * the host may bound it before the array does) */
         const char *bound = json_string_value(json_object_get(json_object_get(d, "prediction"), "bound_by"));
-        EXPECT(bound && strcmp(bound, "nvme") == 0, "%s: bound by %s", runs[i], bound ? bound : "?");
+        const double step = num(d, "prediction", "step_time_s");
+        EXPECT(num(nv, "busy_s", NULL) > 0.25 * step && bound && (strcmp(bound, "nvme") == 0 || strcmp(bound, "d2h") == 0),
+               "%s: NVMe busy %g of %g s, bound by %s", runs[i], num(nv, "busy_s", NULL), step, bound ? bound : "?");
         EXPECT(num(d, "prediction", "tokens_per_s") > 0, "%s: tokens/s", runs[i]);
         json_decref(d);
     }
@@ -385,12 +389,15 @@ static void test_quantized_runs(void) {
         const double ratio = num(bq, "stored_bytes", NULL) / num(bq, "working_dtype_bytes", NULL);
         EXPECT(fabs(ratio - (0.5 + (1 + 4.0 / 256) / 64) / 2) < 1e-9, "NF4 bytes / bf16 bytes %g", ratio);
         EXPECT(!json_object_get(b, "base_quant"), "the bf16 run has no quantized base");
+        /* link traffic compared in one step order (the planner may pick either, and with it how much
+         * it streams) */
+        json_t *ql = json_object_get(json_object_get(q, "step_orders"), "layer");
+        json_t *bl = json_object_get(json_object_get(b, "step_orders"), "layer");
         EXPECT(num(q, "prediction", "tokens_per_s") > num(b, "prediction", "tokens_per_s") &&
-                   num(q, "prediction", "h2d_bytes") < 0.5 * num(b, "prediction", "h2d_bytes") &&
+                   num(ql, "h2d_bytes", NULL) < 0.5 * num(bl, "h2d_bytes", NULL) &&
                    peak(q, "host", "peak_bytes") < 0.5 * peak(b, "host", "peak_bytes"),
-               "QLoRA %g tokens/s, %g B h2d vs bf16 %g tokens/s, %g B", num(q, "prediction", "tokens_per_s"),
-               num(q, "prediction", "h2d_bytes"), num(b, "prediction", "tokens_per_s"),
-               num(b, "prediction", "h2d_bytes"));
+               "QLoRA %g tokens/s, %g B h2d layer-major vs bf16 %g tokens/s, %g B", num(q, "prediction", "tokens_per_s"),
+               num(ql, "h2d_bytes", NULL), num(b, "prediction", "tokens_per_s"), num(bl, "h2d_bytes", NULL));
     }
     json_decref(q);
     json_decref(b);
