@@ -136,7 +136,7 @@ static void ep_costs(const sched_block_info_t *bi, int grad_accum, double expert
     const double adam_bytes = bi->adam_bytes_per_param * train_step;
     c->adam_device_s = adam_bytes / dev_bw;
     c->adam_host_s = adam_bytes / adam_bw;
-    c->grad_add_host_s = sched_unpack_time(w, 4.0 * train_mb);
+    c->grad_add_host_s = SCHED_UNPACK_ADD_COST * sched_unpack_time(w, 4.0 * train_mb);
     c->grad_add_device_s = 12.0 * train_mb / dev_bw;
     c->norm_device_s = 4.0 * train_step / dev_bw;
     c->norm_host_s = 4.0 * train_step / host_bw;
@@ -231,7 +231,7 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
         const double adam_bytes = bi->adam_bytes_per_param * bi->train_params_step;
         c->adam_device_s = adam_bytes / dev_bw;
         c->adam_host_s = adam_bytes / adam_bw;
-        c->grad_add_host_s = sched_unpack_time(out, 4.0 * bi->train_params_mb);
+        c->grad_add_host_s = SCHED_UNPACK_ADD_COST * sched_unpack_time(out, 4.0 * bi->train_params_mb);
         c->grad_add_device_s = 12.0 * bi->train_params_mb / dev_bw;
         c->norm_device_s = 4.0 * bi->train_params_step / dev_bw;
         c->norm_host_s = 4.0 * bi->train_params_step / host_bw;

@@ -14,7 +14,8 @@
  *                    weight H2D; plain copies into staging are not costed
  *                    (a few threads of memcpy outrun the link)
  *   unpack         = gradient bytes / the profile's unpack rate, after each
- *                    gradient D2H
+ *                    gradient D2H (a copy; a later micro-batch's add costs
+ *                    SCHED_UNPACK_ADD_COST times as much)
  *   device AdamW   = bytes touched / device memory bandwidth
  *   exchange       = per all-to-all: the busier direction's rows x row bytes
  *                    / peer bandwidth + peer latency (expert parallel)
@@ -59,7 +60,7 @@ typedef struct {
     double w_update_pack_frac; /* share of w_update_bytes converted from fp32 masters as they are packed */
     double adam_device_s, adam_host_s;
     double grad_add_host_s;  /* micro-batches after the first: add the staged gradients into the host
-                                buffer (at unpack_bw; the first is copied there at the same rate) */
+                                buffer (SCHED_UNPACK_ADD_COST times the first one's copy at unpack_bw) */
     double grad_add_device_s;/* ... or into the device accumulator */
     double norm_device_s, norm_host_s; /* reading gradients for the global norm (clipping) */
     double spec_copy_bytes;  /* the speculative host optimizer's copies (master, m, v: 12 B per trainable
@@ -133,6 +134,10 @@ typedef struct {
 sched_rate_t sched_matmul_rate(const sched_registry_t *reg);
 double sched_op_time(const sched_op_t *op, const sched_hw_t *hw, sched_rate_t matmul_rate);
 double sched_transfer_time(const sched_workload_t *w, bool h2d, double bytes, double copies);
+/* A later micro-batch's gradients are added into the host buffer, not
+ * copied there: 12 B of memory traffic per 4 B landed against 8. */
+#define SCHED_UNPACK_ADD_COST 1.5
+
 /* Host time packing `bytes` into staging / unpacking them from it (0 when
  * the workload does not model it). */
 double sched_pack_time(const sched_workload_t *w, double bytes);

@@ -48,9 +48,9 @@
  *     pack_bandwidth: 5.9GB/s                 # optional: bytes packed into pinned staging per
  *                                             # second ahead of an H2D copy (fp32 masters to bf16
  *                                             # working copies on a bf16 run), by the run's pack threads
- *     unpack_bandwidth: 4GB/s                 # optional: gradient bytes landed from staging into
- *                                             # host memory per second after a D2H (one thread,
- *                                             # the add of a later micro-batch)
+ *     unpack_bandwidth: 8GB/s                 # optional: gradient bytes copied from staging into
+ *                                             # host memory per second after a D2H (one thread; a
+ *                                             # later micro-batch's add costs 1.5x, costmodel.h)
  *   nvme:                                     # optional section: an NVMe array for the third
  *                                             # tier (memory.nvme in the run config); given,
  *                                             # read, write and queue_depth are required
@@ -64,9 +64,9 @@
  * (plans print which): attention fwd/bwd: attention_tflops when given, else
  * SCHED_ATTN_KERNEL_SHARE of the fp32 matmul rate; tc_fwd/tc_bwd:
  * SCHED_ATTN_TC_SHARE of the bf16 matmul rate; adamw_bandwidth: host memory
- * bandwidth x achievable; pack_bandwidth and unpack_bandwidth: a third of
- * it (a conversion reads 4 B and writes 2 B per 2 B packed; an add reads
- * 8 B and writes 4 B per 4 B landed).  No rule assumes attention runs at
+ * bandwidth x achievable; pack_bandwidth: a third of it (a conversion reads
+ * 4 B and writes 2 B per 2 B packed); unpack_bandwidth: half of it (a copy
+ * reads and writes each byte).  No rule assumes attention runs at
  * the matmul rate: measured kernels run an order of magnitude below it.
  *
  * Errors name the file, the line and the key (`device.peak_tflops.bf16`). */
@@ -134,7 +134,7 @@ typedef struct {
     int host_cores;
     double adamw_bw;           /* bytes/s of host AdamW memory traffic */
     double pack_bw;            /* bytes/s packed into staging ahead of an H2D copy */
-    double unpack_bw;          /* bytes/s of gradients landed from staging after a D2H copy */
+    double unpack_bw;          /* bytes/s of gradients copied from staging after a D2H copy */
     unsigned assumed;          /* SCHED_HW_ASSUMED_* */
     /* Where the host's copy and optimizer work slows the device's compute
      * (the CPU backend, whose "device" cores share a physical core or the

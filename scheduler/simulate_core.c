@@ -114,7 +114,8 @@ double sim_unpack(sim_t *s, int block, int micro, double end, double bytes, doub
 }
 
 /* A weight fetch of `bytes` for block b issued at `issue`: with its home on
- * NVMe, read into pinned staging first.  Returns when the H2D copy ends;
+ * NVMe, read into pinned staging first; its converted share (pack_frac)
+ * packed on the pack threads before the copy.  Returns when the H2D copy ends;
  * *ready_res is the resource a compute waiting for it waited on. */
 double sim_fetch_weights(sim_t *s, const sched_block_plan_t *p, int b, int micro, double issue, double bytes,
                          double copies, double pack_frac, sched_resource_t *ready_res) {
@@ -133,8 +134,13 @@ double sim_fetch_weights(sim_t *s, const sched_block_plan_t *p, int b, int micro
     double c0;
     const double end = sim_copy(s, true, SCHED_TASK_FETCH_W, b, micro, packed, bytes, copies, &c0);
     if (from_nvme || packed > ready) sim_mem(s, SCHED_MEM_PINNED, c0, -bytes); /* the copy holds it from here (sim_copy()) */
-    if (c0 <= packed && packed > read_end) *ready_res = SCHED_RES_PACK;
-    else if (from_nvme && c0 <= read_end) *ready_res = SCHED_RES_NVME;
+    /* a copy that did not queue behind other copies waited for what came
+     * before it: the read and the pack, charged to the longer of the two */
+    if (c0 <= packed) {
+        const double read_s = from_nvme ? read_end - issue : 0, pack_s = packed - read_end;
+        if (pack_s > 0 && pack_s >= read_s) *ready_res = SCHED_RES_PACK;
+        else if (from_nvme) *ready_res = SCHED_RES_NVME;
+    }
     return end;
 }
 

@@ -21,7 +21,7 @@
  *    the run gives it: packing fp32 into bf16 staging on the staging pool's
  *    pack threads (moe/staging_pack.c's rule: one beside the CPU backend,
  *    one per 4 cores up to 4 on a GPU's host), unpacking gradients on one
- *    thread (an add into host memory), and host AdamW over every core at a
+ *    thread (the memcpy above), and host AdamW over every core at a
  *    size that leaves the caches (16 M parameters, 448 MB of traffic).
  * Copy streams throttled by backend_options (link_gbps, link_latency_us)
  * are planned at the throttled rate, as the executor will run them.

@@ -334,7 +334,7 @@ static void test_layer_major_fits(void) {
 }
 
 /* Full fine-tuning beyond host memory: feasible only with the NVMe tier,
- * which it fills within its budget, and which holds up the step. */
+ * which it fills within its budget, and which bounds the step. */
 static void test_nvme_runs(void) {
     static const char *const runs[] = {"qwen3-235b-a22b-h100-nvme-full", "mixtral-8x22b-h100-nvme-full"};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
@@ -354,12 +354,8 @@ static void test_nvme_runs(void) {
         /* the optimizer state alone is more than host memory: it must be on NVMe */
         EXPECT(num(nv, "optimizer_bytes", NULL) > peak(d, "host", "budget_bytes"), "%s: optimizer on NVMe %g", runs[i],
                num(nv, "optimizer_bytes", NULL));
-        /* the array is busy a large share of the step, and the step waits for it (gradient unpacking on
-         * the host may bound it before the array does) */
         const char *bound = json_string_value(json_object_get(json_object_get(d, "prediction"), "bound_by"));
-        const double step = num(d, "prediction", "step_time_s");
-        EXPECT(num(nv, "busy_s", NULL) > 0.25 * step && bound && (strcmp(bound, "nvme") == 0 || strcmp(bound, "d2h") == 0),
-               "%s: NVMe busy %g of %g s, bound by %s", runs[i], num(nv, "busy_s", NULL), step, bound ? bound : "?");
+        EXPECT(bound && strcmp(bound, "nvme") == 0, "%s: bound by %s", runs[i], bound ? bound : "?");
         EXPECT(num(d, "prediction", "tokens_per_s") > 0, "%s: tokens/s", runs[i]);
         json_decref(d);
     }
