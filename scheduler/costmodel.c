@@ -32,8 +32,9 @@ sched_rate_t sched_matmul_rate(const sched_registry_t *reg) {
 }
 
 double sched_op_time(const sched_op_t *op, const sched_hw_t *hw, sched_rate_t matmul_rate) {
-    const double rate = op->attention && hw->attention_flops > 0 ? hw->attention_flops
-                                                                  : sched_hw_flops(hw, op->matmul ? matmul_rate : SCHED_RATE_FP32);
+    const sched_dir_t dir = op->phase == SCHED_PHASE_BWD ? SCHED_DIR_BWD : SCHED_DIR_FWD;
+    const double rate = op->attention ? hw->attn_flops[op->attention_tc ? SCHED_ATTN_TC : SCHED_ATTN_KERNEL][dir]
+                                      : sched_hw_flops(hw, op->matmul ? matmul_rate : SCHED_RATE_FP32);
     const double t_flops = op->flops / rate;
     const double t_bytes = op->bytes / sched_hw_device_bw(hw);
     return t_flops > t_bytes ? t_flops : t_bytes;
@@ -42,6 +43,14 @@ double sched_op_time(const sched_op_t *op, const sched_hw_t *hw, sched_rate_t ma
 double sched_transfer_time(const sched_workload_t *w, bool h2d, double bytes, double copies) {
     if (bytes <= 0) return 0;
     return bytes / (h2d ? w->h2d_bw : w->d2h_bw) + copies * w->latency_s;
+}
+
+double sched_pack_time(const sched_workload_t *w, double bytes) {
+    return bytes > 0 && w->pack_bw > 0 ? bytes / w->pack_bw : 0;
+}
+
+double sched_unpack_time(const sched_workload_t *w, double bytes) {
+    return bytes > 0 && w->unpack_bw > 0 ? bytes / w->unpack_bw : 0;
 }
 
 void sched_workload_init(sched_workload_t *w, int num_blocks) {
@@ -76,7 +85,10 @@ void sched_workload_free(sched_workload_t *w) {
 
 static mt_status_t check_hw(const sched_hw_t *hw, mt_error_t *err) {
     const double v[] = {sched_hw_flops(hw, SCHED_RATE_FP32), sched_hw_flops(hw, SCHED_RATE_BF16),
-                        sched_hw_device_bw(hw), sched_hw_h2d_bw(hw), sched_hw_d2h_bw(hw), sched_hw_host_bw(hw)};
+                        sched_hw_device_bw(hw), sched_hw_h2d_bw(hw), sched_hw_d2h_bw(hw), sched_hw_host_bw(hw),
+                        hw->attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_FWD], hw->attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_BWD],
+                        hw->attn_flops[SCHED_ATTN_TC][SCHED_DIR_FWD], hw->attn_flops[SCHED_ATTN_TC][SCHED_DIR_BWD],
+                        hw->adamw_bw, hw->pack_bw, hw->unpack_bw};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         if (!(v[i] > 0) || !isfinite(v[i]))
             return mt_error_set(err, MT_ERR_CONFIG, "%s: hardware profile has a rate that is not positive",
@@ -89,7 +101,7 @@ static mt_status_t check_hw(const sched_hw_t *hw, mt_error_t *err) {
  * experts) and the block's facts; expert_fwd_s / expert_bwd_s: the time of
  * its ops that read routed experts' weights. */
 static void ep_costs(const sched_block_info_t *bi, int grad_accum, double expert_fwd_s, double expert_bwd_s,
-                     const sched_workload_t *w, double dev_bw, double host_bw, sched_block_cost_t *c) {
+                     const sched_workload_t *w, double dev_bw, double host_bw, double adam_bw, sched_block_cost_t *c) {
     const double E = bi->num_experts, D = SCHED_EP_DEVICES;
     const double owned = ceil(E / D), other = E - owned;
     const double n = bi->tokens_mb, k = bi->top_k;
@@ -123,14 +135,14 @@ static void ep_costs(const sched_block_info_t *bi, int grad_accum, double expert
     c->w_update_copies = c->grad_step_copies;
     const double adam_bytes = bi->adam_bytes_per_param * train_step;
     c->adam_device_s = adam_bytes / dev_bw;
-    c->adam_host_s = adam_bytes / host_bw;
-    c->grad_add_host_s = 12.0 * train_mb / host_bw;
+    c->adam_host_s = adam_bytes / adam_bw;
+    c->grad_add_host_s = SCHED_UNPACK_ADD_COST * sched_unpack_time(w, 4.0 * train_mb);
     c->grad_add_device_s = 12.0 * train_mb / dev_bw;
     c->norm_device_s = 4.0 * train_step / dev_bw;
     c->norm_host_s = 4.0 * train_step / host_bw;
     c->owned_w_update_bytes = bi->train_expert_w_bytes * hit_step;
     c->owned_grad_bytes = 4.0 * owned * te;
-    c->owned_adam_host_s = bi->adam_bytes_per_param * te * hit_step / host_bw;
+    c->owned_adam_host_s = bi->adam_bytes_per_param * te * hit_step / adam_bw;
     /* the busier device's experts set the pace: 2n k owned/E rows against
      * data parallel's n k */
     const double load = D * owned / E;
@@ -161,11 +173,13 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
     out->latency_s = hw->copy_latency_s;
     out->compute_interference = hw->compute_interference;
     out->host_copy_s_per_byte = hw->host_copy_s_per_byte;
+    out->pack_bw = hw->pack_bw;
+    out->unpack_bw = hw->unpack_bw;
     out->model_flops = reg->model_flops;
     out->peak_flops = hw->peak_flops[sched_matmul_rate(reg)];
     out->tokens_per_step = reg->tokens_per_step;
     const sched_rate_t mm = sched_matmul_rate(reg);
-    const double dev_bw = sched_hw_device_bw(hw), host_bw = sched_hw_host_bw(hw);
+    const double dev_bw = sched_hw_device_bw(hw), host_bw = sched_hw_host_bw(hw), adam_bw = hw->adamw_bw;
     out->peer_bw = sched_hw_peer_bw(hw);
     out->peer_latency_s = sched_hw_peer_latency(hw);
     out->peer_via_host = sched_hw_peer_via_host(hw);
@@ -207,10 +221,17 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
         c->host_weight_bytes = 4.0 * bi->train_fp32_params;
         c->w_update_bytes = bi->train_w_bytes_step;
         c->w_update_copies = c->grad_step_copies;
+        /* bf16 working copies of trainable weights come from their fp32
+         * masters, converted as they are packed; frozen bases (stored in
+         * their working dtype or quantized) and fp32 copies are plain copies */
+        const double conv_params = bi->train_params - bi->train_fp32_params;
+        c->w_pack_frac = out->pack_bw > 0 && reg->shape.bf16 && bi->w_bytes > 0 && conv_params > 0
+                             ? fmin(1.0, 2.0 * conv_params / bi->w_bytes) : 0;
+        c->w_update_pack_frac = c->w_pack_frac > 0 && bi->train_params > 0 ? conv_params / bi->train_params : 0;
         const double adam_bytes = bi->adam_bytes_per_param * bi->train_params_step;
         c->adam_device_s = adam_bytes / dev_bw;
-        c->adam_host_s = adam_bytes / host_bw;
-        c->grad_add_host_s = 12.0 * bi->train_params_mb / host_bw; /* read 2 x 4 B, write 4 B */
+        c->adam_host_s = adam_bytes / adam_bw;
+        c->grad_add_host_s = SCHED_UNPACK_ADD_COST * sched_unpack_time(out, 4.0 * bi->train_params_mb);
         c->grad_add_device_s = 12.0 * bi->train_params_mb / dev_bw;
         c->norm_device_s = 4.0 * bi->train_params_step / dev_bw;
         c->norm_host_s = 4.0 * bi->train_params_step / host_bw;
@@ -234,7 +255,7 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
             if (op->phase == SCHED_PHASE_FWD) efwd += sched_op_time(op, hw, mm);
             else if (op->phase == SCHED_PHASE_BWD) ebwd += sched_op_time(op, hw, mm);
         }
-        ep_costs(bi, reg->shape.grad_accum, efwd, ebwd, out, dev_bw, host_bw, &out->ep_blocks[b]);
+        ep_costs(bi, reg->shape.grad_accum, efwd, ebwd, out, dev_bw, host_bw, adam_bw, &out->ep_blocks[b]);
     }
     free(routed_op);
     return MT_OK;

@@ -4,11 +4,18 @@
  *   op time        = max(FLOPs / achievable FLOP/s, bytes / device bandwidth)
  *                    (matmul-class ops at the run's matmul rate: bf16 with
  *                    bf16 working copies, fp32 otherwise; the attention core
- *                    at the profile's attention rate when it gives one;
- *                    other ops at fp32)
+ *                    at the profile's rate for its path, tensor-core or the
+ *                    fp32 kernel, and direction; other ops at fp32)
  *   transfer time  = bytes / link bandwidth of its direction
  *                    + copies x per-copy latency (one copy per tensor moved)
- *   host AdamW     = bytes touched / host memory bandwidth
+ *   host AdamW     = bytes touched / the profile's host AdamW rate
+ *   pack           = weight bytes converted into staging (bf16 working copies
+ *                    of fp32 masters) / the profile's pack rate, before each
+ *                    weight H2D; plain copies into staging are not costed
+ *                    (a few threads of memcpy outrun the link)
+ *   unpack         = gradient bytes / the profile's unpack rate, after each
+ *                    gradient D2H (a copy; a later micro-batch's add costs
+ *                    SCHED_UNPACK_ADD_COST times as much)
  *   device AdamW   = bytes touched / device memory bandwidth
  *   exchange       = per all-to-all: the busier direction's rows x row bytes
  *                    / peer bandwidth + peer latency (expert parallel)
@@ -37,6 +44,8 @@ typedef struct {
     double w_home_bytes;     /* host home copy when STREAM */
     double w_fetch_step_bytes; /* one fetch for all of a step's micro-batches (layer-major): experts any of them hit */
     double w_fetch_step_copies;
+    double w_pack_frac;      /* share of a fetch's bytes converted on the host as it is packed into staging
+                                (bf16 working copies of fp32 masters); the rest are plain copies, not costed */
     /* trainable state */
     double grad_bytes;       /* device footprint of DEVICE grads; size of the host grad buffer */
     double grad_mb_bytes;    /* gradients one micro-batch produces (experts with tokens) */
@@ -48,9 +57,10 @@ typedef struct {
                                 working copy is the fp32 master itself (fp32 runs, LoRA adapters) */
     double w_update_bytes;   /* H2D of updated working copies after host AdamW (RESIDENT weights) */
     double w_update_copies;
+    double w_update_pack_frac; /* share of w_update_bytes converted from fp32 masters as they are packed */
     double adam_device_s, adam_host_s;
     double grad_add_host_s;  /* micro-batches after the first: add the staged gradients into the host
-                                buffer (the first lands in it directly) */
+                                buffer (SCHED_UNPACK_ADD_COST times the first one's copy at unpack_bw) */
     double grad_add_device_s;/* ... or into the device accumulator */
     double norm_device_s, norm_host_s; /* reading gradients for the global norm (clipping) */
     double spec_copy_bytes;  /* the speculative host optimizer's copies (master, m, v: 12 B per trainable
@@ -91,6 +101,9 @@ typedef struct {
     double h2d_bw, d2h_bw;   /* bytes/s, achievable */
     double latency_s;        /* per copy */
     double compute_interference, host_copy_s_per_byte; /* see sched_hw_t */
+    /* Host work on the copy path (sched_hw_t.pack_bw, unpack_bw), bytes/s;
+     * 0: not modelled (hand-made workloads) */
+    double pack_bw, unpack_bw;
     sched_block_cost_t *blocks; /* (num_blocks), owned */
     /* (num_blocks), owned, or NULL (no MoE block): a block's costs on one of
      * SCHED_EP_DEVICES devices when its routed experts are split between them
@@ -121,6 +134,14 @@ typedef struct {
 sched_rate_t sched_matmul_rate(const sched_registry_t *reg);
 double sched_op_time(const sched_op_t *op, const sched_hw_t *hw, sched_rate_t matmul_rate);
 double sched_transfer_time(const sched_workload_t *w, bool h2d, double bytes, double copies);
+/* A later micro-batch's gradients are added into the host buffer, not
+ * copied there: 12 B of memory traffic per 4 B landed against 8. */
+#define SCHED_UNPACK_ADD_COST 1.5
+
+/* Host time packing `bytes` into staging / unpacking them from it (0 when
+ * the workload does not model it). */
+double sched_pack_time(const sched_workload_t *w, double bytes);
+double sched_unpack_time(const sched_workload_t *w, double bytes);
 
 mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *hw, sched_workload_t *out,
                                  mt_error_t *err);

@@ -60,6 +60,13 @@ static const hrow_t k_frac_rows[] = {
     REQ("bf16", H_FRAC, flops_frac[SCHED_RATE_BF16]),
     {0},
 };
+static const hrow_t k_attn_rows[] = {
+    OPT("fwd_tflops", H_TFLOPS, attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_FWD]),
+    OPT("bwd_tflops", H_TFLOPS, attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_BWD]),
+    OPT("tc_fwd_tflops", H_TFLOPS, attn_flops[SCHED_ATTN_TC][SCHED_DIR_FWD]),
+    OPT("tc_bwd_tflops", H_TFLOPS, attn_flops[SCHED_ATTN_TC][SCHED_DIR_BWD]),
+    {0},
+};
 static const hrow_t k_device_rows[] = {
     OPT("name", H_STR, device_name),
     REQ("memory", H_SIZE, device_memory),
@@ -67,7 +74,8 @@ static const hrow_t k_device_rows[] = {
     REQ("memory_bandwidth_achievable", H_FRAC, device_bw_frac),
     SEC("peak_tflops", k_peak_rows),
     SEC("achievable", k_frac_rows),
-    OPT("attention_tflops", H_TFLOPS, attention_flops),
+    OPTSEC("attention", k_attn_rows),
+    OPT("attention_tflops", H_TFLOPS, attention_legacy),
     {0},
 };
 static const hrow_t k_link_rows[] = {
@@ -88,6 +96,9 @@ static const hrow_t k_host_rows[] = {
     REQ("memory_bandwidth", H_BW, host_bw_peak),
     REQ("memory_bandwidth_achievable", H_FRAC, host_bw_frac),
     REQ("cores", H_INT, host_cores),
+    OPT("adamw_bandwidth", H_BW, adamw_bw),
+    OPT("pack_bandwidth", H_BW, pack_bw),
+    OPT("unpack_bandwidth", H_BW, unpack_bw),
     {0},
 };
 static const hrow_t k_nvme_rows[] = {
@@ -131,6 +142,50 @@ double sched_hw_peer_bw(const sched_hw_t *hw) {
 double sched_hw_peer_latency(const sched_hw_t *hw) {
     if (sched_hw_peer_via_host(hw)) return 2.0 * hw->copy_latency_s;
     return hw->peer_latency_s >= 0 ? hw->peer_latency_s : hw->copy_latency_s;
+}
+
+/* ---- rates a profile leaves out ----------------------------------------------- */
+
+static bool rate_unset(double v) { return !(v > 0); } /* 0 or NaN */
+
+void sched_hw_fill_rates(sched_hw_t *hw) {
+    const double legacy = hw->attention_legacy > 0 ? hw->attention_legacy : 0;
+    for (int d = 0; d < SCHED_DIR_COUNT; d++) {
+        double *k = &hw->attn_flops[SCHED_ATTN_KERNEL][d], *t = &hw->attn_flops[SCHED_ATTN_TC][d];
+        if (rate_unset(*k) && legacy > 0) *k = legacy; /* an older profile's one rate: the fp32 kernel's */
+        if (rate_unset(*k)) {
+            *k = SCHED_ATTN_KERNEL_SHARE * sched_hw_flops(hw, SCHED_RATE_FP32);
+            hw->assumed |= SCHED_HW_ASSUMED_ATTN_KERNEL;
+        }
+        if (rate_unset(*t)) {
+            *t = SCHED_ATTN_TC_SHARE * sched_hw_flops(hw, SCHED_RATE_BF16);
+            hw->assumed |= SCHED_HW_ASSUMED_ATTN_TC;
+        }
+    }
+    const double host = sched_hw_host_bw(hw);
+    if (rate_unset(hw->adamw_bw)) hw->adamw_bw = host, hw->assumed |= SCHED_HW_ASSUMED_ADAMW;
+    if (rate_unset(hw->pack_bw)) hw->pack_bw = host / 3.0, hw->assumed |= SCHED_HW_ASSUMED_PACK;
+    if (rate_unset(hw->unpack_bw)) hw->unpack_bw = host / 2.0, hw->assumed |= SCHED_HW_ASSUMED_UNPACK;
+}
+
+void sched_hw_assumed_line(const sched_hw_t *hw, char *buf, size_t cap) {
+    static const struct {
+        unsigned bit;
+        const char *rule;
+    } rules[] = {
+        {SCHED_HW_ASSUMED_ATTN_KERNEL, "fp32 attention kernel = 0.1 x the fp32 matmul rate"},
+        {SCHED_HW_ASSUMED_ATTN_TC, "tensor-core attention = 0.5 x the bf16 matmul rate"},
+        {SCHED_HW_ASSUMED_ADAMW, "host AdamW at host memory bandwidth"},
+        {SCHED_HW_ASSUMED_PACK, "staging pack at a third of host memory bandwidth"},
+        {SCHED_HW_ASSUMED_UNPACK, "gradient unpack at half host memory bandwidth"},
+    };
+    size_t used = 0;
+    if (cap) buf[0] = '\0';
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        if (!(hw->assumed & rules[i].bit) || used >= cap) continue;
+        const int w = snprintf(buf + used, cap - used, "%s%s", used ? "; " : "", rules[i].rule);
+        if (w > 0) used += (size_t)w;
+    }
 }
 
 /* ---- values ----------------------------------------------------------------- */
@@ -351,6 +406,7 @@ mt_status_t sched_hw_parse(const char *yaml_text, size_t len, const char *path, 
         if (isnan(out->peer_latency_s)) out->peer_latency_s = -1;
         out->has_nvme = section_given(out, k_nvme_rows);
         if (!out->has_nvme) out->nvme_read_bw = out->nvme_write_bw = 0, out->nvme_queue_depth = 0;
+        sched_hw_fill_rates(out);
     }
     return st;
 }
@@ -440,7 +496,6 @@ static void from_device_calibration(const sched_calibration_t *c, sched_hw_t *ou
     out->peak_flops[SCHED_RATE_FP32] = out->peak_flops[SCHED_RATE_TF32] = c->sgemm_flops;
     out->peak_flops[SCHED_RATE_BF16] = c->bf16_gemm_flops > 0 ? c->bf16_gemm_flops : c->sgemm_flops;
     for (int r = 0; r < SCHED_RATE_COUNT; r++) out->flops_frac[r] = 1.0;
-    out->attention_flops = c->attention_flops;
     out->device_memory = c->device_memory;
     out->device_bw_peak = c->device_bw;
     out->device_bw_frac = 1.0;
@@ -456,10 +511,22 @@ static void from_device_calibration(const sched_calibration_t *c, sched_hw_t *ou
     out->host_copy_s_per_byte = c->memcpy_bw > 0 ? 1.0 / c->memcpy_bw : 0;
 }
 
+/* The measured host and attention rates; what was not measured is left
+ * to sched_hw_fill_rates's rules. */
+static void measured_rates(const sched_calibration_t *c, sched_hw_t *out) {
+    const sched_attn_path_t path = c->attn_tc ? SCHED_ATTN_TC : SCHED_ATTN_KERNEL;
+    for (int d = 0; d < SCHED_DIR_COUNT; d++) out->attn_flops[path][d] = c->attn_flops[d];
+    out->adamw_bw = c->adamw_bw;
+    out->pack_bw = c->pack_bw;
+    out->unpack_bw = c->unpack_bw;
+    sched_hw_fill_rates(out);
+}
+
 void sched_hw_from_calibration(const sched_calibration_t *c, sched_hw_t *out) {
     memset(out, 0, sizeof *out);
     if (c->device_calibrated) {
         from_device_calibration(c, out);
+        measured_rates(c, out);
         return;
     }
     snprintf(out->name, sizeof out->name, "calibrated-cpu");
@@ -489,4 +556,5 @@ void sched_hw_from_calibration(const sched_calibration_t *c, sched_hw_t *out) {
     /* a transfer is two memcpys on the host cores: through the staging pool
      * and over the (emulated) link */
     out->host_copy_s_per_byte = c->memcpy_bw > 0 ? 2.0 / c->memcpy_bw : 0;
+    measured_rates(c, out);
 }

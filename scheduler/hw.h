@@ -17,9 +17,13 @@
  *     memory_bandwidth_achievable: 0.85       # fraction of peak
  *     peak_tflops: {fp32: 51.2, tf32: 378, bf16: 756}   # dense (no sparsity)
  *     achievable: {fp32: 0.7, tf32: 0.6, bf16: 0.65}
- *     attention_tflops: 8                     # optional: what moetune's attention kernels
- *                                             # achieve (forward and backward together);
- *                                             # absent: attention runs at the matmul rate
+ *     attention:                              # optional: what moetune's attention kernels
+ *       fwd_tflops: 4.9                       # achieve, model FLOP/s as the cost model counts
+ *       bwd_tflops: 4.9                       # them (4 and 10 x causal pairs x head dim):
+ *       tc_fwd_tflops: 350                    # fwd/bwd the fp32 kernel, tc_fwd/tc_bwd the
+ *       tc_bwd_tflops: 300                    # tensor-core path bf16 runs take (sched_op_t.attention_tc)
+ *     attention_tflops: 4.9                   # optional, older profiles: the fp32 kernel's one rate
+ *                                             # for both directions (fwd_tflops / bwd_tflops win)
  *   link:
  *     name: "PCIe 5.0 x16"                    # optional
  *     peak_bandwidth: 63GB/s                  # per direction
@@ -39,6 +43,14 @@
  *     memory_bandwidth: 614GB/s
  *     memory_bandwidth_achievable: 0.5
  *     cores: 112
+ *     adamw_bandwidth: 148GB/s                # optional: host AdamW's memory traffic (the
+ *                                             # registry's adam_bytes_per_param per parameter)
+ *     pack_bandwidth: 5.9GB/s                 # optional: bytes packed into pinned staging per
+ *                                             # second ahead of an H2D copy (fp32 masters to bf16
+ *                                             # working copies on a bf16 run), by the run's pack threads
+ *     unpack_bandwidth: 8GB/s                 # optional: gradient bytes copied from staging into
+ *                                             # host memory per second after a D2H (one thread; a
+ *                                             # later micro-batch's add costs 1.5x, costmodel.h)
  *   nvme:                                     # optional section: an NVMe array for the third
  *                                             # tier (memory.nvme in the run config); given,
  *                                             # read, write and queue_depth are required
@@ -47,6 +59,15 @@
  *     write: 20GB/s                           # whole array, large requests (moetune bench nvme
  *                                             # measures a directory's)
  *     queue_depth: 64                         # requests in flight those rates need
+ *
+ * A rate left out is filled by a stated rule and marked in sched_hw_t.assumed
+ * (plans print which): attention fwd/bwd: attention_tflops when given, else
+ * SCHED_ATTN_KERNEL_SHARE of the fp32 matmul rate; tc_fwd/tc_bwd:
+ * SCHED_ATTN_TC_SHARE of the bf16 matmul rate; adamw_bandwidth: host memory
+ * bandwidth x achievable; pack_bandwidth: a third of it (a conversion reads
+ * 4 B and writes 2 B per 2 B packed); unpack_bandwidth: half of it (a copy
+ * reads and writes each byte).  No rule assumes attention runs at
+ * the matmul rate: measured kernels run an order of magnitude below it.
  *
  * Errors name the file, the line and the key (`device.peak_tflops.bf16`). */
 #ifndef MT_SCHEDULER_HW_H
@@ -58,6 +79,28 @@
 #include "base/status.h"
 
 typedef enum { SCHED_RATE_FP32 = 0, SCHED_RATE_TF32, SCHED_RATE_BF16, SCHED_RATE_COUNT } sched_rate_t;
+
+/* The attention kernels: the fp32 kernel, and the tensor-core path bf16
+ * runs take where it handles the shape (cuDNN's SDPA on CUDA, its twin on
+ * the CPU); each forward and backward. */
+typedef enum { SCHED_ATTN_KERNEL = 0, SCHED_ATTN_TC, SCHED_ATTN_PATH_COUNT } sched_attn_path_t;
+typedef enum { SCHED_DIR_FWD = 0, SCHED_DIR_BWD, SCHED_DIR_COUNT } sched_dir_t;
+
+/* The stated rules for rates a profile leaves out (see the file note):
+ * measured on an H200, the fp32 kernel ran at 4.9 TFLOP/s against 50.3 for
+ * fp32 GEMMs (0.1); cuDNN's SDPA at 300-361 TFLOP/s against ~540-690 that
+ * profiles give bf16 GEMMs (0.5). */
+#define SCHED_ATTN_KERNEL_SHARE 0.1
+#define SCHED_ATTN_TC_SHARE 0.5
+
+/* sched_hw_t.assumed: which rates came from a rule, not the profile */
+enum {
+    SCHED_HW_ASSUMED_ATTN_KERNEL = 1u << 0,
+    SCHED_HW_ASSUMED_ATTN_TC = 1u << 1,
+    SCHED_HW_ASSUMED_ADAMW = 1u << 2,
+    SCHED_HW_ASSUMED_PACK = 1u << 3,
+    SCHED_HW_ASSUMED_UNPACK = 1u << 4,
+};
 
 typedef struct {
     char name[64];
@@ -71,7 +114,10 @@ typedef struct {
     double device_bw_frac;
     double peak_flops[SCHED_RATE_COUNT]; /* FLOP/s, dense */
     double flops_frac[SCHED_RATE_COUNT];
-    double attention_flops;    /* FLOP/s of the attention kernels; 0: the matmul rate */
+    /* FLOP/s of the attention kernels per path and direction (always > 0
+     * after a load: absent keys filled by the rules above) */
+    double attn_flops[SCHED_ATTN_PATH_COUNT][SCHED_DIR_COUNT];
+    double attention_legacy;   /* device.attention_tflops as read (NaN: absent) */
     /* link, per direction */
     double link_bw_peak;       /* bytes/s */
     double h2d_frac, d2h_frac;
@@ -86,6 +132,10 @@ typedef struct {
     double host_bw_peak;       /* bytes/s */
     double host_bw_frac;
     int host_cores;
+    double adamw_bw;           /* bytes/s of host AdamW memory traffic */
+    double pack_bw;            /* bytes/s packed into staging ahead of an H2D copy */
+    double unpack_bw;          /* bytes/s of gradients copied from staging after a D2H copy */
+    unsigned assumed;          /* SCHED_HW_ASSUMED_* */
     /* Where the host's copy and optimizer work slows the device's compute
      * (the CPU backend, whose "device" cores share a physical core or the
      * memory system with the host's): compute runs 1 + interference x
@@ -116,6 +166,9 @@ bool sched_hw_peer_via_host(const sched_hw_t *hw);
 double sched_hw_peer_bw(const sched_hw_t *hw);
 double sched_hw_peer_latency(const sched_hw_t *hw); /* one exchange's fixed cost */
 const char *sched_rate_name(sched_rate_t r);
+/* The rates a profile left out, filled by the stated rules (see the file
+ * note), as one line for reports ("" when none was). */
+void sched_hw_assumed_line(const sched_hw_t *hw, char *buf, size_t cap);
 
 mt_status_t sched_hw_parse(const char *yaml_text, size_t len, const char *path, sched_hw_t *out, mt_error_t *err);
 mt_status_t sched_hw_load(const char *path, sched_hw_t *out, mt_error_t *err);
@@ -151,7 +204,14 @@ typedef struct {
     double device_memory;   /* the device budget, bytes */
     double device_bw;       /* bytes/s read and written by a device-to-device copy */
     double link_d2h_bw;     /* bytes/s device to host */
-    double attention_flops; /* the attention kernels' forward + backward, model FLOPs per second */
+    /* The attention kernels at the run's shape, model FLOPs per second:
+     * the path the run takes (attn_tc: the tensor-core path), each
+     * direction; 0: not measured (the profile's rule fills it) */
+    bool attn_tc;
+    double attn_flops[SCHED_DIR_COUNT];
+    /* Host work on the copy path and the optimizer, with the threads the
+     * run uses (bytes/s as sched_hw_t counts them; 0: not measured) */
+    double adamw_bw, pack_bw, unpack_bw;
 } sched_calibration_t;
 
 /* A profile from measured numbers, every fraction 1.  The CPU backend:
@@ -160,5 +220,8 @@ typedef struct {
  * link; the host packs each transfer into pinned staging with one memcpy,
  * and nothing the host does slows the device's compute. */
 void sched_hw_from_calibration(const sched_calibration_t *c, sched_hw_t *out);
+/* Fills the rates a profile (or a calibration) left at 0 or NaN by the
+ * stated rules, marking each in hw->assumed. */
+void sched_hw_fill_rates(sched_hw_t *hw);
 
 #endif

@@ -138,7 +138,7 @@ static void test_parse(void) {
 /* The shipped profiles: each loads, and its achievable rates are sane. */
 static void test_profiles(void) {
     static const char *names[] = {"rtx4090", "a100-80gb-pcie", "h100-80gb-pcie", "h100-sxm", "h200", "gh200",
-                                  "h100-sxm-nvme"};
+                                  "h100-sxm-nvme", "h100-80gb-pcie-nvlink"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[256];
         snprintf(path, sizeof path, "configs/hw/%s.yaml", names[i]);
@@ -152,6 +152,12 @@ static void test_profiles(void) {
         EXPECT(sched_hw_flops(&hw, SCHED_RATE_BF16) > sched_hw_flops(&hw, SCHED_RATE_FP32), "%s: bf16 > fp32", path);
         EXPECT(sched_hw_h2d_bw(&hw) < sched_hw_device_bw(&hw), "%s: link < HBM", path);
         EXPECT(hw.device_memory >= 24e9 && hw.host_memory > hw.device_memory, "%s: capacities", path);
+        /* every shipped profile gives its attention and host-work rates (no rule fills them), and its
+         * attention kernels run below its products */
+        EXPECT(hw.assumed == 0, "%s: rates left to the rules: %#x", path, hw.assumed);
+        EXPECT(hw.attn_flops[SCHED_ATTN_TC][SCHED_DIR_FWD] < sched_hw_flops(&hw, SCHED_RATE_BF16) &&
+                   hw.attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_BWD] < sched_hw_flops(&hw, SCHED_RATE_FP32),
+               "%s: attention below the matmul rates", path);
     }
     sched_hw_t hw;
     mt_error_t err = {0};
@@ -234,35 +240,114 @@ static void test_device_calibration(void) {
     sched_calibration_t c = {.device_calibrated = true, .sgemm_flops = 50e12, .bf16_gemm_flops = 600e12,
                              .memcpy_bw = 10e9, .stream_bw = 100e9, .cores = 16, .host_memory = 128e9,
                              .link_bw = 55e9, .link_d2h_bw = 50e9, .link_latency_s = 8e-6,
-                             .device_memory = 80e9, .device_bw = 2.8e12, .attention_flops = 8e12};
+                             .device_memory = 80e9, .device_bw = 2.8e12, .attn_flops = {8e12, 4e12},
+                             .adamw_bw = 40e9, .pack_bw = 6e9, .unpack_bw = 3e9};
     snprintf(c.device_name, sizeof c.device_name, "cuda device 0");
     sched_hw_t hw;
     sched_hw_from_calibration(&c, &hw);
     EXPECT(!hw.measured && strcmp(hw.source, "calibrate") == 0 && strstr(hw.device_name, "cuda device 0"), "gpu");
     EXPECT(sched_hw_flops(&hw, SCHED_RATE_BF16) == 600e12 && sched_hw_flops(&hw, SCHED_RATE_FP32) == 50e12, "rates");
-    EXPECT(hw.device_memory == 80e9 && sched_hw_device_bw(&hw) == 2.8e12 && hw.attention_flops == 8e12, "device");
+    EXPECT(hw.device_memory == 80e9 && sched_hw_device_bw(&hw) == 2.8e12, "device");
     EXPECT(sched_hw_h2d_bw(&hw) == 55e9 && fabs(sched_hw_d2h_bw(&hw) - 50e9) < 1 && hw.copy_latency_s == 8e-6, "link");
     EXPECT(hw.compute_interference == 0 && hw.host_copy_s_per_byte == 1.0 / 10e9, "host work: one memcpy");
-    /* the attention core at the attention rate, a product at the matmul rate */
-    sched_op_t mm = {.matmul = true, .flops = 8e12}, att = mm;
-    att.attention = true;
-    EXPECT(sched_op_time(&mm, &hw, SCHED_RATE_BF16) == 8e12 / 600e12 && sched_op_time(&att, &hw, SCHED_RATE_BF16) == 1.0,
-           "attention rate: %g %g", sched_op_time(&mm, &hw, SCHED_RATE_BF16), sched_op_time(&att, &hw, SCHED_RATE_BF16));
-    hw.attention_flops = 0;
-    EXPECT(sched_op_time(&att, &hw, SCHED_RATE_BF16) == 8e12 / 600e12, "no attention rate: the matmul rate");
-    char text[2048];
-    snprintf(text, sizeof text, "%s", k_valid);
-    char *at = strstr(text, "link:\n");
-    const char *line = "  attention_tflops: 8\n";
+    EXPECT(hw.adamw_bw == 40e9 && hw.pack_bw == 6e9 && hw.unpack_bw == 3e9, "measured host rates");
+    /* an fp32 run measured the fp32 kernel; the tensor-core path, not
+     * measured, comes from the stated rule and is marked so */
+    EXPECT(hw.attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_FWD] == 8e12 && hw.attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_BWD] == 4e12,
+           "measured kernel path");
+    EXPECT(hw.attn_flops[SCHED_ATTN_TC][SCHED_DIR_FWD] == SCHED_ATTN_TC_SHARE * 600e12 &&
+               hw.assumed == SCHED_HW_ASSUMED_ATTN_TC,
+           "tc path by rule: %g, assumed %#x", hw.attn_flops[SCHED_ATTN_TC][SCHED_DIR_FWD], hw.assumed);
+    /* the attention core at its path's and direction's rate, a product at the matmul rate */
+    sched_op_t mm = {.matmul = true, .flops = 8e12}, att = mm, att_b = mm, tc = mm;
+    att.attention = att_b.attention = tc.attention = tc.attention_tc = true;
+    att_b.phase = SCHED_PHASE_BWD;
+    EXPECT(sched_op_time(&mm, &hw, SCHED_RATE_BF16) == 8e12 / 600e12 && sched_op_time(&att, &hw, SCHED_RATE_BF16) == 1.0 &&
+               sched_op_time(&att_b, &hw, SCHED_RATE_BF16) == 2.0,
+           "attention rate: %g %g %g", sched_op_time(&mm, &hw, SCHED_RATE_BF16), sched_op_time(&att, &hw, SCHED_RATE_BF16),
+           sched_op_time(&att_b, &hw, SCHED_RATE_BF16));
+    EXPECT(sched_op_time(&tc, &hw, SCHED_RATE_BF16) == 8e12 / 300e12, "tensor-core path: %g",
+           sched_op_time(&tc, &hw, SCHED_RATE_BF16));
+    /* a bf16 run measures the tensor-core path instead */
+    c.attn_tc = true;
+    sched_hw_from_calibration(&c, &hw);
+    EXPECT(hw.attn_flops[SCHED_ATTN_TC][SCHED_DIR_BWD] == 4e12 && (hw.assumed & SCHED_HW_ASSUMED_ATTN_KERNEL) &&
+               hw.attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_BWD] == SCHED_ATTN_KERNEL_SHARE * 50e12,
+           "bf16 calibration: tc measured, the kernel by rule");
+}
+
+/* k_valid with `line` inserted before the section header `before`. */
+static void with_line(char *text, size_t cap, const char *before, const char *line) {
+    snprintf(text, cap, "%s", k_valid);
+    char *at = strstr(text, before);
     memmove(at + strlen(line), at, strlen(at) + 1);
     memcpy(at, line, strlen(line));
+}
+
+/* The attention and host-work keys: given, each wins; left out, the stated
+ * rules fill them and say so; no rule gives attention the matmul rate. */
+static void test_rate_keys(void) {
+    sched_hw_t hw;
     mt_error_t err = {0};
-    EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) == MT_OK && hw.attention_flops == 8e12,
-           "device.attention_tflops: %s %g", err.msg, hw.attention_flops);
+    EXPECT(sched_hw_parse(k_valid, strlen(k_valid), "cfg/hw.yaml", &hw, &err) == MT_OK, "%s", err.msg);
+    const double fp32 = sched_hw_flops(&hw, SCHED_RATE_FP32), bf16 = sched_hw_flops(&hw, SCHED_RATE_BF16);
+    EXPECT(hw.assumed == (SCHED_HW_ASSUMED_ATTN_KERNEL | SCHED_HW_ASSUMED_ATTN_TC | SCHED_HW_ASSUMED_ADAMW |
+                          SCHED_HW_ASSUMED_PACK | SCHED_HW_ASSUMED_UNPACK),
+           "every new rate assumed: %#x", hw.assumed);
+    for (int d = 0; d < SCHED_DIR_COUNT; d++) {
+        EXPECT(hw.attn_flops[SCHED_ATTN_KERNEL][d] == SCHED_ATTN_KERNEL_SHARE * fp32 &&
+                   hw.attn_flops[SCHED_ATTN_TC][d] == SCHED_ATTN_TC_SHARE * bf16 &&
+                   hw.attn_flops[SCHED_ATTN_KERNEL][d] < fp32 && hw.attn_flops[SCHED_ATTN_TC][d] < bf16,
+               "attention rules, direction %d", d);
+    }
+    EXPECT(hw.adamw_bw == sched_hw_host_bw(&hw) && hw.pack_bw == sched_hw_host_bw(&hw) / 3 &&
+               hw.unpack_bw == sched_hw_host_bw(&hw) / 2,
+           "host rules");
+    char line[512];
+    sched_hw_assumed_line(&hw, line, sizeof line);
+    EXPECT(strstr(line, "0.1 x the fp32 matmul rate") && strstr(line, "0.5 x the bf16 matmul rate") &&
+               strstr(line, "host AdamW at host memory bandwidth"),
+           "assumed line: %s", line);
+
+    char text[4096];
+    /* an older profile's one attention rate: the fp32 kernel's, both directions */
+    with_line(text, sizeof text, "link:\n", "  attention_tflops: 8\n");
+    EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) == MT_OK &&
+               hw.attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_FWD] == 8e12 &&
+               hw.attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_BWD] == 8e12 && !(hw.assumed & SCHED_HW_ASSUMED_ATTN_KERNEL),
+           "device.attention_tflops: %s", err.msg);
+    /* the per-direction keys win over it */
+    with_line(text, sizeof text, "link:\n",
+              "  attention_tflops: 8\n  attention:\n    fwd_tflops: 5\n    bwd_tflops: 4\n"
+              "    tc_fwd_tflops: 350\n    tc_bwd_tflops: 300\n");
+    EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) == MT_OK, "%s", err.msg);
+    EXPECT(hw.attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_FWD] == 5e12 && hw.attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_BWD] == 4e12 &&
+               hw.attn_flops[SCHED_ATTN_TC][SCHED_DIR_FWD] == 350e12 && hw.attn_flops[SCHED_ATTN_TC][SCHED_DIR_BWD] == 300e12 &&
+               !(hw.assumed & (SCHED_HW_ASSUMED_ATTN_KERNEL | SCHED_HW_ASSUMED_ATTN_TC)),
+           "device.attention.*");
+    with_line(text, sizeof text, "link:\n", "  attention:\n    tc_fwd: 350\n");
+    EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) != MT_OK &&
+               strstr(err.msg, "unknown key 'device.attention.tc_fwd'") && strstr(err.msg, "device.attention.tc_fwd_tflops"),
+           "a misspelt attention key: %s", err.msg);
+    with_line(text, sizeof text, "link:\n", "  attention:\n    bwd_tflops: -3\n");
+    EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) != MT_OK && strstr(err.msg, "TFLOP/s > 0"),
+           "a negative rate: %s", err.msg);
+    /* host work */
+    snprintf(text, sizeof text, "%s  adamw_bandwidth: 148GB/s\n  pack_bandwidth: 5.9GB/s\n  unpack_bandwidth: 3GB/s\n",
+             k_valid);
+    EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) == MT_OK && hw.adamw_bw == 148e9 &&
+               hw.pack_bw == 5.9e9 && hw.unpack_bw == 3e9 &&
+               !(hw.assumed & (SCHED_HW_ASSUMED_ADAMW | SCHED_HW_ASSUMED_PACK | SCHED_HW_ASSUMED_UNPACK)),
+           "host rates: %s", err.msg);
+    snprintf(text, sizeof text, "%s  pack_bandwidth: 5.9\n", k_valid);
+    EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) != MT_OK &&
+               strstr(err.msg, "host.pack_bandwidth: expected a bandwidth"),
+           "a bare number: %s", err.msg);
 }
 
 int main(void) {
     test_parse();
+    test_rate_keys();
     test_profiles();
     test_resolve();
     test_calibration();

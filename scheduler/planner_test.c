@@ -225,7 +225,65 @@ static void test_overrides(void) {
     sched_test_teardown(&s);
 }
 
+/* A step's prediction follows the profile's rates: the attention rate of
+ * the path a bf16 run takes, host AdamW's, and the pack and unpack rates
+ * of a streamed plan; the fp32 kernel's rate does not touch a bf16 run
+ * whose shape the tensor-core path takes. */
+static double predict(const sched_test_model_t *m, const sched_run_shape_t *sh, const sched_hw_t *hw,
+                      sched_policy_t policy) {
+    sched_test_setup_t s;
+    mt_error_t err = {0};
+    if (sched_test_setup(&s, m, sh, hw, &err) != MT_OK) {
+        EXPECT(false, "setup: %s", err.msg);
+        return -1;
+    }
+    sched_plan_t p = {0};
+    sched_plan_init_uniform(&p, s.w.num_blocks, policy);
+    sched_sim_result_t r;
+    const bool ok = sched_simulate(&s.w, &p, NULL, &r, &err) == MT_OK;
+    EXPECT(ok, "%s", err.msg);
+    const double t = ok ? r.step_time : -1;
+    if (ok) sched_sim_result_free(&r);
+    sched_plan_free(&p);
+    sched_test_teardown(&s);
+    return t;
+}
+
+static void test_rates(void) {
+    sched_test_model_t m = mixtral();
+    m.num_layers = 2;
+    const sched_run_shape_t sh = full_ft(4096);
+    mt_error_t err = {0};
+    sched_hw_t hw;
+    if (sched_hw_load("configs/hw/h100-sxm.yaml", &hw, &err) != MT_OK) {
+        EXPECT(false, "%s", err.msg);
+        return;
+    }
+    EXPECT(hw.assumed == 0, "h100-sxm gives every rate: %#x", hw.assumed);
+    const double keep = predict(&m, &sh, &hw, SCHED_POLICY_KEEP_ALL);
+    const double off = predict(&m, &sh, &hw, SCHED_POLICY_OFFLOAD_ALL);
+    sched_hw_t h = hw;
+    for (int d = 0; d < SCHED_DIR_COUNT; d++) h.attn_flops[SCHED_ATTN_KERNEL][d] /= 10;
+    EXPECT(predict(&m, &sh, &h, SCHED_POLICY_KEEP_ALL) == keep, "the fp32 kernel's rate leaves a tc run alone");
+    h = hw;
+    for (int d = 0; d < SCHED_DIR_COUNT; d++) h.attn_flops[SCHED_ATTN_TC][d] /= 10;
+    EXPECT(predict(&m, &sh, &h, SCHED_POLICY_KEEP_ALL) > keep, "slower tensor-core attention, slower step");
+    sched_run_shape_t packed = sh;
+    packed.packed_segments = true; /* the fp32 kernel runs packed rows */
+    EXPECT(predict(&m, &packed, &hw, SCHED_POLICY_KEEP_ALL) > keep, "packed rows at the fp32 kernel's rate");
+    h = hw;
+    h.pack_bw /= 4;
+    EXPECT(predict(&m, &sh, &h, SCHED_POLICY_OFFLOAD_ALL) > off, "slower packing, slower streamed step");
+    h = hw;
+    h.unpack_bw /= 4;
+    EXPECT(predict(&m, &sh, &h, SCHED_POLICY_OFFLOAD_ALL) > off, "slower unpacking, slower streamed step");
+    h = hw;
+    h.adamw_bw /= 100;
+    EXPECT(predict(&m, &sh, &h, SCHED_POLICY_OFFLOAD_ALL) > off, "slower host AdamW, slower step");
+}
+
 int main(void) {
+    test_rates();
     test_mixtral_full();
     test_qwen3_lora();
     sched_test_model_t m = mixtral();

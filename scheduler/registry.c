@@ -371,6 +371,7 @@ mt_status_t sched_registry_build(const sched_program_t *prog, const sched_run_sh
             const sched_op_t *o = &prog->ops[oi];
             const int id = add_op(&b, o->phase, o->matmul, o->flops, o->bytes, "%s", o->name);
             b.r->ops[id].attention = o->attention;
+            b.r->ops[id].attention_tc = o->attention_tc;
         }
         for (; ti < prog->num_tensors && prog->tensors[ti].block == blk; ti++) {
             const sched_prog_tensor_t *t = &prog->tensors[ti];

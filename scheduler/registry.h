@@ -59,6 +59,7 @@ typedef struct {
     double max_grad_norm;   /* 0 = no clipping */
     bool speculative_optimizer; /* scheduler.speculative_optimizer: with clipping, host AdamW still
                                    overlaps the backward (engine/optim/speculate.h) */
+    bool packed_segments;   /* sample_packing: rows hold several examples (attention masks by segment) */
 } sched_run_shape_t;
 
 typedef enum {
@@ -96,7 +97,10 @@ typedef struct {
     int block;
     sched_phase_t phase;
     bool matmul;         /* runs at the matmul rate; else an elementwise-class op */
-    bool attention;      /* the attention core: at the profile's attention rate when it has one */
+    bool attention;      /* the attention core: at the profile's attention rate of its path and direction */
+    bool attention_tc;   /* ... and the tensor-core path takes its shape (bf16 compute, head dim a
+                            multiple of 8 up to 256, heads a multiple of kv heads, no packed
+                            segments: kernels/attention.h); else the fp32 kernel runs it */
     double flops;
     double bytes;        /* device memory traffic (reads + writes) */
 } sched_op_t;

@@ -32,9 +32,16 @@
  *    (backward, grads HOST) D2H wait before computing until the D2H issued
  *    W + 1 such blocks earlier has drained, so device memory and staging
  *    for D2H stay bounded.
+ *  - host work on the copy path (the workload's pack_bw and unpack_bw; 0:
+ *    not modelled): every weight fetch and updated working copy H2D is
+ *    first packed into pinned staging on the pack threads (one more
+ *    resource, in issue order; the copy starts when its pack has ended, so
+ *    packing the next fetch overlaps this one's copy), staging held from
+ *    the pack's start; every gradient D2H is unpacked into host memory
+ *    after its copy on the D2H stream (the executor's host function there).
  *  - grads HOST: after each backward, D2H of the block's gradients
- *    (experts with tokens); the first micro-batch lands in the host buffer,
- *    later ones are staged and added on the host in the D2H stream's order.
+ *    (experts with tokens); the first micro-batch is unpacked into the host
+ *    buffer, later ones added there, in the D2H stream's order.
  *    grads DEVICE: later micro-batches compute into a fresh buffer and add
  *    it on the compute stream.
  *  - max_grad_norm = 0: host AdamW of a block with grads HOST and optimizer
@@ -112,6 +119,7 @@ typedef enum {
     SCHED_RES_D2H,
     SCHED_RES_HOST,
     SCHED_RES_NVME, /* the NVMe array: reads and writes share it, in issue order */
+    SCHED_RES_PACK, /* the staging pool's pack threads: sources packed into pinned staging before an H2D copy */
     SCHED_RES_COUNT
 } sched_resource_t;
 typedef enum { SCHED_MEM_DEVICE = 0, SCHED_MEM_PINNED, SCHED_MEM_HOST, SCHED_MEM_COUNT } sched_mem_t;
@@ -123,7 +131,7 @@ typedef enum {
     SCHED_TASK_FETCH_ACT,
     SCHED_TASK_OFFLOAD_ACT,
     SCHED_TASK_GRAD_D2H,
-    SCHED_TASK_GRAD_HOST,    /* copy / accumulate into the host gradient buffer */
+    SCHED_TASK_GRAD_HOST,    /* unpack: copy / accumulate from staging into the host gradient buffer */
     SCHED_TASK_NORM,
     SCHED_TASK_ADAM,
     SCHED_TASK_W_UPDATE,     /* updated working copies: H2D (resident, host AdamW) or D2H (streamed, device AdamW) */
@@ -132,6 +140,7 @@ typedef enum {
     SCHED_TASK_NVME_WRITE,   /* optimizer state (and updated weights) back to NVMe */
     SCHED_TASK_OFFLOAD_INPUT,/* layer-major: a micro-batch's block input D2H after the block's forward */
     SCHED_TASK_FETCH_INPUT,  /* ... and back H2D before its backward */
+    SCHED_TASK_PACK,         /* weights packed into staging (fp32 masters to bf16 on a bf16 run) */
     SCHED_TASK_KIND_COUNT,
 } sched_task_kind_t;
 

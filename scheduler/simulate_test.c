@@ -469,8 +469,82 @@ static void test_layer_major_inputs(void) {
     sched_workload_free(&w);
 }
 
+/* Host work on the copy path: every streamed fetch's converted bytes are
+ * packed on the pack threads before its H2D copy, every gradient D2H is
+ * unpacked after its copy on the D2H stream; a plain copy (pack share 0)
+ * costs nothing there; a slower rate makes a slower step. */
+static void test_pack_unpack(void) {
+    sched_workload_t w;
+    sched_plan_t p = {0};
+    sched_sim_result_t r;
+    blocks3(&w, 1, 1, 1); /* 1 s per fetch */
+    plan_all(&p, SCHED_WEIGHTS_STREAM, SCHED_ACTS_KEEP, 1);
+    const double base = step(&w, &p, &r);
+    sched_sim_result_free(&r);
+    w.pack_bw = 0.25; /* 4 s to pack a fetch */
+    EXPECT(NEAR(step(&w, &p, &r), base), "nothing converted (pack share 0): %g vs %g", r.step_time, base);
+    EXPECT(r.busy[SCHED_RES_PACK] == 0, "no packing: %g", r.busy[SCHED_RES_PACK]);
+    sched_sim_result_free(&r);
+    for (int b = 0; b < 3; b++) w.blocks[b].w_pack_frac = 1;
+    const double slow = step(&w, &p, &r);
+    int fetches = 0, packs = 0;
+    for (int i = 0; i < r.num_tasks; i++) {
+        const sched_task_t *t = &r.tasks[i];
+        if (t->kind == SCHED_TASK_PACK) {
+            packs++;
+            EXPECT(t->res == SCHED_RES_PACK && NEAR(t->end - t->start, 4), "a pack on the pack threads, 4 s");
+        }
+        if (t->kind != SCHED_TASK_FETCH_W) continue;
+        fetches++;
+        bool packed_before = false; /* its own pack ended before the copy started */
+        for (int k = 0; k < i; k++)
+            if (r.tasks[k].kind == SCHED_TASK_PACK && r.tasks[k].block == t->block && r.tasks[k].micro == t->micro &&
+                r.tasks[k].end <= t->start + 1e-12)
+                packed_before = true;
+        EXPECT(packed_before, "fetch of block %d waits for its pack", t->block);
+    }
+    EXPECT(fetches == 4 && packs == fetches, "%d fetches, %d packs", fetches, packs);
+    EXPECT(slow > base + 4 && r.bottleneck == SCHED_RES_PACK && NEAR(r.busy[SCHED_RES_PACK], 16),
+           "pack bound: %g vs %g, bound by %s, busy %g", slow, base, sched_resource_name(r.bottleneck),
+           r.busy[SCHED_RES_PACK]);
+    sched_sim_result_free(&r);
+    w.pack_bw = 0.5; /* twice the rate: a faster step */
+    EXPECT(step(&w, &p, &r) < slow, "faster packing: %g vs %g", r.step_time, slow);
+    sched_sim_result_free(&r);
+
+    /* unpack: 1 byte of gradients per block at 0.5 B/s: 2 s after each 1 s D2H */
+    w.pack_bw = 0;
+    w.has_trainable = true;
+    for (int b = 0; b < 3; b++) {
+        sched_block_cost_t *c = &w.blocks[b];
+        c->grad_mb_bytes = c->grad_step_bytes = c->grad_bytes = 1;
+        c->adam_host_s = 1;
+    }
+    const double no_unpack = step(&w, &p, &r);
+    sched_sim_result_free(&r);
+    w.unpack_bw = 0.5;
+    const double with_unpack = step(&w, &p, &r);
+    int unpacks = 0;
+    for (int i = 0; i < r.num_tasks; i++) {
+        const sched_task_t *t = &r.tasks[i];
+        if (t->kind != SCHED_TASK_GRAD_HOST) continue;
+        unpacks++;
+        EXPECT(t->res == SCHED_RES_D2H && NEAR(t->end - t->start, 2), "unpack on the D2H stream, 2 s");
+        EXPECT(i > 0 && r.tasks[i - 1].kind == SCHED_TASK_GRAD_D2H && r.tasks[i - 1].end <= t->start,
+               "unpack after its copy");
+        for (int k = i + 1; k < r.num_tasks; k++) /* the block's update waits for its gradients in host memory */
+            if (r.tasks[k].kind == SCHED_TASK_ADAM && r.tasks[k].block == t->block)
+                EXPECT(r.tasks[k].start >= t->end, "AdamW of block %d after its unpack", t->block);
+    }
+    EXPECT(unpacks == 3 && with_unpack > no_unpack, "%d unpacks; step %g vs %g", unpacks, with_unpack, no_unpack);
+    sched_sim_result_free(&r);
+    sched_plan_free(&p);
+    sched_workload_free(&w);
+}
+
 int main(void) {
     test_overlap();
+    test_pack_unpack();
     test_memory();
     test_interference();
     test_host_optimizer();

@@ -110,6 +110,11 @@ void sched_test_program(const sched_test_model_t *m, const sched_run_shape_t *s,
                                       n * (2 * qd + 2 * kd) * ab, "L%d.attention.fwd", l);
         int ga = sched_program_add_op(out, f.block, SCHED_PHASE_BWD, true, 10 * pairs * m->head_dim,
                                       2 * n * (2 * qd + 2 * kd) * ab, "L%d.attention.bwd", l);
+        /* the engine's rule (engine/model/desc/ops.c): the tensor-core path takes bf16 runs of such shapes */
+        out->ops[fa].attention = out->ops[ga].attention = true;
+        out->ops[fa].attention_tc = out->ops[ga].attention_tc =
+            s->bf16 && !s->packed_segments && m->kv_heads > 0 && m->heads % m->kv_heads == 0 && m->head_dim % 8 == 0 &&
+            m->head_dim <= 256;
         int fo = linear(&f, "model.layers.%d.self_attn.o_proj", "o_proj", n, H, qd, 0, &b);
         int fr = linear(&f, "model.layers.%d.block_sparse_moe.gate", "gate", n, E, H, 0, &b);
         int fg = linear(&f, "model.layers.%d.block_sparse_moe.experts.%d.w1", "w1", rows, I, H, m->num_experts, &b);

@@ -19,8 +19,11 @@
 #include <unistd.h>
 
 #include "kernels/device.h"
+#include "kernels/host/adamw_host.h"
+#include "kernels/host/threadpool.h"
 #include "kernels/ops.h"
 #include "base/clock.h"
+#include "base/dtype.h"
 
 /* threads: the kernel pool's size, as the run will have it (0 = every core) */
 static mt_status_t measure_gemm(int n, int reps, int threads, mt_dtype_t compute, double *flops, mt_error_t *err) {
@@ -241,29 +244,99 @@ static double measure_interference(int threads) {
     return ratio[PAIRS / 2] > 1 ? ratio[PAIRS / 2] - 1 : 0;
 }
 
-mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_opts_t *opts, sched_calibration_t *out,
-                          mt_error_t *err) {
-    memset(out, 0, sizeof *out);
-    const int n = opts && opts->gemm_n > 0 ? opts->gemm_n : 1024;
-    const size_t bytes = opts && opts->stream_bytes > 0 ? opts->stream_bytes : (size_t)64 << 20;
-    const int reps = opts && opts->reps > 0 ? opts->reps : 3;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    out->cores = cores > 0 ? (int)cores : 1;
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    out->host_memory = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
-    mt_status_t st = measure_gemm(n, reps, rc ? rc->compute_threads : 0, MT_F32, &out->sgemm_flops, err);
-    if (st == MT_OK)
-        st = measure_gemm(n, reps, rc ? rc->compute_threads : 0, MT_BF16, &out->bf16_gemm_flops, err);
-    if (st != MT_OK) return st;
-    out->memcpy_bw = measure_memcpy(bytes, reps);
-    out->stream_bw = measure_stream(bytes, reps, out->cores);
-    if (rc && rc->link_gbps > 0) out->link_bw = rc->link_gbps * 1e9;
-    out->link_latency_s = rc ? rc->link_latency_us * 1e-6 : 0;
-    if (rc && rc->compute_threads > 0) out->compute_interference = measure_interference(rc->compute_threads);
-    return MT_OK;
+/* ---- the host's work beside the copies, and the optimizer --------------- */
+
+/* The staging pool's pack threads (moe/staging_pack.c, pack_threads_for):
+ * one beside the CPU backend, whose host work shares its cores; one per 4
+ * cores, 1 to 4, on a GPU's host. */
+static int pack_threads(bool gpu, int cores) {
+    if (!gpu) return 1;
+    const int n = cores / 4;
+    return n < 1 ? 1 : n > 4 ? 4 : n;
 }
 
-/* ---- a device whose kernels run asynchronously (a GPU) ------------------ */
+typedef struct {
+    uint16_t *dst;
+    const float *src;
+    size_t n;
+} pack_part_t;
+
+/* As a pack thread converts: 4 MB pieces of bf16 out. */
+static void *pack_part(void *arg) {
+    pack_part_t *p = arg;
+    const size_t piece = ((size_t)4 << 20) / sizeof(uint16_t);
+    for (size_t off = 0; off < p->n; off += piece)
+        mt_convert_from_f32(p->dst + off, MT_BF16, p->src + off, p->n - off < piece ? p->n - off : piece);
+    return NULL;
+}
+
+/* Bytes of bf16 staging filled per second from fp32 by `threads` threads
+ * (what the simulator charges a converted fetch). */
+static double measure_pack(size_t n, int threads, int reps) {
+    float *src = malloc(n * sizeof *src);
+    uint16_t *dst = malloc(n * sizeof *dst);
+    pthread_t *tid = malloc((size_t)threads * sizeof *tid);
+    pack_part_t *parts = malloc((size_t)threads * sizeof *parts);
+    MT_CHECK(src && dst && tid && parts, "out of host memory for the pack calibration");
+    for (size_t i = 0; i < n; i++) src[i] = (float)(i & 1023) * 0.001f;
+    memset(dst, 0, n * sizeof *dst);
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = mt_now_s();
+        for (int k = 0; k < threads; k++) {
+            const size_t lo = n * (size_t)k / (size_t)threads, hi = n * (size_t)(k + 1) / (size_t)threads;
+            parts[k] = (pack_part_t){dst + lo, src + lo, hi - lo};
+            MT_CHECK(pthread_create(&tid[k], NULL, pack_part, &parts[k]) == 0, "pthread_create failed");
+        }
+        for (int k = 0; k < threads; k++) pthread_join(tid[k], NULL);
+        const double t = mt_now_s() - t0;
+        if (t < best) best = t;
+    }
+    free(parts);
+    free(tid);
+    free(dst);
+    free(src);
+    return (double)n * sizeof(uint16_t) / best;
+}
+
+/* Bytes of host AdamW traffic per second (28 per parameter: fp32 p, g, m,
+ * v read, p, m, v written, as the cost model counts them) over n
+ * parameters on `threads` threads (0: every core). */
+static double measure_adamw(size_t n, int threads, int reps) {
+    float *p = malloc(n * sizeof *p), *g = malloc(n * sizeof *g);
+    void *mom_base = calloc(1, kern_moments_bytes(KERN_MOMENTS_F32, n));
+    MT_CHECK(p && g && mom_base, "out of host memory for the AdamW calibration");
+    for (size_t i = 0; i < n; i++) p[i] = (float)(i & 1023) * 0.001f, g[i] = (float)(i & 63) * 1e-4f;
+    const kern_moments_t mom = kern_moments_view(KERN_MOMENTS_F32, mom_base, n, 0);
+    kern_threadpool_t *pool = kern_threadpool_create(threads);
+    kern_adamw_params_t ap = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+                              .grad_scale = 1.0f};
+    double best = 1e30;
+    for (int r = 0; r < reps + 1; r++) { /* +1: the first pass faults the moments' pages in */
+        ap.step = r + 1;
+        const double t0 = mt_now_s();
+        kern_adamw_cpu_pool(pool, p, &mom, g, NULL, NULL, n, &ap);
+        const double t = mt_now_s() - t0;
+        if (r > 0 && t < best) best = t;
+    }
+    kern_threadpool_destroy(pool);
+    free(mom_base);
+    free(g);
+    free(p);
+    return 28.0 * (double)n / best;
+}
+
+/* The host rates beside the copies, for a run on a GPU (gpu) or the CPU
+ * backend.  The gradient unpack is one thread's memcpy out of staging
+ * (the D2H stream's host function): memcpy_bw, measured already. */
+static void measure_host_work(bool gpu, int cores, size_t adam_params, int reps, sched_calibration_t *out) {
+    const size_t n = (size_t)32 << 20; /* 128 MB of fp32 in: past the caches */
+    out->pack_bw = measure_pack(n, pack_threads(gpu, cores), reps);
+    out->unpack_bw = out->memcpy_bw;
+    out->adamw_bw = measure_adamw(adam_params, 0, reps);
+}
+
+/* ---- the attention kernels at the run's shape ------------------------------ */
 
 /* Best-of-reps seconds of `issue` on stream s, synced after each. */
 typedef void (*issue_fn)(kern_device_t *dev, kern_stream_t *s, void *ctx);
@@ -281,6 +354,128 @@ static double time_on_stream(kern_device_t *dev, kern_stream_t *s, issue_fn issu
     }
     return best;
 }
+
+
+void eng_calibrate_attn_of(const eng_model_config_t *mc, const eng_run_config_t *rc, bool bf16,
+                           eng_calibrate_attn_t *out) {
+    const int vd = mc->v_head_dim, qk = mc->qk_nope_head_dim + mc->qk_rope_head_dim;
+    *out = (eng_calibrate_attn_t){.B = rc->micro_batch_size, .T = rc->sequence_len, .heads = mc->num_attention_heads,
+                                  .kv_heads = mc->mla ? mc->num_attention_heads : mc->num_key_value_heads,
+                                  .head_dim = mc->mla ? (qk >= vd ? qk : vd) : mc->head_dim, .bf16 = bf16,
+                                  .packed = rc->sample_packing};
+}
+
+static const eng_calibrate_attn_t k_default_attn = {.B = 1, .T = 1024, .heads = 16, .kv_heads = 16, .head_dim = 128};
+
+typedef struct {
+    float *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
+    int B, T, nh, nkv, hd;
+    bool tc; /* the tensor-core path (it took the shape) */
+} attn_job_t;
+
+static size_t attn_bytes(const attn_job_t *j) {
+    const size_t q = (size_t)j->B * j->T * j->nh * j->hd, kv = (size_t)j->B * j->T * j->nkv * j->hd;
+    return (4 * q + 4 * kv + (size_t)j->B * j->nh * j->T) * sizeof(float);
+}
+
+static void issue_attn_fwd(kern_device_t *dev, kern_stream_t *s, void *ctx) {
+    attn_job_t *j = ctx;
+    if (j->tc && dev->ops->attention_fwd_tc(s, j->o, j->lse, j->q, j->k, j->v, NULL, NULL, j->B, j->T, j->nh, j->nkv,
+                                            j->hd, 0))
+        return;
+    j->tc = false; /* the path refused the shape: the fp32 kernel runs it, as in the run */
+    dev->ops->attention_fwd(s, j->o, j->lse, j->q, j->k, j->v, NULL, NULL, j->B, j->T, j->nh, j->nkv, j->hd, 0);
+}
+
+static void issue_attn_bwd(kern_device_t *dev, kern_stream_t *s, void *ctx) {
+    attn_job_t *j = ctx;
+    if (j->tc && dev->ops->attention_bwd_tc(s, j->dq, j->dk, j->dv, j->dout, j->q, j->k, j->v, j->o, j->lse, NULL,
+                                            NULL, j->B, j->T, j->nh, j->nkv, j->hd, 0))
+        return;
+    dev->ops->attention_bwd(s, j->dq, j->dk, j->dv, j->dout, j->q, j->k, j->v, j->o, j->lse, NULL, NULL, j->B, j->T,
+                            j->nh, j->nkv, j->hd, 0);
+}
+
+/* The attention kernels on dev at shape a, the sequence halved (down to
+ * 64) until its buffers fit mem_cap and a forward and backward stay under
+ * flop_cap: model FLOPs per second of each direction into out (attn_tc:
+ * the path measured).  Zeros in every buffer: finite, and the kernels' time
+ * does not depend on the values. */
+static mt_status_t measure_attention(kern_device_t *dev, const eng_calibrate_attn_t *a, size_t mem_cap,
+                                     double flop_cap, int reps, sched_calibration_t *out, mt_error_t *err) {
+    attn_job_t j = {.B = a->B > 0 ? a->B : 1, .T = a->T > 0 ? a->T : 1024, .nh = a->heads, .nkv = a->kv_heads,
+                    .hd = a->head_dim, .tc = a->bf16 && !a->packed};
+    if (j.nh <= 0 || j.nkv <= 0 || j.hd <= 0 || j.nh % j.nkv != 0) return MT_OK; /* nothing the kernels take */
+    while (j.T > 64 && (attn_bytes(&j) > mem_cap || 7.0 * j.B * (double)j.T * j.T * j.nh * j.hd > flop_cap)) j.T /= 2;
+    while (j.B > 1 && attn_bytes(&j) > mem_cap) j.B /= 2;
+    const size_t q = (size_t)j.B * j.T * j.nh * j.hd * sizeof(float), kv = (size_t)j.B * j.T * j.nkv * j.hd * sizeof(float);
+    const size_t lse = (size_t)j.B * j.nh * j.T * sizeof(float);
+    float **bufs[] = {&j.q, &j.o, &j.dout, &j.dq, &j.k, &j.v, &j.dk, &j.dv, &j.lse};
+    const size_t sizes[] = {q, q, q, q, kv, kv, kv, kv, lse};
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    mt_status_t st = MT_OK;
+    int got = 0;
+    for (; got < 9; got++) {
+        *bufs[got] = kern_alloc(dev, sizes[got], "calibration attention", err);
+        if (!*bufs[got]) {
+            st = mt_error_prefix(err, "calibration of attention: ");
+            break;
+        }
+        kern_memset(dev, s, *bufs[got], 0, sizes[got]);
+    }
+    if (st == MT_OK) {
+        const double t_fwd = time_on_stream(dev, s, issue_attn_fwd, &j, reps);
+        const double t_bwd = time_on_stream(dev, s, issue_attn_bwd, &j, reps);
+        const double pairs = (double)j.B * j.nh * j.T * (j.T + 1) / 2.0;
+        out->attn_tc = j.tc;
+        out->attn_flops[SCHED_DIR_FWD] = 4.0 * pairs * j.hd / t_fwd;
+        out->attn_flops[SCHED_DIR_BWD] = 10.0 * pairs * j.hd / t_bwd;
+    }
+    for (int i = 0; i < got; i++) kern_free(dev, *bufs[i]);
+    kern_device_sync(dev);
+    return st;
+}
+
+/* The CPU backend's attention: a CPU device of its own, the run's kernel
+ * threads, as measure_gemm does. */
+static mt_status_t measure_attention_cpu(const eng_run_config_t *rc, const eng_calibrate_attn_t *a, double flop_cap,
+                                         int reps, sched_calibration_t *out, mt_error_t *err) {
+    const size_t cap = (size_t)256 << 20;
+    kern_device_opts_t o = {.device_budget_bytes = cap + (4u << 20), .host_threads = rc ? rc->compute_threads : 0};
+    kern_device_t *dev = NULL;
+    mt_status_t st = kern_device_create(KERN_BACKEND_CPU, &o, &dev, err);
+    if (st != MT_OK) return mt_error_prefix(err, "calibration: ");
+    st = measure_attention(dev, a, cap, flop_cap, reps, out, err);
+    kern_device_destroy(dev);
+    return st;
+}
+
+mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_attn_t *attn,
+                          const eng_calibrate_opts_t *opts, sched_calibration_t *out, mt_error_t *err) {
+    memset(out, 0, sizeof *out);
+    const int n = opts && opts->gemm_n > 0 ? opts->gemm_n : 1024;
+    const size_t bytes = opts && opts->stream_bytes > 0 ? opts->stream_bytes : (size_t)64 << 20;
+    const int reps = opts && opts->reps > 0 ? opts->reps : 3;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    out->cores = cores > 0 ? (int)cores : 1;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    out->host_memory = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    mt_status_t st = measure_gemm(n, reps, rc ? rc->compute_threads : 0, MT_F32, &out->sgemm_flops, err);
+    if (st == MT_OK)
+        st = measure_gemm(n, reps, rc ? rc->compute_threads : 0, MT_BF16, &out->bf16_gemm_flops, err);
+    if (st != MT_OK) return st;
+    out->memcpy_bw = measure_memcpy(bytes, reps);
+    out->stream_bw = measure_stream(bytes, reps, out->cores);
+    if (rc && rc->link_gbps > 0) out->link_bw = rc->link_gbps * 1e9;
+    out->link_latency_s = rc ? rc->link_latency_us * 1e-6 : 0;
+    if (rc && rc->compute_threads > 0) out->compute_interference = measure_interference(rc->compute_threads);
+    measure_host_work(false, out->cores, opts && opts->adam_params > 0 ? opts->adam_params : (size_t)16 << 20, reps,
+                      out);
+    return measure_attention_cpu(rc, attn ? attn : &k_default_attn,
+                                 opts && opts->attn_flops > 0 ? opts->attn_flops : 2e9, reps, out, err);
+}
+
+/* ---- a device whose kernels run asynchronously (a GPU) ------------------ */
 
 typedef struct {
     void *dst;
@@ -303,45 +498,8 @@ static void issue_d2d(kern_device_t *dev, kern_stream_t *s, void *ctx) {
     kern_memcpy_d2d(dev, s, j->dst, j->src, j->bytes);
 }
 
-/* The attention kernels, forward then backward, causal, over buffers carved
- * from two of the GEMM's (their contents are finite, their values do not
- * matter): FLOPs counted as the cost model counts them (4 and 10 x pairs x
- * head_dim), so the rate is what the model's attention ops take. */
-typedef struct {
-    float *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
-    int B, T, nh, hd;
-} attn_job_t;
-
-static void issue_attn_fwd(kern_device_t *dev, kern_stream_t *s, void *ctx) {
-    attn_job_t *j = ctx;
-    dev->ops->attention_fwd(s, j->o, j->lse, j->q, j->k, j->v, NULL, NULL, j->B, j->T, j->nh, j->nh, j->hd, 0);
-}
-static void issue_attn_bwd(kern_device_t *dev, kern_stream_t *s, void *ctx) {
-    attn_job_t *j = ctx;
-    dev->ops->attention_bwd(s, j->dq, j->dk, j->dv, j->dout, j->q, j->k, j->v, j->o, j->lse, NULL, NULL, j->B, j->T,
-                            j->nh, j->nh, j->hd, 0);
-}
-
-static double measure_attention(kern_device_t *dev, kern_stream_t *s, float *buf_a, float *buf_c, size_t bytes,
-                                int reps) {
-    /* head_dim 128, 16 heads, sequences of 1024 (or shorter, to fit) */
-    attn_job_t j = {.B = 1, .T = 1024, .nh = 16, .hd = 128};
-    size_t per = (size_t)j.B * j.T * j.nh * j.hd;
-    while (j.T > 64 && 5 * per * sizeof(float) + (size_t)j.B * j.nh * j.T * sizeof(float) > bytes) {
-        j.T /= 2;
-        per /= 2;
-    }
-    j.q = buf_a, j.k = buf_a + per, j.v = buf_a + 2 * per, j.dout = buf_a + 3 * per, j.o = buf_a + 4 * per;
-    j.lse = buf_a + 5 * per;
-    j.dq = buf_c, j.dk = buf_c + per, j.dv = buf_c + 2 * per;
-    const double t_fwd = time_on_stream(dev, s, issue_attn_fwd, &j, reps);
-    const double t_bwd = time_on_stream(dev, s, issue_attn_bwd, &j, reps);
-    const double pairs = (double)j.B * j.nh * j.T * (j.T + 1) / 2.0;
-    return 14.0 * pairs * j.hd / (t_fwd + t_bwd);
-}
-
-mt_status_t eng_calibrate_device(kern_device_t *dev, const eng_run_config_t *rc, sched_calibration_t *out,
-                                 mt_error_t *err) {
+mt_status_t eng_calibrate_device(kern_device_t *dev, const eng_run_config_t *rc, const eng_calibrate_attn_t *attn,
+                                 sched_calibration_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
     out->device_calibrated = true;
     snprintf(out->device_name, sizeof out->device_name, "%s device %d", dev->vt->name,
@@ -402,7 +560,6 @@ mt_status_t eng_calibrate_device(kern_device_t *dev, const eng_run_config_t *rc,
         out->link_latency_s = time_on_stream(dev, kern_stream(dev, KERN_STREAM_H2D), issue_h2d, &j, reps);
         j = (dev_job_t){.dst = d2, .src = d1, .bytes = copy_bytes};
         out->device_bw = 2.0 * copy_bytes / time_on_stream(dev, cs, issue_d2d, &j, reps); /* read + write */
-        out->attention_flops = measure_attention(dev, cs, (float *)a, (float *)c, mat, reps);
     }
     if (pinned) kern_pinned_free(dev, pinned, copy_bytes);
     kern_free(dev, d2);
@@ -410,6 +567,14 @@ mt_status_t eng_calibrate_device(kern_device_t *dev, const eng_run_config_t *rc,
     kern_free(dev, c);
     kern_free(dev, b);
     kern_free(dev, a);
+    /* the attention kernels at the run's shape, after the products' buffers
+     * are back (the fp32 kernel's a few tenths of a second at most) */
+    if (status == MT_OK) {
+        const eng_calibrate_attn_t *a = attn ? attn : &k_default_attn;
+        status = measure_attention(dev, a, (size_t)(out->device_memory / 4), a->bf16 && !a->packed ? 1e14 : 2e12, 5,
+                                   out, err);
+    }
+    if (status == MT_OK) measure_host_work(true, out->cores, (size_t)16 << 20, 3, out);
     kern_device_sync(dev);
     kern_device_reset_peaks(dev);
     return status;

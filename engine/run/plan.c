@@ -83,8 +83,10 @@ mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t 
     if (strcmp(path, "calibrate") == 0) {
         /* a GPU is measured through the device the run will use */
         sched_calibration_t cal;
-        st = kern_device_caps(dev).kernels_async ? eng_calibrate_device(dev, rc, &cal, err)
-                                                 : eng_calibrate(rc, NULL, &cal, err);
+        const bool gpu = kern_device_caps(dev).kernels_async;
+        eng_calibrate_attn_t attn; /* bf16 working copies on a GPU only */
+        eng_calibrate_attn_of(mc, rc, gpu && eng_compute_dtype(rc, dev) == MT_BF16, &attn);
+        st = gpu ? eng_calibrate_device(dev, rc, &attn, &cal, err) : eng_calibrate(rc, &attn, NULL, &cal, err);
         if (st != MT_OK) return st;
         sched_hw_from_calibration(&cal, &hw);
     } else {

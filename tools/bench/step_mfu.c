@@ -9,7 +9,10 @@
  * keep_all model of the preset geometries, not two).  On cuda the peak and
  * the predictions come from the device profile (--hw, configs/hw/NAME.yaml;
  * its datasheet bf16 peak is the denominator whatever the compute dtype,
- * as MFU is usually quoted); on cpu from this machine's calibration (the
+ * as MFU is usually quoted), or with --hw calibrate from measuring the GPU
+ * and its host before the runs (eng_calibrate_device at the geometry's
+ * attention shape: the measured bf16 GEMM rate is then the peak); on cpu
+ * from this machine's calibration (the
  * measured GEMM rate of the compute dtype, and the keep_all run's profiled
  * block times, as the full comparison predicts). */
 #include <stdio.h>
@@ -18,6 +21,8 @@
 
 #include "engine/config/config.h"
 #include "engine/model/desc/program.h"
+#include "engine/run/calibrate.h"
+#include "kernels/device.h"
 #include "scheduler/planner.h"
 #include "scheduler/simulate.h"
 #include "tools/bench/step_bench_internal.h"
@@ -64,13 +69,32 @@ int mfu_parse_opt(opts_t *o, const char *a, const char *v) {
 
 /* The registry and, on cuda, the workload on the device profile.  False
  * with a message. */
+/* --hw calibrate on cuda: the GPU the runs will use (device 0, its whole
+ * memory) and its host, measured at the geometry's attention shape; the
+ * device is gone again before the runs make theirs. */
+static mt_status_t calibrate_gpu(const eng_model_config_t *mc, const eng_run_config_t *rc, bool bf16, sched_hw_t *hw,
+                                 mt_error_t *err) {
+    kern_device_opts_t dopts = {.device_index = 0};
+    kern_device_t *dev = NULL;
+    mt_status_t st = kern_device_create(KERN_BACKEND_CUDA, &dopts, &dev, err);
+    if (st != MT_OK) return mt_error_prefix(err, "--hw calibrate: ");
+    eng_calibrate_attn_t attn;
+    eng_calibrate_attn_of(mc, rc, bf16, &attn);
+    sched_calibration_t cal;
+    st = eng_calibrate_device(dev, rc, &attn, &cal, err);
+    kern_device_destroy(dev);
+    if (st == MT_OK) sched_hw_from_calibration(&cal, hw);
+    return st;
+}
+
 static bool predictor_from_profile(predictor_t *p, const char *ckpt, const opts_t *o) {
     memset(p, 0, sizeof *p);
     mt_error_t err = {0};
     char path[1024];
     eng_model_config_t mc;
     if (sched_hw_resolve(o->hw, NULL, path, sizeof path, &err) != MT_OK ||
-        sched_hw_load(path, &p->hw, &err) != MT_OK || eng_model_config_load(ckpt, NULL, &mc, &err) != MT_OK) {
+        (strcmp(path, "calibrate") != 0 && sched_hw_load(path, &p->hw, &err) != MT_OK) ||
+        eng_model_config_load(ckpt, NULL, &mc, &err) != MT_OK) {
         fprintf(stderr, "bench step: %s\n", err.msg);
         return false;
     }
@@ -80,6 +104,12 @@ static bool predictor_from_profile(predictor_t *p, const char *ckpt, const opts_
     rc.micro_batch_size = o->batch;
     rc.max_grad_norm = 0;
     rc.bf16 = o->bf16 ? ENG_BF16_ON : ENG_BF16_OFF;
+    if (strcmp(path, "calibrate") == 0 && calibrate_gpu(&mc, &rc, o->bf16 == 1, &p->hw, &err) != MT_OK) {
+        fprintf(stderr, "bench step: %s\n", err.msg);
+        eng_model_config_free(&mc);
+        eng_run_config_free(&rc);
+        return false;
+    }
     sched_program_t prog = {0};
     sched_run_shape_t shape;
     mt_status_t st = eng_program_describe(&mc, &rc, o->bf16 == 1, &prog, &shape, &err);
@@ -126,6 +156,7 @@ typedef struct {
     double flops_per_token; /* training: 3 x forward */
     double peak;            /* FLOP/s */
     const char *peak_what;
+    const char *profile;    /* the hardware profile's name ("calibrated-gpu" with --hw calibrate) */
 } mfu_t;
 
 /* One plan's run; with --trace FILE its trace goes to FILE with the plan's
@@ -156,9 +187,9 @@ static void mfu_print(const opts_t *o, const mfu_t *r) {
         mt_build_info_line(build, sizeof build);
         printf("{\"build\": \"%s\", \"backend\": \"%s\", \"geometry\": \"%s\", \"model_type\": \"%s\", \"layers\": %d,"
                " \"tokens_per_step\": %.0f, \"compute\": \"%s\", \"model_flops_per_token\": %.9g,"
-               " \"peak_flops\": %.9g, \"peak\": \"%s\", \"plans\": [",
+               " \"peak_flops\": %.9g, \"peak\": \"%s\", \"profile\": \"%s\", \"plans\": [",
                build, o->cuda ? "cuda" : "cpu", o->geometry ? o->geometry : "custom", o->model_type, o->layers,
-               tokens, o->bf16 ? "bf16" : "fp32", r->flops_per_token, r->peak, r->peak_what);
+               tokens, o->bf16 ? "bf16" : "fp32", r->flops_per_token, r->peak, r->peak_what, r->profile);
         for (int i = 0; i < r->n; i++) {
             const measure_t *m = &r->m[i];
             const double fl = r->flops_per_token * tokens / m->median_s;
@@ -199,6 +230,21 @@ static void mfu_print(const opts_t *o, const mfu_t *r) {
            o->steps, o->cuda ? " on the device profile" : " on the profiled keep_all step");
 }
 
+/* Which profile predicted, and the rates a streamed plan turns on. */
+static void print_profile(const sched_hw_t *hw, const opts_t *o) {
+    const bool cal = strcmp(hw->source, "calibrate") == 0;
+    printf("device profile: %s (--hw %s%s)\n", hw->device_name, o->hw, cal ? ": measured before the runs" : "");
+    const sched_attn_path_t a = o->bf16 ? SCHED_ATTN_TC : SCHED_ATTN_KERNEL;
+    printf("  attention %.4g/%.4g TFLOP/s fwd/bwd (%s), link %.1f/%.1f GB/s h2d/d2h, host AdamW %.0f GB/s, "
+           "pack %.3g GB/s, unpack %.3g GB/s\n",
+           hw->attn_flops[a][SCHED_DIR_FWD] / 1e12, hw->attn_flops[a][SCHED_DIR_BWD] / 1e12,
+           a == SCHED_ATTN_TC ? "tensor-core path where it takes the shape" : "fp32 kernel", sched_hw_h2d_bw(hw) / 1e9,
+           sched_hw_d2h_bw(hw) / 1e9, hw->adamw_bw / 1e9, hw->pack_bw / 1e9, hw->unpack_bw / 1e9);
+    char assumed[512];
+    sched_hw_assumed_line(hw, assumed, sizeof assumed);
+    if (assumed[0]) printf("  assumed (not in the profile): %s\n", assumed);
+}
+
 int mfu_report(const char *ckpt, const opts_t *o) {
     const int nb = o->layers + 2;
     mfu_t r = {.n = 2, .name = {"keep_all", "offload_all (overlapped)", "planner"}};
@@ -227,13 +273,17 @@ int mfu_report(const char *ckpt, const opts_t *o) {
         r.flops_per_token = sched_registry_model_flops_per_token(&p.reg);
         const sched_rate_t rate = o->bf16 ? SCHED_RATE_BF16 : SCHED_RATE_FP32;
         r.peak = o->cuda ? p.hw.peak_flops[SCHED_RATE_BF16] : sched_hw_flops(&p.hw, rate);
-        r.peak_what = o->cuda ? "the device profile's dense bf16 peak" : o->bf16 ? "this CPU's calibrated bf16 GEMM rate"
-                                                                                : "this CPU's calibrated fp32 GEMM rate";
+        const bool gpu_cal = o->cuda && strcmp(p.hw.source, "calibrate") == 0;
+        r.peak_what = gpu_cal   ? "this GPU's calibrated bf16 GEMM rate"
+                      : o->cuda ? "the device profile's dense bf16 peak"
+                      : o->bf16 ? "this CPU's calibrated bf16 GEMM rate"
+                                : "this CPU's calibrated fp32 GEMM rate";
+        r.profile = p.hw.name;
         for (int i = 0; i < r.n; i++) r.pred_s[i] = predict(&p, &plans[i]);
         ok = r.flops_per_token > 0 && r.peak > 0;
         if (!ok) fprintf(stderr, "bench step: no model FLOPs or no peak to compare with\n");
     }
-    if (ok && o->cuda && !o->json) printf("device profile: %s (--hw %s)\n", p.hw.device_name, o->hw);
+    if (ok && o->cuda && !o->json) print_profile(&p.hw, o);
     if (ok) mfu_print(o, &r);
     for (int i = 0; i < r.n; i++) ok &= r.m[i].ok;
     for (int i = 0; i < r.n; i++) {

@@ -34,6 +34,7 @@ for p in r["plans"]:
     if not (0 < p["mfu"] < 1.5): bad.append(f"{p['plan']}: mfu {p['mfu']}")
     if not p["predicted_step_s"] > 0: bad.append(f"{p['plan']}: no prediction")
 if r["backend"] != "cpu" or r["compute"] != "fp32": bad.append("backend/compute")
+if r.get("profile") != "calibrated-cpu": bad.append(f"profile {r.get('profile')}: the cpu predicts from this machine's calibration")
 for b in bad: print("FAIL:", b)
 sys.exit(1 if bad else 0)
 PY
@@ -52,6 +53,15 @@ elif [ "$rc" = 0 ]; then
   grep -qF "the device profile's dense bf16 peak" <<<"$out" || { echo "FAIL: cuda report without its peak"; fail=1; }
 else
   echo "FAIL: --backend cuda gave exit $rc: $out"; fail=1
+fi
+# --hw calibrate measures the GPU before the runs: without one, exit 1 with the reason
+out=$("$bin" "${args[@]/cpu/cuda}" --hw calibrate 2>&1); rc=$?
+if [ "$rc" = 1 ]; then
+  grep -qiE "gpu|cuda" <<<"$out" || { echo "FAIL: --hw calibrate without a GPU gave no reason: $out"; fail=1; }
+elif [ "$rc" = 0 ]; then
+  grep -qF "measured before the runs" <<<"$out" || { echo "FAIL: calibrated cuda report does not say so"; fail=1; }
+else
+  echo "FAIL: --backend cuda --hw calibrate gave exit $rc: $out"; fail=1
 fi
 "$bin" bench step --geometry nope >/dev/null 2>&1; rc=$?
 [ "$rc" = 2 ] || { echo "FAIL: unknown geometry gave $rc, expected 2"; fail=1; }

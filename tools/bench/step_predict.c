@@ -34,7 +34,9 @@ void predictor_init(predictor_t *p, const char *ckpt, const opts_t *o, double li
     sched_calibration_t *cal = &p->cal;
     sched_program_t prog = {0};
     sched_run_shape_t shape;
-    if (eng_calibrate(&rc, NULL, cal, &err) != MT_OK || eng_program_describe(&mc, &rc, false, &prog, &shape, &err) != MT_OK ||
+    eng_calibrate_attn_t attn; /* the CPU backend keeps fp32 working copies: the fp32 kernel */
+    eng_calibrate_attn_of(&mc, &rc, false, &attn);
+    if (eng_calibrate(&rc, &attn, NULL, cal, &err) != MT_OK || eng_program_describe(&mc, &rc, false, &prog, &shape, &err) != MT_OK ||
         sched_registry_build(&prog, &shape, &p->reg, &err) != MT_OK) {
         sched_program_free(&prog);
         fprintf(stderr, "bench step: %s\n", err.msg);

@@ -92,15 +92,18 @@ static mt_status_t load_hardware(plan_ctx_t *c, const char *spec, mt_error_t *er
     char why[256];
     const bool gpu = c->rc.backend == ENG_BACKEND_CUDA ||
                      (c->rc.backend == ENG_BACKEND_AUTO && kern_cuda_available(why, sizeof why));
+    /* the attention path of the run's shape: bf16 working copies as run() describes them */
+    eng_calibrate_attn_t attn;
+    eng_calibrate_attn_of(&c->mc, &c->rc, c->rc.bf16 == ENG_BF16_ON || (c->rc.bf16 == ENG_BF16_AUTO && gpu), &attn);
     if (gpu) { /* the GPU the run would use, with its budget */
         kern_device_opts_t o = {.device_budget_bytes = c->rc.memory_device, .device_index = c->rc.devices.ids[0]};
         kern_device_t *dev = NULL;
         st = kern_device_create(KERN_BACKEND_CUDA, &o, &dev, err);
         if (st != MT_OK) return mt_error_prefix(err, "--hw calibrate: ");
-        st = eng_calibrate_device(dev, &c->rc, &cal, err);
+        st = eng_calibrate_device(dev, &c->rc, &attn, &cal, err);
         kern_device_destroy(dev);
     } else {
-        st = eng_calibrate(&c->rc, NULL, &cal, err);
+        st = eng_calibrate(&c->rc, &attn, NULL, &cal, err);
     }
     if (st != MT_OK) return st;
     sched_hw_from_calibration(&cal, &c->hw);

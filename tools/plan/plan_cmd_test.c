@@ -385,18 +385,15 @@ static void test_quantized_runs(void) {
         const double ratio = num(bq, "stored_bytes", NULL) / num(bq, "working_dtype_bytes", NULL);
         EXPECT(fabs(ratio - (0.5 + (1 + 4.0 / 256) / 64) / 2) < 1e-9, "NF4 bytes / bf16 bytes %g", ratio);
         EXPECT(!json_object_get(b, "base_quant"), "the bf16 run has no quantized base");
-        /* the link bytes are the planner's to spend: with the weights that
-         * much smaller it streams more blocks and offloads activations it
-         * would recompute where that is faster (with q, k, v and the
-         * attention output saved in bf16: 9 blocks streamed, 14 offloaded,
-         * 2.61 s a step, h2d 0.500 of bf16's; with them in fp32 8, 13,
-         * 2.65 s, 0.473), so the bound is a little over half */
+        /* link traffic compared in one step order (the planner may pick either, and with it how much
+         * it streams) */
+        json_t *ql = json_object_get(json_object_get(q, "step_orders"), "layer");
+        json_t *bl = json_object_get(json_object_get(b, "step_orders"), "layer");
         EXPECT(num(q, "prediction", "tokens_per_s") > num(b, "prediction", "tokens_per_s") &&
-                   num(q, "prediction", "h2d_bytes") < 0.55 * num(b, "prediction", "h2d_bytes") &&
+                   num(ql, "h2d_bytes", NULL) < 0.5 * num(bl, "h2d_bytes", NULL) &&
                    peak(q, "host", "peak_bytes") < 0.5 * peak(b, "host", "peak_bytes"),
-               "QLoRA %g tokens/s, %g B h2d vs bf16 %g tokens/s, %g B", num(q, "prediction", "tokens_per_s"),
-               num(q, "prediction", "h2d_bytes"), num(b, "prediction", "tokens_per_s"),
-               num(b, "prediction", "h2d_bytes"));
+               "QLoRA %g tokens/s, %g B h2d layer-major vs bf16 %g tokens/s, %g B", num(q, "prediction", "tokens_per_s"),
+               num(ql, "h2d_bytes", NULL), num(b, "prediction", "tokens_per_s"), num(bl, "h2d_bytes", NULL));
     }
     json_decref(q);
     json_decref(b);

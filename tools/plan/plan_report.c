@@ -269,6 +269,44 @@ static json_t *staging_json(const plan_ctx_t *c) {
     return o;
 }
 
+/* The attention path the run's ops take (the tensor-core one when any of
+ * them does); *any false when the model has no attention op. */
+static sched_attn_path_t attn_path(const sched_registry_t *r, bool *any) {
+    *any = false;
+    sched_attn_path_t p = SCHED_ATTN_KERNEL;
+    for (int i = 0; i < r->num_ops; i++) {
+        if (!r->ops[i].attention) continue;
+        *any = true;
+        if (r->ops[i].attention_tc) p = SCHED_ATTN_TC;
+    }
+    return p;
+}
+
+/* One rate for both directions, as the cost model counts their FLOPs (4
+ * and 10 x pairs x head dim): 14 / (4 / fwd + 10 / bwd). */
+static double attn_both(const sched_hw_t *hw, sched_attn_path_t p) {
+    return 14.0 / (4.0 / hw->attn_flops[p][SCHED_DIR_FWD] + 10.0 / hw->attn_flops[p][SCHED_DIR_BWD]);
+}
+
+/* The rates lines: device rates, the host's work beside the copies, and
+ * what the profile left to the stated rules. */
+static void rates_text(FILE *f, const plan_ctx_t *c) {
+    const sched_hw_t *hw = &c->hw;
+    const sched_registry_t *r = &c->reg;
+    bool any;
+    const sched_attn_path_t p = attn_path(r, &any);
+    fprintf(f, "rates      matmul %.1f TFLOP/s (%s), attention %.4g/%.4g TFLOP/s fwd/bwd (%s%s), device memory %.0f GB/s\n",
+            sched_hw_flops(hw, sched_matmul_rate(r)) / 1e12, sched_rate_name(sched_matmul_rate(r)),
+            hw->attn_flops[p][SCHED_DIR_FWD] / 1e12, hw->attn_flops[p][SCHED_DIR_BWD] / 1e12,
+            p == SCHED_ATTN_TC ? "tensor-core path" : "fp32 kernel", any ? "" : "; no attention op",
+            sched_hw_device_bw(hw) / 1e9);
+    fprintf(f, "host work  AdamW %.0f GB/s, pack into staging %.3g GB/s, gradient unpack %.3g GB/s\n",
+            hw->adamw_bw / 1e9, hw->pack_bw / 1e9, hw->unpack_bw / 1e9);
+    char assumed[512];
+    sched_hw_assumed_line(hw, assumed, sizeof assumed);
+    if (assumed[0]) fprintf(f, "assumed    (not in the profile) %s\n", assumed);
+}
+
 static void bound_text(const plan_ctx_t *c, char *buf, size_t cap) {
     const sched_sim_result_t *s = &c->res.sim;
     const double idle = s->waited[s->bottleneck];
@@ -280,7 +318,8 @@ static void bound_text(const plan_ctx_t *c, char *buf, size_t cap) {
         snprintf(buf, cap, "H2D link: the compute stream waits %.3g s for weight and activation fetches", idle);
         break;
     case SCHED_RES_D2H:
-        snprintf(buf, cap, "D2H link: the compute stream waits %.3g s for gradients and activations to drain", idle);
+        snprintf(buf, cap, "D2H stream: the compute stream waits %.3g s for gradients and activations to drain "
+                 "(gradients are unpacked into host memory on that stream, %.3g GB/s)", idle, c->w.unpack_bw / 1e9);
         break;
     case SCHED_RES_HOST:
         snprintf(buf, cap, "host optimizer: %.3g s of host AdamW %s", idle,
@@ -292,6 +331,10 @@ static void bound_text(const plan_ctx_t *c, char *buf, size_t cap) {
     case SCHED_RES_NVME:
         snprintf(buf, cap, "NVMe array: the step waits %.3g s for optimizer state and weights to cross it "
                  "(%.1f GB/s read, %.1f GB/s write)", idle, c->w.nvme_read_bw / 1e9, c->w.nvme_write_bw / 1e9);
+        break;
+    case SCHED_RES_PACK:
+        snprintf(buf, cap, "host staging: the compute stream waits %.3g s for weights to be packed into pinned "
+                 "staging before their H2D copies (%.3g GB/s)", idle, c->w.pack_bw / 1e9);
         break;
     default: snprintf(buf, cap, "?"); break;
     }
@@ -389,10 +432,7 @@ void plan_report_text(FILE *f, const plan_ctx_t *c) {
     fprintf(f, "hardware   %s (%s): %s; %s %.1f/%.1f GB/s h2d/d2h; host %.0f GB/s\n", hw->name, hw->source,
             hw->device_name[0] ? hw->device_name : "device", hw->link_name[0] ? hw->link_name : "link",
             sched_hw_h2d_bw(hw) / 1e9, sched_hw_d2h_bw(hw) / 1e9, sched_hw_host_bw(hw) / 1e9);
-    fprintf(f, "rates      matmul %.1f TFLOP/s (%s), attention %.1f TFLOP/s%s, device memory %.0f GB/s\n",
-            sched_hw_flops(hw, sched_matmul_rate(r)) / 1e12, sched_rate_name(sched_matmul_rate(r)),
-            (hw->attention_flops > 0 ? hw->attention_flops : sched_hw_flops(hw, sched_matmul_rate(r))) / 1e12,
-            hw->attention_flops > 0 ? "" : " (the matmul rate)", sched_hw_device_bw(hw) / 1e9);
+    rates_text(f, c);
     fprintf(f, "policy     %s, prefetch window %d\n\n", sched_policy_name(c->opts.policy), c->res.plan.prefetch_window);
     order_text(f, c);
 
@@ -411,9 +451,10 @@ void plan_report_text(FILE *f, const plan_ctx_t *c) {
     fprintf(f, "model TFLOPS    %.3g   MFU %.1f%% of %s %s peak\n", r->model_flops / s->step_time / 1e12, 100 * mfu(c),
             flops_s(c->w.peak_flops).s, sh->bf16 ? "bf16" : "fp32");
     fprintf(f, "bound by        %s\n", bound);
-    fprintf(f, "stream busy     compute %.3f s, h2d %.3f s (%s), d2h %.3f s (%s), host %.3f s\n",
+    fprintf(f, "stream busy     compute %.3f s, h2d %.3f s (%s), d2h %.3f s (%s, unpacking included), host %.3f s, "
+            "pack %.3f s\n",
             s->busy[SCHED_RES_COMPUTE], s->busy[SCHED_RES_H2D], bytes_s(s->h2d_bytes).s, s->busy[SCHED_RES_D2H],
-            bytes_s(s->d2h_bytes).s, s->busy[SCHED_RES_HOST]);
+            bytes_s(s->d2h_bytes).s, s->busy[SCHED_RES_HOST], s->busy[SCHED_RES_PACK]);
     tiers_text(f, c);
     fputc('\n', f);
 
@@ -492,11 +533,37 @@ static json_t *orders_json(const plan_ctx_t *c) {
     return orders;
 }
 
+/* The profile's rates the prediction used, and what of them a rule filled. */
+static json_t *hardware_json(const plan_ctx_t *c) {
+    const sched_registry_t *r = &c->reg;
+    const sched_hw_t *hw = &c->hw;
+    bool any;
+    const sched_attn_path_t p = attn_path(r, &any);
+    char assumed[512];
+    sched_hw_assumed_line(hw, assumed, sizeof assumed);
+    json_t *h =
+        json_pack("{s:s, s:s, s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "name", hw->name, "source",
+                  hw->source, "device", hw->device_name, "link", hw->link_name, "host", hw->host_name,
+                  "matmul_flops_per_s", num(sched_hw_flops(hw, sched_matmul_rate(r))), "peak_flops_per_s",
+                  num(c->w.peak_flops), "device_bytes_per_s", num(sched_hw_device_bw(hw)), "h2d_bytes_per_s",
+                  num(sched_hw_h2d_bw(hw)), "d2h_bytes_per_s", num(sched_hw_d2h_bw(hw)), "host_bytes_per_s",
+                  num(sched_hw_host_bw(hw)), "copy_latency_s", num(hw->copy_latency_s));
+    MT_CHECK_ALLOC(h, "plan JSON");
+    json_object_set_new(h, "attention_flops_per_s", num(attn_both(hw, p)));
+    json_object_set_new(h, "attention", json_pack("{s:s, s:o, s:o}", "path", p == SCHED_ATTN_TC ? "tc" : "kernel",
+                                                  "fwd_flops_per_s", num(hw->attn_flops[p][SCHED_DIR_FWD]),
+                                                  "bwd_flops_per_s", num(hw->attn_flops[p][SCHED_DIR_BWD])));
+    json_object_set_new(h, "adamw_bytes_per_s", num(hw->adamw_bw));
+    json_object_set_new(h, "pack_bytes_per_s", num(hw->pack_bw));
+    json_object_set_new(h, "unpack_bytes_per_s", num(hw->unpack_bw));
+    json_object_set_new(h, "assumed", json_string(assumed));
+    return h;
+}
+
 json_t *plan_report_json(const plan_ctx_t *c) {
     const sched_registry_t *r = &c->reg;
     const eng_model_config_t *m = &c->mc;
     const sched_run_shape_t *sh = &r->shape;
-    const sched_hw_t *hw = &c->hw;
     const sched_sim_result_t *s = &c->res.sim;
     json_t *doc = json_object();
     MT_CHECK_ALLOC(doc, "plan JSON");
@@ -515,16 +582,7 @@ json_t *plan_report_json(const plan_ctx_t *c) {
                                   "tokens_per_step", num(r->tokens_per_step), "adapter", sh->lora ? "lora" : "none",
                                   "lora_r", sh->lora ? sh->lora_r : 0, "bf16_working_copies", sh->bf16,
                                   "max_grad_norm", num(sh->max_grad_norm)));
-    json_object_set_new(
-        doc, "hardware",
-        json_pack("{s:s, s:s, s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "name", hw->name, "source",
-                  hw->source, "device", hw->device_name, "link", hw->link_name, "host", hw->host_name,
-                  "matmul_flops_per_s", num(sched_hw_flops(hw, sched_matmul_rate(r))), "peak_flops_per_s",
-                  num(c->w.peak_flops), "device_bytes_per_s", num(sched_hw_device_bw(hw)), "h2d_bytes_per_s",
-                  num(sched_hw_h2d_bw(hw)), "d2h_bytes_per_s", num(sched_hw_d2h_bw(hw)), "host_bytes_per_s",
-                  num(sched_hw_host_bw(hw)), "copy_latency_s", num(hw->copy_latency_s)));
-    json_object_set_new(json_object_get(doc, "hardware"), "attention_flops_per_s",
-                        num(hw->attention_flops > 0 ? hw->attention_flops : sched_hw_flops(hw, sched_matmul_rate(r))));
+    json_object_set_new(doc, "hardware", hardware_json(c));
     json_object_set_new(doc, "policy", json_string(sched_policy_name(c->opts.policy)));
     json_object_set_new(doc, "feasible", json_boolean(c->res.feasible));
     json_object_set_new(doc, "step_order", json_string(c->res.plan.layer_major ? "layer" : "micro_batch"));
@@ -540,7 +598,7 @@ json_t *plan_report_json(const plan_ctx_t *c) {
         json_object_set_new(doc, "short", shorts);
         json_object_set_new(doc, "needed_bytes", needed);
     }
-    const char *res_keys[SCHED_RES_COUNT] = {"compute", "h2d", "d2h", "host", "nvme"};
+    const char *res_keys[SCHED_RES_COUNT] = {"compute", "h2d", "d2h", "host", "nvme", "pack"};
     json_t *busy = json_object(), *waited = json_object();
     for (int i = 0; i < SCHED_RES_COUNT; i++) {
         json_object_set_new(busy, res_keys[i], num(s->busy[i]));

@@ -133,6 +133,9 @@ void eng_mla_attention_ops(eng_walk_t *w) {
     const double fl = 2.0 * pairs * (qk + vd);
     int fa = eng_walk_add_op(w, SCHED_PHASE_FWD, true, fl, core_io, "L%d.attention.fwd", w->layer);
     int ga = eng_walk_add_op(w, SCHED_PHASE_BWD, true, 2.5 * fl, 2 * core_io, "L%d.attention.bwd", w->layer);
+    /* the kernels see one head width for q, k and v: the wider of qk and vd
+     * (engine/layers/mla.c pads the other) */
+    eng_walk_attention_core(w, fa, ga, (int)nh, (int)nh, (int)(qk >= vd ? qk : vd));
     eng_walk_act(w, ENG_A_Q, fr, ga);
     eng_walk_act(w, ENG_A_K, fr, ga);
     eng_walk_act(w, ENG_A_V, fkvb, ga);

@@ -218,6 +218,17 @@ int eng_walk_window(const eng_walk_t *w) {
     return w->layer >= 0 && w->cfg->layer_full_attention[w->layer] ? 0 : w->cfg->sliding_window;
 }
 
+/* The attention kernels' rule (kernels/attention.h): the tensor-core path
+ * takes bf16 compute, heads a multiple of kv heads, head dims a multiple
+ * of 8 up to 256 and rows without packed segments; the fp32 kernel takes
+ * the rest.  The cost model times each at its own rate. */
+void eng_walk_attention_core(eng_walk_t *w, int fwd_op, int bwd_op, int nh, int nkv, int hd) {
+    const bool tc = w->s->bf16 && !w->s->packed_segments && nkv > 0 && nh % nkv == 0 && hd > 0 && hd % 8 == 0 &&
+                    hd <= 256;
+    w->p->ops[fwd_op].attention = w->p->ops[bwd_op].attention = true;
+    w->p->ops[fwd_op].attention_tc = w->p->ops[bwd_op].attention_tc = tc;
+}
+
 int eng_walk_attn_input(eng_walk_t *w, int *norm_bwd) {
     const double n = w->n, H = w->cfg->hidden_size;
     w->group = 0;
@@ -265,7 +276,7 @@ static void attention_half(eng_walk_t *w) {
     const double core_io = n * (2 * qd + 2 * kd) * w->ab;
     int fa = eng_walk_add_op(w, SCHED_PHASE_FWD, true, 4.0 * pairs * hd, core_io, "L%d.attention.fwd", w->layer);
     int ga = eng_walk_add_op(w, SCHED_PHASE_BWD, true, 10.0 * pairs * hd, 2 * core_io, "L%d.attention.bwd", w->layer);
-    w->p->ops[fa].attention = w->p->ops[ga].attention = true;
+    eng_walk_attention_core(w, fa, ga, c->num_attention_heads, c->num_key_value_heads, c->head_dim);
     eng_walk_act(w, ENG_A_Q, fr, ga);
     eng_walk_act(w, ENG_A_K, fr, ga);
     eng_walk_act(w, ENG_A_V, fv, ga);

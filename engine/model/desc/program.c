@@ -21,6 +21,7 @@ mt_status_t eng_program_describe(const eng_model_config_t *mc, const eng_run_con
     shape->bf16 = bf16_storage;
     shape->max_grad_norm = rc->max_grad_norm;
     shape->speculative_optimizer = rc->sched_speculative;
+    shape->packed_segments = rc->sample_packing;
     if (rc->adapter == ENG_ADAPTER_LORA) {
         shape->lora = true;
         shape->lora_r = rc->lora_r;

@@ -43,6 +43,9 @@ int eng_walk_linear(eng_walk_t *w, const char *label, double rows, eng_param_rol
 int eng_walk_elementwise(eng_walk_t *w, sched_phase_t phase, const char *label, double elems, double bytes);
 /* Causal (query, key) pairs per sequence of T tokens under a window (0 = none). */
 double eng_walk_attn_pairs(double T, int window);
+/* Marks fwd_op and bwd_op as the attention core of nh query heads over nkv
+ * kv heads of width hd, and whether the tensor-core path takes that shape. */
+void eng_walk_attention_core(eng_walk_t *w, int fwd_op, int bwd_op, int nh, int nkv, int hd);
 /* The window of the walk's layer (0 = full causal). */
 int eng_walk_window(const eng_walk_t *w);
 /* The attention half's start: block input, input norm; returns the normed

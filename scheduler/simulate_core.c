@@ -1,0 +1,223 @@
+/* The simulator's resources and memory (see simulate_internal.h): a task
+ * on a resource runs in issue order once its dependencies have ended
+ * (sim_run); copies hold pinned staging while they run, packs before an
+ * H2D and unpacks after a gradient D2H are host work on the copy path, the
+ * NVMe array reads and writes in issue order; memory is a list of (time,
+ * delta) events per kind, sorted once at the end (sim_finish_mem). */
+#include "scheduler/simulate_internal.h"
+
+#include <stdlib.h>
+
+void sim_mem(sim_t *s, sched_mem_t m, double t, double d) {
+    if (d == 0) return;
+    if (s->nev[m] == s->capev[m]) {
+        s->capev[m] = s->capev[m] ? 2 * s->capev[m] : 256;
+        s->ev[m] = realloc(s->ev[m], (size_t)s->capev[m] * sizeof *s->ev[m]);
+        MT_CHECK_ALLOC(s->ev[m], "simulator memory events");
+    }
+    s->ev[m][s->nev[m]++] = (ev_t){t, d};
+}
+
+/* Runs a task on `res` once `ready`; returns its end. */
+double sim_run(sim_t *s, sched_resource_t res, sched_task_kind_t kind, int block, int micro, double ready,
+               double dur, double bytes, double *start_out) {
+    double start = ready > s->free_at[res] ? ready : s->free_at[res];
+    if (dur < 0) dur = 0;
+    double end = start + dur;
+    s->free_at[res] = end;
+    s->busy[res] += dur;
+    if (!s->off_step && (end > s->end_max || (end == s->end_max && res != SCHED_RES_COMPUTE))) {
+        s->end_max = end;
+        s->end_res = res;
+    }
+    if (s->keep_tasks) {
+        if (s->ntasks == s->captasks) {
+            s->captasks = s->captasks ? 2 * s->captasks : 256;
+            s->tasks = realloc(s->tasks, (size_t)s->captasks * sizeof *s->tasks);
+            MT_CHECK_ALLOC(s->tasks, "simulator tasks");
+        }
+        s->tasks[s->ntasks++] = (sched_task_t){res, kind, block, micro, start, end, bytes};
+    }
+    if (start_out) *start_out = start;
+    return end;
+}
+
+/* A compute task: the gap before it is charged to the resource it waited for. */
+double sim_compute(sim_t *s, sched_task_kind_t kind, int block, int micro, double ready, sched_resource_t ready_res,
+                   double dur, double *start_out) {
+    if (ready > s->free_at[SCHED_RES_COMPUTE]) s->waited[ready_res] += ready - s->free_at[SCHED_RES_COMPUTE];
+    double start;
+    const double end = sim_run(s, SCHED_RES_COMPUTE, kind, block, micro, ready, dur, 0, &start);
+    if (kind == SCHED_TASK_FWD && s->first_fwd[block] < 0) s->first_fwd[block] = start;
+    if (start_out) *start_out = start;
+    return end;
+}
+
+/* A copy: pinned staging held while it runs. */
+double sim_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, int micro, double ready, double bytes,
+                double copies, double *start_out) {
+    double start;
+    double end = sim_run(s, h2d ? SCHED_RES_H2D : SCHED_RES_D2H, kind, block, micro, ready,
+                     sched_transfer_time(s->w, h2d, bytes, copies), bytes, &start);
+    sim_mem(s, SCHED_MEM_PINNED, start, bytes);
+    sim_mem(s, SCHED_MEM_PINNED, end, -bytes);
+    if (h2d) s->h2d_bytes += bytes;
+    else s->d2h_bytes += bytes;
+    if (start_out) *start_out = start;
+    return end;
+}
+
+/* An expert parallel block's token exchange, whose time its compute task
+ * [start, end] already holds.  Through host memory the rows also cross this
+ * device's own link both ways (its rows out D2H, the other's in H2D: two
+ * all-to-alls per pass), queued behind the copies issued before; the
+ * compute cannot end before they have.  Returns the compute's end. */
+double sim_exchange(sim_t *s, int block, int micro, double start, double end, double bytes) {
+    if (bytes <= 0) return end;
+    s->peer_bytes += bytes;
+    if (!s->w->peer_via_host) return end;
+    const double e1 = sim_copy(s, false, SCHED_TASK_EXCHANGE, block, micro, start, bytes, 2, NULL);
+    const double e2 = sim_copy(s, true, SCHED_TASK_EXCHANGE, block, micro, start, bytes, 2, NULL);
+    const double e = e1 > e2 ? e1 : e2;
+    if (e <= end) return end;
+    s->waited[e1 > e2 ? SCHED_RES_D2H : SCHED_RES_H2D] += e - end;
+    s->free_at[SCHED_RES_COMPUTE] = e;
+    return e;
+}
+
+/* One request stream on the NVMe array. */
+double sim_nvme_io(sim_t *s, bool read, int block, int micro, double ready, double bytes, double *start_out) {
+    if (read) s->nvme_read_bytes += bytes;
+    else s->nvme_write_bytes += bytes;
+    const double dur = read ? sched_nvme_read_time(s->w, bytes) : sched_nvme_write_time(s->w, bytes);
+    return sim_run(s, SCHED_RES_NVME, read ? SCHED_TASK_NVME_READ : SCHED_TASK_NVME_WRITE, block, micro, ready, dur,
+               bytes, start_out);
+}
+
+/* Packing `bytes` into staging on the pack threads once `ready` (nothing
+ * when the workload does not model it, or for bytes that are plain copies:
+ * the caller passes the converted share); returns when the copy may start. */
+double sim_pack(sim_t *s, int block, int micro, double ready, double bytes, double *start_out) {
+    const double dur = sched_pack_time(s->w, bytes);
+    *start_out = ready;
+    if (dur <= 0) return ready;
+    return sim_run(s, SCHED_RES_PACK, SCHED_TASK_PACK, block, micro, ready, dur, bytes, start_out);
+}
+
+/* Gradients of `bytes` landed by a D2H copy ending at `end`: unpacked into
+ * host memory on the D2H stream (copied, or added when `dur` is the add's
+ * time; dur < 0: the copy's at the unpack rate).  Returns the unpack's end. */
+double sim_unpack(sim_t *s, int block, int micro, double end, double bytes, double dur) {
+    if (dur < 0) dur = sched_unpack_time(s->w, bytes);
+    if (dur <= 0) return end;
+    return sim_run(s, SCHED_RES_D2H, SCHED_TASK_GRAD_HOST, block, micro, end, dur, bytes, NULL);
+}
+
+/* A weight fetch of `bytes` for block b issued at `issue`: with its home on
+ * NVMe, read into pinned staging first; its converted share (pack_frac)
+ * packed on the pack threads before the copy.  Returns when the H2D copy ends;
+ * *ready_res is the resource a compute waiting for it waited on. */
+double sim_fetch_weights(sim_t *s, const sched_block_plan_t *p, int b, int micro, double issue, double bytes,
+                         double copies, double pack_frac, sched_resource_t *ready_res) {
+    double ready = issue;
+    *ready_res = SCHED_RES_H2D;
+    const bool from_nvme = sched_block_nvme_weights(p);
+    if (from_nvme) {
+        double r0;
+        ready = sim_nvme_io(s, true, b, micro, issue, bytes, &r0);
+        sim_mem(s, SCHED_MEM_PINNED, r0, bytes);
+    }
+    const double read_end = ready;
+    double p0;
+    const double packed = sim_pack(s, b, micro, ready, bytes * pack_frac, &p0);
+    if (!from_nvme && packed > ready) sim_mem(s, SCHED_MEM_PINNED, p0, bytes); /* staging taken as packing starts */
+    double c0;
+    const double end = sim_copy(s, true, SCHED_TASK_FETCH_W, b, micro, packed, bytes, copies, &c0);
+    if (from_nvme || packed > ready) sim_mem(s, SCHED_MEM_PINNED, c0, -bytes); /* the copy holds it from here (sim_copy()) */
+    /* a copy that did not queue behind other copies waited for what came
+     * before it: the read and the pack, charged to the longer of the two */
+    if (c0 <= packed) {
+        const double read_s = from_nvme ? read_end - issue : 0, pack_s = packed - read_end;
+        if (pack_s > 0 && pack_s >= read_s) *ready_res = SCHED_RES_PACK;
+        else if (from_nvme) *ready_res = SCHED_RES_NVME;
+    }
+    return end;
+}
+
+/* Whether block p's host gradient buffer lives only from its D2H to its
+ * update (see simulate.h), not the whole step. */
+bool sim_grads_transient(const sched_workload_t *w, const sched_plan_t *plan, const sched_block_plan_t *p) {
+    return sched_block_nvme_optim(p) && p->grads == SCHED_GRADS_HOST && !sched_waits_for_norm(w, plan) &&
+           w->has_trainable &&
+           (plan->layer_major || w->grad_accum <= 1);
+}
+
+/* Block b's host AdamW once `ready`: with its state on NVMe, read in first
+ * (held in host memory until written back after the update); with its
+ * weights' home there, the updated working copy written too.  Returns the
+ * AdamW's end, its start in *start_out. */
+double sim_host_adam(sim_t *s, const sched_block_cost_t *c, const sched_block_plan_t *p, int b, double ready,
+                     double *start_out) {
+    const bool state = sched_block_nvme_optim(p) && c->optim_bytes > 0;
+    const double wb = sched_block_nvme_weights(p) ? c->w_update_bytes : 0;
+    double t = ready;
+    if (state) {
+        double r0;
+        const double r = sim_nvme_io(s, true, b, -1, ready, c->optim_bytes, &r0);
+        sim_mem(s, SCHED_MEM_HOST, r0, c->optim_bytes);
+        if (r > t) t = r;
+    }
+    double start;
+    const double end = sim_run(s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, t, c->adam_host_s, 0, &start);
+    if (state || wb > 0) {
+        const double out = (state ? c->optim_bytes : 0) + wb;
+        const double we = sim_nvme_io(s, false, b, -1, end, out, NULL);
+        sim_mem(s, SCHED_MEM_HOST, start, wb);
+        sim_mem(s, SCHED_MEM_HOST, we, -out);
+    }
+    if (start_out) *start_out = start;
+    return end;
+}
+
+/* host_adam after a block's gradients reached the host during the
+ * backward; a transient gradient buffer goes with the update. */
+void sim_overlapped_adam(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double d2h_start,
+                         double ready) {
+    const sched_block_plan_t *p = &plan->blocks[b];
+    const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
+    const double end = sim_host_adam(s, c, p, b, ready, NULL);
+    if (sim_grads_transient(w, plan, p)) {
+        sim_mem(s, SCHED_MEM_HOST, d2h_start, c->grad_bytes);
+        sim_mem(s, SCHED_MEM_HOST, end, -c->grad_bytes);
+    }
+}
+
+
+static int cmp_ev(const void *a, const void *b) {
+    const ev_t *x = a, *y = b;
+    if (x->t != y->t) return x->t < y->t ? -1 : 1;
+    /* frees first at equal times: a stream frees before it allocates again */
+    if ((x->d < 0) != (y->d < 0)) return x->d < 0 ? -1 : 1;
+    return 0;
+}
+
+double sim_finish_mem(sim_t *s, sched_mem_t m, double base, bool keep, sched_timeline_t *tl) {
+    if (s->nev[m] > 0) qsort(s->ev[m], (size_t)s->nev[m], sizeof *s->ev[m], cmp_ev);
+    double cur = base, peak = base;
+    if (keep) {
+        tl->pts = malloc((size_t)(s->nev[m] + 1) * sizeof *tl->pts);
+        MT_CHECK_ALLOC(tl->pts, "memory timeline");
+        tl->pts[0] = (sched_mem_point_t){0, base};
+        tl->count = 1;
+    }
+    for (int i = 0; i < s->nev[m]; i++) {
+        cur += s->ev[m][i].d;
+        if (cur > peak) peak = cur;
+        if (keep) {
+            /* one point per instant: the last value at that time */
+            if (tl->pts[tl->count - 1].t == s->ev[m][i].t) tl->pts[tl->count - 1].bytes = cur;
+            else tl->pts[tl->count++] = (sched_mem_point_t){s->ev[m][i].t, cur};
+        }
+    }
+    return peak;
+}

@@ -1,0 +1,121 @@
+/* The simulator's parts (internal to scheduler/): the state one simulated
+ * step carries (sim_t), the resources' tasks and the memory events that
+ * every step order issues (simulate_core.c), and the two step orders'
+ * walks over the uses of blocks (simulate_micro_batch.c,
+ * simulate_layer_major.c).  simulate.c runs a step: an order's walk, then
+ * the optimizer step, the steady-state stall and the result.  Calls go one
+ * way: simulate.c -> the orders -> simulate_core.c. */
+#ifndef MT_SCHEDULER_SIMULATE_INTERNAL_H
+#define MT_SCHEDULER_SIMULATE_INTERNAL_H
+
+#include <stdbool.h>
+
+#include "scheduler/simulate.h"
+/* A memory event: at time t, d bytes taken (> 0) or given back (< 0). */
+typedef struct {
+    double t, d;
+} ev_t;
+
+/* One simulated step: each resource's free time and totals, the memory
+ * events per kind, and (when asked for) the tasks in issue order. */
+typedef struct {
+    const sched_workload_t *w;
+    ev_t *ev[SCHED_MEM_COUNT];
+    int nev[SCHED_MEM_COUNT], capev[SCHED_MEM_COUNT];
+    sched_task_t *tasks;
+    int ntasks, captasks;
+    bool keep_tasks;
+    double free_at[SCHED_RES_COUNT];
+    double busy[SCHED_RES_COUNT];
+    double waited[SCHED_RES_COUNT];
+    double end_max;
+    sched_resource_t end_res;
+    bool off_step; /* tasks that run into the next step (deferred AdamW): not the step's end */
+    double h2d_bytes, d2h_bytes;
+    double peer_bytes; /* expert parallel rows sent to the other device */
+    double nvme_read_bytes, nvme_write_bytes;
+    double *first_fwd; /* per block: its first forward's start (-1 before it) */
+} sim_t;
+
+/* A memory event of kind m (d == 0: none). */
+void sim_mem(sim_t *s, sched_mem_t m, double t, double d);
+
+/* Runs a task on `res` once `ready`; returns its end. */
+double sim_run(sim_t *s, sched_resource_t res, sched_task_kind_t kind, int block, int micro, double ready,
+               double dur, double bytes, double *start_out);
+
+/* A compute task: the gap before it is charged to the resource it waited for. */
+double sim_compute(sim_t *s, sched_task_kind_t kind, int block, int micro, double ready, sched_resource_t ready_res,
+                   double dur, double *start_out);
+
+/* A copy: pinned staging held while it runs. */
+double sim_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, int micro, double ready, double bytes,
+                double copies, double *start_out);
+
+/* An expert parallel block's token exchange, whose time its compute task
+ * [start, end] already holds.  Through host memory the rows also cross this
+ * device's own link both ways (its rows out D2H, the other's in H2D: two
+ * all-to-alls per pass), queued behind the copies issued before; the
+ * compute cannot end before they have.  Returns the compute's end. */
+double sim_exchange(sim_t *s, int block, int micro, double start, double end, double bytes);
+
+/* One request stream on the NVMe array. */
+double sim_nvme_io(sim_t *s, bool read, int block, int micro, double ready, double bytes, double *start_out);
+
+/* Packing `bytes` into staging on the pack threads once `ready` (nothing
+ * when the workload does not model it, or for bytes that are plain copies:
+ * the caller passes the converted share); returns when the copy may start. */
+double sim_pack(sim_t *s, int block, int micro, double ready, double bytes, double *start_out);
+
+/* Gradients of `bytes` landed by a D2H copy ending at `end`: unpacked into
+ * host memory on the D2H stream (copied, or added when `dur` is the add's
+ * time; dur < 0: the copy's at the unpack rate).  Returns the unpack's end. */
+double sim_unpack(sim_t *s, int block, int micro, double end, double bytes, double dur);
+
+/* A weight fetch of `bytes` for block b issued at `issue`: with its home on
+ * NVMe, read into pinned staging first.  Returns when the H2D copy ends;
+ * *ready_res is the resource a compute waiting for it waited on. */
+double sim_fetch_weights(sim_t *s, const sched_block_plan_t *p, int b, int micro, double issue, double bytes,
+                         double copies, double pack_frac, sched_resource_t *ready_res);
+
+/* Whether block p's host gradient buffer lives only from its D2H to its
+ * update (see simulate.h), not the whole step. */
+bool sim_grads_transient(const sched_workload_t *w, const sched_plan_t *plan, const sched_block_plan_t *p);
+
+/* Block b's host AdamW once `ready`: with its state on NVMe, read in first
+ * (held in host memory until written back after the update); with its
+ * weights' home there, the updated working copy written too.  Returns the
+ * AdamW's end, its start in *start_out. */
+double sim_host_adam(sim_t *s, const sched_block_cost_t *c, const sched_block_plan_t *p, int b, double ready,
+                     double *start_out);
+
+/* host_adam after a block's gradients reached the host during the
+ * backward; a transient gradient buffer goes with the update. */
+void sim_overlapped_adam(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double d2h_start,
+                         double ready);
+
+double sim_finish_mem(sim_t *s, sched_mem_t m, double base, bool keep, sched_timeline_t *tl);
+
+/* Layer-major order (plan->layer_major; engine/exec/layer_major.c): the
+ * uses of blocks are embedding and layers forward, the head, then layers
+ * and embedding backward, 2N - 1 uses, each running all ga micro-batches;
+ * the fetches for use u are issued as use u - W - 1 ends, once per use
+ * (weights: the experts any micro-batch of the step hits).  Forward: each
+ * micro-batch's saved set (or input) less its block input, and its output
+ * (the next block's input), are allocated at its forward; activations are
+ * offloaded after it as in micro-batch order, and so is the block input
+ * where lm_inputs says so.  The head runs forward and backward per
+ * micro-batch.  Backward: a micro-batch's offloaded activations are
+ * fetched while the previous micro-batch computes, the use's offloaded
+ * block inputs, all of them, while the previous use's last one computes;
+ * micro-batches after the first add their gradients on the device (grads
+ * HOST too: the sum stays on the device) and a grads HOST block sends the
+ * step's sum once after its last micro-batch.  Returns the last compute end. */
+double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, bool overlap,
+                       bool *adam_done, sched_sim_result_t *out);
+
+/* Micro-batch order (see simulate.h).  Returns the last compute end. */
+double sim_micro_batch_major(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, bool overlap,
+                             bool *adam_done, sched_sim_result_t *out);
+
+#endif
