@@ -295,4 +295,10 @@ typedef struct {
 void moe_staging_plan_all(const size_t *tensor_bytes, int n, const moe_staging_plan_opts_t *o,
                           moe_staging_plan_t *out);
 
+/* How many pack threads a pool starts by default (pack_threads 0): one
+ * beside a device whose kernels run on the host cores (async_kernels
+ * false: the CPU backend), else one per 2 of the host's `cores`, up to 16.
+ * Calibration measures the host's packing with the same count. */
+int moe_staging_default_pack_threads(bool async_kernels, long cores);
+
 #endif

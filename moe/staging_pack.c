@@ -130,13 +130,16 @@ static void *pack_main(void *arg) {
  * about 490 ms, nine times its 55 ms copy.  So half the host's cores, up
  * to STAGING_MAX_PACK_THREADS; the other half stay with the host optimizer,
  * which runs beside the packing of other layers. */
+int moe_staging_default_pack_threads(bool async_kernels, long cores) {
+    if (!async_kernels) return 1;
+    const int n = cores > 0 ? (int)(cores / 2) : 1;
+    return n < 1 ? 1 : n > STAGING_MAX_PACK_THREADS ? STAGING_MAX_PACK_THREADS : n;
+}
+
 static int pack_threads_for(const moe_staging_t *p) {
     if (p->o.pack_threads > 0)
         return p->o.pack_threads < STAGING_MAX_PACK_THREADS ? p->o.pack_threads : STAGING_MAX_PACK_THREADS;
-    if (!kern_device_caps(p->dev).kernels_async) return 1;
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const int n = cores > 0 ? (int)(cores / 2) : 1;
-    return n < 1 ? 1 : n > STAGING_MAX_PACK_THREADS ? STAGING_MAX_PACK_THREADS : n;
+    return moe_staging_default_pack_threads(kern_device_caps(p->dev).kernels_async, sysconf(_SC_NPROCESSORS_ONLN));
 }
 
 void staging_pack_start(moe_staging_t *p) {

@@ -49,8 +49,9 @@
  *                                             # second ahead of an H2D copy (fp32 masters to bf16
  *                                             # working copies on a bf16 run), by the run's pack threads
  *     unpack_bandwidth: 8GB/s                 # optional: gradient bytes copied from staging into
- *                                             # host memory per second after a D2H (one thread; a
- *                                             # later micro-batch's add costs 1.5x, costmodel.h)
+ *                                             # host memory per second after a D2H (on the pack
+ *                                             # threads; a later micro-batch's add costs 1.5x,
+ *                                             # costmodel.h)
  *   nvme:                                     # optional section: an NVMe array for the third
  *                                             # tier (memory.nvme in the run config); given,
  *                                             # read, write and queue_depth are required

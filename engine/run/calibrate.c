@@ -24,6 +24,7 @@
 #include "kernels/ops.h"
 #include "base/clock.h"
 #include "base/dtype.h"
+#include "moe/staging.h"
 
 /* threads: the kernel pool's size, as the run will have it (0 = every core) */
 static mt_status_t measure_gemm(int n, int reps, int threads, mt_dtype_t compute, double *flops, mt_error_t *err) {
@@ -246,15 +247,6 @@ static double measure_interference(int threads) {
 
 /* ---- the host's work beside the copies, and the optimizer --------------- */
 
-/* The staging pool's pack threads (moe/staging_pack.c, pack_threads_for):
- * one beside the CPU backend, whose host work shares its cores; one per 4
- * cores, 1 to 4, on a GPU's host. */
-static int pack_threads(bool gpu, int cores) {
-    if (!gpu) return 1;
-    const int n = cores / 4;
-    return n < 1 ? 1 : n > 4 ? 4 : n;
-}
-
 typedef struct {
     uint16_t *dst;
     const float *src;
@@ -326,13 +318,35 @@ static double measure_adamw(size_t n, int threads, int reps) {
     return 28.0 * (double)n / best;
 }
 
+/* Bytes per second a gradient unpack moves out of staging on `threads`
+ * threads: the pack threads take its pieces as they take a pack's. */
+static double measure_unpack(size_t bytes, int threads, int reps) {
+    char *src = malloc(bytes), *dst = malloc(bytes);
+    MT_CHECK(src && dst, "out of host memory for the unpack calibration");
+    memset(src, 1, bytes);
+    memset(dst, 0, bytes);
+    kern_threadpool_t *pool = kern_threadpool_create(threads);
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = mt_now_s();
+        kern_threadpool_memcpy(pool, dst, src, bytes);
+        const double t = mt_now_s() - t0;
+        if (t < best) best = t;
+    }
+    kern_threadpool_destroy(pool);
+    free(dst);
+    free(src);
+    return (double)bytes / best;
+}
+
 /* The host rates beside the copies, for a run on a GPU (gpu) or the CPU
- * backend.  The gradient unpack is one thread's memcpy out of staging
- * (the D2H stream's host function): memcpy_bw, measured already. */
+ * backend, with the staging pool's pack threads for its packing and its
+ * gradient unpacking. */
 static void measure_host_work(bool gpu, int cores, size_t adam_params, int reps, sched_calibration_t *out) {
     const size_t n = (size_t)32 << 20; /* 128 MB of fp32 in: past the caches */
-    out->pack_bw = measure_pack(n, pack_threads(gpu, cores), reps);
-    out->unpack_bw = out->memcpy_bw;
+    const int threads = moe_staging_default_pack_threads(gpu, cores);
+    out->pack_bw = measure_pack(n, threads, reps);
+    out->unpack_bw = measure_unpack(n * sizeof(float), threads, reps);
     out->adamw_bw = measure_adamw(adam_params, 0, reps);
 }
 
@@ -380,8 +394,9 @@ static size_t attn_bytes(const attn_job_t *j) {
 
 static void issue_attn_fwd(kern_device_t *dev, kern_stream_t *s, void *ctx) {
     attn_job_t *j = ctx;
-    if (j->tc && dev->ops->attention_fwd_tc(s, j->o, j->lse, j->q, j->k, j->v, NULL, NULL, j->B, j->T, j->nh, j->nkv,
-                                            j->hd, 0))
+    /* bf16 storage, as a bf16 run's saved q, k, v and output (fp32-sized buffers: room for either) */
+    if (j->tc && dev->ops->attention_fwd_tc(s, j->o, j->lse, j->q, j->k, j->v, MT_BF16, NULL, NULL, j->B, j->T, j->nh,
+                                            j->nkv, j->hd, 0))
         return;
     j->tc = false; /* the path refused the shape: the fp32 kernel runs it, as in the run */
     dev->ops->attention_fwd(s, j->o, j->lse, j->q, j->k, j->v, NULL, NULL, j->B, j->T, j->nh, j->nkv, j->hd, 0);
@@ -389,8 +404,8 @@ static void issue_attn_fwd(kern_device_t *dev, kern_stream_t *s, void *ctx) {
 
 static void issue_attn_bwd(kern_device_t *dev, kern_stream_t *s, void *ctx) {
     attn_job_t *j = ctx;
-    if (j->tc && dev->ops->attention_bwd_tc(s, j->dq, j->dk, j->dv, j->dout, j->q, j->k, j->v, j->o, j->lse, NULL,
-                                            NULL, j->B, j->T, j->nh, j->nkv, j->hd, 0))
+    if (j->tc && dev->ops->attention_bwd_tc(s, j->dq, j->dk, j->dv, j->dout, j->q, j->k, j->v, j->o, MT_BF16, j->lse,
+                                            NULL, NULL, j->B, j->T, j->nh, j->nkv, j->hd, 0))
         return;
     dev->ops->attention_bwd(s, j->dq, j->dk, j->dv, j->dout, j->q, j->k, j->v, j->o, j->lse, NULL, NULL, j->B, j->T,
                             j->nh, j->nkv, j->hd, 0);
@@ -404,7 +419,8 @@ static void issue_attn_bwd(kern_device_t *dev, kern_stream_t *s, void *ctx) {
 static mt_status_t measure_attention(kern_device_t *dev, const eng_calibrate_attn_t *a, size_t mem_cap,
                                      double flop_cap, int reps, sched_calibration_t *out, mt_error_t *err) {
     attn_job_t j = {.B = a->B > 0 ? a->B : 1, .T = a->T > 0 ? a->T : 1024, .nh = a->heads, .nkv = a->kv_heads,
-                    .hd = a->head_dim, .tc = a->bf16 && !a->packed};
+                    .hd = a->head_dim,
+                    .tc = a->bf16 && !a->packed && kern_attention_tc_takes(a->heads, a->kv_heads, a->head_dim)};
     if (j.nh <= 0 || j.nkv <= 0 || j.hd <= 0 || j.nh % j.nkv != 0) return MT_OK; /* nothing the kernels take */
     while (j.T > 64 && (attn_bytes(&j) > mem_cap || 7.0 * j.B * (double)j.T * j.T * j.nh * j.hd > flop_cap)) j.T /= 2;
     while (j.B > 1 && attn_bytes(&j) > mem_cap) j.B /= 2;

@@ -19,9 +19,9 @@
  *    shortened to keep it to a fraction of a second;
  *  - the host's work beside the copies and the optimizer, with the threads
  *    the run gives it: packing fp32 into bf16 staging on the staging pool's
- *    pack threads (moe/staging_pack.c's rule: one beside the CPU backend,
- *    one per 4 cores up to 4 on a GPU's host), unpacking gradients on one
- *    thread (the memcpy above), and host AdamW over every core at a
+ *    pack threads (moe_staging_default_pack_threads: one beside the CPU
+ *    backend, one per 2 cores up to 16 on a GPU's host), unpacking
+ *    gradients on the same threads, and host AdamW over every core at a
  *    size that leaves the caches (16 M parameters, 448 MB of traffic).
  * Copy streams throttled by backend_options (link_gbps, link_latency_us)
  * are planned at the throttled rate, as the executor will run them.

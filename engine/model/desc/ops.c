@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "engine/model/desc/walk.h"
+#include "kernels/attention.h"
 
 
 /* ---- list growth ---------------------------------------------------------- */
@@ -223,8 +224,7 @@ int eng_walk_window(const eng_walk_t *w) {
  * of 8 up to 256 and rows without packed segments; the fp32 kernel takes
  * the rest.  The cost model times each at its own rate. */
 void eng_walk_attention_core(eng_walk_t *w, int fwd_op, int bwd_op, int nh, int nkv, int hd) {
-    const bool tc = w->s->bf16 && !w->s->packed_segments && nkv > 0 && nh % nkv == 0 && hd > 0 && hd % 8 == 0 &&
-                    hd <= 256;
+    const bool tc = w->s->bf16 && !w->s->packed_segments && kern_attention_tc_takes(nh, nkv, hd);
     w->p->ops[fwd_op].attention = w->p->ops[bwd_op].attention = true;
     w->p->ops[fwd_op].attention_tc = w->p->ops[bwd_op].attention_tc = tc;
 }
