@@ -230,3 +230,39 @@ void kern_dropout_cpu(kern_stream_t *s, float *dst, const float *src, size_t n, 
     const float scale = 1.0f / (1.0f - p);
     for (size_t i = 0; i < n; i++) dst[i] = kern_dropout_keep(seed, i, p) ? src[i] * scale : 0.0f;
 }
+
+/* SwiGLU over bf16 storage: one scalar rule per element (act_math.h), the
+ * CUDA kernel's, so the twins agree bit for bit; chunks on the pool as
+ * above (element-wise, so independent of the split). */
+typedef struct {
+    uint16_t *h, *dg, *du;
+    const uint16_t *g, *u;
+    const float *dh; /* NULL: forward */
+    size_t n;
+} swiglu_bf16_job_t;
+
+static void swiglu_bf16_task(void *ctx, size_t t) {
+    const swiglu_bf16_job_t *j = ctx;
+    const size_t b = t * ELEM_CHUNK, e = b + ELEM_CHUNK < j->n ? b + ELEM_CHUNK : j->n;
+    if (!j->dh) {
+        for (size_t i = b; i < e; i++) j->h[i] = kern_swiglu_bf16_elem(j->g[i], j->u[i]);
+        return;
+    }
+    for (size_t i = b; i < e; i++) {
+        uint16_t a, c;
+        kern_swiglu_bwd_bf16_elem(j->dh[i], j->g[i], j->u[i], &a, &c); /* reads before the (aliased) writes */
+        j->dg[i] = a;
+        j->du[i] = c;
+    }
+}
+
+void kern_swiglu_fwd_bf16_cpu(kern_stream_t *s, uint16_t *h, const uint16_t *g, const uint16_t *u, size_t n) {
+    swiglu_bf16_job_t j = {.h = h, .g = g, .u = u, .n = n};
+    kern_cpu_parallel_for(s, kern_cpu_tasks(n, ELEM_CHUNK), swiglu_bf16_task, &j);
+}
+
+void kern_swiglu_bwd_bf16_cpu(kern_stream_t *s, uint16_t *dg, uint16_t *du, const float *dh, const uint16_t *g,
+                              const uint16_t *u, size_t n) {
+    swiglu_bf16_job_t j = {.dg = dg, .du = du, .dh = dh, .g = g, .u = u, .n = n};
+    kern_cpu_parallel_for(s, kern_cpu_tasks(n, ELEM_CHUNK), swiglu_bf16_task, &j);
+}
