@@ -7,7 +7,9 @@
  * The counts go to the host once per layer (one small D2H copy) because
  * they size the grouped products; everything else stays on the device.
  * h = silu(g) * u is recomputed in backward instead of being saved: it is
- * as large as g and costs one element-wise pass.
+ * as large as g and costs one element-wise pass.  In a bf16 run g, u and h
+ * are bf16 (the products write them so, as autocast's linear layers do;
+ * moe_experts.c says what stays fp32 and why).
  *
  * This file is the block's flow: router, combine, shared expert.  The
  * routing plan, the gather and the routed experts' products are
@@ -70,8 +72,8 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
             p->fetch_experts(p->fetch_ctx, a->counts_host, p->gate, p->up, p->down, err) != MT_OK)
             goto fail;
         TRY(moe_gather_rows(dev, d, xn, a, err));
-        ALLOC_ACT(a->g, MOE_ACT_G, float, "moe expert gate activations");
-        ALLOC_ACT(a->u, MOE_ACT_U, float, "moe expert up activations");
+        ALLOC_ACT_DESCRIBED(a->g, MOE_ACT_G, "moe expert gate activations");
+        ALLOC_ACT_DESCRIBED(a->u, MOE_ACT_U, "moe expert up activations");
         ALLOC_ACT(a->ep, MOE_ACT_EP, float, "moe expert outputs");
         TRY(moe_experts_forward(dev, d, p, a->counts_host, a->offsets_host, m, a->xp, a->g, a->u, a->ep, err));
     }
