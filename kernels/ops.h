@@ -83,6 +83,9 @@ struct kern_ops {
     /* SwiGLU over bf16 g, u, h (the routed experts in a bf16 run; elementwise.h) */
     kern_swiglu_fwd_bf16_fn swiglu_fwd_bf16;
     kern_swiglu_bwd_bf16_fn swiglu_bwd_bf16;
+    /* the combine and its backward over bf16 expert outputs (moe_ops.h) */
+    kern_moe_unpermute_sum_bf16_fn moe_unpermute_sum_bf16;
+    kern_moe_combine_bwd_bf16_fn moe_combine_bwd_bf16;
 };
 
 extern const kern_ops_t kern_ops_cpu;

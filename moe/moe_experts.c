@@ -16,8 +16,9 @@
  *    term is added in fp32 and the sum rounded to bf16 once, the same on
  *    every backend (rounding the product first and again after the add
  *    would round twice); those products stay out of the grouped call;
- *  - the experts' outputs ep and the hidden gradient dh stay fp32 (the
- *    combine and the down product's gradient read them);
+ *  - the experts' outputs ep are bf16 too (the down product writes them,
+ *    LoRA on down as above), read by the combine (moe_layer.c), which
+ *    widens them and sums in fp32; the gradients dep and dh stay fp32;
  *  - dg and du are written in bf16 over g and u: every reader of them is a
  *    bf16-compute product (the weight gradients, d(xp), LoRA's backward),
  *    which would round them to bf16 anyway, so storing them rounded
@@ -118,35 +119,44 @@ fail:
     return err->code;
 }
 
-/* The gate or up products into dst (rows, I) of dtype dt, plus LoRA.  A
- * bf16 dst with an adapter goes through the fp32 scratch acc: product and
+/* One of the experts' products: y = x w^T for every expert with rows, x
+ * (rows, K) stored as x_dt, y (rows, N) as y_dt, plus LoRA.  A bf16 y with
+ * an adapter goes through the fp32 scratch acc (rows, N): product and
  * adapter summed in fp32, rounded once. */
-static mt_status_t gate_up_products(kern_device_t *dev, const moe_layer_dims_t *d, groups_t *gg, void *const *w,
-                                    mt_dtype_t w_dt, const kern_lora_t *lora, const int32_t *counts,
-                                    const int32_t *offsets, int rows, const void *xp, void *dst, mt_dtype_t dt,
-                                    float *acc, mt_error_t *err) {
-    const int H = d->H, E = d->E, I = d->I;
-    const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype;
-    const size_t xp_elem = mt_dtype_size(xp_dt);
-    const bool via_acc = lora && dt != MT_F32;
-    void *out = via_acc ? acc : dst;
-    const mt_dtype_t out_dt = via_acc ? MT_F32 : dt;
+typedef struct {
+    const void *x;
+    mt_dtype_t x_dt;
+    int K;
+    void *y;
+    mt_dtype_t y_dt;
+    int N;
+} expert_io_t;
+
+static mt_status_t expert_products(kern_device_t *dev, const moe_layer_dims_t *d, groups_t *gg, void *const *w,
+                                   mt_dtype_t w_dt, const kern_lora_t *lora, const int32_t *counts,
+                                   const int32_t *offsets, int rows, const expert_io_t *io, float *acc,
+                                   mt_error_t *err) {
+    const int E = d->E, K = io->K, N = io->N;
+    const size_t x_elem = mt_dtype_size(io->x_dt);
+    const bool via_acc = lora && io->y_dt != MT_F32;
+    void *out = via_acc ? acc : io->y;
+    const mt_dtype_t out_dt = via_acc ? MT_F32 : io->y_dt;
     const size_t out_elem = mt_dtype_size(out_dt);
     gg->count = 0;
     for (int e = 0; e < E; e++) {
         const int off = offsets[e], cnt = counts[e];
         if (cnt)
-            groups_push(gg, (char *)out + (size_t)off * I * out_elem, out_dt,
-                        (const char *)xp + (size_t)off * H * xp_elem, xp_dt, w[e], w_dt, cnt, I, H);
+            groups_push(gg, (char *)out + (size_t)off * N * out_elem, out_dt,
+                        (const char *)io->x + (size_t)off * K * x_elem, io->x_dt, w[e], w_dt, cnt, N, K);
     }
     groups_run(dev, d, gg, false, true, 1.0f, 0.0f);
     for (int e = 0; lora && e < E; e++) {
-        mt_status_t st = kern_lora_fwd(dev, d->compute, &lora[e], (float *)out + (size_t)offsets[e] * I,
-                                       (const char *)xp + (size_t)offsets[e] * H * xp_elem, xp_dt, counts[e], H, I,
-                                       err);
+        mt_status_t st = kern_lora_fwd(dev, d->compute, &lora[e], (float *)out + (size_t)offsets[e] * N,
+                                       (const char *)io->x + (size_t)offsets[e] * K * x_elem, io->x_dt, counts[e],
+                                       K, N, err);
         if (st != MT_OK) return st;
     }
-    if (via_acc) dev->ops->f32_to_bf16(kern_stream(dev, KERN_STREAM_COMPUTE), dst, acc, (size_t)rows * I);
+    if (via_acc) dev->ops->f32_to_bf16(kern_stream(dev, KERN_STREAM_COMPUTE), io->y, acc, (size_t)rows * N);
     return MT_OK;
 }
 
@@ -163,40 +173,43 @@ static mt_dtype_t gu_dtype(const moe_layer_dims_t *d) {
     return dt;
 }
 
+/* The experts' outputs' dtype: bf16 only with bf16 compute, as g's. */
+static mt_dtype_t ep_dtype(const moe_layer_dims_t *d) {
+    const mt_dtype_t dt = d->acts[MOE_ACT_EP].dtype;
+    MT_CHECK(dt == MT_F32 || (dt == MT_BF16 && d->compute == MT_BF16),
+             "moe experts: outputs described as %s with %s compute (F32, or BF16 with BF16 compute)",
+             mt_dtype_name(dt), mt_dtype_name(d->compute));
+    return dt;
+}
+
 mt_status_t moe_experts_forward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
                                 const int32_t *counts, const int32_t *offsets, int rows, const void *xp,
-                                void *g, void *u, float *ep, mt_error_t *err) {
+                                void *g, void *u, void *ep, mt_error_t *err) {
     const kern_ops_t *ops = dev->ops;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
     const int E = d->E, I = d->I, H = d->H;
-    const mt_dtype_t dt = gu_dtype(d);
-    const size_t elem = mt_dtype_size(dt);
+    const mt_dtype_t dt = gu_dtype(d), xp_dt = d->acts[MOE_ACT_XP].dtype, ep_dt = ep_dtype(d);
     void *h = NULL;
     float *acc = NULL;
     groups_t gg = groups_new(E);
-    h = kern_alloc(dev, (size_t)rows * I * elem, "moe expert hidden", err);
+    h = kern_alloc(dev, (size_t)rows * I * mt_dtype_size(dt), "moe expert hidden", err);
     if (!h) goto fail;
     if (dt != MT_F32 && (p->lora_gate || p->lora_up))
         ALLOC(acc, (size_t)rows * I, float, "moe expert gate/up + LoRA (fp32)");
 
     /* g = xp gate^T and u = xp up^T for every expert with tokens */
-    TRY(gate_up_products(dev, d, &gg, p->gate, p->dtype, p->lora_gate, counts, offsets, rows, xp, g, dt, acc, err));
-    TRY(gate_up_products(dev, d, &gg, p->up, p->dtype, p->lora_up, counts, offsets, rows, xp, u, dt, acc, err));
+    const expert_io_t gate_io = {xp, xp_dt, H, g, dt, I}, up_io = {xp, xp_dt, H, u, dt, I};
+    TRY(expert_products(dev, d, &gg, p->gate, p->dtype, p->lora_gate, counts, offsets, rows, &gate_io, acc, err));
+    TRY(expert_products(dev, d, &gg, p->up, p->dtype, p->lora_up, counts, offsets, rows, &up_io, acc, err));
     moe_dfree(dev, acc);
     acc = NULL;
     if (dt == MT_F32) ops->swiglu_fwd(s, h, g, u, (size_t)rows * I);
     else ops->swiglu_fwd_bf16(s, h, g, u, (size_t)rows * I);
-    gg.count = 0;
-    for (int e = 0; e < E; e++) {
-        const int off = offsets[e], cnt = counts[e];
-        if (cnt)
-            groups_push(&gg, ep + (size_t)off * H, MT_F32, (const char *)h + (size_t)off * I * elem, dt, p->down[e],
-                        p->dtype, cnt, H, I);
-    }
-    groups_run(dev, d, &gg, false, true, 1.0f, 0.0f);
-    for (int e = 0; p->lora_down && e < E; e++)
-        TRY(kern_lora_fwd(dev, d->compute, &p->lora_down[e], ep + (size_t)offsets[e] * H,
-                          (const char *)h + (size_t)offsets[e] * I * elem, dt, counts[e], I, H, err));
+    /* ep = h down^T */
+    if (ep_dt != MT_F32 && p->lora_down) ALLOC(acc, (size_t)rows * H, float, "moe expert outputs + LoRA (fp32)");
+    const expert_io_t down_io = {h, dt, I, ep, ep_dt, H};
+    TRY(expert_products(dev, d, &gg, p->down, p->dtype, p->lora_down, counts, offsets, rows, &down_io, acc, err));
+    moe_dfree(dev, acc);
     kern_free(dev, h);
     groups_free(&gg);
     return MT_OK;

@@ -94,7 +94,7 @@ mt_status_t moe_fused_forward(kern_device_t *dev, const moe_layer_dims_t *d, con
     for (int e = 0; e < E; e++) {
         const int off = a->offsets_host[e], cnt = a->counts_host[e];
         if (cnt)
-            push(&gg, d, a->ep + (size_t)off * H, h + (size_t)off * I, MT_F32,
+            push(&gg, d, (float *)a->ep + (size_t)off * H, h + (size_t)off * I, MT_F32,
                  slice(p->down, p->dtype, e, down_per), p->dtype, cnt, H, I, false, false, 0.0f);
     }
     run_groups(dev, &gg);

@@ -49,4 +49,6 @@ const kern_ops_t kern_ops_cuda = {
     .dequant = kern_dequant_cuda,
     .swiglu_fwd_bf16 = kern_swiglu_fwd_bf16_cuda,
     .swiglu_bwd_bf16 = kern_swiglu_bwd_bf16_cuda,
+    .moe_unpermute_sum_bf16 = kern_moe_unpermute_sum_bf16_cuda,
+    .moe_combine_bwd_bf16 = kern_moe_combine_bwd_bf16_cuda,
 };

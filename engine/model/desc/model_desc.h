@@ -102,7 +102,7 @@ typedef enum {
     /* the compute dtype (bf16 in a bf16 run): activations that nothing but
      * products reads, which round their operands to the compute dtype
      * anyway, so storing them rounded changes no result; and the routed
-     * experts' gate/up outputs, which their products write in bf16 as
+     * experts' gate/up/down outputs, which their products write in bf16 as
      * autocast's linear layers do (moe/moe_experts.c) */
     ENG_ACT_COMPUTE = 0,
     /* fp32 always: what fp32 kernels read (residuals, attention's q/k/v and
