@@ -192,8 +192,6 @@ mt_status_t moe_experts_forward(kern_device_t *dev, const moe_layer_dims_t *d, c
     void *h = NULL;
     float *acc = NULL;
     groups_t gg = groups_new(E);
-    h = kern_alloc(dev, (size_t)rows * I * mt_dtype_size(dt), "moe expert hidden", err);
-    if (!h) goto fail;
     if (dt != MT_F32 && (p->lora_gate || p->lora_up))
         ALLOC(acc, (size_t)rows * I, float, "moe expert gate/up + LoRA (fp32)");
 
@@ -203,6 +201,8 @@ mt_status_t moe_experts_forward(kern_device_t *dev, const moe_layer_dims_t *d, c
     TRY(expert_products(dev, d, &gg, p->up, p->dtype, p->lora_up, counts, offsets, rows, &up_io, acc, err));
     moe_dfree(dev, acc);
     acc = NULL;
+    h = kern_alloc(dev, (size_t)rows * I * mt_dtype_size(dt), "moe expert hidden", err);
+    if (!h) goto fail;
     if (dt == MT_F32) ops->swiglu_fwd(s, h, g, u, (size_t)rows * I);
     else ops->swiglu_fwd_bf16(s, h, g, u, (size_t)rows * I);
     /* ep = h down^T */
