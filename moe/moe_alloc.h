@@ -30,7 +30,7 @@
     } while (0)
 
 /* A saved activation stored in whichever dtype its description says (the
- * routed experts' g and u: bf16 in a bf16 run, fp32 otherwise). */
+ * routed experts' g, u and ep: bf16 in a bf16 run, fp32 otherwise). */
 #define ALLOC_ACT_DESCRIBED(ptr, id, tag)                                                                      \
     do {                                                                                                       \
         const moe_act_size_t *sz_ = &d->acts[(id)];                                                            \
