@@ -56,6 +56,12 @@ mt_status_t kern_lora_fwd(kern_device_t *dev, mt_dtype_t compute, const kern_lor
 
 mt_status_t kern_lora_bwd(kern_device_t *dev, mt_dtype_t compute, const kern_lora_t *l, const float *dy,
                           const void *x, mt_dtype_t x_dt, float *dx, int rows, int in, int out, mt_error_t *err) {
+    return kern_lora_bwd_typed(dev, compute, l, dy, MT_F32, x, x_dt, dx, rows, in, out, err);
+}
+
+mt_status_t kern_lora_bwd_typed(kern_device_t *dev, mt_dtype_t compute, const kern_lora_t *l, const void *dy,
+                                mt_dtype_t dy_dt, const void *x, mt_dtype_t x_dt, float *dx, int rows, int in,
+                                int out, mt_error_t *err) {
     if (!l->a || rows == 0) return MT_OK;
     const int r = l->r;
     const void *xd;
@@ -70,10 +76,10 @@ mt_status_t kern_lora_bwd(kern_device_t *dev, mt_dtype_t compute, const kern_lor
         st = err->code;
         goto out;
     }
-    mm(dev, compute, u, dy, MT_F32, l->b, l->dtype, rows, r, out, false, false, 1.0f, 0.0f);
+    mm(dev, compute, u, dy, dy_dt, l->b, l->dtype, rows, r, out, false, false, 1.0f, 0.0f);
     if (l->gb) {
         mm(dev, compute, t, xd, xd_dt, l->a, l->dtype, rows, r, in, false, true, 1.0f, 0.0f);
-        mm(dev, compute, l->gb, dy, MT_F32, t, MT_F32, out, r, rows, true, false, l->scale, 1.0f);
+        mm(dev, compute, l->gb, dy, dy_dt, t, MT_F32, out, r, rows, true, false, l->scale, 1.0f);
     }
     if (l->ga) mm(dev, compute, l->ga, u, MT_F32, xd, xd_dt, r, in, rows, true, false, l->scale, 1.0f);
     if (dx && !dxd) {

@@ -43,4 +43,11 @@ mt_status_t kern_lora_fwd(kern_device_t *dev, mt_dtype_t compute, const kern_lor
 mt_status_t kern_lora_bwd(kern_device_t *dev, mt_dtype_t compute, const kern_lora_t *l, const float *dy,
                           const void *x, mt_dtype_t x_dt, float *dx, int rows, int in, int out, mt_error_t *err);
 
+/* The same with dy stored as dy_dt (F32, or BF16 with bf16 compute: the
+ * routed experts' gate/up gradients in a bf16 run, which every product
+ * would round to bf16 anyway). */
+mt_status_t kern_lora_bwd_typed(kern_device_t *dev, mt_dtype_t compute, const kern_lora_t *l, const void *dy,
+                                mt_dtype_t dy_dt, const void *x, mt_dtype_t x_dt, float *dx, int rows, int in,
+                                int out, mt_error_t *err);
+
 #endif

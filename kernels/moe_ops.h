@@ -88,6 +88,23 @@ void kern_moe_combine_bwd_cuda(kern_stream_t *s, float *dsrc, float *dw, const f
                                const float *src, const float *w, const int32_t *inv, int n, int k,
                                int H);
 
+/* The same two with src stored bf16 (a bf16 run's expert outputs): the
+ * values widened exactly, then the fp32 ops' formulas and order, so the
+ * results are theirs on the widened src. */
+typedef void (*kern_moe_unpermute_sum_bf16_fn)(kern_stream_t *s, float *y, const uint16_t *src, const float *w,
+                                               const int32_t *inv, int n, int k, int H, int accumulate);
+void kern_moe_unpermute_sum_bf16_cpu(kern_stream_t *s, float *y, const uint16_t *src, const float *w,
+                                     const int32_t *inv, int n, int k, int H, int accumulate);
+void kern_moe_unpermute_sum_bf16_cuda(kern_stream_t *s, float *y, const uint16_t *src, const float *w,
+                                      const int32_t *inv, int n, int k, int H, int accumulate);
+typedef void (*kern_moe_combine_bwd_bf16_fn)(kern_stream_t *s, float *dsrc, float *dw, const float *dy,
+                                             const uint16_t *src, const float *w, const int32_t *inv, int n, int k,
+                                             int H);
+void kern_moe_combine_bwd_bf16_cpu(kern_stream_t *s, float *dsrc, float *dw, const float *dy, const uint16_t *src,
+                                   const float *w, const int32_t *inv, int n, int k, int H);
+void kern_moe_combine_bwd_bf16_cuda(kern_stream_t *s, float *dsrc, float *dw, const float *dy, const uint16_t *src,
+                                    const float *w, const int32_t *inv, int n, int k, int H);
+
 /* Qwen2-MoE shared expert gate: y (n, H) += sigmoid(glogit[r]) * x[r]. */
 typedef void (*kern_gate_scale_fwd_fn)(kern_stream_t *s, float *y, const float *x,
                                        const float *glogit, int n, int H);

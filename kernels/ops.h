@@ -80,6 +80,12 @@ struct kern_ops {
     kern_expert_bias_bwd_fn expert_bias_bwd;
     kern_adamw_fn adamw;
     kern_dequant_fn dequant; /* quantised frozen weights -> working copy (dequant.h) */
+    /* SwiGLU over bf16 g, u, h (the routed experts in a bf16 run; elementwise.h) */
+    kern_swiglu_fwd_bf16_fn swiglu_fwd_bf16;
+    kern_swiglu_bwd_bf16_fn swiglu_bwd_bf16;
+    /* the combine and its backward over bf16 expert outputs (moe_ops.h) */
+    kern_moe_unpermute_sum_bf16_fn moe_unpermute_sum_bf16;
+    kern_moe_combine_bwd_bf16_fn moe_combine_bwd_bf16;
 };
 
 extern const kern_ops_t kern_ops_cpu;

@@ -34,7 +34,8 @@ struct moe_ep_acts {
     int32_t *rbase;   /* (nranks + 1) host: the first row of each source's block; rbase[nranks] = R */
     int32_t *ran;     /* (E) host: rows each expert ran here, from every source (0: another rank's) */
     void *xp;         /* (R, H) received rows, in the described XP dtype */
-    float *g, *u;     /* (R, I) gate and up projections of the received rows */
+    void *g, *u;      /* (R, I) gate and up projections of the received rows, in the described
+                       * G/U dtype (moe_layer.h) */
 };
 
 void moe_ep_acts_free(kern_device_t *dev, struct moe_ep_acts *ea) {
@@ -84,10 +85,12 @@ mt_status_t moe_ep_forward(kern_device_t *dev, const moe_layer_dims_t *d, const 
     const moe_ep_t *ep = p->ep;
     const int N = kern_comm_size(ep->comm), rank = ep->rank, E = d->E, H = d->H, I = d->I, n = a->n;
     const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype;
-    const size_t xp_elem = mt_dtype_size(xp_dt);
+    const size_t xp_elem = mt_dtype_size(xp_dt), gu_elem = mt_dtype_size(d->acts[MOE_ACT_G].dtype);
+    const mt_dtype_t ep_dt = d->acts[MOE_ACT_EP].dtype; /* the outputs cross as the experts wrote them */
+    const size_t ep_elem = mt_dtype_size(ep_dt);
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
     int32_t *cnt_dev = NULL, *cnt_host = NULL, *total = NULL;
-    float *ep_r = NULL;
+    void *ep_r = NULL;
     size_t *arrays = NULL;
     if (rank < 0 || rank >= N)
         return mt_error_set(err, MT_ERR_CONFIG, "moe expert parallel: rank %d of a communicator of %d", rank, N);
@@ -166,24 +169,26 @@ mt_status_t moe_ep_forward(kern_device_t *dev, const moe_layer_dims_t *d, const 
     if (p->fetch_experts && p->fetch_experts(p->fetch_ctx, total, p->gate, p->up, p->down, err) != MT_OK) goto fail;
 
     /* 4. the owner's products, one source at a time in rank order */
-    ea->g = ep_alloc(dev, (size_t)R * I * sizeof(float), "moe expert-parallel gate activations", err);
+    ea->g = ep_alloc(dev, (size_t)R * I * gu_elem, "moe expert-parallel gate activations", err);
     if (!ea->g) goto fail;
-    ea->u = ep_alloc(dev, (size_t)R * I * sizeof(float), "moe expert-parallel up activations", err);
+    ea->u = ep_alloc(dev, (size_t)R * I * gu_elem, "moe expert-parallel up activations", err);
     if (!ea->u) goto fail;
-    ep_r = ep_alloc(dev, (size_t)R * H * sizeof(float), "moe expert-parallel outputs", err);
+    ep_r = ep_alloc(dev, (size_t)R * H * ep_elem, "moe expert-parallel outputs", err);
     if (!ep_r) goto fail;
     for (int q = 0; q < N; q++) {
         const int base = ea->rbase[q], rows = ea->rbase[q + 1] - base;
         if (rows)
             TRY(moe_experts_forward(dev, d, p, ea->rcounts + (size_t)q * E, ea->roffs + (size_t)q * E, rows,
-                                    (const char *)ea->xp + (size_t)base * H * xp_elem, ea->g + (size_t)base * I,
-                                    ea->u + (size_t)base * I, ep_r + (size_t)base * H, err));
+                                    (const char *)ea->xp + (size_t)base * H * xp_elem,
+                                    (char *)ea->g + (size_t)base * I * gu_elem,
+                                    (char *)ea->u + (size_t)base * I * gu_elem,
+                                    (char *)ep_r + (size_t)base * H * ep_elem, err));
     }
 
     /* 5. the outputs back to their sources, for the combine there */
-    ALLOC_ACT(a->ep, MOE_ACT_EP, float, "moe expert outputs");
+    ALLOC_ACT_DESCRIBED(a->ep, MOE_ACT_EP, "moe expert outputs");
     xfer_fill(&x, ea, a, E, (size_t)H, false);
-    TRY(kern_comm_alltoallv(ep->comm, rank, ep_r, x.sc, x.so, a->ep, x.rc, x.ro, MT_F32, err));
+    TRY(kern_comm_alltoallv(ep->comm, rank, ep_r, x.sc, x.so, a->ep, x.rc, x.ro, ep_dt, err));
     kern_free(dev, ep_r);
     free(arrays);
     return MT_OK;
@@ -243,6 +248,7 @@ mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const
     MT_CHECK(ea, "moe expert parallel: backward without an expert-parallel forward");
     const int N = ea->nranks, E = d->E, H = d->H, I = d->I;
     const size_t xp_elem = mt_dtype_size(d->acts[MOE_ACT_XP].dtype);
+    const size_t gu_elem = mt_dtype_size(d->acts[MOE_ACT_G].dtype);
     float *dep_r = NULL;
     size_t *arrays = calloc(4 * (size_t)N, sizeof *arrays);
     MT_CHECK_ALLOC(arrays, "expert-parallel transfer sizes");
@@ -274,8 +280,9 @@ mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const
         mt_status_t st = scratch_grads(dev, d, gp, cq, written, &gq, scratch, err);
         if (st == MT_OK)
             st = moe_experts_backward(dev, d, p, &gq, cq, ea->roffs + (size_t)q * E, rows,
-                                      (const char *)ea->xp + (size_t)base * H * xp_elem, ea->g + (size_t)base * I,
-                                      ea->u + (size_t)base * I, dep_r + (size_t)base * H, err);
+                                      (const char *)ea->xp + (size_t)base * H * xp_elem,
+                                      (char *)ea->g + (size_t)base * I * gu_elem,
+                                      (char *)ea->u + (size_t)base * I * gu_elem, dep_r + (size_t)base * H, err);
         if (st == MT_OK) fold_scratch(dev, d, gp, scratch);
         for (int e = 0; e < E; e++) {
             if (scratch[e]) kern_free(dev, scratch[e]); /* after a failure */

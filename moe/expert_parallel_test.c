@@ -14,7 +14,8 @@
  *     accumulators start non-zero, so the order shows);
  *   - each device's router and shared-expert gradients equal those of the
  *     plain block run on its micro-batch alone (they stay data parallel).
- * With fp32 and with bf16 compute (bf16 weights and gathered rows), with E
+ * With fp32 and with bf16 compute (bf16 weights, gathered rows and routed
+ * experts' g, u and outputs), with E
  * a multiple of the device count and not (uneven ownership), and the
  * routing is checked to send rows off every device.  Then a device that fails inside the block (its expert fetch
  * errs) must make its peer return an error, not wait forever. */
@@ -75,9 +76,11 @@ static moe_layer_dims_t dims(int E, mt_dtype_t compute) {
     a[MOE_ACT_PERM] = i32, a[MOE_ACT_PERM].per_token = k;
     a[MOE_ACT_INV] = i32, a[MOE_ACT_INV].per_token = k;
     a[MOE_ACT_XP] = (moe_act_size_t){(int64_t)k * H, 0, compute};
-    a[MOE_ACT_G] = f32, a[MOE_ACT_G].per_token = (int64_t)k * I;
-    a[MOE_ACT_U] = f32, a[MOE_ACT_U].per_token = (int64_t)k * I;
-    a[MOE_ACT_EP] = f32, a[MOE_ACT_EP].per_token = (int64_t)k * H;
+    /* the routed experts' activations in the compute dtype, as the engine
+     * describes them (bf16 outputs cross between devices as bf16) */
+    a[MOE_ACT_G] = (moe_act_size_t){(int64_t)k * I, 0, compute};
+    a[MOE_ACT_U] = (moe_act_size_t){(int64_t)k * I, 0, compute};
+    a[MOE_ACT_EP] = (moe_act_size_t){(int64_t)k * H, 0, compute};
     a[MOE_ACT_SG] = f32, a[MOE_ACT_SG].per_token = Is;
     a[MOE_ACT_SU] = f32, a[MOE_ACT_SU].per_token = Is;
     a[MOE_ACT_SO] = f32, a[MOE_ACT_SO].per_token = H;

@@ -29,6 +29,16 @@
         if (!(ptr)) goto fail;                                                                                 \
     } while (0)
 
+/* A saved activation stored in whichever dtype its description says (the
+ * routed experts' g, u and ep: bf16 in a bf16 run, fp32 otherwise). */
+#define ALLOC_ACT_DESCRIBED(ptr, id, tag)                                                                      \
+    do {                                                                                                       \
+        const moe_act_size_t *sz_ = &d->acts[(id)];                                                            \
+        (ptr) = kern_alloc(dev, (size_t)(sz_->per_token * n + sz_->fixed) * mt_dtype_size(sz_->dtype), (tag),  \
+                           err);                                                                               \
+        if (!(ptr)) goto fail;                                                                                 \
+    } while (0)
+
 /* A step that can fail (an allocation): on to the cleanup. */
 #define TRY(call)                       \
     do {                                \

@@ -4,7 +4,25 @@
  * single-device block (moe_layer.c) and the owner side of expert
  * parallelism (expert_parallel.c): both call down into this file, which
  * calls neither, so moe_layer.c -> expert_parallel.c -> moe_experts.c is
- * one way and both form exactly the same products. */
+ * one way and both form exactly the same products.
+ *
+ * Precision in a bf16 run (d->compute BF16 and the description's G/U
+ * dtype BF16), as PyTorch autocast keeps a linear layer's output:
+ *  - the gate and up products write g and u in bf16 (fp32 accumulation,
+ *    rounded once; beta 0, so cuBLAS can run them as one grouped call),
+ *    and h = silu(g) * u, read only by the down product, is bf16 too
+ *    (computed in fp32 from the widened g and u, rounded once);
+ *  - LoRA on gate/up: the product writes an fp32 scratch, the adapter's
+ *    term is added in fp32 and the sum rounded to bf16 once, the same on
+ *    every backend (rounding the product first and again after the add
+ *    would round twice); those products stay out of the grouped call;
+ *  - the experts' outputs ep are bf16 too (the down product writes them,
+ *    LoRA on down as above), read by the combine (moe_layer.c), which
+ *    widens them and sums in fp32; the gradients dep and dh stay fp32;
+ *  - dg and du are written in bf16 over g and u: every reader of them is a
+ *    bf16-compute product (the weight gradients, d(xp), LoRA's backward),
+ *    which would round them to bf16 anyway, so storing them rounded
+ *    changes no result and needs no second buffer. */
 #include "moe/moe_experts.h"
 
 #include <stdlib.h>
@@ -17,7 +35,7 @@
 typedef struct {
     void *C;
     const void *A, *B;
-    mt_dtype_t a_dt, b_dt;
+    mt_dtype_t c_dt, a_dt, b_dt;
     int M, N, K;
 } group_operands_t;
 
@@ -38,9 +56,9 @@ static void groups_free(groups_t *g) {
     free(g->mm);
 }
 
-static void groups_push(groups_t *g, void *C, const void *A, mt_dtype_t a_dt, const void *B, mt_dtype_t b_dt, int M,
-                        int N, int K) {
-    g->d[g->count++] = (group_operands_t){C, A, B, a_dt, b_dt, M, N, K};
+static void groups_push(groups_t *g, void *C, mt_dtype_t c_dt, const void *A, mt_dtype_t a_dt, const void *B,
+                        mt_dtype_t b_dt, int M, int N, int K) {
+    g->d[g->count++] = (group_operands_t){C, A, B, c_dt, a_dt, b_dt, M, N, K};
 }
 
 static void groups_run(kern_device_t *dev, const moe_layer_dims_t *d, groups_t *g, bool ta, bool tb, float alpha,
@@ -49,6 +67,7 @@ static void groups_run(kern_device_t *dev, const moe_layer_dims_t *d, groups_t *
         const group_operands_t *o = &g->d[i];
         g->mm[i] = kern_mm_make(o->C, o->A, o->a_dt, o->B, o->b_dt, o->M, o->N, o->K, ta, tb, alpha, beta,
                                 d->compute);
+        g->mm[i].C.dtype = o->c_dt; /* a bf16 C: rounded once from the fp32 accumulator */
     }
     dev->ops->mm_grouped(kern_stream(dev, KERN_STREAM_COMPUTE), g->mm, g->count);
 }
@@ -100,65 +119,122 @@ fail:
     return err->code;
 }
 
-mt_status_t moe_experts_forward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
-                                const int32_t *counts, const int32_t *offsets, int rows, const void *xp,
-                                float *g, float *u, float *ep, mt_error_t *err) {
-    const kern_ops_t *ops = dev->ops;
-    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
-    const int H = d->H, E = d->E, I = d->I;
-    const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype;
-    const size_t xp_elem = mt_dtype_size(xp_dt);
-    float *h = NULL;
-    groups_t gg = groups_new(E);
-    ALLOC(h, (size_t)rows * I, float, "moe expert hidden");
+/* One of the experts' products: y = x w^T for every expert with rows, x
+ * (rows, K) stored as x_dt, y (rows, N) as y_dt, plus LoRA.  A bf16 y with
+ * an adapter goes through the fp32 scratch acc (rows, N): product and
+ * adapter summed in fp32, rounded once. */
+typedef struct {
+    const void *x;
+    mt_dtype_t x_dt;
+    int K;
+    void *y;
+    mt_dtype_t y_dt;
+    int N;
+} expert_io_t;
 
-    /* g = xp gate^T and u = xp up^T for every expert with tokens */
-    for (int pass = 0; pass < 2; pass++) {
-        gg.count = 0;
-        float *dst = pass == 0 ? g : u;
-        void **w = pass == 0 ? p->gate : p->up;
-        for (int e = 0; e < E; e++) {
-            const int off = offsets[e], cnt = counts[e];
-            if (cnt) groups_push(&gg, dst + (size_t)off * I, (const char *)xp + (size_t)off * H * xp_elem, xp_dt, w[e], p->dtype, cnt, I, H);
-        }
-        groups_run(dev, d, &gg, false, true, 1.0f, 0.0f);
-        const kern_lora_t *lora = pass == 0 ? p->lora_gate : p->lora_up;
-        for (int e = 0; lora && e < E; e++)
-            TRY(kern_lora_fwd(dev, d->compute, &lora[e], dst + (size_t)offsets[e] * I,
-                              (const char *)xp + (size_t)offsets[e] * H * xp_elem, xp_dt, counts[e], H, I,
-                              err));
-    }
-    ops->swiglu_fwd(s, h, g, u, (size_t)rows * I);
-    gg.count = 0;
+static mt_status_t expert_products(kern_device_t *dev, const moe_layer_dims_t *d, groups_t *gg, void *const *w,
+                                   mt_dtype_t w_dt, const kern_lora_t *lora, const int32_t *counts,
+                                   const int32_t *offsets, int rows, const expert_io_t *io, float *acc,
+                                   mt_error_t *err) {
+    const int E = d->E, K = io->K, N = io->N;
+    const size_t x_elem = mt_dtype_size(io->x_dt);
+    const bool via_acc = lora && io->y_dt != MT_F32;
+    void *out = via_acc ? acc : io->y;
+    const mt_dtype_t out_dt = via_acc ? MT_F32 : io->y_dt;
+    const size_t out_elem = mt_dtype_size(out_dt);
+    gg->count = 0;
     for (int e = 0; e < E; e++) {
         const int off = offsets[e], cnt = counts[e];
-        if (cnt) groups_push(&gg, ep + (size_t)off * H, h + (size_t)off * I, MT_F32, p->down[e], p->dtype, cnt, H, I);
+        if (cnt)
+            groups_push(gg, (char *)out + (size_t)off * N * out_elem, out_dt,
+                        (const char *)io->x + (size_t)off * K * x_elem, io->x_dt, w[e], w_dt, cnt, N, K);
     }
-    groups_run(dev, d, &gg, false, true, 1.0f, 0.0f);
-    for (int e = 0; p->lora_down && e < E; e++)
-        TRY(kern_lora_fwd(dev, d->compute, &p->lora_down[e], ep + (size_t)offsets[e] * H,
-                          h + (size_t)offsets[e] * I, MT_F32, counts[e], I, H, err));
+    groups_run(dev, d, gg, false, true, 1.0f, 0.0f);
+    for (int e = 0; lora && e < E; e++) {
+        mt_status_t st = kern_lora_fwd(dev, d->compute, &lora[e], (float *)out + (size_t)offsets[e] * N,
+                                       (const char *)io->x + (size_t)offsets[e] * K * x_elem, io->x_dt, counts[e],
+                                       K, N, err);
+        if (st != MT_OK) return st;
+    }
+    if (via_acc) dev->ops->f32_to_bf16(kern_stream(dev, KERN_STREAM_COMPUTE), io->y, acc, (size_t)rows * N);
+    return MT_OK;
+}
+
+/* g and u's dtype (h's too): bf16 only with bf16 compute, since the
+ * backward stores dg/du in it on the strength of every reader rounding
+ * them to the compute dtype. */
+static mt_dtype_t gu_dtype(const moe_layer_dims_t *d) {
+    const mt_dtype_t dt = d->acts[MOE_ACT_G].dtype;
+    MT_CHECK(dt == d->acts[MOE_ACT_U].dtype, "moe experts: g described as %s but u as %s", mt_dtype_name(dt),
+             mt_dtype_name(d->acts[MOE_ACT_U].dtype));
+    MT_CHECK(dt == MT_F32 || (dt == MT_BF16 && d->compute == MT_BF16),
+             "moe experts: g/u described as %s with %s compute (F32, or BF16 with BF16 compute)", mt_dtype_name(dt),
+             mt_dtype_name(d->compute));
+    return dt;
+}
+
+/* The experts' outputs' dtype: bf16 only with bf16 compute, as g's. */
+static mt_dtype_t ep_dtype(const moe_layer_dims_t *d) {
+    const mt_dtype_t dt = d->acts[MOE_ACT_EP].dtype;
+    MT_CHECK(dt == MT_F32 || (dt == MT_BF16 && d->compute == MT_BF16),
+             "moe experts: outputs described as %s with %s compute (F32, or BF16 with BF16 compute)",
+             mt_dtype_name(dt), mt_dtype_name(d->compute));
+    return dt;
+}
+
+mt_status_t moe_experts_forward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
+                                const int32_t *counts, const int32_t *offsets, int rows, const void *xp,
+                                void *g, void *u, void *ep, mt_error_t *err) {
+    const kern_ops_t *ops = dev->ops;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    const int E = d->E, I = d->I, H = d->H;
+    const mt_dtype_t dt = gu_dtype(d), xp_dt = d->acts[MOE_ACT_XP].dtype, ep_dt = ep_dtype(d);
+    void *h = NULL;
+    float *acc = NULL;
+    groups_t gg = groups_new(E);
+    if (dt != MT_F32 && (p->lora_gate || p->lora_up))
+        ALLOC(acc, (size_t)rows * I, float, "moe expert gate/up + LoRA (fp32)");
+
+    /* g = xp gate^T and u = xp up^T for every expert with tokens */
+    const expert_io_t gate_io = {xp, xp_dt, H, g, dt, I}, up_io = {xp, xp_dt, H, u, dt, I};
+    TRY(expert_products(dev, d, &gg, p->gate, p->dtype, p->lora_gate, counts, offsets, rows, &gate_io, acc, err));
+    TRY(expert_products(dev, d, &gg, p->up, p->dtype, p->lora_up, counts, offsets, rows, &up_io, acc, err));
+    moe_dfree(dev, acc);
+    acc = NULL;
+    h = kern_alloc(dev, (size_t)rows * I * mt_dtype_size(dt), "moe expert hidden", err);
+    if (!h) goto fail;
+    if (dt == MT_F32) ops->swiglu_fwd(s, h, g, u, (size_t)rows * I);
+    else ops->swiglu_fwd_bf16(s, h, g, u, (size_t)rows * I);
+    /* ep = h down^T */
+    if (ep_dt != MT_F32 && p->lora_down) ALLOC(acc, (size_t)rows * H, float, "moe expert outputs + LoRA (fp32)");
+    const expert_io_t down_io = {h, dt, I, ep, ep_dt, H};
+    TRY(expert_products(dev, d, &gg, p->down, p->dtype, p->lora_down, counts, offsets, rows, &down_io, acc, err));
+    moe_dfree(dev, acc);
     kern_free(dev, h);
     groups_free(&gg);
     return MT_OK;
 fail:
     moe_dfree(dev, h);
+    moe_dfree(dev, acc);
     groups_free(&gg);
     return err->code;
 }
 
 mt_status_t moe_experts_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
                                  const moe_layer_params_t *gp, const int32_t *counts, const int32_t *offsets,
-                                 int rows, const void *xp, float *g, float *u, float *dep, mt_error_t *err) {
+                                 int rows, const void *xp, void *g, void *u, float *dep, mt_error_t *err) {
     const kern_ops_t *ops = dev->ops;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
     const int H = d->H, E = d->E, I = d->I;
-    const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype;
-    const size_t xp_elem = mt_dtype_size(xp_dt);
-    float *h = NULL, *dh = NULL;
+    const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype, dt = gu_dtype(d);
+    const size_t xp_elem = mt_dtype_size(xp_dt), elem = mt_dtype_size(dt);
+    void *h = NULL;
+    float *dh = NULL;
     groups_t gg = groups_new(E);
-    ALLOC(h, (size_t)rows * I, float, "moe expert hidden (recomputed)");
-    ops->swiglu_fwd(s, h, g, u, (size_t)rows * I);
+    h = kern_alloc(dev, (size_t)rows * I * elem, "moe expert hidden (recomputed)", err);
+    if (!h) goto fail;
+    if (dt == MT_F32) ops->swiglu_fwd(s, h, g, u, (size_t)rows * I);
+    else ops->swiglu_fwd_bf16(s, h, g, u, (size_t)rows * I);
     ALLOC(dh, (size_t)rows * I, float, "moe d(expert hidden)");
 
 #define FOR_EXPERTS(body)                                                   \
@@ -169,43 +245,51 @@ mt_status_t moe_experts_backward(kern_device_t *dev, const moe_layer_dims_t *d, 
             if (cnt) { body; }                                              \
         }                                                                   \
     } while (0)
+#define AT(ptr, row, width, esize) ((char *)(ptr) + (size_t)(row) * (width) * (esize))
 
     /* dh = dep down ; d(down) += dep^T h */
-    FOR_EXPERTS(groups_push(&gg, dh + (size_t)off * I, dep + (size_t)off * H, MT_F32, p->down[e], p->dtype, cnt, I, H));
+    FOR_EXPERTS(groups_push(&gg, dh + (size_t)off * I, MT_F32, dep + (size_t)off * H, MT_F32, p->down[e], p->dtype,
+                            cnt, I, H));
     groups_run(dev, d, &gg, false, false, 1.0f, 0.0f);
-    FOR_EXPERTS(if (gp->down[e]) groups_push(&gg, gp->down[e], dep + (size_t)off * H, MT_F32, h + (size_t)off * I, MT_F32, H, I, cnt));
+    FOR_EXPERTS(if (gp->down[e]) groups_push(&gg, gp->down[e], MT_F32, dep + (size_t)off * H, MT_F32,
+                                             AT(h, off, I, elem), dt, H, I, cnt));
     groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
     for (int e = 0; p->lora_down && e < E; e++) {
         const size_t off = (size_t)offsets[e];
-        TRY(kern_lora_bwd(dev, d->compute, &p->lora_down[e], dep + off * H, h + off * I, MT_F32, dh + off * I,
+        TRY(kern_lora_bwd(dev, d->compute, &p->lora_down[e], dep + off * H, AT(h, off, I, elem), dt, dh + off * I,
                           counts[e], I, H, err));
     }
     kern_free(dev, h);
     h = NULL;
     /* dg, du in place of g, u (saved activations are not needed after this) */
-    ops->swiglu_bwd(s, g, u, dh, g, u, (size_t)rows * I);
+    if (dt == MT_F32) ops->swiglu_bwd(s, g, u, dh, g, u, (size_t)rows * I);
+    else ops->swiglu_bwd_bf16(s, g, u, dh, g, u, (size_t)rows * I);
     kern_free(dev, dh);
     dh = NULL;
-    FOR_EXPERTS(if (gp->gate[e]) groups_push(&gg, gp->gate[e], g + (size_t)off * I, MT_F32, (const char *)xp + (size_t)off * H * xp_elem, xp_dt, I, H, cnt));
+    FOR_EXPERTS(if (gp->gate[e]) groups_push(&gg, gp->gate[e], MT_F32, AT(g, off, I, elem), dt,
+                                             AT(xp, off, H, xp_elem), xp_dt, I, H, cnt));
     groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
-    FOR_EXPERTS(if (gp->up[e]) groups_push(&gg, gp->up[e], u + (size_t)off * I, MT_F32, (const char *)xp + (size_t)off * H * xp_elem, xp_dt, I, H, cnt));
+    FOR_EXPERTS(if (gp->up[e]) groups_push(&gg, gp->up[e], MT_F32, AT(u, off, I, elem), dt,
+                                           AT(xp, off, H, xp_elem), xp_dt, I, H, cnt));
     groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
     /* dxp (reusing dep) = dg gate + du up */
-    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, g + (size_t)off * I, MT_F32, p->gate[e], p->dtype, cnt, H, I));
+    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, MT_F32, AT(g, off, I, elem), dt, p->gate[e], p->dtype, cnt,
+                            H, I));
     groups_run(dev, d, &gg, false, false, 1.0f, 0.0f);
-    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, u + (size_t)off * I, MT_F32, p->up[e], p->dtype, cnt, H, I));
+    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, MT_F32, AT(u, off, I, elem), dt, p->up[e], p->dtype, cnt,
+                            H, I));
     groups_run(dev, d, &gg, false, false, 1.0f, 1.0f);
-#undef FOR_EXPERTS
     for (int e = 0; e < E; e++) {
         const size_t off = (size_t)offsets[e];
-        const void *xe = (const char *)xp + off * H * xp_elem;
         if (p->lora_gate)
-            TRY(kern_lora_bwd(dev, d->compute, &p->lora_gate[e], g + off * I, xe, xp_dt, dep + off * H,
-                              counts[e], H, I, err));
+            TRY(kern_lora_bwd_typed(dev, d->compute, &p->lora_gate[e], AT(g, off, I, elem), dt,
+                                    AT(xp, off, H, xp_elem), xp_dt, dep + off * H, counts[e], H, I, err));
         if (p->lora_up)
-            TRY(kern_lora_bwd(dev, d->compute, &p->lora_up[e], u + off * I, xe, xp_dt, dep + off * H,
-                              counts[e], H, I, err));
+            TRY(kern_lora_bwd_typed(dev, d->compute, &p->lora_up[e], AT(u, off, I, elem), dt,
+                                    AT(xp, off, H, xp_elem), xp_dt, dep + off * H, counts[e], H, I, err));
     }
+#undef AT
+#undef FOR_EXPERTS
     groups_free(&gg);
     return MT_OK;
 fail:

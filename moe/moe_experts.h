@@ -22,19 +22,21 @@ mt_status_t moe_gather_rows(kern_device_t *dev, const moe_layer_dims_t *d, const
 
 /* The routed experts on `rows` gathered rows xp: expert e's counts[e] rows
  * start at row offsets[e] of xp, g, u (rows, I) and ep (rows, H), which
- * receive the gate and up projections and the experts' outputs.  One
- * product per expert with rows, as a grouped GEMM.  Shared by the
- * single-device block and the owner side of expert parallelism, so both
- * form exactly the same products. */
+ * receive the gate and up projections and the experts' outputs, each in
+ * its described dtype (F32, or BF16 with bf16 compute).  One product per
+ * expert with rows, as a grouped GEMM.  Shared by the single-device block
+ * and the owner side of expert parallelism, so both form exactly the same
+ * products. */
 mt_status_t moe_experts_forward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
                                 const int32_t *counts, const int32_t *offsets, int rows, const void *xp,
-                                float *g, float *u, float *ep, mt_error_t *err);
+                                void *g, void *u, void *ep, mt_error_t *err);
 
-/* Its backward: dep (rows, H), the outputs' gradient, is replaced by xp's;
- * g and u are overwritten; weight gradients accumulate (+=) into gp's
- * experts (a NULL target is skipped). */
+/* Its backward: dep (rows, H), the outputs' gradient (fp32), is replaced
+ * by xp's; g and u are overwritten with their gradients, in their dtype;
+ * weight gradients accumulate (+=) into gp's experts (a NULL target is
+ * skipped). */
 mt_status_t moe_experts_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
                                  const moe_layer_params_t *gp, const int32_t *counts, const int32_t *offsets,
-                                 int rows, const void *xp, float *g, float *u, float *dep, mt_error_t *err);
+                                 int rows, const void *xp, void *g, void *u, float *dep, mt_error_t *err);
 
 #endif

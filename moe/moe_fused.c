@@ -85,8 +85,8 @@ mt_status_t moe_fused_forward(kern_device_t *dev, const moe_layer_dims_t *d, con
     for (int e = 0; e < E; e++) {
         const int off = a->offsets_host[e], cnt = a->counts_host[e];
         if (cnt)
-            push(&gg, d, a->g + (size_t)off * 2 * I, (const char *)a->xp + (size_t)off * H * xp_elem, xp_dt,
-                 slice(p->gate_up, p->dtype, e, gu_per), p->dtype, cnt, 2 * I, H, false, false, 0.0f);
+            push(&gg, d, (float *)a->g + (size_t)off * 2 * I, (const char *)a->xp + (size_t)off * H * xp_elem,
+                 xp_dt, slice(p->gate_up, p->dtype, e, gu_per), p->dtype, cnt, 2 * I, H, false, false, 0.0f);
     }
     run_groups(dev, &gg);
     ops->expert_bias_fwd(s, a->g, p->gate_up_b, a->offsets, E, 2 * I);
@@ -94,7 +94,7 @@ mt_status_t moe_fused_forward(kern_device_t *dev, const moe_layer_dims_t *d, con
     for (int e = 0; e < E; e++) {
         const int off = a->offsets_host[e], cnt = a->counts_host[e];
         if (cnt)
-            push(&gg, d, a->ep + (size_t)off * H, h + (size_t)off * I, MT_F32,
+            push(&gg, d, (float *)a->ep + (size_t)off * H, h + (size_t)off * I, MT_F32,
                  slice(p->down, p->dtype, e, down_per), p->dtype, cnt, H, I, false, false, 0.0f);
     }
     run_groups(dev, &gg);
@@ -154,12 +154,12 @@ mt_status_t moe_fused_backward(kern_device_t *dev, const moe_layer_dims_t *d, co
     dh = NULL;
     if (gp->gate_up) {
         FOR_EXPERTS(push(&gg, d, gp->gate_up + (size_t)e * gu_per, (const char *)a->xp + (size_t)off * H * xp_elem,
-                         xp_dt, a->g + (size_t)off * 2 * I, MT_F32, H, 2 * I, cnt, true, false, 1.0f));
+                         xp_dt, (float *)a->g + (size_t)off * 2 * I, MT_F32, H, 2 * I, cnt, true, false, 1.0f));
         run_groups(dev, &gg);
     }
     if (gp->gate_up_b) ops->expert_bias_bwd(s, gp->gate_up_b, a->g, a->offsets, E, 2 * I);
     /* d(xp) (reusing dep) = d(gu) gate_up[e]^T */
-    FOR_EXPERTS(push(&gg, d, dep + (size_t)off * H, a->g + (size_t)off * 2 * I, MT_F32,
+    FOR_EXPERTS(push(&gg, d, dep + (size_t)off * H, (float *)a->g + (size_t)off * 2 * I, MT_F32,
                      slice(p->gate_up, p->dtype, e, gu_per), p->dtype, cnt, H, 2 * I, false, true, 0.0f));
     run_groups(dev, &gg);
 #undef FOR_EXPERTS

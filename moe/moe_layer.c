@@ -7,7 +7,9 @@
  * The counts go to the host once per layer (one small D2H copy) because
  * they size the grouped products; everything else stays on the device.
  * h = silu(g) * u is recomputed in backward instead of being saved: it is
- * as large as g and costs one element-wise pass.
+ * as large as g and costs one element-wise pass.  In a bf16 run g, u, h
+ * and ep are bf16 (the products write them so, as autocast's linear layers do;
+ * moe_experts.c says what stays fp32 and why).
  *
  * This file is the block's flow: router, combine, shared expert.  The
  * routing plan, the gather and the routed experts' products are
@@ -70,12 +72,16 @@ mt_status_t moe_layer_forward(kern_device_t *dev, const moe_layer_dims_t *d,
             p->fetch_experts(p->fetch_ctx, a->counts_host, p->gate, p->up, p->down, err) != MT_OK)
             goto fail;
         TRY(moe_gather_rows(dev, d, xn, a, err));
-        ALLOC_ACT(a->g, MOE_ACT_G, float, "moe expert gate activations");
-        ALLOC_ACT(a->u, MOE_ACT_U, float, "moe expert up activations");
-        ALLOC_ACT(a->ep, MOE_ACT_EP, float, "moe expert outputs");
+        ALLOC_ACT_DESCRIBED(a->g, MOE_ACT_G, "moe expert gate activations");
+        ALLOC_ACT_DESCRIBED(a->u, MOE_ACT_U, "moe expert up activations");
+        ALLOC_ACT_DESCRIBED(a->ep, MOE_ACT_EP, "moe expert outputs");
         TRY(moe_experts_forward(dev, d, p, a->counts_host, a->offsets_host, m, a->xp, a->g, a->u, a->ep, err));
     }
-    ops->moe_unpermute_sum(s, y, a->ep, a->topw, a->inv, n, k, H, 0);
+    /* the combine: bf16 outputs widened exactly, the sum in fp32 */
+    if (d->acts[MOE_ACT_EP].dtype == MT_BF16)
+        ops->moe_unpermute_sum_bf16(s, y, a->ep, a->topw, a->inv, n, k, H, 0);
+    else
+        ops->moe_unpermute_sum(s, y, a->ep, a->topw, a->inv, n, k, H, 0);
 
     if (d->Is > 0) {
         const int Is = d->Is;
@@ -123,7 +129,10 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
 
     ALLOC(dtopw, (size_t)n * k, float, "moe d(top-k weights)");
     ALLOC(dep, (size_t)m * H, float, "moe d(expert outputs)");
-    ops->moe_combine_bwd(s, dep, dtopw, dy, a->ep, a->topw, a->inv, n, k, H);
+    if (d->acts[MOE_ACT_EP].dtype == MT_BF16)
+        ops->moe_combine_bwd_bf16(s, dep, dtopw, dy, a->ep, a->topw, a->inv, n, k, H);
+    else
+        ops->moe_combine_bwd(s, dep, dtopw, dy, a->ep, a->topw, a->inv, n, k, H);
     if (p->ep) TRY(moe_ep_backward(dev, d, p, gp, a, dep, err));
     else TRY(moe_experts_backward(dev, d, p, gp, a->counts_host, a->offsets_host, m, a->xp, a->g, a->u, dep, err));
     ops->moe_unpermute_sum(s, dxn, dep, NULL, a->inv, n, k, H, 0);

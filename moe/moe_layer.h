@@ -99,8 +99,11 @@ typedef struct {
     int32_t *offsets_host;    /* (E + 1) */
     void *xp;                 /* (m, H) gathered inputs in acts[MOE_ACT_XP].dtype: bf16 in a bf16
                                * run, as only the experts' products read them (rounded anyway) */
-    float *g, *u;             /* (m, I) gate and up projections */
-    float *ep;                /* (m, H) expert outputs */
+    void *g, *u;              /* (m, I) gate and up projections in acts[MOE_ACT_G / _U].dtype: bf16
+                               * in a bf16 run, where the products write them as autocast does;
+                               * gpt-oss's fused block keeps its gate_up fp32 in g */
+    void *ep;                 /* (m, H) expert outputs in acts[MOE_ACT_EP].dtype (bf16 in a bf16
+                               * run, as g and u) */
     float *sg, *su, *so;      /* (n, Is), (n, Is), (n, H) shared expert */
     float *sgl;               /* (n) shared gate logit */
     /* expert parallelism: the rows this rank's experts received, and their

@@ -238,10 +238,11 @@ static void test_tiny_acts(void) {
     EXPECT(d.layer_acts[0].count == 22, "%d activations", d.layer_acts[0].count);
     EXPECT(eng_model_desc_layer_act_bytes(&d, 0, 4, MT_F32, 1) == 4 * 505, "fp32 bytes %zu",
            eng_model_desc_layer_act_bytes(&d, 0, 4, MT_F32, 1));
-    /* bf16 storage: the products-only activations (attn xn 32, xp 64) at 2
-     * bytes; the other 320 float elements and rstd, lse, logits, probs, topw
-     * (56) stay fp32; idx, counts, offsets, perm, inv (33) are int32 */
-    EXPECT(eng_model_desc_layer_act_bytes(&d, 1, 4, MT_BF16, 1) == 2 * 96 + 4 * 320 + 4 * 56 + 4 * 33, "bf16 bytes %zu",
+    /* bf16 storage: the products-only activations (attn xn 32, xp 64) and
+     * the routed experts' outputs (g 48, u 48, ep 64) at 2 bytes; the other
+     * 160 float elements and rstd, lse, logits, probs, topw (56) stay fp32;
+     * idx, counts, offsets, perm, inv (33) are int32 */
+    EXPECT(eng_model_desc_layer_act_bytes(&d, 1, 4, MT_BF16, 1) == 2 * 256 + 4 * 160 + 4 * 56 + 4 * 33, "bf16 bytes %zu",
            eng_model_desc_layer_act_bytes(&d, 1, 4, MT_BF16, 1));
     /* each buffer rounded up to 64 bytes: 22 buffers of at most 256 bytes */
     size_t aligned = 0;

@@ -230,3 +230,83 @@ void kern_dropout_cpu(kern_stream_t *s, float *dst, const float *src, size_t n, 
     const float scale = 1.0f / (1.0f - p);
     for (size_t i = 0; i < n; i++) dst[i] = kern_dropout_keep(seed, i, p) ? src[i] * scale : 0.0f;
 }
+
+/* SwiGLU over bf16 storage.  The rule is act_math.h's scalar one (the CUDA
+ * kernel's), here on 16 lanes: the inputs widened exactly, kern_vf_exp
+ * (kern_exp_cw's bits on every input, vec_exp_test), the same operations
+ * in the same order, rounded to nearest even once; the tail runs the scalar
+ * rule itself.  So the twins agree bit for bit.  Chunks on the pool as
+ * above (element-wise, so independent of the split). */
+typedef uint16_t kern_vh_t __attribute__((vector_size(32)));  /* 16 x bf16 bits */
+typedef uint32_t kern_vu_t __attribute__((vector_size(64)));  /* 16 x u32 */
+
+KERN_VINLINE kern_vf_t bf16_load(const uint16_t *p) {
+    kern_vh_t h;
+    memcpy(&h, p, sizeof h);
+    return (kern_vf_t)(__builtin_convertvector(h, kern_vu_t) << 16);
+}
+
+/* mt_f32_to_bf16 on 16 lanes: NaN quieted, else round to nearest even */
+KERN_VINLINE void bf16_store(uint16_t *p, kern_vf_t x) {
+    const kern_vu_t u = (kern_vu_t)x;
+    const kern_vu_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const kern_vu_t quiet = (u >> 16) | 0x40u;
+    const kern_vu_t nan = (kern_vu_t)((u & 0x7fffffffu) > 0x7f800000u); /* all ones where NaN */
+    const kern_vu_t r = (quiet & nan) | (rounded & ~nan);
+    const kern_vh_t h = __builtin_convertvector(r, kern_vh_t);
+    memcpy(p, &h, sizeof h);
+}
+
+KERN_CPU_CLONES static void swiglu_fwd_bf16_range(uint16_t *h, const uint16_t *g, const uint16_t *u, size_t n) {
+    const kern_vf_t one = kern_vf_splat(1.0f);
+    size_t i = 0;
+    for (; i + KERN_VL <= n; i += KERN_VL) {
+        const kern_vf_t vg = bf16_load(g + i);
+        bf16_store(h + i, vg / (one + kern_vf_exp(-vg)) * bf16_load(u + i));
+    }
+    for (; i < n; i++) h[i] = kern_swiglu_bf16_elem(g[i], u[i]);
+}
+
+/* dg/du may alias g/u: each block of lanes is loaded before it is stored */
+KERN_CPU_CLONES static void swiglu_bwd_bf16_range(uint16_t *dg, uint16_t *du, const float *dh, const uint16_t *g,
+                                                  const uint16_t *u, size_t n) {
+    const kern_vf_t one = kern_vf_splat(1.0f);
+    size_t i = 0;
+    for (; i + KERN_VL <= n; i += KERN_VL) {
+        const kern_vf_t vd = kern_vf_load(dh + i), vg = bf16_load(g + i), vu = bf16_load(u + i);
+        const kern_vf_t sig = one / (one + kern_vf_exp(-vg));
+        bf16_store(du + i, vd * (vg * sig));
+        bf16_store(dg + i, vd * vu * (sig * (one + vg * (one - sig))));
+    }
+    for (; i < n; i++) {
+        uint16_t a, c;
+        kern_swiglu_bwd_bf16_elem(dh[i], g[i], u[i], &a, &c); /* reads before the (aliased) writes */
+        dg[i] = a;
+        du[i] = c;
+    }
+}
+
+typedef struct {
+    uint16_t *h, *dg, *du;
+    const uint16_t *g, *u;
+    const float *dh; /* NULL: forward */
+    size_t n;
+} swiglu_bf16_job_t;
+
+static void swiglu_bf16_task(void *ctx, size_t t) {
+    const swiglu_bf16_job_t *j = ctx;
+    const size_t b = t * ELEM_CHUNK, e = b + ELEM_CHUNK < j->n ? b + ELEM_CHUNK : j->n;
+    if (!j->dh) swiglu_fwd_bf16_range(j->h + b, j->g + b, j->u + b, e - b);
+    else swiglu_bwd_bf16_range(j->dg + b, j->du + b, j->dh + b, j->g + b, j->u + b, e - b);
+}
+
+void kern_swiglu_fwd_bf16_cpu(kern_stream_t *s, uint16_t *h, const uint16_t *g, const uint16_t *u, size_t n) {
+    swiglu_bf16_job_t j = {.h = h, .g = g, .u = u, .n = n};
+    kern_cpu_parallel_for(s, kern_cpu_tasks(n, ELEM_CHUNK), swiglu_bf16_task, &j);
+}
+
+void kern_swiglu_bwd_bf16_cpu(kern_stream_t *s, uint16_t *dg, uint16_t *du, const float *dh, const uint16_t *g,
+                              const uint16_t *u, size_t n) {
+    swiglu_bf16_job_t j = {.dg = dg, .du = du, .dh = dh, .g = g, .u = u, .n = n};
+    kern_cpu_parallel_for(s, kern_cpu_tasks(n, ELEM_CHUNK), swiglu_bf16_task, &j);
+}

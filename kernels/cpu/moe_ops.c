@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/dtype.h"
 #include "kernels/cpu/par.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/elementwise.h"
@@ -166,9 +167,25 @@ void kern_moe_plan_cpu(kern_stream_t *s, int32_t *counts, int32_t *offsets, int3
 typedef struct {
     float *y, *dsrc, *dw, *dx, *dglogit;
     const float *src, *w, *dy, *x, *glogit;
+    const uint16_t *src16; /* non-NULL: src is bf16 (widened a row at a time) */
     const int32_t *perm_tok, *inv;
     int n, k, H, per, accumulate;
 } perm_job_t;
+
+/* src's row `row`: itself, or widened from bf16 into buf (H floats, exact) */
+static const float *src_row(const perm_job_t *J, size_t row, float *buf) {
+    if (!J->src16) return J->src + row * J->H;
+    const uint16_t *h = J->src16 + row * J->H;
+    for (int c = 0; c < J->H; c++) buf[c] = mt_bf16_to_f32(h[c]);
+    return buf;
+}
+
+static float *row_buf(const perm_job_t *J) {
+    if (!J->src16) return NULL;
+    float *b = malloc((size_t)J->H * sizeof *b);
+    MT_CHECK_ALLOC(b, "moe combine row (bf16 widened)");
+    return b;
+}
 
 static void gather_task(void *ctx, size_t t) {
     const perm_job_t *J = ctx;
@@ -184,13 +201,13 @@ void kern_moe_gather_cpu(kern_stream_t *s, float *dst, const float *src, const i
     kern_cpu_parallel_for(s, kern_cpu_tasks((size_t)m, (size_t)J.per), gather_task, &J);
 }
 
-KERN_CPU_CLONES static void unpermute_rows(const perm_job_t *J, int r0, int r1) {
+KERN_CPU_CLONES static void unpermute_rows(const perm_job_t *J, int r0, int r1, float *buf) {
     const int H = J->H, k = J->k;
     for (int r = r0; r < r1; r++) {
         float *yr = J->y + (size_t)r * H;
         if (!J->accumulate) memset(yr, 0, (size_t)H * sizeof *yr);
         for (int j = 0; j < k; j++) {
-            const float *sr = J->src + (size_t)J->inv[(size_t)r * k + j] * H;
+            const float *sr = src_row(J, (size_t)J->inv[(size_t)r * k + j], buf);
             const float wj = J->w ? J->w[(size_t)r * k + j] : 1.0f;
             const kern_vf_t vw = kern_vf_splat(wj);
             int c = 0;
@@ -204,7 +221,9 @@ KERN_CPU_CLONES static void unpermute_rows(const perm_job_t *J, int r0, int r1) 
 static void unpermute_task(void *ctx, size_t t) {
     const perm_job_t *J = ctx;
     const int r0 = (int)t * J->per, r1 = r0 + J->per < J->n ? r0 + J->per : J->n;
-    unpermute_rows(J, r0, r1);
+    float *buf = row_buf(J);
+    unpermute_rows(J, r0, r1, buf);
+    free(buf);
 }
 
 void kern_moe_unpermute_sum_cpu(kern_stream_t *s, float *y, const float *src, const float *w,
@@ -234,14 +253,14 @@ KERN_VINLINE double dot_and_scale(float *out, float s, const float *a, const flo
     return kern_vdacc_hsum(acc);
 }
 
-KERN_CPU_CLONES static void combine_bwd_rows(const perm_job_t *J, int r0, int r1) {
+KERN_CPU_CLONES static void combine_bwd_rows(const perm_job_t *J, int r0, int r1, float *buf) {
     const int H = J->H, k = J->k;
     for (int r = r0; r < r1; r++) {
         const float *dyr = J->dy + (size_t)r * H;
         for (int j = 0; j < k; j++) {
             const size_t row = (size_t)J->inv[(size_t)r * k + j];
             const float wj = J->w[(size_t)r * k + j];
-            J->dw[(size_t)r * k + j] = (float)dot_and_scale(J->dsrc + row * H, wj, J->src + row * H, dyr, H);
+            J->dw[(size_t)r * k + j] = (float)dot_and_scale(J->dsrc + row * H, wj, src_row(J, row, buf), dyr, H);
         }
     }
 }
@@ -249,7 +268,9 @@ KERN_CPU_CLONES static void combine_bwd_rows(const perm_job_t *J, int r0, int r1
 static void combine_bwd_task(void *ctx, size_t t) {
     const perm_job_t *J = ctx;
     const int r0 = (int)t * J->per, r1 = r0 + J->per < J->n ? r0 + J->per : J->n;
-    combine_bwd_rows(J, r0, r1);
+    float *buf = row_buf(J);
+    combine_bwd_rows(J, r0, r1, buf);
+    free(buf);
 }
 
 void kern_moe_combine_bwd_cpu(kern_stream_t *s, float *dsrc, float *dw, const float *dy,
@@ -257,6 +278,22 @@ void kern_moe_combine_bwd_cpu(kern_stream_t *s, float *dsrc, float *dw, const fl
                               int H) {
     if (n <= 0) return;
     perm_job_t J = {.dsrc = dsrc, .dw = dw, .dy = dy, .src = src, .w = w, .inv = inv, .n = n,
+                    .k = k, .H = H, .per = rows_per_task(H * k)};
+    kern_cpu_parallel_for(s, kern_cpu_tasks((size_t)n, (size_t)J.per), combine_bwd_task, &J);
+}
+
+void kern_moe_unpermute_sum_bf16_cpu(kern_stream_t *s, float *y, const uint16_t *src, const float *w,
+                                     const int32_t *inv, int n, int k, int H, int accumulate) {
+    if (n <= 0) return;
+    perm_job_t J = {.y = y, .src16 = src, .w = w, .inv = inv, .n = n, .k = k, .H = H,
+                    .per = rows_per_task(H * k), .accumulate = accumulate};
+    kern_cpu_parallel_for(s, kern_cpu_tasks((size_t)n, (size_t)J.per), unpermute_task, &J);
+}
+
+void kern_moe_combine_bwd_bf16_cpu(kern_stream_t *s, float *dsrc, float *dw, const float *dy, const uint16_t *src,
+                                   const float *w, const int32_t *inv, int n, int k, int H) {
+    if (n <= 0) return;
+    perm_job_t J = {.dsrc = dsrc, .dw = dw, .dy = dy, .src16 = src, .w = w, .inv = inv, .n = n,
                     .k = k, .H = H, .per = rows_per_task(H * k)};
     kern_cpu_parallel_for(s, kern_cpu_tasks((size_t)n, (size_t)J.per), combine_bwd_task, &J);
 }

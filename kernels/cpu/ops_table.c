@@ -47,4 +47,8 @@ const kern_ops_t kern_ops_cpu = {
     .expert_bias_bwd = kern_expert_bias_bwd_cpu,
     .adamw = kern_adamw_cpu,
     .dequant = kern_dequant_cpu,
+    .swiglu_fwd_bf16 = kern_swiglu_fwd_bf16_cpu,
+    .swiglu_bwd_bf16 = kern_swiglu_bwd_bf16_cpu,
+    .moe_unpermute_sum_bf16 = kern_moe_unpermute_sum_bf16_cpu,
+    .moe_combine_bwd_bf16 = kern_moe_combine_bwd_bf16_cpu,
 };

@@ -3,7 +3,8 @@
 // Grid-stride loops over size_t indices, 256 threads a block.  This file
 // is compiled with --fmad=false: the ops are memory-bound, and without
 // contraction y += alpha * x rounds exactly as the CPU twin's C does, so
-// add/axpy/scale/bias/conversions match the CPU bit for bit.
+// add/axpy/scale/bias/conversions match the CPU bit for bit, and so does
+// the bf16 SwiGLU (its exp is act_math.h's kern_exp_cw, not the device expf).
 //
 // sumsq accumulates squares in double (products of floats are exact in
 // double): per-block partials in a fixed grid, then one block adds them in
@@ -52,6 +53,20 @@ static __global__ void ew_swiglu_bwd_kernel(float *dg, float *du, const float *d
     EW_LOOP(i, n) {
         float a, b;
         kern_swiglu_bwd_elem(dh[i], g[i], u[i], &a, &b); // reads before the (aliased) writes
+        dg[i] = a;
+        du[i] = b;
+    }
+}
+
+static __global__ void ew_swiglu_fwd_bf16_kernel(uint16_t *h, const uint16_t *g, const uint16_t *u, size_t n) {
+    EW_LOOP(i, n) h[i] = kern_swiglu_bf16_elem(g[i], u[i]);
+}
+
+static __global__ void ew_swiglu_bwd_bf16_kernel(uint16_t *dg, uint16_t *du, const float *dh, const uint16_t *g,
+                                                 const uint16_t *u, size_t n) {
+    EW_LOOP(i, n) {
+        uint16_t a, b;
+        kern_swiglu_bwd_bf16_elem(dh[i], g[i], u[i], &a, &b); // reads before the (aliased) writes
         dg[i] = a;
         du[i] = b;
     }
@@ -157,6 +172,21 @@ void kern_swiglu_bwd_cuda(kern_stream_t *s, float *dg, float *du, const float *d
     cudaStream_t cs = kern_cuda_stream_begin(s);
     ew_swiglu_bwd_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(dg, du, dh, g, u, n);
     KC_LAUNCHED(s, "swiglu_bwd");
+}
+
+void kern_swiglu_fwd_bf16_cuda(kern_stream_t *s, uint16_t *h, const uint16_t *g, const uint16_t *u, size_t n) {
+    if (!n) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    ew_swiglu_fwd_bf16_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(h, g, u, n);
+    KC_LAUNCHED(s, "swiglu_fwd_bf16");
+}
+
+void kern_swiglu_bwd_bf16_cuda(kern_stream_t *s, uint16_t *dg, uint16_t *du, const float *dh, const uint16_t *g,
+                               const uint16_t *u, size_t n) {
+    if (!n) return;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    ew_swiglu_bwd_bf16_kernel<<<kc_blocks(n, EW_THREADS), EW_THREADS, 0, cs>>>(dg, du, dh, g, u, n);
+    KC_LAUNCHED(s, "swiglu_bwd_bf16");
 }
 
 // 4 elements per thread before the grid caps at 1024 blocks.

@@ -59,7 +59,12 @@ static __global__ void gather_kernel(float *dst, const float *src, const int32_t
     }
 }
 
-static __global__ void unpermute_sum_kernel(float *y, const float *src, const float *w,
+// A source element as fp32: itself, or a bf16 one widened exactly.
+__device__ __forceinline__ float perm_ld(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float perm_ld(const uint16_t *p, size_t i) { return mt_bf16_to_f32(p[i]); }
+
+template <typename T>
+static __global__ void unpermute_sum_kernel(float *y, const T *src, const float *w,
                                             const int32_t *inv, size_t total, int k, int H,
                                             int accumulate) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
@@ -69,14 +74,15 @@ static __global__ void unpermute_sum_kernel(float *y, const float *src, const fl
         for (int s = 0; s < k; s++) {
             const size_t slot = r * (size_t)k + s;
             const float ws = w ? w[slot] : 1.0f;
-            acc += ws * src[(size_t)inv[slot] * H + c];
+            acc += ws * perm_ld(src, (size_t)inv[slot] * H + c);
         }
         y[i] = acc;
     }
 }
 
 // One warp per (token, slot).
-static __global__ void combine_bwd_kernel(float *dsrc, float *dw, const float *dy, const float *src,
+template <typename T>
+static __global__ void combine_bwd_kernel(float *dsrc, float *dw, const float *dy, const T *src,
                                           const float *w, const int32_t *inv, int slots, int k,
                                           int H) {
     const int slot = blockIdx.x * PERM_ROWS_PER_BLOCK + (threadIdx.x >> 5);
@@ -85,11 +91,12 @@ static __global__ void combine_bwd_kernel(float *dsrc, float *dw, const float *d
     const size_t r = (size_t)(slot / k);
     const size_t row = (size_t)inv[slot];
     const float ws = w[slot];
-    const float *dyr = dy + r * H, *sr = src + row * H;
+    const float *dyr = dy + r * H;
+    const T *sr = src + row * H;
     float *dsr = dsrc + row * H;
     double dot = 0.0;
     for (int c = lane; c < H; c += 32) {
-        dot += (double)sr[c] * dyr[c];
+        dot += (double)perm_ld(sr, (size_t)c) * dyr[c];
         dsr[c] = ws * dyr[c];
     }
     dot = kc_warp_sum_d(dot);
@@ -129,6 +136,29 @@ static int plan_key_bits(int E) {
     return b;
 }
 
+template <typename T>
+static void unpermute_sum_launch(kern_stream_t *s, float *y, const T *src, const float *w, const int32_t *inv,
+                                 int n, int k, int H, int accumulate) {
+    if (n <= 0 || H <= 0) return;
+    const size_t total = (size_t)n * H;
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    unpermute_sum_kernel<T><<<kc_blocks(total, PERM_THREADS), PERM_THREADS, 0, cs>>>(
+        y, src, w, inv, total, k, H, accumulate);
+    KC_LAUNCHED(s, "moe_unpermute_sum");
+}
+
+template <typename T>
+static void combine_bwd_launch(kern_stream_t *s, float *dsrc, float *dw, const float *dy, const T *src,
+                               const float *w, const int32_t *inv, int n, int k, int H) {
+    const int slots = n * k;
+    if (slots <= 0) return;
+    MT_CHECK(H > 0, "moe_combine_bwd: H=%d", H);
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    combine_bwd_kernel<T><<<kc_div_up((size_t)slots, PERM_ROWS_PER_BLOCK), 32 * PERM_ROWS_PER_BLOCK, 0,
+                            cs>>>(dsrc, dw, dy, src, w, inv, slots, k, H);
+    KC_LAUNCHED(s, "moe_combine_bwd");
+}
+
 extern "C" {
 
 void kern_moe_plan_cuda(kern_stream_t *s, int32_t *counts, int32_t *offsets, int32_t *perm_tok,
@@ -159,24 +189,23 @@ void kern_moe_gather_cuda(kern_stream_t *s, float *dst, const float *src, const 
 
 void kern_moe_unpermute_sum_cuda(kern_stream_t *s, float *y, const float *src, const float *w,
                                  const int32_t *inv, int n, int k, int H, int accumulate) {
-    if (n <= 0 || H <= 0) return;
-    const size_t total = (size_t)n * H;
-    cudaStream_t cs = kern_cuda_stream_begin(s);
-    unpermute_sum_kernel<<<kc_blocks(total, PERM_THREADS), PERM_THREADS, 0, cs>>>(
-        y, src, w, inv, total, k, H, accumulate);
-    KC_LAUNCHED(s, "moe_unpermute_sum");
+    unpermute_sum_launch(s, y, src, w, inv, n, k, H, accumulate);
+}
+
+void kern_moe_unpermute_sum_bf16_cuda(kern_stream_t *s, float *y, const uint16_t *src, const float *w,
+                                      const int32_t *inv, int n, int k, int H, int accumulate) {
+    unpermute_sum_launch(s, y, src, w, inv, n, k, H, accumulate);
 }
 
 void kern_moe_combine_bwd_cuda(kern_stream_t *s, float *dsrc, float *dw, const float *dy,
                                const float *src, const float *w, const int32_t *inv, int n, int k,
                                int H) {
-    const int slots = n * k;
-    if (slots <= 0) return;
-    MT_CHECK(H > 0, "moe_combine_bwd: H=%d", H);
-    cudaStream_t cs = kern_cuda_stream_begin(s);
-    combine_bwd_kernel<<<kc_div_up((size_t)slots, PERM_ROWS_PER_BLOCK), 32 * PERM_ROWS_PER_BLOCK, 0,
-                         cs>>>(dsrc, dw, dy, src, w, inv, slots, k, H);
-    KC_LAUNCHED(s, "moe_combine_bwd");
+    combine_bwd_launch(s, dsrc, dw, dy, src, w, inv, n, k, H);
+}
+
+void kern_moe_combine_bwd_bf16_cuda(kern_stream_t *s, float *dsrc, float *dw, const float *dy, const uint16_t *src,
+                                    const float *w, const int32_t *inv, int n, int k, int H) {
+    combine_bwd_launch(s, dsrc, dw, dy, src, w, inv, n, k, H);
 }
 
 void kern_gate_scale_fwd_cuda(kern_stream_t *s, float *y, const float *x, const float *glogit, int n,

@@ -47,4 +47,8 @@ const kern_ops_t kern_ops_cuda = {
     .expert_bias_bwd = kern_expert_bias_bwd_cuda,
     .adamw = kern_adamw_cuda,
     .dequant = kern_dequant_cuda,
+    .swiglu_fwd_bf16 = kern_swiglu_fwd_bf16_cuda,
+    .swiglu_bwd_bf16 = kern_swiglu_bwd_bf16_cuda,
+    .moe_unpermute_sum_bf16 = kern_moe_unpermute_sum_bf16_cuda,
+    .moe_combine_bwd_bf16 = kern_moe_combine_bwd_bf16_cuda,
 };

@@ -8,6 +8,8 @@
  *  - swiglu: device expf is within 2 ulp of glibc's, so sigmoid/silu differ
  *    by a few ulp: rtol 4e-6; dg's factor 1 + g (1 - sig) cancels near
  *    g = -1.28, hence an atol of 1e-6 as well;
+ *  - swiglu over bf16 storage: one scalar rule per element on both sides,
+ *    exp included (act_math.h's kern_exp_cw), rounded once: bit-identical;
  *  - copy4d: copies and one float add per element: bit-identical;
  *  - sumsq: double accumulation on both sides, rounded once to float: rtol
  *    1e-6 (summation order moves the double by ~1e-16 relative). */
@@ -118,6 +120,70 @@ static void swiglu_case(gt_ctx_t *t, size_t n) {
     free(hdh);
 }
 
+/* SwiGLU over bf16 g, u, h (the routed experts in a bf16 run), from an fp32
+ * dh; g drawn wide so that silu's saturation and its dip near -1.28 are
+ * both hit. */
+static void swiglu_bf16_case(gt_ctx_t *t, size_t n) {
+    float *hg = gt_host_rand(t, n, 8.0f), *hu = gt_host_rand(t, n, 2.0f), *hdh = gt_host_rand(t, n, 1.0f);
+    uint16_t *bg = gt_host_bytes(n * 2 + 2), *bu = gt_host_bytes(n * 2 + 2);
+    for (size_t i = 0; i < n; i++) bg[i] = mt_f32_to_bf16(hg[i]), bu[i] = mt_f32_to_bf16(hu[i]);
+    /* exp's clamps and saturation, subnormals and zeros (no NaN: its
+     * payload is the hardware's own, not a rounding) */
+    static const uint16_t special[] = {0x42c8, 0xc2c8, 0x7149, 0xf149, 0x0001, 0x8001, 0x0000, 0x8000,
+                                       0x42b2, 0xc2d0, 0xbfa4, 0x3f80};
+    for (size_t i = 0; i < sizeof special / sizeof special[0] && i < n; i++) bg[i] = special[i];
+    gt_buf_t G = gt_from_host(t, bg, n * 2, "g"), U = gt_from_host(t, bu, n * 2, "u");
+    gt_buf_t DH = gt_from_host(t, hdh, n * 4, "dh"), H = gt_alloc(t, n * 2, "h");
+    gt_buf_t DG = gt_alloc(t, n * 2, "dg"), DU = gt_alloc(t, n * 2, "du");
+    char what[96];
+    t->cpu->ops->swiglu_fwd_bf16(t->sc, GT_CU16(H), GT_CU16(G), GT_CU16(U), n);
+    t->gpu->ops->swiglu_fwd_bf16(t->sg, GT_GU16(H), GT_GU16(G), GT_GU16(U), n);
+    snprintf(what, sizeof what, "swiglu_fwd_bf16 n=%zu", n);
+    gt_check_exact(t, what, &H, H.bytes);
+    t->cpu->ops->swiglu_bwd_bf16(t->sc, GT_CU16(DG), GT_CU16(DU), GT_C(DH), GT_CU16(G), GT_CU16(U), n);
+    t->gpu->ops->swiglu_bwd_bf16(t->sg, GT_GU16(DG), GT_GU16(DU), GT_G(DH), GT_GU16(G), GT_GU16(U), n);
+    snprintf(what, sizeof what, "swiglu_bwd_bf16 dg n=%zu", n);
+    gt_check_exact(t, what, &DG, DG.bytes);
+    snprintf(what, sizeof what, "swiglu_bwd_bf16 du n=%zu", n);
+    gt_check_exact(t, what, &DU, DU.bytes);
+    /* the rule itself, on the CPU's result: within bf16's rounding (2^-8
+     * relative, and exp's ulp) of the fp32 formula on the same widened
+     * inputs, or 2^-126 absolute where the result is subnormal (bf16 keeps
+     * fewer bits there) */
+    uint16_t *hc = gt_host_bytes(n * 2 + 2), *hgpu = gt_host_bytes(n * 2 + 2);
+    gt_download(t, &H, hc, hgpu);
+    size_t off = 0;
+    for (size_t i = 0; i < n && !off; i++) {
+        const float want = kern_silu(mt_bf16_to_f32(bg[i])) * mt_bf16_to_f32(bu[i]);
+        if (fabsf(mt_bf16_to_f32(hc[i]) - want) > fabsf(want) * 0x1.1p-8f + 0x1p-126f) off = i + 1;
+    }
+    gt_expect(t, !off, "swiglu_fwd_bf16 n=%zu: h[%zu] = %g, the fp32 formula gives %g", n, off ? off - 1 : 0,
+              off ? (double)mt_bf16_to_f32(hc[off - 1]) : 0.0,
+              off ? (double)(kern_silu(mt_bf16_to_f32(bg[off - 1])) * mt_bf16_to_f32(bu[off - 1])) : 0.0);
+    uint16_t *dgc = gt_host_bytes(n * 2 + 2), *dgg = gt_host_bytes(n * 2 + 2);
+    gt_download(t, &DG, dgc, dgg);
+    /* In place: dg over g and du over u (allowed by elementwise.h). */
+    t->cpu->ops->swiglu_bwd_bf16(t->sc, GT_CU16(G), GT_CU16(U), GT_C(DH), GT_CU16(G), GT_CU16(U), n);
+    t->gpu->ops->swiglu_bwd_bf16(t->sg, GT_GU16(G), GT_GU16(U), GT_G(DH), GT_GU16(G), GT_GU16(U), n);
+    snprintf(what, sizeof what, "swiglu_bwd_bf16 in place dg n=%zu", n);
+    gt_check_exact(t, what, &G, G.bytes);
+    snprintf(what, sizeof what, "swiglu_bwd_bf16 in place du n=%zu", n);
+    gt_check_exact(t, what, &U, U.bytes);
+    gt_download(t, &G, hc, hgpu);
+    gt_expect(t, n == 0 || memcmp(hc, dgc, n * 2) == 0, "swiglu_bwd_bf16 n=%zu: dg in place differs", n);
+    free(hc);
+    free(hgpu);
+    free(dgc);
+    free(dgg);
+    gt_buf_t *bufs[] = {&G, &U, &DH, &H, &DG, &DU};
+    for (size_t i = 0; i < 6; i++) gt_free(t, bufs[i]);
+    free(hg);
+    free(hu);
+    free(hdh);
+    free(bg);
+    free(bu);
+}
+
 /* Dropout: the same mask and the same scaled values on both backends. */
 static void dropout_case(gt_ctx_t *t, size_t n, float p) {
     float *hx = gt_host_rand(t, n, 3.0f);
@@ -214,6 +280,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         simple_ops(&t, sizes[i]);
         swiglu_case(&t, sizes[i]);
+        swiglu_bf16_case(&t, sizes[i]);
         convert_case(&t, sizes[i]);
         dropout_case(&t, sizes[i], 0.1f);
         clamp_case(&t, sizes[i]);

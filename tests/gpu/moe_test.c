@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/dtype.h"
 #include "tests/gpu/gpu_test.h"
 
 /* Logits whose softmax has no near-ties: a permutation of a spaced grid. */
@@ -245,6 +246,39 @@ static void permute_case(gt_ctx_t *t, int n, int k, int E, int H) {
     gt_check_exact(t, what, &DSRC, DSRC.bytes);
     snprintf(what, sizeof what, "moe_combine_bwd dw %s", tag);
     gt_check_f32(t, what, &DWT, (size_t)m + 1, 1e-6f, 1e-6f);
+
+    /* bf16 expert outputs (a bf16 run's): each twin's bf16 op against the
+     * other, and the GPU's against the CPU's fp32 op on the widened values */
+    uint16_t *hs16 = gt_host_bytes(((size_t)m * H + 1) * 2);
+    float *hsw = gt_host_alloc((size_t)m * H + 1);
+    for (size_t i = 0; i < (size_t)m * H + 1; i++) hs16[i] = mt_f32_to_bf16(hsrc[i]), hsw[i] = mt_bf16_to_f32(hs16[i]);
+    gt_buf_t S16 = gt_from_host(t, hs16, ((size_t)m * H + 1) * 2, "expert out (bf16)");
+    gt_buf_t SW = gt_from_host(t, hsw, ((size_t)m * H + 1) * 4, "expert out (bf16, widened)");
+    for (int twin = 0; twin < 2; twin++) {
+        const char *vs = twin ? "CPU fp32 op on the widened src" : "CPU";
+        gt_set(t, &Y, hy);
+        if (twin) t->cpu->ops->moe_unpermute_sum(t->sc, GT_C(Y), GT_C(SW), GT_C(WT), GT_CI(INV), n, k, H, 1);
+        else t->cpu->ops->moe_unpermute_sum_bf16(t->sc, GT_C(Y), GT_CU16(S16), GT_C(WT), GT_CI(INV), n, k, H, 1);
+        t->gpu->ops->moe_unpermute_sum_bf16(t->sg, GT_G(Y), GT_GU16(S16), GT_G(WT), GT_GI(INV), n, k, H, 1);
+        snprintf(what, sizeof what, "moe_unpermute_sum_bf16 weighted accumulate %s vs %s", tag, vs);
+        gt_check_exact(t, what, &Y, Y.bytes);
+        if (twin)
+            t->cpu->ops->moe_combine_bwd(t->sc, GT_C(DSRC), GT_C(DWT), GT_C(DY), GT_C(SW), GT_C(WT), GT_CI(INV), n, k,
+                                         H);
+        else
+            t->cpu->ops->moe_combine_bwd_bf16(t->sc, GT_C(DSRC), GT_C(DWT), GT_C(DY), GT_CU16(S16), GT_C(WT),
+                                              GT_CI(INV), n, k, H);
+        t->gpu->ops->moe_combine_bwd_bf16(t->sg, GT_G(DSRC), GT_G(DWT), GT_G(DY), GT_GU16(S16), GT_G(WT),
+                                          GT_GI(INV), n, k, H);
+        snprintf(what, sizeof what, "moe_combine_bwd_bf16 dsrc %s vs %s", tag, vs);
+        gt_check_exact(t, what, &DSRC, DSRC.bytes);
+        snprintf(what, sizeof what, "moe_combine_bwd_bf16 dw %s vs %s", tag, vs);
+        gt_check_f32(t, what, &DWT, (size_t)m + 1, 1e-6f, 1e-6f);
+    }
+    gt_free(t, &S16);
+    gt_free(t, &SW);
+    free(hs16);
+    free(hsw);
 
     gt_buf_t G = gt_from_host(t, hg, ((size_t)n + 1) * 4, "gate logit");
     gt_buf_t DG = gt_alloc(t, ((size_t)n + 1) * 4, "dgate"), DX = gt_alloc(t, ((size_t)n * H + 1) * 4, "dx");

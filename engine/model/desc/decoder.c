@@ -62,9 +62,12 @@ void eng_decoder_mlp_acts(const eng_family_t *f, const eng_model_config_t *cfg, 
     eng_desc_act(b, l, ENG_A_PERM, "moe.perm", ENG_ACT_INT32, k, 0);
     eng_desc_act(b, l, ENG_A_INV_PERM, "moe.inv", ENG_ACT_INT32, k, 0);
     eng_desc_act(b, l, ENG_A_EXPERT_X, "moe.xp", ENG_ACT_COMPUTE, k * H, 0);
-    eng_desc_act(b, l, ENG_A_EXPERT_G, "moe.g", ENG_ACT_FP32, k * I, 0);
-    eng_desc_act(b, l, ENG_A_EXPERT_U, "moe.u", ENG_ACT_FP32, k * I, 0);
-    eng_desc_act(b, l, ENG_A_EXPERT_OUT, "moe.ep", ENG_ACT_FP32, k * H, 0);
+    /* the routed experts' gate, up and down outputs: written by their
+     * products in the compute dtype, as autocast's linear layers do
+     * (moe/moe_experts.c) */
+    eng_desc_act(b, l, ENG_A_EXPERT_G, "moe.g", ENG_ACT_COMPUTE, k * I, 0);
+    eng_desc_act(b, l, ENG_A_EXPERT_U, "moe.u", ENG_ACT_COMPUTE, k * I, 0);
+    eng_desc_act(b, l, ENG_A_EXPERT_OUT, "moe.ep", ENG_ACT_COMPUTE, k * H, 0);
     if (cfg->shared_expert_intermediate_size > 0) {
         const int64_t Is = cfg->shared_expert_intermediate_size;
         eng_desc_act(b, l, ENG_A_SHARED_G, "shared.g", ENG_ACT_FP32, Is, 0);

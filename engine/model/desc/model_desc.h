@@ -99,14 +99,16 @@ typedef struct {
 
 /* What a saved activation's elements are stored as. */
 typedef enum {
-    /* the compute dtype (bf16 in a bf16 run): only for activations that
-     * nothing but products reads (the tensor-core attention included),
-     * which round their operands to the compute dtype anyway, so storing
-     * them rounded changes no result */
+    /* the compute dtype (bf16 in a bf16 run): activations that nothing but
+     * products reads (the tensor-core attention included), which round
+     * their operands to the compute dtype anyway, so storing them rounded
+     * changes no result; and the routed experts' gate/up/down outputs,
+     * which their products write in bf16 as autocast's linear layers do
+     * (moe/moe_experts.c) */
     ENG_ACT_COMPUTE = 0,
     /* fp32 always: what fp32 kernels read (residuals, attention's q/k/v and
-     * output where the fp32 attention kernel runs, SwiGLU's inputs, the
-     * router's input), norm rstd, logsumexp,
+     * output where the fp32 attention kernel runs, the dense and shared
+     * MLPs' SwiGLU inputs, the router's input), norm rstd, logsumexp,
      * router logits and probabilities */
     ENG_ACT_FP32,
     ENG_ACT_INT32,       /* routing indices and counts */

@@ -294,6 +294,13 @@ static void attention_half(eng_walk_t *w) {
     w->prev_out_op = fo;
 }
 
+/* Whether LoRA adapts the routed experts' `role` module. */
+static bool experts_adapted(eng_walk_t *w, eng_param_role_t role) {
+    char module[160];
+    module_of(eng_walk_param(w, role, 0), module, sizeof module);
+    return lora_targeted(w, module, role);
+}
+
 static void moe_mlp(eng_walk_t *w, int xn) {
     const eng_model_config_t *c = w->cfg;
     const double n = w->n, H = c->hidden_size;
@@ -320,6 +327,14 @@ static void moe_mlp(eng_walk_t *w, int xn) {
     eng_walk_act(w, ENG_A_EXPERT_U, fu, bu);
     eng_walk_act(w, ENG_A_EXPERT_OUT, fd, bd);
     eng_walk_add_temp(w, SCHED_PHASE_FWD, "moe.h", adt, m * I, fw);
+    /* bf16 g, u, ep with LoRA on their module: product and adapter summed
+     * in an fp32 scratch, then rounded (moe/moe_experts.c) */
+    if (adt != MT_F32 && (experts_adapted(w, ENG_P_EXP_GATE) || experts_adapted(w, ENG_P_EXP_UP))) {
+        eng_walk_add_temp(w, SCHED_PHASE_FWD, "moe.gate_lora_sum", MT_F32, m * I, fg);
+        eng_walk_add_temp(w, SCHED_PHASE_FWD, "moe.up_lora_sum", MT_F32, m * I, fu);
+    }
+    if (adt != MT_F32 && experts_adapted(w, ENG_P_EXP_DOWN))
+        eng_walk_add_temp(w, SCHED_PHASE_FWD, "moe.down_lora_sum", MT_F32, m * H, fd);
     int last = eng_walk_elementwise(w, SCHED_PHASE_FWD, "combine", m * H, (m + n) * H * w->ab);
     int gc = eng_walk_elementwise(w, SCHED_PHASE_BWD, "combine", m * H, 2 * (m + n) * H * w->ab);
     eng_walk_add_temp(w, SCHED_PHASE_FWD, "mlp.y", adt, n * H, last);

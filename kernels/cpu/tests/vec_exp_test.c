@@ -12,7 +12,9 @@
  *   x > 88.73 -> inf, x < -104 -> 0.
  * - The AVX-512, AVX2 and baseline builds of the same loop give
  *   bit-identical results (no FMA contraction, same lanes): compared on
- *   every input above, for the ISAs this CPU has. */
+ *   every input above, for the ISAs this CPU has.
+ * - act_math.h's one-lane kern_exp_cw, which the CUDA kernels share, gives
+ *   the same bits as the vector one on every input above. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,7 @@
 
 #include "kernels/cpu/tests/testutil.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/math/act_math.h"
 
 #define ULP_TOL 1.0 /* vec.h's stated bound */
 #define SUBNORMAL_STEP 1.401298464324817e-45
@@ -37,7 +40,7 @@ EXP_LOOP(exp_base, )
 typedef struct {
     double max_ulp;
     float worst_x;
-    long bad, isa_mismatch;
+    long bad, isa_mismatch, scalar_mismatch;
 } stats_t;
 
 /* n must be a multiple of 16. */
@@ -63,6 +66,10 @@ static void check_block(stats_t *st, const float *x, float *y, float *y2, size_t
         const double u = fabs((double)got - e) / ulp;
         if (u > st->max_ulp) st->max_ulp = u, st->worst_x = x[i];
         if (u > ULP_TOL) st->bad++;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const float e1 = kern_exp_cw(x[i]);
+        st->scalar_mismatch += memcmp(&e1, &y[i], sizeof e1) != 0;
     }
     if (__builtin_cpu_supports("avx512f")) {
         exp_avx512(y2, x, n);
@@ -99,8 +106,9 @@ int main(void) {
         }
     while (k % KERN_VL) x[k++] = 0.0f;
     check_block(&st, x, y, y2, k);
-    printf("max error %.4f ulp at x = %.9g; %ld out of tolerance; %ld ISA mismatches\n", st.max_ulp,
-           st.worst_x, st.bad, st.isa_mismatch);
+    printf("max error %.4f ulp at x = %.9g; %ld out of tolerance; %ld ISA mismatches; %ld scalar mismatches\n",
+           st.max_ulp, st.worst_x, st.bad, st.isa_mismatch, st.scalar_mismatch);
+    tu_expect(st.scalar_mismatch == 0, "kern_exp_cw differs from kern_vf_exp on %ld inputs", st.scalar_mismatch);
     tu_expect(st.bad == 0, "%ld results beyond %.1f ulp (or wrong special cases); worst %.4f ulp at %.9g",
               st.bad, ULP_TOL, st.max_ulp, st.worst_x);
     tu_expect(st.isa_mismatch == 0, "%ld blocks differ between the AVX-512/AVX2/baseline builds",

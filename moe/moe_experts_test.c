@@ -1,0 +1,196 @@
+/* The routed experts' forward in a bf16 run (moe_experts.c), on a CPU
+ * device whose grouped-product entry is watched:
+ *   - every forward product (gate, up, down) is of the kind cuBLAS's grouped
+ *     GEMM takes: A and B stored bf16 (the compute dtype), C written bf16
+ *     with beta 0 (kernels/cuda/gemm_mm_cuda.c's rule, alignment aside),
+ *     one per expert that has rows, zero-row experts skipped;
+ *   - with LoRA on an expert module its products write fp32 instead (the
+ *     adapter's term is added before the one rounding);
+ *   - g, u and ep agree with a double-precision reference on the same bf16
+ *     operands to bf16's rounding: g, u within 2^-8 |g| (half a bf16 ulp
+ *     is at most 2^-8 of the value: 8 significant bits) plus 2^-20 sum
+ *     |x w| (16 times the fp32 accumulator's rounding, summing 24 terms);
+ *     ep, from the kernel's bf16 g and u, within 2^-8 |ep| (its rounding)
+ *     plus 2^-8 sum |h d| (h rounded to bf16 before the down product);
+ *   - the LoRA run's g differs from the plain run's where the adapter is
+ *     non-zero (the adapter is applied). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/dtype.h"
+#include "kernels/device.h"
+#include "kernels/ops.h"
+#include "moe/moe_experts.h"
+
+static int failures;
+#define EXPECT(c, ...)                                           \
+    do {                                                         \
+        if (!(c)) {                                              \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fprintf(stderr, "\n");                               \
+            failures++;                                          \
+        }                                                        \
+    } while (0)
+
+enum { H = 24, I = 16, E = 4, K = 2, ROWS = 9, R = 4 };
+static const int32_t k_counts[E] = {3, 0, 5, 1}, k_offsets[E] = {0, 3, 3, 8};
+
+/* what the grouped entry was asked: per call, products and whether all
+ * were bf16 x bf16 -> bf16 with beta 0 */
+static int calls, products, bf16_out_beta0, f32_out;
+static const kern_ops_t *real_ops;
+
+static void watch_grouped(kern_stream_t *s, const kern_mm_t *p, int count) {
+    calls++;
+    for (int i = 0; i < count; i++) {
+        products++;
+        if (p[i].A.dtype == MT_BF16 && p[i].B.dtype == MT_BF16 && p[i].C.dtype == MT_BF16 && p[i].beta == 0.0f &&
+            p[i].compute == MT_BF16)
+            bf16_out_beta0++;
+        if (p[i].C.dtype == MT_F32) f32_out++;
+    }
+    real_ops->mm_grouped(s, p, count);
+}
+
+static unsigned long rng = 99;
+static float rnd(void) {
+    rng = rng * 6364136223846793005ul + 1442695040888963407ul;
+    return (float)((rng >> 33) % 2000001) / 1000000.0f - 1.0f;
+}
+
+/* n random bf16 values, on the host (h) and the device (returned) */
+static void *upload_bf16(kern_device_t *dev, uint16_t *h, size_t n) {
+    mt_error_t err = {0};
+    for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(rnd());
+    void *p = kern_alloc(dev, n * 2, "test bf16", &err);
+    MT_CHECK(p, "%s", err.msg);
+    kern_memcpy_h2d(dev, kern_stream(dev, KERN_STREAM_COMPUTE), p, h, n * 2);
+    kern_device_sync(dev);
+    return p;
+}
+
+static float bf(uint16_t v) { return mt_bf16_to_f32(v); }
+
+/* sum x w in double, and sum |x w| into *mag */
+static double dot_bf16(const uint16_t *x, const uint16_t *w, int n, double *mag) {
+    double s = 0;
+    *mag = 0;
+    for (int i = 0; i < n; i++) {
+        const double t = (double)bf(x[i]) * bf(w[i]);
+        s += t;
+        *mag += fabs(t);
+    }
+    return s;
+}
+
+typedef struct {
+    uint16_t g[ROWS * I], u[ROWS * I], ep[ROWS * H];
+} outs_t;
+
+static void run(kern_device_t *dev, const moe_layer_dims_t *d, moe_layer_params_t *p, const void *xp, outs_t *o) {
+    mt_error_t err = {0};
+    void *g = kern_alloc(dev, ROWS * I * 2, "g", &err), *u = kern_alloc(dev, ROWS * I * 2, "u", &err);
+    void *ep = kern_alloc(dev, ROWS * H * 2, "ep", &err);
+    MT_CHECK(g && u && ep, "%s", err.msg);
+    calls = products = bf16_out_beta0 = f32_out = 0;
+    EXPECT(moe_experts_forward(dev, d, p, k_counts, k_offsets, ROWS, xp, g, u, ep, &err) == MT_OK, "%s", err.msg);
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    kern_memcpy_d2h(dev, s, o->g, g, sizeof o->g);
+    kern_memcpy_d2h(dev, s, o->u, u, sizeof o->u);
+    kern_memcpy_d2h(dev, s, o->ep, ep, sizeof o->ep);
+    kern_device_sync(dev);
+    kern_free(dev, g);
+    kern_free(dev, u);
+    kern_free(dev, ep);
+}
+
+int main(void) {
+    mt_error_t err = {0};
+    kern_device_opts_t opts = {.device_budget_bytes = 4 << 20, .host_threads = 1};
+    kern_device_t *dev = NULL;
+    MT_CHECK(kern_device_create(KERN_BACKEND_CPU, &opts, &dev, &err) == MT_OK, "%s", err.msg);
+    kern_ops_t watched = *dev->ops;
+    real_ops = dev->ops;
+    watched.mm_grouped = watch_grouped;
+    dev->ops = &watched;
+
+    moe_layer_dims_t d = {.H = H, .E = E, .k = K, .I = I, .compute = MT_BF16};
+    d.acts[MOE_ACT_XP] = (moe_act_size_t){K * H, 0, MT_BF16};
+    d.acts[MOE_ACT_G] = d.acts[MOE_ACT_U] = (moe_act_size_t){K * I, 0, MT_BF16};
+    d.acts[MOE_ACT_EP] = (moe_act_size_t){K * H, 0, MT_BF16};
+    static uint16_t hx[ROWS * H], hg[E][I * H], hu[E][I * H], hd[E][H * I], la[R * H], lb[I * R];
+    void *x = upload_bf16(dev, hx, ROWS * H), *gate[E], *up[E], *down[E];
+    for (int e = 0; e < E; e++) {
+        gate[e] = upload_bf16(dev, hg[e], I * H);
+        up[e] = upload_bf16(dev, hu[e], I * H);
+        down[e] = upload_bf16(dev, hd[e], H * I);
+    }
+    moe_layer_params_t p = {.gate = gate, .up = up, .down = down, .dtype = MT_BF16};
+
+    outs_t plain;
+    run(dev, &d, &p, x, &plain);
+    EXPECT(calls == 3 && products == 9 && bf16_out_beta0 == 9,
+           "plain: %d grouped calls of %d products (want 3 of 9: the 3 experts with rows), %d bf16 x bf16 -> bf16 "
+           "beta 0",
+           calls, products, bf16_out_beta0);
+    double worst_gu = 0, worst_ep = 0;
+    for (int e = 0; e < E; e++)
+        for (int r = k_offsets[e]; r < k_offsets[e] + k_counts[e]; r++) {
+            for (int i = 0; i < I; i++) {
+                double gm, um;
+                const double g = dot_bf16(hx + r * H, hg[e] + i * H, H, &gm);
+                const double u = dot_bf16(hx + r * H, hu[e] + i * H, H, &um);
+                worst_gu = fmax(worst_gu, fabs(bf(plain.g[r * I + i]) - g) / (0x1p-8 * fabs(g) + 0x1p-20 * gm));
+                worst_gu = fmax(worst_gu, fabs(bf(plain.u[r * I + i]) - u) / (0x1p-8 * fabs(u) + 0x1p-20 * um));
+            }
+            for (int c = 0; c < H; c++) {
+                double ep = 0, mag = 0;
+                for (int i = 0; i < I; i++) {
+                    const double g = bf(plain.g[r * I + i]), u = bf(plain.u[r * I + i]);
+                    const double t = g / (1.0 + exp(-g)) * u * bf(hd[e][c * I + i]);
+                    ep += t;
+                    mag += fabs(t);
+                }
+                worst_ep = fmax(worst_ep, fabs(bf(plain.ep[r * H + c]) - ep) / (0x1p-8 * fabs(ep) + 0x1p-8 * mag));
+            }
+        }
+    EXPECT(worst_gu <= 1.0, "g, u: worst error %.3g of the bound against the double reference", worst_gu);
+    EXPECT(worst_ep <= 1.0, "ep: worst error %.3g of the bound against the double reference", worst_ep);
+
+    /* LoRA on gate (expert 2 only): gate's products write fp32, up's and down's stay bf16 */
+    kern_lora_t lora[E];
+    memset(lora, 0, sizeof lora);
+    lora[2] = (kern_lora_t){.a = upload_bf16(dev, la, R * H), .b = upload_bf16(dev, lb, I * R), .dtype = MT_BF16,
+                            .r = R, .scale = 2.0f};
+    p.lora_gate = lora;
+    outs_t adapted;
+    run(dev, &d, &p, x, &adapted);
+    EXPECT(calls == 3 && bf16_out_beta0 == 6 && f32_out == 3,
+           "LoRA on gate: %d grouped calls, %d bf16 x bf16 -> bf16 beta-0 products (want 6: up and down), %d with "
+           "an fp32 C (want gate's 3)",
+           calls, bf16_out_beta0, f32_out);
+    int moved = 0, unmoved_other = 0;
+    for (int r = 0; r < ROWS; r++)
+        for (int i = 0; i < I; i++) {
+            const bool in_e2 = r >= k_offsets[2] && r < k_offsets[2] + k_counts[2];
+            const bool same = adapted.g[r * I + i] == plain.g[r * I + i];
+            moved += in_e2 && !same;
+            unmoved_other += !in_e2 && same;
+        }
+    EXPECT(moved > k_counts[2] * I / 2, "LoRA on expert 2 moved %d of its %d g values", moved, k_counts[2] * I);
+    EXPECT(unmoved_other == (ROWS - k_counts[2]) * I, "LoRA on expert 2 changed other experts' g (%d of %d same)",
+           unmoved_other, (ROWS - k_counts[2]) * I);
+    EXPECT(memcmp(adapted.u, plain.u, sizeof plain.u) == 0, "LoRA on gate changed u");
+
+    printf("bf16 experts: forward products bf16 x bf16 -> bf16 beta 0 (grouped-call kind); g/u at %.3g and ep at "
+           "%.3g of their bounds against double; LoRA moved %d of expert 2's g\n",
+           worst_gu, worst_ep, moved);
+    dev->ops = real_ops;
+    kern_device_destroy(dev);
+    if (failures) fprintf(stderr, "moe_experts_test: %d failure(s)\n", failures);
+    else printf("moe_experts_test: all checks passed\n");
+    return failures ? 1 : 0;
+}
