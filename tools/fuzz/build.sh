@@ -26,8 +26,9 @@ base="$(cd "$root" && ls base/*.c | grep -v '_test\.c$' | tr '\n' ' ')"
 # (engine/model/desc, engine/model/hf), so a new family's file is picked up
 # without an edit here; the description's step program and RoPE tables
 # (program.c, rope_tables.c) need the scheduler and kernels, which no
-# harness reaches
-desc="$(cd "$root" && ls engine/model/desc/*.c | grep -vE '_test\.c$|/(program|rope_tables)\.c$' | tr '\n' ' ') scheduler/registry.c"
+# harness reaches; the description asks kernels/attention_tc.c which
+# attention shapes the tensor-core path takes (a pure function)
+desc="$(cd "$root" && ls engine/model/desc/*.c | grep -vE '_test\.c$|/(program|rope_tables)\.c$' | tr '\n' ' ') scheduler/registry.c kernels/attention_tc.c"
 mcfg="$(cd "$root" && ls engine/model/hf/*.c | grep -v '_test\.c$' | tr '\n' ' ')"
 rcfg="$(cd "$root" && ls engine/config/*.c | grep -v '_test\.c$' | tr '\n' ' ')"
 util="tools/fuzz/fuzz_util.c"
