@@ -519,6 +519,16 @@ static void measured_rates(const sched_calibration_t *c, sched_hw_t *out) {
     out->adamw_bw = c->adamw_bw;
     out->pack_bw = c->pack_bw;
     out->unpack_bw = c->unpack_bw;
+    if (c->nvme_read_bw > 0 && c->nvme_write_bw > 0) { /* the run's NVMe directory, measured */
+        out->has_nvme = true;
+        /* a long path's end names the directory best */
+        const size_t len = strlen(c->nvme_path);
+        snprintf(out->nvme_name, sizeof out->nvme_name, "%s%.100s (measured)", len > 100 ? "..." : "",
+                 c->nvme_path + (len > 100 ? len - 100 : 0));
+        out->nvme_read_bw = c->nvme_read_bw;
+        out->nvme_write_bw = c->nvme_write_bw;
+        out->nvme_queue_depth = c->nvme_queue_depth;
+    }
     sched_hw_fill_rates(out);
 }
 

@@ -213,6 +213,11 @@ typedef struct {
     /* Host work on the copy path and the optimizer, with the threads the
      * run uses (bytes/s as sched_hw_t counts them; 0: not measured) */
     double adamw_bw, pack_bw, unpack_bw;
+    /* The run's NVMe directory (memory.nvme.path), raw O_DIRECT at the
+     * store's queue depth: bytes/s; 0 when the run has none */
+    double nvme_read_bw, nvme_write_bw;
+    int nvme_queue_depth;
+    char nvme_path[1024];
 } sched_calibration_t;
 
 /* A profile from measured numbers, every fraction 1.  The CPU backend:

@@ -25,6 +25,10 @@
  *    size that leaves the caches (16 M parameters, 448 MB of traffic).
  * Copy streams throttled by backend_options (link_gbps, link_latency_us)
  * are planned at the throttled rate, as the executor will run them.
+ *  - where the run has the NVMe tier (memory.nvme.path), that directory's
+ *    raw O_DIRECT read and write rates at the store's queue depth (256 MiB
+ *    through a file of its own, removed after), which the plan's NVMe
+ *    array then is.
  * A GPU is measured through the run's own device (eng_calibrate_device). */
 #ifndef MT_ENGINE_CALIBRATE_H
 #define MT_ENGINE_CALIBRATE_H

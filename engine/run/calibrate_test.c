@@ -3,9 +3,13 @@
  * with those rates, and a throttled link is planned at its throttle. */
 #include "engine/run/calibrate.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static int failures;
 #define EXPECT(c, ...)                                                                  \
@@ -74,6 +78,26 @@ int main(void) {
     sched_hw_from_calibration(&c, &hw);
     EXPECT(sched_hw_h2d_bw(&hw) == 2.5e9 && fabs(hw.copy_latency_s - 20e-6) < 1e-15, "throttled link %g",
            sched_hw_h2d_bw(&hw));
+    EXPECT(!c.nvme_read_bw && !hw.has_nvme, "no NVMe tier, no NVMe rates");
+
+    /* a run with the NVMe tier: its directory's raw rates become the plan's
+     * array (the test's own directory, on the disk under the test), nothing
+     * left behind; a directory that is not there is an error naming it */
+    const char *tmp = getenv("TEST_TMPDIR");
+    snprintf(rc.memory_nvme_path, sizeof rc.memory_nvme_path, "%s/nvme-cal", tmp ? tmp : "/tmp");
+    EXPECT(mkdir(rc.memory_nvme_path, 0700) == 0 || errno == EEXIST, "mkdir %s", rc.memory_nvme_path);
+    st = eng_calibrate(&rc, NULL, &o, &c, &err);
+    EXPECT(st == MT_OK && c.nvme_read_bw > 1e6 && c.nvme_write_bw > 1e6 && c.nvme_queue_depth == 8, "nvme: %s %g %g",
+           err.msg, c.nvme_read_bw, c.nvme_write_bw);
+    sched_hw_from_calibration(&c, &hw);
+    EXPECT(hw.has_nvme && sched_hw_nvme_read_bw(&hw) == c.nvme_read_bw &&
+               sched_hw_nvme_write_bw(&hw) == c.nvme_write_bw && strstr(hw.nvme_name, "nvme-cal (measured)"),
+           "the NVMe array from the measurement: %s", hw.nvme_name);
+    EXPECT(rmdir(rc.memory_nvme_path) == 0, "calibration left files in %s", rc.memory_nvme_path);
+    strcat(rc.memory_nvme_path, "/missing");
+    st = eng_calibrate(&rc, NULL, &o, &c, &err);
+    EXPECT(st == MT_ERR_IO && strstr(err.msg, "memory.nvme.path") && strstr(err.msg, "nvme-cal/missing"),
+           "missing NVMe directory: %s", err.msg);
     eng_run_config_free(&rc);
     if (failures) fprintf(stderr, "calibrate_test: %d failure(s)\n", failures);
     else printf("calibrate_test: sgemm %.1f GFLOP/s, memcpy %.1f GB/s, stream %.1f GB/s, %d cores; pack %.2f GB/s, "

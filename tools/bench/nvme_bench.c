@@ -16,10 +16,11 @@
 
 #include "base/clock.h"
 #include "base/status.h"
+#include "store/sio_rate.h"
 #include "store/store.h"
 #include "tools/build_info.h"
 
-enum { RAW_REQ = 1 << 20, BLOCK_TENSORS = 16, MAX_TENSOR = (6 << 20) + 1024 /* tensor_bytes' largest */ };
+enum { RAW_REQ = MT_SIO_RATE_REQ, BLOCK_TENSORS = 16, MAX_TENSOR = (6 << 20) + 1024 /* tensor_bytes' largest */ };
 
 typedef struct {
     const char *dir;
@@ -27,55 +28,6 @@ typedef struct {
     int qd;
     mt_sio_kind_t io;
 } bench_opts_t;
-
-/* Raw sequential I/O of `bytes` on fd in RAW_REQ requests at queue depth io's. */
-static double raw_pass(mt_sio_t *io, int fd, uint64_t bytes, bool write, void *buf, mt_error_t *err,
-                       mt_status_t *st) {
-    const int n = (int)(bytes / RAW_REQ);
-    const int qd = mt_sio_queue_depth(io);
-    mt_sio_req_t *r = calloc((size_t)n, sizeof *r);
-    MT_CHECK_ALLOC(r, "raw requests");
-    for (int i = 0; i < n; i++)
-        r[i] = (mt_sio_req_t){.fd = fd, .write = write, .offset = (uint64_t)i * RAW_REQ, .bytes = RAW_REQ,
-                              .buf = (char *)buf + (size_t)(i % qd) * RAW_REQ};
-    const double t0 = mt_now_s();
-    const int bad = mt_sio_run(io, r, n);
-    const double dt = mt_now_s() - t0;
-    if (bad >= 0)
-        *st = mt_error_set(err, MT_ERR_IO, "raw %s at offset %" PRIu64 " failed: %s", write ? "write" : "read",
-                           r[bad].offset, strerror((int)-r[bad].result));
-    free(r);
-    return (double)n * RAW_REQ / dt / 1e9;
-}
-
-typedef struct {
-    double w1, wq, r1, rq;
-} raw_rates_t;
-
-static mt_status_t raw_measure(const bench_opts_t *o, uint64_t bytes, raw_rates_t *out, mt_error_t *err) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/moetune-bench-raw-%ld.bin", o->dir, (long)getpid());
-    const int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
-    if (fd < 0) return mt_error_set(err, MT_ERR_IO, "%s: cannot create with O_DIRECT: %s", path, strerror(errno));
-    mt_sio_t *one = NULL, *many = NULL;
-    mt_status_t st = mt_sio_open(&one, o->io, 1, err);
-    if (st == MT_OK) st = mt_sio_open(&many, o->io, o->qd, err);
-    void *buf = mt_sio_buffer_alloc((size_t)o->qd * RAW_REQ);
-    MT_CHECK_ALLOC(buf, "raw buffers");
-    memset(buf, 0x5a, (size_t)o->qd * RAW_REQ);
-    if (st == MT_OK && posix_fallocate(fd, 0, (off_t)bytes) != 0)
-        st = mt_error_set(err, MT_ERR_IO, "%s: cannot allocate %" PRIu64 " bytes", path, bytes);
-    if (st == MT_OK) out->w1 = raw_pass(one, fd, bytes, true, buf, err, &st);
-    if (st == MT_OK) out->wq = raw_pass(many, fd, bytes, true, buf, err, &st);
-    if (st == MT_OK) out->r1 = raw_pass(one, fd, bytes, false, buf, err, &st);
-    if (st == MT_OK) out->rq = raw_pass(many, fd, bytes, false, buf, err, &st);
-    mt_sio_buffer_free(buf);
-    mt_sio_close(one);
-    mt_sio_close(many);
-    close(fd);
-    unlink(path);
-    return st;
-}
 
 /* Tensor i's length: 1.5, 3, 4 or 6 MiB plus an odd tail, as expert
  * matrices of a few shapes are. */
@@ -213,23 +165,24 @@ int mt_bench_nvme_main(int argc, char **argv) {
     printf("nvme bench: %s (%s), %.3f GiB, 1 MiB raw requests, queue depth 1 and %d\n", o.dir, disk,
            bytes / 1073741824.0, o.qd);
     mt_error_t err = {0};
-    raw_rates_t raw = {0};
+    mt_sio_rates_t raw = {0};
     store_rates_t sto = {0};
-    mt_status_t st = raw_measure(&o, bytes, &raw, &err);
+    mt_status_t st = mt_sio_measure_dir(o.dir, bytes, o.qd, o.io, &raw, &err);
     if (st == MT_OK) st = store_measure(&o, bytes, &sto, &err);
     if (st != MT_OK) {
         fprintf(stderr, "moetune: error: %s\n", err.msg);
         return 1;
     }
-    printf("raw O_DIRECT     write qd1 %7.3f GB/s   qd%-3d %7.3f GB/s\n", raw.w1, o.qd, raw.wq);
-    printf("raw O_DIRECT     read  qd1 %7.3f GB/s   qd%-3d %7.3f GB/s\n", raw.r1, o.qd, raw.rq);
+    const double wq = raw.write_q / 1e9, rq = raw.read_q / 1e9; /* GB/s, as the store's rates */
+    printf("raw O_DIRECT     write qd1 %7.3f GB/s   qd%-3d %7.3f GB/s\n", raw.write_1 / 1e9, o.qd, wq);
+    printf("raw O_DIRECT     read  qd1 %7.3f GB/s   qd%-3d %7.3f GB/s\n", raw.read_1 / 1e9, o.qd, rq);
     printf("store (%s, tensors of 1.5-6 MiB, %d per batch, CRC32C checked):\n", sto.io, BLOCK_TENSORS);
     printf("  first write             %7.3f GB/s\n", sto.w_first);
-    printf("  rewrite                 %7.3f GB/s   store/raw %.2f\n", sto.w, sto.w / raw.wq);
-    printf("  read in order           %7.3f GB/s   store/raw %.2f\n", sto.r_order, sto.r_order / raw.rq);
-    printf("  read in recorded order  %7.3f GB/s   store/raw %.2f\n", sto.r_recorded, sto.r_recorded / raw.rq);
-    const double worst = sto.w / raw.wq < sto.r_order / raw.rq ? sto.w / raw.wq : sto.r_order / raw.rq;
-    const double worst2 = worst < sto.r_recorded / raw.rq ? worst : sto.r_recorded / raw.rq;
+    printf("  rewrite                 %7.3f GB/s   store/raw %.2f\n", sto.w, sto.w / wq);
+    printf("  read in order           %7.3f GB/s   store/raw %.2f\n", sto.r_order, sto.r_order / rq);
+    printf("  read in recorded order  %7.3f GB/s   store/raw %.2f\n", sto.r_recorded, sto.r_recorded / rq);
+    const double worst = sto.w / wq < sto.r_order / rq ? sto.w / wq : sto.r_order / rq;
+    const double worst2 = worst < sto.r_recorded / rq ? worst : sto.r_recorded / rq;
     printf("lowest store/raw ratio %.2f (goal >= 0.80)\n", worst2);
     return 0;
 }
