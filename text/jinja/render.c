@@ -224,6 +224,8 @@ tj_str_t *tj_call_macro(tj_rt_t *rt, const tj_node_t *at, const tj_func_t *fn, i
 mt_status_t text_template_parse(const char *src, size_t len, const char *origin, text_template_t **out,
                                 mt_error_t *err) {
     *out = NULL;
+    /* volatile: read after setjmp, which -O2 may otherwise keep in a register longjmp restores stale */
+    const char *volatile name = origin ? origin : "template";
     text_template_t *t = calloc(1, sizeof *t);
     MT_CHECK_ALLOC(t, "a template");
     jmp_buf jb;
@@ -233,7 +235,7 @@ mt_status_t text_template_parse(const char *src, size_t len, const char *origin,
         text_template_free(t);
         return err ? err->code : MT_ERR_FORMAT;
     }
-    t->origin = tj_strdup(&t->pool, origin ? origin : "template", strlen(origin ? origin : "template"));
+    t->origin = tj_strdup(&t->pool, name, strlen(name));
     char *norm = tj_alloc(&t->pool, len + 1);
     size_t n = 0;
     for (size_t i = 0; i < len; i++) {
