@@ -53,20 +53,21 @@ void kern_swiglu_bwd_cuda(kern_stream_t *s, float *dg, float *du, const float *d
                           const float *g, const float *u, size_t n);
 
 /* The same with bf16 storage (a bf16 run's routed experts, whose products
- * write g and u in bf16 and read h in bf16): h = bf16(silu(g) * u) from
- * bf16 g, u, and dg = bf16(dh * u * silu'(g)), du = bf16(dh * silu(g)) from
- * an fp32 dh (overwrite; dg/du may alias g/u).  Computed in fp32 from the
+ * write g and u in bf16 and read h in bf16, and whose backward products
+ * write dh in bf16): h = bf16(silu(g) * u) from bf16 g, u, and
+ * dg = bf16(dh * u * silu'(g)), du = bf16(dh * silu(g)) from a bf16 dh
+ * (overwrite; dg/du may alias g/u).  Computed in fp32 from the
  * exact widened inputs and rounded once (act_math.h), with one exp on both
  * backends, so the twins are bit-identical. */
 typedef void (*kern_swiglu_fwd_bf16_fn)(kern_stream_t *s, uint16_t *h, const uint16_t *g, const uint16_t *u,
                                         size_t n);
 void kern_swiglu_fwd_bf16_cpu(kern_stream_t *s, uint16_t *h, const uint16_t *g, const uint16_t *u, size_t n);
 void kern_swiglu_fwd_bf16_cuda(kern_stream_t *s, uint16_t *h, const uint16_t *g, const uint16_t *u, size_t n);
-typedef void (*kern_swiglu_bwd_bf16_fn)(kern_stream_t *s, uint16_t *dg, uint16_t *du, const float *dh,
+typedef void (*kern_swiglu_bwd_bf16_fn)(kern_stream_t *s, uint16_t *dg, uint16_t *du, const uint16_t *dh,
                                         const uint16_t *g, const uint16_t *u, size_t n);
-void kern_swiglu_bwd_bf16_cpu(kern_stream_t *s, uint16_t *dg, uint16_t *du, const float *dh, const uint16_t *g,
+void kern_swiglu_bwd_bf16_cpu(kern_stream_t *s, uint16_t *dg, uint16_t *du, const uint16_t *dh, const uint16_t *g,
                               const uint16_t *u, size_t n);
-void kern_swiglu_bwd_bf16_cuda(kern_stream_t *s, uint16_t *dg, uint16_t *du, const float *dh, const uint16_t *g,
+void kern_swiglu_bwd_bf16_cuda(kern_stream_t *s, uint16_t *dg, uint16_t *du, const uint16_t *dh, const uint16_t *g,
                                const uint16_t *u, size_t n);
 
 /* OLMoE's clip_qkv, as torch's clamp: y = min(max(x, -c), c) (y may alias

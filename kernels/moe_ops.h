@@ -90,19 +90,23 @@ void kern_moe_combine_bwd_cuda(kern_stream_t *s, float *dsrc, float *dw, const f
 
 /* The same two with src stored bf16 (a bf16 run's expert outputs): the
  * values widened exactly, then the fp32 ops' formulas and order, so the
- * results are theirs on the widened src. */
+ * results are theirs on the widened src.  The combine's backward writes
+ * dsrc in bf16 too, each w * dy product (fp32) rounded to nearest even
+ * once, as autocast gives a bf16 tensor's gradient its dtype: the experts'
+ * backward products read it as a bf16 operand (they would round it so
+ * anyway), which lets them write bf16 with beta 0 (kernels/gemm.h). */
 typedef void (*kern_moe_unpermute_sum_bf16_fn)(kern_stream_t *s, float *y, const uint16_t *src, const float *w,
                                                const int32_t *inv, int n, int k, int H, int accumulate);
 void kern_moe_unpermute_sum_bf16_cpu(kern_stream_t *s, float *y, const uint16_t *src, const float *w,
                                      const int32_t *inv, int n, int k, int H, int accumulate);
 void kern_moe_unpermute_sum_bf16_cuda(kern_stream_t *s, float *y, const uint16_t *src, const float *w,
                                       const int32_t *inv, int n, int k, int H, int accumulate);
-typedef void (*kern_moe_combine_bwd_bf16_fn)(kern_stream_t *s, float *dsrc, float *dw, const float *dy,
+typedef void (*kern_moe_combine_bwd_bf16_fn)(kern_stream_t *s, uint16_t *dsrc, float *dw, const float *dy,
                                              const uint16_t *src, const float *w, const int32_t *inv, int n, int k,
                                              int H);
-void kern_moe_combine_bwd_bf16_cpu(kern_stream_t *s, float *dsrc, float *dw, const float *dy, const uint16_t *src,
+void kern_moe_combine_bwd_bf16_cpu(kern_stream_t *s, uint16_t *dsrc, float *dw, const float *dy, const uint16_t *src,
                                    const float *w, const int32_t *inv, int n, int k, int H);
-void kern_moe_combine_bwd_bf16_cuda(kern_stream_t *s, float *dsrc, float *dw, const float *dy, const uint16_t *src,
+void kern_moe_combine_bwd_bf16_cuda(kern_stream_t *s, uint16_t *dsrc, float *dw, const float *dy, const uint16_t *src,
                                     const float *w, const int32_t *inv, int n, int k, int H);
 
 /* Qwen2-MoE shared expert gate: y (n, H) += sigmoid(glogit[r]) * x[r]. */

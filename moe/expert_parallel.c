@@ -242,14 +242,19 @@ static void fold_scratch(kern_device_t *dev, const moe_layer_dims_t *d, const mo
 }
 
 mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
-                            const moe_layer_params_t *gp, moe_layer_acts_t *a, float *dep, mt_error_t *err) {
+                            const moe_layer_params_t *gp, moe_layer_acts_t *a, void *dep, void *dxu,
+                            mt_error_t *err) {
     const moe_ep_t *ep = p->ep;
     struct moe_ep_acts *ea = a->ep_acts;
     MT_CHECK(ea, "moe expert parallel: backward without an expert-parallel forward");
     const int N = ea->nranks, E = d->E, H = d->H, I = d->I;
     const size_t xp_elem = mt_dtype_size(d->acts[MOE_ACT_XP].dtype);
     const size_t gu_elem = mt_dtype_size(d->acts[MOE_ACT_G].dtype);
-    float *dep_r = NULL;
+    /* the gradients cross in the outputs' dtype, as the experts' backward
+     * reads and writes them (bf16 in a bf16 run, in two parts) */
+    const mt_dtype_t g_dt = d->acts[MOE_ACT_EP].dtype;
+    const size_t g_elem = mt_dtype_size(g_dt);
+    void *dep_r = NULL, *dxu_r = NULL;
     size_t *arrays = calloc(4 * (size_t)N, sizeof *arrays);
     MT_CHECK_ALLOC(arrays, "expert-parallel transfer sizes");
     xfer_t x = {arrays, arrays + N, arrays + 2 * N, arrays + 3 * N};
@@ -259,10 +264,14 @@ mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const
     MT_CHECK(written && scratch, "out of memory for expert-parallel gradient scratch");
 
     /* the output gradients to the experts' owners */
-    dep_r = ep_alloc(dev, (size_t)R * H * sizeof(float), "moe expert-parallel d(outputs)", err);
+    dep_r = ep_alloc(dev, (size_t)R * H * g_elem, "moe expert-parallel d(outputs)", err);
     if (!dep_r) goto fail;
+    if (dxu) {
+        dxu_r = ep_alloc(dev, (size_t)R * H * g_elem, "moe expert-parallel d(inputs), up products' part", err);
+        if (!dxu_r) goto fail;
+    }
     xfer_fill(&x, ea, a, E, (size_t)H, true);
-    TRY(kern_comm_alltoallv(ep->comm, ep->rank, dep, x.sc, x.so, dep_r, x.rc, x.ro, MT_F32, err));
+    TRY(kern_comm_alltoallv(ep->comm, ep->rank, dep, x.sc, x.so, dep_r, x.rc, x.ro, g_dt, err));
     /* per source in rank order: the weight gradients accumulate in the
      * order the sources' micro-batches would on one device, each later
      * source's formed apart and added (scratch_grads) */
@@ -282,7 +291,9 @@ mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const
             st = moe_experts_backward(dev, d, p, &gq, cq, ea->roffs + (size_t)q * E, rows,
                                       (const char *)ea->xp + (size_t)base * H * xp_elem,
                                       (char *)ea->g + (size_t)base * I * gu_elem,
-                                      (char *)ea->u + (size_t)base * I * gu_elem, dep_r + (size_t)base * H, err);
+                                      (char *)ea->u + (size_t)base * I * gu_elem,
+                                      (char *)dep_r + (size_t)base * H * g_elem,
+                                      dxu_r ? (char *)dxu_r + (size_t)base * H * g_elem : NULL, err);
         if (st == MT_OK) fold_scratch(dev, d, gp, scratch);
         for (int e = 0; e < E; e++) {
             if (scratch[e]) kern_free(dev, scratch[e]); /* after a failure */
@@ -294,14 +305,17 @@ mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const
     }
     /* the input gradients back to the tokens' devices */
     xfer_fill(&x, ea, a, E, (size_t)H, false);
-    TRY(kern_comm_alltoallv(ep->comm, ep->rank, dep_r, x.sc, x.so, dep, x.rc, x.ro, MT_F32, err));
+    TRY(kern_comm_alltoallv(ep->comm, ep->rank, dep_r, x.sc, x.so, dep, x.rc, x.ro, g_dt, err));
+    if (dxu) TRY(kern_comm_alltoallv(ep->comm, ep->rank, dxu_r, x.sc, x.so, dxu, x.rc, x.ro, g_dt, err));
     kern_free(dev, dep_r);
+    moe_dfree(dev, dxu_r);
     free(arrays);
     free(written);
     free(scratch);
     return MT_OK;
 fail:
     moe_dfree(dev, dep_r);
+    moe_dfree(dev, dxu_r);
     free(arrays);
     free(written);
     free(scratch);

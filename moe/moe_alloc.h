@@ -52,12 +52,14 @@ static inline void moe_dfree(kern_device_t *dev, void *p) {
 /* Expert parallelism's halves of the block (expert_parallel.c): in forward,
  * after moe_plan_routes, fill a->ep (m, H) with the outputs of this
  * device's rows, wherever their experts live; in backward, replace dep
- * (m, H) with the gathered rows' gradient.  Failing, the caller aborts the
- * communicator and releases a. */
+ * (m, H, in the outputs' dtype) with the gathered rows' gradient, in
+ * moe_experts_backward's form (in a bf16 run the gate part in dep, the up
+ * part in dxu).  Failing, the caller aborts the communicator and releases
+ * a. */
 mt_status_t moe_ep_forward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
                            const float *xn, moe_layer_acts_t *a, mt_error_t *err);
 mt_status_t moe_ep_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
-                            const moe_layer_params_t *gp, moe_layer_acts_t *a, float *dep, mt_error_t *err);
+                            const moe_layer_params_t *gp, moe_layer_acts_t *a, void *dep, void *dxu, mt_error_t *err);
 void moe_ep_acts_free(kern_device_t *dev, struct moe_ep_acts *ea);
 const int32_t *moe_ep_expert_rows(const struct moe_ep_acts *ea);
 

@@ -220,22 +220,138 @@ fail:
     return err->code;
 }
 
-mt_status_t moe_experts_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
-                                 const moe_layer_params_t *gp, const int32_t *counts, const int32_t *offsets,
-                                 int rows, const void *xp, void *g, void *u, float *dep, mt_error_t *err) {
+/* The dtype of the backward's activation gradients (dep, dh, dg/du and
+ * the experts' input-gradient products): bf16 exactly when g, u and ep are
+ * (both come from the description's compute-class activations), as
+ * autocast gives a tensor's gradient the tensor's dtype. */
+static mt_dtype_t grad_dtype(const moe_layer_dims_t *d) {
+    const mt_dtype_t dt = gu_dtype(d);
+    MT_CHECK(ep_dtype(d) == dt, "moe experts: outputs described as %s but g/u as %s (the backward wants one dtype)",
+             mt_dtype_name(ep_dtype(d)), mt_dtype_name(dt));
+    return dt;
+}
+
+#define AT(ptr, row, width, esize) ((char *)(ptr) + (size_t)(row) * (width) * (esize))
+
+/* The down product's backward: dh (rows, I) = dep down (+ LoRA's term,
+ * summed in the fp32 scratch and rounded once when dh is bf16), and
+ * d(down) += dep^T h with h recomputed from g and u; dep, h and dh in
+ * dtype dt.  The dh products write dt with beta 0, so in a bf16 run they
+ * are of the kind cuBLAS groups. */
+static mt_status_t down_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
+                                 const moe_layer_params_t *gp, groups_t *gg, const int32_t *counts,
+                                 const int32_t *offsets, int rows, const void *g, const void *u, const void *dep,
+                                 void *dh, mt_error_t *err) {
     const kern_ops_t *ops = dev->ops;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
     const int H = d->H, E = d->E, I = d->I;
-    const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype, dt = gu_dtype(d);
-    const size_t xp_elem = mt_dtype_size(xp_dt), elem = mt_dtype_size(dt);
+    const mt_dtype_t dt = grad_dtype(d);
+    const size_t elem = mt_dtype_size(dt);
     void *h = NULL;
-    float *dh = NULL;
-    groups_t gg = groups_new(E);
+    float *acc = NULL;
     h = kern_alloc(dev, (size_t)rows * I * elem, "moe expert hidden (recomputed)", err);
     if (!h) goto fail;
     if (dt == MT_F32) ops->swiglu_fwd(s, h, g, u, (size_t)rows * I);
     else ops->swiglu_fwd_bf16(s, h, g, u, (size_t)rows * I);
-    ALLOC(dh, (size_t)rows * I, float, "moe d(expert hidden)");
+    if (dt != MT_F32 && p->lora_down) ALLOC(acc, (size_t)rows * I, float, "moe d(expert hidden) + LoRA (fp32)");
+    void *out = acc ? (void *)acc : dh;
+    const mt_dtype_t out_dt = acc ? MT_F32 : dt;
+    gg->count = 0;
+    for (int e = 0; e < E; e++)
+        if (counts[e])
+            groups_push(gg, AT(out, offsets[e], I, mt_dtype_size(out_dt)), out_dt, AT(dep, offsets[e], H, elem), dt,
+                        p->down[e], p->dtype, counts[e], I, H);
+    groups_run(dev, d, gg, false, false, 1.0f, 0.0f);
+    gg->count = 0;
+    for (int e = 0; e < E; e++)
+        if (counts[e] && gp->down[e])
+            groups_push(gg, gp->down[e], MT_F32, AT(dep, offsets[e], H, elem), dt, AT(h, offsets[e], I, elem), dt,
+                        H, I, counts[e]);
+    groups_run(dev, d, gg, true, false, 1.0f, 1.0f);
+    for (int e = 0; p->lora_down && e < E; e++) {
+        const int off = offsets[e];
+        TRY(kern_lora_bwd_typed(dev, d->compute, &p->lora_down[e], AT(dep, off, H, elem), dt, AT(h, off, I, elem),
+                                dt, (float *)out + (size_t)off * I, counts[e], I, H, err));
+    }
+    if (acc) ops->f32_to_bf16(s, dh, acc, (size_t)rows * I);
+    moe_dfree(dev, acc);
+    kern_free(dev, h);
+    return MT_OK;
+fail:
+    moe_dfree(dev, acc);
+    moe_dfree(dev, h);
+    return err->code;
+}
+
+/* xp's gradient in a bf16 run, as two parts each written bf16 with beta 0
+ * (the kind cuBLAS groups, all experts' gate and up products in one call):
+ * dxg = dg gate into dxg, dxu = du up into dxu, each rounded once from its
+ * fp32 accumulator, their sum left to the caller's fp32 scatter-add.  With
+ * LoRA on the module its products go through the fp32 scratch, the
+ * adapter's term added there (and its factors' gradients formed) before
+ * the one rounding. */
+static mt_status_t input_grads_bf16(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
+                                    groups_t *gg, const int32_t *counts, const int32_t *offsets, int rows,
+                                    const void *xp, const void *dg, const void *du, void *dxg, void *dxu,
+                                    mt_error_t *err) {
+    const int H = d->H, E = d->E, I = d->I;
+    const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype;
+    const size_t xp_elem = mt_dtype_size(xp_dt);
+    void *const *w[2] = {p->gate, p->up};
+    const kern_lora_t *lora[2] = {p->lora_gate, p->lora_up};
+    const void *dy[2] = {dg, du};
+    void *dx[2] = {dxg, dxu};
+    float *acc = NULL;
+    gg->count = 0;
+    for (int m = 0; m < 2; m++)
+        for (int e = 0; !lora[m] && e < E; e++)
+            if (counts[e])
+                groups_push(gg, AT(dx[m], offsets[e], H, 2), MT_BF16, AT(dy[m], offsets[e], I, 2), MT_BF16, w[m][e],
+                            p->dtype, counts[e], H, I);
+    if (gg->count) groups_run(dev, d, gg, false, false, 1.0f, 0.0f);
+    for (int m = 0; m < 2; m++) {
+        if (!lora[m]) continue;
+        if (!acc) ALLOC(acc, (size_t)rows * H, float, "moe d(expert inputs) + LoRA (fp32)");
+        gg->count = 0;
+        for (int e = 0; e < E; e++)
+            if (counts[e])
+                groups_push(gg, acc + (size_t)offsets[e] * H, MT_F32, AT(dy[m], offsets[e], I, 2), MT_BF16, w[m][e],
+                            p->dtype, counts[e], H, I);
+        groups_run(dev, d, gg, false, false, 1.0f, 0.0f);
+        for (int e = 0; e < E; e++) {
+            const int off = offsets[e];
+            TRY(kern_lora_bwd_typed(dev, d->compute, &lora[m][e], AT(dy[m], off, I, 2), MT_BF16,
+                                    AT(xp, off, H, xp_elem), xp_dt, acc + (size_t)off * H, counts[e], H, I, err));
+        }
+        dev->ops->f32_to_bf16(kern_stream(dev, KERN_STREAM_COMPUTE), dx[m], acc, (size_t)rows * H);
+    }
+    moe_dfree(dev, acc);
+    return MT_OK;
+fail:
+    moe_dfree(dev, acc);
+    return err->code;
+}
+
+mt_status_t moe_experts_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
+                                 const moe_layer_params_t *gp, const int32_t *counts, const int32_t *offsets,
+                                 int rows, const void *xp, void *g, void *u, void *dep, void *dxu,
+                                 mt_error_t *err) {
+    const kern_ops_t *ops = dev->ops;
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    const int H = d->H, E = d->E, I = d->I;
+    const mt_dtype_t xp_dt = d->acts[MOE_ACT_XP].dtype, dt = grad_dtype(d);
+    const size_t xp_elem = mt_dtype_size(xp_dt), elem = mt_dtype_size(dt);
+    void *dh = NULL;
+    groups_t gg = groups_new(2 * E);
+    MT_CHECK(dt == MT_F32 || dxu, "moe experts: a bf16 backward needs the up products' input-gradient buffer");
+    dh = kern_alloc(dev, (size_t)rows * I * elem, "moe d(expert hidden)", err);
+    if (!dh) goto fail;
+    TRY(down_backward(dev, d, p, gp, &gg, counts, offsets, rows, g, u, dep, dh, err));
+    /* dg, du in place of g, u (saved activations are not needed after this) */
+    if (dt == MT_F32) ops->swiglu_bwd(s, g, u, dh, g, u, (size_t)rows * I);
+    else ops->swiglu_bwd_bf16(s, g, u, dh, g, u, (size_t)rows * I);
+    kern_free(dev, dh);
+    dh = NULL;
 
 #define FOR_EXPERTS(body)                                                   \
     do {                                                                    \
@@ -245,56 +361,42 @@ mt_status_t moe_experts_backward(kern_device_t *dev, const moe_layer_dims_t *d, 
             if (cnt) { body; }                                              \
         }                                                                   \
     } while (0)
-#define AT(ptr, row, width, esize) ((char *)(ptr) + (size_t)(row) * (width) * (esize))
 
-    /* dh = dep down ; d(down) += dep^T h */
-    FOR_EXPERTS(groups_push(&gg, dh + (size_t)off * I, MT_F32, dep + (size_t)off * H, MT_F32, p->down[e], p->dtype,
-                            cnt, I, H));
-    groups_run(dev, d, &gg, false, false, 1.0f, 0.0f);
-    FOR_EXPERTS(if (gp->down[e]) groups_push(&gg, gp->down[e], MT_F32, dep + (size_t)off * H, MT_F32,
-                                             AT(h, off, I, elem), dt, H, I, cnt));
-    groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
-    for (int e = 0; p->lora_down && e < E; e++) {
-        const size_t off = (size_t)offsets[e];
-        TRY(kern_lora_bwd(dev, d->compute, &p->lora_down[e], dep + off * H, AT(h, off, I, elem), dt, dh + off * I,
-                          counts[e], I, H, err));
-    }
-    kern_free(dev, h);
-    h = NULL;
-    /* dg, du in place of g, u (saved activations are not needed after this) */
-    if (dt == MT_F32) ops->swiglu_bwd(s, g, u, dh, g, u, (size_t)rows * I);
-    else ops->swiglu_bwd_bf16(s, g, u, dh, g, u, (size_t)rows * I);
-    kern_free(dev, dh);
-    dh = NULL;
     FOR_EXPERTS(if (gp->gate[e]) groups_push(&gg, gp->gate[e], MT_F32, AT(g, off, I, elem), dt,
                                              AT(xp, off, H, xp_elem), xp_dt, I, H, cnt));
     groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
     FOR_EXPERTS(if (gp->up[e]) groups_push(&gg, gp->up[e], MT_F32, AT(u, off, I, elem), dt,
                                            AT(xp, off, H, xp_elem), xp_dt, I, H, cnt));
     groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
-    /* dxp (reusing dep) = dg gate + du up */
-    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, MT_F32, AT(g, off, I, elem), dt, p->gate[e], p->dtype, cnt,
+    if (dt != MT_F32) {
+        /* dep is read no more: it takes the gate products' part */
+        TRY(input_grads_bf16(dev, d, p, &gg, counts, offsets, rows, xp, g, u, dep, dxu, err));
+        groups_free(&gg);
+        return MT_OK;
+    }
+    /* fp32: dxp (reusing dep) = dg gate + du up */
+    float *dxp = dep;
+    FOR_EXPERTS(groups_push(&gg, dxp + (size_t)off * H, MT_F32, AT(g, off, I, elem), dt, p->gate[e], p->dtype, cnt,
                             H, I));
     groups_run(dev, d, &gg, false, false, 1.0f, 0.0f);
-    FOR_EXPERTS(groups_push(&gg, dep + (size_t)off * H, MT_F32, AT(u, off, I, elem), dt, p->up[e], p->dtype, cnt,
+    FOR_EXPERTS(groups_push(&gg, dxp + (size_t)off * H, MT_F32, AT(u, off, I, elem), dt, p->up[e], p->dtype, cnt,
                             H, I));
     groups_run(dev, d, &gg, false, false, 1.0f, 1.0f);
     for (int e = 0; e < E; e++) {
         const size_t off = (size_t)offsets[e];
         if (p->lora_gate)
             TRY(kern_lora_bwd_typed(dev, d->compute, &p->lora_gate[e], AT(g, off, I, elem), dt,
-                                    AT(xp, off, H, xp_elem), xp_dt, dep + off * H, counts[e], H, I, err));
+                                    AT(xp, off, H, xp_elem), xp_dt, dxp + off * H, counts[e], H, I, err));
         if (p->lora_up)
             TRY(kern_lora_bwd_typed(dev, d->compute, &p->lora_up[e], AT(u, off, I, elem), dt,
-                                    AT(xp, off, H, xp_elem), xp_dt, dep + off * H, counts[e], H, I, err));
+                                    AT(xp, off, H, xp_elem), xp_dt, dxp + off * H, counts[e], H, I, err));
     }
-#undef AT
 #undef FOR_EXPERTS
     groups_free(&gg);
     return MT_OK;
 fail:
-    moe_dfree(dev, h);
     moe_dfree(dev, dh);
     groups_free(&gg);
     return err->code;
 }
+#undef AT

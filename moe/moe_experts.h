@@ -31,12 +31,19 @@ mt_status_t moe_experts_forward(kern_device_t *dev, const moe_layer_dims_t *d, c
                                 const int32_t *counts, const int32_t *offsets, int rows, const void *xp,
                                 void *g, void *u, void *ep, mt_error_t *err);
 
-/* Its backward: dep (rows, H), the outputs' gradient (fp32), is replaced
- * by xp's; g and u are overwritten with their gradients, in their dtype;
- * weight gradients accumulate (+=) into gp's experts (a NULL target is
+/* Its backward.  dep (rows, H), the outputs' gradient in the outputs'
+ * dtype (bf16 in a bf16 run, as autocast gives a bf16 tensor's gradient),
+ * is replaced by xp's gradient: in an fp32 run all of it (fp32; dxu is not
+ * used), in a bf16 run the gate products' part dg gate, with the up
+ * products' part du up in dxu (rows, H), each bf16, rounded once: the
+ * caller sums the two in fp32 (moe_unpermute_sum_bf16 twice), so every
+ * data-gradient product writes bf16 with beta 0, the kind cuBLAS groups.
+ * g and u are overwritten with their gradients, in their dtype; weight
+ * gradients accumulate (+=) in fp32 into gp's experts (a NULL target is
  * skipped). */
 mt_status_t moe_experts_backward(kern_device_t *dev, const moe_layer_dims_t *d, const moe_layer_params_t *p,
                                  const moe_layer_params_t *gp, const int32_t *counts, const int32_t *offsets,
-                                 int rows, const void *xp, void *g, void *u, float *dep, mt_error_t *err);
+                                 int rows, const void *xp, void *g, void *u, void *dep, void *dxu,
+                                 mt_error_t *err);
 
 #endif

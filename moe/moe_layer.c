@@ -124,20 +124,37 @@ mt_status_t moe_layer_backward(kern_device_t *dev, const moe_layer_dims_t *d,
     const kern_ops_t *ops = dev->ops;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
     const int H = d->H, E = d->E, k = d->k, n = a->n, m = a->m;
-    float *dtopw = NULL, *dep = NULL, *dlogits = NULL;
+    float *dtopw = NULL, *dlogits = NULL;
+    void *dep = NULL, *dxu = NULL;
     float *dso = NULL, *dsgl = NULL, *sh = NULL, *dsh = NULL;
+    /* bf16 run: the experts' gradients are bf16 as autocast keeps them
+     * (moe_experts.c), xp's as two bf16 parts summed here in fp32 */
+    const bool bf16 = d->acts[MOE_ACT_EP].dtype == MT_BF16;
 
     ALLOC(dtopw, (size_t)n * k, float, "moe d(top-k weights)");
-    ALLOC(dep, (size_t)m * H, float, "moe d(expert outputs)");
-    if (d->acts[MOE_ACT_EP].dtype == MT_BF16)
+    dep = kern_alloc(dev, (size_t)m * H * (bf16 ? sizeof(uint16_t) : sizeof(float)), "moe d(expert outputs)", err);
+    if (!dep) goto fail;
+    if (bf16) {
         ops->moe_combine_bwd_bf16(s, dep, dtopw, dy, a->ep, a->topw, a->inv, n, k, H);
-    else
+        ALLOC(dxu, (size_t)m * H, uint16_t, "moe d(expert inputs), up products' part");
+    } else {
         ops->moe_combine_bwd(s, dep, dtopw, dy, a->ep, a->topw, a->inv, n, k, H);
-    if (p->ep) TRY(moe_ep_backward(dev, d, p, gp, a, dep, err));
-    else TRY(moe_experts_backward(dev, d, p, gp, a->counts_host, a->offsets_host, m, a->xp, a->g, a->u, dep, err));
-    ops->moe_unpermute_sum(s, dxn, dep, NULL, a->inv, n, k, H, 0);
+    }
+    if (p->ep) TRY(moe_ep_backward(dev, d, p, gp, a, dep, dxu, err));
+    else TRY(moe_experts_backward(dev, d, p, gp, a->counts_host, a->offsets_host, m, a->xp, a->g, a->u, dep, dxu,
+                                  err));
+    /* the tokens' rows summed in fp32 (as index_add_ into fp32 hidden
+     * states): in a bf16 run every gate part, then every up part */
+    if (bf16) {
+        ops->moe_unpermute_sum_bf16(s, dxn, dep, NULL, a->inv, n, k, H, 0);
+        ops->moe_unpermute_sum_bf16(s, dxn, dxu, NULL, a->inv, n, k, H, 1);
+    } else {
+        ops->moe_unpermute_sum(s, dxn, dep, NULL, a->inv, n, k, H, 0);
+    }
     kern_free(dev, dep);
     dep = NULL;
+    moe_dfree(dev, dxu);
+    dxu = NULL;
 
     ALLOC(dlogits, (size_t)n * E, float, "moe d(router logits)");
     if (d->router_grouped) {
@@ -189,6 +206,7 @@ fail:
     if (p->ep) kern_comm_abort(p->ep->comm); /* as in forward */
     moe_dfree(dev, dtopw);
     moe_dfree(dev, dep);
+    moe_dfree(dev, dxu);
     moe_dfree(dev, dlogits);
     moe_dfree(dev, dso);
     moe_dfree(dev, dsgl);

@@ -268,12 +268,12 @@ KERN_CPU_CLONES static void swiglu_fwd_bf16_range(uint16_t *h, const uint16_t *g
 }
 
 /* dg/du may alias g/u: each block of lanes is loaded before it is stored */
-KERN_CPU_CLONES static void swiglu_bwd_bf16_range(uint16_t *dg, uint16_t *du, const float *dh, const uint16_t *g,
-                                                  const uint16_t *u, size_t n) {
+KERN_CPU_CLONES static void swiglu_bwd_bf16_range(uint16_t *dg, uint16_t *du, const uint16_t *dh,
+                                                  const uint16_t *g, const uint16_t *u, size_t n) {
     const kern_vf_t one = kern_vf_splat(1.0f);
     size_t i = 0;
     for (; i + KERN_VL <= n; i += KERN_VL) {
-        const kern_vf_t vd = kern_vf_load(dh + i), vg = bf16_load(g + i), vu = bf16_load(u + i);
+        const kern_vf_t vd = bf16_load(dh + i), vg = bf16_load(g + i), vu = bf16_load(u + i);
         const kern_vf_t sig = one / (one + kern_vf_exp(-vg));
         bf16_store(du + i, vd * (vg * sig));
         bf16_store(dg + i, vd * vu * (sig * (one + vg * (one - sig))));
@@ -289,7 +289,7 @@ KERN_CPU_CLONES static void swiglu_bwd_bf16_range(uint16_t *dg, uint16_t *du, co
 typedef struct {
     uint16_t *h, *dg, *du;
     const uint16_t *g, *u;
-    const float *dh; /* NULL: forward */
+    const uint16_t *dh; /* NULL: forward */
     size_t n;
 } swiglu_bf16_job_t;
 
@@ -305,7 +305,7 @@ void kern_swiglu_fwd_bf16_cpu(kern_stream_t *s, uint16_t *h, const uint16_t *g, 
     kern_cpu_parallel_for(s, kern_cpu_tasks(n, ELEM_CHUNK), swiglu_bf16_task, &j);
 }
 
-void kern_swiglu_bwd_bf16_cpu(kern_stream_t *s, uint16_t *dg, uint16_t *du, const float *dh, const uint16_t *g,
+void kern_swiglu_bwd_bf16_cpu(kern_stream_t *s, uint16_t *dg, uint16_t *du, const uint16_t *dh, const uint16_t *g,
                               const uint16_t *u, size_t n) {
     swiglu_bf16_job_t j = {.dg = dg, .du = du, .dh = dh, .g = g, .u = u, .n = n};
     kern_cpu_parallel_for(s, kern_cpu_tasks(n, ELEM_CHUNK), swiglu_bf16_task, &j);

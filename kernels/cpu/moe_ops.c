@@ -168,6 +168,7 @@ typedef struct {
     float *y, *dsrc, *dw, *dx, *dglogit;
     const float *src, *w, *dy, *x, *glogit;
     const uint16_t *src16; /* non-NULL: src is bf16 (widened a row at a time) */
+    uint16_t *dsrc16;      /* non-NULL: dsrc is bf16 (each row formed in fp32, then rounded) */
     const int32_t *perm_tok, *inv;
     int n, k, H, per, accumulate;
 } perm_job_t;
@@ -253,14 +254,19 @@ KERN_VINLINE double dot_and_scale(float *out, float s, const float *a, const flo
     return kern_vdacc_hsum(acc);
 }
 
-KERN_CPU_CLONES static void combine_bwd_rows(const perm_job_t *J, int r0, int r1, float *buf) {
+/* out: the fp32 row scratch (H floats) when dsrc is bf16, rounded from it
+ * per element as the CUDA twin stores (the w * dy products are the same
+ * fp32 multiplies on both) */
+KERN_CPU_CLONES static void combine_bwd_rows(const perm_job_t *J, int r0, int r1, float *buf, float *out) {
     const int H = J->H, k = J->k;
     for (int r = r0; r < r1; r++) {
         const float *dyr = J->dy + (size_t)r * H;
         for (int j = 0; j < k; j++) {
             const size_t row = (size_t)J->inv[(size_t)r * k + j];
             const float wj = J->w[(size_t)r * k + j];
-            J->dw[(size_t)r * k + j] = (float)dot_and_scale(J->dsrc + row * H, wj, src_row(J, row, buf), dyr, H);
+            float *dst = out ? out : J->dsrc + row * H;
+            J->dw[(size_t)r * k + j] = (float)dot_and_scale(dst, wj, src_row(J, row, buf), dyr, H);
+            if (out) mt_convert_from_f32(J->dsrc16 + row * H, MT_BF16, out, (size_t)H);
         }
     }
 }
@@ -268,9 +274,14 @@ KERN_CPU_CLONES static void combine_bwd_rows(const perm_job_t *J, int r0, int r1
 static void combine_bwd_task(void *ctx, size_t t) {
     const perm_job_t *J = ctx;
     const int r0 = (int)t * J->per, r1 = r0 + J->per < J->n ? r0 + J->per : J->n;
-    float *buf = row_buf(J);
-    combine_bwd_rows(J, r0, r1, buf);
+    float *buf = row_buf(J), *out = NULL;
+    if (J->dsrc16) {
+        out = malloc((size_t)J->H * sizeof *out);
+        MT_CHECK_ALLOC(out, "moe combine backward row (before bf16 rounding)");
+    }
+    combine_bwd_rows(J, r0, r1, buf, out);
     free(buf);
+    free(out);
 }
 
 void kern_moe_combine_bwd_cpu(kern_stream_t *s, float *dsrc, float *dw, const float *dy,
@@ -290,10 +301,10 @@ void kern_moe_unpermute_sum_bf16_cpu(kern_stream_t *s, float *y, const uint16_t 
     kern_cpu_parallel_for(s, kern_cpu_tasks((size_t)n, (size_t)J.per), unpermute_task, &J);
 }
 
-void kern_moe_combine_bwd_bf16_cpu(kern_stream_t *s, float *dsrc, float *dw, const float *dy, const uint16_t *src,
+void kern_moe_combine_bwd_bf16_cpu(kern_stream_t *s, uint16_t *dsrc, float *dw, const float *dy, const uint16_t *src,
                                    const float *w, const int32_t *inv, int n, int k, int H) {
     if (n <= 0) return;
-    perm_job_t J = {.dsrc = dsrc, .dw = dw, .dy = dy, .src16 = src, .w = w, .inv = inv, .n = n,
+    perm_job_t J = {.dsrc16 = dsrc, .dw = dw, .dy = dy, .src16 = src, .w = w, .inv = inv, .n = n,
                     .k = k, .H = H, .per = rows_per_task(H * k)};
     kern_cpu_parallel_for(s, kern_cpu_tasks((size_t)n, (size_t)J.per), combine_bwd_task, &J);
 }

@@ -62,7 +62,7 @@ static __global__ void ew_swiglu_fwd_bf16_kernel(uint16_t *h, const uint16_t *g,
     EW_LOOP(i, n) h[i] = kern_swiglu_bf16_elem(g[i], u[i]);
 }
 
-static __global__ void ew_swiglu_bwd_bf16_kernel(uint16_t *dg, uint16_t *du, const float *dh, const uint16_t *g,
+static __global__ void ew_swiglu_bwd_bf16_kernel(uint16_t *dg, uint16_t *du, const uint16_t *dh, const uint16_t *g,
                                                  const uint16_t *u, size_t n) {
     EW_LOOP(i, n) {
         uint16_t a, b;
@@ -181,7 +181,7 @@ void kern_swiglu_fwd_bf16_cuda(kern_stream_t *s, uint16_t *h, const uint16_t *g,
     KC_LAUNCHED(s, "swiglu_fwd_bf16");
 }
 
-void kern_swiglu_bwd_bf16_cuda(kern_stream_t *s, uint16_t *dg, uint16_t *du, const float *dh, const uint16_t *g,
+void kern_swiglu_bwd_bf16_cuda(kern_stream_t *s, uint16_t *dg, uint16_t *du, const uint16_t *dh, const uint16_t *g,
                                const uint16_t *u, size_t n) {
     if (!n) return;
     cudaStream_t cs = kern_cuda_stream_begin(s);

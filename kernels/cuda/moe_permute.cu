@@ -80,9 +80,13 @@ static __global__ void unpermute_sum_kernel(float *y, const T *src, const float 
     }
 }
 
+// Store a gradient element: itself, or rounded once to bf16 (dtype.h's rule).
+__device__ __forceinline__ void perm_st(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void perm_st(uint16_t *p, size_t i, float v) { p[i] = mt_f32_to_bf16(v); }
+
 // One warp per (token, slot).
-template <typename T>
-static __global__ void combine_bwd_kernel(float *dsrc, float *dw, const float *dy, const T *src,
+template <typename T, typename D>
+static __global__ void combine_bwd_kernel(D *dsrc, float *dw, const float *dy, const T *src,
                                           const float *w, const int32_t *inv, int slots, int k,
                                           int H) {
     const int slot = blockIdx.x * PERM_ROWS_PER_BLOCK + (threadIdx.x >> 5);
@@ -93,11 +97,11 @@ static __global__ void combine_bwd_kernel(float *dsrc, float *dw, const float *d
     const float ws = w[slot];
     const float *dyr = dy + r * H;
     const T *sr = src + row * H;
-    float *dsr = dsrc + row * H;
+    D *dsr = dsrc + row * H;
     double dot = 0.0;
     for (int c = lane; c < H; c += 32) {
         dot += (double)perm_ld(sr, (size_t)c) * dyr[c];
-        dsr[c] = ws * dyr[c];
+        perm_st(dsr, (size_t)c, ws * dyr[c]);
     }
     dot = kc_warp_sum_d(dot);
     if (lane == 0) dw[slot] = (float)dot;
@@ -147,14 +151,14 @@ static void unpermute_sum_launch(kern_stream_t *s, float *y, const T *src, const
     KC_LAUNCHED(s, "moe_unpermute_sum");
 }
 
-template <typename T>
-static void combine_bwd_launch(kern_stream_t *s, float *dsrc, float *dw, const float *dy, const T *src,
+template <typename T, typename D>
+static void combine_bwd_launch(kern_stream_t *s, D *dsrc, float *dw, const float *dy, const T *src,
                                const float *w, const int32_t *inv, int n, int k, int H) {
     const int slots = n * k;
     if (slots <= 0) return;
     MT_CHECK(H > 0, "moe_combine_bwd: H=%d", H);
     cudaStream_t cs = kern_cuda_stream_begin(s);
-    combine_bwd_kernel<T><<<kc_div_up((size_t)slots, PERM_ROWS_PER_BLOCK), 32 * PERM_ROWS_PER_BLOCK, 0,
+    combine_bwd_kernel<T, D><<<kc_div_up((size_t)slots, PERM_ROWS_PER_BLOCK), 32 * PERM_ROWS_PER_BLOCK, 0,
                             cs>>>(dsrc, dw, dy, src, w, inv, slots, k, H);
     KC_LAUNCHED(s, "moe_combine_bwd");
 }
@@ -203,7 +207,7 @@ void kern_moe_combine_bwd_cuda(kern_stream_t *s, float *dsrc, float *dw, const f
     combine_bwd_launch(s, dsrc, dw, dy, src, w, inv, n, k, H);
 }
 
-void kern_moe_combine_bwd_bf16_cuda(kern_stream_t *s, float *dsrc, float *dw, const float *dy, const uint16_t *src,
+void kern_moe_combine_bwd_bf16_cuda(kern_stream_t *s, uint16_t *dsrc, float *dw, const float *dy, const uint16_t *src,
                                     const float *w, const int32_t *inv, int n, int k, int H) {
     combine_bwd_launch(s, dsrc, dw, dy, src, w, inv, n, k, H);
 }

@@ -62,8 +62,8 @@ MT_HD uint16_t kern_swiglu_bf16_elem(uint16_t g, uint16_t u) {
     return mt_f32_to_bf16(gf / (1.0f + kern_exp_cw(-gf)) * mt_bf16_to_f32(u));
 }
 
-MT_HD void kern_swiglu_bwd_bf16_elem(float dh, uint16_t g, uint16_t u, uint16_t *dg, uint16_t *du) {
-    const float gf = mt_bf16_to_f32(g), uf = mt_bf16_to_f32(u);
+MT_HD void kern_swiglu_bwd_bf16_elem(uint16_t dh16, uint16_t g, uint16_t u, uint16_t *dg, uint16_t *du) {
+    const float dh = mt_bf16_to_f32(dh16), gf = mt_bf16_to_f32(g), uf = mt_bf16_to_f32(u);
     const float sig = 1.0f / (1.0f + kern_exp_cw(-gf));
     *du = mt_f32_to_bf16(dh * (gf * sig));
     *dg = mt_f32_to_bf16(dh * uf * (sig * (1.0f + gf * (1.0f - sig))));

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "base/dtype.h"
+#include "kernels/math/act_math.h"
 #include "tests/gpu/gpu_test.h"
 
 static void simple_ops(gt_ctx_t *t, size_t n) {
@@ -120,28 +121,29 @@ static void swiglu_case(gt_ctx_t *t, size_t n) {
     free(hdh);
 }
 
-/* SwiGLU over bf16 g, u, h (the routed experts in a bf16 run), from an fp32
- * dh; g drawn wide so that silu's saturation and its dip near -1.28 are
- * both hit. */
+/* SwiGLU over bf16 g, u, h (the routed experts in a bf16 run), from a bf16
+ * dh (the down product's input gradient); g drawn wide so that silu's
+ * saturation and its dip near -1.28 are both hit. */
 static void swiglu_bf16_case(gt_ctx_t *t, size_t n) {
     float *hg = gt_host_rand(t, n, 8.0f), *hu = gt_host_rand(t, n, 2.0f), *hdh = gt_host_rand(t, n, 1.0f);
-    uint16_t *bg = gt_host_bytes(n * 2 + 2), *bu = gt_host_bytes(n * 2 + 2);
-    for (size_t i = 0; i < n; i++) bg[i] = mt_f32_to_bf16(hg[i]), bu[i] = mt_f32_to_bf16(hu[i]);
+    uint16_t *bg = gt_host_bytes(n * 2 + 2), *bu = gt_host_bytes(n * 2 + 2), *bdh = gt_host_bytes(n * 2 + 2);
+    for (size_t i = 0; i < n; i++)
+        bg[i] = mt_f32_to_bf16(hg[i]), bu[i] = mt_f32_to_bf16(hu[i]), bdh[i] = mt_f32_to_bf16(hdh[i]);
     /* exp's clamps and saturation, subnormals and zeros (no NaN: its
      * payload is the hardware's own, not a rounding) */
     static const uint16_t special[] = {0x42c8, 0xc2c8, 0x7149, 0xf149, 0x0001, 0x8001, 0x0000, 0x8000,
                                        0x42b2, 0xc2d0, 0xbfa4, 0x3f80};
     for (size_t i = 0; i < sizeof special / sizeof special[0] && i < n; i++) bg[i] = special[i];
     gt_buf_t G = gt_from_host(t, bg, n * 2, "g"), U = gt_from_host(t, bu, n * 2, "u");
-    gt_buf_t DH = gt_from_host(t, hdh, n * 4, "dh"), H = gt_alloc(t, n * 2, "h");
+    gt_buf_t DH = gt_from_host(t, bdh, n * 2, "dh"), H = gt_alloc(t, n * 2, "h");
     gt_buf_t DG = gt_alloc(t, n * 2, "dg"), DU = gt_alloc(t, n * 2, "du");
     char what[96];
     t->cpu->ops->swiglu_fwd_bf16(t->sc, GT_CU16(H), GT_CU16(G), GT_CU16(U), n);
     t->gpu->ops->swiglu_fwd_bf16(t->sg, GT_GU16(H), GT_GU16(G), GT_GU16(U), n);
     snprintf(what, sizeof what, "swiglu_fwd_bf16 n=%zu", n);
     gt_check_exact(t, what, &H, H.bytes);
-    t->cpu->ops->swiglu_bwd_bf16(t->sc, GT_CU16(DG), GT_CU16(DU), GT_C(DH), GT_CU16(G), GT_CU16(U), n);
-    t->gpu->ops->swiglu_bwd_bf16(t->sg, GT_GU16(DG), GT_GU16(DU), GT_G(DH), GT_GU16(G), GT_GU16(U), n);
+    t->cpu->ops->swiglu_bwd_bf16(t->sc, GT_CU16(DG), GT_CU16(DU), GT_CU16(DH), GT_CU16(G), GT_CU16(U), n);
+    t->gpu->ops->swiglu_bwd_bf16(t->sg, GT_GU16(DG), GT_GU16(DU), GT_GU16(DH), GT_GU16(G), GT_GU16(U), n);
     snprintf(what, sizeof what, "swiglu_bwd_bf16 dg n=%zu", n);
     gt_check_exact(t, what, &DG, DG.bytes);
     snprintf(what, sizeof what, "swiglu_bwd_bf16 du n=%zu", n);
@@ -162,9 +164,21 @@ static void swiglu_bf16_case(gt_ctx_t *t, size_t n) {
               off ? (double)(kern_silu(mt_bf16_to_f32(bg[off - 1])) * mt_bf16_to_f32(bu[off - 1])) : 0.0);
     uint16_t *dgc = gt_host_bytes(n * 2 + 2), *dgg = gt_host_bytes(n * 2 + 2);
     gt_download(t, &DG, dgc, dgg);
+    /* and the backward's rule: dg within bf16's rounding of the fp32
+     * formula (kern_swiglu_bwd_elem) on the widened bf16 dh, g, u; its
+     * terms reach |dh u| ~ 2 while dg may cancel towards 0, hence the
+     * absolute part (a few fp32 ulps of those terms, exp's included) */
+    off = 0;
+    for (size_t i = 0; i < n && !off; i++) {
+        float want, du_want;
+        kern_swiglu_bwd_elem(mt_bf16_to_f32(bdh[i]), mt_bf16_to_f32(bg[i]), mt_bf16_to_f32(bu[i]), &want, &du_want);
+        if (fabsf(mt_bf16_to_f32(dgc[i]) - want) > fabsf(want) * 0x1.1p-8f + 0x1p-20f) off = i + 1;
+    }
+    gt_expect(t, !off, "swiglu_bwd_bf16 n=%zu: dg[%zu] = %g off the fp32 formula", n, off ? off - 1 : 0,
+              off ? (double)mt_bf16_to_f32(dgc[off - 1]) : 0.0);
     /* In place: dg over g and du over u (allowed by elementwise.h). */
-    t->cpu->ops->swiglu_bwd_bf16(t->sc, GT_CU16(G), GT_CU16(U), GT_C(DH), GT_CU16(G), GT_CU16(U), n);
-    t->gpu->ops->swiglu_bwd_bf16(t->sg, GT_GU16(G), GT_GU16(U), GT_G(DH), GT_GU16(G), GT_GU16(U), n);
+    t->cpu->ops->swiglu_bwd_bf16(t->sc, GT_CU16(G), GT_CU16(U), GT_CU16(DH), GT_CU16(G), GT_CU16(U), n);
+    t->gpu->ops->swiglu_bwd_bf16(t->sg, GT_GU16(G), GT_GU16(U), GT_GU16(DH), GT_GU16(G), GT_GU16(U), n);
     snprintf(what, sizeof what, "swiglu_bwd_bf16 in place dg n=%zu", n);
     gt_check_exact(t, what, &G, G.bytes);
     snprintf(what, sizeof what, "swiglu_bwd_bf16 in place du n=%zu", n);
@@ -182,6 +196,7 @@ static void swiglu_bf16_case(gt_ctx_t *t, size_t n) {
     free(hdh);
     free(bg);
     free(bu);
+    free(bdh);
 }
 
 /* Dropout: the same mask and the same scaled values on both backends. */
