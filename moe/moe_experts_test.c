@@ -1,5 +1,5 @@
-/* The routed experts' forward in a bf16 run (moe_experts.c), on a CPU
- * device whose grouped-product entry is watched:
+/* The routed experts' forward and backward in a bf16 run (moe_experts.c),
+ * on a CPU device whose grouped-product entry is watched:
  *   - every forward product (gate, up, down) is of the kind cuBLAS's grouped
  *     GEMM takes: A and B stored bf16 (the compute dtype), C written bf16
  *     with beta 0 (kernels/cuda/gemm_mm_cuda.c's rule, alignment aside),
@@ -13,7 +13,12 @@
  *     ep, from the kernel's bf16 g and u, within 2^-8 |ep| (its rounding)
  *     plus 2^-8 sum |h d| (h rounded to bf16 before the down product);
  *   - the LoRA run's g differs from the plain run's where the adapter is
- *     non-zero (the adapter is applied). */
+ *     non-zero (the adapter is applied);
+ *   - backward (check_backward): the data-gradient products (dh, and xp's
+ *     gradient as its gate and up parts, together in one call) are of the
+ *     grouped kind too, the weight gradients fp32; dg and the parts agree
+ *     with double to bf16's rounding; with LoRA on gate its input-gradient
+ *     products go through fp32 and move only the adapted expert's rows. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +95,45 @@ typedef struct {
     uint16_t g[ROWS * I], u[ROWS * I], ep[ROWS * H];
 } outs_t;
 
+/* the inputs and weights, as uploaded */
+static uint16_t hx[ROWS * H], hg[E][I * H], hu[E][I * H], hd[E][H * I], la[R * H], lb[I * R];
+
+/* What the backward returned: dg, du (over g, u), and xp's gradient in
+ * its two bf16 parts. */
+typedef struct {
+    uint16_t dg[ROWS * I], du[ROWS * I], dxg[ROWS * H], dxu[ROWS * H];
+} grads_t;
+
+static uint16_t hdep[ROWS * H];
+
+static void run_backward(kern_device_t *dev, const moe_layer_dims_t *d, moe_layer_params_t *p, const void *xp,
+                         grads_t *o) {
+    mt_error_t err = {0};
+    kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
+    void *g = kern_alloc(dev, ROWS * I * 2, "g", &err), *u = kern_alloc(dev, ROWS * I * 2, "u", &err);
+    void *ep = kern_alloc(dev, ROWS * H * 2, "ep", &err), *dep = kern_alloc(dev, ROWS * H * 2, "dep", &err);
+    void *dxu = kern_alloc(dev, ROWS * H * 2, "dxu", &err);
+    float *wg = kern_alloc(dev, 3 * (size_t)E * I * H * 4, "weight gradients", &err);
+    MT_CHECK(g && u && ep && dep && dxu && wg, "%s", err.msg);
+    kern_memset(dev, s, wg, 0, 3 * (size_t)E * I * H * 4);
+    void *gg[E], *gu[E], *gd[E];
+    for (int e = 0; e < E; e++)
+        gg[e] = wg + (size_t)e * I * H, gu[e] = wg + (size_t)(E + e) * I * H, gd[e] = wg + (size_t)(2 * E + e) * I * H;
+    moe_layer_params_t gp = {.gate = gg, .up = gu, .down = gd, .dtype = MT_F32};
+    EXPECT(moe_experts_forward(dev, d, p, k_counts, k_offsets, ROWS, xp, g, u, ep, &err) == MT_OK, "%s", err.msg);
+    kern_memcpy_h2d(dev, s, dep, hdep, sizeof hdep);
+    calls = products = bf16_out_beta0 = f32_out = 0;
+    EXPECT(moe_experts_backward(dev, d, p, &gp, k_counts, k_offsets, ROWS, xp, g, u, dep, dxu, &err) == MT_OK, "%s",
+           err.msg);
+    kern_memcpy_d2h(dev, s, o->dg, g, sizeof o->dg);
+    kern_memcpy_d2h(dev, s, o->du, u, sizeof o->du);
+    kern_memcpy_d2h(dev, s, o->dxg, dep, sizeof o->dxg);
+    kern_memcpy_d2h(dev, s, o->dxu, dxu, sizeof o->dxu);
+    kern_device_sync(dev);
+    void *bufs[] = {g, u, ep, dep, dxu, wg};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kern_free(dev, bufs[i]);
+}
+
 static void run(kern_device_t *dev, const moe_layer_dims_t *d, moe_layer_params_t *p, const void *xp, outs_t *o) {
     mt_error_t err = {0};
     void *g = kern_alloc(dev, ROWS * I * 2, "g", &err), *u = kern_alloc(dev, ROWS * I * 2, "u", &err);
@@ -107,6 +151,51 @@ static void run(kern_device_t *dev, const moe_layer_dims_t *d, moe_layer_params_
     kern_free(dev, ep);
 }
 
+/* The backward in a bf16 run: its data-gradient products (dh, and xp's
+ * two parts) bf16 x bf16 -> bf16 with beta 0, the weight gradients fp32;
+ * dg against double on the bf16 dep and weights (the rounding of dh and
+ * then of dg: 2^-8 each, relative, plus dh's fp32 accumulation), and each
+ * part of xp's gradient against double on the kernel's own dg/du (one
+ * rounding).  Returns the worst errors as fractions of their bounds. */
+static void check_backward(kern_device_t *dev, const moe_layer_dims_t *d, moe_layer_params_t *p, const void *x,
+                           const outs_t *fwd, grads_t *o, double *worst_dg, double *worst_dx) {
+    for (size_t i = 0; i < ROWS * H; i++) hdep[i] = mt_f32_to_bf16(rnd());
+    run_backward(dev, d, p, x, o);
+    EXPECT(calls == 5 && products == 18 && bf16_out_beta0 == 9 && f32_out == 9,
+           "backward: %d grouped calls of %d products (want 5 of 18: dh, d(down), d(gate), d(up), then xp's gate "
+           "and up parts together), %d bf16 x bf16 -> bf16 beta 0 (want 9), %d fp32 C (want the 9 weight "
+           "gradients)",
+           calls, products, bf16_out_beta0, f32_out);
+    *worst_dg = *worst_dx = 0;
+    for (int e = 0; e < E; e++)
+        for (int r = k_offsets[e]; r < k_offsets[e] + k_counts[e]; r++) {
+            for (int i = 0; i < I; i++) {
+                double dh = 0, mag = 0;
+                for (int c = 0; c < H; c++) {
+                    const double t = (double)bf(hdep[r * H + c]) * bf(hd[e][c * I + i]);
+                    dh += t;
+                    mag += fabs(t);
+                }
+                const double g = bf(fwd->g[r * I + i]), u = bf(fwd->u[r * I + i]), sig = 1.0 / (1.0 + exp(-g));
+                const double f = u * sig * (1.0 + g * (1.0 - sig)), want = dh * f;
+                const double bound = 0x1.1p-8 * fabs(want) + fabs(f) * (0x1.1p-8 * fabs(dh) + 0x1p-20 * mag) + 1e-30;
+                *worst_dg = fmax(*worst_dg, fabs(bf(o->dg[r * I + i]) - want) / bound);
+            }
+            for (int c = 0; c < H; c++) {
+                double xg = 0, xu = 0, mg = 0, mu = 0;
+                for (int i = 0; i < I; i++) {
+                    const double tg = (double)bf(o->dg[r * I + i]) * bf(hg[e][i * H + c]);
+                    const double tu = (double)bf(o->du[r * I + i]) * bf(hu[e][i * H + c]);
+                    xg += tg, xu += tu, mg += fabs(tg), mu += fabs(tu);
+                }
+                *worst_dx = fmax(*worst_dx, fabs(bf(o->dxg[r * H + c]) - xg) / (0x1p-8 * fabs(xg) + 0x1p-20 * mg));
+                *worst_dx = fmax(*worst_dx, fabs(bf(o->dxu[r * H + c]) - xu) / (0x1p-8 * fabs(xu) + 0x1p-20 * mu));
+            }
+        }
+    EXPECT(*worst_dg <= 1.0, "dg: worst error %.3g of the bound against the double reference", *worst_dg);
+    EXPECT(*worst_dx <= 1.0, "xp's gradient parts: worst error %.3g of the bound against double", *worst_dx);
+}
+
 int main(void) {
     mt_error_t err = {0};
     kern_device_opts_t opts = {.device_budget_bytes = 4 << 20, .host_threads = 1};
@@ -121,7 +210,6 @@ int main(void) {
     d.acts[MOE_ACT_XP] = (moe_act_size_t){K * H, 0, MT_BF16};
     d.acts[MOE_ACT_G] = d.acts[MOE_ACT_U] = (moe_act_size_t){K * I, 0, MT_BF16};
     d.acts[MOE_ACT_EP] = (moe_act_size_t){K * H, 0, MT_BF16};
-    static uint16_t hx[ROWS * H], hg[E][I * H], hu[E][I * H], hd[E][H * I], la[R * H], lb[I * R];
     void *x = upload_bf16(dev, hx, ROWS * H), *gate[E], *up[E], *down[E];
     for (int e = 0; e < E; e++) {
         gate[e] = upload_bf16(dev, hg[e], I * H);
@@ -132,6 +220,10 @@ int main(void) {
 
     outs_t plain;
     run(dev, &d, &p, x, &plain);
+    grads_t plain_b;
+    double worst_dg, worst_dx;
+    check_backward(dev, &d, &p, x, &plain, &plain_b, &worst_dg, &worst_dx);
+    run(dev, &d, &p, x, &plain); /* the forward's counters again, for the checks below */
     EXPECT(calls == 3 && products == 9 && bf16_out_beta0 == 9,
            "plain: %d grouped calls of %d products (want 3 of 9: the 3 experts with rows), %d bf16 x bf16 -> bf16 "
            "beta 0",
@@ -185,9 +277,33 @@ int main(void) {
            unmoved_other, (ROWS - k_counts[2]) * I);
     EXPECT(memcmp(adapted.u, plain.u, sizeof plain.u) == 0, "LoRA on gate changed u");
 
+    /* its backward: gate's input-gradient products write the fp32 scratch
+     * (the adapter's term added before the one rounding), up's stay bf16
+     * beta 0; only expert 2's rows of the gate part move */
+    grads_t adapted_b;
+    run_backward(dev, &d, &p, x, &adapted_b);
+    EXPECT(calls == 6 && bf16_out_beta0 == 6 && f32_out == 12,
+           "LoRA on gate, backward: %d grouped calls (want 6), %d bf16 x bf16 -> bf16 beta 0 (want dh's and up's "
+           "6), %d fp32 C (want 9 weight gradients and gate's 3)",
+           calls, bf16_out_beta0, f32_out);
+    int moved_dx = 0, other_dx = 0;
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < H; c++) {
+            const bool in_e2 = r >= k_offsets[2] && r < k_offsets[2] + k_counts[2];
+            const bool same = adapted_b.dxg[r * H + c] == plain_b.dxg[r * H + c];
+            moved_dx += in_e2 && !same;
+            other_dx += !in_e2 && !same;
+        }
+    EXPECT(moved_dx > k_counts[2] * H / 2 && other_dx == 0,
+           "LoRA on expert 2's gate moved %d of its %d xp-gradient (gate part) values and %d of other experts'",
+           moved_dx, k_counts[2] * H, other_dx);
+
     printf("bf16 experts: forward products bf16 x bf16 -> bf16 beta 0 (grouped-call kind); g/u at %.3g and ep at "
            "%.3g of their bounds against double; LoRA moved %d of expert 2's g\n",
            worst_gu, worst_ep, moved);
+    printf("bf16 experts backward: data-gradient products bf16 x bf16 -> bf16 beta 0; dg at %.3g and xp's gradient "
+           "parts at %.3g of their bounds against double; LoRA moved %d of expert 2's gate-part values\n",
+           worst_dg, worst_dx, moved_dx);
     dev->ops = real_ops;
     kern_device_destroy(dev);
     if (failures) fprintf(stderr, "moe_experts_test: %d failure(s)\n", failures);

@@ -280,6 +280,13 @@ static void permute_case(gt_ctx_t *t, int n, int k, int E, int H) {
         snprintf(what, sizeof what, "moe_combine_bwd_bf16 dw %s vs %s", tag, vs);
         gt_check_f32(t, what, &DWT, (size_t)m + 1, 1e-6f, 1e-6f);
     }
+    /* unweighted, accumulating: the gather's backward from a bf16 run's two
+     * input-gradient parts (moe_layer.c) */
+    gt_set(t, &Y, hy);
+    t->cpu->ops->moe_unpermute_sum_bf16(t->sc, GT_C(Y), GT_CU16(S16), NULL, GT_CI(INV), n, k, H, 1);
+    t->gpu->ops->moe_unpermute_sum_bf16(t->sg, GT_G(Y), GT_GU16(S16), NULL, GT_GI(INV), n, k, H, 1);
+    snprintf(what, sizeof what, "moe_unpermute_sum_bf16 unweighted accumulate %s", tag);
+    gt_check_exact(t, what, &Y, Y.bytes);
     gt_free(t, &S16);
     gt_free(t, &SW);
     gt_free(t, &D16);

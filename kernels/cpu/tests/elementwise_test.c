@@ -1,6 +1,6 @@
 /* Element-wise ops (kernels/elementwise.h): SwiGLU forward against a double
  * reference and backward against finite differences (also with dg/du
- * aliasing g/u, which the contract allows); bias forward and backward
+ * aliasing g/u, which the contract allows), the bf16 backward too; bias forward and backward
  * (accumulate); add (aliased output), axpy, scale, sumsq, bf16 round trips;
  * clamp forward and backward. */
 #include <float.h>
@@ -33,6 +33,49 @@ static double swiglu_loss(void *p) {
     const size_t n = (size_t)c->rows * c->cols;
     kern_swiglu_fwd_cpu(c->env->s, c->h, c->g, c->u, n);
     return tu_dot(c->h, c->R, n);
+}
+
+/* The bf16 SwiGLU's backward against FD of the fp32 forward on the same
+ * (bf16-exact) g and u: its dg and du are the exact gradient rounded once
+ * to bf16, so on top of FD's noise each element may be off by half a bf16
+ * ulp, 2^-9 of it (inside GRAD_ELEM_RTOL), and the whole by up to 2^-9 in
+ * norm, which replaces GRAD_NORM_TOL (1e-3 < 2^-9 ~ 2e-3 would fail on
+ * the rounding alone, which autocast's bf16 gradients carry too). */
+static void test_swiglu_bf16(tu_env_t *env) {
+    printf("swiglu bf16 backward\n");
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 22);
+    const int rows = 5, cols = 41; /* 205: full 16-lane blocks and a scalar tail */
+    const size_t n = (size_t)rows * cols;
+    ctx_t c = {.env = env, .rows = rows, .cols = cols};
+    c.g = tu_rand(&rng, n, 4.0f);
+    c.u = tu_rand(&rng, n, 1.0f);
+    c.R = tu_rand(&rng, n, 1.0f);
+    c.h = tu_alloc(n);
+    uint16_t *g16 = malloc(n * 2), *u16 = malloc(n * 2), *r16 = malloc(n * 2), *dg16 = malloc(n * 2),
+             *du16 = malloc(n * 2);
+    MT_CHECK(g16 && u16 && r16 && dg16 && du16, "out of memory for bf16 swiglu buffers");
+    mt_convert_from_f32(g16, MT_BF16, c.g, n);
+    mt_convert_from_f32(u16, MT_BF16, c.u, n);
+    mt_convert_from_f32(r16, MT_BF16, c.R, n);
+    mt_convert_to_f32(c.g, g16, MT_BF16, n); /* the FD runs on the exact widened values */
+    mt_convert_to_f32(c.u, u16, MT_BF16, n);
+    mt_convert_to_f32(c.R, r16, MT_BF16, n);
+    kern_swiglu_bwd_bf16_cpu(env->s, dg16, du16, r16, g16, u16, n);
+    float *dg = tu_alloc(n), *du = tu_alloc(n);
+    mt_convert_to_f32(dg, dg16, MT_BF16, n);
+    mt_convert_to_f32(du, du16, MT_BF16, n);
+    double *fg = tu_alloc_d(n), *fu = tu_alloc_d(n);
+    tu_fd_grad(swiglu_loss, &c, c.g, n, FD_EPS, 1.0, fg);
+    tu_fd_grad(swiglu_loss, &c, c.u, n, FD_EPS, 1.0, fu);
+    tu_check_grad("swiglu bf16 dg", dg, fg, n, 0x1p-9 + GRAD_NORM_TOL, GRAD_ELEM_RTOL, GRAD_FLOOR);
+    tu_check_grad("swiglu bf16 du", du, fu, n, 0x1p-9 + GRAD_NORM_TOL, GRAD_ELEM_RTOL, GRAD_FLOOR);
+    /* dg over g, du over u, as the experts' backward calls it */
+    kern_swiglu_bwd_bf16_cpu(env->s, g16, u16, r16, g16, u16, n);
+    tu_expect(memcmp(g16, dg16, n * 2) == 0 && memcmp(u16, du16, n * 2) == 0,
+              "swiglu bf16 backward aliased onto g/u differs from the separate call");
+    free(c.g); free(c.u); free(c.R); free(c.h); free(g16); free(u16); free(r16); free(dg16); free(du16);
+    free(dg); free(du); free(fg); free(fu);
 }
 
 static double bias_loss(void *p) {
@@ -224,6 +267,7 @@ static void test_clamp(tu_env_t *env) {
 int main(void) {
     tu_env_t env = tu_env_open();
     test_swiglu(&env);
+    test_swiglu_bf16(&env);
     test_bias(&env);
     test_misc(&env);
     test_clamp(&env);

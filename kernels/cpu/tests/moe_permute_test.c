@@ -9,6 +9,8 @@
  * - gather's backward is unpermute_sum(w = NULL): FD check.
  * - combine forward = unpermute_sum(w); its backward = combine_bwd (dsrc
  *   overwrite, dw overwrite): FD over src and w.
+ * - the bf16 run's combine backward (bf16 dsrc) and gather backward from
+ *   two bf16 parts: FD, and the rounding rule bit for bit.
  * - gate_scale: forward y += sigmoid(g) x against a reference, backward
  *   (overwrite) against FD. */
 #include <math.h>
@@ -17,6 +19,7 @@
 #include <string.h>
 
 #include "kernels/cpu/tests/testutil.h"
+#include "base/dtype.h"
 #include "kernels/moe_ops.h"
 
 /* FD on these (bi)linear maps: truncation is zero for gather/combine-by-src
@@ -51,6 +54,55 @@ static double gate_loss(void *p) {
     memset(c->y, 0, (size_t)c->n * c->H * sizeof *c->y);
     kern_gate_scale_fwd_cpu(c->env->s, c->y, c->x, c->glogit, c->n, c->H);
     return tu_dot(c->y, c->R, (size_t)c->n * c->H);
+}
+
+/* A bf16 run's backward ops, on c's routing (c->src, c->w, c->R as the
+ * combine's FD case left them; dsrc and fsrc its fp32 gradient and FD):
+ *   - combine_bwd_bf16 writes dsrc in bf16: the fp32 op's dsrc rounded
+ *     once (bit for bit), so against FD within FD's noise plus half a bf16
+ *     ulp, 2^-9 in norm (added to the tolerance: the rounding autocast's
+ *     bf16 gradient carries too);
+ *   - the gather's backward from the experts' two bf16 input-gradient
+ *     parts, unpermute_sum_bf16 of the gate part then (accumulating) of the
+ *     up part, against FD of the gather with their fp32 sum as dY. */
+static void bf16_backward_case(tu_env_t *env, ctx_t *c, const char *tag, const int32_t *inv, const float *dsrc,
+                               const double *fsrc) {
+    const int n = c->n, k = c->k, H = c->H, m = c->m;
+    const size_t mh = (size_t)m * H;
+    char what[160];
+    uint16_t *s16 = malloc(mh * 2), *d16 = malloc(mh * 2), *want = malloc(mh * 2);
+    float *dw = tu_alloc((size_t)m), *dwide = tu_alloc(mh);
+    MT_CHECK(s16 && d16 && want, "out of memory for bf16 combine buffers");
+    mt_convert_from_f32(s16, MT_BF16, c->src, mh);
+    kern_moe_combine_bwd_bf16_cpu(env->s, d16, dw, c->R, s16, c->w, inv, n, k, H);
+    mt_convert_from_f32(want, MT_BF16, dsrc, mh);
+    snprintf(what, sizeof what, "%s: combine_bwd_bf16 dsrc is the fp32 dsrc rounded once", tag);
+    tu_expect(memcmp(d16, want, mh * 2) == 0, "%s", what);
+    mt_convert_to_f32(dwide, d16, MT_BF16, mh);
+    snprintf(what, sizeof what, "%s: combine_bwd_bf16 dsrc", tag);
+    tu_check_grad(what, dwide, fsrc, mh, 0x1p-9 + GRAD_NORM_TOL, GRAD_ELEM_RTOL, GRAD_FLOOR);
+
+    tu_rng_t rng;
+    tu_rng_seed(&rng, 77);
+    float *pg = tu_rand(&rng, mh, 1.0f), *pu = tu_rand(&rng, mh, 1.0f);
+    uint16_t *g16 = malloc(mh * 2), *u16 = malloc(mh * 2);
+    MT_CHECK(g16 && u16, "out of memory for bf16 gradient parts");
+    mt_convert_from_f32(g16, MT_BF16, pg, mh);
+    mt_convert_from_f32(u16, MT_BF16, pu, mh);
+    float *dx = tu_alloc((size_t)n * H), *R = tu_alloc(mh), *y = tu_alloc(mh);
+    tu_fill_nan(dx, (size_t)n * H);
+    kern_moe_unpermute_sum_bf16_cpu(env->s, dx, g16, NULL, inv, n, k, H, 0);
+    kern_moe_unpermute_sum_bf16_cpu(env->s, dx, u16, NULL, inv, n, k, H, 1);
+    for (size_t i = 0; i < mh; i++) R[i] = mt_bf16_to_f32(g16[i]) + mt_bf16_to_f32(u16[i]);
+    ctx_t gc = *c;
+    gc.R = R;
+    gc.y = y;
+    double *fd = tu_alloc_d((size_t)n * H);
+    tu_fd_grad(gather_loss, &gc, gc.x, (size_t)n * H, FD_EPS, 1.0, fd);
+    snprintf(what, sizeof what, "%s: gather dx from two bf16 parts", tag);
+    tu_check_grad(what, dx, fd, (size_t)n * H, GRAD_NORM_TOL, GRAD_ELEM_RTOL, GRAD_FLOOR);
+    free(s16); free(d16); free(want); free(dw); free(dwide);
+    free(pg); free(pu); free(g16); free(u16); free(dx); free(R); free(y); free(fd);
 }
 
 /* k distinct experts per token (as top-k gives), drawn from `allowed`. */
@@ -195,6 +247,7 @@ static void run_case(tu_env_t *env, const char *tag, int n, int k, int E, int H,
     tu_check_grad(what, dsrc, fsrc, (size_t)m * H, GRAD_NORM_TOL, GRAD_ELEM_RTOL, GRAD_FLOOR);
     snprintf(what, sizeof what, "%s: combine dw", tag);
     tu_check_grad(what, dw, fw, (size_t)m, GRAD_NORM_TOL, GRAD_ELEM_RTOL, GRAD_FLOOR);
+    bf16_backward_case(env, &c, tag, inv, dsrc, fsrc);
 
     free(idx); free(counts); free(offsets); free(perm_tok); free(inv);
     free(c.x); free(xp); free(y); free(y2); free(ref); free(dx); free(fd);
