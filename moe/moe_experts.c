@@ -18,11 +18,18 @@
  *    would round twice); those products stay out of the grouped call;
  *  - the experts' outputs ep are bf16 too (the down product writes them,
  *    LoRA on down as above), read by the combine (moe_layer.c), which
- *    widens them and sums in fp32; the gradients dep and dh stay fp32;
- *  - dg and du are written in bf16 over g and u: every reader of them is a
- *    bf16-compute product (the weight gradients, d(xp), LoRA's backward),
- *    which would round them to bf16 anyway, so storing them rounded
- *    changes no result and needs no second buffer. */
+ *    widens them and sums in fp32;
+ *  - backward, the activation gradients are bf16 as autocast gives a
+ *    tensor's gradient its dtype: dep (the combine's backward rounds it),
+ *    dh = dep down (written bf16, beta 0), dg and du (the SwiGLU's
+ *    backward from the bf16 dh, over g and u), and xp's gradient as two
+ *    bf16 parts, dg gate and du up, each written with beta 0 and summed
+ *    per token in fp32 by the caller.  So every data-gradient product is
+ *    of the kind cuBLAS groups (gate's and up's parts in one call); the
+ *    fused gate_up of transformers 5 rounds their sum once instead, a
+ *    difference of one rounding that buys the grouped call and saves an
+ *    fp32 (rows, H) buffer.  LoRA's backward terms go through fp32 scratch
+ *    as in the forward.  Weight gradients stay fp32 products (beta 1). */
 #include "moe/moe_experts.h"
 
 #include <stdlib.h>

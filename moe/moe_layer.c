@@ -8,8 +8,9 @@
  * they size the grouped products; everything else stays on the device.
  * h = silu(g) * u is recomputed in backward instead of being saved: it is
  * as large as g and costs one element-wise pass.  In a bf16 run g, u, h
- * and ep are bf16 (the products write them so, as autocast's linear layers do;
- * moe_experts.c says what stays fp32 and why).
+ * and ep are bf16 (the products write them so, as autocast's linear layers do),
+ * and so are their gradients, xp's as two parts this file sums per token in
+ * fp32 (moe_experts.c says what stays fp32 and why).
  *
  * This file is the block's flow: router, combine, shared expert.  The
  * routing plan, the gather and the routed experts' products are

@@ -342,6 +342,16 @@ static void moe_mlp(eng_walk_t *w, int xn) {
     eng_walk_add_temp(w, SCHED_PHASE_BWD, "moe.d_ep", adt, m * H, gc);
     eng_walk_add_temp(w, SCHED_PHASE_BWD, "moe.h_recomputed", adt, m * I, bd);
     eng_walk_add_temp(w, SCHED_PHASE_BWD, "moe.dh", adt, m * I, bd);
+    /* bf16: xp's gradient leaves the experts as two bf16 parts, the gate
+     * part over d_ep and the up part apart; LoRA's backward terms on an
+     * adapted module are summed in fp32 scratch first (moe/moe_experts.c) */
+    if (adt != MT_F32) {
+        eng_walk_add_temp(w, SCHED_PHASE_BWD, "moe.d_xp_up", adt, m * H, bu);
+        if (experts_adapted(w, ENG_P_EXP_DOWN))
+            eng_walk_add_temp(w, SCHED_PHASE_BWD, "moe.dh_lora_sum", MT_F32, m * I, bd);
+        if (experts_adapted(w, ENG_P_EXP_GATE) || experts_adapted(w, ENG_P_EXP_UP))
+            eng_walk_add_temp(w, SCHED_PHASE_BWD, "moe.d_xp_lora_sum", MT_F32, m * H, bg);
+    }
     eng_walk_add_temp(w, SCHED_PHASE_BWD, "moe.d_logits", MT_F32, n * E, br);
     if (!eng_walk_has_param(w, ENG_P_SHARED_GATE)) return;
     const double Is = (double)eng_walk_param(w, ENG_P_SHARED_GATE, -1)->shape[0];
