@@ -213,6 +213,28 @@ mt_status_t eng_exec_create(eng_exec_t **out, eng_model_t *m, kern_device_t *dev
     return MT_OK;
 }
 
+/* A trained weight whose block runs AdamW on the host, in a bf16 run,
+ * gets its bf16 working copy in host memory beside the master
+ * (eng_param_t.work_bf16): every fetch then copies half the master's bytes
+ * as they are, instead of rounding the master again on the staging
+ * threads twice a step, and host AdamW writes it as it updates the master
+ * (the kernel's fused bf16 output, the same rounding). */
+static mt_status_t place_host_working_copies(eng_exec_t *x, mt_error_t *err) {
+    eng_model_t *m = x->model;
+    for (int i = 0; i < m->num_params; i++) {
+        eng_param_t *p = &m->params[i];
+        if (p->frozen || !p->host_w || p->work_bf16 || p->w_dtype != MT_BF16 ||
+            exec_block_plan(&x->env, p->block)->optim != SCHED_OPTIM_HOST)
+            continue;
+        p->work_bf16 = malloc(p->spec->numel * sizeof(uint16_t));
+        if (!p->work_bf16)
+            return mt_error_set(err, MT_ERR_NOMEM, "out of host memory for the bf16 working copy of %s (%zu bytes)",
+                                p->spec->name, p->spec->numel * sizeof(uint16_t));
+        kern_threadpool_to_bf16(x->hopt.pool, p->work_bf16, p->host_w, p->spec->numel);
+    }
+    return MT_OK;
+}
+
 mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
     eng_model_t *m = x->model;
     for (int i = 0; i < m->num_params; i++) {
@@ -268,7 +290,7 @@ mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
             p->host_w = NULL;
         }
     }
-    return MT_OK;
+    return x->replica ? MT_OK : place_host_working_copies(x, err);
 }
 
 /* Every device buffer a parameter's copies still hold; streamed weights

@@ -125,14 +125,15 @@ mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master
     if (master) {
         if (p->host_w) {
             memcpy(p->host_w, master, bytes);
+            if (p->work_bf16) kern_threadpool_to_bf16(x->hopt.pool, p->work_bf16, p->host_w, p->spec->numel);
             /* a resident (or currently held) working copy is made from the master again */
-            if (d->w) items[n++] = (moe_staging_xfer_t){p->host_w, d->w, exec_w_bytes(p), exec_w_upload_op(p)};
+            if (d->w) items[n++] = exec_w_refresh_item(p, d->w);
         } else {
             float *dm = exec_dev_master(p, d);
             if (dm) items[n++] = (moe_staging_xfer_t){(void *)master, dm, bytes, MOE_STAGING_COPY};
             /* a bf16 working copy beside a device master: what AdamW's bf16 output would write */
             if (d->w && (void *)dm != d->w)
-                items[n++] = (moe_staging_xfer_t){(void *)master, d->w, exec_w_bytes(p), exec_w_upload_op(p)};
+                items[n++] = (moe_staging_xfer_t){(void *)master, d->w, exec_w_bytes(p), exec_w_from_master_op(p)};
         }
     }
     const bool has_moments = step > 0 && mom;

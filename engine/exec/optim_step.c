@@ -478,7 +478,7 @@ static mt_status_t update_block(eng_exec_t *x, int b, const kern_adamw_params_t 
         }
         finite_check_param(fc, x, i, bp->optim == SCHED_OPTIM_DEVICE);
         if (refresh && d->w) { /* none: another device's expert (expert parallel) */
-            items[(*n)++] = (moe_staging_xfer_t){p->host_w, d->w, exec_w_bytes(p), exec_w_upload_op(p)};
+            items[(*n)++] = exec_w_refresh_item(p, d->w);
             x->cnt.ctr.weight_h2d_bytes += exec_w_bytes(p);
         }
     }
