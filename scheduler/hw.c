@@ -519,6 +519,11 @@ static void measured_rates(const sched_calibration_t *c, sched_hw_t *out) {
     out->adamw_bw = c->adamw_bw;
     out->pack_bw = c->pack_bw;
     out->unpack_bw = c->unpack_bw;
+    sched_hw_set_measured_nvme(c, out);
+    sched_hw_fill_rates(out);
+}
+
+void sched_hw_set_measured_nvme(const sched_calibration_t *c, sched_hw_t *out) {
     if (c->nvme_read_bw > 0 && c->nvme_write_bw > 0) { /* the run's NVMe directory, measured */
         out->has_nvme = true;
         /* a long path's end names the directory best */
@@ -529,7 +534,6 @@ static void measured_rates(const sched_calibration_t *c, sched_hw_t *out) {
         out->nvme_write_bw = c->nvme_write_bw;
         out->nvme_queue_depth = c->nvme_queue_depth;
     }
-    sched_hw_fill_rates(out);
 }
 
 void sched_hw_from_calibration(const sched_calibration_t *c, sched_hw_t *out) {

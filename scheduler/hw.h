@@ -226,6 +226,9 @@ typedef struct {
  * link; the host packs each transfer into pinned staging with one memcpy,
  * and nothing the host does slows the device's compute. */
 void sched_hw_from_calibration(const sched_calibration_t *c, sched_hw_t *out);
+/* Only c's NVMe directory (when it was measured) as out's nvme: section,
+ * named "<path> (measured)". */
+void sched_hw_set_measured_nvme(const sched_calibration_t *c, sched_hw_t *out);
 /* Fills the rates a profile (or a calibration) left at 0 or NaN by the
  * stated rules, marking each in hw->assumed. */
 void sched_hw_fill_rates(sched_hw_t *hw);

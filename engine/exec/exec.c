@@ -351,7 +351,13 @@ void eng_exec_read_param(eng_exec_t *x, int i, float *host, bool gradient) {
     const void *src_host = gradient ? d->host_g : p->host_w;
     const void *src_dev = gradient ? d->g_acc : exec_dev_master(p, d);
     if (gradient && exec_block_plan(&x->env, p->block)->grads == SCHED_GRADS_DEVICE) src_host = NULL;
-    if (!gradient && p->home_q) {
+    if (!gradient && eng_optim_nvme_holds_master(x->hopt.nvme, i)) {
+        /* a save checks every extent it reads first (eng_exec_check_optim_state): failing here is a broken disk */
+        mt_error_t err = {0};
+        MT_CHECK(eng_optim_nvme_load(x->hopt.nvme, m, i, &err) == MT_OK, "%s", err.msg);
+        memcpy(host, p->host_w, bytes);
+        eng_optim_nvme_unload(x->hopt.nvme, m, i, false, NULL);
+    } else if (!gradient && p->home_q) {
         mt_dequant(&p->home_q->view, host, MT_F32);
     } else if (!gradient && p->home_bf16) {
         mt_convert_to_f32(host, p->home_bf16, MT_BF16, p->spec->numel);

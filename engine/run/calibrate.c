@@ -316,13 +316,11 @@ static void measure_host_work(bool gpu, int cores, size_t adam_params, int reps,
 enum { NVME_CAL_QD = 8 };
 #define NVME_CAL_BYTES ((uint64_t)256 << 20)
 
-/* memory.nvme.path's raw O_DIRECT rates at the store's queue depth, when
- * the run has the tier; nothing otherwise.  An error names the directory. */
-static mt_status_t measure_nvme(const eng_run_config_t *rc, sched_calibration_t *out, mt_error_t *err) {
+mt_status_t eng_calibrate_nvme(const eng_run_config_t *rc, sched_calibration_t *out, mt_error_t *err) {
     if (!rc || !rc->memory_nvme_path[0]) return MT_OK;
     mt_sio_rates_t r;
     const mt_status_t st = mt_sio_measure_dir(rc->memory_nvme_path, NVME_CAL_BYTES, NVME_CAL_QD, MT_SIO_AUTO, &r, err);
-    if (st != MT_OK) return mt_error_prefix(err, "--hw calibrate: memory.nvme.path: ");
+    if (st != MT_OK) return mt_error_prefix(err, "memory.nvme.path: ");
     out->nvme_read_bw = r.read_q;
     out->nvme_write_bw = r.write_q;
     out->nvme_queue_depth = NVME_CAL_QD;
@@ -467,7 +465,7 @@ mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_attn_t
     if (rc && rc->compute_threads > 0) out->compute_interference = measure_interference(rc->compute_threads);
     measure_host_work(false, out->cores, opts && opts->adam_params > 0 ? opts->adam_params : (size_t)16 << 20, reps,
                       out);
-    if ((st = measure_nvme(rc, out, err)) != MT_OK) return st;
+    if ((st = eng_calibrate_nvme(rc, out, err)) != MT_OK) return mt_error_prefix(err, "--hw calibrate: ");
     return measure_attention_cpu(rc, attn ? attn : &k_default_attn,
                                  opts && opts->attn_flops > 0 ? opts->attn_flops : 2e9, reps, out, err);
 }
@@ -572,7 +570,7 @@ mt_status_t eng_calibrate_device(kern_device_t *dev, const eng_run_config_t *rc,
                                    out, err);
     }
     if (status == MT_OK) measure_host_work(true, out->cores, (size_t)16 << 20, 3, out);
-    if (status == MT_OK) status = measure_nvme(rc, out, err);
+    if (status == MT_OK && (status = eng_calibrate_nvme(rc, out, err)) != MT_OK) mt_error_prefix(err, "--hw calibrate: ");
     kern_device_sync(dev);
     kern_device_reset_peaks(dev);
     return status;
