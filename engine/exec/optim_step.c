@@ -158,7 +158,7 @@ void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micr
     if (x->stage.pool) moe_staging_step_begin(x->stage.pool);
     exec_counters_step_begin(&x->cnt);
     x->micro_left = micro_batches;
-    /* with clipping, the overlapped updates are speculative: saved first,
+    /* with clipping, the overlapped updates are speculative: out of place,
      * undone when the norm clips (not with the NVMe tier, whose moments
      * are written back right after each update) */
     x->prog.overlap = overlap && (hp->max_grad_norm == 0 || (hp->speculative && !x->hopt.nvme));
@@ -256,7 +256,7 @@ static void settle_speculation(eng_exec_t *x, bool undo, eng_optim_stats_t *out)
             continue;
         }
         MT_CHECK(eng_spec_undo(&x->hopt.spec, &x->model->params[i], i, x->hopt.pool),
-                 "speculative update of %s without its copy", x->model->params[i].spec->name);
+                 "speculative update of %s without its spare", x->model->params[i].spec->name);
         x->hopt.done[i] = false;
     }
 }
@@ -478,7 +478,7 @@ static mt_status_t update_block(eng_exec_t *x, int b, const kern_adamw_params_t 
             const mt_status_t st = device_adamw(x, i, base, err);
             if (st != MT_OK) return st;
         } else {
-            const mt_status_t st = exec_host_adamw(&x->hopt, x->hopt.pool, i, d->host_g, base, err);
+            const mt_status_t st = exec_host_adamw(&x->hopt, x->hopt.pool, i, d->host_g, base, false, err);
             if (st != MT_OK) return st;
         }
         finite_check_param(fc, x, i, bp->optim == SCHED_OPTIM_DEVICE);

@@ -55,12 +55,16 @@ kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip
 }
 
 mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i, const float *grad,
-                            const kern_adamw_params_t *base, mt_error_t *err) {
+                            const kern_adamw_params_t *base, bool speculative, mt_error_t *err) {
     eng_param_t *p = &h->m->params[i];
     const size_t n = p->spec->numel;
     h->wrote_nonfinite[i] = false;
     /* in the store and not loaded with its block (block_stream): on its own */
     const bool streamed = eng_optim_nvme_holds(h->nvme, i) && !p->host_mom;
+    /* the tier's buffers are its own (speculation is off with it: optim_step.c) */
+    MT_CHECK(!speculative || !h->nvme, "speculative update of %s with the NVMe tier", p->spec->name);
+    /* before the moments are made below: an undo must know they were not there */
+    const eng_spec_copy_t *spare = speculative ? eng_spec_begin(&h->spec, p, i) : NULL;
     if (streamed) {
         const mt_status_t st = eng_optim_nvme_load(h->nvme, h->m, i, err);
         if (st != MT_OK) return st;
@@ -73,7 +77,15 @@ mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i
     int bad = 0;
     ap.nonfinite = &bad; /* checked as it is written: no second pass over the master */
     const kern_moments_t mom = kern_moments_view((kern_moments_fmt_t)p->mom_fmt, p->host_mom, n, p->mom_seed);
-    kern_adamw_cpu_pool(pool, p->host_w, &mom, grad, NULL, p->work_bf16, n, &ap); /* work_bf16 NULL: none */
+    if (spare) {
+        /* the new state into the spare, then swapped in: the old one stays
+         * there, untouched, for an undo (speculate.h) */
+        const kern_moments_t next = kern_moments_view((kern_moments_fmt_t)p->mom_fmt, spare->mom, n, p->mom_seed);
+        kern_adamw_cpu_pool_from(pool, p->host_w, &mom, spare->w, &next, grad, NULL, p->work_bf16, n, &ap);
+        eng_spec_swap_in(&h->spec, p, i);
+    } else {
+        kern_adamw_cpu_pool(pool, p->host_w, &mom, grad, NULL, p->work_bf16, n, &ap); /* work_bf16 NULL: none */
+    }
     h->wrote_nonfinite[i] = bad != 0;
     return streamed ? eng_optim_nvme_unload(h->nvme, h->m, i, true, err) : MT_OK;
 }
@@ -81,9 +93,9 @@ mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i
 /* The worker's update of parameter i; a failure of the NVMe tier is kept
  * for the next optimizer step to report (eng_optim_nvme_error). */
 static void worker_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i, const float *grad,
-                         const kern_adamw_params_t *base) {
+                         const kern_adamw_params_t *base, bool speculative) {
     mt_error_t err = {0};
-    const mt_status_t st = exec_host_adamw(h, pool, i, grad, base, &err);
+    const mt_status_t st = exec_host_adamw(h, pool, i, grad, base, speculative, &err);
     if (st != MT_OK) eng_optim_nvme_note(h->nvme, st, &err);
 }
 
@@ -136,7 +148,7 @@ static void *worker_main(void *arg) {
             eng_dparam_t *d = &h->dp[i];
             if (p->block != b || !d->has_grad) continue;
             if (job.deferred) {
-                worker_adamw(h, pool, i, d->host_g, &job.base);
+                worker_adamw(h, pool, i, d->host_g, &job.base, false);
                 /* the kernel's fused check: the step that deferred it has
                  * returned (eng_optim_step reports it next, scanning only
                  * this parameter for the element) */
@@ -146,8 +158,7 @@ static void *worker_main(void *arg) {
             } else {
                 /* the norm's share while the gradient is at hand, off the step's tail */
                 kern_sumsq_host(pool, &h->gnorm_part[i], d->host_g, p->spec->numel);
-                if (h->speculative) eng_spec_save(&h->spec, p, i, pool);
-                worker_adamw(h, pool, i, d->host_g, &job.base);
+                worker_adamw(h, pool, i, d->host_g, &job.base, h->speculative);
                 h->done[i] = true;
             }
             bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
