@@ -64,8 +64,9 @@ typedef struct {
                                 buffer (SCHED_UNPACK_ADD_COST times the first one's copy at unpack_bw) */
     double grad_add_device_s;/* ... or into the device accumulator */
     double norm_device_s, norm_host_s; /* reading gradients for the global norm (clipping) */
-    double spec_copy_bytes;  /* the speculative host optimizer's copies (master, m, v: 12 B per trainable
-                                parameter, kept from step to step); their making is in adam_host_s */
+    double spec_copy_bytes;  /* the speculative host optimizer's spare state (master, m, v: 12 B per
+                                trainable parameter in fp32, kept from step to step: the update writes
+                                there out of place); the spare's write-allocate reads are in adam_host_s */
     /* activations (device bytes) */
     double act_saved_bytes;  /* KEEP / OFFLOAD */
     double act_input_bytes;  /* RECOMPUTE keeps only this */
@@ -95,7 +96,7 @@ typedef struct {
     int num_blocks;
     int grad_accum;
     bool clip;               /* max_grad_norm > 0 and not speculative: host AdamW waits for the global norm */
-    bool speculative;        /* max_grad_norm > 0, speculative: host AdamW overlaps the backward from copies
+    bool speculative;        /* max_grad_norm > 0, speculative: host AdamW overlaps the backward out of place
                                 (modelled as every speculation standing, the common case) */
     bool tied_head;          /* the last block reads block 0's weights */
     bool has_trainable;      /* false: nothing to optimize (no optimizer tasks) */
