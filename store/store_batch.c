@@ -149,14 +149,14 @@ static mt_status_t claim(mt_store_t *s, const mt_store_op_t *ops, int n, bool wr
         } else {
             store_extent_t *e = &s->ext[x];
             const char *path = s->files[e->file]->path;
-            if (!write && e->gen == 0)
-                st = mt_error_set(err, MT_ERR_INTERNAL, "%s: the extent at offset %" PRIu64 " is read before any write",
-                                  path, e->offset);
-            else if (e->busy < 0 || (write && e->busy > 0))
+            if (e->busy < 0 || (write && e->busy > 0))
                 st = mt_error_set(err, MT_ERR_INTERNAL,
                                   "%s: the extent at offset %" PRIu64 " is %s by a batch in flight (or twice in this "
                                   "one): wait for that batch before this %s",
                                   path, e->offset, e->busy < 0 ? "written" : "read", write ? "write" : "read");
+            else if (!write && e->gen == 0)
+                st = mt_error_set(err, MT_ERR_INTERNAL, "%s: the extent at offset %" PRIu64 " is read before any write",
+                                  path, e->offset);
             else
                 e->busy = write ? -1 : e->busy + 1;
         }
