@@ -58,7 +58,7 @@ typedef struct {
     uint64_t budget;        /* bytes this run may place there; 0: only the free space limits it */
     uint64_t planned_bytes; /* what the caller will reserve (mt_store_span_bytes of each extent) */
     int queue_depth;        /* requests in flight; 0: 8 */
-    size_t request_bytes;   /* largest single request; 0: 1 MiB */
+    size_t request_bytes;   /* request size; 0: 1 MiB (an extent's last request up to 1.25 times it) */
     mt_sio_kind_t io;       /* MT_SIO_AUTO by default */
 } mt_store_opts_t;
 

@@ -1,5 +1,5 @@
 /* The store's batches (see store.h): a batch of extents goes to the I/O
- * engine as one list of requests of at most request_bytes, so many tensors
+ * engine as one list of requests of about request_bytes, so many tensors
  * of a few MB keep the queue full, and up to MT_STORE_MAX_BATCHES of them
  * are in flight at once.  The work on the data runs in the engine's hooks,
  * on its I/O thread, while other requests are in flight: a write's CRC32C
@@ -41,12 +41,22 @@ static void grow2(void **a, size_t ea, void **b, size_t eb, int *cap, int want) 
     *cap = want;
 }
 
-/* The requests of every op's span, split at req_bytes. */
+/* The length of the request at `at` of a span: req_bytes, or the rest of
+ * the span when that is at most a quarter more.  The rest of an extent is
+ * often its data's tail and the 4 KiB trailer: on its own it would take a
+ * queue slot for a few KB, and the bytes in flight are what keeps a disk
+ * busy while the I/O thread waits for a CPU. */
+static uint64_t request_len(uint64_t span, uint64_t at, size_t req_bytes) {
+    const uint64_t rest = span - at;
+    return rest <= req_bytes + req_bytes / 4 ? rest : req_bytes;
+}
+
+/* The requests of every op's span, split at about req_bytes. */
 static void make_requests(store_batch_t *b, size_t req_bytes) {
     int count = 0;
     for (int i = 0; i < b->n; i++) {
         const uint64_t span = mt_store_span_bytes(b->ops[i].bytes);
-        count += (int)((span + req_bytes - 1) / req_bytes);
+        for (uint64_t at = 0; at < span; at += request_len(span, at, req_bytes)) count++;
     }
     grow2((void **)&b->reqs, sizeof *b->reqs, (void **)&b->req_op, sizeof *b->req_op, &b->cap_reqs, count);
     int k = 0;
@@ -54,8 +64,8 @@ static void make_requests(store_batch_t *b, size_t req_bytes) {
         const store_op_t *o = &b->ops[i];
         const uint64_t span = mt_store_span_bytes(o->bytes);
         b->left[i] = 0;
-        for (uint64_t at = 0; at < span; at += req_bytes, k++) {
-            const uint64_t len = span - at < req_bytes ? span - at : req_bytes;
+        for (uint64_t at = 0, len; at < span; at += len, k++) {
+            len = request_len(span, at, req_bytes);
             b->reqs[k] = (mt_sio_req_t){.fd = o->file->fd, .write = b->write, .offset = o->offset + at,
                                         .bytes = (size_t)len, .buf = (char *)o->buf + at};
             b->req_op[k] = i;
