@@ -113,11 +113,12 @@ typedef uint64_t mt_store_ticket_t; /* a batch in flight; 0 is none */
  * until mt_store_wait of the ticket returns, the caller must not touch a
  * buffer of the batch (a write's is read, and its trailer filled, on the
  * I/O thread; a read's is being filled).  Refused (MT_ERR_INTERNAL, *ticket
- * 0, nothing to wait for): MT_STORE_MAX_BATCHES already in flight, an
- * extent read before any write, and an extent that a batch in flight
- * writes, or a write of one that a batch in flight reads (the two would
- * race on the disk); each names the file and offset.  Batches of
- * different extents may complete in any order. */
+ * 0, nothing to wait for, nothing claimed): MT_STORE_MAX_BATCHES already
+ * in flight (naming the directory); an extent read before any write; an
+ * extent that a batch in flight (or this one) writes; a write of an
+ * extent that a batch in flight reads (the two would race on the disk);
+ * the extent ones name the file and offset.  Batches of different extents
+ * may complete in any order. */
 mt_status_t mt_store_submit_write(mt_store_t *s, const mt_store_op_t *ops, int n, mt_store_ticket_t *ticket,
                                   mt_error_t *err);
 mt_status_t mt_store_submit_read(mt_store_t *s, const mt_store_op_t *ops, int n, mt_store_ticket_t *ticket,
