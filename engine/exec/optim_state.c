@@ -314,3 +314,5 @@ mt_status_t eng_exec_place_optim_nvme(eng_exec_t *x, const char *dir, uint64_t b
     free(with_master);
     return st;
 }
+
+eng_nvme_io_t eng_exec_nvme_io(eng_exec_t *x) { return eng_optim_nvme_io(x->hopt.nvme); }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "kernels/host/adamw_host.h"
 
 /* A parameter's master in its extent: fp32, padded so the moments after
@@ -124,7 +125,10 @@ mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const
         if (p->step > 0 || master) ops[nops++] = (mt_store_op_t){nv->extent[idx[k]], buf};
     }
     pthread_mutex_lock(&nv->lock);
+    const double t0 = mt_now_s();
     mt_status_t st = nops ? mt_store_read(nv->store, ops, nops, err) : MT_OK;
+    nv->io.read_s += mt_now_s() - t0;
+    for (int k = 0; st == MT_OK && k < nops; k++) nv->io.read_bytes += mt_store_extent_bytes(nv->store, ops[k].extent);
     pthread_mutex_unlock(&nv->lock);
     free(ops);
     if (st != MT_OK) {
@@ -146,7 +150,11 @@ mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, con
     mt_status_t st = MT_OK;
     if (write && nops) {
         pthread_mutex_lock(&nv->lock);
+        const double t0 = mt_now_s();
         st = mt_store_write(nv->store, ops, nops, err);
+        nv->io.write_s += mt_now_s() - t0;
+        for (int k = 0; st == MT_OK && k < nops; k++)
+            nv->io.write_bytes += mt_store_extent_bytes(nv->store, ops[k].extent);
         pthread_mutex_unlock(&nv->lock);
         if (st != MT_OK) mt_error_prefix(err, "AdamW state: ");
     }
@@ -166,6 +174,15 @@ mt_status_t eng_optim_nvme_load(eng_optim_nvme_t *nv, eng_model_t *m, int i, mt_
 
 mt_status_t eng_optim_nvme_unload(eng_optim_nvme_t *nv, eng_model_t *m, int i, bool write, mt_error_t *err) {
     return eng_optim_nvme_unload_many(nv, m, &i, 1, write, err);
+}
+
+eng_nvme_io_t eng_optim_nvme_io(eng_optim_nvme_t *nv) {
+    eng_nvme_io_t io = {0};
+    if (!nv) return io;
+    pthread_mutex_lock(&nv->lock);
+    io = nv->io;
+    pthread_mutex_unlock(&nv->lock);
+    return io;
 }
 
 mt_status_t eng_optim_nvme_note(eng_optim_nvme_t *nv, mt_status_t st, const mt_error_t *err) {

@@ -36,6 +36,14 @@
 #include "engine/model/model.h"
 #include "store/store.h"
 
+/* What the store moved for the tier so far: bytes, and seconds spent in
+ * its reads and writes (the caller waiting, every request of a batch in
+ * flight together). */
+typedef struct {
+    uint64_t read_bytes, write_bytes;
+    double read_s, write_s;
+} eng_nvme_io_t;
+
 typedef struct eng_optim_nvme {
     mt_store_t *store;
     int num_params;
@@ -44,6 +52,7 @@ typedef struct eng_optim_nvme {
     pthread_mutex_t lock; /* one user of the store at a time */
     mt_status_t failed;   /* the worker's first failure (MT_OK: none), its message in err */
     mt_error_t err;
+    eng_nvme_io_t io;     /* under lock */
 } eng_optim_nvme_t;
 
 /* A store in dir (budget bytes, 0: the free space) holding parameter i's
@@ -72,6 +81,9 @@ mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, con
 /* The same for one parameter i. */
 mt_status_t eng_optim_nvme_load(eng_optim_nvme_t *nv, eng_model_t *m, int i, mt_error_t *err);
 mt_status_t eng_optim_nvme_unload(eng_optim_nvme_t *nv, eng_model_t *m, int i, bool write, mt_error_t *err);
+
+/* The tier's traffic so far (zeros for NULL). */
+eng_nvme_io_t eng_optim_nvme_io(eng_optim_nvme_t *nv);
 
 /* Records the worker's first failure; returns st. */
 mt_status_t eng_optim_nvme_note(eng_optim_nvme_t *nv, mt_status_t st, const mt_error_t *err);
