@@ -62,6 +62,7 @@ typedef struct {
     int params;             /* parameters whose AdamW moments the store holds (0: the plan keeps no
                              * optimizer state on NVMe, and no store was opened) */
     int masters;            /* of them, those whose fp32 master it holds too */
+    int homes;              /* of them, those whose bf16 working copy (the weights' home) it holds too */
     uint64_t bytes;         /* their disk bytes */
     uint64_t host_bytes;    /* host memory that leaves for the store (masters and moments) */
     const char *io;         /* "io_uring" or "pread/pwrite" */
