@@ -221,13 +221,13 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
         c->host_weight_bytes = 4.0 * bi->train_fp32_params;
         c->w_update_bytes = bi->train_w_bytes_step;
         c->w_update_copies = c->grad_step_copies;
-        /* bf16 working copies of trainable weights come from their fp32
-         * masters, converted as they are packed; frozen bases (stored in
-         * their working dtype or quantized) and fp32 copies are plain copies */
-        const double conv_params = bi->train_params - bi->train_fp32_params;
-        c->w_pack_frac = out->pack_bw > 0 && reg->shape.bf16 && bi->w_bytes > 0 && conv_params > 0
-                             ? fmin(1.0, 2.0 * conv_params / bi->w_bytes) : 0;
-        c->w_update_pack_frac = c->w_pack_frac > 0 && bi->train_params > 0 ? conv_params / bi->train_params : 0;
+        /* every fetch is copied into pinned staging first: a trained
+         * weight's bf16 working copy is kept in host memory beside its
+         * master (host AdamW writes it as it updates), frozen bases are
+         * stored in their working dtype or quantized, fp32 copies are
+         * themselves; nothing is converted on the way to the link */
+        c->w_pack_frac = out->pack_bw > 0 && bi->w_bytes > 0 ? 1.0 : 0;
+        c->w_update_pack_frac = c->w_pack_frac;
         const double adam_bytes = bi->adam_bytes_per_param * bi->train_params_step;
         c->adam_device_s = adam_bytes / dev_bw;
         c->adam_host_s = adam_bytes / adam_bw;

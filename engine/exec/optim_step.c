@@ -410,10 +410,15 @@ static mt_status_t deferred_check(eng_exec_t *x, eng_optim_stats_t *out, mt_erro
     if (eng_optim_nvme_error(x->hopt.nvme, err) != MT_OK) return err->code; /* the NVMe tier failed */
     const int i = x->hopt.nonfinite_param;
     if (i < 0) return MT_OK;
-    const eng_param_t *p = &x->model->params[i];
-    const size_t at = mt_first_nonfinite_f32(p->host_w, p->spec->numel);
+    const eng_param_spec_t *ps = x->model->params[i].spec;
+    float *w = malloc(ps->numel * sizeof *w);
+    MT_CHECK_ALLOC(w, ps->name);
+    eng_exec_read_param(x, i, w, false); /* its master, wherever it lives */
+    const size_t at = mt_first_nonfinite_f32(w, ps->numel);
     /* no learning rate named: the update ran with the previous step's */
-    return nonfinite_weight(p->spec, p->host_w, at, " of the previous step", NULL, out, err);
+    const mt_status_t st = nonfinite_weight(ps, w, at, " of the previous step", NULL, out, err);
+    free(w);
+    return st;
 }
 
 static mt_status_t finite_check_finish(finite_check_t *fc, eng_exec_t *x, const eng_optim_hparams_t *hp,
@@ -478,7 +483,7 @@ static mt_status_t update_block(eng_exec_t *x, int b, const kern_adamw_params_t 
         }
         finite_check_param(fc, x, i, bp->optim == SCHED_OPTIM_DEVICE);
         if (refresh && d->w) { /* none: another device's expert (expert parallel) */
-            items[(*n)++] = (moe_staging_xfer_t){p->host_w, d->w, exec_w_bytes(p), exec_w_upload_op(p)};
+            items[(*n)++] = exec_w_refresh_item(p, d->w);
             x->cnt.ctr.weight_h2d_bytes += exec_w_bytes(p);
         }
     }

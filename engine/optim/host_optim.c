@@ -73,7 +73,7 @@ mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i
     int bad = 0;
     ap.nonfinite = &bad; /* checked as it is written: no second pass over the master */
     const kern_moments_t mom = kern_moments_view((kern_moments_fmt_t)p->mom_fmt, p->host_mom, n, p->mom_seed);
-    kern_adamw_cpu_pool(pool, p->host_w, &mom, grad, NULL, NULL, n, &ap);
+    kern_adamw_cpu_pool(pool, p->host_w, &mom, grad, NULL, p->work_bf16, n, &ap); /* work_bf16 NULL: none */
     h->wrote_nonfinite[i] = bad != 0;
     return streamed ? eng_optim_nvme_unload(h->nvme, h->m, i, true, err) : MT_OK;
 }

@@ -52,6 +52,8 @@ bool eng_spec_undo(eng_spec_t *s, eng_param_t *p, int i, kern_threadpool_t *pool
     if (!c->saved) return false;
     const size_t n = p->spec->numel;
     kern_threadpool_memcpy(pool, p->host_w, c->w, n * sizeof(float));
+    /* the working copy as the restored master rounds (what the update overwrote) */
+    if (p->work_bf16) kern_threadpool_to_bf16(pool, p->work_bf16, p->host_w, n);
     if (c->had_state) {
         kern_threadpool_memcpy(pool, p->host_mom, c->mom, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n));
     } else { /* the update created zeroed moments: back to none, as torch's lazy state */
