@@ -119,8 +119,25 @@ mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, eng_model_t *m, const bo
     return MT_OK;
 }
 
+/* Frees what a prefetch holds (its batch already waited for). */
+static void prefetch_clear(eng_nvme_prefetch_t *pf) {
+    for (int k = 0; k < pf->n; k++) {
+        mt_sio_buffer_free(pf->buf[k]);
+        mt_sio_buffer_free(pf->home[k]);
+    }
+    free(pf->idx);
+    free(pf->buf);
+    free(pf->home);
+    memset(pf, 0, sizeof *pf);
+}
+
 void eng_optim_nvme_free(eng_optim_nvme_t *nv) {
     if (!nv) return;
+    if (nv->pf.n > 0) { /* a read ahead nobody loaded */
+        mt_error_t err = {0};
+        (void)mt_store_wait(nv->store, nv->pf.ticket, &err);
+        prefetch_clear(&nv->pf);
+    }
     mt_store_close(nv->store);
     pthread_mutex_destroy(&nv->lock);
     free(nv->extent);
@@ -143,7 +160,73 @@ static void *loaded_buffer(const eng_optim_nvme_t *nv, const eng_param_t *p, int
     return nv->master[i] ? (void *)p->host_w : p->host_mom;
 }
 
+void eng_optim_nvme_prefetch(eng_optim_nvme_t *nv, const eng_model_t *m, const int *idx, int n) {
+    pthread_mutex_lock(&nv->lock);
+    eng_nvme_prefetch_t *pf = &nv->pf;
+    if (pf->n > 0 || n <= 0) {
+        pthread_mutex_unlock(&nv->lock);
+        return;
+    }
+    pf->idx = malloc((size_t)n * sizeof *pf->idx);
+    pf->buf = calloc((size_t)n, sizeof *pf->buf);
+    pf->home = calloc((size_t)n, sizeof *pf->home);
+    mt_store_op_t *ops = malloc((size_t)n * 2 * sizeof *ops);
+    MT_CHECK(pf->idx && pf->buf && pf->home && ops, "out of memory for a read ahead of AdamW state");
+    int nops = 0;
+    for (int k = 0; k < n; k++) {
+        const int i = idx[k];
+        const eng_param_t *p = &m->params[i];
+        pf->idx[k] = i;
+        pf->buf[k] = mt_sio_buffer_alloc(mt_store_buffer_bytes(extent_bytes(p, nv->master[i]))); /* zeroed */
+        MT_CHECK_ALLOC(pf->buf[k], "AdamW state buffer");
+        if (p->step > 0 || nv->master[i]) ops[nops++] = (mt_store_op_t){nv->extent[i], pf->buf[k]};
+        if (nv->home[i] >= 0) {
+            pf->home[k] = mt_sio_buffer_alloc(mt_store_buffer_bytes(home_bytes(p)));
+            MT_CHECK_ALLOC(pf->home[k], "bf16 working copy buffer");
+            ops[nops++] = (mt_store_op_t){nv->home[i], pf->home[k]};
+        }
+    }
+    pf->n = n;
+    mt_error_t err = {0};
+    /* refused (the store's in-flight limit): nothing read ahead, the load reads as before */
+    if (nops == 0 || mt_store_submit_read(nv->store, ops, nops, &pf->ticket, &err) != MT_OK) prefetch_clear(pf);
+    else
+        for (int k = 0; k < nops; k++) nv->io.read_bytes += mt_store_extent_bytes(nv->store, ops[k].extent);
+    free(ops);
+    pthread_mutex_unlock(&nv->lock);
+}
+
+/* Under nv->lock: the read ahead waited for; true when it was for exactly
+ * idx[0..n) and succeeded, its buffers then taken into the parameters. */
+static bool prefetch_take(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, mt_error_t *err) {
+    eng_nvme_prefetch_t *pf = &nv->pf;
+    if (pf->n == 0) return false;
+    const double t0 = mt_now_s();
+    const mt_status_t st = mt_store_wait(nv->store, pf->ticket, err);
+    nv->io.read_s += mt_now_s() - t0;
+    bool same = st == MT_OK && pf->n == n;
+    for (int k = 0; same && k < n; k++) same = pf->idx[k] == idx[k];
+    if (!same) {
+        prefetch_clear(pf); /* a failure is read again by the load, and reported there */
+        return false;
+    }
+    for (int k = 0; k < n; k++) {
+        eng_param_t *p = &m->params[idx[k]];
+        MT_CHECK(!p->host_mom, "AdamW state of %s loaded twice", p->spec->name);
+        if (nv->master[idx[k]]) p->host_w = (float *)pf->buf[k];
+        p->host_mom = pf->buf[k] + (nv->master[idx[k]] ? master_bytes(p) : 0);
+        if (pf->home[k]) p->work_bf16 = (uint16_t *)pf->home[k];
+        pf->buf[k] = pf->home[k] = NULL; /* the parameters own them now */
+    }
+    prefetch_clear(pf);
+    return true;
+}
+
 mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, mt_error_t *err) {
+    pthread_mutex_lock(&nv->lock);
+    const bool taken = prefetch_take(nv, m, idx, n, err);
+    pthread_mutex_unlock(&nv->lock);
+    if (taken) return MT_OK;
     mt_store_op_t *ops = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *ops);
     MT_CHECK_ALLOC(ops, "AdamW state reads");
     int nops = 0;

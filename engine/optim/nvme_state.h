@@ -44,6 +44,15 @@ typedef struct {
     double read_s, write_s;
 } eng_nvme_io_t;
 
+/* One block's state read ahead (eng_optim_nvme_prefetch): the batch in
+ * flight and the buffers it lands in, handed to the load that asks for
+ * exactly these parameters. */
+typedef struct {
+    int *idx, n;            /* the parameters, in the order the load will ask for them */
+    char **buf, **home;     /* per entry: the state's buffer, the working copy's (NULL: none) */
+    uint64_t ticket;        /* the store's batch (0: nothing in flight) */
+} eng_nvme_prefetch_t;
+
 typedef struct eng_optim_nvme {
     mt_store_t *store;
     int num_params;
@@ -54,6 +63,7 @@ typedef struct eng_optim_nvme {
     mt_status_t failed;   /* the worker's first failure (MT_OK: none), its message in err */
     mt_error_t err;
     eng_nvme_io_t io;     /* under lock */
+    eng_nvme_prefetch_t pf; /* under lock */
 } eng_optim_nvme_t;
 
 /* A store in dir (budget bytes, 0: the free space) holding parameter i's
@@ -90,6 +100,12 @@ mt_status_t eng_optim_nvme_read_homes(eng_optim_nvme_t *nv, const eng_model_t *m
  * first step) and, for a master in the store, host_w, read as one batch:
  * every request in flight together. */
 mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, mt_error_t *err);
+/* Starts reading the state of parameters idx[0..n) in the background, as
+ * eng_optim_nvme_load_many will ask for it next; one read ahead at a time
+ * (a second while one is pending is ignored).  A load of other parameters
+ * first waits for it and drops it.  Failures surface at that load. */
+void eng_optim_nvme_prefetch(eng_optim_nvme_t *nv, const eng_model_t *m, const int *idx, int n);
+
 /* Writes them back as one batch when write, then frees them (host_mom,
  * and host_w of a master in the store, NULL); err may be NULL when !write. */
 mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, bool write,

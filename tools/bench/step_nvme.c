@@ -9,8 +9,10 @@
  * calibrate` gives the planner) and reports:
  *   - each run's median step against the simulator's prediction, with the
  *     array at those raw rates;
- *   - the tier's own rates: bytes it read and wrote per step over the
- *     seconds the optimizer waited on the store's batches, against raw. */
+ *   - the tier's traffic per step and the seconds the optimizer waited on
+ *     it: reads are read ahead (a block's state while the block before it
+ *     updates), so their wait is what was not hidden; writes are waited
+ *     for whole, their rate set against raw. */
 #include <stdio.h>
 
 #include "store/sio_rate.h"
@@ -34,12 +36,13 @@ static void print_text(const opts_t *o, double link_bps, const mt_sio_rates_t *r
                ms[i].median_s > 0 ? pred[i] / ms[i].median_s : 0);
     const eng_nvme_io_t *io = &ms[1].nvme;
     const double r = rate(io->read_bytes, io->read_s), w = rate(io->write_bytes, io->write_s);
-    printf("  the tier per step: %.2f MB read at %.3f GB/s (%.2f of raw), %.2f MB written at %.3f GB/s (%.2f of "
-           "raw)\n",
-           io->read_bytes / 1e6, r / 1e9, raw->read_q > 0 ? r / raw->read_q : 0, io->write_bytes / 1e6, w / 1e9,
-           raw->write_q > 0 ? w / raw->write_q : 0);
-    printf("  (the tier's rate: its bytes over the seconds the optimizer waited on the store's batches; the\n"
-           "   prediction: the simulator with the array at the raw rates above)\n");
+    printf("  the tier per step: %.2f MB read, the optimizer waiting %.2f ms for them (%.3f GB/s, %.2f of raw);\n"
+           "                     %.2f MB written, waiting %.2f ms (%.3f GB/s, %.2f of raw)\n",
+           io->read_bytes / 1e6, io->read_s * 1e3, r / 1e9, raw->read_q > 0 ? r / raw->read_q : 0,
+           io->write_bytes / 1e6, io->write_s * 1e3, w / 1e9, raw->write_q > 0 ? w / raw->write_q : 0);
+    printf("  (a block's state is read ahead while the block before it updates, so reads wait only for what\n"
+           "   is not there yet: above 1 of raw means hidden; writes go out after each update and are waited\n"
+           "   for whole; the prediction: the simulator with the array at the raw rates above)\n");
 }
 
 static void print_json(double link_bps, const mt_sio_rates_t *raw, const measure_t *ms, const double *pred) {
