@@ -9,10 +9,10 @@
  *   transfer time  = bytes / link bandwidth of its direction
  *                    + copies x per-copy latency (one copy per tensor moved)
  *   host AdamW     = bytes touched / the profile's host AdamW rate
- *   pack           = weight bytes converted into staging (bf16 working copies
- *                    of fp32 masters) / the profile's pack rate, before each
- *                    weight H2D; plain copies into staging are not costed
- *                    (a few threads of memcpy outrun the link)
+ *   pack           = weight bytes copied into staging (every host home is
+ *                    in its working dtype already) / the profile's pack
+ *                    rate, before each weight H2D; a fetch read from NVMe
+ *                    lands in staging without one
  *   unpack         = gradient bytes / the profile's unpack rate, after each
  *                    gradient D2H (a copy; a later micro-batch's add costs
  *                    SCHED_UNPACK_ADD_COST times as much)

@@ -73,7 +73,7 @@ typedef struct {
     bool nvme;
     double nvme_budget;
     /* The NVMe pass moves optimizer state only, never weights' homes (a
-     * training run's executor does not read weights from NVMe yet). */
+     * training run in fp32, whose weights' homes are its masters). */
     bool nvme_optim_only;
 } sched_planner_opts_t;
 

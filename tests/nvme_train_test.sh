@@ -8,7 +8,9 @@
 #      loader's digest, and checkpoint-7's optimizer.safetensors; the store
 #      directory is empty afterwards; in bf16, with a host budget below the
 #      optimizer state, the fp32 masters go to the store too, likewise
-#      bit-identical, and resume across it; with host memory to spare the
+#      bit-identical, and resume across it; lower still, two layers' bf16
+#      working copies too, streamed from the store (bit-identical, resumed,
+#      a corrupted working copy named); with host memory to spare the
 #      plan leaves the tier unused; a profile without an nvme: section gets
 #      the directory measured;
 #   2. stopped at a checkpoint and resumed with the tier = the uninterrupted
@@ -70,6 +72,7 @@ mkdir -p nvd
 # 831 KiB in bf16 (with fp32 masters beside bf16 working copies)
 NV="--set memory.nvme.path=nvd --set memory.host=600KiB"
 NV16="--set memory.nvme.path=nvd --set memory.host=540KiB --set bf16=true"
+NVW="--set memory.nvme.path=nvd --set memory.host=500KiB --set bf16=true"
 
 # tensors of DIR/FILE after its header (the header holds the save's id)
 body() { local f="$1" n; n=$(od -An -tu8 -N8 "$f" | tr -d ' '); tail -c +$((9 + n)) "$f" | sha256sum | cut -d' ' -f1; }
@@ -94,7 +97,7 @@ timeout 60 "$MOETUNE" train run.yaml --set output_dir=ref $ckpt >"$L/ref.out" 2>
 # shellcheck disable=SC2086
 timeout 60 "$MOETUNE" train run.yaml --set output_dir=nv $ckpt $NV >"$L/nv.out" 2>&1 \
   || { fail "the NVMe run failed"; cat "$L/nv.out"; }
-grep -qE "NVMe tier: AdamW state of [0-9]+ parameters .*fp32 masters of 0\) in nvd/moetune-[0-9a-f]{16} through (io_uring|pread/pwrite)" "$L/nv.out" \
+grep -qE "NVMe tier: AdamW state of [0-9]+ parameters .*fp32 masters of 0, streamed bf16 weights of 0\) in nvd/moetune-[0-9a-f]{16} through (io_uring|pread/pwrite)" "$L/nv.out" \
   || { fail "no NVMe tier line"; cat "$L/nv.out"; }
 grep -qE "plan auto: .*; [1-9][0-9]* keep optimizer state on NVMe" "$L/nv.out" || fail "the plan line names no NVMe block"
 same_run plain ref nv && ok "AdamW state on the NVMe tier = in host memory (losses, tensors, digest)"
@@ -109,7 +112,7 @@ timeout 60 "$MOETUNE" train run.yaml --set output_dir=ref16 --set bf16=true $ckp
 # shellcheck disable=SC2086
 timeout 60 "$MOETUNE" train run.yaml --set output_dir=nv16 $ckpt $NV16 >"$L/nv16.out" 2>&1 \
   || { fail "the bf16 NVMe run failed"; cat "$L/nv16.out"; }
-grep -qE "NVMe tier: AdamW state of [0-9]+ parameters .*fp32 masters of [1-9][0-9]*\) in nvd/" "$L/nv16.out" \
+grep -qE "NVMe tier: AdamW state of [0-9]+ parameters .*fp32 masters of [1-9][0-9]*, streamed bf16 weights of 0\) in nvd/" "$L/nv16.out" \
   && ok "bf16 with 540 KiB of host memory: fp32 masters on NVMe ($(grep -o 'fp32 masters of [0-9]*' "$L/nv16.out"))" \
   || { fail "no bf16 NVMe tier line with masters"; cat "$L/nv16.out"; }
 same_run bf16 ref16 nv16 && ok "bf16 masters and moments on the NVMe tier = in host memory (losses, tensors, digest)"
@@ -120,6 +123,41 @@ timeout 60 "$MOETUNE" train run.yaml --set output_dir=res16 $NV16 --set resume_f
   >"$L/res16.out" 2>&1 || { fail "the resumed bf16 NVMe run failed"; cat "$L/res16.out"; }
 same_run resume16 ref16 res16 && ok "bf16 resumed at step 7 with masters on the tier = uninterrupted"
 empty_store "the bf16 runs"
+
+# lower still: streamed layers' weights live on the tier and every fetch reads them from there
+# shellcheck disable=SC2086
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=nvw $ckpt $NVW >"$L/nvw.out" 2>&1 \
+  || { fail "the run streaming weights from NVMe failed"; cat "$L/nvw.out"; }
+grep -qE "streamed bf16 weights of [1-9][0-9]*\) in nvd/" "$L/nvw.out" && grep -qE "[1-9] their weights' home" "$L/nvw.out" \
+  && ok "bf16 with 500 KiB of host memory: $(grep -o 'streamed bf16 weights of [0-9]*' "$L/nvw.out") on NVMe" \
+  || { fail "no weights on the NVMe tier"; cat "$L/nvw.out"; }
+same_run weights ref16 nvw && ok "weights streamed from the NVMe tier = in host memory (losses, tensors, digest)"
+[ "$(body ref16/checkpoint-7/optimizer.safetensors)" = "$(body nvw/checkpoint-7/optimizer.safetensors)" ] \
+  && ok "its checkpoint-7's optimizer.safetensors is the same bytes" || fail "its checkpoint-7's optimizer state differs"
+# shellcheck disable=SC2086
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=resw $NVW --set resume_from_checkpoint=nvw/checkpoint-7 \
+  >"$L/resw.out" 2>&1 || { fail "the resumed run streaming weights from NVMe failed"; cat "$L/resw.out"; }
+same_run resumew ref16 resw && ok "resumed at step 7 with weights on the tier = uninterrupted"
+empty_store "the runs streaming weights"
+# random blocks written into the weights file: the fetch's read names it
+rm -rf corruptw
+# shellcheck disable=SC2086
+"$MOETUNE" train run.yaml --set output_dir=corruptw --set max_steps=100000 --set logging_steps=100 $NVW \
+  >"$L/corruptw.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 1000); do
+  f=$(ls nvd/moetune-*/weights.bin 2>/dev/null | head -n1)
+  [ -n "$f" ] && dd if=/dev/urandom of="$f" bs=4096 seek=2 count=1 conv=notrunc,nocreat 2>/dev/null
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.05
+done
+kill -9 $pid 2>/dev/null; wait $pid; rc=$?
+if [ $rc = 1 ] && grep -qE "nvd/moetune-[0-9a-f]{16}/weights.bin: the extent at offset [0-9]+ " "$L/corruptw.out"; then
+  ok "a corrupted weights file stops the run naming it: $(grep -o 'weights.bin: the extent at offset [0-9]* [^:]*' "$L/corruptw.out" | head -n1)"
+else
+  fail "corrupted weights file: exit $rc, $(tail -n1 "$L/corruptw.out")"
+fi
+rm -rf nvd/moetune-*
 
 # host memory to spare: the plan keeps everything there
 timeout 60 "$MOETUNE" train run.yaml --set output_dir=spare --set memory.nvme.path=nvd >"$L/spare.out" 2>&1 \
@@ -184,7 +222,7 @@ rm -rf corrupt
 pid=$!
 for _ in $(seq 1 1000); do
   f=$(ls nvd/moetune-*/adamw.bin 2>/dev/null | head -n1)
-  [ -n "$f" ] && dd if=/dev/urandom of="$f" bs=4096 seek=20 count=4 conv=notrunc 2>/dev/null
+  [ -n "$f" ] && dd if=/dev/urandom of="$f" bs=4096 seek=20 count=4 conv=notrunc,nocreat 2>/dev/null
   kill -0 $pid 2>/dev/null || break
   sleep 0.05
 done

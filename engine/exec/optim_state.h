@@ -17,6 +17,7 @@
 
 #include "engine/exec/place/types.h"
 #include "engine/model/model.h"
+#include "engine/optim/nvme_state.h"
 #include "kernels/adamw.h"
 #include "base/status.h"
 
@@ -61,6 +62,7 @@ typedef struct {
     int params;             /* parameters whose AdamW moments the store holds (0: the plan keeps no
                              * optimizer state on NVMe, and no store was opened) */
     int masters;            /* of them, those whose fp32 master it holds too */
+    int homes;              /* of them, those whose bf16 working copy (the weights' home) it holds too */
     uint64_t bytes;         /* their disk bytes */
     uint64_t host_bytes;    /* host memory that leaves for the store (masters and moments) */
     const char *io;         /* "io_uring" or "pread/pwrite" */
@@ -77,6 +79,9 @@ typedef struct {
  * weights' homes on NVMe, which the executor does not read from there. */
 mt_status_t eng_exec_place_optim_nvme(eng_exec_t *x, const char *dir, uint64_t budget, eng_nvme_placed_t *out,
                                       mt_error_t *err);
+
+/* The NVMe tier's traffic so far (zeros without a tier). */
+eng_nvme_io_t eng_exec_nvme_io(eng_exec_t *x);
 
 /* Drops the gradients accumulated for a step that is not applied (a
  * skipped non-finite step), leaving every weight and moment as it was, so

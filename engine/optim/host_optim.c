@@ -119,6 +119,21 @@ static void block_stream(exec_host_optim_t *h, int b, bool load, int *idx) {
     eng_optim_nvme_note(h->nvme, st, &err);
 }
 
+/* While block b updates, the state of the block queued next (if its job is
+ * already there: its gradients have landed) is read in the background, so
+ * its load finds it in memory (eng_optim_nvme_prefetch). */
+static void prefetch_next(exec_host_optim_t *h, int *idx) {
+    if (!h->nvme) return;
+    pthread_mutex_lock(&h->lock);
+    const int nb = h->head != h->tail ? h->queue[h->head].block : -1;
+    pthread_mutex_unlock(&h->lock);
+    if (nb < 0) return;
+    int n = 0;
+    for (int i = 0; i < h->m->num_params; i++) /* block_stream's loading selection */
+        if (h->m->params[i].block == nb && eng_optim_nvme_holds(h->nvme, i) && h->dp[i].has_grad) idx[n++] = i;
+    eng_optim_nvme_prefetch(h->nvme, h->m, idx, n);
+}
+
 static void *worker_main(void *arg) {
     exec_host_optim_t *h = arg;
     eng_model_t *m = h->m;
@@ -130,8 +145,8 @@ static void *worker_main(void *arg) {
     const int host_cores = kern_device_caps(h->dev).host_cores;
     kern_threadpool_t *own = host_cores > 0 ? kern_threadpool_create(host_cores) : NULL;
     kern_threadpool_t *pool = own ? own : h->pool;
-    int *idx = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *idx); /* block_stream's list */
-    MT_CHECK_ALLOC(idx, "host optimizer parameter list");
+    int *idx = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * 2 * sizeof *idx); /* block_stream's list, */
+    MT_CHECK_ALLOC(idx, "host optimizer parameter list");                                   /* prefetch_next's */
     pthread_mutex_lock(&h->lock);
     for (;;) {
         while (!h->stop && h->head == h->tail) pthread_cond_wait(&h->cond, &h->lock);
@@ -143,6 +158,7 @@ static void *worker_main(void *arg) {
         const double t0 = mt_now_s();
         size_t bytes = 0;
         block_stream(h, b, true, idx);
+        prefetch_next(h, idx + m->num_params);
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
             eng_dparam_t *d = &h->dp[i];

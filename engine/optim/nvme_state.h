@@ -36,35 +36,76 @@
 #include "engine/model/model.h"
 #include "store/store.h"
 
+/* What the store moved for the tier so far: bytes, and seconds spent in
+ * its reads and writes (the caller waiting, every request of a batch in
+ * flight together). */
+typedef struct {
+    uint64_t read_bytes, write_bytes;
+    double read_s, write_s;
+} eng_nvme_io_t;
+
+/* One block's state read ahead (eng_optim_nvme_prefetch): the batch in
+ * flight and the buffers it lands in, handed to the load that asks for
+ * exactly these parameters. */
+typedef struct {
+    int *idx, n;            /* the parameters, in the order the load will ask for them */
+    char **buf, **home;     /* per entry: the state's buffer, the working copy's (NULL: none) */
+    uint64_t ticket;        /* the store's batch (0: nothing in flight) */
+} eng_nvme_prefetch_t;
+
 typedef struct eng_optim_nvme {
     mt_store_t *store;
     int num_params;
     int *extent;          /* per parameter: its [master |] m | v extent, -1: not in the store */
     bool *master;         /* per parameter: its extent starts with the fp32 master */
+    int *home;            /* per parameter: the extent of its bf16 working copy (-1: in host memory) */
     pthread_mutex_t lock; /* one user of the store at a time */
     mt_status_t failed;   /* the worker's first failure (MT_OK: none), its message in err */
     mt_error_t err;
+    eng_nvme_io_t io;     /* under lock */
+    eng_nvme_prefetch_t pf; /* under lock */
 } eng_optim_nvme_t;
 
 /* A store in dir (budget bytes, 0: the free space) holding parameter i's
- * moments where in_store[i], and its master too where with_master[i] (NULL:
+ * moments where in_store[i], its master too where with_master[i] (NULL:
  * none; each needs in_store and a work_bf16): written there now, host_w
- * freed.  The planned bytes are checked against the budget and the disk
- * before anything is reserved.  On failure every master is still in host
- * memory. */
+ * freed; and its bf16 working copy, the weights' home a fetch streams from,
+ * where with_home[i] (NULL: none; each needs with_master): written to an
+ * extent of its own, work_bf16 freed.  The planned bytes are checked against
+ * the budget and the disk before anything is reserved.  On failure every
+ * master and working copy is back in host memory. */
 mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, eng_model_t *m, const bool *in_store, const bool *with_master,
-                                const char *dir, uint64_t budget, mt_error_t *err);
+                                const bool *with_home, const char *dir, uint64_t budget, mt_error_t *err);
 void eng_optim_nvme_free(eng_optim_nvme_t *nv);
 
 /* The bytes of disk the state of in_store's parameters takes. */
-uint64_t eng_optim_nvme_planned_bytes(const eng_model_t *m, const bool *in_store, const bool *with_master);
+uint64_t eng_optim_nvme_planned_bytes(const eng_model_t *m, const bool *in_store, const bool *with_master,
+                                      const bool *with_home);
 bool eng_optim_nvme_holds(const eng_optim_nvme_t *nv, int i);
 bool eng_optim_nvme_holds_master(const eng_optim_nvme_t *nv, int i);
+bool eng_optim_nvme_holds_home(const eng_optim_nvme_t *nv, int i);
+
+/* A fetch of weights whose home is on the tier: parameter i's share of the
+ * caller's buffer (4 KiB aligned, mt_sio_buffer_alloc), and the working
+ * copies of idx[0..n) read into consecutive shares of buf, one batch, every
+ * read checked.  Loading a parameter (below) loads its working copy too,
+ * into work_bf16, and unloading writes it back with the state. */
+size_t eng_optim_nvme_home_buffer_bytes(const eng_model_t *m, int i);
+void *eng_optim_nvme_buffer_alloc(size_t bytes); /* aligned for the store, zeroed; NULL: out of memory */
+void eng_optim_nvme_buffer_free(void *buf);
+mt_status_t eng_optim_nvme_read_homes(eng_optim_nvme_t *nv, const eng_model_t *m, const int *idx, int n, char *buf,
+                                      mt_error_t *err);
 
 /* The state of parameters idx[0..n) into their host_mom (zeros before a
  * first step) and, for a master in the store, host_w, read as one batch:
  * every request in flight together. */
 mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, mt_error_t *err);
+/* Starts reading the state of parameters idx[0..n) in the background, as
+ * eng_optim_nvme_load_many will ask for it next; one read ahead at a time
+ * (a second while one is pending is ignored).  A load of other parameters
+ * first waits for it and drops it.  Failures surface at that load. */
+void eng_optim_nvme_prefetch(eng_optim_nvme_t *nv, const eng_model_t *m, const int *idx, int n);
+
 /* Writes them back as one batch when write, then frees them (host_mom,
  * and host_w of a master in the store, NULL); err may be NULL when !write. */
 mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, bool write,
@@ -72,6 +113,9 @@ mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, con
 /* The same for one parameter i. */
 mt_status_t eng_optim_nvme_load(eng_optim_nvme_t *nv, eng_model_t *m, int i, mt_error_t *err);
 mt_status_t eng_optim_nvme_unload(eng_optim_nvme_t *nv, eng_model_t *m, int i, bool write, mt_error_t *err);
+
+/* The tier's traffic so far (zeros for NULL). */
+eng_nvme_io_t eng_optim_nvme_io(eng_optim_nvme_t *nv);
 
 /* Records the worker's first failure; returns st. */
 mt_status_t eng_optim_nvme_note(eng_optim_nvme_t *nv, mt_status_t st, const mt_error_t *err);

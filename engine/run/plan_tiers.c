@@ -112,7 +112,7 @@ mt_status_t eng_plan_nvme(const eng_run_config_t *rc, const sched_hw_t *hw, sche
     return MT_OK;
 }
 
-mt_status_t eng_plan_nvme_for_training(const eng_run_config_t *rc, sched_hw_t *hw, sched_workload_t *w,
+mt_status_t eng_plan_nvme_for_training(const eng_run_config_t *rc, bool bf16, sched_hw_t *hw, sched_workload_t *w,
                                        sched_planner_opts_t *o, mt_error_t *err) {
     if (!rc->memory_nvme_path[0]) return MT_OK;
     if (!hw->has_nvme) {
@@ -125,6 +125,6 @@ mt_status_t eng_plan_nvme_for_training(const eng_run_config_t *rc, sched_hw_t *h
                         "no nvme: section)\n", rc->memory_nvme_path, cal.nvme_read_bw / 1e9, cal.nvme_write_bw / 1e9);
     }
     const mt_status_t st = eng_plan_nvme(rc, hw, w, o, err);
-    o->nvme_optim_only = true;
+    o->nvme_optim_only = !bf16;
     return st;
 }

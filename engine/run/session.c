@@ -158,8 +158,9 @@ static mt_status_t open_nvme(eng_run_t *run, const eng_run_opts_t *opts, mt_erro
                 rc->memory_nvme_path);
         return MT_OK;
     }
-    fprintf(stderr, "moetune: NVMe tier: AdamW state of %d parameters (%.3f GiB; fp32 masters of %d) in %s through %s",
-            placed.params, placed.bytes / 1073741824.0, placed.masters, placed.run_dir, placed.io);
+    fprintf(stderr, "moetune: NVMe tier: AdamW state of %d parameters (%.3f GiB; fp32 masters of %d, streamed bf16 "
+            "weights of %d) in %s through %s", placed.params, placed.bytes / 1073741824.0, placed.masters,
+            placed.homes, placed.run_dir, placed.io);
     if (placed.leftovers_removed)
         fprintf(stderr, "; removed %d killed run(s)' leftover files", placed.leftovers_removed);
     fprintf(stderr, "\n");
