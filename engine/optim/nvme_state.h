@@ -11,7 +11,9 @@
  * moment format (kern_moments_bytes: fp32, bf16 or 8-bit, m | v | scales,
  * each part 64-byte aligned).  The host worker reads a block's extents as
  * one batch before the block's update and writes them back as one after
- * it, every request of the batch in flight together.  While loaded, the
+ * it, every request of the batch in flight together; while one block
+ * updates, the next queued block's batch is read in the background
+ * (eng_optim_nvme_prefetch).  While loaded, the
  * parameter's host_mom (and host_w, for a master in the store) point into
  * one aligned buffer; unloading writes it back (or not) and sets them to
  * NULL again, so host memory holds the state of the parameters being
