@@ -9,10 +9,10 @@
  *   transfer time  = bytes / link bandwidth of its direction
  *                    + copies x per-copy latency (one copy per tensor moved)
  *   host AdamW     = bytes touched / the profile's host AdamW rate
- *   pack           = weight bytes converted into staging (bf16 working copies
- *                    of fp32 masters) / the profile's pack rate, before each
- *                    weight H2D; plain copies into staging are not costed
- *                    (a few threads of memcpy outrun the link)
+ *   pack           = weight bytes copied into staging (every host home is
+ *                    in its working dtype already) / the profile's pack
+ *                    rate, before each weight H2D; a fetch read from NVMe
+ *                    lands in staging without one
  *   unpack         = gradient bytes / the profile's unpack rate, after each
  *                    gradient D2H (a copy; a later micro-batch's add costs
  *                    SCHED_UNPACK_ADD_COST times as much)
@@ -44,8 +44,9 @@ typedef struct {
     double w_home_bytes;     /* host home copy when STREAM */
     double w_fetch_step_bytes; /* one fetch for all of a step's micro-batches (layer-major): experts any of them hit */
     double w_fetch_step_copies;
-    double w_pack_frac;      /* share of a fetch's bytes converted on the host as it is packed into staging
-                                (bf16 working copies of fp32 masters); the rest are plain copies, not costed */
+    double w_pack_frac;      /* share of a fetch's bytes copied into staging on the pack threads (1 with a
+                                pack rate: every host home is a copy away from the link, in its working
+                                dtype; a fetch from NVMe is read straight into staging instead) */
     /* trainable state */
     double grad_bytes;       /* device footprint of DEVICE grads; size of the host grad buffer */
     double grad_mb_bytes;    /* gradients one micro-batch produces (experts with tokens) */
@@ -57,14 +58,15 @@ typedef struct {
                                 working copy is the fp32 master itself (fp32 runs, LoRA adapters) */
     double w_update_bytes;   /* H2D of updated working copies after host AdamW (RESIDENT weights) */
     double w_update_copies;
-    double w_update_pack_frac; /* share of w_update_bytes converted from fp32 masters as they are packed */
+    double w_update_pack_frac; /* share of w_update_bytes packed on the pack threads (as w_pack_frac) */
     double adam_device_s, adam_host_s;
     double grad_add_host_s;  /* micro-batches after the first: add the staged gradients into the host
                                 buffer (SCHED_UNPACK_ADD_COST times the first one's copy at unpack_bw) */
     double grad_add_device_s;/* ... or into the device accumulator */
     double norm_device_s, norm_host_s; /* reading gradients for the global norm (clipping) */
-    double spec_copy_bytes;  /* the speculative host optimizer's copies (master, m, v: 12 B per trainable
-                                parameter, kept from step to step); their making is in adam_host_s */
+    double spec_copy_bytes;  /* the speculative host optimizer's spare state (master, m, v: 12 B per
+                                trainable parameter in fp32, kept from step to step: the update writes
+                                there out of place); the spare's write-allocate reads are in adam_host_s */
     /* activations (device bytes) */
     double act_saved_bytes;  /* KEEP / OFFLOAD */
     double act_input_bytes;  /* RECOMPUTE keeps only this */
@@ -94,7 +96,7 @@ typedef struct {
     int num_blocks;
     int grad_accum;
     bool clip;               /* max_grad_norm > 0 and not speculative: host AdamW waits for the global norm */
-    bool speculative;        /* max_grad_norm > 0, speculative: host AdamW overlaps the backward from copies
+    bool speculative;        /* max_grad_norm > 0, speculative: host AdamW overlaps the backward out of place
                                 (modelled as every speculation standing, the common case) */
     bool tied_head;          /* the last block reads block 0's weights */
     bool has_trainable;      /* false: nothing to optimize (no optimizer tasks) */

@@ -164,7 +164,7 @@ void sched_hw_fill_rates(sched_hw_t *hw) {
     }
     const double host = sched_hw_host_bw(hw);
     if (rate_unset(hw->adamw_bw)) hw->adamw_bw = host, hw->assumed |= SCHED_HW_ASSUMED_ADAMW;
-    if (rate_unset(hw->pack_bw)) hw->pack_bw = host / 3.0, hw->assumed |= SCHED_HW_ASSUMED_PACK;
+    if (rate_unset(hw->pack_bw)) hw->pack_bw = host / 2.0, hw->assumed |= SCHED_HW_ASSUMED_PACK;
     if (rate_unset(hw->unpack_bw)) hw->unpack_bw = host / 2.0, hw->assumed |= SCHED_HW_ASSUMED_UNPACK;
 }
 
@@ -176,7 +176,7 @@ void sched_hw_assumed_line(const sched_hw_t *hw, char *buf, size_t cap) {
         {SCHED_HW_ASSUMED_ATTN_KERNEL, "fp32 attention kernel = 0.1 x the fp32 matmul rate"},
         {SCHED_HW_ASSUMED_ATTN_TC, "tensor-core attention = 0.5 x the bf16 matmul rate"},
         {SCHED_HW_ASSUMED_ADAMW, "host AdamW at host memory bandwidth"},
-        {SCHED_HW_ASSUMED_PACK, "staging pack at a third of host memory bandwidth"},
+        {SCHED_HW_ASSUMED_PACK, "staging pack at half host memory bandwidth"},
         {SCHED_HW_ASSUMED_UNPACK, "gradient unpack at half host memory bandwidth"},
     };
     size_t used = 0;
@@ -519,6 +519,11 @@ static void measured_rates(const sched_calibration_t *c, sched_hw_t *out) {
     out->adamw_bw = c->adamw_bw;
     out->pack_bw = c->pack_bw;
     out->unpack_bw = c->unpack_bw;
+    sched_hw_set_measured_nvme(c, out);
+    sched_hw_fill_rates(out);
+}
+
+void sched_hw_set_measured_nvme(const sched_calibration_t *c, sched_hw_t *out) {
     if (c->nvme_read_bw > 0 && c->nvme_write_bw > 0) { /* the run's NVMe directory, measured */
         out->has_nvme = true;
         /* a long path's end names the directory best */
@@ -529,7 +534,6 @@ static void measured_rates(const sched_calibration_t *c, sched_hw_t *out) {
         out->nvme_write_bw = c->nvme_write_bw;
         out->nvme_queue_depth = c->nvme_queue_depth;
     }
-    sched_hw_fill_rates(out);
 }
 
 void sched_hw_from_calibration(const sched_calibration_t *c, sched_hw_t *out) {

@@ -46,8 +46,9 @@
  *     adamw_bandwidth: 148GB/s                # optional: host AdamW's memory traffic (the
  *                                             # registry's adam_bytes_per_param per parameter)
  *     pack_bandwidth: 5.9GB/s                 # optional: bytes packed into pinned staging per
- *                                             # second ahead of an H2D copy (fp32 masters to bf16
- *                                             # working copies on a bf16 run), by the run's pack threads
+ *                                             # second ahead of an H2D copy (copies of the host
+ *                                             # homes, already in the working dtype), by the run's
+ *                                             # pack threads
  *     unpack_bandwidth: 8GB/s                 # optional: gradient bytes copied from staging into
  *                                             # host memory per second after a D2H (on the pack
  *                                             # threads; a later micro-batch's add costs 1.5x,
@@ -65,9 +66,8 @@
  * (plans print which): attention fwd/bwd: attention_tflops when given, else
  * SCHED_ATTN_KERNEL_SHARE of the fp32 matmul rate; tc_fwd/tc_bwd:
  * SCHED_ATTN_TC_SHARE of the bf16 matmul rate; adamw_bandwidth: host memory
- * bandwidth x achievable; pack_bandwidth: a third of it (a conversion reads
- * 4 B and writes 2 B per 2 B packed); unpack_bandwidth: half of it (a copy
- * reads and writes each byte).  No rule assumes attention runs at
+ * bandwidth x achievable; pack_bandwidth and unpack_bandwidth: half of it
+ * (a copy reads and writes each byte).  No rule assumes attention runs at
  * the matmul rate: measured kernels run an order of magnitude below it.
  *
  * Errors name the file, the line and the key (`device.peak_tflops.bf16`). */
@@ -226,6 +226,9 @@ typedef struct {
  * link; the host packs each transfer into pinned staging with one memcpy,
  * and nothing the host does slows the device's compute. */
 void sched_hw_from_calibration(const sched_calibration_t *c, sched_hw_t *out);
+/* Only c's NVMe directory (when it was measured) as out's nvme: section,
+ * named "<path> (measured)". */
+void sched_hw_set_measured_nvme(const sched_calibration_t *c, sched_hw_t *out);
 /* Fills the rates a profile (or a calibration) left at 0 or NaN by the
  * stated rules, marking each in hw->assumed. */
 void sched_hw_fill_rates(sched_hw_t *hw);

@@ -300,7 +300,7 @@ static void test_rate_keys(void) {
                    hw.attn_flops[SCHED_ATTN_KERNEL][d] < fp32 && hw.attn_flops[SCHED_ATTN_TC][d] < bf16,
                "attention rules, direction %d", d);
     }
-    EXPECT(hw.adamw_bw == sched_hw_host_bw(&hw) && hw.pack_bw == sched_hw_host_bw(&hw) / 3 &&
+    EXPECT(hw.adamw_bw == sched_hw_host_bw(&hw) && hw.pack_bw == sched_hw_host_bw(&hw) / 2 &&
                hw.unpack_bw == sched_hw_host_bw(&hw) / 2,
            "host rules");
     char line[512];

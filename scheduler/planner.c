@@ -116,7 +116,8 @@ static mt_status_t nvme_fit(const sched_workload_t *w, const sched_planner_opts_
         }
         double freed = 0;
         bool moved = false;
-        while (next < 2 * w->num_blocks && freed < excess) {
+        const int moves = (o->nvme_optim_only ? 1 : 2) * w->num_blocks; /* nvme_move's numbering */
+        while (next < moves && freed < excess) {
             const double f = nvme_move(w, out, next++);
             freed += f;
             moved |= f > 0;
@@ -517,8 +518,9 @@ static void nvme_hint(const sched_workload_t *w, const sched_planner_opts_t *o, 
     size_t n = strlen(why);
     if (n > 0 && why[n - 1] == '.') why[--n] = '\0';
     if (o->nvme && w->nvme_read_bw > 0)
-        snprintf(why + n, cap - n, "%s", "; with optimizer state and streamed weights on NVMe it does not fit either "
-                                         "(the NVMe budget, or the host memory left for staging, is short)");
+        snprintf(why + n, cap - n, "; with optimizer state%s on NVMe it does not fit either (the NVMe budget, or "
+                 "the host memory left for staging, gradients and the state being updated, is short)",
+                 o->nvme_optim_only ? "" : " and streamed weights");
     else
         snprintf(why + n, cap - n, "%s", "; or give the run an NVMe tier for optimizer state and weights "
                                          "(memory.nvme.path, and a hardware profile with an nvme: section)");

@@ -72,6 +72,9 @@ typedef struct {
      * the most bytes it may keep there, 0 = no limit. */
     bool nvme;
     double nvme_budget;
+    /* The NVMe pass moves optimizer state only, never weights' homes (a
+     * training run in fp32, whose weights' homes are its masters). */
+    bool nvme_optim_only;
 } sched_planner_opts_t;
 
 void sched_planner_opts_default(sched_planner_opts_t *o);

@@ -193,12 +193,12 @@ static void test_host_optimizer(void) {
     w.clip = true;
     EXPECT(NEAR(step(&w, &p, &r), 16.75), "host AdamW after the global norm: %g", r.step_time);
     sched_sim_result_free(&r);
-    /* clipping, speculative: the overlapped timeline again, with the copies'
-     * bytes on the host (their making is in adam_host_s, set by the cost model) */
+    /* clipping, speculative: the overlapped timeline again, with the spare state's
+     * bytes on the host (its write-allocate reads are in adam_host_s, set by the cost model) */
     w.clip = false, w.speculative = true;
     for (int b = 0; b < 3; b++) w.blocks[b].spec_copy_bytes = 2;
     EXPECT(NEAR(step(&w, &p, &r), 14.75), "speculative host AdamW overlapping the backward: %g", r.step_time);
-    EXPECT(NEAR(r.static_bytes[SCHED_MEM_HOST], 3 * (3 + 2 + 1)), "optimizer state, copies, gradient buffers");
+    EXPECT(NEAR(r.static_bytes[SCHED_MEM_HOST], 3 * (3 + 2 + 1)), "optimizer state, spare state, gradient buffers");
     sched_sim_result_free(&r);
     /* ... but not with the optimizer state on the NVMe tier, which the executor runs without speculation */
     p.blocks[1].nvme_optim = true;

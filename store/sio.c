@@ -1,23 +1,64 @@
-/* The store's I/O engine (see sio.h).  With io_uring, the batch is fed to
- * the ring as slots free up: at most queue_depth submissions are
- * outstanding, each completion carries its request's index in user_data,
- * and a short transfer is resubmitted for its remainder.  Without it,
- * pread/pwrite in a loop. */
+/* The store's I/O engine (see sio.h).  One thread of the engine's own does
+ * all the I/O, so the caller's thread only hands batches over and waits:
+ *
+ *   - with io_uring, that thread alone touches the ring.  It feeds the
+ *     requests of the submitted batches, oldest batch first, as slots free
+ *     up: at most queue_depth are outstanding, each completion carries its
+ *     batch slot and request index in user_data, and a short transfer is
+ *     resubmitted for its remainder.  A poll on an eventfd stays armed in
+ *     the ring beside them, so a submit (or close) wakes a thread that is
+ *     blocked waiting for completions;
+ *   - without it, the thread runs each batch's requests through
+ *     pread/pwrite one at a time, in submission order.
+ *
+ * A batch slot is FREE, QUEUED (the I/O thread owns its progress fields)
+ * or DONE (the waiter may read its result); the state moves under the
+ * mutex, so the waiter sees everything the I/O thread and the hooks wrote. */
 #include "store/sio.h"
 
 #include <errno.h>
 #include <liburing.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
+
+enum { SLOT_FREE, SLOT_QUEUED, SLOT_DONE };
+
+#define WAKE_DATA UINT64_MAX /* user_data of the eventfd's poll */
+
+typedef struct {
+    int state;
+    uint64_t ticket;
+    mt_sio_req_t *reqs;
+    int n;
+    mt_sio_hooks_t hooks; /* zeroed: none */
+    /* the I/O thread's progress through the batch */
+    int next;     /* requests handed to the queue so far */
+    int inflight; /* outstanding in the ring */
+    int first;    /* lowest failed request, -1: none yet */
+    size_t *done; /* per request: bytes transferred so far (io_uring) */
+    int done_cap;
+} sio_batch_t;
 
 struct mt_sio {
     mt_sio_kind_t kind; /* URING or PSYNC: what runs */
     int qd;
     struct io_uring ring;
-    size_t *done; /* per request of the running batch: bytes transferred so far */
-    int done_cap;
+    int wake_fd; /* eventfd the ring polls (io_uring only) */
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t work; /* a batch was submitted or the engine closes (pread/pwrite) */
+    pthread_cond_t done; /* a batch finished */
+    bool stop;
+    uint64_t next_ticket;
+    sio_batch_t slot[MT_SIO_MAX_BATCHES];
 };
+
+static void *io_thread(void *arg);
 
 mt_status_t mt_sio_open(mt_sio_t **out, mt_sio_kind_t kind, int queue_depth, mt_error_t *err) {
     *out = NULL;
@@ -27,23 +68,68 @@ mt_status_t mt_sio_open(mt_sio_t **out, mt_sio_kind_t kind, int queue_depth, mt_
     if (!io) return mt_error_set(err, MT_ERR_NOMEM, "out of memory for the I/O engine");
     io->qd = queue_depth;
     io->kind = MT_SIO_PSYNC;
+    io->wake_fd = -1;
+    io->next_ticket = 1;
+    pthread_mutex_init(&io->mu, NULL);
+    pthread_cond_init(&io->work, NULL);
+    pthread_cond_init(&io->done, NULL);
     if (kind != MT_SIO_PSYNC) {
-        const int rc = io_uring_queue_init((unsigned)queue_depth, &io->ring, 0);
+        /* one entry more than the depth: the wake-up poll */
+        int rc = io_uring_queue_init((unsigned)queue_depth + 1, &io->ring, 0);
         if (rc == 0) {
-            io->kind = MT_SIO_URING;
-        } else if (kind == MT_SIO_URING) {
-            free(io);
+            io->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+            if (io->wake_fd < 0) {
+                rc = -errno;
+                io_uring_queue_exit(&io->ring);
+            } else {
+                io->kind = MT_SIO_URING;
+            }
+        }
+        if (rc != 0 && kind == MT_SIO_URING) {
+            mt_sio_close(io);
             return mt_error_set(err, MT_ERR_UNSUPPORTED, "io_uring is not available here (%s)", strerror(-rc));
         }
     }
+    const int rc = pthread_create(&io->thread, NULL, io_thread, io);
+    if (rc != 0) {
+        mt_sio_close(io);
+        return mt_error_set(err, MT_ERR_NOMEM, "cannot start the I/O thread: %s", strerror(rc));
+    }
+    io->thread_started = true;
     *out = io;
     return MT_OK;
 }
 
+/* Tells the I/O thread to look at the slots again. */
+static void wake(mt_sio_t *io) {
+    if (io->kind == MT_SIO_URING) {
+        const uint64_t one = 1;
+        ssize_t k;
+        do k = write(io->wake_fd, &one, sizeof one);
+        while (k < 0 && errno == EINTR);
+        /* EAGAIN: the counter is full, so a wake-up is pending anyway */
+    } else {
+        pthread_cond_signal(&io->work);
+    }
+}
+
 void mt_sio_close(mt_sio_t *io) {
     if (!io) return;
-    if (io->kind == MT_SIO_URING) io_uring_queue_exit(&io->ring);
-    free(io->done);
+    if (io->thread_started) {
+        pthread_mutex_lock(&io->mu);
+        io->stop = true; /* the thread finishes what was submitted first */
+        pthread_mutex_unlock(&io->mu);
+        wake(io);
+        pthread_join(io->thread, NULL);
+    }
+    if (io->kind == MT_SIO_URING) {
+        io_uring_queue_exit(&io->ring);
+        close(io->wake_fd);
+    }
+    for (int k = 0; k < MT_SIO_MAX_BATCHES; k++) free(io->slot[k].done);
+    pthread_cond_destroy(&io->done);
+    pthread_cond_destroy(&io->work);
+    pthread_mutex_destroy(&io->mu);
     free(io);
 }
 
@@ -51,17 +137,18 @@ const char *mt_sio_name(const mt_sio_t *io) { return io->kind == MT_SIO_URING ? 
 
 int mt_sio_queue_depth(const mt_sio_t *io) { return io->kind == MT_SIO_URING ? io->qd : 1; }
 
-static int run_psync(mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *h) {
-    int first = -1;
-    for (int i = 0; i < n; i++) {
-        mt_sio_req_t *r = &reqs[i];
-        if (h && h->before) h->before(h->ctx, i);
+/* A batch's requests, one at a time, on the I/O thread. */
+static void run_psync(sio_batch_t *b) {
+    const mt_sio_hooks_t *h = &b->hooks;
+    for (int i = 0; i < b->n; i++) {
+        mt_sio_req_t *r = &b->reqs[i];
+        if (h->before) h->before(h->ctx, i);
         size_t done = 0;
         r->result = 0;
         while (done < r->bytes) {
-            char *b = (char *)r->buf + done;
+            char *p = (char *)r->buf + done;
             const off_t off = (off_t)(r->offset + done);
-            const ssize_t k = r->write ? pwrite(r->fd, b, r->bytes - done, off) : pread(r->fd, b, r->bytes - done, off);
+            const ssize_t k = r->write ? pwrite(r->fd, p, r->bytes - done, off) : pread(r->fd, p, r->bytes - done, off);
             if (k < 0 && errno == EINTR) continue;
             if (k <= 0) {
                 r->result = k < 0 ? -errno : -EIO;
@@ -70,73 +157,193 @@ static int run_psync(mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *h) {
             done += (size_t)k;
         }
         if (r->result == 0) r->result = (int64_t)done;
-        if (r->result < 0 && first < 0) first = i;
-        if (r->result >= 0 && h && h->after) h->after(h->ctx, i);
+        if (r->result < 0 && b->first < 0) b->first = i;
+        if (r->result >= 0 && h->after) h->after(h->ctx, i);
     }
-    return first;
 }
 
-static void prep(mt_sio_t *io, mt_sio_req_t *reqs, int i) {
+/* The oldest QUEUED batch with requests not yet handed on, or NULL
+ * (called under the mutex). */
+static sio_batch_t *oldest(mt_sio_t *io, bool unstarted_only) {
+    sio_batch_t *best = NULL;
+    for (int k = 0; k < MT_SIO_MAX_BATCHES; k++) {
+        sio_batch_t *b = &io->slot[k];
+        if (b->state != SLOT_QUEUED || (unstarted_only && b->next >= b->n)) continue;
+        if (!best || b->ticket < best->ticket) best = b;
+    }
+    return best;
+}
+
+static void finish(mt_sio_t *io, sio_batch_t *b) {
+    pthread_mutex_lock(&io->mu);
+    b->state = SLOT_DONE;
+    pthread_cond_broadcast(&io->done);
+    pthread_mutex_unlock(&io->mu);
+}
+
+static void psync_loop(mt_sio_t *io) {
+    pthread_mutex_lock(&io->mu);
+    for (;;) {
+        sio_batch_t *b = oldest(io, false);
+        if (!b && io->stop) break;
+        if (!b) {
+            pthread_cond_wait(&io->work, &io->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&io->mu);
+        run_psync(b);
+        b->next = b->n;
+        finish(io, b);
+        pthread_mutex_lock(&io->mu);
+    }
+    pthread_mutex_unlock(&io->mu);
+}
+
+static void prep(mt_sio_t *io, sio_batch_t *b, int i) {
     struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
-    mt_sio_req_t *r = &reqs[i];
-    const size_t d = io->done[i];
+    MT_CHECK(sqe != NULL, "io_uring submission queue full with %d of %d in flight", b->inflight, io->qd);
+    mt_sio_req_t *r = &b->reqs[i];
+    const size_t d = b->done[i];
     if (r->write) io_uring_prep_write(sqe, r->fd, (char *)r->buf + d, (unsigned)(r->bytes - d), r->offset + d);
     else io_uring_prep_read(sqe, r->fd, (char *)r->buf + d, (unsigned)(r->bytes - d), r->offset + d);
-    io_uring_sqe_set_data64(sqe, (uint64_t)i);
+    io_uring_sqe_set_data64(sqe, ((uint64_t)(b - io->slot) << 32) | (uint64_t)i);
+    b->inflight++;
 }
 
-static int run_uring(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *h) {
-    if (n > io->done_cap) {
-        free(io->done);
-        io->done = malloc((size_t)n * sizeof *io->done);
-        MT_CHECK_ALLOC(io->done, "I/O batch table");
-        io->done_cap = n;
+static void arm_wake(mt_sio_t *io) {
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
+    MT_CHECK(sqe != NULL, "io_uring submission queue full arming the wake-up poll");
+    io_uring_prep_poll_add(sqe, io->wake_fd, POLLIN);
+    io_uring_sqe_set_data64(sqe, WAKE_DATA);
+}
+
+/* One completion of a request: its result, its remainder, its hook.
+ * Returns the requests that left the ring for good (0 or 1). */
+static int complete(mt_sio_t *io, sio_batch_t *b, int i, int res) {
+    mt_sio_req_t *r = &b->reqs[i];
+    b->inflight--;
+    if (res <= 0) {
+        r->result = res < 0 ? res : -EIO;
+        if (b->first < 0 || i < b->first) b->first = i;
+        return 1;
     }
-    memset(io->done, 0, (size_t)n * sizeof *io->done);
-    int next = 0, inflight = 0, first = -1;
-    while (next < n || inflight > 0) {
-        int queued = 0;
-        while (next < n && inflight < io->qd) {
-            reqs[next].result = 0;
-            if (h && h->before) h->before(h->ctx, next);
-            prep(io, reqs, next++);
+    b->done[i] += (size_t)res;
+    if (b->done[i] < r->bytes) {
+        prep(io, b, i); /* the remainder of a short transfer */
+        return 0;
+    }
+    r->result = (int64_t)r->bytes;
+    if (b->hooks.after) b->hooks.after(b->hooks.ctx, i);
+    return 1;
+}
+
+/* Hands requests of the oldest batches to the ring up to the depth. */
+static int feed(mt_sio_t *io, int inflight) {
+    for (;;) {
+        pthread_mutex_lock(&io->mu);
+        sio_batch_t *b = inflight < io->qd ? oldest(io, true) : NULL;
+        pthread_mutex_unlock(&io->mu);
+        if (!b) return inflight;
+        while (b->next < b->n && inflight < io->qd) {
+            const int i = b->next++;
+            b->reqs[i].result = 0;
+            if (b->hooks.before) b->hooks.before(b->hooks.ctx, i);
+            prep(io, b, i);
             inflight++;
-            queued++;
         }
-        (void)queued;
-        struct io_uring_cqe *cqe;
-        /* submits what was prepared (new requests and remainders of short ones) */
-        int rc = io_uring_submit_and_wait(&io->ring, 1);
+    }
+}
+
+static void uring_loop(mt_sio_t *io) {
+    int inflight = 0; /* requests of all batches in the ring, the poll aside */
+    arm_wake(io);
+    for (;;) {
+        inflight = feed(io, inflight);
+        pthread_mutex_lock(&io->mu);
+        const bool quit = io->stop && !oldest(io, false);
+        pthread_mutex_unlock(&io->mu);
+        if (quit) break;
+        /* submits what was prepared (new requests, remainders, the poll) */
+        const int rc = io_uring_submit_and_wait(&io->ring, 1);
         if (rc == -EINTR) continue;
         MT_CHECK(rc >= 0, "io_uring submit/wait failed: %s", strerror(-rc));
+        struct io_uring_cqe *cqe;
         unsigned head, seen = 0;
+        bool rearm = false;
         io_uring_for_each_cqe(&io->ring, head, cqe) {
             seen++;
-            const int i = (int)io_uring_cqe_get_data64(cqe);
-            mt_sio_req_t *r = &reqs[i];
-            inflight--;
-            if (cqe->res < 0 || cqe->res == 0) {
-                r->result = cqe->res < 0 ? cqe->res : -EIO;
-                if (first < 0 || i < first) first = i;
+            const uint64_t data = io_uring_cqe_get_data64(cqe);
+            if (data == WAKE_DATA) {
+                uint64_t v;
+                (void)!read(io->wake_fd, &v, sizeof v);
+                rearm = true;
                 continue;
             }
-            io->done[i] += (size_t)cqe->res;
-            if (io->done[i] < r->bytes) {
-                prep(io, reqs, i); /* the remainder of a short transfer */
-                inflight++;
-            } else {
-                r->result = (int64_t)r->bytes;
-                if (h && h->after) h->after(h->ctx, i);
-            }
+            sio_batch_t *b = &io->slot[data >> 32];
+            inflight -= complete(io, b, (int)(data & 0xffffffffu), cqe->res);
+            if (b->next == b->n && b->inflight == 0) finish(io, b);
         }
         io_uring_cq_advance(&io->ring, seen);
+        if (rearm) arm_wake(io);
     }
+}
+
+static void *io_thread(void *arg) {
+    mt_sio_t *io = arg;
+    if (io->kind == MT_SIO_URING) uring_loop(io);
+    else psync_loop(io);
+    return NULL;
+}
+
+uint64_t mt_sio_submit(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *hooks) {
+    pthread_mutex_lock(&io->mu);
+    sio_batch_t *b = NULL;
+    for (int k = 0; k < MT_SIO_MAX_BATCHES && !b; k++)
+        if (io->slot[k].state == SLOT_FREE) b = &io->slot[k];
+    if (!b) {
+        pthread_mutex_unlock(&io->mu);
+        return 0;
+    }
+    if (io->kind == MT_SIO_URING && n > b->done_cap) {
+        free(b->done);
+        b->done = malloc((size_t)n * sizeof *b->done);
+        MT_CHECK_ALLOC(b->done, "I/O batch table");
+        b->done_cap = n;
+    }
+    if (b->done) memset(b->done, 0, (size_t)b->done_cap * sizeof *b->done);
+    b->ticket = io->next_ticket++;
+    b->reqs = reqs;
+    b->n = n > 0 ? n : 0;
+    b->hooks = hooks ? *hooks : (mt_sio_hooks_t){0};
+    b->next = 0;
+    b->inflight = 0;
+    b->first = -1;
+    b->state = b->n ? SLOT_QUEUED : SLOT_DONE;
+    const uint64_t t = b->ticket;
+    pthread_mutex_unlock(&io->mu);
+    if (n > 0) wake(io);
+    return t;
+}
+
+int mt_sio_wait(mt_sio_t *io, uint64_t ticket) {
+    pthread_mutex_lock(&io->mu);
+    sio_batch_t *b = NULL;
+    for (int k = 0; k < MT_SIO_MAX_BATCHES && !b; k++)
+        if (io->slot[k].state != SLOT_FREE && io->slot[k].ticket == ticket) b = &io->slot[k];
+    MT_CHECK(b != NULL, "I/O batch %llu is not in flight (waited twice, or never submitted)",
+             (unsigned long long)ticket);
+    while (b->state != SLOT_DONE) pthread_cond_wait(&io->done, &io->mu);
+    const int first = b->first;
+    b->state = SLOT_FREE;
+    pthread_mutex_unlock(&io->mu);
     return first;
 }
 
 int mt_sio_run_hooked(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *hooks) {
     if (n <= 0) return -1;
-    return io->kind == MT_SIO_URING ? run_uring(io, reqs, n, hooks) : run_psync(reqs, n, hooks);
+    const uint64_t t = mt_sio_submit(io, reqs, n, hooks);
+    MT_CHECK(t != 0, "%d I/O batches already in flight", MT_SIO_MAX_BATCHES);
+    return mt_sio_wait(io, t);
 }
 
 int mt_sio_run(mt_sio_t *io, mt_sio_req_t *reqs, int n) { return mt_sio_run_hooked(io, reqs, n, NULL); }

@@ -2,6 +2,11 @@
  * to queue_depth of them in flight, through io_uring (liburing) where the
  * kernel allows it, else through pread/pwrite one at a time.
  *
+ * One thread of the engine's own submits the requests and reaps their
+ * completions, so a caller can start a batch, compute, and wait for it
+ * later (mt_sio_submit / mt_sio_wait); several batches share the one queue
+ * depth.  With pread/pwrite that thread runs the requests one at a time.
+ *
  * Containers often forbid io_uring (seccomp, kernel.io_uring_disabled):
  * mt_sio_open with MT_SIO_AUTO tries a ring first and falls back, and
  * mt_sio_name says which one runs, so a bench or a run can print it.
@@ -36,8 +41,13 @@ typedef struct {
 
 typedef struct mt_sio mt_sio_t;
 
-/* An engine with up to queue_depth (1..256) requests in flight. */
+/* Batches an engine holds at once: submitted and not yet waited for. */
+enum { MT_SIO_MAX_BATCHES = 8 };
+
+/* An engine with up to queue_depth (1..256) requests in flight, and its I/O
+ * thread (see mt_sio_submit). */
 mt_status_t mt_sio_open(mt_sio_t **out, mt_sio_kind_t kind, int queue_depth, mt_error_t *err);
+/* Waits for every batch still in flight, then stops the thread. */
 void mt_sio_close(mt_sio_t *io);
 /* "io_uring" or "pread/pwrite" */
 const char *mt_sio_name(const mt_sio_t *io);
@@ -50,7 +60,7 @@ int mt_sio_run(mt_sio_t *io, mt_sio_req_t *reqs, int n);
 /* Work the caller does while other requests are in flight: before(ctx, i)
  * runs just before request i is first submitted (fill what it writes),
  * after(ctx, i) once it has completed whole (check what it read).  Either
- * may be NULL. */
+ * may be NULL.  Both run on the engine's I/O thread, one call at a time. */
 typedef struct {
     void *ctx;
     void (*before)(void *ctx, int req);
@@ -59,6 +69,19 @@ typedef struct {
 
 /* mt_sio_run with hooks (NULL: none). */
 int mt_sio_run_hooked(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *hooks);
+
+/* The same batch in the background: the engine's I/O thread feeds the
+ * requests of every submitted batch to the queue in submission order (a
+ * batch's requests queue behind the previous batch's, so the queue stays
+ * full across batches) and runs the hooks.  Returns the batch's ticket
+ * (> 0), or 0 when MT_SIO_MAX_BATCHES are already submitted and not waited
+ * for.  reqs, the buffers they name and the hooks' context belong to the
+ * engine until mt_sio_wait of the ticket returns.  Submit and wait come
+ * from one thread at a time. */
+uint64_t mt_sio_submit(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *hooks);
+/* Waits for batch `ticket` (each ticket once, in any order); returns what
+ * mt_sio_run returns. */
+int mt_sio_wait(mt_sio_t *io, uint64_t ticket);
 
 /* A zeroed buffer of bytes rounded up to MT_SIO_ALIGN, aligned to it (NULL
  * when the host is out of memory); freed with mt_sio_buffer_free. */

@@ -26,7 +26,23 @@
  * mt_store_buffer_bytes(bytes), aligned to MT_SIO_ALIGN (mt_sio_buffer_alloc,
  * or a slab of the caller's own pinned pool): the data at its start, the
  * store's trailer after it, so reads land in the caller's memory with no
- * copy.  One thread at a time per store (the caller serialises). */
+ * copy.
+ *
+ * Batches run in the background: mt_store_submit_read/_write hand a batch
+ * to the store's I/O thread and return a ticket at once, mt_store_wait
+ * waits for it and gives its status.  Up to MT_STORE_MAX_BATCHES are in
+ * flight together, sharing the one queue depth, and the next batch's
+ * requests queue behind the current one's, so the queue does not drain at
+ * a batch boundary.  The CRC32C and the trailer of a write are made on the
+ * I/O thread as its extent's last request is queued, and a read's checks
+ * run there as each extent lands; the caller's thread does neither.  This
+ * is what lets one thread read block b+1 and write block b-1 back while it
+ * updates block b.
+ *
+ * Threading: one caller thread at a time per store (the caller
+ * serialises); every call may come while batches are in flight, including
+ * mt_store_file_add and mt_store_reserve.  The store's own I/O thread is
+ * internal and touches only what a batch was given. */
 #ifndef MT_STORE_STORE_H
 #define MT_STORE_STORE_H
 
@@ -42,7 +58,7 @@ typedef struct {
     uint64_t budget;        /* bytes this run may place there; 0: only the free space limits it */
     uint64_t planned_bytes; /* what the caller will reserve (mt_store_span_bytes of each extent) */
     int queue_depth;        /* requests in flight; 0: 8 */
-    size_t request_bytes;   /* largest single request; 0: 1 MiB */
+    size_t request_bytes;   /* request size; 0: 1 MiB (an extent's last request up to 1.25 times it) */
     mt_sio_kind_t io;       /* MT_SIO_AUTO by default */
 } mt_store_opts_t;
 
@@ -51,7 +67,8 @@ typedef struct mt_store mt_store_t;
 /* Removes leftovers of killed runs in o->dir, checks the planned bytes, and
  * makes this run's subdirectory. */
 mt_status_t mt_store_open(mt_store_t **out, const mt_store_opts_t *o, mt_error_t *err);
-/* Closes and removes this run's files and subdirectory. */
+/* Finishes the batches in flight, then closes and removes this run's
+ * files and subdirectory. */
 void mt_store_close(mt_store_t *s);
 
 const char *mt_store_io_name(const mt_store_t *s);  /* "io_uring" or "pread/pwrite" */
@@ -80,10 +97,41 @@ typedef struct {
 } mt_store_op_t;
 
 /* Writes each op's extent from its buffer (the trailer is filled in there);
- * all requests of the batch are in flight together up to the queue depth. */
+ * all requests of the batch are in flight together up to the queue depth.
+ * mt_store_submit_write then mt_store_wait. */
 mt_status_t mt_store_write(mt_store_t *s, const mt_store_op_t *ops, int n, mt_error_t *err);
-/* Reads each op's extent into its buffer and checks it (see the note above). */
+/* Reads each op's extent into its buffer and checks it (see the note above).
+ * mt_store_submit_read then mt_store_wait. */
 mt_status_t mt_store_read(mt_store_t *s, const mt_store_op_t *ops, int n, mt_error_t *err);
+
+enum { MT_STORE_MAX_BATCHES = 4 }; /* batches submitted and not waited for, at most */
+
+typedef uint64_t mt_store_ticket_t; /* a batch in flight; 0 is none */
+
+/* Starts the batch mt_store_write / mt_store_read would run and returns at
+ * once with *ticket set.  The ops array is copied; the buffers are not:
+ * until mt_store_wait of the ticket returns, the caller must not touch a
+ * buffer of the batch (a write's is read, and its trailer filled, on the
+ * I/O thread; a read's is being filled).  Refused (MT_ERR_INTERNAL, *ticket
+ * 0, nothing to wait for, nothing claimed): MT_STORE_MAX_BATCHES already
+ * in flight (naming the directory); an extent read before any write; an
+ * extent that a batch in flight (or this one) writes; a write of an
+ * extent that a batch in flight reads (the two would race on the disk);
+ * the extent ones name the file and offset.  Batches of different extents
+ * may complete in any order. */
+mt_status_t mt_store_submit_write(mt_store_t *s, const mt_store_op_t *ops, int n, mt_store_ticket_t *ticket,
+                                  mt_error_t *err);
+mt_status_t mt_store_submit_read(mt_store_t *s, const mt_store_op_t *ops, int n, mt_store_ticket_t *ticket,
+                                 mt_error_t *err);
+/* Waits for the batch and returns its status with the same checks and
+ * messages as mt_store_read / mt_store_write.  Every ticket is to be
+ * waited for once, a failed batch's and those after it included, in any
+ * order; a ticket not in flight is MT_ERR_INTERNAL.  A write's extents
+ * count as written (a later read expects this write) only when its wait
+ * returns MT_OK.  mt_store_close finishes batches never waited for. */
+mt_status_t mt_store_wait(mt_store_t *s, mt_store_ticket_t ticket, mt_error_t *err);
+/* Batches submitted and not waited for. */
+int mt_store_in_flight(const mt_store_t *s);
 
 /* The path of file `file` (for messages and tests). */
 const char *mt_store_file_path(const mt_store_t *s, int file);

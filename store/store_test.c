@@ -89,11 +89,13 @@ static void test_roundtrip(mt_sio_kind_t io) {
         wo[i] = (mt_store_op_t){ext[i], w[i]};
         ro[i] = (mt_store_op_t){ext[i], r[i]};
     }
-    expect(mt_store_write(s, wo, N, &err) == MT_OK, "batch write failed");
+    mt_status_t st = mt_store_write(s, wo, N, &err);
+    if (st != MT_OK) fprintf(stderr, "  %s\n", err.msg);
+    expect(st == MT_OK, "batch write failed");
     /* read back in reverse order, as a backward pass would */
     mt_store_op_t rev[N];
     for (int i = 0; i < N; i++) rev[i] = ro[N - 1 - i];
-    mt_status_t st = mt_store_read(s, rev, N, &err);
+    st = mt_store_read(s, rev, N, &err);
     if (st != MT_OK) fprintf(stderr, "  %s\n", err.msg);
     expect(st == MT_OK, "batch read failed");
     for (int i = 0; i < N; i++) expect(memcmp(w[i], r[i], sizes[i]) == 0, "read data differs from written");

@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # The NVMe tier (memory.nvme) on the real `moetune` binary with a tiny
-# Mixtral under the host-optimizer plan:
+# Mixtral under the host-optimizer plan, its host memory (memory.host)
+# too small for the whole optimizer state, so the plan keeps some of it on
+# NVMe:
 #   1. a run with the host AdamW state in the store trains bit-identically to
 #      the same run in host memory: per-step losses, the final tensors, the
 #      loader's digest, and checkpoint-7's optimizer.safetensors; the store
-#      directory is empty afterwards;
+#      directory is empty afterwards; in bf16, with a host budget below the
+#      optimizer state, the fp32 masters go to the store too, likewise
+#      bit-identical, and resume across it; lower still, two layers' bf16
+#      working copies too, streamed from the store (bit-identical, resumed,
+#      a corrupted working copy named); with host memory to spare the
+#      plan leaves the tier unused; a profile without an nvme: section gets
+#      the directory measured;
 #   2. stopped at a checkpoint and resumed with the tier = the uninterrupted
 #      run; its checkpoint also resumes without the tier (the state is
 #      plan-free);
@@ -13,9 +21,9 @@
 #      uninterrupted run;
 #   4. random blocks written into the store file under a running run stop
 #      it with an error naming the file and offset;
-#   5. refusals naming the key and what to do: LoRA, the device-optimizer
-#      plan (nothing on the host to hold), a budget smaller than the state
-#      (the directory and both sizes), a directory that does not exist.
+#   5. refusals naming the key and what to do: LoRA, an NVMe budget the
+#      plan or the store cannot fit in (the directory and both sizes), a
+#      directory that does not exist.
 set -u
 . "$(dirname "$0")/test_lib.sh"
 MOETUNE="$1"; DIGEST="$2"; HW="$3"
@@ -28,7 +36,10 @@ rm -rf "$T"; mkdir -p "$T/w" "$T/logs"; cd "$T/w" || exit 2
 L="$T/logs"
 
 write_tiny_mixtral 40
-cp "$HW" hw.yaml || exit 2
+cp "$HW" hw_plain.yaml || exit 2
+# the array's rates given, so every run plans the same (training measures
+# the directory where a profile has none: checked once below)
+{ cat hw_plain.yaml; printf 'nvme:\n  read: 1GB/s\n  write: 1GB/s\n  queue_depth: 8\n'; } > hw.yaml
 cat > run.yaml <<'YAML'
 base_model: models/ckpt
 base_model_init: tiny.json
@@ -56,7 +67,12 @@ if ! "$MOETUNE" init run.yaml >"$L/init.out" 2>"$L/init.err"; then
   echo "FAIL setup: moetune init"; cat "$L/init.err"; exit 1
 fi
 mkdir -p nvd
-NV="--set memory.nvme.path=nvd"
+# the optimizer state of this model is 371 KiB of the plan's 743 KiB of host
+# memory in fp32 (moments only: the master is the weights' home), 547 of
+# 831 KiB in bf16 (with fp32 masters beside bf16 working copies)
+NV="--set memory.nvme.path=nvd --set memory.host=600KiB"
+NV16="--set memory.nvme.path=nvd --set memory.host=540KiB --set bf16=true"
+NVW="--set memory.nvme.path=nvd --set memory.host=500KiB --set bf16=true"
 
 # tensors of DIR/FILE after its header (the header holds the save's id)
 body() { local f="$1" n; n=$(od -An -tu8 -N8 "$f" | tr -d ' '); tail -c +$((9 + n)) "$f" | sha256sum | cut -d' ' -f1; }
@@ -81,12 +97,81 @@ timeout 60 "$MOETUNE" train run.yaml --set output_dir=ref $ckpt >"$L/ref.out" 2>
 # shellcheck disable=SC2086
 timeout 60 "$MOETUNE" train run.yaml --set output_dir=nv $ckpt $NV >"$L/nv.out" 2>&1 \
   || { fail "the NVMe run failed"; cat "$L/nv.out"; }
-grep -qE "NVMe tier: AdamW state of [0-9]+ parameters .* in nvd/moetune-[0-9a-f]{16} through (io_uring|pread/pwrite)" "$L/nv.out" \
+grep -qE "NVMe tier: AdamW state of [0-9]+ parameters .*fp32 masters of 0, streamed bf16 weights of 0\) in nvd/moetune-[0-9a-f]{16} through (io_uring|pread/pwrite)" "$L/nv.out" \
   || { fail "no NVMe tier line"; cat "$L/nv.out"; }
+grep -qE "plan auto: .*; [1-9][0-9]* keep optimizer state on NVMe" "$L/nv.out" || fail "the plan line names no NVMe block"
 same_run plain ref nv && ok "AdamW state on the NVMe tier = in host memory (losses, tensors, digest)"
 [ "$(body ref/checkpoint-7/optimizer.safetensors)" = "$(body nv/checkpoint-7/optimizer.safetensors)" ] \
   && ok "checkpoint-7's optimizer.safetensors is the same bytes" || fail "checkpoint-7's optimizer state differs"
 empty_store "a finished run" && ok "a finished run leaves the store directory empty"
+
+# bf16: the fp32 masters leave host memory too (its budget is below the optimizer state)
+# shellcheck disable=SC2086
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=ref16 --set bf16=true $ckpt >"$L/ref16.out" 2>&1 \
+  || { fail "the bf16 host-memory run failed"; cat "$L/ref16.out"; }
+# shellcheck disable=SC2086
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=nv16 $ckpt $NV16 >"$L/nv16.out" 2>&1 \
+  || { fail "the bf16 NVMe run failed"; cat "$L/nv16.out"; }
+grep -qE "NVMe tier: AdamW state of [0-9]+ parameters .*fp32 masters of [1-9][0-9]*, streamed bf16 weights of 0\) in nvd/" "$L/nv16.out" \
+  && ok "bf16 with 540 KiB of host memory: fp32 masters on NVMe ($(grep -o 'fp32 masters of [0-9]*' "$L/nv16.out"))" \
+  || { fail "no bf16 NVMe tier line with masters"; cat "$L/nv16.out"; }
+same_run bf16 ref16 nv16 && ok "bf16 masters and moments on the NVMe tier = in host memory (losses, tensors, digest)"
+[ "$(body ref16/checkpoint-7/optimizer.safetensors)" = "$(body nv16/checkpoint-7/optimizer.safetensors)" ] \
+  && ok "bf16 checkpoint-7's optimizer.safetensors is the same bytes" || fail "bf16 checkpoint-7's optimizer state differs"
+# shellcheck disable=SC2086
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=res16 $NV16 --set resume_from_checkpoint=nv16/checkpoint-7 \
+  >"$L/res16.out" 2>&1 || { fail "the resumed bf16 NVMe run failed"; cat "$L/res16.out"; }
+same_run resume16 ref16 res16 && ok "bf16 resumed at step 7 with masters on the tier = uninterrupted"
+empty_store "the bf16 runs"
+
+# lower still: streamed layers' weights live on the tier and every fetch reads them from there
+# shellcheck disable=SC2086
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=nvw $ckpt $NVW >"$L/nvw.out" 2>&1 \
+  || { fail "the run streaming weights from NVMe failed"; cat "$L/nvw.out"; }
+grep -qE "streamed bf16 weights of [1-9][0-9]*\) in nvd/" "$L/nvw.out" && grep -qE "[1-9] their weights' home" "$L/nvw.out" \
+  && ok "bf16 with 500 KiB of host memory: $(grep -o 'streamed bf16 weights of [0-9]*' "$L/nvw.out") on NVMe" \
+  || { fail "no weights on the NVMe tier"; cat "$L/nvw.out"; }
+same_run weights ref16 nvw && ok "weights streamed from the NVMe tier = in host memory (losses, tensors, digest)"
+[ "$(body ref16/checkpoint-7/optimizer.safetensors)" = "$(body nvw/checkpoint-7/optimizer.safetensors)" ] \
+  && ok "its checkpoint-7's optimizer.safetensors is the same bytes" || fail "its checkpoint-7's optimizer state differs"
+# shellcheck disable=SC2086
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=resw $NVW --set resume_from_checkpoint=nvw/checkpoint-7 \
+  >"$L/resw.out" 2>&1 || { fail "the resumed run streaming weights from NVMe failed"; cat "$L/resw.out"; }
+same_run resumew ref16 resw && ok "resumed at step 7 with weights on the tier = uninterrupted"
+empty_store "the runs streaming weights"
+# random blocks written into the weights file: the fetch's read names it
+rm -rf corruptw
+# shellcheck disable=SC2086
+"$MOETUNE" train run.yaml --set output_dir=corruptw --set max_steps=100000 --set logging_steps=100 $NVW \
+  >"$L/corruptw.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 1000); do
+  f=$(ls nvd/moetune-*/weights.bin 2>/dev/null | head -n1)
+  [ -n "$f" ] && dd if=/dev/urandom of="$f" bs=4096 seek=2 count=1 conv=notrunc,nocreat 2>/dev/null
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.05
+done
+kill -9 $pid 2>/dev/null; wait $pid; rc=$?
+if [ $rc = 1 ] && grep -qE "nvd/moetune-[0-9a-f]{16}/weights.bin: the extent at offset [0-9]+ " "$L/corruptw.out"; then
+  ok "a corrupted weights file stops the run naming it: $(grep -o 'weights.bin: the extent at offset [0-9]* [^:]*' "$L/corruptw.out" | head -n1)"
+else
+  fail "corrupted weights file: exit $rc, $(tail -n1 "$L/corruptw.out")"
+fi
+rm -rf nvd/moetune-*
+
+# host memory to spare: the plan keeps everything there
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=spare --set memory.nvme.path=nvd >"$L/spare.out" 2>&1 \
+  || { fail "the run with host memory to spare failed"; cat "$L/spare.out"; }
+grep -q "NVMe tier: not used: the plan fits host memory" "$L/spare.out" && ok "with host memory to spare the tier is not used" \
+  || fail "no 'not used' line: $(grep NVMe "$L/spare.out")"
+same_run spare ref spare && empty_store "an unused tier"
+# a profile without an nvme: section: the directory is measured
+# shellcheck disable=SC2086
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=measured --set hardware=hw_plain.yaml $NV >"$L/measured.out" 2>&1 \
+  || { fail "the run measuring its NVMe directory failed"; cat "$L/measured.out"; }
+grep -qE "NVMe tier: nvd measured at [0-9.]+ / [0-9.]+ GB/s read / write" "$L/measured.out" \
+  && ok "$(grep -o 'nvd measured at [^(]*' "$L/measured.out")" || fail "no measurement line: $(grep NVMe "$L/measured.out")"
+same_run measured ref measured && empty_store "the measuring run"
 
 # --- 2. stop and resume --------------------------------------------------------------------
 # shellcheck disable=SC2086
@@ -137,7 +222,7 @@ rm -rf corrupt
 pid=$!
 for _ in $(seq 1 1000); do
   f=$(ls nvd/moetune-*/adamw.bin 2>/dev/null | head -n1)
-  [ -n "$f" ] && dd if=/dev/urandom of="$f" bs=4096 seek=20 count=4 conv=notrunc 2>/dev/null
+  [ -n "$f" ] && dd if=/dev/urandom of="$f" bs=4096 seek=20 count=4 conv=notrunc,nocreat 2>/dev/null
   kill -0 $pid 2>/dev/null || break
   sleep 0.05
 done
@@ -164,9 +249,9 @@ expect_refusal() { # NAME WANT... -- ARGS
 # shellcheck disable=SC2086
 expect_refusal lora "memory.nvme.path nvd" "LoRA" "remove memory.nvme" -- $NV --set adapter=lora --set lora_target_linear=true
 # shellcheck disable=SC2086
-expect_refusal device_plan "memory.nvme.path: " "scheduler.optimizer: host" -- $NV --set scheduler.optimizer=device
+expect_refusal plan_budget "host memory is short" "with optimizer state on NVMe it does not fit either" -- $NV --set memory.nvme.budget=8KiB
 # shellcheck disable=SC2086
-expect_refusal budget "nvd" "budget is 8192 bytes" "the store needs" -- $NV --set memory.nvme.budget=8KiB
+expect_refusal store_budget "nvd" "budget is 409600 bytes" "the store needs" -- $NV --set memory.nvme.budget=400KiB
 expect_refusal missing "nvd/nope" "cannot open the store directory" -- --set memory.nvme.path=nvd/nope
 empty_store "the refused runs" && ok "refused runs leave the store directory empty"
 echo "$failures failure(s)"

@@ -30,8 +30,25 @@ typedef struct {
     th_result_t th; /* losses, gradient norms, final weights */
     size_t peak_device, weight_bytes;
     int overlapped; /* parameter updates that ran during backward */
+    int work_copies, work_stale; /* trained weights with a host bf16 working copy, and those that are not
+                                  * their master rounded to nearest even after the last step */
     bool ok;
 } run_result_t;
+
+/* Each host bf16 working copy (eng_param_t.work_bf16) against its master:
+ * what the device computed with is what the master rounds to. */
+static void check_work_copies(const eng_model_t *m, run_result_t *out) {
+    for (int i = 0; i < m->num_params; i++) {
+        const eng_param_t *p = &m->params[i];
+        if (!p->work_bf16) continue;
+        out->work_copies++;
+        for (size_t j = 0; j < p->spec->numel; j++)
+            if (p->work_bf16[j] != mt_f32_to_bf16(p->host_w[j])) {
+                out->work_stale++;
+                break;
+            }
+    }
+}
 
 /* overlap >= 0: run without clipping, with (1) or without (0) the host
  * optimizer overlapping backward. */
@@ -87,6 +104,7 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
         out->overlapped += os.updated_during_backward;
     }
     out->peak_device = kern_device_stats(dev).device_peak;
+    check_work_copies(eng_exec_model(x), out);
     th_result_read_weights(&out->th, x);
     out->weight_bytes = th_result_bytes(&out->th);
     eng_loader_free(&ld);
@@ -147,6 +165,14 @@ static void check_case(const char *dir) {
     compare("offload_all vs keep_all", &rk, &ro, dir);
     compare("min_memory vs keep_all", &rk, &rm, dir);
     compare("mixed vs keep_all", &rk, &rx, dir);
+    /* bf16: host AdamW blocks keep a bf16 working copy, always their master rounded */
+    if (g_compute == MT_BF16)
+        TH_CHECK(ro.work_copies > 0 && rx.work_copies > 0, "host bf16 working copies: offload_all %d, mixed %d",
+                 ro.work_copies, rx.work_copies);
+    TH_CHECK(ro.work_stale == 0 && rx.work_stale == 0 && rk.work_copies == 0,
+             "bf16 working copies that are not their master rounded: offload_all %d of %d, mixed %d of %d; "
+             "keep_all (device AdamW) has %d", ro.work_stale, ro.work_copies, rx.work_stale, rx.work_copies,
+             rk.work_copies);
     /* host AdamW overlapping backward (no clipping) == after backward */
     run_result_t r0, r1;
     run_plan_ex(dir, NULL, &off, 0, 0, &r0);

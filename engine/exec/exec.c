@@ -213,6 +213,28 @@ mt_status_t eng_exec_create(eng_exec_t **out, eng_model_t *m, kern_device_t *dev
     return MT_OK;
 }
 
+/* A trained weight whose block runs AdamW on the host, in a bf16 run,
+ * gets its bf16 working copy in host memory beside the master
+ * (eng_param_t.work_bf16): every fetch then copies half the master's bytes
+ * as they are, instead of rounding the master again on the staging
+ * threads twice a step, and host AdamW writes it as it updates the master
+ * (the kernel's fused bf16 output, the same rounding). */
+static mt_status_t place_host_working_copies(eng_exec_t *x, mt_error_t *err) {
+    eng_model_t *m = x->model;
+    for (int i = 0; i < m->num_params; i++) {
+        eng_param_t *p = &m->params[i];
+        if (p->frozen || !p->host_w || p->work_bf16 || p->w_dtype != MT_BF16 ||
+            exec_block_plan(&x->env, p->block)->optim != SCHED_OPTIM_HOST)
+            continue;
+        p->work_bf16 = malloc(p->spec->numel * sizeof(uint16_t));
+        if (!p->work_bf16)
+            return mt_error_set(err, MT_ERR_NOMEM, "out of host memory for the bf16 working copy of %s (%zu bytes)",
+                                p->spec->name, p->spec->numel * sizeof(uint16_t));
+        kern_threadpool_to_bf16(x->hopt.pool, p->work_bf16, p->host_w, p->spec->numel);
+    }
+    return MT_OK;
+}
+
 mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
     eng_model_t *m = x->model;
     for (int i = 0; i < m->num_params; i++) {
@@ -268,7 +290,7 @@ mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
             p->host_w = NULL;
         }
     }
-    return MT_OK;
+    return x->replica ? MT_OK : place_host_working_copies(x, err);
 }
 
 /* Every device buffer a parameter's copies still hold; streamed weights
@@ -329,7 +351,13 @@ void eng_exec_read_param(eng_exec_t *x, int i, float *host, bool gradient) {
     const void *src_host = gradient ? d->host_g : p->host_w;
     const void *src_dev = gradient ? d->g_acc : exec_dev_master(p, d);
     if (gradient && exec_block_plan(&x->env, p->block)->grads == SCHED_GRADS_DEVICE) src_host = NULL;
-    if (!gradient && p->home_q) {
+    if (!gradient && eng_optim_nvme_holds_master(x->hopt.nvme, i)) {
+        /* a save checks every extent it reads first (eng_exec_check_optim_state): failing here is a broken disk */
+        mt_error_t err = {0};
+        MT_CHECK(eng_optim_nvme_load(x->hopt.nvme, m, i, &err) == MT_OK, "%s", err.msg);
+        memcpy(host, p->host_w, bytes);
+        eng_optim_nvme_unload(x->hopt.nvme, m, i, false, NULL);
+    } else if (!gradient && p->home_q) {
         mt_dequant(&p->home_q->view, host, MT_F32);
     } else if (!gradient && p->home_bf16) {
         mt_convert_to_f32(host, p->home_bf16, MT_BF16, p->spec->numel);

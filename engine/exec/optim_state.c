@@ -112,10 +112,38 @@ static mt_status_t ensure_device_moments(eng_exec_t *x, int i, mt_error_t *err) 
     return d->mom ? MT_OK : err->code;
 }
 
+/* eng_exec_write_optim_state for a parameter whose master the NVMe tier
+ * holds: master and moments written into its extent together, the host's
+ * bf16 working copy (and a resident device copy) made from the master. */
+static mt_status_t write_nvme_state(eng_exec_t *x, int i, const float *master, const void *mom, int64_t step,
+                                    mt_error_t *err) {
+    eng_param_t *p = &x->model->params[i];
+    mt_status_t st = eng_optim_nvme_load(x->hopt.nvme, x->model, i, err);
+    if (st != MT_OK) return st;
+    const bool has_moments = step > 0 && mom;
+    if (master) {
+        memcpy(p->host_w, master, exec_f32_bytes(p));
+        kern_threadpool_to_bf16(x->hopt.pool, p->work_bf16, p->host_w, p->spec->numel);
+    }
+    if (has_moments) memcpy(p->host_mom, mom, eng_param_moments_bytes(p));
+    else memset(p->host_mom, 0, eng_param_moments_bytes(p));
+    p->step = has_moments ? step : 0;
+    st = eng_optim_nvme_unload(x->hopt.nvme, x->model, i, true, err);
+    /* a resident working copy (a home on NVMe is always a streamed block's: nothing resident to refresh) */
+    if (st != MT_OK || !master || !x->dp[i].w || eng_optim_nvme_holds_home(x->hopt.nvme, i)) return st;
+    moe_staging_xfer_t item = exec_w_refresh_item(p, x->dp[i].w);
+    char tag[200];
+    snprintf(tag, sizeof tag, "working copy of %s", p->spec->name);
+    st = exec_stage_h2d(x, &item, 1, tag, err);
+    kern_stream_sync(x->dev, kern_stream(x->dev, KERN_STREAM_H2D));
+    return st;
+}
+
 mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master, const void *mom, int64_t step,
                                         mt_error_t *err) {
     eng_model_t *m = x->model;
     eng_exec_drain(x);
+    if (eng_optim_nvme_holds_master(x->hopt.nvme, i)) return write_nvme_state(x, i, master, mom, step, err);
     eng_param_t *p = &m->params[i];
     eng_dparam_t *d = &x->dp[i];
     const size_t bytes = exec_f32_bytes(p);
@@ -125,14 +153,15 @@ mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master
     if (master) {
         if (p->host_w) {
             memcpy(p->host_w, master, bytes);
+            if (p->work_bf16) kern_threadpool_to_bf16(x->hopt.pool, p->work_bf16, p->host_w, p->spec->numel);
             /* a resident (or currently held) working copy is made from the master again */
-            if (d->w) items[n++] = (moe_staging_xfer_t){p->host_w, d->w, exec_w_bytes(p), exec_w_upload_op(p)};
+            if (d->w) items[n++] = exec_w_refresh_item(p, d->w);
         } else {
             float *dm = exec_dev_master(p, d);
             if (dm) items[n++] = (moe_staging_xfer_t){(void *)master, dm, bytes, MOE_STAGING_COPY};
             /* a bf16 working copy beside a device master: what AdamW's bf16 output would write */
             if (d->w && (void *)dm != d->w)
-                items[n++] = (moe_staging_xfer_t){(void *)master, d->w, exec_w_bytes(p), exec_w_upload_op(p)};
+                items[n++] = (moe_staging_xfer_t){(void *)master, d->w, exec_w_bytes(p), exec_w_from_master_op(p)};
         }
     }
     const bool has_moments = step > 0 && mom;
@@ -237,36 +266,85 @@ void eng_optim_discard_step(eng_exec_t *x) {
     x->micro_left = 0;
 }
 
+/* A block whose weights' home the plan keeps on NVMe must be one the
+ * executor streams from there: trained in bf16 (the home it streams is
+ * the host's bf16 working copy, which moves with the block's optimizer
+ * state), nothing frozen in it. */
+static mt_status_t check_nvme_weights(eng_exec_t *x, int b, mt_error_t *err) {
+    const eng_model_t *m = x->model;
+    const sched_block_plan_t *bp = exec_block_plan(&x->env, b);
+    bool bf16 = false;
+    for (int i = 0; i < m->num_params; i++) {
+        const eng_param_t *p = &m->params[i];
+        if (p->block != b) continue;
+        if (p->frozen || !sched_block_nvme_optim(bp) || bp->optim != SCHED_OPTIM_HOST)
+            return mt_error_set(err, MT_ERR_UNSUPPORTED,
+                                "the plan keeps block %d's streamed weights on NVMe, which training reads from there "
+                                "only for blocks it trains with their optimizer state on NVMe too (%s); give the run "
+                                "more host memory (memory.host)", b, p->frozen ? "a frozen base is not" : "this one's "
+                                "state is not");
+        bf16 |= p->work_bf16 != NULL;
+    }
+    if (!bf16)
+        return mt_error_set(err, MT_ERR_UNSUPPORTED,
+                            "the plan keeps block %d's streamed weights on NVMe, which training reads from there only "
+                            "for bf16 working copies (bf16: true); give the run more host memory (memory.host)", b);
+    return MT_OK;
+}
+
+/* Which parameters the NVMe tier holds under x's plan: in_store the
+ * moments, with_master the master too, with_home the bf16 working copy a
+ * fetch streams; out counts them. */
+static mt_status_t nvme_selection(eng_exec_t *x, bool *in_store, bool *with_master, bool *with_home,
+                                  eng_nvme_placed_t *out, mt_error_t *err) {
+    const eng_model_t *m = x->model;
+    for (int b = 0; b < x->nb; b++)
+        if (sched_block_nvme_weights(exec_block_plan(&x->env, b))) {
+            const mt_status_t st = check_nvme_weights(x, b, err);
+            if (st != MT_OK) return st;
+        }
+    for (int i = 0; i < m->num_params; i++) {
+        const eng_param_t *p = &m->params[i];
+        const sched_block_plan_t *bp = exec_block_plan(&x->env, p->block);
+        in_store[i] = !p->frozen && p->host_w && bp->optim == SCHED_OPTIM_HOST && sched_block_nvme_optim(bp);
+        if (!in_store[i]) continue;
+        /* placed before any step or resume: nothing in host memory to move */
+        MT_CHECK(!p->host_mom && p->step == 0, "AdamW state of %s exists before the NVMe tier is placed", p->spec->name);
+        with_master[i] = p->work_bf16 != NULL; /* an fp32 run's master is its weights' home */
+        with_home[i] = with_master[i] && sched_block_nvme_weights(bp);
+        out->params++;
+        out->masters += with_master[i];
+        out->homes += with_home[i];
+        out->host_bytes += eng_param_moments_bytes(p) + (with_master[i] ? exec_f32_bytes(p) : 0) +
+                           (with_home[i] ? exec_w_bytes(p) : 0);
+    }
+    return MT_OK;
+}
+
 mt_status_t eng_exec_place_optim_nvme(eng_exec_t *x, const char *dir, uint64_t budget, eng_nvme_placed_t *out,
                                       mt_error_t *err) {
     eng_model_t *m = x->model;
     MT_CHECK(!x->hopt.nvme, "the NVMe tier placed twice");
     eng_exec_drain(x);
-    bool *in_store = calloc((size_t)(m->num_params > 0 ? m->num_params : 1), sizeof *in_store);
-    MT_CHECK_ALLOC(in_store, "NVMe placement");
+    const size_t np = (size_t)(m->num_params > 0 ? m->num_params : 1);
+    bool *in_store = calloc(np, sizeof *in_store), *with_master = calloc(np, sizeof *with_master);
+    bool *with_home = calloc(np, sizeof *with_home);
+    MT_CHECK(in_store && with_master && with_home, "out of memory for the NVMe placement");
     memset(out, 0, sizeof *out);
-    for (int i = 0; i < m->num_params; i++) {
-        const eng_param_t *p = &m->params[i];
-        in_store[i] = !p->frozen && p->host_w && exec_block_plan(&x->env, p->block)->optim == SCHED_OPTIM_HOST;
-        if (!in_store[i]) continue;
-        /* placed before any step or resume: nothing in host memory to move */
-        MT_CHECK(!p->host_mom && p->step == 0, "AdamW state of %s exists before the NVMe tier is placed", p->spec->name);
-        out->params++;
+    mt_status_t st = nvme_selection(x, in_store, with_master, with_home, out, err);
+    if (st == MT_OK && out->params > 0) {
+        out->bytes = eng_optim_nvme_planned_bytes(m, in_store, with_master, with_home);
+        st = eng_optim_nvme_open(&x->hopt.nvme, m, in_store, with_master, with_home, dir, budget, err);
     }
-    mt_status_t st = MT_OK;
-    if (out->params == 0)
-        st = mt_error_set(err, MT_ERR_UNSUPPORTED,
-                          "no block of this plan runs AdamW on the host, so the NVMe tier would hold nothing "
-                          "(scheduler.optimizer: host puts it there)");
-    if (st == MT_OK) {
-        out->bytes = eng_optim_nvme_planned_bytes(m, in_store);
-        st = eng_optim_nvme_open(&x->hopt.nvme, m, in_store, dir, budget, err);
-    }
-    if (st == MT_OK) {
+    if (st == MT_OK && x->hopt.nvme) {
         out->io = mt_store_io_name(x->hopt.nvme->store);
         out->run_dir = mt_store_run_dir(x->hopt.nvme->store);
         out->leftovers_removed = mt_store_leftovers_removed(x->hopt.nvme->store);
     }
     free(in_store);
+    free(with_master);
+    free(with_home);
     return st;
 }
+
+eng_nvme_io_t eng_exec_nvme_io(eng_exec_t *x) { return eng_optim_nvme_io(x->hopt.nvme); }

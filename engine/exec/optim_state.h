@@ -17,6 +17,7 @@
 
 #include "engine/exec/place/types.h"
 #include "engine/model/model.h"
+#include "engine/optim/nvme_state.h"
 #include "kernels/adamw.h"
 #include "base/status.h"
 
@@ -58,19 +59,29 @@ mt_status_t eng_exec_check_optim_state(eng_exec_t *x, mt_error_t *err);
 
 /* What eng_exec_place_optim_nvme placed. */
 typedef struct {
-    int params;             /* parameters whose AdamW moments the store holds */
+    int params;             /* parameters whose AdamW moments the store holds (0: the plan keeps no
+                             * optimizer state on NVMe, and no store was opened) */
+    int masters;            /* of them, those whose fp32 master it holds too */
+    int homes;              /* of them, those whose bf16 working copy (the weights' home) it holds too */
     uint64_t bytes;         /* their disk bytes */
+    uint64_t host_bytes;    /* host memory that leaves for the store (masters and moments) */
     const char *io;         /* "io_uring" or "pread/pwrite" */
     const char *run_dir;    /* this run's subdirectory (valid while the executor is open) */
     int leftovers_removed;  /* killed runs' subdirectories removed */
 } eng_nvme_placed_t;
 
-/* Puts the host AdamW moments of every trained parameter whose block runs
- * AdamW on the host into an NVMe store in dir (engine/optim/nvme_state.h),
- * before any step or resume; budget 0: the free space limits it.  An error
- * when the plan runs no AdamW on the host, or the bytes do not fit. */
+/* Puts the optimizer state of every trained parameter whose block the plan
+ * keeps on NVMe (host AdamW with nvme_optim) into an NVMe store in dir
+ * (engine/optim/nvme_state.h): its moments, and its fp32 master where a
+ * bf16 working copy stays in host memory; before any step or resume;
+ * budget 0: the free space limits it.  No such block: nothing is opened
+ * (out->params 0).  An error when the bytes do not fit or a plan keeps
+ * weights' homes on NVMe, which the executor does not read from there. */
 mt_status_t eng_exec_place_optim_nvme(eng_exec_t *x, const char *dir, uint64_t budget, eng_nvme_placed_t *out,
                                       mt_error_t *err);
+
+/* The NVMe tier's traffic so far (zeros without a tier). */
+eng_nvme_io_t eng_exec_nvme_io(eng_exec_t *x);
 
 /* Drops the gradients accumulated for a step that is not applied (a
  * skipped non-finite step), leaving every weight and moment as it was, so

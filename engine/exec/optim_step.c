@@ -158,7 +158,7 @@ void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micr
     if (x->stage.pool) moe_staging_step_begin(x->stage.pool);
     exec_counters_step_begin(&x->cnt);
     x->micro_left = micro_batches;
-    /* with clipping, the overlapped updates are speculative: saved first,
+    /* with clipping, the overlapped updates are speculative: out of place,
      * undone when the norm clips (not with the NVMe tier, whose moments
      * are written back right after each update) */
     x->prog.overlap = overlap && (hp->max_grad_norm == 0 || (hp->speculative && !x->hopt.nvme));
@@ -256,7 +256,7 @@ static void settle_speculation(eng_exec_t *x, bool undo, eng_optim_stats_t *out)
             continue;
         }
         MT_CHECK(eng_spec_undo(&x->hopt.spec, &x->model->params[i], i, x->hopt.pool),
-                 "speculative update of %s without its copy", x->model->params[i].spec->name);
+                 "speculative update of %s without its spare", x->model->params[i].spec->name);
         x->hopt.done[i] = false;
     }
 }
@@ -410,10 +410,15 @@ static mt_status_t deferred_check(eng_exec_t *x, eng_optim_stats_t *out, mt_erro
     if (eng_optim_nvme_error(x->hopt.nvme, err) != MT_OK) return err->code; /* the NVMe tier failed */
     const int i = x->hopt.nonfinite_param;
     if (i < 0) return MT_OK;
-    const eng_param_t *p = &x->model->params[i];
-    const size_t at = mt_first_nonfinite_f32(p->host_w, p->spec->numel);
+    const eng_param_spec_t *ps = x->model->params[i].spec;
+    float *w = malloc(ps->numel * sizeof *w);
+    MT_CHECK_ALLOC(w, ps->name);
+    eng_exec_read_param(x, i, w, false); /* its master, wherever it lives */
+    const size_t at = mt_first_nonfinite_f32(w, ps->numel);
     /* no learning rate named: the update ran with the previous step's */
-    return nonfinite_weight(p->spec, p->host_w, at, " of the previous step", NULL, out, err);
+    const mt_status_t st = nonfinite_weight(ps, w, at, " of the previous step", NULL, out, err);
+    free(w);
+    return st;
 }
 
 static mt_status_t finite_check_finish(finite_check_t *fc, eng_exec_t *x, const eng_optim_hparams_t *hp,
@@ -473,12 +478,12 @@ static mt_status_t update_block(eng_exec_t *x, int b, const kern_adamw_params_t 
             const mt_status_t st = device_adamw(x, i, base, err);
             if (st != MT_OK) return st;
         } else {
-            const mt_status_t st = exec_host_adamw(&x->hopt, x->hopt.pool, i, d->host_g, base, err);
+            const mt_status_t st = exec_host_adamw(&x->hopt, x->hopt.pool, i, d->host_g, base, false, err);
             if (st != MT_OK) return st;
         }
         finite_check_param(fc, x, i, bp->optim == SCHED_OPTIM_DEVICE);
         if (refresh && d->w) { /* none: another device's expert (expert parallel) */
-            items[(*n)++] = (moe_staging_xfer_t){p->host_w, d->w, exec_w_bytes(p), exec_w_upload_op(p)};
+            items[(*n)++] = exec_w_refresh_item(p, d->w);
             x->cnt.ctr.weight_h2d_bytes += exec_w_bytes(p);
         }
     }

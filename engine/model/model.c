@@ -423,6 +423,7 @@ void eng_model_release(eng_model_t *m) {
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
             free(p->host_w);
+            free(p->work_bf16);
             if (!p->home_mapped) free(p->home_bf16);
             eng_quant_home_free(p->home_q);
             free(p->home_q);

@@ -47,8 +47,10 @@
  * for every matrix that only matrix products read (all 2-D weights but the
  * embedding table, whose rows are gathered as autocast leaves them: fp32),
  * fp32 otherwise.  A bf16 working copy is made from the master by rounding
- * to nearest even: on the host while it is staged (so it crosses the link
- * at half the bytes), or on the device by AdamW's bf16 output. */
+ * to nearest even: by host AdamW's bf16 output into work_bf16 (so it
+ * crosses the link at half the bytes with nothing converted on the way),
+ * on the host while it is staged where there is no such copy, or on the
+ * device by AdamW's bf16 output. */
 typedef struct {
     const eng_param_spec_t *spec;
     int block;          /* owning block */
@@ -56,6 +58,11 @@ typedef struct {
     uint16_t *home_bf16; /* instead of host_w, a frozen weight's home when its working copy is bf16:
                           * kept in the dtype compute reads (rounded once on load, as staging
                           * would round it), so a bf16 base costs its own bytes in host memory */
+    uint16_t *work_bf16; /* beside host_w, a trained weight's bf16 working copy in host memory when its
+                          * block's AdamW runs on the host: what staging copies to the device (no
+                          * conversion on the link's path) and AdamW writes as it updates the master
+                          * (its fused bf16 output); every writer of the master rewrites it, so it is
+                          * always the master rounded to nearest even (eng_exec_place) */
     bool home_mapped;   /* home_bf16 points into the base checkpoint's read-only mapping (a bf16
                          * tensor on disk): no copy at all, the page cache holds it */
     eng_quant_home_t *home_q; /* instead of host_w / home_bf16, a frozen matrix kept quantised

@@ -55,12 +55,16 @@ kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip
 }
 
 mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i, const float *grad,
-                            const kern_adamw_params_t *base, mt_error_t *err) {
+                            const kern_adamw_params_t *base, bool speculative, mt_error_t *err) {
     eng_param_t *p = &h->m->params[i];
     const size_t n = p->spec->numel;
     h->wrote_nonfinite[i] = false;
     /* in the store and not loaded with its block (block_stream): on its own */
     const bool streamed = eng_optim_nvme_holds(h->nvme, i) && !p->host_mom;
+    /* the tier's buffers are its own (speculation is off with it: optim_step.c) */
+    MT_CHECK(!speculative || !h->nvme, "speculative update of %s with the NVMe tier", p->spec->name);
+    /* before the moments are made below: an undo must know they were not there */
+    const eng_spec_copy_t *spare = speculative ? eng_spec_begin(&h->spec, p, i) : NULL;
     if (streamed) {
         const mt_status_t st = eng_optim_nvme_load(h->nvme, h->m, i, err);
         if (st != MT_OK) return st;
@@ -73,7 +77,15 @@ mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i
     int bad = 0;
     ap.nonfinite = &bad; /* checked as it is written: no second pass over the master */
     const kern_moments_t mom = kern_moments_view((kern_moments_fmt_t)p->mom_fmt, p->host_mom, n, p->mom_seed);
-    kern_adamw_cpu_pool(pool, p->host_w, &mom, grad, NULL, NULL, n, &ap);
+    if (spare) {
+        /* the new state into the spare, then swapped in: the old one stays
+         * there, untouched, for an undo (speculate.h) */
+        const kern_moments_t next = kern_moments_view((kern_moments_fmt_t)p->mom_fmt, spare->mom, n, p->mom_seed);
+        kern_adamw_cpu_pool_from(pool, p->host_w, &mom, spare->w, &next, grad, NULL, p->work_bf16, n, &ap);
+        eng_spec_swap_in(&h->spec, p, i);
+    } else {
+        kern_adamw_cpu_pool(pool, p->host_w, &mom, grad, NULL, p->work_bf16, n, &ap); /* work_bf16 NULL: none */
+    }
     h->wrote_nonfinite[i] = bad != 0;
     return streamed ? eng_optim_nvme_unload(h->nvme, h->m, i, true, err) : MT_OK;
 }
@@ -81,9 +93,9 @@ mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i
 /* The worker's update of parameter i; a failure of the NVMe tier is kept
  * for the next optimizer step to report (eng_optim_nvme_error). */
 static void worker_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i, const float *grad,
-                         const kern_adamw_params_t *base) {
+                         const kern_adamw_params_t *base, bool speculative) {
     mt_error_t err = {0};
-    const mt_status_t st = exec_host_adamw(h, pool, i, grad, base, &err);
+    const mt_status_t st = exec_host_adamw(h, pool, i, grad, base, speculative, &err);
     if (st != MT_OK) eng_optim_nvme_note(h->nvme, st, &err);
 }
 
@@ -107,6 +119,21 @@ static void block_stream(exec_host_optim_t *h, int b, bool load, int *idx) {
     eng_optim_nvme_note(h->nvme, st, &err);
 }
 
+/* While block b updates, the state of the block queued next (if its job is
+ * already there: its gradients have landed) is read in the background, so
+ * its load finds it in memory (eng_optim_nvme_prefetch). */
+static void prefetch_next(exec_host_optim_t *h, int *idx) {
+    if (!h->nvme) return;
+    pthread_mutex_lock(&h->lock);
+    const int nb = h->head != h->tail ? h->queue[h->head].block : -1;
+    pthread_mutex_unlock(&h->lock);
+    if (nb < 0) return;
+    int n = 0;
+    for (int i = 0; i < h->m->num_params; i++) /* block_stream's loading selection */
+        if (h->m->params[i].block == nb && eng_optim_nvme_holds(h->nvme, i) && h->dp[i].has_grad) idx[n++] = i;
+    eng_optim_nvme_prefetch(h->nvme, h->m, idx, n);
+}
+
 static void *worker_main(void *arg) {
     exec_host_optim_t *h = arg;
     eng_model_t *m = h->m;
@@ -118,8 +145,8 @@ static void *worker_main(void *arg) {
     const int host_cores = kern_device_caps(h->dev).host_cores;
     kern_threadpool_t *own = host_cores > 0 ? kern_threadpool_create(host_cores) : NULL;
     kern_threadpool_t *pool = own ? own : h->pool;
-    int *idx = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *idx); /* block_stream's list */
-    MT_CHECK_ALLOC(idx, "host optimizer parameter list");
+    int *idx = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * 2 * sizeof *idx); /* block_stream's list, */
+    MT_CHECK_ALLOC(idx, "host optimizer parameter list");                                   /* prefetch_next's */
     pthread_mutex_lock(&h->lock);
     for (;;) {
         while (!h->stop && h->head == h->tail) pthread_cond_wait(&h->cond, &h->lock);
@@ -131,12 +158,13 @@ static void *worker_main(void *arg) {
         const double t0 = mt_now_s();
         size_t bytes = 0;
         block_stream(h, b, true, idx);
+        prefetch_next(h, idx + m->num_params);
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
             eng_dparam_t *d = &h->dp[i];
             if (p->block != b || !d->has_grad) continue;
             if (job.deferred) {
-                worker_adamw(h, pool, i, d->host_g, &job.base);
+                worker_adamw(h, pool, i, d->host_g, &job.base, false);
                 /* the kernel's fused check: the step that deferred it has
                  * returned (eng_optim_step reports it next, scanning only
                  * this parameter for the element) */
@@ -146,8 +174,7 @@ static void *worker_main(void *arg) {
             } else {
                 /* the norm's share while the gradient is at hand, off the step's tail */
                 kern_sumsq_host(pool, &h->gnorm_part[i], d->host_g, p->spec->numel);
-                if (h->speculative) eng_spec_save(&h->spec, p, i, pool);
-                worker_adamw(h, pool, i, d->host_g, &job.base);
+                worker_adamw(h, pool, i, d->host_g, &job.base, h->speculative);
                 h->done[i] = true;
             }
             bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */

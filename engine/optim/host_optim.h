@@ -59,8 +59,8 @@ typedef struct {
                                     (written by the worker, read after exec_host_optim_wait) */
     eng_optim_nvme_t *nvme;      /* owned: the NVMe tier holding host AdamW moments (nvme_state.h), or NULL */
     bool speculative;            /* this step's overlapped updates run before the clipping factor is
-                                  * known, each saved first so it can be undone (speculate.h) */
-    eng_spec_t spec;             /* their copies */
+                                  * known, each out of place so it can be undone (speculate.h) */
+    eng_spec_t spec;             /* their spares */
 } exec_host_optim_t;
 
 /* For model m's parameters, their gradients dp on device dev, spans
@@ -75,9 +75,11 @@ kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip
 /* One AdamW step of parameter i on its host master with gradient grad
  * (state allocated on first use; streamed in from the NVMe tier and back
  * out when h->nvme holds it: an error there is returned); whether it wrote
- * a NaN or Inf into the master lands in h->wrote_nonfinite[i]. */
+ * a NaN or Inf into the master lands in h->wrote_nonfinite[i].
+ * speculative: the update can be undone (h->spec: written into the
+ * parameter's spare and swapped in; never with the NVMe tier). */
 mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i, const float *grad,
-                            const kern_adamw_params_t *base, mt_error_t *err);
+                            const kern_adamw_params_t *base, bool speculative, mt_error_t *err);
 
 /* Starts the worker if needed, for a step with these hyper-parameters. */
 void exec_host_optim_start(exec_host_optim_t *h, const eng_optim_hparams_t *hp);

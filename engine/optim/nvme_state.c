@@ -4,39 +4,114 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "kernels/host/adamw_host.h"
 
-/* A parameter's extent and buffer: its moments' one allocation in the
- * run's format (kern_moments_bytes: m | v | scales, each part 64-byte
- * aligned so the AdamW kernel's vectors start on a cache line). */
-static uint64_t extent_bytes(const eng_param_t *p) {
-    return kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, p->spec->numel);
+/* A parameter's master in its extent: fp32, padded so the moments after
+ * it start on a cache line as in their own allocation. */
+static size_t master_bytes(const eng_param_t *p) { return (p->spec->numel * sizeof(float) + 63) / 64 * 64; }
+
+/* A parameter's extent and buffer: its master (with_master), then its
+ * moments' one allocation in the run's format (kern_moments_bytes: m | v |
+ * scales, each part 64-byte aligned so the AdamW kernel's vectors start on
+ * a cache line). */
+static uint64_t extent_bytes(const eng_param_t *p, bool with_master) {
+    return (with_master ? master_bytes(p) : 0) + kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, p->spec->numel);
 }
 
-uint64_t eng_optim_nvme_planned_bytes(const eng_model_t *m, const bool *in_store) {
+/* A bf16 working copy's extent: its numel x 2 bytes. */
+static uint64_t home_bytes(const eng_param_t *p) { return p->spec->numel * sizeof(uint16_t); }
+
+uint64_t eng_optim_nvme_planned_bytes(const eng_model_t *m, const bool *in_store, const bool *with_master,
+                                      const bool *with_home) {
     uint64_t total = 0;
-    for (int i = 0; i < m->num_params; i++)
-        if (in_store[i]) total += mt_store_span_bytes(extent_bytes(&m->params[i]));
+    for (int i = 0; i < m->num_params; i++) {
+        if (in_store[i]) total += mt_store_span_bytes(extent_bytes(&m->params[i], with_master && with_master[i]));
+        if (in_store[i] && with_home && with_home[i]) total += mt_store_span_bytes(home_bytes(&m->params[i]));
+    }
     return total;
 }
 
-mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, const eng_model_t *m, const bool *in_store, const char *dir,
-                                uint64_t budget, mt_error_t *err) {
+/* Parameter i's master (zero moments after it) and bf16 working copy,
+ * where the store holds them, written to their new extents; then their
+ * host copies freed. */
+static mt_status_t move_out(eng_optim_nvme_t *nv, eng_param_t *p, int i, mt_error_t *err) {
+    MT_CHECK(p->host_w && p->work_bf16 && !p->host_mom && p->step == 0,
+             "the master of %s moved to the NVMe tier without a bf16 working copy, or after a step", p->spec->name);
+    char *buf = mt_sio_buffer_alloc(mt_store_buffer_bytes(extent_bytes(p, true))); /* zeroed */
+    char *hbuf = nv->home[i] >= 0 ? mt_sio_buffer_alloc(mt_store_buffer_bytes(home_bytes(p))) : NULL;
+    MT_CHECK(buf && (hbuf || nv->home[i] < 0), "out of memory for the fp32 master buffer of %s", p->spec->name);
+    memcpy(buf, p->host_w, p->spec->numel * sizeof(float));
+    mt_store_op_t ops[2] = {{nv->extent[i], buf}, {nv->home[i], hbuf}};
+    if (hbuf) memcpy(hbuf, p->work_bf16, home_bytes(p));
+    const mt_status_t st = mt_store_write(nv->store, ops, hbuf ? 2 : 1, err);
+    mt_sio_buffer_free(buf);
+    mt_sio_buffer_free(hbuf);
+    if (st != MT_OK) return mt_error_prefix(err, "fp32 master: ");
+    free(p->host_w);
+    p->host_w = NULL;
+    if (hbuf) {
+        free(p->work_bf16);
+        p->work_bf16 = NULL;
+    }
+    return MT_OK;
+}
+
+/* Parameter i's master (and bf16 working copy) back in host memory, read
+ * from the store: an open that failed half way leaves the run as it was. */
+static void bring_back(eng_optim_nvme_t *nv, eng_model_t *m, int i) {
+    eng_param_t *p = &m->params[i];
+    const bool home = nv->home[i] >= 0 && !p->work_bf16;
+    mt_error_t err = {0};
+    MT_CHECK(eng_optim_nvme_load(nv, m, i, &err) == MT_OK, "%s", err.msg);
+    float *w = malloc(p->spec->numel * sizeof *w);
+    uint16_t *wb = home ? malloc(home_bytes(p)) : NULL;
+    MT_CHECK(w && (wb || !home), "out of host memory bringing %s back from the NVMe tier", p->spec->name);
+    memcpy(w, p->host_w, p->spec->numel * sizeof *w);
+    if (wb) memcpy(wb, p->work_bf16, home_bytes(p));
+    eng_optim_nvme_unload(nv, m, i, false, NULL);
+    p->host_w = w;
+    if (wb) p->work_bf16 = wb;
+}
+
+mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, eng_model_t *m, const bool *in_store, const bool *with_master,
+                                const bool *with_home, const char *dir, uint64_t budget, mt_error_t *err) {
     *out = NULL;
     eng_optim_nvme_t *nv = calloc(1, sizeof *nv);
     MT_CHECK_ALLOC(nv, "NVMe optimizer state");
+    const size_t np = (size_t)(m->num_params > 0 ? m->num_params : 1);
     nv->num_params = m->num_params;
-    nv->extent = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *nv->extent);
-    MT_CHECK_ALLOC(nv->extent, "NVMe extent table");
+    nv->extent = malloc(np * sizeof *nv->extent);
+    nv->master = calloc(np, sizeof *nv->master);
+    nv->home = malloc(np * sizeof *nv->home);
+    MT_CHECK(nv->extent && nv->master && nv->home, "out of memory for the NVMe extent table");
     pthread_mutex_init(&nv->lock, NULL);
-    for (int i = 0; i < m->num_params; i++) nv->extent[i] = -1;
-    const mt_store_opts_t so = {.dir = dir, .budget = budget, .planned_bytes = eng_optim_nvme_planned_bytes(m, in_store)};
+    for (int i = 0; i < m->num_params; i++) {
+        nv->extent[i] = nv->home[i] = -1;
+        nv->master[i] = in_store[i] && with_master && with_master[i];
+        MT_CHECK(!(with_home && with_home[i]) || nv->master[i], "the home of %s on NVMe without its master",
+                 m->params[i].spec->name);
+    }
+    const mt_store_opts_t so = {.dir = dir, .budget = budget,
+                                .planned_bytes = eng_optim_nvme_planned_bytes(m, in_store, with_master, with_home)};
     mt_status_t st = mt_store_open(&nv->store, &so, err);
     int file = -1;
     if (st == MT_OK) st = mt_store_file_add(nv->store, "adamw.bin", &file, err);
+    int hfile = -1;
+    if (st == MT_OK && with_home) st = mt_store_file_add(nv->store, "weights.bin", &hfile, err);
+    for (int i = 0; i < m->num_params && st == MT_OK; i++) {
+        if (in_store[i])
+            st = mt_store_reserve(nv->store, file, extent_bytes(&m->params[i], nv->master[i]), &nv->extent[i], err);
+        if (st == MT_OK && in_store[i] && with_home && with_home[i])
+            st = mt_store_reserve(nv->store, hfile, home_bytes(&m->params[i]), &nv->home[i], err);
+    }
+    /* every extent reserved (the space is there) before the first master leaves host memory */
     for (int i = 0; i < m->num_params && st == MT_OK; i++)
-        if (in_store[i]) st = mt_store_reserve(nv->store, file, extent_bytes(&m->params[i]), &nv->extent[i], err);
+        if (nv->master[i]) st = move_out(nv, &m->params[i], i, err);
     if (st != MT_OK) {
+        /* what already moved comes back: the run stops with host memory as it was */
+        for (int i = 0; i < m->num_params; i++)
+            if (nv->master[i] && !m->params[i].host_w) bring_back(nv, m, i);
         eng_optim_nvme_free(nv);
         return st;
     }
@@ -44,31 +119,139 @@ mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, const eng_model_t *m, co
     return MT_OK;
 }
 
+/* Frees what a prefetch holds (its batch already waited for). */
+static void prefetch_clear(eng_nvme_prefetch_t *pf) {
+    for (int k = 0; k < pf->n; k++) {
+        mt_sio_buffer_free(pf->buf[k]);
+        mt_sio_buffer_free(pf->home[k]);
+    }
+    free(pf->idx);
+    free(pf->buf);
+    free(pf->home);
+    memset(pf, 0, sizeof *pf);
+}
+
 void eng_optim_nvme_free(eng_optim_nvme_t *nv) {
     if (!nv) return;
+    if (nv->pf.n > 0) { /* a read ahead nobody loaded */
+        mt_error_t err = {0};
+        (void)mt_store_wait(nv->store, nv->pf.ticket, &err);
+        prefetch_clear(&nv->pf);
+    }
     mt_store_close(nv->store);
     pthread_mutex_destroy(&nv->lock);
     free(nv->extent);
+    free(nv->master);
+    free(nv->home);
     free(nv);
 }
 
 bool eng_optim_nvme_holds(const eng_optim_nvme_t *nv, int i) { return nv && i < nv->num_params && nv->extent[i] >= 0; }
 
+bool eng_optim_nvme_holds_master(const eng_optim_nvme_t *nv, int i) {
+    return eng_optim_nvme_holds(nv, i) && nv->master[i];
+}
+
+bool eng_optim_nvme_holds_home(const eng_optim_nvme_t *nv, int i) { return eng_optim_nvme_holds(nv, i) && nv->home[i] >= 0; }
+
+/* The loaded buffer of parameter i (NULL: not loaded): its master leads it where the store holds one. */
+static void *loaded_buffer(const eng_optim_nvme_t *nv, const eng_param_t *p, int i) {
+    if (!p->host_mom) return NULL;
+    return nv->master[i] ? (void *)p->host_w : p->host_mom;
+}
+
+void eng_optim_nvme_prefetch(eng_optim_nvme_t *nv, const eng_model_t *m, const int *idx, int n) {
+    pthread_mutex_lock(&nv->lock);
+    eng_nvme_prefetch_t *pf = &nv->pf;
+    if (pf->n > 0 || n <= 0) {
+        pthread_mutex_unlock(&nv->lock);
+        return;
+    }
+    pf->idx = malloc((size_t)n * sizeof *pf->idx);
+    pf->buf = calloc((size_t)n, sizeof *pf->buf);
+    pf->home = calloc((size_t)n, sizeof *pf->home);
+    mt_store_op_t *ops = malloc((size_t)n * 2 * sizeof *ops);
+    MT_CHECK(pf->idx && pf->buf && pf->home && ops, "out of memory for a read ahead of AdamW state");
+    int nops = 0;
+    for (int k = 0; k < n; k++) {
+        const int i = idx[k];
+        const eng_param_t *p = &m->params[i];
+        pf->idx[k] = i;
+        pf->buf[k] = mt_sio_buffer_alloc(mt_store_buffer_bytes(extent_bytes(p, nv->master[i]))); /* zeroed */
+        MT_CHECK_ALLOC(pf->buf[k], "AdamW state buffer");
+        if (p->step > 0 || nv->master[i]) ops[nops++] = (mt_store_op_t){nv->extent[i], pf->buf[k]};
+        if (nv->home[i] >= 0) {
+            pf->home[k] = mt_sio_buffer_alloc(mt_store_buffer_bytes(home_bytes(p)));
+            MT_CHECK_ALLOC(pf->home[k], "bf16 working copy buffer");
+            ops[nops++] = (mt_store_op_t){nv->home[i], pf->home[k]};
+        }
+    }
+    pf->n = n;
+    mt_error_t err = {0};
+    /* refused (the store's in-flight limit): nothing read ahead, the load reads as before */
+    if (nops == 0 || mt_store_submit_read(nv->store, ops, nops, &pf->ticket, &err) != MT_OK) prefetch_clear(pf);
+    else
+        for (int k = 0; k < nops; k++) nv->io.read_bytes += mt_store_extent_bytes(nv->store, ops[k].extent);
+    free(ops);
+    pthread_mutex_unlock(&nv->lock);
+}
+
+/* Under nv->lock: the read ahead waited for; true when it was for exactly
+ * idx[0..n) and succeeded, its buffers then taken into the parameters. */
+static bool prefetch_take(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, mt_error_t *err) {
+    eng_nvme_prefetch_t *pf = &nv->pf;
+    if (pf->n == 0) return false;
+    const double t0 = mt_now_s();
+    const mt_status_t st = mt_store_wait(nv->store, pf->ticket, err);
+    nv->io.read_s += mt_now_s() - t0;
+    bool same = st == MT_OK && pf->n == n;
+    for (int k = 0; same && k < n; k++) same = pf->idx[k] == idx[k];
+    if (!same) {
+        prefetch_clear(pf); /* a failure is read again by the load, and reported there */
+        return false;
+    }
+    for (int k = 0; k < n; k++) {
+        eng_param_t *p = &m->params[idx[k]];
+        MT_CHECK(!p->host_mom, "AdamW state of %s loaded twice", p->spec->name);
+        if (nv->master[idx[k]]) p->host_w = (float *)pf->buf[k];
+        p->host_mom = pf->buf[k] + (nv->master[idx[k]] ? master_bytes(p) : 0);
+        if (pf->home[k]) p->work_bf16 = (uint16_t *)pf->home[k];
+        pf->buf[k] = pf->home[k] = NULL; /* the parameters own them now */
+    }
+    prefetch_clear(pf);
+    return true;
+}
+
 mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, mt_error_t *err) {
-    mt_store_op_t *ops = malloc((size_t)(n > 0 ? n : 1) * sizeof *ops);
+    pthread_mutex_lock(&nv->lock);
+    const bool taken = prefetch_take(nv, m, idx, n, err);
+    pthread_mutex_unlock(&nv->lock);
+    if (taken) return MT_OK;
+    mt_store_op_t *ops = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *ops);
     MT_CHECK_ALLOC(ops, "AdamW state reads");
     int nops = 0;
     for (int k = 0; k < n; k++) {
-        eng_param_t *p = &m->params[idx[k]];
-        MT_CHECK(nv->extent[idx[k]] >= 0 && !p->host_mom, "AdamW state of %s loaded twice or not in the store",
+        const int i = idx[k];
+        eng_param_t *p = &m->params[i];
+        MT_CHECK(nv->extent[i] >= 0 && !p->host_mom, "AdamW state of %s loaded twice or not in the store",
                  p->spec->name);
-        char *buf = mt_sio_buffer_alloc(mt_store_buffer_bytes(extent_bytes(p)));
+        const bool master = nv->master[i];
+        char *buf = mt_sio_buffer_alloc(mt_store_buffer_bytes(extent_bytes(p, master)));
         MT_CHECK_ALLOC(buf, "AdamW state buffer"); /* zeroed: the state before a first step, any format */
-        p->host_mom = buf;
-        if (p->step > 0) ops[nops++] = (mt_store_op_t){nv->extent[idx[k]], buf};
+        if (master) p->host_w = (float *)buf;
+        p->host_mom = buf + (master ? master_bytes(p) : 0);
+        if (p->step > 0 || master) ops[nops++] = (mt_store_op_t){nv->extent[i], buf};
+        if (nv->home[i] >= 0) { /* the working copy the update rewrites, with it */
+            p->work_bf16 = mt_sio_buffer_alloc(mt_store_buffer_bytes(home_bytes(p)));
+            MT_CHECK_ALLOC(p->work_bf16, "bf16 working copy buffer");
+            ops[nops++] = (mt_store_op_t){nv->home[i], p->work_bf16};
+        }
     }
     pthread_mutex_lock(&nv->lock);
+    const double t0 = mt_now_s();
     mt_status_t st = nops ? mt_store_read(nv->store, ops, nops, err) : MT_OK;
+    nv->io.read_s += mt_now_s() - t0;
+    for (int k = 0; st == MT_OK && k < nops; k++) nv->io.read_bytes += mt_store_extent_bytes(nv->store, ops[k].extent);
     pthread_mutex_unlock(&nv->lock);
     free(ops);
     if (st != MT_OK) {
@@ -80,25 +263,67 @@ mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const
 
 mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, bool write,
                                        mt_error_t *err) {
-    mt_store_op_t *ops = malloc((size_t)(n > 0 ? n : 1) * sizeof *ops);
+    mt_store_op_t *ops = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *ops);
     MT_CHECK_ALLOC(ops, "AdamW state writes");
     int nops = 0;
-    for (int k = 0; k < n; k++)
-        if (m->params[idx[k]].host_mom) ops[nops++] = (mt_store_op_t){nv->extent[idx[k]], m->params[idx[k]].host_mom};
+    for (int k = 0; k < n; k++) {
+        const eng_param_t *p = &m->params[idx[k]];
+        void *buf = loaded_buffer(nv, p, idx[k]);
+        if (buf) ops[nops++] = (mt_store_op_t){nv->extent[idx[k]], buf};
+        if (buf && nv->home[idx[k]] >= 0) ops[nops++] = (mt_store_op_t){nv->home[idx[k]], p->work_bf16};
+    }
     mt_status_t st = MT_OK;
     if (write && nops) {
         pthread_mutex_lock(&nv->lock);
+        const double t0 = mt_now_s();
         st = mt_store_write(nv->store, ops, nops, err);
+        nv->io.write_s += mt_now_s() - t0;
+        for (int k = 0; st == MT_OK && k < nops; k++)
+            nv->io.write_bytes += mt_store_extent_bytes(nv->store, ops[k].extent);
         pthread_mutex_unlock(&nv->lock);
         if (st != MT_OK) mt_error_prefix(err, "AdamW state: ");
     }
     for (int k = 0; k < n; k++) {
         eng_param_t *p = &m->params[idx[k]];
-        mt_sio_buffer_free(p->host_mom);
+        if (!p->host_mom) continue; /* not loaded */
+        mt_sio_buffer_free(loaded_buffer(nv, p, idx[k]));
+        if (nv->master[idx[k]]) p->host_w = NULL;
+        if (nv->home[idx[k]] >= 0) {
+            mt_sio_buffer_free(p->work_bf16);
+            p->work_bf16 = NULL;
+        }
         p->host_mom = NULL;
     }
     free(ops);
     return st;
+}
+
+size_t eng_optim_nvme_home_buffer_bytes(const eng_model_t *m, int i) {
+    return mt_store_buffer_bytes(home_bytes(&m->params[i]));
+}
+
+void *eng_optim_nvme_buffer_alloc(size_t bytes) { return mt_sio_buffer_alloc(bytes); }
+
+void eng_optim_nvme_buffer_free(void *buf) { mt_sio_buffer_free(buf); }
+
+mt_status_t eng_optim_nvme_read_homes(eng_optim_nvme_t *nv, const eng_model_t *m, const int *idx, int n, char *buf,
+                                      mt_error_t *err) {
+    mt_store_op_t *ops = malloc((size_t)(n > 0 ? n : 1) * sizeof *ops);
+    MT_CHECK_ALLOC(ops, "working copy reads");
+    size_t off = 0;
+    for (int k = 0; k < n; k++) {
+        MT_CHECK(nv->home[idx[k]] >= 0, "%s's working copy is not on the NVMe tier", m->params[idx[k]].spec->name);
+        ops[k] = (mt_store_op_t){nv->home[idx[k]], buf + off};
+        off += eng_optim_nvme_home_buffer_bytes(m, idx[k]);
+    }
+    pthread_mutex_lock(&nv->lock);
+    const double t0 = mt_now_s();
+    const mt_status_t st = n ? mt_store_read(nv->store, ops, n, err) : MT_OK;
+    nv->io.read_s += mt_now_s() - t0;
+    for (int k = 0; st == MT_OK && k < n; k++) nv->io.read_bytes += mt_store_extent_bytes(nv->store, ops[k].extent);
+    pthread_mutex_unlock(&nv->lock);
+    free(ops);
+    return st == MT_OK ? MT_OK : mt_error_prefix(err, "streamed weights: ");
 }
 
 mt_status_t eng_optim_nvme_load(eng_optim_nvme_t *nv, eng_model_t *m, int i, mt_error_t *err) {
@@ -107,6 +332,15 @@ mt_status_t eng_optim_nvme_load(eng_optim_nvme_t *nv, eng_model_t *m, int i, mt_
 
 mt_status_t eng_optim_nvme_unload(eng_optim_nvme_t *nv, eng_model_t *m, int i, bool write, mt_error_t *err) {
     return eng_optim_nvme_unload_many(nv, m, &i, 1, write, err);
+}
+
+eng_nvme_io_t eng_optim_nvme_io(eng_optim_nvme_t *nv) {
+    eng_nvme_io_t io = {0};
+    if (!nv) return io;
+    pthread_mutex_lock(&nv->lock);
+    io = nv->io;
+    pthread_mutex_unlock(&nv->lock);
+    return io;
 }
 
 mt_status_t eng_optim_nvme_note(eng_optim_nvme_t *nv, mt_status_t st, const mt_error_t *err) {

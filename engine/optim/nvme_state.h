@@ -1,19 +1,28 @@
-/* Host AdamW state on the NVMe tier: the moments m and v of the parameters
- * whose block runs AdamW on the host kept in the store (store/store.h)
- * instead of host memory, and streamed in and out around each update.
+/* Host AdamW state on the NVMe tier: the optimizer state of the parameters
+ * whose block the plan keeps there (sched_block_plan_t.nvme_optim) kept in
+ * the store (store/store.h) instead of host memory, and streamed in and out
+ * around each update: the AdamW moments m and v, and the fp32 master too
+ * where the host keeps a bf16 working copy beside it (eng_param_t.work_bf16,
+ * what the device computes with; a run in fp32 streams its master as the
+ * weights' home, which stays in host memory).
  *
- * A parameter's moments are one extent, their one allocation in the run's
+ * A parameter's state is one extent: its master (fp32, padded to 64 bytes)
+ * when the store holds it, then its moments' one allocation in the run's
  * moment format (kern_moments_bytes: fp32, bf16 or 8-bit, m | v | scales,
- * each part 64-byte aligned); the host worker reads a block's extents as one batch before
- * the block's update and writes them back as one after it, every request
- * of the batch in flight together.  While loaded, the parameter's host_mom
- * points to one aligned buffer; unloading writes it back (or not) and sets
- * it to NULL again, so host memory holds the moments of the parameters being
+ * each part 64-byte aligned).  The host worker reads a block's extents as
+ * one batch before the block's update and writes them back as one after
+ * it, every request of the batch in flight together; while one block
+ * updates, the next queued block's batch is read in the background
+ * (eng_optim_nvme_prefetch).  While loaded, the
+ * parameter's host_mom (and host_w, for a master in the store) point into
+ * one aligned buffer; unloading writes it back (or not) and sets them to
+ * NULL again, so host memory holds the state of the parameters being
  * updated only.  The arithmetic is the host optimizer's own, on the same
  * values: a run trains bit-identically with or without the tier.
  *
- * A parameter never stepped has no extent written: loading it gives zeros,
- * as torch's lazily created state.  The host worker and the executor's
+ * A master is written to its extent when the store opens, and host_w freed.
+ * A parameter without one, never stepped, has no extent written: loading it
+ * gives zero moments, as torch's lazily created state.  The host worker and the executor's
  * thread both use the state (updates, checkpoint reads and writes), one at
  * a time under its lock; the worker cannot return a status, so its first
  * failure is kept (eng_optim_nvme_error) and the next optimizer step
@@ -29,36 +38,86 @@
 #include "engine/model/model.h"
 #include "store/store.h"
 
+/* What the store moved for the tier so far: bytes, and seconds spent in
+ * its reads and writes (the caller waiting, every request of a batch in
+ * flight together). */
+typedef struct {
+    uint64_t read_bytes, write_bytes;
+    double read_s, write_s;
+} eng_nvme_io_t;
+
+/* One block's state read ahead (eng_optim_nvme_prefetch): the batch in
+ * flight and the buffers it lands in, handed to the load that asks for
+ * exactly these parameters. */
+typedef struct {
+    int *idx, n;            /* the parameters, in the order the load will ask for them */
+    char **buf, **home;     /* per entry: the state's buffer, the working copy's (NULL: none) */
+    uint64_t ticket;        /* the store's batch (0: nothing in flight) */
+} eng_nvme_prefetch_t;
+
 typedef struct eng_optim_nvme {
     mt_store_t *store;
     int num_params;
-    int *extent;          /* per parameter: its [m | v] extent, -1: not in the store */
+    int *extent;          /* per parameter: its [master |] m | v extent, -1: not in the store */
+    bool *master;         /* per parameter: its extent starts with the fp32 master */
+    int *home;            /* per parameter: the extent of its bf16 working copy (-1: in host memory) */
     pthread_mutex_t lock; /* one user of the store at a time */
     mt_status_t failed;   /* the worker's first failure (MT_OK: none), its message in err */
     mt_error_t err;
+    eng_nvme_io_t io;     /* under lock */
+    eng_nvme_prefetch_t pf; /* under lock */
 } eng_optim_nvme_t;
 
 /* A store in dir (budget bytes, 0: the free space) holding parameter i's
- * moments where in_store[i]; the planned bytes are checked against the
- * budget and the disk before anything is reserved. */
-mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, const eng_model_t *m, const bool *in_store, const char *dir,
-                                uint64_t budget, mt_error_t *err);
+ * moments where in_store[i], its master too where with_master[i] (NULL:
+ * none; each needs in_store and a work_bf16): written there now, host_w
+ * freed; and its bf16 working copy, the weights' home a fetch streams from,
+ * where with_home[i] (NULL: none; each needs with_master): written to an
+ * extent of its own, work_bf16 freed.  The planned bytes are checked against
+ * the budget and the disk before anything is reserved.  On failure every
+ * master and working copy is back in host memory. */
+mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, eng_model_t *m, const bool *in_store, const bool *with_master,
+                                const bool *with_home, const char *dir, uint64_t budget, mt_error_t *err);
 void eng_optim_nvme_free(eng_optim_nvme_t *nv);
 
-/* The bytes of disk the moments of in_store's parameters take. */
-uint64_t eng_optim_nvme_planned_bytes(const eng_model_t *m, const bool *in_store);
+/* The bytes of disk the state of in_store's parameters takes. */
+uint64_t eng_optim_nvme_planned_bytes(const eng_model_t *m, const bool *in_store, const bool *with_master,
+                                      const bool *with_home);
 bool eng_optim_nvme_holds(const eng_optim_nvme_t *nv, int i);
+bool eng_optim_nvme_holds_master(const eng_optim_nvme_t *nv, int i);
+bool eng_optim_nvme_holds_home(const eng_optim_nvme_t *nv, int i);
 
-/* The moments of parameters idx[0..n) into their host_mom (zeros
- * before a first step), read as one batch: every request in flight together. */
+/* A fetch of weights whose home is on the tier: parameter i's share of the
+ * caller's buffer (4 KiB aligned, mt_sio_buffer_alloc), and the working
+ * copies of idx[0..n) read into consecutive shares of buf, one batch, every
+ * read checked.  Loading a parameter (below) loads its working copy too,
+ * into work_bf16, and unloading writes it back with the state. */
+size_t eng_optim_nvme_home_buffer_bytes(const eng_model_t *m, int i);
+void *eng_optim_nvme_buffer_alloc(size_t bytes); /* aligned for the store, zeroed; NULL: out of memory */
+void eng_optim_nvme_buffer_free(void *buf);
+mt_status_t eng_optim_nvme_read_homes(eng_optim_nvme_t *nv, const eng_model_t *m, const int *idx, int n, char *buf,
+                                      mt_error_t *err);
+
+/* The state of parameters idx[0..n) into their host_mom (zeros before a
+ * first step) and, for a master in the store, host_w, read as one batch:
+ * every request in flight together. */
 mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, mt_error_t *err);
-/* Writes them back as one batch when write, then frees them (host_mom =
- * NULL); err may be NULL when !write. */
+/* Starts reading the state of parameters idx[0..n) in the background, as
+ * eng_optim_nvme_load_many will ask for it next; one read ahead at a time
+ * (a second while one is pending is ignored).  A load of other parameters
+ * first waits for it and drops it.  Failures surface at that load. */
+void eng_optim_nvme_prefetch(eng_optim_nvme_t *nv, const eng_model_t *m, const int *idx, int n);
+
+/* Writes them back as one batch when write, then frees them (host_mom,
+ * and host_w of a master in the store, NULL); err may be NULL when !write. */
 mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, bool write,
                                        mt_error_t *err);
 /* The same for one parameter i. */
 mt_status_t eng_optim_nvme_load(eng_optim_nvme_t *nv, eng_model_t *m, int i, mt_error_t *err);
 mt_status_t eng_optim_nvme_unload(eng_optim_nvme_t *nv, eng_model_t *m, int i, bool write, mt_error_t *err);
+
+/* The tier's traffic so far (zeros for NULL). */
+eng_nvme_io_t eng_optim_nvme_io(eng_optim_nvme_t *nv);
 
 /* Records the worker's first failure; returns st. */
 mt_status_t eng_optim_nvme_note(eng_optim_nvme_t *nv, mt_status_t st, const mt_error_t *err);

@@ -1,4 +1,5 @@
-/* Copies for undoing a speculative host AdamW update (see speculate.h). */
+/* Spare state for undoing a speculative host AdamW update by swapping
+ * pointers (see speculate.h). */
 #include "engine/optim/speculate.h"
 
 #include <stdlib.h>
@@ -11,7 +12,7 @@ void eng_spec_init(eng_spec_t *s, int num_params) {
     memset(s, 0, sizeof *s);
     s->num_params = num_params;
     s->copy = calloc((size_t)(num_params > 0 ? num_params : 1), sizeof *s->copy);
-    MT_CHECK_ALLOC(s->copy, "speculative optimizer copies");
+    MT_CHECK_ALLOC(s->copy, "speculative optimizer spares");
 }
 
 void eng_spec_free(eng_spec_t *s) {
@@ -23,38 +24,54 @@ void eng_spec_free(eng_spec_t *s) {
     memset(s, 0, sizeof *s);
 }
 
-static void *copy_of(kern_threadpool_t *pool, void **dst, const void *src, size_t bytes, const char *what,
-                     const char *name, uint64_t *held) {
-    if (!*dst) {
-        *dst = malloc(bytes);
-        MT_CHECK(*dst, "out of host memory for the speculative optimizer's copy of %s's %s", name, what);
+static void *spare(void **buf, size_t bytes, const char *what, const char *name, uint64_t *held) {
+    if (!*buf) {
+        *buf = malloc(bytes);
+        MT_CHECK(*buf, "out of host memory for the speculative optimizer's spare %s of %s", what, name);
         *held += bytes;
     }
-    kern_threadpool_memcpy(pool, *dst, src, bytes);
-    return *dst;
+    return *buf;
 }
 
-void eng_spec_save(eng_spec_t *s, const eng_param_t *p, int i, kern_threadpool_t *pool) {
+eng_spec_copy_t *eng_spec_begin(eng_spec_t *s, const eng_param_t *p, int i) {
     eng_spec_copy_t *c = &s->copy[i];
     const size_t n = p->spec->numel;
     MT_CHECK(p->host_w, "speculative update of %s without its host master", p->spec->name);
-    copy_of(pool, (void **)&c->w, p->host_w, n * sizeof(float), "master", p->spec->name, &s->bytes);
+    /* saved still set: an earlier step's speculation was never settled (its
+     * step failed before the norm); the state it left is the current one */
+    spare((void **)&c->w, n * sizeof(float), "master", p->spec->name, &s->bytes);
+    spare(&c->mom, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n), "moments", p->spec->name, &s->bytes);
     c->had_state = p->host_mom != NULL;
-    if (c->had_state)
-        copy_of(pool, &c->mom, p->host_mom, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n), "moments",
-                p->spec->name, &s->bytes);
     c->step = p->step;
     c->saved = true;
+    return c;
+}
+
+static void swap_state(eng_spec_copy_t *c, eng_param_t *p) {
+    float *w = p->host_w;
+    void *mom = p->host_mom;
+    p->host_w = c->w;
+    p->host_mom = c->mom;
+    c->w = w;
+    c->mom = mom;
+}
+
+void eng_spec_swap_in(eng_spec_t *s, eng_param_t *p, int i) {
+    eng_spec_copy_t *c = &s->copy[i];
+    MT_CHECK(c->saved && c->w && c->mom && p->host_mom, "speculative update of %s swapped in without its spare",
+             p->spec->name);
+    swap_state(c, p);
 }
 
 bool eng_spec_undo(eng_spec_t *s, eng_param_t *p, int i, kern_threadpool_t *pool) {
     eng_spec_copy_t *c = &s->copy[i];
     if (!c->saved) return false;
-    const size_t n = p->spec->numel;
-    kern_threadpool_memcpy(pool, p->host_w, c->w, n * sizeof(float));
-    if (c->had_state) {
-        kern_threadpool_memcpy(pool, p->host_mom, c->mom, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n));
-    } else { /* the update created zeroed moments: back to none, as torch's lazy state */
+    swap_state(c, p);
+    /* the working copy as the restored master rounds (the update overwrote it in place) */
+    if (p->work_bf16) kern_threadpool_to_bf16(pool, p->work_bf16, p->host_w, p->spec->numel);
+    if (!c->had_state) {
+        /* the update read zeroed moments made for it: back to none, as
+         * torch's lazy state; the spare (the discarded update) stays */
         free(p->host_mom);
         p->host_mom = NULL;
     }

@@ -399,7 +399,7 @@ static mt_status_t refresh_replicas(eng_multi_t *mm, mt_error_t *err) {
                 void *w = r->dp[which[j]].w;
                 if (!w) continue; /* another device's expert (expert parallel): no copy here */
                 items[nr++] = tmp ? (moe_staging_xfer_t){tmp + off[j], w, exec_w_bytes(q), MOE_STAGING_COPY}
-                                  : (moe_staging_xfer_t){q->host_w, w, exec_w_bytes(q), exec_w_upload_op(q)};
+                                  : exec_w_refresh_item(q, w);
             }
             snprintf(tag, sizeof tag, "weights of block %d after the optimizer (device %d)", b, d);
             st = exec_stage_h2d(r, items, nr, tag, err);

@@ -248,50 +248,6 @@ static double measure_interference(int threads) {
 
 /* ---- the host's work beside the copies, and the optimizer --------------- */
 
-typedef struct {
-    uint16_t *dst;
-    const float *src;
-    size_t n;
-} pack_part_t;
-
-/* As a pack thread converts: 4 MB pieces of bf16 out. */
-static void *pack_part(void *arg) {
-    pack_part_t *p = arg;
-    const size_t piece = ((size_t)4 << 20) / sizeof(uint16_t);
-    for (size_t off = 0; off < p->n; off += piece)
-        mt_convert_from_f32(p->dst + off, MT_BF16, p->src + off, p->n - off < piece ? p->n - off : piece);
-    return NULL;
-}
-
-/* Bytes of bf16 staging filled per second from fp32 by `threads` threads
- * (what the simulator charges a converted fetch). */
-static double measure_pack(size_t n, int threads, int reps) {
-    float *src = malloc(n * sizeof *src);
-    uint16_t *dst = malloc(n * sizeof *dst);
-    pthread_t *tid = malloc((size_t)threads * sizeof *tid);
-    pack_part_t *parts = malloc((size_t)threads * sizeof *parts);
-    MT_CHECK(src && dst && tid && parts, "out of host memory for the pack calibration");
-    for (size_t i = 0; i < n; i++) src[i] = (float)(i & 1023) * 0.001f;
-    memset(dst, 0, n * sizeof *dst);
-    double best = 1e30;
-    for (int r = 0; r < reps; r++) {
-        const double t0 = mt_now_s();
-        for (int k = 0; k < threads; k++) {
-            const size_t lo = n * (size_t)k / (size_t)threads, hi = n * (size_t)(k + 1) / (size_t)threads;
-            parts[k] = (pack_part_t){dst + lo, src + lo, hi - lo};
-            MT_CHECK(pthread_create(&tid[k], NULL, pack_part, &parts[k]) == 0, "pthread_create failed");
-        }
-        for (int k = 0; k < threads; k++) pthread_join(tid[k], NULL);
-        const double t = mt_now_s() - t0;
-        if (t < best) best = t;
-    }
-    free(parts);
-    free(tid);
-    free(dst);
-    free(src);
-    return (double)n * sizeof(uint16_t) / best;
-}
-
 /* Bytes of host AdamW traffic per second (28 per parameter: fp32 p, g, m,
  * v read, p, m, v written, as the cost model counts them) over n
  * parameters on `threads` threads (0: every core). */
@@ -319,11 +275,13 @@ static double measure_adamw(size_t n, int threads, int reps) {
     return 28.0 * (double)n / best;
 }
 
-/* Bytes per second a gradient unpack moves out of staging on `threads`
- * threads: the pack threads take its pieces as they take a pack's. */
-static double measure_unpack(size_t bytes, int threads, int reps) {
+/* Bytes per second copied between host memory and staging on `threads`
+ * threads, in the pieces the pack threads take: a fetch's weights packed
+ * in (their host homes are in the working dtype already) and a gradient
+ * unpack out. */
+static double measure_staging_copy(size_t bytes, int threads, int reps) {
     char *src = malloc(bytes), *dst = malloc(bytes);
-    MT_CHECK(src && dst, "out of host memory for the unpack calibration");
+    MT_CHECK(src && dst, "out of host memory for the staging copy calibration");
     memset(src, 1, bytes);
     memset(dst, 0, bytes);
     kern_threadpool_t *pool = kern_threadpool_create(threads);
@@ -346,8 +304,8 @@ static double measure_unpack(size_t bytes, int threads, int reps) {
 static void measure_host_work(bool gpu, int cores, size_t adam_params, int reps, sched_calibration_t *out) {
     const size_t n = (size_t)32 << 20; /* 128 MB of fp32 in: past the caches */
     const int threads = moe_staging_default_pack_threads(gpu, cores);
-    out->pack_bw = measure_pack(n, threads, reps);
-    out->unpack_bw = measure_unpack(n * sizeof(float), threads, reps);
+    out->pack_bw = measure_staging_copy(n * sizeof(uint16_t), threads, reps); /* bf16 weights in */
+    out->unpack_bw = measure_staging_copy(n * sizeof(float), threads, reps);  /* fp32 gradients out */
     out->adamw_bw = measure_adamw(adam_params, 0, reps);
 }
 
@@ -358,13 +316,11 @@ static void measure_host_work(bool gpu, int cores, size_t adam_params, int reps,
 enum { NVME_CAL_QD = 8 };
 #define NVME_CAL_BYTES ((uint64_t)256 << 20)
 
-/* memory.nvme.path's raw O_DIRECT rates at the store's queue depth, when
- * the run has the tier; nothing otherwise.  An error names the directory. */
-static mt_status_t measure_nvme(const eng_run_config_t *rc, sched_calibration_t *out, mt_error_t *err) {
+mt_status_t eng_calibrate_nvme(const eng_run_config_t *rc, sched_calibration_t *out, mt_error_t *err) {
     if (!rc || !rc->memory_nvme_path[0]) return MT_OK;
     mt_sio_rates_t r;
     const mt_status_t st = mt_sio_measure_dir(rc->memory_nvme_path, NVME_CAL_BYTES, NVME_CAL_QD, MT_SIO_AUTO, &r, err);
-    if (st != MT_OK) return mt_error_prefix(err, "--hw calibrate: memory.nvme.path: ");
+    if (st != MT_OK) return mt_error_prefix(err, "memory.nvme.path: ");
     out->nvme_read_bw = r.read_q;
     out->nvme_write_bw = r.write_q;
     out->nvme_queue_depth = NVME_CAL_QD;
@@ -509,7 +465,7 @@ mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_attn_t
     if (rc && rc->compute_threads > 0) out->compute_interference = measure_interference(rc->compute_threads);
     measure_host_work(false, out->cores, opts && opts->adam_params > 0 ? opts->adam_params : (size_t)16 << 20, reps,
                       out);
-    if ((st = measure_nvme(rc, out, err)) != MT_OK) return st;
+    if ((st = eng_calibrate_nvme(rc, out, err)) != MT_OK) return mt_error_prefix(err, "--hw calibrate: ");
     return measure_attention_cpu(rc, attn ? attn : &k_default_attn,
                                  opts && opts->attn_flops > 0 ? opts->attn_flops : 2e9, reps, out, err);
 }
@@ -614,7 +570,7 @@ mt_status_t eng_calibrate_device(kern_device_t *dev, const eng_run_config_t *rc,
                                    out, err);
     }
     if (status == MT_OK) measure_host_work(true, out->cores, (size_t)16 << 20, 3, out);
-    if (status == MT_OK) status = measure_nvme(rc, out, err);
+    if (status == MT_OK && (status = eng_calibrate_nvme(rc, out, err)) != MT_OK) mt_error_prefix(err, "--hw calibrate: ");
     kern_device_sync(dev);
     kern_device_reset_peaks(dev);
     return status;

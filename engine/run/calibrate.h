@@ -73,6 +73,12 @@ eng_interference_probe_t *eng_interference_probe_open(int compute_threads);
 double eng_interference_probe_pair(eng_interference_probe_t *p);
 void eng_interference_probe_close(eng_interference_probe_t *p);
 
+/* memory.nvme.path's raw O_DIRECT rates at the store's queue depth (256
+ * MiB through a file of its own, removed after) into out's nvme fields,
+ * when rc has the tier; nothing otherwise.  An error names the key and
+ * the directory. */
+mt_status_t eng_calibrate_nvme(const eng_run_config_t *rc, sched_calibration_t *out, mt_error_t *err);
+
 /* rc may be NULL (no link throttle); attn NULL: 16 heads of 128, fp32. */
 mt_status_t eng_calibrate(const eng_run_config_t *rc, const eng_calibrate_attn_t *attn,
                           const eng_calibrate_opts_t *opts, sched_calibration_t *out, mt_error_t *err);

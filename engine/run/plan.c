@@ -17,19 +17,25 @@
 #include "scheduler/registry.h"
 
 static void summarize(const sched_plan_t *p, char *buf, size_t n) {
-    int stream = 0, off = 0, rec = 0, hostopt = 0, ep = 0;
+    int stream = 0, off = 0, rec = 0, hostopt = 0, ep = 0, nvme = 0, nvme_w = 0;
     for (int b = 0; b < p->num_blocks; b++) {
         ep += p->blocks[b].expert_parallel;
         stream += p->blocks[b].weights == SCHED_WEIGHTS_STREAM;
         off += p->blocks[b].acts == SCHED_ACTS_OFFLOAD;
         rec += p->blocks[b].acts == SCHED_ACTS_RECOMPUTE;
         hostopt += p->blocks[b].optim == SCHED_OPTIM_HOST;
+        nvme += sched_block_nvme_optim(&p->blocks[b]);
+        nvme_w += sched_block_nvme_weights(&p->blocks[b]);
     }
     snprintf(buf, n,
              "plan %s: %d of %d blocks stream their weights, %d offload and %d recompute activations, %d "
              "keep the optimizer on the host; prefetch window %d; %s order",
              sched_policy_name(p->policy), stream, p->num_blocks, off, rec, hostopt, p->prefetch_window,
              p->layer_major ? "layer-major" : "micro-batch-major");
+    if (nvme > 0) {
+        const size_t len = strlen(buf);
+        snprintf(buf + len, n - len, "; %d keep optimizer state on NVMe, %d their weights' home", nvme, nvme_w);
+    }
     if (ep > 0) {
         const size_t len = strlen(buf);
         snprintf(buf + len, n - len, "; %d MoE layer(s) expert parallel", ep);
@@ -102,6 +108,7 @@ mt_status_t eng_train_plan(const eng_run_config_t *rc, const eng_model_config_t 
     if (st != MT_OK) return st;
     st = eng_program_workload(mc, rc, &hw, eng_compute_dtype(rc, dev) == MT_BF16, &quant, &w, err);
     if (st == MT_OK) st = eng_program_planner_opts(rc, &hw, &opts, err);
+    if (st == MT_OK) st = eng_plan_nvme_for_training(rc, eng_compute_dtype(rc, dev) == MT_BF16, &hw, &w, &opts, err);
     if (st == MT_OK) st = eng_program_parallel_opts(mc, rc, &opts, err);
     if (st == MT_OK && opts.devices == SCHED_EP_DEVICES) {
         /* two devices: data or expert parallel per MoE layer; the plan is

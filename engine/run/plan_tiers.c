@@ -2,8 +2,11 @@
 #include "engine/run/plan_tiers.h"
 
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "engine/run/calibrate.h"
 
 /* gpt-oss's modules_to_not_convert lists attention: only experts are MXFP4. */
 static bool attention_not_converted(json_t *qc) {
@@ -107,4 +110,21 @@ mt_status_t eng_plan_nvme(const eng_run_config_t *rc, const sched_hw_t *hw, sche
     o->nvme = true;
     o->nvme_budget = (double)rc->memory_nvme_budget;
     return MT_OK;
+}
+
+mt_status_t eng_plan_nvme_for_training(const eng_run_config_t *rc, bool bf16, sched_hw_t *hw, sched_workload_t *w,
+                                       sched_planner_opts_t *o, mt_error_t *err) {
+    if (!rc->memory_nvme_path[0]) return MT_OK;
+    if (!hw->has_nvme) {
+        sched_calibration_t cal;
+        memset(&cal, 0, sizeof cal);
+        const mt_status_t st = eng_calibrate_nvme(rc, &cal, err);
+        if (st != MT_OK) return mt_error_prefix(err, "%s: ", rc->source_path);
+        sched_hw_set_measured_nvme(&cal, hw);
+        fprintf(stderr, "moetune: NVMe tier: %s measured at %.2f / %.2f GB/s read / write (the hardware profile has "
+                        "no nvme: section)\n", rc->memory_nvme_path, cal.nvme_read_bw / 1e9, cal.nvme_write_bw / 1e9);
+    }
+    const mt_status_t st = eng_plan_nvme(rc, hw, w, o, err);
+    o->nvme_optim_only = !bf16;
+    return st;
 }

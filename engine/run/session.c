@@ -12,11 +12,14 @@
 #include "engine/data/split.h"
 #include "engine/data/text.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "engine/exec/optim_state.h"
@@ -115,9 +118,24 @@ static mt_status_t plan(eng_run_t *run, const eng_run_opts_t *opts, mt_error_t *
     return st;
 }
 
-/* memory.nvme: the host AdamW state on the NVMe tier, for the combination
- * built so far (one device of one process, full fine-tuning); others are
- * refused rather than silently left in host memory. */
+/* memory.nvme.path must be a directory this process can write, whether or
+ * not the plan uses it: a typo is found now, not on the day the host runs
+ * short. */
+static mt_status_t check_nvme_dir(const char *dir, mt_error_t *err) {
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || access(dir, W_OK | X_OK) != 0)
+        return mt_error_set(err, MT_ERR_IO, "memory.nvme.path: %s: cannot open the store directory: %s", dir,
+                            strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return mt_error_set(err, MT_ERR_IO, "memory.nvme.path: %s: cannot open the store directory: not a directory",
+                            dir);
+    return MT_OK;
+}
+
+/* memory.nvme: the optimizer state the plan keeps on the NVMe tier, for
+ * the combination built so far (one device of one process, full
+ * fine-tuning); others are refused rather than silently left in host
+ * memory. */
 static mt_status_t open_nvme(eng_run_t *run, const eng_run_opts_t *opts, mt_error_t *err) {
     const eng_run_config_t *rc = run->rc;
     const char *why = opts->lora || rc->adapter != ENG_ADAPTER_NONE ? "LoRA (adapter:)"
@@ -129,11 +147,20 @@ static mt_status_t open_nvme(eng_run_t *run, const eng_run_opts_t *opts, mt_erro
                             "memory.nvme.path %s: the NVMe tier is built for full fine-tuning on one device of one "
                             "process; this run uses %s (remove memory.nvme to train in host memory)",
                             rc->memory_nvme_path, why);
+    mt_status_t st = check_nvme_dir(rc->memory_nvme_path, err);
+    if (st != MT_OK) return st;
     eng_nvme_placed_t placed;
-    mt_status_t st = eng_exec_place_optim_nvme(run->x, rc->memory_nvme_path, rc->memory_nvme_budget, &placed, err);
+    st = eng_exec_place_optim_nvme(run->x, rc->memory_nvme_path, rc->memory_nvme_budget, &placed, err);
     if (st != MT_OK) return mt_error_prefix(err, "memory.nvme.path: ");
-    fprintf(stderr, "moetune: NVMe tier: AdamW state of %d parameters (%.3f GiB) in %s through %s", placed.params,
-            placed.bytes / 1073741824.0, placed.run_dir, placed.io);
+    if (placed.params == 0) {
+        fprintf(stderr, "moetune: NVMe tier: not used: the plan fits host memory (%s); memory.host lower than that "
+                        "moves optimizer state to %s\n", rc->memory_host ? "memory.host" : "the hardware profile's",
+                rc->memory_nvme_path);
+        return MT_OK;
+    }
+    fprintf(stderr, "moetune: NVMe tier: AdamW state of %d parameters (%.3f GiB; fp32 masters of %d, streamed bf16 "
+            "weights of %d) in %s through %s", placed.params, placed.bytes / 1073741824.0, placed.masters,
+            placed.homes, placed.run_dir, placed.io);
     if (placed.leftovers_removed)
         fprintf(stderr, "; removed %d killed run(s)' leftover files", placed.leftovers_removed);
     fprintf(stderr, "\n");

@@ -39,7 +39,8 @@ typedef int (*adamw_range_fn)(const adamw_job_t *j, size_t b, size_t e);
 
 struct adamw_job {
     kern_adamw_coef_t c;
-    float *p, *m, *v;    /* (n) */
+    float *p, *m, *v;    /* (n) written */
+    const float *ps, *ms, *vs; /* (n) read: p, m, v in place, else buffers apart from them */
     const float *g;      /* (n) or NULL */
     const uint16_t *gb;  /* (n) bf16 gradient, or NULL */
     uint16_t *pb;        /* (n) bf16 copy of p, or NULL */
@@ -60,8 +61,11 @@ struct adamw_job {
 
 static inline int adamw_elem_at(const adamw_job_t *j, size_t i) {
     const float g = j->g ? j->g[i] : mt_bf16_to_f32(j->gb[i]);
-    const float p = kern_adamw_elem(&j->c, j->p[i], j->m + i, j->v + i, g);
+    float m = j->ms[i], v = j->vs[i]; /* every read before any write: src may be dst */
+    const float p = kern_adamw_elem(&j->c, j->ps[i], &m, &v, g);
     j->p[i] = p;
+    j->m[i] = m;
+    j->v[i] = v;
     if (j->pb) j->pb[i] = mt_f32_to_bf16(p);
     return !isfinite(p);
 }
@@ -112,10 +116,12 @@ typedef struct {
     int lbase_m;
 } adamw_avx2_k_t;
 
-/* 8 elements at i: updates p, m, v and returns the new p. */
+/* 8 elements at i: reads ps, ms, vs, writes p, m, v and returns the new p.
+ * No restrict here: in place the sources are the destinations (every load
+ * comes before the stores); the callers' locals carry the no-alias facts. */
 MT_AVX2 __attribute__((always_inline)) static inline __m256 adamw_avx2_8(
-    const adamw_avx2_k_t *k, float *restrict p, float *restrict m, float *restrict v,
-    const float *restrict g, const uint16_t *restrict gb, size_t i, const int gbf16) {
+    const adamw_avx2_k_t *k, const float *ps, const float *ms, const float *vs, float *p, float *m, float *v,
+    const float *g, const uint16_t *gb, size_t i, const int gbf16) {
     __m256 gv;
     if (gbf16)
         gv = _mm256_castsi256_ps(_mm256_slli_epi32(
@@ -123,12 +129,12 @@ MT_AVX2 __attribute__((always_inline)) static inline __m256 adamw_avx2_8(
     else
         gv = _mm256_loadu_ps(g + i);
     gv = _mm256_mul_ps(gv, k->gs);
-    __m256 pv = _mm256_mul_ps(_mm256_loadu_ps(p + i), k->dec);
-    __m256 mv = _mm256_loadu_ps(m + i);
+    __m256 pv = _mm256_mul_ps(_mm256_loadu_ps(ps + i), k->dec);
+    __m256 mv = _mm256_loadu_ps(ms + i);
     const __m256 dv = _mm256_sub_ps(gv, mv);
     mv = _mm256_fmadd_ps(k->lc, dv, k->lbase_m ? mv : gv);
     const __m256 gg = _mm256_mul_ps(_mm256_mul_ps(k->omb2, gv), gv);
-    const __m256 vv = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), k->b2), gg);
+    const __m256 vv = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(vs + i), k->b2), gg);
     const __m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), k->bc2), k->eps);
     pv = _mm256_add_ps(pv, _mm256_div_ps(_mm256_mul_ps(k->nstep, mv), den));
     _mm256_storeu_ps(p + i, pv);
@@ -141,11 +147,17 @@ MT_AVX2 __attribute__((always_inline)) static inline __m256 adamw_avx2_8(
  * stream covers one 64-byte line and the bf16 packing of both halves
  * costs one pack and one permute. The arrays are distinct by contract
  * (restrict) and held in locals so the compiler need not reload them from
- * the job after every store. */
+ * the job after every store.  oop (a constant): the sources are buffers of
+ * their own, read through ps, ms, vs; in place those stay NULL and unused
+ * (a restrict pointer aliasing p would be undefined), and p, m, v are read
+ * as they were before the out-of-place form existed. */
 MT_AVX2 __attribute__((always_inline)) static inline int adamw_avx2_body(
-    const adamw_job_t *j, size_t b, size_t e, const int gbf16, const int pbf16) {
+    const adamw_job_t *j, size_t b, size_t e, const int gbf16, const int pbf16, const int oop) {
     const kern_adamw_coef_t *c = &j->c;
     float *restrict p = j->p, *restrict m = j->m, *restrict v = j->v;
+    const float *restrict ps = oop ? j->ps : NULL, *restrict ms = oop ? j->ms : NULL,
+                          *restrict vs = oop ? j->vs : NULL;
+    const float *const lp = oop ? ps : p, *const lm = oop ? ms : m, *const lv = oop ? vs : v;
     const float *restrict g = j->g;
     const uint16_t *restrict gb = j->gb;
     uint16_t *restrict pb = j->pb;
@@ -163,12 +175,12 @@ MT_AVX2 __attribute__((always_inline)) static inline int adamw_avx2_body(
     const __m256 zero = _mm256_setzero_ps();
     for (const size_t pe = b + adamw_peel(j, b, e); i < pe; i++) bad |= adamw_elem_at(j, i);
     for (; i + 16 <= e; i += 16) {
-        _mm_prefetch((const char *)(p + i + d), _MM_HINT_T0);
-        _mm_prefetch((const char *)(m + i + d), _MM_HINT_T0);
-        _mm_prefetch((const char *)(v + i + d), _MM_HINT_T0);
+        _mm_prefetch((const char *)(lp + i + d), _MM_HINT_T0);
+        _mm_prefetch((const char *)(lm + i + d), _MM_HINT_T0);
+        _mm_prefetch((const char *)(lv + i + d), _MM_HINT_T0);
         _mm_prefetch(gbf16 ? (const char *)(gb + i + d) : (const char *)(g + i + d), _MM_HINT_T0);
-        const __m256 lo = adamw_avx2_8(&k, p, m, v, g, gb, i, gbf16);
-        const __m256 hi = adamw_avx2_8(&k, p, m, v, g, gb, i + 8, gbf16);
+        const __m256 lo = adamw_avx2_8(&k, lp, lm, lv, p, m, v, g, gb, i, gbf16);
+        const __m256 hi = adamw_avx2_8(&k, lp, lm, lv, p, m, v, g, gb, i + 8, gbf16);
         nf = _mm256_or_ps(nf, _mm256_or_ps(_mm256_mul_ps(lo, zero), _mm256_mul_ps(hi, zero)));
         if (pbf16) {
             /* packus interleaves per 128-bit lane (lo0 hi0 lo1 hi1 in
@@ -184,10 +196,18 @@ MT_AVX2 __attribute__((always_inline)) static inline int adamw_avx2_body(
 
 MT_AVX2 static int adamw_range_avx2(const adamw_job_t *j, size_t b, size_t e) {
     const int gbf16 = j->g == NULL, pbf16 = j->pb != NULL;
-    if (gbf16 && pbf16) return adamw_avx2_body(j, b, e, 1, 1);
-    if (gbf16) return adamw_avx2_body(j, b, e, 1, 0);
-    if (pbf16) return adamw_avx2_body(j, b, e, 0, 1);
-    return adamw_avx2_body(j, b, e, 0, 0);
+    if (gbf16 && pbf16) return adamw_avx2_body(j, b, e, 1, 1, 0);
+    if (gbf16) return adamw_avx2_body(j, b, e, 1, 0, 0);
+    if (pbf16) return adamw_avx2_body(j, b, e, 0, 1, 0);
+    return adamw_avx2_body(j, b, e, 0, 0, 0);
+}
+
+MT_AVX2 static int adamw_range_avx2_oop(const adamw_job_t *j, size_t b, size_t e) {
+    const int gbf16 = j->g == NULL, pbf16 = j->pb != NULL;
+    if (gbf16 && pbf16) return adamw_avx2_body(j, b, e, 1, 1, 1);
+    if (gbf16) return adamw_avx2_body(j, b, e, 1, 0, 1);
+    if (pbf16) return adamw_avx2_body(j, b, e, 0, 1, 1);
+    return adamw_avx2_body(j, b, e, 0, 0, 1);
 }
 
 /* ---- AVX-512F: 16 lanes ---- */
@@ -205,10 +225,14 @@ MT_AVX512 static inline __m256i bf16_round_avx512(__m512 x) {
     return _mm512_cvtepi32_epi16(r); /* values < 0x10000: truncation is exact */
 }
 
+/* oop: as adamw_avx2_body's */
 MT_AVX512 __attribute__((always_inline)) static inline int adamw_avx512_body(
-    const adamw_job_t *j, size_t b, size_t e, const int gbf16, const int pbf16) {
+    const adamw_job_t *j, size_t b, size_t e, const int gbf16, const int pbf16, const int oop) {
     const kern_adamw_coef_t *c = &j->c;
     float *restrict p = j->p, *restrict m = j->m, *restrict v = j->v;
+    const float *restrict ps = oop ? j->ps : NULL, *restrict ms = oop ? j->ms : NULL,
+                          *restrict vs = oop ? j->vs : NULL;
+    const float *const lp = oop ? ps : p, *const lm = oop ? ms : m, *const lv = oop ? vs : v;
     const float *restrict g = j->g;
     const uint16_t *restrict gb = j->gb;
     uint16_t *restrict pb = j->pb;
@@ -224,9 +248,9 @@ MT_AVX512 __attribute__((always_inline)) static inline int adamw_avx512_body(
     const __m512 zero = _mm512_setzero_ps();
     for (const size_t pe = b + adamw_peel(j, b, e); i < pe; i++) bad |= adamw_elem_at(j, i);
     for (; i + 16 <= e; i += 16) {
-        _mm_prefetch((const char *)(p + i + d), _MM_HINT_T0);
-        _mm_prefetch((const char *)(m + i + d), _MM_HINT_T0);
-        _mm_prefetch((const char *)(v + i + d), _MM_HINT_T0);
+        _mm_prefetch((const char *)(lp + i + d), _MM_HINT_T0);
+        _mm_prefetch((const char *)(lm + i + d), _MM_HINT_T0);
+        _mm_prefetch((const char *)(lv + i + d), _MM_HINT_T0);
         _mm_prefetch(gbf16 ? (const char *)(gb + i + d) : (const char *)(g + i + d), _MM_HINT_T0);
         __m512 gv;
         if (gbf16)
@@ -235,12 +259,12 @@ MT_AVX512 __attribute__((always_inline)) static inline int adamw_avx512_body(
         else
             gv = _mm512_loadu_ps(g + i);
         gv = _mm512_mul_ps(gv, gs);
-        __m512 pv = _mm512_mul_ps(_mm512_loadu_ps(p + i), dec);
-        __m512 mv = _mm512_loadu_ps(m + i);
+        __m512 pv = _mm512_mul_ps(_mm512_loadu_ps(lp + i), dec);
+        __m512 mv = _mm512_loadu_ps(lm + i);
         const __m512 dv = _mm512_sub_ps(gv, mv);
         mv = _mm512_fmadd_ps(lc, dv, lbase_m ? mv : gv);
         const __m512 gg = _mm512_mul_ps(_mm512_mul_ps(omb2, gv), gv);
-        const __m512 vv = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), b2), gg);
+        const __m512 vv = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(lv + i), b2), gg);
         const __m512 den = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2), eps);
         pv = _mm512_add_ps(pv, _mm512_div_ps(_mm512_mul_ps(nstep, mv), den));
         _mm512_storeu_ps(p + i, pv);
@@ -256,10 +280,18 @@ MT_AVX512 __attribute__((always_inline)) static inline int adamw_avx512_body(
 
 MT_AVX512 static int adamw_range_avx512(const adamw_job_t *j, size_t b, size_t e) {
     const int gbf16 = j->g == NULL, pbf16 = j->pb != NULL;
-    if (gbf16 && pbf16) return adamw_avx512_body(j, b, e, 1, 1);
-    if (gbf16) return adamw_avx512_body(j, b, e, 1, 0);
-    if (pbf16) return adamw_avx512_body(j, b, e, 0, 1);
-    return adamw_avx512_body(j, b, e, 0, 0);
+    if (gbf16 && pbf16) return adamw_avx512_body(j, b, e, 1, 1, 0);
+    if (gbf16) return adamw_avx512_body(j, b, e, 1, 0, 0);
+    if (pbf16) return adamw_avx512_body(j, b, e, 0, 1, 0);
+    return adamw_avx512_body(j, b, e, 0, 0, 0);
+}
+
+MT_AVX512 static int adamw_range_avx512_oop(const adamw_job_t *j, size_t b, size_t e) {
+    const int gbf16 = j->g == NULL, pbf16 = j->pb != NULL;
+    if (gbf16 && pbf16) return adamw_avx512_body(j, b, e, 1, 1, 1);
+    if (gbf16) return adamw_avx512_body(j, b, e, 1, 0, 1);
+    if (pbf16) return adamw_avx512_body(j, b, e, 0, 1, 1);
+    return adamw_avx512_body(j, b, e, 0, 0, 1);
 }
 
 /* ---- dispatch ---- */
@@ -324,18 +356,36 @@ static void adamw_task(void *ctx, size_t task) {
     if (b < e && j->fn(j, b, e) && j->bad) __atomic_store_n(j->bad, 1, __ATOMIC_RELAXED);
 }
 
+static adamw_range_fn adamw_range_for(kern_cpu_isa_t isa, int oop) {
+    if (isa == KERN_ISA_AVX512) return oop ? adamw_range_avx512_oop : adamw_range_avx512;
+    if (isa == KERN_ISA_AVX2) return oop ? adamw_range_avx2_oop : adamw_range_avx2;
+    return adamw_range_scalar; /* reads each element before writing it: one loop serves both */
+}
+
 int kern_adamw_block_isa(kern_cpu_isa_t isa, const kern_adamw_coef_t *c, float *p, float *m, float *v,
                          const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n) {
-    adamw_job_t j = {.c = *c, .p = p, .m = m, .v = v, .g = g, .gb = g_bf16, .pb = p_bf16, .n = n};
-    j.fn = isa == KERN_ISA_AVX512 ? adamw_range_avx512
-         : isa == KERN_ISA_AVX2   ? adamw_range_avx2
-                                  : adamw_range_scalar;
+    adamw_job_t j = {.c = *c, .p = p, .m = m, .v = v, .ps = p, .ms = m, .vs = v,
+                     .g = g, .gb = g_bf16, .pb = p_bf16, .n = n};
+    j.fn = adamw_range_for(isa, 0);
     return j.fn(&j, 0, n);
+}
+
+/* [a, a + bytes) and [b, b + bytes) share no byte (compared as integers:
+ * relational operators on pointers into different objects are undefined). */
+static int apart(const void *a, const void *b, size_t bytes) {
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x + bytes <= y || y + bytes <= x;
 }
 
 void kern_adamw_cpu_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, float *m, float *v,
                         const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                         const kern_adamw_params_t *hp) {
+    kern_adamw_cpu_isa_from(pool, isa, p, m, v, p, m, v, g, g_bf16, p_bf16, n, hp);
+}
+
+void kern_adamw_cpu_isa_from(kern_threadpool_t *pool, kern_cpu_isa_t isa, const float *p_src, const float *m_src,
+                             const float *v_src, float *p, float *m, float *v, const float *g,
+                             const uint16_t *g_bf16, uint16_t *p_bf16, size_t n, const kern_adamw_params_t *hp) {
     MT_CHECK(hp != NULL, "kern_adamw_cpu: hyperparameters are NULL");
     MT_CHECK((g == NULL) != (g_bf16 == NULL),
              "kern_adamw_cpu: pass exactly one of g (fp32) and g_bf16 (got %s)",
@@ -343,15 +393,22 @@ void kern_adamw_cpu_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, f
     MT_CHECK(hp->step >= 1, "kern_adamw_cpu: step must be >= 1 (got %lld)", (long long)hp->step);
     if (n == 0) return;
     MT_CHECK(p && m && v, "kern_adamw_cpu: p, m and v must be non-NULL for n = %zu", n);
+    MT_CHECK(p_src && m_src && v_src, "kern_adamw_cpu: the source p, m and v must be non-NULL for n = %zu", n);
+    const int oop = p_src != p;
+    MT_CHECK(oop ? m_src != m && v_src != v : m_src == m && v_src == v,
+             "kern_adamw_cpu: p, m and v must all be updated in place or all out of place");
+    const size_t nb = n * sizeof(float);
+    MT_CHECK(!oop || (apart(p_src, p, nb) && apart(p_src, m, nb) && apart(p_src, v, nb) && apart(m_src, p, nb) &&
+                      apart(m_src, m, nb) && apart(m_src, v, nb) && apart(v_src, p, nb) && apart(v_src, m, nb) &&
+                      apart(v_src, v, nb)),
+             "kern_adamw_cpu: an out-of-place update's sources overlap its destinations (n = %zu)", n);
     if (isa == KERN_ISA_AUTO) isa = kern_cpu_isa_best();
     MT_CHECK(kern_cpu_isa_supported(isa), "kern_adamw_cpu: this CPU cannot run the %s path",
              kern_cpu_isa_name(isa));
 
-    adamw_job_t j = {.c = kern_adamw_coef(hp), .p = p, .m = m, .v = v,
+    adamw_job_t j = {.c = kern_adamw_coef(hp), .p = p, .m = m, .v = v, .ps = p_src, .ms = m_src, .vs = v_src,
                      .g = g, .gb = g_bf16, .pb = p_bf16, .n = n, .bad = hp->nonfinite};
-    j.fn = isa == KERN_ISA_AVX512 ? adamw_range_avx512
-         : isa == KERN_ISA_AVX2   ? adamw_range_avx2
-                                  : adamw_range_scalar;
+    j.fn = adamw_range_for(isa, oop);
     const int nthreads = kern_threadpool_size(pool);
     j.chunk = kern_adamw_chunk_elems(n, nthreads);
     j.mis = ((uintptr_t)p & 3u) ? 0 : ((uintptr_t)p & 63u) / sizeof(float);

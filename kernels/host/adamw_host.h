@@ -63,6 +63,22 @@ void kern_adamw_cpu_pool(kern_threadpool_t *pool, float *p, const kern_moments_t
                          const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                          const kern_adamw_params_t *hp);
 
+/* Out of place: the update of the state in p_src and mom_src (left as it
+ * was) written to p and mom, the same bits the in-place update would leave
+ * there.  Speculation (engine/optim/speculate.h) keeps the old state this
+ * way without copying it first.  p_src == p with mom_src's buffers equal to
+ * mom's is the in-place call; otherwise no source may overlap a destination
+ * (fatal), and mom_src has mom's format (the bf16 format's rounding uses
+ * mom's seed).  Traffic: the in-place 28 bytes per element (fp32 moments)
+ * plus, on CPUs that allocate on write, a read of each destination line
+ * before it is written (12 bytes). */
+void kern_adamw_cpu_pool_from(kern_threadpool_t *pool, const float *p_src, const kern_moments_t *mom_src, float *p,
+                              const kern_moments_t *mom, const float *g, const uint16_t *g_bf16, uint16_t *p_bf16,
+                              size_t n, const kern_adamw_params_t *hp);
+void kern_adamw_moments_isa_from(kern_threadpool_t *pool, kern_cpu_isa_t isa, const float *p_src,
+                                 const kern_moments_t *mom_src, float *p, const kern_moments_t *mom, const float *g,
+                                 const uint16_t *g_bf16, uint16_t *p_bf16, size_t n, const kern_adamw_params_t *hp);
+
 /* As kern_adamw_cpu_pool on a chosen path (the fp32 format goes to
  * kern_adamw_cpu_isa); every path gives the same bits. */
 void kern_adamw_moments_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, const kern_moments_t *mom,
@@ -89,6 +105,11 @@ void kern_moments_from_f32(const kern_moments_t *mom, size_t n, const float *m, 
 void kern_adamw_cpu_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, float *m, float *v,
                         const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                         const kern_adamw_params_t *hp);
+/* Its out-of-place form (as kern_adamw_cpu_pool_from): all three sources
+ * equal to their destinations, or none of them overlapping any. */
+void kern_adamw_cpu_isa_from(kern_threadpool_t *pool, kern_cpu_isa_t isa, const float *p_src, const float *m_src,
+                             const float *v_src, float *p, float *m, float *v, const float *g,
+                             const uint16_t *g_bf16, uint16_t *p_bf16, size_t n, const kern_adamw_params_t *hp);
 
 /* The update of n elements on the calling thread with the per-call
  * constants already made (kern_adamw_coef), on an ISA this CPU has: the

@@ -214,6 +214,42 @@ static void run(kern_threadpool_t *pool, kern_cpu_isa_t isa, state_t *s, int gbf
 
 static const kern_cpu_isa_t k_isas[] = {KERN_ISA_AVX2, KERN_ISA_AVX512};
 
+static int same_array(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+/* The out-of-place update on `isa`: from a copy of `in` into buffers of
+ * other offsets (holding stale values), it must leave exactly the in-place
+ * result `ref` there (p, m, v, the bf16 copy and the finite flag) and its
+ * sources as they were. */
+static void check_out_of_place(kern_threadpool_t *pool, kern_cpu_isa_t isa, const state_t *in, const state_t *ref,
+                               const int off[6], int gbf16, int pbf16, const kern_adamw_params_t *hp,
+                               const char *what) {
+    const size_t n = in->n;
+    const int doff[6] = {off[2], off[0], off[1], off[3], off[4], off[5]};
+    state_t src, dst;
+    state_init(&src, n, off);
+    state_init(&dst, n, doff);
+    state_copy(&src, in);
+    state_fill(&dst, 977); /* stale state, none of it may show through */
+    memcpy(dst.g, in->g, n * 4);
+    memcpy(dst.gb, in->gb, n * 2);
+    memcpy(dst.pb, in->pb, n * 2);
+    kern_adamw_params_t h = *hp;
+    int bad = 0;
+    h.nonfinite = &bad;
+    kern_adamw_cpu_isa_from(pool, isa, src.p, src.m, src.v, dst.p, dst.m, dst.v, gbf16 ? NULL : src.g,
+                            gbf16 ? src.gb : NULL, pbf16 ? dst.pb : NULL, n, &h);
+    char w2[240];
+    snprintf(w2, sizeof w2, "%s [%s, out of place]", what, kern_cpu_isa_name(isa));
+    same_bits(ref, &dst, pbf16, w2);
+    EXPECT(same_array(src.p, in->p, n) && same_array(src.m, in->m, n) && same_array(src.v, in->v, n),
+           "%s: the sources changed", w2);
+    int want_bad = 0;
+    for (size_t i = 0; i < n; i++) want_bad |= !isfinite(ref->p[i]);
+    EXPECT(bad == want_bad, "%s: finite flag %d, want %d", w2, bad, want_bad);
+    state_free(&src);
+    state_free(&dst);
+}
+
 /* One case: the scalar path against the reference, then every SIMD path
  * the CPU has (on a 2-thread pool) against the scalar path, bit for bit. */
 static void check_case(kern_threadpool_t *pool, size_t n, const int off[6], int gbf16, int pbf16,
@@ -230,8 +266,15 @@ static void check_case(kern_threadpool_t *pool, size_t n, const int off[6], int 
     run(NULL, KERN_ISA_SCALAR, &ref, gbf16, pbf16, hp);
     check_vs_ref(what, hp, &in, &ref, gbf16);
     if (pbf16) check_bf16_copy(&ref, what);
+    /* out of place: every path on the small sizes; on the large one the
+     * widest only (the scalar loop is the in-place one, and the vector
+     * bodies are the same at every size; the sanitizer builds stay fast) */
+    const int small = n <= 5000;
+    if (small) check_out_of_place(NULL, KERN_ISA_SCALAR, &in, &ref, off, gbf16, pbf16, hp, what);
     for (size_t k = 0; k < sizeof k_isas / sizeof k_isas[0]; k++) {
         if (!kern_cpu_isa_supported(k_isas[k])) continue;
+        if (small || k_isas[k] == kern_cpu_isa_best())
+            check_out_of_place(pool, k_isas[k], &in, &ref, off, gbf16, pbf16, hp, what);
         state_t out;
         state_init(&out, n, off);
         state_copy(&out, &in);
@@ -390,6 +433,8 @@ static void test_special_values(kern_threadpool_t *pool) {
         same_bits(&ref, &out, 1, "special values");
         state_free(&out);
     }
+    for (kern_cpu_isa_t isa = KERN_ISA_SCALAR; isa <= KERN_ISA_AVX512; isa++)
+        if (kern_cpu_isa_supported(isa)) check_out_of_place(pool, isa, &in, &ref, off, 0, 1, &hp, "special values");
     /* Extreme moments and gradients: v from 0 through subnormals to FLT_MAX
      * and infinity, gradients from subnormal to overflowing g*g. Every path
      * must agree (the division and sqrt edge cases). */
@@ -417,6 +462,9 @@ static void test_special_values(kern_threadpool_t *pool) {
         same_bits(&exref, &out, 1, "extreme v and g");
         state_free(&out);
     }
+    for (kern_cpu_isa_t isa = KERN_ISA_SCALAR; isa <= KERN_ISA_AVX512; isa++)
+        if (kern_cpu_isa_supported(isa))
+            check_out_of_place(pool, isa, &ex, &exref, off, 0, 1, &hp_ex, "extreme v and g");
     state_free(&ex);
     state_free(&exref);
 

@@ -125,6 +125,8 @@ typedef struct {
     kern_adamw_coef_t c;
     float *p;
     kern_moments_t mom;
+    const float *ps;      /* read: p in place, else a buffer apart from it */
+    kern_moments_t msrc;  /* read: mom in place, else buffers apart from it */
     const float *g;
     const uint16_t *gb;
     uint16_t *pb;
@@ -136,21 +138,27 @@ typedef struct {
     kern_moments_q8_tables_t q8; /* 8-bit on AVX-512: the search's tables */
 } lite_job_t;
 
-/* One block [b, e) of at most 256 elements, b a multiple of 256. */
+/* One block [b, e) of at most 256 elements, b a multiple of 256: the
+ * moments are expanded from the sources and stored to the destinations
+ * (the same buffers in place); out of place, p's block is first copied to
+ * its destination, where the in-place update runs on it (1 KB, in L1: the
+ * fp32 kernel stays one in-place loop for these formats). */
 static int lite_block(const lite_job_t *j, size_t b, size_t e) {
     float mf[QB] __attribute__((aligned(64))), vf[QB] __attribute__((aligned(64)));
-    if (j->mom.fmt == KERN_MOMENTS_BF16 && j->isa == KERN_ISA_AVX512 && e - b == QB) {
-        kern_moments_bf16_expand_avx512((const uint16_t *)j->mom.m + b, mf);
-        kern_moments_bf16_expand_avx512((const uint16_t *)j->mom.v + b, vf);
-    } else if (j->mom.fmt == KERN_MOMENTS_8BIT && j->isa == KERN_ISA_AVX512 && e - b == QB) {
-        kern_moments_8bit_expand_avx512(kern_moments_qmap_signed, (const uint8_t *)j->mom.m + b,
-                                        j->mom.m_absmax[b / QB], mf);
-        kern_moments_8bit_expand_avx512(kern_moments_qmap_unsigned, (const uint8_t *)j->mom.v + b,
-                                        j->mom.v_absmax[b / QB], vf);
+    const kern_moments_t *src = &j->msrc;
+    if (src->fmt == KERN_MOMENTS_BF16 && j->isa == KERN_ISA_AVX512 && e - b == QB) {
+        kern_moments_bf16_expand_avx512((const uint16_t *)src->m + b, mf);
+        kern_moments_bf16_expand_avx512((const uint16_t *)src->v + b, vf);
+    } else if (src->fmt == KERN_MOMENTS_8BIT && j->isa == KERN_ISA_AVX512 && e - b == QB) {
+        kern_moments_8bit_expand_avx512(kern_moments_qmap_signed, (const uint8_t *)src->m + b,
+                                        src->m_absmax[b / QB], mf);
+        kern_moments_8bit_expand_avx512(kern_moments_qmap_unsigned, (const uint8_t *)src->v + b,
+                                        src->v_absmax[b / QB], vf);
     } else {
-        expand(&j->mom, 0, b, e, mf);
-        expand(&j->mom, 1, b, e, vf);
+        expand(src, 0, b, e, mf);
+        expand(src, 1, b, e, vf);
     }
+    if (j->ps != j->p) memcpy(j->p + b, j->ps + b, (e - b) * sizeof(float));
     const int bad = kern_adamw_block_isa(j->isa, &j->c, j->p + b, mf, vf, j->g ? j->g + b : NULL,
                                          j->gb ? j->gb + b : NULL, j->pb ? j->pb + b : NULL, e - b);
     if (e - b == QB && j->isa >= KERN_ISA_AVX2) {
@@ -206,15 +214,58 @@ static void lite_task(void *ctx, size_t task) {
 
 void kern_adamw_cpu_pool(kern_threadpool_t *pool, float *p, const kern_moments_t *mom, const float *g,
                          const uint16_t *g_bf16, uint16_t *p_bf16, size_t n, const kern_adamw_params_t *hp) {
-    kern_adamw_moments_isa(pool, KERN_ISA_AUTO, p, mom, g, g_bf16, p_bf16, n, hp);
+    kern_adamw_moments_isa_from(pool, KERN_ISA_AUTO, p, mom, p, mom, g, g_bf16, p_bf16, n, hp);
+}
+
+void kern_adamw_cpu_pool_from(kern_threadpool_t *pool, const float *p_src, const kern_moments_t *mom_src, float *p,
+                              const kern_moments_t *mom, const float *g, const uint16_t *g_bf16, uint16_t *p_bf16,
+                              size_t n, const kern_adamw_params_t *hp) {
+    kern_adamw_moments_isa_from(pool, KERN_ISA_AUTO, p_src, mom_src, p, mom, g, g_bf16, p_bf16, n, hp);
 }
 
 void kern_adamw_moments_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *p, const kern_moments_t *mom,
                             const float *g, const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                             const kern_adamw_params_t *hp) {
-    MT_CHECK(mom != NULL, "kern_adamw_cpu: moments are NULL");
+    kern_adamw_moments_isa_from(pool, isa, p, mom, p, mom, g, g_bf16, p_bf16, n, hp);
+}
+
+/* The bytes of each part of the moments' one allocation (kern_moments_view's layout). */
+static size_t moments_part_bytes(kern_moments_fmt_t fmt, size_t n, int absmax) {
+    return absmax ? kern_moments_blocks(n) * sizeof(float) : n * elem_bytes(fmt);
+}
+
+/* [a, a + an) and [b, b + bn) share no byte (as integers: relational
+ * operators on pointers into different objects are undefined). */
+static bool apart(const void *a, size_t an, const void *b, size_t bn) {
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x + an <= y || y + bn <= x;
+}
+
+/* Out of place: no source part (p, m, v, absmaxes) overlaps a destination part. */
+static bool lite_apart(const float *ps, const kern_moments_t *src, const float *p, const kern_moments_t *dst,
+                       size_t n) {
+    const void *s[4] = {src->m, src->v, src->m_absmax, src->v_absmax}, *d[4] = {dst->m, dst->v, dst->m_absmax,
+                                                                                   dst->v_absmax};
+    const size_t pb = n * sizeof(float);
+    for (int a = 0; a < 4; a++) {
+        const size_t ab = moments_part_bytes(dst->fmt, n, a >= 2);
+        if (!s[a] && !d[a]) continue;
+        if (!apart(ps, pb, d[a], ab) || !apart(s[a], ab, p, pb)) return false;
+        for (int k = 0; k < 4; k++)
+            if (d[k] && !apart(s[a], ab, d[k], moments_part_bytes(dst->fmt, n, k >= 2))) return false;
+    }
+    return apart(ps, pb, p, pb);
+}
+
+void kern_adamw_moments_isa_from(kern_threadpool_t *pool, kern_cpu_isa_t isa, const float *p_src,
+                                 const kern_moments_t *mom_src, float *p, const kern_moments_t *mom, const float *g,
+                                 const uint16_t *g_bf16, uint16_t *p_bf16, size_t n, const kern_adamw_params_t *hp) {
+    MT_CHECK(mom != NULL && mom_src != NULL, "kern_adamw_cpu: moments are NULL");
+    MT_CHECK(mom_src->fmt == mom->fmt, "kern_adamw_cpu: source moments in %s, destination in %s",
+             kern_moments_fmt_name(mom_src->fmt), kern_moments_fmt_name(mom->fmt));
     if (mom->fmt == KERN_MOMENTS_F32) {
-        kern_adamw_cpu_isa(pool, isa, p, mom->m, mom->v, g, g_bf16, p_bf16, n, hp);
+        kern_adamw_cpu_isa_from(pool, isa, p_src, mom_src->m, mom_src->v, p, mom->m, mom->v, g, g_bf16, p_bf16, n,
+                                hp);
         return;
     }
     if (isa == KERN_ISA_AUTO) isa = kern_cpu_isa_best();
@@ -225,9 +276,17 @@ void kern_adamw_moments_isa(kern_threadpool_t *pool, kern_cpu_isa_t isa, float *
     MT_CHECK(hp->step >= 1, "kern_adamw_cpu: step must be >= 1 (got %lld)", (long long)hp->step);
     if (n == 0) return;
     MT_CHECK(p && mom->m && mom->v, "kern_adamw_cpu: p and the moments must be non-NULL for n = %zu", n);
-    MT_CHECK(mom->fmt != KERN_MOMENTS_8BIT || (mom->m_absmax && mom->v_absmax),
+    MT_CHECK(mom->fmt != KERN_MOMENTS_8BIT || (mom->m_absmax && mom->v_absmax && mom_src->m_absmax &&
+                                               mom_src->v_absmax),
              "kern_adamw_cpu: 8-bit moments without their absmax arrays");
-    lite_job_t j = {.c = kern_adamw_coef(hp), .p = p, .mom = *mom, .g = g, .gb = g_bf16, .pb = p_bf16, .n = n,
+    const bool oop = p_src != p;
+    MT_CHECK(p_src && mom_src->m && mom_src->v, "kern_adamw_cpu: the source p and moments must be non-NULL");
+    MT_CHECK(oop ? mom_src->m != mom->m && mom_src->v != mom->v : mom_src->m == mom->m && mom_src->v == mom->v,
+             "kern_adamw_cpu: p and the moments must both be updated in place or both out of place");
+    MT_CHECK(!oop || lite_apart(p_src, mom_src, p, mom, n),
+             "kern_adamw_cpu: an out-of-place update's sources overlap its destinations (n = %zu)", n);
+    lite_job_t j = {.c = kern_adamw_coef(hp), .p = p, .mom = *mom, .ps = p_src, .msrc = *mom_src,
+                    .g = g, .gb = g_bf16, .pb = p_bf16, .n = n,
                     .key = kern_moments_sr_key(mom->seed, hp->step), .isa = isa, .bad = hp->nonfinite};
     if (mom->fmt == KERN_MOMENTS_8BIT && isa == KERN_ISA_AVX512) kern_moments_q8_tables_init(&j.q8);
     const int nthreads = kern_threadpool_size(pool);

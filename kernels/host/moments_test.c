@@ -231,8 +231,46 @@ static void test_simd_store(void) {
     }
 }
 
-/* The whole update on every path this CPU has: the scalar path's bits. */
+/* The parts of two moments of n elements hold the same bytes (the padding between them aside). */
+static int same_moments(const kern_moments_t *a, const kern_moments_t *b, size_t n) {
+    const size_t eb = a->fmt == KERN_MOMENTS_F32 ? 4 : a->fmt == KERN_MOMENTS_BF16 ? 2 : 1;
+    int same = memcmp(a->m, b->m, n * eb) == 0 && memcmp(a->v, b->v, n * eb) == 0;
+    if (a->fmt == KERN_MOMENTS_8BIT)
+        same = same && memcmp(a->m_absmax, b->m_absmax, kern_moments_blocks(n) * 4) == 0 &&
+               memcmp(a->v_absmax, b->v_absmax, kern_moments_blocks(n) * 4) == 0;
+    return same;
+}
+
+/* The out-of-place update of (p, mom) on `isa` over a 2-thread pool, from
+ * copies into buffers holding stale values: *bad_out gets its finite flag;
+ * the caller compares the destinations with the in-place update. */
+typedef struct {
+    float *ps, *pd;
+    uint16_t *pb;
+    void *ms, *md;
+} oop_bufs_t;
+
+static void oop_run(kern_threadpool_t *pool, kern_cpu_isa_t isa, kern_moments_fmt_t fmt, size_t n, oop_bufs_t *o,
+                    const float *p, const void *mom, const float *g, const uint16_t *gh, const kern_adamw_params_t *hp,
+                    int *bad_out) {
+    const size_t bytes = kern_moments_bytes(fmt, n);
+    memcpy(o->ps, p, n * 4);
+    memcpy(o->ms, mom, bytes);
+    memset(o->pd, 0x5a, n * 4);
+    memset(o->md, 0xa5, bytes);
+    const kern_moments_t src = kern_moments_view(fmt, o->ms, n, 77), dst = kern_moments_view(fmt, o->md, n, 77);
+    kern_adamw_params_t h = *hp;
+    *bad_out = 0;
+    h.nonfinite = bad_out;
+    kern_adamw_moments_isa_from(pool, isa, o->ps, &src, o->pd, &dst, g, gh, o->pb, n, &h);
+    /* the sources as they were */
+    EXPECT(memcmp(o->ps, p, n * 4) == 0 && memcmp(o->ms, mom, bytes) == 0);
+}
+
+/* The whole update on every path this CPU has: the scalar path's bits; and
+ * out of place, the in-place update's bits with the sources untouched. */
 static void test_paths(void) {
+    kern_threadpool_t *pool = kern_threadpool_create(2);
     const size_t n = 5 * 256 + 77;
     const kern_cpu_isa_t isas[3] = {KERN_ISA_SCALAR, KERN_ISA_AVX2, KERN_ISA_AVX512};
     for (int f = KERN_MOMENTS_F32; f <= KERN_MOMENTS_8BIT; f++)
@@ -241,6 +279,7 @@ static void test_paths(void) {
             uint16_t *gh = malloc(n * 2), *pb[3];
             void *mom[3];
             const size_t bytes = kern_moments_bytes((kern_moments_fmt_t)f, n);
+            oop_bufs_t o = {malloc(n * 4), malloc(n * 4), malloc(n * 2), malloc(bytes), malloc(bytes)};
             for (int a = 0; a < 3; a++) {
                 p[a] = malloc(n * 4), pb[a] = malloc(n * 2), mom[a] = calloc(1, bytes);
                 rng = 5;
@@ -263,9 +302,16 @@ static void test_paths(void) {
                     int bad = 0;
                     kern_adamw_params_t h = hp;
                     h.nonfinite = &bad;
+                    int oop_bad = 0;
+                    oop_run(pool, isas[a], (kern_moments_fmt_t)f, n, &o, p[a], mom[a], gb ? NULL : g, gb ? gh : NULL,
+                            &hp, &oop_bad);
                     kern_adamw_moments_isa(NULL, isas[a], p[a], &mv, gb ? NULL : g, gb ? gh : NULL, pb[a], n, &h);
                     /* the fused check: the NaN gradient of step 5 stays in that element */
                     EXPECT(bad == (t >= 5));
+                    const kern_moments_t od = kern_moments_view((kern_moments_fmt_t)f, o.md, n, 77);
+                    EXPECT(oop_bad == bad);
+                    EXPECT(memcmp(o.pd, p[a], n * 4) == 0 && memcmp(o.pb, pb[a], n * 2) == 0);
+                    EXPECT(same_moments(&od, &mv, n));
                 }
             }
             for (int a = 1; a < 3; a++) {
@@ -275,7 +321,9 @@ static void test_paths(void) {
             }
             for (int a = 0; a < 3; a++) free(p[a]), free(pb[a]), free(mom[a]);
             free(g), free(gh);
+            free(o.ps), free(o.pd), free(o.pb), free(o.ms), free(o.md);
         }
+    kern_threadpool_destroy(pool);
 }
 
 /* The fused finite check over the thread pool: any task's NaN or Inf

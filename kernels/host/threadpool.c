@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "base/dtype.h"
 #include "base/status.h"
 
 struct kern_threadpool {
@@ -133,4 +134,21 @@ static void memcpy_task(void *ctx, size_t t) {
 void kern_threadpool_memcpy(kern_threadpool_t *pool, void *dst, const void *src, size_t bytes) {
     const memcpy_job_t j = {dst, src, bytes, (size_t)4 << 20};
     kern_threadpool_parallel_for(pool, (bytes + j.piece - 1) / j.piece, memcpy_task, (void *)&j);
+}
+
+typedef struct {
+    uint16_t *dst;
+    const float *src;
+    size_t n, piece;
+} to_bf16_job_t;
+
+static void to_bf16_task(void *ctx, size_t t) {
+    const to_bf16_job_t *j = ctx;
+    const size_t off = t * j->piece, n = j->n - off < j->piece ? j->n - off : j->piece;
+    mt_convert_from_f32(j->dst + off, MT_BF16, j->src + off, n);
+}
+
+void kern_threadpool_to_bf16(kern_threadpool_t *pool, uint16_t *dst, const float *src, size_t n) {
+    const to_bf16_job_t j = {dst, src, n, (size_t)1 << 20};
+    kern_threadpool_parallel_for(pool, (n + j.piece - 1) / j.piece, to_bf16_task, (void *)&j);
 }

@@ -8,6 +8,7 @@
 #define MT_KERNELS_HOST_THREADPOOL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct kern_threadpool kern_threadpool_t;
 
@@ -27,5 +28,8 @@ void kern_threadpool_parallel_for(kern_threadpool_t *pool, size_t ntasks, kern_p
  * one thread copies host memory at a fraction of what the host's memory
  * can move, and the host optimizer's copies are gigabytes. */
 void kern_threadpool_memcpy(kern_threadpool_t *pool, void *dst, const void *src, size_t bytes);
+/* n fp32 values rounded to bf16 (mt_convert_from_f32's rule, the same
+ * bits) over the pool in pieces (pool NULL: on the caller). */
+void kern_threadpool_to_bf16(kern_threadpool_t *pool, uint16_t *dst, const float *src, size_t n);
 
 #endif

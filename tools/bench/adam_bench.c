@@ -19,6 +19,12 @@
  *   scales per 256), optimizer_state's lighter formats, through
  *   kern_adamw_cpu_pool on the same pool (the ISA choice is the fp32
  *   kernel's only).
+ * - the out-of-place update (kern_adamw_cpu_isa_from: reads p m v, writes
+ *   the new state to a second set of arrays, swapped in after each run as
+ *   speculation does), against the copy of p m v and the in-place update it
+ *   replaces (52 bytes per parameter). The out-of-place row counts the same
+ *   28 bytes as in place; where the CPU allocates on write it also reads
+ *   each destination line (12 bytes) before writing it.
  * Pages are touched first (in parallel, so they spread as the kernel will
  * use them) and each kernel runs once untimed; the report is the median of
  * --repeats runs, the kernels interleaved so drift on a shared machine hits
@@ -59,6 +65,7 @@ typedef struct {
 
 typedef struct {
     float *p, *m, *v, *g; /* (n) */
+    float *p2, *m2, *v2;  /* (n) the out-of-place update's other state */
     uint16_t *pb;         /* (n) bf16 copy, or NULL for the 28-byte variant */
     size_t n, chunk;
     int prefetch; /* ceiling: software prefetch like moetune's kernel */
@@ -94,6 +101,9 @@ static void fill_task(void *ctx, size_t task) {
         a->m[i] = 0.0f;
         a->v[i] = 0.0f;
         a->g[i] = 1e-4f + (float)(h >> 20) * 1e-7f; /* positive: keeps the ceiling's v >= 0 */
+        a->p2[i] = a->p[i];
+        a->m2[i] = 0.0f;
+        a->v2[i] = 0.0f;
         if (a->pb) a->pb[i] = 0;
     }
 }
@@ -230,6 +240,8 @@ typedef enum {
     M_OURS_8BIT,
     M_SCAN,
     M_FUSED,
+    M_OOP,
+    M_SAVE,
     M_COUNT,
 } meas_t;
 
@@ -246,9 +258,17 @@ static const char *const k_meas_name[M_COUNT] = {
     "moetune AdamW, 8-bit moments (16 B/param)",
     "fp32 AdamW, then a finite scan of p",
     "fp32 AdamW, finite check fused",
+    "moetune AdamW, fp32, out of place",
+    "copy p m v, then AdamW in place",
 };
 /* the separate scan reads p once more (32 B); the fused check adds nothing */
-static const double k_meas_bytes[M_COUNT] = {28, 28, 28, 30, 30, 30, 28, 28, 20, 16, 32, 28};
+static const double k_meas_bytes[M_COUNT] = {28, 28, 28, 30, 30, 30, 28, 28, 20, 16, 32, 28, 28, 52};
+
+static void swap_f(float **x, float **y) {
+    float *t = *x;
+    *x = *y;
+    *y = t;
+}
 
 static double run_once(meas_t which, bench_arrays_t *a, uint16_t *pb, kern_threadpool_t *pool) {
     a->pb = (which == M_CEIL30 || which == M_CEIL30_PF || which == M_OURS30) ? pb : NULL;
@@ -280,6 +300,17 @@ static double run_once(meas_t which, bench_arrays_t *a, uint16_t *pb, kern_threa
         a->nonfinite = bad;
         break;
     }
+    case M_OOP: /* the new state into the other arrays, which then hold the current one */
+        kern_adamw_cpu_isa_from(pool, a->isa, a->p, a->m, a->v, a->p2, a->m2, a->v2, a->g, NULL, NULL, a->n,
+                                &a->hp);
+        swap_f(&a->p, &a->p2), swap_f(&a->m, &a->m2), swap_f(&a->v, &a->v2);
+        break;
+    case M_SAVE:
+        kern_threadpool_memcpy(pool, a->p2, a->p, a->n * sizeof(float));
+        kern_threadpool_memcpy(pool, a->m2, a->m, a->n * sizeof(float));
+        kern_threadpool_memcpy(pool, a->v2, a->v, a->n * sizeof(float));
+        kern_adamw_cpu_isa(pool, a->isa, a->p, a->m, a->v, a->g, NULL, NULL, a->n, &a->hp);
+        break;
     default: break;
     }
     return mt_now_s() - t0;
@@ -295,7 +326,7 @@ static int usage(const char *msg) {
     fprintf(stderr,
             "usage: moetune bench adam [--params N] [--threads T] [--repeats R]\n"
             "                          [--isa auto|scalar|avx2|avx512] [--hugepages] [--json]\n"
-            "  --params N      parameters (default 200000000; needs ~18 bytes each)\n"
+            "  --params N      parameters (default 200000000; needs ~33 bytes each)\n"
             "  --threads T     threads (default: one per online core)\n"
             "  --repeats R     timed runs per kernel, the median is reported (default 5)\n"
             "  --isa           SIMD path for moetune's AdamW and the ceiling (default auto)\n"
@@ -418,12 +449,13 @@ static void print_report(const bench_opts_t *o, const bench_result_t *res) {
                "\"scalar_1t_params_per_s\": %.6g, \"scalar_threads_params_per_s\": %.6g, "
                "\"ratio_vs_scalar_1t\": %.4f, \"ratio_vs_scalar_threads\": %.4f, "
                "\"bf16_moments_params_per_s\": %.6g, \"q8_moments_params_per_s\": %.6g, "
-               "\"finite_scan_params_per_s\": %.6g, \"finite_fused_params_per_s\": %.6g}\n",
+               "\"finite_scan_params_per_s\": %.6g, \"finite_fused_params_per_s\": %.6g, "
+               "\"out_of_place_params_per_s\": %.6g, \"copy_then_update_params_per_s\": %.6g}\n",
                build, o->params, o->threads, kern_cpu_isa_name(o->isa), o->repeats,
                o->hugepages ? "true" : "false", pps[M_OURS28], bps[M_OURS28], med[M_OURS28],
                ceil28, r_ceil, pps[M_OURS30], bps[M_OURS30], ceil30, r_ceil30,
                pps[M_PLAIN1], pps[M_PLAINT], r_plain1, r_plaint, pps[M_OURS_BF16], pps[M_OURS_8BIT],
-               pps[M_SCAN], pps[M_FUSED]);
+               pps[M_SCAN], pps[M_FUSED], pps[M_OOP], pps[M_SAVE]);
         return;
     }
     mt_build_info_print(stdout);
@@ -458,13 +490,17 @@ int mt_bench_adam_main(int argc, char **argv) {
     a.m = big_alloc(n * 4, o.hugepages);
     a.v = big_alloc(n * 4, o.hugepages);
     a.g = big_alloc(n * 4, o.hugepages);
+    a.p2 = big_alloc(n * 4, o.hugepages);
+    a.m2 = big_alloc(n * 4, o.hugepages);
+    a.v2 = big_alloc(n * 4, o.hugepages);
     uint16_t *pb = big_alloc(n * 2, o.hugepages);
     void *mb = big_alloc(kern_moments_bytes(KERN_MOMENTS_BF16, n), o.hugepages);
     void *m8 = big_alloc(kern_moments_bytes(KERN_MOMENTS_8BIT, n), o.hugepages);
-    if (!a.p || !a.m || !a.v || !a.g || !pb || !mb || !m8) {
+    if (!a.p || !a.m || !a.v || !a.g || !a.p2 || !a.m2 || !a.v2 || !pb || !mb || !m8) {
         fprintf(stderr, "moetune bench adam: cannot allocate %.2f GB for %zu params; try a smaller "
-                        "--params\n", (double)n * 18 * 1e-9, n);
-        free(a.p), free(a.m), free(a.v), free(a.g), free(pb), free(mb), free(m8);
+                        "--params\n", (double)n * 33 * 1e-9, n);
+        free(a.p), free(a.m), free(a.v), free(a.g), free(a.p2), free(a.m2), free(a.v2), free(pb), free(mb),
+            free(m8);
         return 1;
     }
     /* zeros: the state before a first step in both formats, touched here */
@@ -486,6 +522,6 @@ int mt_bench_adam_main(int argc, char **argv) {
     print_report(&o, &res);
 
     kern_threadpool_destroy(pool);
-    free(a.p), free(a.m), free(a.v), free(a.g), free(pb), free(mb), free(m8);
+    free(a.p), free(a.m), free(a.v), free(a.g), free(a.p2), free(a.m2), free(a.v2), free(pb), free(mb), free(m8);
     return 0;
 }

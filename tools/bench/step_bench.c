@@ -116,12 +116,18 @@ static int parse(int argc, char **argv, opts_t *o) {
             o->speculative = true;
             continue;
         }
+        if (strcmp(a, "--nvme") == 0 && v) {
+            o->nvme_dir = v;
+            i++;
+            continue;
+        }
     bad:
         fprintf(stderr,
                 "usage: moetune bench step [--layers N] [--hidden H] [--experts E] [--topk K]\n"
                 "       [--expert-width I] [--vocab V] [--seq T] [--batch B] [--steps S]\n"
                 "       [--link-gbps G | --link-fraction F] [--link-latency-us U] [--staging-rounds R]\n"
-                "       [--staging-only | --precision | --speculative | --step-order [--accum K]] [--blocks] [--trace FILE]\n"
+                "       [--staging-only | --precision | --speculative | --step-order [--accum K] | --nvme DIR]\n"
+                "       [--blocks] [--trace FILE]\n"
                 "       [--json]\n"
                 "       MFU report: [--mfu] [--backend cpu|cuda] [--geometry qwen3-30b-a3b|mixtral-8x7b]\n"
                 "       [--head-dim D] [--hw NAME] [--precision-dtype fp32|bf16] [--budget-gib G]\n"
@@ -270,7 +276,7 @@ static bool size_link(const char *ckpt, const opts_t *o, const measure_t *keep, 
     return false;
 }
 
-/* --staging-only, --step-order, --precision or --speculative: that comparison alone, on
+/* --staging-only, --step-order, --precision, --speculative or --nvme: that comparison alone, on
  * the link chosen; removes the checkpoint. */
 static int one_comparison(const char *ckpt, const opts_t *o, double link_bps, const measure_t *keep) {
     if (o->staging_only) {
@@ -290,6 +296,7 @@ static int one_comparison(const char *ckpt, const opts_t *o, double link_bps, co
     /* layer-major against micro-batch-major, speculative against waiting, or fp32 against bf16 */
     const int rc = o->step_order    ? step_order_report(ckpt, o, link_bps, keep)
                    : o->speculative ? speculative_report(ckpt, o, link_bps)
+                   : o->nvme_dir    ? nvme_report(ckpt, o, link_bps, keep)
                                     : precision_report(ckpt, o, link_bps);
     remove_checkpoint(ckpt);
     return rc;
@@ -437,7 +444,7 @@ int mt_bench_step_main(int argc, char **argv) {
         measure_free(&keep);
         return 1;
     }
-    if (o.staging_only || o.step_order || o.precision || o.speculative) {
+    if (o.staging_only || o.step_order || o.precision || o.speculative || o.nvme_dir) {
         rc = one_comparison(ckpt, &o, link_bps, &keep);
         measure_free(&keep);
         predictor_free(&pr);

@@ -13,6 +13,7 @@
 #include "engine/run/session.h"
 #include "engine/model/model.h"
 #include "engine/exec/optim.h"
+#include "engine/optim/nvme_state.h"
 #include "moe/staging.h"
 #include "scheduler/costmodel.h"
 #include "scheduler/hw.h"
@@ -32,6 +33,7 @@ typedef struct {
     bool json, staging_only, blocks;
     bool precision; /* fp32 against bf16 mixed precision, keep_all and offload_all side by side */
     bool speculative; /* the speculative host optimizer against waiting for the norm (speculative.c) */
+    const char *nvme_dir; /* --nvme DIR: host AdamW state on an NVMe tier there against host memory (step_nvme.c) */
     bool step_order; /* layer-major against micro-batch-major order, `accum` micro-batches per step (step_order.c) */
     int accum;       /* micro-batches per step for the step-order comparison and its prediction (0: 1) */
     const char *trace; /* write the overlapped offload_all run's trace.json here (MFU report: each plan's) */
@@ -54,6 +56,7 @@ typedef struct {
     uint64_t h2d_bytes, d2h_bytes; /* per step */
     int overlapped;
     int redone; /* steps whose speculative host AdamW was undone and redone */
+    eng_nvme_io_t nvme; /* the NVMe tier's traffic over the measured steps, per step (zeros without one) */
     bool ok;
 } measure_t;
 
@@ -97,6 +100,9 @@ void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan
 double compute_s(const measure_t *m, int nb);
 /* --speculative: the speculative host optimizer against waiting for the norm (step_speculative.c). */
 int speculative_report(const char *ckpt, const opts_t *o, double link_bps);
+/* --nvme DIR: offload_all with every block's host AdamW state on an NVMe
+ * tier in DIR against host memory (step_nvme.c). */
+int nvme_report(const char *ckpt, const opts_t *o, double link_bps, const measure_t *keep);
 void measure_free(measure_t *m);
 
 /* offload_all (overlapped) with the compact pool and with per_tensor staging.

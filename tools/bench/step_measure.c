@@ -6,6 +6,7 @@
 
 #include "engine/run/calibrate.h"
 #include "engine/exec/exec.h"
+#include "engine/exec/optim_state.h"
 #include "engine/run/report.h"
 #include "engine/exec/record/trace.h"
 #include "tools/bench/step_bench_internal.h"
@@ -59,6 +60,9 @@ bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_pla
     rc.seed = 0;
     rc.bf16 = compute == MT_BF16 ? ENG_BF16_ON : ENG_BF16_OFF;
     rc.backend = o->cuda ? ENG_BACKEND_CUDA : ENG_BACKEND_CPU;
+    for (int b = 0; o->nvme_dir && b < plan->num_blocks; b++) /* the plan's NVMe blocks: the tier in --nvme's DIR */
+        if (sched_block_nvme_optim(&plan->blocks[b]))
+            snprintf(rc.memory_nvme_path, sizeof rc.memory_nvme_path, "%s", o->nvme_dir);
     eng_dataset_t ds;
     make_dataset(&ds, o, rows); /* the run's from here on */
     const eng_run_opts_t ro = {
@@ -148,6 +152,7 @@ void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan
             const int i = (k + (step > 0 ? step : 0)) % n;
             plan_run_t *q = &r[i];
             const kern_device_stats_t before = kern_device_stats(q->run.dev);
+            const eng_nvme_io_t io0 = eng_exec_nvme_io(q->run.x);
             double dt;
             eng_optim_stats_t os;
             if (!(ok = runner_step(&q->run, mode[i], &dt, &os))) break;
@@ -165,6 +170,11 @@ void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan
             out[i].h2d_bytes = after.h2d_bytes - before.h2d_bytes;
             out[i].d2h_bytes = after.d2h_bytes - before.d2h_bytes;
             out[i].overlapped = os.updated_during_backward;
+            const eng_nvme_io_t io1 = eng_exec_nvme_io(q->run.x); /* summed here, per step below */
+            out[i].nvme.read_bytes += io1.read_bytes - io0.read_bytes;
+            out[i].nvme.write_bytes += io1.write_bytes - io0.write_bytes;
+            out[i].nvme.read_s += io1.read_s - io0.read_s;
+            out[i].nvme.write_s += io1.write_s - io0.write_s;
             out[i].redone += os.speculation_undone;
         }
     }
@@ -186,6 +196,10 @@ void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan
             out[i].peak_device = kern_device_stats(r[i].run.dev).device_peak;
             out[i].median_s = step_median(r[i].t, o->steps);
             out[i].optim_s = step_median(r[i].opt, o->steps);
+            out[i].nvme.read_bytes /= (uint64_t)o->steps;
+            out[i].nvme.write_bytes /= (uint64_t)o->steps;
+            out[i].nvme.read_s /= o->steps;
+            out[i].nvme.write_s /= o->steps;
         }
         if (r[i].trace) {
             eng_exec_set_trace(r[i].run.x, NULL);

@@ -455,6 +455,10 @@ void plan_report_text(FILE *f, const plan_ctx_t *c) {
             "pack %.3f s\n",
             s->busy[SCHED_RES_COMPUTE], s->busy[SCHED_RES_H2D], bytes_s(s->h2d_bytes).s, s->busy[SCHED_RES_D2H],
             bytes_s(s->d2h_bytes).s, s->busy[SCHED_RES_HOST], s->busy[SCHED_RES_PACK]);
+    if (s->busy[SCHED_RES_HOST] > 0)
+        fprintf(f, "host AdamW      %.3f s after the backward (%.1f%% of the step), %.3f s overlapping it\n",
+                s->waited[SCHED_RES_HOST], 100 * s->waited[SCHED_RES_HOST] / s->step_time,
+                fmax(0, s->busy[SCHED_RES_HOST] - s->waited[SCHED_RES_HOST]));
     tiers_text(f, c);
     fputc('\n', f);
 

@@ -9,11 +9,23 @@ size_t exec_w_bytes(const eng_param_t *p) { return p->spec->numel * mt_dtype_siz
 
 size_t exec_f32_bytes(const eng_param_t *p) { return p->spec->numel * sizeof(float); }
 
-moe_staging_op_t exec_w_upload_op(const eng_param_t *p) {
-    return p->w_dtype == MT_BF16 && !p->home_bf16 ? MOE_STAGING_F32_TO_BF16 : MOE_STAGING_COPY;
+void *exec_w_home(const eng_param_t *p) {
+    if (p->home_bf16) return p->home_bf16;
+    if (p->work_bf16) return p->work_bf16;
+    return p->host_w;
 }
 
-void *exec_w_home(const eng_param_t *p) { return p->home_bf16 ? (void *)p->home_bf16 : (void *)p->host_w; }
+moe_staging_op_t exec_w_upload_op(const eng_param_t *p) {
+    return p->w_dtype == MT_BF16 && !p->home_bf16 && !p->work_bf16 ? MOE_STAGING_F32_TO_BF16 : MOE_STAGING_COPY;
+}
+
+moe_staging_op_t exec_w_from_master_op(const eng_param_t *p) {
+    return p->w_dtype == MT_BF16 ? MOE_STAGING_F32_TO_BF16 : MOE_STAGING_COPY;
+}
+
+moe_staging_xfer_t exec_w_refresh_item(const eng_param_t *p, void *w) {
+    return (moe_staging_xfer_t){exec_w_home(p), w, exec_w_bytes(p), exec_w_upload_op(p)};
+}
 
 size_t exec_w_link_bytes(const eng_param_t *p) { return p->home_q ? p->home_q->nbytes : exec_w_bytes(p); }
 

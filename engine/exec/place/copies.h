@@ -22,10 +22,16 @@
 size_t exec_w_bytes(const eng_param_t *p);
 size_t exec_f32_bytes(const eng_param_t *p);
 
-/* The staging op that makes the working copy from the host home (the fp32
- * master, or a frozen weight's bf16 home), and that home. */
-moe_staging_op_t exec_w_upload_op(const eng_param_t *p);
+/* The host home the working copy is made from (a frozen weight's bf16
+ * home, a trained weight's bf16 working copy, else the fp32 master), and
+ * the staging op that makes it from there (a plain copy but from an fp32
+ * master to a bf16 working copy).  exec_w_from_master_op: the op that makes
+ * it from an fp32 master the caller holds.  exec_w_refresh_item: the copy
+ * that makes a device working copy w again after the host home changed. */
 void *exec_w_home(const eng_param_t *p);
+moe_staging_op_t exec_w_upload_op(const eng_param_t *p);
+moe_staging_op_t exec_w_from_master_op(const eng_param_t *p);
+moe_staging_xfer_t exec_w_refresh_item(const eng_param_t *p, void *w);
 
 /* A frozen matrix with a quantised home (eng_param_t.home_q) crosses the
  * link as its codes and scales, which land on the device beside the

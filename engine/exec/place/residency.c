@@ -39,6 +39,42 @@ void exec_residency_free(exec_residency_t *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* The fetch's weights whose home is on the NVMe tier (engine/optim/
+ * nvme_state.h): read into one buffer of their own, the batch's items
+ * pointed at it (plain copies: the working copies are stored as they are
+ * computed with); *buf the buffer, NULL when none. */
+static mt_status_t read_nvme_homes(exec_residency_t *r, const int *need, int k, moe_staging_xfer_t *items, void **buf,
+                                   mt_error_t *err) {
+    const eng_model_t *m = r->env->model;
+    eng_optim_nvme_t *nv = r->hopt->nvme;
+    *buf = NULL;
+    int n = 0;
+    size_t bytes = 0;
+    for (int j = 0; j < k; j++)
+        if (eng_optim_nvme_holds_home(nv, need[j])) n++, bytes += eng_optim_nvme_home_buffer_bytes(m, need[j]);
+    if (n == 0) return MT_OK;
+    int *idx = malloc((size_t)n * sizeof *idx);
+    char *b = eng_optim_nvme_buffer_alloc(bytes);
+    MT_CHECK(idx && b, "out of host memory for %zu bytes of weights read from the NVMe tier", bytes);
+    size_t off = 0;
+    n = 0;
+    for (int j = 0; j < k; j++) {
+        if (!eng_optim_nvme_holds_home(nv, need[j])) continue;
+        idx[n++] = need[j];
+        items[j].host = b + off;
+        items[j].op = MOE_STAGING_COPY;
+        off += eng_optim_nvme_home_buffer_bytes(m, need[j]);
+    }
+    const mt_status_t st = eng_optim_nvme_read_homes(nv, m, idx, n, b, err);
+    free(idx);
+    if (st != MT_OK) {
+        eng_optim_nvme_buffer_free(b);
+        return st;
+    }
+    *buf = b;
+    return MT_OK;
+}
+
 /* Block b takes a reference to each streamed tensor of ids; those not on the
  * device yet are fetched in one batch on the H2D stream (*issued: how many). */
 static mt_status_t hold_params(exec_residency_t *r, int b, const int *ids, int n, int *issued, mt_error_t *err) {
@@ -87,8 +123,14 @@ static mt_status_t hold_params(exec_residency_t *r, int b, const int *ids, int n
             items[j] = exec_w_upload_item(p, d->w, exec_w_landing(p, d->w));
             exec_counters_weight_h2d(r->cnt, exec_w_link_bytes(p));
         }
+        void *from_nvme = NULL;
+        st = read_nvme_homes(r, need, k, items, &from_nvme, err);
         const uint64_t before = exec_stage_copies(r->stage, MOE_STAGING_H2D);
-        st = exec_stage_batch_h2d(r->stage, items, k, tag, err);
+        if (st == MT_OK) st = exec_stage_batch_h2d(r->stage, items, k, tag, err);
+        /* the copies read it until the H2D stream passes this point */
+        if (from_nvme)
+            kern_launch_host_fn(r->env->dev, kern_stream(r->env->dev, KERN_STREAM_H2D), eng_optim_nvme_buffer_free,
+                                from_nvme);
         exec_held_t *dq = &r->dequant[b];
         for (int j = 0; j < k && st == MT_OK; j++)
             if (m->params[need[j]].home_q) {

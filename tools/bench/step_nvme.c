@@ -1,0 +1,94 @@
+/* `moetune bench step --nvme DIR` (see step_bench.h): the NVMe tier on a
+ * real directory against host memory.
+ *
+ * Two runs of offload_all side by side (host AdamW overlapping the
+ * backward, no clipping), one step of each in turn: every block's AdamW
+ * state in host memory, and every block's on an NVMe tier in DIR (the
+ * moments; the fp32 masters too in bf16).  In the same run it measures
+ * DIR's raw sequential O_DIRECT rates (store/sio_rate.h, what `--hw
+ * calibrate` gives the planner) and reports:
+ *   - each run's median step against the simulator's prediction, with the
+ *     array at those raw rates;
+ *   - the tier's traffic per step and the seconds the optimizer waited on
+ *     it: reads are read ahead (a block's state while the block before it
+ *     updates), so their wait is what was not hidden; writes are waited
+ *     for whole, their rate set against raw. */
+#include <stdio.h>
+
+#include "store/sio_rate.h"
+#include "tools/bench/step_bench_internal.h"
+
+enum { RAW_QD = 8 };
+#define RAW_BYTES ((uint64_t)256 << 20)
+
+static double rate(uint64_t bytes, double s) { return s > 0 ? (double)bytes / s : 0; }
+
+static void print_text(const opts_t *o, double link_bps, const mt_sio_rates_t *raw, const measure_t *ms,
+                       const double *pred) {
+    static const char *const names[2] = {"host memory", "AdamW state on NVMe"};
+    printf("NVMe tier, offload_all in %s on a %.3f GB/s link (%d steps each, side by side), directory %s:\n",
+           o->bf16 == 1 ? "bf16" : "fp32", link_bps / 1e9, o->steps, o->nvme_dir);
+    printf("  raw O_DIRECT, 1 MiB requests at queue depth %d: read %.3f GB/s, write %.3f GB/s\n", RAW_QD,
+           raw->read_q / 1e9, raw->write_q / 1e9);
+    printf("  %-22s %10s %12s %9s\n", "AdamW state", "step ms", "predicted ms", "pred/meas");
+    for (int i = 0; i < 2; i++)
+        printf("  %-22s %10.2f %12.2f %9.3f\n", names[i], ms[i].median_s * 1e3, pred[i] * 1e3,
+               ms[i].median_s > 0 ? pred[i] / ms[i].median_s : 0);
+    const eng_nvme_io_t *io = &ms[1].nvme;
+    const double r = rate(io->read_bytes, io->read_s), w = rate(io->write_bytes, io->write_s);
+    printf("  the tier per step: %.2f MB read, the optimizer waiting %.2f ms for them (%.3f GB/s, %.2f of raw);\n"
+           "                     %.2f MB written, waiting %.2f ms (%.3f GB/s, %.2f of raw)\n",
+           io->read_bytes / 1e6, io->read_s * 1e3, r / 1e9, raw->read_q > 0 ? r / raw->read_q : 0,
+           io->write_bytes / 1e6, io->write_s * 1e3, w / 1e9, raw->write_q > 0 ? w / raw->write_q : 0);
+    printf("  (a block's state is read ahead while the block before it updates, so reads wait only for what\n"
+           "   is not there yet: above 1 of raw means hidden; writes go out after each update and are waited\n"
+           "   for whole; the prediction: the simulator with the array at the raw rates above)\n");
+}
+
+static void print_json(double link_bps, const mt_sio_rates_t *raw, const measure_t *ms, const double *pred) {
+    const eng_nvme_io_t *io = &ms[1].nvme;
+    printf("{\"link_gbps\": %.6g, \"raw_read_bytes_per_s\": %.6g, \"raw_write_bytes_per_s\": %.6g, "
+           "\"host_step_s\": %.6g, \"host_predicted_s\": %.6g, \"nvme_step_s\": %.6g, \"nvme_predicted_s\": %.6g, "
+           "\"tier_read_bytes\": %llu, \"tier_read_s\": %.6g, \"tier_write_bytes\": %llu, \"tier_write_s\": %.6g}\n",
+           link_bps / 1e9, raw->read_q, raw->write_q, ms[0].median_s, pred[0], ms[1].median_s, pred[1],
+           (unsigned long long)io->read_bytes, io->read_s, (unsigned long long)io->write_bytes, io->write_s);
+}
+
+int nvme_report(const char *ckpt, const opts_t *o, double link_bps, const measure_t *keep) {
+    mt_error_t err = {0};
+    mt_sio_rates_t raw;
+    if (mt_sio_measure_dir(o->nvme_dir, RAW_BYTES, RAW_QD, MT_SIO_AUTO, &raw, &err) != MT_OK) {
+        fprintf(stderr, "bench step: --nvme: %s\n", err.msg);
+        return 1;
+    }
+    const int nb = o->layers + 2;
+    sched_plan_t p_host, p_nvme;
+    sched_plan_init_uniform(&p_host, nb, SCHED_POLICY_OFFLOAD_ALL);
+    sched_plan_init_uniform(&p_nvme, nb, SCHED_POLICY_OFFLOAD_ALL);
+    for (int b = 0; b < nb; b++) p_nvme.blocks[b].nvme_optim = true;
+    const sched_plan_t *plans[] = {&p_host, &p_nvme};
+    const step_mode_t modes[] = {STEP_OVERLAP, STEP_OVERLAP};
+    measure_t ms[2];
+    double ratio[2], probe;
+    /* --precision-dtype bf16: the masters go to the tier too (a bf16 working copy stays on the host) */
+    const mt_dtype_t dt = o->bf16 == 1 ? MT_BF16 : MT_F32, compute[] = {dt, dt};
+    measure_side_by_side_ex(ckpt, o, plans, modes, compute, 2, link_bps, -1, ms, ratio, &probe);
+    const bool ok = ms[0].ok && ms[1].ok && ms[1].nvme.read_bytes > 0;
+    double pred[2] = {0, 0};
+    if (ok) {
+        predictor_t pr;
+        predictor_init(&pr, ckpt, o, link_bps, keep, keep->optim_s);
+        pr.w.h2d_bw = pr.w.d2h_bw = link_bps;
+        pr.w.nvme_read_bw = raw.read_q;
+        pr.w.nvme_write_bw = raw.write_q;
+        for (int i = 0; i < 2 && pr.ok; i++) pred[i] = predict(&pr, plans[i]);
+        predictor_free(&pr);
+    }
+    if (ok && o->json) print_json(link_bps, &raw, ms, pred);
+    else if (ok) print_text(o, link_bps, &raw, ms, pred);
+    else if (ms[0].ok && ms[1].ok) fprintf(stderr, "bench step: --nvme: the tier moved nothing\n");
+    for (int i = 0; i < 2; i++) measure_free(&ms[i]);
+    sched_plan_free(&p_host);
+    sched_plan_free(&p_nvme);
+    return ok ? 0 : 1;
+}
