@@ -814,9 +814,12 @@ def step_cases():
     # resumed checkpoint as the last good one, saving nothing (a run that
     # trains writes metrics.jsonl: into a new output_dir here)
     huge = lambda n: struct.pack(f"<{n // 4}f", *([3.0e38] * (n // 4)))
+    # (resident weights: the host updates in the step, whatever the
+    # machine's calibration would plan; streamed ones are the deferred cases below)
     case("resume_update_overflows", f"step 3: the AdamW update left parameter '{emb}' -Inf",
          resume_files(alter={"optimizer.safetensors": optimizer_with(emb + ".exp_avg", huge)}),
-         yaml=resume_yaml(save_steps="1", max_steps="4", output_dir="out_resumed"))
+         yaml=resume_yaml(save_steps="1", max_steps="4", output_dir="out_resumed",
+                          extra="scheduler:\n  weights: resident\n  optimizer: host\n"))
     case("resume_update_overflows_device_optimizer", f"step 3: the AdamW update left parameter '{emb}' -Inf",
          resume_files(alter={"optimizer.safetensors": optimizer_with(emb + ".exp_avg", huge)}),
          yaml=resume_yaml(save_steps="1", max_steps="4", output_dir="out_resumed",
