@@ -89,6 +89,23 @@ same_run() { # NAME REF OTHER: every logged loss, the final tensors, the digest
   return 0
 }
 empty_store() { [ -z "$(ls -A nvd)" ] || { fail "$1: the store directory is not empty: $(ls -A nvd)"; return 1; }; }
+# run_corrupting NAME FILE SEEK COUNT ARGS...: a long run into output_dir NAME,
+# random 4 KiB blocks written into its store's FILE at block SEEK until it
+# stops (never creating FILE once the run has removed it); its exit status in rc
+run_corrupting() {
+  local name="$1" file="$2" seek="$3" count="$4" pid f; shift 4
+  rm -rf "$name"
+  "$MOETUNE" train run.yaml --set output_dir="$name" --set max_steps=100000 --set logging_steps=100 "$@" \
+    >"$L/$name.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 1000); do
+    f=$(ls nvd/moetune-*/"$file" 2>/dev/null | head -n1)
+    [ -n "$f" ] && dd if=/dev/urandom of="$f" bs=4096 seek="$seek" count="$count" conv=notrunc,nocreat 2>/dev/null
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.05
+  done
+  kill -9 $pid 2>/dev/null; wait $pid; rc=$?
+}
 
 # --- 1. bit-identical to host memory -----------------------------------------------------
 ckpt="--set save_steps=7"
@@ -140,18 +157,8 @@ timeout 60 "$MOETUNE" train run.yaml --set output_dir=resw $NVW --set resume_fro
 same_run resumew ref16 resw && ok "resumed at step 7 with weights on the tier = uninterrupted"
 empty_store "the runs streaming weights"
 # random blocks written into the weights file: the fetch's read names it
-rm -rf corruptw
 # shellcheck disable=SC2086
-"$MOETUNE" train run.yaml --set output_dir=corruptw --set max_steps=100000 --set logging_steps=100 $NVW \
-  >"$L/corruptw.out" 2>&1 &
-pid=$!
-for _ in $(seq 1 1000); do
-  f=$(ls nvd/moetune-*/weights.bin 2>/dev/null | head -n1)
-  [ -n "$f" ] && dd if=/dev/urandom of="$f" bs=4096 seek=2 count=1 conv=notrunc,nocreat 2>/dev/null
-  kill -0 $pid 2>/dev/null || break
-  sleep 0.05
-done
-kill -9 $pid 2>/dev/null; wait $pid; rc=$?
+run_corrupting corruptw weights.bin 2 1 $NVW
 if [ $rc = 1 ] && grep -qE "nvd/moetune-[0-9a-f]{16}/weights.bin: the extent at offset [0-9]+ " "$L/corruptw.out"; then
   ok "a corrupted weights file stops the run naming it: $(grep -o 'weights.bin: the extent at offset [0-9]* [^:]*' "$L/corruptw.out" | head -n1)"
 else
@@ -215,18 +222,8 @@ fi
 # random blocks written into adamw.bin until the run stops: a read checks
 # every extent, so the run stops naming the file and offset, not as a
 # diverged step (whose advice would be about the learning rate)
-rm -rf corrupt
 # shellcheck disable=SC2086
-"$MOETUNE" train run.yaml --set output_dir=corrupt --set max_steps=100000 --set logging_steps=100 $NV \
-  >"$L/corrupt.out" 2>&1 &
-pid=$!
-for _ in $(seq 1 1000); do
-  f=$(ls nvd/moetune-*/adamw.bin 2>/dev/null | head -n1)
-  [ -n "$f" ] && dd if=/dev/urandom of="$f" bs=4096 seek=20 count=4 conv=notrunc,nocreat 2>/dev/null
-  kill -0 $pid 2>/dev/null || break
-  sleep 0.05
-done
-kill -9 $pid 2>/dev/null; wait $pid; rc=$?
+run_corrupting corrupt adamw.bin 20 4 $NV
 if [ $rc = 1 ] && grep -qE "optimizer: AdamW state: nvd/moetune-[0-9a-f]{16}/adamw.bin: the extent at offset [0-9]+ " "$L/corrupt.out"; then
   grep -q "diverged" "$L/corrupt.out" && fail "a corrupted store reported as a diverged step"
   ok "a corrupted store file stops the run naming it: $(grep -o 'adamw.bin: the extent at offset [0-9]* [^:]*' "$L/corrupt.out" | head -n1)"

@@ -315,8 +315,6 @@ static mt_status_t nvme_selection(eng_exec_t *x, bool *in_store, bool *with_mast
         out->params++;
         out->masters += with_master[i];
         out->homes += with_home[i];
-        out->host_bytes += eng_param_moments_bytes(p) + (with_master[i] ? exec_f32_bytes(p) : 0) +
-                           (with_home[i] ? exec_w_bytes(p) : 0);
     }
     return MT_OK;
 }

@@ -64,7 +64,6 @@ typedef struct {
     int masters;            /* of them, those whose fp32 master it holds too */
     int homes;              /* of them, those whose bf16 working copy (the weights' home) it holds too */
     uint64_t bytes;         /* their disk bytes */
-    uint64_t host_bytes;    /* host memory that leaves for the store (masters and moments) */
     const char *io;         /* "io_uring" or "pread/pwrite" */
     const char *run_dir;    /* this run's subdirectory (valid while the executor is open) */
     int leftovers_removed;  /* killed runs' subdirectories removed */
