@@ -231,7 +231,7 @@ mt_status_t eng_exec_check_optim_state(eng_exec_t *x, mt_error_t *err) {
     float *m1 = malloc(max_numel * sizeof *m1), *m2 = malloc(max_numel * sizeof *m2);
     void *raw = malloc(max_bytes);
     MT_CHECK(m1 && m2 && raw, "out of memory checking the optimizer state");
-    mt_status_t st = MT_OK;
+    mt_status_t st = eng_exec_nvme_drain(x, err);
     for (int i = 0; i < m->num_params && st == MT_OK; i++) {
         const eng_param_t *p = &m->params[i];
         if (p->frozen || p->step == 0) continue;
@@ -346,3 +346,9 @@ mt_status_t eng_exec_place_optim_nvme(eng_exec_t *x, const char *dir, uint64_t b
 }
 
 eng_nvme_io_t eng_exec_nvme_io(eng_exec_t *x) { return eng_optim_nvme_io(x->hopt.nvme); }
+
+mt_status_t eng_exec_nvme_drain(eng_exec_t *x, mt_error_t *err) {
+    if (!x->hopt.nvme) return MT_OK;
+    eng_exec_drain(x); /* the worker's last unloads first */
+    return eng_optim_nvme_drain(x->hopt.nvme, err);
+}

@@ -53,8 +53,8 @@ mt_status_t eng_exec_write_optim_state(eng_exec_t *x, int i, const float *master
 /* Every stepped parameter's AdamW moments are finite and exp_avg_sq is
  * never negative, as a checkpoint must hold them; else an error naming the
  * tensor (NAME.exp_avg or NAME.exp_avg_sq, as optimizer.safetensors names
- * it) and the element.  Reads each parameter's moments once (waits for
- * pending work first). */
+ * it) and the element, or the NVMe tier's failure (eng_exec_nvme_drain).
+ * Reads each parameter's moments once (waits for pending work first). */
 mt_status_t eng_exec_check_optim_state(eng_exec_t *x, mt_error_t *err);
 
 /* What eng_exec_place_optim_nvme placed. */
@@ -81,6 +81,12 @@ mt_status_t eng_exec_place_optim_nvme(eng_exec_t *x, const char *dir, uint64_t b
 
 /* The NVMe tier's traffic so far (zeros without a tier). */
 eng_nvme_io_t eng_exec_nvme_io(eng_exec_t *x);
+
+/* Pending updates done and every write back of the NVMe tier waited for
+ * (they run in the background, nvme_state.h); the tier's first failure,
+ * naming its file, if one failed (MT_OK without a tier).  Before a save
+ * reads the state, and at the end of a run. */
+mt_status_t eng_exec_nvme_drain(eng_exec_t *x, mt_error_t *err);
 
 /* Drops the gradients accumulated for a step that is not applied (a
  * skipped non-finite step), leaving every weight and moment as it was, so

@@ -100,9 +100,10 @@ static void worker_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i, c
 }
 
 /* The NVMe tier's parameters of block b that the job updates: their
- * moments read as one batch (load) or written back as one (!load).  A
- * failure is kept for the next step; the parameters then stream one by one
- * (exec_host_adamw), which reports it again or succeeds. */
+ * moments read as one batch (load) or handed to one background write
+ * (!load: the worker goes on to the next block while it runs).  A failure
+ * is kept for the next step; after a failed load the parameters stream one
+ * by one (exec_host_adamw), which reports it again or succeeds. */
 static void block_stream(exec_host_optim_t *h, int b, bool load, int *idx) {
     if (!h->nvme) return;
     int n = 0;

@@ -84,7 +84,9 @@ mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, eng_model_t *m, const bo
     nv->extent = malloc(np * sizeof *nv->extent);
     nv->master = calloc(np, sizeof *nv->master);
     nv->home = malloc(np * sizeof *nv->home);
-    MT_CHECK(nv->extent && nv->master && nv->home, "out of memory for the NVMe extent table");
+    nv->pending = calloc(np, sizeof *nv->pending);
+    nv->lost = calloc(np, sizeof *nv->lost);
+    MT_CHECK(nv->extent && nv->master && nv->home && nv->pending && nv->lost, "out of memory for the NVMe extent table");
     pthread_mutex_init(&nv->lock, NULL);
     for (int i = 0; i < m->num_params; i++) {
         nv->extent[i] = nv->home[i] = -1;
@@ -131,10 +133,108 @@ static void prefetch_clear(eng_nvme_prefetch_t *pf) {
     memset(pf, 0, sizeof *pf);
 }
 
+/* Under nv->lock: st (err's) kept as the tier's failure unless one is already. */
+static void keep_failure(eng_optim_nvme_t *nv, mt_status_t st, const mt_error_t *err) {
+    if (st == MT_OK || nv->failed != MT_OK) return;
+    nv->failed = st;
+    nv->err = *err;
+}
+
+/* Under nv->lock: the write back in slot w waited for (the wait counted in
+ * write_s), its buffers freed, its parameters no longer pending.  A
+ * failure is kept as the tier's, its parameters marked lost (the store
+ * still holds an older state of them), and returned in err (may be NULL). */
+static mt_status_t write_finish(eng_optim_nvme_t *nv, eng_nvme_write_t *w, mt_error_t *err) {
+    mt_error_t e = {0};
+    const double t0 = mt_now_s();
+    const mt_status_t st = mt_store_wait(nv->store, w->ticket, &e);
+    nv->io.write_s += mt_now_s() - t0;
+    if (st == MT_OK) nv->io.write_bytes += w->bytes;
+    else mt_error_prefix(&e, "AdamW state: ");
+    keep_failure(nv, st, &e);
+    if (st != MT_OK && err) *err = e;
+    for (int k = 0; k < w->n; k++) {
+        if (nv->pending[w->idx[k]] == w->ticket) nv->pending[w->idx[k]] = 0;
+        nv->lost[w->idx[k]] = st != MT_OK;
+    }
+    for (int k = 0; k < w->nbuf; k++) mt_sio_buffer_free(w->buf[k]);
+    free(w->idx);
+    free(w->buf);
+    memset(w, 0, sizeof *w);
+    return st;
+}
+
+/* Under nv->lock: every write of idx[0..n) in flight waited for, since a
+ * read of an extent must come after its write (store.h refuses it during
+ * one, and expects it only once waited for); then a lost parameter is the
+ * failure of its write.  The first failure is returned in err (may be NULL). */
+static mt_status_t wait_writes_of(eng_optim_nvme_t *nv, const eng_model_t *m, const int *idx, int n,
+                                  mt_error_t *err) {
+    mt_status_t st = MT_OK;
+    for (int k = 0; k < n; k++) {
+        const mt_store_ticket_t t = nv->pending[idx[k]];
+        for (int j = 0; t != 0 && j < ENG_NVME_MAX_WRITES; j++) {
+            if (nv->wr[j].ticket != t) continue;
+            const mt_status_t ws = write_finish(nv, &nv->wr[j], st == MT_OK ? err : NULL);
+            if (st == MT_OK) st = ws;
+        }
+    }
+    for (int k = 0; k < n && st == MT_OK; k++)
+        if (nv->lost[idx[k]])
+            st = mt_error_set(err, nv->failed, "AdamW state of %s: its write back failed, so the NVMe tier holds an "
+                              "older state (%s)", m->params[idx[k]].spec->name, nv->err.msg);
+    return st;
+}
+
+/* Under nv->lock: a free write slot, the oldest write waited for when all
+ * are in flight (its failure in *st and err). */
+static eng_nvme_write_t *write_room(eng_optim_nvme_t *nv, mt_status_t *st, mt_error_t *err) {
+    eng_nvme_write_t *oldest = NULL;
+    for (int j = 0; j < ENG_NVME_MAX_WRITES; j++) {
+        if (nv->wr[j].ticket == 0) return &nv->wr[j];
+        if (!oldest || nv->wr[j].ticket < oldest->ticket) oldest = &nv->wr[j];
+    }
+    const mt_status_t ws = write_finish(nv, oldest, *st == MT_OK ? err : NULL);
+    if (*st == MT_OK) *st = ws;
+    return oldest;
+}
+
+/* Under nv->lock: the read ahead waited for and dropped when it reads any
+ * of idx[0..n), which are about to be written: what it holds is older. */
+static void drop_prefetch_of(eng_optim_nvme_t *nv, const int *idx, int n) {
+    eng_nvme_prefetch_t *pf = &nv->pf;
+    bool hit = false;
+    for (int k = 0; k < pf->n && !hit; k++)
+        for (int j = 0; j < n && !hit; j++) hit = pf->idx[k] == idx[j];
+    if (!hit) return;
+    mt_error_t err = {0};
+    const double t0 = mt_now_s();
+    (void)mt_store_wait(nv->store, pf->ticket, &err); /* its failure is no one's: the state it read is dropped */
+    nv->io.read_s += mt_now_s() - t0;
+    prefetch_clear(pf);
+}
+
+mt_status_t eng_optim_nvme_drain(eng_optim_nvme_t *nv, mt_error_t *err) {
+    if (!nv) return MT_OK;
+    pthread_mutex_lock(&nv->lock);
+    for (;;) { /* oldest first, as they were queued */
+        eng_nvme_write_t *w = NULL;
+        for (int j = 0; j < ENG_NVME_MAX_WRITES; j++)
+            if (nv->wr[j].ticket != 0 && (!w || nv->wr[j].ticket < w->ticket)) w = &nv->wr[j];
+        if (!w) break;
+        (void)write_finish(nv, w, NULL); /* kept in nv->failed */
+    }
+    const mt_status_t st = nv->failed;
+    if (st != MT_OK && err) *err = nv->err;
+    pthread_mutex_unlock(&nv->lock);
+    return st;
+}
+
 void eng_optim_nvme_free(eng_optim_nvme_t *nv) {
     if (!nv) return;
+    mt_error_t err = {0};
+    (void)eng_optim_nvme_drain(nv, &err); /* the buffers are the tier's until their writes end */
     if (nv->pf.n > 0) { /* a read ahead nobody loaded */
-        mt_error_t err = {0};
         (void)mt_store_wait(nv->store, nv->pf.ticket, &err);
         prefetch_clear(&nv->pf);
     }
@@ -143,6 +243,8 @@ void eng_optim_nvme_free(eng_optim_nvme_t *nv) {
     free(nv->extent);
     free(nv->master);
     free(nv->home);
+    free(nv->pending);
+    free(nv->lost);
     free(nv);
 }
 
@@ -163,7 +265,8 @@ static void *loaded_buffer(const eng_optim_nvme_t *nv, const eng_param_t *p, int
 void eng_optim_nvme_prefetch(eng_optim_nvme_t *nv, const eng_model_t *m, const int *idx, int n) {
     pthread_mutex_lock(&nv->lock);
     eng_nvme_prefetch_t *pf = &nv->pf;
-    if (pf->n > 0 || n <= 0) {
+    /* after their writes in flight; a lost one is left to the load to report */
+    if (pf->n > 0 || n <= 0 || wait_writes_of(nv, m, idx, n, NULL) != MT_OK) {
         pthread_mutex_unlock(&nv->lock);
         return;
     }
@@ -224,8 +327,10 @@ static bool prefetch_take(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, 
 
 mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, mt_error_t *err) {
     pthread_mutex_lock(&nv->lock);
-    const bool taken = prefetch_take(nv, m, idx, n, err);
+    const mt_status_t wst = wait_writes_of(nv, m, idx, n, err);
+    const bool taken = wst == MT_OK && prefetch_take(nv, m, idx, n, err);
     pthread_mutex_unlock(&nv->lock);
+    if (wst != MT_OK) return wst;
     if (taken) return MT_OK;
     mt_store_op_t *ops = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *ops);
     MT_CHECK_ALLOC(ops, "AdamW state reads");
@@ -261,28 +366,8 @@ mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const
     return MT_OK;
 }
 
-mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, bool write,
-                                       mt_error_t *err) {
-    mt_store_op_t *ops = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *ops);
-    MT_CHECK_ALLOC(ops, "AdamW state writes");
-    int nops = 0;
-    for (int k = 0; k < n; k++) {
-        const eng_param_t *p = &m->params[idx[k]];
-        void *buf = loaded_buffer(nv, p, idx[k]);
-        if (buf) ops[nops++] = (mt_store_op_t){nv->extent[idx[k]], buf};
-        if (buf && nv->home[idx[k]] >= 0) ops[nops++] = (mt_store_op_t){nv->home[idx[k]], p->work_bf16};
-    }
-    mt_status_t st = MT_OK;
-    if (write && nops) {
-        pthread_mutex_lock(&nv->lock);
-        const double t0 = mt_now_s();
-        st = mt_store_write(nv->store, ops, nops, err);
-        nv->io.write_s += mt_now_s() - t0;
-        for (int k = 0; st == MT_OK && k < nops; k++)
-            nv->io.write_bytes += mt_store_extent_bytes(nv->store, ops[k].extent);
-        pthread_mutex_unlock(&nv->lock);
-        if (st != MT_OK) mt_error_prefix(err, "AdamW state: ");
-    }
+/* Frees the loaded state of idx[0..n) without writing it (those not loaded are skipped). */
+static void release(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n) {
     for (int k = 0; k < n; k++) {
         eng_param_t *p = &m->params[idx[k]];
         if (!p->host_mom) continue; /* not loaded */
@@ -293,6 +378,73 @@ mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, con
             p->work_bf16 = NULL;
         }
         p->host_mom = NULL;
+    }
+}
+
+/* Under nv->lock: w (a free slot, holding the loaded parameters and their
+ * buffers, already taken from them) submitted as one batch of nops ops.
+ * Refused, its parameters are lost and its buffers freed. */
+static mt_status_t write_submit(eng_optim_nvme_t *nv, eng_nvme_write_t *w, const mt_store_op_t *ops, int nops,
+                                mt_error_t *err) {
+    for (int k = 0; k < nops; k++) w->bytes += mt_store_extent_bytes(nv->store, ops[k].extent);
+    mt_error_t e = {0};
+    const double t0 = mt_now_s();
+    const mt_status_t st = mt_store_submit_write(nv->store, ops, nops, &w->ticket, &e);
+    nv->io.write_s += mt_now_s() - t0;
+    if (st == MT_OK) {
+        for (int k = 0; k < w->n; k++) nv->pending[w->idx[k]] = w->ticket;
+        return MT_OK;
+    }
+    mt_error_prefix(&e, "AdamW state: ");
+    keep_failure(nv, st, &e);
+    if (err) *err = e;
+    for (int k = 0; k < w->n; k++) nv->lost[w->idx[k]] = true;
+    for (int k = 0; k < w->nbuf; k++) mt_sio_buffer_free(w->buf[k]);
+    free(w->idx);
+    free(w->buf);
+    memset(w, 0, sizeof *w);
+    return st;
+}
+
+mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, const int *idx, int n, bool write,
+                                       mt_error_t *err) {
+    if (!write) {
+        release(nv, m, idx, n);
+        return MT_OK;
+    }
+    const size_t cap = (size_t)(n > 0 ? n : 1);
+    eng_nvme_write_t w = {.idx = malloc(cap * sizeof *w.idx), .buf = malloc(cap * 2 * sizeof *w.buf)};
+    mt_store_op_t *ops = malloc(cap * 2 * sizeof *ops);
+    MT_CHECK(w.idx && w.buf && ops, "out of memory for AdamW state writes");
+    int nops = 0;
+    for (int k = 0; k < n; k++) { /* the loaded ones' buffers go to the write */
+        const int i = idx[k];
+        eng_param_t *p = &m->params[i];
+        void *buf = loaded_buffer(nv, p, i);
+        if (!buf) continue;
+        w.idx[w.n++] = i;
+        ops[nops++] = (mt_store_op_t){nv->extent[i], buf};
+        w.buf[w.nbuf++] = buf;
+        if (nv->home[i] >= 0) {
+            ops[nops++] = (mt_store_op_t){nv->home[i], p->work_bf16};
+            w.buf[w.nbuf++] = p->work_bf16;
+            p->work_bf16 = NULL;
+        }
+        if (nv->master[i]) p->host_w = NULL;
+        p->host_mom = NULL;
+    }
+    mt_status_t st = MT_OK;
+    if (nops == 0) {
+        free(w.idx);
+        free(w.buf);
+    } else {
+        pthread_mutex_lock(&nv->lock);
+        drop_prefetch_of(nv, w.idx, w.n);
+        eng_nvme_write_t *slot = write_room(nv, &st, err);
+        *slot = w;
+        const mt_status_t sst = write_submit(nv, slot, ops, nops, st == MT_OK ? err : NULL);
+        if (st == MT_OK) st = sst;
+        pthread_mutex_unlock(&nv->lock);
     }
     free(ops);
     return st;
@@ -317,8 +469,14 @@ mt_status_t eng_optim_nvme_read_homes(eng_optim_nvme_t *nv, const eng_model_t *m
         off += eng_optim_nvme_home_buffer_bytes(m, idx[k]);
     }
     pthread_mutex_lock(&nv->lock);
+    mt_status_t st = wait_writes_of(nv, m, idx, n, err);
+    if (st != MT_OK) {
+        pthread_mutex_unlock(&nv->lock);
+        free(ops);
+        return st;
+    }
     const double t0 = mt_now_s();
-    const mt_status_t st = n ? mt_store_read(nv->store, ops, n, err) : MT_OK;
+    st = n ? mt_store_read(nv->store, ops, n, err) : MT_OK;
     nv->io.read_s += mt_now_s() - t0;
     for (int k = 0; st == MT_OK && k < n; k++) nv->io.read_bytes += mt_store_extent_bytes(nv->store, ops[k].extent);
     pthread_mutex_unlock(&nv->lock);
@@ -346,10 +504,7 @@ eng_nvme_io_t eng_optim_nvme_io(eng_optim_nvme_t *nv) {
 mt_status_t eng_optim_nvme_note(eng_optim_nvme_t *nv, mt_status_t st, const mt_error_t *err) {
     if (st == MT_OK) return st;
     pthread_mutex_lock(&nv->lock);
-    if (nv->failed == MT_OK) {
-        nv->failed = st;
-        nv->err = *err;
-    }
+    keep_failure(nv, st, err);
     pthread_mutex_unlock(&nv->lock);
     return st;
 }

@@ -26,6 +26,7 @@
 #include "engine/model/io/checkpoint.h"
 #include "engine/model/io/companions.h"
 #include "engine/exec/exec.h"
+#include "engine/exec/optim_state.h"
 #include "engine/model/lora/adapter.h"
 #include "engine/model/lora_model.h"
 
@@ -215,6 +216,9 @@ mt_status_t eng_train_save_model(eng_exec_t *x, const eng_run_config_t *rc, cons
 static mt_status_t save_model(eng_exec_t *x, const eng_run_config_t *rc, const char *dir, eng_ckpt_dir_mode_t mode,
                               mt_dtype_t dtype, eng_save_extra_fn extra, void *ctx, mt_error_t *err) {
     eng_model_t *m = eng_exec_model(x);
+    /* the masters the NVMe tier holds are read below: its write backs done, a failed one reported */
+    mt_status_t dst = eng_exec_nvme_drain(x, err);
+    if (dst != MT_OK) return dst;
     char *config = eng_saved_config_json(m->cfg.config_json, rc->model_config_json, dtype,
                                          rc->source_path, err);
     if (!config) return err->code;

@@ -266,6 +266,8 @@ mt_status_t eng_train_steps(eng_run_t *run, eng_train_result_t *result, mt_error
         if (st == MT_OK) st = checkpoint_or_stop(&l, step + 1, err);
         if (st != MT_OK) return st;
     }
+    /* the last steps' write backs to the NVMe tier: a failure is the run's, not lost with the scratch files */
+    const mt_status_t st = eng_exec_nvme_drain(run->x, err);
     result->seconds = mt_now_s() - t_run;
-    return MT_OK;
+    return st;
 }
