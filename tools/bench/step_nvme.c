@@ -10,9 +10,10 @@
  *   - each run's median step against the simulator's prediction, with the
  *     array at those raw rates;
  *   - the tier's traffic per step and the seconds the optimizer waited on
- *     it: reads are read ahead (a block's state while the block before it
- *     updates), so their wait is what was not hidden; writes are waited
- *     for whole, their rate set against raw. */
+ *     it, each rate set against raw: reads are read ahead (a block's state
+ *     while the block before it updates) and writes go out in the
+ *     background (while the blocks after it update), so each wait is what
+ *     was not hidden. */
 #include <stdio.h>
 
 #include "store/sio_rate.h"
@@ -40,9 +41,9 @@ static void print_text(const opts_t *o, double link_bps, const mt_sio_rates_t *r
            "                     %.2f MB written, waiting %.2f ms (%.3f GB/s, %.2f of raw)\n",
            io->read_bytes / 1e6, io->read_s * 1e3, r / 1e9, raw->read_q > 0 ? r / raw->read_q : 0,
            io->write_bytes / 1e6, io->write_s * 1e3, w / 1e9, raw->write_q > 0 ? w / raw->write_q : 0);
-    printf("  (a block's state is read ahead while the block before it updates, so reads wait only for what\n"
-           "   is not there yet: above 1 of raw means hidden; writes go out after each update and are waited\n"
-           "   for whole; the prediction: the simulator with the array at the raw rates above)\n");
+    printf("  (a block's state is read ahead while the block before it updates and written back while the\n"
+           "   blocks after it update, so the optimizer waits only for what is not done yet: above 1 of raw\n"
+           "   means hidden; the prediction: the simulator with the array at the raw rates above)\n");
 }
 
 static void print_json(double link_bps, const mt_sio_rates_t *raw, const measure_t *ms, const double *pred) {
