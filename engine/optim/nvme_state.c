@@ -86,7 +86,8 @@ mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, eng_model_t *m, const bo
     nv->home = malloc(np * sizeof *nv->home);
     nv->pending = calloc(np, sizeof *nv->pending);
     nv->lost = calloc(np, sizeof *nv->lost);
-    MT_CHECK(nv->extent && nv->master && nv->home && nv->pending && nv->lost, "out of memory for the NVMe extent table");
+    MT_CHECK(nv->extent && nv->master && nv->home && nv->pending && nv->lost,
+             "out of memory for the NVMe extent table");
     pthread_mutex_init(&nv->lock, NULL);
     for (int i = 0; i < m->num_params; i++) {
         nv->extent[i] = nv->home[i] = -1;

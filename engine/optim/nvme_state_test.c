@@ -46,7 +46,9 @@ typedef struct {
 static size_t numel_of(int i) { return 40000 + 3001 * (size_t)i; }
 
 /* The value byte k of parameter i's state holds after round r. */
-static unsigned char byte_of(int i, int r, size_t k) { return (unsigned char)(k * 131u + (unsigned)i * 17u + (unsigned)r * 29u); }
+static unsigned char byte_of(int i, int r, size_t k) {
+    return (unsigned char)(k * 131u + (unsigned)i * 17u + (unsigned)r * 29u);
+}
 
 /* Parameter i's host buffers (its moments, master and working copy where
  * loaded) filled as round r's update leaves them. */
@@ -139,8 +141,8 @@ static void round_of_blocks(fixture_t *f, eng_optim_nvme_t *nv, int r, int *max_
             fill(p, idx[k], r);
             p->step = r + 1;
         }
-        EXPECT(eng_optim_nvme_unload_many(nv, &f->m, idx, PER, true, &err) == MT_OK, "round %d unload of block %d: %s",
-               r, b, err.msg);
+        EXPECT(eng_optim_nvme_unload_many(nv, &f->m, idx, PER, true, &err) == MT_OK,
+               "round %d unload of block %d: %s", r, b, err.msg);
         for (int k = 0; k < PER; k++)
             EXPECT(!f->m.params[idx[k]].host_mom && (!f->with_master[idx[k]] || !f->m.params[idx[k]].host_w),
                    "unloaded state still pointed at");
