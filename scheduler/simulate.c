@@ -82,8 +82,9 @@ static double opt_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, do
     s->waited[h2d ? SCHED_RES_H2D : SCHED_RES_D2H] += end - start;
     if (!h2d && kind == SCHED_TASK_GRAD_D2H) {
         const double landed = end;
-        end = sim_unpack(s, block, -1, landed, bytes, -1);
-        s->waited[SCHED_RES_D2H] += end - landed;
+        sched_resource_t res;
+        end = sim_unpack(s, block, -1, start, landed, bytes, -1, &res);
+        s->waited[res] += end - landed;
     }
     return end;
 }

@@ -512,7 +512,8 @@ static void test_pack_unpack(void) {
     EXPECT(step(&w, &p, &r) < slow, "faster packing: %g vs %g", r.step_time, slow);
     sched_sim_result_free(&r);
 
-    /* unpack: 1 byte of gradients per block at 0.5 B/s: 2 s after each 1 s D2H */
+    /* unpack: 1 byte of gradients per block at 0.5 B/s: 2 s on the pack
+     * threads behind each 1 s D2H, starting with it; the next copy waits */
     w.pack_bw = 0;
     w.has_trainable = true;
     for (int b = 0; b < 3; b++) {
@@ -529,9 +530,15 @@ static void test_pack_unpack(void) {
         const sched_task_t *t = &r.tasks[i];
         if (t->kind != SCHED_TASK_GRAD_HOST) continue;
         unpacks++;
-        EXPECT(t->res == SCHED_RES_D2H && NEAR(t->end - t->start, 2), "unpack on the D2H stream, 2 s");
-        EXPECT(i > 0 && r.tasks[i - 1].kind == SCHED_TASK_GRAD_D2H && r.tasks[i - 1].end <= t->start,
-               "unpack after its copy");
+        EXPECT(t->res == SCHED_RES_PACK && NEAR(t->end - t->start, 2), "unpack on the pack threads, 2 s");
+        const sched_task_t *copy = i > 0 ? &r.tasks[i - 1] : NULL;
+        EXPECT(copy && copy->kind == SCHED_TASK_GRAD_D2H && NEAR(copy->start, t->start) && copy->end < t->end,
+               "unpack behind its copy, from its start");
+        for (int k = i + 1; k < r.num_tasks; k++) /* the D2H stream's next copy waits for this unpack */
+            if (r.tasks[k].res == SCHED_RES_D2H) {
+                EXPECT(r.tasks[k].start >= t->end - 1e-12, "copy after the unpack of block %d", t->block);
+                break;
+            }
         for (int k = i + 1; k < r.num_tasks; k++) /* the block's update waits for its gradients in host memory */
             if (r.tasks[k].kind == SCHED_TASK_ADAM && r.tasks[k].block == t->block)
                 EXPECT(r.tasks[k].start >= t->end, "AdamW of block %d after its unpack", t->block);
