@@ -238,7 +238,7 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
         return mt_error_set(err, MT_ERR_INTERNAL, "%s: dev_pad_align %zu is not a power of two", tag, pad);
     const moe_staging_xfer_t **it = malloc((size_t)n * sizeof *it);
     MT_CHECK_ALLOC(it, "staging batch");
-    int m = 0;
+    int m = 0, direct = 0;
     for (int k = 0; k < n; k++) {
         if (items[k].bytes == 0) continue;
         if (!items[k].host || !items[k].dev) {
@@ -246,7 +246,7 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
             return mt_error_set(err, MT_ERR_INTERNAL, "%s: item %d has no %s address", tag, k,
                                 items[k].host ? "device" : "host");
         }
-        const bool h2d_op_ok = items[k].op == MOE_STAGING_COPY ||
+        const bool h2d_op_ok = items[k].op == MOE_STAGING_COPY || items[k].op == MOE_STAGING_PINNED ||
                                (items[k].op == MOE_STAGING_F32_TO_BF16 && items[k].bytes % 2 == 0);
         const bool d2h_op_ok = items[k].op == MOE_STAGING_COPY || items[k].op == MOE_STAGING_ADD_F32;
         if (dir == MOE_STAGING_H2D ? !h2d_op_ok : !d2h_op_ok) {
@@ -259,6 +259,12 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
             return mt_error_set(err, MT_ERR_INTERNAL, "%s: item %d adds floats but has %zu bytes", tag, k,
                                 items[k].bytes);
         }
+        if (items[k].op == MOE_STAGING_PINNED) { /* nothing to stage: its own copy, in the batch's stream order */
+            kern_memcpy_h2d(p->dev, stream, items[k].dev, items[k].host, items[k].bytes);
+            staging_count_copy(p, dir, items[k].bytes);
+            direct++;
+            continue;
+        }
         it[m++] = &items[k];
     }
     if (p->o.mode == MOE_STAGING_COMPACT) qsort(it, (size_t)m, sizeof *it, cmp_dev);
@@ -270,7 +276,7 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
     group_t g = {.dir = dir, .stream = stream};
     mt_status_t st = p->o.mode == MOE_STAGING_COMPACT ? batch_compact(p, &g, it, m, b, err)
                                                       : batch_each(p, &g, it, m, b, err);
-    if (st == MT_OK) staging_count_tensors(p, dir, m);
+    if (st == MT_OK) staging_count_tensors(p, dir, m + direct);
     group_flush(p, &g); /* also on error: what was laid out is issued, nothing leaks */
     if (g.unpacking) stream_follows(p->dev, stream, kern_stream(p->dev, KERN_STREAM_UNPACK));
     group_free(&g);

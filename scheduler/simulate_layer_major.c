@@ -127,7 +127,7 @@ double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_plan_t *
         double wready = 0;
         sched_resource_t wres = SCHED_RES_H2D; /* what a compute waiting for the fetch waited on */
         if (fw > 0) {
-            wready = sim_fetch_weights(s, p, b, -1, issue, fw, fw_copies, c->w_pack_frac, &wres);
+            wready = sim_fetch_weights(s, p, b, -1, issue, fw, fw_copies, sched_block_pack_frac(c, p, false), &wres);
             sim_mem(s, SCHED_MEM_DEVICE, issue, fw);
         }
         const double off = c->act_saved_bytes - c->act_input_bytes;

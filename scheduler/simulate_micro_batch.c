@@ -77,7 +77,8 @@ static double mb_fetch(mb_order_t *m, const mb_use_t *u, sched_resource_t *ready
     double ready = 0;
     *ready_res = SCHED_RES_COMPUTE;
     if (u->fw > 0) {
-        ready = sim_fetch_weights(s, u->p, u->b, u->mb, u->issue, u->fw, u->fw_copies, u->c->w_pack_frac, ready_res);
+        ready = sim_fetch_weights(s, u->p, u->b, u->mb, u->issue, u->fw, u->fw_copies, sched_block_pack_frac(u->c, u->p, false),
+                                  ready_res);
         sim_mem(s, SCHED_MEM_DEVICE, u->issue, u->fw); /* allocated when issued */
     }
     if (fa > 0) {
