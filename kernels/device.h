@@ -62,6 +62,11 @@ typedef enum {
     KERN_STREAM_COMPUTE = 0,
     KERN_STREAM_H2D,
     KERN_STREAM_D2H,
+    /* Host work that follows copies without holding their stream: the
+     * staging pool unpacks landed gradients here (runs host functions and
+     * waits for events only), so the D2H stream copies the next piece
+     * while the last one is added into host memory. */
+    KERN_STREAM_UNPACK,
     KERN_STREAM_COUNT,
 } kern_stream_role_t;
 

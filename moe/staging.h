@@ -24,7 +24,7 @@
  *
  * Lifetime of a region.  A reservation is released when the copy that
  * reads it (or the host function that unpacks it) has completed: the pool
- * records an event on the copy stream and frees the region lazily, once the
+ * records an event on that stream and frees the region lazily, once the
  * event has fired.  When no space is free, a reservation waits for the
  * oldest pending event (backpressure) instead of growing the pool; the wait
  * is counted and timed.  If nothing is pending (every byte is held by
@@ -34,8 +34,10 @@
  * Threads.  One thread (the executor's issuing thread) calls the pool.  An
  * optional helper thread packs pageable sources into staging for H2D
  * batches so the host memcpy overlaps the copies already in flight; D2H
- * batches unpack on the D2H stream (kern_launch_host_fn), so work recorded
- * on that stream after a batch sees the pageable destinations complete.
+ * batches unpack on the unpack stream (KERN_STREAM_UNPACK) piece by piece
+ * behind their copies, and the D2H stream waits for the last unpack at the
+ * batch's end, so work recorded on that stream after a batch sees the
+ * pageable destinations complete.
  *
  * Profiler.  Every change of reserved / in-use bytes and every wait is
  * sampled into a timeline (moe_staging_timeline); staging_report.h writes
@@ -162,6 +164,8 @@ typedef enum {
     MOE_STAGING_F32_TO_BF16,  /* H2D: the host holds bytes / 2 floats; they are packed rounded to
                                * bf16 (nearest even), so a bf16 working copy crosses the link at
                                * half the bytes of its fp32 master; `bytes` are the device bytes */
+    MOE_STAGING_PINNED,       /* H2D: the host tensor is itself in pinned memory: copied from where it
+                               * is, one copy of its own, with no staging region and nothing packed */
 } moe_staging_op_t;
 
 typedef struct {

@@ -191,10 +191,10 @@ static void enqueue_job(moe_staging_t *p, staging_pack_job_t *j) {
     pthread_mutex_unlock(&p->lock);
 }
 
-/* Host function on the D2H stream: unpacks into the pageable destinations,
+/* Host function on the unpack stream: unpacks into the pageable destinations,
  * on the pack threads where they run (a streamed layer's gradients are
  * gigabytes: one thread took about half a second per Mixtral-8x7B layer),
- * holding the stream until they are done.  Each piece is its own range, so
+ * holding that stream until they are done.  Each piece is its own range, so
  * a gradient add gives the same bits on any thread. */
 static void unpack_fn(void *arg) {
     staging_pack_job_t *j = arg;

@@ -513,6 +513,69 @@ static void test_pack_threads(void) {
     kern_device_destroy(dev);
 }
 
+/* Gradient batches of many groups (each group unpacks on the unpack stream
+ * while the D2H stream copies the next): a copy, then two adds into the
+ * same destinations in consecutive batches, give a serial loop's bits and
+ * are complete once the D2H stream passes the last batch.  And an H2D
+ * batch mixing a pinned host tensor (copied from where it is) with staged
+ * ones lands every tensor. */
+static void test_unpack_stream_and_pinned(void) {
+    kern_device_t *dev = staging_test_device((size_t)64 << 20, 0, 0);
+    kern_stream_t *h2d = kern_stream(dev, KERN_STREAM_H2D), *d2h = kern_stream(dev, KERN_STREAM_D2H);
+    enum { N = 24, ELEMS = 1 << 18 }; /* 1 MiB each: several 2 MiB groups per batch */
+    moe_staging_opts_t o;
+    moe_staging_opts_init(&o, MOE_STAGING_COMPACT);
+    o.capacity_bytes = (size_t)8 << 20; /* less than a batch: groups wait for earlier unpacks */
+    o.max_tensor_bytes = (size_t)4 << 20;
+    o.pack_threads = 2;
+    moe_staging_t *p = NULL;
+    mt_error_t err = {0};
+    EXPECT(moe_staging_create(dev, &o, &p, &err) == MT_OK, "pool: %s", err.msg);
+    float *src[N], *acc[N], *ref[N];
+    void *d[N];
+    moe_staging_xfer_t up[N], cp[N], add[N];
+    const size_t bytes = ELEMS * sizeof(float);
+    for (int k = 0; k < N; k++) {
+        src[k] = k == 0 ? kern_pinned_alloc(dev, bytes) : malloc(bytes);
+        acc[k] = malloc(bytes);
+        ref[k] = malloc(bytes);
+        MT_CHECK(src[k] && acc[k] && ref[k], "test buffers");
+        for (size_t i = 0; i < ELEMS; i++) src[k][i] = (float)((i * 2654435761u + (unsigned)k) % 100003) * 1e-3f - 50.0f;
+        for (size_t i = 0; i < ELEMS; i++) ref[k][i] = (src[k][i] + src[k][i]) + src[k][i];
+        d[k] = kern_alloc(dev, bytes, "unpack test tensor", &err);
+        EXPECT(d[k] != NULL, "%s", err.msg);
+        up[k] = (moe_staging_xfer_t){src[k], d[k], bytes, k == 0 ? MOE_STAGING_PINNED : MOE_STAGING_COPY};
+        cp[k] = (moe_staging_xfer_t){acc[k], d[k], bytes, MOE_STAGING_COPY};
+        add[k] = (moe_staging_xfer_t){acc[k], d[k], bytes, MOE_STAGING_ADD_F32};
+    }
+    const moe_staging_batch_t b = {"unpack stream batch", MT_ARENA_ALIGN};
+    moe_staging_stats_t st0, st1;
+    moe_staging_get_stats(p, MOE_STAGING_SCOPE_TOTAL, &st0);
+    EXPECT(moe_staging_h2d_batch(p, h2d, up, N, &b, &err) == MT_OK, "h2d: %s", err.msg);
+    moe_staging_get_stats(p, MOE_STAGING_SCOPE_TOTAL, &st1);
+    EXPECT(st1.tensors[MOE_STAGING_H2D] - st0.tensors[MOE_STAGING_H2D] == N, "every tensor counted, the pinned one too");
+    kern_event_t *up_done = kern_event_create(dev);
+    kern_event_record(dev, up_done, h2d);
+    kern_stream_wait_event(dev, d2h, up_done);
+    kern_event_destroy(dev, up_done);
+    EXPECT(moe_staging_d2h_batch(p, d2h, cp, N, &b, &err) == MT_OK, "d2h copy: %s", err.msg);
+    EXPECT(moe_staging_d2h_batch(p, d2h, add, N, &b, &err) == MT_OK, "d2h add: %s", err.msg);
+    EXPECT(moe_staging_d2h_batch(p, d2h, add, N, &b, &err) == MT_OK, "d2h add again: %s", err.msg);
+    kern_stream_sync(dev, d2h); /* the D2H stream alone: its batches end waiting for their unpacks */
+    int wrong = 0;
+    for (int k = 0; k < N; k++) wrong += memcmp(acc[k], ref[k], bytes) != 0;
+    EXPECT(wrong == 0, "%d of %d tensors differ from (x + x) + x after a copy and two adds", wrong, N);
+    for (int k = 0; k < N; k++) {
+        kern_free(dev, d[k]);
+        if (k == 0) kern_pinned_free(dev, src[k], bytes);
+        else free(src[k]);
+        free(acc[k]);
+        free(ref[k]);
+    }
+    moe_staging_destroy(p);
+    kern_device_destroy(dev);
+}
+
 /* ---- efficiency on a realistic window ------------------------------------------ */
 
 /* One scaled-down Qwen3-MoE layer: attention, norms, router and the active
@@ -598,6 +661,7 @@ int main(void) {
     test_full_without_pending();
     test_integrity();
     test_pack_threads();
+    test_unpack_stream_and_pinned();
     test_compact_window();
     return staging_test_finish("staging_test", g_failures);
 }

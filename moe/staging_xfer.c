@@ -23,8 +23,14 @@
  * stream gets a host function that waits for the job before the copies
  * (stream order keeps the copies behind it), so packing batch k+1 overlaps
  * the transfer of batch k.  Without them the caller packs inline.  D2H
- * unpacking runs as a host function on the copy stream after the copies,
- * so the destinations are complete when the stream passes the batch. */
+ * unpacking runs as a host function on the unpack stream
+ * (KERN_STREAM_UNPACK) once the group's copies have landed, and the
+ * group's regions go back after it there; the copy stream meanwhile
+ * copies the next group, so a batch takes the longer of its copies and its
+ * unpacks, not their sum.  At the batch's end the copy stream waits for the
+ * unpack stream: the destinations are complete when the stream passes the
+ * batch, as callers expect, and the one unpack stream keeps the adds into
+ * a destination in issue order. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +59,7 @@ typedef struct {
     int ncp, cap_cp;
     staging_pack_job_t *job;
     size_t bytes;
+    bool unpacking; /* D2H: some group's unpack went to the unpack stream */
 } group_t;
 
 static int group_add_region(group_t *g, const moe_staging_region_t *r) {
@@ -83,6 +90,14 @@ static void group_add_item(moe_staging_t *p, group_t *g, int reg, size_t off, co
     g->bytes += it->bytes;
 }
 
+/* Stream `s` runs what is issued on it next only after what was issued on `after` so far. */
+static void stream_follows(kern_device_t *dev, kern_stream_t *s, kern_stream_t *after) {
+    kern_event_t *ev = kern_event_create(dev);
+    kern_event_record(dev, ev, after);
+    kern_stream_wait_event(dev, s, ev);
+    kern_event_destroy(dev, ev);
+}
+
 static void group_flush(moe_staging_t *p, group_t *g) {
     kern_device_t *dev = p->dev;
     if (g->dir == MOE_STAGING_H2D && g->job) {
@@ -96,11 +111,15 @@ static void group_flush(moe_staging_t *p, group_t *g) {
         else kern_memcpy_d2h(dev, g->stream, staged, cp->dev, cp->bytes);
         staging_count_copy(p, g->dir, cp->bytes);
     }
+    kern_stream_t *release_on = g->stream;
     if (g->dir == MOE_STAGING_D2H && g->job) {
-        staging_unpack_after(p, g->stream, g->job);
+        release_on = kern_stream(dev, KERN_STREAM_UNPACK);
+        stream_follows(dev, release_on, g->stream);
+        staging_unpack_after(p, release_on, g->job);
         g->job = NULL;
+        g->unpacking = true;
     }
-    for (int r = 0; r < g->nreg; r++) moe_staging_release_after(p, &g->reg[r], g->stream);
+    for (int r = 0; r < g->nreg; r++) moe_staging_release_after(p, &g->reg[r], release_on);
     g->nreg = g->ncp = 0;
     g->bytes = 0;
 }
@@ -219,7 +238,7 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
         return mt_error_set(err, MT_ERR_INTERNAL, "%s: dev_pad_align %zu is not a power of two", tag, pad);
     const moe_staging_xfer_t **it = malloc((size_t)n * sizeof *it);
     MT_CHECK_ALLOC(it, "staging batch");
-    int m = 0;
+    int m = 0, direct = 0;
     for (int k = 0; k < n; k++) {
         if (items[k].bytes == 0) continue;
         if (!items[k].host || !items[k].dev) {
@@ -227,7 +246,7 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
             return mt_error_set(err, MT_ERR_INTERNAL, "%s: item %d has no %s address", tag, k,
                                 items[k].host ? "device" : "host");
         }
-        const bool h2d_op_ok = items[k].op == MOE_STAGING_COPY ||
+        const bool h2d_op_ok = items[k].op == MOE_STAGING_COPY || items[k].op == MOE_STAGING_PINNED ||
                                (items[k].op == MOE_STAGING_F32_TO_BF16 && items[k].bytes % 2 == 0);
         const bool d2h_op_ok = items[k].op == MOE_STAGING_COPY || items[k].op == MOE_STAGING_ADD_F32;
         if (dir == MOE_STAGING_H2D ? !h2d_op_ok : !d2h_op_ok) {
@@ -240,6 +259,12 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
             return mt_error_set(err, MT_ERR_INTERNAL, "%s: item %d adds floats but has %zu bytes", tag, k,
                                 items[k].bytes);
         }
+        if (items[k].op == MOE_STAGING_PINNED) { /* nothing to stage: its own copy, in the batch's stream order */
+            kern_memcpy_h2d(p->dev, stream, items[k].dev, items[k].host, items[k].bytes);
+            staging_count_copy(p, dir, items[k].bytes);
+            direct++;
+            continue;
+        }
         it[m++] = &items[k];
     }
     if (p->o.mode == MOE_STAGING_COMPACT) qsort(it, (size_t)m, sizeof *it, cmp_dev);
@@ -251,8 +276,9 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
     group_t g = {.dir = dir, .stream = stream};
     mt_status_t st = p->o.mode == MOE_STAGING_COMPACT ? batch_compact(p, &g, it, m, b, err)
                                                       : batch_each(p, &g, it, m, b, err);
-    if (st == MT_OK) staging_count_tensors(p, dir, m);
+    if (st == MT_OK) staging_count_tensors(p, dir, m + direct);
     group_flush(p, &g); /* also on error: what was laid out is issued, nothing leaks */
+    if (g.unpacking) stream_follows(p->dev, stream, kern_stream(p->dev, KERN_STREAM_UNPACK));
     group_free(&g);
     free(it);
     return st;

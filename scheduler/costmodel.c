@@ -228,6 +228,7 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
          * themselves; nothing is converted on the way to the link */
         c->w_pack_frac = out->pack_bw > 0 && bi->w_bytes > 0 ? 1.0 : 0;
         c->w_update_pack_frac = c->w_pack_frac;
+        c->w_work_bytes = bi->train_work_bytes < bi->w_bytes ? bi->train_work_bytes : bi->w_bytes;
         const double adam_bytes = bi->adam_bytes_per_param * bi->train_params_step;
         c->adam_device_s = adam_bytes / dev_bw;
         c->adam_host_s = adam_bytes / adam_bw;
@@ -301,6 +302,12 @@ double sched_nvme_read_time(const sched_workload_t *w, double bytes) {
 
 double sched_nvme_write_time(const sched_workload_t *w, double bytes) {
     return bytes > 0 && w->nvme_write_bw > 0 ? bytes / w->nvme_write_bw : 0;
+}
+
+double sched_block_pack_frac(const sched_block_cost_t *c, const sched_block_plan_t *p, bool update) {
+    if (update) return sched_block_pinned_home(p) ? 0 : c->w_update_pack_frac;
+    if (!sched_block_pinned_home(p) || !(c->w_home_bytes > 0)) return c->w_pack_frac;
+    return c->w_pack_frac * (1.0 - c->w_work_bytes / c->w_home_bytes);
 }
 
 double sched_block_nvme_bytes(const sched_block_cost_t *c, const sched_block_plan_t *p) {

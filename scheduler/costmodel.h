@@ -58,6 +58,7 @@ typedef struct {
                                 working copy is the fp32 master itself (fp32 runs, LoRA adapters) */
     double w_update_bytes;   /* H2D of updated working copies after host AdamW (RESIDENT weights) */
     double w_update_copies;
+    double w_work_bytes;     /* of w_home_bytes, the trained weights' working copies (a pinned home) */
     double w_update_pack_frac; /* share of w_update_bytes packed on the pack threads (as w_pack_frac) */
     double adam_device_s, adam_host_s;
     double grad_add_host_s;  /* micro-batches after the first: add the staged gradients into the host
@@ -179,6 +180,11 @@ void sched_workload_set_nvme(sched_workload_t *w, const sched_hw_t *hw);
 /* NVMe time of bytes read / written (0 bytes: 0). */
 double sched_nvme_read_time(const sched_workload_t *w, double bytes);
 double sched_nvme_write_time(const sched_workload_t *w, double bytes);
+/* Share of block b's fetched (update: refreshed) bytes packed into
+ * staging under plan p: w_pack_frac (w_update_pack_frac), less the share
+ * its trained working copies take when they are pinned (copied straight
+ * from there). */
+double sched_block_pack_frac(const sched_block_cost_t *c, const sched_block_plan_t *p, bool update);
 /* Bytes block b keeps on NVMe under plan p: its weights' home (nvme_weights
  * with weights STREAM) and optimizer state (nvme_optim with optimizer HOST). */
 double sched_block_nvme_bytes(const sched_block_cost_t *c, const sched_block_plan_t *p);

@@ -18,16 +18,16 @@ void sched_plan_init_uniform(sched_plan_t *plan, int num_blocks, sched_policy_t 
         switch (policy) {
         case SCHED_POLICY_AUTO:
         case SCHED_POLICY_KEEP_ALL:
-            *p = (sched_block_plan_t){SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_DEVICE,
-                                      SCHED_ACTS_KEEP, false, false, false, SCHED_INPUTS_KEEP};
+            *p = (sched_block_plan_t){.weights = SCHED_WEIGHTS_RESIDENT, .grads = SCHED_GRADS_DEVICE,
+                                      .optim = SCHED_OPTIM_DEVICE, .acts = SCHED_ACTS_KEEP, .lm_inputs = SCHED_INPUTS_KEEP};
             break;
         case SCHED_POLICY_OFFLOAD_ALL:
-            *p = (sched_block_plan_t){SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST,
-                                      SCHED_ACTS_OFFLOAD, false, false, false, SCHED_INPUTS_KEEP};
+            *p = (sched_block_plan_t){.weights = SCHED_WEIGHTS_STREAM, .grads = SCHED_GRADS_HOST, .optim = SCHED_OPTIM_HOST,
+                                      .acts = SCHED_ACTS_OFFLOAD, .lm_inputs = SCHED_INPUTS_KEEP};
             break;
         case SCHED_POLICY_MIN_MEMORY:
-            *p = (sched_block_plan_t){SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST,
-                                      SCHED_ACTS_RECOMPUTE, false, false, false, SCHED_INPUTS_KEEP};
+            *p = (sched_block_plan_t){.weights = SCHED_WEIGHTS_STREAM, .grads = SCHED_GRADS_HOST, .optim = SCHED_OPTIM_HOST,
+                                      .acts = SCHED_ACTS_RECOMPUTE, .lm_inputs = SCHED_INPUTS_KEEP};
             break;
         }
     }
@@ -76,6 +76,10 @@ bool sched_policy_parse(const char *name, sched_policy_t *out) {
 bool sched_block_nvme_optim(const sched_block_plan_t *bp) { return bp->nvme_optim && bp->optim == SCHED_OPTIM_HOST; }
 bool sched_block_nvme_weights(const sched_block_plan_t *bp) {
     return bp->nvme_weights && bp->weights == SCHED_WEIGHTS_STREAM;
+}
+
+bool sched_block_pinned_home(const sched_block_plan_t *bp) {
+    return bp->pinned_home && bp->optim == SCHED_OPTIM_HOST && !sched_block_nvme_weights(bp);
 }
 
 bool sched_block_inputs_offloaded(const sched_plan_t *plan, int b) {

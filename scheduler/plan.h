@@ -88,11 +88,19 @@ typedef struct {
      * are adjacent).  Offloaded inputs move with the saved activations'
      * mechanics (engine/exec/place/acts.h) on their own tables. */
     sched_input_place_t lm_inputs;
+    /* With optimizer HOST (and the home in host memory), the block's
+     * trained weights' bf16 working copies live in pinned host memory:
+     * fetches and refreshes copy straight from them, with nothing packed
+     * into staging on the way (frozen homes in the block are still packed).
+     * Ignored under the other placements (sched_block_pinned_home). */
+    bool pinned_home;
 } sched_block_plan_t;
 
 /* Whether bp really holds its optimizer state / weights' home on NVMe. */
 bool sched_block_nvme_optim(const sched_block_plan_t *bp);
 bool sched_block_nvme_weights(const sched_block_plan_t *bp);
+/* Whether bp really keeps its trained working copies pinned. */
+bool sched_block_pinned_home(const sched_block_plan_t *bp);
 
 /* Makes bp expert parallel as the executor runs it: gradients and AdamW
  * state on the host (every owner's experts are updated through the one

@@ -159,6 +159,38 @@ static mt_status_t nvme_pass(const sched_workload_t *w, const sched_planner_opts
     return MT_OK;
 }
 
+/* Whether block b's trained working copies could be pinned under plan p
+ * (sched_block_plan_t.pinned_home), and the pinned bytes that takes. */
+static double pin_bytes(const sched_workload_t *w, const sched_plan_t *p, int b) {
+    sched_block_plan_t bp = p->blocks[b];
+    bp.pinned_home = true;
+    const sched_block_cost_t *c = sched_block_cost(w, b, bp.expert_parallel);
+    return sched_block_pinned_home(&bp) && c->w_pack_frac > 0 ? c->w_work_bytes : 0;
+}
+
+/* Pins the trained working copies (pinned_home) of as many blocks as the
+ * pinned budget leaves room for, in block order, on the plan the walk
+ * starts from; the moves keep the flag, which means nothing where a move
+ * takes the block's optimizer to the device (sched_block_pinned_home), so
+ * every plan of the walk copies those homes straight to the link.  Room:
+ * the budget less the start plan's own pinned peak (its staging). */
+static mt_status_t pin_start(const sched_workload_t *w, const sched_planner_opts_t *o, sched_plan_t *start,
+                             int *nsims, mt_error_t *err) {
+    double room = INFINITY;
+    if (o->budget[SCHED_MEM_PINNED] > 0) {
+        eval_t e;
+        const mt_status_t st = evaluate(w, start, &e, nsims, err);
+        if (st != MT_OK) return st;
+        room = o->budget[SCHED_MEM_PINNED] - e.peak[SCHED_MEM_PINNED];
+    }
+    double sum = 0;
+    for (int b = 0; b < w->num_blocks; b++) {
+        const double k = pin_bytes(w, start, b);
+        if (k > 0 && sum + k <= room) sum += k, start->blocks[b].pinned_home = true;
+    }
+    return MT_OK;
+}
+
 /* Per-kind overrides, then what the executor cannot run: the optimizer on
  * the device needs resident weights and device gradients (it updates the
  * device copies in place).  A forced choice wins over an automatic one. */
@@ -553,6 +585,7 @@ static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planne
     sched_plan_t nvme_plan = {0};
     bool nvme_found = false;
     int chosen = -1;
+    if (st == MT_OK) st = pin_start(w, o, &start, &out->simulations, err);
     if (st != MT_OK) goto out;
 
     if (fixed) {

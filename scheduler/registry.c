@@ -225,6 +225,7 @@ static void add_weight(builder_t *b, const sched_prog_tensor_t *pt, const int *o
     /* AdamW: read p, g, m, v (fp32) and write p, m, v; plus the bf16 working copy written back. */
     bi->adam_bytes_per_param = master ? 30.0 : 28.0;
     if (!master) bi->train_fp32_params += numel;
+    else bi->train_work_bytes += bytes;
     if (expert < 0) b->train_dense += numel, b->train_wb_dense += bytes, bi->train_dense_tensors++;
     else if (expert == 0) b->train_expert += numel, b->train_wb_expert += bytes, bi->train_expert_tensors++;
     r->train_params += numel;

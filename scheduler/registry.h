@@ -184,6 +184,8 @@ typedef struct {
     double adam_bytes_per_param; /* 28 (fp32 p, g, m, v read; p, m, v written) + 2 with a bf16 copy */
     double train_w_bytes_step;   /* working-copy bytes of the trainable tensors updated in a step */
     double train_fp32_params;    /* trainable params whose working copy is the fp32 master itself */
+    double train_work_bytes;     /* bytes of the trainable tensors' working copies kept beside an fp32
+                                    master (bf16 runs): what a pinned home holds */
     double train_expert_params;  /* trainable params of one routed expert */
     double train_expert_w_bytes; /* ... their working-copy bytes */
     /* tensor counts: one copy each when moved (per-copy latency) */

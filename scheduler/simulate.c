@@ -82,8 +82,9 @@ static double opt_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, do
     s->waited[h2d ? SCHED_RES_H2D : SCHED_RES_D2H] += end - start;
     if (!h2d && kind == SCHED_TASK_GRAD_D2H) {
         const double landed = end;
-        end = sim_unpack(s, block, -1, landed, bytes, -1);
-        s->waited[SCHED_RES_D2H] += end - landed;
+        sched_resource_t res;
+        end = sim_unpack(s, block, -1, start, landed, bytes, -1, &res);
+        s->waited[res] += end - landed;
     }
     return end;
 }
@@ -136,7 +137,7 @@ static double opt_block(sim_t *s, const sched_workload_t *w, const sched_plan_t 
     }
     if (resident && c->w_update_bytes > 0)
         t = opt_copy(s, true, SCHED_TASK_W_UPDATE, b, t, c->w_update_bytes, c->w_update_copies,
-                     c->w_update_bytes * c->w_update_pack_frac);
+                     c->w_update_bytes * sched_block_pack_frac(c, p, true));
     return t;
 }
 
@@ -189,7 +190,9 @@ static void static_bytes(const sched_workload_t *w, const sched_plan_t *plan, do
         double home, optim, grads;
         sched_block_host_bytes(c, p, &home, &optim, &grads);
         if (sim_grads_transient(w, plan, p)) grads = 0; /* events of overlapped_adam */
-        stat[SCHED_MEM_HOST] += home + optim + grads;
+        const double pinned = sched_block_pinned_home(p) ? c->w_work_bytes : 0;
+        stat[SCHED_MEM_HOST] += home - pinned + optim + grads;
+        stat[SCHED_MEM_PINNED] += pinned;
         *nvme += sched_block_nvme_bytes(c, p);
         if (p->weights == SCHED_WEIGHTS_RESIDENT) stat[SCHED_MEM_DEVICE] += c->w_resident_bytes;
         if (p->grads == SCHED_GRADS_DEVICE) stat[SCHED_MEM_DEVICE] += c->grad_bytes;

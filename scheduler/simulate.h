@@ -38,7 +38,9 @@
  *    resource, in issue order; the copy starts when its pack has ended, so
  *    packing the next fetch overlaps this one's copy), staging held from
  *    the pack's start; every gradient D2H is unpacked into host memory
- *    after its copy on the D2H stream (the executor's host function there).
+ *    on the same pack threads, piece by piece behind its copy (it may
+ *    start with the copy, ends no earlier), and the D2H stream waits for
+ *    that unpack before its next copy (the executor's batch ends so).
  *  - grads HOST: after each backward, D2H of the block's gradients
  *    (experts with tokens); the first micro-batch is unpacked into the host
  *    buffer, later ones added there, in the D2H stream's order.

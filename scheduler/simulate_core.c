@@ -1,7 +1,7 @@
 /* The simulator's resources and memory (see simulate_internal.h): a task
  * on a resource runs in issue order once its dependencies have ended
  * (sim_run); copies hold pinned staging while they run, packs before an
- * H2D and unpacks after a gradient D2H are host work on the copy path, the
+ * H2D and unpacks behind a gradient D2H are host work on the copy path, the
  * NVMe array reads and writes in issue order; memory is a list of (time,
  * delta) events per kind, sorted once at the end (sim_finish_mem). */
 #include "scheduler/simulate_internal.h"
@@ -104,13 +104,23 @@ double sim_pack(sim_t *s, int block, int micro, double ready, double bytes, doub
     return sim_run(s, SCHED_RES_PACK, SCHED_TASK_PACK, block, micro, ready, dur, bytes, start_out);
 }
 
-/* Gradients of `bytes` landed by a D2H copy ending at `end`: unpacked into
- * host memory on the D2H stream (copied, or added when `dur` is the add's
- * time; dur < 0: the copy's at the unpack rate).  Returns the unpack's end. */
-double sim_unpack(sim_t *s, int block, int micro, double end, double bytes, double dur) {
+/* Gradients of `bytes` landing by a D2H copy [start, end]: unpacked into
+ * host memory on the pack threads piece by piece behind the copy (the
+ * executor's unpack stream), so the unpack may start with the copy but not
+ * end before it; the D2H stream then waits for it (the executor's batch
+ * ends by waiting for its last unpack).  A copy, or an add when `dur` is
+ * the add's time (dur < 0: the copy's at the unpack rate).  Returns when
+ * the gradients are in host memory; *res is the resource that decided it. */
+double sim_unpack(sim_t *s, int block, int micro, double start, double end, double bytes, double dur,
+                  sched_resource_t *res) {
+    *res = SCHED_RES_D2H;
     if (dur < 0) dur = sched_unpack_time(s->w, bytes);
     if (dur <= 0) return end;
-    return sim_run(s, SCHED_RES_D2H, SCHED_TASK_GRAD_HOST, block, micro, end, dur, bytes, NULL);
+    const double u = sim_run(s, SCHED_RES_PACK, SCHED_TASK_GRAD_HOST, block, micro, start, dur, bytes, NULL);
+    if (u <= end) return end;
+    *res = SCHED_RES_PACK;
+    if (u > s->free_at[SCHED_RES_D2H]) s->free_at[SCHED_RES_D2H] = u;
+    return u;
 }
 
 /* A weight fetch of `bytes` for block b issued at `issue`: with its home on

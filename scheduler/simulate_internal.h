@@ -67,10 +67,13 @@ double sim_nvme_io(sim_t *s, bool read, int block, int micro, double ready, doub
  * the caller passes the converted share); returns when the copy may start. */
 double sim_pack(sim_t *s, int block, int micro, double ready, double bytes, double *start_out);
 
-/* Gradients of `bytes` landed by a D2H copy ending at `end`: unpacked into
- * host memory on the D2H stream (copied, or added when `dur` is the add's
- * time; dur < 0: the copy's at the unpack rate).  Returns the unpack's end. */
-double sim_unpack(sim_t *s, int block, int micro, double end, double bytes, double dur);
+/* Gradients of `bytes` landing by a D2H copy [start, end]: unpacked into
+ * host memory on the pack threads behind the copy (copied, or added when
+ * `dur` is the add's time; dur < 0: the copy's at the unpack rate), the D2H
+ * stream held until they are.  Returns when they are in host memory;
+ * *res: SCHED_RES_PACK when the unpack ended after the copy, else D2H. */
+double sim_unpack(sim_t *s, int block, int micro, double start, double end, double bytes, double dur,
+                  sched_resource_t *res);
 
 /* A weight fetch of `bytes` for block b issued at `issue`: with its home on
  * NVMe, read into pinned staging first.  Returns when the H2D copy ends;

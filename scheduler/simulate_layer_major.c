@@ -62,6 +62,7 @@ typedef struct {
     double *in_ready;         /* (ga) this use's block inputs back on the device */
     sched_resource_t *in_res; /* (ga) ... and what they waited for */
     double *d2h_end;          /* per use that sends D2H, in issue order */
+    sched_resource_t *d2h_res; /* ... and what decided that end (the link, or the unpack) */
 } lm_scratch_t;
 
 static void lm_scratch_init(lm_scratch_t *t, int N, int ga) {
@@ -71,7 +72,8 @@ static void lm_scratch_init(lm_scratch_t *t, int N, int ga) {
     t->in_ready = calloc((size_t)ga, sizeof *t->in_ready);
     t->in_res = calloc((size_t)ga, sizeof *t->in_res);
     t->d2h_end = malloc(((size_t)N * (ga + 1) + 1) * sizeof *t->d2h_end);
-    MT_CHECK(t->use_end && t->offload_end && t->input_end && t->in_ready && t->in_res && t->d2h_end,
+    t->d2h_res = malloc(((size_t)N * (ga + 1) + 1) * sizeof *t->d2h_res);
+    MT_CHECK(t->use_end && t->offload_end && t->input_end && t->in_ready && t->in_res && t->d2h_end && t->d2h_res,
              "out of host memory in the simulator");
 }
 
@@ -82,6 +84,7 @@ static void lm_scratch_free(lm_scratch_t *t) {
     free(t->in_ready);
     free(t->in_res);
     free(t->d2h_end);
+    free(t->d2h_res);
 }
 
 /* Layer-major order (plan->layer_major; engine/exec/layer_major.c): the
@@ -124,7 +127,7 @@ double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_plan_t *
         double wready = 0;
         sched_resource_t wres = SCHED_RES_H2D; /* what a compute waiting for the fetch waited on */
         if (fw > 0) {
-            wready = sim_fetch_weights(s, p, b, -1, issue, fw, fw_copies, c->w_pack_frac, &wres);
+            wready = sim_fetch_weights(s, p, b, -1, issue, fw, fw_copies, sched_block_pack_frac(c, p, false), &wres);
             sim_mem(s, SCHED_MEM_DEVICE, issue, fw);
         }
         const double off = c->act_saved_bytes - c->act_input_bytes;
@@ -156,8 +159,9 @@ double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_plan_t *
             int dslot = -1;
             if (sends_acts || sends_grads) {
                 const double gate = sends_grads && n_d2h > W ? sc.d2h_end[n_d2h - W - 1] : 0;
-                if (gate > ready) ready = gate, ready_res = SCHED_RES_D2H;
+                if (gate > ready) ready = gate, ready_res = sc.d2h_res[n_d2h - W - 1];
                 dslot = n_d2h++;
+                sc.d2h_res[dslot] = SCHED_RES_D2H;
             }
             double start;
             if (fwd || head) {
@@ -195,7 +199,8 @@ double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_plan_t *
                     double t0;
                     const double landed = sim_copy(s, false, SCHED_TASK_GRAD_D2H, b, mb, end, gb, gc, &t0);
                     sim_mem(s, SCHED_MEM_DEVICE, landed, -c->grad_mb_bytes);
-                    const double t = sim_unpack(s, b, mb, landed, gb, -1); /* into the host buffer: a copy */
+                    const double t = sim_unpack(s, b, mb, t0, landed, gb, -1, /* into the host buffer: a copy */
+                                                &sc.d2h_res[dslot]);
                     sc.d2h_end[dslot] = t;
                     if (overlap && p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
                         sim_overlapped_adam(s, w, plan, b, t0, t);

@@ -17,6 +17,7 @@ typedef struct {
     bool *adam_done;       /* per block: its host AdamW ran during the backward */
     double *phase_end;     /* compute end per position of the current phase */
     double *d2h_end;       /* per use that sends D2H, in issue order: when its sending ended */
+    sched_resource_t *d2h_res; /* ... and what decided that end (the link, or the unpack) */
     double *offload_end;   /* per block: when its offloaded activations reached pinned memory */
     int n_d2h;             /* uses that sent D2H so far */
     double head_w, turn_w; /* weight bytes the head and the turn hold from forward to backward */
@@ -76,7 +77,8 @@ static double mb_fetch(mb_order_t *m, const mb_use_t *u, sched_resource_t *ready
     double ready = 0;
     *ready_res = SCHED_RES_COMPUTE;
     if (u->fw > 0) {
-        ready = sim_fetch_weights(s, u->p, u->b, u->mb, u->issue, u->fw, u->fw_copies, u->c->w_pack_frac, ready_res);
+        ready = sim_fetch_weights(s, u->p, u->b, u->mb, u->issue, u->fw, u->fw_copies, sched_block_pack_frac(u->c, u->p, false),
+                                  ready_res);
         sim_mem(s, SCHED_MEM_DEVICE, u->issue, u->fw); /* allocated when issued */
     }
     if (fa > 0) {
@@ -97,7 +99,8 @@ static int mb_d2h_gate(mb_order_t *m, const mb_use_t *u, double *ready, sched_re
     const bool sends = u->fwd ? u->acts == SCHED_ACTS_OFFLOAD && u->off > 0 : u->grads_d2h;
     if (!sends) return -1;
     const double gate = m->n_d2h > W ? m->d2h_end[m->n_d2h - W - 1] : 0;
-    if (gate > *ready) *ready = gate, *ready_res = SCHED_RES_D2H;
+    if (gate > *ready) *ready = gate, *ready_res = m->d2h_res[m->n_d2h - W - 1];
+    m->d2h_res[m->n_d2h] = SCHED_RES_D2H;
     return m->n_d2h++;
 }
 
@@ -167,7 +170,8 @@ static void mb_send_grads(mb_order_t *m, const mb_use_t *u, double end, int dslo
     double t0;
     double t = sim_copy(s, false, SCHED_TASK_GRAD_D2H, u->b, u->mb, end, c->grad_mb_bytes, c->grad_mb_copies, &t0);
     sim_mem(s, SCHED_MEM_DEVICE, t, -c->grad_mb_bytes);
-    t = sim_unpack(s, u->b, u->mb, t, c->grad_mb_bytes, u->mb > 0 ? c->grad_add_host_s : -1);
+    t = sim_unpack(s, u->b, u->mb, t0, t, c->grad_mb_bytes, u->mb > 0 ? c->grad_add_host_s : -1,
+                   &m->d2h_res[dslot]);
     m->d2h_end[dslot] = t;
     if (u->last_mb && m->overlap && u->p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
         sim_overlapped_adam(s, m->w, m->plan, u->b, t0, t);
@@ -197,8 +201,9 @@ double sim_micro_batch_major(sim_t *s, const sched_workload_t *w, const sched_pl
     mb_order_t m = {.s = s, .w = w, .plan = plan, .out = out, .overlap = overlap, .adam_done = adam_done};
     m.phase_end = malloc((size_t)N * sizeof *m.phase_end);
     m.d2h_end = malloc(((size_t)2 * (size_t)N * (size_t)ga + 1) * sizeof *m.d2h_end);
+    m.d2h_res = malloc(((size_t)2 * (size_t)N * (size_t)ga + 1) * sizeof *m.d2h_res);
     m.offload_end = calloc((size_t)N, sizeof *m.offload_end);
-    MT_CHECK(m.phase_end && m.d2h_end && m.offload_end, "out of host memory in the simulator");
+    MT_CHECK(m.phase_end && m.d2h_end && m.d2h_res && m.offload_end, "out of host memory in the simulator");
     for (int mb = 0; mb < ga; mb++) {
         for (int phase = 0; phase < 2; phase++) {
             const double phase_start = m.last_end;
@@ -207,6 +212,7 @@ double sim_micro_batch_major(sim_t *s, const sched_workload_t *w, const sched_pl
     }
     free(m.phase_end);
     free(m.d2h_end);
+    free(m.d2h_res);
     free(m.offload_end);
     return m.last_end;
 }

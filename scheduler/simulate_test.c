@@ -469,10 +469,10 @@ static void test_layer_major_inputs(void) {
     sched_workload_free(&w);
 }
 
-/* Host work on the copy path: every streamed fetch's converted bytes are
- * packed on the pack threads before its H2D copy, every gradient D2H is
- * unpacked after its copy on the D2H stream; a plain copy (pack share 0)
- * costs nothing there; a slower rate makes a slower step. */
+/* Host work on the copy path: every streamed fetch's bytes are packed on
+ * the pack threads before its H2D copy (but a pinned home's), every
+ * gradient D2H is unpacked behind its copy on the same threads; a pack
+ * share of 0 costs nothing there; a slower rate makes a slower step. */
 static void test_pack_unpack(void) {
     sched_workload_t w;
     sched_plan_t p = {0};
@@ -511,8 +511,24 @@ static void test_pack_unpack(void) {
     w.pack_bw = 0.5; /* twice the rate: a faster step */
     EXPECT(step(&w, &p, &r) < slow, "faster packing: %g vs %g", r.step_time, slow);
     sched_sim_result_free(&r);
+    /* pinned trained working copies (the whole home here): copied from
+     * where they are, nothing packed, their bytes pinned instead of host */
+    for (int b = 0; b < 3; b++) w.blocks[b].w_work_bytes = w.blocks[b].w_home_bytes = 1;
+    const double unpinned = step(&w, &p, &r);
+    const double host_unpinned = r.static_bytes[SCHED_MEM_HOST], pinned_unpinned = r.static_bytes[SCHED_MEM_PINNED];
+    sched_sim_result_free(&r);
+    for (int b = 0; b < 3; b++) p.blocks[b].pinned_home = true;
+    EXPECT(step(&w, &p, &r) < unpinned && r.busy[SCHED_RES_PACK] == 0, "pinned homes: %g s vs %g, pack busy %g",
+           r.step_time, unpinned, r.busy[SCHED_RES_PACK]);
+    EXPECT(NEAR(r.static_bytes[SCHED_MEM_HOST], host_unpinned - 3) &&
+               NEAR(r.static_bytes[SCHED_MEM_PINNED], pinned_unpinned + 3),
+           "3 bytes of homes from host (%g) to pinned (%g)", r.static_bytes[SCHED_MEM_HOST],
+           r.static_bytes[SCHED_MEM_PINNED]);
+    sched_sim_result_free(&r);
+    for (int b = 0; b < 3; b++) p.blocks[b].pinned_home = false, w.blocks[b].w_work_bytes = 0;
 
-    /* unpack: 1 byte of gradients per block at 0.5 B/s: 2 s after each 1 s D2H */
+    /* unpack: 1 byte of gradients per block at 0.5 B/s: 2 s on the pack
+     * threads behind each 1 s D2H, starting with it; the next copy waits */
     w.pack_bw = 0;
     w.has_trainable = true;
     for (int b = 0; b < 3; b++) {
@@ -529,9 +545,15 @@ static void test_pack_unpack(void) {
         const sched_task_t *t = &r.tasks[i];
         if (t->kind != SCHED_TASK_GRAD_HOST) continue;
         unpacks++;
-        EXPECT(t->res == SCHED_RES_D2H && NEAR(t->end - t->start, 2), "unpack on the D2H stream, 2 s");
-        EXPECT(i > 0 && r.tasks[i - 1].kind == SCHED_TASK_GRAD_D2H && r.tasks[i - 1].end <= t->start,
-               "unpack after its copy");
+        EXPECT(t->res == SCHED_RES_PACK && NEAR(t->end - t->start, 2), "unpack on the pack threads, 2 s");
+        const sched_task_t *copy = i > 0 ? &r.tasks[i - 1] : NULL;
+        EXPECT(copy && copy->kind == SCHED_TASK_GRAD_D2H && NEAR(copy->start, t->start) && copy->end < t->end,
+               "unpack behind its copy, from its start");
+        for (int k = i + 1; k < r.num_tasks; k++) /* the D2H stream's next copy waits for this unpack */
+            if (r.tasks[k].res == SCHED_RES_D2H) {
+                EXPECT(r.tasks[k].start >= t->end - 1e-12, "copy after the unpack of block %d", t->block);
+                break;
+            }
         for (int k = i + 1; k < r.num_tasks; k++) /* the block's update waits for its gradients in host memory */
             if (r.tasks[k].kind == SCHED_TASK_ADAM && r.tasks[k].block == t->block)
                 EXPECT(r.tasks[k].start >= t->end, "AdamW of block %d after its unpack", t->block);

@@ -30,6 +30,7 @@ typedef struct {
     th_result_t th; /* losses, gradient norms, final weights */
     size_t peak_device, weight_bytes;
     int overlapped; /* parameter updates that ran during backward */
+    int work_pinned;             /* of the working copies below, those in pinned memory (pinned_home) */
     int work_copies, work_stale; /* trained weights with a host bf16 working copy, and those that are not
                                   * their master rounded to nearest even after the last step */
     bool ok;
@@ -42,6 +43,7 @@ static void check_work_copies(const eng_model_t *m, run_result_t *out) {
         const eng_param_t *p = &m->params[i];
         if (!p->work_bf16) continue;
         out->work_copies++;
+        out->work_pinned += p->work_pinned;
         for (size_t j = 0; j < p->spec->numel; j++)
             if (p->work_bf16[j] != mt_f32_to_bf16(p->host_w[j])) {
                 out->work_stale++;
@@ -104,6 +106,7 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
         out->overlapped += os.updated_during_backward;
     }
     out->peak_device = kern_device_stats(dev).device_peak;
+    eng_exec_drain(x); /* the last step's deferred updates may still be writing masters and copies */
     check_work_copies(eng_exec_model(x), out);
     th_result_read_weights(&out->th, x);
     out->weight_bytes = th_result_bytes(&out->th);
@@ -150,10 +153,10 @@ static void check_case(const char *dir) {
     off.prefetch_window = 2;
     /* mixed: every combination the executor supports, block by block */
     const sched_block_plan_t kinds[] = {
-        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_HOST, SCHED_ACTS_OFFLOAD, false, false, false, SCHED_INPUTS_KEEP},
-        {SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_KEEP, false, false, false, SCHED_INPUTS_KEEP},
-        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_RECOMPUTE, false, false, false, SCHED_INPUTS_KEEP},
-        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_DEVICE, SCHED_ACTS_OFFLOAD, false, false, false, SCHED_INPUTS_KEEP},
+        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_HOST, SCHED_ACTS_OFFLOAD, false, false, false, SCHED_INPUTS_KEEP, false},
+        {SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_KEEP, false, false, false, SCHED_INPUTS_KEEP, true},
+        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_RECOMPUTE, false, false, false, SCHED_INPUTS_KEEP, true},
+        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_DEVICE, SCHED_ACTS_OFFLOAD, false, false, false, SCHED_INPUTS_KEEP, false},
     };
     for (int b = 0; b < nb; b++) mixed.blocks[b] = kinds[b % 4];
 
@@ -166,9 +169,11 @@ static void check_case(const char *dir) {
     compare("min_memory vs keep_all", &rk, &rm, dir);
     compare("mixed vs keep_all", &rk, &rx, dir);
     /* bf16: host AdamW blocks keep a bf16 working copy, always their master rounded */
+    /* mixed pins the copies of its streamed and resident host-AdamW blocks: bit-identical above */
     if (g_compute == MT_BF16)
-        TH_CHECK(ro.work_copies > 0 && rx.work_copies > 0, "host bf16 working copies: offload_all %d, mixed %d",
-                 ro.work_copies, rx.work_copies);
+        TH_CHECK(ro.work_copies > 0 && rx.work_copies > 0 && ro.work_pinned == 0 && rx.work_pinned > 0,
+                 "host bf16 working copies: offload_all %d (%d pinned), mixed %d (%d pinned)", ro.work_copies,
+                 ro.work_pinned, rx.work_copies, rx.work_pinned);
     TH_CHECK(ro.work_stale == 0 && rx.work_stale == 0 && rk.work_copies == 0,
              "bf16 working copies that are not their master rounded: offload_all %d of %d, mixed %d of %d; "
              "keep_all (device AdamW) has %d", ro.work_stale, ro.work_copies, rx.work_stale, rx.work_copies,

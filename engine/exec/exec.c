@@ -218,21 +218,26 @@ mt_status_t eng_exec_create(eng_exec_t **out, eng_model_t *m, kern_device_t *dev
  * (eng_param_t.work_bf16): every fetch then copies half the master's bytes
  * as they are, instead of rounding the master again on the staging
  * threads twice a step, and host AdamW writes it as it updates the master
- * (the kernel's fused bf16 output, the same rounding). */
+ * (the kernel's fused bf16 output, the same rounding).  Pinned where the
+ * plan says so (work_copies.h). */
 static mt_status_t place_host_working_copies(eng_exec_t *x, mt_error_t *err) {
     eng_model_t *m = x->model;
-    for (int i = 0; i < m->num_params; i++) {
-        eng_param_t *p = &m->params[i];
-        if (p->frozen || !p->host_w || p->work_bf16 || p->w_dtype != MT_BF16 ||
-            exec_block_plan(&x->env, p->block)->optim != SCHED_OPTIM_HOST)
-            continue;
-        p->work_bf16 = malloc(p->spec->numel * sizeof(uint16_t));
-        if (!p->work_bf16)
-            return mt_error_set(err, MT_ERR_NOMEM, "out of host memory for the bf16 working copy of %s (%zu bytes)",
-                                p->spec->name, p->spec->numel * sizeof(uint16_t));
-        kern_threadpool_to_bf16(x->hopt.pool, p->work_bf16, p->host_w, p->spec->numel);
+    int *idx = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *idx);
+    MT_CHECK_ALLOC(idx, "working copy list");
+    mt_status_t st = MT_OK;
+    x->work.dev = x->dev;
+    for (int b = 0; b < x->nb && st == MT_OK; b++) {
+        const sched_block_plan_t *bp = exec_block_plan(&x->env, b);
+        if (bp->optim != SCHED_OPTIM_HOST) continue;
+        int n = 0;
+        for (int i = 0; i < m->num_params; i++) {
+            const eng_param_t *p = &m->params[i];
+            if (p->block == b && !p->frozen && p->host_w && !p->work_bf16 && p->w_dtype == MT_BF16) idx[n++] = i;
+        }
+        st = exec_make_work_copies(&x->work, m, idx, n, sched_block_pinned_home(bp), x->hopt.pool, err);
     }
-    return MT_OK;
+    free(idx);
+    return st;
 }
 
 mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
@@ -313,6 +318,7 @@ static void free_param_copies(eng_exec_t *x) {
 static void exec_destroy(eng_exec_t *x) {
     exec_host_optim_free(&x->hopt);
     kern_device_sync(x->dev);
+    exec_work_copies_release(&x->work, x->model);
     exec_drop_offloads(&x->acts);
     eng_exec_drain(x);
     if (x->trace) eng_exec_set_trace(x, NULL);

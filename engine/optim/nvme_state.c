@@ -39,6 +39,8 @@ static mt_status_t move_out(eng_optim_nvme_t *nv, eng_param_t *p, int i, mt_erro
     MT_CHECK(p->host_w && p->work_bf16 && !p->host_mom && p->step == 0,
              "the master of %s moved to the NVMe tier without a bf16 working copy, or after a step", p->spec->name);
     char *buf = mt_sio_buffer_alloc(mt_store_buffer_bytes(extent_bytes(p, true))); /* zeroed */
+    MT_CHECK(nv->home[i] < 0 || !p->work_pinned, "the working copy of %s is pinned and its home planned on NVMe",
+             p->spec->name);
     char *hbuf = nv->home[i] >= 0 ? mt_sio_buffer_alloc(mt_store_buffer_bytes(home_bytes(p))) : NULL;
     MT_CHECK(buf && (hbuf || nv->home[i] < 0), "out of memory for the fp32 master buffer of %s", p->spec->name);
     memcpy(buf, p->host_w, p->spec->numel * sizeof(float));

@@ -17,7 +17,7 @@
 #include "scheduler/registry.h"
 
 static void summarize(const sched_plan_t *p, char *buf, size_t n) {
-    int stream = 0, off = 0, rec = 0, hostopt = 0, ep = 0, nvme = 0, nvme_w = 0;
+    int stream = 0, off = 0, rec = 0, hostopt = 0, ep = 0, nvme = 0, nvme_w = 0, pinned = 0;
     for (int b = 0; b < p->num_blocks; b++) {
         ep += p->blocks[b].expert_parallel;
         stream += p->blocks[b].weights == SCHED_WEIGHTS_STREAM;
@@ -26,6 +26,7 @@ static void summarize(const sched_plan_t *p, char *buf, size_t n) {
         hostopt += p->blocks[b].optim == SCHED_OPTIM_HOST;
         nvme += sched_block_nvme_optim(&p->blocks[b]);
         nvme_w += sched_block_nvme_weights(&p->blocks[b]);
+        pinned += sched_block_pinned_home(&p->blocks[b]);
     }
     snprintf(buf, n,
              "plan %s: %d of %d blocks stream their weights, %d offload and %d recompute activations, %d "
@@ -35,6 +36,10 @@ static void summarize(const sched_plan_t *p, char *buf, size_t n) {
     if (nvme > 0) {
         const size_t len = strlen(buf);
         snprintf(buf + len, n - len, "; %d keep optimizer state on NVMe, %d their weights' home", nvme, nvme_w);
+    }
+    if (pinned > 0) {
+        const size_t len = strlen(buf);
+        snprintf(buf + len, n - len, "; %d pin their trained weights' working copies", pinned);
     }
     if (ep > 0) {
         const size_t len = strlen(buf);

@@ -432,7 +432,7 @@ mt_status_t kern_cpu_device_create(const kern_device_opts_t *opts, kern_device_t
         s->threaded = r != KERN_STREAM_COMPUTE;
         if (r == KERN_STREAM_H2D) s->bytes_per_s = opts->link_h2d_bytes_per_s;
         if (r == KERN_STREAM_D2H) s->bytes_per_s = opts->link_d2h_bytes_per_s;
-        if (r != KERN_STREAM_COMPUTE) s->latency_s = opts->link_latency_s;
+        if (r == KERN_STREAM_H2D || r == KERN_STREAM_D2H) s->latency_s = opts->link_latency_s;
         if (s->threaded) {
             pthread_mutex_init(&s->lock, NULL);
             pthread_cond_init(&s->cond, NULL);

@@ -50,7 +50,8 @@
  *                      blocks [{block, name, weights ("resident"|"stream"), grads
  *                               ("device"|"host"), optimizer ("device"|"host"),
  *                               activations ("keep"|"offload"|"recompute"),
- *                               nvme_optimizer, nvme_weights (true: on the NVMe tier)}],
+ *                               nvme_optimizer, nvme_weights (true: on the NVMe tier),
+ *                               pinned_home (true: trained working copies pinned)}],
  *                      runs [{first, last, label, weights, grads, optimizer, activations}]}
  *   kinds             {weights {resident_blocks, stream_blocks, resident_bytes, fetched_bytes},
  *                      grads {device_blocks, host_blocks, d2h_bytes},

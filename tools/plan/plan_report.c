@@ -101,6 +101,8 @@ typedef struct {
     double resident_bytes, fetched_bytes, odev_bytes, ohost_bytes, grads_d2h;
     int onvme, wnvme;             /* blocks whose optimizer state / weights' home is on NVMe */
     double onvme_bytes, wnvme_bytes;
+    int pinned;                   /* blocks whose trained working copies are pinned */
+    double pinned_bytes;
 } kinds_t;
 
 /* What the optimizer keeps per trainable parameter (optimizer_state), as
@@ -132,6 +134,7 @@ static kinds_t kinds(const plan_ctx_t *c) {
         else k.ohost++, k.ohost_bytes += bc->optim_bytes;
         if (sched_block_nvme_optim(bp)) k.onvme++, k.onvme_bytes += bc->optim_bytes;
         if (sched_block_nvme_weights(bp)) k.wnvme++, k.wnvme_bytes += bc->w_home_bytes;
+        if (sched_block_pinned_home(bp)) k.pinned++, k.pinned_bytes += bc->w_work_bytes;
         k.keep += bp->acts == SCHED_ACTS_KEEP;
         k.offload += bp->acts == SCHED_ACTS_OFFLOAD;
         k.recompute += bp->acts == SCHED_ACTS_RECOMPUTE;
@@ -333,8 +336,9 @@ static void bound_text(const plan_ctx_t *c, char *buf, size_t cap) {
                  "(%.1f GB/s read, %.1f GB/s write)", idle, c->w.nvme_read_bw / 1e9, c->w.nvme_write_bw / 1e9);
         break;
     case SCHED_RES_PACK:
-        snprintf(buf, cap, "host staging: the compute stream waits %.3g s for weights to be packed into pinned "
-                 "staging before their H2D copies (%.3g GB/s)", idle, c->w.pack_bw / 1e9);
+        snprintf(buf, cap, "host staging: the compute stream waits %.3g s for the pack threads, which pack weights into "
+                 "pinned staging before their H2D copies and unpack gradients after their D2H copies (%.3g GB/s)",
+                 idle, c->w.pack_bw / 1e9);
         break;
     default: snprintf(buf, cap, "?"); break;
     }
@@ -496,6 +500,9 @@ void plan_report_text(FILE *f, const plan_ctx_t *c) {
     if (c->w.base_quantized)
         fprintf(f, "; frozen base %s as %s", bytes_s(c->w.base_quant_bytes).s, mt_quant_format_name(c->w.base_quant_format));
     if (k.wnvme > 0) fprintf(f, "; homes of %d blocks (%s) on NVMe", k.wnvme, bytes_s(k.wnvme_bytes).s);
+    if (k.pinned > 0)
+        fprintf(f, "; trained working copies of %d blocks (%s) pinned, copied to the link with nothing packed",
+                k.pinned, bytes_s(k.pinned_bytes).s);
     fputc('\n', f);
     fprintf(f, "  gradients     device %d blocks, host %d blocks (%s D2H per step)\n", k.gdev, k.ghost,
             bytes_s(k.grads_d2h).s);
@@ -629,11 +636,12 @@ json_t *plan_report_json(const plan_ctx_t *c) {
         char name[32];
         sched_block_label(r, b, name, sizeof name);
         const sched_block_plan_t *bp = &p->blocks[b];
-        json_array_append_new(blocks, json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:b, s:b}", "block", b, "name", name,
+        json_array_append_new(blocks, json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:b, s:b, s:b}", "block", b, "name", name,
                                                 "weights", weights_name(bp->weights), "grads", grads_name(bp->grads),
                                                 "optimizer", optim_name(bp->optim), "activations", acts_name(bp->acts),
                                                 "nvme_optimizer", sched_block_nvme_optim(bp), "nvme_weights",
-                                                sched_block_nvme_weights(bp)));
+                                                sched_block_nvme_weights(bp), "pinned_home",
+                                                sched_block_pinned_home(bp)));
         /* layer-major plans only: "keep" / "offload" for decoder layers, null elsewhere */
         json_t *bi = p->layer_major && b >= 1 && b < p->num_blocks - 1
                          ? json_string(sched_input_place_name(bp->lm_inputs))

@@ -16,6 +16,7 @@ void *exec_w_home(const eng_param_t *p) {
 }
 
 moe_staging_op_t exec_w_upload_op(const eng_param_t *p) {
+    if (p->work_pinned) return MOE_STAGING_PINNED;
     return p->w_dtype == MT_BF16 && !p->home_bf16 && !p->work_bf16 ? MOE_STAGING_F32_TO_BF16 : MOE_STAGING_COPY;
 }
 

@@ -25,7 +25,8 @@ size_t exec_f32_bytes(const eng_param_t *p);
 /* The host home the working copy is made from (a frozen weight's bf16
  * home, a trained weight's bf16 working copy, else the fp32 master), and
  * the staging op that makes it from there (a plain copy but from an fp32
- * master to a bf16 working copy).  exec_w_from_master_op: the op that makes
+ * master to a bf16 working copy; none for a pinned working copy, which is
+ * copied from where it is).  exec_w_from_master_op: the op that makes
  * it from an fp32 master the caller holds.  exec_w_refresh_item: the copy
  * that makes a device working copy w again after the host home changed. */
 void *exec_w_home(const eng_param_t *p);
