@@ -2,14 +2,26 @@
  * all the I/O, so the caller's thread only hands batches over and waits:
  *
  *   - with io_uring, that thread alone touches the ring.  It feeds the
- *     requests of the submitted batches, oldest batch first, as slots free
- *     up: at most queue_depth are outstanding, each completion carries its
+ *     requests of the submitted batches, one batch after another in the
+ *     order pick() gives, as slots free up: at most queue_depth are
+ *     outstanding, each completion carries its
  *     batch slot and request index in user_data, and a short transfer is
  *     resubmitted for its remainder.  A poll on an eventfd stays armed in
  *     the ring beside them, so a submit (or close) wakes a thread that is
  *     blocked waiting for completions;
  *   - without it, the thread runs each batch's requests through
- *     pread/pwrite one at a time, in submission order.
+ *     pread/pwrite one at a time, a batch at a time in the same order.
+ *
+ * The order is by batch: a batch once started has all its requests handed
+ * on before another starts (so the queue does not drain at a boundary),
+ * and the next to start is the oldest batch submitted `ahead` (the
+ * store's reads, which a caller waits on) before older batches that were
+ * not, unless one of those has already been passed by an `ahead` batch:
+ * then the oldest goes first.  A batch so waits behind at most one batch
+ * submitted after it (SIO_MAX_PASSED), however many `ahead` batches come.
+ * The engine knows nothing of what the requests touch: whoever submits
+ * `ahead` vouches that it may pass the batches before it (the store
+ * refuses a read of an extent while a write of it is in flight).
  *
  * A batch slot is FREE, QUEUED (the I/O thread owns its progress fields)
  * or DONE (the waiter may read its result); the state moves under the
@@ -27,6 +39,8 @@
 
 enum { SLOT_FREE, SLOT_QUEUED, SLOT_DONE };
 
+enum { SIO_MAX_PASSED = 1 }; /* `ahead` batches one batch may be passed by */
+
 #define WAKE_DATA UINT64_MAX /* user_data of the eventfd's poll */
 
 typedef struct {
@@ -35,6 +49,9 @@ typedef struct {
     mt_sio_req_t *reqs;
     int n;
     mt_sio_hooks_t hooks; /* zeroed: none */
+    bool ahead;           /* may start before older batches (see the note above) */
+    int passed;           /* `ahead` batches started before this one, though younger */
+    uint64_t started, finished; /* when the I/O thread started / finished it, in io->events */
     /* the I/O thread's progress through the batch */
     int next;     /* requests handed to the queue so far */
     int inflight; /* outstanding in the ring */
@@ -54,6 +71,8 @@ struct mt_sio {
     pthread_cond_t work; /* a batch was submitted or the engine closes (pread/pwrite) */
     pthread_cond_t done; /* a batch finished */
     bool stop;
+    bool held;       /* start no batch (mt_sio_hold, for tests) */
+    uint64_t events; /* batch starts and finishes so far, for mt_sio_wait_traced */
     uint64_t next_ticket;
     sio_batch_t slot[MT_SIO_MAX_BATCHES];
 };
@@ -118,6 +137,7 @@ void mt_sio_close(mt_sio_t *io) {
     if (io->thread_started) {
         pthread_mutex_lock(&io->mu);
         io->stop = true; /* the thread finishes what was submitted first */
+        io->held = false;
         pthread_mutex_unlock(&io->mu);
         wake(io);
         pthread_join(io->thread, NULL);
@@ -162,21 +182,49 @@ static void run_psync(sio_batch_t *b) {
     }
 }
 
-/* The oldest QUEUED batch with requests not yet handed on, or NULL
- * (called under the mutex). */
-static sio_batch_t *oldest(mt_sio_t *io, bool unstarted_only) {
-    sio_batch_t *best = NULL;
+/* Whether a batch is QUEUED (under the mutex). */
+static bool any_queued(const mt_sio_t *io) {
+    for (int k = 0; k < MT_SIO_MAX_BATCHES; k++)
+        if (io->slot[k].state == SLOT_QUEUED) return true;
+    return false;
+}
+
+/* Whether `ahead` may start before every unstarted batch older than it,
+ * and if so counts the pass on each (under the mutex). */
+static bool may_pass(mt_sio_t *io, const sio_batch_t *ahead) {
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < MT_SIO_MAX_BATCHES; k++) {
+            sio_batch_t *b = &io->slot[k];
+            if (b->state != SLOT_QUEUED || b->next > 0 || b->ticket > ahead->ticket || b == ahead) continue;
+            if (pass == 0 && b->passed >= SIO_MAX_PASSED) return false;
+            if (pass == 1) b->passed++;
+        }
+    return true;
+}
+
+/* The QUEUED batch whose requests go to the queue next (see the note at
+ * the top), or NULL when none has requests left to hand on or the engine
+ * is held (under the mutex).  Marks a batch it starts. */
+static sio_batch_t *pick(mt_sio_t *io) {
+    sio_batch_t *cur = NULL, *first = NULL, *ahead = NULL;
     for (int k = 0; k < MT_SIO_MAX_BATCHES; k++) {
         sio_batch_t *b = &io->slot[k];
-        if (b->state != SLOT_QUEUED || (unstarted_only && b->next >= b->n)) continue;
-        if (!best || b->ticket < best->ticket) best = b;
+        if (b->state != SLOT_QUEUED || b->next >= b->n) continue;
+        if (b->next > 0) cur = b; /* at most one: it is finished before another starts */
+        if (!first || b->ticket < first->ticket) first = b;
+        if (b->ahead && (!ahead || b->ticket < ahead->ticket)) ahead = b;
     }
-    return best;
+    if (cur) return cur;
+    if (!first || io->held) return NULL;
+    sio_batch_t *b = ahead && ahead != first && may_pass(io, ahead) ? ahead : first;
+    b->started = ++io->events;
+    return b;
 }
 
 static void finish(mt_sio_t *io, sio_batch_t *b) {
     pthread_mutex_lock(&io->mu);
     b->state = SLOT_DONE;
+    b->finished = ++io->events;
     pthread_cond_broadcast(&io->done);
     pthread_mutex_unlock(&io->mu);
 }
@@ -184,8 +232,8 @@ static void finish(mt_sio_t *io, sio_batch_t *b) {
 static void psync_loop(mt_sio_t *io) {
     pthread_mutex_lock(&io->mu);
     for (;;) {
-        sio_batch_t *b = oldest(io, false);
-        if (!b && io->stop) break;
+        sio_batch_t *b = pick(io);
+        if (!b && io->stop && !any_queued(io)) break;
         if (!b) {
             pthread_cond_wait(&io->work, &io->mu);
             continue;
@@ -237,11 +285,11 @@ static int complete(mt_sio_t *io, sio_batch_t *b, int i, int res) {
     return 1;
 }
 
-/* Hands requests of the oldest batches to the ring up to the depth. */
+/* Hands requests of the batches pick() gives to the ring up to the depth. */
 static int feed(mt_sio_t *io, int inflight) {
     for (;;) {
         pthread_mutex_lock(&io->mu);
-        sio_batch_t *b = inflight < io->qd ? oldest(io, true) : NULL;
+        sio_batch_t *b = inflight < io->qd ? pick(io) : NULL;
         pthread_mutex_unlock(&io->mu);
         if (!b) return inflight;
         while (b->next < b->n && inflight < io->qd) {
@@ -260,7 +308,7 @@ static void uring_loop(mt_sio_t *io) {
     for (;;) {
         inflight = feed(io, inflight);
         pthread_mutex_lock(&io->mu);
-        const bool quit = io->stop && !oldest(io, false);
+        const bool quit = io->stop && !any_queued(io);
         pthread_mutex_unlock(&io->mu);
         if (quit) break;
         /* submits what was prepared (new requests, remainders, the poll) */
@@ -295,7 +343,7 @@ static void *io_thread(void *arg) {
     return NULL;
 }
 
-uint64_t mt_sio_submit(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *hooks) {
+uint64_t mt_sio_submit(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *hooks, bool ahead) {
     pthread_mutex_lock(&io->mu);
     sio_batch_t *b = NULL;
     for (int k = 0; k < MT_SIO_MAX_BATCHES && !b; k++)
@@ -315,6 +363,9 @@ uint64_t mt_sio_submit(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hoo
     b->reqs = reqs;
     b->n = n > 0 ? n : 0;
     b->hooks = hooks ? *hooks : (mt_sio_hooks_t){0};
+    b->ahead = ahead;
+    b->passed = 0;
+    b->started = b->finished = 0;
     b->next = 0;
     b->inflight = 0;
     b->first = -1;
@@ -325,7 +376,9 @@ uint64_t mt_sio_submit(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hoo
     return t;
 }
 
-int mt_sio_wait(mt_sio_t *io, uint64_t ticket) {
+int mt_sio_wait(mt_sio_t *io, uint64_t ticket) { return mt_sio_wait_traced(io, ticket, NULL, NULL); }
+
+int mt_sio_wait_traced(mt_sio_t *io, uint64_t ticket, uint64_t *started, uint64_t *finished) {
     pthread_mutex_lock(&io->mu);
     sio_batch_t *b = NULL;
     for (int k = 0; k < MT_SIO_MAX_BATCHES && !b; k++)
@@ -334,6 +387,8 @@ int mt_sio_wait(mt_sio_t *io, uint64_t ticket) {
              (unsigned long long)ticket);
     while (b->state != SLOT_DONE) pthread_cond_wait(&io->done, &io->mu);
     const int first = b->first;
+    if (started) *started = b->started;
+    if (finished) *finished = b->finished;
     b->state = SLOT_FREE;
     pthread_mutex_unlock(&io->mu);
     return first;
@@ -341,12 +396,19 @@ int mt_sio_wait(mt_sio_t *io, uint64_t ticket) {
 
 int mt_sio_run_hooked(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *hooks) {
     if (n <= 0) return -1;
-    const uint64_t t = mt_sio_submit(io, reqs, n, hooks);
+    const uint64_t t = mt_sio_submit(io, reqs, n, hooks, false);
     MT_CHECK(t != 0, "%d I/O batches already in flight", MT_SIO_MAX_BATCHES);
     return mt_sio_wait(io, t);
 }
 
 int mt_sio_run(mt_sio_t *io, mt_sio_req_t *reqs, int n) { return mt_sio_run_hooked(io, reqs, n, NULL); }
+
+void mt_sio_hold(mt_sio_t *io, bool hold) {
+    pthread_mutex_lock(&io->mu);
+    io->held = hold;
+    pthread_mutex_unlock(&io->mu);
+    if (!hold) wake(io);
+}
 
 void *mt_sio_buffer_alloc(size_t bytes) {
     const size_t n = (bytes + MT_SIO_ALIGN - 1) / MT_SIO_ALIGN * MT_SIO_ALIGN;

@@ -71,17 +71,30 @@ typedef struct {
 int mt_sio_run_hooked(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *hooks);
 
 /* The same batch in the background: the engine's I/O thread feeds the
- * requests of every submitted batch to the queue in submission order (a
+ * requests of the submitted batches to the queue a batch after another (a
  * batch's requests queue behind the previous batch's, so the queue stays
- * full across batches) and runs the hooks.  Returns the batch's ticket
- * (> 0), or 0 when MT_SIO_MAX_BATCHES are already submitted and not waited
- * for.  reqs, the buffers they name and the hooks' context belong to the
- * engine until mt_sio_wait of the ticket returns.  Submit and wait come
- * from one thread at a time. */
-uint64_t mt_sio_submit(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *hooks);
+ * full across batches) and runs the hooks.  Batches start in submission
+ * order, except that one submitted `ahead` starts before older batches
+ * not yet started that were not: a batch waits so behind at most one
+ * batch submitted after it.  The engine does not know what requests
+ * touch: submit `ahead` only a batch that may pass the ones before it.
+ * Returns the batch's ticket (> 0), or 0 when MT_SIO_MAX_BATCHES are
+ * already submitted and not waited for.  reqs, the buffers they name and
+ * the hooks' context belong to the engine until mt_sio_wait of the ticket
+ * returns.  Submit and wait come from one thread at a time. */
+uint64_t mt_sio_submit(mt_sio_t *io, mt_sio_req_t *reqs, int n, const mt_sio_hooks_t *hooks, bool ahead);
 /* Waits for batch `ticket` (each ticket once, in any order); returns what
  * mt_sio_run returns. */
 int mt_sio_wait(mt_sio_t *io, uint64_t ticket);
+/* mt_sio_wait, also saying when the I/O thread started the batch (handed
+ * its first request on) and finished it, as numbers of one count of such
+ * events since open (0: never, for an empty batch): the order batches ran
+ * in, for tests. */
+int mt_sio_wait_traced(mt_sio_t *io, uint64_t ticket, uint64_t *started, uint64_t *finished);
+/* For tests: while held, the I/O thread starts no batch (one started goes
+ * on), so batches can be queued behind each other deterministically;
+ * mt_sio_close releases it. */
+void mt_sio_hold(mt_sio_t *io, bool hold);
 
 /* A zeroed buffer of bytes rounded up to MT_SIO_ALIGN, aligned to it (NULL
  * when the host is out of memory); freed with mt_sio_buffer_free. */

@@ -33,7 +33,11 @@
  * waits for it and gives its status.  Up to MT_STORE_MAX_BATCHES are in
  * flight together, sharing the one queue depth, and the next batch's
  * requests queue behind the current one's, so the queue does not drain at
- * a batch boundary.  The CRC32C and the trailer of a write are made on the
+ * a batch boundary.  Batches start in submission order, except that a
+ * read starts before writes not yet started (its caller waits on it, as
+ * the optimizer on its read-ahead), a write passed by one read at most;
+ * the refusals below keep a read from passing a write of its extents.
+ * The CRC32C and the trailer of a write are made on the
  * I/O thread as its extent's last request is queued, and a read's checks
  * run there as each extent lands; the caller's thread does neither.  This
  * is what lets one thread read block b+1 and write block b-1 back while it
@@ -118,7 +122,8 @@ typedef uint64_t mt_store_ticket_t; /* a batch in flight; 0 is none */
  * extent that a batch in flight (or this one) writes; a write of an
  * extent that a batch in flight reads (the two would race on the disk);
  * the extent ones name the file and offset.  Batches of different extents
- * may complete in any order. */
+ * may complete in any order; a read may start before older writes (see
+ * the note at the top). */
 mt_status_t mt_store_submit_write(mt_store_t *s, const mt_store_op_t *ops, int n, mt_store_ticket_t *ticket,
                                   mt_error_t *err);
 mt_status_t mt_store_submit_read(mt_store_t *s, const mt_store_op_t *ops, int n, mt_store_ticket_t *ticket,

@@ -7,7 +7,10 @@
  * in for a full disk: a short write, then EFBIG) reported by its wait while
  * the batches beside it succeed, every ticket waited for; refusals (a fifth
  * batch, an extent in flight, a ticket waited twice) that leave the
- * batches in flight intact; close with batches never waited for. */
+ * batches in flight intact; close with batches never waited for; reads
+ * started before queued writes, a write passed by one read at most, and a
+ * read of an extent whose write is queued refused (the I/O thread held
+ * while the batches queue, the order read from its own count of events). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -21,6 +24,7 @@
 #include <unistd.h>
 
 #include "store/store.h"
+#include "store/store_testing.h"
 
 static int failures;
 
@@ -225,6 +229,80 @@ static void test_refusals(mt_sio_kind_t io) {
     for (int i = 0; i < 6; i++) mt_sio_buffer_free(buf[i]);
 }
 
+typedef struct {
+    uint64_t started, finished;
+} ran_t;
+
+static ran_t wait_ran(mt_store_t *s, mt_store_ticket_t t, const char *what) {
+    mt_error_t err = {0};
+    ran_t r = {0, 0};
+    expect_ok(mt_store_wait_traced(s, t, &r.started, &r.finished, &err), &err, what);
+    return r;
+}
+
+/* With writes queued behind a held I/O thread, a later read starts first
+ * (and, one request at a time, ends before they start); a second read
+ * does not pass a write already passed once; a read of an extent whose
+ * write is queued is refused, and the read after that write's wait gets
+ * the written data. */
+static void test_reads_ahead(mt_sio_kind_t io) {
+    mt_store_t *s = open_store(io, 64 << 10);
+    if (!s) return;
+    const bool one_at_a_time = strcmp(mt_store_io_name(s), "pread/pwrite") == 0;
+    mt_error_t err = {0};
+    int f = -1, e[4];
+    const uint64_t n = 200001; /* 4 requests of 64 KiB: a read fills the queue of 4 alone */
+    void *buf[4];
+    mt_store_op_t o[4];
+    expect_ok(mt_store_file_add(s, "a.bin", &f, &err), &err, "file_add");
+    for (int i = 0; i < 4; i++) {
+        expect_ok(mt_store_reserve(s, f, n, &e[i], &err), &err, "reserve");
+        buf[i] = mt_sio_buffer_alloc(mt_store_buffer_bytes(n));
+        fill(buf[i], n, (unsigned)i + 20);
+        o[i] = (mt_store_op_t){e[i], buf[i]};
+    }
+    expect_ok(mt_store_write(s, o, 4, &err), &err, "first write");
+    mt_store_ticket_t w0 = 0, w1 = 0, r2 = 0, r3 = 0, bad = 99;
+
+    mt_store_hold_io(s, true);
+    fill(buf[0], n, 30);
+    fill(buf[1], n, 31);
+    expect_ok(mt_store_submit_write(s, &o[0], 1, &w0, &err), &err, "queued write");
+    expect_ok(mt_store_submit_write(s, &o[1], 1, &w1, &err), &err, "queued write");
+    expect_ok(mt_store_submit_read(s, &o[2], 1, &r2, &err), &err, "read behind queued writes");
+    mt_store_hold_io(s, false);
+    const ran_t a = wait_ran(s, r2, "read ahead"), b = wait_ran(s, w0, "passed write");
+    const ran_t c = wait_ran(s, w1, "passed write");
+    expect(a.started < b.started && b.started < c.started, "a read did not start before the writes queued before it");
+    expect(!one_at_a_time || a.finished < b.started, "one request at a time, a read did not end before queued writes");
+    expect(holds(buf[2], n, 22), "the read ahead's data");
+
+    mt_store_hold_io(s, true);
+    expect_ok(mt_store_submit_write(s, &o[0], 1, &w0, &err), &err, "queued write");
+    expect_ok(mt_store_submit_read(s, &o[2], 1, &r2, &err), &err, "first read behind it");
+    expect_ok(mt_store_submit_read(s, &o[3], 1, &r3, &err), &err, "second read behind it");
+    mt_store_hold_io(s, false);
+    const ran_t w = wait_ran(s, w0, "write"), x = wait_ran(s, r2, "first read"), y = wait_ran(s, r3, "second read");
+    expect(x.started < w.started, "the first read did not pass the queued write");
+    expect(w.started < y.started, "a write was passed by two reads");
+
+    mt_store_hold_io(s, true);
+    fill(buf[0], n, 40);
+    expect_ok(mt_store_submit_write(s, &o[0], 1, &w0, &err), &err, "queued write");
+    expect_msg(mt_store_submit_read(s, &o[0], 1, &bad, &err), &err, mt_store_file_path(s, f),
+               "written by a batch in flight", "a read of an extent whose write is queued not refused");
+    expect(bad == 0, "a refused read left a ticket");
+    expect_ok(mt_store_submit_read(s, &o[3], 1, &r3, &err), &err, "a read of another extent");
+    mt_store_hold_io(s, false);
+    const ran_t p = wait_ran(s, r3, "read of another extent"), q = wait_ran(s, w0, "write");
+    expect(p.started < q.started, "a read of another extent did not pass the queued write");
+    memset(buf[0], 0, n);
+    expect_ok(mt_store_read(s, &o[0], 1, &err), &err, "read after the write's wait");
+    expect(holds(buf[0], n, 40), "the read after a queued write does not hold that write's data");
+    for (int i = 0; i < 4; i++) mt_sio_buffer_free(buf[i]);
+    mt_store_close(s);
+}
+
 /* A flipped byte on disk, found by an async read while another read is in
  * flight; the other one unaffected. */
 static void test_corrupt(mt_sio_kind_t io) {
@@ -327,6 +405,7 @@ int main(void) {
     for (int k = 0; k < 2; k++) {
         test_pipeline(kinds[k]);
         test_refusals(kinds[k]);
+        test_reads_ahead(kinds[k]);
         test_corrupt(kinds[k]);
         test_write_failure(kinds[k]);
     }

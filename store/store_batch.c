@@ -16,6 +16,7 @@
 #include "store/crc32c.h"
 #include "store/store.h"
 #include "store/store_internal.h"
+#include "store/store_testing.h"
 
 #define TRAILER_MAGIC "MTSTORE1"
 
@@ -207,7 +208,11 @@ static mt_status_t submit(mt_store_t *s, const mt_store_op_t *ops, int n, bool w
     b->run_id = s->id;
     make_requests(b, s->req_bytes);
     const mt_sio_hooks_t hooks = {b, write ? write_before : NULL, write ? NULL : read_after};
-    b->sio_ticket = mt_sio_submit(s->io, b->reqs, b->count, &hooks);
+    /* A read goes ahead of writes not yet started: its caller is waiting
+     * for it, a write's is not yet.  It cannot pass a write of its own
+     * extents: claim() refuses a read of an extent while a batch in flight,
+     * started or queued, writes it, and a write of one a batch reads. */
+    b->sio_ticket = mt_sio_submit(s->io, b->reqs, b->count, &hooks, !write);
     MT_CHECK(b->sio_ticket != 0, "the I/O engine has no room for a store batch");
     b->ticket = ++s->next_ticket; /* from 1: 0 is no ticket */
     *ticket = b->ticket;
@@ -232,7 +237,7 @@ mt_status_t mt_store_wait(mt_store_t *s, mt_store_ticket_t ticket, mt_error_t *e
         return mt_error_set(err, MT_ERR_INTERNAL,
                             "%s: store batch %" PRIu64 " is not in flight (already waited for, or never submitted)",
                             s->dir, ticket);
-    const int bad = mt_sio_wait(s->io, b->sio_ticket);
+    const int bad = mt_sio_wait_traced(s->io, b->sio_ticket, &b->started, &b->finished);
     mt_status_t st = b->st;
     if (bad >= 0) {
         const mt_sio_req_t *r = &b->reqs[bad];
@@ -258,6 +263,19 @@ int mt_store_in_flight(const mt_store_t *s) {
     int n = 0;
     for (int k = 0; k < MT_STORE_MAX_BATCHES; k++) n += s->batch[k].ticket != 0;
     return n;
+}
+
+void mt_store_hold_io(mt_store_t *s, bool hold) { mt_sio_hold(s->io, hold); }
+
+mt_status_t mt_store_wait_traced(mt_store_t *s, mt_store_ticket_t ticket, uint64_t *started, uint64_t *finished,
+                                 mt_error_t *err) {
+    const store_batch_t *b = NULL;
+    for (int k = 0; k < MT_STORE_MAX_BATCHES && !b; k++)
+        if (ticket != 0 && s->batch[k].ticket == ticket) b = &s->batch[k];
+    const mt_status_t st = mt_store_wait(s, ticket, err);
+    *started = b ? b->started : 0;
+    *finished = b ? b->finished : 0;
+    return st;
 }
 
 mt_status_t mt_store_write(mt_store_t *s, const mt_store_op_t *ops, int n, mt_error_t *err) {

@@ -49,6 +49,7 @@ typedef struct {
     mt_status_t st;     /* the first failed check (set on the I/O thread) */
     mt_error_t err;
     uint64_t run_id;    /* the I/O thread's copy: it reads nothing else of the store */
+    uint64_t started, finished; /* when the I/O thread ran it (mt_sio_wait_traced), set by the wait */
 } store_batch_t;
 
 struct mt_store {
