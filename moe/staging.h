@@ -164,8 +164,9 @@ typedef enum {
     MOE_STAGING_F32_TO_BF16,  /* H2D: the host holds bytes / 2 floats; they are packed rounded to
                                * bf16 (nearest even), so a bf16 working copy crosses the link at
                                * half the bytes of its fp32 master; `bytes` are the device bytes */
-    MOE_STAGING_PINNED,       /* H2D: the host tensor is itself in pinned memory: copied from where it
-                               * is, one copy of its own, with no staging region and nothing packed */
+    MOE_STAGING_PINNED,       /* the host tensor is itself in pinned memory: copied from (H2D) or into
+                               * (D2H) where it is, one copy of its own, with no staging region and
+                               * nothing packed or unpacked */
 } moe_staging_op_t;
 
 typedef struct {

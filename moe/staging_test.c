@@ -516,9 +516,9 @@ static void test_pack_threads(void) {
 /* Gradient batches of many groups (each group unpacks on the unpack stream
  * while the D2H stream copies the next): a copy, then two adds into the
  * same destinations in consecutive batches, give a serial loop's bits and
- * are complete once the D2H stream passes the last batch.  And an H2D
- * batch mixing a pinned host tensor (copied from where it is) with staged
- * ones lands every tensor. */
+ * are complete once the D2H stream passes the last batch.  A pinned host
+ * tensor among staged ones is copied from (H2D) or into (D2H) where it is
+ * and lands like the others. */
 static void test_unpack_stream_and_pinned(void) {
     kern_device_t *dev = staging_test_device((size_t)64 << 20, 0, 0);
     kern_stream_t *h2d = kern_stream(dev, KERN_STREAM_H2D), *d2h = kern_stream(dev, KERN_STREAM_D2H);
@@ -537,7 +537,7 @@ static void test_unpack_stream_and_pinned(void) {
     const size_t bytes = ELEMS * sizeof(float);
     for (int k = 0; k < N; k++) {
         src[k] = k == 0 ? kern_pinned_alloc(dev, bytes) : malloc(bytes);
-        acc[k] = malloc(bytes);
+        acc[k] = k == 0 ? kern_pinned_alloc(dev, bytes) : malloc(bytes);
         ref[k] = malloc(bytes);
         MT_CHECK(src[k] && acc[k] && ref[k], "test buffers");
         for (size_t i = 0; i < ELEMS; i++) src[k][i] = (float)((i * 2654435761u + (unsigned)k) % 100003) * 1e-3f - 50.0f;
@@ -545,7 +545,7 @@ static void test_unpack_stream_and_pinned(void) {
         d[k] = kern_alloc(dev, bytes, "unpack test tensor", &err);
         EXPECT(d[k] != NULL, "%s", err.msg);
         up[k] = (moe_staging_xfer_t){src[k], d[k], bytes, k == 0 ? MOE_STAGING_PINNED : MOE_STAGING_COPY};
-        cp[k] = (moe_staging_xfer_t){acc[k], d[k], bytes, MOE_STAGING_COPY};
+        cp[k] = (moe_staging_xfer_t){acc[k], d[k], bytes, k == 0 ? MOE_STAGING_PINNED : MOE_STAGING_COPY};
         add[k] = (moe_staging_xfer_t){acc[k], d[k], bytes, MOE_STAGING_ADD_F32};
     }
     const moe_staging_batch_t b = {"unpack stream batch", MT_ARENA_ALIGN};
@@ -567,9 +567,8 @@ static void test_unpack_stream_and_pinned(void) {
     EXPECT(wrong == 0, "%d of %d tensors differ from (x + x) + x after a copy and two adds", wrong, N);
     for (int k = 0; k < N; k++) {
         kern_free(dev, d[k]);
-        if (k == 0) kern_pinned_free(dev, src[k], bytes);
-        else free(src[k]);
-        free(acc[k]);
+        if (k == 0) kern_pinned_free(dev, src[k], bytes), kern_pinned_free(dev, acc[k], bytes);
+        else free(src[k]), free(acc[k]);
         free(ref[k]);
     }
     moe_staging_destroy(p);

@@ -248,7 +248,8 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
         }
         const bool h2d_op_ok = items[k].op == MOE_STAGING_COPY || items[k].op == MOE_STAGING_PINNED ||
                                (items[k].op == MOE_STAGING_F32_TO_BF16 && items[k].bytes % 2 == 0);
-        const bool d2h_op_ok = items[k].op == MOE_STAGING_COPY || items[k].op == MOE_STAGING_ADD_F32;
+        const bool d2h_op_ok = items[k].op == MOE_STAGING_COPY || items[k].op == MOE_STAGING_PINNED ||
+                               items[k].op == MOE_STAGING_ADD_F32;
         if (dir == MOE_STAGING_H2D ? !h2d_op_ok : !d2h_op_ok) {
             free(it);
             return mt_error_set(err, MT_ERR_INTERNAL, "%s: item %d: operation %d does not apply to %s copies of %zu bytes",
@@ -260,7 +261,8 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
                                 items[k].bytes);
         }
         if (items[k].op == MOE_STAGING_PINNED) { /* nothing to stage: its own copy, in the batch's stream order */
-            kern_memcpy_h2d(p->dev, stream, items[k].dev, items[k].host, items[k].bytes);
+            if (dir == MOE_STAGING_H2D) kern_memcpy_h2d(p->dev, stream, items[k].dev, items[k].host, items[k].bytes);
+            else kern_memcpy_d2h(p->dev, stream, items[k].host, items[k].dev, items[k].bytes);
             staging_count_copy(p, dir, items[k].bytes);
             direct++;
             continue;

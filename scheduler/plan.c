@@ -82,6 +82,11 @@ bool sched_block_pinned_home(const sched_block_plan_t *bp) {
     return bp->pinned_home && bp->optim == SCHED_OPTIM_HOST && !sched_block_nvme_weights(bp);
 }
 
+bool sched_block_pinned_grads(const sched_block_plan_t *bp) {
+    return bp->pinned_grads && (bp->grads == SCHED_GRADS_HOST || bp->optim == SCHED_OPTIM_HOST) &&
+           !sched_block_nvme_optim(bp);
+}
+
 bool sched_block_inputs_offloaded(const sched_plan_t *plan, int b) {
     return b >= 1 && b < plan->num_blocks - 1 && plan->blocks[b].lm_inputs == SCHED_INPUTS_OFFLOAD;
 }

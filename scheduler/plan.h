@@ -94,6 +94,13 @@ typedef struct {
      * into staging on the way (frozen homes in the block are still packed).
      * Ignored under the other placements (sched_block_pinned_home). */
     bool pinned_home;
+    /* The block's host gradient accumulators (grads HOST, or optimizer
+     * HOST) live in pinned host memory: a gradient copy that fills one
+     * (the first micro-batch's, or a step's sum sent once) lands there
+     * directly, with nothing unpacked; later micro-batches' adds are still
+     * unpacked.  Not with the optimizer state on NVMe
+     * (sched_block_pinned_grads). */
+    bool pinned_grads;
 } sched_block_plan_t;
 
 /* Whether bp really holds its optimizer state / weights' home on NVMe. */
@@ -101,6 +108,7 @@ bool sched_block_nvme_optim(const sched_block_plan_t *bp);
 bool sched_block_nvme_weights(const sched_block_plan_t *bp);
 /* Whether bp really keeps its trained working copies pinned. */
 bool sched_block_pinned_home(const sched_block_plan_t *bp);
+bool sched_block_pinned_grads(const sched_block_plan_t *bp);
 
 /* Makes bp expert parallel as the executor runs it: gradients and AdamW
  * state on the host (every owner's experts are updated through the one

@@ -159,21 +159,29 @@ static mt_status_t nvme_pass(const sched_workload_t *w, const sched_planner_opts
     return MT_OK;
 }
 
-/* Whether block b's trained working copies could be pinned under plan p
- * (sched_block_plan_t.pinned_home), and the pinned bytes that takes. */
-static double pin_bytes(const sched_workload_t *w, const sched_plan_t *p, int b) {
+/* The pinned bytes it takes to pin block b's trained working copies
+ * (grads false: sched_block_plan_t.pinned_home) or its host gradient
+ * accumulators (grads true: pinned_grads) under plan p; 0 when that does
+ * not apply or saves no host work. */
+static double pin_bytes(const sched_workload_t *w, const sched_plan_t *p, int b, bool grads) {
     sched_block_plan_t bp = p->blocks[b];
-    bp.pinned_home = true;
     const sched_block_cost_t *c = sched_block_cost(w, b, bp.expert_parallel);
+    if (grads) {
+        bp.pinned_grads = true;
+        return sched_block_pinned_grads(&bp) && w->unpack_bw > 0 ? c->grad_bytes : 0;
+    }
+    bp.pinned_home = true;
     return sched_block_pinned_home(&bp) && c->w_pack_frac > 0 ? c->w_work_bytes : 0;
 }
 
 /* Pins the trained working copies (pinned_home) of as many blocks as the
- * pinned budget leaves room for, in block order, on the plan the walk
- * starts from; the moves keep the flag, which means nothing where a move
- * takes the block's optimizer to the device (sched_block_pinned_home), so
- * every plan of the walk copies those homes straight to the link.  Room:
- * the budget less the start plan's own pinned peak (its staging). */
+ * pinned budget leaves room for, in block order, then with what room is
+ * left their host gradient accumulators (pinned_grads: half the host work
+ * saved per pinned byte, a copy per step against two fetches), on the plan
+ * the walk starts from; the moves keep the flags, which mean nothing where
+ * a move takes the block's optimizer to the device, so every plan of the
+ * walk copies those straight over the link.  Room: the budget less twice
+ * the start plan's own pinned peak (its staging). */
 static mt_status_t pin_start(const sched_workload_t *w, const sched_planner_opts_t *o, sched_plan_t *start,
                              int *nsims, mt_error_t *err) {
     double room = INFINITY;
@@ -181,14 +189,56 @@ static mt_status_t pin_start(const sched_workload_t *w, const sched_planner_opts
         eval_t e;
         const mt_status_t st = evaluate(w, start, &e, nsims, err);
         if (st != MT_OK) return st;
-        room = o->budget[SCHED_MEM_PINNED] - e.peak[SCHED_MEM_PINNED];
+        /* twice the start's staging: a faster plan keeps more copies in flight */
+        room = o->budget[SCHED_MEM_PINNED] - 2 * e.peak[SCHED_MEM_PINNED];
     }
     double sum = 0;
-    for (int b = 0; b < w->num_blocks; b++) {
-        const double k = pin_bytes(w, start, b);
-        if (k > 0 && sum + k <= room) sum += k, start->blocks[b].pinned_home = true;
-    }
+    for (int grads = 0; grads < 2; grads++)
+        for (int b = 0; b < w->num_blocks; b++) {
+            const double k = pin_bytes(w, start, b, grads);
+            if (!(k > 0 && sum + k <= room)) continue;
+            sum += k;
+            if (grads) start->blocks[b].pinned_grads = true;
+            else start->blocks[b].pinned_home = true;
+        }
     return MT_OK;
+}
+
+/* Pins on a plan walked without them (see pin_start): as many blocks' as
+ * the pinned budget leaves room for beside the plan's own peak, kept when
+ * the plan still fits and is faster; with half as many blocks when the
+ * room turns out too small (the pinned peak moves with the timing). */
+static mt_status_t pin_after(const sched_workload_t *w, const sched_planner_opts_t *o, sched_plan_t *plan,
+                             int *nsims, mt_error_t *err) {
+    eval_t e;
+    mt_status_t st = evaluate(w, plan, &e, nsims, err);
+    const double room = o->budget[SCHED_MEM_PINNED] > 0 ? o->budget[SCHED_MEM_PINNED] - e.peak[SCHED_MEM_PINNED]
+                                                        : INFINITY;
+    double want = room;
+    for (int tries = 0; tries < 3 && st == MT_OK && want > 0; tries++, want /= 2) {
+        sched_plan_t cand;
+        plan_copy(&cand, plan);
+        double sum = 0;
+        for (int grads = 0; grads < 2; grads++)
+            for (int b = 0; b < w->num_blocks; b++) {
+                const double k = pin_bytes(w, &cand, b, grads);
+                if (!(k > 0 && sum + k <= want)) continue;
+                sum += k;
+                if (grads) cand.blocks[b].pinned_grads = true;
+                else cand.blocks[b].pinned_home = true;
+            }
+        eval_t ce;
+        st = sum > 0 ? evaluate(w, &cand, &ce, nsims, err) : MT_OK;
+        const bool keep = st == MT_OK && sum > 0 && fits(&ce, o->budget) && ce.time < e.time;
+        if (keep) {
+            sched_plan_free(plan);
+            *plan = cand;
+            return MT_OK;
+        }
+        sched_plan_free(&cand);
+        if (sum == 0 || (st == MT_OK && fits(&ce, o->budget))) break; /* nothing to pin, or fits but no faster */
+    }
+    return st;
 }
 
 /* Per-kind overrides, then what the executor cannot run: the optimizer on
@@ -559,7 +609,7 @@ static void nvme_hint(const sched_workload_t *w, const sched_planner_opts_t *o, 
 }
 
 static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planner_opts_t *o, bool layer_major,
-                                   sched_planner_result_t *out, mt_error_t *err) {
+                                   bool pins, sched_planner_result_t *out, mt_error_t *err) {
     memset(out, 0, sizeof *out);
     block_working_set(w, out);
     const int N = w->num_blocks;
@@ -585,7 +635,7 @@ static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planne
     sched_plan_t nvme_plan = {0};
     bool nvme_found = false;
     int chosen = -1;
-    if (st == MT_OK) st = pin_start(w, o, &start, &out->simulations, err);
+    if (st == MT_OK && pins) st = pin_start(w, o, &start, &out->simulations, err);
     if (st != MT_OK) goto out;
 
     if (fixed) {
@@ -639,6 +689,8 @@ static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planne
     }
     plan_copy(&out->plan, pick);
     out->plan.policy = o->policy;
+    if (!pins && !fixed && out->feasible) st = pin_after(w, o, &out->plan, &out->simulations, err);
+    if (st != MT_OK) goto out;
     sched_sim_opts_t so = {.timelines = true, .tasks = true};
     st = sched_simulate(w, &out->plan, &so, &out->sim, err);
     out->simulations++;
@@ -649,6 +701,32 @@ out:
     path_free(&hostpath);
     if (st != MT_OK) sched_planner_result_free(out);
     return st;
+}
+
+/* One step order, planned twice under the auto policy: with pinned
+ * working copies and gradient accumulators from the start of the walk
+ * (pin_start), and walked without them, pinned after (pin_after).  Pins
+ * make streaming cheaper, so the first may walk to a plan the second
+ * would not; but they take pinned memory the second may spend on staging
+ * (a wider window, offloaded activations).  The faster feasible result
+ * wins, the first on a tie.  A fixed policy's plan is what it names,
+ * everything through the staging pool. */
+static mt_status_t plan_order(const sched_workload_t *w, const sched_planner_opts_t *o, bool layer_major,
+                              sched_planner_result_t *out, mt_error_t *err) {
+    if (o->policy != SCHED_POLICY_AUTO) return plan_make_order(w, o, layer_major, false, out, err);
+    sched_planner_result_t r[2];
+    mt_status_t st = plan_make_order(w, o, layer_major, true, &r[0], err);
+    if (st != MT_OK) return st;
+    st = plan_make_order(w, o, layer_major, false, &r[1], err);
+    if (st != MT_OK) {
+        sched_planner_result_free(&r[0]);
+        return st;
+    }
+    const int pick = r[1].feasible && (!r[0].feasible || r[1].sim.step_time < r[0].sim.step_time * (1 - 1e-9));
+    *out = r[pick];
+    out->simulations = r[0].simulations + r[1].simulations;
+    sched_planner_result_free(&r[1 - pick]);
+    return MT_OK;
 }
 
 /* Both step orders when the run leaves it open (and has micro-batches to
@@ -680,7 +758,7 @@ mt_status_t sched_plan_make(const sched_workload_t *w, const sched_planner_opts_
     bool made[2] = {false, false};
     for (int k = 0; k < 2; k++) {
         if (!want[k]) continue;
-        const mt_status_t st = plan_make_order(w, o, k == 1, &r[k], err);
+        const mt_status_t st = plan_order(w, o, k == 1, &r[k], err);
         if (st != MT_OK) {
             if (made[0]) sched_planner_result_free(&r[0]);
             return st;

@@ -64,14 +64,15 @@ static double opt_run(sim_t *s, sched_resource_t res, sched_task_kind_t kind, in
     return end;
 }
 
-/* ... a copy of the optimizer phase: an H2D packed first, a gradient D2H
- * unpacked after; each part's time charged to its resource. */
+/* ... a copy of the optimizer phase: an H2D with host_bytes packed first,
+ * a gradient D2H with host_bytes unpacked behind it (0: none, as into a
+ * pinned accumulator); each part's time charged to its resource. */
 static double opt_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, double t, double bytes, double copies,
-                       double pack_bytes) {
+                       double host_bytes) {
     if (bytes <= 0) return t;
     double p0 = t, packed = t;
     if (h2d) {
-        packed = sim_pack(s, block, -1, t, pack_bytes, &p0);
+        packed = sim_pack(s, block, -1, t, host_bytes, &p0);
         s->waited[SCHED_RES_PACK] += packed - t;
     }
     double start, end = sim_copy(s, h2d, kind, block, -1, packed, bytes, copies, &start);
@@ -80,10 +81,10 @@ static double opt_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, do
         sim_mem(s, SCHED_MEM_PINNED, start, -bytes);
     }
     s->waited[h2d ? SCHED_RES_H2D : SCHED_RES_D2H] += end - start;
-    if (!h2d && kind == SCHED_TASK_GRAD_D2H) {
+    if (!h2d && kind == SCHED_TASK_GRAD_D2H && host_bytes > 0) {
         const double landed = end;
         sched_resource_t res;
-        end = sim_unpack(s, block, -1, start, landed, bytes, -1, &res);
+        end = sim_unpack(s, block, -1, start, landed, host_bytes, -1, &res);
         s->waited[res] += end - landed;
     }
     return end;
@@ -128,7 +129,8 @@ static double opt_block(sim_t *s, const sched_workload_t *w, const sched_plan_t 
     }
     if (!adam_done[b]) {
         if (p->grads == SCHED_GRADS_DEVICE)
-            t = opt_copy(s, false, SCHED_TASK_GRAD_D2H, b, t, c->grad_step_bytes, c->grad_step_copies, 0);
+            t = opt_copy(s, false, SCHED_TASK_GRAD_D2H, b, t, c->grad_step_bytes, c->grad_step_copies,
+                         sched_block_pinned_grads(p) ? 0 : c->grad_step_bytes);
         double start;
         const double end = sim_host_adam(s, c, p, b, t, &start);
         s->waited[SCHED_RES_NVME] += start - t; /* the state's read (0 without NVMe) */
@@ -190,9 +192,10 @@ static void static_bytes(const sched_workload_t *w, const sched_plan_t *plan, do
         double home, optim, grads;
         sched_block_host_bytes(c, p, &home, &optim, &grads);
         if (sim_grads_transient(w, plan, p)) grads = 0; /* events of overlapped_adam */
-        const double pinned = sched_block_pinned_home(p) ? c->w_work_bytes : 0;
-        stat[SCHED_MEM_HOST] += home - pinned + optim + grads;
-        stat[SCHED_MEM_PINNED] += pinned;
+        /* pinned buffers are host memory too: in both budgets */
+        stat[SCHED_MEM_HOST] += home + optim + grads;
+        stat[SCHED_MEM_PINNED] += (sched_block_pinned_home(p) ? c->w_work_bytes : 0) +
+                                  (sched_block_pinned_grads(p) ? grads : 0);
         *nvme += sched_block_nvme_bytes(c, p);
         if (p->weights == SCHED_WEIGHTS_RESIDENT) stat[SCHED_MEM_DEVICE] += c->w_resident_bytes;
         if (p->grads == SCHED_GRADS_DEVICE) stat[SCHED_MEM_DEVICE] += c->grad_bytes;

@@ -199,7 +199,8 @@ double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_plan_t *
                     double t0;
                     const double landed = sim_copy(s, false, SCHED_TASK_GRAD_D2H, b, mb, end, gb, gc, &t0);
                     sim_mem(s, SCHED_MEM_DEVICE, landed, -c->grad_mb_bytes);
-                    const double t = sim_unpack(s, b, mb, t0, landed, gb, -1, /* into the host buffer: a copy */
+                    /* into the host buffer: a copy (none into a pinned one) */
+                    const double t = sim_unpack(s, b, mb, t0, landed, gb, sched_block_pinned_grads(p) ? 0 : -1,
                                                 &sc.d2h_res[dslot]);
                     sc.d2h_end[dslot] = t;
                     if (overlap && p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {

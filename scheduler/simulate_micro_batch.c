@@ -170,8 +170,9 @@ static void mb_send_grads(mb_order_t *m, const mb_use_t *u, double end, int dslo
     double t0;
     double t = sim_copy(s, false, SCHED_TASK_GRAD_D2H, u->b, u->mb, end, c->grad_mb_bytes, c->grad_mb_copies, &t0);
     sim_mem(s, SCHED_MEM_DEVICE, t, -c->grad_mb_bytes);
-    t = sim_unpack(s, u->b, u->mb, t0, t, c->grad_mb_bytes, u->mb > 0 ? c->grad_add_host_s : -1,
-                   &m->d2h_res[dslot]);
+    /* the first micro-batch's copy lands in a pinned accumulator as it is */
+    const double unpack = u->mb > 0 ? c->grad_add_host_s : sched_block_pinned_grads(u->p) ? 0 : -1;
+    t = sim_unpack(s, u->b, u->mb, t0, t, c->grad_mb_bytes, unpack, &m->d2h_res[dslot]);
     m->d2h_end[dslot] = t;
     if (u->last_mb && m->overlap && u->p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
         sim_overlapped_adam(s, m->w, m->plan, u->b, t0, t);

@@ -72,9 +72,7 @@ mkdir -p nvd
 # 831 KiB in bf16 (with fp32 masters beside bf16 working copies)
 NV="--set memory.nvme.path=nvd --set memory.host=600KiB"
 NV16="--set memory.nvme.path=nvd --set memory.host=540KiB --set bf16=true"
-# (pinned memory too small to pin the bf16 working copies, which would take
-# their homes off the host budget and keep them off the tier)
-NVW="--set memory.nvme.path=nvd --set memory.host=500KiB --set bf16=true --set memory.pinned=128KiB"
+NVW="--set memory.nvme.path=nvd --set memory.host=500KiB --set bf16=true"
 
 # tensors of DIR/FILE after its header (the header holds the save's id)
 body() { local f="$1" n; n=$(od -An -tu8 -N8 "$f" | tr -d ' '); tail -c +$((9 + n)) "$f" | sha256sum | cut -d' ' -f1; }

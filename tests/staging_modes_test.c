@@ -133,10 +133,10 @@ static void check_fixture(const char *dir, int nb) {
     off.prefetch_window = 2;
     /* mixed: streamed and resident weights, host and device gradients and optimizer, every activation place */
     const sched_block_plan_t kinds[] = {
-        {SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_OFFLOAD, false, false, false, SCHED_INPUTS_KEEP, false},
-        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_HOST, SCHED_ACTS_RECOMPUTE, false, false, false, SCHED_INPUTS_KEEP, false},
-        {SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_KEEP, false, false, false, SCHED_INPUTS_KEEP, false},
-        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_OFFLOAD, false, false, false, SCHED_INPUTS_KEEP, false},
+        {SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_OFFLOAD, false, false, false, SCHED_INPUTS_KEEP, false, false},
+        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_DEVICE, SCHED_OPTIM_HOST, SCHED_ACTS_RECOMPUTE, false, false, false, SCHED_INPUTS_KEEP, false, false},
+        {SCHED_WEIGHTS_STREAM, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_KEEP, false, false, false, SCHED_INPUTS_KEEP, false, false},
+        {SCHED_WEIGHTS_RESIDENT, SCHED_GRADS_HOST, SCHED_OPTIM_HOST, SCHED_ACTS_OFFLOAD, false, false, false, SCHED_INPUTS_KEEP, false, false},
     };
     /* shifted so that both layers of the 2-layer fixtures offload */
     for (int b = 0; b < nb; b++) mixed.blocks[b] = kinds[(b + 2) % 4];

@@ -171,6 +171,7 @@ static void wire_concerns(eng_exec_t *x, const eng_staging_settings_t *staging) 
     exec_counters_init(&x->cnt, L);
     moe_predict_init(&x->predict, L, m->cfg.layer_is_moe, m->cfg.num_experts);
     exec_host_optim_init(&x->hopt, m, x->dp, x->dev, &x->trace);
+    x->hbuf = (exec_host_buffers_t){.dev = x->dev};
     exec_stage_init(&x->stage, &x->env, &x->lists, &x->cnt, staging);
     exec_pending_init(&x->pend, x->dev, &x->stage);
     exec_spans_init(&x->spans, &x->env, &x->pend);
@@ -213,19 +214,34 @@ mt_status_t eng_exec_create(eng_exec_t **out, eng_model_t *m, kern_device_t *dev
     return MT_OK;
 }
 
+/* The host gradient accumulators of the blocks whose plan pins them, in
+ * one pinned allocation per block (host_buffers.h). */
+static void pin_grads(eng_exec_t *x) {
+    const eng_model_t *m = x->model;
+    int *idx = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *idx);
+    MT_CHECK_ALLOC(idx, "gradient accumulator list");
+    for (int b = 0; b < x->nb; b++) {
+        if (!sched_block_pinned_grads(exec_block_plan(&x->env, b))) continue;
+        int n = 0;
+        for (int i = 0; i < m->num_params; i++)
+            if (m->params[i].block == b && x->dp[i].host_g) idx[n++] = i;
+        exec_pin_grads(&x->hbuf, m, x->dp, idx, n);
+    }
+    free(idx);
+}
+
 /* A trained weight whose block runs AdamW on the host, in a bf16 run,
  * gets its bf16 working copy in host memory beside the master
  * (eng_param_t.work_bf16): every fetch then copies half the master's bytes
  * as they are, instead of rounding the master again on the staging
  * threads twice a step, and host AdamW writes it as it updates the master
  * (the kernel's fused bf16 output, the same rounding).  Pinned where the
- * plan says so (work_copies.h). */
+ * plan says so (host_buffers.h). */
 static mt_status_t place_host_working_copies(eng_exec_t *x, mt_error_t *err) {
     eng_model_t *m = x->model;
     int *idx = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *idx);
     MT_CHECK_ALLOC(idx, "working copy list");
     mt_status_t st = MT_OK;
-    x->work.dev = x->dev;
     for (int b = 0; b < x->nb && st == MT_OK; b++) {
         const sched_block_plan_t *bp = exec_block_plan(&x->env, b);
         if (bp->optim != SCHED_OPTIM_HOST) continue;
@@ -234,7 +250,7 @@ static mt_status_t place_host_working_copies(eng_exec_t *x, mt_error_t *err) {
             const eng_param_t *p = &m->params[i];
             if (p->block == b && !p->frozen && p->host_w && !p->work_bf16 && p->w_dtype == MT_BF16) idx[n++] = i;
         }
-        st = exec_make_work_copies(&x->work, m, idx, n, sched_block_pinned_home(bp), x->hopt.pool, err);
+        st = exec_make_work_copies(&x->hbuf, m, idx, n, sched_block_pinned_home(bp), x->hopt.pool, err);
     }
     free(idx);
     return st;
@@ -246,6 +262,7 @@ mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
         mt_status_t st = place_param(x, i, err);
         if (st != MT_OK) return st;
     }
+    pin_grads(x);
     /* resident weights cross once, a block at a time through the pool; a
      * quantised home lands in a buffer of its own, is dequantised into the
      * working copy, which stays (the dequantised copy is what is resident),
@@ -308,7 +325,7 @@ static void free_param_copies(eng_exec_t *x) {
                         d->g_acc, d->mom, d->dev_master};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             if (bufs[k]) kern_free(x->dev, bufs[k]);
-        free(d->host_g);
+        if (!d->host_g_pinned) free(d->host_g); /* a pinned one went with the executor's allocations */
         d->w = NULL;
         d->g = d->g_acc = d->dev_master = d->host_g = NULL;
         d->mom = NULL;
@@ -318,7 +335,7 @@ static void free_param_copies(eng_exec_t *x) {
 static void exec_destroy(eng_exec_t *x) {
     exec_host_optim_free(&x->hopt);
     kern_device_sync(x->dev);
-    exec_work_copies_release(&x->work, x->model);
+    exec_host_buffers_release(&x->hbuf, x->model, x->dp);
     exec_drop_offloads(&x->acts);
     eng_exec_drain(x);
     if (x->trace) eng_exec_set_trace(x, NULL);

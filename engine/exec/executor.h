@@ -17,6 +17,7 @@
 #include "engine/exec/place/acts.h"
 #include "engine/exec/record/counters.h"
 #include "engine/exec/place/grads.h"
+#include "engine/exec/place/host_buffers.h"
 #include "engine/optim/host_optim.h"
 #include "engine/exec/place/lists.h"
 #include "engine/exec/place/pending.h"
@@ -25,7 +26,6 @@
 #include "engine/exec/place/spans.h"
 #include "engine/exec/place/stage.h"
 #include "engine/exec/place/types.h"
-#include "engine/exec/place/work_copies.h"
 #include "engine/layers/env.h"
 #include "engine/model/model.h"
 #include "moe/expert_predict.h"
@@ -56,7 +56,7 @@ struct eng_exec {
     moe_predict_t predict;    /* which experts to fetch: the router's counts per MoE layer (moe/expert_predict.h) */
     exec_pending_list_t pend; /* deferred frees (pending.h) */
     exec_host_optim_t hopt;   /* the host AdamW worker, its pool and what it updated (host_optim.h) */
-    exec_work_copies_t work;  /* trained weights' bf16 working copies in host memory (work_copies.h) */
+    exec_host_buffers_t hbuf; /* working copies and gradient accumulators in pinned memory (host_buffers.h) */
     exec_progress_t prog;     /* the optimizer step in progress (progress.h) */
     int micro_left;           /* its micro-batches still to run (engine/parallel resets a replica's) */
     exec_stage_t stage;       /* the staging pool, sized for the plan's window (stage.h) */

@@ -314,7 +314,8 @@ static mt_status_t read_device_grads(eng_exec_t *x, int b, moe_staging_xfer_t *i
         const eng_param_t *p = &m->params[i];
         eng_dparam_t *d = &x->dp[i];
         if (p->block != b || !d->has_grad || x->hopt.done[i]) continue;
-        items[n++] = (moe_staging_xfer_t){d->host_g, d->g_acc, exec_f32_bytes(p), MOE_STAGING_COPY};
+        items[n++] = (moe_staging_xfer_t){d->host_g, d->g_acc, exec_f32_bytes(p),
+                                          d->host_g_pinned ? MOE_STAGING_PINNED : MOE_STAGING_COPY};
         x->cnt.ctr.grad_d2h_bytes += exec_f32_bytes(p);
     }
     char tag[64];

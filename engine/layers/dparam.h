@@ -23,6 +23,8 @@ typedef struct {
     float *g;           /* gradient target of the running backward (see exec.c) */
     float *g_acc;       /* device accumulator (grads DEVICE) */
     float *host_g;      /* host accumulator (grads HOST or optimizer HOST) */
+    bool host_g_pinned; /* host_g is in pinned memory the executor owns (engine/exec/place/host_buffers.h):
+                         * a gradient copy that fills it lands there directly */
     void *mom;          /* device AdamW moments (optimizer DEVICE), lazily allocated, laid out as
                          * the host's (eng_param_t.host_mom) */
     bool has_grad;      /* received a gradient in the current optimizer step */

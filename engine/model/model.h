@@ -63,7 +63,7 @@ typedef struct {
                           * conversion on the link's path) and AdamW writes as it updates the master
                           * (its fused bf16 output); every writer of the master rewrites it, so it is
                           * always the master rounded to nearest even (eng_exec_place) */
-    bool work_pinned;   /* work_bf16 is in pinned host memory the executor owns (engine/exec/place/work_copies.h):
+    bool work_pinned;   /* work_bf16 is in pinned host memory the executor owns (engine/exec/place/host_buffers.h):
                          * the link copies it from there, nothing is packed */
     bool home_mapped;   /* home_bf16 points into the base checkpoint's read-only mapping (a bf16
                          * tensor on disk): no copy at all, the page cache holds it */

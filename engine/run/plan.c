@@ -26,7 +26,7 @@ static void summarize(const sched_plan_t *p, char *buf, size_t n) {
         hostopt += p->blocks[b].optim == SCHED_OPTIM_HOST;
         nvme += sched_block_nvme_optim(&p->blocks[b]);
         nvme_w += sched_block_nvme_weights(&p->blocks[b]);
-        pinned += sched_block_pinned_home(&p->blocks[b]);
+        pinned += sched_block_pinned_home(&p->blocks[b]) || sched_block_pinned_grads(&p->blocks[b]);
     }
     snprintf(buf, n,
              "plan %s: %d of %d blocks stream their weights, %d offload and %d recompute activations, %d "
@@ -39,7 +39,7 @@ static void summarize(const sched_plan_t *p, char *buf, size_t n) {
     }
     if (pinned > 0) {
         const size_t len = strlen(buf);
-        snprintf(buf + len, n - len, "; %d pin their trained weights' working copies", pinned);
+        snprintf(buf + len, n - len, "; %d pin working copies or gradient accumulators", pinned);
     }
     if (ep > 0) {
         const size_t len = strlen(buf);

@@ -51,7 +51,8 @@
  *                               ("device"|"host"), optimizer ("device"|"host"),
  *                               activations ("keep"|"offload"|"recompute"),
  *                               nvme_optimizer, nvme_weights (true: on the NVMe tier),
- *                               pinned_home (true: trained working copies pinned)}],
+ *                               pinned_home, pinned_grads (true: trained working copies / host
+ *                               gradient accumulators pinned)}],
  *                      runs [{first, last, label, weights, grads, optimizer, activations}]}
  *   kinds             {weights {resident_blocks, stream_blocks, resident_bytes, fetched_bytes},
  *                      grads {device_blocks, host_blocks, d2h_bytes},

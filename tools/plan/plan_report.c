@@ -101,8 +101,8 @@ typedef struct {
     double resident_bytes, fetched_bytes, odev_bytes, ohost_bytes, grads_d2h;
     int onvme, wnvme;             /* blocks whose optimizer state / weights' home is on NVMe */
     double onvme_bytes, wnvme_bytes;
-    int pinned;                   /* blocks whose trained working copies are pinned */
-    double pinned_bytes;
+    int pinned, pinned_g;         /* blocks whose trained working copies / gradient accumulators are pinned */
+    double pinned_bytes, pinned_g_bytes;
 } kinds_t;
 
 /* What the optimizer keeps per trainable parameter (optimizer_state), as
@@ -135,6 +135,7 @@ static kinds_t kinds(const plan_ctx_t *c) {
         if (sched_block_nvme_optim(bp)) k.onvme++, k.onvme_bytes += bc->optim_bytes;
         if (sched_block_nvme_weights(bp)) k.wnvme++, k.wnvme_bytes += bc->w_home_bytes;
         if (sched_block_pinned_home(bp)) k.pinned++, k.pinned_bytes += bc->w_work_bytes;
+        if (sched_block_pinned_grads(bp)) k.pinned_g++, k.pinned_g_bytes += bc->grad_bytes;
         k.keep += bp->acts == SCHED_ACTS_KEEP;
         k.offload += bp->acts == SCHED_ACTS_OFFLOAD;
         k.recompute += bp->acts == SCHED_ACTS_RECOMPUTE;
@@ -243,7 +244,8 @@ static void staging_text(FILE *f, const plan_ctx_t *c) {
             bytes_s(st.weights).s, bytes_s(st.grads).s, bytes_s(st.acts).s);
     moe_staging_plan_print(f, what, &st.p);
     const double host = c->res.sim.peak[SCHED_MEM_HOST];
-    fprintf(f, "host memory in total (pageable %s + pinned staging): compact %s, per_tensor %s, max_slot %s\n",
+    fprintf(f, "host memory in total (host %s, pinned buffers included, + pinned staging): compact %s, per_tensor %s, "
+               "max_slot %s\n",
             bytes_s(host).s, bytes_s(host + (double)st.p.compact).s, bytes_s(host + (double)st.p.per_tensor).s,
             bytes_s(host + (double)st.p.max_slot).s);
 }
@@ -455,8 +457,8 @@ void plan_report_text(FILE *f, const plan_ctx_t *c) {
     fprintf(f, "model TFLOPS    %.3g   MFU %.1f%% of %s %s peak\n", r->model_flops / s->step_time / 1e12, 100 * mfu(c),
             flops_s(c->w.peak_flops).s, sh->bf16 ? "bf16" : "fp32");
     fprintf(f, "bound by        %s\n", bound);
-    fprintf(f, "stream busy     compute %.3f s, h2d %.3f s (%s), d2h %.3f s (%s, unpacking included), host %.3f s, "
-            "pack %.3f s\n",
+    fprintf(f, "stream busy     compute %.3f s, h2d %.3f s (%s), d2h %.3f s (%s), host %.3f s, "
+            "pack %.3f s (packing and unpacking)\n",
             s->busy[SCHED_RES_COMPUTE], s->busy[SCHED_RES_H2D], bytes_s(s->h2d_bytes).s, s->busy[SCHED_RES_D2H],
             bytes_s(s->d2h_bytes).s, s->busy[SCHED_RES_HOST], s->busy[SCHED_RES_PACK]);
     if (s->busy[SCHED_RES_HOST] > 0)
@@ -504,8 +506,12 @@ void plan_report_text(FILE *f, const plan_ctx_t *c) {
         fprintf(f, "; trained working copies of %d blocks (%s) pinned, copied to the link with nothing packed",
                 k.pinned, bytes_s(k.pinned_bytes).s);
     fputc('\n', f);
-    fprintf(f, "  gradients     device %d blocks, host %d blocks (%s D2H per step)\n", k.gdev, k.ghost,
+    fprintf(f, "  gradients     device %d blocks, host %d blocks (%s D2H per step)", k.gdev, k.ghost,
             bytes_s(k.grads_d2h).s);
+    if (k.pinned_g > 0)
+        fprintf(f, "; host accumulators of %d blocks (%s) pinned, copied into with nothing unpacked", k.pinned_g,
+                bytes_s(k.pinned_g_bytes).s);
+    fputc('\n', f);
     fprintf(f, "  optimizer     device %d blocks (%s), host %d blocks (%s)", k.odev, bytes_s(k.odev_bytes).s, k.ohost,
             bytes_s(k.ohost_bytes).s);
     if (k.onvme > 0) fprintf(f, ", of which on NVMe %d blocks (%s)", k.onvme, bytes_s(k.onvme_bytes).s);
@@ -636,12 +642,13 @@ json_t *plan_report_json(const plan_ctx_t *c) {
         char name[32];
         sched_block_label(r, b, name, sizeof name);
         const sched_block_plan_t *bp = &p->blocks[b];
-        json_array_append_new(blocks, json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:b, s:b, s:b}", "block", b, "name", name,
+        json_array_append_new(blocks, json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:b, s:b, s:b, s:b}", "block", b, "name", name,
                                                 "weights", weights_name(bp->weights), "grads", grads_name(bp->grads),
                                                 "optimizer", optim_name(bp->optim), "activations", acts_name(bp->acts),
                                                 "nvme_optimizer", sched_block_nvme_optim(bp), "nvme_weights",
                                                 sched_block_nvme_weights(bp), "pinned_home",
-                                                sched_block_pinned_home(bp)));
+                                                sched_block_pinned_home(bp), "pinned_grads",
+                                                sched_block_pinned_grads(bp)));
         /* layer-major plans only: "keep" / "offload" for decoder layers, null elsewhere */
         json_t *bi = p->layer_major && b >= 1 && b < p->num_blocks - 1
                          ? json_string(sched_input_place_name(bp->lm_inputs))

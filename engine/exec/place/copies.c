@@ -51,6 +51,11 @@ void exec_w_dequant(kern_device_t *dev, kern_stream_t *s, const eng_param_t *p, 
     dev->ops->dequant(s, w, p->w_dtype, &v);
 }
 
+moe_staging_op_t exec_grad_to_host_op(const eng_dparam_t *d) {
+    if (d->acc_has_data) return MOE_STAGING_ADD_F32;
+    return d->host_g_pinned ? MOE_STAGING_PINNED : MOE_STAGING_COPY;
+}
+
 float *exec_dev_master(const eng_param_t *p, const eng_dparam_t *d) {
     if (d->dev_master) return d->dev_master;
     return p->w_dtype == MT_F32 ? (float *)d->w : NULL;

@@ -53,6 +53,11 @@ void *exec_w_landing(const eng_param_t *p, void *w);
 moe_staging_xfer_t exec_w_upload_item(const eng_param_t *p, void *w, void *landing);
 void exec_w_dequant(kern_device_t *dev, kern_stream_t *s, const eng_param_t *p, void *w, const void *landing);
 
+/* The staging op of a gradient copy into the host accumulator d->host_g:
+ * an add into what an earlier micro-batch left there, else a copy (from
+ * where it lands when the accumulator is pinned). */
+moe_staging_op_t exec_grad_to_host_op(const eng_dparam_t *d);
+
 /* The device fp32 master a device optimizer updates for p, whose copies on
  * this device are d: dev_master, or the working copy itself when it is
  * fp32; NULL when there is none. */

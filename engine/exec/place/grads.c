@@ -116,8 +116,7 @@ mt_status_t exec_finish_grads(exec_grads_t *gr, int b, mt_error_t *err) {
             MT_CHECK(items && which, "out of memory for a gradient batch");
         }
         /* first micro-batch: the copy is the accumulator; later ones add into it */
-        items[n] = (moe_staging_xfer_t){d->host_g, d->g, exec_f32_bytes(p),
-                                        d->acc_has_data ? MOE_STAGING_ADD_F32 : MOE_STAGING_COPY};
+        items[n] = (moe_staging_xfer_t){d->host_g, d->g, exec_f32_bytes(p), exec_grad_to_host_op(d)};
         gr->cnt->ctr.grad_d2h_bytes += exec_f32_bytes(p);
         which[n++] = i;
         experts += p->spec->role == ENG_P_EXP_GATE;
