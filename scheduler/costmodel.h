@@ -12,10 +12,12 @@
  *   pack           = weight bytes copied into staging (every host home is
  *                    in its working dtype already) / the profile's pack
  *                    rate, before each weight H2D; a fetch read from NVMe
- *                    lands in staging without one
- *   unpack         = gradient bytes / the profile's unpack rate, after each
- *                    gradient D2H (a copy; a later micro-batch's add costs
- *                    SCHED_UNPACK_ADD_COST times as much)
+ *                    lands in staging without one, a pinned working copy
+ *                    is copied from where it is (sched_block_pack_frac)
+ *   unpack         = gradient bytes / the profile's unpack rate, on the
+ *                    pack threads behind each gradient D2H (a copy; a later
+ *                    micro-batch's add costs SCHED_UNPACK_ADD_COST times as
+ *                    much; none for a copy into a pinned accumulator)
  *   device AdamW   = bytes touched / device memory bandwidth
  *   exchange       = per all-to-all: the busier direction's rows x row bytes
  *                    / peer bandwidth + peer latency (expert parallel)
