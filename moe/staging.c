@@ -230,6 +230,7 @@ void moe_staging_destroy(moe_staging_t *p) {
     }
     if (p->slot_mem) kern_pinned_free(p->dev, p->slot_mem, p->capacity);
     for (int i = 0; i < p->nevs; i++) kern_event_destroy(p->dev, p->evs[i]);
+    if (p->follow) kern_event_destroy(p->dev, p->follow);
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->cond);
     free(p->slab);

@@ -82,6 +82,8 @@ struct moe_staging {
     int npend, cap_pend;
     kern_event_t **evs; /* recycled events */
     int nevs, cap_evs;
+    kern_event_t *follow; /* one stream waiting for another (staging_xfer.c); a wait takes the
+                           * event's state when it is issued, so one event serves every such wait */
 
     moe_staging_stats_t st[2]; /* [MOE_STAGING_SCOPE_STEP], [..._TOTAL] */
     int32_t step;

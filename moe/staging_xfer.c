@@ -91,11 +91,10 @@ static void group_add_item(moe_staging_t *p, group_t *g, int reg, size_t off, co
 }
 
 /* Stream `s` runs what is issued on it next only after what was issued on `after` so far. */
-static void stream_follows(kern_device_t *dev, kern_stream_t *s, kern_stream_t *after) {
-    kern_event_t *ev = kern_event_create(dev);
-    kern_event_record(dev, ev, after);
-    kern_stream_wait_event(dev, s, ev);
-    kern_event_destroy(dev, ev);
+static void stream_follows(moe_staging_t *p, kern_stream_t *s, kern_stream_t *after) {
+    if (!p->follow) p->follow = kern_event_create(p->dev);
+    kern_event_record(p->dev, p->follow, after);
+    kern_stream_wait_event(p->dev, s, p->follow);
 }
 
 static void group_flush(moe_staging_t *p, group_t *g) {
@@ -114,7 +113,7 @@ static void group_flush(moe_staging_t *p, group_t *g) {
     kern_stream_t *release_on = g->stream;
     if (g->dir == MOE_STAGING_D2H && g->job) {
         release_on = kern_stream(dev, KERN_STREAM_UNPACK);
-        stream_follows(dev, release_on, g->stream);
+        stream_follows(p, release_on, g->stream);
         staging_unpack_after(p, release_on, g->job);
         g->job = NULL;
         g->unpacking = true;
@@ -280,7 +279,7 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
                                                       : batch_each(p, &g, it, m, b, err);
     if (st == MT_OK) staging_count_tensors(p, dir, m + direct);
     group_flush(p, &g); /* also on error: what was laid out is issued, nothing leaks */
-    if (g.unpacking) stream_follows(p->dev, stream, kern_stream(p->dev, KERN_STREAM_UNPACK));
+    if (g.unpacking) stream_follows(p, stream, kern_stream(p->dev, KERN_STREAM_UNPACK));
     group_free(&g);
     free(it);
     return st;

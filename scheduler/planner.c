@@ -174,6 +174,21 @@ static double pin_bytes(const sched_workload_t *w, const sched_plan_t *p, int b,
     return sched_block_pinned_home(&bp) && c->w_pack_frac > 0 ? c->w_work_bytes : 0;
 }
 
+/* Sets pinned_home, then pinned_grads, on plan p's blocks in block order
+ * while their pinned bytes stay within `room`; returns those bytes. */
+static double pin_blocks(const sched_workload_t *w, sched_plan_t *p, double room) {
+    double sum = 0;
+    for (int grads = 0; grads < 2; grads++)
+        for (int b = 0; b < w->num_blocks; b++) {
+            const double k = pin_bytes(w, p, b, grads);
+            if (!(k > 0 && sum + k <= room)) continue;
+            sum += k;
+            if (grads) p->blocks[b].pinned_grads = true;
+            else p->blocks[b].pinned_home = true;
+        }
+    return sum;
+}
+
 /* Pins the trained working copies (pinned_home) of as many blocks as the
  * pinned budget leaves room for, in block order, then with what room is
  * left their host gradient accumulators (pinned_grads: half the host work
@@ -192,15 +207,7 @@ static mt_status_t pin_start(const sched_workload_t *w, const sched_planner_opts
         /* twice the start's staging: a faster plan keeps more copies in flight */
         room = o->budget[SCHED_MEM_PINNED] - 2 * e.peak[SCHED_MEM_PINNED];
     }
-    double sum = 0;
-    for (int grads = 0; grads < 2; grads++)
-        for (int b = 0; b < w->num_blocks; b++) {
-            const double k = pin_bytes(w, start, b, grads);
-            if (!(k > 0 && sum + k <= room)) continue;
-            sum += k;
-            if (grads) start->blocks[b].pinned_grads = true;
-            else start->blocks[b].pinned_home = true;
-        }
+    pin_blocks(w, start, room);
     return MT_OK;
 }
 
@@ -218,15 +225,7 @@ static mt_status_t pin_after(const sched_workload_t *w, const sched_planner_opts
     for (int tries = 0; tries < 3 && st == MT_OK && want > 0; tries++, want /= 2) {
         sched_plan_t cand;
         plan_copy(&cand, plan);
-        double sum = 0;
-        for (int grads = 0; grads < 2; grads++)
-            for (int b = 0; b < w->num_blocks; b++) {
-                const double k = pin_bytes(w, &cand, b, grads);
-                if (!(k > 0 && sum + k <= want)) continue;
-                sum += k;
-                if (grads) cand.blocks[b].pinned_grads = true;
-                else cand.blocks[b].pinned_home = true;
-            }
+        const double sum = pin_blocks(w, &cand, want);
         eval_t ce;
         st = sum > 0 ? evaluate(w, &cand, &ce, nsims, err) : MT_OK;
         const bool keep = st == MT_OK && sum > 0 && fits(&ce, o->budget) && ce.time < e.time;

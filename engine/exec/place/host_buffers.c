@@ -16,10 +16,7 @@ static size_t work_bytes(const eng_param_t *p) { return p->spec->numel * sizeof(
 /* A pinned allocation of `bytes` the release frees; NULL when none can be had. */
 static char *pinned_slab(exec_host_buffers_t *hb, size_t bytes) {
     char *slab = kern_pinned_alloc(hb->dev, bytes);
-    if (!slab) {
-        hb->fallbacks++;
-        return NULL;
-    }
+    if (!slab) return NULL;
     MT_GROW(hb->slab, hb->cap, hb->n + 1, "pinned host buffers");
     size_t *sizes = realloc(hb->bytes, (size_t)hb->cap * sizeof *sizes);
     MT_CHECK_ALLOC(sizes, "pinned host buffers");

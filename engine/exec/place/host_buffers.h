@@ -15,7 +15,7 @@
  * of one kind share one pinned allocation: pinning is slow per call on a
  * GPU's host, and a block of a MoE model has hundreds of tensors.  A block
  * whose pinned allocation fails keeps pageable buffers (a slower step, not
- * a failed run) and is counted.
+ * a failed run).
  *
  * The values are the same bits either way: host AdamW writes the working
  * copy in place (its fused bf16 output), a gradient copy moves the same
@@ -38,7 +38,6 @@ typedef struct {
     void **slab;   /* the pinned allocations */
     size_t *bytes; /* ... and their sizes */
     int n, cap;
-    int fallbacks; /* pinned blocks whose allocation failed: their buffers are pageable */
 } exec_host_buffers_t;
 
 /* Working copies for the n parameters idx of one block (each trained, with
