@@ -6,7 +6,9 @@
  * delta) events per kind, sorted once at the end (sim_finish_mem). */
 #include "scheduler/simulate_internal.h"
 
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 void sim_mem(sim_t *s, sched_mem_t m, double t, double d) {
     if (d == 0) return;
@@ -203,16 +205,73 @@ void sim_overlapped_adam(sim_t *s, const sched_workload_t *w, const sched_plan_t
 }
 
 
+/* A key whose unsigned order is the order of the doubles (t is never NaN;
+ * -0 is taken as +0, as == takes it). */
+static uint64_t time_key(double t) {
+    t += 0.0;
+    uint64_t u;
+    memcpy(&u, &t, sizeof u);
+    return (u >> 63) ? ~u : u | (1ull << 63);
+}
+
+/* Time order; frees first at equal times. */
 static int cmp_ev(const void *a, const void *b) {
     const ev_t *x = a, *y = b;
     if (x->t != y->t) return x->t < y->t ? -1 : 1;
-    /* frees first at equal times: a stream frees before it allocates again */
     if ((x->d < 0) != (y->d < 0)) return x->d < 0 ? -1 : 1;
     return 0;
 }
 
+/* A planner simulates tens of thousands of steps of thousands of events
+ * each, and a comparison sort was most of a plan's time.  So: a radix sort
+ * on the top 32 bits of the time's key (sign, exponent and 20 bits of
+ * mantissa: times within a millionth of each other share a bucket), in
+ * three passes of 11, 11 and 10 bits, then an insertion sort by cmp_ev,
+ * which only moves events within a bucket.  Should buckets hold many
+ * events out of order, qsort finishes the job. */
+enum { EV_DIGITS = 3 };
+static const int ev_shift[EV_DIGITS] = {32, 43, 54};
+static const uint32_t ev_mask[EV_DIGITS] = {0x7ff, 0x7ff, 0x3ff};
+
+void sim_sort_events(ev_t *ev, int n) {
+    if (n < 2) return;
+    ev_t *tmp = malloc((size_t)n * sizeof *tmp);
+    MT_CHECK_ALLOC(tmp, "simulator memory events");
+    uint32_t count[EV_DIGITS][2048] = {{0}};
+    for (int i = 0; i < n; i++) {
+        const uint64_t k = time_key(ev[i].t);
+        for (int d = 0; d < EV_DIGITS; d++) count[d][(k >> ev_shift[d]) & ev_mask[d]]++;
+    }
+    ev_t *src = ev, *dst = tmp;
+    for (int d = 0; d < EV_DIGITS; d++) {
+        if (count[d][(time_key(src[0].t) >> ev_shift[d]) & ev_mask[d]] == (uint32_t)n) continue; /* one value */
+        uint32_t sum = 0;
+        for (uint32_t v = 0; v <= ev_mask[d]; v++) {
+            const uint32_t c = count[d][v];
+            count[d][v] = sum, sum += c;
+        }
+        for (int i = 0; i < n; i++) dst[count[d][(time_key(src[i].t) >> ev_shift[d]) & ev_mask[d]]++] = src[i];
+        ev_t *x = src;
+        src = dst, dst = x;
+    }
+    if (src != ev) memcpy(ev, src, (size_t)n * sizeof *ev);
+    free(tmp);
+    long moves = 0;
+    for (int i = 1; i < n; i++) {
+        const ev_t e = ev[i];
+        int j = i;
+        for (; j > 0 && cmp_ev(&ev[j - 1], &e) > 0; j--) ev[j] = ev[j - 1];
+        ev[j] = e;
+        moves += i - j;
+        if (moves > 16l * n) {
+            qsort(ev, (size_t)n, sizeof *ev, cmp_ev);
+            return;
+        }
+    }
+}
+
 double sim_finish_mem(sim_t *s, sched_mem_t m, double base, bool keep, sched_timeline_t *tl) {
-    if (s->nev[m] > 0) qsort(s->ev[m], (size_t)s->nev[m], sizeof *s->ev[m], cmp_ev);
+    sim_sort_events(s->ev[m], s->nev[m]);
     double cur = base, peak = base;
     if (keep) {
         tl->pts = malloc((size_t)(s->nev[m] + 1) * sizeof *tl->pts);

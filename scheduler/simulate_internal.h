@@ -97,6 +97,9 @@ double sim_host_adam(sim_t *s, const sched_block_cost_t *c, const sched_block_pl
 void sim_overlapped_adam(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double d2h_start,
                          double ready);
 
+/* Sorts n events by time, frees before takes at equal times (a stream
+ * frees before it allocates again). */
+void sim_sort_events(ev_t *ev, int n);
 double sim_finish_mem(sim_t *s, sched_mem_t m, double base, bool keep, sched_timeline_t *tl);
 
 /* Layer-major order (plan->layer_major; engine/exec/layer_major.c): the
