@@ -353,6 +353,19 @@ typedef struct {
     int *nsims;
 } walk_t;
 
+/* Whether plan e breaks the pinned or host budget that the current plan
+ * ce keeps.  The time walk refuses such a move: the plan is chosen from
+ * its path afterwards by whether it fits, and few moves give pinned or
+ * host memory back, so the plans after it would mostly be lost (offloading
+ * activations into the room pinned working copies left, say, instead of
+ * taking a block's optimizer to the device).  The device budget is the
+ * walk's price instead: gain per device byte. */
+static bool over_host_side(const eval_t *e, const eval_t *ce, const double *budget) {
+    for (int m = SCHED_MEM_PINNED; m <= SCHED_MEM_HOST; m++)
+        if (budget[m] > 0 && e->peak[m] > budget[m] && ce->peak[m] <= budget[m]) return true;
+    return false;
+}
+
 /* Scores move c against the current plan cur (evaluation ce). */
 static mt_status_t score(const walk_t *k, sched_plan_t *cur, const eval_t *ce, cand_t *c, mt_error_t *err) {
     c->fresh = true;
@@ -372,6 +385,8 @@ static mt_status_t score(const walk_t *k, sched_plan_t *cur, const eval_t *ce, c
         const double B = k->o->budget[SCHED_MEM_DEVICE];
         if (B > 0 && e->peak[SCHED_MEM_DEVICE] > B) return MT_OK;
         gain = ce->peak[SCHED_MEM_HOST] - e->peak[SCHED_MEM_HOST];
+    } else if (over_host_side(e, ce, k->o->budget)) {
+        return MT_OK;
     } else if (!k->secondary) {
         gain = ce->time - e->time;
         if (gain <= 1e-9 * ce->time + 1e-15) return MT_OK;

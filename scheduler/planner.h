@@ -14,10 +14,12 @@
  * plans also start with every decoder layer's block inputs offloaded and
  * may keep a layer's on the device), simulating each candidate.  Once nothing saves time, changes that cost no time but move
  * traffic or host memory off the link and the host are taken the same way.
- * The search ignores the budgets, so the sequence of plans it walks is the
- * same for every budget; the answer is the fastest plan of that sequence
- * within all budgets.  More device budget therefore never predicts a
- * slower step.
+ * The search ignores the device budget, so the sequence of plans it walks
+ * is the same for every device budget; the answer is the fastest plan of
+ * that sequence within all budgets.  More device budget therefore never
+ * predicts a slower step.  It refuses a change that would break the
+ * pinned or host budget the plan so far keeps: few changes give those
+ * back, so the plans after it would not fit.
  *
  * Infeasible: which budget is short and the smallest that would work: for
  * the device, the peak of the least-memory plan; for pinned memory, the

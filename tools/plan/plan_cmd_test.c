@@ -643,6 +643,30 @@ static void test_expert_parallel(void) {
     free(out), free(err);
 }
 
+/* Mixtral-8x7B full fine-tuning, one H100's plan for the two-device run:
+ * pinned working copies take most of the pinned budget, and the walk
+ * spends device memory on a layer's optimizer rather than the pinned room
+ * left on offloaded activations (which would break that budget and lose
+ * every plan after it). */
+static void test_pinned_budget_walk(void) {
+    int rc;
+    json_t *d = committed_json("mixtral-8x7b-2xh100-full", NULL, &rc);
+    if (!d) return;
+    json_t *blocks = json_object_get(json_object_get(d, "plan"), "blocks");
+    int device_optim = 0, pinned = 0;
+    for (size_t b = 0; b < json_array_size(blocks); b++) {
+        json_t *bi = json_array_get(blocks, b);
+        device_optim += strcmp(json_string_value(json_object_get(bi, "optimizer")), "device") == 0;
+        pinned += json_is_true(json_object_get(bi, "pinned_home"));
+    }
+    EXPECT(rc == 0 && json_is_true(json_object_get(d, "feasible")) && device_optim >= 1 && pinned >= 16,
+           "exit %d: %d blocks with the optimizer on the device, %d with pinned working copies", rc, device_optim,
+           pinned);
+    EXPECT(peak(d, "pinned", "peak_bytes") <= peak(d, "pinned", "budget_bytes"), "pinned peak %g of %g",
+           peak(d, "pinned", "peak_bytes"), peak(d, "pinned", "budget_bytes"));
+    json_decref(d);
+}
+
 int main(void) {
     const char *tmp = getenv("TEST_TMPDIR");
     snprintf(g_tmp, sizeof g_tmp, "%s", tmp ? tmp : "/tmp");
@@ -657,6 +681,7 @@ int main(void) {
     test_cli();
     test_devices();
     test_expert_parallel();
+    test_pinned_budget_walk();
     if (failures) fprintf(stderr, "plan_cmd_test: %d failure(s)\n", failures);
     else printf("plan_cmd_test: all passed\n");
     return failures != 0;
