@@ -22,6 +22,7 @@ void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp
     h->dev = dev;
     h->trace = trace;
     h->nonfinite_param = -1;
+    h->last_block = -1;
     eng_spec_init(&h->spec, m->num_params);
     /* a step's overlapped jobs and the previous step's deferred ones */
     h->cap = 2 * eng_model_num_blocks(m) + 1;
@@ -120,18 +121,46 @@ static void block_stream(exec_host_optim_t *h, int b, bool load, int *idx) {
     eng_optim_nvme_note(h->nvme, st, &err);
 }
 
-/* While block b updates, the state of the block queued next (if its job is
- * already there: its gradients have landed) is read in the background, so
- * its load finds it in memory (eng_optim_nvme_prefetch). */
-static void prefetch_next(exec_host_optim_t *h, int *idx) {
+/* Whether the tier holds any of block b's state. */
+static bool tier_holds_block(const exec_host_optim_t *h, int b) {
+    for (int i = 0; i < h->m->num_params; i++)
+        if (h->m->params[i].block == b && eng_optim_nvme_holds(h->nvme, i)) return true;
+    return false;
+}
+
+/* The block whose update most likely follows block b's, when none is
+ * queued yet: the next one the tier holds state of, walking the way the
+ * updates walk.  During the backward a block's gradients land (and its
+ * update is queued) only as the backward reaches it, so the queue is
+ * mostly empty here; the backward updates blocks in descending order,
+ * deferred updates after the norm in ascending order.  -1: none. */
+static int predicted_next(const exec_host_optim_t *h, int b) {
+    const int dir = h->last_block == b - 1 ? 1 : -1;
+    const int nb = eng_model_num_blocks(h->m);
+    for (int c = b + dir; c >= 0 && c < nb; c += dir)
+        if (tier_holds_block(h, c)) return c;
+    return -1;
+}
+
+/* While block b updates, the state of the block updated next is read in
+ * the background, so its load finds it in memory
+ * (eng_optim_nvme_prefetch): the block queued next (its gradients have
+ * landed: the parameters its load will ask for, block_stream's
+ * selection), else the predicted one (every parameter of it the tier
+ * holds: what its load asks for once all its gradients have landed; a
+ * load asking for other parameters drops the read, nothing is lost but
+ * the disk's time). */
+static void prefetch_next(exec_host_optim_t *h, int b, int *idx) {
     if (!h->nvme) return;
     pthread_mutex_lock(&h->lock);
-    const int nb = h->head != h->tail ? h->queue[h->head].block : -1;
+    const int queued = h->head != h->tail ? h->queue[h->head].block : -1;
     pthread_mutex_unlock(&h->lock);
+    const int nb = queued >= 0 ? queued : predicted_next(h, b);
     if (nb < 0) return;
     int n = 0;
-    for (int i = 0; i < h->m->num_params; i++) /* block_stream's loading selection */
-        if (h->m->params[i].block == nb && eng_optim_nvme_holds(h->nvme, i) && h->dp[i].has_grad) idx[n++] = i;
+    for (int i = 0; i < h->m->num_params; i++)
+        if (h->m->params[i].block == nb && eng_optim_nvme_holds(h->nvme, i) && (queued < 0 || h->dp[i].has_grad))
+            idx[n++] = i;
     eng_optim_nvme_prefetch(h->nvme, h->m, idx, n);
 }
 
@@ -159,7 +188,8 @@ static void *worker_main(void *arg) {
         const double t0 = mt_now_s();
         size_t bytes = 0;
         block_stream(h, b, true, idx);
-        prefetch_next(h, idx + m->num_params);
+        prefetch_next(h, b, idx + m->num_params);
+        h->last_block = b;
         for (int i = 0; i < m->num_params; i++) {
             eng_param_t *p = &m->params[i];
             eng_dparam_t *d = &h->dp[i];

@@ -58,6 +58,8 @@ typedef struct {
     int nonfinite_param;         /* first parameter a deferred update left with a NaN or Inf, or -1
                                     (written by the worker, read after exec_host_optim_wait) */
     eng_optim_nvme_t *nvme;      /* owned: the NVMe tier holding host AdamW moments (nvme_state.h), or NULL */
+    int last_block;              /* the worker's: the block it updated before the current one (-1: none);
+                                  * which way the updates walk, for the read ahead */
     bool speculative;            /* this step's overlapped updates run before the clipping factor is
                                   * known, each out of place so it can be undone (speculate.h) */
     eng_spec_t spec;             /* their spares */

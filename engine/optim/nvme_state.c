@@ -332,6 +332,8 @@ mt_status_t eng_optim_nvme_load_many(eng_optim_nvme_t *nv, eng_model_t *m, const
     pthread_mutex_lock(&nv->lock);
     const mt_status_t wst = wait_writes_of(nv, m, idx, n, err);
     const bool taken = wst == MT_OK && prefetch_take(nv, m, idx, n, err);
+    nv->io.loads++;
+    nv->io.loads_read_ahead += taken;
     pthread_mutex_unlock(&nv->lock);
     if (wst != MT_OK) return wst;
     if (taken) return MT_OK;

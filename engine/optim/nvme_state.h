@@ -65,6 +65,7 @@
 typedef struct {
     uint64_t read_bytes, write_bytes;
     double read_s, write_s;
+    uint64_t loads, loads_read_ahead; /* block loads, and those that found their state read ahead */
 } eng_nvme_io_t;
 
 /* Writes of the tier's state in flight at once: the store's batches less

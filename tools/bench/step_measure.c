@@ -175,6 +175,8 @@ void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan
             out[i].nvme.write_bytes += io1.write_bytes - io0.write_bytes;
             out[i].nvme.read_s += io1.read_s - io0.read_s;
             out[i].nvme.write_s += io1.write_s - io0.write_s;
+            out[i].nvme.loads += io1.loads - io0.loads;
+            out[i].nvme.loads_read_ahead += io1.loads_read_ahead - io0.loads_read_ahead;
             out[i].redone += os.speculation_undone;
         }
     }

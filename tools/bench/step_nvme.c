@@ -41,6 +41,8 @@ static void print_text(const opts_t *o, double link_bps, const mt_sio_rates_t *r
            "                     %.2f MB written, waiting %.2f ms (%.3f GB/s, %.2f of raw)\n",
            io->read_bytes / 1e6, io->read_s * 1e3, r / 1e9, raw->read_q > 0 ? r / raw->read_q : 0,
            io->write_bytes / 1e6, io->write_s * 1e3, w / 1e9, raw->write_q > 0 ? w / raw->write_q : 0);
+    printf("  block loads: %llu over the %d steps, %llu of them finding their state read ahead\n",
+           (unsigned long long)io->loads, o->steps, (unsigned long long)io->loads_read_ahead);
     printf("  (a block's state is read ahead while the block before it updates and written back while the\n"
            "   blocks after it update, so the optimizer waits only for what is not done yet: above 1 of raw\n"
            "   means hidden; the prediction: the simulator with the array at the raw rates above)\n");
@@ -50,9 +52,11 @@ static void print_json(double link_bps, const mt_sio_rates_t *raw, const measure
     const eng_nvme_io_t *io = &ms[1].nvme;
     printf("{\"link_gbps\": %.6g, \"raw_read_bytes_per_s\": %.6g, \"raw_write_bytes_per_s\": %.6g, "
            "\"host_step_s\": %.6g, \"host_predicted_s\": %.6g, \"nvme_step_s\": %.6g, \"nvme_predicted_s\": %.6g, "
-           "\"tier_read_bytes\": %llu, \"tier_read_s\": %.6g, \"tier_write_bytes\": %llu, \"tier_write_s\": %.6g}\n",
+           "\"tier_read_bytes\": %llu, \"tier_read_s\": %.6g, \"tier_write_bytes\": %llu, \"tier_write_s\": %.6g, "
+           "\"tier_loads\": %llu, \"tier_loads_read_ahead\": %llu}\n",
            link_bps / 1e9, raw->read_q, raw->write_q, ms[0].median_s, pred[0], ms[1].median_s, pred[1],
-           (unsigned long long)io->read_bytes, io->read_s, (unsigned long long)io->write_bytes, io->write_s);
+           (unsigned long long)io->read_bytes, io->read_s, (unsigned long long)io->write_bytes, io->write_s,
+           (unsigned long long)io->loads, (unsigned long long)io->loads_read_ahead);
 }
 
 int nvme_report(const char *ckpt, const opts_t *o, double link_bps, const measure_t *keep) {

@@ -2,7 +2,8 @@
 # `moetune bench step --nvme DIR` on the CPU backend with tiny dims: the
 # report's lines (raw rates, both runs with their predictions, the tier's
 # own rates against raw), a tier that moved bytes both ways at a positive
-# rate, and nothing left in DIR; a DIR that does not exist exits 1 naming it.
+# rate, most block loads finding their state read ahead, and nothing left
+# in DIR; a DIR that does not exist exits 1 naming it.
 set -u
 bin="${1:?usage: step_nvme_test.sh MOETUNE}"
 T="${TEST_TMPDIR:-$(mktemp -d)}/nvme_step"
@@ -28,6 +29,9 @@ python3 - "$json" <<'PY' || fail=1
 import json, sys
 r = json.loads(sys.argv[1])
 assert r["tier_read_bytes"] > 0 and r["tier_write_bytes"] > 0, r
+# the backward updates blocks in descending order, each block's state read
+# ahead while the one after it updates: all but each step's first load
+assert r["tier_loads"] > 0 and 2 * r["tier_loads_read_ahead"] >= r["tier_loads"], r
 assert r["nvme_step_s"] > 0 and r["host_step_s"] > 0 and r["nvme_predicted_s"] > 0, r
 assert r["raw_read_bytes_per_s"] > 0 and r["raw_write_bytes_per_s"] > 0, r
 print("json ok")
