@@ -259,7 +259,7 @@ static void measure_keep_alone(const char *ckpt, const opts_t *o, measure_t *kee
 static bool size_link(const char *ckpt, const opts_t *o, const measure_t *keep, predictor_t *pr, double *link_bps) {
     *link_bps = o->link_gbps * 1e9;
     if (keep->ok) {
-        predictor_init(pr, ckpt, o, *link_bps > 0 ? *link_bps : 1e9, keep, keep->optim_s);
+        predictor_init(pr, ckpt, o, *link_bps > 0 ? *link_bps : 1e9, keep, keep->optim_s, false);
         if (*link_bps == 0 && pr->ok)
             *link_bps = layer_bound_link(&pr->w, keep, o->link_fraction, o->link_latency_us * 1e-6);
         pr->w.h2d_bw = pr->w.d2h_bw = *link_bps;
@@ -367,13 +367,13 @@ static void predictors_on_run(const char *ckpt, const opts_t *o, const step_repo
                               predictor_t *traffic) {
     predictor_free(pr);
     if (r->keep.ok) {
-        predictor_init(pr, ckpt, o, r->link_bps, &r->keep, r->keep.optim_s);
+        predictor_init(pr, ckpt, o, r->link_bps, &r->keep, r->keep.optim_s, false);
         pr->w.h2d_bw = pr->w.d2h_bw = r->link_bps;
         if (pr->ok && r->run_probe > 0)
             pr->cal.compute_interference = pr->w.compute_interference = r->run_probe > 1 ? r->run_probe - 1 : 0;
     }
     if (r->off_overlap.ok) {
-        predictor_init(traffic, ckpt, o, r->link_bps, &r->off_overlap, r->keep.optim_s);
+        predictor_init(traffic, ckpt, o, r->link_bps, &r->off_overlap, r->keep.optim_s, false);
         traffic->w.h2d_bw = traffic->w.d2h_bw = r->link_bps;
         traffic->w.compute_interference = 0; /* already in these compute times */
     }

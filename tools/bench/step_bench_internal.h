@@ -133,9 +133,11 @@ typedef struct {
 } predictor_t;
 
 /* `prof`: the run whose block compute times to use; `optim_s`: the measured
- * time of one whole (not overlapped) AdamW pass, to scale the model's. */
+ * time of one whole (not overlapped) AdamW pass, to scale the model's;
+ * bf16: the run computes in bf16 (its working copies, what crosses the
+ * link), as prof must have. */
 void predictor_init(predictor_t *p, const char *ckpt, const opts_t *o, double link_bps, const measure_t *prof,
-                    double optim_s);
+                    double optim_s, bool bf16);
 void predictor_free(predictor_t *p);
 /* The slowest link under which every layer's offload_all transfers fit in
  * `fraction` of its compute (see step_bench.c). */

@@ -260,7 +260,7 @@ int mfu_report(const char *ckpt, const opts_t *o) {
     }
     measure_one(ckpt, o, &plans[0], modes[0], &r.m[0]);
     /* cpu: the predictor on this machine's calibration and keep_all's profile */
-    if (!o->cuda && r.m[0].ok) predictor_init(&p, ckpt, o, 0, &r.m[0], r.m[0].optim_s);
+    if (!o->cuda && r.m[0].ok) predictor_init(&p, ckpt, o, 0, &r.m[0], r.m[0].optim_s, false);
     char budget_name[64];
     if (o->budget_gib > 0 && p.ok && budget_plan(&p, o, &plans[2])) {
         snprintf(budget_name, sizeof budget_name, "planner, %g GiB budget", o->budget_gib);

@@ -59,6 +59,20 @@ static void print_json(double link_bps, const mt_sio_rates_t *raw, const measure
            (unsigned long long)io->loads, (unsigned long long)io->loads_read_ahead);
 }
 
+/* keep_all alone, unthrottled, its optimizer after the backward, computing
+ * in `dt`: the block times and the AdamW pass a prediction scales to. */
+static measure_t keep_all_profile(const char *ckpt, const opts_t *o, mt_dtype_t dt) {
+    sched_plan_t p_keep;
+    sched_plan_init_uniform(&p_keep, o->layers + 2, SCHED_POLICY_KEEP_ALL);
+    const sched_plan_t *one[] = {&p_keep};
+    const step_mode_t no_overlap[] = {STEP_AFTER_BACKWARD};
+    double unused_ratio, unused_probe;
+    measure_t m;
+    measure_side_by_side_ex(ckpt, o, one, no_overlap, &dt, 1, 0, -1, &m, &unused_ratio, &unused_probe);
+    sched_plan_free(&p_keep);
+    return m;
+}
+
 int nvme_report(const char *ckpt, const opts_t *o, double link_bps, const measure_t *keep) {
     mt_error_t err = {0};
     mt_sio_rates_t raw;
@@ -80,9 +94,14 @@ int nvme_report(const char *ckpt, const opts_t *o, double link_bps, const measur
     measure_side_by_side_ex(ckpt, o, plans, modes, compute, 2, link_bps, -1, ms, ratio, &probe);
     const bool ok = ms[0].ok && ms[1].ok && ms[1].nvme.read_bytes > 0;
     double pred[2] = {0, 0};
-    if (ok) {
+    /* a bf16 step predicted from a keep_all step profiled in bf16 too */
+    measure_t keep16 = {0};
+    const bool bf16 = o->bf16 == 1;
+    if (ok && bf16) keep16 = keep_all_profile(ckpt, o, MT_BF16);
+    const measure_t *prof = bf16 ? &keep16 : keep;
+    if (ok && prof->ok) {
         predictor_t pr;
-        predictor_init(&pr, ckpt, o, link_bps, keep, keep->optim_s);
+        predictor_init(&pr, ckpt, o, link_bps, prof, prof->optim_s, bf16);
         pr.w.h2d_bw = pr.w.d2h_bw = link_bps;
         pr.w.nvme_read_bw = raw.read_q;
         pr.w.nvme_write_bw = raw.write_q;
@@ -93,6 +112,7 @@ int nvme_report(const char *ckpt, const opts_t *o, double link_bps, const measur
     else if (ok) print_text(o, link_bps, &raw, ms, pred);
     else if (ms[0].ok && ms[1].ok) fprintf(stderr, "bench step: --nvme: the tier moved nothing\n");
     for (int i = 0; i < 2; i++) measure_free(&ms[i]);
+    if (bf16) measure_free(&keep16);
     sched_plan_free(&p_host);
     sched_plan_free(&p_nvme);
     return ok ? 0 : 1;

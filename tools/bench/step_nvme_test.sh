@@ -36,6 +36,14 @@ assert r["nvme_step_s"] > 0 and r["host_step_s"] > 0 and r["nvme_predicted_s"] >
 assert r["raw_read_bytes_per_s"] > 0 and r["raw_write_bytes_per_s"] > 0, r
 print("json ok")
 PY
+# bf16: masters on the tier too, predicted from a keep_all step profiled in bf16
+json=$("$bin" "${args[@]}" --nvme "$T/dir" --precision-dtype bf16 --json 2>/dev/null | grep '^{' | tail -1)
+python3 - "$json" <<'PY' || fail=1
+import json, sys
+r = json.loads(sys.argv[1])
+assert r["tier_read_bytes"] > 0 and r["nvme_step_s"] > 0 and r["nvme_predicted_s"] > 0, r
+print("bf16 json ok")
+PY
 out=$("$bin" "${args[@]}" --nvme "$T/missing" 2>&1); rc=$?
 [ "$rc" = 1 ] && grep -q "$T/missing" <<<"$out" || { echo "FAIL: a missing directory: exit $rc: $out"; fail=1; }
 [ "$fail" = 0 ] && echo PASS

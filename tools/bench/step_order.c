@@ -116,7 +116,7 @@ int step_order_report(const char *ckpt, const opts_t *o, double link_bps, const 
     if (ok) {
         opts_t ok_opts = *o;
         ok_opts.accum = K;
-        predictor_init(&pr, ckpt, &ok_opts, link_bps, keep, keep->optim_s);
+        predictor_init(&pr, ckpt, &ok_opts, link_bps, keep, keep->optim_s, false);
         pr.w.h2d_bw = pr.w.d2h_bw = link_bps;
         for (int i = 0; i < NRUNS && pr.ok; i++) pred[i] = predict(&pr, &plan[i]);
         predictor_free(&pr);

@@ -11,10 +11,8 @@
 #include "scheduler/simulate.h"
 #include "tools/bench/step_bench_internal.h"
 
-/* `prof`: the run whose block compute times to use; `optim_s`: the measured
- * time of one whole (not overlapped) AdamW pass, to scale the model's. */
 void predictor_init(predictor_t *p, const char *ckpt, const opts_t *o, double link_bps, const measure_t *prof,
-                    double optim_s) {
+                    double optim_s, bool bf16) {
     memset(p, 0, sizeof *p);
     mt_error_t err = {0};
     eng_model_config_t mc;
@@ -34,9 +32,9 @@ void predictor_init(predictor_t *p, const char *ckpt, const opts_t *o, double li
     sched_calibration_t *cal = &p->cal;
     sched_program_t prog = {0};
     sched_run_shape_t shape;
-    eng_calibrate_attn_t attn; /* the CPU backend keeps fp32 working copies: the fp32 kernel */
-    eng_calibrate_attn_of(&mc, &rc, false, &attn);
-    if (eng_calibrate(&rc, &attn, NULL, cal, &err) != MT_OK || eng_program_describe(&mc, &rc, false, &prog, &shape, &err) != MT_OK ||
+    eng_calibrate_attn_t attn;
+    eng_calibrate_attn_of(&mc, &rc, bf16, &attn);
+    if (eng_calibrate(&rc, &attn, NULL, cal, &err) != MT_OK || eng_program_describe(&mc, &rc, bf16, &prog, &shape, &err) != MT_OK ||
         sched_registry_build(&prog, &shape, &p->reg, &err) != MT_OK) {
         sched_program_free(&prog);
         fprintf(stderr, "bench step: %s\n", err.msg);
