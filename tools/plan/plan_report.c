@@ -350,12 +350,13 @@ static void bound_text(const plan_ctx_t *c, char *buf, size_t cap) {
 static void tiers_text(FILE *f, const plan_ctx_t *c) {
     const sched_sim_result_t *s = &c->res.sim;
     if (c->opts.nvme) {
-        str_t budget = bytes_s(c->opts.nvme_budget);
-        if (!(c->opts.nvme_budget > 0)) snprintf(budget.s, sizeof budget.s, "no budget");
-        fprintf(f, "nvme            %s read + %s written per step, busy %.3f s (%.0f%% of the step); holds %s of %s "
+        char budget[96];
+        if (c->opts.nvme_budget > 0) snprintf(budget, sizeof budget, "of %s", bytes_s(c->opts.nvme_budget).s);
+        else snprintf(budget, sizeof budget, "with no memory.nvme.budget (training checks the directory's free space)");
+        fprintf(f, "nvme            %s read + %s written per step, busy %.3f s (%.0f%% of the step); holds %s %s "
                 "(%.1f/%.1f GB/s read/write, queue depth %d)\n",
                 bytes_s(s->nvme_read_bytes).s, bytes_s(s->nvme_write_bytes).s, s->busy[SCHED_RES_NVME],
-                s->step_time > 0 ? 100 * s->busy[SCHED_RES_NVME] / s->step_time : 0, bytes_s(s->nvme_bytes).s, budget.s,
+                s->step_time > 0 ? 100 * s->busy[SCHED_RES_NVME] / s->step_time : 0, bytes_s(s->nvme_bytes).s, budget,
                 c->w.nvme_read_bw / 1e9, c->w.nvme_write_bw / 1e9, c->hw.nvme_queue_depth);
     }
     if (c->w.base_quantized)
