@@ -246,7 +246,7 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
              * (2 cores, AVX-512): out of place 1.5-1.7x the in-place time,
              * against 2.6-3.0x for the copy and in-place update it replaces */
             c->spec_copy_bytes = 12.0 * bi->train_params;
-            c->adam_host_s += 12.0 * bi->train_params_step / host_bw;
+            c->adam_spec_host_s = 12.0 * bi->train_params_step / host_bw;
         }
         c->act_saved_bytes = bi->act_saved_bytes;
         c->act_input_bytes = bi->act_input_bytes;

@@ -69,7 +69,10 @@ typedef struct {
     double norm_device_s, norm_host_s; /* reading gradients for the global norm (clipping) */
     double spec_copy_bytes;  /* the speculative host optimizer's spare state (master, m, v: 12 B per
                                 trainable parameter in fp32, kept from step to step: the update writes
-                                there out of place); the spare's write-allocate reads are in adam_host_s */
+                                there out of place) */
+    double adam_spec_host_s; /* what a speculative (out of place) host update takes beyond adam_host_s:
+                                the spare's write-allocate reads; an update deferred past the norm runs
+                                in place */
     /* activations (device bytes) */
     double act_saved_bytes;  /* KEEP / OFFLOAD */
     double act_input_bytes;  /* RECOMPUTE keeps only this */

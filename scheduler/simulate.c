@@ -119,7 +119,7 @@ static double opt_block(sim_t *s, const sched_workload_t *w, const sched_plan_t 
     if (p->optim == SCHED_OPTIM_DEVICE) return opt_run(s, SCHED_RES_COMPUTE, SCHED_TASK_ADAM, b, t, c->adam_device_s);
     if (!adam_done[b] && !opts_in_step(opts) && p->grads == SCHED_GRADS_HOST && !resident) {
         s->off_step = true;
-        deferred_end[b] = sim_host_adam(s, c, p, b, t, NULL);
+        deferred_end[b] = sim_host_adam(s, c, p, b, t, false, NULL);
         s->off_step = false;
         if (b <= plan->prefetch_window) {
             s->waited[SCHED_RES_HOST] += deferred_end[b] > t ? deferred_end[b] - t : 0;
@@ -132,7 +132,7 @@ static double opt_block(sim_t *s, const sched_workload_t *w, const sched_plan_t 
             t = opt_copy(s, false, SCHED_TASK_GRAD_D2H, b, t, c->grad_step_bytes, c->grad_step_copies,
                          sched_block_pinned_grads(p) ? 0 : c->grad_step_bytes);
         double start;
-        const double end = sim_host_adam(s, c, p, b, t, &start);
+        const double end = sim_host_adam(s, c, p, b, t, false, &start);
         s->waited[SCHED_RES_NVME] += start - t; /* the state's read (0 without NVMe) */
         s->waited[SCHED_RES_HOST] += end - start;
         t = end;
@@ -258,6 +258,9 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     s.first_fwd = malloc((size_t)N * sizeof *s.first_fwd);
     MT_CHECK_ALLOC(s.first_fwd, "simulator block starts");
     for (int b = 0; b < N; b++) s.first_fwd[b] = -1;
+    s.take_back = !opts_in_step(opts) && sim_may_take_back(plan);
+    s.overlap = malloc((size_t)N * sizeof *s.overlap);
+    MT_CHECK_ALLOC(s.overlap, "simulator overlapped updates");
     double *deferred_end = calloc((size_t)N, sizeof *deferred_end); /* 0: not deferred */
     MT_CHECK_ALLOC(deferred_end, "simulator deferred updates");
     bool *adam_done = calloc((size_t)N, sizeof *adam_done);
@@ -267,6 +270,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     const bool overlap = !sched_waits_for_norm(w, plan) && w->has_trainable;
     const double last_compute_end = plan->layer_major ? sim_layer_major(&s, w, plan, overlap, adam_done, out)
                                                       : sim_micro_batch_major(&s, w, plan, overlap, adam_done, out);
+    sim_settle_overlapped(&s, w, plan, adam_done);
     const double t = sim_optimizer_step(&s, w, plan, opts, last_compute_end, adam_done, deferred_end);
     out->step_time = s.end_max > t ? s.end_max : t;
     add_deferred_stall(&s, w, plan, deferred_end, out);
@@ -274,6 +278,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     free(adam_done);
     free(deferred_end);
     free(s.first_fwd);
+    free(s.overlap);
     return MT_OK;
 }
 

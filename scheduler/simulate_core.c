@@ -169,7 +169,7 @@ bool sim_grads_transient(const sched_workload_t *w, const sched_plan_t *plan, co
  * weights' home there, the updated working copy written too.  Returns the
  * AdamW's end, its start in *start_out. */
 double sim_host_adam(sim_t *s, const sched_block_cost_t *c, const sched_block_plan_t *p, int b, double ready,
-                     double *start_out) {
+                     bool speculative, double *start_out) {
     const bool state = sched_block_nvme_optim(p) && c->optim_bytes > 0;
     const double wb = sched_block_nvme_weights(p) ? c->w_update_bytes : 0;
     double t = ready;
@@ -180,7 +180,8 @@ double sim_host_adam(sim_t *s, const sched_block_cost_t *c, const sched_block_pl
         if (r > t) t = r;
     }
     double start;
-    const double end = sim_run(s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, t, c->adam_host_s, 0, &start);
+    const double dur = c->adam_host_s + (speculative ? c->adam_spec_host_s : 0);
+    const double end = sim_run(s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, t, dur, 0, &start);
     if (state || wb > 0) {
         const double out = (state ? c->optim_bytes : 0) + wb;
         const double we = sim_nvme_io(s, false, b, -1, end, out, NULL);
@@ -191,17 +192,45 @@ double sim_host_adam(sim_t *s, const sched_block_cost_t *c, const sched_block_pl
     return end;
 }
 
-/* host_adam after a block's gradients reached the host during the
- * backward; a transient gradient buffer goes with the update. */
-void sim_overlapped_adam(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double d2h_start,
-                         double ready) {
+/* Block b's overlapped update from `ready`, on the host worker; a
+ * transient gradient buffer goes with it where the block has one. */
+static void run_overlapped(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double d2h_start,
+                           double ready) {
     const sched_block_plan_t *p = &plan->blocks[b];
     const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
-    const double end = sim_host_adam(s, c, p, b, ready, NULL);
+    const double end = sim_host_adam(s, c, p, b, ready, w->speculative, NULL);
     if (sim_grads_transient(w, plan, p)) {
         sim_mem(s, SCHED_MEM_HOST, d2h_start, c->grad_bytes);
         sim_mem(s, SCHED_MEM_HOST, end, -c->grad_bytes);
     }
+}
+
+void sim_overlapped_adam(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double d2h_start,
+                         double ready) {
+    if (s->take_back) s->overlap[s->noverlap++] = (sim_overlap_t){b, d2h_start, ready};
+    else run_overlapped(s, w, plan, b, d2h_start, ready);
+}
+
+bool sim_may_take_back(const sched_plan_t *plan) {
+    for (int b = 0; b < plan->num_blocks; b++)
+        if (sched_block_nvme_optim(&plan->blocks[b]) || sched_block_nvme_weights(&plan->blocks[b])) return false;
+    return true;
+}
+
+void sim_settle_overlapped(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, bool *adam_done) {
+    double drained = 0; /* every copy and compute of the walk done */
+    for (int r = 0; r < SCHED_RES_COUNT; r++)
+        if (r != SCHED_RES_HOST && s->free_at[r] > drained) drained = s->free_at[r];
+    for (int k = 0; k < s->noverlap; k++) {
+        const sim_overlap_t *o = &s->overlap[k];
+        const sched_block_plan_t *p = &plan->blocks[o->b];
+        const double start = o->ready > s->free_at[SCHED_RES_HOST] ? o->ready : s->free_at[SCHED_RES_HOST];
+        const bool deferrable = p->optim == SCHED_OPTIM_HOST && p->grads == SCHED_GRADS_HOST &&
+                                p->weights == SCHED_WEIGHTS_STREAM; /* optim_step.c's defer_block */
+        if (deferrable && start >= drained) adam_done[o->b] = false;
+        else run_overlapped(s, w, plan, o->b, o->d2h_start, o->ready);
+    }
+    s->noverlap = 0;
 }
 
 

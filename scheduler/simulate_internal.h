@@ -16,6 +16,13 @@ typedef struct {
     double t, d;
 } ev_t;
 
+/* A host update the walk asked to overlap with the backward, when the
+ * block's gradients landed (sim_overlapped_adam, sim_settle_overlapped). */
+typedef struct {
+    int b;
+    double d2h_start, ready;
+} sim_overlap_t;
+
 /* One simulated step: each resource's free time and totals, the memory
  * events per kind, and (when asked for) the tasks in issue order. */
 typedef struct {
@@ -35,6 +42,9 @@ typedef struct {
     double peer_bytes; /* expert parallel rows sent to the other device */
     double nvme_read_bytes, nvme_write_bytes;
     double *first_fwd; /* per block: its first forward's start (-1 before it) */
+    bool take_back;         /* overlapped updates are noted, for sim_settle_overlapped */
+    sim_overlap_t *overlap; /* the walk's overlapped updates, in order (one per block at most) */
+    int noverlap;
 } sim_t;
 
 /* A memory event of kind m (d == 0: none). */
@@ -87,15 +97,33 @@ bool sim_grads_transient(const sched_workload_t *w, const sched_plan_t *plan, co
 
 /* Block b's host AdamW once `ready`: with its state on NVMe, read in first
  * (held in host memory until written back after the update); with its
- * weights' home there, the updated working copy written too.  Returns the
- * AdamW's end, its start in *start_out. */
+ * weights' home there, the updated working copy written too; speculative:
+ * out of place (adam_spec_host_s more).  Returns the AdamW's end, its
+ * start in *start_out. */
 double sim_host_adam(sim_t *s, const sched_block_cost_t *c, const sched_block_plan_t *p, int b, double ready,
-                     double *start_out);
+                     bool speculative, double *start_out);
 
-/* host_adam after a block's gradients reached the host during the
- * backward; a transient gradient buffer goes with the update. */
+/* Block b's host update once its gradients reached the host during the
+ * backward (ready), their copy having started at d2h_start: run on the
+ * host worker, a transient gradient buffer with it where the block has
+ * one (sim_grads_transient); with take_back, noted for
+ * sim_settle_overlapped instead. */
 void sim_overlapped_adam(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double d2h_start,
                          double ready);
+
+/* Whether the executor takes back overlapped updates under this plan:
+ * not with anything on the NVMe tier (engine/exec/optim_step.c). */
+bool sim_may_take_back(const sched_plan_t *plan);
+
+/* Once the walk's copies and compute are done, the executor's optimizer
+ * step takes back the overlapped updates that have not started (the host
+ * worker has not reached them) of blocks that can update into the next
+ * step (optim_step.c's defer_block): their adam_done goes back to false and
+ * sim_optimizer_step defers them.  The others run on the host in the order
+ * asked.  The host worker's work is only AdamW (no NVMe traffic without
+ * the tier), so running the noted updates here, after the walk, gives the
+ * times running them as they were asked would. */
+void sim_settle_overlapped(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, bool *adam_done);
 
 /* Sorts n events by time, frees before takes at equal times (a stream
  * frees before it allocates again). */

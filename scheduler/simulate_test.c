@@ -564,12 +564,75 @@ static void test_pack_unpack(void) {
     sched_workload_free(&w);
 }
 
+/* Overlapped host updates the worker has not started when the backward's
+ * copies are done are taken back and deferred into the next step
+ * (sim_settle_overlapped): six streamed blocks, no clipping, AdamW (3 s)
+ * slower than a block's backward (1 s).  The step ends sooner than with
+ * every update inside it; the updates that ran before the norm are those
+ * that had started before the last gradient copy ended, the rest run
+ * after it, in block order. */
+static void test_take_back(void) {
+    enum { N = 6 };
+    sched_workload_t w;
+    sched_workload_init(&w, N);
+    w.h2d_bw = w.d2h_bw = 1.0;
+    w.has_trainable = true;
+    for (int b = 0; b < N; b++) {
+        sched_block_cost_t *c = &w.blocks[b];
+        c->fwd_s = c->bwd_s = c->recompute_s = 1;
+        c->grad_mb_bytes = c->grad_step_bytes = 1; /* 1 s D2H */
+        c->grad_bytes = 1;
+        c->optim_bytes = 3;
+        c->adam_host_s = 3;
+        c->norm_host_s = 0.25;
+    }
+    sched_plan_t p;
+    sched_plan_init_uniform(&p, N, SCHED_POLICY_OFFLOAD_ALL); /* streamed, grads and optimizer on the host */
+    p.prefetch_window = 1;
+    sched_sim_result_t r;
+    mt_error_t err = {0};
+    sched_sim_opts_t in_step = {.updates_in_step = true, .tasks = true};
+    EXPECT(sched_simulate(&w, &p, &in_step, &r, &err) == MT_OK, "%s", err.msg);
+    const double all_in_step = r.step_time;
+    sched_sim_result_free(&r);
+    const double t = step(&w, &p, &r);
+    double norm_start = -1, last_copy = 0;
+    for (int i = 0; i < r.num_tasks; i++) {
+        if (r.tasks[i].kind == SCHED_TASK_NORM) norm_start = r.tasks[i].start;
+        if (r.tasks[i].kind == SCHED_TASK_GRAD_D2H && r.tasks[i].end > last_copy) last_copy = r.tasks[i].end;
+    }
+    int before = 0, after = 0, prev_after = -1;
+    bool order = true;
+    for (int i = 0; i < r.num_tasks; i++) {
+        const sched_task_t *k = &r.tasks[i];
+        if (k->kind != SCHED_TASK_ADAM) continue;
+        if (k->start < norm_start) {
+            before++;
+            EXPECT(k->start < last_copy, "block %d's overlapped update started at %g, after the copies (%g)",
+                   k->block, k->start, last_copy);
+        } else {
+            after++;
+            order &= k->block > prev_after;
+            prev_after = k->block;
+        }
+    }
+    EXPECT(before >= 1 && after >= 1 && before + after == N && order,
+           "%d updates overlapped, %d taken back (in block order: %d)", before, after, order);
+    EXPECT(t < all_in_step - 1, "taken back: %g s, every update in the step: %g s", t, all_in_step);
+    printf("take back: %d of %d updates deferred into the next step: %g s, %g s with every update in the step\n",
+           after, N, t, all_in_step);
+    sched_sim_result_free(&r);
+    sched_plan_free(&p);
+    sched_workload_free(&w);
+}
+
 int main(void) {
     test_overlap();
     test_pack_unpack();
     test_memory();
     test_interference();
     test_host_optimizer();
+    test_take_back();
     test_step_boundary();
     test_grad_accumulation();
     test_many_micro_batches();

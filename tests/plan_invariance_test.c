@@ -17,6 +17,7 @@
 #include "engine/model/io/init_random.h"
 #include "engine/data/data.h"
 #include "engine/exec/exec.h"
+#include "engine/exec/exec_testing.h"
 #include "engine/model/model.h"
 #include "engine/exec/optim.h"
 #include "tests/harness.h"
@@ -30,6 +31,7 @@ typedef struct {
     th_result_t th; /* losses, gradient norms, final weights */
     size_t peak_device, weight_bytes;
     int overlapped; /* parameter updates that ran during backward */
+    int taken_back; /* blocks whose overlapped update was taken back and deferred */
     int work_pinned;             /* of the working copies below, those in pinned memory (pinned_home) */
     int work_copies, work_stale; /* trained weights with a host bf16 working copy, and those that are not
                                   * their master rounded to nearest even after the last step */
@@ -52,8 +54,10 @@ static void check_work_copies(const eng_model_t *m, run_result_t *out) {
     }
 }
 
-/* overlap >= 0: run without clipping, with (1) or without (0) the host
- * optimizer overlapping backward. */
+/* overlap >= 0: run without clipping, with the host optimizer overlapping
+ * backward (1: every update within the step; 2: the worker held, so the
+ * optimizer step takes every update back and defers it into the next
+ * step) or not (0). */
 static void run_plan_ex(const char *dir, const char *base_model, const sched_plan_t *plan, size_t budget,
                         int overlap, run_result_t *out) {
     memset(out, 0, sizeof *out);
@@ -78,12 +82,14 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
     eng_loader_t ld;
     eng_loader_init(&ld, &ds, rc.micro_batch_size, rc.shuffle, rc.seed);
     kern_device_reset_peaks(dev);
+    if (overlap == 1) eng_exec_finish_updates_in_step(x);
+    if (overlap == 2) eng_exec_hold_overlapped_updates(x, true);
     out->th.ok = true;
     for (int step = 0; step < STEPS && out->th.ok; step++) {
         const int accum = rc.gradient_accumulation_steps;
         eng_optim_hparams_t hp = th_hparams(&rc);
         if (overlap >= 0) hp.max_grad_norm = 0.0;
-        eng_optim_begin_step(x, &hp, accum, overlap == 1);
+        eng_optim_begin_step(x, &hp, accum, overlap >= 1);
         double loss = 0;
         for (int mb = 0; mb < accum; mb++) {
             eng_batch_t b;
@@ -104,6 +110,7 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
         out->th.loss[step] = loss;
         out->th.norm[step] = os.grad_norm;
         out->overlapped += os.updated_during_backward;
+        out->taken_back += os.taken_back;
     }
     out->peak_device = kern_device_stats(dev).device_peak;
     eng_exec_drain(x); /* the last step's deferred updates may still be writing masters and copies */
@@ -179,16 +186,22 @@ static void check_case(const char *dir) {
              "keep_all (device AdamW) has %d", ro.work_stale, ro.work_copies, rx.work_stale, rx.work_copies,
              rk.work_copies);
     /* host AdamW overlapping backward (no clipping) == after backward */
-    run_result_t r0, r1;
+    run_result_t r0, r1, r2;
     run_plan_ex(dir, NULL, &off, 0, 0, &r0);
     run_plan_ex(dir, NULL, &off, 0, 1, &r1);
+    run_plan_ex(dir, NULL, &off, 0, 2, &r2);
     compare("offload_all with vs without the overlapped host optimizer", &r0, &r1, dir);
-    TH_CHECK(r0.overlapped == 0 && r1.overlapped > 0, "overlap: %d / %d updates ran during backward",
-             r0.overlapped, r1.overlapped);
-    fprintf(stderr, "   overlapped host AdamW: %d parameter updates ran during backward, results identical\n",
-            r1.overlapped);
+    compare("offload_all with the overlapped updates taken back and deferred", &r0, &r2, dir);
+    TH_CHECK(r0.overlapped == 0 && r1.overlapped > 0 && r1.taken_back == 0,
+             "overlap: %d / %d updates ran during backward, %d blocks taken back", r0.overlapped, r1.overlapped,
+             r1.taken_back);
+    TH_CHECK(r2.overlapped == 0 && r2.taken_back >= STEPS * (off.num_blocks - 1),
+             "held: %d updates ran during backward, %d blocks taken back", r2.overlapped, r2.taken_back);
+    fprintf(stderr, "   overlapped host AdamW: %d parameter updates ran during backward; %d blocks' taken back and "
+            "deferred when not started; results identical\n", r1.overlapped, r2.taken_back);
     th_result_free(&r0.th);
     th_result_free(&r1.th);
+    th_result_free(&r2.th);
     fprintf(stderr, "   losses %.9g %.9g %.9g; peak device bytes keep_all %zu, offload_all %zu, min_memory %zu\n",
             rk.th.loss[0], rk.th.loss[1], rk.th.loss[2], rk.peak_device, ro.peak_device, rm.peak_device);
     TH_CHECK(rm.peak_device < rk.peak_device, "min_memory should need less device memory than keep_all");

@@ -18,6 +18,8 @@ typedef struct {
     double clip_scale;    /* the factor applied (1 when not clipped) */
     int updated, skipped; /* parameters updated / without gradient */
     int updated_during_backward; /* host AdamW runs that overlapped the backward pass (and stood) */
+    int taken_back;       /* blocks whose overlapped update had not started when the backward ended:
+                             deferred into the next step instead */
     bool speculative;     /* the overlapped host AdamW ran before the clipping factor was known */
     bool speculation_undone; /* ... and the norm clipped (or was not finite): it was undone and redone */
     double optim_wall_s;  /* time eng_optim_step took (the optimizer's share on the critical path) */
@@ -32,7 +34,10 @@ typedef struct {
  * the blocks below.  With clipping (max_grad_norm > 0) the factor needs the
  * global norm, known only when backward ends: then the updates overlap only
  * when hp->speculative, each saved first and undone when the norm clips
- * (engine/optim/speculate.h).  Results are bit-identical either way.
+ * (engine/optim/speculate.h).  Updates the host has not started when the
+ * backward ends are taken back and run into the next step (as deferred
+ * ones do: only that block's next fetch waits for its update).  Results
+ * are bit-identical either way.
  * Optional: without it every update happens in eng_optim_step. */
 void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micro_batches,
                           bool overlap);

@@ -305,6 +305,27 @@ static bool defer_block(eng_exec_t *x, int b, const eng_optim_hparams_t *hp, con
     return true;
 }
 
+/* The overlapped updates the host worker has not reached by the time the
+ * backward is done, of blocks whose update can run into the next step
+ * (defer_block's; none with the NVMe tier, whose reads and writes the
+ * simulator orders with the walk's): taken back, to be deferred below
+ * with the norm known, so they overlap the next step's forward instead of
+ * holding up this step's end; a speculative one then runs in place with
+ * the real clipping factor, as without speculation.  The simulator does
+ * the same (sim_settle_overlapped).  Returns how many. */
+static int take_back_unstarted(eng_exec_t *x) {
+    if (!x->prog.overlap || x->prog.finish_updates_in_step || x->hopt.nvme) return 0;
+    bool *take = calloc((size_t)x->nb, sizeof *take);
+    MT_CHECK_ALLOC(take, "optimizer block flags");
+    for (int b = 0; b < x->nb; b++) {
+        const sched_block_plan_t *bp = &x->plan.blocks[b];
+        take[b] = bp->optim == SCHED_OPTIM_HOST && bp->grads == SCHED_GRADS_HOST && bp->weights == SCHED_WEIGHTS_STREAM;
+    }
+    const int n = exec_host_optim_take_back(&x->hopt, take);
+    free(take);
+    return n;
+}
+
 /* Host AdamW reads device-accumulated gradients from host memory: block
  * b's, in one batch through items. */
 static mt_status_t read_device_grads(eng_exec_t *x, int b, moe_staging_xfer_t *items, mt_error_t *err) {
@@ -549,8 +570,12 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
                            mt_error_t *err) {
     const double t0 = mt_now_s();
     memset(out, 0, sizeof *out);
-    eng_exec_drain(x); /* every gradient has landed */
-    exec_host_optim_wait(&x->hopt);
+    /* every gradient has landed, and with it every overlapped update is
+     * queued (from the D2H stream); those not started are taken back before
+     * the drain waits for the rest */
+    kern_device_sync(x->dev);
+    out->taken_back = take_back_unstarted(x);
+    eng_exec_drain(x);
     if (deferred_check(x, out, err) != MT_OK) {
         x->prog.overlap = false;
         x->micro_left = 0;

@@ -179,7 +179,8 @@ static void *worker_main(void *arg) {
     MT_CHECK_ALLOC(idx, "host optimizer parameter list");                                   /* prefetch_next's */
     pthread_mutex_lock(&h->lock);
     for (;;) {
-        while (!h->stop && h->head == h->tail) pthread_cond_wait(&h->cond, &h->lock);
+        while (!h->stop && (h->head == h->tail || (h->hold && !h->queue[h->head].deferred)))
+            pthread_cond_wait(&h->cond, &h->lock);
         if (h->head == h->tail) break; /* stopping, queue empty */
         const exec_host_job_t job = h->queue[h->head];
         const int b = job.block;
@@ -270,6 +271,37 @@ void exec_host_optim_wait(exec_host_optim_t *h) {
     pthread_mutex_lock(&h->lock);
     while (h->outstanding > 0) pthread_cond_wait(&h->cond, &h->lock);
     pthread_mutex_unlock(&h->lock);
+}
+
+void exec_host_optim_hold(exec_host_optim_t *h, bool hold) {
+    if (!h->started) {
+        h->hold = hold;
+        return;
+    }
+    pthread_mutex_lock(&h->lock);
+    h->hold = hold;
+    pthread_cond_broadcast(&h->cond);
+    pthread_mutex_unlock(&h->lock);
+}
+
+int exec_host_optim_take_back(exec_host_optim_t *h, const bool *take) {
+    if (!h->started) return 0;
+    pthread_mutex_lock(&h->lock);
+    int kept = h->head, n = 0;
+    for (int k = h->head; k != h->tail; k = (k + 1) % h->cap) {
+        const exec_host_job_t job = h->queue[k];
+        if (!job.deferred && take[job.block]) {
+            n++;
+            continue;
+        }
+        h->queue[kept] = job;
+        kept = (kept + 1) % h->cap;
+    }
+    h->tail = kept;
+    h->outstanding -= n;
+    pthread_cond_broadcast(&h->cond);
+    pthread_mutex_unlock(&h->lock);
+    return n;
 }
 
 void exec_host_optim_defer(exec_host_optim_t *h, int b, const eng_optim_hparams_t *hp,

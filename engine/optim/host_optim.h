@@ -47,6 +47,7 @@ typedef struct {
     int *block_pending;          /* per block: deferred updates queued or running */
     int outstanding;             /* queued or running */
     bool stop, started;
+    bool hold;                   /* tests' (exec_host_optim_hold): no overlapped job starts */
     eng_optim_hparams_t hp;      /* the overlapped step's hyper-parameters (no clipping) */
     bool *done;                  /* per parameter: updated during backward this step */
     bool step_idle_experts;      /* this step's idle routed experts get a zero gradient (hparams.h) */
@@ -90,6 +91,15 @@ void exec_host_optim_start(exec_host_optim_t *h, const eng_optim_hparams_t *hp);
 void exec_host_optim_enqueue(exec_host_optim_t *h, int b);
 /* Waits until every queued update has run (no-op without a worker). */
 void exec_host_optim_wait(exec_host_optim_t *h);
+/* Takes the queued overlapped updates (exec_host_optim_enqueue) of the
+ * blocks `take` marks back out of the queue: the worker has not started
+ * them; nothing of theirs has run.  Returns how many. */
+int exec_host_optim_take_back(exec_host_optim_t *h, const bool *take);
+/* For tests, to take every overlapped update back deterministically rather
+ * than by timing: while held, the worker starts no overlapped job (deferred
+ * ones run); the caller must take them back, or release the hold, before
+ * waiting for them. */
+void exec_host_optim_hold(exec_host_optim_t *h, bool hold);
 
 /* The optimizer step's own update of block b (its gradients already in
  * host memory, the norm known: base carries the clipping), run by the

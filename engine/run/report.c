@@ -102,6 +102,8 @@ void eng_reporter_step(eng_reporter_t *r, const eng_step_report_t *s, bool log_l
             }
         }
         if (s->speculation) json_object_set_new(o, "optimizer_speculation", json_string(s->speculation));
+        if (s->updates_taken_back > 0)
+            json_object_set_new(o, "host_updates_taken_back", json_integer(s->updates_taken_back));
         char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
         fprintf(r->metrics, "%s\n", line);
         fflush(r->metrics);

@@ -39,6 +39,7 @@ typedef struct {
     uint64_t input_d2h_bytes, input_h2d_bytes; /* layer-major block inputs offloaded / fetched back this step */
     uint64_t grad_d2h_bytes;           /* gradient bytes device -> host this step */
     const char *speculation;           /* the speculative host AdamW: "kept", "redone", or NULL (none ran) */
+    int updates_taken_back;            /* blocks whose overlapped host update was deferred into the next step */
     double staging_wait_s;             /* time transfers waited for pinned space */
     size_t staging_peak_in_use_bytes;  /* of the peak_pinned_bytes reserved */
 } eng_step_report_t;

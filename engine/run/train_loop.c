@@ -148,7 +148,8 @@ static void report_step(eng_run_t *run, int step, const eng_optim_hparams_t *hp,
         .staging_peak_in_use_bytes = ss.peak_in_use, .weight_h2d_bytes = xc.weight_h2d_bytes,
         .grad_d2h_bytes = xc.grad_d2h_bytes, .input_d2h_bytes = xc.inputs_d2h_bytes,
         .input_h2d_bytes = xc.inputs_h2d_bytes,
-        .speculation = !os->speculative ? NULL : os->speculation_undone ? "redone" : "kept"};
+        .speculation = !os->speculative ? NULL : os->speculation_undone ? "redone" : "kept",
+        .updates_taken_back = os->taken_back};
     const bool log_line = (step + 1) % (rc->logging_steps > 0 ? rc->logging_steps : 1) == 0 ||
                           step + 1 == total || step == 0;
     eng_reporter_step(&run->rep, &r, log_line);
