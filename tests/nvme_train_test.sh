@@ -13,6 +13,13 @@
 #      a corrupted working copy named); with host memory to spare the
 #      plan leaves the tier unused; a profile without an nvme: section gets
 #      the directory measured;
+#   1b. LoRA with a host budget below the frozen base: the base's homes go
+#      to the tier (base.bin) and every fetch reads them from there, in
+#      bf16, in fp32 and with an NF4-quantised base (QLoRA): per-step
+#      losses, the saved adapter, checkpoint-7's optimizer state and the
+#      merged model (merge_lora, which reads the base from the tier) the
+#      same bytes as the run in host memory; resumed across the tier; a
+#      corrupted base home named;
 #   2. stopped at a checkpoint and resumed with the tier = the uninterrupted
 #      run; its checkpoint also resumes without the tier (the state is
 #      plan-free);
@@ -21,9 +28,9 @@
 #      uninterrupted run;
 #   4. random blocks written into the store file under a running run stop
 #      it with an error naming the file and offset;
-#   5. refusals naming the key and what to do: LoRA, an NVMe budget the
-#      plan or the store cannot fit in (the directory and both sizes), a
-#      directory that does not exist.
+#   5. refusals naming the key and what to do: several devices, an NVMe
+#      budget the plan or the store cannot fit in (the directory and both
+#      sizes), a directory that does not exist.
 set -u
 . "$(dirname "$0")/test_lib.sh"
 MOETUNE="$1"; DIGEST="$2"; HW="$3"
@@ -166,6 +173,69 @@ else
 fi
 rm -rf nvd/moetune-*
 
+# --- 1b. LoRA: the frozen base's homes on the tier ------------------------------------------
+# the bf16 base's homes are 160 KiB of the LoRA plan's 394 KiB of host
+# memory; at 250 KiB both layers' homes go to NVMe (fp32: 244 of 482 KiB,
+# at 300 KiB; NF4: at 200 KiB)
+LORA="--set adapter=lora --set lora_target_linear=true --set merge_lora=true"
+# same_lora NAME REF RES: every logged loss, the saved adapter's tensors, and
+# the merged model's tensors and digest
+same_lora() {
+  local name="$1" ref="$2" res="$3"
+  losses "$ref" > "$L/$name.ref"
+  awk '/"run_start"/{n=NR} {l[NR]=$0} END{for(i=n+1;i<=NR;i++) print l[i]}' "$res/metrics.jsonl" \
+    | grep -o '"step":[0-9]*,"loss":[-0-9.e]*' > "$L/$name.res"
+  [ -s "$L/$name.res" ] || { fail "$name: no step logged"; return 1; }
+  grep -qvxFf "$L/$name.ref" "$L/$name.res" && { fail "$name: losses differ:"; grep -vxFf "$L/$name.ref" "$L/$name.res" | head -3; return 1; }
+  [ "$(tail -n1 "$L/$name.res")" = "$(tail -n1 "$L/$name.ref")" ] || { fail "$name: did not reach the last step"; return 1; }
+  [ "$(body "$ref/adapter_model.safetensors")" = "$(body "$res/adapter_model.safetensors")" ] \
+    || { fail "$name: the saved adapters differ"; return 1; }
+  [ "$(tensor_bytes "$ref/merged")" = "$(tensor_bytes "$res/merged")" ] || { fail "$name: merged tensor bytes differ"; return 1; }
+  [ "$("$DIGEST" "$ref/merged")" = "$("$DIGEST" "$res/merged")" ] || { fail "$name: the merged models' digests differ"; return 1; }
+  return 0
+}
+# lora_pair NAME HOST ARGS...: the LoRA run in host memory and with the tier
+# at HOST, the base's homes on NVMe (the summary line counts them), compared
+lora_pair() {
+  local name="$1" host="$2"; shift 2
+  # shellcheck disable=SC2086
+  timeout 60 "$MOETUNE" train run.yaml --set output_dir="lref_$name" $ckpt $LORA "$@" >"$L/lref_$name.out" 2>&1 \
+    || { fail "the $name LoRA run in host memory failed"; cat "$L/lref_$name.out"; return 1; }
+  # shellcheck disable=SC2086
+  timeout 60 "$MOETUNE" train run.yaml --set output_dir="lnv_$name" $ckpt $LORA "$@" --set memory.nvme.path=nvd \
+    --set memory.host="$host" >"$L/lnv_$name.out" 2>&1 \
+    || { fail "the $name LoRA run with the tier failed"; cat "$L/lnv_$name.out"; return 1; }
+  if grep -qE "NVMe tier: AdamW state of [0-9]+ parameters .*; frozen base weights of [1-9][0-9]*\) in nvd/" "$L/lnv_$name.out" \
+    && grep -qE "[1-9] their weights' home" "$L/lnv_$name.out"; then
+    ok "$name LoRA with $host of host memory: $(grep -o 'frozen base weights of [0-9]*' "$L/lnv_$name.out") on NVMe"
+  else
+    fail "$name LoRA: no frozen base on the NVMe tier"; grep NVMe "$L/lnv_$name.out"; return 1
+  fi
+  same_lora "lora_$name" "lref_$name" "lnv_$name" \
+    && ok "$name LoRA, base read from the tier = in host memory (losses, adapter, merged model)"
+  [ "$(body "lref_$name/checkpoint-7/optimizer.safetensors")" = "$(body "lnv_$name/checkpoint-7/optimizer.safetensors")" ] \
+    && ok "$name LoRA checkpoint-7's optimizer.safetensors is the same bytes" \
+    || fail "$name LoRA checkpoint-7's optimizer state differs"
+  empty_store "the $name LoRA run"
+}
+lora_pair bf16 250KiB --set bf16=true
+# shellcheck disable=SC2086
+timeout 60 "$MOETUNE" train run.yaml --set output_dir=lres_bf16 $LORA --set bf16=true --set memory.nvme.path=nvd \
+  --set memory.host=250KiB --set resume_from_checkpoint=lnv_bf16/checkpoint-7 >"$L/lres_bf16.out" 2>&1 \
+  || { fail "the resumed LoRA run with the tier failed"; cat "$L/lres_bf16.out"; }
+same_lora lora_resume lref_bf16 lres_bf16 && ok "LoRA resumed at step 7 with the base on the tier = uninterrupted"
+lora_pair fp32 300KiB
+lora_pair nf4 200KiB --set bf16=true --set load_in_4bit=true
+# random blocks written into the base's file: the fetch's read names it
+# shellcheck disable=SC2086
+run_corrupting corruptl base.bin 2 1 $LORA --set bf16=true --set memory.nvme.path=nvd --set memory.host=250KiB
+if [ $rc = 1 ] && grep -qE "nvd/moetune-[0-9a-f]{16}/base.bin: the extent at offset [0-9]+ " "$L/corruptl.out"; then
+  ok "a corrupted base file stops the run naming it: $(grep -o 'base.bin: the extent at offset [0-9]* [^:]*' "$L/corruptl.out" | head -n1)"
+else
+  fail "corrupted base file: exit $rc, $(tail -n1 "$L/corruptl.out")"
+fi
+rm -rf nvd/moetune-*
+
 # host memory to spare: the plan keeps everything there
 timeout 60 "$MOETUNE" train run.yaml --set output_dir=spare --set memory.nvme.path=nvd >"$L/spare.out" 2>&1 \
   || { fail "the run with host memory to spare failed"; cat "$L/spare.out"; }
@@ -244,7 +314,7 @@ expect_refusal() { # NAME WANT... -- ARGS
   [ $bad = 0 ] && ok "$name refused: $(grep -m1 error "$L/$name.out" | cut -c1-150)"
 }
 # shellcheck disable=SC2086
-expect_refusal lora "memory.nvme.path nvd" "LoRA" "remove memory.nvme" -- $NV --set adapter=lora --set lora_target_linear=true
+expect_refusal devices "memory.nvme.path nvd" "several devices" "remove memory.nvme" -- $NV --set devices=2
 # shellcheck disable=SC2086
 expect_refusal plan_budget "host memory is short" "with optimizer state on NVMe it does not fit either" -- $NV --set memory.nvme.budget=8KiB
 # shellcheck disable=SC2086

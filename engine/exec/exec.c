@@ -367,34 +367,89 @@ static void exec_destroy(eng_exec_t *x) {
 
 bool eng_exec_param_has_grad(const eng_exec_t *x, int i) { return x->dp[i].has_grad; }
 
-void eng_exec_read_param(eng_exec_t *x, int i, float *host, bool gradient) {
-    eng_model_t *m = x->model;
-    eng_exec_drain(x);
-    const eng_param_t *p = &m->params[i];
+/* Parameter i's accumulated gradient, wherever the plan keeps it. */
+static void read_gradient(eng_exec_t *x, int i, float *host) {
+    const eng_param_t *p = &x->model->params[i];
     eng_dparam_t *d = &x->dp[i];
-    const size_t bytes = exec_f32_bytes(p);
+    const bool on_device = exec_block_plan(&x->env, p->block)->grads == SCHED_GRADS_DEVICE;
     kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
-    const void *src_host = gradient ? d->host_g : p->host_w;
-    const void *src_dev = gradient ? d->g_acc : exec_dev_master(p, d);
-    if (gradient && exec_block_plan(&x->env, p->block)->grads == SCHED_GRADS_DEVICE) src_host = NULL;
-    if (!gradient && eng_optim_nvme_holds_master(x->hopt.nvme, i)) {
-        /* a save checks every extent it reads first (eng_exec_check_optim_state): failing here is a broken disk */
-        mt_error_t err = {0};
-        MT_CHECK(eng_optim_nvme_load(x->hopt.nvme, m, i, &err) == MT_OK, "%s", err.msg);
-        memcpy(host, p->host_w, bytes);
-        eng_optim_nvme_unload(x->hopt.nvme, m, i, false, NULL);
-    } else if (!gradient && p->home_q) {
-        mt_dequant(&p->home_q->view, host, MT_F32);
-    } else if (!gradient && p->home_bf16) {
-        mt_convert_to_f32(host, p->home_bf16, MT_BF16, p->spec->numel);
-    } else if (src_host) {
-        memcpy(host, src_host, bytes);
-    } else if (src_dev) {
-        kern_memcpy_d2h(x->dev, s, host, src_dev, bytes);
+    if (d->host_g && !on_device) {
+        memcpy(host, d->host_g, exec_f32_bytes(p));
+    } else if (d->g_acc) {
+        kern_memcpy_d2h(x->dev, s, host, d->g_acc, exec_f32_bytes(p));
         kern_stream_sync(x->dev, s);
     } else {
-        memset(host, 0, bytes);
+        memset(host, 0, exec_f32_bytes(p));
     }
+}
+
+/* A frozen weight's home, as a fetch copies it (a quantised base's packed
+ * bytes, a bf16 home, fp32 weights), widened to fp32 as compute sees it. */
+static void frozen_home_to_f32(const eng_param_t *p, const void *home, float *host) {
+    if (p->home_q) {
+        const mt_quant_view_t v = eng_quant_home_view_at(p->home_q, home);
+        mt_dequant(&v, host, MT_F32);
+    } else if (p->w_dtype == MT_BF16) {
+        mt_convert_to_f32(host, home, MT_BF16, p->spec->numel);
+    } else {
+        memcpy(host, home, exec_f32_bytes(p));
+    }
+}
+
+/* Parameter i's frozen home read from the NVMe tier (a LoRA run's base
+ * whose block streams its weights from there) into host as fp32. */
+static mt_status_t read_nvme_base_home(eng_exec_t *x, int i, float *host, mt_error_t *err) {
+    const eng_model_t *m = x->model;
+    char *buf = eng_optim_nvme_buffer_alloc(eng_optim_nvme_home_buffer_bytes(m, i));
+    MT_CHECK_ALLOC(buf, m->params[i].spec->name);
+    const mt_status_t st = eng_optim_nvme_read_homes(x->hopt.nvme, m, &i, 1, buf, err);
+    if (st == MT_OK) frozen_home_to_f32(&m->params[i], buf, host);
+    eng_optim_nvme_buffer_free(buf);
+    return st;
+}
+
+/* Parameter i's fp32 master from the NVMe tier. */
+static mt_status_t read_nvme_master(eng_exec_t *x, int i, float *host, mt_error_t *err) {
+    eng_model_t *m = x->model;
+    const mt_status_t st = eng_optim_nvme_load(x->hopt.nvme, m, i, err);
+    if (st != MT_OK) return st;
+    memcpy(host, m->params[i].host_w, exec_f32_bytes(&m->params[i]));
+    return eng_optim_nvme_unload(x->hopt.nvme, m, i, false, err);
+}
+
+mt_status_t eng_exec_read_weights(eng_exec_t *x, int i, float *host, mt_error_t *err) {
+    eng_exec_drain(x);
+    const eng_param_t *p = &x->model->params[i];
+    eng_dparam_t *d = &x->dp[i];
+    if (eng_optim_nvme_holds_master(x->hopt.nvme, i)) return read_nvme_master(x, i, host, err);
+    if (eng_optim_nvme_holds_base_home(x->hopt.nvme, i)) return read_nvme_base_home(x, i, host, err);
+    const float *dev = exec_dev_master(p, d);
+    kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
+    if (p->home_q) {
+        frozen_home_to_f32(p, p->home_q->bytes, host);
+    } else if (p->home_bf16) {
+        frozen_home_to_f32(p, p->home_bf16, host);
+    } else if (p->host_w) {
+        memcpy(host, p->host_w, exec_f32_bytes(p));
+    } else if (dev) {
+        kern_memcpy_d2h(x->dev, s, host, dev, exec_f32_bytes(p));
+        kern_stream_sync(x->dev, s);
+    } else {
+        memset(host, 0, exec_f32_bytes(p));
+    }
+    return MT_OK;
+}
+
+void eng_exec_read_param(eng_exec_t *x, int i, float *host, bool gradient) {
+    if (gradient) {
+        eng_exec_drain(x);
+        read_gradient(x, i, host);
+        return;
+    }
+    /* a save reads through eng_exec_read_weights, or checks every extent
+     * it reads first (eng_exec_check_optim_state): failing here is a broken disk */
+    mt_error_t err = {0};
+    MT_CHECK(eng_exec_read_weights(x, i, host, &err) == MT_OK, "%s", err.msg);
 }
 
 /* ---- an executor and the model it holds -------------------------------- */

@@ -100,8 +100,15 @@ mt_status_t eng_exec_forward(eng_exec_t *x, const eng_batch_t *batch, float *log
                               eng_micro_stats_t *stats, mt_error_t *err);
 
 /* Copies parameter i's weight (its master) or its accumulated gradient to
- * host memory (numel floats); waits for pending work first. */
+ * host memory (numel floats); waits for pending work first.  A failing
+ * read of the NVMe tier stops the process: callers that can report it
+ * read weights through eng_exec_read_weights. */
 void eng_exec_read_param(eng_exec_t *x, int i, float *host, bool gradient);
+/* Parameter i's weights as fp32 wherever they live: its master (host,
+ * device or NVMe tier), or a frozen weight's home (host memory, quantised
+ * or bf16, or the NVMe tier); a failing read of the tier is returned,
+ * naming the file and offset. */
+mt_status_t eng_exec_read_weights(eng_exec_t *x, int i, float *host, mt_error_t *err);
 /* Whether parameter i got a gradient on this device in the running
  * optimizer step. */
 bool eng_exec_param_has_grad(const eng_exec_t *x, int i);

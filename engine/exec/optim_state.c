@@ -267,24 +267,32 @@ void eng_optim_discard_step(eng_exec_t *x) {
 }
 
 /* A block whose weights' home the plan keeps on NVMe must be one the
- * executor streams from there: trained in bf16 (the home it streams is
- * the host's bf16 working copy, which moves with the block's optimizer
- * state), nothing frozen in it. */
+ * executor streams from there.  A LoRA block (a frozen base in it) is: the
+ * base's homes go to the tier as the fetch copies them, and the trained
+ * parameters beside them (the adapter's factors) follow their optimizer
+ * state, their bf16 working copies onto the tier with it, else staying in
+ * host memory (a small part of the block).  A block trained in full is
+ * only when trained in bf16 with its optimizer state on NVMe too (the home
+ * it streams is the host's bf16 working copy, which moves with the
+ * state): otherwise nothing of its home would move, and the host budget
+ * the plan fits would not hold. */
 static mt_status_t check_nvme_weights(eng_exec_t *x, int b, mt_error_t *err) {
     const eng_model_t *m = x->model;
     const sched_block_plan_t *bp = exec_block_plan(&x->env, b);
-    bool bf16 = false;
+    bool bf16 = false, frozen = false, state_stays = false;
     for (int i = 0; i < m->num_params; i++) {
         const eng_param_t *p = &m->params[i];
         if (p->block != b) continue;
-        if (p->frozen || !sched_block_nvme_optim(bp) || bp->optim != SCHED_OPTIM_HOST)
-            return mt_error_set(err, MT_ERR_UNSUPPORTED,
-                                "the plan keeps block %d's streamed weights on NVMe, which training reads from there "
-                                "only for blocks it trains with their optimizer state on NVMe too (%s); give the run "
-                                "more host memory (memory.host)", b, p->frozen ? "a frozen base is not" : "this one's "
-                                "state is not");
+        frozen |= p->frozen;
+        state_stays |= !p->frozen && (!sched_block_nvme_optim(bp) || bp->optim != SCHED_OPTIM_HOST);
         bf16 |= p->work_bf16 != NULL;
     }
+    if (frozen) return MT_OK;
+    if (state_stays)
+        return mt_error_set(err, MT_ERR_UNSUPPORTED,
+                            "the plan keeps block %d's streamed weights on NVMe, which training reads from there only "
+                            "for blocks it trains with their optimizer state on NVMe too (this one's state is not); "
+                            "give the run more host memory (memory.host)", b);
     if (!bf16)
         return mt_error_set(err, MT_ERR_UNSUPPORTED,
                             "the plan keeps block %d's streamed weights on NVMe, which training reads from there only "
@@ -292,9 +300,16 @@ static mt_status_t check_nvme_weights(eng_exec_t *x, int b, mt_error_t *err) {
     return MT_OK;
 }
 
+/* Whether frozen parameter p's home goes to the NVMe tier: its block's
+ * weights stream from there, and this device fetches it. */
+static bool base_home_on_nvme(const eng_exec_t *x, const eng_param_t *p) {
+    return p->frozen && sched_block_nvme_weights(exec_block_plan(&x->env, p->block)) && !exec_ep_foreign(&x->env, p);
+}
+
 /* Which parameters the NVMe tier holds under x's plan: in_store the
- * moments, with_master the master too, with_home the bf16 working copy a
- * fetch streams; out counts them. */
+ * moments, with_master the master too, with_home the weights' home a
+ * fetch streams (a trained parameter's bf16 working copy, or a frozen
+ * one's home, which has no state); out counts them. */
 static mt_status_t nvme_selection(eng_exec_t *x, bool *in_store, bool *with_master, bool *with_home,
                                   eng_nvme_placed_t *out, mt_error_t *err) {
     const eng_model_t *m = x->model;
@@ -306,6 +321,11 @@ static mt_status_t nvme_selection(eng_exec_t *x, bool *in_store, bool *with_mast
     for (int i = 0; i < m->num_params; i++) {
         const eng_param_t *p = &m->params[i];
         const sched_block_plan_t *bp = exec_block_plan(&x->env, p->block);
+        if (base_home_on_nvme(x, p)) {
+            with_home[i] = true;
+            out->base_homes++;
+            continue;
+        }
         in_store[i] = !p->frozen && p->host_w && bp->optim == SCHED_OPTIM_HOST && sched_block_nvme_optim(bp);
         if (!in_store[i]) continue;
         /* placed before any step or resume: nothing in host memory to move */
@@ -330,7 +350,7 @@ mt_status_t eng_exec_place_optim_nvme(eng_exec_t *x, const char *dir, uint64_t b
     MT_CHECK(in_store && with_master && with_home, "out of memory for the NVMe placement");
     memset(out, 0, sizeof *out);
     mt_status_t st = nvme_selection(x, in_store, with_master, with_home, out, err);
-    if (st == MT_OK && out->params > 0) {
+    if (st == MT_OK && out->params + out->base_homes > 0) {
         out->bytes = eng_optim_nvme_planned_bytes(m, in_store, with_master, with_home);
         st = eng_optim_nvme_open(&x->hopt.nvme, m, in_store, with_master, with_home, dir, budget, err);
     }

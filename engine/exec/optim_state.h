@@ -59,10 +59,11 @@ mt_status_t eng_exec_check_optim_state(eng_exec_t *x, mt_error_t *err);
 
 /* What eng_exec_place_optim_nvme placed. */
 typedef struct {
-    int params;             /* parameters whose AdamW moments the store holds (0: the plan keeps no
-                             * optimizer state on NVMe, and no store was opened) */
+    int params;             /* parameters whose AdamW moments the store holds */
     int masters;            /* of them, those whose fp32 master it holds too */
     int homes;              /* of them, those whose bf16 working copy (the weights' home) it holds too */
+    int base_homes;         /* frozen parameters (a LoRA run's base) whose home it holds, with no state
+                             * (params and base_homes 0: the plan keeps nothing on NVMe, no store opened) */
     uint64_t bytes;         /* their disk bytes */
     const char *io;         /* "io_uring" or "pread/pwrite" */
     const char *run_dir;    /* this run's subdirectory (valid while the executor is open) */
@@ -72,10 +73,14 @@ typedef struct {
 /* Puts the optimizer state of every trained parameter whose block the plan
  * keeps on NVMe (host AdamW with nvme_optim) into an NVMe store in dir
  * (engine/optim/nvme_state.h): its moments, and its fp32 master where a
- * bf16 working copy stays in host memory; before any step or resume;
- * budget 0: the free space limits it.  No such block: nothing is opened
- * (out->params 0).  An error when the bytes do not fit or a plan keeps
- * weights' homes on NVMe, which the executor does not read from there. */
+ * bf16 working copy stays in host memory; and where the plan streams a
+ * block's weights from NVMe (nvme_weights), their homes: trained bf16
+ * working copies and a frozen base's homes, which every fetch then reads
+ * from there.  Before any step or resume; budget 0: the free space limits
+ * it.  No such block: nothing is opened (out->params and base_homes 0).
+ * An error when the bytes do not fit or a plan keeps weights' homes on
+ * NVMe that the executor does not read from there (a block trained in
+ * full in fp32, or without its state on NVMe). */
 mt_status_t eng_exec_place_optim_nvme(eng_exec_t *x, const char *dir, uint64_t budget, eng_nvme_placed_t *out,
                                       mt_error_t *err);
 

@@ -54,10 +54,12 @@
 typedef struct {
     const eng_param_spec_t *spec;
     int block;          /* owning block */
-    float *host_w;      /* host fp32 master (home); NULL when the master is on the device */
+    float *host_w;      /* host fp32 master (home), or a frozen fp32 weight's home; NULL when the master
+                         * is on the device or either is on the NVMe tier (engine/optim/nvme_state.h) */
     uint16_t *home_bf16; /* instead of host_w, a frozen weight's home when its working copy is bf16:
                           * kept in the dtype compute reads (rounded once on load, as staging
-                          * would round it), so a bf16 base costs its own bytes in host memory */
+                          * would round it), so a bf16 base costs its own bytes in host memory;
+                          * NULL once the NVMe tier holds it */
     uint16_t *work_bf16; /* beside host_w, a trained weight's bf16 working copy in host memory when its
                           * block's AdamW runs on the host: what staging copies to the device (no
                           * conversion on the link's path) and AdamW writes as it updates the master
@@ -69,7 +71,8 @@ typedef struct {
                          * tensor on disk): no copy at all, the page cache holds it */
     eng_quant_home_t *home_q; /* instead of host_w / home_bf16, a frozen matrix kept quantised
                                * (engine/model/quant_home.h): its codes and scales cross the link,
-                               * the device dequantises them into the working copy */
+                               * the device dequantises them into the working copy; its bytes NULL
+                               * (the layout kept) once the NVMe tier holds them */
     bool quant_ok;      /* frozen, and a matrix a quantised base keeps quantised (set at LoRA attach) */
     mt_dtype_t w_dtype; /* every device's working copy: MT_F32 or MT_BF16 */
     void *host_mom;     /* host AdamW moments (optimizer HOST), lazily allocated: kern_moments_bytes(

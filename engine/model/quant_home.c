@@ -116,6 +116,14 @@ mt_quant_view_t eng_quant_home_view_at(const eng_quant_home_t *h, const void *ba
     return v;
 }
 
+void eng_quant_home_drop_bytes(eng_quant_home_t *h) {
+    free(h->bytes);
+    h->bytes = NULL;
+    h->view.codes = h->view.scales_u8 = NULL;
+    h->view.scales = h->view.absmax2 = h->view.code2 = NULL;
+    h->view.zeros = NULL;
+}
+
 void eng_quant_home_free(eng_quant_home_t *h) {
     if (!h) return;
     free(h->bytes);

@@ -56,6 +56,11 @@ mt_status_t eng_quant_home_bnb4(eng_quant_home_t *h, const float *x, int64_t row
 /* The view over a copy of h->bytes at `base` (e.g. on the device). */
 mt_quant_view_t eng_quant_home_view_at(const eng_quant_home_t *h, const void *base);
 
+/* The host bytes freed, the layout kept (nbytes, offsets, the view's
+ * shape and format; its buffers NULL): the bytes live elsewhere (the NVMe
+ * tier) and are read through eng_quant_home_view_at over a copy. */
+void eng_quant_home_drop_bytes(eng_quant_home_t *h);
+
 void eng_quant_home_free(eng_quant_home_t *h);
 
 #endif

@@ -19,15 +19,31 @@ static uint64_t extent_bytes(const eng_param_t *p, bool with_master) {
     return (with_master ? master_bytes(p) : 0) + kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, p->spec->numel);
 }
 
-/* A bf16 working copy's extent: its numel x 2 bytes. */
-static uint64_t home_bytes(const eng_param_t *p) { return p->spec->numel * sizeof(uint16_t); }
+/* A home's extent: the bytes a fetch copies from it as they are.  A
+ * trained parameter's home is its bf16 working copy; a frozen one's is
+ * its home as the base keeps it: a quantised base's packed codes and
+ * scales, else a copy in its working dtype (a bf16 home, or fp32 weights
+ * where compute reads fp32: lora_model.c freeze_base). */
+static uint64_t home_bytes(const eng_param_t *p) {
+    if (!p->frozen) return p->spec->numel * sizeof(uint16_t);
+    return p->home_q ? p->home_q->nbytes : p->spec->numel * mt_dtype_size(p->w_dtype);
+}
+
+/* A frozen parameter's home in host memory, home_bytes of it (NULL once on the tier). */
+static const void *base_home(const eng_param_t *p) {
+    if (p->home_q) return p->home_q->bytes;
+    return p->w_dtype == MT_BF16 ? (const void *)p->home_bf16 : (const void *)p->host_w;
+}
+
+/* Parameter i's home is a frozen base's: on the tier without AdamW state, never written back. */
+static bool is_base_home(const eng_optim_nvme_t *nv, int i) { return nv->home[i] >= 0 && nv->extent[i] < 0; }
 
 uint64_t eng_optim_nvme_planned_bytes(const eng_model_t *m, const bool *in_store, const bool *with_master,
                                       const bool *with_home) {
     uint64_t total = 0;
     for (int i = 0; i < m->num_params; i++) {
         if (in_store[i]) total += mt_store_span_bytes(extent_bytes(&m->params[i], with_master && with_master[i]));
-        if (in_store[i] && with_home && with_home[i]) total += mt_store_span_bytes(home_bytes(&m->params[i]));
+        if (with_home && with_home[i]) total += mt_store_span_bytes(home_bytes(&m->params[i]));
     }
     return total;
 }
@@ -57,6 +73,43 @@ static mt_status_t move_out(eng_optim_nvme_t *nv, eng_param_t *p, int i, mt_erro
         p->work_bf16 = NULL;
     }
     return MT_OK;
+}
+
+/* Every frozen base home the store holds written to its extent, one at a
+ * time through a buffer of its own; the host copies stay until all are
+ * written (free_base_homes), so a failure leaves host memory as it was. */
+static mt_status_t write_base_homes(eng_optim_nvme_t *nv, const eng_model_t *m, mt_error_t *err) {
+    for (int i = 0; i < m->num_params; i++) {
+        if (!is_base_home(nv, i)) continue;
+        const eng_param_t *p = &m->params[i];
+        const void *home = base_home(p);
+        MT_CHECK(home, "the frozen home of %s is not in host memory when the NVMe tier is placed", p->spec->name);
+        char *buf = mt_sio_buffer_alloc(mt_store_buffer_bytes(home_bytes(p)));
+        MT_CHECK(buf, "out of memory for the write buffer of %s", p->spec->name);
+        memcpy(buf, home, home_bytes(p));
+        const mt_store_op_t op = {nv->home[i], buf};
+        const mt_status_t st = mt_store_write(nv->store, &op, 1, err);
+        mt_sio_buffer_free(buf);
+        if (st != MT_OK) return mt_error_prefix(err, "frozen base weights: ");
+    }
+    return MT_OK;
+}
+
+/* The host copies of the frozen homes now on the tier let go: freed, or
+ * for a home in the base checkpoint's mapping (eng_param_t.home_mapped)
+ * no longer pointed at (its pages are clean, the kernel takes them back).
+ * A quantised home keeps its layout, which the fetch's dequantisation reads. */
+static void free_base_homes(eng_optim_nvme_t *nv, eng_model_t *m) {
+    for (int i = 0; i < m->num_params; i++) {
+        if (!is_base_home(nv, i)) continue;
+        eng_param_t *p = &m->params[i];
+        if (p->home_q) eng_quant_home_drop_bytes(p->home_q);
+        if (!p->home_mapped) free(p->home_bf16);
+        p->home_bf16 = NULL;
+        p->home_mapped = false;
+        free(p->host_w);
+        p->host_w = NULL;
+    }
 }
 
 /* Parameter i's master (and bf16 working copy) back in host memory, read
@@ -91,11 +144,14 @@ mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, eng_model_t *m, const bo
     MT_CHECK(nv->extent && nv->master && nv->home && nv->pending && nv->lost,
              "out of memory for the NVMe extent table");
     pthread_mutex_init(&nv->lock, NULL);
+    bool any_base = false;
     for (int i = 0; i < m->num_params; i++) {
         nv->extent[i] = nv->home[i] = -1;
         nv->master[i] = in_store[i] && with_master && with_master[i];
-        MT_CHECK(!(with_home && with_home[i]) || nv->master[i], "the home of %s on NVMe without its master",
-                 m->params[i].spec->name);
+        const bool base = !in_store[i] && m->params[i].frozen;
+        MT_CHECK(!(with_home && with_home[i]) || nv->master[i] || base,
+                 "the home of %s on NVMe without its master", m->params[i].spec->name);
+        any_base |= with_home && with_home[i] && base;
     }
     const mt_store_opts_t so = {.dir = dir, .budget = budget,
                                 .planned_bytes = eng_optim_nvme_planned_bytes(m, in_store, with_master, with_home)};
@@ -104,15 +160,21 @@ mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, eng_model_t *m, const bo
     if (st == MT_OK) st = mt_store_file_add(nv->store, "adamw.bin", &file, err);
     int hfile = -1;
     if (st == MT_OK && with_home) st = mt_store_file_add(nv->store, "weights.bin", &hfile, err);
+    /* a frozen base's homes apart: a file the tier only ever reads back */
+    int bfile = -1;
+    if (st == MT_OK && any_base) st = mt_store_file_add(nv->store, "base.bin", &bfile, err);
     for (int i = 0; i < m->num_params && st == MT_OK; i++) {
         if (in_store[i])
             st = mt_store_reserve(nv->store, file, extent_bytes(&m->params[i], nv->master[i]), &nv->extent[i], err);
-        if (st == MT_OK && in_store[i] && with_home && with_home[i])
-            st = mt_store_reserve(nv->store, hfile, home_bytes(&m->params[i]), &nv->home[i], err);
+        if (st == MT_OK && with_home && with_home[i])
+            st = mt_store_reserve(nv->store, in_store[i] ? hfile : bfile, home_bytes(&m->params[i]), &nv->home[i],
+                                  err);
     }
     /* every extent reserved (the space is there) before the first master leaves host memory */
     for (int i = 0; i < m->num_params && st == MT_OK; i++)
         if (nv->master[i]) st = move_out(nv, &m->params[i], i, err);
+    if (st == MT_OK) st = write_base_homes(nv, m, err);
+    if (st == MT_OK) free_base_homes(nv, m);
     if (st != MT_OK) {
         /* what already moved comes back: the run stops with host memory as it was */
         for (int i = 0; i < m->num_params; i++)
@@ -257,7 +319,11 @@ bool eng_optim_nvme_holds_master(const eng_optim_nvme_t *nv, int i) {
     return eng_optim_nvme_holds(nv, i) && nv->master[i];
 }
 
-bool eng_optim_nvme_holds_home(const eng_optim_nvme_t *nv, int i) { return eng_optim_nvme_holds(nv, i) && nv->home[i] >= 0; }
+bool eng_optim_nvme_holds_home(const eng_optim_nvme_t *nv, int i) { return nv && i < nv->num_params && nv->home[i] >= 0; }
+
+bool eng_optim_nvme_holds_base_home(const eng_optim_nvme_t *nv, int i) {
+    return eng_optim_nvme_holds_home(nv, i) && is_base_home(nv, i);
+}
 
 /* The loaded buffer of parameter i (NULL: not loaded): its master leads it where the store holds one. */
 static void *loaded_buffer(const eng_optim_nvme_t *nv, const eng_param_t *p, int i) {
@@ -455,6 +521,8 @@ mt_status_t eng_optim_nvme_unload_many(eng_optim_nvme_t *nv, eng_model_t *m, con
     return st;
 }
 
+size_t eng_optim_nvme_home_bytes(const eng_model_t *m, int i) { return home_bytes(&m->params[i]); }
+
 size_t eng_optim_nvme_home_buffer_bytes(const eng_model_t *m, int i) {
     return mt_store_buffer_bytes(home_bytes(&m->params[i]));
 }
@@ -469,7 +537,7 @@ mt_status_t eng_optim_nvme_read_homes(eng_optim_nvme_t *nv, const eng_model_t *m
     MT_CHECK_ALLOC(ops, "working copy reads");
     size_t off = 0;
     for (int k = 0; k < n; k++) {
-        MT_CHECK(nv->home[idx[k]] >= 0, "%s's working copy is not on the NVMe tier", m->params[idx[k]].spec->name);
+        MT_CHECK(nv->home[idx[k]] >= 0, "the home of %s is not on the NVMe tier", m->params[idx[k]].spec->name);
         ops[k] = (mt_store_op_t){nv->home[idx[k]], buf + off};
         off += eng_optim_nvme_home_buffer_bytes(m, idx[k]);
     }

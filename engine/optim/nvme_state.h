@@ -4,7 +4,9 @@
  * around each update: the AdamW moments m and v, and the fp32 master too
  * where the host keeps a bf16 working copy beside it (eng_param_t.work_bf16,
  * what the device computes with; a run in fp32 streams its master as the
- * weights' home, which stays in host memory).
+ * weights' home, which stays in host memory).  Where the plan streams a
+ * block's weights from NVMe (nvme_weights), their homes live there too:
+ * trained parameters' bf16 working copies, and a LoRA run's frozen base.
  *
  * A parameter's state is one extent: its master (fp32, padded to 64 bytes)
  * when the store holds it, then its moments' one allocation in the run's
@@ -34,6 +36,11 @@
  * takes MT_STORE_MAX_BATCHES at once, one of them the read ahead and one a
  * synchronous read, and an unload that finds ENG_NVME_MAX_WRITES in flight
  * first waits for the oldest.
+ *
+ * A frozen parameter (a LoRA run's base) has no state, only a home where
+ * the plan streams its block's weights from NVMe: written once when the
+ * store opens (base.bin), its host copy then let go, read by every fetch
+ * and never written back.
  *
  * A master is written to its extent when the store opens, and host_w freed.
  * A parameter without one, never stepped, has no extent written: loading it
@@ -98,7 +105,8 @@ typedef struct eng_optim_nvme {
     int num_params;
     int *extent;          /* per parameter: its [master |] m | v extent, -1: not in the store */
     bool *master;         /* per parameter: its extent starts with the fp32 master */
-    int *home;            /* per parameter: the extent of its bf16 working copy (-1: in host memory) */
+    int *home;            /* per parameter: the extent of its weights' home, a trained one's bf16 working
+                           * copy or a frozen one's home (-1: in host memory) */
     pthread_mutex_t lock; /* one user of the store at a time */
     mt_status_t failed;   /* the first failure of the worker or of a write back (MT_OK: none), its message in err */
     mt_error_t err;
@@ -112,11 +120,15 @@ typedef struct eng_optim_nvme {
 /* A store in dir (budget bytes, 0: the free space) holding parameter i's
  * moments where in_store[i], its master too where with_master[i] (NULL:
  * none; each needs in_store and a work_bf16): written there now, host_w
- * freed; and its bf16 working copy, the weights' home a fetch streams from,
- * where with_home[i] (NULL: none; each needs with_master): written to an
- * extent of its own, work_bf16 freed.  The planned bytes are checked against
- * the budget and the disk before anything is reserved.  On failure every
- * master and working copy is back in host memory. */
+ * freed; and where with_home[i] (NULL: none) the weights' home a fetch
+ * streams from, written to an extent of its own: a trained parameter's
+ * bf16 working copy (needs with_master; work_bf16 freed, written back by
+ * every update), or a frozen one's home as the base keeps it (without
+ * in_store: its quantised bytes, bf16 home or fp32 weights, freed or, in
+ * the checkpoint's mapping, let go; never written again).  The planned
+ * bytes are checked against the budget and the disk before anything is
+ * reserved.  On failure every master, working copy and frozen home is
+ * back in host memory. */
 mt_status_t eng_optim_nvme_open(eng_optim_nvme_t **out, eng_model_t *m, const bool *in_store, const bool *with_master,
                                 const bool *with_home, const char *dir, uint64_t budget, mt_error_t *err);
 /* Waits for the writes in flight (a failure is dropped with the files), then closes the store. */
@@ -128,12 +140,18 @@ uint64_t eng_optim_nvme_planned_bytes(const eng_model_t *m, const bool *in_store
 bool eng_optim_nvme_holds(const eng_optim_nvme_t *nv, int i);
 bool eng_optim_nvme_holds_master(const eng_optim_nvme_t *nv, int i);
 bool eng_optim_nvme_holds_home(const eng_optim_nvme_t *nv, int i);
+/* Of those, a frozen parameter's home (a LoRA run's base): read, never written back. */
+bool eng_optim_nvme_holds_base_home(const eng_optim_nvme_t *nv, int i);
 
-/* A fetch of weights whose home is on the tier: parameter i's share of the
- * caller's buffer (4 KiB aligned, mt_sio_buffer_alloc), and the working
- * copies of idx[0..n) read into consecutive shares of buf, one batch (after
- * their writes in flight), every read checked.  Loading a parameter (below) loads its working copy too,
- * into work_bf16, and unloading writes it back with the state. */
+/* A fetch of weights whose home is on the tier: the bytes of parameter
+ * i's home, as the fetch copies them to the device unconverted (a bf16
+ * working copy, a frozen home in its working dtype, a quantised base's
+ * packed bytes); its share of the caller's buffer (4 KiB aligned,
+ * mt_sio_buffer_alloc); and the homes of idx[0..n) read into consecutive
+ * shares of buf, one batch (after their writes in flight), every read
+ * checked.  Loading a trained parameter (below) loads its working copy
+ * too, into work_bf16, and unloading writes it back with the state. */
+size_t eng_optim_nvme_home_bytes(const eng_model_t *m, int i);
 size_t eng_optim_nvme_home_buffer_bytes(const eng_model_t *m, int i);
 void *eng_optim_nvme_buffer_alloc(size_t bytes); /* aligned for the store, zeroed; NULL: out of memory */
 void eng_optim_nvme_buffer_free(void *buf);

@@ -296,6 +296,80 @@ static void test_write_failure(void) {
     EXPECT(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "a write failure reported (see above)");
 }
 
+/* A LoRA run's frozen base on the tier: a bf16 home, fp32 weights and an
+ * NF4 home, each written to base.bin when the tier opens and its host copy
+ * let go (a quantised home keeps its layout); a fetch's read gives back
+ * exactly the bytes the host held; a trained parameter beside them keeps
+ * its state as before, and a frozen one not asked for stays in host memory. */
+static void test_base_homes(void) {
+    enum { N = 5, NUMEL = 4096 };
+    eng_param_spec_t spec[N] = {{.numel = NUMEL}, {.numel = NUMEL}, {.numel = NUMEL}, {.numel = NUMEL}, {.numel = NUMEL}};
+    eng_param_t params[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(spec[i].name, sizeof spec[i].name, "layers.0.base%d", i);
+        params[i] = (eng_param_t){.spec = &spec[i], .frozen = i != 3, .mom_fmt = KERN_MOMENTS_F32,
+                                  .w_dtype = i == 0 || i == 2 ? MT_BF16 : MT_F32};
+    }
+    float *x = malloc(NUMEL * sizeof *x);
+    params[0].home_bf16 = malloc(NUMEL * sizeof(uint16_t));
+    params[1].host_w = malloc(NUMEL * sizeof(float));
+    params[3].host_w = calloc(NUMEL, sizeof(float));
+    params[4].host_w = malloc(NUMEL * sizeof(float));
+    eng_quant_home_t *q = calloc(1, sizeof *q);
+    for (size_t k = 0; k < NUMEL; k++) {
+        x[k] = (float)((int)(k * 37 % 101) - 50) * 0.01f;
+        params[0].home_bf16[k] = (uint16_t)(k * 13 + 5);
+        params[1].host_w[k] = params[4].host_w[k] = x[k] * 3.0f;
+    }
+    mt_error_t err = {0};
+    EXPECT(eng_quant_home_bnb4(q, x, 64, 64, MT_QUANT_NF4, true, "layers.0.base2", &err) == MT_OK, "%s", err.msg);
+    params[2].home_q = q;
+    /* what each home holds, as a fetch would copy it */
+    const size_t want_bytes[3] = {NUMEL * 2, NUMEL * 4, q->nbytes};
+    void *want[3] = {malloc(want_bytes[0]), malloc(want_bytes[1]), malloc(want_bytes[2])};
+    memcpy(want[0], params[0].home_bf16, want_bytes[0]);
+    memcpy(want[1], params[1].host_w, want_bytes[1]);
+    memcpy(want[2], q->bytes, want_bytes[2]);
+    eng_model_t m = {.num_params = N, .params = params};
+    const bool in_store[N] = {false, false, false, true, false}, with_home[N] = {true, true, true, false, false};
+    eng_optim_nvme_t *nv = NULL;
+    EXPECT(eng_optim_nvme_open(&nv, &m, in_store, NULL, with_home, root, 0, &err) == MT_OK, "open: %s", err.msg);
+    if (!nv) return;
+    EXPECT(!params[0].home_bf16 && !params[1].host_w && !q->bytes && !q->view.codes && q->nbytes == want_bytes[2],
+           "a frozen home on the tier is still in host memory (or the quantised layout is gone)");
+    EXPECT(params[3].host_w && params[4].host_w, "a master or a frozen home kept in host memory was let go");
+    for (int i = 0; i < N; i++) {
+        EXPECT(eng_optim_nvme_holds_base_home(nv, i) == (i < 3), "holds_base_home(%d)", i);
+        EXPECT(eng_optim_nvme_holds(nv, i) == (i == 3), "holds(%d): a frozen parameter has no state", i);
+    }
+    const int idx[3] = {0, 1, 2};
+    size_t total = 0;
+    for (int k = 0; k < 3; k++) {
+        EXPECT(eng_optim_nvme_home_bytes(&m, k) == want_bytes[k], "home %d: %zu bytes, expected %zu", k,
+               eng_optim_nvme_home_bytes(&m, k), want_bytes[k]);
+        total += eng_optim_nvme_home_buffer_bytes(&m, k);
+    }
+    char *buf = eng_optim_nvme_buffer_alloc(total);
+    EXPECT(eng_optim_nvme_read_homes(nv, &m, idx, 3, buf, &err) == MT_OK, "read_homes: %s", err.msg);
+    size_t off = 0;
+    for (int k = 0; k < 3; k++) {
+        EXPECT(memcmp(buf + off, want[k], want_bytes[k]) == 0, "home %d read back other bytes", k);
+        off += eng_optim_nvme_home_buffer_bytes(&m, k);
+    }
+    /* adamw.bin, weights.bin (none of its extents here), base.bin */
+    EXPECT(strstr(mt_store_file_path(nv->store, 2), "base.bin"), "the base's file: %s", mt_store_file_path(nv->store, 2));
+    eng_optim_nvme_buffer_free(buf);
+    eng_optim_nvme_free(nv);
+    for (int k = 0; k < 3; k++) free(want[k]);
+    for (int i = 0; i < N; i++) {
+        free(params[i].host_w);
+        free(params[i].home_bf16);
+    }
+    eng_quant_home_free(q);
+    free(q);
+    free(x);
+}
+
 int main(void) {
     const char *t = getenv("TEST_TMPDIR");
     snprintf(root, sizeof root, "%s/nvme_state_test.XXXXXX", t ? t : "/tmp");
@@ -303,6 +377,7 @@ int main(void) {
     test_back_to_back(false);
     test_back_to_back(true);
     test_write_failure();
+    test_base_homes();
     rmdir(root);
     if (failures) fprintf(stderr, "%d failures\n", failures);
     else printf("nvme_state_test: all passed\n");

@@ -125,6 +125,7 @@ mt_status_t eng_plan_nvme_for_training(const eng_run_config_t *rc, bool bf16, sc
                         "no nvme: section)\n", rc->memory_nvme_path, cal.nvme_read_bw / 1e9, cal.nvme_write_bw / 1e9);
     }
     const mt_status_t st = eng_plan_nvme(rc, hw, w, o, err);
-    o->nvme_optim_only = !bf16;
+    /* a LoRA run's frozen base moves in fp32 too: it is no master */
+    o->nvme_optim_only = !bf16 && rc->adapter != ENG_ADAPTER_LORA;
     return st;
 }

@@ -41,8 +41,10 @@ mt_status_t eng_plan_nvme(const eng_run_config_t *rc, const sched_hw_t *hw, sche
 /* eng_plan_nvme for a training run's plan: a profile without an nvme:
  * section gets memory.nvme.path measured (eng_calibrate_nvme) as its
  * array; the planner moves optimizer state, and streamed weights' homes
- * only in a bf16 run (bf16: the executor streams a trained block's bf16
- * working copy from NVMe; an fp32 run's home is its master, which stays). */
+ * only in a bf16 run or a LoRA run (bf16: the executor streams a trained
+ * block's bf16 working copy from NVMe; LoRA: a frozen base's homes, in
+ * whatever form the host keeps them; a full fine-tuning fp32 run's home is
+ * its master, which stays). */
 mt_status_t eng_plan_nvme_for_training(const eng_run_config_t *rc, bool bf16, sched_hw_t *hw, sched_workload_t *w,
                                        sched_planner_opts_t *o, mt_error_t *err);
 

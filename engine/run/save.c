@@ -9,6 +9,10 @@
  * save ids rather than on one rename.  checkpoint-N directories belong to
  * their checkpoint alone and are swapped whole (ENG_CKPT_DIR_SWAP).
  *
+ * Every weight is read through eng_exec_read_weights, wherever it lives: a
+ * merged LoRA save reads a frozen base the NVMe tier holds from there, and
+ * a broken extent is the save's error, naming the file.
+ *
  * Nothing non-finite is ever written: every tensor is scanned for NaN and
  * Inf after it is read from the executor and before the directory's save
  * begins (one pass over memory the save reads anyway), so a checkpoint on
@@ -119,6 +123,7 @@ static mt_status_t save_adapter(eng_exec_t *x, const eng_run_config_t *rc, const
     w.pairs = calloc((size_t)w.count + 1, sizeof *w.pairs);
     w.saved = calloc((size_t)w.num_saved + 1, sizeof *w.saved);
     MT_CHECK(w.pairs && w.saved, "out of host memory preparing the adapter");
+    mt_status_t st = MT_OK; /* a read of the NVMe tier can fail (a factor's master there) */
     for (int t = 0; t < w.count; t++) {
         const eng_lora_target_t *tg = &lo->plan.targets[t];
         eng_lora_pair_t *pr = &w.pairs[t];
@@ -127,17 +132,16 @@ static mt_status_t save_adapter(eng_exec_t *x, const eng_run_config_t *rc, const
         pr->a = malloc((size_t)tg->r * (size_t)tg->in * sizeof(float));
         pr->b = malloc((size_t)tg->out * (size_t)tg->r * sizeof(float));
         MT_CHECK(pr->a && pr->b, "out of host memory preparing the adapter");
-        eng_exec_read_param(x, m->params[tg->param].lora_a, pr->a, false);
-        eng_exec_read_param(x, m->params[tg->param].lora_b, pr->b, false);
+        if (st == MT_OK) st = eng_exec_read_weights(x, m->params[tg->param].lora_a, pr->a, err);
+        if (st == MT_OK) st = eng_exec_read_weights(x, m->params[tg->param].lora_b, pr->b, err);
     }
     for (int k = 0; k < w.num_saved; k++) {
         const int i = lo->plan.saved[k];
         w.saved[k].param = i;
         w.saved[k].data = malloc(m->spec.params[i].numel * sizeof(float));
         MT_CHECK_ALLOC(w.saved[k].data, m->spec.params[i].name);
-        eng_exec_read_param(x, i, w.saved[k].data, false);
+        if (st == MT_OK) st = eng_exec_read_weights(x, i, w.saved[k].data, err);
     }
-    mt_status_t st = MT_OK;
     for (int t = 0; t < w.count && st == MT_OK; t++) {
         const eng_param_t *p = &m->params[w.pairs[t].param];
         st = check_saved(dir, m->params[p->lora_a].spec, w.pairs[t].a, err);
@@ -192,6 +196,23 @@ static void merge_pair(float *w, const float *a, const float *b, int64_t out, in
     }
 }
 
+/* A LoRA run's merged model: parameter i's weights w (out, in) gain s B A
+ * where an adapter targets it (PEFT's merge); nothing otherwise. */
+static mt_status_t merge_adapter(eng_exec_t *x, int i, float *w, mt_error_t *err) {
+    const eng_model_t *m = eng_exec_model(x);
+    const eng_param_t *p = &m->params[i];
+    if (p->lora_a < 0) return MT_OK;
+    const eng_param_spec_t *as = m->params[p->lora_a].spec, *bs = m->params[p->lora_b].spec;
+    float *a = malloc(as->numel * sizeof *a), *b = malloc(bs->numel * sizeof *b);
+    MT_CHECK(a && b, "out of host memory merging %s", p->spec->name);
+    mt_status_t st = eng_exec_read_weights(x, p->lora_a, a, err);
+    if (st == MT_OK) st = eng_exec_read_weights(x, p->lora_b, b, err);
+    if (st == MT_OK) merge_pair(w, a, b, p->spec->shape[0], p->spec->shape[1], (int)as->shape[0], p->lora_scale);
+    free(a);
+    free(b);
+    return st;
+}
+
 mt_status_t eng_train_save(eng_exec_t *x, const eng_run_config_t *rc, const char *dir,
                            eng_ckpt_dir_mode_t mode, mt_dtype_t dtype, mt_error_t *err) {
     return eng_train_save_with(x, rc, dir, mode, dtype, NULL, NULL, err);
@@ -228,22 +249,14 @@ static mt_status_t save_model(eng_exec_t *x, const eng_run_config_t *rc, const c
     eng_ckpt_tensor_t *t = calloc((size_t)(n + nb) + 1, sizeof *t);
     float **host = calloc(n ? (size_t)n : 1, sizeof *host);
     MT_CHECK(t && host, "out of memory preparing checkpoint");
-    for (int i = 0; i < n; i++) {
+    mt_status_t st = MT_OK;
+    for (int i = 0; i < n && st == MT_OK; i++) {
         const eng_param_spec_t *ps = &m->spec.params[i];
         host[i] = malloc(ps->numel ? ps->numel * sizeof(float) : 1);
         MT_CHECK_ALLOC(host[i], ps->name);
-        eng_exec_read_param(x, i, host[i], false);
-        const eng_param_t *p = &m->params[i];
-        if (p->lora_a >= 0) { /* a LoRA run's merged model: W + s B A */
-            const eng_param_spec_t *as = m->params[p->lora_a].spec, *bs = m->params[p->lora_b].spec;
-            float *a = malloc(as->numel * sizeof *a), *b = malloc(bs->numel * sizeof *b);
-            MT_CHECK(a && b, "out of host memory merging %s", ps->name);
-            eng_exec_read_param(x, p->lora_a, a, false);
-            eng_exec_read_param(x, p->lora_b, b, false);
-            merge_pair(host[i], a, b, ps->shape[0], ps->shape[1], (int)as->shape[0], p->lora_scale);
-            free(a);
-            free(b);
-        }
+        /* a LoRA run's frozen base may be read from the NVMe tier: a broken extent is an error */
+        st = eng_exec_read_weights(x, i, host[i], err);
+        if (st == MT_OK) st = merge_adapter(x, i, host[i], err);
         t[i] = (eng_ckpt_tensor_t){.name = ps->name, .dtype = dtype,
                                    .ndim = ps->ndim, .shape = ps->shape, .data = host[i]};
     }
@@ -252,7 +265,6 @@ static mt_status_t save_model(eng_exec_t *x, const eng_run_config_t *rc, const c
         t[n + i] = (eng_ckpt_tensor_t){.name = bs->name, .dtype = MT_F32, .ndim = bs->ndim, .shape = bs->shape,
                                        .data = m->buffer_host[i]};
     }
-    mt_status_t st = MT_OK;
     for (int i = 0; i < n && st == MT_OK; i++) st = check_saved(dir, &m->spec.params[i], host[i], err);
     eng_ckpt_dir_t tx;
     if (st == MT_OK) st = eng_ckpt_dir_begin(&tx, dir, mode, err);

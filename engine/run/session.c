@@ -132,35 +132,33 @@ static mt_status_t check_nvme_dir(const char *dir, mt_error_t *err) {
     return MT_OK;
 }
 
-/* memory.nvme: the optimizer state the plan keeps on the NVMe tier, for
- * the combination built so far (one device of one process, full
- * fine-tuning); others are refused rather than silently left in host
- * memory. */
-static mt_status_t open_nvme(eng_run_t *run, const eng_run_opts_t *opts, mt_error_t *err) {
+/* memory.nvme: the optimizer state and weights' homes the plan keeps on
+ * the NVMe tier (a LoRA run's frozen base among them), for the combination
+ * built so far (one device of one process); others are refused rather
+ * than silently left in host memory. */
+static mt_status_t open_nvme(eng_run_t *run, mt_error_t *err) {
     const eng_run_config_t *rc = run->rc;
-    const char *why = opts->lora || rc->adapter != ENG_ADAPTER_NONE ? "LoRA (adapter:)"
-                      : rc->devices.count > 1                        ? "several devices (devices:)"
-                      : run->nranks > 1                              ? "several ranks"
-                                                                     : NULL;
+    const char *why = rc->devices.count > 1 ? "several devices (devices:)" : run->nranks > 1 ? "several ranks" : NULL;
     if (why)
         return mt_error_set(err, MT_ERR_UNSUPPORTED,
-                            "memory.nvme.path %s: the NVMe tier is built for full fine-tuning on one device of one "
-                            "process; this run uses %s (remove memory.nvme to train in host memory)",
+                            "memory.nvme.path %s: the NVMe tier is built for one device of one process; this run "
+                            "uses %s (remove memory.nvme to train in host memory)",
                             rc->memory_nvme_path, why);
     mt_status_t st = check_nvme_dir(rc->memory_nvme_path, err);
     if (st != MT_OK) return st;
     eng_nvme_placed_t placed;
     st = eng_exec_place_optim_nvme(run->x, rc->memory_nvme_path, rc->memory_nvme_budget, &placed, err);
     if (st != MT_OK) return mt_error_prefix(err, "memory.nvme.path: ");
-    if (placed.params == 0) {
+    if (placed.params + placed.base_homes == 0) {
         fprintf(stderr, "moetune: NVMe tier: not used: the plan fits host memory (%s); memory.host lower than that "
                         "moves optimizer state to %s\n", rc->memory_host ? "memory.host" : "the hardware profile's",
                 rc->memory_nvme_path);
         return MT_OK;
     }
     fprintf(stderr, "moetune: NVMe tier: AdamW state of %d parameters (%.3f GiB; fp32 masters of %d, streamed bf16 "
-            "weights of %d) in %s through %s", placed.params, placed.bytes / 1073741824.0, placed.masters,
-            placed.homes, placed.run_dir, placed.io);
+            "weights of %d", placed.params, placed.bytes / 1073741824.0, placed.masters, placed.homes);
+    if (placed.base_homes) fprintf(stderr, "; frozen base weights of %d", placed.base_homes);
+    fprintf(stderr, ") in %s through %s", placed.run_dir, placed.io);
     if (placed.leftovers_removed)
         fprintf(stderr, "; removed %d killed run(s)' leftover files", placed.leftovers_removed);
     fprintf(stderr, "\n");
@@ -191,7 +189,7 @@ static mt_status_t open_model(eng_run_t *run, const eng_run_opts_t *opts, mt_err
     /* the moments' format before any state exists: the NVMe tier sizes its
      * extents by it, a resume reads the checkpoint's moments into it */
     eng_optim_set_moments(run->model, (kern_moments_fmt_t)eng_config_moments(rc), rc->seed);
-    if (rc->memory_nvme_path[0]) st = open_nvme(run, opts, err);
+    if (rc->memory_nvme_path[0]) st = open_nvme(run, err);
     if (st != MT_OK || !run->ranks) return st;
     run->multi.ranks = run->ranks;
     return eng_ranks_bind_device(run->ranks, run->dev, err);

@@ -45,6 +45,8 @@ moe_staging_xfer_t exec_w_refresh_item(const eng_param_t *p, void *w);
  *   exec_w_landing:    that area in a span whose working copy is at w (NULL
  *     without a quantised home);
  *   exec_w_upload_item: the staged copy that fills w (or the landing area);
+ *     a home the NVMe tier holds has no host address (NULL), and the fetch
+ *     points the copy at the bytes it read from there (residency.c);
  *   exec_w_dequant:    issues the dequantisation on s (nothing without a
  *     quantised home). */
 size_t exec_w_link_bytes(const eng_param_t *p);

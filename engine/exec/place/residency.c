@@ -40,9 +40,11 @@ void exec_residency_free(exec_residency_t *r) {
 }
 
 /* The fetch's weights whose home is on the NVMe tier (engine/optim/
- * nvme_state.h): read into one buffer of their own, the batch's items
- * pointed at it (plain copies: the working copies are stored as they are
- * computed with); *buf the buffer, NULL when none. */
+ * nvme_state.h; a trained parameter's bf16 working copy, a frozen base's
+ * home): read into one buffer of their own, the batch's items pointed at
+ * it.  Plain copies: a home is stored as the fetch copies it, a working
+ * copy as computed with, a quantised base's bytes as they land beside it
+ * (the item's size says so, checked); *buf the buffer, NULL when none. */
 static mt_status_t read_nvme_homes(exec_residency_t *r, const int *need, int k, moe_staging_xfer_t *items, void **buf,
                                    mt_error_t *err) {
     const eng_model_t *m = r->env->model;
@@ -61,6 +63,9 @@ static mt_status_t read_nvme_homes(exec_residency_t *r, const int *need, int k, 
     for (int j = 0; j < k; j++) {
         if (!eng_optim_nvme_holds_home(nv, need[j])) continue;
         idx[n++] = need[j];
+        MT_CHECK(items[j].bytes == eng_optim_nvme_home_bytes(m, need[j]),
+                 "the fetch of %s copies %zu bytes, its home on the NVMe tier holds %zu", m->params[need[j]].spec->name,
+                 items[j].bytes, eng_optim_nvme_home_bytes(m, need[j]));
         items[j].host = b + off;
         items[j].op = MOE_STAGING_COPY;
         off += eng_optim_nvme_home_buffer_bytes(m, need[j]);

@@ -2,8 +2,11 @@
  * and why.  Resident weights are placed once, when the executor opens; a
  * streamed block's weights are fetched before it computes (its dense
  * tensors, and for a MoE layer the experts the router chose or is
- * predicted to choose, moe/expert_predict.h), held by reference while any
- * block uses them, and released into their span afterwards.
+ * predicted to choose, moe/expert_predict.h), from their homes in host
+ * memory or, where the plan keeps a block's homes on the NVMe tier (a
+ * trained bf16 working copy, a LoRA run's frozen base), read from there
+ * first; held by reference while any block uses them, and released into
+ * their span afterwards.
  *
  * Above the spans it fills, the staging pool its fetches go through, the
  * counters of what crossed and the host optimizer worker (a streamed
