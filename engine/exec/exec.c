@@ -15,7 +15,6 @@
  * order).  Adding in the GEMM (beta = 1 on a non-zero C) would round
  * differently from that add, so it is used only on zeroed buffers. */
 #include "engine/exec/exec.h"
-#include "engine/exec/exec_testing.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,8 +80,6 @@ void eng_exec_drain(eng_exec_t *x) {
 }
 
 void eng_exec_finish_updates_in_step(eng_exec_t *x) { x->prog.finish_updates_in_step = true; }
-
-void eng_exec_hold_overlapped_updates(eng_exec_t *x, bool hold) { exec_host_optim_hold(&x->hopt, hold); }
 
 /* ---- placement ---------------------------------------------------------- */
 
