@@ -83,7 +83,7 @@ NVW="--set memory.nvme.path=nvd --set memory.host=500KiB --set bf16=true"
 
 # tensors of DIR/FILE after its header (the header holds the save's id)
 body() { local f="$1" n; n=$(od -An -tu8 -N8 "$f" | tr -d ' '); tail -c +$((9 + n)) "$f" | sha256sum | cut -d' ' -f1; }
-same_run() { # NAME REF OTHER: every logged loss, the final tensors, the digest
+same_losses() { # NAME REF RES: RES logged every loss REF did, through its last step
   local name="$1" ref="$2" res="$3"
   losses "$ref" > "$L/$name.ref"
   awk '/"run_start"/{n=NR} {l[NR]=$0} END{for(i=n+1;i<=NR;i++) print l[i]}' "$res/metrics.jsonl" \
@@ -91,6 +91,10 @@ same_run() { # NAME REF OTHER: every logged loss, the final tensors, the digest
   [ -s "$L/$name.res" ] || { fail "$name: no step logged"; return 1; }
   grep -qvxFf "$L/$name.ref" "$L/$name.res" && { fail "$name: losses differ:"; grep -vxFf "$L/$name.ref" "$L/$name.res" | head -3; return 1; }
   [ "$(tail -n1 "$L/$name.res")" = "$(tail -n1 "$L/$name.ref")" ] || { fail "$name: did not reach the last step"; return 1; }
+}
+same_run() { # NAME REF OTHER: every logged loss, the final tensors, the digest
+  local name="$1" ref="$2" res="$3"
+  same_losses "$name" "$ref" "$res" || return 1
   [ "$(tensor_bytes "$ref")" = "$(tensor_bytes "$res")" ] || { fail "$name: final tensor bytes differ"; return 1; }
   [ "$("$DIGEST" "$ref")" = "$("$DIGEST" "$res")" ] || { fail "$name: the loader's digests differ"; return 1; }
   return 0
@@ -182,12 +186,7 @@ LORA="--set adapter=lora --set lora_target_linear=true --set merge_lora=true"
 # the merged model's tensors and digest
 same_lora() {
   local name="$1" ref="$2" res="$3"
-  losses "$ref" > "$L/$name.ref"
-  awk '/"run_start"/{n=NR} {l[NR]=$0} END{for(i=n+1;i<=NR;i++) print l[i]}' "$res/metrics.jsonl" \
-    | grep -o '"step":[0-9]*,"loss":[-0-9.e]*' > "$L/$name.res"
-  [ -s "$L/$name.res" ] || { fail "$name: no step logged"; return 1; }
-  grep -qvxFf "$L/$name.ref" "$L/$name.res" && { fail "$name: losses differ:"; grep -vxFf "$L/$name.ref" "$L/$name.res" | head -3; return 1; }
-  [ "$(tail -n1 "$L/$name.res")" = "$(tail -n1 "$L/$name.ref")" ] || { fail "$name: did not reach the last step"; return 1; }
+  same_losses "$name" "$ref" "$res" || return 1
   [ "$(body "$ref/adapter_model.safetensors")" = "$(body "$res/adapter_model.safetensors")" ] \
     || { fail "$name: the saved adapters differ"; return 1; }
   [ "$(tensor_bytes "$ref/merged")" = "$(tensor_bytes "$res/merged")" ] || { fail "$name: merged tensor bytes differ"; return 1; }
