@@ -11,16 +11,12 @@
  * - Ties in the ratio go to the smaller device cost, then to the earlier
  *   block, so the walk is deterministic. */
 #include "scheduler/planner.h"
+#include "scheduler/planner_internal.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct {
-    double time, peak[SCHED_MEM_COUNT], traffic;
-    double nvme; /* bytes the plan keeps on NVMe */
-} eval_t;
 
 typedef struct {
     sched_plan_t *plans;
@@ -46,14 +42,14 @@ void sched_planner_opts_default(sched_planner_opts_t *o) {
     o->step_order = SCHED_AUTO_CHOICE;
 }
 
-static void plan_copy(sched_plan_t *dst, const sched_plan_t *src) {
+void plan_copy(sched_plan_t *dst, const sched_plan_t *src) {
     *dst = *src;
     dst->blocks = malloc((size_t)src->num_blocks * sizeof *dst->blocks);
     MT_CHECK_ALLOC(dst->blocks, "plan copy");
     memcpy(dst->blocks, src->blocks, (size_t)src->num_blocks * sizeof *dst->blocks);
 }
 
-static mt_status_t evaluate(const sched_workload_t *w, const sched_plan_t *p, eval_t *e, int *nsims, mt_error_t *err) {
+mt_status_t evaluate(const sched_workload_t *w, const sched_plan_t *p, eval_t *e, int *nsims, mt_error_t *err) {
     sched_sim_result_t r;
     mt_status_t st = sched_simulate(w, p, NULL, &r, err);
     if (st != MT_OK) return st;
@@ -67,7 +63,7 @@ static mt_status_t evaluate(const sched_workload_t *w, const sched_plan_t *p, ev
     return MT_OK;
 }
 
-static bool fits(const eval_t *e, const double *budget) {
+bool fits(const eval_t *e, const double *budget) {
     for (int m = 0; m < SCHED_MEM_COUNT; m++)
         if (budget[m] > 0 && e->peak[m] > budget[m]) return false;
     return true;
@@ -157,87 +153,6 @@ static mt_status_t nvme_pass(const sched_workload_t *w, const sched_planner_opts
         *found = true;
     }
     return MT_OK;
-}
-
-/* The pinned bytes it takes to pin block b's trained working copies
- * (grads false: sched_block_plan_t.pinned_home) or its host gradient
- * accumulators (grads true: pinned_grads) under plan p; 0 when that does
- * not apply or saves no host work. */
-static double pin_bytes(const sched_workload_t *w, const sched_plan_t *p, int b, bool grads) {
-    sched_block_plan_t bp = p->blocks[b];
-    const sched_block_cost_t *c = sched_block_cost(w, b, bp.expert_parallel);
-    if (grads) {
-        bp.pinned_grads = true;
-        return sched_block_pinned_grads(&bp) && w->unpack_bw > 0 ? c->grad_bytes : 0;
-    }
-    bp.pinned_home = true;
-    return sched_block_pinned_home(&bp) && c->w_pack_frac > 0 ? c->w_work_bytes : 0;
-}
-
-/* Sets pinned_home, then pinned_grads, on plan p's blocks in block order
- * while their pinned bytes stay within `room`; returns those bytes. */
-static double pin_blocks(const sched_workload_t *w, sched_plan_t *p, double room) {
-    double sum = 0;
-    for (int grads = 0; grads < 2; grads++)
-        for (int b = 0; b < w->num_blocks; b++) {
-            const double k = pin_bytes(w, p, b, grads);
-            if (!(k > 0 && sum + k <= room)) continue;
-            sum += k;
-            if (grads) p->blocks[b].pinned_grads = true;
-            else p->blocks[b].pinned_home = true;
-        }
-    return sum;
-}
-
-/* Pins the trained working copies (pinned_home) of as many blocks as the
- * pinned budget leaves room for, in block order, then with what room is
- * left their host gradient accumulators (pinned_grads: half the host work
- * saved per pinned byte, a copy per step against two fetches), on the plan
- * the walk starts from; the moves keep the flags, which mean nothing where
- * a move takes the block's optimizer to the device, so every plan of the
- * walk copies those straight over the link.  Room: the budget less twice
- * the start plan's own pinned peak (its staging). */
-static mt_status_t pin_start(const sched_workload_t *w, const sched_planner_opts_t *o, sched_plan_t *start,
-                             int *nsims, mt_error_t *err) {
-    double room = INFINITY;
-    if (o->budget[SCHED_MEM_PINNED] > 0) {
-        eval_t e;
-        const mt_status_t st = evaluate(w, start, &e, nsims, err);
-        if (st != MT_OK) return st;
-        /* twice the start's staging: a faster plan keeps more copies in flight */
-        room = o->budget[SCHED_MEM_PINNED] - 2 * e.peak[SCHED_MEM_PINNED];
-    }
-    pin_blocks(w, start, room);
-    return MT_OK;
-}
-
-/* Pins on a plan walked without them (see pin_start): as many blocks' as
- * the pinned budget leaves room for beside the plan's own peak, kept when
- * the plan still fits and is faster; with half as many blocks when the
- * room turns out too small (the pinned peak moves with the timing). */
-static mt_status_t pin_after(const sched_workload_t *w, const sched_planner_opts_t *o, sched_plan_t *plan,
-                             int *nsims, mt_error_t *err) {
-    eval_t e;
-    mt_status_t st = evaluate(w, plan, &e, nsims, err);
-    const double room = o->budget[SCHED_MEM_PINNED] > 0 ? o->budget[SCHED_MEM_PINNED] - e.peak[SCHED_MEM_PINNED]
-                                                        : INFINITY;
-    double want = room;
-    for (int tries = 0; tries < 3 && st == MT_OK && want > 0; tries++, want /= 2) {
-        sched_plan_t cand;
-        plan_copy(&cand, plan);
-        const double sum = pin_blocks(w, &cand, want);
-        eval_t ce;
-        st = sum > 0 ? evaluate(w, &cand, &ce, nsims, err) : MT_OK;
-        const bool keep = st == MT_OK && sum > 0 && fits(&ce, o->budget) && ce.time < e.time;
-        if (keep) {
-            sched_plan_free(plan);
-            *plan = cand;
-            return MT_OK;
-        }
-        sched_plan_free(&cand);
-        if (sum == 0 || (st == MT_OK && fits(&ce, o->budget))) break; /* nothing to pin, or fits but no faster */
-    }
-    return st;
 }
 
 /* Per-kind overrides, then what the executor cannot run: the optimizer on
@@ -649,7 +564,7 @@ static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planne
     sched_plan_t nvme_plan = {0};
     bool nvme_found = false;
     int chosen = -1;
-    if (st == MT_OK && pins) st = pin_start(w, o, &start, &out->simulations, err);
+    if (st == MT_OK && pins) st = sched_pin_start(w, o, &start, &out->simulations, err);
     if (st != MT_OK) goto out;
 
     if (fixed) {
@@ -703,7 +618,7 @@ static mt_status_t plan_make_order(const sched_workload_t *w, const sched_planne
     }
     plan_copy(&out->plan, pick);
     out->plan.policy = o->policy;
-    if (!pins && !fixed && out->feasible) st = pin_after(w, o, &out->plan, &out->simulations, err);
+    if (!pins && !fixed && out->feasible) st = sched_pin_after(w, o, &out->plan, &out->simulations, err);
     if (st != MT_OK) goto out;
     sched_sim_opts_t so = {.timelines = true, .tasks = true};
     st = sched_simulate(w, &out->plan, &so, &out->sim, err);
@@ -719,7 +634,7 @@ out:
 
 /* One step order, planned twice under the auto policy: with pinned
  * working copies and gradient accumulators from the start of the walk
- * (pin_start), and walked without them, pinned after (pin_after).  Pins
+ * (sched_pin_start), and walked without them, pinned after (sched_pin_after).  Pins
  * make streaming cheaper, so the first may walk to a plan the second
  * would not; but they take pinned memory the second may spend on staging
  * (a wider window, offloaded activations).  The faster feasible result
