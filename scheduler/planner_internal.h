@@ -1,4 +1,5 @@
-/* What planner.c and planner_pins.c share (internal to scheduler/). */
+/* What planner.c and planner_pins.c share (internal to scheduler/); the
+ * evaluation lives in planner_eval.c so that neither calls into the other. */
 #ifndef MT_SCHEDULER_PLANNER_INTERNAL_H
 #define MT_SCHEDULER_PLANNER_INTERNAL_H
 
