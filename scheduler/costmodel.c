@@ -175,6 +175,9 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
     out->host_copy_s_per_byte = hw->host_copy_s_per_byte;
     out->pack_bw = hw->pack_bw;
     out->unpack_bw = hw->unpack_bw;
+    out->adamw_bw = hw->adamw_bw;
+    out->adamw_bf16_rate = hw->adamw_bf16_rate * hw->host_cores;
+    out->adamw_8bit_rate = hw->adamw_8bit_rate * hw->host_cores;
     out->model_flops = reg->model_flops;
     out->peak_flops = hw->peak_flops[sched_matmul_rate(reg)];
     out->tokens_per_step = reg->tokens_per_step;
@@ -314,19 +317,39 @@ double sched_block_nvme_bytes(const sched_block_cost_t *c, const sched_block_pla
     return (sched_block_nvme_weights(p) ? c->w_home_bytes : 0) + (sched_block_nvme_optim(p) ? c->optim_bytes : 0);
 }
 
+/* Cost c's AdamW with moments of `per` bytes per parameter (both together)
+ * where the registry counted fp32's 8; rate: the host's parameters/s with
+ * them (sched_workload_set_moments). */
+static void lighter_adam(sched_block_cost_t *c, double per, double rate, double adamw_bw) {
+    const double params = c->grad_step_bytes / 4.0; /* a step's updated parameters */
+    const double bytes = c->adam_host_s * adamw_bw;  /* their traffic as counted */
+    if (params <= 0 || bytes <= 0) return;
+    const double ratio = (bytes - 2.0 * (8.0 - per) * params) / bytes;
+    const double params_per_byte = params / bytes;
+    c->adam_device_s *= ratio;
+    c->adam_host_s = fmax(c->adam_host_s * ratio, rate > 0 ? params / rate : 0);
+    const double owned = c->owned_adam_host_s * adamw_bw; /* its own experts' traffic (expert parallel) */
+    c->owned_adam_host_s = fmax(c->owned_adam_host_s * ratio, rate > 0 ? owned * params_per_byte / rate : 0);
+    /* a speculative update's spare: the master and the moments */
+    c->adam_spec_host_s *= (4.0 + per) / 12.0;
+}
+
 double sched_workload_set_moments(sched_workload_t *w, int fmt) {
     const double per = fmt == 1 ? 4.0 : fmt == 2 ? 2.0 + 2.0 * 4.0 / 256.0 : 8.0;
+    const double rate = fmt == 1 ? w->adamw_bf16_rate : fmt == 2 ? w->adamw_8bit_rate : 0;
     for (int b = 0; b < w->num_blocks; b++) {
         /* a block's trainable parameters: its fp32 gradient's bytes / 4 */
         const double own = w->blocks[b].grad_bytes / 4.0;
         w->blocks[b].optim_bytes -= (8.0 - per) * own;
         if (w->blocks[b].spec_copy_bytes > 0) w->blocks[b].spec_copy_bytes -= (8.0 - per) * own;
+        if (fmt != 0 && w->adamw_bw > 0) lighter_adam(&w->blocks[b], per, rate, w->adamw_bw);
         if (!w->ep_blocks) continue;
         sched_block_cost_t *e = &w->ep_blocks[b];
         const double ep_own = e->grad_bytes / 4.0;
         e->optim_bytes -= (8.0 - per) * ep_own;
         /* the other device's experts' state, held on this one's host */
         e->other_host_bytes -= (8.0 - per) * (own - ep_own);
+        if (fmt != 0 && w->adamw_bw > 0) lighter_adam(e, per, rate, w->adamw_bw);
     }
     return per;
 }

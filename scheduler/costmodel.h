@@ -112,6 +112,10 @@ typedef struct {
     /* Host work on the copy path (sched_hw_t.pack_bw, unpack_bw), bytes/s;
      * 0: not modelled (hand-made workloads) */
     double pack_bw, unpack_bw;
+    /* Host AdamW (sched_hw_t): its memory traffic's rate, bytes/s, and its
+     * arithmetic's with bf16 and 8-bit moments over all the host's cores,
+     * parameters/s (sched_workload_set_moments); 0: not modelled */
+    double adamw_bw, adamw_bf16_rate, adamw_8bit_rate;
     sched_block_cost_t *blocks; /* (num_blocks), owned */
     /* (num_blocks), owned, or NULL (no MoE block): a block's costs on one of
      * SCHED_EP_DEVICES devices when its routed experts are split between them
@@ -165,9 +169,13 @@ bool sched_waits_for_norm(const sched_workload_t *w, const sched_plan_t *plan);
 
 /* AdamW's moments in format fmt (0 fp32, 1 bf16, 2 8-bit: a code per
  * element and an fp32 absmax per 256 per moment; run config
- * optimizer_state) counted in w's optimizer bytes, which the registry
- * counts with fp32 moments (8 bytes per trainable parameter); returns the
- * moments' bytes per trainable parameter.  Call once, after building w. */
+ * optimizer_state) counted in w's optimizer bytes and AdamW times, which
+ * the registry counts with fp32 moments (8 bytes per trainable parameter,
+ * each read and written by an update).  A lighter format's host update
+ * moves fewer bytes but does more arithmetic (expanding, rounding or
+ * quantizing): it takes the slower of its traffic at adamw_bw and its
+ * parameters at the format's rate.  Returns the moments' bytes per
+ * trainable parameter.  Call once, after building w. */
 double sched_workload_set_moments(sched_workload_t *w, int fmt);
 
 /* Host bytes a block holds for the whole step under plan p, in three parts:

@@ -30,6 +30,7 @@ typedef enum {
     H_FRAC,    /* double in (0, 1] */
     H_US,      /* double seconds, written in microseconds (>= 0) */
     H_INT,     /* int > 0 */
+    H_GPARAMS, /* double parameters/s, written in G parameters/s */
     H_SECTION,
 } hkind_t;
 
@@ -97,6 +98,8 @@ static const hrow_t k_host_rows[] = {
     REQ("memory_bandwidth_achievable", H_FRAC, host_bw_frac),
     REQ("cores", H_INT, host_cores),
     OPT("adamw_bandwidth", H_BW, adamw_bw),
+    OPT("adamw_bf16_gparams_per_core", H_GPARAMS, adamw_bf16_rate),
+    OPT("adamw_8bit_gparams_per_core", H_GPARAMS, adamw_8bit_rate),
     OPT("pack_bandwidth", H_BW, pack_bw),
     OPT("unpack_bandwidth", H_BW, unpack_bw),
     {0},
@@ -166,6 +169,10 @@ void sched_hw_fill_rates(sched_hw_t *hw) {
     if (rate_unset(hw->adamw_bw)) hw->adamw_bw = host, hw->assumed |= SCHED_HW_ASSUMED_ADAMW;
     if (rate_unset(hw->pack_bw)) hw->pack_bw = host / 2.0, hw->assumed |= SCHED_HW_ASSUMED_PACK;
     if (rate_unset(hw->unpack_bw)) hw->unpack_bw = host / 2.0, hw->assumed |= SCHED_HW_ASSUMED_UNPACK;
+    if (rate_unset(hw->adamw_bf16_rate))
+        hw->adamw_bf16_rate = SCHED_ADAMW_BF16_CORE_RATE, hw->assumed |= SCHED_HW_ASSUMED_ADAMW_LITE;
+    if (rate_unset(hw->adamw_8bit_rate))
+        hw->adamw_8bit_rate = SCHED_ADAMW_8BIT_CORE_RATE, hw->assumed |= SCHED_HW_ASSUMED_ADAMW_LITE;
 }
 
 void sched_hw_assumed_line(const sched_hw_t *hw, char *buf, size_t cap) {
@@ -178,6 +185,7 @@ void sched_hw_assumed_line(const sched_hw_t *hw, char *buf, size_t cap) {
         {SCHED_HW_ASSUMED_ADAMW, "host AdamW at host memory bandwidth"},
         {SCHED_HW_ASSUMED_PACK, "staging pack at half host memory bandwidth"},
         {SCHED_HW_ASSUMED_UNPACK, "gradient unpack at half host memory bandwidth"},
+        {SCHED_HW_ASSUMED_ADAMW_LITE, "host AdamW with bf16 / 8-bit moments at 0.30 / 0.18 G parameters/s per core"},
     };
     size_t used = 0;
     if (cap) buf[0] = '\0';
@@ -318,6 +326,7 @@ static mt_status_t apply(hctx_t *c, const hrow_t *row, const char *key, yaml_nod
         *(double *)dst = d;
         return MT_OK;
     case H_TFLOPS:
+    case H_GPARAMS:
     case H_FRAC:
     case H_US:
         errno = 0;
@@ -327,8 +336,10 @@ static mt_status_t apply(hctx_t *c, const hrow_t *row, const char *key, yaml_nod
         if (row->kind == H_FRAC && !(d > 0 && d <= 1))
             return hfail(c, v, "%s: expected a fraction of peak in (0, 1], got %g", key, d);
         if (row->kind == H_TFLOPS && !(d > 0)) return hfail(c, v, "%s: expected TFLOP/s > 0, got %g", key, d);
+        if (row->kind == H_GPARAMS && !(d > 0 && d < 1e6))
+            return hfail(c, v, "%s: expected G parameters/s in (0, 10^6), got %g", key, d);
         if (row->kind == H_US && d < 0) return hfail(c, v, "%s: expected microseconds >= 0, got %g", key, d);
-        *(double *)dst = row->kind == H_TFLOPS ? d * 1e12 : row->kind == H_US ? d * 1e-6 : d;
+        *(double *)dst = row->kind == H_TFLOPS ? d * 1e12 : row->kind == H_GPARAMS ? d * 1e9 : row->kind == H_US ? d * 1e-6 : d;
         return MT_OK;
     case H_INT: {
         errno = 0;
@@ -519,6 +530,10 @@ static void measured_rates(const sched_calibration_t *c, sched_hw_t *out) {
     out->adamw_bw = c->adamw_bw;
     out->pack_bw = c->pack_bw;
     out->unpack_bw = c->unpack_bw;
+    /* the calibration's rates are over the run's threads, one per core */
+    const double cores = out->host_cores > 0 ? out->host_cores : 1;
+    out->adamw_bf16_rate = c->adamw_bf16_rate / cores;
+    out->adamw_8bit_rate = c->adamw_8bit_rate / cores;
     sched_hw_set_measured_nvme(c, out);
     sched_hw_fill_rates(out);
 }

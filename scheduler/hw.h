@@ -45,6 +45,10 @@
  *     cores: 112
  *     adamw_bandwidth: 148GB/s                # optional: host AdamW's memory traffic (the
  *                                             # registry's adam_bytes_per_param per parameter)
+ *     adamw_bf16_gparams_per_core: 0.30       # optional: host AdamW with bf16 moments, G
+ *     adamw_8bit_gparams_per_core: 0.18       # parameters per second on one core (those kernels
+ *                                             # are bound by arithmetic where fp32's is bound by
+ *                                             # memory: the step takes the slower of the two)
  *     pack_bandwidth: 5.9GB/s                 # optional: bytes packed into pinned staging per
  *                                             # second ahead of an H2D copy (copies of the host
  *                                             # homes, already in the working dtype), by the run's
@@ -66,7 +70,8 @@
  * (plans print which): attention fwd/bwd: attention_tflops when given, else
  * SCHED_ATTN_KERNEL_SHARE of the fp32 matmul rate; tc_fwd/tc_bwd:
  * SCHED_ATTN_TC_SHARE of the bf16 matmul rate; adamw_bandwidth: host memory
- * bandwidth x achievable; pack_bandwidth and unpack_bandwidth: half of it
+ * bandwidth x achievable; adamw_*_gparams_per_core: SCHED_ADAMW_BF16_CORE_RATE
+ * and SCHED_ADAMW_8BIT_CORE_RATE; pack_bandwidth and unpack_bandwidth: half of it
  * (a copy reads and writes each byte).  No rule assumes attention runs at
  * the matmul rate: measured kernels run an order of magnitude below it.
  *
@@ -101,7 +106,14 @@ enum {
     SCHED_HW_ASSUMED_ADAMW = 1u << 2,
     SCHED_HW_ASSUMED_PACK = 1u << 3,
     SCHED_HW_ASSUMED_UNPACK = 1u << 4,
+    SCHED_HW_ASSUMED_ADAMW_LITE = 1u << 5,
 };
+
+/* Host AdamW with bf16 and 8-bit moments per core, parameters/s, where a
+ * profile does not say: `moetune bench adam --threads 1` on one core of a
+ * Xeon with AVX-512 (0.297 and 0.178 G/s; an AVX2-only core is slower). */
+#define SCHED_ADAMW_BF16_CORE_RATE 0.30e9
+#define SCHED_ADAMW_8BIT_CORE_RATE 0.18e9
 
 typedef struct {
     char name[64];
@@ -134,6 +146,8 @@ typedef struct {
     double host_bw_frac;
     int host_cores;
     double adamw_bw;           /* bytes/s of host AdamW memory traffic */
+    double adamw_bf16_rate, adamw_8bit_rate; /* parameters/s of host AdamW with bf16 or 8-bit moments,
+                                              * per core (their arithmetic's bound; see costmodel.h) */
     double pack_bw;            /* bytes/s packed into staging ahead of an H2D copy */
     double unpack_bw;          /* bytes/s of gradients copied from staging after a D2H copy */
     unsigned assumed;          /* SCHED_HW_ASSUMED_* */
@@ -213,6 +227,9 @@ typedef struct {
     /* Host work on the copy path and the optimizer, with the threads the
      * run uses (bytes/s as sched_hw_t counts them; 0: not measured) */
     double adamw_bw, pack_bw, unpack_bw;
+    /* Host AdamW with bf16 and 8-bit moments over the run's threads,
+     * parameters/s (0: not measured) */
+    double adamw_bf16_rate, adamw_8bit_rate;
     /* The run's NVMe directory (memory.nvme.path), raw O_DIRECT at the
      * store's queue depth: bytes/s; 0 when the run has none */
     double nvme_read_bw, nvme_write_bw;

@@ -231,6 +231,13 @@ static void test_calibration(void) {
     c.link_latency_s = 5e-6;
     sched_hw_from_calibration(&c, &hw);
     EXPECT(sched_hw_d2h_bw(&hw) == 1e9 && hw.copy_latency_s == 5e-6, "throttled copy streams");
+    EXPECT(hw.adamw_bf16_rate == SCHED_ADAMW_BF16_CORE_RATE && (hw.assumed & SCHED_HW_ASSUMED_ADAMW_LITE),
+           "lighter moments not measured: the rule's rate");
+    c.adamw_bf16_rate = 1e9; /* over the run's 2 threads */
+    c.adamw_8bit_rate = 0.6e9;
+    sched_hw_from_calibration(&c, &hw);
+    EXPECT(hw.adamw_bf16_rate == 0.5e9 && hw.adamw_8bit_rate == 0.3e9 && !(hw.assumed & SCHED_HW_ASSUMED_ADAMW_LITE),
+           "lighter moments measured, per core: %g %g", hw.adamw_bf16_rate, hw.adamw_8bit_rate);
 }
 
 /* A GPU's calibration: its own rates and budget, fraction 1, one memcpy of
@@ -241,7 +248,8 @@ static void test_device_calibration(void) {
                              .memcpy_bw = 10e9, .stream_bw = 100e9, .cores = 16, .host_memory = 128e9,
                              .link_bw = 55e9, .link_d2h_bw = 50e9, .link_latency_s = 8e-6,
                              .device_memory = 80e9, .device_bw = 2.8e12, .attn_flops = {8e12, 4e12},
-                             .adamw_bw = 40e9, .pack_bw = 6e9, .unpack_bw = 3e9};
+                             .adamw_bw = 40e9, .pack_bw = 6e9, .unpack_bw = 3e9, .adamw_bf16_rate = 16e9,
+                             .adamw_8bit_rate = 8e9};
     snprintf(c.device_name, sizeof c.device_name, "cuda device 0");
     sched_hw_t hw;
     sched_hw_from_calibration(&c, &hw);
@@ -250,7 +258,9 @@ static void test_device_calibration(void) {
     EXPECT(hw.device_memory == 80e9 && sched_hw_device_bw(&hw) == 2.8e12, "device");
     EXPECT(sched_hw_h2d_bw(&hw) == 55e9 && fabs(sched_hw_d2h_bw(&hw) - 50e9) < 1 && hw.copy_latency_s == 8e-6, "link");
     EXPECT(hw.compute_interference == 0 && hw.host_copy_s_per_byte == 1.0 / 10e9, "host work: one memcpy");
-    EXPECT(hw.adamw_bw == 40e9 && hw.pack_bw == 6e9 && hw.unpack_bw == 3e9, "measured host rates");
+    EXPECT(hw.adamw_bw == 40e9 && hw.pack_bw == 6e9 && hw.unpack_bw == 3e9 &&
+               hw.adamw_bf16_rate == 16e9 / hw.host_cores && hw.adamw_8bit_rate == 8e9 / hw.host_cores,
+           "measured host rates");
     /* an fp32 run measured the fp32 kernel; the tensor-core path, not
      * measured, comes from the stated rule and is marked so */
     EXPECT(hw.attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_FWD] == 8e12 && hw.attn_flops[SCHED_ATTN_KERNEL][SCHED_DIR_BWD] == 4e12,
@@ -292,7 +302,7 @@ static void test_rate_keys(void) {
     EXPECT(sched_hw_parse(k_valid, strlen(k_valid), "cfg/hw.yaml", &hw, &err) == MT_OK, "%s", err.msg);
     const double fp32 = sched_hw_flops(&hw, SCHED_RATE_FP32), bf16 = sched_hw_flops(&hw, SCHED_RATE_BF16);
     EXPECT(hw.assumed == (SCHED_HW_ASSUMED_ATTN_KERNEL | SCHED_HW_ASSUMED_ATTN_TC | SCHED_HW_ASSUMED_ADAMW |
-                          SCHED_HW_ASSUMED_PACK | SCHED_HW_ASSUMED_UNPACK),
+                          SCHED_HW_ASSUMED_PACK | SCHED_HW_ASSUMED_UNPACK | SCHED_HW_ASSUMED_ADAMW_LITE),
            "every new rate assumed: %#x", hw.assumed);
     for (int d = 0; d < SCHED_DIR_COUNT; d++) {
         EXPECT(hw.attn_flops[SCHED_ATTN_KERNEL][d] == SCHED_ATTN_KERNEL_SHARE * fp32 &&
@@ -301,12 +311,13 @@ static void test_rate_keys(void) {
                "attention rules, direction %d", d);
     }
     EXPECT(hw.adamw_bw == sched_hw_host_bw(&hw) && hw.pack_bw == sched_hw_host_bw(&hw) / 2 &&
-               hw.unpack_bw == sched_hw_host_bw(&hw) / 2,
+               hw.unpack_bw == sched_hw_host_bw(&hw) / 2 && hw.adamw_bf16_rate == SCHED_ADAMW_BF16_CORE_RATE &&
+               hw.adamw_8bit_rate == SCHED_ADAMW_8BIT_CORE_RATE,
            "host rules");
     char line[512];
     sched_hw_assumed_line(&hw, line, sizeof line);
     EXPECT(strstr(line, "0.1 x the fp32 matmul rate") && strstr(line, "0.5 x the bf16 matmul rate") &&
-               strstr(line, "host AdamW at host memory bandwidth"),
+               strstr(line, "host AdamW at host memory bandwidth") && strstr(line, "8-bit moments at 0.30 / 0.18"),
            "assumed line: %s", line);
 
     char text[4096];
@@ -339,6 +350,14 @@ static void test_rate_keys(void) {
                hw.pack_bw == 5.9e9 && hw.unpack_bw == 3e9 &&
                !(hw.assumed & (SCHED_HW_ASSUMED_ADAMW | SCHED_HW_ASSUMED_PACK | SCHED_HW_ASSUMED_UNPACK)),
            "host rates: %s", err.msg);
+    snprintf(text, sizeof text, "%s  adamw_bf16_gparams_per_core: 0.5\n  adamw_8bit_gparams_per_core: 0.25\n", k_valid);
+    EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) == MT_OK && hw.adamw_bf16_rate == 0.5e9 &&
+               hw.adamw_8bit_rate == 0.25e9 && !(hw.assumed & SCHED_HW_ASSUMED_ADAMW_LITE),
+           "lighter moments' rates: %s", err.msg);
+    snprintf(text, sizeof text, "%s  adamw_8bit_gparams_per_core: 0\n", k_valid);
+    EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) != MT_OK &&
+               strstr(err.msg, "host.adamw_8bit_gparams_per_core: expected G parameters/s"),
+           "a zero rate: %s", err.msg);
     snprintf(text, sizeof text, "%s  pack_bandwidth: 5.9\n", k_valid);
     EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) != MT_OK &&
                strstr(err.msg, "host.pack_bandwidth: expected a bandwidth"),

@@ -282,8 +282,53 @@ static void test_rates(void) {
     EXPECT(predict(&m, &sh, &h, SCHED_POLICY_OFFLOAD_ALL) > off, "slower host AdamW, slower step");
 }
 
+/* Host AdamW with lighter moments: bf16 and 8-bit moments move fewer bytes
+ * per parameter (m and v each read and written) but their arithmetic has a
+ * rate of its own; the step takes the slower of the two. */
+static void test_moment_rates(void) {
+    sched_test_model_t m = mixtral();
+    m.num_layers = 2;
+    const sched_run_shape_t sh = full_ft(4096);
+    mt_error_t err = {0};
+    sched_hw_t hw;
+    if (sched_hw_load("configs/hw/h100-sxm.yaml", &hw, &err) != MT_OK) {
+        EXPECT(false, "%s", err.msg);
+        return;
+    }
+    sched_test_setup_t f32, fast, slow;
+    sched_hw_t h = hw;
+    h.adamw_8bit_rate = 1e15; /* never bound by arithmetic */
+    EXPECT(sched_test_setup(&f32, &m, &sh, &hw, &err) == MT_OK && sched_test_setup(&fast, &m, &sh, &h, &err) == MT_OK,
+           "%s", err.msg);
+    h.adamw_8bit_rate = 1e6; /* always */
+    EXPECT(sched_test_setup(&slow, &m, &sh, &h, &err) == MT_OK, "%s", err.msg);
+    sched_workload_set_moments(&fast.w, 2);
+    sched_workload_set_moments(&slow.w, 2);
+    const double per = 2.0 + 2.0 * 4.0 / 256.0; /* 8-bit m and v with their absmax, bytes per parameter */
+    int checked = 0;
+    for (int b = 0; b < f32.w.num_blocks; b++) {
+        const sched_block_cost_t *c = &f32.w.blocks[b];
+        const double params = c->grad_step_bytes / 4.0;
+        if (params <= 0) continue;
+        const double bpp = c->adam_host_s * hw.adamw_bw / params; /* 28 or 30 with fp32 moments */
+        EXPECT(fabs(bpp - 30.0) < 1e-6 || fabs(bpp - 28.0) < 1e-6, "block %d: %g B per parameter", b, bpp);
+        const double want = (bpp - 2.0 * (8.0 - per)) * params / hw.adamw_bw;
+        EXPECT(fabs(fast.w.blocks[b].adam_host_s - want) <= 1e-9 * want, "block %d: 8-bit by its bytes %g, want %g", b,
+               fast.w.blocks[b].adam_host_s, want);
+        const double bound = params / (1e6 * hw.host_cores);
+        EXPECT(fabs(slow.w.blocks[b].adam_host_s - bound) <= 1e-9 * bound, "block %d: 8-bit by its arithmetic %g, want %g",
+               b, slow.w.blocks[b].adam_host_s, bound);
+        checked++;
+    }
+    EXPECT(checked == f32.w.num_blocks, "every block trains: %d of %d", checked, f32.w.num_blocks);
+    sched_test_teardown(&f32);
+    sched_test_teardown(&fast);
+    sched_test_teardown(&slow);
+}
+
 int main(void) {
     test_rates();
+    test_moment_rates();
     test_mixtral_full();
     test_qwen3_lora();
     sched_test_model_t m = mixtral();

@@ -248,15 +248,14 @@ static double measure_interference(int threads) {
 
 /* ---- the host's work beside the copies, and the optimizer --------------- */
 
-/* Bytes of host AdamW traffic per second (28 per parameter: fp32 p, g, m,
- * v read, p, m, v written, as the cost model counts them) over n
+/* Parameters per second of host AdamW with moments in fmt over n
  * parameters on `threads` threads (0: every core). */
-static double measure_adamw(size_t n, int threads, int reps) {
+static double measure_adamw(kern_moments_fmt_t fmt, size_t n, int threads, int reps) {
     float *p = malloc(n * sizeof *p), *g = malloc(n * sizeof *g);
-    void *mom_base = calloc(1, kern_moments_bytes(KERN_MOMENTS_F32, n));
+    void *mom_base = calloc(1, kern_moments_bytes(fmt, n));
     MT_CHECK(p && g && mom_base, "out of host memory for the AdamW calibration");
     for (size_t i = 0; i < n; i++) p[i] = (float)(i & 1023) * 0.001f, g[i] = (float)(i & 63) * 1e-4f;
-    const kern_moments_t mom = kern_moments_view(KERN_MOMENTS_F32, mom_base, n, 0);
+    const kern_moments_t mom = kern_moments_view(fmt, mom_base, n, 0);
     kern_threadpool_t *pool = kern_threadpool_create(threads);
     kern_adamw_params_t ap = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
                               .grad_scale = 1.0f};
@@ -272,7 +271,7 @@ static double measure_adamw(size_t n, int threads, int reps) {
     free(mom_base);
     free(g);
     free(p);
-    return 28.0 * (double)n / best;
+    return (double)n / best;
 }
 
 /* Bytes per second copied between host memory and staging on `threads`
@@ -306,7 +305,13 @@ static void measure_host_work(bool gpu, int cores, size_t adam_params, int reps,
     const int threads = moe_staging_default_pack_threads(gpu, cores);
     out->pack_bw = measure_staging_copy(n * sizeof(uint16_t), threads, reps); /* bf16 weights in */
     out->unpack_bw = measure_staging_copy(n * sizeof(float), threads, reps);  /* fp32 gradients out */
-    out->adamw_bw = measure_adamw(adam_params, 0, reps);
+    /* fp32 as the cost model counts its traffic: p, g, m, v read, p, m, v
+     * written, 28 B per parameter */
+    out->adamw_bw = 28.0 * measure_adamw(KERN_MOMENTS_F32, adam_params, 0, reps);
+    /* the lighter formats are bound by their arithmetic: fewer parameters
+     * show the rate */
+    out->adamw_bf16_rate = measure_adamw(KERN_MOMENTS_BF16, adam_params / 4, 0, reps);
+    out->adamw_8bit_rate = measure_adamw(KERN_MOMENTS_8BIT, adam_params / 4, 0, reps);
 }
 
 /* ---- the run's NVMe directory ---------------------------------------------- */

@@ -40,6 +40,9 @@ int main(void) {
     EXPECT(isfinite(c.pack_bw) && c.pack_bw > 1e7 && isfinite(c.unpack_bw) && c.unpack_bw > 1e7, "pack %g unpack %g B/s",
            c.pack_bw, c.unpack_bw);
     EXPECT(isfinite(c.adamw_bw) && c.adamw_bw > 1e7, "AdamW %g B/s", c.adamw_bw);
+    EXPECT(isfinite(c.adamw_bf16_rate) && c.adamw_bf16_rate > 1e5 && isfinite(c.adamw_8bit_rate) &&
+               c.adamw_8bit_rate > 1e5,
+           "AdamW with bf16 / 8-bit moments %g / %g parameters/s", c.adamw_bf16_rate, c.adamw_8bit_rate);
     EXPECT(!c.attn_tc && isfinite(c.attn_flops[SCHED_DIR_FWD]) && c.attn_flops[SCHED_DIR_FWD] > 1e7 &&
                isfinite(c.attn_flops[SCHED_DIR_BWD]) && c.attn_flops[SCHED_DIR_BWD] > 1e7,
            "attention %g / %g FLOP/s", c.attn_flops[SCHED_DIR_FWD], c.attn_flops[SCHED_DIR_BWD]);

@@ -305,8 +305,15 @@ static void rates_text(FILE *f, const plan_ctx_t *c) {
             hw->attn_flops[p][SCHED_DIR_FWD] / 1e12, hw->attn_flops[p][SCHED_DIR_BWD] / 1e12,
             p == SCHED_ATTN_TC ? "tensor-core path" : "fp32 kernel", any ? "" : "; no attention op",
             sched_hw_device_bw(hw) / 1e9);
-    fprintf(f, "host work  AdamW %.0f GB/s, pack into staging %.3g GB/s, gradient unpack %.3g GB/s\n",
-            hw->adamw_bw / 1e9, hw->pack_bw / 1e9, hw->unpack_bw / 1e9);
+    const int fmt = eng_config_moments(&c->rc);
+    char lite[128] = "";
+    if (fmt != 0) /* a lighter format's arithmetic may bound it (optimizer-state.md) */
+        snprintf(lite, sizeof lite, " or %.3g G parameters/s with %s moments (%.2f per core x %d)",
+                 (fmt == 1 ? hw->adamw_bf16_rate : hw->adamw_8bit_rate) * hw->host_cores / 1e9,
+                 fmt == 1 ? "bf16" : "8-bit", (fmt == 1 ? hw->adamw_bf16_rate : hw->adamw_8bit_rate) / 1e9,
+                 hw->host_cores);
+    fprintf(f, "host work  AdamW %.0f GB/s%s, pack into staging %.3g GB/s, gradient unpack %.3g GB/s\n",
+            hw->adamw_bw / 1e9, lite, hw->pack_bw / 1e9, hw->unpack_bw / 1e9);
     char assumed[512];
     sched_hw_assumed_line(hw, assumed, sizeof assumed);
     if (assumed[0]) fprintf(f, "assumed    (not in the profile) %s\n", assumed);
@@ -572,6 +579,8 @@ static json_t *hardware_json(const plan_ctx_t *c) {
                                                   "fwd_flops_per_s", num(hw->attn_flops[p][SCHED_DIR_FWD]),
                                                   "bwd_flops_per_s", num(hw->attn_flops[p][SCHED_DIR_BWD])));
     json_object_set_new(h, "adamw_bytes_per_s", num(hw->adamw_bw));
+    json_object_set_new(h, "adamw_bf16_params_per_s_per_core", num(hw->adamw_bf16_rate));
+    json_object_set_new(h, "adamw_8bit_params_per_s_per_core", num(hw->adamw_8bit_rate));
     json_object_set_new(h, "pack_bytes_per_s", num(hw->pack_bw));
     json_object_set_new(h, "unpack_bytes_per_s", num(hw->unpack_bw));
     json_object_set_new(h, "assumed", json_string(assumed));
