@@ -167,7 +167,26 @@ typedef enum {
     MOE_STAGING_PINNED,       /* the host tensor is itself in pinned memory: copied from (H2D) or into
                                * (D2H) where it is, one copy of its own, with no staging region and
                                * nothing packed or unpacked */
+    MOE_STAGING_READ,         /* H2D: `host` is a moe_staging_read_t whose reader fills the staged
+                               * bytes where the pack would copy them (a read from disk lands in
+                               * staging, with no buffer of its own) */
 } moe_staging_op_t;
+
+/* A MOE_STAGING_READ item's source.  read() fills dst with the item's
+ * bytes; dst is aligned to MOE_STAGING_READ_ALIGN and `room` bytes long,
+ * so an O_DIRECT read (and a trailer of the reader's own after the bytes)
+ * can land there.  It runs where a pack runs (a pack thread, or the caller
+ * without them), before the item's copy, and cannot stop the batch: a
+ * reader that fails keeps and reports its failure itself, and what it left
+ * in staging crosses the link.  The request must live, unchanged, until
+ * the batch's copies are done. */
+typedef struct moe_staging_read {
+    void (*read)(struct moe_staging_read *req, void *dst, size_t room);
+    size_t room; /* what read() may write at dst: at least the item's bytes, a multiple of
+                  * MOE_STAGING_READ_ALIGN */
+} moe_staging_read_t;
+
+enum { MOE_STAGING_READ_ALIGN = 4096 };
 
 typedef struct {
     void *host;          /* pageable host tensor: source (H2D) or destination (D2H) */

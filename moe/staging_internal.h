@@ -49,6 +49,8 @@ typedef struct staging_pack_job {
         const void *src;
         size_t bytes;
         moe_staging_op_t op;
+        size_t room; /* MOE_STAGING_READ: the aligned room at dst the read fills (0: none there, it
+                      * reads into a buffer of its own and copies the bytes over) */
     } *cp;
     int taken, finished; /* pieces handed to pack threads, and done; under pool->lock */
     bool done;           /* under pool->lock */
@@ -125,6 +127,9 @@ void staging_pack_start(moe_staging_t *pool);
 void staging_pack_stop(moe_staging_t *pool);
 staging_pack_job_t *staging_job_new(moe_staging_t *pool);
 void staging_job_add(staging_pack_job_t *j, void *dst, const void *src, size_t bytes, moe_staging_op_t op);
+/* A MOE_STAGING_READ item's piece: req reads its bytes into dst, straight
+ * into `room` aligned bytes there, or (room 0) through a buffer. */
+void staging_job_add_read(staging_pack_job_t *j, void *dst, moe_staging_read_t *req, size_t bytes, size_t room);
 void staging_job_free(staging_pack_job_t *j);
 /* H2D: the job is packed before the copies issued on `stream` after this
  * call: queued to the pack threads with the stream held until it is done,

@@ -22,7 +22,8 @@ staging_pack_job_t *staging_job_new(moe_staging_t *p) {
     return j;
 }
 
-static void job_add_piece(staging_pack_job_t *j, void *dst, const void *src, size_t bytes, moe_staging_op_t op) {
+static void job_add_piece(staging_pack_job_t *j, void *dst, const void *src, size_t bytes, moe_staging_op_t op,
+                          size_t room) {
     if (j->n == j->cap) {
         j->cap = j->cap ? 2 * j->cap : 16;
         j->cp = realloc(j->cp, (size_t)j->cap * sizeof *j->cp);
@@ -32,6 +33,7 @@ static void job_add_piece(staging_pack_job_t *j, void *dst, const void *src, siz
     j->cp[j->n].src = src;
     j->cp[j->n].bytes = bytes;
     j->cp[j->n].op = op;
+    j->cp[j->n].room = room;
     j->n++;
 }
 
@@ -43,8 +45,12 @@ void staging_job_add(staging_pack_job_t *j, void *dst, const void *src, size_t b
     const size_t src_per_dst = op == MOE_STAGING_F32_TO_BF16 ? 2 : 1;
     for (size_t off = 0; off < bytes; off += STAGING_PACK_PIECE) {
         const size_t k = bytes - off < STAGING_PACK_PIECE ? bytes - off : STAGING_PACK_PIECE;
-        job_add_piece(j, (char *)dst + off, (const char *)src + off * src_per_dst, k, op);
+        job_add_piece(j, (char *)dst + off, (const char *)src + off * src_per_dst, k, op, 0);
     }
+}
+
+void staging_job_add_read(staging_pack_job_t *j, void *dst, moe_staging_read_t *req, size_t bytes, size_t room) {
+    job_add_piece(j, dst, req, bytes, MOE_STAGING_READ, room); /* one read, whole */
 }
 
 void staging_job_free(staging_pack_job_t *j) {
@@ -71,8 +77,25 @@ static void add_f32(void *dst, const void *src, size_t bytes) {
     }
 }
 
+/* A read item's bytes, read straight into staging where the layout gave it
+ * aligned room; where it did not (a slot or slab just the item's size), into
+ * an aligned buffer first. */
+static void read_piece(const staging_pack_job_t *j, int k) {
+    moe_staging_read_t *req = (moe_staging_read_t *)j->cp[k].src;
+    if (j->cp[k].room) {
+        req->read(req, j->cp[k].dst, j->cp[k].room);
+        return;
+    }
+    void *buf = aligned_alloc(MOE_STAGING_READ_ALIGN, req->room);
+    MT_CHECK(buf, "out of host memory for a %zu-byte read into staging", req->room);
+    req->read(req, buf, req->room);
+    memcpy(j->cp[k].dst, buf, j->cp[k].bytes);
+    free(buf);
+}
+
 static void piece_run(const staging_pack_job_t *j, int k) {
-    if (j->cp[k].op == MOE_STAGING_ADD_F32) add_f32(j->cp[k].dst, j->cp[k].src, j->cp[k].bytes);
+    if (j->cp[k].op == MOE_STAGING_READ) read_piece(j, k);
+    else if (j->cp[k].op == MOE_STAGING_ADD_F32) add_f32(j->cp[k].dst, j->cp[k].src, j->cp[k].bytes);
     else if (j->cp[k].op == MOE_STAGING_F32_TO_BF16)
         mt_convert_from_f32(j->cp[k].dst, MT_BF16, j->cp[k].src, j->cp[k].bytes / 2);
     else memcpy(j->cp[k].dst, j->cp[k].src, j->cp[k].bytes);

@@ -41,6 +41,23 @@ enum { FLUSH_BYTES = 2 << 20 };
 
 static size_t align_to(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 
+/* A read item's room in staging (moe_staging_read_t). */
+static size_t read_cap(const moe_staging_xfer_t *it) { return ((const moe_staging_read_t *)it->host)->room; }
+
+/* The most a read item's start moves to reach the read alignment in a
+ * region aligned to `align`. */
+static size_t read_slack(size_t align) { return align < MOE_STAGING_READ_ALIGN ? MOE_STAGING_READ_ALIGN - align : 0; }
+
+/* The first offset at or after pos in a region at host address base where
+ * an item starts: aligned to align, and for a read item its address aligned
+ * to the read alignment too. */
+static size_t item_start(const void *base, size_t pos, size_t align, bool read) {
+    pos = align_to(pos, align);
+    if (!read) return pos;
+    const uintptr_t at = (uintptr_t)base + pos;
+    return pos + (align_to(at, MOE_STAGING_READ_ALIGN) - at);
+}
+
 /* ---- groups --------------------------------------------------------------- */
 
 typedef struct {
@@ -81,11 +98,15 @@ static void group_add_copy(group_t *g, int reg, size_t off, char *dev, size_t by
     g->cp[g->ncp++] = (group_copy_t){reg, off, dev, bytes};
 }
 
-/* Places item bytes at region `reg` + off: a memcpy (H2D: pack) or op (D2H: unpack) in the job. */
-static void group_add_item(moe_staging_t *p, group_t *g, int reg, size_t off, const moe_staging_xfer_t *it) {
+/* Places item bytes at region `reg` + off: a memcpy (H2D: pack), a read
+ * (into `room` aligned bytes there, 0: through a buffer) or an op (D2H:
+ * unpack) in the job. */
+static void group_add_item(moe_staging_t *p, group_t *g, int reg, size_t off, const moe_staging_xfer_t *it,
+                           size_t room) {
     if (!g->job) g->job = staging_job_new(p);
     char *staged = (char *)g->reg[reg].host + off;
-    if (g->dir == MOE_STAGING_H2D) staging_job_add(g->job, staged, it->host, it->bytes, it->op);
+    if (it->op == MOE_STAGING_READ) staging_job_add_read(g->job, staged, it->host, it->bytes, room);
+    else if (g->dir == MOE_STAGING_H2D) staging_job_add(g->job, staged, it->host, it->bytes, it->op);
     else staging_job_add(g->job, it->host, staged, it->bytes, it->op);
     g->bytes += it->bytes;
 }
@@ -137,8 +158,11 @@ static int cmp_dev(const void *a, const void *b) {
     return u < v ? -1 : u > v;
 }
 
-/* True when item b continues item a's device run (see dev_pad_align). */
+/* True when item b continues item a's device run (see dev_pad_align).  A
+ * read item is a run of its own: it fills its whole rounded room, which may
+ * reach into the next item's place. */
 static bool adjacent(const moe_staging_xfer_t *a, const moe_staging_xfer_t *b, size_t pad_align) {
+    if (a->op == MOE_STAGING_READ || b->op == MOE_STAGING_READ) return false;
     const uintptr_t end = (uintptr_t)a->dev + a->bytes, next = (uintptr_t)b->dev;
     if (next == end) return true;
     return pad_align && next > end && next <= align_to(end, pad_align);
@@ -149,11 +173,12 @@ static size_t chunk_span(const moe_staging_xfer_t *const *it, int i, int n, size
     size_t pos = 0, run_pos = 0;
     uintptr_t run_dev = 0;
     for (int k = i; k < n; k++) {
+        const bool read = it[k]->op == MOE_STAGING_READ;
         if (k == i || !adjacent(it[k - 1], it[k], pad)) {
-            run_pos = align_to(pos, align);
+            run_pos = align_to(pos, align) + (read ? read_slack(align) : 0);
             run_dev = (uintptr_t)it[k]->dev;
         }
-        pos = run_pos + ((uintptr_t)it[k]->dev - run_dev) + it[k]->bytes;
+        pos = run_pos + ((uintptr_t)it[k]->dev - run_dev) + (read ? read_cap(it[k]) : it[k]->bytes);
     }
     return pos;
 }
@@ -184,10 +209,16 @@ static mt_status_t batch_compact(moe_staging_t *p, group_t *g, const moe_staging
         int j = i;
         for (; j < n; j++) {
             const bool new_run = j == i || !adjacent(it[j - 1], it[j], pad);
-            const size_t start = new_run ? align_to(pos, p->align) : run_pos;
+            const bool read = it[j]->op == MOE_STAGING_READ;
+            size_t start = new_run ? item_start(r.host, pos, p->align, read) : run_pos;
+            size_t fills = read ? read_cap(it[j]) : it[j]->bytes;
+            if (read && start + fills > room) { /* no aligned room left: read through a buffer */
+                start = align_to(pos, p->align);
+                fills = it[j]->bytes;
+            }
             const uintptr_t dev0 = new_run ? (uintptr_t)it[j]->dev : run_dev;
             const size_t at = start + ((uintptr_t)it[j]->dev - dev0);
-            if (at + it[j]->bytes > room) break;
+            if (at + fills > room) break;
             if (new_run) {
                 run_pos = start;
                 run_dev = dev0;
@@ -196,8 +227,8 @@ static mt_status_t batch_compact(moe_staging_t *p, group_t *g, const moe_staging
                 group_copy_t *c = &g->cp[g->ncp - 1];
                 c->bytes = at + it[j]->bytes - c->off; /* the run grows: padding between items rides along */
             }
-            group_add_item(p, g, reg, at, it[j]);
-            pos = at + it[j]->bytes;
+            group_add_item(p, g, reg, at, it[j], read && fills == read_cap(it[j]) ? fills : 0);
+            pos = at + fills;
             payload += it[j]->bytes;
         }
         MT_CHECK(j > i, "staging: a %zu-byte region cannot hold a %zu-byte item", room, it[i]->bytes);
@@ -221,8 +252,12 @@ static mt_status_t batch_each(moe_staging_t *p, group_t *g, const moe_staging_xf
         }
         if (st != MT_OK) return st;
         const int reg = group_add_region(g, &r);
+        /* a read lands straight in the region when it is aligned and holds
+         * the rounded read (a page-rounded block does; a slot may not) */
+        const bool direct = it[i]->op == MOE_STAGING_READ && (uintptr_t)r.host % MOE_STAGING_READ_ALIGN == 0 &&
+                            read_cap(it[i]) <= p->rec[r.id].size;
         group_add_copy(g, reg, 0, it[i]->dev, it[i]->bytes);
-        group_add_item(p, g, reg, 0, it[i]);
+        group_add_item(p, g, reg, 0, it[i], direct ? read_cap(it[i]) : 0);
         if (g->bytes >= FLUSH_BYTES) group_flush(p, g);
     }
     return MT_OK;
@@ -246,6 +281,7 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
                                 items[k].host ? "device" : "host");
         }
         const bool h2d_op_ok = items[k].op == MOE_STAGING_COPY || items[k].op == MOE_STAGING_PINNED ||
+                               items[k].op == MOE_STAGING_READ ||
                                (items[k].op == MOE_STAGING_F32_TO_BF16 && items[k].bytes % 2 == 0);
         const bool d2h_op_ok = items[k].op == MOE_STAGING_COPY || items[k].op == MOE_STAGING_PINNED ||
                                items[k].op == MOE_STAGING_ADD_F32;
@@ -253,6 +289,12 @@ static mt_status_t batch(moe_staging_t *p, int dir, kern_stream_t *stream, const
             free(it);
             return mt_error_set(err, MT_ERR_INTERNAL, "%s: item %d: operation %d does not apply to %s copies of %zu bytes",
                                 tag, k, (int)items[k].op, dir == MOE_STAGING_H2D ? "H2D" : "D2H", items[k].bytes);
+        }
+        if (items[k].op == MOE_STAGING_READ && (read_cap(&items[k]) < items[k].bytes ||
+                                                read_cap(&items[k]) % MOE_STAGING_READ_ALIGN)) {
+            free(it);
+            return mt_error_set(err, MT_ERR_INTERNAL, "%s: item %d reads %zu bytes into a room of %zu", tag, k,
+                                items[k].bytes, read_cap(&items[k]));
         }
         if (dir == MOE_STAGING_D2H && items[k].op == MOE_STAGING_ADD_F32 && items[k].bytes % sizeof(float)) {
             free(it);

@@ -436,6 +436,12 @@ mt_status_t exec_micro_loss(eng_exec_t *x, step_t *st, const eng_batch_t *batch,
     kern_memcpy_d2h(x->dev, s, host_loss, loss_rows, (size_t)n * sizeof(float));
     kern_stream_sync(x->dev, s);
     kern_free(x->dev, loss_rows);
+    /* a weight this pass computed with was read from the NVMe tier beside
+     * it; if that failed, this is no loss (residency.h) */
+    if (eng_optim_nvme_error(x->hopt.nvme, err) != MT_OK) {
+        free(host_loss);
+        return err->code;
+    }
     double sum = 0;
     for (int t = 0; t < n; t++) sum += host_loss[t];
     free(host_loss);

@@ -187,7 +187,8 @@ mt_status_t eng_optim_nvme_drain(eng_optim_nvme_t *nv, mt_error_t *err);
 /* The tier's traffic so far (zeros for NULL). */
 eng_nvme_io_t eng_optim_nvme_io(eng_optim_nvme_t *nv);
 
-/* Records the worker's first failure (kept unless one is already); returns st. */
+/* Records a failure in the background, the worker's or a fetch's read into
+ * staging (kept unless one is already; MT_OK records nothing); returns st. */
 mt_status_t eng_optim_nvme_note(eng_optim_nvme_t *nv, mt_status_t st, const mt_error_t *err);
 /* The recorded failure, copied into err (MT_OK: none). */
 mt_status_t eng_optim_nvme_error(eng_optim_nvme_t *nv, mt_error_t *err);

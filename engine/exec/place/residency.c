@@ -36,48 +36,45 @@ void exec_residency_free(exec_residency_t *r) {
     free(r->holding);
     free(r->param_refs);
     free(r->w_span);
+    free(r->home_reads);
     memset(r, 0, sizeof *r);
+}
+
+/* A home read on a pack thread (moe_staging_read_t): no status to return,
+ * so a failure is the tier's to keep and the step's to report. */
+static void read_home(moe_staging_read_t *req, void *dst, size_t room) {
+    exec_home_read_t *h = (exec_home_read_t *)req;
+    (void)room; /* the home's buffer bytes (made so) */
+    mt_error_t err = {0};
+    const mt_status_t st = eng_optim_nvme_read_homes(h->nv, h->m, &h->param, 1, dst, &err);
+    eng_optim_nvme_note(h->nv, st, &err);
 }
 
 /* The fetch's weights whose home is on the NVMe tier (engine/optim/
  * nvme_state.h; a trained parameter's bf16 working copy, a frozen base's
- * home): read into one buffer of their own, the batch's items pointed at
- * it.  Plain copies: a home is stored as the fetch copies it, a working
- * copy as computed with, a quantised base's bytes as they land beside it
- * (the item's size says so, checked); *buf the buffer, NULL when none. */
-static mt_status_t read_nvme_homes(exec_residency_t *r, const int *need, int k, moe_staging_xfer_t *items, void **buf,
-                                   mt_error_t *err) {
+ * home) are read into staging where the pack would copy them.  Plain
+ * copies: a home is stored as the fetch copies it, a working copy as
+ * computed with, a quantised base's bytes as they land beside it (the
+ * item's size says so, checked). */
+static void read_nvme_homes(exec_residency_t *r, const int *need, int k, moe_staging_xfer_t *items) {
     const eng_model_t *m = r->env->model;
     eng_optim_nvme_t *nv = r->hopt->nvme;
-    *buf = NULL;
-    int n = 0;
-    size_t bytes = 0;
-    for (int j = 0; j < k; j++)
-        if (eng_optim_nvme_holds_home(nv, need[j])) n++, bytes += eng_optim_nvme_home_buffer_bytes(m, need[j]);
-    if (n == 0) return MT_OK;
-    int *idx = malloc((size_t)n * sizeof *idx);
-    char *b = eng_optim_nvme_buffer_alloc(bytes);
-    MT_CHECK(idx && b, "out of host memory for %zu bytes of weights read from the NVMe tier", bytes);
-    size_t off = 0;
-    n = 0;
     for (int j = 0; j < k; j++) {
-        if (!eng_optim_nvme_holds_home(nv, need[j])) continue;
-        idx[n++] = need[j];
-        MT_CHECK(items[j].bytes == eng_optim_nvme_home_bytes(m, need[j]),
-                 "the fetch of %s copies %zu bytes, its home on the NVMe tier holds %zu", m->params[need[j]].spec->name,
-                 items[j].bytes, eng_optim_nvme_home_bytes(m, need[j]));
-        items[j].host = b + off;
-        items[j].op = MOE_STAGING_COPY;
-        off += eng_optim_nvme_home_buffer_bytes(m, need[j]);
+        const int i = need[j];
+        if (!eng_optim_nvme_holds_home(nv, i)) continue;
+        MT_CHECK(items[j].bytes == eng_optim_nvme_home_bytes(m, i),
+                 "the fetch of %s copies %zu bytes, its home on the NVMe tier holds %zu", m->params[i].spec->name,
+                 items[j].bytes, eng_optim_nvme_home_bytes(m, i));
+        if (!r->home_reads) { /* made once: a pack thread may still be reading an earlier fetch's request */
+            r->home_reads = malloc((size_t)m->num_params * sizeof *r->home_reads);
+            MT_CHECK_ALLOC(r->home_reads, "NVMe home reads");
+            for (int q = 0; q < m->num_params; q++)
+                r->home_reads[q] = (exec_home_read_t){
+                    .base = {read_home, eng_optim_nvme_home_buffer_bytes(m, q)}, .nv = nv, .m = m, .param = q};
+        }
+        items[j].host = &r->home_reads[i].base;
+        items[j].op = MOE_STAGING_READ;
     }
-    const mt_status_t st = eng_optim_nvme_read_homes(nv, m, idx, n, b, err);
-    free(idx);
-    if (st != MT_OK) {
-        eng_optim_nvme_buffer_free(b);
-        return st;
-    }
-    *buf = b;
-    return MT_OK;
 }
 
 /* Block b takes a reference to each streamed tensor of ids; those not on the
@@ -128,14 +125,9 @@ static mt_status_t hold_params(exec_residency_t *r, int b, const int *ids, int n
             items[j] = exec_w_upload_item(p, d->w, exec_w_landing(p, d->w));
             exec_counters_weight_h2d(r->cnt, exec_w_link_bytes(p));
         }
-        void *from_nvme = NULL;
-        st = read_nvme_homes(r, need, k, items, &from_nvme, err);
+        read_nvme_homes(r, need, k, items);
         const uint64_t before = exec_stage_copies(r->stage, MOE_STAGING_H2D);
-        if (st == MT_OK) st = exec_stage_batch_h2d(r->stage, items, k, tag, err);
-        /* the copies read it until the H2D stream passes this point */
-        if (from_nvme)
-            kern_launch_host_fn(r->env->dev, kern_stream(r->env->dev, KERN_STREAM_H2D), eng_optim_nvme_buffer_free,
-                                from_nvme);
+        st = exec_stage_batch_h2d(r->stage, items, k, tag, err);
         exec_held_t *dq = &r->dequant[b];
         for (int j = 0; j < k && st == MT_OK; j++)
             if (m->params[need[j]].home_q) {

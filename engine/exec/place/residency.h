@@ -5,8 +5,15 @@
  * predicted to choose, moe/expert_predict.h), from their homes in host
  * memory or, where the plan keeps a block's homes on the NVMe tier (a
  * trained bf16 working copy, a LoRA run's frozen base), read from there
- * first; held by reference while any block uses them, and released into
- * their span afterwards.
+ * straight into the staging pool's pinned buffers by its pack threads
+ * (moe/staging.h, MOE_STAGING_READ); held by reference while any block
+ * uses them, and released into their span afterwards.
+ *
+ * A read from the tier runs beside the issuing thread, so it cannot
+ * return a failure to the fetch: the tier keeps it (eng_optim_nvme_note)
+ * and the step reports it once the loss is known (exec_micro_loss) or at
+ * the optimizer step, before any update is kept; what crossed the link in
+ * between is never a result.
  *
  * Above the spans it fills, the staging pool its fetches go through, the
  * counters of what crossed and the host optimizer worker (a streamed
@@ -34,6 +41,14 @@ typedef struct {
     bool fetched;
 } exec_held_t;
 
+/* A parameter's home on the NVMe tier as the staging pool reads it. */
+typedef struct {
+    moe_staging_read_t base;
+    eng_optim_nvme_t *nv;
+    const eng_model_t *m;
+    int param;
+} exec_home_read_t;
+
 typedef struct {
     const eng_layer_env_t *env; /* not owned: device, model, copies (dp), plan */
     exec_lists_t *lists;        /* not owned: what each block fetches */
@@ -47,6 +62,8 @@ typedef struct {
     exec_held_t *dequant;   /* per block: fetched quantised weights exec_wait_block dequantises */
     int *param_refs;        /* per parameter: blocks holding its device copy */
     int *w_span;            /* per parameter: span of its streamed weight, -1 = none */
+    exec_home_read_t *home_reads; /* per parameter: its home's read from the NVMe tier (made on the
+                                   * first; a batch's requests live until its copies are done) */
 } exec_residency_t;
 
 void exec_residency_init(exec_residency_t *r, const eng_layer_env_t *env, exec_lists_t *lists,
