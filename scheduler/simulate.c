@@ -215,6 +215,12 @@ static void fill_result(sim_t *s, const double stat[SCHED_MEM_COUNT], const sche
     double best = s->busy[SCHED_RES_COMPUTE];
     for (int r = 1; r < SCHED_RES_COUNT; r++)
         if (s->waited[r] > best) best = s->waited[r], out->bottleneck = (sched_resource_t)r;
+    /* compute busier than any one wait, but its idle time split between
+     * streams: a stream busier than compute still bounds the step (a faster
+     * compute would not shorten it) */
+    if (out->bottleneck == SCHED_RES_COMPUTE)
+        for (int r = 1; r < SCHED_RES_COUNT; r++)
+            if (s->waited[r] > 0 && s->busy[r] > best) best = s->busy[r], out->bottleneck = (sched_resource_t)r;
     for (int m = 0; m < SCHED_MEM_COUNT; m++) {
         out->static_bytes[m] = stat[m];
         out->peak[m] = sim_finish_mem(s, (sched_mem_t)m, stat[m], opts && opts->timelines, &out->timeline[m]);

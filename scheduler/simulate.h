@@ -184,7 +184,9 @@ typedef struct {
      * resource that finished last) */
     double waited[SCHED_RES_COUNT];
     double compute_idle;
-    sched_resource_t bottleneck;  /* largest of compute busy time and the waits */
+    sched_resource_t bottleneck;  /* largest of compute busy time and the waits; where that is compute, a
+                                   * stream busier than compute that compute waited on (the step is no
+                                   * shorter than that stream's busy time, whatever compute's speed) */
     double peak[SCHED_MEM_COUNT];
     double static_bytes[SCHED_MEM_COUNT]; /* held for the whole step */
     double h2d_bytes, d2h_bytes;

@@ -87,6 +87,18 @@ static void test_overlap(void) {
     EXPECT(r.bottleneck == SCHED_RES_H2D && NEAR(r.waited[SCHED_RES_H2D], 9), "h2d bound: %s, waited %g",
            sched_resource_name(r.bottleneck), r.waited[SCHED_RES_H2D]);
     sched_sim_result_free(&r);
+    sched_workload_free(&w);
+
+    /* fetch 2 s, compute 1 s: compute (6 s busy) waits less than that on
+     * the link, but the link is busy longer than compute: the link bounds
+     * the step, not compute */
+    blocks3(&w, 1, 1, 2);
+    step(&w, &p, &r);
+    EXPECT(r.waited[SCHED_RES_H2D] < r.busy[SCHED_RES_COMPUTE] && r.busy[SCHED_RES_COMPUTE] < r.busy[SCHED_RES_H2D],
+           "the case: waited %g, compute busy %g, link busy %g", r.waited[SCHED_RES_H2D], r.busy[SCHED_RES_COMPUTE],
+           r.busy[SCHED_RES_H2D]);
+    EXPECT(r.bottleneck == SCHED_RES_H2D, "busier link bound: %s", sched_resource_name(r.bottleneck));
+    sched_sim_result_free(&r);
     sched_plan_free(&p);
     sched_workload_free(&w);
 }
