@@ -101,7 +101,8 @@ double compute_s(const measure_t *m, int nb);
 /* --speculative: the speculative host optimizer against waiting for the norm (step_speculative.c). */
 int speculative_report(const char *ckpt, const opts_t *o, double link_bps);
 /* --nvme DIR: offload_all with every block's host AdamW state on an NVMe
- * tier in DIR against host memory (step_nvme.c). */
+ * tier in DIR against host memory, and in bf16 with the decoder layers'
+ * weights' homes there too (step_nvme.c). */
 int nvme_report(const char *ckpt, const opts_t *o, double link_bps, const measure_t *keep);
 void measure_free(measure_t *m);
 

@@ -1,10 +1,13 @@
 /* `moetune bench step --nvme DIR` (see step_bench.h): the NVMe tier on a
  * real directory against host memory.
  *
- * Two runs of offload_all side by side (host AdamW overlapping the
- * backward, no clipping), one step of each in turn: every block's AdamW
- * state in host memory, and every block's on an NVMe tier in DIR (the
- * moments; the fp32 masters too in bf16).  In the same run it measures
+ * Runs of offload_all side by side (host AdamW overlapping the backward,
+ * no clipping), one step of each in turn: every block's AdamW state in
+ * host memory, and every block's on an NVMe tier in DIR (the moments; the
+ * fp32 masters too in bf16); in bf16 a third with the streamed blocks'
+ * bf16 working copies on the tier as well, which every fetch reads into
+ * the staging pool's pinned buffers (moe/staging.h, MOE_STAGING_READ) and
+ * every update writes back.  In the same run it measures
  * DIR's raw sequential O_DIRECT rates (store/sio_rate.h, what `--hw
  * calibrate` gives the planner) and reports:
  *   - each run's median step against the simulator's prediction, with the
@@ -25,15 +28,15 @@ enum { RAW_QD = 8 };
 static double rate(uint64_t bytes, double s) { return s > 0 ? (double)bytes / s : 0; }
 
 static void print_text(const opts_t *o, double link_bps, const mt_sio_rates_t *raw, const measure_t *ms,
-                       const double *pred) {
-    static const char *const names[2] = {"host memory", "AdamW state on NVMe"};
+                       const double *pred, int runs) {
+    static const char *const names[3] = {"host memory", "AdamW state on NVMe", "state and weights on NVMe"};
     printf("NVMe tier, offload_all in %s on a %.3f GB/s link (%d steps each, side by side), directory %s:\n",
            o->bf16 == 1 ? "bf16" : "fp32", link_bps / 1e9, o->steps, o->nvme_dir);
     printf("  raw O_DIRECT, 1 MiB requests at queue depth %d: read %.3f GB/s, write %.3f GB/s\n", RAW_QD,
            raw->read_q / 1e9, raw->write_q / 1e9);
-    printf("  %-22s %10s %12s %9s\n", "AdamW state", "step ms", "predicted ms", "pred/meas");
-    for (int i = 0; i < 2; i++)
-        printf("  %-22s %10.2f %12.2f %9.3f\n", names[i], ms[i].median_s * 1e3, pred[i] * 1e3,
+    printf("  %-26s %10s %12s %9s\n", "AdamW state", "step ms", "predicted ms", "pred/meas");
+    for (int i = 0; i < runs; i++)
+        printf("  %-26s %10.2f %12.2f %9.3f\n", names[i], ms[i].median_s * 1e3, pred[i] * 1e3,
                ms[i].median_s > 0 ? pred[i] / ms[i].median_s : 0);
     const eng_nvme_io_t *io = &ms[1].nvme;
     const double r = rate(io->read_bytes, io->read_s), w = rate(io->write_bytes, io->write_s);
@@ -43,14 +46,26 @@ static void print_text(const opts_t *o, double link_bps, const mt_sio_rates_t *r
            io->write_bytes / 1e6, io->write_s * 1e3, w / 1e9, raw->write_q > 0 ? w / raw->write_q : 0);
     printf("  block loads: %llu over the %d steps, %llu of them finding their state read ahead\n",
            (unsigned long long)io->loads, o->steps, (unsigned long long)io->loads_read_ahead);
+    if (runs > 2) {
+        const eng_nvme_io_t *wio = &ms[2].nvme;
+        printf("  with the weights too: %.2f MB read per step (their fetches read into staging on the pack\n"
+               "                       threads), %.2f MB written\n",
+               wio->read_bytes / 1e6, wio->write_bytes / 1e6);
+    }
     printf("  (a block's state is read ahead while the block before it updates and written back while the\n"
            "   blocks after it update, so the optimizer waits only for what is not done yet: above 1 of raw\n"
            "   means hidden; the prediction: the simulator with the array at the raw rates above)\n");
 }
 
-static void print_json(double link_bps, const mt_sio_rates_t *raw, const measure_t *ms, const double *pred) {
+static void print_json(double link_bps, const mt_sio_rates_t *raw, const measure_t *ms, const double *pred,
+                       int runs) {
     const eng_nvme_io_t *io = &ms[1].nvme;
-    printf("{\"link_gbps\": %.6g, \"raw_read_bytes_per_s\": %.6g, \"raw_write_bytes_per_s\": %.6g, "
+    if (runs > 2)
+        printf("{\"weights_step_s\": %.6g, \"weights_predicted_s\": %.6g, \"weights_read_bytes\": %llu, ",
+               ms[2].median_s, pred[2], (unsigned long long)ms[2].nvme.read_bytes);
+    else
+        printf("{");
+    printf("\"link_gbps\": %.6g, \"raw_read_bytes_per_s\": %.6g, \"raw_write_bytes_per_s\": %.6g, "
            "\"host_step_s\": %.6g, \"host_predicted_s\": %.6g, \"nvme_step_s\": %.6g, \"nvme_predicted_s\": %.6g, "
            "\"tier_read_bytes\": %llu, \"tier_read_s\": %.6g, \"tier_write_bytes\": %llu, \"tier_write_s\": %.6g, "
            "\"tier_loads\": %llu, \"tier_loads_read_ahead\": %llu}\n",
@@ -81,22 +96,31 @@ int nvme_report(const char *ckpt, const opts_t *o, double link_bps, const measur
         return 1;
     }
     const int nb = o->layers + 2;
-    sched_plan_t p_host, p_nvme;
+    const bool bf16 = o->bf16 == 1;
+    /* --precision-dtype bf16: the masters go to the tier too, and a third
+     * run puts the streamed blocks' bf16 working copies there as well (an
+     * fp32 run's home is its master, which stays in host memory) */
+    const int runs = bf16 ? 3 : 2;
+    sched_plan_t p_host, p_nvme, p_weights;
     sched_plan_init_uniform(&p_host, nb, SCHED_POLICY_OFFLOAD_ALL);
     sched_plan_init_uniform(&p_nvme, nb, SCHED_POLICY_OFFLOAD_ALL);
-    for (int b = 0; b < nb; b++) p_nvme.blocks[b].nvme_optim = true;
-    const sched_plan_t *plans[] = {&p_host, &p_nvme};
-    const step_mode_t modes[] = {STEP_OVERLAP, STEP_OVERLAP};
-    measure_t ms[2];
-    double ratio[2], probe;
-    /* --precision-dtype bf16: the masters go to the tier too (a bf16 working copy stays on the host) */
-    const mt_dtype_t dt = o->bf16 == 1 ? MT_BF16 : MT_F32, compute[] = {dt, dt};
-    measure_side_by_side_ex(ckpt, o, plans, modes, compute, 2, link_bps, -1, ms, ratio, &probe);
-    const bool ok = ms[0].ok && ms[1].ok && ms[1].nvme.read_bytes > 0;
-    double pred[2] = {0, 0};
+    sched_plan_init_uniform(&p_weights, nb, SCHED_POLICY_OFFLOAD_ALL);
+    for (int b = 0; b < nb; b++) {
+        p_nvme.blocks[b].nvme_optim = p_weights.blocks[b].nvme_optim = true;
+        /* the decoder layers' (the embedding and head keep fp32 homes in host memory) */
+        p_weights.blocks[b].nvme_weights = b > 0 && b < nb - 1 && p_weights.blocks[b].weights == SCHED_WEIGHTS_STREAM;
+    }
+    const sched_plan_t *plans[] = {&p_host, &p_nvme, &p_weights};
+    const step_mode_t modes[] = {STEP_OVERLAP, STEP_OVERLAP, STEP_OVERLAP};
+    measure_t ms[3] = {0};
+    double ratio[3], probe;
+    const mt_dtype_t dt = bf16 ? MT_BF16 : MT_F32, compute[] = {dt, dt, dt};
+    measure_side_by_side_ex(ckpt, o, plans, modes, compute, runs, link_bps, -1, ms, ratio, &probe);
+    bool ok = ms[0].ok && ms[1].ok && ms[1].nvme.read_bytes > 0;
+    if (runs > 2) ok = ok && ms[2].ok && ms[2].nvme.read_bytes > ms[1].nvme.read_bytes;
+    double pred[3] = {0, 0, 0};
     /* a bf16 step predicted from a keep_all step profiled in bf16 too */
     measure_t keep16 = {0};
-    const bool bf16 = o->bf16 == 1;
     if (ok && bf16) keep16 = keep_all_profile(ckpt, o, MT_BF16);
     const measure_t *prof = bf16 ? &keep16 : keep;
     if (ok && prof->ok) {
@@ -105,15 +129,16 @@ int nvme_report(const char *ckpt, const opts_t *o, double link_bps, const measur
         pr.w.h2d_bw = pr.w.d2h_bw = link_bps;
         pr.w.nvme_read_bw = raw.read_q;
         pr.w.nvme_write_bw = raw.write_q;
-        for (int i = 0; i < 2 && pr.ok; i++) pred[i] = predict(&pr, plans[i]);
+        for (int i = 0; i < runs && pr.ok; i++) pred[i] = predict(&pr, plans[i]);
         predictor_free(&pr);
     }
-    if (ok && o->json) print_json(link_bps, &raw, ms, pred);
-    else if (ok) print_text(o, link_bps, &raw, ms, pred);
+    if (ok && o->json) print_json(link_bps, &raw, ms, pred, runs);
+    else if (ok) print_text(o, link_bps, &raw, ms, pred, runs);
     else if (ms[0].ok && ms[1].ok) fprintf(stderr, "bench step: --nvme: the tier moved nothing\n");
-    for (int i = 0; i < 2; i++) measure_free(&ms[i]);
+    for (int i = 0; i < runs; i++) measure_free(&ms[i]);
     if (bf16) measure_free(&keep16);
     sched_plan_free(&p_host);
     sched_plan_free(&p_nvme);
+    sched_plan_free(&p_weights);
     return ok ? 0 : 1;
 }

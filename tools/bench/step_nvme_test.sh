@@ -36,12 +36,17 @@ assert r["nvme_step_s"] > 0 and r["host_step_s"] > 0 and r["nvme_predicted_s"] >
 assert r["raw_read_bytes_per_s"] > 0 and r["raw_write_bytes_per_s"] > 0, r
 print("json ok")
 PY
-# bf16: masters on the tier too, predicted from a keep_all step profiled in bf16
+# bf16: masters on the tier too, predicted from a keep_all step profiled in bf16; and a run with the
+# weights' homes there as well
 json=$("$bin" "${args[@]}" --nvme "$T/dir" --precision-dtype bf16 --json 2>/dev/null | grep '^{' | tail -1)
 python3 - "$json" <<'PY' || fail=1
 import json, sys
 r = json.loads(sys.argv[1])
 assert r["tier_read_bytes"] > 0 and r["nvme_step_s"] > 0 and r["nvme_predicted_s"] > 0, r
+# the third run: the decoder layers' bf16 working copies on the tier too,
+# read by every fetch into staging: more read than the state alone
+assert r["weights_step_s"] > 0 and r["weights_predicted_s"] > 0, r
+assert r["weights_read_bytes"] > r["tier_read_bytes"], r
 print("bf16 json ok")
 PY
 out=$("$bin" "${args[@]}" --nvme "$T/missing" 2>&1); rc=$?
