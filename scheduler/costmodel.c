@@ -309,6 +309,7 @@ double sched_nvme_write_time(const sched_workload_t *w, double bytes) {
 
 double sched_block_pack_frac(const sched_block_cost_t *c, const sched_block_plan_t *p, bool update) {
     if (update) return sched_block_pinned_home(p) ? 0 : c->w_update_pack_frac;
+    if (sched_block_nvme_weights(p)) return 0; /* read from the tier straight into staging: nothing packed */
     if (!sched_block_pinned_home(p) || !(c->w_home_bytes > 0)) return c->w_pack_frac;
     return c->w_pack_frac * (1.0 - c->w_work_bytes / c->w_home_bytes);
 }

@@ -196,7 +196,8 @@ double sched_nvme_write_time(const sched_workload_t *w, double bytes);
 /* Share of block b's fetched (update: refreshed) bytes packed into
  * staging under plan p: w_pack_frac (w_update_pack_frac), less the share
  * its trained working copies take when they are pinned (copied straight
- * from there). */
+ * from there); none when its weights' homes are on the NVMe tier (read
+ * straight into staging, moe/staging.h MOE_STAGING_READ). */
 double sched_block_pack_frac(const sched_block_cost_t *c, const sched_block_plan_t *p, bool update);
 /* Bytes block b keeps on NVMe under plan p: its weights' home (nvme_weights
  * with weights STREAM) and optimizer state (nvme_optim with optimizer HOST). */

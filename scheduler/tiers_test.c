@@ -85,6 +85,20 @@ static void test_nvme_by_hand(void) {
     for (int i = 0; i < r.num_tasks; i++) reads += r.tasks[i].kind == SCHED_TASK_NVME_READ;
     EXPECT(reads == 4, "NVMe read tasks %d", reads);
     sched_sim_result_free(&r);
+    /* with fetches packed on the pack threads: a home in host memory is
+     * packed before its copy, one on the tier is read straight into
+     * staging and packed not at all */
+    w.pack_bw = 1.0;
+    for (int b = 0; b < 3; b++) w.blocks[b].w_pack_frac = 1.0;
+    EXPECT(sched_simulate(&w, &p, &o, &r, &err) == MT_OK, "%s", err.msg);
+    int packs[3] = {0, 0, 0};
+    for (int i = 0; i < r.num_tasks; i++)
+        if (r.tasks[i].kind == SCHED_TASK_PACK && r.tasks[i].block >= 0 && r.tasks[i].block < 3) packs[r.tasks[i].block]++;
+    EXPECT(packs[0] > 0 && packs[2] > 0 && packs[1] == 0, "pack tasks per block: %d %d %d (block 1's home on NVMe)",
+           packs[0], packs[1], packs[2]);
+    sched_sim_result_free(&r);
+    w.pack_bw = 0;
+    for (int b = 0; b < 3; b++) w.blocks[b].w_pack_frac = 0;
     sched_sim_result_free(&r0);
     /* a plan with NVMe state on a workload without a tier is refused */
     w.nvme_read_bw = w.nvme_write_bw = 0;
