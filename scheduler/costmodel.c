@@ -338,19 +338,20 @@ static void lighter_adam(sched_block_cost_t *c, double per, double rate, double 
 double sched_workload_set_moments(sched_workload_t *w, int fmt) {
     const double per = fmt == 1 ? 4.0 : fmt == 2 ? 2.0 + 2.0 * 4.0 / 256.0 : 8.0;
     const double rate = fmt == 1 ? w->adamw_bf16_rate : fmt == 2 ? w->adamw_8bit_rate : 0;
+    const bool lighter = fmt != 0 && w->adamw_bw > 0;
     for (int b = 0; b < w->num_blocks; b++) {
         /* a block's trainable parameters: its fp32 gradient's bytes / 4 */
         const double own = w->blocks[b].grad_bytes / 4.0;
         w->blocks[b].optim_bytes -= (8.0 - per) * own;
         if (w->blocks[b].spec_copy_bytes > 0) w->blocks[b].spec_copy_bytes -= (8.0 - per) * own;
-        if (fmt != 0 && w->adamw_bw > 0) lighter_adam(&w->blocks[b], per, rate, w->adamw_bw);
+        if (lighter) lighter_adam(&w->blocks[b], per, rate, w->adamw_bw);
         if (!w->ep_blocks) continue;
         sched_block_cost_t *e = &w->ep_blocks[b];
         const double ep_own = e->grad_bytes / 4.0;
         e->optim_bytes -= (8.0 - per) * ep_own;
         /* the other device's experts' state, held on this one's host */
         e->other_host_bytes -= (8.0 - per) * (own - ep_own);
-        if (fmt != 0 && w->adamw_bw > 0) lighter_adam(e, per, rate, w->adamw_bw);
+        if (lighter) lighter_adam(e, per, rate, w->adamw_bw);
     }
     return per;
 }

@@ -249,16 +249,23 @@ static double predict(const sched_test_model_t *m, const sched_run_shape_t *sh, 
     return t;
 }
 
-static void test_rates(void) {
-    sched_test_model_t m = mixtral();
-    m.num_layers = 2;
-    const sched_run_shape_t sh = full_ft(4096);
+/* The rate tests' model (a 2-layer Mixtral, full fine-tuning at 4096
+ * tokens) and profile (h100-sxm); false when the profile does not load. */
+static bool rates_setup(sched_test_model_t *m, sched_run_shape_t *sh, sched_hw_t *hw) {
+    *m = mixtral();
+    m->num_layers = 2;
+    *sh = full_ft(4096);
     mt_error_t err = {0};
+    if (sched_hw_load("configs/hw/h100-sxm.yaml", hw, &err) == MT_OK) return true;
+    EXPECT(false, "%s", err.msg);
+    return false;
+}
+
+static void test_rates(void) {
+    sched_test_model_t m;
+    sched_run_shape_t sh;
     sched_hw_t hw;
-    if (sched_hw_load("configs/hw/h100-sxm.yaml", &hw, &err) != MT_OK) {
-        EXPECT(false, "%s", err.msg);
-        return;
-    }
+    if (!rates_setup(&m, &sh, &hw)) return;
     EXPECT(hw.assumed == 0, "h100-sxm gives every rate: %#x", hw.assumed);
     const double keep = predict(&m, &sh, &hw, SCHED_POLICY_KEEP_ALL);
     const double off = predict(&m, &sh, &hw, SCHED_POLICY_OFFLOAD_ALL);
@@ -286,15 +293,11 @@ static void test_rates(void) {
  * per parameter (m and v each read and written) but their arithmetic has a
  * rate of its own; the step takes the slower of the two. */
 static void test_moment_rates(void) {
-    sched_test_model_t m = mixtral();
-    m.num_layers = 2;
-    const sched_run_shape_t sh = full_ft(4096);
-    mt_error_t err = {0};
+    sched_test_model_t m;
+    sched_run_shape_t sh;
     sched_hw_t hw;
-    if (sched_hw_load("configs/hw/h100-sxm.yaml", &hw, &err) != MT_OK) {
-        EXPECT(false, "%s", err.msg);
-        return;
-    }
+    if (!rates_setup(&m, &sh, &hw)) return;
+    mt_error_t err = {0};
     sched_test_setup_t f32, fast, slow;
     sched_hw_t h = hw;
     h.adamw_8bit_rate = 1e15; /* never bound by arithmetic */

@@ -307,11 +307,11 @@ static void rates_text(FILE *f, const plan_ctx_t *c) {
             sched_hw_device_bw(hw) / 1e9);
     const int fmt = eng_config_moments(&c->rc);
     char lite[128] = "";
-    if (fmt != 0) /* a lighter format's arithmetic may bound it (optimizer-state.md) */
+    if (fmt != 0) { /* a lighter format's arithmetic may bound it (optimizer-state.md) */
+        const double per_core = fmt == 1 ? hw->adamw_bf16_rate : hw->adamw_8bit_rate;
         snprintf(lite, sizeof lite, " or %.3g G parameters/s with %s moments (%.2f per core x %d)",
-                 (fmt == 1 ? hw->adamw_bf16_rate : hw->adamw_8bit_rate) * hw->host_cores / 1e9,
-                 fmt == 1 ? "bf16" : "8-bit", (fmt == 1 ? hw->adamw_bf16_rate : hw->adamw_8bit_rate) / 1e9,
-                 hw->host_cores);
+                 per_core * hw->host_cores / 1e9, fmt == 1 ? "bf16" : "8-bit", per_core / 1e9, hw->host_cores);
+    }
     fprintf(f, "host work  AdamW %.0f GB/s%s, pack into staging %.3g GB/s, gradient unpack %.3g GB/s\n",
             hw->adamw_bw / 1e9, lite, hw->pack_bw / 1e9, hw->unpack_bw / 1e9);
     char assumed[512];

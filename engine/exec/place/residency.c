@@ -50,6 +50,21 @@ static void read_home(moe_staging_read_t *req, void *dst, size_t room) {
     eng_optim_nvme_note(h->nv, st, &err);
 }
 
+/* Parameter i's read request, every parameter's made on the first: made
+ * once and never written again, since a pack thread may still be reading
+ * an earlier fetch's. */
+static exec_home_read_t *home_read(exec_residency_t *r, int i) {
+    const eng_model_t *m = r->env->model;
+    if (!r->home_reads) {
+        r->home_reads = malloc((size_t)m->num_params * sizeof *r->home_reads);
+        MT_CHECK_ALLOC(r->home_reads, "NVMe home reads");
+        for (int q = 0; q < m->num_params; q++)
+            r->home_reads[q] = (exec_home_read_t){
+                .base = {read_home, eng_optim_nvme_home_buffer_bytes(m, q)}, .nv = r->hopt->nvme, .m = m, .param = q};
+    }
+    return &r->home_reads[i];
+}
+
 /* The fetch's weights whose home is on the NVMe tier (engine/optim/
  * nvme_state.h; a trained parameter's bf16 working copy, a frozen base's
  * home) are read into staging where the pack would copy them.  Plain
@@ -65,14 +80,7 @@ static void read_nvme_homes(exec_residency_t *r, const int *need, int k, moe_sta
         MT_CHECK(items[j].bytes == eng_optim_nvme_home_bytes(m, i),
                  "the fetch of %s copies %zu bytes, its home on the NVMe tier holds %zu", m->params[i].spec->name,
                  items[j].bytes, eng_optim_nvme_home_bytes(m, i));
-        if (!r->home_reads) { /* made once: a pack thread may still be reading an earlier fetch's request */
-            r->home_reads = malloc((size_t)m->num_params * sizeof *r->home_reads);
-            MT_CHECK_ALLOC(r->home_reads, "NVMe home reads");
-            for (int q = 0; q < m->num_params; q++)
-                r->home_reads[q] = (exec_home_read_t){
-                    .base = {read_home, eng_optim_nvme_home_buffer_bytes(m, q)}, .nv = nv, .m = m, .param = q};
-        }
-        items[j].host = &r->home_reads[i].base;
+        items[j].host = &home_read(r, i)->base;
         items[j].op = MOE_STAGING_READ;
     }
 }
