@@ -52,8 +52,13 @@ typedef struct {
     double loss[MAX_STEPS];
     int steps;
     uint64_t h2d; /* weight_h2d_bytes of the last step */
+    int nvme_base, nvme_unpacked; /* frozen base weights on the NVMe tier; of them, never in host memory */
     bool ok;
 } run_t;
+
+/* check_link's FP8 base needs more host memory than this: the plan puts
+ * some of its layers' homes on the NVMe tier */
+#define FP8_NVME_HOST "8MiB"
 
 static char g_tmp[256];
 static int g_serial;
@@ -75,6 +80,8 @@ static void train(const char *yaml, const char *const *sets, const char *out, ru
     eng_run_config_free(&rc);
     TH_CHECK(st == MT_OK, "%s: training failed: %s", yaml, err.msg);
     if (st != MT_OK) return;
+    r->nvme_base = res.nvme_base_homes;
+    r->nvme_unpacked = res.nvme_base_unpacked;
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", out);
     FILE *f = fopen(path, "r");
@@ -409,6 +416,32 @@ static bool write_fp8(const char *src, const char *dst, bool nan_scale) {
     return ok && wr == 0;
 }
 
+/* The FP8 run again with a host budget below its base: the plan streams
+ * the base from the NVMe tier, whose FP8 homes are written there straight
+ * from the checkpoint's mapping, never packed in host memory; the losses
+ * are f8's bit for bit. */
+static void check_fp8_on_nvme(const char *yaml, const char *fp8_set, const run_t *f8) {
+    char nvd[600], nv_set[700], out[700], cmd[700];
+    snprintf(nvd, sizeof nvd, "%s/link-nvd", g_tmp);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", nvd);
+    TH_CHECK(system(cmd) == 0, "cannot make %s", nvd);
+    snprintf(nv_set, sizeof nv_set, "memory.nvme.path=%s", nvd);
+    const char *sets[] = {fp8_set, nv_set, "memory.host=" FP8_NVME_HOST, NULL};
+    snprintf(out, sizeof out, "%s/link-fp8-nvme", g_tmp);
+    run_t nv;
+    train(yaml, sets, out, &nv);
+    if (!nv.ok) return;
+    TH_CHECK(nv.nvme_base > 0, "FP8 base with memory.host=" FP8_NVME_HOST ": no frozen base weight on the NVMe tier");
+    TH_CHECK(nv.nvme_unpacked > 0 && nv.nvme_unpacked <= nv.nvme_base,
+             "FP8 base on the NVMe tier: %d of its %d frozen homes written straight from the checkpoint",
+             nv.nvme_unpacked, nv.nvme_base);
+    TH_CHECK(same_losses(&nv, f8), "FP8 base on the NVMe tier: losses differ from the run in host memory (step 1: "
+             "%.17g vs %.17g)", nv.loss[0], f8->loss[0]);
+    if (nv.nvme_unpacked > 0 && same_losses(&nv, f8))
+        printf("FP8 base on the NVMe tier: %d frozen homes there, %d written straight from the checkpoint; %d losses "
+               "equal the run in host memory bit for bit\n", nv.nvme_base, nv.nvme_unpacked, nv.steps);
+}
+
 static void check_link(void) {
     char cwd[512], yaml[700], text[4096], base[600], fp8[600];
     if (!getcwd(cwd, sizeof cwd)) return;
@@ -469,6 +502,7 @@ static void check_link(void) {
             printf("FP8 base kept as stored (%d matrices): %d losses equal the dequantised FP8 base's bit for bit\n",
                    quantised, f8.steps);
     }
+    check_fp8_on_nvme(yaml, fp8_set, &f8);
     const double r4 = (double)nf4.h2d / (double)bf16.h2d, r4dq = (double)nf4dq.h2d / (double)bf16.h2d,
                  r8 = (double)f8.h2d / (double)bf16.h2d;
     TH_CHECK(bf16.h2d > 0, "nothing streamed");

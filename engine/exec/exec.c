@@ -256,8 +256,22 @@ static mt_status_t place_host_working_copies(eng_exec_t *x, mt_error_t *err) {
     return st;
 }
 
+/* The quantised homes the checkpoint load left pending in its mapping
+ * (eng_model_read_weights) packed into host memory, except those the NVMe
+ * tier is to hold: it writes them straight from the mapping when placed
+ * (eng_exec_place_optim_nvme), so they never take host memory. */
+static void pack_pending_homes(eng_exec_t *x) {
+    eng_model_t *m = x->model;
+    for (int i = 0; i < m->num_params; i++) {
+        eng_param_t *p = &m->params[i];
+        if (p->home_q && p->home_q->pending && !exec_base_home_on_nvme(&x->env, p))
+            eng_quant_home_materialize(p->home_q);
+    }
+}
+
 mt_status_t eng_exec_place(eng_exec_t *x, mt_error_t *err) {
     eng_model_t *m = x->model;
+    pack_pending_homes(x);
     for (int i = 0; i < m->num_params; i++) {
         mt_status_t st = place_param(x, i, err);
         if (st != MT_OK) return st;
@@ -423,7 +437,7 @@ mt_status_t eng_exec_read_weights(eng_exec_t *x, int i, float *host, mt_error_t 
     const float *dev = exec_dev_master(p, d);
     kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
     if (p->home_q) {
-        frozen_home_to_f32(p, p->home_q->bytes, host);
+        mt_dequant(&p->home_q->view, host, MT_F32); /* its bytes or, pending, its sources in the mapping */
     } else if (p->home_bf16) {
         frozen_home_to_f32(p, p->home_bf16, host);
     } else if (p->host_w) {

@@ -300,12 +300,6 @@ static mt_status_t check_nvme_weights(eng_exec_t *x, int b, mt_error_t *err) {
     return MT_OK;
 }
 
-/* Whether frozen parameter p's home goes to the NVMe tier: its block's
- * weights stream from there, and this device fetches it. */
-static bool base_home_on_nvme(const eng_exec_t *x, const eng_param_t *p) {
-    return p->frozen && sched_block_nvme_weights(exec_block_plan(&x->env, p->block)) && !exec_ep_foreign(&x->env, p);
-}
-
 /* Which parameters the NVMe tier holds under x's plan: in_store the
  * moments, with_master the master too, with_home the weights' home a
  * fetch streams (a trained parameter's bf16 working copy, or a frozen
@@ -321,9 +315,10 @@ static mt_status_t nvme_selection(eng_exec_t *x, bool *in_store, bool *with_mast
     for (int i = 0; i < m->num_params; i++) {
         const eng_param_t *p = &m->params[i];
         const sched_block_plan_t *bp = exec_block_plan(&x->env, p->block);
-        if (base_home_on_nvme(x, p)) {
+        if (exec_base_home_on_nvme(&x->env, p)) {
             with_home[i] = true;
             out->base_homes++;
+            out->base_unpacked += p->home_q && p->home_q->pending;
             continue;
         }
         in_store[i] = !p->frozen && p->host_w && bp->optim == SCHED_OPTIM_HOST && sched_block_nvme_optim(bp);

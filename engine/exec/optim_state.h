@@ -64,6 +64,8 @@ typedef struct {
     int homes;              /* of them, those whose bf16 working copy (the weights' home) it holds too */
     int base_homes;         /* frozen parameters (a LoRA run's base) whose home it holds, with no state
                              * (params and base_homes 0: the plan keeps nothing on NVMe, no store opened) */
+    int base_unpacked;      /* of them, quantised homes written straight from the checkpoint's mapping,
+                             * never copied into host memory (eng_model_read_weights) */
     uint64_t bytes;         /* their disk bytes */
     const char *io;         /* "io_uring" or "pread/pwrite" */
     const char *run_dir;    /* this run's subdirectory (valid while the executor is open) */

@@ -245,7 +245,8 @@ static void drop_plain_home(eng_param_t *p, float **host_slot) {
 }
 
 /* An FP8 weight kept as stored: its codes and its block scales (widened
- * to fp32 once, as dequant reads them), through mt_quant_check. */
+ * to fp32 once, as dequant reads them), through mt_quant_check; pending,
+ * its codes read from the checkpoint's mapping when it is placed. */
 static mt_status_t fp8_home(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *e, eng_param_t *p,
                             mt_error_t *err) {
     const eng_ckpt_entry_t *se;
@@ -266,18 +267,20 @@ static mt_status_t fp8_home(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *
                                .codes = t->data, .scales = scale};
     const mt_quant_sizes_t have = {.codes = (int64_t)t->numel, .scales = (int64_t)s->numel};
     if (st == MT_OK) st = mt_quant_check(&v, &have, what, err);
-    if (st == MT_OK) {
-        p->home_q = malloc(sizeof *p->home_q);
-        MT_CHECK_ALLOC(p->home_q, p->spec->name);
-        eng_quant_home_pack(p->home_q, &v, &have);
+    if (st != MT_OK) {
+        free(scale);
+        return st;
     }
-    free(scale);
-    return st;
+    p->home_q = malloc(sizeof *p->home_q);
+    MT_CHECK_ALLOC(p->home_q, p->spec->name);
+    eng_quant_home_defer(p->home_q, &v, &have, scale); /* the codes stay in the mapping until placed */
+    return MT_OK;
 }
 
 /* gpt-oss's MXFP4 experts kept as stored: the _blocks / _scales bytes as
  * a transposed view (base/quant_elem.h), which dequantises to the layout
- * the model holds (E, C, R) without a copy in the packed order. */
+ * the model holds (E, C, R) without a copy in the packed order; pending,
+ * read from the checkpoint's mapping when it is placed. */
 static mt_status_t mxfp4_home(const eng_checkpoint_t *ck, const eng_ckpt_entry_t *b, const eng_ckpt_entry_t *s,
                               const int64_t shape[3], eng_param_t *p, mt_error_t *err) {
     char what[400];
@@ -296,7 +299,7 @@ static mt_status_t mxfp4_home(const eng_checkpoint_t *ck, const eng_ckpt_entry_t
     if (st != MT_OK) return st;
     p->home_q = malloc(sizeof *p->home_q);
     MT_CHECK_ALLOC(p->home_q, p->spec->name);
-    eng_quant_home_pack(p->home_q, &v, &have);
+    eng_quant_home_defer(p->home_q, &v, &have, NULL); /* read from the mapping until placed */
     return MT_OK;
 }
 
@@ -320,8 +323,12 @@ static mt_status_t bnb4_home(const eng_checkpoint_t *ck, const eng_ckpt_entry_t 
  * bitsandbytes 4-bit weight as stored; otherwise, with load_in_4bit, the checkpoint's values quantised
  * as bitsandbytes does, read one tensor at a time so the base is never
  * held wider.  Runs before
- * the checkpoint load, which then skips them. */
-static mt_status_t read_quant_homes(eng_model_t *m, const eng_checkpoint_t *ck, float **host, mt_error_t *err) {
+ * the checkpoint load, which then skips them.  FP8 and MXFP4 homes stay
+ * pending in the checkpoint's mapping (*pending set: keep it open): the
+ * executor packs those it keeps in host memory, the NVMe tier writes its
+ * own straight from the mapping, so a base the host cannot hold loads. */
+static mt_status_t read_quant_homes(eng_model_t *m, const eng_checkpoint_t *ck, float **host, bool *pending,
+                                    mt_error_t *err) {
     const eng_lora_quant_t *qo = &m->lora.quant;
     float *tmp = NULL;
     size_t tmp_n = 0;
@@ -333,6 +340,7 @@ static mt_status_t read_quant_homes(eng_model_t *m, const eng_checkpoint_t *ck, 
         if (e && e->tensor->dtype == ENG_ST_F8_E4M3) {
             st = fp8_home(ck, e, p, err);
             if (st == MT_OK) drop_plain_home(p, &host[i]);
+            *pending |= st == MT_OK;
             continue;
         }
         if (eng_checkpoint_is_bnb4(ck, e)) {
@@ -345,6 +353,7 @@ static mt_status_t read_quant_homes(eng_model_t *m, const eng_checkpoint_t *ck, 
         if (!e && eng_checkpoint_find_mxfp4(ck, p->spec->name, &mb, &ms, mshape)) {
             st = mxfp4_home(ck, mb, ms, mshape, p, err);
             if (st == MT_OK) drop_plain_home(p, &host[i]);
+            *pending |= st == MT_OK;
             continue;
         }
         if (!qo->load_in_4bit) continue;
@@ -393,7 +402,8 @@ mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *
     }
     st = eng_checkpoint_resolve(&ck, &m->spec, err);
     m->storage_dtype = checkpoint_dtype(&ck, &m->spec);
-    if (st == MT_OK && m->lora.on) st = read_quant_homes(m, &ck, host, err);
+    bool quant_pending = false;
+    if (st == MT_OK && m->lora.on) st = read_quant_homes(m, &ck, host, &quant_pending, err);
     const char *stored = st == MT_OK && !m->lora.on ? stored_quant(&ck) : NULL;
     if (stored)
         fprintf(stderr, "moetune: note: %s stores weights in %s; full fine-tuning dequantises them on load (trained "
@@ -407,10 +417,10 @@ mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *
         fprintf(stderr, "moetune: note: %d tensor(s) in %s are not used by %s (first: %s)\n",
                 report.unexpected_count, dir, m->cfg.model_type, report.unexpected[0]);
     eng_ckpt_load_report_free(&report);
-    if (st == MT_OK && keep_open) {
+    if (st == MT_OK && (keep_open || quant_pending)) {
         m->mapped_base = malloc(sizeof *m->mapped_base);
         MT_CHECK_ALLOC(m->mapped_base, "checkpoint mapping");
-        *m->mapped_base = ck; /* the homes point into its mapping */
+        *m->mapped_base = ck; /* homes point into its mapping, or read from it when placed */
     } else {
         eng_checkpoint_close(&ck);
     }

@@ -167,7 +167,8 @@ typedef struct {
     mt_dtype_t storage_dtype; /* the base checkpoint's weights on disk: MT_F32, MT_BF16 or MT_F16 */
     int num_moe_layers;
     /* The base checkpoint, kept mapped (read-only) while parameters' homes
-     * point into it (eng_param_t.home_mapped); NULL when none does */
+     * point into it (eng_param_t.home_mapped) or quantised homes wait in it
+     * to be placed (eng_quant_home_t.pending); NULL when none does */
     struct eng_checkpoint *mapped_base;
 } eng_model_t;
 
@@ -208,7 +209,10 @@ mt_status_t eng_model_init(eng_model_t *m, const char *dir, const eng_model_opts
 mt_status_t eng_model_check_trainable(const eng_model_config_t *cfg, const char *overrides_json, const char *dir,
                                       mt_error_t *err);
 /* Reads the checkpoint in dir into the host homes (and notes the dtype it
- * stores its weights in, for eng_save_dtype). */
+ * stores its weights in, for eng_save_dtype).  A LoRA base kept as stored
+ * in FP8 or MXFP4 is left pending in the checkpoint's mapping: the
+ * executor's placement (eng_exec_place, then the NVMe tier) packs or
+ * writes each such home. */
 mt_status_t eng_model_read_weights(eng_model_t *m, const char *dir, mt_error_t *err);
 /* Frees what eng_model_init made; every executor holding the model must be
  * gone first (eng_exec_free frees a model it opened). */

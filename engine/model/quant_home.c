@@ -54,31 +54,74 @@ static size_t place(size_t *total, size_t bytes) {
     return at;
 }
 
-void eng_quant_home_pack(eng_quant_home_t *h, const mt_quant_view_t *q, const mt_quant_sizes_t *have) {
+/* The view's buffers in packing order, each with its offset field. */
+typedef struct {
+    const void *src;
+    size_t *off;
+} home_part_t;
+
+enum { HOME_PARTS = 6 };
+
+static void home_parts(eng_quant_home_t *h, const mt_quant_view_t *q, home_part_t parts[HOME_PARTS]) {
+    parts[0] = (home_part_t){q->codes, &h->off_codes};
+    parts[1] = (home_part_t){q->scales, &h->off_scales};
+    parts[2] = (home_part_t){q->scales_u8, &h->off_scales_u8};
+    parts[3] = (home_part_t){q->zeros, &h->off_zeros};
+    parts[4] = (home_part_t){q->absmax2, &h->off_absmax2};
+    parts[5] = (home_part_t){q->code2, &h->off_code2};
+}
+
+void eng_quant_home_defer(eng_quant_home_t *h, const mt_quant_view_t *q, const mt_quant_sizes_t *have, void *owned) {
     memset(h, 0, sizeof *h);
     h->view = *q;
-    const size_t code_bytes = (size_t)have->codes * (q->format == MT_QUANT_INT4 ? sizeof(int32_t) : 1);
-    struct {
-        const void *src;
-        size_t bytes;
-        size_t *off;
-    } parts[] = {
-        {q->codes, code_bytes, &h->off_codes},
-        {q->scales, (size_t)have->scales * sizeof(float), &h->off_scales},
-        {q->scales_u8, (size_t)have->scales_u8, &h->off_scales_u8},
-        {q->zeros, (size_t)have->zeros * sizeof(int32_t), &h->off_zeros},
-        {q->absmax2, (size_t)have->absmax2 * sizeof(float), &h->off_absmax2},
-        {q->code2, (size_t)have->code2 * sizeof(float), &h->off_code2},
+    const size_t bytes[HOME_PARTS] = {
+        (size_t)have->codes * (q->format == MT_QUANT_INT4 ? sizeof(int32_t) : 1),
+        (size_t)have->scales * sizeof(float),
+        (size_t)have->scales_u8,
+        (size_t)have->zeros * sizeof(int32_t),
+        (size_t)have->absmax2 * sizeof(float),
+        (size_t)have->code2 * sizeof(float),
     };
-    const int np = (int)(sizeof parts / sizeof parts[0]);
+    home_part_t parts[HOME_PARTS];
+    home_parts(h, q, parts);
     size_t total = 0;
-    for (int k = 0; k < np; k++) *parts[k].off = parts[k].src ? place(&total, parts[k].bytes) : SIZE_MAX;
+    for (int k = 0; k < HOME_PARTS; k++) {
+        h->part_bytes[k] = parts[k].src ? bytes[k] : 0;
+        *parts[k].off = parts[k].src ? place(&total, bytes[k]) : SIZE_MAX;
+    }
     h->nbytes = total;
-    h->bytes = malloc(total > 0 ? total : 1);
-    MT_CHECK_ALLOC(h->bytes, "quantised home");
-    for (int k = 0; k < np; k++)
-        if (parts[k].src) memcpy(h->bytes + *parts[k].off, parts[k].src, parts[k].bytes);
+    h->pending = true;
+    h->owned = owned;
+}
+
+void eng_quant_home_fill(const eng_quant_home_t *h, void *dst) {
+    if (!h->pending) {
+        memcpy(dst, h->bytes, h->nbytes);
+        return;
+    }
+    memset(dst, 0, h->nbytes); /* the alignment gaps: the same bytes every time */
+    eng_quant_home_t layout = *h;
+    home_part_t parts[HOME_PARTS];
+    home_parts(&layout, &h->view, parts);
+    for (int k = 0; k < HOME_PARTS; k++)
+        if (parts[k].src) memcpy((uint8_t *)dst + *parts[k].off, parts[k].src, h->part_bytes[k]);
+}
+
+void eng_quant_home_materialize(eng_quant_home_t *h) {
+    if (!h->pending) return;
+    uint8_t *bytes = malloc(h->nbytes > 0 ? h->nbytes : 1);
+    MT_CHECK_ALLOC(bytes, "quantised home");
+    eng_quant_home_fill(h, bytes);
+    free(h->owned);
+    h->owned = NULL;
+    h->pending = false;
+    h->bytes = bytes;
     h->view = eng_quant_home_view_at(h, h->bytes);
+}
+
+void eng_quant_home_pack(eng_quant_home_t *h, const mt_quant_view_t *q, const mt_quant_sizes_t *have) {
+    eng_quant_home_defer(h, q, have, NULL);
+    eng_quant_home_materialize(h);
 }
 
 mt_status_t eng_quant_home_bnb4(eng_quant_home_t *h, const float *x, int64_t rows, int64_t cols,
@@ -119,6 +162,9 @@ mt_quant_view_t eng_quant_home_view_at(const eng_quant_home_t *h, const void *ba
 void eng_quant_home_drop_bytes(eng_quant_home_t *h) {
     free(h->bytes);
     h->bytes = NULL;
+    free(h->owned);
+    h->owned = NULL;
+    h->pending = false;
     h->view.codes = h->view.scales_u8 = NULL;
     h->view.scales = h->view.absmax2 = h->view.code2 = NULL;
     h->view.zeros = NULL;
@@ -127,5 +173,6 @@ void eng_quant_home_drop_bytes(eng_quant_home_t *h) {
 void eng_quant_home_free(eng_quant_home_t *h) {
     if (!h) return;
     free(h->bytes);
+    free(h->owned);
     memset(h, 0, sizeof *h);
 }

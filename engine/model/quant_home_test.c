@@ -1,7 +1,9 @@
 /* Quantised homes (quant_home.h): which modules llm_int8_skip_modules
  * names, which roles are quantised, and that a packed home read through a
  * view over a copy of its bytes (as the device reads it) dequantises to
- * what the quantiser's own view gives, with double quantisation and without. */
+ * what the quantiser's own view gives, with double quantisation and
+ * without; a pending home (left over its sources) fills and packs to the
+ * same bytes as one packed at once, and frees the source it owns. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,10 +70,65 @@ static void test_pack(bool dq) {
     free(got);
 }
 
+/* An FP8 weight's home left pending over its sources (codes and scales
+ * apart, as in a checkpoint's mapping): its view dequantises as the
+ * sources do, fill writes exactly a packed home's bytes (twice the same:
+ * padding zeroed), materialising makes that packed home, and a home let go
+ * while pending frees what it owns (ASan's leak check). */
+static void test_pending(void) {
+    enum { ROWS = 200, COLS = 301 }; /* 2 x 3 blocks of 128, the last ones partial; 8 bytes of padding */
+    uint8_t *codes = malloc(ROWS * COLS);
+    for (int i = 0; i < ROWS * COLS; i++) codes[i] = (uint8_t)((i * 37 + 11) % 0x7E); /* finite e4m3 codes */
+    float scales[6] = {0.5f, 1.0f, 2.0f, 0.25f, 4.0f, 1.5f};
+    const mt_quant_view_t v = {.format = MT_QUANT_FP8_BLOCK, .rows = ROWS, .cols = COLS, .block = 128,
+                               .block_cols = 128, .codes = codes, .scales = scales};
+    const mt_quant_sizes_t have = {.codes = ROWS * COLS, .scales = 6};
+    float *want = malloc(ROWS * COLS * sizeof *want), *got = malloc(ROWS * COLS * sizeof *got);
+    mt_dequant(&v, want, MT_F32);
+    eng_quant_home_t packed, pend;
+    eng_quant_home_pack(&packed, &v, &have);
+    float *owned = malloc(sizeof scales);
+    memcpy(owned, scales, sizeof scales);
+    mt_quant_view_t src = v;
+    src.scales = owned;
+    eng_quant_home_defer(&pend, &src, &have, owned);
+    EXPECT(pend.pending && !pend.bytes && pend.nbytes == packed.nbytes && pend.off_scales == packed.off_scales);
+    mt_dequant(&pend.view, got, MT_F32);
+    EXPECT(memcmp(got, want, ROWS * COLS * sizeof *got) == 0);
+    uint8_t *a = malloc(pend.nbytes), *b = malloc(pend.nbytes);
+    memset(a, 0xAA, pend.nbytes);
+    memset(b, 0x55, pend.nbytes);
+    eng_quant_home_fill(&pend, a);
+    eng_quant_home_fill(&pend, b);
+    EXPECT(memcmp(a, b, pend.nbytes) == 0 && memcmp(a, packed.bytes, packed.nbytes) == 0);
+    const mt_quant_view_t dv = eng_quant_home_view_at(&pend, a);
+    mt_dequant(&dv, got, MT_F32);
+    EXPECT(memcmp(got, want, ROWS * COLS * sizeof *got) == 0);
+    eng_quant_home_materialize(&pend);
+    EXPECT(!pend.pending && pend.bytes && !pend.owned && memcmp(pend.bytes, packed.bytes, packed.nbytes) == 0);
+    EXPECT(pend.view.codes == pend.bytes + pend.off_codes);
+    eng_quant_home_free(&pend);
+    /* let go while pending: the owned source goes with it */
+    float *owned2 = malloc(sizeof scales);
+    memcpy(owned2, scales, sizeof scales);
+    src.scales = owned2;
+    eng_quant_home_defer(&pend, &src, &have, owned2);
+    eng_quant_home_drop_bytes(&pend);
+    EXPECT(!pend.pending && !pend.owned && !pend.view.codes && pend.nbytes == packed.nbytes);
+    eng_quant_home_free(&pend);
+    eng_quant_home_free(&packed);
+    free(a);
+    free(b);
+    free(codes);
+    free(want);
+    free(got);
+}
+
 int main(void) {
     test_skip();
     test_pack(false);
     test_pack(true);
+    test_pending();
     if (g_fail) fprintf(stderr, "quant_home_test: %d failure(s)\n", g_fail);
     else printf("quant_home_test: ok\n");
     return g_fail ? 1 : 0;

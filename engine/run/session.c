@@ -149,6 +149,7 @@ static mt_status_t open_nvme(eng_run_t *run, mt_error_t *err) {
     eng_nvme_placed_t placed;
     st = eng_exec_place_optim_nvme(run->x, rc->memory_nvme_path, rc->memory_nvme_budget, &placed, err);
     if (st != MT_OK) return mt_error_prefix(err, "memory.nvme.path: ");
+    run->nvme = placed;
     if (placed.params + placed.base_homes == 0) {
         fprintf(stderr, "moetune: NVMe tier: not used: the plan fits host memory (%s); memory.host lower than that "
                         "moves optimizer state to %s\n", rc->memory_host ? "memory.host" : "the hardware profile's",
@@ -158,6 +159,8 @@ static mt_status_t open_nvme(eng_run_t *run, mt_error_t *err) {
     fprintf(stderr, "moetune: NVMe tier: AdamW state of %d parameters (%.3f GiB; fp32 masters of %d, streamed bf16 "
             "weights of %d", placed.params, placed.bytes / 1073741824.0, placed.masters, placed.homes);
     if (placed.base_homes) fprintf(stderr, "; frozen base weights of %d", placed.base_homes);
+    if (placed.base_unpacked)
+        fprintf(stderr, ", %d of them written as stored straight from the base checkpoint", placed.base_unpacked);
     fprintf(stderr, ") in %s through %s", placed.run_dir, placed.io);
     if (placed.leftovers_removed)
         fprintf(stderr, "; removed %d killed run(s)' leftover files", placed.leftovers_removed);

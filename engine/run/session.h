@@ -36,6 +36,7 @@
 #include "engine/config/config.h"
 #include "engine/data/data.h"
 #include "engine/exec/exec.h"
+#include "engine/exec/optim_state.h"
 #include "engine/exec/record/trace.h"
 #include "engine/model/model.h"
 #include "engine/parallel/devices.h"
@@ -78,6 +79,7 @@ typedef struct {
     int num_blocks, vocab_size; /* config.json's, when planned here (0 when the plan was given) */
     eng_multi_t multi;          /* the model and its executors (zero without a model) */
     eng_exec_t *x;              /* the primary executor: the optimizer step, saves, reports (NULL without a model) */
+    eng_nvme_placed_t nvme;     /* what the NVMe tier holds (zero: no tier) */
     eng_model_t *model;         /* the one model (NULL without a model) */
     eng_dataset_t ds;           /* the training data (without the examples val_set_size holds out) */
     eng_dataset_t eval_ds;      /* a training run's evaluation set (engine/run/eval.h); empty: none */

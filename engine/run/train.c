@@ -103,6 +103,8 @@ static void announce(eng_run_t *run, eng_train_result_t *result) {
     else
         eng_reporter_note(rep, "moetune: %s", tp->summary);
     result->predicted_step_s = tp->predicted_step_s;
+    result->nvme_base_homes = run->nvme.base_homes;
+    result->nvme_base_unpacked = run->nvme.base_unpacked;
     if (model->lora.on) {
         char summary[2048];
         eng_lora_plan_summary(&model->lora.plan, summary, sizeof summary);

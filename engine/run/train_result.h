@@ -19,6 +19,9 @@ typedef struct {
     int checkpoints_saved;   /* output_dir/checkpoint-N directories written (save_steps) */
     int stopped_by_signal;   /* SIGINT / SIGTERM stopped the run after a checkpoint (0: it ran to the end) */
     char last_checkpoint[2048]; /* the checkpoint-N written when a signal stopped the run */
+    int nvme_base_homes;     /* frozen base weights the NVMe tier holds (a LoRA run's base; 0: none) */
+    int nvme_base_unpacked;  /* of them, quantised ones written to it straight from the base checkpoint,
+                                never held in host memory */
     int rank, ranks;         /* this process's rank of a multi-rank job and the job's size (0 and 1 alone);
                                 only rank 0 wrote output_dir */
 } eng_train_result_t;

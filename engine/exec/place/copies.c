@@ -41,7 +41,12 @@ size_t exec_w_span_bytes(const eng_param_t *p) {
 void *exec_w_landing(const eng_param_t *p, void *w) { return p->home_q ? (char *)w + w_aligned(p) : NULL; }
 
 moe_staging_xfer_t exec_w_upload_item(const eng_param_t *p, void *w, void *landing) {
-    if (p->home_q) return (moe_staging_xfer_t){p->home_q->bytes, landing, p->home_q->nbytes, MOE_STAGING_COPY};
+    if (p->home_q) {
+        /* pending: left in the checkpoint's mapping for the NVMe tier (eng_exec_place) */
+        MT_CHECK(!p->home_q->pending, "the quantised home of %s is fetched before the NVMe tier it waits for is placed",
+                 p->spec->name);
+        return (moe_staging_xfer_t){p->home_q->bytes, landing, p->home_q->nbytes, MOE_STAGING_COPY};
+    }
     return (moe_staging_xfer_t){exec_w_home(p), w, exec_w_bytes(p), exec_w_upload_op(p)};
 }
 

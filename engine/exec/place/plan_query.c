@@ -36,3 +36,7 @@ bool exec_ep_foreign(const eng_layer_env_t *env, const eng_param_t *p) {
     moe_ep_range(env->model->cfg.num_experts, kern_comm_size(env->ep->comm), env->ep->rank, &lo, &hi);
     return p->spec->expert < lo || p->spec->expert >= hi;
 }
+
+bool exec_base_home_on_nvme(const eng_layer_env_t *env, const eng_param_t *p) {
+    return p->frozen && sched_block_nvme_weights(exec_block_plan(env, p->block)) && !exec_ep_foreign(env, p);
+}

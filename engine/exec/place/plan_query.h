@@ -49,4 +49,8 @@ bool exec_layer_per_expert(const eng_layer_env_t *env, int l);
  * trains nothing of it. */
 bool exec_ep_foreign(const eng_layer_env_t *env, const eng_param_t *p);
 
+/* Frozen parameter p's home goes to the NVMe tier: its block's weights
+ * stream from there, and this device fetches it. */
+bool exec_base_home_on_nvme(const eng_layer_env_t *env, const eng_param_t *p);
+
 #endif
