@@ -3,9 +3,12 @@
  * its gradients have reached host memory; the worker takes them in order. */
 #include "engine/optim/host_optim.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/finite.h"
@@ -164,6 +167,22 @@ static void prefetch_next(exec_host_optim_t *h, int b, int *idx) {
     eng_optim_nvme_prefetch(h->nvme, h->m, idx, n);
 }
 
+/* Parameter i's host gradient handed back to the kernel once its update
+ * is final (no speculation to undo): with its AdamW state on the NVMe tier
+ * a gradient needs host memory only from its landing to its update, as
+ * the planner counts it (scheduler/simulate.h), not for the whole run.
+ * The buffer's whole pages then read as zeros until written again; the
+ * next step's first gradient copy overwrites the buffer (clear_grads in
+ * engine/exec/optim_step.c), and a parameter that gets none is zeroed. */
+static void release_gradient(const exec_host_optim_t *h, int i) {
+    const eng_dparam_t *d = &h->dp[i];
+    if (h->speculative || d->host_g_pinned || !eng_optim_nvme_holds(h->nvme, i)) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t at = (uintptr_t)d->host_g, end = at + h->m->params[i].spec->numel * sizeof(float);
+    const uintptr_t lo = (at + page - 1) & ~(page - 1), hi = end & ~(page - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* a hint: failing, the pages stay */
+}
+
 static void *worker_main(void *arg) {
     exec_host_optim_t *h = arg;
     eng_model_t *m = h->m;
@@ -208,6 +227,7 @@ static void *worker_main(void *arg) {
                 kern_sumsq_host(pool, &h->gnorm_part[i], d->host_g, p->spec->numel);
                 worker_adamw(h, pool, i, d->host_g, &job.base, h->speculative);
                 h->done[i] = true;
+                release_gradient(h, i);
             }
             bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
         }
