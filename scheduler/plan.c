@@ -78,6 +78,11 @@ bool sched_block_nvme_weights(const sched_block_plan_t *bp) {
     return bp->nvme_weights && bp->weights == SCHED_WEIGHTS_STREAM;
 }
 
+int sched_nvme_grad_wait_block(const sched_plan_t *plan, int b) {
+    const int w = b + SCHED_NVME_GRAD_LEAD;
+    return w < plan->num_blocks && sched_block_nvme_optim(&plan->blocks[w]) ? w : -1;
+}
+
 bool sched_block_pinned_home(const sched_block_plan_t *bp) {
     return bp->pinned_home && bp->optim == SCHED_OPTIM_HOST && !sched_block_nvme_weights(bp);
 }

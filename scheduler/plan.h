@@ -106,6 +106,16 @@ typedef struct {
 /* Whether bp really holds its optimizer state / weights' home on NVMe. */
 bool sched_block_nvme_optim(const sched_block_plan_t *bp);
 bool sched_block_nvme_weights(const sched_block_plan_t *bp);
+
+/* How far the backward may run ahead of the host updates of blocks whose
+ * state is on NVMe: once block b's gradients are on their way to the host
+ * (its update queued, overlapping the backward), the backward goes on to
+ * block b - 1 only when block b + SCHED_NVME_GRAD_LEAD's update is done.
+ * Those updates are bound by the array; without the bound the backward
+ * would outrun them and their gradients pile up in host memory.  Two: the
+ * block being updated and the one read ahead. */
+enum { SCHED_NVME_GRAD_LEAD = 2 };
+
 /* Whether bp really keeps its trained working copies pinned. */
 bool sched_block_pinned_home(const sched_block_plan_t *bp);
 bool sched_block_pinned_grads(const sched_block_plan_t *bp);
@@ -146,6 +156,11 @@ typedef struct {
      * inputs: unless offloaded, sched_block_plan_t.lm_inputs). */
     bool layer_major;
 } sched_plan_t;
+
+/* Block b + SCHED_NVME_GRAD_LEAD, whose overlapped update the backward
+ * waits for after block b's gradients (a block of plan whose state is on
+ * NVMe), or -1 when it waits for none. */
+int sched_nvme_grad_wait_block(const sched_plan_t *plan, int b);
 
 /* Whether block b offloads its micro-batches' block inputs when the step
  * runs in layer-major order: a decoder layer with lm_inputs OFFLOAD. */

@@ -226,6 +226,7 @@ static void fill_result(sim_t *s, const double stat[SCHED_MEM_COUNT], const sche
         out->peak[m] = sim_finish_mem(s, (sched_mem_t)m, stat[m], opts && opts->timelines, &out->timeline[m]);
         free(s->ev[m]);
     }
+    free(s->nvme_busy);
     out->h2d_bytes = s->h2d_bytes;
     out->d2h_bytes = s->d2h_bytes;
     out->peer_bytes = s->peer_bytes;
@@ -266,7 +267,8 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     for (int b = 0; b < N; b++) s.first_fwd[b] = -1;
     s.take_back = !opts_in_step(opts) && sim_may_take_back(plan);
     s.overlap = malloc((size_t)N * sizeof *s.overlap);
-    MT_CHECK_ALLOC(s.overlap, "simulator overlapped updates");
+    s.overlap_end = calloc((size_t)N, sizeof *s.overlap_end);
+    MT_CHECK(s.overlap && s.overlap_end, "out of host memory for the simulator's overlapped updates");
     double *deferred_end = calloc((size_t)N, sizeof *deferred_end); /* 0: not deferred */
     MT_CHECK_ALLOC(deferred_end, "simulator deferred updates");
     bool *adam_done = calloc((size_t)N, sizeof *adam_done);
@@ -285,6 +287,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     free(deferred_end);
     free(s.first_fwd);
     free(s.overlap);
+    free(s.overlap_end);
     return MT_OK;
 }
 

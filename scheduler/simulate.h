@@ -92,8 +92,10 @@
  *    gradient buffer (whole step), less what the plan keeps on NVMe.
  *
  * The NVMe tier (block plan nvme_optim / nvme_weights; the workload's
- * nvme_read_bw / nvme_write_bw): one more resource, the array, running
- * reads and writes in issue order at their own rates.
+ * nvme_read_bw / nvme_write_bw): one more resource, the array, at its own
+ * read and write rates.  The optimizer's state traffic runs in issue
+ * order; a fetch's read takes the first idle span from its issue, as the
+ * store serves it ahead of requests that arrive after it.
  *  - nvme_optim: the block's host AdamW first reads its optimizer state
  *    (fp32 master, m, v) into host memory, which holds it until it is
  *    written back after the update; other blocks' compute, copies and
@@ -101,6 +103,9 @@
  *    clipping) and the step has one use of each block's gradients
  *    (layer-major, or one micro-batch), the host gradient buffer of such a
  *    block lives only from its D2H to its update; otherwise all step.
+ *    Where it overlaps, the backward goes on past block b only once block
+ *    b + SCHED_NVME_GRAD_LEAD's update is done (scheduler/plan.h), as the
+ *    executor does: the compute stream's wait is the array's.
  *  - nvme_weights: each fetch of the block's weights first reads them
  *    into pinned staging; a compute that waits for such a fetch is charged
  *    to the NVMe array when the copy had waited for the read.  A trained

@@ -2,7 +2,7 @@
  * on a resource runs in issue order once its dependencies have ended
  * (sim_run); copies hold pinned staging while they run, packs before an
  * H2D and unpacks behind a gradient D2H are host work on the copy path, the
- * NVMe array reads and writes in issue order; memory is a list of (time,
+ * NVMe array serves requests in the order they arrive in time; memory is a list of (time,
  * delta) events per kind, sorted once at the end (sim_finish_mem). */
 #include "scheduler/simulate_internal.h"
 
@@ -20,13 +20,12 @@ void sim_mem(sim_t *s, sched_mem_t m, double t, double d) {
     s->ev[m][s->nev[m]++] = (ev_t){t, d};
 }
 
-/* Runs a task on `res` once `ready`; returns its end. */
-double sim_run(sim_t *s, sched_resource_t res, sched_task_kind_t kind, int block, int micro, double ready,
-               double dur, double bytes, double *start_out) {
-    double start = ready > s->free_at[res] ? ready : s->free_at[res];
-    if (dur < 0) dur = 0;
-    double end = start + dur;
-    s->free_at[res] = end;
+/* A task on `res` over [start, start + dur]: the resource's totals, the
+ * step's end and the task list; returns its end. */
+static double sim_place(sim_t *s, sched_resource_t res, sched_task_kind_t kind, int block, int micro, double start,
+                        double dur, double bytes) {
+    const double end = start + dur;
+    if (end > s->free_at[res]) s->free_at[res] = end;
     s->busy[res] += dur;
     if (!s->off_step && (end > s->end_max || (end == s->end_max && res != SCHED_RES_COMPUTE))) {
         s->end_max = end;
@@ -40,8 +39,15 @@ double sim_run(sim_t *s, sched_resource_t res, sched_task_kind_t kind, int block
         }
         s->tasks[s->ntasks++] = (sched_task_t){res, kind, block, micro, start, end, bytes};
     }
-    if (start_out) *start_out = start;
     return end;
+}
+
+/* Runs a task on `res` once `ready`; returns its end. */
+double sim_run(sim_t *s, sched_resource_t res, sched_task_kind_t kind, int block, int micro, double ready,
+               double dur, double bytes, double *start_out) {
+    const double start = ready > s->free_at[res] ? ready : s->free_at[res];
+    if (start_out) *start_out = start;
+    return sim_place(s, res, kind, block, micro, start, dur > 0 ? dur : 0, bytes);
 }
 
 /* A compute task: the gap before it is charged to the resource it waited for. */
@@ -88,12 +94,32 @@ double sim_exchange(sim_t *s, int block, int micro, double start, double end, do
 }
 
 /* One request stream on the NVMe array. */
-double sim_nvme_io(sim_t *s, bool read, int block, int micro, double ready, double bytes, double *start_out) {
+double sim_nvme_io(sim_t *s, bool read, bool first_idle, int block, int micro, double ready, double bytes,
+                   double *start_out) {
     if (read) s->nvme_read_bytes += bytes;
     else s->nvme_write_bytes += bytes;
-    const double dur = read ? sched_nvme_read_time(s->w, bytes) : sched_nvme_write_time(s->w, bytes);
-    return sim_run(s, SCHED_RES_NVME, read ? SCHED_TASK_NVME_READ : SCHED_TASK_NVME_WRITE, block, micro, ready, dur,
-               bytes, start_out);
+    double dur = read ? sched_nvme_read_time(s->w, bytes) : sched_nvme_write_time(s->w, bytes);
+    if (dur < 0) dur = 0;
+    /* the first idle span: past every request overlapping [t, t + dur];
+     * else behind every request issued so far */
+    double t = first_idle ? ready : (ready > s->free_at[SCHED_RES_NVME] ? ready : s->free_at[SCHED_RES_NVME]);
+    int at = 0;
+    for (; at < s->nnvme; at++) {
+        if (s->nvme_busy[at].end <= t) continue;
+        if (s->nvme_busy[at].start >= t + dur) break;
+        t = s->nvme_busy[at].end;
+    }
+    if (s->nnvme == s->capnvme) {
+        s->capnvme = s->capnvme ? 2 * s->capnvme : 64;
+        s->nvme_busy = realloc(s->nvme_busy, (size_t)s->capnvme * sizeof *s->nvme_busy);
+        MT_CHECK_ALLOC(s->nvme_busy, "simulator NVMe requests");
+    }
+    memmove(s->nvme_busy + at + 1, s->nvme_busy + at, (size_t)(s->nnvme - at) * sizeof *s->nvme_busy);
+    s->nvme_busy[at] = (sim_span_t){t, t + dur};
+    s->nnvme++;
+    if (start_out) *start_out = t;
+    return sim_place(s, SCHED_RES_NVME, read ? SCHED_TASK_NVME_READ : SCHED_TASK_NVME_WRITE, block, micro, t, dur,
+                     bytes);
 }
 
 /* Packing `bytes` into staging on the pack threads once `ready` (nothing
@@ -136,7 +162,7 @@ double sim_fetch_weights(sim_t *s, const sched_block_plan_t *p, int b, int micro
     const bool from_nvme = sched_block_nvme_weights(p);
     if (from_nvme) {
         double r0;
-        ready = sim_nvme_io(s, true, b, micro, issue, bytes, &r0);
+        ready = sim_nvme_io(s, true, true, b, micro, issue, bytes, &r0);
         sim_mem(s, SCHED_MEM_PINNED, r0, bytes);
     }
     const double read_end = ready;
@@ -175,7 +201,7 @@ double sim_host_adam(sim_t *s, const sched_block_cost_t *c, const sched_block_pl
     double t = ready;
     if (state) {
         double r0;
-        const double r = sim_nvme_io(s, true, b, -1, ready, c->optim_bytes, &r0);
+        const double r = sim_nvme_io(s, true, false, b, -1, ready, c->optim_bytes, &r0);
         sim_mem(s, SCHED_MEM_HOST, r0, c->optim_bytes);
         if (r > t) t = r;
     }
@@ -184,7 +210,7 @@ double sim_host_adam(sim_t *s, const sched_block_cost_t *c, const sched_block_pl
     const double end = sim_run(s, SCHED_RES_HOST, SCHED_TASK_ADAM, b, -1, t, dur, 0, &start);
     if (state || wb > 0) {
         const double out = (state ? c->optim_bytes : 0) + wb;
-        const double we = sim_nvme_io(s, false, b, -1, end, out, NULL);
+        const double we = sim_nvme_io(s, false, false, b, -1, end, out, NULL);
         sim_mem(s, SCHED_MEM_HOST, start, wb);
         sim_mem(s, SCHED_MEM_HOST, we, -out);
     }
@@ -199,6 +225,7 @@ static void run_overlapped(sim_t *s, const sched_workload_t *w, const sched_plan
     const sched_block_plan_t *p = &plan->blocks[b];
     const sched_block_cost_t *c = sched_block_cost(w, b, p->expert_parallel);
     const double end = sim_host_adam(s, c, p, b, ready, w->speculative, NULL);
+    s->overlap_end[b] = end;
     if (sim_grads_transient(w, plan, p)) {
         sim_mem(s, SCHED_MEM_HOST, d2h_start, c->grad_bytes);
         sim_mem(s, SCHED_MEM_HOST, end, -c->grad_bytes);
@@ -207,8 +234,20 @@ static void run_overlapped(sim_t *s, const sched_workload_t *w, const sched_plan
 
 void sim_overlapped_adam(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double d2h_start,
                          double ready) {
-    if (s->take_back) s->overlap[s->noverlap++] = (sim_overlap_t){b, d2h_start, ready};
-    else run_overlapped(s, w, plan, b, d2h_start, ready);
+    if (s->take_back) {
+        s->overlap[s->noverlap++] = (sim_overlap_t){b, d2h_start, ready};
+        return;
+    }
+    run_overlapped(s, w, plan, b, d2h_start, ready);
+    /* the backward's lead over the array-bound updates (scheduler/plan.h):
+     * the compute stream goes on once the update that many blocks behind is
+     * done, as the executor's issuing thread waits for it */
+    const int behind = sched_nvme_grad_wait_block(plan, b);
+    const double until = behind >= 0 ? s->overlap_end[behind] : 0;
+    if (until > s->free_at[SCHED_RES_COMPUTE]) {
+        s->waited[SCHED_RES_NVME] += until - s->free_at[SCHED_RES_COMPUTE];
+        s->free_at[SCHED_RES_COMPUTE] = until;
+    }
 }
 
 bool sim_may_take_back(const sched_plan_t *plan) {

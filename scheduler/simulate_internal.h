@@ -23,6 +23,11 @@ typedef struct {
     double d2h_start, ready;
 } sim_overlap_t;
 
+/* A span [start, end] a resource is busy. */
+typedef struct {
+    double start, end;
+} sim_span_t;
+
 /* One simulated step: each resource's free time and totals, the memory
  * events per kind, and (when asked for) the tasks in issue order. */
 typedef struct {
@@ -41,6 +46,9 @@ typedef struct {
     double h2d_bytes, d2h_bytes;
     double peer_bytes; /* expert parallel rows sent to the other device */
     double nvme_read_bytes, nvme_write_bytes;
+    sim_span_t *nvme_busy; /* the NVMe array's requests, by start, never overlapping (sim_nvme_io) */
+    double *overlap_end;   /* per block: its overlapped update's end this step (0: none yet) */
+    int nnvme, capnvme;
     double *first_fwd; /* per block: its first forward's start (-1 before it) */
     bool take_back;         /* overlapped updates are noted, for sim_settle_overlapped */
     sim_overlap_t *overlap; /* the walk's overlapped updates, in order (one per block at most) */
@@ -69,8 +77,16 @@ double sim_copy(sim_t *s, bool h2d, sched_task_kind_t kind, int block, int micro
  * compute cannot end before they have.  Returns the compute's end. */
 double sim_exchange(sim_t *s, int block, int micro, double start, double end, double bytes);
 
-/* One request stream on the NVMe array. */
-double sim_nvme_io(sim_t *s, bool read, int block, int micro, double ready, double bytes, double *start_out);
+/* One request stream on the NVMe array once `ready`, behind every request
+ * issued before it; or, first_idle, in the first idle span at or after
+ * `ready` long enough for it, ahead of requests the walk issued before it
+ * that arrive later: a fetch's read, issued as the block before starts,
+ * goes ahead of that block's optimizer reading its state once its
+ * gradients land, as the executor's reads do (the optimizer's state
+ * traffic keeps its order: its reads and writes bound the host memory it
+ * holds). */
+double sim_nvme_io(sim_t *s, bool read, bool first_idle, int block, int micro, double ready, double bytes,
+                   double *start_out);
 
 /* Packing `bytes` into staging on the pack threads once `ready` (nothing
  * when the workload does not model it, or for bytes that are plain copies:

@@ -107,6 +107,105 @@ static void test_nvme_by_hand(void) {
     sched_workload_free(&w);
 }
 
+/* The backward's lead over updates bound by the array (scheduler/plan.h):
+ * ten blocks whose host AdamW each needs 12 s of NVMe (8 bytes of state
+ * read at 2 bytes/s and written at 1) against 1 s of backward.  The
+ * backward of block b - 1 starts only once block b + SCHED_NVME_GRAD_LEAD's
+ * update is done, so at most that many blocks' gradients (2 bytes each)
+ * wait in host memory for theirs, not all ten. */
+static void test_nvme_lead(void) {
+    enum { N = 10 };
+    sched_workload_t w;
+    sched_workload_init(&w, N);
+    w.h2d_bw = w.d2h_bw = 1.0;
+    w.nvme_read_bw = 2.0, w.nvme_write_bw = 1.0;
+    for (int b = 0; b < N; b++) {
+        sched_block_cost_t *c = &w.blocks[b];
+        c->fwd_s = c->bwd_s = c->recompute_s = 1;
+        c->w_fetch_bytes = c->w_resident_bytes = c->w_home_bytes = 1e-3;
+        c->grad_bytes = c->grad_mb_bytes = c->grad_step_bytes = 2;
+        c->grad_mb_copies = c->grad_step_copies = 1;
+        c->optim_bytes = 8;
+        c->adam_host_s = 1e-3;
+    }
+    sched_plan_t p;
+    sched_plan_init_uniform(&p, N, SCHED_POLICY_OFFLOAD_ALL);
+    for (int b = 0; b < N; b++) p.blocks[b].acts = SCHED_ACTS_KEEP, p.blocks[b].nvme_optim = true;
+    p.prefetch_window = 1;
+    sched_sim_opts_t o = {.tasks = true, .timelines = true};
+    sched_sim_result_t r;
+    mt_error_t err = {0};
+    EXPECT(sched_simulate(&w, &p, &o, &r, &err) == MT_OK, "%s", err.msg);
+    double adam_end[N] = {0}, bwd_start[N] = {0};
+    for (int i = 0; i < r.num_tasks; i++) {
+        const sched_task_t *t = &r.tasks[i];
+        if (t->kind == SCHED_TASK_ADAM && t->block >= 0) adam_end[t->block] = t->end;
+        if (t->kind == SCHED_TASK_BWD && t->block >= 0) bwd_start[t->block] = t->start;
+    }
+    int checked = 0;
+    for (int b = 1; b + SCHED_NVME_GRAD_LEAD < N; b++) {
+        EXPECT(bwd_start[b - 1] >= adam_end[b + SCHED_NVME_GRAD_LEAD] - 1e-9,
+               "block %d's backward starts at %g, before block %d's update ends (%g)", b - 1, bwd_start[b - 1],
+               b + SCHED_NVME_GRAD_LEAD, adam_end[b + SCHED_NVME_GRAD_LEAD]);
+        checked++;
+    }
+    EXPECT(checked == N - 1 - SCHED_NVME_GRAD_LEAD, "%d blocks checked", checked);
+    /* gradients waiting: the lead's, the block landing and the one updating,
+     * beside at most two blocks' state in flight (read, being written) */
+    const double bound = (SCHED_NVME_GRAD_LEAD + 2) * 2 + 2 * 8 + N * 1e-3 + 1e-6;
+    EXPECT(r.peak[SCHED_MEM_HOST] <= bound, "host peak %g above %g (gradients piling up behind the array)",
+           r.peak[SCHED_MEM_HOST], bound);
+    EXPECT(r.waited[SCHED_RES_NVME] > 0 && r.bottleneck == SCHED_RES_NVME, "waited on the array %g, bound by %s",
+           r.waited[SCHED_RES_NVME], sched_resource_name(r.bottleneck));
+    sched_sim_result_free(&r);
+    sched_plan_free(&p);
+    sched_workload_free(&w);
+}
+
+/* The array serves requests as they arrive in time: block 1's weights,
+ * whose home is on the tier, are read for its backward as block 2's
+ * backward starts, on an idle array, although the walk simulates block 2's
+ * update (its state read once its gradients land) first. */
+static void test_nvme_arrival_order(void) {
+    enum { N = 4 };
+    sched_workload_t w;
+    sched_workload_init(&w, N);
+    w.h2d_bw = w.d2h_bw = 1.0;
+    w.nvme_read_bw = 2.0, w.nvme_write_bw = 1.0;
+    for (int b = 0; b < N; b++) {
+        sched_block_cost_t *c = &w.blocks[b];
+        c->fwd_s = c->bwd_s = c->recompute_s = 1;
+        c->w_fetch_bytes = c->w_resident_bytes = c->w_home_bytes = 1;
+        c->grad_bytes = c->grad_mb_bytes = c->grad_step_bytes = 2;
+        c->grad_mb_copies = c->grad_step_copies = 1;
+        c->optim_bytes = 8;
+        c->w_update_bytes = 1;
+        c->adam_host_s = 1;
+    }
+    sched_plan_t p;
+    sched_plan_init_uniform(&p, N, SCHED_POLICY_OFFLOAD_ALL);
+    for (int b = 0; b < N; b++) p.blocks[b].acts = SCHED_ACTS_KEEP, p.blocks[b].nvme_optim = true;
+    p.blocks[1].nvme_weights = true;
+    p.prefetch_window = 1;
+    sched_sim_opts_t o = {.tasks = true};
+    sched_sim_result_t r;
+    mt_error_t err = {0};
+    EXPECT(sched_simulate(&w, &p, &o, &r, &err) == MT_OK, "%s", err.msg);
+    double fetch_read = -1, bwd2 = -1, state2 = -1;
+    for (int i = 0; i < r.num_tasks; i++) {
+        const sched_task_t *t = &r.tasks[i];
+        if (t->kind == SCHED_TASK_NVME_READ && t->block == 1 && t->micro >= 0) fetch_read = t->start; /* the last: backward */
+        if (t->kind == SCHED_TASK_BWD && t->block == 2) bwd2 = t->start;
+        if (t->kind == SCHED_TASK_NVME_READ && t->block == 2 && t->micro < 0) state2 = t->start;
+    }
+    EXPECT(bwd2 >= 0 && state2 > bwd2, "block 2: backward at %g, state read at %g", bwd2, state2);
+    EXPECT(fetch_read >= 0 && fetch_read < state2, "block 1's backward read at %g, not before block 2's state read (%g)",
+           fetch_read, state2);
+    sched_sim_result_free(&r);
+    sched_plan_free(&p);
+    sched_workload_free(&w);
+}
+
 static bool within(const sched_planner_result_t *r, const sched_planner_opts_t *o) {
     for (int m = 0; m < SCHED_MEM_COUNT; m++)
         if (o->budget[m] > 0 && r->sim.peak[m] > o->budget[m]) return false;
@@ -251,6 +350,8 @@ static void test_quant_bytes(void) {
 
 int main(void) {
     test_nvme_by_hand();
+    test_nvme_lead();
+    test_nvme_arrival_order();
     test_nvme_planner();
     test_quant_bytes();
     if (failures) fprintf(stderr, "%d failure(s)\n", failures);

@@ -141,7 +141,11 @@ static void zero_pad_row_grad(eng_exec_t *x, int b) {
 
 /* The step program's block-ready hook: block b's gradients are complete;
  * on the step's last backward, with the optimizer state and the gradients
- * on the host, its update starts once they have landed there. */
+ * on the host, its update starts once they have landed there.  The
+ * backward then goes on only once the update SCHED_NVME_GRAD_LEAD blocks
+ * behind is done where that block's state is on the NVMe tier
+ * (scheduler/plan.h): the array-bound updates set its pace, and the
+ * gradients waiting for them stay few. */
 static void block_ready(eng_exec_t *x, int b) {
     const sched_block_plan_t *bp = &x->plan.blocks[b];
     zero_pad_row_grad(x, b);
@@ -150,6 +154,8 @@ static void block_ready(eng_exec_t *x, int b) {
         bp->grads != SCHED_GRADS_HOST)
         return;
     exec_host_optim_enqueue(&x->hopt, b);
+    const int behind = sched_nvme_grad_wait_block(&x->plan, b);
+    if (behind >= 0 && x->hopt.nvme) exec_host_optim_wait_overlapped(&x->hopt, behind);
 }
 
 void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micro_batches,

@@ -31,7 +31,8 @@ void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp
     h->cap = 2 * eng_model_num_blocks(m) + 1;
     h->queue = calloc((size_t)h->cap, sizeof *h->queue);
     h->block_pending = calloc((size_t)eng_model_num_blocks(m), sizeof *h->block_pending);
-    MT_CHECK_ALLOC(h->block_pending, "host optimizer block table");
+    h->overlap_pending = calloc((size_t)eng_model_num_blocks(m), sizeof *h->overlap_pending);
+    MT_CHECK(h->block_pending && h->overlap_pending, "out of host memory for the host optimizer's block tables");
     h->done = calloc((size_t)m->num_params, sizeof *h->done);
     h->wrote_nonfinite = calloc((size_t)(m->num_params > 0 ? m->num_params : 1), sizeof *h->wrote_nonfinite);
     MT_CHECK_ALLOC(h->wrote_nonfinite, "host optimizer finite flags");
@@ -240,6 +241,7 @@ static void *worker_main(void *arg) {
         pthread_mutex_lock(&h->lock);
         h->outstanding--;
         if (job.deferred) h->block_pending[b]--;
+        else h->overlap_pending[b]--;
         pthread_cond_broadcast(&h->cond);
     }
     pthread_mutex_unlock(&h->lock);
@@ -282,6 +284,7 @@ void exec_host_optim_enqueue(exec_host_optim_t *h, int b) {
     *a = (enqueue_arg_t){h, {.block = b, .deferred = false, .base = exec_adamw_params(&h->hp, 1.0)}};
     pthread_mutex_lock(&h->lock);
     h->outstanding++;
+    h->overlap_pending[b]++;
     pthread_mutex_unlock(&h->lock);
     kern_launch_host_fn(h->dev, kern_stream(h->dev, KERN_STREAM_D2H), enqueue_block, a);
 }
@@ -312,6 +315,7 @@ int exec_host_optim_take_back(exec_host_optim_t *h, const bool *take) {
         const exec_host_job_t job = h->queue[k];
         if (!job.deferred && take[job.block]) {
             n++;
+            h->overlap_pending[job.block]--;
             continue;
         }
         h->queue[kept] = job;
@@ -343,6 +347,13 @@ void exec_host_optim_wait_block(exec_host_optim_t *h, int b) {
     pthread_mutex_unlock(&h->lock);
 }
 
+void exec_host_optim_wait_overlapped(exec_host_optim_t *h, int b) {
+    if (!h->started) return;
+    pthread_mutex_lock(&h->lock);
+    while (h->overlap_pending[b] > 0) pthread_cond_wait(&h->cond, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+}
+
 void exec_host_optim_free(exec_host_optim_t *h) {
     if (h->started) {
         kern_device_sync(h->dev); /* queued enqueue_block calls have run */
@@ -361,6 +372,7 @@ void exec_host_optim_free(exec_host_optim_t *h) {
     eng_spec_free(&h->spec);
     free(h->queue);
     free(h->block_pending);
+    free(h->overlap_pending);
     free(h->done);
     free(h->wrote_nonfinite);
     free(h->gnorm_part);

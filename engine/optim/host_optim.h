@@ -45,6 +45,8 @@ typedef struct {
     exec_host_job_t *queue;      /* FIFO of jobs (capacity 2 x blocks + 1) */
     int head, tail, cap;
     int *block_pending;          /* per block: deferred updates queued or running */
+    int *overlap_pending;        /* per block: overlapped updates on their way (behind the block's
+                                  * gradient copies), queued or running */
     int outstanding;             /* queued or running */
     bool stop, started;
     bool hold;                   /* tests' (exec_host_optim_hold): no overlapped job starts */
@@ -111,5 +113,8 @@ void exec_host_optim_defer(exec_host_optim_t *h, int b, const eng_optim_hparams_
                            const kern_adamw_params_t *base);
 /* Waits for block b's deferred update, if one is queued or running. */
 void exec_host_optim_wait_block(exec_host_optim_t *h, int b);
+/* Waits for block b's overlapped update (exec_host_optim_enqueue), if one
+ * is on its way, queued or running. */
+void exec_host_optim_wait_overlapped(exec_host_optim_t *h, int b);
 
 #endif
