@@ -101,9 +101,13 @@ double sim_nvme_io(sim_t *s, bool read, bool first_idle, int block, int micro, d
     double dur = read ? sched_nvme_read_time(s->w, bytes) : sched_nvme_write_time(s->w, bytes);
     if (dur < 0) dur = 0;
     /* the first idle span: past every request overlapping [t, t + dur];
-     * else behind every request issued so far */
-    double t = first_idle ? ready : (ready > s->free_at[SCHED_RES_NVME] ? ready : s->free_at[SCHED_RES_NVME]);
+     * else behind every request issued so far, at the list's end */
+    double t = ready;
     int at = 0;
+    if (!first_idle) {
+        if (s->free_at[SCHED_RES_NVME] > t) t = s->free_at[SCHED_RES_NVME];
+        at = s->nnvme;
+    }
     for (; at < s->nnvme; at++) {
         if (s->nvme_busy[at].end <= t) continue;
         if (s->nvme_busy[at].start >= t + dur) break;

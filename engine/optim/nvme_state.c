@@ -29,9 +29,17 @@ static uint64_t home_bytes(const eng_param_t *p) {
     return p->home_q ? p->home_q->nbytes : p->spec->numel * mt_dtype_size(p->w_dtype);
 }
 
-/* A frozen parameter's plain home in host memory, home_bytes of it (NULL once on the tier). */
-static const void *plain_base_home(const eng_param_t *p) {
-    return p->w_dtype == MT_BF16 ? (const void *)p->home_bf16 : (const void *)p->host_w;
+/* A frozen parameter's home, home_bytes of it, copied to dst: a quantised
+ * one packed from its bytes or, still pending in the checkpoint's
+ * mapping, straight from there (it never takes host memory of its own). */
+static void copy_base_home(const eng_param_t *p, void *dst) {
+    if (p->home_q) {
+        eng_quant_home_fill(p->home_q, dst);
+        return;
+    }
+    const void *home = p->w_dtype == MT_BF16 ? (const void *)p->home_bf16 : (const void *)p->host_w;
+    MT_CHECK(home, "the frozen home of %s is not in host memory when the NVMe tier is placed", p->spec->name);
+    memcpy(dst, home, home_bytes(p));
 }
 
 /* Parameter i's home is a frozen base's: on the tier without AdamW state, never written back. */
@@ -76,22 +84,14 @@ static mt_status_t move_out(eng_optim_nvme_t *nv, eng_param_t *p, int i, mt_erro
 
 /* Every frozen base home the store holds written to its extent, one at a
  * time through a buffer of its own; the host copies stay until all are
- * written (free_base_homes), so a failure leaves host memory as it was.
- * A quantised home still pending in the checkpoint's mapping is packed
- * straight into the buffer: it never takes host memory of its own. */
+ * written (free_base_homes), so a failure leaves host memory as it was. */
 static mt_status_t write_base_homes(eng_optim_nvme_t *nv, const eng_model_t *m, mt_error_t *err) {
     for (int i = 0; i < m->num_params; i++) {
         if (!is_base_home(nv, i)) continue;
         const eng_param_t *p = &m->params[i];
-        const void *home = p->home_q ? NULL : plain_base_home(p);
-        MT_CHECK(p->home_q || home, "the frozen home of %s is not in host memory when the NVMe tier is placed",
-                 p->spec->name);
         char *buf = mt_sio_buffer_alloc(mt_store_buffer_bytes(home_bytes(p)));
         MT_CHECK(buf, "out of memory for the write buffer of %s", p->spec->name);
-        if (p->home_q)
-            eng_quant_home_fill(p->home_q, buf);
-        else
-            memcpy(buf, home, home_bytes(p));
+        copy_base_home(p, buf);
         const mt_store_op_t op = {nv->home[i], buf};
         const mt_status_t st = mt_store_write(nv->store, &op, 1, err);
         mt_sio_buffer_free(buf);
