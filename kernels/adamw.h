@@ -30,10 +30,11 @@ typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
     float grad_scale;
     int64_t step; /* t, 1-based */
-    /* Host kernels only (the device checks its masters with a sum of
-     * squares): when non-NULL, set to 1 if any master value the call wrote
-     * is NaN or Inf, and left as it was otherwise, so the caller zeroes it
-     * first.  Fused into the update so that no second pass over p is made. */
+    /* When non-NULL, set to 1 if any master value the call wrote is NaN or
+     * Inf, and left as it was otherwise, so the caller zeroes it first.  It
+     * lives where p does: host memory for the host kernels and the CPU
+     * backend, device memory for the CUDA backend.  Fused into the update
+     * so that no second pass over p is made. */
     int *nonfinite;
 } kern_adamw_params_t;
 

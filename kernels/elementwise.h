@@ -95,6 +95,28 @@ void kern_sumsq_cpu(kern_stream_t *s, float *out, const float *x, size_t n);
 typedef struct kern_threadpool kern_threadpool_t;
 void kern_sumsq_host(kern_threadpool_t *pool, float *out, const float *x, size_t n);
 void kern_sumsq_cuda(kern_stream_t *s, float *out, const float *x, size_t n);
+/* kern_sumsq for `count` tensors in one call: *out[i] = sum x[i]^2 over
+ * n[i] elements, each the very value kern_sumsq gives for that tensor
+ * alone.  out, x and n are host arrays (of device pointers, for out and x).
+ * The gradient norm takes every device gradient's sum this way: a MoE
+ * model has thousands of expert tensors, and one launch pair each held a
+ * GPU step up on its launches. */
+typedef void (*kern_sumsq_many_fn)(kern_stream_t *s, float *const *out, const float *const *x, const size_t *n,
+                                   int count);
+void kern_sumsq_many_cpu(kern_stream_t *s, float *const *out, const float *const *x, const size_t *n, int count);
+void kern_sumsq_many_cuda(kern_stream_t *s, float *const *out, const float *const *x, const size_t *n, int count);
+
+/* dst[i][j] += src[i][j] widened to fp32, for j < n[i], i < count: one
+ * exact widening and one fp32 add per element.  dst, src and n are host
+ * arrays (of device pointers, for dst and src).  A bf16 run's expert
+ * weight gradients, written bf16 by one grouped product, go into their
+ * fp32 accumulators this way, many experts per launch. */
+typedef void (*kern_add_bf16_many_fn)(kern_stream_t *s, float *const *dst, const uint16_t *const *src,
+                                      const size_t *n, int count);
+void kern_add_bf16_many_cpu(kern_stream_t *s, float *const *dst, const uint16_t *const *src, const size_t *n,
+                            int count);
+void kern_add_bf16_many_cuda(kern_stream_t *s, float *const *dst, const uint16_t *const *src, const size_t *n,
+                             int count);
 
 /* Round-to-nearest-even conversions (dtype.h's formulas). */
 typedef void (*kern_f32_to_bf16_fn)(kern_stream_t *s, uint16_t *dst, const float *src, size_t n);

@@ -54,6 +54,8 @@ struct kern_ops {
     kern_clamp_fwd_fn clamp_fwd;
     kern_clamp_bwd_fn clamp_bwd;
     kern_sumsq_fn sumsq;
+    kern_sumsq_many_fn sumsq_many;
+    kern_add_bf16_many_fn add_bf16_many;
     kern_f32_to_bf16_fn f32_to_bf16;
     kern_bf16_to_f32_fn bf16_to_f32;
     kern_dropout_fn dropout;

@@ -29,7 +29,13 @@
  *    fused gate_up of transformers 5 rounds their sum once instead, a
  *    difference of one rounding that buys the grouped call and saves an
  *    fp32 (rows, H) buffer.  LoRA's backward terms go through fp32 scratch
- *    as in the forward.  Weight gradients stay fp32 products (beta 1). */
+ *    as in the forward;
+ *  - weight gradients as autocast forms a bf16 weight's: each expert's
+ *    dW = dy^T x is written bf16 (fp32 accumulation, rounded once, beta 0:
+ *    the kind cuBLAS groups) into a scratch and then added into its fp32
+ *    accumulator (weight_grads), so one grouped call takes every expert's
+ *    product where cuBLAS refuses bf16 inputs with an fp32 output, and
+ *    an fp32 run's products add into the accumulators directly (beta 1). */
 #include "moe/moe_experts.h"
 
 #include <stdlib.h>
@@ -77,6 +83,65 @@ static void groups_run(kern_device_t *dev, const moe_layer_dims_t *d, groups_t *
         g->mm[i].C.dtype = o->c_dt; /* a bf16 C: rounded once from the fp32 accumulator */
     }
     dev->ops->mm_grouped(kern_stream(dev, KERN_STREAM_COMPUTE), g->mm, g->count);
+}
+
+/* The weight-gradient products pushed on gg (C (M, N), an expert's fp32
+ * accumulator, += A^T B with A (K, M) and B (K, N) its rows): in an
+ * fp32 run straight into the accumulators; in a bf16 run each written bf16
+ * into a scratch and then added into its accumulator, the experts taken in
+ * chunks whose scratch stays under WGRAD_CHUNK_BYTES (one expert at
+ * least).  Empties gg. */
+#define WGRAD_CHUNK_BYTES ((size_t)128 << 20)
+#define WGRAD_ALIGN ((size_t)256)
+
+static mt_status_t weight_grads(kern_device_t *dev, const moe_layer_dims_t *d, groups_t *gg, bool bf16,
+                                mt_error_t *err) {
+    const int n = gg->count;
+    gg->count = 0;
+    if (n == 0) return MT_OK;
+    if (!bf16) {
+        gg->count = n;
+        groups_run(dev, d, gg, true, false, 1.0f, 1.0f);
+        gg->count = 0;
+        return MT_OK;
+    }
+    size_t biggest = 0, total = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t b = ((size_t)gg->d[i].M * gg->d[i].N * 2 + WGRAD_ALIGN - 1) & ~(WGRAD_ALIGN - 1);
+        if (b > biggest) biggest = b;
+        total += b;
+    }
+    size_t cap = biggest > WGRAD_CHUNK_BYTES ? biggest : WGRAD_CHUNK_BYTES;
+    if (cap > total) cap = total;
+    groups_t chunk = groups_new(n);
+    float **dst = malloc((size_t)n * sizeof *dst);
+    const uint16_t **src = malloc((size_t)n * sizeof *src);
+    size_t *numel = malloc((size_t)n * sizeof *numel);
+    MT_CHECK(dst && src && numel, "out of host memory for %d weight-gradient descriptors", n);
+    char *scratch = kern_alloc(dev, cap, "moe expert weight gradients (bf16)", err);
+    mt_status_t st = scratch ? MT_OK : err->code;
+    for (int at = 0; at < n && st == MT_OK;) {
+        size_t used = 0;
+        chunk.count = 0;
+        for (; at < n; at++) {
+            const group_operands_t *o = &gg->d[at];
+            const size_t numel_at = (size_t)o->M * o->N;
+            const size_t bytes = (numel_at * 2 + WGRAD_ALIGN - 1) & ~(WGRAD_ALIGN - 1);
+            if (used + bytes > cap) break;
+            const int c = chunk.count;
+            dst[c] = o->C, src[c] = (const uint16_t *)(scratch + used), numel[c] = numel_at;
+            groups_push(&chunk, scratch + used, MT_BF16, o->A, o->a_dt, o->B, o->b_dt, o->M, o->N, o->K);
+            used += bytes;
+        }
+        groups_run(dev, d, &chunk, true, false, 1.0f, 0.0f);
+        dev->ops->add_bf16_many(kern_stream(dev, KERN_STREAM_COMPUTE), dst, src, numel, chunk.count);
+    }
+    moe_dfree(dev, scratch);
+    free(dst);
+    free(src);
+    free(numel);
+    groups_free(&chunk);
+    return st;
 }
 
 mt_status_t moe_plan_routes(kern_device_t *dev, const moe_layer_dims_t *d, int n, moe_layer_acts_t *a,
@@ -274,7 +339,7 @@ static mt_status_t down_backward(kern_device_t *dev, const moe_layer_dims_t *d, 
         if (counts[e] && gp->down[e])
             groups_push(gg, gp->down[e], MT_F32, AT(dep, offsets[e], H, elem), dt, AT(h, offsets[e], I, elem), dt,
                         H, I, counts[e]);
-    groups_run(dev, d, gg, true, false, 1.0f, 1.0f);
+    TRY(weight_grads(dev, d, gg, dt != MT_F32, err));
     for (int e = 0; p->lora_down && e < E; e++) {
         const int off = offsets[e];
         TRY(kern_lora_bwd_typed(dev, d->compute, &p->lora_down[e], AT(dep, off, H, elem), dt, AT(h, off, I, elem),
@@ -369,12 +434,14 @@ mt_status_t moe_experts_backward(kern_device_t *dev, const moe_layer_dims_t *d, 
         }                                                                   \
     } while (0)
 
+    /* d(gate) += dg^T xp and d(up) += du^T xp, all experts' in one go */
     FOR_EXPERTS(if (gp->gate[e]) groups_push(&gg, gp->gate[e], MT_F32, AT(g, off, I, elem), dt,
                                              AT(xp, off, H, xp_elem), xp_dt, I, H, cnt));
-    groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
-    FOR_EXPERTS(if (gp->up[e]) groups_push(&gg, gp->up[e], MT_F32, AT(u, off, I, elem), dt,
-                                           AT(xp, off, H, xp_elem), xp_dt, I, H, cnt));
-    groups_run(dev, d, &gg, true, false, 1.0f, 1.0f);
+    for (int e = 0; e < E; e++)
+        if (counts[e] && gp->up[e])
+            groups_push(&gg, gp->up[e], MT_F32, AT(u, offsets[e], I, elem), dt, AT(xp, offsets[e], H, xp_elem), xp_dt,
+                        I, H, counts[e]);
+    TRY(weight_grads(dev, d, &gg, dt != MT_F32, err));
     if (dt != MT_F32) {
         /* dep is read no more: it takes the gate products' part */
         TRY(input_grads_bf16(dev, d, p, &gg, counts, offsets, rows, xp, g, u, dep, dxu, err));

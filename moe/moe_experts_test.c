@@ -16,9 +16,13 @@
  *     non-zero (the adapter is applied);
  *   - backward (check_backward): the data-gradient products (dh, and xp's
  *     gradient as its gate and up parts, together in one call) are of the
- *     grouped kind too, the weight gradients fp32; dg and the parts agree
- *     with double to bf16's rounding; with LoRA on gate its input-gradient
- *     products go through fp32 and move only the adapted expert's rows. */
+ *     grouped kind too, and so are the weight gradients' (written bf16 as
+ *     autocast's, then added into the fp32 accumulators: gate's and up's
+ *     in one call); dg, the parts and the weight gradients agree with
+ *     double to bf16's rounding, a weight gradient added to zero is a bf16
+ *     value and an expert without rows keeps its zeros; with LoRA on gate
+ *     its input-gradient products go through fp32 and move only the
+ *     adapted expert's rows. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +106,7 @@ static uint16_t hx[ROWS * H], hg[E][I * H], hu[E][I * H], hd[E][H * I], la[R * H
  * its two bf16 parts. */
 typedef struct {
     uint16_t dg[ROWS * I], du[ROWS * I], dxg[ROWS * H], dxu[ROWS * H];
+    float wg[3 * E * I * H]; /* d(gate), d(up), d(down) per expert, accumulated onto zeros */
 } grads_t;
 
 static uint16_t hdep[ROWS * H];
@@ -129,6 +134,7 @@ static void run_backward(kern_device_t *dev, const moe_layer_dims_t *d, moe_laye
     kern_memcpy_d2h(dev, s, o->du, u, sizeof o->du);
     kern_memcpy_d2h(dev, s, o->dxg, dep, sizeof o->dxg);
     kern_memcpy_d2h(dev, s, o->dxu, dxu, sizeof o->dxu);
+    kern_memcpy_d2h(dev, s, o->wg, wg, sizeof o->wg);
     kern_device_sync(dev);
     void *bufs[] = {g, u, ep, dep, dxu, wg};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kern_free(dev, bufs[i]);
@@ -151,21 +157,62 @@ static void run(kern_device_t *dev, const moe_layer_dims_t *d, moe_layer_params_
     kern_free(dev, ep);
 }
 
+/* The weight gradients of run_backward against double: d(gate) = dg^T x
+ * and d(up) = du^T x from the kernel's own dg, du (one rounding, to bf16,
+ * plus the fp32 accumulator's), d(down) = dep^T h with h = silu(g) u
+ * rounded to bf16 (a relative 2^-8 per term more).  Added onto zeros, each
+ * is exactly a bf16 value; expert 1 has no rows and keeps its zeros.
+ * Returns the worst error as a fraction of its bound. */
+static double check_weight_grads(const outs_t *fwd, const grads_t *o) {
+    double worst = 0;
+    int not_bf16 = 0, touched_idle = 0;
+    for (int e = 0; e < E; e++) {
+        const float *wgate = o->wg + (size_t)e * I * H, *wup = o->wg + (size_t)(E + e) * I * H;
+        const float *wdown = o->wg + (size_t)(2 * E + e) * I * H;
+        for (int j = 0; j < I * H; j++) {
+            const float got[3] = {wgate[j], wup[j], wdown[j]};
+            for (int m = 0; m < 3; m++) {
+                not_bf16 += bf(mt_f32_to_bf16(got[m])) != got[m];
+                touched_idle += k_counts[e] == 0 && got[m] != 0.0f;
+            }
+        }
+        for (int i = 0; i < I; i++)
+            for (int c = 0; c < H; c++) {
+                double sg = 0, su = 0, sd = 0, mg = 0, mu = 0, md = 0;
+                for (int r = k_offsets[e]; r < k_offsets[e] + k_counts[e]; r++) {
+                    const double x = bf(hx[r * H + c]);
+                    const double tg = bf(o->dg[r * I + i]) * x, tu = bf(o->du[r * I + i]) * x;
+                    const double g = bf(fwd->g[r * I + i]), u = bf(fwd->u[r * I + i]);
+                    const double td = bf(hdep[r * H + c]) * (g / (1.0 + exp(-g)) * u);
+                    sg += tg, su += tu, sd += td, mg += fabs(tg), mu += fabs(tu), md += fabs(td);
+                }
+                worst = fmax(worst, fabs(wgate[i * H + c] - sg) / (0x1p-8 * fabs(sg) + 0x1p-20 * mg + 1e-30));
+                worst = fmax(worst, fabs(wup[i * H + c] - su) / (0x1p-8 * fabs(su) + 0x1p-20 * mu + 1e-30));
+                worst = fmax(worst, fabs(wdown[c * I + i] - sd) / (0x1p-8 * fabs(sd) + 0x1p-8 * md + 1e-30));
+            }
+    }
+    EXPECT(not_bf16 == 0, "%d weight-gradient values added onto zeros are not bf16 values", not_bf16);
+    EXPECT(touched_idle == 0, "%d weight-gradient values of the expert without rows moved", touched_idle);
+    return worst;
+}
+
 /* The backward in a bf16 run: its data-gradient products (dh, and xp's
- * two parts) bf16 x bf16 -> bf16 with beta 0, the weight gradients fp32;
+ * two parts) bf16 x bf16 -> bf16 with beta 0, and the weight gradients';
  * dg against double on the bf16 dep and weights (the rounding of dh and
  * then of dg: 2^-8 each, relative, plus dh's fp32 accumulation), and each
  * part of xp's gradient against double on the kernel's own dg/du (one
  * rounding).  Returns the worst errors as fractions of their bounds. */
 static void check_backward(kern_device_t *dev, const moe_layer_dims_t *d, moe_layer_params_t *p, const void *x,
-                           const outs_t *fwd, grads_t *o, double *worst_dg, double *worst_dx) {
+                           const outs_t *fwd, grads_t *o, double *worst_dg, double *worst_dx, double *worst_dw) {
     for (size_t i = 0; i < ROWS * H; i++) hdep[i] = mt_f32_to_bf16(rnd());
     run_backward(dev, d, p, x, o);
-    EXPECT(calls == 5 && products == 18 && bf16_out_beta0 == 9 && f32_out == 9,
-           "backward: %d grouped calls of %d products (want 5 of 18: dh, d(down), d(gate), d(up), then xp's gate "
-           "and up parts together), %d bf16 x bf16 -> bf16 beta 0 (want 9), %d fp32 C (want the 9 weight "
-           "gradients)",
+    EXPECT(calls == 4 && products == 18 && bf16_out_beta0 == 18 && f32_out == 0,
+           "backward: %d grouped calls of %d products (want 4 of 18: dh, d(down), d(gate) and d(up) together, "
+           "then xp's gate and up parts together), %d bf16 x bf16 -> bf16 beta 0 (want all 18), %d fp32 C "
+           "(want none)",
            calls, products, bf16_out_beta0, f32_out);
+    *worst_dw = check_weight_grads(fwd, o);
+    EXPECT(*worst_dw <= 1.0, "weight gradients: worst error %.3g of the bound against double", *worst_dw);
     *worst_dg = *worst_dx = 0;
     for (int e = 0; e < E; e++)
         for (int r = k_offsets[e]; r < k_offsets[e] + k_counts[e]; r++) {
@@ -221,8 +268,8 @@ int main(void) {
     outs_t plain;
     run(dev, &d, &p, x, &plain);
     grads_t plain_b;
-    double worst_dg, worst_dx;
-    check_backward(dev, &d, &p, x, &plain, &plain_b, &worst_dg, &worst_dx);
+    double worst_dg, worst_dx, worst_dw;
+    check_backward(dev, &d, &p, x, &plain, &plain_b, &worst_dg, &worst_dx, &worst_dw);
     run(dev, &d, &p, x, &plain); /* the forward's counters again, for the checks below */
     EXPECT(calls == 3 && products == 9 && bf16_out_beta0 == 9,
            "plain: %d grouped calls of %d products (want 3 of 9: the 3 experts with rows), %d bf16 x bf16 -> bf16 "
@@ -282,9 +329,9 @@ int main(void) {
      * beta 0; only expert 2's rows of the gate part move */
     grads_t adapted_b;
     run_backward(dev, &d, &p, x, &adapted_b);
-    EXPECT(calls == 6 && bf16_out_beta0 == 6 && f32_out == 12,
-           "LoRA on gate, backward: %d grouped calls (want 6), %d bf16 x bf16 -> bf16 beta 0 (want dh's and up's "
-           "6), %d fp32 C (want 9 weight gradients and gate's 3)",
+    EXPECT(calls == 5 && bf16_out_beta0 == 15 && f32_out == 3,
+           "LoRA on gate, backward: %d grouped calls (want 5), %d bf16 x bf16 -> bf16 beta 0 (want dh's, the 9 "
+           "weight gradients' and up's part's: 15), %d fp32 C (want gate's part's 3)",
            calls, bf16_out_beta0, f32_out);
     int moved_dx = 0, other_dx = 0;
     for (int r = 0; r < ROWS; r++)
@@ -301,9 +348,10 @@ int main(void) {
     printf("bf16 experts: forward products bf16 x bf16 -> bf16 beta 0 (grouped-call kind); g/u at %.3g and ep at "
            "%.3g of their bounds against double; LoRA moved %d of expert 2's g\n",
            worst_gu, worst_ep, moved);
-    printf("bf16 experts backward: data-gradient products bf16 x bf16 -> bf16 beta 0; dg at %.3g and xp's gradient "
-           "parts at %.3g of their bounds against double; LoRA moved %d of expert 2's gate-part values\n",
-           worst_dg, worst_dx, moved_dx);
+    printf("bf16 experts backward: data- and weight-gradient products bf16 x bf16 -> bf16 beta 0; dg at %.3g, "
+           "xp's gradient parts at %.3g and weight gradients at %.3g of their bounds against double; LoRA moved %d "
+           "of expert 2's gate-part values\n",
+           worst_dg, worst_dx, worst_dw, moved_dx);
     dev->ops = real_ops;
     kern_device_destroy(dev);
     if (failures) fprintf(stderr, "moe_experts_test: %d failure(s)\n", failures);

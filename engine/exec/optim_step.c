@@ -13,10 +13,11 @@
  * Every weight an update writes is checked to be finite right after its
  * block's update, before the next block's (a NaN written into a weight
  * would otherwise be trained on and saved): on the host a scan of the
- * block's masters while they are still in cache, on the device a sum of
- * squares of each master into one slot of a small buffer, read back in the
- * step's one copy and sync; only a slot that is not finite is read back
- * whole to find the element (a finite sum that overflowed is no error).
+ * block's masters while they are still in cache, on the device a flag per
+ * parameter that the AdamW kernel itself sets when it writes a NaN or Inf
+ * (no second pass over the weights, no launch of its own), the flags read
+ * back in the step's one copy and sync; only a flagged parameter is read
+ * back whole to find the element.
  * Blocks left to the host worker (defer_block) are updated after the step
  * returns: the worker scans each such parameter after its update, and the
  * next step reports what it found before it updates anything (a save
@@ -188,9 +189,13 @@ static float *norm_parts(eng_exec_t *x, mt_error_t *err) {
     const int P = m->num_params;
     float *dev_parts = kern_alloc(dev, (size_t)(P > 0 ? P : 1) * sizeof(float), "gradient norm parts", err);
     if (!dev_parts) return NULL;
-    float *parts = malloc((size_t)(P > 0 ? P : 1) * sizeof *parts);
-    MT_CHECK_ALLOC(parts, "gradient norm parts");
-    bool any_device = false;
+    const size_t slots = (size_t)(P > 0 ? P : 1);
+    float *parts = malloc(slots * sizeof *parts);
+    float **outs = malloc(slots * sizeof *outs);
+    const float **grads = malloc(slots * sizeof *grads);
+    size_t *numels = malloc(slots * sizeof *numels);
+    MT_CHECK(parts && outs && grads && numels, "out of memory for the gradient norm parts");
+    int on_device = 0;
     for (int i = 0; i < P; i++) {
         const eng_param_t *p = &m->params[i];
         const eng_dparam_t *d = &x->dp[i];
@@ -200,11 +205,15 @@ static float *norm_parts(eng_exec_t *x, mt_error_t *err) {
         } else if (x->plan.blocks[p->block].grads == SCHED_GRADS_HOST) {
             kern_sumsq_host(x->hopt.pool, &parts[i], d->host_g, p->spec->numel);
         } else {
-            dev->ops->sumsq(s, dev_parts + i, d->g_acc, p->spec->numel);
-            any_device = true;
+            outs[on_device] = dev_parts + i, grads[on_device] = d->g_acc, numels[on_device] = p->spec->numel;
+            on_device++;
         }
     }
-    if (any_device) {
+    if (on_device) dev->ops->sumsq_many(s, outs, grads, numels, on_device);
+    free(outs);
+    free(grads);
+    free(numels);
+    if (on_device) {
         float *back = malloc((size_t)P * sizeof *back);
         MT_CHECK_ALLOC(back, "gradient norm parts");
         kern_memcpy_d2h(dev, s, back, dev_parts, (size_t)P * sizeof(float));
@@ -354,8 +363,10 @@ static mt_status_t read_device_grads(eng_exec_t *x, int b, moe_staging_xfer_t *i
 
 /* One AdamW step of parameter i on the device.  Its moments are made, zeroed,
  * at its first step (lazily, as torch creates state); a bf16 working copy
- * is rewritten from the new master in the same pass. */
-static mt_status_t device_adamw(eng_exec_t *x, int i, const kern_adamw_params_t *base, mt_error_t *err) {
+ * is rewritten from the new master in the same pass, and *nonfinite (device
+ * memory) set when a written master value is NaN or Inf. */
+static mt_status_t device_adamw(eng_exec_t *x, int i, const kern_adamw_params_t *base, int *nonfinite,
+                                mt_error_t *err) {
     kern_device_t *dev = x->dev;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
     eng_param_t *p = &x->model->params[i];
@@ -364,6 +375,7 @@ static mt_status_t device_adamw(eng_exec_t *x, int i, const kern_adamw_params_t 
     const size_t bytes = eng_param_moments_bytes(p);
     kern_adamw_params_t ap = *base;
     ap.step = ++p->step;
+    ap.nonfinite = nonfinite;
     if (!d->mom) {
         char t[200];
         snprintf(t, sizeof t, "AdamW moments (%s) of %s", kern_moments_fmt_name((kern_moments_fmt_t)p->mom_fmt),
@@ -379,11 +391,11 @@ static mt_status_t device_adamw(eng_exec_t *x, int i, const kern_adamw_params_t 
 }
 
 /* The updated weights' check (see the note at the top): per parameter,
- * whether it is suspected of holding a NaN or Inf. */
+ * whether it holds a NaN or Inf. */
 typedef struct {
-    float *dev_parts; /* P slots: sum of squares of each device-updated master */
-    bool *on_device;  /* slot i was filled */
-    bool *bad;        /* parameter i holds a non-finite value (host: known; device: suspected) */
+    int *dev_flags;  /* P device ints, zeroed: set by the AdamW kernel of a device-updated master */
+    bool *on_device; /* flag i was given to an update */
+    bool *bad;       /* parameter i holds a non-finite value */
     bool any_device;
 } finite_check_t;
 
@@ -393,28 +405,27 @@ static mt_status_t finite_check_init(finite_check_t *fc, eng_exec_t *x, mt_error
     fc->on_device = calloc(P, sizeof *fc->on_device);
     fc->bad = calloc(P, sizeof *fc->bad);
     MT_CHECK(fc->on_device && fc->bad, "out of memory for the updated weights' check");
-    fc->dev_parts = kern_alloc(x->dev, P * sizeof(float), "updated weights' check", err);
-    return fc->dev_parts ? MT_OK : err->code;
+    fc->dev_flags = kern_alloc(x->dev, P * sizeof(int), "updated weights' check", err);
+    if (!fc->dev_flags) return err->code;
+    kern_memset(x->dev, kern_stream(x->dev, KERN_STREAM_COMPUTE), fc->dev_flags, 0, P * sizeof(int));
+    return MT_OK;
 }
 
 static void finite_check_free(finite_check_t *fc, eng_exec_t *x) {
-    if (fc->dev_parts) kern_free(x->dev, fc->dev_parts);
+    if (fc->dev_flags) kern_free(x->dev, fc->dev_flags);
     free(fc->on_device);
     free(fc->bad);
 }
 
 /* Parameter i was just updated: a host master's answer is the host
  * kernel's fused check (exec_host_adamw; only a flagged parameter is
- * scanned, for the element to name), a device master's sum of squares is
- * queued behind its update on the compute stream. */
+ * scanned, for the element to name), a device master's is its flag, which
+ * device_adamw gave the kernel. */
 static void finite_check_param(finite_check_t *fc, eng_exec_t *x, int i, bool on_device) {
-    const eng_param_t *p = &x->model->params[i];
     if (!on_device) {
         fc->bad[i] = x->hopt.wrote_nonfinite[i];
         return;
     }
-    kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
-    x->dev->ops->sumsq(s, fc->dev_parts + i, exec_dev_master(p, &x->dp[i]), p->spec->numel);
     fc->on_device[i] = true;
     fc->any_device = true;
 }
@@ -454,13 +465,13 @@ static mt_status_t finite_check_finish(finite_check_t *fc, eng_exec_t *x, const 
     const eng_model_t *m = x->model;
     const int P = m->num_params;
     if (fc->any_device) {
-        float *back = malloc((size_t)(P > 0 ? P : 1) * sizeof *back);
+        int *back = malloc((size_t)(P > 0 ? P : 1) * sizeof *back);
         MT_CHECK_ALLOC(back, "updated weights' check");
         kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
-        kern_memcpy_d2h(x->dev, s, back, fc->dev_parts, (size_t)P * sizeof(float));
+        kern_memcpy_d2h(x->dev, s, back, fc->dev_flags, (size_t)P * sizeof(int));
         kern_stream_sync(x->dev, s);
         for (int i = 0; i < P; i++)
-            if (fc->on_device[i]) fc->bad[i] = !isfinite(back[i]);
+            if (fc->on_device[i]) fc->bad[i] = back[i] != 0;
         free(back);
     }
     for (int i = 0; i < P; i++) {
@@ -470,7 +481,7 @@ static mt_status_t finite_check_finish(finite_check_t *fc, eng_exec_t *x, const 
         MT_CHECK_ALLOC(w, ps->name);
         eng_exec_read_param(x, i, w, false);
         const size_t at = mt_first_nonfinite_f32(w, ps->numel);
-        if (at == MT_ALL_FINITE) { /* a device sum of squares that overflowed */
+        if (at == MT_ALL_FINITE) { /* finite after all: nothing to refuse */
             free(w);
             continue;
         }
@@ -503,7 +514,7 @@ static mt_status_t update_block(eng_exec_t *x, int b, const kern_adamw_params_t 
             x->hopt.done[i] = false;
             out->updated_during_backward++;
         } else if (bp->optim == SCHED_OPTIM_DEVICE) {
-            const mt_status_t st = device_adamw(x, i, base, err);
+            const mt_status_t st = device_adamw(x, i, base, fc->dev_flags + i, err);
             if (st != MT_OK) return st;
         } else {
             const mt_status_t st = exec_host_adamw(&x->hopt, x->hopt.pool, i, d->host_g, base, false, err);

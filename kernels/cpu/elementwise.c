@@ -28,12 +28,13 @@
 /* 16 K elements: 64 KB per operand, a few microseconds of work per task. */
 #define ELEM_CHUNK ((size_t)16384)
 
-typedef enum { EW_ADD, EW_AXPY, EW_SCALE, EW_SWIGLU_FWD, EW_SWIGLU_BWD, EW_SUMSQ } ew_kind_t;
+typedef enum { EW_ADD, EW_ADD_BF16, EW_AXPY, EW_SCALE, EW_SWIGLU_FWD, EW_SWIGLU_BWD, EW_SUMSQ } ew_kind_t;
 
 typedef struct {
     ew_kind_t kind;
     float *y, *y2;            /* outputs (y2: du of swiglu_bwd) */
     const float *a, *b, *c;   /* inputs */
+    const uint16_t *a16;      /* add_bf16's input */
     float alpha;
     size_t n;
     double *partials;         /* sumsq: one per task */
@@ -44,6 +45,10 @@ KERN_CPU_CLONES static void add_range(float *y, const float *a, const float *b, 
     for (; i + KERN_VL <= n; i += KERN_VL)
         kern_vf_store(y + i, kern_vf_load(a + i) + kern_vf_load(b + i));
     for (; i < n; i++) y[i] = a[i] + b[i];
+}
+
+KERN_CPU_CLONES static void add_bf16_range(float *y, const uint16_t *a, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] += mt_bf16_to_f32(a[i]);
 }
 
 KERN_CPU_CLONES static void axpy_range(float *y, float alpha, const float *x, size_t n) {
@@ -127,6 +132,7 @@ static void ew_task(void *ctx, size_t t) {
     const size_t b = t * ELEM_CHUNK, e = b + ELEM_CHUNK < j->n ? b + ELEM_CHUNK : j->n, n = e - b;
     switch (j->kind) {
     case EW_ADD: add_range(j->y + b, j->a + b, j->b + b, n); break;
+    case EW_ADD_BF16: add_bf16_range(j->y + b, j->a16 + b, n); break;
     case EW_AXPY: axpy_range(j->y + b, j->alpha, j->a + b, n); break;
     case EW_SCALE: scale_range(j->y + b, j->alpha, n); break;
     case EW_SWIGLU_FWD: swiglu_fwd_range(j->y + b, j->a + b, j->b + b, n); break;
@@ -142,6 +148,14 @@ static void ew_run(kern_stream_t *s, ew_job_t *j) {
 void kern_add_cpu(kern_stream_t *s, float *y, const float *a, const float *b, size_t n) {
     ew_job_t j = {.kind = EW_ADD, .y = y, .a = a, .b = b, .n = n};
     ew_run(s, &j);
+}
+
+void kern_add_bf16_many_cpu(kern_stream_t *s, float *const *dst, const uint16_t *const *src, const size_t *n,
+                            int count) {
+    for (int i = 0; i < count; i++) {
+        ew_job_t j = {.kind = EW_ADD_BF16, .y = dst[i], .a16 = src[i], .n = n[i]};
+        ew_run(s, &j);
+    }
 }
 
 void kern_axpy_cpu(kern_stream_t *s, float *y, float alpha, const float *x, size_t n) {
@@ -210,6 +224,10 @@ static void sumsq_run(kern_stream_t *s, kern_threadpool_t *pool, float *out, con
 }
 
 void kern_sumsq_cpu(kern_stream_t *s, float *out, const float *x, size_t n) { sumsq_run(s, NULL, out, x, n); }
+
+void kern_sumsq_many_cpu(kern_stream_t *s, float *const *out, const float *const *x, const size_t *n, int count) {
+    for (int i = 0; i < count; i++) sumsq_run(s, NULL, out[i], x[i], n[i]);
+}
 
 void kern_sumsq_host(kern_threadpool_t *pool, float *out, const float *x, size_t n) {
     sumsq_run(NULL, pool, out, x, n);

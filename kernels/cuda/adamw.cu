@@ -13,6 +13,11 @@
 // exact in any order), so the codes and scales equal the host kernel's
 // (kernels/host/moments.c) bit for bit.  The two 8-bit maps travel in the
 // kernel's arguments and are copied to shared memory.
+//
+// The updated-weights check (hp->nonfinite, an int in device memory) is
+// fused into the update, as on the host: a thread that writes a NaN or Inf
+// master stores 1 there (every writer stores the same value), so the step
+// makes no second pass over p to look for one.
 #include "kernels/cuda/kern_cuda.cuh"
 
 extern "C" {
@@ -25,13 +30,14 @@ extern "C" {
 
 static __global__ void adamw_kernel(float *p, float *m, float *v, const float *g,
                                     const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
-                                    kern_adamw_coef_t c) {
+                                    kern_adamw_coef_t c, int *nonfinite) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const float gi = g ? g[i] : mt_bf16_to_f32(g_bf16[i]);
         float mi = m[i], vi = v[i];
         const float pi = kern_adamw_elem(&c, p[i], &mi, &vi, gi);
         p[i] = pi;
+        if (nonfinite && !isfinite(pi)) *nonfinite = 1;
         m[i] = mi;
         v[i] = vi;
         if (p_bf16) p_bf16[i] = mt_f32_to_bf16(pi);
@@ -44,7 +50,7 @@ typedef struct {
 
 static __global__ void adamw_lite_kernel(float *p, kern_moments_t mom, const float *g,
                                          const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
-                                         kern_adamw_coef_t c, uint64_t key, qmaps_t maps) {
+                                         kern_adamw_coef_t c, uint64_t key, qmaps_t maps, int *nonfinite) {
     __shared__ float qs[256], qu[256], red_m[ADAMW_THREADS], red_v[ADAMW_THREADS];
     const bool q8 = mom.fmt == KERN_MOMENTS_8BIT;
     if (q8) {
@@ -68,6 +74,7 @@ static __global__ void adamw_lite_kernel(float *p, kern_moments_t mom, const flo
             const float gi = g ? g[i] : mt_bf16_to_f32(g_bf16[i]);
             const float pi = kern_adamw_elem(&c, p[i], &mi, &vi, gi);
             p[i] = pi;
+            if (nonfinite && !isfinite(pi)) *nonfinite = 1;
             if (p_bf16) p_bf16[i] = mt_f32_to_bf16(pi);
         }
         if (!q8) {
@@ -113,14 +120,14 @@ extern "C" void kern_adamw_cuda(kern_stream_t *s, float *p, const kern_moments_t
     cudaStream_t cs = kern_cuda_stream_begin(s);
     if (mom->fmt == KERN_MOMENTS_F32) {
         adamw_kernel<<<kc_blocks(n, ADAMW_THREADS), ADAMW_THREADS, 0, cs>>>(
-            p, (float *)mom->m, (float *)mom->v, g, g_bf16, p_bf16, n, c);
+            p, (float *)mom->m, (float *)mom->v, g, g_bf16, p_bf16, n, c, hp->nonfinite);
     } else {
         qmaps_t maps;
         memcpy(maps.qs, kern_moments_qmap_signed, sizeof maps.qs);
         memcpy(maps.qu, kern_moments_qmap_unsigned, sizeof maps.qu);
         const uint64_t key = kern_moments_sr_key(mom->seed, hp->step);
         adamw_lite_kernel<<<kc_blocks(n, ADAMW_THREADS), ADAMW_THREADS, 0, cs>>>(p, *mom, g, g_bf16, p_bf16,
-                                                                                 n, c, key, maps);
+                                                                                 n, c, key, maps, hp->nonfinite);
     }
     KC_LAUNCHED(s, "adamw");
 }

@@ -8,7 +8,11 @@
 //
 // sumsq accumulates squares in double (products of floats are exact in
 // double): per-block partials in a fixed grid, then one block adds them in
-// block order.  bias_bwd is the deterministic column sum of kern_cuda.cuh.
+// block order.  sumsq_many does the same for up to SUMSQ_MANY tensors per
+// launch pair, their pointers and sizes passed by value in the launch (no
+// copy to make): each tensor gets the blocks sumsq would give it, each
+// block strides over its tensor as sumsq's grid would, and one block per
+// tensor adds its partials, so every result has sumsq's bits.  bias_bwd is the deterministic column sum of kern_cuda.cuh.
 #include "kernels/cuda/kern_cuda.cuh"
 
 extern "C" {
@@ -104,6 +108,65 @@ static __global__ void ew_sumsq_final_kernel(float *out, const double *part, int
     if (threadIdx.x == 0) *out = (float)acc;
 }
 
+#define SUMSQ_MANY 64
+#define SUMSQ_THREADS EW_THREADS
+#define SUMSQ_FINAL_THREADS 1024
+
+// Blocks of one tensor's sum of squares: a function of n only.
+static inline unsigned sumsq_blocks(size_t n) { return kc_blocks(n, SUMSQ_THREADS * 4, 1024); }
+
+typedef struct {
+    const float *x[SUMSQ_MANY];
+    float *out[SUMSQ_MANY];
+    size_t n[SUMSQ_MANY];
+    unsigned first[SUMSQ_MANY + 1]; // tensor t's blocks are [first[t], first[t + 1])
+} sumsq_many_t;
+
+static __global__ void ew_sumsq_many_partial_kernel(double *part, sumsq_many_t d) {
+    __shared__ double sh[32];
+    int t = 0;
+    while (blockIdx.x >= d.first[t + 1]) t++;
+    const unsigned b = blockIdx.x - d.first[t], nb = d.first[t + 1] - d.first[t];
+    const float *x = d.x[t];
+    double acc = 0.0;
+    for (size_t i = (size_t)b * blockDim.x + threadIdx.x; i < d.n[t]; i += (size_t)nb * blockDim.x) {
+        const double v = (double)x[i];
+        acc += v * v;
+    }
+    acc = kc_block_sum(acc, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+
+static __global__ void ew_sumsq_many_final_kernel(const double *part, sumsq_many_t d) {
+    __shared__ double sh[32];
+    const unsigned first = d.first[blockIdx.x], np = d.first[blockIdx.x + 1] - first;
+    double acc = 0.0;
+    for (unsigned i = threadIdx.x; i < np; i += blockDim.x) acc += part[first + i];
+    acc = kc_block_sum(acc, sh);
+    if (threadIdx.x == 0) *d.out[blockIdx.x] = (float)acc;
+}
+
+// add_bf16_many: up to ADD_MANY tensors per launch, passed by value as
+// sumsq_many's are, each over its own blocks.
+#define ADD_MANY 64
+
+typedef struct {
+    float *dst[ADD_MANY];
+    const uint16_t *src[ADD_MANY];
+    size_t n[ADD_MANY];
+    unsigned first[ADD_MANY + 1];
+} add_bf16_many_t;
+
+static __global__ void ew_add_bf16_many_kernel(add_bf16_many_t d) {
+    int t = 0;
+    while (blockIdx.x >= d.first[t + 1]) t++;
+    const unsigned b = blockIdx.x - d.first[t], nb = d.first[t + 1] - d.first[t];
+    float *y = d.dst[t];
+    const uint16_t *a = d.src[t];
+    for (size_t i = (size_t)b * blockDim.x + threadIdx.x; i < d.n[t]; i += (size_t)nb * blockDim.x)
+        y[i] += mt_bf16_to_f32(a[i]);
+}
+
 struct ew_colsum_dy {
     const float *dy;
     int cols;
@@ -192,12 +255,47 @@ void kern_swiglu_bwd_bf16_cuda(kern_stream_t *s, uint16_t *dg, uint16_t *du, con
 // 4 elements per thread before the grid caps at 1024 blocks.
 void kern_sumsq_cuda(kern_stream_t *s, float *out, const float *x, size_t n) {
     cudaStream_t cs = kern_cuda_stream_begin(s);
-    const unsigned nb = kc_blocks(n, EW_THREADS * 4, 1024);
+    const unsigned nb = sumsq_blocks(n);
     double *part = (double *)kern_cuda_scratch(s, nb * sizeof(double), "sumsq");
-    ew_sumsq_partial_kernel<<<nb, EW_THREADS, 0, cs>>>(part, x, n);
+    ew_sumsq_partial_kernel<<<nb, SUMSQ_THREADS, 0, cs>>>(part, x, n);
     KC_LAUNCHED(s, "sumsq");
-    ew_sumsq_final_kernel<<<1, 1024, 0, cs>>>(out, part, (int)nb);
+    ew_sumsq_final_kernel<<<1, SUMSQ_FINAL_THREADS, 0, cs>>>(out, part, (int)nb);
     KC_LAUNCHED(s, "sumsq");
+}
+
+void kern_sumsq_many_cuda(kern_stream_t *s, float *const *out, const float *const *x, const size_t *n, int count) {
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    for (int at = 0; at < count; at += SUMSQ_MANY) {
+        const int m = count - at < SUMSQ_MANY ? count - at : SUMSQ_MANY;
+        sumsq_many_t d;
+        memset(&d, 0, sizeof d);
+        d.first[0] = 0;
+        for (int t = 0; t < m; t++) {
+            d.x[t] = x[at + t], d.out[t] = out[at + t], d.n[t] = n[at + t];
+            d.first[t + 1] = d.first[t] + sumsq_blocks(n[at + t]);
+        }
+        double *part = (double *)kern_cuda_scratch(s, d.first[m] * sizeof(double), "sumsq_many");
+        ew_sumsq_many_partial_kernel<<<d.first[m], SUMSQ_THREADS, 0, cs>>>(part, d);
+        KC_LAUNCHED(s, "sumsq_many");
+        ew_sumsq_many_final_kernel<<<(unsigned)m, SUMSQ_FINAL_THREADS, 0, cs>>>(part, d);
+        KC_LAUNCHED(s, "sumsq_many");
+    }
+}
+
+void kern_add_bf16_many_cuda(kern_stream_t *s, float *const *dst, const uint16_t *const *src, const size_t *n,
+                             int count) {
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    for (int at = 0; at < count; at += ADD_MANY) {
+        const int m = count - at < ADD_MANY ? count - at : ADD_MANY;
+        add_bf16_many_t d;
+        memset(&d, 0, sizeof d);
+        for (int t = 0; t < m; t++) {
+            d.dst[t] = dst[at + t], d.src[t] = src[at + t], d.n[t] = n[at + t];
+            d.first[t + 1] = d.first[t] + kc_blocks(n[at + t], EW_THREADS * 4, 4096);
+        }
+        ew_add_bf16_many_kernel<<<d.first[m], EW_THREADS, 0, cs>>>(d);
+        KC_LAUNCHED(s, "add_bf16_many");
+    }
 }
 
 void kern_f32_to_bf16_cuda(kern_stream_t *s, uint16_t *dst, const float *src, size_t n) {

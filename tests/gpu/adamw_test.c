@@ -11,7 +11,10 @@
  * fp32, bf16 (stochastic rounding from a counter-based hash: the same bits
  * on both sides) and 8-bit block-wise (codes and absmax per 256 elements;
  * the device's absmax is a max reduction, exact in any order), the whole
- * moments allocation compared, padding included. */
+ * moments allocation compared, padding included.  The fused check of the
+ * written masters (kern_adamw_params_t.nonfinite) must leave its flag alone
+ * after a finite update and set it after one that writes a NaN, on both. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -65,6 +68,43 @@ static void adamw_case(gt_ctx_t *t, size_t n, float beta1, int bf16_grad, int bf
     free(hv);
 }
 
+/* One update from finite gradients, then one with an Inf gradient element
+ * (its master becomes NaN), each with a zeroed flag on both devices. */
+static void nonfinite_case(gt_ctx_t *t, size_t n, kern_moments_fmt_t fmt) {
+    float *hp = gt_host_rand(t, n, 1.0f), *hg = gt_host_rand(t, n, 1.0f);
+    const size_t mbytes = kern_moments_bytes(fmt, n);
+    void *hmom = gt_host_bytes(mbytes);
+    gt_buf_t P = gt_from_host(t, hp, n * 4, "p"), MOM = gt_from_host(t, hmom, mbytes, "moments");
+    gt_buf_t G = gt_from_host(t, hg, n * 4, "g"), F = gt_alloc(t, sizeof(int), "nonfinite flag");
+    const kern_moments_t cm = kern_moments_view(fmt, MOM.c, n, 7), gm = kern_moments_view(fmt, MOM.g, n, 7);
+    const int zero = 0;
+    char what[128];
+    for (int step = 1; step <= 2; step++) {
+        if (step == 2) {
+            hg[n / 2] = INFINITY;
+            gt_set(t, &G, hg);
+        }
+        gt_set(t, &F, &zero);
+        kern_adamw_params_t hp_ = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                   .weight_decay = 0.0f, .grad_scale = 1.0f, .step = step};
+        hp_.nonfinite = (int *)F.c;
+        t->cpu->ops->adamw(t->sc, GT_C(P), &cm, GT_C(G), NULL, NULL, n, &hp_);
+        hp_.nonfinite = (int *)F.g;
+        t->gpu->ops->adamw(t->sg, GT_G(P), &gm, GT_G(G), NULL, NULL, n, &hp_);
+        int fc = -1, fg = -1;
+        gt_download(t, &F, &fc, &fg);
+        snprintf(what, sizeof what, "adamw nonfinite flag n=%zu moments=%s step %d", n, kern_moments_fmt_name(fmt),
+                 step);
+        const int want = step == 2;
+        gt_expect(t, fc == want && fg == want, "%s: cpu %d gpu %d, expected %d", what, fc, fg, want);
+    }
+    gt_buf_t *bufs[] = {&P, &MOM, &G, &F};
+    for (size_t i = 0; i < 4; i++) gt_free(t, bufs[i]);
+    free(hmom);
+    free(hp);
+    free(hg);
+}
+
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "adamw_test", 0xada);
@@ -75,6 +115,10 @@ int main(void) {
             adamw_case(&t, sizes[i], 0.9f, 1, 1, (kern_moments_fmt_t)f);
             adamw_case(&t, sizes[i], 0.4f, 0, 1, (kern_moments_fmt_t)f);
         }
+    }
+    for (int f = KERN_MOMENTS_F32; f <= KERN_MOMENTS_8BIT; f++) {
+        nonfinite_case(&t, 1000, (kern_moments_fmt_t)f);
+        nonfinite_case(&t, ((size_t)1 << 20) + 5, (kern_moments_fmt_t)f);
     }
     return gt_close(&t);
 }

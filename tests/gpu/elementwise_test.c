@@ -12,7 +12,11 @@
  *    exp included (act_math.h's kern_exp_cw), rounded once: bit-identical;
  *  - copy4d: copies and one float add per element: bit-identical;
  *  - sumsq: double accumulation on both sides, rounded once to float: rtol
- *    1e-6 (summation order moves the double by ~1e-16 relative). */
+ *    1e-6 (summation order moves the double by ~1e-16 relative);
+ *  - sumsq_many: the CPU as sumsq; on the GPU each tensor's sum is the one
+ *    sumsq gives it alone: bit-identical to that;
+ *  - add_bf16_many: one exact widening and one add per element:
+ *    bit-identical. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -288,6 +292,84 @@ static void copy4d_case(gt_ctx_t *t, int n, int nh, int nope, int rope) {
     free(hd);
 }
 
+/* Sums of squares of `count` tensors of assorted sizes (empty ones, and
+ * more than one launch's worth of tensors) in one call, into slots that
+ * are not in order in one buffer. */
+static void sumsq_many_case(gt_ctx_t *t, int count) {
+    size_t *n = calloc((size_t)count, sizeof *n), *at = calloc((size_t)count, sizeof *at), total = 0;
+    MT_CHECK(n && at, "out of memory");
+    for (int i = 0; i < count; i++) {
+        static const size_t pick[] = {0, 1, 255, 1024, 1025, 4097, 70001, 300003};
+        n[i] = pick[gt_int(t, 8)];
+        at[i] = total, total += n[i];
+    }
+    float *hx = gt_host_rand(t, total ? total : 1, 2.0f);
+    gt_buf_t X = gt_from_host(t, hx, (total ? total : 1) * 4, "x");
+    gt_buf_t S = gt_alloc(t, (size_t)count * 4, "sums"), one = gt_alloc(t, (size_t)count * 4, "sums one by one");
+    float **outc = malloc((size_t)count * sizeof *outc), **outg = malloc((size_t)count * sizeof *outg);
+    const float **xc = malloc((size_t)count * sizeof *xc), **xg = malloc((size_t)count * sizeof *xg);
+    MT_CHECK(outc && outg && xc && xg, "out of memory");
+    for (int i = 0; i < count; i++) {
+        const int slot = (int)(((size_t)i * 7 + 3) % (size_t)count); /* 7 is prime to the counts below */
+        outc[i] = GT_C(S) + slot, outg[i] = GT_G(S) + slot;
+        xc[i] = GT_C(X) + at[i], xg[i] = GT_G(X) + at[i];
+        t->gpu->ops->sumsq(t->sg, GT_G(one) + slot, xg[i], n[i]);
+        t->cpu->ops->sumsq(t->sc, GT_C(one) + slot, xc[i], n[i]);
+    }
+    t->cpu->ops->sumsq_many(t->sc, outc, xc, n, count);
+    t->gpu->ops->sumsq_many(t->sg, outg, xg, n, count);
+    char what[96];
+    snprintf(what, sizeof what, "sumsq_many count=%d", count);
+    gt_check_f32(t, what, &S, (size_t)count, 0.0f, 1e-6f);
+    float *one_gpu = gt_host_alloc((size_t)count);
+    gt_save_gpu(t, &one, one_gpu);
+    snprintf(what, sizeof what, "sumsq_many count=%d equals sumsq one by one", count);
+    gt_check_same_gpu(t, what, &S, one_gpu);
+    free(one_gpu);
+    free(outc), free(outg), free(xc), free(xg), free(n), free(at), free(hx);
+    gt_free(t, &X);
+    gt_free(t, &S);
+    gt_free(t, &one);
+}
+
+/* dst[i] += bf16 src[i] for `count` tensors of assorted sizes in one call,
+ * the sources packed one after another as a grouped product writes them. */
+static void add_bf16_many_case(gt_ctx_t *t, int count) {
+    size_t *n = calloc((size_t)count, sizeof *n), *at = calloc((size_t)count, sizeof *at), total = 0;
+    MT_CHECK(n && at, "out of memory");
+    for (int i = 0; i < count; i++) {
+        static const size_t pick[] = {0, 1, 255, 1024, 4097, 70001};
+        n[i] = pick[gt_int(t, 6)];
+        at[i] = total, total += n[i];
+    }
+    const size_t cells = total ? total : 1;
+    float *hy = gt_host_rand(t, cells, 3.0f), *hs = gt_host_rand(t, cells, 3.0f);
+    uint16_t *h16 = gt_host_bytes(cells * 2);
+    mt_convert_from_f32(h16, MT_BF16, hs, cells);
+    gt_buf_t Y = gt_from_host(t, hy, cells * 4, "dst"), S16 = gt_from_host(t, h16, cells * 2, "src bf16");
+    float **yc = malloc((size_t)count * sizeof *yc), **yg = malloc((size_t)count * sizeof *yg);
+    const uint16_t **sc = malloc((size_t)count * sizeof *sc), **sg = malloc((size_t)count * sizeof *sg);
+    MT_CHECK(yc && yg && sc && sg, "out of memory");
+    for (int i = 0; i < count; i++) {
+        yc[i] = GT_C(Y) + at[i], yg[i] = GT_G(Y) + at[i];
+        sc[i] = GT_CU16(S16) + at[i], sg[i] = GT_GU16(S16) + at[i];
+    }
+    t->cpu->ops->add_bf16_many(t->sc, yc, sc, n, count);
+    t->gpu->ops->add_bf16_many(t->sg, yg, sg, n, count);
+    char what[96];
+    snprintf(what, sizeof what, "add_bf16_many count=%d", count);
+    gt_check_exact(t, what, &Y, Y.bytes);
+    /* the rule itself, on the CPU's result */
+    float *back = gt_host_alloc(cells);
+    gt_download(t, &Y, back, NULL);
+    size_t wrong = 0;
+    for (size_t i = 0; i < total; i++) wrong += back[i] != hy[i] + mt_bf16_to_f32(h16[i]);
+    gt_expect(t, wrong == 0, "%s: %zu elements are not dst + widened src", what, wrong);
+    free(back), free(yc), free(yg), free(sc), free(sg), free(n), free(at), free(hy), free(hs), free(h16);
+    gt_free(t, &Y);
+    gt_free(t, &S16);
+}
+
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "elementwise_test", 0xe1e);
@@ -307,5 +389,10 @@ int main(void) {
     copy4d_case(&t, 1, 1, 2, 2);
     copy4d_case(&t, 37, 4, 8, 4);
     copy4d_case(&t, 300, 16, 128, 64);
+    sumsq_many_case(&t, 1);
+    sumsq_many_case(&t, 64);
+    sumsq_many_case(&t, 150);
+    add_bf16_many_case(&t, 1);
+    add_bf16_many_case(&t, 130);
     return gt_close(&t);
 }

@@ -187,7 +187,11 @@ static void bf16_case(gt_ctx_t *t, int M, int N, int K, bool ta, bool tb, mt_dty
  *   forward  y_e (M_e, N)  = x_e (M_e, K) W_e^T   (trans_b, beta 0, C out_dt)
  *   dX       dx_e (M_e, K) = dy_e (M_e, N) W_e    (no transpose, beta 0, C out_dt)
  *   dW       dW_e (N, K)  += dy_e^T x_e           (trans_a, beta 1, C F32: the
- *                                                   accumulated gradient)
+ *                                                   accumulated gradient),
+ *            or with out_dt BF16 dW_e = dy_e^T x_e (beta 0, C BF16: a bf16
+ *                                                   run writes it so, then
+ *                                                   adds it to its fp32
+ *                                                   accumulator)
  * over packed buffers with ragged M_e, zero-token experts among them (their
  * forward and dX are skipped, their dW is an empty sum that leaves dW_e as
  * it was).  The reference is the CPU's fp32 product of the same bf16 values
@@ -250,7 +254,9 @@ static void moe_bf16_case(gt_ctx_t *t, const int *counts, int E, int N, int K, m
     float *hdw = gt_host_rand(t, (size_t)E * N * K, 1.0f);
     moe_out_t out[3] = {{"forward x W^T", 1 + (size_t)m * N, out_dt, NULL, {NULL, NULL, NULL}},
                         {"dX = dy W", 1 + (size_t)m * K, out_dt, NULL, {NULL, NULL, NULL}},
-                        {"dW += dy^T x", (size_t)E * N * K, MT_F32, NULL, {NULL, NULL, NULL}}};
+                        {out_dt == MT_BF16 ? "dW = dy^T x" : "dW += dy^T x", (size_t)E * N * K, out_dt, NULL,
+                         {NULL, NULL, NULL}}};
+    const float dw_beta = out_dt == MT_BF16 ? 0.0f : 1.0f;
     /* the CPU's outputs are fp32; the GPU writes forward and dX as out_dt */
     gt_buf_t Y = gt_alloc(t, out[0].n * 4, "y"), DX = gt_alloc(t, out[1].n * 4, "dx");
     gt_buf_t DW = gt_alloc(t, out[2].n * 4, "dW");
@@ -272,9 +278,10 @@ static void moe_bf16_case(gt_ctx_t *t, const int *counts, int E, int N, int K, m
             char *dx = (char *)(g ? DX.g : DX.c) + (1 + xo) * (g ? osz : 4);
             d[e] = kern_mm_make((float *)y, x, in_dt, w, in_dt, me, N, K, false, true, 1.0f, 0.0f, cmp);
             d[E + e] = kern_mm_make((float *)dx, dy, in_dt, w, in_dt, me, K, N, false, false, 1.0f, 0.0f, cmp);
-            d[2 * E + e] = kern_mm_make((float *)((g ? GT_G(DW) : GT_C(DW)) + wo), dy, in_dt, x, in_dt, N, K, me,
-                                        true, false, 1.0f, 1.0f, cmp);
-            d[e].C.dtype = d[E + e].C.dtype = o_dt;
+            char *dw = (char *)(g ? DW.g : DW.c) + wo * (g ? osz : 4);
+            d[2 * E + e] = kern_mm_make((float *)dw, dy, in_dt, x, in_dt, N, K, me,
+                                        true, false, 1.0f, dw_beta, cmp);
+            d[e].C.dtype = d[E + e].C.dtype = d[2 * E + e].C.dtype = o_dt;
         }
         row += (size_t)me;
     }
