@@ -130,7 +130,8 @@ static int parse(int argc, char **argv, opts_t *o) {
                 "       [--blocks] [--trace FILE]\n"
                 "       [--json]\n"
                 "       MFU report: [--mfu] [--backend cpu|cuda] [--geometry qwen3-30b-a3b|mixtral-8x7b]\n"
-                "       [--head-dim D] [--hw NAME] [--precision-dtype fp32|bf16] [--budget-gib G]\n"
+                "       [--head-dim D] [--hw NAME] [--precision-dtype fp32|bf16] [--budget-gib G] [--accum K]\n"
+                "       [--keep-all-only]\n"
                 "bad or unknown option: %s\n",
                 a);
         return 2;

@@ -46,6 +46,7 @@ typedef struct {
     const char *hw;       /* --hw: the device profile for the peak and the predictions on cuda */
     int bf16;             /* compute in bf16: 1, fp32: 0, -1: the default (bf16 on cuda, fp32 on cpu) */
     double budget_gib;    /* > 0: also the planner's own plan under this device budget */
+    bool keep_all_only;   /* --keep-all-only: measure keep_all alone (and the --budget-gib plan) */
 } opts_t;
 
 typedef struct {
@@ -79,9 +80,9 @@ typedef enum {
     STEP_CLIP_SPEC_REDO, /* clipping that always fires, speculative: every update is undone and redone */
 } step_mode_t;
 
-/* One optimizer step of one micro-batch, as `mode` says; its wall time and
- * the optimizer's stats. */
-bool runner_step(runner_t *r, step_mode_t mode, double *dt, eng_optim_stats_t *os);
+/* One optimizer step of `accum` micro-batches (1 or less: one), as `mode`
+ * says, in the plan's step order; its wall time and the optimizer's stats. */
+bool runner_step(runner_t *r, step_mode_t mode, int accum, double *dt, eng_optim_stats_t *os);
 void runner_free(runner_t *r);
 
 /* Plans side by side: one runner per plan, one step of each in turn (the

@@ -79,18 +79,17 @@ bool runner_init(runner_t *r, const char *ckpt, const opts_t *o, const sched_pla
     return false;
 }
 
-bool runner_step(runner_t *r, step_mode_t mode, double *dt, eng_optim_stats_t *os) {
+bool runner_step(runner_t *r, step_mode_t mode, int accum, double *dt, eng_optim_stats_t *os) {
     /* a norm far below 1e30 never clips; one far above 1e-30 always does */
     const double max_norm = mode == STEP_CLIP_SPEC_REDO ? 1e-30 : mode >= STEP_CLIP_WAIT ? 1e30 : 0.0;
     const eng_optim_hparams_t hp = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .max_grad_norm = max_norm,
                                     .speculative = mode == STEP_CLIP_SPEC_KEPT || mode == STEP_CLIP_SPEC_REDO};
     mt_error_t err = {0};
     const double t0 = mt_now_s();
-    eng_optim_begin_step(r->x, &hp, 1, mode != STEP_AFTER_BACKWARD);
-    eng_batch_t b;
-    eng_loader_next(&r->ld, &b);
-    eng_micro_stats_t ms;
-    if (eng_exec_forward_backward(r->x, &b, 1.0f, NULL, &ms, &err) != MT_OK ||
+    const int k = accum > 1 ? accum : 1;
+    eng_optim_begin_step(r->x, &hp, k, mode != STEP_AFTER_BACKWARD);
+    eng_micro_stats_t ms[k];
+    if (eng_exec_step_from_loader(r->x, &r->ld, k, ENG_STEP_ORDER_AUTO, ms, &err) != MT_OK ||
         eng_optim_step(r->x, &hp, os, &err) != MT_OK) {
         fprintf(stderr, "bench step (%s): %s\n", sched_policy_name(eng_exec_plan(r->x)->policy), err.msg);
         return false;
@@ -127,7 +126,7 @@ void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan
     for (int i = 0; i < n && ok; i++) {
         memset(&out[i], 0, sizeof out[i]);
         ok = runner_init(&r[i].run, ckpt, o, plans[i], link_bps, MOE_STAGING_COMPACT, compute ? compute[i] : MT_F32,
-                         o->batch * (o->steps + 1));
+                         o->batch * (o->steps + 1) * (o->accum > 1 ? o->accum : 1));
         if (!ok) break;
         r[i].t = malloc((size_t)o->steps * sizeof(double));
         r[i].opt = malloc((size_t)o->steps * sizeof(double));
@@ -155,7 +154,7 @@ void measure_side_by_side_ex(const char *ckpt, const opts_t *o, const sched_plan
             const eng_nvme_io_t io0 = eng_exec_nvme_io(q->run.x);
             double dt;
             eng_optim_stats_t os;
-            if (!(ok = runner_step(&q->run, mode[i], &dt, &os))) break;
+            if (!(ok = runner_step(&q->run, mode[i], o->accum, &dt, &os))) break;
             if (step < 0) {
                 eng_exec_block_times(q->run.x, NULL, NULL, true); /* drop the warm-up */
                 continue;
@@ -253,7 +252,7 @@ void measure_staging(const char *ckpt, const opts_t *o, double link_bps, staging
             const int mode = (i & 1) ? 1 - k : k; /* A B, B A, ... */
             moe_staging_stats_t st;
             eng_optim_stats_t os;
-            out->ok = runner_step(&r[mode], STEP_OVERLAP, &dt[mode], &os);
+            out->ok = runner_step(&r[mode], STEP_OVERLAP, 1, &dt[mode], &os);
             if (out->ok) moe_staging_get_stats(eng_exec_staging(r[mode].x), MOE_STAGING_SCOPE_STEP, &st);
             if (out->ok && i >= 0) {
                 out->copies[mode][0] = st.copies[0];

@@ -49,6 +49,7 @@ int mfu_apply_geometry(opts_t *o, const char *name) {
 
 int mfu_parse_opt(opts_t *o, const char *a, const char *v) {
     if (strcmp(a, "--mfu") == 0) return o->mfu = true, 1;
+    if (strcmp(a, "--keep-all-only") == 0) return o->keep_all_only = true, 1;
     if (!v) return 0;
     if (strcmp(a, "--backend") == 0) {
         if (strcmp(v, "cpu") && strcmp(v, "cuda")) return -1;
@@ -102,6 +103,7 @@ static bool predictor_from_profile(predictor_t *p, const char *ckpt, const opts_
     eng_run_config_defaults(&rc);
     rc.sequence_len = o->seq;
     rc.micro_batch_size = o->batch;
+    rc.gradient_accumulation_steps = o->accum > 1 ? o->accum : 1;
     rc.max_grad_norm = 0;
     rc.bf16 = o->bf16 ? ENG_BF16_ON : ENG_BF16_OFF;
     if (strcmp(path, "calibrate") == 0 && calibrate_gpu(&mc, &rc, o->bf16 == 1, &p->hw, &err) != MT_OK) {
@@ -181,15 +183,17 @@ static void measure_one(const char *ckpt, const opts_t *o, const sched_plan_t *p
 }
 
 static void mfu_print(const opts_t *o, const mfu_t *r) {
-    const double tokens = (double)o->batch * o->seq;
+    const int accum = o->accum > 1 ? o->accum : 1;
+    const double tokens = (double)o->batch * o->seq * accum;
     if (o->json) {
         char build[256];
         mt_build_info_line(build, sizeof build);
         printf("{\"build\": \"%s\", \"backend\": \"%s\", \"geometry\": \"%s\", \"model_type\": \"%s\", \"layers\": %d,"
-               " \"tokens_per_step\": %.0f, \"compute\": \"%s\", \"model_flops_per_token\": %.9g,"
-               " \"peak_flops\": %.9g, \"peak\": \"%s\", \"profile\": \"%s\", \"plans\": [",
+               " \"micro_batches_per_step\": %d, \"tokens_per_step\": %.0f, \"compute\": \"%s\","
+               " \"model_flops_per_token\": %.9g, \"peak_flops\": %.9g, \"peak\": \"%s\", \"profile\": \"%s\","
+               " \"plans\": [",
                build, o->cuda ? "cuda" : "cpu", o->geometry ? o->geometry : "custom", o->model_type, o->layers,
-               tokens, o->bf16 ? "bf16" : "fp32", r->flops_per_token, r->peak, r->peak_what, r->profile);
+               accum, tokens, o->bf16 ? "bf16" : "fp32", r->flops_per_token, r->peak, r->peak_what, r->profile);
         for (int i = 0; i < r->n; i++) {
             const measure_t *m = &r->m[i];
             const double fl = r->flops_per_token * tokens / m->median_s;
@@ -205,10 +209,10 @@ static void mfu_print(const opts_t *o, const mfu_t *r) {
         return;
     }
     printf("%s%s: %s, %d layers, hidden %d, %d experts top-%d of width %d, %d/%d heads of dim %d, vocab %d;"
-           " %d x %d tokens per step, compute %s, backend %s\n",
+           " %d x %d tokens per micro-batch, %d per step, compute %s, backend %s\n",
            o->geometry ? "geometry " : "synthetic ", o->geometry ? o->geometry : "model", o->model_type, o->layers,
            o->hidden, o->experts, o->topk, o->expert_width, o->heads, o->kv_heads,
-           o->head_dim ? o->head_dim : o->hidden / o->heads, o->vocab, o->batch, o->seq, o->bf16 ? "bf16" : "fp32",
+           o->head_dim ? o->head_dim : o->hidden / o->heads, o->vocab, o->batch, o->seq, accum, o->bf16 ? "bf16" : "fp32",
            o->cuda ? "cuda" : "cpu");
     printf("model FLOPs per token: %.4g GFLOP (3 x forward products, attention causal, recomputation not counted)\n",
            r->flops_per_token / 1e9);
@@ -262,10 +266,14 @@ int mfu_report(const char *ckpt, const opts_t *o) {
     /* cpu: the predictor on this machine's calibration and keep_all's profile */
     if (!o->cuda && r.m[0].ok) predictor_init(&p, ckpt, o, 0, &r.m[0], r.m[0].optim_s, false);
     char budget_name[64];
-    if (o->budget_gib > 0 && p.ok && budget_plan(&p, o, &plans[2])) {
+    if (o->keep_all_only) { /* offload_all's slot takes the budget plan, if any */
+        sched_plan_free(&plans[1]);
+        r.n = 1;
+    }
+    if (o->budget_gib > 0 && p.ok && budget_plan(&p, o, &plans[r.n])) {
         snprintf(budget_name, sizeof budget_name, "planner, %g GiB budget", o->budget_gib);
-        r.name[2] = budget_name;
-        r.n = 3;
+        r.name[r.n] = budget_name;
+        r.n++;
     }
     for (int i = 1; i < r.n && r.m[0].ok; i++) measure_one(ckpt, o, &plans[i], modes[i], &r.m[i]);
     bool ok = p.ok && r.m[0].ok;

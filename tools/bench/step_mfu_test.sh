@@ -11,14 +11,18 @@ fail=0
 # V 64, H 32, L 2, heads 8/4 (the defaults) of dim 4, E 4 top-2 of width 48, T 16, B 2
 args=(bench step --mfu --backend cpu --layers 2 --hidden 32 --experts 4 --topk 2
       --expert-width 48 --vocab 64 --seq 16 --batch 2 --steps 3)
-json=$("$bin" "${args[@]}" --json 2>&1); rc=$?
+# one micro-batch per step, then three (--accum): a step's tokens are all of its micro-batches'
+for K in 1 3; do
+json=$("$bin" "${args[@]}" --accum "$K" --json 2>&1); rc=$?
 echo "$json"
 [ "$rc" = 0 ] || { echo "FAIL: exit $rc"; fail=1; }
 line=$(grep '^{' <<<"$json" | tail -1)
-python3 - "$line" <<'PY' || fail=1
+python3 - "$line" "$K" <<'PY' || fail=1
 import json, sys
 r = json.loads(sys.argv[1])
 H, L, nh, nkv, hd, E, k, I, V, T, B = 32, 2, 8, 4, 4, 4, 2, 48, 64, 16, 2
+K = int(sys.argv[2])
+B *= K  # tokens per step
 t_avg = (T + 1) / 2
 layer = 2*H*nh*hd + 2*2*H*nkv*hd + 2*nh*hd*H + 2*2*t_avg*nh*hd + 2*H*E + k*3*2*H*I
 want = 3 * (L*layer + 2*H*V)
@@ -35,9 +39,11 @@ for p in r["plans"]:
     if not p["predicted_step_s"] > 0: bad.append(f"{p['plan']}: no prediction")
 if r["backend"] != "cpu" or r["compute"] != "fp32": bad.append("backend/compute")
 if r.get("profile") != "calibrated-cpu": bad.append(f"profile {r.get('profile')}: the cpu predicts from this machine's calibration")
+if r.get("micro_batches_per_step") != K or r.get("tokens_per_step") != B*T: bad.append(f"{K} micro-batches: step of {r.get('tokens_per_step')} tokens")
 for b in bad: print("FAIL:", b)
 sys.exit(1 if bad else 0)
 PY
+done
 text=$("$bin" "${args[@]}" --precision-dtype bf16 2>&1); rc=$?
 echo "$text"
 [ "$rc" = 0 ] || { echo "FAIL: text run exit $rc"; fail=1; }
