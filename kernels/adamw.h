@@ -67,4 +67,23 @@ void kern_adamw_cuda(kern_stream_t *s, float *p, const kern_moments_t *mom, cons
                      const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                      const kern_adamw_params_t *hp);
 
+/* One tensor's step for kern_adamw_many: kern_adamw's arguments. */
+typedef struct {
+    float *p;
+    kern_moments_t mom;
+    const float *g;
+    const uint16_t *g_bf16;
+    uint16_t *p_bf16;
+    size_t n;
+    kern_adamw_params_t hp;
+} kern_adamw_item_t;
+
+/* kern_adamw on each of `count` items (a host array), with the same bits:
+ * the items with fp32 moments go many to a launch, the others one by one.
+ * A MoE model has thousands of expert tensors, and a launch each held a
+ * GPU step up on its launches. */
+typedef void (*kern_adamw_many_fn)(kern_stream_t *s, const kern_adamw_item_t *items, int count);
+void kern_adamw_many_cpu(kern_stream_t *s, const kern_adamw_item_t *items, int count);
+void kern_adamw_many_cuda(kern_stream_t *s, const kern_adamw_item_t *items, int count);
+
 #endif

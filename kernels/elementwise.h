@@ -118,6 +118,12 @@ void kern_add_bf16_many_cpu(kern_stream_t *s, float *const *dst, const uint16_t 
 void kern_add_bf16_many_cuda(kern_stream_t *s, float *const *dst, const uint16_t *const *src, const size_t *n,
                              int count);
 
+/* dst[i][j] = 0 for j < n[i], i < count (host arrays; dst of device
+ * pointers): the step's gradient accumulators zeroed, many to a launch. */
+typedef void (*kern_zero_many_fn)(kern_stream_t *s, float *const *dst, const size_t *n, int count);
+void kern_zero_many_cpu(kern_stream_t *s, float *const *dst, const size_t *n, int count);
+void kern_zero_many_cuda(kern_stream_t *s, float *const *dst, const size_t *n, int count);
+
 /* Round-to-nearest-even conversions (dtype.h's formulas). */
 typedef void (*kern_f32_to_bf16_fn)(kern_stream_t *s, uint16_t *dst, const float *src, size_t n);
 void kern_f32_to_bf16_cpu(kern_stream_t *s, uint16_t *dst, const float *src, size_t n);

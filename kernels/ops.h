@@ -56,6 +56,7 @@ struct kern_ops {
     kern_sumsq_fn sumsq;
     kern_sumsq_many_fn sumsq_many;
     kern_add_bf16_many_fn add_bf16_many;
+    kern_zero_many_fn zero_many;
     kern_f32_to_bf16_fn f32_to_bf16;
     kern_bf16_to_f32_fn bf16_to_f32;
     kern_dropout_fn dropout;
@@ -81,6 +82,7 @@ struct kern_ops {
     kern_expert_bias_fwd_fn expert_bias_fwd;
     kern_expert_bias_bwd_fn expert_bias_bwd;
     kern_adamw_fn adamw;
+    kern_adamw_many_fn adamw_many;
     kern_dequant_fn dequant; /* quantised frozen weights -> working copy (dequant.h) */
     /* SwiGLU over bf16 g, u, h (the routed experts in a bf16 run; elementwise.h) */
     kern_swiglu_fwd_bf16_fn swiglu_fwd_bf16;

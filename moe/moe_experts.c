@@ -91,7 +91,7 @@ static void groups_run(kern_device_t *dev, const moe_layer_dims_t *d, groups_t *
  * into a scratch and then added into its accumulator, the experts taken in
  * chunks whose scratch stays under WGRAD_CHUNK_BYTES (one expert at
  * least).  Empties gg. */
-#define WGRAD_CHUNK_BYTES ((size_t)128 << 20)
+#define WGRAD_CHUNK_BYTES ((size_t)512 << 20)
 #define WGRAD_ALIGN ((size_t)256)
 
 static mt_status_t weight_grads(kern_device_t *dev, const moe_layer_dims_t *d, groups_t *gg, bool bf16,

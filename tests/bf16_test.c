@@ -29,11 +29,14 @@
  * tokens per step, 4 to 8 experts), and there one step's loss is not a
  * smooth function of the weights: a token whose best experts score within
  * bf16's rounding of each other goes to another expert, and that step's
- * loss moves by 1-1.5% while the steps around it agree to 0.1% (the
+ * loss moves by 1-2.6% while the steps around it agree to 0.1-0.7% (the
  * lr x (1 + 1e-5) probe moves weights by far less than a rounding and does
- * not see it).  For them the bound is on what such a jump cannot move:
- * each 10-step window's mean loss within 1% of fp32's, and every stable
- * step within 2%; steps over 1% are printed and counted. */
+ * not see it; 2.6% is DeepSeek-V3's step 48 once the experts' weight
+ * gradients are rounded to bf16 per micro-batch, as autocast rounds them,
+ * its final loss 0.09% from fp32's).  For them the bound is on what such a
+ * jump cannot move: each 10-step window's mean loss within 1% of fp32's,
+ * and every stable step within 3%; steps over 1% are printed and
+ * counted. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,7 +139,7 @@ static void train(const char *yaml, const char *ckpt, mt_dtype_t compute, sched_
 }
 
 /* per_step: every stable step within 1% (the quick start); else each
- * 10-step window's mean within 1% and every stable step within 2%. */
+ * 10-step window's mean within 1% and every stable step within 3%. */
 static void compare_losses(const char *name, const char *yaml, const char *ckpt, bool per_step) {
     run_t f, p, b;
     train(yaml, ckpt, MT_F32, SCHED_POLICY_KEEP_ALL, STEPS, 1.0, &f);
@@ -151,7 +154,7 @@ static void compare_losses(const char *name, const char *yaml, const char *ckpt,
         const bool stable = sens < 0.001;
         fprintf(stderr, "  step %2d  fp32 %.6f  bf16 %.6f  %.3g%%  (fp32 with lr x (1 + 1e-5): %.3g%%%s)\n", s + 1,
                 f.loss[s], b.loss[s], 100 * rel, 100 * sens, stable ? "" : ", unstable");
-        const double bound = per_step ? 0.01 : 0.02;
+        const double bound = per_step ? 0.01 : 0.03;
         if (stable)
             TH_CHECK(rel <= bound, "%s: step %d's bf16 loss is %.3g%% away from fp32's (at most %g%%)", name, s + 1,
                      100 * rel, 100 * bound);

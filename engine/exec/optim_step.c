@@ -361,12 +361,13 @@ static mt_status_t read_device_grads(eng_exec_t *x, int b, moe_staging_xfer_t *i
     return st;
 }
 
-/* One AdamW step of parameter i on the device.  Its moments are made, zeroed,
- * at its first step (lazily, as torch creates state); a bf16 working copy
- * is rewritten from the new master in the same pass, and *nonfinite (device
- * memory) set when a written master value is NaN or Inf. */
+/* Parameter i's AdamW step on the device, as *item for a batch that
+ * kern_adamw_many runs.  Its moments are made, zeroed, at its first step
+ * (lazily, as torch creates state); a bf16 working copy is rewritten from
+ * the new master in the same pass, and *nonfinite (device memory) set when
+ * a written master value is NaN or Inf. */
 static mt_status_t device_adamw(eng_exec_t *x, int i, const kern_adamw_params_t *base, int *nonfinite,
-                                mt_error_t *err) {
+                                kern_adamw_item_t *item, mt_error_t *err) {
     kern_device_t *dev = x->dev;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
     eng_param_t *p = &x->model->params[i];
@@ -384,9 +385,8 @@ static mt_status_t device_adamw(eng_exec_t *x, int i, const kern_adamw_params_t 
         if (!d->mom) return err->code;
         kern_memset(dev, s, d->mom, 0, bytes); /* zeros in every format (8-bit: scales 0) */
     }
-    const kern_moments_t mom = eng_param_moments_view(p, d->mom);
-    dev->ops->adamw(s, exec_dev_master(p, d), &mom, d->g_acc, NULL,
-                    p->w_dtype == MT_BF16 ? (uint16_t *)d->w : NULL, numel, &ap);
+    *item = (kern_adamw_item_t){.p = exec_dev_master(p, d), .mom = eng_param_moments_view(p, d->mom), .g = d->g_acc,
+                                .p_bf16 = p->w_dtype == MT_BF16 ? (uint16_t *)d->w : NULL, .n = numel, .hp = ap};
     return MT_OK;
 }
 
@@ -493,15 +493,19 @@ static mt_status_t finite_check_finish(finite_check_t *fc, eng_exec_t *x, const 
 }
 
 /* AdamW on block b's parameters that have a gradient, where the plan keeps
- * their state (unless the overlapped AdamW did it during backward); the
- * resident working copies a host optimizer updated go to items[*n..], to
- * be refreshed from the new master. */
+ * their state (unless the overlapped AdamW did it during backward): the
+ * device's as one batch (adam[], room for every parameter); the resident
+ * working copies a host optimizer updated go to items[*n..], to be
+ * refreshed from the new master. */
 static mt_status_t update_block(eng_exec_t *x, int b, const kern_adamw_params_t *base, moe_staging_xfer_t *items,
-                                int *n, eng_optim_stats_t *out, finite_check_t *fc, mt_error_t *err) {
+                                int *n, kern_adamw_item_t *adam, eng_optim_stats_t *out, finite_check_t *fc,
+                                mt_error_t *err) {
     const eng_model_t *m = x->model;
     const sched_block_plan_t *bp = &x->plan.blocks[b];
     const bool refresh = bp->optim == SCHED_OPTIM_HOST && bp->weights == SCHED_WEIGHTS_RESIDENT;
-    for (int i = 0; i < m->num_params; i++) {
+    int on_device = 0;
+    mt_status_t st = MT_OK;
+    for (int i = 0; i < m->num_params && st == MT_OK; i++) {
         eng_param_t *p = &m->params[i];
         eng_dparam_t *d = &x->dp[i];
         if (p->block != b) continue;
@@ -514,11 +518,12 @@ static mt_status_t update_block(eng_exec_t *x, int b, const kern_adamw_params_t 
             x->hopt.done[i] = false;
             out->updated_during_backward++;
         } else if (bp->optim == SCHED_OPTIM_DEVICE) {
-            const mt_status_t st = device_adamw(x, i, base, fc->dev_flags + i, err);
-            if (st != MT_OK) return st;
+            st = device_adamw(x, i, base, fc->dev_flags + i, &adam[on_device], err);
+            if (st != MT_OK) break;
+            on_device++;
         } else {
-            const mt_status_t st = exec_host_adamw(&x->hopt, x->hopt.pool, i, d->host_g, base, false, err);
-            if (st != MT_OK) return st;
+            st = exec_host_adamw(&x->hopt, x->hopt.pool, i, d->host_g, base, false, err);
+            if (st != MT_OK) break;
         }
         finite_check_param(fc, x, i, bp->optim == SCHED_OPTIM_DEVICE);
         if (refresh && d->w) { /* none: another device's expert (expert parallel) */
@@ -526,7 +531,9 @@ static mt_status_t update_block(eng_exec_t *x, int b, const kern_adamw_params_t 
             x->cnt.ctr.weight_h2d_bytes += exec_w_bytes(p);
         }
     }
-    return MT_OK;
+    /* the ones made ready run even when a later one failed: their steps are counted */
+    if (on_device) x->dev->ops->adamw_many(kern_stream(x->dev, KERN_STREAM_COMPUTE), adam, on_device);
+    return st;
 }
 
 /* Every block's update, in block order, so the host optimizer's copies
@@ -536,7 +543,8 @@ static mt_status_t update_blocks(eng_exec_t *x, const eng_optim_hparams_t *hp, c
                                  eng_optim_stats_t *out, bool *deferred, mt_error_t *err) {
     const eng_model_t *m = x->model;
     moe_staging_xfer_t *items = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *items);
-    MT_CHECK_ALLOC(items, "optimizer transfers");
+    kern_adamw_item_t *adam = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *adam);
+    MT_CHECK(items && adam, "out of memory for the optimizer's transfers and updates");
     finite_check_t fc;
     mt_status_t st = finite_check_init(&fc, x, err);
     bool refreshed = false;
@@ -549,7 +557,7 @@ static mt_status_t update_blocks(eng_exec_t *x, const eng_optim_hparams_t *hp, c
         }
         if (bp->optim == SCHED_OPTIM_HOST && bp->grads == SCHED_GRADS_DEVICE) st = read_device_grads(x, b, items, err);
         int n = 0;
-        if (st == MT_OK) st = update_block(x, b, base, items, &n, out, &fc, err);
+        if (st == MT_OK) st = update_block(x, b, base, items, &n, adam, out, &fc, err);
         /* resident weights take the new master values */
         char tag[64];
         snprintf(tag, sizeof tag, "weights of block %d after the host optimizer", b);
@@ -558,6 +566,7 @@ static mt_status_t update_blocks(eng_exec_t *x, const eng_optim_hparams_t *hp, c
         if (st == MT_OK && b <= x->plan.prefetch_window) st = prefetch_next_step(x, b, err);
     }
     free(items);
+    free(adam);
     if (refreshed) kern_stream_sync(x->dev, kern_stream(x->dev, KERN_STREAM_H2D));
     if (st == MT_OK) st = finite_check_finish(&fc, x, hp, out, err);
     finite_check_free(&fc, x);
@@ -570,14 +579,22 @@ static mt_status_t update_blocks(eng_exec_t *x, const eng_optim_hparams_t *hp, c
 static void clear_grads(eng_exec_t *x, const bool *deferred) {
     const eng_model_t *m = x->model;
     kern_stream_t *s = kern_stream(x->dev, KERN_STREAM_COMPUTE);
+    const size_t slots = (size_t)(m->num_params > 0 ? m->num_params : 1);
+    float **acc = malloc(slots * sizeof *acc);
+    size_t *numel = malloc(slots * sizeof *numel);
+    MT_CHECK(acc && numel, "out of memory for the gradient accumulators' list");
+    int n = 0;
     for (int i = 0; i < m->num_params; i++) {
         const eng_param_t *p = &m->params[i];
         eng_dparam_t *d = &x->dp[i];
         if (deferred[p->block]) continue;
-        if (d->g_acc && d->acc_has_data) kern_memset(x->dev, s, d->g_acc, 0, p->spec->numel * sizeof(float));
+        if (d->g_acc && d->acc_has_data) acc[n] = d->g_acc, numel[n++] = p->spec->numel;
         d->has_grad = false;
         d->acc_has_data = false;
     }
+    if (n) x->dev->ops->zero_many(s, acc, numel, n); /* one launch per 64 of them */
+    free(acc);
+    free(numel);
     kern_stream_sync(x->dev, s);
 }
 

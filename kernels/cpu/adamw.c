@@ -17,3 +17,10 @@ void kern_adamw_cpu(kern_stream_t *s, float *p, const kern_moments_t *mom, const
     if (s && kern_cpu_stream_threadpool) pool = kern_cpu_stream_threadpool(s);
     kern_adamw_cpu_pool(pool, p, mom, g, g_bf16, p_bf16, n, hp);
 }
+
+void kern_adamw_many_cpu(kern_stream_t *s, const kern_adamw_item_t *items, int count) {
+    for (int i = 0; i < count; i++) {
+        const kern_adamw_item_t *it = &items[i];
+        kern_adamw_cpu(s, it->p, &it->mom, it->g, it->g_bf16, it->p_bf16, it->n, &it->hp);
+    }
+}

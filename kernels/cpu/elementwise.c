@@ -18,6 +18,7 @@
 #include "kernels/elementwise.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/math/act_math.h"
 #include "kernels/cpu/par.h"
@@ -156,6 +157,12 @@ void kern_add_bf16_many_cpu(kern_stream_t *s, float *const *dst, const uint16_t 
         ew_job_t j = {.kind = EW_ADD_BF16, .y = dst[i], .a16 = src[i], .n = n[i]};
         ew_run(s, &j);
     }
+}
+
+void kern_zero_many_cpu(kern_stream_t *s, float *const *dst, const size_t *n, int count) {
+    (void)s;
+    for (int i = 0; i < count; i++)
+        if (n[i]) memset(dst[i], 0, n[i] * sizeof(float));
 }
 
 void kern_axpy_cpu(kern_stream_t *s, float *y, float alpha, const float *x, size_t n) {

@@ -28,20 +28,56 @@ extern "C" {
 
 #define ADAMW_THREADS 256
 
+// One element of the fp32-moment update: what adamw_kernel and
+// adamw_many_kernel both do at i.
+static __device__ __forceinline__ void adamw_at(size_t i, float *p, float *m, float *v, const float *g,
+                                                const uint16_t *g_bf16, uint16_t *p_bf16,
+                                                const kern_adamw_coef_t &c, int *nonfinite) {
+    const float gi = g ? g[i] : mt_bf16_to_f32(g_bf16[i]);
+    float mi = m[i], vi = v[i];
+    const float pi = kern_adamw_elem(&c, p[i], &mi, &vi, gi);
+    p[i] = pi;
+    if (nonfinite && !isfinite(pi)) *nonfinite = 1;
+    m[i] = mi;
+    v[i] = vi;
+    if (p_bf16) p_bf16[i] = mt_f32_to_bf16(pi);
+}
+
 static __global__ void adamw_kernel(float *p, float *m, float *v, const float *g,
                                     const uint16_t *g_bf16, uint16_t *p_bf16, size_t n,
                                     kern_adamw_coef_t c, int *nonfinite) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        const float gi = g ? g[i] : mt_bf16_to_f32(g_bf16[i]);
-        float mi = m[i], vi = v[i];
-        const float pi = kern_adamw_elem(&c, p[i], &mi, &vi, gi);
-        p[i] = pi;
-        if (nonfinite && !isfinite(pi)) *nonfinite = 1;
-        m[i] = mi;
-        v[i] = vi;
-        if (p_bf16) p_bf16[i] = mt_f32_to_bf16(pi);
-    }
+         i += (size_t)gridDim.x * blockDim.x)
+        adamw_at(i, p, m, v, g, g_bf16, p_bf16, c, nonfinite);
+}
+
+// adamw_many: up to ADAMW_MANY fp32-moment tensors per launch, their
+// pointers and coefficients passed by value in the launch (no copy to
+// make), each tensor over its own blocks [first[t], first[t + 1]).
+#define ADAMW_MANY 24
+
+typedef struct {
+    float *p, *m, *v;
+    const float *g;
+    const uint16_t *g_bf16;
+    uint16_t *p_bf16;
+    int *nonfinite;
+    size_t n;
+    kern_adamw_coef_t c;
+} adamw_one_t;
+
+typedef struct {
+    adamw_one_t t[ADAMW_MANY];
+    unsigned first[ADAMW_MANY + 1];
+} adamw_many_t;
+
+static __global__ void adamw_many_kernel(adamw_many_t d) {
+    int k = 0;
+    while (blockIdx.x >= d.first[k + 1]) k++;
+    const adamw_one_t a = d.t[k];
+    const unsigned b = blockIdx.x - d.first[k], nb = d.first[k + 1] - d.first[k];
+    for (size_t i = (size_t)b * blockDim.x + threadIdx.x; i < a.n; i += (size_t)nb * blockDim.x)
+        adamw_at(i, a.p, a.m, a.v, a.g, a.g_bf16, a.p_bf16, a.c, a.nonfinite);
 }
 
 typedef struct {
@@ -130,4 +166,36 @@ extern "C" void kern_adamw_cuda(kern_stream_t *s, float *p, const kern_moments_t
                                                                                  n, c, key, maps, hp->nonfinite);
     }
     KC_LAUNCHED(s, "adamw");
+}
+
+static void check_item(const kern_adamw_item_t *it) {
+    MT_CHECK((it->g == NULL) != (it->g_bf16 == NULL),
+             "kern_adamw_many_cuda: pass exactly one of g (fp32) and g_bf16 (got %s)", it->g ? "both" : "neither");
+    MT_CHECK(it->hp.step >= 1, "kern_adamw_many_cuda: step must be >= 1 (got %lld)", (long long)it->hp.step);
+}
+
+extern "C" void kern_adamw_many_cuda(kern_stream_t *s, const kern_adamw_item_t *items, int count) {
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    adamw_many_t d;
+    int m = 0;
+    for (int i = 0; i <= count; i++) {
+        const kern_adamw_item_t *it = i < count ? &items[i] : NULL;
+        if (it && it->mom.fmt != KERN_MOMENTS_F32) { /* bf16 and 8-bit moments: their own kernel */
+            kern_adamw_cuda(s, it->p, &it->mom, it->g, it->g_bf16, it->p_bf16, it->n, &it->hp);
+            continue;
+        }
+        if (it && it->n > 0) {
+            check_item(it);
+            if (m == 0) memset(&d, 0, sizeof d);
+            d.t[m] = (adamw_one_t){it->p, (float *)it->mom.m, (float *)it->mom.v, it->g, it->g_bf16, it->p_bf16,
+                                   it->hp.nonfinite, it->n, kern_adamw_coef(&it->hp)};
+            d.first[m + 1] = d.first[m] + kc_blocks(it->n, ADAMW_THREADS);
+            m++;
+        }
+        if (m > 0 && (m == ADAMW_MANY || !it)) {
+            adamw_many_kernel<<<d.first[m], ADAMW_THREADS, 0, cs>>>(d);
+            KC_LAUNCHED(s, "adamw_many");
+            m = 0;
+        }
+    }
 }

@@ -167,6 +167,21 @@ static __global__ void ew_add_bf16_many_kernel(add_bf16_many_t d) {
         y[i] += mt_bf16_to_f32(a[i]);
 }
 
+// zero_many: as add_bf16_many, writing zeros.
+typedef struct {
+    float *dst[ADD_MANY];
+    size_t n[ADD_MANY];
+    unsigned first[ADD_MANY + 1];
+} zero_many_t;
+
+static __global__ void ew_zero_many_kernel(zero_many_t d) {
+    int t = 0;
+    while (blockIdx.x >= d.first[t + 1]) t++;
+    const unsigned b = blockIdx.x - d.first[t], nb = d.first[t + 1] - d.first[t];
+    float *y = d.dst[t];
+    for (size_t i = (size_t)b * blockDim.x + threadIdx.x; i < d.n[t]; i += (size_t)nb * blockDim.x) y[i] = 0.0f;
+}
+
 struct ew_colsum_dy {
     const float *dy;
     int cols;
@@ -295,6 +310,21 @@ void kern_add_bf16_many_cuda(kern_stream_t *s, float *const *dst, const uint16_t
         }
         ew_add_bf16_many_kernel<<<d.first[m], EW_THREADS, 0, cs>>>(d);
         KC_LAUNCHED(s, "add_bf16_many");
+    }
+}
+
+void kern_zero_many_cuda(kern_stream_t *s, float *const *dst, const size_t *n, int count) {
+    cudaStream_t cs = kern_cuda_stream_begin(s);
+    for (int at = 0; at < count; at += ADD_MANY) {
+        const int m = count - at < ADD_MANY ? count - at : ADD_MANY;
+        zero_many_t d;
+        memset(&d, 0, sizeof d);
+        for (int t = 0; t < m; t++) {
+            d.dst[t] = dst[at + t], d.n[t] = n[at + t];
+            d.first[t + 1] = d.first[t] + kc_blocks(n[at + t], EW_THREADS * 4, 4096);
+        }
+        ew_zero_many_kernel<<<d.first[m], EW_THREADS, 0, cs>>>(d);
+        KC_LAUNCHED(s, "zero_many");
     }
 }
 

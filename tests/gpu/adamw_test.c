@@ -13,7 +13,10 @@
  * the device's absmax is a max reduction, exact in any order), the whole
  * moments allocation compared, padding included.  The fused check of the
  * written masters (kern_adamw_params_t.nonfinite) must leave its flag alone
- * after a finite update and set it after one that writes a NaN, on both. */
+ * after a finite update and set it after one that writes a NaN, on both.
+ * adamw_many over tensors of every kind above (more fp32 ones than one
+ * launch takes, empty ones, its own step count each) must give what adamw
+ * gives each one alone: the CPU runs them one by one, the GPU as a batch. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +108,71 @@ static void nonfinite_case(gt_ctx_t *t, size_t n, kern_moments_fmt_t fmt) {
     free(hg);
 }
 
+/* `count` tensors, their kinds and sizes drawn, updated twice: on the CPU
+ * one kern_adamw each, on the GPU one kern_adamw_many per step. */
+static void adamw_many_case(gt_ctx_t *t, int count) {
+    enum { PARTS = 6 }; /* p, moments, g, g bf16, p bf16, flag */
+    gt_buf_t *b = calloc((size_t)count * PARTS, sizeof *b);
+    kern_adamw_item_t *ci = calloc((size_t)count, sizeof *ci), *gi = calloc((size_t)count, sizeof *gi);
+    MT_CHECK(b && ci && gi, "out of memory");
+    static const size_t sizes[] = {0, 1, 300, 1000, 70001};
+    const int zero = 0;
+    for (int k = 0; k < count; k++) {
+        const size_t n = sizes[gt_int(t, 5)];
+        const kern_moments_fmt_t fmt = gt_int(t, 4) ? KERN_MOMENTS_F32 : (kern_moments_fmt_t)(1 + gt_int(t, 2));
+        const bool bf16_grad = gt_int(t, 2), copy = gt_int(t, 2);
+        float *hp = gt_host_rand(t, n ? n : 1, 1.0f), *hg = gt_host_rand(t, n ? n : 1, 2.0f);
+        if (n && k % 7 == 3) hg[n / 2] = NAN; /* its flag must be set on both */
+        uint16_t *hg16 = gt_host_bytes((n ? n : 1) * 2);
+        mt_convert_from_f32(hg16, MT_BF16, hg, n ? n : 1);
+        void *hmom = gt_host_bytes(kern_moments_bytes(fmt, n ? n : 1));
+        gt_buf_t *q = b + (size_t)k * PARTS;
+        q[0] = gt_from_host(t, hp, (n ? n : 1) * 4, "p");
+        q[1] = gt_from_host(t, hmom, kern_moments_bytes(fmt, n ? n : 1), "moments");
+        q[2] = gt_from_host(t, hg, (n ? n : 1) * 4, "g");
+        q[3] = gt_from_host(t, hg16, (n ? n : 1) * 2, "g bf16");
+        q[4] = gt_alloc(t, (n ? n : 1) * 2, "p bf16");
+        q[5] = gt_from_host(t, &zero, sizeof zero, "flag");
+        const kern_adamw_params_t hp_ = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                         .weight_decay = 0.05f, .grad_scale = 0.5f, .step = 1 + gt_int(t, 5)};
+        for (int side = 0; side < 2; side++) {
+            kern_adamw_item_t *it = side ? &gi[k] : &ci[k];
+#define SIDE(buf) (side ? (buf).g : (buf).c)
+            *it = (kern_adamw_item_t){.p = SIDE(q[0]), .mom = kern_moments_view(fmt, SIDE(q[1]), n, 11 + k),
+                                      .g = bf16_grad ? NULL : SIDE(q[2]), .g_bf16 = bf16_grad ? SIDE(q[3]) : NULL,
+                                      .p_bf16 = copy ? SIDE(q[4]) : NULL, .n = n, .hp = hp_};
+            it->hp.nonfinite = SIDE(q[5]);
+#undef SIDE
+        }
+        free(hp), free(hg), free(hg16), free(hmom);
+    }
+    for (int step = 0; step < 2; step++) {
+        for (int k = 0; k < count; k++) {
+            const kern_adamw_item_t *it = &ci[k];
+            if (it->n) t->cpu->ops->adamw(t->sc, it->p, &it->mom, it->g, it->g_bf16, it->p_bf16, it->n, &it->hp);
+        }
+        t->gpu->ops->adamw_many(t->sg, gi, count);
+        for (int k = 0; k < count; k++) ci[k].hp.step++, gi[k].hp.step++;
+    }
+    char what[96];
+    for (int k = 0; k < count; k++) {
+        gt_buf_t *q = b + (size_t)k * PARTS;
+        snprintf(what, sizeof what, "adamw_many %d/%d n=%zu moments=%s: p", k, count, ci[k].n,
+                 kern_moments_fmt_name(ci[k].mom.fmt));
+        gt_check_exact(t, what, &q[0], q[0].bytes);
+        snprintf(what, sizeof what, "adamw_many %d/%d: moments", k, count);
+        gt_check_exact(t, what, &q[1], q[1].bytes);
+        if (ci[k].p_bf16) {
+            snprintf(what, sizeof what, "adamw_many %d/%d: p bf16", k, count);
+            gt_check_exact(t, what, &q[4], q[4].bytes);
+        }
+        snprintf(what, sizeof what, "adamw_many %d/%d: non-finite flag", k, count);
+        gt_check_exact(t, what, &q[5], q[5].bytes);
+        for (int j = 0; j < PARTS; j++) gt_free(t, &q[j]);
+    }
+    free(b), free(ci), free(gi);
+}
+
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "adamw_test", 0xada);
@@ -116,6 +184,8 @@ int main(void) {
             adamw_case(&t, sizes[i], 0.4f, 0, 1, (kern_moments_fmt_t)f);
         }
     }
+    adamw_many_case(&t, 1);
+    adamw_many_case(&t, 60);
     for (int f = KERN_MOMENTS_F32; f <= KERN_MOMENTS_8BIT; f++) {
         nonfinite_case(&t, 1000, (kern_moments_fmt_t)f);
         nonfinite_case(&t, ((size_t)1 << 20) + 5, (kern_moments_fmt_t)f);

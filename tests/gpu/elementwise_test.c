@@ -16,7 +16,8 @@
  *  - sumsq_many: the CPU as sumsq; on the GPU each tensor's sum is the one
  *    sumsq gives it alone: bit-identical to that;
  *  - add_bf16_many: one exact widening and one add per element:
- *    bit-identical. */
+ *    bit-identical;
+ *  - zero_many: zeros where asked, nothing else touched: bit-identical. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -370,6 +371,39 @@ static void add_bf16_many_case(gt_ctx_t *t, int count) {
     gt_free(t, &S16);
 }
 
+/* Every other one of `count` ranges of one buffer zeroed in one call, the
+ * ranges between them left as they were. */
+static void zero_many_case(gt_ctx_t *t, int count) {
+    size_t *n = calloc((size_t)count, sizeof *n), *at = calloc((size_t)count, sizeof *at), total = 0;
+    MT_CHECK(n && at, "out of memory");
+    for (int i = 0; i < count; i++) {
+        static const size_t pick[] = {0, 1, 255, 4097, 70001};
+        n[i] = pick[gt_int(t, 5)];
+        at[i] = total, total += n[i];
+    }
+    const size_t cells = total ? total : 1;
+    float *hy = gt_host_rand(t, cells, 1.0f);
+    gt_buf_t Y = gt_from_host(t, hy, cells * 4, "y");
+    float **yc = malloc((size_t)count * sizeof *yc), **yg = malloc((size_t)count * sizeof *yg);
+    size_t *nz = malloc((size_t)count * sizeof *nz);
+    MT_CHECK(yc && yg && nz, "out of memory");
+    int m = 0;
+    for (int i = 0; i < count; i += 2, m++) yc[m] = GT_C(Y) + at[i], yg[m] = GT_G(Y) + at[i], nz[m] = n[i];
+    t->cpu->ops->zero_many(t->sc, yc, nz, m);
+    t->gpu->ops->zero_many(t->sg, yg, nz, m);
+    char what[64];
+    snprintf(what, sizeof what, "zero_many count=%d", m);
+    gt_check_exact(t, what, &Y, Y.bytes);
+    float *back = gt_host_alloc(cells);
+    gt_download(t, &Y, back, NULL);
+    size_t wrong = 0;
+    for (int i = 0; i < count; i++)
+        for (size_t j = 0; j < n[i]; j++) wrong += back[at[i] + j] != (i % 2 ? hy[at[i] + j] : 0.0f);
+    gt_expect(t, wrong == 0, "%s: %zu elements not as asked (zero in listed ranges, unchanged between)", what, wrong);
+    free(back), free(yc), free(yg), free(nz), free(n), free(at), free(hy);
+    gt_free(t, &Y);
+}
+
 int main(void) {
     gt_ctx_t t;
     gt_open(&t, "elementwise_test", 0xe1e);
@@ -394,5 +428,7 @@ int main(void) {
     sumsq_many_case(&t, 150);
     add_bf16_many_case(&t, 1);
     add_bf16_many_case(&t, 130);
+    zero_many_case(&t, 1);
+    zero_many_case(&t, 150);
     return gt_close(&t);
 }
