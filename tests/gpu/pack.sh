@@ -10,11 +10,13 @@ dest=${1:-.gpu}
 # the targets of the GPU suite, as tests/gpu/BUILD's gpu_suite lists them
 tests=$(sed -n '/name = "gpu_suite"/,/^    \],/p' tests/gpu/BUILD | grep -o '":[a-z0-9_]*"' | tr -d '":' | tr '\n' ' ')
 [ -n "$tests" ] || { echo "pack.sh: no gpu_suite targets found in tests/gpu/BUILD" >&2; exit 1; }
-bazel build //tools:moetune $(for t in $tests; do echo "//tests/gpu:$t"; done)
+bazel build //tools:moetune //tools/profile:libmoetune_cupti_trace.so $(for t in $tests; do echo "//tests/gpu:$t"; done)
 rm -rf "$dest/bin" "$dest/lib"
 mkdir -p "$dest/bin" "$dest/lib"
 for t in $tests; do cp -L "bazel-bin/tests/gpu/$t" "$dest/bin/"; done
 cp -L bazel-bin/tools/moetune "$dest/bin/"
+# the kernel-level profile (docs/gpu.md, "Profiling a step"): CUDA_INJECTION64_PATH=$G/lib/libmoetune_cupti_trace.so
+cp -L bazel-bin/tools/profile/libmoetune_cupti_trace.so "$dest/lib/"
 cp -L bazel-bin/_solib_k8/*.so "$dest/lib/"
 # the Debian libraries the binaries link, as ldd finds them (Open MPI's
 # among them since moetune can run as an mpirun rank), but the C runtime
