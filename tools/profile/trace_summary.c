@@ -45,8 +45,12 @@ static size_t next_device(const ts_event_t *ev, size_t n, size_t i) {
     return i;
 }
 
+static void sort_by_start(ts_event_t *ev, size_t n) {
+    if (n > 1) qsort(ev, n, sizeof *ev, by_start);
+}
+
 int ts_phases(ts_event_t *ev, size_t n, double gap_s, ts_phase_t *out, int max) {
-    qsort(ev, n, sizeof *ev, by_start);
+    sort_by_start(ev, n);
     int count = 0;
     for (size_t i = next_device(ev, n, 0); i < n; i = next_device(ev, n, i)) {
         ts_phase_t ph;
@@ -89,13 +93,14 @@ static int by_time(const void *a, const void *b) {
 }
 
 static void totals_print(FILE *out, totals_t *t, int top) {
+    if (t->n == 0) return;
     qsort(t->v, (size_t)t->n, sizeof *t->v, by_time);
     for (int i = 0; i < t->n && i < top; i++)
         fprintf(out, "  %9.2f ms %7ld  %.160s\n", t->v[i].s * 1e3, t->v[i].count, t->v[i].name);
 }
 
 void ts_report(FILE *out, ts_event_t *ev, size_t n, const ts_options_t *opt) {
-    qsort(ev, n, sizeof *ev, by_start);
+    sort_by_start(ev, n);
     int k = 0;
     for (size_t i = next_device(ev, n, 0); i < n; k++) {
         ts_phase_t ph;

@@ -62,6 +62,13 @@ int main(void) {
     EXPECT(api && memcpy_line && memcpy_line > api, "the phase's runtime calls after its kernels");
     EXPECT(strstr(text, "cudaFree") == NULL, "a call between phases is in none");
     free(text);
+    text = NULL;
+    out = open_memstream(&text, &len); /* an empty trace: nothing to say, nothing to crash on */
+    ts_report(out, NULL, 0, &opt);
+    fclose(out);
+    EXPECT(len == 0, "an empty trace printed %zu bytes", len);
+    EXPECT(ts_phases(NULL, 0, 0.3, ph, 4) == 0, "an empty trace has phases");
+    free(text);
     if (failures) fprintf(stderr, "trace_summary_test: %d failure(s)\n", failures);
     else printf("trace_summary_test: all checks passed\n");
     return failures ? 1 : 0;
