@@ -3,7 +3,8 @@
 # beside the CUDA toolkit's, into one folder (default .gpu/, ignore it in
 # git) for a GPU machine that has the CUDA 13 runtime but no Bazel and no
 # Debian packages.  There, from the repository root: bash .gpu/run.sh
-# (each test's output goes to $OUT/suite.log or /tmp/suite.log).
+# (each test's output goes to $OUT/suite.log or /tmp/suite.log), then
+# bash .gpu/bench.sh (the MFU and streamed-plan benchmarks, about 5 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${1:-.gpu}
@@ -74,4 +75,41 @@ grep "^FAIL\|^SKIPPED\|FALLBACK\|^bench \|^moetune: attention" "$log" | head -60
 rm -f "$log.one"
 echo "$pass passed, $fail failed, $skip skipped"
 RUN
+cat > "$dest/bench.sh" <<'BENCH'
+#!/bin/bash
+# The packed GPU benchmarks, after the suite: the MFU bench's keep_all step
+# at both geometries with 1 and 8 micro-batches per step (the first
+# profiled: kernels and runtime calls by time, $OUT/profile_*.txt), then
+# the streamed plans against their prediction from a calibration of this
+# GPU and host.  Each result goes to $OUT (or /tmp) as it comes, so a
+# command cut short still leaves what ran.
+cd "$(dirname "$0")/.." || exit 1
+G=$(cd "$(dirname "$0")" && pwd)
+[ -f "$G/lib/libopenblas.so.0" ] || xz -dk "$G/lib/libopenblas.so.0.xz"
+export LD_LIBRARY_PATH=$G/lib:/usr/local/cuda/lib64
+for py in /opt/torch/.venv/bin/python3 python3; do
+    d=$("$py" -c "import nvidia.cudnn as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null) || continue
+    [ -d "$d" ] && { export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d; break; }
+done
+out=${OUT:-/tmp}
+# the synthetic checkpoints (5-6 GB) in memory when there is room
+free_shm=$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
+[ "${free_shm:-0}" -gt 20 ] && export TMPDIR=/dev/shm
+bench() { # name seconds args...
+    local name=$1 secs=$2
+    shift 2
+    echo "== $name ($(date +%T))"
+    timeout "$secs" "$G/bin/moetune" bench step --backend cuda --steps 4 --precision-dtype bf16 "$@" \
+        > "$out/bench_$name.txt" 2>&1
+    echo "exit $?" >> "$out/bench_$name.txt"
+    grep -A3 "^plan" "$out/bench_$name.txt"
+}
+for geo in qwen3-30b-a3b mixtral-8x7b; do
+    CUDA_INJECTION64_PATH=$G/lib/libmoetune_cupti_trace.so MOETUNE_PROFILE_OUT=$out/profile_$geo.txt \
+        bench "${geo}_accum1" 90 --geometry "$geo" --hw h200 --keep-all-only
+    bench "${geo}_accum8" 90 --geometry "$geo" --hw h200 --keep-all-only --accum 8
+done
+bench mixtral-8x7b_streamed 180 --geometry mixtral-8x7b --hw calibrate --budget-gib 24
+BENCH
+chmod +x "$dest/bench.sh"
 du -sh "$dest"
