@@ -72,10 +72,9 @@ typedef struct {
 } adamw_many_t;
 
 static __global__ void adamw_many_kernel(adamw_many_t d) {
-    int k = 0;
-    while (blockIdx.x >= d.first[k + 1]) k++;
+    unsigned b, nb;
+    const int k = kc_many_tensor(d.first, &b, &nb);
     const adamw_one_t a = d.t[k];
-    const unsigned b = blockIdx.x - d.first[k], nb = d.first[k + 1] - d.first[k];
     for (size_t i = (size_t)b * blockDim.x + threadIdx.x; i < a.n; i += (size_t)nb * blockDim.x)
         adamw_at(i, a.p, a.m, a.v, a.g, a.g_bf16, a.p_bf16, a.c, a.nonfinite);
 }

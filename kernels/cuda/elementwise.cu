@@ -124,9 +124,8 @@ typedef struct {
 
 static __global__ void ew_sumsq_many_partial_kernel(double *part, sumsq_many_t d) {
     __shared__ double sh[32];
-    int t = 0;
-    while (blockIdx.x >= d.first[t + 1]) t++;
-    const unsigned b = blockIdx.x - d.first[t], nb = d.first[t + 1] - d.first[t];
+    unsigned b, nb;
+    const int t = kc_many_tensor(d.first, &b, &nb);
     const float *x = d.x[t];
     double acc = 0.0;
     for (size_t i = (size_t)b * blockDim.x + threadIdx.x; i < d.n[t]; i += (size_t)nb * blockDim.x) {
@@ -158,9 +157,8 @@ typedef struct {
 } add_bf16_many_t;
 
 static __global__ void ew_add_bf16_many_kernel(add_bf16_many_t d) {
-    int t = 0;
-    while (blockIdx.x >= d.first[t + 1]) t++;
-    const unsigned b = blockIdx.x - d.first[t], nb = d.first[t + 1] - d.first[t];
+    unsigned b, nb;
+    const int t = kc_many_tensor(d.first, &b, &nb);
     float *y = d.dst[t];
     const uint16_t *a = d.src[t];
     for (size_t i = (size_t)b * blockDim.x + threadIdx.x; i < d.n[t]; i += (size_t)nb * blockDim.x)
@@ -175,9 +173,8 @@ typedef struct {
 } zero_many_t;
 
 static __global__ void ew_zero_many_kernel(zero_many_t d) {
-    int t = 0;
-    while (blockIdx.x >= d.first[t + 1]) t++;
-    const unsigned b = blockIdx.x - d.first[t], nb = d.first[t + 1] - d.first[t];
+    unsigned b, nb;
+    const int t = kc_many_tensor(d.first, &b, &nb);
     float *y = d.dst[t];
     for (size_t i = (size_t)b * blockDim.x + threadIdx.x; i < d.n[t]; i += (size_t)nb * blockDim.x) y[i] = 0.0f;
 }

@@ -70,6 +70,17 @@ static inline unsigned kc_blocks(size_t n, unsigned threads, unsigned cap = 6553
 
 static inline unsigned kc_div_up(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 
+// A launch over several tensors (the *_many kernels), tensor t owning
+// blocks [first[t], first[t + 1]): which tensor this block works on, its
+// block index within it and how many blocks it has.
+__device__ __forceinline__ int kc_many_tensor(const unsigned *first, unsigned *b, unsigned *nb) {
+    int t = 0;
+    while (blockIdx.x >= first[t + 1]) t++;
+    *b = blockIdx.x - first[t];
+    *nb = first[t + 1] - first[t];
+    return t;
+}
+
 // ---- deterministic column sum: dst[c] += sum_r f(r, c) ----------------------
 //
 // Pass 1: block (x: 32 columns, y: 8 row lanes) sums one chunk of rows per

@@ -34,12 +34,8 @@ done
 sed -n '/name = "train_cpu_vs_cuda_test"/,/^    \],/p' tests/gpu/BUILD | grep -o 'tests/fixtures/[a-z0-9_]*' |
     tr '\n' ' ' > "$dest/train_cpu_vs_cuda_args"
 chmod -R u+w "$dest"
-cat > "$dest/run.sh" <<'RUN'
-#!/bin/bash
-# The packed GPU suite; TESTS="a b" runs some.  A failing test is run again
-# with MOETUNE_CUDA_SYNC=1, which reports a fault at the kernel causing it.
-cd "$(dirname "$0")/.." || exit 1
-G=$(cd "$(dirname "$0")" && pwd)
+# what run.sh and bench.sh both need, sourced with G set to .gpu's path
+cat > "$dest/env.sh" <<'ENV'
 [ -f "$G/lib/libopenblas.so.0" ] || xz -dk "$G/lib/libopenblas.so.0.xz"
 export LD_LIBRARY_PATH=$G/lib:/usr/local/cuda/lib64
 # cuDNN (kernels/cudnn) where the toolkit has none: a pip-installed
@@ -48,6 +44,14 @@ for py in /opt/torch/.venv/bin/python3 python3; do
     d=$("$py" -c "import nvidia.cudnn as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null) || continue
     [ -d "$d" ] && { export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d; break; }
 done
+ENV
+cat > "$dest/run.sh" <<'RUN'
+#!/bin/bash
+# The packed GPU suite; TESTS="a b" runs some.  A failing test is run again
+# with MOETUNE_CUDA_SYNC=1, which reports a fault at the kernel causing it.
+cd "$(dirname "$0")/.." || exit 1
+G=$(cd "$(dirname "$0")" && pwd)
+. "$G/env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 log=${OUT:-/tmp}/suite.log
 : > "$log"
@@ -85,12 +89,7 @@ cat > "$dest/bench.sh" <<'BENCH'
 # command cut short still leaves what ran.
 cd "$(dirname "$0")/.." || exit 1
 G=$(cd "$(dirname "$0")" && pwd)
-[ -f "$G/lib/libopenblas.so.0" ] || xz -dk "$G/lib/libopenblas.so.0.xz"
-export LD_LIBRARY_PATH=$G/lib:/usr/local/cuda/lib64
-for py in /opt/torch/.venv/bin/python3 python3; do
-    d=$("$py" -c "import nvidia.cudnn as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null) || continue
-    [ -d "$d" ] && { export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d; break; }
-done
+. "$G/env.sh"
 out=${OUT:-/tmp}
 # the synthetic checkpoints (5-6 GB) in memory when there is room
 free_shm=$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
