@@ -96,7 +96,7 @@ static double opt_norm(sim_t *s, const sched_workload_t *w, const sched_plan_t *
     double norm_host = 0, norm_dev = 0;
     for (int b = 0; b < w->num_blocks; b++) {
         const sched_block_cost_t *c = sched_block_cost(w, b, plan->blocks[b].expert_parallel);
-        if (c->grad_step_bytes <= 0) continue;
+        if (c->grad_step_bytes <= 0 || s->norm_done[b]) continue;
         if (plan->blocks[b].grads == SCHED_GRADS_HOST) norm_host += c->norm_host_s;
         else norm_dev += c->norm_device_s;
     }
@@ -266,9 +266,12 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     MT_CHECK_ALLOC(s.first_fwd, "simulator block starts");
     for (int b = 0; b < N; b++) s.first_fwd[b] = -1;
     s.take_back = !opts_in_step(opts) && sim_may_take_back(plan);
-    s.overlap = malloc((size_t)N * sizeof *s.overlap);
+    /* one device: several sum their gradients after the backward (engine/exec/optim.h) */
+    s.norm_ahead = !opts_in_step(opts) && w->has_trainable;
+    s.overlap = malloc((size_t)2 * (size_t)N * sizeof *s.overlap);
     s.overlap_end = calloc((size_t)N, sizeof *s.overlap_end);
-    MT_CHECK(s.overlap && s.overlap_end, "out of host memory for the simulator's overlapped updates");
+    s.norm_done = calloc((size_t)N, sizeof *s.norm_done);
+    MT_CHECK(s.overlap && s.overlap_end && s.norm_done, "out of host memory for the simulator's overlapped updates");
     double *deferred_end = calloc((size_t)N, sizeof *deferred_end); /* 0: not deferred */
     MT_CHECK_ALLOC(deferred_end, "simulator deferred updates");
     bool *adam_done = calloc((size_t)N, sizeof *adam_done);
@@ -288,6 +291,7 @@ static mt_status_t simulate_once(const sched_workload_t *w, const sched_plan_t *
     free(s.first_fwd);
     free(s.overlap);
     free(s.overlap_end);
+    free(s.norm_done);
     return MT_OK;
 }
 

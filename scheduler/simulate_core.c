@@ -6,6 +6,7 @@
  * delta) events per kind, sorted once at the end (sim_finish_mem). */
 #include "scheduler/simulate_internal.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,7 +240,7 @@ static void run_overlapped(sim_t *s, const sched_workload_t *w, const sched_plan
 void sim_overlapped_adam(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double d2h_start,
                          double ready) {
     if (s->take_back) {
-        s->overlap[s->noverlap++] = (sim_overlap_t){b, d2h_start, ready};
+        s->overlap[s->noverlap++] = (sim_overlap_t){.b = b, .d2h_start = d2h_start, .ready = ready};
         return;
     }
     run_overlapped(s, w, plan, b, d2h_start, ready);
@@ -254,23 +255,56 @@ void sim_overlapped_adam(sim_t *s, const sched_workload_t *w, const sched_plan_t
     }
 }
 
+/* Block b's norm share on the host worker from `ready`. */
+static void run_norm_ahead(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double ready) {
+    const sched_block_cost_t *c = sched_block_cost(w, b, plan->blocks[b].expert_parallel);
+    sim_run(s, SCHED_RES_HOST, SCHED_TASK_NORM, b, -1, ready, c->norm_host_s, 0, NULL);
+    s->norm_done[b] = true;
+}
+
+void sim_norm_ahead(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double ready) {
+    if (!s->norm_ahead || plan->blocks[b].grads != SCHED_GRADS_HOST) return;
+    if (s->take_back) {
+        s->overlap[s->noverlap++] = (sim_overlap_t){.b = b, .norm = true, .ready = ready};
+        return;
+    }
+    run_norm_ahead(s, w, plan, b, ready);
+}
+
 bool sim_may_take_back(const sched_plan_t *plan) {
     for (int b = 0; b < plan->num_blocks; b++)
         if (sched_block_nvme_optim(&plan->blocks[b]) || sched_block_nvme_weights(&plan->blocks[b])) return false;
     return true;
 }
 
+/* The next noted job of its kind (norm or not) from k on; noverlap: none. */
+static int next_of_kind(const sim_t *s, int k, bool norm) {
+    while (k < s->noverlap && s->overlap[k].norm != norm) k++;
+    return k;
+}
+
 void sim_settle_overlapped(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, bool *adam_done) {
     double drained = 0; /* every copy and compute of the walk done */
     for (int r = 0; r < SCHED_RES_COUNT; r++)
         if (r != SCHED_RES_HOST && s->free_at[r] > drained) drained = s->free_at[r];
-    for (int k = 0; k < s->noverlap; k++) {
-        const sim_overlap_t *o = &s->overlap[k];
+    /* the worker takes each kind in the order asked, a landed norm share
+     * ahead of the updates (as the executor's worker does: host_optim.c) */
+    int nk = next_of_kind(s, 0, true), uk = next_of_kind(s, 0, false);
+    while (nk < s->noverlap || uk < s->noverlap) {
+        const double norm_ready = nk < s->noverlap ? s->overlap[nk].ready : INFINITY;
+        const double update_ready = uk < s->noverlap ? s->overlap[uk].ready : INFINITY;
+        const double t = fmax(s->free_at[SCHED_RES_HOST], fmin(norm_ready, update_ready));
+        if (norm_ready <= t) {
+            run_norm_ahead(s, w, plan, s->overlap[nk].b, norm_ready);
+            nk = next_of_kind(s, nk + 1, true);
+            continue;
+        }
+        const sim_overlap_t *o = &s->overlap[uk];
+        uk = next_of_kind(s, uk + 1, false);
         const sched_block_plan_t *p = &plan->blocks[o->b];
-        const double start = o->ready > s->free_at[SCHED_RES_HOST] ? o->ready : s->free_at[SCHED_RES_HOST];
         const bool deferrable = p->optim == SCHED_OPTIM_HOST && p->grads == SCHED_GRADS_HOST &&
                                 p->weights == SCHED_WEIGHTS_STREAM; /* optim_step.c's defer_block */
-        if (deferrable && start >= drained) adam_done[o->b] = false;
+        if (deferrable && t >= drained) adam_done[o->b] = false; /* taken back: not started */
         else run_overlapped(s, w, plan, o->b, o->d2h_start, o->ready);
     }
     s->noverlap = 0;

@@ -16,10 +16,12 @@ typedef struct {
     double t, d;
 } ev_t;
 
-/* A host update the walk asked to overlap with the backward, when the
- * block's gradients landed (sim_overlapped_adam, sim_settle_overlapped). */
+/* A host job the walk asked for as a block's gradients landed: its
+ * update, overlapping the backward (sim_overlapped_adam), or its norm
+ * share (sim_norm_ahead); run by sim_settle_overlapped. */
 typedef struct {
     int b;
+    bool norm; /* the sums of squares only */
     double d2h_start, ready;
 } sim_overlap_t;
 
@@ -51,8 +53,10 @@ typedef struct {
     int nnvme, capnvme;
     double *first_fwd; /* per block: its first forward's start (-1 before it) */
     bool take_back;         /* overlapped updates are noted, for sim_settle_overlapped */
-    sim_overlap_t *overlap; /* the walk's overlapped updates, in order (one per block at most) */
+    sim_overlap_t *overlap; /* the walk's host jobs, in order (a norm share and an update per block at most) */
     int noverlap;
+    bool norm_ahead; /* the host worker sums host gradients' squares as they land (one device) */
+    bool *norm_done; /* per block: its norm share taken that way (sim_norm_ahead) */
 } sim_t;
 
 /* A memory event of kind m (d == 0: none). */
@@ -127,6 +131,14 @@ double sim_host_adam(sim_t *s, const sched_block_cost_t *c, const sched_block_pl
 void sim_overlapped_adam(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double d2h_start,
                          double ready);
 
+/* Block b's share of the gradient norm once its host gradients have
+ * landed on the step's last backward (ready), on the host worker ahead of
+ * its update, as the executor does on one device (engine/exec/
+ * optim_step.c's block_ready); with take_back, noted for
+ * sim_settle_overlapped instead.  The optimizer step's norm then counts
+ * only the blocks not summed this way. */
+void sim_norm_ahead(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, int b, double ready);
+
 /* Whether the executor takes back overlapped updates under this plan:
  * not with anything on the NVMe tier (engine/exec/optim_step.c). */
 bool sim_may_take_back(const sched_plan_t *plan);
@@ -136,9 +148,14 @@ bool sim_may_take_back(const sched_plan_t *plan);
  * worker has not reached them) of blocks that can update into the next
  * step (optim_step.c's defer_block): their adam_done goes back to false and
  * sim_optimizer_step defers them.  The others run on the host in the order
- * asked.  The host worker's work is only AdamW (no NVMe traffic without
- * the tier), so running the noted updates here, after the walk, gives the
- * times running them as they were asked would. */
+ * asked, a landed norm share (sim_norm_ahead) ahead of the updates, as the
+ * executor's worker takes them.  The host worker's work is only AdamW and
+ * those sums (no NVMe traffic without the tier), so running the noted jobs
+ * here, after the walk, gives the times running them as they were asked
+ * would.  (With the tier nothing is noted: the jobs run as asked, in
+ * order, where the executor's worker would still put a norm share ahead
+ * of a queued update: a small difference, the tier's updates being
+ * disk-bound.) */
 void sim_settle_overlapped(sim_t *s, const sched_workload_t *w, const sched_plan_t *plan, bool *adam_done);
 
 /* Sorts n events by time, frees before takes at equal times (a stream

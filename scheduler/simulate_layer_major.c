@@ -203,6 +203,7 @@ double sim_layer_major(sim_t *s, const sched_workload_t *w, const sched_plan_t *
                     const double t = sim_unpack(s, b, mb, t0, landed, gb, sched_block_pinned_grads(p) ? 0 : -1,
                                                 &sc.d2h_res[dslot]);
                     sc.d2h_end[dslot] = t;
+                    if (c->grad_step_bytes > 0) sim_norm_ahead(s, w, plan, b, t);
                     if (overlap && p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
                         sim_overlapped_adam(s, w, plan, b, t0, t);
                         adam_done[b] = true;

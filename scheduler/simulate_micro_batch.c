@@ -174,6 +174,7 @@ static void mb_send_grads(mb_order_t *m, const mb_use_t *u, double end, int dslo
     const double unpack = u->mb > 0 ? c->grad_add_host_s : sched_block_pinned_grads(u->p) ? 0 : -1;
     t = sim_unpack(s, u->b, u->mb, t0, t, c->grad_mb_bytes, unpack, &m->d2h_res[dslot]);
     m->d2h_end[dslot] = t;
+    if (u->last_mb && c->grad_step_bytes > 0) sim_norm_ahead(s, m->w, m->plan, u->b, t);
     if (u->last_mb && m->overlap && u->p->optim == SCHED_OPTIM_HOST && c->grad_step_bytes > 0) {
         sim_overlapped_adam(s, m->w, m->plan, u->b, t0, t);
         m->adam_done[u->b] = true;

@@ -32,6 +32,7 @@ typedef struct {
     size_t peak_device, weight_bytes;
     int overlapped; /* parameter updates that ran during backward */
     int taken_back; /* blocks whose overlapped update was taken back and deferred */
+    int summed_ahead; /* parameters whose norm part the host worker took as their gradient landed */
     int work_pinned;             /* of the working copies below, those in pinned memory (pinned_home) */
     int work_copies, work_stale; /* trained weights with a host bf16 working copy, and those that are not
                                   * their master rounded to nearest even after the last step */
@@ -54,10 +55,12 @@ static void check_work_copies(const eng_model_t *m, run_result_t *out) {
     }
 }
 
-/* overlap >= 0: run without clipping, with the host optimizer overlapping
+/* overlap 0-2: run without clipping, with the host optimizer overlapping
  * backward (1: every update within the step; 2: the worker held, so the
  * optimizer step takes every update back and defers it into the next
- * step) or not (0). */
+ * step) or not (0).  3: with the run's clipping, told it may overlap, so
+ * that only the host gradients' sums of squares for the norm are taken as
+ * they land.  -1: with clipping, nothing overlapped. */
 static void run_plan_ex(const char *dir, const char *base_model, const sched_plan_t *plan, size_t budget,
                         int overlap, run_result_t *out) {
     memset(out, 0, sizeof *out);
@@ -88,7 +91,7 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
     for (int step = 0; step < STEPS && out->th.ok; step++) {
         const int accum = rc.gradient_accumulation_steps;
         eng_optim_hparams_t hp = th_hparams(&rc);
-        if (overlap >= 0) hp.max_grad_norm = 0.0;
+        if (overlap >= 0 && overlap <= 2) hp.max_grad_norm = 0.0;
         eng_optim_begin_step(x, &hp, accum, overlap >= 1);
         double loss = 0;
         for (int mb = 0; mb < accum; mb++) {
@@ -111,6 +114,7 @@ static void run_plan_ex(const char *dir, const char *base_model, const sched_pla
         out->th.norm[step] = os.grad_norm;
         out->overlapped += os.updated_during_backward;
         out->taken_back += os.taken_back;
+        out->summed_ahead += os.summed_ahead;
     }
     out->peak_device = kern_device_stats(dev).device_peak;
     eng_exec_drain(x); /* the last step's deferred updates may still be writing masters and copies */
@@ -199,9 +203,22 @@ static void check_case(const char *dir) {
              "held: %d updates ran during backward, %d blocks taken back", r2.overlapped, r2.taken_back);
     fprintf(stderr, "   overlapped host AdamW: %d parameter updates ran during backward; %d blocks' taken back and "
             "deferred when not started; results identical\n", r1.overlapped, r2.taken_back);
+    /* with clipping: the norm summed as the host gradients land == summed after the backward */
+    run_result_t r3, r4;
+    run_plan_ex(dir, NULL, &off, 0, 3, &r3);
+    run_plan_ex(dir, NULL, &mixed, 0, 3, &r4);
+    compare("offload_all with the norm summed as the gradients land", &ro, &r3, dir);
+    compare("mixed with the norm summed as the gradients land", &rx, &r4, dir);
+    TH_CHECK(ro.summed_ahead == 0 && r3.summed_ahead > 0 && r4.summed_ahead > 0 && r3.overlapped == 0,
+             "norm ahead: %d / %d / %d parameters summed as they landed, %d updates during backward",
+             ro.summed_ahead, r3.summed_ahead, r4.summed_ahead, r3.overlapped);
+    fprintf(stderr, "   norm summed as the host gradients land: %d (offload_all) and %d (mixed) parameters' "
+            "sums of squares taken during the backward; results identical\n", r3.summed_ahead, r4.summed_ahead);
     th_result_free(&r0.th);
     th_result_free(&r1.th);
     th_result_free(&r2.th);
+    th_result_free(&r3.th);
+    th_result_free(&r4.th);
     fprintf(stderr, "   losses %.9g %.9g %.9g; peak device bytes keep_all %zu, offload_all %zu, min_memory %zu\n",
             rk.th.loss[0], rk.th.loss[1], rk.th.loss[2], rk.peak_device, ro.peak_device, rm.peak_device);
     TH_CHECK(rm.peak_device < rk.peak_device, "min_memory should need less device memory than keep_all");

@@ -20,6 +20,8 @@ typedef struct {
     int updated_during_backward; /* host AdamW runs that overlapped the backward pass (and stood) */
     int taken_back;       /* blocks whose overlapped update had not started when the backward ended:
                              deferred into the next step instead */
+    int summed_ahead;     /* parameters whose gradient's sum of squares (for the norm) the host worker
+                             took as the gradient landed, during the backward */
     bool speculative;     /* the overlapped host AdamW ran before the clipping factor was known */
     bool speculation_undone; /* ... and the norm clipped (or was not finite): it was undone and redone */
     double optim_wall_s;  /* time eng_optim_step took (the optimizer's share on the critical path) */
@@ -37,7 +39,11 @@ typedef struct {
  * (engine/optim/speculate.h).  Updates the host has not started when the
  * backward ends are taken back and run into the next step (as deferred
  * ones do: only that block's next fetch waits for its update).  Results
- * are bit-identical either way.
+ * are bit-identical either way.  With `overlap`, whether or not the
+ * updates may overlap, the host worker also sums the squares of each
+ * block's host gradients for the norm as they land, so the norm is known
+ * when the backward ends (the same bits as summed after it); `overlap` is
+ * for one device only, whose host gradients are final as they land.
  * Optional: without it every update happens in eng_optim_step. */
 void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micro_batches,
                           bool overlap);

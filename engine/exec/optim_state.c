@@ -260,6 +260,7 @@ void eng_optim_discard_step(eng_exec_t *x) {
         d->has_grad = false;
         d->acc_has_data = false;
         x->hopt.done[i] = false;
+        x->hopt.summed[i] = false;
     }
     kern_stream_sync(x->dev, s);
     x->prog.overlap = false;

@@ -141,8 +141,10 @@ static void zero_pad_row_grad(eng_exec_t *x, int b) {
 /* ---- host AdamW, overlapped with backward (host_optim.c) -------------- */
 
 /* The step program's block-ready hook: block b's gradients are complete;
- * on the step's last backward, with the optimizer state and the gradients
- * on the host, its update starts once they have landed there.  The
+ * on the step's last backward, with the gradients on the host, the
+ * worker sums their squares for the norm once they have landed there
+ * (the norm is then known as the backward ends), and with the optimizer
+ * state on the host too, their update follows.  The
  * backward then goes on only once the update SCHED_NVME_GRAD_LEAD blocks
  * behind is done where that block's state is on the NVMe tier
  * (scheduler/plan.h): the array-bound updates set its pace, and the
@@ -151,9 +153,9 @@ static void block_ready(eng_exec_t *x, int b) {
     const sched_block_plan_t *bp = &x->plan.blocks[b];
     zero_pad_row_grad(x, b);
     give_idle_experts_zero_grads(x, b);
-    if (!x->prog.overlap || !x->prog.in_last_micro || bp->optim != SCHED_OPTIM_HOST ||
-        bp->grads != SCHED_GRADS_HOST)
-        return;
+    if (!x->prog.in_last_micro || bp->grads != SCHED_GRADS_HOST) return;
+    if (x->prog.norm_ahead) exec_host_optim_enqueue_norm(&x->hopt, b);
+    if (!x->prog.overlap || bp->optim != SCHED_OPTIM_HOST) return;
     exec_host_optim_enqueue(&x->hopt, b);
     const int behind = sched_nvme_grad_wait_block(&x->plan, b);
     if (behind >= 0 && x->hopt.nvme) exec_host_optim_wait_overlapped(&x->hopt, behind);
@@ -170,19 +172,23 @@ void eng_optim_begin_step(eng_exec_t *x, const eng_optim_hparams_t *hp, int micr
      * are written back right after each update) */
     x->prog.overlap = overlap && (hp->max_grad_norm == 0 || (hp->speculative && !x->hopt.nvme));
     x->hopt.speculative = x->prog.overlap && hp->max_grad_norm > 0;
+    /* one device: its host gradients are final as they land (several
+     * devices sum theirs after the backward) */
+    x->prog.norm_ahead = overlap;
     x->prog.block_ready = block_ready;
     x->hopt.step_idle_experts = !hp->skip_idle_experts;
-    if (x->prog.overlap) exec_host_optim_start(&x->hopt, hp);
+    if (x->prog.overlap || x->prog.norm_ahead) exec_host_optim_start(&x->hopt, hp);
 }
 
 /* ---- the gradient norm ---------------------------------------------------- */
 
 /* Each parameter's sum of squares (P floats, to free), where its gradient
- * is: on the host (or already taken by the overlapped AdamW), or on the
+ * is: on the host (or already taken by the host worker as it landed: those
+ * are counted in *summed_ahead), or on the
  * device, where every one goes into a slot of one small buffer that comes
  * back in one copy and one sync (a GPU step would otherwise sync once per
  * parameter).  NULL when the device buffer cannot be had. */
-static float *norm_parts(eng_exec_t *x, mt_error_t *err) {
+static float *norm_parts(eng_exec_t *x, int *summed_ahead, mt_error_t *err) {
     const eng_model_t *m = x->model;
     kern_device_t *dev = x->dev;
     kern_stream_t *s = kern_stream(dev, KERN_STREAM_COMPUTE);
@@ -200,8 +206,9 @@ static float *norm_parts(eng_exec_t *x, mt_error_t *err) {
         const eng_param_t *p = &m->params[i];
         const eng_dparam_t *d = &x->dp[i];
         if (!d->has_grad) continue;
-        if (x->hopt.done[i]) {
+        if (x->hopt.summed[i]) {
             parts[i] = x->hopt.gnorm_part[i];
+            ++*summed_ahead;
         } else if (x->plan.blocks[p->block].grads == SCHED_GRADS_HOST) {
             kern_sumsq_host(x->hopt.pool, &parts[i], d->host_g, p->spec->numel);
         } else {
@@ -221,12 +228,13 @@ static float *norm_parts(eng_exec_t *x, mt_error_t *err) {
         for (int i = 0; i < P; i++) {
             const eng_param_t *p = &m->params[i];
             const eng_dparam_t *d = &x->dp[i];
-            if (d->has_grad && !x->hopt.done[i] && x->plan.blocks[p->block].grads != SCHED_GRADS_HOST)
+            if (d->has_grad && !x->hopt.summed[i] && x->plan.blocks[p->block].grads != SCHED_GRADS_HOST)
                 parts[i] = back[i];
         }
         free(back);
     }
     kern_free(dev, dev_parts);
+    memset(x->hopt.summed, 0, (size_t)P * sizeof *x->hopt.summed); /* read: the next step sums anew */
     return parts;
 }
 
@@ -617,7 +625,7 @@ mt_status_t eng_optim_step(eng_exec_t *x, const eng_optim_hparams_t *hp, eng_opt
     }
 
     /* one double sum in parameter order: the same norm wherever the gradients were */
-    float *parts = norm_parts(x, err);
+    float *parts = norm_parts(x, &out->summed_ahead, err);
     if (!parts) return err->code;
     double total = 0;
     for (int i = 0; i < x->model->num_params; i++)

@@ -24,6 +24,7 @@ typedef void (*exec_block_ready_fn)(eng_exec_t *x, int b);
 typedef struct {
     bool in_last_micro; /* the running backward is the step's last */
     bool overlap;       /* this step's last micro-batch updates blocks as they finish */
+    bool norm_ahead;    /* ... and sums host gradients' squares for the norm as they land (one device) */
     /* every update done before eng_optim_step returns (eng_exec_finish_updates_in_step):
      * off by default, so a streamed host-optimizer block's update runs into the next step */
     bool finish_updates_in_step;

@@ -1,6 +1,7 @@
 /* The host optimizer worker (see host_optim.h).  Jobs enter the queue
- * from a host function on the D2H stream, so a block is updated only once
- * its gradients have reached host memory; the worker takes them in order. */
+ * from a host function on the D2H stream, so a block is summed or updated
+ * only once its gradients have reached host memory; the worker takes them
+ * in order, norm jobs ahead of updates. */
 #include "engine/optim/host_optim.h"
 
 #include <stdint.h>
@@ -27,8 +28,8 @@ void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp
     h->nonfinite_param = -1;
     h->last_block = -1;
     eng_spec_init(&h->spec, m->num_params);
-    /* a step's overlapped jobs and the previous step's deferred ones */
-    h->cap = 2 * eng_model_num_blocks(m) + 1;
+    /* a step's norm and overlapped jobs and the previous step's deferred ones */
+    h->cap = 3 * eng_model_num_blocks(m) + 1;
     h->queue = calloc((size_t)h->cap, sizeof *h->queue);
     h->block_pending = calloc((size_t)eng_model_num_blocks(m), sizeof *h->block_pending);
     h->overlap_pending = calloc((size_t)eng_model_num_blocks(m), sizeof *h->overlap_pending);
@@ -37,7 +38,8 @@ void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp
     h->wrote_nonfinite = calloc((size_t)(m->num_params > 0 ? m->num_params : 1), sizeof *h->wrote_nonfinite);
     MT_CHECK_ALLOC(h->wrote_nonfinite, "host optimizer finite flags");
     h->gnorm_part = calloc((size_t)m->num_params, sizeof *h->gnorm_part);
-    MT_CHECK(h->queue && h->done && h->gnorm_part, "out of memory for the host optimizer");
+    h->summed = calloc((size_t)m->num_params, sizeof *h->summed);
+    MT_CHECK(h->queue && h->done && h->gnorm_part && h->summed, "out of memory for the host optimizer");
     /* host AdamW's threads: the device's own host pool where its kernels run
      * on host cores (compute is idle while the optimizer step runs); beside
      * a GPU, a pool over every host core */
@@ -157,7 +159,9 @@ static int predicted_next(const exec_host_optim_t *h, int b) {
 static void prefetch_next(exec_host_optim_t *h, int b, int *idx) {
     if (!h->nvme) return;
     pthread_mutex_lock(&h->lock);
-    const int queued = h->head != h->tail ? h->queue[h->head].block : -1;
+    int queued = -1; /* the first queued update (norm jobs go first and are short) */
+    for (int k = h->head; k != h->tail && queued < 0; k = (k + 1) % h->cap)
+        if (h->queue[k].kind != EXEC_JOB_NORM) queued = h->queue[k].block;
     pthread_mutex_unlock(&h->lock);
     const int nb = queued >= 0 ? queued : predicted_next(h, b);
     if (nb < 0) return;
@@ -184,6 +188,80 @@ static void release_gradient(const exec_host_optim_t *h, int i) {
     if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* a hint: failing, the pages stay */
 }
 
+/* A norm job: the sums of squares of block b's gradients (in host
+ * memory, final: the step's last backward has handed the block over).
+ * Returns the bytes read. */
+static size_t sum_block(exec_host_optim_t *h, kern_threadpool_t *pool, int b) {
+    size_t bytes = 0;
+    for (int i = 0; i < h->m->num_params; i++) {
+        const eng_param_t *p = &h->m->params[i];
+        const eng_dparam_t *d = &h->dp[i];
+        if (p->block != b || !d->has_grad || !d->host_g) continue;
+        kern_sumsq_host(pool, &h->gnorm_part[i], d->host_g, p->spec->numel);
+        h->summed[i] = true;
+        bytes += p->spec->numel * sizeof(float);
+    }
+    return bytes;
+}
+
+/* An update job: block b's parameters with a gradient, their state read
+ * from and written back to the NVMe tier around it where it holds them.
+ * Returns the bytes the updates moved. */
+static size_t update_block(exec_host_optim_t *h, kern_threadpool_t *pool, const exec_host_job_t *job, int *idx) {
+    eng_model_t *m = h->m;
+    const int b = job->block;
+    size_t bytes = 0;
+    block_stream(h, b, true, idx);
+    prefetch_next(h, b, idx + m->num_params);
+    h->last_block = b;
+    for (int i = 0; i < m->num_params; i++) {
+        eng_param_t *p = &m->params[i];
+        eng_dparam_t *d = &h->dp[i];
+        if (p->block != b || !d->has_grad) continue;
+        if (job->kind == EXEC_JOB_DEFERRED) {
+            worker_adamw(h, pool, i, d->host_g, &job->base, false);
+            /* the kernel's fused check: the step that deferred it has
+             * returned (eng_optim_step reports it next, scanning only
+             * this parameter for the element) */
+            if (h->nonfinite_param < 0 && h->wrote_nonfinite[i]) h->nonfinite_param = i;
+            d->has_grad = false; /* as the step leaves every parameter it updated */
+            d->acc_has_data = false;
+        } else {
+            /* the norm's share, normally taken by the block's norm job ahead of this */
+            if (!h->summed[i]) {
+                kern_sumsq_host(pool, &h->gnorm_part[i], d->host_g, p->spec->numel);
+                h->summed[i] = true;
+            }
+            worker_adamw(h, pool, i, d->host_g, &job->base, h->speculative);
+            h->done[i] = true;
+            release_gradient(h, i);
+        }
+        bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
+    }
+    block_stream(h, b, false, idx);
+    return bytes;
+}
+
+/* The queue slot of the job the worker runs next, under the lock: the
+ * first norm job (a pass over a block's gradients, a fraction of an
+ * update's traffic, on the critical path once the backward ends: so it
+ * goes ahead of the updates that have piled up), else the first job,
+ * unless that is an overlapped update while held; -1: none. */
+static int next_job(const exec_host_optim_t *h) {
+    for (int k = h->head; k != h->tail; k = (k + 1) % h->cap)
+        if (h->queue[k].kind == EXEC_JOB_NORM) return k;
+    if (h->head == h->tail || (h->hold && h->queue[h->head].kind == EXEC_JOB_OVERLAPPED)) return -1;
+    return h->head;
+}
+
+/* Removes queue slot k, keeping the others' order. */
+static exec_host_job_t pop_job(exec_host_optim_t *h, int k) {
+    const exec_host_job_t job = h->queue[k];
+    for (int j = k; j != h->head; j = (j - 1 + h->cap) % h->cap) h->queue[j] = h->queue[(j - 1 + h->cap) % h->cap];
+    h->head = (h->head + 1) % h->cap;
+    return job;
+}
+
 static void *worker_main(void *arg) {
     exec_host_optim_t *h = arg;
     eng_model_t *m = h->m;
@@ -199,49 +277,24 @@ static void *worker_main(void *arg) {
     MT_CHECK_ALLOC(idx, "host optimizer parameter list");                                   /* prefetch_next's */
     pthread_mutex_lock(&h->lock);
     for (;;) {
-        while (!h->stop && (h->head == h->tail || (h->hold && !h->queue[h->head].deferred)))
-            pthread_cond_wait(&h->cond, &h->lock);
-        if (h->head == h->tail) break; /* stopping, queue empty */
-        const exec_host_job_t job = h->queue[h->head];
+        int k;
+        while ((k = next_job(h)) < 0 && !h->stop) pthread_cond_wait(&h->cond, &h->lock);
+        if (k < 0 && h->head == h->tail) break; /* stopping, queue empty */
+        if (k < 0) k = h->head;                 /* stopping: the held ones run too */
+        const exec_host_job_t job = pop_job(h, k);
         const int b = job.block;
-        h->head = (h->head + 1) % h->cap;
         pthread_mutex_unlock(&h->lock);
         const double t0 = mt_now_s();
-        size_t bytes = 0;
-        block_stream(h, b, true, idx);
-        prefetch_next(h, b, idx + m->num_params);
-        h->last_block = b;
-        for (int i = 0; i < m->num_params; i++) {
-            eng_param_t *p = &m->params[i];
-            eng_dparam_t *d = &h->dp[i];
-            if (p->block != b || !d->has_grad) continue;
-            if (job.deferred) {
-                worker_adamw(h, pool, i, d->host_g, &job.base, false);
-                /* the kernel's fused check: the step that deferred it has
-                 * returned (eng_optim_step reports it next, scanning only
-                 * this parameter for the element) */
-                if (h->nonfinite_param < 0 && h->wrote_nonfinite[i]) h->nonfinite_param = i;
-                d->has_grad = false; /* as the step leaves every parameter it updated */
-                d->acc_has_data = false;
-            } else {
-                /* the norm's share while the gradient is at hand, off the step's tail */
-                kern_sumsq_host(pool, &h->gnorm_part[i], d->host_g, p->spec->numel);
-                worker_adamw(h, pool, i, d->host_g, &job.base, h->speculative);
-                h->done[i] = true;
-                release_gradient(h, i);
-            }
-            bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
-        }
-        block_stream(h, b, false, idx);
+        const size_t bytes = job.kind == EXEC_JOB_NORM ? sum_block(h, pool, b) : update_block(h, pool, &job, idx);
         if (*h->trace) {
             char name[32];
-            snprintf(name, sizeof name, "AdamW block %d", b);
+            snprintf(name, sizeof name, "%s block %d", job.kind == EXEC_JOB_NORM ? "norm" : "AdamW", b);
             eng_trace_span(*h->trace, ENG_TRACK_HOST_OPTIM, name, "optimizer", t0, mt_now_s(), bytes);
         }
         pthread_mutex_lock(&h->lock);
         h->outstanding--;
-        if (job.deferred) h->block_pending[b]--;
-        else h->overlap_pending[b]--;
+        if (job.kind == EXEC_JOB_DEFERRED) h->block_pending[b]--;
+        else if (job.kind == EXEC_JOB_OVERLAPPED) h->overlap_pending[b]--;
         pthread_cond_broadcast(&h->cond);
     }
     pthread_mutex_unlock(&h->lock);
@@ -281,10 +334,21 @@ void exec_host_optim_enqueue(exec_host_optim_t *h, int b) {
     enqueue_arg_t *a = malloc(sizeof *a);
     MT_CHECK_ALLOC(a, "optimizer job");
     /* no clipping in overlap mode: the norm is not known yet */
-    *a = (enqueue_arg_t){h, {.block = b, .deferred = false, .base = exec_adamw_params(&h->hp, 1.0)}};
+    *a = (enqueue_arg_t){h, {.block = b, .kind = EXEC_JOB_OVERLAPPED, .base = exec_adamw_params(&h->hp, 1.0)}};
     pthread_mutex_lock(&h->lock);
     h->outstanding++;
     h->overlap_pending[b]++;
+    pthread_mutex_unlock(&h->lock);
+    kern_launch_host_fn(h->dev, kern_stream(h->dev, KERN_STREAM_D2H), enqueue_block, a);
+}
+
+void exec_host_optim_enqueue_norm(exec_host_optim_t *h, int b) {
+    MT_CHECK(h->started, "gradient norm job queued before the host optimizer's worker started");
+    enqueue_arg_t *a = malloc(sizeof *a);
+    MT_CHECK_ALLOC(a, "gradient norm job");
+    *a = (enqueue_arg_t){h, {.block = b, .kind = EXEC_JOB_NORM}};
+    pthread_mutex_lock(&h->lock);
+    h->outstanding++;
     pthread_mutex_unlock(&h->lock);
     kern_launch_host_fn(h->dev, kern_stream(h->dev, KERN_STREAM_D2H), enqueue_block, a);
 }
@@ -313,7 +377,7 @@ int exec_host_optim_take_back(exec_host_optim_t *h, const bool *take) {
     int kept = h->head, n = 0;
     for (int k = h->head; k != h->tail; k = (k + 1) % h->cap) {
         const exec_host_job_t job = h->queue[k];
-        if (!job.deferred && take[job.block]) {
+        if (job.kind == EXEC_JOB_OVERLAPPED && take[job.block]) {
             n++;
             h->overlap_pending[job.block]--;
             continue;
@@ -332,7 +396,7 @@ void exec_host_optim_defer(exec_host_optim_t *h, int b, const eng_optim_hparams_
                            const kern_adamw_params_t *base) {
     exec_host_optim_start(h, hp);
     pthread_mutex_lock(&h->lock);
-    h->queue[h->tail] = (exec_host_job_t){.block = b, .deferred = true, .base = *base};
+    h->queue[h->tail] = (exec_host_job_t){.block = b, .kind = EXEC_JOB_DEFERRED, .base = *base};
     h->tail = (h->tail + 1) % h->cap;
     h->outstanding++;
     h->block_pending[b]++;
@@ -376,5 +440,6 @@ void exec_host_optim_free(exec_host_optim_t *h) {
     free(h->done);
     free(h->wrote_nonfinite);
     free(h->gnorm_part);
+    free(h->summed);
     memset(h, 0, sizeof *h);
 }

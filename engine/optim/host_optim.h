@@ -4,9 +4,11 @@
  * overlapped step of eng_optim_begin_step, engine/exec/optim.h).
  *
  * It owns the worker, its FIFO of block indices, the pool it runs on and
- * the per-parameter record of what it updated during backward with each
- * gradient's sum of squares (taken then by the same function the step
- * would use, so the global norm is bit-identical either way).  It knows
+ * the per-parameter record of what it updated during backward and of each
+ * gradient's sum of squares, which it takes as soon as a block's gradients
+ * have landed (by the same function the step would use, so the global
+ * norm is bit-identical either way, and is known as the backward ends
+ * instead of costing a pass over every gradient after it).  It knows
  * nothing of streams' other work, the staging pool or the plan: the
  * optimizer step tells it when a block's gradients have landed (through
  * the step program's block-ready hook, progress.h). */
@@ -24,11 +26,18 @@
 #include "kernels/adamw.h"
 #include "kernels/host/threadpool.h"
 
-/* One queued update: a block, and the AdamW parameters it runs with (a
+/* What a queued job does with its block. */
+typedef enum {
+    EXEC_JOB_OVERLAPPED, /* the update during the backward (exec_host_optim_enqueue) */
+    EXEC_JOB_DEFERRED,   /* the update after the norm, into the next step (exec_host_optim_defer) */
+    EXEC_JOB_NORM,       /* the gradients' sums of squares only (exec_host_optim_enqueue_norm) */
+} exec_host_job_kind_t;
+
+/* One queued job: a block, and the AdamW parameters an update runs with (a
  * job may run after the next step has started and changed the step's). */
 typedef struct {
     int block;
-    bool deferred;               /* queued by the optimizer step after the norm (see exec_host_optim_defer) */
+    exec_host_job_kind_t kind;
     kern_adamw_params_t base;
 } exec_host_job_t;
 
@@ -42,7 +51,8 @@ typedef struct {
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    exec_host_job_t *queue;      /* FIFO of jobs (capacity 2 x blocks + 1) */
+    exec_host_job_t *queue;      /* ring of jobs (capacity 3 x blocks + 1), run in order, except that
+                                  * norm jobs go ahead of updates (host_optim.c's next_job) */
     int head, tail, cap;
     int *block_pending;          /* per block: deferred updates queued or running */
     int *overlap_pending;        /* per block: overlapped updates on their way (behind the block's
@@ -55,7 +65,9 @@ typedef struct {
     bool step_idle_experts;      /* this step's idle routed experts get a zero gradient (hparams.h) */
     int pad_row;                 /* the embedding row of config.json's pad_token_id, whose gradient is
                                   * zero as nn.Embedding(padding_idx) gives it; -1 none, -2 not read yet */
-    float *gnorm_part;           /* per parameter updated during backward: its gradient's sum of squares */
+    float *gnorm_part;           /* per parameter summed (below): its gradient's sum of squares */
+    bool *summed;                /* per parameter: gnorm_part holds this step's sum, taken by the worker as
+                                  * the gradient landed (cleared when the norm has read it) */
     bool *wrote_nonfinite;       /* per parameter: its last host update wrote a NaN or Inf (the
                                   * kernel's fused check, kern_adamw_params_t.nonfinite) */
     int nonfinite_param;         /* first parameter a deferred update left with a NaN or Inf, or -1
@@ -91,14 +103,18 @@ void exec_host_optim_start(exec_host_optim_t *h, const eng_optim_hparams_t *hp);
 /* Queues block b's update, to run when the work issued so far on the D2H
  * stream (its gradient copies) is done. */
 void exec_host_optim_enqueue(exec_host_optim_t *h, int b);
-/* Waits until every queued update has run (no-op without a worker). */
+/* Queues the sums of squares of block b's host gradients (the step's
+ * final ones), to run when the work issued so far on the D2H stream is
+ * done; the optimizer step's norm then reads them (summed). */
+void exec_host_optim_enqueue_norm(exec_host_optim_t *h, int b);
+/* Waits until every queued job has run (no-op without a worker). */
 void exec_host_optim_wait(exec_host_optim_t *h);
 /* Takes the queued overlapped updates (exec_host_optim_enqueue) of the
  * blocks `take` marks back out of the queue: the worker has not started
  * them; nothing of theirs has run.  Returns how many. */
 int exec_host_optim_take_back(exec_host_optim_t *h, const bool *take);
 /* For tests, to take every overlapped update back deterministically rather
- * than by timing: while held, the worker starts no overlapped job (deferred
+ * than by timing: while held, the worker starts no overlapped job (norm and deferred
  * ones run); the caller must take them back, or release the hold, before
  * waiting for them. */
 void exec_host_optim_hold(exec_host_optim_t *h, bool hold);
