@@ -243,13 +243,15 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
             /* each host update writes the new master, m and v into a spare
              * set kept beside the state (12 B per parameter in fp32; the
              * update reads the old set, which undo swaps back) and copies
-             * nothing; but the spare's lines are only written, and the CPU
-             * reads each one in before writing it (write-allocate): 12 B of
-             * reads more than in place.  Measured with `moetune bench adam`
-             * (2 cores, AVX-512): out of place 1.5-1.7x the in-place time,
-             * against 2.6-3.0x for the copy and in-place update it replaces */
+             * nothing.  The spare's lines are only written: the kernel
+             * streams them past the cache (kernels/host/adamw.c), so no
+             * line is read in before it is written and the traffic is the
+             * in-place update's.  Measured with `moetune bench adam` (2
+             * cores, AVX-512): out of place 1.04-1.10x the in-place time
+             * (1.5-1.7x with plain stores' write-allocate reads).  Lighter
+             * moments' stores stay plain (lighter_adam). */
             c->spec_copy_bytes = 12.0 * bi->train_params;
-            c->adam_spec_host_s = 12.0 * bi->train_params_step / host_bw;
+            c->adam_spec_host_s = 0;
         }
         c->act_saved_bytes = bi->act_saved_bytes;
         c->act_input_bytes = bi->act_input_bytes;
@@ -331,8 +333,9 @@ static void lighter_adam(sched_block_cost_t *c, double per, double rate, double 
     c->adam_host_s = fmax(c->adam_host_s * ratio, rate > 0 ? params / rate : 0);
     const double owned = c->owned_adam_host_s * adamw_bw; /* its own experts' traffic (expert parallel) */
     c->owned_adam_host_s = fmax(c->owned_adam_host_s * ratio, rate > 0 ? owned * params_per_byte / rate : 0);
-    /* a speculative update's spare: the master and the moments */
-    c->adam_spec_host_s *= (4.0 + per) / 12.0;
+    /* a speculative update's spare: the master is streamed past the cache,
+     * the moments' stores are plain and read each line in first */
+    if (c->spec_copy_bytes > 0) c->adam_spec_host_s = per * params / adamw_bw;
 }
 
 double sched_workload_set_moments(sched_workload_t *w, int fmt) {

@@ -71,7 +71,8 @@ typedef struct {
                                 trainable parameter in fp32, kept from step to step: the update writes
                                 there out of place) */
     double adam_spec_host_s; /* what a speculative (out of place) host update takes beyond adam_host_s:
-                                the spare's write-allocate reads; an update deferred past the norm runs
+                                the write-allocate reads of lighter moments' spares (fp32 state is
+                                streamed past the cache: none); an update deferred past the norm runs
                                 in place */
     /* activations (device bytes) */
     double act_saved_bytes;  /* KEEP / OFFLOAD */

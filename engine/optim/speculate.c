@@ -26,7 +26,10 @@ void eng_spec_free(eng_spec_t *s) {
 
 static void *spare(void **buf, size_t bytes, const char *what, const char *name, uint64_t *held) {
     if (!*buf) {
-        *buf = malloc(bytes);
+        /* 64-byte aligned: the out-of-place AdamW streams its stores past
+         * the cache where the destinations share a line phase (kernels/host/
+         * adamw.c) */
+        *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
         MT_CHECK(*buf, "out of host memory for the speculative optimizer's spare %s of %s", what, name);
         *held += bytes;
     }

@@ -21,7 +21,14 @@
  *   functions carry target attributes, so the build stays -march=x86-64-v2.
  * - Work is split into tasks of a few hundred KB to ~2 MB of traffic (see
  *   kern_adamw_chunk_elems), with task boundaries on p's cache lines so two
- *   threads never write the same line. */
+ *   threads never write the same line.
+ * - Out of place (the speculative optimizer's spare, engine/optim/
+ *   speculate.h) the destinations are lines the pass never read: a normal
+ *   store first reads each one in (write-allocate), 12 more bytes per
+ *   element. Where p, m and v sit on the same 64-byte phase (the spares are
+ *   allocated 64-byte aligned) the vector loops stream their stores past
+ *   the cache instead (_mm*_stream_ps, then one sfence), which writes whole
+ *   lines without reading them. The values are the same bits. */
 #include "kernels/host/adamw_host.h"
 
 #include <immintrin.h>
@@ -48,6 +55,7 @@ struct adamw_job {
     size_t chunk;        /* elements per task */
     size_t mis;          /* p's offset in elements past its previous 64-byte line */
     int *bad;            /* kern_adamw_params_t.nonfinite */
+    int nt;              /* out of place, p, m and v on the same 64-byte phase: streaming stores */
     adamw_range_fn fn;
 };
 
@@ -121,7 +129,7 @@ typedef struct {
  * comes before the stores); the callers' locals carry the no-alias facts. */
 MT_AVX2 __attribute__((always_inline)) static inline __m256 adamw_avx2_8(
     const adamw_avx2_k_t *k, const float *ps, const float *ms, const float *vs, float *p, float *m, float *v,
-    const float *g, const uint16_t *gb, size_t i, const int gbf16) {
+    const float *g, const uint16_t *gb, size_t i, const int gbf16, const int nt) {
     __m256 gv;
     if (gbf16)
         gv = _mm256_castsi256_ps(_mm256_slli_epi32(
@@ -137,9 +145,15 @@ MT_AVX2 __attribute__((always_inline)) static inline __m256 adamw_avx2_8(
     const __m256 vv = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(vs + i), k->b2), gg);
     const __m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), k->bc2), k->eps);
     pv = _mm256_add_ps(pv, _mm256_div_ps(_mm256_mul_ps(k->nstep, mv), den));
-    _mm256_storeu_ps(p + i, pv);
-    _mm256_storeu_ps(m + i, mv);
-    _mm256_storeu_ps(v + i, vv);
+    if (nt) { /* 32-byte aligned: p + i is (adamw_peel), m and v share its phase (adamw_job_t.nt) */
+        _mm256_stream_ps(p + i, pv);
+        _mm256_stream_ps(m + i, mv);
+        _mm256_stream_ps(v + i, vv);
+    } else {
+        _mm256_storeu_ps(p + i, pv);
+        _mm256_storeu_ps(m + i, mv);
+        _mm256_storeu_ps(v + i, vv);
+    }
     return pv;
 }
 
@@ -173,14 +187,15 @@ MT_AVX2 __attribute__((always_inline)) static inline int adamw_avx2_body(
     int bad = 0;
     __m256 nf = _mm256_setzero_ps();
     const __m256 zero = _mm256_setzero_ps();
+    const int nt = oop && j->nt;
     for (const size_t pe = b + adamw_peel(j, b, e); i < pe; i++) bad |= adamw_elem_at(j, i);
     for (; i + 16 <= e; i += 16) {
         _mm_prefetch((const char *)(lp + i + d), _MM_HINT_T0);
         _mm_prefetch((const char *)(lm + i + d), _MM_HINT_T0);
         _mm_prefetch((const char *)(lv + i + d), _MM_HINT_T0);
         _mm_prefetch(gbf16 ? (const char *)(gb + i + d) : (const char *)(g + i + d), _MM_HINT_T0);
-        const __m256 lo = adamw_avx2_8(&k, lp, lm, lv, p, m, v, g, gb, i, gbf16);
-        const __m256 hi = adamw_avx2_8(&k, lp, lm, lv, p, m, v, g, gb, i + 8, gbf16);
+        const __m256 lo = adamw_avx2_8(&k, lp, lm, lv, p, m, v, g, gb, i, gbf16, nt);
+        const __m256 hi = adamw_avx2_8(&k, lp, lm, lv, p, m, v, g, gb, i + 8, gbf16, nt);
         nf = _mm256_or_ps(nf, _mm256_or_ps(_mm256_mul_ps(lo, zero), _mm256_mul_ps(hi, zero)));
         if (pbf16) {
             /* packus interleaves per 128-bit lane (lo0 hi0 lo1 hi1 in
@@ -190,6 +205,7 @@ MT_AVX2 __attribute__((always_inline)) static inline int adamw_avx2_body(
         }
     }
     for (; i < e; i++) bad |= adamw_elem_at(j, i);
+    if (nt) _mm_sfence(); /* the streamed lines reach memory before the task is reported done */
     const __m256i ex = _mm256_set1_epi32(0x7f800000);
     return bad | (_mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(nf), ex), ex)) != 0);
 }
@@ -246,6 +262,7 @@ MT_AVX512 __attribute__((always_inline)) static inline int adamw_avx512_body(
     int bad = 0;
     __m512i nf = _mm512_setzero_si512();
     const __m512 zero = _mm512_setzero_ps();
+    const int nt = oop && j->nt;
     for (const size_t pe = b + adamw_peel(j, b, e); i < pe; i++) bad |= adamw_elem_at(j, i);
     for (; i + 16 <= e; i += 16) {
         _mm_prefetch((const char *)(lp + i + d), _MM_HINT_T0);
@@ -267,13 +284,20 @@ MT_AVX512 __attribute__((always_inline)) static inline int adamw_avx512_body(
         const __m512 vv = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(lv + i), b2), gg);
         const __m512 den = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2), eps);
         pv = _mm512_add_ps(pv, _mm512_div_ps(_mm512_mul_ps(nstep, mv), den));
-        _mm512_storeu_ps(p + i, pv);
-        _mm512_storeu_ps(m + i, mv);
-        _mm512_storeu_ps(v + i, vv);
+        if (nt) { /* 64-byte aligned: p + i is (adamw_peel), m and v share its phase */
+            _mm512_stream_ps(p + i, pv);
+            _mm512_stream_ps(m + i, mv);
+            _mm512_stream_ps(v + i, vv);
+        } else {
+            _mm512_storeu_ps(p + i, pv);
+            _mm512_storeu_ps(m + i, mv);
+            _mm512_storeu_ps(v + i, vv);
+        }
         nf = _mm512_or_si512(nf, _mm512_castps_si512(_mm512_mul_ps(pv, zero)));
         if (pbf16) _mm256_storeu_si256((__m256i *)(pb + i), bf16_round_avx512(pv));
     }
     for (; i < e; i++) bad |= adamw_elem_at(j, i);
+    if (nt) _mm_sfence();
     const __m512i ex = _mm512_set1_epi32(0x7f800000);
     return bad | (_mm512_cmpeq_epi32_mask(_mm512_and_si512(nf, ex), ex) != 0);
 }
@@ -409,6 +433,8 @@ void kern_adamw_cpu_isa_from(kern_threadpool_t *pool, kern_cpu_isa_t isa, const 
     adamw_job_t j = {.c = kern_adamw_coef(hp), .p = p, .m = m, .v = v, .ps = p_src, .ms = m_src, .vs = v_src,
                      .g = g, .gb = g_bf16, .pb = p_bf16, .n = n, .bad = hp->nonfinite};
     j.fn = adamw_range_for(isa, oop);
+    const uintptr_t phase = (uintptr_t)p & 63u;
+    j.nt = oop && ((uintptr_t)p & 3u) == 0 && ((uintptr_t)m & 63u) == phase && ((uintptr_t)v & 63u) == phase;
     const int nthreads = kern_threadpool_size(pool);
     j.chunk = kern_adamw_chunk_elems(n, nthreads);
     j.mis = ((uintptr_t)p & 3u) ? 0 : ((uintptr_t)p & 63u) / sizeof(float);

@@ -17,7 +17,12 @@
  *   random bits, the 8-bit absmax and quantizer search) has AVX2 and
  *   AVX-512 copies in moments_simd.c; the path is chosen at run time from
  *   the CPU (the fp32 kernel's choice) and every path gives the scalar
- *   definition's bits (moments_test.c compares them). */
+ *   definition's bits (moments_test.c compares them).
+ * - Out of place (the speculative optimizer's spare) a block's master is
+ *   updated in a stack array and streamed to its destination past the
+ *   cache (_mm_stream_ps, one sfence per task), which writes whole lines
+ *   without first reading them (write-allocate: 4 bytes per element). */
+#include <immintrin.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -158,9 +163,15 @@ static int lite_block(const lite_job_t *j, size_t b, size_t e) {
         expand(src, 0, b, e, mf);
         expand(src, 1, b, e, vf);
     }
-    if (j->ps != j->p) memcpy(j->p + b, j->ps + b, (e - b) * sizeof(float));
-    const int bad = kern_adamw_block_isa(j->isa, &j->c, j->p + b, mf, vf, j->g ? j->g + b : NULL,
+    /* out of place, a whole 16-byte aligned block: updated here, streamed out */
+    const bool stream = j->ps != j->p && e - b == QB && ((uintptr_t)(j->p + b) & 15u) == 0;
+    float pf[QB] __attribute__((aligned(64)));
+    float *const pu = stream ? pf : j->p + b;
+    if (j->ps != j->p) memcpy(pu, j->ps + b, (e - b) * sizeof(float));
+    const int bad = kern_adamw_block_isa(j->isa, &j->c, pu, mf, vf, j->g ? j->g + b : NULL,
                                          j->gb ? j->gb + b : NULL, j->pb ? j->pb + b : NULL, e - b);
+    if (stream)
+        for (size_t k = 0; k < QB; k += 4) _mm_stream_ps(j->p + b + k, _mm_load_ps(pf + k));
     if (e - b == QB && j->isa >= KERN_ISA_AVX2) {
         /* a whole block on the SIMD store (the same bits as below) */
         const int wide = j->isa == KERN_ISA_AVX512;
@@ -203,6 +214,7 @@ static int lite_block(const lite_job_t *j, size_t b, size_t e) {
 static int lite_range(const lite_job_t *j, size_t b, size_t e) {
     int bad = 0;
     for (size_t k = b; k < e; k += QB) bad |= lite_block(j, k, k + QB < e ? k + QB : e);
+    if (j->ps != j->p) _mm_sfence(); /* streamed lines reach memory before the task is reported done */
     return bad;
 }
 

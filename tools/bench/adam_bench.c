@@ -23,8 +23,11 @@
  *   the new state to a second set of arrays, swapped in after each run as
  *   speculation does), against the copy of p m v and the in-place update it
  *   replaces (52 bytes per parameter). The out-of-place row counts the same
- *   28 bytes as in place; where the CPU allocates on write it also reads
- *   each destination line (12 bytes) before writing it.
+ *   28 bytes as in place: its vector loop streams the stores past the
+ *   cache, so no destination line is read before it is written (a normal
+ *   store would read it: 12 bytes more). So do the bf16 and 8-bit moments'
+ *   out-of-place updates for the master (their moments' stores are plain:
+ *   4 and 2 bytes more).
  * Pages are touched first (in parallel, so they spread as the kernel will
  * use them) and each kernel runs once untimed; the report is the median of
  * --repeats runs, the kernels interleaved so drift on a shared machine hits
@@ -72,6 +75,7 @@ typedef struct {
     kern_cpu_isa_t isa;
     kern_adamw_params_t hp; /* for the plain loop */
     kern_moments_t mom_bf16, mom_8bit;
+    kern_moments_t mom_bf16_2, mom_8bit_2; /* the out-of-place updates' other moments */
     int nonfinite; /* the finite checks' answer (kept, so the scan is not optimised away) */
 } bench_arrays_t;
 
@@ -242,6 +246,8 @@ typedef enum {
     M_FUSED,
     M_OOP,
     M_SAVE,
+    M_OOP_BF16,
+    M_OOP_8BIT,
     M_COUNT,
 } meas_t;
 
@@ -260,12 +266,20 @@ static const char *const k_meas_name[M_COUNT] = {
     "fp32 AdamW, finite check fused",
     "moetune AdamW, fp32, out of place",
     "copy p m v, then AdamW in place",
+    "moetune AdamW, bf16 moments, out of place",
+    "moetune AdamW, 8-bit moments, out of place",
 };
 /* the separate scan reads p once more (32 B); the fused check adds nothing */
-static const double k_meas_bytes[M_COUNT] = {28, 28, 28, 30, 30, 30, 28, 28, 20, 16, 32, 28, 28, 52};
+static const double k_meas_bytes[M_COUNT] = {28, 28, 28, 30, 30, 30, 28, 28, 20, 16, 32, 28, 28, 52, 20, 16};
 
 static void swap_f(float **x, float **y) {
     float *t = *x;
+    *x = *y;
+    *y = t;
+}
+
+static void swap_mom(kern_moments_t *x, kern_moments_t *y) {
+    const kern_moments_t t = *x;
     *x = *y;
     *y = t;
 }
@@ -304,6 +318,16 @@ static double run_once(meas_t which, bench_arrays_t *a, uint16_t *pb, kern_threa
         kern_adamw_cpu_isa_from(pool, a->isa, a->p, a->m, a->v, a->p2, a->m2, a->v2, a->g, NULL, NULL, a->n,
                                 &a->hp);
         swap_f(&a->p, &a->p2), swap_f(&a->m, &a->m2), swap_f(&a->v, &a->v2);
+        break;
+    case M_OOP_BF16:
+        kern_adamw_cpu_pool_from(pool, a->p, &a->mom_bf16, a->p2, &a->mom_bf16_2, a->g, NULL, NULL, a->n, &a->hp);
+        swap_f(&a->p, &a->p2);
+        swap_mom(&a->mom_bf16, &a->mom_bf16_2);
+        break;
+    case M_OOP_8BIT:
+        kern_adamw_cpu_pool_from(pool, a->p, &a->mom_8bit, a->p2, &a->mom_8bit_2, a->g, NULL, NULL, a->n, &a->hp);
+        swap_f(&a->p, &a->p2);
+        swap_mom(&a->mom_8bit, &a->mom_8bit_2);
         break;
     case M_SAVE:
         kern_threadpool_memcpy(pool, a->p2, a->p, a->n * sizeof(float));
@@ -450,12 +474,13 @@ static void print_report(const bench_opts_t *o, const bench_result_t *res) {
                "\"ratio_vs_scalar_1t\": %.4f, \"ratio_vs_scalar_threads\": %.4f, "
                "\"bf16_moments_params_per_s\": %.6g, \"q8_moments_params_per_s\": %.6g, "
                "\"finite_scan_params_per_s\": %.6g, \"finite_fused_params_per_s\": %.6g, "
-               "\"out_of_place_params_per_s\": %.6g, \"copy_then_update_params_per_s\": %.6g}\n",
+               "\"out_of_place_params_per_s\": %.6g, \"copy_then_update_params_per_s\": %.6g, "
+               "\"bf16_moments_out_of_place_params_per_s\": %.6g, \"q8_moments_out_of_place_params_per_s\": %.6g}\n",
                build, o->params, o->threads, kern_cpu_isa_name(o->isa), o->repeats,
                o->hugepages ? "true" : "false", pps[M_OURS28], bps[M_OURS28], med[M_OURS28],
                ceil28, r_ceil, pps[M_OURS30], bps[M_OURS30], ceil30, r_ceil30,
                pps[M_PLAIN1], pps[M_PLAINT], r_plain1, r_plaint, pps[M_OURS_BF16], pps[M_OURS_8BIT],
-               pps[M_SCAN], pps[M_FUSED], pps[M_OOP], pps[M_SAVE]);
+               pps[M_SCAN], pps[M_FUSED], pps[M_OOP], pps[M_SAVE], pps[M_OOP_BF16], pps[M_OOP_8BIT]);
         return;
     }
     mt_build_info_print(stdout);
@@ -496,18 +521,24 @@ int mt_bench_adam_main(int argc, char **argv) {
     uint16_t *pb = big_alloc(n * 2, o.hugepages);
     void *mb = big_alloc(kern_moments_bytes(KERN_MOMENTS_BF16, n), o.hugepages);
     void *m8 = big_alloc(kern_moments_bytes(KERN_MOMENTS_8BIT, n), o.hugepages);
-    if (!a.p || !a.m || !a.v || !a.g || !a.p2 || !a.m2 || !a.v2 || !pb || !mb || !m8) {
+    void *mb2 = big_alloc(kern_moments_bytes(KERN_MOMENTS_BF16, n), o.hugepages);
+    void *m82 = big_alloc(kern_moments_bytes(KERN_MOMENTS_8BIT, n), o.hugepages);
+    if (!a.p || !a.m || !a.v || !a.g || !a.p2 || !a.m2 || !a.v2 || !pb || !mb || !m8 || !mb2 || !m82) {
         fprintf(stderr, "moetune bench adam: cannot allocate %.2f GB for %zu params; try a smaller "
                         "--params\n", (double)n * 33 * 1e-9, n);
         free(a.p), free(a.m), free(a.v), free(a.g), free(a.p2), free(a.m2), free(a.v2), free(pb), free(mb),
-            free(m8);
+            free(m8), free(mb2), free(m82);
         return 1;
     }
     /* zeros: the state before a first step in both formats, touched here */
     memset(mb, 0, kern_moments_bytes(KERN_MOMENTS_BF16, n));
     memset(m8, 0, kern_moments_bytes(KERN_MOMENTS_8BIT, n));
+    memset(mb2, 0, kern_moments_bytes(KERN_MOMENTS_BF16, n));
+    memset(m82, 0, kern_moments_bytes(KERN_MOMENTS_8BIT, n));
     a.mom_bf16 = kern_moments_view(KERN_MOMENTS_BF16, mb, n, 1);
     a.mom_8bit = kern_moments_view(KERN_MOMENTS_8BIT, m8, n, 1);
+    a.mom_bf16_2 = kern_moments_view(KERN_MOMENTS_BF16, mb2, n, 1);
+    a.mom_8bit_2 = kern_moments_view(KERN_MOMENTS_8BIT, m82, n, 1);
     kern_threadpool_t *pool = kern_threadpool_create(o.threads);
 
     /* first touch, in the same task split the kernels use */
@@ -523,5 +554,6 @@ int mt_bench_adam_main(int argc, char **argv) {
 
     kern_threadpool_destroy(pool);
     free(a.p), free(a.m), free(a.v), free(a.g), free(a.p2), free(a.m2), free(a.v2), free(pb), free(mb), free(m8);
+    free(mb2), free(m82);
     return 0;
 }

@@ -54,7 +54,8 @@ int main(void) {
                                  "\"ratio_vs_ceiling\"", "\"ratio_vs_scalar_1t\"",
                                  "\"bf16_copy_ratio_vs_ceiling\"", "\"bf16_moments_params_per_s\"",
                                  "\"q8_moments_params_per_s\"", "\"out_of_place_params_per_s\"",
-                                 "\"copy_then_update_params_per_s\""};
+                                 "\"copy_then_update_params_per_s\"", "\"bf16_moments_out_of_place_params_per_s\"",
+                                 "\"q8_moments_out_of_place_params_per_s\""};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
         EXPECT(strstr(buf, keys[k]) != NULL, "--json output lacks %s: %s", keys[k], buf);
     EXPECT(buf[0] == '{' && strchr(buf, '}') != NULL, "--json output is not one object: %s", buf);
