@@ -157,6 +157,25 @@ static void ep_costs(const sched_block_info_t *bi, int grad_accum, double expert
     c->recompute_s = c->fwd_s; /* the recomputed forward exchanges again */
 }
 
+/* The link's, the host's and the peer link's rates from the profile. */
+static void copy_rates(const sched_hw_t *hw, sched_workload_t *out) {
+    out->h2d_bw = sched_hw_h2d_bw(hw);
+    out->d2h_bw = sched_hw_d2h_bw(hw);
+    out->latency_s = hw->copy_latency_s;
+    out->compute_interference = hw->compute_interference;
+    out->host_copy_s_per_byte = hw->host_copy_s_per_byte;
+    out->pack_bw = hw->pack_bw;
+    out->unpack_bw = hw->unpack_bw;
+    /* host AdamW runs every NUMA node's cores on the state homed there
+     * (engine/optim/host_optim.c): the nodes' rates add up */
+    out->adamw_bw = sched_hw_adamw_bw(hw);
+    out->adamw_bf16_rate = hw->adamw_bf16_rate * hw->host_cores * sched_hw_numa_nodes(hw);
+    out->adamw_8bit_rate = hw->adamw_8bit_rate * hw->host_cores * sched_hw_numa_nodes(hw);
+    out->peer_bw = sched_hw_peer_bw(hw);
+    out->peer_latency_s = sched_hw_peer_latency(hw);
+    out->peer_via_host = sched_hw_peer_via_host(hw);
+}
+
 mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *hw, sched_workload_t *out,
                                  mt_error_t *err) {
     memset(out, 0, sizeof *out);
@@ -168,24 +187,14 @@ mt_status_t sched_workload_build(const sched_registry_t *reg, const sched_hw_t *
     out->clip = reg->shape.max_grad_norm > 0 && !out->speculative;
     out->tied_head = reg->tied_head;
     out->has_trainable = reg->train_params > 0;
-    out->h2d_bw = sched_hw_h2d_bw(hw);
-    out->d2h_bw = sched_hw_d2h_bw(hw);
-    out->latency_s = hw->copy_latency_s;
-    out->compute_interference = hw->compute_interference;
-    out->host_copy_s_per_byte = hw->host_copy_s_per_byte;
-    out->pack_bw = hw->pack_bw;
-    out->unpack_bw = hw->unpack_bw;
-    out->adamw_bw = hw->adamw_bw;
-    out->adamw_bf16_rate = hw->adamw_bf16_rate * hw->host_cores;
-    out->adamw_8bit_rate = hw->adamw_8bit_rate * hw->host_cores;
+    copy_rates(hw, out);
     out->model_flops = reg->model_flops;
     out->peak_flops = hw->peak_flops[sched_matmul_rate(reg)];
     out->tokens_per_step = reg->tokens_per_step;
     const sched_rate_t mm = sched_matmul_rate(reg);
-    const double dev_bw = sched_hw_device_bw(hw), host_bw = sched_hw_host_bw(hw), adam_bw = hw->adamw_bw;
-    out->peer_bw = sched_hw_peer_bw(hw);
-    out->peer_latency_s = sched_hw_peer_latency(hw);
-    out->peer_via_host = sched_hw_peer_via_host(hw);
+    /* host_bw: the gradient norm's sums, which run on every node like AdamW */
+    const double dev_bw = sched_hw_device_bw(hw), host_bw = sched_hw_host_bw(hw) * sched_hw_numa_nodes(hw),
+                 adam_bw = sched_hw_adamw_bw(hw);
     /* ops that read routed experts' weights: the part of a MoE block whose
      * rows move to the experts' owner under expert parallel */
     bool *routed_op = calloc((size_t)(reg->num_ops > 0 ? reg->num_ops : 1), sizeof *routed_op);

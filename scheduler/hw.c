@@ -97,6 +97,7 @@ static const hrow_t k_host_rows[] = {
     REQ("memory_bandwidth", H_BW, host_bw_peak),
     REQ("memory_bandwidth_achievable", H_FRAC, host_bw_frac),
     REQ("cores", H_INT, host_cores),
+    OPT("numa_nodes", H_INT, numa_nodes),
     OPT("adamw_bandwidth", H_BW, adamw_bw),
     OPT("adamw_bf16_gparams_per_core", H_GPARAMS, adamw_bf16_rate),
     OPT("adamw_8bit_gparams_per_core", H_GPARAMS, adamw_8bit_rate),
@@ -128,6 +129,8 @@ double sched_hw_device_bw(const sched_hw_t *hw) { return hw->device_bw_peak * hw
 double sched_hw_h2d_bw(const sched_hw_t *hw) { return hw->link_bw_peak * hw->h2d_frac; }
 double sched_hw_d2h_bw(const sched_hw_t *hw) { return hw->link_bw_peak * hw->d2h_frac; }
 double sched_hw_host_bw(const sched_hw_t *hw) { return hw->host_bw_peak * hw->host_bw_frac; }
+int sched_hw_numa_nodes(const sched_hw_t *hw) { return hw->numa_nodes > 1 ? hw->numa_nodes : 1; }
+double sched_hw_adamw_bw(const sched_hw_t *hw) { return hw->adamw_bw * sched_hw_numa_nodes(hw); }
 double sched_hw_nvme_read_bw(const sched_hw_t *hw) { return hw->has_nvme ? hw->nvme_read_bw : 0; }
 double sched_hw_nvme_write_bw(const sched_hw_t *hw) { return hw->has_nvme ? hw->nvme_write_bw : 0; }
 
@@ -165,6 +168,7 @@ void sched_hw_fill_rates(sched_hw_t *hw) {
             hw->assumed |= SCHED_HW_ASSUMED_ATTN_TC;
         }
     }
+    if (hw->numa_nodes < 1) hw->numa_nodes = 1;
     const double host = sched_hw_host_bw(hw);
     if (rate_unset(hw->adamw_bw)) hw->adamw_bw = host, hw->assumed |= SCHED_HW_ASSUMED_ADAMW;
     if (rate_unset(hw->pack_bw)) hw->pack_bw = host / 2.0, hw->assumed |= SCHED_HW_ASSUMED_PACK;

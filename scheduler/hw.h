@@ -42,9 +42,14 @@
  *     pinned: 256GiB                          # page-locked memory the OS grants
  *     memory_bandwidth: 614GB/s
  *     memory_bandwidth_achievable: 0.5
- *     cores: 112
- *     adamw_bandwidth: 148GB/s                # optional: host AdamW's memory traffic (the
- *                                             # registry's adam_bytes_per_param per parameter)
+ *     cores: 112                              # the cores of one NUMA node (below)
+ *     numa_nodes: 2                           # optional (default 1): NUMA nodes (sockets) with
+ *                                             # cores and memory of their own; host AdamW runs
+ *                                             # every node's cores on the state homed on that
+ *                                             # node, so its rates below (and the gradient
+ *                                             # norm's sums) scale by this count
+ *     adamw_bandwidth: 148GB/s                # optional: host AdamW's memory traffic on one node
+ *                                             # (the registry's adam_bytes_per_param per parameter)
  *     adamw_bf16_gparams_per_core: 0.30       # optional: host AdamW with bf16 moments, G
  *     adamw_8bit_gparams_per_core: 0.18       # parameters per second on one core (those kernels
  *                                             # are bound by arithmetic where fp32's is bound by
@@ -144,8 +149,9 @@ typedef struct {
     double host_memory, pinned_memory; /* bytes */
     double host_bw_peak;       /* bytes/s */
     double host_bw_frac;
-    int host_cores;
-    double adamw_bw;           /* bytes/s of host AdamW memory traffic */
+    int host_cores;            /* of one NUMA node */
+    int numa_nodes;            /* >= 1: nodes host AdamW runs on side by side (sched_hw_adamw_bw) */
+    double adamw_bw;           /* bytes/s of host AdamW memory traffic on one node */
     double adamw_bf16_rate, adamw_8bit_rate; /* parameters/s of host AdamW with bf16 or 8-bit moments,
                                               * per core (their arithmetic's bound; see costmodel.h) */
     double pack_bw;            /* bytes/s packed into staging ahead of an H2D copy */
@@ -171,6 +177,10 @@ double sched_hw_device_bw(const sched_hw_t *hw);
 double sched_hw_h2d_bw(const sched_hw_t *hw);
 double sched_hw_d2h_bw(const sched_hw_t *hw);
 double sched_hw_host_bw(const sched_hw_t *hw);
+/* The NUMA nodes host AdamW runs on (numa_nodes; 1 where unset). */
+int sched_hw_numa_nodes(const sched_hw_t *hw);
+/* Host AdamW's memory traffic over every NUMA node: adamw_bw x the nodes. */
+double sched_hw_adamw_bw(const sched_hw_t *hw);
 /* The NVMe array's sustained rates; 0 without an nvme: section. */
 double sched_hw_nvme_read_bw(const sched_hw_t *hw);
 double sched_hw_nvme_write_bw(const sched_hw_t *hw);

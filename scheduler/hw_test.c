@@ -358,6 +358,17 @@ static void test_rate_keys(void) {
     EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) != MT_OK &&
                strstr(err.msg, "host.adamw_8bit_gparams_per_core: expected G parameters/s"),
            "a zero rate: %s", err.msg);
+    /* NUMA nodes: host AdamW's rates add up over them; 1 unless given */
+    EXPECT(sched_hw_parse(k_valid, strlen(k_valid), "cfg/hw.yaml", &hw, &err) == MT_OK &&
+               sched_hw_numa_nodes(&hw) == 1 && sched_hw_adamw_bw(&hw) == hw.adamw_bw,
+           "one node by default: %s", err.msg);
+    snprintf(text, sizeof text, "%s  adamw_bandwidth: 148GB/s\n  numa_nodes: 2\n", k_valid);
+    EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) == MT_OK && sched_hw_numa_nodes(&hw) == 2 &&
+               hw.adamw_bw == 148e9 && sched_hw_adamw_bw(&hw) == 296e9,
+           "two nodes: %s", err.msg);
+    snprintf(text, sizeof text, "%s  numa_nodes: 0\n", k_valid);
+    EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) != MT_OK && strstr(err.msg, "host.numa_nodes"),
+           "zero nodes: %s", err.msg);
     snprintf(text, sizeof text, "%s  pack_bandwidth: 5.9\n", k_valid);
     EXPECT(sched_hw_parse(text, strlen(text), "cfg/hw.yaml", &hw, &err) != MT_OK &&
                strstr(err.msg, "host.pack_bandwidth: expected a bandwidth"),

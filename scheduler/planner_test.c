@@ -324,6 +324,19 @@ static void test_moment_rates(void) {
         checked++;
     }
     EXPECT(checked == f32.w.num_blocks, "every block trains: %d of %d", checked, f32.w.num_blocks);
+    /* two NUMA nodes: each runs its cores on its own state, the AdamW and norm times halve */
+    sched_test_setup_t two;
+    h = hw;
+    h.numa_nodes = 2;
+    EXPECT(sched_test_setup(&two, &m, &sh, &h, &err) == MT_OK, "%s", err.msg);
+    for (int b = 0; b < f32.w.num_blocks; b++) {
+        const sched_block_cost_t *c = &f32.w.blocks[b], *c2 = &two.w.blocks[b];
+        EXPECT(fabs(2 * c2->adam_host_s - c->adam_host_s) <= 1e-9 * c->adam_host_s &&
+                   fabs(2 * c2->norm_host_s - c->norm_host_s) <= 1e-9 * c->norm_host_s,
+               "block %d on two nodes: AdamW %g s (one node %g), norm %g s (%g)", b, c2->adam_host_s, c->adam_host_s,
+               c2->norm_host_s, c->norm_host_s);
+    }
+    sched_test_teardown(&two);
     sched_test_teardown(&f32);
     sched_test_teardown(&fast);
     sched_test_teardown(&slow);

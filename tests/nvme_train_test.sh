@@ -151,6 +151,18 @@ grep -qE "NVMe tier: AdamW state of [1-9][0-9]* parameters" "$L/nv0.out" || { fa
 same_run noclip ref0 nv0 && ok "without clipping (AdamW overlapping the backward, gradients let go once updated): NVMe = host memory"
 rm -rf nvd/moetune-*
 
+# two (pretend) NUMA nodes: a block whose moments were read from the tier in
+# one batch is updated on both nodes at once, with and without clipping
+for c in clip noclip; do
+  args="$NV"; ref=nv; [ $c = noclip ] && { args="$WIDE --set memory.nvme.path=nvd --set memory.host=10MiB"; ref=nv0; }
+  # shellcheck disable=SC2086
+  MOETUNE_NUMA_NODES=2 timeout 60 "$MOETUNE" train run.yaml --set output_dir=numa_$c $ckpt $args >"$L/numa_$c.out" 2>&1 \
+    || { fail "the NVMe run on two NUMA nodes ($c) failed"; cat "$L/numa_$c.out"; continue; }
+  grep -q "host AdamW on 2 NUMA nodes" "$L/numa_$c.out" || { fail "$c: the plan line names no NUMA nodes"; continue; }
+  same_run "numa $c" $ref numa_$c && ok "$c: the tier on two NUMA nodes = on one"
+  rm -rf nvd/moetune-*
+done
+
 # bf16: the fp32 masters leave host memory too (its budget is below the optimizer state)
 # shellcheck disable=SC2086
 timeout 60 "$MOETUNE" train run.yaml --set output_dir=ref16 --set bf16=true $ckpt >"$L/ref16.out" 2>&1 \

@@ -9,7 +9,7 @@
 # resident ones (whose device copies are refreshed from the masters), for
 # a max_grad_norm that never clips (every speculation kept), one that
 # always clips (every one redone) and one in between (both), and with bf16
-# and 8-bit moments (optimizer_state).  Then a step
+# and 8-bit moments (optimizer_state), and on two (pretend) NUMA nodes.  Then a step
 # whose gradient is not finite: the speculative updates are undone before
 # the step is skipped (skip_nonfinite_steps), so the checkpoint after two
 # skipped steps equals the non-speculative run's.
@@ -64,6 +64,26 @@ for fmt in bf16 8bit; do
     ok "optimizer_state $fmt, max_grad_norm 1.6: $kept kept, $redone redone; losses, weights and AdamW state identical"
   else fail "optimizer_state $fmt: $kept kept, $redone redone; losses or checkpoints differ"; fi
 done
+
+# two NUMA nodes (pretend ones: MOETUNE_NUMA_NODES splits the CPUs): each
+# block's host state is shared out between the nodes and updated on both
+# at once, in the step, overlapping the backward or deferred: the same
+# bits as on one node
+numa_case() { # NAME REF ARGS...
+  local b=$1 ref=$2; shift 2
+  MOETUNE_NUMA_NODES=2 train "$b" --set max_grad_norm=1.6 "$@" || return
+  grep -q "host AdamW on 2 NUMA nodes" "$T/$b.log" || { fail "$b: the plan line names no NUMA nodes"; return; }
+  local da db
+  da=$("$DIGEST" "$T/$ref/checkpoint-15"; "$DIGEST" "$T/$ref"); db=$("$DIGEST" "$T/$b/checkpoint-15"; "$DIGEST" "$T/$b")
+  if [ "$(losses "$T/$ref")" = "$(losses "$T/$b")" ] && [ -n "$da" ] && [ "$da" = "$db" ]; then
+    ok "two NUMA nodes, $*: losses, weights and AdamW state identical to one node"
+  else fail "$b: differs from $ref"; fi
+}
+numa_case numa-stream-off stream-1.6-off --set scheduler.weights=stream
+numa_case numa-stream-on stream-1.6-on --set scheduler.weights=stream --set scheduler.speculative_optimizer=true
+numa_case numa-resident-off resident-1.6-off --set scheduler.weights=resident
+numa_case numa-8bit-on moments-8bit-on --set scheduler.weights=stream --set optimizer_state=8bit \
+  --set scheduler.speculative_optimizer=true
 
 # a non-finite gradient in every step: two skipped, then the run stops
 for s in off on; do

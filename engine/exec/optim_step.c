@@ -513,7 +513,19 @@ static mt_status_t update_block(eng_exec_t *x, int b, const kern_adamw_params_t 
     const bool refresh = bp->optim == SCHED_OPTIM_HOST && bp->weights == SCHED_WEIGHTS_RESIDENT;
     int on_device = 0;
     mt_status_t st = MT_OK;
-    for (int i = 0; i < m->num_params && st == MT_OK; i++) {
+    /* the host updates first, all at once: on a host with several NUMA
+     * nodes each runs on its home node's cores, every node together */
+    int host_n = 0, host_done = 0;
+    if (bp->optim == SCHED_OPTIM_HOST) {
+        int *idx = malloc((size_t)(m->num_params > 0 ? m->num_params : 1) * sizeof *idx);
+        MT_CHECK_ALLOC(idx, "host optimizer parameter list");
+        for (int i = 0; i < m->num_params; i++)
+            if (m->params[i].block == b && x->dp[i].has_grad && !x->hopt.done[i]) idx[host_n++] = i;
+        st = exec_host_adamw_params(&x->hopt, idx, host_n, base, &host_done, err);
+        free(idx);
+    }
+    int host_seen = 0; /* of those, the ones the loop below has reached */
+    for (int i = 0; i < m->num_params; i++) {
         eng_param_t *p = &m->params[i];
         eng_dparam_t *d = &x->dp[i];
         if (p->block != b) continue;
@@ -521,17 +533,19 @@ static mt_status_t update_block(eng_exec_t *x, int b, const kern_adamw_params_t 
             out->skipped++;
             continue;
         }
-        out->updated++;
         if (x->hopt.done[i]) { /* updated while backward ran */
+            out->updated++;
             x->hopt.done[i] = false;
             out->updated_during_backward++;
         } else if (bp->optim == SCHED_OPTIM_DEVICE) {
+            if (st != MT_OK) break;
+            out->updated++;
             st = device_adamw(x, i, base, fc->dev_flags + i, &adam[on_device], err);
             if (st != MT_OK) break;
             on_device++;
         } else {
-            st = exec_host_adamw(&x->hopt, x->hopt.pool, i, d->host_g, base, false, err);
-            if (st != MT_OK) break;
+            if (host_seen++ >= host_done) break; /* the NVMe tier failed here: err says how */
+            out->updated++;
         }
         finite_check_param(fc, x, i, bp->optim == SCHED_OPTIM_DEVICE);
         if (refresh && d->w) { /* none: another device's expert (expert parallel) */

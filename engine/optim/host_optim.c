@@ -17,6 +17,60 @@
 #include "kernels/elementwise.h"
 #include "kernels/host/adamw_host.h"
 
+/* What of parameter i's host state was moved to its home node. */
+enum { EXEC_PLACED_HOMES = 1, EXEC_PLACED_SPARE = 2 };
+
+/* Each block's trainable parameters shared out between the nodes by size,
+ * in parameter order (kern_numa_assign): a block's update then takes every
+ * node about as long. */
+static void assign_homes(exec_host_optim_t *h, int nodes) {
+    const eng_model_t *m = h->m;
+    const int P = m->num_params;
+    h->node_of = calloc((size_t)(P > 0 ? P : 1), sizeof *h->node_of);
+    h->placed = calloc((size_t)(P > 0 ? P : 1), sizeof *h->placed);
+    size_t *bytes = malloc((size_t)(P > 0 ? P : 1) * sizeof *bytes);
+    int *idx = malloc((size_t)(P > 0 ? P : 1) * sizeof *idx), *node = malloc((size_t)(P > 0 ? P : 1) * sizeof *node);
+    MT_CHECK(h->node_of && h->placed && bytes && idx && node, "out of host memory for the host optimizer's homes");
+    for (int b = 0; b < eng_model_num_blocks(m); b++) {
+        int n = 0;
+        for (int i = 0; i < P; i++)
+            if (m->params[i].block == b && !m->params[i].frozen) idx[n] = i, bytes[n++] = m->params[i].spec->numel;
+        kern_numa_assign(bytes, n, nodes, node);
+        for (int k = 0; k < n; k++) h->node_of[idx[k]] = node[k];
+    }
+    free(bytes);
+    free(idx);
+    free(node);
+}
+
+/* Asks for [ptr, ptr + bytes) on parameter i's home node (a no-op on one node). */
+static void place_on_home(const exec_host_optim_t *h, const void *ptr, size_t bytes, int i) {
+    if (h->node_of && ptr) (void)kern_numa_place(kern_numa_host(), (void *)ptr, bytes, h->node_of[i]);
+}
+
+/* Parameter i's host state moved to its home node, once: the master, the
+ * working copy and gradient (those the executor pinned stay: pinned pages
+ * do not move), the moments; the spare once it exists. */
+static void place_param(exec_host_optim_t *h, int i) {
+    if (!h->node_of) return;
+    const eng_param_t *p = &h->m->params[i];
+    const eng_dparam_t *d = &h->dp[i];
+    const size_t n = p->spec->numel;
+    if (!(h->placed[i] & EXEC_PLACED_HOMES)) {
+        place_on_home(h, p->host_w, n * sizeof(float), i);
+        if (!p->work_pinned) place_on_home(h, p->work_bf16, n * sizeof(uint16_t), i);
+        if (!d->host_g_pinned) place_on_home(h, d->host_g, n * sizeof(float), i);
+        place_on_home(h, p->host_mom, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n), i);
+        h->placed[i] |= EXEC_PLACED_HOMES;
+    }
+    const eng_spec_copy_t *c = &h->spec.copy[i];
+    if (!(h->placed[i] & EXEC_PLACED_SPARE) && c->w) {
+        place_on_home(h, c->w, n * sizeof(float), i);
+        place_on_home(h, c->mom, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n), i);
+        h->placed[i] |= EXEC_PLACED_SPARE;
+    }
+}
+
 void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp, kern_device_t *dev,
                           struct eng_trace *const *trace) {
     memset(h, 0, sizeof *h);
@@ -48,6 +102,18 @@ void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp
         h->own_pool = kern_threadpool_create(0);
         h->pool = h->own_pool;
     }
+    if (kern_numa_host()->nodes > 1) assign_homes(h, kern_numa_host()->nodes);
+}
+
+/* The nodes' runners, made when the host optimizer is first used (an
+ * executor that never updates on the host, another device's, makes
+ * none): beside a GPU, the host cores it leaves the optimizer, shared out;
+ * on the CPU backend every core of each node. */
+static void ensure_team(exec_host_optim_t *h) {
+    if (!h->node_of || h->team) return;
+    const kern_numa_t *numa = kern_numa_host();
+    const int host_cores = kern_device_caps(h->dev).host_cores;
+    h->team = kern_numa_team_create(numa, host_cores > 0 ? (host_cores + numa->nodes - 1) / numa->nodes : 0);
 }
 
 kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip_scale) {
@@ -78,7 +144,10 @@ mt_status_t exec_host_adamw(exec_host_optim_t *h, kern_threadpool_t *pool, int i
     } else if (!p->host_mom) {
         p->host_mom = calloc(1, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n));
         MT_CHECK(p->host_mom, "out of host memory for AdamW state of %s", p->spec->name);
+        /* untouched yet: its pages come from the home node as the update first writes them */
+        place_on_home(h, p->host_mom, kern_moments_bytes((kern_moments_fmt_t)p->mom_fmt, n), i);
     }
+    place_param(h, i);
     kern_adamw_params_t ap = *base;
     ap.step = ++p->step;
     int bad = 0;
@@ -188,20 +257,136 @@ static void release_gradient(const exec_host_optim_t *h, int i) {
     if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* a hint: failing, the pages stay */
 }
 
+/* What runs on one of a block's parameters (on `pool`: its home node's
+ * where the host has several). */
+typedef void (*param_fn)(exec_host_optim_t *h, kern_threadpool_t *pool, int i, void *ctx);
+
+typedef struct {
+    exec_host_optim_t *h;
+    const int *idx; /* the parameters, in order */
+    int n;
+    param_fn fn;
+    void *ctx;
+} on_nodes_t;
+
+static void run_on_node(void *arg, int node, kern_threadpool_t *pool) {
+    const on_nodes_t *o = arg;
+    for (int k = 0; k < o->n; k++)
+        if (o->h->node_of[o->idx[k]] == node) o->fn(o->h, pool, o->idx[k], o->ctx);
+}
+
+/* Whether any of idx[0..n) has its moments on the NVMe tier and not read
+ * in (block_stream reads a block's in one batch before its update): the
+ * store is then driven one parameter at a time, by one thread. */
+static bool streams_one_by_one(const exec_host_optim_t *h, const int *idx, int n) {
+    for (int k = 0; k < n && h->nvme; k++)
+        if (eng_optim_nvme_holds(h->nvme, idx[k]) && !h->m->params[idx[k]].host_mom) return true;
+    return false;
+}
+
+/* fn on each of idx[0..n): every node at once, each on the parameters homed
+ * there (in order), where the host has several nodes (unless the NVMe tier
+ * streams one of them one by one); else one by one on `pool`, in order. */
+static void for_params(exec_host_optim_t *h, kern_threadpool_t *pool, const int *idx, int n, param_fn fn,
+                       void *ctx) {
+    if (h->team && n > 1 && !streams_one_by_one(h, idx, n)) {
+        on_nodes_t o = {h, idx, n, fn, ctx};
+        kern_numa_team_run(h->team, run_on_node, &o);
+        return;
+    }
+    for (int k = 0; k < n; k++) fn(h, pool, idx[k], ctx);
+}
+
+/* Block b's parameters with a gradient (host memory, when host_only), in
+ * order, into idx; returns how many. */
+static int block_params(const exec_host_optim_t *h, int b, bool host_only, int *idx) {
+    int n = 0;
+    for (int i = 0; i < h->m->num_params; i++)
+        if (h->m->params[i].block == b && h->dp[i].has_grad && (!host_only || h->dp[i].host_g)) idx[n++] = i;
+    return n;
+}
+
+typedef struct {
+    const kern_adamw_params_t *base;
+    int done;       /* updates made (atomic: nodes count at once) */
+    mt_status_t st; /* the first failure (the NVMe tier, where the updates go one by one) */
+    mt_error_t err;
+} in_step_t;
+
+/* One of exec_host_adamw_params' updates; none after a failure. */
+static void in_step_param(exec_host_optim_t *h, kern_threadpool_t *pool, int i, void *arg) {
+    in_step_t *u = arg;
+    if (u->st != MT_OK) return;
+    mt_error_t err = {0};
+    const mt_status_t st = exec_host_adamw(h, pool, i, h->dp[i].host_g, u->base, false, &err);
+    if (st != MT_OK) { /* only with the NVMe tier, where for_params runs one parameter at a time */
+        u->st = st;
+        u->err = err;
+        return;
+    }
+    __atomic_fetch_add(&u->done, 1, __ATOMIC_RELAXED);
+}
+
+mt_status_t exec_host_adamw_params(exec_host_optim_t *h, const int *idx, int n, const kern_adamw_params_t *base,
+                                   int *done_out, mt_error_t *err) {
+    ensure_team(h);
+    in_step_t u = {.base = base, .st = MT_OK};
+    for_params(h, h->pool, idx, n, in_step_param, &u);
+    *done_out = u.done;
+    if (u.st != MT_OK && err) *err = u.err;
+    return u.st;
+}
+
+static void sum_param(exec_host_optim_t *h, kern_threadpool_t *pool, int i, void *ctx) {
+    (void)ctx;
+    place_param(h, i);
+    kern_sumsq_host(pool, &h->gnorm_part[i], h->dp[i].host_g, h->m->params[i].spec->numel);
+    h->summed[i] = true;
+}
+
 /* A norm job: the sums of squares of block b's gradients (in host
  * memory, final: the step's last backward has handed the block over).
  * Returns the bytes read. */
-static size_t sum_block(exec_host_optim_t *h, kern_threadpool_t *pool, int b) {
+static size_t sum_block(exec_host_optim_t *h, kern_threadpool_t *pool, int b, int *idx) {
+    const int n = block_params(h, b, true, idx);
+    for_params(h, pool, idx, n, sum_param, NULL);
     size_t bytes = 0;
-    for (int i = 0; i < h->m->num_params; i++) {
-        const eng_param_t *p = &h->m->params[i];
-        const eng_dparam_t *d = &h->dp[i];
-        if (p->block != b || !d->has_grad || !d->host_g) continue;
+    for (int k = 0; k < n; k++) bytes += h->m->params[idx[k]].spec->numel * sizeof(float);
+    return bytes;
+}
+
+typedef struct {
+    const exec_host_job_t *job;
+    int first_bad; /* the first parameter, in order, a deferred update left with a NaN or Inf; -1 none */
+} update_ctx_t;
+
+static void update_param(exec_host_optim_t *h, kern_threadpool_t *pool, int i, void *arg) {
+    update_ctx_t *u = arg;
+    eng_param_t *p = &h->m->params[i];
+    eng_dparam_t *d = &h->dp[i];
+    if (u->job->kind == EXEC_JOB_DEFERRED) {
+        worker_adamw(h, pool, i, d->host_g, &u->job->base, false);
+        /* the kernel's fused check: the step that deferred it has returned
+         * (eng_optim_step reports it next, scanning only this parameter for
+         * the element); the lowest index, whichever node got there first */
+        if (h->wrote_nonfinite[i]) {
+            int seen = __atomic_load_n(&u->first_bad, __ATOMIC_RELAXED);
+            while ((seen < 0 || i < seen) &&
+                   !__atomic_compare_exchange_n(&u->first_bad, &seen, i, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+            }
+        }
+        d->has_grad = false; /* as the step leaves every parameter it updated */
+        d->acc_has_data = false;
+        return;
+    }
+    /* the norm's share, normally taken by the block's norm job ahead of this */
+    if (!h->summed[i]) {
         kern_sumsq_host(pool, &h->gnorm_part[i], d->host_g, p->spec->numel);
         h->summed[i] = true;
-        bytes += p->spec->numel * sizeof(float);
     }
-    return bytes;
+    worker_adamw(h, pool, i, d->host_g, &u->job->base, h->speculative);
+    h->done[i] = true;
+    release_gradient(h, i);
 }
 
 /* An update job: block b's parameters with a gradient, their state read
@@ -210,34 +395,15 @@ static size_t sum_block(exec_host_optim_t *h, kern_threadpool_t *pool, int b) {
 static size_t update_block(exec_host_optim_t *h, kern_threadpool_t *pool, const exec_host_job_t *job, int *idx) {
     eng_model_t *m = h->m;
     const int b = job->block;
-    size_t bytes = 0;
     block_stream(h, b, true, idx);
     prefetch_next(h, b, idx + m->num_params);
     h->last_block = b;
-    for (int i = 0; i < m->num_params; i++) {
-        eng_param_t *p = &m->params[i];
-        eng_dparam_t *d = &h->dp[i];
-        if (p->block != b || !d->has_grad) continue;
-        if (job->kind == EXEC_JOB_DEFERRED) {
-            worker_adamw(h, pool, i, d->host_g, &job->base, false);
-            /* the kernel's fused check: the step that deferred it has
-             * returned (eng_optim_step reports it next, scanning only
-             * this parameter for the element) */
-            if (h->nonfinite_param < 0 && h->wrote_nonfinite[i]) h->nonfinite_param = i;
-            d->has_grad = false; /* as the step leaves every parameter it updated */
-            d->acc_has_data = false;
-        } else {
-            /* the norm's share, normally taken by the block's norm job ahead of this */
-            if (!h->summed[i]) {
-                kern_sumsq_host(pool, &h->gnorm_part[i], d->host_g, p->spec->numel);
-                h->summed[i] = true;
-            }
-            worker_adamw(h, pool, i, d->host_g, &job->base, h->speculative);
-            h->done[i] = true;
-            release_gradient(h, i);
-        }
-        bytes += p->spec->numel * 28; /* read p, g, m, v; write p, m, v */
-    }
+    const int n = block_params(h, b, false, idx);
+    update_ctx_t u = {job, -1};
+    for_params(h, pool, idx, n, update_param, &u);
+    if (h->nonfinite_param < 0 && u.first_bad >= 0) h->nonfinite_param = u.first_bad;
+    size_t bytes = 0;
+    for (int k = 0; k < n; k++) bytes += m->params[idx[k]].spec->numel * 28; /* read p, g, m, v; write p, m, v */
     block_stream(h, b, false, idx);
     return bytes;
 }
@@ -285,7 +451,7 @@ static void *worker_main(void *arg) {
         const int b = job.block;
         pthread_mutex_unlock(&h->lock);
         const double t0 = mt_now_s();
-        const size_t bytes = job.kind == EXEC_JOB_NORM ? sum_block(h, pool, b) : update_block(h, pool, &job, idx);
+        const size_t bytes = job.kind == EXEC_JOB_NORM ? sum_block(h, pool, b, idx) : update_block(h, pool, &job, idx);
         if (*h->trace) {
             char name[32];
             snprintf(name, sizeof name, "%s block %d", job.kind == EXEC_JOB_NORM ? "norm" : "AdamW", b);
@@ -306,6 +472,7 @@ static void *worker_main(void *arg) {
 void exec_host_optim_start(exec_host_optim_t *h, const eng_optim_hparams_t *hp) {
     h->hp = *hp;
     if (h->started) return;
+    ensure_team(h);
     pthread_mutex_init(&h->lock, NULL);
     pthread_cond_init(&h->cond, NULL);
     MT_CHECK(pthread_create(&h->thread, NULL, worker_main, h) == 0, "cannot start the host optimizer thread");
@@ -432,6 +599,9 @@ void exec_host_optim_free(exec_host_optim_t *h) {
         h->started = false;
     }
     kern_threadpool_destroy(h->own_pool);
+    kern_numa_team_destroy(h->team);
+    free(h->node_of);
+    free(h->placed);
     eng_optim_nvme_free(h->nvme);
     eng_spec_free(&h->spec);
     free(h->queue);

@@ -24,6 +24,7 @@
 #include "engine/optim/nvme_state.h"
 #include "engine/optim/speculate.h"
 #include "kernels/adamw.h"
+#include "kernels/host/numa.h"
 #include "kernels/host/threadpool.h"
 
 /* What a queued job does with its block. */
@@ -48,6 +49,17 @@ typedef struct {
     struct eng_trace *const *trace; /* the executor's trace pointer (NULL inside: no trace) */
     kern_threadpool_t *pool;     /* host AdamW's threads */
     kern_threadpool_t *own_pool; /* the pool above when made here (GPU backends) */
+    /* Where the host has several NUMA nodes: each parameter's host state
+     * (master, working copy, gradient, moments, spare) is homed on one node,
+     * the nodes' shares of every block balanced by size (kern_numa_assign),
+     * and its AdamW and norm sums run on that node's cores, every node at
+     * once (kern_numa_team_run), so host AdamW has every socket's memory
+     * bandwidth.  NULL team on one node.  With the NVMe tier, a block whose
+     * moments were read in as one batch is updated the same way; one whose
+     * moments stream in one parameter at a time, one by one. */
+    kern_numa_team_t *team;      /* owned */
+    int *node_of;                /* per parameter: its home node (NULL without a team) */
+    unsigned char *placed;       /* per parameter: EXEC_PLACED_* bits of what was moved to its node */
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -86,6 +98,15 @@ void exec_host_optim_init(exec_host_optim_t *h, eng_model_t *m, eng_dparam_t *dp
                           struct eng_trace *const *trace);
 /* Stops the worker (after the jobs queued so far) and frees everything. */
 void exec_host_optim_free(exec_host_optim_t *h);
+
+/* Parameters idx[0..n) of one block, their gradients in host memory,
+ * updated in place with base (not speculatively), each on its home node's
+ * cores with every node at once where the host has several, else one by
+ * one on h->pool; whether each wrote a NaN or Inf lands in
+ * h->wrote_nonfinite.  On an error (the NVMe tier) *done_out says how many
+ * of idx, in order, were updated. */
+mt_status_t exec_host_adamw_params(exec_host_optim_t *h, const int *idx, int n, const kern_adamw_params_t *base,
+                                   int *done_out, mt_error_t *err);
 
 /* The AdamW kernel's parameters for hp, gradients scaled by clip_scale. */
 kern_adamw_params_t exec_adamw_params(const eng_optim_hparams_t *hp, double clip_scale);

@@ -31,7 +31,7 @@ static void *spare(void **buf, size_t bytes, const char *what, const char *name,
          * adamw.c) */
         *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
         MT_CHECK(*buf, "out of host memory for the speculative optimizer's spare %s of %s", what, name);
-        *held += bytes;
+        __atomic_fetch_add(held, bytes, __ATOMIC_RELAXED); /* the nodes' runners take spares at once (host_optim.h) */
     }
     return *buf;
 }

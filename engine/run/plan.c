@@ -12,6 +12,7 @@
 #include "engine/model/desc/program.h"
 #include "scheduler/costmodel.h"
 #include "scheduler/data_parallel.h"
+#include "kernels/host/numa.h"
 #include "scheduler/hw.h"
 #include "scheduler/planner.h"
 #include "scheduler/registry.h"
@@ -40,6 +41,12 @@ static void summarize(const sched_plan_t *p, char *buf, size_t n) {
     if (pinned > 0) {
         const size_t len = strlen(buf);
         snprintf(buf + len, n - len, "; %d pin working copies or gradient accumulators", pinned);
+    }
+    const kern_numa_t *numa = kern_numa_host();
+    if (hostopt > 0 && numa->nodes > 1) { /* engine/optim/host_optim.h */
+        const size_t len = strlen(buf);
+        snprintf(buf + len, n - len, "; host AdamW on %d NUMA nodes%s, each block's host state split between them",
+                 numa->nodes, numa->pretend ? " (MOETUNE_NUMA_NODES)" : "");
     }
     if (ep > 0) {
         const size_t len = strlen(buf);

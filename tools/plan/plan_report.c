@@ -310,10 +310,14 @@ static void rates_text(FILE *f, const plan_ctx_t *c) {
     if (fmt != 0) { /* a lighter format's arithmetic may bound it (optimizer-state.md) */
         const double per_core = fmt == 1 ? hw->adamw_bf16_rate : hw->adamw_8bit_rate;
         snprintf(lite, sizeof lite, " or %.3g G parameters/s with %s moments (%.2f per core x %d)",
-                 per_core * hw->host_cores / 1e9, fmt == 1 ? "bf16" : "8-bit", per_core / 1e9, hw->host_cores);
+                 per_core * hw->host_cores * sched_hw_numa_nodes(hw) / 1e9, fmt == 1 ? "bf16" : "8-bit", per_core / 1e9,
+                 hw->host_cores * sched_hw_numa_nodes(hw));
     }
-    fprintf(f, "host work  AdamW %.0f GB/s%s, pack into staging %.3g GB/s, gradient unpack %.3g GB/s\n",
-            hw->adamw_bw / 1e9, lite, hw->pack_bw / 1e9, hw->unpack_bw / 1e9);
+    char nodes[64] = "";
+    if (sched_hw_numa_nodes(hw) > 1)
+        snprintf(nodes, sizeof nodes, " (%d NUMA nodes x %.0f GB/s)", sched_hw_numa_nodes(hw), hw->adamw_bw / 1e9);
+    fprintf(f, "host work  AdamW %.0f GB/s%s%s, pack into staging %.3g GB/s, gradient unpack %.3g GB/s\n",
+            sched_hw_adamw_bw(hw) / 1e9, nodes, lite, hw->pack_bw / 1e9, hw->unpack_bw / 1e9);
     char assumed[512];
     sched_hw_assumed_line(hw, assumed, sizeof assumed);
     if (assumed[0]) fprintf(f, "assumed    (not in the profile) %s\n", assumed);
