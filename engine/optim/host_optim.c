@@ -362,7 +362,6 @@ typedef struct {
 
 static void update_param(exec_host_optim_t *h, kern_threadpool_t *pool, int i, void *arg) {
     update_ctx_t *u = arg;
-    eng_param_t *p = &h->m->params[i];
     eng_dparam_t *d = &h->dp[i];
     if (u->job->kind == EXEC_JOB_DEFERRED) {
         worker_adamw(h, pool, i, d->host_g, &u->job->base, false);
@@ -380,10 +379,7 @@ static void update_param(exec_host_optim_t *h, kern_threadpool_t *pool, int i, v
         return;
     }
     /* the norm's share, normally taken by the block's norm job ahead of this */
-    if (!h->summed[i]) {
-        kern_sumsq_host(pool, &h->gnorm_part[i], d->host_g, p->spec->numel);
-        h->summed[i] = true;
-    }
+    if (!h->summed[i]) sum_param(h, pool, i, NULL);
     worker_adamw(h, pool, i, d->host_g, &u->job->base, h->speculative);
     h->done[i] = true;
     release_gradient(h, i);
@@ -496,28 +492,28 @@ static void enqueue_block(void *arg) {
     free(a);
 }
 
-void exec_host_optim_enqueue(exec_host_optim_t *h, int b) {
+/* Queues job once the work issued so far on the D2H stream (block b's
+ * gradient copies) is done, counted as outstanding from now. */
+static void enqueue_after_d2h(exec_host_optim_t *h, exec_host_job_t job) {
     MT_CHECK(h->started, "host optimizer job queued before the worker started");
     enqueue_arg_t *a = malloc(sizeof *a);
     MT_CHECK_ALLOC(a, "optimizer job");
-    /* no clipping in overlap mode: the norm is not known yet */
-    *a = (enqueue_arg_t){h, {.block = b, .kind = EXEC_JOB_OVERLAPPED, .base = exec_adamw_params(&h->hp, 1.0)}};
+    *a = (enqueue_arg_t){h, job};
     pthread_mutex_lock(&h->lock);
     h->outstanding++;
-    h->overlap_pending[b]++;
+    if (job.kind == EXEC_JOB_OVERLAPPED) h->overlap_pending[job.block]++;
     pthread_mutex_unlock(&h->lock);
     kern_launch_host_fn(h->dev, kern_stream(h->dev, KERN_STREAM_D2H), enqueue_block, a);
 }
 
+void exec_host_optim_enqueue(exec_host_optim_t *h, int b) {
+    /* no clipping in overlap mode: the norm is not known yet */
+    enqueue_after_d2h(h, (exec_host_job_t){.block = b, .kind = EXEC_JOB_OVERLAPPED,
+                                           .base = exec_adamw_params(&h->hp, 1.0)});
+}
+
 void exec_host_optim_enqueue_norm(exec_host_optim_t *h, int b) {
-    MT_CHECK(h->started, "gradient norm job queued before the host optimizer's worker started");
-    enqueue_arg_t *a = malloc(sizeof *a);
-    MT_CHECK_ALLOC(a, "gradient norm job");
-    *a = (enqueue_arg_t){h, {.block = b, .kind = EXEC_JOB_NORM}};
-    pthread_mutex_lock(&h->lock);
-    h->outstanding++;
-    pthread_mutex_unlock(&h->lock);
-    kern_launch_host_fn(h->dev, kern_stream(h->dev, KERN_STREAM_D2H), enqueue_block, a);
+    enqueue_after_d2h(h, (exec_host_job_t){.block = b, .kind = EXEC_JOB_NORM});
 }
 
 void exec_host_optim_wait(exec_host_optim_t *h) {
